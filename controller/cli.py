@@ -1,0 +1,203 @@
+"""The ``vramctl`` command line (typer): the contracts of DESIGN §5.
+
+Each command loads the manifest set, reads or takes the observation, calls the pure
+core, and renders the answer (rich for people, ``--json`` for tools). Exit codes are
+part of the contract: ``validate`` 0/1, ``fit`` 0 fits / 1 does not, ``plan
+--detailed-exitcode`` 0 nothing to do / 2 changes / 1 error.
+
+This module must not decide anything itself: the arithmetic lives in ``statemachine``;
+it only wires inputs to the core and prints what the core answers. Errors are printed
+as located one-line messages, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from controller import render
+from controller.manifest import ManifestError, ManifestSet, load_manifest_set
+from controller.snapshot import SnapshotError, SnapshotModel, load_snapshot
+from statemachine.fit import fit_serve
+from statemachine.planner import Policy, plan_transitions
+from statemachine.status import host_status
+
+app = typer.Typer(
+    name="vramctl",
+    help="Make GPU memory an explicit, declared budget on a model-serving host.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ManifestOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--manifest",
+        "-m",
+        help="Manifest file (TOML); repeat to load several files as one set.",
+    ),
+]
+ObservedOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--observed",
+        help="Observed snapshot JSON (what `vramctl observe` prints) instead of the live host.",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    render.error(message)
+    raise typer.Exit(code)
+
+
+def _load(manifests: list[Path]) -> ManifestSet:
+    if not manifests:
+        _fail("no manifest given: pass -m/--manifest FILE (repeat for a set)")
+    try:
+        mset = load_manifest_set(manifests)
+    except ManifestError as exc:
+        for err in exc.errors:
+            render.error(str(err))
+        raise typer.Exit(1) from None
+    for warning in mset.warnings:
+        render.warn(warning)
+    return mset
+
+
+def _observe(observed: Path | None) -> SnapshotModel:
+    if observed is None:
+        _fail(
+            "no observation: pass --observed SNAPSHOT.json "
+            "(live observation of docker and NVML is not available in this build)"
+        )
+    try:
+        return load_snapshot(observed)
+    except SnapshotError as exc:
+        _fail(str(exc))
+
+
+def _now(snapshot: SnapshotModel) -> float:
+    taken = snapshot.taken_at_epoch()
+    return taken if taken is not None else time.time()
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+@app.command()
+def validate(manifest: ManifestOpt = [], json_out: JsonOpt = False) -> None:  # noqa: B006
+    """Check a manifest set; exit 0 when valid, 1 with located errors on stderr."""
+    mset = _load(manifest)
+    desired = mset.desired()
+    if json_out:
+        _print_json(
+            {
+                "valid": True,
+                "files": [str(f) for f in mset.files],
+                "digest": mset.digest,
+                "gpu_roles": {
+                    r.id: {
+                        "capacity_mib": r.capacity_mib,
+                        "reserve_mib": r.reserve_mib,
+                        "budget_mib": r.budget_mib,
+                    }
+                    for r in desired.roles.values()
+                },
+                "serves": len(desired.serves),
+                "warnings": list(mset.warnings),
+            }
+        )
+        return
+    render.validated(mset, desired)
+
+
+@app.command()
+def status(
+    manifest: ManifestOpt = [],  # noqa: B006
+    observed: ObservedOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Per-role ledger, drift, and each serve's container and lifecycle state."""
+    mset = _load(manifest)
+    snap = _observe(observed)
+    report = host_status(mset.desired(), snap.to_observed())
+    if json_out:
+        _print_json(report.to_json())
+        return
+    render.status(report)
+
+
+@app.command()
+def fit(
+    serve: Annotated[str, typer.Argument(help="The serve to ask about.")],
+    manifest: ManifestOpt = [],  # noqa: B006
+    observed: ObservedOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Can SERVE run now, and what would it cost? Exit 0 yes, 1 no."""
+    mset = _load(manifest)
+    desired = mset.desired()
+    if serve not in desired.serves:
+        render.error(render.unknown_serve(serve, desired))
+        raise typer.Exit(1)
+    snap = _observe(observed)
+    result = fit_serve(desired, snap.to_observed(), serve, now=_now(snap))
+    if json_out:
+        _print_json(result.to_json())
+    else:
+        render.fit(result)
+    raise typer.Exit(0 if result.fits else 1)
+
+
+@app.command()
+def plan(
+    manifest: ManifestOpt = [],  # noqa: B006
+    observed: ObservedOpt = None,
+    json_out: JsonOpt = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the plan JSON to this file.")
+    ] = None,
+    detailed_exitcode: Annotated[
+        bool,
+        typer.Option(
+            "--detailed-exitcode",
+            help="Exit 0 when there is nothing to do, 2 when there are changes.",
+        ),
+    ] = False,
+) -> None:
+    """Dry-run: the ordered steps that would converge the host, and what is blocked."""
+    mset = _load(manifest)
+    snap = _observe(observed)
+    result = plan_transitions(mset.desired(), snap.to_observed(), Policy(), _now(snap))
+    data = result.to_json()
+    data["manifest_digest"] = mset.digest
+    data["observed"] = snap.model_dump(mode="json")
+    if out is not None:
+        try:
+            out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            _fail(f"{out}: cannot write the plan: {exc.strerror or exc}")
+    if json_out:
+        _print_json(data)
+    else:
+        render.plan(result)
+    if detailed_exitcode:
+        raise typer.Exit(0 if result.empty else 2)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

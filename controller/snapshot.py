@@ -1,0 +1,154 @@
+"""The observed-snapshot JSON contract (DESIGN §5): read, validate, convert, write.
+
+``vramctl observe`` prints this format and ``--observed FILE`` reads it. The JSON is
+validated by pydantic (extra keys allowed) and converted into the pure core's
+:class:`statemachine.types.Observed`. Times are ISO 8601 strings (as docker reports
+them) or seconds since the epoch; the core sees epoch seconds.
+
+This module must not observe anything itself: it only parses and renders snapshots.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from statemachine.types import ContainerObs, ContainerState, GpuObs, Observed
+
+
+class SnapshotError(Exception):
+    """A snapshot file that cannot be read or does not match the contract."""
+
+
+def _epoch(value: str | float | int | None) -> float | None:
+    if value is None or isinstance(value, bool):
+        return None
+    if isinstance(value, int | float):
+        return float(value)
+    text = value.strip()
+    if not text or text.startswith("0001-01-01"):
+        return None  # docker's zero time: never started
+    if text.endswith("Z"):
+        text = text[:-1] + "+00:00"
+    # docker gives nanoseconds; datetime takes at most microseconds
+    if "." in text:
+        head, _, rest = text.partition(".")
+        frac = "".join(ch for ch in rest if ch.isdigit())
+        tz = rest[len(frac) :]
+        text = f"{head}.{frac[:6]}{tz}"
+    return datetime.fromisoformat(text).timestamp()
+
+
+class ContainerModel(BaseModel):
+    """One container in the snapshot."""
+
+    model_config = ConfigDict(extra="allow")
+
+    state: ContainerState
+    health: str | None = None
+    started_at: str | float | None = None
+    exit_code: int | None = None
+    oom_killed: bool | None = None
+
+    @field_validator("started_at")
+    @classmethod
+    def _check_time(cls, v: str | float | None) -> str | float | None:
+        try:
+            _epoch(v)
+        except ValueError as exc:
+            raise ValueError(f"not an ISO 8601 time or epoch seconds: {v!r}") from exc
+        return v
+
+
+class GpuModel(BaseModel):
+    """One device in the snapshot; a missing figure is unknown."""
+
+    model_config = ConfigDict(extra="allow")
+
+    uuid: str
+    index: int | None = None
+    name: str | None = None
+    total_mib: int | None = Field(default=None, ge=0)
+    used_mib: int | None = Field(default=None, ge=0)
+    free_mib: int | None = Field(default=None, ge=0)
+
+
+class SnapshotModel(BaseModel):
+    """The whole observed snapshot."""
+
+    model_config = ConfigDict(extra="allow")
+
+    docker: Literal["ok", "error"]
+    containers: dict[str, ContainerModel] = Field(default_factory=dict)
+    gpus: list[GpuModel] | None = None
+    taken_at: str | float | None = None
+
+    def to_observed(self) -> Observed:
+        """The pure core's view of this snapshot."""
+        return Observed(
+            docker_ok=self.docker == "ok",
+            containers={
+                name: ContainerObs(
+                    state=c.state,
+                    health=c.health,
+                    started_at=_epoch(c.started_at),
+                    exit_code=c.exit_code,
+                    oom_killed=c.oom_killed,
+                )
+                for name, c in self.containers.items()
+            },
+            gpus=None
+            if self.gpus is None
+            else tuple(
+                GpuObs(
+                    uuid=g.uuid,
+                    index=g.index,
+                    name=g.name,
+                    total_mib=g.total_mib,
+                    used_mib=g.used_mib,
+                    free_mib=g.free_mib,
+                )
+                for g in self.gpus
+            ),
+        )
+
+    def taken_at_epoch(self) -> float | None:
+        """When the snapshot was taken, in epoch seconds, if it says."""
+        return _epoch(self.taken_at)
+
+
+def parse_snapshot(data: Any, *, source: str = "<snapshot>") -> SnapshotModel:
+    """Validate already-decoded JSON; errors name the source and the field path."""
+    try:
+        return SnapshotModel.model_validate(data)
+    except ValidationError as exc:
+        lines = []
+        for err in exc.errors():
+            loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+            lines.append(f"{source}: {loc}: {err['msg']}")
+        raise SnapshotError("\n".join(lines)) from None
+
+
+def load_snapshot(path: str | Path) -> SnapshotModel:
+    """Read and validate a snapshot file."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise SnapshotError(f"{p}: cannot read observed snapshot: {exc.strerror or exc}") from None
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise SnapshotError(
+            f"{p}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}"
+        ) from None
+    return parse_snapshot(data, source=str(p))
+
+
+def snapshot_to_json(snapshot: SnapshotModel) -> dict[str, Any]:
+    """The JSON form, as ``observe`` prints it."""
+    return snapshot.model_dump(mode="json", exclude_none=False)

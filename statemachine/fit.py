@@ -1,0 +1,128 @@
+"""The fit answer: can a serve run now, and at what cost (DESIGN §5 fit JSON).
+
+``fit_serve`` asks the planner what an on-demand request for the serve would do,
+without doing it, and reduces that to the fit contract: whether it fits, every term
+of each role's arithmetic, and what would be drained, shrunk or evicted, or what
+blocks it.
+
+Pure: no I/O, no clock (``now`` is an argument), no docker.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from statemachine.ledger import RoleTerms, ledger_from_observed
+from statemachine.planner import Action, Policy, Protected, plan_transitions
+from statemachine.types import DesiredState, Observed, OnDemandRequest
+
+
+@dataclass(frozen=True, slots=True)
+class FitResult:
+    """The fit answer for one serve."""
+
+    serve: str
+    fits: bool
+    reason: str
+    terms: tuple[RoleTerms, ...] = ()
+    drain: tuple[str, ...] = ()
+    evict: tuple[str, ...] = ()
+    shrink: tuple[dict[str, Any], ...] = ()
+    blockers: tuple[str, ...] = ()
+    protected: tuple[Protected, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """DESIGN §5 fit JSON, plus ``reason`` and each role's committed reservations."""
+        return {
+            "serve": self.serve,
+            "fits": self.fits,
+            "reason": self.reason,
+            "gpu_roles": [t.to_json() for t in self.terms],
+            "drain": list(self.drain),
+            "evict": list(self.evict),
+            "shrink": list(self.shrink),
+            "blockers": list(self.blockers),
+            "protected": [p.to_json() for p in self.protected],
+        }
+
+
+def fit_serve(
+    desired: DesiredState,
+    observed: Observed,
+    serve_name: str,
+    *,
+    policy: Policy | None = None,
+    now: float = 0.0,
+) -> FitResult:
+    """Could ``serve_name`` run now, and what would the planner stop or shrink for it?
+
+    The question is asked in isolation: the planner sees only an on-demand request for
+    this serve (every other serve treated as unmanaged), so the answer lists exactly
+    what *this* start would cost. Only an on-demand serve may evict; for any other
+    the answer is the plain admission arithmetic.
+    """
+    serve = desired.serves[serve_name]
+    ledger = ledger_from_observed(desired, observed)
+    in_ledger = serve.vram_mib is not None and desired.in_ledger(serve)
+    mib = serve.vram_mib or 0
+    terms = ledger.terms(serve.name, serve.gpu_roles, mib) if in_ledger else ()
+    if ledger.unknown:
+        return FitResult(
+            serve.name,
+            False,
+            "docker state is unknown: committed MiB cannot be known, nothing is admitted",
+            terms,
+        )
+    if observed.container(serve.container).holds:
+        held = ledger.holdings[serve.name].mib if ledger.holds(serve.name) else None
+        what = f" and holds {held} MiB" if held is not None else ""
+        return FitResult(
+            serve.name,
+            True,
+            f"{serve.name} is already running{what}",
+            ledger.terms(serve.name, serve.gpu_roles, 0) if in_ledger else (),
+        )
+    isolated = DesiredState(
+        roles=desired.roles,
+        serves={n: replace(s, desired=None) for n, s in desired.serves.items()},
+        requests=(OnDemandRequest(serve.name, now),),
+    )
+    plan = plan_transitions(isolated, observed, policy, now)
+    blocked = [b for b in plan.blocked if b.serve == serve.name]
+    if blocked:
+        b = blocked[0]
+        return FitResult(
+            serve.name,
+            False,
+            b.reason,
+            b.terms or terms,
+            blockers=tuple(p.serve for p in b.protected),
+            protected=b.protected,
+        )
+    stops = [s for s in plan.steps if s.action is Action.STOP]
+    drains = [s.serve for s in plan.steps if s.action is Action.DRAIN]
+    shrinks = tuple(
+        {"serve": s.serve, "give_mib": s.mib, "to_mib": s.to_mib}
+        for s in plan.steps
+        if s.action is Action.SHRINK
+    )
+    if not in_ledger:
+        why = "declares no vram_mib" if serve.vram_mib is None else "has no role with capacity"
+        reason = f"{serve.name} {why}: the ledger does not govern it"
+    elif stops or shrinks:
+        reason = f"{serve.name} fits after " + ", ".join(
+            [f"stopping {s.serve}" for s in stops]
+            + [f"shrinking {s['serve']} by {s['give_mib']} MiB" for s in shrinks]
+        )
+    else:
+        reason = f"{serve.name} fits: {mib} MiB free on " + ", ".join(serve.gpu_roles)
+    return FitResult(
+        serve.name,
+        True,
+        reason,
+        terms,
+        drain=tuple(drains),
+        evict=tuple(s.serve for s in stops),
+        shrink=shrinks,
+    )

@@ -1,0 +1,539 @@
+"""The per-serve lifecycle machine: which state a serve is in and which step may come next.
+
+Every serve the controller manages moves through the states of :class:`LifecycleState`
+(stopped → reserved → starting → running → quiescing → draining → stopping → stopped,
+with ``failed`` beside them). The states and the transitions between them are declared
+as *data* (:data:`STATES`, :data:`TRANSITIONS`), each with a short ``doc``; the
+``transitions`` library's synchronous :class:`~transitions.Machine` is built from that
+data with ``auto_transitions=False`` and enforces it. The executor fires one trigger per
+step outcome (``start`` after it started the container, ``ready`` when health answered,
+``stopped`` when the release is confirmed, …); a trigger that is not legal from the
+current state raises :class:`IllegalTransition`, never a silent no-op.
+
+Public API:
+
+- :class:`ServeLifecycle` — one serve's machine: ``state``, ``fire``, ``allowed``, ``can``.
+- :func:`next_state` / :func:`allowed_triggers` — the same table as pure functions, for
+  the planner and for property tests.
+- :func:`holds_reservation` / :data:`HOLDING_STATES` — which states claim the serve's
+  reservation in the ledger.
+- :func:`mermaid_diagram` / :func:`lifecycle_markdown` — the generated documentation
+  (``docs/lifecycle.md``, written by ``docs/gen_lifecycle.py``).
+
+Choices:
+
+- Elastic shrink and grow are ``running → running`` self-transitions (``shrink`` /
+  ``grow``), not a ``resizing`` state: the serve stays in service and keeps a
+  reservation throughout; only the reservation's size changes, and that is the ledger's
+  business. The executor fires them once a resize is *confirmed*; a refused resize
+  (409) fires nothing, a broken one fires ``fail``.
+- ``failed`` does not hold a reservation in the machine's view. A failed serve's memory
+  is whatever its container really holds, and the ledger counts that from observation
+  (a running, paused or restarting container is committed, DESIGN §3), so a failed start
+  whose container exited holds nothing and a failed stop whose container is still up is
+  still counted — without the machine double-counting or leaking either.
+- One shared ``Machine`` (built once, lazily) serves every :class:`ServeLifecycle`; a
+  serve is a tiny model object that is never registered with it, so creating thousands
+  of serves is cheap and nothing accumulates in the shared machine.
+
+This module is pure: no I/O, no clock reads, no logging of its own, no docker, no
+NVML. Machine callbacks are not used at all (there is no rollback after a state change).
+Note that the ``transitions`` library itself emits ``logging`` records (INFO on every
+state enter/exit) on the ``transitions`` logger; the shell decides their level.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from functools import cache
+from typing import Any, Final, TypedDict
+
+from transitions import Machine, MachineError
+
+
+class LifecycleState(StrEnum):
+    """The states of a serve's lifecycle; the values are the names the machine uses."""
+
+    STOPPED = "stopped"
+    RESERVED = "reserved"
+    STARTING = "starting"
+    RUNNING = "running"
+    QUIESCING = "quiescing"
+    DRAINING = "draining"
+    STOPPING = "stopping"
+    FAILED = "failed"
+
+
+class StateSpec(TypedDict):
+    """One declared state: its name, whether it holds the reservation, what it means."""
+
+    name: LifecycleState
+    holds: bool
+    doc: str
+
+
+class TransitionSpec(TypedDict):
+    """One declared transition: ``trigger`` moves any of ``source`` to ``dest``."""
+
+    trigger: str
+    source: tuple[LifecycleState, ...]
+    dest: LifecycleState
+    doc: str
+
+
+_S = LifecycleState
+
+#: The states, in the order the documentation lists them.
+STATES: Final[tuple[StateSpec, ...]] = (
+    {
+        "name": _S.STOPPED,
+        "holds": False,
+        "doc": "No container runs for the serve and the controller holds no reservation "
+        "for it. Every machine starts here unless it is adopted in another state.",
+    },
+    {
+        "name": _S.RESERVED,
+        "holds": True,
+        "doc": "The ledger admitted the serve's reservation and the executor holds it for "
+        "the start that follows; the container has not been started yet.",
+    },
+    {
+        "name": _S.STARTING,
+        "holds": True,
+        "doc": "The container was started; the controller waits (up to start_timeout_s) "
+        "for its health check.",
+    },
+    {
+        "name": _S.RUNNING,
+        "holds": True,
+        "doc": "The container runs and is in service. Elastic shrink and grow happen "
+        "here, as self-transitions: the serve stays in service while its reservation "
+        "is resized.",
+    },
+    {
+        "name": _S.QUIESCING,
+        "holds": True,
+        "doc": "Its router tier was told to quiesce: no new requests are routed to it, "
+        "work in flight continues. The first step of stopping a serve with a router tier.",
+    },
+    {
+        "name": _S.DRAINING,
+        "holds": True,
+        "doc": "Its router tier is draining the requests in flight, bounded by "
+        "drain_timeout_s. A drain that times out stops nothing.",
+    },
+    {
+        "name": _S.STOPPING,
+        "holds": True,
+        "doc": "A stop was issued. The reservation is held until the release is confirmed: "
+        "the container exited and, where NVML sees the device, the memory came back.",
+    },
+    {
+        "name": _S.FAILED,
+        "holds": False,
+        "doc": "A start, a stop or the running container failed. The machine claims no "
+        "reservation here: whatever the container still holds is counted by the ledger "
+        "from observation. Left by reset (confirmed down), recover (running and healthy) "
+        "or stop (clean up a container that is still up).",
+    },
+)
+
+#: Every state except ``stopped``: where ``fail`` is legal from.
+_NOT_STOPPED: Final = tuple(s for s in _S if s is not _S.STOPPED)
+
+#: The transitions. ``(source, trigger)`` pairs are unique: the machine is deterministic.
+TRANSITIONS: Final[tuple[TransitionSpec, ...]] = (
+    {
+        "trigger": "reserve",
+        "source": (_S.STOPPED,),
+        "dest": _S.RESERVED,
+        "doc": "The ledger admitted the reservation; the executor holds it for a start.",
+    },
+    {
+        "trigger": "abandon",
+        "source": (_S.RESERVED,),
+        "dest": _S.STOPPED,
+        "doc": "The reservation is given back before any start was attempted (an earlier "
+        "step failed or the plan was superseded); nothing ran, nothing to confirm.",
+    },
+    {
+        "trigger": "start",
+        "source": (_S.RESERVED,),
+        "dest": _S.STARTING,
+        "doc": "The executor started the container; its health is awaited next.",
+    },
+    {
+        "trigger": "ready",
+        "source": (_S.STARTING,),
+        "dest": _S.RUNNING,
+        "doc": "Health answered (2xx, or Docker's healthcheck) within start_timeout_s.",
+    },
+    {
+        "trigger": "start_failed",
+        "source": (_S.RESERVED, _S.STARTING),
+        "dest": _S.FAILED,
+        "doc": "The start could not be issued, the container exited, or health did not "
+        "come within start_timeout_s.",
+    },
+    {
+        "trigger": "shrink",
+        "source": (_S.RUNNING,),
+        "dest": _S.RUNNING,
+        "doc": "An elastic shrink was confirmed (vram_free_mib >= reserve_mib); the "
+        "reservation got smaller, the serve stays in service.",
+    },
+    {
+        "trigger": "grow",
+        "source": (_S.RUNNING,),
+        "dest": _S.RUNNING,
+        "doc": "An elastic grow back toward the declared reservation was confirmed; the "
+        "ledger admitted the larger reservation first.",
+    },
+    {
+        "trigger": "quiesce",
+        "source": (_S.RUNNING,),
+        "dest": _S.QUIESCING,
+        "doc": "The router tier was told to quiesce: no new requests reach the serve.",
+    },
+    {
+        "trigger": "drain",
+        "source": (_S.QUIESCING,),
+        "dest": _S.DRAINING,
+        "doc": "The router tier was told to drain the requests in flight (bounded).",
+    },
+    {
+        "trigger": "drain_timed_out",
+        "source": (_S.DRAINING,),
+        "dest": _S.RUNNING,
+        "doc": "The drain timed out: nothing is stopped, the executor readmits the tier "
+        "and the serve stays in service.",
+    },
+    {
+        "trigger": "readmit",
+        "source": (_S.QUIESCING, _S.DRAINING),
+        "dest": _S.RUNNING,
+        "doc": "The stop was called off or the router refused it: the tier is readmitted "
+        "and the serve is back in service.",
+    },
+    {
+        "trigger": "stop",
+        "source": (_S.STARTING, _S.RUNNING, _S.QUIESCING, _S.DRAINING, _S.FAILED),
+        "dest": _S.STOPPING,
+        "doc": "The executor asked Docker to stop the container. From running: a serve "
+        "without a router tier (no quiesce, no drain); from starting: a cancelled start; "
+        "from failed: cleaning up a container that is still up.",
+    },
+    {
+        "trigger": "stopped",
+        "source": (_S.STOPPING,),
+        "dest": _S.STOPPED,
+        "doc": "The release is confirmed (container exited; where NVML sees the device, "
+        "the memory came back) and the reservation is released.",
+    },
+    {
+        "trigger": "stop_failed",
+        "source": (_S.STOPPING,),
+        "dest": _S.FAILED,
+        "doc": "The container did not stop within stop_timeout_s, or the release could "
+        "not be confirmed.",
+    },
+    {
+        "trigger": "fail",
+        "source": _NOT_STOPPED,
+        "dest": _S.FAILED,
+        "doc": "A failure seen by the executor or in observation (crash, OOM kill, "
+        "unhealthy, a non-transient adapter error). Legal from every state but stopped; "
+        "idempotent on failed.",
+    },
+    {
+        "trigger": "reset",
+        "source": (_S.FAILED,),
+        "dest": _S.STOPPED,
+        "doc": "Observation confirms the container is down (exited or absent); the serve "
+        "may be planned again, after backoff.",
+    },
+    {
+        "trigger": "recover",
+        "source": (_S.FAILED,),
+        "dest": _S.RUNNING,
+        "doc": "Observation shows the container running and healthy again (e.g. Docker "
+        "restarted it): back in service without a new start.",
+    },
+    {
+        "trigger": "observe_running",
+        "source": (_S.STOPPED,),
+        "dest": _S.RUNNING,
+        "doc": "Adoption: Docker shows the container running though the machine says "
+        "stopped (controller start, or a start outside the controller).",
+    },
+    {
+        "trigger": "observe_stopped",
+        "source": (_S.RUNNING, _S.QUIESCING, _S.DRAINING),
+        "dest": _S.STOPPED,
+        "doc": "Docker shows the container exited cleanly or absent with no stop in "
+        "progress (a manual docker stop, a stale restored state); a crash is fail.",
+    },
+)
+
+
+def _index(
+    states: tuple[StateSpec, ...], transitions: tuple[TransitionSpec, ...]
+) -> tuple[
+    dict[tuple[str, str], LifecycleState],
+    tuple[str, ...],
+    dict[LifecycleState, tuple[str, ...]],
+]:
+    """Check the declared data and index it: the table, the triggers, allowed per state.
+
+    Raises ``ValueError`` if the data names a state that is not declared, declares a
+    state twice, or maps one ``(source, trigger)`` pair twice.
+    """
+    names = [spec["name"] for spec in states]
+    if len(set(names)) != len(names) or set(names) != set(LifecycleState):
+        raise ValueError(f"STATES must declare each LifecycleState once, got {names}")
+    table: dict[tuple[str, str], LifecycleState] = {}
+    triggers: list[str] = []
+    for spec in transitions:
+        trigger = spec["trigger"]
+        if trigger not in triggers:
+            triggers.append(trigger)
+        for source in spec["source"]:
+            key = (LifecycleState(source).value, trigger)
+            if key in table:
+                raise ValueError(f"transition {trigger!r} from {source!r} declared twice")
+            table[key] = LifecycleState(spec["dest"])
+    allowed = {
+        state: tuple(t for t in triggers if (state.value, t) in table) for state in LifecycleState
+    }
+    return table, tuple(triggers), allowed
+
+
+_TABLE, _TRIGGERS, _ALLOWED = _index(STATES, TRANSITIONS)
+
+#: Every trigger, in declared order.
+TRIGGERS: Final[tuple[str, ...]] = _TRIGGERS
+
+#: The states in which the machine claims the serve's reservation.
+HOLDING_STATES: Final[frozenset[LifecycleState]] = frozenset(
+    spec["name"] for spec in STATES if spec["holds"]
+)
+
+
+def next_state(state: str, trigger: str) -> LifecycleState | None:
+    """The state ``trigger`` leads to from ``state``, or ``None`` if it is not legal there.
+
+    Computed from :data:`TRANSITIONS` alone; unknown states and triggers give ``None``.
+    """
+    return _TABLE.get((str(state), trigger))
+
+
+def allowed_triggers(state: str) -> tuple[str, ...]:
+    """The triggers legal from ``state``, in declared order (empty for an unknown state)."""
+    try:
+        return _ALLOWED[LifecycleState(state)]
+    except ValueError:
+        return ()
+
+
+def holds_reservation(state: str) -> bool:
+    """Whether a serve in ``state`` holds its reservation in the machine's view.
+
+    ``reserved`` through ``stopping`` do; ``stopped`` and ``failed`` do not (see the
+    module docstring for why ``failed`` does not). Raises ``ValueError`` for a name that
+    is not a :class:`LifecycleState`.
+    """
+    return LifecycleState(state) in HOLDING_STATES
+
+
+class IllegalTransition(Exception):  # noqa: N818  (the name the callers know it by)
+    """A trigger that is not legal from the serve's current state (or not a trigger at all).
+
+    Attributes: ``serve``, ``state``, ``trigger`` and ``allowed`` (the triggers that were
+    legal from ``state``).
+    """
+
+    def __init__(self, serve: str, state: str, trigger: str) -> None:
+        """Record the serve, its state and the refused trigger."""
+        super().__init__(serve, state, trigger)
+        self.serve = serve
+        self.state = str(state)
+        self.trigger = trigger
+        self.allowed = allowed_triggers(state)
+
+    def __str__(self) -> str:
+        """E.g. ``serve "omni": cannot "start" while "stopped" (allowed: reserve)``."""
+        allowed = ", ".join(self.allowed) or "none"
+        what = "cannot" if self.trigger in TRIGGERS else "unknown trigger"
+        return (
+            f'serve "{self.serve}": {what} "{self.trigger}" while "{self.state}" '
+            f"(allowed: {allowed})"
+        )
+
+
+def _machine_config() -> dict[str, Any]:
+    """The keyword arguments every machine built from the data shares."""
+    return {
+        "states": [spec["name"].value for spec in STATES],
+        "transitions": [
+            {
+                "trigger": spec["trigger"],
+                "source": [s.value for s in spec["source"]],
+                "dest": spec["dest"].value,
+            }
+            for spec in TRANSITIONS
+        ],
+        "initial": LifecycleState.STOPPED.value,
+        "auto_transitions": False,
+        "ignore_invalid_triggers": False,
+        "send_event": False,
+        "queued": False,
+    }
+
+
+@cache
+def lifecycle_machine() -> Machine:
+    """The one shared synchronous ``Machine`` built from the data (built on first use).
+
+    It has no models of its own: :class:`ServeLifecycle` fires its events on a per-serve
+    model object, so the machine holds configuration only.
+    """
+    return Machine(model=None, name="lifecycle", **_machine_config())
+
+
+class _Model:
+    """The object the machine moves: a serve's state and nothing else."""
+
+    __slots__ = ("state",)
+
+    def __init__(self, state: str) -> None:
+        self.state = state
+
+
+class ServeLifecycle:
+    """One serve's lifecycle: its current state and the triggers that move it.
+
+    >>> lc = ServeLifecycle("omni")
+    >>> lc.fire("reserve")
+    <LifecycleState.RESERVED: 'reserved'>
+    >>> lc.allowed()
+    ('abandon', 'start', 'start_failed', 'fail')
+    """
+
+    __slots__ = ("_model", "_serve")
+
+    def __init__(self, serve: str, initial: str = LifecycleState.STOPPED) -> None:
+        """A machine for ``serve`` in state ``initial`` (adoption may start it elsewhere).
+
+        Raises ``ValueError`` if ``initial`` is not a :class:`LifecycleState`.
+        """
+        try:
+            state = LifecycleState(initial)
+        except ValueError:
+            known = ", ".join(LifecycleState)
+            raise ValueError(
+                f'serve "{serve}": unknown lifecycle state "{initial}" (known: {known})'
+            ) from None
+        self._serve = serve
+        self._model = _Model(state.value)
+
+    @property
+    def serve(self) -> str:
+        """The serve's name."""
+        return self._serve
+
+    @property
+    def state(self) -> LifecycleState:
+        """The current state."""
+        return LifecycleState(self._model.state)
+
+    def fire(self, trigger: str) -> LifecycleState:
+        """Apply ``trigger`` and return the new state.
+
+        Raises :class:`IllegalTransition` (state unchanged) if ``trigger`` is not legal
+        from the current state or is not a trigger of this machine.
+        """
+        state = self.state
+        event = lifecycle_machine().events.get(trigger)
+        if event is None:
+            raise IllegalTransition(self._serve, state, trigger)
+        try:
+            event.trigger(self._model)
+        except MachineError as exc:
+            raise IllegalTransition(self._serve, state, trigger) from exc
+        return self.state
+
+    def allowed(self) -> tuple[str, ...]:
+        """The triggers legal from the current state, in declared order."""
+        return _ALLOWED[self.state]
+
+    def can(self, trigger: str) -> bool:
+        """Whether ``trigger`` is legal from the current state."""
+        return (self._model.state, trigger) in _TABLE
+
+    def __repr__(self) -> str:
+        """E.g. ``ServeLifecycle('omni', state='running')``."""
+        return f"ServeLifecycle({self._serve!r}, state={self._model.state!r})"
+
+
+class _DiagramModel:
+    """A plain model for the diagram machine (it binds ``get_graph`` onto it)."""
+
+
+def mermaid_diagram() -> str:
+    """The lifecycle as a mermaid ``stateDiagram-v2``, drawn by ``transitions`` itself.
+
+    Uses ``GraphMachine(graph_engine="mermaid")`` (available since transitions 0.9.1).
+    The library writes ``title`` verbatim between the ``---`` front-matter fences, so it
+    is given as ``title: …`` to make that valid YAML mermaid reads as the title; trailing
+    spaces are stripped so the text survives editors that strip them.
+    """
+    from transitions.extensions.diagrams import GraphMachine
+
+    model = _DiagramModel()
+    GraphMachine(
+        model=model,
+        graph_engine="mermaid",
+        title="title: vramctl serve lifecycle",
+        show_conditions=False,
+        show_state_attributes=False,
+        **_machine_config(),
+    )
+    get_graph = getattr(model, "get_graph")  # noqa: B009  (bound by GraphMachine at runtime)
+    source = str(get_graph().source)
+    return "\n".join(line.rstrip() for line in source.splitlines())
+
+
+def lifecycle_markdown() -> str:
+    """The text of ``docs/lifecycle.md``: states, the diagram and the transition table."""
+    lines = [
+        "# Serve lifecycle",
+        "",
+        "<!-- Generated from statemachine/lifecycle.py by `python docs/gen_lifecycle.py`."
+        " Do not edit. -->",
+        "",
+        "Each serve the controller manages has one lifecycle machine "
+        "(`statemachine.lifecycle.ServeLifecycle`). The executor fires one trigger per step "
+        "outcome; a trigger that is not legal from the current state raises "
+        "`IllegalTransition`. A state *holds* the reservation when the machine claims the "
+        "serve's reserved MiB in the ledger; what a container really holds is always also "
+        "counted from observation.",
+        "",
+        "## States",
+        "",
+    ]
+    for spec in STATES:
+        holds = "holds the reservation" if spec["holds"] else "holds no reservation"
+        lines += [f"**`{spec['name']}`** ({holds}). {spec['doc']}", ""]
+    lines += ["## Diagram", "", "```mermaid", mermaid_diagram(), "```", ""]
+    lines += [
+        "## Transitions",
+        "",
+        "| trigger | from | to | meaning |",
+        "|---|---|---|---|",
+    ]
+    for tspec in TRANSITIONS:
+        sources = ", ".join(f"`{s}`" for s in tspec["source"])
+        doc = tspec["doc"].replace("|", "\\|")
+        lines.append(f"| `{tspec['trigger']}` | {sources} | `{tspec['dest']}` | {doc} |")
+    lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,601 @@
+"""The planner: ``plan_transitions(desired, observed, policy, now) -> Plan``.
+
+A pure function from "what the manifest (and the on-demand requests) want" and "what
+the host shows" to an ordered list of steps (DESIGN §5 plan JSON) plus what is
+blocked, with every term of the arithmetic. It never plans a prefix that overcommits
+a GPU role: every reserve and grow goes through :class:`statemachine.ledger.Ledger`,
+after the releases and shrinks that make room for it.
+
+The rules, in the order the planner applies them:
+
+1. **Fail closed.** Docker unreadable: no steps; every serve that wants a change is
+   blocked with the reason.
+2. **Stops.** A serve that holds memory and is ``desired = "stopped"``, or whose
+   on-demand request's TTL ran out (and is not ``desired = "running"``), is stopped:
+   quiesce + drain (when it has a router tier), stop, release.
+3. **Starts**, residents first, then on-demand requesters (manifest ``running`` first,
+   then requests by age), then the rest (evictable backfill) by descending priority.
+   A start is blocked while an exclusive serve runs on one of its roles, while another
+   serve runs on its port, or, for an exclusive serve, while any other GPU-inference
+   serve runs on its roles. Only on-demand requesters may stop others: committed
+   ``evictable`` serves outside their ``min_runtime_s`` are victims (for room, for the
+   port, for exclusivity); residents, other on-demand serves and serves without a
+   residency are never stopped and are reported as the blockers. When room is short,
+   elastic shrink is planned if shrink alone covers it, else eviction
+   (:mod:`statemachine.victims`). A start is: reserve, start, await_ready, readmit.
+4. **Grow back** shrunk elastic serves as far as the budget allows, before backfill.
+
+Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
+from statemachine.types import DesiredRun, DesiredState, Observed, Residency, ServeSpec
+from statemachine.victims import DEFAULT_EXACT_LIMIT, Candidate, choose_victims
+
+
+class Action(StrEnum):
+    """The step actions of DESIGN §5, in the order a room-making plan uses them."""
+
+    QUIESCE = "quiesce"
+    DRAIN = "drain"
+    STOP = "stop"
+    RELEASE = "release"
+    SHRINK = "shrink"
+    GROW = "grow"
+    RESERVE = "reserve"
+    START = "start"
+    AWAIT_READY = "await_ready"
+    READMIT = "readmit"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step. ``mib`` is what the step moves in the ledger (``None``: nothing).
+
+    For shrink and grow, ``mib`` is the MiB given back or taken and ``to_mib`` the
+    reservation afterwards.
+    """
+
+    action: Action
+    serve: str
+    gpu_roles: tuple[str, ...]
+    mib: int | None
+    reason: str
+    to_mib: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """DESIGN §5 step JSON (plus ``to_mib`` for shrink / grow)."""
+        out: dict[str, Any] = {
+            "action": str(self.action),
+            "serve": self.serve,
+            "gpu_roles": list(self.gpu_roles),
+            "mib": self.mib,
+            "reason": self.reason,
+        }
+        if self.to_mib is not None:
+            out["to_mib"] = self.to_mib
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Protected:
+    """A serve that holds memory (or a port) the blocked serve needs and may not be stopped."""
+
+    serve: str
+    mib: int | None
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"serve": self.serve, "mib": self.mib, "why": self.why}
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Work that cannot happen now, with every term of the arithmetic."""
+
+    serve: str
+    reason: str
+    terms: tuple[RoleTerms, ...] = ()
+    evictable_mib: tuple[tuple[str, int], ...] = ()
+    shrinkable_mib: tuple[tuple[str, int], ...] = ()
+    protected: tuple[Protected, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """DESIGN §5 blocked JSON."""
+        return {
+            "serve": self.serve,
+            "reason": self.reason,
+            "ledger": {
+                "gpu_roles": [t.to_json() for t in self.terms],
+                "evictable_mib": dict(self.evictable_mib),
+                "shrinkable_mib": dict(self.shrinkable_mib),
+                "protected": [p.to_json() for p in self.protected],
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Planner knobs."""
+
+    exact_search_limit: int = DEFAULT_EXACT_LIMIT
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The planner's answer."""
+
+    steps: tuple[Step, ...]
+    blocked: tuple[Blocked, ...]
+    ledger_before: Ledger
+    ledger_after: Ledger
+    notes: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """True when there is nothing to do."""
+        return not self.steps
+
+    def to_json(self) -> dict[str, Any]:
+        """DESIGN §5 plan JSON (plus ``ledger_before`` and ``notes``)."""
+        return {
+            "steps": [s.to_json() for s in self.steps],
+            "blocked": [b.to_json() for b in self.blocked],
+            "ledger_before": {
+                r: self.ledger_before.view(r).to_json() for r in self.ledger_before.roles
+            },
+            "ledger_after": {
+                r: self.ledger_after.view(r).to_json() for r in self.ledger_after.roles
+            },
+            "notes": list(self.notes),
+        }
+
+
+def _ok(result: Ledger | Refusal) -> Ledger:
+    if isinstance(result, Refusal):  # the planner checks before it asks: a bug if reached
+        raise AssertionError(f"planner asked the ledger for something it refuses: {result.message}")
+    return result
+
+
+@dataclass
+class _Work:
+    """The planner's scratch state for one call (never escapes the call)."""
+
+    desired: DesiredState
+    observed: Observed
+    policy: Policy
+    now: float
+    ledger: Ledger
+    running: set[str] = field(default_factory=set)  # holds memory, after the steps so far
+    stopping: set[str] = field(default_factory=set)
+    starting: set[str] = field(default_factory=set)
+    steps: list[Step] = field(default_factory=list)
+    blocked: list[Blocked] = field(default_factory=list)
+    by_role: dict[str, list[str]] = field(default_factory=dict)  # declaration order
+    by_port: dict[int, list[str]] = field(default_factory=dict)
+
+    def index(self) -> None:
+        for s in self.desired.serves.values():
+            for r in s.gpu_roles:
+                self.by_role.setdefault(r, []).append(s.name)
+            if s.port is not None:
+                self.by_port.setdefault(s.port, []).append(s.name)
+
+    def neighbours(self, s: ServeSpec) -> list[str]:
+        """Serves sharing a role or the port with ``s``, in declaration order, once each."""
+        seen: dict[str, None] = {}
+        for r in s.gpu_roles:
+            seen.update(dict.fromkeys(self.by_role.get(r, ())))
+        if s.port is not None:
+            seen.update(dict.fromkeys(self.by_port.get(s.port, ())))
+        seen.pop(s.name, None)
+        return list(seen)
+
+    def serve(self, name: str) -> ServeSpec:
+        return self.desired.serves[name]
+
+    def held_mib(self, name: str) -> int | None:
+        res = self.ledger.holdings.get(name)
+        return res.mib if res else None
+
+    def fresh(self, s: ServeSpec) -> float | None:
+        """Seconds since start when still inside ``min_runtime_s``, else None."""
+        if s.min_runtime_s <= 0:
+            return None
+        started = self.observed.container(s.container).started_at
+        if started is None:
+            return None
+        age = self.now - started
+        return age if age < s.min_runtime_s else None
+
+    def stop(self, s: ServeSpec, reason: str) -> None:
+        mib = self.held_mib(s.name)
+        roles = s.gpu_roles
+        if s.router_tier:
+            self.steps.append(
+                Step(
+                    Action.QUIESCE,
+                    s.name,
+                    roles,
+                    mib,
+                    f"{reason}: quiesce router tier {s.router_tier}",
+                )
+            )
+            self.steps.append(
+                Step(
+                    Action.DRAIN, s.name, roles, mib, f"{reason}: drain router tier {s.router_tier}"
+                )
+            )
+        self.steps.append(Step(Action.STOP, s.name, roles, mib, reason))
+        if mib is not None:
+            self.ledger = _ok(self.ledger.release(s.name))
+            self.steps.append(
+                Step(
+                    Action.RELEASE,
+                    s.name,
+                    roles,
+                    mib,
+                    f"release {mib} MiB after {s.name} is confirmed stopped",
+                )
+            )
+        self.running.discard(s.name)
+        self.stopping.add(s.name)
+
+
+def _requests(desired: DesiredState, now: float) -> tuple[dict[str, float], set[str]]:
+    """Active requests (serve -> requested_at, oldest kept) and serves whose request expired."""
+    active: dict[str, float] = {}
+    expired: set[str] = set()
+    for req in desired.requests:
+        if req.serve not in desired.serves:
+            continue
+        if req.expired(now):
+            expired.add(req.serve)
+        else:
+            active[req.serve] = min(active.get(req.serve, req.requested_at), req.requested_at)
+    return active, expired - set(active)
+
+
+def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> list[ServeSpec]:
+    def rank(s: ServeSpec) -> tuple[int, float, int, str]:
+        if s.residency is Residency.RESIDENT:
+            return (0, 0.0, -s.priority, s.name)
+        if s.residency is Residency.ON_DEMAND:
+            when = -1.0 if s.desired is DesiredRun.RUNNING else active.get(s.name, 0.0)
+            return (1, when, -s.priority, s.name)
+        return (3, 0.0, -s.priority, s.name)
+
+    return sorted(wants, key=rank)
+
+
+def _shares_role(a: ServeSpec, b: ServeSpec) -> bool:
+    return any(r in b.gpu_roles for r in a.gpu_roles)
+
+
+def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
+    """None when ``requester`` may stop ``victim``; else why not."""
+    if requester.residency is not Residency.ON_DEMAND:
+        cls = requester.residency or "unclassified"
+        return f"only on-demand serves evict, and {requester.name} is {cls}"
+    if victim.residency is Residency.RESIDENT:
+        return "resident: never evicted"
+    if victim.residency is Residency.ON_DEMAND:
+        return "on-demand: not a victim"
+    if victim.residency is None:
+        return "no residency class: never stopped implicitly"
+    if victim.name in w.starting:
+        return "being started in this plan"
+    age = w.fresh(victim)
+    if age is not None:
+        return f"started {age:.0f}s ago, inside its min_runtime_s {victim.min_runtime_s:g}"
+    return None
+
+
+def _try_start(w: _Work, s: ServeSpec) -> None:
+    protected: list[Protected] = []
+    forced: list[ServeSpec] = []
+    reasons: list[str] = []
+
+    def need_stopped(other: ServeSpec, why: str) -> None:
+        if other.name in w.starting:
+            reasons.append(f"{other.name} is being started in this plan ({why})")
+            protected.append(Protected(other.name, other.vram_mib, "being started in this plan"))
+            return
+        veto = _may_evict(w, s, other)
+        if veto is None:
+            if other not in forced:
+                forced.append(other)
+        else:
+            reasons.append(f"{other.name} runs ({why}) and may not be stopped: {veto}")
+            protected.append(Protected(other.name, w.held_mib(other.name), veto))
+
+    neighbours = w.neighbours(s)
+    for name in neighbours:
+        if name not in w.running:
+            continue
+        other = w.serve(name)
+        if other.exclusive and s.gpu_inference and _shares_role(s, other):
+            need_stopped(other, f"exclusive on {', '.join(other.gpu_roles)}")
+        elif s.exclusive and other.gpu_inference and _shares_role(s, other):
+            need_stopped(other, f"{s.name} needs {', '.join(s.gpu_roles)} to itself")
+        elif s.port is not None and other.port == s.port:
+            need_stopped(other, f"holds port {s.port}")
+    if s.port is not None:
+        for name in neighbours:
+            other = w.serve(name)
+            if name in w.starting and other.port == s.port and other not in forced:
+                reasons.append(f"{other.name} is being started on port {s.port} in this plan")
+                protected.append(Protected(other.name, other.vram_mib, f"starts on port {s.port}"))
+    forced.sort(key=lambda o: o.name)
+    in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
+
+    if reasons:
+        terms = w.ledger.terms(s.name, s.gpu_roles, s.vram_mib) if in_ledger and s.vram_mib else ()
+        w.blocked.append(
+            Blocked(
+                s.name,
+                f"{s.name} cannot start: " + "; ".join(reasons),
+                terms,
+                protected=tuple(protected),
+            )
+        )
+        return
+
+    # room: what the forced stops free, then shrink or eviction for the rest
+    ledger = w.ledger
+    for o in forced:
+        if ledger.holds(o.name):
+            ledger = _ok(ledger.release(o.name))
+    shrinks: list[tuple[ServeSpec, int, int]] = []  # serve, from, to
+    victims: list[ServeSpec] = []
+    if in_ledger and s.vram_mib is not None:
+        mib = s.vram_mib
+        terms = ledger.terms(s.name, s.gpu_roles, mib)
+        short = {t.gpu_role: t.shortfall_mib or 0 for t in terms if t.shortfall_mib}
+        if short:
+            cands: list[Candidate] = []
+            shrinkable: dict[str, int] = dict.fromkeys(short, 0)
+            elastic: list[tuple[ServeSpec, int]] = []
+            evictable: dict[str, int] = dict.fromkeys(short, 0)
+            for name, res in ledger.holdings.items():
+                o = w.serve(name)
+                if name == s.name or not any(r in short for r in res.gpu_roles):
+                    continue
+                veto = _may_evict(w, s, o)
+                if (
+                    o.elastic is not None
+                    and res.mib > o.elastic.floor_mib
+                    and (
+                        s.residency is Residency.ON_DEMAND
+                        and w.fresh(o) is None
+                        and name not in w.starting
+                    )
+                ):
+                    give = res.mib - o.elastic.floor_mib
+                    elastic.append((o, res.mib))
+                    for r in res.gpu_roles:
+                        if r in shrinkable:
+                            shrinkable[r] += give
+                if veto is None:
+                    cands.append(
+                        Candidate(
+                            name,
+                            res.gpu_roles,
+                            res.mib,
+                            o.priority,
+                            w.observed.container(o.container).started_at,
+                        )
+                    )
+                    for r in res.gpu_roles:
+                        if r in evictable:
+                            evictable[r] += res.mib
+                else:
+                    protected.append(Protected(name, res.mib, veto))
+            if elastic and all(shrinkable[r] >= need for r, need in short.items()):
+                # shrink alone covers it: take from the largest givers first, only what is needed
+                remaining = dict(short)
+                for o, cur in sorted(
+                    elastic,
+                    key=lambda e: (
+                        -(e[1] - (e[0].elastic.floor_mib if e[0].elastic else 0)),
+                        e[0].name,
+                    ),
+                ):
+                    if all(v <= 0 for v in remaining.values()):
+                        break
+                    assert o.elastic is not None
+                    need = max(remaining.get(r, 0) for r in o.gpu_roles)
+                    if need <= 0:
+                        continue
+                    give = min(cur - o.elastic.floor_mib, need)
+                    shrinks.append((o, cur, cur - give))
+                    for r in o.gpu_roles:
+                        if r in remaining:
+                            remaining[r] -= give
+            else:
+                chosen = choose_victims(cands, short, exact_limit=w.policy.exact_search_limit)
+                if chosen is None:
+                    if s.residency is Residency.ON_DEMAND:
+                        why = "eviction cannot cover the shortfall"
+                    else:
+                        cls = s.residency or "unclassified"
+                        why = f"{cls} serves do not evict; only on-demand serves do"
+                    detail = "; ".join(
+                        f"{t.gpu_role}: capacity {t.capacity_mib} - reserve {t.reserve_mib} = "
+                        f"budget {t.budget_mib}; committed {t.committed_mib} ("
+                        + (" + ".join(f"{h} {m}" for h, m in t.reservations) or "nothing")
+                        + f"); free {t.free_mib}; needs {t.requested_mib}; "
+                        f"short {t.shortfall_mib}; evictable {evictable.get(t.gpu_role, 0)}; "
+                        f"shrinkable {shrinkable.get(t.gpu_role, 0)}"
+                        for t in terms
+                        if t.shortfall_mib
+                    )
+                    w.blocked.append(
+                        Blocked(
+                            s.name,
+                            f"{s.name} does not fit ({why}): {detail}",
+                            w.ledger.terms(s.name, s.gpu_roles, mib),
+                            evictable_mib=tuple(sorted(evictable.items()))
+                            if s.residency is Residency.ON_DEMAND
+                            else (),
+                            shrinkable_mib=tuple(sorted(shrinkable.items()))
+                            if s.residency is Residency.ON_DEMAND
+                            else (),
+                            protected=tuple(sorted(protected, key=lambda p: p.serve)),
+                        )
+                    )
+                    return
+                victims = [w.serve(c.name) for c in chosen]
+
+    # commit: shrinks, forced stops, victims, then the start
+    for o, cur, to in shrinks:
+        w.ledger = _ok(w.ledger.resize(o.name, to))
+        w.steps.append(
+            Step(
+                Action.SHRINK,
+                o.name,
+                o.gpu_roles,
+                cur - to,
+                f"give back {cur - to} MiB (elastic, floor "
+                f"{o.elastic.floor_mib if o.elastic else 0}) so {s.name} fits",
+                to_mib=to,
+            )
+        )
+    for o in forced:
+        w.stop(o, f"stop {o.name} so {s.name} can start")
+    for o in victims:
+        w.stop(o, f"evict {o.name} ({o.residency}) to make room for {s.name}")
+    if in_ledger and s.vram_mib is not None:
+        w.ledger = _ok(w.ledger.admit(GpuReservation(s.name, s.gpu_roles, s.vram_mib)))
+        w.steps.append(
+            Step(
+                Action.RESERVE,
+                s.name,
+                s.gpu_roles,
+                s.vram_mib,
+                f"reserve {s.vram_mib} MiB on {', '.join(s.gpu_roles)}",
+            )
+        )
+    why = _start_reason(w, s)
+    w.steps.append(Step(Action.START, s.name, s.gpu_roles, s.vram_mib if in_ledger else None, why))
+    w.steps.append(
+        Step(Action.AWAIT_READY, s.name, s.gpu_roles, None, f"wait until {s.name} is healthy")
+    )
+    if s.router_tier:
+        w.steps.append(
+            Step(Action.READMIT, s.name, s.gpu_roles, None, f"readmit router tier {s.router_tier}")
+        )
+    w.running.add(s.name)
+    w.starting.add(s.name)
+
+
+def _start_reason(w: _Work, s: ServeSpec) -> str:
+    if s.desired is DesiredRun.RUNNING:
+        return f"{s.name} is desired running"
+    return f"on-demand request for {s.name}"
+
+
+def _grow(w: _Work) -> None:
+    for s in w.desired.serves.values():
+        name = s.name
+        if name not in w.running:
+            continue
+        held = w.held_mib(name)
+        if s.elastic is None or s.vram_mib is None or held is None or held >= s.vram_mib:
+            continue
+        room = min(w.ledger.free_mib(r) for r in s.gpu_roles)
+        to = min(s.vram_mib, held + room)
+        if to > held:
+            w.ledger = _ok(w.ledger.resize(name, to))
+            w.steps.append(
+                Step(
+                    Action.GROW,
+                    name,
+                    s.gpu_roles,
+                    to - held,
+                    f"take back {to - held} MiB (elastic) now that the room is free",
+                    to_mib=to,
+                )
+            )
+
+
+def _blocked_unknown(desired: DesiredState, names: Iterable[str]) -> list[Blocked]:
+    return [
+        Blocked(
+            n, f"{n}: docker state is unknown; nothing is started or stopped until it can be read"
+        )
+        for n in names
+    ]
+
+
+def plan_transitions(
+    desired: DesiredState,
+    observed: Observed,
+    policy: Policy | None = None,
+    now: float = 0.0,
+) -> Plan:
+    """Plan the ordered steps that move ``observed`` toward ``desired``. Pure.
+
+    ``now`` is the time of the observation (epoch seconds), used for TTLs and
+    ``min_runtime_s`` only.
+    """
+    policy = policy or Policy()
+    ledger = ledger_from_observed(desired, observed)
+    active, expired = _requests(desired, now)
+    notes = [
+        f"{r} is over budget as observed (started outside the ledger)"
+        for r in ledger.overcommitted()
+    ]
+    if not observed.docker_ok:
+        names = [
+            s.name
+            for s in desired.serves.values()
+            if s.managed or s.name in active or s.name in expired
+        ]
+        return Plan((), tuple(_blocked_unknown(desired, names)), ledger, ledger, tuple(notes))
+
+    w = _Work(desired, observed, policy, now, ledger)
+    w.index()
+    w.running = {s.name for s in desired.serves.values() if observed.container(s.container).holds}
+
+    # 2. stops
+    for s in desired.serves.values():
+        if s.name not in w.running:
+            continue
+        if s.desired is DesiredRun.STOPPED:
+            w.stop(s, f"{s.name} is desired stopped")
+        elif s.name in expired and s.desired is not DesiredRun.RUNNING:
+            w.stop(s, f"the on-demand request for {s.name} expired (TTL)")
+
+    # 3. starts, 4. grow back before backfill
+    wants: list[ServeSpec] = []
+    for s in desired.serves.values():
+        if s.name in w.running or s.name in w.stopping:
+            continue
+        if s.desired is DesiredRun.STOPPED:
+            if s.name in active:
+                w.blocked.append(
+                    Blocked(
+                        s.name, f'{s.name} is requested but the manifest says desired = "stopped"'
+                    )
+                )
+            continue
+        if s.desired is DesiredRun.RUNNING or s.name in active:
+            wants.append(s)
+    ordered = _start_order(w, wants, active)
+    first = [s for s in ordered if s.residency in (Residency.RESIDENT, Residency.ON_DEMAND)]
+    rest = [s for s in ordered if s.residency not in (Residency.RESIDENT, Residency.ON_DEMAND)]
+    for s in first:
+        _try_start(w, s)
+    _grow(w)
+    for s in rest:
+        _try_start(w, s)
+    return Plan(tuple(w.steps), tuple(w.blocked), ledger, w.ledger, tuple(notes))

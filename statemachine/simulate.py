@@ -1,0 +1,67 @@
+"""What the host would look like after a plan succeeds: ``apply_plan``.
+
+Used to check convergence (plan, apply, plan again: nothing to do) and to replay a
+plan's effect on the ledger step by step (``ledger_prefixes``). It models success of
+every step; failures are the executor's business.
+
+Pure: no I/O, no clock (``now`` is an argument), no docker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from statemachine.ledger import GpuReservation, Ledger, Refusal
+from statemachine.planner import Action, Plan, Step
+from statemachine.types import ContainerObs, ContainerState, DesiredState, Observed
+
+
+def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float) -> Observed:
+    """The observation after every step of ``plan`` succeeded at time ``now``."""
+    containers = dict(observed.containers)
+    elastic = dict(observed.elastic_mib)
+    for step in plan.steps:
+        serve = desired.serves[step.serve]
+        if step.action is Action.STOP:
+            containers[serve.container] = ContainerObs(ContainerState.EXITED, exit_code=0)
+            elastic.pop(serve.name, None)  # the engine forgets its reserve when it stops
+        elif step.action is Action.START:
+            containers[serve.container] = ContainerObs(
+                ContainerState.RUNNING, health="healthy", started_at=now
+            )
+        elif step.action in (Action.SHRINK, Action.GROW) and step.to_mib is not None:
+            if serve.vram_mib is not None and step.to_mib >= serve.vram_mib:
+                elastic.pop(serve.name, None)
+            else:
+                elastic[serve.name] = step.to_mib
+    return Observed(
+        docker_ok=observed.docker_ok,
+        containers=containers,
+        gpus=observed.gpus,
+        elastic_mib=elastic,
+    )
+
+
+def apply_step(ledger: Ledger, step: Step) -> Ledger | Refusal:
+    """One step's effect on the ledger (steps that move no memory return it unchanged)."""
+    if step.action is Action.RESERVE and step.mib is not None:
+        return ledger.admit(GpuReservation(step.serve, step.gpu_roles, step.mib))
+    if step.action is Action.RELEASE:
+        return ledger.release(step.serve)
+    if step.action in (Action.SHRINK, Action.GROW) and step.to_mib is not None:
+        return ledger.resize(step.serve, step.to_mib)
+    return ledger
+
+
+def ledger_prefixes(plan: Plan) -> Iterator[tuple[Step, Ledger | Refusal]]:
+    """Replay ``plan`` through the ledger from ``plan.ledger_before``, yielding each result.
+
+    Stops at the first refusal (which is yielded).
+    """
+    ledger = plan.ledger_before
+    for step in plan.steps:
+        result = apply_step(ledger, step)
+        yield step, result
+        if isinstance(result, Refusal):
+            return
+        ledger = result

@@ -1,0 +1,182 @@
+"""The status report: per-role ledger with NVML figures and drift, per-serve state.
+
+``host_status`` combines the desired state and one observation into the report that
+``vramctl status`` prints. Every figure is either declared (capacity, reserve,
+reservation), derived from declared figures and observed container states (committed,
+free), or measured (NVML used / total); what cannot be known is ``None`` (printed as
+unknown), never 0. Drift is reported here and never acted on.
+
+Pure: no I/O, no clock, no docker, no NVML.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from statemachine.ledger import RoleView, ledger_from_observed
+from statemachine.types import ContainerObs, ContainerState, DesiredState, GpuObs, Observed
+
+
+@dataclass(frozen=True, slots=True)
+class RoleStatus:
+    """One role: the ledger line, the device it is linked to, and drift."""
+
+    ledger: RoleView
+    uuid: str | None
+    device_found: bool
+    nvml_total_mib: int | None
+    nvml_used_mib: int | None
+    drift_used_mib: int | None  # NVML used - committed: memory drawn outside the ledger
+    drift_total_mib: int | None  # device total - declared capacity
+    overcommitted: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        out = {"gpu_role": self.ledger.gpu_role, **self.ledger.to_json()}
+        out.update(
+            {
+                "uuid": self.uuid,
+                "device_found": self.device_found,
+                "nvml_total_mib": self.nvml_total_mib,
+                "nvml_used_mib": self.nvml_used_mib,
+                "drift_used_mib": self.drift_used_mib,
+                "drift_total_mib": self.drift_total_mib,
+                "overcommitted": self.overcommitted,
+            }
+        )
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class ServeStatus:
+    """One serve: what docker shows and what the ledger holds for it."""
+
+    serve: str
+    container: str
+    gpu_roles: tuple[str, ...]
+    residency: str | None
+    desired: str | None
+    state: str  # container state, or "unknown"
+    health: str | None
+    lifecycle: str  # derived lifecycle state, or "unknown"
+    reservation_mib: int | None
+    in_ledger: bool
+    committed: bool | None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "serve": self.serve,
+            "container": self.container,
+            "gpu_roles": list(self.gpu_roles),
+            "residency": self.residency,
+            "desired": self.desired,
+            "state": self.state,
+            "health": self.health,
+            "lifecycle": self.lifecycle,
+            "reservation_mib": self.reservation_mib,
+            "in_ledger": self.in_ledger,
+            "committed": self.committed,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class HostStatus:
+    """The whole report."""
+
+    docker_ok: bool
+    nvml_ok: bool
+    roles: tuple[RoleStatus, ...]
+    serves: tuple[ServeStatus, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "docker": "ok" if self.docker_ok else "error",
+            "nvml": "ok" if self.nvml_ok else "unavailable",
+            "gpu_roles": [r.to_json() for r in self.roles],
+            "serves": [s.to_json() for s in self.serves],
+        }
+
+
+def lifecycle_from_observation(obs: ContainerObs) -> str:
+    """The lifecycle state an observation implies, for a serve the controller is not driving.
+
+    A container that holds memory is ``running`` (``starting`` while its healthcheck
+    says so, or while docker restarts it); one that exited non-zero, was OOM-killed or
+    is dead is ``failed``; otherwise ``stopped``.
+    """
+    if obs.state is ContainerState.RESTARTING:
+        return "starting"
+    if obs.holds:
+        return "starting" if obs.health == "starting" else "running"
+    if obs.state is ContainerState.DEAD or obs.oom_killed:
+        return "failed"
+    if obs.state is ContainerState.EXITED and obs.exit_code not in (None, 0):
+        return "failed"
+    return "stopped"
+
+
+def _device(gpus: tuple[GpuObs, ...] | None, uuid: str | None) -> GpuObs | None:
+    if gpus is None or uuid is None:
+        return None
+    for g in gpus:
+        if g.uuid == uuid:
+            return g
+    return None
+
+
+def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
+    """Build the status report from the desired state and one observation."""
+    ledger = ledger_from_observed(desired, observed)
+    over = set(ledger.overcommitted())
+    roles = []
+    for rid, role in desired.roles.items():
+        view = ledger.view(rid)
+        dev = _device(observed.gpus, role.uuid)
+        used = dev.used_mib if dev else None
+        total = dev.total_mib if dev else None
+        roles.append(
+            RoleStatus(
+                ledger=view,
+                uuid=role.uuid,
+                device_found=dev is not None,
+                nvml_total_mib=total,
+                nvml_used_mib=used,
+                drift_used_mib=(
+                    used - view.committed_mib
+                    if used is not None and view.committed_mib is not None
+                    else None
+                ),
+                drift_total_mib=total - role.capacity_mib if total is not None else None,
+                overcommitted=rid in over,
+            )
+        )
+    serves = []
+    for s in desired.serves.values():
+        obs = observed.container(s.container)
+        in_ledger = desired.in_ledger(s)
+        serves.append(
+            ServeStatus(
+                serve=s.name,
+                container=s.container,
+                gpu_roles=s.gpu_roles,
+                residency=str(s.residency) if s.residency else None,
+                desired=str(s.desired) if s.desired else None,
+                state=str(obs.state) if observed.docker_ok else "unknown",
+                health=obs.health if observed.docker_ok else None,
+                lifecycle=lifecycle_from_observation(obs) if observed.docker_ok else "unknown",
+                reservation_mib=s.vram_mib,
+                in_ledger=in_ledger,
+                committed=(ledger.holds(s.name) if observed.docker_ok else None)
+                if in_ledger
+                else False,
+            )
+        )
+    return HostStatus(
+        docker_ok=observed.docker_ok,
+        nvml_ok=observed.gpus is not None,
+        roles=tuple(roles),
+        serves=tuple(serves),
+    )

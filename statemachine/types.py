@@ -1,0 +1,188 @@
+"""Domain types of the pure core: what the manifest wants and what the host shows.
+
+These are plain frozen dataclasses, built by the shell (``controller.manifest`` turns
+TOML into :class:`DesiredState`; ``controller.snapshot`` turns observation JSON into
+:class:`Observed`) and consumed by the ledger, the planner and the lifecycle machine.
+
+This module must not do I/O, read the clock, log, or import anything from
+``controller`` or any adapter library. Every value here is data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Residency(StrEnum):
+    """ADR-0017 residency classes."""
+
+    RESIDENT = "resident"
+    EVICTABLE = "evictable"
+    ON_DEMAND = "on-demand"
+
+
+class DesiredRun(StrEnum):
+    """What the manifest asks of a serve; ``None`` on a serve means unmanaged."""
+
+    RUNNING = "running"
+    STOPPED = "stopped"
+
+
+class ContainerState(StrEnum):
+    """Docker's container states as the observed snapshot names them."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    RESTARTING = "restarting"
+    EXITED = "exited"
+    CREATED = "created"
+    DEAD = "dead"
+    ABSENT = "absent"
+
+
+#: States in which a container holds its reservation (DESIGN §3).
+HOLDING_STATES: frozenset[ContainerState] = frozenset(
+    {ContainerState.RUNNING, ContainerState.PAUSED, ContainerState.RESTARTING}
+)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuRole:
+    """One ``[[gpu_roles]]`` row: a GPU with a capacity and a never-reservable reserve."""
+
+    id: str
+    capacity_mib: int
+    reserve_mib: int = 0
+    uuid: str | None = None
+
+    @property
+    def budget_mib(self) -> int:
+        """What may be reserved on this role: capacity minus reserve."""
+        return self.capacity_mib - self.reserve_mib
+
+
+@dataclass(frozen=True, slots=True)
+class Elastic:
+    """An elastic serve can give VRAM back down to ``floor_mib`` (DESIGN §6)."""
+
+    url: str
+    floor_mib: int
+    token_env: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ServeSpec:
+    """One serve as the manifest declares it, reduced to what the core needs.
+
+    ``gpu_roles`` is empty for a serve without a role; ``vram_mib`` is ``None`` for a
+    serve without a reservation. A serve joins the ledger only when it has both and
+    every role it names has a capacity row (:attr:`DesiredState.ledger_roles`).
+    """
+
+    name: str
+    container: str
+    gpu_roles: tuple[str, ...] = ()
+    vram_mib: int | None = None
+    residency: Residency | None = None
+    desired: DesiredRun | None = None
+    port: int | None = None
+    exclusive: bool = False
+    gpu_inference: bool = True
+    priority: int = 0
+    min_runtime_s: float = 0.0
+    router_tier: str | None = None
+    elastic: Elastic | None = None
+    groups: tuple[str, ...] = ()
+    idle_ttl_s: float | None = None
+
+    @property
+    def managed(self) -> bool:
+        """A serve without ``desired`` is unmanaged: never started or stopped on its own."""
+        return self.desired is not None
+
+
+@dataclass(frozen=True, slots=True)
+class OnDemandRequest:
+    """A request (API or CLI) to run a serve, optionally for ``ttl_s`` seconds."""
+
+    serve: str
+    requested_at: float
+    ttl_s: float | None = None
+
+    def expired(self, now: float) -> bool:
+        """True once the TTL has run out (never without a TTL)."""
+        return self.ttl_s is not None and now >= self.requested_at + self.ttl_s
+
+
+@dataclass(frozen=True, slots=True)
+class DesiredState:
+    """The whole desired state: roles and serves (ordered as declared), and requests.
+
+    ``requests`` are the on-demand requests handed in by the caller (the loop keeps
+    them in the journal); the manifest itself never has any.
+    """
+
+    roles: Mapping[str, GpuRole]
+    serves: Mapping[str, ServeSpec]
+    requests: tuple[OnDemandRequest, ...] = ()
+
+    def in_ledger(self, serve: ServeSpec) -> bool:
+        """True when the serve has a reservation on roles that all have a capacity row."""
+        return (
+            serve.vram_mib is not None
+            and bool(serve.gpu_roles)
+            and all(r in self.roles for r in serve.gpu_roles)
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ContainerObs:
+    """What docker says of one container."""
+
+    state: ContainerState
+    health: str | None = None
+    started_at: float | None = None  # seconds since the epoch, as observed
+    exit_code: int | None = None
+    oom_killed: bool | None = None
+
+    @property
+    def holds(self) -> bool:
+        """True while the container holds its reservation."""
+        return self.state in HOLDING_STATES
+
+
+ABSENT = ContainerObs(state=ContainerState.ABSENT)
+
+
+@dataclass(frozen=True, slots=True)
+class GpuObs:
+    """What NVML says of one device; ``None`` figures are unknown, never zero."""
+
+    uuid: str
+    index: int | None = None
+    name: str | None = None
+    total_mib: int | None = None
+    used_mib: int | None = None
+    free_mib: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One observed snapshot of the host.
+
+    ``docker_ok`` False means docker could not be read: every container's state is
+    unknown and the core fails closed. ``gpus`` ``None`` means NVML is unavailable.
+    ``elastic_mib`` is what the controller knows of elastic serves it has shrunk:
+    serve name -> the reservation it holds now (below its declared ``vram_mib``).
+    """
+
+    docker_ok: bool
+    containers: Mapping[str, ContainerObs] = field(default_factory=dict)
+    gpus: tuple[GpuObs, ...] | None = None
+    elastic_mib: Mapping[str, int] = field(default_factory=dict)
+
+    def container(self, name: str) -> ContainerObs:
+        """The container's observation; a container missing from the snapshot is absent."""
+        return self.containers.get(name, ABSENT)

@@ -1,0 +1,158 @@
+"""Victim choice: which committed evictable serves to stop so a requester fits.
+
+``choose_victims`` is a pure function of the candidates and the shortfall per role.
+The order of preference (DESIGN §3) is lexicographic over a candidate set:
+
+1. fewest victims;
+2. least VRAM freed beyond the shortfall (overshoot, summed over the roles short);
+3. lower ``priority`` (the most important victim in the set as unimportant as possible);
+4. least recently started (the most recent start in the set as old as possible);
+5. names (determinism).
+
+While there are at most ``exact_limit`` candidates the search is exact: sets are
+enumerated by size, sizes that even the largest candidates cannot cover are skipped,
+and the first size with a cover yields the best set by the key above. Beyond the
+bound a documented greedy is used: *largest first* (take candidates by MiB, largest
+first, until every role's shortfall is covered), then *prune* (drop any victim whose
+removal keeps the cover, smallest first) and *swap* (replace a victim by the smallest
+unchosen candidate that still covers). Pruning and swapping only ever lower the count
+or the MiB freed, so the result is never worse than largest-first on either.
+
+Pure: no I/O, no clock, no docker.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import combinations
+
+DEFAULT_EXACT_LIMIT = 14
+
+
+@dataclass(frozen=True, slots=True)
+class Candidate:
+    """A committed evictable serve that may be stopped to make room."""
+
+    name: str
+    gpu_roles: tuple[str, ...]
+    mib: int
+    priority: int = 0
+    started_at: float | None = None
+
+
+def freed(victims: Sequence[Candidate], shortfall: Mapping[str, int]) -> dict[str, int]:
+    """MiB freed on each role that is short."""
+    return {role: sum(v.mib for v in victims if role in v.gpu_roles) for role in shortfall}
+
+
+def covers(victims: Sequence[Candidate], shortfall: Mapping[str, int]) -> bool:
+    """True when stopping ``victims`` frees at least the shortfall on every role."""
+    got = freed(victims, shortfall)
+    return all(got[r] >= need for r, need in shortfall.items())
+
+
+def overshoot(victims: Sequence[Candidate], shortfall: Mapping[str, int]) -> int:
+    """MiB freed beyond the shortfall, summed over the roles that are short."""
+    got = freed(victims, shortfall)
+    return sum(got[r] - need for r, need in shortfall.items())
+
+
+def preference_key(
+    victims: Sequence[Candidate], shortfall: Mapping[str, int]
+) -> tuple[int, int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]:
+    """The lexicographic preference key of a victim set (smaller is better)."""
+    return (
+        len(victims),
+        overshoot(victims, shortfall),
+        tuple(sorted((v.priority for v in victims), reverse=True)),
+        tuple(sorted((v.started_at or 0.0 for v in victims), reverse=True)),
+        tuple(sorted(v.name for v in victims)),
+    )
+
+
+def largest_first(
+    candidates: Sequence[Candidate], shortfall: Mapping[str, int]
+) -> tuple[Candidate, ...] | None:
+    """The baseline: take the largest candidates until the shortfall is covered."""
+    chosen: list[Candidate] = []
+    remaining = dict(shortfall)
+    pool = sorted(candidates, key=lambda c: (-c.mib, c.priority, c.started_at or 0.0, c.name))
+    for c in pool:
+        if all(v <= 0 for v in remaining.values()):
+            break
+        if not any(remaining.get(r, 0) > 0 for r in c.gpu_roles):
+            continue
+        chosen.append(c)
+        for r in c.gpu_roles:
+            if r in remaining:
+                remaining[r] -= c.mib
+    return tuple(chosen) if all(v <= 0 for v in remaining.values()) else None
+
+
+def _improve(
+    chosen: list[Candidate], candidates: Sequence[Candidate], shortfall: Mapping[str, int]
+) -> list[Candidate]:
+    # prune: drop victims (smallest first) whose removal keeps the cover
+    for c in sorted(chosen, key=lambda c: (c.mib, c.name)):
+        rest = [v for v in chosen if v is not c]
+        if covers(rest, shortfall):
+            chosen = rest
+    # swap: replace a victim by the smallest unchosen candidate that still covers
+    unchosen = sorted(
+        (c for c in candidates if c not in chosen), key=lambda c: (c.mib, c.priority, c.name)
+    )
+    for v in sorted(chosen, key=lambda c: (-c.mib, c.name)):
+        for u in unchosen:
+            if u.mib >= v.mib:
+                break
+            trial = [u if x is v else x for x in chosen]
+            if covers(trial, shortfall):
+                unchosen.remove(u)
+                unchosen.append(v)
+                unchosen.sort(key=lambda c: (c.mib, c.priority, c.name))
+                chosen = trial
+                break
+    return chosen
+
+
+def choose_victims(
+    candidates: Sequence[Candidate],
+    shortfall: Mapping[str, int],
+    *,
+    exact_limit: int = DEFAULT_EXACT_LIMIT,
+) -> tuple[Candidate, ...] | None:
+    """The best victim set covering ``shortfall`` (role -> MiB), or None if none covers.
+
+    Only roles with a positive shortfall matter; an empty shortfall needs no victims.
+    """
+    short = {r: need for r, need in shortfall.items() if need > 0}
+    if not short:
+        return ()
+    pool = [c for c in candidates if any(r in short for r in c.gpu_roles)]
+    baseline = largest_first(pool, short)
+    if baseline is None:
+        return None
+    if len(pool) > exact_limit:
+        improved = _improve(list(baseline), pool, short)
+        best = min((tuple(improved), baseline), key=lambda s: preference_key(s, short))
+        return tuple(sorted(best, key=lambda c: c.name))
+    pool.sort(key=lambda c: c.name)
+    for k in range(1, len(baseline) + 1):
+        # skip a size that even the k largest per role cannot cover
+        if not all(
+            sum(sorted((c.mib for c in pool if r in c.gpu_roles), reverse=True)[:k]) >= need
+            for r, need in short.items()
+        ):
+            continue
+        best_set: tuple[Candidate, ...] | None = None
+        best_key = None
+        for combo in combinations(pool, k):
+            if not covers(combo, short):
+                continue
+            key = preference_key(combo, short)
+            if best_key is None or key < best_key:
+                best_set, best_key = combo, key
+        if best_set is not None:
+            return best_set
+    return baseline  # unreachable: the baseline's own size always has a cover

@@ -1,0 +1,385 @@
+"""Table tests for the planner, one per rule of DESIGN §3 / the planner's docstring.
+
+Each case builds a small fleet on one or two roles, an observation and maybe
+requests, and states the plan it expects as ``"action serve"`` lines and which serves
+are blocked. The cases are written from the rules, not from the code's output.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+
+from statemachine.planner import Policy, plan_transitions
+from statemachine.simulate import ledger_prefixes
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    Elastic,
+    GpuRole,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    ServeSpec,
+)
+
+NOW = 10_000.0
+RUN, STOP = DesiredRun.RUNNING, DesiredRun.STOPPED
+RES, EVI, OND = Residency.RESIDENT, Residency.EVICTABLE, Residency.ON_DEMAND
+
+
+def serve(
+    name: str,
+    mib: int | None,
+    residency: Residency | None,
+    desired: DesiredRun | None = None,
+    *,
+    roles: tuple[str, ...] = ("a",),
+    **kw: object,
+) -> ServeSpec:
+    return ServeSpec(
+        name=name,
+        container=f"c-{name}",
+        gpu_roles=roles,
+        vram_mib=mib,
+        residency=residency,
+        desired=desired,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def up(started: float = 0.0) -> ContainerObs:
+    return ContainerObs(ContainerState.RUNNING, health="healthy", started_at=started)
+
+
+@dataclass
+class Case:
+    serves: list[ServeSpec]
+    running: dict[str, ContainerObs]
+    expect_steps: list[str]
+    expect_blocked: list[str] = field(default_factory=list)
+    requests: list[OnDemandRequest] = field(default_factory=list)
+    roles: dict[str, tuple[int, int]] = field(default_factory=lambda: {"a": (32_000, 2_000)})
+    docker_ok: bool = True
+    elastic_mib: dict[str, int] = field(default_factory=dict)
+    blocked_mentions: list[str] = field(default_factory=list)
+
+
+def req(name: str, ttl: float | None = None, at: float = NOW - 1) -> OnDemandRequest:
+    return OnDemandRequest(name, at, ttl)
+
+
+CASES: dict[str, Case] = {
+    "converged-nothing-to-do": Case(
+        [serve("stt", 2000, RES, RUN), serve("emb", 4000, EVI, RUN)],
+        {"stt": up(), "emb": up()},
+        [],
+    ),
+    "resident-fits-starts": Case(
+        [serve("stt", 2000, RES, RUN)],
+        {},
+        ["reserve stt", "start stt", "await_ready stt"],
+    ),
+    "resident-too-big-is-blocked-not-forced": Case(
+        [serve("big", 29_000, RES, RUN), serve("emb", 4000, EVI, RUN)],
+        {"emb": up()},
+        [],
+        ["big"],
+        blocked_mentions=["short 3000", "budget 30000", "do not evict"],
+    ),
+    "on-demand-evicts-evictable-drain-first": Case(
+        [
+            serve("stt", 2000, RES, RUN),
+            serve("omni", 20_000, EVI, RUN, router_tier="omni-local"),
+            serve("llm", 20_000, OND),
+        ],
+        {"stt": up(), "omni": up()},
+        [
+            "quiesce omni",
+            "drain omni",
+            "stop omni",
+            "release omni",
+            "reserve llm",
+            "start llm",
+            "await_ready llm",
+        ],
+        requests=[req("llm")],
+    ),
+    "readmit-after-healthy-start": Case(
+        [serve("llm", 20_000, OND, router_tier="fast")],
+        {},
+        ["reserve llm", "start llm", "await_ready llm", "readmit llm"],
+        requests=[req("llm")],
+    ),
+    "evictable-never-evicts": Case(
+        [serve("omni", 20_000, EVI), serve("ocr", 20_000, EVI, RUN)],
+        {"omni": up()},
+        [],
+        ["ocr"],
+        blocked_mentions=["do not evict"],
+    ),
+    "resident-never-a-victim": Case(
+        [serve("stt", 20_000, RES, RUN), serve("llm", 20_000, OND)],
+        {"stt": up()},
+        [],
+        ["llm"],
+        requests=[req("llm")],
+        blocked_mentions=["stt", "resident: never evicted", "evictable 0"],
+    ),
+    "min-runtime-protects-fresh-serve": Case(
+        [serve("omni", 20_000, EVI, RUN, min_runtime_s=600), serve("llm", 20_000, OND)],
+        {"omni": up(started=NOW - 60)},
+        [],
+        ["llm"],
+        requests=[req("llm")],
+        blocked_mentions=["min_runtime_s"],
+    ),
+    "min-runtime-expired-may-evict": Case(
+        [serve("omni", 20_000, EVI, RUN, min_runtime_s=600), serve("llm", 20_000, OND)],
+        {"omni": up(started=NOW - 6000)},
+        ["stop omni", "release omni", "reserve llm", "start llm", "await_ready llm"],
+        requests=[req("llm")],
+    ),
+    "fewest-victims-then-least-overshoot": Case(
+        [
+            serve("e1", 5000, EVI),
+            serve("e2", 5000, EVI),
+            serve("e3", 10_000, EVI),
+            serve("e4", 9000, EVI),
+            serve("llm", 9000, OND),
+        ],
+        # budget 30000, committed 29000, free 1000, short 8000: one victim suffices;
+        # e4 (9000) overshoots by 1000, e3 (10000) by 2000
+        {"e1": up(), "e2": up(), "e3": up(), "e4": up()},
+        ["stop e4", "release e4", "reserve llm", "start llm", "await_ready llm"],
+        requests=[req("llm")],
+    ),
+    "lower-priority-victim-first": Case(
+        [
+            serve("keep", 10_000, EVI, priority=5),
+            serve("lose", 10_000, EVI, priority=1),
+            serve("llm", 15_000, OND),
+        ],
+        {"keep": up(), "lose": up()},
+        ["stop lose", "release lose", "reserve llm", "start llm", "await_ready llm"],
+        requests=[req("llm")],
+    ),
+    "least-recently-started-victim-first": Case(
+        [serve("new", 10_000, EVI), serve("old", 10_000, EVI), serve("llm", 15_000, OND)],
+        {"new": up(started=NOW - 100), "old": up(started=NOW - 9000)},
+        ["stop old", "release old", "reserve llm", "start llm", "await_ready llm"],
+        requests=[req("llm")],
+    ),
+    "desired-stopped-drains-then-stops": Case(
+        [serve("omni", 20_000, EVI, STOP, router_tier="omni-local")],
+        {"omni": up()},
+        ["quiesce omni", "drain omni", "stop omni", "release omni"],
+    ),
+    "desired-stopped-without-router-tier-just-stops": Case(
+        [serve("ocr", 8000, RES, STOP)],
+        {"ocr": up()},
+        ["stop ocr", "release ocr"],
+    ),
+    "ttl-expired-stops-on-demand": Case(
+        [serve("llm", 20_000, OND)],
+        {"llm": up()},
+        ["stop llm", "release llm"],
+        requests=[req("llm", ttl=60, at=NOW - 120)],
+    ),
+    "ttl-running-keeps-on-demand": Case(
+        [serve("llm", 20_000, OND)],
+        {"llm": up()},
+        [],
+        requests=[req("llm", ttl=600, at=NOW - 120)],
+    ),
+    "unmanaged-serves-left-alone": Case(
+        [serve("omni", 20_000, EVI), serve("ocr", 4000, RES)],
+        {"omni": up()},
+        [],
+    ),
+    "backfill-by-priority-when-room-returns": Case(
+        [
+            serve("low", 12_000, EVI, RUN, priority=1),
+            serve("high", 12_000, EVI, RUN, priority=9),
+            serve("mid", 12_000, EVI, RUN, priority=5),
+        ],
+        {},
+        [
+            "reserve high",
+            "start high",
+            "await_ready high",
+            "reserve mid",
+            "start mid",
+            "await_ready mid",
+        ],
+        ["low"],
+    ),
+    "exclusive-evicts-evictables-blocked-by-residents": Case(
+        [
+            serve("tp2", 25_000, OND, roles=("a", "b"), exclusive=True),
+            serve("omni", 10_000, EVI, RUN, roles=("b",)),
+            serve("primary", 20_000, RES, roles=("a",)),
+        ],
+        {"omni": up(), "primary": up()},
+        [],
+        ["tp2"],
+        requests=[req("tp2")],
+        roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
+        blocked_mentions=["primary", "resident: never evicted"],
+    ),
+    "exclusive-stops-all-gpu-inference-spares-sidecar": Case(
+        [
+            serve("tp2", 25_000, OND, roles=("a", "b"), exclusive=True),
+            serve("omni", 1000, EVI, RUN, roles=("b",)),
+            serve("side", 500, EVI, roles=("a",)),
+            serve("proxy", None, None, roles=("a",), gpu_inference=False),
+        ],
+        {"omni": up(), "side": up(), "proxy": up()},
+        [
+            "stop omni",
+            "release omni",
+            "stop side",
+            "release side",
+            "reserve tp2",
+            "start tp2",
+            "await_ready tp2",
+        ],
+        requests=[req("tp2")],
+        roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
+    ),
+    "nothing-gpu-bound-starts-beside-exclusive": Case(
+        [
+            serve("tp2", 25_000, OND, roles=("a", "b"), exclusive=True),
+            serve("emb", 1000, RES, RUN, roles=("a",)),
+            serve("proxy", None, None, RUN, roles=("a",), gpu_inference=False),
+        ],
+        {"tp2": up()},
+        ["start proxy", "await_ready proxy"],
+        ["emb"],
+        requests=[req("tp2")],
+        roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
+        blocked_mentions=["exclusive"],
+    ),
+    "port-held-by-resident-blocks": Case(
+        [
+            serve("primary", 10_000, RES, port=30002),
+            serve("rollback", 10_000, RES, RUN, port=30002),
+        ],
+        {"primary": up()},
+        [],
+        ["rollback"],
+        blocked_mentions=["port 30002"],
+    ),
+    "port-held-by-evictable-evicted-by-on-demand": Case(
+        [serve("old", 1000, EVI, port=9000), serve("llm", 1000, OND, port=9000)],
+        {"old": up()},
+        ["stop old", "release old", "reserve llm", "start llm", "await_ready llm"],
+        requests=[req("llm")],
+    ),
+    "elastic-shrink-preferred-when-it-covers": Case(
+        [
+            serve("moe", 20_000, EVI, RUN, elastic=Elastic("http://127.0.0.1:1", 12_000)),
+            serve("omni", 8000, EVI, RUN),
+            serve("llm", 6000, OND),
+        ],
+        # budget 30000, committed 28000, free 2000, short 4000; moe can give 8000
+        {"moe": up(), "omni": up()},
+        ["shrink moe", "reserve llm", "start llm", "await_ready llm"],
+        requests=[req("llm")],
+    ),
+    "elastic-grows-back-when-room-returns": Case(
+        [serve("moe", 20_000, EVI, RUN, elastic=Elastic("http://127.0.0.1:1", 12_000))],
+        {"moe": up()},
+        ["grow moe"],
+        elastic_mib={"moe": 14_000},
+    ),
+    "docker-unknown-fails-closed": Case(
+        [serve("stt", 2000, RES, RUN), serve("omni", 2000, EVI, STOP)],
+        {"omni": up()},
+        [],
+        ["stt", "omni"],
+        docker_ok=False,
+        blocked_mentions=["unknown"],
+    ),
+    "requested-but-desired-stopped-is-blocked": Case(
+        [serve("llm", 2000, OND, STOP)],
+        {},
+        [],
+        ["llm"],
+        requests=[req("llm")],
+    ),
+    "serve-without-reservation-starts-outside-ledger": Case(
+        [serve("proxy", None, None, RUN, gpu_inference=False)],
+        {},
+        ["start proxy", "await_ready proxy"],
+    ),
+}
+
+
+def _build(case: Case) -> tuple[DesiredState, Observed]:
+    roles = {r: GpuRole(r, cap, res) for r, (cap, res) in case.roles.items()}
+    desired = DesiredState(roles, {s.name: s for s in case.serves}, tuple(case.requests))
+    observed = Observed(
+        case.docker_ok,
+        {f"c-{n}": obs for n, obs in case.running.items()},
+        elastic_mib=case.elastic_mib,
+    )
+    return desired, observed
+
+
+@pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
+def test_planner_rule(case: Case) -> None:
+    desired, observed = _build(case)
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    assert [f"{s.action} {s.serve}" for s in plan.steps] == case.expect_steps
+    assert sorted(b.serve for b in plan.blocked) == sorted(case.expect_blocked)
+    text = " ".join(
+        b.reason + " " + " ".join(p.why + " " + p.serve for p in b.protected) for b in plan.blocked
+    )
+    for word in case.blocked_mentions:
+        assert word in text, f"{word!r} not in blocked reasons: {text}"
+    # every prefix of the plan stays within budget
+    for step, ledger in ledger_prefixes(plan):
+        assert not isinstance(ledger, Exception)
+        assert not hasattr(ledger, "kind"), f"{step}: {ledger}"
+
+
+def test_blocked_carries_every_term() -> None:
+    desired, observed = _build(CASES["resident-never-a-victim"])
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    (blocked,) = plan.blocked
+    data = blocked.to_json()["ledger"]
+    (terms,) = data["gpu_roles"]
+    assert terms == {
+        "gpu_role": "a",
+        "capacity_mib": 32_000,
+        "reserve_mib": 2_000,
+        "budget_mib": 30_000,
+        "committed_mib": 20_000,
+        "free_mib": 10_000,
+        "requested_mib": 20_000,
+        "shortfall_mib": 10_000,
+        "reservations": [{"serve": "stt", "mib": 20_000}],
+    }
+    assert data["evictable_mib"] == {"a": 0}
+    assert data["protected"] == [{"serve": "stt", "mib": 20_000, "why": "resident: never evicted"}]
+
+
+def test_shrink_step_carries_amounts() -> None:
+    desired, observed = _build(CASES["elastic-shrink-preferred-when-it-covers"])
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    shrink = plan.steps[0].to_json()
+    assert shrink["mib"] == 4000 and shrink["to_mib"] == 16_000
+    assert plan.ledger_after.committed_mib("a") == 30_000
+
+
+def test_overcommitted_observation_is_reported() -> None:
+    desired, observed = _build(
+        Case([serve("x", 20_000, EVI), serve("y", 20_000, EVI)], {"x": up(), "y": up()}, [])
+    )
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    assert plan.empty
+    assert any("over budget" in n for n in plan.notes)
