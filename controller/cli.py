@@ -72,16 +72,29 @@ def _load(manifests: list[Path]) -> ManifestSet:
     return mset
 
 
-def _observe(observed: Path | None) -> SnapshotModel:
+def _observe(observed: Path | None, mset: ManifestSet) -> SnapshotModel:
     if observed is None:
-        _fail(
-            "no observation: pass --observed SNAPSHOT.json "
-            "(live observation of docker and NVML is not available in this build)"
-        )
+        return _observe_live(mset)
     try:
         return load_snapshot(observed)
     except SnapshotError as exc:
         _fail(str(exc))
+
+
+def _observe_live(mset: ManifestSet) -> SnapshotModel:
+    from controller.docker_adapter import ContainerObserver, manifest_containers
+    from controller.observe import observe_host
+
+    observer = ContainerObserver()
+    try:
+        snap = observe_host(manifest_containers(mset.serves), observer=observer)
+    finally:
+        observer.close()
+    if snap.docker_error:
+        render.warn(f"docker: {snap.docker_error}")
+    if snap.nvml_error:
+        render.warn(f"nvml: {snap.nvml_error}")
+    return snap
 
 
 def _now(snapshot: SnapshotModel) -> float:
@@ -121,6 +134,16 @@ def validate(manifest: ManifestOpt = [], json_out: JsonOpt = False) -> None:  # 
 
 
 @app.command()
+def observe(manifest: ManifestOpt = []) -> None:  # noqa: B006
+    """Print one live snapshot of the manifest set's containers and the GPUs as JSON.
+
+    The output is exactly what ``--observed`` reads back.
+    """
+    mset = _load(manifest)
+    _print_json(_observe_live(mset).model_dump(mode="json"))
+
+
+@app.command()
 def status(
     manifest: ManifestOpt = [],  # noqa: B006
     observed: ObservedOpt = None,
@@ -128,7 +151,7 @@ def status(
 ) -> None:
     """Per-role ledger, drift, and each serve's container and lifecycle state."""
     mset = _load(manifest)
-    snap = _observe(observed)
+    snap = _observe(observed, mset)
     report = host_status(mset.desired(), snap.to_observed())
     if json_out:
         _print_json(report.to_json())
@@ -149,7 +172,7 @@ def fit(
     if serve not in desired.serves:
         render.error(render.unknown_serve(serve, desired))
         raise typer.Exit(1)
-    snap = _observe(observed)
+    snap = _observe(observed, mset)
     result = fit_serve(desired, snap.to_observed(), serve, now=_now(snap))
     if json_out:
         _print_json(result.to_json())
@@ -176,7 +199,7 @@ def plan(
 ) -> None:
     """Dry-run: the ordered steps that would converge the host, and what is blocked."""
     mset = _load(manifest)
-    snap = _observe(observed)
+    snap = _observe(observed, mset)
     result = plan_transitions(mset.desired(), snap.to_observed(), Policy(), _now(snap))
     data = result.to_json()
     data["manifest_digest"] = mset.digest

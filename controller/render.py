@@ -129,8 +129,15 @@ def status(report: HostStatus) -> None:
             s.health or "-",
             s.lifecycle,
             held,
+            mib(s.nvml_used_mib) if s.committed else "-",
+            signed(s.drift_mib) if s.committed else "-",
         )
     out.print(serves)
+    if report.undeclared_gpu:
+        out.print(
+            "[bold red]undeclared GPU containers[/bold red] (no manifest reserves their memory): "
+            + ", ".join(report.undeclared_gpu)
+        )
 
 
 def fit(result: FitResult) -> None:
@@ -183,13 +190,13 @@ def plan(result: Plan) -> None:
     for col in ("role", "budget", "committed", "free"):
         table.add_column(col, justify="left" if col == "role" else "right")
     for rid in result.ledger_after.roles:
-        a = result.ledger_before.view(rid)
-        b = result.ledger_after.view(rid)
+        before = result.ledger_before.view(rid)
+        after = result.ledger_after.view(rid)
         table.add_row(
             rid,
-            mib(a.budget_mib),
-            f"{mib(a.committed_mib)} → {mib(b.committed_mib)}",
-            f"{mib(a.free_mib)} → {mib(b.free_mib)}",
+            mib(before.budget_mib),
+            f"{mib(before.committed_mib)} → {mib(after.committed_mib)}",
+            f"{mib(before.free_mib)} → {mib(after.free_mib)}",
         )
     out.print(table)
 

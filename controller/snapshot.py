@@ -53,6 +53,8 @@ class ContainerModel(BaseModel):
     started_at: str | float | None = None
     exit_code: int | None = None
     oom_killed: bool | None = None
+    id: str | None = None
+    gpu_used_mib: int | None = Field(default=None, ge=0)
 
     @field_validator("started_at")
     @classmethod
@@ -77,8 +79,21 @@ class GpuModel(BaseModel):
     free_mib: int | None = Field(default=None, ge=0)
 
 
+class UndeclaredModel(BaseModel):
+    """A container that requests GPUs but that no manifest declares."""
+
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+
+
 class SnapshotModel(BaseModel):
-    """The whole observed snapshot."""
+    """The whole observed snapshot.
+
+    ``elastic`` holds what the controller knows of elastic serves it has shrunk
+    (serve -> MiB held now); ``undeclared_gpu_containers``, ``docker_error`` and
+    ``nvml_error`` are reported by ``observe``.
+    """
 
     model_config = ConfigDict(extra="allow")
 
@@ -86,6 +101,10 @@ class SnapshotModel(BaseModel):
     containers: dict[str, ContainerModel] = Field(default_factory=dict)
     gpus: list[GpuModel] | None = None
     taken_at: str | float | None = None
+    elastic: dict[str, int] = Field(default_factory=dict)
+    undeclared_gpu_containers: list[UndeclaredModel] = Field(default_factory=list)
+    docker_error: str | None = None
+    nvml_error: str | None = None
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -98,6 +117,7 @@ class SnapshotModel(BaseModel):
                     started_at=_epoch(c.started_at),
                     exit_code=c.exit_code,
                     oom_killed=c.oom_killed,
+                    gpu_used_mib=c.gpu_used_mib,
                 )
                 for name, c in self.containers.items()
             },
@@ -114,6 +134,8 @@ class SnapshotModel(BaseModel):
                 )
                 for g in self.gpus
             ),
+            elastic_mib=dict(self.elastic),
+            undeclared_gpu=tuple(u.name for u in self.undeclared_gpu_containers),
         )
 
     def taken_at_epoch(self) -> float | None:

@@ -63,6 +63,8 @@ class ServeStatus:
     reservation_mib: int | None
     in_ledger: bool
     committed: bool | None
+    nvml_used_mib: int | None = None  # attributed through cgroups; None = unknown
+    drift_mib: int | None = None  # NVML used - reservation, while it holds memory
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -78,6 +80,8 @@ class ServeStatus:
             "reservation_mib": self.reservation_mib,
             "in_ledger": self.in_ledger,
             "committed": self.committed,
+            "nvml_used_mib": self.nvml_used_mib,
+            "drift_mib": self.drift_mib,
         }
 
 
@@ -89,6 +93,7 @@ class HostStatus:
     nvml_ok: bool
     roles: tuple[RoleStatus, ...]
     serves: tuple[ServeStatus, ...]
+    undeclared_gpu: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -97,6 +102,7 @@ class HostStatus:
             "nvml": "ok" if self.nvml_ok else "unavailable",
             "gpu_roles": [r.to_json() for r in self.roles],
             "serves": [s.to_json() for s in self.serves],
+            "undeclared_gpu_containers": list(self.undeclared_gpu),
         }
 
 
@@ -157,6 +163,7 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
     for s in desired.serves.values():
         obs = observed.container(s.container)
         in_ledger = desired.in_ledger(s)
+        used = obs.gpu_used_mib if observed.docker_ok and obs.holds else None
         serves.append(
             ServeStatus(
                 serve=s.name,
@@ -172,6 +179,10 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 committed=(ledger.holds(s.name) if observed.docker_ok else None)
                 if in_ledger
                 else False,
+                nvml_used_mib=used,
+                drift_mib=used - s.vram_mib
+                if used is not None and s.vram_mib is not None
+                else None,
             )
         )
     return HostStatus(
@@ -179,4 +190,5 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
         nvml_ok=observed.gpus is not None,
         roles=tuple(roles),
         serves=tuple(serves),
+        undeclared_gpu=observed.undeclared_gpu,
     )

@@ -146,6 +146,7 @@ class ContainerObs:
     started_at: float | None = None  # seconds since the epoch, as observed
     exit_code: int | None = None
     oom_killed: bool | None = None
+    gpu_used_mib: int | None = None  # NVML, attributed through cgroups; None = unknown
 
     @property
     def holds(self) -> bool:
@@ -182,6 +183,7 @@ class Observed:
     containers: Mapping[str, ContainerObs] = field(default_factory=dict)
     gpus: tuple[GpuObs, ...] | None = None
     elastic_mib: Mapping[str, int] = field(default_factory=dict)
+    undeclared_gpu: tuple[str, ...] = ()  # GPU containers that no manifest declares
 
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""

@@ -25,8 +25,8 @@ SET = [
 ]
 
 
-def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
+def vramctl(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, COLUMNS="200", NO_COLOR="1", **extra_env)
     return subprocess.run(
         [sys.executable, "-m", "controller.cli", *args],
         capture_output=True,
@@ -112,10 +112,14 @@ def test_fit_unknown_serve_suggests(tmp_path: Path) -> None:
     assert 'did you mean "comfyui"' in r.stderr
 
 
-def test_fit_without_observed_is_a_clear_error() -> None:
-    r = vramctl("fit", "comfyui", *SET)
-    assert r.returncode == 1
-    assert "--observed" in r.stderr and "Traceback" not in r.stderr
+def test_fit_live_with_docker_unreachable_fails_closed(tmp_path: Path) -> None:
+    # no --observed: observe live; the daemon cannot be reached, so nothing is admitted
+    r = vramctl("fit", "comfyui", *SET, "--json", DOCKER_HOST=f"unix://{tmp_path}/none.sock")
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "Traceback" not in r.stderr and "docker" in r.stderr
+    data = json.loads(r.stdout)
+    assert data["fits"] is False and "unknown" in data["reason"]
+    assert data["gpu_roles"][0]["committed_mib"] is None
 
 
 def test_fit_docker_error_fails_closed(tmp_path: Path) -> None:

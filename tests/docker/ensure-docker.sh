@@ -72,7 +72,7 @@ mkdir -p "$STATE_DIR"
 # Two test runs on one machine must not both install or start a daemon.
 if command -v flock >/dev/null 2>&1; then
     exec 8>"$STATE_DIR/lock"
-    flock 8
+    flock -w 900 8 || unavailable "another test run held $STATE_DIR/lock for 15 minutes"
 fi
 
 # ---------------------------------------------------------------- packages
@@ -111,10 +111,14 @@ else
     DOCKERD_LOG="$STATE_DIR/dockerd.log"
     log "starting dockerd (log: $DOCKERD_LOG) ..."
     # setsid + nohup + redirects: the daemon holds neither this script's
-    # terminal nor its stdout/stderr pipes, and outlives the script.
+    # terminal nor its stdout/stderr pipes, and outlives the script. 8>&-: nor
+    # the lock above (else the daemon, and its containerd, would hold it for
+    # ever and the next run would wait on it).
     # dockerd starts its own containerd when none is running.
+    # Appends: a daemon that is already running may still be writing there.
+    echo "=== ensure-docker.sh starting dockerd at $(date -u '+%Y-%m-%dT%H:%M:%SZ')" >>"$DOCKERD_LOG"
     setsid nohup dockerd --iptables=false --bridge=none \
-        </dev/null >"$DOCKERD_LOG" 2>&1 &
+        </dev/null >>"$DOCKERD_LOG" 2>&1 8>&- &
     dockerd_pid=$!
     up=0
     for ((i = 0; i < WAIT_S * 2; i++)); do

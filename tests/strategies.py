@@ -1,0 +1,342 @@
+"""Shared hypothesis strategies: small random fleets for the pure core.
+
+A *scenario* is what the planner takes: a :class:`DesiredState` (1-4 gpu roles, 0-12
+serves, 0-3 on-demand requests), an :class:`Observed` snapshot, ``now`` and a
+:class:`Policy`. The strategies aim at the interesting corners rather than at
+realism: reservations are often large fractions of a budget (so fits, shortfalls and
+evictions are common), ports come from a set of three (so port conflicts happen),
+some serves are elastic, exclusive or not GPU-inference, and the observation may
+already be over budget (containers started outside the controller).
+
+The manifest forbids two ``desired = "running"`` serves on one port, so at most one
+desired-running serve is drawn per port; requests may still ask for a second serve
+on a port (that is the planner's business).
+
+Import as ``from strategies import ...`` (pytest puts ``tests/`` on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hypothesis import strategies as st
+
+from statemachine.planner import Policy
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    Elastic,
+    GpuRole,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    ServeSpec,
+)
+
+NOW = 1_000_000.0
+PORTS = (8000, 8001, 8002)
+ROLE_IDS = ("g0", "g1", "g2", "g3")
+GHOST_ROLE = "ghost"  # a role without a capacity row: its serves stay out of the ledger
+SERVE_NAMES = (
+    "alpha",
+    "bravo",
+    "charlie",
+    "delta",
+    "echo",
+    "fox",
+    *(f"s{i:02d}" for i in range(12)),
+)
+RESIDENCIES = (Residency.RESIDENT, Residency.EVICTABLE, Residency.ON_DEMAND, None)
+CONTAINER_STATES = (
+    ContainerState.RUNNING,
+    ContainerState.RUNNING,
+    ContainerState.RUNNING,
+    ContainerState.EXITED,
+    ContainerState.EXITED,
+    ContainerState.ABSENT,
+    ContainerState.ABSENT,
+    ContainerState.PAUSED,
+    ContainerState.RESTARTING,
+    ContainerState.CREATED,
+    ContainerState.DEAD,
+)
+
+
+@dataclass(frozen=True)
+class Scenario:
+    """One planner input."""
+
+    desired: DesiredState
+    observed: Observed
+    now: float
+    policy: Policy
+
+
+@st.composite
+def gpu_roles(draw: st.DrawFn, *, max_roles: int = 4) -> dict[str, GpuRole]:
+    """1..max_roles roles: capacity 1000-100000, reserve 0..capacity/4, uuid optional."""
+    n = draw(st.sampled_from((1, 1, 2, 2, 3, 4)[: 2 * max_roles]))
+    roles: dict[str, GpuRole] = {}
+    for rid in ROLE_IDS[:n]:
+        cap = draw(st.integers(1000, 100_000))
+        reserve = draw(st.integers(0, cap // 4))
+        uuid = draw(st.none() | st.just(f"GPU-{rid}"))
+        roles[rid] = GpuRole(rid, capacity_mib=cap, reserve_mib=reserve, uuid=uuid)
+    return roles
+
+
+@dataclass(frozen=True)
+class _Blueprint:
+    """One serve and its container, drawn as a unit so that shrinking can drop it whole."""
+
+    name: str
+    role_pick: int  # which role (modulo the number of roles)
+    two_roles: bool  # exclusive, on two roles (when there are two)
+    ghost: bool  # on a role without a capacity row
+    size: tuple[str, int]  # ("none", 0) | ("fraction", d) | ("over", 0) | ("raw", mib)
+    residency: Residency | None
+    desired: DesiredRun | None
+    port: int | None
+    gpu_inference: bool
+    priority: int
+    min_runtime_s: float
+    tiered: bool
+    elastic_floor: int | None  # per-mille of vram_mib, None: not elastic
+    state: ContainerState
+    listed: bool  # an absent container: listed explicitly or missing from the snapshot
+    started_ago: int | None
+    health: str | None
+    shrunk: int | None  # per-mille between floor and vram_mib, None: not shrunk
+    outside: bool  # may hold memory beyond the budget (started outside the controller)
+
+
+_SIZES = (
+    ("fraction", 2),
+    ("fraction", 3),
+    ("fraction", 4),
+    ("fraction", 1),
+    ("raw", 1),
+    ("fraction", 2),
+    ("fraction", 3),
+    ("over", 0),
+    ("none", 0),
+)
+_BLUEPRINT_FIELDS: dict[str, st.SearchStrategy[object]] = {
+    "name": st.sampled_from(SERVE_NAMES),
+    "role_pick": st.integers(0, 3),
+    "two_roles": st.integers(0, 7).map(lambda k: k == 0),
+    "ghost": st.integers(0, 24).map(lambda k: k == 0),
+    "size": st.sampled_from(_SIZES) | st.integers(1, 100_000).map(lambda m: ("raw", m)),
+    "residency": st.sampled_from(RESIDENCIES) | st.sampled_from(RESIDENCIES[1:3]),
+    "desired": st.sampled_from([DesiredRun.RUNNING, DesiredRun.STOPPED, None]),
+    "port": st.none() | st.sampled_from(PORTS),
+    "gpu_inference": st.integers(0, 9).map(lambda k: k != 0),
+    "priority": st.integers(0, 3),
+    "min_runtime_s": st.sampled_from([0.0, 300.0]),
+    "tiered": st.booleans(),
+    "elastic_floor": st.none() | st.integers(0, 1000),
+    "state": st.sampled_from(CONTAINER_STATES),
+    "listed": st.booleans(),
+    "started_ago": st.none() | st.integers(0, 1000),
+    "health": st.sampled_from([None, "healthy", "starting", "unhealthy"]),
+    "shrunk": st.none() | st.integers(0, 1000),
+    "outside": st.integers(0, 9).map(lambda k: k == 0),
+}
+_blueprints = st.builds(_Blueprint, **_BLUEPRINT_FIELDS)
+#: Contention: serves of a third or a half of a budget, mostly evictable or on-demand,
+#: mostly running, rarely fresh, so that on-demand requesters have to evict or shrink.
+_contended_blueprints = st.builds(
+    _Blueprint,
+    **{
+        **_BLUEPRINT_FIELDS,
+        "size": st.sampled_from([("fraction", 2), ("fraction", 3), ("fraction", 3)]),
+        "residency": st.sampled_from(
+            [Residency.EVICTABLE, Residency.ON_DEMAND, Residency.EVICTABLE, Residency.RESIDENT]
+        )
+        | st.sampled_from(RESIDENCIES),
+        "state": st.sampled_from([ContainerState.RUNNING, ContainerState.ABSENT])
+        | st.sampled_from(CONTAINER_STATES),
+        "min_runtime_s": st.sampled_from([0.0, 0.0, 300.0]),
+    },
+)
+
+
+def _size(size: tuple[str, int], declared: list[GpuRole]) -> int | None:
+    kind, n = size
+    if kind == "none" or not declared:
+        return None
+    cap = min(r.capacity_mib for r in declared)
+    budget = max(1, min(r.budget_mib for r in declared))
+    if kind == "fraction":
+        return max(1, budget // n)
+    if kind == "over":
+        return min(cap, budget + 1)
+    return min(cap, n)
+
+
+def _between(low: int, high: int, per_mille: int) -> int:
+    return low + (high - low) * per_mille // 1000
+
+
+def _serve(bp: _Blueprint, roles: dict[str, GpuRole], port: int | None) -> ServeSpec:
+    role_ids = list(roles)
+    exclusive = bp.two_roles and len(role_ids) >= 2
+    if exclusive:
+        first = bp.role_pick % len(role_ids)
+        gpu = (role_ids[first], role_ids[(first + 1) % len(role_ids)])
+    elif bp.ghost:
+        gpu = (GHOST_ROLE,)
+    else:
+        gpu = (role_ids[bp.role_pick % len(role_ids)],)
+    vram = _size(bp.size, [roles[r] for r in gpu if r in roles])
+    elastic = None
+    if vram is not None and bp.elastic_floor is not None:
+        floor = max(1, _between(0, vram, bp.elastic_floor))
+        elastic = Elastic(url=f"http://127.0.0.1:9000/{bp.name}", floor_mib=floor)
+    return ServeSpec(
+        name=bp.name,
+        container=f"ctr-{bp.name}",
+        gpu_roles=gpu,
+        vram_mib=vram,
+        residency=bp.residency,
+        desired=bp.desired,
+        port=port,
+        exclusive=exclusive,
+        gpu_inference=bp.gpu_inference,
+        priority=bp.priority,
+        min_runtime_s=bp.min_runtime_s,
+        router_tier=f"tier-{bp.name}" if bp.tiered else None,
+        elastic=elastic,
+    )
+
+
+def _container(bp: _Blueprint, now: float) -> ContainerObs | None:
+    if bp.state is ContainerState.ABSENT:
+        return ContainerObs(bp.state) if bp.listed else None
+    return ContainerObs(
+        bp.state,
+        health=bp.health,
+        started_at=None if bp.started_ago is None else now - bp.started_ago,
+        exit_code=0 if bp.state is ContainerState.EXITED else None,
+    )
+
+
+_requests = st.lists(
+    st.tuples(
+        st.integers(0, 11),  # which serve (modulo the number of serves)
+        st.integers(0, 600),  # requested this many seconds ago
+        st.none() | st.integers(1, 600),  # ttl
+    ),
+    max_size=3,
+)
+
+
+@st.composite
+def fleets(
+    draw: st.DrawFn,
+    *,
+    max_serves: int = 12,
+    now: float = NOW,
+    docker_ok: bool | None = None,
+) -> tuple[DesiredState, Observed]:
+    """A random small fleet and what docker shows of it (see the module docstring)."""
+    contended = draw(st.booleans())  # one or two roles, serves of a third or half a budget
+    roles = draw(gpu_roles(max_roles=2 if contended else 4))
+    n = draw(st.sampled_from(range(max_serves + 1)))  # uniform: integers() favour small n
+    bps = draw(
+        st.lists(
+            _contended_blueprints if contended else _blueprints,
+            min_size=n,
+            max_size=n,
+            unique_by=lambda b: b.name,
+        )
+    )
+    running_ports: set[int] = set()
+    serves: dict[str, ServeSpec] = {}
+    containers: dict[str, ContainerObs] = {}
+    elastic_mib: dict[str, int] = {}
+    used = dict.fromkeys(roles, 0)
+    for bp in bps:
+        port = bp.port
+        if bp.desired is DesiredRun.RUNNING and port is not None:
+            if port in running_ports:
+                port = None  # the manifest forbids two desired-running serves on a port
+            else:
+                running_ports.add(port)
+        s = _serve(bp, roles, port)
+        serves[s.name] = s
+        obs = _container(bp, now)
+        mib = s.vram_mib
+        if mib is not None and s.elastic is not None and bp.shrunk is not None:
+            mib = _between(s.elastic.floor_mib, mib, bp.shrunk)
+        holds = obs is not None and obs.holds
+        if holds and mib is not None and all(r in roles for r in s.gpu_roles):
+            over = any(used[r] + mib > roles[r].budget_mib for r in s.gpu_roles)
+            if over and not bp.outside:  # mostly, what runs was admitted: it fits
+                obs = ContainerObs(ContainerState.EXITED, started_at=obs.started_at, exit_code=0)
+            else:
+                for r in s.gpu_roles:
+                    used[r] += mib
+        if obs is not None:
+            containers[s.container] = obs
+        if obs is not None and obs.state is ContainerState.RUNNING and mib != s.vram_mib:
+            assert mib is not None
+            elastic_mib[s.name] = mib
+    names = list(serves)
+    requests = tuple(
+        OnDemandRequest(names[i % len(names)], now - ago, None if ttl is None else float(ttl))
+        for i, ago, ttl in (draw(_requests) if names else [])
+    )
+    ok = draw(st.integers(0, 9)) != 0 if docker_ok is None else docker_ok
+    desired = DesiredState(roles=roles, serves=serves, requests=requests)
+    return desired, Observed(docker_ok=ok, containers=containers, elastic_mib=elastic_mib)
+
+
+def desired_states(*, max_serves: int = 12, now: float = NOW) -> st.SearchStrategy[DesiredState]:
+    """A random small fleet's desired state (manifest + on-demand requests)."""
+    return fleets(max_serves=max_serves, now=now).map(lambda f: f[0])
+
+
+@st.composite
+def observations(
+    draw: st.DrawFn, desired: DesiredState, *, now: float = NOW, docker_ok: bool | None = None
+) -> Observed:
+    """Any observation of ``desired``'s containers (possibly over budget)."""
+    ok = draw(st.integers(0, 9)) != 0 if docker_ok is None else docker_ok
+    containers: dict[str, ContainerObs] = {}
+    elastic: dict[str, int] = {}
+    for s in desired.serves.values():
+        bp = draw(_blueprints)
+        obs = _container(bp, now)
+        if obs is not None:
+            containers[s.container] = obs
+        if (
+            bp.state is ContainerState.RUNNING
+            and bp.shrunk is not None
+            and s.elastic is not None
+            and s.vram_mib is not None
+        ):
+            elastic[s.name] = _between(s.elastic.floor_mib, s.vram_mib, bp.shrunk)
+    return Observed(docker_ok=ok, containers=containers, elastic_mib=elastic)
+
+
+policies = st.one_of(
+    st.just(Policy()),
+    st.integers(0, 3).map(lambda k: Policy(exact_search_limit=k)),
+)
+
+
+@st.composite
+def scenarios(
+    draw: st.DrawFn,
+    *,
+    docker_ok: bool | None = None,
+    default_policy: bool = False,
+    max_serves: int = 12,
+) -> Scenario:
+    """A whole planner input; ``docker_ok`` None draws it (mostly ok)."""
+    desired, observed = draw(fleets(max_serves=max_serves, docker_ok=docker_ok))
+    policy = Policy() if default_policy else draw(policies)
+    return Scenario(desired=desired, observed=observed, now=NOW, policy=policy)
