@@ -145,21 +145,33 @@ _BLUEPRINT_FIELDS: dict[str, st.SearchStrategy[object]] = {
     "outside": st.integers(0, 9).map(lambda k: k == 0),
 }
 _blueprints = st.builds(_Blueprint, **_BLUEPRINT_FIELDS)
-#: Contention: serves of a third or a half of a budget, mostly evictable or on-demand,
-#: mostly running, rarely fresh, so that on-demand requesters have to evict or shrink.
-_contended_blueprints = st.builds(
-    _Blueprint,
-    **{
-        **_BLUEPRINT_FIELDS,
-        "size": st.sampled_from([("fraction", 2), ("fraction", 3), ("fraction", 3)]),
-        "residency": st.sampled_from(
-            [Residency.EVICTABLE, Residency.ON_DEMAND, Residency.EVICTABLE, Residency.RESIDENT]
-        )
-        | st.sampled_from(RESIDENCIES),
-        "state": st.sampled_from([ContainerState.RUNNING, ContainerState.ABSENT])
-        | st.sampled_from(CONTAINER_STATES),
-        "min_runtime_s": st.sampled_from([0.0, 0.0, 300.0]),
-    },
+#: Contention: serves of a third or a half of a budget; on-demand requesters that want to
+#: run and evictable serves that run (not fresh), so that requesters evict or shrink.
+_CONTENDED_FIELDS = {
+    **_BLUEPRINT_FIELDS,
+    "size": st.sampled_from([("fraction", 2), ("fraction", 3), ("fraction", 3), ("fraction", 4)]),
+    "min_runtime_s": st.sampled_from([0.0, 0.0, 300.0]),
+}
+_contended_blueprints = st.one_of(
+    st.builds(_Blueprint, **_CONTENDED_FIELDS),
+    st.builds(  # a requester
+        _Blueprint,
+        **{
+            **_CONTENDED_FIELDS,
+            "residency": st.just(Residency.ON_DEMAND),
+            "desired": st.sampled_from([DesiredRun.RUNNING, None]),
+            "state": st.sampled_from([ContainerState.ABSENT, ContainerState.EXITED]),
+        },
+    ),
+    st.builds(  # a victim
+        _Blueprint,
+        **{
+            **_CONTENDED_FIELDS,
+            "residency": st.just(Residency.EVICTABLE),
+            "desired": st.sampled_from([DesiredRun.RUNNING, None]),
+            "state": st.just(ContainerState.RUNNING),
+        },
+    ),
 )
 
 

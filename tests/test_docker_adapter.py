@@ -374,7 +374,7 @@ def test_unreachable_daemon_fails_closed(
     assert snap.api_calls == 1
     model = snap.to_snapshot_model()
     assert model.docker == "error"
-    assert model.model_extra is not None and model.model_extra["docker_error"] == snap.error
+    assert model.docker_error == snap.error
     assert model.to_observed().docker_ok is False
 
 

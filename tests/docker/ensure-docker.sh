@@ -103,35 +103,68 @@ fi
 is_static "$BUSYBOX" || unavailable "$BUSYBOX is not a static binary (need Debian's busybox-static)"
 
 # ------------------------------------------------------------------ daemon
+# pid_alive PID NAME: PID is a live (not zombie) process called NAME.
+pid_alive() {
+    local pid="$1" name="$2" state
+    [[ "$pid" =~ ^[0-9]+$ ]] || return 1
+    [[ "$(cat "/proc/$pid/comm" 2>/dev/null)" == "$name" ]] || return 1
+    state="$(awk '{ print $3 }' "/proc/$pid/stat" 2>/dev/null)"
+    [[ -n "$state" && "$state" != Z && "$state" != X ]]
+}
+
+# wait_for_daemon PID: until `docker info` answers (0), PID dies or WAIT_S pass (1).
+wait_for_daemon() {
+    local pid="$1" i
+    for ((i = 0; i < WAIT_S * 2; i++)); do
+        docker_answers && return 0
+        pid_alive "$pid" dockerd || { docker_answers && return 0; return 1; }
+        sleep 0.5
+    done
+    return 1
+}
+
+DOCKERD_PIDFILE=/var/run/docker.pid
+CONTAINERD_PIDFILE=/var/run/docker/containerd/containerd.pid
+DOCKERD_LOG="$STATE_DIR/dockerd.log"
 if docker_answers; then
     log "docker daemon already answering"
 else
     [[ $(id -u) == 0 ]] || unavailable "no Docker daemon answers and we are not root to start one"
     t0="$(now)"
-    DOCKERD_LOG="$STATE_DIR/dockerd.log"
-    log "starting dockerd (log: $DOCKERD_LOG) ..."
-    # setsid + nohup + redirects: the daemon holds neither this script's
-    # terminal nor its stdout/stderr pipes, and outlives the script. 8>&-: nor
-    # the lock above (else the daemon, and its containerd, would hold it for
-    # ever and the next run would wait on it).
-    # dockerd starts its own containerd when none is running.
-    # Appends: a daemon that is already running may still be writing there.
-    echo "=== ensure-docker.sh starting dockerd at $(date -u '+%Y-%m-%dT%H:%M:%SZ')" >>"$DOCKERD_LOG"
-    setsid nohup dockerd --iptables=false --bridge=none \
-        </dev/null >>"$DOCKERD_LOG" 2>&1 8>&- &
-    dockerd_pid=$!
-    up=0
-    for ((i = 0; i < WAIT_S * 2; i++)); do
-        if docker_answers; then up=1; break; fi
-        if ! kill -0 "$dockerd_pid" 2>/dev/null; then break; fi
-        sleep 0.5
-    done
-    if [[ $up != 1 ]]; then
-        log "dockerd did not answer; last lines of $DOCKERD_LOG:"
-        tail -n 30 "$DOCKERD_LOG" >&2 || true
-        unavailable "dockerd did not come up within ${WAIT_S}s"
+    running="$(cat "$DOCKERD_PIDFILE" 2>/dev/null || true)"
+    if pid_alive "$running" dockerd; then
+        # Started by someone else and still coming up: wait for it, start no second one.
+        log "dockerd (pid $running) is running but not answering yet; waiting up to ${WAIT_S}s"
+        wait_for_daemon "$running" || unavailable "the running dockerd (pid $running) does not answer"
+        log "STAGE dockerd-start: $(elapsed "$t0")s (waited for pid $running)"
+    else
+        # A daemon killed without its clean-up (SIGKILL at the end of a session)
+        # leaves pid files behind; dockerd refuses to start over its own while that
+        # pid is any live process (pids are reused), so drop the stale ones.
+        for pf in "$DOCKERD_PIDFILE:dockerd" "$CONTAINERD_PIDFILE:containerd"; do
+            f="${pf%%:*}"
+            if [[ -f "$f" ]] && ! pid_alive "$(cat "$f" 2>/dev/null || true)" "${pf##*:}"; then
+                log "removing stale $f"
+                rm -f "$f"
+            fi
+        done
+        log "starting dockerd (log: $DOCKERD_LOG) ..."
+        # setsid + nohup + redirects: the daemon holds neither this script's
+        # terminal nor its stdout/stderr pipes, and outlives the script. 8>&-: nor
+        # the lock above (else the daemon, and its containerd, would hold it for
+        # ever and the next run would wait on it). Appends: the log may belong to
+        # a daemon that is still running. dockerd starts its own containerd.
+        echo "=== ensure-docker.sh starting dockerd at $(date -u '+%Y-%m-%dT%H:%M:%SZ')" >>"$DOCKERD_LOG"
+        setsid nohup dockerd --iptables=false --bridge=none \
+            </dev/null >>"$DOCKERD_LOG" 2>&1 8>&- &
+        dockerd_pid=$!
+        if ! wait_for_daemon "$dockerd_pid"; then
+            log "dockerd did not answer; last lines of $DOCKERD_LOG:"
+            tail -n 30 "$DOCKERD_LOG" >&2 || true
+            unavailable "dockerd did not come up within ${WAIT_S}s"
+        fi
+        log "STAGE dockerd-start: $(elapsed "$t0")s (pid $dockerd_pid)"
     fi
-    log "STAGE dockerd-start: $(elapsed "$t0")s (pid $dockerd_pid)"
 fi
 log "$(docker version --format 'daemon {{.Server.Version}} (API {{.Server.APIVersion}}), client {{.Client.Version}}' 2>&1 || true)," \
     "storage driver $(docker info --format '{{.Driver}}' 2>/dev/null || echo '?')"
