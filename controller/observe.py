@@ -12,7 +12,7 @@ This module must not change anything on the host: it composes read-only adapters
 
 from __future__ import annotations
 
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 
 from controller.docker_adapter import ContainerObserver
@@ -26,11 +26,17 @@ def observe_host(
     observer: ContainerObserver,
     nvml: NvmlApi | None = None,
     now: datetime | None = None,
+    pid_to_container: Callable[[int], str | None] | None = None,
 ) -> SnapshotModel:
-    """Observe the named containers and every GPU once; never raises for host faults."""
+    """Observe the named containers and every GPU once; never raises for host faults.
+
+    ``nvml`` defaults to the ``pynvml`` module; ``pid_to_container`` maps a host PID
+    that NVML lists to a docker container id (default: its ``/proc/<pid>/cgroup``,
+    see :func:`controller.nvml_adapter.container_of_pid`).
+    """
     taken = (now or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
     snap = observer.observe(containers)
-    gpu = observe_gpus(nvml)
+    gpu = observe_gpus(nvml, pid_to_container=pid_to_container)
     model = snap.to_snapshot_model(gpus=gpu.gpus, taken_at=taken)
     model.nvml_error = gpu.error
     if snap.docker_ok and gpu.gpus is not None:

@@ -9,9 +9,12 @@ This module must not compute anything the core did not: it formats only.
 from __future__ import annotations
 
 import difflib
+import os
+import sys
 from typing import TYPE_CHECKING
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -21,9 +24,12 @@ from statemachine.status import HostStatus
 from statemachine.types import DesiredState
 
 if TYPE_CHECKING:
+    from controller.executor import ExecutionReport, StepResult
     from controller.manifest import ManifestSet
 
-out = Console(highlight=False, soft_wrap=True)
+# piped output (logs, CI, `| less`) gets wide tables instead of rich's 80 columns
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
 err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 UNKNOWN = "unknown"
@@ -100,17 +106,11 @@ def status(report: HostStatus) -> None:
         )
     out.print(roles)
     serves = Table(title="Serves", title_justify="left")
-    for col in (
-        "serve",
-        "role",
-        "residency",
-        "desired",
-        "container",
-        "health",
-        "lifecycle",
-        "reserved MiB",
-    ):
-        serves.add_column(col, justify="right" if col == "reserved MiB" else "left")
+    cols = ("serve", "role", "residency", "desired", "container", "health", "lifecycle")
+    for col in cols:
+        serves.add_column(col)
+    for col in ("reserved MiB", "nvml used", "drift"):
+        serves.add_column(col, justify="right")
     for s in report.serves:
         if s.in_ledger:
             held = (
@@ -213,3 +213,39 @@ _STEP_STYLE = {
     Action.AWAIT_READY: "cyan",
     Action.READMIT: "cyan",
 }
+
+
+_OUTCOME_STYLE = {"ok": "green", "failed": "bold red", "aborted": "yellow", "skipped": "dim"}
+
+
+def step_result(result: StepResult) -> None:
+    """One line of progress as a step finishes."""
+    style = _OUTCOME_STYLE.get(str(result.outcome), "")
+    out.print(
+        f"  [{style}]{result.outcome:<7}[/{style}] {escape(str(result.step.action)):<11} "
+        f"{escape(result.step.serve)}  "
+        f"[dim]{result.duration_s:.2f}s — {escape(result.detail)}[/dim]"
+    )
+    if result.logs:
+        out.print("[dim]    last log lines:[/dim]")
+        for line in result.logs.rstrip().splitlines()[-20:]:
+            out.print(f"[dim]    | {escape(line)}[/dim]")
+
+
+def apply_summary(report: ExecutionReport, mismatches: list[str]) -> None:
+    """The final summary of ``apply``."""
+    if report.preflight:
+        out.print("[bold red]preflight refused the plan; nothing was changed:[/bold red]")
+        for problem in report.preflight:
+            out.print(f"  - {escape(problem)}")
+        return
+    counts: dict[str, int] = {}
+    for r in report.results:
+        counts[str(r.outcome)] = counts.get(str(r.outcome), 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    verdict = "[green]done[/green]" if report.ok else "[bold red]incomplete[/bold red]"
+    out.print(f"{verdict}: {summary}")
+    if report.stopped_early:
+        out.print("[yellow]stopped early: the controller was asked to stop[/yellow]")
+    for line in mismatches:
+        out.print(f"[bold red]ledger mismatch[/bold red]: {escape(line)}")

@@ -174,3 +174,26 @@ def load_snapshot(path: str | Path) -> SnapshotModel:
 def snapshot_to_json(snapshot: SnapshotModel) -> dict[str, Any]:
     """The JSON form, as ``observe`` prints it."""
     return snapshot.model_dump(mode="json", exclude_none=False)
+
+
+def snapshot_changes(old: SnapshotModel, new: SnapshotModel, containers: list[str]) -> list[str]:
+    """What differs between two snapshots for the named containers, in words.
+
+    Compared: docker readable or not, each container's state and start time, and the
+    elastic reservations. Health and GPU figures move on their own and are not compared.
+    """
+    changes: list[str] = []
+    if old.docker != new.docker:
+        changes.append(f"docker was {old.docker}, is {new.docker}")
+    for name in containers:
+        a = old.containers.get(name)
+        b = new.containers.get(name)
+        sa = a.state if a else ContainerState.ABSENT
+        sb = b.state if b else ContainerState.ABSENT
+        if sa != sb:
+            changes.append(f"{name}: was {sa}, is {sb}")
+        elif a is not None and b is not None and _epoch(a.started_at) != _epoch(b.started_at):
+            changes.append(f"{name}: restarted (started {a.started_at} -> {b.started_at})")
+    if old.elastic != new.elastic:
+        changes.append(f"elastic reservations were {old.elastic}, are {new.elastic}")
+    return changes

@@ -60,7 +60,9 @@ class Step:
     """One step. ``mib`` is what the step moves in the ledger (``None``: nothing).
 
     For shrink and grow, ``mib`` is the MiB given back or taken and ``to_mib`` the
-    reservation afterwards.
+    reservation afterwards. ``group`` names the serve whose intent the step serves
+    (a requester for its victims' and shrinks' steps): when a step fails, the
+    executor skips the rest of its group, and the ledger guards the other groups.
     """
 
     action: Action
@@ -69,15 +71,17 @@ class Step:
     mib: int | None
     reason: str
     to_mib: int | None = None
+    group: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN §5 step JSON (plus ``to_mib`` for shrink / grow)."""
+        """DESIGN §5 step JSON (plus ``to_mib`` for shrink / grow, and ``group``)."""
         out: dict[str, Any] = {
             "action": str(self.action),
             "serve": self.serve,
             "gpu_roles": list(self.gpu_roles),
             "mib": self.mib,
             "reason": self.reason,
+            "group": self.group,
         }
         if self.to_mib is not None:
             out["to_mib"] = self.to_mib
@@ -181,6 +185,7 @@ class _Work:
     blocked: list[Blocked] = field(default_factory=list)
     by_role: dict[str, list[str]] = field(default_factory=dict)  # declaration order
     by_port: dict[int, list[str]] = field(default_factory=dict)
+    group: str = ""  # the serve whose intent the steps being emitted serve
 
     def index(self) -> None:
         for s in self.desired.serves.values():
@@ -216,38 +221,33 @@ class _Work:
         age = self.now - started
         return age if age < s.min_runtime_s else None
 
-    def stop(self, s: ServeSpec, reason: str) -> None:
-        mib = self.held_mib(s.name)
-        roles = s.gpu_roles
+    def add(self, action: Action, s: ServeSpec, mib: int | None, reason: str, **kw: Any) -> None:
+        self.steps.append(Step(action, s.name, s.gpu_roles, mib, reason, group=self.group, **kw))
+
+    def drain(self, s: ServeSpec, reason: str) -> None:
+        """Quiesce and drain ``s``'s router tier (nothing when it has none)."""
         if s.router_tier:
-            self.steps.append(
-                Step(
-                    Action.QUIESCE,
-                    s.name,
-                    roles,
-                    mib,
-                    f"{reason}: quiesce router tier {s.router_tier}",
-                )
-            )
-            self.steps.append(
-                Step(
-                    Action.DRAIN, s.name, roles, mib, f"{reason}: drain router tier {s.router_tier}"
-                )
-            )
-        self.steps.append(Step(Action.STOP, s.name, roles, mib, reason))
+            mib = self.held_mib(s.name)
+            self.add(Action.QUIESCE, s, mib, f"{reason}: quiesce router tier {s.router_tier}")
+            self.add(Action.DRAIN, s, mib, f"{reason}: drain router tier {s.router_tier}")
+
+    def halt(self, s: ServeSpec, reason: str) -> None:
+        """Stop ``s`` and release its reservation once the stop is confirmed."""
+        mib = self.held_mib(s.name)
+        self.add(Action.STOP, s, mib, reason)
         if mib is not None:
             self.ledger = _ok(self.ledger.release(s.name))
-            self.steps.append(
-                Step(
-                    Action.RELEASE,
-                    s.name,
-                    roles,
-                    mib,
-                    f"release {mib} MiB after {s.name} is confirmed stopped",
-                )
+            self.add(
+                Action.RELEASE, s, mib, f"release {mib} MiB after {s.name} is confirmed stopped"
             )
         self.running.discard(s.name)
         self.stopping.add(s.name)
+
+    def stop(self, s: ServeSpec, reason: str) -> None:
+        """Drain then stop one serve, as its own group."""
+        self.group = s.name
+        self.drain(s, reason)
+        self.halt(s, reason)
 
 
 def _requests(desired: DesiredState, now: float) -> tuple[dict[str, float], set[str]]:
@@ -455,44 +455,34 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                     return
                 victims = [w.serve(c.name) for c in chosen]
 
-    # commit: shrinks, forced stops, victims, then the start
+    # commit, as one group: shrinks, drain every serve to be stopped, stop them, then start
+    w.group = s.name
     for o, cur, to in shrinks:
         w.ledger = _ok(w.ledger.resize(o.name, to))
-        w.steps.append(
-            Step(
-                Action.SHRINK,
-                o.name,
-                o.gpu_roles,
-                cur - to,
-                f"give back {cur - to} MiB (elastic, floor "
-                f"{o.elastic.floor_mib if o.elastic else 0}) so {s.name} fits",
-                to_mib=to,
-            )
+        floor = o.elastic.floor_mib if o.elastic else 0
+        w.add(
+            Action.SHRINK,
+            o,
+            cur - to,
+            f"give back {cur - to} MiB (elastic, floor {floor}) so {s.name} fits",
+            to_mib=to,
         )
-    for o in forced:
-        w.stop(o, f"stop {o.name} so {s.name} can start")
-    for o in victims:
-        w.stop(o, f"evict {o.name} ({o.residency}) to make room for {s.name}")
+    stopping = [(o, f"stop {o.name} so {s.name} can start") for o in forced] + [
+        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in victims
+    ]
+    for o, reason in stopping:
+        w.drain(o, reason)
+    for o, reason in stopping:
+        w.halt(o, reason)
     if in_ledger and s.vram_mib is not None:
         w.ledger = _ok(w.ledger.admit(GpuReservation(s.name, s.gpu_roles, s.vram_mib)))
-        w.steps.append(
-            Step(
-                Action.RESERVE,
-                s.name,
-                s.gpu_roles,
-                s.vram_mib,
-                f"reserve {s.vram_mib} MiB on {', '.join(s.gpu_roles)}",
-            )
+        w.add(
+            Action.RESERVE, s, s.vram_mib, f"reserve {s.vram_mib} MiB on {', '.join(s.gpu_roles)}"
         )
-    why = _start_reason(w, s)
-    w.steps.append(Step(Action.START, s.name, s.gpu_roles, s.vram_mib if in_ledger else None, why))
-    w.steps.append(
-        Step(Action.AWAIT_READY, s.name, s.gpu_roles, None, f"wait until {s.name} is healthy")
-    )
+    w.add(Action.START, s, s.vram_mib if in_ledger else None, _start_reason(w, s))
+    w.add(Action.AWAIT_READY, s, None, f"wait until {s.name} is healthy")
     if s.router_tier:
-        w.steps.append(
-            Step(Action.READMIT, s.name, s.gpu_roles, None, f"readmit router tier {s.router_tier}")
-        )
+        w.add(Action.READMIT, s, None, f"readmit router tier {s.router_tier}")
     w.running.add(s.name)
     w.starting.add(s.name)
 
@@ -515,15 +505,13 @@ def _grow(w: _Work) -> None:
         to = min(s.vram_mib, held + room)
         if to > held:
             w.ledger = _ok(w.ledger.resize(name, to))
-            w.steps.append(
-                Step(
-                    Action.GROW,
-                    name,
-                    s.gpu_roles,
-                    to - held,
-                    f"take back {to - held} MiB (elastic) now that the room is free",
-                    to_mib=to,
-                )
+            w.group = name
+            w.add(
+                Action.GROW,
+                s,
+                to - held,
+                f"take back {to - held} MiB (elastic) now that the room is free",
+                to_mib=to,
             )
 
 
