@@ -24,7 +24,7 @@ from controller import render
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.snapshot import SnapshotError, SnapshotModel, load_snapshot
 from statemachine.fit import fit_serve
-from statemachine.planner import Policy, plan_transitions
+from statemachine.planner import Action, Policy, plan_transitions
 from statemachine.status import host_status
 
 app = typer.Typer(
@@ -215,6 +215,173 @@ def plan(
         render.plan(result)
     if detailed_exitcode:
         raise typer.Exit(0 if result.empty else 2)
+
+
+RouterUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--router-url",
+        envvar="VRAMCTL_ROUTER_URL",
+        help="The router whose tiers are quiesced, drained and readmitted.",
+    ),
+]
+RouterTokenOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--router-token-file",
+        envvar="VRAMCTL_ROUTER_TOKEN_FILE",
+        help="File holding the router's bearer token "
+        "(else VRAMCTL_ROUTER_TOKEN / ANVIL_ROUTER_TOKEN).",
+    ),
+]
+LogJsonOpt = Annotated[
+    bool, typer.Option("--log-json", envvar="VRAMCTL_LOG_JSON", help="Log JSON lines.")
+]
+
+
+def _load_saved_plan(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        _fail(f"{path}: cannot read the plan: {exc.strerror or exc}")
+    except json.JSONDecodeError as exc:
+        _fail(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}")
+    if not isinstance(data, dict) or "steps" not in data or "observed" not in data:
+        _fail(f"{path}: not a saved plan (write one with `vramctl plan --out {path}`)")
+    return data
+
+
+@app.command()
+def apply(
+    plan_file: Annotated[
+        Path | None, typer.Argument(help="A plan saved by `vramctl plan --out`; default: plan now.")
+    ] = None,
+    manifest: ManifestOpt = [],  # noqa: B006
+    router_url: RouterUrlOpt = None,
+    router_token_file: RouterTokenOpt = None,
+    log_json: LogJsonOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Execute once: observe, plan and carry the plan out (or a saved plan, if still current)."""
+    from controller.executor import Outcome, StepResult
+    from controller.logs import configure_logging
+    from controller.runtime import make_executor
+    from controller.snapshot import parse_snapshot, snapshot_changes
+    from statemachine.ledger import ledger_from_observed
+    from statemachine.planner import Plan, Step
+
+    configure_logging(json_logs=log_json)
+    mset = _load(manifest)
+    desired = mset.desired()
+    snap = _observe_live(mset)
+    observed = snap.to_observed()
+    if plan_file is not None:
+        saved = _load_saved_plan(plan_file)
+        changes: list[str] = []
+        if saved.get("manifest_digest") != mset.digest:
+            changes.append("the manifest set changed since the plan was made")
+        try:
+            old = parse_snapshot(saved["observed"], source=f"{plan_file}: observed")
+        except SnapshotError as exc:
+            _fail(str(exc))
+        containers = [s.container for s in desired.serves.values()]
+        changes += snapshot_changes(old, snap, containers)
+        if changes:
+            render.error(f"{plan_file} is stale: the host is no longer what it was planned from:")
+            for change in changes:
+                render.error(f"  {change}")
+            render.error("plan again (`vramctl plan --out`) and review the new plan")
+            raise typer.Exit(1)
+        try:
+            steps = tuple(
+                Step(
+                    action=Action(x["action"]),
+                    serve=x["serve"],
+                    gpu_roles=tuple(x.get("gpu_roles", ())),
+                    mib=x.get("mib"),
+                    reason=x.get("reason", ""),
+                    to_mib=x.get("to_mib"),
+                    group=x.get("group", x["serve"]),
+                )
+                for x in saved["steps"]
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            _fail(f"{plan_file}: a step is malformed: {exc}")
+        unknown = sorted({st.serve for st in steps} - set(desired.serves))
+        if unknown:
+            _fail(f"{plan_file}: names serves the manifest does not declare: {', '.join(unknown)}")
+        base = ledger_from_observed(desired, observed)
+        the_plan = Plan(steps, (), base, base)
+    else:
+        the_plan = plan_transitions(desired, observed, Policy(), _now(snap))
+    if not json_out:
+        render.plan(the_plan)
+    if the_plan.empty:
+        if json_out:
+            _print_json(
+                {"ok": True, "steps": [], "blocked": [b.to_json() for b in the_plan.blocked]}
+            )
+        raise typer.Exit(0)
+
+    def progress(result: StepResult) -> None:
+        if not json_out:
+            render.step_result(result)
+
+    try:
+        executor = make_executor(
+            mset, router_url=router_url, router_token_file=router_token_file, on_step=progress
+        )
+    except Exception as exc:  # the docker client could not be made: nothing was touched
+        _fail(f"cannot reach docker to execute: {exc}")
+    report = executor.execute(the_plan, observed)
+    after = _observe_live(mset)
+    host_ledger = ledger_from_observed(desired, after.to_observed())
+    mismatches = [
+        f"{r}: executor ledger {report.ledger.committed_mib(r)} MiB, "
+        f"host {host_ledger.committed_mib(r)} MiB"
+        for r in desired.roles
+        if not host_ledger.unknown
+        and report.ledger.committed_mib(r) != host_ledger.committed_mib(r)
+    ]
+    if json_out:
+        data = report.to_json()
+        data["ledger_matches_host"] = not mismatches
+        data["mismatches"] = mismatches
+        _print_json(data)
+    else:
+        render.apply_summary(report, mismatches)
+    ok = report.ok and not mismatches and all(r.outcome is Outcome.OK for r in report.results)
+    raise typer.Exit(0 if ok else 1)
+
+
+@app.command("replay")
+def replay_cmd(
+    source: Annotated[
+        Path,
+        typer.Argument(help="A journal (state dir's journal.sqlite3) or an observed snapshot."),
+    ],
+    manifest: ManifestOpt = [],  # noqa: B006
+    cycle: Annotated[int | None, typer.Option("--cycle", help="Only this cycle.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Re-plan recorded cycles with this manifest; show where the plans differ. Executes nothing.
+
+    Exit 0 when every cycle plans the same, 2 when some differ, 1 on errors.
+    """
+    from controller.replay import ReplayError, render_replay, replay
+
+    mset = _load(manifest)
+    try:
+        report = replay(source, mset, cycle=cycle)
+    except ReplayError as exc:
+        _fail(str(exc))
+    if json_out:
+        _print_json(report.to_json())
+    else:
+        render_replay(report, render.out)
+    if report.errors:
+        raise typer.Exit(1)
+    raise typer.Exit(2 if report.differs else 0)
 
 
 def main() -> None:

@@ -30,7 +30,7 @@ Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -128,9 +128,17 @@ class Blocked:
 
 @dataclass(frozen=True, slots=True)
 class Policy:
-    """Planner knobs."""
+    """Planner knobs, and what the controller knows that the observation does not.
+
+    ``no_shrink``: elastic serves whose last shrink did not free what was asked; the
+    planner falls back to what it would do without shrinking them (eviction).
+    ``hold``: serves not to start now (serve -> why, e.g. a failure backoff); they are
+    reported as blocked with that reason.
+    """
 
     exact_search_limit: int = DEFAULT_EXACT_LIMIT
+    no_shrink: frozenset[str] = frozenset()
+    hold: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -300,6 +308,10 @@ def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
 
 
 def _try_start(w: _Work, s: ServeSpec) -> None:
+    held = w.policy.hold.get(s.name)
+    if held is not None:
+        w.blocked.append(Blocked(s.name, f"{s.name} is held back: {held}"))
+        return
     protected: list[Protected] = []
     forced: list[ServeSpec] = []
     reasons: list[str] = []
@@ -372,6 +384,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                 veto = _may_evict(w, s, o)
                 if (
                     o.elastic is not None
+                    and name not in w.policy.no_shrink
                     and res.mib > o.elastic.floor_mib
                     and (
                         s.residency is Residency.ON_DEMAND

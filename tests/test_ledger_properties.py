@@ -51,9 +51,7 @@ class LedgerMachine(RuleBasedStateMachine):
         self.counter = 0
 
     @initialize(
-        caps=st.lists(
-            st.tuples(st.integers(1, 5000), st.integers(0, 5000)), min_size=3, max_size=3
-        )
+        caps=st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 5000)), min_size=3, max_size=3)
     )
     def setup(self, caps: list[tuple[int, int]]) -> None:
         roles = {
@@ -156,4 +154,3 @@ TestLedgerMachine.settings = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
 )
-

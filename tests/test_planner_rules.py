@@ -383,3 +383,45 @@ def test_overcommitted_observation_is_reported() -> None:
     plan = plan_transitions(desired, observed, Policy(), NOW)
     assert plan.empty
     assert any("over budget" in n for n in plan.notes)
+
+
+def test_no_shrink_falls_back_to_eviction() -> None:
+    desired, observed = _build(CASES["elastic-shrink-preferred-when-it-covers"])
+    plan = plan_transitions(desired, observed, Policy(no_shrink=frozenset({"moe"})), NOW)
+    # without shrinking moe, the least-overshoot single victim is omni (8000 >= 4000 short)
+    assert [f"{s.action} {s.serve}" for s in plan.steps] == [
+        "stop omni",
+        "release omni",
+        "reserve llm",
+        "start llm",
+        "await_ready llm",
+    ]
+
+
+def test_hold_blocks_a_start_with_its_reason() -> None:
+    desired, observed = _build(CASES["resident-fits-starts"])
+    plan = plan_transitions(desired, observed, Policy(hold={"stt": "backing off"}), NOW)
+    assert plan.empty
+    assert [(b.serve, b.reason) for b in plan.blocked] == [("stt", "stt is held back: backing off")]
+
+
+def test_every_victim_is_drained_before_any_stops() -> None:
+    serves = [
+        serve("a1", 10_000, EVI, router_tier="t1"),
+        serve("a2", 10_000, EVI, router_tier="t2"),
+        serve("llm", 25_000, OND),
+    ]
+    desired, observed = _build(Case(serves, {"a1": up(), "a2": up()}, []))
+    desired = DesiredState(desired.roles, desired.serves, (req("llm"),))
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    assert [f"{s.action} {s.serve}" for s in plan.steps][:8] == [
+        "quiesce a1",
+        "drain a1",
+        "quiesce a2",
+        "drain a2",
+        "stop a1",
+        "release a1",
+        "stop a2",
+        "release a2",
+    ]
+    assert {s.group for s in plan.steps} == {"llm"}

@@ -1,0 +1,647 @@
+"""The executor: carries out a plan's steps in order. The only code that mutates.
+
+``Executor.execute`` walks a :class:`statemachine.planner.Plan` step by step, calls the
+mutating adapters (docker start/stop, the serve's ``up`` argv, the router's transition
+endpoint, the elastic VRAM endpoint, the health path), drives each serve's lifecycle
+machine with the outcomes, and keeps its own reservation ledger true to what the
+containers hold:
+
+- a reservation is admitted (``reserve``) before its start and released again when
+  the start fails and the container holds nothing;
+- a release is applied only after the stop is confirmed (the container exited and,
+  where NVML sees the role's device, the memory came back within a bound);
+- a shrink counts only when the engine answers ``status: "ok"`` with
+  ``vram_free_mib >= reserve_mib``; a partial shrink is undone (grow back) and fails;
+- a drain that times out or is refused stops nothing: every tier quiesced for the
+  same group is readmitted.
+
+When a step fails, the rest of its *group* (the steps serving the same intent, e.g.
+one requester and its victims) is skipped; other groups go on, and the ledger refuses
+any reserve whose room did not materialise. Transient faults are retried by the
+adapters (tenacity, bounded); what reaches here is final for this plan.
+
+``preflight`` checks, before any mutation, what can be known up front: containers or
+``up`` executables exist, the router is configured and reachable when a drain is
+planned, elastic serves have an endpoint, and ports are free.
+
+This module must not decide *what* to do (that is the planner's) and must not read
+docker or NVML except through the adapters handed to it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from loguru import logger
+
+from controller.docker_actions import ActionError, DockerActions
+from controller.elastic_adapter import ElasticClient, ElasticError, elastic_ok
+from controller.health import http_ready
+from controller.router_adapter import RouterClient, RouterError
+from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
+from statemachine.lifecycle import IllegalTransition, ServeLifecycle
+from statemachine.planner import Action, Plan, Step
+from statemachine.types import ContainerState, DesiredState, GpuObs, Observed, ServeSpec
+
+
+class Outcome(StrEnum):
+    """What happened to one step."""
+
+    OK = "ok"
+    FAILED = "failed"
+    ABORTED = "aborted"  # a drain timed out or was refused: nothing stopped, tier readmitted
+    SKIPPED = "skipped"  # an earlier step of its group failed, or the executor was stopped
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One step's outcome, for progress output, logs and the journal."""
+
+    step: Step
+    outcome: Outcome
+    detail: str
+    duration_s: float
+    logs: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            **self.step.to_json(),
+            "outcome": str(self.outcome),
+            "detail": self.detail,
+            "duration_s": round(self.duration_s, 3),
+            "logs": self.logs,
+        }
+
+
+@dataclass
+class ExecutionReport:
+    """What a plan's execution did, and the ledger it left."""
+
+    results: list[StepResult]
+    ledger: Ledger
+    lifecycles: dict[str, str]
+    stopped_early: bool = False
+    preflight: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """True when every step succeeded."""
+        return not self.preflight and all(r.outcome is Outcome.OK for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "ok": self.ok,
+            "preflight": list(self.preflight),
+            "stopped_early": self.stopped_early,
+            "steps": [r.to_json() for r in self.results],
+            "lifecycles": dict(self.lifecycles),
+            "ledger": {r: self.ledger.view(r).to_json() for r in self.ledger.roles},
+        }
+
+
+class GpuReader(Protocol):
+    """Reads the devices now (``None`` when NVML is unavailable)."""
+
+    def __call__(self) -> tuple[GpuObs, ...] | None: ...
+
+
+class StepError(Exception):
+    """A step could not be carried out; ``logs`` carries what the operator needs."""
+
+    def __init__(self, message: str, *, logs: str | None = None, aborted: bool = False) -> None:
+        super().__init__(message)
+        self.logs = logs
+        self.aborted = aborted
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorConfig:
+    """Executor knobs (bounds and poll intervals)."""
+
+    poll_s: float = 0.25
+    memory_wait_s: float = 30.0
+    memory_tolerance_mib: int = 256
+    log_tail: int = 40
+
+
+def _no_gpus() -> tuple[GpuObs, ...] | None:
+    return None
+
+
+class Executor:
+    """Runs plans against the host through the mutating adapters."""
+
+    def __init__(
+        self,
+        desired: DesiredState,
+        *,
+        docker: DockerActions,
+        up_argv: Callable[[str], list[str] | None],
+        manifest_dir: Callable[[str], Path],
+        serve_details: Mapping[str, Any],
+        router: RouterClient | None = None,
+        elastic: ElasticClient | None = None,
+        gpus: GpuReader = _no_gpus,
+        config: ExecutorConfig | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
+        stop_event: threading.Event | None = None,
+    ) -> None:
+        self.desired = desired
+        self.docker = docker
+        self.up_argv = up_argv
+        self.manifest_dir = manifest_dir
+        self.details = serve_details  # name -> ServeModel (health, timeouts, elastic token)
+        self.router = router
+        self.elastic = elastic or ElasticClient()
+        self.gpus = gpus
+        self.config = config or ExecutorConfig()
+        self.on_step = on_step
+        self.stop_event = stop_event or threading.Event()
+
+    # ------------------------------------------------------------------ preflight
+    def preflight(self, plan: Plan) -> list[str]:
+        """What is knowable now and would make the plan fail half-way; empty when fine."""
+        problems: list[str] = []
+        actions = {s.action for s in plan.steps}
+        if actions & {Action.QUIESCE, Action.DRAIN, Action.READMIT}:
+            tiers = sorted({s.serve for s in plan.steps if s.action is Action.DRAIN})
+            if self.router is None:
+                problems.append(
+                    "the plan drains router tiers (" + ", ".join(tiers or ["readmit"]) + ") but "
+                    "no router is configured: set --router-url / VRAMCTL_ROUTER_URL"
+                )
+            else:
+                err = self.router.check()
+                if err is not None:
+                    problems.append(f"router {self.router.base_url}: {err}")
+        stopped_ports: set[int] = set()
+        for step in plan.steps:
+            serve = self.desired.serves[step.serve]
+            if step.action is Action.STOP and serve.port is not None:
+                stopped_ports.add(serve.port)
+            if step.action is Action.START:
+                problems.extend(self._preflight_start(serve, stopped_ports))
+            if step.action in (Action.SHRINK, Action.GROW) and serve.elastic is None:
+                problems.append(f"{serve.name}: {step.action} planned but it has no elastic url")
+        return problems
+
+    def _preflight_start(self, serve: ServeSpec, stopped_ports: set[int]) -> list[str]:
+        problems: list[str] = []
+        try:
+            exists = self.docker.exists(serve.container)
+        except ActionError as exc:
+            return [f"{serve.name}: cannot ask docker whether {serve.container} exists: {exc}"]
+        if not exists:
+            argv = self.up_argv(serve.name)
+            if not argv:
+                problems.append(
+                    f"{serve.name}: container {serve.container} does not exist and the serve "
+                    "has no `up` command to create it"
+                )
+            elif not self.docker.executable_exists(argv[0]):
+                problems.append(f"{serve.name}: `up` executable {argv[0]!r} not found")
+        if (
+            serve.port is not None
+            and serve.port not in stopped_ports
+            and self.docker.port_in_use(serve.port)
+        ):
+            problems.append(
+                f"{serve.name}: port {serve.port} is already in use on 127.0.0.1 "
+                "and nothing in the plan frees it"
+            )
+        return problems
+
+    # ------------------------------------------------------------------- execute
+    def execute(
+        self, plan: Plan, observed: Observed, *, skip_preflight: bool = False
+    ) -> ExecutionReport:
+        """Carry out ``plan`` (made from ``observed``); never raises for host faults."""
+        ledger = ledger_from_observed(self.desired, observed)
+        machines: dict[str, ServeLifecycle] = {}
+        for step in plan.steps:
+            if step.serve not in machines:
+                serve = self.desired.serves[step.serve]
+                holds = observed.container(serve.container).holds
+                machines[step.serve] = ServeLifecycle(step.serve, "running" if holds else "stopped")
+        report = ExecutionReport([], ledger, {})
+        if not skip_preflight:
+            report.preflight = self.preflight(plan)
+            if report.preflight:
+                for problem in report.preflight:
+                    logger.error("preflight: {}", problem)
+                report.lifecycles = {n: str(m.state) for n, m in machines.items()}
+                return report
+        run = _Run(self, ledger, machines)
+        for step in plan.steps:
+            if self.stop_event.is_set() and not report.stopped_early:
+                report.stopped_early = True
+                run.compensate_all("the controller is stopping")
+            if report.stopped_early or step.group in run.failed_groups:
+                why = (
+                    "the controller is stopping"
+                    if report.stopped_early
+                    else (f"an earlier step of group {step.group} failed")
+                )
+                self._emit(report, StepResult(step, Outcome.SKIPPED, why, 0.0))
+                continue
+            t0 = time.monotonic()
+            try:
+                detail = run.do(step)
+                result = StepResult(step, Outcome.OK, detail, time.monotonic() - t0)
+            except StepError as exc:
+                outcome = Outcome.ABORTED if exc.aborted else Outcome.FAILED
+                result = StepResult(step, outcome, str(exc), time.monotonic() - t0, exc.logs)
+                run.failed_groups.add(step.group)
+                run.compensate(step)
+            self._emit(report, result)
+        run.compensate_all("the plan ended")
+        report.ledger = run.ledger
+        report.lifecycles = {n: str(m.state) for n, m in machines.items()}
+        return report
+
+    def _emit(self, report: ExecutionReport, result: StepResult) -> None:
+        report.results.append(result)
+        level = "INFO" if result.outcome is Outcome.OK else "WARNING"
+        if result.outcome is Outcome.FAILED:
+            level = "ERROR"
+        logger.bind(
+            serve=result.step.serve,
+            action=str(result.step.action),
+            outcome=str(result.outcome),
+            duration_s=round(result.duration_s, 3),
+        ).log(
+            level,
+            "{serve} {action}: {outcome} in {duration:.2f}s: {detail}",
+            serve=result.step.serve,
+            action=result.step.action,
+            outcome=result.outcome,
+            duration=result.duration_s,
+            detail=result.detail,
+        )
+        if self.on_step is not None:
+            self.on_step(result)
+
+
+class _Run:
+    """The state of one execution: the live ledger, the machines, what to undo."""
+
+    def __init__(self, ex: Executor, ledger: Ledger, machines: dict[str, ServeLifecycle]) -> None:
+        self.ex = ex
+        self.ledger = ledger
+        self.machines = machines
+        self.failed_groups: set[str] = set()
+        self.quiesced: dict[str, list[str]] = {}  # group -> serves quiesced, not yet stopped
+        self.reserved: dict[str, str] = {}  # serve -> group, reserved but not yet started
+        self.used_before_stop: dict[str, dict[str, int]] = {}  # serve -> role -> NVML used
+
+    # -- helpers ---------------------------------------------------------------------
+    def serve(self, name: str) -> ServeSpec:
+        return self.ex.desired.serves[name]
+
+    def fire(self, serve: str, trigger: str) -> None:
+        machine = self.machines[serve]
+        try:
+            machine.fire(trigger)
+        except IllegalTransition as exc:  # the plan and the machine disagree: say so, go on
+            logger.warning("lifecycle: {}", exc)
+
+    def router(self) -> RouterClient:
+        if self.ex.router is None:
+            raise StepError("no router is configured (--router-url / VRAMCTL_ROUTER_URL)")
+        return self.ex.router
+
+    def role_used(self, roles: tuple[str, ...]) -> dict[str, int]:
+        gpus = self.ex.gpus()
+        if gpus is None:
+            return {}
+        by_uuid = {g.uuid: g for g in gpus}
+        out: dict[str, int] = {}
+        for r in roles:
+            uuid = self.ex.desired.roles[r].uuid if r in self.ex.desired.roles else None
+            dev = by_uuid.get(uuid) if uuid else None
+            if dev is not None and dev.used_mib is not None:
+                out[r] = dev.used_mib
+        return out
+
+    def logs(self, container: str) -> str:
+        return self.ex.docker.logs(container, tail=self.ex.config.log_tail)
+
+    # -- the actions -----------------------------------------------------------------
+    def do(self, step: Step) -> str:
+        s = self.serve(step.serve)
+        handler = {
+            Action.QUIESCE: self.quiesce,
+            Action.DRAIN: self.drain,
+            Action.STOP: self.stop,
+            Action.RELEASE: self.release,
+            Action.SHRINK: self.resize,
+            Action.GROW: self.resize,
+            Action.RESERVE: self.reserve,
+            Action.START: self.start,
+            Action.AWAIT_READY: self.await_ready,
+            Action.READMIT: self.readmit,
+        }[step.action]
+        return handler(step, s)
+
+    def quiesce(self, step: Step, s: ServeSpec) -> str:
+        assert s.router_tier is not None
+        try:
+            ans = self.router().transition("quiesce", s.router_tier)
+        except RouterError as exc:
+            raise StepError(f"router refused quiesce of {s.router_tier}: {exc}") from None
+        if not ans.applied:
+            raise StepError(f"router did not apply quiesce of {s.router_tier}: {ans.raw}")
+        self.quiesced.setdefault(step.group, []).append(s.name)
+        self.fire(s.name, "quiesce")
+        return f"tier {s.router_tier} quiesced"
+
+    def drain(self, step: Step, s: ServeSpec) -> str:
+        assert s.router_tier is not None
+        timeout = float(getattr(self.ex.details.get(s.name), "drain_timeout_s", 120.0) or 120.0)
+        try:
+            ans = self.router().transition("drain", s.router_tier, drain_timeout_s=timeout)
+        except RouterError as exc:
+            raise StepError(f"drain of {s.router_tier} refused: {exc}", aborted=True) from None
+        if not ans.applied or ans.timed_out or ans.drained is False:
+            why = "timed out" if ans.timed_out else "was not applied"
+            raise StepError(
+                f"drain of {s.router_tier} {why} after up to {timeout:g}s: nothing stopped",
+                aborted=True,
+            )
+        self.fire(s.name, "drain")
+        return f"tier {s.router_tier} drained"
+
+    def stop(self, step: Step, s: ServeSpec) -> str:
+        self.used_before_stop[s.name] = self.role_used(s.gpu_roles)
+        timeout = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
+        self.fire(s.name, "stop")
+        try:
+            self.ex.docker.stop(s.container, timeout)
+            state = self.ex.docker.inspect(s.container)
+        except ActionError as exc:
+            self.fire(s.name, "stop_failed")
+            raise StepError(f"docker stop {s.container}: {exc}") from None
+        if state is not None and state.state in (
+            ContainerState.RUNNING,
+            ContainerState.PAUSED,
+            ContainerState.RESTARTING,
+        ):
+            self.fire(s.name, "stop_failed")
+            raise StepError(f"{s.container} is still {state.state} after docker stop")
+        for members in self.quiesced.values():
+            if s.name in members:
+                members.remove(s.name)
+        if not self.ledger.holds(s.name):
+            self.fire(s.name, "stopped")
+        code = state.exit_code if state is not None else None
+        return f"{s.container} exited" + (f" ({code})" if code is not None else "")
+
+    def release(self, step: Step, s: ServeSpec) -> str:
+        before = self.used_before_stop.get(s.name, {})
+        mib = step.mib or 0
+        waited = ""
+        if before:
+            deadline = time.monotonic() + self.ex.config.memory_wait_s
+            while True:
+                now = self.role_used(s.gpu_roles)
+                pending = {
+                    r: (now[r], before[r] - mib + self.ex.config.memory_tolerance_mib)
+                    for r in before
+                    if r in now and now[r] > before[r] - mib + self.ex.config.memory_tolerance_mib
+                }
+                if not pending:
+                    waited = "; NVML shows the memory back"
+                    break
+                if time.monotonic() >= deadline:
+                    detail = ", ".join(
+                        f"{r} used {u} MiB > {lim} MiB" for r, (u, lim) in pending.items()
+                    )
+                    raise StepError(
+                        f"{s.container} exited but its memory did not come back within "
+                        f"{self.ex.config.memory_wait_s:g}s ({detail}); "
+                        "the release is not confirmed"
+                    )
+                time.sleep(self.ex.config.poll_s)
+        result = self.ledger.release(s.name)
+        if isinstance(result, Refusal):
+            return f"nothing to release: {result.message}"
+        self.ledger = result
+        self.fire(s.name, "stopped")
+        return f"released {mib} MiB on {', '.join(s.gpu_roles)}{waited}"
+
+    def reserve(self, step: Step, s: ServeSpec) -> str:
+        assert step.mib is not None
+        result = self.ledger.admit(GpuReservation(s.name, s.gpu_roles, step.mib))
+        if isinstance(result, Refusal):
+            raise StepError(f"the ledger refuses: {result.message}")
+        self.ledger = result
+        self.reserved[s.name] = step.group
+        self.fire(s.name, "reserve")
+        return f"reserved {step.mib} MiB on {', '.join(s.gpu_roles)}"
+
+    def start(self, step: Step, s: ServeSpec) -> str:
+        if self.machines[s.name].state == "stopped":
+            self.fire(s.name, "reserve")  # a serve outside the ledger has no reserve step
+        self.fire(s.name, "start")
+        try:
+            if self.ex.docker.exists(s.container):
+                self.ex.docker.start(s.container)
+                how = f"docker start {s.container}"
+            else:
+                argv = self.ex.up_argv(s.name)
+                if not argv:
+                    raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
+                timeout = float(getattr(self.ex.details.get(s.name), "start_timeout_s", 600.0))
+                res = self.ex.docker.run_up(
+                    argv, cwd=self.ex.manifest_dir(s.name), timeout_s=timeout
+                )
+                if res.returncode != 0:
+                    raise StepError(
+                        f"`up` exited {res.returncode}: {' '.join(argv)}", logs=res.output
+                    )
+                if not self.ex.docker.exists(s.container):
+                    raise StepError(
+                        f"`up` succeeded but container {s.container} does not exist",
+                        logs=res.output,
+                    )
+                how = f"ran `up` ({argv[0]} …)"
+        except ActionError as exc:
+            raise StepError(f"start {s.container}: {exc}", logs=self.logs(s.container)) from None
+        self.reserved.pop(s.name, None)
+        return how
+
+    def await_ready(self, step: Step, s: ServeSpec) -> str:
+        detail = self.ex.details.get(s.name)
+        timeout = float(getattr(detail, "start_timeout_s", 600.0) or 600.0)
+        health = getattr(detail, "health", None)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                state = self.ex.docker.inspect(s.container)
+            except ActionError as exc:
+                raise StepError(f"cannot inspect {s.container}: {exc}") from None
+            if state is None:
+                raise StepError(f"{s.container} disappeared while starting")
+            if state.oom_killed or state.state in (ContainerState.EXITED, ContainerState.DEAD):
+                why = "was OOM-killed" if state.oom_killed else f"exited ({state.exit_code})"
+                raise StepError(f"{s.container} {why} while starting", logs=self.logs(s.container))
+            if state.state is ContainerState.RUNNING:
+                if state.health is not None:
+                    if state.health == "healthy":
+                        self.fire(s.name, "ready")
+                        return "docker healthcheck: healthy"
+                elif s.port is not None and health:
+                    url = f"http://127.0.0.1:{s.port}{health}"
+                    if http_ready(url):
+                        self.fire(s.name, "ready")
+                        return f"GET {url}: 2xx"
+                else:
+                    self.fire(s.name, "ready")
+                    return "running (no health path or healthcheck declared)"
+            if time.monotonic() >= deadline:
+                raise StepError(
+                    f"{s.name} not healthy after start_timeout_s {timeout:g}s",
+                    logs=self.logs(s.container),
+                )
+            if self.ex.stop_event.is_set():
+                raise StepError("the controller is stopping")
+            time.sleep(self.ex.config.poll_s)
+
+    def readmit(self, step: Step, s: ServeSpec) -> str:
+        assert s.router_tier is not None
+        try:
+            ans = self.router().transition("readmit", s.router_tier)
+        except RouterError as exc:
+            raise StepError(f"readmit of {s.router_tier} refused: {exc}") from None
+        if ans.readmitted is False:
+            return f"router answered readmitted=false: {ans.reason}"
+        return f"tier {s.router_tier} readmitted"
+
+    def resize(self, step: Step, s: ServeSpec) -> str:
+        if s.elastic is None or step.to_mib is None:
+            raise StepError(f"{s.name} is not elastic")
+        target = self.reserve_target(step, s)
+        token = _env_token(s.elastic.token_env)
+        try:
+            ans = self.ex.elastic.set_reserve(s.elastic.url, target, token=token)
+        except ElasticError as exc:
+            raise StepError(f"elastic {step.action} of {s.name}: {exc}") from None
+        ok, why = elastic_ok(ans, target)
+        if not ok:
+            raise StepError(f"elastic {step.action} of {s.name} (reserve_mib {target}): {why}")
+        result = self.ledger.resize(s.name, step.to_mib)
+        if isinstance(result, Refusal):
+            raise StepError(f"the ledger refuses: {result.message}")
+        self.ledger = result
+        self.fire(s.name, str(step.action))
+        return f"{s.name} now holds {step.to_mib} MiB ({why})"
+
+    def reserve_target(self, step: Step, s: ServeSpec) -> int | None:
+        """The ``reserve_mib`` to ask of the engine: the free MiB the card must show after.
+
+        With NVML: the device's free MiB now plus what the shrink gives back (minus what a
+        grow takes). Without: the ledger's free MiB on the role after the resize. A grow
+        back to the full reservation asks for ``null`` (the engine's start-up default).
+        """
+        if (
+            step.action is Action.GROW
+            and s.vram_mib is not None
+            and (step.to_mib or 0) >= s.vram_mib
+        ):
+            return None
+        delta = step.mib or 0
+        signed = delta if step.action is Action.SHRINK else -delta
+        gpus = self.ex.gpus()
+        if gpus is not None:
+            by_uuid = {g.uuid: g for g in gpus}
+            role = self.ex.desired.roles.get(s.gpu_roles[0]) if s.gpu_roles else None
+            dev = by_uuid.get(role.uuid) if role is not None and role.uuid else None
+            if dev is not None and dev.free_mib is not None:
+                return max(0, dev.free_mib + signed)
+        role_id = s.gpu_roles[0]
+        return max(0, self.ledger.free_mib(role_id) + signed)
+
+    # -- undo -------------------------------------------------------------------------
+    def compensate(self, failed: Step) -> None:
+        """Undo what the failed step's group left half-done."""
+        self.undo_group(failed.group, failed)
+
+    def compensate_all(self, why: str) -> None:
+        for group in list(self.quiesced) + list(set(self.reserved.values())):
+            self.undo_group(group, None)
+
+    def undo_group(self, group: str, failed: Step | None) -> None:
+        for name in self.quiesced.pop(group, []):
+            s = self.serve(name)
+            try:
+                if s.router_tier is not None:
+                    self.router().transition("readmit", s.router_tier)
+                self.fire(name, "readmit")
+                logger.info("{}: tier {} readmitted (nothing was stopped)", name, s.router_tier)
+            except (RouterError, StepError) as exc:
+                logger.error("{}: readmit of {} failed: {}", name, s.router_tier, exc)
+        for name, g in list(self.reserved.items()):
+            if g != group:
+                continue
+            del self.reserved[name]
+            self._settle_failed_start(name)
+        if failed is not None and failed.action is Action.AWAIT_READY:
+            self._settle_failed_start(failed.serve)
+        if failed is not None and failed.action is Action.SHRINK and failed.to_mib is not None:
+            s = self.serve(failed.serve)
+            if s.elastic is not None:  # a partial shrink: ask for the start-up default back
+                try:
+                    self.ex.elastic.set_reserve(
+                        s.elastic.url, None, token=_env_token(s.elastic.token_env)
+                    )
+                except ElasticError as exc:
+                    logger.error("{}: grow back after a partial shrink failed: {}", s.name, exc)
+
+    def _settle_failed_start(self, name: str) -> None:
+        """After a failed start: stop what still runs, and hold exactly what it holds."""
+        s = self.serve(name)
+        try:
+            state = self.ex.docker.inspect(s.container)
+            if state is not None and state.state in (
+                ContainerState.RUNNING,
+                ContainerState.RESTARTING,
+            ):
+                self.ex.docker.stop(s.container, 10.0)
+                state = self.ex.docker.inspect(s.container)
+        except ActionError as exc:
+            logger.error(
+                "{}: cannot confirm the failed start is down ({}); keeping its reservation",
+                name,
+                exc,
+            )
+            self.fire(name, "start_failed")
+            return
+        holds = state is not None and state.state in (
+            ContainerState.RUNNING,
+            ContainerState.PAUSED,
+            ContainerState.RESTARTING,
+        )
+        if not holds and self.ledger.holds(name):
+            result = self.ledger.release(name)
+            if not isinstance(result, Refusal):
+                self.ledger = result
+        machine = self.machines[name]
+        if machine.state != "failed":
+            self.fire(name, "start_failed" if machine.state in ("reserved", "starting") else "fail")
+
+
+def _env_token(var: str | None) -> str | None:
+    import os
+
+    if not var:
+        return None
+    value = os.environ.get(var)
+    return value.strip() if value else None

@@ -1,0 +1,684 @@
+"""Small real HTTP servers on loopback that stand in for the router and elastic engines.
+
+Import as ``from fake_http import ...`` (pytest puts ``tests/`` on ``sys.path``).
+
+Each server listens on ``127.0.0.1`` on a free port (``http.server``'s
+``ThreadingHTTPServer`` in a daemon thread), records every request it gets
+(:class:`Recorded`: method, path, query, headers, raw body, decoded JSON, monotonic
+time) and is a context manager::
+
+    with FakeRouter(token="t") as router:
+        router.script_drain("tier-a", drained=False, timed_out=True)
+        client = RouterClient(router.url, "t")
+        ...
+        assert router.actions() == [("quiesce", "tier-a"), ("drain", "tier-a")]
+
+    with FakeElastic([FakeElastic.busy(), FakeElastic.ok(8000, vram_free_mib=8200)]) as engine:
+        ...  # engine.url, engine.reserves() == [8000, 8000]
+
+* :class:`FakeHTTPServer` answers with any ``handler(Recorded) -> Reply``;
+* :class:`FakeRouter` speaks the router's admin transition protocol (DESIGN §6)
+  and checks what it is sent (auth first, then the body: ``confirm``, ``dry_run``,
+  a ``timeout`` only for a drain and within 0 < S ≤ 3600), keeps a per-tier state,
+  and can be scripted: a drain's result, leading 503 ``server_busy`` answers, a
+  forced status for an action, a readmit's answer;
+* :class:`FakeElastic` speaks ``POST /v1/vram`` (the seed's
+  ``vram-elastic-reserve-api.txt``): it checks the API key, the content type and
+  ``reserve_mib`` as the engine does, then answers the scripted replies in order, and
+  a full success once they run out. The ``ok``/``partial``/``not_loaded``/``busy``/
+  ``refused``/``resize_failed``/``unavailable`` helpers build the seed's answers.
+
+These are test doubles only: nothing in ``controller/`` may import this module.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+__all__ = [
+    "FakeElastic",
+    "FakeHTTPServer",
+    "FakeRouter",
+    "Recorded",
+    "Reply",
+    "elastic_error_body",
+    "elastic_not_loaded_body",
+    "elastic_ok_body",
+]
+
+TRANSITION_PATH = "/v1/admin/transition"
+VRAM_PATH = "/v1/vram"
+
+
+@dataclass(frozen=True)
+class Recorded:
+    """One request as the fake server received it (header names in lower case)."""
+
+    method: str
+    path: str
+    query: dict[str, str]
+    headers: dict[str, str]
+    body: bytes
+    json: Any
+    time: float  # time.monotonic() when it arrived
+
+    @property
+    def bearer(self) -> str | None:
+        """The bearer token of the ``Authorization`` header, if any."""
+        auth = self.headers.get("authorization", "")
+        return auth[len("Bearer ") :] if auth.startswith("Bearer ") else None
+
+
+@dataclass(frozen=True)
+class Reply:
+    """What the fake answers: ``body`` is sent as JSON unless it is ``str``/``bytes``."""
+
+    status: int
+    body: Any = None
+    headers: Mapping[str, str] = field(default_factory=dict)
+    delay_s: float = 0.0
+
+
+ReplyLike = Reply | tuple[int, Any]
+
+
+def _as_reply(value: ReplyLike) -> Reply:
+    if isinstance(value, Reply):
+        return value
+    status, body = value
+    return Reply(status, body)
+
+
+class _Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server: _Server
+
+    def log_message(self, format: str, *args: Any) -> None:  # quiet
+        pass
+
+    def _serve(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = self.rfile.read(length) if length else b""
+        split = urlsplit(self.path)
+        query = {k: v[-1] for k, v in parse_qs(split.query, keep_blank_values=True).items()}
+        try:
+            decoded: Any = json.loads(body) if body else None
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            decoded = None
+        request = Recorded(
+            method=self.command,
+            path=split.path,
+            query=query,
+            headers={k.lower(): v for k, v in self.headers.items()},
+            body=body,
+            json=decoded,
+            time=time.monotonic(),
+        )
+        owner = self.server.owner
+        owner._record(request)
+        try:
+            reply = _as_reply(owner.handle(request))
+        except Exception as exc:  # a bug in a scripted handler: say so, loudly
+            reply = Reply(500, {"error": f"fake server handler failed: {exc!r}"})
+        if reply.delay_s > 0:
+            time.sleep(reply.delay_s)
+        if isinstance(reply.body, bytes):
+            payload, ctype = reply.body, "application/octet-stream"
+        elif isinstance(reply.body, str):
+            payload, ctype = reply.body.encode(), "text/plain; charset=utf-8"
+        elif reply.body is None:
+            payload, ctype = b"", ""
+        else:
+            payload, ctype = json.dumps(reply.body).encode(), "application/json"
+        try:
+            self.send_response(reply.status)
+            headers = dict(reply.headers)
+            if ctype and not any(k.lower() == "content-type" for k in headers):
+                headers["Content-Type"] = ctype
+            for key, value in headers.items():
+                self.send_header(key, value)
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            if payload and self.command != "HEAD":
+                self.wfile.write(payload)
+        except (BrokenPipeError, ConnectionResetError):  # the client gave up (a timeout)
+            self.close_connection = True
+
+    # http.server dispatches on these names
+    do_GET = do_POST = do_PUT = do_DELETE = do_PATCH = do_HEAD = _serve  # noqa: N815
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    owner: FakeHTTPServer
+
+
+class FakeHTTPServer:
+    """A loopback HTTP server answering ``handler(request)``; records every request.
+
+    Subclasses override :meth:`handle`. ``calls`` is a snapshot list of the
+    requests so far, in arrival order.
+    """
+
+    def __init__(self, handler: Callable[[Recorded], ReplyLike] | None = None) -> None:
+        self._handler = handler
+        self._lock = threading.RLock()
+        self._calls: list[Recorded] = []
+        self._server: _Server | None = None
+        self._thread: threading.Thread | None = None
+
+    # ── lifecycle ─────────────────────────────────────────────────────────────
+
+    def start(self) -> FakeHTTPServer:
+        if self._server is not None:
+            return self
+        server = _Server(("127.0.0.1", 0), _Handler)
+        server.owner = self
+        self._server = server
+        self._thread = threading.Thread(
+            target=server.serve_forever,
+            kwargs={"poll_interval": 0.01},
+            name=f"{type(self).__name__}:{self.port}",
+            daemon=True,
+        )
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        server, self._server = self._server, None
+        if server is None:
+            return
+        server.shutdown()
+        server.server_close()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def __enter__(self) -> Any:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    @property
+    def port(self) -> int:
+        if self._server is None:
+            raise RuntimeError("the fake server is not started")
+        port: int = self._server.server_address[1]
+        return port
+
+    @property
+    def url(self) -> str:
+        """``http://127.0.0.1:PORT`` (no trailing slash)."""
+        return f"http://127.0.0.1:{self.port}"
+
+    # ── requests ──────────────────────────────────────────────────────────────
+
+    def _record(self, request: Recorded) -> None:
+        with self._lock:
+            self._calls.append(request)
+
+    @property
+    def calls(self) -> list[Recorded]:
+        with self._lock:
+            return list(self._calls)
+
+    def clear_calls(self) -> None:
+        with self._lock:
+            self._calls.clear()
+
+    def handle(self, request: Recorded) -> ReplyLike:
+        if self._handler is None:
+            return Reply(404, {"error": f"no handler for {request.method} {request.path}"})
+        return self._handler(request)
+
+
+# ── the router ─────────────────────────────────────────────────────────────────
+
+
+def _validation_error(field_name: str, msg: str) -> Reply:
+    return Reply(
+        422, {"detail": [{"loc": ["body", field_name], "msg": msg, "type": "value_error"}]}
+    )
+
+
+@dataclass
+class _DrainScript:
+    drained: bool
+    timed_out: bool
+    delay_s: float
+
+
+@dataclass
+class _Forced:
+    status: int
+    body: Any
+    times: int | None  # None: every time
+
+
+class FakeRouter(FakeHTTPServer):
+    """The router's admin transition endpoint (DESIGN §6) with per-tier state.
+
+    ``token``: when set, a request without a bearer token gets 401 and one with a
+    different token 403 (GET too). ``tiers``: when given, only those tiers exist
+    (others: 404); otherwise any tier is created, ready, on first mention.
+
+    A tier's state is ``{"tier_id", "state", "active_requests", "draining",
+    "ready"}``; quiesce makes it ``quiesced`` (not ready), a drain ``drained`` (or
+    still ``draining`` when the drain is scripted to time out), a readmit ``ready``.
+    Scripts persist until changed, except busy answers and ``times``-bounded forced
+    statuses, which are used up.
+    """
+
+    def __init__(self, token: str | None = None, *, tiers: Iterable[str] | None = None) -> None:
+        super().__init__()
+        self.token = token
+        self._restricted = tiers is not None
+        self._tiers: dict[str, dict[str, Any]] = {}
+        for tier in tiers or ():
+            self._tiers[tier] = self._fresh(tier)
+        self._drain: dict[str, _DrainScript] = {}
+        self._readmit: dict[str, tuple[bool, str | None, bool]] = {}
+        self._busy: deque[tuple[str | None, str]] = deque()
+        self._forced: dict[str, _Forced] = {}
+
+    def __enter__(self) -> FakeRouter:
+        self.start()
+        return self
+
+    @staticmethod
+    def _fresh(tier_id: str) -> dict[str, Any]:
+        return {
+            "tier_id": tier_id,
+            "state": "ready",
+            "active_requests": 0,
+            "draining": False,
+            "ready": True,
+        }
+
+    # ── scripting ─────────────────────────────────────────────────────────────
+
+    def script_drain(
+        self,
+        tier_id: str,
+        *,
+        drained: bool | None = None,
+        timed_out: bool = False,
+        delay_s: float = 0.0,
+    ) -> None:
+        """How drains of ``tier_id`` end: ``timed_out=True`` leaves requests active.
+
+        ``drained`` defaults to ``not timed_out``; ``delay_s`` makes the router take
+        that long (capped at the drain's own timeout) before it answers.
+        """
+        with self._lock:
+            self._drain[tier_id] = _DrainScript(
+                drained=(not timed_out) if drained is None else drained,
+                timed_out=timed_out,
+                delay_s=delay_s,
+            )
+
+    def script_busy(self, n: int, *, action: str | None = None, style: str = "error") -> None:
+        """The next ``n`` transitions (of ``action``, or of any) answer 503 server_busy.
+
+        ``style``: ``"error"`` → ``{"error": "server_busy", …}``; ``"detail"`` →
+        ``{"detail": {"code": "server_busy", …}}``; ``"text"`` → a plain-text 503.
+        """
+        with self._lock:
+            self._busy.extend([(action, style)] * n)
+
+    def force_status(
+        self, action: str, status: int, body: Any = None, *, times: int | None = None
+    ) -> None:
+        """Transitions of ``action`` answer ``status`` (``times`` times, or always)."""
+        if body is None:
+            body = {"detail": f"forced {status} for {action}"}
+        with self._lock:
+            self._forced[action] = _Forced(status, body, times)
+
+    def script_readmit(
+        self,
+        tier_id: str,
+        *,
+        readmitted: bool = False,
+        reason: str | None = "tier is not quiesced",
+        nested: bool = True,
+    ) -> None:
+        """How readmits of ``tier_id`` answer; ``nested`` puts the fields in ``result``."""
+        with self._lock:
+            self._readmit[tier_id] = (readmitted, reason, nested)
+
+    def set_active(self, tier_id: str, active_requests: int) -> None:
+        """Set a tier's in-flight request count (what a drain waits for)."""
+        with self._lock:
+            self._tier(tier_id, create=True)["active_requests"] = active_requests
+
+    def tier(self, tier_id: str) -> dict[str, Any]:
+        """A copy of the tier's current state."""
+        with self._lock:
+            return dict(self._tier(tier_id, create=True))
+
+    # ── what was asked ────────────────────────────────────────────────────────
+
+    @property
+    def transitions(self) -> list[Recorded]:
+        """The POSTs to the transition endpoint, in order."""
+        return [c for c in self.calls if c.method == "POST" and c.path == TRANSITION_PATH]
+
+    def actions(self) -> list[tuple[str, str]]:
+        """``(action, tier_id)`` of every transition POST received (busy ones included)."""
+        out = []
+        for c in self.transitions:
+            body = c.json if isinstance(c.json, dict) else {}
+            out.append((str(body.get("action")), str(body.get("tier_id"))))
+        return out
+
+    # ── protocol ──────────────────────────────────────────────────────────────
+
+    def _tier(self, tier_id: str, *, create: bool) -> dict[str, Any]:
+        state = self._tiers.get(tier_id)
+        if state is None:
+            if not create:
+                raise KeyError(tier_id)
+            state = self._tiers[tier_id] = self._fresh(tier_id)
+        return state
+
+    def _auth(self, request: Recorded) -> Reply | None:
+        if self.token is None:
+            return None
+        given = request.bearer
+        if given is None:
+            return Reply(401, {"detail": "missing bearer token"})
+        if given != self.token:
+            return Reply(403, {"detail": "invalid token"})
+        return None
+
+    def handle(self, request: Recorded) -> ReplyLike:
+        if request.path != TRANSITION_PATH:
+            return Reply(404, {"detail": "Not Found"})
+        denied = self._auth(request)
+        if denied is not None:
+            return denied
+        if request.method == "GET":
+            return self._get(request)
+        if request.method == "POST":
+            return self._post(request)
+        return Reply(405, {"detail": "Method Not Allowed"})
+
+    def _get(self, request: Recorded) -> Reply:
+        tier_id = request.query.get("tier_id")
+        if not tier_id:
+            return Reply(
+                422,
+                {"detail": [{"loc": ["query", "tier_id"], "msg": "Field required"}]},
+            )
+        with self._lock:
+            if self._restricted and tier_id not in self._tiers:
+                return Reply(404, {"detail": f"unknown tier_id {tier_id!r}"})
+            return Reply(200, dict(self._tier(tier_id, create=True)))
+
+    def _post(self, request: Recorded) -> Reply:
+        body = request.json
+        if not isinstance(body, dict):
+            return Reply(422, {"detail": [{"loc": ["body"], "msg": "a JSON object is required"}]})
+        action = body.get("action")
+        if action not in ("quiesce", "drain", "readmit"):
+            return _validation_error("action", "must be quiesce, drain or readmit")
+        tier_id = body.get("tier_id")
+        if not isinstance(tier_id, str) or not tier_id:
+            return _validation_error("tier_id", "a non-empty string is required")
+        if not isinstance(body.get("reason", ""), str):
+            return _validation_error("reason", "must be a string")
+        timeout = body.get("timeout")
+        if "timeout" in body:
+            if action != "drain":
+                return _validation_error("timeout", "timeout is for drain only")
+            if (
+                isinstance(timeout, bool)
+                or not isinstance(timeout, int | float)
+                or not 0 < timeout <= 3600
+            ):
+                return _validation_error("timeout", "must satisfy 0 < timeout <= 3600")
+        if body.get("confirm") is not True:
+            return Reply(400, {"detail": "confirm must be true to apply a transition"})
+        dry_run = body.get("dry_run", False)
+        if not isinstance(dry_run, bool):
+            return _validation_error("dry_run", "must be a boolean")
+
+        with self._lock:
+            for i, (busy_action, style) in enumerate(self._busy):
+                if busy_action is None or busy_action == action:
+                    del self._busy[i]
+                    return self._busy_reply(style)
+            forced = self._forced.get(action)
+            if forced is not None:
+                if forced.times is not None:
+                    forced.times -= 1
+                    if forced.times <= 0:
+                        del self._forced[action]
+                return Reply(forced.status, forced.body)
+            if self._restricted and tier_id not in self._tiers:
+                return Reply(404, {"detail": f"unknown tier_id {tier_id!r}"})
+            if dry_run:
+                return Reply(
+                    200,
+                    {"applied": False, "dry_run": True, "action": action, "result": None},
+                )
+            tier = self._tier(tier_id, create=True)
+            if action == "quiesce":
+                tier.update(state="quiesced", ready=False, draining=False)
+                return Reply(200, {"applied": True, "action": action, "result": dict(tier)})
+            if action == "readmit":
+                return self._readmit_reply(tier)
+            script = self._drain.get(tier_id, _DrainScript(True, False, 0.0))
+        # a drain: wait outside the lock so other requests are served meanwhile
+        wait = float(timeout) if isinstance(timeout, int | float) else 300.0
+        started = time.monotonic()
+        if script.delay_s > 0:
+            time.sleep(min(script.delay_s, wait))
+        with self._lock:
+            tier = self._tier(tier_id, create=True)
+            if script.timed_out:
+                tier.update(state="draining", ready=False, draining=True)
+                if not tier["active_requests"]:
+                    tier["active_requests"] = 1
+            else:
+                tier.update(state="drained", ready=False, draining=False, active_requests=0)
+            result = {
+                "tier_id": tier_id,
+                "drained": script.drained,
+                "timed_out": script.timed_out,
+                "active_requests": tier["active_requests"],
+                "waited_s": round(time.monotonic() - started, 3),
+            }
+        return Reply(200, {"applied": True, "action": "drain", "result": result})
+
+    def _readmit_reply(self, tier: dict[str, Any]) -> Reply:
+        readmitted, reason, nested = self._readmit.get(tier["tier_id"], (True, None, True))
+        if readmitted:
+            tier.update(state="ready", ready=True, draining=False)
+            return Reply(
+                200,
+                {
+                    "applied": True,
+                    "action": "readmit",
+                    "result": {"readmitted": True, "tier_id": tier["tier_id"], "state": "ready"},
+                },
+            )
+        fields = {"readmitted": False, "reason": reason}
+        if nested:
+            return Reply(200, {"applied": True, "action": "readmit", "result": fields})
+        return Reply(200, {"applied": False, "action": "readmit", **fields})
+
+    @staticmethod
+    def _busy_reply(style: str) -> Reply:
+        message = "another transition is being applied; retry"
+        if style == "detail":
+            return Reply(503, {"detail": {"code": "server_busy", "message": message}})
+        if style == "text":
+            return Reply(503, "Service Unavailable")
+        return Reply(503, {"error": "server_busy", "message": message})
+
+
+# ── the elastic engine ─────────────────────────────────────────────────────────
+
+
+def elastic_ok_body(
+    reserve_mib: int | None,
+    *,
+    vram_free_mib: int,
+    expert_cache_mib: int = 4096,
+    expert_cache_full_mib: int = 8192,
+    expert_slots: int | None = None,
+    expert_slots_full: int | None = None,
+    prompt_chunk: int = 512,
+) -> dict[str, Any]:
+    """The seed's 200 ``status: "ok"`` body (slots default to 1 per 16 MiB of cache)."""
+    return {
+        "status": "ok",
+        "reserve_mib": reserve_mib,
+        "expert_slots": expert_cache_mib // 16 if expert_slots is None else expert_slots,
+        "expert_slots_full": (
+            expert_cache_full_mib // 16 if expert_slots_full is None else expert_slots_full
+        ),
+        "expert_cache_mib": expert_cache_mib,
+        "expert_cache_full_mib": expert_cache_full_mib,
+        "vram_free_mib": vram_free_mib,
+        "prompt_chunk": prompt_chunk,
+    }
+
+
+def elastic_not_loaded_body(reserve_mib: int | None) -> dict[str, Any]:
+    """The seed's 200 answer for an unloaded model."""
+    return {
+        "status": "not loaded",
+        "reserve_mib": reserve_mib,
+        "note": "applied when the model loads",
+    }
+
+
+def elastic_error_body(
+    message: str, *, type: str = "invalid_request_error", code: str | None = None
+) -> dict[str, Any]:
+    """An OpenAI-style error body, as the engine's server sends."""
+    return {"error": {"message": message, "type": type, "code": code}}
+
+
+class FakeElastic(FakeHTTPServer):
+    """An engine's ``POST /v1/vram`` (seed ``vram-elastic-reserve-api.txt``).
+
+    Checks come first, as in the engine: the API key (``token``: 401 without or
+    with a wrong one), ``Content-Type: application/json`` (415), a JSON object whose
+    ``reserve_mib`` is a whole number ≥ 0 or null (400). Then the scripted replies
+    (``responses`` and :meth:`script`) are answered in order; when they run out the
+    answer is a full success: ``reserve_mib`` echoed (null → ``start_reserve_mib``)
+    and ``vram_free_mib`` equal to it. Other paths answer 404.
+    """
+
+    def __init__(
+        self,
+        responses: Iterable[ReplyLike] = (),
+        *,
+        token: str | None = None,
+        start_reserve_mib: int = 1024,
+    ) -> None:
+        super().__init__()
+        self.token = token
+        self.start_reserve_mib = start_reserve_mib
+        self._script: deque[Reply] = deque(_as_reply(r) for r in responses)
+
+    def __enter__(self) -> FakeElastic:
+        self.start()
+        return self
+
+    def script(self, *responses: ReplyLike) -> None:
+        """Append replies to the script."""
+        with self._lock:
+            self._script.extend(_as_reply(r) for r in responses)
+
+    @property
+    def remaining(self) -> int:
+        """Scripted replies not yet answered."""
+        with self._lock:
+            return len(self._script)
+
+    @property
+    def requests(self) -> list[Recorded]:
+        """The POSTs to ``/v1/vram``, in order."""
+        return [c for c in self.calls if c.method == "POST" and c.path == VRAM_PATH]
+
+    def reserves(self) -> list[int | None]:
+        """``reserve_mib`` of every POST received."""
+        return [
+            c.json.get("reserve_mib") if isinstance(c.json, dict) else None for c in self.requests
+        ]
+
+    # ── the seed's answers ────────────────────────────────────────────────────
+
+    @staticmethod
+    def ok(reserve_mib: int | None, *, vram_free_mib: int, **figures: int) -> Reply:
+        """200 ``ok`` (``figures``: ``expert_cache_mib``, ``expert_cache_full_mib``, …)."""
+        return Reply(200, elastic_ok_body(reserve_mib, vram_free_mib=vram_free_mib, **figures))
+
+    @staticmethod
+    def partial(reserve_mib: int, *, vram_free_mib: int, **figures: int) -> Reply:
+        """200 ``ok`` that missed the reserve (the cache reached its floor)."""
+        assert vram_free_mib < reserve_mib, "a partial answer has vram_free_mib < reserve_mib"
+        figures.setdefault("expert_cache_mib", 2048)
+        return Reply(200, elastic_ok_body(reserve_mib, vram_free_mib=vram_free_mib, **figures))
+
+    @staticmethod
+    def not_loaded(reserve_mib: int | None) -> Reply:
+        return Reply(200, elastic_not_loaded_body(reserve_mib))
+
+    @staticmethod
+    def busy(message: str = "a request is still running; retry later") -> Reply:
+        return Reply(409, elastic_error_body(message, type="model_busy", code="model_busy"))
+
+    @staticmethod
+    def refused(message: str = "VRAM needs an engine started with --vram-elastic") -> Reply:
+        return Reply(400, elastic_error_body(message))
+
+    @staticmethod
+    def resize_failed(message: str = "VRAM: refilling the cache failed: out of memory") -> Reply:
+        return Reply(400, elastic_error_body(message))
+
+    @staticmethod
+    def unavailable(message: str = "the engine did not answer in 120 s") -> Reply:
+        return Reply(503, elastic_error_body(message, type="server_error"))
+
+    # ── protocol ──────────────────────────────────────────────────────────────
+
+    def handle(self, request: Recorded) -> ReplyLike:
+        if request.path != VRAM_PATH or request.method != "POST":
+            return Reply(404, elastic_error_body(f"no route {request.method} {request.path}"))
+        if self.token is not None and request.bearer != self.token:
+            return Reply(401, elastic_error_body("invalid API key", type="authentication_error"))
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";")[0].strip().lower() != "application/json":
+            return Reply(
+                415, elastic_error_body(f"content type must be application/json: {ctype!r}")
+            )
+        body = request.json
+        if not isinstance(body, dict) or "reserve_mib" not in body:
+            return Reply(400, elastic_error_body("reserve_mib is required"))
+        reserve = body["reserve_mib"]
+        if reserve is not None and (
+            isinstance(reserve, bool) or not isinstance(reserve, int) or reserve < 0
+        ):
+            return Reply(
+                400, elastic_error_body(f"reserve_mib must be a whole number >= 0: {reserve!r}")
+            )
+        with self._lock:
+            if self._script:
+                return self._script.popleft()
+        effective = self.start_reserve_mib if reserve is None else reserve
+        cache = 8192 if reserve is None else max(8192 - reserve, 2048)
+        return self.ok(effective, vram_free_mib=effective, expert_cache_mib=cache)
