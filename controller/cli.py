@@ -354,6 +354,52 @@ def apply(
     raise typer.Exit(0 if ok else 1)
 
 
+@app.command()
+def run(
+    manifest: ManifestOpt = [],  # noqa: B006
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", envvar="VRAMCTL_DRY_RUN", help="Observe and plan; execute nothing."
+        ),
+    ] = False,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            envvar="VRAMCTL_STATE_DIR",
+            help="Journal and lock (default: $XDG_STATE_HOME/vramctl, else .vramctl-state/ "
+            "beside the first manifest).",
+        ),
+    ] = None,
+    resync: Annotated[
+        float,
+        typer.Option("--resync", envvar="VRAMCTL_RESYNC", min=0.5, help="Seconds between resyncs."),
+    ] = 5.0,
+    router_url: RouterUrlOpt = None,
+    router_token_file: RouterTokenOpt = None,
+    log_json: LogJsonOpt = False,
+) -> None:
+    """The control loop: keep the host converged to the manifest, beside Compose."""
+    import asyncio
+
+    from controller.logs import configure_logging
+    from controller.loop import Controller, RunOptions
+
+    configure_logging(json_logs=log_json)
+    mset = _load(manifest)
+    options = RunOptions(
+        manifests=tuple(manifest),
+        state_dir=state_dir,
+        dry_run=dry_run,
+        resync_s=resync,
+        router_url=router_url,
+        router_token_file=router_token_file,
+    )
+    controller = Controller(options, mset)
+    raise typer.Exit(asyncio.run(controller.run()))
+
+
 @app.command("replay")
 def replay_cmd(
     source: Annotated[

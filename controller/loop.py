@@ -1,0 +1,432 @@
+"""The control loop behind ``vramctl run``: one reconcile at a time, level-triggered.
+
+Triggers — a manifest edit (watchfiles on the manifests' folders, so editors that save
+by rename are seen), a container event from Docker's event stream, the periodic
+resync, an on-demand request — only *ask* for a cycle; requests arriving during a
+cycle coalesce into one more. A cycle re-reads everything: the manifest set (an
+edit that does not validate is reported with its located errors and the last good
+desired state stays in force), the host (docker + NVML), the on-demand requests and
+elastic reserves from the journal; then it plans, executes (or, with ``--dry-run``,
+only logs), and journals the cycle.
+
+Failure handling: a serve whose start fails, or whose container keeps dying, is held
+back with an exponential backoff (capped) that the planner reports as blocked. With
+docker unreadable the planner fails closed, so nothing is started or stopped.
+
+Restart safety: a single-instance lock on the state directory; on start, the view is
+rebuilt from the host, never from memory, so nothing is started twice and no
+reservation is counted twice. SIGTERM / SIGINT stop the loop after the current step.
+
+This module must not decide what to do (the planner does) nor touch docker except
+through the adapters and the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from controller.docker_adapter import ContainerObserver, make_client, manifest_containers
+from controller.executor import ExecutionReport, Executor, Outcome
+from controller.journal import AlreadyRunning, Journal, StateLock, default_state_dir, journal_path
+from controller.manifest import ManifestError, ManifestSet, load_manifest_set
+from controller.observe import observe_host
+from controller.runtime import make_executor
+from controller.snapshot import SnapshotModel, snapshot_to_json
+from statemachine.planner import Action, Plan, Policy, plan_transitions
+from statemachine.status import lifecycle_from_observation
+from statemachine.types import DesiredRun, DesiredState, OnDemandRequest, Residency
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Everything ``vramctl run`` was given."""
+
+    manifests: tuple[Path, ...]
+    state_dir: Path | None = None
+    dry_run: bool = False
+    resync_s: float = 5.0
+    debounce_ms: int = 300
+    router_url: str | None = None
+    router_token_file: Path | None = None
+    backoff_base_s: float = 5.0
+    backoff_cap_s: float = 300.0
+
+
+@dataclass
+class Backoff:
+    """Failures of one serve and when it may be tried again."""
+
+    failures: int = 0
+    until: float = 0.0
+    last_failure: str = ""
+    seen_exit: float | None = None  # started_at of the last dead container counted
+
+
+@dataclass
+class CycleSummary:
+    """What the last cycle saw and did (for status and the API)."""
+
+    at: float = 0.0
+    reasons: tuple[str, ...] = ()
+    plan: Plan | None = None
+    report: ExecutionReport | None = None
+    snapshot: SnapshotModel | None = None
+    duration_s: float = 0.0
+    executed: bool = False
+
+
+class AlreadyRunningError(Exception):
+    """Another controller holds the state directory."""
+
+
+@dataclass
+class Controller:
+    """The loop's state. Create, then ``await run()``."""
+
+    options: RunOptions
+    mset: ManifestSet
+    state_dir: Path = field(init=False)
+    journal: Journal = field(init=False)
+    manifest_error: list[str] = field(default_factory=list)
+    backoff: dict[str, Backoff] = field(default_factory=dict)
+    no_shrink: set[str] = field(default_factory=set)
+    last: CycleSummary = field(default_factory=CycleSummary)
+    cycles: int = 0
+    on_cycle: list[Callable[[Controller], None]] = field(default_factory=list)
+    #: coroutines run beside the loop for its lifetime (the HTTP API), cancelled at stop
+    services: list[Callable[[Controller], Coroutine[Any, Any, None]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.state_dir = self.options.state_dir or default_state_dir(list(self.options.manifests))
+        self.stop_event = threading.Event()
+        self._wake = asyncio.Event()
+        self._reasons: list[str] = []
+        self._manifest_dirty = False
+        self._lock = StateLock(self.state_dir)
+        self._observer: ContainerObserver | None = None
+        self._executor: Executor | None = None
+        self._stopping = False
+
+    # ------------------------------------------------------------------ triggers
+    def trigger(self, reason: str) -> None:
+        """Ask for a cycle (coalesced with any other pending request)."""
+        self._reasons.append(reason)
+        self._wake.set()
+
+    def request_up(self, serve: str, ttl_s: float | None) -> None:
+        """Record an on-demand request (durable) and ask for a cycle."""
+        spec = self.mset.desired().serves[serve]
+        ttl = ttl_s if ttl_s is not None else spec.idle_ttl_s
+        self.journal.add_request(serve, time.time(), ttl)
+        self.trigger(f"request up {serve}")
+
+    def request_down(self, serve: str) -> bool:
+        """End a serve's on-demand request; True when there was one."""
+        active = {r.serve for r in self.journal.active_requests()}
+        if serve not in active:
+            return False
+        # an ended request is kept as expired until its serve is down: the planner stops it
+        self.journal.add_request(serve, time.time() - 1.0, 0.0)
+        self.trigger(f"request down {serve}")
+        return True
+
+    def requests(self) -> tuple[OnDemandRequest, ...]:
+        """The on-demand requests as the planner sees them."""
+        return tuple(r.to_request() for r in self.journal.active_requests())
+
+    def desired(self) -> DesiredState:
+        """The desired state: the last good manifest set plus the requests."""
+        return replace(self.mset.desired(), requests=self.requests())
+
+    def policy(self, now: float) -> Policy:
+        """The planner policy: backoff holds and serves whose shrink failed."""
+        hold = {
+            name: f"backing off after {b.failures} failure(s) ({b.last_failure}); "
+            f"next try in {b.until - now:.0f}s"
+            for name, b in self.backoff.items()
+            if b.until > now
+        }
+        return Policy(no_shrink=frozenset(self.no_shrink), hold=hold)
+
+    # ----------------------------------------------------------------------- run
+    async def run(self) -> int:
+        """Run until SIGTERM / SIGINT; returns the process exit code."""
+        try:
+            self._lock.acquire()
+        except AlreadyRunning as exc:
+            logger.error("{}", exc)
+            return 1
+        try:
+            self.journal = Journal.open(journal_path(self.state_dir))
+        except Exception as exc:
+            logger.error("cannot open the journal in {}: {}", self.state_dir, exc)
+            self._lock.release()
+            return 1
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop)
+        logger.info(
+            "vramctl run: {} serves, state in {}{}",
+            len(self.mset.serves),
+            self.state_dir,
+            " (dry run: nothing is executed)" if self.options.dry_run else "",
+        )
+        tasks = [
+            asyncio.create_task(self._watch_manifests(), name="watch-manifests"),
+            asyncio.create_task(self._resync(), name="resync"),
+        ] + [asyncio.create_task(service(self)) for service in self.services]
+        events = threading.Thread(target=self._docker_events, args=(loop,), daemon=True)
+        events.start()
+        self.trigger("start")
+        try:
+            await self._main()
+        finally:
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if self._observer is not None:
+                self._observer.close()
+            self.journal.close()
+            self._lock.release()
+        logger.info("vramctl run: stopped")
+        return 0
+
+    def stop(self) -> None:
+        """Stop after the current step (signal handler)."""
+        if not self._stopping:
+            logger.info("stopping after the current step")
+        self._stopping = True
+        self.stop_event.set()
+        self._wake.set()
+
+    async def _main(self) -> None:
+        while not self._stopping:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                break
+            reasons, self._reasons = tuple(self._reasons), []
+            try:
+                await self.reconcile(reasons)
+            except Exception:  # a bug must not kill the loop; the next trigger retries
+                logger.exception("reconcile failed")
+
+    # ------------------------------------------------------------------ sources
+    async def _watch_manifests(self) -> None:
+        import watchfiles
+
+        files = {p.resolve() for p in self.options.manifests}
+        dirs = sorted({str(p.parent) for p in files})
+
+        def ours(_change: watchfiles.Change, path: str) -> bool:
+            return Path(path).resolve() in files
+
+        stop = asyncio.Event()
+        async for _changes in watchfiles.awatch(
+            *dirs,
+            watch_filter=ours,
+            debounce=self.options.debounce_ms,
+            step=50,
+            stop_event=stop,
+            recursive=False,
+        ):
+            self._manifest_dirty = True
+            self.trigger("manifest changed")
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.resync_s)
+            self.trigger("resync")
+
+    def _docker_events(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Thread: Docker's event stream -> triggers; reconnects while the loop runs."""
+        wanted = {"start", "die", "oom", "stop", "destroy", "pause", "unpause"}
+        while not self.stop_event.is_set():
+            try:
+                client = make_client()
+                stream = client.events(decode=True, filters={"type": "container"})
+                for event in stream:
+                    if self.stop_event.is_set():
+                        break
+                    status = str(event.get("status") or event.get("Action") or "")
+                    if status in wanted or status.startswith("health_status"):
+                        name = str((event.get("Actor") or {}).get("Attributes", {}).get("name", ""))
+                        loop.call_soon_threadsafe(self.trigger, f"docker {status} {name}")
+            except Exception as exc:
+                if self.stop_event.is_set():
+                    break
+                logger.debug("docker events: {}; reconnecting", exc)
+                self.stop_event.wait(2.0)
+
+    # ---------------------------------------------------------------- reconcile
+    def _reload_manifest(self) -> None:
+        self._manifest_dirty = False
+        try:
+            mset = load_manifest_set(list(self.options.manifests))
+        except ManifestError as exc:
+            self.manifest_error = [str(e) for e in exc.errors]
+            for line in self.manifest_error:
+                logger.error("manifest: {} (the last good manifest stays in force)", line)
+            return
+        if self.manifest_error:
+            logger.info("manifest: valid again")
+        self.manifest_error = []
+        if mset.digest != self.mset.digest:
+            logger.info("manifest: reloaded ({} serves)", len(mset.serves))
+            self.mset = mset
+            self._executor = None
+
+    def _observe(self) -> SnapshotModel:
+        if self._observer is None:
+            self._observer = ContainerObserver()
+        snap = observe_host(manifest_containers(self.mset.serves), observer=self._observer)
+        snap.elastic = self.journal.elastic()
+        return snap
+
+    def _executor_for(self) -> Executor:
+        if self._executor is None:
+            self._executor = make_executor(
+                self.mset,
+                router_url=self.options.router_url,
+                router_token_file=self.options.router_token_file,
+                stop_event=self.stop_event,
+            )
+        return self._executor
+
+    async def reconcile(self, reasons: tuple[str, ...] = ()) -> CycleSummary:
+        """One cycle: reload, observe, plan, execute (or log), journal."""
+        t0 = time.monotonic()
+        if self._manifest_dirty:
+            self._reload_manifest()
+        snap = await asyncio.to_thread(self._observe)
+        now = time.time()
+        observed = snap.to_observed()
+        if not observed.docker_ok:
+            logger.warning("docker: {}; acting on nothing until it can be read", snap.docker_error)
+        self._note_deaths(observed, now)
+        self._end_finished_requests(observed, now)
+        desired = self.desired()
+        plan = plan_transitions(desired, observed, self.policy(now), now)
+        summary = CycleSummary(now, reasons, plan, None, snap)
+        if plan.steps:
+            cycle_id = self.journal.record_cycle(
+                at=now,
+                manifest_digest=self.mset.digest,
+                manifest_files=_read_files(self.mset),
+                observed=snapshot_to_json(snap),
+                plan=plan.to_json(),
+                requests=[r.to_json() for r in self.journal.active_requests()],
+                dry_run=self.options.dry_run,
+            )
+            if self.options.dry_run:
+                for step in plan.steps:
+                    logger.info("dry run: would {} {}: {}", step.action, step.serve, step.reason)
+            else:
+                executor = self._executor_for()
+                executor.desired = desired
+                report = await asyncio.to_thread(executor.execute, plan, observed)
+                summary.report = report
+                summary.executed = True
+                self.journal.record_outcome(cycle_id, report.to_json())
+                self._learn(report, now)
+                if not self._stopping:
+                    self.trigger("after execution")
+        for b in plan.blocked:
+            logger.debug("blocked: {}", b.reason)
+        summary.duration_s = time.monotonic() - t0
+        self.last = summary
+        self.cycles += 1
+        for hook in self.on_cycle:
+            hook(self)
+        return summary
+
+    def _note_deaths(self, observed: Any, now: float) -> None:
+        """A desired-running serve found dead counts as a failure (crash loops back off)."""
+        for s in self.mset.desired().serves.values():
+            if s.desired is not DesiredRun.RUNNING or not observed.docker_ok:
+                continue
+            obs = observed.container(s.container)
+            if lifecycle_from_observation(obs) != "failed":
+                continue
+            b = self.backoff.setdefault(s.name, Backoff())
+            if b.seen_exit == obs.started_at and b.failures:
+                continue
+            b.seen_exit = obs.started_at
+            why = "OOM-killed" if obs.oom_killed else f"exited {obs.exit_code}"
+            self._fail(s.name, f"container {why}", now)
+
+    def _fail(self, serve: str, why: str, now: float) -> None:
+        b = self.backoff.setdefault(serve, Backoff())
+        b.failures += 1
+        b.last_failure = why
+        delay = min(self.options.backoff_cap_s, self.options.backoff_base_s * 2 ** (b.failures - 1))
+        b.until = now + delay
+        logger.warning("{}: {}; failure {}, next try in {:.0f}s", serve, why, b.failures, delay)
+
+    def _learn(self, report: ExecutionReport, now: float) -> None:
+        for r in report.results:
+            name = r.step.serve
+            if r.step.action in (Action.START, Action.AWAIT_READY):
+                if r.outcome is Outcome.FAILED:
+                    self._fail(name, r.detail, now)
+                elif r.outcome is Outcome.OK and r.step.action is Action.AWAIT_READY:
+                    self.backoff.pop(name, None)
+            elif r.step.action in (Action.SHRINK, Action.GROW):
+                if r.outcome is Outcome.OK and r.step.to_mib is not None:
+                    full = self.mset.desired().serves[name].vram_mib
+                    self.journal.set_elastic(
+                        name,
+                        None if full is not None and r.step.to_mib >= full else r.step.to_mib,
+                        now,
+                    )
+                elif r.outcome is Outcome.FAILED and r.step.action is Action.SHRINK:
+                    self.no_shrink.add(name)
+            elif r.step.action is Action.STOP and r.outcome is Outcome.OK:
+                self.journal.set_elastic(name, None, now)  # the engine forgets its reserve
+                self.no_shrink.discard(name)
+
+    def _end_finished_requests(self, observed: Any, now: float) -> None:
+        """Expired requests end once their serve is down; requests for gone serves end."""
+        serves = self.mset.desired().serves
+        for req in self.journal.active_requests():
+            spec = serves.get(req.serve)
+            if spec is None:
+                self.journal.end_request(req.serve, now)
+                continue
+            if req.to_request().expired(now) and not observed.container(spec.container).holds:
+                self.journal.end_request(req.serve, now)
+
+
+def _read_files(mset: ManifestSet) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for path in mset.files:
+        try:
+            out[str(path)] = path.read_text(encoding="utf-8")
+        except OSError as exc:
+            out[str(path)] = f"<unreadable: {exc}>"
+    return out
+
+
+def can_request(mset: ManifestSet, serve: str) -> str | None:
+    """None when ``serve`` may be requested on demand; else why not (for the API's 409)."""
+    spec = mset.desired().serves.get(serve)
+    if spec is None:
+        return f"no serve named {serve!r}"
+    if spec.desired is DesiredRun.STOPPED:
+        return f'{serve} is desired = "stopped" in the manifest'
+    if spec.residency is Residency.RESIDENT and spec.desired is DesiredRun.RUNNING:
+        return f"{serve} is resident and desired running: the loop runs it already"
+    return None
