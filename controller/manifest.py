@@ -737,7 +737,7 @@ def _check_serve(
                     "declared without gpu_role/gpu_roles; the serve takes no part in the ledger",
                 )
             )
-        elif model.vram_mib is None and model.roles:
+        elif model.vram_mib is None and model.roles and model.gpu_inference is not False:
             field = "gpu_roles" if model.gpu_roles is not None else "gpu_role"
             warnings.append(
                 (field, "declared without vram_mib; the serve takes no part in the ledger")
