@@ -331,6 +331,8 @@ class Ledger:
     def _over_budget(
         self, holder: str, gpu_roles: tuple[str, ...], mib: int, *, verb: str
     ) -> Refusal | None:
+        if all(mib <= self._roles[r].budget_mib - self._committed[r] for r in gpu_roles):
+            return None  # fits: no need for the terms (reservations_on is O(holdings))
         terms = self.terms(holder, gpu_roles, mib)
         short = [t for t in terms if t.shortfall_mib]
         if not short:

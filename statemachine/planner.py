@@ -193,14 +193,37 @@ class _Work:
     blocked: list[Blocked] = field(default_factory=list)
     by_role: dict[str, list[str]] = field(default_factory=dict)  # declaration order
     by_port: dict[int, list[str]] = field(default_factory=dict)
+    excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
+    order: dict[str, int] = field(default_factory=dict)  # declaration index
     group: str = ""  # the serve whose intent the steps being emitted serve
 
     def index(self) -> None:
-        for s in self.desired.serves.values():
+        for i, s in enumerate(self.desired.serves.values()):
+            self.order[s.name] = i
             for r in s.gpu_roles:
                 self.by_role.setdefault(r, []).append(s.name)
+                if s.exclusive:
+                    self.excl_by_role.setdefault(r, []).append(s.name)
             if s.port is not None:
                 self.by_port.setdefault(s.port, []).append(s.name)
+
+    def conflict_neighbours(self, s: ServeSpec) -> list[str]:
+        """What a non-exclusive ``s`` can conflict with (exclusive serves on its roles,
+        serves on its port), in the order :meth:`neighbours` gives them."""
+        found = {n for r in s.gpu_roles for n in self.excl_by_role.get(r, ())}
+        if s.port is not None:
+            found.update(self.by_port.get(s.port, ()))
+        found.discard(s.name)
+        if not found:
+            return []
+        roles = s.gpu_roles
+
+        def key(n: str) -> tuple[int, int]:
+            theirs = self.desired.serves[n].gpu_roles
+            first = next((j for j, r in enumerate(roles) if r in theirs), len(roles))
+            return (first, self.order[n])
+
+        return sorted(found, key=key)
 
     def neighbours(self, s: ServeSpec) -> list[str]:
         """Serves sharing a role or the port with ``s``, in declaration order, once each."""
@@ -314,6 +337,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
         return
     protected: list[Protected] = []
     forced: list[ServeSpec] = []
+    forced_names: set[str] = set()
     reasons: list[str] = []
 
     def need_stopped(other: ServeSpec, why: str) -> None:
@@ -323,13 +347,14 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
             return
         veto = _may_evict(w, s, other)
         if veto is None:
-            if other not in forced:
+            if other.name not in forced_names:
                 forced.append(other)
+                forced_names.add(other.name)
         else:
             reasons.append(f"{other.name} runs ({why}) and may not be stopped: {veto}")
             protected.append(Protected(other.name, w.held_mib(other.name), veto))
 
-    neighbours = w.neighbours(s)
+    neighbours = w.neighbours(s) if s.exclusive else w.conflict_neighbours(s)
     for name in neighbours:
         if name not in w.running:
             continue
@@ -343,7 +368,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     if s.port is not None:
         for name in neighbours:
             other = w.serve(name)
-            if name in w.starting and other.port == s.port and other not in forced:
+            if name in w.starting and other.port == s.port and name not in forced_names:
                 reasons.append(f"{other.name} is being started on port {s.port} in this plan")
                 protected.append(Protected(other.name, other.vram_mib, f"starts on port {s.port}"))
     forced.sort(key=lambda o: o.name)
@@ -370,17 +395,21 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     victims: list[ServeSpec] = []
     if in_ledger and s.vram_mib is not None:
         mib = s.vram_mib
-        terms = ledger.terms(s.name, s.gpu_roles, mib)
-        short = {t.gpu_role: t.shortfall_mib or 0 for t in terms if t.shortfall_mib}
+        short = {r: mib - ledger.free_mib(r) for r in s.gpu_roles if mib > ledger.free_mib(r)}
         if short:
+            terms = ledger.terms(s.name, s.gpu_roles, mib)
             cands: list[Candidate] = []
             shrinkable: dict[str, int] = dict.fromkeys(short, 0)
             elastic: list[tuple[ServeSpec, int]] = []
             evictable: dict[str, int] = dict.fromkeys(short, 0)
-            for name, res in ledger.holdings.items():
-                o = w.serve(name)
-                if name == s.name or not any(r in short for r in res.gpu_roles):
+            # only holders on a short role matter: walk those roles' serves, not the ledger
+            on_short = dict.fromkeys(n for r in short for n in w.by_role.get(r, ()))
+            holdings = ledger.holdings
+            for name in on_short:
+                res = holdings.get(name)
+                if res is None or name == s.name:
                     continue
+                o = w.serve(name)
                 veto = _may_evict(w, s, o)
                 if (
                     o.elastic is not None

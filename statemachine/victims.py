@@ -93,25 +93,48 @@ def largest_first(
 def _improve(
     chosen: list[Candidate], candidates: Sequence[Candidate], shortfall: Mapping[str, int]
 ) -> list[Candidate]:
+    # ``got`` is freed(chosen), kept up to date, so each trial is O(roles short) instead
+    # of O(victims x roles short); the decisions are exactly those of covers().
+    got = freed(chosen, shortfall)
+
+    def covers_after(drop: Candidate, add: Candidate | None = None) -> bool:
+        for r, need in shortfall.items():
+            g = got[r]
+            if r in drop.gpu_roles:
+                g -= drop.mib
+            if add is not None and r in add.gpu_roles:
+                g += add.mib
+            if g < need:
+                return False
+        return True
+
+    def account(c: Candidate, sign: int) -> None:
+        for r in c.gpu_roles:
+            if r in got:
+                got[r] += sign * c.mib
+
     # prune: drop victims (smallest first) whose removal keeps the cover
     for c in sorted(chosen, key=lambda c: (c.mib, c.name)):
-        rest = [v for v in chosen if v is not c]
-        if covers(rest, shortfall):
-            chosen = rest
+        if covers_after(c):
+            chosen = [v for v in chosen if v is not c]
+            account(c, -1)
     # swap: replace a victim by the smallest unchosen candidate that still covers
+    chosen_ids = {id(c) for c in chosen}
     unchosen = sorted(
-        (c for c in candidates if c not in chosen), key=lambda c: (c.mib, c.priority, c.name)
+        (c for c in candidates if id(c) not in chosen_ids),
+        key=lambda c: (c.mib, c.priority, c.name),
     )
     for v in sorted(chosen, key=lambda c: (-c.mib, c.name)):
         for u in unchosen:
             if u.mib >= v.mib:
                 break
-            trial = [u if x is v else x for x in chosen]
-            if covers(trial, shortfall):
+            if covers_after(v, u):
                 unchosen.remove(u)
                 unchosen.append(v)
                 unchosen.sort(key=lambda c: (c.mib, c.priority, c.name))
-                chosen = trial
+                chosen = [u if x is v else x for x in chosen]
+                account(v, -1)
+                account(u, +1)
                 break
     return chosen
 
