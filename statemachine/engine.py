@@ -75,6 +75,7 @@ __all__ = [
     "fraction_for",
     "implied_mib",
     "measured_totals",
+    "mib_1dp",
     "normalize_engine",
     "parse_fraction",
     "render_flag",
@@ -249,11 +250,22 @@ def parse_fraction(text: str) -> Decimal | None:
     return value
 
 
+def _tenths(value: Fraction) -> Fraction:
+    """``value`` rounded half away from zero to one decimal place, exactly."""
+    tenths = (abs(value) * 20 + 1) // 2
+    return Fraction(tenths if value >= 0 else -tenths, 10)
+
+
+def mib_1dp(value: Fraction) -> float:
+    """A MiB figure rounded (half away from zero) to one decimal place, for JSON."""
+    return float(_tenths(value))
+
+
 def _mib(value: Fraction) -> str:
     """A MiB figure to one decimal place (``3191.1``); whole numbers without one."""
     if value.denominator == 1:
         return str(value.numerator)
-    return f"{float(value):.1f}"
+    return f"{float(_tenths(value)):.1f}"
 
 
 def _ratio(value: Fraction) -> str:
@@ -419,7 +431,7 @@ class RenderResult:
             "vram_mib": self.vram_mib,
             "device_totals": [t.to_json() for t in self.totals],
             "exact_fraction": None if exact is None else float(exact),
-            "engine_mib": {r: round(float(m), 1) for r, m in self.engine_mib().items()},
+            "engine_mib": {r: mib_1dp(m) for r, m in self.engine_mib().items()},
             "rounding": f"down to {self.places} places",
             "explanation": self.explanation,
             "problem": self.problem,
@@ -651,8 +663,8 @@ def check_fraction(
     allowed = tol * total.total_mib
     exact = Fraction(vram, total.total_mib)
     direction = "more" if delta > 0 else "less"
-    keep = math.ceil(budget) if delta > 0 else math.floor(budget)
-    remedy = f"write {render.text}, or reserve vram_mib = {keep} to keep the flag"
+    # a reservation that keeps the flag must cover its whole budget: round up either way
+    remedy = f"write {render.text}, or reserve vram_mib = {math.ceil(budget)} to keep the flag"
     return finding(
         FindingKind.DISAGREES,
         f"{flag} {found} gives the engine {_mib(budget)} MiB of {total.describe()}, "
@@ -662,10 +674,10 @@ def check_fraction(
         vram_mib=vram,
         total_mib=total.total_mib,
         role=total.role,
-        found_mib=round(float(budget), 1),
-        delta_mib=round(float(delta), 1),
+        found_mib=mib_1dp(budget),
+        delta_mib=mib_1dp(delta),
         tolerance=float(tol),
-        tolerance_mib=round(float(allowed), 1),
+        tolerance_mib=mib_1dp(allowed),
     )
 
 
