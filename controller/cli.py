@@ -354,6 +354,24 @@ def apply(
     raise typer.Exit(0 if ok else 1)
 
 
+ApiOpt = Annotated[
+    str,
+    typer.Option(
+        "--api",
+        envvar="VRAMCTL_API",
+        help="HOST:PORT of the loop's HTTP API ([::1]:PORT for IPv6).",
+    ),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        envvar="VRAMCTL_TOKEN_FILE",
+        help="File holding the API's bearer token (else the VRAMCTL_TOKEN variable).",
+    ),
+]
+
+
 @app.command()
 def run(
     manifest: ManifestOpt = [],  # noqa: B006
@@ -379,9 +397,32 @@ def run(
     router_url: RouterUrlOpt = None,
     router_token_file: RouterTokenOpt = None,
     log_json: LogJsonOpt = False,
+    api: ApiOpt = "127.0.0.1:8477",
+    no_api: Annotated[
+        bool,
+        typer.Option("--no-api", envvar="VRAMCTL_NO_API", help="Run without the HTTP API."),
+    ] = False,
+    token_file: TokenFileOpt = None,
+    allow_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-origin",
+            envvar="VRAMCTL_ALLOW_ORIGIN",
+            help="A browser Origin the API accepts (repeat; the variable takes a space-"
+            "separated list). Requests with any other Origin header are refused.",
+        ),
+    ] = None,
 ) -> None:
-    """The control loop: keep the host converged to the manifest, beside Compose."""
+    """The control loop: keep the host converged to the manifest, beside Compose.
+
+    With the API (default 127.0.0.1:8477; --no-api to disable) the loop also answers
+    GET /v1/ledger, /v1/serves, /v1/fit/SERVE, /metrics, /healthz and takes on-demand
+    requests (POST /v1/serves/SERVE/up | down, bearer token from --token-file or
+    VRAMCTL_TOKEN; without a token those answer 503). An address already in use
+    stops the command at once with exit 1.
+    """
     import asyncio
+    import socket
 
     from controller.logs import configure_logging
     from controller.loop import Controller, RunOptions
@@ -397,7 +438,140 @@ def run(
         router_token_file=router_token_file,
     )
     controller = Controller(options, mset)
-    raise typer.Exit(asyncio.run(controller.run()))
+    sock: socket.socket | None = None
+    if not no_api:
+        from controller.api import (
+            ApiConfigError,
+            ApiSettings,
+            api_service,
+            bind_socket,
+            create_app,
+            load_token,
+            parse_address,
+        )
+        from controller.metrics import Metrics
+
+        try:
+            host, port = parse_address(api)
+            token = load_token(token_file)
+            sock = bind_socket(host, port)
+        except ApiConfigError as exc:
+            _fail(str(exc))
+        if token is None:
+            render.warn(
+                "the API has no token (--token-file / VRAMCTL_TOKEN): it answers reads, and "
+                "refuses every state-changing request with 503 until one is configured"
+            )
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            render.warn(
+                f"the API listens on {host}, not loopback: anyone who can reach it can read "
+                "the ledger (changes still need the token)"
+            )
+        metrics = Metrics()
+        controller.on_cycle.append(metrics.on_cycle)
+        settings = ApiSettings(
+            token=token, allow_origins=tuple(allow_origin or ()), retry_after_s=resync
+        )
+        controller.services.append(api_service(create_app(controller, settings, metrics), sock))
+    try:
+        code = asyncio.run(controller.run())
+    finally:
+        if sock is not None:
+            sock.close()
+    raise typer.Exit(code)
+
+
+def _api_call(
+    api: str, token_file: Path | None, method: str, path: str, body: dict[str, Any] | None
+) -> tuple[int, dict[str, Any]]:
+    from controller.api import ApiConfigError, ApiUnreachable, call_api, load_token
+
+    try:
+        token = load_token(token_file)
+        return call_api(api, method, path, token=token, body=body)
+    except (ApiConfigError, ApiUnreachable) as exc:
+        _fail(str(exc))
+
+
+def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) -> None:
+    if json_out:
+        _print_json(data)
+        return
+    if status_code == 202:
+        render.out.print(f"accepted: {data.get('message', '')}")
+        for step in data.get("steps") or []:
+            render.out.print(f"  {step.get('action')} {step.get('serve')}: {step.get('reason')}")
+        req = data.get("request") or {}
+        if req.get("ttl_s") is not None:
+            render.out.print(f"  the request lasts {req['ttl_s']:g}s")
+        if data.get("note"):
+            render.out.print(f"  note: {data['note']}")
+        return
+    render.error(f"{status_code}: {data.get('error', data)}")
+    for t in data.get("gpu_roles") or []:
+        parts = " + ".join(f"{r['serve']} {r['mib']}" for r in t.get("reservations", []))
+        render.err.print(
+            f"  {t['gpu_role']}: capacity {t['capacity_mib']} - reserve {t['reserve_mib']} = "
+            f"budget {t['budget_mib']}; committed {render.mib(t['committed_mib'])} "
+            f"({parts or 'nothing'}); free {render.mib(t['free_mib'])}; requested "
+            f"{t['requested_mib']}; shortfall {render.mib(t['shortfall_mib'])}"
+        )
+    if data.get("evictable_mib"):
+        render.err.print(f"  evictable: {data['evictable_mib']}")
+    if data.get("shrinkable_mib") and any(data["shrinkable_mib"].values()):
+        render.err.print(f"  shrinkable: {data['shrinkable_mib']}")
+    for p in data.get("protected") or []:
+        render.err.print(f"  protected: {p['serve']} ({render.mib(p['mib'])} MiB): {p['why']}")
+    if data.get("retry_after_s") is not None:
+        render.err.print(f"  retry after {data['retry_after_s']}s")
+    if status_code == 401:
+        render.err.print("  pass --token-file FILE or set VRAMCTL_TOKEN")
+
+
+@app.command()
+def up(
+    serve: Annotated[str, typer.Argument(help="The serve to start on demand.")],
+    ttl: Annotated[
+        float | None,
+        typer.Option("--ttl", help="Seconds the request lasts (default: the serve's idle_ttl_s)."),
+    ] = None,
+    api: ApiOpt = "127.0.0.1:8477",
+    token_file: TokenFileOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Ask the running loop to start SERVE on demand. Exit 0 accepted, 1 otherwise.
+
+    Talks to `vramctl run`'s API (--api, token from --token-file / VRAMCTL_TOKEN); with
+    no loop running it refuses rather than acting on its own.
+    """
+    from urllib.parse import quote
+
+    status_code, data = _api_call(
+        api,
+        token_file,
+        "POST",
+        f"/v1/serves/{quote(serve, safe='')}/up",
+        {"ttl_s": ttl} if ttl is not None else None,
+    )
+    _print_api_answer(status_code, data, json_out)
+    raise typer.Exit(0 if status_code == 202 else 1)
+
+
+@app.command()
+def down(
+    serve: Annotated[str, typer.Argument(help="The serve whose on-demand request ends.")],
+    api: ApiOpt = "127.0.0.1:8477",
+    token_file: TokenFileOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """End SERVE's on-demand request through the running loop. Exit 0 accepted, 1 otherwise."""
+    from urllib.parse import quote
+
+    status_code, data = _api_call(
+        api, token_file, "POST", f"/v1/serves/{quote(serve, safe='')}/down", None
+    )
+    _print_api_answer(status_code, data, json_out)
+    raise typer.Exit(0 if status_code == 202 else 1)
 
 
 @app.command("replay")
@@ -428,6 +602,149 @@ def replay_cmd(
     if report.errors:
         raise typer.Exit(1)
     raise typer.Exit(2 if report.differs else 0)
+
+
+ComposeOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--compose",
+        "-c",
+        help="Docker Compose file; repeat to merge several, like `docker compose -f a -f b`.",
+    ),
+]
+
+
+def _measured_totals(observed: Path | None, mset: ManifestSet) -> dict[str, int] | None:
+    """NVML device totals by role id from an observed snapshot; None without one."""
+    from statemachine.engine import measured_totals
+
+    if observed is None:
+        return None
+    gpus = _observe(observed, mset).to_observed().gpus
+    return measured_totals(mset.desired().roles, gpus)
+
+
+@app.command("render")  # not `def render`: that would shadow the `render` module
+def render_cmd(
+    serve: Annotated[str, typer.Argument(help="The serve whose engine flag to print.")],
+    manifest: ManifestOpt = [],  # noqa: B006
+    compose: ComposeOpt = [],  # noqa: B006
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="The engine that runs SERVE (vllm, sglang); overrides "
+            "its label and its compose command.",
+        ),
+    ] = None,
+    device_total: Annotated[
+        int | None,
+        typer.Option(
+            "--device-total",
+            min=1,
+            help="Device total in MiB for SERVE's roles, instead of their declared "
+            "vram_mib (or the NVML total of --observed).",
+        ),
+    ] = None,
+    observed: ObservedOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Print the engine flag that enforces SERVE's reservation (DESIGN §3).
+
+    Exit 0 with the flag, 1 when there is none (no reservation, an engine without a
+    memory-fraction flag, no device total) or on errors.
+    """
+    from controller.compose_lint import ComposeError, render_serve
+    from statemachine.engine import SOURCE_NVML
+
+    mset = _load(manifest)
+    if serve not in mset.serves:
+        _fail(render.unknown_serve(serve, mset.desired()))
+    measured: dict[str, int] | None = None
+    source = SOURCE_NVML
+    if device_total is not None:
+        measured = dict.fromkeys(mset.serves[serve].roles, device_total)
+        source = "--device-total"
+    else:
+        measured = _measured_totals(observed, mset)
+    try:
+        answer = render_serve(
+            mset,
+            serve,
+            measured=measured,
+            measured_source=source,
+            engine=engine,
+            compose_paths=compose,
+        )
+    except ComposeError as exc:
+        for problem in exc.problems:
+            render.error(problem)
+        raise typer.Exit(1) from None
+    result = answer.result
+    if json_out:
+        _print_json(answer.to_json())
+    elif result.text is None:
+        render.error(f"{serve}: {result.problem}")
+    else:
+        render.out.print(result.text, markup=False)
+        render.err.print(result.explanation, markup=False)
+    raise typer.Exit(0 if result.text is not None else 1)
+
+
+@app.command()
+def lint(
+    manifest: ManifestOpt = [],  # noqa: B006
+    compose: ComposeOpt = [],  # noqa: B006
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            "--tolerance",
+            min=0.0,
+            help="How far a fraction may be from vram_mib / device total, as a "
+            "fraction of the device total (default 0.001).",
+        ),
+    ] = 0.001,
+    observed: ObservedOpt = None,
+    use_env: Annotated[
+        bool,
+        typer.Option(
+            "--env/--no-env",
+            help="Resolve ${VARS} from this shell, as compose would; default: their defaults only.",
+        ),
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Do the compose files' engine flags enforce the reservations? Exit 0 clean, 1 not.
+
+    Errors: a serve whose command lacks its engine's memory-fraction flag or sets a
+    fraction off its reservation by more than the tolerance. Notes explain the rest.
+    """
+    import os
+    from decimal import Decimal
+
+    from controller.compose_lint import ComposeError, lint_compose, report_lines
+
+    mset = _load(manifest)
+    if not compose:
+        _fail("no compose file given: pass --compose FILE (repeat to merge several)")
+    try:
+        report = lint_compose(
+            mset,
+            compose,
+            measured=_measured_totals(observed, mset),
+            tolerance=Decimal(str(tolerance)),
+            environ=dict(os.environ) if use_env else None,
+        )
+    except ComposeError as exc:
+        for problem in exc.problems:
+            render.error(problem)
+        raise typer.Exit(1) from None
+    if json_out:
+        _print_json(report.to_json())
+    else:
+        for line in report_lines(report):
+            render.out.print(line, markup=False)
+    raise typer.Exit(0 if report.ok else 1)
 
 
 def main() -> None:

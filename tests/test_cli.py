@@ -229,3 +229,46 @@ def test_plan_detailed_exitcode_and_out(tmp_path: Path) -> None:
     ]
     assert data["ledger_after"]["a"]["committed_mib"] == 4000
     assert data["ledger_after"]["a"]["free_mib"] == 5000
+
+
+def test_lint_real_compose_explains_its_one_finding() -> None:
+    compose = str(ANVIL / "docker-compose.yml")
+    r = vramctl("lint", "-m", str(ANVIL / "serves.toml"), "-c", compose, "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    errors = [f for f in data["findings"] if f["severity"] == "error"]
+    assert [f["serve"] for f in errors] == ["primary-laguna-rollback"]
+    assert "0.8989" in errors[0]["message"] and "88099" in errors[0]["message"]
+    r = vramctl("lint", "-m", str(ANVIL / "serves.toml"), "-c", compose, "--tolerance", "0.0011")
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_lint_wrong_fraction_fails(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 32000\n\n'
+        '[[serve]]\nname = "llm"\ncontainer = "vllm-llm"\ngpu_role = "a"\nvram_mib = 16000\n'
+        'residency = "on-demand"\nengine = "vllm"\n'
+    )
+    compose = tmp_path / "docker-compose.yml"
+    compose.write_text(
+        "services:\n  llm:\n    container_name: vllm-llm\n    image: vllm/vllm-openai\n"
+        "    command: vllm serve m --gpu-memory-utilization 0.90\n"
+    )
+    r = vramctl("lint", "-m", str(manifest), "-c", str(compose))
+    assert r.returncode == 1
+    assert "llm" in r.stdout + r.stderr and "0.5000" in r.stdout + r.stderr
+
+
+def test_render_prints_the_flag() -> None:
+    r = vramctl(
+        "render",
+        "embeddings",
+        "-m",
+        str(ANVIL / "serves.toml"),
+        "-c",
+        str(ANVIL / "docker-compose.yml"),
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "--gpu-memory-utilization 0.0326"
+    assert "3200 MiB / 97887 MiB" in r.stderr
