@@ -57,6 +57,7 @@ class Outcome(StrEnum):
     FAILED = "failed"
     ABORTED = "aborted"  # a drain timed out or was refused: nothing stopped, tier readmitted
     SKIPPED = "skipped"  # an earlier step of its group failed, or the executor was stopped
+    INTERRUPTED = "interrupted"  # the controller stopped while awaiting a start: left running
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,10 +117,18 @@ class GpuReader(Protocol):
 class StepError(Exception):
     """A step could not be carried out; ``logs`` carries what the operator needs."""
 
-    def __init__(self, message: str, *, logs: str | None = None, aborted: bool = False) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        logs: str | None = None,
+        aborted: bool = False,
+        interrupted: bool = False,
+    ) -> None:
         super().__init__(message)
         self.logs = logs
         self.aborted = aborted
+        self.interrupted = interrupted
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,9 +267,12 @@ class Executor:
                 result = StepResult(step, Outcome.OK, detail, time.monotonic() - t0)
             except StepError as exc:
                 outcome = Outcome.ABORTED if exc.aborted else Outcome.FAILED
+                if exc.interrupted:
+                    outcome = Outcome.INTERRUPTED
                 result = StepResult(step, outcome, str(exc), time.monotonic() - t0, exc.logs)
                 run.failed_groups.add(step.group)
-                run.compensate(step)
+                if not exc.interrupted:
+                    run.compensate(step)
             self._emit(report, result)
         run.compensate_all("the plan ended")
         report.ledger = run.ledger
@@ -512,7 +524,11 @@ class _Run:
                     logs=self.logs(s.container),
                 )
             if self.ex.stop_event.is_set():
-                raise StepError("the controller is stopping")
+                # leave the start running: the container holds its reservation, and
+                # the next controller finds it starting instead of starting it again
+                raise StepError(
+                    "the controller is stopping: left starting, not awaited", interrupted=True
+                )
             time.sleep(self.ex.config.poll_s)
 
     def readmit(self, step: Step, s: ServeSpec) -> str:

@@ -116,6 +116,8 @@ class Controller:
         self._observer: ContainerObserver | None = None
         self._executor: Executor | None = None
         self._stopping = False
+        # serve -> started_at of the container this process stopped (not a crash)
+        self._stopped_by_us: dict[str, float | None] = {}
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -342,7 +344,16 @@ class Controller:
                 summary.executed = True
                 self.journal.record_outcome(cycle_id, report.to_json())
                 self._learn(report, now)
-                if not self._stopping:
+                self._hold_after_preflight(plan, report, now)
+                for r in report.results:
+                    if r.step.action is Action.STOP and r.outcome is Outcome.OK:
+                        spec = desired.serves[r.step.serve]
+                        self._stopped_by_us[spec.name] = observed.container(
+                            spec.container
+                        ).started_at
+                # confirm a clean execution at once; after a failure, wait for the next
+                # trigger (resync, docker event): re-planning at once spins on a fault
+                if report.ok and not self._stopping:
                     self.trigger("after execution")
         for b in plan.blocked:
             logger.debug("blocked: {}", b.reason)
@@ -361,6 +372,8 @@ class Controller:
             obs = observed.container(s.container)
             if lifecycle_from_observation(obs) != "failed":
                 continue
+            if obs.started_at is not None and self._stopped_by_us.get(s.name) == obs.started_at:
+                continue  # exited non-zero because we stopped it (an eviction), not a crash
             b = self.backoff.setdefault(s.name, Backoff())
             if b.seen_exit == obs.started_at and b.failures:
                 continue
@@ -397,6 +410,14 @@ class Controller:
             elif r.step.action is Action.STOP and r.outcome is Outcome.OK:
                 self.journal.set_elastic(name, None, now)  # the engine forgets its reserve
                 self.no_shrink.discard(name)
+
+    def _hold_after_preflight(self, plan: Plan, report: ExecutionReport, now: float) -> None:
+        """A plan refused by the preflight backs off the serves it would have started."""
+        if not report.preflight:
+            return
+        for name in sorted({s.serve for s in plan.steps if s.action is Action.START}):
+            own = [p for p in report.preflight if p.startswith(f"{name}:")]
+            self._fail(name, "preflight: " + "; ".join(own or report.preflight), now)
 
     def _end_finished_requests(self, observed: Any, now: float) -> None:
         """Expired requests end once their serve is down; requests for gone serves end."""

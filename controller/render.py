@@ -215,7 +215,13 @@ _STEP_STYLE = {
 }
 
 
-_OUTCOME_STYLE = {"ok": "green", "failed": "bold red", "aborted": "yellow", "skipped": "dim"}
+_OUTCOME_STYLE = {
+    "ok": "green",
+    "failed": "bold red",
+    "aborted": "yellow",
+    "interrupted": "yellow",
+    "skipped": "dim",
+}
 
 
 def step_result(result: StepResult) -> None:

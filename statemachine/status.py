@@ -106,12 +106,18 @@ class HostStatus:
         }
 
 
+#: Exit codes of a container that was asked to stop (``docker stop`` sends SIGTERM:
+#: 128 + 15; SIGINT: 128 + 2) or ended cleanly: not a crash.
+CLEAN_EXITS: frozenset[int | None] = frozenset({None, 0, 130, 143})
+
+
 def lifecycle_from_observation(obs: ContainerObs) -> str:
     """The lifecycle state an observation implies, for a serve the controller is not driving.
 
     A container that holds memory is ``running`` (``starting`` while its healthcheck
-    says so, or while docker restarts it); one that exited non-zero, was OOM-killed or
-    is dead is ``failed``; otherwise ``stopped``.
+    says so, or while docker restarts it); one that was OOM-killed, is dead, or exited
+    with a code other than a clean one (:data:`CLEAN_EXITS`: 0, or the SIGTERM/SIGINT
+    codes a requested stop gives) is ``failed``; otherwise ``stopped``.
     """
     if obs.state is ContainerState.RESTARTING:
         return "starting"
@@ -119,7 +125,7 @@ def lifecycle_from_observation(obs: ContainerObs) -> str:
         return "starting" if obs.health == "starting" else "running"
     if obs.state is ContainerState.DEAD or obs.oom_killed:
         return "failed"
-    if obs.state is ContainerState.EXITED and obs.exit_code not in (None, 0):
+    if obs.state is ContainerState.EXITED and obs.exit_code not in CLEAN_EXITS:
         return "failed"
     return "stopped"
 

@@ -1,0 +1,655 @@
+"""End to end: ``vramctl run`` as a subprocess on the real Docker daemon.
+
+Each test gets a temp folder (manifest, state directory, the controller's JSON log)
+and busybox serve containers with a unique name prefix and the ``vramctl.test=1``
+label (httpd answering the serve's health path on loopback, as in
+tests/test_executor_e2e.py). The controller runs as
+``python -m controller.cli run -m MANIFEST --state-dir STATE --resync 1 --log-json``
+(plus ``--no-api`` when this vramctl has it), and the tests only edit files, send
+signals and look at Docker, never at the controller's memory.
+
+Safety is checked against Docker itself: a thread follows Docker's event stream for
+the test's containers from before the first one starts, so every start and death is
+seen in order; replaying them, the reservations of the running test containers never
+exceed the role's budget at any moment (no overcommit), and a container's starts can
+be counted exactly (nothing started twice). Every poll of container states checks the
+budget too.
+
+Every wait polls against a deadline (``WAIT_S``); no fixed sleep is longer than two
+resync periods. Controllers still running at the end are SIGKILLed before the
+containers are removed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+import uuid
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import docker
+import pytest
+from docker.errors import NotFound
+
+from controller.journal import Journal, journal_path
+
+pytestmark = pytest.mark.docker
+
+REPO = Path(__file__).resolve().parents[1]
+WAIT_S = 30.0
+RESYNC_S = 1.0
+BUDGET_MIB = 10_000
+HOLDS = frozenset({"running", "paused", "restarting"})
+T = TypeVar("T")
+
+
+# ── helpers ──────────────────────────────────────────────────────────────────
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def httpd(port: int, *, delay_s: int = 0) -> list[str]:
+    """Serve /health on loopback; with ``delay_s``, only after sleeping that long."""
+    pre = f"sleep {delay_s}; " if delay_s else ""
+    return [
+        "sh",
+        "-c",
+        f"{pre}mkdir -p /www && echo ok > /www/health && exec httpd -f -p 127.0.0.1:{port} -h /www",
+    ]
+
+
+def healthy(port: int) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=1) as r:
+            return 200 <= int(r.status) < 300
+    except OSError:
+        return False
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S) -> T:
+    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.1)
+
+
+def _env() -> dict[str, str]:
+    return dict(os.environ, COLUMNS="200", NO_COLOR="1")
+
+
+def vramctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller.cli", *args],
+        capture_output=True,
+        text=True,
+        env=_env(),
+        cwd=REPO,
+        timeout=timeout,
+        check=False,
+    )
+
+
+@functools.cache
+def run_flags() -> tuple[str, ...]:
+    """``--no-api`` when this vramctl's ``run`` has it (the API is optional here)."""
+    r = vramctl("run", "--help")
+    assert r.returncode == 0, r.stdout + r.stderr
+    return ("--no-api",) if "--no-api" in r.stdout else ()
+
+
+ROLE = f"""
+[[gpu_roles]]
+id = "a"
+vram_mib = {BUDGET_MIB}
+reserve_mib = 0
+"""
+
+
+def serve_toml(
+    name: str,
+    *,
+    mib: int,
+    residency: str,
+    port: int,
+    desired: str | None = None,
+    extra: str = "",
+) -> str:
+    want = f'desired = "{desired}"' if desired else ""
+    return f"""
+[[serve]]
+name = "{name}"
+container = "@{name}"
+gpu_role = "a"
+vram_mib = {mib}
+residency = "{residency}"
+port = {port}
+health = "/health"
+start_timeout_s = 30
+stop_timeout_s = 5
+{want}
+{extra}
+"""
+
+
+# ── the controller process ───────────────────────────────────────────────────
+
+
+@dataclass
+class Run:
+    """One ``vramctl run`` subprocess and its JSON log (a file: no pipe to fill up)."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    @property
+    def pid(self) -> int:
+        return self.proc.pid
+
+    def records(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for line in self.log.read_text(encoding="utf-8", errors="replace").splitlines():
+            try:
+                rec = json.loads(line)["record"]
+            except (ValueError, KeyError, TypeError):  # a half-written line, or not loguru
+                rec = {"message": line, "extra": {}}
+            out.append(rec)
+        return out
+
+    def messages(self) -> list[str]:
+        return [str(r.get("message", "")) for r in self.records()]
+
+    def steps(self) -> list[str]:
+        """``"serve action outcome"`` for each executed step, in order."""
+        out = []
+        for r in self.records():
+            x = r.get("extra") or {}
+            if "action" in x and "outcome" in x:
+                out.append(f"{x.get('serve')} {x['action']} {x['outcome']}")
+        return out
+
+    def text(self) -> str:
+        return "\n".join(self.messages())
+
+    def wait_log(self, needle: str, timeout: float = WAIT_S) -> str:
+        def seen() -> str | None:
+            hit = next((m for m in self.messages() if needle in m), None)
+            if hit is None and self.proc.poll() is not None:
+                raise AssertionError(
+                    f"vramctl run exited {self.proc.returncode} before logging {needle!r}:\n"
+                    + self.text()
+                )
+            return hit
+
+        return wait_for(f"{needle!r} in the log", seen, timeout)
+
+    def wait_step(self, step: str, timeout: float = WAIT_S) -> None:
+        wait_for(f"step {step!r}", lambda: step in self.steps(), timeout)
+
+    def started(self) -> Run:
+        """Wait until the loop runs (its signal handlers are installed by then)."""
+        self.wait_log("vramctl run: ")
+        return self
+
+    def stop(self, sig: signal.Signals = signal.SIGTERM, timeout: float = WAIT_S) -> int:
+        self.proc.send_signal(sig)
+        try:
+            return self.proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            raise AssertionError(
+                f"vramctl run did not exit on {sig.name}:\n{self.text()}"
+            ) from None
+
+
+# ── the test's host ──────────────────────────────────────────────────────────
+
+
+@dataclass
+class Fleet:
+    """One test's containers, manifest, state directory, controllers and event record."""
+
+    client: docker.DockerClient
+    image: str
+    tmp: Path
+    prefix: str
+    mib: dict[str, int] = field(default_factory=dict)  # serve -> reservation, for the budget
+    events: list[dict[str, Any]] = field(default_factory=list)
+    created: list[str] = field(default_factory=list)
+    runs: list[Run] = field(default_factory=list)
+
+    @property
+    def manifest(self) -> Path:
+        return self.tmp / "serves.toml"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.tmp / "state"
+
+    @property
+    def journal(self) -> Path:
+        return journal_path(self.state_dir)
+
+    def name(self, serve: str) -> str:
+        return f"{self.prefix}{serve}"
+
+    def container(
+        self, serve: str, *, port: int, mib: int, running: bool, command: list[str] | None = None
+    ) -> None:
+        self.mib[serve] = mib
+        c = self.client.containers.create(
+            self.image,
+            command or httpd(port),
+            name=self.name(serve),
+            init=True,
+            network_mode="host",
+            labels={"vramctl.test": "1"},
+        )
+        self.created.append(self.name(serve))
+        if running:
+            c.start()
+
+    def write(self, body: str, path: Path | None = None, *, by_rename: bool = False) -> Path:
+        """Save a manifest in place, or the way many editors do (temp file + rename)."""
+        path = path or self.manifest
+        text = body.replace("@", self.prefix)
+        if by_rename:
+            tmp = path.with_name(f".{path.name}.swp")
+            tmp.write_text(text)
+            os.replace(tmp, path)
+        else:
+            path.write_text(text)
+        return path
+
+    def start(self, *extra: str, log: str | None = None) -> Run:
+        log_path = self.tmp / (log or f"run{len(self.runs) + 1}.log")
+        argv = [
+            sys.executable,
+            "-m",
+            "controller.cli",
+            "run",
+            "-m",
+            str(self.manifest),
+            "--state-dir",
+            str(self.state_dir),
+            "--resync",
+            str(RESYNC_S),
+            "--log-json",
+            *run_flags(),
+            *extra,
+        ]
+        with log_path.open("wb") as fh:
+            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
+        run = Run(proc, log_path)
+        self.runs.append(run)
+        return run
+
+    # -- what docker shows ----------------------------------------------------------
+    def states(self) -> dict[str, str]:
+        """serve -> container status; every look also checks the budget."""
+        cs = self.client.containers.list(
+            all=True, filters={"name": self.prefix, "label": "vramctl.test=1"}
+        )
+        out = {str(c.name).removeprefix(self.prefix): str(c.status) for c in cs}
+        held = sum(self.mib.get(s, 0) for s, st in out.items() if st in HOLDS)
+        assert held <= BUDGET_MIB, f"overcommit seen by a poll: {out} holds {held} MiB"
+        return out
+
+    def state(self, serve: str) -> str:
+        return self.states()[serve]
+
+    def wait_state(self, serve: str, state: str, timeout: float = WAIT_S) -> None:
+        wait_for(f"{serve} {state}", lambda: self.state(serve) == state, timeout)
+
+    def started_at(self, serve: str) -> str:
+        return str(self.client.api.inspect_container(self.name(serve))["State"]["StartedAt"])
+
+    def our_events(self, since_ns: int = 0) -> list[dict[str, Any]]:
+        return [e for e in list(self.events) if int(e.get("timeNano", 0)) >= since_ns]
+
+    def starts(self, serve: str, since_ns: int = 0) -> int:
+        name = self.name(serve)
+        return sum(
+            1
+            for e in self.our_events(since_ns)
+            if e.get("Action") == "start" and e["Actor"]["Attributes"].get("name") == name
+        )
+
+    def assert_never_overcommitted(self) -> None:
+        """Replay every start / death of the test's containers: the budget always held."""
+        running: set[str] = set()
+        for e in list(self.events):
+            serve = str(e["Actor"]["Attributes"].get("name", "")).removeprefix(self.prefix)
+            if e.get("Action") == "start":
+                running.add(serve)
+            elif e.get("Action") == "die":
+                running.discard(serve)
+            held = sum(self.mib.get(s, 0) for s in running)
+            assert held <= BUDGET_MIB, (
+                f"overcommit after {e.get('Action')} {serve}: {sorted(running)} hold {held} MiB"
+            )
+
+    def request(self, serve: str, ttl_s: float | None = None) -> None:
+        """An on-demand request, written into the journal before the controller starts."""
+        with Journal.open(self.journal) as j:
+            j.add_request(serve, time.time(), ttl_s)
+
+    def cycles(self) -> list[Any]:
+        with Journal.open(self.journal, readonly=True) as j:
+            return j.cycles()
+
+
+def _follow_events(
+    client: docker.DockerClient, prefix: str, sink: list[dict[str, Any]]
+) -> tuple[Any, threading.Thread]:
+    stream = client.events(decode=True, filters={"type": "container", "label": "vramctl.test=1"})
+
+    def pump() -> None:
+        with contextlib.suppress(Exception):  # the stream is closed at teardown
+            for e in stream:
+                name = str((e.get("Actor") or {}).get("Attributes", {}).get("name", ""))
+                if name.startswith(prefix):
+                    sink.append(e)
+
+    thread = threading.Thread(target=pump, daemon=True, name="docker-events")
+    thread.start()
+    return stream, thread
+
+
+@pytest.fixture
+def fleet(docker_client: docker.DockerClient, test_image: str, tmp_path: Path) -> Iterator[Fleet]:
+    prefix = f"vramctl-test-run-{uuid.uuid4().hex[:8]}-"
+    f = Fleet(docker_client, test_image, tmp_path, prefix)
+    events_client = docker.from_env(timeout=60)
+    stream, thread = _follow_events(events_client, prefix, f.events)
+    try:
+        yield f
+    finally:
+        for run in f.runs:  # the controllers first: none may act on what is removed next
+            if run.proc.poll() is None:
+                run.proc.kill()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                run.proc.wait(10)
+        for name in f.created:
+            with contextlib.suppress(NotFound):
+                docker_client.containers.get(name).remove(force=True)
+        with contextlib.suppress(Exception):
+            stream.close()
+        thread.join(5)
+        events_client.close()
+
+
+# ── the tests ────────────────────────────────────────────────────────────────
+
+
+def test_run_converges_on_manifest_edits_and_restarts_nothing(fleet: Fleet) -> None:
+    pa, pb, pc = free_port(), free_port(), free_port()
+    fleet.container("a", port=pa, mib=2000, running=False)
+    fleet.container("b", port=pb, mib=2000, running=True)
+    fleet.container("c", port=pc, mib=2000, running=False)
+    a = serve_toml("a", mib=2000, residency="resident", port=pa, desired="running")
+    b_running = serve_toml("b", mib=2000, residency="evictable", port=pb, desired="running")
+    b_stopped = serve_toml("b", mib=2000, residency="evictable", port=pb, desired="stopped")
+    c = serve_toml("c", mib=2000, residency="on-demand", port=pc, desired="running")
+    fleet.write(ROLE + a + b_running)
+
+    run = fleet.start().started()
+    run.wait_step("a await_ready ok")
+    assert healthy(pa)
+    assert fleet.state("b") == "running"
+    assert fleet.state("c") == "created"  # not in the manifest: untouched
+
+    # an edit in place: b desired stopped
+    fleet.write(ROLE + a + b_stopped)
+    fleet.wait_state("b", "exited")
+    run.wait_log("manifest: reloaded (2 serves)")
+
+    # saved the way editors do (rename): a new serve, desired running
+    fleet.write(ROLE + a + b_stopped + c, by_rename=True)
+    fleet.wait_state("c", "running")
+    wait_for("c healthy", lambda: healthy(pc))
+
+    # a broken file: located error, the last good manifest stays in force
+    fleet.write(ROLE + a + b_stopped + c + '\n[[serve]]\nname = "broken\n')
+    run.wait_log("the last good manifest stays in force")
+    assert fleet.states() == {"a": "running", "b": "exited", "c": "running"}
+    fleet.write(ROLE + a + b_stopped + c)
+    run.wait_log("manifest: valid again")
+
+    # a container dies: it is brought back (after the crash backoff)
+    before = fleet.started_at("c")
+    fleet.client.containers.get(fleet.name("c")).kill()
+    wait_for(
+        "c brought back",
+        lambda: fleet.state("c") == "running" and fleet.started_at("c") != before,
+    )
+    wait_for("c healthy again", lambda: healthy(pc))
+    assert any("c: container exited 137" in m for m in run.messages()), run.text()
+
+    assert run.stop(signal.SIGTERM) == 0, run.text()
+    assert "vramctl run: stopped" in run.messages()
+
+    # restart on a converged fleet, with one real change (b desired running again):
+    # b starts once; a and c, already running, are not started again
+    started = {s: fleet.started_at(s) for s in ("a", "c")}
+    restart_ns = time.time_ns()
+    fleet.write(ROLE + a + b_running + c)
+    run2 = fleet.start().started()
+    fleet.wait_state("b", "running")
+    run2.wait_step("b await_ready ok")
+    time.sleep(2 * RESYNC_S)  # two more resyncs with nothing to do
+    assert fleet.starts("b", restart_ns) == 1
+    assert fleet.starts("a", restart_ns) == 0 and fleet.starts("c", restart_ns) == 0
+    assert {s: fleet.started_at(s) for s in ("a", "c")} == started
+    assert not any(" start " in s for s in run2.steps() if not s.startswith("b ")), run2.steps()
+    assert run2.stop(signal.SIGINT) == 0, run2.text()
+    assert "vramctl run: stopped" in run2.messages()
+    fleet.assert_never_overcommitted()
+
+    # replay the journal these runs wrote: it executes nothing
+    with Journal.open(fleet.journal, readonly=True) as j:
+        last = j.cycle_ids()[-1]
+    host = (fleet.states(), {s: fleet.started_at(s) for s in ("a", "b", "c")})
+    replay_ns = time.time_ns()
+    r = vramctl("replay", str(fleet.journal), "-m", str(fleet.manifest), "--json")
+    assert r.returncode in (0, 2), r.stdout + r.stderr
+    summary = json.loads(r.stdout)["summary"]
+    assert summary["cycles"] >= 4 and summary["errors"] == 0
+    r = vramctl(
+        "replay", str(fleet.journal), "-m", str(fleet.manifest), "--cycle", str(last), "--json"
+    )
+    assert r.returncode == 0, r.stdout + r.stderr  # the manifest it was recorded under
+    assert json.loads(r.stdout)["cycles"][0]["status"] == "same"
+    changed = fleet.write(ROLE + a + b_stopped + c, fleet.tmp / "changed.toml")
+    r = vramctl("replay", str(fleet.journal), "-m", str(changed), "--cycle", str(last), "--json")
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert json.loads(r.stdout)["cycles"][0]["status"] == "differs"
+    assert (fleet.states(), {s: fleet.started_at(s) for s in ("a", "b", "c")}) == host
+    assert fleet.our_events(replay_ns) == []
+
+
+def _eviction_fleet(fleet: Fleet, *, llm_delay_s: int = 3) -> dict[str, int]:
+    """emb resident 2000 + omni evictable 6000 running; llm on-demand 6000 (slow start)."""
+    ports = {"emb": free_port(), "omni": free_port(), "llm": free_port()}
+    fleet.container("emb", port=ports["emb"], mib=2000, running=True)
+    fleet.container("omni", port=ports["omni"], mib=6000, running=True)
+    fleet.container(
+        "llm",
+        port=ports["llm"],
+        mib=6000,
+        running=False,
+        command=httpd(ports["llm"], delay_s=llm_delay_s),  # await_ready takes that long
+    )
+    fleet.write(
+        ROLE
+        + serve_toml("emb", mib=2000, residency="resident", port=ports["emb"], desired="running")
+        + serve_toml("omni", mib=6000, residency="evictable", port=ports["omni"], desired="running")
+        + serve_toml("llm", mib=6000, residency="on-demand", port=ports["llm"])
+    )
+    wait_for("emb and omni up", lambda: healthy(ports["emb"]) and healthy(ports["omni"]))
+    fleet.request("llm")  # no TTL
+    return ports
+
+
+def test_sigkill_mid_eviction_then_restart_converges_once(fleet: Fleet) -> None:
+    ports = _eviction_fleet(fleet)
+    t0 = time.time_ns()
+
+    run1 = fleet.start().started()
+    run1.wait_step("omni stop ok")
+    run1.proc.send_signal(signal.SIGKILL)
+    assert run1.proc.wait(WAIT_S) == -signal.SIGKILL
+    assert fleet.state("omni") == "exited"
+    (cycle,) = fleet.cycles()  # the eviction plan was journaled; its outcome never came
+    assert cycle.outcome is None
+    assert [f"{s['action']} {s['serve']}" for s in cycle.plan["steps"]] == [
+        "stop omni",
+        "release omni",
+        "reserve llm",
+        "start llm",
+        "await_ready llm",
+    ]
+
+    run2 = fleet.start().started()  # the dead controller's lock does not block it
+    wait_for("llm healthy", lambda: healthy(ports["llm"]))
+    wait_for("llm running", lambda: fleet.state("llm") == "running")
+    time.sleep(2 * RESYNC_S)  # two more resyncs: nothing else may happen
+    assert fleet.states() == {"emb": "running", "omni": "exited", "llm": "running"}
+    assert fleet.starts("llm", t0) == 1, run1.steps() + run2.steps()
+    assert fleet.starts("omni", t0) == 0 and fleet.starts("emb", t0) == 0
+    fleet.assert_never_overcommitted()
+    assert run2.stop() == 0, run2.text()
+
+    host = fleet.states()
+    replay_ns = time.time_ns()
+    r = vramctl("replay", str(fleet.journal), "-m", str(fleet.manifest))
+    assert r.returncode in (0, 2), r.stdout + r.stderr
+    assert "cycle 1" in r.stdout
+    assert fleet.states() == host and fleet.our_events(replay_ns) == []
+
+
+def test_evict_for_a_request_then_backfill_when_it_ends(fleet: Fleet) -> None:
+    ports = _eviction_fleet(fleet, llm_delay_s=0)
+    t0 = time.time_ns()
+
+    run = fleet.start().started()
+    run.wait_step("llm await_ready ok")
+    assert fleet.states() == {"emb": "running", "omni": "exited", "llm": "running"}
+    assert run.steps()[:3] == ["omni stop ok", "omni release ok", "llm reserve ok"]
+
+    # the request ends (what `vramctl down` records): llm stops, then omni comes back
+    with Journal.open(fleet.journal) as j:
+        j.add_request("llm", time.time() - 1.0, 0.0)
+    fleet.wait_state("llm", "exited")
+    wait_for("omni backfilled", lambda: healthy(ports["omni"]))
+    run.wait_step("omni await_ready ok")
+    assert fleet.starts("omni", t0) == 1 and fleet.starts("llm", t0) == 1
+    # omni exited non-zero because the controller stopped it: not counted as a crash
+    assert not any(m.startswith("omni: container exited") for m in run.messages()), run.text()
+    fleet.assert_never_overcommitted()
+    assert run.stop() == 0, run.text()
+
+
+def test_sigterm_mid_plan_stops_after_the_step_and_journals_the_truth(fleet: Fleet) -> None:
+    _eviction_fleet(fleet)
+
+    run = fleet.start().started()
+    run.wait_step("omni stop ok")
+    assert run.stop(signal.SIGTERM) == 0, run.text()
+    messages = run.messages()
+    assert "stopping after the current step" in messages and "vramctl run: stopped" in messages
+
+    (cycle,) = fleet.cycles()
+    assert cycle.outcome is not None, "the interrupted plan's outcome was not journaled"
+    steps = cycle.outcome["steps"]
+    assert [s["outcome"] for s in steps[:2]] == ["ok", "ok"]  # stop, release omni
+    assert any("the controller is stopping" in (s.get("detail") or "") for s in steps), steps
+    # the journal's ledger is what docker shows now
+    host = fleet.states()
+    held = sum(fleet.mib[s] for s, st in host.items() if st in HOLDS)
+    assert cycle.outcome["ledger"]["a"]["committed_mib"] == held, (cycle.outcome, host)
+    assert host["omni"] == "exited" and host["emb"] == "running"
+    fleet.assert_never_overcommitted()
+
+
+def test_dry_run_executes_nothing(fleet: Fleet) -> None:
+    port = free_port()
+    fleet.container("a", port=port, mib=2000, running=False)
+    fleet.write(
+        ROLE + serve_toml("a", mib=2000, residency="resident", port=port, desired="running")
+    )
+    t0 = time.time_ns()
+
+    run = fleet.start("--dry-run").started()
+    assert any(m.startswith("vramctl run: ") and "dry run" in m for m in run.messages())
+    run.wait_log("dry run: would start a")
+    # more cycles pass (resync): still only words
+    wait_for(
+        "a second dry-run cycle",
+        lambda: sum("dry run: would start a" in m for m in run.messages()) >= 2,
+    )
+    assert fleet.state("a") == "created"
+    assert run.steps() == []
+    assert run.stop() == 0, run.text()
+    assert fleet.our_events(t0) == []
+    assert all(c.dry_run and c.outcome is None for c in fleet.cycles())
+
+
+def test_second_controller_on_a_state_dir_is_refused(fleet: Fleet) -> None:
+    port = free_port()
+    fleet.container("a", port=port, mib=2000, running=True)
+    fleet.write(ROLE + serve_toml("a", mib=2000, residency="resident", port=port))  # unmanaged
+
+    first = fleet.start().started()
+    t = time.monotonic()
+    second = fleet.start()
+    try:
+        rc = second.proc.wait(WAIT_S)
+    except subprocess.TimeoutExpired:
+        raise AssertionError("a second controller on the same state dir kept running") from None
+    assert rc != 0
+    assert time.monotonic() - t < WAIT_S
+    assert f"pid {first.pid}" in second.text(), second.text()
+    assert first.proc.poll() is None  # the first one is not disturbed
+    assert first.stop(signal.SIGINT) == 0, first.text()
+
+    third = fleet.start().started()  # once the holder stops, the state dir is free
+    assert third.stop() == 0, third.text()
+    assert fleet.state("a") == "running"
+
+
+def test_a_plan_the_preflight_refuses_backs_off_instead_of_spinning(fleet: Fleet) -> None:
+    port = free_port()
+    fleet.mib["ghost"] = 2000
+    # desired running, but its container does not exist and it has no `up` to create it
+    fleet.write(
+        ROLE + serve_toml("ghost", mib=2000, residency="resident", port=port, desired="running")
+    )
+
+    run = fleet.start().started()
+    run.wait_log("preflight: ghost: container")
+    time.sleep(2 * RESYNC_S)  # two resyncs: the serve is held back, not retried at once
+    refused = [m for m in run.messages() if m.startswith("preflight: ")]
+    assert 1 <= len(refused) <= 2, f"{len(refused)} preflight refusals in ~2 s"
+    assert any("ghost: preflight: " in m and "next try in" in m for m in run.messages())
+    assert len(fleet.cycles()) <= 2
+    assert run.stop() == 0, run.text()
