@@ -9,6 +9,10 @@
 # with the NVIDIA runtime's `utility` capability for NVML. See
 # docs/deploy/compose-snippet.yml and docs/operations.md.
 #
+# The image carries no docker CLI: serve containers are started and stopped
+# through the socket (`docker start` / `docker stop`), so create them once with
+# `docker compose create`; a serve's `up` command needs the controller on the host.
+#
 # The Docker socket is root-equivalent: whoever can write to it controls the
 # host. The image runs as an unprivileged user that reaches the socket only
 # through the group you add (`group_add: [<gid of /var/run/docker.sock>]`).
@@ -31,4 +35,4 @@ ENV NVIDIA_VISIBLE_DEVICES=all \
 USER vramctl
 VOLUME ["/var/lib/vramctl"]
 ENTRYPOINT ["vramctl"]
-CMD ["run", "-m", "/manifests/serves.toml"]
+CMD ["run", "-m", "/srv/stack/serves.toml"]

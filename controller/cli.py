@@ -40,7 +40,9 @@ ManifestOpt = Annotated[
     typer.Option(
         "--manifest",
         "-m",
-        help="Manifest file (TOML); repeat to load several files as one set.",
+        envvar="VRAMCTL_MANIFEST",
+        help="Manifest file (TOML); repeat to load several files as one set "
+        "(VRAMCTL_MANIFEST: space-separated).",
     ),
 ]
 ObservedOpt = Annotated[
@@ -214,6 +216,9 @@ def plan(
     else:
         render.plan(result)
     if detailed_exitcode:
+        if not snap.to_observed().docker_ok:
+            render.error("docker could not be read: the plan is unknown, not empty")
+            raise typer.Exit(1)
         raise typer.Exit(0 if result.empty else 2)
 
 
@@ -259,11 +264,24 @@ def apply(
     manifest: ManifestOpt = [],  # noqa: B006
     router_url: RouterUrlOpt = None,
     router_token_file: RouterTokenOpt = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            envvar="VRAMCTL_STATE_DIR",
+            help="The state dir whose lock a running `vramctl run` holds (same default).",
+        ),
+    ] = None,
     log_json: LogJsonOpt = False,
     json_out: JsonOpt = False,
 ) -> None:
-    """Execute once: observe, plan and carry the plan out (or a saved plan, if still current)."""
+    """Execute once: observe, plan and carry the plan out (or a saved plan, if still current).
+
+    Refused while a `vramctl run` holds the same state directory: the loop owns the host
+    then (use `vramctl up` / `down`, or stop the loop).
+    """
     from controller.executor import Outcome, StepResult
+    from controller.journal import AlreadyRunning, StateLock, default_state_dir
     from controller.logs import configure_logging
     from controller.runtime import make_executor
     from controller.snapshot import parse_snapshot, snapshot_changes
@@ -272,6 +290,11 @@ def apply(
 
     configure_logging(json_logs=log_json)
     mset = _load(manifest)
+    lock = StateLock(state_dir or default_state_dir(list(manifest)))
+    try:
+        lock.acquire()
+    except AlreadyRunning as exc:
+        _fail(f"{exc}; a running loop owns this host: use `vramctl up` / `down`, or stop it")
     desired = mset.desired()
     snap = _observe_live(mset)
     observed = snap.to_observed()

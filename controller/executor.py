@@ -265,7 +265,10 @@ class Executor:
             try:
                 detail = run.do(step)
                 result = StepResult(step, Outcome.OK, detail, time.monotonic() - t0)
-            except StepError as exc:
+            except Exception as exc:
+                if not isinstance(exc, StepError):
+                    logger.exception("{} {}: unexpected error", step.serve, step.action)
+                    exc = StepError(f"unexpected error: {type(exc).__name__}: {exc}")
                 outcome = Outcome.ABORTED if exc.aborted else Outcome.FAILED
                 if exc.interrupted:
                     outcome = Outcome.INTERRUPTED
@@ -630,7 +633,8 @@ class _Run:
                 ContainerState.RUNNING,
                 ContainerState.RESTARTING,
             ):
-                self.ex.docker.stop(s.container, 10.0)
+                stop_s = float(getattr(self.ex.details.get(name), "stop_timeout_s", 30.0))
+                self.ex.docker.stop(s.container, stop_s)
                 state = self.ex.docker.inspect(s.container)
         except ActionError as exc:
             logger.error(

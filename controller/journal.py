@@ -571,6 +571,12 @@ class Journal:
             rows = self._conn.execute("SELECT serve, mib FROM elastic ORDER BY serve").fetchall()
         return {str(r[0]): int(r[1]) for r in rows}
 
+    def elastic_set_at(self) -> dict[str, float]:
+        """Serve -> when its elastic reserve in force was asked for (epoch seconds)."""
+        with self._lock:
+            rows = self._conn.execute("SELECT serve, set_at FROM elastic ORDER BY serve").fetchall()
+        return {str(r[0]): float(r[1]) for r in rows}
+
     # ---------------------------------------------------------------- retention
     def prune(
         self,

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import signal
 import threading
 import time
@@ -41,7 +42,7 @@ from controller.journal import AlreadyRunning, Journal, StateLock, default_state
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.observe import observe_host
 from controller.runtime import make_executor
-from controller.snapshot import SnapshotModel, snapshot_to_json
+from controller.snapshot import SnapshotModel, epoch_seconds, snapshot_to_json
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.status import lifecycle_from_observation
 from statemachine.types import DesiredRun, DesiredState, OnDemandRequest, Residency
@@ -116,6 +117,7 @@ class Controller:
         self._observer: ContainerObserver | None = None
         self._executor: Executor | None = None
         self._stopping = False
+        self._last_dry_plan = ""  # a dry run journals and logs a plan once, not every cycle
         # serve -> started_at of the container this process stopped (not a crash)
         self._stopped_by_us: dict[str, float | None] = {}
 
@@ -295,8 +297,36 @@ class Controller:
         if self._observer is None:
             self._observer = ContainerObserver()
         snap = observe_host(manifest_containers(self.mset.serves), observer=self._observer)
-        snap.elastic = self.journal.elastic()
+        snap.elastic = self._elastic_in_force(snap)
         return snap
+
+    def _elastic_in_force(self, snap: SnapshotModel) -> dict[str, int]:
+        """The journal's elastic reserves, minus those of engines that restarted since.
+
+        An engine forgets its reserve when its server restarts (a crash, a restart
+        policy, a manual ``docker restart``): a container that is down, or that started
+        after the reserve was asked for, holds its full reservation again.
+        """
+        set_at = self.journal.elastic_set_at()
+        out: dict[str, int] = {}
+        serves = self.mset.serves
+        for name, mib in self.journal.elastic().items():
+            spec = serves.get(name)
+            c = snap.containers.get(spec.container) if spec is not None else None
+            started = _epoch_or_none(c.started_at) if c is not None else None
+            if (
+                c is None
+                or c.state != "running"
+                or (started is not None and started > set_at.get(name, 0.0))
+            ):
+                if snap.docker == "ok":
+                    self.journal.set_elastic(name, None, time.time())
+                    logger.info(
+                        "{}: the engine restarted or stopped; its elastic reserve is void", name
+                    )
+                continue
+            out[name] = mib
+        return out
 
     def _executor_for(self) -> Executor:
         if self._executor is None:
@@ -323,7 +353,11 @@ class Controller:
         desired = self.desired()
         plan = plan_transitions(desired, observed, self.policy(now), now)
         summary = CycleSummary(now, reasons, plan, None, snap)
-        if plan.steps:
+        plan_key = json.dumps([st.to_json() for st in plan.steps], sort_keys=True)
+        repeated_dry_run = self.options.dry_run and plan_key == self._last_dry_plan
+        if plan.steps and not repeated_dry_run:
+            if self.options.dry_run:
+                self._last_dry_plan = plan_key
             cycle_id = self.journal.record_cycle(
                 at=now,
                 manifest_digest=self.mset.digest,
@@ -429,6 +463,13 @@ class Controller:
                 continue
             if req.to_request().expired(now) and not observed.container(spec.container).holds:
                 self.journal.end_request(req.serve, now)
+
+
+def _epoch_or_none(value: str | float | None) -> float | None:
+    try:
+        return epoch_seconds(value)
+    except ValueError:
+        return None
 
 
 def _read_files(mset: ManifestSet) -> dict[str, str]:

@@ -205,6 +205,25 @@ def _seconds(value: object) -> object:
     return float(value)
 
 
+def _timeout(value: object) -> object:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise _bad("must be a positive number of seconds", value)
+    return float(value)
+
+
+def _drain_timeout(value: object) -> object:
+    seconds = _timeout(value)
+    assert isinstance(seconds, float)
+    if seconds > 3600:
+        raise _bad("must be at most 3600 seconds (the router's drain limit)", value)
+    return seconds
+
+
 def _boolean(value: object) -> object:
     if not isinstance(value, bool):
         raise _bad("must be true or false", value)
@@ -349,6 +368,14 @@ Seconds = Annotated[
 ]
 OptSeconds = Annotated[
     float | None, BeforeValidator(_seconds), WithJsonSchema({"type": "number", "minimum": 0})
+]
+Timeout = Annotated[
+    float, BeforeValidator(_timeout), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
+]
+DrainTimeout = Annotated[
+    float,
+    BeforeValidator(_drain_timeout),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": 3600}),
 ]
 Boolean = Annotated[bool, BeforeValidator(_boolean), WithJsonSchema({"type": "boolean"})]
 Text = Annotated[str, BeforeValidator(_text), WithJsonSchema({"type": "string", "minLength": 1})]
@@ -499,9 +526,9 @@ class ServeModel(BaseModel):
     )
     priority: Integer = Field(default=0, description="Lower is evicted first among equals.")
     min_runtime_s: Seconds = Field(default=0.0, description="Not evicted within this of starting.")
-    start_timeout_s: Seconds = 600.0
-    stop_timeout_s: Seconds = 30.0
-    drain_timeout_s: Seconds = 120.0
+    start_timeout_s: Timeout = 600.0
+    stop_timeout_s: Timeout = 30.0
+    drain_timeout_s: DrainTimeout = 120.0
     idle_ttl_s: OptSeconds = None
     elastic: ElasticModel | None = None
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Collection
 from datetime import UTC, datetime
+from pathlib import Path
 
 from controller.docker_adapter import ContainerObserver
 from controller.nvml_adapter import NvmlApi, observe_gpus, usage_by_container
@@ -42,8 +43,17 @@ def observe_host(
     if snap.docker_ok and gpu.gpus is not None:
         id_to_name = {c.id: name for name, c in model.containers.items() if c.id}
         holding = [name for name, c in model.containers.items() if c.state == "running"]
+        # a process whose cgroup cannot be read (the controller in its own PID
+        # namespace, without `pid: host`) may belong to any container: then no
+        # container's figure is known, rather than 0 for all of them
+        visible = pid_to_container is not None or all(
+            Path(f"/proc/{p.pid}/cgroup").exists() for p in gpu.processes
+        )
         usage = usage_by_container(
-            gpu.processes, id_to_name, names=holding, complete=gpu.processes_complete
+            gpu.processes,
+            id_to_name,
+            names=holding,
+            complete=gpu.processes_complete and visible,
         )
         for name, used in usage.items():
             model.containers[name].gpu_used_mib = used

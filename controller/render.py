@@ -159,7 +159,7 @@ def fit(result: FitResult) -> None:
         if items:
             out.print(f"  {label}: " + ", ".join(items))
     for s in result.shrink:
-        out.print(f"  shrink: {s}")
+        out.print(f"  shrink: {s['serve']} gives back {s['give_mib']} MiB (to {s['to_mib']} MiB)")
 
 
 def plan(result: Plan) -> None:

@@ -24,7 +24,7 @@ class SnapshotError(Exception):
     """A snapshot file that cannot be read or does not match the contract."""
 
 
-def _epoch(value: str | float | int | None) -> float | None:
+def epoch_seconds(value: str | float | int | None) -> float | None:
     if value is None or isinstance(value, bool):
         return None
     if isinstance(value, int | float):
@@ -60,7 +60,7 @@ class ContainerModel(BaseModel):
     @classmethod
     def _check_time(cls, v: str | float | None) -> str | float | None:
         try:
-            _epoch(v)
+            epoch_seconds(v)
         except ValueError as exc:
             raise ValueError(f"not an ISO 8601 time or epoch seconds: {v!r}") from exc
         return v
@@ -114,7 +114,7 @@ class SnapshotModel(BaseModel):
                 name: ContainerObs(
                     state=c.state,
                     health=c.health,
-                    started_at=_epoch(c.started_at),
+                    started_at=epoch_seconds(c.started_at),
                     exit_code=c.exit_code,
                     oom_killed=c.oom_killed,
                     gpu_used_mib=c.gpu_used_mib,
@@ -140,7 +140,7 @@ class SnapshotModel(BaseModel):
 
     def taken_at_epoch(self) -> float | None:
         """When the snapshot was taken, in epoch seconds, if it says."""
-        return _epoch(self.taken_at)
+        return epoch_seconds(self.taken_at)
 
 
 def parse_snapshot(data: Any, *, source: str = "<snapshot>") -> SnapshotModel:
@@ -192,7 +192,11 @@ def snapshot_changes(old: SnapshotModel, new: SnapshotModel, containers: list[st
         sb = b.state if b else ContainerState.ABSENT
         if sa != sb:
             changes.append(f"{name}: was {sa}, is {sb}")
-        elif a is not None and b is not None and _epoch(a.started_at) != _epoch(b.started_at):
+        elif (
+            a is not None
+            and b is not None
+            and epoch_seconds(a.started_at) != epoch_seconds(b.started_at)
+        ):
             changes.append(f"{name}: restarted (started {a.started_at} -> {b.started_at})")
     if old.elastic != new.elastic:
         changes.append(f"elastic reservations were {old.elastic}, are {new.elastic}")

@@ -468,8 +468,18 @@ SINGLE_FILE_CASES = [
     ),
     pytest.param(
         serve("stop_timeout_s = -1"),
-        (Expect(S1, "stop_timeout_s", ("non-negative number of seconds", "got -1")),),
+        (Expect(S1, "stop_timeout_s", ("positive number of seconds", "got -1")),),
         id="timeout-negative",
+    ),
+    pytest.param(
+        serve("start_timeout_s = 0"),
+        (Expect(S1, "start_timeout_s", ("positive number of seconds", "got 0")),),
+        id="timeout-zero",
+    ),
+    pytest.param(
+        serve("drain_timeout_s = 7200"),
+        (Expect(S1, "drain_timeout_s", ("at most 3600 seconds", "got 7200")),),
+        id="drain-timeout-above-router-limit",
     ),
     pytest.param(
         serve('idle_ttl_s = "1h"'),
