@@ -415,11 +415,11 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                     o.elastic is not None
                     and name not in w.policy.no_shrink
                     and res.mib > o.elastic.floor_mib
-                    and (
-                        s.residency is Residency.ON_DEMAND
-                        and w.fresh(o) is None
-                        and name not in w.starting
-                    )
+                    and s.residency is Residency.ON_DEMAND
+                    and w.fresh(o) is None
+                    # a serve started earlier in this plan may be shrunk after its
+                    # await_ready, unless its min_runtime_s protects it
+                    and not (name in w.starting and o.min_runtime_s > 0)
                 ):
                     give = res.mib - o.elastic.floor_mib
                     elastic.append((o, res.mib))
@@ -529,6 +529,30 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     w.starting.add(s.name)
 
 
+def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
+    """Try each start in order; retry the blocked ones while the others made progress.
+
+    One pass is not enough: a requester later in the order may evict or shrink what
+    blocked an earlier serve (a resident waiting for room an on-demand eviction makes).
+    Each retry pass starts at least one more serve, so this ends; only the last pass's
+    blocked entries are kept.
+    """
+    pending = serves
+    while pending:
+        mark = len(w.blocked)
+        still: list[ServeSpec] = []
+        for s in pending:
+            before = len(w.blocked)
+            _try_start(w, s)
+            if len(w.blocked) > before:
+                still.append(s)
+        if not still or len(still) == len(pending):
+            return
+        names = {s.name for s in still}
+        w.blocked = w.blocked[:mark] + [b for b in w.blocked[mark:] if b.serve not in names]
+        pending = still
+
+
 def _start_reason(w: _Work, s: ServeSpec) -> str:
     if s.desired is DesiredRun.RUNNING:
         return f"{s.name} is desired running"
@@ -623,9 +647,7 @@ def plan_transitions(
     ordered = _start_order(w, wants, active)
     first = [s for s in ordered if s.residency in (Residency.RESIDENT, Residency.ON_DEMAND)]
     rest = [s for s in ordered if s.residency not in (Residency.RESIDENT, Residency.ON_DEMAND)]
-    for s in first:
-        _try_start(w, s)
+    _start_all(w, first)
     _grow(w)
-    for s in rest:
-        _try_start(w, s)
+    _start_all(w, rest)
     return Plan(tuple(w.steps), tuple(w.blocked), ledger, w.ledger, tuple(notes))

@@ -146,7 +146,8 @@ _BLUEPRINT_FIELDS: dict[str, st.SearchStrategy[object]] = {
 }
 _blueprints = st.builds(_Blueprint, **_BLUEPRINT_FIELDS)
 #: Contention: serves of a third or a half of a budget; on-demand requesters that want to
-#: run and evictable serves that run (not fresh), so that requesters evict or shrink.
+#: run (some exclusive) and holders that run (mostly evictable, rarely fresh), so that
+#: requesters have to evict, shrink or stop for a port or exclusivity.
 _CONTENDED_FIELDS = {
     **_BLUEPRINT_FIELDS,
     "size": st.sampled_from([("fraction", 2), ("fraction", 3), ("fraction", 3), ("fraction", 4)]),
@@ -161,15 +162,19 @@ _contended_blueprints = st.one_of(
             "residency": st.just(Residency.ON_DEMAND),
             "desired": st.sampled_from([DesiredRun.RUNNING, None]),
             "state": st.sampled_from([ContainerState.ABSENT, ContainerState.EXITED]),
+            "two_roles": st.integers(0, 2).map(lambda k: k == 0),
         },
     ),
-    st.builds(  # a victim
+    st.builds(  # a holder
         _Blueprint,
         **{
             **_CONTENDED_FIELDS,
-            "residency": st.just(Residency.EVICTABLE),
+            "residency": st.sampled_from(
+                [Residency.EVICTABLE, Residency.EVICTABLE, Residency.EVICTABLE, *RESIDENCIES]
+            ),
             "desired": st.sampled_from([DesiredRun.RUNNING, None]),
             "state": st.just(ContainerState.RUNNING),
+            "gpu_inference": st.just(True),
         },
     ),
 )

@@ -1,0 +1,283 @@
+"""``choose_victims`` against brute force, against largest-first, and its tie-breakers.
+
+The reference here is written from DESIGN §3, not from ``statemachine.victims``: a set
+*covers* when it frees at least the shortfall on every role that is short, and sets
+are ordered by (number of victims, MiB freed beyond the shortfall summed over the short
+roles, priorities highest first, start times latest first with unknown as 0, names).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from itertools import combinations
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from statemachine.victims import Candidate, choose_victims, largest_first
+
+SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+NAMES = ("ada", "bob", "cyd", "dee", "eve", "fay", "gus", "hal", "ivy", "jon")
+Key = tuple[int, int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]
+
+
+# ----- the reference ----------------------------------------------------------------------
+def positive(shortfall: Mapping[str, int]) -> dict[str, int]:
+    return {r: n for r, n in shortfall.items() if n > 0}
+
+
+def freed(victims: Sequence[Candidate], short: Mapping[str, int]) -> dict[str, int]:
+    return {r: sum(v.mib for v in victims if r in v.gpu_roles) for r in short}
+
+
+def ref_covers(victims: Sequence[Candidate], short: Mapping[str, int]) -> bool:
+    got = freed(victims, short)
+    return all(got[r] >= n for r, n in short.items())
+
+
+def freed_total(victims: Sequence[Candidate], short: Mapping[str, int]) -> int:
+    """MiB freed on the roles that are short, summed."""
+    return sum(freed(victims, short).values())
+
+
+def ref_key(victims: Sequence[Candidate], short: Mapping[str, int]) -> Key:
+    return (
+        len(victims),
+        freed_total(victims, short) - sum(short.values()),
+        tuple(sorted((v.priority for v in victims), reverse=True)),
+        tuple(sorted((v.started_at or 0.0 for v in victims), reverse=True)),
+        tuple(sorted(v.name for v in victims)),
+    )
+
+
+def brute_force(
+    candidates: Sequence[Candidate], shortfall: Mapping[str, int]
+) -> tuple[Candidate, ...] | None:
+    """The best covering subset by ``ref_key``, over every subset; None if none covers."""
+    short = positive(shortfall)
+    best: tuple[Candidate, ...] | None = None
+    for k in range(len(candidates) + 1):
+        for combo in combinations(candidates, k):
+            if ref_covers(combo, short) and (
+                best is None or ref_key(combo, short) < ref_key(best, short)
+            ):
+                best = combo
+    return best
+
+
+# ----- strategies -------------------------------------------------------------------------
+def candidate_lists(
+    *, roles: tuple[str, ...], min_size: int, max_size: int
+) -> st.SearchStrategy[list[Candidate]]:
+    role_sets = [(r,) for r in roles] + ([roles] if len(roles) == 2 else [])
+    return st.lists(
+        st.builds(
+            Candidate,
+            name=st.sampled_from(NAMES),
+            gpu_roles=st.sampled_from(role_sets),
+            mib=st.integers(1, 60) | st.sampled_from([10, 20, 30]),  # ties are common
+            priority=st.integers(0, 3),
+            started_at=st.none() | st.integers(0, 20).map(float),
+        ),
+        min_size=min_size,
+        max_size=max_size,
+        unique_by=lambda c: c.name,
+    )
+
+
+@st.composite
+def instances(
+    draw: st.DrawFn, *, min_size: int = 0, max_size: int = 8
+) -> tuple[list[Candidate], dict[str, int]]:
+    """1-2 roles, candidates on them, and a shortfall (sometimes non-positive on a role)."""
+    roles = draw(st.sampled_from([("a",), ("a", "b")]))
+    cands = draw(candidate_lists(roles=roles, min_size=min_size, max_size=max_size))
+    shortfall = {r: draw(st.integers(-20, 200) | st.integers(1, 60)) for r in roles}
+    if draw(st.booleans()):
+        shortfall["z"] = draw(st.integers(-5, 0))  # a role with no shortfall, no candidates
+    return cands, shortfall
+
+
+def describe(victims: Sequence[Candidate] | None) -> list[str] | None:
+    if victims is None:
+        return None
+    return [f"{v.name}:{'+'.join(v.gpu_roles)}:{v.mib}:p{v.priority}" for v in victims]
+
+
+# ----- exact search -----------------------------------------------------------------------
+@SETTINGS
+@given(instances())
+def test_exact_search_is_the_brute_force_optimum(
+    instance: tuple[list[Candidate], dict[str, int]],
+) -> None:
+    cands, shortfall = instance
+    short = positive(shortfall)
+    got = choose_victims(cands, shortfall)
+    best = brute_force(cands, shortfall)
+    assert (got is None) == (best is None), f"got {describe(got)}, brute force {describe(best)}"
+    if got is None or best is None:
+        assert not ref_covers(cands, short)
+        return
+    assert len({v.name for v in got}) == len(got)
+    assert all(v in cands for v in got)
+    assert list(got) == sorted(got, key=lambda v: v.name)
+    assert ref_covers(got, short)
+    assert ref_key(got, short) == ref_key(best, short), (
+        f"got {describe(got)}, brute force {describe(best)}"
+    )
+    if not short:
+        assert got == ()
+
+
+@SETTINGS
+@given(instances())
+def test_exact_search_is_never_worse_than_largest_first(
+    instance: tuple[list[Candidate], dict[str, int]],
+) -> None:
+    cands, shortfall = instance
+    short = positive(shortfall)
+    got = choose_victims(cands, shortfall)
+    base = largest_first([c for c in cands if set(c.gpu_roles) & set(short)], short)
+    assert (got is None) == (base is None)
+    if got is None or base is None:
+        return
+    assert ref_covers(base, short)
+    assert ref_key(got, short) <= ref_key(base, short)
+    assert len(got) <= len(base)
+    assert (len(got), freed_total(got, short)) <= (len(base), freed_total(base, short))
+
+
+# ----- the greedy path (more candidates than exact_limit) ---------------------------------
+@SETTINGS
+@given(instances(min_size=4, max_size=10))
+def test_greedy_covers_and_is_never_worse_than_largest_first(
+    instance: tuple[list[Candidate], dict[str, int]],
+) -> None:
+    cands, shortfall = instance
+    short = positive(shortfall)
+    got = choose_victims(cands, shortfall, exact_limit=3)
+    base = largest_first([c for c in cands if set(c.gpu_roles) & set(short)], short)
+    assert (got is None) == (not ref_covers(cands, short)), describe(got)
+    assert (got is None) == (base is None)
+    if got is None or base is None:
+        return
+    assert len({v.name for v in got}) == len(got)
+    assert all(v in cands for v in got)
+    assert ref_covers(got, short), describe(got)
+    assert len(got) <= len(base), f"greedy {describe(got)}, largest first {describe(base)}"
+    assert freed_total(got, short) <= freed_total(base, short), (
+        f"greedy {describe(got)} frees {freed(got, short)}, "
+        f"largest first {describe(base)} frees {freed(base, short)}"
+    )
+    assert ref_key(got, short) <= ref_key(base, short)
+
+
+# ----- tie-breakers -----------------------------------------------------------------------
+def c(
+    name: str,
+    mib: int,
+    *,
+    roles: tuple[str, ...] = ("a",),
+    priority: int = 0,
+    started_at: float | None = None,
+) -> Candidate:
+    return Candidate(name, roles, mib, priority, started_at)
+
+
+TIE_BREAKS = [
+    pytest.param(
+        [c("one", 150), c("two", 50), c("three", 50)],
+        {"a": 100},
+        ["one"],
+        id="fewest-victims-beats-overshoot",
+    ),
+    pytest.param(
+        [c("x", 100, roles=("a", "b")), c("ya", 100), c("yb", 100, roles=("b",))],
+        {"a": 100, "b": 100},
+        ["x"],
+        id="fewest-victims-two-roles",
+    ),
+    pytest.param(
+        [c("big", 150), c("snug", 120), c("huge", 400)],
+        {"a": 100},
+        ["snug"],
+        id="least-overshoot",
+    ),
+    pytest.param(
+        [c("p2", 60), c("p0", 70), c("q", 50)],
+        {"a": 100},
+        ["p2", "q"],
+        id="least-overshoot-among-pairs",
+    ),
+    pytest.param(
+        [c("low", 150, priority=3), c("high", 120, priority=0)],
+        {"a": 100},
+        ["high"],
+        id="overshoot-beats-priority",
+    ),
+    pytest.param(
+        [c("imp", 100, priority=2), c("minor", 100, priority=1)],
+        {"a": 100},
+        ["minor"],
+        id="lower-priority",
+    ),
+    pytest.param(
+        [c("old", 100, priority=1, started_at=1.0), c("new", 100, priority=0, started_at=9.0)],
+        {"a": 100},
+        ["new"],
+        id="priority-beats-recency",
+    ),
+    pytest.param(
+        [c("recent", 100, started_at=50.0), c("stale", 100, started_at=10.0)],
+        {"a": 100},
+        ["stale"],
+        id="least-recently-started",
+    ),
+    pytest.param(
+        [c("seen", 100, started_at=5.0), c("unknown", 100)],
+        {"a": 100},
+        ["unknown"],
+        id="unknown-start-counts-as-oldest",
+    ),
+    pytest.param(
+        [c("zed", 100), c("abe", 100)],
+        {"a": 100},
+        ["abe"],
+        id="name",
+    ),
+    pytest.param(
+        [c("zed", 50), c("abe", 50), c("kim", 50)],
+        {"a": 100},
+        ["abe", "kim"],
+        id="name-among-pairs",
+    ),
+    pytest.param(
+        # {abe, zed} and {bob, cat} both free exactly 100: sorted names (abe, zed) < (bob, cat)
+        [c("abe", 60), c("zed", 40), c("bob", 50), c("cat", 50)],
+        {"a": 100},
+        ["abe", "zed"],
+        id="name-compares-sorted-names",
+    ),
+    pytest.param(
+        [c("a1", 100)],
+        {"a": 0, "b": -5},
+        [],
+        id="no-shortfall-no-victims",
+    ),
+    pytest.param(
+        [c("a1", 60), c("b1", 500, roles=("b",))],
+        {"a": 100},
+        None,
+        id="cannot-cover",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cands", "shortfall", "expected"), TIE_BREAKS)
+def test_tie_breakers(
+    cands: list[Candidate], shortfall: dict[str, int], expected: list[str] | None
+) -> None:
+    got = choose_victims(cands, shortfall)
+    assert (None if got is None else [v.name for v in got]) == expected
+    assert got == brute_force(cands, shortfall)  # the table agrees with the reference
