@@ -64,7 +64,7 @@ def unknown_serve(name: str, desired: DesiredState) -> str:
 
 def validated(mset: ManifestSet, desired: DesiredState) -> None:
     """The human answer of ``validate``."""
-    files = ", ".join(str(f) for f in mset.files)
+    files = escape(", ".join(str(f) for f in mset.files))
     in_ledger = sum(1 for s in desired.serves.values() if desired.in_ledger(s))
     out.print(
         f"[green]valid[/green]: {files}: {len(desired.serves)} serves "
@@ -72,7 +72,7 @@ def validated(mset: ManifestSet, desired: DesiredState) -> None:
     )
     for r in desired.roles.values():
         out.print(
-            f"  {r.id}: capacity {r.capacity_mib} - reserve {r.reserve_mib} "
+            f"  {escape(r.id)}: capacity {r.capacity_mib} - reserve {r.reserve_mib} "
             f"= budget {r.budget_mib} MiB"
         )
 
@@ -94,12 +94,15 @@ def status(report: HostStatus) -> None:
         drift = signed(r.drift_used_mib)
         if r.drift_total_mib:
             drift += f" (device total {signed(r.drift_total_mib)} vs declared)"
+        committed = Text(mib(v.committed_mib))
+        if r.overcommitted:
+            committed.append(" OVER", style="bold red")
         roles.add_row(
-            v.gpu_role,
+            Text(v.gpu_role),
             mib(v.capacity_mib),
             mib(v.reserve_mib),
             mib(v.budget_mib),
-            mib(v.committed_mib) + (" [bold red]OVER[/bold red]" if r.overcommitted else ""),
+            committed,
             mib(v.free_mib),
             mib(r.nvml_used_mib) if r.device_found else UNKNOWN,
             drift,
@@ -108,7 +111,7 @@ def status(report: HostStatus) -> None:
     serves = Table(title="Serves", title_justify="left")
     cols = ("serve", "role", "residency", "desired", "container", "health", "lifecycle")
     for col in cols:
-        serves.add_column(col)
+        serves.add_column(col, overflow="fold")
     for col in ("reserved MiB", "nvml used", "drift"):
         serves.add_column(col, justify="right")
     for s in report.serves:
@@ -121,12 +124,12 @@ def status(report: HostStatus) -> None:
         else:
             held = "-"
         serves.add_row(
-            s.serve,
-            ",".join(s.gpu_roles) or "-",
+            Text(s.serve),
+            Text(",".join(s.gpu_roles) or "-"),
             s.residency or "-",
             s.desired or "unmanaged",
             s.state,
-            s.health or "-",
+            Text(s.health or "-"),
             s.lifecycle,
             held,
             mib(s.nvml_used_mib) if s.committed else "-",
@@ -136,20 +139,23 @@ def status(report: HostStatus) -> None:
     if report.undeclared_gpu:
         out.print(
             "[bold red]undeclared GPU containers[/bold red] (no manifest reserves their memory): "
-            + ", ".join(report.undeclared_gpu)
+            + escape(", ".join(report.undeclared_gpu))
         )
 
 
 def fit(result: FitResult) -> None:
     """The human answer of ``fit``."""
     verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
-    out.print(f"{result.serve}: {verdict}: {result.reason}")
+    out.print(f"{escape(result.serve)}: {verdict}: {escape(result.reason)}")
     for t in result.terms:
         parts = " + ".join(f"{h} {m}" for h, m in t.reservations) or "nothing"
         out.print(
-            f"  {t.gpu_role}: capacity {t.capacity_mib} - reserve {t.reserve_mib} = budget "
-            f"{t.budget_mib}; committed {mib(t.committed_mib)} ({parts}); free {mib(t.free_mib)}; "
-            f"requested {t.requested_mib}; shortfall {mib(t.shortfall_mib)}"
+            escape(
+                f"  {t.gpu_role}: capacity {t.capacity_mib} - reserve {t.reserve_mib} = budget "
+                f"{t.budget_mib}; committed {mib(t.committed_mib)} ({parts}); "
+                f"free {mib(t.free_mib)}; requested {t.requested_mib}; "
+                f"shortfall {mib(t.shortfall_mib)}"
+            )
         )
     for label, items in (
         ("drain", result.drain),
@@ -157,9 +163,11 @@ def fit(result: FitResult) -> None:
         ("blockers", result.blockers),
     ):
         if items:
-            out.print(f"  {label}: " + ", ".join(items))
+            out.print(f"  {label}: " + escape(", ".join(items)))
     for s in result.shrink:
-        out.print(f"  shrink: {s['serve']} gives back {s['give_mib']} MiB (to {s['to_mib']} MiB)")
+        out.print(
+            escape(f"  shrink: {s['serve']} gives back {s['give_mib']} MiB (to {s['to_mib']} MiB)")
+        )
 
 
 def plan(result: Plan) -> None:
@@ -167,7 +175,7 @@ def plan(result: Plan) -> None:
     if result.empty and not result.blocked:
         out.print("[green]nothing to do[/green]: the host matches the manifest")
     for note in result.notes:
-        out.print(f"[bold red]note[/bold red]: {note}")
+        out.print(f"[bold red]note[/bold red]: {escape(note)}")
     if result.steps:
         out.print(f"[bold]{len(result.steps)} steps[/bold]:")
     for i, s in enumerate(result.steps, 1):
@@ -179,13 +187,13 @@ def plan(result: Plan) -> None:
         roles = f" [{', '.join(s.gpu_roles)}]" if s.gpu_roles else ""
         style = _STEP_STYLE.get(s.action, "")
         out.print(
-            f"  {i:>3}. [{style}]{s.action:<11}[/{style}] {s.serve}{roles}{amount}"
-            f"  [dim]— {s.reason}[/dim]"
+            f"  {i:>3}. [{style}]{s.action:<11}[/{style}] {escape(s.serve + roles)}{amount}"
+            f"  [dim]— {escape(s.reason)}[/dim]"
         )
     for b in result.blocked:
-        out.print(f"[yellow]blocked[/yellow] {b.serve}: {b.reason}")
+        out.print(f"[yellow]blocked[/yellow] {escape(b.serve)}: {escape(b.reason)}")
         for p in b.protected:
-            out.print(f"    protected: {p.serve} ({mib(p.mib)} MiB): {p.why}")
+            out.print(escape(f"    protected: {p.serve} ({mib(p.mib)} MiB): {p.why}"))
     table = Table(title="Ledger (MiB): before → after", title_justify="left")
     for col in ("role", "budget", "committed", "free"):
         table.add_column(col, justify="left" if col == "role" else "right")
@@ -193,7 +201,7 @@ def plan(result: Plan) -> None:
         before = result.ledger_before.view(rid)
         after = result.ledger_after.view(rid)
         table.add_row(
-            rid,
+            Text(rid),
             mib(before.budget_mib),
             f"{mib(before.committed_mib)} → {mib(after.committed_mib)}",
             f"{mib(before.free_mib)} → {mib(after.free_mib)}",
