@@ -602,16 +602,23 @@ def test_dry_run_executes_nothing(fleet: Fleet) -> None:
     run = fleet.start("--dry-run").started()
     assert any(m.startswith("vramctl run: ") and "dry run" in m for m in run.messages())
     run.wait_log("dry run: would start a")
-    # more cycles pass (resync): still only words
+    # the same plan is logged and journalled once, however many resyncs pass; a
+    # manifest edit that changes the plan is planned (in words) again
+    time.sleep(2.5)
+    assert sum("dry run: would reserve a" in m for m in run.messages()) == 1
+    fleet.write(
+        ROLE + serve_toml("a", mib=3000, residency="resident", port=port, desired="running")
+    )
     wait_for(
-        "a second dry-run cycle",
-        lambda: sum("dry run: would start a" in m for m in run.messages()) >= 2,
+        "the edited plan",
+        lambda: any("would reserve a: reserve 3000 MiB" in m for m in run.messages()),
     )
     assert fleet.state("a") == "created"
     assert run.steps() == []
     assert run.stop() == 0, run.text()
     assert fleet.our_events(t0) == []
-    assert all(c.dry_run and c.outcome is None for c in fleet.cycles())
+    cycles = fleet.cycles()
+    assert len(cycles) == 2 and all(c.dry_run and c.outcome is None for c in cycles)
 
 
 def test_second_controller_on_a_state_dir_is_refused(fleet: Fleet) -> None:
