@@ -633,6 +633,21 @@ def create_app(
                 headers=headers,
             )
         ttl = body.ttl_s if body is not None else None
+        active = {r.serve for r in controller.journal.active_requests()}
+        if observed.container(spec.container).holds and serve not in active:
+            # running already, and not because of a request: recording one would make the
+            # loop stop it when the request ends, which nobody asked for
+            return JSONResponse(
+                {
+                    "status": 202,
+                    "serve": serve,
+                    "message": f"{serve} is already running (not started by a request): "
+                    "nothing to do, and no request is recorded, so nothing will stop it",
+                    "steps": [],
+                    "request": None,
+                },
+                status_code=202,
+            )
         controller.request_up(serve, ttl)
         effective_ttl = ttl if ttl is not None else spec.idle_ttl_s
         record = next((r for r in controller.journal.active_requests() if r.serve == serve), None)

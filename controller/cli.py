@@ -252,7 +252,10 @@ def _load_saved_plan(path: Path) -> dict[str, Any]:
     except json.JSONDecodeError as exc:
         _fail(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}")
     if not isinstance(data, dict) or "steps" not in data or "observed" not in data:
-        _fail(f"{path}: not a saved plan (write one with `vramctl plan --out {path}`)")
+        _fail(
+            f"{path}: not a saved plan: it has no steps and observation "
+            "(`vramctl plan --out FILE` writes one)"
+        )
     return data
 
 
@@ -333,8 +336,17 @@ def apply(
         unknown = sorted({st.serve for st in steps} - set(desired.serves))
         if unknown:
             _fail(f"{plan_file}: names serves the manifest does not declare: {', '.join(unknown)}")
+        from statemachine.ledger import Refusal
+        from statemachine.simulate import apply_step
+
         base = ledger_from_observed(desired, observed)
-        the_plan = Plan(steps, (), base, base)
+        ledger_after = base
+        for i, st in enumerate(steps, 1):
+            moved = apply_step(ledger_after, st)
+            if isinstance(moved, Refusal):
+                _fail(f"{plan_file}: step {i} ({st.action} {st.serve}) is refused: {moved.message}")
+            ledger_after = moved
+        the_plan = Plan(steps, (), base, ledger_after)
     else:
         the_plan = plan_transitions(desired, observed, Policy(), _now(snap))
     if not json_out:

@@ -180,17 +180,17 @@ class Executor:
         """What is knowable now and would make the plan fail half-way; empty when fine."""
         problems: list[str] = []
         actions = {s.action for s in plan.steps}
-        if actions & {Action.QUIESCE, Action.DRAIN, Action.READMIT}:
+        if actions & {Action.QUIESCE, Action.DRAIN}:
             tiers = sorted({s.serve for s in plan.steps if s.action is Action.DRAIN})
             if self.router is None:
                 problems.append(
-                    "the plan drains router tiers (" + ", ".join(tiers or ["readmit"]) + ") but "
-                    "no router is configured: set --router-url / VRAMCTL_ROUTER_URL"
+                    "the plan drains router tiers (" + ", ".join(tiers) + ") before stopping "
+                    "them, but no router is configured: set --router-url / VRAMCTL_ROUTER_URL"
                 )
-            else:
-                err = self.router.check()
-                if err is not None:
-                    problems.append(f"router {self.router.base_url}: {err}")
+        if self.router is not None and actions & {Action.QUIESCE, Action.DRAIN, Action.READMIT}:
+            err = self.router.check()
+            if err is not None:
+                problems.append(f"router {self.router.base_url}: {err}")
         stopped_ports: set[int] = set()
         for step in plan.steps:
             serve = self.desired.serves[step.serve]
@@ -248,7 +248,7 @@ class Executor:
                     logger.error("preflight: {}", problem)
                 report.lifecycles = {n: str(m.state) for n, m in machines.items()}
                 return report
-        run = _Run(self, ledger, machines)
+        run = _Run(self, ledger, machines, observed)
         for step in plan.steps:
             if self.stop_event.is_set() and not report.stopped_early:
                 report.stopped_early = True
@@ -308,14 +308,22 @@ class Executor:
 class _Run:
     """The state of one execution: the live ledger, the machines, what to undo."""
 
-    def __init__(self, ex: Executor, ledger: Ledger, machines: dict[str, ServeLifecycle]) -> None:
+    def __init__(
+        self,
+        ex: Executor,
+        ledger: Ledger,
+        machines: dict[str, ServeLifecycle],
+        observed: Observed,
+    ) -> None:
         self.ex = ex
+        self.observed = observed
         self.ledger = ledger
         self.machines = machines
         self.failed_groups: set[str] = set()
         self.quiesced: dict[str, list[str]] = {}  # group -> serves quiesced, not yet stopped
         self.reserved: dict[str, str] = {}  # serve -> group, reserved but not yet started
         self.used_before_stop: dict[str, dict[str, int]] = {}  # serve -> role -> NVML used
+        self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
 
     # -- helpers ---------------------------------------------------------------------
     def serve(self, name: str) -> ServeSpec:
@@ -396,6 +404,7 @@ class _Run:
 
     def stop(self, step: Step, s: ServeSpec) -> str:
         self.used_before_stop[s.name] = self.role_used(s.gpu_roles)
+        self.attributed[s.name] = self.observed.container(s.container).gpu_used_mib
         timeout = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
         self.fire(s.name, "stop")
         try:
@@ -420,28 +429,34 @@ class _Run:
         return f"{s.container} exited" + (f" ({code})" if code is not None else "")
 
     def release(self, step: Step, s: ServeSpec) -> str:
+        """Confirm the stop freed the memory, then release the reservation.
+
+        A serve need not use all it reserved, so the drop to wait for is what NVML
+        attributed to its container before the stop (``gpu_used_mib``); where that is
+        unknown (no per-process figures, e.g. WSL2) the exited container is the only
+        confirmation there is, and the step says so.
+        """
         before = self.used_before_stop.get(s.name, {})
+        attributed = self.attributed.get(s.name)
         mib = step.mib or 0
-        waited = ""
-        if before:
+        waited = "; NVML cannot attribute memory to the container: confirmed by its exit"
+        if before and attributed is not None:
+            tol = self.ex.config.memory_tolerance_mib
+            limit = {r: before[r] - attributed + tol for r in before}
             deadline = time.monotonic() + self.ex.config.memory_wait_s
             while True:
                 now = self.role_used(s.gpu_roles)
-                pending = {
-                    r: (now[r], before[r] - mib + self.ex.config.memory_tolerance_mib)
-                    for r in before
-                    if r in now and now[r] > before[r] - mib + self.ex.config.memory_tolerance_mib
-                }
+                pending = {r: (now[r], limit[r]) for r in before if r in now and now[r] > limit[r]}
                 if not pending:
-                    waited = "; NVML shows the memory back"
+                    waited = f"; NVML shows its {attributed} MiB back"
                     break
                 if time.monotonic() >= deadline:
                     detail = ", ".join(
                         f"{r} used {u} MiB > {lim} MiB" for r, (u, lim) in pending.items()
                     )
                     raise StepError(
-                        f"{s.container} exited but its memory did not come back within "
-                        f"{self.ex.config.memory_wait_s:g}s ({detail}); "
+                        f"{s.container} exited but the {attributed} MiB it used did not come "
+                        f"back within {self.ex.config.memory_wait_s:g}s ({detail}); "
                         "the release is not confirmed"
                     )
                 time.sleep(self.ex.config.poll_s)
@@ -536,6 +551,8 @@ class _Run:
 
     def readmit(self, step: Step, s: ServeSpec) -> str:
         assert s.router_tier is not None
+        if self.ex.router is None:  # nothing was quiesced without a router: nothing to undo
+            return f"no router is configured: tier {s.router_tier} not readmitted"
         try:
             ans = self.router().transition("readmit", s.router_tier)
         except RouterError as exc:
@@ -545,8 +562,15 @@ class _Run:
         return f"tier {s.router_tier} readmitted"
 
     def resize(self, step: Step, s: ServeSpec) -> str:
+        """Shrink: the engine first, then the ledger. Grow: the ledger first, then the engine.
+
+        Either way the ledger never counts less than the engine may hold.
+        """
         if s.elastic is None or step.to_mib is None:
             raise StepError(f"{s.name} is not elastic")
+        resized = self.ledger.resize(s.name, step.to_mib)
+        if isinstance(resized, Refusal):
+            raise StepError(f"the ledger refuses: {resized.message}")
         target = self.reserve_target(step, s)
         token = _env_token(s.elastic.token_env)
         try:
@@ -554,12 +578,15 @@ class _Run:
         except ElasticError as exc:
             raise StepError(f"elastic {step.action} of {s.name}: {exc}") from None
         ok, why = elastic_ok(ans, target)
-        if not ok:
-            raise StepError(f"elastic {step.action} of {s.name} (reserve_mib {target}): {why}")
-        result = self.ledger.resize(s.name, step.to_mib)
-        if isinstance(result, Refusal):
-            raise StepError(f"the ledger refuses: {result.message}")
-        self.ledger = result
+        if step.action is Action.GROW:
+            # the engine may have grown in part: count the whole grow, never less
+            self.ledger = resized
+            if not ok:
+                raise StepError(f"elastic grow of {s.name} (reserve_mib {target}): {why}")
+        elif not ok:
+            raise StepError(f"elastic shrink of {s.name} (reserve_mib {target}): {why}")
+        else:
+            self.ledger = resized
         self.fire(s.name, str(step.action))
         return f"{s.name} now holds {step.to_mib} MiB ({why})"
 
@@ -567,8 +594,11 @@ class _Run:
         """The ``reserve_mib`` to ask of the engine: the free MiB the card must show after.
 
         With NVML: the device's free MiB now plus what the shrink gives back (minus what a
-        grow takes). Without: the ledger's free MiB on the role after the resize. A grow
-        back to the full reservation asks for ``null`` (the engine's start-up default).
+        grow takes). Without: the role's capacity minus what the ledger commits after the
+        resize (the card must show at least that free; the role's reserve is not counted
+        as free, so a card whose reserve is in use answers "partial" rather than give back
+        less than the ledger credits). A grow back to the full reservation asks for
+        ``null`` (the engine's start-up default).
         """
         if (
             step.action is Action.GROW
@@ -585,8 +615,8 @@ class _Run:
             dev = by_uuid.get(role.uuid) if role is not None and role.uuid else None
             if dev is not None and dev.free_mib is not None:
                 return max(0, dev.free_mib + signed)
-        role_id = s.gpu_roles[0]
-        return max(0, self.ledger.free_mib(role_id) + signed)
+        role = self.ex.desired.roles[s.gpu_roles[0]]
+        return max(0, role.capacity_mib - self.ledger.committed_mib(role.id) + signed)
 
     # -- undo -------------------------------------------------------------------------
     def compensate(self, failed: Step) -> None:
@@ -616,7 +646,10 @@ class _Run:
             self._settle_failed_start(failed.serve)
         if failed is not None and failed.action is Action.SHRINK and failed.to_mib is not None:
             s = self.serve(failed.serve)
-            if s.elastic is not None:  # a partial shrink: ask for the start-up default back
+            held = self.ledger.holdings.get(s.name)
+            # a partial shrink from full: ask for the start-up default back. From a shrunk
+            # size, leave it: the engine holds no more than the ledger counts.
+            if s.elastic is not None and held is not None and held.mib == s.vram_mib:
                 try:
                     self.ex.elastic.set_reserve(
                         s.elastic.url, None, token=_env_token(s.elastic.token_env)

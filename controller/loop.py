@@ -171,7 +171,11 @@ class Controller:
             logger.error("{}", exc)
             return 1
         try:
-            self.journal = Journal.open(journal_path(self.state_dir))
+            # a dry run keeps its own journal: its requests and cycles never reach a real run
+            path = journal_path(self.state_dir)
+            if self.options.dry_run:
+                path = path.with_name("journal.dry-run.sqlite3")
+            self.journal = Journal.open(path)
         except Exception as exc:
             logger.error("cannot open the journal in {}: {}", self.state_dir, exc)
             self._lock.release()
@@ -370,6 +374,12 @@ class Controller:
             if self.options.dry_run:
                 for step in plan.steps:
                     logger.info("dry run: would {} {}: {}", step.action, step.serve, step.reason)
+                try:
+                    problems = await asyncio.to_thread(self._executor_for().preflight, plan)
+                except Exception as exc:  # docker unreachable: the cycle already said so
+                    problems = [f"preflight could not run: {exc}"]
+                for problem in problems:
+                    logger.warning("dry run: a real run would refuse this plan: {}", problem)
             else:
                 executor = self._executor_for()
                 executor.desired = desired
@@ -399,12 +409,29 @@ class Controller:
         return summary
 
     def _note_deaths(self, observed: Any, now: float) -> None:
-        """A desired-running serve found dead counts as a failure (crash loops back off)."""
+        """A serve the loop keeps running (desired or requested) found dead is a failure.
+
+        Failures count up (the backoff doubles) until the serve has stayed up for the
+        backoff cap; a start that becomes healthy only lifts the current hold, so a
+        serve that crashes after every healthy start backs off ever longer.
+        """
+        requested = {r.serve for r in self.journal.active_requests()}
         for s in self.mset.desired().serves.values():
-            if s.desired is not DesiredRun.RUNNING or not observed.docker_ok:
+            if not observed.docker_ok:
+                return
+            if s.desired is not DesiredRun.RUNNING and s.name not in requested:
                 continue
             obs = observed.container(s.container)
-            if lifecycle_from_observation(obs) != "failed":
+            state = lifecycle_from_observation(obs)
+            b0 = self.backoff.get(s.name)
+            if (
+                state == "running"
+                and b0 is not None
+                and obs.started_at is not None
+                and now - obs.started_at > self.options.backoff_cap_s
+            ):
+                del self.backoff[s.name]  # it has stayed up: the crash loop is over
+            if state != "failed":
                 continue
             if obs.started_at is not None and self._stopped_by_us.get(s.name) == obs.started_at:
                 continue  # exited non-zero because we stopped it (an eviction), not a crash
@@ -430,7 +457,9 @@ class Controller:
                 if r.outcome is Outcome.FAILED:
                     self._fail(name, r.detail, now)
                 elif r.outcome is Outcome.OK and r.step.action is Action.AWAIT_READY:
-                    self.backoff.pop(name, None)
+                    b = self.backoff.get(name)
+                    if b is not None:
+                        b.until = 0.0  # healthy: no hold, but the count stays until it lasts
             elif r.step.action in (Action.SHRINK, Action.GROW):
                 if r.outcome is Outcome.OK and r.step.to_mib is not None:
                     full = self.mset.desired().serves[name].vram_mib

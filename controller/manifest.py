@@ -1135,6 +1135,33 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
     for entry in entries:
         model = entry.model
         missing = [r for r in model.roles if r not in roles]
+        field = "gpu_roles" if model.gpu_roles is not None else "gpu_role"
+        near = {r: difflib.get_close_matches(r, list(roles), n=1, cutoff=0.6) for r in missing}
+        if any(near.values()):
+            # a typo would drop the reservation from the ledger without a word: an error
+            for r, close in near.items():
+                if close:
+                    errors.append(
+                        entry.error(
+                            "serve",
+                            field,
+                            f"no [[gpu_roles]] row {_show(r)} in this manifest set; "
+                            f'did you mean "{close[0]}"?',
+                        )
+                    )
+            continue
+        if model.vram_mib is not None:
+            for r in model.roles:
+                role = roles.get(r)
+                if role is not None and model.vram_mib > role.budget_mib:
+                    errors.append(
+                        entry.error(
+                            "serve",
+                            "vram_mib",
+                            f"{model.vram_mib} MiB can never fit role {_show(r)}: its budget is "
+                            f"{role.vram_mib} - {role.reserve_mib} = {role.budget_mib} MiB",
+                        )
+                    )
         if missing and model.vram_mib is not None:
             field = "gpu_roles" if model.gpu_roles is not None else "gpu_role"
             names = ", ".join(_show(r) for r in missing)

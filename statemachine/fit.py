@@ -116,7 +116,9 @@ def fit_serve(
             + [f"shrinking {s['serve']} by {s['give_mib']} MiB" for s in shrinks]
         )
     else:
-        reason = f"{serve.name} fits: {mib} MiB free on " + ", ".join(serve.gpu_roles)
+        reason = f"{serve.name} fits: " + "; ".join(
+            f"{t.requested_mib} MiB requested, {t.free_mib} MiB free on {t.gpu_role}" for t in terms
+        )
     return FitResult(
         serve.name,
         True,

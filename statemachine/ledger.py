@@ -335,8 +335,6 @@ class Ledger:
             return None  # fits: no need for the terms (reservations_on is O(holdings))
         terms = self.terms(holder, gpu_roles, mib)
         short = [t for t in terms if t.shortfall_mib]
-        if not short:
-            return None
         parts = [
             f"{t.gpu_role}: {verb} {t.requested_mib} MiB > free {t.free_mib} MiB "
             f"(capacity {t.capacity_mib} - reserve {t.reserve_mib} = budget {t.budget_mib}; "

@@ -365,12 +365,6 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
             need_stopped(other, f"{s.name} needs {', '.join(s.gpu_roles)} to itself")
         elif s.port is not None and other.port == s.port:
             need_stopped(other, f"holds port {s.port}")
-    if s.port is not None:
-        for name in neighbours:
-            other = w.serve(name)
-            if name in w.starting and other.port == s.port and name not in forced_names:
-                reasons.append(f"{other.name} is being started on port {s.port} in this plan")
-                protected.append(Protected(other.name, other.vram_mib, f"starts on port {s.port}"))
     forced.sort(key=lambda o: o.name)
     in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
 

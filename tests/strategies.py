@@ -342,6 +342,11 @@ def observations(
 policies = st.one_of(
     st.just(Policy()),
     st.integers(0, 3).map(lambda k: Policy(exact_search_limit=k)),
+    st.builds(  # what the controller knows: failed shrinks, serves held back (backoff)
+        Policy,
+        no_shrink=st.frozensets(st.sampled_from(SERVE_NAMES), max_size=3),
+        hold=st.dictionaries(st.sampled_from(SERVE_NAMES), st.just("backoff"), max_size=3),
+    ),
 )
 
 

@@ -18,7 +18,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +26,7 @@ import docker
 import pytest
 from docker.errors import NotFound
 from fake_http import FakeElastic, FakeRouter
-from fakes_nvml import FakeDevice, FakeNvml
+from fakes_nvml import FakeDevice, FakeNvml, FakeProc
 
 from controller.docker_adapter import ContainerObserver, manifest_containers
 from controller.executor import ExecutionReport, ExecutorConfig
@@ -68,6 +68,7 @@ class Host:
     router: FakeRouter
     nvml: FakeNvml
     created: list[str]
+    pids: dict[int, str] = field(default_factory=dict)
 
     def name(self, serve: str) -> str:
         return f"{self.prefix}{serve}"
@@ -103,23 +104,41 @@ class Host:
         return load_manifest_set([path])
 
     def observe(self, mset: ManifestSet) -> Observed:
+        self.drive_nvml(mset)
         observer = ContainerObserver(self.client)
-        snap = observe_host(manifest_containers(mset.serves), observer=observer, nvml=self.nvml)
+        snap = observe_host(
+            manifest_containers(mset.serves),
+            observer=observer,
+            nvml=self.nvml,
+            pid_to_container=self.pids.get,
+        )
         return snap.to_observed()
+
+    def drive_nvml(self, mset: ManifestSet) -> None:
+        """The scripted driver: each running serve container has one process on the
+        device using 60% of its reservation (serves need not use all they reserve)."""
+        used = 300  # the driver's own context
+        procs = []
+        self.pids.clear()
+        for i, s in enumerate(mset.desired().serves.values()):
+            try:
+                c = self.client.containers.get(s.container)
+            except NotFound:
+                continue
+            if c.status != "running" or not s.vram_mib:
+                continue
+            pid = 40_000 + i
+            self.pids[pid] = c.id
+            procs.append(FakeProc(pid=pid, usedGpuMemory=s.vram_mib * 6 // 10 * MIB))
+            used += s.vram_mib * 6 // 10
+        self.nvml.devices[0].used = used * MIB
+        self.nvml.devices[0].compute = procs
 
     def gpus_for(self, mset: ManifestSet) -> Callable[[], tuple[GpuObs, ...] | None]:
         """NVML through the real adapter; device usage follows the running containers."""
-        desired = mset.desired()
 
         def read() -> tuple[GpuObs, ...] | None:
-            used = 300  # the driver's own context
-            for s in desired.serves.values():
-                try:
-                    if self.client.containers.get(s.container).status == "running":
-                        used += s.vram_mib or 0
-                except NotFound:
-                    pass
-            self.nvml.devices[0].used = used * MIB
+            self.drive_nvml(mset)
             return read_gpus(self.nvml)
 
         return read
@@ -242,7 +261,7 @@ def test_on_demand_start_evicts_in_order(host: Host) -> None:
     by = {r.step.action: r for r in report.results if r.step.serve == "llm"}
     assert f"127.0.0.1:{p_llm}/health: 2xx" in by["await_ready"].detail
     release = next(r for r in report.results if str(r.step.action) == "release")
-    assert "NVML shows the memory back" in release.detail
+    assert "NVML shows its 3600 MiB back" in release.detail  # 60% of 6000 was in use
     assert host.state("omni") == "exited"  # stopped, kept
     assert host.state("llm") == "running"
     assert report.lifecycles == {"omni": "stopped", "llm": "running"}
@@ -352,8 +371,9 @@ def test_elastic_shrink_half_succeeds(host: Host) -> None:
         host.container("moe", port=p_moe, running=True)
         host.container("llm", port=p_llm, running=False)
         # budget 10000, committed 8000: llm is 2000 short; moe may give 6000.
-        # NVML: 10000 total, 8300 used -> 1700 free; the shrink asks for 3700 free.
-        engine.script(FakeElastic.partial(3700, vram_free_mib=2900))
+        # NVML: 10000 total, 300 + 60% of 8000 = 5100 used -> 4900 free; the shrink
+        # gives back 2000, so it asks the engine to leave 6900 free.
+        engine.script(FakeElastic.partial(6900, vram_free_mib=5500))
 
         request = (OnDemandRequest("llm", time.time()),)
         plan, report, _ = host.execute(mset, requests=request)
@@ -362,7 +382,7 @@ def test_elastic_shrink_half_succeeds(host: Host) -> None:
         assert actions(report)[:2] == ["shrink moe failed", "reserve llm skipped"]
         assert "partial" in report.results[0].detail
         # it asked for the room, then for its start-up default back (undo)
-        assert engine.reserves() == [3700, None]
+        assert engine.reserves() == [6900, None]
         assert report.ledger.holdings["moe"].mib == 8000  # nothing was given back for sure
         assert host.state("llm") == "created"
 

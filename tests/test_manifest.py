@@ -872,3 +872,19 @@ def test_schema_describes_the_manifest() -> None:
     assert serve_schema["properties"]["vram_mib"]["minimum"] == 1
     assert set(serve_schema["required"]) == {"name", "container"}
     assert schema["$defs"]["GpuRoleModel"]["required"] == ["id", "vram_mib"]
+
+
+def test_near_miss_role_is_an_error_and_an_oversized_reservation_too(tmp_path: Path) -> None:
+    path = tmp_path / "m.toml"
+    path.write_text(
+        '[[gpu_roles]]\nid = "card"\nvram_mib = 8192\nreserve_mib = 1024\n\n'
+        '[[serve]]\nname = "a"\ncontainer = "ca"\ngpu_role = "crad"\nvram_mib = 1000\n\n'
+        '[[serve]]\nname = "b"\ncontainer = "cb"\ngpu_role = "card"\nvram_mib = 9000\n'
+    )
+    with pytest.raises(ManifestError) as exc:
+        load_manifest_set([path])
+    text = "\n".join(str(e) for e in exc.value.errors)
+    assert 'serve "a" (#1): gpu_role: no [[gpu_roles]] row "crad"' in text
+    assert 'did you mean "card"?' in text
+    assert 'serve "b" (#2): vram_mib: 9000 MiB can never fit role "card"' in text
+    assert "8192 - 1024 = 7168 MiB" in text

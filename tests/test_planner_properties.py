@@ -6,7 +6,8 @@ Properties (DESIGN §3, §5):
    over budget is never increased), and the replay ends at ``plan.ledger_after``;
 2. only what the rules allow is stopped: desired stopped, an expired request, or an
    evictable victim of an on-demand requester (never a resident, never inside its
-   ``min_runtime_s``); only wanted serves are started;
+   ``min_runtime_s``); only wanted serves are started (never one held back by the
+   policy), and a serve the policy marks ``no_shrink`` is never shrunk;
 3. determinism: the same input gives the same plan JSON (also from fresh copies of the
    input, and in another process under another PYTHONHASHSEED);
 4. per-serve order: quiesce < drain < stop < release; reserve < start < await_ready <
@@ -146,6 +147,7 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
 
     for name in starts:
         s = d.serves[name]
+        assert name not in sc.policy.hold, f"{name} started though held back"
         assert name not in runs, f"{name} already runs"
         assert s.desired is not DesiredRun.STOPPED, f"{name} is desired stopped"
         assert s.desired is DesiredRun.RUNNING or name in active, (
@@ -175,6 +177,10 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
         assert any(t.action is Action.START and t.serve == r.name for t in steps[i + 1 :]), (
             f"{s.name} evicted for {r.name}, which does not start after it"
         )
+
+    for step in steps:
+        if step.action is Action.SHRINK:
+            assert step.serve not in sc.policy.no_shrink, f"{step.serve} shrunk, no_shrink"
 
     # each group's steps are contiguous, and a group is one serve's intent
     seen: list[str] = []
@@ -316,20 +322,14 @@ START_PARTS = frozenset({Action.RESERVE, Action.START, Action.AWAIT_READY, Actio
 def known_one_pass_effect(p1: Plan, p2: Plan, d: DesiredState) -> str | None:
     """Name the known planner weakness that explains a non-empty second plan, if one does.
 
-    The planner retries blocked starts while other starts make progress, and may shrink
-    an elastic serve it started earlier in the same plan, so a second plan is empty but
-    for these (see the regressions below):
+    * ``evict-then-restart``: plan 2 only starts evictable serves that plan 1 evicted for
+      one requester, because a later requester of plan 1 evicted a bigger one (victims
+      are chosen per requester, not jointly: two victims where one would do).
 
-    * ``evict-then-restart``: an evictable serve evicted in plan 1 for one requester is
-      started again in plan 2, because a later requester of plan 1 evicted a bigger one
-      (victims are chosen per requester, not jointly: two victims where one would do);
-    * ``deferred-shrink``: plan 2 shrinks an elastic serve that plan 1 started and whose
-      ``min_runtime_s`` protected it within plan 1, so that a serve plan 1 blocked starts.
-
-    Anything else in plan 2 is a failure.
+    Anything else in plan 2 is a failure. (Two effects once excused here are fixed: a
+    serve blocked before a later requester made room is retried within the plan, and a
+    serve started earlier in the plan may be shrunk; see ``CONVERGES_NOW``.)
     """
-    blocked1 = {b.serve for b in p1.blocked}
-    started1 = set(names_with(p1, Action.START))
     evicted1 = {
         n
         for n in names_with(p1, Action.STOP)
@@ -337,22 +337,9 @@ def known_one_pass_effect(p1: Plan, p2: Plan, d: DesiredState) -> str | None:
         and d.serves[n].desired is not DesiredRun.STOPPED
     }
     starts2 = set(names_with(p2, Action.START))
-    if any(st.action is Action.GROW for st in p2.steps) or not starts2:
-        return None
-    if any(st.action in START_PARTS and st.serve not in starts2 for st in p2.steps):
-        return None
-    if starts2 <= evicted1:
+    only_starts = all(st.action in START_PARTS and st.serve in starts2 for st in p2.steps)
+    if starts2 and only_starts and starts2 <= evicted1:
         return "evict-then-restart"
-    if not starts2 <= blocked1:
-        return None
-    shrunk2 = [st.serve for st in p2.steps if st.action is Action.SHRINK]
-    if shrunk2 and all(n in started1 and d.serves[n].min_runtime_s > 0 for n in shrunk2):
-        return "deferred-shrink"
-    return None
-    if any(st.action in (Action.STOP, Action.SHRINK) for st in p1.steps):
-        return "single-pass"
-    if all(st.serve in started1 for st in p2.steps if st.action is Action.SHRINK):
-        return "deferred-shrink"
     return None
 
 

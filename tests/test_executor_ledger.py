@@ -1,0 +1,172 @@
+"""The executor's ledger on its failure paths: it never counts less than the GPU holds.
+
+These check the executor's own bookkeeping (what it asks the elastic engine, when it
+releases), so the container runtime is a small in-memory stand-in here; the real
+daemon is driven in tests/test_executor_e2e.py. The elastic engine is the loopback
+HTTP server of tests/fake_http.py, talked to by the real adapter.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from fake_http import FakeElastic
+
+from controller.elastic_adapter import ElasticClient
+from controller.executor import Executor, ExecutorConfig, Outcome
+from controller.snapshot import ContainerModel
+from statemachine.ledger import GpuReservation, Ledger
+from statemachine.planner import Action, Plan, Step
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    Elastic,
+    GpuObs,
+    GpuRole,
+    Observed,
+    Residency,
+    ServeSpec,
+)
+
+
+class Containers:
+    """In-memory container runtime: state per container, stop and start flip it."""
+
+    def __init__(self, running: set[str]) -> None:
+        self.state = {c: "running" for c in running}
+
+    def exists(self, name: str) -> bool:
+        return name in self.state
+
+    def stop(self, name: str, timeout_s: float) -> None:
+        self.state[name] = "exited"
+
+    def start(self, name: str) -> None:
+        self.state[name] = "running"
+
+    def inspect(self, name: str) -> ContainerModel | None:
+        if name not in self.state:
+            return None
+        return ContainerModel(state=ContainerState(self.state[name]), exit_code=0)
+
+    def logs(self, name: str, tail: int = 40) -> str:
+        return ""
+
+
+ROLE = GpuRole("g0", 20_000, 0, uuid="GPU-0")
+
+
+def executor(desired: DesiredState, docker: Containers, gpus: Any, url: str) -> Executor:
+    return Executor(
+        desired,
+        docker=docker,  # type: ignore[arg-type]
+        up_argv=lambda name: None,
+        manifest_dir=lambda name: Path("."),
+        serve_details={},
+        elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
+        gpus=gpus,
+        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
+    )
+
+
+def running(**extra: Any) -> ContainerObs:
+    return ContainerObs(ContainerState.RUNNING, started_at=1.0, **extra)
+
+
+def test_a_grow_the_ledger_refuses_never_reaches_the_engine() -> None:
+    with FakeElastic() as engine:
+        moe = ServeSpec(
+            "moe",
+            "moe",
+            ("g0",),
+            10_000,
+            Residency.RESIDENT,
+            DesiredRun.RUNNING,
+            elastic=Elastic(engine.url, 2000),
+        )
+        big = ServeSpec("big", "big", ("g0",), 15_000, Residency.RESIDENT, DesiredRun.RUNNING)
+        desired = DesiredState({"g0": ROLE}, {"moe": moe, "big": big})
+        observed = Observed(True, {"moe": running(), "big": running()}, elastic_mib={"moe": 2000})
+        ledger = Ledger(
+            {"g0": ROLE},
+            [GpuReservation("moe", ("g0",), 2000), GpuReservation("big", ("g0",), 15_000)],
+        )
+        grow = Step(Action.GROW, "moe", ("g0",), 8000, "grow", to_mib=10_000, group="moe")
+        ex = executor(desired, Containers({"moe", "big"}), lambda: None, engine.url)
+        report = ex.execute(Plan((grow,), (), ledger, ledger), observed, skip_preflight=True)
+        assert [r.outcome for r in report.results] == [Outcome.FAILED]
+        assert "ledger refuses" in report.results[0].detail
+        assert engine.reserves() == []  # the engine was never told to grow
+        assert report.ledger.holdings["moe"].mib == 2000
+
+
+def test_a_failed_shrink_of_a_shrunk_serve_does_not_grow_it_back() -> None:
+    with FakeElastic([FakeElastic.busy()]) as engine:
+        moe = ServeSpec(
+            "moe",
+            "moe",
+            ("g0",),
+            10_000,
+            Residency.RESIDENT,
+            DesiredRun.RUNNING,
+            elastic=Elastic(engine.url, 2000),
+        )
+        desired = DesiredState({"g0": ROLE}, {"moe": moe})
+        observed = Observed(True, {"moe": running()}, elastic_mib={"moe": 6000})
+        ledger = Ledger({"g0": ROLE}, [GpuReservation("moe", ("g0",), 6000)])
+        shrink = Step(Action.SHRINK, "moe", ("g0",), 2000, "shrink", to_mib=4000, group="r")
+        ex = executor(desired, Containers({"moe"}), lambda: None, engine.url)
+        report = ex.execute(Plan((shrink,), (), ledger, ledger), observed, skip_preflight=True)
+        assert [r.outcome for r in report.results] == [Outcome.FAILED]
+        # it asked once (capacity 20000 - committed 6000 + 2000 given back = 16000 free);
+        # no "back to the start-up default" (null) that would take the full 10000 again
+        assert engine.reserves() == [16_000]
+        assert report.ledger.holdings["moe"].mib == 6000
+
+
+def _stop_plan(ledger: Ledger, mib: int) -> Plan:
+    steps = (
+        Step(Action.STOP, "v", ("g0",), mib, "stop", group="v"),
+        Step(Action.RELEASE, "v", ("g0",), mib, "release", group="v"),
+    )
+    return Plan(steps, (), ledger, ledger)
+
+
+def test_release_waits_for_what_the_container_used_not_what_it_reserved() -> None:
+    v = ServeSpec("v", "v", ("g0",), 12_000, Residency.EVICTABLE, DesiredRun.STOPPED)
+    desired = DesiredState({"g0": ROLE}, {"v": v})
+    docker = Containers({"v"})
+
+    def gpus() -> tuple[GpuObs, ...]:  # v used 5000 of its 12000 MiB; 1000 is the driver's
+        used = 6000 if docker.state["v"] == "running" else 1000
+        return (GpuObs("GPU-0", 0, total_mib=20_000, used_mib=used, free_mib=20_000 - used),)
+
+    observed = Observed(True, {"v": running(gpu_used_mib=5000)})
+    ledger = Ledger({"g0": ROLE}, [GpuReservation("v", ("g0",), 12_000)])
+    report = executor(desired, docker, gpus, "").execute(
+        _stop_plan(ledger, 12_000), observed, skip_preflight=True
+    )
+    assert [r.outcome for r in report.results] == [Outcome.OK, Outcome.OK]
+    assert "NVML shows its 5000 MiB back" in report.results[1].detail
+    assert not report.ledger.holds("v")
+
+
+def test_release_is_not_confirmed_while_the_memory_stays_in_use() -> None:
+    v = ServeSpec("v", "v", ("g0",), 12_000, Residency.EVICTABLE, DesiredRun.STOPPED)
+    desired = DesiredState({"g0": ROLE}, {"v": v})
+    docker = Containers({"v"})
+
+    def gpus() -> tuple[GpuObs, ...]:  # a zombie process keeps the memory after the exit
+        return (GpuObs("GPU-0", 0, total_mib=20_000, used_mib=6000, free_mib=14_000),)
+
+    observed = Observed(True, {"v": running(gpu_used_mib=5000)})
+    ledger = Ledger({"g0": ROLE}, [GpuReservation("v", ("g0",), 12_000)])
+    report = executor(desired, docker, gpus, "").execute(
+        _stop_plan(ledger, 12_000), observed, skip_preflight=True
+    )
+    assert [r.outcome for r in report.results] == [Outcome.OK, Outcome.FAILED]
+    assert "did not come back" in report.results[1].detail
+    assert report.ledger.holds("v")  # not released on the strength of an exit alone
