@@ -130,6 +130,26 @@ class ApiSettings:
     token: str | None = None
     allow_origins: tuple[str, ...] = ()
     retry_after_s: float = 5.0
+    #: the address the API listens on; on loopback, a request whose Host header names
+    #: anything else is refused (a DNS-rebinding page cannot read the ledger)
+    bind_host: str | None = None
+
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def host_allowed(host_header: str | None, bind_host: str | None) -> bool:
+    """True when the Host header is acceptable for an API bound to ``bind_host``."""
+    if bind_host is None or bind_host not in LOOPBACK_NAMES:
+        return True  # bound elsewhere on purpose: the operator guards the network
+    if not host_header:
+        return True  # HTTP/1.0 clients send none; a browser always does
+    name = host_header.strip().lower()
+    if name.startswith("["):
+        name = name[: name.find("]") + 1]
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    return name in LOOPBACK_NAMES
 
 
 def parse_address(address: str) -> tuple[str, int]:
@@ -425,6 +445,12 @@ def create_app(
     async def guard(
         request: Request, call_next: Callable[[Request], Awaitable[Response]]
     ) -> Response:
+        if not host_allowed(request.headers.get("host"), settings.bind_host):
+            return _error_response(
+                403,
+                f"host {request.headers.get('host')!r} is not this API's address: vramctl "
+                "listens on loopback and answers only requests addressed to it",
+            )
         origin = request.headers.get("origin")
         if origin is not None and origin not in allowed:
             logger.warning(

@@ -505,7 +505,10 @@ def run(
         metrics = Metrics()
         controller.on_cycle.append(metrics.on_cycle)
         settings = ApiSettings(
-            token=token, allow_origins=tuple(allow_origin or ()), retry_after_s=resync
+            token=token,
+            allow_origins=tuple(allow_origin or ()),
+            retry_after_s=resync,
+            bind_host=host,
         )
         controller.services.append(api_service(create_app(controller, settings, metrics), sock))
     try:

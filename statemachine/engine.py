@@ -482,11 +482,15 @@ def render_flag(
         )
 
     if flag is None:
-        what = "no engine label" if key is None else f"engine {key!r}"
+        what = (
+            "no engine is declared (engine = …) or found in its command"
+            if key is None
+            else f"engine {key!r} has no memory-fraction flag vramctl knows"
+        )
         return without(
             FindingKind.NO_ENGINE_FLAG,
-            f"{what} has no memory-fraction flag vramctl knows (vLLM {VLLM_FLAG}, "
-            f"SGLang {SGLANG_FLAG}); the reservation is kept by the ledger only",
+            f"{what} (vLLM {VLLM_FLAG}, SGLang {SGLANG_FLAG}); "
+            "the reservation is kept by the ledger only",
         )
     if vram_mib is None:
         return without(

@@ -542,6 +542,9 @@ def test_every_refusal_against_the_running_server(calm: Live) -> None:
     assert r.status_code == 403 and "origin" in r.json()["error"]
     r = lv.http.get("/v1/ledger", headers={"Origin": "http://evil.example"})
     assert r.status_code == 403
+    # 403 for a Host that is not the loopback address it listens on (DNS rebinding)
+    r = lv.http.get("/v1/ledger", headers={"Host": "evil.example:8477"})
+    assert r.status_code == 403 and "host" in r.json()["error"]
     # 422: bodies are validated, with a readable message
     r = lv.post("/v1/serves/llm/up", {"ttl_s": -5})
     assert r.status_code == 422 and "ttl_s: Input should be greater than 0" in r.json()["error"]
@@ -725,3 +728,22 @@ def test_run_exits_clearly_when_the_api_port_is_taken(tmp_path: Path) -> None:
     assert r.returncode == 1
     assert f"cannot listen on 127.0.0.1:{port}" in r.stderr and "in use" in r.stderr
     assert not (tmp_path / "s").exists()  # nothing started: no lock, no journal
+
+
+@pytest.mark.parametrize(
+    ("host", "bind", "ok"),
+    [
+        ("127.0.0.1:8477", "127.0.0.1", True),
+        ("localhost:8477", "127.0.0.1", True),
+        ("[::1]:8477", "::1", True),
+        ("evil.example:8477", "127.0.0.1", False),
+        ("evil.example", "127.0.0.1", False),
+        (None, "127.0.0.1", True),
+        ("router.lan:8477", "10.0.0.5", True),
+    ],
+    ids=["loopback", "localhost", "ipv6", "rebinding", "rebinding-no-port", "no-host", "lan"],
+)
+def test_host_header_guard_against_dns_rebinding(host: str | None, bind: str, ok: bool) -> None:
+    from controller.api import host_allowed
+
+    assert host_allowed(host, bind) is ok

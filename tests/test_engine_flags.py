@@ -295,7 +295,7 @@ def test_render_tensor_parallel_unequal_totals_takes_the_smallest_fraction() -> 
     [
         ("llamacpp", 8000, ("a",), FindingKind.NO_ENGINE_FLAG, "engine 'llamacpp' has no"),
         ("embedding", 3200, ("a",), FindingKind.NO_ENGINE_FLAG, "engine 'embedding' has no"),
-        (None, 3200, ("a",), FindingKind.NO_ENGINE_FLAG, "no engine label has no"),
+        (None, 3200, ("a",), FindingKind.NO_ENGINE_FLAG, "no engine is declared"),
         ("vllm", None, ("a",), FindingKind.NO_RESERVATION, "no reservation (vram_mib)"),
         ("vllm", 3200, (), FindingKind.NO_DEVICE_TOTAL, "no gpu_role/gpu_roles"),
         ("vllm", 3200, ("zzz",), FindingKind.NO_DEVICE_TOTAL, "no device total for role zzz"),
