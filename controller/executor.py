@@ -47,7 +47,14 @@ from controller.router_adapter import RouterClient, RouterError
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import IllegalTransition, ServeLifecycle
 from statemachine.planner import Action, Plan, Step
-from statemachine.types import ContainerState, DesiredState, GpuObs, Observed, ServeSpec
+from statemachine.types import (
+    HOLDING_STATES,
+    ContainerState,
+    DesiredState,
+    GpuObs,
+    Observed,
+    ServeSpec,
+)
 
 
 class Outcome(StrEnum):
@@ -413,11 +420,7 @@ class _Run:
         except ActionError as exc:
             self.fire(s.name, "stop_failed")
             raise StepError(f"docker stop {s.container}: {exc}") from None
-        if state is not None and state.state in (
-            ContainerState.RUNNING,
-            ContainerState.PAUSED,
-            ContainerState.RESTARTING,
-        ):
+        if state is not None and state.state in HOLDING_STATES:
             self.fire(s.name, "stop_failed")
             raise StepError(f"{s.container} is still {state.state} after docker stop")
         for members in self.quiesced.values():
@@ -677,11 +680,7 @@ class _Run:
             )
             self.fire(name, "start_failed")
             return
-        holds = state is not None and state.state in (
-            ContainerState.RUNNING,
-            ContainerState.PAUSED,
-            ContainerState.RESTARTING,
-        )
+        holds = state is not None and state.state in HOLDING_STATES
         if not holds and self.ledger.holds(name):
             result = self.ledger.release(name)
             if not isinstance(result, Refusal):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import functools
 import hashlib
 import json
 import math
@@ -947,7 +948,11 @@ class ManifestSet:
         return self.serves[name].up_argv(self.source(name).resolve().parent)
 
     def desired(self) -> DesiredState:
-        """The pure core's :class:`DesiredState` for this set."""
+        """The pure core's :class:`DesiredState` for this set (built once; it is immutable)."""
+        return self._desired
+
+    @functools.cached_property
+    def _desired(self) -> DesiredState:
         return DesiredState(
             roles={rid: role.to_role() for rid, role in self.roles.items()},
             serves={name: serve.to_spec() for name, serve in self.serves.items()},
