@@ -528,19 +528,23 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
 
     One pass is not enough: a requester later in the order may evict or shrink what
     blocked an earlier serve (a resident waiting for room an on-demand eviction makes).
-    Each retry pass starts at least one more serve, so this ends; only the last pass's
-    blocked entries are kept.
+    A retry follows only a pass that stopped or shrank something (starts only take
+    room), and each retry pass starts at least one more serve, so this ends; only the
+    last pass's blocked entries are kept.
     """
     pending = serves
     while pending:
         mark = len(w.blocked)
+        first_step = len(w.steps)
         still: list[ServeSpec] = []
         for s in pending:
             before = len(w.blocked)
             _try_start(w, s)
             if len(w.blocked) > before:
                 still.append(s)
-        if not still or len(still) == len(pending):
+        # only a stop or a shrink frees room, a port or a role; starts only take
+        freed = any(st.action in (Action.STOP, Action.SHRINK) for st in w.steps[first_step:])
+        if not still or len(still) == len(pending) or not freed:
             return
         names = {s.name for s in still}
         w.blocked = w.blocked[:mark] + [b for b in w.blocked[mark:] if b.serve not in names]
