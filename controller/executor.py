@@ -444,18 +444,19 @@ class _Run:
         mib = step.mib or 0
         waited = "; NVML cannot attribute memory to the container: confirmed by its exit"
         if before and attributed is not None:
+            # the attributed figure is the container's total over all its devices: what
+            # must come back is that total, summed over the roles' devices
             tol = self.ex.config.memory_tolerance_mib
-            limit = {r: before[r] - attributed + tol for r in before}
             deadline = time.monotonic() + self.ex.config.memory_wait_s
             while True:
                 now = self.role_used(s.gpu_roles)
-                pending = {r: (now[r], limit[r]) for r in before if r in now and now[r] > limit[r]}
-                if not pending:
+                back = sum(before[r] - now[r] for r in before if r in now)
+                if back >= attributed - tol:
                     waited = f"; NVML shows its {attributed} MiB back"
                     break
                 if time.monotonic() >= deadline:
                     detail = ", ".join(
-                        f"{r} used {u} MiB > {lim} MiB" for r, (u, lim) in pending.items()
+                        f"{r} used {before[r]} -> {now.get(r, '?')} MiB" for r in before
                     )
                     raise StepError(
                         f"{s.container} exited but the {attributed} MiB it used did not come "

@@ -196,6 +196,7 @@ class _Work:
     excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
     order: dict[str, int] = field(default_factory=dict)  # declaration index
     group: str = ""  # the serve whose intent the steps being emitted serve
+    ahead: list[ServeSpec] = field(default_factory=list)  # still to try in this pass
 
     def index(self) -> None:
         for i, s in enumerate(self.desired.serves.values()):
@@ -457,7 +458,15 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                         if r in remaining:
                             remaining[r] -= give
             else:
-                chosen = choose_victims(cands, short, exact_limit=w.policy.exact_search_limit)
+                chosen = None
+                ahead = _room_ahead(w, short)
+                if ahead:
+                    # on-demand requesters later in this pass need room on these roles too:
+                    # choose once for all of them (one bigger victim rather than two)
+                    both = {r: need + ahead.get(r, 0) for r, need in short.items()}
+                    chosen = choose_victims(cands, both, exact_limit=w.policy.exact_search_limit)
+                if chosen is None:
+                    chosen = choose_victims(cands, short, exact_limit=w.policy.exact_search_limit)
                 if chosen is None:
                     if s.residency is Residency.ON_DEMAND:
                         why = "eviction cannot cover the shortfall"
@@ -523,6 +532,22 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     w.starting.add(s.name)
 
 
+def _room_ahead(w: _Work, short: Mapping[str, int]) -> dict[str, int]:
+    """MiB that on-demand requesters later in this pass will reserve on the short roles."""
+    ahead: dict[str, int] = {}
+    for later in w.ahead:
+        if (
+            later.residency is Residency.ON_DEMAND
+            and not later.exclusive
+            and later.vram_mib is not None
+            and w.desired.in_ledger(later)
+        ):
+            for r in later.gpu_roles:
+                if r in short:
+                    ahead[r] = ahead.get(r, 0) + later.vram_mib
+    return ahead
+
+
 def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
     """Try each start in order; retry the blocked ones while the others made progress.
 
@@ -537,8 +562,9 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
         mark = len(w.blocked)
         first_step = len(w.steps)
         still: list[ServeSpec] = []
-        for s in pending:
+        for i, s in enumerate(pending):
             before = len(w.blocked)
+            w.ahead = pending[i + 1 :]
             _try_start(w, s)
             if len(w.blocked) > before:
                 still.append(s)
@@ -569,7 +595,7 @@ def _grow(w: _Work) -> None:
         to = min(s.vram_mib, held + room)
         if to > held:
             w.ledger = _ok(w.ledger.resize(name, to))
-            w.group = name
+            w.group = name  # a grow is skipped when this serve's own start failed
             w.add(
                 Action.GROW,
                 s,

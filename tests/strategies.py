@@ -257,9 +257,15 @@ def fleets(
     max_serves: int = 12,
     now: float = NOW,
     docker_ok: bool | None = None,
+    contended: bool | None = None,
 ) -> tuple[DesiredState, Observed]:
-    """A random small fleet and what docker shows of it (see the module docstring)."""
-    contended = draw(st.booleans())  # one or two roles, serves of a third or half a budget
+    """A random small fleet and what docker shows of it (see the module docstring).
+
+    ``contended`` (drawn when None): one or two roles, serves of a third or half a
+    budget, requesters and running holders, so that evictions and forced stops happen.
+    """
+    if contended is None:
+        contended = draw(st.booleans())
     roles = draw(gpu_roles(max_roles=2 if contended else 4))
     n = draw(st.sampled_from(range(max_serves + 1)))  # uniform: integers() favour small n
     bps = draw(
@@ -357,8 +363,11 @@ def scenarios(
     docker_ok: bool | None = None,
     default_policy: bool = False,
     max_serves: int = 12,
+    contended: bool | None = None,
 ) -> Scenario:
     """A whole planner input; ``docker_ok`` None draws it (mostly ok)."""
-    desired, observed = draw(fleets(max_serves=max_serves, docker_ok=docker_ok))
+    desired, observed = draw(
+        fleets(max_serves=max_serves, docker_ok=docker_ok, contended=contended)
+    )
     policy = Policy() if default_policy else draw(policies)
     return Scenario(desired=desired, observed=observed, now=NOW, policy=policy)

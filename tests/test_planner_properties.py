@@ -183,8 +183,13 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
             assert step.serve not in sc.policy.no_shrink, f"{step.serve} shrunk, no_shrink"
 
     # each group's steps are contiguous, and a group is one serve's intent
+    # (a grow is the serve's own later intent: it shares the serve's group, so it is
+    # skipped when that serve's start failed, and may come after other groups)
     seen: list[str] = []
     for step in steps:
+        if step.action is Action.GROW:
+            assert step.group == step.serve, f"grow of {step.serve} in group {step.group}"
+            continue
         if not seen or seen[-1] != step.group:
             assert step.group not in seen, f"group {step.group} is split"
             seen.append(step.group)
@@ -239,7 +244,7 @@ def digest(text):
 
 @settings(max_examples=int(sys.argv[1]), derandomize=True, database=None, deadline=None,
           phases=[Phase.generate], suppress_health_check=list(HealthCheck))
-@given(scenarios())
+@given(scenarios(docker_ok=True))
 def run(sc):
     plan = plan_transitions(sc.desired, sc.observed, sc.policy, sc.now)
     print(digest(repr(sc)), digest(json.dumps(plan.to_json(), sort_keys=True)))
@@ -263,14 +268,21 @@ def _plans_under_hash_seed(seed: str, examples: int) -> dict[str, str]:
 
 
 def test_same_plan_under_another_hash_seed() -> None:
-    """Set or dict-of-set iteration order must not leak into a plan (PYTHONHASHSEED)."""
-    examples = max(50, EXAMPLES // 2)
+    """Set iteration order must not leak into a plan: same corpus, other PYTHONHASHSEEDs.
+
+    A leak shows only where a set has two or more members that reach a plan (two victims
+    of one requester, say), about half the time per seed pair: hence three seeds.
+    """
+    examples = max(50, EXAMPLES)
     one = _plans_under_hash_seed("1", examples)
-    two = _plans_under_hash_seed("2", examples)
-    common = one.keys() & two.keys()
-    assert len(common) >= len(one) // 2, "the scenarios themselves depend on the hash seed"
-    differ = sorted(k for k in common if one[k] != two[k])
-    assert not differ, f"{len(differ)} of {len(common)} plans depend on PYTHONHASHSEED"
+    for seed in ("2", "3"):
+        other = _plans_under_hash_seed(seed, examples)
+        common = one.keys() & other.keys()
+        assert len(common) >= len(one) // 2, "the scenarios themselves depend on the hash seed"
+        differ = sorted(k for k in common if one[k] != other[k])
+        assert not differ, (
+            f"{len(differ)} of {len(common)} plans differ between PYTHONHASHSEED 1 and {seed}"
+        )
 
 
 # ----- 4. per-serve order -----------------------------------------------------------------
@@ -320,26 +332,14 @@ START_PARTS = frozenset({Action.RESERVE, Action.START, Action.AWAIT_READY, Actio
 
 
 def known_one_pass_effect(p1: Plan, p2: Plan, d: DesiredState) -> str | None:
-    """Name the known planner weakness that explains a non-empty second plan, if one does.
+    """Name a known planner weakness that explains a non-empty second plan; none is left.
 
-    * ``evict-then-restart``: plan 2 only starts evictable serves that plan 1 evicted for
-      one requester, because a later requester of plan 1 evicted a bigger one (victims
-      are chosen per requester, not jointly: two victims where one would do).
-
-    Anything else in plan 2 is a failure. (Two effects once excused here are fixed: a
-    serve blocked before a later requester made room is retried within the plan, and a
-    serve started earlier in the plan may be shrunk; see ``CONVERGES_NOW``.)
+    Three effects once excused here are fixed (see ``CONVERGES_NOW``): a serve blocked
+    before a later requester made room is retried within the plan; a serve started
+    earlier in the plan may be shrunk; and a requester chooses its victims for the room
+    the on-demand requesters after it in the same pass need too, so two requesters do
+    not evict two serves where one would do. Anything in plan 2 is a failure.
     """
-    evicted1 = {
-        n
-        for n in names_with(p1, Action.STOP)
-        if d.serves[n].residency is Residency.EVICTABLE
-        and d.serves[n].desired is not DesiredRun.STOPPED
-    }
-    starts2 = set(names_with(p2, Action.START))
-    only_starts = all(st.action in START_PARTS and st.serve in starts2 for st in p2.steps)
-    if starts2 and only_starts and starts2 <= evicted1:
-        return "evict-then-restart"
     return None
 
 
@@ -409,10 +409,6 @@ CONVERGES_NOW = [
         ["shrink big", "reserve od", "start od", "await_ready od"],
         id="deferred-shrink",
     ),
-]
-
-
-KNOWN_NON_CONVERGENCE = [
     pytest.param(
         # budget 1000; a (evictable, 300) and c (evictable, 500) run, 200 free; od1 and
         # od2 (on-demand, 300 each) want to run. od1 evicts a (least overshoot), od2 then
@@ -425,7 +421,7 @@ KNOWN_NON_CONVERGENCE = [
             _od("od2", 300, Residency.ON_DEMAND),
         ],
         ("a", "c"),
-        ["reserve a", "start a", "await_ready a"],
+        ["stop c", "start od1", "start od2"],  # c alone makes room for both; a stays
         id="evict-then-restart",
     ),
 ]
@@ -440,30 +436,12 @@ def test_once_one_pass_effects_now_converge(
     p1 = plan_transitions(d, obs, now=NOW)
     p2 = plan_transitions(d, apply_plan(d, obs, p1, NOW), now=NOW)
     assert p2.steps == ()
-    assert {f"{x.action} {x.serve}" for x in p1.steps} >= set(second)
-
-
-@pytest.mark.parametrize(("serves", "running", "second"), KNOWN_NON_CONVERGENCE)
-def test_known_non_convergence_is_as_documented(
-    serves: list[ServeSpec], running: tuple[str, ...], second: list[str]
-) -> None:
-    """Pins the known effect; a planner fix makes this fail: then move it to CONVERGES_NOW."""
-    d, obs = _fleet(serves, running)
-    p1 = plan_transitions(d, obs, now=NOW)
-    p2 = plan_transitions(d, apply_plan(d, obs, p1, NOW), now=NOW)
-    assert [f"{st.action} {st.serve}" for st in p2.steps] == second
-    assert known_one_pass_effect(p1, p2, d) is not None
-
-
-@pytest.mark.xfail(strict=True, reason="victims are chosen per requester, not jointly")
-@pytest.mark.parametrize(("serves", "running", "second"), KNOWN_NON_CONVERGENCE)
-def test_known_non_convergence_should_converge(
-    serves: list[ServeSpec], running: tuple[str, ...], second: list[str]
-) -> None:
-    d, obs = _fleet(serves, running)
-    p1 = plan_transitions(d, obs, now=NOW)
-    p2 = plan_transitions(d, apply_plan(d, obs, p1, NOW), now=NOW)
-    assert p2.steps == ()
+    done = {f"{x.action} {x.serve}" for x in p1.steps}
+    assert done >= set(second)
+    assert not any(
+        x.action is Action.STOP and x.serve in names_with(p1, Action.START) for x in p1.steps
+    ), "a serve stopped and started again in one plan"
+    assert "stop a" not in done or "start a" not in done
 
 
 # ----- 6. docker unknown ------------------------------------------------------------------
