@@ -38,7 +38,6 @@ import contextlib
 import errno
 import math
 import os
-import random
 import shutil
 import signal
 import socket
@@ -53,7 +52,6 @@ import docker
 from docker.errors import APIError, DockerException, NotFound
 from requests import exceptions as requests_errors  # type: ignore[import-untyped,unused-ignore]
 from tenacity import (
-    RetryCallState,
     Retrying,
     retry_if_exception,
     stop_after_attempt,
@@ -61,6 +59,7 @@ from tenacity import (
 )
 
 from controller.docker_adapter import _details, map_docker_state
+from controller.retry import AdapterError, attempts_of, backoff_wait
 from controller.snapshot import ContainerModel
 
 __all__ = [
@@ -101,27 +100,8 @@ _PERMANENT_5XX = (
 )
 
 
-class ActionError(Exception):
-    """A Docker action that failed; ``transient`` says whether trying later may help.
-
-    ``status`` is Docker's HTTP status where it answered one (404 for a missing
-    container); ``attempts`` is how many times the call was made.
-    """
-
-    def __init__(
-        self, message: str, *, transient: bool, status: int | None = None, attempts: int = 1
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.transient = transient
-        self.status = status
-        self.attempts = attempts
-
-    def __repr__(self) -> str:
-        return (
-            f"ActionError({self.message!r}, transient={self.transient}, "
-            f"status={self.status}, attempts={self.attempts})"
-        )
+class ActionError(AdapterError):
+    """A Docker action that failed (404 ``status`` for a missing container)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -190,17 +170,6 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-def _backoff(initial_s: float, budget_s: float) -> Callable[[RetryCallState], float]:
-    """Exponential backoff with jitter, never sleeping past ``budget_s`` since the start."""
-
-    def wait(state: RetryCallState) -> float:
-        delay = initial_s * 2.0 ** (state.attempt_number - 1) + random.uniform(0, initial_s)
-        elapsed = float(state.seconds_since_start or 0.0)
-        return max(0.0, min(delay, budget_s - elapsed))
-
-    return wait
-
-
 class DockerActions:
     """The executor's hands on Docker: start, stop, inspect, logs, ``up`` commands.
 
@@ -234,7 +203,7 @@ class DockerActions:
         """Run one Docker call, retrying transient faults; map every fault to ActionError."""
         retrying = Retrying(
             stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_wait_s),
-            wait=_backoff(self.initial_wait_s, self.max_wait_s),
+            wait=backoff_wait(self.initial_wait_s, self.max_wait_s),
             retry=retry_if_exception(is_transient),
             reraise=True,
         )
@@ -245,12 +214,12 @@ class DockerActions:
                 f"{what}: not found: {_api_message(exc)}",
                 transient=False,
                 status=404,
-                attempts=_attempts(retrying),
+                attempts=attempts_of(retrying),
             ) from exc
         except APIError as exc:
             transient = is_transient(exc)
             status = _api_status(exc)
-            tries = _attempts(retrying)
+            tries = attempts_of(retrying)
             after = f" (after {tries} attempts)" if transient else ""
             raise ActionError(
                 f"{what}: docker answered {status}: {_api_message(exc)}{after}",
@@ -259,7 +228,7 @@ class DockerActions:
                 attempts=tries,
             ) from exc
         except _UNREACHABLE as exc:
-            tries = _attempts(retrying)
+            tries = attempts_of(retrying)
             raise ActionError(
                 f"{what}: docker unreachable (after {tries} attempts): {_describe(exc)}",
                 transient=True,
@@ -267,7 +236,7 @@ class DockerActions:
             ) from exc
         except (DockerException, requests_errors.RequestException, OSError) as exc:
             raise ActionError(
-                f"{what}: {_describe(exc)}", transient=False, attempts=_attempts(retrying)
+                f"{what}: {_describe(exc)}", transient=False, attempts=attempts_of(retrying)
             ) from exc
 
     # ── container actions ─────────────────────────────────────────────────────
@@ -455,11 +424,6 @@ class DockerActions:
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.settimeout(0.5)
             return sock.connect_ex((host, port)) == 0
-
-
-def _attempts(retrying: Retrying) -> int:
-    number = retrying.statistics.get("attempt_number", 1)
-    return number if isinstance(number, int) else 1
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:

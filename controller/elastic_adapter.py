@@ -32,19 +32,19 @@ anything but the executor.
 from __future__ import annotations
 
 import json
-import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
 from tenacity import (
-    RetryCallState,
     Retrying,
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
 )
+
+from controller.retry import AdapterError, attempts_of, backoff_wait
 
 __all__ = [
     "RESIZE_FAILURE_MARKERS",
@@ -74,19 +74,8 @@ _CONNECT_TIMEOUT_S = 10.0
 _ERROR_TEXT_CHARS = 300
 
 
-class ElasticError(Exception):
-    """The engine could not be asked at all; ``transient`` says whether later may help."""
-
-    def __init__(self, message: str, *, transient: bool, attempts: int = 1) -> None:
-        super().__init__(message)
-        self.message = message
-        self.transient = transient
-        self.attempts = attempts
-
-    def __repr__(self) -> str:
-        return (
-            f"ElasticError({self.message!r}, transient={self.transient}, attempts={self.attempts})"
-        )
+class ElasticError(AdapterError):
+    """The engine could not be asked at all."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,17 +127,6 @@ class _BusyError(Exception):
     def __init__(self, response: httpx.Response) -> None:
         super().__init__(f"HTTP {response.status_code}")
         self.response = response
-
-
-def _backoff(initial_s: float, budget_s: float) -> Callable[[RetryCallState], float]:
-    """Exponential backoff with jitter, never sleeping past ``budget_s`` since the start."""
-
-    def wait(state: RetryCallState) -> float:
-        delay = initial_s * 2.0 ** (state.attempt_number - 1) + random.uniform(0, initial_s)
-        elapsed = float(state.seconds_since_start or 0.0)
-        return max(0.0, min(delay, budget_s - elapsed))
-
-    return wait
 
 
 def _int(value: Any) -> int | None:
@@ -281,16 +259,16 @@ class ElasticClient:
 
         retrying = Retrying(
             stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_wait_s),
-            wait=_backoff(self.initial_wait_s, self.max_wait_s),
+            wait=backoff_wait(self.initial_wait_s, self.max_wait_s),
             retry=retry_if_exception_type((_BusyError, *_RETRY_TRANSPORT)),
             reraise=True,
         )
         try:
             response = retrying(attempt)
         except _BusyError as exc:
-            return _answer(exc.response, _attempts(retrying))
+            return _answer(exc.response, attempts_of(retrying))
         except _RETRY_TRANSPORT as exc:
-            tries = _attempts(retrying)
+            tries = attempts_of(retrying)
             raise ElasticError(
                 f"POST {target}: no answer after {tries} attempts: {type(exc).__name__}: {exc}",
                 transient=True,
@@ -300,7 +278,7 @@ class ElasticClient:
             raise ElasticError(
                 f"POST {target}: {type(exc).__name__}: {exc}", transient=False
             ) from exc
-        return _answer(response, _attempts(retrying))
+        return _answer(response, attempts_of(retrying))
 
 
 def elastic_ok(answer: ElasticAnswer, reserve_mib: int | None) -> tuple[bool, str]:
@@ -340,8 +318,3 @@ def elastic_ok(answer: ElasticAnswer, reserve_mib: int | None) -> tuple[bool, st
     if free < reserve_mib:
         return False, f"partial: vram_free_mib {free} < reserve_mib {reserve_mib}{cache}"
     return True, f"ok: vram_free_mib {free} >= reserve_mib {reserve_mib}{cache}"
-
-
-def _attempts(retrying: Retrying) -> int:
-    number = retrying.statistics.get("attempt_number", 1)
-    return number if isinstance(number, int) else 1

@@ -37,7 +37,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import random
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,12 +44,13 @@ from typing import Any, Literal, get_args
 
 import httpx
 from tenacity import (
-    RetryCallState,
     Retrying,
     retry_if_exception_type,
     stop_after_attempt,
     stop_after_delay,
 )
+
+from controller.retry import AdapterError, attempts_of, backoff_wait
 
 __all__ = [
     "DRAIN_HTTP_MARGIN_S",
@@ -87,27 +87,8 @@ _RETRY_TRANSPORT: tuple[type[Exception], ...] = (
 _ERROR_TEXT_CHARS = 300
 
 
-class RouterError(Exception):
-    """A router call that failed; ``transient`` says whether trying later may help.
-
-    ``status`` is the HTTP status when the router answered one; ``attempts`` is how
-    many requests were made.
-    """
-
-    def __init__(
-        self, message: str, *, transient: bool, status: int | None = None, attempts: int = 1
-    ) -> None:
-        super().__init__(message)
-        self.message = message
-        self.transient = transient
-        self.status = status
-        self.attempts = attempts
-
-    def __repr__(self) -> str:
-        return (
-            f"RouterError({self.message!r}, transient={self.transient}, "
-            f"status={self.status}, attempts={self.attempts})"
-        )
+class RouterError(AdapterError):
+    """A router call that failed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,17 +144,6 @@ def router_token(
         if value:
             return value
     return None
-
-
-def _backoff(initial_s: float, budget_s: float) -> Callable[[RetryCallState], float]:
-    """Exponential backoff with jitter, never sleeping past ``budget_s`` since the start."""
-
-    def wait(state: RetryCallState) -> float:
-        delay = initial_s * 2.0 ** (state.attempt_number - 1) + random.uniform(0, initial_s)
-        elapsed = float(state.seconds_since_start or 0.0)
-        return max(0.0, min(delay, budget_s - elapsed))
-
-    return wait
 
 
 def _json(response: httpx.Response) -> Any:
@@ -391,14 +361,14 @@ class RouterClient:
 
         retrying = Retrying(
             stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_wait_s),
-            wait=_backoff(self.initial_wait_s, self.max_wait_s),
+            wait=backoff_wait(self.initial_wait_s, self.max_wait_s),
             retry=retry_if_exception_type((_RetryableAnswerError, *_RETRY_TRANSPORT)),
             reraise=True,
         )
         try:
             response = retrying(attempt)
         except _RetryableAnswerError as exc:
-            tries = _attempts(retrying)
+            tries = attempts_of(retrying)
             status = exc.response.status_code
             busy = " (server_busy)" if _mentions_busy(exc.response) else ""
             raise RouterError(
@@ -409,7 +379,7 @@ class RouterClient:
                 attempts=tries,
             ) from exc
         except _RETRY_TRANSPORT as exc:
-            tries = _attempts(retrying)
+            tries = attempts_of(retrying)
             raise RouterError(
                 f"{what}: router unreachable at {self.base_url} after {tries} attempts: "
                 f"{type(exc).__name__}: {exc}",
@@ -420,7 +390,7 @@ class RouterClient:
             raise RouterError(
                 f"{what}: {type(exc).__name__}: {exc}", transient=False, attempts=1
             ) from exc
-        return response, _attempts(retrying)
+        return response, attempts_of(retrying)
 
     def _ok_json(self, what: str, response: httpx.Response, attempts: int) -> dict[str, Any]:
         status = response.status_code
@@ -441,8 +411,3 @@ class RouterClient:
                 attempts=attempts,
             )
         return body
-
-
-def _attempts(retrying: Retrying) -> int:
-    number = retrying.statistics.get("attempt_number", 1)
-    return number if isinstance(number, int) else 1

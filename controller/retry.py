@@ -1,0 +1,56 @@
+"""What the mutating adapters share about faults: the error type and the retry pacing.
+
+``AdapterError`` says whether trying later may help (``transient``); ``backoff_wait``
+paces tenacity's retries (exponential with jitter, never past a time budget);
+``attempts_of`` reads how many calls a ``Retrying`` made. Only the adapters retry:
+what reaches the executor is final for the plan.
+
+This module must not talk to anything; it holds no I/O.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+
+from tenacity import RetryCallState, Retrying
+
+
+class AdapterError(Exception):
+    """A call that failed; ``transient`` says whether trying later may help.
+
+    ``status`` is the peer's HTTP status where it answered one; ``attempts`` is how
+    many calls were made.
+    """
+
+    def __init__(
+        self, message: str, *, transient: bool, status: int | None = None, attempts: int = 1
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.transient = transient
+        self.status = status
+        self.attempts = attempts
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.message!r}, transient={self.transient}, "
+            f"status={self.status}, attempts={self.attempts})"
+        )
+
+
+def backoff_wait(initial_s: float, budget_s: float) -> Callable[[RetryCallState], float]:
+    """Exponential backoff with jitter, never sleeping past ``budget_s`` since the start."""
+
+    def wait(state: RetryCallState) -> float:
+        delay = initial_s * 2.0 ** (state.attempt_number - 1) + random.uniform(0, initial_s)
+        elapsed = float(state.seconds_since_start or 0.0)
+        return max(0.0, min(delay, budget_s - elapsed))
+
+    return wait
+
+
+def attempts_of(retrying: Retrying) -> int:
+    """How many calls a ``Retrying`` made (1 before it ran)."""
+    number = retrying.statistics.get("attempt_number", 1)
+    return number if isinstance(number, int) else 1
