@@ -118,6 +118,7 @@ class Controller:
         self._executor: Executor | None = None
         self._stopping = False
         self._last_dry_plan = ""  # a dry run journals and logs a plan once, not every cycle
+        self._quiesced: set[str] = set()  # tiers this controller may have left quiesced
         # serve -> started_at of the container this process stopped (not a crash)
         self._stopped_by_us: dict[str, float | None] = {}
 
@@ -196,6 +197,7 @@ class Controller:
         ] + [asyncio.create_task(service(self)) for service in self.services]
         events = threading.Thread(target=self._docker_events, args=(loop,), daemon=True)
         events.start()
+        self._recover_tiers()
         self.trigger("start")
         try:
             await self._main()
@@ -302,6 +304,7 @@ class Controller:
             self._observer = ContainerObserver()
         snap = observe_host(manifest_containers(self.mset.serves), observer=self._observer)
         snap.elastic = self._elastic_in_force(snap)
+        snap.quiesced = sorted(self._quiesced)
         return snap
 
     def _elastic_in_force(self, snap: SnapshotModel) -> dict[str, int]:
@@ -388,6 +391,7 @@ class Controller:
                 summary.executed = True
                 self.journal.record_outcome(cycle_id, report.to_json())
                 self._learn(report, now)
+                self._track_tiers([r.to_json() for r in report.results])
                 self._hold_after_preflight(plan, report, now)
                 for r in report.results:
                     if r.step.action is Action.STOP and r.outcome is Outcome.OK:
@@ -481,6 +485,42 @@ class Controller:
         for name in sorted({s.serve for s in plan.steps if s.action is Action.START}):
             own = [p for p in report.preflight if p.startswith(f"{name}:")]
             self._fail(name, "preflight: " + "; ".join(own or report.preflight), now)
+
+    def _track_tiers(self, steps: list[dict[str, Any]]) -> None:
+        """Remember the tiers a plan may have left quiesced; forget the readmitted ones.
+
+        A serve quiesced and not stopped (its group failed: the undo's readmit may have
+        failed too), or whose readmit did not succeed, is readmitted by the next plan
+        while it runs (a redundant readmit is harmless: the router answers false).
+        """
+        stopped = {s["serve"] for s in steps if s["action"] == "stop" and s["outcome"] == "ok"}
+        for s in steps:
+            name = s["serve"]
+            if s["action"] == "quiesce" and s["outcome"] == "ok" and name not in stopped:
+                self._quiesced.add(name)
+            elif s["action"] == "readmit":
+                if s["outcome"] == "ok":
+                    self._quiesced.discard(name)
+                else:
+                    self._quiesced.add(name)
+
+    def _recover_tiers(self) -> None:
+        """On start: the last journalled cycle may have ended mid-plan (SIGKILL, a crash)."""
+        ids = self.journal.cycle_ids()
+        if not ids:
+            return
+        (last,) = self.journal.cycles(cycle=ids[-1])
+        if last.outcome is not None:
+            self._track_tiers(list(last.outcome.get("steps", [])))
+            return
+        for s in last.plan.get("steps", []):
+            if s.get("action") in ("quiesce", "readmit"):
+                self._quiesced.add(str(s.get("serve")))
+        if self._quiesced:
+            logger.info(
+                "the last cycle ended mid-plan: tiers of {} are readmitted while they run",
+                ", ".join(sorted(self._quiesced)),
+            )
 
     def _end_finished_requests(self, observed: Any, now: float) -> None:
         """Expired requests end once their serve is down; requests for gone serves end."""

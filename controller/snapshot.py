@@ -105,6 +105,7 @@ class SnapshotModel(BaseModel):
     undeclared_gpu_containers: list[UndeclaredModel] = Field(default_factory=list)
     docker_error: str | None = None
     nvml_error: str | None = None
+    quiesced: list[str] = Field(default_factory=list)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -136,6 +137,7 @@ class SnapshotModel(BaseModel):
             ),
             elastic_mib=dict(self.elastic),
             undeclared_gpu=tuple(u.name for u in self.undeclared_gpu_containers),
+            quiesced=frozenset(self.quiesced),
         )
 
     def taken_at_epoch(self) -> float | None:

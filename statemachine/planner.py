@@ -577,6 +577,26 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
         pending = still
 
 
+def _readmit_left_quiesced(w: _Work) -> None:
+    """Readmit the tier of a running serve the controller left quiesced."""
+    for s in w.desired.serves.values():
+        if (
+            s.name in w.observed.quiesced
+            and s.router_tier
+            and s.name in w.running
+            and s.name not in w.stopping
+            and s.name not in w.starting
+        ):
+            w.group = s.name
+            w.add(
+                Action.READMIT,
+                s,
+                None,
+                f"readmit router tier {s.router_tier}, left quiesced (a start interrupted "
+                "before its readmit, or a readmit that failed)",
+            )
+
+
 def _start_reason(w: _Work, s: ServeSpec) -> str:
     if s.desired is DesiredRun.RUNNING:
         return f"{s.name} is desired running"
@@ -674,4 +694,5 @@ def plan_transitions(
     _start_all(w, first)
     _grow(w)
     _start_all(w, rest)
+    _readmit_left_quiesced(w)
     return Plan(tuple(w.steps), tuple(w.blocked), ledger, w.ledger, tuple(notes))

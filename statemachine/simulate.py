@@ -20,6 +20,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
     """The observation after every step of ``plan`` succeeded at time ``now``."""
     containers = dict(observed.containers)
     elastic = dict(observed.elastic_mib)
+    quiesced = set(observed.quiesced)
     for step in plan.steps:
         serve = desired.serves[step.serve]
         if step.action is Action.STOP:
@@ -29,6 +30,8 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
             containers[serve.container] = ContainerObs(
                 ContainerState.RUNNING, health="healthy", started_at=now
             )
+        elif step.action is Action.READMIT:
+            quiesced.discard(serve.name)
         elif step.action in (Action.SHRINK, Action.GROW) and step.to_mib is not None:
             if serve.vram_mib is not None and step.to_mib >= serve.vram_mib:
                 elastic.pop(serve.name, None)
@@ -39,6 +42,8 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
         containers=containers,
         gpus=observed.gpus,
         elastic_mib=elastic,
+        undeclared_gpu=observed.undeclared_gpu,
+        quiesced=frozenset(quiesced),
     )
 
 

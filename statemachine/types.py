@@ -184,6 +184,9 @@ class Observed:
     gpus: tuple[GpuObs, ...] | None = None
     elastic_mib: Mapping[str, int] = field(default_factory=dict)
     undeclared_gpu: tuple[str, ...] = ()  # GPU containers that no manifest declares
+    #: serves whose router tier the controller left quiesced (a start interrupted before
+    #: its readmit, a readmit that failed): the planner readmits them while they run
+    quiesced: frozenset[str] = frozenset()
 
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""

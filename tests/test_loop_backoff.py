@@ -97,3 +97,34 @@ def test_the_count_is_forgotten_once_the_serve_stays_up(tmp_path: Path) -> None:
     assert "res" in c.backoff  # up for 90 s: not yet
     c._note_deaths(up, 1400.0)
     assert "res" not in c.backoff  # up for longer than the 300 s cap
+
+
+def test_tiers_left_quiesced_are_remembered_and_recovered_after_a_kill(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+
+    def step(action: str, serve: str, outcome: str) -> dict[str, object]:
+        return {"action": action, "serve": serve, "outcome": outcome}
+
+    # a drain that timed out: the undo's readmit may have failed too -> remember it
+    c._track_tiers([step("quiesce", "res", "ok"), step("drain", "res", "aborted")])
+    assert c._quiesced == {"res"}
+    c._track_tiers([step("readmit", "res", "ok")])
+    assert c._quiesced == set()
+    # a start interrupted before its readmit
+    c._track_tiers([step("start", "llm", "ok"), step("readmit", "llm", "skipped")])
+    assert c._quiesced == {"llm"}
+
+    # the controller was killed mid-plan: the cycle has a plan and no outcome
+    (tmp_path / "again").mkdir()
+    c2 = controller(tmp_path / "again")
+    c2.journal.record_cycle(
+        at=1.0,
+        manifest_digest="d",
+        manifest_files={},
+        observed={"docker": "ok"},
+        plan={"steps": [{"action": "quiesce", "serve": "res"}, {"action": "stop", "serve": "res"}]},
+        requests=[],
+        dry_run=False,
+    )
+    c2._recover_tiers()
+    assert c2._quiesced == {"res"}

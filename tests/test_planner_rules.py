@@ -425,3 +425,16 @@ def test_every_victim_is_drained_before_any_stops() -> None:
         "release a2",
     ]
     assert {s.group for s in plan.steps} == {"llm"}
+
+
+def test_a_tier_left_quiesced_is_readmitted_while_its_serve_runs() -> None:
+    serves = [
+        serve("omni", 8000, EVI, RUN, router_tier="omni-local"),
+        serve("gone", 8000, EVI, router_tier="gone-local"),
+    ]
+    desired, observed = _build(Case(serves, {"omni": up()}, []))
+    observed = Observed(True, observed.containers, quiesced=frozenset({"omni", "gone"}))
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    # gone does not run: nothing to readmit; omni runs with its tier left quiesced
+    assert [f"{s.action} {s.serve}" for s in plan.steps] == ["readmit omni"]
+    assert "left quiesced" in plan.steps[0].reason
