@@ -1,4 +1,4 @@
-"""The ``vramctl`` command line (typer): the contracts of DESIGN §5.
+"""The ``vramctl`` command line (typer): the CLI contract (docs/operations.md).
 
 Each command loads the manifest set, reads or takes the observation, calls the pure
 core, and renders the answer (rich for people, ``--json`` for tools). Exit codes are
@@ -42,7 +42,7 @@ ManifestOpt = Annotated[
         "-m",
         envvar="VRAMCTL_MANIFEST",
         help="Manifest file (TOML); repeat to load several files as one set "
-        "(VRAMCTL_MANIFEST: space-separated).",
+        "(VRAMCTL_MANIFEST: paths separated by ':').",
     ),
 ]
 ObservedOpt = Annotated[
@@ -687,7 +687,7 @@ def render_cmd(
     observed: ObservedOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Print the engine flag that enforces SERVE's reservation (DESIGN §3).
+    """Print the engine flag that enforces SERVE's reservation (docs/limits.md).
 
     Exit 0 with the flag, 1 when there is none (no reservation, an engine without a
     memory-fraction flag, no device total) or on errors.

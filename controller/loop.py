@@ -119,6 +119,7 @@ class Controller:
         self._stopping = False
         self._last_dry_plan = ""  # a dry run journals and logs a plan once, not every cycle
         self._quiesced: set[str] = set()  # tiers this controller may have left quiesced
+        self._nvml_said: str | None = None  # the NVML error last logged
         # serve -> started_at of the container this process stopped (not a crash)
         self._stopped_by_us: dict[str, float | None] = {}
 
@@ -355,6 +356,12 @@ class Controller:
         observed = snap.to_observed()
         if not observed.docker_ok:
             logger.warning("docker: {}; acting on nothing until it can be read", snap.docker_error)
+        if snap.nvml_error != self._nvml_said:  # said once when it changes, not every cycle
+            if snap.nvml_error:
+                logger.warning("nvml: {}; device figures and drift are unknown", snap.nvml_error)
+            else:
+                logger.info("nvml: devices readable")
+            self._nvml_said = snap.nvml_error
         self._note_deaths(observed, now)
         self._end_finished_requests(observed, now)
         desired = self.desired()
