@@ -59,7 +59,7 @@ from tenacity import (
 )
 
 from controller.docker_adapter import _details, map_docker_state
-from controller.retry import AdapterError, attempts_of, backoff_wait
+from controller.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
 from controller.snapshot import ContainerModel
 
 __all__ = [
@@ -170,7 +170,7 @@ def is_transient(exc: BaseException) -> bool:
     return False
 
 
-class DockerActions:
+class DockerActions(RetryKnobs):
     """The executor's hands on Docker: start, stop, inspect, logs, ``up`` commands.
 
     ``attempts`` bounds how many times a call is made for transient faults, and
@@ -187,15 +187,11 @@ class DockerActions:
         max_wait_s: float = 20,
         initial_wait_s: float = 0.5,
     ) -> None:
-        if attempts < 1:
-            raise ValueError(f"attempts must be at least 1, not {attempts}")
-        if max_wait_s < 0 or initial_wait_s < 0:
-            raise ValueError("max_wait_s and initial_wait_s must not be negative")
+        self.set_retry_knobs(
+            attempts=attempts, max_wait_s=max_wait_s, initial_wait_s=initial_wait_s
+        )
         self._client = client
         self._api: Any = client.api
-        self.attempts = attempts
-        self.max_wait_s = float(max_wait_s)
-        self.initial_wait_s = float(initial_wait_s)
 
     # ── plumbing ──────────────────────────────────────────────────────────────
 

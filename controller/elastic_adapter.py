@@ -44,7 +44,7 @@ from tenacity import (
     stop_after_delay,
 )
 
-from controller.retry import AdapterError, attempts_of, backoff_wait
+from controller.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
 
 __all__ = [
     "RESIZE_FAILURE_MARKERS",
@@ -186,7 +186,7 @@ def _answer(response: httpx.Response, attempts: int) -> ElasticAnswer:
     )
 
 
-class ElasticClient:
+class ElasticClient(RetryKnobs):
     """Calls engines' ``POST /v1/vram`` for the executor.
 
     ``timeout_s`` bounds each request (an engine may take a while: it waits for a
@@ -206,14 +206,12 @@ class ElasticClient:
         initial_wait_s: float = 2.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if attempts < 1:
-            raise ValueError(f"attempts must be at least 1, not {attempts}")
-        if timeout_s <= 0 or max_wait_s < 0 or initial_wait_s < 0:
-            raise ValueError("timeout_s must be > 0; max_wait_s and initial_wait_s ≥ 0")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, not {timeout_s}")
+        self.set_retry_knobs(
+            attempts=attempts, max_wait_s=max_wait_s, initial_wait_s=initial_wait_s
+        )
         self.timeout_s = float(timeout_s)
-        self.attempts = attempts
-        self.max_wait_s = float(max_wait_s)
-        self.initial_wait_s = float(initial_wait_s)
         self._http = httpx.Client(
             timeout=httpx.Timeout(self.timeout_s, connect=min(_CONNECT_TIMEOUT_S, self.timeout_s)),
             transport=transport,

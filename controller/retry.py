@@ -39,6 +39,24 @@ class AdapterError(Exception):
         )
 
 
+class RetryKnobs:
+    """The bounds every retrying adapter takes: attempts, a time budget, the first wait."""
+
+    attempts: int
+    max_wait_s: float
+    initial_wait_s: float
+
+    def set_retry_knobs(self, *, attempts: int, max_wait_s: float, initial_wait_s: float) -> None:
+        """Check and keep the bounds (ValueError when they make no sense)."""
+        if attempts < 1:
+            raise ValueError(f"attempts must be at least 1, not {attempts}")
+        if max_wait_s < 0 or initial_wait_s < 0:
+            raise ValueError("max_wait_s and initial_wait_s must not be negative")
+        self.attempts = attempts
+        self.max_wait_s = float(max_wait_s)
+        self.initial_wait_s = float(initial_wait_s)
+
+
 def backoff_wait(initial_s: float, budget_s: float) -> Callable[[RetryCallState], float]:
     """Exponential backoff with jitter, never sleeping past ``budget_s`` since the start."""
 

@@ -50,7 +50,7 @@ from tenacity import (
     stop_after_delay,
 )
 
-from controller.retry import AdapterError, attempts_of, backoff_wait
+from controller.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
 
 __all__ = [
     "DRAIN_HTTP_MARGIN_S",
@@ -212,7 +212,7 @@ def _parse_transition(action: str, body: Mapping[str, Any], attempts: int) -> Tr
     )
 
 
-class RouterClient:
+class RouterClient(RetryKnobs):
     """Calls the router's admin transition endpoint for the executor.
 
     ``timeout_s`` bounds each request (a drain's is its drain timeout plus
@@ -234,15 +234,13 @@ class RouterClient:
         initial_wait_s: float = 0.5,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        if attempts < 1:
-            raise ValueError(f"attempts must be at least 1, not {attempts}")
-        if timeout_s <= 0 or max_wait_s < 0 or initial_wait_s < 0:
-            raise ValueError("timeout_s must be > 0; max_wait_s and initial_wait_s ≥ 0")
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, not {timeout_s}")
+        self.set_retry_knobs(
+            attempts=attempts, max_wait_s=max_wait_s, initial_wait_s=initial_wait_s
+        )
         self.base_url = base_url.rstrip("/")
         self.timeout_s = float(timeout_s)
-        self.attempts = attempts
-        self.max_wait_s = float(max_wait_s)
-        self.initial_wait_s = float(initial_wait_s)
         headers = {"Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
