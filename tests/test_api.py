@@ -33,6 +33,7 @@ import httpx
 import pytest
 from docker.errors import NotFound
 from prometheus_client.parser import text_string_to_metric_families
+from serving import free_port, httpd
 
 from controller.api import ApiSettings, create_app, parse_address
 from controller.journal import Journal, journal_path
@@ -43,20 +44,6 @@ from controller.snapshot import parse_snapshot
 
 TOKEN = "api-test-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def httpd(port: int) -> list[str]:
-    return [
-        "sh",
-        "-c",
-        f"mkdir -p /www && echo ok > /www/health && exec httpd -f -p 127.0.0.1:{port} -h /www",
-    ]
 
 
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:

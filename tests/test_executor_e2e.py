@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -27,6 +26,7 @@ import pytest
 from docker.errors import NotFound
 from fake_http import FakeElastic, FakeRouter
 from fakes_nvml import FakeDevice, FakeNvml, FakeProc
+from serving import free_port, httpd
 
 from controller.docker_adapter import ContainerObserver, manifest_containers
 from controller.executor import ExecutionReport, ExecutorConfig
@@ -41,20 +41,6 @@ pytestmark = pytest.mark.docker
 
 MIB = 2**20
 TOKEN = "router-secret"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def httpd(port: int) -> list[str]:
-    return [
-        "sh",
-        "-c",
-        f"mkdir -p /www && echo ok > /www/health && exec httpd -f -p 127.0.0.1:{port} -h /www",
-    ]
 
 
 @dataclass

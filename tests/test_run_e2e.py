@@ -27,7 +27,6 @@ import functools
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -42,6 +41,7 @@ from typing import Any, TypeVar
 import docker
 import pytest
 from docker.errors import NotFound
+from serving import free_port, httpd
 
 from controller.journal import Journal, journal_path
 
@@ -56,22 +56,6 @@ T = TypeVar("T")
 
 
 # ── helpers ──────────────────────────────────────────────────────────────────
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def httpd(port: int, *, delay_s: int = 0) -> list[str]:
-    """Serve /health on loopback; with ``delay_s``, only after sleeping that long."""
-    pre = f"sleep {delay_s}; " if delay_s else ""
-    return [
-        "sh",
-        "-c",
-        f"{pre}mkdir -p /www && echo ok > /www/health && exec httpd -f -p 127.0.0.1:{port} -h /www",
-    ]
 
 
 def healthy(port: int) -> bool:
