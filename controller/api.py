@@ -78,7 +78,7 @@ import os
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -95,8 +95,8 @@ from starlette.middleware.cors import CORSMiddleware
 
 from controller.loop import Controller, can_request
 from controller.metrics import CONTENT_TYPE, Metrics
-from statemachine.fit import fit_serve
-from statemachine.planner import Blocked, Plan, Policy, Step, plan_transitions
+from statemachine.fit import fit_serve, request_plan
+from statemachine.planner import Blocked, Policy, Step
 from statemachine.status import host_status
 from statemachine.types import (
     DesiredRun,
@@ -333,18 +333,6 @@ def _frees_up_in(
     return None
 
 
-def _isolated_plan(
-    desired: DesiredState, observed: Observed, serve: str, policy: Policy, now: float
-) -> Plan:
-    """The plan for an on-demand request of ``serve`` alone (what ``fit`` asks too)."""
-    isolated = DesiredState(
-        roles=desired.roles,
-        serves={n: replace(s, desired=None) for n, s in desired.serves.items()},
-        requests=(OnDemandRequest(serve, now),),
-    )
-    return plan_transitions(isolated, observed, policy, now)
-
-
 def decide_up(
     desired: DesiredState,
     observed: Observed,
@@ -365,7 +353,7 @@ def decide_up(
             {"fit": fit_json},
             max(1, math.ceil(default_retry_s)),
         )
-    plan = _isolated_plan(desired, observed, serve, policy, now)
+    plan = request_plan(desired, observed, serve, policy=policy, now=now)
     if fit.fits:
         steps: tuple[Step, ...] = tuple(st for st in plan.steps if st.group == serve)
         return UpDecision(202, fit.reason, {"fit": fit_json, "steps": [s.to_json() for s in steps]})

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from statemachine.ledger import RoleTerms, ledger_from_observed
-from statemachine.planner import Action, Policy, Protected, plan_transitions
+from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
 from statemachine.types import DesiredState, Observed, OnDemandRequest
 
 
@@ -45,6 +45,27 @@ class FitResult:
             "blockers": list(self.blockers),
             "protected": [p.to_json() for p in self.protected],
         }
+
+
+def request_plan(
+    desired: DesiredState,
+    observed: Observed,
+    serve_name: str,
+    *,
+    policy: Policy | None = None,
+    now: float = 0.0,
+) -> Plan:
+    """The plan for an on-demand request of ``serve_name`` alone.
+
+    Every other serve is treated as unmanaged, so the plan holds exactly what this
+    start would cost (and, if it cannot happen, its blocked entry).
+    """
+    isolated = DesiredState(
+        roles=desired.roles,
+        serves={n: replace(s, desired=None) for n, s in desired.serves.items()},
+        requests=(OnDemandRequest(serve_name, now),),
+    )
+    return plan_transitions(isolated, observed, policy, now)
 
 
 def fit_serve(
@@ -83,12 +104,7 @@ def fit_serve(
             f"{serve.name} is already running{what}",
             ledger.terms(serve.name, serve.gpu_roles, 0) if in_ledger else (),
         )
-    isolated = DesiredState(
-        roles=desired.roles,
-        serves={n: replace(s, desired=None) for n, s in desired.serves.items()},
-        requests=(OnDemandRequest(serve.name, now),),
-    )
-    plan = plan_transitions(isolated, observed, policy, now)
+    plan = request_plan(desired, observed, serve.name, policy=policy, now=now)
     blocked = [b for b in plan.blocked if b.serve == serve.name]
     if blocked:
         b = blocked[0]
