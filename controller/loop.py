@@ -120,6 +120,7 @@ class Controller:
         self._last_dry_plan = ""  # a dry run journals and logs a plan once, not every cycle
         self._quiesced: set[str] = set()  # tiers this controller may have left quiesced
         self._nvml_said: str | None = None  # the NVML error last logged
+        self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
         # serve -> started_at of the container this process stopped (not a crash)
         self._stopped_by_us: dict[str, float | None] = {}
 
@@ -306,6 +307,7 @@ class Controller:
         snap = observe_host(manifest_containers(self.mset.serves), observer=self._observer)
         snap.elastic = self._elastic_in_force(snap)
         snap.quiesced = sorted(self._quiesced)
+        snap.unreleased = self._still_unreleased(snap)
         return snap
 
     def _elastic_in_force(self, snap: SnapshotModel) -> dict[str, int]:
@@ -399,6 +401,9 @@ class Controller:
                 self.journal.record_outcome(cycle_id, report.to_json())
                 self._learn(report, now)
                 self._track_tiers([r.to_json() for r in report.results])
+                for r in report.results:
+                    if r.step.action is Action.RELEASE and r.outcome is Outcome.FAILED:
+                        self._unreleased.add(r.step.serve)
                 self._hold_after_preflight(plan, report, now)
                 for r in report.results:
                     if r.step.action is Action.STOP and r.outcome is Outcome.OK:
@@ -492,6 +497,24 @@ class Controller:
         for name in sorted({s.serve for s in plan.steps if s.action is Action.START}):
             own = [p for p in report.preflight if p.startswith(f"{name}:")]
             self._fail(name, "preflight: " + "; ".join(own or report.preflight), now)
+
+    def _still_unreleased(self, snap: SnapshotModel) -> list[str]:
+        """Serves whose memory did not come back after their stop, and still has not.
+
+        The ledger keeps counting them (fail closed) until NVML attributes no memory to
+        the exited container any more, or the container runs again (then it holds its
+        reservation as usual). Without NVML nothing can be confirmed: they stay counted.
+        """
+        for name in sorted(self._unreleased):
+            spec = self.mset.serves.get(name)
+            c = snap.containers.get(spec.container) if spec is not None else None
+            running = c is not None and c.state in ("running", "paused", "restarting")
+            back = snap.gpus is not None and not (c is not None and (c.gpu_used_mib or 0) > 0)
+            if spec is None or running or back:
+                self._unreleased.discard(name)
+                if spec is not None and not running:
+                    logger.info("{}: NVML shows its memory back; the reservation is released", name)
+        return sorted(self._unreleased)
 
     def _track_tiers(self, steps: list[dict[str, Any]]) -> None:
         """Remember the tiers a plan may have left quiesced; forget the readmitted ones.

@@ -106,6 +106,7 @@ class SnapshotModel(BaseModel):
     docker_error: str | None = None
     nvml_error: str | None = None
     quiesced: list[str] = Field(default_factory=list)
+    unreleased: list[str] = Field(default_factory=list)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -138,6 +139,7 @@ class SnapshotModel(BaseModel):
             elastic_mib=dict(self.elastic),
             undeclared_gpu=tuple(u.name for u in self.undeclared_gpu_containers),
             quiesced=frozenset(self.quiesced),
+            unreleased=frozenset(self.unreleased),
         )
 
     def taken_at_epoch(self) -> float | None:

@@ -349,7 +349,8 @@ class Ledger:
 def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     """The ledger the host holds now: every ledger serve whose container holds memory.
 
-    A shrunk elastic serve counts at the reservation it holds now. Built as observed
+    A shrunk elastic serve counts at the reservation it holds now; a serve whose memory
+    did not come back after its stop (``observed.unreleased``) still counts. Built as observed
     (possibly over budget); unknown when docker could not be read.
     """
     if not observed.docker_ok:
@@ -358,7 +359,7 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     for serve in desired.serves.values():
         if serve.vram_mib is None or not desired.in_ledger(serve):
             continue
-        if observed.container(serve.container).holds:
+        if observed.container(serve.container).holds or serve.name in observed.unreleased:
             mib = observed.elastic_mib.get(serve.name, serve.vram_mib)
             holdings.append(GpuReservation(serve.name, serve.gpu_roles, mib))
     return Ledger(desired.roles, holdings)

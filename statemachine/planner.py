@@ -388,6 +388,17 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
             ledger = _ok(ledger.release(o.name))
     shrinks: list[tuple[ServeSpec, int, int]] = []  # serve, from, to
     victims: list[ServeSpec] = []
+    if w.ledger.holds(s.name):  # exited, its memory not back: still counted
+        # starting it again now could need its memory twice: wait until it is back
+        w.blocked.append(
+            Blocked(
+                s.name,
+                f"{s.name} exited, but the memory of its last run is not back yet "
+                "(NVML still attributes it); it starts once it is",
+                w.ledger.terms(s.name, s.gpu_roles, 0),
+            )
+        )
+        return
     if in_ledger and s.vram_mib is not None:
         mib = s.vram_mib
         short = {r: mib - ledger.free_mib(r) for r in s.gpu_roles if mib > ledger.free_mib(r)}
@@ -405,6 +416,11 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                 if res is None or name == s.name:
                     continue
                 o = w.serve(name)
+                if name not in w.running:  # exited, its memory not confirmed back
+                    protected.append(
+                        Protected(name, res.mib, "exited, but its memory is not back yet")
+                    )
+                    continue
                 veto = _may_evict(w, s, o)
                 if (
                     o.elastic is not None

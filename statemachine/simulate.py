@@ -44,6 +44,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
         elastic_mib=elastic,
         undeclared_gpu=observed.undeclared_gpu,
         quiesced=frozenset(quiesced),
+        unreleased=observed.unreleased,
     )
 
 

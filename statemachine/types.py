@@ -187,6 +187,9 @@ class Observed:
     #: serves whose router tier the controller left quiesced (a start interrupted before
     #: its readmit, a readmit that failed): the planner readmits them while they run
     quiesced: frozenset[str] = frozenset()
+    #: serves whose container exited but whose memory NVML has not shown back: the
+    #: ledger keeps counting their reservation until it does (fail closed)
+    unreleased: frozenset[str] = frozenset()
 
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""

@@ -128,3 +128,26 @@ def test_tiers_left_quiesced_are_remembered_and_recovered_after_a_kill(tmp_path:
     )
     c2._recover_tiers()
     assert c2._quiesced == {"res"}
+
+
+def test_unreleased_memory_stays_counted_until_nvml_shows_it_back(tmp_path: Path) -> None:
+    from controller.snapshot import parse_snapshot
+
+    c = controller(tmp_path)
+    c._unreleased.add("res")
+
+    def snap(gpus: object, used: int | None, state: str = "exited") -> object:
+        return parse_snapshot(
+            {
+                "docker": "ok",
+                "containers": {"c-res": {"state": state, "gpu_used_mib": used}},
+                "gpus": gpus,
+            }
+        )
+
+    device = [{"uuid": "GPU-0", "total_mib": 10000, "used_mib": 3000, "free_mib": 7000}]
+    assert c._still_unreleased(snap(None, None)) == ["res"]  # no NVML: cannot confirm
+    assert c._still_unreleased(snap(device, 2500)) == ["res"]  # a process still holds it
+    assert c._still_unreleased(snap(device, None)) == []  # nothing attributed any more
+    c._unreleased.add("res")
+    assert c._still_unreleased(snap(None, None, state="running")) == []  # runs: holds as usual

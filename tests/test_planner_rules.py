@@ -438,3 +438,22 @@ def test_a_tier_left_quiesced_is_readmitted_while_its_serve_runs() -> None:
     # gone does not run: nothing to readmit; omni runs with its tier left quiesced
     assert [f"{s.action} {s.serve}" for s in plan.steps] == ["readmit omni"]
     assert "left quiesced" in plan.steps[0].reason
+
+
+def test_memory_not_back_after_a_stop_still_counts() -> None:
+    serves = [serve("omni", 20_000, EVI, RUN), serve("llm", 20_000, OND)]
+    desired, _ = _build(Case(serves, {}, []))
+    exited = ContainerObs(ContainerState.EXITED, exit_code=0)
+    observed = Observed(True, {"c-omni": exited}, unreleased=frozenset({"omni"}))
+    plan = plan_transitions(
+        DesiredState(desired.roles, desired.serves, (req("llm"),)), observed, Policy(), NOW
+    )
+    # omni's 20000 MiB are still counted: llm (20000) does not fit in 10000 free, and omni,
+    # which does not run, is no victim; omni itself waits until its memory is back
+    assert plan.steps == ()
+    by = {b.serve: b for b in plan.blocked}
+    assert [(p.serve, p.why) for p in by["llm"].protected] == [
+        ("omni", "exited, but its memory is not back yet")
+    ]
+    assert "memory of its last run is not back" in by["omni"].reason
+    assert plan.ledger_after.committed_mib("a") == 20_000
