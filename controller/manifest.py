@@ -576,7 +576,13 @@ class ServeModel(BaseModel):
             elastic=None if self.elastic is None else self.elastic.to_elastic(),
             groups=tuple(self.groups),
             idle_ttl_s=self.idle_ttl_s,
+            sizes_from_free=(self.engine or "").strip().lower() in SIZES_FROM_FREE_ENGINES,
         )
+
+
+#: engines that size their memory pool from the device's free memory when they load:
+#: their starts are serialised per GPU (two at once would each count the other's room)
+SIZES_FROM_FREE_ENGINES: frozenset[str] = frozenset({"vllm", "sglang"})
 
 
 class ManifestFile(BaseModel):

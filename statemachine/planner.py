@@ -25,6 +25,12 @@ The rules, in the order the planner applies them:
    (:mod:`statemachine.victims`). A start is: reserve, start, await_ready, readmit.
 4. **Grow back** shrunk elastic serves as far as the budget allows, before backfill.
 
+A serve whose start is in progress (``observed.starting``: the executor carries starts
+out beside the loop) holds its reservation, is neither started nor stopped nor a victim
+nor resized until that start ends, and is a start "in progress" for the next rule:
+engines that size themselves from free memory at load (``sizes_from_free``: vLLM,
+SGLang) start one at a time per GPU role; other serves start side by side.
+
 Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 """
 
@@ -323,6 +329,8 @@ def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
         return "on-demand: not a victim"
     if victim.residency is None:
         return "no residency class: never stopped implicitly"
+    if victim.name in w.observed.starting:
+        return "its start is in progress"
     if victim.name in w.starting:
         return "being started in this plan"
     age = w.fresh(victim)
@@ -343,8 +351,13 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
 
     def need_stopped(other: ServeSpec, why: str) -> None:
         if other.name in w.starting:
-            reasons.append(f"{other.name} is being started in this plan ({why})")
-            protected.append(Protected(other.name, other.vram_mib, "being started in this plan"))
+            how = (
+                "its start is in progress"
+                if other.name in w.observed.starting
+                else "being started in this plan"
+            )
+            reasons.append(f"{other.name}: {how} ({why})")
+            protected.append(Protected(other.name, other.vram_mib, how))
             return
         veto = _may_evict(w, s, other)
         if veto is None:
@@ -368,6 +381,22 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
             need_stopped(other, f"holds port {s.port}")
     forced.sort(key=lambda o: o.name)
     in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
+    if s.sizes_from_free and not reasons:
+        for other_name in sorted(w.starting):
+            other = w.serve(other_name) if other_name in w.desired.serves else None
+            if other is None or other.name == s.name or not other.sizes_from_free:
+                continue
+            shared = [r for r in s.gpu_roles if r in other.gpu_roles]
+            if shared:
+                w.blocked.append(
+                    Blocked(
+                        s.name,
+                        f"{s.name} waits for the start of {other.name} on "
+                        f"{', '.join(shared)} to end: engines that size themselves from "
+                        "free memory at load (vLLM, SGLang) start one at a time per GPU",
+                    )
+                )
+                return
 
     if reasons:
         terms = w.ledger.terms(s.name, s.gpu_roles, s.vram_mib) if in_ledger and s.vram_mib else ()
@@ -431,6 +460,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                     # a serve started earlier in this plan may be shrunk after its
                     # await_ready, unless its min_runtime_s protects it
                     and not (name in w.starting and o.min_runtime_s > 0)
+                    and name not in w.observed.starting
                 ):
                     give = res.mib - o.elastic.floor_mib
                     elastic.append((o, res.mib))
@@ -622,7 +652,7 @@ def _start_reason(w: _Work, s: ServeSpec) -> str:
 def _grow(w: _Work) -> None:
     for s in w.desired.serves.values():
         name = s.name
-        if name not in w.running:
+        if name not in w.running or name in w.observed.starting:
             continue
         held = w.held_mib(name)
         if s.elastic is None or s.vram_mib is None or held is None or held >= s.vram_mib:
@@ -678,11 +708,16 @@ def plan_transitions(
 
     w = _Work(desired, observed, policy, now, ledger)
     w.index()
-    w.running = {s.name for s in desired.serves.values() if observed.container(s.container).holds}
+    w.running = {
+        s.name
+        for s in desired.serves.values()
+        if observed.container(s.container).holds or s.name in observed.starting
+    }
+    w.starting = {n for n in observed.starting if n in desired.serves}
 
-    # 2. stops
+    # 2. stops (a serve whose start is in progress is stopped once that start has ended)
     for s in desired.serves.values():
-        if s.name not in w.running:
+        if s.name not in w.running or s.name in observed.starting:
             continue
         if s.desired is DesiredRun.STOPPED:
             w.stop(s, f"{s.name} is desired stopped")
