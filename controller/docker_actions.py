@@ -327,7 +327,14 @@ class DockerActions(RetryKnobs):
 
     # ── operator commands ─────────────────────────────────────────────────────
 
-    def run_up(self, argv: Sequence[str], *, cwd: Path, timeout_s: float) -> UpResult:
+    def run_up(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        timeout_s: float,
+        on_spawn: Callable[[int], None] | None = None,
+    ) -> UpResult:
         """Run one command line (no shell) in ``cwd``, bounded by ``timeout_s`` seconds.
 
         stdout and stderr are captured together and the tail is kept; stdin is
@@ -335,7 +342,10 @@ class DockerActions(RetryKnobs):
         whole process group is killed (a ``docker compose`` and whatever it spawned)
         and the result has ``returncode=None``. A missing executable or working
         directory gives 127 and one that cannot be executed 126, as a shell would;
-        nothing here raises for what the command does.
+        nothing here raises for what the command does. ``on_spawn`` is called with the
+        process id (= its process group id) as soon as the command runs, so the caller
+        can record it before waiting (a command must never outlive its controller
+        unsupervised).
         """
         args = tuple(str(a) for a in argv)
         if not args:
@@ -361,6 +371,8 @@ class DockerActions(RetryKnobs):
             return UpResult(args, 126, "", f"cannot execute {args[0]}: {exc.strerror or exc}", 0.0)
         except OSError as exc:
             return UpResult(args, 126, "", f"cannot run {args[0]}: {_describe(exc)}", 0.0)
+        if on_spawn is not None:
+            on_spawn(proc.pid)
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

@@ -44,6 +44,7 @@ from controller.docker_actions import ActionError, DockerActions
 from controller.elastic_adapter import ElasticClient, ElasticError, elastic_ok
 from controller.health import http_ready
 from controller.router_adapter import RouterClient, RouterError
+from controller.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import IllegalTransition, ServeLifecycle
 from statemachine.planner import Action, Plan, Step
@@ -76,6 +77,11 @@ class StepResult:
     detail: str
     duration_s: float
     logs: str | None = None
+    #: when the step ended (epoch seconds): a failure's backoff counts from here
+    ended_at: float = 0.0
+    #: the container's ``started_at`` (epoch seconds) when a failed start saw it die:
+    #: the loop counts that death once, not again when it observes the exited container
+    died_started_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -131,11 +137,13 @@ class StepError(Exception):
         logs: str | None = None,
         aborted: bool = False,
         interrupted: bool = False,
+        died_started_at: float | None = None,
     ) -> None:
         super().__init__(message)
         self.logs = logs
         self.aborted = aborted
         self.interrupted = interrupted
+        self.died_started_at = died_started_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +177,9 @@ class Executor:
         config: ExecutorConfig | None = None,
         on_step: Callable[[StepResult], None] | None = None,
         stop_event: threading.Event | None = None,
+        observe_now: Callable[[], Observed] | None = None,
+        starts: StartTracker | None = None,
+        on_start_done: Callable[[list[StepResult]], None] | None = None,
     ) -> None:
         self.desired = desired
         self.docker = docker
@@ -181,32 +192,70 @@ class Executor:
         self.config = config or ExecutorConfig()
         self.on_step = on_step
         self.stop_event = stop_event or threading.Event()
+        #: a fresh reading of the containers, to admit each reserve against the host as
+        #: it is now (``None``: against the plan's observation, kept true by the steps)
+        self.observe_now = observe_now
+        #: with a tracker, each start (start, await_ready, readmit) runs on a thread of
+        #: its own beside the plan and the loop; ``on_start_done`` gets its results
+        self.starts = starts
+        self.on_start_done = on_start_done
 
     # ------------------------------------------------------------------ preflight
     def preflight(self, plan: Plan) -> list[str]:
         """What is knowable now and would make the plan fail half-way; empty when fine."""
-        problems: list[str] = []
+        return [p.text for p in self.preflight_problems(plan)]
+
+    def preflight_problems(self, plan: Plan) -> list[PreflightProblem]:
+        """Each problem the preflight finds, with the plan groups it refuses.
+
+        A problem of one serve (its container or ``up`` missing, its port taken, an
+        elastic step without an endpoint) refuses only the groups of that serve's
+        steps; a router that is missing or unreachable refuses the groups that need it.
+        """
+        problems: list[PreflightProblem] = []
         actions = {s.action for s in plan.steps}
+        router_groups = frozenset(
+            s.group
+            for s in plan.steps
+            if s.action in (Action.QUIESCE, Action.DRAIN, Action.READMIT)
+        )
         if actions & {Action.QUIESCE, Action.DRAIN}:
             tiers = sorted({s.serve for s in plan.steps if s.action is Action.DRAIN})
             if self.router is None:
                 problems.append(
-                    "the plan drains router tiers (" + ", ".join(tiers) + ") before stopping "
-                    "them, but no router is configured: set --router-url / VRAMCTL_ROUTER_URL"
+                    PreflightProblem(
+                        None,
+                        router_groups,
+                        "the plan drains router tiers (" + ", ".join(tiers) + ") before "
+                        "stopping them, but no router is configured: set --router-url / "
+                        "VRAMCTL_ROUTER_URL",
+                    )
                 )
         if self.router is not None and actions & {Action.QUIESCE, Action.DRAIN, Action.READMIT}:
             err = self.router.check()
             if err is not None:
-                problems.append(f"router {self.router.base_url}: {err}")
+                problems.append(
+                    PreflightProblem(None, router_groups, f"router {self.router.base_url}: {err}")
+                )
         stopped_ports: set[int] = set()
         for step in plan.steps:
             serve = self.desired.serves[step.serve]
             if step.action is Action.STOP and serve.port is not None:
                 stopped_ports.add(serve.port)
             if step.action is Action.START:
-                problems.extend(self._preflight_start(serve, stopped_ports))
+                groups = frozenset({step.group})
+                problems.extend(
+                    PreflightProblem(serve.name, groups, text)
+                    for text in self._preflight_start(serve, stopped_ports)
+                )
             if step.action in (Action.SHRINK, Action.GROW) and serve.elastic is None:
-                problems.append(f"{serve.name}: {step.action} planned but it has no elastic url")
+                problems.append(
+                    PreflightProblem(
+                        serve.name,
+                        frozenset({step.group}),
+                        f"{serve.name}: {step.action} planned but it has no elastic url",
+                    )
+                )
         return problems
 
     def _preflight_start(self, serve: ServeSpec, stopped_ports: set[int]) -> list[str]:
@@ -239,7 +288,13 @@ class Executor:
     def execute(
         self, plan: Plan, observed: Observed, *, skip_preflight: bool = False
     ) -> ExecutionReport:
-        """Carry out ``plan`` (made from ``observed``); never raises for host faults."""
+        """Carry out ``plan`` (made from ``observed``); never raises for host faults.
+
+        With a :class:`~controller.starts.StartTracker` each start (its start,
+        await_ready and readmit steps) is handed to a thread of its own once its
+        reserve is admitted, and this returns without waiting for it: the start's
+        results reach ``on_start_done``. Without one, everything runs here, in order.
+        """
         ledger = ledger_from_observed(self.desired, observed)
         machines: dict[str, ServeLifecycle] = {}
         for step in plan.steps:
@@ -248,49 +303,107 @@ class Executor:
                 holds = observed.container(serve.container).holds
                 machines[step.serve] = ServeLifecycle(step.serve, "running" if holds else "stopped")
         report = ExecutionReport([], ledger, {})
+        refused: dict[str, list[str]] = {}  # group -> the preflight problems that refuse it
         if not skip_preflight:
-            report.preflight = self.preflight(plan)
-            if report.preflight:
-                for problem in report.preflight:
-                    logger.error("preflight: {}", problem)
+            problems = self.preflight_problems(plan)
+            report.preflight = [p.text for p in problems]
+            for problem in problems:
+                logger.error("preflight: {}", problem.text)
+                for g in problem.groups:
+                    refused.setdefault(g, []).append(problem.text)
+            if problems and all(st.group in refused for st in plan.steps):
                 report.lifecycles = {n: str(m.state) for n, m in machines.items()}
                 return report
         run = _Run(self, ledger, machines, observed)
-        for step in plan.steps:
+        jobs: dict[str, _StartJob] = {}
+        steps = list(plan.steps)
+        i = 0
+        while i < len(steps):
+            step = steps[i]
+            i += 1
             if self.stop_event.is_set() and not report.stopped_early:
                 report.stopped_early = True
                 run.compensate_all("the controller is stopping")
-            if report.stopped_early or step.group in run.failed_groups:
-                why = (
-                    "the controller is stopping"
-                    if report.stopped_early
-                    else (f"an earlier step of group {step.group} failed")
+            why: str | None = None
+            if report.stopped_early:
+                why = "the controller is stopping"
+            elif step.group in refused:
+                why = "refused by the preflight: " + "; ".join(refused[step.group])
+            elif step.group in run.failed_groups:
+                why = f"an earlier step of group {step.group} failed"
+            elif step.serve in jobs and not jobs[step.serve].wait():
+                why = f"the start of {step.serve} did not succeed"
+            if why is not None:
+                self._emit(
+                    report, StepResult(step, Outcome.SKIPPED, why, 0.0, ended_at=time.time())
                 )
-                self._emit(report, StepResult(step, Outcome.SKIPPED, why, 0.0))
                 continue
-            t0 = time.monotonic()
-            try:
-                detail = run.do(step)
-                result = StepResult(step, Outcome.OK, detail, time.monotonic() - t0)
-            except Exception as exc:
-                if not isinstance(exc, StepError):
-                    logger.exception("{} {}: unexpected error", step.serve, step.action)
-                    exc = StepError(f"unexpected error: {type(exc).__name__}: {exc}")
-                outcome = Outcome.ABORTED if exc.aborted else Outcome.FAILED
-                if exc.interrupted:
-                    outcome = Outcome.INTERRUPTED
-                result = StepResult(step, outcome, str(exc), time.monotonic() - t0, exc.logs)
-                run.failed_groups.add(step.group)
-                if not exc.interrupted:
-                    run.compensate(step)
-            self._emit(report, result)
+            if self.starts is not None and step.action is Action.START:
+                chain = [step]
+                while (
+                    i < len(steps)
+                    and steps[i].serve == step.serve
+                    and steps[i].action in (Action.AWAIT_READY, Action.READMIT)
+                ):
+                    chain.append(steps[i])
+                    i += 1
+                jobs[step.serve] = self._detach(run, chain)
+                continue
+            self._emit(report, self._attempt(run, step))
         run.compensate_all("the plan ended")
         report.ledger = run.ledger
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
         return report
 
+    def _attempt(self, run: _Run, step: Step) -> StepResult:
+        """One step: its result, with the failed group compensated."""
+        t0 = time.monotonic()
+        try:
+            detail = run.do(step)
+            return StepResult(step, Outcome.OK, detail, time.monotonic() - t0, ended_at=time.time())
+        except Exception as exc:
+            if not isinstance(exc, StepError):
+                logger.exception("{} {}: unexpected error", step.serve, step.action)
+                exc = StepError(f"unexpected error: {type(exc).__name__}: {exc}")
+            outcome = Outcome.ABORTED if exc.aborted else Outcome.FAILED
+            if exc.interrupted:
+                outcome = Outcome.INTERRUPTED
+            result = StepResult(
+                step,
+                outcome,
+                str(exc),
+                time.monotonic() - t0,
+                exc.logs,
+                ended_at=time.time(),
+                died_started_at=exc.died_started_at,
+            )
+            run.failed_groups.add(step.group)
+            if not exc.interrupted:
+                run.compensate(step)
+            return result
+
+    def _detach(self, run: _Run, chain: list[Step]) -> _StartJob:
+        """Hand a start (start, await_ready, readmit) to a thread of its own."""
+        assert self.starts is not None
+        first = chain[0]
+        s = self.desired.serves[first.serve]
+        if not self.starts.active(s.name):  # a serve outside the ledger has no reserve step
+            self.starts.begin(s.name, s.gpu_roles, first.mib or 0)
+        run.reserved.pop(s.name, None)  # settled by the start's own run if it fails
+        sub = _Run(self, run.ledger, {s.name: run.machines[s.name]}, run.observed)
+        sub.reserved[s.name] = first.group
+        job = _StartJob(self, sub, chain)
+        thread = threading.Thread(target=job.run, name=f"start-{s.name}", daemon=True)
+        self.starts.attach(s.name, thread)
+        thread.start()
+        return job
+
     def _emit(self, report: ExecutionReport, result: StepResult) -> None:
         report.results.append(result)
+        self._emit_result(result)
+
+    def _emit_result(self, result: StepResult) -> None:
+        """Log one step's result and hand it to ``on_step``."""
         level = "INFO" if result.outcome is Outcome.OK else "WARNING"
         if result.outcome is Outcome.FAILED:
             level = "ERROR"
@@ -312,6 +425,65 @@ class Executor:
             self.on_step(result)
 
 
+@dataclass(frozen=True, slots=True)
+class PreflightProblem:
+    """One preflight finding: the serve it concerns (``None``: the plan) and the groups
+    of the plan it refuses."""
+
+    serve: str | None
+    groups: frozenset[str]
+    text: str
+
+
+class _StartJob:
+    """One start carried out beside the plan: its steps in order, then the tracker."""
+
+    def __init__(self, ex: Executor, run: _Run, chain: list[Step]) -> None:
+        self.ex = ex
+        self.run_ = run
+        self.chain = chain
+        self.results: list[StepResult] = []
+        self.on_done = ex.on_start_done  # as when the start began (the loop sets it per cycle)
+        self.done = threading.Event()
+        self.ok = False
+
+    def wait(self) -> bool:
+        """Wait for the start to end; True when every step of it succeeded."""
+        self.done.wait()
+        return self.ok
+
+    def run(self) -> None:
+        serve = self.chain[0].serve
+        failed = False
+        try:
+            for step in self.chain:
+                if failed:
+                    result = StepResult(
+                        step,
+                        Outcome.SKIPPED,
+                        f"an earlier step of group {step.group} failed",
+                        0.0,
+                        ended_at=time.time(),
+                    )
+                else:
+                    result = self.ex._attempt(self.run_, step)
+                    failed = result.outcome is not Outcome.OK
+                self.results.append(result)
+                self.ex._emit_result(result)
+            self.ok = not failed
+        except Exception:  # a bug must not leave the start counted for good
+            logger.exception("{}: the start's thread failed", serve)
+        finally:
+            assert self.ex.starts is not None
+            self.ex.starts.end(serve)
+            self.done.set()
+            if self.on_done is not None:
+                try:
+                    self.on_done(list(self.results))
+                except Exception:
+                    logger.exception("{}: recording the start's outcome failed", serve)
+
+
 class _Run:
     """The state of one execution: the live ledger, the machines, what to undo."""
 
@@ -323,6 +495,9 @@ class _Run:
         observed: Observed,
     ) -> None:
         self.ex = ex
+        #: the desired state this run was planned for (a start carried out beside the
+        #: loop keeps it even when the manifest changes meanwhile)
+        self.desired = ex.desired
         self.observed = observed
         self.ledger = ledger
         self.machines = machines
@@ -334,7 +509,7 @@ class _Run:
 
     # -- helpers ---------------------------------------------------------------------
     def serve(self, name: str) -> ServeSpec:
-        return self.ex.desired.serves[name]
+        return self.desired.serves[name]
 
     def fire(self, serve: str, trigger: str) -> None:
         machine = self.machines[serve]
@@ -355,7 +530,7 @@ class _Run:
         by_uuid = {g.uuid: g for g in gpus}
         out: dict[str, int] = {}
         for r in roles:
-            uuid = self.ex.desired.roles[r].uuid if r in self.ex.desired.roles else None
+            uuid = self.desired.roles[r].uuid if r in self.desired.roles else None
             dev = by_uuid.get(uuid) if uuid else None
             if dev is not None and dev.used_mib is not None:
                 out[r] = dev.used_mib
@@ -473,13 +648,51 @@ class _Run:
 
     def reserve(self, step: Step, s: ServeSpec) -> str:
         assert step.mib is not None
+        self.admit_against_host_now(s)
         result = self.ledger.admit(GpuReservation(s.name, s.gpu_roles, step.mib))
         if isinstance(result, Refusal):
             raise StepError(f"the ledger refuses: {result.message}")
         self.ledger = result
         self.reserved[s.name] = step.group
+        if self.ex.starts is not None:
+            self.ex.starts.begin(s.name, s.gpu_roles, step.mib)
         self.fire(s.name, "reserve")
         return f"reserved {step.mib} MiB on {', '.join(s.gpu_roles)}"
+
+    def admit_against_host_now(self, s: ServeSpec) -> None:
+        """Read the containers again before a reserve: the plan's observation may be old.
+
+        A serve of the manifest whose container holds memory now, though neither the
+        plan's ledger nor a start in progress counts it, was started outside the
+        controller while the plan ran: it joins this run's ledger (so nothing later in
+        the plan is admitted into its room) and the reserve fails, to be planned again
+        from the host as it is. Docker unreadable now: nothing is admitted.
+        """
+        if self.ex.observe_now is None:
+            return
+        fresh = self.ex.observe_now()
+        if not fresh.docker_ok:
+            raise StepError("docker cannot be read now: nothing is admitted until it can")
+        in_progress = self.ex.starts.snapshot() if self.ex.starts is not None else {}
+        outside: list[GpuReservation] = []
+        for other in self.desired.serves.values():
+            if (
+                other.vram_mib is None
+                or not self.desired.in_ledger(other)
+                or self.ledger.holds(other.name)
+                or other.name in in_progress
+                or not fresh.container(other.container).holds
+            ):
+                continue
+            outside.append(GpuReservation(other.name, other.gpu_roles, other.vram_mib))
+        if outside:
+            self.ledger = Ledger(self.desired.roles, [*self.ledger.holdings.values(), *outside])
+            names = ", ".join(r.holder for r in outside)
+            raise StepError(
+                f"{names} started outside the controller while this plan ran "
+                f"({' + '.join(f'{r.holder} {r.mib}' for r in outside)} MiB now held): "
+                f"{s.name} is not admitted; the next cycle plans from the host as it is"
+            )
 
     def start(self, step: Step, s: ServeSpec) -> str:
         if self.machines[s.name].state == "stopped":
@@ -494,13 +707,29 @@ class _Run:
                 if not argv:
                     raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
                 timeout = float(getattr(self.ex.details.get(s.name), "start_timeout_s", 600.0))
-                res = self.ex.docker.run_up(
-                    argv, cwd=self.ex.manifest_dir(s.name), timeout_s=timeout
-                )
-                if res.returncode != 0:
-                    raise StepError(
-                        f"`up` exited {res.returncode}: {' '.join(argv)}", logs=res.output
+                tracker = self.ex.starts
+                mib = step.mib or 0
+
+                def spawned(pid: int) -> None:
+                    if tracker is not None:
+                        tracker.up_spawned(
+                            s.name, pid, roles=s.gpu_roles, mib=mib, timeout_s=timeout
+                        )
+
+                try:
+                    res = self.ex.docker.run_up(
+                        argv, cwd=self.ex.manifest_dir(s.name), timeout_s=timeout, on_spawn=spawned
                     )
+                finally:
+                    if tracker is not None:
+                        tracker.up_exited(s.name)
+                if res.returncode != 0:
+                    how = (
+                        f"timed out after {timeout:g}s"
+                        if res.returncode is None
+                        else f"exited {res.returncode}"
+                    )
+                    raise StepError(f"`up` {how}: {_reason(res.output)}", logs=res.output)
                 if not self.ex.docker.exists(s.container):
                     raise StepError(
                         f"`up` succeeded but container {s.container} does not exist",
@@ -526,7 +755,11 @@ class _Run:
                 raise StepError(f"{s.container} disappeared while starting")
             if state.oom_killed or state.state in (ContainerState.EXITED, ContainerState.DEAD):
                 why = "was OOM-killed" if state.oom_killed else f"exited ({state.exit_code})"
-                raise StepError(f"{s.container} {why} while starting", logs=self.logs(s.container))
+                raise StepError(
+                    f"{s.container} {why} while starting",
+                    logs=self.logs(s.container),
+                    died_started_at=_epoch_or_none(state.started_at),
+                )
             if state.state is ContainerState.RUNNING:
                 if state.health is not None:
                     if state.health == "healthy":
@@ -615,11 +848,11 @@ class _Run:
         gpus = self.ex.gpus()
         if gpus is not None:
             by_uuid = {g.uuid: g for g in gpus}
-            role = self.ex.desired.roles.get(s.gpu_roles[0]) if s.gpu_roles else None
+            role = self.desired.roles.get(s.gpu_roles[0]) if s.gpu_roles else None
             dev = by_uuid.get(role.uuid) if role is not None and role.uuid else None
             if dev is not None and dev.free_mib is not None:
                 return max(0, dev.free_mib + signed)
-        role = self.ex.desired.roles[s.gpu_roles[0]]
+        role = self.desired.roles[s.gpu_roles[0]]
         return max(0, role.capacity_mib - self.ledger.committed_mib(role.id) + signed)
 
     # -- undo -------------------------------------------------------------------------
@@ -646,6 +879,8 @@ class _Run:
                 continue
             del self.reserved[name]
             self._settle_failed_start(name)
+            if self.ex.starts is not None:
+                self.ex.starts.end(name)
         if failed is not None and failed.action is Action.AWAIT_READY:
             self._settle_failed_start(failed.serve)
         if failed is not None and failed.action is Action.SHRINK and failed.to_mib is not None:
@@ -689,6 +924,24 @@ class _Run:
         machine = self.machines[name]
         if machine.state != "failed":
             self.fire(name, "start_failed" if machine.state in ("reserved", "starting") else "fail")
+
+
+def _reason(output: str) -> str:
+    """The line of an ``up`` command's output that says why it failed (Docker's error)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    if not lines:
+        return "no output"
+    marked = [ln for ln in lines if "error" in ln.lower() or "unable" in ln.lower()]
+    return (marked or lines)[-1][:300]
+
+
+def _epoch_or_none(value: str | float | None) -> float | None:
+    from controller.snapshot import epoch_seconds
+
+    try:
+        return epoch_seconds(value)
+    except ValueError:
+        return None
 
 
 def _env_token(var: str | None) -> str | None:

@@ -125,9 +125,31 @@ CREATE TABLE IF NOT EXISTS elastic (
     mib    INTEGER NOT NULL,
     set_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS ups (
+    serve      TEXT PRIMARY KEY,
+    pid        INTEGER NOT NULL,       -- also its process group (it runs in its own session)
+    proc_start INTEGER,                -- /proc/<pid>/stat starttime: tells a reused pid apart
+    roles      TEXT NOT NULL,          -- JSON: [role, ...]
+    mib        INTEGER NOT NULL,       -- what was reserved for the start
+    deadline   REAL NOT NULL,          -- epoch seconds: start_timeout_s after it began
+    began_at   REAL NOT NULL
+);
 """
 
 _TABLES = frozenset({"manifests", "cycles", "steps", "requests", "elastic"})
+
+
+@dataclass(frozen=True, slots=True)
+class UpRecord:
+    """An ``up`` command the controller started and has not seen end."""
+
+    serve: str
+    pid: int
+    proc_start: int | None
+    roles: tuple[str, ...]
+    mib: int
+    deadline: float
+    began_at: float
 
 
 class JournalError(Exception):
@@ -338,6 +360,10 @@ class Journal:
             if not readonly:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
+                # tables added since the file was made (every statement is IF NOT EXISTS)
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
             return
         # version 0: a new file, or some other SQLite database
         if readonly:
@@ -576,6 +602,51 @@ class Journal:
         with self._lock:
             rows = self._conn.execute("SELECT serve, set_at FROM elastic ORDER BY serve").fetchall()
         return {str(r[0]): float(r[1]) for r in rows}
+
+    # ------------------------------------------------------------ `up` in flight
+    def add_up(self, rec: UpRecord) -> None:
+        """Record an ``up`` command that runs now (before the controller waits for it)."""
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO ups (serve, pid, proc_start, roles, mib, deadline, began_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (serve) DO UPDATE SET "
+                "pid = excluded.pid, proc_start = excluded.proc_start, roles = excluded.roles, "
+                "mib = excluded.mib, deadline = excluded.deadline, began_at = excluded.began_at",
+                (
+                    rec.serve,
+                    rec.pid,
+                    rec.proc_start,
+                    _dumps(list(rec.roles)),
+                    rec.mib,
+                    rec.deadline,
+                    rec.began_at,
+                ),
+            )
+
+    def end_up(self, serve: str) -> None:
+        """The serve's ``up`` command has exited (or was ended): forget it."""
+        with self._tx() as conn:
+            conn.execute("DELETE FROM ups WHERE serve = ?", (serve,))
+
+    def ups(self) -> list[UpRecord]:
+        """The ``up`` commands recorded as running (a controller killed meanwhile left them)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT serve, pid, proc_start, roles, mib, deadline, began_at FROM ups "
+                "ORDER BY began_at, serve"
+            ).fetchall()
+        return [
+            UpRecord(
+                serve=str(r[0]),
+                pid=int(r[1]),
+                proc_start=None if r[2] is None else int(r[2]),
+                roles=tuple(str(x) for x in json.loads(r[3])),
+                mib=int(r[4]),
+                deadline=float(r[5]),
+                began_at=float(r[6]),
+            )
+            for r in rows
+        ]
 
     # ---------------------------------------------------------------- retention
     def prune(

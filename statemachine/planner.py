@@ -383,15 +383,15 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
     if s.sizes_from_free and not reasons:
         for other_name in sorted(w.starting):
-            other = w.serve(other_name) if other_name in w.desired.serves else None
-            if other is None or other.name == s.name or not other.sizes_from_free:
+            peer = w.desired.serves.get(other_name)
+            if peer is None or peer.name == s.name or not peer.sizes_from_free:
                 continue
-            shared = [r for r in s.gpu_roles if r in other.gpu_roles]
+            shared = [r for r in s.gpu_roles if r in peer.gpu_roles]
             if shared:
                 w.blocked.append(
                     Blocked(
                         s.name,
-                        f"{s.name} waits for the start of {other.name} on "
+                        f"{s.name} waits for the start of {peer.name} on "
                         f"{', '.join(shared)} to end: engines that size themselves from "
                         "free memory at load (vLLM, SGLang) start one at a time per GPU",
                     )

@@ -513,6 +513,11 @@ def calm(live: Live) -> Live:
     """Each test starts from res + omni running, llm down, no request."""
     live.converged(res="running", omni="running", llm="down")
     wait_for("no request", lambda: live.serves()["llm"]["request"] is None)
+    # a start in progress (the restored omni awaiting health) is not evicted: wait it out
+    wait_for(
+        "no start in progress",
+        lambda: all(s["lifecycle"] != "starting" for s in live.serves().values()),
+    )
     wait_for("the loop to see it", lambda: live.committed() == 7000)
     return live
 
