@@ -103,6 +103,8 @@ class ExecutionReport:
     lifecycles: dict[str, str]
     stopped_early: bool = False
     preflight: list[str] = field(default_factory=list)
+    #: the plan groups the preflight refused (their steps were skipped; the rest ran)
+    refused_groups: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -311,6 +313,7 @@ class Executor:
                 logger.error("preflight: {}", problem.text)
                 for g in problem.groups:
                     refused.setdefault(g, []).append(problem.text)
+            report.refused_groups = sorted(refused)
             if problems and all(st.group in refused for st in plan.steps):
                 report.lifecycles = {n: str(m.state) for n, m in machines.items()}
                 return report

@@ -568,10 +568,10 @@ class Controller:
         """The preflight refused these starts: back off each, the others ran."""
         if not report.preflight:
             return
-        ran = {
-            r.step for r in report.results if not r.detail.startswith("refused by the preflight")
-        }
-        refused = sorted({s.serve for s in plan.steps if s.action is Action.START and s not in ran})
+        groups = set(report.refused_groups)
+        refused = sorted(
+            {s.serve for s in plan.steps if s.action is Action.START and s.group in groups}
+        )
         for name in refused:
             own = [p for p in report.preflight if p.startswith(f"{name}:")]
             self._fail(name, "preflight: " + "; ".join(own or report.preflight), time.time())
