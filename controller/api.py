@@ -269,6 +269,21 @@ class UpBody(BaseModel):
     ] = None
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` with what strict JSON cannot carry (NaN, ±Infinity) as text.
+
+    Python's JSON reader accepts ``NaN``, ``Infinity`` and ``1e309`` (infinite), so a
+    422 that echoes the input must spell them, or the answer itself fails (a 500).
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def _validation_lines(exc: RequestValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
@@ -472,7 +487,7 @@ def create_app(
             422,
             "invalid request: " + "; ".join(lines),
             problems=lines,
-            detail=jsonable_encoder(exc.errors(), custom_encoder={Exception: str}),
+            detail=_json_safe(jsonable_encoder(exc.errors(), custom_encoder={Exception: str})),
         )
 
     def authorize(request: Request) -> None:

@@ -225,6 +225,27 @@ def test_decisions_on_an_observation(idle: Controller, client: Callable[..., Asg
     assert r.status_code == 503 and "docker" in r.json()["error"]
 
 
+@pytest.mark.parametrize(
+    "raw", ["NaN", "Infinity", "-Infinity", "1e309", "-1e309", "1e300", "0", "true", "[1]"]
+)
+def test_a_ttl_that_is_not_a_finite_number_in_range_is_a_clean_422(
+    idle: Controller, client: Callable[..., Asgi], raw: str
+) -> None:
+    """Python's JSON reader takes NaN / Infinity / 1e309 (inf): the answer is still JSON."""
+    observe(idle, {"res": {"state": "running"}})
+    r = client(idle).post(
+        "/v1/serves/llm/up",
+        content=f'{{"ttl_s": {raw}}}',
+        headers={**auth(), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    body = r.json()  # strict JSON: no NaN / Infinity tokens in the answer
+    json.loads(r.text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert body["error"].startswith("invalid request: ttl_s: "), body
+    assert body["problems"] and all(p.startswith("ttl_s: ") for p in body["problems"])
+    assert idle.journal.active_requests() == []
+
+
 def test_a_protected_serve_inside_min_runtime_gives_429_with_its_remaining_time(
     tmp_path: Path, client: Callable[..., Asgi]
 ) -> None:
