@@ -57,8 +57,11 @@ state-changing routes answer **503** with how to configure one: no credential a 
 could send would be accepted, and mutation is never allowed unauthenticated. Read-only
 routes need no token. A request carrying an ``Origin`` header that is not in the
 allow-list (``--allow-origin``, default empty) is refused with 403 on every route;
-requests without ``Origin`` (curl, routers, the CLI) are fine. Bodies are validated by
-pydantic: 422 with one readable line per problem. Bodies over 64 KiB: 413.
+requests without ``Origin`` (curl, routers, the CLI) are fine. The token of a write is
+checked on its headers before any of its body is read, and a body is counted as it
+arrives: over 64 KiB is 413, chunked or not (:class:`WriteGuard`); a refusal closes the
+connection. Bodies are validated by pydantic: 422 with one readable line per problem
+(non-finite numbers such as ``NaN`` included).
 
 The module also holds the client side (:func:`call_api`) that ``vramctl up`` / ``down``
 use, the address parsing and the listening socket, which is bound *before* the loop
@@ -84,14 +87,16 @@ from typing import Annotated, Any
 
 import httpx
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.loop import Controller, can_request
 from controller.metrics import CONTENT_TYPE, Metrics
@@ -297,6 +302,107 @@ def _validation_lines(exc: RequestValidationError) -> list[str]:
     return lines
 
 
+# ── authorisation and the body, before any route ─────────────────────────────
+
+#: Methods that change nothing: they need no token (every other one does).
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def auth_problem(settings: ApiSettings, header: str | None, what: str) -> ApiError | None:
+    """Why ``Authorization: header`` does not authorise ``what``; ``None`` when it does.
+
+    503 when no token is configured, 401 without a bearer credential, 403 for a
+    wrong one (compared in constant time).
+    """
+    if settings.token is None:
+        return ApiError(503, NO_TOKEN_MESSAGE)
+    scheme, _, credential = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not credential.strip():
+        return ApiError(
+            401,
+            "this route changes state and needs 'Authorization: Bearer TOKEN' "
+            "(the token of --token-file / VRAMCTL_TOKEN)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(credential.strip().encode("utf-8"), settings.token.encode("utf-8")):
+        logger.warning("api: wrong token for {}", what)
+        return ApiError(403, "the bearer token is wrong")
+    return None
+
+
+class WriteGuard:
+    """ASGI middleware: a write is authorised before its body is read, and bodies are capped.
+
+    For every method but GET / HEAD / OPTIONS, the token is checked on the headers
+    alone (a refused request's body is never read), then the body is read as it
+    arrives, counting bytes: past ``limit`` the answer is 413 at once, whatever the
+    ``Content-Length`` said or whether there was one (chunked). The body read (at
+    most ``limit`` bytes) is handed on to the route. A ``Content-Length`` over the
+    limit is 413 on any method. Refusals close the connection, so the server does
+    not go on receiving what is left of the body.
+    """
+
+    def __init__(self, app: ASGIApp, *, settings: ApiSettings, limit: int) -> None:
+        self.app = app
+        self.settings = settings
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        method = str(scope["method"]).upper()
+        too_big = _error_response(413, f"request body over {self.limit} bytes")
+        too_big.headers["Connection"] = "close"
+        if method in SAFE_METHODS:
+            length = headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > self.limit:
+                await too_big(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        problem = auth_problem(
+            self.settings, headers.get("authorization"), f"{method} {scope.get('path', '')}"
+        )
+        if problem is not None:
+            refusal = _error_response(
+                problem.status, problem.message, **problem.body, headers=problem.headers or None
+            )
+            refusal.headers["Connection"] = "close"
+            await refusal(scope, receive, send)
+            return
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await too_big(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = bytes(message.get("body", b""))
+            size += len(chunk)
+            if size > self.limit:
+                await too_big(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
 # ── the up decision ──────────────────────────────────────────────────────────
 
 
@@ -436,6 +542,8 @@ def create_app(
     allowed = frozenset(settings.allow_origins)
     metrics = metrics or Metrics()
 
+    # innermost: its refusals still get CORS headers for an allowed origin
+    app.add_middleware(WriteGuard, settings=settings, limit=MAX_BODY_BYTES)
     if allowed:
         app.add_middleware(
             CORSMiddleware,
@@ -467,9 +575,6 @@ def create_app(
                 f"origin {origin!r} is not allowed: vramctl refuses browser requests from "
                 "origins not listed with --allow-origin",
             )
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return _error_response(413, f"request body over {MAX_BODY_BYTES} bytes")
         return await call_next(request)
 
     @app.exception_handler(ApiError)
@@ -489,24 +594,6 @@ def create_app(
             problems=lines,
             detail=_json_safe(jsonable_encoder(exc.errors(), custom_encoder={Exception: str})),
         )
-
-    def authorize(request: Request) -> None:
-        if settings.token is None:
-            raise ApiError(503, NO_TOKEN_MESSAGE)
-        header = request.headers.get("authorization", "")
-        scheme, _, credential = header.partition(" ")
-        if scheme.lower() != "bearer" or not credential.strip():
-            raise ApiError(
-                401,
-                "this route changes state and needs 'Authorization: Bearer TOKEN' "
-                "(the token of --token-file / VRAMCTL_TOKEN)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if not hmac.compare_digest(
-            credential.strip().encode("utf-8"), settings.token.encode("utf-8")
-        ):
-            logger.warning("api: wrong token for {} {}", request.method, request.url.path)
-            raise ApiError(403, "the bearer token is wrong")
 
     def spec_of(serve: str) -> ServeSpec:
         desired = controller.mset.desired()
@@ -621,7 +708,8 @@ def create_app(
         result = fit_serve(controller.desired(), observed, serve, policy=policy, now=now)
         return {**result.to_json(), "observed_at": controller.last.at}
 
-    @app.post("/v1/serves/{serve}/up", status_code=202, dependencies=[Depends(authorize)])
+    # every POST is authorised by WriteGuard before its body is read
+    @app.post("/v1/serves/{serve}/up", status_code=202)
     async def up(serve: str, request: Request, body: UpBody | None = None) -> JSONResponse:
         spec = spec_of(serve)
         why_not = can_request(controller.mset, serve)
@@ -713,7 +801,7 @@ def create_app(
             status_code=202,
         )
 
-    @app.post("/v1/serves/{serve}/down", status_code=202, dependencies=[Depends(authorize)])
+    @app.post("/v1/serves/{serve}/down", status_code=202)
     async def down(serve: str, request: Request) -> JSONResponse:
         spec = spec_of(serve)
         now = time.time()
