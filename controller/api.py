@@ -55,9 +55,13 @@ route (``POST``) needs ``Authorization: Bearer <token>``; the token comes from
 not a bearer one) → 401, a wrong token → 403. When no token is configured the
 state-changing routes answer **503** with how to configure one: no credential a client
 could send would be accepted, and mutation is never allowed unauthenticated. Read-only
-routes need no token. A request carrying an ``Origin`` header that is not in the
-allow-list (``--allow-origin``, default empty) is refused with 403 on every route;
-requests without ``Origin`` (curl, routers, the CLI) are fine. The token of a write is
+routes need no token, but without it they show names, states and figures only: the
+free text of a failed start (its ``up`` command line and output) and the values quoted
+by manifest errors are withheld (``"detail": "redacted"``); a read with the token gets
+them (``"detail": "full"``), one with a wrong token 403. A request carrying an
+``Origin`` header that is not in the allow-list (``--allow-origin``, default empty) is
+refused with 403 on every route; requests without ``Origin`` (curl, routers, the CLI)
+are fine. The token of a write is
 checked on its headers before any of its body is read, and a body is counted as it
 arrives: over 64 KiB is 413, chunked or not (:class:`WriteGuard`); a refusal closes the
 connection. Bodies are validated by pydantic: 422 with one readable line per problem
@@ -78,6 +82,7 @@ import errno
 import hmac
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
@@ -99,6 +104,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.loop import Controller, can_request
+from controller.manifest import LocatedError
 from controller.metrics import CONTENT_TYPE, Metrics
 from statemachine.fit import fit_serve, request_plan
 from statemachine.planner import Blocked, Policy, Step
@@ -514,6 +520,66 @@ def decide_up(
     return UpDecision(429, blocked.reason, {**fit_json, **terms}, max(1, math.ceil(retry)))
 
 
+# ── what a reader without the token sees ─────────────────────────────────────
+
+#: Why a read answer holds less than the journal and the log.
+REDACTED_NOTE = (
+    "free text (the `up` command line and output of a failed start, manifest values) is "
+    "shown only to a request with 'Authorization: Bearer TOKEN', and in the log"
+)
+#: The failures :meth:`Controller._note_deaths` words from states and figures only.
+_PUBLIC_FAILURE = re.compile(r"container (?:OOM-killed|exited -?\d+)")
+_FIELD_CHARS = 64
+
+
+def public_manifest_error(error: LocatedError) -> str:
+    """Where a manifest problem is (file, line, entry, field), without what it says.
+
+    The message quotes the offending value (up to 120 characters), which may be
+    anything the file holds: a reader without the token gets the location only.
+    """
+    parts = [error.file]
+    if error.line is not None:
+        parts.append(
+            f"line {error.line}" + (f", column {error.column}" if error.column is not None else "")
+        )
+    if error.where is not None:
+        parts.append(error.where)
+    if error.field:
+        field_name = error.field
+        if len(field_name) > _FIELD_CHARS:
+            field_name = field_name[: _FIELD_CHARS - 3] + "..."
+        parts.append(field_name)
+    parts.append("invalid (the reason is shown with the API token, and in the log)")
+    return ": ".join(parts)
+
+
+def public_manifest_errors(lines: list[str], located: list[LocatedError]) -> list[str]:
+    """The manifest errors for a reader without the token: one location per problem."""
+    if len(located) == len(lines):
+        return [public_manifest_error(e) for e in located]
+    return [
+        "the manifest set is invalid (the reason is shown with the API token, and in the log)"
+    ] * len(lines)
+
+
+def public_blocked(serve: str, reason: str | None) -> str | None:
+    """A blocked reason for a reader without the token.
+
+    The planner's own reasons are names and figures; a serve held back by the
+    controller (a failure backoff) carries the failure's text, which may quote the
+    ``up`` command line: that part is withheld.
+    """
+    if reason is None or not reason.startswith(f"{serve} is held back"):
+        return reason
+    return f"{serve} is held back (the reason is shown with the API token, and in the log)"
+
+
+def public_failure(text: str) -> str | None:
+    """A backoff's last failure for a reader without the token: states and figures only."""
+    return text if _PUBLIC_FAILURE.fullmatch(text) else None
+
+
 # ── the app ──────────────────────────────────────────────────────────────────
 
 
@@ -614,17 +680,45 @@ def create_app(
             )
         return snap.to_observed()
 
-    def meta() -> dict[str, Any]:
+    def full_detail(request: Request) -> bool:
+        """Whether this read may see free text: it carries the right token.
+
+        No ``Authorization`` header (or no token configured): names, states and
+        figures only. A wrong bearer token is refused (403), not answered with less.
+        """
+        header = request.headers.get("authorization")
+        if header is None or settings.token is None:
+            return False
+        problem = auth_problem(settings, header, f"{request.method} {request.url.path}")
+        if problem is None:
+            return True
+        if problem.status == 401:  # not a bearer credential: as if none were sent
+            return False
+        raise problem
+
+    def manifest_errors(full: bool) -> list[str]:
+        if full:
+            return list(controller.manifest_error)
+        return public_manifest_errors(controller.manifest_error, controller.manifest_issues)
+
+    def detail(full: bool) -> dict[str, Any]:
+        if full:
+            return {"detail": "full"}
+        return {"detail": "redacted", "detail_note": REDACTED_NOTE}
+
+    def meta(full: bool) -> dict[str, Any]:
         snap = controller.last.snapshot
         return {
             "observed_at": controller.last.at if snap is not None else None,
             "cycles": controller.cycles,
             "manifest_digest": controller.mset.digest,
-            "manifest_errors": list(controller.manifest_error),
+            "manifest_errors": manifest_errors(full),
+            **detail(full),
         }
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
+    async def healthz(request: Request) -> dict[str, Any]:
+        full = full_detail(request)
         snap = controller.last.snapshot
         age = time.time() - controller.last.at if snap is not None else None
         return {
@@ -637,8 +731,9 @@ def create_app(
             "nvml": "unknown"
             if snap is None
             else ("ok" if snap.gpus is not None else "unavailable"),
-            "manifest_errors": list(controller.manifest_error),
+            "manifest_errors": manifest_errors(full),
             "dry_run": controller.options.dry_run,
+            **detail(full),
         }
 
     @app.get("/metrics")
@@ -656,10 +751,11 @@ def create_app(
         return data, report
 
     @app.get("/v1/ledger")
-    async def ledger() -> dict[str, Any]:
+    async def ledger(request: Request) -> dict[str, Any]:
+        full = full_detail(request)
         data, _ = _status_now()
         return {
-            **meta(),
+            **meta(full),
             "docker": data["docker"],
             "nvml": data["nvml"],
             "gpu_roles": data["gpu_roles"],
@@ -667,7 +763,8 @@ def create_app(
         }
 
     @app.get("/v1/serves")
-    async def serves() -> dict[str, Any]:
+    async def serves(request: Request) -> dict[str, Any]:
+        full = full_detail(request)
         data, _ = _status_now()
         now = time.time()
         mset = controller.mset
@@ -686,18 +783,20 @@ def create_app(
                     "requestable": why_not is None,
                     "not_requestable_reason": why_not,
                     "request": None if req is None else _request_json(req, now),
-                    "blocked": blocked.get(name),
+                    "blocked": blocked.get(name)
+                    if full
+                    else public_blocked(name, blocked.get(name)),
                     "backoff": None
                     if b is None or not b.failures
                     else {
                         "failures": b.failures,
-                        "last_failure": b.last_failure,
+                        "last_failure": b.last_failure if full else public_failure(b.last_failure),
                         "until": b.until,
                         "retry_in_s": max(0.0, b.until - now),
                     },
                 }
             )
-        return {**meta(), "docker": data["docker"], "serves": out}
+        return {**meta(full), "docker": data["docker"], "serves": out}
 
     @app.get("/v1/fit/{serve}")
     async def fit(serve: str) -> dict[str, Any]:

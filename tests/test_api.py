@@ -755,3 +755,18 @@ def test_host_header_guard_against_dns_rebinding(host: str | None, bind: str, ok
     from controller.api import host_allowed
 
     assert host_allowed(host, bind) is ok
+
+
+def test_manifest_errors_without_a_location_are_withheld_whole() -> None:
+    """A manifest error the loop could not locate is never shown as text without the token."""
+    from controller.api import public_manifest_errors
+    from controller.manifest import LocatedError
+
+    lines = ['serves.toml: serve "a" (#1): up: must be a string, got "s3cr3t"']
+    [shown] = public_manifest_errors(lines, [])
+    assert "s3cr3t" not in shown and "invalid" in shown
+    located = [LocatedError("serves.toml", "a", "up", 'must be a string, got "s3cr3t"', index=1)]
+    assert public_manifest_errors(lines, located) == [
+        'serves.toml: serve "a" (#1): up: invalid (the reason is shown with the API token, '
+        "and in the log)"
+    ]

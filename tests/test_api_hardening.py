@@ -227,3 +227,80 @@ def test_a_content_length_over_64_kib_is_413_and_without_a_token_401(bare: Bare)
     assert r.status_code == 401
     # an unknown state-changing route without a token is refused too, not a 404/405
     assert bare.http.put("/v1/ledger", content=b"{}").status_code == 401
+
+
+# ── item: what a reader without the token sees ───────────────────────────────
+
+READS = ("/healthz", "/v1/ledger", "/v1/serves", "/v1/fit/job", "/v1/fit/od", "/metrics")
+
+
+def reads(bare: Bare, headers: dict[str, str] | None = None) -> str:
+    """Every read route's answer, concatenated."""
+    out = []
+    for path in READS:
+        r = bare.http.get(path, headers=headers or {})
+        assert r.status_code == 200, (path, r.text)
+        out.append(r.text)
+    return "\n".join(out)
+
+
+def job_row(bare: Bare, headers: dict[str, str] | None = None) -> dict[str, object]:
+    rows = bare.http.get("/v1/serves", headers=headers or {}).json()["serves"]
+    return next(row for row in rows if row["serve"] == "job")
+
+
+@pytest.mark.docker
+def test_a_failed_up_shows_its_command_line_only_with_the_token(bare: Bare) -> None:
+    wait_for(
+        "job's failed `up` to be counted",
+        lambda: (job_row(bare, auth()).get("backoff") or {}).get("failures", 0) >= 1,
+    )
+    full = job_row(bare, auth())
+    assert SECRET_ARG in str(full["backoff"]), full  # the operator with the token sees why
+    assert SECRET_ARG in bare.log.read_text()  # and so does the log
+    anonymous = reads(bare)
+    assert SECRET_ARG not in anonymous and SECRET_OUT not in anonymous
+    row = job_row(bare)
+    backoff = row["backoff"]
+    assert isinstance(backoff, dict)
+    assert backoff["failures"] >= 1 and backoff["retry_in_s"] >= 0  # figures stay
+    assert backoff["last_failure"] is None
+    keys = ("serve", "container", "state", "lifecycle", "reservation_mib", "requestable")
+    assert {k: row[k] for k in keys} == {k: full[k] for k in keys}  # names, states, figures
+    assert isinstance(row["blocked"], str) and row["blocked"].startswith("job is held back")
+    serves = bare.http.get("/v1/serves").json()
+    assert serves["detail"] == "redacted" and "Bearer TOKEN" in serves["detail_note"]
+    assert bare.http.get("/v1/serves", headers=auth()).json()["detail"] == "full"
+    # a wrong token on a read is refused, not silently answered with less
+    r = bare.http.get("/v1/serves", headers=auth("wrong-token"))
+    assert r.status_code == 403
+
+
+@pytest.mark.docker
+def test_bad_manifest_values_are_shown_only_with_the_token(bare: Bare) -> None:
+    good = bare.manifest.read_text()
+    bad = good.replace(
+        'vram_mib = 1000\nresidency = "resident"',
+        f'vram_mib = "{SECRET_VALUE}"\nresidency = "resident"',
+    )
+    assert bad != good
+    bare.manifest.write_text(bad)
+    try:
+        wait_for(
+            "the manifest error",
+            lambda: bool(bare.http.get("/healthz", headers=auth()).json()["manifest_errors"]),
+        )
+        [full] = bare.http.get("/healthz", headers=auth()).json()["manifest_errors"]
+        assert SECRET_VALUE in full and "vram_mib" in full
+        anonymous = reads(bare)
+        assert SECRET_VALUE not in anonymous
+        for path in ("/healthz", "/v1/ledger", "/v1/serves"):
+            [line] = bare.http.get(path).json()["manifest_errors"]
+            # where the problem is, by names: file, entry, field
+            assert "serves.toml" in line and '"job"' in line and "vram_mib" in line, line
+    finally:
+        bare.manifest.write_text(good)
+        wait_for(
+            "the manifest valid again",
+            lambda: not bare.http.get("/healthz", headers=auth()).json()["manifest_errors"],
+        )
