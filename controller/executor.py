@@ -222,7 +222,7 @@ class Executor:
                     f"{serve.name}: container {serve.container} does not exist and the serve "
                     "has no `up` command to create it"
                 )
-            elif not self.docker.executable_exists(argv[0]):
+            elif not self.docker.executable_exists(argv[0], cwd=self.manifest_dir(serve.name)):
                 problems.append(f"{serve.name}: `up` executable {argv[0]!r} not found")
         if (
             serve.port is not None
