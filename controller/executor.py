@@ -495,7 +495,10 @@ class _Run:
                     raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
                 timeout = float(getattr(self.ex.details.get(s.name), "start_timeout_s", 600.0))
                 res = self.ex.docker.run_up(
-                    argv, cwd=self.ex.manifest_dir(s.name), timeout_s=timeout
+                    argv,
+                    cwd=self.ex.manifest_dir(s.name),
+                    timeout_s=timeout,
+                    env=getattr(self.ex.details.get(s.name), "up_env", None),
                 )
                 if res.returncode != 0:
                     raise StepError(

@@ -26,7 +26,7 @@ import pytest
 from docker.errors import NotFound
 from serving import free_port
 
-pytestmark = pytest.mark.docker
+from controller.manifest import ManifestError, load_manifest_set
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -114,9 +114,7 @@ up = "./bin/up.sh"
 
 
 @pytest.fixture
-def stack(
-    docker_client: docker.DockerClient, test_image: str, tmp_path: Path
-) -> Iterator[Stack]:
+def stack(docker_client: docker.DockerClient, test_image: str, tmp_path: Path) -> Iterator[Stack]:
     s = Stack(tmp_path, test_image, docker_client)
     try:
         yield s
@@ -128,10 +126,84 @@ def base_env() -> dict[str, str]:
     return dict(os.environ, COLUMNS="200", NO_COLOR="1")
 
 
+@pytest.mark.docker
 def test_a_relative_up_executable_is_found_in_the_manifests_folder(stack: Stack) -> None:
     stack.write()
-    assert Path.cwd() != stack.dir and ROOT != stack.dir
+    assert stack.dir != ROOT  # vramctl runs elsewhere, as under systemd
     r = stack.apply(base_env())
     assert r.returncode == 0, r.stdout + r.stderr
     assert "not found" not in r.stdout + r.stderr
     assert stack.state() == "running"
+
+
+#: What the controller's environment holds that no ``up`` command may see.
+SECRETS = {
+    "VRAMCTL_TOKEN": "api-token-s3cr3t",
+    "VRAMCTL_ROUTER_TOKEN": "router-token-s3cr3t",
+    "ANVIL_ROUTER_TOKEN": "anvil-token-s3cr3t",
+    "OCR_TOKEN": "engine-token-s3cr3t",
+    "SOME_UNRELATED": "x",
+}
+
+
+@pytest.mark.docker
+def test_up_gets_a_clean_environment_and_the_serves_up_env(stack: Stack) -> None:
+    stack.write(
+        'up_env = { STACK_PROFILE = "gpu", COMPOSE_PROJECT_NAME = "anvil", '
+        'MODEL_DIR = "/srv/models with space" }'
+    )
+    env = {
+        **base_env(),
+        **SECRETS,
+        "LANG": "C.UTF-8",
+        "LC_TIME": "C",
+        "TZ": "UTC",
+        "COMPOSE_FILE": "compose.yaml",
+        "XDG_RUNTIME_DIR": "/run/user/0",
+    }
+    r = stack.apply(env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert stack.state() == "running"  # docker found and reached in the clean environment
+    got = stack.environment()
+    for name in SECRETS:
+        assert name not in got, (name, got)
+    assert not any("s3cr3t" in v for v in got.values())
+    assert got["STACK_PROFILE"] == "gpu" and got["MODEL_DIR"] == "/srv/models with space"
+    assert got["COMPOSE_PROJECT_NAME"] == "anvil"  # the manifest wins over the controller's
+    assert got["PATH"] == env["PATH"]
+    for name in ("LANG", "LC_TIME", "TZ", "COMPOSE_FILE", "XDG_RUNTIME_DIR"):
+        assert got[name] == env[name], name
+    if "HOME" in env:
+        assert got["HOME"] == env["HOME"]
+    if "DOCKER_HOST" in env:
+        assert got["DOCKER_HOST"] == env["DOCKER_HOST"]
+    # nothing else: the names passed on are the documented ones and up_env's
+    from controller.docker_actions import UP_ENV_PASS, UP_ENV_PREFIXES
+
+    allowed = set(UP_ENV_PASS) | {"STACK_PROFILE", "MODEL_DIR", "PWD", "SHLVL", "_", "OLDPWD"}
+    extra = {k for k in got if k not in allowed and not k.startswith(UP_ENV_PREFIXES)}
+    assert not extra, extra
+
+
+@pytest.mark.parametrize(
+    ("value", "words"),
+    [
+        ('up_env = "A=1"', "must be a table"),
+        ('up_env = { "1BAD" = "x" }', "not a valid environment variable name"),
+        ('up_env = { "A-B" = "x" }', "not a valid environment variable name"),
+        ("up_env = { A = 1 }", "must be a string"),
+        ('up_env = { A = "nul\\u0000byte" }', "NUL"),
+    ],
+)
+def test_up_env_is_validated(tmp_path: Path, value: str, words: str) -> None:
+    path = tmp_path / "serves.toml"
+    path.write_text(f'[[serve]]\nname = "s"\ncontainer = "c"\nup = "true"\n{value}\n')
+    with pytest.raises(ManifestError) as caught:
+        load_manifest_set([path])
+    assert 'serve "s" (#1): up_env' in str(caught.value) and words in str(caught.value)
+
+
+def test_up_env_loads_as_a_table_of_strings(tmp_path: Path) -> None:
+    path = tmp_path / "serves.toml"
+    path.write_text('[[serve]]\nname = "s"\ncontainer = "c"\nup_env = { A = "1", B_2 = "" }\n')
+    assert load_manifest_set([path]).serves["s"].up_env == {"A": "1", "B_2": ""}
