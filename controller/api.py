@@ -103,6 +103,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from controller.journal import warn_if_open
 from controller.loop import Controller, can_request
 from controller.manifest import LocatedError
 from controller.metrics import CONTENT_TYPE, Metrics
@@ -202,6 +203,7 @@ def load_token(token_file: Path | None, env: dict[str, str] | None = None) -> st
             ) from None
         if not token:
             raise ApiConfigError(f"--token-file {token_file}: the file is empty")
+        warn_if_open(token_file, "the token file")
         return token
     token = environ.get("VRAMCTL_TOKEN", "").strip()
     return token or None

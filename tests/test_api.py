@@ -770,3 +770,26 @@ def test_manifest_errors_without_a_location_are_withheld_whole() -> None:
         'serves.toml: serve "a" (#1): up: invalid (the reason is shown with the API token, '
         "and in the log)"
     ]
+
+
+def test_a_world_readable_token_file_is_warned_about(tmp_path: Path) -> None:
+    from loguru import logger
+
+    from controller.api import load_token
+
+    said: list[str] = []
+    sink = logger.add(lambda m: said.append(str(m)), level="WARNING", format="{message}")
+    try:
+        private = tmp_path / "private"
+        private.write_text(TOKEN)
+        private.chmod(0o600)
+        assert load_token(private) == TOKEN and said == []
+        shared = tmp_path / "shared"
+        shared.write_text(TOKEN)
+        shared.chmod(0o644)
+        assert load_token(shared) == TOKEN  # still used: the warning says how to fix it
+    finally:
+        logger.remove(sink)
+    [line] = said
+    assert str(shared) in line and "0644" in line and "chmod 600" in line
+    assert TOKEN not in line
