@@ -12,8 +12,9 @@ the executor needs to carry out a plan step on a container that already exists:
 * :meth:`~DockerActions.logs`: the last lines of a container's output for an error
   message (never raises);
 * :meth:`~DockerActions.run_up`: one operator-declared command line (a serve's
-  ``up`` command, e.g. ``docker compose up -d SERVICE``) run without a shell, with
-  its output captured and its run time bounded;
+  ``up`` command, e.g. ``docker compose up -d SERVICE``) run without a shell, in a
+  clean environment (what Docker and Compose need, plus the serve's ``up_env``; never
+  the controller's tokens), with its output captured and its run time bounded;
 * preflight probes: :meth:`~DockerActions.executable_exists` and
   :meth:`~DockerActions.port_in_use`.
 
@@ -64,10 +65,13 @@ from controller.snapshot import ContainerModel
 
 __all__ = [
     "DEFAULT_LOG_TAIL",
+    "UP_ENV_PASS",
+    "UP_ENV_PREFIXES",
     "ActionError",
     "DockerActions",
     "UpResult",
     "is_transient",
+    "up_environment",
 ]
 
 T = TypeVar("T")
@@ -85,6 +89,51 @@ _OUTPUT_TAIL_LINES = 40
 _OUTPUT_TAIL_CHARS = 4000
 #: Seconds to wait for the output of a command killed at its timeout.
 _KILL_GRACE_S = 5.0
+
+#: Variables of the controller's environment an ``up`` command is given (when set);
+#: every other one (the API and router tokens, engine tokens, proxies, cloud
+#: credentials) stays with the controller. A serve adds its own with ``up_env``.
+UP_ENV_PASS: tuple[str, ...] = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "XDG_RUNTIME_DIR",
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CONFIG",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+    "DOCKER_API_VERSION",
+    "DOCKER_BUILDKIT",
+    "DOCKER_DEFAULT_PLATFORM",
+)
+#: Prefixes of the variables passed on as well: the locale's and Docker Compose's.
+UP_ENV_PREFIXES: tuple[str, ...] = ("LC_", "COMPOSE_")
+
+
+def up_environment(
+    extra: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of an ``up`` command: the passed-on part of ``environ`` + ``extra``.
+
+    ``environ`` defaults to the controller's own; ``extra`` (a serve's ``up_env``)
+    wins over it. ``PATH`` falls back to the system default when unset.
+    """
+    source = os.environ if environ is None else environ
+    env = {
+        name: value
+        for name, value in source.items()
+        if name in UP_ENV_PASS or name.startswith(UP_ENV_PREFIXES)
+    }
+    env.setdefault("PATH", os.defpath)
+    env.update(extra or {})
+    return env
+
 
 #: Phrases in a 5xx answer that say the request itself cannot work, so a retry
 #: would only repeat it (Docker reports some of these as 500, not 4xx).
@@ -333,10 +382,14 @@ class DockerActions(RetryKnobs):
         *,
         cwd: Path,
         timeout_s: float,
+        env: Mapping[str, str] | None = None,
         on_spawn: Callable[[int], None] | None = None,
     ) -> UpResult:
         """Run one command line (no shell) in ``cwd``, bounded by ``timeout_s`` seconds.
 
+        The command gets a clean environment (:func:`up_environment`): the variables
+        of :data:`UP_ENV_PASS` / :data:`UP_ENV_PREFIXES` that the controller has, plus
+        ``env`` (the serve's ``up_env``); never the controller's tokens.
         stdout and stderr are captured together and the tail is kept; stdin is
         ``/dev/null``. The command runs in its own session, so at the timeout the
         whole process group is killed (a ``docker compose`` and whatever it spawned)
@@ -360,6 +413,7 @@ class DockerActions(RetryKnobs):
             proc = subprocess.Popen(
                 args,
                 cwd=cwd,
+                env=up_environment(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,

@@ -273,7 +273,7 @@ class Executor:
                     f"{serve.name}: container {serve.container} does not exist and the serve "
                     "has no `up` command to create it"
                 )
-            elif not self.docker.executable_exists(argv[0]):
+            elif not self.docker.executable_exists(argv[0], cwd=self.manifest_dir(serve.name)):
                 problems.append(f"{serve.name}: `up` executable {argv[0]!r} not found")
         if (
             serve.port is not None
@@ -721,7 +721,11 @@ class _Run:
 
                 try:
                     res = self.ex.docker.run_up(
-                        argv, cwd=self.ex.manifest_dir(s.name), timeout_s=timeout, on_spawn=spawned
+                        argv,
+                        cwd=self.ex.manifest_dir(s.name),
+                        timeout_s=timeout,
+                        env=getattr(self.ex.details.get(s.name), "up_env", None),
+                        on_spawn=spawned,
                     )
                 finally:
                     if tracker is not None:
@@ -732,7 +736,10 @@ class _Run:
                         if res.returncode is None
                         else f"exited {res.returncode}"
                     )
-                    raise StepError(f"`up` {how}: {_reason(res.output)}", logs=res.output)
+                    raise StepError(
+                        f"`up` {how}: {_reason(res.output)} (`up`: {' '.join(argv)})",
+                        logs=res.output,
+                    )
                 if not self.ex.docker.exists(s.container):
                     raise StepError(
                         f"`up` succeeded but container {s.container} does not exist",

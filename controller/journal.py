@@ -28,6 +28,11 @@ concurrent reader (``vramctl replay`` on the live file) never fails a write, and
 ``PRAGMA user_version`` as the schema version (a journal from a newer vramctl is
 refused, not misread).
 
+File modes: the journal stores ``up`` output and container log lines, so it, its
+SQLite side files and the lock are created (or tightened to) 0600, and a state
+directory created here is 0700; an existing one that every user can read is warned
+about (:func:`warn_if_open`), never changed.
+
 Thread-safety: one connection opened with ``check_same_thread=False``, every method
 runs under one lock, so the loop's thread and an executor worker thread may both call
 it. Each write is one transaction.
@@ -45,12 +50,15 @@ import fcntl
 import json
 import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+from loguru import logger
 
 from statemachine.types import OnDemandRequest
 
@@ -255,6 +263,59 @@ def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+#: The mode of every file vramctl creates in the state directory: the journal holds
+#: ``up`` output and container log lines, which may quote secrets.
+PRIVATE_FILE_MODE = 0o600
+#: The mode of a state directory vramctl creates.
+PRIVATE_DIR_MODE = 0o700
+#: SQLite's side files beside the journal (WAL, shared memory, rollback journal).
+_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _private(path: Path, *, create: bool) -> None:
+    """Make ``path`` mode 0600 (creating it empty when ``create``), never wider.
+
+    SQLite creates its side files with the main file's mode, so a journal created
+    here 0600 keeps its ``-wal`` / ``-shm`` / ``-journal`` private too; files an
+    earlier version left wider are tightened.
+    """
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, PRIVATE_FILE_MODE)
+    except FileNotFoundError:
+        if create:
+            raise
+        return
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+    finally:
+        os.close(fd)
+
+
+def warn_if_open(path: Path, what: str) -> None:
+    """Log a warning when ``path`` (a state directory, a token file) is world-readable.
+
+    Nothing is changed: an existing folder or file is the operator's.
+    """
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return
+    if mode & 0o006:
+        fix = "chmod 700" if path.is_dir() else "chmod 600"
+        logger.warning(
+            "{} {} is open to every user of this host (mode {:04o}): {}; {} it",
+            what,
+            path,
+            mode,
+            "it holds the journal (`up` output, container logs)"
+            if path.is_dir()
+            else "it holds a secret",
+            fix,
+        )
+
+
 # ── the journal ──────────────────────────────────────────────────────────────
 
 
@@ -315,7 +376,10 @@ class Journal:
                 )
             else:
                 if not path.parent.exists():
-                    path.parent.mkdir(parents=True, mode=0o700)
+                    path.parent.mkdir(parents=True, mode=PRIVATE_DIR_MODE)
+                _private(path, create=True)
+                for suffix in _SIDE_FILES:
+                    _private(path.with_name(path.name + suffix), create=False)
                 conn = sqlite3.connect(
                     path,
                     timeout=BUSY_TIMEOUT_MS / 1000,
@@ -730,9 +794,14 @@ class StateLock:
         """Take the lock, or raise :class:`AlreadyRunning` naming the holder's pid."""
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        created = not self.path.parent.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        if not created:
+            warn_if_open(self.path.parent, "the state directory")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
         try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+                os.fchmod(fd, PRIVATE_FILE_MODE)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = _read_pid(fd)

@@ -39,7 +39,7 @@ from loguru import logger
 from controller.docker_adapter import ContainerObserver, make_client, manifest_containers
 from controller.executor import ExecutionReport, Executor, Outcome, StepResult
 from controller.journal import AlreadyRunning, Journal, StateLock, default_state_dir, journal_path
-from controller.manifest import ManifestError, ManifestSet, load_manifest_set
+from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.observe import observe_host
 from controller.runtime import make_executor
 from controller.snapshot import SnapshotModel, epoch_seconds, snapshot_to_json
@@ -101,6 +101,8 @@ class Controller:
     state_dir: Path = field(init=False)
     journal: Journal = field(init=False)
     manifest_error: list[str] = field(default_factory=list)
+    #: the same problems, located (the API shows readers without the token only where)
+    manifest_issues: list[LocatedError] = field(default_factory=list)
     backoff: dict[str, Backoff] = field(default_factory=dict)
     no_shrink: set[str] = field(default_factory=set)
     last: CycleSummary = field(default_factory=CycleSummary)
@@ -310,12 +312,14 @@ class Controller:
             mset = load_manifest_set(list(self.options.manifests))
         except ManifestError as exc:
             self.manifest_error = [str(e) for e in exc.errors]
+            self.manifest_issues = list(exc.errors)
             for line in self.manifest_error:
                 logger.error("manifest: {} (the last good manifest stays in force)", line)
             return
         if self.manifest_error:
             logger.info("manifest: valid again")
         self.manifest_error = []
+        self.manifest_issues = []
         if mset.digest != self.mset.digest:
             logger.info("manifest: reloaded ({} serves)", len(mset.serves))
             self.mset = mset

@@ -267,6 +267,24 @@ def _up(value: object) -> object:
     return value
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _up_env(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad('must be a table of environment variables (NAME = "value")', value)
+    for name, text in value.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise _bad(f"{_show(name)} is not a valid environment variable name", name)
+        if not isinstance(text, str):
+            raise _bad(f"{name}: the value must be a string", text)
+        if "\0" in text:
+            raise _bad(f"{name}: the value must not hold a NUL character", text)
+    return value
+
+
 def _string_list(value: object) -> object:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise _bad("must be a list of non-empty strings", value)
@@ -391,6 +409,17 @@ Url = Annotated[
 ]
 OptUp = Annotated[
     str | None, BeforeValidator(_up), WithJsonSchema({"type": "string", "minLength": 1})
+]
+OptUpEnv = Annotated[
+    dict[str, str] | None,
+    BeforeValidator(_up_env),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+            "additionalProperties": {"type": "string"},
+        }
+    ),
 ]
 StringList = Annotated[
     list[str],
@@ -518,6 +547,11 @@ class ServeModel(BaseModel):
     up: OptUp = Field(
         default=None,
         description="Start command, shlex-split ({dir} = the manifest's folder), never a shell.",
+    )
+    up_env: OptUpEnv = Field(
+        default=None,
+        description="Extra environment variables for `up` (it gets only PATH, HOME, locale, "
+        "Docker's and Compose's own variables otherwise).",
     )
     gpu_inference: Boolean = Field(
         default=True, description="false: not excluded by dual-gpu-exclusive serves."
