@@ -10,8 +10,10 @@ containers hold:
   the start fails and the container holds nothing;
 - a release is applied only after the stop is confirmed (the container exited and,
   where NVML sees the role's device, the memory came back within a bound);
-- a shrink counts only when the engine answers ``status: "ok"`` with
-  ``vram_free_mib >= reserve_mib``; a partial shrink is undone (grow back) and fails;
+- a shrink counts only as far as the engine's own expert cache shows it gave back
+  (free VRAM on the card proves nothing about one engine); a grow counts before the
+  call, and a grow, a resize that failed inside the engine (then reloaded) or one
+  that got no answer counts the serve at its full reservation;
 - a drain that times out or is refused stops nothing: every tier quiesced for the
   same group is readmitted.
 
