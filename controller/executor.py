@@ -10,8 +10,10 @@ containers hold:
   the start fails and the container holds nothing;
 - a release is applied only after the stop is confirmed (the container exited and,
   where NVML sees the role's device, the memory came back within a bound);
-- a shrink counts only when the engine answers ``status: "ok"`` with
-  ``vram_free_mib >= reserve_mib``; a partial shrink is undone (grow back) and fails;
+- a shrink counts only as far as the engine's own expert cache shows it gave back
+  (free VRAM on the card proves nothing about one engine); a grow counts before the
+  call, and a grow, a resize that failed inside the engine (then reloaded) or one
+  that got no answer counts the serve at its full reservation;
 - a drain that times out or is refused stops nothing: every tier quiesced for the
   same group is readmitted.
 
@@ -94,6 +96,19 @@ class StepResult:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class ElasticFigure:
+    """What an elastic serve is counted at after a resize step, for the journal.
+
+    ``mib`` is ``None`` for its full reservation (nothing to remember); ``at`` is when
+    the engine's answer that establishes it arrived (epoch seconds), so a container
+    that started before it still has the reserve in force.
+    """
+
+    mib: int | None
+    at: float
+
+
 @dataclass
 class ExecutionReport:
     """What a plan's execution did, and the ledger it left."""
@@ -105,6 +120,8 @@ class ExecutionReport:
     preflight: list[str] = field(default_factory=list)
     #: the plan groups the preflight refused (their steps were skipped; the rest ran)
     refused_groups: list[str] = field(default_factory=list)
+    #: elastic serves whose count this plan established: serve -> what to remember
+    elastic: dict[str, ElasticFigure] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -201,6 +218,9 @@ class Executor:
         #: its own beside the plan and the loop; ``on_start_done`` gets its results
         self.starts = starts
         self.on_start_done = on_start_done
+        # serve -> (action, to_mib, reserve_mib) of a resize that got no answer: the same
+        # step asks for the same reserve again (idempotent), not a new card-wide figure
+        self.unanswered: dict[str, tuple[str, int, int | None]] = {}
 
     # ------------------------------------------------------------------ preflight
     def preflight(self, plan: Plan) -> list[str]:
@@ -355,6 +375,7 @@ class Executor:
             self._emit(report, self._attempt(run, step))
         run.compensate_all("the plan ended")
         report.ledger = run.ledger
+        report.elastic = dict(run.elastic)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
         return report
 
@@ -509,6 +530,7 @@ class _Run:
         self.reserved: dict[str, str] = {}  # serve -> group, reserved but not yet started
         self.used_before_stop: dict[str, dict[str, int]] = {}  # serve -> role -> NVML used
         self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
+        self.elastic: dict[str, ElasticFigure] = {}  # serve -> its count after a resize
 
     # -- helpers ---------------------------------------------------------------------
     def serve(self, name: str) -> ServeSpec:
@@ -809,43 +831,182 @@ class _Run:
         return f"tier {s.router_tier} readmitted"
 
     def resize(self, step: Step, s: ServeSpec) -> str:
-        """Shrink: the engine first, then the ledger. Grow: the ledger first, then the engine.
+        """Resize an elastic serve; the ledger never counts less than the engine holds.
 
-        Either way the ledger never counts less than the engine may hold.
+        A grow is admitted by the ledger first (refused there, the engine is not asked)
+        and counted before the call. A shrink is counted only once the engine's own
+        cache proves it (``expert_cache_full_mib - expert_cache_mib`` covers what the
+        plan takes off its reservation); free VRAM on the card proves nothing, as it
+        counts room other serves have reserved and not used yet. When the first answer
+        shows the engine holding more than the plan counts (the card looked freer than
+        the ledger), it is asked once more for the missing MiB above the free VRAM it
+        reported. Then:
+
+        - proven: counted at the plan's figure;
+        - gave back less (its floor): counted at what it still holds, step failed;
+        - 409 busy, or no answer within the client's wait: nothing proven, counted as
+          before (a grow: at full, it may have run), step aborted; the same reserve is
+          asked again on a later step;
+        - 503 or a failure inside the resize: the cache table cannot be trusted; the
+          model is unloaded and loaded again (or the container restarted) and the
+          serve counted at its full reservation, step failed;
+        - refused (400) or ``not loaded``: nothing ran; a ``not loaded`` engine sizes
+          its cache afresh when it loads, so it is counted at full.
+
+        What the ledger ends at is reported (``report.elastic``) with the time of the
+        answer that established it, for the journal.
         """
-        if s.elastic is None or step.to_mib is None:
+        if s.elastic is None or step.to_mib is None or s.vram_mib is None:
             raise StepError(f"{s.name} is not elastic")
-        resized = self.ledger.resize(s.name, step.to_mib)
-        if isinstance(resized, Refusal):
-            raise StepError(f"the ledger refuses: {resized.message}")
-        target = self.reserve_target(step, s)
-        token = _env_token(s.elastic.token_env)
-        try:
-            ans = self.ex.elastic.set_reserve(s.elastic.url, target, token=token)
-        except ElasticError as exc:
-            raise StepError(f"elastic {step.action} of {s.name}: {exc}") from None
-        ok, why = elastic_ok(ans, target)
-        if step.action is Action.GROW:
-            # the engine may have grown in part: count the whole grow, never less
-            self.ledger = resized
-            if not ok:
-                raise StepError(f"elastic grow of {s.name} (reserve_mib {target}): {why}")
-        elif not ok:
-            raise StepError(f"elastic shrink of {s.name} (reserve_mib {target}): {why}")
+        held = self.ledger.holdings.get(s.name)
+        if held is None:
+            raise StepError(f"{s.name} holds no reservation to resize")
+        before, to, full = held.mib, step.to_mib, s.vram_mib
+        grow = step.action is Action.GROW
+        if grow:
+            resized = self.ledger.resize(s.name, to)
+            if isinstance(resized, Refusal):
+                raise StepError(f"the ledger refuses: {resized.message}")
+            self.ledger = resized  # counted before the call: the engine may grow in part
+        el, token = s.elastic, _env_token(s.elastic.token_env)
+        pending = self.ex.unanswered.get(s.name)
+        if pending is not None and pending[:2] == (str(step.action), to):
+            target = pending[2]
         else:
-            self.ledger = resized
+            target = self.reserve_target(step, s)
+        what = f"elastic {step.action} of {s.name}"
+        asked: list[int | None] = []
+        while True:
+            asked.append(target)
+            try:
+                ans = self.ex.elastic.set_reserve(el.url, target, token=token)
+            except ElasticError as exc:
+                if exc.transient:
+                    self.ex.unanswered[s.name] = (str(step.action), to, target)
+                if grow:
+                    self.count(s, full, time.time())
+                    raise StepError(
+                        f"{what} (reserve_mib {target}): {exc}; it may have grown: "
+                        f"counted at its full {full} MiB until an answer proves less"
+                    ) from None
+                raise StepError(
+                    f"{what} (reserve_mib {target}): {exc}; nothing proven: counted at "
+                    f"{before} MiB, the same reserve is asked again later",
+                    aborted=exc.transient,
+                ) from None
+            at = time.time()
+            self.ex.unanswered.pop(s.name, None)
+            ran, why = elastic_ok(ans, target)
+            gave = ans.given_back_mib
+            holds = None if gave is None else max(0, full - gave)
+            if (
+                holds is None
+                or holds <= to
+                or len(asked) > 1
+                or ans.vram_free_mib is None
+                or not ran
+            ):
+                break
+            # the card looked freer than the ledger: ask for what is missing on top
+            retry = max(self._role_reserve(s), ans.vram_free_mib + (holds - to))
+            if target is not None and retry <= target:
+                break  # it stopped at its floor: asking again changes nothing
+            target = retry
+        asked_text = ", then ".join(str(a) for a in asked)
+        if ans.busy:
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}; nothing ran, asked again on "
+                "a later cycle",
+                aborted=True,
+            )
+        if ans.needs_reload:
+            self.count(s, full, at)
+            reload = self.reload_engine(s)
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}; its cache table cannot be "
+                f"trusted: {reload}; counted at its full {full} MiB until an answer "
+                "proves less"
+            )
+        if not ran:
+            if ans.status == "not loaded":
+                self.count(s, full, at)
+                why += f"; counted at its full {full} MiB (it sizes its cache when it loads)"
+            raise StepError(f"{what} (reserve_mib {asked_text}): {why}")
+        if holds is None:
+            if grow:
+                self.count(s, full, at)
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}: the answer does not say what "
+                f"the engine holds; counted at {full if grow else before} MiB"
+            )
+        # never less than it holds; rounded to the plan's figure when it holds no more
+        self.count(s, max(to, holds), at)
+        if holds > to:
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}: its cache gives back "
+                f"{full - holds} MiB, the plan needs {full - to}: counted at the "
+                f"{holds} MiB it still holds"
+            )
         self.fire(s.name, str(step.action))
-        return f"{s.name} now holds {step.to_mib} MiB ({why})"
+        return f"{s.name} now holds {to} MiB (reserve_mib {asked_text}; {why})"
+
+    def count(self, s: ServeSpec, mib: int, at: float) -> None:
+        """Count ``s`` at ``mib`` from now on (over the budget if it must be), and say so."""
+        resized = self.ledger.resize(s.name, mib)
+        if isinstance(resized, Refusal):  # it holds it whether or not it fits: count it
+            holdings = [
+                r if r.holder != s.name else GpuReservation(r.holder, r.gpu_roles, mib)
+                for r in self.ledger.holdings.values()
+            ]
+            resized = Ledger(self.ledger.roles, holdings)
+            logger.error(
+                "{}: counted at {} MiB, what its engine may hold, though that is over the "
+                "budget of {}",
+                s.name,
+                mib,
+                ", ".join(s.gpu_roles),
+            )
+        self.ledger = resized
+        full = s.vram_mib
+        self.elastic[s.name] = ElasticFigure(None if full is None or mib >= full else mib, at)
+
+    def reload_engine(self, s: ServeSpec) -> str:
+        """Unload and load the model (a fresh engine); restart the container if that fails."""
+        assert s.elastic is not None
+        el, token = s.elastic, _env_token(s.elastic.token_env)
+        try:
+            unload = self.ex.elastic.unload(el.url, token=token)
+            if unload.http_status // 100 != 2:
+                problem = f"POST /v1/unload answered {unload.http_status}: {unload.error}"
+            else:
+                load = self.ex.elastic.load(el.url, token=token)
+                if load.http_status // 100 == 2:
+                    return "reloaded (POST /v1/unload, then /v1/load: a fresh engine)"
+                problem = f"POST /v1/load answered {load.http_status}: {load.error}"
+        except ElasticError as exc:
+            problem = str(exc)
+        stop_s = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
+        try:
+            self.ex.docker.stop(s.container, stop_s)
+            self.ex.docker.start(s.container)
+        except ActionError as exc:
+            return f"{problem}; restarting {s.container} failed too: {exc}"
+        return f"{problem}; container {s.container} restarted instead"
+
+    def _role_reserve(self, s: ServeSpec) -> int:
+        """The role's reserve: never ask the engine to leave less free on the card."""
+        role = self.desired.roles.get(s.gpu_roles[0]) if s.gpu_roles else None
+        return role.reserve_mib if role is not None else 0
 
     def reserve_target(self, step: Step, s: ServeSpec) -> int | None:
         """The ``reserve_mib`` to ask of the engine: the free MiB the card must show after.
 
         With NVML: the device's free MiB now plus what the shrink gives back (minus what a
         grow takes). Without: the role's capacity minus what the ledger commits after the
-        resize (the card must show at least that free; the role's reserve is not counted
-        as free, so a card whose reserve is in use answers "partial" rather than give back
-        less than the ledger credits). A grow back to the full reservation asks for
-        ``null`` (the engine's start-up default).
+        resize (the role's reserve is not counted as free). Never below the role's reserve
+        (a partial grow must not ask the engine to leave nothing free on the card). A grow
+        back to the full reservation asks for ``null`` (the engine's start-up default).
+        Either way the engine's cache figures, not this, prove what it gave back.
         """
         if (
             step.action is Action.GROW
@@ -855,15 +1016,19 @@ class _Run:
             return None
         delta = step.mib or 0
         signed = delta if step.action is Action.SHRINK else -delta
+        least = self._role_reserve(s)
         gpus = self.ex.gpus()
         if gpus is not None:
             by_uuid = {g.uuid: g for g in gpus}
             role = self.desired.roles.get(s.gpu_roles[0]) if s.gpu_roles else None
             dev = by_uuid.get(role.uuid) if role is not None and role.uuid else None
             if dev is not None and dev.free_mib is not None:
-                return max(0, dev.free_mib + signed)
+                return max(least, dev.free_mib + signed)
         role = self.desired.roles[s.gpu_roles[0]]
-        return max(0, role.capacity_mib - self.ledger.committed_mib(role.id) + signed)
+        committed = self.ledger.committed_mib(role.id)
+        if step.action is Action.GROW:  # the grow is already counted in the ledger
+            committed -= delta
+        return max(least, role.capacity_mib - committed + signed)
 
     # -- undo -------------------------------------------------------------------------
     def compensate(self, failed: Step) -> None:
@@ -893,18 +1058,9 @@ class _Run:
                 self.ex.starts.end(name)
         if failed is not None and failed.action is Action.AWAIT_READY:
             self._settle_failed_start(failed.serve)
-        if failed is not None and failed.action is Action.SHRINK and failed.to_mib is not None:
-            s = self.serve(failed.serve)
-            held = self.ledger.holdings.get(s.name)
-            # a partial shrink from full: ask for the start-up default back. From a shrunk
-            # size, leave it: the engine holds no more than the ledger counts.
-            if s.elastic is not None and held is not None and held.mib == s.vram_mib:
-                try:
-                    self.ex.elastic.set_reserve(
-                        s.elastic.url, None, token=_env_token(s.elastic.token_env)
-                    )
-                except ElasticError as exc:
-                    logger.error("{}: grow back after a partial shrink failed: {}", s.name, exc)
+        # a failed shrink or grow has nothing to undo: resize() left the ledger counting
+        # what the engine's answer proves it holds (or its full reservation), and asking
+        # the engine to grow back would take memory the ledger may have given away
 
     def _settle_failed_start(self, name: str) -> None:
         """After a failed start: stop what still runs, and hold exactly what it holds."""

@@ -538,6 +538,10 @@ class Controller:
         logger.warning("{}: {}; failure {}, next try in {:.0f}s", serve, why, b.failures, delay)
 
     def _learn(self, report: ExecutionReport, now: float) -> None:
+        # what the executor counts elastic serves at, as of the engine's answer (not the
+        # cycle's start: the same plan may have started the container since)
+        for name, figure in report.elastic.items():
+            self.journal.set_elastic(name, figure.mib, figure.at)
         for r in report.results:
             name = r.step.serve
             if r.step.action in (Action.START, Action.AWAIT_READY):
@@ -555,15 +559,16 @@ class Controller:
                     if b is not None:
                         b.until = 0.0  # healthy: no hold, but the count stays until it lasts
             elif r.step.action in (Action.SHRINK, Action.GROW):
-                if r.outcome is Outcome.OK and r.step.to_mib is not None:
-                    full = self.mset.desired().serves[name].vram_mib
-                    self.journal.set_elastic(
-                        name,
-                        None if full is not None and r.step.to_mib >= full else r.step.to_mib,
-                        now,
+                if r.outcome is Outcome.FAILED and r.step.action is Action.SHRINK:
+                    self.no_shrink.add(name)  # it cannot give what was asked: evict instead
+                elif r.outcome is Outcome.ABORTED and r.step.action is Action.SHRINK:
+                    # busy (409) or no answer: not a refusal; the requester waits, then
+                    # the same shrink is asked again
+                    self._fail(
+                        r.step.group,
+                        f"{name} did not give VRAM back yet: {r.detail}",
+                        r.ended_at or now,
                     )
-                elif r.outcome is Outcome.FAILED and r.step.action is Action.SHRINK:
-                    self.no_shrink.add(name)
             elif r.step.action is Action.STOP and r.outcome is Outcome.OK:
                 self.journal.set_elastic(name, None, now)  # the engine forgets its reserve
                 self.no_shrink.discard(name)

@@ -163,6 +163,19 @@ def _positive_mib(value: object) -> object:
     return value
 
 
+#: The engine switches elasticity off below this segment size (its document says so).
+MIN_SEGMENT_MIB = 64
+
+
+def _segment_mib(value: object) -> object:
+    if not isinstance(value, int) or isinstance(value, bool) or value < MIN_SEGMENT_MIB:
+        raise _bad(
+            f"must be a whole number of MiB, at least {MIN_SEGMENT_MIB} (the engine's minimum)",
+            value,
+        )
+    return value
+
+
 def _nonnegative_mib(value: object) -> object:
     if value is None:
         return None
@@ -367,6 +380,11 @@ def _case_insensitive_pattern(words: Sequence[str]) -> str:
 PositiveMiB = Annotated[
     int, BeforeValidator(_positive_mib), WithJsonSchema({"type": "integer", "minimum": 1})
 ]
+SegmentMiB = Annotated[
+    int,
+    BeforeValidator(_segment_mib),
+    WithJsonSchema({"type": "integer", "minimum": MIN_SEGMENT_MIB}),
+]
 OptPositiveMiB = Annotated[
     int | None, BeforeValidator(_positive_mib), WithJsonSchema({"type": "integer", "minimum": 1})
 ]
@@ -499,10 +517,20 @@ class ElasticModel(BaseModel):
     token_env: OptText = Field(
         default=None, description="Environment variable holding the endpoint's bearer token."
     )
+    segment_mib: SegmentMiB = Field(
+        default=512,
+        description="The engine's expert-cache segment (its vram_segment_mib): memory is "
+        "given back and taken again in whole segments.",
+    )
 
     def to_elastic(self) -> Elastic:
         """The core's :class:`Elastic`."""
-        return Elastic(url=self.url, floor_mib=self.floor_mib, token_env=self.token_env)
+        return Elastic(
+            url=self.url,
+            floor_mib=self.floor_mib,
+            token_env=self.token_env,
+            segment_mib=self.segment_mib,
+        )
 
 
 class ServeModel(BaseModel):

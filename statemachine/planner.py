@@ -22,8 +22,11 @@ The rules, in the order the planner applies them:
    port, for exclusivity); residents, other on-demand serves and serves without a
    residency are never stopped and are reported as the blockers. When room is short,
    elastic shrink is planned if shrink alone covers it, else eviction
-   (:mod:`statemachine.victims`). A start is: reserve, start, await_ready, readmit.
-4. **Grow back** shrunk elastic serves as far as the budget allows, before backfill.
+   (:mod:`statemachine.victims`); an engine gives memory back in whole segments
+   (``Elastic.segment_mib``), so a shrink is whole segments that cover the need.
+   A start is: reserve, start, await_ready, readmit.
+4. **Grow back** shrunk elastic serves as far as the budget allows (to full, or by
+   whole segments), before backfill.
 
 A serve whose start is in progress (``observed.starting``: the executor carries starts
 out beside the loop) holds its reservation, is neither started nor stopped nor a victim
@@ -42,7 +45,7 @@ from enum import StrEnum
 from typing import Any
 
 from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
-from statemachine.types import DesiredRun, DesiredState, Observed, Residency, ServeSpec
+from statemachine.types import DesiredRun, DesiredState, Elastic, Observed, Residency, ServeSpec
 from statemachine.victims import DEFAULT_EXACT_LIMIT, Candidate, choose_victims
 
 
@@ -462,11 +465,12 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                     and not (name in w.starting and o.min_runtime_s > 0)
                     and name not in w.observed.starting
                 ):
-                    give = res.mib - o.elastic.floor_mib
-                    elastic.append((o, res.mib))
-                    for r in res.gpu_roles:
-                        if r in shrinkable:
-                            shrinkable[r] += give
+                    give = _whole_segments_above_floor(res.mib, o.elastic)
+                    if give > 0:
+                        elastic.append((o, res.mib))
+                        for r in res.gpu_roles:
+                            if r in shrinkable:
+                                shrinkable[r] += give
                 if veto is None:
                     cands.append(
                         Candidate(
@@ -488,7 +492,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                 for o, cur in sorted(
                     elastic,
                     key=lambda e: (
-                        -(e[1] - (e[0].elastic.floor_mib if e[0].elastic else 0)),
+                        -(_whole_segments_above_floor(e[1], e[0].elastic) if e[0].elastic else 0),
                         e[0].name,
                     ),
                 ):
@@ -498,7 +502,10 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                     need = max(remaining.get(r, 0) for r in o.gpu_roles)
                     if need <= 0:
                         continue
-                    give = min(cur - o.elastic.floor_mib, need)
+                    # the engine gives back whole segments: ask for the segments that
+                    # cover the need (a segment short would leave the requester short)
+                    seg = o.elastic.segment_mib
+                    give = min(_whole_segments_above_floor(cur, o.elastic), -(-need // seg) * seg)
                     shrinks.append((o, cur, cur - give))
                     for r in o.gpu_roles:
                         if r in remaining:
@@ -551,11 +558,13 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     for o, cur, to in shrinks:
         w.ledger = _ok(w.ledger.resize(o.name, to))
         floor = o.elastic.floor_mib if o.elastic else 0
+        seg = o.elastic.segment_mib if o.elastic else 1
         w.add(
             Action.SHRINK,
             o,
             cur - to,
-            f"give back {cur - to} MiB (elastic, floor {floor}) so {s.name} fits",
+            f"give back {cur - to} MiB (elastic, floor {floor}, whole {seg} MiB segments) "
+            f"so {s.name} fits",
             to_mib=to,
         )
     stopping = [(o, f"stop {o.name} so {s.name} can start") for o in forced] + [
@@ -649,6 +658,17 @@ def _start_reason(w: _Work, s: ServeSpec) -> str:
     return f"on-demand request for {s.name}"
 
 
+def _whole(mib: int, elastic: Elastic) -> int:
+    """``mib`` rounded down to whole segments of ``elastic``'s engine (0 when negative)."""
+    seg = max(1, elastic.segment_mib)
+    return max(0, mib) // seg * seg
+
+
+def _whole_segments_above_floor(held: int, elastic: Elastic) -> int:
+    """What an elastic serve holding ``held`` MiB can give back: whole segments, floor kept."""
+    return _whole(held - elastic.floor_mib, elastic)
+
+
 def _grow(w: _Work) -> None:
     for s in w.desired.serves.values():
         name = s.name
@@ -658,7 +678,8 @@ def _grow(w: _Work) -> None:
         if s.elastic is None or s.vram_mib is None or held is None or held >= s.vram_mib:
             continue
         room = min(w.ledger.free_mib(r) for r in s.gpu_roles)
-        to = min(s.vram_mib, held + room)
+        # back to full, or by the whole segments the room holds (the engine maps whole ones)
+        to = s.vram_mib if held + room >= s.vram_mib else held + _whole(room, s.elastic)
         if to > held:
             w.ledger = _ok(w.ledger.resize(name, to))
             w.group = name  # a grow is skipped when this serve's own start failed

@@ -65,11 +65,16 @@ class GpuRole:
 
 @dataclass(frozen=True, slots=True)
 class Elastic:
-    """An elastic serve can give VRAM back down to ``floor_mib`` (DESIGN §6)."""
+    """An elastic serve can give VRAM back down to ``floor_mib`` (DESIGN §6).
+
+    Its engine gives memory back and takes it again in whole ``segment_mib`` segments
+    of its expert cache, so shrinks and grows are planned in whole segments.
+    """
 
     url: str
     floor_mib: int
     token_env: str | None = None
+    segment_mib: int = 512
 
 
 @dataclass(frozen=True, slots=True)
