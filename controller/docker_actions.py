@@ -43,6 +43,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -409,40 +410,50 @@ class DockerActions(RetryKnobs):
         begin = time.monotonic()
         if not Path(cwd).is_dir():
             return UpResult(args, 127, "", f"working directory not found: {cwd}", 0.0)
-        try:
-            proc = subprocess.Popen(
-                args,
-                cwd=cwd,
-                env=up_environment(env),
-                stdin=subprocess.DEVNULL,
-                stdout=subprocess.PIPE,
-                stderr=subprocess.STDOUT,
-                start_new_session=True,
-            )
-        except FileNotFoundError as exc:
-            return UpResult(args, 127, "", f"executable not found: {args[0]} ({exc.strerror})", 0.0)
-        except PermissionError as exc:
-            return UpResult(args, 126, "", f"cannot execute {args[0]}: {exc.strerror or exc}", 0.0)
-        except OSError as exc:
-            return UpResult(args, 126, "", f"cannot run {args[0]}: {_describe(exc)}", 0.0)
-        if on_spawn is not None:
-            on_spawn(proc.pid)
-        try:
-            out, _ = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_group(proc)
+        # output goes to a file, not a pipe: a command that outlives a killed controller
+        # must not die of SIGPIPE on its next line of progress
+        with tempfile.TemporaryFile(prefix="vramctl-up-") as out_file:
             try:
-                out, _ = proc.communicate(timeout=_KILL_GRACE_S)
-            except subprocess.TimeoutExpired:  # a grandchild outside the group holds the pipe
-                proc.kill()
-                out = b""
-            return UpResult(
-                args,
-                None,
-                _tail(out),
-                f"{shown}: timed out after {timeout_s:g} s (killed)",
-                time.monotonic() - begin,
-            )
+                proc = subprocess.Popen(
+                    args,
+                    cwd=cwd,
+                    env=up_environment(env),
+                    stdin=subprocess.DEVNULL,
+                    stdout=out_file,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                )
+            except FileNotFoundError as exc:
+                return UpResult(
+                    args, 127, "", f"executable not found: {args[0]} ({exc.strerror})", 0.0
+                )
+            except PermissionError as exc:
+                return UpResult(
+                    args, 126, "", f"cannot execute {args[0]}: {exc.strerror or exc}", 0.0
+                )
+            except OSError as exc:
+                return UpResult(args, 126, "", f"cannot run {args[0]}: {_describe(exc)}", 0.0)
+            if on_spawn is not None:
+                try:
+                    on_spawn(proc.pid)
+                except BaseException:  # unrecorded, it must not run on unsupervised
+                    _kill_group(proc)
+                    proc.wait()
+                    raise
+            try:
+                proc.wait(timeout=timeout_s)
+            except subprocess.TimeoutExpired:
+                _kill_group(proc)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=_KILL_GRACE_S)
+                return UpResult(
+                    args,
+                    None,
+                    _tail(_read_back(out_file)),
+                    f"{shown}: timed out after {timeout_s:g} s (killed)",
+                    time.monotonic() - begin,
+                )
+            out = _read_back(out_file)
         code = proc.returncode
         message = f"{shown}: exit {code}" if code >= 0 else f"{shown}: killed by signal {-code}"
         return UpResult(args, code, _tail(out), message, time.monotonic() - begin)
@@ -493,6 +504,14 @@ def _kill_group(proc: subprocess.Popen[bytes]) -> None:
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(ProcessLookupError):
         proc.kill()
+
+
+def _read_back(fh: Any) -> bytes:
+    """What a command wrote to its output file (the last 1 MiB at most)."""
+    size = fh.seek(0, os.SEEK_END)
+    fh.seek(max(0, size - 2**20))
+    data: bytes = fh.read()
+    return data
 
 
 def _tail(raw: bytes | None) -> str:

@@ -49,7 +49,7 @@ from controller.router_adapter import RouterClient, RouterError
 from controller.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import IllegalTransition, ServeLifecycle
-from statemachine.planner import Action, Plan, Step
+from statemachine.planner import Action, Plan, Step, conflict
 from statemachine.types import (
     HOLDING_STATES,
     ContainerState,
@@ -198,7 +198,7 @@ class Executor:
         stop_event: threading.Event | None = None,
         observe_now: Callable[[], Observed] | None = None,
         starts: StartTracker | None = None,
-        on_start_done: Callable[[list[StepResult]], None] | None = None,
+        on_start_done: Callable[[list[StepResult], Callable[[], None]], None] | None = None,
     ) -> None:
         self.desired = desired
         self.docker = docker
@@ -333,6 +333,7 @@ class Executor:
                 logger.error("preflight: {}", problem.text)
                 for g in problem.groups:
                     refused.setdefault(g, []).append(problem.text)
+            _refuse_dependents(plan, self.desired, refused)
             report.refused_groups = sorted(refused)
             if problems and all(st.group in refused for st in plan.steps):
                 report.lifecycles = {n: str(m.state) for n, m in machines.items()}
@@ -354,8 +355,16 @@ class Executor:
                 why = "refused by the preflight: " + "; ".join(refused[step.group])
             elif step.group in run.failed_groups:
                 why = f"an earlier step of group {step.group} failed"
-            elif step.serve in jobs and not jobs[step.serve].wait():
+            elif step.serve in jobs and not jobs[step.serve].done.is_set():
+                # never wait here: the loop would be held by that start after all
+                why = (
+                    f"waits for the start of {step.serve}, still in progress: "
+                    "planned again once it has ended"
+                )
+                run.failed_groups.add(step.group)
+            elif step.serve in jobs and not jobs[step.serve].ok:
                 why = f"the start of {step.serve} did not succeed"
+                run.failed_groups.add(step.group)
             if why is not None:
                 self._emit(
                     report, StepResult(step, Outcome.SKIPPED, why, 0.0, ended_at=time.time())
@@ -411,15 +420,21 @@ class Executor:
         assert self.starts is not None
         first = chain[0]
         s = self.desired.serves[first.serve]
-        if not self.starts.active(s.name):  # a serve outside the ledger has no reserve step
-            self.starts.begin(s.name, s.gpu_roles, first.mib or 0)
+        token = run.tokens.pop(s.name, None)
+        if token is None:  # a serve outside the ledger has no reserve step
+            token = self.starts.begin(s.name, s.gpu_roles, first.mib or 0)
         run.reserved.pop(s.name, None)  # settled by the start's own run if it fails
         sub = _Run(self, run.ledger, {s.name: run.machines[s.name]}, run.observed)
+        sub.detached = True
         sub.reserved[s.name] = first.group
-        job = _StartJob(self, sub, chain)
+        job = _StartJob(self, sub, chain, token)
         thread = threading.Thread(target=job.run, name=f"start-{s.name}", daemon=True)
         self.starts.attach(s.name, thread)
-        thread.start()
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no thread to be had: the start never began
+            self.starts.end(s.name, token)
+            raise StepError(f"cannot start a thread for {s.name}'s start: {exc}") from None
         return job
 
     def _emit(self, report: ExecutionReport, result: StepResult) -> None:
@@ -460,21 +475,27 @@ class PreflightProblem:
 
 
 class _StartJob:
-    """One start carried out beside the plan: its steps in order, then the tracker."""
+    """One start carried out beside the plan: its steps in order, then the tracker.
 
-    def __init__(self, ex: Executor, run: _Run, chain: list[Step]) -> None:
+    The start stays in the tracker until whoever gets its results (the loop, through
+    ``on_start_done``) has learned from them and calls the release it is handed: a
+    failure is known (backoff) before the serve can be planned again.
+    """
+
+    def __init__(self, ex: Executor, run: _Run, chain: list[Step], token: int) -> None:
         self.ex = ex
         self.run_ = run
         self.chain = chain
+        self.token = token
         self.results: list[StepResult] = []
         self.on_done = ex.on_start_done  # as when the start began (the loop sets it per cycle)
         self.done = threading.Event()
         self.ok = False
 
-    def wait(self) -> bool:
-        """Wait for the start to end; True when every step of it succeeded."""
-        self.done.wait()
-        return self.ok
+    def release(self) -> None:
+        """End the start in the tracker (this start only, never a newer one)."""
+        assert self.ex.starts is not None
+        self.ex.starts.end(self.chain[0].serve, self.token)
 
     def run(self) -> None:
         serve = self.chain[0].serve
@@ -498,14 +519,16 @@ class _StartJob:
         except Exception:  # a bug must not leave the start counted for good
             logger.exception("{}: the start's thread failed", serve)
         finally:
-            assert self.ex.starts is not None
-            self.ex.starts.end(serve)
             self.done.set()
+            handed = False
             if self.on_done is not None:
                 try:
-                    self.on_done(list(self.results))
+                    self.on_done(list(self.results), self.release)
+                    handed = True
                 except Exception:
-                    logger.exception("{}: recording the start's outcome failed", serve)
+                    logger.exception("{}: handing the start's outcome on failed", serve)
+            if not handed:
+                self.release()
 
 
 class _Run:
@@ -528,6 +551,8 @@ class _Run:
         self.failed_groups: set[str] = set()
         self.quiesced: dict[str, list[str]] = {}  # group -> serves quiesced, not yet stopped
         self.reserved: dict[str, str] = {}  # serve -> group, reserved but not yet started
+        self.tokens: dict[str, int] = {}  # serve -> its tracker entry, from its reserve
+        self.detached = False  # a start's own run: the tracker entry is its job's to end
         self.used_before_stop: dict[str, dict[str, int]] = {}  # serve -> role -> NVML used
         self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
         self.elastic: dict[str, ElasticFigure] = {}  # serve -> its count after a resize
@@ -680,7 +705,7 @@ class _Run:
         self.ledger = result
         self.reserved[s.name] = step.group
         if self.ex.starts is not None:
-            self.ex.starts.begin(s.name, s.gpu_roles, step.mib)
+            self.tokens[s.name] = self.ex.starts.begin(s.name, s.gpu_roles, step.mib)
         self.fire(s.name, "reserve")
         return f"reserved {step.mib} MiB on {', '.join(s.gpu_roles)}"
 
@@ -1054,8 +1079,9 @@ class _Run:
                 continue
             del self.reserved[name]
             self._settle_failed_start(name)
-            if self.ex.starts is not None:
-                self.ex.starts.end(name)
+            token = self.tokens.pop(name, None)
+            if self.ex.starts is not None and not self.detached and token is not None:
+                self.ex.starts.end(name, token)
         if failed is not None and failed.action is Action.AWAIT_READY:
             self._settle_failed_start(failed.serve)
         # a failed shrink or grow has nothing to undo: resize() left the ledger counting
@@ -1090,6 +1116,33 @@ class _Run:
         machine = self.machines[name]
         if machine.state != "failed":
             self.fire(name, "start_failed" if machine.state in ("reserved", "starting") else "fail")
+
+
+def _refuse_dependents(plan: Plan, desired: DesiredState, refused: dict[str, list[str]]) -> None:
+    """A refused group's stops do not happen: refuse the starts that needed them.
+
+    Memory is guarded by the ledger at each reserve; exclusivity and ports are not, so
+    a start that conflicts with a serve whose stop was refused (in another group) is
+    refused too, and so on until nothing more changes.
+    """
+    while True:
+        kept = {st.serve for st in plan.steps if st.action is Action.STOP and st.group in refused}
+        added = False
+        for st in plan.steps:
+            if st.action is not Action.START or st.group in refused:
+                continue
+            s = desired.serves[st.serve]
+            for name in sorted(kept):
+                other = desired.serves[name]
+                why = conflict(s, other) or conflict(other, s)
+                if why is not None:
+                    refused[st.group] = [
+                        f"{s.name} needs {name} stopped ({why}), and that stop was refused"
+                    ]
+                    added = True
+                    break
+        if not added:
+            return
 
 
 def _reason(output: str) -> str:

@@ -42,7 +42,7 @@ from controller.journal import AlreadyRunning, Journal, StateLock, default_state
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.observe import observe_host
 from controller.runtime import make_executor
-from controller.snapshot import SnapshotModel, epoch_seconds, snapshot_to_json
+from controller.snapshot import SnapshotModel, StartingModel, epoch_seconds, snapshot_to_json
 from controller.starts import StartTracker, supervise_orphans
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Policy, plan_transitions
@@ -130,7 +130,9 @@ class Controller:
         #: the starts in progress, carried out beside the loop (see controller.starts)
         self.starts = StartTracker()
         self._fresh_observer: ContainerObserver | None = None  # the executor's own reader
-        self._outcomes: dict[int, dict[str, Any]] = {}  # cycle -> outcome, starts still running
+        # cycle -> its outcome while starts it handed off may still end (None: executing)
+        self._outcomes: dict[int, dict[str, Any] | None] = {}
+        self._early: dict[int, list[StepResult]] = {}  # results that ended while executing
         self._aio: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ triggers
@@ -332,7 +334,10 @@ class Controller:
         # running by then, so it is counted either way
         starting = self.starts.snapshot()
         snap = observe_host(manifest_containers(self.mset.serves), observer=self._observer)
-        snap.starting = starting
+        snap.starting = {
+            name: StartingModel(gpu_roles=list(st.gpu_roles), mib=st.mib)
+            for name, st in starting.items()
+        }
         snap.elastic = self._elastic_in_force(snap)
         snap.quiesced = sorted(self._quiesced)
         snap.unreleased = self._still_unreleased(snap)
@@ -385,23 +390,39 @@ class Controller:
         snap = self._fresh_observer.observe(manifest_containers(self.mset.serves))
         return snap.to_snapshot_model().to_observed()
 
-    def _start_ended(self, cycle_id: int, results: list[StepResult]) -> None:
-        """A start carried out beside the loop has ended (on the loop's thread)."""
-        outcome = self._outcomes.get(cycle_id)
-        if outcome is not None:
-            outcome["steps"] = [*outcome.get("steps", []), *(r.to_json() for r in results)]
-            ok = all(r.outcome is Outcome.OK for r in results)
-            outcome["ok"] = bool(outcome.get("ok", True)) and ok
-            try:
-                self.journal.record_outcome(cycle_id, outcome)
-            except Exception as exc:  # a pruned cycle, a closed journal: say so, go on
-                logger.warning("journal: cannot record the end of a start: {}", exc)
-        report = ExecutionReport(results, Ledger({}), {})
-        self._learn(report, time.time())
-        self._track_tiers([r.to_json() for r in results])
+    def _start_ended(
+        self, cycle_id: int, results: list[StepResult], release: Callable[[], None]
+    ) -> None:
+        """A start carried out beside the loop has ended (on the loop's thread).
+
+        Its results are learned (backoff) before ``release`` ends it in the tracker, so
+        the serve is never planned again before its failure is known.
+        """
+        try:
+            if cycle_id in self._outcomes and self._outcomes[cycle_id] is None:
+                # the plan is still executing: its outcome takes these when it is recorded
+                self._early.setdefault(cycle_id, []).extend(results)
+            else:
+                self._merge_start(cycle_id, results)
+            report = ExecutionReport(results, Ledger({}), {})
+            self._learn(report, time.time())
+            self._track_tiers([r.to_json() for r in results])
+        finally:
+            release()
         serves = ", ".join(sorted({r.step.serve for r in results}))
         if not self._stopping:
             self.trigger(f"start of {serves} ended")
+
+    def _merge_start(self, cycle_id: int, results: list[StepResult]) -> None:
+        """Add a start's results to its cycle's journalled outcome."""
+        outcome = self._outcomes.get(cycle_id)
+        if outcome is None:
+            return
+        _add_start_results(outcome, results)
+        try:
+            self.journal.record_outcome(cycle_id, outcome)
+        except Exception as exc:  # a pruned cycle, a closed journal: say so, go on
+            logger.warning("journal: cannot record the end of a start: {}", exc)
 
     async def reconcile(self, reasons: tuple[str, ...] = ()) -> CycleSummary:
         """One cycle: reload, observe, plan, execute (or log), journal."""
@@ -451,10 +472,18 @@ class Controller:
                 executor = self._executor_for()
                 executor.desired = desired
                 executor.on_start_done = self._start_done_callback(cycle_id)
+                self._outcomes[cycle_id] = None  # executing: a start's early end waits
                 report = await asyncio.to_thread(executor.execute, plan, observed)
                 summary.report = report
                 summary.executed = True
                 outcome = report.to_json()
+                # the starts handed off and not yet ended: a controller killed before they
+                # end readmits their tiers (see _recover_tiers)
+                done = {r.step.serve for r in report.results if r.step.action is Action.START}
+                outcome["pending"] = sorted(
+                    {st.serve for st in plan.steps if st.action is Action.START} - done
+                )
+                _add_start_results(outcome, self._early.pop(cycle_id, []))
                 self._outcomes[cycle_id] = outcome
                 for old_id in sorted(self._outcomes)[:-32]:  # bounded: old cycles' starts end
                     del self._outcomes[old_id]
@@ -484,12 +513,19 @@ class Controller:
             hook(self)
         return summary
 
-    def _start_done_callback(self, cycle_id: int) -> Callable[[list[StepResult]], None]:
+    def _start_done_callback(
+        self, cycle_id: int
+    ) -> Callable[[list[StepResult], Callable[[], None]], None]:
         loop = self._aio
 
-        def done(results: list[StepResult]) -> None:  # on the start's thread
-            if loop is not None and not loop.is_closed():
-                loop.call_soon_threadsafe(self._start_ended, cycle_id, results)
+        def done(results: list[StepResult], release: Callable[[], None]) -> None:
+            # on the start's thread: hand the results to the loop's thread
+            try:
+                if loop is None or loop.is_closed():
+                    raise RuntimeError("the loop has ended")
+                loop.call_soon_threadsafe(self._start_ended, cycle_id, results, release)
+            except RuntimeError:
+                release()
 
         return done
 
@@ -626,9 +662,22 @@ class Controller:
         ids = self.journal.cycle_ids()
         if not ids:
             return
+        # starts handed off by recent cycles that never reported their end: their
+        # readmit may not have happened
+        for cid in ids[-32:-1]:
+            (rec,) = self.journal.cycles(cycle=cid)
+            if rec.outcome is not None:
+                self._readmit_pending(rec.plan, rec.outcome)
         (last,) = self.journal.cycles(cycle=ids[-1])
         if last.outcome is not None:
             self._track_tiers(list(last.outcome.get("steps", [])))
+            self._readmit_pending(last.plan, last.outcome)
+            if self._quiesced:
+                logger.info(
+                    "starts were in progress when the last controller ended: tiers of {} "
+                    "are readmitted while they run",
+                    ", ".join(sorted(self._quiesced)),
+                )
             return
         for s in last.plan.get("steps", []):
             if s.get("action") in ("quiesce", "readmit"):
@@ -639,6 +688,12 @@ class Controller:
                 ", ".join(sorted(self._quiesced)),
             )
 
+    def _readmit_pending(self, plan: dict[str, Any], outcome: dict[str, Any]) -> None:
+        pending = set(outcome.get("pending") or [])
+        for s in plan.get("steps", []):
+            if s.get("action") == "readmit" and s.get("serve") in pending:
+                self._quiesced.add(str(s.get("serve")))
+
     def _end_finished_requests(self, observed: Any, now: float) -> None:
         """Expired requests end once their serve is down; requests for gone serves end."""
         serves = self.mset.desired().serves
@@ -647,8 +702,21 @@ class Controller:
             if spec is None:
                 self.journal.end_request(req.serve, now)
                 continue
+            if req.serve in observed.starting:
+                continue  # its start is in progress: it ends once the serve is down
             if req.to_request().expired(now) and not observed.container(spec.container).holds:
                 self.journal.end_request(req.serve, now)
+
+
+def _add_start_results(outcome: dict[str, Any], results: list[StepResult]) -> None:
+    """A start's results join its cycle's outcome; it is no longer pending."""
+    if not results:
+        return
+    outcome["steps"] = [*outcome.get("steps", []), *(r.to_json() for r in results)]
+    ok = all(r.outcome is Outcome.OK for r in results)
+    outcome["ok"] = bool(outcome.get("ok", True)) and ok
+    ended = {r.step.serve for r in results}
+    outcome["pending"] = [p for p in outcome.get("pending", []) if p not in ended]
 
 
 def _epoch_or_none(value: str | float | None) -> float | None:

@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from statemachine.types import ContainerObs, ContainerState, GpuObs, Observed
+from statemachine.types import ContainerObs, ContainerState, GpuObs, Observed, StartingObs
 
 
 class SnapshotError(Exception):
@@ -87,6 +87,13 @@ class UndeclaredModel(BaseModel):
     name: str
 
 
+class StartingModel(BaseModel):
+    """A start in progress: the roles and MiB the controller reserved for it."""
+
+    gpu_roles: list[str]
+    mib: int
+
+
 class SnapshotModel(BaseModel):
     """The whole observed snapshot.
 
@@ -107,8 +114,8 @@ class SnapshotModel(BaseModel):
     nvml_error: str | None = None
     quiesced: list[str] = Field(default_factory=list)
     unreleased: list[str] = Field(default_factory=list)
-    #: serves whose start the controller has in progress -> the MiB reserved for it
-    starting: dict[str, int] = Field(default_factory=dict)
+    #: serves whose start the controller has in progress -> the roles and MiB reserved
+    starting: dict[str, StartingModel] = Field(default_factory=dict)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -142,7 +149,9 @@ class SnapshotModel(BaseModel):
             undeclared_gpu=tuple(u.name for u in self.undeclared_gpu_containers),
             quiesced=frozenset(self.quiesced),
             unreleased=frozenset(self.unreleased),
-            starting=dict(self.starting),
+            starting={
+                name: StartingObs(tuple(st.gpu_roles), st.mib) for name, st in self.starting.items()
+            },
         )
 
     def taken_at_epoch(self) -> float | None:

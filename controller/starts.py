@@ -32,6 +32,7 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from controller.journal import Journal, UpRecord
+from statemachine.types import StartingObs
 
 #: how long an orphaned ``up`` gets to exit after SIGTERM before its group is killed
 ORPHAN_KILL_GRACE_S = 10.0
@@ -78,45 +79,53 @@ def process_alive(pid: int, start_ticks: int | None) -> bool:
 
 @dataclass
 class StartTracker:
-    """Thread-safe record of the starts in progress (serve -> MiB reserved).
+    """Thread-safe record of the starts in progress (serve -> roles and MiB reserved).
 
+    Each :meth:`begin` returns a token and :meth:`end` with that token ends that start
+    only: an old start's late end never erases a newer start of the same serve.
     ``journal`` (optional) keeps the ``up`` commands that run, so a restarted
-    controller can supervise what a killed one left running.
+    controller can supervise what a killed one left running; writing it is best
+    effort (a failure is logged, never raised into a start).
     """
 
     journal: Journal | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
-    _mib: dict[str, int] = field(default_factory=dict)
-    _roles: dict[str, tuple[str, ...]] = field(default_factory=dict)
+    _starts: dict[str, tuple[int, StartingObs]] = field(default_factory=dict)
     _threads: dict[str, threading.Thread] = field(default_factory=dict)
-    on_end: list[Callable[[str], None]] = field(default_factory=list)
+    _next: int = 0
 
-    def begin(self, serve: str, roles: tuple[str, ...], mib: int) -> None:
+    def begin(self, serve: str, roles: tuple[str, ...], mib: int) -> int:
         """A start of ``serve`` is in progress from now (its reservation is held)."""
         with self._lock:
-            self._mib[serve] = mib
-            self._roles[serve] = roles
+            self._next += 1
+            self._starts[serve] = (self._next, StartingObs(tuple(roles), mib))
+            return self._next
 
-    def end(self, serve: str) -> None:
-        """The start has ended (healthy, or failed and its container confirmed down)."""
+    def token(self, serve: str) -> int | None:
+        """The token of the start of ``serve`` in progress, if any."""
         with self._lock:
-            self._mib.pop(serve, None)
-            self._roles.pop(serve, None)
+            entry = self._starts.get(serve)
+            return entry[0] if entry else None
+
+    def end(self, serve: str, token: int | None) -> None:
+        """That start has ended (healthy, or failed and its container confirmed down)."""
+        with self._lock:
+            entry = self._starts.get(serve)
+            if entry is None or (token is not None and entry[0] != token):
+                return
+            del self._starts[serve]
             self._threads.pop(serve, None)
-        if self.journal is not None:
-            self.journal.end_up(serve)
-        for hook in list(self.on_end):
-            hook(serve)
+        self._journal("forget the up of", serve, lambda j: j.end_up(serve))
 
     def active(self, serve: str) -> bool:
         """True while a start of ``serve`` is in progress."""
         with self._lock:
-            return serve in self._mib
+            return serve in self._starts
 
-    def snapshot(self) -> dict[str, int]:
-        """Serve -> MiB reserved, for every start in progress (a copy)."""
+    def snapshot(self) -> dict[str, StartingObs]:
+        """Serve -> roles and MiB reserved, for every start in progress (a copy)."""
         with self._lock:
-            return dict(self._mib)
+            return {name: obs for name, (_, obs) in self._starts.items()}
 
     def attach(self, serve: str, thread: threading.Thread) -> None:
         """The thread that carries the start out (joined at shutdown)."""
@@ -140,25 +149,29 @@ class StartTracker:
         self, serve: str, pid: int, *, roles: tuple[str, ...], mib: int, timeout_s: float
     ) -> None:
         """Record a running ``up`` command in the journal (before anyone waits for it)."""
-        if self.journal is None:
-            return
         now = time.time()
-        self.journal.add_up(
-            UpRecord(
-                serve=serve,
-                pid=pid,
-                proc_start=proc_start_ticks(pid),
-                roles=roles,
-                mib=mib,
-                deadline=now + timeout_s,
-                began_at=now,
-            )
+        rec = UpRecord(
+            serve=serve,
+            pid=pid,
+            proc_start=proc_start_ticks(pid),
+            roles=roles,
+            mib=mib,
+            deadline=now + timeout_s,
+            began_at=now,
         )
+        self._journal("record the up of", serve, lambda j: j.add_up(rec))
 
     def up_exited(self, serve: str) -> None:
         """The ``up`` command has exited: nothing of it can outlive the controller now."""
-        if self.journal is not None:
-            self.journal.end_up(serve)
+        self._journal("forget the up of", serve, lambda j: j.end_up(serve))
+
+    def _journal(self, what: str, serve: str, write: Callable[[Journal], None]) -> None:
+        if self.journal is None:
+            return
+        try:
+            write(self.journal)
+        except Exception as exc:  # a locked or closed journal must not break a start
+            logger.error("journal: cannot {} {}: {}", what, serve, exc)
 
 
 def supervise_orphans(
@@ -178,7 +191,7 @@ def supervise_orphans(
     """
     taken: list[str] = []
     for rec in journal.ups():
-        if not process_alive(rec.pid, rec.proc_start):
+        if not _orphan_alive(rec):
             journal.end_up(rec.serve)
             continue
         logger.warning(
@@ -188,10 +201,10 @@ def supervise_orphans(
             rec.pid,
             rec.mib,
         )
-        tracker.begin(rec.serve, rec.roles, rec.mib)
+        token = tracker.begin(rec.serve, rec.roles, rec.mib)
         thread = threading.Thread(
             target=_watch_orphan,
-            args=(tracker, rec, stop, poll_s, on_end),
+            args=(tracker, rec, token, stop, poll_s, on_end),
             daemon=True,
             name=f"orphan-up-{rec.serve}",
         )
@@ -201,15 +214,46 @@ def supervise_orphans(
     return taken
 
 
+def group_alive(pgid: int) -> bool:
+    """True while any process of the process group ``pgid`` runs (zombies aside)."""
+    try:
+        entries = os.listdir("/proc")
+    except OSError:
+        return False
+    for entry in entries:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat", "rb") as fh:
+                raw = fh.read().decode("ascii", errors="replace")
+        except OSError:
+            continue
+        rest = raw[raw.rfind(")") + 2 :].split()
+        if len(rest) > 2 and rest[0] != "Z" and rest[2] == str(pgid):
+            return True
+    return False
+
+
+def _orphan_alive(rec: UpRecord) -> bool:
+    """The recorded ``up`` (or what it started in its group) still runs."""
+    if rec.proc_start is not None and process_alive(rec.pid, rec.proc_start):
+        return True
+    # the leader may have exited while its group works on; a group id is the leader's
+    # pid, so without the leader's start time a reused pid cannot be told apart: only a
+    # record with one is followed by its group
+    return rec.proc_start is not None and group_alive(rec.pid)
+
+
 def _watch_orphan(
     tracker: StartTracker,
     rec: UpRecord,
+    token: int,
     stop: threading.Event,
     poll_s: float,
     on_end: Callable[[str], None] | None,
 ) -> None:
     signalled: float | None = None
-    while process_alive(rec.pid, rec.proc_start):
+    while _orphan_alive(rec):
         now = time.time()
         if signalled is None and now >= rec.deadline:
             logger.warning("{}: its orphaned `up` ran past its deadline; ending it", rec.serve)
@@ -222,6 +266,6 @@ def _watch_orphan(
         if stop.wait(poll_s):
             return  # the controller stops: the record stays for the next one
     logger.info("{}: its orphaned `up` has exited", rec.serve)
-    tracker.end(rec.serve)
+    tracker.end(rec.serve, token)
     if on_end is not None:
         on_end(rec.serve)

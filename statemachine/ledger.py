@@ -351,20 +351,32 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
 
     A shrunk elastic serve counts at the reservation it holds now; a serve whose memory
     did not come back after its stop (``observed.unreleased``) still counts, and so does a
-    serve whose start is in progress (``observed.starting``), at the larger of what was
-    reserved for it and what it declares now, whatever its container shows. Built as observed
+    serve whose start is in progress (``observed.starting``), on the roles it was started on
+    and those it declares now, at the larger of what was reserved for it and what it
+    declares now, whatever its container shows (and even when the manifest no longer
+    declares it). Built as observed
     (possibly over budget); unknown when docker could not be read.
     """
     if not observed.docker_ok:
         return Ledger(desired.roles, unknown=True)
     holdings = []
+    for name, start in observed.starting.items():
+        serve = desired.serves.get(name)
+        # the roles it was started on and those it declares now; the larger MiB
+        roles = list(start.gpu_roles)
+        mib = start.mib
+        if serve is not None and serve.vram_mib is not None and desired.in_ledger(serve):
+            roles += [r for r in serve.gpu_roles if r not in roles]
+            mib = max(mib, serve.vram_mib)
+        counted = tuple(r for r in roles if r in desired.roles)
+        if counted and mib > 0:
+            holdings.append(GpuReservation(name, counted, mib))
     for serve in desired.serves.values():
         if serve.vram_mib is None or not desired.in_ledger(serve):
             continue
         if serve.name in observed.starting:
-            mib = max(observed.starting[serve.name], serve.vram_mib)
-            holdings.append(GpuReservation(serve.name, serve.gpu_roles, mib))
-        elif observed.container(serve.container).holds or serve.name in observed.unreleased:
+            continue  # counted above
+        if observed.container(serve.container).holds or serve.name in observed.unreleased:
             mib = observed.elastic_mib.get(serve.name, serve.vram_mib)
             holdings.append(GpuReservation(serve.name, serve.gpu_roles, mib))
     return Ledger(desired.roles, holdings)

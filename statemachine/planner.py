@@ -321,6 +321,20 @@ def _shares_role(a: ServeSpec, b: ServeSpec) -> bool:
     return any(r in b.gpu_roles for r in a.gpu_roles)
 
 
+def conflict(s: ServeSpec, other: ServeSpec) -> str | None:
+    """Why ``s`` cannot run while ``other`` runs (exclusivity, a shared port); else None.
+
+    Memory is the ledger's business; this is the rest of what a start needs stopped.
+    """
+    if other.exclusive and s.gpu_inference and _shares_role(s, other):
+        return f"exclusive on {', '.join(other.gpu_roles)}"
+    if s.exclusive and other.gpu_inference and _shares_role(s, other):
+        return f"{s.name} needs {', '.join(s.gpu_roles)} to itself"
+    if s.port is not None and other.port == s.port:
+        return f"holds port {s.port}"
+    return None
+
+
 def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
     """None when ``requester`` may stop ``victim``; else why not."""
     if requester.residency is not Residency.ON_DEMAND:
@@ -376,16 +390,23 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
         if name not in w.running:
             continue
         other = w.serve(name)
-        if other.exclusive and s.gpu_inference and _shares_role(s, other):
-            need_stopped(other, f"exclusive on {', '.join(other.gpu_roles)}")
-        elif s.exclusive and other.gpu_inference and _shares_role(s, other):
-            need_stopped(other, f"{s.name} needs {', '.join(s.gpu_roles)} to itself")
-        elif s.port is not None and other.port == s.port:
-            need_stopped(other, f"holds port {s.port}")
+        why = conflict(s, other)
+        if why is not None:
+            need_stopped(other, why)
     forced.sort(key=lambda o: o.name)
     in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
     if s.sizes_from_free and not reasons:
-        for other_name in sorted(w.starting):
+        # a start in progress, or a container of such an engine still loading (its
+        # healthcheck says "starting": a start the controller did not carry out itself)
+        loading = {
+            o.name
+            for o in w.desired.serves.values()
+            if o.sizes_from_free
+            and o.name in w.running
+            and o.name not in w.stopping
+            and w.observed.container(o.container).health == "starting"
+        }
+        for other_name in sorted(w.starting | loading):
             peer = w.desired.serves.get(other_name)
             if peer is None or peer.name == s.name or not peer.sizes_from_free:
                 continue

@@ -180,9 +180,7 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 state=str(obs.state) if observed.docker_ok else "unknown",
                 health=obs.health if observed.docker_ok else None,
                 lifecycle=(
-                    "starting"
-                    if s.name in observed.starting
-                    else lifecycle_from_observation(obs)
+                    "starting" if s.name in observed.starting else lifecycle_from_observation(obs)
                 )
                 if observed.docker_ok
                 else "unknown",

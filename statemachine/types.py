@@ -178,6 +178,14 @@ class GpuObs:
 
 
 @dataclass(frozen=True, slots=True)
+class StartingObs:
+    """A start in progress: the roles and MiB reserved for it when it began."""
+
+    gpu_roles: tuple[str, ...]
+    mib: int
+
+
+@dataclass(frozen=True, slots=True)
 class Observed:
     """One observed snapshot of the host.
 
@@ -199,9 +207,10 @@ class Observed:
     #: ledger keeps counting their reservation until it does (fail closed)
     unreleased: frozenset[str] = frozenset()
     #: serves whose start the controller has in progress (reserved, `up` running, or
-    #: awaiting health), serve -> the MiB reserved: they hold that reservation whatever
-    #: their container shows, and the planner plans nothing for them until it ends
-    starting: Mapping[str, int] = field(default_factory=dict)
+    #: awaiting health), serve -> the roles and MiB reserved for it: they hold that
+    #: reservation whatever their container shows (and whatever the manifest now says),
+    #: and the planner plans nothing for them until it ends
+    starting: Mapping[str, StartingObs] = field(default_factory=dict)
 
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""

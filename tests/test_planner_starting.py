@@ -24,6 +24,7 @@ from statemachine.types import (
     OnDemandRequest,
     Residency,
     ServeSpec,
+    StartingObs,
 )
 
 NOW = 10_000.0
@@ -60,7 +61,7 @@ def lines(plan: Plan) -> list[str]:
 def test_a_start_in_progress_holds_its_reservation_whatever_its_container_shows() -> None:
     d = desired(serve("slow", 6000, RES), serve("other", 5000, RES))
     for container in ({}, {"c-slow": ContainerObs(ContainerState.CREATED)}):
-        obs = Observed(True, container, starting={"slow": 6000})
+        obs = Observed(True, container, starting={"slow": StartingObs(("a",), 6000)})
         ledger = ledger_from_observed(d, obs)
         assert ledger.committed_mib("a") == 6000
         plan = plan_transitions(d, obs, Policy(), NOW)
@@ -73,7 +74,9 @@ def test_a_start_in_progress_holds_its_reservation_whatever_its_container_shows(
 def test_a_start_in_progress_counts_at_least_what_was_reserved_for_it() -> None:
     # the manifest now declares less than was reserved for the start: the larger counts
     d = desired(serve("slow", 2000, RES))
-    ledger = ledger_from_observed(d, Observed(True, {}, starting={"slow": 6000}))
+    ledger = ledger_from_observed(
+        d, Observed(True, {}, starting={"slow": StartingObs(("a",), 6000)})
+    )
     assert ledger.committed_mib("a") == 6000
 
 
@@ -83,14 +86,23 @@ def test_a_start_in_progress_is_not_a_victim_and_not_stopped() -> None:
         serve("llm", 6000, OND, None),
         requests=(OnDemandRequest("llm", NOW - 1),),
     )
-    plan = plan_transitions(d, Observed(True, {}, starting={"evi": 6000}), Policy(), NOW)
+    plan = plan_transitions(
+        d, Observed(True, {}, starting={"evi": StartingObs(("a",), 6000)}), Policy(), NOW
+    )
     assert lines(plan) == []
     (blocked,) = plan.blocked
     assert blocked.serve == "llm"
     assert any(p.serve == "evi" and "in progress" in p.why for p in blocked.protected)
     # desired stopped while starting: the stop waits until the start has ended
     d2 = desired(serve("evi", 6000, EVI, STOP))
-    assert lines(plan_transitions(d2, Observed(True, {}, starting={"evi": 6000}), None, NOW)) == []
+    assert (
+        lines(
+            plan_transitions(
+                d2, Observed(True, {}, starting={"evi": StartingObs(("a",), 6000)}), None, NOW
+            )
+        )
+        == []
+    )
     # once the start has ended (the container runs, nothing in progress) it is stopped
     after = plan_transitions(d2, Observed(True, {"c-evi": up()}), None, NOW)
     assert lines(after) == ["stop evi", "release evi"]
@@ -103,7 +115,12 @@ def test_a_start_in_progress_is_not_resized() -> None:
         serve("llm", 6000, OND, None),
         requests=(OnDemandRequest("llm", NOW - 1),),
     )
-    shrunk = Observed(True, {"c-moe": up()}, elastic_mib={"moe": 3000}, starting={"moe": 3000})
+    shrunk = Observed(
+        True,
+        {"c-moe": up()},
+        elastic_mib={"moe": 3000},
+        starting={"moe": StartingObs(("a",), 3000)},
+    )
     assert not any(
         s.action in ("shrink", "grow") for s in plan_transitions(d, shrunk, None, NOW).steps
     )
@@ -120,7 +137,9 @@ def test_engines_that_size_from_free_memory_start_one_at_a_time_per_gpu() -> Non
     (blocked,) = cold.blocked
     assert blocked.serve == "b" and "waits for the start of a" in blocked.reason
     # a in progress from an earlier plan: b still waits, c (not sizing from free) starts
-    mid = plan_transitions(d, Observed(True, {}, starting={"a": 3000}), None, NOW)
+    mid = plan_transitions(
+        d, Observed(True, {}, starting={"a": StartingObs(("a",), 3000)}), None, NOW
+    )
     assert [s.serve for s in mid.steps if s.action == "start"] == ["c"]
     assert [x.serve for x in mid.blocked] == ["b"]
     # a's start ended: b may start now
@@ -136,3 +155,17 @@ def test_sizing_engines_on_other_gpus_start_side_by_side() -> None:
     b = ServeSpec("b", "c-b", ("b",), 3000, RES, RUN, sizes_from_free=True)
     plan = plan_transitions(DesiredState(roles, {"a": a, "b": b}), Observed(True, {}), None, NOW)
     assert [s.serve for s in plan.steps if s.action == "start"] == ["a", "b"]
+
+
+def test_a_sizing_engine_still_loading_outside_the_controller_holds_the_next() -> None:
+    # a vLLM started by an earlier controller (or a restart policy) whose healthcheck
+    # still says "starting": another such engine on the GPU waits for it too
+    a = serve("a", 3000, RES, sizes_from_free=True)
+    b = serve("b", 3000, RES, sizes_from_free=True)
+    loading = ContainerObs(ContainerState.RUNNING, health="starting", started_at=NOW - 5)
+    plan = plan_transitions(desired(a, b), Observed(True, {"c-a": loading}), None, NOW)
+    assert [s.serve for s in plan.steps if s.action == "start"] == []
+    assert [x.serve for x in plan.blocked] == ["b"]
+    healthy = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 5)
+    plan = plan_transitions(desired(a, b), Observed(True, {"c-a": healthy}), None, NOW)
+    assert [s.serve for s in plan.steps if s.action == "start"] == ["b"]

@@ -507,6 +507,8 @@ def test_sigkill_mid_eviction_then_restart_converges_once(fleet: Fleet) -> None:
     (cycle,) = fleet.cycles()  # the eviction plan was journaled; the start's end never came
     done = [f"{s['action']} {s['serve']}" for s in (cycle.outcome or {}).get("steps", [])]
     assert "await_ready llm" not in done, done  # the start ran beside the loop, unfinished
+    # and the journal says so: the next controller treats its readmit as not done
+    assert cycle.outcome is None or cycle.outcome.get("pending") == ["llm"], cycle.outcome
     assert [f"{s['action']} {s['serve']}" for s in cycle.plan["steps"]] == [
         "stop omni",
         "release omni",

@@ -1,0 +1,389 @@
+"""Starts beside the loop: the tracker, orphaned ``up`` commands, and the executor's seams.
+
+Each case is a way a start carried out beside the loop could let the ledger count less
+than the host holds, or leave a serve counted as starting for good:
+
+- an old start's late end must not erase a newer start of the same serve (tokens);
+- a start that cannot be recorded must not run on unsupervised;
+- a start in progress counts on the roles it was started on, declared or not;
+- an orphaned ``up`` whose leader exited while its group works on still holds its room;
+- a refused stop in one group refuses the starts of other groups that needed it;
+- a later step of a serve whose start is still in progress never holds the plan;
+- the loop learns a start's failure before the start leaves the tracker, records
+  results that arrive while its plan still executes, and readmits the tiers of starts
+  a killed controller left pending.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from docker import DockerClient
+
+from controller.docker_actions import DockerActions
+from controller.executor import Executor, ExecutorConfig, Outcome, StepResult
+from controller.journal import Journal, UpRecord, journal_path
+from controller.loop import Controller, RunOptions
+from controller.manifest import load_manifest_set
+from controller.snapshot import ContainerModel
+from controller.starts import StartTracker, group_alive, proc_start_ticks, supervise_orphans
+from statemachine.ledger import Ledger, ledger_from_observed
+from statemachine.planner import Action, Plan, Step
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    GpuRole,
+    Observed,
+    Residency,
+    ServeSpec,
+    StartingObs,
+)
+
+# ── the tracker ──────────────────────────────────────────────────────────────
+
+
+def test_an_old_starts_late_end_does_not_erase_a_newer_start() -> None:
+    t = StartTracker()
+    old = t.begin("x", ("a",), 4000)
+    t.end("x", old)
+    new = t.begin("x", ("a",), 4000)
+    t.end("x", old)  # the first start's thread ends late
+    assert t.snapshot() == {"x": StartingObs(("a",), 4000)}
+    t.end("x", new)
+    assert t.snapshot() == {}
+
+
+def test_a_journal_that_cannot_be_written_does_not_break_the_start(tmp_path: Path) -> None:
+    j = Journal.open(journal_path(tmp_path))
+    t = StartTracker(journal=j)
+    j.close()  # every write now raises
+    token = t.begin("x", ("a",), 1000)
+    t.up_spawned("x", os.getpid(), roles=("a",), mib=1000, timeout_s=10)  # logged, not raised
+    t.end("x", token)
+    assert t.snapshot() == {}
+
+
+def test_an_up_that_cannot_be_recorded_does_not_run_on(tmp_path: Path) -> None:
+    marker = tmp_path / "still-ran"
+    # run_up needs no daemon: a client that never connects
+    docker = DockerActions(DockerClient(base_url="unix:///nonexistent.sock", version="1.41"))
+
+    def refuse(pid: int) -> None:
+        raise RuntimeError("journal is locked")
+
+    with pytest.raises(RuntimeError, match="locked"):
+        docker.run_up(
+            ["sh", "-c", f"sleep 2; touch {marker}"],
+            cwd=tmp_path,
+            timeout_s=30,
+            on_spawn=refuse,
+        )
+    time.sleep(3)
+    assert not marker.exists(), "the unrecorded `up` ran on after its start failed"
+
+
+# ── the ledger ───────────────────────────────────────────────────────────────
+
+
+def test_a_start_in_progress_counts_on_the_roles_it_was_started_on() -> None:
+    roles = {"g0": GpuRole("g0", 10_000), "g1": GpuRole("g1", 10_000)}
+    moved = ServeSpec("llm", "c-llm", ("g1",), 6000, Residency.RESIDENT, DesiredRun.RUNNING)
+    starting = {"llm": StartingObs(("g0",), 6000)}
+    ledger = ledger_from_observed(
+        DesiredState(roles, {"llm": moved}), Observed(True, {}, starting=starting)
+    )
+    # moved to g1 while it loads on g0: both hold it until the start ends
+    assert (ledger.committed_mib("g0"), ledger.committed_mib("g1")) == (6000, 6000)
+    # and removed from the manifest while it loads: still counted where it started
+    gone = ledger_from_observed(DesiredState(roles, {}), Observed(True, {}, starting=starting))
+    assert (gone.committed_mib("g0"), gone.committed_mib("g1")) == (6000, 0)
+
+
+# ── orphaned `up` commands ───────────────────────────────────────────────────
+
+
+def test_an_orphan_whose_leader_exited_is_followed_by_its_group(tmp_path: Path) -> None:
+    # the leader backgrounds its work and exits: the group lives on
+    leader = subprocess.Popen(
+        ["sh", "-c", "sleep 3 & exit 0"], start_new_session=True, stdout=subprocess.DEVNULL
+    )
+    ticks = proc_start_ticks(leader.pid)
+    leader.wait()
+    assert group_alive(leader.pid)
+    j = Journal.open(journal_path(tmp_path))
+    j.add_up(UpRecord("od", leader.pid, ticks, ("a",), 6000, time.time() + 60, time.time()))
+    t = StartTracker(journal=j)
+    stop = threading.Event()
+    ended = threading.Event()
+    assert supervise_orphans(t, j, stop=stop, poll_s=0.05, on_end=lambda s: ended.set()) == ["od"]
+    assert t.snapshot() == {"od": StartingObs(("a",), 6000)}
+    assert ended.wait(15), "the group ended but the orphan was not released"
+    assert t.snapshot() == {} and j.ups() == []
+    stop.set()
+    j.close()
+
+
+def test_a_record_of_a_process_that_is_gone_is_dropped(tmp_path: Path) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", "pass"], start_new_session=True)
+    ticks = proc_start_ticks(proc.pid)
+    proc.wait()
+    j = Journal.open(journal_path(tmp_path))
+    j.add_up(UpRecord("od", proc.pid, ticks, ("a",), 6000, time.time() + 60, time.time()))
+    t = StartTracker(journal=j)
+    assert supervise_orphans(t, j, stop=threading.Event()) == []
+    assert t.snapshot() == {} and j.ups() == []
+    j.close()
+
+
+# ── the executor ─────────────────────────────────────────────────────────────
+
+
+class Containers:
+    """In-memory container runtime: state per container, start and stop flip it."""
+
+    def __init__(self, running: set[str], existing: set[str]) -> None:
+        self.state = {c: "running" for c in running} | {c: "exited" for c in existing}
+        self.started: list[str] = []
+        self.gate = threading.Event()
+        self.gate.set()
+
+    def exists(self, name: str) -> bool:
+        return name in self.state
+
+    def stop(self, name: str, timeout_s: float) -> None:
+        self.state[name] = "exited"
+
+    def start(self, name: str) -> None:
+        self.gate.wait(30)
+        self.started.append(name)
+        self.state[name] = "running"
+
+    def inspect(self, name: str) -> ContainerModel | None:
+        if name not in self.state:
+            return None
+        return ContainerModel(state=ContainerState(self.state[name]), exit_code=0)
+
+    def logs(self, name: str, tail: int = 40) -> str:
+        return ""
+
+    @staticmethod
+    def port_in_use(port: int) -> bool:
+        return False
+
+
+def serve(name: str, mib: int, **kw: Any) -> ServeSpec:
+    return ServeSpec(name, f"c-{name}", ("a",), mib, Residency.RESIDENT, DesiredRun.RUNNING, **kw)
+
+
+def step(action: Action, name: str, mib: int | None, group: str, **kw: Any) -> Step:
+    return Step(action, name, ("a",), mib, "", group=group, **kw)
+
+
+def make_executor(desired: DesiredState, docker: Containers, **kw: Any) -> Executor:
+    return Executor(
+        desired,
+        docker=docker,  # type: ignore[arg-type]
+        up_argv=lambda name: None,
+        manifest_dir=lambda name: Path("."),
+        serve_details={},
+        config=ExecutorConfig(poll_s=0.01),
+        **kw,
+    )
+
+
+def test_a_refused_stop_refuses_the_starts_that_needed_it() -> None:
+    # f holds the port g needs; f's stop (in its own group) drains a router tier and no
+    # router is configured: the preflight refuses f's group, so g must not start either
+    f = ServeSpec(
+        "f",
+        "c-f",
+        ("a",),
+        2000,
+        Residency.EVICTABLE,
+        DesiredRun.STOPPED,
+        port=9000,
+        router_tier="tier-f",
+    )
+    g = serve("g", 2000, port=9000)
+    desired = DesiredState({"a": GpuRole("a", 10_000)}, {"f": f, "g": g})
+    docker = Containers(running={"c-f"}, existing={"c-g"})
+    plan = Plan(
+        (
+            step(Action.QUIESCE, "f", 2000, "f"),
+            step(Action.DRAIN, "f", 2000, "f"),
+            step(Action.STOP, "f", 2000, "f"),
+            step(Action.RELEASE, "f", 2000, "f"),
+            step(Action.RESERVE, "g", 2000, "g"),
+            step(Action.START, "g", 2000, "g"),
+            step(Action.AWAIT_READY, "g", None, "g"),
+        ),
+        (),
+        Ledger({}),
+        Ledger({}),
+    )
+    observed = Observed(True, {"c-f": ContainerObs(ContainerState.RUNNING)})
+    report = make_executor(desired, docker).execute(plan, observed)
+    assert docker.started == [] and docker.state["c-f"] == "running"
+    assert sorted(report.refused_groups) == ["f", "g"]
+    assert all(r.outcome is Outcome.SKIPPED for r in report.results)
+
+
+def test_a_later_step_of_a_start_in_progress_does_not_hold_the_plan() -> None:
+    x, y = serve("x", 2000), serve("y", 2000)
+    desired = DesiredState({"a": GpuRole("a", 10_000)}, {"x": x, "y": y})
+    docker = Containers(running=set(), existing={"c-x", "c-y"})
+    docker.gate.clear()  # x's start hangs
+    ended: list[list[StepResult]] = []
+    ex = make_executor(
+        desired,
+        docker,
+        starts=StartTracker(),
+        on_start_done=lambda r, rel: (ended.append(r), rel()),
+    )
+    plan = Plan(
+        (
+            step(Action.RESERVE, "x", 2000, "x"),
+            step(Action.START, "x", 2000, "x"),
+            step(Action.AWAIT_READY, "x", None, "x"),
+            # a later group resizes x (the planner may shrink a serve started earlier)
+            step(Action.GROW, "x", 0, "y", to_mib=2000),
+            step(Action.RESERVE, "y", 2000, "y"),
+            step(Action.START, "y", 2000, "y"),
+        ),
+        (),
+        Ledger({}),
+        Ledger({}),
+    )
+    t0 = time.monotonic()
+    report = ex.execute(plan, Observed(True, {}), skip_preflight=True)
+    assert time.monotonic() - t0 < 20  # returned while x's start still hangs
+    grow = next(r for r in report.results if r.step.action is Action.GROW)
+    assert grow.outcome is Outcome.SKIPPED and "still in progress" in grow.detail
+    assert ex.starts is not None and ex.starts.active("x")
+    docker.gate.set()
+    assert ex.starts is not None
+    ex.starts.join(30)
+    deadline = time.monotonic() + 10
+    while ex.starts.snapshot() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert ex.starts.snapshot() == {}
+    assert sorted(r.step.serve for batch in ended for r in batch) == ["x", "x"]
+    # the rest of the grow's group waits for the next plan with it
+    assert [r.outcome for r in report.results if r.step.serve == "y"] == [Outcome.SKIPPED] * 2
+
+
+# ── the loop's bookkeeping ───────────────────────────────────────────────────
+
+MANIFEST = """
+[[gpu_roles]]
+id = "a"
+vram_mib = 10000
+
+[[serve]]
+name = "llm"
+container = "c-llm"
+gpu_role = "a"
+vram_mib = 4000
+residency = "on-demand"
+router_tier = "fast"
+"""
+
+
+def controller(tmp_path: Path) -> Controller:
+    path = tmp_path / "serves.toml"
+    path.write_text(MANIFEST)
+    c = Controller(
+        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
+    )
+    c.journal = Journal.open(journal_path(tmp_path / "state"))
+    return c
+
+
+def failed_await(at: float) -> StepResult:
+    return StepResult(
+        step(Action.AWAIT_READY, "llm", None, "llm"),
+        Outcome.FAILED,
+        "c-llm exited (1) while starting",
+        1.0,
+        ended_at=at,
+    )
+
+
+def test_a_starts_failure_is_learned_before_it_leaves_the_tracker(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+    token = c.starts.begin("llm", ("a",), 4000)
+    seen: list[tuple[bool, bool]] = []
+
+    def release() -> None:
+        seen.append(("llm" in c.backoff, c.starts.active("llm")))
+        c.starts.end("llm", token)
+
+    c._start_ended(1, [failed_await(time.time())], release)
+    assert seen == [(True, True)]  # the backoff was there while it still counted
+    assert not c.starts.active("llm")
+
+
+def test_results_that_end_while_the_plan_executes_reach_the_journal(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+    cid = c.journal.record_cycle(
+        at=1.0,
+        manifest_digest="d",
+        manifest_files={},
+        observed={"docker": "ok"},
+        plan={"steps": []},
+        requests=[],
+        dry_run=False,
+    )
+    c._outcomes[cid] = None  # the plan is executing
+    c._start_ended(cid, [failed_await(time.time())], lambda: None)
+    assert [r.step.serve for r in c._early[cid]] == ["llm"]
+
+
+def test_tiers_of_starts_a_killed_controller_left_pending_are_readmitted(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+    plan = {
+        "steps": [
+            {"action": "reserve", "serve": "llm"},
+            {"action": "start", "serve": "llm"},
+            {"action": "await_ready", "serve": "llm"},
+            {"action": "readmit", "serve": "llm"},
+        ]
+    }
+    cid = c.journal.record_cycle(
+        at=1.0,
+        manifest_digest="d",
+        manifest_files={},
+        observed={"docker": "ok"},
+        plan=plan,
+        requests=[],
+        dry_run=False,
+    )
+    c.journal.record_outcome(
+        cid,
+        {
+            "ok": True,
+            "steps": [{"action": "reserve", "serve": "llm", "outcome": "ok"}],
+            "pending": ["llm"],
+        },
+    )
+    c._recover_tiers()
+    assert c._quiesced == {"llm"}
+
+
+def test_an_expired_request_does_not_end_while_its_serve_is_starting(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+    c.journal.add_request("llm", 100.0, 1.0)  # expired long ago
+    starting = Observed(True, {}, starting={"llm": StartingObs(("a",), 4000)})
+    c._end_finished_requests(starting, 1000.0)
+    assert [r.serve for r in c.journal.active_requests()] == ["llm"]
+    c._end_finished_requests(Observed(True, {}), 1000.0)
+    assert c.journal.active_requests() == []
