@@ -572,13 +572,13 @@ def _epoch_or_none(value: str | float | None) -> float | None:
 
 
 def _read_files(mset: ManifestSet) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for path in mset.files:
-        try:
-            out[str(path)] = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            out[str(path)] = f"<unreadable: {exc}>"
-    return out
+    """The manifest files in force, as they were loaded (path -> content).
+
+    Taken from the set itself, never re-read from disk: the file may have changed since
+    (an invalid edit, bytes that are not UTF-8, a file removed), and the journal must
+    record the content its digest was computed over.
+    """
+    return dict(mset.texts)
 
 
 def can_request(mset: ManifestSet, serve: str) -> str | None:

@@ -806,7 +806,9 @@ def _read_file(path: Path) -> _FileResult:
     try:
         text = result.data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        file_error(f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+        line = result.data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (result.data.rfind(b"\n", 0, exc.start) + 1) + 1
+        file_error(f"not UTF-8 text ({exc.reason} at byte {exc.start})", line, column)
         return result
     try:
         data = tomllib.loads(text)
@@ -920,7 +922,9 @@ class ManifestSet:
     A serve declared in several files (same container) appears once: the entry with
     ``up`` (the owner) wins over read-only mirrors. ``warnings`` are things that load
     but deserve a look (a serve on a role without a capacity row takes no part in the
-    ledger). ``digest`` changes whenever any file's bytes change.
+    ledger). ``digest`` changes whenever any file's bytes change; ``texts`` holds each
+    file's content as it was loaded (what the digest covers), so the journal records the
+    manifest in force, never what the disk holds after a later, invalid edit.
     """
 
     files: tuple[Path, ...]
@@ -930,6 +934,7 @@ class ManifestSet:
     digest: str
     _sources: dict[str, tuple[Path, ...]] = dataclasses.field(repr=False)
     _role_sources: dict[str, tuple[Path, ...]] = dataclasses.field(repr=False)
+    texts: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     def source(self, name: str) -> Path:
         """The file that defines serve ``name`` (its owner's, else its first mirror's)."""
@@ -1195,6 +1200,7 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
         digest=digest.hexdigest(),
         _sources=sources,
         _role_sources=role_sources,
+        texts={str(r.path): r.data.decode("utf-8") for r in results},
     )
 
 

@@ -647,3 +647,24 @@ def test_a_plan_the_preflight_refuses_backs_off_instead_of_spinning(fleet: Fleet
     assert any("ghost: preflight: " in m and "next try in" in m for m in run.messages())
     assert len(fleet.cycles()) <= 2
     assert run.stop() == 0, run.text()
+
+
+def test_a_non_utf8_manifest_does_not_stop_the_cycles(fleet: Fleet) -> None:
+    """A manifest saved as Latin-1 is a located error; the last good one keeps working."""
+    port = free_port()
+    fleet.container("a", port=port, mib=2000, running=False)
+    good = ROLE + serve_toml("a", mib=2000, residency="resident", port=port, desired="running")
+    fleet.write(good)
+
+    run = fleet.start().started()
+    run.wait_step("a await_ready ok")
+    fleet.manifest.write_bytes(good.replace("@", fleet.prefix).encode() + b"# caf\xe9\n")
+    run.wait_log("not UTF-8 text")
+    before = fleet.started_at("a")
+    fleet.client.containers.get(fleet.name("a")).kill()
+    wait_for(
+        "a brought back under the last good manifest",
+        lambda: fleet.state("a") == "running" and fleet.started_at("a") != before,
+    )
+    assert not any("reconcile failed" in m for m in run.messages()), run.text()
+    assert run.stop() == 0, run.text()
