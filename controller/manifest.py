@@ -68,6 +68,21 @@ NEAR_MISS_CUTOFF = 0.8
 #: Top-level keys this module reads; other top-level tables are kept and ignored.
 TOP_LEVEL_KEYS = ("gpu_roles", "serve")
 
+#: Docker's rule for container names (its ``RestrictedNamePattern``, without the
+#: optional leading slash): anything else is refused by ``docker create``, or, with a
+#: newline or ``../``, would be misread in logs and paths.
+CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+", re.ASCII)
+#: Serve names appear in URLs (``/v1/serves/NAME``), command lines and log lines.
+MAX_SERVE_NAME = 128
+SERVE_NAME = re.compile(rf"[a-zA-Z0-9][a-zA-Z0-9_.-]{{0,{MAX_SERVE_NAME - 1}}}", re.ASCII)
+
+#: Bounds on the timeouts, so that each is a wait the runtime can carry out (Docker's
+#: stop timeout is an integer of seconds; the loop adds them to the clock).
+MAX_STOP_TIMEOUT_S = 3600.0
+MAX_START_TIMEOUT_S = 86400.0
+MAX_DRAIN_TIMEOUT_S = 3600.0
+MAX_IDLE_TTL_S = 31 * 86400.0
+
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
 
@@ -217,11 +232,23 @@ def _timeout(value: object) -> object:
     return float(value)
 
 
-def _drain_timeout(value: object) -> object:
-    seconds = _timeout(value)
-    assert isinstance(seconds, float)
-    if seconds > 3600:
-        raise _bad("must be at most 3600 seconds (the router's drain limit)", value)
+def _at_most(limit: float, why: str) -> Any:
+    """A positive-seconds validator that also refuses more than ``limit`` (``why``)."""
+
+    def check(value: object) -> object:
+        seconds = _timeout(value)
+        assert isinstance(seconds, float)
+        if seconds > limit:
+            raise _bad(f"must be at most {limit:.0f} seconds ({why})", value)
+        return seconds
+
+    return check
+
+
+def _ttl(value: object) -> object:
+    seconds = _seconds(value)
+    if isinstance(seconds, float) and seconds > MAX_IDLE_TTL_S:
+        raise _bad(f"must be at most {MAX_IDLE_TTL_S:.0f} seconds (31 days)", value)
     return seconds
 
 
@@ -258,12 +285,38 @@ def _up(value: object) -> object:
         return None
     if not isinstance(value, str):
         raise _bad("must be a command line string", value)
+    if "\x00" in value:
+        raise _bad("must not contain a NUL byte (no program can take it as an argument)", value)
     try:
         argv = shlex.split(value)
     except ValueError as exc:
         raise _bad(f"cannot be split into arguments ({exc})", value) from None
     if not argv:
         raise _bad("must not be empty", value)
+    return value
+
+
+def _container_name(value: object) -> object:
+    _text(value)
+    assert isinstance(value, str)
+    if not CONTAINER_NAME.fullmatch(value):
+        raise _bad(
+            "must be a Docker container name: [a-zA-Z0-9][a-zA-Z0-9_.-] and more of the "
+            "second, at least 2 characters (no space, slash or newline)",
+            value,
+        )
+    return value
+
+
+def _serve_name(value: object) -> object:
+    _text(value)
+    assert isinstance(value, str)
+    if not SERVE_NAME.fullmatch(value):
+        raise _bad(
+            "must be a serve name: a letter or digit, then letters, digits, _ . or -, "
+            f"at most {MAX_SERVE_NAME} characters",
+            value,
+        )
     return value
 
 
@@ -370,13 +423,35 @@ Seconds = Annotated[
 OptSeconds = Annotated[
     float | None, BeforeValidator(_seconds), WithJsonSchema({"type": "number", "minimum": 0})
 ]
-Timeout = Annotated[
-    float, BeforeValidator(_timeout), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
+StartTimeout = Annotated[
+    float,
+    BeforeValidator(_at_most(MAX_START_TIMEOUT_S, "a day")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_START_TIMEOUT_S}),
+]
+StopTimeout = Annotated[
+    float,
+    BeforeValidator(_at_most(MAX_STOP_TIMEOUT_S, "an hour")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_STOP_TIMEOUT_S}),
 ]
 DrainTimeout = Annotated[
     float,
-    BeforeValidator(_drain_timeout),
-    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": 3600}),
+    BeforeValidator(_at_most(MAX_DRAIN_TIMEOUT_S, "the router's drain limit")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DRAIN_TIMEOUT_S}),
+]
+OptTtl = Annotated[
+    float | None,
+    BeforeValidator(_ttl),
+    WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_IDLE_TTL_S}),
+]
+ContainerName = Annotated[
+    str,
+    BeforeValidator(_container_name),
+    WithJsonSchema({"type": "string", "pattern": "^" + CONTAINER_NAME.pattern + "$"}),
+]
+ServeName = Annotated[
+    str,
+    BeforeValidator(_serve_name),
+    WithJsonSchema({"type": "string", "pattern": "^" + SERVE_NAME.pattern + "$"}),
 ]
 Boolean = Annotated[bool, BeforeValidator(_boolean), WithJsonSchema({"type": "boolean"})]
 Text = Annotated[str, BeforeValidator(_text), WithJsonSchema({"type": "string", "minLength": 1})]
@@ -486,8 +561,10 @@ class ServeModel(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: Text = Field(description="The serve's name (what `vramctl up NAME` takes).")
-    container: Text = Field(description="The Docker container name; serves de-duplicate by it.")
+    name: ServeName = Field(description="The serve's name (what `vramctl up NAME` takes).")
+    container: ContainerName = Field(
+        description="The Docker container name; serves de-duplicate by it."
+    )
     runtime: OptText = None
     stack: OptText = None
     port: OptPort = Field(
@@ -527,10 +604,10 @@ class ServeModel(BaseModel):
     )
     priority: Integer = Field(default=0, description="Lower is evicted first among equals.")
     min_runtime_s: Seconds = Field(default=0.0, description="Not evicted within this of starting.")
-    start_timeout_s: Timeout = 600.0
-    stop_timeout_s: Timeout = 30.0
+    start_timeout_s: StartTimeout = 600.0
+    stop_timeout_s: StopTimeout = 30.0
     drain_timeout_s: DrainTimeout = 120.0
-    idle_ttl_s: OptSeconds = None
+    idle_ttl_s: OptTtl = None
     elastic: ElasticModel | None = None
 
     @property
