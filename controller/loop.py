@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import threading
 import time
@@ -238,13 +239,32 @@ class Controller:
 
     # ------------------------------------------------------------------ sources
     async def _watch_manifests(self) -> None:
+        """Watch the manifests' folders for as long as the loop runs.
+
+        Nothing may end the watch for good: if it ever fails, the reason is logged, the
+        manifest is re-read (an edit may have been missed) and the watch starts again.
+        """
+        while True:
+            try:
+                await self._watch_manifests_once()
+                return  # the watch ended without an error (its stop event): we are stopping
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.error("manifest watcher failed ({!r}); restarting it in 1 s", exc)
+            await asyncio.sleep(1.0)
+            self._manifest_dirty = True
+            self.trigger("manifest watcher restarted")
+
+    async def _watch_manifests_once(self) -> None:
         import watchfiles
 
-        files = {p.resolve() for p in self.options.manifests}
+        files = {_path_key(p) for p in self.options.manifests}
         dirs = sorted({str(p.parent) for p in files})
 
         def ours(_change: watchfiles.Change, path: str) -> bool:
-            return Path(path).resolve() in files
+            # a symlink loop in the folder must not raise here: it would end the watch
+            return _path_key(Path(path)) in files
 
         stop = asyncio.Event()
         async for _changes in watchfiles.awatch(
@@ -292,6 +312,13 @@ class Controller:
             self.manifest_error = [str(e) for e in exc.errors]
             for line in self.manifest_error:
                 logger.error("manifest: {} (the last good manifest stays in force)", line)
+            return
+        except Exception as exc:  # a loader bug must not take the manifest in force away
+            logger.exception("manifest: cannot be loaded")
+            self.manifest_error = [f"cannot be loaded: {type(exc).__name__}: {exc}"]
+            logger.error(
+                "manifest: {} (the last good manifest stays in force)", self.manifest_error[0]
+            )
             return
         if self.manifest_error:
             logger.info("manifest: valid again")
@@ -351,8 +378,8 @@ class Controller:
     async def reconcile(self, reasons: tuple[str, ...] = ()) -> CycleSummary:
         """One cycle: reload, observe, plan, execute (or log), journal."""
         t0 = time.monotonic()
-        if self._manifest_dirty:
-            self._reload_manifest()
+        if self._manifest_dirty:  # parsed in a thread: the API answers meanwhile
+            await asyncio.to_thread(self._reload_manifest)
         snap = await asyncio.to_thread(self._observe)
         now = time.time()
         observed = snap.to_observed()
@@ -569,6 +596,14 @@ def _epoch_or_none(value: str | float | None) -> float | None:
         return epoch_seconds(value)
     except ValueError:
         return None
+
+
+def _path_key(path: Path) -> Path:
+    """``path`` resolved, or only made absolute where it cannot be (a symlink loop)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(path))
 
 
 def _read_files(mset: ManifestSet) -> dict[str, str]:

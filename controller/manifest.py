@@ -26,8 +26,10 @@ import functools
 import hashlib
 import json
 import math
+import os
 import re
 import shlex
+import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -82,6 +84,14 @@ MAX_STOP_TIMEOUT_S = 3600.0
 MAX_START_TIMEOUT_S = 86400.0
 MAX_DRAIN_TIMEOUT_S = 3600.0
 MAX_IDLE_TTL_S = 31 * 86400.0
+
+#: What one manifest file may cost: its size (20 times the largest real fleet's file;
+#: the worst file of that size parses in a few seconds and a few hundred MiB), the
+#: parts of one dotted key (tomllib's memory grows with the square of them) and how
+#: deep its arrays and tables nest.
+MAX_MANIFEST_BYTES = 512 << 10
+MAX_KEY_PARTS = 16
+MAX_NESTING = 32
 
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
@@ -864,6 +874,119 @@ def _table_list(
     return []
 
 
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def _not_regular(mode: int) -> str | None:
+    """Why a file of ``mode`` is refused (``None`` for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((what for test, what in _KINDS if test(mode)), "not a plain file")
+    return f"cannot read the manifest: not a regular file ({kind})"
+
+
+def _read_bounded(path: Path) -> tuple[bytes, str | None]:
+    """The file's bytes, or why not: never blocks, never reads more than the cap.
+
+    ``stat`` comes first, so a FIFO or a device is refused without being opened; the
+    open is non-blocking and checked again (the path may be swapped in between), and
+    the read stops one byte past :data:`MAX_MANIFEST_BYTES`.
+    """
+    cap = f"larger than {MAX_MANIFEST_BYTES >> 10} KiB, the most a manifest may be"
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return b"", "cannot read the manifest: no such file"
+    except OSError as exc:
+        return b"", f"cannot read the manifest: {exc.strerror or exc}"
+    why = _not_regular(info.st_mode)
+    if why is not None:
+        return b"", why
+    if info.st_size > MAX_MANIFEST_BYTES:
+        return b"", f"cannot read the manifest: {cap} ({info.st_size} bytes)"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return b"", f"cannot read the manifest: {exc.strerror or exc}"
+    try:
+        why = _not_regular(os.fstat(fd).st_mode)
+        if why is not None:
+            return b"", why
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_MANIFEST_BYTES:
+            chunk = os.read(fd, MAX_MANIFEST_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        return b"", f"cannot read the manifest: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+    if size > MAX_MANIFEST_BYTES:
+        return b"", f"cannot read the manifest: {cap}"
+    return b"".join(chunks), None
+
+
+#: One token for :func:`_long_dotted_key`: a bare key, a quoted key (to its closing
+#: quote or the end of the line, so nothing is scanned twice), blanks, or one character.
+_KEY_TOKEN = re.compile(r"""[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*+"?|'[^'\n]*+'?|[ \t]+|.""", re.DOTALL)
+
+
+def _long_dotted_key(text: str) -> int | None:
+    """The line of a dotted key with more than :data:`MAX_KEY_PARTS` parts, if any.
+
+    A linear scan that over-approximates TOML's dotted keys (anything like
+    ``a . "b" . c``, also inside strings and comments, where such chains do not occur
+    in practice): tomllib's memory grows with the square of a key's parts, and a
+    100 000-part key in 200 KB took 24 GB.
+    """
+    parts = 0
+    after_dot = False
+    for m in _KEY_TOKEN.finditer(text):
+        token = m.group()
+        first = token[0]
+        if first in " \t":
+            continue
+        if first == ".":
+            if parts and not after_dot:
+                after_dot = True
+            else:
+                parts, after_dot = 0, False
+            continue
+        if first.isalnum() or first in "_-\"'":
+            parts = parts + 1 if after_dot else 1
+            after_dot = False
+            if parts > MAX_KEY_PARTS:
+                return text.count("\n", 0, m.start()) + 1
+            continue
+        parts, after_dot = 0, False
+    return None
+
+
+def _nesting(data: object) -> int:
+    """How deep arrays and tables nest in parsed TOML (iterative: no recursion)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(data, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING:
+            return deepest
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
 def _read_file(path: Path) -> _FileResult:
     display = str(path)
     result = _FileResult(path=path, display=display)
@@ -872,14 +995,11 @@ def _read_file(path: Path) -> _FileResult:
     def file_error(message: str, line: int | None = None, column: int | None = None) -> None:
         errors.append(LocatedError(display, None, None, message, None, None, line, column))
 
-    try:
-        result.data = path.read_bytes()
-    except FileNotFoundError:
-        file_error("cannot read the manifest: no such file")
+    content, problem = _read_bounded(path)
+    if problem is not None:
+        file_error(problem)
         return result
-    except OSError as exc:
-        file_error(f"cannot read the manifest: {exc.strerror or exc}")
-        return result
+    result.data = content
     try:
         text = result.data.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -887,8 +1007,19 @@ def _read_file(path: Path) -> _FileResult:
         column = exc.start - (result.data.rfind(b"\n", 0, exc.start) + 1) + 1
         file_error(f"not UTF-8 text ({exc.reason} at byte {exc.start})", line, column)
         return result
+    long_key = _long_dotted_key(text)
+    if long_key is not None:
+        file_error(
+            f"a dotted key of more than {MAX_KEY_PARTS} parts (the parser's cost grows with "
+            "the square of them)",
+            long_key,
+        )
+        return result
     try:
         data = tomllib.loads(text)
+    except RecursionError:
+        file_error(f"nested too deep (more than {MAX_NESTING} levels of arrays or tables)")
+        return result
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         match = _TOML_POSITION.search(message)
@@ -900,6 +1031,10 @@ def _read_file(path: Path) -> _FileResult:
             )
         else:
             file_error(f"TOML syntax error: {message}")
+        return result
+
+    if _nesting(data) > MAX_NESTING:
+        file_error(f"nested too deep (more than {MAX_NESTING} levels of arrays or tables)")
         return result
 
     for key in data:
@@ -1202,7 +1337,10 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
         raise ManifestError([LocatedError("(no manifest)", None, None, "no manifest file given")])
     for raw_path in paths:
         path = Path(raw_path)
-        key = path.resolve()
+        try:
+            key = path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: reading it says so, located
+            key = Path(os.path.abspath(path))
         if key in seen:
             warnings.append(
                 LocatedError(

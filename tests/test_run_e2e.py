@@ -668,3 +668,36 @@ def test_a_non_utf8_manifest_does_not_stop_the_cycles(fleet: Fleet) -> None:
     )
     assert not any("reconcile failed" in m for m in run.messages()), run.text()
     assert run.stop() == 0, run.text()
+
+
+def test_manifests_that_hang_or_recurse_are_located_and_the_watcher_survives(
+    fleet: Fleet,
+) -> None:
+    """A symlink loop beside the manifest, tables nested 1000 deep, a FIFO at its path:
+    each is a located error under ``run``, and a later valid edit is still applied."""
+    port = free_port()
+    fleet.container("a", port=port, mib=2000, running=False)
+    fleet.write(
+        ROLE + serve_toml("a", mib=2000, residency="resident", port=port, desired="running")
+    )
+    run = fleet.start().started()
+    run.wait_step("a await_ready ok")
+
+    (fleet.tmp / "loop1").symlink_to(fleet.tmp / "loop2")  # the watch filter resolves it
+    (fleet.tmp / "loop2").symlink_to(fleet.tmp / "loop1")
+    time.sleep(2 * RESYNC_S)
+    fleet.write(ROLE + "deep = " + "[" * 1000 + "]" * 1000 + "\n", by_rename=True)
+    run.wait_log("nested too deep")
+    fifo = fleet.tmp / "fifo"
+    os.mkfifo(fifo)
+    os.replace(fifo, fleet.manifest)
+    run.wait_log("not a regular file (a FIFO)")
+    assert fleet.state("a") == "running"  # the last good manifest stays in force
+
+    fleet.write(
+        ROLE + serve_toml("a", mib=2000, residency="resident", port=port, desired="stopped"),
+        by_rename=True,
+    )
+    fleet.wait_state("a", "exited")
+    assert not any("reconcile failed" in m for m in run.messages()), run.text()
+    assert run.stop() == 0, run.text()
