@@ -43,10 +43,10 @@ from controller.journal import AlreadyRunning, Journal, StateLock, default_state
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.observe import observe_host
 from controller.runtime import make_executor
-from controller.snapshot import SnapshotModel, epoch_seconds, snapshot_to_json
+from controller.snapshot import SnapshotModel, StartedWithModel, epoch_seconds, snapshot_to_json
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.status import lifecycle_from_observation
-from statemachine.types import DesiredRun, DesiredState, OnDemandRequest, Residency
+from statemachine.types import DesiredRun, DesiredState, OnDemandRequest, Residency, StartedWith
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,6 +120,7 @@ class Controller:
         self._stopping = False
         self._last_dry_plan = ""  # a dry run journals and logs a plan once, not every cycle
         self._quiesced: set[str] = set()  # tiers this controller may have left quiesced
+        self._no_longer_declared: set[str] = set()  # running containers said to be so
         self._nvml_said: str | None = None  # the NVML error last logged
         self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
         # serve -> started_at of the container this process stopped (not a crash)
@@ -331,11 +332,82 @@ class Controller:
     def _observe(self) -> SnapshotModel:
         if self._observer is None:
             self._observer = ContainerObserver()
-        snap = observe_host(manifest_containers(self.mset.serves), observer=self._observer)
+        records = self.journal.started()
+        names = tuple(dict.fromkeys(manifest_containers(self.mset.serves) + tuple(records)))
+        snap = observe_host(names, observer=self._observer)
+        snap.started_with = self._started_in_force(snap, records)
         snap.elastic = self._elastic_in_force(snap)
         snap.quiesced = sorted(self._quiesced)
         snap.unreleased = self._still_unreleased(snap)
         return snap
+
+    def _started_in_force(
+        self, snap: SnapshotModel, records: dict[str, StartedWith]
+    ) -> dict[str, StartedWithModel]:
+        """The start reservations of the containers that still run (journal records).
+
+        A container keeps the reservation it was started with until it stops, whatever
+        the manifest says now (an edit, a file caught mid-write): the record is dropped
+        only once docker shows the container stopped or gone. A declared container
+        found running without a record (started before this controller, or by hand)
+        is recorded with its declared reservation. With docker unreadable nothing is
+        dropped or recorded.
+        """
+        holding = ("running", "paused", "restarting")
+        serves = self.mset.desired()
+        declared = {s.container: s for s in serves.serves.values()}
+        if snap.docker == "ok":
+            for container, rec in list(records.items()):
+                c = snap.containers.get(container)
+                if c is None or c.state not in holding:
+                    self.journal.forget_started(container)
+                    del records[container]
+                    if container in self._no_longer_declared:
+                        logger.info(
+                            "{} (no longer declared) stopped; its {} MiB are released",
+                            container,
+                            rec.mib,
+                        )
+            for container, spec in declared.items():
+                c = snap.containers.get(container)
+                if (
+                    container not in records
+                    and c is not None
+                    and c.state in holding
+                    and spec.vram_mib is not None
+                    and serves.in_ledger(spec)
+                ):
+                    rec = StartedWith(spec.name, spec.gpu_roles, spec.vram_mib)
+                    self.journal.set_started(
+                        container, rec.serve, rec.gpu_roles, rec.mib, time.time()
+                    )
+                    records[container] = rec
+        gone = {c: r for c, r in records.items() if c not in declared}
+        for container, rec in gone.items():
+            if container not in self._no_longer_declared:
+                logger.warning(
+                    "{} is no longer declared (started as serve {}); it keeps its start "
+                    "reservation of {} MiB on {} until it stops",
+                    container,
+                    rec.serve,
+                    rec.mib,
+                    ", ".join(rec.gpu_roles),
+                )
+        self._no_longer_declared = set(gone)
+        return {
+            c: StartedWithModel(serve=r.serve, gpu_roles=list(r.gpu_roles), mib=r.mib)
+            for c, r in records.items()
+        }
+
+    def _record_starts(self, report: ExecutionReport, desired: DesiredState, now: float) -> None:
+        """Record the reservation of each container this plan started (see above)."""
+        for r in report.results:
+            if r.step.action is not Action.START or r.outcome is not Outcome.OK:
+                continue
+            spec = desired.serves.get(r.step.serve)
+            if spec is None or spec.vram_mib is None or not desired.in_ledger(spec):
+                continue
+            self.journal.set_started(spec.container, spec.name, spec.gpu_roles, spec.vram_mib, now)
 
     def _elastic_in_force(self, snap: SnapshotModel) -> dict[str, int]:
         """The journal's elastic reserves, minus those of engines that restarted since.
@@ -423,6 +495,7 @@ class Controller:
                 executor = self._executor_for()
                 executor.desired = desired
                 report = await asyncio.to_thread(executor.execute, plan, observed)
+                self._record_starts(report, desired, now)
                 summary.report = report
                 summary.executed = True
                 self.journal.record_outcome(cycle_id, report.to_json())

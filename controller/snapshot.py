@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from statemachine.types import ContainerObs, ContainerState, GpuObs, Observed
+from statemachine.types import ContainerObs, ContainerState, GpuObs, Observed, StartedWith
 
 
 class SnapshotError(Exception):
@@ -87,12 +87,24 @@ class UndeclaredModel(BaseModel):
     name: str
 
 
+class StartedWithModel(BaseModel):
+    """The reservation a container was started with (the controller's record)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    serve: str
+    gpu_roles: list[str]
+    mib: int = Field(gt=0)
+
+
 class SnapshotModel(BaseModel):
     """The whole observed snapshot.
 
     ``elastic`` holds what the controller knows of elastic serves it has shrunk
-    (serve -> MiB held now); ``undeclared_gpu_containers``, ``docker_error`` and
-    ``nvml_error`` are reported by ``observe``.
+    (serve -> MiB held now); ``started_with`` the reservation each container it
+    started (or found running under the manifest) was started with (container ->
+    serve, gpu_roles, mib), counted while it runs; ``undeclared_gpu_containers``,
+    ``docker_error`` and ``nvml_error`` are reported by ``observe``.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -107,6 +119,7 @@ class SnapshotModel(BaseModel):
     nvml_error: str | None = None
     quiesced: list[str] = Field(default_factory=list)
     unreleased: list[str] = Field(default_factory=list)
+    started_with: dict[str, StartedWithModel] = Field(default_factory=dict)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -140,6 +153,10 @@ class SnapshotModel(BaseModel):
             undeclared_gpu=tuple(u.name for u in self.undeclared_gpu_containers),
             quiesced=frozenset(self.quiesced),
             unreleased=frozenset(self.unreleased),
+            started_with={
+                name: StartedWith(r.serve, tuple(r.gpu_roles), r.mib)
+                for name, r in self.started_with.items()
+            },
         )
 
     def taken_at_epoch(self) -> float | None:

@@ -701,3 +701,33 @@ def test_manifests_that_hang_or_recurse_are_located_and_the_watcher_survives(
     fleet.wait_state("a", "exited")
     assert not any("reconcile failed" in m for m in run.messages()), run.text()
     assert run.stop() == 0, run.text()
+
+
+def test_a_half_written_manifest_does_not_hand_away_a_running_serves_room(fleet: Fleet) -> None:
+    """A file caught mid-write, still valid TOML, cut after its first ``[[serve]]``: the
+    serve in the lost tail keeps running, so its room is not given to another serve."""
+    pa, pb = free_port(), free_port()
+    fleet.container("a", port=pa, mib=6000, running=False)
+    fleet.container("b", port=pb, mib=6000, running=False)
+    b = serve_toml("b", mib=6000, residency="on-demand", port=pb, desired="running")
+    a = serve_toml("a", mib=6000, residency="resident", port=pa, desired="running")
+    fleet.write(ROLE + b + a)  # b fits only in a's room: blocked while a runs
+    t0 = time.time_ns()
+
+    run = fleet.start().started()
+    run.wait_step("a await_ready ok")
+    time.sleep(2 * RESYNC_S)
+    assert fleet.states() == {"a": "running", "b": "created"}
+
+    fleet.write(ROLE + b, by_rename=True)  # the tail with a is lost
+    run.wait_log("manifest: reloaded (1 serves)")
+    run.wait_log(f"{fleet.name('a')} is no longer declared")
+    time.sleep(2 * RESYNC_S)  # two resyncs: b must not be started into a's room
+    assert fleet.states() == {"a": "running", "b": "created"}
+    assert fleet.starts("b", t0) == 0, run.steps()
+
+    # once a stops, its room is free: b starts
+    fleet.client.containers.get(fleet.name("a")).stop(timeout=5)
+    fleet.wait_state("b", "running")
+    fleet.assert_never_overcommitted()
+    assert run.stop() == 0, run.text()
