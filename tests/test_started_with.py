@@ -7,6 +7,10 @@ tested end to end in tests/test_run_e2e.py (a half-written manifest under ``run`
 
 from __future__ import annotations
 
+import sqlite3
+from pathlib import Path
+
+from controller.journal import Journal
 from statemachine.ledger import ledger_from_observed, no_longer_declared
 from statemachine.planner import Action, Policy, plan_transitions
 from statemachine.status import host_status
@@ -86,3 +90,20 @@ def test_docker_unreadable_is_unknown_not_zero() -> None:
     obs = Observed(False, started_with={"c-a": StartedWith("a", ("a",), 6000)})
     assert ledger_from_observed(desired(B), obs).unknown
     assert no_longer_declared(desired(B), obs) == []
+
+
+def test_the_journal_keeps_start_reservations_and_opens_older_files(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    with Journal.open(path) as j:
+        j.set_started("c-a", "a", ("a", "b"), 6000, 1.0)
+        j.set_started("c-a", "a", ("a",), 7000, 2.0)  # a new start replaces the record
+        assert j.started() == {"c-a": StartedWith("a", ("a",), 7000)}
+        j.forget_started("c-a")
+        assert j.started() == {}
+    with sqlite3.connect(path) as conn:  # a journal written before the table existed
+        conn.execute("DROP TABLE started")
+    with Journal.open(path, readonly=True) as j:
+        assert j.started() == {}
+    with Journal.open(path) as j:  # opened for writing, the table is added
+        j.set_started("c-b", "b", ("a",), 1000, 3.0)
+        assert j.started() == {"c-b": StartedWith("b", ("a",), 1000)}
