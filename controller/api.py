@@ -762,6 +762,7 @@ def create_app(
             "nvml": data["nvml"],
             "gpu_roles": data["gpu_roles"],
             "undeclared_gpu_containers": data["undeclared_gpu_containers"],
+            "no_longer_declared": data["no_longer_declared"],
         }
 
     @app.get("/v1/serves")

@@ -15,7 +15,10 @@ as ``journal.sqlite3``, beside the single-instance lock ``vramctl.lock``
   digest however many cycles used it;
 - **requests**: on-demand requests (serve, requested_at, TTL) until they are ended,
   and **elastic** reserves the controller asked for (serve -> MiB), so that a restart
-  of the controller loses neither.
+  of the controller loses neither;
+- **started**: the reservation each running container was started with (container ->
+  serve, gpu roles, MiB), kept until it stops, so that no manifest edit, and no
+  restart of the controller, gives its memory away.
 
 Retention is bounded (:meth:`Journal.prune`): at most ``keep_cycles`` cycles and
 nothing older than ``keep_days`` (whichever removes more), with their steps, their
@@ -60,7 +63,7 @@ from typing import Any, Self
 
 from loguru import logger
 
-from statemachine.types import OnDemandRequest
+from statemachine.types import OnDemandRequest, StartedWith
 
 __all__ = [
     "JOURNAL_NAME",
@@ -142,7 +145,18 @@ CREATE TABLE IF NOT EXISTS ups (
     deadline   REAL NOT NULL,          -- epoch seconds: start_timeout_s after it began
     began_at   REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS started (
+    container TEXT PRIMARY KEY,
+    serve     TEXT NOT NULL,
+    gpu_roles TEXT NOT NULL,           -- JSON: [role id, ...]
+    mib       INTEGER NOT NULL,
+    set_at    REAL NOT NULL
+);
 """
+
+#: Tables added to schema version 1 after its release: created on open when missing
+#: (``CREATE TABLE IF NOT EXISTS``), so a journal written before them still opens.
+_ADDED_TABLES = frozenset({"started", "ups"})
 
 _TABLES = frozenset({"manifests", "cycles", "steps", "requests", "elastic"})
 
@@ -424,10 +438,12 @@ class Journal:
             if not readonly:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
-                # tables added since the file was made (every statement is IF NOT EXISTS)
-                for statement in _SCHEMA.split(";"):
-                    if statement.strip():
-                        conn.execute(statement)
+                if _ADDED_TABLES - tables:
+                    conn.execute("BEGIN IMMEDIATE")
+                    for statement in _SCHEMA.split(";"):
+                        if statement.strip():
+                            conn.execute(statement)
+                    conn.execute("COMMIT")
             return
         # version 0: a new file, or some other SQLite database
         if readonly:
@@ -711,6 +727,42 @@ class Journal:
             )
             for r in rows
         ]
+
+    # ---------------------------------------------------------------- started
+    def set_started(
+        self, container: str, serve: str, gpu_roles: Sequence[str], mib: int, at: float
+    ) -> None:
+        """Remember the reservation ``container`` was started with (replaces any)."""
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO started (container, serve, gpu_roles, mib, set_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (container) DO UPDATE SET "
+                "serve = excluded.serve, gpu_roles = excluded.gpu_roles, "
+                "mib = excluded.mib, set_at = excluded.set_at",
+                (container, serve, _dumps(list(gpu_roles)), int(mib), at),
+            )
+
+    def forget_started(self, container: str) -> None:
+        """Forget ``container``'s start reservation (it stopped)."""
+        with self._tx() as conn:
+            conn.execute("DELETE FROM started WHERE container = ?", (container,))
+
+    def started(self) -> dict[str, StartedWith]:
+        """Container -> the reservation it was started with, for every record in force.
+
+        Empty for a read-only journal written before the table existed.
+        """
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT container, serve, gpu_roles, mib FROM started ORDER BY container"
+                ).fetchall()
+            except sqlite3.OperationalError:  # no such table (read-only, older file)
+                return {}
+        return {
+            str(r[0]): StartedWith(str(r[1]), tuple(str(x) for x in json.loads(r[2])), int(r[3]))
+            for r in rows
+        }
 
     # ---------------------------------------------------------------- retention
     def prune(

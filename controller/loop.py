@@ -26,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import signal
 import threading
 import time
@@ -42,12 +43,25 @@ from controller.journal import AlreadyRunning, Journal, StateLock, default_state
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.observe import observe_host
 from controller.runtime import make_executor
-from controller.snapshot import SnapshotModel, StartingModel, epoch_seconds, snapshot_to_json
+from controller.snapshot import (
+    SnapshotModel,
+    StartedWithModel,
+    StartingModel,
+    epoch_seconds,
+    snapshot_to_json,
+)
 from controller.starts import StartTracker, supervise_orphans
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.status import lifecycle_from_observation
-from statemachine.types import DesiredRun, DesiredState, Observed, OnDemandRequest, Residency
+from statemachine.types import (
+    DesiredRun,
+    DesiredState,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    StartedWith,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -123,6 +137,7 @@ class Controller:
         self._stopping = False
         self._last_dry_plan = ""  # a dry run journals and logs a plan once, not every cycle
         self._quiesced: set[str] = set()  # tiers this controller may have left quiesced
+        self._no_longer_declared: set[str] = set()  # running containers said to be so
         self._nvml_said: str | None = None  # the NVML error last logged
         self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
         # serve -> started_at of the container this process stopped (not a crash)
@@ -262,13 +277,32 @@ class Controller:
 
     # ------------------------------------------------------------------ sources
     async def _watch_manifests(self) -> None:
+        """Watch the manifests' folders for as long as the loop runs.
+
+        Nothing may end the watch for good: if it ever fails, the reason is logged, the
+        manifest is re-read (an edit may have been missed) and the watch starts again.
+        """
+        while True:
+            try:
+                await self._watch_manifests_once()
+                return  # the watch ended without an error (its stop event): we are stopping
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.error("manifest watcher failed ({!r}); restarting it in 1 s", exc)
+            await asyncio.sleep(1.0)
+            self._manifest_dirty = True
+            self.trigger("manifest watcher restarted")
+
+    async def _watch_manifests_once(self) -> None:
         import watchfiles
 
-        files = {p.resolve() for p in self.options.manifests}
+        files = {_path_key(p) for p in self.options.manifests}
         dirs = sorted({str(p.parent) for p in files})
 
         def ours(_change: watchfiles.Change, path: str) -> bool:
-            return Path(path).resolve() in files
+            # a symlink loop in the folder must not raise here: it would end the watch
+            return _path_key(Path(path)) in files
 
         stop = asyncio.Event()
         async for _changes in watchfiles.awatch(
@@ -318,6 +352,13 @@ class Controller:
             for line in self.manifest_error:
                 logger.error("manifest: {} (the last good manifest stays in force)", line)
             return
+        except Exception as exc:  # a loader bug must not take the manifest in force away
+            logger.exception("manifest: cannot be loaded")
+            self.manifest_error = [f"cannot be loaded: {type(exc).__name__}: {exc}"]
+            logger.error(
+                "manifest: {} (the last good manifest stays in force)", self.manifest_error[0]
+            )
+            return
         if self.manifest_error:
             logger.info("manifest: valid again")
         self.manifest_error = []
@@ -333,15 +374,87 @@ class Controller:
         # read before the containers: a start that ends in between has its container
         # running by then, so it is counted either way
         starting = self.starts.snapshot()
-        snap = observe_host(manifest_containers(self.mset.serves), observer=self._observer)
+        records = self.journal.started()
+        names = tuple(dict.fromkeys(manifest_containers(self.mset.serves) + tuple(records)))
+        snap = observe_host(names, observer=self._observer)
         snap.starting = {
             name: StartingModel(gpu_roles=list(st.gpu_roles), mib=st.mib)
             for name, st in starting.items()
         }
+        snap.started_with = self._started_in_force(snap, records)
         snap.elastic = self._elastic_in_force(snap)
         snap.quiesced = sorted(self._quiesced)
         snap.unreleased = self._still_unreleased(snap)
         return snap
+
+    def _started_in_force(
+        self, snap: SnapshotModel, records: dict[str, StartedWith]
+    ) -> dict[str, StartedWithModel]:
+        """The start reservations of the containers that still run (journal records).
+
+        A container keeps the reservation it was started with until it stops, whatever
+        the manifest says now (an edit, a file caught mid-write): the record is dropped
+        only once docker shows the container stopped or gone. A declared container
+        found running without a record (started before this controller, or by hand)
+        is recorded with its declared reservation. With docker unreadable nothing is
+        dropped or recorded.
+        """
+        holding = ("running", "paused", "restarting")
+        serves = self.mset.desired()
+        declared = {s.container: s for s in serves.serves.values()}
+        if snap.docker == "ok":
+            for container, rec in list(records.items()):
+                c = snap.containers.get(container)
+                if c is None or c.state not in holding:
+                    self.journal.forget_started(container)
+                    del records[container]
+                    if container in self._no_longer_declared:
+                        logger.info(
+                            "{} (no longer declared) stopped; its {} MiB are released",
+                            container,
+                            rec.mib,
+                        )
+            for container, spec in declared.items():
+                c = snap.containers.get(container)
+                if (
+                    container not in records
+                    and c is not None
+                    and c.state in holding
+                    and spec.vram_mib is not None
+                    and serves.in_ledger(spec)
+                ):
+                    rec = StartedWith(spec.name, spec.gpu_roles, spec.vram_mib)
+                    self.journal.set_started(
+                        container, rec.serve, rec.gpu_roles, rec.mib, time.time()
+                    )
+                    records[container] = rec
+        gone = {c: r for c, r in records.items() if c not in declared}
+        for container, rec in gone.items():
+            if container not in self._no_longer_declared:
+                logger.warning(
+                    "{} is no longer declared (started as serve {}); it keeps its start "
+                    "reservation of {} MiB on {} until it stops",
+                    container,
+                    rec.serve,
+                    rec.mib,
+                    ", ".join(rec.gpu_roles),
+                )
+        self._no_longer_declared = set(gone)
+        return {
+            c: StartedWithModel(serve=r.serve, gpu_roles=list(r.gpu_roles), mib=r.mib)
+            for c, r in records.items()
+        }
+
+    def _record_starts(self, report: ExecutionReport, desired: DesiredState, now: float) -> None:
+        """Record the reservation of each container this plan started (see above)."""
+        for r in report.results:
+            if r.step.action is not Action.START or r.outcome is not Outcome.OK:
+                continue
+            spec = desired.serves.get(r.step.serve)
+            if spec is None or not r.step.mib or not r.step.gpu_roles:
+                continue  # outside the ledger; or no longer declared: its start counts it
+            # the roles and MiB the start was planned with, whatever the manifest says now
+            self.journal.set_started(spec.container, spec.name, r.step.gpu_roles, r.step.mib, now)
 
     def _elastic_in_force(self, snap: SnapshotModel) -> dict[str, int]:
         """The journal's elastic reserves, minus those of engines that restarted since.
@@ -406,6 +519,7 @@ class Controller:
                 self._merge_start(cycle_id, results)
             report = ExecutionReport(results, Ledger({}), {})
             self._learn(report, time.time())
+            self._record_starts(report, self.mset.desired(), time.time())
             self._track_tiers([r.to_json() for r in results])
         finally:
             release()
@@ -427,8 +541,8 @@ class Controller:
     async def reconcile(self, reasons: tuple[str, ...] = ()) -> CycleSummary:
         """One cycle: reload, observe, plan, execute (or log), journal."""
         t0 = time.monotonic()
-        if self._manifest_dirty:
-            self._reload_manifest()
+        if self._manifest_dirty:  # parsed in a thread: the API answers meanwhile
+            await asyncio.to_thread(self._reload_manifest)
         snap = await asyncio.to_thread(self._observe)
         now = time.time()
         observed = snap.to_observed()
@@ -474,6 +588,7 @@ class Controller:
                 executor.on_start_done = self._start_done_callback(cycle_id)
                 self._outcomes[cycle_id] = None  # executing: a start's early end waits
                 report = await asyncio.to_thread(executor.execute, plan, observed)
+                self._record_starts(report, desired, now)
                 summary.report = report
                 summary.executed = True
                 outcome = report.to_json()
@@ -726,14 +841,22 @@ def _epoch_or_none(value: str | float | None) -> float | None:
         return None
 
 
+def _path_key(path: Path) -> Path:
+    """``path`` resolved, or only made absolute where it cannot be (a symlink loop)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(path))
+
+
 def _read_files(mset: ManifestSet) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for path in mset.files:
-        try:
-            out[str(path)] = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            out[str(path)] = f"<unreadable: {exc}>"
-    return out
+    """The manifest files in force, as they were loaded (path -> content).
+
+    Taken from the set itself, never re-read from disk: the file may have changed since
+    (an invalid edit, bytes that are not UTF-8, a file removed), and the journal must
+    record the content its digest was computed over.
+    """
+    return dict(mset.texts)
 
 
 def can_request(mset: ManifestSet, serve: str) -> str | None:

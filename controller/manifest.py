@@ -26,8 +26,10 @@ import functools
 import hashlib
 import json
 import math
+import os
 import re
 import shlex
+import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -67,6 +69,29 @@ NEAR_MISS_CUTOFF = 0.8
 
 #: Top-level keys this module reads; other top-level tables are kept and ignored.
 TOP_LEVEL_KEYS = ("gpu_roles", "serve")
+
+#: Docker's rule for container names (its ``RestrictedNamePattern``, without the
+#: optional leading slash): anything else is refused by ``docker create``, or, with a
+#: newline or ``../``, would be misread in logs and paths.
+CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+", re.ASCII)
+#: Serve names appear in URLs (``/v1/serves/NAME``), command lines and log lines.
+MAX_SERVE_NAME = 128
+SERVE_NAME = re.compile(rf"[a-zA-Z0-9][a-zA-Z0-9_.-]{{0,{MAX_SERVE_NAME - 1}}}", re.ASCII)
+
+#: Bounds on the timeouts, so that each is a wait the runtime can carry out (Docker's
+#: stop timeout is an integer of seconds; the loop adds them to the clock).
+MAX_STOP_TIMEOUT_S = 3600.0
+MAX_START_TIMEOUT_S = 86400.0
+MAX_DRAIN_TIMEOUT_S = 3600.0
+MAX_IDLE_TTL_S = 31 * 86400.0
+
+#: What one manifest file may cost: its size (20 times the largest real fleet's file;
+#: the worst file of that size parses in a few seconds and a few hundred MiB), the
+#: parts of one dotted key (tomllib's memory grows with the square of them) and how
+#: deep its arrays and tables nest.
+MAX_MANIFEST_BYTES = 512 << 10
+MAX_KEY_PARTS = 16
+MAX_NESTING = 32
 
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
@@ -230,11 +255,23 @@ def _timeout(value: object) -> object:
     return float(value)
 
 
-def _drain_timeout(value: object) -> object:
-    seconds = _timeout(value)
-    assert isinstance(seconds, float)
-    if seconds > 3600:
-        raise _bad("must be at most 3600 seconds (the router's drain limit)", value)
+def _at_most(limit: float, why: str) -> Any:
+    """A positive-seconds validator that also refuses more than ``limit`` (``why``)."""
+
+    def check(value: object) -> object:
+        seconds = _timeout(value)
+        assert isinstance(seconds, float)
+        if seconds > limit:
+            raise _bad(f"must be at most {limit:.0f} seconds ({why})", value)
+        return seconds
+
+    return check
+
+
+def _ttl(value: object) -> object:
+    seconds = _seconds(value)
+    if isinstance(seconds, float) and seconds > MAX_IDLE_TTL_S:
+        raise _bad(f"must be at most {MAX_IDLE_TTL_S:.0f} seconds (31 days)", value)
     return seconds
 
 
@@ -271,6 +308,8 @@ def _up(value: object) -> object:
         return None
     if not isinstance(value, str):
         raise _bad("must be a command line string", value)
+    if "\x00" in value:
+        raise _bad("must not contain a NUL byte (no program can take it as an argument)", value)
     try:
         argv = shlex.split(value)
     except ValueError as exc:
@@ -295,6 +334,30 @@ def _up_env(value: object) -> object:
             raise _bad(f"{name}: the value must be a string", text)
         if "\0" in text:
             raise _bad(f"{name}: the value must not hold a NUL character", text)
+    return value
+
+
+def _container_name(value: object) -> object:
+    _text(value)
+    assert isinstance(value, str)
+    if not CONTAINER_NAME.fullmatch(value):
+        raise _bad(
+            "must be a Docker container name: [a-zA-Z0-9][a-zA-Z0-9_.-] and more of the "
+            "second, at least 2 characters (no space, slash or newline)",
+            value,
+        )
+    return value
+
+
+def _serve_name(value: object) -> object:
+    _text(value)
+    assert isinstance(value, str)
+    if not SERVE_NAME.fullmatch(value):
+        raise _bad(
+            "must be a serve name: a letter or digit, then letters, digits, _ . or -, "
+            f"at most {MAX_SERVE_NAME} characters",
+            value,
+        )
     return value
 
 
@@ -406,13 +469,35 @@ Seconds = Annotated[
 OptSeconds = Annotated[
     float | None, BeforeValidator(_seconds), WithJsonSchema({"type": "number", "minimum": 0})
 ]
-Timeout = Annotated[
-    float, BeforeValidator(_timeout), WithJsonSchema({"type": "number", "exclusiveMinimum": 0})
+StartTimeout = Annotated[
+    float,
+    BeforeValidator(_at_most(MAX_START_TIMEOUT_S, "a day")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_START_TIMEOUT_S}),
+]
+StopTimeout = Annotated[
+    float,
+    BeforeValidator(_at_most(MAX_STOP_TIMEOUT_S, "an hour")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_STOP_TIMEOUT_S}),
 ]
 DrainTimeout = Annotated[
     float,
-    BeforeValidator(_drain_timeout),
-    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": 3600}),
+    BeforeValidator(_at_most(MAX_DRAIN_TIMEOUT_S, "the router's drain limit")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DRAIN_TIMEOUT_S}),
+]
+OptTtl = Annotated[
+    float | None,
+    BeforeValidator(_ttl),
+    WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_IDLE_TTL_S}),
+]
+ContainerName = Annotated[
+    str,
+    BeforeValidator(_container_name),
+    WithJsonSchema({"type": "string", "pattern": "^" + CONTAINER_NAME.pattern + "$"}),
+]
+ServeName = Annotated[
+    str,
+    BeforeValidator(_serve_name),
+    WithJsonSchema({"type": "string", "pattern": "^" + SERVE_NAME.pattern + "$"}),
 ]
 Boolean = Annotated[bool, BeforeValidator(_boolean), WithJsonSchema({"type": "boolean"})]
 Text = Annotated[str, BeforeValidator(_text), WithJsonSchema({"type": "string", "minLength": 1})]
@@ -543,8 +628,10 @@ class ServeModel(BaseModel):
 
     model_config = ConfigDict(extra="allow", frozen=True)
 
-    name: Text = Field(description="The serve's name (what `vramctl up NAME` takes).")
-    container: Text = Field(description="The Docker container name; serves de-duplicate by it.")
+    name: ServeName = Field(description="The serve's name (what `vramctl up NAME` takes).")
+    container: ContainerName = Field(
+        description="The Docker container name; serves de-duplicate by it."
+    )
     runtime: OptText = None
     stack: OptText = None
     port: OptPort = Field(
@@ -589,10 +676,10 @@ class ServeModel(BaseModel):
     )
     priority: Integer = Field(default=0, description="Lower is evicted first among equals.")
     min_runtime_s: Seconds = Field(default=0.0, description="Not evicted within this of starting.")
-    start_timeout_s: Timeout = 600.0
-    stop_timeout_s: Timeout = 30.0
+    start_timeout_s: StartTimeout = 600.0
+    stop_timeout_s: StopTimeout = 30.0
     drain_timeout_s: DrainTimeout = 120.0
-    idle_ttl_s: OptSeconds = None
+    idle_ttl_s: OptTtl = None
     elastic: ElasticModel | None = None
 
     @property
@@ -855,6 +942,119 @@ def _table_list(
     return []
 
 
+_KINDS = (
+    (stat.S_ISFIFO, "a FIFO"),
+    (stat.S_ISCHR, "a character device"),
+    (stat.S_ISBLK, "a block device"),
+    (stat.S_ISSOCK, "a socket"),
+    (stat.S_ISDIR, "a folder"),
+)
+
+
+def _not_regular(mode: int) -> str | None:
+    """Why a file of ``mode`` is refused (``None`` for a regular file)."""
+    if stat.S_ISREG(mode):
+        return None
+    kind = next((what for test, what in _KINDS if test(mode)), "not a plain file")
+    return f"cannot read the manifest: not a regular file ({kind})"
+
+
+def _read_bounded(path: Path) -> tuple[bytes, str | None]:
+    """The file's bytes, or why not: never blocks, never reads more than the cap.
+
+    ``stat`` comes first, so a FIFO or a device is refused without being opened; the
+    open is non-blocking and checked again (the path may be swapped in between), and
+    the read stops one byte past :data:`MAX_MANIFEST_BYTES`.
+    """
+    cap = f"larger than {MAX_MANIFEST_BYTES >> 10} KiB, the most a manifest may be"
+    try:
+        info = os.stat(path)
+    except FileNotFoundError:
+        return b"", "cannot read the manifest: no such file"
+    except OSError as exc:
+        return b"", f"cannot read the manifest: {exc.strerror or exc}"
+    why = _not_regular(info.st_mode)
+    if why is not None:
+        return b"", why
+    if info.st_size > MAX_MANIFEST_BYTES:
+        return b"", f"cannot read the manifest: {cap} ({info.st_size} bytes)"
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        return b"", f"cannot read the manifest: {exc.strerror or exc}"
+    try:
+        why = _not_regular(os.fstat(fd).st_mode)
+        if why is not None:
+            return b"", why
+        chunks: list[bytes] = []
+        size = 0
+        while size <= MAX_MANIFEST_BYTES:
+            chunk = os.read(fd, MAX_MANIFEST_BYTES + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+    except OSError as exc:
+        return b"", f"cannot read the manifest: {exc.strerror or exc}"
+    finally:
+        os.close(fd)
+    if size > MAX_MANIFEST_BYTES:
+        return b"", f"cannot read the manifest: {cap}"
+    return b"".join(chunks), None
+
+
+#: One token for :func:`_long_dotted_key`: a bare key, a quoted key (to its closing
+#: quote or the end of the line, so nothing is scanned twice), blanks, or one character.
+_KEY_TOKEN = re.compile(r"""[A-Za-z0-9_-]+|"(?:[^"\\\n]|\\.)*+"?|'[^'\n]*+'?|[ \t]+|.""", re.DOTALL)
+
+
+def _long_dotted_key(text: str) -> int | None:
+    """The line of a dotted key with more than :data:`MAX_KEY_PARTS` parts, if any.
+
+    A linear scan that over-approximates TOML's dotted keys (anything like
+    ``a . "b" . c``, also inside strings and comments, where such chains do not occur
+    in practice): tomllib's memory grows with the square of a key's parts, and a
+    100 000-part key in 200 KB took 24 GB.
+    """
+    parts = 0
+    after_dot = False
+    for m in _KEY_TOKEN.finditer(text):
+        token = m.group()
+        first = token[0]
+        if first in " \t":
+            continue
+        if first == ".":
+            if parts and not after_dot:
+                after_dot = True
+            else:
+                parts, after_dot = 0, False
+            continue
+        if first.isalnum() or first in "_-\"'":
+            parts = parts + 1 if after_dot else 1
+            after_dot = False
+            if parts > MAX_KEY_PARTS:
+                return text.count("\n", 0, m.start()) + 1
+            continue
+        parts, after_dot = 0, False
+    return None
+
+
+def _nesting(data: object) -> int:
+    """How deep arrays and tables nest in parsed TOML (iterative: no recursion)."""
+    deepest = 0
+    stack: list[tuple[object, int]] = [(data, 0)]
+    while stack:
+        node, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING:
+            return deepest
+        if isinstance(node, dict):
+            stack.extend((v, depth + 1) for v in node.values())
+        elif isinstance(node, list):
+            stack.extend((v, depth + 1) for v in node)
+    return deepest
+
+
 def _read_file(path: Path) -> _FileResult:
     display = str(path)
     result = _FileResult(path=path, display=display)
@@ -863,21 +1063,31 @@ def _read_file(path: Path) -> _FileResult:
     def file_error(message: str, line: int | None = None, column: int | None = None) -> None:
         errors.append(LocatedError(display, None, None, message, None, None, line, column))
 
-    try:
-        result.data = path.read_bytes()
-    except FileNotFoundError:
-        file_error("cannot read the manifest: no such file")
+    content, problem = _read_bounded(path)
+    if problem is not None:
+        file_error(problem)
         return result
-    except OSError as exc:
-        file_error(f"cannot read the manifest: {exc.strerror or exc}")
-        return result
+    result.data = content
     try:
         text = result.data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        file_error(f"not UTF-8 text ({exc.reason} at byte {exc.start})")
+        line = result.data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (result.data.rfind(b"\n", 0, exc.start) + 1) + 1
+        file_error(f"not UTF-8 text ({exc.reason} at byte {exc.start})", line, column)
+        return result
+    long_key = _long_dotted_key(text)
+    if long_key is not None:
+        file_error(
+            f"a dotted key of more than {MAX_KEY_PARTS} parts (the parser's cost grows with "
+            "the square of them)",
+            long_key,
+        )
         return result
     try:
         data = tomllib.loads(text)
+    except RecursionError:
+        file_error(f"nested too deep (more than {MAX_NESTING} levels of arrays or tables)")
+        return result
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         match = _TOML_POSITION.search(message)
@@ -889,6 +1099,10 @@ def _read_file(path: Path) -> _FileResult:
             )
         else:
             file_error(f"TOML syntax error: {message}")
+        return result
+
+    if _nesting(data) > MAX_NESTING:
+        file_error(f"nested too deep (more than {MAX_NESTING} levels of arrays or tables)")
         return result
 
     for key in data:
@@ -988,7 +1202,9 @@ class ManifestSet:
     A serve declared in several files (same container) appears once: the entry with
     ``up`` (the owner) wins over read-only mirrors. ``warnings`` are things that load
     but deserve a look (a serve on a role without a capacity row takes no part in the
-    ledger). ``digest`` changes whenever any file's bytes change.
+    ledger). ``digest`` changes whenever any file's bytes change; ``texts`` holds each
+    file's content as it was loaded (what the digest covers), so the journal records the
+    manifest in force, never what the disk holds after a later, invalid edit.
     """
 
     files: tuple[Path, ...]
@@ -998,6 +1214,7 @@ class ManifestSet:
     digest: str
     _sources: dict[str, tuple[Path, ...]] = dataclasses.field(repr=False)
     _role_sources: dict[str, tuple[Path, ...]] = dataclasses.field(repr=False)
+    texts: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
 
     def source(self, name: str) -> Path:
         """The file that defines serve ``name`` (its owner's, else its first mirror's)."""
@@ -1188,7 +1405,10 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
         raise ManifestError([LocatedError("(no manifest)", None, None, "no manifest file given")])
     for raw_path in paths:
         path = Path(raw_path)
-        key = path.resolve()
+        try:
+            key = path.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: reading it says so, located
+            key = Path(os.path.abspath(path))
         if key in seen:
             warnings.append(
                 LocatedError(
@@ -1263,6 +1483,7 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
         digest=digest.hexdigest(),
         _sources=sources,
         _role_sources=role_sources,
+        texts={str(r.path): r.data.decode("utf-8") for r in results},
     )
 
 

@@ -141,6 +141,11 @@ def status(report: HostStatus) -> None:
             "[bold red]undeclared GPU containers[/bold red] (no manifest reserves their memory): "
             + escape(", ".join(report.undeclared_gpu))
         )
+    for holder, container, on_roles, kept in report.no_longer_declared:
+        out.print(
+            f"[bold yellow]no longer declared[/bold yellow]: {escape(container)} (started as "
+            f"{escape(holder)}) keeps {kept} MiB on {escape(', '.join(on_roles))} until it stops"
+        )
 
 
 def fit(result: FitResult) -> None:

@@ -17,7 +17,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from statemachine.types import ContainerObs, ContainerState, GpuObs, Observed, StartingObs
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    GpuObs,
+    Observed,
+    StartedWith,
+    StartingObs,
+)
 
 
 class SnapshotError(Exception):
@@ -94,12 +101,24 @@ class StartingModel(BaseModel):
     mib: int
 
 
+class StartedWithModel(BaseModel):
+    """The reservation a container was started with (the controller's record)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    serve: str
+    gpu_roles: list[str]
+    mib: int = Field(gt=0)
+
+
 class SnapshotModel(BaseModel):
     """The whole observed snapshot.
 
     ``elastic`` holds what the controller knows of elastic serves it has shrunk
-    (serve -> MiB held now); ``undeclared_gpu_containers``, ``docker_error`` and
-    ``nvml_error`` are reported by ``observe``.
+    (serve -> MiB held now); ``started_with`` the reservation each container it
+    started (or found running under the manifest) was started with (container ->
+    serve, gpu_roles, mib), counted while it runs; ``undeclared_gpu_containers``,
+    ``docker_error`` and ``nvml_error`` are reported by ``observe``.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -116,6 +135,7 @@ class SnapshotModel(BaseModel):
     unreleased: list[str] = Field(default_factory=list)
     #: serves whose start the controller has in progress -> the roles and MiB reserved
     starting: dict[str, StartingModel] = Field(default_factory=dict)
+    started_with: dict[str, StartedWithModel] = Field(default_factory=dict)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -151,6 +171,10 @@ class SnapshotModel(BaseModel):
             unreleased=frozenset(self.unreleased),
             starting={
                 name: StartingObs(tuple(st.gpu_roles), st.mib) for name, st in self.starting.items()
+            },
+            started_with={
+                name: StartedWith(r.serve, tuple(r.gpu_roles), r.mib)
+                for name, r in self.started_with.items()
             },
         )
 

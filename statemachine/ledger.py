@@ -347,15 +347,20 @@ class Ledger:
 
 
 def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
-    """The ledger the host holds now: every ledger serve whose container holds memory.
+    """The ledger the host holds now: every container that holds memory, at its reservation.
 
-    A shrunk elastic serve counts at the reservation it holds now; a serve whose memory
-    did not come back after its stop (``observed.unreleased``) still counts, and so does a
-    serve whose start is in progress (``observed.starting``), on the roles it was started on
-    and those it declares now, at the larger of what was reserved for it and what it
-    declares now, whatever its container shows (and even when the manifest no longer
-    declares it). Built as observed
-    (possibly over budget); unknown when docker could not be read.
+    A ledger serve whose container holds memory counts at its declared reservation; a
+    shrunk elastic serve at the reservation it holds now; a serve whose memory did not
+    come back after its stop (``observed.unreleased``) still counts. A running container
+    also keeps the reservation it was started with (``observed.started_with``) until it
+    stops: declared smaller or on other roles now, it counts the larger figure on every
+    role of either; no longer declared at all, it counts as its own holder
+    (:func:`no_longer_declared`). A serve whose start is in progress
+    (``observed.starting``) counts on the roles it was started on and those it declares
+    now, at the larger of what was reserved for it and what it declares now, whatever
+    its container shows (and even when the manifest no longer declares it). Only roles
+    with a capacity row can be counted. Built as observed (possibly over budget);
+    unknown when docker could not be read.
     """
     if not observed.docker_ok:
         return Ledger(desired.roles, unknown=True)
@@ -363,20 +368,69 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     for name, start in observed.starting.items():
         serve = desired.serves.get(name)
         # the roles it was started on and those it declares now; the larger MiB
-        roles = list(start.gpu_roles)
-        mib = start.mib
+        started_on = start.gpu_roles
+        mib: int = start.mib
         if serve is not None and serve.vram_mib is not None and desired.in_ledger(serve):
-            roles += [r for r in serve.gpu_roles if r not in roles]
+            started_on = started_on + serve.gpu_roles
             mib = max(mib, serve.vram_mib)
-        counted = tuple(r for r in roles if r in desired.roles)
+        counted = _known(desired, started_on)
         if counted and mib > 0:
             holdings.append(GpuReservation(name, counted, mib))
     for serve in desired.serves.values():
-        if serve.vram_mib is None or not desired.in_ledger(serve):
-            continue
         if serve.name in observed.starting:
             continue  # counted above
-        if observed.container(serve.container).holds or serve.name in observed.unreleased:
-            mib = observed.elastic_mib.get(serve.name, serve.vram_mib)
-            holdings.append(GpuReservation(serve.name, serve.gpu_roles, mib))
+        holds = observed.container(serve.container).holds
+        record = observed.started_with.get(serve.container) if holds else None
+        declared = serve.vram_mib is not None and desired.in_ledger(serve)
+        if declared and (holds or serve.name in observed.unreleased):
+            assert serve.vram_mib is not None
+            shrunk = observed.elastic_mib.get(serve.name)
+            held = (
+                max(serve.vram_mib, record.mib if record is not None else 0)
+                if shrunk is None
+                else shrunk
+            )
+            roles = _known(desired, serve.gpu_roles + (record.gpu_roles if record else ()))
+            holdings.append(GpuReservation(serve.name, roles, held))
+        elif record is not None:
+            roles = _known(desired, record.gpu_roles)
+            if roles:
+                holdings.append(GpuReservation(serve.name, roles, record.mib))
+    holdings.extend(
+        res
+        for _container, res in no_longer_declared(desired, observed)
+        if res.holder not in observed.starting
+    )
     return Ledger(desired.roles, holdings)
+
+
+def no_longer_declared(
+    desired: DesiredState, observed: Observed
+) -> list[tuple[str, GpuReservation]]:
+    """Running containers no serve declares now, at the reservation they were started with.
+
+    Each as (container, reservation).
+    The holder is the serve name they were started under (``"NAME (CONTAINER)"`` when a
+    declared serve has that name now). Only roles with a capacity row are counted; a
+    container that has no record is not here (it is an undeclared container).
+    """
+    if not observed.docker_ok:
+        return []
+    declared = {s.container for s in desired.serves.values()}
+    taken = set(desired.serves)
+    out: list[tuple[str, GpuReservation]] = []
+    for container, record in sorted(observed.started_with.items()):
+        if container in declared or not observed.container(container).holds:
+            continue
+        roles = _known(desired, record.gpu_roles)
+        if not roles:
+            continue
+        holder = record.serve if record.serve not in taken else f"{record.serve} ({container})"
+        taken.add(holder)
+        out.append((container, GpuReservation(holder, roles, record.mib)))
+    return out
+
+
+def _known(desired: DesiredState, roles: Iterable[str]) -> tuple[str, ...]:
+    """``roles`` once each, in order, keeping those with a capacity row."""
+    return tuple(r for r in dict.fromkeys(roles) if r in desired.roles)

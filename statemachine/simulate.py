@@ -46,6 +46,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
         quiesced=frozenset(quiesced),
         unreleased=observed.unreleased,
         starting=observed.starting,
+        started_with=observed.started_with,
     )
 
 

@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from statemachine.ledger import RoleView, ledger_from_observed
+from statemachine.ledger import RoleView, ledger_from_observed, no_longer_declared
 from statemachine.types import ContainerObs, ContainerState, DesiredState, GpuObs, Observed
 
 
@@ -94,6 +94,9 @@ class HostStatus:
     roles: tuple[RoleStatus, ...]
     serves: tuple[ServeStatus, ...]
     undeclared_gpu: tuple[str, ...] = ()
+    #: running containers the manifest no longer declares, still holding the reservation
+    #: they were started with: (holder, container, gpu roles, MiB)
+    no_longer_declared: tuple[tuple[str, str, tuple[str, ...], int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -103,6 +106,10 @@ class HostStatus:
             "gpu_roles": [r.to_json() for r in self.roles],
             "serves": [s.to_json() for s in self.serves],
             "undeclared_gpu_containers": list(self.undeclared_gpu),
+            "no_longer_declared": [
+                {"serve": h, "container": c, "gpu_roles": list(roles), "reservation_mib": mib}
+                for h, c, roles, mib in self.no_longer_declared
+            ],
         }
 
 
@@ -201,4 +208,8 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
         roles=tuple(roles),
         serves=tuple(serves),
         undeclared_gpu=observed.undeclared_gpu,
+        no_longer_declared=tuple(
+            (res.holder, container, res.gpu_roles, res.mib)
+            for container, res in no_longer_declared(desired, observed)
+        ),
     )

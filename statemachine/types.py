@@ -186,6 +186,19 @@ class StartingObs:
 
 
 @dataclass(frozen=True, slots=True)
+class StartedWith:
+    """The reservation a container was started with (the controller's own record).
+
+    A container keeps it until it stops, whatever the manifest says now: an edit (or a
+    file caught mid-write) cannot give the memory of a running engine away.
+    """
+
+    serve: str
+    gpu_roles: tuple[str, ...]
+    mib: int
+
+
+@dataclass(frozen=True, slots=True)
 class Observed:
     """One observed snapshot of the host.
 
@@ -211,6 +224,9 @@ class Observed:
     #: reservation whatever their container shows (and whatever the manifest now says),
     #: and the planner plans nothing for them until it ends
     starting: Mapping[str, StartingObs] = field(default_factory=dict)
+    #: container name -> the reservation it was started with; counted while the
+    #: container holds memory, beside (or instead of) what the manifest declares now
+    started_with: Mapping[str, StartedWith] = field(default_factory=dict)
 
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""

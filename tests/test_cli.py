@@ -58,7 +58,7 @@ def test_validate_bad_manifest_located_no_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(
         '[[gpu_roles]]\nid = "a"\nvram_mib = 1000\n\n'
-        '[[serve]]\nname = "omni"\ncontainer = "c"\ngpu_role = "a"\nvram_mb = 500\n'
+        '[[serve]]\nname = "omni"\ncontainer = "c-omni"\ngpu_role = "a"\nvram_mb = 500\n'
         'residency = "evictable"\n'
     )
     r = vramctl("validate", "-m", str(bad))

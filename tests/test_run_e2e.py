@@ -650,3 +650,87 @@ def test_a_plan_the_preflight_refuses_backs_off_instead_of_spinning(fleet: Fleet
     assert any("ghost: preflight: " in m and "next try in" in m for m in run.messages())
     assert len(fleet.cycles()) <= 2
     assert run.stop() == 0, run.text()
+
+
+def test_a_non_utf8_manifest_does_not_stop_the_cycles(fleet: Fleet) -> None:
+    """A manifest saved as Latin-1 is a located error; the last good one keeps working."""
+    port = free_port()
+    fleet.container("a", port=port, mib=2000, running=False)
+    good = ROLE + serve_toml("a", mib=2000, residency="resident", port=port, desired="running")
+    fleet.write(good)
+
+    run = fleet.start().started()
+    run.wait_step("a await_ready ok")
+    fleet.manifest.write_bytes(good.replace("@", fleet.prefix).encode() + b"# caf\xe9\n")
+    run.wait_log("not UTF-8 text")
+    before = fleet.started_at("a")
+    fleet.client.containers.get(fleet.name("a")).kill()
+    wait_for(
+        "a brought back under the last good manifest",
+        lambda: fleet.state("a") == "running" and fleet.started_at("a") != before,
+    )
+    assert not any("reconcile failed" in m for m in run.messages()), run.text()
+    assert run.stop() == 0, run.text()
+
+
+def test_manifests_that_hang_or_recurse_are_located_and_the_watcher_survives(
+    fleet: Fleet,
+) -> None:
+    """A symlink loop beside the manifest, tables nested 1000 deep, a FIFO at its path:
+    each is a located error under ``run``, and a later valid edit is still applied."""
+    port = free_port()
+    fleet.container("a", port=port, mib=2000, running=False)
+    fleet.write(
+        ROLE + serve_toml("a", mib=2000, residency="resident", port=port, desired="running")
+    )
+    run = fleet.start().started()
+    run.wait_step("a await_ready ok")
+
+    (fleet.tmp / "loop1").symlink_to(fleet.tmp / "loop2")  # the watch filter resolves it
+    (fleet.tmp / "loop2").symlink_to(fleet.tmp / "loop1")
+    time.sleep(2 * RESYNC_S)
+    fleet.write(ROLE + "deep = " + "[" * 1000 + "]" * 1000 + "\n", by_rename=True)
+    run.wait_log("nested too deep")
+    fifo = fleet.tmp / "fifo"
+    os.mkfifo(fifo)
+    os.replace(fifo, fleet.manifest)
+    run.wait_log("not a regular file (a FIFO)")
+    assert fleet.state("a") == "running"  # the last good manifest stays in force
+
+    fleet.write(
+        ROLE + serve_toml("a", mib=2000, residency="resident", port=port, desired="stopped"),
+        by_rename=True,
+    )
+    fleet.wait_state("a", "exited")
+    assert not any("reconcile failed" in m for m in run.messages()), run.text()
+    assert run.stop() == 0, run.text()
+
+
+def test_a_half_written_manifest_does_not_hand_away_a_running_serves_room(fleet: Fleet) -> None:
+    """A file caught mid-write, still valid TOML, cut after its first ``[[serve]]``: the
+    serve in the lost tail keeps running, so its room is not given to another serve."""
+    pa, pb = free_port(), free_port()
+    fleet.container("a", port=pa, mib=6000, running=False)
+    fleet.container("b", port=pb, mib=6000, running=False)
+    b = serve_toml("b", mib=6000, residency="on-demand", port=pb, desired="running")
+    a = serve_toml("a", mib=6000, residency="resident", port=pa, desired="running")
+    fleet.write(ROLE + b + a)  # b fits only in a's room: blocked while a runs
+    t0 = time.time_ns()
+
+    run = fleet.start().started()
+    run.wait_step("a await_ready ok")
+    time.sleep(2 * RESYNC_S)
+    assert fleet.states() == {"a": "running", "b": "created"}
+
+    fleet.write(ROLE + b, by_rename=True)  # the tail with a is lost
+    run.wait_log("manifest: reloaded (1 serves)")
+    run.wait_log(f"{fleet.name('a')} is no longer declared")
+    time.sleep(2 * RESYNC_S)  # two resyncs: b must not be started into a's room
+    assert fleet.states() == {"a": "running", "b": "created"}
+    assert fleet.starts("b", t0) == 0, run.steps()
+
+    # once a stops, its room is free: b starts
+    fleet.client.containers.get(fleet.name("a")).stop(timeout=5)
+    fleet.wait_state("b", "running")
+    fleet.assert_never_overcommitted()
+    assert run.stop() == 0, run.text()

@@ -197,7 +197,7 @@ def test_up_gets_a_clean_environment_and_the_serves_up_env(stack: Stack) -> None
 )
 def test_up_env_is_validated(tmp_path: Path, value: str, words: str) -> None:
     path = tmp_path / "serves.toml"
-    path.write_text(f'[[serve]]\nname = "s"\ncontainer = "c"\nup = "true"\n{value}\n')
+    path.write_text(f'[[serve]]\nname = "s"\ncontainer = "c-s"\nup = "true"\n{value}\n')
     with pytest.raises(ManifestError) as caught:
         load_manifest_set([path])
     assert 'serve "s" (#1): up_env' in str(caught.value) and words in str(caught.value)
@@ -205,5 +205,5 @@ def test_up_env_is_validated(tmp_path: Path, value: str, words: str) -> None:
 
 def test_up_env_loads_as_a_table_of_strings(tmp_path: Path) -> None:
     path = tmp_path / "serves.toml"
-    path.write_text('[[serve]]\nname = "s"\ncontainer = "c"\nup_env = { A = "1", B_2 = "" }\n')
+    path.write_text('[[serve]]\nname = "s"\ncontainer = "c-s"\nup_env = { A = "1", B_2 = "" }\n')
     assert load_manifest_set([path]).serves["s"].up_env == {"A": "1", "B_2": ""}

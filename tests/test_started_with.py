@@ -1,0 +1,109 @@
+"""A running container keeps the reservation it was started with, whatever the manifest
+says now (``Observed.started_with``, the controller's journal record).
+
+Pure-core tests of the ledger and the status report; the loop's record keeping is
+tested end to end in tests/test_run_e2e.py (a half-written manifest under ``run``).
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from controller.journal import Journal
+from statemachine.ledger import ledger_from_observed, no_longer_declared
+from statemachine.planner import Action, Policy, plan_transitions
+from statemachine.status import host_status
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    GpuRole,
+    Observed,
+    Residency,
+    ServeSpec,
+    StartedWith,
+)
+
+ROLES = {"a": GpuRole("a", 10_000), "b": GpuRole("b", 10_000)}
+RUNNING = ContainerObs(ContainerState.RUNNING, started_at=100.0)
+EXITED = ContainerObs(ContainerState.EXITED, exit_code=0)
+B = ServeSpec("b", "c-b", ("a",), 6000, Residency.ON_DEMAND, DesiredRun.RUNNING, port=None)
+
+
+def desired(*serves: ServeSpec) -> DesiredState:
+    return DesiredState(ROLES, {s.name: s for s in serves})
+
+
+def observed(containers: dict[str, ContainerObs], records: dict[str, StartedWith]) -> Observed:
+    return Observed(True, containers, started_with=records)
+
+
+def test_a_running_container_no_longer_declared_keeps_its_room() -> None:
+    want = desired(B)
+    obs = observed({"c-a": RUNNING, "c-b": EXITED}, {"c-a": StartedWith("a", ("a",), 6000)})
+    ledger = ledger_from_observed(want, obs)
+    assert ledger.committed_mib("a") == 6000 and ledger.holds("a")
+    plan = plan_transitions(want, obs, Policy(), now=200.0)
+    assert not [s for s in plan.steps if s.action is Action.START], plan.to_json()
+    assert [b.serve for b in plan.blocked] == ["b"]
+    status = host_status(want, obs).to_json()
+    assert status["no_longer_declared"] == [
+        {"serve": "a", "container": "c-a", "gpu_roles": ["a"], "reservation_mib": 6000}
+    ]
+
+
+def test_once_it_stops_the_record_counts_nothing() -> None:
+    want = desired(B)
+    obs = observed({"c-a": EXITED}, {"c-a": StartedWith("a", ("a",), 6000)})
+    assert ledger_from_observed(want, obs).committed_mib("a") == 0
+    assert no_longer_declared(want, obs) == []
+    plan = plan_transitions(want, obs, Policy(), now=200.0)
+    assert [s.action for s in plan.steps if s.serve == "b"][:2] == [Action.RESERVE, Action.START]
+
+
+def test_declared_smaller_or_elsewhere_counts_the_larger_on_both() -> None:
+    smaller = ServeSpec("a", "c-a", ("b",), 2000, Residency.RESIDENT, DesiredRun.RUNNING)
+    obs = observed({"c-a": RUNNING}, {"c-a": StartedWith("a", ("a",), 6000)})
+    ledger = ledger_from_observed(desired(smaller), obs)
+    assert ledger.holdings["a"].gpu_roles == ("b", "a")
+    assert (ledger.committed_mib("a"), ledger.committed_mib("b")) == (6000, 6000)
+    larger = ServeSpec("a", "c-a", ("a",), 8000, Residency.RESIDENT, DesiredRun.RUNNING)
+    assert ledger_from_observed(desired(larger), obs).committed_mib("a") == 8000
+
+
+def test_a_name_taken_by_a_declared_serve_gets_its_container_beside_it() -> None:
+    renamed = ServeSpec("a", "c-a2", ("a",), 1000, Residency.RESIDENT, DesiredRun.RUNNING)
+    obs = observed({"c-a": RUNNING, "c-a2": RUNNING}, {"c-a": StartedWith("a", ("a",), 6000)})
+    ledger = ledger_from_observed(desired(renamed), obs)
+    assert ledger.reservations_on("a") == (("a", 1000), ("a (c-a)", 6000))
+
+
+def test_roles_without_a_capacity_row_cannot_be_counted() -> None:
+    obs = observed({"c-a": RUNNING}, {"c-a": StartedWith("a", ("gone",), 6000)})
+    assert no_longer_declared(desired(B), obs) == []
+    assert ledger_from_observed(desired(B), obs).holdings == {}
+
+
+def test_docker_unreadable_is_unknown_not_zero() -> None:
+    obs = Observed(False, started_with={"c-a": StartedWith("a", ("a",), 6000)})
+    assert ledger_from_observed(desired(B), obs).unknown
+    assert no_longer_declared(desired(B), obs) == []
+
+
+def test_the_journal_keeps_start_reservations_and_opens_older_files(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite3"
+    with Journal.open(path) as j:
+        j.set_started("c-a", "a", ("a", "b"), 6000, 1.0)
+        j.set_started("c-a", "a", ("a",), 7000, 2.0)  # a new start replaces the record
+        assert j.started() == {"c-a": StartedWith("a", ("a",), 7000)}
+        j.forget_started("c-a")
+        assert j.started() == {}
+    with sqlite3.connect(path) as conn:  # a journal written before the table existed
+        conn.execute("DROP TABLE started")
+    with Journal.open(path, readonly=True) as j:
+        assert j.started() == {}
+    with Journal.open(path) as j:  # opened for writing, the table is added
+        j.set_started("c-b", "b", ("a",), 1000, 3.0)
+        assert j.started() == {"c-b": StartedWith("b", ("a",), 1000)}
