@@ -379,13 +379,17 @@ class Campaign:
             return None
 
     def op_edit(self) -> None:
-        serve = self.rng.choice(list(self.model))
-        st = self.model[serve]
         by_rename = self.rng.random() < 0.5
         how = "by rename" if by_rename else "in place"
         what = self.rng.choice(("desired", "desired", "mib", "presence"))
+        absent = [n for n, st in self.model.items() if not st.present]
+        if what == "presence" and absent and (len(absent) >= 2 or self.rng.random() < 0.6):
+            serve = self.rng.choice(absent)  # serves come back more often than they leave
+        else:
+            serve = self.rng.choice([n for n, st in self.model.items() if st.present])
+        st = self.model[serve]
         if what == "desired":
-            st.desired = self.rng.choice(("running", "stopped", None))
+            st.desired = self.rng.choices(("running", "stopped", None), (6, 2, 2))[0]
             detail = f"{serve} desired={st.desired}"
         elif what == "mib":
             st.mib = max(500, self.defs[serve].mib + self.rng.choice(MIB_STEPS))
@@ -406,7 +410,15 @@ class Campaign:
         elif kind == "truncated-byte":
             data = text[: self.rng.randrange(1, len(text))].encode()
         elif kind == "invalid":
-            data = text.replace("vram_mib = ", "vram_mib = -", 1).encode()
+            bad = self.rng.choice(
+                (
+                    ("vram_mib = ", "vram_mib = -"),  # the role's: every serve loses its role
+                    ('residency = "evictable"', 'residency = "sometimes"'),
+                    ("stop_timeout_s = 3", "stop_timeout_s = 'x"),  # a TOML syntax error
+                    ('health = "/health"', 'health = "/health"\nvram_mb = 1'),
+                )
+            )
+            data = text.replace(*bad, 1).encode()
         else:
             data = text.encode().replace(b"resident", b"resid\xffent", 1)
         self._write(data, by_rename=self.rng.random() < 0.5)
@@ -417,7 +429,7 @@ class Campaign:
     def op_api(self) -> None:
         ods = [s.name for s in UNIVERSE if s.residency == "on-demand"]
         serve = self.rng.choice(ods if self.rng.random() < 0.85 else list(self.model))
-        down = serve in self.requested and self.rng.random() < 0.5
+        down = serve in self.requested and self.rng.random() < 0.4
         verb = "down" if down else "up"
         body: dict[str, Any] | None = None
         if verb == "up" and self.rng.random() < 0.5:

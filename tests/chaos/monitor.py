@@ -341,23 +341,38 @@ class Monitor:
         )
 
     def _why(self, role: str, model: Model, ev: EventItem, summary: str) -> str:
-        """Name the room the start took: a lowered reservation, a serve no longer declared."""
+        """Name the room the start took, with the role's total counted three ways.
+
+        ``at start`` is what the monitor counts (a running container keeps the
+        reservation it was started with); ``as declared`` counts what the manifest
+        says now, serves it no longer declares as their last declared figure; ``only
+        declared`` leaves those out. A start that fits ``as declared`` took the room of
+        a reservation lowered while its container ran; one that fits only ``only
+        declared`` took the room of a serve no longer declared.
+        """
         budget = model.budgets[role]
         declared = 0
-        undeclared = 0
+        remembered = 0
         for r in self.running.values():
             if self._role_of(r.serve, ev.t) != role:
                 continue
             now = model.serves.get(r.serve)
-            if now is None:
-                undeclared += r.mib
-            else:
+            if now is not None:
                 declared += now.mib
-        if declared + undeclared <= budget:
-            return f"[room of a reservation lowered while running] {summary}"
-        if declared <= budget:
-            return f"[room of a serve no longer declared, still running] {summary}"
-        return summary
+            else:
+                last = self._last_decl(r.serve, ev.t)
+                remembered += last.mib if last is not None else r.mib
+        figures = (
+            f" (at start {self.held(role, model, t=ev.t)}, as declared {declared + remembered}, "
+            f"only declared {declared})"
+        )
+        tags = []
+        if remembered and declared <= budget:
+            tags.append("a serve no longer declared, still running")
+        if declared + remembered <= budget:
+            tags.append("a reservation lowered while running")
+        tag = f"[room of {' and of '.join(tags)}] " if tags else ""
+        return tag + summary + figures
 
     def _describe(self, role: str, model: Model, t: int, held: int, budget: int) -> str:
         parts = []
