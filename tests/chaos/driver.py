@@ -53,6 +53,8 @@ from chaos.monitor import (
 from chaos.proxy import DockerProxy
 
 REPO = Path(__file__).resolve().parents[2]
+# health probes and API calls go straight to loopback, never through an HTTP_PROXY
+_http = httpx.Client(trust_env=False)
 ROLE = "a"
 BUDGET_MIB = 10_000
 TOKEN = "chaos-token-0123456789abcdef"
@@ -103,9 +105,15 @@ class Op:
 class Controller:
     proc: subprocess.Popen[bytes]
     log: Path
+    started_ns: int = field(default_factory=time.time_ns)
+    ended_ns: int | None = None  # when the driver saw it gone
 
     def alive(self) -> bool:
-        return self.proc.poll() is None
+        if self.proc.poll() is None:
+            return True
+        if self.ended_ns is None:
+            self.ended_ns = time.time_ns()
+        return False
 
 
 @dataclass
@@ -180,12 +188,18 @@ class Campaign:
         labels = " ".join(f"--label {k}={v}" for k, v in self.labels(s.name).items())
         # the daemon is named explicitly: the `up` must go through the proxy whatever
         # environment the controller gives its commands
+        # a marker file while it runs lets the driver aim a SIGKILL at an `up` in flight
+        marker = self.tmp / f"up-{s.name}.in-flight"
         script = (
             "#!/bin/sh\n"
+            f"echo $$ > {marker}\n"
             f"sleep {s.up_delay_s}\n"
-            f"exec {self.docker_cli} -H {self.proxy.url} run -d --name "
+            f"{self.docker_cli} -H {self.proxy.url} run -d --name "
             f"{self.container_name(s.name)} {labels} --init --network host {self.image} "
             f"sh -c '{cmd[2]}'\n"
+            "rc=$?\n"
+            f"rm -f {marker}\n"
+            "exit $rc\n"
         )
         (self.tmp / f"up-{s.name}.sh").write_text(script)
 
@@ -325,7 +339,7 @@ class Campaign:
             if c is None or not c.alive():
                 return False
             with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(self.api("/healthz"), timeout=2).status_code == 200:
+                if _http.get(self.api("/healthz"), timeout=2).status_code == 200:
                     return True
             time.sleep(0.2)
         return False
@@ -339,7 +353,10 @@ class Campaign:
         if c is not None and not c.alive():
             rc = c.proc.returncode
             tail = _log_tail(c.log)
-            if rc != -signal.SIGKILL:
+            if rc == 1 and str(self.manifest) in c.log.read_text(errors="replace"):
+                # `vramctl run` refuses to start on a manifest that does not validate
+                self.log_op("controller-refused", f"{c.log.name}: invalid manifest", tail[-200:])
+            elif rc != -signal.SIGKILL:
                 self.findings.append(f"controller {c.log.name} exited {rc} on its own: {tail}")
                 self.log_op("controller-exited", f"{c.log.name} rc={rc}", tail[-200:])
         if c is None or not c.alive():
@@ -435,7 +452,7 @@ class Campaign:
         if verb == "up" and self.rng.random() < 0.5:
             body = {"ttl_s": self.rng.choice((3, 8, 20))}
         try:
-            r = httpx.post(
+            r = _http.post(
                 self.api(f"/v1/serves/{serve}/{verb}"),
                 json=body,
                 headers={"Authorization": f"Bearer {TOKEN}"},
@@ -476,7 +493,14 @@ class Campaign:
             self.client.api.remove_container(self.container_name(serve), force=True)
         self.log_op("docker-rm", serve)
 
+    def starting(self) -> list[str]:
+        """Serves whose container runs but does not answer its health path yet."""
+        return [s for s in self._running_serves() if not _healthy(self.ports[s])]
+
     def op_outside_start(self) -> None:
+        aimed = ""
+        if self.rng.random() < 0.5 and self._wait_for(lambda: bool(self.starting()), 3.0):
+            aimed = f" during the health wait of {', '.join(self.starting())}"
         stopped = [
             s
             for s, st in self.model.items()
@@ -493,17 +517,32 @@ class Campaign:
             result = "started"
         except (NotFound, APIError) as exc:
             result = f"failed: {exc}"
-        self.log_op("outside-start", serve, result)
+        self.log_op("outside-start", serve + aimed, result)
+
+    def _wait_for(self, what: Callable[[], bool], seconds: float) -> bool:
+        end = time.monotonic() + seconds
+        while time.monotonic() < end:
+            if what():
+                return True
+            self.pause(0.05)
+        return False
+
+    def ups_in_flight(self) -> list[str]:
+        return [p.name for p in self.tmp.glob("up-*.in-flight")]
 
     def op_sigkill(self) -> None:
         c = self.controller
+        aimed = ""
+        if self.rng.random() < 0.5 and self._wait_for(lambda: bool(self.ups_in_flight()), 3.0):
+            aimed = f" while {', '.join(self.ups_in_flight())} ran"  # an `up` may be orphaned
         if c is not None and c.alive():
             c.proc.kill()
             c.proc.wait(10)
+            c.alive()  # notes when it ended
         down_s = self.rng.uniform(0, 1.5)
         self.pause(down_s)
         self.start_controller()
-        self.log_op("sigkill", f"controller killed, restarted after {down_s:.1f}s")
+        self.log_op("sigkill", f"controller killed{aimed}, restarted after {down_s:.1f}s")
 
     def op_cut(self) -> None:
         if self.proxy.is_cut:
@@ -566,7 +605,7 @@ class Campaign:
         self.wait_api(30)
         for serve in sorted(self.requested):  # a requester left up is not what we check
             with contextlib.suppress(httpx.HTTPError):
-                httpx.post(
+                _http.post(
                     self.api(f"/v1/serves/{serve}/down"),
                     headers={"Authorization": f"Bearer {TOKEN}"},
                     timeout=10,
@@ -593,7 +632,7 @@ class Campaign:
 
     def _longest_backoff(self) -> float:
         try:
-            serves = httpx.get(self.api("/v1/serves"), timeout=5).json()["serves"]
+            serves = _http.get(self.api("/v1/serves"), timeout=5).json()["serves"]
         except (httpx.HTTPError, ValueError, KeyError):
             return 300.0  # the cap: unknown is not 0
         return max(
@@ -609,6 +648,16 @@ class Campaign:
         self.timeline.flush()
 
     # ── the report ───────────────────────────────────────────────────────────
+    def controller_log(self) -> list[tuple[int, str, str]]:
+        """(time, run, message) of every JSON log record of every controller, in order."""
+        out = [
+            (t, c.log.stem, msg)
+            for c in self.controllers
+            if c.log.exists()
+            for t, msg in _records(c.log)
+        ]
+        return sorted(out)
+
     def context(self, v: Violation, before_s: float = 20.0) -> list[Op]:
         return [o for o in self.ops if v.t - int(before_s * NS) <= o.t <= v.t + NS // 2]
 
@@ -631,13 +680,25 @@ class Campaign:
                 "serve": v.serve,
                 "detail": v.detail,
             }
+            if v.request_t and not any(
+                c.started_ns <= v.request_t <= (c.ended_ns or 2**63) for c in self.controllers
+            ):
+                out["detail"] = "[orphaned `up`: no controller ran when it was sent] " + v.detail
             if with_ops:
                 out["ops_before"] = [op_json(o) for o in self.context(v)]
+                out["controller_log"] = [
+                    f"{(t - t0) / NS:.2f} {run}: {msg}"
+                    for t, run, msg in log
+                    if v.t - 6 * NS <= t <= v.t + NS // 2
+                ]
             return out
+
+        log = self.controller_log()
 
         return {
             "seed": self.seed,
             "run_id": self.run_id,
+            "t0_ns": t0,
             "ops": len(
                 [o for o in self.ops if o.kind not in ("manifest-restore", "socket-restore")]
             ),
@@ -657,6 +718,24 @@ class Campaign:
             "logs": str(self.tmp),
             "ops_log": [op_json(o) for o in self.ops],
         }
+
+
+def _healthy(port: int) -> bool:
+    try:
+        return _http.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _records(path: Path) -> list[tuple[int, str]]:
+    out = []
+    for line in path.read_text(errors="replace").splitlines():
+        try:
+            rec = json.loads(line)["record"]
+            out.append((int(float(rec["time"]["timestamp"]) * NS), str(rec["message"])[:240]))
+        except (ValueError, KeyError, TypeError):
+            continue
+    return out
 
 
 def _daemon_socket() -> str:

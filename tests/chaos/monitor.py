@@ -121,6 +121,7 @@ class Violation:
     t: int
     serve: str
     detail: str
+    request_t: int = 0  # when the start was asked for (0: not a start)
 
 
 @dataclass
@@ -336,43 +337,43 @@ class Monitor:
                 )
             )
             return
-        self.violations.append(
-            Violation("overcommit", ev.t, ev.serve, self._why(role, model, ev, summary))
-        )
+        why = self._why(role, model, ev, summary)
+        self.violations.append(Violation("overcommit", ev.t, ev.serve, why, req_t))
 
     def _why(self, role: str, model: Model, ev: EventItem, summary: str) -> str:
-        """Name the room the start took, with the role's total counted three ways.
+        """What the count holds that the manifest no longer says, and the total three ways.
 
         ``at start`` is what the monitor counts (a running container keeps the
-        reservation it was started with); ``as declared`` counts what the manifest
-        says now, serves it no longer declares as their last declared figure; ``only
-        declared`` leaves those out. A start that fits ``as declared`` took the room of
-        a reservation lowered while its container ran; one that fits only ``only
-        declared`` took the room of a serve no longer declared.
+        reservation it was started with); ``as declared`` counts what the manifest says
+        now, serves it no longer declares at their last declared figure; ``only
+        declared`` leaves those out.
         """
-        budget = model.budgets[role]
         declared = 0
         remembered = 0
-        for r in self.running.values():
+        gone: list[str] = []
+        lowered: list[str] = []
+        for r in sorted(self.running.values(), key=lambda r: r.t):
             if self._role_of(r.serve, ev.t) != role:
                 continue
             now = model.serves.get(r.serve)
             if now is not None:
                 declared += now.mib
+                if r.mib > now.mib:
+                    lowered.append(f"{r.serve} {r.mib}>{now.mib}")
             else:
                 last = self._last_decl(r.serve, ev.t)
                 remembered += last.mib if last is not None else r.mib
+                gone.append(r.serve)
+        tags = []
+        if gone:
+            tags.append(f"[counts serves no longer declared, still running: {', '.join(gone)}]")
+        if lowered:
+            tags.append(f"[counts reservations above today's declaration: {', '.join(lowered)}]")
         figures = (
             f" (at start {self.held(role, model, t=ev.t)}, as declared {declared + remembered}, "
             f"only declared {declared})"
         )
-        tags = []
-        if remembered and declared <= budget:
-            tags.append("a serve no longer declared, still running")
-        if declared + remembered <= budget:
-            tags.append("a reservation lowered while running")
-        tag = f"[room of {' and of '.join(tags)}] " if tags else ""
-        return tag + summary + figures
+        return " ".join([*tags, summary]) + figures
 
     def _describe(self, role: str, model: Model, t: int, held: int, budget: int) -> str:
         parts = []
