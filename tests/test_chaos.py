@@ -57,6 +57,7 @@ from chaos.monitor import (
     Monitor,
     RequestItem,
     ServeDecl,
+    promote_races,
 )
 from chaos.proxy import DockerProxy
 from docker.errors import NotFound
@@ -117,6 +118,21 @@ def test_monitor_excuses_a_start_racing_an_outside_start() -> None:
     feed += start(4.7, "a", who="outside") + start(5, "b")
     m = Monitor().feed(feed)  # type: ignore[arg-type]
     assert m.violations == [] and [n.kind for n in m.notes] == ["race"]
+
+
+def test_a_race_the_controller_admitted_late_is_an_overcommit_after_all() -> None:
+    feed = [ModelItem(0, model(a=6000, b=5000))]
+    feed += start(3.0, "a", who="outside") + start(3.9, "b")  # a runs from 3.05
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    assert [n.kind for n in m.notes] == ["race"] and m.violations == []
+    # the controller admitted b 0.15 s after a started: too close to call
+    assert promote_races(m.notes, {"b": [int(3.2 * S)]}) == []
+    # it admitted b 0.75 s after a had started: a fresh look would have seen a
+    (v,) = promote_races(m.notes, {"b": [int(1 * S), int(3.8 * S)]})
+    assert v.kind == "overcommit" and v.serve == "b"
+    assert v.detail.startswith("[admitted after outside starts it could have seen: a 0.75s]")
+    assert "11000 of 10000" in v.detail
+    assert promote_races(m.notes, {}) == []  # no admission time known: stays a race
 
 
 def test_monitor_excuses_a_manifest_edit_the_controller_cannot_have_read_yet() -> None:

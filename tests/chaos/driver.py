@@ -49,6 +49,7 @@ from chaos.monitor import (
     ServeDecl,
     Timeline,
     Violation,
+    promote_races,
 )
 from chaos.proxy import DockerProxy
 
@@ -694,6 +695,17 @@ class Campaign:
             return out
 
         log = self.controller_log()
+        admitted: dict[str, list[int]] = {}
+        for t, _run, msg in log:
+            serve, sep, _ = msg.partition(" reserve: ok")
+            if sep and " " not in serve:
+                admitted.setdefault(serve, []).append(t)
+        crashes = Counter(f"{run}: {msg}" for _t, run, msg in log if "[traceback: " in msg)
+        findings = [
+            *self.findings,
+            *(f"a traceback in the controller's log ({n}x): {m}" for m, n in crashes.items()),
+        ]
+        violations = sorted([*m.violations, *promote_races(m.notes, admitted)], key=lambda v: v.t)
 
         return {
             "seed": self.seed,
@@ -708,10 +720,10 @@ class Campaign:
             "proxy_cuts": self.proxy.cuts,
             "starts_by_cause": dict(m.starts),
             "max_held_mib": dict(m.max_held),
-            "violations": [v_json(v, True) for v in m.violations],
+            "violations": [v_json(v, True) for v in violations],
             "notes": dict(Counter(n.kind for n in m.notes)),
             "note_samples": [v_json(n, False) for n in m.notes[:10]],
-            "findings": self.findings,
+            "findings": findings,
             "converged": converged[0],
             "final_state": converged[1],
             "settle_s": round(converged[2], 1),
@@ -728,11 +740,16 @@ def _healthy(port: int) -> bool:
 
 
 def _records(path: Path) -> list[tuple[int, str]]:
+    """(time, message) of each JSON log record; a record with a traceback says so."""
     out = []
     for line in path.read_text(errors="replace").splitlines():
         try:
             rec = json.loads(line)["record"]
-            out.append((int(float(rec["time"]["timestamp"]) * NS), str(rec["message"])[:240]))
+            msg = str(rec["message"])[:240]
+            exc = rec.get("exception")
+            if exc:
+                msg += f" [traceback: {exc.get('type')}: {str(exc.get('value'))[:160]}]"
+            out.append((int(float(rec["time"]["timestamp"]) * NS), msg))
         except (ValueError, KeyError, TypeError):
             continue
     return out

@@ -122,6 +122,43 @@ class Violation:
     serve: str
     detail: str
     request_t: int = 0  # when the start was asked for (0: not a start)
+    #: a race: the outside starts (serve, time) it was excused for, and the detail an
+    #: overcommit would have had (see :func:`promote_races`)
+    excused: tuple[tuple[str, int], ...] = ()
+    as_overcommit: str = ""
+
+
+def promote_races(
+    notes: Iterable[Violation], admitted: Mapping[str, list[int]], grace_s: float = 0.25
+) -> list[Violation]:
+    """Races the controller's own admission times show were not races.
+
+    ``admitted`` is, per serve, when the controller admitted a start of it (its log's
+    reserve step). A start excused because an outside start came just before its
+    request is an overcommit after all when the controller admitted it more than
+    ``grace_s`` after every one of those outside starts: a look at the host at
+    admission would have seen them.
+    """
+    out = []
+    for n in notes:
+        if n.kind != "race" or not n.excused:
+            continue
+        before = [t for t in admitted.get(n.serve, []) if n.request_t - 60 * NS <= t <= n.request_t]
+        if not before:
+            continue
+        admit = max(before)
+        if all(t < admit - grace_s * NS for _, t in n.excused):
+            lag = ", ".join(f"{s} {(admit - t) / NS:.2f}s" for s, t in n.excused)
+            out.append(
+                Violation(
+                    "overcommit",
+                    n.t,
+                    n.serve,
+                    f"[admitted after outside starts it could have seen: {lag}] {n.as_overcommit}",
+                    n.request_t,
+                )
+            )
+    return out
 
 
 @dataclass
@@ -334,6 +371,9 @@ class Monitor:
                     ev.serve,
                     f"{summary}; an outside start came within "
                     f"{self.race_s + last.up_delay_s:g}s of the request",
+                    req_t,
+                    tuple(sorted((self.running[c].serve, self.running[c].t) for c in recent)),
+                    self._why(role, model, ev, summary),
                 )
             )
             return
@@ -415,7 +455,7 @@ class Timeline:
     first. ``flush`` processes everything (at the end of a campaign).
     """
 
-    def __init__(self, monitor: Monitor, watermark_s: float = 1.5) -> None:
+    def __init__(self, monitor: Monitor, watermark_s: float = 3.0) -> None:
         self.monitor = monitor
         self.watermark_ns = int(watermark_s * NS)
         self._heap: list[tuple[int, int, Item]] = []
