@@ -129,9 +129,6 @@ def _cuts(data: bytes) -> list[int]:
     return sorted(out - {0})
 
 
-CUTS = [(name, cut) for name, data in SEEDS.items() for cut in _cuts(data)]
-
-
 @pytest.mark.parametrize("name", sorted(SEEDS))
 def test_every_table_boundary_cut_loads_or_is_refused_with_located_errors(
     name: str, tmp_path: Path
