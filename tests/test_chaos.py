@@ -41,6 +41,7 @@ import os
 import random
 import shutil
 import socket
+import subprocess
 import time
 import uuid
 from pathlib import Path
@@ -232,6 +233,53 @@ def test_proxy_notes_starts_with_their_answer_and_can_be_cut(
 def _daemon() -> str:
     host = os.environ.get("DOCKER_HOST", "")
     return host.removeprefix("unix://") if host.startswith("unix://") else "/var/run/docker.sock"
+
+
+@pytest.mark.docker
+def test_the_harness_flags_an_overcommit_made_through_the_controllers_socket(
+    docker_client: docker.DockerClient, test_image: str
+) -> None:
+    """The whole pipeline, without a controller: proxy, event stream, timeline, monitor.
+
+    Starts sent through the proxy socket (as the controller's would be: its client
+    and its `up` commands) that take the role over budget are flagged; the driver's
+    own start is not; a start through the socket of what the driver started is a
+    double start.
+    """
+    tmp = Path(f"/tmp/vc-harness-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    c = Campaign(docker_client, test_image, tmp, seed=0, ops_max=0, seconds_max=0)
+    try:
+        c.setup()  # the initial model: res1 3000, res2 2000, ev1 3000, ... of 10000
+        via = docker.DockerClient(base_url=c.proxy.url, timeout=30)
+        try:
+            via.api.start(c.container_name("res1"))
+            via.api.start(c.container_name("ev1"))  # 6000
+            od1 = c.container_name("od1")
+            c.timeline.put(RequestItem(time.time_ns(), "outside", "start", od1))
+            docker_client.api.start(od1)  # 10000, by the driver: nobody's fault
+            # past the race window (1 s + the `up`'s own 1 s wait): the `up` had time to
+            # see od1 running
+            time.sleep(1.5)
+            up = subprocess.run(
+                ["/bin/sh", str(tmp / "up-res2.sh")], capture_output=True, check=False
+            )
+            assert up.returncode == 0, up.stderr  # 12000: the controller's `up` overcommits
+            time.sleep(1.5)
+            via.api.start(od1)  # what the driver started 1.5 s ago: 304
+        finally:
+            via.close()
+        c.timeline.flush()
+    finally:
+        c.teardown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    m = c.monitor
+    assert m.starts == {"controller": 3, "outside": 1}, m.starts
+    kinds = sorted(v.kind for v in m.violations)
+    assert kinds == ["double_start", "overcommit"], m.violations
+    (over,) = [v for v in m.violations if v.kind == "overcommit"]
+    assert over.serve == "res2" and "12000 of 10000" in over.detail, over
+    assert [n.kind for n in m.notes] == [], m.notes
 
 
 # ── the campaign ─────────────────────────────────────────────────────────────
