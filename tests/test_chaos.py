@@ -20,7 +20,11 @@ noted before they are made.
 At the end the socket is restored, a final manifest is written and the requests are
 ended; the controller must reach it (within its own declared backoff plus a minute)
 and the monitor must have recorded no controller-caused overcommit, no double start
-and no start it cannot attribute. The summary (seed, operations by kind, starts by
+and no start it cannot attribute. A start excused as a race with an outside start
+counts after all when the controller's log shows it admitted the start well after
+that outside start. The controller exiting on its own (other than refusing an
+invalid manifest at start-up), a traceback in its log, or a 5xx other than 503 from
+its API fail the campaign too. The summary (seed, operations by kind, starts by
 cause, violations with the operations before each) is printed, and written as JSON
 to ``$VRAMCTL_CHAOS_REPORT`` when set.
 
