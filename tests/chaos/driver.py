@@ -146,7 +146,7 @@ class Campaign:
         self.proxy = DockerProxy(self.tmp / "docker.sock", _daemon_socket(), self.timeline.put)
         self._restore_manifest_at: float | None = None
         self._restore_proxy_at: float | None = None
-        self._events_client = docker.from_env(timeout=60)
+        self._events_client = docker.from_env(timeout=3600)  # a quiet stream is no error
         self._stream: Any = None
         self._stop = threading.Event()
         self._threads: list[threading.Thread] = []
@@ -223,22 +223,45 @@ class Campaign:
 
     # ── what the monitor is fed ──────────────────────────────────────────────
     def _follow_events(self) -> None:
-        self._stream = self._events_client.events(
-            decode=True, filters={"type": "container", "label": self.label}
-        )
+        """Docker's events for the campaign's containers, into the timeline, without a gap.
+
+        Should the stream end (a read timeout on a quiet daemon, a hiccup), it is
+        opened again from the last event seen (``since``), and events already put in
+        are not put in twice.
+        """
+        filters = {"type": "container", "label": self.label}
+        self._stream = self._events_client.events(decode=True, filters=filters)
+        seen: set[tuple[int, str, str]] = set()
+        last_ns = time.time_ns()
 
         def pump() -> None:
-            with contextlib.suppress(Exception):
-                for e in self._stream:
-                    attrs = (e.get("Actor") or {}).get("Attributes") or {}
-                    self.timeline.put(
-                        EventItem(
-                            int(e.get("timeNano") or time.time_ns()),
-                            str(e.get("Action") or e.get("status") or ""),
-                            str((e.get("Actor") or {}).get("ID") or e.get("id") or ""),
-                            str(attrs.get("name", "")),
-                            str(attrs.get("vramctl.chaos.serve", "")),
+            nonlocal last_ns
+            while not self._stop.is_set():
+                with contextlib.suppress(Exception):
+                    for e in self._stream:
+                        t = int(e.get("timeNano") or time.time_ns())
+                        actor = e.get("Actor") or {}
+                        attrs = actor.get("Attributes") or {}
+                        action = str(e.get("Action") or e.get("status") or "")
+                        cid = str(actor.get("ID") or e.get("id") or "")
+                        if (t, cid, action) in seen:
+                            continue
+                        seen.add((t, cid, action))
+                        last_ns = max(last_ns, t)
+                        self.timeline.put(
+                            EventItem(
+                                t,
+                                action,
+                                cid,
+                                str(attrs.get("name", "")),
+                                str(attrs.get("vramctl.chaos.serve", "")),
+                            )
                         )
+                if self._stop.wait(0.2):
+                    return
+                with contextlib.suppress(Exception):
+                    self._stream = self._events_client.events(
+                        decode=True, filters=filters, since=last_ns // NS
                     )
 
         t = threading.Thread(target=pump, daemon=True, name="chaos-events")
