@@ -191,6 +191,13 @@ def test_monitor_matches_by_id_and_notices_lists_that_disagree() -> None:
     m = Monitor().feed(feed)  # type: ignore[arg-type]
     assert m.starts == {"controller": 1}
     assert [v.kind for v in m.violations] == ["monitor_gap"]
+    assert "the events say it runs, the list does not" in m.violations[0].detail
+    # a list asked for before a start and answered after it is no disagreement
+    slow = [ModelItem(0, model(b=1000)), RequestItem(S, "controller", "start", cid[:12], 204)]
+    slow += [EventItem(2 * S, "start", cid, "c-b", "b")]
+    slow += [ListItem(int(2.5 * S), frozenset(), since=int(1.5 * S))]
+    slow += [ListItem(int(3.5 * S), frozenset({cid}), since=int(3.4 * S))]
+    assert Monitor().feed(slow).violations == []  # type: ignore[arg-type]
 
 
 # ── the proxy on the real daemon ─────────────────────────────────────────────

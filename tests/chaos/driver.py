@@ -271,9 +271,10 @@ class Campaign:
     def _lister(self) -> None:
         while not self._stop.wait(1.0):
             with contextlib.suppress(Exception):
-                t = time.time_ns()
+                asked = time.time_ns()
                 cs = self.client.api.containers(filters={"label": self.label})  # running only
-                self.timeline.put(ListItem(t, frozenset(str(c["Id"]) for c in cs)))
+                names = {str(c["Id"]): str((c.get("Names") or ["?"])[0]).lstrip("/") for c in cs}
+                self.timeline.put(ListItem(time.time_ns(), frozenset(names), asked, names))
 
     def decl_model(self) -> Model:
         serves = {

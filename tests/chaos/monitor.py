@@ -95,8 +95,16 @@ class EventItem:
 
 @dataclass
 class ListItem:
+    """A container list: asked for at ``since``, answered at ``t``.
+
+    The list is no snapshot of one instant: a container whose events fall between
+    the two is left out of the comparison.
+    """
+
     t: int
     running: frozenset[str]  # container ids
+    since: int = 0
+    names: dict[str, str] | None = None  # id -> name, for the report
 
 
 Item = ModelItem | RequestItem | EventItem | ListItem
@@ -178,6 +186,7 @@ class Monitor:
     max_held: dict[str, int] = field(default_factory=dict)
     last_t: int = 0
     _list_misses: set[str] = field(default_factory=set)
+    _last_event: dict[str, int] = field(default_factory=dict)
 
     # ── inputs ──────────────────────────────────────────────────────────────
     def process(self, item: Item) -> None:
@@ -188,6 +197,7 @@ class Monitor:
         elif isinstance(item, RequestItem):
             self._request(item)
         elif isinstance(item, EventItem):
+            self._last_event[item.cid] = item.t
             if item.action == "start":
                 self._start(item)
             elif item.action in ("die", "destroy"):
@@ -428,15 +438,25 @@ class Monitor:
     # ── lists ────────────────────────────────────────────────────────────────
     def _list(self, item: ListItem) -> None:
         ours = set(self.running)
-        missing = (ours - item.running) | (item.running - ours)
+        since = (item.since or item.t) - NS // 10
+        moving = {cid for cid, t in self._last_event.items() if t >= since}
+        missing = ((ours - item.running) | (item.running - ours)) - moving
         persistent = missing & self._list_misses
         for cid in sorted(persistent):
+            name = (item.names or {}).get(cid) or (
+                self.running[cid].name if cid in self.running else cid[:12]
+            )
+            way = (
+                "the events say it runs, the list does not"
+                if cid in ours
+                else ("the list says it runs, the events do not")
+            )
             self.violations.append(
                 Violation(
                     "monitor_gap",
                     item.t,
-                    cid[:12],
-                    "two container lists in a row disagree with the events",
+                    name,
+                    f"two container lists in a row disagree with the events: {way}",
                 )
             )
         self._list_misses = missing - persistent
