@@ -21,7 +21,6 @@ import json
 import subprocess
 import sys
 from collections.abc import Iterator
-from pathlib import Path
 
 import docker
 import pytest
