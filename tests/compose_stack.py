@@ -103,6 +103,14 @@ class ComposeStack:
         if shutil.which("docker") is None or not self.file.exists():
             return
         docker_compose(
-            "-f", str(self.file), "--profile", "*", "down", "-t", "0", "-v",
-            "--remove-orphans", cwd=self.dir,
+            "-f",
+            str(self.file),
+            "--profile",
+            "*",
+            "down",
+            "-t",
+            "0",
+            "-v",
+            "--remove-orphans",
+            cwd=self.dir,
         )

@@ -49,8 +49,16 @@ def stack(fleet: Fleet, test_image: str) -> Iterator[ComposeStack]:
         s.down()
 
 
-def serve(stack: ComposeStack, name: str, mib: int, residency: str, *, desired: str = "",
-          profile: str | None = None, service: str | None = None) -> str:
+def serve(
+    stack: ComposeStack,
+    name: str,
+    mib: int,
+    residency: str,
+    *,
+    desired: str = "",
+    profile: str | None = None,
+    service: str | None = None,
+) -> str:
     want = f'desired = "{desired}"' if desired else ""
     return f"""
 [[serve]]
@@ -82,10 +90,22 @@ def start_with_api(fleet: Fleet, port: int) -> Run:
     token.chmod(0o600)
     log = fleet.tmp / f"run{len(fleet.runs) + 1}.log"
     argv = [
-        sys.executable, "-m", "controller.cli", "run", "-m", str(fleet.manifest),
-        "--state-dir", str(fleet.state_dir), "--resync", "1", "--log-json",
-        "--api", f"127.0.0.1:{port}", "--token-file", str(token),
-    ]  # fmt: skip
+        sys.executable,
+        "-m",
+        "controller.cli",
+        "run",
+        "-m",
+        str(fleet.manifest),
+        "--state-dir",
+        str(fleet.state_dir),
+        "--resync",
+        "1",
+        "--log-json",
+        "--api",
+        f"127.0.0.1:{port}",
+        "--token-file",
+        str(token),
+    ]
     env = _env()
     env.pop("HOME", None)  # `up` commands find the Compose plugin without it
     with log.open("wb") as fh:
@@ -137,8 +157,16 @@ def test_compose_serves_are_created_stopped_started_and_evicted_by_the_loop(
     assert docker_client.containers.get(stack.container("evi")).id == evi_id
 
     # the on-demand request through the API: evi is evicted, ond created by its `up`
-    asked = vramctl("up", "ond", "--ttl", "600", "--api", f"127.0.0.1:{api}",
-                    "--token-file", str(fleet.tmp / "token"))  # fmt: skip
+    asked = vramctl(
+        "up",
+        "ond",
+        "--ttl",
+        "600",
+        "--api",
+        f"127.0.0.1:{api}",
+        "--token-file",
+        str(fleet.tmp / "token"),
+    )
     assert asked.returncode == 0, asked.stdout + asked.stderr
     run.wait_step("ond await_ready ok", timeout=60)
     assert fleet.state("evi") == "exited"
@@ -147,8 +175,9 @@ def test_compose_serves_are_created_stopped_started_and_evicted_by_the_loop(
     assert labels["com.docker.compose.service"] == "ond"
 
     # the request ends: ond stops, evi (desired running) comes back
-    done = vramctl("down", "ond", "--api", f"127.0.0.1:{api}",
-                   "--token-file", str(fleet.tmp / "token"))  # fmt: skip
+    done = vramctl(
+        "down", "ond", "--api", f"127.0.0.1:{api}", "--token-file", str(fleet.tmp / "token")
+    )
     assert done.returncode == 0, done.stdout + done.stderr
     fleet.wait_state("ond", "exited", timeout=60)
     fleet.wait_state("evi", "running", timeout=60)
@@ -183,8 +212,9 @@ def test_a_failing_compose_up_is_a_failed_start_that_quotes_compose(
     plan = fleet.tmp / "plan.json"
     made = vramctl("plan", "-m", str(fleet.manifest), "--out", str(plan))
     assert made.returncode == 0, made.stdout + made.stderr
-    r = vramctl("apply", "-m", str(fleet.manifest), str(plan), "--json",
-                "--state-dir", str(fleet.state_dir))  # fmt: skip
+    r = vramctl(
+        "apply", "-m", str(fleet.manifest), str(plan), "--json", "--state-dir", str(fleet.state_dir)
+    )
     assert r.returncode == 1, r.stdout + r.stderr
     report = json.loads(r.stdout)
     failed = [x for x in report["steps"] if x["outcome"] == "failed"]
