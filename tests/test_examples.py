@@ -48,3 +48,43 @@ def test_example_validates_and_plans(manifest: Path) -> None:
             answer = fit_serve(desired, observed, serve.name, now=now)
             assert answer.fits, answer.reason
             assert answer.evict, f"{serve.name}: the example should show an eviction"
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_single_card_example_runs_for_real_and_evicts(docker_client: object) -> None:
+    """``manifests/examples/run single-card``, the documented one command, end to end.
+
+    Stand-in serves created by their Compose ``up`` commands, the on-demand ``fast`` tier
+    asked for (refused while ``ocr`` is inside its 120 s ``min_runtime_s``, then
+    admitted by draining and stopping ``ocr``), the request ended and ``ocr`` back.
+    """
+    import os
+    import subprocess
+
+    from compose_stack import compose_available
+    from serving import free_port
+
+    compose_available()
+    env = dict(os.environ, VRAMCTL_EXAMPLE_API=f"127.0.0.1:{free_port()}", COLUMNS="200")
+    r = subprocess.run(
+        [str(EXAMPLES / "run"), "single-card"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert "ocr drain: ok" in out and "ocr stop: ok" in out, out[-6000:]
+    assert "inside its min_runtime_s 120" in out, out[-6000:]  # the refusal came first
+    assert "done: fast was admitted by evicting ocr, which came back" in out, out[-3000:]
+    left = subprocess.run(
+        ["docker", "ps", "-aq", "--filter", "label=com.docker.compose.project=vramctl-examples"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert left.stdout.strip() == "", "the example's stack was not removed"
