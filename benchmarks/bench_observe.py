@@ -6,7 +6,7 @@ all named in the "manifest" that is observed, on the local daemon:
 ``ours_steady``
     One :meth:`controller.docker_adapter.ContainerObserver.observe` cycle in steady
     state: the observer has already seen every container (one warm-up cycle), so a
-    cycle is one list call and no inspect (DESIGN §5's docker adapter call-count
+    cycle is one list call and no inspect (docs/design.md §5 docker adapter call-count
     design).
 ``ours_cold``
     The first cycle of a fresh observer (fresh :class:`InspectCache`, same client):

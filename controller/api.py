@@ -1,4 +1,4 @@
-"""The HTTP API of ``vramctl run`` (DESIGN §5): FastAPI on uvicorn, in the loop's process.
+"""The HTTP API of ``vramctl run`` (docs/design.md §5): FastAPI on uvicorn, in the loop's process.
 
 The server runs as one of the :class:`~controller.loop.Controller`'s ``services``, on
 the loop's own event loop, so every handler (all ``async``) sees the controller
@@ -15,7 +15,7 @@ Routes:
   manifest set (``null`` = unknown, e.g. before the first cycle or with docker down).
 - ``GET /v1/serves`` — per serve: container state, lifecycle, reservation, backoff,
   the active on-demand request and its TTL, and whether it may be requested.
-- ``GET /v1/fit/{serve}`` — the fit JSON (DESIGN §5) on the last snapshot; no side
+- ``GET /v1/fit/{serve}`` — the fit JSON (docs/design.md §5) on the last snapshot; no side
   effects. 200 whether it fits or not; 404 unknown serve; 503 before the first cycle.
 - ``POST /v1/serves/{serve}/up`` (body optional: ``{"ttl_s": N}``, N > 0 seconds;
   default the serve's ``idle_ttl_s``, else no TTL) — see below.

@@ -4,7 +4,7 @@ This module reads Docker Compose files (YAML), takes each service's command line
 (``entrypoint`` + ``command``, interpolated and split the way compose does), maps the
 services to the manifest's serves, and asks :mod:`statemachine.engine` whether each
 serve's memory-fraction flag (vLLM ``--gpu-memory-utilization``, SGLang
-``--mem-fraction-static``) holds the engine to its ``vram_mib`` (DESIGN §3).
+``--mem-fraction-static``) holds the engine to its ``vram_mib`` (docs/design.md §3).
 
 Matching a service to a serve: the service's container name (``container_name``, else
 compose's default ``{project}-{service}-1``) equal to the serve's ``container``; failing

@@ -310,7 +310,7 @@ class DockerActions(RetryKnobs):
     def inspect(self, name: str) -> ContainerModel | None:
         """A fresh reading of one container; ``None`` when it does not exist.
 
-        Same vocabulary as the observed snapshot (DESIGN §5): ``state``, ``health``,
+        Same vocabulary as the observed snapshot (docs/design.md §5): ``state``, ``health``,
         ``started_at``, ``exit_code``, ``oom_killed`` and ``id``, mapped by the
         read-only adapter's helpers. Raises :class:`ActionError` for Docker faults
         and for a state word the snapshot does not know.

@@ -3,11 +3,11 @@
 This is the only module that imports ``docker`` for reading (the executor, which
 mutates containers, is the only other user). Each cycle it answers, for every
 container name the manifest set declares: the container's state in the snapshot's
-vocabulary (DESIGN §5), its Docker healthcheck status where it has one, its start
+vocabulary (docs/design.md §5), its Docker healthcheck status where it has one, its start
 time (the ISO 8601 string Docker gives), its exit code, whether the kernel OOM-killed
 it, and its Compose labels (``com.docker.compose.project`` / ``.service``). Containers
 that request GPUs but that no manifest declares are listed as *undeclared GPU
-containers* (DESIGN §3, drift).
+containers* (docs/design.md §3, drift).
 
 API calls per cycle (the call-count design)
 -------------------------------------------
@@ -267,7 +267,7 @@ class ContainerSnapshot:
     def to_snapshot_model(
         self, *, gpus: list[GpuModel] | None = None, taken_at: str | float | None = None
     ) -> SnapshotModel:
-        """The observed-snapshot contract (DESIGN §5), with two extra keys.
+        """The observed-snapshot contract (docs/design.md §5), with two extra keys.
 
         ``undeclared_gpu_containers`` lists the undeclared GPU containers and
         ``docker_error`` carries the error when Docker could not be read.

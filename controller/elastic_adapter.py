@@ -1,7 +1,7 @@
 """Elastic VRAM adapter: ask an engine to give VRAM back, or to take it again.
 
-An engine started with ``--vram-elastic`` (``../shared/seeds/vram-elastic-reserve-api.txt``,
-DESIGN §6) keeps ``reserve_mib`` MiB free on its card by shrinking its expert cache::
+An engine started with ``--vram-elastic`` (docs/protocols.md "Elastic VRAM",
+docs/design.md §6) keeps ``reserve_mib`` MiB free on its card by shrinking its expert cache::
 
     POST {url}/v1/vram          Content-Type: application/json
     {"reserve_mib": N}          (N ≥ 0; null = the reserve the engine started with)
@@ -19,7 +19,7 @@ request that got no answer raises ``ElasticError(transient=True)``; it is retrie
 inside the call only when it cannot have reached the engine (the connection was
 refused), since a request that reached it may still run.
 
-:func:`elastic_ok` is the pure verdict of DESIGN §6 on whether a call *ran* (only a
+:func:`elastic_ok` is the pure verdict of docs/design.md §6 on whether a call *ran* (only a
 200 with ``status: "ok"``), with the figures in words. Whether memory came back is
 not for the card-wide ``vram_free_mib`` to say (it counts what every program on the
 card holds, including room another serve reserved but has not used yet):
@@ -129,7 +129,7 @@ class ElasticAnswer:
 
     @property
     def needs_reload(self) -> bool:
-        """What DESIGN §6 answers with unload/reload: a 503, or a failed resize."""
+        """What docs/design.md §6 answers with unload/reload: a 503, or a failed resize."""
         return self.http_status == 503 or self.resize_failed
 
     @property
@@ -329,7 +329,7 @@ class ElasticClient(RetryKnobs):
 
 
 def elastic_ok(answer: ElasticAnswer, reserve_mib: int | None) -> tuple[bool, str]:
-    """Whether a ``/v1/vram`` call ran (DESIGN §6), and what it reports, in words (pure).
+    """Whether a ``/v1/vram`` call ran (docs/design.md §6), and what it reports, in words (pure).
 
     Only a 200 with ``status: "ok"`` is a call that ran. Its figures are put in words:
     ``vram_free_mib`` against ``reserve_mib`` (the engine may end a segment short of the

@@ -6,7 +6,7 @@ as ``journal.sqlite3``, beside the single-instance lock ``vramctl.lock``
 
 - **cycles**: for each reconcile cycle that planned something, the time the plan was
   made for (``at``, the ``now`` handed to the planner), the manifest digest, the
-  observed snapshot (DESIGN §5 JSON), the plan (``Plan.to_json()``), the on-demand
+  observed snapshot (docs/design.md §5 JSON), the plan (``Plan.to_json()``), the on-demand
   requests the planner saw, and whether it was a dry run;
 - **outcomes**: the executor's report (``ExecutionReport.to_json()``) per cycle, and
   each step's outcome in its own ``steps`` table (cycle, index, action, serve,

@@ -1,6 +1,6 @@
 """Manifest loading: TOML files → validated pydantic models → the core's DesiredState.
 
-A manifest is one or more TOML files (DESIGN §4). This module reads them with
+A manifest is one or more TOML files (docs/design.md §4). This module reads them with
 :mod:`tomllib`, validates every ``[[gpu_roles]]`` and ``[[serve]]`` table with the
 pydantic models below, merges several files into one :class:`ManifestSet` (serves
 de-duplicated by container, roles by id), and converts the set into

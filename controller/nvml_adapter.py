@@ -151,7 +151,7 @@ class GpuObservation:
         return self.gpus is not None and not self.device_errors and not self.process_errors
 
     def snapshot_gpus(self) -> list[dict[str, Any]] | None:
-        """The snapshot's ``gpus`` value (DESIGN §5): a list of devices, or ``None``."""
+        """The snapshot's ``gpus`` value (docs/design.md §5): a list of devices, or ``None``."""
         if self.gpus is None:
             return None
         return [g.model_dump(mode="json") for g in self.gpus]

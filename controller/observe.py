@@ -3,7 +3,7 @@
 ``observe_host`` asks the docker adapter for the manifest set's containers (one list
 call per cycle in steady state) and the NVML adapter for the devices and their
 processes, attributes per-process GPU memory to containers through their cgroups,
-and returns the observed-snapshot contract (DESIGN §5) that ``vramctl observe``
+and returns the observed-snapshot contract (docs/design.md §5) that ``vramctl observe``
 prints and ``--observed`` reads back. Neither adapter raises: a daemon that cannot
 be reached gives ``"docker": "error"``, missing NVML gives ``"gpus": null``.
 

@@ -1,6 +1,6 @@
 """Router adapter: the serving stack's router transitions (quiesce, drain, readmit).
 
-The real stack's router (ADR-0018, DESIGN §6) takes a serve's tier out of rotation
+The real stack's router (ADR-0018, docs/design.md §6) takes a serve's tier out of rotation
 and back in through one admin endpoint::
 
     POST {router}/v1/admin/transition
@@ -27,7 +27,7 @@ proxy environment variables (the bearer token goes only to the configured URL),
 and takes an httpx transport for tests.
 
 This module must not decide anything: when to drain, what a timed-out drain means
-(the executor leaves that serve running, DESIGN §6), or whether to stop a
+(the executor leaves that serve running, docs/design.md §6), or whether to stop a
 container. It must not be called by anything but the executor (and preflight's
 :meth:`RouterClient.check`).
 """

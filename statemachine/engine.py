@@ -1,4 +1,4 @@
-"""Engine enforcement (DESIGN §3): the memory-fraction flag that holds an engine to its
+"""Engine enforcement (docs/design.md §3): the memory-fraction flag that holds an engine to its
 reservation, and the check that a command line sets it right.
 
 vLLM's ``--gpu-memory-utilization`` and SGLang's ``--mem-fraction-static`` are fractions

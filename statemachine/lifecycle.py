@@ -29,7 +29,7 @@ Choices:
   (409) fires nothing, a broken one fires ``fail``.
 - ``failed`` does not hold a reservation in the machine's view. A failed serve's memory
   is whatever its container really holds, and the ledger counts that from observation
-  (a running, paused or restarting container is committed, DESIGN §3), so a failed start
+  (a running, paused or restarting container is committed, docs/design.md §3), so a failed start
   whose container exited holds nothing and a failed stop whose container is still up is
   still counted — without the machine double-counting or leaking either.
 - One shared ``Machine`` (built once, lazily) serves every :class:`ServeLifecycle`; a

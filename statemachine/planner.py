@@ -1,7 +1,7 @@
 """The planner: ``plan_transitions(desired, observed, policy, now) -> Plan``.
 
 A pure function from "what the manifest (and the on-demand requests) want" and "what
-the host shows" to an ordered list of steps (DESIGN §5 plan JSON) plus what is
+the host shows" to an ordered list of steps (docs/design.md §5 plan JSON) plus what is
 blocked, with every term of the arithmetic. It never plans a prefix that overcommits
 a GPU role: every reserve and grow goes through :class:`statemachine.ledger.Ledger`,
 after the releases and shrinks that make room for it.
@@ -50,7 +50,7 @@ from statemachine.victims import DEFAULT_EXACT_LIMIT, Candidate, choose_victims
 
 
 class Action(StrEnum):
-    """The step actions of DESIGN §5, in the order a room-making plan uses them."""
+    """The step actions of docs/design.md §5, in the order a room-making plan uses them."""
 
     QUIESCE = "quiesce"
     DRAIN = "drain"
@@ -83,7 +83,7 @@ class Step:
     group: str = ""
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN §5 step JSON (plus ``to_mib`` for shrink / grow, and ``group``)."""
+        """docs/design.md §5 step JSON (plus ``to_mib`` for shrink / grow, and ``group``)."""
         out: dict[str, Any] = {
             "action": str(self.action),
             "serve": self.serve,
@@ -122,7 +122,7 @@ class Blocked:
     protected: tuple[Protected, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN §5 blocked JSON."""
+        """docs/design.md §5 blocked JSON."""
         return {
             "serve": self.serve,
             "reason": self.reason,
@@ -166,7 +166,7 @@ class Plan:
         return not self.steps
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN §5 plan JSON (plus ``ledger_before`` and ``notes``)."""
+        """docs/design.md §5 plan JSON (plus ``ledger_before`` and ``notes``)."""
         return {
             "steps": [s.to_json() for s in self.steps],
             "blocked": [b.to_json() for b in self.blocked],

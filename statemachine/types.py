@@ -42,7 +42,7 @@ class ContainerState(StrEnum):
     ABSENT = "absent"
 
 
-#: States in which a container holds its reservation (DESIGN §3).
+#: States in which a container holds its reservation (docs/design.md §3).
 HOLDING_STATES: frozenset[ContainerState] = frozenset(
     {ContainerState.RUNNING, ContainerState.PAUSED, ContainerState.RESTARTING}
 )
@@ -65,7 +65,7 @@ class GpuRole:
 
 @dataclass(frozen=True, slots=True)
 class Elastic:
-    """An elastic serve can give VRAM back down to ``floor_mib`` (DESIGN §6).
+    """An elastic serve can give VRAM back down to ``floor_mib`` (docs/design.md §6).
 
     Its engine gives memory back and takes it again in whole ``segment_mib`` segments
     of its expert cache, so shrinks and grows are planned in whole segments.

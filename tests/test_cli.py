@@ -1,4 +1,4 @@
-"""The CLI contracts of DESIGN §5, run as an operator runs them: the real console
+"""The CLI contracts of docs/design.md §5, run as an operator runs them: the real console
 script in a subprocess, real manifest files, snapshot files.
 """
 

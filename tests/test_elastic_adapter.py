@@ -1,4 +1,4 @@
-"""The elastic VRAM adapter against a fake engine over real loopback HTTP (DESIGN §6).
+"""The elastic VRAM adapter against a fake engine over real loopback HTTP (docs/design.md §6).
 
 What is pinned: the exact request of ``POST /v1/vram`` (and of ``/v1/unload``,
 ``/v1/load``); every answer of the seed (``vram-elastic-reserve-api.txt``) parsed into

@@ -1,4 +1,4 @@
-"""Tests of engine enforcement (DESIGN §3): statemachine.engine and controller.compose_lint.
+"""Tests of engine enforcement (docs/design.md §3): statemachine.engine and controller.compose_lint.
 
 The arithmetic is checked on a table of the real stack's reservations and as a
 property (the rendered fraction never gives the engine more than its reservation, and

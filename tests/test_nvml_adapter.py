@@ -1,4 +1,4 @@
-"""The NVML adapter without a GPU (DESIGN §7).
+"""The NVML adapter without a GPU (docs/design.md §7).
 
 Three kinds of test:
 

@@ -1,6 +1,6 @@
 """Observing the host end to end: real containers, a scripted NVML, drift in ``status``.
 
-Two halves (DESIGN §3 drift, §5 contracts):
+Two halves (docs/design.md §3 drift, §5 contracts):
 
 * :func:`controller.observe.observe_host` against the real Docker daemon, with real
   busybox containers named in a manifest written to ``tmp_path`` and a
