@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fake_http import FakeElastic, FakeHTTPServer, Reply
 
-from controller.elastic_adapter import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
+from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from controller.journal import (
+from controller.store.journal import (
     JOURNAL_NAME,
     SCHEMA_VERSION,
     AlreadyRunning,
@@ -251,7 +251,7 @@ _HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from controller.journal import StateLock
+    from controller.store.journal import StateLock
     lock = StateLock(Path(sys.argv[1]))
     lock.acquire()
     print("locked", flush=True)
@@ -263,7 +263,7 @@ _TAKER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from controller.journal import AlreadyRunning, StateLock
+    from controller.store.journal import AlreadyRunning, StateLock
     try:
         StateLock(Path(sys.argv[1])).acquire()
     except AlreadyRunning as exc:

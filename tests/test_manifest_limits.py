@@ -189,7 +189,7 @@ def test_validate_reports_deep_nesting_without_a_traceback(tmp_path: Path) -> No
     path = tmp_path / "serves.toml"
     path.write_text(ROLE + "deep = " + "[" * 1000 + "]" * 1000 + "\n", encoding="utf-8")
     r = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "validate", "-m", str(path)],
+        [sys.executable, "-m", "controller.interfaces.cli", "validate", "-m", str(path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -234,7 +234,7 @@ def test_the_manifest_watcher_restarts_after_it_fails(tmp_path: Path) -> None:
 
     from loguru import logger
 
-    from controller.loop import Controller, RunOptions
+    from controller.service.loop import Controller, RunOptions
 
     folder = tmp_path / "manifests"
     folder.mkdir()

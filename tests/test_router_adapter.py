@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from fake_http import FakeHTTPServer, FakeRouter, Reply
 
-from controller.router_adapter import (
+from controller.adapters.router import (
     DRAIN_HTTP_MARGIN_S,
     RouterClient,
     RouterError,

@@ -29,7 +29,7 @@ Choices, each deliberate:
 * **Engines.** Only ``vllm`` and ``sglang`` have a flag here. Other labels (llama.cpp,
   audio, image, and the real stack's purpose labels ``embedding``/``reranker``) have
   none of their own; the caller may infer the engine from the command that actually
-  runs (:func:`engine_of_argv`), which is what ``controller.compose_lint`` does: the
+  runs (:func:`engine_of_argv`), which is what ``controller.tools.compose_lint`` does: the
   real stack's embeddings and reranker are labelled by purpose but run ``vllm serve``.
 
 Pure: no I/O, no clock; everything is a function of its arguments.

@@ -2,7 +2,7 @@
 
 This module reads Docker Compose files (YAML), takes each service's command line
 (``entrypoint`` + ``command``, interpolated and split the way compose does), maps the
-services to the manifest's serves, and asks :mod:`statemachine.engine` whether each
+services to the manifest's serves, and asks :mod:`statemachine.engine_flags` whether each
 serve's memory-fraction flag (vLLM ``--gpu-memory-utilization``, SGLang
 ``--mem-fraction-static``) holds the engine to its ``vram_mib`` (docs/design.md §3).
 
@@ -47,7 +47,7 @@ from typing import Any
 import yaml
 
 from controller.manifest import ManifestSet, ServeModel
-from statemachine.engine import (
+from statemachine.engine_flags import (
     DEFAULT_PLACES,
     DEFAULT_TOLERANCE,
     ENGINE_FLAGS,

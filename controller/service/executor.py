@@ -42,11 +42,11 @@ from typing import Any, Protocol
 
 from loguru import logger
 
-from controller.docker_actions import ActionError, DockerActions
-from controller.elastic_adapter import ElasticClient, ElasticError, elastic_ok
-from controller.health import http_ready
-from controller.router_adapter import RouterClient, RouterError
-from controller.starts import StartTracker
+from controller.adapters.docker.actions import ActionError, DockerActions
+from controller.adapters.elastic import ElasticClient, ElasticError, elastic_ok
+from controller.adapters.health import http_ready
+from controller.adapters.router import RouterClient, RouterError
+from controller.service.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import IllegalTransition, ServeLifecycle
 from statemachine.planner import Action, Plan, Step, conflict
@@ -312,7 +312,7 @@ class Executor:
     ) -> ExecutionReport:
         """Carry out ``plan`` (made from ``observed``); never raises for host faults.
 
-        With a :class:`~controller.starts.StartTracker` each start (its start,
+        With a :class:`~controller.service.starts.StartTracker` each start (its start,
         await_ready and readmit steps) is handed to a thread of its own once its
         reserve is admitted, and this returns without waiting for it: the start's
         results reach ``on_start_done``. Without one, everything runs here, in order.

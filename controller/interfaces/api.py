@@ -1,6 +1,6 @@
 """The HTTP API of ``vramctl run`` (docs/design.md §5): FastAPI on uvicorn, in the loop's process.
 
-The server runs as one of the :class:`~controller.loop.Controller`'s ``services``, on
+The server runs as one of the :class:`~controller.service.loop.Controller`'s ``services``, on
 the loop's own event loop, so every handler (all ``async``) sees the controller
 between two awaits of the loop and never races it. Handlers only *read* the last
 cycle and *record* requests (journal) and ask for a cycle; the loop does everything
@@ -9,7 +9,7 @@ else. Nothing a request names is executed beyond a serve the manifest set declar
 Routes:
 
 - ``GET /healthz`` — 200, with the number of cycles and the last cycle's age.
-- ``GET /metrics`` — Prometheus text (:mod:`controller.metrics`).
+- ``GET /metrics`` — Prometheus text (:mod:`controller.interfaces.metrics`).
 - ``GET /v1/ledger`` — per role: capacity, reserve, budget, committed, free, each
   reservation, NVML used / total, drift, from the last cycle's snapshot and the
   manifest set (``null`` = unknown, e.g. before the first cycle or with docker down).
@@ -103,10 +103,10 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from controller.journal import warn_if_open
-from controller.loop import Controller, can_request
+from controller.interfaces.metrics import CONTENT_TYPE, Metrics
 from controller.manifest import LocatedError
-from controller.metrics import CONTENT_TYPE, Metrics
+from controller.service.loop import Controller, can_request
+from controller.store.lock import warn_if_open
 from statemachine.fit import fit_serve, request_plan
 from statemachine.planner import Blocked, Policy, Step
 from statemachine.status import host_status

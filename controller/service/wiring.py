@@ -10,13 +10,13 @@ import threading
 from collections.abc import Callable
 from pathlib import Path
 
-from controller.docker_actions import DockerActions
-from controller.docker_adapter import make_client
-from controller.elastic_adapter import ElasticClient
-from controller.executor import Executor, ExecutorConfig, StepResult
+from controller.adapters.docker.actions import DockerActions
+from controller.adapters.docker.read import make_client
+from controller.adapters.elastic import ElasticClient
+from controller.adapters.nvml import NvmlApi, observe_gpus
+from controller.adapters.router import RouterClient, router_token
 from controller.manifest import ManifestSet
-from controller.nvml_adapter import NvmlApi, observe_gpus
-from controller.router_adapter import RouterClient, router_token
+from controller.service.executor import Executor, ExecutorConfig, StepResult
 from statemachine.types import GpuObs
 
 

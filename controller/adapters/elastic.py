@@ -50,7 +50,7 @@ from tenacity import (
     stop_after_delay,
 )
 
-from controller.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
+from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
 
 __all__ = [
     "LOAD_PATH",

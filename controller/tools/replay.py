@@ -1,7 +1,7 @@
 """Replay: re-plan recorded inputs against a manifest set and show what would change.
 
 ``vramctl replay JOURNAL|SNAPSHOT -m …`` answers "what would this manifest change have
-done last night?". For every recorded cycle of a journal (:mod:`controller.journal`),
+done last night?". For every recorded cycle of a journal (:mod:`controller.store.journal`),
 or for one observed snapshot file, :func:`replay` rebuilds the planner's inputs:
 
 - the observation from the recorded snapshot (``parse_snapshot(...).to_observed()``);
@@ -31,9 +31,9 @@ from typing import Any, Literal
 from rich.console import Console
 from rich.markup import escape
 
-from controller.journal import CycleRecord, Journal, JournalError
 from controller.manifest import ManifestSet
 from controller.snapshot import SnapshotError, parse_snapshot
+from controller.store.journal import CycleRecord, Journal, JournalError
 from statemachine.planner import Policy, plan_transitions
 from statemachine.types import OnDemandRequest
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from loguru import logger
 
-from controller.journal import Journal, UpRecord
+from controller.store.journal import Journal, UpRecord
 from statemachine.types import StartingObs
 
 #: how long an orphaned ``up`` gets to exit after SIGTERM before its group is killed

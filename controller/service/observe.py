@@ -16,8 +16,8 @@ from collections.abc import Callable, Collection
 from datetime import UTC, datetime
 from pathlib import Path
 
-from controller.docker_adapter import ContainerObserver
-from controller.nvml_adapter import NvmlApi, observe_gpus, usage_by_container
+from controller.adapters.docker.read import ContainerObserver
+from controller.adapters.nvml import NvmlApi, observe_gpus, usage_by_container
 from controller.snapshot import SnapshotModel
 
 
@@ -33,7 +33,7 @@ def observe_host(
 
     ``nvml`` defaults to the ``pynvml`` module; ``pid_to_container`` maps a host PID
     that NVML lists to a docker container id (default: its ``/proc/<pid>/cgroup``,
-    see :func:`controller.nvml_adapter.container_of_pid`).
+    see :func:`controller.adapters.nvml.container_of_pid`).
     """
     taken = (now or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
     snap = observer.observe(containers)

@@ -1,6 +1,6 @@
 """The manifest's JSON Schema, generated from the pydantic models in controller.manifest.
 
-``python -m controller.schema`` (re)writes ``manifests/vramctl-manifest.schema.json``
+``python -m controller.manifest.schema`` (re)writes ``manifests/vramctl-manifest.schema.json``
 so editors (Taplo / Even Better TOML, ...) can validate manifests; ``--check`` only
 compares and exits 1 when the file on disk is stale. The schema describes the types and
 single-field constraints; rules across fields and files are the loader's.
@@ -21,7 +21,7 @@ from typing import Any
 from controller.manifest import ManifestFile
 
 #: Where the generated schema lives in the repository.
-SCHEMA_PATH = Path(__file__).resolve().parents[1] / "manifests" / "vramctl-manifest.schema.json"
+SCHEMA_PATH = Path(__file__).resolve().parents[2] / "manifests" / "vramctl-manifest.schema.json"
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -54,7 +54,7 @@ def render_schema() -> str:
 def main(argv: Sequence[str] | None = None) -> int:
     """Write (or with ``--check`` verify) the schema file; returns the exit status."""
     parser = argparse.ArgumentParser(
-        prog="python -m controller.schema", description=__doc__.splitlines()[0]
+        prog="python -m controller.manifest.schema", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--out", type=Path, default=SCHEMA_PATH, help="where to write")
     parser.add_argument(
@@ -69,7 +69,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         except OSError:
             current = None
         if current != text:
-            print(f"{out} is stale; regenerate with: python -m controller.schema", file=sys.stderr)
+            print(
+                f"{out} is stale; regenerate with: python -m controller.manifest.schema",
+                file=sys.stderr,
+            )
             return 1
         return 0
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -60,8 +60,8 @@ from tenacity import (
     stop_after_delay,
 )
 
-from controller.docker_adapter import _details, map_docker_state
-from controller.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
+from controller.adapters.docker.read import _details, map_docker_state
+from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
 from controller.snapshot import ContainerModel
 
 __all__ = [

@@ -37,12 +37,12 @@ from typing import Any
 
 from loguru import logger
 
-from controller.docker_adapter import ContainerObserver, make_client, manifest_containers
-from controller.executor import ExecutionReport, Executor, Outcome, StepResult
-from controller.journal import AlreadyRunning, Journal, StateLock, default_state_dir, journal_path
+from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
-from controller.observe import observe_host
-from controller.runtime import make_executor
+from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
+from controller.service.observe import observe_host
+from controller.service.starts import StartTracker, supervise_orphans
+from controller.service.wiring import make_executor
 from controller.snapshot import (
     SnapshotModel,
     StartedWithModel,
@@ -50,7 +50,13 @@ from controller.snapshot import (
     epoch_seconds,
     snapshot_to_json,
 )
-from controller.starts import StartTracker, supervise_orphans
+from controller.store.journal import (
+    AlreadyRunning,
+    Journal,
+    StateLock,
+    default_state_dir,
+    journal_path,
+)
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.status import lifecycle_from_observation
@@ -142,7 +148,7 @@ class Controller:
         self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
         # serve -> started_at of the container this process stopped (not a crash)
         self._stopped_by_us: dict[str, float | None] = {}
-        #: the starts in progress, carried out beside the loop (see controller.starts)
+        #: the starts in progress, carried out beside the loop (see controller.service.starts)
         self.starts = StartTracker()
         self._fresh_observer: ContainerObserver | None = None  # the executor's own reader
         # cycle -> its outcome while starts it handed off may still end (None: executing)

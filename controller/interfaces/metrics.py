@@ -40,7 +40,7 @@ from statemachine.lifecycle import STATES
 from statemachine.status import host_status
 
 if TYPE_CHECKING:
-    from controller.loop import Controller
+    from controller.service.loop import Controller
 
 #: The lifecycle states a serve can be reported in (the machine's, plus ``unknown``).
 SERVE_STATES: tuple[str, ...] = (*(str(s["name"]) for s in STATES), "unknown")

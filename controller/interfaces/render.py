@@ -24,8 +24,8 @@ from statemachine.status import HostStatus
 from statemachine.types import DesiredState
 
 if TYPE_CHECKING:
-    from controller.executor import ExecutionReport, StepResult
     from controller.manifest import ManifestSet
+    from controller.service.executor import ExecutionReport, StepResult
 
 # piped output (logs, CI, `| less`) gets wide tables instead of rich's 80 columns
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
