@@ -17,13 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.manifest import (
-    MAX_MANIFEST_BYTES,
-    MAX_NESTING,
-    LocatedError,
-    ManifestError,
-    load_manifest_set,
-)
+from controller.manifest import LocatedError, ManifestError, load_manifest_set
+from controller.manifest.fields import MAX_MANIFEST_BYTES, MAX_NESTING
 
 WAIT_S = 30.0
 

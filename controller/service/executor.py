@@ -32,6 +32,7 @@ docker or NVML except through the adapters handed to it.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -48,7 +49,13 @@ from controller.adapters.health import http_ready
 from controller.adapters.router import RouterClient, RouterError
 from controller.service.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
-from statemachine.lifecycle import IllegalTransition, ServeLifecycle
+from statemachine.lifecycle import (
+    IllegalTransition,
+    LifecycleState,
+    ServeLifecycle,
+    Trigger,
+    trigger_for,
+)
 from statemachine.planner import Action, Plan, Step, conflict
 from statemachine.types import (
     HOLDING_STATES,
@@ -323,7 +330,9 @@ class Executor:
             if step.serve not in machines:
                 serve = self.desired.serves[step.serve]
                 holds = observed.container(serve.container).holds
-                machines[step.serve] = ServeLifecycle(step.serve, "running" if holds else "stopped")
+                machines[step.serve] = ServeLifecycle(
+                    step.serve, LifecycleState.RUNNING if holds else LifecycleState.STOPPED
+                )
         report = ExecutionReport([], ledger, {})
         refused: dict[str, list[str]] = {}  # group -> the preflight problems that refuse it
         if not skip_preflight:
@@ -561,12 +570,19 @@ class _Run:
     def serve(self, name: str) -> ServeSpec:
         return self.desired.serves[name]
 
-    def fire(self, serve: str, trigger: str) -> None:
+    def fire(self, serve: str, trigger: Trigger) -> None:
+        """Move ``serve``'s lifecycle machine; an illegal transition fails the step.
+
+        The machine is the authority: a plan (or an executor path) that asks for a
+        transition the machine forbids is a bug, so it is logged as an error and raised
+        as :class:`StepError` (the step fails, its group is undone), never passed over.
+        """
         machine = self.machines[serve]
         try:
             machine.fire(trigger)
-        except IllegalTransition as exc:  # the plan and the machine disagree: say so, go on
-            logger.warning("lifecycle: {}", exc)
+        except IllegalTransition as exc:
+            logger.error("lifecycle: {}", exc)
+            raise StepError(f"lifecycle: {exc}") from None
 
     def router(self) -> RouterClient:
         if self.ex.router is None:
@@ -615,7 +631,7 @@ class _Run:
         if not ans.applied:
             raise StepError(f"router did not apply quiesce of {s.router_tier}: {ans.raw}")
         self.quiesced.setdefault(step.group, []).append(s.name)
-        self.fire(s.name, "quiesce")
+        self.fire(s.name, Trigger.QUIESCE)
         return f"tier {s.router_tier} quiesced"
 
     def drain(self, step: Step, s: ServeSpec) -> str:
@@ -631,28 +647,28 @@ class _Run:
                 f"drain of {s.router_tier} {why} after up to {timeout:g}s: nothing stopped",
                 aborted=True,
             )
-        self.fire(s.name, "drain")
+        self.fire(s.name, Trigger.DRAIN)
         return f"tier {s.router_tier} drained"
 
     def stop(self, step: Step, s: ServeSpec) -> str:
         self.used_before_stop[s.name] = self.role_used(s.gpu_roles)
         self.attributed[s.name] = self.observed.container(s.container).gpu_used_mib
         timeout = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
-        self.fire(s.name, "stop")
+        self.fire(s.name, Trigger.STOP)
         try:
             self.ex.docker.stop(s.container, timeout)
             state = self.ex.docker.inspect(s.container)
         except ActionError as exc:
-            self.fire(s.name, "stop_failed")
+            self.fire(s.name, Trigger.STOP_FAILED)
             raise StepError(f"docker stop {s.container}: {exc}") from None
         if state is not None and state.state in HOLDING_STATES:
-            self.fire(s.name, "stop_failed")
+            self.fire(s.name, Trigger.STOP_FAILED)
             raise StepError(f"{s.container} is still {state.state} after docker stop")
         for members in self.quiesced.values():
             if s.name in members:
                 members.remove(s.name)
         if not self.ledger.holds(s.name):
-            self.fire(s.name, "stopped")
+            self.fire(s.name, Trigger.STOPPED)
         code = state.exit_code if state is not None else None
         return f"{s.container} exited" + (f" ({code})" if code is not None else "")
 
@@ -693,7 +709,7 @@ class _Run:
         if isinstance(result, Refusal):
             return f"nothing to release: {result.message}"
         self.ledger = result
-        self.fire(s.name, "stopped")
+        self.fire(s.name, Trigger.STOPPED)
         return f"released {mib} MiB on {', '.join(s.gpu_roles)}{waited}"
 
     def reserve(self, step: Step, s: ServeSpec) -> str:
@@ -706,7 +722,7 @@ class _Run:
         self.reserved[s.name] = step.group
         if self.ex.starts is not None:
             self.tokens[s.name] = self.ex.starts.begin(s.name, s.gpu_roles, step.mib)
-        self.fire(s.name, "reserve")
+        self.fire(s.name, Trigger.RESERVE)
         return f"reserved {step.mib} MiB on {', '.join(s.gpu_roles)}"
 
     def admit_against_host_now(self, s: ServeSpec) -> None:
@@ -746,8 +762,8 @@ class _Run:
 
     def start(self, step: Step, s: ServeSpec) -> str:
         if self.machines[s.name].state == "stopped":
-            self.fire(s.name, "reserve")  # a serve outside the ledger has no reserve step
-        self.fire(s.name, "start")
+            self.fire(s.name, Trigger.RESERVE)  # a serve outside the ledger has no reserve step
+        self.fire(s.name, Trigger.START)
         try:
             if self.ex.docker.exists(s.container):
                 self.ex.docker.start(s.container)
@@ -820,15 +836,15 @@ class _Run:
             if state.state is ContainerState.RUNNING:
                 if state.health is not None:
                     if state.health == "healthy":
-                        self.fire(s.name, "ready")
+                        self.fire(s.name, Trigger.READY)
                         return "docker healthcheck: healthy"
                 elif s.port is not None and health:
                     url = f"http://127.0.0.1:{s.port}{health}"
                     if http_ready(url):
-                        self.fire(s.name, "ready")
+                        self.fire(s.name, Trigger.READY)
                         return f"GET {url}: 2xx"
                 else:
-                    self.fire(s.name, "ready")
+                    self.fire(s.name, Trigger.READY)
                     return "running (no health path or healthcheck declared)"
             if time.monotonic() >= deadline:
                 raise StepError(
@@ -972,7 +988,7 @@ class _Run:
                 f"{full - holds} MiB, the plan needs {full - to}: counted at the "
                 f"{holds} MiB it still holds"
             )
-        self.fire(s.name, str(step.action))
+        self.fire(s.name, trigger_for(step.action))
         return f"{s.name} now holds {to} MiB (reserve_mib {asked_text}; {why})"
 
     def count(self, s: ServeSpec, mib: int, at: float) -> None:
@@ -1070,7 +1086,7 @@ class _Run:
             try:
                 if s.router_tier is not None:
                     self.router().transition("readmit", s.router_tier)
-                self.fire(name, "readmit")
+                self.fire(name, Trigger.READMIT)
                 logger.info("{}: tier {} readmitted (nothing was stopped)", name, s.router_tier)
             except (RouterError, StepError) as exc:
                 logger.error("{}: readmit of {} failed: {}", name, s.router_tier, exc)
@@ -1078,15 +1094,21 @@ class _Run:
             if g != group:
                 continue
             del self.reserved[name]
-            self._settle_failed_start(name)
+            self._settle_quietly(name)
             token = self.tokens.pop(name, None)
             if self.ex.starts is not None and not self.detached and token is not None:
                 self.ex.starts.end(name, token)
         if failed is not None and failed.action is Action.AWAIT_READY:
-            self._settle_failed_start(failed.serve)
+            self._settle_quietly(failed.serve)
         # a failed shrink or grow has nothing to undo: resize() left the ledger counting
         # what the engine's answer proves it holds (or its full reservation), and asking
         # the engine to grow back would take memory the ledger may have given away
+
+    def _settle_quietly(self, name: str) -> None:
+        """Settle a failed start while undoing a group: an illegal transition there was
+        logged as an error by :meth:`fire`; the undo of the rest goes on."""
+        with contextlib.suppress(StepError):
+            self._settle_failed_start(name)
 
     def _settle_failed_start(self, name: str) -> None:
         """After a failed start: stop what still runs, and hold exactly what it holds."""
@@ -1106,7 +1128,7 @@ class _Run:
                 name,
                 exc,
             )
-            self.fire(name, "start_failed")
+            self.fire(name, Trigger.START_FAILED)
             return
         holds = state is not None and state.state in HOLDING_STATES
         if not holds and self.ledger.holds(name):
@@ -1115,7 +1137,10 @@ class _Run:
                 self.ledger = result
         machine = self.machines[name]
         if machine.state != "failed":
-            self.fire(name, "start_failed" if machine.state in ("reserved", "starting") else "fail")
+            self.fire(
+                name,
+                Trigger.START_FAILED if machine.state in ("reserved", "starting") else Trigger.FAIL,
+            )
 
 
 def _refuse_dependents(plan: Plan, desired: DesiredState, refused: dict[str, list[str]]) -> None:
