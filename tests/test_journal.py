@@ -22,7 +22,6 @@ from controller.store.journal import (
     AlreadyRunning,
     Journal,
     JournalError,
-    RequestRecord,
     StateLock,
     default_state_dir,
     journal_path,
@@ -161,8 +160,7 @@ def test_requests_survive_reopen_and_replace(jpath: Path) -> None:
         j.end_request("nothing-active", 13.0)  # a no-op
     with Journal.open(jpath) as j:
         active = j.active_requests()
-        assert active == [RequestRecord("llm", 11.0, None), RequestRecord("asr", 20.0, 30.0)]
-        assert active[1].to_request() == OnDemandRequest("asr", 20.0, 30.0)
+        assert active == [OnDemandRequest("llm", 11.0, None), OnDemandRequest("asr", 20.0, 30.0)]
         assert active[1].to_json() == {"serve": "asr", "requested_at": 20.0, "ttl_s": 30.0}
 
 

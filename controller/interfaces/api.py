@@ -105,8 +105,9 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.interfaces.metrics import CONTENT_TYPE, Metrics
 from controller.manifest import LocatedError
-from controller.service.loop import Controller, can_request
+from controller.service.loop import Controller
 from controller.store.lock import warn_if_open
+from statemachine.admission import can_request, conflict, frees_up_in
 from statemachine.fit import fit_serve, request_plan
 from statemachine.planner import Blocked, Policy, Step
 from statemachine.status import host_status
@@ -115,7 +116,6 @@ from statemachine.types import (
     DesiredState,
     Observed,
     OnDemandRequest,
-    Residency,
     ServeSpec,
 )
 
@@ -424,44 +424,6 @@ class UpDecision:
     retry_after_s: int | None = None
 
 
-def _conflicts(s: ServeSpec, o: ServeSpec) -> bool:
-    """True when ``s`` and ``o`` cannot run together (port or exclusive mode)."""
-    shares = any(r in o.gpu_roles for r in s.gpu_roles)
-    if shares and o.exclusive and s.gpu_inference:
-        return True
-    if shares and s.exclusive and o.gpu_inference:
-        return True
-    return s.port is not None and o.port == s.port
-
-
-def _frees_up_in(
-    spec: ServeSpec,
-    requester: ServeSpec,
-    observed: Observed,
-    requests: dict[str, OnDemandRequest],
-    now: float,
-    default: float,
-) -> float | None:
-    """Seconds until a protected serve may go away by itself; None when it never does."""
-    started = observed.container(spec.container).started_at
-    if (
-        spec.residency is Residency.EVICTABLE
-        and requester.residency is Residency.ON_DEMAND
-        and spec.min_runtime_s > 0
-        and started is not None
-        and now - started < spec.min_runtime_s
-    ):
-        return spec.min_runtime_s - (now - started)
-    if spec.residency is Residency.ON_DEMAND and spec.desired is not DesiredRun.RUNNING:
-        req = requests.get(spec.name)
-        if req is None:
-            return None
-        if req.ttl_s is not None:
-            return max(0.0, req.requested_at + req.ttl_s - now)
-        return default
-    return None
-
-
 def decide_up(
     desired: DesiredState,
     observed: Observed,
@@ -497,7 +459,7 @@ def decide_up(
     conflicting = [
         p
         for p in blocked.protected
-        if p.serve in desired.serves and _conflicts(spec, desired.serves[p.serve])
+        if p.serve in desired.serves and conflict(spec, desired.serves[p.serve]) is not None
     ]
     waits: list[float] = []
     permanent: list[str] = []
@@ -505,7 +467,7 @@ def decide_up(
         other = desired.serves.get(p.serve)
         if other is None:
             continue
-        wait = _frees_up_in(other, spec, observed, requests, now, default_retry_s)
+        wait = frees_up_in(other, spec, observed, requests, now, default_retry_s)
         if wait is None:
             if p in conflicting:
                 permanent.append(f"{p.serve} ({p.why})")
@@ -771,7 +733,7 @@ def create_app(
         data, _ = _status_now()
         now = time.time()
         mset = controller.mset
-        requests = {r.serve: r.to_request() for r in controller.journal.active_requests()}
+        requests = {r.serve: r for r in controller.journal.active_requests()}
         plan = controller.last.plan
         blocked = {b.serve: b.reason for b in plan.blocked} if plan is not None else {}
         out = []
@@ -779,7 +741,7 @@ def create_app(
             name = row["serve"]
             b = controller.backoff.get(name)
             req = requests.get(name)
-            why_not = can_request(mset, name)
+            why_not = can_request(mset.desired(), name)
             out.append(
                 {
                     **row,
@@ -814,7 +776,7 @@ def create_app(
     @app.post("/v1/serves/{serve}/up", status_code=202)
     async def up(serve: str, request: Request, body: UpBody | None = None) -> JSONResponse:
         spec = spec_of(serve)
-        why_not = can_request(controller.mset, serve)
+        why_not = can_request(controller.mset.desired(), serve)
         if why_not is not None:
             raise ApiError(409, f"{serve} cannot be requested on demand: {why_not}")
         observed = observed_or_503()
@@ -871,7 +833,7 @@ def create_app(
         effective_ttl = ttl if ttl is not None else spec.idle_ttl_s
         record = next((r for r in controller.journal.active_requests() if r.serve == serve), None)
         req_json = (
-            _request_json(record.to_request(), now)
+            _request_json(record, now)
             if record is not None
             else _request_json(OnDemandRequest(serve, now, effective_ttl), now)
         )
@@ -910,7 +872,7 @@ def create_app(
         live = [
             r
             for r in controller.journal.active_requests()
-            if r.serve == serve and not r.to_request().expired(now)
+            if r.serve == serve and not r.expired(now)
         ]
         if not live or not controller.request_down(serve):
             raise ApiError(

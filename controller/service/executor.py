@@ -58,7 +58,7 @@ from statemachine.lifecycle import (
 )
 from statemachine.planner import Action, Plan, Step, conflict
 from statemachine.types import (
-    HOLDING_STATES,
+    COMMITTED_STATES,
     ContainerState,
     DesiredState,
     GpuObs,
@@ -661,7 +661,7 @@ class _Run:
         except ActionError as exc:
             self.fire(s.name, Trigger.STOP_FAILED)
             raise StepError(f"docker stop {s.container}: {exc}") from None
-        if state is not None and state.state in HOLDING_STATES:
+        if state is not None and state.state in COMMITTED_STATES:
             self.fire(s.name, Trigger.STOP_FAILED)
             raise StepError(f"{s.container} is still {state.state} after docker stop")
         for members in self.quiesced.values():
@@ -1130,7 +1130,7 @@ class _Run:
             )
             self.fire(name, Trigger.START_FAILED)
             return
-        holds = state is not None and state.state in HOLDING_STATES
+        holds = state is not None and state.state in COMMITTED_STATES
         if not holds and self.ledger.holds(name):
             result = self.ledger.release(name)
             if not isinstance(result, Refusal):

@@ -57,6 +57,8 @@ from controller.store.journal import (
     default_state_dir,
     journal_path,
 )
+from statemachine import backoff
+from statemachine.backoff import Backoff
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.status import lifecycle_from_observation
@@ -65,7 +67,6 @@ from statemachine.types import (
     DesiredState,
     Observed,
     OnDemandRequest,
-    Residency,
     StartedWith,
 )
 
@@ -81,18 +82,8 @@ class RunOptions:
     debounce_ms: int = 300
     router_url: str | None = None
     router_token_file: Path | None = None
-    backoff_base_s: float = 5.0
-    backoff_cap_s: float = 300.0
-
-
-@dataclass
-class Backoff:
-    """Failures of one serve and when it may be tried again."""
-
-    failures: int = 0
-    until: float = 0.0
-    last_failure: str = ""
-    seen_exit: float | None = None  # started_at of the last dead container counted
+    backoff_base_s: float = backoff.DEFAULT_BASE_S
+    backoff_cap_s: float = backoff.DEFAULT_CAP_S
 
 
 @dataclass
@@ -106,10 +97,6 @@ class CycleSummary:
     snapshot: SnapshotModel | None = None
     duration_s: float = 0.0
     executed: bool = False
-
-
-class AlreadyRunningError(Exception):
-    """Another controller holds the state directory."""
 
 
 @dataclass
@@ -181,7 +168,7 @@ class Controller:
 
     def requests(self) -> tuple[OnDemandRequest, ...]:
         """The on-demand requests as the planner sees them."""
-        return tuple(r.to_request() for r in self.journal.active_requests())
+        return tuple(r for r in self.journal.active_requests())
 
     def desired(self) -> DesiredState:
         """The desired state: the last good manifest set plus the requests."""
@@ -189,13 +176,7 @@ class Controller:
 
     def policy(self, now: float) -> Policy:
         """The planner policy: backoff holds and serves whose shrink failed."""
-        hold = {
-            name: f"backing off after {b.failures} failure(s) ({b.last_failure}); "
-            f"next try in {b.until - now:.0f}s"
-            for name, b in self.backoff.items()
-            if b.until > now
-        }
-        return Policy(no_shrink=frozenset(self.no_shrink), hold=hold)
+        return Policy(no_shrink=frozenset(self.no_shrink), hold=backoff.holds(self.backoff, now))
 
     # ----------------------------------------------------------------------- run
     async def run(self) -> int:
@@ -671,8 +652,7 @@ class Controller:
             if (
                 state == "running"
                 and b0 is not None
-                and obs.started_at is not None
-                and now - obs.started_at > self.options.backoff_cap_s
+                and backoff.crash_loop_over(obs.started_at, now, cap_s=self.options.backoff_cap_s)
             ):
                 del self.backoff[s.name]  # it has stayed up: the crash loop is over
             if state != "failed":
@@ -688,10 +668,9 @@ class Controller:
 
     def _fail(self, serve: str, why: str, now: float) -> None:
         b = self.backoff.setdefault(serve, Backoff())
-        b.failures += 1
-        b.last_failure = why
-        delay = min(self.options.backoff_cap_s, self.options.backoff_base_s * 2 ** (b.failures - 1))
-        b.until = now + delay
+        delay = backoff.record_failure(
+            b, why, now, base_s=self.options.backoff_base_s, cap_s=self.options.backoff_cap_s
+        )
         logger.warning("{}: {}; failure {}, next try in {:.0f}s", serve, why, b.failures, delay)
 
     def _learn(self, report: ExecutionReport, now: float) -> None:
@@ -825,7 +804,7 @@ class Controller:
                 continue
             if req.serve in observed.starting:
                 continue  # its start is in progress: it ends once the serve is down
-            if req.to_request().expired(now) and not observed.container(spec.container).holds:
+            if req.expired(now) and not observed.container(spec.container).holds:
                 self.journal.end_request(req.serve, now)
 
 
@@ -863,15 +842,3 @@ def _read_files(mset: ManifestSet) -> dict[str, str]:
     record the content its digest was computed over.
     """
     return dict(mset.texts)
-
-
-def can_request(mset: ManifestSet, serve: str) -> str | None:
-    """None when ``serve`` may be requested on demand; else why not (for the API's 409)."""
-    spec = mset.desired().serves.get(serve)
-    if spec is None:
-        return f"no serve named {serve!r}"
-    if spec.desired is DesiredRun.STOPPED:
-        return f'{serve} is desired = "stopped" in the manifest'
-    if spec.residency is Residency.RESIDENT and spec.desired is DesiredRun.RUNNING:
-        return f"{serve} is resident and desired running: the loop runs it already"
-    return None

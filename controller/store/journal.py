@@ -77,7 +77,6 @@ __all__ = [
     "CycleRecord",
     "Journal",
     "JournalError",
-    "RequestRecord",
     "StateLock",
     "StepRecord",
     "default_state_dir",
@@ -248,23 +247,6 @@ class StepRecord:
     outcome: str
     detail: str | None
     duration_s: float | None
-
-
-@dataclass(frozen=True, slots=True)
-class RequestRecord:
-    """An active on-demand request."""
-
-    serve: str
-    requested_at: float
-    ttl_s: float | None = None
-
-    def to_request(self) -> OnDemandRequest:
-        """The pure core's request, for ``DesiredState.requests``."""
-        return OnDemandRequest(self.serve, self.requested_at, self.ttl_s)
-
-    def to_json(self) -> dict[str, Any]:
-        """The form ``record_cycle(requests=...)`` stores and replay reads back."""
-        return {"serve": self.serve, "requested_at": self.requested_at, "ttl_s": self.ttl_s}
 
 
 def _dumps(value: Any) -> str:
@@ -622,14 +604,14 @@ class Journal:
                 (at, serve),
             )
 
-    def active_requests(self) -> list[RequestRecord]:
+    def active_requests(self) -> list[OnDemandRequest]:
         """Requests not yet ended, oldest first; TTL-expired ones included (see module)."""
         with self._lock:
             rows = self._conn.execute(
                 "SELECT serve, requested_at, ttl_s FROM requests WHERE ended_at IS NULL "
                 "ORDER BY requested_at, id"
             ).fetchall()
-        return [RequestRecord(str(r[0]), float(r[1]), _opt_float(r[2])) for r in rows]
+        return [OnDemandRequest(str(r[0]), float(r[1]), _opt_float(r[2])) for r in rows]
 
     # ---------------------------------------------------------------- elastic
     def set_elastic(self, serve: str, mib: int | None, at: float) -> None:
