@@ -46,6 +46,16 @@ _UNAVAILABLE_REASON = (
 )
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--chaos-long",
+        action="store_true",
+        default=False,
+        help="tests/test_chaos.py: a long campaign (1000 operations / 15 minutes) "
+        "instead of the CI-sized one",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Skip ``@pytest.mark.docker`` tests when Docker is marked unavailable (never in CI)."""
     if not _docker_marked_unavailable() or _in_ci():

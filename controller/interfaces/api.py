@@ -700,7 +700,11 @@ def create_app(
             **detail(full),
         }
 
-    @app.get("/metrics")
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
+    )
     async def metrics_route() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 

@@ -1,0 +1,339 @@
+"""Chaos: the controller never overcommits and never starts a serve twice, under faults.
+
+``test_chaos_campaign`` runs ``vramctl run`` (a subprocess, its API on a free port, a
+token) on the real Docker daemon, reaching Docker only through a proxy socket the test
+can cut (``tests/chaos/proxy.py``). One role with a 10000 MiB budget and six busybox
+serves: two residents, two evictables, two on-demand; three are pre-created
+containers the controller ``docker start``s, three are created by their ``up``
+commands (which wait a little first). A seeded driver applies random operations —
+manifest edits saved by rename and in place (``desired`` flips, ``vram_mib``
+changes, serves removed and added back), truncated / invalid / non-UTF-8 files that
+are put right a moment later, on-demand ``up`` / ``down`` through the API,
+``docker kill`` and ``docker rm -f``, ``docker start`` behind the controller's back,
+SIGKILL of the controller and a restart, the Docker socket cut and restored — while
+the monitor (``tests/chaos/monitor.py``) replays Docker's events and records every
+start the *controller* made that took the role over budget, and every double start.
+Starts are attributed exactly: the controller's go through the proxy, which notes
+each request and Docker's answer; the driver's own go straight to the daemon and are
+noted before they are made.
+
+At the end the socket is restored, a final manifest is written and the requests are
+ended; the controller must reach it (within its own declared backoff plus a minute)
+and the monitor must have recorded no controller-caused overcommit, no double start
+and no start it cannot attribute. A start excused as a race with an outside start
+counts after all when the controller's log shows it admitted the start well after
+that outside start. The controller exiting on its own (other than refusing an
+invalid manifest at start-up), a traceback in its log, or a 5xx other than 503 from
+its API fail the campaign too. The summary (seed, operations by kind, starts by
+cause, violations with the operations before each) is printed, and written as JSON
+to ``$VRAMCTL_CHAOS_REPORT`` when set.
+
+Bounds: ``VRAMCTL_CHAOS_OPS`` (default 100) operations and ``VRAMCTL_CHAOS_SECONDS``
+(default 150) seconds, whichever comes first; ``--chaos-long`` makes it 1000 / 900.
+``VRAMCTL_CHAOS_SKIP`` (comma-separated: operation kinds such as ``sigkill``, ``cut``,
+or edit kinds ``desired``, ``mib``, ``presence``) leaves some out, to look at one fault
+at a time. ``VRAMCTL_CHAOS_SEED`` replays a campaign (the seed is printed; the timing of a real
+daemon makes a replay close, not identical).
+
+The monitor itself is checked without Docker on synthetic event feeds: it must flag
+a controller start over budget, and must not flag what the driver did.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import shutil
+import socket
+import subprocess
+import time
+import uuid
+from pathlib import Path
+
+import docker
+import pytest
+from chaos.driver import Campaign
+from chaos.monitor import (
+    NS,
+    EventItem,
+    ListItem,
+    Model,
+    ModelItem,
+    Monitor,
+    RequestItem,
+    ServeDecl,
+    promote_races,
+)
+from chaos.proxy import DockerProxy
+from docker.errors import NotFound
+
+# ── the monitor on synthetic feeds (no Docker) ──────────────────────────────
+
+S = NS  # one second in the feed's nanoseconds
+
+
+def model(**mibs: int) -> Model:
+    return Model({"a": 10_000}, {k: ServeDecl("a", v) for k, v in mibs.items()})
+
+
+def start(t: float, serve: str, who: str = "controller", status: int | None = 204) -> list[object]:
+    """A start request (controller through the socket, or the driver) and its event."""
+    name = f"c-{serve}"
+    req = RequestItem(int(t * S), who, "start", name, status if who == "controller" else None)  # type: ignore[arg-type]
+    if status == 304:  # Docker emits no event for a start of a running container
+        return [req]
+    ev = EventItem(int((t + 0.05) * S), "start", f"{serve:0<64}", name, serve)
+    return [req, ev]
+
+
+def die(t: float, serve: str) -> EventItem:
+    return EventItem(int(t * S), "die", f"{serve:0<64}", f"c-{serve}", serve)
+
+
+def test_monitor_flags_a_controller_start_over_budget() -> None:
+    feed = [ModelItem(0, model(a=6000, b=5000))]
+    feed += start(1, "a") + start(2, "b")  # 11000 of 10000, both by the controller
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    assert [v.kind for v in m.violations] == ["overcommit"], m.violations
+    assert m.violations[0].serve == "b" and "11000 of 10000" in m.violations[0].detail
+    assert m.starts == {"controller": 2}
+
+
+def test_monitor_blames_the_controller_for_a_start_into_room_taken_by_hand() -> None:
+    # defect shape: a start by hand well before; the controller's start overcommits
+    feed = [ModelItem(0, model(a=6000, b=5000))]
+    feed += start(1, "a", who="outside") + start(5, "b")
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    assert [v.kind for v in m.violations] == ["overcommit"]
+    assert "a=6000(declared 6000, by outside)" in m.violations[0].detail
+
+
+def test_monitor_does_not_blame_the_controller_for_outside_starts() -> None:
+    feed = [ModelItem(0, model(a=6000, b=5000))]
+    feed += start(1, "a") + start(2, "b", who="outside")  # the driver overcommits
+    feed += start(3.0, "a", status=304)  # a redundant start of its own: not a double start
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    assert m.violations == []
+    assert {n.kind for n in m.notes} == {"outside_overcommit", "redundant_start"}
+
+
+def test_monitor_excuses_a_start_racing_an_outside_start() -> None:
+    # the driver starts a 0.3 s before the controller's request for b: it could not know
+    feed = [ModelItem(0, model(a=6000, b=5000))]
+    feed += start(4.7, "a", who="outside") + start(5, "b")
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    assert m.violations == [] and [n.kind for n in m.notes] == ["race"]
+
+
+def test_a_race_the_controller_admitted_late_is_an_overcommit_after_all() -> None:
+    feed = [ModelItem(0, model(a=6000, b=5000))]
+    feed += start(3.0, "a", who="outside") + start(3.9, "b")  # a runs from 3.05
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    assert [n.kind for n in m.notes] == ["race"] and m.violations == []
+    # the controller admitted b 0.15 s after a started: too close to call
+    assert promote_races(m.notes, {"b": [int(3.2 * S)]}) == []
+    # it admitted b 0.75 s after a had started: a fresh look would have seen a
+    (v,) = promote_races(m.notes, {"b": [int(1 * S), int(3.8 * S)]})
+    assert v.kind == "overcommit" and v.serve == "b"
+    assert v.detail.startswith("[admitted after outside starts it could have seen: a 0.75s]")
+    assert "11000 of 10000" in v.detail
+    assert promote_races(m.notes, {}) == []  # no admission time known: stays a race
+
+
+def test_monitor_excuses_a_manifest_edit_the_controller_cannot_have_read_yet() -> None:
+    feed = [ModelItem(0, model(a=6000, b=3000))]
+    feed += start(1, "a")
+    feed += [ModelItem(int(10 * S), model(a=6000, b=5000))]  # b grows ...
+    feed += start(10.5, "b")  # ... 0.5 s before the controller starts it at 3000
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    assert m.violations == [] and [n.kind for n in m.notes] == ["race"]
+    # the same start 5 s after the edit is the controller's fault
+    late = [ModelItem(0, model(a=6000, b=3000)), *start(1, "a")]
+    late += [ModelItem(int(10 * S), model(a=6000, b=5000)), *start(15, "b")]
+    assert [v.kind for v in Monitor().feed(late).violations] == ["overcommit"]  # type: ignore[arg-type]
+
+
+def test_monitor_keeps_counting_a_removed_or_shrunk_serve_that_still_runs() -> None:
+    feed = [ModelItem(0, model(a=6000, b=5000)), *start(1, "a")]
+    feed += [ModelItem(int(2 * S), model(b=5000))]  # a leaves the manifest, still running
+    feed += start(10, "b")
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    assert [v.kind for v in m.violations] == ["overcommit"]
+    assert "a=6000(undeclared" in m.violations[0].detail
+    assert m.violations[0].detail.startswith("[counts serves no longer declared, still running: a]")
+    shrunk = [ModelItem(0, model(a=6000, b=5000)), *start(1, "a")]
+    shrunk += [ModelItem(int(2 * S), model(a=4000, b=5000)), *start(10, "b")]
+    (v,) = Monitor().feed(shrunk).violations  # type: ignore[arg-type]
+    assert v.kind == "overcommit" and v.detail.startswith(
+        "[counts reservations above today's declaration: a 6000>4000]"
+    )
+    # once a dies, the room is b's
+    freed = [ModelItem(0, model(a=6000, b=5000)), *start(1, "a"), die(5, "a"), *start(6, "b")]
+    assert Monitor().feed(freed).violations == []  # type: ignore[arg-type]
+
+
+def test_monitor_flags_double_starts_and_starts_nobody_asked_for() -> None:
+    feed = [ModelItem(0, model(a=2000)), *start(1, "a", who="outside")]
+    feed += start(5, "a", status=304)  # the controller starts what the driver started 4 s ago
+    feed += [RequestItem(int(6 * S), "controller", "create", "c-a", 409)]  # its `up` too
+    feed += [EventItem(int(9 * S), "start", "f" * 64, "c-a2", "a")]  # a second container of a
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    kinds = [v.kind for v in m.violations]
+    assert kinds == ["double_start", "double_start", "double_start", "unattributed"], m.violations
+
+
+def test_monitor_matches_by_id_and_notices_lists_that_disagree() -> None:
+    cid = "b" * 64
+    feed = [ModelItem(0, model(b=1000))]
+    feed += [RequestItem(S, "controller", "start", cid[:12], 204)]
+    feed += [EventItem(S + 1, "start", cid, "c-b", "b")]
+    feed += [ListItem(2 * S, frozenset()), ListItem(3 * S, frozenset())]  # b missing twice
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    assert m.starts == {"controller": 1}
+    assert [v.kind for v in m.violations] == ["monitor_gap"]
+    assert "the events say it runs, the list does not" in m.violations[0].detail
+    # a list asked for before a start and answered after it is no disagreement
+    slow = [ModelItem(0, model(b=1000)), RequestItem(S, "controller", "start", cid[:12], 204)]
+    slow += [EventItem(2 * S, "start", cid, "c-b", "b")]
+    slow += [ListItem(int(2.5 * S), frozenset(), since=int(1.5 * S))]
+    slow += [ListItem(int(3.5 * S), frozenset({cid}), since=int(3.4 * S))]
+    assert Monitor().feed(slow).violations == []  # type: ignore[arg-type]
+
+
+# ── the proxy on the real daemon ─────────────────────────────────────────────
+
+
+@pytest.mark.docker
+def test_proxy_notes_starts_with_their_answer_and_can_be_cut(
+    docker_client: docker.DockerClient, test_image: str, tmp_path: Path
+) -> None:
+    seen: list[RequestItem] = []
+    sock_dir = Path(f"/tmp/vc-proxy-{uuid.uuid4().hex[:8]}")
+    sock_dir.mkdir()
+    proxy = DockerProxy(sock_dir / "d.sock", _daemon(), seen.append).start()
+    name = f"vramctl-test-{uuid.uuid4().hex[:12]}"
+    docker_client.containers.create(
+        test_image, ["sleep", "60"], name=name, init=True, labels={"vramctl.test": "1"}
+    )
+    via = docker.DockerClient(base_url=proxy.url, timeout=10)
+    try:
+        via.api.start(name)
+        via.api.start(name)  # already running: 304
+        deadline = time.monotonic() + 10
+        while [r.status for r in seen] != [204, 304] and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert [(r.kind, r.ref, r.status) for r in seen] == [
+            ("start", name, 204),
+            ("start", name, 304),
+        ]
+        proxy.cut()
+        with pytest.raises(Exception):  # noqa: B017 - requests' ConnectionError, wrapped or not
+            via.api.inspect_container(name)
+        with socket.socket(socket.AF_UNIX) as s, pytest.raises(OSError):
+            s.connect(str(proxy.path))
+        proxy.restore()
+        assert via.api.inspect_container(name)["State"]["Running"] is True
+    finally:
+        via.close()
+        proxy.close()
+        with contextlib.suppress(NotFound):
+            docker_client.containers.get(name).remove(force=True)
+        sock_dir.rmdir()
+
+
+def _daemon() -> str:
+    host = os.environ.get("DOCKER_HOST", "")
+    return host.removeprefix("unix://") if host.startswith("unix://") else "/var/run/docker.sock"
+
+
+@pytest.mark.docker
+def test_the_harness_flags_an_overcommit_made_through_the_controllers_socket(
+    docker_client: docker.DockerClient, test_image: str
+) -> None:
+    """The whole pipeline, without a controller: proxy, event stream, timeline, monitor.
+
+    Starts sent through the proxy socket (as the controller's would be: its client
+    and its `up` commands) that take the role over budget are flagged; the driver's
+    own start is not; a start through the socket of what the driver started is a
+    double start.
+    """
+    tmp = Path(f"/tmp/vc-harness-{uuid.uuid4().hex[:8]}")
+    tmp.mkdir()
+    c = Campaign(docker_client, test_image, tmp, seed=0, ops_max=0, seconds_max=0)
+    try:
+        c.setup()  # the initial model: res1 3000, res2 2000, ev1 3000, ... of 10000
+        via = docker.DockerClient(base_url=c.proxy.url, timeout=30)
+        try:
+            via.api.start(c.container_name("res1"))
+            via.api.start(c.container_name("ev1"))  # 6000
+            od1 = c.container_name("od1")
+            c.timeline.put(RequestItem(time.time_ns(), "outside", "start", od1))
+            docker_client.api.start(od1)  # 10000, by the driver: nobody's fault
+            # past the race window (1 s + the `up`'s own 1 s wait): the `up` had time to
+            # see od1 running
+            time.sleep(1.5)
+            up = subprocess.run(
+                ["/bin/sh", str(tmp / "up-res2.sh")], capture_output=True, check=False
+            )
+            assert up.returncode == 0, up.stderr  # 12000: the controller's `up` overcommits
+            time.sleep(1.5)
+            via.api.start(od1)  # what the driver started 1.5 s ago: 304
+        finally:
+            via.close()
+        c.timeline.flush()
+    finally:
+        c.teardown()
+        shutil.rmtree(tmp, ignore_errors=True)
+    m = c.monitor
+    assert m.starts == {"controller": 3, "outside": 1}, m.starts
+    kinds = sorted(v.kind for v in m.violations)
+    assert kinds == ["double_start", "overcommit"], m.violations
+    (over,) = [v for v in m.violations if v.kind == "overcommit"]
+    assert over.serve == "res2" and "12000 of 10000" in over.detail, over
+    assert [n.kind for n in m.notes] == [], m.notes
+
+
+# ── the campaign ─────────────────────────────────────────────────────────────
+
+
+@pytest.mark.docker
+def test_chaos_campaign(
+    docker_client: docker.DockerClient, test_image: str, request: pytest.FixtureRequest
+) -> None:
+    long = bool(request.config.getoption("--chaos-long"))
+    ops = int(os.environ.get("VRAMCTL_CHAOS_OPS") or (1000 if long else 100))
+    seconds = float(os.environ.get("VRAMCTL_CHAOS_SECONDS") or (900 if long else 150))
+    seed = int(os.environ.get("VRAMCTL_CHAOS_SEED") or random.SystemRandom().randrange(10**9))
+    print(f"\nchaos: seed {seed} (replay with VRAMCTL_CHAOS_SEED={seed}), {ops} ops / {seconds:g}s")
+    # a short folder: the proxy's unix socket path must stay under 108 bytes
+    tmp = Path(f"/tmp/vc-chaos-{seed}-{uuid.uuid4().hex[:6]}")
+    tmp.mkdir()
+    skip = frozenset(filter(None, os.environ.get("VRAMCTL_CHAOS_SKIP", "").split(",")))
+    campaign = Campaign(docker_client, test_image, tmp, seed, ops, seconds, skip=skip)
+    try:
+        campaign.setup()
+        campaign.run()
+        converged = campaign.settle()
+        campaign.stop()
+    finally:
+        campaign.teardown()
+    summary = campaign.summary(converged)
+    report = os.environ.get("VRAMCTL_CHAOS_REPORT")
+    if report:
+        Path(report).write_text(json.dumps(summary, indent=1))
+    brief = {k: v for k, v in summary.items() if k not in ("ops_log",)}
+    print("chaos summary:", json.dumps(brief, indent=1))
+    problems = []
+    if summary["violations"]:
+        problems.append(
+            f"{len(summary['violations'])} violation(s): "
+            + json.dumps(summary["violations"], indent=1)
+        )
+    if not converged[0]:
+        problems.append(f"the final manifest was not reached: {converged[1]}")
+    problems += summary["findings"]
+    if not problems:  # a failed campaign keeps its logs, journal and manifests
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert not problems, f"seed {seed}: " + "\n".join(problems)
