@@ -115,7 +115,7 @@ def _controller(tmp: Path) -> Controller:
     controller = Controller(
         RunOptions(manifests=(path,), state_dir=tmp / "state"), load_manifest_set([path])
     )
-    controller.store.journal = Journal.open(journal_path(controller.state_dir))
+    controller.journal = Journal.open(journal_path(controller.state_dir))
     now = time.time()
     snap = parse_snapshot(
         {
