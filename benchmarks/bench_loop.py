@@ -1,7 +1,7 @@
 """Cost of the control loop (``vramctl run``) on the real Docker daemon.
 
 Two measurements, each against a real ``vramctl run`` subprocess
-(``python -m controller.cli run -m MANIFEST --state-dir TMP --log-json``, plus
+(``python -m controller.interfaces.cli run -m MANIFEST --state-dir TMP --log-json``, plus
 ``--no-api`` when this vramctl has an API, unless a mode asks for the API):
 
 ``reaction``
@@ -126,7 +126,7 @@ def free_port() -> int:
 def has_api() -> bool:
     """True when this vramctl's ``run`` has the HTTP API (and so ``--no-api``)."""
     out = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "run", "--help"],
+        [sys.executable, "-m", "controller.interfaces.cli", "run", "--help"],
         capture_output=True,
         text=True,
         cwd=REPO,
@@ -265,7 +265,7 @@ class Controller:
         argv = [
             sys.executable,
             "-m",
-            "controller.cli",
+            "controller.interfaces.cli",
             "run",
             "-m",
             str(manifest_path),

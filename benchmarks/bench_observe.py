@@ -4,9 +4,9 @@ What it measures, for N = 1, 20 and 100 running busybox containers (``--sizes``)
 all named in the "manifest" that is observed, on the local daemon:
 
 ``ours_steady``
-    One :meth:`controller.docker_adapter.ContainerObserver.observe` cycle in steady
+    One :meth:`controller.adapters.docker.read.ContainerObserver.observe` cycle in steady
     state: the observer has already seen every container (one warm-up cycle), so a
-    cycle is one list call and no inspect (DESIGN §5's docker adapter call-count
+    cycle is one list call and no inspect (docs/design.md §5 docker adapter call-count
     design).
 ``ours_cold``
     The first cycle of a fresh observer (fresh :class:`InspectCache`, same client):
@@ -74,7 +74,7 @@ from typing import Any
 import docker
 from docker.errors import NotFound
 
-from controller.docker_adapter import ContainerObserver, ContainerSnapshot
+from controller.adapters.docker.read import ContainerObserver, ContainerSnapshot
 
 BENCH_LABEL = "vramctl.bench"
 RUN_LABEL = "vramctl.bench.run"

@@ -1,4 +1,4 @@
-"""The observed-snapshot JSON contract (DESIGN §5): read, validate, convert, write.
+"""The observed-snapshot JSON contract (docs/design.md §5): read, validate, convert, write.
 
 ``vramctl observe`` prints this format and ``--observed FILE`` reads it. The JSON is
 validated by pydantic (extra keys allowed) and converted into the pure core's

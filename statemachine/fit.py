@@ -1,4 +1,4 @@
-"""The fit answer: can a serve run now, and at what cost (DESIGN §5 fit JSON).
+"""The fit answer: can a serve run now, and at what cost (docs/design.md §5 fit JSON).
 
 ``fit_serve`` asks the planner what an on-demand request for the serve would do,
 without doing it, and reduces that to the fit contract: whether it fits, every term
@@ -33,7 +33,7 @@ class FitResult:
     protected: tuple[Protected, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """DESIGN §5 fit JSON, plus ``reason`` and each role's committed reservations."""
+        """docs/design.md §5 fit JSON, plus ``reason`` and each role's committed reservations."""
         return {
             "serve": self.serve,
             "fits": self.fits,

@@ -63,7 +63,7 @@ class RoleTerms:
     reservations: tuple[tuple[str, int], ...]
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form (DESIGN §5 fit rows, plus each committed reservation)."""
+        """The JSON form (docs/design.md §5 fit rows, plus each committed reservation)."""
         return {
             "gpu_role": self.gpu_role,
             "capacity_mib": self.capacity_mib,
@@ -109,7 +109,7 @@ class RoleView:
     reservations: tuple[tuple[str, int], ...]
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form (DESIGN §5 ``ledger_after`` rows plus the reservations)."""
+        """The JSON form (docs/design.md §5 ``ledger_after`` rows plus the reservations)."""
         return {
             "capacity_mib": self.capacity_mib,
             "reserve_mib": self.reserve_mib,

@@ -29,7 +29,7 @@ Choices:
   (409) fires nothing, a broken one fires ``fail``.
 - ``failed`` does not hold a reservation in the machine's view. A failed serve's memory
   is whatever its container really holds, and the ledger counts that from observation
-  (a running, paused or restarting container is committed, DESIGN §3), so a failed start
+  (a running, paused or restarting container is committed, docs/design.md §3), so a failed start
   whose container exited holds nothing and a failed stop whose container is still up is
   still counted — without the machine double-counting or leaking either.
 - One shared ``Machine`` (built once, lazily) serves every :class:`ServeLifecycle`; a
@@ -44,11 +44,15 @@ state enter/exit) on the ``transitions`` logger; the shell decides their level.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from enum import StrEnum
 from functools import cache
+from types import MappingProxyType
 from typing import Any, Final, TypedDict
 
 from transitions import Machine, MachineError
+
+from statemachine.plan import Action
 
 
 class LifecycleState(StrEnum):
@@ -62,6 +66,30 @@ class LifecycleState(StrEnum):
     DRAINING = "draining"
     STOPPING = "stopping"
     FAILED = "failed"
+
+
+class Trigger(StrEnum):
+    """The triggers of the machine; the values are the names :data:`TRANSITIONS` uses."""
+
+    RESERVE = "reserve"
+    ABANDON = "abandon"
+    START = "start"
+    READY = "ready"
+    START_FAILED = "start_failed"
+    SHRINK = "shrink"
+    GROW = "grow"
+    QUIESCE = "quiesce"
+    DRAIN = "drain"
+    DRAIN_TIMED_OUT = "drain_timed_out"
+    READMIT = "readmit"
+    STOP = "stop"
+    STOPPED = "stopped"
+    STOP_FAILED = "stop_failed"
+    FAIL = "fail"
+    RECOVER = "recover"
+    RESET = "reset"
+    OBSERVE_RUNNING = "observe_running"
+    OBSERVE_STOPPED = "observe_stopped"
 
 
 class StateSpec(TypedDict):
@@ -305,6 +333,8 @@ def _index(
     allowed = {
         state: tuple(t for t in triggers if (state.value, t) in table) for state in LifecycleState
     }
+    if set(triggers) != set(Trigger):
+        raise ValueError(f"TRANSITIONS must use each Trigger, got {triggers}")
     return table, tuple(triggers), allowed
 
 
@@ -312,6 +342,29 @@ _TABLE, _TRIGGERS, _ALLOWED = _index(STATES, TRANSITIONS)
 
 #: Every trigger, in declared order.
 TRIGGERS: Final[tuple[str, ...]] = _TRIGGERS
+
+#: The one table from a plan step's action to the trigger its success fires. A release
+#: confirms the stop (``stopped``); the other actions fire the trigger of their name.
+ACTION_TRIGGERS: Final[Mapping[Action, Trigger]] = MappingProxyType(
+    {
+        Action.QUIESCE: Trigger.QUIESCE,
+        Action.DRAIN: Trigger.DRAIN,
+        Action.STOP: Trigger.STOP,
+        Action.RELEASE: Trigger.STOPPED,
+        Action.SHRINK: Trigger.SHRINK,
+        Action.GROW: Trigger.GROW,
+        Action.RESERVE: Trigger.RESERVE,
+        Action.START: Trigger.START,
+        Action.AWAIT_READY: Trigger.READY,
+        Action.READMIT: Trigger.READMIT,
+    }
+)
+
+
+def trigger_for(action: Action) -> Trigger:
+    """The trigger a step of ``action`` fires when it succeeds (:data:`ACTION_TRIGGERS`)."""
+    return ACTION_TRIGGERS[action]
+
 
 #: The states in which the machine claims the serve's reservation.
 HOLDING_STATES: Final[frozenset[LifecycleState]] = frozenset(

@@ -1,7 +1,7 @@
 """The planner: ``plan_transitions(desired, observed, policy, now) -> Plan``.
 
 A pure function from "what the manifest (and the on-demand requests) want" and "what
-the host shows" to an ordered list of steps (DESIGN §5 plan JSON) plus what is
+the host shows" to an ordered list of steps (docs/design.md §5 plan JSON) plus what is
 blocked, with every term of the arithmetic. It never plans a prefix that overcommits
 a GPU role: every reserve and grow goes through :class:`statemachine.ledger.Ledger`,
 after the releases and shrinks that make room for it.
@@ -41,143 +41,24 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from enum import StrEnum
 from typing import Any
 
-from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
+from statemachine.admission import conflict, inside_min_runtime
+from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
+from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
 from statemachine.types import DesiredRun, DesiredState, Elastic, Observed, Residency, ServeSpec
-from statemachine.victims import DEFAULT_EXACT_LIMIT, Candidate, choose_victims
+from statemachine.victims import Candidate, choose_victims
 
-
-class Action(StrEnum):
-    """The step actions of DESIGN §5, in the order a room-making plan uses them."""
-
-    QUIESCE = "quiesce"
-    DRAIN = "drain"
-    STOP = "stop"
-    RELEASE = "release"
-    SHRINK = "shrink"
-    GROW = "grow"
-    RESERVE = "reserve"
-    START = "start"
-    AWAIT_READY = "await_ready"
-    READMIT = "readmit"
-
-
-@dataclass(frozen=True, slots=True)
-class Step:
-    """One step. ``mib`` is what the step moves in the ledger (``None``: nothing).
-
-    For shrink and grow, ``mib`` is the MiB given back or taken and ``to_mib`` the
-    reservation afterwards. ``group`` names the serve whose intent the step serves
-    (a requester for its victims' and shrinks' steps): when a step fails, the
-    executor skips the rest of its group, and the ledger guards the other groups.
-    """
-
-    action: Action
-    serve: str
-    gpu_roles: tuple[str, ...]
-    mib: int | None
-    reason: str
-    to_mib: int | None = None
-    group: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        """DESIGN §5 step JSON (plus ``to_mib`` for shrink / grow, and ``group``)."""
-        out: dict[str, Any] = {
-            "action": str(self.action),
-            "serve": self.serve,
-            "gpu_roles": list(self.gpu_roles),
-            "mib": self.mib,
-            "reason": self.reason,
-            "group": self.group,
-        }
-        if self.to_mib is not None:
-            out["to_mib"] = self.to_mib
-        return out
-
-
-@dataclass(frozen=True, slots=True)
-class Protected:
-    """A serve that holds memory (or a port) the blocked serve needs and may not be stopped."""
-
-    serve: str
-    mib: int | None
-    why: str
-
-    def to_json(self) -> dict[str, Any]:
-        """JSON form."""
-        return {"serve": self.serve, "mib": self.mib, "why": self.why}
-
-
-@dataclass(frozen=True, slots=True)
-class Blocked:
-    """Work that cannot happen now, with every term of the arithmetic."""
-
-    serve: str
-    reason: str
-    terms: tuple[RoleTerms, ...] = ()
-    evictable_mib: tuple[tuple[str, int], ...] = ()
-    shrinkable_mib: tuple[tuple[str, int], ...] = ()
-    protected: tuple[Protected, ...] = ()
-
-    def to_json(self) -> dict[str, Any]:
-        """DESIGN §5 blocked JSON."""
-        return {
-            "serve": self.serve,
-            "reason": self.reason,
-            "ledger": {
-                "gpu_roles": [t.to_json() for t in self.terms],
-                "evictable_mib": dict(self.evictable_mib),
-                "shrinkable_mib": dict(self.shrinkable_mib),
-                "protected": [p.to_json() for p in self.protected],
-            },
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Policy:
-    """Planner knobs, and what the controller knows that the observation does not.
-
-    ``no_shrink``: elastic serves whose last shrink did not free what was asked; the
-    planner falls back to what it would do without shrinking them (eviction).
-    ``hold``: serves not to start now (serve -> why, e.g. a failure backoff); they are
-    reported as blocked with that reason.
-    """
-
-    exact_search_limit: int = DEFAULT_EXACT_LIMIT
-    no_shrink: frozenset[str] = frozenset()
-    hold: Mapping[str, str] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """The planner's answer."""
-
-    steps: tuple[Step, ...]
-    blocked: tuple[Blocked, ...]
-    ledger_before: Ledger
-    ledger_after: Ledger
-    notes: tuple[str, ...] = ()
-
-    @property
-    def empty(self) -> bool:
-        """True when there is nothing to do."""
-        return not self.steps
-
-    def to_json(self) -> dict[str, Any]:
-        """DESIGN §5 plan JSON (plus ``ledger_before`` and ``notes``)."""
-        return {
-            "steps": [s.to_json() for s in self.steps],
-            "blocked": [b.to_json() for b in self.blocked],
-            "ledger_before": {
-                r: self.ledger_before.view(r).to_json() for r in self.ledger_before.roles
-            },
-            "ledger_after": {
-                r: self.ledger_after.view(r).to_json() for r in self.ledger_after.roles
-            },
-            "notes": list(self.notes),
-        }
+__all__ = [
+    "Action",
+    "Blocked",
+    "Plan",
+    "Policy",
+    "Protected",
+    "Step",
+    "conflict",
+    "plan_transitions",
+]
 
 
 def _ok(result: Ledger | Refusal) -> Ledger:
@@ -254,13 +135,7 @@ class _Work:
 
     def fresh(self, s: ServeSpec) -> float | None:
         """Seconds since start when still inside ``min_runtime_s``, else None."""
-        if s.min_runtime_s <= 0:
-            return None
-        started = self.observed.container(s.container).started_at
-        if started is None:
-            return None
-        age = self.now - started
-        return age if age < s.min_runtime_s else None
+        return inside_min_runtime(s, self.observed, self.now)
 
     def add(self, action: Action, s: ServeSpec, mib: int | None, reason: str, **kw: Any) -> None:
         self.steps.append(Step(action, s.name, s.gpu_roles, mib, reason, group=self.group, **kw))
@@ -315,24 +190,6 @@ def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> 
         return (3, 0.0, -s.priority, s.name)
 
     return sorted(wants, key=rank)
-
-
-def _shares_role(a: ServeSpec, b: ServeSpec) -> bool:
-    return any(r in b.gpu_roles for r in a.gpu_roles)
-
-
-def conflict(s: ServeSpec, other: ServeSpec) -> str | None:
-    """Why ``s`` cannot run while ``other`` runs (exclusivity, a shared port); else None.
-
-    Memory is the ledger's business; this is the rest of what a start needs stopped.
-    """
-    if other.exclusive and s.gpu_inference and _shares_role(s, other):
-        return f"exclusive on {', '.join(other.gpu_roles)}"
-    if s.exclusive and other.gpu_inference and _shares_role(s, other):
-        return f"{s.name} needs {', '.join(s.gpu_roles)} to itself"
-    if s.port is not None and other.port == s.port:
-        return f"holds port {s.port}"
-    return None
 
 
 def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:

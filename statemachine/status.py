@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from statemachine.ledger import RoleView, ledger_from_observed, no_longer_declared
+from statemachine.lifecycle import LifecycleState
 from statemachine.types import ContainerObs, ContainerState, DesiredState, GpuObs, Observed
 
 
@@ -118,23 +119,24 @@ class HostStatus:
 CLEAN_EXITS: frozenset[int | None] = frozenset({None, 0, 130, 143})
 
 
-def lifecycle_from_observation(obs: ContainerObs) -> str:
+def lifecycle_from_observation(obs: ContainerObs) -> LifecycleState:
     """The lifecycle state an observation implies, for a serve the controller is not driving.
 
-    A container that holds memory is ``running`` (``starting`` while its healthcheck
-    says so, or while docker restarts it); one that was OOM-killed, is dead, or exited
-    with a code other than a clean one (:data:`CLEAN_EXITS`: 0, or the SIGTERM/SIGINT
-    codes a requested stop gives) is ``failed``; otherwise ``stopped``.
+    One of the lifecycle machine's own states (:class:`LifecycleState`): a container that
+    holds memory is ``running`` (``starting`` while its healthcheck says so, or while
+    docker restarts it); one that was OOM-killed, is dead, or exited with a code other
+    than a clean one (:data:`CLEAN_EXITS`: 0, or the SIGTERM/SIGINT codes a requested
+    stop gives) is ``failed``; otherwise ``stopped``.
     """
     if obs.state is ContainerState.RESTARTING:
-        return "starting"
+        return LifecycleState.STARTING
     if obs.holds:
-        return "starting" if obs.health == "starting" else "running"
+        return LifecycleState.STARTING if obs.health == "starting" else LifecycleState.RUNNING
     if obs.state is ContainerState.DEAD or obs.oom_killed:
-        return "failed"
+        return LifecycleState.FAILED
     if obs.state is ContainerState.EXITED and obs.exit_code not in CLEAN_EXITS:
-        return "failed"
-    return "stopped"
+        return LifecycleState.FAILED
+    return LifecycleState.STOPPED
 
 
 def _device(gpus: tuple[GpuObs, ...] | None, uuid: str | None) -> GpuObs | None:
@@ -186,8 +188,10 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 desired=str(s.desired) if s.desired else None,
                 state=str(obs.state) if observed.docker_ok else "unknown",
                 health=obs.health if observed.docker_ok else None,
-                lifecycle=(
-                    "starting" if s.name in observed.starting else lifecycle_from_observation(obs)
+                lifecycle=str(
+                    LifecycleState.STARTING
+                    if s.name in observed.starting
+                    else lifecycle_from_observation(obs)
                 )
                 if observed.docker_ok
                 else "unknown",

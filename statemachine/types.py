@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from typing import Any
 
 
 class Residency(StrEnum):
@@ -42,8 +43,8 @@ class ContainerState(StrEnum):
     ABSENT = "absent"
 
 
-#: States in which a container holds its reservation (DESIGN §3).
-HOLDING_STATES: frozenset[ContainerState] = frozenset(
+#: Container states in which a container holds its reservation (docs/design.md §3).
+COMMITTED_STATES: frozenset[ContainerState] = frozenset(
     {ContainerState.RUNNING, ContainerState.PAUSED, ContainerState.RESTARTING}
 )
 
@@ -65,7 +66,7 @@ class GpuRole:
 
 @dataclass(frozen=True, slots=True)
 class Elastic:
-    """An elastic serve can give VRAM back down to ``floor_mib`` (DESIGN §6).
+    """An elastic serve can give VRAM back down to ``floor_mib`` (docs/design.md §6).
 
     Its engine gives memory back and takes it again in whole ``segment_mib`` segments
     of its expert cache, so shrinks and grows are planned in whole segments.
@@ -123,6 +124,10 @@ class OnDemandRequest:
         """True once the TTL has run out (never without a TTL)."""
         return self.ttl_s is not None and now >= self.requested_at + self.ttl_s
 
+    def to_json(self) -> dict[str, Any]:
+        """The form the journal's cycle records store and replay reads back."""
+        return {"serve": self.serve, "requested_at": self.requested_at, "ttl_s": self.ttl_s}
+
 
 @dataclass(frozen=True, slots=True)
 class DesiredState:
@@ -159,7 +164,7 @@ class ContainerObs:
     @property
     def holds(self) -> bool:
         """True while the container holds its reservation."""
-        return self.state in HOLDING_STATES
+        return self.state in COMMITTED_STATES
 
 
 ABSENT = ContainerObs(state=ContainerState.ABSENT)

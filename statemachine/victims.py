@@ -1,7 +1,7 @@
 """Victim choice: which committed evictable serves to stop so a requester fits.
 
 ``choose_victims`` is a pure function of the candidates and the shortfall per role.
-The order of preference (DESIGN §3) is lexicographic over a candidate set:
+The order of preference (docs/design.md §3) is lexicographic over a candidate set:
 
 1. fewest victims;
 2. least VRAM freed beyond the shortfall (overshoot, summed over the roles short);

@@ -17,7 +17,7 @@ time) and is a context manager::
         ...  # engine.url, engine.reserves() == [8000, 8000]
 
 * :class:`FakeHTTPServer` answers with any ``handler(Recorded) -> Reply``;
-* :class:`FakeRouter` speaks the router's admin transition protocol (DESIGN §6)
+* :class:`FakeRouter` speaks the router's admin transition protocol (docs/design.md §6)
   and checks what it is sent (auth first, then the body: ``confirm``, ``dry_run``,
   a ``timeout`` only for a drain and within 0 < S ≤ 3600), keeps a per-tier state,
   and can be scripted: a drain's result, leading 503 ``server_busy`` answers, a
@@ -266,7 +266,7 @@ class _Forced:
 
 
 class FakeRouter(FakeHTTPServer):
-    """The router's admin transition endpoint (DESIGN §6) with per-tier state.
+    """The router's admin transition endpoint (docs/design.md §6) with per-tier state.
 
     ``token``: when set, a request without a bearer token gets 401 and one with a
     different token 403 (GET too). ``tiers``: when given, only those tiers exist

@@ -1,7 +1,7 @@
 """A scripted NVML for tests without a GPU, shared by the NVML and observation tests.
 
 :class:`FakeNvml` stands in for the ``pynvml`` module at the adapter's
-:class:`controller.nvml_adapter.NvmlApi` seam: it reports the devices and processes a
+:class:`controller.adapters.nvml.NvmlApi` seam: it reports the devices and processes a
 test scripts and raises ``pynvml``'s *own* exception classes (``pynvml.NVMLError(code)``
 maps the code to its subclass, as the real binding does). It also checks that no
 device call happens outside ``nvmlInit`` / ``nvmlShutdown``.
@@ -16,7 +16,7 @@ from typing import Any
 
 import pynvml
 
-from controller.nvml_adapter import MIB
+from controller.adapters.nvml import MIB
 
 __all__ = ["GIB", "FakeDevice", "FakeMemory", "FakeNvml", "FakeProc", "nvml_error"]
 

@@ -35,12 +35,12 @@ from docker.errors import NotFound
 from prometheus_client.parser import text_string_to_metric_families
 from serving import free_port, httpd
 
-from controller.api import ApiSettings, create_app, parse_address
-from controller.journal import Journal, journal_path
-from controller.loop import Controller, CycleSummary, RunOptions
+from controller.interfaces.api import ApiSettings, create_app, parse_address
+from controller.interfaces.metrics import Metrics
 from controller.manifest import load_manifest_set
-from controller.metrics import Metrics
+from controller.service.loop import Controller, CycleSummary, RunOptions
 from controller.snapshot import parse_snapshot
+from controller.store.journal import Journal, journal_path
 
 TOKEN = "api-test-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
@@ -374,7 +374,7 @@ def test_parse_address() -> None:
 
 def vramctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args],
+        [sys.executable, "-m", "controller.interfaces.cli", *args],
         capture_output=True,
         text=True,
         env=dict(os.environ, COLUMNS="200", NO_COLOR="1", **(env or {})),
@@ -435,7 +435,7 @@ class Live:
                 [
                     sys.executable,
                     "-m",
-                    "controller.cli",
+                    "controller.interfaces.cli",
                     "run",
                     "-m",
                     str(self.manifest),
@@ -757,14 +757,14 @@ def test_run_exits_clearly_when_the_api_port_is_taken(tmp_path: Path) -> None:
     ids=["loopback", "localhost", "ipv6", "rebinding", "rebinding-no-port", "no-host", "lan"],
 )
 def test_host_header_guard_against_dns_rebinding(host: str | None, bind: str, ok: bool) -> None:
-    from controller.api import host_allowed
+    from controller.interfaces.api import host_allowed
 
     assert host_allowed(host, bind) is ok
 
 
 def test_manifest_errors_without_a_location_are_withheld_whole() -> None:
     """A manifest error the loop could not locate is never shown as text without the token."""
-    from controller.api import public_manifest_errors
+    from controller.interfaces.api import public_manifest_errors
     from controller.manifest import LocatedError
 
     lines = ['serves.toml: serve "a" (#1): up: must be a string, got "s3cr3t"']
@@ -780,7 +780,7 @@ def test_manifest_errors_without_a_location_are_withheld_whole() -> None:
 def test_a_world_readable_token_file_is_warned_about(tmp_path: Path) -> None:
     from loguru import logger
 
-    from controller.api import load_token
+    from controller.interfaces.api import load_token
 
     said: list[str] = []
     sink = logger.add(lambda m: said.append(str(m)), level="WARNING", format="{message}")

@@ -90,7 +90,7 @@ class Bare:
                 [
                     sys.executable,
                     "-m",
-                    "controller.cli",
+                    "controller.interfaces.cli",
                     "run",
                     "-m",
                     str(self.manifest),

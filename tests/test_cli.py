@@ -1,4 +1,4 @@
-"""The CLI contracts of DESIGN §5, run as an operator runs them: the real console
+"""The CLI contracts of docs/design.md §5, run as an operator runs them: the real console
 script in a subprocess, real manifest files, snapshot files.
 """
 
@@ -28,7 +28,7 @@ SET = [
 def vramctl(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1", **extra_env)
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args],
+        [sys.executable, "-m", "controller.interfaces.cli", *args],
         capture_output=True,
         text=True,
         env=env,

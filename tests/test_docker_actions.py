@@ -24,7 +24,7 @@ from docker.errors import NotFound
 from docker.models.containers import Container
 from fake_http import FakeHTTPServer, Recorded, Reply
 
-from controller.docker_actions import ActionError, DockerActions
+from controller.adapters.docker.actions import ActionError, DockerActions
 from statemachine.types import ContainerState
 
 BusyboxFactory = Callable[..., Container]

@@ -28,7 +28,7 @@ import pytest
 from docker.errors import NotFound
 from docker.models.containers import Container
 
-from controller.docker_adapter import (
+from controller.adapters.docker.read import (
     ContainerObserver,
     ContainerSnapshot,
     InspectCache,

@@ -6,7 +6,7 @@
 - every relative link in docs/*.md points to a file or folder that exists (and a
   ``#heading`` in a Markdown page to a heading of that page);
 - every ``vramctl COMMAND`` written in code (inline or fenced) names a command that
-  ``python -m controller.cli --help`` lists.
+  ``python -m controller.interfaces.cli --help`` lists.
 """
 
 from __future__ import annotations
@@ -151,7 +151,7 @@ def test_relative_links_resolve(page: Path) -> None:
 def _cli_commands() -> set[str]:
     env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "TERM": "dumb"}
     result = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "--help"],
+        [sys.executable, "-m", "controller.interfaces.cli", "--help"],
         cwd=ROOT,
         env=env,
         capture_output=True,

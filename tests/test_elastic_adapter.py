@@ -1,4 +1,4 @@
-"""The elastic VRAM adapter against a fake engine over real loopback HTTP (DESIGN §6).
+"""The elastic VRAM adapter against a fake engine over real loopback HTTP (docs/design.md §6).
 
 What is pinned: the exact request of ``POST /v1/vram`` (and of ``/v1/unload``,
 ``/v1/load``); every answer of the seed (``vram-elastic-reserve-api.txt``) parsed into
@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 from fake_http import FakeElastic, FakeHTTPServer, Reply
 
-from controller.elastic_adapter import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
+from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
 
 
 @pytest.fixture

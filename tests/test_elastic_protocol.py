@@ -24,12 +24,12 @@ from typing import Any
 import pytest
 from fake_http import Card, ElasticEngine
 
-from controller.elastic_adapter import ElasticClient
-from controller.executor import ExecutionReport, Executor, ExecutorConfig, Outcome
-from controller.journal import Journal, journal_path
-from controller.loop import Controller, RunOptions
+from controller.adapters.elastic import ElasticClient
 from controller.manifest import ManifestSet, load_manifest_set
+from controller.service.executor import ExecutionReport, Executor, ExecutorConfig, Outcome
+from controller.service.loop import Controller, RunOptions
 from controller.snapshot import ContainerModel, SnapshotModel, load_snapshot
+from controller.store.journal import Journal, journal_path
 from statemachine.fit import request_plan
 from statemachine.planner import Plan, Policy, plan_transitions
 from statemachine.types import ContainerState, GpuObs, Observed, OnDemandRequest
@@ -361,7 +361,7 @@ def test_no_answer_within_the_clients_wait_is_not_proof_and_is_asked_again(
 
 
 def test_the_loop_waits_a_bounded_time_for_an_engine(tmp_path: Path) -> None:
-    from controller.runtime import make_executor
+    from controller.service.wiring import make_executor
 
     card = Card(24_000)
     with moe_engine(card) as engine:

@@ -1,4 +1,5 @@
-"""Tests of engine enforcement (DESIGN §3): statemachine.engine and controller.compose_lint.
+"""Tests of engine enforcement (docs/design.md §3): statemachine.engine_flags and
+controller.tools.compose_lint.
 
 The arithmetic is checked on a table of the real stack's reservations and as a
 property (the rendered fraction never gives the engine more than its reservation, and
@@ -19,7 +20,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from controller.compose_lint import (
+from controller.manifest import ManifestSet, load_manifest_set
+from controller.tools.compose_lint import (
     ComposeError,
     LintReport,
     interpolate,
@@ -28,8 +30,7 @@ from controller.compose_lint import (
     render_serve,
     report_lines,
 )
-from controller.manifest import ManifestSet, load_manifest_set
-from statemachine.engine import (
+from statemachine.engine_flags import (
     DEFAULT_TOLERANCE,
     SGLANG_FLAG,
     SOURCE_DECLARED,

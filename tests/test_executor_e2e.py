@@ -28,11 +28,11 @@ from fake_http import Card, ElasticEngine, FakeRouter
 from fakes_nvml import FakeDevice, FakeNvml, FakeProc
 from serving import free_port, httpd
 
-from controller.docker_adapter import ContainerObserver, manifest_containers
-from controller.executor import ExecutionReport, ExecutorConfig
+from controller.adapters.docker.read import ContainerObserver, manifest_containers
 from controller.manifest import ManifestSet, load_manifest_set
-from controller.observe import observe_host
-from controller.runtime import make_executor, read_gpus
+from controller.service.executor import ExecutionReport, ExecutorConfig
+from controller.service.observe import observe_host
+from controller.service.wiring import make_executor, read_gpus
 from statemachine.ledger import ledger_from_observed
 from statemachine.planner import Plan, Policy, plan_transitions
 from statemachine.types import GpuObs, Observed, OnDemandRequest
@@ -396,7 +396,7 @@ def test_elastic_shrink_half_succeeds(host: Host) -> None:
 def _vramctl(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args],
+        [sys.executable, "-m", "controller.interfaces.cli", *args],
         capture_output=True,
         text=True,
         env=env,

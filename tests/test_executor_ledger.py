@@ -13,8 +13,8 @@ from typing import Any
 
 from fake_http import FakeElastic
 
-from controller.elastic_adapter import ElasticClient
-from controller.executor import Executor, ExecutorConfig, Outcome
+from controller.adapters.elastic import ElasticClient
+from controller.service.executor import Executor, ExecutorConfig, Outcome
 from controller.snapshot import ContainerModel
 from statemachine.ledger import GpuReservation, Ledger
 from statemachine.planner import Action, Plan, Step

@@ -1,6 +1,6 @@
 """Fuzzing the HTTP API with schemathesis, from the OpenAPI schema FastAPI publishes.
 
-The app is built as ``vramctl run`` builds it (``controller.api.create_app``) over a
+The app is built as ``vramctl run`` builds it (``controller.interfaces.api.create_app``) over a
 controller whose last cycle observed a scripted host (no Docker): a resident and an
 evictable serve running, on-demand serves that fit, do not fit, or conflict. The
 schema is the one FastAPI generates for that app (``app.openapi()``; the running
@@ -38,11 +38,11 @@ from schemathesis.specs.openapi.checks import (
     response_schema_conformance,
 )
 
-from controller.api import ApiSettings, create_app
-from controller.journal import Journal, journal_path
-from controller.loop import Controller, CycleSummary, RunOptions
+from controller.interfaces.api import ApiSettings, create_app
 from controller.manifest import load_manifest_set
+from controller.service.loop import Controller, CycleSummary, RunOptions
 from controller.snapshot import parse_snapshot
+from controller.store.journal import Journal, journal_path
 
 TOKEN = "fuzz-token-0123456789"
 MAX_EXAMPLES = 60

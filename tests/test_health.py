@@ -11,7 +11,7 @@ import pytest
 from fake_http import FakeHTTPServer, Recorded, Reply
 from serving import free_port
 
-from controller.health import http_ready
+from controller.adapters.health import http_ready
 
 
 @pytest.mark.parametrize("variable", ["HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"])

@@ -16,13 +16,12 @@ from typing import Any
 
 import pytest
 
-from controller.journal import (
+from controller.store.journal import (
     JOURNAL_NAME,
     SCHEMA_VERSION,
     AlreadyRunning,
     Journal,
     JournalError,
-    RequestRecord,
     StateLock,
     default_state_dir,
     journal_path,
@@ -161,8 +160,7 @@ def test_requests_survive_reopen_and_replace(jpath: Path) -> None:
         j.end_request("nothing-active", 13.0)  # a no-op
     with Journal.open(jpath) as j:
         active = j.active_requests()
-        assert active == [RequestRecord("llm", 11.0, None), RequestRecord("asr", 20.0, 30.0)]
-        assert active[1].to_request() == OnDemandRequest("asr", 20.0, 30.0)
+        assert active == [OnDemandRequest("llm", 11.0, None), OnDemandRequest("asr", 20.0, 30.0)]
         assert active[1].to_json() == {"serve": "asr", "requested_at": 20.0, "ttl_s": 30.0}
 
 
@@ -251,7 +249,7 @@ _HOLDER = textwrap.dedent(
     """
     import sys, time
     from pathlib import Path
-    from controller.journal import StateLock
+    from controller.store.journal import StateLock
     lock = StateLock(Path(sys.argv[1]))
     lock.acquire()
     print("locked", flush=True)
@@ -263,7 +261,7 @@ _TAKER = textwrap.dedent(
     """
     import sys
     from pathlib import Path
-    from controller.journal import AlreadyRunning, StateLock
+    from controller.store.journal import AlreadyRunning, StateLock
     try:
         StateLock(Path(sys.argv[1])).acquire()
     except AlreadyRunning as exc:

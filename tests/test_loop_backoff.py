@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from controller.executor import ExecutionReport, Outcome, StepResult
-from controller.journal import Journal, journal_path
-from controller.loop import Controller, RunOptions
 from controller.manifest import load_manifest_set
+from controller.service.executor import ExecutionReport, Outcome, StepResult
+from controller.service.loop import Controller, RunOptions
+from controller.store.journal import Journal, journal_path
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Step
 from statemachine.types import ContainerObs, ContainerState, Observed

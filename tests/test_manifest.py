@@ -25,7 +25,7 @@ from controller.manifest import (
     load_manifest_set,
     normalize_residency,
 )
-from controller.schema import SCHEMA_PATH, render_schema
+from controller.manifest.schema import SCHEMA_PATH, render_schema
 from statemachine.types import DesiredRun, DesiredState, Elastic, Residency
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "anvil-serving"
@@ -879,7 +879,7 @@ def test_schema_file_is_current() -> None:
     fresh = render_schema()
     on_disk = SCHEMA_PATH.read_text(encoding="utf-8") if SCHEMA_PATH.exists() else ""
     assert on_disk == fresh, (
-        f"{SCHEMA_PATH} is stale; regenerate it with: python -m controller.schema"
+        f"{SCHEMA_PATH} is stale; regenerate it with: python -m controller.manifest.schema"
     )
 
 

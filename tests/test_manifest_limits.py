@@ -17,13 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from controller.manifest import (
-    MAX_MANIFEST_BYTES,
-    MAX_NESTING,
-    LocatedError,
-    ManifestError,
-    load_manifest_set,
-)
+from controller.manifest import LocatedError, ManifestError, load_manifest_set
+from controller.manifest.fields import MAX_MANIFEST_BYTES, MAX_NESTING
 
 WAIT_S = 30.0
 
@@ -189,7 +184,7 @@ def test_validate_reports_deep_nesting_without_a_traceback(tmp_path: Path) -> No
     path = tmp_path / "serves.toml"
     path.write_text(ROLE + "deep = " + "[" * 1000 + "]" * 1000 + "\n", encoding="utf-8")
     r = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "validate", "-m", str(path)],
+        [sys.executable, "-m", "controller.interfaces.cli", "validate", "-m", str(path)],
         capture_output=True,
         text=True,
         timeout=60,
@@ -234,7 +229,7 @@ def test_the_manifest_watcher_restarts_after_it_fails(tmp_path: Path) -> None:
 
     from loguru import logger
 
-    from controller.loop import Controller, RunOptions
+    from controller.service.loop import Controller, RunOptions
 
     folder = tmp_path / "manifests"
     folder.mkdir()

@@ -1,4 +1,4 @@
-"""The NVML adapter without a GPU (DESIGN §7).
+"""The NVML adapter without a GPU (docs/design.md §7).
 
 Three kinds of test:
 
@@ -27,7 +27,7 @@ import pynvml
 import pytest
 from fakes_nvml import GIB, FakeDevice, FakeNvml, FakeProc, nvml_error
 
-from controller.nvml_adapter import (
+from controller.adapters.nvml import (
     MIB,
     NVML_VALUE_NOT_AVAILABLE,
     GpuObservation,
@@ -396,7 +396,7 @@ def test_failed_graphics_list_keeps_compute_processes_but_is_incomplete() -> Non
 
 
 def test_default_attribution_reads_proc(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import controller.nvml_adapter as mod
+    import controller.adapters.nvml as mod
 
     write_cgroup(tmp_path, 100, f"0::/system.slice/docker-{CID_A}.scope\n")
     real = mod.container_of_pid

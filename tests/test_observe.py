@@ -1,8 +1,8 @@
 """Observing the host end to end: real containers, a scripted NVML, drift in ``status``.
 
-Two halves (DESIGN §3 drift, §5 contracts):
+Two halves (docs/design.md §3 drift, §5 contracts):
 
-* :func:`controller.observe.observe_host` against the real Docker daemon, with real
+* :func:`controller.service.observe.observe_host` against the real Docker daemon, with real
   busybox containers named in a manifest written to ``tmp_path`` and a
   :class:`fakes_nvml.FakeNvml` whose processes carry PIDs mapped to those
   containers' real ids (``pid_to_container``; one test instead uses a real
@@ -35,10 +35,10 @@ import pytest
 from docker.models.containers import Container
 from fakes_nvml import GIB, FakeDevice, FakeNvml, FakeProc, nvml_error
 
-from controller.docker_adapter import ContainerObserver
+from controller.adapters.docker.read import ContainerObserver
+from controller.adapters.nvml import MIB
 from controller.manifest import load_manifest_set
-from controller.nvml_adapter import MIB
-from controller.observe import observe_host
+from controller.service.observe import observe_host
 from controller.snapshot import SnapshotModel, parse_snapshot, snapshot_to_json
 from statemachine.status import HostStatus, RoleStatus, ServeStatus, host_status
 
@@ -375,7 +375,7 @@ def test_default_attribution_reads_the_real_cgroup(
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args],
+        [sys.executable, "-m", "controller.interfaces.cli", *args],
         capture_output=True,
         text=True,
         env=env,

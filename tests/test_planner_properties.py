@@ -1,6 +1,6 @@
 """Property tests of ``plan_transitions`` over random small fleets (tests/strategies.py).
 
-Properties (DESIGN §3, §5):
+Properties (docs/design.md §3, §5):
 
 1. every prefix of a plan keeps committed <= budget on every role (a role observed
    over budget is never increased), and the replay ends at ``plan.ledger_after``;

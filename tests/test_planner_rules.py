@@ -1,4 +1,4 @@
-"""Table tests for the planner, one per rule of DESIGN §3 / the planner's docstring.
+"""Table tests for the planner, one per rule of docs/design.md §3 / the planner's docstring.
 
 Each case builds a small fleet on one or two roles, an observation and maybe
 requests, and states the plan it expects as ``"action serve"`` lines and which serves

@@ -11,10 +11,10 @@ from typing import Any
 import pytest
 from rich.console import Console
 
-from controller.journal import Journal
 from controller.manifest import ManifestSet, load_manifest_set
-from controller.replay import ReplayError, ReplayReport, render_replay, replay, step_line
 from controller.snapshot import parse_snapshot
+from controller.store.journal import Journal
+from controller.tools.replay import ReplayError, ReplayReport, render_replay, replay, step_line
 from statemachine.planner import plan_transitions
 from statemachine.types import OnDemandRequest
 

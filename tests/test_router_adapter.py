@@ -1,4 +1,4 @@
-"""The router adapter against a fake router over real loopback HTTP (DESIGN §6).
+"""The router adapter against a fake router over real loopback HTTP (docs/design.md §6).
 
 What is pinned: the exact request (path, bearer token, body fields, ``timeout`` for
 a drain only), the parsing of drain and readmit answers, retries of 503
@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from fake_http import FakeHTTPServer, FakeRouter, Reply
 
-from controller.router_adapter import (
+from controller.adapters.router import (
     DRAIN_HTTP_MARGIN_S,
     RouterClient,
     RouterError,

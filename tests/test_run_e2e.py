@@ -4,7 +4,7 @@ Each test gets a temp folder (manifest, state directory, the controller's JSON l
 and busybox serve containers with a unique name prefix and the ``vramctl.test=1``
 label (httpd answering the serve's health path on loopback, as in
 tests/test_executor_e2e.py). The controller runs as
-``python -m controller.cli run -m MANIFEST --state-dir STATE --resync 1 --log-json``
+``python -m controller.interfaces.cli run -m MANIFEST --state-dir STATE --resync 1 --log-json``
 (plus ``--no-api`` when this vramctl has it), and the tests only edit files, send
 signals and look at Docker, never at the controller's memory.
 
@@ -43,7 +43,7 @@ import pytest
 from docker.errors import NotFound
 from serving import free_port, httpd
 
-from controller.journal import Journal, journal_path
+from controller.store.journal import Journal, journal_path
 
 pytestmark = pytest.mark.docker
 
@@ -84,7 +84,7 @@ def _env() -> dict[str, str]:
 
 def vramctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args],
+        [sys.executable, "-m", "controller.interfaces.cli", *args],
         capture_output=True,
         text=True,
         env=_env(),
@@ -269,7 +269,7 @@ class Fleet:
         argv = [
             sys.executable,
             "-m",
-            "controller.cli",
+            "controller.interfaces.cli",
             "run",
             "-m",
             str(self.manifest),

@@ -10,7 +10,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
-from controller.journal import Journal
+from controller.store.journal import Journal
 from statemachine.ledger import ledger_from_observed, no_longer_declared
 from statemachine.planner import Action, Policy, plan_transitions
 from statemachine.status import host_status

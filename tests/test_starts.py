@@ -27,13 +27,13 @@ from typing import Any
 import pytest
 from docker import DockerClient
 
-from controller.docker_actions import DockerActions
-from controller.executor import Executor, ExecutorConfig, Outcome, StepResult
-from controller.journal import Journal, UpRecord, journal_path
-from controller.loop import Controller, RunOptions
+from controller.adapters.docker.actions import DockerActions
 from controller.manifest import load_manifest_set
+from controller.service.executor import Executor, ExecutorConfig, Outcome, StepResult
+from controller.service.loop import Controller, RunOptions
+from controller.service.starts import StartTracker, group_alive, proc_start_ticks, supervise_orphans
 from controller.snapshot import ContainerModel
-from controller.starts import StartTracker, group_alive, proc_start_ticks, supervise_orphans
+from controller.store.journal import Journal, UpRecord, journal_path
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.planner import Action, Plan, Step
 from statemachine.types import (

@@ -33,7 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def vramctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, "-m", "controller.cli", *args],
+        [sys.executable, "-m", "controller.interfaces.cli", *args],
         capture_output=True,
         text=True,
         env=env,
@@ -178,7 +178,7 @@ def test_up_gets_a_clean_environment_and_the_serves_up_env(stack: Stack) -> None
     if "DOCKER_HOST" in env:
         assert got["DOCKER_HOST"] == env["DOCKER_HOST"]
     # nothing else: the names passed on are the documented ones and up_env's
-    from controller.docker_actions import UP_ENV_PASS, UP_ENV_PREFIXES
+    from controller.adapters.docker.actions import UP_ENV_PASS, UP_ENV_PREFIXES
 
     allowed = set(UP_ENV_PASS) | {"STACK_PROFILE", "MODEL_DIR", "PWD", "SHLVL", "_", "OLDPWD"}
     extra = {k for k in got if k not in allowed and not k.startswith(UP_ENV_PREFIXES)}

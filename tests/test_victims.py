@@ -1,6 +1,6 @@
 """``choose_victims`` against brute force, against largest-first, and its tie-breakers.
 
-The reference here is written from DESIGN §3, not from ``statemachine.victims``: a set
+The reference here is written from docs/design.md §3, not from ``statemachine.victims``: a set
 *covers* when it frees at least the shortfall on every role that is short, and sets
 are ordered by (number of victims, MiB freed beyond the shortfall summed over the short
 roles, priorities highest first, start times latest first with unknown as 0, names).

@@ -339,7 +339,7 @@ class Campaign:
         argv = [
             sys.executable,
             "-m",
-            "controller.cli",
+            "controller.interfaces.cli",
             "run",
             "-m",
             str(self.manifest),

@@ -1,0 +1,411 @@
+"""Router adapter: the serving stack's router transitions (quiesce, drain, readmit).
+
+The real stack's router (ADR-0018, docs/design.md §6) takes a serve's tier out of rotation
+and back in through one admin endpoint::
+
+    POST {router}/v1/admin/transition
+    Authorization: Bearer <token>
+    {"action": "quiesce"|"drain"|"readmit", "tier_id": T, "confirm": true,
+     "dry_run": false, "reason": "eviction", "timeout": S}      (timeout: drain only)
+
+and ``GET {router}/v1/admin/transition?tier_id=T`` reads a tier's state.
+:class:`RouterClient` makes these calls with httpx and parses the answers into a
+:class:`TransitionAnswer`: ``applied``, and for a drain ``drained`` / ``timed_out``,
+for a readmit ``readmitted`` / ``reason`` (read from ``result`` or from the top
+level, whichever carries them).
+
+Faults. The router does one mutation at a time and answers 503 ``server_busy`` to
+the next; any 503 (and 502/504/429, and a connection that fails or times out) is
+retried with backoff, bounded in attempts and in time, and then raised as
+``RouterError(transient=True)``. 400/401/403/404/422 and other answers that no
+retry can change are raised at once as ``RouterError(transient=False)`` naming
+the status and the router's error text. A drain call's HTTP timeout is its drain
+timeout plus :data:`DRAIN_HTTP_MARGIN_S`, so the router always answers first.
+
+The client is synchronous (the executor calls it from a worker thread), ignores
+proxy environment variables (the bearer token goes only to the configured URL),
+and takes an httpx transport for tests.
+
+This module must not decide anything: when to drain, what a timed-out drain means
+(the executor leaves that serve running, docs/design.md §6), or whether to stop a
+container. It must not be called by anything but the executor (and preflight's
+:meth:`RouterClient.check`).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+import httpx
+from tenacity import (
+    Retrying,
+    retry_if_exception_type,
+    stop_after_attempt,
+    stop_after_delay,
+)
+
+from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
+
+__all__ = [
+    "DRAIN_HTTP_MARGIN_S",
+    "MAX_DRAIN_TIMEOUT_S",
+    "TOKEN_ENV_VARS",
+    "TRANSITION_PATH",
+    "RouterClient",
+    "RouterError",
+    "TransitionAction",
+    "TransitionAnswer",
+    "router_token",
+]
+
+TransitionAction = Literal["quiesce", "drain", "readmit"]
+_ACTIONS: frozenset[str] = frozenset(get_args(TransitionAction))
+
+TRANSITION_PATH = "/v1/admin/transition"
+#: The router's upper bound on a drain's ``timeout`` (seconds).
+MAX_DRAIN_TIMEOUT_S = 3600.0
+#: Seconds a drain call's HTTP timeout exceeds the drain timeout it asks for.
+DRAIN_HTTP_MARGIN_S = 10.0
+#: Where :func:`router_token` looks when no token file is given, in order.
+TOKEN_ENV_VARS = ("VRAMCTL_ROUTER_TOKEN", "ANVIL_ROUTER_TOKEN")
+
+#: Statuses that mean "not now" rather than "no": retried.
+_RETRY_STATUSES = frozenset({429, 502, 503, 504})
+#: Transport faults worth another try (a refused or reset connection, a timeout).
+_RETRY_TRANSPORT: tuple[type[Exception], ...] = (
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+    httpx.ProxyError,
+)
+_ERROR_TEXT_CHARS = 300
+
+
+class RouterError(AdapterError):
+    """A router call that failed."""
+
+
+@dataclass(frozen=True, slots=True)
+class TransitionAnswer:
+    """The router's answer to a transition.
+
+    ``drained``/``timed_out`` come with a drain, ``readmitted``/``reason`` with a
+    readmit that did not happen; a field the answer lacks is ``None``. ``raw`` is
+    the whole JSON body; ``attempts`` the number of requests it took.
+    """
+
+    applied: bool
+    action: str
+    drained: bool | None = None
+    timed_out: bool | None = None
+    readmitted: bool | None = None
+    reason: str | None = None
+    raw: dict[str, Any] = field(default_factory=dict)
+    attempts: int = 1
+
+
+class _RetryableAnswerError(Exception):
+    """An HTTP answer that means "try again later" (503 server_busy and the like)."""
+
+    def __init__(self, response: httpx.Response) -> None:
+        super().__init__(f"HTTP {response.status_code}")
+        self.response = response
+
+
+def router_token(
+    token_file: Path | None, *, environ: Mapping[str, str] | None = None
+) -> str | None:
+    """The router's bearer token: the file's stripped text, else the environment.
+
+    With ``token_file`` the file must be readable and non-empty (``RouterError``,
+    permanent, otherwise). Without it, ``VRAMCTL_ROUTER_TOKEN`` and then
+    ``ANVIL_ROUTER_TOKEN`` are read; ``None`` when neither is set (or both are blank).
+    """
+    if token_file is not None:
+        path = Path(token_file)
+        try:
+            token = path.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise RouterError(
+                f"cannot read router token file {path}: {exc.strerror or exc}", transient=False
+            ) from exc
+        if not token:
+            raise RouterError(f"router token file {path} is empty", transient=False)
+        return token
+    env = os.environ if environ is None else environ
+    for var in TOKEN_ENV_VARS:
+        value = env.get(var, "").strip()
+        if value:
+            return value
+    return None
+
+
+def _json(response: httpx.Response) -> Any:
+    try:
+        return response.json()
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        return None
+
+
+def _error_text(response: httpx.Response) -> str:
+    """The router's own words for an error answer (FastAPI ``detail``, ``error``, text)."""
+    body = _json(response)
+    parts: list[str] = []
+
+    def add(value: Any) -> None:
+        if isinstance(value, str) and value.strip():
+            parts.append(value.strip())
+        elif isinstance(value, Mapping):
+            for key in ("code", "error", "message", "msg", "detail", "reason"):
+                if key in value:
+                    add(value[key])
+        elif isinstance(value, list):
+            for item in value[:3]:
+                if isinstance(item, Mapping) and "msg" in item:
+                    loc = item.get("loc")
+                    where = ".".join(str(p) for p in loc) if isinstance(loc, list) else ""
+                    parts.append(f"{where}: {item['msg']}" if where else str(item["msg"]))
+                else:
+                    add(item)
+
+    if isinstance(body, Mapping):
+        for key in ("error", "detail", "message", "reason"):
+            if key in body:
+                add(body[key])
+    text = "; ".join(dict.fromkeys(parts)) if parts else response.text.strip()
+    text = text or response.reason_phrase or "no body"
+    return text[:_ERROR_TEXT_CHARS]
+
+
+def _mentions_busy(response: httpx.Response) -> bool:
+    return "server_busy" in response.text
+
+
+def _bool(value: Any) -> bool | None:
+    return value if isinstance(value, bool) else None
+
+
+def _parse_transition(action: str, body: Mapping[str, Any], attempts: int) -> TransitionAnswer:
+    result = body.get("result")
+    inner: Mapping[str, Any] = result if isinstance(result, Mapping) else {}
+
+    def pick(key: str) -> Any:
+        return inner[key] if key in inner else body.get(key)
+
+    reason = pick("reason")
+    answered_action = body.get("action")
+    return TransitionAnswer(
+        applied=body.get("applied") is True,
+        action=answered_action if isinstance(answered_action, str) else action,
+        drained=_bool(pick("drained")),
+        timed_out=_bool(pick("timed_out")),
+        readmitted=_bool(pick("readmitted")),
+        reason=reason if isinstance(reason, str) else None,
+        raw=dict(body),
+        attempts=attempts,
+    )
+
+
+class RouterClient(RetryKnobs):
+    """Calls the router's admin transition endpoint for the executor.
+
+    ``timeout_s`` bounds each request (a drain's is its drain timeout plus
+    :data:`DRAIN_HTTP_MARGIN_S`); ``attempts`` and ``max_wait_s`` bound the retries
+    of busy answers and transport faults (no retry starts after ``max_wait_s``
+    seconds, and the backoff sleeps, starting at ``initial_wait_s`` and doubling,
+    never add up to more). ``transport`` replaces httpx's network transport in
+    tests. Use it as a context manager or call :meth:`close`.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        token: str | None,
+        *,
+        timeout_s: float = 10,
+        attempts: int = 6,
+        max_wait_s: float = 30,
+        initial_wait_s: float = 0.5,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if timeout_s <= 0:
+            raise ValueError(f"timeout_s must be > 0, not {timeout_s}")
+        self.set_retry_knobs(
+            attempts=attempts, max_wait_s=max_wait_s, initial_wait_s=initial_wait_s
+        )
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = float(timeout_s)
+        headers = {"Accept": "application/json"}
+        if token:
+            headers["Authorization"] = f"Bearer {token}"
+        self._has_token = bool(token)
+        self._http = httpx.Client(
+            base_url=self.base_url,
+            headers=headers,
+            timeout=httpx.Timeout(self.timeout_s),
+            transport=transport,
+            trust_env=False,
+            follow_redirects=False,
+        )
+
+    def close(self) -> None:
+        """Close the HTTP connections."""
+        self._http.close()
+
+    def __enter__(self) -> RouterClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ── the calls ─────────────────────────────────────────────────────────────
+
+    def transition(
+        self,
+        action: TransitionAction,
+        tier_id: str,
+        *,
+        drain_timeout_s: float | None = None,
+        reason: str = "eviction",
+    ) -> TransitionAnswer:
+        """Ask the router to quiesce, drain or readmit ``tier_id``.
+
+        A drain needs ``drain_timeout_s`` with 0 < S ≤ 3600 (``ValueError``
+        otherwise); the other actions ignore it and send no ``timeout``. Returns the
+        parsed answer of a 2xx; raises :class:`RouterError` for anything else.
+        """
+        if action not in _ACTIONS:
+            raise ValueError(
+                f"unknown router action {action!r}; expected one of {sorted(_ACTIONS)}"
+            )
+        if not tier_id:
+            raise ValueError("tier_id must not be empty")
+        body: dict[str, Any] = {
+            "action": action,
+            "tier_id": tier_id,
+            "confirm": True,
+            "dry_run": False,
+            "reason": reason,
+        }
+        timeout = httpx.Timeout(self.timeout_s)
+        if action == "drain":
+            if drain_timeout_s is None:
+                raise ValueError("a drain needs drain_timeout_s (0 < S ≤ 3600)")
+            if not (math.isfinite(drain_timeout_s) and 0 < drain_timeout_s <= MAX_DRAIN_TIMEOUT_S):
+                raise ValueError(
+                    f"drain timeout must satisfy 0 < S ≤ {MAX_DRAIN_TIMEOUT_S:g}, "
+                    f"not {drain_timeout_s}"
+                )
+            seconds = float(drain_timeout_s)
+            body["timeout"] = int(seconds) if seconds.is_integer() else seconds
+            timeout = httpx.Timeout(
+                self.timeout_s + seconds + DRAIN_HTTP_MARGIN_S, connect=self.timeout_s
+            )
+        what = f"router {action} {tier_id}"
+        response, attempts = self._request(
+            what, lambda: self._http.post(TRANSITION_PATH, json=body, timeout=timeout)
+        )
+        payload = self._ok_json(what, response, attempts)
+        return _parse_transition(action, payload, attempts)
+
+    def tier_state(self, tier_id: str) -> dict[str, Any]:
+        """The tier's state as the router reports it (``state``, ``active_requests``,
+        ``draining``, ``ready``…). Raises :class:`RouterError` like :meth:`transition`."""
+        what = f"router state of {tier_id}"
+        response, attempts = self._request(
+            what, lambda: self._http.get(TRANSITION_PATH, params={"tier_id": tier_id})
+        )
+        return self._ok_json(what, response, attempts)
+
+    def check(self, *, tier_id: str | None = None) -> str | None:
+        """Preflight: ``None`` when the router answers and accepts the token, else why not.
+
+        One request, no retries: ``GET`` the transition endpoint (for ``tier_id``
+        when given). Any HTTP answer means reachable, except 401/403 (the token is
+        missing or wrong) and, with a ``tier_id``, 404 (the router does not know it).
+        """
+        params = {"tier_id": tier_id} if tier_id else None
+        try:
+            response = self._http.get(TRANSITION_PATH, params=params)
+        except httpx.HTTPError as exc:
+            return f"router unreachable at {self.base_url}: {type(exc).__name__}: {exc}"
+        status = response.status_code
+        if status in (401, 403):
+            hint = "" if self._has_token else " (no router token configured)"
+            return (
+                f"router at {self.base_url} refused the token ({status}): "
+                f"{_error_text(response)}{hint}"
+            )
+        if status == 404 and tier_id:
+            return f"router at {self.base_url} does not know tier {tier_id!r} (404)"
+        return None
+
+    # ── plumbing ──────────────────────────────────────────────────────────────
+
+    def _request(self, what: str, send: Callable[[], httpx.Response]) -> tuple[httpx.Response, int]:
+        """Send with retries; the final answer (any status) and the number of attempts."""
+
+        def attempt() -> httpx.Response:
+            response = send()
+            if response.status_code in _RETRY_STATUSES:
+                raise _RetryableAnswerError(response)
+            return response
+
+        retrying = Retrying(
+            stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_wait_s),
+            wait=backoff_wait(self.initial_wait_s, self.max_wait_s),
+            retry=retry_if_exception_type((_RetryableAnswerError, *_RETRY_TRANSPORT)),
+            reraise=True,
+        )
+        try:
+            response = retrying(attempt)
+        except _RetryableAnswerError as exc:
+            tries = attempts_of(retrying)
+            status = exc.response.status_code
+            busy = " (server_busy)" if _mentions_busy(exc.response) else ""
+            raise RouterError(
+                f"{what}: router answered {status}{busy} after {tries} attempts: "
+                f"{_error_text(exc.response)}",
+                transient=True,
+                status=status,
+                attempts=tries,
+            ) from exc
+        except _RETRY_TRANSPORT as exc:
+            tries = attempts_of(retrying)
+            raise RouterError(
+                f"{what}: router unreachable at {self.base_url} after {tries} attempts: "
+                f"{type(exc).__name__}: {exc}",
+                transient=True,
+                attempts=tries,
+            ) from exc
+        except httpx.HTTPError as exc:  # a malformed URL, an unsupported scheme…
+            raise RouterError(
+                f"{what}: {type(exc).__name__}: {exc}", transient=False, attempts=1
+            ) from exc
+        return response, attempts_of(retrying)
+
+    def _ok_json(self, what: str, response: httpx.Response, attempts: int) -> dict[str, Any]:
+        status = response.status_code
+        if not 200 <= status < 300:
+            raise RouterError(
+                f"{what}: router answered {status}: {_error_text(response)}",
+                transient=False,
+                status=status,
+                attempts=attempts,
+            )
+        body = _json(response)
+        if not isinstance(body, dict):
+            raise RouterError(
+                f"{what}: router answered {status} without a JSON object: "
+                f"{response.text[:_ERROR_TEXT_CHARS]!r}",
+                transient=False,
+                status=status,
+                attempts=attempts,
+            )
+        return body

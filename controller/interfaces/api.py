@@ -1,0 +1,996 @@
+"""The HTTP API of ``vramctl run`` (docs/design.md §5): FastAPI on uvicorn, in the loop's process.
+
+The server runs as one of the :class:`~controller.service.loop.Controller`'s ``services``, on
+the loop's own event loop, so every handler (all ``async``) sees the controller
+between two awaits of the loop and never races it. Handlers only *read* the last
+cycle and *record* requests (journal) and ask for a cycle; the loop does everything
+else. Nothing a request names is executed beyond a serve the manifest set declares.
+
+Routes:
+
+- ``GET /healthz`` — 200, with the number of cycles and the last cycle's age.
+- ``GET /metrics`` — Prometheus text (:mod:`controller.interfaces.metrics`).
+- ``GET /v1/ledger`` — per role: capacity, reserve, budget, committed, free, each
+  reservation, NVML used / total, drift, from the last cycle's snapshot and the
+  manifest set (``null`` = unknown, e.g. before the first cycle or with docker down).
+- ``GET /v1/serves`` — per serve: container state, lifecycle, reservation, backoff,
+  the active on-demand request and its TTL, and whether it may be requested.
+- ``GET /v1/fit/{serve}`` — the fit JSON (docs/design.md §5) on the last snapshot; no side
+  effects. 200 whether it fits or not; 404 unknown serve; 503 before the first cycle.
+- ``POST /v1/serves/{serve}/up`` (body optional: ``{"ttl_s": N}``, N > 0 seconds;
+  default the serve's ``idle_ttl_s``, else no TTL) — see below.
+- ``POST /v1/serves/{serve}/down`` — ends the serve's on-demand request: 202 (the loop
+  stops the serve unless the manifest wants it running, and evicted neighbours that
+  are desired running come back); 404 unknown serve; 409 no active request.
+
+``up`` decides *before anything is recorded or stopped*, on the last observation, by
+asking the planner what this request alone would do (as ``GET /v1/fit`` does):
+
+- **202** it fits now (possibly after draining / shrinking / evicting): the request is
+  recorded in the journal (it survives a controller restart) and a cycle is asked
+  for; the body has the steps the request implies, the fit, and the TTL. A serve in a
+  failure backoff is still accepted; the body says when it will be tried.
+- **404** the manifest set declares no such serve.
+- **409** it cannot be requested, or it is blocked by something no eviction can ever
+  fix while the manifest stays as it is: ``desired = "stopped"``; a resident that the
+  loop runs already; a port or exclusive-mode (``dual-gpu-exclusive``) conflict with a
+  serve the controller never stops implicitly (a resident, a serve without a residency
+  class, an on-demand serve the manifest keeps running or that runs without a request;
+  for a requester that is not on-demand, any running serve, since only on-demand
+  serves evict). The body names the blockers.
+- **429** + ``Retry-After`` it does not fit *now* even with every admissible eviction:
+  a capacity shortfall that eviction (and elastic shrink) cannot cover, or a conflict
+  with a serve that goes away by itself (an evictable serve inside its
+  ``min_runtime_s``, an on-demand serve whose request ends). The body is the fit JSON
+  with every term (capacity, reserve, budget, committed, each reservation, requested,
+  shortfall) plus ``evictable_mib``, ``shrinkable_mib`` and ``protected``.
+  ``Retry-After`` is the soonest a protected serve frees up (its ``min_runtime_s``
+  running out, or its request's TTL), else the resync period.
+- **503** + ``Retry-After: 1`` no cycle has observed the host yet; **503** docker could
+  not be read in the last cycle (nothing is admitted: fail closed).
+
+Security: the server binds 127.0.0.1 unless told otherwise. Every state-changing
+route (``POST``) needs ``Authorization: Bearer <token>``; the token comes from
+``--token-file`` or ``VRAMCTL_TOKEN`` and is compared in constant time: no header (or
+not a bearer one) → 401, a wrong token → 403. When no token is configured the
+state-changing routes answer **503** with how to configure one: no credential a client
+could send would be accepted, and mutation is never allowed unauthenticated. Read-only
+routes need no token, but without it they show names, states and figures only: the
+free text of a failed start (its ``up`` command line and output) and the values quoted
+by manifest errors are withheld (``"detail": "redacted"``); a read with the token gets
+them (``"detail": "full"``), one with a wrong token 403. A request carrying an
+``Origin`` header that is not in the allow-list (``--allow-origin``, default empty) is
+refused with 403 on every route; requests without ``Origin`` (curl, routers, the CLI)
+are fine. The token of a write is
+checked on its headers before any of its body is read, and a body is counted as it
+arrives: over 64 KiB is 413, chunked or not (:class:`WriteGuard`); a refusal closes the
+connection. Bodies are validated by pydantic: 422 with one readable line per problem
+(non-finite numbers such as ``NaN`` included).
+
+The module also holds the client side (:func:`call_api`) that ``vramctl up`` / ``down``
+use, the address parsing and the listening socket, which is bound *before* the loop
+starts so that a port already in use stops ``vramctl run`` at once (exit 1) with a
+clear message instead of running without an API.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import difflib
+import errno
+import hmac
+import math
+import os
+import re
+import socket
+import time
+from collections.abc import Awaitable, Callable, Coroutine, Generator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from loguru import logger
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import Headers
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from controller.interfaces.metrics import CONTENT_TYPE, Metrics
+from controller.manifest import LocatedError
+from controller.service.loop import Controller
+from controller.store.lock import warn_if_open
+from statemachine.admission import can_request, conflict, frees_up_in
+from statemachine.fit import fit_serve, request_plan
+from statemachine.planner import Blocked, Policy, Step
+from statemachine.status import host_status
+from statemachine.types import (
+    DesiredRun,
+    DesiredState,
+    Observed,
+    OnDemandRequest,
+    ServeSpec,
+)
+
+DEFAULT_API = "127.0.0.1:8477"
+MAX_BODY_BYTES = 64 * 1024
+NO_TOKEN_MESSAGE = (
+    "this vramctl run has no API token configured, so state-changing requests are refused: "
+    "restart it with --token-file FILE (or VRAMCTL_TOKEN_FILE=FILE, or VRAMCTL_TOKEN=TOKEN) "
+    "and send 'Authorization: Bearer TOKEN'"
+)
+
+
+# ── configuration ────────────────────────────────────────────────────────────
+
+
+class ApiConfigError(Exception):
+    """The API's configuration is unusable (address, token file); the message says why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ApiSettings:
+    """What the API was configured with."""
+
+    token: str | None = None
+    allow_origins: tuple[str, ...] = ()
+    retry_after_s: float = 5.0
+    #: the address the API listens on; on loopback, a request whose Host header names
+    #: anything else is refused (a DNS-rebinding page cannot read the ledger)
+    bind_host: str | None = None
+
+
+LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+
+
+def host_allowed(host_header: str | None, bind_host: str | None) -> bool:
+    """True when the Host header is acceptable for an API bound to ``bind_host``."""
+    if bind_host is None or bind_host not in LOOPBACK_NAMES:
+        return True  # bound elsewhere on purpose: the operator guards the network
+    if not host_header:
+        return True  # HTTP/1.0 clients send none; a browser always does
+    name = host_header.strip().lower()
+    if name.startswith("["):
+        name = name[: name.find("]") + 1]
+    elif name.count(":") == 1:
+        name = name.rsplit(":", 1)[0]
+    return name in LOOPBACK_NAMES
+
+
+def parse_address(address: str) -> tuple[str, int]:
+    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port); ApiConfigError when malformed."""
+    text = address.strip()
+    if text.startswith("http://"):
+        text = text.removeprefix("http://").rstrip("/")
+    host, sep, port_text = text.rpartition(":")
+    if not sep or not host:
+        raise ApiConfigError(f"--api {address!r}: expected HOST:PORT, e.g. {DEFAULT_API}")
+    if host.startswith("[") and host.endswith("]"):
+        host = host[1:-1]
+    elif ":" in host:
+        raise ApiConfigError(f"--api {address!r}: write an IPv6 address in brackets, [::1]:PORT")
+    try:
+        port = int(port_text)
+    except ValueError:
+        raise ApiConfigError(f"--api {address!r}: port {port_text!r} is not a number") from None
+    if not 0 <= port <= 65535:
+        raise ApiConfigError(f"--api {address!r}: port {port} is out of range 0-65535")
+    return host, port
+
+
+def base_url(address: str) -> str:
+    """The ``http://`` URL of an ``--api`` address."""
+    host, port = parse_address(address)
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def load_token(token_file: Path | None, env: dict[str, str] | None = None) -> str | None:
+    """The API token: the file's content (stripped) when given, else ``VRAMCTL_TOKEN``."""
+    environ = os.environ if env is None else env
+    if token_file is not None:
+        try:
+            token = token_file.read_text(encoding="utf-8").strip()
+        except OSError as exc:
+            raise ApiConfigError(
+                f"--token-file {token_file}: cannot read it: {exc.strerror or exc}"
+            ) from None
+        if not token:
+            raise ApiConfigError(f"--token-file {token_file}: the file is empty")
+        warn_if_open(token_file, "the token file")
+        return token
+    token = environ.get("VRAMCTL_TOKEN", "").strip()
+    return token or None
+
+
+def bind_socket(host: str, port: int) -> socket.socket:
+    """A bound TCP socket for the API (listening starts with the server).
+
+    Bound before the loop starts, so that an address in use is reported at once.
+    """
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise ApiConfigError(f"--api {host}:{port}: cannot resolve {host!r}: {exc}") from None
+    family, kind, proto, _, sockaddr = infos[0]
+    sock = socket.socket(family, kind, proto)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind(sockaddr)
+    except OSError as exc:
+        sock.close()
+        hint = (
+            " (is another `vramctl run` running? choose another --api HOST:PORT, or --no-api)"
+            if exc.errno == errno.EADDRINUSE
+            else ""
+        )
+        raise ApiConfigError(
+            f"the API cannot listen on {host}:{port}: {exc.strerror or exc}{hint}"
+        ) from None
+    sock.set_inheritable(False)
+    return sock
+
+
+# ── errors ───────────────────────────────────────────────────────────────────
+
+
+class ApiError(Exception):
+    """An answer other than success: status, message, and extra body fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        body: dict[str, Any] | None = None,
+        headers: dict[str, str] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.body = body or {}
+        self.headers = headers or {}
+
+
+def _error_response(status: int, message: str, **extra: Any) -> JSONResponse:
+    headers = extra.pop("headers", None)
+    return JSONResponse(
+        {"status": status, "error": message, **extra}, status_code=status, headers=headers
+    )
+
+
+class UpBody(BaseModel):
+    """Body of ``POST /v1/serves/{serve}/up``; every field optional."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ttl_s: Annotated[
+        float | None,
+        Field(
+            default=None,
+            gt=0,
+            le=366 * 86400,
+            strict=True,
+            allow_inf_nan=False,
+            description="Seconds the request lasts (default: the serve's idle_ttl_s, else none).",
+        ),
+    ] = None
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with what strict JSON cannot carry (NaN, ±Infinity) as text.
+
+    Python's JSON reader accepts ``NaN``, ``Infinity`` and ``1e309`` (infinite), so a
+    422 that echoes the input must spell them, or the answer itself fails (a 500).
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _validation_lines(exc: RequestValidationError) -> list[str]:
+    lines = []
+    for err in exc.errors():
+        if err.get("type") == "json_invalid":
+            why = (err.get("ctx") or {}).get("error", "")
+            lines.append(f"body: not valid JSON{f' ({why})' if why else ''}")
+            continue
+        loc = [str(p) for p in err.get("loc", ()) if p != "body"]
+        where = ".".join(loc) or "body"
+        lines.append(f"{where}: {err.get('msg', 'invalid')}")
+    return lines
+
+
+# ── authorisation and the body, before any route ─────────────────────────────
+
+#: Methods that change nothing: they need no token (every other one does).
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def auth_problem(settings: ApiSettings, header: str | None, what: str) -> ApiError | None:
+    """Why ``Authorization: header`` does not authorise ``what``; ``None`` when it does.
+
+    503 when no token is configured, 401 without a bearer credential, 403 for a
+    wrong one (compared in constant time).
+    """
+    if settings.token is None:
+        return ApiError(503, NO_TOKEN_MESSAGE)
+    scheme, _, credential = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not credential.strip():
+        return ApiError(
+            401,
+            "this route changes state and needs 'Authorization: Bearer TOKEN' "
+            "(the token of --token-file / VRAMCTL_TOKEN)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(credential.strip().encode("utf-8"), settings.token.encode("utf-8")):
+        logger.warning("api: wrong token for {}", what)
+        return ApiError(403, "the bearer token is wrong")
+    return None
+
+
+class WriteGuard:
+    """ASGI middleware: a write is authorised before its body is read, and bodies are capped.
+
+    For every method but GET / HEAD / OPTIONS, the token is checked on the headers
+    alone (a refused request's body is never read), then the body is read as it
+    arrives, counting bytes: past ``limit`` the answer is 413 at once, whatever the
+    ``Content-Length`` said or whether there was one (chunked). The body read (at
+    most ``limit`` bytes) is handed on to the route. A ``Content-Length`` over the
+    limit is 413 on any method. Refusals close the connection, so the server does
+    not go on receiving what is left of the body.
+    """
+
+    def __init__(self, app: ASGIApp, *, settings: ApiSettings, limit: int) -> None:
+        self.app = app
+        self.settings = settings
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        method = str(scope["method"]).upper()
+        too_big = _error_response(413, f"request body over {self.limit} bytes")
+        too_big.headers["Connection"] = "close"
+        if method in SAFE_METHODS:
+            length = headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > self.limit:
+                await too_big(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        problem = auth_problem(
+            self.settings, headers.get("authorization"), f"{method} {scope.get('path', '')}"
+        )
+        if problem is not None:
+            refusal = _error_response(
+                problem.status, problem.message, **problem.body, headers=problem.headers or None
+            )
+            refusal.headers["Connection"] = "close"
+            await refusal(scope, receive, send)
+            return
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await too_big(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = bytes(message.get("body", b""))
+            size += len(chunk)
+            if size > self.limit:
+                await too_big(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
+
+
+# ── the up decision ──────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class UpDecision:
+    """What ``up`` answers: status, message, body, and Retry-After when 429."""
+
+    status: int
+    message: str
+    body: dict[str, Any] = field(default_factory=dict)
+    retry_after_s: int | None = None
+
+
+def decide_up(
+    desired: DesiredState,
+    observed: Observed,
+    serve: str,
+    *,
+    policy: Policy,
+    now: float,
+    default_retry_s: float,
+) -> UpDecision:
+    """The answer to ``up`` (404 and the request-level 409 are checked before). Pure."""
+    spec = desired.serves[serve]
+    fit = fit_serve(desired, observed, serve, policy=policy, now=now)
+    fit_json = fit.to_json()
+    if not observed.docker_ok:
+        return UpDecision(
+            503,
+            f"docker could not be read in the last cycle, so nothing is admitted: {fit.reason}",
+            {"fit": fit_json},
+            max(1, math.ceil(default_retry_s)),
+        )
+    plan = request_plan(desired, observed, serve, policy=policy, now=now)
+    if fit.fits:
+        steps: tuple[Step, ...] = tuple(st for st in plan.steps if st.group == serve)
+        return UpDecision(202, fit.reason, {"fit": fit_json, "steps": [s.to_json() for s in steps]})
+    blocked: Blocked | None = next((b for b in plan.blocked if b.serve == serve), None)
+    requests = {r.serve: r for r in desired.requests if not r.expired(now)}
+    if blocked is None:  # cannot happen: fit said no but the plan blocks nothing
+        return UpDecision(429, fit.reason, dict(fit_json), max(1, math.ceil(default_retry_s)))
+    terms = {
+        "evictable_mib": dict(blocked.evictable_mib),
+        "shrinkable_mib": dict(blocked.shrinkable_mib),
+    }
+    conflicting = [
+        p
+        for p in blocked.protected
+        if p.serve in desired.serves and conflict(spec, desired.serves[p.serve]) is not None
+    ]
+    waits: list[float] = []
+    permanent: list[str] = []
+    for p in blocked.protected:
+        other = desired.serves.get(p.serve)
+        if other is None:
+            continue
+        wait = frees_up_in(other, spec, observed, requests, now, default_retry_s)
+        if wait is None:
+            if p in conflicting:
+                permanent.append(f"{p.serve} ({p.why})")
+        else:
+            waits.append(wait)
+    if conflicting and permanent:
+        return UpDecision(
+            409,
+            f"{serve} cannot start while " + ", ".join(permanent) + " runs, and the controller "
+            f"never stops that implicitly: {blocked.reason}",
+            {**fit_json, **terms},
+        )
+    retry = min(waits) if waits else default_retry_s
+    return UpDecision(429, blocked.reason, {**fit_json, **terms}, max(1, math.ceil(retry)))
+
+
+# ── what a reader without the token sees ─────────────────────────────────────
+
+#: Why a read answer holds less than the journal and the log.
+REDACTED_NOTE = (
+    "free text (the `up` command line and output of a failed start, manifest values) is "
+    "shown only to a request with 'Authorization: Bearer TOKEN', and in the log"
+)
+#: The failures :meth:`Controller._note_deaths` words from states and figures only.
+_PUBLIC_FAILURE = re.compile(r"container (?:OOM-killed|exited -?\d+)")
+_FIELD_CHARS = 64
+
+
+def public_manifest_error(error: LocatedError) -> str:
+    """Where a manifest problem is (file, line, entry, field), without what it says.
+
+    The message quotes the offending value (up to 120 characters), which may be
+    anything the file holds: a reader without the token gets the location only.
+    """
+    parts = [error.file]
+    if error.line is not None:
+        parts.append(
+            f"line {error.line}" + (f", column {error.column}" if error.column is not None else "")
+        )
+    if error.where is not None:
+        parts.append(error.where)
+    if error.field:
+        field_name = error.field
+        if len(field_name) > _FIELD_CHARS:
+            field_name = field_name[: _FIELD_CHARS - 3] + "..."
+        parts.append(field_name)
+    parts.append("invalid (the reason is shown with the API token, and in the log)")
+    return ": ".join(parts)
+
+
+def public_manifest_errors(lines: list[str], located: list[LocatedError]) -> list[str]:
+    """The manifest errors for a reader without the token: one location per problem."""
+    if len(located) == len(lines):
+        return [public_manifest_error(e) for e in located]
+    return [
+        "the manifest set is invalid (the reason is shown with the API token, and in the log)"
+    ] * len(lines)
+
+
+def public_blocked(serve: str, reason: str | None) -> str | None:
+    """A blocked reason for a reader without the token.
+
+    The planner's own reasons are names and figures; a serve held back by the
+    controller (a failure backoff) carries the failure's text, which may quote the
+    ``up`` command line: that part is withheld.
+    """
+    if reason is None or not reason.startswith(f"{serve} is held back"):
+        return reason
+    return f"{serve} is held back (the reason is shown with the API token, and in the log)"
+
+
+def public_failure(text: str) -> str | None:
+    """A backoff's last failure for a reader without the token: states and figures only."""
+    return text if _PUBLIC_FAILURE.fullmatch(text) else None
+
+
+# ── the app ──────────────────────────────────────────────────────────────────
+
+
+def _request_json(r: OnDemandRequest, now: float) -> dict[str, Any]:
+    expires = None if r.ttl_s is None else r.requested_at + r.ttl_s
+    return {
+        "requested_at": r.requested_at,
+        "ttl_s": r.ttl_s,
+        "expires_at": expires,
+        "expires_in_s": None if expires is None else max(0.0, expires - now),
+        "expired": r.expired(now),
+    }
+
+
+def create_app(
+    controller: Controller, settings: ApiSettings, metrics: Metrics | None = None
+) -> FastAPI:
+    """The FastAPI app over a controller (not yet serving)."""
+    app = FastAPI(
+        title="vramctl",
+        summary="GPU-memory reconciliation controller: ledger, fit and on-demand requests.",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    allowed = frozenset(settings.allow_origins)
+    metrics = metrics or Metrics()
+
+    # innermost: its refusals still get CORS headers for an allowed origin
+    app.add_middleware(WriteGuard, settings=settings, limit=MAX_BODY_BYTES)
+    if allowed:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=sorted(allowed),
+            allow_methods=["GET", "POST"],
+            allow_headers=["Authorization", "Content-Type"],
+        )
+
+    @app.middleware("http")
+    async def guard(
+        request: Request, call_next: Callable[[Request], Awaitable[Response]]
+    ) -> Response:
+        if not host_allowed(request.headers.get("host"), settings.bind_host):
+            return _error_response(
+                403,
+                f"host {request.headers.get('host')!r} is not this API's address: vramctl "
+                "listens on loopback and answers only requests addressed to it",
+            )
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in allowed:
+            logger.warning(
+                "api: refused {} {} from origin {!r} (not in --allow-origin)",
+                request.method,
+                request.url.path,
+                origin,
+            )
+            return _error_response(
+                403,
+                f"origin {origin!r} is not allowed: vramctl refuses browser requests from "
+                "origins not listed with --allow-origin",
+            )
+        return await call_next(request)
+
+    @app.exception_handler(ApiError)
+    async def api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return _error_response(exc.status, exc.message, **exc.body, headers=exc.headers or None)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        return _error_response(exc.status_code, str(exc.detail), headers=exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        lines = _validation_lines(exc)
+        return _error_response(
+            422,
+            "invalid request: " + "; ".join(lines),
+            problems=lines,
+            detail=_json_safe(jsonable_encoder(exc.errors(), custom_encoder={Exception: str})),
+        )
+
+    def spec_of(serve: str) -> ServeSpec:
+        desired = controller.mset.desired()
+        spec = desired.serves.get(serve)
+        if spec is None:
+            close = difflib.get_close_matches(serve, list(desired.serves), n=1, cutoff=0.6)
+            hint = f' (did you mean "{close[0]}"?)' if close else ""
+            raise ApiError(404, f'no serve named "{serve}" in the manifest set{hint}')
+        return spec
+
+    def observed_or_503() -> Observed:
+        snap = controller.last.snapshot
+        if snap is None:
+            raise ApiError(
+                503,
+                "no observation yet: the loop has not completed its first cycle",
+                headers={"Retry-After": "1"},
+            )
+        return snap.to_observed()
+
+    def full_detail(request: Request) -> bool:
+        """Whether this read may see free text: it carries the right token.
+
+        No ``Authorization`` header (or no token configured): names, states and
+        figures only. A wrong bearer token is refused (403), not answered with less.
+        """
+        header = request.headers.get("authorization")
+        if header is None or settings.token is None:
+            return False
+        problem = auth_problem(settings, header, f"{request.method} {request.url.path}")
+        if problem is None:
+            return True
+        if problem.status == 401:  # not a bearer credential: as if none were sent
+            return False
+        raise problem
+
+    def manifest_errors(full: bool) -> list[str]:
+        if full:
+            return list(controller.manifest_error)
+        return public_manifest_errors(controller.manifest_error, controller.manifest_issues)
+
+    def detail(full: bool) -> dict[str, Any]:
+        if full:
+            return {"detail": "full"}
+        return {"detail": "redacted", "detail_note": REDACTED_NOTE}
+
+    def meta(full: bool) -> dict[str, Any]:
+        snap = controller.last.snapshot
+        return {
+            "observed_at": controller.last.at if snap is not None else None,
+            "cycles": controller.cycles,
+            "manifest_digest": controller.mset.digest,
+            "manifest_errors": manifest_errors(full),
+            **detail(full),
+        }
+
+    @app.get("/healthz")
+    async def healthz(request: Request) -> dict[str, Any]:
+        full = full_detail(request)
+        snap = controller.last.snapshot
+        age = time.time() - controller.last.at if snap is not None else None
+        return {
+            "status": "ok" if snap is not None else "starting",
+            "cycles": controller.cycles,
+            "last_cycle_at": controller.last.at if snap is not None else None,
+            "last_cycle_age_s": age,
+            "last_cycle_duration_s": controller.last.duration_s if snap is not None else None,
+            "docker": "unknown" if snap is None else snap.docker,
+            "nvml": "unknown"
+            if snap is None
+            else ("ok" if snap.gpus is not None else "unavailable"),
+            "manifest_errors": manifest_errors(full),
+            "dry_run": controller.options.dry_run,
+            **detail(full),
+        }
+
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
+    )
+    async def metrics_route() -> Response:
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    def _status_now() -> tuple[dict[str, Any], Any]:
+        snap = controller.last.snapshot
+        observed = snap.to_observed() if snap is not None else Observed(docker_ok=False)
+        report = host_status(controller.desired(), observed)
+        data = report.to_json()
+        if snap is None:
+            data["docker"] = "unknown"
+            data["nvml"] = "unknown"
+        return data, report
+
+    @app.get("/v1/ledger")
+    async def ledger(request: Request) -> dict[str, Any]:
+        full = full_detail(request)
+        data, _ = _status_now()
+        return {
+            **meta(full),
+            "docker": data["docker"],
+            "nvml": data["nvml"],
+            "gpu_roles": data["gpu_roles"],
+            "undeclared_gpu_containers": data["undeclared_gpu_containers"],
+            "no_longer_declared": data["no_longer_declared"],
+        }
+
+    @app.get("/v1/serves")
+    async def serves(request: Request) -> dict[str, Any]:
+        full = full_detail(request)
+        data, _ = _status_now()
+        now = time.time()
+        mset = controller.mset
+        requests = {r.serve: r for r in controller.journal.active_requests()}
+        plan = controller.last.plan
+        blocked = {b.serve: b.reason for b in plan.blocked} if plan is not None else {}
+        out = []
+        for row in data["serves"]:
+            name = row["serve"]
+            b = controller.backoff.get(name)
+            req = requests.get(name)
+            why_not = can_request(mset.desired(), name)
+            out.append(
+                {
+                    **row,
+                    "requestable": why_not is None,
+                    "not_requestable_reason": why_not,
+                    "request": None if req is None else _request_json(req, now),
+                    "blocked": blocked.get(name)
+                    if full
+                    else public_blocked(name, blocked.get(name)),
+                    "backoff": None
+                    if b is None or not b.failures
+                    else {
+                        "failures": b.failures,
+                        "last_failure": b.last_failure if full else public_failure(b.last_failure),
+                        "until": b.until,
+                        "retry_in_s": max(0.0, b.until - now),
+                    },
+                }
+            )
+        return {**meta(full), "docker": data["docker"], "serves": out}
+
+    @app.get("/v1/fit/{serve}")
+    async def fit(serve: str) -> dict[str, Any]:
+        spec_of(serve)
+        observed = observed_or_503()
+        now = time.time()
+        policy = Policy(no_shrink=frozenset(controller.no_shrink))
+        result = fit_serve(controller.desired(), observed, serve, policy=policy, now=now)
+        return {**result.to_json(), "observed_at": controller.last.at}
+
+    # every POST is authorised by WriteGuard before its body is read
+    @app.post("/v1/serves/{serve}/up", status_code=202)
+    async def up(serve: str, request: Request, body: UpBody | None = None) -> JSONResponse:
+        spec = spec_of(serve)
+        why_not = can_request(controller.mset.desired(), serve)
+        if why_not is not None:
+            raise ApiError(409, f"{serve} cannot be requested on demand: {why_not}")
+        observed = observed_or_503()
+        now = time.time()
+        desired = controller.desired()
+        decision = decide_up(
+            desired,
+            observed,
+            serve,
+            policy=Policy(no_shrink=frozenset(controller.no_shrink)),
+            now=now,
+            default_retry_s=settings.retry_after_s,
+        )
+        client = request.client.host if request.client else "?"
+        if decision.status != 202:
+            if decision.status == 429:
+                metrics.refused("api")
+            logger.info(
+                "api: up {} from {} refused ({}): {}",
+                serve,
+                client,
+                decision.status,
+                decision.message,
+            )
+            headers = (
+                {"Retry-After": str(decision.retry_after_s)}
+                if decision.retry_after_s is not None
+                else None
+            )
+            return _error_response(
+                decision.status,
+                decision.message,
+                retry_after_s=decision.retry_after_s,
+                **decision.body,
+                headers=headers,
+            )
+        ttl = body.ttl_s if body is not None else None
+        active = {r.serve for r in controller.journal.active_requests()}
+        if observed.container(spec.container).holds and serve not in active:
+            # running already, and not because of a request: recording one would make the
+            # loop stop it when the request ends, which nobody asked for
+            return JSONResponse(
+                {
+                    "status": 202,
+                    "serve": serve,
+                    "message": f"{serve} is already running (not started by a request): "
+                    "nothing to do, and no request is recorded, so nothing will stop it",
+                    "steps": [],
+                    "request": None,
+                },
+                status_code=202,
+            )
+        controller.request_up(serve, ttl)
+        effective_ttl = ttl if ttl is not None else spec.idle_ttl_s
+        record = next((r for r in controller.journal.active_requests() if r.serve == serve), None)
+        req_json = (
+            _request_json(record, now)
+            if record is not None
+            else _request_json(OnDemandRequest(serve, now, effective_ttl), now)
+        )
+        held = controller.backoff.get(serve)
+        note = None
+        if held is not None and held.until > now:
+            note = (
+                f"{serve} is backing off after {held.failures} failure(s) ({held.last_failure}); "
+                f"it is tried again in {held.until - now:.0f}s"
+            )
+        logger.info(
+            "api: up {} from {} accepted (ttl {}): {}",
+            serve,
+            client,
+            effective_ttl,
+            decision.message,
+        )
+        return JSONResponse(
+            {
+                "status": 202,
+                "serve": serve,
+                "accepted": True,
+                "message": decision.message,
+                "request": req_json,
+                "steps": decision.body["steps"],
+                "fit": decision.body["fit"],
+                "note": note,
+            },
+            status_code=202,
+        )
+
+    @app.post("/v1/serves/{serve}/down", status_code=202)
+    async def down(serve: str, request: Request) -> JSONResponse:
+        spec = spec_of(serve)
+        now = time.time()
+        live = [
+            r
+            for r in controller.journal.active_requests()
+            if r.serve == serve and not r.expired(now)
+        ]
+        if not live or not controller.request_down(serve):
+            raise ApiError(
+                409,
+                f"{serve} has no active on-demand request (none was made, or it ended or expired)",
+            )
+        snap = controller.last.snapshot
+        running = snap is not None and snap.to_observed().container(spec.container).holds
+        stays = spec.desired is DesiredRun.RUNNING
+        if stays:
+            message = f'request ended; {serve} stays up: the manifest says desired = "running"'
+        elif running:
+            message = f"request ended; the loop stops {serve} and brings back what it evicted"
+        else:
+            message = f"request ended; {serve} is not running"
+        client = request.client.host if request.client else "?"
+        logger.info("api: down {} from {}: {}", serve, client, message)
+        return JSONResponse(
+            {"status": 202, "serve": serve, "ended": True, "message": message},
+            status_code=202,
+        )
+
+    return app
+
+
+# ── serving ──────────────────────────────────────────────────────────────────
+
+
+class _LoopServer(uvicorn.Server):
+    """uvicorn without its own signal handling: SIGTERM / SIGINT belong to the loop.
+
+    uvicorn >= 0.29 installs handlers in ``capture_signals`` around ``serve``; the
+    controller stops on the signal and cancels its services, which shuts this down.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Generator[None, None, None]:
+        yield
+
+
+def api_service(
+    app: FastAPI, sock: socket.socket
+) -> Callable[[Controller], Coroutine[Any, Any, None]]:
+    """A ``Controller.services`` entry serving ``app`` on the already bound ``sock``."""
+
+    async def service(_controller: Controller) -> None:
+        config = uvicorn.Config(
+            app,
+            log_config=None,
+            lifespan="off",
+            access_log=False,
+            timeout_graceful_shutdown=3,
+            server_header=False,
+        )
+        server = _LoopServer(config)
+        sock.listen(config.backlog)
+        host, port = sock.getsockname()[:2]
+        logger.info(
+            "api: listening on {}",
+            base_url(f"[{host}]:{port}" if ":" in host else f"{host}:{port}"),
+        )
+        task = asyncio.ensure_future(server.serve(sockets=[sock]))
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            server.should_exit = True
+            with contextlib.suppress(Exception, asyncio.CancelledError):
+                await asyncio.wait_for(task, 5.0)
+            raise
+        except Exception:
+            logger.exception("api: the HTTP server failed; the loop goes on without it")
+            return
+        if not server.should_exit:
+            logger.error("api: the HTTP server stopped; the loop goes on without it")
+
+    return service
+
+
+# ── the client (vramctl up / down) ───────────────────────────────────────────
+
+
+class ApiUnreachable(Exception):  # noqa: N818 (reads as what happened)
+    """Nothing (or nothing usable) answers at the API address."""
+
+
+def call_api(
+    address: str,
+    method: str,
+    path: str,
+    *,
+    token: str | None = None,
+    body: dict[str, Any] | None = None,
+    timeout_s: float = 30.0,
+) -> tuple[int, dict[str, Any]]:
+    """One request to a running ``vramctl run``: (status, JSON body)."""
+    url = base_url(address)
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        with httpx.Client(base_url=url, timeout=timeout_s, trust_env=False) as client:
+            response = client.request(method, path, headers=headers, json=body)
+    except (httpx.ConnectError, httpx.ConnectTimeout):
+        raise ApiUnreachable(
+            f"no vramctl run answers at {url}; start `vramctl run` "
+            "(up/down only talk to the running loop, they never act on their own)"
+        ) from None
+    except httpx.HTTPError as exc:
+        raise ApiUnreachable(f"the vramctl API at {url} did not answer: {exc}") from None
+    try:
+        data = response.json()
+    except ValueError:
+        raise ApiUnreachable(
+            f"{url} answered {response.status_code} but not with vramctl's JSON: "
+            "is something else listening there?"
+        ) from None
+    if not isinstance(data, dict):
+        raise ApiUnreachable(f"{url} answered {response.status_code} with unexpected JSON")
+    return response.status_code, data

@@ -1,0 +1,807 @@
+"""The ``vramctl`` command line (typer): the CLI contract (docs/operations.md).
+
+Each command loads the manifest set, reads or takes the observation, calls the pure
+core, and renders the answer (rich for people, ``--json`` for tools). Exit codes are
+part of the contract: ``validate`` 0/1, ``fit`` 0 fits / 1 does not, ``plan
+--detailed-exitcode`` 0 nothing to do / 2 changes / 1 error.
+
+This module must not decide anything itself: the arithmetic lives in ``statemachine``;
+it only wires inputs to the core and prints what the core answers. Errors are printed
+as located one-line messages, never tracebacks.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import typer
+
+from controller.interfaces import render
+from controller.manifest import ManifestError, ManifestSet, load_manifest_set
+from controller.snapshot import SnapshotError, SnapshotModel, load_snapshot
+from statemachine.fit import fit_serve
+from statemachine.planner import Action, Policy, plan_transitions
+from statemachine.status import host_status
+from statemachine.types import Observed
+
+app = typer.Typer(
+    name="vramctl",
+    help="Make GPU memory an explicit, declared budget on a model-serving host.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+ManifestOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--manifest",
+        "-m",
+        envvar="VRAMCTL_MANIFEST",
+        help="Manifest file (TOML); repeat to load several files as one set "
+        "(VRAMCTL_MANIFEST: paths separated by ':').",
+    ),
+]
+ObservedOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--observed",
+        help="Observed snapshot JSON (what `vramctl observe` prints) instead of the live host.",
+    ),
+]
+JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def _fail(message: str, code: int = 1) -> NoReturn:
+    render.error(message)
+    raise typer.Exit(code)
+
+
+def _load(manifests: list[Path]) -> ManifestSet:
+    if not manifests:
+        _fail("no manifest given: pass -m/--manifest FILE (repeat for a set)")
+    try:
+        mset = load_manifest_set(manifests)
+    except ManifestError as exc:
+        for err in exc.errors:
+            render.error(str(err))
+        raise typer.Exit(1) from None
+    for warning in mset.warnings:
+        render.warn(warning)
+    return mset
+
+
+def _observe(observed: Path | None, mset: ManifestSet) -> SnapshotModel:
+    if observed is None:
+        return _observe_live(mset)
+    try:
+        return load_snapshot(observed)
+    except SnapshotError as exc:
+        _fail(str(exc))
+
+
+def _containers_now(mset: ManifestSet) -> Observed:
+    """The manifest set's containers as they are now (no NVML): for admission mid-plan."""
+    from controller.adapters.docker.read import ContainerObserver, manifest_containers
+
+    observer = ContainerObserver()
+    try:
+        return observer.observe(manifest_containers(mset.serves)).to_snapshot_model().to_observed()
+    finally:
+        observer.close()
+
+
+def _observe_live(mset: ManifestSet) -> SnapshotModel:
+    from controller.adapters.docker.read import ContainerObserver, manifest_containers
+    from controller.service.observe import observe_host
+
+    observer = ContainerObserver()
+    try:
+        snap = observe_host(manifest_containers(mset.serves), observer=observer)
+    finally:
+        observer.close()
+    if snap.docker_error:
+        render.warn(f"docker: {snap.docker_error}")
+    if snap.nvml_error:
+        render.warn(f"nvml: {snap.nvml_error}")
+    return snap
+
+
+def _now(snapshot: SnapshotModel) -> float:
+    taken = snapshot.taken_at_epoch()
+    return taken if taken is not None else time.time()
+
+
+def _print_json(data: Any) -> None:
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
+
+
+@app.command()
+def validate(manifest: ManifestOpt = [], json_out: JsonOpt = False) -> None:  # noqa: B006
+    """Check a manifest set; exit 0 when valid, 1 with located errors on stderr."""
+    mset = _load(manifest)
+    desired = mset.desired()
+    if json_out:
+        _print_json(
+            {
+                "valid": True,
+                "files": [str(f) for f in mset.files],
+                "digest": mset.digest,
+                "gpu_roles": {
+                    r.id: {
+                        "capacity_mib": r.capacity_mib,
+                        "reserve_mib": r.reserve_mib,
+                        "budget_mib": r.budget_mib,
+                    }
+                    for r in desired.roles.values()
+                },
+                "serves": len(desired.serves),
+                "warnings": list(mset.warnings),
+            }
+        )
+        return
+    render.validated(mset, desired)
+
+
+@app.command()
+def observe(manifest: ManifestOpt = []) -> None:  # noqa: B006
+    """Print one live snapshot of the manifest set's containers and the GPUs as JSON.
+
+    The output is exactly what ``--observed`` reads back.
+    """
+    mset = _load(manifest)
+    _print_json(_observe_live(mset).model_dump(mode="json"))
+
+
+@app.command()
+def status(
+    manifest: ManifestOpt = [],  # noqa: B006
+    observed: ObservedOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Per-role ledger, drift, and each serve's container and lifecycle state."""
+    mset = _load(manifest)
+    snap = _observe(observed, mset)
+    report = host_status(mset.desired(), snap.to_observed())
+    if json_out:
+        _print_json(report.to_json())
+        return
+    render.status(report)
+
+
+@app.command()
+def fit(
+    serve: Annotated[str, typer.Argument(help="The serve to ask about.")],
+    manifest: ManifestOpt = [],  # noqa: B006
+    observed: ObservedOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Can SERVE run now, and what would it cost? Exit 0 yes, 1 no."""
+    mset = _load(manifest)
+    desired = mset.desired()
+    if serve not in desired.serves:
+        render.error(render.unknown_serve(serve, desired))
+        raise typer.Exit(1)
+    snap = _observe(observed, mset)
+    result = fit_serve(desired, snap.to_observed(), serve, now=_now(snap))
+    if json_out:
+        _print_json(result.to_json())
+    else:
+        render.fit(result)
+    raise typer.Exit(0 if result.fits else 1)
+
+
+@app.command()
+def plan(
+    manifest: ManifestOpt = [],  # noqa: B006
+    observed: ObservedOpt = None,
+    json_out: JsonOpt = False,
+    out: Annotated[
+        Path | None, typer.Option("--out", help="Also write the plan JSON to this file.")
+    ] = None,
+    detailed_exitcode: Annotated[
+        bool,
+        typer.Option(
+            "--detailed-exitcode",
+            help="Exit 0 when there is nothing to do, 2 when there are changes.",
+        ),
+    ] = False,
+) -> None:
+    """Dry-run: the ordered steps that would converge the host, and what is blocked."""
+    mset = _load(manifest)
+    snap = _observe(observed, mset)
+    result = plan_transitions(mset.desired(), snap.to_observed(), Policy(), _now(snap))
+    data = result.to_json()
+    data["manifest_digest"] = mset.digest
+    data["observed"] = snap.model_dump(mode="json")
+    if out is not None:
+        try:
+            out.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
+        except OSError as exc:
+            _fail(f"{out}: cannot write the plan: {exc.strerror or exc}")
+    if json_out:
+        _print_json(data)
+    else:
+        render.plan(result)
+    if detailed_exitcode:
+        if not snap.to_observed().docker_ok:
+            render.error("docker could not be read: the plan is unknown, not empty")
+            raise typer.Exit(1)
+        raise typer.Exit(0 if result.empty else 2)
+
+
+RouterUrlOpt = Annotated[
+    str | None,
+    typer.Option(
+        "--router-url",
+        envvar="VRAMCTL_ROUTER_URL",
+        help="The router whose tiers are quiesced, drained and readmitted.",
+    ),
+]
+RouterTokenOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--router-token-file",
+        envvar="VRAMCTL_ROUTER_TOKEN_FILE",
+        help="File holding the router's bearer token "
+        "(else VRAMCTL_ROUTER_TOKEN / ANVIL_ROUTER_TOKEN).",
+    ),
+]
+LogJsonOpt = Annotated[
+    bool, typer.Option("--log-json", envvar="VRAMCTL_LOG_JSON", help="Log JSON lines.")
+]
+
+
+def _load_saved_plan(path: Path) -> dict[str, Any]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        _fail(f"{path}: cannot read the plan: {exc.strerror or exc}")
+    except json.JSONDecodeError as exc:
+        _fail(f"{path}: not valid JSON (line {exc.lineno}, column {exc.colno}): {exc.msg}")
+    if not isinstance(data, dict) or "steps" not in data or "observed" not in data:
+        _fail(
+            f"{path}: not a saved plan: it has no steps and observation "
+            "(`vramctl plan --out FILE` writes one)"
+        )
+    return data
+
+
+@app.command()
+def apply(
+    plan_file: Annotated[
+        Path | None, typer.Argument(help="A plan saved by `vramctl plan --out`; default: plan now.")
+    ] = None,
+    manifest: ManifestOpt = [],  # noqa: B006
+    router_url: RouterUrlOpt = None,
+    router_token_file: RouterTokenOpt = None,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            envvar="VRAMCTL_STATE_DIR",
+            help="The state dir whose lock a running `vramctl run` holds (same default).",
+        ),
+    ] = None,
+    log_json: LogJsonOpt = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Execute once: observe, plan and carry the plan out (or a saved plan, if still current).
+
+    Refused while a `vramctl run` holds the same state directory: the loop owns the host
+    then (use `vramctl up` / `down`, or stop the loop).
+    """
+    from controller.logs import configure_logging
+    from controller.service.executor import Outcome, StepResult
+    from controller.service.wiring import make_executor
+    from controller.snapshot import parse_snapshot, snapshot_changes
+    from controller.store.journal import AlreadyRunning, StateLock, default_state_dir
+    from statemachine.ledger import ledger_from_observed
+    from statemachine.planner import Plan, Step
+
+    configure_logging(json_logs=log_json)
+    mset = _load(manifest)
+    lock = StateLock(state_dir or default_state_dir(list(manifest)))
+    try:
+        lock.acquire()
+    except AlreadyRunning as exc:
+        _fail(f"{exc}; a running loop owns this host: use `vramctl up` / `down`, or stop it")
+    desired = mset.desired()
+    snap = _observe_live(mset)
+    observed = snap.to_observed()
+    if plan_file is not None:
+        saved = _load_saved_plan(plan_file)
+        changes: list[str] = []
+        if saved.get("manifest_digest") != mset.digest:
+            changes.append("the manifest set changed since the plan was made")
+        try:
+            old = parse_snapshot(saved["observed"], source=f"{plan_file}: observed")
+        except SnapshotError as exc:
+            _fail(str(exc))
+        containers = [s.container for s in desired.serves.values()]
+        changes += snapshot_changes(old, snap, containers)
+        if changes:
+            render.error(f"{plan_file} is stale: the host is no longer what it was planned from:")
+            for change in changes:
+                render.error(f"  {change}")
+            render.error("plan again (`vramctl plan --out`) and review the new plan")
+            raise typer.Exit(1)
+        try:
+            steps = tuple(
+                Step(
+                    action=Action(x["action"]),
+                    serve=x["serve"],
+                    gpu_roles=tuple(x.get("gpu_roles", ())),
+                    mib=x.get("mib"),
+                    reason=x.get("reason", ""),
+                    to_mib=x.get("to_mib"),
+                    group=x.get("group", x["serve"]),
+                )
+                for x in saved["steps"]
+            )
+        except (KeyError, ValueError, TypeError) as exc:
+            _fail(f"{plan_file}: a step is malformed: {exc}")
+        unknown = sorted({st.serve for st in steps} - set(desired.serves))
+        if unknown:
+            _fail(f"{plan_file}: names serves the manifest does not declare: {', '.join(unknown)}")
+        from statemachine.ledger import Refusal
+        from statemachine.simulate import apply_step
+
+        base = ledger_from_observed(desired, observed)
+        ledger_after = base
+        for i, st in enumerate(steps, 1):
+            moved = apply_step(ledger_after, st)
+            if isinstance(moved, Refusal):
+                _fail(f"{plan_file}: step {i} ({st.action} {st.serve}) is refused: {moved.message}")
+            ledger_after = moved
+        the_plan = Plan(steps, (), base, ledger_after)
+    else:
+        the_plan = plan_transitions(desired, observed, Policy(), _now(snap))
+    if not json_out:
+        render.plan(the_plan)
+    if the_plan.empty:
+        if json_out:
+            _print_json(
+                {"ok": True, "steps": [], "blocked": [b.to_json() for b in the_plan.blocked]}
+            )
+        raise typer.Exit(0)
+
+    def progress(result: StepResult) -> None:
+        if not json_out:
+            render.step_result(result)
+
+    try:
+        executor = make_executor(
+            mset, router_url=router_url, router_token_file=router_token_file, on_step=progress
+        )
+    except Exception as exc:  # the docker client could not be made: nothing was touched
+        _fail(f"cannot reach docker to execute: {exc}")
+    executor.observe_now = lambda: _containers_now(mset)  # each reserve against the host now
+    report = executor.execute(the_plan, observed)
+    after = _observe_live(mset)
+    host_ledger = ledger_from_observed(desired, after.to_observed())
+    mismatches = [
+        f"{r}: executor ledger {report.ledger.committed_mib(r)} MiB, "
+        f"host {host_ledger.committed_mib(r)} MiB"
+        for r in desired.roles
+        if not host_ledger.unknown
+        and report.ledger.committed_mib(r) != host_ledger.committed_mib(r)
+    ]
+    if json_out:
+        data = report.to_json()
+        data["ledger_matches_host"] = not mismatches
+        data["mismatches"] = mismatches
+        _print_json(data)
+    else:
+        render.apply_summary(report, mismatches)
+    ok = report.ok and not mismatches and all(r.outcome is Outcome.OK for r in report.results)
+    raise typer.Exit(0 if ok else 1)
+
+
+ApiOpt = Annotated[
+    str,
+    typer.Option(
+        "--api",
+        envvar="VRAMCTL_API",
+        help="HOST:PORT of the loop's HTTP API ([::1]:PORT for IPv6).",
+    ),
+]
+TokenFileOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--token-file",
+        envvar="VRAMCTL_TOKEN_FILE",
+        help="File holding the API's bearer token (else the VRAMCTL_TOKEN variable).",
+    ),
+]
+
+
+@app.command()
+def run(
+    manifest: ManifestOpt = [],  # noqa: B006
+    dry_run: Annotated[
+        bool,
+        typer.Option(
+            "--dry-run", envvar="VRAMCTL_DRY_RUN", help="Observe and plan; execute nothing."
+        ),
+    ] = False,
+    state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            "--state-dir",
+            envvar="VRAMCTL_STATE_DIR",
+            help="Journal and lock (default: $XDG_STATE_HOME/vramctl, else .vramctl-state/ "
+            "beside the first manifest).",
+        ),
+    ] = None,
+    resync: Annotated[
+        float,
+        typer.Option("--resync", envvar="VRAMCTL_RESYNC", min=0.5, help="Seconds between resyncs."),
+    ] = 5.0,
+    router_url: RouterUrlOpt = None,
+    router_token_file: RouterTokenOpt = None,
+    log_json: LogJsonOpt = False,
+    api: ApiOpt = "127.0.0.1:8477",
+    no_api: Annotated[
+        bool,
+        typer.Option("--no-api", envvar="VRAMCTL_NO_API", help="Run without the HTTP API."),
+    ] = False,
+    token_file: TokenFileOpt = None,
+    allow_origin: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--allow-origin",
+            envvar="VRAMCTL_ALLOW_ORIGIN",
+            help="A browser Origin the API accepts (repeat; the variable takes a space-"
+            "separated list). Requests with any other Origin header are refused.",
+        ),
+    ] = None,
+) -> None:
+    """The control loop: keep the host converged to the manifest, beside Compose.
+
+    With the API (default 127.0.0.1:8477; --no-api to disable) the loop also answers
+    GET /v1/ledger, /v1/serves, /v1/fit/SERVE, /metrics, /healthz and takes on-demand
+    requests (POST /v1/serves/SERVE/up | down, bearer token from --token-file or
+    VRAMCTL_TOKEN; without a token those answer 503). An address already in use
+    stops the command at once with exit 1.
+    """
+    import asyncio
+    import socket
+
+    from controller.logs import configure_logging
+    from controller.service.loop import Controller, RunOptions
+
+    configure_logging(json_logs=log_json)
+    mset = _load(manifest)
+    options = RunOptions(
+        manifests=tuple(manifest),
+        state_dir=state_dir,
+        dry_run=dry_run,
+        resync_s=resync,
+        router_url=router_url,
+        router_token_file=router_token_file,
+    )
+    controller = Controller(options, mset)
+    sock: socket.socket | None = None
+    if not no_api:
+        from controller.interfaces.api import (
+            ApiConfigError,
+            ApiSettings,
+            api_service,
+            bind_socket,
+            create_app,
+            load_token,
+            parse_address,
+        )
+        from controller.interfaces.metrics import Metrics
+
+        try:
+            host, port = parse_address(api)
+            token = load_token(token_file)
+            sock = bind_socket(host, port)
+        except ApiConfigError as exc:
+            _fail(str(exc))
+        if token is None:
+            render.warn(
+                "the API has no token (--token-file / VRAMCTL_TOKEN): it answers reads, and "
+                "refuses every state-changing request with 503 until one is configured"
+            )
+        if host not in ("127.0.0.1", "::1", "localhost"):
+            render.warn(
+                f"the API listens on {host}, not loopback: anyone who can reach it can read "
+                "the ledger (changes still need the token)"
+            )
+        metrics = Metrics()
+        controller.on_cycle.append(metrics.on_cycle)
+        settings = ApiSettings(
+            token=token,
+            allow_origins=tuple(allow_origin or ()),
+            retry_after_s=resync,
+            bind_host=host,
+        )
+        controller.services.append(api_service(create_app(controller, settings, metrics), sock))
+    try:
+        code = asyncio.run(controller.run())
+    finally:
+        if sock is not None:
+            sock.close()
+    raise typer.Exit(code)
+
+
+def _api_call(
+    api: str, token_file: Path | None, method: str, path: str, body: dict[str, Any] | None
+) -> tuple[int, dict[str, Any]]:
+    from controller.interfaces.api import ApiConfigError, ApiUnreachable, call_api, load_token
+
+    try:
+        token = load_token(token_file)
+        return call_api(api, method, path, token=token, body=body)
+    except (ApiConfigError, ApiUnreachable) as exc:
+        _fail(str(exc))
+
+
+def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) -> None:
+    if json_out:
+        _print_json(data)
+        return
+    if status_code == 202:
+        render.out.print(f"accepted: {data.get('message', '')}")
+        for step in data.get("steps") or []:
+            render.out.print(f"  {step.get('action')} {step.get('serve')}: {step.get('reason')}")
+        req = data.get("request") or {}
+        if req.get("ttl_s") is not None:
+            render.out.print(f"  the request lasts {req['ttl_s']:g}s")
+        if data.get("note"):
+            render.out.print(f"  note: {data['note']}")
+        return
+    render.error(f"{status_code}: {data.get('error', data)}")
+    for t in data.get("gpu_roles") or []:
+        parts = " + ".join(f"{r['serve']} {r['mib']}" for r in t.get("reservations", []))
+        render.err.print(
+            f"  {t['gpu_role']}: capacity {t['capacity_mib']} - reserve {t['reserve_mib']} = "
+            f"budget {t['budget_mib']}; committed {render.mib(t['committed_mib'])} "
+            f"({parts or 'nothing'}); free {render.mib(t['free_mib'])}; requested "
+            f"{t['requested_mib']}; shortfall {render.mib(t['shortfall_mib'])}"
+        )
+    if data.get("evictable_mib"):
+        render.err.print(f"  evictable: {data['evictable_mib']}")
+    if data.get("shrinkable_mib") and any(data["shrinkable_mib"].values()):
+        render.err.print(f"  shrinkable: {data['shrinkable_mib']}")
+    for p in data.get("protected") or []:
+        render.err.print(f"  protected: {p['serve']} ({render.mib(p['mib'])} MiB): {p['why']}")
+    if data.get("retry_after_s") is not None:
+        render.err.print(f"  retry after {data['retry_after_s']}s")
+    if status_code == 401:
+        render.err.print("  pass --token-file FILE or set VRAMCTL_TOKEN")
+
+
+@app.command()
+def up(
+    serve: Annotated[str, typer.Argument(help="The serve to start on demand.")],
+    ttl: Annotated[
+        float | None,
+        typer.Option("--ttl", help="Seconds the request lasts (default: the serve's idle_ttl_s)."),
+    ] = None,
+    api: ApiOpt = "127.0.0.1:8477",
+    token_file: TokenFileOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Ask the running loop to start SERVE on demand. Exit 0 accepted, 1 otherwise.
+
+    Talks to `vramctl run`'s API (--api, token from --token-file / VRAMCTL_TOKEN); with
+    no loop running it refuses rather than acting on its own.
+    """
+    from urllib.parse import quote
+
+    status_code, data = _api_call(
+        api,
+        token_file,
+        "POST",
+        f"/v1/serves/{quote(serve, safe='')}/up",
+        {"ttl_s": ttl} if ttl is not None else None,
+    )
+    _print_api_answer(status_code, data, json_out)
+    raise typer.Exit(0 if status_code == 202 else 1)
+
+
+@app.command()
+def down(
+    serve: Annotated[str, typer.Argument(help="The serve whose on-demand request ends.")],
+    api: ApiOpt = "127.0.0.1:8477",
+    token_file: TokenFileOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """End SERVE's on-demand request through the running loop. Exit 0 accepted, 1 otherwise."""
+    from urllib.parse import quote
+
+    status_code, data = _api_call(
+        api, token_file, "POST", f"/v1/serves/{quote(serve, safe='')}/down", None
+    )
+    _print_api_answer(status_code, data, json_out)
+    raise typer.Exit(0 if status_code == 202 else 1)
+
+
+@app.command("replay")
+def replay_cmd(
+    source: Annotated[
+        Path,
+        typer.Argument(help="A journal (state dir's journal.sqlite3) or an observed snapshot."),
+    ],
+    manifest: ManifestOpt = [],  # noqa: B006
+    cycle: Annotated[int | None, typer.Option("--cycle", help="Only this cycle.")] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Re-plan recorded cycles with this manifest; show where the plans differ. Executes nothing.
+
+    Exit 0 when every cycle plans the same, 2 when some differ, 1 on errors.
+    """
+    from controller.tools.replay import ReplayError, render_replay, replay
+
+    mset = _load(manifest)
+    try:
+        report = replay(source, mset, cycle=cycle)
+    except ReplayError as exc:
+        _fail(str(exc))
+    if json_out:
+        _print_json(report.to_json())
+    else:
+        render_replay(report, render.out)
+    if report.errors:
+        raise typer.Exit(1)
+    raise typer.Exit(2 if report.differs else 0)
+
+
+ComposeOpt = Annotated[
+    list[Path],
+    typer.Option(
+        "--compose",
+        "-c",
+        help="Docker Compose file; repeat to merge several, like `docker compose -f a -f b`.",
+    ),
+]
+
+
+def _measured_totals(observed: Path | None, mset: ManifestSet) -> dict[str, int] | None:
+    """NVML device totals by role id from an observed snapshot; None without one."""
+    from statemachine.engine_flags import measured_totals
+
+    if observed is None:
+        return None
+    gpus = _observe(observed, mset).to_observed().gpus
+    return measured_totals(mset.desired().roles, gpus)
+
+
+@app.command("render")  # not `def render`: that would shadow the `render` module
+def render_cmd(
+    serve: Annotated[str, typer.Argument(help="The serve whose engine flag to print.")],
+    manifest: ManifestOpt = [],  # noqa: B006
+    compose: ComposeOpt = [],  # noqa: B006
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            help="The engine that runs SERVE (vllm, sglang); overrides "
+            "its label and its compose command.",
+        ),
+    ] = None,
+    device_total: Annotated[
+        int | None,
+        typer.Option(
+            "--device-total",
+            min=1,
+            help="Device total in MiB for SERVE's roles, instead of their declared "
+            "vram_mib (or the NVML total of --observed).",
+        ),
+    ] = None,
+    observed: ObservedOpt = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """Print the engine flag that enforces SERVE's reservation (docs/limits.md).
+
+    Exit 0 with the flag, 1 when there is none (no reservation, an engine without a
+    memory-fraction flag, no device total) or on errors.
+    """
+    from controller.tools.compose_lint import ComposeError, render_serve
+    from statemachine.engine_flags import SOURCE_NVML
+
+    mset = _load(manifest)
+    if serve not in mset.serves:
+        _fail(render.unknown_serve(serve, mset.desired()))
+    measured: dict[str, int] | None = None
+    source = SOURCE_NVML
+    if device_total is not None:
+        measured = dict.fromkeys(mset.serves[serve].roles, device_total)
+        source = "--device-total"
+    else:
+        measured = _measured_totals(observed, mset)
+    try:
+        answer = render_serve(
+            mset,
+            serve,
+            measured=measured,
+            measured_source=source,
+            engine=engine,
+            compose_paths=compose,
+        )
+    except ComposeError as exc:
+        for problem in exc.problems:
+            render.error(problem)
+        raise typer.Exit(1) from None
+    result = answer.result
+    if json_out:
+        _print_json(answer.to_json())
+    elif result.text is None:
+        render.error(f"{serve}: {result.problem}")
+    else:
+        render.out.print(result.text, markup=False)
+        render.err.print(result.explanation, markup=False)
+    raise typer.Exit(0 if result.text is not None else 1)
+
+
+@app.command()
+def lint(
+    manifest: ManifestOpt = [],  # noqa: B006
+    compose: ComposeOpt = [],  # noqa: B006
+    tolerance: Annotated[
+        float,
+        typer.Option(
+            "--tolerance",
+            min=0.0,
+            help="How far a fraction may be from vram_mib / device total, as a "
+            "fraction of the device total (default 0.001).",
+        ),
+    ] = 0.001,
+    observed: ObservedOpt = None,
+    use_env: Annotated[
+        bool,
+        typer.Option(
+            "--env/--no-env",
+            help="Resolve ${VARS} from this shell, as compose would; default: their defaults only.",
+        ),
+    ] = False,
+    json_out: JsonOpt = False,
+) -> None:
+    """Do the compose files' engine flags enforce the reservations? Exit 0 clean, 1 not.
+
+    Errors: a serve whose command lacks its engine's memory-fraction flag or sets a
+    fraction off its reservation by more than the tolerance. Notes explain the rest.
+    """
+    import os
+    from decimal import Decimal
+
+    from controller.tools.compose_lint import ComposeError, lint_compose, report_lines
+
+    mset = _load(manifest)
+    if not compose:
+        _fail("no compose file given: pass --compose FILE (repeat to merge several)")
+    try:
+        report = lint_compose(
+            mset,
+            compose,
+            measured=_measured_totals(observed, mset),
+            tolerance=Decimal(str(tolerance)),
+            environ=dict(os.environ) if use_env else None,
+        )
+    except ComposeError as exc:
+        for problem in exc.problems:
+            render.error(problem)
+        raise typer.Exit(1) from None
+    if json_out:
+        _print_json(report.to_json())
+    else:
+        for line in report_lines(report):
+            render.out.print(line, markup=False)
+    raise typer.Exit(0 if report.ok else 1)
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()
+
+
+if __name__ == "__main__":
+    main()

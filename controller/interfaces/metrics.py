@@ -1,0 +1,278 @@
+"""Prometheus metrics for ``vramctl run`` (served by the HTTP API at ``GET /metrics``).
+
+:class:`Metrics` owns its own :class:`~prometheus_client.CollectorRegistry` (not the
+process-global one, so tests and several controllers in one process stay isolated).
+It is refreshed from the loop's ``on_cycle`` hook (:meth:`Metrics.on_cycle`), from the
+same figures ``vramctl status`` and ``GET /v1/ledger`` print: the last cycle's
+snapshot against the manifest set, through :func:`statemachine.status.host_status`.
+
+A figure that cannot be measured is *absent*, never 0: when docker cannot be read the
+committed / free series (and every serve's committed series) are removed; NVML
+figures (used, drift) exist only while NVML reports the device linked to the role.
+
+Series:
+
+- per role: ``vramctl_role_capacity_mib``, ``_reserve_mib``, ``_budget_mib``,
+  ``_committed_mib``, ``_free_mib``, ``_nvml_used_mib``, ``_drift_mib`` (NVML used -
+  committed), ``vramctl_role_overcommitted`` (1 when committed > budget as observed);
+- per serve: ``vramctl_serve_reservation_mib`` (declared), ``vramctl_serve_committed_mib``
+  (what the ledger holds for it now: 0 when nothing), ``vramctl_serve_state{state}``
+  (1 for the current lifecycle state, 0 for the others);
+- ``vramctl_reconcile_duration_seconds`` (histogram), ``vramctl_cycles_total``,
+  ``vramctl_last_cycle_timestamp_seconds``, ``vramctl_steps_total{action,outcome}``
+  (outcome ``planned`` for a dry run), ``vramctl_admissions_refused_total{source}``
+  (``api``: an ``up`` answered 429; ``loop``: a start the planner newly reports
+  blocked), ``vramctl_observation_errors_total{source}`` (``docker`` / ``nvml``: cycles
+  whose observation of that source failed, NVML missing on a host without a GPU
+  included) and ``vramctl_observation_up{source}`` (1 when the last cycle read it).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import TYPE_CHECKING
+
+from loguru import logger
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+from statemachine.lifecycle import STATES
+from statemachine.status import host_status
+
+if TYPE_CHECKING:
+    from controller.service.loop import Controller
+
+#: The lifecycle states a serve can be reported in (the machine's, plus ``unknown``).
+SERVE_STATES: tuple[str, ...] = (*(str(s["name"]) for s in STATES), "unknown")
+
+#: The exposition format's content type (for the HTTP response).
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+def _set_or_absent(gauge: Gauge, labels: tuple[str, ...], value: int | float | None) -> None:
+    """Set the series, or remove it when the value is unknown (absent, never 0)."""
+    if value is None:
+        with contextlib.suppress(KeyError):
+            gauge.remove(*labels)
+    else:
+        gauge.labels(*labels).set(value)
+
+
+class Metrics:
+    """The controller's metrics, in a registry of their own."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        role = ["role"]
+        self.role_capacity = Gauge(
+            "vramctl_role_capacity_mib", "Declared capacity of the GPU role.", role, registry=r
+        )
+        self.role_reserve = Gauge(
+            "vramctl_role_reserve_mib", "Never-reservable reserve of the role.", role, registry=r
+        )
+        self.role_budget = Gauge(
+            "vramctl_role_budget_mib", "Budget of the role: capacity - reserve.", role, registry=r
+        )
+        self.role_committed = Gauge(
+            "vramctl_role_committed_mib",
+            "Committed reservations on the role (absent while docker cannot be read).",
+            role,
+            registry=r,
+        )
+        self.role_free = Gauge(
+            "vramctl_role_free_mib",
+            "Budget minus committed (absent while docker cannot be read).",
+            role,
+            registry=r,
+        )
+        self.role_nvml_used = Gauge(
+            "vramctl_role_nvml_used_mib",
+            "Memory NVML reports used on the role's device (absent when unknown).",
+            role,
+            registry=r,
+        )
+        self.role_drift = Gauge(
+            "vramctl_role_drift_mib",
+            "NVML used minus committed: memory drawn outside the ledger (absent when unknown).",
+            role,
+            registry=r,
+        )
+        self.role_overcommitted = Gauge(
+            "vramctl_role_overcommitted",
+            "1 when the role is observed over budget (started outside the controller).",
+            role,
+            registry=r,
+        )
+        serve = ["serve"]
+        self.serve_reservation = Gauge(
+            "vramctl_serve_reservation_mib",
+            "The serve's declared reservation (absent when it declares none).",
+            serve,
+            registry=r,
+        )
+        self.serve_committed = Gauge(
+            "vramctl_serve_committed_mib",
+            "What the ledger holds for the serve now (0: nothing; absent when unknown).",
+            serve,
+            registry=r,
+        )
+        self.serve_state = Gauge(
+            "vramctl_serve_state",
+            "1 for the serve's current lifecycle state, 0 for the others.",
+            ["serve", "state"],
+            registry=r,
+        )
+        self.reconcile_duration = Histogram(
+            "vramctl_reconcile_duration_seconds",
+            "Duration of one reconcile cycle (observe, plan, execute, journal).",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+            registry=r,
+        )
+        self.cycles = Counter("vramctl_cycles", "Reconcile cycles completed.", registry=r)
+        self.last_cycle = Gauge(
+            "vramctl_last_cycle_timestamp_seconds",
+            "When the last cycle observed the host (epoch seconds).",
+            registry=r,
+        )
+        self.steps = Counter(
+            "vramctl_steps",
+            "Plan steps by action and outcome (planned: a dry run executed nothing).",
+            ["action", "outcome"],
+            registry=r,
+        )
+        self.admissions_refused = Counter(
+            "vramctl_admissions_refused",
+            "Refused admissions: api = an up answered 429; loop = a start newly blocked.",
+            ["source"],
+            registry=r,
+        )
+        self.observation_errors = Counter(
+            "vramctl_observation_errors",
+            "Cycles whose observation of a source (docker, nvml) failed.",
+            ["source"],
+            registry=r,
+        )
+        self.observation_up = Gauge(
+            "vramctl_observation_up",
+            "1 when the last cycle could read the source (docker, nvml).",
+            ["source"],
+            registry=r,
+        )
+        for source in ("docker", "nvml"):
+            self.observation_errors.labels(source)
+        for source in ("api", "loop"):
+            self.admissions_refused.labels(source)
+        self._roles: set[str] = set()
+        self._serves: set[str] = set()
+        self._blocked: set[str] = set()
+
+    # ------------------------------------------------------------------ updates
+    def on_cycle(self, controller: Controller) -> None:
+        """The loop's ``on_cycle`` hook: refresh everything from the last cycle.
+
+        A failure here is logged and never breaks the loop.
+        """
+        try:
+            self._on_cycle(controller)
+        except Exception:
+            logger.exception("metrics: update failed")
+
+    def _on_cycle(self, controller: Controller) -> None:
+        summary = controller.last
+        self.cycles.inc()
+        self.reconcile_duration.observe(summary.duration_s)
+        self.last_cycle.set(summary.at)
+        snap = summary.snapshot
+        if snap is not None:
+            docker_ok = snap.docker == "ok" and not snap.docker_error
+            self.observation_up.labels("docker").set(1 if docker_ok else 0)
+            self.observation_up.labels("nvml").set(0 if snap.gpus is None else 1)
+            if not docker_ok:
+                self.observation_errors.labels("docker").inc()
+            if snap.gpus is None or snap.nvml_error:
+                self.observation_errors.labels("nvml").inc()
+            self.update_ledger(controller)
+        if summary.report is not None:
+            for result in summary.report.results:
+                self.steps.labels(str(result.step.action), str(result.outcome)).inc()
+        elif summary.plan is not None and not summary.executed:
+            for step in summary.plan.steps:
+                self.steps.labels(str(step.action), "planned").inc()
+        if summary.plan is not None:
+            blocked = {b.serve for b in summary.plan.blocked}
+            new = blocked - self._blocked
+            if new:
+                self.admissions_refused.labels("loop").inc(len(new))
+            self._blocked = blocked
+
+    def update_ledger(self, controller: Controller) -> None:
+        """Per-role and per-serve gauges from the last snapshot and the manifest set."""
+        snap = controller.last.snapshot
+        if snap is None:
+            return
+        report = host_status(controller.mset.desired(), snap.to_observed())
+        roles: set[str] = set()
+        for rs in report.roles:
+            role = rs.ledger.gpu_role
+            roles.add(role)
+            labels = (role,)
+            self.role_capacity.labels(role).set(rs.ledger.capacity_mib)
+            self.role_reserve.labels(role).set(rs.ledger.reserve_mib)
+            self.role_budget.labels(role).set(rs.ledger.budget_mib)
+            _set_or_absent(self.role_committed, labels, rs.ledger.committed_mib)
+            _set_or_absent(self.role_free, labels, rs.ledger.free_mib)
+            _set_or_absent(self.role_nvml_used, labels, rs.nvml_used_mib)
+            _set_or_absent(self.role_drift, labels, rs.drift_used_mib)
+            self.role_overcommitted.labels(role).set(1 if rs.overcommitted else 0)
+        for gone in self._roles - roles:
+            for gauge in self._role_gauges():
+                _set_or_absent(gauge, (gone,), None)
+        self._roles = roles
+
+        holdings = {
+            holder: held
+            for rs in report.roles
+            for holder, held in rs.ledger.reservations
+            if rs.ledger.committed_mib is not None
+        }
+        serves: set[str] = set()
+        for ss in report.serves:
+            serves.add(ss.serve)
+            labels = (ss.serve,)
+            _set_or_absent(self.serve_reservation, labels, ss.reservation_mib)
+            committed: int | None
+            if not report.docker_ok or not ss.in_ledger:
+                committed = None
+            else:
+                committed = holdings.get(ss.serve, 0)
+            _set_or_absent(self.serve_committed, labels, committed)
+            for state in SERVE_STATES:
+                self.serve_state.labels(ss.serve, state).set(1 if state == ss.lifecycle else 0)
+        for gone in self._serves - serves:
+            _set_or_absent(self.serve_reservation, (gone,), None)
+            _set_or_absent(self.serve_committed, (gone,), None)
+            for state in SERVE_STATES:
+                _set_or_absent(self.serve_state, (gone, state), None)
+        self._serves = serves
+
+    def refused(self, source: str = "api") -> None:
+        """Count one refused admission (the API's 429)."""
+        self.admissions_refused.labels(source).inc()
+
+    def _role_gauges(self) -> tuple[Gauge, ...]:
+        return (
+            self.role_capacity,
+            self.role_reserve,
+            self.role_budget,
+            self.role_committed,
+            self.role_free,
+            self.role_nvml_used,
+            self.role_drift,
+            self.role_overcommitted,
+        )
+
+    # ------------------------------------------------------------------ output
+    def render(self) -> bytes:
+        """The text exposition format."""
+        return generate_latest(self.registry)

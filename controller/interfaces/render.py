@@ -1,0 +1,270 @@
+"""Human output of the CLI (rich): tables and explanations of what the core answered.
+
+Every number printed here comes from the core's result objects; a ``None`` figure is
+printed as ``unknown``, never as 0. Errors and warnings go to stderr.
+
+This module must not compute anything the core did not: it formats only.
+"""
+
+from __future__ import annotations
+
+import difflib
+import os
+import sys
+from typing import TYPE_CHECKING
+
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
+
+from statemachine.fit import FitResult
+from statemachine.planner import Action, Plan
+from statemachine.status import HostStatus
+from statemachine.types import DesiredState
+
+if TYPE_CHECKING:
+    from controller.manifest import ManifestSet
+    from controller.service.executor import ExecutionReport, StepResult
+
+# piped output (logs, CI, `| less`) gets wide tables instead of rich's 80 columns
+_WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
+
+UNKNOWN = "unknown"
+
+
+def mib(value: int | None) -> str:
+    """A MiB figure, or ``unknown``."""
+    return UNKNOWN if value is None else f"{value}"
+
+
+def signed(value: int | None) -> str:
+    """A signed MiB delta, or ``unknown``."""
+    return UNKNOWN if value is None else f"{value:+d}"
+
+
+def error(message: str) -> None:
+    """One located error line on stderr."""
+    err.print(Text("error: ", style="bold red") + Text(message))
+
+
+def warn(message: str) -> None:
+    """One warning line on stderr."""
+    err.print(Text("warning: ", style="yellow") + Text(message))
+
+
+def unknown_serve(name: str, desired: DesiredState) -> str:
+    """The message for a serve name the manifest set does not declare."""
+    close = difflib.get_close_matches(name, list(desired.serves), n=1, cutoff=0.6)
+    hint = f' (did you mean "{close[0]}"?)' if close else ""
+    return f'no serve named "{name}" in the manifest set{hint}'
+
+
+def validated(mset: ManifestSet, desired: DesiredState) -> None:
+    """The human answer of ``validate``."""
+    files = escape(", ".join(str(f) for f in mset.files))
+    in_ledger = sum(1 for s in desired.serves.values() if desired.in_ledger(s))
+    out.print(
+        f"[green]valid[/green]: {files}: {len(desired.serves)} serves "
+        f"({in_ledger} with reservations), {len(desired.roles)} gpu roles"
+    )
+    for r in desired.roles.values():
+        out.print(
+            f"  {escape(r.id)}: capacity {r.capacity_mib} - reserve {r.reserve_mib} "
+            f"= budget {r.budget_mib} MiB"
+        )
+
+
+def status(report: HostStatus) -> None:
+    """The human answer of ``status``."""
+    if not report.docker_ok:
+        out.print(
+            "[bold red]docker could not be read[/bold red]: committed MiB is unknown; "
+            "nothing would be admitted or stopped (fail closed)"
+        )
+    if not report.nvml_ok:
+        out.print("[yellow]NVML unavailable[/yellow]: device figures are unknown")
+    roles = Table(title="GPU roles (MiB)", title_justify="left")
+    for col in ("role", "capacity", "reserve", "budget", "committed", "free", "nvml used", "drift"):
+        roles.add_column(col, justify="left" if col == "role" else "right")
+    for r in report.roles:
+        v = r.ledger
+        drift = signed(r.drift_used_mib)
+        if r.drift_total_mib:
+            drift += f" (device total {signed(r.drift_total_mib)} vs declared)"
+        committed = Text(mib(v.committed_mib))
+        if r.overcommitted:
+            committed.append(" OVER", style="bold red")
+        roles.add_row(
+            Text(v.gpu_role),
+            mib(v.capacity_mib),
+            mib(v.reserve_mib),
+            mib(v.budget_mib),
+            committed,
+            mib(v.free_mib),
+            mib(r.nvml_used_mib) if r.device_found else UNKNOWN,
+            drift,
+        )
+    out.print(roles)
+    serves = Table(title="Serves", title_justify="left")
+    cols = ("serve", "role", "residency", "desired", "container", "health", "lifecycle")
+    for col in cols:
+        serves.add_column(col, overflow="fold")
+    for col in ("reserved MiB", "nvml used", "drift"):
+        serves.add_column(col, justify="right")
+    for s in report.serves:
+        if s.in_ledger:
+            held = (
+                mib(s.reservation_mib)
+                if s.committed
+                else (UNKNOWN if s.committed is None else f"0 of {s.reservation_mib}")
+            )
+        else:
+            held = "-"
+        serves.add_row(
+            Text(s.serve),
+            Text(",".join(s.gpu_roles) or "-"),
+            s.residency or "-",
+            s.desired or "unmanaged",
+            s.state,
+            Text(s.health or "-"),
+            s.lifecycle,
+            held,
+            mib(s.nvml_used_mib) if s.committed else "-",
+            signed(s.drift_mib) if s.committed else "-",
+        )
+    out.print(serves)
+    if report.undeclared_gpu:
+        out.print(
+            "[bold red]undeclared GPU containers[/bold red] (no manifest reserves their memory): "
+            + escape(", ".join(report.undeclared_gpu))
+        )
+    for holder, container, on_roles, kept in report.no_longer_declared:
+        out.print(
+            f"[bold yellow]no longer declared[/bold yellow]: {escape(container)} (started as "
+            f"{escape(holder)}) keeps {kept} MiB on {escape(', '.join(on_roles))} until it stops"
+        )
+
+
+def fit(result: FitResult) -> None:
+    """The human answer of ``fit``."""
+    verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
+    out.print(f"{escape(result.serve)}: {verdict}: {escape(result.reason)}")
+    for t in result.terms:
+        parts = " + ".join(f"{h} {m}" for h, m in t.reservations) or "nothing"
+        out.print(
+            escape(
+                f"  {t.gpu_role}: capacity {t.capacity_mib} - reserve {t.reserve_mib} = budget "
+                f"{t.budget_mib}; committed {mib(t.committed_mib)} ({parts}); "
+                f"free {mib(t.free_mib)}; requested {t.requested_mib}; "
+                f"shortfall {mib(t.shortfall_mib)}"
+            )
+        )
+    for label, items in (
+        ("drain", result.drain),
+        ("evict", result.evict),
+        ("blockers", result.blockers),
+    ):
+        if items:
+            out.print(f"  {label}: " + escape(", ".join(items)))
+    for s in result.shrink:
+        out.print(
+            escape(f"  shrink: {s['serve']} gives back {s['give_mib']} MiB (to {s['to_mib']} MiB)")
+        )
+
+
+def plan(result: Plan) -> None:
+    """The human answer of ``plan``: a reviewable change set."""
+    if result.empty and not result.blocked:
+        out.print("[green]nothing to do[/green]: the host matches the manifest")
+    for note in result.notes:
+        out.print(f"[bold red]note[/bold red]: {escape(note)}")
+    if result.steps:
+        out.print(f"[bold]{len(result.steps)} steps[/bold]:")
+    for i, s in enumerate(result.steps, 1):
+        amount = ""
+        if s.mib is not None and s.action in (Action.RESERVE, Action.RELEASE):
+            amount = f" {s.mib} MiB"
+        elif s.to_mib is not None:
+            amount = f" {s.mib} MiB (to {s.to_mib})"
+        roles = f" [{', '.join(s.gpu_roles)}]" if s.gpu_roles else ""
+        style = _STEP_STYLE.get(s.action, "")
+        out.print(
+            f"  {i:>3}. [{style}]{s.action:<11}[/{style}] {escape(s.serve + roles)}{amount}"
+            f"  [dim]— {escape(s.reason)}[/dim]"
+        )
+    for b in result.blocked:
+        out.print(f"[yellow]blocked[/yellow] {escape(b.serve)}: {escape(b.reason)}")
+        for p in b.protected:
+            out.print(escape(f"    protected: {p.serve} ({mib(p.mib)} MiB): {p.why}"))
+    table = Table(title="Ledger (MiB): before → after", title_justify="left")
+    for col in ("role", "budget", "committed", "free"):
+        table.add_column(col, justify="left" if col == "role" else "right")
+    for rid in result.ledger_after.roles:
+        before = result.ledger_before.view(rid)
+        after = result.ledger_after.view(rid)
+        table.add_row(
+            Text(rid),
+            mib(before.budget_mib),
+            f"{mib(before.committed_mib)} → {mib(after.committed_mib)}",
+            f"{mib(before.free_mib)} → {mib(after.free_mib)}",
+        )
+    out.print(table)
+
+
+_STEP_STYLE = {
+    Action.STOP: "red",
+    Action.RELEASE: "red",
+    Action.QUIESCE: "yellow",
+    Action.DRAIN: "yellow",
+    Action.SHRINK: "yellow",
+    Action.START: "green",
+    Action.RESERVE: "green",
+    Action.GROW: "green",
+    Action.AWAIT_READY: "cyan",
+    Action.READMIT: "cyan",
+}
+
+
+_OUTCOME_STYLE = {
+    "ok": "green",
+    "failed": "bold red",
+    "aborted": "yellow",
+    "interrupted": "yellow",
+    "skipped": "dim",
+}
+
+
+def step_result(result: StepResult) -> None:
+    """One line of progress as a step finishes."""
+    style = _OUTCOME_STYLE.get(str(result.outcome), "")
+    out.print(
+        f"  [{style}]{result.outcome:<7}[/{style}] {escape(str(result.step.action)):<11} "
+        f"{escape(result.step.serve)}  "
+        f"[dim]{result.duration_s:.2f}s — {escape(result.detail)}[/dim]"
+    )
+    if result.logs:
+        out.print("[dim]    last log lines:[/dim]")
+        for line in result.logs.rstrip().splitlines()[-20:]:
+            out.print(f"[dim]    | {escape(line)}[/dim]")
+
+
+def apply_summary(report: ExecutionReport, mismatches: list[str]) -> None:
+    """The final summary of ``apply``."""
+    if report.preflight:
+        out.print("[bold red]preflight refused the plan; nothing was changed:[/bold red]")
+        for problem in report.preflight:
+            out.print(f"  - {escape(problem)}")
+        return
+    counts: dict[str, int] = {}
+    for r in report.results:
+        counts[str(r.outcome)] = counts.get(str(r.outcome), 0) + 1
+    summary = ", ".join(f"{n} {k}" for k, n in sorted(counts.items()))
+    verdict = "[green]done[/green]" if report.ok else "[bold red]incomplete[/bold red]"
+    out.print(f"{verdict}: {summary}")
+    if report.stopped_early:
+        out.print("[yellow]stopped early: the controller was asked to stop[/yellow]")
+    for line in mismatches:
+        out.print(f"[bold red]ledger mismatch[/bold red]: {escape(line)}")

@@ -1,0 +1,449 @@
+"""The manifest's field types: validators and bounds, one per kind of value.
+
+Each ``Annotated`` type validates one field and says in its message what was
+expected; the bounds (MiB, seconds, names) are the constants here. No I/O.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import re
+import shlex
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from pydantic import (
+    BeforeValidator,
+    WithJsonSchema,
+)
+from pydantic_core import PydanticCustomError
+
+from controller.manifest.errors import (
+    NEAR_MISS_CUTOFF,
+    _did_you_mean,
+    _show,
+)
+from statemachine.types import DesiredRun, Residency
+
+#: The ``operating_mode`` that makes a two-role serve exclusive on both roles.
+DUAL_GPU_EXCLUSIVE = "dual-gpu-exclusive"
+
+
+#: Top-level keys this module reads; other top-level tables are kept and ignored.
+TOP_LEVEL_KEYS = ("gpu_roles", "serve")
+
+#: Docker's rule for container names (its ``RestrictedNamePattern``, without the
+#: optional leading slash): anything else is refused by ``docker create``, or, with a
+#: newline or ``../``, would be misread in logs and paths.
+CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+", re.ASCII)
+#: Serve names appear in URLs (``/v1/serves/NAME``), command lines and log lines.
+MAX_SERVE_NAME = 128
+SERVE_NAME = re.compile(rf"[a-zA-Z0-9][a-zA-Z0-9_.-]{{0,{MAX_SERVE_NAME - 1}}}", re.ASCII)
+
+#: Bounds on the timeouts, so that each is a wait the runtime can carry out (Docker's
+#: stop timeout is an integer of seconds; the loop adds them to the clock).
+MAX_STOP_TIMEOUT_S = 3600.0
+MAX_START_TIMEOUT_S = 86400.0
+MAX_DRAIN_TIMEOUT_S = 3600.0
+MAX_IDLE_TTL_S = 31 * 86400.0
+
+#: What one manifest file may cost: its size (20 times the largest real fleet's file;
+#: the worst file of that size parses in a few seconds and a few hundred MiB), the
+#: parts of one dotted key (tomllib's memory grows with the square of them) and how
+#: deep its arrays and tables nest.
+MAX_MANIFEST_BYTES = 512 << 10
+MAX_KEY_PARTS = 16
+MAX_NESTING = 32
+
+
+def _bad(message: str, value: object) -> PydanticCustomError:
+    """A pydantic error whose message is ours, with the offending value appended."""
+    return PydanticCustomError("vramctl", "{detail}", {"detail": f"{message}, got {_show(value)}"})
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive_mib(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise _bad("must be a positive integer of MiB", value)
+    return value
+
+
+#: The engine switches elasticity off below this segment size (its document says so).
+MIN_SEGMENT_MIB = 64
+
+
+def _segment_mib(value: object) -> object:
+    if not isinstance(value, int) or isinstance(value, bool) or value < MIN_SEGMENT_MIB:
+        raise _bad(
+            f"must be a whole number of MiB, at least {MIN_SEGMENT_MIB} (the engine's minimum)",
+            value,
+        )
+    return value
+
+
+def _nonnegative_mib(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise _bad("must be a non-negative integer of MiB", value)
+    return value
+
+
+def _port(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 65535:
+        raise _bad("must be an integer TCP port 1-65535", value)
+    return value
+
+
+def _positive_int(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+        raise _bad("must be a positive integer", value)
+    return value
+
+
+def _integer(value: object) -> object:
+    if not _is_int(value):
+        raise _bad("must be an integer", value)
+    return value
+
+
+def _seconds(value: object) -> object:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise _bad("must be a non-negative number of seconds", value)
+    return float(value)
+
+
+def _timeout(value: object) -> object:
+    if (
+        not isinstance(value, int | float)
+        or isinstance(value, bool)
+        or not math.isfinite(value)
+        or value <= 0
+    ):
+        raise _bad("must be a positive number of seconds", value)
+    return float(value)
+
+
+def _at_most(limit: float, why: str) -> Any:
+    """A positive-seconds validator that also refuses more than ``limit`` (``why``)."""
+
+    def check(value: object) -> object:
+        seconds = _timeout(value)
+        assert isinstance(seconds, float)
+        if seconds > limit:
+            raise _bad(f"must be at most {limit:.0f} seconds ({why})", value)
+        return seconds
+
+    return check
+
+
+def _ttl(value: object) -> object:
+    seconds = _seconds(value)
+    if isinstance(seconds, float) and seconds > MAX_IDLE_TTL_S:
+        raise _bad(f"must be at most {MAX_IDLE_TTL_S:.0f} seconds (31 days)", value)
+    return seconds
+
+
+def _boolean(value: object) -> object:
+    if not isinstance(value, bool):
+        raise _bad("must be true or false", value)
+    return value
+
+
+def _text(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _bad("must be a non-empty string", value)
+    return value
+
+
+def _health(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise _bad('must be an HTTP path starting with "/"', value)
+    return value
+
+
+def _url(value: object) -> object:
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise _bad("must be an http:// or https:// URL", value)
+    return value
+
+
+def _up(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise _bad("must be a command line string", value)
+    if "\x00" in value:
+        raise _bad("must not contain a NUL byte (no program can take it as an argument)", value)
+    try:
+        argv = shlex.split(value)
+    except ValueError as exc:
+        raise _bad(f"cannot be split into arguments ({exc})", value) from None
+    if not argv:
+        raise _bad("must not be empty", value)
+    return value
+
+
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _up_env(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad('must be a table of environment variables (NAME = "value")', value)
+    for name, text in value.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise _bad(f"{_show(name)} is not a valid environment variable name", name)
+        if not isinstance(text, str):
+            raise _bad(f"{name}: the value must be a string", text)
+        if "\0" in text:
+            raise _bad(f"{name}: the value must not hold a NUL character", text)
+    return value
+
+
+def _container_name(value: object) -> object:
+    _text(value)
+    assert isinstance(value, str)
+    if not CONTAINER_NAME.fullmatch(value):
+        raise _bad(
+            "must be a Docker container name: [a-zA-Z0-9][a-zA-Z0-9_.-] and more of the "
+            "second, at least 2 characters (no space, slash or newline)",
+            value,
+        )
+    return value
+
+
+def _serve_name(value: object) -> object:
+    _text(value)
+    assert isinstance(value, str)
+    if not SERVE_NAME.fullmatch(value):
+        raise _bad(
+            "must be a serve name: a letter or digit, then letters, digits, _ . or -, "
+            f"at most {MAX_SERVE_NAME} characters",
+            value,
+        )
+    return value
+
+
+def _string_list(value: object) -> object:
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise _bad("must be a list of non-empty strings", value)
+    return value
+
+
+def _two_roles(value: object) -> object:
+    if value is None:
+        return None
+    if (
+        not isinstance(value, list)
+        or len(value) != 2
+        or not all(isinstance(v, str) and v for v in value)
+        or value[0] == value[1]
+    ):
+        raise _bad("must list exactly two distinct gpu role ids", value)
+    return value
+
+
+def normalize_residency(value: str) -> Residency:
+    """``"ON_DEMAND"``, ``"On-Demand"`` → :attr:`Residency.ON_DEMAND`; raises ValueError."""
+    return Residency(value.strip().lower().replace("_", "-"))
+
+
+def _residency(value: object) -> object:
+    if value is None or isinstance(value, Residency):
+        return value
+    choices = [r.value for r in Residency]
+    if not isinstance(value, str):
+        raise _bad(f"must be one of {', '.join(choices)}", value)
+    try:
+        return normalize_residency(value)
+    except ValueError:
+        hint = _did_you_mean(value.strip().lower().replace("_", "-"), choices)
+        raise _bad(
+            f"unknown residency (expected one of {', '.join(choices)}{hint})", value
+        ) from None
+
+
+def _desired(value: object) -> object:
+    if value is None or isinstance(value, DesiredRun):
+        return value
+    if isinstance(value, str) and value in {d.value for d in DesiredRun}:
+        return DesiredRun(value)
+    raise _bad('must be "running" or "stopped"', value)
+
+
+def _operating_mode(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, str) or not value:
+        raise _bad("must be a non-empty string", value)
+    mode = value.strip().lower().replace("_", "-")
+    if mode != DUAL_GPU_EXCLUSIVE and difflib.get_close_matches(
+        mode, [DUAL_GPU_EXCLUSIVE], n=1, cutoff=NEAR_MISS_CUTOFF
+    ):
+        raise _bad(f'unknown operating mode; did you mean "{DUAL_GPU_EXCLUSIVE}"?', value)
+    return mode
+
+
+def _case_insensitive_pattern(words: Sequence[str]) -> str:
+    """An ECMA-262 regex accepting ``words`` in any case with ``_`` for ``-``."""
+
+    def char(c: str) -> str:
+        if c in "-_":
+            return "[-_]"
+        if c.isalpha():
+            return f"[{c.lower()}{c.upper()}]"
+        return re.escape(c)
+
+    return "^(?:" + "|".join("".join(char(c) for c in w) for w in words) + ")$"
+
+
+# Constrained types: the validator gives our message, WithJsonSchema the editor's view.
+PositiveMiB = Annotated[
+    int, BeforeValidator(_positive_mib), WithJsonSchema({"type": "integer", "minimum": 1})
+]
+SegmentMiB = Annotated[
+    int,
+    BeforeValidator(_segment_mib),
+    WithJsonSchema({"type": "integer", "minimum": MIN_SEGMENT_MIB}),
+]
+OptPositiveMiB = Annotated[
+    int | None, BeforeValidator(_positive_mib), WithJsonSchema({"type": "integer", "minimum": 1})
+]
+NonNegativeMiB = Annotated[
+    int, BeforeValidator(_nonnegative_mib), WithJsonSchema({"type": "integer", "minimum": 0})
+]
+OptPort = Annotated[
+    int | None,
+    BeforeValidator(_port),
+    WithJsonSchema({"type": "integer", "minimum": 1, "maximum": 65535}),
+]
+OptPositiveInt = Annotated[
+    int | None, BeforeValidator(_positive_int), WithJsonSchema({"type": "integer", "minimum": 1})
+]
+Integer = Annotated[int, BeforeValidator(_integer), WithJsonSchema({"type": "integer"})]
+Seconds = Annotated[
+    float, BeforeValidator(_seconds), WithJsonSchema({"type": "number", "minimum": 0})
+]
+OptSeconds = Annotated[
+    float | None, BeforeValidator(_seconds), WithJsonSchema({"type": "number", "minimum": 0})
+]
+StartTimeout = Annotated[
+    float,
+    BeforeValidator(_at_most(MAX_START_TIMEOUT_S, "a day")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_START_TIMEOUT_S}),
+]
+StopTimeout = Annotated[
+    float,
+    BeforeValidator(_at_most(MAX_STOP_TIMEOUT_S, "an hour")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_STOP_TIMEOUT_S}),
+]
+DrainTimeout = Annotated[
+    float,
+    BeforeValidator(_at_most(MAX_DRAIN_TIMEOUT_S, "the router's drain limit")),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_DRAIN_TIMEOUT_S}),
+]
+OptTtl = Annotated[
+    float | None,
+    BeforeValidator(_ttl),
+    WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_IDLE_TTL_S}),
+]
+ContainerName = Annotated[
+    str,
+    BeforeValidator(_container_name),
+    WithJsonSchema({"type": "string", "pattern": "^" + CONTAINER_NAME.pattern + "$"}),
+]
+ServeName = Annotated[
+    str,
+    BeforeValidator(_serve_name),
+    WithJsonSchema({"type": "string", "pattern": "^" + SERVE_NAME.pattern + "$"}),
+]
+Boolean = Annotated[bool, BeforeValidator(_boolean), WithJsonSchema({"type": "boolean"})]
+Text = Annotated[str, BeforeValidator(_text), WithJsonSchema({"type": "string", "minLength": 1})]
+OptText = Annotated[
+    str | None, BeforeValidator(_text), WithJsonSchema({"type": "string", "minLength": 1})
+]
+OptHealth = Annotated[
+    str | None, BeforeValidator(_health), WithJsonSchema({"type": "string", "pattern": "^/"})
+]
+Url = Annotated[
+    str, BeforeValidator(_url), WithJsonSchema({"type": "string", "pattern": "^https?://"})
+]
+OptUp = Annotated[
+    str | None, BeforeValidator(_up), WithJsonSchema({"type": "string", "minLength": 1})
+]
+OptUpEnv = Annotated[
+    dict[str, str] | None,
+    BeforeValidator(_up_env),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+            "additionalProperties": {"type": "string"},
+        }
+    ),
+]
+StringList = Annotated[
+    list[str],
+    BeforeValidator(_string_list),
+    WithJsonSchema({"type": "array", "items": {"type": "string", "minLength": 1}}),
+]
+OptTwoRoles = Annotated[
+    list[str] | None,
+    BeforeValidator(_two_roles),
+    WithJsonSchema(
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 2,
+            "maxItems": 2,
+            "uniqueItems": True,
+        }
+    ),
+]
+OptResidency = Annotated[
+    Residency | None,
+    BeforeValidator(_residency),
+    WithJsonSchema(
+        {
+            "type": "string",
+            "pattern": _case_insensitive_pattern([r.value for r in Residency]),
+            "examples": [r.value for r in Residency],
+        }
+    ),
+]
+OptDesired = Annotated[
+    DesiredRun | None,
+    BeforeValidator(_desired),
+    WithJsonSchema({"type": "string", "enum": [d.value for d in DesiredRun]}),
+]
+OptOperatingMode = Annotated[
+    str | None,
+    BeforeValidator(_operating_mode),
+    WithJsonSchema({"type": "string", "minLength": 1, "examples": [DUAL_GPU_EXCLUSIVE]}),
+]
+
+
+# ── models ─────────────────────────────────────────────────────────────────────

@@ -1,0 +1,1197 @@
+"""The executor: carries out a plan's steps in order. The only code that mutates.
+
+``Executor.execute`` walks a :class:`statemachine.planner.Plan` step by step, calls the
+mutating adapters (docker start/stop, the serve's ``up`` argv, the router's transition
+endpoint, the elastic VRAM endpoint, the health path), drives each serve's lifecycle
+machine with the outcomes, and keeps its own reservation ledger true to what the
+containers hold:
+
+- a reservation is admitted (``reserve``) before its start and released again when
+  the start fails and the container holds nothing;
+- a release is applied only after the stop is confirmed (the container exited and,
+  where NVML sees the role's device, the memory came back within a bound);
+- a shrink counts only as far as the engine's own expert cache shows it gave back
+  (free VRAM on the card proves nothing about one engine); a grow counts before the
+  call, and a grow, a resize that failed inside the engine (then reloaded) or one
+  that got no answer counts the serve at its full reservation;
+- a drain that times out or is refused stops nothing: every tier quiesced for the
+  same group is readmitted.
+
+When a step fails, the rest of its *group* (the steps serving the same intent, e.g.
+one requester and its victims) is skipped; other groups go on, and the ledger refuses
+any reserve whose room did not materialise. Transient faults are retried by the
+adapters (tenacity, bounded); what reaches here is final for this plan.
+
+``preflight`` checks, before any mutation, what can be known up front: containers or
+``up`` executables exist, the router is configured and reachable when a drain is
+planned, elastic serves have an endpoint, and ports are free.
+
+This module must not decide *what* to do (that is the planner's) and must not read
+docker or NVML except through the adapters handed to it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from pathlib import Path
+from typing import Any, Protocol
+
+from loguru import logger
+
+from controller.adapters.docker.actions import ActionError, DockerActions
+from controller.adapters.elastic import ElasticClient, ElasticError, elastic_ok
+from controller.adapters.health import http_ready
+from controller.adapters.router import RouterClient, RouterError
+from controller.service.starts import StartTracker
+from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
+from statemachine.lifecycle import (
+    IllegalTransition,
+    LifecycleState,
+    ServeLifecycle,
+    Trigger,
+    trigger_for,
+)
+from statemachine.planner import Action, Plan, Step, conflict
+from statemachine.types import (
+    COMMITTED_STATES,
+    ContainerState,
+    DesiredState,
+    GpuObs,
+    Observed,
+    ServeSpec,
+)
+
+
+class Outcome(StrEnum):
+    """What happened to one step."""
+
+    OK = "ok"
+    FAILED = "failed"
+    ABORTED = "aborted"  # a drain timed out or was refused: nothing stopped, tier readmitted
+    SKIPPED = "skipped"  # an earlier step of its group failed, or the executor was stopped
+    INTERRUPTED = "interrupted"  # the controller stopped while awaiting a start: left running
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """One step's outcome, for progress output, logs and the journal."""
+
+    step: Step
+    outcome: Outcome
+    detail: str
+    duration_s: float
+    logs: str | None = None
+    #: when the step ended (epoch seconds): a failure's backoff counts from here
+    ended_at: float = 0.0
+    #: the container's ``started_at`` (epoch seconds) when a failed start saw it die:
+    #: the loop counts that death once, not again when it observes the exited container
+    died_started_at: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            **self.step.to_json(),
+            "outcome": str(self.outcome),
+            "detail": self.detail,
+            "duration_s": round(self.duration_s, 3),
+            "logs": self.logs,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticFigure:
+    """What an elastic serve is counted at after a resize step, for the journal.
+
+    ``mib`` is ``None`` for its full reservation (nothing to remember); ``at`` is when
+    the engine's answer that establishes it arrived (epoch seconds), so a container
+    that started before it still has the reserve in force.
+    """
+
+    mib: int | None
+    at: float
+
+
+@dataclass
+class ExecutionReport:
+    """What a plan's execution did, and the ledger it left."""
+
+    results: list[StepResult]
+    ledger: Ledger
+    lifecycles: dict[str, str]
+    stopped_early: bool = False
+    preflight: list[str] = field(default_factory=list)
+    #: the plan groups the preflight refused (their steps were skipped; the rest ran)
+    refused_groups: list[str] = field(default_factory=list)
+    #: elastic serves whose count this plan established: serve -> what to remember
+    elastic: dict[str, ElasticFigure] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        """True when every step succeeded."""
+        return not self.preflight and all(r.outcome is Outcome.OK for r in self.results)
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "ok": self.ok,
+            "preflight": list(self.preflight),
+            "stopped_early": self.stopped_early,
+            "steps": [r.to_json() for r in self.results],
+            "lifecycles": dict(self.lifecycles),
+            "ledger": {r: self.ledger.view(r).to_json() for r in self.ledger.roles},
+        }
+
+
+class GpuReader(Protocol):
+    """Reads the devices now (``None`` when NVML is unavailable)."""
+
+    def __call__(self) -> tuple[GpuObs, ...] | None: ...
+
+
+class StepError(Exception):
+    """A step could not be carried out; ``logs`` carries what the operator needs."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        logs: str | None = None,
+        aborted: bool = False,
+        interrupted: bool = False,
+        died_started_at: float | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.logs = logs
+        self.aborted = aborted
+        self.interrupted = interrupted
+        self.died_started_at = died_started_at
+
+
+@dataclass(frozen=True, slots=True)
+class ExecutorConfig:
+    """Executor knobs (bounds and poll intervals)."""
+
+    poll_s: float = 0.25
+    memory_wait_s: float = 30.0
+    memory_tolerance_mib: int = 256
+    log_tail: int = 40
+
+
+def _no_gpus() -> tuple[GpuObs, ...] | None:
+    return None
+
+
+class Executor:
+    """Runs plans against the host through the mutating adapters."""
+
+    def __init__(
+        self,
+        desired: DesiredState,
+        *,
+        docker: DockerActions,
+        up_argv: Callable[[str], list[str] | None],
+        manifest_dir: Callable[[str], Path],
+        serve_details: Mapping[str, Any],
+        router: RouterClient | None = None,
+        elastic: ElasticClient | None = None,
+        gpus: GpuReader = _no_gpus,
+        config: ExecutorConfig | None = None,
+        on_step: Callable[[StepResult], None] | None = None,
+        stop_event: threading.Event | None = None,
+        observe_now: Callable[[], Observed] | None = None,
+        starts: StartTracker | None = None,
+        on_start_done: Callable[[list[StepResult], Callable[[], None]], None] | None = None,
+    ) -> None:
+        self.desired = desired
+        self.docker = docker
+        self.up_argv = up_argv
+        self.manifest_dir = manifest_dir
+        self.details = serve_details  # name -> ServeModel (health, timeouts, elastic token)
+        self.router = router
+        self.elastic = elastic or ElasticClient()
+        self.gpus = gpus
+        self.config = config or ExecutorConfig()
+        self.on_step = on_step
+        self.stop_event = stop_event or threading.Event()
+        #: a fresh reading of the containers, to admit each reserve against the host as
+        #: it is now (``None``: against the plan's observation, kept true by the steps)
+        self.observe_now = observe_now
+        #: with a tracker, each start (start, await_ready, readmit) runs on a thread of
+        #: its own beside the plan and the loop; ``on_start_done`` gets its results
+        self.starts = starts
+        self.on_start_done = on_start_done
+        # serve -> (action, to_mib, reserve_mib) of a resize that got no answer: the same
+        # step asks for the same reserve again (idempotent), not a new card-wide figure
+        self.unanswered: dict[str, tuple[str, int, int | None]] = {}
+
+    # ------------------------------------------------------------------ preflight
+    def preflight(self, plan: Plan) -> list[str]:
+        """What is knowable now and would make the plan fail half-way; empty when fine."""
+        return [p.text for p in self.preflight_problems(plan)]
+
+    def preflight_problems(self, plan: Plan) -> list[PreflightProblem]:
+        """Each problem the preflight finds, with the plan groups it refuses.
+
+        A problem of one serve (its container or ``up`` missing, its port taken, an
+        elastic step without an endpoint) refuses only the groups of that serve's
+        steps; a router that is missing or unreachable refuses the groups that need it.
+        """
+        problems: list[PreflightProblem] = []
+        actions = {s.action for s in plan.steps}
+        router_groups = frozenset(
+            s.group
+            for s in plan.steps
+            if s.action in (Action.QUIESCE, Action.DRAIN, Action.READMIT)
+        )
+        if actions & {Action.QUIESCE, Action.DRAIN}:
+            tiers = sorted({s.serve for s in plan.steps if s.action is Action.DRAIN})
+            if self.router is None:
+                problems.append(
+                    PreflightProblem(
+                        None,
+                        router_groups,
+                        "the plan drains router tiers (" + ", ".join(tiers) + ") before "
+                        "stopping them, but no router is configured: set --router-url / "
+                        "VRAMCTL_ROUTER_URL",
+                    )
+                )
+        if self.router is not None and actions & {Action.QUIESCE, Action.DRAIN, Action.READMIT}:
+            err = self.router.check()
+            if err is not None:
+                problems.append(
+                    PreflightProblem(None, router_groups, f"router {self.router.base_url}: {err}")
+                )
+        stopped_ports: set[int] = set()
+        for step in plan.steps:
+            serve = self.desired.serves[step.serve]
+            if step.action is Action.STOP and serve.port is not None:
+                stopped_ports.add(serve.port)
+            if step.action is Action.START:
+                groups = frozenset({step.group})
+                problems.extend(
+                    PreflightProblem(serve.name, groups, text)
+                    for text in self._preflight_start(serve, stopped_ports)
+                )
+            if step.action in (Action.SHRINK, Action.GROW) and serve.elastic is None:
+                problems.append(
+                    PreflightProblem(
+                        serve.name,
+                        frozenset({step.group}),
+                        f"{serve.name}: {step.action} planned but it has no elastic url",
+                    )
+                )
+        return problems
+
+    def _preflight_start(self, serve: ServeSpec, stopped_ports: set[int]) -> list[str]:
+        problems: list[str] = []
+        try:
+            exists = self.docker.exists(serve.container)
+        except ActionError as exc:
+            return [f"{serve.name}: cannot ask docker whether {serve.container} exists: {exc}"]
+        if not exists:
+            argv = self.up_argv(serve.name)
+            if not argv:
+                problems.append(
+                    f"{serve.name}: container {serve.container} does not exist and the serve "
+                    "has no `up` command to create it"
+                )
+            elif not self.docker.executable_exists(argv[0], cwd=self.manifest_dir(serve.name)):
+                problems.append(f"{serve.name}: `up` executable {argv[0]!r} not found")
+        if (
+            serve.port is not None
+            and serve.port not in stopped_ports
+            and self.docker.port_in_use(serve.port)
+        ):
+            problems.append(
+                f"{serve.name}: port {serve.port} is already in use on 127.0.0.1 "
+                "and nothing in the plan frees it"
+            )
+        return problems
+
+    # ------------------------------------------------------------------- execute
+    def execute(
+        self, plan: Plan, observed: Observed, *, skip_preflight: bool = False
+    ) -> ExecutionReport:
+        """Carry out ``plan`` (made from ``observed``); never raises for host faults.
+
+        With a :class:`~controller.service.starts.StartTracker` each start (its start,
+        await_ready and readmit steps) is handed to a thread of its own once its
+        reserve is admitted, and this returns without waiting for it: the start's
+        results reach ``on_start_done``. Without one, everything runs here, in order.
+        """
+        ledger = ledger_from_observed(self.desired, observed)
+        machines: dict[str, ServeLifecycle] = {}
+        for step in plan.steps:
+            if step.serve not in machines:
+                serve = self.desired.serves[step.serve]
+                holds = observed.container(serve.container).holds
+                machines[step.serve] = ServeLifecycle(
+                    step.serve, LifecycleState.RUNNING if holds else LifecycleState.STOPPED
+                )
+        report = ExecutionReport([], ledger, {})
+        refused: dict[str, list[str]] = {}  # group -> the preflight problems that refuse it
+        if not skip_preflight:
+            problems = self.preflight_problems(plan)
+            report.preflight = [p.text for p in problems]
+            for problem in problems:
+                logger.error("preflight: {}", problem.text)
+                for g in problem.groups:
+                    refused.setdefault(g, []).append(problem.text)
+            _refuse_dependents(plan, self.desired, refused)
+            report.refused_groups = sorted(refused)
+            if problems and all(st.group in refused for st in plan.steps):
+                report.lifecycles = {n: str(m.state) for n, m in machines.items()}
+                return report
+        run = _Run(self, ledger, machines, observed)
+        jobs: dict[str, _StartJob] = {}
+        steps = list(plan.steps)
+        i = 0
+        while i < len(steps):
+            step = steps[i]
+            i += 1
+            if self.stop_event.is_set() and not report.stopped_early:
+                report.stopped_early = True
+                run.compensate_all("the controller is stopping")
+            why: str | None = None
+            if report.stopped_early:
+                why = "the controller is stopping"
+            elif step.group in refused:
+                why = "refused by the preflight: " + "; ".join(refused[step.group])
+            elif step.group in run.failed_groups:
+                why = f"an earlier step of group {step.group} failed"
+            elif step.serve in jobs and not jobs[step.serve].done.is_set():
+                # never wait here: the loop would be held by that start after all
+                why = (
+                    f"waits for the start of {step.serve}, still in progress: "
+                    "planned again once it has ended"
+                )
+                run.failed_groups.add(step.group)
+            elif step.serve in jobs and not jobs[step.serve].ok:
+                why = f"the start of {step.serve} did not succeed"
+                run.failed_groups.add(step.group)
+            if why is not None:
+                self._emit(
+                    report, StepResult(step, Outcome.SKIPPED, why, 0.0, ended_at=time.time())
+                )
+                continue
+            if self.starts is not None and step.action is Action.START:
+                chain = [step]
+                while (
+                    i < len(steps)
+                    and steps[i].serve == step.serve
+                    and steps[i].action in (Action.AWAIT_READY, Action.READMIT)
+                ):
+                    chain.append(steps[i])
+                    i += 1
+                jobs[step.serve] = self._detach(run, chain)
+                continue
+            self._emit(report, self._attempt(run, step))
+        run.compensate_all("the plan ended")
+        report.ledger = run.ledger
+        report.elastic = dict(run.elastic)
+        report.lifecycles = {n: str(m.state) for n, m in machines.items()}
+        return report
+
+    def _attempt(self, run: _Run, step: Step) -> StepResult:
+        """One step: its result, with the failed group compensated."""
+        t0 = time.monotonic()
+        try:
+            detail = run.do(step)
+            return StepResult(step, Outcome.OK, detail, time.monotonic() - t0, ended_at=time.time())
+        except Exception as exc:
+            if not isinstance(exc, StepError):
+                logger.exception("{} {}: unexpected error", step.serve, step.action)
+                exc = StepError(f"unexpected error: {type(exc).__name__}: {exc}")
+            outcome = Outcome.ABORTED if exc.aborted else Outcome.FAILED
+            if exc.interrupted:
+                outcome = Outcome.INTERRUPTED
+            result = StepResult(
+                step,
+                outcome,
+                str(exc),
+                time.monotonic() - t0,
+                exc.logs,
+                ended_at=time.time(),
+                died_started_at=exc.died_started_at,
+            )
+            run.failed_groups.add(step.group)
+            if not exc.interrupted:
+                run.compensate(step)
+            return result
+
+    def _detach(self, run: _Run, chain: list[Step]) -> _StartJob:
+        """Hand a start (start, await_ready, readmit) to a thread of its own."""
+        assert self.starts is not None
+        first = chain[0]
+        s = self.desired.serves[first.serve]
+        token = run.tokens.pop(s.name, None)
+        if token is None:  # a serve outside the ledger has no reserve step
+            token = self.starts.begin(s.name, s.gpu_roles, first.mib or 0)
+        run.reserved.pop(s.name, None)  # settled by the start's own run if it fails
+        sub = _Run(self, run.ledger, {s.name: run.machines[s.name]}, run.observed)
+        sub.detached = True
+        sub.reserved[s.name] = first.group
+        job = _StartJob(self, sub, chain, token)
+        thread = threading.Thread(target=job.run, name=f"start-{s.name}", daemon=True)
+        self.starts.attach(s.name, thread)
+        try:
+            thread.start()
+        except RuntimeError as exc:  # no thread to be had: the start never began
+            self.starts.end(s.name, token)
+            raise StepError(f"cannot start a thread for {s.name}'s start: {exc}") from None
+        return job
+
+    def _emit(self, report: ExecutionReport, result: StepResult) -> None:
+        report.results.append(result)
+        self._emit_result(result)
+
+    def _emit_result(self, result: StepResult) -> None:
+        """Log one step's result and hand it to ``on_step``."""
+        level = "INFO" if result.outcome is Outcome.OK else "WARNING"
+        if result.outcome is Outcome.FAILED:
+            level = "ERROR"
+        logger.bind(
+            serve=result.step.serve,
+            action=str(result.step.action),
+            outcome=str(result.outcome),
+            duration_s=round(result.duration_s, 3),
+        ).log(
+            level,
+            "{serve} {action}: {outcome} in {duration:.2f}s: {detail}",
+            serve=result.step.serve,
+            action=result.step.action,
+            outcome=result.outcome,
+            duration=result.duration_s,
+            detail=result.detail,
+        )
+        if self.on_step is not None:
+            self.on_step(result)
+
+
+@dataclass(frozen=True, slots=True)
+class PreflightProblem:
+    """One preflight finding: the serve it concerns (``None``: the plan) and the groups
+    of the plan it refuses."""
+
+    serve: str | None
+    groups: frozenset[str]
+    text: str
+
+
+class _StartJob:
+    """One start carried out beside the plan: its steps in order, then the tracker.
+
+    The start stays in the tracker until whoever gets its results (the loop, through
+    ``on_start_done``) has learned from them and calls the release it is handed: a
+    failure is known (backoff) before the serve can be planned again.
+    """
+
+    def __init__(self, ex: Executor, run: _Run, chain: list[Step], token: int) -> None:
+        self.ex = ex
+        self.run_ = run
+        self.chain = chain
+        self.token = token
+        self.results: list[StepResult] = []
+        self.on_done = ex.on_start_done  # as when the start began (the loop sets it per cycle)
+        self.done = threading.Event()
+        self.ok = False
+
+    def release(self) -> None:
+        """End the start in the tracker (this start only, never a newer one)."""
+        assert self.ex.starts is not None
+        self.ex.starts.end(self.chain[0].serve, self.token)
+
+    def run(self) -> None:
+        serve = self.chain[0].serve
+        failed = False
+        try:
+            for step in self.chain:
+                if failed:
+                    result = StepResult(
+                        step,
+                        Outcome.SKIPPED,
+                        f"an earlier step of group {step.group} failed",
+                        0.0,
+                        ended_at=time.time(),
+                    )
+                else:
+                    result = self.ex._attempt(self.run_, step)
+                    failed = result.outcome is not Outcome.OK
+                self.results.append(result)
+                self.ex._emit_result(result)
+            self.ok = not failed
+        except Exception:  # a bug must not leave the start counted for good
+            logger.exception("{}: the start's thread failed", serve)
+        finally:
+            self.done.set()
+            handed = False
+            if self.on_done is not None:
+                try:
+                    self.on_done(list(self.results), self.release)
+                    handed = True
+                except Exception:
+                    logger.exception("{}: handing the start's outcome on failed", serve)
+            if not handed:
+                self.release()
+
+
+class _Run:
+    """The state of one execution: the live ledger, the machines, what to undo."""
+
+    def __init__(
+        self,
+        ex: Executor,
+        ledger: Ledger,
+        machines: dict[str, ServeLifecycle],
+        observed: Observed,
+    ) -> None:
+        self.ex = ex
+        #: the desired state this run was planned for (a start carried out beside the
+        #: loop keeps it even when the manifest changes meanwhile)
+        self.desired = ex.desired
+        self.observed = observed
+        self.ledger = ledger
+        self.machines = machines
+        self.failed_groups: set[str] = set()
+        self.quiesced: dict[str, list[str]] = {}  # group -> serves quiesced, not yet stopped
+        self.reserved: dict[str, str] = {}  # serve -> group, reserved but not yet started
+        self.tokens: dict[str, int] = {}  # serve -> its tracker entry, from its reserve
+        self.detached = False  # a start's own run: the tracker entry is its job's to end
+        self.used_before_stop: dict[str, dict[str, int]] = {}  # serve -> role -> NVML used
+        self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
+        self.elastic: dict[str, ElasticFigure] = {}  # serve -> its count after a resize
+
+    # -- helpers ---------------------------------------------------------------------
+    def serve(self, name: str) -> ServeSpec:
+        return self.desired.serves[name]
+
+    def fire(self, serve: str, trigger: Trigger) -> None:
+        """Move ``serve``'s lifecycle machine; an illegal transition fails the step.
+
+        The machine is the authority: a plan (or an executor path) that asks for a
+        transition the machine forbids is a bug, so it is logged as an error and raised
+        as :class:`StepError` (the step fails, its group is undone), never passed over.
+        """
+        machine = self.machines[serve]
+        try:
+            machine.fire(trigger)
+        except IllegalTransition as exc:
+            logger.error("lifecycle: {}", exc)
+            raise StepError(f"lifecycle: {exc}") from None
+
+    def router(self) -> RouterClient:
+        if self.ex.router is None:
+            raise StepError("no router is configured (--router-url / VRAMCTL_ROUTER_URL)")
+        return self.ex.router
+
+    def role_used(self, roles: tuple[str, ...]) -> dict[str, int]:
+        gpus = self.ex.gpus()
+        if gpus is None:
+            return {}
+        by_uuid = {g.uuid: g for g in gpus}
+        out: dict[str, int] = {}
+        for r in roles:
+            uuid = self.desired.roles[r].uuid if r in self.desired.roles else None
+            dev = by_uuid.get(uuid) if uuid else None
+            if dev is not None and dev.used_mib is not None:
+                out[r] = dev.used_mib
+        return out
+
+    def logs(self, container: str) -> str:
+        return self.ex.docker.logs(container, tail=self.ex.config.log_tail)
+
+    # -- the actions -----------------------------------------------------------------
+    def do(self, step: Step) -> str:
+        s = self.serve(step.serve)
+        handler = {
+            Action.QUIESCE: self.quiesce,
+            Action.DRAIN: self.drain,
+            Action.STOP: self.stop,
+            Action.RELEASE: self.release,
+            Action.SHRINK: self.resize,
+            Action.GROW: self.resize,
+            Action.RESERVE: self.reserve,
+            Action.START: self.start,
+            Action.AWAIT_READY: self.await_ready,
+            Action.READMIT: self.readmit,
+        }[step.action]
+        return handler(step, s)
+
+    def quiesce(self, step: Step, s: ServeSpec) -> str:
+        assert s.router_tier is not None
+        try:
+            ans = self.router().transition("quiesce", s.router_tier)
+        except RouterError as exc:
+            raise StepError(f"router refused quiesce of {s.router_tier}: {exc}") from None
+        if not ans.applied:
+            raise StepError(f"router did not apply quiesce of {s.router_tier}: {ans.raw}")
+        self.quiesced.setdefault(step.group, []).append(s.name)
+        self.fire(s.name, Trigger.QUIESCE)
+        return f"tier {s.router_tier} quiesced"
+
+    def drain(self, step: Step, s: ServeSpec) -> str:
+        assert s.router_tier is not None
+        timeout = float(getattr(self.ex.details.get(s.name), "drain_timeout_s", 120.0) or 120.0)
+        try:
+            ans = self.router().transition("drain", s.router_tier, drain_timeout_s=timeout)
+        except RouterError as exc:
+            raise StepError(f"drain of {s.router_tier} refused: {exc}", aborted=True) from None
+        if not ans.applied or ans.timed_out or ans.drained is False:
+            why = "timed out" if ans.timed_out else "was not applied"
+            raise StepError(
+                f"drain of {s.router_tier} {why} after up to {timeout:g}s: nothing stopped",
+                aborted=True,
+            )
+        self.fire(s.name, Trigger.DRAIN)
+        return f"tier {s.router_tier} drained"
+
+    def stop(self, step: Step, s: ServeSpec) -> str:
+        self.used_before_stop[s.name] = self.role_used(s.gpu_roles)
+        self.attributed[s.name] = self.observed.container(s.container).gpu_used_mib
+        timeout = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
+        self.fire(s.name, Trigger.STOP)
+        try:
+            self.ex.docker.stop(s.container, timeout)
+            state = self.ex.docker.inspect(s.container)
+        except ActionError as exc:
+            self.fire(s.name, Trigger.STOP_FAILED)
+            raise StepError(f"docker stop {s.container}: {exc}") from None
+        if state is not None and state.state in COMMITTED_STATES:
+            self.fire(s.name, Trigger.STOP_FAILED)
+            raise StepError(f"{s.container} is still {state.state} after docker stop")
+        for members in self.quiesced.values():
+            if s.name in members:
+                members.remove(s.name)
+        if not self.ledger.holds(s.name):
+            self.fire(s.name, Trigger.STOPPED)
+        code = state.exit_code if state is not None else None
+        return f"{s.container} exited" + (f" ({code})" if code is not None else "")
+
+    def release(self, step: Step, s: ServeSpec) -> str:
+        """Confirm the stop freed the memory, then release the reservation.
+
+        A serve need not use all it reserved, so the drop to wait for is what NVML
+        attributed to its container before the stop (``gpu_used_mib``); where that is
+        unknown (no per-process figures, e.g. WSL2) the exited container is the only
+        confirmation there is, and the step says so.
+        """
+        before = self.used_before_stop.get(s.name, {})
+        attributed = self.attributed.get(s.name)
+        mib = step.mib or 0
+        waited = "; NVML cannot attribute memory to the container: confirmed by its exit"
+        if before and attributed is not None:
+            # the attributed figure is the container's total over all its devices: what
+            # must come back is that total, summed over the roles' devices
+            tol = self.ex.config.memory_tolerance_mib
+            deadline = time.monotonic() + self.ex.config.memory_wait_s
+            while True:
+                now = self.role_used(s.gpu_roles)
+                back = sum(before[r] - now[r] for r in before if r in now)
+                if back >= attributed - tol:
+                    waited = f"; NVML shows its {attributed} MiB back"
+                    break
+                if time.monotonic() >= deadline:
+                    detail = ", ".join(
+                        f"{r} used {before[r]} -> {now.get(r, '?')} MiB" for r in before
+                    )
+                    raise StepError(
+                        f"{s.container} exited but the {attributed} MiB it used did not come "
+                        f"back within {self.ex.config.memory_wait_s:g}s ({detail}); "
+                        "the release is not confirmed"
+                    )
+                time.sleep(self.ex.config.poll_s)
+        result = self.ledger.release(s.name)
+        if isinstance(result, Refusal):
+            return f"nothing to release: {result.message}"
+        self.ledger = result
+        self.fire(s.name, Trigger.STOPPED)
+        return f"released {mib} MiB on {', '.join(s.gpu_roles)}{waited}"
+
+    def reserve(self, step: Step, s: ServeSpec) -> str:
+        assert step.mib is not None
+        self.admit_against_host_now(s)
+        result = self.ledger.admit(GpuReservation(s.name, s.gpu_roles, step.mib))
+        if isinstance(result, Refusal):
+            raise StepError(f"the ledger refuses: {result.message}")
+        self.ledger = result
+        self.reserved[s.name] = step.group
+        if self.ex.starts is not None:
+            self.tokens[s.name] = self.ex.starts.begin(s.name, s.gpu_roles, step.mib)
+        self.fire(s.name, Trigger.RESERVE)
+        return f"reserved {step.mib} MiB on {', '.join(s.gpu_roles)}"
+
+    def admit_against_host_now(self, s: ServeSpec) -> None:
+        """Read the containers again before a reserve: the plan's observation may be old.
+
+        A serve of the manifest whose container holds memory now, though neither the
+        plan's ledger nor a start in progress counts it, was started outside the
+        controller while the plan ran: it joins this run's ledger (so nothing later in
+        the plan is admitted into its room) and the reserve fails, to be planned again
+        from the host as it is. Docker unreadable now: nothing is admitted.
+        """
+        if self.ex.observe_now is None:
+            return
+        fresh = self.ex.observe_now()
+        if not fresh.docker_ok:
+            raise StepError("docker cannot be read now: nothing is admitted until it can")
+        in_progress = self.ex.starts.snapshot() if self.ex.starts is not None else {}
+        outside: list[GpuReservation] = []
+        for other in self.desired.serves.values():
+            if (
+                other.vram_mib is None
+                or not self.desired.in_ledger(other)
+                or self.ledger.holds(other.name)
+                or other.name in in_progress
+                or not fresh.container(other.container).holds
+            ):
+                continue
+            outside.append(GpuReservation(other.name, other.gpu_roles, other.vram_mib))
+        if outside:
+            self.ledger = Ledger(self.desired.roles, [*self.ledger.holdings.values(), *outside])
+            names = ", ".join(r.holder for r in outside)
+            raise StepError(
+                f"{names} started outside the controller while this plan ran "
+                f"({' + '.join(f'{r.holder} {r.mib}' for r in outside)} MiB now held): "
+                f"{s.name} is not admitted; the next cycle plans from the host as it is"
+            )
+
+    def start(self, step: Step, s: ServeSpec) -> str:
+        if self.machines[s.name].state == "stopped":
+            self.fire(s.name, Trigger.RESERVE)  # a serve outside the ledger has no reserve step
+        self.fire(s.name, Trigger.START)
+        try:
+            if self.ex.docker.exists(s.container):
+                self.ex.docker.start(s.container)
+                how = f"docker start {s.container}"
+            else:
+                argv = self.ex.up_argv(s.name)
+                if not argv:
+                    raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
+                timeout = float(getattr(self.ex.details.get(s.name), "start_timeout_s", 600.0))
+                tracker = self.ex.starts
+                mib = step.mib or 0
+
+                def spawned(pid: int) -> None:
+                    if tracker is not None:
+                        tracker.up_spawned(
+                            s.name, pid, roles=s.gpu_roles, mib=mib, timeout_s=timeout
+                        )
+
+                try:
+                    res = self.ex.docker.run_up(
+                        argv,
+                        cwd=self.ex.manifest_dir(s.name),
+                        timeout_s=timeout,
+                        env=getattr(self.ex.details.get(s.name), "up_env", None),
+                        on_spawn=spawned,
+                    )
+                finally:
+                    if tracker is not None:
+                        tracker.up_exited(s.name)
+                if res.returncode != 0:
+                    how = (
+                        f"timed out after {timeout:g}s"
+                        if res.returncode is None
+                        else f"exited {res.returncode}"
+                    )
+                    raise StepError(
+                        f"`up` {how}: {_reason(res.output)} (`up`: {' '.join(argv)})",
+                        logs=res.output,
+                    )
+                if not self.ex.docker.exists(s.container):
+                    raise StepError(
+                        f"`up` succeeded but container {s.container} does not exist",
+                        logs=res.output,
+                    )
+                how = f"ran `up` ({argv[0]} …)"
+        except ActionError as exc:
+            raise StepError(f"start {s.container}: {exc}", logs=self.logs(s.container)) from None
+        self.reserved.pop(s.name, None)
+        return how
+
+    def await_ready(self, step: Step, s: ServeSpec) -> str:
+        detail = self.ex.details.get(s.name)
+        timeout = float(getattr(detail, "start_timeout_s", 600.0) or 600.0)
+        health = getattr(detail, "health", None)
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                state = self.ex.docker.inspect(s.container)
+            except ActionError as exc:
+                raise StepError(f"cannot inspect {s.container}: {exc}") from None
+            if state is None:
+                raise StepError(f"{s.container} disappeared while starting")
+            if state.oom_killed or state.state in (ContainerState.EXITED, ContainerState.DEAD):
+                why = "was OOM-killed" if state.oom_killed else f"exited ({state.exit_code})"
+                raise StepError(
+                    f"{s.container} {why} while starting",
+                    logs=self.logs(s.container),
+                    died_started_at=_epoch_or_none(state.started_at),
+                )
+            if state.state is ContainerState.RUNNING:
+                if state.health is not None:
+                    if state.health == "healthy":
+                        self.fire(s.name, Trigger.READY)
+                        return "docker healthcheck: healthy"
+                elif s.port is not None and health:
+                    url = f"http://127.0.0.1:{s.port}{health}"
+                    if http_ready(url):
+                        self.fire(s.name, Trigger.READY)
+                        return f"GET {url}: 2xx"
+                else:
+                    self.fire(s.name, Trigger.READY)
+                    return "running (no health path or healthcheck declared)"
+            if time.monotonic() >= deadline:
+                raise StepError(
+                    f"{s.name} not healthy after start_timeout_s {timeout:g}s",
+                    logs=self.logs(s.container),
+                )
+            if self.ex.stop_event.is_set():
+                # leave the start running: the container holds its reservation, and
+                # the next controller finds it starting instead of starting it again
+                raise StepError(
+                    "the controller is stopping: left starting, not awaited", interrupted=True
+                )
+            time.sleep(self.ex.config.poll_s)
+
+    def readmit(self, step: Step, s: ServeSpec) -> str:
+        assert s.router_tier is not None
+        if self.ex.router is None:  # nothing was quiesced without a router: nothing to undo
+            return f"no router is configured: tier {s.router_tier} not readmitted"
+        try:
+            ans = self.router().transition("readmit", s.router_tier)
+        except RouterError as exc:
+            raise StepError(f"readmit of {s.router_tier} refused: {exc}") from None
+        if ans.readmitted is False:
+            return f"router answered readmitted=false: {ans.reason}"
+        return f"tier {s.router_tier} readmitted"
+
+    def resize(self, step: Step, s: ServeSpec) -> str:
+        """Resize an elastic serve; the ledger never counts less than the engine holds.
+
+        A grow is admitted by the ledger first (refused there, the engine is not asked)
+        and counted before the call. A shrink is counted only once the engine's own
+        cache proves it (``expert_cache_full_mib - expert_cache_mib`` covers what the
+        plan takes off its reservation); free VRAM on the card proves nothing, as it
+        counts room other serves have reserved and not used yet. When the first answer
+        shows the engine holding more than the plan counts (the card looked freer than
+        the ledger), it is asked once more for the missing MiB above the free VRAM it
+        reported. Then:
+
+        - proven: counted at the plan's figure;
+        - gave back less (its floor): counted at what it still holds, step failed;
+        - 409 busy, or no answer within the client's wait: nothing proven, counted as
+          before (a grow: at full, it may have run), step aborted; the same reserve is
+          asked again on a later step;
+        - 503 or a failure inside the resize: the cache table cannot be trusted; the
+          model is unloaded and loaded again (or the container restarted) and the
+          serve counted at its full reservation, step failed;
+        - refused (400) or ``not loaded``: nothing ran; a ``not loaded`` engine sizes
+          its cache afresh when it loads, so it is counted at full.
+
+        What the ledger ends at is reported (``report.elastic``) with the time of the
+        answer that established it, for the journal.
+        """
+        if s.elastic is None or step.to_mib is None or s.vram_mib is None:
+            raise StepError(f"{s.name} is not elastic")
+        held = self.ledger.holdings.get(s.name)
+        if held is None:
+            raise StepError(f"{s.name} holds no reservation to resize")
+        before, to, full = held.mib, step.to_mib, s.vram_mib
+        grow = step.action is Action.GROW
+        if grow:
+            resized = self.ledger.resize(s.name, to)
+            if isinstance(resized, Refusal):
+                raise StepError(f"the ledger refuses: {resized.message}")
+            self.ledger = resized  # counted before the call: the engine may grow in part
+        el, token = s.elastic, _env_token(s.elastic.token_env)
+        pending = self.ex.unanswered.get(s.name)
+        if pending is not None and pending[:2] == (str(step.action), to):
+            target = pending[2]
+        else:
+            target = self.reserve_target(step, s)
+        what = f"elastic {step.action} of {s.name}"
+        asked: list[int | None] = []
+        while True:
+            asked.append(target)
+            try:
+                ans = self.ex.elastic.set_reserve(el.url, target, token=token)
+            except ElasticError as exc:
+                if exc.transient:
+                    self.ex.unanswered[s.name] = (str(step.action), to, target)
+                if grow:
+                    self.count(s, full, time.time())
+                    raise StepError(
+                        f"{what} (reserve_mib {target}): {exc}; it may have grown: "
+                        f"counted at its full {full} MiB until an answer proves less"
+                    ) from None
+                raise StepError(
+                    f"{what} (reserve_mib {target}): {exc}; nothing proven: counted at "
+                    f"{before} MiB, the same reserve is asked again later",
+                    aborted=exc.transient,
+                ) from None
+            at = time.time()
+            self.ex.unanswered.pop(s.name, None)
+            ran, why = elastic_ok(ans, target)
+            gave = ans.given_back_mib
+            holds = None if gave is None else max(0, full - gave)
+            if (
+                holds is None
+                or holds <= to
+                or len(asked) > 1
+                or ans.vram_free_mib is None
+                or not ran
+            ):
+                break
+            # the card looked freer than the ledger: ask for what is missing on top
+            retry = max(self._role_reserve(s), ans.vram_free_mib + (holds - to))
+            if target is not None and retry <= target:
+                break  # it stopped at its floor: asking again changes nothing
+            target = retry
+        asked_text = ", then ".join(str(a) for a in asked)
+        if ans.busy:
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}; nothing ran, asked again on "
+                "a later cycle",
+                aborted=True,
+            )
+        if ans.needs_reload:
+            self.count(s, full, at)
+            reload = self.reload_engine(s)
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}; its cache table cannot be "
+                f"trusted: {reload}; counted at its full {full} MiB until an answer "
+                "proves less"
+            )
+        if not ran:
+            if ans.status == "not loaded":
+                self.count(s, full, at)
+                why += f"; counted at its full {full} MiB (it sizes its cache when it loads)"
+            raise StepError(f"{what} (reserve_mib {asked_text}): {why}")
+        if holds is None:
+            if grow:
+                self.count(s, full, at)
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}: the answer does not say what "
+                f"the engine holds; counted at {full if grow else before} MiB"
+            )
+        # never less than it holds; rounded to the plan's figure when it holds no more
+        self.count(s, max(to, holds), at)
+        if holds > to:
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}: its cache gives back "
+                f"{full - holds} MiB, the plan needs {full - to}: counted at the "
+                f"{holds} MiB it still holds"
+            )
+        self.fire(s.name, trigger_for(step.action))
+        return f"{s.name} now holds {to} MiB (reserve_mib {asked_text}; {why})"
+
+    def count(self, s: ServeSpec, mib: int, at: float) -> None:
+        """Count ``s`` at ``mib`` from now on (over the budget if it must be), and say so."""
+        resized = self.ledger.resize(s.name, mib)
+        if isinstance(resized, Refusal):  # it holds it whether or not it fits: count it
+            holdings = [
+                r if r.holder != s.name else GpuReservation(r.holder, r.gpu_roles, mib)
+                for r in self.ledger.holdings.values()
+            ]
+            resized = Ledger(self.ledger.roles, holdings)
+            logger.error(
+                "{}: counted at {} MiB, what its engine may hold, though that is over the "
+                "budget of {}",
+                s.name,
+                mib,
+                ", ".join(s.gpu_roles),
+            )
+        self.ledger = resized
+        full = s.vram_mib
+        self.elastic[s.name] = ElasticFigure(None if full is None or mib >= full else mib, at)
+
+    def reload_engine(self, s: ServeSpec) -> str:
+        """Unload and load the model (a fresh engine); restart the container if that fails."""
+        assert s.elastic is not None
+        el, token = s.elastic, _env_token(s.elastic.token_env)
+        try:
+            unload = self.ex.elastic.unload(el.url, token=token)
+            if unload.http_status // 100 != 2:
+                problem = f"POST /v1/unload answered {unload.http_status}: {unload.error}"
+            else:
+                load = self.ex.elastic.load(el.url, token=token)
+                if load.http_status // 100 == 2:
+                    return "reloaded (POST /v1/unload, then /v1/load: a fresh engine)"
+                problem = f"POST /v1/load answered {load.http_status}: {load.error}"
+        except ElasticError as exc:
+            problem = str(exc)
+        stop_s = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
+        try:
+            self.ex.docker.stop(s.container, stop_s)
+            self.ex.docker.start(s.container)
+        except ActionError as exc:
+            return f"{problem}; restarting {s.container} failed too: {exc}"
+        return f"{problem}; container {s.container} restarted instead"
+
+    def _role_reserve(self, s: ServeSpec) -> int:
+        """The role's reserve: never ask the engine to leave less free on the card."""
+        role = self.desired.roles.get(s.gpu_roles[0]) if s.gpu_roles else None
+        return role.reserve_mib if role is not None else 0
+
+    def reserve_target(self, step: Step, s: ServeSpec) -> int | None:
+        """The ``reserve_mib`` to ask of the engine: the free MiB the card must show after.
+
+        With NVML: the device's free MiB now plus what the shrink gives back (minus what a
+        grow takes). Without: the role's capacity minus what the ledger commits after the
+        resize (the role's reserve is not counted as free). Never below the role's reserve
+        (a partial grow must not ask the engine to leave nothing free on the card). A grow
+        back to the full reservation asks for ``null`` (the engine's start-up default).
+        Either way the engine's cache figures, not this, prove what it gave back.
+        """
+        if (
+            step.action is Action.GROW
+            and s.vram_mib is not None
+            and (step.to_mib or 0) >= s.vram_mib
+        ):
+            return None
+        delta = step.mib or 0
+        signed = delta if step.action is Action.SHRINK else -delta
+        least = self._role_reserve(s)
+        gpus = self.ex.gpus()
+        if gpus is not None:
+            by_uuid = {g.uuid: g for g in gpus}
+            role = self.desired.roles.get(s.gpu_roles[0]) if s.gpu_roles else None
+            dev = by_uuid.get(role.uuid) if role is not None and role.uuid else None
+            if dev is not None and dev.free_mib is not None:
+                return max(least, dev.free_mib + signed)
+        role = self.desired.roles[s.gpu_roles[0]]
+        committed = self.ledger.committed_mib(role.id)
+        if step.action is Action.GROW:  # the grow is already counted in the ledger
+            committed -= delta
+        return max(least, role.capacity_mib - committed + signed)
+
+    # -- undo -------------------------------------------------------------------------
+    def compensate(self, failed: Step) -> None:
+        """Undo what the failed step's group left half-done."""
+        self.undo_group(failed.group, failed)
+
+    def compensate_all(self, why: str) -> None:
+        for group in list(self.quiesced) + list(set(self.reserved.values())):
+            self.undo_group(group, None)
+
+    def undo_group(self, group: str, failed: Step | None) -> None:
+        for name in self.quiesced.pop(group, []):
+            s = self.serve(name)
+            try:
+                if s.router_tier is not None:
+                    self.router().transition("readmit", s.router_tier)
+                self.fire(name, Trigger.READMIT)
+                logger.info("{}: tier {} readmitted (nothing was stopped)", name, s.router_tier)
+            except (RouterError, StepError) as exc:
+                logger.error("{}: readmit of {} failed: {}", name, s.router_tier, exc)
+        for name, g in list(self.reserved.items()):
+            if g != group:
+                continue
+            del self.reserved[name]
+            self._settle_quietly(name)
+            token = self.tokens.pop(name, None)
+            if self.ex.starts is not None and not self.detached and token is not None:
+                self.ex.starts.end(name, token)
+        if failed is not None and failed.action is Action.AWAIT_READY:
+            self._settle_quietly(failed.serve)
+        # a failed shrink or grow has nothing to undo: resize() left the ledger counting
+        # what the engine's answer proves it holds (or its full reservation), and asking
+        # the engine to grow back would take memory the ledger may have given away
+
+    def _settle_quietly(self, name: str) -> None:
+        """Settle a failed start while undoing a group: an illegal transition there was
+        logged as an error by :meth:`fire`; the undo of the rest goes on."""
+        with contextlib.suppress(StepError):
+            self._settle_failed_start(name)
+
+    def _settle_failed_start(self, name: str) -> None:
+        """After a failed start: stop what still runs, and hold exactly what it holds."""
+        s = self.serve(name)
+        try:
+            state = self.ex.docker.inspect(s.container)
+            if state is not None and state.state in (
+                ContainerState.RUNNING,
+                ContainerState.RESTARTING,
+            ):
+                stop_s = float(getattr(self.ex.details.get(name), "stop_timeout_s", 30.0))
+                self.ex.docker.stop(s.container, stop_s)
+                state = self.ex.docker.inspect(s.container)
+        except ActionError as exc:
+            logger.error(
+                "{}: cannot confirm the failed start is down ({}); keeping its reservation",
+                name,
+                exc,
+            )
+            self.fire(name, Trigger.START_FAILED)
+            return
+        holds = state is not None and state.state in COMMITTED_STATES
+        if not holds and self.ledger.holds(name):
+            result = self.ledger.release(name)
+            if not isinstance(result, Refusal):
+                self.ledger = result
+        machine = self.machines[name]
+        if machine.state != "failed":
+            self.fire(
+                name,
+                Trigger.START_FAILED if machine.state in ("reserved", "starting") else Trigger.FAIL,
+            )
+
+
+def _refuse_dependents(plan: Plan, desired: DesiredState, refused: dict[str, list[str]]) -> None:
+    """A refused group's stops do not happen: refuse the starts that needed them.
+
+    Memory is guarded by the ledger at each reserve; exclusivity and ports are not, so
+    a start that conflicts with a serve whose stop was refused (in another group) is
+    refused too, and so on until nothing more changes.
+    """
+    while True:
+        kept = {st.serve for st in plan.steps if st.action is Action.STOP and st.group in refused}
+        added = False
+        for st in plan.steps:
+            if st.action is not Action.START or st.group in refused:
+                continue
+            s = desired.serves[st.serve]
+            for name in sorted(kept):
+                other = desired.serves[name]
+                why = conflict(s, other) or conflict(other, s)
+                if why is not None:
+                    refused[st.group] = [
+                        f"{s.name} needs {name} stopped ({why}), and that stop was refused"
+                    ]
+                    added = True
+                    break
+        if not added:
+            return
+
+
+def _reason(output: str) -> str:
+    """The line of an ``up`` command's output that says why it failed (Docker's error)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    if not lines:
+        return "no output"
+    marked = [ln for ln in lines if "error" in ln.lower() or "unable" in ln.lower()]
+    return (marked or lines)[-1][:300]
+
+
+def _epoch_or_none(value: str | float | None) -> float | None:
+    from controller.snapshot import epoch_seconds
+
+    try:
+        return epoch_seconds(value)
+    except ValueError:
+        return None
+
+
+def _env_token(var: str | None) -> str | None:
+    import os
+
+    if not var:
+        return None
+    value = os.environ.get(var)
+    return value.strip() if value else None

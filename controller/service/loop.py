@@ -1,0 +1,844 @@
+"""The control loop behind ``vramctl run``: one reconcile at a time, level-triggered.
+
+Triggers — a manifest edit (watchfiles on the manifests' folders, so editors that save
+by rename are seen), a container event from Docker's event stream, the periodic
+resync, an on-demand request — only *ask* for a cycle; requests arriving during a
+cycle coalesce into one more. A cycle re-reads everything: the manifest set (an
+edit that does not validate is reported with its located errors and the last good
+desired state stays in force), the host (docker + NVML), the on-demand requests and
+elastic reserves from the journal; then it plans, executes (or, with ``--dry-run``,
+only logs), and journals the cycle.
+
+Failure handling: a serve whose start fails, or whose container keeps dying, is held
+back with an exponential backoff (capped) that the planner reports as blocked. With
+docker unreadable the planner fails closed, so nothing is started or stopped.
+
+Restart safety: a single-instance lock on the state directory; on start, the view is
+rebuilt from the host, never from memory, so nothing is started twice and no
+reservation is counted twice. SIGTERM / SIGINT stop the loop after the current step.
+
+This module must not decide what to do (the planner does) nor touch docker except
+through the adapters and the executor.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from loguru import logger
+
+from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
+from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
+from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
+from controller.service.observe import observe_host
+from controller.service.starts import StartTracker, supervise_orphans
+from controller.service.wiring import make_executor
+from controller.snapshot import (
+    SnapshotModel,
+    StartedWithModel,
+    StartingModel,
+    epoch_seconds,
+    snapshot_to_json,
+)
+from controller.store.journal import (
+    AlreadyRunning,
+    Journal,
+    StateLock,
+    default_state_dir,
+    journal_path,
+)
+from statemachine import backoff
+from statemachine.backoff import Backoff
+from statemachine.ledger import Ledger
+from statemachine.planner import Action, Plan, Policy, plan_transitions
+from statemachine.status import lifecycle_from_observation
+from statemachine.types import (
+    DesiredRun,
+    DesiredState,
+    Observed,
+    OnDemandRequest,
+    StartedWith,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RunOptions:
+    """Everything ``vramctl run`` was given."""
+
+    manifests: tuple[Path, ...]
+    state_dir: Path | None = None
+    dry_run: bool = False
+    resync_s: float = 5.0
+    debounce_ms: int = 300
+    router_url: str | None = None
+    router_token_file: Path | None = None
+    backoff_base_s: float = backoff.DEFAULT_BASE_S
+    backoff_cap_s: float = backoff.DEFAULT_CAP_S
+
+
+@dataclass
+class CycleSummary:
+    """What the last cycle saw and did (for status and the API)."""
+
+    at: float = 0.0
+    reasons: tuple[str, ...] = ()
+    plan: Plan | None = None
+    report: ExecutionReport | None = None
+    snapshot: SnapshotModel | None = None
+    duration_s: float = 0.0
+    executed: bool = False
+
+
+@dataclass
+class Controller:
+    """The loop's state. Create, then ``await run()``."""
+
+    options: RunOptions
+    mset: ManifestSet
+    state_dir: Path = field(init=False)
+    journal: Journal = field(init=False)
+    manifest_error: list[str] = field(default_factory=list)
+    #: the same problems, located (the API shows readers without the token only where)
+    manifest_issues: list[LocatedError] = field(default_factory=list)
+    backoff: dict[str, Backoff] = field(default_factory=dict)
+    no_shrink: set[str] = field(default_factory=set)
+    last: CycleSummary = field(default_factory=CycleSummary)
+    cycles: int = 0
+    on_cycle: list[Callable[[Controller], None]] = field(default_factory=list)
+    #: coroutines run beside the loop for its lifetime (the HTTP API), cancelled at stop
+    services: list[Callable[[Controller], Coroutine[Any, Any, None]]] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self.state_dir = self.options.state_dir or default_state_dir(list(self.options.manifests))
+        self.stop_event = threading.Event()
+        self._wake = asyncio.Event()
+        self._reasons: list[str] = []
+        self._manifest_dirty = False
+        self._lock = StateLock(self.state_dir)
+        self._observer: ContainerObserver | None = None
+        self._executor: Executor | None = None
+        self._stopping = False
+        self._last_dry_plan = ""  # a dry run journals and logs a plan once, not every cycle
+        self._quiesced: set[str] = set()  # tiers this controller may have left quiesced
+        self._no_longer_declared: set[str] = set()  # running containers said to be so
+        self._nvml_said: str | None = None  # the NVML error last logged
+        self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
+        # serve -> started_at of the container this process stopped (not a crash)
+        self._stopped_by_us: dict[str, float | None] = {}
+        #: the starts in progress, carried out beside the loop (see controller.service.starts)
+        self.starts = StartTracker()
+        self._fresh_observer: ContainerObserver | None = None  # the executor's own reader
+        # cycle -> its outcome while starts it handed off may still end (None: executing)
+        self._outcomes: dict[int, dict[str, Any] | None] = {}
+        self._early: dict[int, list[StepResult]] = {}  # results that ended while executing
+        self._aio: asyncio.AbstractEventLoop | None = None
+
+    # ------------------------------------------------------------------ triggers
+    def trigger(self, reason: str) -> None:
+        """Ask for a cycle (coalesced with any other pending request)."""
+        self._reasons.append(reason)
+        self._wake.set()
+
+    def request_up(self, serve: str, ttl_s: float | None) -> None:
+        """Record an on-demand request (durable) and ask for a cycle."""
+        spec = self.mset.desired().serves[serve]
+        ttl = ttl_s if ttl_s is not None else spec.idle_ttl_s
+        self.journal.add_request(serve, time.time(), ttl)
+        self.trigger(f"request up {serve}")
+
+    def request_down(self, serve: str) -> bool:
+        """End a serve's on-demand request; True when there was one."""
+        active = {r.serve for r in self.journal.active_requests()}
+        if serve not in active:
+            return False
+        # an ended request is kept as expired until its serve is down: the planner stops it
+        self.journal.add_request(serve, time.time() - 1.0, 0.0)
+        self.trigger(f"request down {serve}")
+        return True
+
+    def requests(self) -> tuple[OnDemandRequest, ...]:
+        """The on-demand requests as the planner sees them."""
+        return tuple(r for r in self.journal.active_requests())
+
+    def desired(self) -> DesiredState:
+        """The desired state: the last good manifest set plus the requests."""
+        return replace(self.mset.desired(), requests=self.requests())
+
+    def policy(self, now: float) -> Policy:
+        """The planner policy: backoff holds and serves whose shrink failed."""
+        return Policy(no_shrink=frozenset(self.no_shrink), hold=backoff.holds(self.backoff, now))
+
+    # ----------------------------------------------------------------------- run
+    async def run(self) -> int:
+        """Run until SIGTERM / SIGINT; returns the process exit code."""
+        try:
+            self._lock.acquire()
+        except AlreadyRunning as exc:
+            logger.error("{}", exc)
+            return 1
+        try:
+            # a dry run keeps its own journal: its requests and cycles never reach a real run
+            path = journal_path(self.state_dir)
+            if self.options.dry_run:
+                path = path.with_name("journal.dry-run.sqlite3")
+            self.journal = Journal.open(path)
+        except Exception as exc:
+            logger.error("cannot open the journal in {}: {}", self.state_dir, exc)
+            self._lock.release()
+            return 1
+        loop = asyncio.get_running_loop()
+        self._aio = loop
+        self.starts.journal = None if self.options.dry_run else self.journal
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            with contextlib.suppress(NotImplementedError, RuntimeError):
+                loop.add_signal_handler(sig, self.stop)
+        logger.info(
+            "vramctl run: {} serves, state in {}{}",
+            len(self.mset.serves),
+            self.state_dir,
+            " (dry run: nothing is executed)" if self.options.dry_run else "",
+        )
+        tasks = [
+            asyncio.create_task(self._watch_manifests(), name="watch-manifests"),
+            asyncio.create_task(self._resync(), name="resync"),
+        ] + [asyncio.create_task(service(self)) for service in self.services]
+        events = threading.Thread(target=self._docker_events, args=(loop,), daemon=True)
+        events.start()
+        self._recover_tiers()
+        if not self.options.dry_run:
+
+            def orphan_ended(serve: str) -> None:
+                loop.call_soon_threadsafe(self.trigger, f"orphaned up of {serve} ended")
+
+            supervise_orphans(self.starts, self.journal, stop=self.stop_event, on_end=orphan_ended)
+        self.trigger("start")
+        try:
+            await self._main()
+        finally:
+            # starts in progress see the stop and end (a start awaiting health is left
+            # running); an `up` still running past this stays recorded in the journal,
+            # and the next controller supervises it
+            await asyncio.to_thread(self.starts.join, 10.0)
+            await asyncio.sleep(0)  # their outcomes, handed to this loop, are journalled
+            for task in tasks:
+                task.cancel()
+            for task in tasks:
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await task
+            if self._observer is not None:
+                self._observer.close()
+            self.journal.close()
+            self._lock.release()
+        logger.info("vramctl run: stopped")
+        return 0
+
+    def stop(self) -> None:
+        """Stop after the current step (signal handler)."""
+        if not self._stopping:
+            logger.info("stopping after the current step")
+        self._stopping = True
+        self.stop_event.set()
+        self._wake.set()
+
+    async def _main(self) -> None:
+        while not self._stopping:
+            await self._wake.wait()
+            self._wake.clear()
+            if self._stopping:
+                break
+            reasons, self._reasons = tuple(self._reasons), []
+            try:
+                await self.reconcile(reasons)
+            except Exception:  # a bug must not kill the loop; the next trigger retries
+                logger.exception("reconcile failed")
+
+    # ------------------------------------------------------------------ sources
+    async def _watch_manifests(self) -> None:
+        """Watch the manifests' folders for as long as the loop runs.
+
+        Nothing may end the watch for good: if it ever fails, the reason is logged, the
+        manifest is re-read (an edit may have been missed) and the watch starts again.
+        """
+        while True:
+            try:
+                await self._watch_manifests_once()
+                return  # the watch ended without an error (its stop event): we are stopping
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.error("manifest watcher failed ({!r}); restarting it in 1 s", exc)
+            await asyncio.sleep(1.0)
+            self._manifest_dirty = True
+            self.trigger("manifest watcher restarted")
+
+    async def _watch_manifests_once(self) -> None:
+        import watchfiles
+
+        files = {_path_key(p) for p in self.options.manifests}
+        dirs = sorted({str(p.parent) for p in files})
+
+        def ours(_change: watchfiles.Change, path: str) -> bool:
+            # a symlink loop in the folder must not raise here: it would end the watch
+            return _path_key(Path(path)) in files
+
+        stop = asyncio.Event()
+        async for _changes in watchfiles.awatch(
+            *dirs,
+            watch_filter=ours,
+            debounce=self.options.debounce_ms,
+            step=50,
+            stop_event=stop,
+            recursive=False,
+        ):
+            self._manifest_dirty = True
+            self.trigger("manifest changed")
+
+    async def _resync(self) -> None:
+        while True:
+            await asyncio.sleep(self.options.resync_s)
+            self.trigger("resync")
+
+    def _docker_events(self, loop: asyncio.AbstractEventLoop) -> None:
+        """Thread: Docker's event stream -> triggers; reconnects while the loop runs."""
+        wanted = {"start", "die", "oom", "stop", "destroy", "pause", "unpause"}
+        while not self.stop_event.is_set():
+            try:
+                client = make_client()
+                stream = client.events(decode=True, filters={"type": "container"})
+                for event in stream:
+                    if self.stop_event.is_set():
+                        break
+                    status = str(event.get("status") or event.get("Action") or "")
+                    if status in wanted or status.startswith("health_status"):
+                        name = str((event.get("Actor") or {}).get("Attributes", {}).get("name", ""))
+                        loop.call_soon_threadsafe(self.trigger, f"docker {status} {name}")
+            except Exception as exc:
+                if self.stop_event.is_set():
+                    break
+                logger.debug("docker events: {}; reconnecting", exc)
+                self.stop_event.wait(2.0)
+
+    # ---------------------------------------------------------------- reconcile
+    def _reload_manifest(self) -> None:
+        self._manifest_dirty = False
+        try:
+            mset = load_manifest_set(list(self.options.manifests))
+        except ManifestError as exc:
+            self.manifest_error = [str(e) for e in exc.errors]
+            self.manifest_issues = list(exc.errors)
+            for line in self.manifest_error:
+                logger.error("manifest: {} (the last good manifest stays in force)", line)
+            return
+        except Exception as exc:  # a loader bug must not take the manifest in force away
+            logger.exception("manifest: cannot be loaded")
+            self.manifest_error = [f"cannot be loaded: {type(exc).__name__}: {exc}"]
+            logger.error(
+                "manifest: {} (the last good manifest stays in force)", self.manifest_error[0]
+            )
+            return
+        if self.manifest_error:
+            logger.info("manifest: valid again")
+        self.manifest_error = []
+        self.manifest_issues = []
+        if mset.digest != self.mset.digest:
+            logger.info("manifest: reloaded ({} serves)", len(mset.serves))
+            self.mset = mset
+            self._executor = None
+
+    def _observe(self) -> SnapshotModel:
+        if self._observer is None:
+            self._observer = ContainerObserver()
+        # read before the containers: a start that ends in between has its container
+        # running by then, so it is counted either way
+        starting = self.starts.snapshot()
+        records = self.journal.started()
+        names = tuple(dict.fromkeys(manifest_containers(self.mset.serves) + tuple(records)))
+        snap = observe_host(names, observer=self._observer)
+        snap.starting = {
+            name: StartingModel(gpu_roles=list(st.gpu_roles), mib=st.mib)
+            for name, st in starting.items()
+        }
+        snap.started_with = self._started_in_force(snap, records)
+        snap.elastic = self._elastic_in_force(snap)
+        snap.quiesced = sorted(self._quiesced)
+        snap.unreleased = self._still_unreleased(snap)
+        return snap
+
+    def _started_in_force(
+        self, snap: SnapshotModel, records: dict[str, StartedWith]
+    ) -> dict[str, StartedWithModel]:
+        """The start reservations of the containers that still run (journal records).
+
+        A container keeps the reservation it was started with until it stops, whatever
+        the manifest says now (an edit, a file caught mid-write): the record is dropped
+        only once docker shows the container stopped or gone. A declared container
+        found running without a record (started before this controller, or by hand)
+        is recorded with its declared reservation. With docker unreadable nothing is
+        dropped or recorded.
+        """
+        holding = ("running", "paused", "restarting")
+        serves = self.mset.desired()
+        declared = {s.container: s for s in serves.serves.values()}
+        if snap.docker == "ok":
+            for container, rec in list(records.items()):
+                c = snap.containers.get(container)
+                if c is None or c.state not in holding:
+                    self.journal.forget_started(container)
+                    del records[container]
+                    if container in self._no_longer_declared:
+                        logger.info(
+                            "{} (no longer declared) stopped; its {} MiB are released",
+                            container,
+                            rec.mib,
+                        )
+            for container, spec in declared.items():
+                c = snap.containers.get(container)
+                if (
+                    container not in records
+                    and c is not None
+                    and c.state in holding
+                    and spec.vram_mib is not None
+                    and serves.in_ledger(spec)
+                ):
+                    rec = StartedWith(spec.name, spec.gpu_roles, spec.vram_mib)
+                    self.journal.set_started(
+                        container, rec.serve, rec.gpu_roles, rec.mib, time.time()
+                    )
+                    records[container] = rec
+        gone = {c: r for c, r in records.items() if c not in declared}
+        for container, rec in gone.items():
+            if container not in self._no_longer_declared:
+                logger.warning(
+                    "{} is no longer declared (started as serve {}); it keeps its start "
+                    "reservation of {} MiB on {} until it stops",
+                    container,
+                    rec.serve,
+                    rec.mib,
+                    ", ".join(rec.gpu_roles),
+                )
+        self._no_longer_declared = set(gone)
+        return {
+            c: StartedWithModel(serve=r.serve, gpu_roles=list(r.gpu_roles), mib=r.mib)
+            for c, r in records.items()
+        }
+
+    def _record_starts(self, report: ExecutionReport, desired: DesiredState, now: float) -> None:
+        """Record the reservation of each container this plan started (see above)."""
+        for r in report.results:
+            if r.step.action is not Action.START or r.outcome is not Outcome.OK:
+                continue
+            spec = desired.serves.get(r.step.serve)
+            if spec is None or not r.step.mib or not r.step.gpu_roles:
+                continue  # outside the ledger; or no longer declared: its start counts it
+            # the roles and MiB the start was planned with, whatever the manifest says now
+            self.journal.set_started(spec.container, spec.name, r.step.gpu_roles, r.step.mib, now)
+
+    def _elastic_in_force(self, snap: SnapshotModel) -> dict[str, int]:
+        """The journal's elastic reserves, minus those of engines that restarted since.
+
+        An engine forgets its reserve when its server restarts (a crash, a restart
+        policy, a manual ``docker restart``): a container that is down, or that started
+        after the reserve was asked for, holds its full reservation again.
+        """
+        set_at = self.journal.elastic_set_at()
+        out: dict[str, int] = {}
+        serves = self.mset.serves
+        for name, mib in self.journal.elastic().items():
+            spec = serves.get(name)
+            c = snap.containers.get(spec.container) if spec is not None else None
+            started = _epoch_or_none(c.started_at) if c is not None else None
+            if (
+                c is None
+                or c.state != "running"
+                or (started is not None and started > set_at.get(name, 0.0))
+            ):
+                if snap.docker == "ok":
+                    self.journal.set_elastic(name, None, time.time())
+                    logger.info(
+                        "{}: the engine restarted or stopped; its elastic reserve is void", name
+                    )
+                continue
+            out[name] = mib
+        return out
+
+    def _executor_for(self) -> Executor:
+        if self._executor is None:
+            self._executor = make_executor(
+                self.mset,
+                router_url=self.options.router_url,
+                router_token_file=self.options.router_token_file,
+                stop_event=self.stop_event,
+            )
+            self._executor.observe_now = self._observe_now
+            self._executor.starts = self.starts
+        return self._executor
+
+    def _observe_now(self) -> Observed:
+        """The containers as they are now (the executor admits each reserve against it)."""
+        if self._fresh_observer is None:
+            self._fresh_observer = ContainerObserver()
+        snap = self._fresh_observer.observe(manifest_containers(self.mset.serves))
+        return snap.to_snapshot_model().to_observed()
+
+    def _start_ended(
+        self, cycle_id: int, results: list[StepResult], release: Callable[[], None]
+    ) -> None:
+        """A start carried out beside the loop has ended (on the loop's thread).
+
+        Its results are learned (backoff) before ``release`` ends it in the tracker, so
+        the serve is never planned again before its failure is known.
+        """
+        try:
+            if cycle_id in self._outcomes and self._outcomes[cycle_id] is None:
+                # the plan is still executing: its outcome takes these when it is recorded
+                self._early.setdefault(cycle_id, []).extend(results)
+            else:
+                self._merge_start(cycle_id, results)
+            report = ExecutionReport(results, Ledger({}), {})
+            self._learn(report, time.time())
+            self._record_starts(report, self.mset.desired(), time.time())
+            self._track_tiers([r.to_json() for r in results])
+        finally:
+            release()
+        serves = ", ".join(sorted({r.step.serve for r in results}))
+        if not self._stopping:
+            self.trigger(f"start of {serves} ended")
+
+    def _merge_start(self, cycle_id: int, results: list[StepResult]) -> None:
+        """Add a start's results to its cycle's journalled outcome."""
+        outcome = self._outcomes.get(cycle_id)
+        if outcome is None:
+            return
+        _add_start_results(outcome, results)
+        try:
+            self.journal.record_outcome(cycle_id, outcome)
+        except Exception as exc:  # a pruned cycle, a closed journal: say so, go on
+            logger.warning("journal: cannot record the end of a start: {}", exc)
+
+    async def reconcile(self, reasons: tuple[str, ...] = ()) -> CycleSummary:
+        """One cycle: reload, observe, plan, execute (or log), journal."""
+        t0 = time.monotonic()
+        if self._manifest_dirty:  # parsed in a thread: the API answers meanwhile
+            await asyncio.to_thread(self._reload_manifest)
+        snap = await asyncio.to_thread(self._observe)
+        now = time.time()
+        observed = snap.to_observed()
+        if not observed.docker_ok:
+            logger.warning("docker: {}; acting on nothing until it can be read", snap.docker_error)
+        if snap.nvml_error != self._nvml_said:  # said once when it changes, not every cycle
+            if snap.nvml_error:
+                logger.warning("nvml: {}; device figures and drift are unknown", snap.nvml_error)
+            else:
+                logger.info("nvml: devices readable")
+            self._nvml_said = snap.nvml_error
+        self._note_deaths(observed, now)
+        self._end_finished_requests(observed, now)
+        desired = self.desired()
+        plan = plan_transitions(desired, observed, self.policy(now), now)
+        summary = CycleSummary(now, reasons, plan, None, snap)
+        plan_key = json.dumps([st.to_json() for st in plan.steps], sort_keys=True)
+        repeated_dry_run = self.options.dry_run and plan_key == self._last_dry_plan
+        if plan.steps and not repeated_dry_run:
+            if self.options.dry_run:
+                self._last_dry_plan = plan_key
+            cycle_id = self.journal.record_cycle(
+                at=now,
+                manifest_digest=self.mset.digest,
+                manifest_files=_read_files(self.mset),
+                observed=snapshot_to_json(snap),
+                plan=plan.to_json(),
+                requests=[r.to_json() for r in self.journal.active_requests()],
+                dry_run=self.options.dry_run,
+            )
+            if self.options.dry_run:
+                for step in plan.steps:
+                    logger.info("dry run: would {} {}: {}", step.action, step.serve, step.reason)
+                try:
+                    problems = await asyncio.to_thread(self._executor_for().preflight, plan)
+                except Exception as exc:  # docker unreachable: the cycle already said so
+                    problems = [f"preflight could not run: {exc}"]
+                for problem in problems:
+                    logger.warning("dry run: a real run would refuse this plan: {}", problem)
+            else:
+                executor = self._executor_for()
+                executor.desired = desired
+                executor.on_start_done = self._start_done_callback(cycle_id)
+                self._outcomes[cycle_id] = None  # executing: a start's early end waits
+                report = await asyncio.to_thread(executor.execute, plan, observed)
+                self._record_starts(report, desired, now)
+                summary.report = report
+                summary.executed = True
+                outcome = report.to_json()
+                # the starts handed off and not yet ended: a controller killed before they
+                # end readmits their tiers (see _recover_tiers)
+                done = {r.step.serve for r in report.results if r.step.action is Action.START}
+                outcome["pending"] = sorted(
+                    {st.serve for st in plan.steps if st.action is Action.START} - done
+                )
+                _add_start_results(outcome, self._early.pop(cycle_id, []))
+                self._outcomes[cycle_id] = outcome
+                for old_id in sorted(self._outcomes)[:-32]:  # bounded: old cycles' starts end
+                    del self._outcomes[old_id]
+                self.journal.record_outcome(cycle_id, outcome)
+                self._learn(report, now)
+                self._track_tiers([r.to_json() for r in report.results])
+                for r in report.results:
+                    if r.step.action is Action.RELEASE and r.outcome is Outcome.FAILED:
+                        self._unreleased.add(r.step.serve)
+                self._hold_after_preflight(plan, report, now)
+                for r in report.results:
+                    if r.step.action is Action.STOP and r.outcome is Outcome.OK:
+                        spec = desired.serves[r.step.serve]
+                        self._stopped_by_us[spec.name] = observed.container(
+                            spec.container
+                        ).started_at
+                # confirm a clean execution at once; after a failure, wait for the next
+                # trigger (resync, docker event): re-planning at once spins on a fault
+                if report.ok and not self._stopping:
+                    self.trigger("after execution")
+        for b in plan.blocked:
+            logger.debug("blocked: {}", b.reason)
+        summary.duration_s = time.monotonic() - t0
+        self.last = summary
+        self.cycles += 1
+        for hook in self.on_cycle:
+            hook(self)
+        return summary
+
+    def _start_done_callback(
+        self, cycle_id: int
+    ) -> Callable[[list[StepResult], Callable[[], None]], None]:
+        loop = self._aio
+
+        def done(results: list[StepResult], release: Callable[[], None]) -> None:
+            # on the start's thread: hand the results to the loop's thread
+            try:
+                if loop is None or loop.is_closed():
+                    raise RuntimeError("the loop has ended")
+                loop.call_soon_threadsafe(self._start_ended, cycle_id, results, release)
+            except RuntimeError:
+                release()
+
+        return done
+
+    def _note_deaths(self, observed: Any, now: float) -> None:
+        """A serve the loop keeps running (desired or requested) found dead is a failure.
+
+        Failures count up (the backoff doubles) until the serve has stayed up for the
+        backoff cap; a start that becomes healthy only lifts the current hold, so a
+        serve that crashes after every healthy start backs off ever longer.
+        """
+        requested = {r.serve for r in self.journal.active_requests()}
+        for s in self.mset.desired().serves.values():
+            if not observed.docker_ok:
+                return
+            if s.desired is not DesiredRun.RUNNING and s.name not in requested:
+                continue
+            if s.name in observed.starting:
+                continue  # its start is in progress: that start reports its own failure
+            obs = observed.container(s.container)
+            state = lifecycle_from_observation(obs)
+            b0 = self.backoff.get(s.name)
+            if (
+                state == "running"
+                and b0 is not None
+                and backoff.crash_loop_over(obs.started_at, now, cap_s=self.options.backoff_cap_s)
+            ):
+                del self.backoff[s.name]  # it has stayed up: the crash loop is over
+            if state != "failed":
+                continue
+            if obs.started_at is not None and self._stopped_by_us.get(s.name) == obs.started_at:
+                continue  # exited non-zero because we stopped it (an eviction), not a crash
+            b = self.backoff.setdefault(s.name, Backoff())
+            if b.seen_exit == obs.started_at and b.failures:
+                continue
+            b.seen_exit = obs.started_at
+            why = "OOM-killed" if obs.oom_killed else f"exited {obs.exit_code}"
+            self._fail(s.name, f"container {why}", now)
+
+    def _fail(self, serve: str, why: str, now: float) -> None:
+        b = self.backoff.setdefault(serve, Backoff())
+        delay = backoff.record_failure(
+            b, why, now, base_s=self.options.backoff_base_s, cap_s=self.options.backoff_cap_s
+        )
+        logger.warning("{}: {}; failure {}, next try in {:.0f}s", serve, why, b.failures, delay)
+
+    def _learn(self, report: ExecutionReport, now: float) -> None:
+        # what the executor counts elastic serves at, as of the engine's answer (not the
+        # cycle's start: the same plan may have started the container since)
+        for name, figure in report.elastic.items():
+            self.journal.set_elastic(name, figure.mib, figure.at)
+        for r in report.results:
+            name = r.step.serve
+            if r.step.action in (Action.START, Action.AWAIT_READY):
+                if r.outcome is Outcome.FAILED:
+                    b0 = self.backoff.get(name)
+                    died = r.died_started_at
+                    if died is not None and b0 is not None and b0.seen_exit == died:
+                        continue  # this death was counted already, when it was observed
+                    # the backoff counts from the failure, not from the cycle's start
+                    self._fail(name, r.detail, r.ended_at or now)
+                    if died is not None:
+                        self.backoff[name].seen_exit = died
+                elif r.outcome is Outcome.OK and r.step.action is Action.AWAIT_READY:
+                    b = self.backoff.get(name)
+                    if b is not None:
+                        b.until = 0.0  # healthy: no hold, but the count stays until it lasts
+            elif r.step.action in (Action.SHRINK, Action.GROW):
+                if r.outcome is Outcome.FAILED and r.step.action is Action.SHRINK:
+                    self.no_shrink.add(name)  # it cannot give what was asked: evict instead
+                elif r.outcome is Outcome.ABORTED and r.step.action is Action.SHRINK:
+                    # busy (409) or no answer: not a refusal; the requester waits, then
+                    # the same shrink is asked again
+                    self._fail(
+                        r.step.group,
+                        f"{name} did not give VRAM back yet: {r.detail}",
+                        r.ended_at or now,
+                    )
+            elif r.step.action is Action.STOP and r.outcome is Outcome.OK:
+                self.journal.set_elastic(name, None, now)  # the engine forgets its reserve
+                self.no_shrink.discard(name)
+
+    def _hold_after_preflight(self, plan: Plan, report: ExecutionReport, now: float) -> None:
+        """The preflight refused these starts: back off each, the others ran."""
+        if not report.preflight:
+            return
+        groups = set(report.refused_groups)
+        refused = sorted(
+            {s.serve for s in plan.steps if s.action is Action.START and s.group in groups}
+        )
+        for name in refused:
+            own = [p for p in report.preflight if p.startswith(f"{name}:")]
+            self._fail(name, "preflight: " + "; ".join(own or report.preflight), time.time())
+
+    def _still_unreleased(self, snap: SnapshotModel) -> list[str]:
+        """Serves whose memory did not come back after their stop, and still has not.
+
+        The ledger keeps counting them (fail closed) until NVML attributes no memory to
+        the exited container any more, or the container runs again (then it holds its
+        reservation as usual). Without NVML nothing can be confirmed: they stay counted.
+        """
+        for name in sorted(self._unreleased):
+            spec = self.mset.serves.get(name)
+            c = snap.containers.get(spec.container) if spec is not None else None
+            running = c is not None and c.state in ("running", "paused", "restarting")
+            back = snap.gpus is not None and not (c is not None and (c.gpu_used_mib or 0) > 0)
+            if spec is None or running or back:
+                self._unreleased.discard(name)
+                if spec is not None and not running:
+                    logger.info("{}: NVML shows its memory back; the reservation is released", name)
+        return sorted(self._unreleased)
+
+    def _track_tiers(self, steps: list[dict[str, Any]]) -> None:
+        """Remember the tiers a plan may have left quiesced; forget the readmitted ones.
+
+        A serve quiesced and not stopped (its group failed: the undo's readmit may have
+        failed too), or whose readmit did not succeed, is readmitted by the next plan
+        while it runs (a redundant readmit is harmless: the router answers false).
+        """
+        stopped = {s["serve"] for s in steps if s["action"] == "stop" and s["outcome"] == "ok"}
+        for s in steps:
+            name = s["serve"]
+            if s["action"] == "quiesce" and s["outcome"] == "ok" and name not in stopped:
+                self._quiesced.add(name)
+            elif s["action"] == "readmit":
+                if s["outcome"] == "ok":
+                    self._quiesced.discard(name)
+                else:
+                    self._quiesced.add(name)
+
+    def _recover_tiers(self) -> None:
+        """On start: the last journalled cycle may have ended mid-plan (SIGKILL, a crash)."""
+        ids = self.journal.cycle_ids()
+        if not ids:
+            return
+        # starts handed off by recent cycles that never reported their end: their
+        # readmit may not have happened
+        for cid in ids[-32:-1]:
+            (rec,) = self.journal.cycles(cycle=cid)
+            if rec.outcome is not None:
+                self._readmit_pending(rec.plan, rec.outcome)
+        (last,) = self.journal.cycles(cycle=ids[-1])
+        if last.outcome is not None:
+            self._track_tiers(list(last.outcome.get("steps", [])))
+            self._readmit_pending(last.plan, last.outcome)
+            if self._quiesced:
+                logger.info(
+                    "starts were in progress when the last controller ended: tiers of {} "
+                    "are readmitted while they run",
+                    ", ".join(sorted(self._quiesced)),
+                )
+            return
+        for s in last.plan.get("steps", []):
+            if s.get("action") in ("quiesce", "readmit"):
+                self._quiesced.add(str(s.get("serve")))
+        if self._quiesced:
+            logger.info(
+                "the last cycle ended mid-plan: tiers of {} are readmitted while they run",
+                ", ".join(sorted(self._quiesced)),
+            )
+
+    def _readmit_pending(self, plan: dict[str, Any], outcome: dict[str, Any]) -> None:
+        pending = set(outcome.get("pending") or [])
+        for s in plan.get("steps", []):
+            if s.get("action") == "readmit" and s.get("serve") in pending:
+                self._quiesced.add(str(s.get("serve")))
+
+    def _end_finished_requests(self, observed: Any, now: float) -> None:
+        """Expired requests end once their serve is down; requests for gone serves end."""
+        serves = self.mset.desired().serves
+        for req in self.journal.active_requests():
+            spec = serves.get(req.serve)
+            if spec is None:
+                self.journal.end_request(req.serve, now)
+                continue
+            if req.serve in observed.starting:
+                continue  # its start is in progress: it ends once the serve is down
+            if req.expired(now) and not observed.container(spec.container).holds:
+                self.journal.end_request(req.serve, now)
+
+
+def _add_start_results(outcome: dict[str, Any], results: list[StepResult]) -> None:
+    """A start's results join its cycle's outcome; it is no longer pending."""
+    if not results:
+        return
+    outcome["steps"] = [*outcome.get("steps", []), *(r.to_json() for r in results)]
+    ok = all(r.outcome is Outcome.OK for r in results)
+    outcome["ok"] = bool(outcome.get("ok", True)) and ok
+    ended = {r.step.serve for r in results}
+    outcome["pending"] = [p for p in outcome.get("pending", []) if p not in ended]
+
+
+def _epoch_or_none(value: str | float | None) -> float | None:
+    try:
+        return epoch_seconds(value)
+    except ValueError:
+        return None
+
+
+def _path_key(path: Path) -> Path:
+    """``path`` resolved, or only made absolute where it cannot be (a symlink loop)."""
+    try:
+        return path.resolve()
+    except (OSError, RuntimeError):
+        return Path(os.path.abspath(path))
+
+
+def _read_files(mset: ManifestSet) -> dict[str, str]:
+    """The manifest files in force, as they were loaded (path -> content).
+
+    Taken from the set itself, never re-read from disk: the file may have changed since
+    (an invalid edit, bytes that are not UTF-8, a file removed), and the journal must
+    record the content its digest was computed over.
+    """
+    return dict(mset.texts)

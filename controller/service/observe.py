@@ -1,0 +1,60 @@
+"""One live observation of the host: docker containers + NVML devices -> snapshot.
+
+``observe_host`` asks the docker adapter for the manifest set's containers (one list
+call per cycle in steady state) and the NVML adapter for the devices and their
+processes, attributes per-process GPU memory to containers through their cgroups,
+and returns the observed-snapshot contract (docs/design.md §5) that ``vramctl observe``
+prints and ``--observed`` reads back. Neither adapter raises: a daemon that cannot
+be reached gives ``"docker": "error"``, missing NVML gives ``"gpus": null``.
+
+This module must not change anything on the host: it composes read-only adapters.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection
+from datetime import UTC, datetime
+from pathlib import Path
+
+from controller.adapters.docker.read import ContainerObserver
+from controller.adapters.nvml import NvmlApi, observe_gpus, usage_by_container
+from controller.snapshot import SnapshotModel
+
+
+def observe_host(
+    containers: Collection[str],
+    *,
+    observer: ContainerObserver,
+    nvml: NvmlApi | None = None,
+    now: datetime | None = None,
+    pid_to_container: Callable[[int], str | None] | None = None,
+) -> SnapshotModel:
+    """Observe the named containers and every GPU once; never raises for host faults.
+
+    ``nvml`` defaults to the ``pynvml`` module; ``pid_to_container`` maps a host PID
+    that NVML lists to a docker container id (default: its ``/proc/<pid>/cgroup``,
+    see :func:`controller.adapters.nvml.container_of_pid`).
+    """
+    taken = (now or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
+    snap = observer.observe(containers)
+    gpu = observe_gpus(nvml, pid_to_container=pid_to_container)
+    model = snap.to_snapshot_model(gpus=gpu.gpus, taken_at=taken)
+    model.nvml_error = gpu.error
+    if snap.docker_ok and gpu.gpus is not None:
+        id_to_name = {c.id: name for name, c in model.containers.items() if c.id}
+        holding = [name for name, c in model.containers.items() if c.state == "running"]
+        # a process whose cgroup cannot be read (the controller in its own PID
+        # namespace, without `pid: host`) may belong to any container: then no
+        # container's figure is known, rather than 0 for all of them
+        visible = pid_to_container is not None or all(
+            Path(f"/proc/{p.pid}/cgroup").exists() for p in gpu.processes
+        )
+        usage = usage_by_container(
+            gpu.processes,
+            id_to_name,
+            names=holding,
+            complete=gpu.processes_complete and visible,
+        )
+        for name, used in usage.items():
+            model.containers[name].gpu_used_mib = used
+    return model

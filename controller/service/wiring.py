@@ -1,0 +1,67 @@
+"""Wiring: builds the executor and the readers from a manifest set and the options.
+
+Shared by ``vramctl apply`` and the control loop so both drive the host the same way.
+It must not decide or mutate anything itself: it only constructs.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from controller.adapters.docker.actions import DockerActions
+from controller.adapters.docker.read import make_client
+from controller.adapters.elastic import ElasticClient
+from controller.adapters.nvml import NvmlApi, observe_gpus
+from controller.adapters.router import RouterClient, router_token
+from controller.manifest import ManifestSet
+from controller.service.executor import Executor, ExecutorConfig, StepResult
+from statemachine.types import GpuObs
+
+
+def read_gpus(api: NvmlApi | None = None) -> tuple[GpuObs, ...] | None:
+    """The devices now, as the core sees them; ``None`` when NVML is unavailable."""
+    obs = observe_gpus(api)
+    if obs.gpus is None:
+        return None
+    return tuple(
+        GpuObs(
+            uuid=g.uuid,
+            index=g.index,
+            name=g.name,
+            total_mib=g.total_mib,
+            used_mib=g.used_mib,
+            free_mib=g.free_mib,
+        )
+        for g in obs.gpus
+    )
+
+
+def make_executor(
+    mset: ManifestSet,
+    *,
+    router_url: str | None,
+    router_token_file: Path | None,
+    on_step: Callable[[StepResult], None] | None = None,
+    stop_event: threading.Event | None = None,
+    gpus: Callable[[], tuple[GpuObs, ...] | None] = read_gpus,
+    config: ExecutorConfig | None = None,
+) -> Executor:
+    """An executor for ``mset`` talking to the local docker daemon (DOCKER_HOST honoured)."""
+    router = RouterClient(router_url, router_token(router_token_file)) if router_url else None
+    return Executor(
+        mset.desired(),
+        docker=DockerActions(make_client()),
+        up_argv=mset.up_argv,
+        manifest_dir=lambda name: mset.source(name).resolve().parent,
+        serve_details=mset.serves,
+        router=router,
+        # the engine may hold a resize up to 300 s before answering 409 (busy): the
+        # client's own bound (20 s) keeps the loop going; no answer is not proof
+        elastic=ElasticClient(),
+        gpus=gpus,
+        config=config,
+        on_step=on_step,
+        stop_event=stop_event,
+    )

@@ -1,0 +1,670 @@
+"""``vramctl lint --compose``: do the compose files' engine flags enforce the reservations?
+
+This module reads Docker Compose files (YAML), takes each service's command line
+(``entrypoint`` + ``command``, interpolated and split the way compose does), maps the
+services to the manifest's serves, and asks :mod:`statemachine.engine_flags` whether each
+serve's memory-fraction flag (vLLM ``--gpu-memory-utilization``, SGLang
+``--mem-fraction-static``) holds the engine to its ``vram_mib`` (docs/design.md §3).
+
+Matching a service to a serve: the service's container name (``container_name``, else
+compose's default ``{project}-{service}-1``) equal to the serve's ``container``; failing
+that, a service without ``container_name`` whose name is a serve's name.
+
+Which engine runs: the command's own words when they name one (``vllm serve``,
+``python -m sglang.launch_server``, ``llama-server``), else the image's repository
+(``vllm/vllm-openai``), else the serve's ``engine`` label. The command wins over the
+label because it is what runs: the real stack labels its embeddings and reranker by
+purpose (``engine = "embedding"``/``"reranker"``) but runs them with ``vllm serve``,
+and their ``--gpu-memory-utilization`` is exactly what enforces their reservations.
+A label naming a different engine than the command (``vllm`` vs ``llama-server``) is
+a note.
+
+Findings (:class:`statemachine.engine.Finding`): errors (the lint fails) when a
+checked serve's command lacks the flag, sets an unreadable value, or sets a fraction
+whose budget is off the reservation by more than the tolerance; notes otherwise: a
+serve with a reservation that no service runs (started some other way), a service
+that sets a fraction for no serve, a serve with no reservation or an engine without
+a flag, a value taken from a ``${VARIABLE}``, a flag given twice (the last wins).
+
+Variables (``${VAR:-default}``, ``${VAR}``, ``$VAR``, ``$$``) are resolved from
+``environ`` only, empty by default: the file is linted as it runs with nothing set,
+so a result does not depend on the shell it was run from. Pass ``os.environ`` to
+lint what compose would run here (``.env`` files are not read).
+
+Reads files only; never runs docker or compose.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from controller.manifest import ManifestSet, ServeModel
+from statemachine.engine_flags import (
+    DEFAULT_PLACES,
+    DEFAULT_TOLERANCE,
+    ENGINE_FLAGS,
+    SOURCE_NVML,
+    DeviceTotal,
+    Finding,
+    FindingKind,
+    RenderResult,
+    check_fraction,
+    engine_of_argv,
+    engine_of_image,
+    flag_from_variable,
+    flag_values,
+    normalize_engine,
+    render_flag,
+    role_totals,
+)
+
+__all__ = [
+    "CheckedServe",
+    "ComposeError",
+    "ComposeService",
+    "LintReport",
+    "RenderedServe",
+    "interpolate",
+    "lint_compose",
+    "load_compose",
+    "render_serve",
+    "report_lines",
+    "resolve_engine",
+]
+
+#: Engines that name a concrete runtime; other labels (embedding, audio, ...) are purposes.
+_RUNTIME_LABELS = frozenset({"vllm", "sglang", "llamacpp"})
+
+
+class ComposeError(Exception):
+    """A compose file that cannot be read; ``str()`` is one located line per problem."""
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        """Hold every problem found (at least one)."""
+        self.problems = list(problems)
+        super().__init__("\n".join(self.problems))
+
+
+# ── interpolation ──────────────────────────────────────────────────────────────
+
+_VARIABLE = re.compile(
+    r"\$(?:(?P<escaped>\$)|\{(?P<braced>[^{}]*(?:\{[^{}]*\}[^{}]*)*)\}|(?P<named>[A-Za-z_]\w*))"
+)
+_BRACED = re.compile(r"(?P<name>[A-Za-z_]\w*)(?:(?P<op>:?[-?+])(?P<arg>.*))?\Z", re.DOTALL)
+
+
+def interpolate(text: str, environ: Mapping[str, str]) -> str:
+    """Compose variable substitution of ``text`` from ``environ``.
+
+    ``$$`` → ``$``; ``${VAR}``/``$VAR`` → its value or empty; ``${VAR:-d}`` (unset or
+    empty) and ``${VAR-d}`` (unset) → ``d``; ``${VAR:+a}``/``${VAR+a}`` → ``a`` when set;
+    ``${VAR:?e}``/``${VAR?e}`` → its value, or empty when missing (compose would refuse
+    to run). Defaults may hold variables themselves. ValueError on a malformed ``${…}``.
+    """
+
+    def substitute(match: re.Match[str]) -> str:
+        if match.group("escaped"):
+            return "$"
+        named = match.group("named")
+        if named is not None:
+            return environ.get(named, "")
+        body = match.group("braced")
+        parts = _BRACED.match(body)
+        if parts is None:
+            raise ValueError(f"invalid interpolation ${{{body}}}")
+        value = environ.get(parts.group("name"))
+        op = parts.group("op")
+        if op is None:
+            return value or ""
+        arg = interpolate(parts.group("arg"), environ)
+        if op == ":-":
+            return value if value else arg
+        if op == "-":
+            return value if value is not None else arg
+        if op == ":+":
+            return arg if value else ""
+        if op == "+":
+            return arg if value is not None else ""
+        return value or ""  # :? and ?
+
+    return _VARIABLE.sub(substitute, text)
+
+
+# ── compose files ──────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class ComposeService:
+    """One compose service, reduced to what the lint needs.
+
+    ``argv`` is ``entrypoint`` + ``command`` after interpolation and splitting (just the
+    command when the service keeps its image's entrypoint); ``raw`` is the same text
+    before interpolation, to see whether a flag's value came from a variable.
+    """
+
+    name: str
+    file: Path
+    project: str | None
+    container_name: str | None
+    image: str | None
+    argv: tuple[str, ...]
+    raw: str
+    profiles: tuple[str, ...] = ()
+    has_entrypoint: bool = False
+
+    @property
+    def container(self) -> str | None:
+        """The container's name: ``container_name``, else ``{project}-{service}-1``."""
+        if self.container_name:
+            return self.container_name
+        return None if self.project is None else f"{self.project}-{self.name}-1"
+
+    @property
+    def label(self) -> str:
+        """``service "omni" (docker-compose.yml)``."""
+        return f'service "{self.name}" ({self.file.name})'
+
+
+def _project_default(path: Path) -> str | None:
+    """Compose's default project name: the folder's name, lower-cased, [a-z0-9_-]."""
+    name = re.sub(r"[^a-z0-9_-]", "", path.resolve().parent.name.lower()).lstrip("_-")
+    return name or None
+
+
+def _words(value: object, where: str, environ: Mapping[str, str]) -> tuple[list[str], str]:
+    """A command or entrypoint (string or list) as (argv, raw text)."""
+    if value is None:
+        return [], ""
+    if isinstance(value, str):
+        try:
+            return shlex.split(interpolate(value, environ)), value
+        except ValueError as exc:
+            raise ComposeError([f"{where}: cannot split into arguments ({exc})"]) from None
+    if isinstance(value, list) and all(
+        isinstance(v, str | int | float) and not isinstance(v, bool) for v in value
+    ):
+        try:
+            return [interpolate(str(v), environ) for v in value], " ".join(str(v) for v in value)
+        except ValueError as exc:
+            raise ComposeError([f"{where}: {exc}"]) from None
+    raise ComposeError([f"{where}: must be a string or a list of strings, got {value!r}"])
+
+
+def _text(value: object, where: str, environ: Mapping[str, str]) -> str | None:
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ComposeError([f"{where}: must be a string, got {value!r}"])
+    try:
+        return interpolate(value, environ)
+    except ValueError as exc:
+        raise ComposeError([f"{where}: {exc}"]) from None
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ComposeError([f"{path}: cannot read the compose file: no such file"]) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ComposeError([f"{path}: cannot read the compose file: {exc}"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}: line {mark.line + 1}, column {mark.column + 1}" if mark else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise ComposeError([f"{where}: YAML syntax error: {problem}"]) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise ComposeError([f"{path}: a compose file must be a mapping, got {type(data).__name__}"])
+    return data
+
+
+def load_compose(
+    paths: Sequence[str | Path], *, environ: Mapping[str, str] | None = None
+) -> dict[str, ComposeService]:
+    """Read compose files into services by name, merged like ``docker compose -f a -f b``.
+
+    A later file's keys override an earlier file's for the same service (a new
+    ``command`` replaces the old one whole). Raises :class:`ComposeError` with every
+    problem found.
+    """
+    env: Mapping[str, str] = environ or {}
+    merged: dict[str, dict[str, Any]] = {}
+    files: dict[str, Path] = {}
+    project: str | None = None
+    problems: list[str] = []
+    if not paths:
+        raise ComposeError(["no compose file given"])
+    for raw_path in paths:
+        path = Path(raw_path)
+        try:
+            data = _read_yaml(path)
+        except ComposeError as exc:
+            problems.extend(exc.problems)
+            continue
+        name = data.get("name")
+        if isinstance(name, str) and name:
+            project = interpolate(name, env)
+        elif project is None:
+            project = _project_default(path)
+        services = data.get("services", {})
+        if services is None:
+            services = {}
+        if not isinstance(services, dict):
+            problems.append(f"{path}: services: must be a mapping of service name to service")
+            continue
+        for sname, body in services.items():
+            if not isinstance(body, dict):
+                problems.append(f"{path}: services.{sname}: must be a mapping")
+                continue
+            merged.setdefault(str(sname), {}).update(body)
+            files[str(sname)] = path
+    if problems:
+        raise ComposeError(problems)
+
+    out: dict[str, ComposeService] = {}
+    for sname, body in merged.items():
+        where = f"{files[sname]}: services.{sname}"
+        try:
+            entry, entry_raw = _words(body.get("entrypoint"), f"{where}.entrypoint", env)
+            command, command_raw = _words(body.get("command"), f"{where}.command", env)
+            profiles = body.get("profiles") or []
+            out[sname] = ComposeService(
+                name=sname,
+                file=files[sname],
+                project=project,
+                container_name=_text(body.get("container_name"), f"{where}.container_name", env),
+                image=_text(body.get("image"), f"{where}.image", env),
+                argv=(*entry, *command),
+                raw=f"{entry_raw} {command_raw}".strip(),
+                profiles=tuple(str(p) for p in profiles) if isinstance(profiles, list) else (),
+                has_entrypoint="entrypoint" in body,
+            )
+        except ComposeError as exc:
+            problems.extend(exc.problems)
+    if problems:
+        raise ComposeError(problems)
+    return out
+
+
+# ── engine and render ──────────────────────────────────────────────────────────
+
+
+def resolve_engine(serve: ServeModel, service: ComposeService | None) -> tuple[str | None, str]:
+    """The engine that runs ``serve`` and how it was found: command, image, or label."""
+    if service is not None:
+        found = engine_of_argv(service.argv)
+        if found is not None:
+            return found, "command"
+        if not service.has_entrypoint:
+            found = engine_of_image(service.image)
+            if found is not None:
+                return found, "image"
+    return normalize_engine(serve.engine), "label"
+
+
+@dataclass(frozen=True, slots=True)
+class RenderedServe:
+    """:func:`render_serve`'s answer: the flag, how the engine was found, the service."""
+
+    result: RenderResult
+    engine_source: str
+    service: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The render JSON plus ``engine_source`` and ``service``."""
+        return {
+            **self.result.to_json(),
+            "engine_source": self.engine_source,
+            "service": self.service,
+        }
+
+
+def _totals_for(
+    mset: ManifestSet, measured: Mapping[str, int] | None, measured_source: str
+) -> dict[str, DeviceTotal]:
+    roles = {rid: role.to_role() for rid, role in mset.roles.items()}
+    return role_totals(roles, measured, measured_source=measured_source)
+
+
+def _services_by_container(services: Mapping[str, ComposeService]) -> dict[str, ComposeService]:
+    out: dict[str, ComposeService] = {}
+    for service in services.values():
+        container = service.container
+        if container is not None:
+            out.setdefault(container, service)
+    return out
+
+
+def _service_for(
+    serve: ServeModel,
+    services: Mapping[str, ComposeService],
+    by_container: Mapping[str, ComposeService],
+) -> ComposeService | None:
+    found = by_container.get(serve.container)
+    if found is not None:
+        return found
+    same = services.get(serve.name)
+    if same is not None and same.container_name is None:
+        return same
+    return None
+
+
+def render_serve(
+    mset: ManifestSet,
+    name: str,
+    *,
+    measured: Mapping[str, int] | None = None,
+    measured_source: str = SOURCE_NVML,
+    engine: str | None = None,
+    compose_paths: Sequence[str | Path] = (),
+    environ: Mapping[str, str] | None = None,
+    places: int = DEFAULT_PLACES,
+) -> RenderedServe:
+    """The engine flag for serve ``name`` (KeyError when the set has no such serve).
+
+    The engine is ``engine`` when given, else the one its compose service runs (with
+    ``compose_paths``), else its label. ``measured`` gives device totals by role id (NVML,
+    or a figure from the command line, named by ``measured_source``); other roles use
+    their declared capacity.
+    """
+    serve = mset.serves[name]
+    service = None
+    if compose_paths:
+        services = load_compose(compose_paths, environ=environ)
+        service = _service_for(serve, services, _services_by_container(services))
+    if engine is not None:
+        key, source = normalize_engine(engine), "given"
+    else:
+        key, source = resolve_engine(serve, service)
+    totals = _totals_for(mset, measured, measured_source)
+    result = render_flag(serve.name, key, serve.vram_mib, serve.roles, totals, places=places)
+    if result.problem_kind is FindingKind.NO_ENGINE_FLAG and source == "label" and not service:
+        hint = (
+            "; if it runs vLLM or SGLang all the same, name the engine, or give its compose "
+            "file so the engine is read from the command"
+        )
+        result = replace(
+            result, problem=f"{result.problem}{hint}", explanation=result.explanation + hint
+        )
+    return RenderedServe(result, source, None if service is None else service.name)
+
+
+# ── lint ───────────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class CheckedServe:
+    """One serve matched to one compose service, and what its flag check found."""
+
+    serve: str
+    service: str
+    file: Path
+    engine: str | None
+    engine_source: str
+    flag: str | None
+    found: str | None
+    expected: str | None
+    explanation: str
+    ok: bool
+
+    def to_json(self) -> dict[str, Any]:
+        """Plain JSON."""
+        return {
+            "serve": self.serve,
+            "service": self.service,
+            "file": str(self.file),
+            "engine": self.engine,
+            "engine_source": self.engine_source,
+            "flag": self.flag,
+            "found": self.found,
+            "expected": self.expected,
+            "explanation": self.explanation,
+            "ok": self.ok,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class LintReport:
+    """Every finding of a lint, and every serve that was checked."""
+
+    compose_files: tuple[Path, ...]
+    tolerance: Decimal
+    findings: tuple[Finding, ...]
+    checked: tuple[CheckedServe, ...]
+
+    @property
+    def errors(self) -> tuple[Finding, ...]:
+        """The findings that fail the lint."""
+        return tuple(f for f in self.findings if f.is_error)
+
+    @property
+    def notes(self) -> tuple[Finding, ...]:
+        """The findings that only explain."""
+        return tuple(f for f in self.findings if not f.is_error)
+
+    @property
+    def ok(self) -> bool:
+        """True when no finding is an error (the CLI exits 0)."""
+        return not self.errors
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"ok", "compose_files", "tolerance", "errors", "notes", "findings", "checked"}``."""
+        return {
+            "ok": self.ok,
+            "compose_files": [str(p) for p in self.compose_files],
+            "tolerance": str(self.tolerance),
+            "errors": len(self.errors),
+            "notes": len(self.notes),
+            "findings": [f.to_json() for f in self.findings],
+            "checked": [c.to_json() for c in self.checked],
+        }
+
+
+def _up_hint(serve: ServeModel) -> str:
+    """Where the serve's ``up`` says it is started, for a not-in-compose note."""
+    if serve.up is None:
+        return "it has no up command"
+    try:
+        argv = shlex.split(serve.up)
+    except ValueError:
+        return "its up command cannot be split"
+    files = [
+        argv[i + 1].rsplit("/", 1)[-1]
+        for i, word in enumerate(argv[:-1])
+        if word in {"-f", "--file"}
+    ]
+    if "compose" in argv or any(w.endswith("docker-compose") for w in argv):
+        if files:
+            return "its up command uses " + ", ".join(files)
+        return "its up command runs docker compose without -f"
+    program = " ".join(argv[:3])
+    return f"its up command does not use docker compose ({program} …)"
+
+
+def _check_pair(
+    serve: ServeModel,
+    service: ComposeService,
+    totals: Mapping[str, DeviceTotal],
+    tolerance: Decimal,
+) -> tuple[CheckedServe, list[Finding]]:
+    engine, source = resolve_engine(serve, service)
+    label = normalize_engine(serve.engine)
+    findings: list[Finding] = []
+    if source != "label" and label in _RUNTIME_LABELS and label != engine:
+        findings.append(
+            Finding(
+                FindingKind.ENGINE_MISMATCH,
+                f"the manifest says engine {serve.engine!r} but {service.label} runs "
+                f"{engine!r} (from its {source}); checked as {engine!r}",
+                serve.name,
+                service.name,
+                {"label": serve.engine, "engine": engine, "engine_source": source},
+            )
+        )
+    render = render_flag(serve.name, engine, serve.vram_mib, serve.roles, totals)
+    flag = render.flag
+    values = flag_values(service.argv, flag) if flag else []
+    found = values[-1] if values else None
+    if len(values) > 1:
+        findings.append(
+            Finding(
+                FindingKind.REPEATED_FLAG,
+                f"{service.label} gives {flag} {len(values)} times ({', '.join(values)}); "
+                f"the engine takes the last, {found}",
+                serve.name,
+                service.name,
+                {"flag": flag, "values": values},
+            )
+        )
+    if flag and found is not None and flag_from_variable(service.raw):
+        findings.append(
+            Finding(
+                FindingKind.FROM_VARIABLE,
+                f"{service.label} takes {flag} from a variable; checked its value with "
+                f"nothing set in the environment: {found}",
+                serve.name,
+                service.name,
+                {"flag": flag, "found": found},
+            )
+        )
+    main = check_fraction(render, found, tolerance=tolerance, service=service.name)
+    if main is not None:
+        findings.append(main)
+    checked = CheckedServe(
+        serve=serve.name,
+        service=service.name,
+        file=service.file,
+        engine=engine,
+        engine_source=source,
+        flag=flag,
+        found=found,
+        expected=render.value,
+        explanation=render.explanation,
+        ok=not any(f.is_error for f in findings),
+    )
+    return checked, findings
+
+
+def lint_compose(
+    mset: ManifestSet,
+    compose_paths: Sequence[str | Path],
+    *,
+    measured: Mapping[str, int] | None = None,
+    measured_source: str = SOURCE_NVML,
+    tolerance: Decimal | float | str = DEFAULT_TOLERANCE,
+    environ: Mapping[str, str] | None = None,
+) -> LintReport:
+    """Check every serve the compose files run against its reservation.
+
+    ``measured`` gives device totals by role id (NVML); other roles use their declared
+    capacity. ``tolerance`` is a fraction of the device total (default 0.001). Raises
+    :class:`ComposeError` when a compose file cannot be read.
+    """
+    tol = Decimal(str(tolerance))
+    if not tol.is_finite() or tol < 0:
+        raise ValueError(f"a tolerance must not be negative, got {tolerance}")
+    services = load_compose(compose_paths, environ=environ)
+    by_container = _services_by_container(services)
+    totals = _totals_for(mset, measured, measured_source)
+
+    serve_of: dict[str, ServeModel] = {}
+    for candidate in mset.serves.values():
+        runs = _service_for(candidate, services, by_container)
+        if runs is not None:
+            serve_of.setdefault(runs.name, candidate)
+
+    findings: list[Finding] = []
+    checked: list[CheckedServe] = []
+    matched: set[str] = set()
+    for service in services.values():
+        owner = serve_of.get(service.name)
+        if owner is None:
+            set_flags = {
+                flag: values[-1]
+                for flag in ENGINE_FLAGS.values()
+                if (values := flag_values(service.argv, flag))
+            }
+            if set_flags:
+                shown = ", ".join(f"{flag} {value}" for flag, value in set_flags.items())
+                findings.append(
+                    Finding(
+                        FindingKind.NO_SERVE,
+                        f"{service.label} sets {shown} but no manifest serve declares its "
+                        f"container {service.container!r}: the ledger does not count it",
+                        None,
+                        service.name,
+                        {"container": service.container, "flags": set_flags},
+                    )
+                )
+            continue
+        matched.add(owner.name)
+        pair, pair_findings = _check_pair(owner, service, totals, tol)
+        checked.append(pair)
+        findings.extend(pair_findings)
+
+    for serve in mset.serves.values():
+        if serve.name in matched or serve.vram_mib is None:
+            continue
+        same = services.get(serve.name)
+        hint = _up_hint(serve)
+        if same is not None:
+            hint = f"{same.label} has its name but runs container {same.container!r}; " + hint
+        findings.append(
+            Finding(
+                FindingKind.NOT_IN_COMPOSE,
+                f"reserves {serve.vram_mib} MiB but no service in "
+                f"{', '.join(Path(p).name for p in compose_paths)} runs its container "
+                f"{serve.container!r}, so its engine flag was not checked; {hint}",
+                serve.name,
+                None,
+                {"container": serve.container, "vram_mib": serve.vram_mib},
+            )
+        )
+    return LintReport(
+        compose_files=tuple(Path(p) for p in compose_paths),
+        tolerance=tol,
+        findings=tuple(findings),
+        checked=tuple(checked),
+    )
+
+
+def report_lines(report: LintReport) -> list[str]:
+    """The report as plain lines for people: one per checked serve, one per finding."""
+    lines = [
+        f"{len(report.checked)} serve(s) checked in "
+        f"{', '.join(str(p) for p in report.compose_files)}; "
+        f"{len(report.errors)} error(s), {len(report.notes)} note(s) "
+        f"(tolerance ±{report.tolerance} of the device total)"
+    ]
+    for check in report.checked:
+        status = "ok   " if check.ok else "ERROR"
+        head = (
+            f"{status} {check.serve} (service {check.service}, "
+            f"{check.engine or 'no engine'} from {check.engine_source})"
+        )
+        if check.flag is None:
+            lines.append(f"{head}: no memory-fraction flag to check")
+            continue
+        found = "not set" if check.found is None else check.found
+        want = check.expected or "n/a"
+        lines.append(f"{head}: {check.flag} {found}; the reservation renders {want}")
+    for finding in report.findings:
+        who = [f"serve {finding.serve}"] if finding.serve is not None else []
+        if finding.service is not None:
+            who.append(f"service {finding.service}")
+        lines.append(
+            f"{finding.severity.value}: {', '.join(who)}: {finding.kind.value}: {finding.message}"
+        )
+    return lines

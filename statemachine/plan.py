@@ -1,0 +1,149 @@
+"""The plan's types: the step actions, a step, a blocked serve, the policy, the plan.
+
+What :func:`statemachine.planner.plan_transitions` answers and what the executor,
+the journal and the JSON contracts (docs/design.md §5 plan JSON) read. Kept apart from
+the planner so readers of a plan need not import the planning rules.
+
+Pure: frozen data and their JSON forms; no I/O, no clock, no logging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from statemachine.ledger import Ledger, RoleTerms
+from statemachine.victims import DEFAULT_EXACT_LIMIT
+
+
+class Action(StrEnum):
+    """The step actions of docs/design.md §5, in the order a room-making plan uses them."""
+
+    QUIESCE = "quiesce"
+    DRAIN = "drain"
+    STOP = "stop"
+    RELEASE = "release"
+    SHRINK = "shrink"
+    GROW = "grow"
+    RESERVE = "reserve"
+    START = "start"
+    AWAIT_READY = "await_ready"
+    READMIT = "readmit"
+
+
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One step. ``mib`` is what the step moves in the ledger (``None``: nothing).
+
+    For shrink and grow, ``mib`` is the MiB given back or taken and ``to_mib`` the
+    reservation afterwards. ``group`` names the serve whose intent the step serves
+    (a requester for its victims' and shrinks' steps): when a step fails, the
+    executor skips the rest of its group, and the ledger guards the other groups.
+    """
+
+    action: Action
+    serve: str
+    gpu_roles: tuple[str, ...]
+    mib: int | None
+    reason: str
+    to_mib: int | None = None
+    group: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        """docs/design.md §5 step JSON (plus ``to_mib`` for shrink / grow, and ``group``)."""
+        out: dict[str, Any] = {
+            "action": str(self.action),
+            "serve": self.serve,
+            "gpu_roles": list(self.gpu_roles),
+            "mib": self.mib,
+            "reason": self.reason,
+            "group": self.group,
+        }
+        if self.to_mib is not None:
+            out["to_mib"] = self.to_mib
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class Protected:
+    """A serve that holds memory (or a port) the blocked serve needs and may not be stopped."""
+
+    serve: str
+    mib: int | None
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"serve": self.serve, "mib": self.mib, "why": self.why}
+
+
+@dataclass(frozen=True, slots=True)
+class Blocked:
+    """Work that cannot happen now, with every term of the arithmetic."""
+
+    serve: str
+    reason: str
+    terms: tuple[RoleTerms, ...] = ()
+    evictable_mib: tuple[tuple[str, int], ...] = ()
+    shrinkable_mib: tuple[tuple[str, int], ...] = ()
+    protected: tuple[Protected, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """docs/design.md §5 blocked JSON."""
+        return {
+            "serve": self.serve,
+            "reason": self.reason,
+            "ledger": {
+                "gpu_roles": [t.to_json() for t in self.terms],
+                "evictable_mib": dict(self.evictable_mib),
+                "shrinkable_mib": dict(self.shrinkable_mib),
+                "protected": [p.to_json() for p in self.protected],
+            },
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Policy:
+    """Planner knobs, and what the controller knows that the observation does not.
+
+    ``no_shrink``: elastic serves whose last shrink did not free what was asked; the
+    planner falls back to what it would do without shrinking them (eviction).
+    ``hold``: serves not to start now (serve -> why, e.g. a failure backoff); they are
+    reported as blocked with that reason.
+    """
+
+    exact_search_limit: int = DEFAULT_EXACT_LIMIT
+    no_shrink: frozenset[str] = frozenset()
+    hold: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """The planner's answer."""
+
+    steps: tuple[Step, ...]
+    blocked: tuple[Blocked, ...]
+    ledger_before: Ledger
+    ledger_after: Ledger
+    notes: tuple[str, ...] = ()
+
+    @property
+    def empty(self) -> bool:
+        """True when there is nothing to do."""
+        return not self.steps
+
+    def to_json(self) -> dict[str, Any]:
+        """docs/design.md §5 plan JSON (plus ``ledger_before`` and ``notes``)."""
+        return {
+            "steps": [s.to_json() for s in self.steps],
+            "blocked": [b.to_json() for b in self.blocked],
+            "ledger_before": {
+                r: self.ledger_before.view(r).to_json() for r in self.ledger_before.roles
+            },
+            "ledger_after": {
+                r: self.ledger_after.view(r).to_json() for r in self.ledger_after.roles
+            },
+            "notes": list(self.notes),
+        }

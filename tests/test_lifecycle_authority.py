@@ -1,0 +1,108 @@
+"""The lifecycle machine is the authority: a step that asks for an illegal transition fails.
+
+A plan (or an executor path) that disagrees with the machine is a bug. The executor
+must not pass over it with a warning: the step fails, the failure names the
+transition, it is logged as an error, and nothing is done to the container.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from loguru import logger
+
+from controller.adapters.elastic import ElasticClient
+from controller.service.executor import Executor, ExecutorConfig, Outcome
+from controller.snapshot import ContainerModel
+from statemachine.ledger import Ledger
+from statemachine.lifecycle import ACTION_TRIGGERS, TRIGGERS, Trigger, trigger_for
+from statemachine.planner import Action, Plan, Step
+from statemachine.status import lifecycle_from_observation
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    GpuRole,
+    Observed,
+    Residency,
+    ServeSpec,
+)
+
+
+class Containers:
+    """In-memory container runtime that records every stop it is asked for."""
+
+    def __init__(self) -> None:
+        self.stops: list[str] = []
+
+    def exists(self, name: str) -> bool:
+        return True
+
+    def stop(self, name: str, timeout_s: float) -> None:
+        self.stops.append(name)
+
+    def start(self, name: str) -> None:
+        raise AssertionError("nothing is started here")
+
+    def inspect(self, name: str) -> ContainerModel | None:
+        return ContainerModel(state=ContainerState.EXITED, exit_code=0)
+
+    def logs(self, name: str, tail: int = 40) -> str:
+        return ""
+
+
+ROLE = GpuRole("g0", 20_000, 0, uuid="GPU-0")
+
+
+def test_a_stop_of_a_serve_the_machine_holds_stopped_fails_the_step() -> None:
+    ocr = ServeSpec("ocr", "ocr", ("g0",), 4000, Residency.EVICTABLE, DesiredRun.RUNNING)
+    desired = DesiredState({"g0": ROLE}, {"ocr": ocr})
+    # the container is exited: the executor's machine for ocr starts in `stopped`,
+    # from which `stop` is not a transition
+    observed = Observed(True, {"ocr": ContainerObs(ContainerState.EXITED, exit_code=0)})
+    docker = Containers()
+    ex = Executor(
+        desired,
+        docker=docker,  # type: ignore[arg-type]
+        up_argv=lambda name: None,
+        manifest_dir=lambda name: Path("."),
+        serve_details={},
+        elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
+        gpus=lambda: None,
+        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
+    )
+    ledger = Ledger({"g0": ROLE}, [])
+    stop = Step(Action.STOP, "ocr", ("g0",), 4000, "a plan that disagrees", group="ocr")
+    errors: list[str] = []
+    sink = logger.add(lambda m: errors.append(str(m)), level="ERROR", format="{message}")
+    try:
+        report = ex.execute(Plan((stop,), (), ledger, ledger), observed, skip_preflight=True)
+    finally:
+        logger.remove(sink)
+    assert [r.outcome for r in report.results] == [Outcome.FAILED]
+    detail = report.results[0].detail
+    assert "lifecycle" in detail and "stop" in detail and "stopped" in detail, detail
+    assert docker.stops == []  # nothing was done to the container
+    assert any("lifecycle" in e for e in errors), errors
+
+
+def test_every_action_maps_to_one_trigger_of_the_machine() -> None:
+    assert set(ACTION_TRIGGERS) == set(Action)
+    assert set(TRIGGERS) == {str(t) for t in Trigger}
+    assert trigger_for(Action.RELEASE) is Trigger.STOPPED
+    assert trigger_for(Action.AWAIT_READY) is Trigger.READY
+
+
+def test_status_lifecycle_is_one_of_the_machines_states() -> None:
+    from statemachine.lifecycle import LifecycleState
+
+    for obs in (
+        ContainerObs(ContainerState.RUNNING),
+        ContainerObs(ContainerState.RUNNING, health="starting"),
+        ContainerObs(ContainerState.RESTARTING),
+        ContainerObs(ContainerState.EXITED, exit_code=137, oom_killed=True),
+        ContainerObs(ContainerState.EXITED, exit_code=0),
+        ContainerObs(ContainerState.ABSENT),
+    ):
+        assert isinstance(lifecycle_from_observation(obs), LifecycleState)
