@@ -933,6 +933,10 @@ def create_app(
             status_code=202,
         )
 
+    # the operator's page (GET /, its assets, GET /v1/plans): controller/ui
+    from controller.ui import register_ui
+
+    register_ui(app, lambda: controller.journal, full_detail, meta)
     return app
 
 
