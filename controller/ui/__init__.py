@@ -80,10 +80,17 @@ def recent_plans(journal: Journal, limit: int, *, full: bool) -> list[dict[str, 
     records = journal.cycles(since_id=ids[0] - 1)
     out: list[dict[str, Any]] = []
     for rec in reversed(records):
-        results = {s.idx: s for s in journal.steps(rec.id)}
+        unused = journal.steps(rec.id)
         steps = []
         for idx, step in enumerate(rec.plan.get("steps", [])):
-            done = results.get(idx)
+            # a step's outcome is recorded at its index in plan order; matched on the
+            # action and serve too, so a report of fewer steps never shifts them
+            same = [
+                r for r in unused if (r.action, r.serve) == (step.get("action"), step.get("serve"))
+            ]
+            done = next((r for r in same if r.idx == idx), same[0] if same else None)
+            if done is not None:
+                unused.remove(done)
             detail = None if done is None else done.detail
             steps.append(
                 {
