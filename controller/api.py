@@ -10,6 +10,8 @@ Routes:
 
 - ``GET /healthz`` — 200, with the number of cycles and the last cycle's age.
 - ``GET /metrics`` — Prometheus text (:mod:`controller.metrics`).
+- ``GET /`` (the operator's page) and ``GET /v1/plans`` (the journal's last plans):
+  :mod:`controller.ui`, registered at the end of :func:`create_app`, same read rules.
 - ``GET /v1/ledger`` — per role: capacity, reserve, budget, committed, free, each
   reservation, NVML used / total, drift, from the last cycle's snapshot and the
   manifest set (``null`` = unknown, e.g. before the first cycle or with docker down).
