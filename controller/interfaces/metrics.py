@@ -17,7 +17,8 @@ Series:
   committed), ``vramctl_role_overcommitted`` (1 when committed > budget as observed);
 - per serve: ``vramctl_serve_reservation_mib`` (declared), ``vramctl_serve_committed_mib``
   (what the ledger holds for it now: 0 when nothing), ``vramctl_serve_state{state}``
-  (1 for the current lifecycle state, 0 for the others);
+  (1 for the current lifecycle state, 0 for the others), ``vramctl_serve_backoff_failures``
+  (the failed starts the loop's backoff holds it back after; 0 when none);
 - ``vramctl_reconcile_duration_seconds`` (histogram), ``vramctl_cycles_total``,
   ``vramctl_last_cycle_timestamp_seconds``, ``vramctl_steps_total{action,outcome}``
   (outcome ``planned`` for a dry run), ``vramctl_admissions_refused_total{source}``
@@ -121,6 +122,13 @@ class Metrics:
             "vramctl_serve_state",
             "1 for the serve's current lifecycle state, 0 for the others.",
             ["serve", "state"],
+            registry=r,
+        )
+        # the loop's failure backoff per serve (alerts: a serve backing off)
+        self.serve_backoff = Gauge(
+            "vramctl_serve_backoff_failures",
+            "Failed starts the serve is backing off after (0: no backoff).",
+            serve,
             registry=r,
         )
         self.reconcile_duration = Histogram(
@@ -249,9 +257,12 @@ class Metrics:
             _set_or_absent(self.serve_committed, labels, committed)
             for state in SERVE_STATES:
                 self.serve_state.labels(ss.serve, state).set(1 if state == ss.lifecycle else 0)
+            held = controller.backoff.get(ss.serve)
+            self.serve_backoff.labels(ss.serve).set(held.failures if held is not None else 0)
         for gone in self._serves - serves:
             _set_or_absent(self.serve_reservation, (gone,), None)
             _set_or_absent(self.serve_committed, (gone,), None)
+            _set_or_absent(self.serve_backoff, (gone,), None)
             for state in SERVE_STATES:
                 _set_or_absent(self.serve_state, (gone, state), None)
         self._serves = serves
