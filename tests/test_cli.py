@@ -272,3 +272,15 @@ def test_render_prints_the_flag() -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "--gpu-memory-utilization 0.0326"
     assert "3200 MiB / 97887 MiB" in r.stderr
+
+
+def test_fit_text_says_why_a_blocker_may_not_be_stopped(tmp_path: Path) -> None:
+    # ocr started 10 s before the observation: inside its min_runtime_s, so protected
+    example = Path(__file__).resolve().parents[1] / "manifests" / "examples"
+    data = json.loads((example / "single-card.observed.json").read_text())
+    data["containers"]["vllm-ocr"]["started_at"] = "2026-11-30T08:59:50Z"
+    observed = tmp_path / "observed.json"
+    observed.write_text(json.dumps(data))
+    r = vramctl("fit", "fast", "-m", str(example / "single-card.toml"), "--observed", str(observed))
+    assert r.returncode == 1, r.stdout + r.stderr
+    assert "protected: ocr (6144 MiB): started 10s ago, inside its min_runtime_s" in r.stdout

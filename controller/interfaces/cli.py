@@ -592,10 +592,15 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
             f"({parts or 'nothing'}); free {render.mib(t['free_mib'])}; requested "
             f"{t['requested_mib']}; shortfall {render.mib(t['shortfall_mib'])}"
         )
+    def per_role(value: Any) -> str:
+        if isinstance(value, dict):
+            return ", ".join(f"{role} {render.mib(m)} MiB" for role, m in value.items())
+        return str(value)
+
     if data.get("evictable_mib"):
-        render.err.print(f"  evictable: {data['evictable_mib']}")
+        render.err.print(f"  evictable: {per_role(data['evictable_mib'])}")
     if data.get("shrinkable_mib") and any(data["shrinkable_mib"].values()):
-        render.err.print(f"  shrinkable: {data['shrinkable_mib']}")
+        render.err.print(f"  shrinkable: {per_role(data['shrinkable_mib'])}")
     for p in data.get("protected") or []:
         render.err.print(f"  protected: {p['serve']} ({render.mib(p['mib'])} MiB): {p['why']}")
     if data.get("retry_after_s") is not None:

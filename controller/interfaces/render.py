@@ -173,6 +173,8 @@ def fit(result: FitResult) -> None:
         out.print(
             escape(f"  shrink: {s['serve']} gives back {s['give_mib']} MiB (to {s['to_mib']} MiB)")
         )
+    for p in result.protected:  # why each blocker may not be stopped now
+        out.print(escape(f"  protected: {p.serve} ({mib(p.mib)} MiB): {p.why}"))
 
 
 def plan(result: Plan) -> None:
