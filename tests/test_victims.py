@@ -281,3 +281,205 @@ def test_tie_breakers(
     got = choose_victims(cands, shortfall)
     assert (None if got is None else [v.name for v in got]) == expected
     assert got == brute_force(cands, shortfall)  # the table agrees with the reference
+
+
+# ----- tie-breaks between sets of several victims -------------------------------------------
+MULTI_TIE_BREAKS = [
+    pytest.param(
+        # {hi, lo} and {m1, m2} both free exactly 100: the highest priority in the set as low
+        # as possible, so (2, 2) beats (3, 0)
+        [
+            c("hi", 60, priority=3),
+            c("lo", 40, priority=0),
+            c("m1", 55, priority=2),
+            c("m2", 45, priority=2),
+        ],
+        {"a": 100},
+        ["m1", "m2"],
+        id="pairs-highest-priority-as-low-as-possible",
+    ),
+    pytest.param(
+        # equal highest priority: the next one decides, (2, 0) beats (2, 1)
+        [
+            c("p2a", 60, priority=2),
+            c("p1", 40, priority=1),
+            c("p2b", 55, priority=2),
+            c("p0", 45, priority=0),
+        ],
+        {"a": 100},
+        ["p0", "p2b"],
+        id="pairs-then-the-next-priority",
+    ),
+    pytest.param(
+        # the most recent start in the set as old as possible: (50, 50) beats (90, 0)
+        [
+            c("new", 60, started_at=90.0),
+            c("old", 40, started_at=0.0),
+            c("mid1", 55, started_at=50.0),
+            c("mid2", 45, started_at=50.0),
+        ],
+        {"a": 100},
+        ["mid1", "mid2"],
+        id="pairs-most-recent-start-as-old-as-possible",
+    ),
+    pytest.param(
+        # an unknown start counts as the oldest: (40, unknown) beats (50, 10)
+        [
+            c("x1", 60, started_at=50.0),
+            c("x2", 40, started_at=10.0),
+            c("y1", 55, started_at=40.0),
+            c("y2", 45),
+        ],
+        {"a": 100},
+        ["y1", "y2"],
+        id="pairs-unknown-start-oldest",
+    ),
+    pytest.param(
+        # priority before recency in a set: {old p1, old p1} beats {new p0, old p2}
+        [
+            c("n0", 60, priority=0, started_at=90.0),
+            c("o2", 40, priority=2, started_at=0.0),
+            c("o1a", 55, priority=1, started_at=1.0),
+            c("o1b", 45, priority=1, started_at=1.0),
+        ],
+        {"a": 100},
+        ["o1a", "o1b"],
+        id="pairs-priority-before-recency",
+    ),
+    pytest.param(
+        # a role with no shortfall counts toward nothing: x overshoots a by 10 (its 60 MiB
+        # on b do not count), y by 20
+        [c("x", 60, roles=("a", "b")), c("y", 70)],
+        {"a": 50, "b": 0},
+        ["x"],
+        id="zero-shortfall-role-not-overshoot",
+    ),
+    pytest.param(
+        [c("x", 60, roles=("a", "b")), c("y", 70), c("only-b", 5, roles=("b",))],
+        {"a": 50, "b": -10},
+        ["x"],
+        id="negative-shortfall-role-not-overshoot",
+    ),
+    pytest.param(
+        [c("exact", 50), c("more", 51)],
+        {"a": 50},
+        ["exact"],
+        id="freeing-exactly-the-shortfall-covers",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cands", "shortfall", "expected"), MULTI_TIE_BREAKS)
+def test_tie_breakers_between_sets(
+    cands: list[Candidate], shortfall: dict[str, int], expected: list[str] | None
+) -> None:
+    got = choose_victims(cands, shortfall)
+    assert (None if got is None else [v.name for v in got]) == expected
+    best = brute_force(cands, shortfall)  # the table agrees with the reference
+    assert (None if best is None else sorted(v.name for v in best)) == expected
+    # the greedy path agrees on these small cases too
+    greedy = choose_victims(cands, shortfall, exact_limit=1)
+    assert (None if greedy is None else [v.name for v in greedy]) == expected
+
+
+# ----- the greedy path, pinned ---------------------------------------------------------------
+GREEDY = [
+    pytest.param(
+        # largest first takes the 100 alone; the swap trades it for the smallest unchosen
+        # candidate that still covers: the 60 (the 45 and the 10 do not cover 50)
+        [c("c100", 100), c("c60", 60), c("c45", 45), c("c10", 10)],
+        {"a": 50},
+        1,
+        ["c60"],
+        id="swap-to-the-smallest-that-covers",
+    ),
+    pytest.param(
+        # largest first: big (a) then ab (for b); prune drops big, since ab covers both
+        [c("big", 60), c("ab", 55, roles=("a", "b"))],
+        {"a": 50, "b": 50},
+        1,
+        ["ab"],
+        id="prune-a-victim-the-others-cover",
+    ),
+    pytest.param(
+        # largest first 60 + 50 (overshoot 30); swapping the 60 for the 35 covers (85);
+        # the 20 never does: one swap per victim, never the exact {60, 20}
+        [c("c60", 60), c("c50", 50), c("c35", 35), c("c20", 20)],
+        {"a": 80},
+        3,
+        ["c35", "c50"],
+        id="swap-chain-is-not-exact",
+    ),
+    pytest.param(
+        # the same candidates with the exact search: at exactly the limit it is exact
+        [c("c60", 60), c("c50", 50), c("c35", 35), c("c20", 20)],
+        {"a": 80},
+        4,
+        ["c20", "c60"],
+        id="exact-at-exactly-the-limit",
+    ),
+    pytest.param(
+        # among equal-sized swaps the lower priority is taken
+        [c("c100", 100), c("a60", 60, priority=2), c("z60", 60, priority=0)],
+        {"a": 50},
+        1,
+        ["z60"],
+        id="swap-prefers-the-lower-priority",
+    ),
+    pytest.param(
+        [c("c40", 40), c("c30", 30)],
+        {"a": 71},
+        1,
+        None,
+        id="greedy-cannot-cover",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cands", "shortfall", "limit", "expected"), GREEDY)
+def test_greedy_pinned(
+    cands: list[Candidate],
+    shortfall: dict[str, int],
+    limit: int,
+    expected: list[str] | None,
+) -> None:
+    got = choose_victims(cands, shortfall, exact_limit=limit)
+    assert (None if got is None else [v.name for v in got]) == expected
+
+
+LARGEST_FIRST = [
+    pytest.param(
+        # once a is covered, a90 frees nothing still short: it is not taken
+        [c("a100", 100), c("a90", 90), c("b60", 60, roles=("b",))],
+        {"a": 50, "b": 50},
+        ["a100", "b60"],
+        id="skips-what-frees-nothing-still-short",
+    ),
+    pytest.param(
+        [c("hi", 50, priority=1), c("lo", 50, priority=0)],
+        {"a": 50},
+        ["lo"],
+        id="equal-size-lower-priority-first",
+    ),
+    pytest.param(
+        [c("new", 50, started_at=9.0), c("old", 50, started_at=1.0)],
+        {"a": 50},
+        ["old"],
+        id="equal-size-older-first",
+    ),
+    pytest.param(
+        [c("a30", 30), c("a20", 20), c("a15", 15)],
+        {"a": 50},
+        ["a30", "a20"],
+        id="stops-once-covered",
+    ),
+    pytest.param([c("a30", 30), c("a19", 19)], {"a": 50}, None, id="cannot-cover"),
+]
+
+
+@pytest.mark.parametrize(("cands", "shortfall", "expected"), LARGEST_FIRST)
+def test_largest_first_baseline(
+    cands: list[Candidate], shortfall: dict[str, int], expected: list[str] | None
+) -> None:
+    got = largest_first(cands, shortfall)
+    assert (None if got is None else [v.name for v in got]) == expected
