@@ -48,6 +48,7 @@ from __future__ import annotations
 import argparse
 import ast
 import concurrent.futures
+import contextlib
 import json
 import os
 import queue
@@ -68,6 +69,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 PACKAGE = "statemachine"
 MAX_WORKERS = 2
+_LIVE: set[subprocess.Popen[str]] = set()  # test runs in flight, ended when the run is stopped
 
 _CMP_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
     ast.Lt: ast.LtE,
@@ -477,12 +479,15 @@ def _pytest(
         text=True,
         start_new_session=True,
     )
+    _LIVE.add(proc)
     try:
         out, _ = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.communicate()
         return "timeout", time.monotonic() - t0, f"no result within {timeout:.0f}s"
+    finally:
+        _LIVE.discard(proc)
     dt = time.monotonic() - t0
     tail = "\n".join(out.strip().splitlines()[-3:])
     if proc.returncode == 0:
@@ -663,7 +668,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("-v", "--verbose", action="store_true", help="print every mutant's outcome")
     p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
-    return run(args)
+
+    def stop(signum: int, _frame: object) -> None:
+        _end_live()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        return run(args)
+    finally:
+        _end_live()
+
+
+def _end_live() -> None:
+    """End the test runs in flight: a stopped run leaves nothing behind."""
+    for proc in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 if __name__ == "__main__":
