@@ -16,6 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statemachine.victims import Candidate, choose_victims, largest_first
+from statemachine.victims import covers as sm_covers
+from statemachine.victims import freed as sm_freed
+from statemachine.victims import overshoot as sm_overshoot
 
 SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NAMES = ("ada", "bob", "cyd", "dee", "eve", "fay", "gus", "hal", "ivy", "jon")
@@ -468,6 +471,12 @@ LARGEST_FIRST = [
         id="equal-size-older-first",
     ),
     pytest.param(
+        [c("known", 50, started_at=0.5), c("unknown", 50)],
+        {"a": 50},
+        ["unknown"],
+        id="equal-size-unknown-start-first",
+    ),
+    pytest.param(
         [c("a30", 30), c("a20", 20), c("a15", 15)],
         {"a": 50},
         ["a30", "a20"],
@@ -483,3 +492,41 @@ def test_largest_first_baseline(
 ) -> None:
     got = largest_first(cands, shortfall)
     assert (None if got is None else [v.name for v in got]) == expected
+
+
+# ----- the search bound and the public helpers ---------------------------------------------
+def bound_case(pads: int) -> list[Candidate]:
+    """The swap-chain case (exact {60, 20}, greedy {35, 50}) plus ``pads`` 1 MiB candidates."""
+    return [c("c60", 60), c("c50", 50), c("c35", 35), c("c20", 20)] + [
+        c(f"pad{i:02d}", 1) for i in range(pads)
+    ]
+
+
+def test_the_default_search_is_exact_up_to_14_candidates() -> None:
+    exact = choose_victims(bound_case(10), {"a": 80})  # 14 candidates
+    assert exact is not None and [v.name for v in exact] == ["c20", "c60"]
+    greedy = choose_victims(bound_case(11), {"a": 80})  # 15: the greedy
+    assert greedy is not None and [v.name for v in greedy] == ["c35", "c50"]
+
+
+def test_a_candidate_without_priority_counts_as_priority_0() -> None:
+    tie = choose_victims([Candidate("zed", ("a",), 100), c("abe", 100, priority=0)], {"a": 100})
+    assert tie is not None and [v.name for v in tie] == ["abe"]  # equal: the name decides
+    lower = choose_victims([Candidate("zed", ("a",), 100), c("abe", 100, priority=1)], {"a": 100})
+    assert lower is not None and [v.name for v in lower] == ["zed"]
+
+
+def test_freed_covers_and_overshoot_count_only_the_short_roles() -> None:
+    victims = [c("ab", 60, roles=("a", "b")), c("a", 70), c("z", 500, roles=("z",))]
+    short = {"a": 50, "b": 20}
+    assert sm_freed(victims, short) == {"a": 130, "b": 60}
+    assert sm_overshoot(victims, short) == (130 - 50) + (60 - 20)
+    assert sm_covers(victims, short)
+    assert sm_covers(victims, {"a": 130, "b": 60})  # exactly the shortfall covers
+    assert not sm_covers(victims, {"a": 131, "b": 60})
+    assert sm_overshoot(victims[:1], {"a": 60}) == 0
+
+
+def test_an_unknown_start_is_older_than_any_known_one() -> None:
+    got = choose_victims([c("known", 100, started_at=0.5), c("unknown", 100)], {"a": 100})
+    assert got is not None and [v.name for v in got] == ["unknown"]

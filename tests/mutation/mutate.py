@@ -605,7 +605,8 @@ def run(args: argparse.Namespace) -> int:
             ordered = sorted(files, key=lambda f: times[f])
             timeout = max(cfg.timeout_min_s, cfg.timeout_factor * sum(times[f] for f in files))
             t_mod = time.monotonic()
-            with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+            pool = concurrent.futures.ThreadPoolExecutor(workers)
+            try:
                 for out in pool.map(lambda m: one(m, ordered, timeout), todo):  # noqa: B023
                     if out.status.startswith("error"):
                         errors.append(out)
@@ -616,6 +617,8 @@ def run(args: argparse.Namespace) -> int:
                             f"  {out.status:8s} {out.seconds:5.1f}s {out.mutant.describe()}",
                             flush=True,
                         )
+            finally:  # stopped: no queued mutant starts after this
+                pool.shutdown(wait=True, cancel_futures=True)
             print(
                 f"mutate: {name}: {res.total} mutants, {res.equivalent} equivalent, "
                 f"{res.run} run, {res.killed} killed ({res.score:.1f} %, threshold "
