@@ -471,6 +471,25 @@ LARGEST_FIRST = [
         id="equal-size-older-first",
     ),
     pytest.param(
+        # a is covered exactly (0 MiB left): a40 frees nothing still short, c still is
+        [c("a50", 50), c("a40", 40), c("c30", 30, roles=("c",))],
+        {"a": 50, "c": 30},
+        ["a50", "c30"],
+        id="skips-a-role-covered-exactly",
+    ),
+    pytest.param(
+        [c("z100", 100, roles=("z",)), c("a50", 50)],
+        {"a": 50},
+        ["a50"],
+        id="skips-a-candidate-on-no-short-role",
+    ),
+    pytest.param(
+        [c("a50", 50), c("a1", 1)],
+        {"a": 51},
+        ["a50", "a1"],
+        id="takes-a-candidate-for-the-last-mib",
+    ),
+    pytest.param(
         [c("known", 50, started_at=0.5), c("unknown", 50)],
         {"a": 50},
         ["unknown"],
