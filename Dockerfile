@@ -25,7 +25,8 @@ COPY statemachine ./statemachine
 RUN pip wheel --no-cache-dir --wheel-dir /wheels .
 
 FROM python:3.11-slim
-RUN useradd --system --uid 10001 --home-dir /var/lib/vramctl --create-home vramctl
+RUN useradd --system --uid 10001 --home-dir /var/lib/vramctl --create-home vramctl \
+    && chmod 0700 /var/lib/vramctl
 COPY --from=build /wheels /wheels
 RUN pip install --no-cache-dir /wheels/*.whl && rm -rf /wheels
 ENV NVIDIA_VISIBLE_DEVICES=all \

@@ -55,10 +55,17 @@ route (``POST``) needs ``Authorization: Bearer <token>``; the token comes from
 not a bearer one) → 401, a wrong token → 403. When no token is configured the
 state-changing routes answer **503** with how to configure one: no credential a client
 could send would be accepted, and mutation is never allowed unauthenticated. Read-only
-routes need no token. A request carrying an ``Origin`` header that is not in the
-allow-list (``--allow-origin``, default empty) is refused with 403 on every route;
-requests without ``Origin`` (curl, routers, the CLI) are fine. Bodies are validated by
-pydantic: 422 with one readable line per problem. Bodies over 64 KiB: 413.
+routes need no token, but without it they show names, states and figures only: the
+free text of a failed start (its ``up`` command line and output) and the values quoted
+by manifest errors are withheld (``"detail": "redacted"``); a read with the token gets
+them (``"detail": "full"``), one with a wrong token 403. A request carrying an
+``Origin`` header that is not in the allow-list (``--allow-origin``, default empty) is
+refused with 403 on every route; requests without ``Origin`` (curl, routers, the CLI)
+are fine. The token of a write is
+checked on its headers before any of its body is read, and a body is counted as it
+arrives: over 64 KiB is 413, chunked or not (:class:`WriteGuard`); a refusal closes the
+connection. Bodies are validated by pydantic: 422 with one readable line per problem
+(non-finite numbers such as ``NaN`` included).
 
 The module also holds the client side (:func:`call_api`) that ``vramctl up`` / ``down``
 use, the address parsing and the listening socket, which is bound *before* the loop
@@ -75,6 +82,7 @@ import errno
 import hmac
 import math
 import os
+import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
@@ -84,16 +92,20 @@ from typing import Annotated, Any
 
 import httpx
 import uvicorn
-from fastapi import Depends, FastAPI, Request
+from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from loguru import logger
 from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import Headers
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from controller.journal import warn_if_open
 from controller.loop import Controller, can_request
+from controller.manifest import LocatedError
 from controller.metrics import CONTENT_TYPE, Metrics
 from statemachine.fit import fit_serve, request_plan
 from statemachine.planner import Blocked, Policy, Step
@@ -191,6 +203,7 @@ def load_token(token_file: Path | None, env: dict[str, str] | None = None) -> st
             ) from None
         if not token:
             raise ApiConfigError(f"--token-file {token_file}: the file is empty")
+        warn_if_open(token_file, "the token file")
         return token
     token = environ.get("VRAMCTL_TOKEN", "").strip()
     return token or None
@@ -269,6 +282,21 @@ class UpBody(BaseModel):
     ] = None
 
 
+def _json_safe(value: Any) -> Any:
+    """``value`` with what strict JSON cannot carry (NaN, ±Infinity) as text.
+
+    Python's JSON reader accepts ``NaN``, ``Infinity`` and ``1e309`` (infinite), so a
+    422 that echoes the input must spell them, or the answer itself fails (a 500).
+    """
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {str(k): _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
 def _validation_lines(exc: RequestValidationError) -> list[str]:
     lines = []
     for err in exc.errors():
@@ -280,6 +308,107 @@ def _validation_lines(exc: RequestValidationError) -> list[str]:
         where = ".".join(loc) or "body"
         lines.append(f"{where}: {err.get('msg', 'invalid')}")
     return lines
+
+
+# ── authorisation and the body, before any route ─────────────────────────────
+
+#: Methods that change nothing: they need no token (every other one does).
+SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+def auth_problem(settings: ApiSettings, header: str | None, what: str) -> ApiError | None:
+    """Why ``Authorization: header`` does not authorise ``what``; ``None`` when it does.
+
+    503 when no token is configured, 401 without a bearer credential, 403 for a
+    wrong one (compared in constant time).
+    """
+    if settings.token is None:
+        return ApiError(503, NO_TOKEN_MESSAGE)
+    scheme, _, credential = (header or "").partition(" ")
+    if scheme.lower() != "bearer" or not credential.strip():
+        return ApiError(
+            401,
+            "this route changes state and needs 'Authorization: Bearer TOKEN' "
+            "(the token of --token-file / VRAMCTL_TOKEN)",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(credential.strip().encode("utf-8"), settings.token.encode("utf-8")):
+        logger.warning("api: wrong token for {}", what)
+        return ApiError(403, "the bearer token is wrong")
+    return None
+
+
+class WriteGuard:
+    """ASGI middleware: a write is authorised before its body is read, and bodies are capped.
+
+    For every method but GET / HEAD / OPTIONS, the token is checked on the headers
+    alone (a refused request's body is never read), then the body is read as it
+    arrives, counting bytes: past ``limit`` the answer is 413 at once, whatever the
+    ``Content-Length`` said or whether there was one (chunked). The body read (at
+    most ``limit`` bytes) is handed on to the route. A ``Content-Length`` over the
+    limit is 413 on any method. Refusals close the connection, so the server does
+    not go on receiving what is left of the body.
+    """
+
+    def __init__(self, app: ASGIApp, *, settings: ApiSettings, limit: int) -> None:
+        self.app = app
+        self.settings = settings
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = Headers(scope=scope)
+        method = str(scope["method"]).upper()
+        too_big = _error_response(413, f"request body over {self.limit} bytes")
+        too_big.headers["Connection"] = "close"
+        if method in SAFE_METHODS:
+            length = headers.get("content-length")
+            if length is not None and length.isdigit() and int(length) > self.limit:
+                await too_big(scope, receive, send)
+                return
+            await self.app(scope, receive, send)
+            return
+        problem = auth_problem(
+            self.settings, headers.get("authorization"), f"{method} {scope.get('path', '')}"
+        )
+        if problem is not None:
+            refusal = _error_response(
+                problem.status, problem.message, **problem.body, headers=problem.headers or None
+            )
+            refusal.headers["Connection"] = "close"
+            await refusal(scope, receive, send)
+            return
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await too_big(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        more = True
+        while more:
+            message = await receive()
+            if message["type"] != "http.request":
+                return  # the client went away
+            chunk = bytes(message.get("body", b""))
+            size += len(chunk)
+            if size > self.limit:
+                await too_big(scope, receive, send)
+                return
+            chunks.append(chunk)
+            more = bool(message.get("more_body", False))
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if not delivered:
+                delivered = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()
+
+        await self.app(scope, replay, send)
 
 
 # ── the up decision ──────────────────────────────────────────────────────────
@@ -393,6 +522,66 @@ def decide_up(
     return UpDecision(429, blocked.reason, {**fit_json, **terms}, max(1, math.ceil(retry)))
 
 
+# ── what a reader without the token sees ─────────────────────────────────────
+
+#: Why a read answer holds less than the journal and the log.
+REDACTED_NOTE = (
+    "free text (the `up` command line and output of a failed start, manifest values) is "
+    "shown only to a request with 'Authorization: Bearer TOKEN', and in the log"
+)
+#: The failures :meth:`Controller._note_deaths` words from states and figures only.
+_PUBLIC_FAILURE = re.compile(r"container (?:OOM-killed|exited -?\d+)")
+_FIELD_CHARS = 64
+
+
+def public_manifest_error(error: LocatedError) -> str:
+    """Where a manifest problem is (file, line, entry, field), without what it says.
+
+    The message quotes the offending value (up to 120 characters), which may be
+    anything the file holds: a reader without the token gets the location only.
+    """
+    parts = [error.file]
+    if error.line is not None:
+        parts.append(
+            f"line {error.line}" + (f", column {error.column}" if error.column is not None else "")
+        )
+    if error.where is not None:
+        parts.append(error.where)
+    if error.field:
+        field_name = error.field
+        if len(field_name) > _FIELD_CHARS:
+            field_name = field_name[: _FIELD_CHARS - 3] + "..."
+        parts.append(field_name)
+    parts.append("invalid (the reason is shown with the API token, and in the log)")
+    return ": ".join(parts)
+
+
+def public_manifest_errors(lines: list[str], located: list[LocatedError]) -> list[str]:
+    """The manifest errors for a reader without the token: one location per problem."""
+    if len(located) == len(lines):
+        return [public_manifest_error(e) for e in located]
+    return [
+        "the manifest set is invalid (the reason is shown with the API token, and in the log)"
+    ] * len(lines)
+
+
+def public_blocked(serve: str, reason: str | None) -> str | None:
+    """A blocked reason for a reader without the token.
+
+    The planner's own reasons are names and figures; a serve held back by the
+    controller (a failure backoff) carries the failure's text, which may quote the
+    ``up`` command line: that part is withheld.
+    """
+    if reason is None or not reason.startswith(f"{serve} is held back"):
+        return reason
+    return f"{serve} is held back (the reason is shown with the API token, and in the log)"
+
+
+def public_failure(text: str) -> str | None:
+    """A backoff's last failure for a reader without the token: states and figures only."""
+    return text if _PUBLIC_FAILURE.fullmatch(text) else None
+
+
 # ── the app ──────────────────────────────────────────────────────────────────
 
 
@@ -421,6 +610,8 @@ def create_app(
     allowed = frozenset(settings.allow_origins)
     metrics = metrics or Metrics()
 
+    # innermost: its refusals still get CORS headers for an allowed origin
+    app.add_middleware(WriteGuard, settings=settings, limit=MAX_BODY_BYTES)
     if allowed:
         app.add_middleware(
             CORSMiddleware,
@@ -452,9 +643,6 @@ def create_app(
                 f"origin {origin!r} is not allowed: vramctl refuses browser requests from "
                 "origins not listed with --allow-origin",
             )
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > MAX_BODY_BYTES:
-            return _error_response(413, f"request body over {MAX_BODY_BYTES} bytes")
         return await call_next(request)
 
     @app.exception_handler(ApiError)
@@ -472,26 +660,8 @@ def create_app(
             422,
             "invalid request: " + "; ".join(lines),
             problems=lines,
-            detail=jsonable_encoder(exc.errors(), custom_encoder={Exception: str}),
+            detail=_json_safe(jsonable_encoder(exc.errors(), custom_encoder={Exception: str})),
         )
-
-    def authorize(request: Request) -> None:
-        if settings.token is None:
-            raise ApiError(503, NO_TOKEN_MESSAGE)
-        header = request.headers.get("authorization", "")
-        scheme, _, credential = header.partition(" ")
-        if scheme.lower() != "bearer" or not credential.strip():
-            raise ApiError(
-                401,
-                "this route changes state and needs 'Authorization: Bearer TOKEN' "
-                "(the token of --token-file / VRAMCTL_TOKEN)",
-                headers={"WWW-Authenticate": "Bearer"},
-            )
-        if not hmac.compare_digest(
-            credential.strip().encode("utf-8"), settings.token.encode("utf-8")
-        ):
-            logger.warning("api: wrong token for {} {}", request.method, request.url.path)
-            raise ApiError(403, "the bearer token is wrong")
 
     def spec_of(serve: str) -> ServeSpec:
         desired = controller.mset.desired()
@@ -512,17 +682,45 @@ def create_app(
             )
         return snap.to_observed()
 
-    def meta() -> dict[str, Any]:
+    def full_detail(request: Request) -> bool:
+        """Whether this read may see free text: it carries the right token.
+
+        No ``Authorization`` header (or no token configured): names, states and
+        figures only. A wrong bearer token is refused (403), not answered with less.
+        """
+        header = request.headers.get("authorization")
+        if header is None or settings.token is None:
+            return False
+        problem = auth_problem(settings, header, f"{request.method} {request.url.path}")
+        if problem is None:
+            return True
+        if problem.status == 401:  # not a bearer credential: as if none were sent
+            return False
+        raise problem
+
+    def manifest_errors(full: bool) -> list[str]:
+        if full:
+            return list(controller.manifest_error)
+        return public_manifest_errors(controller.manifest_error, controller.manifest_issues)
+
+    def detail(full: bool) -> dict[str, Any]:
+        if full:
+            return {"detail": "full"}
+        return {"detail": "redacted", "detail_note": REDACTED_NOTE}
+
+    def meta(full: bool) -> dict[str, Any]:
         snap = controller.last.snapshot
         return {
             "observed_at": controller.last.at if snap is not None else None,
             "cycles": controller.cycles,
             "manifest_digest": controller.mset.digest,
-            "manifest_errors": list(controller.manifest_error),
+            "manifest_errors": manifest_errors(full),
+            **detail(full),
         }
 
     @app.get("/healthz")
-    async def healthz() -> dict[str, Any]:
+    async def healthz(request: Request) -> dict[str, Any]:
+        full = full_detail(request)
         snap = controller.last.snapshot
         age = time.time() - controller.last.at if snap is not None else None
         return {
@@ -535,8 +733,9 @@ def create_app(
             "nvml": "unknown"
             if snap is None
             else ("ok" if snap.gpus is not None else "unavailable"),
-            "manifest_errors": list(controller.manifest_error),
+            "manifest_errors": manifest_errors(full),
             "dry_run": controller.options.dry_run,
+            **detail(full),
         }
 
     @app.get("/metrics")
@@ -554,10 +753,11 @@ def create_app(
         return data, report
 
     @app.get("/v1/ledger")
-    async def ledger() -> dict[str, Any]:
+    async def ledger(request: Request) -> dict[str, Any]:
+        full = full_detail(request)
         data, _ = _status_now()
         return {
-            **meta(),
+            **meta(full),
             "docker": data["docker"],
             "nvml": data["nvml"],
             "gpu_roles": data["gpu_roles"],
@@ -565,7 +765,8 @@ def create_app(
         }
 
     @app.get("/v1/serves")
-    async def serves() -> dict[str, Any]:
+    async def serves(request: Request) -> dict[str, Any]:
+        full = full_detail(request)
         data, _ = _status_now()
         now = time.time()
         mset = controller.mset
@@ -584,18 +785,20 @@ def create_app(
                     "requestable": why_not is None,
                     "not_requestable_reason": why_not,
                     "request": None if req is None else _request_json(req, now),
-                    "blocked": blocked.get(name),
+                    "blocked": blocked.get(name)
+                    if full
+                    else public_blocked(name, blocked.get(name)),
                     "backoff": None
                     if b is None or not b.failures
                     else {
                         "failures": b.failures,
-                        "last_failure": b.last_failure,
+                        "last_failure": b.last_failure if full else public_failure(b.last_failure),
                         "until": b.until,
                         "retry_in_s": max(0.0, b.until - now),
                     },
                 }
             )
-        return {**meta(), "docker": data["docker"], "serves": out}
+        return {**meta(full), "docker": data["docker"], "serves": out}
 
     @app.get("/v1/fit/{serve}")
     async def fit(serve: str) -> dict[str, Any]:
@@ -606,7 +809,8 @@ def create_app(
         result = fit_serve(controller.desired(), observed, serve, policy=policy, now=now)
         return {**result.to_json(), "observed_at": controller.last.at}
 
-    @app.post("/v1/serves/{serve}/up", status_code=202, dependencies=[Depends(authorize)])
+    # every POST is authorised by WriteGuard before its body is read
+    @app.post("/v1/serves/{serve}/up", status_code=202)
     async def up(serve: str, request: Request, body: UpBody | None = None) -> JSONResponse:
         spec = spec_of(serve)
         why_not = can_request(controller.mset, serve)
@@ -698,7 +902,7 @@ def create_app(
             status_code=202,
         )
 
-    @app.post("/v1/serves/{serve}/down", status_code=202, dependencies=[Depends(authorize)])
+    @app.post("/v1/serves/{serve}/down", status_code=202)
     async def down(serve: str, request: Request) -> JSONResponse:
         spec = spec_of(serve)
         now = time.time()

@@ -26,6 +26,7 @@ from controller.snapshot import SnapshotError, SnapshotModel, load_snapshot
 from statemachine.fit import fit_serve
 from statemachine.planner import Action, Policy, plan_transitions
 from statemachine.status import host_status
+from statemachine.types import Observed
 
 app = typer.Typer(
     name="vramctl",
@@ -81,6 +82,17 @@ def _observe(observed: Path | None, mset: ManifestSet) -> SnapshotModel:
         return load_snapshot(observed)
     except SnapshotError as exc:
         _fail(str(exc))
+
+
+def _containers_now(mset: ManifestSet) -> Observed:
+    """The manifest set's containers as they are now (no NVML): for admission mid-plan."""
+    from controller.docker_adapter import ContainerObserver, manifest_containers
+
+    observer = ContainerObserver()
+    try:
+        return observer.observe(manifest_containers(mset.serves)).to_snapshot_model().to_observed()
+    finally:
+        observer.close()
 
 
 def _observe_live(mset: ManifestSet) -> SnapshotModel:
@@ -368,6 +380,7 @@ def apply(
         )
     except Exception as exc:  # the docker client could not be made: nothing was touched
         _fail(f"cannot reach docker to execute: {exc}")
+    executor.observe_now = lambda: _containers_now(mset)  # each reserve against the host now
     report = executor.execute(the_plan, observed)
     after = _observe_live(mset)
     host_ledger = ledger_from_observed(desired, after.to_observed())

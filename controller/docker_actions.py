@@ -12,8 +12,9 @@ the executor needs to carry out a plan step on a container that already exists:
 * :meth:`~DockerActions.logs`: the last lines of a container's output for an error
   message (never raises);
 * :meth:`~DockerActions.run_up`: one operator-declared command line (a serve's
-  ``up`` command, e.g. ``docker compose up -d SERVICE``) run without a shell, with
-  its output captured and its run time bounded;
+  ``up`` command, e.g. ``docker compose up -d SERVICE``) run without a shell, in a
+  clean environment (what Docker and Compose need, plus the serve's ``up_env``; never
+  the controller's tokens), with its output captured and its run time bounded;
 * preflight probes: :meth:`~DockerActions.executable_exists` and
   :meth:`~DockerActions.port_in_use`.
 
@@ -64,10 +65,13 @@ from controller.snapshot import ContainerModel
 
 __all__ = [
     "DEFAULT_LOG_TAIL",
+    "UP_ENV_PASS",
+    "UP_ENV_PREFIXES",
     "ActionError",
     "DockerActions",
     "UpResult",
     "is_transient",
+    "up_environment",
 ]
 
 T = TypeVar("T")
@@ -85,6 +89,51 @@ _OUTPUT_TAIL_LINES = 40
 _OUTPUT_TAIL_CHARS = 4000
 #: Seconds to wait for the output of a command killed at its timeout.
 _KILL_GRACE_S = 5.0
+
+#: Variables of the controller's environment an ``up`` command is given (when set);
+#: every other one (the API and router tokens, engine tokens, proxies, cloud
+#: credentials) stays with the controller. A serve adds its own with ``up_env``.
+UP_ENV_PASS: tuple[str, ...] = (
+    "PATH",
+    "HOME",
+    "USER",
+    "LOGNAME",
+    "LANG",
+    "LANGUAGE",
+    "TZ",
+    "TMPDIR",
+    "XDG_RUNTIME_DIR",
+    "DOCKER_HOST",
+    "DOCKER_CONTEXT",
+    "DOCKER_CONFIG",
+    "DOCKER_CERT_PATH",
+    "DOCKER_TLS_VERIFY",
+    "DOCKER_API_VERSION",
+    "DOCKER_BUILDKIT",
+    "DOCKER_DEFAULT_PLATFORM",
+)
+#: Prefixes of the variables passed on as well: the locale's and Docker Compose's.
+UP_ENV_PREFIXES: tuple[str, ...] = ("LC_", "COMPOSE_")
+
+
+def up_environment(
+    extra: Mapping[str, str] | None = None, environ: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """The environment of an ``up`` command: the passed-on part of ``environ`` + ``extra``.
+
+    ``environ`` defaults to the controller's own; ``extra`` (a serve's ``up_env``)
+    wins over it. ``PATH`` falls back to the system default when unset.
+    """
+    source = os.environ if environ is None else environ
+    env = {
+        name: value
+        for name, value in source.items()
+        if name in UP_ENV_PASS or name.startswith(UP_ENV_PREFIXES)
+    }
+    env.setdefault("PATH", os.defpath)
+    env.update(extra or {})
+    return env
+
 
 #: Phrases in a 5xx answer that say the request itself cannot work, so a retry
 #: would only repeat it (Docker reports some of these as 500, not 4xx).
@@ -327,15 +376,29 @@ class DockerActions(RetryKnobs):
 
     # ── operator commands ─────────────────────────────────────────────────────
 
-    def run_up(self, argv: Sequence[str], *, cwd: Path, timeout_s: float) -> UpResult:
+    def run_up(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        on_spawn: Callable[[int], None] | None = None,
+    ) -> UpResult:
         """Run one command line (no shell) in ``cwd``, bounded by ``timeout_s`` seconds.
 
+        The command gets a clean environment (:func:`up_environment`): the variables
+        of :data:`UP_ENV_PASS` / :data:`UP_ENV_PREFIXES` that the controller has, plus
+        ``env`` (the serve's ``up_env``); never the controller's tokens.
         stdout and stderr are captured together and the tail is kept; stdin is
         ``/dev/null``. The command runs in its own session, so at the timeout the
         whole process group is killed (a ``docker compose`` and whatever it spawned)
         and the result has ``returncode=None``. A missing executable or working
         directory gives 127 and one that cannot be executed 126, as a shell would;
-        nothing here raises for what the command does.
+        nothing here raises for what the command does. ``on_spawn`` is called with the
+        process id (= its process group id) as soon as the command runs, so the caller
+        can record it before waiting (a command must never outlive its controller
+        unsupervised).
         """
         args = tuple(str(a) for a in argv)
         if not args:
@@ -350,6 +413,7 @@ class DockerActions(RetryKnobs):
             proc = subprocess.Popen(
                 args,
                 cwd=cwd,
+                env=up_environment(env),
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
@@ -361,6 +425,8 @@ class DockerActions(RetryKnobs):
             return UpResult(args, 126, "", f"cannot execute {args[0]}: {exc.strerror or exc}", 0.0)
         except OSError as exc:
             return UpResult(args, 126, "", f"cannot run {args[0]}: {_describe(exc)}", 0.0)
+        if on_spawn is not None:
+            on_spawn(proc.pid)
         try:
             out, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:

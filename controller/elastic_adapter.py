@@ -6,27 +6,33 @@ DESIGN §6) keeps ``reserve_mib`` MiB free on its card by shrinking its expert c
     POST {url}/v1/vram          Content-Type: application/json
     {"reserve_mib": N}          (N ≥ 0; null = the reserve the engine started with)
 
-:class:`ElasticClient` makes that call with httpx and returns an
+and starts a fresh engine with ``POST {url}/v1/unload`` then ``POST {url}/v1/load``.
+
+:class:`ElasticClient` makes those calls with httpx and returns an
 :class:`ElasticAnswer` for every HTTP answer: 200 (``status`` ``"ok"`` or
-``"not loaded"`` and the figures), 409 ``model_busy`` (retried with backoff, bounded
-in attempts and time, and returned as a 409 answer when the engine stays busy), and
-400/503 and the rest, returned at once with the engine's message: whether to
-unload and reload is the caller's decision. Only a transport fault (the engine
-unreachable, or no answer within ``timeout_s``) raises, as
-``ElasticError(transient=True)`` once its retries run out.
+``"not loaded"`` and the figures), 409 ``model_busy`` (returned at once: the engine
+already waited for its running request, so "later" means a later cycle), and
+400/503 and the rest, returned at once with the engine's message. How long it waits
+for an answer is bounded (``timeout_s``, 20 s by default: the engine may hold a resize
+up to 300 s before it answers 409, and the loop must not wait with it). Only a
+request that got no answer raises ``ElasticError(transient=True)``; it is retried
+inside the call only when it cannot have reached the engine (the connection was
+refused), since a request that reached it may still run.
 
-:func:`elastic_ok` is the pure verdict of DESIGN §6: only a 200 with
-``status: "ok"`` is a call that ran, and for a shrink only
-``vram_free_mib >= reserve_mib`` proves the memory came back (partial success is a
-200 too).
+:func:`elastic_ok` is the pure verdict of DESIGN §6 on whether a call *ran* (only a
+200 with ``status: "ok"``), with the figures in words. Whether memory came back is
+not for the card-wide ``vram_free_mib`` to say (it counts what every program on the
+card holds, including room another serve reserved but has not used yet):
+:attr:`ElasticAnswer.given_back_mib` is what the engine's own cache says it gave
+back (``expert_cache_full_mib - expert_cache_mib``).
 
-The client is synchronous (the executor calls it from a worker thread) and ignores
-proxy environment variables. The engine forgets the reserve when its server
-restarts: remembering what was asked, and asking again, is the executor's job.
+The client is synchronous (the executor calls it from a worker thread), sends no
+``Origin`` (the engine refuses a foreign one with 403) and ignores proxy environment
+variables. The engine's server forgets the reserve when it restarts: remembering what
+was asked, and asking again, is the executor's job.
 
-This module must not decide anything (whether to shrink, by how much, or what to do
-about a refusal), must not unload or load a model, and must not be called by
-anything but the executor.
+This module must not decide anything (whether to shrink, by how much, what to count,
+or when to reload a model) and must not be called by anything but the executor.
 """
 
 from __future__ import annotations
@@ -47,7 +53,9 @@ from tenacity import (
 from controller.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
 
 __all__ = [
+    "LOAD_PATH",
     "RESIZE_FAILURE_MARKERS",
+    "UNLOAD_PATH",
     "VRAM_PATH",
     "ElasticAnswer",
     "ElasticClient",
@@ -56,6 +64,8 @@ __all__ = [
 ]
 
 VRAM_PATH = "/v1/vram"
+UNLOAD_PATH = "/v1/unload"
+LOAD_PATH = "/v1/load"
 
 #: Phrases of the engine's 400 after a resize that failed half-way: the cache table
 #: can no longer be trusted and the model should be unloaded and loaded again.
@@ -64,7 +74,10 @@ RESIZE_FAILURE_MARKERS = (
     "refilling the cache failed",
 )
 
-_RETRY_TRANSPORT: tuple[type[Exception], ...] = (
+#: Faults after which the request cannot have reached the engine: retried in the call.
+_RETRY_TRANSPORT: tuple[type[Exception], ...] = (httpx.ConnectError, httpx.ConnectTimeout)
+#: Faults after which it may have: no answer, not retried (the engine may still run it).
+_NO_ANSWER: tuple[type[Exception], ...] = (
     httpx.TimeoutException,
     httpx.NetworkError,
     httpx.RemoteProtocolError,
@@ -75,7 +88,11 @@ _ERROR_TEXT_CHARS = 300
 
 
 class ElasticError(AdapterError):
-    """The engine could not be asked at all."""
+    """No answer came: the engine was unreachable, or did not answer in time.
+
+    Whether a request that timed out ran is unknown: the engine may have taken it
+    (and may still run it after the client stopped waiting).
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,17 +133,28 @@ class ElasticAnswer:
         return self.http_status == 503 or self.resize_failed
 
     @property
+    def ok(self) -> bool:
+        """A 200 with ``status: "ok"``: the call ran (the figures say what it did)."""
+        return self.http_status == 200 and self.status == "ok"
+
+    @property
+    def given_back_mib(self) -> int | None:
+        """What the engine's own cache gives back now, whole: full minus current size.
+
+        This, not the card-wide ``vram_free_mib``, says what the engine holds: with the
+        serve's reservation at most its full use, it holds at most the reservation minus
+        this. ``None`` when the answer does not report both cache figures.
+        """
+        if not self.ok or self.expert_cache_mib is None or self.expert_cache_full_mib is None:
+            return None
+        return max(0, self.expert_cache_full_mib - self.expert_cache_mib)
+
+    @property
     def cache_whole(self) -> bool | None:
         """Whether the expert cache is at its full size again (``None``: not reported)."""
         if self.expert_cache_mib is None or self.expert_cache_full_mib is None:
             return None
         return self.expert_cache_mib >= self.expert_cache_full_mib
-
-
-class _BusyError(Exception):
-    def __init__(self, response: httpx.Response) -> None:
-        super().__init__(f"HTTP {response.status_code}")
-        self.response = response
 
 
 def _int(value: Any) -> int | None:
@@ -187,12 +215,14 @@ def _answer(response: httpx.Response, attempts: int) -> ElasticAnswer:
 
 
 class ElasticClient(RetryKnobs):
-    """Calls engines' ``POST /v1/vram`` for the executor.
+    """Calls engines' ``POST /v1/vram`` (and ``/v1/unload``, ``/v1/load``) for the executor.
 
-    ``timeout_s`` bounds each request (an engine may take a while: it waits for a
-    running request before it resizes); ``attempts`` and ``max_wait_s`` bound the
-    retries of 409 and of transport faults (no retry starts after ``max_wait_s``
-    seconds; backoff sleeps start at ``initial_wait_s`` and double). ``transport``
+    ``timeout_s`` bounds how long a call waits for the engine's answer (default 20 s:
+    the engine may wait up to 300 s for a running request before its 409, and the loop
+    is not to be held that long; no answer is "not proven" and asked again on a later
+    cycle); ``load_timeout_s`` bounds a ``/v1/load``, which starts an engine.
+    ``attempts`` and ``max_wait_s`` bound the retries of a connection that could not be
+    made (backoff sleeps start at ``initial_wait_s`` and double). ``transport``
     replaces httpx's network transport in tests. Use it as a context manager or call
     :meth:`close`.
     """
@@ -200,18 +230,22 @@ class ElasticClient(RetryKnobs):
     def __init__(
         self,
         *,
-        timeout_s: float = 150,
-        attempts: int = 5,
-        max_wait_s: float = 60,
-        initial_wait_s: float = 2.0,
+        timeout_s: float = 20,
+        load_timeout_s: float = 300,
+        attempts: int = 3,
+        max_wait_s: float = 10,
+        initial_wait_s: float = 1.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, not {timeout_s}")
+        if load_timeout_s <= 0:
+            raise ValueError(f"load_timeout_s must be > 0, not {load_timeout_s}")
         self.set_retry_knobs(
             attempts=attempts, max_wait_s=max_wait_s, initial_wait_s=initial_wait_s
         )
         self.timeout_s = float(timeout_s)
+        self.load_timeout_s = float(load_timeout_s)
         self._http = httpx.Client(
             timeout=httpx.Timeout(self.timeout_s, connect=min(_CONNECT_TIMEOUT_S, self.timeout_s)),
             transport=transport,
@@ -236,41 +270,56 @@ class ElasticClient(RetryKnobs):
 
         ``reserve_mib`` is the free VRAM (MiB) to leave on the card: a whole number
         ≥ 0, or ``None`` for the engine's start-up reserve (grow back). Returns an
-        :class:`ElasticAnswer` for any HTTP answer (judge it with
-        :func:`elastic_ok`); raises :class:`ElasticError` only when no answer came.
+        :class:`ElasticAnswer` for any HTTP answer (a 409 included); raises
+        :class:`ElasticError` only when no answer came.
         """
         if reserve_mib is not None and (
             isinstance(reserve_mib, bool) or not isinstance(reserve_mib, int) or reserve_mib < 0
         ):
             raise ValueError(f"reserve_mib must be a whole number ≥ 0 or None, not {reserve_mib!r}")
-        target = url.rstrip("/") + VRAM_PATH
+        content = json.dumps({"reserve_mib": reserve_mib}).encode()
+        return self._post(url, VRAM_PATH, content, token, self.timeout_s)
+
+    def unload(self, url: str, *, token: str | None = None) -> ElasticAnswer:
+        """``POST {url}/v1/unload``: the engine frees the model (its cache table too)."""
+        return self._post(url, UNLOAD_PATH, b"{}", token, self.timeout_s)
+
+    def load(self, url: str, *, token: str | None = None) -> ElasticAnswer:
+        """``POST {url}/v1/load``: a fresh engine (it re-applies the last reserve asked)."""
+        return self._post(url, LOAD_PATH, b"{}", token, self.load_timeout_s)
+
+    def _post(
+        self, url: str, path: str, content: bytes, token: str | None, timeout_s: float
+    ) -> ElasticAnswer:
+        target = url.rstrip("/") + path
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        content = json.dumps({"reserve_mib": reserve_mib}).encode()
+        timeout = httpx.Timeout(timeout_s, connect=min(_CONNECT_TIMEOUT_S, timeout_s))
 
         def attempt() -> httpx.Response:
-            response = self._http.post(target, content=content, headers=headers)
-            if response.status_code == 409:
-                raise _BusyError(response)
-            return response
+            return self._http.post(target, content=content, headers=headers, timeout=timeout)
 
         retrying = Retrying(
             stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_wait_s),
             wait=backoff_wait(self.initial_wait_s, self.max_wait_s),
-            retry=retry_if_exception_type((_BusyError, *_RETRY_TRANSPORT)),
+            retry=retry_if_exception_type(_RETRY_TRANSPORT),
             reraise=True,
         )
         try:
             response = retrying(attempt)
-        except _BusyError as exc:
-            return _answer(exc.response, attempts_of(retrying))
         except _RETRY_TRANSPORT as exc:
             tries = attempts_of(retrying)
             raise ElasticError(
-                f"POST {target}: no answer after {tries} attempts: {type(exc).__name__}: {exc}",
+                f"POST {target}: unreachable after {tries} attempts: {type(exc).__name__}: {exc}",
                 transient=True,
                 attempts=tries,
+            ) from exc
+        except _NO_ANSWER as exc:
+            raise ElasticError(
+                f"POST {target}: no answer within {timeout_s:g}s: {type(exc).__name__}: {exc}",
+                transient=True,
+                attempts=attempts_of(retrying),
             ) from exc
         except httpx.HTTPError as exc:  # a malformed URL, an unsupported scheme…
             raise ElasticError(
@@ -280,14 +329,16 @@ class ElasticClient(RetryKnobs):
 
 
 def elastic_ok(answer: ElasticAnswer, reserve_mib: int | None) -> tuple[bool, str]:
-    """Whether a ``/v1/vram`` call did what was asked (DESIGN §6), and why (pure).
+    """Whether a ``/v1/vram`` call ran (DESIGN §6), and what it reports, in words (pure).
 
-    Only a 200 with ``status: "ok"`` is a call that ran. For a shrink
-    (``reserve_mib`` not ``None``) only ``vram_free_mib >= reserve_mib`` proves the
-    memory came back; a grow-back (``None``) succeeds with any ``ok`` (the text says
-    whether the cache is whole again). Everything else is ``False`` with the reason:
-    ``"not loaded"``, ``"busy (409)"``, ``"engine refused (400): …"``,
-    ``"engine unavailable (503): …"``, ``"partial: vram_free_mib 6000 < reserve_mib 8000"``.
+    Only a 200 with ``status: "ok"`` is a call that ran. Its figures are put in words:
+    ``vram_free_mib`` against ``reserve_mib`` (the engine may end a segment short of the
+    reserve, or at its floor, and the figure counts the whole card, so it proves
+    nothing about the engine) and the expert cache against its full size, which is
+    what the caller judges the engine by (:attr:`ElasticAnswer.given_back_mib`).
+    Everything else is ``False`` with the reason: ``"not loaded"``, ``"busy (409)"``,
+    ``"engine refused (400): …"``, ``"resize failed, reload the model (400): …"``,
+    ``"engine unavailable (503): …"``.
     """
     code = answer.http_status
     if code == 409:
@@ -307,12 +358,13 @@ def elastic_ok(answer: ElasticAnswer, reserve_mib: int | None) -> tuple[bool, st
     cache = ""
     if answer.expert_cache_mib is not None and answer.expert_cache_full_mib is not None:
         cache = f", expert cache {answer.expert_cache_mib}/{answer.expert_cache_full_mib} MiB"
+    else:
+        cache = ", no expert-cache figures"
     if reserve_mib is None:
         whole = answer.cache_whole
         note = "" if whole is not False else " (cache not whole: no VRAM for more segments)"
         return True, f"ok: grown back, vram_free_mib {free}{cache}{note}"
     if free is None:
-        return False, "ok answer without vram_free_mib: cannot prove the memory came back"
-    if free < reserve_mib:
-        return False, f"partial: vram_free_mib {free} < reserve_mib {reserve_mib}{cache}"
-    return True, f"ok: vram_free_mib {free} >= reserve_mib {reserve_mib}{cache}"
+        return True, f"ok: no vram_free_mib (reserve_mib {reserve_mib}){cache}"
+    cmp = ">=" if free >= reserve_mib else "<"
+    return True, f"ok: vram_free_mib {free} {cmp} reserve_mib {reserve_mib}{cache}"

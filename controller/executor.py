@@ -10,8 +10,10 @@ containers hold:
   the start fails and the container holds nothing;
 - a release is applied only after the stop is confirmed (the container exited and,
   where NVML sees the role's device, the memory came back within a bound);
-- a shrink counts only when the engine answers ``status: "ok"`` with
-  ``vram_free_mib >= reserve_mib``; a partial shrink is undone (grow back) and fails;
+- a shrink counts only as far as the engine's own expert cache shows it gave back
+  (free VRAM on the card proves nothing about one engine); a grow counts before the
+  call, and a grow, a resize that failed inside the engine (then reloaded) or one
+  that got no answer counts the serve at its full reservation;
 - a drain that times out or is refused stops nothing: every tier quiesced for the
   same group is readmitted.
 
@@ -44,6 +46,7 @@ from controller.docker_actions import ActionError, DockerActions
 from controller.elastic_adapter import ElasticClient, ElasticError, elastic_ok
 from controller.health import http_ready
 from controller.router_adapter import RouterClient, RouterError
+from controller.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import IllegalTransition, ServeLifecycle
 from statemachine.planner import Action, Plan, Step
@@ -76,6 +79,11 @@ class StepResult:
     detail: str
     duration_s: float
     logs: str | None = None
+    #: when the step ended (epoch seconds): a failure's backoff counts from here
+    ended_at: float = 0.0
+    #: the container's ``started_at`` (epoch seconds) when a failed start saw it die:
+    #: the loop counts that death once, not again when it observes the exited container
+    died_started_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -88,6 +96,19 @@ class StepResult:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class ElasticFigure:
+    """What an elastic serve is counted at after a resize step, for the journal.
+
+    ``mib`` is ``None`` for its full reservation (nothing to remember); ``at`` is when
+    the engine's answer that establishes it arrived (epoch seconds), so a container
+    that started before it still has the reserve in force.
+    """
+
+    mib: int | None
+    at: float
+
+
 @dataclass
 class ExecutionReport:
     """What a plan's execution did, and the ledger it left."""
@@ -97,6 +118,10 @@ class ExecutionReport:
     lifecycles: dict[str, str]
     stopped_early: bool = False
     preflight: list[str] = field(default_factory=list)
+    #: the plan groups the preflight refused (their steps were skipped; the rest ran)
+    refused_groups: list[str] = field(default_factory=list)
+    #: elastic serves whose count this plan established: serve -> what to remember
+    elastic: dict[str, ElasticFigure] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -131,11 +156,13 @@ class StepError(Exception):
         logs: str | None = None,
         aborted: bool = False,
         interrupted: bool = False,
+        died_started_at: float | None = None,
     ) -> None:
         super().__init__(message)
         self.logs = logs
         self.aborted = aborted
         self.interrupted = interrupted
+        self.died_started_at = died_started_at
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,6 +196,9 @@ class Executor:
         config: ExecutorConfig | None = None,
         on_step: Callable[[StepResult], None] | None = None,
         stop_event: threading.Event | None = None,
+        observe_now: Callable[[], Observed] | None = None,
+        starts: StartTracker | None = None,
+        on_start_done: Callable[[list[StepResult]], None] | None = None,
     ) -> None:
         self.desired = desired
         self.docker = docker
@@ -181,32 +211,73 @@ class Executor:
         self.config = config or ExecutorConfig()
         self.on_step = on_step
         self.stop_event = stop_event or threading.Event()
+        #: a fresh reading of the containers, to admit each reserve against the host as
+        #: it is now (``None``: against the plan's observation, kept true by the steps)
+        self.observe_now = observe_now
+        #: with a tracker, each start (start, await_ready, readmit) runs on a thread of
+        #: its own beside the plan and the loop; ``on_start_done`` gets its results
+        self.starts = starts
+        self.on_start_done = on_start_done
+        # serve -> (action, to_mib, reserve_mib) of a resize that got no answer: the same
+        # step asks for the same reserve again (idempotent), not a new card-wide figure
+        self.unanswered: dict[str, tuple[str, int, int | None]] = {}
 
     # ------------------------------------------------------------------ preflight
     def preflight(self, plan: Plan) -> list[str]:
         """What is knowable now and would make the plan fail half-way; empty when fine."""
-        problems: list[str] = []
+        return [p.text for p in self.preflight_problems(plan)]
+
+    def preflight_problems(self, plan: Plan) -> list[PreflightProblem]:
+        """Each problem the preflight finds, with the plan groups it refuses.
+
+        A problem of one serve (its container or ``up`` missing, its port taken, an
+        elastic step without an endpoint) refuses only the groups of that serve's
+        steps; a router that is missing or unreachable refuses the groups that need it.
+        """
+        problems: list[PreflightProblem] = []
         actions = {s.action for s in plan.steps}
+        router_groups = frozenset(
+            s.group
+            for s in plan.steps
+            if s.action in (Action.QUIESCE, Action.DRAIN, Action.READMIT)
+        )
         if actions & {Action.QUIESCE, Action.DRAIN}:
             tiers = sorted({s.serve for s in plan.steps if s.action is Action.DRAIN})
             if self.router is None:
                 problems.append(
-                    "the plan drains router tiers (" + ", ".join(tiers) + ") before stopping "
-                    "them, but no router is configured: set --router-url / VRAMCTL_ROUTER_URL"
+                    PreflightProblem(
+                        None,
+                        router_groups,
+                        "the plan drains router tiers (" + ", ".join(tiers) + ") before "
+                        "stopping them, but no router is configured: set --router-url / "
+                        "VRAMCTL_ROUTER_URL",
+                    )
                 )
         if self.router is not None and actions & {Action.QUIESCE, Action.DRAIN, Action.READMIT}:
             err = self.router.check()
             if err is not None:
-                problems.append(f"router {self.router.base_url}: {err}")
+                problems.append(
+                    PreflightProblem(None, router_groups, f"router {self.router.base_url}: {err}")
+                )
         stopped_ports: set[int] = set()
         for step in plan.steps:
             serve = self.desired.serves[step.serve]
             if step.action is Action.STOP and serve.port is not None:
                 stopped_ports.add(serve.port)
             if step.action is Action.START:
-                problems.extend(self._preflight_start(serve, stopped_ports))
+                groups = frozenset({step.group})
+                problems.extend(
+                    PreflightProblem(serve.name, groups, text)
+                    for text in self._preflight_start(serve, stopped_ports)
+                )
             if step.action in (Action.SHRINK, Action.GROW) and serve.elastic is None:
-                problems.append(f"{serve.name}: {step.action} planned but it has no elastic url")
+                problems.append(
+                    PreflightProblem(
+                        serve.name,
+                        frozenset({step.group}),
+                        f"{serve.name}: {step.action} planned but it has no elastic url",
+                    )
+                )
         return problems
 
     def _preflight_start(self, serve: ServeSpec, stopped_ports: set[int]) -> list[str]:
@@ -222,7 +293,7 @@ class Executor:
                     f"{serve.name}: container {serve.container} does not exist and the serve "
                     "has no `up` command to create it"
                 )
-            elif not self.docker.executable_exists(argv[0]):
+            elif not self.docker.executable_exists(argv[0], cwd=self.manifest_dir(serve.name)):
                 problems.append(f"{serve.name}: `up` executable {argv[0]!r} not found")
         if (
             serve.port is not None
@@ -239,7 +310,13 @@ class Executor:
     def execute(
         self, plan: Plan, observed: Observed, *, skip_preflight: bool = False
     ) -> ExecutionReport:
-        """Carry out ``plan`` (made from ``observed``); never raises for host faults."""
+        """Carry out ``plan`` (made from ``observed``); never raises for host faults.
+
+        With a :class:`~controller.starts.StartTracker` each start (its start,
+        await_ready and readmit steps) is handed to a thread of its own once its
+        reserve is admitted, and this returns without waiting for it: the start's
+        results reach ``on_start_done``. Without one, everything runs here, in order.
+        """
         ledger = ledger_from_observed(self.desired, observed)
         machines: dict[str, ServeLifecycle] = {}
         for step in plan.steps:
@@ -248,49 +325,109 @@ class Executor:
                 holds = observed.container(serve.container).holds
                 machines[step.serve] = ServeLifecycle(step.serve, "running" if holds else "stopped")
         report = ExecutionReport([], ledger, {})
+        refused: dict[str, list[str]] = {}  # group -> the preflight problems that refuse it
         if not skip_preflight:
-            report.preflight = self.preflight(plan)
-            if report.preflight:
-                for problem in report.preflight:
-                    logger.error("preflight: {}", problem)
+            problems = self.preflight_problems(plan)
+            report.preflight = [p.text for p in problems]
+            for problem in problems:
+                logger.error("preflight: {}", problem.text)
+                for g in problem.groups:
+                    refused.setdefault(g, []).append(problem.text)
+            report.refused_groups = sorted(refused)
+            if problems and all(st.group in refused for st in plan.steps):
                 report.lifecycles = {n: str(m.state) for n, m in machines.items()}
                 return report
         run = _Run(self, ledger, machines, observed)
-        for step in plan.steps:
+        jobs: dict[str, _StartJob] = {}
+        steps = list(plan.steps)
+        i = 0
+        while i < len(steps):
+            step = steps[i]
+            i += 1
             if self.stop_event.is_set() and not report.stopped_early:
                 report.stopped_early = True
                 run.compensate_all("the controller is stopping")
-            if report.stopped_early or step.group in run.failed_groups:
-                why = (
-                    "the controller is stopping"
-                    if report.stopped_early
-                    else (f"an earlier step of group {step.group} failed")
+            why: str | None = None
+            if report.stopped_early:
+                why = "the controller is stopping"
+            elif step.group in refused:
+                why = "refused by the preflight: " + "; ".join(refused[step.group])
+            elif step.group in run.failed_groups:
+                why = f"an earlier step of group {step.group} failed"
+            elif step.serve in jobs and not jobs[step.serve].wait():
+                why = f"the start of {step.serve} did not succeed"
+            if why is not None:
+                self._emit(
+                    report, StepResult(step, Outcome.SKIPPED, why, 0.0, ended_at=time.time())
                 )
-                self._emit(report, StepResult(step, Outcome.SKIPPED, why, 0.0))
                 continue
-            t0 = time.monotonic()
-            try:
-                detail = run.do(step)
-                result = StepResult(step, Outcome.OK, detail, time.monotonic() - t0)
-            except Exception as exc:
-                if not isinstance(exc, StepError):
-                    logger.exception("{} {}: unexpected error", step.serve, step.action)
-                    exc = StepError(f"unexpected error: {type(exc).__name__}: {exc}")
-                outcome = Outcome.ABORTED if exc.aborted else Outcome.FAILED
-                if exc.interrupted:
-                    outcome = Outcome.INTERRUPTED
-                result = StepResult(step, outcome, str(exc), time.monotonic() - t0, exc.logs)
-                run.failed_groups.add(step.group)
-                if not exc.interrupted:
-                    run.compensate(step)
-            self._emit(report, result)
+            if self.starts is not None and step.action is Action.START:
+                chain = [step]
+                while (
+                    i < len(steps)
+                    and steps[i].serve == step.serve
+                    and steps[i].action in (Action.AWAIT_READY, Action.READMIT)
+                ):
+                    chain.append(steps[i])
+                    i += 1
+                jobs[step.serve] = self._detach(run, chain)
+                continue
+            self._emit(report, self._attempt(run, step))
         run.compensate_all("the plan ended")
         report.ledger = run.ledger
+        report.elastic = dict(run.elastic)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
         return report
 
+    def _attempt(self, run: _Run, step: Step) -> StepResult:
+        """One step: its result, with the failed group compensated."""
+        t0 = time.monotonic()
+        try:
+            detail = run.do(step)
+            return StepResult(step, Outcome.OK, detail, time.monotonic() - t0, ended_at=time.time())
+        except Exception as exc:
+            if not isinstance(exc, StepError):
+                logger.exception("{} {}: unexpected error", step.serve, step.action)
+                exc = StepError(f"unexpected error: {type(exc).__name__}: {exc}")
+            outcome = Outcome.ABORTED if exc.aborted else Outcome.FAILED
+            if exc.interrupted:
+                outcome = Outcome.INTERRUPTED
+            result = StepResult(
+                step,
+                outcome,
+                str(exc),
+                time.monotonic() - t0,
+                exc.logs,
+                ended_at=time.time(),
+                died_started_at=exc.died_started_at,
+            )
+            run.failed_groups.add(step.group)
+            if not exc.interrupted:
+                run.compensate(step)
+            return result
+
+    def _detach(self, run: _Run, chain: list[Step]) -> _StartJob:
+        """Hand a start (start, await_ready, readmit) to a thread of its own."""
+        assert self.starts is not None
+        first = chain[0]
+        s = self.desired.serves[first.serve]
+        if not self.starts.active(s.name):  # a serve outside the ledger has no reserve step
+            self.starts.begin(s.name, s.gpu_roles, first.mib or 0)
+        run.reserved.pop(s.name, None)  # settled by the start's own run if it fails
+        sub = _Run(self, run.ledger, {s.name: run.machines[s.name]}, run.observed)
+        sub.reserved[s.name] = first.group
+        job = _StartJob(self, sub, chain)
+        thread = threading.Thread(target=job.run, name=f"start-{s.name}", daemon=True)
+        self.starts.attach(s.name, thread)
+        thread.start()
+        return job
+
     def _emit(self, report: ExecutionReport, result: StepResult) -> None:
         report.results.append(result)
+        self._emit_result(result)
+
+    def _emit_result(self, result: StepResult) -> None:
+        """Log one step's result and hand it to ``on_step``."""
         level = "INFO" if result.outcome is Outcome.OK else "WARNING"
         if result.outcome is Outcome.FAILED:
             level = "ERROR"
@@ -312,6 +449,65 @@ class Executor:
             self.on_step(result)
 
 
+@dataclass(frozen=True, slots=True)
+class PreflightProblem:
+    """One preflight finding: the serve it concerns (``None``: the plan) and the groups
+    of the plan it refuses."""
+
+    serve: str | None
+    groups: frozenset[str]
+    text: str
+
+
+class _StartJob:
+    """One start carried out beside the plan: its steps in order, then the tracker."""
+
+    def __init__(self, ex: Executor, run: _Run, chain: list[Step]) -> None:
+        self.ex = ex
+        self.run_ = run
+        self.chain = chain
+        self.results: list[StepResult] = []
+        self.on_done = ex.on_start_done  # as when the start began (the loop sets it per cycle)
+        self.done = threading.Event()
+        self.ok = False
+
+    def wait(self) -> bool:
+        """Wait for the start to end; True when every step of it succeeded."""
+        self.done.wait()
+        return self.ok
+
+    def run(self) -> None:
+        serve = self.chain[0].serve
+        failed = False
+        try:
+            for step in self.chain:
+                if failed:
+                    result = StepResult(
+                        step,
+                        Outcome.SKIPPED,
+                        f"an earlier step of group {step.group} failed",
+                        0.0,
+                        ended_at=time.time(),
+                    )
+                else:
+                    result = self.ex._attempt(self.run_, step)
+                    failed = result.outcome is not Outcome.OK
+                self.results.append(result)
+                self.ex._emit_result(result)
+            self.ok = not failed
+        except Exception:  # a bug must not leave the start counted for good
+            logger.exception("{}: the start's thread failed", serve)
+        finally:
+            assert self.ex.starts is not None
+            self.ex.starts.end(serve)
+            self.done.set()
+            if self.on_done is not None:
+                try:
+                    self.on_done(list(self.results))
+                except Exception:
+                    logger.exception("{}: recording the start's outcome failed", serve)
+
+
 class _Run:
     """The state of one execution: the live ledger, the machines, what to undo."""
 
@@ -323,6 +519,9 @@ class _Run:
         observed: Observed,
     ) -> None:
         self.ex = ex
+        #: the desired state this run was planned for (a start carried out beside the
+        #: loop keeps it even when the manifest changes meanwhile)
+        self.desired = ex.desired
         self.observed = observed
         self.ledger = ledger
         self.machines = machines
@@ -331,10 +530,11 @@ class _Run:
         self.reserved: dict[str, str] = {}  # serve -> group, reserved but not yet started
         self.used_before_stop: dict[str, dict[str, int]] = {}  # serve -> role -> NVML used
         self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
+        self.elastic: dict[str, ElasticFigure] = {}  # serve -> its count after a resize
 
     # -- helpers ---------------------------------------------------------------------
     def serve(self, name: str) -> ServeSpec:
-        return self.ex.desired.serves[name]
+        return self.desired.serves[name]
 
     def fire(self, serve: str, trigger: str) -> None:
         machine = self.machines[serve]
@@ -355,7 +555,7 @@ class _Run:
         by_uuid = {g.uuid: g for g in gpus}
         out: dict[str, int] = {}
         for r in roles:
-            uuid = self.ex.desired.roles[r].uuid if r in self.ex.desired.roles else None
+            uuid = self.desired.roles[r].uuid if r in self.desired.roles else None
             dev = by_uuid.get(uuid) if uuid else None
             if dev is not None and dev.used_mib is not None:
                 out[r] = dev.used_mib
@@ -473,13 +673,51 @@ class _Run:
 
     def reserve(self, step: Step, s: ServeSpec) -> str:
         assert step.mib is not None
+        self.admit_against_host_now(s)
         result = self.ledger.admit(GpuReservation(s.name, s.gpu_roles, step.mib))
         if isinstance(result, Refusal):
             raise StepError(f"the ledger refuses: {result.message}")
         self.ledger = result
         self.reserved[s.name] = step.group
+        if self.ex.starts is not None:
+            self.ex.starts.begin(s.name, s.gpu_roles, step.mib)
         self.fire(s.name, "reserve")
         return f"reserved {step.mib} MiB on {', '.join(s.gpu_roles)}"
+
+    def admit_against_host_now(self, s: ServeSpec) -> None:
+        """Read the containers again before a reserve: the plan's observation may be old.
+
+        A serve of the manifest whose container holds memory now, though neither the
+        plan's ledger nor a start in progress counts it, was started outside the
+        controller while the plan ran: it joins this run's ledger (so nothing later in
+        the plan is admitted into its room) and the reserve fails, to be planned again
+        from the host as it is. Docker unreadable now: nothing is admitted.
+        """
+        if self.ex.observe_now is None:
+            return
+        fresh = self.ex.observe_now()
+        if not fresh.docker_ok:
+            raise StepError("docker cannot be read now: nothing is admitted until it can")
+        in_progress = self.ex.starts.snapshot() if self.ex.starts is not None else {}
+        outside: list[GpuReservation] = []
+        for other in self.desired.serves.values():
+            if (
+                other.vram_mib is None
+                or not self.desired.in_ledger(other)
+                or self.ledger.holds(other.name)
+                or other.name in in_progress
+                or not fresh.container(other.container).holds
+            ):
+                continue
+            outside.append(GpuReservation(other.name, other.gpu_roles, other.vram_mib))
+        if outside:
+            self.ledger = Ledger(self.desired.roles, [*self.ledger.holdings.values(), *outside])
+            names = ", ".join(r.holder for r in outside)
+            raise StepError(
+                f"{names} started outside the controller while this plan ran "
+                f"({' + '.join(f'{r.holder} {r.mib}' for r in outside)} MiB now held): "
+                f"{s.name} is not admitted; the next cycle plans from the host as it is"
+            )
 
     def start(self, step: Step, s: ServeSpec) -> str:
         if self.machines[s.name].state == "stopped":
@@ -494,12 +732,35 @@ class _Run:
                 if not argv:
                     raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
                 timeout = float(getattr(self.ex.details.get(s.name), "start_timeout_s", 600.0))
-                res = self.ex.docker.run_up(
-                    argv, cwd=self.ex.manifest_dir(s.name), timeout_s=timeout
-                )
+                tracker = self.ex.starts
+                mib = step.mib or 0
+
+                def spawned(pid: int) -> None:
+                    if tracker is not None:
+                        tracker.up_spawned(
+                            s.name, pid, roles=s.gpu_roles, mib=mib, timeout_s=timeout
+                        )
+
+                try:
+                    res = self.ex.docker.run_up(
+                        argv,
+                        cwd=self.ex.manifest_dir(s.name),
+                        timeout_s=timeout,
+                        env=getattr(self.ex.details.get(s.name), "up_env", None),
+                        on_spawn=spawned,
+                    )
+                finally:
+                    if tracker is not None:
+                        tracker.up_exited(s.name)
                 if res.returncode != 0:
+                    how = (
+                        f"timed out after {timeout:g}s"
+                        if res.returncode is None
+                        else f"exited {res.returncode}"
+                    )
                     raise StepError(
-                        f"`up` exited {res.returncode}: {' '.join(argv)}", logs=res.output
+                        f"`up` {how}: {_reason(res.output)} (`up`: {' '.join(argv)})",
+                        logs=res.output,
                     )
                 if not self.ex.docker.exists(s.container):
                     raise StepError(
@@ -526,7 +787,11 @@ class _Run:
                 raise StepError(f"{s.container} disappeared while starting")
             if state.oom_killed or state.state in (ContainerState.EXITED, ContainerState.DEAD):
                 why = "was OOM-killed" if state.oom_killed else f"exited ({state.exit_code})"
-                raise StepError(f"{s.container} {why} while starting", logs=self.logs(s.container))
+                raise StepError(
+                    f"{s.container} {why} while starting",
+                    logs=self.logs(s.container),
+                    died_started_at=_epoch_or_none(state.started_at),
+                )
             if state.state is ContainerState.RUNNING:
                 if state.health is not None:
                     if state.health == "healthy":
@@ -566,43 +831,182 @@ class _Run:
         return f"tier {s.router_tier} readmitted"
 
     def resize(self, step: Step, s: ServeSpec) -> str:
-        """Shrink: the engine first, then the ledger. Grow: the ledger first, then the engine.
+        """Resize an elastic serve; the ledger never counts less than the engine holds.
 
-        Either way the ledger never counts less than the engine may hold.
+        A grow is admitted by the ledger first (refused there, the engine is not asked)
+        and counted before the call. A shrink is counted only once the engine's own
+        cache proves it (``expert_cache_full_mib - expert_cache_mib`` covers what the
+        plan takes off its reservation); free VRAM on the card proves nothing, as it
+        counts room other serves have reserved and not used yet. When the first answer
+        shows the engine holding more than the plan counts (the card looked freer than
+        the ledger), it is asked once more for the missing MiB above the free VRAM it
+        reported. Then:
+
+        - proven: counted at the plan's figure;
+        - gave back less (its floor): counted at what it still holds, step failed;
+        - 409 busy, or no answer within the client's wait: nothing proven, counted as
+          before (a grow: at full, it may have run), step aborted; the same reserve is
+          asked again on a later step;
+        - 503 or a failure inside the resize: the cache table cannot be trusted; the
+          model is unloaded and loaded again (or the container restarted) and the
+          serve counted at its full reservation, step failed;
+        - refused (400) or ``not loaded``: nothing ran; a ``not loaded`` engine sizes
+          its cache afresh when it loads, so it is counted at full.
+
+        What the ledger ends at is reported (``report.elastic``) with the time of the
+        answer that established it, for the journal.
         """
-        if s.elastic is None or step.to_mib is None:
+        if s.elastic is None or step.to_mib is None or s.vram_mib is None:
             raise StepError(f"{s.name} is not elastic")
-        resized = self.ledger.resize(s.name, step.to_mib)
-        if isinstance(resized, Refusal):
-            raise StepError(f"the ledger refuses: {resized.message}")
-        target = self.reserve_target(step, s)
-        token = _env_token(s.elastic.token_env)
-        try:
-            ans = self.ex.elastic.set_reserve(s.elastic.url, target, token=token)
-        except ElasticError as exc:
-            raise StepError(f"elastic {step.action} of {s.name}: {exc}") from None
-        ok, why = elastic_ok(ans, target)
-        if step.action is Action.GROW:
-            # the engine may have grown in part: count the whole grow, never less
-            self.ledger = resized
-            if not ok:
-                raise StepError(f"elastic grow of {s.name} (reserve_mib {target}): {why}")
-        elif not ok:
-            raise StepError(f"elastic shrink of {s.name} (reserve_mib {target}): {why}")
+        held = self.ledger.holdings.get(s.name)
+        if held is None:
+            raise StepError(f"{s.name} holds no reservation to resize")
+        before, to, full = held.mib, step.to_mib, s.vram_mib
+        grow = step.action is Action.GROW
+        if grow:
+            resized = self.ledger.resize(s.name, to)
+            if isinstance(resized, Refusal):
+                raise StepError(f"the ledger refuses: {resized.message}")
+            self.ledger = resized  # counted before the call: the engine may grow in part
+        el, token = s.elastic, _env_token(s.elastic.token_env)
+        pending = self.ex.unanswered.get(s.name)
+        if pending is not None and pending[:2] == (str(step.action), to):
+            target = pending[2]
         else:
-            self.ledger = resized
+            target = self.reserve_target(step, s)
+        what = f"elastic {step.action} of {s.name}"
+        asked: list[int | None] = []
+        while True:
+            asked.append(target)
+            try:
+                ans = self.ex.elastic.set_reserve(el.url, target, token=token)
+            except ElasticError as exc:
+                if exc.transient:
+                    self.ex.unanswered[s.name] = (str(step.action), to, target)
+                if grow:
+                    self.count(s, full, time.time())
+                    raise StepError(
+                        f"{what} (reserve_mib {target}): {exc}; it may have grown: "
+                        f"counted at its full {full} MiB until an answer proves less"
+                    ) from None
+                raise StepError(
+                    f"{what} (reserve_mib {target}): {exc}; nothing proven: counted at "
+                    f"{before} MiB, the same reserve is asked again later",
+                    aborted=exc.transient,
+                ) from None
+            at = time.time()
+            self.ex.unanswered.pop(s.name, None)
+            ran, why = elastic_ok(ans, target)
+            gave = ans.given_back_mib
+            holds = None if gave is None else max(0, full - gave)
+            if (
+                holds is None
+                or holds <= to
+                or len(asked) > 1
+                or ans.vram_free_mib is None
+                or not ran
+            ):
+                break
+            # the card looked freer than the ledger: ask for what is missing on top
+            retry = max(self._role_reserve(s), ans.vram_free_mib + (holds - to))
+            if target is not None and retry <= target:
+                break  # it stopped at its floor: asking again changes nothing
+            target = retry
+        asked_text = ", then ".join(str(a) for a in asked)
+        if ans.busy:
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}; nothing ran, asked again on "
+                "a later cycle",
+                aborted=True,
+            )
+        if ans.needs_reload:
+            self.count(s, full, at)
+            reload = self.reload_engine(s)
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}; its cache table cannot be "
+                f"trusted: {reload}; counted at its full {full} MiB until an answer "
+                "proves less"
+            )
+        if not ran:
+            if ans.status == "not loaded":
+                self.count(s, full, at)
+                why += f"; counted at its full {full} MiB (it sizes its cache when it loads)"
+            raise StepError(f"{what} (reserve_mib {asked_text}): {why}")
+        if holds is None:
+            if grow:
+                self.count(s, full, at)
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}: the answer does not say what "
+                f"the engine holds; counted at {full if grow else before} MiB"
+            )
+        # never less than it holds; rounded to the plan's figure when it holds no more
+        self.count(s, max(to, holds), at)
+        if holds > to:
+            raise StepError(
+                f"{what} (reserve_mib {asked_text}): {why}: its cache gives back "
+                f"{full - holds} MiB, the plan needs {full - to}: counted at the "
+                f"{holds} MiB it still holds"
+            )
         self.fire(s.name, str(step.action))
-        return f"{s.name} now holds {step.to_mib} MiB ({why})"
+        return f"{s.name} now holds {to} MiB (reserve_mib {asked_text}; {why})"
+
+    def count(self, s: ServeSpec, mib: int, at: float) -> None:
+        """Count ``s`` at ``mib`` from now on (over the budget if it must be), and say so."""
+        resized = self.ledger.resize(s.name, mib)
+        if isinstance(resized, Refusal):  # it holds it whether or not it fits: count it
+            holdings = [
+                r if r.holder != s.name else GpuReservation(r.holder, r.gpu_roles, mib)
+                for r in self.ledger.holdings.values()
+            ]
+            resized = Ledger(self.ledger.roles, holdings)
+            logger.error(
+                "{}: counted at {} MiB, what its engine may hold, though that is over the "
+                "budget of {}",
+                s.name,
+                mib,
+                ", ".join(s.gpu_roles),
+            )
+        self.ledger = resized
+        full = s.vram_mib
+        self.elastic[s.name] = ElasticFigure(None if full is None or mib >= full else mib, at)
+
+    def reload_engine(self, s: ServeSpec) -> str:
+        """Unload and load the model (a fresh engine); restart the container if that fails."""
+        assert s.elastic is not None
+        el, token = s.elastic, _env_token(s.elastic.token_env)
+        try:
+            unload = self.ex.elastic.unload(el.url, token=token)
+            if unload.http_status // 100 != 2:
+                problem = f"POST /v1/unload answered {unload.http_status}: {unload.error}"
+            else:
+                load = self.ex.elastic.load(el.url, token=token)
+                if load.http_status // 100 == 2:
+                    return "reloaded (POST /v1/unload, then /v1/load: a fresh engine)"
+                problem = f"POST /v1/load answered {load.http_status}: {load.error}"
+        except ElasticError as exc:
+            problem = str(exc)
+        stop_s = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
+        try:
+            self.ex.docker.stop(s.container, stop_s)
+            self.ex.docker.start(s.container)
+        except ActionError as exc:
+            return f"{problem}; restarting {s.container} failed too: {exc}"
+        return f"{problem}; container {s.container} restarted instead"
+
+    def _role_reserve(self, s: ServeSpec) -> int:
+        """The role's reserve: never ask the engine to leave less free on the card."""
+        role = self.desired.roles.get(s.gpu_roles[0]) if s.gpu_roles else None
+        return role.reserve_mib if role is not None else 0
 
     def reserve_target(self, step: Step, s: ServeSpec) -> int | None:
         """The ``reserve_mib`` to ask of the engine: the free MiB the card must show after.
 
         With NVML: the device's free MiB now plus what the shrink gives back (minus what a
         grow takes). Without: the role's capacity minus what the ledger commits after the
-        resize (the card must show at least that free; the role's reserve is not counted
-        as free, so a card whose reserve is in use answers "partial" rather than give back
-        less than the ledger credits). A grow back to the full reservation asks for
-        ``null`` (the engine's start-up default).
+        resize (the role's reserve is not counted as free). Never below the role's reserve
+        (a partial grow must not ask the engine to leave nothing free on the card). A grow
+        back to the full reservation asks for ``null`` (the engine's start-up default).
+        Either way the engine's cache figures, not this, prove what it gave back.
         """
         if (
             step.action is Action.GROW
@@ -612,15 +1016,19 @@ class _Run:
             return None
         delta = step.mib or 0
         signed = delta if step.action is Action.SHRINK else -delta
+        least = self._role_reserve(s)
         gpus = self.ex.gpus()
         if gpus is not None:
             by_uuid = {g.uuid: g for g in gpus}
-            role = self.ex.desired.roles.get(s.gpu_roles[0]) if s.gpu_roles else None
+            role = self.desired.roles.get(s.gpu_roles[0]) if s.gpu_roles else None
             dev = by_uuid.get(role.uuid) if role is not None and role.uuid else None
             if dev is not None and dev.free_mib is not None:
-                return max(0, dev.free_mib + signed)
-        role = self.ex.desired.roles[s.gpu_roles[0]]
-        return max(0, role.capacity_mib - self.ledger.committed_mib(role.id) + signed)
+                return max(least, dev.free_mib + signed)
+        role = self.desired.roles[s.gpu_roles[0]]
+        committed = self.ledger.committed_mib(role.id)
+        if step.action is Action.GROW:  # the grow is already counted in the ledger
+            committed -= delta
+        return max(least, role.capacity_mib - committed + signed)
 
     # -- undo -------------------------------------------------------------------------
     def compensate(self, failed: Step) -> None:
@@ -646,20 +1054,13 @@ class _Run:
                 continue
             del self.reserved[name]
             self._settle_failed_start(name)
+            if self.ex.starts is not None:
+                self.ex.starts.end(name)
         if failed is not None and failed.action is Action.AWAIT_READY:
             self._settle_failed_start(failed.serve)
-        if failed is not None and failed.action is Action.SHRINK and failed.to_mib is not None:
-            s = self.serve(failed.serve)
-            held = self.ledger.holdings.get(s.name)
-            # a partial shrink from full: ask for the start-up default back. From a shrunk
-            # size, leave it: the engine holds no more than the ledger counts.
-            if s.elastic is not None and held is not None and held.mib == s.vram_mib:
-                try:
-                    self.ex.elastic.set_reserve(
-                        s.elastic.url, None, token=_env_token(s.elastic.token_env)
-                    )
-                except ElasticError as exc:
-                    logger.error("{}: grow back after a partial shrink failed: {}", s.name, exc)
+        # a failed shrink or grow has nothing to undo: resize() left the ledger counting
+        # what the engine's answer proves it holds (or its full reservation), and asking
+        # the engine to grow back would take memory the ledger may have given away
 
     def _settle_failed_start(self, name: str) -> None:
         """After a failed start: stop what still runs, and hold exactly what it holds."""
@@ -689,6 +1090,24 @@ class _Run:
         machine = self.machines[name]
         if machine.state != "failed":
             self.fire(name, "start_failed" if machine.state in ("reserved", "starting") else "fail")
+
+
+def _reason(output: str) -> str:
+    """The line of an ``up`` command's output that says why it failed (Docker's error)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    if not lines:
+        return "no output"
+    marked = [ln for ln in lines if "error" in ln.lower() or "unable" in ln.lower()]
+    return (marked or lines)[-1][:300]
+
+
+def _epoch_or_none(value: str | float | None) -> float | None:
+    from controller.snapshot import epoch_seconds
+
+    try:
+        return epoch_seconds(value)
+    except ValueError:
+        return None
 
 
 def _env_token(var: str | None) -> str | None:

@@ -28,6 +28,11 @@ concurrent reader (``vramctl replay`` on the live file) never fails a write, and
 ``PRAGMA user_version`` as the schema version (a journal from a newer vramctl is
 refused, not misread).
 
+File modes: the journal stores ``up`` output and container log lines, so it, its
+SQLite side files and the lock are created (or tightened to) 0600, and a state
+directory created here is 0700; an existing one that every user can read is warned
+about (:func:`warn_if_open`), never changed.
+
 Thread-safety: one connection opened with ``check_same_thread=False``, every method
 runs under one lock, so the loop's thread and an executor worker thread may both call
 it. Each write is one transaction.
@@ -45,12 +50,15 @@ import fcntl
 import json
 import os
 import sqlite3
+import stat
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
+
+from loguru import logger
 
 from statemachine.types import OnDemandRequest
 
@@ -125,9 +133,31 @@ CREATE TABLE IF NOT EXISTS elastic (
     mib    INTEGER NOT NULL,
     set_at REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS ups (
+    serve      TEXT PRIMARY KEY,
+    pid        INTEGER NOT NULL,       -- also its process group (it runs in its own session)
+    proc_start INTEGER,                -- /proc/<pid>/stat starttime: tells a reused pid apart
+    roles      TEXT NOT NULL,          -- JSON: [role, ...]
+    mib        INTEGER NOT NULL,       -- what was reserved for the start
+    deadline   REAL NOT NULL,          -- epoch seconds: start_timeout_s after it began
+    began_at   REAL NOT NULL
+);
 """
 
 _TABLES = frozenset({"manifests", "cycles", "steps", "requests", "elastic"})
+
+
+@dataclass(frozen=True, slots=True)
+class UpRecord:
+    """An ``up`` command the controller started and has not seen end."""
+
+    serve: str
+    pid: int
+    proc_start: int | None
+    roles: tuple[str, ...]
+    mib: int
+    deadline: float
+    began_at: float
 
 
 class JournalError(Exception):
@@ -233,6 +263,59 @@ def _opt_str(value: Any) -> str | None:
     return None if value is None else str(value)
 
 
+#: The mode of every file vramctl creates in the state directory: the journal holds
+#: ``up`` output and container log lines, which may quote secrets.
+PRIVATE_FILE_MODE = 0o600
+#: The mode of a state directory vramctl creates.
+PRIVATE_DIR_MODE = 0o700
+#: SQLite's side files beside the journal (WAL, shared memory, rollback journal).
+_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _private(path: Path, *, create: bool) -> None:
+    """Make ``path`` mode 0600 (creating it empty when ``create``), never wider.
+
+    SQLite creates its side files with the main file's mode, so a journal created
+    here 0600 keeps its ``-wal`` / ``-shm`` / ``-journal`` private too; files an
+    earlier version left wider are tightened.
+    """
+    flags = os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW | (os.O_CREAT if create else 0)
+    try:
+        fd = os.open(path, flags, PRIVATE_FILE_MODE)
+    except FileNotFoundError:
+        if create:
+            raise
+        return
+    try:
+        if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+            os.fchmod(fd, PRIVATE_FILE_MODE)
+    finally:
+        os.close(fd)
+
+
+def warn_if_open(path: Path, what: str) -> None:
+    """Log a warning when ``path`` (a state directory, a token file) is world-readable.
+
+    Nothing is changed: an existing folder or file is the operator's.
+    """
+    try:
+        mode = stat.S_IMODE(path.stat().st_mode)
+    except OSError:
+        return
+    if mode & 0o006:
+        fix = "chmod 700" if path.is_dir() else "chmod 600"
+        logger.warning(
+            "{} {} is open to every user of this host (mode {:04o}): {}; {} it",
+            what,
+            path,
+            mode,
+            "it holds the journal (`up` output, container logs)"
+            if path.is_dir()
+            else "it holds a secret",
+            fix,
+        )
+
+
 # ── the journal ──────────────────────────────────────────────────────────────
 
 
@@ -293,7 +376,10 @@ class Journal:
                 )
             else:
                 if not path.parent.exists():
-                    path.parent.mkdir(parents=True, mode=0o700)
+                    path.parent.mkdir(parents=True, mode=PRIVATE_DIR_MODE)
+                _private(path, create=True)
+                for suffix in _SIDE_FILES:
+                    _private(path.with_name(path.name + suffix), create=False)
                 conn = sqlite3.connect(
                     path,
                     timeout=BUSY_TIMEOUT_MS / 1000,
@@ -338,6 +424,10 @@ class Journal:
             if not readonly:
                 conn.execute("PRAGMA journal_mode = WAL")
                 conn.execute("PRAGMA synchronous = NORMAL")
+                # tables added since the file was made (every statement is IF NOT EXISTS)
+                for statement in _SCHEMA.split(";"):
+                    if statement.strip():
+                        conn.execute(statement)
             return
         # version 0: a new file, or some other SQLite database
         if readonly:
@@ -577,6 +667,51 @@ class Journal:
             rows = self._conn.execute("SELECT serve, set_at FROM elastic ORDER BY serve").fetchall()
         return {str(r[0]): float(r[1]) for r in rows}
 
+    # ------------------------------------------------------------ `up` in flight
+    def add_up(self, rec: UpRecord) -> None:
+        """Record an ``up`` command that runs now (before the controller waits for it)."""
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO ups (serve, pid, proc_start, roles, mib, deadline, began_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?) ON CONFLICT (serve) DO UPDATE SET "
+                "pid = excluded.pid, proc_start = excluded.proc_start, roles = excluded.roles, "
+                "mib = excluded.mib, deadline = excluded.deadline, began_at = excluded.began_at",
+                (
+                    rec.serve,
+                    rec.pid,
+                    rec.proc_start,
+                    _dumps(list(rec.roles)),
+                    rec.mib,
+                    rec.deadline,
+                    rec.began_at,
+                ),
+            )
+
+    def end_up(self, serve: str) -> None:
+        """The serve's ``up`` command has exited (or was ended): forget it."""
+        with self._tx() as conn:
+            conn.execute("DELETE FROM ups WHERE serve = ?", (serve,))
+
+    def ups(self) -> list[UpRecord]:
+        """The ``up`` commands recorded as running (a controller killed meanwhile left them)."""
+        with self._lock:
+            rows = self._conn.execute(
+                "SELECT serve, pid, proc_start, roles, mib, deadline, began_at FROM ups "
+                "ORDER BY began_at, serve"
+            ).fetchall()
+        return [
+            UpRecord(
+                serve=str(r[0]),
+                pid=int(r[1]),
+                proc_start=None if r[2] is None else int(r[2]),
+                roles=tuple(str(x) for x in json.loads(r[3])),
+                mib=int(r[4]),
+                deadline=float(r[5]),
+                began_at=float(r[6]),
+            )
+            for r in rows
+        ]
+
     # ---------------------------------------------------------------- retention
     def prune(
         self,
@@ -659,9 +794,14 @@ class StateLock:
         """Take the lock, or raise :class:`AlreadyRunning` naming the holder's pid."""
         if self._fd is not None:
             return
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        created = not self.path.parent.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        if not created:
+            warn_if_open(self.path.parent, "the state directory")
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
         try:
+            if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
+                os.fchmod(fd, PRIVATE_FILE_MODE)
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             pid = _read_pid(fd)

@@ -37,15 +37,17 @@ from typing import Any
 from loguru import logger
 
 from controller.docker_adapter import ContainerObserver, make_client, manifest_containers
-from controller.executor import ExecutionReport, Executor, Outcome
+from controller.executor import ExecutionReport, Executor, Outcome, StepResult
 from controller.journal import AlreadyRunning, Journal, StateLock, default_state_dir, journal_path
-from controller.manifest import ManifestError, ManifestSet, load_manifest_set
+from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.observe import observe_host
 from controller.runtime import make_executor
 from controller.snapshot import SnapshotModel, epoch_seconds, snapshot_to_json
+from controller.starts import StartTracker, supervise_orphans
+from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.status import lifecycle_from_observation
-from statemachine.types import DesiredRun, DesiredState, OnDemandRequest, Residency
+from statemachine.types import DesiredRun, DesiredState, Observed, OnDemandRequest, Residency
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +101,8 @@ class Controller:
     state_dir: Path = field(init=False)
     journal: Journal = field(init=False)
     manifest_error: list[str] = field(default_factory=list)
+    #: the same problems, located (the API shows readers without the token only where)
+    manifest_issues: list[LocatedError] = field(default_factory=list)
     backoff: dict[str, Backoff] = field(default_factory=dict)
     no_shrink: set[str] = field(default_factory=set)
     last: CycleSummary = field(default_factory=CycleSummary)
@@ -123,6 +127,11 @@ class Controller:
         self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
         # serve -> started_at of the container this process stopped (not a crash)
         self._stopped_by_us: dict[str, float | None] = {}
+        #: the starts in progress, carried out beside the loop (see controller.starts)
+        self.starts = StartTracker()
+        self._fresh_observer: ContainerObserver | None = None  # the executor's own reader
+        self._outcomes: dict[int, dict[str, Any]] = {}  # cycle -> outcome, starts still running
+        self._aio: asyncio.AbstractEventLoop | None = None
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -184,6 +193,8 @@ class Controller:
             self._lock.release()
             return 1
         loop = asyncio.get_running_loop()
+        self._aio = loop
+        self.starts.journal = None if self.options.dry_run else self.journal
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stop)
@@ -200,10 +211,21 @@ class Controller:
         events = threading.Thread(target=self._docker_events, args=(loop,), daemon=True)
         events.start()
         self._recover_tiers()
+        if not self.options.dry_run:
+
+            def orphan_ended(serve: str) -> None:
+                loop.call_soon_threadsafe(self.trigger, f"orphaned up of {serve} ended")
+
+            supervise_orphans(self.starts, self.journal, stop=self.stop_event, on_end=orphan_ended)
         self.trigger("start")
         try:
             await self._main()
         finally:
+            # starts in progress see the stop and end (a start awaiting health is left
+            # running); an `up` still running past this stays recorded in the journal,
+            # and the next controller supervises it
+            await asyncio.to_thread(self.starts.join, 10.0)
+            await asyncio.sleep(0)  # their outcomes, handed to this loop, are journalled
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -290,12 +312,14 @@ class Controller:
             mset = load_manifest_set(list(self.options.manifests))
         except ManifestError as exc:
             self.manifest_error = [str(e) for e in exc.errors]
+            self.manifest_issues = list(exc.errors)
             for line in self.manifest_error:
                 logger.error("manifest: {} (the last good manifest stays in force)", line)
             return
         if self.manifest_error:
             logger.info("manifest: valid again")
         self.manifest_error = []
+        self.manifest_issues = []
         if mset.digest != self.mset.digest:
             logger.info("manifest: reloaded ({} serves)", len(mset.serves))
             self.mset = mset
@@ -304,7 +328,11 @@ class Controller:
     def _observe(self) -> SnapshotModel:
         if self._observer is None:
             self._observer = ContainerObserver()
+        # read before the containers: a start that ends in between has its container
+        # running by then, so it is counted either way
+        starting = self.starts.snapshot()
         snap = observe_host(manifest_containers(self.mset.serves), observer=self._observer)
+        snap.starting = starting
         snap.elastic = self._elastic_in_force(snap)
         snap.quiesced = sorted(self._quiesced)
         snap.unreleased = self._still_unreleased(snap)
@@ -346,7 +374,34 @@ class Controller:
                 router_token_file=self.options.router_token_file,
                 stop_event=self.stop_event,
             )
+            self._executor.observe_now = self._observe_now
+            self._executor.starts = self.starts
         return self._executor
+
+    def _observe_now(self) -> Observed:
+        """The containers as they are now (the executor admits each reserve against it)."""
+        if self._fresh_observer is None:
+            self._fresh_observer = ContainerObserver()
+        snap = self._fresh_observer.observe(manifest_containers(self.mset.serves))
+        return snap.to_snapshot_model().to_observed()
+
+    def _start_ended(self, cycle_id: int, results: list[StepResult]) -> None:
+        """A start carried out beside the loop has ended (on the loop's thread)."""
+        outcome = self._outcomes.get(cycle_id)
+        if outcome is not None:
+            outcome["steps"] = [*outcome.get("steps", []), *(r.to_json() for r in results)]
+            ok = all(r.outcome is Outcome.OK for r in results)
+            outcome["ok"] = bool(outcome.get("ok", True)) and ok
+            try:
+                self.journal.record_outcome(cycle_id, outcome)
+            except Exception as exc:  # a pruned cycle, a closed journal: say so, go on
+                logger.warning("journal: cannot record the end of a start: {}", exc)
+        report = ExecutionReport(results, Ledger({}), {})
+        self._learn(report, time.time())
+        self._track_tiers([r.to_json() for r in results])
+        serves = ", ".join(sorted({r.step.serve for r in results}))
+        if not self._stopping:
+            self.trigger(f"start of {serves} ended")
 
     async def reconcile(self, reasons: tuple[str, ...] = ()) -> CycleSummary:
         """One cycle: reload, observe, plan, execute (or log), journal."""
@@ -395,10 +450,15 @@ class Controller:
             else:
                 executor = self._executor_for()
                 executor.desired = desired
+                executor.on_start_done = self._start_done_callback(cycle_id)
                 report = await asyncio.to_thread(executor.execute, plan, observed)
                 summary.report = report
                 summary.executed = True
-                self.journal.record_outcome(cycle_id, report.to_json())
+                outcome = report.to_json()
+                self._outcomes[cycle_id] = outcome
+                for old_id in sorted(self._outcomes)[:-32]:  # bounded: old cycles' starts end
+                    del self._outcomes[old_id]
+                self.journal.record_outcome(cycle_id, outcome)
                 self._learn(report, now)
                 self._track_tiers([r.to_json() for r in report.results])
                 for r in report.results:
@@ -424,6 +484,15 @@ class Controller:
             hook(self)
         return summary
 
+    def _start_done_callback(self, cycle_id: int) -> Callable[[list[StepResult]], None]:
+        loop = self._aio
+
+        def done(results: list[StepResult]) -> None:  # on the start's thread
+            if loop is not None and not loop.is_closed():
+                loop.call_soon_threadsafe(self._start_ended, cycle_id, results)
+
+        return done
+
     def _note_deaths(self, observed: Any, now: float) -> None:
         """A serve the loop keeps running (desired or requested) found dead is a failure.
 
@@ -437,6 +506,8 @@ class Controller:
                 return
             if s.desired is not DesiredRun.RUNNING and s.name not in requested:
                 continue
+            if s.name in observed.starting:
+                continue  # its start is in progress: that start reports its own failure
             obs = observed.container(s.container)
             state = lifecycle_from_observation(obs)
             b0 = self.backoff.get(s.name)
@@ -467,36 +538,52 @@ class Controller:
         logger.warning("{}: {}; failure {}, next try in {:.0f}s", serve, why, b.failures, delay)
 
     def _learn(self, report: ExecutionReport, now: float) -> None:
+        # what the executor counts elastic serves at, as of the engine's answer (not the
+        # cycle's start: the same plan may have started the container since)
+        for name, figure in report.elastic.items():
+            self.journal.set_elastic(name, figure.mib, figure.at)
         for r in report.results:
             name = r.step.serve
             if r.step.action in (Action.START, Action.AWAIT_READY):
                 if r.outcome is Outcome.FAILED:
-                    self._fail(name, r.detail, now)
+                    b0 = self.backoff.get(name)
+                    died = r.died_started_at
+                    if died is not None and b0 is not None and b0.seen_exit == died:
+                        continue  # this death was counted already, when it was observed
+                    # the backoff counts from the failure, not from the cycle's start
+                    self._fail(name, r.detail, r.ended_at or now)
+                    if died is not None:
+                        self.backoff[name].seen_exit = died
                 elif r.outcome is Outcome.OK and r.step.action is Action.AWAIT_READY:
                     b = self.backoff.get(name)
                     if b is not None:
                         b.until = 0.0  # healthy: no hold, but the count stays until it lasts
             elif r.step.action in (Action.SHRINK, Action.GROW):
-                if r.outcome is Outcome.OK and r.step.to_mib is not None:
-                    full = self.mset.desired().serves[name].vram_mib
-                    self.journal.set_elastic(
-                        name,
-                        None if full is not None and r.step.to_mib >= full else r.step.to_mib,
-                        now,
+                if r.outcome is Outcome.FAILED and r.step.action is Action.SHRINK:
+                    self.no_shrink.add(name)  # it cannot give what was asked: evict instead
+                elif r.outcome is Outcome.ABORTED and r.step.action is Action.SHRINK:
+                    # busy (409) or no answer: not a refusal; the requester waits, then
+                    # the same shrink is asked again
+                    self._fail(
+                        r.step.group,
+                        f"{name} did not give VRAM back yet: {r.detail}",
+                        r.ended_at or now,
                     )
-                elif r.outcome is Outcome.FAILED and r.step.action is Action.SHRINK:
-                    self.no_shrink.add(name)
             elif r.step.action is Action.STOP and r.outcome is Outcome.OK:
                 self.journal.set_elastic(name, None, now)  # the engine forgets its reserve
                 self.no_shrink.discard(name)
 
     def _hold_after_preflight(self, plan: Plan, report: ExecutionReport, now: float) -> None:
-        """A plan refused by the preflight backs off the serves it would have started."""
+        """The preflight refused these starts: back off each, the others ran."""
         if not report.preflight:
             return
-        for name in sorted({s.serve for s in plan.steps if s.action is Action.START}):
+        groups = set(report.refused_groups)
+        refused = sorted(
+            {s.serve for s in plan.steps if s.action is Action.START and s.group in groups}
+        )
+        for name in refused:
             own = [p for p in report.preflight if p.startswith(f"{name}:")]
-            self._fail(name, "preflight: " + "; ".join(own or report.preflight), now)
+            self._fail(name, "preflight: " + "; ".join(own or report.preflight), time.time())
 
     def _still_unreleased(self, snap: SnapshotModel) -> list[str]:
         """Serves whose memory did not come back after their stop, and still has not.

@@ -163,6 +163,19 @@ def _positive_mib(value: object) -> object:
     return value
 
 
+#: The engine switches elasticity off below this segment size (its document says so).
+MIN_SEGMENT_MIB = 64
+
+
+def _segment_mib(value: object) -> object:
+    if not isinstance(value, int) or isinstance(value, bool) or value < MIN_SEGMENT_MIB:
+        raise _bad(
+            f"must be a whole number of MiB, at least {MIN_SEGMENT_MIB} (the engine's minimum)",
+            value,
+        )
+    return value
+
+
 def _nonnegative_mib(value: object) -> object:
     if value is None:
         return None
@@ -267,6 +280,24 @@ def _up(value: object) -> object:
     return value
 
 
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+def _up_env(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, dict):
+        raise _bad('must be a table of environment variables (NAME = "value")', value)
+    for name, text in value.items():
+        if not _ENV_NAME.fullmatch(name):
+            raise _bad(f"{_show(name)} is not a valid environment variable name", name)
+        if not isinstance(text, str):
+            raise _bad(f"{name}: the value must be a string", text)
+        if "\0" in text:
+            raise _bad(f"{name}: the value must not hold a NUL character", text)
+    return value
+
+
 def _string_list(value: object) -> object:
     if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
         raise _bad("must be a list of non-empty strings", value)
@@ -349,6 +380,11 @@ def _case_insensitive_pattern(words: Sequence[str]) -> str:
 PositiveMiB = Annotated[
     int, BeforeValidator(_positive_mib), WithJsonSchema({"type": "integer", "minimum": 1})
 ]
+SegmentMiB = Annotated[
+    int,
+    BeforeValidator(_segment_mib),
+    WithJsonSchema({"type": "integer", "minimum": MIN_SEGMENT_MIB}),
+]
 OptPositiveMiB = Annotated[
     int | None, BeforeValidator(_positive_mib), WithJsonSchema({"type": "integer", "minimum": 1})
 ]
@@ -391,6 +427,17 @@ Url = Annotated[
 ]
 OptUp = Annotated[
     str | None, BeforeValidator(_up), WithJsonSchema({"type": "string", "minLength": 1})
+]
+OptUpEnv = Annotated[
+    dict[str, str] | None,
+    BeforeValidator(_up_env),
+    WithJsonSchema(
+        {
+            "type": "object",
+            "propertyNames": {"pattern": "^[A-Za-z_][A-Za-z0-9_]*$"},
+            "additionalProperties": {"type": "string"},
+        }
+    ),
 ]
 StringList = Annotated[
     list[str],
@@ -470,10 +517,20 @@ class ElasticModel(BaseModel):
     token_env: OptText = Field(
         default=None, description="Environment variable holding the endpoint's bearer token."
     )
+    segment_mib: SegmentMiB = Field(
+        default=512,
+        description="The engine's expert-cache segment (its vram_segment_mib): memory is "
+        "given back and taken again in whole segments.",
+    )
 
     def to_elastic(self) -> Elastic:
         """The core's :class:`Elastic`."""
-        return Elastic(url=self.url, floor_mib=self.floor_mib, token_env=self.token_env)
+        return Elastic(
+            url=self.url,
+            floor_mib=self.floor_mib,
+            token_env=self.token_env,
+            segment_mib=self.segment_mib,
+        )
 
 
 class ServeModel(BaseModel):
@@ -518,6 +575,11 @@ class ServeModel(BaseModel):
     up: OptUp = Field(
         default=None,
         description="Start command, shlex-split ({dir} = the manifest's folder), never a shell.",
+    )
+    up_env: OptUpEnv = Field(
+        default=None,
+        description="Extra environment variables for `up` (it gets only PATH, HOME, locale, "
+        "Docker's and Compose's own variables otherwise).",
     )
     gpu_inference: Boolean = Field(
         default=True, description="false: not excluded by dual-gpu-exclusive serves."
@@ -576,7 +638,13 @@ class ServeModel(BaseModel):
             elastic=None if self.elastic is None else self.elastic.to_elastic(),
             groups=tuple(self.groups),
             idle_ttl_s=self.idle_ttl_s,
+            sizes_from_free=(self.engine or "").strip().lower() in SIZES_FROM_FREE_ENGINES,
         )
+
+
+#: engines that size their memory pool from the device's free memory when they load:
+#: their starts are serialised per GPU (two at once would each count the other's room)
+SIZES_FROM_FREE_ENGINES: frozenset[str] = frozenset({"vllm", "sglang"})
 
 
 class ManifestFile(BaseModel):

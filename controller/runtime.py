@@ -57,8 +57,9 @@ def make_executor(
         manifest_dir=lambda name: mset.source(name).resolve().parent,
         serve_details=mset.serves,
         router=router,
-        # the engine may hold a resize up to 300 s before answering 409 (busy)
-        elastic=ElasticClient(timeout_s=330),
+        # the engine may hold a resize up to 300 s before answering 409 (busy): the
+        # client's own bound (20 s) keeps the loop going; no answer is not proof
+        elastic=ElasticClient(),
         gpus=gpus,
         config=config,
         on_step=on_step,

@@ -107,6 +107,8 @@ class SnapshotModel(BaseModel):
     nvml_error: str | None = None
     quiesced: list[str] = Field(default_factory=list)
     unreleased: list[str] = Field(default_factory=list)
+    #: serves whose start the controller has in progress -> the MiB reserved for it
+    starting: dict[str, int] = Field(default_factory=dict)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -140,6 +142,7 @@ class SnapshotModel(BaseModel):
             undeclared_gpu=tuple(u.name for u in self.undeclared_gpu_containers),
             quiesced=frozenset(self.quiesced),
             unreleased=frozenset(self.unreleased),
+            starting=dict(self.starting),
         )
 
     def taken_at_epoch(self) -> float | None:

@@ -350,7 +350,9 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     """The ledger the host holds now: every ledger serve whose container holds memory.
 
     A shrunk elastic serve counts at the reservation it holds now; a serve whose memory
-    did not come back after its stop (``observed.unreleased``) still counts. Built as observed
+    did not come back after its stop (``observed.unreleased``) still counts, and so does a
+    serve whose start is in progress (``observed.starting``), at the larger of what was
+    reserved for it and what it declares now, whatever its container shows. Built as observed
     (possibly over budget); unknown when docker could not be read.
     """
     if not observed.docker_ok:
@@ -359,7 +361,10 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     for serve in desired.serves.values():
         if serve.vram_mib is None or not desired.in_ledger(serve):
             continue
-        if observed.container(serve.container).holds or serve.name in observed.unreleased:
+        if serve.name in observed.starting:
+            mib = max(observed.starting[serve.name], serve.vram_mib)
+            holdings.append(GpuReservation(serve.name, serve.gpu_roles, mib))
+        elif observed.container(serve.container).holds or serve.name in observed.unreleased:
             mib = observed.elastic_mib.get(serve.name, serve.vram_mib)
             holdings.append(GpuReservation(serve.name, serve.gpu_roles, mib))
     return Ledger(desired.roles, holdings)

@@ -179,8 +179,8 @@ TRANSITIONS: Final[tuple[TransitionSpec, ...]] = (
         "trigger": "shrink",
         "source": (_S.RUNNING,),
         "dest": _S.RUNNING,
-        "doc": "An elastic shrink was confirmed (vram_free_mib >= reserve_mib); the "
-        "reservation got smaller, the serve stays in service.",
+        "doc": "An elastic shrink was confirmed (the engine's expert cache gave back what "
+        "the plan takes); the reservation got smaller, the serve stays in service.",
     },
     {
         "trigger": "grow",

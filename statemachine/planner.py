@@ -22,8 +22,17 @@ The rules, in the order the planner applies them:
    port, for exclusivity); residents, other on-demand serves and serves without a
    residency are never stopped and are reported as the blockers. When room is short,
    elastic shrink is planned if shrink alone covers it, else eviction
-   (:mod:`statemachine.victims`). A start is: reserve, start, await_ready, readmit.
-4. **Grow back** shrunk elastic serves as far as the budget allows, before backfill.
+   (:mod:`statemachine.victims`); an engine gives memory back in whole segments
+   (``Elastic.segment_mib``), so a shrink is whole segments that cover the need.
+   A start is: reserve, start, await_ready, readmit.
+4. **Grow back** shrunk elastic serves as far as the budget allows (to full, or by
+   whole segments), before backfill.
+
+A serve whose start is in progress (``observed.starting``: the executor carries starts
+out beside the loop) holds its reservation, is neither started nor stopped nor a victim
+nor resized until that start ends, and is a start "in progress" for the next rule:
+engines that size themselves from free memory at load (``sizes_from_free``: vLLM,
+SGLang) start one at a time per GPU role; other serves start side by side.
 
 Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 """
@@ -36,7 +45,7 @@ from enum import StrEnum
 from typing import Any
 
 from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
-from statemachine.types import DesiredRun, DesiredState, Observed, Residency, ServeSpec
+from statemachine.types import DesiredRun, DesiredState, Elastic, Observed, Residency, ServeSpec
 from statemachine.victims import DEFAULT_EXACT_LIMIT, Candidate, choose_victims
 
 
@@ -323,6 +332,8 @@ def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
         return "on-demand: not a victim"
     if victim.residency is None:
         return "no residency class: never stopped implicitly"
+    if victim.name in w.observed.starting:
+        return "its start is in progress"
     if victim.name in w.starting:
         return "being started in this plan"
     age = w.fresh(victim)
@@ -343,8 +354,13 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
 
     def need_stopped(other: ServeSpec, why: str) -> None:
         if other.name in w.starting:
-            reasons.append(f"{other.name} is being started in this plan ({why})")
-            protected.append(Protected(other.name, other.vram_mib, "being started in this plan"))
+            how = (
+                "its start is in progress"
+                if other.name in w.observed.starting
+                else "being started in this plan"
+            )
+            reasons.append(f"{other.name}: {how} ({why})")
+            protected.append(Protected(other.name, other.vram_mib, how))
             return
         veto = _may_evict(w, s, other)
         if veto is None:
@@ -368,6 +384,22 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
             need_stopped(other, f"holds port {s.port}")
     forced.sort(key=lambda o: o.name)
     in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
+    if s.sizes_from_free and not reasons:
+        for other_name in sorted(w.starting):
+            peer = w.desired.serves.get(other_name)
+            if peer is None or peer.name == s.name or not peer.sizes_from_free:
+                continue
+            shared = [r for r in s.gpu_roles if r in peer.gpu_roles]
+            if shared:
+                w.blocked.append(
+                    Blocked(
+                        s.name,
+                        f"{s.name} waits for the start of {peer.name} on "
+                        f"{', '.join(shared)} to end: engines that size themselves from "
+                        "free memory at load (vLLM, SGLang) start one at a time per GPU",
+                    )
+                )
+                return
 
     if reasons:
         terms = w.ledger.terms(s.name, s.gpu_roles, s.vram_mib) if in_ledger and s.vram_mib else ()
@@ -431,12 +463,14 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                     # a serve started earlier in this plan may be shrunk after its
                     # await_ready, unless its min_runtime_s protects it
                     and not (name in w.starting and o.min_runtime_s > 0)
+                    and name not in w.observed.starting
                 ):
-                    give = res.mib - o.elastic.floor_mib
-                    elastic.append((o, res.mib))
-                    for r in res.gpu_roles:
-                        if r in shrinkable:
-                            shrinkable[r] += give
+                    give = _whole_segments_above_floor(res.mib, o.elastic)
+                    if give > 0:
+                        elastic.append((o, res.mib))
+                        for r in res.gpu_roles:
+                            if r in shrinkable:
+                                shrinkable[r] += give
                 if veto is None:
                     cands.append(
                         Candidate(
@@ -458,7 +492,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                 for o, cur in sorted(
                     elastic,
                     key=lambda e: (
-                        -(e[1] - (e[0].elastic.floor_mib if e[0].elastic else 0)),
+                        -(_whole_segments_above_floor(e[1], e[0].elastic) if e[0].elastic else 0),
                         e[0].name,
                     ),
                 ):
@@ -468,7 +502,10 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                     need = max(remaining.get(r, 0) for r in o.gpu_roles)
                     if need <= 0:
                         continue
-                    give = min(cur - o.elastic.floor_mib, need)
+                    # the engine gives back whole segments: ask for the segments that
+                    # cover the need (a segment short would leave the requester short)
+                    seg = o.elastic.segment_mib
+                    give = min(_whole_segments_above_floor(cur, o.elastic), -(-need // seg) * seg)
                     shrinks.append((o, cur, cur - give))
                     for r in o.gpu_roles:
                         if r in remaining:
@@ -521,11 +558,13 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     for o, cur, to in shrinks:
         w.ledger = _ok(w.ledger.resize(o.name, to))
         floor = o.elastic.floor_mib if o.elastic else 0
+        seg = o.elastic.segment_mib if o.elastic else 1
         w.add(
             Action.SHRINK,
             o,
             cur - to,
-            f"give back {cur - to} MiB (elastic, floor {floor}) so {s.name} fits",
+            f"give back {cur - to} MiB (elastic, floor {floor}, whole {seg} MiB segments) "
+            f"so {s.name} fits",
             to_mib=to,
         )
     stopping = [(o, f"stop {o.name} so {s.name} can start") for o in forced] + [
@@ -619,16 +658,28 @@ def _start_reason(w: _Work, s: ServeSpec) -> str:
     return f"on-demand request for {s.name}"
 
 
+def _whole(mib: int, elastic: Elastic) -> int:
+    """``mib`` rounded down to whole segments of ``elastic``'s engine (0 when negative)."""
+    seg = max(1, elastic.segment_mib)
+    return max(0, mib) // seg * seg
+
+
+def _whole_segments_above_floor(held: int, elastic: Elastic) -> int:
+    """What an elastic serve holding ``held`` MiB can give back: whole segments, floor kept."""
+    return _whole(held - elastic.floor_mib, elastic)
+
+
 def _grow(w: _Work) -> None:
     for s in w.desired.serves.values():
         name = s.name
-        if name not in w.running:
+        if name not in w.running or name in w.observed.starting:
             continue
         held = w.held_mib(name)
         if s.elastic is None or s.vram_mib is None or held is None or held >= s.vram_mib:
             continue
         room = min(w.ledger.free_mib(r) for r in s.gpu_roles)
-        to = min(s.vram_mib, held + room)
+        # back to full, or by the whole segments the room holds (the engine maps whole ones)
+        to = s.vram_mib if held + room >= s.vram_mib else held + _whole(room, s.elastic)
         if to > held:
             w.ledger = _ok(w.ledger.resize(name, to))
             w.group = name  # a grow is skipped when this serve's own start failed
@@ -678,11 +729,16 @@ def plan_transitions(
 
     w = _Work(desired, observed, policy, now, ledger)
     w.index()
-    w.running = {s.name for s in desired.serves.values() if observed.container(s.container).holds}
+    w.running = {
+        s.name
+        for s in desired.serves.values()
+        if observed.container(s.container).holds or s.name in observed.starting
+    }
+    w.starting = {n for n in observed.starting if n in desired.serves}
 
-    # 2. stops
+    # 2. stops (a serve whose start is in progress is stopped once that start has ended)
     for s in desired.serves.values():
-        if s.name not in w.running:
+        if s.name not in w.running or s.name in observed.starting:
             continue
         if s.desired is DesiredRun.STOPPED:
             w.stop(s, f"{s.name} is desired stopped")

@@ -45,6 +45,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
         undeclared_gpu=observed.undeclared_gpu,
         quiesced=frozenset(quiesced),
         unreleased=observed.unreleased,
+        starting=observed.starting,
     )
 
 

@@ -179,7 +179,13 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 desired=str(s.desired) if s.desired else None,
                 state=str(obs.state) if observed.docker_ok else "unknown",
                 health=obs.health if observed.docker_ok else None,
-                lifecycle=lifecycle_from_observation(obs) if observed.docker_ok else "unknown",
+                lifecycle=(
+                    "starting"
+                    if s.name in observed.starting
+                    else lifecycle_from_observation(obs)
+                )
+                if observed.docker_ok
+                else "unknown",
                 reservation_mib=s.vram_mib,
                 in_ledger=in_ledger,
                 committed=(ledger.holds(s.name) if observed.docker_ok else None)

@@ -65,11 +65,16 @@ class GpuRole:
 
 @dataclass(frozen=True, slots=True)
 class Elastic:
-    """An elastic serve can give VRAM back down to ``floor_mib`` (DESIGN §6)."""
+    """An elastic serve can give VRAM back down to ``floor_mib`` (DESIGN §6).
+
+    Its engine gives memory back and takes it again in whole ``segment_mib`` segments
+    of its expert cache, so shrinks and grows are planned in whole segments.
+    """
 
     url: str
     floor_mib: int
     token_env: str | None = None
+    segment_mib: int = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +101,9 @@ class ServeSpec:
     elastic: Elastic | None = None
     groups: tuple[str, ...] = ()
     idle_ttl_s: float | None = None
+    #: the engine sizes itself from the device's free memory at load (vLLM, SGLang):
+    #: two such starts on one GPU would each take the other's room, so they are serialised
+    sizes_from_free: bool = False
 
     @property
     def managed(self) -> bool:
@@ -190,6 +198,10 @@ class Observed:
     #: serves whose container exited but whose memory NVML has not shown back: the
     #: ledger keeps counting their reservation until it does (fail closed)
     unreleased: frozenset[str] = frozenset()
+    #: serves whose start the controller has in progress (reserved, `up` running, or
+    #: awaiting health), serve -> the MiB reserved: they hold that reservation whatever
+    #: their container shows, and the planner plans nothing for them until it ends
+    starting: Mapping[str, int] = field(default_factory=dict)
 
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""

@@ -44,6 +44,8 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
+    "Card",
+    "ElasticEngine",
     "FakeElastic",
     "FakeHTTPServer",
     "FakeRouter",
@@ -682,3 +684,257 @@ class FakeElastic(FakeHTTPServer):
         effective = self.start_reserve_mib if reserve is None else reserve
         cache = 8192 if reserve is None else max(8192 - reserve, 2048)
         return self.ok(effective, vram_free_mib=effective, expert_cache_mib=cache)
+
+
+# ── the elastic engine as its document states it ───────────────────────────────
+
+
+class Card:
+    """One GPU as the engines on it measure it: free VRAM counts the whole card.
+
+    ``other_used_mib`` is what programs other than the :class:`ElasticEngine` s on the
+    card hold *now* (a serve that has reserved memory but not used it yet is not in
+    it): that is why a card-wide figure says nothing about one engine.
+    """
+
+    def __init__(self, total_mib: int, *, other_used_mib: int = 0) -> None:
+        self.total_mib = total_mib
+        self.other_used_mib = other_used_mib
+        self.engines: list[ElasticEngine] = []
+        self.lock = threading.RLock()
+
+    def used_mib(self) -> int:
+        with self.lock:
+            return self.other_used_mib + sum(e.used_mib for e in self.engines)
+
+    def free_mib(self) -> int:
+        """``cudaMemGetInfo``'s free figure: the card's total minus what anything holds."""
+        return self.total_mib - self.used_mib()
+
+
+class ElasticEngine(FakeHTTPServer):
+    """An engine's ``POST /v1/vram`` answering as ``vram-elastic-reserve-api.txt`` says.
+
+    The engine holds ``fixed_mib`` (dense weights, K/V, context, prompt buffers) plus an
+    expert cache of whole ``segment_mib`` segments, at most ``cache_full_mib`` and never
+    below ``floor_cache_mib`` (128 slots plus the smallest prompt-path loan, rounded up
+    to a segment). ``reserve_mib`` asks that much VRAM be left free on the whole
+    :class:`Card`: a shrink gives back whole segments, keeping enough to cover what must
+    stay (so free can end a segment short of the reserve), never below the floor; a grow
+    maps segments while a whole one fits beyond the reserve, up to full. Either way the
+    answer is 200 ``ok`` with the figures measured after the call; ``null`` is the
+    start-up reserve (``start_reserve_mib``). The server remembers the last reserve and
+    applies it again after a load.
+
+    Checks, in the engine's order: a foreign ``Origin`` (not in ``trusted_origins``) 403,
+    the API key (``token``) 401, the content type 415, ``reserve_mib`` 400. While a
+    request runs (:meth:`set_busy`) a resize waits up to ``busy_wait_s`` (300 s in the
+    document) for it and then answers 409 ``model_busy``; a resize that got its turn runs
+    even if its client stopped waiting. :meth:`fail_next` injects the failure paths:
+    ``"release"`` (the driver refuses to release a segment: the slot count shrinks, the
+    memory stays mapped, 400), ``"refill"`` (segments are mapped, refilling them fails,
+    400) and ``"unavailable"`` (the engine ends mid-resize: the resize happened, 503).
+    After either 400 the cache table is ``broken`` until ``POST /v1/unload`` and
+    ``POST /v1/load`` start a fresh engine. Unloaded, ``/v1/vram`` answers ``not loaded``
+    and only remembers the reserve.
+    """
+
+    def __init__(
+        self,
+        card: Card,
+        *,
+        fixed_mib: int,
+        cache_full_mib: int,
+        floor_cache_mib: int,
+        segment_mib: int = 512,
+        start_reserve_mib: int = 0,
+        token: str | None = None,
+        trusted_origins: Iterable[str] = (),
+        busy_wait_s: float = 300.0,
+    ) -> None:
+        super().__init__()
+        assert segment_mib >= 64, "the engine switches elasticity off below 64 MiB segments"
+        assert cache_full_mib % segment_mib == 0, "the cache is whole segments"
+        self.card = card
+        self.fixed_mib = fixed_mib
+        self.segment_mib = segment_mib
+        self.full_segments = cache_full_mib // segment_mib
+        self.floor_segments = -(-floor_cache_mib // segment_mib)
+        self.start_reserve_mib = start_reserve_mib
+        self.token = token
+        self.trusted_origins = frozenset(trusted_origins)
+        self.busy_wait_s = busy_wait_s
+        self.segments = self.full_segments
+        self.loaded = True
+        self.broken = False
+        self.remembered: int | None = None  # the last reserve asked (None: start-up default)
+        self.reloads = 0
+        self.answers: list[dict[str, Any]] = []  # every 200 ok body, in order
+        self._idle = threading.Event()
+        self._idle.set()
+        self._control = threading.Lock()  # the engine's control lock: one resize at a time
+        self._fail: deque[str] = deque()
+        with card.lock:
+            card.engines.append(self)
+
+    def __enter__(self) -> ElasticEngine:
+        self.start()
+        return self
+
+    # ── the engine's state ───────────────────────────────────────────────────
+
+    @property
+    def cache_mib(self) -> int:
+        return self.segments * self.segment_mib
+
+    @property
+    def cache_full_mib(self) -> int:
+        return self.full_segments * self.segment_mib
+
+    @property
+    def used_mib(self) -> int:
+        """What the engine holds on the card now."""
+        return self.fixed_mib + self.cache_mib if self.loaded else 0
+
+    def set_busy(self, busy: bool) -> None:
+        """A request is running (resizes wait for it) or no longer."""
+        if busy:
+            self._idle.clear()
+        else:
+            self._idle.set()
+
+    def fail_next(self, kind: str) -> None:
+        """The next resize fails: ``"release"``, ``"refill"`` or ``"unavailable"``."""
+        assert kind in ("release", "refill", "unavailable")
+        with self._lock:
+            self._fail.append(kind)
+
+    def restart(self) -> None:
+        """The engine's server restarts: a full cache, and the reserve is forgotten."""
+        with self.card.lock:
+            self.segments = self.full_segments
+            self.loaded, self.broken, self.remembered = True, False, None
+
+    @property
+    def requests(self) -> list[Recorded]:
+        """The POSTs to ``/v1/vram``, in order."""
+        return [c for c in self.calls if c.method == "POST" and c.path == VRAM_PATH]
+
+    def reserves(self) -> list[int | None]:
+        """``reserve_mib`` of every POST to ``/v1/vram`` received."""
+        return [
+            c.json.get("reserve_mib") if isinstance(c.json, dict) else None for c in self.requests
+        ]
+
+    def posts(self) -> list[str]:
+        """The paths of every POST received, in order."""
+        return [c.path for c in self.calls if c.method == "POST"]
+
+    # ── protocol ──────────────────────────────────────────────────────────────
+
+    def _body(self, reserve: int) -> dict[str, Any]:
+        return elastic_ok_body(
+            reserve,
+            vram_free_mib=self.card.free_mib(),
+            expert_cache_mib=self.cache_mib,
+            expert_cache_full_mib=self.cache_full_mib,
+            prompt_chunk=256 if self.segments == self.floor_segments else 512,
+        )
+
+    def _resize(self, reserve: int) -> None:
+        """Shrink or grow so that ``reserve`` MiB stay free on the card (card lock held)."""
+        seg = self.segment_mib
+        free = self.card.free_mib()
+        if free < reserve:
+            must_stay = self.cache_mib - (reserve - free)
+            keep = max(self.floor_segments, -(-max(must_stay, 0) // seg))
+            self.segments = min(self.segments, keep)
+        else:
+            while self.segments < self.full_segments and self.card.free_mib() - seg >= reserve:
+                self.segments += 1
+
+    def handle(self, request: Recorded) -> ReplyLike:
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in self.trusted_origins:
+            return Reply(403, elastic_error_body("not from Strata's own page", type="forbidden"))
+        if self.token is not None and request.bearer != self.token:
+            return Reply(401, elastic_error_body("invalid API key", type="authentication_error"))
+        if request.method == "POST" and request.path in ("/v1/unload", "/v1/load"):
+            return self._load(request.path == "/v1/load")
+        if request.path != VRAM_PATH or request.method != "POST":
+            return Reply(404, elastic_error_body(f"no route {request.method} {request.path}"))
+        ctype = request.headers.get("content-type", "")
+        if ctype.split(";")[0].strip().lower() != "application/json":
+            return Reply(
+                415, elastic_error_body(f"content type must be application/json: {ctype!r}")
+            )
+        body = request.json
+        if not isinstance(body, dict) or "reserve_mib" not in body:
+            return Reply(400, elastic_error_body("reserve_mib is required"))
+        asked = body["reserve_mib"]
+        if asked is not None and (
+            isinstance(asked, bool) or not isinstance(asked, int) or asked < 0
+        ):
+            return Reply(
+                400, elastic_error_body(f"reserve_mib must be a whole number >= 0: {asked!r}")
+            )
+        reserve = self.start_reserve_mib if asked is None else asked
+        if not self.loaded:
+            self.remembered = asked
+            return Reply(200, elastic_not_loaded_body(reserve))
+        if not self._idle.wait(self.busy_wait_s):
+            return Reply(
+                409,
+                elastic_error_body(
+                    "a request is still running or queued", type="model_busy", code="model_busy"
+                ),
+            )
+        with self._control, self.card.lock:
+            self.remembered = asked
+            with self._lock:
+                fail = self._fail.popleft() if self._fail else None
+            before = self.segments
+            if fail == "release":
+                self.broken = True  # the slot count is updated, the segment stays mapped
+                return Reply(
+                    400,
+                    elastic_error_body(
+                        "VRAM: the driver refused to release an expert-cache segment"
+                    ),
+                )
+            self._resize(reserve)
+            if fail == "refill":
+                self.broken = True  # segments are mapped, some experts are not back
+                self.segments = max(self.segments, min(before + 1, self.full_segments))
+                return Reply(
+                    400, elastic_error_body("VRAM: refilling the cache failed: cudaErrorMemory")
+                )
+            if fail == "unavailable":
+                return Reply(
+                    503,
+                    elastic_error_body("the engine did not answer in 120 s", type="server_error"),
+                )
+            body = self._body(reserve)
+            self.answers.append(body)
+            return Reply(200, body)
+
+    def _load(self, load: bool) -> Reply:
+        with self._control, self.card.lock:
+            if not load:
+                self.loaded = False
+                return Reply(200, {"status": "unloaded"})
+            if self.loaded:
+                return Reply(200, {"status": "loaded"})
+            room = self.card.free_mib() - self.fixed_mib - self.start_reserve_mib
+            if room < self.floor_segments * self.segment_mib:
+                return Reply(
+                    503,
+                    elastic_error_body("the GPU is in use by another program", type="server_error"),
+                )
+            # sized from what is free now, then the remembered reserve is applied
+            self.segments = min(self.full_segments, room // self.segment_mib)
+            self.loaded, self.broken = True, False
+            self.reloads += 1
+            if self.remembered is not None:
+                self._resize(self.remembered)
+            return Reply(200, {"status": "loaded"})

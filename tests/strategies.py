@@ -104,6 +104,7 @@ class _Blueprint:
     min_runtime_s: float
     tiered: bool
     elastic_floor: int | None  # per-mille of vram_mib, None: not elastic
+    segment: int  # the elastic engine's segment (MiB)
     state: ContainerState
     listed: bool  # an absent container: listed explicitly or missing from the snapshot
     started_ago: int | None
@@ -137,6 +138,7 @@ _BLUEPRINT_FIELDS: dict[str, st.SearchStrategy[object]] = {
     "min_runtime_s": st.sampled_from([0.0, 300.0]),
     "tiered": st.booleans(),
     "elastic_floor": st.none() | st.integers(0, 1000),
+    "segment": st.sampled_from([1, 64, 512, 3000]),
     "state": st.sampled_from(CONTAINER_STATES),
     "listed": st.booleans(),
     "started_ago": st.none() | st.integers(0, 1000),
@@ -211,7 +213,9 @@ def _serve(bp: _Blueprint, roles: dict[str, GpuRole], port: int | None) -> Serve
     elastic = None
     if vram is not None and bp.elastic_floor is not None:
         floor = max(1, _between(0, vram, bp.elastic_floor))
-        elastic = Elastic(url=f"http://127.0.0.1:9000/{bp.name}", floor_mib=floor)
+        elastic = Elastic(
+            url=f"http://127.0.0.1:9000/{bp.name}", floor_mib=floor, segment_mib=bp.segment
+        )
     return ServeSpec(
         name=bp.name,
         container=f"ctr-{bp.name}",

@@ -225,6 +225,27 @@ def test_decisions_on_an_observation(idle: Controller, client: Callable[..., Asg
     assert r.status_code == 503 and "docker" in r.json()["error"]
 
 
+@pytest.mark.parametrize(
+    "raw", ["NaN", "Infinity", "-Infinity", "1e309", "-1e309", "1e300", "0", "true", "[1]"]
+)
+def test_a_ttl_that_is_not_a_finite_number_in_range_is_a_clean_422(
+    idle: Controller, client: Callable[..., Asgi], raw: str
+) -> None:
+    """Python's JSON reader takes NaN / Infinity / 1e309 (inf): the answer is still JSON."""
+    observe(idle, {"res": {"state": "running"}})
+    r = client(idle).post(
+        "/v1/serves/llm/up",
+        content=f'{{"ttl_s": {raw}}}',
+        headers={**auth(), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    body = r.json()  # strict JSON: no NaN / Infinity tokens in the answer
+    json.loads(r.text, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
+    assert body["error"].startswith("invalid request: ttl_s: "), body
+    assert body["problems"] and all(p.startswith("ttl_s: ") for p in body["problems"])
+    assert idle.journal.active_requests() == []
+
+
 def test_a_protected_serve_inside_min_runtime_gives_429_with_its_remaining_time(
     tmp_path: Path, client: Callable[..., Asgi]
 ) -> None:
@@ -513,6 +534,11 @@ def calm(live: Live) -> Live:
     """Each test starts from res + omni running, llm down, no request."""
     live.converged(res="running", omni="running", llm="down")
     wait_for("no request", lambda: live.serves()["llm"]["request"] is None)
+    # a start in progress (the restored omni awaiting health) is not evicted: wait it out
+    wait_for(
+        "no start in progress",
+        lambda: all(s["lifecycle"] != "starting" for s in live.serves().values()),
+    )
     wait_for("the loop to see it", lambda: live.committed() == 7000)
     return live
 
@@ -734,3 +760,41 @@ def test_host_header_guard_against_dns_rebinding(host: str | None, bind: str, ok
     from controller.api import host_allowed
 
     assert host_allowed(host, bind) is ok
+
+
+def test_manifest_errors_without_a_location_are_withheld_whole() -> None:
+    """A manifest error the loop could not locate is never shown as text without the token."""
+    from controller.api import public_manifest_errors
+    from controller.manifest import LocatedError
+
+    lines = ['serves.toml: serve "a" (#1): up: must be a string, got "s3cr3t"']
+    [shown] = public_manifest_errors(lines, [])
+    assert "s3cr3t" not in shown and "invalid" in shown
+    located = [LocatedError("serves.toml", "a", "up", 'must be a string, got "s3cr3t"', index=1)]
+    assert public_manifest_errors(lines, located) == [
+        'serves.toml: serve "a" (#1): up: invalid (the reason is shown with the API token, '
+        "and in the log)"
+    ]
+
+
+def test_a_world_readable_token_file_is_warned_about(tmp_path: Path) -> None:
+    from loguru import logger
+
+    from controller.api import load_token
+
+    said: list[str] = []
+    sink = logger.add(lambda m: said.append(str(m)), level="WARNING", format="{message}")
+    try:
+        private = tmp_path / "private"
+        private.write_text(TOKEN)
+        private.chmod(0o600)
+        assert load_token(private) == TOKEN and said == []
+        shared = tmp_path / "shared"
+        shared.write_text(TOKEN)
+        shared.chmod(0o644)
+        assert load_token(shared) == TOKEN  # still used: the warning says how to fix it
+    finally:
+        logger.remove(sink)
+    [line] = said
+    assert str(shared) in line and "0644" in line and "chmod 600" in line
+    assert TOKEN not in line

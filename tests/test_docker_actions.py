@@ -10,6 +10,7 @@ preflight probes need no daemon at all.
 from __future__ import annotations
 
 import contextlib
+import os
 import socket
 import sys
 import time
@@ -252,6 +253,30 @@ def test_run_up_runs_the_argv_without_a_shell(
     assert result.output.splitlines() == ["x", str(tmp_path), "$HOME"]
     assert result.argv == (sys.executable, "-c", script)
     assert result.message.endswith(": exit 0")
+
+
+def test_run_up_gets_a_clean_environment_plus_the_given_one(
+    offline_actions: DockerActions, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("VRAMCTL_TOKEN", "s3cr3t")
+    monkeypatch.setenv("VRAMCTL_ROUTER_TOKEN", "s3cr3t")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "s3cr3t")
+    monkeypatch.setenv("DOCKER_CONTEXT", "default")
+    monkeypatch.setenv("COMPOSE_PROFILES", "gpu")
+    monkeypatch.setenv("LC_ALL", "C.UTF-8")
+    script = tmp_path / "up.sh"
+    script.write_text("#!/bin/sh\nenv -0 > env.dump\n")
+    script.chmod(0o755)
+    result = offline_actions.run_up(
+        ["./up.sh"], cwd=tmp_path, timeout_s=30, env={"EXTRA": "a b", "COMPOSE_PROFILES": "cpu"}
+    )
+    assert result.ok, result.message
+    pairs = [p for p in (tmp_path / "env.dump").read_bytes().split(b"\0") if p]
+    got = dict(p.decode().split("=", 1) for p in pairs)
+    assert "s3cr3t" not in " ".join(got.values())
+    assert got["EXTRA"] == "a b" and got["COMPOSE_PROFILES"] == "cpu"
+    assert got["DOCKER_CONTEXT"] == "default" and got["LC_ALL"] == "C.UTF-8"
+    assert got["PATH"] == os.environ["PATH"]
 
 
 def test_run_up_keeps_the_tail_of_stdout_and_stderr(

@@ -24,7 +24,7 @@ from typing import Any
 import docker
 import pytest
 from docker.errors import NotFound
-from fake_http import FakeElastic, FakeRouter
+from fake_http import Card, ElasticEngine, FakeRouter
 from fakes_nvml import FakeDevice, FakeNvml, FakeProc
 from serving import free_port, httpd
 
@@ -55,6 +55,7 @@ class Host:
     nvml: FakeNvml
     created: list[str]
     pids: dict[int, str] = field(default_factory=dict)
+    elastic: dict[str, int] = field(default_factory=dict)  # what the loop would journal
 
     def name(self, serve: str) -> str:
         return f"{self.prefix}{serve}"
@@ -98,7 +99,7 @@ class Host:
             nvml=self.nvml,
             pid_to_container=self.pids.get,
         )
-        return snap.to_observed()
+        return replace(snap.to_observed(), elastic_mib=dict(self.elastic))
 
     def drive_nvml(self, mset: ManifestSet) -> None:
         """The scripted driver: each running serve container has one process on the
@@ -148,6 +149,11 @@ class Host:
         )
         executor.desired = desired
         report = executor.execute(plan, observed)
+        for serve, figure in report.elastic.items():  # as the loop journals them
+            if figure.mib is None:
+                self.elastic.pop(serve, None)
+            else:
+                self.elastic[serve] = figure.mib
         after = self.observe(mset)
         host = ledger_from_observed(desired, after)
         for role in desired.roles:
@@ -342,7 +348,10 @@ def test_docker_error_mid_plan_keeps_the_ledger_true(host: Host) -> None:
 
 def test_elastic_shrink_half_succeeds(host: Host) -> None:
     p_moe, p_llm = free_port(), free_port()
-    with FakeElastic() as engine:
+    # moe's engine: 3392 MiB of weights and K/V plus a 4608 MiB expert cache (9 segments)
+    # that it cannot shrink below 3072 MiB; its card is as full as NVML says
+    card = Card(10_000, other_used_mib=300)
+    with ElasticEngine(card, fixed_mib=3392, cache_full_mib=4608, floor_cache_mib=3072) as engine:
         mset = host.manifest(
             ROLE
             + serve_toml(
@@ -356,20 +365,19 @@ def test_elastic_shrink_half_succeeds(host: Host) -> None:
         )
         host.container("moe", port=p_moe, running=True)
         host.container("llm", port=p_llm, running=False)
-        # budget 10000, committed 8000: llm is 2000 short; moe may give 6000.
+        # budget 10000, committed 8000: llm is 2000 short, 4 segments (2048) of moe's.
         # NVML: 10000 total, 300 + 60% of 8000 = 5100 used -> 4900 free; the shrink
-        # gives back 2000, so it asks the engine to leave 6900 free.
-        engine.script(FakeElastic.partial(6900, vram_free_mib=5500))
-
+        # gives back 2048, so it asks the engine to leave 6948 free.
         request = (OnDemandRequest("llm", time.time()),)
         plan, report, _ = host.execute(mset, requests=request)
 
         assert f"{plan.steps[0].action} {plan.steps[0].serve}" == "shrink moe"
         assert actions(report)[:2] == ["shrink moe failed", "reserve llm skipped"]
-        assert "partial" in report.results[0].detail
-        # it asked for the room, then for its start-up default back (undo)
-        assert engine.reserves() == [6900, None]
-        assert report.ledger.holdings["moe"].mib == 8000  # nothing was given back for sure
+        assert "gives back 1536 MiB, the plan needs 2048" in report.results[0].detail
+        # it asked for the room once, and did not grow it back (undo) afterwards
+        assert engine.reserves() == [6948]
+        # what its cache gave back (3 segments) is credited, no more
+        assert report.ledger.holdings["moe"].mib == 8000 - 1536 >= engine.used_mib
         assert host.state("llm") == "created"
 
         # next cycle: without shrinking moe, the planner falls back to evicting it

@@ -120,7 +120,7 @@ def test_a_failed_shrink_of_a_shrunk_serve_does_not_grow_it_back() -> None:
         shrink = Step(Action.SHRINK, "moe", ("g0",), 2000, "shrink", to_mib=4000, group="r")
         ex = executor(desired, Containers({"moe"}), lambda: None, engine.url)
         report = ex.execute(Plan((shrink,), (), ledger, ledger), observed, skip_preflight=True)
-        assert [r.outcome for r in report.results] == [Outcome.FAILED]
+        assert [r.outcome for r in report.results] == [Outcome.ABORTED]  # busy: later
         # it asked once (capacity 20000 - committed 6000 + 2000 given back = 16000 free);
         # no "back to the start-up default" (null) that would take the full 10000 again
         assert engine.reserves() == [16_000]

@@ -5,10 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import sqlite3
+import stat
 import subprocess
 import sys
 import textwrap
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -328,3 +330,86 @@ def test_lock_in_process_second_instance_refused(tmp_path: Path) -> None:
     first.release()
     with StateLock(tmp_path):
         pass
+
+
+# ── file modes: the journal holds `up` output and container log lines ────────
+
+
+@pytest.fixture(params=[0o022, 0o000], ids=["umask-022", "umask-000"])
+def umask(request: pytest.FixtureRequest) -> Iterator[int]:
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+def mode(path: Path) -> int:
+    return stat.S_IMODE(path.stat().st_mode)
+
+
+def test_journal_lock_and_side_files_are_private_in_a_wide_state_dir(
+    tmp_path: Path, umask: int
+) -> None:
+    state = tmp_path / "state"
+    state.mkdir()
+    state.chmod(0o777)  # an existing folder with wider rights
+    with StateLock(state), Journal.open(state / JOURNAL_NAME) as j:
+        record(j, 1.0)
+        j.add_request("emb", 1.0, None)
+        files = sorted(p.name for p in state.iterdir())
+        assert {JOURNAL_NAME, f"{JOURNAL_NAME}-wal", f"{JOURNAL_NAME}-shm", "vramctl.lock"} <= set(
+            files
+        ), files
+        for p in state.iterdir():
+            assert mode(p) == 0o600, (p.name, oct(mode(p)))
+    assert mode(state) == 0o777  # an existing folder is the operator's: warned about, kept
+
+
+def test_the_state_dir_is_created_0700(tmp_path: Path, umask: int) -> None:
+    state = tmp_path / "a" / "state"
+    StateLock(state).acquire()
+    assert mode(state) == 0o700
+    other = tmp_path / "b" / "state"
+    Journal.open(other / JOURNAL_NAME).close()
+    assert mode(other) == 0o700
+
+
+def test_an_older_journal_with_wide_modes_is_tightened_on_open(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    path = state / JOURNAL_NAME
+    with Journal.open(path) as j:
+        record(j, 1.0)
+    for p in state.iterdir():
+        p.chmod(0o644)  # as an earlier vramctl left them
+    with Journal.open(path) as j:
+        record(j, 2.0)
+        for p in state.iterdir():
+            assert mode(p) == 0o600, (p.name, oct(mode(p)))
+    lock = state / "vramctl.lock"
+    lock.write_text("")
+    lock.chmod(0o644)
+    with StateLock(state):
+        assert mode(lock) == 0o600
+
+
+def test_a_world_readable_state_dir_is_warned_about(tmp_path: Path) -> None:
+    from loguru import logger
+
+    said: list[str] = []
+    sink = logger.add(lambda m: said.append(str(m)), level="WARNING", format="{message}")
+    try:
+        quiet = tmp_path / "quiet"
+        with StateLock(quiet):
+            pass
+        assert said == []
+        wide = tmp_path / "wide"
+        wide.mkdir()
+        wide.chmod(0o755)
+        with StateLock(wide):
+            pass
+    finally:
+        logger.remove(sink)
+    [line] = said
+    assert str(wide) in line and "0755" in line and "chmod 700" in line

@@ -151,3 +151,43 @@ def test_unreleased_memory_stays_counted_until_nvml_shows_it_back(tmp_path: Path
     assert c._still_unreleased(snap(device, None)) == []  # nothing attributed any more
     c._unreleased.add("res")
     assert c._still_unreleased(snap(None, None, state="running")) == []  # runs: holds as usual
+
+
+def failed_start(serve: str, *, ended_at: float, died_started_at: float | None) -> ExecutionReport:
+    step = Step(Action.AWAIT_READY, serve, ("a",), None, "")
+    result = StepResult(
+        step,
+        Outcome.FAILED,
+        "c-res exited (1) while starting",
+        20.0,
+        ended_at=ended_at,
+        died_started_at=died_started_at,
+    )
+    return ExecutionReport([result], Ledger({}), {})
+
+
+def test_the_backoff_counts_from_the_failure_not_from_the_cycle(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+    cycle_began = 1000.0
+    # the start failed 20 s into the cycle: the 5 s backoff runs from then
+    c._learn(failed_start("res", ended_at=1020.0, died_started_at=None), cycle_began)
+    assert c.backoff["res"].until == 1025.0
+    assert "res" in c.policy(1021.0).hold and "res" not in c.policy(1025.5).hold
+
+
+def test_a_death_seen_by_the_failed_start_is_counted_once(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+    c._learn(failed_start("res", ended_at=1003.0, died_started_at=1001.0), 1000.0)
+    # the next cycle observes the same exited container (started 1001): not a second failure
+    c._note_deaths(crashed(1001.0), 1004.0)
+    assert c.backoff["res"].failures == 1
+    assert c.backoff["res"].until == 1008.0  # the first backoff is 5 s, not 10 s
+    # and in the other order: the death observed first, then the start's own report
+    (tmp_path / "other").mkdir()
+    c2 = controller(tmp_path / "other")
+    c2._note_deaths(crashed(1001.0), 1002.0)
+    c2._learn(failed_start("res", ended_at=1003.0, died_started_at=1001.0), 1000.0)
+    assert c2.backoff["res"].failures == 1
+    # a later crash of a new start counts again
+    c._note_deaths(crashed(1100.0), 1101.0)
+    assert c.backoff["res"].failures == 2

@@ -427,6 +427,24 @@ SINGLE_FILE_CASES = [
         id="elastic-floor-zero",
     ),
     pytest.param(
+        ROLES
+        + serve(
+            'gpu_role = "a"\nvram_mib = 100\n'
+            'elastic = { url = "http://x", floor_mib = 10, segment_mib = 32 }'
+        ),
+        (Expect(S1, "elastic.segment_mib", ("at least 64", "got 32")),),
+        id="elastic-segment-below-the-engines-minimum",
+    ),
+    pytest.param(
+        ROLES
+        + serve(
+            'gpu_role = "a"\nvram_mib = 100\n'
+            'elastic = { url = "http://x", floor_mib = 10, segment_mib = "512" }'
+        ),
+        (Expect(S1, "elastic.segment_mib", ("whole number of MiB", 'got "512"')),),
+        id="elastic-segment-not-a-number",
+    ),
+    pytest.param(
         serve('elastic = { url = "http://x", floor_mib = 10 }'),
         (Expect(S1, "elastic", ("needs", "vram_mib")),),
         id="elastic-without-vram",
@@ -832,6 +850,7 @@ def test_desired_state_conversion(tmp_path: Path) -> None:
     )
     assert (spec.router_tier, spec.groups, spec.gpu_inference) == ("tier", ("g1", "g2"), False)
     assert spec.elastic == Elastic(url="http://127.0.0.1:8001", floor_mib=200, token_env="TOK")
+    assert spec.elastic.segment_mib == 512  # the engine's default segment
     assert desired.in_ledger(spec)
 
 

@@ -181,6 +181,17 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
     for step in steps:
         if step.action is Action.SHRINK:
             assert step.serve not in sc.policy.no_shrink, f"{step.serve} shrunk, no_shrink"
+        if step.action in (Action.SHRINK, Action.GROW):
+            # the engine gives back and maps whole segments, and never goes below its floor
+            e = d.serves[step.serve].elastic
+            assert e is not None and step.mib is not None and step.to_mib is not None
+            assert step.to_mib >= e.floor_mib, f"{step.serve} shrunk below its floor"
+            full = d.serves[step.serve].vram_mib
+            if step.action is Action.SHRINK or step.to_mib != full:
+                assert step.mib % e.segment_mib == 0, (
+                    f"{step.serve}: {step.action} of {step.mib} MiB is not whole "
+                    f"{e.segment_mib} MiB segments"
+                )
 
     # each group's steps are contiguous, and a group is one serve's intent
     # (a grow is the serve's own later intent: it shares the serve's group, so it is
@@ -400,9 +411,14 @@ CONVERGES_NOW = [
     pytest.param(
         # big (on-demand, 600, elastic floor 100) and od (on-demand, 500) want to run on
         # an empty 1000 budget: big starts, od is blocked (big is being started, so not
-        # shrinkable); the next cycle shrinks big by 100 and starts od.
+        # shrinkable); the next cycle shrinks big by 100 (one segment) and starts od.
         [
-            _od("big", 600, Residency.ON_DEMAND, elastic=Elastic("http://127.0.0.1:1", 100)),
+            _od(
+                "big",
+                600,
+                Residency.ON_DEMAND,
+                elastic=Elastic("http://127.0.0.1:1", 100, segment_mib=100),
+            ),
             _od("od", 500, Residency.ON_DEMAND),
         ],
         (),

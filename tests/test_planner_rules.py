@@ -372,8 +372,62 @@ def test_shrink_step_carries_amounts() -> None:
     desired, observed = _build(CASES["elastic-shrink-preferred-when-it-covers"])
     plan = plan_transitions(desired, observed, Policy(), NOW)
     shrink = plan.steps[0].to_json()
-    assert shrink["mib"] == 4000 and shrink["to_mib"] == 16_000
-    assert plan.ledger_after.committed_mib("a") == 30_000
+    # 4000 short: the engine gives back whole 512 MiB segments, so 8 of them (4096)
+    assert shrink["mib"] == 4096 and shrink["to_mib"] == 15_904
+    assert plan.ledger_after.committed_mib("a") == 29_904
+
+
+def _elastic_case(segment_mib: int, floor_mib: int, moe_mib: int = 20_000) -> Case:
+    return Case(
+        [
+            serve(
+                "moe",
+                moe_mib,
+                EVI,
+                RUN,
+                elastic=Elastic("http://127.0.0.1:1", floor_mib, segment_mib=segment_mib),
+            ),
+            serve("omni", 8000, EVI, RUN),
+            serve("llm", 6000, OND),
+        ],
+        {"moe": up(), "omni": up()},
+        [],
+        requests=[req("llm")],
+    )
+
+
+def test_a_shrink_is_whole_segments_that_cover_the_need() -> None:
+    # budget 30000, committed 28000: llm is 4000 short; 1000 MiB segments: 4 of them
+    desired, observed = _build(_elastic_case(1000, 12_000))
+    (shrink,) = [s for s in plan_transitions(desired, observed, Policy(), NOW).steps][:1]
+    assert (str(shrink.action), shrink.mib, shrink.to_mib) == ("shrink", 4000, 16_000)
+    desired, observed = _build(_elastic_case(3000, 12_000))
+    (shrink,) = [s for s in plan_transitions(desired, observed, Policy(), NOW).steps][:1]
+    assert (str(shrink.action), shrink.mib, shrink.to_mib) == ("shrink", 6000, 14_000)
+
+
+def test_only_whole_segments_above_the_floor_are_shrinkable() -> None:
+    # moe may give 8000 above its floor, but in 3000 MiB segments only 6000; with a
+    # 7000 MiB segment only one (7000 >= 4000); with a 9000 MiB segment none: eviction
+    desired, observed = _build(_elastic_case(7000, 12_000))
+    first = plan_transitions(desired, observed, Policy(), NOW).steps[0]
+    assert (str(first.action), first.mib) == ("shrink", 7000)
+    desired, observed = _build(_elastic_case(9000, 12_000))
+    first = plan_transitions(desired, observed, Policy(), NOW).steps[0]
+    assert f"{first.action} {first.serve}" == "stop omni"
+
+
+def test_a_partial_grow_takes_whole_segments() -> None:
+    moe = serve(
+        "moe", 20_000, EVI, RUN, elastic=Elastic("http://127.0.0.1:1", 12_000, segment_mib=512)
+    )
+    other = serve("omni", 13_000, EVI, RUN)
+    # budget 30000: moe at 14000 + omni 13000 leave 3000 free: 5 segments (2560)
+    desired, observed = _build(
+        Case([moe, other], {"moe": up(), "omni": up()}, [], elastic_mib={"moe": 14_000})
+    )
+    (grow,) = plan_transitions(desired, observed, Policy(), NOW).steps
+    assert (str(grow.action), grow.mib, grow.to_mib) == ("grow", 2560, 16_560)
 
 
 def test_overcommitted_observation_is_reported() -> None:
