@@ -88,7 +88,9 @@ def test_a_fit_after_eviction_lists_drain_and_evict() -> None:
 def test_a_fit_after_shrinking_lists_the_shrink() -> None:
     case = Case(
         [
-            serve("moe", 20_000, EVI, RUN, elastic=Elastic("http://127.0.0.1:1", 16_000)),
+            serve(
+                "moe", 20_000, EVI, RUN, elastic=Elastic("http://127.0.0.1:1", 16_000, None, 1000)
+            ),
             serve("omni", 8000, EVI, RUN),
             serve("llm", 6000, OND),
         ],

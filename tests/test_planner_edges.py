@@ -89,8 +89,12 @@ def test_start_order(case: Case) -> None:
 
 
 # ----- shrink sizes -------------------------------------------------------------------------
-def shrink_case(floor: int, llm: int = 6000, *, min_runtime_s: float = 0.0) -> Case:
-    # budget 30000, committed 28000 (moe 20000 + omni 8000), free 2000
+def shrink_case(
+    floor: int, llm: int = 6000, *, min_runtime_s: float = 0.0, segment: int = 1
+) -> Case:
+    # budget 30000, committed 28000 (moe 20000 + omni 8000), free 2000; segments of
+    # 1 MiB unless given, so the MiB boundaries below are exact
+    
     return Case(
         [
             serve(
@@ -98,7 +102,7 @@ def shrink_case(floor: int, llm: int = 6000, *, min_runtime_s: float = 0.0) -> C
                 20_000,
                 EVI,
                 RUN,
-                elastic=Elastic(ELASTIC, floor),
+                elastic=Elastic(ELASTIC, floor, segment_mib=segment),
                 min_runtime_s=min_runtime_s,
             ),
             serve("omni", 8000, EVI, RUN),
@@ -115,13 +119,15 @@ def test_a_shrink_exactly_covering_the_shortfall_is_planned_instead_of_an_evicti
     assert lines(plan) == ["shrink moe", *starts("llm")]
     shrink = plan.steps[0]
     assert (shrink.mib, shrink.to_mib) == (4000, 16_000)
-    assert shrink.reason == "give back 4000 MiB (elastic, floor 16000) so llm fits"
+    assert shrink.reason == (
+        "give back 4000 MiB (elastic, floor 16000, whole 1 MiB segments) so llm fits"
+    )
     assert shrink.to_json() == {
         "action": "shrink",
         "serve": "moe",
         "gpu_roles": ["a"],
         "mib": 4000,
-        "reason": "give back 4000 MiB (elastic, floor 16000) so llm fits",
+        "reason": "give back 4000 MiB (elastic, floor 16000, whole 1 MiB segments) so llm fits",
         "group": "llm",
         "to_mib": 16_000,
     }
@@ -140,12 +146,13 @@ def test_a_shrink_one_mib_short_of_the_shortfall_evicts_instead() -> None:
 def test_shrinks_take_from_the_largest_giver_first_and_only_what_is_needed() -> None:
     case = Case(
         [
-            serve("small", 9000, EVI, RUN, elastic=Elastic(ELASTIC, 7000)),  # gives 2000
-            serve("large", 10_000, EVI, RUN, elastic=Elastic(ELASTIC, 7000)),  # gives 3000
-            serve("still", 9000, EVI, RUN, elastic=Elastic(ELASTIC, 9000)),  # at its floor
+            serve("small", 9000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, segment_mib=1000)),
+            serve("large", 10_000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, segment_mib=1000)),
+            serve("still", 9000, EVI, RUN, elastic=Elastic(ELASTIC, 9000, segment_mib=1000)),
             serve("llm", 6000, OND),
         ],
-        # budget 30000, committed 28000, free 2000, short 4000
+        # budget 30000, committed 28000, free 2000, short 4000; small gives 2000, large
+        # 3000, still is at its floor
         {"small": up(), "large": up(), "still": up()},
         [],
         requests=[req("llm")],
@@ -163,7 +170,7 @@ def test_a_serve_already_at_its_floor_gives_no_zero_mib_shrink() -> None:
     case = Case(
         [
             serve("aaa", 9000, EVI, RUN, elastic=Elastic(ELASTIC, 9000)),  # at its floor
-            serve("moe", 19_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000)),
+            serve("moe", 19_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000, segment_mib=1000)),
             serve("llm", 6000, OND),
         ],
         {"aaa": up(), "moe": up()},
@@ -250,12 +257,12 @@ def test_a_blocked_start_states_the_whole_arithmetic() -> None:
     assert b.reason == (
         "llm does not fit (eviction cannot cover the shortfall): a: capacity 32000 - reserve "
         "2000 = budget 30000; committed 26000 (moe 6000 + omni 8000 + stt 12000); free 4000; "
-        "needs 20000; short 16000; evictable 6000; shrinkable 1000"
+        "needs 20000; short 16000; evictable 6000; shrinkable 512"
     )
     data = b.to_json()
     assert data["serve"] == "llm"
     assert data["ledger"]["evictable_mib"] == {"a": 6000}
-    assert data["ledger"]["shrinkable_mib"] == {"a": 1000}
+    assert data["ledger"]["shrinkable_mib"] == {"a": 512}  # one whole 512 MiB segment
     assert data["ledger"]["protected"] == [
         {"serve": "omni", "mib": 8000, "why": "started 60s ago, inside its min_runtime_s 600"},
         {"serve": "stt", "mib": 12_000, "why": "resident: never evicted"},
@@ -289,9 +296,10 @@ def test_grow_back_takes_what_the_budget_allows() -> None:
     plan = plan_of(case)
     assert lines(plan) == ["grow moe"]
     (g,) = plan.steps
-    assert (g.mib, g.to_mib) == (4000, 18_000)
-    assert g.reason == "take back 4000 MiB (elastic) now that the room is free"
-    assert plan.ledger_after.committed_mib("a") == 30_000
+    # free 30000 - 26000 = 4000 holds 7 whole 512 MiB segments: 3584
+    assert (g.mib, g.to_mib) == (3584, 17_584)
+    assert g.reason == "take back 3584 MiB (elastic) now that the room is free"
+    assert plan.ledger_after.committed_mib("a") == 29_584
 
 
 def test_grow_back_to_the_full_reservation_and_not_beyond() -> None:
