@@ -430,6 +430,44 @@ GREEDY = [
         id="swap-prefers-the-lower-priority",
     ),
     pytest.param(
+        # largest first a60 then ab55 (for b); prune drops a60 (ab55 covers both), then the
+        # swap trades ab55 for ab52, which covers both alone: after the prune the freed
+        # MiB are ab55's only (55 on a), and 55 - 55 + 52 = 52 still covers a
+        [c("a60", 60), c("ab55", 55, roles=("a", "b")), c("ab52", 52, roles=("a", "b"))],
+        {"a": 50, "b": 50},
+        1,
+        ["ab52"],
+        id="swap-after-a-prune-counts-what-is-left",
+    ),
+    pytest.param(
+        # largest first 60 + 55 = 115; the 60 is swapped for the 48 (103), then the 55 for
+        # the 52 (48 + 52 = 100): the second swap counts the first one's 48
+        [c("c60", 60), c("c55", 55), c("c52", 52), c("c48", 48), c("c10", 10)],
+        {"a": 100},
+        1,
+        ["c48", "c52"],
+        id="second-swap-counts-the-first",
+    ),
+    pytest.param(
+        # largest first 52 + lo50 = 102; the 52 is swapped for the 10 (60), then lo50 for
+        # the 44 (54): each victim is swapped once, for the smallest that covers
+        [c("c52", 52), c("lo50", 50), c("hi50", 50, priority=1), c("c44", 44), c("c10", 10)],
+        {"a": 54},
+        1,
+        ["c10", "c44"],
+        id="one-swap-per-victim-then-the-next",
+    ),
+    pytest.param(
+        # largest first 60 + 30 + lo20 = 110; the 30 is swapped for the 17 (97); lo20 is
+        # not swapped for hi20: a swap takes a smaller candidate, never an equal one (here
+        # one of higher priority)
+        [c("c60", 60), c("c30", 30), c("lo20", 20), c("hi20", 20, priority=2), c("c17", 17)],
+        {"a": 96},
+        1,
+        ["c17", "c60", "lo20"],
+        id="swap-never-takes-an-equal-size",
+    ),
+    pytest.param(
         [c("c40", 40), c("c30", 30)],
         {"a": 71},
         1,
