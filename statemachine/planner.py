@@ -438,7 +438,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
             terms = ledger.terms(s.name, s.gpu_roles, mib)
             cands: list[Candidate] = []
             shrinkable: dict[str, int] = dict.fromkeys(short, 0)
-            elastic: list[tuple[ServeSpec, int]] = []
+            elastic: list[tuple[ServeSpec, int, int]] = []  # serve, held, it can give
             evictable: dict[str, int] = dict.fromkeys(short, 0)
             # only holders on a short role matter: walk those roles' serves, not the ledger
             on_short = dict.fromkeys(n for r in short for n in w.by_role.get(r, ()))
@@ -467,7 +467,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                 ):
                     give = _whole_segments_above_floor(res.mib, o.elastic)
                     if give > 0:
-                        elastic.append((o, res.mib))
+                        elastic.append((o, res.mib, give))
                         for r in res.gpu_roles:
                             if r in shrinkable:
                                 shrinkable[r] += give
@@ -489,13 +489,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
             if elastic and all(shrinkable[r] >= need for r, need in short.items()):
                 # shrink alone covers it: take from the largest givers first, only what is needed
                 remaining = dict(short)
-                for o, cur in sorted(
-                    elastic,
-                    key=lambda e: (
-                        -(_whole_segments_above_floor(e[1], e[0].elastic) if e[0].elastic else 0),
-                        e[0].name,
-                    ),
-                ):
+                for o, cur, can in sorted(elastic, key=lambda e: (-e[2], e[0].name)):
                     if all(v <= 0 for v in remaining.values()):
                         break
                     assert o.elastic is not None
@@ -505,7 +499,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                     # the engine gives back whole segments: ask for the segments that
                     # cover the need (a segment short would leave the requester short)
                     seg = o.elastic.segment_mib
-                    give = min(_whole_segments_above_floor(cur, o.elastic), -(-need // seg) * seg)
+                    give = min(can, -(-need // seg) * seg)
                     shrinks.append((o, cur, cur - give))
                     for r in o.gpu_roles:
                         if r in remaining:

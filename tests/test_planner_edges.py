@@ -371,3 +371,106 @@ def test_request_for_a_desired_stopped_serve_says_so() -> None:
     case = Case([serve("llm", 2000, OND, STOP)], {}, [], requests=[req("llm")])
     (b,) = plan_of(case).blocked
     assert b.reason == 'llm is requested but the manifest says desired = "stopped"'
+
+
+def test_a_requester_that_may_not_evict_says_its_class() -> None:
+    # docs/eviction.md: "only on-demand serves evict, and X is evictable"
+    for residency, cls in ((EVI, "evictable"), (None, "unclassified")):
+        case = Case(
+            [serve("old", 1000, EVI, RUN, port=9000), serve("new", 1000, residency, RUN, port=9000)],
+            {"old": up()},
+            [],
+        )
+        plan = plan_of(case)
+        assert plan.steps == ()
+        (b,) = plan.blocked
+        assert b.reason == (
+            "new cannot start: old runs (holds port 9000) and may not be stopped: "
+            f"only on-demand serves evict, and new is {cls}"
+        )
+
+
+# ----- shrinks across givers and roles --------------------------------------------------------
+def test_shrinks_cover_the_shortfall_to_the_last_mib() -> None:
+    # short 4000: large can give 3999 (1 MiB segments), so small gives the last 1 MiB
+    case = Case(
+        [
+            serve("large", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 16_001, segment_mib=1)),
+            serve("small", 8000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, segment_mib=1)),
+            serve("llm", 6000, OND),
+        ],
+        {"large": up(), "small": up()},
+        [],
+        requests=[req("llm")],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == ["shrink large", "shrink small", *starts("llm")]
+    assert [(s.mib, s.to_mib) for s in plan.steps[:2]] == [(3999, 16_001), (1, 7999)]
+    assert plan.ledger_after.committed_mib("a") == 30_000
+
+
+def test_a_giver_on_a_role_already_covered_gives_nothing() -> None:
+    # llm needs 3000 on a and on b. a: free 0, a1 can give 5000, a2 3000; b: free 1000,
+    # b1 can give 2500. a1 covers a exactly (3000); a2 is on no role still short and is
+    # not asked for 0 MiB; b1 still gives b's 2000
+    seg1 = {"segment_mib": 1}
+    case = Case(
+        [
+            serve("a1", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 15_000, **seg1)),
+            serve("a2", 10_000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, **seg1)),
+            serve("b1", 29_000, EVI, RUN, roles=("b",), elastic=Elastic(ELASTIC, 26_500, **seg1)),
+            serve("llm", 3000, OND, roles=("a", "b")),
+        ],
+        {"a1": up(), "a2": up(), "b1": up()},
+        [],
+        requests=[req("llm")],
+        roles={"a": (32_000, 2000), "b": (32_000, 2000)},
+    )
+    plan = plan_of(case)
+    assert lines(plan) == ["shrink a1", "shrink b1", *starts("llm")]
+    assert [(s.serve, s.mib, s.to_mib) for s in plan.steps[:2]] == [
+        ("a1", 3000, 17_000),
+        ("b1", 2000, 27_000),
+    ]
+
+
+def test_a_shrink_is_asked_in_whole_segments_rounded_up() -> None:
+    # short 4000 in 512 MiB segments: 8 segments (4096) cover it, 7 (3584) would not
+    plan = plan_of(shrink_case(floor=15_000, segment=512))
+    assert lines(plan) == ["shrink moe", *starts("llm")]
+    assert (plan.steps[0].mib, plan.steps[0].to_mib) == (4096, 15_904)
+    assert plan.steps[0].reason == (
+        "give back 4096 MiB (elastic, floor 15000, whole 512 MiB segments) so llm fits"
+    )
+
+
+def test_a_holder_one_mib_short_of_the_segments_needed_is_evicted_instead() -> None:
+    # above its floor moe holds 4095 MiB: 7 whole 512 MiB segments (3584) < 4000 short
+    plan = plan_of(shrink_case(floor=15_905, segment=512))
+    assert lines(plan) == ["stop omni", "release omni", *starts("llm")]
+    # 4096 above the floor: 8 segments cover it
+    plan = plan_of(shrink_case(floor=15_904, segment=512))
+    assert lines(plan) == ["shrink moe", *starts("llm")]
+    assert (plan.steps[0].mib, plan.steps[0].to_mib) == (4096, 15_904)
+
+
+# ----- one choice for the requesters of a pass ------------------------------------------------
+def test_victims_are_chosen_once_for_the_requesters_of_a_pass() -> None:
+    # free 0; first and second each need 5000. Chosen for both at once, big (10000) covers
+    # the 10000 exactly; small (9999) would leave the second 1 MiB short and cost a
+    # second eviction
+    case = Case(
+        [
+            serve("big", 10_000, EVI, RUN),
+            serve("small", 9999, EVI, RUN),
+            serve("tiny", 5000, EVI, RUN),
+            serve("stt", 5001, RES, RUN),
+            serve("first", 5000, OND),
+            serve("second", 5000, OND),
+        ],
+        {"big": up(), "small": up(), "tiny": up(), "stt": up()},
+        [],
+        requests=[req("first", at=NOW - 20), req("second", at=NOW - 10)],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == ["stop big", "release big", *starts("first", "second")]

@@ -38,6 +38,7 @@ Usage::
     python tests/mutation/mutate.py                 # the test command's run
     python tests/mutation/mutate.py --full          # every mutant (VRAMCTL_MUTATION=full)
     python tests/mutation/mutate.py ledger --list   # print the mutants, run nothing
+    python tests/mutation/mutate.py planner --match 'need <= 0'   # only these mutants
 
 Exit status: 0 every module at or above its threshold, 1 one below, 2 a usage or
 set-up error (the unmutated tests fail, a stale equivalent entry, ...).
@@ -446,6 +447,9 @@ def _env(copy_root: Path, extra: dict[str, str]) -> dict[str, str]:
     env.update(extra)
     env["PYTHONPATH"] = os.pathsep.join([str(copy_root), str(copy_root / "tests/mutation")])
     env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # the installed pytest plugins (schemathesis, anyio) take two thirds of a pure test
+    # file's start-up, once per mutant; the pure tests need only Hypothesis's
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
     env.pop("PYTEST_ADDOPTS", None)
     return env
 
@@ -462,6 +466,9 @@ def _pytest(
         "-q",
         "-p",
         "no:cacheprovider",
+        "--noconftest",  # tests/conftest.py: the Docker fixtures, which no pure test uses
+        "-p",
+        "_hypothesis_pytestplugin",  # plugin autoload is off (see _env): Hypothesis only
         "-p",
         "hypothesis_profile",
         "--hypothesis-profile=mutation",
@@ -543,7 +550,11 @@ def run(args: argparse.Namespace) -> int:
                 used_equivalents.add(m.key.rpartition("#")[0])
             else:
                 todo.append(m)
+        if args.match:
+            todo = [m for m in todo if any(t in m.key for t in args.match)]
         sample = args.sample if args.sample is not None else (None if full else mc.sample)
+        if args.match:
+            sample = None
         if sample is not None and sample < len(todo):
             rng = random.Random(f"{name}:{args.seed if args.seed is not None else mc.seed}")
             todo = sorted(rng.sample(todo, sample), key=lambda m: (m.line, m.key))
@@ -667,6 +678,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="the sample's seed (default: mutation.toml)")
     p.add_argument("--workers", type=int, default=MAX_WORKERS, help="at most 2")
     p.add_argument("--list", action="store_true", help="print the mutants and run nothing")
+    p.add_argument(
+        "--match",
+        action="append",
+        metavar="TEXT",
+        help="only the mutants whose key holds TEXT (repeatable; no sample, no threshold use)",
+    )
     p.add_argument("--json", help="write the scores and survivors to this file")
     p.add_argument("-v", "--verbose", action="store_true", help="print every mutant's outcome")
     p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
