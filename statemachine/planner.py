@@ -418,7 +418,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     for o in forced:
         if ledger.holds(o.name):
             ledger = _ok(ledger.release(o.name))
-    shrinks: list[tuple[ServeSpec, int, int]] = []  # serve, from, to
+    shrinks: list[tuple[ServeSpec, Elastic, int, int]] = []  # serve, its elastic, from, to
     victims: list[ServeSpec] = []
     if w.ledger.holds(s.name):  # exited, its memory not back: still counted
         # starting it again now could need its memory twice: wait until it is back
@@ -500,7 +500,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                     # cover the need (a segment short would leave the requester short)
                     seg = o.elastic.segment_mib
                     give = min(can, -(-need // seg) * seg)
-                    shrinks.append((o, cur, cur - give))
+                    shrinks.append((o, o.elastic, cur, cur - give))
                     for r in o.gpu_roles:
                         if r in remaining:
                             remaining[r] -= give
@@ -549,15 +549,14 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
 
     # commit, as one group: shrinks, drain every serve to be stopped, stop them, then start
     w.group = s.name
-    for o, cur, to in shrinks:
+    for o, el, cur, to in shrinks:
         w.ledger = _ok(w.ledger.resize(o.name, to))
-        floor = o.elastic.floor_mib if o.elastic else 0
-        seg = o.elastic.segment_mib if o.elastic else 1
         w.add(
             Action.SHRINK,
             o,
             cur - to,
-            f"give back {cur - to} MiB (elastic, floor {floor}, whole {seg} MiB segments) "
+            f"give back {cur - to} MiB (elastic, floor {el.floor_mib}, whole "
+            f"{el.segment_mib} MiB segments) "
             f"so {s.name} fits",
             to_mib=to,
         )

@@ -30,20 +30,20 @@ def shortfall(free: int, need: int) -> int:
 '''
 
 # only a role that is short: max(1, ...) and max(-1, ...) survive
-WEAK = '''from statemachine.tiny import shortfall
+WEAK = """from statemachine.tiny import shortfall
 
 
 def test_short() -> None:
     assert shortfall(10, 30) == 20
-'''
+"""
 
-STRONG = '''from statemachine.tiny import shortfall
+STRONG = """from statemachine.tiny import shortfall
 
 
 def test_short_and_not_short() -> None:
     assert shortfall(10, 30) == 20
     assert shortfall(30, 10) == 0
-'''
+"""
 
 
 def scratch_repo(tmp: Path, test: str, equivalent: str = "") -> Path:

@@ -8,6 +8,8 @@ MiB and reasons the docs promise, written from the rules, not from the code's ou
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from test_planner_rules import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
@@ -18,8 +20,12 @@ from statemachine.types import ContainerObs, ContainerState, Elastic
 ELASTIC = "http://127.0.0.1:1"
 
 
-def plan_of(case: Case, policy: Policy | None = None) -> Plan:
+def plan_of(
+    case: Case, policy: Policy | None = None, starting: dict[str, int] | None = None
+) -> Plan:
     desired, observed = _build(case)
+    if starting:
+        observed = replace(observed, starting=starting)
     plan = plan_transitions(desired, observed, policy or Policy(), NOW)
     for step, ledger in ledger_prefixes(plan):
         assert not hasattr(ledger, "kind"), f"{step}: {ledger}"
@@ -94,7 +100,7 @@ def shrink_case(
 ) -> Case:
     # budget 30000, committed 28000 (moe 20000 + omni 8000), free 2000; segments of
     # 1 MiB unless given, so the MiB boundaries below are exact
-    
+
     return Case(
         [
             serve(
@@ -213,6 +219,8 @@ EVICTS = ["stop omni", "release omni", *starts("llm")]
         pytest.param(599.0, 600.0, [], id="one-second-inside-is-protected"),
         pytest.param(0.5, 1.0, [], id="half-a-second-inside-a-one-second-min"),
         pytest.param(0.0, 0.0, EVICTS, id="no-min-runtime-never-protects"),
+        # a start stamped after the observation (clocks apart): no min_runtime_s, no guard
+        pytest.param(-5.0, 0.0, EVICTS, id="no-min-runtime-never-protects-a-future-start"),
     ],
 )
 def test_min_runtime_boundary(age: float, min_runtime_s: float, expected: list[str]) -> None:
@@ -377,7 +385,10 @@ def test_a_requester_that_may_not_evict_says_its_class() -> None:
     # docs/eviction.md: "only on-demand serves evict, and X is evictable"
     for residency, cls in ((EVI, "evictable"), (None, "unclassified")):
         case = Case(
-            [serve("old", 1000, EVI, RUN, port=9000), serve("new", 1000, residency, RUN, port=9000)],
+            [
+                serve("old", 1000, EVI, RUN, port=9000),
+                serve("new", 1000, residency, RUN, port=9000),
+            ],
             {"old": up()},
             [],
         )
@@ -392,11 +403,11 @@ def test_a_requester_that_may_not_evict_says_its_class() -> None:
 
 # ----- shrinks across givers and roles --------------------------------------------------------
 def test_shrinks_cover_the_shortfall_to_the_last_mib() -> None:
-    # short 4000: large can give 3999 (1 MiB segments), so small gives the last 1 MiB
+    # short 4000: large can give 3999 (1 MiB segments), small just 1 MiB: it gives it
     case = Case(
         [
             serve("large", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 16_001, segment_mib=1)),
-            serve("small", 8000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, segment_mib=1)),
+            serve("small", 8000, EVI, RUN, elastic=Elastic(ELASTIC, 7999, segment_mib=1)),
             serve("llm", 6000, OND),
         ],
         {"large": up(), "small": up()},
@@ -410,21 +421,21 @@ def test_shrinks_cover_the_shortfall_to_the_last_mib() -> None:
 
 
 def test_a_giver_on_a_role_already_covered_gives_nothing() -> None:
-    # llm needs 3000 on a and on b. a: free 0, a1 can give 5000, a2 3000; b: free 1000,
-    # b1 can give 2500. a1 covers a exactly (3000); a2 is on no role still short and is
-    # not asked for 0 MiB; b1 still gives b's 2000
+    # llm needs 3000 on a and on b. a: free 0, a1 can give 5000, a2 (on a and c, where
+    # nothing is short) 3000; b: free 1000, b1 can give 2500. a1 covers a exactly (3000);
+    # a2 is then on no role still short and is not asked for anything; b1 gives b's 2000
     seg1 = {"segment_mib": 1}
     case = Case(
         [
             serve("a1", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 15_000, **seg1)),
-            serve("a2", 10_000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, **seg1)),
+            serve("a2", 10_000, EVI, RUN, roles=("a", "c"), elastic=Elastic(ELASTIC, 7000, **seg1)),
             serve("b1", 29_000, EVI, RUN, roles=("b",), elastic=Elastic(ELASTIC, 26_500, **seg1)),
             serve("llm", 3000, OND, roles=("a", "b")),
         ],
         {"a1": up(), "a2": up(), "b1": up()},
         [],
         requests=[req("llm")],
-        roles={"a": (32_000, 2000), "b": (32_000, 2000)},
+        roles={"a": (32_000, 2000), "b": (32_000, 2000), "c": (32_000, 2000)},
     )
     plan = plan_of(case)
     assert lines(plan) == ["shrink a1", "shrink b1", *starts("llm")]
@@ -474,3 +485,222 @@ def test_victims_are_chosen_once_for_the_requesters_of_a_pass() -> None:
     )
     plan = plan_of(case)
     assert lines(plan) == ["stop big", "release big", *starts("first", "second")]
+
+
+# ----- requests and the order of requesters ---------------------------------------------------
+def test_a_request_for_an_unknown_serve_is_ignored_and_the_next_one_counts() -> None:
+    case = Case(
+        [serve("llm", 2000, OND)],
+        {},
+        starts("llm"),
+        requests=[req("ghost", at=NOW - 30), req("llm", at=NOW - 20)],
+    )
+    assert lines(plan_of(case)) == case.expect_steps
+
+
+def test_a_serve_asked_twice_ranks_by_its_oldest_request() -> None:
+    # budget 30000: one of the two 20000 serves fits. twice was first asked 30 s ago
+    # (again 5 s ago), once 20 s ago: twice is the older request
+    case = Case(
+        [serve("once", 20_000, OND), serve("twice", 20_000, OND)],
+        {},
+        starts("twice"),
+        ["once"],
+        requests=[req("twice", at=NOW - 5), req("once", at=NOW - 20), req("twice", at=NOW - 30)],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == case.expect_steps
+    assert [b.serve for b in plan.blocked] == ["once"]
+
+
+def test_desired_running_on_demand_serves_go_by_descending_priority() -> None:
+    case = Case(
+        [serve("aaa", 20_000, OND, RUN, priority=1), serve("zzz", 20_000, OND, RUN, priority=5)],
+        {},
+        starts("zzz"),
+        ["aaa"],
+    )
+    assert lines(plan_of(case)) == case.expect_steps
+
+
+# ----- conflicts --------------------------------------------------------------------------
+def test_an_exclusive_serve_waits_for_the_holder_of_its_port_on_another_role() -> None:
+    case = Case(
+        [
+            serve("web", 1000, RES, RUN, roles=("c",), port=9000, gpu_inference=False),
+            serve("tp2", 20_000, OND, RUN, roles=("a", "b"), exclusive=True, port=9000),
+        ],
+        {"web": up()},
+        [],
+        roles={"a": (32_000, 2000), "b": (32_000, 2000), "c": (32_000, 2000)},
+    )
+    (b,) = plan_of(case).blocked
+    assert b.reason == (
+        "tp2 cannot start: web runs (holds port 9000) and may not be stopped: "
+        "resident: never evicted"
+    )
+
+
+def test_conflicts_are_named_in_the_order_of_the_requesters_roles() -> None:
+    # new runs on a then b; xb (on b) is declared before xa (on a): xa is named first
+    case = Case(
+        [
+            serve("xb", 1000, RES, RUN, roles=("b",), exclusive=True),
+            serve("xa", 1000, RES, RUN, roles=("a",), exclusive=True),
+            serve("new", 1000, OND, RUN, roles=("a", "b")),
+        ],
+        {"xb": up(), "xa": up()},
+        [],
+        roles={"a": (32_000, 2000), "b": (32_000, 2000)},
+    )
+    (b,) = plan_of(case).blocked
+    assert b.reason == (
+        "new cannot start: xa runs (exclusive on a) and may not be stopped: resident: never "
+        "evicted; xb runs (exclusive on b) and may not be stopped: resident: never evicted"
+    )
+
+
+def test_a_port_held_by_a_start_in_progress_or_in_this_plan_says_which() -> None:
+    # old's start is in progress (the executor's): llm waits for it, and names it once
+    case = Case(
+        [serve("old", 1000, EVI, RUN, port=9000), serve("llm", 1000, OND, port=9000)],
+        {},
+        [],
+        requests=[req("llm")],
+    )
+    (b,) = plan_of(case, starting={"old": 1000}).blocked
+    assert b.reason == "llm cannot start: old: its start is in progress (holds port 9000)"
+    assert [(p.serve, p.why) for p in b.protected] == [("old", "its start is in progress")]
+    # res starts first in this plan (a resident), then llm finds the port taken
+    case = Case(
+        [serve("res", 1000, RES, RUN, port=9000), serve("llm", 1000, OND, port=9000)],
+        {},
+        starts("res"),
+        ["llm"],
+        requests=[req("llm")],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == case.expect_steps
+    (b,) = plan.blocked
+    assert b.reason == "llm cannot start: res: being started in this plan (holds port 9000)"
+
+
+def test_engines_sizing_from_free_wait_only_for_each_other() -> None:
+    def case() -> Case:
+        return Case(
+            [
+                serve("aaa", 1000, EVI, RUN),  # starting, sizes itself from what it is given
+                serve("vllm", 1000, OND, RUN, sizes_from_free=True),
+                serve("zzz", 1000, EVI, RUN, sizes_from_free=True),
+            ],
+            {},
+            [],
+        )
+
+    # a start in progress that does not size from free does not hold vllm back
+    assert lines(plan_of(case(), starting={"aaa": 1000})) == starts("vllm")
+    # with one that does (zzz) beside it, vllm waits for zzz
+    plan = plan_of(case(), starting={"aaa": 1000, "zzz": 1000})
+    assert lines(plan) == []
+    (b,) = plan.blocked
+    assert b.reason.startswith("vllm waits for the start of zzz on a to end")
+
+
+def test_a_conflict_of_a_serve_outside_the_ledger_has_no_terms() -> None:
+    case = Case(
+        [
+            serve("primary", 1000, RES, RUN, port=9000),
+            serve("far", 500, OND, roles=("nowhere",), port=9000),
+        ],
+        {"primary": up()},
+        [],
+        requests=[req("far")],
+    )
+    (b,) = plan_of(case).blocked
+    assert b.reason.startswith("far cannot start: primary runs (holds port 9000)")
+    assert b.terms == ()
+
+
+def test_a_requester_that_fits_exactly_evicts_nothing_for_itself() -> None:
+    # free 5000 is exactly first's 5000; second (asked later) then needs big stopped,
+    # in its own group
+    case = Case(
+        [
+            serve("big", 10_000, EVI, RUN),
+            serve("stt", 15_000, RES, RUN),
+            serve("first", 5000, OND),
+            serve("second", 5000, OND),
+        ],
+        {"big": up(), "stt": up()},
+        [],
+        requests=[req("first", at=NOW - 20), req("second", at=NOW - 10)],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == [*starts("first"), "stop big", "release big", *starts("second")]
+    assert [s.group for s in plan.steps] == ["first"] * 3 + ["second"] * 5
+
+
+def test_a_stopped_serve_on_the_role_does_not_end_the_search_for_victims() -> None:
+    case = Case(
+        [serve("idle", 20_000, EVI), serve("omni", 20_000, EVI, RUN), serve("llm", 20_000, OND)],
+        {"omni": up()},
+        [],
+        requests=[req("llm")],
+    )
+    assert lines(plan_of(case)) == EVICTS
+
+
+@pytest.mark.parametrize(("min_runtime_s", "shrunk"), [(0.0, True), (0.5, False)])
+def test_a_serve_started_in_this_plan_is_shrunk_unless_min_runtime_protects_it(
+    min_runtime_s: float, shrunk: bool
+) -> None:
+    # moe (resident, elastic) starts first; llm is then 2000 short and may shrink moe only
+    # when moe has no min_runtime_s at all
+    case = Case(
+        [
+            serve(
+                "moe",
+                20_000,
+                RES,
+                RUN,
+                elastic=Elastic(ELASTIC, 10_000, segment_mib=1),
+                min_runtime_s=min_runtime_s,
+            ),
+            serve("llm", 12_000, OND),
+        ],
+        {},
+        [],
+        requests=[req("llm")],
+    )
+    plan = plan_of(case)
+    if shrunk:
+        assert lines(plan) == [*starts("moe"), "shrink moe", *starts("llm")]
+        assert (plan.steps[3].mib, plan.steps[3].to_mib) == (2000, 18_000)
+    else:
+        assert lines(plan) == starts("moe")
+        assert [b.serve for b in plan.blocked] == ["llm"]
+
+
+def test_one_choice_for_a_pass_adds_nothing_on_a_role_only_this_requester_needs() -> None:
+    # first (a and b) and second (a, asked later) need 5000 each; free 0 on both roles.
+    # Chosen once: a needs 10000 (va covers it exactly), b only first's 5000: b-snug,
+    # not b-big (1 MiB over) and not b-short (1 MiB short)
+    case = Case(
+        [
+            serve("stt-a", 20_000, RES, RUN),
+            serve("va", 10_000, EVI, RUN),
+            serve("stt-b", 15_000, RES, RUN, roles=("b",)),
+            serve("b-short", 4999, EVI, RUN, roles=("b",)),
+            serve("b-snug", 5000, EVI, RUN, roles=("b",)),
+            serve("b-big", 5001, EVI, RUN, roles=("b",)),
+            serve("first", 5000, OND, roles=("a", "b")),
+            serve("second", 5000, OND),
+        ],
+        {n: up() for n in ("stt-a", "va", "stt-b", "b-short", "b-snug", "b-big")},
+        [],
+        requests=[req("first", at=NOW - 20), req("second", at=NOW - 10)],
+        roles={"a": (32_000, 2000), "b": (32_000, 2000)},
+    )
+    plan = plan_of(case)
+    assert sorted(s.serve for s in plan.steps if s.action is Action.STOP) == ["b-snug", "va"]
+    assert [s.serve for s in plan.steps if s.action is Action.START] == ["first", "second"]
