@@ -697,13 +697,14 @@ def _blocked_unknown(desired: DesiredState, names: Iterable[str]) -> list[Blocke
 def plan_transitions(
     desired: DesiredState,
     observed: Observed,
-    policy: Policy | None = None,
-    now: float = 0.0,
+    policy: Policy | None,
+    now: float,
 ) -> Plan:
     """Plan the ordered steps that move ``observed`` toward ``desired``. Pure.
 
     ``now`` is the time of the observation (epoch seconds), used for TTLs and
-    ``min_runtime_s`` only.
+    ``min_runtime_s`` only. It has no default: a plan against the wrong time would
+    misjudge every TTL and ``min_runtime_s``. ``policy`` None is ``Policy()``.
     """
     policy = policy or Policy()
     ledger = ledger_from_observed(desired, observed)

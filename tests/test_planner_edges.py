@@ -704,3 +704,103 @@ def test_one_choice_for_a_pass_adds_nothing_on_a_role_only_this_requester_needs(
     plan = plan_of(case)
     assert sorted(s.serve for s in plan.steps if s.action is Action.STOP) == ["b-snug", "va"]
     assert [s.serve for s in plan.steps if s.action is Action.START] == ["first", "second"]
+
+
+def test_a_block_states_the_ledger_as_the_serve_found_it_in_its_turn() -> None:
+    # docs/eviction.md: placed in order, each against the ledger as the previous ones left
+    # it. big (priority 5) is tried first and is 3000 short; small then starts: big's
+    # arithmetic is the ledger before small, not after
+    case = Case(
+        [
+            serve("stt", 8000, RES, RUN),
+            serve("big", 25_000, RES, RUN, priority=5),
+            serve("small", 4000, RES, RUN, priority=1),
+        ],
+        {"stt": up()},
+        starts("small"),
+        ["big"],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == case.expect_steps
+    (b,) = plan.blocked
+    assert "committed 8000 (stt 8000); free 22000; needs 25000; short 3000" in b.reason
+
+
+def test_a_retry_pass_keeps_one_block_per_serve_still_blocked() -> None:
+    # pass 1: r-fits (12000) and r-never (25000) are blocked, llm evicts omni; the retry
+    # starts r-fits in the room left, and r-never is blocked once, not once per pass
+    case = Case(
+        [
+            serve("r-fits", 12_000, RES, RUN),
+            serve("r-never", 25_000, RES, RUN),
+            serve("omni", 20_000, EVI, RUN),
+            serve("llm", 12_000, OND),
+        ],
+        {"omni": up()},
+        ["stop omni", "release omni", *starts("llm", "r-fits")],
+        ["r-never"],
+        requests=[req("llm")],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == case.expect_steps
+    assert [b.serve for b in plan.blocked] == ["r-never"]
+
+
+def test_a_start_in_progress_is_not_grown_even_with_room() -> None:
+    # moe holds 14000 of its 20000 (shrunk before this start) and the room is free: it
+    # is grown only once its start has ended
+    case = Case(
+        [serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000))],
+        {"moe": up()},
+        [],
+        elastic_mib={"moe": 14_000},
+    )
+    assert lines(plan_of(case, starting={"moe": 14_000})) == []
+    assert lines(plan_of(case)) == ["grow moe"]
+
+
+def test_grow_back_looks_past_serves_that_do_not_run_or_are_full() -> None:
+    # idle (declared first) does not run, full holds all of its vram_mib: moe still grows
+    case = Case(
+        [
+            serve("idle", 1000, EVI),
+            serve("full", 4000, EVI, RUN, elastic=Elastic(ELASTIC, 1000)),
+            serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000)),
+        ],
+        {"full": up(), "moe": up()},
+        [],
+        elastic_mib={"moe": 14_000},
+    )
+    assert lines(plan_of(case)) == ["grow moe"]
+
+
+def test_grow_back_to_full_when_the_room_is_exactly_what_is_missing() -> None:
+    # free 30000 - 24000 = 6000 is exactly moe's missing 6000: back to full, though 6000
+    # is not a whole number of 512 MiB segments (11 of them are 5632)
+    case = Case(
+        [
+            serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000)),
+            serve("omni", 10_000, EVI, RUN),
+        ],
+        {"moe": up(), "omni": up()},
+        [],
+        elastic_mib={"moe": 14_000},
+    )
+    (g,) = plan_of(case).steps
+    assert (g.action, g.mib, g.to_mib) == (Action.GROW, 6000, 20_000)
+
+
+def test_stops_and_starts_look_past_serves_with_nothing_to_do() -> None:
+    # idle does not run and is not wanted, off is desired stopped and does not run: old
+    # (desired stopped, running) is still stopped and stt (desired running) still starts
+    case = Case(
+        [
+            serve("idle", 1000, EVI),
+            serve("off", 1000, EVI, STOP),
+            serve("old", 1000, EVI, STOP),
+            serve("stt", 1000, RES, RUN),
+        ],
+        {"old": up()},
+        ["stop old", "release old", *starts("stt")],
+    )
+    assert lines(plan_of(case)) == case.expect_steps

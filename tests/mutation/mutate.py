@@ -504,24 +504,40 @@ def _pytest(
     return f"error {proc.returncode}", dt, out[-3000:]
 
 
-def baseline(copy_root: Path, files: list[Path], env: dict[str, str]) -> dict[Path, float]:
-    """Each file's time on the unmutated code; exits when one fails."""
-    probe = subprocess.run(
-        [sys.executable, "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"],
-        cwd=copy_root,
-        env=env,
-        capture_output=True,
-        text=True,
-        check=True,
-    )
+def baseline(
+    copies: queue.Queue[Path], files: list[Path], extra: dict[str, str], workers: int
+) -> dict[Path, float]:
+    """Each file's time on the unmutated code (the files run side by side, one per
+    worker); exits when one fails."""
+    copy_root = copies.get()
+    try:
+        env = _env(copy_root, extra)
+        probe = subprocess.run(
+            [sys.executable, "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"],
+            cwd=copy_root,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    finally:
+        copies.put(copy_root)
     if not Path(probe.stdout.strip()).resolve().is_relative_to(copy_root.resolve()):
         raise SystemExit(f"mutate: {PACKAGE} imports from {probe.stdout.strip()}, not the copy")
+
+    def one(f: Path) -> tuple[Path, str, float, str]:
+        dest = copies.get()
+        try:
+            return (f, *_pytest(dest, [f], _env(dest, extra), timeout=1800))
+        finally:
+            copies.put(dest)
+
     times: dict[Path, float] = {}
-    for f in files:
-        status, dt, detail = _pytest(copy_root, [f], env, timeout=1800)
-        if status != "survived":
-            raise SystemExit(f"mutate: {f} fails on the unmutated code ({status}):\n{detail}")
-        times[f] = dt
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for f, status, dt, detail in pool.map(one, files):
+            if status != "survived":
+                raise SystemExit(f"mutate: {f} fails on the unmutated code ({status}):\n{detail}")
+            times[f] = dt
     return times
 
 
@@ -589,11 +605,8 @@ def run(args: argparse.Namespace) -> int:
             dest.mkdir()
             _copy_repo(root, dest)
             copies.put(dest)
-        first = copies.get()
-        env0 = _env(first, cfg.env)
         all_files = sorted({f for _, _, fs in plan.values() for f in fs})
-        times = baseline(first, all_files, env0)
-        copies.put(first)
+        times = baseline(copies, all_files, cfg.env, workers)
         print(
             "mutate: baseline " + ", ".join(f"{f.name} {t:.1f}s" for f, t in sorted(times.items())),
             flush=True,
