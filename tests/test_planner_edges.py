@@ -21,11 +21,16 @@ ELASTIC = "http://127.0.0.1:1"
 
 
 def plan_of(
-    case: Case, policy: Policy | None = None, starting: dict[str, int] | None = None
+    case: Case,
+    policy: Policy | None = None,
+    starting: dict[str, int] | None = None,
+    unreleased: frozenset[str] = frozenset(),
 ) -> Plan:
     desired, observed = _build(case)
     if starting:
         observed = replace(observed, starting=starting)
+    if unreleased:
+        observed = replace(observed, unreleased=unreleased)
     plan = plan_transitions(desired, observed, policy or Policy(), NOW)
     for step, ledger in ledger_prefixes(plan):
         assert not hasattr(ledger, "kind"), f"{step}: {ledger}"
@@ -804,3 +809,31 @@ def test_stops_and_starts_look_past_serves_with_nothing_to_do() -> None:
         ["stop old", "release old", *starts("stt")],
     )
     assert lines(plan_of(case)) == case.expect_steps
+
+
+
+def test_an_exited_holder_whose_memory_is_not_back_does_not_end_the_search_for_victims() -> None:
+    # gone (declared first) exited and NVML still shows its 5000: it is counted and
+    # protected, and omni is still found as the victim: free 5000 + 20000 covers llm
+    case = Case(
+        [serve("gone", 5000, EVI), serve("omni", 20_000, EVI, RUN), serve("llm", 20_000, OND)],
+        {"gone": ContainerObs(ContainerState.EXITED, exit_code=0), "omni": up()},
+        [],
+        requests=[req("llm")],
+    )
+    plan = plan_of(case, unreleased=frozenset({"gone"}))
+    assert lines(plan) == EVICTS
+
+
+def test_an_exited_elastic_serve_whose_memory_is_not_back_is_not_grown() -> None:
+    # moe was shrunk to 14000 and then exited; NVML still shows its memory, so the ledger
+    # counts it, but nothing is grown for a serve that does not run
+    case = Case(
+        [serve("moe", 20_000, EVI, elastic=Elastic(ELASTIC, 10_000))],
+        {"moe": ContainerObs(ContainerState.EXITED, exit_code=0)},
+        [],
+        elastic_mib={"moe": 14_000},
+    )
+    plan = plan_of(case, unreleased=frozenset({"moe"}))
+    assert plan.ledger_before.holdings["moe"].mib == 14_000
+    assert lines(plan) == []
