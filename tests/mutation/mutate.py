@@ -21,10 +21,12 @@ operator    change
 Docstrings, annotations and string literals are never mutated. A mutant is written
 into a private copy of the repository (one per worker), so the subprocesses the
 tests start import the mutant too. It runs only the *pure* test files (no import of
-``controller``) that import the module, fastest first, with ``-x``, Hypothesis
-derandomized without shrinking (the ``mutation`` profile of
-``tests/mutation/hypothesis_profile.py``), and a timeout: a mutant the tests fail
-on, or that hangs past the timeout, is *killed*; one they pass is a *survivor*.
+``controller``) that import the module, fastest first, in one pytest run with ``-x``,
+the example-based tests before the Hypothesis properties, Hypothesis derandomized
+without shrinking (``tests/mutation/hypothesis_profile.py``), without pytest's plugin
+autoload and without ``tests/conftest.py`` (start-up is most of a killed mutant's
+time), and a timeout: a mutant the tests fail on, or that hangs past the timeout, is
+*killed*; one they pass is a *survivor*.
 
 Each mutant has a stable key, ``module:line text:operator#n`` (``n`` counts equal
 changes on one line), so the equivalent mutants listed in
