@@ -697,7 +697,7 @@ def main(argv: list[str] | None = None) -> int:
         "--match",
         action="append",
         metavar="TEXT",
-        help="only the mutants whose key holds TEXT (repeatable; no sample, no threshold use)",
+        help="only the mutants whose key holds TEXT (repeatable; every match, no sample)",
     )
     p.add_argument("--json", help="write the scores and survivors to this file")
     p.add_argument("-v", "--verbose", action="store_true", help="print every mutant's outcome")
