@@ -53,12 +53,14 @@ def request_plan(
     serve_name: str,
     *,
     policy: Policy | None = None,
-    now: float = 0.0,
+    now: float,
 ) -> Plan:
     """The plan for an on-demand request of ``serve_name`` alone.
 
     Every other serve is treated as unmanaged, so the plan holds exactly what this
-    start would cost (and, if it cannot happen, its blocked entry).
+    start would cost (and, if it cannot happen, its blocked entry). ``now`` is the time
+    of the observation; it has no default, since a wrong one misjudges every
+    ``min_runtime_s`` and TTL.
     """
     isolated = DesiredState(
         roles=desired.roles,
@@ -74,7 +76,7 @@ def fit_serve(
     serve_name: str,
     *,
     policy: Policy | None = None,
-    now: float = 0.0,
+    now: float,
 ) -> FitResult:
     """Could ``serve_name`` run now, and what would the planner stop or shrink for it?
 

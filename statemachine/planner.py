@@ -296,7 +296,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     for o in forced:
         if ledger.holds(o.name):
             ledger = _ok(ledger.release(o.name))
-    shrinks: list[tuple[ServeSpec, int, int]] = []  # serve, from, to
+    shrinks: list[tuple[ServeSpec, Elastic, int, int]] = []  # serve, its elastic, from, to
     victims: list[ServeSpec] = []
     if w.ledger.holds(s.name):  # exited, its memory not back: still counted
         # starting it again now could need its memory twice: wait until it is back
@@ -316,7 +316,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
             terms = ledger.terms(s.name, s.gpu_roles, mib)
             cands: list[Candidate] = []
             shrinkable: dict[str, int] = dict.fromkeys(short, 0)
-            elastic: list[tuple[ServeSpec, int]] = []
+            elastic: list[tuple[ServeSpec, int, int]] = []  # serve, held, it can give
             evictable: dict[str, int] = dict.fromkeys(short, 0)
             # only holders on a short role matter: walk those roles' serves, not the ledger
             on_short = dict.fromkeys(n for r in short for n in w.by_role.get(r, ()))
@@ -345,7 +345,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                 ):
                     give = _whole_segments_above_floor(res.mib, o.elastic)
                     if give > 0:
-                        elastic.append((o, res.mib))
+                        elastic.append((o, res.mib, give))
                         for r in res.gpu_roles:
                             if r in shrinkable:
                                 shrinkable[r] += give
@@ -367,13 +367,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
             if elastic and all(shrinkable[r] >= need for r, need in short.items()):
                 # shrink alone covers it: take from the largest givers first, only what is needed
                 remaining = dict(short)
-                for o, cur in sorted(
-                    elastic,
-                    key=lambda e: (
-                        -(_whole_segments_above_floor(e[1], e[0].elastic) if e[0].elastic else 0),
-                        e[0].name,
-                    ),
-                ):
+                for o, cur, can in sorted(elastic, key=lambda e: (-e[2], e[0].name)):
                     if all(v <= 0 for v in remaining.values()):
                         break
                     assert o.elastic is not None
@@ -383,8 +377,8 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                     # the engine gives back whole segments: ask for the segments that
                     # cover the need (a segment short would leave the requester short)
                     seg = o.elastic.segment_mib
-                    give = min(_whole_segments_above_floor(cur, o.elastic), -(-need // seg) * seg)
-                    shrinks.append((o, cur, cur - give))
+                    give = min(can, -(-need // seg) * seg)
+                    shrinks.append((o, o.elastic, cur, cur - give))
                     for r in o.gpu_roles:
                         if r in remaining:
                             remaining[r] -= give
@@ -433,15 +427,14 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
 
     # commit, as one group: shrinks, drain every serve to be stopped, stop them, then start
     w.group = s.name
-    for o, cur, to in shrinks:
+    for o, el, cur, to in shrinks:
         w.ledger = _ok(w.ledger.resize(o.name, to))
-        floor = o.elastic.floor_mib if o.elastic else 0
-        seg = o.elastic.segment_mib if o.elastic else 1
         w.add(
             Action.SHRINK,
             o,
             cur - to,
-            f"give back {cur - to} MiB (elastic, floor {floor}, whole {seg} MiB segments) "
+            f"give back {cur - to} MiB (elastic, floor {el.floor_mib}, whole "
+            f"{el.segment_mib} MiB segments) "
             f"so {s.name} fits",
             to_mib=to,
         )
@@ -582,13 +575,14 @@ def _blocked_unknown(desired: DesiredState, names: Iterable[str]) -> list[Blocke
 def plan_transitions(
     desired: DesiredState,
     observed: Observed,
-    policy: Policy | None = None,
-    now: float = 0.0,
+    policy: Policy | None,
+    now: float,
 ) -> Plan:
     """Plan the ordered steps that move ``observed`` toward ``desired``. Pure.
 
     ``now`` is the time of the observation (epoch seconds), used for TTLs and
-    ``min_runtime_s`` only.
+    ``min_runtime_s`` only. It has no default: a plan against the wrong time would
+    misjudge every TTL and ``min_runtime_s``. ``policy`` None is ``Policy()``.
     """
     policy = policy or Policy()
     ledger = ledger_from_observed(desired, observed)

@@ -449,8 +449,8 @@ def test_once_one_pass_effects_now_converge(
 ) -> None:
     """These needed a second cycle when the planner made one pass; now one plan does it."""
     d, obs = _fleet(serves, running)
-    p1 = plan_transitions(d, obs, now=NOW)
-    p2 = plan_transitions(d, apply_plan(d, obs, p1, NOW), now=NOW)
+    p1 = plan_transitions(d, obs, None, now=NOW)
+    p2 = plan_transitions(d, apply_plan(d, obs, p1, NOW), None, now=NOW)
     assert p2.steps == ()
     done = {f"{x.action} {x.serve}" for x in p1.steps}
     assert done >= set(second)
@@ -535,5 +535,5 @@ def test_started_serves_do_not_share_a_port(sc: Scenario) -> None:
 
 # ----- a fixed shape ----------------------------------------------------------------------
 def test_empty_fleet_plans_nothing() -> None:
-    plan = plan_transitions(DesiredState(roles={}, serves={}), Observed(docker_ok=True))
+    plan = plan_transitions(DesiredState(roles={}, serves={}), Observed(docker_ok=True), None, 0.0)
     assert plan.steps == () and plan.blocked == ()

@@ -104,7 +104,7 @@ def record(
     desired = dataclasses.replace(
         mset.desired(), requests=tuple(OnDemandRequest(**r) for r in reqs)
     )
-    plan = plan_transitions(desired, parse_snapshot(observed).to_observed(), now=at)
+    plan = plan_transitions(desired, parse_snapshot(observed).to_observed(), None, now=at)
     return j.record_cycle(
         at=at,
         manifest_digest=mset.digest,

@@ -16,6 +16,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from statemachine.victims import Candidate, choose_victims, largest_first
+from statemachine.victims import covers as sm_covers
+from statemachine.victims import freed as sm_freed
+from statemachine.victims import overshoot as sm_overshoot
 
 SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NAMES = ("ada", "bob", "cyd", "dee", "eve", "fay", "gus", "hal", "ivy", "jon")
@@ -281,3 +284,306 @@ def test_tie_breakers(
     got = choose_victims(cands, shortfall)
     assert (None if got is None else [v.name for v in got]) == expected
     assert got == brute_force(cands, shortfall)  # the table agrees with the reference
+
+
+# ----- tie-breaks between sets of several victims -------------------------------------------
+MULTI_TIE_BREAKS = [
+    pytest.param(
+        # {hi, lo} and {m1, m2} both free exactly 100: the highest priority in the set as low
+        # as possible, so (2, 2) beats (3, 0)
+        [
+            c("hi", 60, priority=3),
+            c("lo", 40, priority=0),
+            c("m1", 55, priority=2),
+            c("m2", 45, priority=2),
+        ],
+        {"a": 100},
+        ["m1", "m2"],
+        id="pairs-highest-priority-as-low-as-possible",
+    ),
+    pytest.param(
+        # equal highest priority: the next one decides, (2, 0) beats (2, 1)
+        [
+            c("p2a", 60, priority=2),
+            c("p1", 40, priority=1),
+            c("p2b", 55, priority=2),
+            c("p0", 45, priority=0),
+        ],
+        {"a": 100},
+        ["p0", "p2b"],
+        id="pairs-then-the-next-priority",
+    ),
+    pytest.param(
+        # the most recent start in the set as old as possible: (50, 50) beats (90, 0)
+        [
+            c("new", 60, started_at=90.0),
+            c("old", 40, started_at=0.0),
+            c("mid1", 55, started_at=50.0),
+            c("mid2", 45, started_at=50.0),
+        ],
+        {"a": 100},
+        ["mid1", "mid2"],
+        id="pairs-most-recent-start-as-old-as-possible",
+    ),
+    pytest.param(
+        # an unknown start counts as the oldest: (40, unknown) beats (50, 10)
+        [
+            c("x1", 60, started_at=50.0),
+            c("x2", 40, started_at=10.0),
+            c("y1", 55, started_at=40.0),
+            c("y2", 45),
+        ],
+        {"a": 100},
+        ["y1", "y2"],
+        id="pairs-unknown-start-oldest",
+    ),
+    pytest.param(
+        # priority before recency in a set: {old p1, old p1} beats {new p0, old p2}
+        [
+            c("n0", 60, priority=0, started_at=90.0),
+            c("o2", 40, priority=2, started_at=0.0),
+            c("o1a", 55, priority=1, started_at=1.0),
+            c("o1b", 45, priority=1, started_at=1.0),
+        ],
+        {"a": 100},
+        ["o1a", "o1b"],
+        id="pairs-priority-before-recency",
+    ),
+    pytest.param(
+        # a role with no shortfall counts toward nothing: x overshoots a by 10 (its 60 MiB
+        # on b do not count), y by 20
+        [c("x", 60, roles=("a", "b")), c("y", 70)],
+        {"a": 50, "b": 0},
+        ["x"],
+        id="zero-shortfall-role-not-overshoot",
+    ),
+    pytest.param(
+        [c("x", 60, roles=("a", "b")), c("y", 70), c("only-b", 5, roles=("b",))],
+        {"a": 50, "b": -10},
+        ["x"],
+        id="negative-shortfall-role-not-overshoot",
+    ),
+    pytest.param(
+        [c("exact", 50), c("more", 51)],
+        {"a": 50},
+        ["exact"],
+        id="freeing-exactly-the-shortfall-covers",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cands", "shortfall", "expected"), MULTI_TIE_BREAKS)
+def test_tie_breakers_between_sets(
+    cands: list[Candidate], shortfall: dict[str, int], expected: list[str] | None
+) -> None:
+    got = choose_victims(cands, shortfall)
+    assert (None if got is None else [v.name for v in got]) == expected
+    best = brute_force(cands, shortfall)  # the table agrees with the reference
+    assert (None if best is None else sorted(v.name for v in best)) == expected
+    # the greedy path agrees on these small cases too
+    greedy = choose_victims(cands, shortfall, exact_limit=1)
+    assert (None if greedy is None else [v.name for v in greedy]) == expected
+
+
+# ----- the greedy path, pinned ---------------------------------------------------------------
+GREEDY = [
+    pytest.param(
+        # largest first takes the 100 alone; the swap trades it for the smallest unchosen
+        # candidate that still covers: the 60 (the 45 and the 10 do not cover 50)
+        [c("c100", 100), c("c60", 60), c("c45", 45), c("c10", 10)],
+        {"a": 50},
+        1,
+        ["c60"],
+        id="swap-to-the-smallest-that-covers",
+    ),
+    pytest.param(
+        # largest first: big (a) then ab (for b); prune drops big, since ab covers both
+        [c("big", 60), c("ab", 55, roles=("a", "b"))],
+        {"a": 50, "b": 50},
+        1,
+        ["ab"],
+        id="prune-a-victim-the-others-cover",
+    ),
+    pytest.param(
+        # largest first 60 + 50 (overshoot 30); swapping the 60 for the 35 covers (85);
+        # the 20 never does: one swap per victim, never the exact {60, 20}
+        [c("c60", 60), c("c50", 50), c("c35", 35), c("c20", 20)],
+        {"a": 80},
+        3,
+        ["c35", "c50"],
+        id="swap-chain-is-not-exact",
+    ),
+    pytest.param(
+        # the same candidates with the exact search: at exactly the limit it is exact
+        [c("c60", 60), c("c50", 50), c("c35", 35), c("c20", 20)],
+        {"a": 80},
+        4,
+        ["c20", "c60"],
+        id="exact-at-exactly-the-limit",
+    ),
+    pytest.param(
+        # among equal-sized swaps the lower priority is taken
+        [c("c100", 100), c("a60", 60, priority=2), c("z60", 60, priority=0)],
+        {"a": 50},
+        1,
+        ["z60"],
+        id="swap-prefers-the-lower-priority",
+    ),
+    pytest.param(
+        # largest first a60 then ab55 (for b); prune drops a60 (ab55 covers both), then the
+        # swap trades ab55 for ab52, which covers both alone: after the prune the freed
+        # MiB are ab55's only (55 on a), and 55 - 55 + 52 = 52 still covers a
+        [c("a60", 60), c("ab55", 55, roles=("a", "b")), c("ab52", 52, roles=("a", "b"))],
+        {"a": 50, "b": 50},
+        1,
+        ["ab52"],
+        id="swap-after-a-prune-counts-what-is-left",
+    ),
+    pytest.param(
+        # largest first 60 + 55 = 115; the 60 is swapped for the 48 (103), then the 55 for
+        # the 52 (48 + 52 = 100): the second swap counts the first one's 48
+        [c("c60", 60), c("c55", 55), c("c52", 52), c("c48", 48), c("c10", 10)],
+        {"a": 100},
+        1,
+        ["c48", "c52"],
+        id="second-swap-counts-the-first",
+    ),
+    pytest.param(
+        # largest first 52 + lo50 = 102; the 52 is swapped for the 10 (60), then lo50 for
+        # the 44 (54): each victim is swapped once, for the smallest that covers
+        [c("c52", 52), c("lo50", 50), c("hi50", 50, priority=1), c("c44", 44), c("c10", 10)],
+        {"a": 54},
+        1,
+        ["c10", "c44"],
+        id="one-swap-per-victim-then-the-next",
+    ),
+    pytest.param(
+        # largest first 60 + 30 + lo20 = 110; the 30 is swapped for the 17 (97); lo20 is
+        # not swapped for hi20: a swap takes a smaller candidate, never an equal one (here
+        # one of higher priority)
+        [c("c60", 60), c("c30", 30), c("lo20", 20), c("hi20", 20, priority=2), c("c17", 17)],
+        {"a": 96},
+        1,
+        ["c17", "c60", "lo20"],
+        id="swap-never-takes-an-equal-size",
+    ),
+    pytest.param(
+        [c("c40", 40), c("c30", 30)],
+        {"a": 71},
+        1,
+        None,
+        id="greedy-cannot-cover",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cands", "shortfall", "limit", "expected"), GREEDY)
+def test_greedy_pinned(
+    cands: list[Candidate],
+    shortfall: dict[str, int],
+    limit: int,
+    expected: list[str] | None,
+) -> None:
+    got = choose_victims(cands, shortfall, exact_limit=limit)
+    assert (None if got is None else [v.name for v in got]) == expected
+
+
+LARGEST_FIRST = [
+    pytest.param(
+        # once a is covered, a90 frees nothing still short: it is not taken
+        [c("a100", 100), c("a90", 90), c("b60", 60, roles=("b",))],
+        {"a": 50, "b": 50},
+        ["a100", "b60"],
+        id="skips-what-frees-nothing-still-short",
+    ),
+    pytest.param(
+        [c("hi", 50, priority=1), c("lo", 50, priority=0)],
+        {"a": 50},
+        ["lo"],
+        id="equal-size-lower-priority-first",
+    ),
+    pytest.param(
+        [c("new", 50, started_at=9.0), c("old", 50, started_at=1.0)],
+        {"a": 50},
+        ["old"],
+        id="equal-size-older-first",
+    ),
+    pytest.param(
+        # a is covered exactly (0 MiB left): a40 frees nothing still short, c still is
+        [c("a50", 50), c("a40", 40), c("c30", 30, roles=("c",))],
+        {"a": 50, "c": 30},
+        ["a50", "c30"],
+        id="skips-a-role-covered-exactly",
+    ),
+    pytest.param(
+        [c("z100", 100, roles=("z",)), c("a50", 50)],
+        {"a": 50},
+        ["a50"],
+        id="skips-a-candidate-on-no-short-role",
+    ),
+    pytest.param(
+        [c("a50", 50), c("a1", 1)],
+        {"a": 51},
+        ["a50", "a1"],
+        id="takes-a-candidate-for-the-last-mib",
+    ),
+    pytest.param(
+        [c("known", 50, started_at=0.5), c("unknown", 50)],
+        {"a": 50},
+        ["unknown"],
+        id="equal-size-unknown-start-first",
+    ),
+    pytest.param(
+        [c("a30", 30), c("a20", 20), c("a15", 15)],
+        {"a": 50},
+        ["a30", "a20"],
+        id="stops-once-covered",
+    ),
+    pytest.param([c("a30", 30), c("a19", 19)], {"a": 50}, None, id="cannot-cover"),
+]
+
+
+@pytest.mark.parametrize(("cands", "shortfall", "expected"), LARGEST_FIRST)
+def test_largest_first_baseline(
+    cands: list[Candidate], shortfall: dict[str, int], expected: list[str] | None
+) -> None:
+    got = largest_first(cands, shortfall)
+    assert (None if got is None else [v.name for v in got]) == expected
+
+
+# ----- the search bound and the public helpers ---------------------------------------------
+def bound_case(pads: int) -> list[Candidate]:
+    """The swap-chain case (exact {60, 20}, greedy {35, 50}) plus ``pads`` 1 MiB candidates."""
+    return [c("c60", 60), c("c50", 50), c("c35", 35), c("c20", 20)] + [
+        c(f"pad{i:02d}", 1) for i in range(pads)
+    ]
+
+
+def test_the_default_search_is_exact_up_to_14_candidates() -> None:
+    exact = choose_victims(bound_case(10), {"a": 80})  # 14 candidates
+    assert exact is not None and [v.name for v in exact] == ["c20", "c60"]
+    greedy = choose_victims(bound_case(11), {"a": 80})  # 15: the greedy
+    assert greedy is not None and [v.name for v in greedy] == ["c35", "c50"]
+
+
+def test_a_candidate_without_priority_counts_as_priority_0() -> None:
+    tie = choose_victims([Candidate("zed", ("a",), 100), c("abe", 100, priority=0)], {"a": 100})
+    assert tie is not None and [v.name for v in tie] == ["abe"]  # equal: the name decides
+    lower = choose_victims([Candidate("zed", ("a",), 100), c("abe", 100, priority=1)], {"a": 100})
+    assert lower is not None and [v.name for v in lower] == ["zed"]
+
+
+def test_freed_covers_and_overshoot_count_only_the_short_roles() -> None:
+    victims = [c("ab", 60, roles=("a", "b")), c("a", 70), c("z", 500, roles=("z",))]
+    short = {"a": 50, "b": 20}
+    assert sm_freed(victims, short) == {"a": 130, "b": 60}
+    assert sm_overshoot(victims, short) == (130 - 50) + (60 - 20)
+    assert sm_covers(victims, short)
+    assert sm_covers(victims, {"a": 130, "b": 60})  # exactly the shortfall covers
+    assert not sm_covers(victims, {"a": 131, "b": 60})
+    assert sm_overshoot(victims[:1], {"a": 60}) == 0
+
+
+def test_an_unknown_start_is_older_than_any_known_one() -> None:
+    got = choose_victims([c("known", 100, started_at=0.5), c("unknown", 100)], {"a": 100})
+    assert got is not None and [v.name for v in got] == ["unknown"]

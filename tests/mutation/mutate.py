@@ -1,0 +1,726 @@
+"""Mutation testing of the pure core: do the tests catch what they claim?
+
+One mutant at a time, each a small change of one module of ``statemachine/``:
+
+==========  =================================================================
+operator    change
+==========  =================================================================
+``cmp``     ``<``/``<=``, ``>``/``>=``, ``==``/``!=``, ``is``/``is not``,
+            ``in``/``not in`` swapped (the boundary and the negation)
+``arith``   ``+``/``-`` swapped, ``*``/``//`` swapped, ``/`` to ``*``
+``aug``     ``+=``/``-=`` swapped
+``bool``    ``and``/``or`` swapped
+``not``     ``not x`` becomes ``x``; ``-x`` becomes ``x``
+``const``   an integer constant ``n`` becomes ``n + 1`` and ``n - 1``;
+            ``True``/``False`` swapped
+``return``  an early ``return`` (one that is not a function's last statement)
+            becomes ``pass``; ``break``/``continue`` swapped
+``minmax``  ``min(...)``/``max(...)`` swapped
+==========  =================================================================
+
+Docstrings, annotations and string literals are never mutated. A mutant is written
+into a private copy of the repository (one per worker), so the subprocesses the
+tests start import the mutant too. It runs only the *pure* test files (no import of
+``controller``) that import the module, fastest first, in one pytest run with ``-x``,
+the example-based tests before the Hypothesis properties, Hypothesis derandomized
+without shrinking (``tests/mutation/hypothesis_profile.py``), without pytest's plugin
+autoload and without ``tests/conftest.py`` (start-up is most of a killed mutant's
+time), and a timeout: a mutant the tests fail on, or that hangs past the timeout, is
+*killed*; one they pass is a *survivor*.
+
+Each mutant has a stable key, ``module:line text:operator#n`` (``n`` counts equal
+changes on one line), so the equivalent mutants listed in
+``tests/mutation/equivalent.toml`` (each with a reason) keep matching while code
+around them moves. The score is killed / (mutants run), equivalents excluded.
+``tests/mutation/mutation.toml`` holds per module the threshold and how the test
+command samples it; ``--full`` runs every mutant of every module.
+
+Usage::
+
+    python tests/mutation/mutate.py                 # the test command's run
+    python tests/mutation/mutate.py --full          # every mutant (VRAMCTL_MUTATION=full)
+    python tests/mutation/mutate.py ledger --list   # print the mutants, run nothing
+    python tests/mutation/mutate.py planner --match 'need <= 0'   # only these mutants
+
+Exit status: 0 every module at or above its threshold, 1 one below, 2 a usage or
+set-up error (the unmutated tests fail, a stale equivalent entry, ...).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import concurrent.futures
+import contextlib
+import json
+import os
+import queue
+import random
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import tomllib
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent.parent
+PACKAGE = "statemachine"
+MAX_WORKERS = 2
+_LIVE: set[subprocess.Popen[str]] = set()  # test runs in flight, ended when the run is stopped
+
+_CMP_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
+    ast.Lt: ast.LtE,
+    ast.LtE: ast.Lt,
+    ast.Gt: ast.GtE,
+    ast.GtE: ast.Gt,
+    ast.Eq: ast.NotEq,
+    ast.NotEq: ast.Eq,
+    ast.Is: ast.IsNot,
+    ast.IsNot: ast.Is,
+    ast.In: ast.NotIn,
+    ast.NotIn: ast.In,
+}
+_BIN_SWAP: dict[type[ast.operator], type[ast.operator]] = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.FloorDiv,
+    ast.FloorDiv: ast.Mult,
+    ast.Div: ast.Mult,
+}
+_AUG_SWAP: dict[type[ast.operator], type[ast.operator]] = {ast.Add: ast.Sub, ast.Sub: ast.Add}
+_SYMBOL = {
+    ast.Lt: "<",
+    ast.LtE: "<=",
+    ast.Gt: ">",
+    ast.GtE: ">=",
+    ast.Eq: "==",
+    ast.NotEq: "!=",
+    ast.Is: "is",
+    ast.IsNot: "is not",
+    ast.In: "in",
+    ast.NotIn: "not in",
+    ast.Add: "+",
+    ast.Sub: "-",
+    ast.Mult: "*",
+    ast.FloorDiv: "//",
+    ast.Div: "/",
+}
+
+
+# ----- mutants ------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Mutant:
+    """One change: the ``index``-th node of the module's walk, changed by ``change``."""
+
+    module: str
+    index: int  # position of the node in _walk(tree)
+    change: str  # what to do to it (see _apply)
+    line: int
+    line_text: str
+    op: str  # e.g. "cmp > -> >="
+    key: str = ""
+
+    def describe(self) -> str:
+        return f"{self.module}.py:{self.line}: {self.op}    {self.line_text}"
+
+
+def _skipped_children(node: ast.AST) -> set[int]:
+    """ids of nodes under ``node`` never mutated: annotations and decorators."""
+    skip: list[ast.AST] = []
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+        skip += node.decorator_list  # @dataclass(frozen=True, ...): not behaviour under test
+    if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+        if node.returns is not None:
+            skip.append(node.returns)
+        for a in [*node.args.args, *node.args.kwonlyargs, *node.args.posonlyargs]:
+            if a.annotation is not None:
+                skip.append(a.annotation)
+        for a in (node.args.vararg, node.args.kwarg):
+            if a is not None and a.annotation is not None:
+                skip.append(a.annotation)
+    if isinstance(node, ast.AnnAssign):
+        skip.append(node.annotation)
+    return {id(n) for s in skip for n in ast.walk(s)}
+
+
+def _walk(tree: ast.AST) -> Iterator[tuple[ast.AST, ast.AST | None, bool]]:
+    """(node, parent, last statement of a function body?) in a fixed order, skipping
+    annotations, ``__slots__`` and ``__all__``."""
+    skip: set[int] = set()
+    parents: dict[int, ast.AST] = {}
+    last: set[int] = set()
+    for node in ast.walk(tree):
+        skip |= _skipped_children(node)
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.body:
+            last.add(id(node.body[-1]))
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id in ("__slots__", "__all__") for t in node.targets
+        ):
+            skip |= {id(n) for n in ast.walk(node)}
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    for node in ast.walk(tree):
+        if id(node) not in skip:
+            yield node, parents.get(id(node)), id(node) in last
+
+
+def _changes(node: ast.AST, parent: ast.AST | None, is_last: bool) -> list[tuple[str, str]]:
+    """(change, operator label) for every mutation of ``node``."""
+    out: list[tuple[str, str]] = []
+    if isinstance(node, ast.Compare):
+        for i, op in enumerate(node.ops):
+            new = _CMP_SWAP.get(type(op))
+            if new is not None:
+                out.append((f"cmp:{i}", f"cmp {_SYMBOL[type(op)]} -> {_SYMBOL[new]}"))
+    elif isinstance(node, ast.BinOp):
+        new_bin = _BIN_SWAP.get(type(node.op))
+        strings = any(
+            isinstance(side, ast.JoinedStr)
+            or (isinstance(side, ast.Constant) and isinstance(side.value, str))
+            for side in (node.left, node.right)
+        )
+        if new_bin is not None and not strings:
+            out.append(("bin", f"arith {_SYMBOL[type(node.op)]} -> {_SYMBOL[new_bin]}"))
+    elif isinstance(node, ast.AugAssign):
+        new_aug = _AUG_SWAP.get(type(node.op))
+        if new_aug is not None:
+            out.append(("aug", f"aug {_SYMBOL[type(node.op)]}= -> {_SYMBOL[new_aug]}="))
+    elif isinstance(node, ast.BoolOp):
+        out.append(("bool", "bool and -> or" if isinstance(node.op, ast.And) else "bool or -> and"))
+    elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
+        out.append(("unary", "not removed"))
+    elif (
+        isinstance(node, ast.UnaryOp)
+        and isinstance(node.op, ast.USub)
+        and _number_value(node, parent) is None
+    ):
+        out.append(("unary", "unary - removed"))
+    elif isinstance(node, ast.Constant) and type(node.value) is bool:
+        out.append(("flip", f"const {node.value} -> {not node.value}"))
+    elif isinstance(node, ast.Return) and not is_last:
+        out.append(("pass", "return early removed"))
+    elif isinstance(node, ast.Break):
+        out.append(("continue", "break -> continue"))
+    elif isinstance(node, ast.Continue):
+        out.append(("break", "continue -> break"))
+    elif (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id in ("min", "max")
+    ):
+        other = "max" if node.func.id == "min" else "min"
+        out.append(("minmax", f"minmax {node.func.id} -> {other}"))
+    number = _number_value(node, parent)
+    if number is not None:
+        v = number
+        out += [("plus", f"const {v!r} -> {v + 1!r}"), ("minus", f"const {v!r} -> {v - 1!r}")]
+    return out
+
+
+def _number_value(node: ast.AST, parent: ast.AST | None) -> float | None:
+    """The value of a number literal (``-3`` is one literal), else None."""
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
+        inner = _number_value(node.operand, None)
+        return None if inner is None else -inner
+    if (
+        isinstance(node, ast.Constant)
+        and type(node.value) in (int, float)
+        and not (isinstance(parent, ast.UnaryOp) and isinstance(parent.op, ast.USub))
+    ):
+        return node.value  # type: ignore[no-any-return]
+    return None
+
+
+def _number(value: float, delta: int) -> ast.expr:
+    new = value + delta
+    if new < 0:
+        return ast.UnaryOp(ast.USub(), ast.Constant(-new))
+    return ast.Constant(new)
+
+
+def _apply(node: ast.AST, change: str) -> ast.AST:
+    """The replacement of ``node`` (``node`` itself changed in place, or a new node)."""
+    if change.startswith("cmp:"):
+        assert isinstance(node, ast.Compare)
+        i = int(change.split(":")[1])
+        node.ops[i] = _CMP_SWAP[type(node.ops[i])]()
+        return node
+    if change == "bin":
+        assert isinstance(node, ast.BinOp)
+        node.op = _BIN_SWAP[type(node.op)]()
+        return node
+    if change == "aug":
+        assert isinstance(node, ast.AugAssign)
+        node.op = _AUG_SWAP[type(node.op)]()
+        return node
+    if change == "bool":
+        assert isinstance(node, ast.BoolOp)
+        node.op = ast.Or() if isinstance(node.op, ast.And) else ast.And()
+        return node
+    if change == "unary":
+        assert isinstance(node, ast.UnaryOp)
+        return node.operand
+    if change == "flip":
+        assert isinstance(node, ast.Constant)
+        return ast.Constant(not node.value)
+    if change in ("plus", "minus"):
+        delta = 1 if change == "plus" else -1
+        if isinstance(node, ast.UnaryOp):
+            assert isinstance(node.operand, ast.Constant)
+            return _number(-node.operand.value, delta)
+        assert isinstance(node, ast.Constant)
+        return _number(node.value, delta)
+    if change == "pass":
+        return ast.Pass()
+    if change == "continue":
+        return ast.Continue()
+    if change == "break":
+        return ast.Break()
+    if change == "minmax":
+        assert isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+        node.func = ast.Name("max" if node.func.id == "min" else "min", ast.Load())
+        return node
+    raise ValueError(f"unknown change {change!r}")
+
+
+def mutants_of(module: str, source: str) -> list[Mutant]:
+    """Every mutant of ``module`` (its source given), in source order, keys stable."""
+    tree = ast.parse(source)
+    lines = source.splitlines()
+    found: list[Mutant] = []
+    for index, (node, parent, is_last) in enumerate(_walk(tree)):
+        for change, op in _changes(node, parent, is_last):
+            lineno = getattr(node, "lineno", 0)
+            text = lines[lineno - 1].strip() if lineno else ""
+            found.append(Mutant(module, index, change, lineno, text, op))
+    found.sort(key=lambda m: (m.line, m.index, m.change))
+    seen: dict[str, int] = {}
+    keyed: list[Mutant] = []
+    for m in found:
+        base = f"{module}:{m.line_text}:{m.op}"
+        n = seen.get(base, 0)
+        seen[base] = n + 1
+        keyed.append(Mutant(m.module, m.index, m.change, m.line, m.line_text, m.op, f"{base}#{n}"))
+    return keyed
+
+
+def mutated_source(source: str, mutant: Mutant) -> str:
+    """``source`` with ``mutant`` applied (via the AST; comments are not kept)."""
+    tree = ast.parse(source)
+    nodes = list(_walk(tree))
+    target, parent, _ = nodes[mutant.index]
+    replacement = _apply(target, mutant.change)
+    if replacement is not target:
+        assert parent is not None
+        _replace_child(parent, target, replacement)
+    ast.fix_missing_locations(tree)
+    return ast.unparse(tree) + "\n"
+
+
+def _replace_child(parent: ast.AST, old: ast.AST, new: ast.AST) -> None:
+    for name, value in ast.iter_fields(parent):
+        if value is old:
+            setattr(parent, name, new)
+            return
+        if isinstance(value, list):
+            for i, item in enumerate(value):
+                if item is old:
+                    value[i] = new
+                    return
+    raise ValueError("node not found under its parent")
+
+
+# ----- configuration ------------------------------------------------------------------
+@dataclass(frozen=True)
+class ModuleConfig:
+    name: str
+    threshold: float  # percent
+    sample: int | None  # None: every mutant in the test command's run
+    seed: int
+
+
+@dataclass
+class Config:
+    modules: dict[str, ModuleConfig]
+    timeout_factor: float
+    timeout_min_s: float
+    env: dict[str, str]
+    equivalents: dict[str, str]  # key prefix (module:line text:operator[#n]) -> reason
+
+
+def load_config(root: Path) -> Config:
+    data = tomllib.loads((root / "tests/mutation/mutation.toml").read_text())
+    modules = {
+        name: ModuleConfig(
+            name,
+            float(m["threshold"]),
+            m.get("sample"),
+            int(m.get("seed", 0)),
+        )
+        for name, m in data["modules"].items()
+    }
+    eq_data = tomllib.loads((root / "tests/mutation/equivalent.toml").read_text())
+    equivalents: dict[str, str] = {}
+    for e in eq_data.get("equivalent", []):
+        key = f"{e['module']}:{e['line'].strip()}:{e['operator']}"
+        if "occurrence" in e:
+            key += f"#{e['occurrence']}"
+        if not e.get("reason", "").strip():
+            raise SystemExit(f"equivalent.toml: {key}: every equivalent mutant needs a reason")
+        equivalents[key] = e["reason"]
+    run = data.get("run", {})
+    return Config(
+        modules,
+        float(run.get("timeout_factor", 3.0)),
+        float(run.get("timeout_min_s", 60.0)),
+        {k: str(v) for k, v in data.get("env", {}).items()},
+        equivalents,
+    )
+
+
+def equivalent_reason(cfg: Config, m: Mutant) -> str | None:
+    base, _, _n = m.key.rpartition("#")
+    return cfg.equivalents.get(m.key) or cfg.equivalents.get(base)
+
+
+# ----- which tests ----------------------------------------------------------------------
+def pure_test_files(root: Path, module: str) -> list[Path]:
+    """Test files that import ``statemachine.<module>`` and nothing of ``controller``."""
+    imports_module = re.compile(
+        rf"^\s*(from\s+{PACKAGE}\.{module}\s+import|import\s+{PACKAGE}\.{module}\b|"
+        rf"from\s+{PACKAGE}\s+import\s+.*\b{module}\b)",
+        re.MULTILINE,
+    )
+    impure = re.compile(r"^\s*(from|import)\s+controller\b", re.MULTILINE)
+    out = []
+    for path in sorted((root / "tests").glob("test_*.py")):
+        text = path.read_text()
+        if imports_module.search(text) and not impure.search(text):
+            out.append(path.relative_to(root))
+    return out
+
+
+# ----- running ----------------------------------------------------------------------------
+@dataclass
+class Outcome:
+    mutant: Mutant
+    status: str  # killed | survived | timeout
+    seconds: float
+    detail: str = ""
+
+
+@dataclass
+class ModuleResult:
+    module: str
+    total: int = 0
+    equivalent: int = 0
+    run: int = 0
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    @property
+    def killed(self) -> int:
+        return sum(1 for o in self.outcomes if o.status != "survived")
+
+    @property
+    def score(self) -> float:
+        return 100.0 * self.killed / self.run if self.run else 100.0
+
+
+def _copy_repo(root: Path, dest: Path) -> None:
+    ignore = shutil.ignore_patterns(
+        "__pycache__", ".hypothesis", ".pytest_cache", "*.pyc", ".mypy_cache", ".ruff_cache"
+    )
+    for name in (PACKAGE, "tests", "controller"):
+        if (root / name).is_dir():
+            shutil.copytree(root / name, dest / name, ignore=ignore)
+    for name in ("pyproject.toml",):
+        if (root / name).is_file():
+            shutil.copy2(root / name, dest / name)
+
+
+def _env(copy_root: Path, extra: dict[str, str]) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(extra)
+    env["PYTHONPATH"] = os.pathsep.join([str(copy_root), str(copy_root / "tests/mutation")])
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    # the installed pytest plugins (schemathesis, anyio) take two thirds of a pure test
+    # file's start-up, once per mutant; the pure tests need only Hypothesis's
+    env["PYTEST_DISABLE_PLUGIN_AUTOLOAD"] = "1"
+    env.pop("PYTEST_ADDOPTS", None)
+    return env
+
+
+def _pytest(
+    copy_root: Path, files: list[Path], env: dict[str, str], timeout: float
+) -> tuple[str, float, str]:
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        *map(str, files),
+        "-x",
+        "-q",
+        "-p",
+        "no:cacheprovider",
+        "--noconftest",  # tests/conftest.py: the Docker fixtures, which no pure test uses
+        "-p",
+        "_hypothesis_pytestplugin",  # plugin autoload is off (see _env): Hypothesis only
+        "-p",
+        "hypothesis_profile",
+        "--hypothesis-profile=mutation",
+        "--no-header",
+        "-o",
+        "addopts=",
+    ]
+    t0 = time.monotonic()
+    proc = subprocess.Popen(
+        cmd,
+        cwd=copy_root,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    _LIVE.add(proc)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        return "timeout", time.monotonic() - t0, f"no result within {timeout:.0f}s"
+    finally:
+        _LIVE.discard(proc)
+    dt = time.monotonic() - t0
+    tail = "\n".join(out.strip().splitlines()[-3:])
+    if proc.returncode == 0:
+        return "survived", dt, tail
+    if proc.returncode in (1, 2, 3):  # failed, interrupted (an import error), internal
+        return "killed", dt, tail
+    return f"error {proc.returncode}", dt, out[-3000:]
+
+
+def baseline(
+    copies: queue.Queue[Path], files: list[Path], extra: dict[str, str], workers: int
+) -> dict[Path, float]:
+    """Each file's time on the unmutated code (the files run side by side, one per
+    worker); exits when one fails."""
+    copy_root = copies.get()
+    try:
+        env = _env(copy_root, extra)
+        probe = subprocess.run(
+            [sys.executable, "-c", f"import {PACKAGE}; print({PACKAGE}.__file__)"],
+            cwd=copy_root,
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+    finally:
+        copies.put(copy_root)
+    if not Path(probe.stdout.strip()).resolve().is_relative_to(copy_root.resolve()):
+        raise SystemExit(f"mutate: {PACKAGE} imports from {probe.stdout.strip()}, not the copy")
+
+    def one(f: Path) -> tuple[Path, str, float, str]:
+        dest = copies.get()
+        try:
+            return (f, *_pytest(dest, [f], _env(dest, extra), timeout=1800))
+        finally:
+            copies.put(dest)
+
+    times: dict[Path, float] = {}
+    with concurrent.futures.ThreadPoolExecutor(workers) as pool:
+        for f, status, dt, detail in pool.map(one, files):
+            if status != "survived":
+                raise SystemExit(f"mutate: {f} fails on the unmutated code ({status}):\n{detail}")
+            times[f] = dt
+    return times
+
+
+def run(args: argparse.Namespace) -> int:
+    root = Path(args.root).resolve()
+    cfg = load_config(root)
+    full = args.full or os.environ.get("VRAMCTL_MUTATION", "") == "full"
+    names = args.modules or list(cfg.modules)
+    unknown = [n for n in names if n not in cfg.modules]
+    if unknown:
+        print(f"mutate: no such module in mutation.toml: {', '.join(unknown)}", file=sys.stderr)
+        return 2
+
+    plan: dict[str, tuple[ModuleResult, list[Mutant], list[Path]]] = {}
+    used_equivalents: set[str] = set()
+    for name in names:
+        mc = cfg.modules[name]
+        source = (root / PACKAGE / f"{name}.py").read_text()
+        every = mutants_of(name, source)
+        res = ModuleResult(name, total=len(every))
+        todo = []
+        for m in every:
+            if equivalent_reason(cfg, m) is not None:
+                res.equivalent += 1
+                used_equivalents.add(m.key)
+                used_equivalents.add(m.key.rpartition("#")[0])
+            else:
+                todo.append(m)
+        if args.match:
+            todo = [m for m in todo if any(t in m.key for t in args.match)]
+        sample = args.sample if args.sample is not None else (None if full else mc.sample)
+        if args.match:
+            sample = None
+        if sample is not None and sample < len(todo):
+            rng = random.Random(f"{name}:{args.seed if args.seed is not None else mc.seed}")
+            todo = sorted(rng.sample(todo, sample), key=lambda m: (m.line, m.key))
+        res.run = len(todo)
+        files = pure_test_files(root, name)
+        if not files:
+            print(f"mutate: no pure test file imports {PACKAGE}.{name}", file=sys.stderr)
+            return 2
+        plan[name] = (res, todo, files)
+
+    stale = sorted(k for k in cfg.equivalents if k.split(":", 1)[0] in names)
+    stale = [k for k in stale if k not in used_equivalents]
+    if stale:
+        for k in stale:
+            print(f"mutate: equivalent.toml entry matches no mutant: {k}", file=sys.stderr)
+        return 2
+
+    if args.list:
+        for name, (res, todo, files) in plan.items():
+            print(f"# {name}: {res.total} mutants, {res.equivalent} equivalent, {res.run} to run")
+            print(f"#   tests: {' '.join(map(str, files))}")
+            for m in todo:
+                print(f"{m.key}\n    {m.describe()}")
+        return 0
+
+    workers = max(1, min(MAX_WORKERS, args.workers))
+    t_start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="vramctl-mutate-") as tmp:
+        copies: queue.Queue[Path] = queue.Queue()
+        for i in range(workers):
+            dest = Path(tmp) / f"w{i}"
+            dest.mkdir()
+            _copy_repo(root, dest)
+            copies.put(dest)
+        all_files = sorted({f for _, _, fs in plan.values() for f in fs})
+        times = baseline(copies, all_files, cfg.env, workers)
+        print(
+            "mutate: baseline " + ", ".join(f"{f.name} {t:.1f}s" for f, t in sorted(times.items())),
+            flush=True,
+        )
+
+        def one(m: Mutant, files: list[Path], timeout: float) -> Outcome:
+            dest = copies.get()
+            target = dest / PACKAGE / f"{m.module}.py"
+            original = target.read_text()
+            try:
+                target.write_text(mutated_source(original, m))
+                status, dt, detail = _pytest(dest, files, _env(dest, cfg.env), timeout)
+            finally:
+                target.write_text(original)
+                copies.put(dest)
+            return Outcome(m, status, dt, detail)
+
+        errors: list[Outcome] = []
+        for name, (res, todo, files) in plan.items():
+            ordered = sorted(files, key=lambda f: times[f])
+            timeout = max(cfg.timeout_min_s, cfg.timeout_factor * sum(times[f] for f in files))
+            t_mod = time.monotonic()
+            pool = concurrent.futures.ThreadPoolExecutor(workers)
+            try:
+                for out in pool.map(lambda m: one(m, ordered, timeout), todo):  # noqa: B023
+                    if out.status.startswith("error"):
+                        errors.append(out)
+                        continue
+                    res.outcomes.append(out)
+                    if args.verbose or out.status == "survived":
+                        print(
+                            f"  {out.status:8s} {out.seconds:5.1f}s {out.mutant.describe()}",
+                            flush=True,
+                        )
+            finally:  # stopped: no queued mutant starts after this
+                pool.shutdown(wait=True, cancel_futures=True)
+            print(
+                f"mutate: {name}: {res.total} mutants, {res.equivalent} equivalent, "
+                f"{res.run} run, {res.killed} killed ({res.score:.1f} %, threshold "
+                f"{cfg.modules[name].threshold:g} %) in {time.monotonic() - t_mod:.0f}s",
+                flush=True,
+            )
+        if errors:
+            for e in errors:
+                print(f"mutate: {e.mutant.describe()}: {e.status}\n{e.detail}", file=sys.stderr)
+            return 2
+
+    elapsed = time.monotonic() - t_start
+    below = [n for n, (res, _, _) in plan.items() if res.score < cfg.modules[n].threshold]
+    print(
+        f"mutate: {'full' if full else 'test-command'} run in {elapsed:.0f}s with {workers} "
+        f"worker(s)"
+    )
+    if args.json:
+        Path(args.json).write_text(
+            json.dumps(
+                {
+                    n: {
+                        "mutants": res.total,
+                        "equivalent": res.equivalent,
+                        "run": res.run,
+                        "killed": res.killed,
+                        "score": round(res.score, 1),
+                        "survivors": [o.mutant.key for o in res.outcomes if o.status == "survived"],
+                    }
+                    for n, (res, _, _) in plan.items()
+                },
+                indent=1,
+            )
+        )
+    if below:
+        print(f"mutate: FAILED: below threshold: {', '.join(below)}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("modules", nargs="*", help="modules of statemachine/ (default: mutation.toml)")
+    p.add_argument("--full", action="store_true", help="every mutant (also VRAMCTL_MUTATION=full)")
+    p.add_argument("--sample", type=int, help="run this many mutants per module (seeded)")
+    p.add_argument("--seed", type=int, help="the sample's seed (default: mutation.toml)")
+    p.add_argument("--workers", type=int, default=MAX_WORKERS, help="at most 2")
+    p.add_argument("--list", action="store_true", help="print the mutants and run nothing")
+    p.add_argument(
+        "--match",
+        action="append",
+        metavar="TEXT",
+        help="only the mutants whose key holds TEXT (repeatable; every match, no sample)",
+    )
+    p.add_argument("--json", help="write the scores and survivors to this file")
+    p.add_argument("-v", "--verbose", action="store_true", help="print every mutant's outcome")
+    p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+
+    def stop(signum: int, _frame: object) -> None:
+        _end_live()
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        return run(args)
+    finally:
+        _end_live()
+
+
+def _end_live() -> None:
+    """End the test runs in flight: a stopped run leaves nothing behind."""
+    for proc in list(_LIVE):
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
