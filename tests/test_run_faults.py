@@ -202,3 +202,31 @@ def test_a_failed_up_says_dockers_reason(fleet: Fleet) -> None:
     assert "exited 125" in failed, failed
     assert "no such image" in failed.lower() or "unable to find image" in failed.lower(), failed
     assert run.stop() == 0, run.text()
+
+
+def test_a_serve_started_by_hand_while_undeclared_counts_at_its_last_reservation(
+    fleet: Fleet,
+) -> None:
+    # found by the chaos campaign (seed 928792186): a file caught mid-write drops `od`;
+    # `od`'s container is started by hand meanwhile; a request must not take its room
+    ports = {s: free_port() for s in ("big", "small", "od")}
+    fleet.container("big", port=ports["big"], mib=6000, running=True)
+    fleet.container("small", port=ports["small"], mib=2000, running=False)
+    fleet.container("od", port=ports["od"], mib=4000, running=False)
+    big = serve_toml("big", mib=6000, residency="resident", port=ports["big"], desired="running")
+    small = serve_toml("small", mib=2000, residency="on-demand", port=ports["small"])
+    od = serve_toml("od", mib=4000, residency="on-demand", port=ports["od"])
+    fleet.write(ROLE + big + small + od)
+    wait_for("big up", lambda: healthy(ports["big"]))
+    t0 = time.time_ns()
+    run = fleet.start().started()
+    time.sleep(2)  # a cycle or two under the whole manifest
+    fleet.write(ROLE + big + small, by_rename=True)  # od's table lost
+    run.wait_log("manifest: reloaded (2 serves)")
+    fleet.client.containers.get(fleet.name("od")).start()  # by hand, undeclared now
+    time.sleep(2)
+    fleet.request("small")
+    time.sleep(4)  # four resyncs
+    fleet.assert_never_overcommitted()
+    assert fleet.starts("small", t0) == 0, run.steps()
+    assert run.stop() == 0, run.text()

@@ -592,6 +592,7 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
             f"({parts or 'nothing'}); free {render.mib(t['free_mib'])}; requested "
             f"{t['requested_mib']}; shortfall {render.mib(t['shortfall_mib'])}"
         )
+
     def per_role(value: Any) -> str:
         if isinstance(value, dict):
             return ", ".join(f"{role} {render.mib(m)} MiB" for role, m in value.items())

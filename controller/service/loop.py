@@ -216,6 +216,7 @@ class Controller:
         events.start()
         self._recover_tiers()
         if not self.options.dry_run:
+            self._remember_declared()
 
             def orphan_ended(serve: str) -> None:
                 loop.call_soon_threadsafe(self.trigger, f"orphaned up of {serve} ended")
@@ -354,6 +355,21 @@ class Controller:
             logger.info("manifest: reloaded ({} serves)", len(mset.serves))
             self.mset = mset
             self._executor = None
+            self._remember_declared()
+
+    def _remember_declared(self) -> None:
+        """Journal what the manifest in force declares for each container (see
+        :meth:`Journal.set_declared`): a container that later runs undeclared counts."""
+        desired = self.mset.desired()
+        records = {
+            s.container: StartedWith(s.name, s.gpu_roles, s.vram_mib)
+            for s in desired.serves.values()
+            if s.vram_mib is not None and desired.in_ledger(s)
+        }
+        try:
+            self.journal.set_declared(records, time.time())
+        except Exception as exc:  # a locked journal: the next reload tries again
+            logger.error("journal: cannot record the declared reservations: {}", exc)
 
     def _observe(self) -> SnapshotModel:
         if self._observer is None:
@@ -362,20 +378,26 @@ class Controller:
         # running by then, so it is counted either way
         starting = self.starts.snapshot()
         records = self.journal.started()
-        names = tuple(dict.fromkeys(manifest_containers(self.mset.serves) + tuple(records)))
+        known = self.journal.declared()
+        names = tuple(
+            dict.fromkeys(manifest_containers(self.mset.serves) + tuple(records) + tuple(known))
+        )
         snap = observe_host(names, observer=self._observer)
         snap.starting = {
             name: StartingModel(gpu_roles=list(st.gpu_roles), mib=st.mib)
             for name, st in starting.items()
         }
-        snap.started_with = self._started_in_force(snap, records)
+        snap.started_with = self._started_in_force(snap, records, known)
         snap.elastic = self._elastic_in_force(snap)
         snap.quiesced = sorted(self._quiesced)
         snap.unreleased = self._still_unreleased(snap)
         return snap
 
     def _started_in_force(
-        self, snap: SnapshotModel, records: dict[str, StartedWith]
+        self,
+        snap: SnapshotModel,
+        records: dict[str, StartedWith],
+        known: dict[str, StartedWith] | None = None,
     ) -> dict[str, StartedWithModel]:
         """The start reservations of the containers that still run (journal records).
 
@@ -383,7 +405,10 @@ class Controller:
         the manifest says now (an edit, a file caught mid-write): the record is dropped
         only once docker shows the container stopped or gone. A declared container
         found running without a record (started before this controller, or by hand)
-        is recorded with its declared reservation. With docker unreadable nothing is
+        is recorded with its declared reservation; a container no manifest in force
+        declares, found running without a record, with the last reservation a manifest
+        declared for it (``known``: started by hand while a file caught mid-write was in
+        force, or after its serve was removed). With docker unreadable nothing is
         dropped or recorded.
         """
         holding = ("running", "paused", "restarting")
@@ -411,6 +436,18 @@ class Controller:
                     and serves.in_ledger(spec)
                 ):
                     rec = StartedWith(spec.name, spec.gpu_roles, spec.vram_mib)
+                    self.journal.set_started(
+                        container, rec.serve, rec.gpu_roles, rec.mib, time.time()
+                    )
+                    records[container] = rec
+            for container, rec in (known or {}).items():
+                c = snap.containers.get(container)
+                if (
+                    container not in declared
+                    and container not in records
+                    and c is not None
+                    and c.state in holding
+                ):
                     self.journal.set_started(
                         container, rec.serve, rec.gpu_roles, rec.mib, time.time()
                     )

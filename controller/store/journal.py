@@ -153,11 +153,18 @@ CREATE TABLE IF NOT EXISTS started (
     mib       INTEGER NOT NULL,
     set_at    REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS declared (
+    container TEXT PRIMARY KEY,        -- the last reservation a manifest declared for it
+    serve     TEXT NOT NULL,
+    gpu_roles TEXT NOT NULL,           -- JSON: [role id, ...]
+    mib       INTEGER NOT NULL,
+    set_at    REAL NOT NULL
+);
 """
 
 #: Tables added to schema version 1 after its release: created on open when missing
 #: (``CREATE TABLE IF NOT EXISTS``), so a journal written before them still opens.
-_ADDED_TABLES = frozenset({"started", "ups"})
+_ADDED_TABLES = frozenset({"started", "ups", "declared"})
 
 _TABLES = frozenset({"manifests", "cycles", "steps", "requests", "elastic"})
 
@@ -712,6 +719,39 @@ class Journal:
             try:
                 rows = self._conn.execute(
                     "SELECT container, serve, gpu_roles, mib FROM started ORDER BY container"
+                ).fetchall()
+            except sqlite3.OperationalError:  # no such table (read-only, older file)
+                return {}
+        return {
+            str(r[0]): StartedWith(str(r[1]), tuple(str(x) for x in json.loads(r[2])), int(r[3]))
+            for r in rows
+        }
+
+    def set_declared(self, records: Mapping[str, StartedWith], at: float) -> None:
+        """Remember the reservation a manifest declares for each container (upsert).
+
+        Kept after the manifest stops declaring it: a container that runs while no
+        manifest in force declares it (a file caught mid-write, a serve removed and
+        started by hand) is counted at its last declared reservation.
+        """
+        with self._tx() as conn:
+            conn.executemany(
+                "INSERT INTO declared (container, serve, gpu_roles, mib, set_at) "
+                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (container) DO UPDATE SET "
+                "serve = excluded.serve, gpu_roles = excluded.gpu_roles, "
+                "mib = excluded.mib, set_at = excluded.set_at",
+                [
+                    (c, r.serve, _dumps(list(r.gpu_roles)), int(r.mib), at)
+                    for c, r in records.items()
+                ],
+            )
+
+    def declared(self) -> dict[str, StartedWith]:
+        """Container -> the last reservation a manifest declared for it."""
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT container, serve, gpu_roles, mib FROM declared ORDER BY container"
                 ).fetchall()
             except sqlite3.OperationalError:  # no such table (read-only, older file)
                 return {}
