@@ -15,7 +15,7 @@ from test_planner_rules import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req,
 
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.simulate import ledger_prefixes
-from statemachine.types import ContainerObs, ContainerState, Elastic
+from statemachine.types import ContainerObs, ContainerState, Elastic, StartingObs
 
 ELASTIC = "http://127.0.0.1:1"
 
@@ -28,7 +28,13 @@ def plan_of(
 ) -> Plan:
     desired, observed = _build(case)
     if starting:
-        observed = replace(observed, starting=starting)
+        # a start in progress on the roles its serve declares, at the MiB given
+        observed = replace(
+            observed,
+            starting={
+                n: StartingObs(desired.serves[n].gpu_roles, mib) for n, mib in starting.items()
+            },
+        )
     if unreleased:
         observed = replace(observed, unreleased=unreleased)
     plan = plan_transitions(desired, observed, policy or Policy(), NOW)
