@@ -38,7 +38,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Protocol
 
 from loguru import logger
@@ -47,6 +46,7 @@ from controller.adapters.docker.actions import ActionError, DockerActions
 from controller.adapters.elastic import ElasticClient, ElasticError, elastic_ok
 from controller.adapters.health import http_ready
 from controller.adapters.router import RouterClient, RouterError
+from controller.manifest.runtime import ServeRuntime
 from controller.service.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import (
@@ -194,9 +194,7 @@ class Executor:
         desired: DesiredState,
         *,
         docker: DockerActions,
-        up_argv: Callable[[str], list[str] | None],
-        manifest_dir: Callable[[str], Path],
-        serve_details: Mapping[str, Any],
+        runtime: Mapping[str, ServeRuntime] | None = None,
         router: RouterClient | None = None,
         elastic: ElasticClient | None = None,
         gpus: GpuReader = _no_gpus,
@@ -209,9 +207,9 @@ class Executor:
     ) -> None:
         self.desired = desired
         self.docker = docker
-        self.up_argv = up_argv
-        self.manifest_dir = manifest_dir
-        self.details = serve_details  # name -> ServeModel (health, timeouts, elastic token)
+        #: serve -> how its steps are carried out (timeouts, health path, ``up``); a serve
+        #: missing here gets the manifest's defaults
+        self._runtime: Mapping[str, ServeRuntime] = runtime or {}
         self.router = router
         self.elastic = elastic or ElasticClient()
         self.gpus = gpus
@@ -228,6 +226,11 @@ class Executor:
         # serve -> (action, to_mib, reserve_mib) of a resize that got no answer: the same
         # step asks for the same reserve again (idempotent), not a new card-wide figure
         self.unanswered: dict[str, tuple[str, int, int | None]] = {}
+
+    def runtime(self, name: str) -> ServeRuntime:
+        """How serve ``name``'s steps are carried out (the manifest's defaults if unknown)."""
+        rt = self._runtime.get(name)
+        return ServeRuntime.default(name) if rt is None else rt
 
     # ------------------------------------------------------------------ preflight
     def preflight(self, plan: Plan) -> list[str]:
@@ -294,13 +297,14 @@ class Executor:
         except ActionError as exc:
             return [f"{serve.name}: cannot ask docker whether {serve.container} exists: {exc}"]
         if not exists:
-            argv = self.up_argv(serve.name)
+            rt = self.runtime(serve.name)
+            argv = rt.up_argv
             if not argv:
                 problems.append(
                     f"{serve.name}: container {serve.container} does not exist and the serve "
                     "has no `up` command to create it"
                 )
-            elif not self.docker.executable_exists(argv[0], cwd=self.manifest_dir(serve.name)):
+            elif not self.docker.executable_exists(argv[0], cwd=rt.manifest_dir):
                 problems.append(f"{serve.name}: `up` executable {argv[0]!r} not found")
         if (
             serve.port is not None
@@ -636,7 +640,7 @@ class _Run:
 
     def drain(self, step: Step, s: ServeSpec) -> str:
         assert s.router_tier is not None
-        timeout = float(getattr(self.ex.details.get(s.name), "drain_timeout_s", 120.0) or 120.0)
+        timeout = self.ex.runtime(s.name).drain_timeout_s
         try:
             ans = self.router().transition("drain", s.router_tier, drain_timeout_s=timeout)
         except RouterError as exc:
@@ -653,7 +657,7 @@ class _Run:
     def stop(self, step: Step, s: ServeSpec) -> str:
         self.used_before_stop[s.name] = self.role_used(s.gpu_roles)
         self.attributed[s.name] = self.observed.container(s.container).gpu_used_mib
-        timeout = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
+        timeout = self.ex.runtime(s.name).stop_timeout_s
         self.fire(s.name, Trigger.STOP)
         try:
             self.ex.docker.stop(s.container, timeout)
@@ -769,10 +773,11 @@ class _Run:
                 self.ex.docker.start(s.container)
                 how = f"docker start {s.container}"
             else:
-                argv = self.ex.up_argv(s.name)
+                rt = self.ex.runtime(s.name)
+                argv = rt.up_argv
                 if not argv:
                     raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
-                timeout = float(getattr(self.ex.details.get(s.name), "start_timeout_s", 600.0))
+                timeout = rt.start_timeout_s
                 tracker = self.ex.starts
                 mib = step.mib or 0
 
@@ -785,9 +790,9 @@ class _Run:
                 try:
                     res = self.ex.docker.run_up(
                         argv,
-                        cwd=self.ex.manifest_dir(s.name),
+                        cwd=rt.manifest_dir,
                         timeout_s=timeout,
-                        env=getattr(self.ex.details.get(s.name), "up_env", None),
+                        env=rt.up_env,
                         on_spawn=spawned,
                     )
                 finally:
@@ -815,9 +820,8 @@ class _Run:
         return how
 
     def await_ready(self, step: Step, s: ServeSpec) -> str:
-        detail = self.ex.details.get(s.name)
-        timeout = float(getattr(detail, "start_timeout_s", 600.0) or 600.0)
-        health = getattr(detail, "health", None)
+        rt = self.ex.runtime(s.name)
+        timeout, health = rt.start_timeout_s, rt.health
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -1026,7 +1030,7 @@ class _Run:
                 problem = f"POST /v1/load answered {load.http_status}: {load.error}"
         except ElasticError as exc:
             problem = str(exc)
-        stop_s = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
+        stop_s = self.ex.runtime(s.name).stop_timeout_s
         try:
             self.ex.docker.stop(s.container, stop_s)
             self.ex.docker.start(s.container)
@@ -1119,7 +1123,7 @@ class _Run:
                 ContainerState.RUNNING,
                 ContainerState.RESTARTING,
             ):
-                stop_s = float(getattr(self.ex.details.get(name), "stop_timeout_s", 30.0))
+                stop_s = self.ex.runtime(name).stop_timeout_s
                 self.ex.docker.stop(s.container, stop_s)
                 state = self.ex.docker.inspect(s.container)
         except ActionError as exc:

@@ -53,9 +53,7 @@ def make_executor(
     return Executor(
         mset.desired(),
         docker=DockerActions(make_client()),
-        up_argv=mset.up_argv,
-        manifest_dir=lambda name: mset.source(name).resolve().parent,
-        serve_details=mset.serves,
+        runtime=mset.runtime(),
         router=router,
         # the engine may hold a resize up to 300 s before answering 409 (busy): the
         # client's own bound (20 s) keeps the loop going; no answer is not proof
