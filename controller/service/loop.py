@@ -544,7 +544,8 @@ class Controller:
         self._note_deaths(observed, now)
         self._end_finished_requests(observed, now)
         desired = self.desired()
-        plan = plan_transitions(desired, observed, self.policy(now), now)
+        policy = self.policy(now)
+        plan = plan_transitions(desired, observed, policy, now)
         summary = CycleSummary(now, reasons, plan, None, snap)
         plan_key = json.dumps([st.to_json() for st in plan.steps], sort_keys=True)
         repeated_dry_run = self.options.dry_run and plan_key == self._last_dry_plan
@@ -559,6 +560,7 @@ class Controller:
                 plan=plan.to_json(),
                 requests=[r.to_json() for r in self.journal.active_requests()],
                 dry_run=self.options.dry_run,
+                policy=policy.to_json(),
             )
             if self.options.dry_run:
                 for step in plan.steps:
