@@ -40,7 +40,7 @@ from statemachine.lifecycle import STATES
 from statemachine.status import host_status
 
 if TYPE_CHECKING:
-    from controller.service.loop import Controller
+    from controller.service.view import LoopPort, LoopView
 
 #: The lifecycle states a serve can be reported in (the machine's, plus ``unknown``).
 SERVE_STATES: tuple[str, ...] = (*(str(s["name"]) for s in STATES), "unknown")
@@ -168,7 +168,7 @@ class Metrics:
         self._blocked: set[str] = set()
 
     # ------------------------------------------------------------------ updates
-    def on_cycle(self, controller: Controller) -> None:
+    def on_cycle(self, controller: LoopPort) -> None:
         """The loop's ``on_cycle`` hook: refresh everything from the last cycle.
 
         A failure here is logged and never breaks the loop.
@@ -178,8 +178,8 @@ class Metrics:
         except Exception:
             logger.exception("metrics: update failed")
 
-    def _on_cycle(self, controller: Controller) -> None:
-        summary = controller.last
+    def _on_cycle(self, controller: LoopPort) -> None:
+        summary = controller.view()
         self.cycles.inc()
         self.reconcile_duration.observe(summary.duration_s)
         self.last_cycle.set(summary.at)
@@ -192,7 +192,7 @@ class Metrics:
                 self.observation_errors.labels("docker").inc()
             if snap.gpus is None or snap.nvml_error:
                 self.observation_errors.labels("nvml").inc()
-            self.update_ledger(controller)
+            self.update_ledger(summary)
         if summary.report is not None:
             for result in summary.report.results:
                 self.steps.labels(str(result.step.action), str(result.outcome)).inc()
@@ -206,12 +206,12 @@ class Metrics:
                 self.admissions_refused.labels("loop").inc(len(new))
             self._blocked = blocked
 
-    def update_ledger(self, controller: Controller) -> None:
+    def update_ledger(self, view: LoopView) -> None:
         """Per-role and per-serve gauges from the last snapshot and the manifest set."""
-        snap = controller.last.snapshot
+        snap = view.snapshot
         if snap is None:
             return
-        report = host_status(controller.mset.desired(), snap.to_observed())
+        report = host_status(view.desired, snap.to_observed())
         roles: set[str] = set()
         for rs in report.roles:
             role = rs.ledger.gpu_role
