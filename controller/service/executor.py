@@ -43,7 +43,7 @@ from typing import Any, Protocol
 from loguru import logger
 
 from controller.adapters.docker.actions import ActionError, DockerActions
-from controller.adapters.elastic import ElasticClient, ElasticError, elastic_ok
+from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
 from controller.adapters.health import http_ready
 from controller.adapters.router import RouterClient, RouterError
 from controller.manifest.runtime import ServeRuntime
@@ -145,6 +145,27 @@ class ExecutionReport:
             "lifecycles": dict(self.lifecycles),
             "ledger": {r: self.ledger.view(r).to_json() for r in self.ledger.roles},
         }
+
+
+@dataclass(frozen=True, slots=True)
+class _Reserved:
+    """The engine's answer to a resize: when, whether it ran, what it holds now."""
+
+    ans: ElasticAnswer
+    at: float
+    ran: bool
+    why: str
+    #: what the engine holds after it (``None``: the answer does not say)
+    holds: int | None
+    #: the reserves asked, "N[, then M]"
+    asked: str
+    #: "elastic shrink of S": what the step's detail starts with
+    action: str
+
+    @property
+    def what(self) -> str:
+        """"elastic shrink of S (reserve_mib N[, then M])", for the step's detail."""
+        return f"{self.action} (reserve_mib {self.asked})"
 
 
 class GpuReader(Protocol):
@@ -329,26 +350,12 @@ class Executor:
         results reach ``on_start_done``. Without one, everything runs here, in order.
         """
         ledger = ledger_from_observed(self.desired, observed)
-        machines: dict[str, ServeLifecycle] = {}
-        for step in plan.steps:
-            if step.serve not in machines:
-                serve = self.desired.serves[step.serve]
-                holds = observed.container(serve.container).holds
-                machines[step.serve] = ServeLifecycle(
-                    step.serve, LifecycleState.RUNNING if holds else LifecycleState.STOPPED
-                )
+        machines = self._machines(plan, observed)
         report = ExecutionReport([], ledger, {})
         refused: dict[str, list[str]] = {}  # group -> the preflight problems that refuse it
         if not skip_preflight:
-            problems = self.preflight_problems(plan)
-            report.preflight = [p.text for p in problems]
-            for problem in problems:
-                logger.error("preflight: {}", problem.text)
-                for g in problem.groups:
-                    refused.setdefault(g, []).append(problem.text)
-            _refuse_dependents(plan, self.desired, refused)
-            report.refused_groups = sorted(refused)
-            if problems and all(st.group in refused for st in plan.steps):
+            refused = self._refusals(plan, report)
+            if report.preflight and all(st.group in refused for st in plan.steps):
                 report.lifecycles = {n: str(m.state) for n, m in machines.items()}
                 return report
         run = _Run(self, ledger, machines, observed)
@@ -361,23 +368,7 @@ class Executor:
             if self.stop_event.is_set() and not report.stopped_early:
                 report.stopped_early = True
                 run.compensate_all("the controller is stopping")
-            why: str | None = None
-            if report.stopped_early:
-                why = "the controller is stopping"
-            elif step.group in refused:
-                why = "refused by the preflight: " + "; ".join(refused[step.group])
-            elif step.group in run.failed_groups:
-                why = f"an earlier step of group {step.group} failed"
-            elif step.serve in jobs and not jobs[step.serve].done.is_set():
-                # never wait here: the loop would be held by that start after all
-                why = (
-                    f"waits for the start of {step.serve}, still in progress: "
-                    "planned again once it has ended"
-                )
-                run.failed_groups.add(step.group)
-            elif step.serve in jobs and not jobs[step.serve].ok:
-                why = f"the start of {step.serve} did not succeed"
-                run.failed_groups.add(step.group)
+            why = _skip_reason(step, report, refused, run, jobs)
             if why is not None:
                 self._emit(
                     report, StepResult(step, Outcome.SKIPPED, why, 0.0, ended_at=time.time())
@@ -400,6 +391,31 @@ class Executor:
         report.elastic = dict(run.elastic)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
         return report
+
+    def _machines(self, plan: Plan, observed: Observed) -> dict[str, ServeLifecycle]:
+        """One lifecycle machine per serve of the plan, in the state its container shows."""
+        machines: dict[str, ServeLifecycle] = {}
+        for step in plan.steps:
+            if step.serve not in machines:
+                serve = self.desired.serves[step.serve]
+                holds = observed.container(serve.container).holds
+                machines[step.serve] = ServeLifecycle(
+                    step.serve, LifecycleState.RUNNING if holds else LifecycleState.STOPPED
+                )
+        return machines
+
+    def _refusals(self, plan: Plan, report: ExecutionReport) -> dict[str, list[str]]:
+        """The preflight: group -> the problems that refuse it (recorded in ``report``)."""
+        refused: dict[str, list[str]] = {}
+        problems = self.preflight_problems(plan)
+        report.preflight = [p.text for p in problems]
+        for problem in problems:
+            logger.error("preflight: {}", problem.text)
+            for g in problem.groups:
+                refused.setdefault(g, []).append(problem.text)
+        _refuse_dependents(plan, self.desired, refused)
+        report.refused_groups = sorted(refused)
+        return refused
 
     def _attempt(self, run: _Run, step: Step) -> StepResult:
         """One step: its result, with the failed group compensated."""
@@ -913,6 +929,17 @@ class _Run:
             if isinstance(resized, Refusal):
                 raise StepError(f"the ledger refuses: {resized.message}")
             self.ledger = resized  # counted before the call: the engine may grow in part
+        ans = self._ask_reserve(step, s, before=before, full=full)
+        return self._settle_resize(step, s, ans, before=before, full=full)
+
+    def _ask_reserve(self, step: Step, s: ServeSpec, *, before: int, full: int) -> _Reserved:
+        """Ask the engine for the reserve that gets ``s`` to ``step.to_mib`` (twice at most).
+
+        No answer raises (a grow counted at full first); a transient one is remembered,
+        so the same reserve is asked again by the same step later.
+        """
+        assert s.elastic is not None and step.to_mib is not None
+        to, grow = step.to_mib, step.action is Action.GROW
         el, token = s.elastic, _env_token(s.elastic.token_env)
         pending = self.ex.unanswered.get(s.name)
         if pending is not None and pending[:2] == (str(step.action), to):
@@ -958,42 +985,49 @@ class _Run:
                 break  # it stopped at its floor: asking again changes nothing
             target = retry
         asked_text = ", then ".join(str(a) for a in asked)
+        return _Reserved(ans, at, ran, why, holds, asked_text, what)
+
+    def _settle_resize(
+        self, step: Step, s: ServeSpec, r: _Reserved, *, before: int, full: int
+    ) -> str:
+        """Count ``s`` at what the engine's answer proves, and say how the step ended."""
+        assert step.to_mib is not None
+        to, grow, ans, why, holds = step.to_mib, step.action is Action.GROW, r.ans, r.why, r.holds
         if ans.busy:
             raise StepError(
-                f"{what} (reserve_mib {asked_text}): {why}; nothing ran, asked again on "
-                "a later cycle",
+                f"{r.what}: {why}; nothing ran, asked again on a later cycle",
                 aborted=True,
             )
         if ans.needs_reload:
-            self.count(s, full, at)
+            self.count(s, full, r.at)
             reload = self.reload_engine(s)
             raise StepError(
-                f"{what} (reserve_mib {asked_text}): {why}; its cache table cannot be "
+                f"{r.what}: {why}; its cache table cannot be "
                 f"trusted: {reload}; counted at its full {full} MiB until an answer "
                 "proves less"
             )
-        if not ran:
+        if not r.ran:
             if ans.status == "not loaded":
-                self.count(s, full, at)
+                self.count(s, full, r.at)
                 why += f"; counted at its full {full} MiB (it sizes its cache when it loads)"
-            raise StepError(f"{what} (reserve_mib {asked_text}): {why}")
+            raise StepError(f"{r.what}: {why}")
         if holds is None:
             if grow:
-                self.count(s, full, at)
+                self.count(s, full, r.at)
             raise StepError(
-                f"{what} (reserve_mib {asked_text}): {why}: the answer does not say what "
+                f"{r.what}: {why}: the answer does not say what "
                 f"the engine holds; counted at {full if grow else before} MiB"
             )
         # never less than it holds; rounded to the plan's figure when it holds no more
-        self.count(s, max(to, holds), at)
+        self.count(s, max(to, holds), r.at)
         if holds > to:
             raise StepError(
-                f"{what} (reserve_mib {asked_text}): {why}: its cache gives back "
+                f"{r.what}: {why}: its cache gives back "
                 f"{full - holds} MiB, the plan needs {full - to}: counted at the "
                 f"{holds} MiB it still holds"
             )
         self.fire(s.name, trigger_for(step.action))
-        return f"{s.name} now holds {to} MiB (reserve_mib {asked_text}; {why})"
+        return f"{s.name} now holds {to} MiB (reserve_mib {r.asked}; {why})"
 
     def count(self, s: ServeSpec, mib: int, at: float) -> None:
         """Count ``s`` at ``mib`` from now on (over the budget if it must be), and say so."""
@@ -1190,6 +1224,35 @@ def _epoch_or_none(value: str | float | None) -> float | None:
         return epoch_seconds(value)
     except ValueError:
         return None
+
+
+def _skip_reason(
+    step: Step,
+    report: ExecutionReport,
+    refused: Mapping[str, list[str]],
+    run: _Run,
+    jobs: Mapping[str, _StartJob],
+) -> str | None:
+    """Why ``step`` is skipped (its group marked failed where a start stands in its way);
+    ``None``: it runs."""
+    if report.stopped_early:
+        return "the controller is stopping"
+    if step.group in refused:
+        return "refused by the preflight: " + "; ".join(refused[step.group])
+    if step.group in run.failed_groups:
+        return f"an earlier step of group {step.group} failed"
+    job = jobs.get(step.serve)
+    if job is not None and not job.done.is_set():
+        # never wait here: the loop would be held by that start after all
+        run.failed_groups.add(step.group)
+        return (
+            f"waits for the start of {step.serve}, still in progress: "
+            "planned again once it has ended"
+        )
+    if job is not None and not job.ok:
+        run.failed_groups.add(step.group)
+        return f"the start of {step.serve} did not succeed"
+    return None
 
 
 def _env_token(var: str | None) -> str | None:
