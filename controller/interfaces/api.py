@@ -10,6 +10,8 @@ Routes:
 
 - ``GET /healthz`` — 200, with the number of cycles and the last cycle's age.
 - ``GET /metrics`` — Prometheus text (:mod:`controller.interfaces.metrics`).
+- ``GET /`` (the operator's page) and ``GET /v1/plans`` (the journal's last plans):
+  :mod:`controller.interfaces.ui`, registered at the end of :func:`create_app`, same read rules.
 - ``GET /v1/ledger`` — per role: capacity, reserve, budget, committed, free, each
   reservation, NVML used / total, drift, from the last cycle's snapshot and the
   manifest set (``null`` = unknown, e.g. before the first cycle or with docker down).
@@ -907,6 +909,10 @@ def create_app(
             status_code=202,
         )
 
+    # the operator's page (GET /, its assets, GET /v1/plans): controller/interfaces/ui
+    from controller.interfaces.ui import register_ui
+
+    register_ui(app, controller.history, full_detail, lambda full: meta(controller.view(), full))
     return app
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from controller.interfaces import render
+from controller.interfaces import bars, render
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.snapshot import SnapshotError, SnapshotModel, load_snapshot
 from statemachine.fit import fit_serve
@@ -150,19 +150,44 @@ def observe(manifest: ManifestOpt = []) -> None:  # noqa: B006
     _print_json(_observe_live(mset).model_dump(mode="json"))
 
 
+# `status --watch` (controller/interfaces/bars.py)
+WatchOpt = Annotated[
+    bool, typer.Option("--watch", "-w", help="Observe again and redraw in place until Ctrl-C.")
+]
+IntervalOpt = Annotated[
+    float, typer.Option("--interval", min=0.2, help="Seconds between redraws of --watch.")
+]
+CountOpt = Annotated[
+    int, typer.Option("--count", min=0, help="Stop --watch after N draws (0: never).")
+]
+
+
 @app.command()
 def status(
     manifest: ManifestOpt = [],  # noqa: B006
     observed: ObservedOpt = None,
     json_out: JsonOpt = False,
+    watch: WatchOpt = False,
+    interval: IntervalOpt = 2.0,
+    count: CountOpt = 0,
 ) -> None:
     """Per-role ledger, drift, and each serve's container and lifecycle state."""
     mset = _load(manifest)
+    if watch:  # `status --watch`: observe and redraw in place (controller/interfaces/bars.py)
+        if json_out:
+            _fail("--watch draws for people; for tools, run `status --json` repeatedly")
+        bars.watch(
+            lambda: host_status(mset.desired(), _observe(observed, mset).to_observed()),
+            interval_s=interval,
+            count=count,
+        )
+        return
     snap = _observe(observed, mset)
     report = host_status(mset.desired(), snap.to_observed())
     if json_out:
         _print_json(report.to_json())
         return
+    render.out.print(bars.role_bars(report))  # the bars above the tables
     render.status(report)
 
 

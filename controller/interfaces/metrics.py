@@ -17,7 +17,8 @@ Series:
   committed), ``vramctl_role_overcommitted`` (1 when committed > budget as observed);
 - per serve: ``vramctl_serve_reservation_mib`` (declared), ``vramctl_serve_committed_mib``
   (what the ledger holds for it now: 0 when nothing), ``vramctl_serve_state{state}``
-  (1 for the current lifecycle state, 0 for the others);
+  (1 for the current lifecycle state, 0 for the others), ``vramctl_serve_backoff_failures``
+  (the failed starts the loop's backoff holds it back after; 0 when none);
 - ``vramctl_reconcile_duration_seconds`` (histogram), ``vramctl_cycles_total``,
   ``vramctl_last_cycle_timestamp_seconds``, ``vramctl_steps_total{action,outcome}``
   (outcome ``planned`` for a dry run), ``vramctl_admissions_refused_total{source}``
@@ -40,7 +41,7 @@ from statemachine.lifecycle import STATES
 from statemachine.status import host_status
 
 if TYPE_CHECKING:
-    from controller.service.view import LoopPort, LoopView
+    from controller.service.view import LoopPort
 
 #: The lifecycle states a serve can be reported in (the machine's, plus ``unknown``).
 SERVE_STATES: tuple[str, ...] = (*(str(s["name"]) for s in STATES), "unknown")
@@ -123,6 +124,13 @@ class Metrics:
             ["serve", "state"],
             registry=r,
         )
+        # the loop's failure backoff per serve (alerts: a serve backing off)
+        self.serve_backoff = Gauge(
+            "vramctl_serve_backoff_failures",
+            "Failed starts the serve is backing off after (0: no backoff).",
+            serve,
+            registry=r,
+        )
         self.reconcile_duration = Histogram(
             "vramctl_reconcile_duration_seconds",
             "Duration of one reconcile cycle (observe, plan, execute, journal).",
@@ -192,7 +200,7 @@ class Metrics:
                 self.observation_errors.labels("docker").inc()
             if snap.gpus is None or snap.nvml_error:
                 self.observation_errors.labels("nvml").inc()
-            self.update_ledger(summary)
+            self.update_ledger(controller)
         if summary.report is not None:
             for result in summary.report.results:
                 self.steps.labels(str(result.step.action), str(result.outcome)).inc()
@@ -206,8 +214,9 @@ class Metrics:
                 self.admissions_refused.labels("loop").inc(len(new))
             self._blocked = blocked
 
-    def update_ledger(self, view: LoopView) -> None:
+    def update_ledger(self, controller: LoopPort) -> None:
         """Per-role and per-serve gauges from the last snapshot and the manifest set."""
+        view = controller.view()
         snap = view.snapshot
         if snap is None:
             return
@@ -249,9 +258,12 @@ class Metrics:
             _set_or_absent(self.serve_committed, labels, committed)
             for state in SERVE_STATES:
                 self.serve_state.labels(ss.serve, state).set(1 if state == ss.lifecycle else 0)
+            held = view.backoff.get(ss.serve)
+            self.serve_backoff.labels(ss.serve).set(held.failures if held is not None else 0)
         for gone in self._serves - serves:
             _set_or_absent(self.serve_reservation, (gone,), None)
             _set_or_absent(self.serve_committed, (gone,), None)
+            _set_or_absent(self.serve_backoff, (gone,), None)
             for state in SERVE_STATES:
                 _set_or_absent(self.serve_state, (gone, state), None)
         self._serves = serves

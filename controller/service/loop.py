@@ -44,7 +44,7 @@ from controller.service.cycle import CycleJournal, CycleResult, PlanInputs, run_
 from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
 from controller.service.observe import observe_host
 from controller.service.starts import StartTracker, supervise_orphans
-from controller.service.view import BackoffView, LoopView
+from controller.service.view import BackoffView, JournalHistory, LoopView
 from controller.service.wiring import containers_now, make_executor
 from controller.snapshot import (
     SnapshotModel,
@@ -179,6 +179,10 @@ class Controller:
     def policy(self, now: float) -> Policy:
         """The planner policy: backoff holds and serves whose shrink failed."""
         return Policy(no_shrink=frozenset(self.no_shrink), hold=backoff.holds(self.backoff, now))
+
+    def history(self) -> JournalHistory:
+        """The journal's recorded cycles, read only (the operator's page lists them)."""
+        return self.journal
 
     def view(self) -> LoopView:
         """What the loop knows now, as a frozen copy (what the interfaces read)."""

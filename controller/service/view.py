@@ -7,7 +7,7 @@ what the loop knows at that moment (as of its last cycle, plus what it has learn
 since: a reloaded manifest, a start that ended), and they change the loop's state only
 through :meth:`LoopPort.request_up` / :meth:`LoopPort.request_down`. On-demand requests
 are read live from the journal (:meth:`LoopPort.requests`), so a request the API just
-recorded shows at once.
+recorded shows at once; the recorded cycles through :meth:`LoopPort.history`, read only.
 
 Nothing here decides or mutates anything.
 """
@@ -21,6 +21,7 @@ from typing import Protocol
 from controller.manifest import LocatedError
 from controller.service.executor import ExecutionReport
 from controller.snapshot import SnapshotModel
+from controller.store.journal import CycleRecord, StepRecord
 from statemachine.plan import Plan
 from statemachine.types import DesiredState, OnDemandRequest
 
@@ -60,8 +61,28 @@ class LoopView:
     dry_run: bool
 
 
+class JournalHistory(Protocol):
+    """The journal's recorded cycles, read only (what the operator's page shows)."""
+
+    def cycle_ids(self) -> list[int]:
+        """The ids of every recorded cycle, oldest first."""
+        ...
+
+    def cycles(self, since_id: int | None = None, cycle: int | None = None) -> list[CycleRecord]:
+        """Recorded cycles, oldest first."""
+        ...
+
+    def steps(self, cycle_id: int) -> list[StepRecord]:
+        """One cycle's step outcomes."""
+        ...
+
+
 class LoopPort(Protocol):
     """What an interface may ask of the loop."""
+
+    def history(self) -> JournalHistory:
+        """The journal's recorded cycles (read only)."""
+        ...
 
     def view(self) -> LoopView:
         """The loop's state now, as a frozen copy."""

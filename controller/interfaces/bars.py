@@ -1,0 +1,179 @@
+"""``vramctl status`` in pictures: a memory bar per GPU role, and ``--watch`` (rich Live).
+
+:func:`role_bars` draws, for each role of a :class:`~statemachine.status.HostStatus`,
+one bar the width of the card: each reservation the ledger holds (coloured by the
+serve's residency class), the free budget, and the reserve; below it the figures of
+the report (capacity, reserve, budget, committed, free, NVML used, drift). A figure
+the report does not know is printed ``unknown``, never 0: with docker unreadable the
+bar shows no reservation at all, only "committed unknown".
+
+:func:`watch` redraws the whole ``status`` answer (bars and tables) in place every
+``interval_s`` (rich Live) on a terminal, or prints it again and again when the output
+is piped.
+
+This module must not compute any figure: the cells of a bar are only the layout of
+the report's numbers (rounded to whole cells, at least one for a non-empty holding).
+"""
+
+from __future__ import annotations
+
+import io
+import time
+from collections.abc import Callable
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.text import Text
+
+from controller.interfaces import render
+from statemachine.status import HostStatus, RoleStatus
+
+__all__ = ["role_bars", "status_screen", "watch"]
+
+BAR_WIDTH = 60
+#: residency class -> two shades, alternated so that neighbours of one class stay apart
+RESIDENCY_STYLE = {
+    "resident": ("blue", "dodger_blue1"),
+    "evictable": ("dark_orange", "orange1"),
+    "on-demand": ("magenta", "orchid"),
+}
+OTHER_STYLE = ("green4", "spring_green3")  # a serve with no residency class
+UNDECLARED_STYLE = ("grey50", "grey70")  # a holder the manifest no longer declares
+FULL, FREE, RESERVE, UNKNOWN_CELL = "█", "░", "▒", "?"
+
+
+def _cells(values: list[int], scale: int, width: int) -> list[int]:
+    """Whole cells for each value on a bar of ``width`` cells for ``scale`` MiB."""
+    cells = [max(1, round(v * width / scale)) if v > 0 else 0 for v in values]
+    while sum(cells) > width and max(cells) > 1:  # rounding up the small ones overflowed
+        cells[cells.index(max(cells))] -= 1
+    return cells
+
+
+def _style(holder: str, index: int, residency: dict[str, str | None]) -> str:
+    if holder not in residency:
+        shades = UNDECLARED_STYLE
+    else:
+        shades = RESIDENCY_STYLE.get(residency[holder] or "", OTHER_STYLE)
+    return shades[index % 2]
+
+
+def _role_bar(role: RoleStatus, residency: dict[str, str | None], width: int) -> Text:
+    v = role.ledger
+    bar = Text()
+    if v.committed_mib is None:
+        scale = v.capacity_mib or 1
+        [unknown, reserve] = _cells([v.budget_mib, v.reserve_mib], scale, width)
+        bar.append(UNKNOWN_CELL * unknown, style="dim")
+        bar.append(RESERVE * reserve, style="grey50")
+        return bar
+    scale = max(v.capacity_mib, v.committed_mib + v.reserve_mib) or 1
+    held = [m for _, m in v.reservations]
+    free = max(0, v.free_mib or 0)
+    cells = _cells([*held, free, v.reserve_mib], scale, width)
+    for i, ((holder, _), n) in enumerate(zip(v.reservations, cells, strict=False)):
+        bar.append(FULL * n, style=_style(holder, i, residency))
+    bar.append(FREE * cells[-2], style="green")
+    bar.append(RESERVE * cells[-1], style="grey50")
+    return bar
+
+
+def role_bars(report: HostStatus, width: int = BAR_WIDTH) -> Group:
+    """One bar per role, with its legend and figures (``unknown`` where unknown)."""
+    residency = {s.serve: s.residency for s in report.serves}
+    lines: list[RenderableType] = []
+    for role in report.roles:
+        v = role.ledger
+        head = Text(v.gpu_role, style="bold")
+        if role.overcommitted:
+            head.append("  OVERCOMMITTED", style="bold red")
+        lines.append(head)
+        lines.append(_role_bar(role, residency, width))
+        legend = Text("  ")
+        if v.committed_mib is None:
+            legend.append(f"{UNKNOWN_CELL} committed unknown (docker could not be read)  ")
+        held_now = v.reservations if v.committed_mib is not None else ()
+        for i, (holder, held) in enumerate(held_now):
+            legend.append(FULL, style=_style(holder, i, residency))
+            legend.append(f" {holder} {held}  ")
+        legend.append(FREE, style="green")
+        legend.append(f" free {render.mib(v.free_mib)}  ")
+        legend.append(RESERVE, style="grey50")
+        legend.append(f" reserve {v.reserve_mib}")
+        lines.append(legend)
+        nvml = render.mib(role.nvml_used_mib) if role.device_found else render.UNKNOWN
+        lines.append(
+            Text(
+                f"  capacity {v.capacity_mib}  budget {v.budget_mib}  committed "
+                f"{render.mib(v.committed_mib)}  nvml used {nvml}  drift "
+                f"{render.signed(role.drift_used_mib)}  (MiB)"
+            )
+        )
+    return Group(*lines)
+
+
+def status_screen(report: HostStatus) -> Group:
+    """The whole ``status`` answer as one renderable: the bars above today's tables.
+
+    The tables are drawn by :func:`controller.interfaces.render.status` onto a console of the same
+    width and colours that writes into a buffer (not onto ``render.out``, which rich
+    Live is drawing on while ``--watch`` runs).
+    """
+    screen = render.out
+    buffer = io.StringIO()
+    render.out = Console(
+        file=buffer,
+        force_terminal=screen.is_terminal,
+        color_system=screen.color_system,  # type: ignore[arg-type]
+        width=screen.width,
+        highlight=False,
+        soft_wrap=True,
+        no_color=screen.no_color,
+    )
+    try:
+        render.status(report)
+    finally:
+        render.out = screen
+    return Group(role_bars(report), Text(""), Text.from_ansi(buffer.getvalue()))
+
+
+def watch(
+    produce: Callable[[], HostStatus],
+    *,
+    interval_s: float,
+    count: int = 0,
+    console: Console | None = None,
+) -> None:
+    """Redraw ``status`` every ``interval_s`` until Ctrl-C (or ``count`` draws, when > 0).
+
+    On a terminal the screen is redrawn in place (rich Live); piped, each draw is
+    printed after the last one, with the time it was made.
+    """
+    con = console or render.out
+    drawn = 0
+
+    def frame() -> Group:
+        report = produce()
+        stamp = Text(
+            f"vramctl status --watch: {time.strftime('%H:%M:%S')}, every {interval_s:g}s "
+            "(Ctrl-C stops)",
+            style="dim",
+        )
+        return Group(stamp, status_screen(report))
+
+    try:
+        if con.is_terminal:
+            with Live(frame(), console=con, auto_refresh=False, screen=False) as live:
+                drawn = 1
+                while count <= 0 or drawn < count:
+                    time.sleep(interval_s)
+                    live.update(frame(), refresh=True)
+                    drawn += 1
+        else:
+            while count <= 0 or drawn < count:
+                if drawn:
+                    time.sleep(interval_s)
+                con.print(frame())
+                drawn += 1
+    except KeyboardInterrupt:
+        return

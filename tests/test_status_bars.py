@@ -1,0 +1,233 @@
+"""``vramctl status`` draws a bar per GPU role above its tables; ``--watch`` redraws in place.
+
+The CLI runs as a subprocess on the example host's saved observation. ``--watch`` runs
+on a pseudo-terminal (the stdlib's ``pty``, no terminal multiplexer), where rich Live
+redraws the screen in place; the observation file is changed while it runs, and the
+redrawn figures must follow. Piped, ``--watch`` prints one whole answer per draw.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import pty
+import re
+import select
+import signal
+import struct
+import subprocess
+import sys
+import termios
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
+OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+HEADER = "vramctl status --watch:"
+
+
+def cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller.cli", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=dict(os.environ, NO_COLOR="1", **(env or {})),
+        check=False,
+    )
+
+
+def test_status_draws_a_bar_per_role_above_the_tables() -> None:
+    r = cli("status", "-m", str(EXAMPLE), "--observed", str(OBSERVED))
+    assert r.returncode == 0, r.stderr
+    lines = r.stdout.splitlines()
+    assert lines[0] == "display-card"
+    bar = lines[1]
+    assert set(bar) <= {"█", "░", "▒"} and len(bar) == 60
+    # cells follow the ledger: 14848 committed, 15711 free, 2048 reserve of 32607
+    assert bar.count("█") == round(3200 * 60 / 32607) + round(6144 * 60 / 32607) + round(
+        3456 * 60 / 32607
+    ) + round(2048 * 60 / 32607)
+    assert bar.count("▒") == round(2048 * 60 / 32607)
+    assert bar.index("░") > bar.rindex("█") and bar.index("▒") > bar.rindex("░")
+    legend = lines[2]
+    for part in (
+        "embeddings 3200",
+        "ocr 6144",
+        "reranker 3456",
+        "stt 2048",
+        "free 15711",
+        "reserve 2048",
+    ):
+        assert part in legend
+    assert "tts" not in legend  # OOM-killed: it holds nothing
+    figures = lines[3]
+    assert "committed 14848" in figures and "budget 30559" in figures
+    # no GPU here: NVML figures are unknown, never 0
+    assert "nvml used unknown" in figures and "drift unknown" in figures
+    # the bars come first, today's tables after them
+    assert r.stdout.index("GPU roles (MiB)") > r.stdout.index(figures)
+    assert "Serves" in r.stdout
+
+
+def test_status_bar_with_docker_unreadable_shows_committed_unknown(tmp_path: Path) -> None:
+    snap = json.loads(OBSERVED.read_text())
+    snap.update(docker="error", containers={}, docker_error="cannot connect")
+    observed = tmp_path / "observed.json"
+    observed.write_text(json.dumps(snap))
+    r = cli("status", "-m", str(EXAMPLE), "--observed", str(observed))
+    assert r.returncode == 0, r.stderr
+    bar, legend, figures = r.stdout.splitlines()[1:4]
+    assert "█" not in bar and "?" in bar
+    assert "committed unknown" in legend and "free unknown" in legend
+    assert "embeddings" not in legend
+    assert "committed unknown" in figures and "committed 0" not in figures
+
+
+def test_watch_json_is_refused() -> None:
+    r = cli("status", "-m", str(EXAMPLE), "--observed", str(OBSERVED), "--watch", "--json")
+    assert r.returncode == 1 and "--watch" in r.stderr
+
+
+def test_watch_piped_prints_one_answer_per_draw() -> None:
+    r = cli(
+        "status",
+        "-m",
+        str(EXAMPLE),
+        "--observed",
+        str(OBSERVED),
+        "--watch",
+        "--interval",
+        "0.2",
+        "--count",
+        "3",
+    )
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.count(HEADER) == 3
+    assert r.stdout.count("GPU roles (MiB)") == 3
+    assert "\x1b[" not in r.stdout  # piped: no cursor movement
+
+
+class Pty:
+    """A subprocess on a pseudo-terminal; everything it writes is collected."""
+
+    def __init__(self, args: list[str], columns: int = 160) -> None:
+        master, slave = pty.openpty()
+        # a 60 x columns screen: rich Live crops a draw to the terminal's height
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 60, columns, 0, 0))
+        env = dict(os.environ, COLUMNS=str(columns), LINES="60", TERM="xterm-256color")
+        env.pop("NO_COLOR", None)
+        self.proc = subprocess.Popen(
+            args, cwd=ROOT, stdin=slave, stdout=slave, stderr=slave, env=env, close_fds=True
+        )
+        os.close(slave)
+        self.master = master
+        self.raw = b""
+
+    def read(self) -> None:
+        while select.select([self.master], [], [], 0.1)[0]:
+            try:
+                chunk = os.read(self.master, 65536)
+            except OSError:  # the child closed the terminal
+                return
+            if not chunk:
+                return
+            self.raw += chunk
+
+    @property
+    def text(self) -> str:
+        return ANSI.sub("", self.raw.decode("utf-8", "replace"))
+
+    def wait_for(self, what: str, check: object, timeout: float = 30.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.read()
+            if callable(check) and check():
+                return
+            if self.proc.poll() is not None:
+                self.read()
+                if callable(check) and check():
+                    return
+                break
+        raise AssertionError(f"timed out waiting for {what}; output:\n{self.text[-3000:]}")
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait()
+        os.close(self.master)
+
+
+def test_watch_redraws_in_place_and_follows_the_host(tmp_path: Path) -> None:
+    observed = tmp_path / "observed.json"
+    snap = json.loads(OBSERVED.read_text())
+    observed.write_text(json.dumps(snap))
+    term = Pty(
+        [
+            sys.executable,
+            "-m",
+            "controller.cli",
+            "status",
+            "-m",
+            str(EXAMPLE),
+            "--observed",
+            str(observed),
+            "--watch",
+            "--interval",
+            "0.3",
+        ]
+    )
+    try:
+        term.wait_for("the first draw", lambda: "committed 14848" in term.text)
+        first = term.text.count(HEADER)
+        term.wait_for("a redraw", lambda: term.text.count(HEADER) > first)
+        # rich Live moves the cursor back up over the last draw and draws over it
+        assert re.search(rb"\x1b\[\d*A", term.raw), "no cursor-up: not redrawn in place"
+        # the OCR model goes away: the next draws show the ledger without it
+        snap["containers"]["vllm-ocr"] = {"state": "exited", "exit_code": 0}
+        observed.write_text(json.dumps(snap))
+
+        def last_draw() -> str:
+            text = term.text
+            return text[text.rindex(HEADER) :]
+
+        term.wait_for(
+            "a whole draw with the new figures",
+            lambda: "committed 8704" in last_draw() and "Serves" in last_draw(),
+        )
+        assert "ocr 6144" not in last_draw() and "free 21855" in last_draw()
+        term.proc.send_signal(signal.SIGINT)
+        assert term.proc.wait(timeout=20) == 0
+    finally:
+        term.close()
+
+
+def test_watch_on_a_terminal_stops_after_count() -> None:
+    term = Pty(
+        [
+            sys.executable,
+            "-m",
+            "controller.cli",
+            "status",
+            "-m",
+            str(EXAMPLE),
+            "--observed",
+            str(OBSERVED),
+            "--watch",
+            "--interval",
+            "0.2",
+            "--count",
+            "2",
+        ]
+    )
+    try:
+        term.wait_for("the end of --count 2", lambda: term.proc.poll() is not None)
+        assert term.proc.wait() == 0
+        assert term.text.count(HEADER) >= 2
+        assert "GPU roles (MiB)" in term.text
+    finally:
+        term.close()
