@@ -118,6 +118,32 @@ class Policy:
     no_shrink: frozenset[str] = frozenset()
     hold: Mapping[str, str] = field(default_factory=dict)
 
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form the journal records with each cycle (replay plans with it)."""
+        return {
+            "exact_search_limit": self.exact_search_limit,
+            "no_shrink": sorted(self.no_shrink),
+            "hold": {name: self.hold[name] for name in sorted(self.hold)},
+        }
+
+    @classmethod
+    def from_json(cls, data: object) -> Policy:
+        """The policy of :meth:`to_json`; raises ``ValueError`` saying what is malformed."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"policy: expected an object, got {type(data).__name__}")
+        limit = data.get("exact_search_limit", DEFAULT_EXACT_LIMIT)
+        no_shrink = data.get("no_shrink", [])
+        hold = data.get("hold", {})
+        if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
+            raise ValueError(f"policy: exact_search_limit: expected a count, got {limit!r}")
+        if not isinstance(no_shrink, list) or not all(isinstance(n, str) for n in no_shrink):
+            raise ValueError(f"policy: no_shrink: expected a list of names, got {no_shrink!r}")
+        if not isinstance(hold, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in hold.items()
+        ):
+            raise ValueError(f"policy: hold: expected names with reasons, got {hold!r}")
+        return cls(exact_search_limit=limit, no_shrink=frozenset(no_shrink), hold=dict(hold))
+
 
 @dataclass(frozen=True, slots=True)
 class Plan:

@@ -44,7 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statemachine.admission import conflict, inside_min_runtime
-from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
+from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
 from statemachine.types import DesiredRun, DesiredState, Elastic, Observed, Residency, ServeSpec
 from statemachine.victims import Candidate, choose_victims
@@ -213,91 +213,131 @@ def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
     return None
 
 
+@dataclass(slots=True)
+class _Conflicts:
+    """What must stop before a serve starts, and what may not (with why)."""
+
+    forced: list[ServeSpec] = field(default_factory=list)
+    reasons: list[str] = field(default_factory=list)
+    protected: list[Protected] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Room:
+    """How a start gets its room: shrinks (serve, from, to) and evictions."""
+
+    shrinks: list[tuple[ServeSpec, int, int]] = field(default_factory=list)
+    victims: list[ServeSpec] = field(default_factory=list)
+
+
+@dataclass(slots=True)
+class _Holders:
+    """The holders on a start's short roles: who may be evicted or shrunk, and how much."""
+
+    cands: list[Candidate] = field(default_factory=list)
+    elastic: list[tuple[ServeSpec, int]] = field(default_factory=list)
+    shrinkable: dict[str, int] = field(default_factory=dict)
+    evictable: dict[str, int] = field(default_factory=dict)
+
+
 def _try_start(w: _Work, s: ServeSpec) -> None:
+    """Start ``s`` if it may and fits: its conflicts, then its room, then the steps."""
     held = w.policy.hold.get(s.name)
     if held is not None:
         w.blocked.append(Blocked(s.name, f"{s.name} is held back: {held}"))
         return
-    protected: list[Protected] = []
-    forced: list[ServeSpec] = []
-    forced_names: set[str] = set()
-    reasons: list[str] = []
-
-    def need_stopped(other: ServeSpec, why: str) -> None:
-        if other.name in w.starting:
-            how = (
-                "its start is in progress"
-                if other.name in w.observed.starting
-                else "being started in this plan"
+    c = _conflicts(w, s)
+    in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
+    if s.sizes_from_free and not c.reasons and _waits_for_a_loading_peer(w, s):
+        return
+    if c.reasons:
+        terms = w.ledger.terms(s.name, s.gpu_roles, s.vram_mib) if in_ledger and s.vram_mib else ()
+        w.blocked.append(
+            Blocked(
+                s.name,
+                f"{s.name} cannot start: " + "; ".join(c.reasons),
+                terms,
+                protected=tuple(c.protected),
             )
-            reasons.append(f"{other.name}: {how} ({why})")
-            protected.append(Protected(other.name, other.vram_mib, how))
-            return
-        veto = _may_evict(w, s, other)
-        if veto is None:
-            if other.name not in forced_names:
-                forced.append(other)
-                forced_names.add(other.name)
-        else:
-            reasons.append(f"{other.name} runs ({why}) and may not be stopped: {veto}")
-            protected.append(Protected(other.name, w.held_mib(other.name), veto))
+        )
+        return
+    room = _room(w, s, c, in_ledger)
+    if room is not None:
+        _commit_start(w, s, c.forced, room, in_ledger)
 
+
+def _conflicts(w: _Work, s: ServeSpec) -> _Conflicts:
+    """The running serves that cannot run beside ``s``: to stop, or why they may not be."""
+    c = _Conflicts()
+    forced_names: set[str] = set()
     neighbours = w.neighbours(s) if s.exclusive else w.conflict_neighbours(s)
     for name in neighbours:
         if name not in w.running:
             continue
         other = w.serve(name)
         why = conflict(s, other)
-        if why is not None:
-            need_stopped(other, why)
-    forced.sort(key=lambda o: o.name)
-    in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
-    if s.sizes_from_free and not reasons:
-        # a start in progress, or a container of such an engine still loading (its
-        # healthcheck says "starting": a start the controller did not carry out itself)
-        loading = {
-            o.name
-            for o in w.desired.serves.values()
-            if o.sizes_from_free
-            and o.name in w.running
-            and o.name not in w.stopping
-            and w.observed.container(o.container).health == "starting"
-        }
-        for other_name in sorted(w.starting | loading):
-            peer = w.desired.serves.get(other_name)
-            if peer is None or peer.name == s.name or not peer.sizes_from_free:
-                continue
-            shared = [r for r in s.gpu_roles if r in peer.gpu_roles]
-            if shared:
-                w.blocked.append(
-                    Blocked(
-                        s.name,
-                        f"{s.name} waits for the start of {peer.name} on "
-                        f"{', '.join(shared)} to end: engines that size themselves from "
-                        "free memory at load (vLLM, SGLang) start one at a time per GPU",
-                    )
-                )
-                return
-
-    if reasons:
-        terms = w.ledger.terms(s.name, s.gpu_roles, s.vram_mib) if in_ledger and s.vram_mib else ()
-        w.blocked.append(
-            Blocked(
-                s.name,
-                f"{s.name} cannot start: " + "; ".join(reasons),
-                terms,
-                protected=tuple(protected),
+        if why is None:
+            continue
+        if other.name in w.starting:
+            how = (
+                "its start is in progress"
+                if other.name in w.observed.starting
+                else "being started in this plan"
             )
-        )
-        return
+            c.reasons.append(f"{other.name}: {how} ({why})")
+            c.protected.append(Protected(other.name, other.vram_mib, how))
+            continue
+        veto = _may_evict(w, s, other)
+        if veto is None:
+            if other.name not in forced_names:
+                c.forced.append(other)
+                forced_names.add(other.name)
+        else:
+            c.reasons.append(f"{other.name} runs ({why}) and may not be stopped: {veto}")
+            c.protected.append(Protected(other.name, w.held_mib(other.name), veto))
+    c.forced.sort(key=lambda o: o.name)
+    return c
 
-    # room: what the forced stops free, then shrink or eviction for the rest
+
+def _waits_for_a_loading_peer(w: _Work, s: ServeSpec) -> bool:
+    """True (and ``s`` blocked) while a free-memory-sizing engine loads on one of its GPUs."""
+    # a start in progress, or a container of such an engine still loading (its
+    # healthcheck says "starting": a start the controller did not carry out itself)
+    loading = {
+        o.name
+        for o in w.desired.serves.values()
+        if o.sizes_from_free
+        and o.name in w.running
+        and o.name not in w.stopping
+        and w.observed.container(o.container).health == "starting"
+    }
+    for other_name in sorted(w.starting | loading):
+        peer = w.desired.serves.get(other_name)
+        if peer is None or peer.name == s.name or not peer.sizes_from_free:
+            continue
+        shared = [r for r in s.gpu_roles if r in peer.gpu_roles]
+        if shared:
+            w.blocked.append(
+                Blocked(
+                    s.name,
+                    f"{s.name} waits for the start of {peer.name} on "
+                    f"{', '.join(shared)} to end: engines that size themselves from "
+                    "free memory at load (vLLM, SGLang) start one at a time per GPU",
+                )
+            )
+            return True
+    return False
+
+
+def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | None:
+    """Room for ``s``: what the forced stops free, then shrink or eviction for the rest.
+
+    ``None`` (and ``s`` blocked) when there is none.
+    """
     ledger = w.ledger
-    for o in forced:
+    for o in c.forced:
         if ledger.holds(o.name):
             ledger = _ok(ledger.release(o.name))
-    shrinks: list[tuple[ServeSpec, Elastic, int, int]] = []  # serve, its elastic, from, to
-    victims: list[ServeSpec] = []
     if w.ledger.holds(s.name):  # exited, its memory not back: still counted
         # starting it again now could need its memory twice: wait until it is back
         w.blocked.append(
@@ -308,138 +348,170 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
                 w.ledger.terms(s.name, s.gpu_roles, 0),
             )
         )
-        return
-    if in_ledger and s.vram_mib is not None:
-        mib = s.vram_mib
-        short = {r: mib - ledger.free_mib(r) for r in s.gpu_roles if mib > ledger.free_mib(r)}
-        if short:
-            terms = ledger.terms(s.name, s.gpu_roles, mib)
-            cands: list[Candidate] = []
-            shrinkable: dict[str, int] = dict.fromkeys(short, 0)
-            elastic: list[tuple[ServeSpec, int, int]] = []  # serve, held, it can give
-            evictable: dict[str, int] = dict.fromkeys(short, 0)
-            # only holders on a short role matter: walk those roles' serves, not the ledger
-            on_short = dict.fromkeys(n for r in short for n in w.by_role.get(r, ()))
-            holdings = ledger.holdings
-            for name in on_short:
-                res = holdings.get(name)
-                if res is None or name == s.name:
-                    continue
-                o = w.serve(name)
-                if name not in w.running:  # exited, its memory not confirmed back
-                    protected.append(
-                        Protected(name, res.mib, "exited, but its memory is not back yet")
-                    )
-                    continue
-                veto = _may_evict(w, s, o)
-                if (
-                    o.elastic is not None
-                    and name not in w.policy.no_shrink
-                    and res.mib > o.elastic.floor_mib
-                    and s.residency is Residency.ON_DEMAND
-                    and w.fresh(o) is None
-                    # a serve started earlier in this plan may be shrunk after its
-                    # await_ready, unless its min_runtime_s protects it
-                    and not (name in w.starting and o.min_runtime_s > 0)
-                    and name not in w.observed.starting
-                ):
-                    give = _whole_segments_above_floor(res.mib, o.elastic)
-                    if give > 0:
-                        elastic.append((o, res.mib, give))
-                        for r in res.gpu_roles:
-                            if r in shrinkable:
-                                shrinkable[r] += give
-                if veto is None:
-                    cands.append(
-                        Candidate(
-                            name,
-                            res.gpu_roles,
-                            res.mib,
-                            o.priority,
-                            w.observed.container(o.container).started_at,
-                        )
-                    )
-                    for r in res.gpu_roles:
-                        if r in evictable:
-                            evictable[r] += res.mib
-                else:
-                    protected.append(Protected(name, res.mib, veto))
-            if elastic and all(shrinkable[r] >= need for r, need in short.items()):
-                # shrink alone covers it: take from the largest givers first, only what is needed
-                remaining = dict(short)
-                for o, cur, can in sorted(elastic, key=lambda e: (-e[2], e[0].name)):
-                    if all(v <= 0 for v in remaining.values()):
-                        break
-                    assert o.elastic is not None
-                    need = max(remaining.get(r, 0) for r in o.gpu_roles)
-                    if need <= 0:
-                        continue
-                    # the engine gives back whole segments: ask for the segments that
-                    # cover the need (a segment short would leave the requester short)
-                    seg = o.elastic.segment_mib
-                    give = min(can, -(-need // seg) * seg)
-                    shrinks.append((o, o.elastic, cur, cur - give))
-                    for r in o.gpu_roles:
-                        if r in remaining:
-                            remaining[r] -= give
-            else:
-                chosen = None
-                ahead = _room_ahead(w, short)
-                if ahead:
-                    # on-demand requesters later in this pass need room on these roles too:
-                    # choose once for all of them (one bigger victim rather than two)
-                    both = {r: need + ahead.get(r, 0) for r, need in short.items()}
-                    chosen = choose_victims(cands, both, exact_limit=w.policy.exact_search_limit)
-                if chosen is None:
-                    chosen = choose_victims(cands, short, exact_limit=w.policy.exact_search_limit)
-                if chosen is None:
-                    if s.residency is Residency.ON_DEMAND:
-                        why = "eviction cannot cover the shortfall"
-                    else:
-                        cls = s.residency or "unclassified"
-                        why = f"{cls} serves do not evict; only on-demand serves do"
-                    detail = "; ".join(
-                        f"{t.gpu_role}: capacity {t.capacity_mib} - reserve {t.reserve_mib} = "
-                        f"budget {t.budget_mib}; committed {t.committed_mib} ("
-                        + (" + ".join(f"{h} {m}" for h, m in t.reservations) or "nothing")
-                        + f"); free {t.free_mib}; needs {t.requested_mib}; "
-                        f"short {t.shortfall_mib}; evictable {evictable.get(t.gpu_role, 0)}; "
-                        f"shrinkable {shrinkable.get(t.gpu_role, 0)}"
-                        for t in terms
-                        if t.shortfall_mib
-                    )
-                    w.blocked.append(
-                        Blocked(
-                            s.name,
-                            f"{s.name} does not fit ({why}): {detail}",
-                            w.ledger.terms(s.name, s.gpu_roles, mib),
-                            evictable_mib=tuple(sorted(evictable.items()))
-                            if s.residency is Residency.ON_DEMAND
-                            else (),
-                            shrinkable_mib=tuple(sorted(shrinkable.items()))
-                            if s.residency is Residency.ON_DEMAND
-                            else (),
-                            protected=tuple(sorted(protected, key=lambda p: p.serve)),
-                        )
-                    )
-                    return
-                victims = [w.serve(c.name) for c in chosen]
+        return None
+    if not in_ledger or s.vram_mib is None:
+        return _Room()
+    mib = s.vram_mib
+    short = {r: mib - ledger.free_mib(r) for r in s.gpu_roles if mib > ledger.free_mib(r)}
+    if not short:
+        return _Room()
+    h = _holders(w, s, ledger, short, c.protected)
+    if h.elastic and all(h.shrinkable[r] >= need for r, need in short.items()):
+        return _Room(shrinks=_shrinks(h.elastic, short))
+    chosen = None
+    ahead = _room_ahead(w, short)
+    if ahead:
+        # on-demand requesters later in this pass need room on these roles too:
+        # choose once for all of them (one bigger victim rather than two)
+        both = {r: need + ahead.get(r, 0) for r, need in short.items()}
+        chosen = choose_victims(h.cands, both, exact_limit=w.policy.exact_search_limit)
+    if chosen is None:
+        chosen = choose_victims(h.cands, short, exact_limit=w.policy.exact_search_limit)
+    if chosen is None:
+        _block_no_fit(w, s, ledger.terms(s.name, s.gpu_roles, mib), h, c.protected)
+        return None
+    return _Room(victims=[w.serve(cand.name) for cand in chosen])
 
-    # commit, as one group: shrinks, drain every serve to be stopped, stop them, then start
+
+def _holders(
+    w: _Work, s: ServeSpec, ledger: Ledger, short: Mapping[str, int], protected: list[Protected]
+) -> _Holders:
+    """Who holds memory on the short roles: eviction candidates, elastic givers, the rest
+    protected (appended to ``protected``, with why)."""
+    h = _Holders(shrinkable=dict.fromkeys(short, 0), evictable=dict.fromkeys(short, 0))
+    # only holders on a short role matter: walk those roles' serves, not the ledger
+    on_short = dict.fromkeys(n for r in short for n in w.by_role.get(r, ()))
+    holdings = ledger.holdings
+    for name in on_short:
+        res = holdings.get(name)
+        if res is None or name == s.name:
+            continue
+        o = w.serve(name)
+        if name not in w.running:  # exited, its memory not confirmed back
+            protected.append(Protected(name, res.mib, "exited, but its memory is not back yet"))
+            continue
+        veto = _may_evict(w, s, o)
+        if _may_shrink(w, s, o, res.mib):
+            assert o.elastic is not None
+            give = _whole_segments_above_floor(res.mib, o.elastic)
+            if give > 0:
+                h.elastic.append((o, res.mib))
+                for r in res.gpu_roles:
+                    if r in h.shrinkable:
+                        h.shrinkable[r] += give
+        if veto is None:
+            started = w.observed.container(o.container).started_at
+            h.cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started))
+            for r in res.gpu_roles:
+                if r in h.evictable:
+                    h.evictable[r] += res.mib
+        else:
+            protected.append(Protected(name, res.mib, veto))
+    return h
+
+
+def _may_shrink(w: _Work, requester: ServeSpec, o: ServeSpec, held_mib: int) -> bool:
+    """True when ``o`` (holding ``held_mib``) may give memory back for ``requester``."""
+    return (
+        o.elastic is not None
+        and o.name not in w.policy.no_shrink
+        and held_mib > o.elastic.floor_mib
+        and requester.residency is Residency.ON_DEMAND
+        and w.fresh(o) is None
+        # a serve started earlier in this plan may be shrunk after its
+        # await_ready, unless its min_runtime_s protects it
+        and not (o.name in w.starting and o.min_runtime_s > 0)
+        and o.name not in w.observed.starting
+    )
+
+
+def _shrinks(
+    elastic: list[tuple[ServeSpec, int]], short: Mapping[str, int]
+) -> list[tuple[ServeSpec, int, int]]:
+    """Shrink alone covers it: take from the largest givers first, only what is needed."""
+    shrinks: list[tuple[ServeSpec, int, int]] = []
+    remaining = dict(short)
+    for o, cur in sorted(
+        elastic,
+        key=lambda e: (
+            -(_whole_segments_above_floor(e[1], e[0].elastic) if e[0].elastic else 0),
+            e[0].name,
+        ),
+    ):
+        if all(v <= 0 for v in remaining.values()):
+            break
+        assert o.elastic is not None
+        need = max(remaining.get(r, 0) for r in o.gpu_roles)
+        if need <= 0:
+            continue
+        # the engine gives back whole segments: ask for the segments that
+        # cover the need (a segment short would leave the requester short)
+        seg = o.elastic.segment_mib
+        give = min(_whole_segments_above_floor(cur, o.elastic), -(-need // seg) * seg)
+        shrinks.append((o, cur, cur - give))
+        for r in o.gpu_roles:
+            if r in remaining:
+                remaining[r] -= give
+    return shrinks
+
+
+def _block_no_fit(
+    w: _Work,
+    s: ServeSpec,
+    terms: tuple[RoleTerms, ...],
+    h: _Holders,
+    protected: list[Protected],
+) -> None:
+    """``s`` does not fit: blocked with every term, and what eviction and shrink offer."""
+    assert s.vram_mib is not None
+    if s.residency is Residency.ON_DEMAND:
+        why = "eviction cannot cover the shortfall"
+    else:
+        cls = s.residency or "unclassified"
+        why = f"{cls} serves do not evict; only on-demand serves do"
+    detail = "; ".join(
+        f"{t.gpu_role}: capacity {t.capacity_mib} - reserve {t.reserve_mib} = "
+        f"budget {t.budget_mib}; committed {t.committed_mib} ("
+        + (" + ".join(f"{holder} {m}" for holder, m in t.reservations) or "nothing")
+        + f"); free {t.free_mib}; needs {t.requested_mib}; "
+        f"short {t.shortfall_mib}; evictable {h.evictable.get(t.gpu_role, 0)}; "
+        f"shrinkable {h.shrinkable.get(t.gpu_role, 0)}"
+        for t in terms
+        if t.shortfall_mib
+    )
+    on_demand = s.residency is Residency.ON_DEMAND
+    w.blocked.append(
+        Blocked(
+            s.name,
+            f"{s.name} does not fit ({why}): {detail}",
+            w.ledger.terms(s.name, s.gpu_roles, s.vram_mib),
+            evictable_mib=tuple(sorted(h.evictable.items())) if on_demand else (),
+            shrinkable_mib=tuple(sorted(h.shrinkable.items())) if on_demand else (),
+            protected=tuple(sorted(protected, key=lambda p: p.serve)),
+        )
+    )
+
+
+def _commit_start(
+    w: _Work, s: ServeSpec, forced: list[ServeSpec], room: _Room, in_ledger: bool
+) -> None:
+    """The start's steps, as one group: shrinks, drain every serve to be stopped, stop
+    them, then reserve, start, wait until ready (and readmit its tier)."""
     w.group = s.name
-    for o, el, cur, to in shrinks:
+    for o, cur, to in room.shrinks:
         w.ledger = _ok(w.ledger.resize(o.name, to))
+        floor = o.elastic.floor_mib if o.elastic else 0
+        seg = o.elastic.segment_mib if o.elastic else 1
         w.add(
             Action.SHRINK,
             o,
             cur - to,
-            f"give back {cur - to} MiB (elastic, floor {el.floor_mib}, whole "
-            f"{el.segment_mib} MiB segments) "
+            f"give back {cur - to} MiB (elastic, floor {floor}, whole {seg} MiB segments) "
             f"so {s.name} fits",
             to_mib=to,
         )
     stopping = [(o, f"stop {o.name} so {s.name} can start") for o in forced] + [
-        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in victims
+        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.victims
     ]
     for o, reason in stopping:
         w.drain(o, reason)

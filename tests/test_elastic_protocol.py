@@ -82,9 +82,6 @@ def executor(
     return Executor(
         mset.desired(),
         docker=docker,  # type: ignore[arg-type]
-        up_argv=lambda name: None,
-        manifest_dir=lambda name: Path("."),
-        serve_details={},
         elastic=elastic or client(),
         gpus=gpus,
         config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),

@@ -8,7 +8,6 @@ HTTP server of tests/fake_http.py, talked to by the real adapter.
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from fake_http import FakeElastic
@@ -63,9 +62,6 @@ def executor(desired: DesiredState, docker: Containers, gpus: Any, url: str) -> 
     return Executor(
         desired,
         docker=docker,  # type: ignore[arg-type]
-        up_argv=lambda name: None,
-        manifest_dir=lambda name: Path("."),
-        serve_details={},
         elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
         gpus=gpus,
         config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),

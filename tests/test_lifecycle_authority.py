@@ -7,8 +7,6 @@ transition, it is logged as an error, and nothing is done to the container.
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from loguru import logger
 
 from controller.adapters.elastic import ElasticClient
@@ -65,9 +63,6 @@ def test_a_stop_of_a_serve_the_machine_holds_stopped_fails_the_step() -> None:
     ex = Executor(
         desired,
         docker=docker,  # type: ignore[arg-type]
-        up_argv=lambda name: None,
-        manifest_dir=lambda name: Path("."),
-        serve_details={},
         elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
         gpus=lambda: None,
         config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),

@@ -8,7 +8,10 @@ what is under test is the arithmetic of the backoff, not docker.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+
+import pytest
 
 from controller.manifest import load_manifest_set
 from controller.service.executor import ExecutionReport, Outcome, StepResult
@@ -191,3 +194,23 @@ def test_a_death_seen_by_the_failed_start_is_counted_once(tmp_path: Path) -> Non
     # a later crash of a new start counts again
     c._note_deaths(crashed(1100.0), 1101.0)
     assert c.backoff["res"].failures == 2
+
+
+def test_the_interfaces_read_a_frozen_copy_of_the_loop(tmp_path: Path) -> None:
+    """``view()`` copies what the loop knows: later changes do not reach a view taken."""
+    c = controller(tmp_path)
+    c._fail("res", "container exited 1", 1000.0)
+    c.no_shrink.add("llm")
+    view = c.view()
+    assert view.backoff["res"].failures == 1 and view.no_shrink == frozenset({"llm"})
+    assert view.desired is c.mset.desired() and view.snapshot is None and view.cycles == 0
+    c._fail("res", "container exited 1", 1010.0)
+    c.no_shrink.clear()
+    c.manifest_error.append("serves.toml: broken")
+    assert view.backoff["res"].failures == 1 and view.no_shrink == frozenset({"llm"})
+    assert view.manifest_errors == ()
+    assert c.view().backoff["res"].failures == 2 and c.view().manifest_errors
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        view.cycles = 5  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        view.backoff["llm"] = view.backoff["res"]  # type: ignore[index]

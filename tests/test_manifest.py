@@ -25,6 +25,7 @@ from controller.manifest import (
     load_manifest_set,
     normalize_residency,
 )
+from controller.manifest.runtime import ServeRuntime
 from controller.manifest.schema import SCHEMA_PATH, render_schema
 from statemachine.types import DesiredRun, DesiredState, Elastic, Residency
 
@@ -852,6 +853,45 @@ def test_desired_state_conversion(tmp_path: Path) -> None:
     assert spec.elastic == Elastic(url="http://127.0.0.1:8001", floor_mib=200, token_env="TOK")
     assert spec.elastic.segment_mib == 512  # the engine's default segment
     assert desired.in_ledger(spec)
+
+
+def test_runtime_record_is_built_once_with_the_manifests_defaults(tmp_path: Path) -> None:
+    """The executor's per-serve record: what the table says, else the one set of defaults."""
+    body = """
+        gpu_role = "a"
+        vram_mib = 100
+        health = "/health"
+        start_timeout_s = 42
+        stop_timeout_s = 7
+        drain_timeout_s = 9
+        up = "./up.sh {dir}"
+        up_env = { HF_HOME = "/models" }
+    """
+    manifest = loaded(
+        tmp_path, {"serves.toml": ROLES + serve(body) + serve(name="s2", container="c2")}
+    )
+    runtime = manifest.runtime()
+    assert runtime is manifest.runtime()  # built once per set
+    one = runtime["s1"]
+    folder = str(tmp_path.resolve())
+    assert (one.start_timeout_s, one.stop_timeout_s, one.drain_timeout_s) == (42.0, 7.0, 9.0)
+    assert one.health == "/health"
+    assert one.up_argv == ("./up.sh", folder)
+    assert manifest.up_argv("s1") == ["./up.sh", folder]
+    assert one.manifest_dir == tmp_path.resolve()
+    assert dict(one.up_env or {}) == {"HF_HOME": "/models"}
+    with pytest.raises(TypeError):
+        one.up_env["HF_HOME"] = "/elsewhere"  # type: ignore[index]
+    two = runtime["s2"]
+    default = ServeRuntime.default("s2")
+    assert (two.start_timeout_s, two.stop_timeout_s, two.drain_timeout_s) == (
+        default.start_timeout_s,
+        default.stop_timeout_s,
+        default.drain_timeout_s,
+    ) == (600.0, 30.0, 120.0)
+    assert (two.health, two.up_argv, two.up_env) == (None, None, None)
+    model = manifest.serves["s2"]
+    assert model.start_timeout_s == default.start_timeout_s  # one place for the defaults
 
 
 def test_digest_follows_the_bytes(tmp_path: Path) -> None:

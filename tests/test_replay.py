@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import io
 import json
+import sqlite3
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -12,10 +15,13 @@ import pytest
 from rich.console import Console
 
 from controller.manifest import ManifestSet, load_manifest_set
+from controller.service.loop import Controller, RunOptions
 from controller.snapshot import parse_snapshot
+from controller.store import journal as journal_module
 from controller.store.journal import Journal
 from controller.tools.replay import ReplayError, ReplayReport, render_replay, replay, step_line
-from statemachine.planner import plan_transitions
+from statemachine.backoff import Backoff
+from statemachine.planner import Policy, plan_transitions
 from statemachine.types import OnDemandRequest
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "examples"
@@ -299,3 +305,126 @@ def test_render(tmp_path: Path, journal: tuple[Path, ManifestSet, list[int]]) ->
     snap.write_text(json.dumps({**RUNNING, "requests": [ASR_REQUEST]}))
     text = render(replay(snap, mset))
     assert "snapshot  time unknown  unrecorded" in text and "+ reserve asr 4000" in text
+
+
+# ── the policy the loop planned with ─────────────────────────────────────────
+
+
+def held_manifest(tmp_path: Path) -> tuple[Path, str]:
+    """Two desired-running serves whose containers do not exist (unique names)."""
+    tag = uuid.uuid4().hex[:12]
+    text = f"""
+[[gpu_roles]]
+id = "a"
+vram_mib = 10000
+
+[[serve]]
+name = "held"
+container = "vramctl-test-{tag}-held"
+gpu_role = "a"
+vram_mib = 2000
+residency = "resident"
+desired = "running"
+
+[[serve]]
+name = "other"
+container = "vramctl-test-{tag}-other"
+gpu_role = "a"
+vram_mib = 2000
+residency = "resident"
+desired = "running"
+"""
+    path = tmp_path / "serves.toml"
+    path.write_text(text)
+    return path, tag
+
+
+@pytest.mark.docker
+def test_a_cycle_planned_under_a_backoff_hold_replays_same(tmp_path: Path) -> None:
+    """The loop journals its policy; replay plans each cycle with it, so it agrees."""
+    path, _ = held_manifest(tmp_path)
+    mset = load_manifest_set([path])
+    c = Controller(RunOptions(manifests=(path,), state_dir=tmp_path / "state", dry_run=True), mset)
+    journal_file = tmp_path / "state" / "journal.dry-run.sqlite3"
+    c.journal = Journal.open(journal_file)
+    c.backoff["held"] = Backoff(failures=2, until=9e18, last_failure="container exited 1")
+    try:
+        summary = asyncio.run(c.reconcile(("test",)))
+    finally:
+        c.journal.close()
+    assert summary.plan is not None
+    assert [(s.action, s.serve) for s in summary.plan.steps][:2] == [
+        ("reserve", "other"),
+        ("start", "other"),
+    ]
+    assert {b.serve for b in summary.plan.blocked} == {"held"}
+
+    with Journal.open(journal_file, readonly=True) as j:
+        (rec,) = j.cycles()
+    assert rec.policy is not None and "held" in rec.policy["hold"]
+
+    report = replay(journal_file, mset)
+    assert [c.status for c in report.cycles] == ["same"]
+    # planned without the hold, the same inputs start "held" too: the policy matters
+    unheld = replay(journal_file, mset, policy=Policy())
+    assert [c.status for c in unheld.cycles] == ["differs"]
+    assert "start held 2000" in unheld.cycles[0].added
+
+
+def test_a_journal_from_before_the_policy_column_still_opens(tmp_path: Path) -> None:
+    """Older journals (no ``cycles.policy``): read-only they read NULL; writable gain it."""
+    path = tmp_path / "journal.sqlite3"
+    # the schema as released: the cycles table without its policy column
+    lines = [ln for ln in journal_module._SCHEMA.splitlines() if " policy " not in ln]
+    old_schema = "\n".join(lines).replace("outcome         TEXT,", "outcome         TEXT")
+    assert "policy" not in old_schema
+    conn = sqlite3.connect(path)
+    conn.executescript(old_schema + f"PRAGMA user_version = {journal_module.SCHEMA_VERSION};")
+    conn.execute("INSERT INTO manifests VALUES ('d', '{}', 1.0)")
+    conn.execute(
+        "INSERT INTO cycles (at, manifest_digest, observed, plan, requests, dry_run) "
+        "VALUES (1.0, 'd', ?, ?, '[]', 1)",
+        (json.dumps(EMPTY), json.dumps({"steps": [], "blocked": []})),
+    )
+    conn.commit()
+    conn.close()
+    with Journal.open(path, readonly=True) as j:
+        (rec,) = j.cycles()
+        assert rec.policy is None
+    with Journal.open(path) as j:
+        (rec,) = j.cycles()
+        assert rec.policy is None
+        new = j.record_cycle(
+            at=2.0,
+            manifest_digest="d",
+            manifest_files={},
+            observed=EMPTY,
+            plan={"steps": [], "blocked": []},
+            requests=[],
+            dry_run=True,
+            policy=Policy(hold={"x": "why"}).to_json(),
+        )
+        assert j.cycles(cycle=new)[0].policy == {
+            "exact_search_limit": Policy().exact_search_limit,
+            "no_shrink": [],
+            "hold": {"x": "why"},
+        }
+
+
+def test_a_malformed_recorded_policy_is_that_cycles_error(tmp_path: Path) -> None:
+    mset = write_manifest(tmp_path / "serves.toml")
+    path = tmp_path / "journal.sqlite3"
+    with Journal.open(path) as j:
+        j.record_cycle(
+            at=1.0,
+            manifest_digest=mset.digest,
+            manifest_files={},
+            observed=EMPTY,
+            plan={"steps": [], "blocked": []},
+            requests=[],
+            dry_run=True,
+            policy={"hold": ["not", "a", "mapping"]},
+        )
+    (cycle,) = replay(path, mset).cycles
+    assert cycle.status == "error"
+    assert cycle.error is not None and "policy: hold" in cycle.error

@@ -192,9 +192,6 @@ def make_executor(desired: DesiredState, docker: Containers, **kw: Any) -> Execu
     return Executor(
         desired,
         docker=docker,  # type: ignore[arg-type]
-        up_argv=lambda name: None,
-        manifest_dir=lambda name: Path("."),
-        serve_details={},
         config=ExecutorConfig(poll_s=0.01),
         **kw,
     )

@@ -108,6 +108,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from controller.interfaces.metrics import CONTENT_TYPE, Metrics
 from controller.manifest import LocatedError
 from controller.service.loop import Controller
+from controller.service.view import LoopPort, LoopView
 from controller.store.lock import warn_if_open
 from statemachine.admission import can_request, conflict, frees_up_in
 from statemachine.fit import fit_serve, request_plan
@@ -561,9 +562,13 @@ def _request_json(r: OnDemandRequest, now: float) -> dict[str, Any]:
 
 
 def create_app(
-    controller: Controller, settings: ApiSettings, metrics: Metrics | None = None
+    controller: LoopPort, settings: ApiSettings, metrics: Metrics | None = None
 ) -> FastAPI:
-    """The FastAPI app over a controller (not yet serving)."""
+    """The FastAPI app over a controller (not yet serving).
+
+    It reads the loop only through its read-only view (``controller.view()``, a frozen
+    copy) and the requests; it changes it only by ``request_up`` / ``request_down``.
+    """
     app = FastAPI(
         title="vramctl",
         summary="GPU-memory reconciliation controller: ledger, fit and on-demand requests.",
@@ -628,7 +633,7 @@ def create_app(
         )
 
     def spec_of(serve: str) -> ServeSpec:
-        desired = controller.mset.desired()
+        desired = controller.view().desired
         spec = desired.serves.get(serve)
         if spec is None:
             close = difflib.get_close_matches(serve, list(desired.serves), n=1, cutoff=0.6)
@@ -637,7 +642,7 @@ def create_app(
         return spec
 
     def observed_or_503() -> Observed:
-        snap = controller.last.snapshot
+        snap = controller.view().snapshot
         if snap is None:
             raise ApiError(
                 503,
@@ -662,43 +667,44 @@ def create_app(
             return False
         raise problem
 
-    def manifest_errors(full: bool) -> list[str]:
+    def manifest_errors(view: LoopView, full: bool) -> list[str]:
         if full:
-            return list(controller.manifest_error)
-        return public_manifest_errors(controller.manifest_error, controller.manifest_issues)
+            return list(view.manifest_errors)
+        return public_manifest_errors(list(view.manifest_errors), list(view.manifest_issues))
 
     def detail(full: bool) -> dict[str, Any]:
         if full:
             return {"detail": "full"}
         return {"detail": "redacted", "detail_note": REDACTED_NOTE}
 
-    def meta(full: bool) -> dict[str, Any]:
-        snap = controller.last.snapshot
+    def meta(view: LoopView, full: bool) -> dict[str, Any]:
+        snap = view.snapshot
         return {
-            "observed_at": controller.last.at if snap is not None else None,
-            "cycles": controller.cycles,
-            "manifest_digest": controller.mset.digest,
-            "manifest_errors": manifest_errors(full),
+            "observed_at": view.at if snap is not None else None,
+            "cycles": view.cycles,
+            "manifest_digest": view.manifest_digest,
+            "manifest_errors": manifest_errors(view, full),
             **detail(full),
         }
 
     @app.get("/healthz")
     async def healthz(request: Request) -> dict[str, Any]:
         full = full_detail(request)
-        snap = controller.last.snapshot
-        age = time.time() - controller.last.at if snap is not None else None
+        view = controller.view()
+        snap = view.snapshot
+        age = time.time() - view.at if snap is not None else None
         return {
             "status": "ok" if snap is not None else "starting",
-            "cycles": controller.cycles,
-            "last_cycle_at": controller.last.at if snap is not None else None,
+            "cycles": view.cycles,
+            "last_cycle_at": view.at if snap is not None else None,
             "last_cycle_age_s": age,
-            "last_cycle_duration_s": controller.last.duration_s if snap is not None else None,
+            "last_cycle_duration_s": view.duration_s if snap is not None else None,
             "docker": "unknown" if snap is None else snap.docker,
             "nvml": "unknown"
             if snap is None
             else ("ok" if snap.gpus is not None else "unavailable"),
-            "manifest_errors": manifest_errors(full),
-            "dry_run": controller.options.dry_run,
+            "manifest_errors": manifest_errors(view, full),
+            "dry_run": view.dry_run,
             **detail(full),
         }
 
@@ -710,8 +716,8 @@ def create_app(
     async def metrics_route() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    def _status_now() -> tuple[dict[str, Any], Any]:
-        snap = controller.last.snapshot
+    def _status_now(view: LoopView) -> tuple[dict[str, Any], Any]:
+        snap = view.snapshot
         observed = snap.to_observed() if snap is not None else Observed(docker_ok=False)
         report = host_status(controller.desired(), observed)
         data = report.to_json()
@@ -723,9 +729,10 @@ def create_app(
     @app.get("/v1/ledger")
     async def ledger(request: Request) -> dict[str, Any]:
         full = full_detail(request)
-        data, _ = _status_now()
+        view = controller.view()
+        data, _ = _status_now(view)
         return {
-            **meta(full),
+            **meta(view, full),
             "docker": data["docker"],
             "nvml": data["nvml"],
             "gpu_roles": data["gpu_roles"],
@@ -736,18 +743,18 @@ def create_app(
     @app.get("/v1/serves")
     async def serves(request: Request) -> dict[str, Any]:
         full = full_detail(request)
-        data, _ = _status_now()
+        view = controller.view()
+        data, _ = _status_now(view)
         now = time.time()
-        mset = controller.mset
-        requests = {r.serve: r for r in controller.journal.active_requests()}
-        plan = controller.last.plan
+        requests = {r.serve: r for r in controller.requests()}
+        plan = view.plan
         blocked = {b.serve: b.reason for b in plan.blocked} if plan is not None else {}
         out = []
         for row in data["serves"]:
             name = row["serve"]
-            b = controller.backoff.get(name)
+            b = view.backoff.get(name)
             req = requests.get(name)
-            why_not = can_request(mset.desired(), name)
+            why_not = can_request(view.desired, name)
             out.append(
                 {
                     **row,
@@ -767,22 +774,23 @@ def create_app(
                     },
                 }
             )
-        return {**meta(full), "docker": data["docker"], "serves": out}
+        return {**meta(view, full), "docker": data["docker"], "serves": out}
 
     @app.get("/v1/fit/{serve}")
     async def fit(serve: str) -> dict[str, Any]:
         spec_of(serve)
         observed = observed_or_503()
         now = time.time()
-        policy = Policy(no_shrink=frozenset(controller.no_shrink))
+        view = controller.view()
+        policy = Policy(no_shrink=view.no_shrink)
         result = fit_serve(controller.desired(), observed, serve, policy=policy, now=now)
-        return {**result.to_json(), "observed_at": controller.last.at}
+        return {**result.to_json(), "observed_at": view.at}
 
     # every POST is authorised by WriteGuard before its body is read
     @app.post("/v1/serves/{serve}/up", status_code=202)
     async def up(serve: str, request: Request, body: UpBody | None = None) -> JSONResponse:
         spec = spec_of(serve)
-        why_not = can_request(controller.mset.desired(), serve)
+        why_not = can_request(controller.view().desired, serve)
         if why_not is not None:
             raise ApiError(409, f"{serve} cannot be requested on demand: {why_not}")
         observed = observed_or_503()
@@ -792,7 +800,7 @@ def create_app(
             desired,
             observed,
             serve,
-            policy=Policy(no_shrink=frozenset(controller.no_shrink)),
+            policy=Policy(no_shrink=controller.view().no_shrink),
             now=now,
             default_retry_s=settings.retry_after_s,
         )
@@ -820,7 +828,7 @@ def create_app(
                 headers=headers,
             )
         ttl = body.ttl_s if body is not None else None
-        active = {r.serve for r in controller.journal.active_requests()}
+        active = {r.serve for r in controller.requests()}
         if observed.container(spec.container).holds and serve not in active:
             # running already, and not because of a request: recording one would make the
             # loop stop it when the request ends, which nobody asked for
@@ -837,13 +845,13 @@ def create_app(
             )
         controller.request_up(serve, ttl)
         effective_ttl = ttl if ttl is not None else spec.idle_ttl_s
-        record = next((r for r in controller.journal.active_requests() if r.serve == serve), None)
+        record = next((r for r in controller.requests() if r.serve == serve), None)
         req_json = (
             _request_json(record, now)
             if record is not None
             else _request_json(OnDemandRequest(serve, now, effective_ttl), now)
         )
-        held = controller.backoff.get(serve)
+        held = controller.view().backoff.get(serve)
         note = None
         if held is not None and held.until > now:
             note = (
@@ -877,7 +885,7 @@ def create_app(
         now = time.time()
         live = [
             r
-            for r in controller.journal.active_requests()
+            for r in controller.requests()
             if r.serve == serve and not r.expired(now)
         ]
         if not live or not controller.request_down(serve):
@@ -885,7 +893,7 @@ def create_app(
                 409,
                 f"{serve} has no active on-demand request (none was made, or it ended or expired)",
             )
-        snap = controller.last.snapshot
+        snap = controller.view().snapshot
         running = snap is not None and snap.to_observed().container(spec.container).holds
         stays = spec.desired is DesiredRun.RUNNING
         if stays:
@@ -904,7 +912,7 @@ def create_app(
     # the operator's page (GET /, its assets, GET /v1/plans): controller/interfaces/ui
     from controller.interfaces.ui import register_ui
 
-    register_ui(app, lambda: controller.journal, full_detail, meta)
+    register_ui(app, controller.history, full_detail, lambda full: meta(controller.view(), full))
     return app
 
 
@@ -959,6 +967,18 @@ def api_service(
             logger.error("api: the HTTP server stopped; the loop goes on without it")
 
     return service
+
+
+def attach_api(controller: Controller, settings: ApiSettings, sock: socket.socket) -> Metrics:
+    """Wire the HTTP API and its metrics into ``controller`` (served once it runs).
+
+    The metrics follow each cycle (``on_cycle``); the app, over the controller's
+    read-only view, is served on the already bound ``sock`` as one of its services.
+    """
+    metrics = Metrics()
+    controller.on_cycle.append(metrics.on_cycle)
+    controller.services.append(api_service(create_app(controller, settings, metrics), sock))
+    return metrics
 
 
 # ── the client (vramctl up / down) ───────────────────────────────────────────

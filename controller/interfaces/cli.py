@@ -16,7 +16,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
@@ -24,9 +24,13 @@ from controller.interfaces import bars, render
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.snapshot import SnapshotError, SnapshotModel, load_snapshot
 from statemachine.fit import fit_serve
-from statemachine.planner import Action, Policy, plan_transitions
+from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.status import host_status
 from statemachine.types import Observed
+
+if TYPE_CHECKING:
+    from controller.service.cycle import CycleJournal, PlanInputs
+    from controller.service.executor import ExecutionReport, StepResult
 
 app = typer.Typer(
     name="vramctl",
@@ -82,17 +86,6 @@ def _observe(observed: Path | None, mset: ManifestSet) -> SnapshotModel:
         return load_snapshot(observed)
     except SnapshotError as exc:
         _fail(str(exc))
-
-
-def _containers_now(mset: ManifestSet) -> Observed:
-    """The manifest set's containers as they are now (no NVML): for admission mid-plan."""
-    from controller.adapters.docker.read import ContainerObserver, manifest_containers
-
-    observer = ContainerObserver()
-    try:
-        return observer.observe(manifest_containers(mset.serves)).to_snapshot_model().to_observed()
-    finally:
-        observer.close()
 
 
 def _observe_live(mset: ManifestSet) -> SnapshotModel:
@@ -320,13 +313,13 @@ def apply(
     Refused while a `vramctl run` holds the same state directory: the loop owns the host
     then (use `vramctl up` / `down`, or stop the loop).
     """
+    import asyncio
+
     from controller.logs import configure_logging
-    from controller.service.executor import Outcome, StepResult
-    from controller.service.wiring import make_executor
-    from controller.snapshot import parse_snapshot, snapshot_changes
+    from controller.service.cycle import run_cycle
+    from controller.service.executor import Outcome
     from controller.store.journal import AlreadyRunning, StateLock, default_state_dir
     from statemachine.ledger import ledger_from_observed
-    from statemachine.planner import Plan, Step
 
     configure_logging(json_logs=log_json)
     mset = _load(manifest)
@@ -335,78 +328,16 @@ def apply(
         lock.acquire()
     except AlreadyRunning as exc:
         _fail(f"{exc}; a running loop owns this host: use `vramctl up` / `down`, or stop it")
-    desired = mset.desired()
-    snap = _observe_live(mset)
-    observed = snap.to_observed()
-    if plan_file is not None:
-        saved = _load_saved_plan(plan_file)
-        changes: list[str] = []
-        if saved.get("manifest_digest") != mset.digest:
-            changes.append("the manifest set changed since the plan was made")
-        try:
-            old = parse_snapshot(saved["observed"], source=f"{plan_file}: observed")
-        except SnapshotError as exc:
-            _fail(str(exc))
-        containers = [s.container for s in desired.serves.values()]
-        changes += snapshot_changes(old, snap, containers)
-        if changes:
-            render.error(f"{plan_file} is stale: the host is no longer what it was planned from:")
-            for change in changes:
-                render.error(f"  {change}")
-            render.error("plan again (`vramctl plan --out`) and review the new plan")
-            raise typer.Exit(1)
-        try:
-            steps = tuple(
-                Step(
-                    action=Action(x["action"]),
-                    serve=x["serve"],
-                    gpu_roles=tuple(x.get("gpu_roles", ())),
-                    mib=x.get("mib"),
-                    reason=x.get("reason", ""),
-                    to_mib=x.get("to_mib"),
-                    group=x.get("group", x["serve"]),
-                )
-                for x in saved["steps"]
-            )
-        except (KeyError, ValueError, TypeError) as exc:
-            _fail(f"{plan_file}: a step is malformed: {exc}")
-        unknown = sorted({st.serve for st in steps} - set(desired.serves))
-        if unknown:
-            _fail(f"{plan_file}: names serves the manifest does not declare: {', '.join(unknown)}")
-        from statemachine.ledger import Refusal
-        from statemachine.simulate import apply_step
-
-        base = ledger_from_observed(desired, observed)
-        ledger_after = base
-        for i, st in enumerate(steps, 1):
-            moved = apply_step(ledger_after, st)
-            if isinstance(moved, Refusal):
-                _fail(f"{plan_file}: step {i} ({st.action} {st.serve}) is refused: {moved.message}")
-            ledger_after = moved
-        the_plan = Plan(steps, (), base, ledger_after)
-    else:
-        the_plan = plan_transitions(desired, observed, Policy(), _now(snap))
-    if not json_out:
-        render.plan(the_plan)
-    if the_plan.empty:
+    steps = _ApplyCycle(mset, plan_file, router_url, router_token_file, json_out)
+    result = asyncio.run(run_cycle(steps))
+    the_plan, report = result.plan, result.report
+    if report is None:  # nothing to do
         if json_out:
             _print_json(
                 {"ok": True, "steps": [], "blocked": [b.to_json() for b in the_plan.blocked]}
             )
         raise typer.Exit(0)
-
-    def progress(result: StepResult) -> None:
-        if not json_out:
-            render.step_result(result)
-
-    try:
-        executor = make_executor(
-            mset, router_url=router_url, router_token_file=router_token_file, on_step=progress
-        )
-    except Exception as exc:  # the docker client could not be made: nothing was touched
-        _fail(f"cannot reach docker to execute: {exc}")
-    executor.observe_now = lambda: _containers_now(mset)  # each reserve against the host now
-    report = executor.execute(the_plan, observed)
+    desired = result.inputs.desired
     after = _observe_live(mset)
     host_ledger = ledger_from_observed(desired, after.to_observed())
     mismatches = [
@@ -425,6 +356,127 @@ def apply(
         render.apply_summary(report, mismatches)
     ok = report.ok and not mismatches and all(r.outcome is Outcome.OK for r in report.results)
     raise typer.Exit(0 if ok else 1)
+
+
+class _ApplyCycle:
+    """``apply``'s parts of the one cycle: the host now, the default policy (or a saved
+    plan still current), every step in order (no start tracker), no journal."""
+
+    def __init__(
+        self,
+        mset: ManifestSet,
+        plan_file: Path | None,
+        router_url: str | None,
+        router_token_file: Path | None,
+        json_out: bool,
+    ) -> None:
+        self.mset = mset
+        self.plan_file = plan_file
+        self.router_url = router_url
+        self.router_token_file = router_token_file
+        self.json_out = json_out
+        self.snap: SnapshotModel | None = None
+
+    def observe(self) -> SnapshotModel:
+        self.snap = _observe_live(self.mset)
+        return self.snap
+
+    def inputs(self, snap: SnapshotModel, observed: Observed) -> PlanInputs:
+        from controller.service.cycle import PlanInputs
+
+        return PlanInputs(self.mset.desired(), Policy(), _now(snap))
+
+    def plan(self, inputs: PlanInputs, observed: Observed) -> Plan:
+        if self.plan_file is not None:
+            assert self.snap is not None
+            the_plan = _saved_plan(self.plan_file, self.mset, self.snap, observed)
+        else:
+            the_plan = plan_transitions(inputs.desired, observed, inputs.policy, inputs.now)
+        if not self.json_out:
+            render.plan(the_plan)
+        return the_plan
+
+    def journal(self, plan: Plan) -> CycleJournal | None:
+        return None
+
+    def execute(
+        self, plan: Plan, inputs: PlanInputs, observed: Observed, cycle_id: int | None
+    ) -> ExecutionReport:
+        from controller.service.wiring import containers_now, make_executor
+
+        def progress(result: StepResult) -> None:
+            if not self.json_out:
+                render.step_result(result)
+
+        try:
+            executor = make_executor(
+                self.mset,
+                router_url=self.router_url,
+                router_token_file=self.router_token_file,
+                on_step=progress,
+                # each reserve is admitted against the host as it is now
+                observe_now=lambda: containers_now(self.mset),
+            )
+        except Exception as exc:  # the docker client could not be made: nothing was touched
+            _fail(f"cannot reach docker to execute: {exc}")
+        return executor.execute(plan, observed)
+
+    def outcome(self, cycle_id: int | None, outcome: dict[str, Any]) -> None:
+        return None
+
+
+def _saved_plan(
+    plan_file: Path, mset: ManifestSet, snap: SnapshotModel, observed: Observed
+) -> Plan:
+    """The plan saved in ``plan_file``, if the host is still what it was planned from."""
+    from controller.snapshot import parse_snapshot, snapshot_changes
+    from statemachine.ledger import Refusal, ledger_from_observed
+    from statemachine.planner import Step
+    from statemachine.simulate import apply_step
+
+    desired = mset.desired()
+    saved = _load_saved_plan(plan_file)
+    changes: list[str] = []
+    if saved.get("manifest_digest") != mset.digest:
+        changes.append("the manifest set changed since the plan was made")
+    try:
+        old = parse_snapshot(saved["observed"], source=f"{plan_file}: observed")
+    except SnapshotError as exc:
+        _fail(str(exc))
+    containers = [s.container for s in desired.serves.values()]
+    changes += snapshot_changes(old, snap, containers)
+    if changes:
+        render.error(f"{plan_file} is stale: the host is no longer what it was planned from:")
+        for change in changes:
+            render.error(f"  {change}")
+        render.error("plan again (`vramctl plan --out`) and review the new plan")
+        raise typer.Exit(1)
+    try:
+        steps = tuple(
+            Step(
+                action=Action(x["action"]),
+                serve=x["serve"],
+                gpu_roles=tuple(x.get("gpu_roles", ())),
+                mib=x.get("mib"),
+                reason=x.get("reason", ""),
+                to_mib=x.get("to_mib"),
+                group=x.get("group", x["serve"]),
+            )
+            for x in saved["steps"]
+        )
+    except (KeyError, ValueError, TypeError) as exc:
+        _fail(f"{plan_file}: a step is malformed: {exc}")
+    unknown = sorted({st.serve for st in steps} - set(desired.serves))
+    if unknown:
+        _fail(f"{plan_file}: names serves the manifest does not declare: {', '.join(unknown)}")
+    base = ledger_from_observed(desired, observed)
+    ledger_after = base
+    for i, st in enumerate(steps, 1):
+        moved = apply_step(ledger_after, st)
+        if isinstance(moved, Refusal):
+            _fail(f"{plan_file}: step {i} ({st.action} {st.serve}) is refused: {moved.message}")
+        ledger_after = moved
+    return Plan(steps, (), base, ledger_after)
 
 
 ApiOpt = Annotated[
@@ -516,13 +568,11 @@ def run(
         from controller.interfaces.api import (
             ApiConfigError,
             ApiSettings,
-            api_service,
+            attach_api,
             bind_socket,
-            create_app,
             load_token,
             parse_address,
         )
-        from controller.interfaces.metrics import Metrics
 
         try:
             host, port = parse_address(api)
@@ -540,15 +590,13 @@ def run(
                 f"the API listens on {host}, not loopback: anyone who can reach it can read "
                 "the ledger (changes still need the token)"
             )
-        metrics = Metrics()
-        controller.on_cycle.append(metrics.on_cycle)
         settings = ApiSettings(
             token=token,
             allow_origins=tuple(allow_origin or ()),
             retry_after_s=resync,
             bind_host=host,
         )
-        controller.services.append(api_service(create_app(controller, settings, metrics), sock))
+        attach_api(controller, settings, sock)
     try:
         code = asyncio.run(controller.run())
     finally:

@@ -41,7 +41,7 @@ from statemachine.lifecycle import STATES
 from statemachine.status import host_status
 
 if TYPE_CHECKING:
-    from controller.service.loop import Controller
+    from controller.service.view import LoopPort
 
 #: The lifecycle states a serve can be reported in (the machine's, plus ``unknown``).
 SERVE_STATES: tuple[str, ...] = (*(str(s["name"]) for s in STATES), "unknown")
@@ -176,7 +176,7 @@ class Metrics:
         self._blocked: set[str] = set()
 
     # ------------------------------------------------------------------ updates
-    def on_cycle(self, controller: Controller) -> None:
+    def on_cycle(self, controller: LoopPort) -> None:
         """The loop's ``on_cycle`` hook: refresh everything from the last cycle.
 
         A failure here is logged and never breaks the loop.
@@ -186,8 +186,8 @@ class Metrics:
         except Exception:
             logger.exception("metrics: update failed")
 
-    def _on_cycle(self, controller: Controller) -> None:
-        summary = controller.last
+    def _on_cycle(self, controller: LoopPort) -> None:
+        summary = controller.view()
         self.cycles.inc()
         self.reconcile_duration.observe(summary.duration_s)
         self.last_cycle.set(summary.at)
@@ -214,12 +214,13 @@ class Metrics:
                 self.admissions_refused.labels("loop").inc(len(new))
             self._blocked = blocked
 
-    def update_ledger(self, controller: Controller) -> None:
+    def update_ledger(self, controller: LoopPort) -> None:
         """Per-role and per-serve gauges from the last snapshot and the manifest set."""
-        snap = controller.last.snapshot
+        view = controller.view()
+        snap = view.snapshot
         if snap is None:
             return
-        report = host_status(controller.mset.desired(), snap.to_observed())
+        report = host_status(view.desired, snap.to_observed())
         roles: set[str] = set()
         for rs in report.roles:
             role = rs.ledger.gpu_role
@@ -257,7 +258,7 @@ class Metrics:
             _set_or_absent(self.serve_committed, labels, committed)
             for state in SERVE_STATES:
                 self.serve_state.labels(ss.serve, state).set(1 if state == ss.lifecycle else 0)
-            held = controller.backoff.get(ss.serve)
+            held = view.backoff.get(ss.serve)
             self.serve_backoff.labels(ss.serve).set(held.failures if held is not None else 0)
         for gone in self._serves - serves:
             _set_or_absent(self.serve_reservation, (gone,), None)

@@ -2,7 +2,8 @@
 
 ``errors`` (where and what), ``fields`` (one validated type per kind of value),
 ``models`` (``[[gpu_roles]]``, ``[[serve]]``, ``elastic``), ``load`` (read files within
-bounds, merge a set), ``schema`` (the JSON Schema generated from the models).
+bounds, merge a set), ``runtime`` (the executor's per-serve record), ``schema`` (the
+JSON Schema generated from the models).
 
 Its job: turn what an operator wrote into the pure core's ``DesiredState`` and the
 per-serve runtime records the executor reads, or say exactly where it is wrong. It must
@@ -14,6 +15,7 @@ from controller.manifest.errors import LocatedError, ManifestError
 from controller.manifest.fields import DUAL_GPU_EXCLUSIVE, normalize_residency
 from controller.manifest.load import ManifestSet, load_manifest, load_manifest_set
 from controller.manifest.models import ElasticModel, GpuRoleModel, ManifestFile, ServeModel
+from controller.manifest.runtime import ServeRuntime
 
 __all__ = [
     "DUAL_GPU_EXCLUSIVE",
@@ -24,6 +26,7 @@ __all__ = [
     "ManifestFile",
     "ManifestSet",
     "ServeModel",
+    "ServeRuntime",
     "load_manifest",
     "load_manifest_set",
     "normalize_residency",

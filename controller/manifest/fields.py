@@ -46,6 +46,12 @@ SERVE_NAME = re.compile(rf"[a-zA-Z0-9][a-zA-Z0-9_.-]{{0,{MAX_SERVE_NAME - 1}}}",
 MAX_STOP_TIMEOUT_S = 3600.0
 MAX_START_TIMEOUT_S = 86400.0
 MAX_DRAIN_TIMEOUT_S = 3600.0
+
+#: A serve's timeouts when its table does not set them (the manifest models and the
+#: runtime record both take them from here)
+DEFAULT_START_TIMEOUT_S = 600.0
+DEFAULT_STOP_TIMEOUT_S = 30.0
+DEFAULT_DRAIN_TIMEOUT_S = 120.0
 MAX_IDLE_TTL_S = 31 * 86400.0
 
 #: What one manifest file may cost: its size (20 times the largest real fleet's file;

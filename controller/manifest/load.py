@@ -30,6 +30,7 @@ import stat
 import tomllib
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
 from pydantic import (
@@ -56,6 +57,7 @@ from controller.manifest.models import (
     GpuRoleModel,
     ServeModel,
 )
+from controller.manifest.runtime import ServeRuntime
 from statemachine.types import DesiredRun, DesiredState
 
 _M = TypeVar("_M", GpuRoleModel, ServeModel)
@@ -539,7 +541,21 @@ class ManifestSet:
 
     def up_argv(self, name: str) -> list[str] | None:
         """Serve ``name``'s ``up`` argv with ``{dir}`` = its defining file's folder."""
-        return self.serves[name].up_argv(self.source(name).resolve().parent)
+        argv = self.runtime()[name].up_argv
+        return None if argv is None else list(argv)
+
+    def runtime(self) -> Mapping[str, ServeRuntime]:
+        """Each serve's :class:`ServeRuntime` (built once; they are immutable)."""
+        return self._runtime
+
+    @functools.cached_property
+    def _runtime(self) -> Mapping[str, ServeRuntime]:
+        return MappingProxyType(
+            {
+                name: serve.to_runtime(self.source(name).resolve().parent)
+                for name, serve in self.serves.items()
+            }
+        )
 
     def desired(self) -> DesiredState:
         """The pure core's :class:`DesiredState` for this set (built once; it is immutable)."""

@@ -17,6 +17,9 @@ from pydantic import (
 )
 
 from controller.manifest.fields import (
+    DEFAULT_DRAIN_TIMEOUT_S,
+    DEFAULT_START_TIMEOUT_S,
+    DEFAULT_STOP_TIMEOUT_S,
     DUAL_GPU_EXCLUSIVE,
     Boolean,
     ContainerName,
@@ -45,6 +48,7 @@ from controller.manifest.fields import (
     Text,
     Url,
 )
+from controller.manifest.runtime import ServeRuntime
 from statemachine.types import Elastic, GpuRole, ServeSpec
 
 
@@ -156,9 +160,9 @@ class ServeModel(BaseModel):
     )
     priority: Integer = Field(default=0, description="Lower is evicted first among equals.")
     min_runtime_s: Seconds = Field(default=0.0, description="Not evicted within this of starting.")
-    start_timeout_s: StartTimeout = 600.0
-    stop_timeout_s: StopTimeout = 30.0
-    drain_timeout_s: DrainTimeout = 120.0
+    start_timeout_s: StartTimeout = DEFAULT_START_TIMEOUT_S
+    stop_timeout_s: StopTimeout = DEFAULT_STOP_TIMEOUT_S
+    drain_timeout_s: DrainTimeout = DEFAULT_DRAIN_TIMEOUT_S
     idle_ttl_s: OptTtl = None
     elastic: ElasticModel | None = None
 
@@ -186,6 +190,20 @@ class ServeModel(BaseModel):
             return None
         folder = str(Path(manifest_dir).resolve())
         return [word.replace("{dir}", folder) for word in shlex.split(self.up)]
+
+    def to_runtime(self, manifest_dir: str | Path) -> ServeRuntime:
+        """The executor's :class:`ServeRuntime`; ``manifest_dir``: the defining file's folder."""
+        argv = self.up_argv(manifest_dir)
+        return ServeRuntime(
+            name=self.name,
+            start_timeout_s=self.start_timeout_s,
+            stop_timeout_s=self.stop_timeout_s,
+            drain_timeout_s=self.drain_timeout_s,
+            health=self.health,
+            up_argv=None if argv is None else tuple(argv),
+            manifest_dir=Path(manifest_dir).resolve(),
+            up_env=self.up_env,
+        )
 
     def to_spec(self) -> ServeSpec:
         """The core's :class:`ServeSpec`."""

@@ -38,15 +38,15 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
-from pathlib import Path
 from typing import Any, Protocol
 
 from loguru import logger
 
 from controller.adapters.docker.actions import ActionError, DockerActions
-from controller.adapters.elastic import ElasticClient, ElasticError, elastic_ok
+from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
 from controller.adapters.health import http_ready
 from controller.adapters.router import RouterClient, RouterError
+from controller.manifest.runtime import ServeRuntime
 from controller.service.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import (
@@ -147,6 +147,27 @@ class ExecutionReport:
         }
 
 
+@dataclass(frozen=True, slots=True)
+class _Reserved:
+    """The engine's answer to a resize: when, whether it ran, what it holds now."""
+
+    ans: ElasticAnswer
+    at: float
+    ran: bool
+    why: str
+    #: what the engine holds after it (``None``: the answer does not say)
+    holds: int | None
+    #: the reserves asked, "N[, then M]"
+    asked: str
+    #: "elastic shrink of S": what the step's detail starts with
+    action: str
+
+    @property
+    def what(self) -> str:
+        """"elastic shrink of S (reserve_mib N[, then M])", for the step's detail."""
+        return f"{self.action} (reserve_mib {self.asked})"
+
+
 class GpuReader(Protocol):
     """Reads the devices now (``None`` when NVML is unavailable)."""
 
@@ -194,9 +215,7 @@ class Executor:
         desired: DesiredState,
         *,
         docker: DockerActions,
-        up_argv: Callable[[str], list[str] | None],
-        manifest_dir: Callable[[str], Path],
-        serve_details: Mapping[str, Any],
+        runtime: Mapping[str, ServeRuntime] | None = None,
         router: RouterClient | None = None,
         elastic: ElasticClient | None = None,
         gpus: GpuReader = _no_gpus,
@@ -209,9 +228,9 @@ class Executor:
     ) -> None:
         self.desired = desired
         self.docker = docker
-        self.up_argv = up_argv
-        self.manifest_dir = manifest_dir
-        self.details = serve_details  # name -> ServeModel (health, timeouts, elastic token)
+        #: serve -> how its steps are carried out (timeouts, health path, ``up``); a serve
+        #: missing here gets the manifest's defaults
+        self._runtime: Mapping[str, ServeRuntime] = runtime or {}
         self.router = router
         self.elastic = elastic or ElasticClient()
         self.gpus = gpus
@@ -228,6 +247,11 @@ class Executor:
         # serve -> (action, to_mib, reserve_mib) of a resize that got no answer: the same
         # step asks for the same reserve again (idempotent), not a new card-wide figure
         self.unanswered: dict[str, tuple[str, int, int | None]] = {}
+
+    def runtime(self, name: str) -> ServeRuntime:
+        """How serve ``name``'s steps are carried out (the manifest's defaults if unknown)."""
+        rt = self._runtime.get(name)
+        return ServeRuntime.default(name) if rt is None else rt
 
     # ------------------------------------------------------------------ preflight
     def preflight(self, plan: Plan) -> list[str]:
@@ -294,13 +318,14 @@ class Executor:
         except ActionError as exc:
             return [f"{serve.name}: cannot ask docker whether {serve.container} exists: {exc}"]
         if not exists:
-            argv = self.up_argv(serve.name)
+            rt = self.runtime(serve.name)
+            argv = rt.up_argv
             if not argv:
                 problems.append(
                     f"{serve.name}: container {serve.container} does not exist and the serve "
                     "has no `up` command to create it"
                 )
-            elif not self.docker.executable_exists(argv[0], cwd=self.manifest_dir(serve.name)):
+            elif not self.docker.executable_exists(argv[0], cwd=rt.manifest_dir):
                 problems.append(f"{serve.name}: `up` executable {argv[0]!r} not found")
         if (
             serve.port is not None
@@ -325,26 +350,12 @@ class Executor:
         results reach ``on_start_done``. Without one, everything runs here, in order.
         """
         ledger = ledger_from_observed(self.desired, observed)
-        machines: dict[str, ServeLifecycle] = {}
-        for step in plan.steps:
-            if step.serve not in machines:
-                serve = self.desired.serves[step.serve]
-                holds = observed.container(serve.container).holds
-                machines[step.serve] = ServeLifecycle(
-                    step.serve, LifecycleState.RUNNING if holds else LifecycleState.STOPPED
-                )
+        machines = self._machines(plan, observed)
         report = ExecutionReport([], ledger, {})
         refused: dict[str, list[str]] = {}  # group -> the preflight problems that refuse it
         if not skip_preflight:
-            problems = self.preflight_problems(plan)
-            report.preflight = [p.text for p in problems]
-            for problem in problems:
-                logger.error("preflight: {}", problem.text)
-                for g in problem.groups:
-                    refused.setdefault(g, []).append(problem.text)
-            _refuse_dependents(plan, self.desired, refused)
-            report.refused_groups = sorted(refused)
-            if problems and all(st.group in refused for st in plan.steps):
+            refused = self._refusals(plan, report)
+            if report.preflight and all(st.group in refused for st in plan.steps):
                 report.lifecycles = {n: str(m.state) for n, m in machines.items()}
                 return report
         run = _Run(self, ledger, machines, observed)
@@ -357,23 +368,7 @@ class Executor:
             if self.stop_event.is_set() and not report.stopped_early:
                 report.stopped_early = True
                 run.compensate_all("the controller is stopping")
-            why: str | None = None
-            if report.stopped_early:
-                why = "the controller is stopping"
-            elif step.group in refused:
-                why = "refused by the preflight: " + "; ".join(refused[step.group])
-            elif step.group in run.failed_groups:
-                why = f"an earlier step of group {step.group} failed"
-            elif step.serve in jobs and not jobs[step.serve].done.is_set():
-                # never wait here: the loop would be held by that start after all
-                why = (
-                    f"waits for the start of {step.serve}, still in progress: "
-                    "planned again once it has ended"
-                )
-                run.failed_groups.add(step.group)
-            elif step.serve in jobs and not jobs[step.serve].ok:
-                why = f"the start of {step.serve} did not succeed"
-                run.failed_groups.add(step.group)
+            why = _skip_reason(step, report, refused, run, jobs)
             if why is not None:
                 self._emit(
                     report, StepResult(step, Outcome.SKIPPED, why, 0.0, ended_at=time.time())
@@ -396,6 +391,31 @@ class Executor:
         report.elastic = dict(run.elastic)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
         return report
+
+    def _machines(self, plan: Plan, observed: Observed) -> dict[str, ServeLifecycle]:
+        """One lifecycle machine per serve of the plan, in the state its container shows."""
+        machines: dict[str, ServeLifecycle] = {}
+        for step in plan.steps:
+            if step.serve not in machines:
+                serve = self.desired.serves[step.serve]
+                holds = observed.container(serve.container).holds
+                machines[step.serve] = ServeLifecycle(
+                    step.serve, LifecycleState.RUNNING if holds else LifecycleState.STOPPED
+                )
+        return machines
+
+    def _refusals(self, plan: Plan, report: ExecutionReport) -> dict[str, list[str]]:
+        """The preflight: group -> the problems that refuse it (recorded in ``report``)."""
+        refused: dict[str, list[str]] = {}
+        problems = self.preflight_problems(plan)
+        report.preflight = [p.text for p in problems]
+        for problem in problems:
+            logger.error("preflight: {}", problem.text)
+            for g in problem.groups:
+                refused.setdefault(g, []).append(problem.text)
+        _refuse_dependents(plan, self.desired, refused)
+        report.refused_groups = sorted(refused)
+        return refused
 
     def _attempt(self, run: _Run, step: Step) -> StepResult:
         """One step: its result, with the failed group compensated."""
@@ -636,7 +656,7 @@ class _Run:
 
     def drain(self, step: Step, s: ServeSpec) -> str:
         assert s.router_tier is not None
-        timeout = float(getattr(self.ex.details.get(s.name), "drain_timeout_s", 120.0) or 120.0)
+        timeout = self.ex.runtime(s.name).drain_timeout_s
         try:
             ans = self.router().transition("drain", s.router_tier, drain_timeout_s=timeout)
         except RouterError as exc:
@@ -653,7 +673,7 @@ class _Run:
     def stop(self, step: Step, s: ServeSpec) -> str:
         self.used_before_stop[s.name] = self.role_used(s.gpu_roles)
         self.attributed[s.name] = self.observed.container(s.container).gpu_used_mib
-        timeout = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
+        timeout = self.ex.runtime(s.name).stop_timeout_s
         self.fire(s.name, Trigger.STOP)
         try:
             self.ex.docker.stop(s.container, timeout)
@@ -769,10 +789,11 @@ class _Run:
                 self.ex.docker.start(s.container)
                 how = f"docker start {s.container}"
             else:
-                argv = self.ex.up_argv(s.name)
+                rt = self.ex.runtime(s.name)
+                argv = rt.up_argv
                 if not argv:
                     raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
-                timeout = float(getattr(self.ex.details.get(s.name), "start_timeout_s", 600.0))
+                timeout = rt.start_timeout_s
                 tracker = self.ex.starts
                 mib = step.mib or 0
 
@@ -785,9 +806,9 @@ class _Run:
                 try:
                     res = self.ex.docker.run_up(
                         argv,
-                        cwd=self.ex.manifest_dir(s.name),
+                        cwd=rt.manifest_dir,
                         timeout_s=timeout,
-                        env=getattr(self.ex.details.get(s.name), "up_env", None),
+                        env=rt.up_env,
                         on_spawn=spawned,
                     )
                 finally:
@@ -815,9 +836,8 @@ class _Run:
         return how
 
     def await_ready(self, step: Step, s: ServeSpec) -> str:
-        detail = self.ex.details.get(s.name)
-        timeout = float(getattr(detail, "start_timeout_s", 600.0) or 600.0)
-        health = getattr(detail, "health", None)
+        rt = self.ex.runtime(s.name)
+        timeout, health = rt.start_timeout_s, rt.health
         deadline = time.monotonic() + timeout
         while True:
             try:
@@ -909,6 +929,17 @@ class _Run:
             if isinstance(resized, Refusal):
                 raise StepError(f"the ledger refuses: {resized.message}")
             self.ledger = resized  # counted before the call: the engine may grow in part
+        ans = self._ask_reserve(step, s, before=before, full=full)
+        return self._settle_resize(step, s, ans, before=before, full=full)
+
+    def _ask_reserve(self, step: Step, s: ServeSpec, *, before: int, full: int) -> _Reserved:
+        """Ask the engine for the reserve that gets ``s`` to ``step.to_mib`` (twice at most).
+
+        No answer raises (a grow counted at full first); a transient one is remembered,
+        so the same reserve is asked again by the same step later.
+        """
+        assert s.elastic is not None and step.to_mib is not None
+        to, grow = step.to_mib, step.action is Action.GROW
         el, token = s.elastic, _env_token(s.elastic.token_env)
         pending = self.ex.unanswered.get(s.name)
         if pending is not None and pending[:2] == (str(step.action), to):
@@ -954,42 +985,49 @@ class _Run:
                 break  # it stopped at its floor: asking again changes nothing
             target = retry
         asked_text = ", then ".join(str(a) for a in asked)
+        return _Reserved(ans, at, ran, why, holds, asked_text, what)
+
+    def _settle_resize(
+        self, step: Step, s: ServeSpec, r: _Reserved, *, before: int, full: int
+    ) -> str:
+        """Count ``s`` at what the engine's answer proves, and say how the step ended."""
+        assert step.to_mib is not None
+        to, grow, ans, why, holds = step.to_mib, step.action is Action.GROW, r.ans, r.why, r.holds
         if ans.busy:
             raise StepError(
-                f"{what} (reserve_mib {asked_text}): {why}; nothing ran, asked again on "
-                "a later cycle",
+                f"{r.what}: {why}; nothing ran, asked again on a later cycle",
                 aborted=True,
             )
         if ans.needs_reload:
-            self.count(s, full, at)
+            self.count(s, full, r.at)
             reload = self.reload_engine(s)
             raise StepError(
-                f"{what} (reserve_mib {asked_text}): {why}; its cache table cannot be "
+                f"{r.what}: {why}; its cache table cannot be "
                 f"trusted: {reload}; counted at its full {full} MiB until an answer "
                 "proves less"
             )
-        if not ran:
+        if not r.ran:
             if ans.status == "not loaded":
-                self.count(s, full, at)
+                self.count(s, full, r.at)
                 why += f"; counted at its full {full} MiB (it sizes its cache when it loads)"
-            raise StepError(f"{what} (reserve_mib {asked_text}): {why}")
+            raise StepError(f"{r.what}: {why}")
         if holds is None:
             if grow:
-                self.count(s, full, at)
+                self.count(s, full, r.at)
             raise StepError(
-                f"{what} (reserve_mib {asked_text}): {why}: the answer does not say what "
+                f"{r.what}: {why}: the answer does not say what "
                 f"the engine holds; counted at {full if grow else before} MiB"
             )
         # never less than it holds; rounded to the plan's figure when it holds no more
-        self.count(s, max(to, holds), at)
+        self.count(s, max(to, holds), r.at)
         if holds > to:
             raise StepError(
-                f"{what} (reserve_mib {asked_text}): {why}: its cache gives back "
+                f"{r.what}: {why}: its cache gives back "
                 f"{full - holds} MiB, the plan needs {full - to}: counted at the "
                 f"{holds} MiB it still holds"
             )
         self.fire(s.name, trigger_for(step.action))
-        return f"{s.name} now holds {to} MiB (reserve_mib {asked_text}; {why})"
+        return f"{s.name} now holds {to} MiB (reserve_mib {r.asked}; {why})"
 
     def count(self, s: ServeSpec, mib: int, at: float) -> None:
         """Count ``s`` at ``mib`` from now on (over the budget if it must be), and say so."""
@@ -1026,7 +1064,7 @@ class _Run:
                 problem = f"POST /v1/load answered {load.http_status}: {load.error}"
         except ElasticError as exc:
             problem = str(exc)
-        stop_s = float(getattr(self.ex.details.get(s.name), "stop_timeout_s", 30.0) or 30.0)
+        stop_s = self.ex.runtime(s.name).stop_timeout_s
         try:
             self.ex.docker.stop(s.container, stop_s)
             self.ex.docker.start(s.container)
@@ -1119,7 +1157,7 @@ class _Run:
                 ContainerState.RUNNING,
                 ContainerState.RESTARTING,
             ):
-                stop_s = float(getattr(self.ex.details.get(name), "stop_timeout_s", 30.0))
+                stop_s = self.ex.runtime(name).stop_timeout_s
                 self.ex.docker.stop(s.container, stop_s)
                 state = self.ex.docker.inspect(s.container)
         except ActionError as exc:
@@ -1186,6 +1224,35 @@ def _epoch_or_none(value: str | float | None) -> float | None:
         return epoch_seconds(value)
     except ValueError:
         return None
+
+
+def _skip_reason(
+    step: Step,
+    report: ExecutionReport,
+    refused: Mapping[str, list[str]],
+    run: _Run,
+    jobs: Mapping[str, _StartJob],
+) -> str | None:
+    """Why ``step`` is skipped (its group marked failed where a start stands in its way);
+    ``None``: it runs."""
+    if report.stopped_early:
+        return "the controller is stopping"
+    if step.group in refused:
+        return "refused by the preflight: " + "; ".join(refused[step.group])
+    if step.group in run.failed_groups:
+        return f"an earlier step of group {step.group} failed"
+    job = jobs.get(step.serve)
+    if job is not None and not job.done.is_set():
+        # never wait here: the loop would be held by that start after all
+        run.failed_groups.add(step.group)
+        return (
+            f"waits for the start of {step.serve}, still in progress: "
+            "planned again once it has ended"
+        )
+    if job is not None and not job.ok:
+        run.failed_groups.add(step.group)
+        return f"the start of {step.serve} did not succeed"
+    return None
 
 
 def _env_token(var: str | None) -> str | None:

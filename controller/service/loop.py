@@ -33,22 +33,24 @@ import time
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
 from typing import Any
 
 from loguru import logger
 
 from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
+from controller.service.cycle import CycleJournal, CycleResult, PlanInputs, run_cycle
 from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
 from controller.service.observe import observe_host
 from controller.service.starts import StartTracker, supervise_orphans
-from controller.service.wiring import make_executor
+from controller.service.view import BackoffView, JournalHistory, LoopView
+from controller.service.wiring import containers_now, make_executor
 from controller.snapshot import (
     SnapshotModel,
     StartedWithModel,
     StartingModel,
     epoch_seconds,
-    snapshot_to_json,
 )
 from controller.store.journal import (
     AlreadyRunning,
@@ -88,7 +90,7 @@ class RunOptions:
 
 @dataclass
 class CycleSummary:
-    """What the last cycle saw and did (for status and the API)."""
+    """What the last cycle saw and did (the interfaces read it through ``view()``)."""
 
     at: float = 0.0
     reasons: tuple[str, ...] = ()
@@ -177,6 +179,35 @@ class Controller:
     def policy(self, now: float) -> Policy:
         """The planner policy: backoff holds and serves whose shrink failed."""
         return Policy(no_shrink=frozenset(self.no_shrink), hold=backoff.holds(self.backoff, now))
+
+    def history(self) -> JournalHistory:
+        """The journal's recorded cycles, read only (the operator's page lists them)."""
+        return self.journal
+
+    def view(self) -> LoopView:
+        """What the loop knows now, as a frozen copy (what the interfaces read)."""
+        last = self.last
+        return LoopView(
+            at=last.at,
+            duration_s=last.duration_s,
+            snapshot=last.snapshot,
+            plan=last.plan,
+            report=last.report,
+            executed=last.executed,
+            cycles=self.cycles,
+            desired=self.mset.desired(),
+            manifest_digest=self.mset.digest,
+            manifest_errors=tuple(self.manifest_error),
+            manifest_issues=tuple(self.manifest_issues),
+            backoff=MappingProxyType(
+                {
+                    name: BackoffView(b.failures, b.until, b.last_failure)
+                    for name, b in self.backoff.items()
+                }
+            ),
+            no_shrink=frozenset(self.no_shrink),
+            dry_run=self.options.dry_run,
+        )
 
     # ----------------------------------------------------------------------- run
     async def run(self) -> int:
@@ -515,17 +546,16 @@ class Controller:
                 router_url=self.options.router_url,
                 router_token_file=self.options.router_token_file,
                 stop_event=self.stop_event,
+                observe_now=self._observe_now,
+                starts=self.starts,
             )
-            self._executor.observe_now = self._observe_now
-            self._executor.starts = self.starts
         return self._executor
 
     def _observe_now(self) -> Observed:
         """The containers as they are now (the executor admits each reserve against it)."""
         if self._fresh_observer is None:
             self._fresh_observer = ContainerObserver()
-        snap = self._fresh_observer.observe(manifest_containers(self.mset.serves))
-        return snap.to_snapshot_model().to_observed()
+        return containers_now(self.mset, self._fresh_observer)
 
     def _start_ended(
         self, cycle_id: int, results: list[StepResult], release: Callable[[], None]
@@ -567,9 +597,34 @@ class Controller:
         t0 = time.monotonic()
         if self._manifest_dirty:  # parsed in a thread: the API answers meanwhile
             await asyncio.to_thread(self._reload_manifest)
-        snap = await asyncio.to_thread(self._observe)
+        result = await run_cycle(_LoopCycle(self), execute=not self.options.dry_run)
+        plan, report = result.plan, result.report
+        summary = CycleSummary(result.inputs.now, reasons, plan, None, result.snapshot)
+        if self.options.dry_run and result.cycle_id is not None:
+            for step in plan.steps:
+                logger.info("dry run: would {} {}: {}", step.action, step.serve, step.reason)
+            try:
+                problems = await asyncio.to_thread(self._executor_for().preflight, plan)
+            except Exception as exc:  # docker unreachable: the cycle already said so
+                problems = [f"preflight could not run: {exc}"]
+            for problem in problems:
+                logger.warning("dry run: a real run would refuse this plan: {}", problem)
+        if report is not None:
+            self._after_execution(result, report)
+            summary.report = report
+            summary.executed = True
+        for b in plan.blocked:
+            logger.debug("blocked: {}", b.reason)
+        summary.duration_s = time.monotonic() - t0
+        self.last = summary
+        self.cycles += 1
+        for hook in self.on_cycle:
+            hook(self)
+        return summary
+
+    def _before_plan(self, snap: SnapshotModel, observed: Observed) -> PlanInputs:
+        """What the loop learns from an observation before it plans (on the loop's thread)."""
         now = time.time()
-        observed = snap.to_observed()
         if not observed.docker_ok:
             logger.warning("docker: {}; acting on nothing until it can be read", snap.docker_error)
         if snap.nvml_error != self._nvml_said:  # said once when it changes, not every cycle
@@ -580,77 +635,56 @@ class Controller:
             self._nvml_said = snap.nvml_error
         self._note_deaths(observed, now)
         self._end_finished_requests(observed, now)
-        desired = self.desired()
-        plan = plan_transitions(desired, observed, self.policy(now), now)
-        summary = CycleSummary(now, reasons, plan, None, snap)
-        plan_key = json.dumps([st.to_json() for st in plan.steps], sort_keys=True)
-        repeated_dry_run = self.options.dry_run and plan_key == self._last_dry_plan
-        if plan.steps and not repeated_dry_run:
-            if self.options.dry_run:
-                self._last_dry_plan = plan_key
-            cycle_id = self.journal.record_cycle(
-                at=now,
-                manifest_digest=self.mset.digest,
-                manifest_files=_read_files(self.mset),
-                observed=snapshot_to_json(snap),
-                plan=plan.to_json(),
-                requests=[r.to_json() for r in self.journal.active_requests()],
-                dry_run=self.options.dry_run,
-            )
-            if self.options.dry_run:
-                for step in plan.steps:
-                    logger.info("dry run: would {} {}: {}", step.action, step.serve, step.reason)
-                try:
-                    problems = await asyncio.to_thread(self._executor_for().preflight, plan)
-                except Exception as exc:  # docker unreachable: the cycle already said so
-                    problems = [f"preflight could not run: {exc}"]
-                for problem in problems:
-                    logger.warning("dry run: a real run would refuse this plan: {}", problem)
-            else:
-                executor = self._executor_for()
-                executor.desired = desired
-                executor.on_start_done = self._start_done_callback(cycle_id)
-                self._outcomes[cycle_id] = None  # executing: a start's early end waits
-                report = await asyncio.to_thread(executor.execute, plan, observed)
-                self._record_starts(report, desired, now)
-                summary.report = report
-                summary.executed = True
-                outcome = report.to_json()
-                # the starts handed off and not yet ended: a controller killed before they
-                # end readmits their tiers (see _recover_tiers)
-                done = {r.step.serve for r in report.results if r.step.action is Action.START}
-                outcome["pending"] = sorted(
-                    {st.serve for st in plan.steps if st.action is Action.START} - done
-                )
-                _add_start_results(outcome, self._early.pop(cycle_id, []))
-                self._outcomes[cycle_id] = outcome
-                for old_id in sorted(self._outcomes)[:-32]:  # bounded: old cycles' starts end
-                    del self._outcomes[old_id]
-                self.journal.record_outcome(cycle_id, outcome)
-                self._learn(report, now)
-                self._track_tiers([r.to_json() for r in report.results])
-                for r in report.results:
-                    if r.step.action is Action.RELEASE and r.outcome is Outcome.FAILED:
-                        self._unreleased.add(r.step.serve)
-                self._hold_after_preflight(plan, report, now)
-                for r in report.results:
-                    if r.step.action is Action.STOP and r.outcome is Outcome.OK:
-                        spec = desired.serves[r.step.serve]
-                        self._stopped_by_us[spec.name] = observed.container(
-                            spec.container
-                        ).started_at
-                # confirm a clean execution at once; after a failure, wait for the next
-                # trigger (resync, docker event): re-planning at once spins on a fault
-                if report.ok and not self._stopping:
-                    self.trigger("after execution")
-        for b in plan.blocked:
-            logger.debug("blocked: {}", b.reason)
-        summary.duration_s = time.monotonic() - t0
-        self.last = summary
-        self.cycles += 1
-        for hook in self.on_cycle:
-            hook(self)
-        return summary
+        return PlanInputs(self.desired(), self.policy(now), now)
+
+    def _cycle_journal(self, plan: Plan) -> CycleJournal | None:
+        """The journal this plan is recorded in; a dry run records a plan once."""
+        if self.options.dry_run:
+            plan_key = json.dumps([st.to_json() for st in plan.steps], sort_keys=True)
+            if plan_key == self._last_dry_plan:
+                return None
+            self._last_dry_plan = plan_key
+        return CycleJournal(
+            self.journal, self.mset.digest, _read_files(self.mset), self.options.dry_run
+        )
+
+    def _execute(
+        self, plan: Plan, desired: DesiredState, observed: Observed, cycle_id: int | None
+    ) -> ExecutionReport:
+        """Carry ``plan`` out; starts go to the tracker (in a worker thread)."""
+        assert cycle_id is not None
+        executor = self._executor_for()
+        executor.desired = desired
+        executor.on_start_done = self._start_done_callback(cycle_id)
+        self._outcomes[cycle_id] = None  # executing: a start's early end waits
+        return executor.execute(plan, observed)
+
+    def _complete_outcome(self, cycle_id: int | None, outcome: dict[str, Any]) -> None:
+        """Add the starts that ended while the plan executed (on the loop's thread)."""
+        assert cycle_id is not None
+        _add_start_results(outcome, self._early.pop(cycle_id, []))
+        self._outcomes[cycle_id] = outcome
+        for old_id in sorted(self._outcomes)[:-32]:  # bounded: old cycles' starts end
+            del self._outcomes[old_id]
+
+    def _after_execution(self, result: CycleResult, report: ExecutionReport) -> None:
+        """What the loop learns from an execution: backoff, tiers, releases, its stops."""
+        now, desired, observed = result.inputs.now, result.inputs.desired, result.observed
+        self._record_starts(report, desired, now)
+        self._learn(report, now)
+        self._track_tiers([r.to_json() for r in report.results])
+        for r in report.results:
+            if r.step.action is Action.RELEASE and r.outcome is Outcome.FAILED:
+                self._unreleased.add(r.step.serve)
+        self._hold_after_preflight(result.plan, report, now)
+        for r in report.results:
+            if r.step.action is Action.STOP and r.outcome is Outcome.OK:
+                spec = desired.serves[r.step.serve]
+                self._stopped_by_us[spec.name] = observed.container(spec.container).started_at
+        # confirm a clean execution at once; after a failure, wait for the next
+        # trigger (resync, docker event): re-planning at once spins on a fault
+        if report.ok and not self._stopping:
+            self.trigger("after execution")
 
     def _start_done_callback(
         self, cycle_id: int
@@ -843,6 +877,33 @@ class Controller:
                 continue  # its start is in progress: it ends once the serve is down
             if req.expired(now) and not observed.container(spec.container).holds:
                 self.journal.end_request(req.serve, now)
+
+
+@dataclass(frozen=True, slots=True)
+class _LoopCycle:
+    """The loop's parts of :func:`controller.service.cycle.run_cycle`."""
+
+    controller: Controller
+
+    def observe(self) -> SnapshotModel:
+        return self.controller._observe()
+
+    def inputs(self, snap: SnapshotModel, observed: Observed) -> PlanInputs:
+        return self.controller._before_plan(snap, observed)
+
+    def plan(self, inputs: PlanInputs, observed: Observed) -> Plan:
+        return plan_transitions(inputs.desired, observed, inputs.policy, inputs.now)
+
+    def journal(self, plan: Plan) -> CycleJournal | None:
+        return self.controller._cycle_journal(plan)
+
+    def execute(
+        self, plan: Plan, inputs: PlanInputs, observed: Observed, cycle_id: int | None
+    ) -> ExecutionReport:
+        return self.controller._execute(plan, inputs.desired, observed, cycle_id)
+
+    def outcome(self, cycle_id: int | None, outcome: dict[str, Any]) -> None:
+        self.controller._complete_outcome(cycle_id, outcome)
 
 
 def _add_start_results(outcome: dict[str, Any], results: list[StepResult]) -> None:

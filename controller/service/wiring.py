@@ -1,6 +1,8 @@
 """Wiring: builds the executor and the readers from a manifest set and the options.
 
-Shared by ``vramctl apply`` and the control loop so both drive the host the same way.
+Shared by ``vramctl apply`` and the control loop so both drive the host the same way
+(``apply`` builds its executor here; the loop builds it here too, with its start
+tracker and its own container reader).
 It must not decide or mutate anything itself: it only constructs.
 """
 
@@ -11,13 +13,14 @@ from collections.abc import Callable
 from pathlib import Path
 
 from controller.adapters.docker.actions import DockerActions
-from controller.adapters.docker.read import make_client
+from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
 from controller.adapters.elastic import ElasticClient
 from controller.adapters.nvml import NvmlApi, observe_gpus
 from controller.adapters.router import RouterClient, router_token
 from controller.manifest import ManifestSet
 from controller.service.executor import Executor, ExecutorConfig, StepResult
-from statemachine.types import GpuObs
+from controller.service.starts import StartTracker
+from statemachine.types import GpuObs, Observed
 
 
 def read_gpus(api: NvmlApi | None = None) -> tuple[GpuObs, ...] | None:
@@ -38,6 +41,17 @@ def read_gpus(api: NvmlApi | None = None) -> tuple[GpuObs, ...] | None:
     )
 
 
+def containers_now(mset: ManifestSet, observer: ContainerObserver | None = None) -> Observed:
+    """The manifest set's containers as they are now (no NVML): for admission mid-plan."""
+    own = observer is None
+    reader = ContainerObserver() if observer is None else observer
+    try:
+        return reader.observe(manifest_containers(mset.serves)).to_snapshot_model().to_observed()
+    finally:
+        if own:
+            reader.close()
+
+
 def make_executor(
     mset: ManifestSet,
     *,
@@ -47,15 +61,19 @@ def make_executor(
     stop_event: threading.Event | None = None,
     gpus: Callable[[], tuple[GpuObs, ...] | None] = read_gpus,
     config: ExecutorConfig | None = None,
+    observe_now: Callable[[], Observed] | None = None,
+    starts: StartTracker | None = None,
 ) -> Executor:
-    """An executor for ``mset`` talking to the local docker daemon (DOCKER_HOST honoured)."""
+    """An executor for ``mset`` talking to the local docker daemon (DOCKER_HOST honoured).
+
+    ``observe_now``: a fresh reading of the containers each reserve is admitted against;
+    ``starts``: the tracker that carries starts out beside the loop (``None``: in order).
+    """
     router = RouterClient(router_url, router_token(router_token_file)) if router_url else None
     return Executor(
         mset.desired(),
         docker=DockerActions(make_client()),
-        up_argv=mset.up_argv,
-        manifest_dir=lambda name: mset.source(name).resolve().parent,
-        serve_details=mset.serves,
+        runtime=mset.runtime(),
         router=router,
         # the engine may hold a resize up to 300 s before answering 409 (busy): the
         # client's own bound (20 s) keeps the loop going; no answer is not proof
@@ -64,4 +82,6 @@ def make_executor(
         config=config,
         on_step=on_step,
         stop_event=stop_event,
+        observe_now=observe_now,
+        starts=starts,
     )

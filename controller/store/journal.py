@@ -110,7 +110,8 @@ CREATE TABLE IF NOT EXISTS cycles (
     plan            TEXT NOT NULL,     -- JSON: Plan.to_json()
     requests        TEXT NOT NULL,     -- JSON: [{serve, requested_at, ttl_s}]
     dry_run         INTEGER NOT NULL,
-    outcome         TEXT               -- JSON: ExecutionReport.to_json(), NULL until known
+    outcome         TEXT,              -- JSON: ExecutionReport.to_json(), NULL until known
+    policy          TEXT               -- JSON: Policy.to_json(), NULL if not recorded
 );
 CREATE INDEX IF NOT EXISTS cycles_at ON cycles (at);
 CREATE INDEX IF NOT EXISTS cycles_digest ON cycles (manifest_digest);
@@ -165,6 +166,11 @@ CREATE TABLE IF NOT EXISTS declared (
 #: Tables added to schema version 1 after its release: created on open when missing
 #: (``CREATE TABLE IF NOT EXISTS``), so a journal written before them still opens.
 _ADDED_TABLES = frozenset({"started", "ups", "declared"})
+
+#: Columns added to schema version 1 after its release (table, column, type): added on a
+#: writable open when missing (``ALTER TABLE ... ADD COLUMN``); a journal opened
+#: read-only without them reads them as NULL.
+_ADDED_COLUMNS = (("cycles", "policy", "TEXT"),)
 
 _TABLES = frozenset({"manifests", "cycles", "steps", "requests", "elastic"})
 
@@ -228,6 +234,9 @@ class CycleRecord:
     requests: list[dict[str, Any]]
     outcome: dict[str, Any] | None
     dry_run: bool
+    #: the planner policy the cycle was planned with (``Policy.to_json()``); ``None`` in
+    #: cycles recorded before the journal kept it
+    policy: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -240,6 +249,7 @@ class CycleRecord:
             "requests": self.requests,
             "outcome": self.outcome,
             "dry_run": self.dry_run,
+            "policy": self.policy,
         }
 
 
@@ -254,6 +264,11 @@ class StepRecord:
     outcome: str
     detail: str | None
     duration_s: float | None
+
+
+def _columns(conn: sqlite3.Connection, table: str) -> set[str]:
+    """The column names of ``table``."""
+    return {str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")}
 
 
 def _dumps(value: Any) -> str:
@@ -407,6 +422,16 @@ class Journal:
                         if statement.strip():
                             conn.execute(statement)
                     conn.execute("COMMIT")
+                missing_columns = [
+                    (table, column, kind)
+                    for table, column, kind in _ADDED_COLUMNS
+                    if column not in _columns(conn, table)
+                ]
+                if missing_columns:
+                    conn.execute("BEGIN IMMEDIATE")
+                    for table, column, kind in missing_columns:
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+                    conn.execute("COMMIT")
             return
         # version 0: a new file, or some other SQLite database
         if readonly:
@@ -472,9 +497,12 @@ class Journal:
         plan: Mapping[str, Any],
         requests: Sequence[Mapping[str, Any]],
         dry_run: bool,
+        policy: Mapping[str, Any] | None = None,
     ) -> int:
         """Record one cycle's inputs and plan; returns its id (increasing, never reused).
 
+        ``policy`` is the planner policy the plan was made with (``Policy.to_json()``:
+        backoff holds, ``no_shrink``), so that replay plans as the loop did.
         ``manifest_files`` (path -> content) is stored once per ``manifest_digest``.
         Every ``prune_every`` records, :meth:`prune` runs with ``now = at``.
         """
@@ -484,8 +512,9 @@ class Journal:
                 (manifest_digest, _dumps(dict(manifest_files)), at),
             )
             cur = conn.execute(
-                "INSERT INTO cycles (at, manifest_digest, observed, plan, requests, dry_run) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
+                "INSERT INTO cycles "
+                "(at, manifest_digest, observed, plan, requests, dry_run, policy) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
                     at,
                     manifest_digest,
@@ -493,6 +522,7 @@ class Journal:
                     _dumps(dict(plan)),
                     _dumps([dict(r) for r in requests]),
                     int(dry_run),
+                    None if policy is None else _dumps(dict(policy)),
                 ),
             )
             cycle_id = cur.lastrowid
@@ -535,9 +565,12 @@ class Journal:
 
     def cycles(self, since_id: int | None = None, cycle: int | None = None) -> list[CycleRecord]:
         """Recorded cycles, oldest first: all, those after ``since_id``, or just ``cycle``."""
+        with self._lock:
+            # a journal opened read-only may predate the policy column: read it as NULL
+            policy = "policy" if "policy" in _columns(self._conn, "cycles") else "NULL"
         query = (
-            "SELECT id, at, manifest_digest, observed, plan, requests, outcome, dry_run "
-            "FROM cycles WHERE 1 = 1"
+            "SELECT id, at, manifest_digest, observed, plan, requests, outcome, dry_run, "
+            f"{policy} FROM cycles WHERE 1 = 1"
         )
         args: list[int] = []
         if since_id is not None:
@@ -558,6 +591,7 @@ class Journal:
                 requests=json.loads(r[5]),
                 outcome=None if r[6] is None else json.loads(r[6]),
                 dry_run=bool(r[7]),
+                policy=None if r[8] is None else json.loads(r[8]),
             )
             for r in rows
         ]

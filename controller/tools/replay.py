@@ -8,6 +8,10 @@ or for one observed snapshot file, :func:`replay` rebuilds the planner's inputs:
 - the desired state from the **given** manifest set, with the on-demand requests the
   cycle recorded (a snapshot file may carry a ``requests`` list too);
 - ``now`` = the cycle's recorded time (a snapshot's ``taken_at``, else 0);
+- the planner policy the cycle recorded (the loop's backoff holds and ``no_shrink``
+  serves), so a cycle planned under a hold replays as the loop decided it; a cycle
+  recorded before the journal kept it, or a snapshot, plans with the default policy;
+  a ``policy`` given to :func:`replay` replaces the recorded one;
 
 and calls the current :func:`statemachine.planner.plan_transitions`. The new plan's
 steps are compared with the recorded plan's as ``"action serve mib"`` lines (difflib),
@@ -236,11 +240,17 @@ def _replay_one(
     mset: ManifestSet,
     policy: Policy | None,
     where: str,
+    recorded_policy: Any = None,
 ) -> CycleReplay:
     changed = recorded_digest is not None and recorded_digest != mset.digest
     try:
         obs = parse_snapshot(observed, source=where).to_observed()
         desired = dataclasses.replace(mset.desired(), requests=_requests(requests, where))
+        if policy is None and recorded_policy is not None:
+            try:
+                policy = Policy.from_json(recorded_policy)
+            except ValueError as exc:
+                raise ReplayError(f"the recorded {exc}") from None
     except (SnapshotError, ReplayError) as exc:
         return CycleReplay(
             id=cycle_id,
@@ -306,6 +316,7 @@ def _replay_journal(
             mset=mset,
             policy=policy,
             where=f"{source}: cycle {rec.id}: observed",
+            recorded_policy=rec.policy,
         )
         for rec in records
     ]
@@ -359,8 +370,10 @@ def replay(
     """Re-plan ``source`` (a journal, or one observed snapshot JSON) against ``mset``.
 
     A journal is recognised by the SQLite header; anything else must be a snapshot.
-    ``cycle`` selects one recorded cycle. Raises :class:`ReplayError` (naming the file)
-    when the source cannot be read, has an unknown format, or lacks the cycle. A
+    ``cycle`` selects one recorded cycle; ``policy`` replaces the policy each cycle
+    recorded (by default each cycle is planned with its own). Raises
+    :class:`ReplayError` (naming the file) when the source cannot be read, has an
+    unknown format, or lacks the cycle. A
     journal cycle whose recorded snapshot no longer parses is reported with ``error``
     instead of stopping the whole replay. Nothing is executed.
     """

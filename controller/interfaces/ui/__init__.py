@@ -31,7 +31,7 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
 from controller.interfaces.api import public_blocked, public_failure
-from controller.store.journal import Journal
+from controller.service.view import JournalHistory
 
 __all__ = ["ASSETS", "recent_plans", "register_ui"]
 
@@ -64,7 +64,7 @@ def _public_detail(detail: str | None) -> str | None:
     return None if detail is None else public_failure(detail)
 
 
-def recent_plans(journal: Journal, limit: int, *, full: bool) -> list[dict[str, Any]]:
+def recent_plans(journal: JournalHistory, limit: int, *, full: bool) -> list[dict[str, Any]]:
     """The last ``limit`` recorded cycles, newest first, as the page shows them.
 
     Each: the cycle id, when it was planned, dry run or not, the steps in plan order
@@ -140,7 +140,7 @@ def recent_plans(journal: Journal, limit: int, *, full: bool) -> list[dict[str, 
 
 def register_ui(
     app: FastAPI,
-    journal: Callable[[], Journal],
+    journal: Callable[[], JournalHistory],
     full_detail: Callable[[Request], bool],
     meta: Callable[[bool], dict[str, Any]],
 ) -> None:

@@ -1,0 +1,105 @@
+"""The read-only view of the control loop that the interfaces (HTTP API, metrics) read.
+
+The loop (:class:`controller.service.loop.Controller`) keeps mutable state: the last
+cycle, the manifest set in force, the backoff of each serve. The interfaces never read
+those fields: they ask :meth:`LoopPort.view` for a :class:`LoopView`, a frozen copy of
+what the loop knows at that moment (as of its last cycle, plus what it has learned
+since: a reloaded manifest, a start that ended), and they change the loop's state only
+through :meth:`LoopPort.request_up` / :meth:`LoopPort.request_down`. On-demand requests
+are read live from the journal (:meth:`LoopPort.requests`), so a request the API just
+recorded shows at once; the recorded cycles through :meth:`LoopPort.history`, read only.
+
+Nothing here decides or mutates anything.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Protocol
+
+from controller.manifest import LocatedError
+from controller.service.executor import ExecutionReport
+from controller.snapshot import SnapshotModel
+from controller.store.journal import CycleRecord, StepRecord
+from statemachine.plan import Plan
+from statemachine.types import DesiredState, OnDemandRequest
+
+
+@dataclass(frozen=True, slots=True)
+class BackoffView:
+    """One serve's failure backoff: how many failures, the last, when it may be tried."""
+
+    failures: int
+    until: float
+    last_failure: str
+
+
+@dataclass(frozen=True, slots=True)
+class LoopView:
+    """What the loop knows at one moment; read-only."""
+
+    #: the last cycle: when it observed (epoch s), how long it took, what it saw and did;
+    #: ``snapshot`` is ``None`` before the first cycle
+    at: float
+    duration_s: float
+    snapshot: SnapshotModel | None
+    plan: Plan | None
+    report: ExecutionReport | None
+    executed: bool
+    #: cycles run since the loop started
+    cycles: int
+    #: the manifest set in force (its desired state without requests, and its digest)
+    desired: DesiredState
+    manifest_digest: str
+    #: the problems of the last edit that did not load (the set above stays in force)
+    manifest_errors: tuple[str, ...]
+    manifest_issues: tuple[LocatedError, ...]
+    #: serve -> its backoff; elastic serves whose shrink failed
+    backoff: Mapping[str, BackoffView]
+    no_shrink: frozenset[str]
+    dry_run: bool
+
+
+class JournalHistory(Protocol):
+    """The journal's recorded cycles, read only (what the operator's page shows)."""
+
+    def cycle_ids(self) -> list[int]:
+        """The ids of every recorded cycle, oldest first."""
+        ...
+
+    def cycles(self, since_id: int | None = None, cycle: int | None = None) -> list[CycleRecord]:
+        """Recorded cycles, oldest first."""
+        ...
+
+    def steps(self, cycle_id: int) -> list[StepRecord]:
+        """One cycle's step outcomes."""
+        ...
+
+
+class LoopPort(Protocol):
+    """What an interface may ask of the loop."""
+
+    def history(self) -> JournalHistory:
+        """The journal's recorded cycles (read only)."""
+        ...
+
+    def view(self) -> LoopView:
+        """The loop's state now, as a frozen copy."""
+        ...
+
+    def requests(self) -> tuple[OnDemandRequest, ...]:
+        """The on-demand requests in force (from the journal)."""
+        ...
+
+    def desired(self) -> DesiredState:
+        """The desired state: the manifest set in force plus the requests."""
+        ...
+
+    def request_up(self, serve: str, ttl_s: float | None) -> None:
+        """Record an on-demand request and ask for a cycle."""
+        ...
+
+    def request_down(self, serve: str) -> bool:
+        """End a serve's on-demand request; True when there was one."""
+        ...
