@@ -730,14 +730,9 @@ class Journal:
         self, container: str, serve: str, gpu_roles: Sequence[str], mib: int, at: float
     ) -> None:
         """Remember the reservation ``container`` was started with (replaces any)."""
-        with self._tx() as conn:
-            conn.execute(
-                "INSERT INTO started (container, serve, gpu_roles, mib, set_at) "
-                "VALUES (?, ?, ?, ?, ?) ON CONFLICT (container) DO UPDATE SET "
-                "serve = excluded.serve, gpu_roles = excluded.gpu_roles, "
-                "mib = excluded.mib, set_at = excluded.set_at",
-                (container, serve, _dumps(list(gpu_roles)), int(mib), at),
-            )
+        self._upsert_reservations(
+            "started", {container: StartedWith(serve, tuple(gpu_roles), mib)}, at
+        )
 
     def forget_started(self, container: str) -> None:
         """Forget ``container``'s start reservation (it stopped)."""
@@ -749,17 +744,7 @@ class Journal:
 
         Empty for a read-only journal written before the table existed.
         """
-        with self._lock:
-            try:
-                rows = self._conn.execute(
-                    "SELECT container, serve, gpu_roles, mib FROM started ORDER BY container"
-                ).fetchall()
-            except sqlite3.OperationalError:  # no such table (read-only, older file)
-                return {}
-        return {
-            str(r[0]): StartedWith(str(r[1]), tuple(str(x) for x in json.loads(r[2])), int(r[3]))
-            for r in rows
-        }
+        return self._reservations("started")
 
     def set_declared(self, records: Mapping[str, StartedWith], at: float) -> None:
         """Remember the reservation a manifest declares for each container (upsert).
@@ -768,9 +753,19 @@ class Journal:
         manifest in force declares it (a file caught mid-write, a serve removed and
         started by hand) is counted at its last declared reservation.
         """
+        self._upsert_reservations("declared", records, at)
+
+    def declared(self) -> dict[str, StartedWith]:
+        """Container -> the last reservation a manifest declared for it."""
+        return self._reservations("declared")
+
+    def _upsert_reservations(
+        self, table: str, records: Mapping[str, StartedWith], at: float
+    ) -> None:
+        assert table in ("started", "declared")
         with self._tx() as conn:
             conn.executemany(
-                "INSERT INTO declared (container, serve, gpu_roles, mib, set_at) "
+                f"INSERT INTO {table} (container, serve, gpu_roles, mib, set_at) "
                 "VALUES (?, ?, ?, ?, ?) ON CONFLICT (container) DO UPDATE SET "
                 "serve = excluded.serve, gpu_roles = excluded.gpu_roles, "
                 "mib = excluded.mib, set_at = excluded.set_at",
@@ -780,12 +775,12 @@ class Journal:
                 ],
             )
 
-    def declared(self) -> dict[str, StartedWith]:
-        """Container -> the last reservation a manifest declared for it."""
+    def _reservations(self, table: str) -> dict[str, StartedWith]:
+        assert table in ("started", "declared")
         with self._lock:
             try:
                 rows = self._conn.execute(
-                    "SELECT container, serve, gpu_roles, mib FROM declared ORDER BY container"
+                    f"SELECT container, serve, gpu_roles, mib FROM {table} ORDER BY container"
                 ).fetchall()
             except sqlite3.OperationalError:  # no such table (read-only, older file)
                 return {}
