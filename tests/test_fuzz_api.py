@@ -40,6 +40,7 @@ from schemathesis.specs.openapi.checks import (
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.manifest import load_manifest_set
+from controller.service.events import EventBus
 from controller.service.loop import Controller, CycleSummary, RunOptions
 from controller.snapshot import parse_snapshot
 from controller.store.journal import Journal, journal_path
@@ -151,13 +152,30 @@ LABELS = tuple(
 )
 
 
+def _ended_bus() -> EventBus:
+    """A bus with a few events, closed: ``GET /v1/events`` replays and ends.
+
+    The event stream never ends while the controller runs, and the in-process client
+    reads an answer whole; over a closed bus each stream is finite, so it is fuzzed
+    like every other route (``since`` and ``Last-Event-ID`` of any text). The stream
+    itself is tested over a real server in tests/test_events.py.
+    """
+    bus = EventBus(buffer=4)
+    for i in range(6):
+        bus.publish("step", private=("detail",), serve="llm", detail=f"detail {i}")
+    bus.close()
+    return bus
+
+
 @pytest.fixture(scope="module")
 def schemas(controller: Controller) -> dict[str, Any]:
     """Per auth mode: the published schema, bound to an app over the scripted controller."""
     out = {}
     for mode in AUTH_MODES:
         token = None if mode == "no-token-set" else TOKEN
-        app = create_app(controller, ApiSettings(token=token, bind_host="127.0.0.1"))
+        app = create_app(
+            controller, ApiSettings(token=token, bind_host="127.0.0.1"), events=_ended_bus()
+        )
         loaded = schemathesis.openapi.from_dict(app.openapi())
         loaded.app = app
         out[mode] = loaded
@@ -181,6 +199,7 @@ def test_the_schema_publishes_every_route() -> None:
         "GET /v1/fit/{serve}",
         "POST /v1/serves/{serve}/up",
         "POST /v1/serves/{serve}/down",
+        "GET /v1/events",
     }, LABELS
 
 

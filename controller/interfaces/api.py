@@ -17,6 +17,9 @@ Routes:
   manifest set (``null`` = unknown, e.g. before the first cycle or with docker down).
 - ``GET /v1/serves`` — per serve: container state, lifecycle, reservation, backoff,
   the active on-demand request and its TTL, and whether it may be requested.
+- ``GET /v1/events`` — the event stream (Server-Sent Events, ``Last-Event-ID`` resume):
+  :mod:`controller.interfaces.stream`, same read rules; ``up`` and ``down`` publish
+  ``request.admitted`` / ``request.refused`` / ``request.ended`` on it.
 - ``GET /v1/fit/{serve}`` — the fit JSON (docs/design.md §5) on the last snapshot; no side
   effects. 200 whether it fits or not; 404 unknown serve; 503 before the first cycle.
 - ``POST /v1/serves/{serve}/up`` (body optional: ``{"ttl_s": N}``, N > 0 seconds;
@@ -106,7 +109,9 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.interfaces.metrics import CONTENT_TYPE, Metrics
+from controller.interfaces.stream import HEARTBEAT_S, register_events
 from controller.manifest import LocatedError
+from controller.service.events import EventBus
 from controller.service.loop import Controller
 from controller.service.view import LoopPort, LoopView
 from controller.store.lock import warn_if_open
@@ -148,6 +153,8 @@ class ApiSettings:
     #: the address the API listens on; on loopback, a request whose Host header names
     #: anything else is refused (a DNS-rebinding page cannot read the ledger)
     bind_host: str | None = None
+    #: seconds of silence before the event stream sends a keepalive comment
+    events_heartbeat_s: float = HEARTBEAT_S
 
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
@@ -562,12 +569,17 @@ def _request_json(r: OnDemandRequest, now: float) -> dict[str, Any]:
 
 
 def create_app(
-    controller: LoopPort, settings: ApiSettings, metrics: Metrics | None = None
+    controller: LoopPort,
+    settings: ApiSettings,
+    metrics: Metrics | None = None,
+    events: EventBus | None = None,
 ) -> FastAPI:
     """The FastAPI app over a controller (not yet serving).
 
     It reads the loop only through its read-only view (``controller.view()``, a frozen
     copy) and the requests; it changes it only by ``request_up`` / ``request_down``.
+    ``events``: the bus ``GET /v1/events`` streams and ``up`` / ``down`` publish on
+    (the controller's, from :func:`attach_api`; default: one of its own).
     """
     app = FastAPI(
         title="vramctl",
@@ -578,6 +590,7 @@ def create_app(
     )
     allowed = frozenset(settings.allow_origins)
     metrics = metrics or Metrics()
+    bus = events if events is not None else EventBus()
 
     # innermost: its refusals still get CORS headers for an allowed origin
     app.add_middleware(WriteGuard, settings=settings, limit=MAX_BODY_BYTES)
@@ -792,6 +805,14 @@ def create_app(
         spec = spec_of(serve)
         why_not = can_request(controller.view().desired, serve)
         if why_not is not None:
+            bus.publish(
+                "request.refused",
+                private=("message",),
+                serve=serve,
+                status=409,
+                message=why_not,
+                retry_after_s=None,
+            )
             raise ApiError(409, f"{serve} cannot be requested on demand: {why_not}")
         observed = observed_or_503()
         now = time.time()
@@ -808,6 +829,14 @@ def create_app(
         if decision.status != 202:
             if decision.status == 429:
                 metrics.refused("api")
+            bus.publish(
+                "request.refused",
+                private=("message",),
+                serve=serve,
+                status=decision.status,
+                message=decision.message,
+                retry_after_s=decision.retry_after_s,
+            )
             logger.info(
                 "api: up {} from {} refused ({}): {}",
                 serve,
@@ -832,6 +861,7 @@ def create_app(
         if observed.container(spec.container).holds and serve not in active:
             # running already, and not because of a request: recording one would make the
             # loop stop it when the request ends, which nobody asked for
+            bus.publish("request.admitted", serve=serve, recorded=False, ttl_s=None, steps=[])
             return JSONResponse(
                 {
                     "status": 202,
@@ -845,6 +875,13 @@ def create_app(
             )
         controller.request_up(serve, ttl)
         effective_ttl = ttl if ttl is not None else spec.idle_ttl_s
+        bus.publish(
+            "request.admitted",
+            serve=serve,
+            recorded=True,
+            ttl_s=effective_ttl,
+            steps=[f"{st['action']} {st['serve']}" for st in decision.body["steps"]],
+        )
         record = next((r for r in controller.requests() if r.serve == serve), None)
         req_json = (
             _request_json(record, now)
@@ -904,6 +941,7 @@ def create_app(
             message = f"request ended; {serve} is not running"
         client = request.client.host if request.client else "?"
         logger.info("api: down {} from {}: {}", serve, client, message)
+        bus.publish("request.ended", serve=serve, reason="down", running=running, stays=stays)
         return JSONResponse(
             {"status": 202, "serve": serve, "ended": True, "message": message},
             status_code=202,
@@ -913,6 +951,7 @@ def create_app(
     from controller.interfaces.ui import register_ui
 
     register_ui(app, controller.history, full_detail, lambda full: meta(controller.view(), full))
+    register_events(app, bus, full_detail, ApiError, settings.events_heartbeat_s)
     return app
 
 
@@ -977,7 +1016,8 @@ def attach_api(controller: Controller, settings: ApiSettings, sock: socket.socke
     """
     metrics = Metrics()
     controller.on_cycle.append(metrics.on_cycle)
-    controller.services.append(api_service(create_app(controller, settings, metrics), sock))
+    app = create_app(controller, settings, metrics, controller.events)
+    controller.services.append(api_service(app, sock))
     return metrics
 
 

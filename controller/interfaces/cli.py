@@ -704,6 +704,73 @@ def down(
     raise typer.Exit(0 if status_code == 202 else 1)
 
 
+@app.command()
+def events(
+    api: ApiOpt = "127.0.0.1:8477",
+    token_file: TokenFileOpt = None,
+    since: Annotated[
+        int | None,
+        typer.Option(
+            "--since",
+            min=0,
+            help="Begin after this event id (those still kept are replayed; a gap says "
+            "what is no longer kept). Default: only new events.",
+        ),
+    ] = None,
+    count: Annotated[
+        int, typer.Option("--count", min=0, help="Stop after N events (0: never).")
+    ] = 0,
+    json_out: Annotated[
+        bool, typer.Option("--json", help="Print each event as one JSON line.")
+    ] = False,
+) -> None:
+    """Follow the running loop's event stream (GET /v1/events), one line per event.
+
+    Lifecycle transitions, plans begun and ended, step outcomes, ledger changes,
+    requests and drift alarms, as they happen. A dropped connection is resumed from the
+    last event seen (Last-Event-ID); a `gap` line says what could not be replayed. With
+    the token (--token-file / VRAMCTL_TOKEN) free-text details are shown too. Ctrl-C
+    stops; exit 1 when nothing answers or the API refuses the stream.
+    """
+    from controller.interfaces.api import ApiConfigError, base_url, load_token
+    from controller.interfaces.stream import (
+        StreamRefused,
+        StreamUnreachable,
+        describe,
+        follow_events,
+    )
+
+    try:
+        token = load_token(token_file)
+        url = base_url(api)
+    except ApiConfigError as exc:
+        _fail(str(exc))
+    seen = 0
+
+    def show(item: dict[str, Any]) -> bool:
+        nonlocal seen
+        if json_out:
+            sys.stdout.write(json.dumps(item, separators=(",", ":")) + "\n")
+            sys.stdout.flush()
+        else:
+            render.out.print(describe(item), markup=False)
+        seen += 1
+        return count == 0 or seen < count
+
+    def reconnecting(why: str) -> None:
+        render.warn(f"{why}: reconnecting to {url}")
+
+    try:
+        follow_events(url, show, token=token, since=since, on_reconnect=reconnecting)
+    except StreamRefused as exc:
+        _fail(f"{url} refused the event stream: {exc}")
+    except StreamUnreachable as exc:
+        _fail(f"{exc}; start `vramctl run` (events only follow the running loop)")
+    except KeyboardInterrupt:
+        raise typer.Exit(0) from None
+    raise typer.Exit(0)
+
+
 @app.command("replay")
 def replay_cmd(
     source: Annotated[

@@ -47,6 +47,7 @@ from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticErr
 from controller.adapters.health import http_ready
 from controller.adapters.router import RouterClient, RouterError
 from controller.manifest.runtime import ServeRuntime
+from controller.service.events import EventBus, LedgerWatch
 from controller.service.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import (
@@ -247,6 +248,11 @@ class Executor:
         # serve -> (action, to_mib, reserve_mib) of a resize that got no answer: the same
         # step asks for the same reserve again (idempotent), not a new card-wide figure
         self.unanswered: dict[str, tuple[str, int, int | None]] = {}
+        #: where transitions, step outcomes and ledger changes are published (the loop
+        #: hands its own bus and watch; the cycle id of the plan executing now)
+        self.events = EventBus()
+        self.ledger_watch = LedgerWatch(self.events)
+        self.cycle: int | None = None
 
     def runtime(self, name: str) -> ServeRuntime:
         """How serve ``name``'s steps are carried out (the manifest's defaults if unknown)."""
@@ -386,7 +392,9 @@ class Executor:
                 jobs[step.serve] = self._detach(run, chain)
                 continue
             self._emit(report, self._attempt(run, step))
+            self.ledger_watch.feed(run.ledger, "plan")
         run.compensate_all("the plan ended")
+        self.ledger_watch.feed(run.ledger, "plan")
         report.ledger = run.ledger
         report.elastic = dict(run.elastic)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
@@ -468,10 +476,22 @@ class Executor:
 
     def _emit(self, report: ExecutionReport, result: StepResult) -> None:
         report.results.append(result)
-        self._emit_result(result)
+        self._emit_result(result, self.cycle)
 
-    def _emit_result(self, result: StepResult) -> None:
-        """Log one step's result and hand it to ``on_step``."""
+    def _emit_result(self, result: StepResult, cycle: int | None) -> None:
+        """Log one step's result, publish it (``cycle``: its plan's) and hand it to ``on_step``."""
+        step = result.step
+        self.events.publish(
+            "step",
+            private=("detail",),
+            cycle=cycle,
+            action=str(step.action),
+            serve=step.serve,
+            group=step.group,
+            outcome=str(result.outcome),
+            detail=result.detail,
+            duration_s=round(result.duration_s, 3),
+        )
         level = "INFO" if result.outcome is Outcome.OK else "WARNING"
         if result.outcome is Outcome.FAILED:
             level = "ERROR"
@@ -518,6 +538,7 @@ class _StartJob:
         self.token = token
         self.results: list[StepResult] = []
         self.on_done = ex.on_start_done  # as when the start began (the loop sets it per cycle)
+        self.cycle = ex.cycle
         self.done = threading.Event()
         self.ok = False
 
@@ -543,7 +564,7 @@ class _StartJob:
                     result = self.ex._attempt(self.run_, step)
                     failed = result.outcome is not Outcome.OK
                 self.results.append(result)
-                self.ex._emit_result(result)
+                self.ex._emit_result(result, self.cycle)
             self.ok = not failed
         except Exception:  # a bug must not leave the start counted for good
             logger.exception("{}: the start's thread failed", serve)
@@ -571,6 +592,7 @@ class _Run:
         observed: Observed,
     ) -> None:
         self.ex = ex
+        self.cycle = ex.cycle  # the plan's, for the events this run publishes
         #: the desired state this run was planned for (a start carried out beside the
         #: loop keeps it even when the manifest changes meanwhile)
         self.desired = ex.desired
@@ -598,11 +620,19 @@ class _Run:
         as :class:`StepError` (the step fails, its group is undone), never passed over.
         """
         machine = self.machines[serve]
+        before = str(machine.state)
         try:
             machine.fire(trigger)
         except IllegalTransition as exc:
             logger.error("lifecycle: {}", exc)
             raise StepError(f"lifecycle: {exc}") from None
+        self.ex.events.publish(
+            "lifecycle",
+            serve=serve,
+            cycle=self.cycle,
+            trigger=str(trigger),
+            **{"from": before, "to": str(machine.state)},
+        )
 
     def router(self) -> RouterClient:
         if self.ex.router is None:

@@ -41,6 +41,12 @@ from loguru import logger
 from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.service.cycle import CycleJournal, CycleResult, PlanInputs, run_cycle
+from controller.service.events import (
+    DriftWatch,
+    EventBus,
+    LedgerWatch,
+    ObservationWatch,
+)
 from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
 from controller.service.observe import observe_host
 from controller.service.starts import StartTracker, supervise_orphans
@@ -144,6 +150,11 @@ class Controller:
         self._outcomes: dict[int, dict[str, Any] | None] = {}
         self._early: dict[int, list[StepResult]] = {}  # results that ended while executing
         self._aio: asyncio.AbstractEventLoop | None = None
+        #: what the loop does, as numbered events (GET /v1/events); ids start past any
+        #: an earlier controller issued (its start time in ms), see controller.service.events
+        self.events = EventBus(first_id=int(time.time() * 1000))
+        self._ledger_watch = LedgerWatch(self.events)
+        self._watch = ObservationWatch(self._ledger_watch, DriftWatch(self.events))
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -262,6 +273,7 @@ class Controller:
             # and the next controller supervises it
             await asyncio.to_thread(self.starts.join, 10.0)
             await asyncio.sleep(0)  # their outcomes, handed to this loop, are journalled
+            self.events.close()  # the event streams end before the API shuts down
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -549,6 +561,7 @@ class Controller:
                 observe_now=self._observe_now,
                 starts=self.starts,
             )
+            self._executor.events, self._executor.ledger_watch = self.events, self._ledger_watch
         return self._executor
 
     def _observe_now(self) -> Observed:
@@ -635,7 +648,9 @@ class Controller:
             self._nvml_said = snap.nvml_error
         self._note_deaths(observed, now)
         self._end_finished_requests(observed, now)
-        return PlanInputs(self.desired(), self.policy(now), now)
+        desired = self.desired()
+        self._watch.feed(desired, observed)
+        return PlanInputs(desired, self.policy(now), now)
 
     def _cycle_journal(self, plan: Plan) -> CycleJournal | None:
         """The journal this plan is recorded in; a dry run records a plan once."""
@@ -656,7 +671,9 @@ class Controller:
         executor = self._executor_for()
         executor.desired = desired
         executor.on_start_done = self._start_done_callback(cycle_id)
+        executor.cycle = cycle_id
         self._outcomes[cycle_id] = None  # executing: a start's early end waits
+        self.events.publish("plan.begun", cycle=cycle_id, steps=[s.to_json() for s in plan.steps])
         return executor.execute(plan, observed)
 
     def _complete_outcome(self, cycle_id: int | None, outcome: dict[str, Any]) -> None:
@@ -664,6 +681,16 @@ class Controller:
         assert cycle_id is not None
         _add_start_results(outcome, self._early.pop(cycle_id, []))
         self._outcomes[cycle_id] = outcome
+        self.events.publish(
+            "plan.ended",
+            private=("preflight",),
+            cycle=cycle_id,
+            ok=bool(outcome.get("ok")),
+            stopped_early=bool(outcome.get("stopped_early")),
+            steps=len(outcome.get("steps", [])),
+            pending=list(outcome.get("pending", [])),
+            preflight=list(outcome.get("preflight", [])),
+        )
         for old_id in sorted(self._outcomes)[:-32]:  # bounded: old cycles' starts end
             del self._outcomes[old_id]
 
@@ -872,11 +899,13 @@ class Controller:
             spec = serves.get(req.serve)
             if spec is None:
                 self.journal.end_request(req.serve, now)
+                self.events.publish("request.closed", serve=req.serve, reason="serve gone")
                 continue
             if req.serve in observed.starting:
                 continue  # its start is in progress: it ends once the serve is down
             if req.expired(now) and not observed.container(spec.container).holds:
                 self.journal.end_request(req.serve, now)
+                self.events.publish("request.closed", serve=req.serve, reason="ended, serve down")
 
 
 @dataclass(frozen=True, slots=True)
