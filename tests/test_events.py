@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -719,3 +720,14 @@ def test_a_refused_request_is_on_the_stream_with_its_message_withheld(
     assert refused["data"]["retry_after_s"] == 1 and refused["withheld"] == ["message"]
     # nothing was stopped for it (decided before any cycle, on the last observation)
     assert not any(g["kind"] == "lifecycle" for g in anonymous.items)
+
+
+def test_the_documented_kinds_are_exactly_the_kinds_published() -> None:
+    from controller.interfaces.stream import SSE_EVENT_SCHEMA
+    from controller.service.events import KINDS
+
+    text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    section = text[text.index("### Event stream") :]
+    documented = set(re.findall(r"^\| `([a-z.]+)` \|", section, flags=re.MULTILINE))
+    assert documented == {*KINDS, "gap", "end"}
+    assert set(SSE_EVENT_SCHEMA["properties"]["event"]["enum"]) == documented

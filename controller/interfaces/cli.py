@@ -541,7 +541,7 @@ def run(
     """The control loop: keep the host converged to the manifest, beside Compose.
 
     With the API (default 127.0.0.1:8477; --no-api to disable) the loop also answers
-    GET /v1/ledger, /v1/serves, /v1/fit/SERVE, /metrics, /healthz and takes on-demand
+    GET /v1/ledger, /v1/serves, /v1/fit/SERVE, /v1/events, /metrics, /healthz and takes on-demand
     requests (POST /v1/serves/SERVE/up | down, bearer token from --token-file or
     VRAMCTL_TOKEN; without a token those answer 503). An address already in use
     stops the command at once with exit 1.

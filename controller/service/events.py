@@ -108,9 +108,9 @@ class Event:
 class Gap:
     """Events a reader asked for or fell behind on are gone from the ring.
 
-    ``after`` is the last id the reader had, ``first`` the
-    first id the ring still holds (the next event the reader gets), ``missed`` how
-    many events it will not see (``None`` when unknown: an id this process never issued).
+    ``after`` is the last id the reader had, ``first`` the first id the ring still
+    holds (the next event the reader gets), ``missed`` how many events it will not
+    see (``None`` when unknown: an id this process never issued).
     """
 
     after: int
@@ -179,7 +179,7 @@ class Subscription:
         return self._closed
 
     def pending(self) -> int:
-        """How many items wait (for tests and the bus's own bound checks)."""
+        """How many items wait to be read (at most the queue's bound, plus a replay)."""
         with self._bus._lock:
             return len(self._items)
 
