@@ -731,3 +731,27 @@ def test_the_documented_kinds_are_exactly_the_kinds_published() -> None:
     documented = set(re.findall(r"^\| `([a-z.]+)` \|", section, flags=re.MULTILINE))
     assert documented == {*KINDS, "gap", "end"}
     assert set(SSE_EVENT_SCHEMA["properties"]["event"]["enum"]) == documented
+
+
+@pytest.mark.docker
+def test_a_stop_ends_the_stream_and_after_a_restart_old_ids_read_as_a_gap(
+    live: Live, readers: Callable[..., Reader]
+) -> None:
+    lv = live
+    reader = readers(lv.url)
+    assert lv.post("/v1/serves/big/up", {"ttl_s": 60}).status_code == 429
+    reader.wait("the refusal", lambda got: any(g["kind"] == "request.refused" for g in got))
+    old = reader.events()[-1]["id"]
+    assert lv.stop() == 0
+    reader.wait("the end event", lambda got: got[-1]["kind"] == "end")
+    reader.thread.join(30)
+    assert not reader.thread.is_alive()  # the stream ended with the controller
+    lv.start()
+    again = readers(lv.url, Last_Event_ID=str(old))
+    again.wait("the gap", bool)
+    gap = again.items[0]
+    assert gap["kind"] == "gap" and gap["data"]["after"] == old
+    assert gap["data"]["missed"] is None and gap["data"]["first"] > old
+    assert "not issued by this controller" in gap["data"]["reason"]
+    later = [g["id"] for g in again.items[1:] if g["kind"] != "end"]
+    assert all(i >= gap["data"]["first"] for i in later)
