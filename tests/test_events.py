@@ -436,6 +436,11 @@ def test_the_stream_is_read_only_and_redacted_like_the_other_gets(
         # read-only: no write method exists on it
         r = c.post("/v1/events", headers={"Authorization": f"Bearer {TOKEN}"})
         assert r.status_code == 405
+    # the command says so too, and stops
+    out = vramctl(
+        "events", "--api", f"127.0.0.1:{srv.port}", "--count", "1", env={"VRAMCTL_TOKEN": "nope"}
+    )
+    assert out.returncode == 1 and "refused the event stream: 403" in out.stderr
 
 
 def test_resume_with_last_event_id_and_the_gap_over_http(
@@ -561,6 +566,14 @@ def test_the_client_reconnects_with_the_last_id_after_the_server_went_away(
     assert reconnects and all(
         "dropped" in r or "nothing answers" in r or "stopped" in r for r in reconnects
     )
+
+
+def test_vramctl_events_without_a_loop_fails_clearly() -> None:
+    out = vramctl("events", "--api", f"127.0.0.1:{free_port()}", "--count", "1")
+    assert out.returncode == 1
+    assert "no vramctl run answers" in out.stderr and "start `vramctl run`" in out.stderr
+    out = vramctl("events", "--api", "nowhere", "--count", "1")
+    assert out.returncode == 1 and "expected HOST:PORT" in out.stderr
 
 
 # ── vramctl run over real containers ─────────────────────────────────────────
