@@ -638,6 +638,15 @@ def run(
         typer.Option("--no-api", envvar="VRAMCTL_NO_API", help="Run without the HTTP API."),
     ] = False,
     token_file: TokenFileOpt = None,
+    settle_s: Annotated[
+        float,
+        typer.Option(
+            "--settle-s",
+            envvar="VRAMCTL_SETTLE_S",
+            min=0.0,
+            help="Seconds after a start is healthy before its footprint's steady reading.",
+        ),
+    ] = 30.0,
     allow_origin: Annotated[
         list[str] | None,
         typer.Option(
@@ -671,6 +680,7 @@ def run(
         resync_s=resync,
         router_url=router_url,
         router_token_file=router_token_file,
+        settle_s=settle_s,
     )
     controller = Controller(options, mset)
     sock: socket.socket | None = None
