@@ -15,16 +15,21 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pynvml
 import pytest
 from fakes_nvml import FakeDevice, FakeNvml, nvml_error
+from prometheus_client.parser import text_string_to_metric_families
+from test_api import Asgi, client, idle, observe  # noqa: F401
 
 from controller.adapters.nvml import MIB
+from controller.interfaces.metrics import Metrics
 from controller.manifest import load_manifest_set
 from controller.service.executor import Executor, ExecutorConfig, Outcome
 from controller.service.footprints import FootprintRecorder, Reading, samples_of, summaries
+from controller.service.loop import Controller
 from controller.service.wiring import read_gpus
 from controller.snapshot import ContainerModel
 from controller.store.journal import Journal, journal_path
@@ -411,9 +416,48 @@ def test_a_reserve_below_its_default_needs_a_rationale(
     reserve = json.loads(r.stdout)["reserves"]["card"]
     assert reserve["reserve_default_mib"] == 2048
     assert reserve["waived"] is (extra.startswith("reserve_mib = 0"))
+    human = vramctl("status", "-m", str(path), "--observed", str(snapshot(tmp_path)))
+    assert human.returncode == 0, human.stderr
+    assert "Reserves (MiB)" in human.stdout
+    assert ("none recorded" in human.stdout) is warned
+    assert ("at its default" in human.stdout) is extra.startswith("reserve_mib = 2048")
 
 
 def snapshot(tmp_path: Path) -> Path:
     path = tmp_path / "observed.json"
     path.write_text(json.dumps({"docker": "ok", "containers": {}, "gpus": None}))
     return path
+
+
+# ── the API and the metrics ──────────────────────────────────────────────────
+
+
+def test_the_api_and_the_metrics_show_declared_vs_measured(
+    idle: Controller,  # noqa: F811 - the fixture of tests/test_api.py
+    client: Callable[..., Asgi],  # noqa: F811
+) -> None:
+    # the loop's recorder on its journal: llm (5000 declared) measured at 6500
+    idle.footprints = FootprintRecorder(lambda: Reading(None), journal=idle.journal, settle_s=0)
+    sample = Sample("llm", "start", "a", 1.0, 5000, Method.DELTA, True, delta_mib=6500)
+    idle.journal.add_footprint("llm", "start", "a", 1.0, sample.to_json())
+    observe(idle, {"llm": {"state": "running"}})
+    rows = {r["serve"]: r for r in client(idle).get("/v1/serves").json()["serves"]}
+    llm = rows["llm"]["footprint"]
+    assert (llm["declared_mib"], llm["measured_mib"], llm["method"]) == (5000, 6500, "delta")
+    assert llm["samples"] == 1 and llm["exceeds_reservation"] is True and llm["over_pct"] == 30.0
+    omni = rows["omni"]["footprint"]
+    assert omni["measured_mib"] is None and omni["samples"] == 0  # unknown, never 0
+
+    metrics = Metrics()
+    metrics.update_footprints(idle)
+    series = {
+        (f.name, s.labels["serve"]): s.value
+        for f in text_string_to_metric_families(metrics.render().decode())
+        for s in f.samples
+        if f.name.startswith("vramctl_serve_")
+    }
+    assert series[("vramctl_serve_measured_mib", "llm")] == 6500
+    assert series[("vramctl_serve_footprint_over_reservation", "llm")] == 1
+    assert series[("vramctl_serve_footprint_samples", "omni")] == 0
+    assert ("vramctl_serve_measured_mib", "omni") not in series  # absent, never 0
+    assert ("vramctl_serve_footprint_over_reservation", "omni") not in series

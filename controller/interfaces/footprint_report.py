@@ -115,7 +115,12 @@ def reserve_table(mset: ManifestSet) -> Table | None:
         table.add_column(col, justify="right" if col in ("default", "effective") else "left")
     for rid, r in rows.items():
         why = r["reserve_rationale"]
-        rationale = Text(why) if why else Text("none recorded", style="yellow")
+        if why:
+            rationale = Text(why)
+        elif r["waived"]:
+            rationale = Text("none recorded", style="yellow")  # the manifest warns
+        else:
+            rationale = Text("at its default")
         table.add_row(Text(rid), _mib(r["reserve_default_mib"]), _mib(r["reserve_mib"]), rationale)
     return table
 
