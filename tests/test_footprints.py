@@ -461,3 +461,19 @@ def test_the_api_and_the_metrics_show_declared_vs_measured(
     assert series[("vramctl_serve_footprint_samples", "omni")] == 0
     assert ("vramctl_serve_measured_mib", "omni") not in series  # absent, never 0
     assert ("vramctl_serve_footprint_over_reservation", "omni") not in series
+
+
+def test_a_window_nothing_ends_does_not_poison_later_deltas() -> None:
+    card = Card()
+    recorder = FootprintRecorder(card.reading, settle_s=0)
+    a, b = serve("a", 1000), serve("b", 2000)
+    desired = desired_of(a, b)
+    recorder.before_start(a, desired.roles)  # interrupted: never awaited, never failed
+    recorder.observe(Observed(True, {}), desired, time.time())  # a is not starting any more
+    recorder.before_start(b, desired.roles)
+    card.take(2000)
+    recorder.after_start(b)
+    (sample,) = recorder.samples()
+    # a's window was closed by the observation: b, alone since, is attributable
+    assert (sample.serve, sample.attributable, sample.others) == ("b", True, ())
+    assert sample.delta_mib == 2000

@@ -278,6 +278,12 @@ class FootprintRecorder:
         }
         reading = Reading.of(observed)
         with self._lock:
+            # a window nothing will end: a stop whose release never ran (no stop is in
+            # progress between cycles), a start left unawaited (interrupted): closed, or
+            # it would make every later change on its GPU unattributable
+            for (name, kind), window in list(self._windows.items()):
+                if kind == "stop" or (window.after is None and name not in observed.starting):
+                    self._close(window, now)
             windowed = {name for name, _ in self._windows}
             if self._last_holds is not None and self._last_at is not None:
                 for name, now_holds in holds.items():
@@ -444,6 +450,10 @@ class FootprintRecorder:
                 logger.error("journal: cannot update {}'s peak: {}", new.serve, exc)
 
     def _raise_peak(self, run: _Run, reading: Reading, now: float) -> None:
+        with self._lock:
+            self._raise_peak_locked(run, reading, now)
+
+    def _raise_peak_locked(self, run: _Run, reading: Reading, now: float) -> None:
         for sample_id, sample in list(run.samples.items()):
             if sample.method.value == "delta" and self._others(
                 run.serve.name, sample.role, run.began, now
