@@ -225,8 +225,13 @@ def status(
     reserves = fp.reserve_table(mset)
     if reserves is not None:
         render.out.print(reserves)
-    if footprints:
+    if any(f.samples for f in footprints.values()):
         render.out.print(fp.footprint_table(footprints))
+    elif footprints:
+        render.out.print(
+            "Measured footprints: no samples recorded in this state directory yet "
+            "(`vramctl run` measures each start and stop; --state-dir names another)"
+        )
 
 
 @app.command()
