@@ -177,6 +177,25 @@ def test_two_starts_in_one_window_are_named_and_not_attributable() -> None:
     assert summary["a"].evidence == 0 and not summary["a"].exceeds
 
 
+def test_per_process_figures_attribute_a_start_whatever_else_moved() -> None:
+    card = Card()
+    docker = Containers(card, {"c-a": 3000, "c-b": 2000})
+    figures: dict[str, int | None] = {}
+
+    def reading() -> Reading:  # a driver that reports per-process memory (not WSL2)
+        for c, mib in docker.takes.items():
+            figures[c] = mib - 100 if docker.state[c] == "running" else 0
+        return Reading(card.reading().devices, dict(figures))
+
+    recorder = FootprintRecorder(reading, settle_s=3600)
+    execute(desired_of(serve("a", 3000), serve("b", 2000)), docker, recorder)
+    recorder.close()
+    starts = starts_of(recorder.samples())
+    assert starts["a"].others == ("b",)  # named, yet its own figure proves what it took
+    assert (starts["a"].method, starts["a"].attributable) == (Method.PROCESS, True)
+    assert (starts["a"].delta_mib, starts["b"].delta_mib) == (2900, 1900)
+
+
 def test_a_stop_alone_is_measured_by_what_came_back() -> None:
     card = Card()
     card.take(5000)  # llm runs already
