@@ -208,8 +208,8 @@ class FootprintRecorder:
             if window is None:
                 return
             window.after = self._read()
-            if self.settle_s <= 0:
-                self._finish_start(window, settled=True)
+            if self.settle_s <= 0 or self._closed:
+                self._finish_start(window, settled=not self._closed)
                 return
             timer = threading.Timer(self.settle_s, self._finish_start, args=(window, True))
             timer.daemon = True
