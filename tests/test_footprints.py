@@ -496,3 +496,17 @@ def test_a_window_nothing_ends_does_not_poison_later_deltas() -> None:
     # a's window was closed by the observation: b, alone since, is attributable
     assert (sample.serve, sample.attributable, sample.others) == ("b", True, ())
     assert sample.delta_mib == 2000
+
+
+def test_a_journal_written_before_the_footprints_table_still_opens(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = journal_path(tmp_path)
+    Journal.open(path).close()
+    with sqlite3.connect(path) as conn:
+        conn.execute("DROP TABLE footprints")
+    with Journal.open(path, readonly=True) as journal:
+        assert journal.footprints() == []  # read only: nothing is added, nothing fails
+    with Journal.open(path) as journal:  # a controller writes to it: the table is added
+        journal.add_footprint("a", "start", "g0", 1.0, {"i": 1})
+        assert [d for _, d in journal.footprints()] == [{"i": 1}]
