@@ -510,3 +510,19 @@ def test_a_journal_written_before_the_footprints_table_still_opens(tmp_path: Pat
     with Journal.open(path) as journal:  # a controller writes to it: the table is added
         journal.add_footprint("a", "start", "g0", 1.0, {"i": 1})
         assert [d for _, d in journal.footprints()] == [{"i": 1}]
+
+
+def test_a_serve_stopped_before_it_settled_keeps_its_start_without_a_steady_figure() -> None:
+    card = Card()
+    docker = Containers(card, {"c-llm": 3000})
+    recorder = FootprintRecorder(card.reading, settle_s=3600)
+    llm = serve("llm", 4000)
+    execute(desired_of(llm), docker, recorder)
+    execute(desired_of(serve("llm", 4000, DesiredRun.STOPPED)), docker, recorder)
+    by = {s.kind: s for s in recorder.samples()}
+    assert (by["start"].delta_mib, by["start"].settled_mib, by["start"].steady_mib) == (
+        3000,
+        None,
+        None,
+    )
+    assert by["stop"].delta_mib == 3000 and by["stop"].attributable

@@ -223,6 +223,13 @@ class FootprintRecorder:
         self._abandon(s.name, "start")
 
     def before_stop(self, s: ServeSpec, roles: Mapping[str, GpuRole]) -> None:
+        with self._lock:
+            settling = self._windows.get((s.name, "start"))
+        if settling is not None and settling.after is not None:
+            # stopped before its settle reading: the start is recorded without one
+            if settling.timer is not None:
+                settling.timer.cancel()
+            self._finish_start(settling, settled=False)
         window = self._begin(s, "stop", roles)
         if window is not None:
             self._end_run(s.name, window.before)
