@@ -119,6 +119,7 @@ def test_the_dashboard_covers_the_ledger_the_serves_and_the_loop() -> None:
         "VramctlDriftHigh",
         "VramctlServeFailed",
         "VramctlServeBackingOff",
+        "VramctlServeOverReservation",
         "VramctlObservationErrors",
         "VramctlLoopNotCycling",
     } <= alerts
@@ -156,7 +157,7 @@ def test_the_rules_pass_promtool_check_and_their_unit_tests() -> None:
         [promtool, "check", "rules", str(RULES)], capture_output=True, text=True, check=False
     )
     assert check.returncode == 0, check.stdout + check.stderr
-    assert "SUCCESS: 7 rules found" in check.stdout
+    assert "SUCCESS: 8 rules found" in check.stdout
     unit = subprocess.run(
         [promtool, "test", "rules", RULE_TESTS.name],
         cwd=DEPLOY,

@@ -16,7 +16,9 @@ Routes:
   reservation, NVML used / total, drift, from the last cycle's snapshot and the
   manifest set (``null`` = unknown, e.g. before the first cycle or with docker down).
 - ``GET /v1/serves`` — per serve: container state, lifecycle, reservation, backoff,
-  the active on-demand request and its TTL, and whether it may be requested.
+  the active on-demand request and its TTL, whether it may be requested, and its
+  measured ``footprint`` (declared vs measured, how, how many samples, whether it
+  exceeds its reservation; ``null`` where nothing was measured).
 - ``GET /v1/events`` — the event stream (Server-Sent Events, ``Last-Event-ID`` resume):
   :mod:`controller.interfaces.stream`, same read rules; ``up`` and ``down`` publish
   ``request.admitted`` / ``request.refused`` / ``request.ended`` on it.
@@ -774,6 +776,8 @@ def create_app(
                     "requestable": why_not is None,
                     "not_requestable_reason": why_not,
                     "request": None if req is None else _request_json(req, now),
+                    # declared vs measured (docs/limits.md): null before any sample
+                    "footprint": view.footprints.get(name),
                     "blocked": blocked.get(name)
                     if full
                     else public_blocked(name, blocked.get(name)),

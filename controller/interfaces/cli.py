@@ -162,6 +162,28 @@ CountOpt = Annotated[
 ]
 
 
+StateDirOpt = Annotated[
+    Path | None,
+    typer.Option(
+        "--state-dir",
+        envvar="VRAMCTL_STATE_DIR",
+        help="The state directory whose journal holds the measured footprints (default: "
+        "as `run`'s).",
+    ),
+]
+
+
+def _footprint_samples(manifest: list[Path], state_dir: Path | None) -> list[Any]:
+    """The footprint samples of the state directory `run` uses (read only)."""
+    from controller.interfaces.footprint_report import load_samples
+    from controller.store.journal import default_state_dir
+
+    samples, why = load_samples(state_dir or default_state_dir(list(manifest)))
+    if why is not None and state_dir is not None:
+        render.warn(f"footprints: {why}")
+    return samples
+
+
 @app.command()
 def status(
     manifest: ManifestOpt = [],  # noqa: B006
@@ -170,8 +192,12 @@ def status(
     watch: WatchOpt = False,
     interval: IntervalOpt = 2.0,
     count: CountOpt = 0,
+    state_dir: StateDirOpt = None,
 ) -> None:
-    """Per-role ledger, drift, and each serve's container and lifecycle state."""
+    """Per-role ledger, drift, each serve's container and lifecycle state, and its
+    measured footprint (declared vs measured) and the roles' reserves."""
+    from controller.interfaces import footprint_report as fp
+
     mset = _load(manifest)
     if watch:  # `status --watch`: observe and redraw in place (controller/interfaces/bars.py)
         if json_out:
@@ -184,11 +210,100 @@ def status(
         return
     snap = _observe(observed, mset)
     report = host_status(mset.desired(), snap.to_observed())
+    footprints = fp.status_footprints(mset, _footprint_samples(manifest, state_dir))
     if json_out:
-        _print_json(report.to_json())
+        _print_json(
+            {
+                **report.to_json(),
+                "footprints": {n: f.to_json() for n, f in footprints.items()},
+                "reserves": fp.reserves_json(mset),
+            }
+        )
         return
     render.out.print(bars.role_bars(report))  # the bars above the tables
     render.status(report)
+    reserves = fp.reserve_table(mset)
+    if reserves is not None:
+        render.out.print(reserves)
+    if any(f.samples for f in footprints.values()):
+        render.out.print(fp.footprint_table(footprints))
+    elif footprints:
+        render.out.print(
+            "Measured footprints: no samples recorded in this state directory yet "
+            "(`vramctl run` measures each start and stop; --state-dir names another)"
+        )
+
+
+@app.command()
+def calibrate(
+    manifest: ManifestOpt = [],  # noqa: B006
+    state_dir: StateDirOpt = None,
+    json_out: JsonOpt = False,
+    margin_pct: Annotated[
+        float,
+        typer.Option("--margin-pct", min=0.0, help="Added to the peak, in percent."),
+    ] = 10.0,
+    granule_mib: Annotated[
+        int,
+        typer.Option("--granule-mib", min=1, help="The proposal is rounded up to a multiple."),
+    ] = 256,
+    min_samples: Annotated[
+        int,
+        typer.Option(
+            "--min-samples", min=1, help="Attributable samples needed before proposing."
+        ),
+    ] = 3,
+    patch: Annotated[
+        bool,
+        typer.Option("--patch", help="Also print a unified diff of the manifest (not applied)."),
+    ] = False,
+) -> None:
+    """Propose each serve's vram_mib from its measured footprints (never edits a file).
+
+    The proposal is the peak of its attributable samples plus --margin-pct, rounded up
+    to --granule-mib; with fewer than --min-samples it says "not enough evidence".
+    """
+    from controller.interfaces import footprint_report as fp
+    from controller.interfaces.footprint_report import load_samples
+    from controller.store.journal import default_state_dir
+    from statemachine.footprint import propose
+
+    mset = _load(manifest)
+    samples, why = load_samples(state_dir or default_state_dir(list(manifest)))
+    if why is not None:
+        render.warn(f"footprints: {why}")
+    proposals = [
+        propose(
+            s.name,
+            s.vram_mib,
+            samples,
+            margin_pct=margin_pct,
+            granule_mib=granule_mib,
+            min_samples=min_samples,
+        )
+        for s in mset.desired().serves.values()
+        if s.gpu_roles
+    ]
+    diff, problems = fp.manifest_patch(mset, proposals) if patch else ("", [])
+    if json_out:
+        data: dict[str, Any] = {
+            "margin_pct": margin_pct,
+            "granule_mib": granule_mib,
+            "min_samples": min_samples,
+            "serves": [p.to_json() for p in proposals],
+        }
+        if patch:
+            data["patch"] = diff
+            data["patch_problems"] = problems
+        _print_json(data)
+        return
+    for p in proposals:
+        for line in fp.proposal_lines(p):
+            render.out.print(line)
+    if patch:
+        for problem in problems:
+            render.warn(f"--patch: {problem}")
+        sys.stdout.write(diff)
 
 
 @app.command()
@@ -528,6 +643,15 @@ def run(
         typer.Option("--no-api", envvar="VRAMCTL_NO_API", help="Run without the HTTP API."),
     ] = False,
     token_file: TokenFileOpt = None,
+    settle_s: Annotated[
+        float,
+        typer.Option(
+            "--settle-s",
+            envvar="VRAMCTL_SETTLE_S",
+            min=0.0,
+            help="Seconds after a start is healthy before its footprint's steady reading.",
+        ),
+    ] = 30.0,
     allow_origin: Annotated[
         list[str] | None,
         typer.Option(
@@ -561,6 +685,7 @@ def run(
         resync_s=resync,
         router_url=router_url,
         router_token_file=router_token_file,
+        settle_s=settle_s,
     )
     controller = Controller(options, mset)
     sock: socket.socket | None = None

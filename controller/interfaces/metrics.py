@@ -19,6 +19,11 @@ Series:
   (what the ledger holds for it now: 0 when nothing), ``vramctl_serve_state{state}``
   (1 for the current lifecycle state, 0 for the others), ``vramctl_serve_backoff_failures``
   (the failed starts the loop's backoff holds it back after; 0 when none);
+- per serve, its measured footprint (docs/limits.md): ``vramctl_serve_measured_mib``
+  (the largest attributable sample; absent while none is), ``vramctl_serve_footprint_samples``
+  (samples in the journal, attributable or not) and
+  ``vramctl_serve_footprint_over_reservation`` (1 when the measured figure exceeds the
+  declared reservation, 0 when it does not; absent while nothing is measured);
 - ``vramctl_reconcile_duration_seconds`` (histogram), ``vramctl_cycles_total``,
   ``vramctl_last_cycle_timestamp_seconds``, ``vramctl_steps_total{action,outcome}``
   (outcome ``planned`` for a dry run), ``vramctl_admissions_refused_total{source}``
@@ -131,6 +136,25 @@ class Metrics:
             serve,
             registry=r,
         )
+        # measured footprints (device deltas around starts and stops; docs/limits.md)
+        self.serve_measured = Gauge(
+            "vramctl_serve_measured_mib",
+            "Measured footprint: the largest attributable sample (absent while none is).",
+            serve,
+            registry=r,
+        )
+        self.serve_samples = Gauge(
+            "vramctl_serve_footprint_samples",
+            "Footprint samples recorded for the serve (attributable or not).",
+            serve,
+            registry=r,
+        )
+        self.serve_over = Gauge(
+            "vramctl_serve_footprint_over_reservation",
+            "1 when the measured footprint exceeds the declared reservation.",
+            serve,
+            registry=r,
+        )
         self.reconcile_duration = Histogram(
             "vramctl_reconcile_duration_seconds",
             "Duration of one reconcile cycle (observe, plan, execute, journal).",
@@ -173,6 +197,7 @@ class Metrics:
             self.admissions_refused.labels(source)
         self._roles: set[str] = set()
         self._serves: set[str] = set()
+        self._footprinted: set[str] = set()
         self._blocked: set[str] = set()
 
     # ------------------------------------------------------------------ updates
@@ -201,6 +226,7 @@ class Metrics:
             if snap.gpus is None or snap.nvml_error:
                 self.observation_errors.labels("nvml").inc()
             self.update_ledger(controller)
+        self.update_footprints(controller)
         if summary.report is not None:
             for result in summary.report.results:
                 self.steps.labels(str(result.step.action), str(result.outcome)).inc()
@@ -267,6 +293,21 @@ class Metrics:
             for state in SERVE_STATES:
                 _set_or_absent(self.serve_state, (gone, state), None)
         self._serves = serves
+
+    def update_footprints(self, controller: LoopPort) -> None:
+        """Per-serve measured footprints from the loop's view (absent when unknown)."""
+        footprints = controller.view().footprints
+        for name, f in footprints.items():
+            labels = (name,)
+            measured = f.get("measured_mib")
+            _set_or_absent(self.serve_measured, labels, measured)
+            self.serve_samples.labels(name).set(int(f.get("samples") or 0))
+            over = None if measured is None else (1 if f.get("exceeds_reservation") else 0)
+            _set_or_absent(self.serve_over, labels, over)
+        for gone in self._footprinted - set(footprints):
+            for gauge in (self.serve_measured, self.serve_samples, self.serve_over):
+                _set_or_absent(gauge, (gone,), None)
+        self._footprinted = set(footprints)
 
     def refused(self, source: str = "api") -> None:
         """Count one refused admission (the API's 429)."""

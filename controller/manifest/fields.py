@@ -341,6 +341,11 @@ OptPositiveMiB = Annotated[
 NonNegativeMiB = Annotated[
     int, BeforeValidator(_nonnegative_mib), WithJsonSchema({"type": "integer", "minimum": 0})
 ]
+OptNonNegativeMiB = Annotated[
+    int | None,
+    BeforeValidator(_nonnegative_mib),
+    WithJsonSchema({"type": "integer", "minimum": 0}),
+]
 OptPort = Annotated[
     int | None,
     BeforeValidator(_port),

@@ -185,6 +185,30 @@ def _check_role(model: GpuRoleModel, bad: frozenset[str]) -> list[tuple[str, str
                 f"must not exceed vram_mib ({model.vram_mib}), got {model.reserve_mib}",
             )
         ]
+    default = model.reserve_default_mib
+    if "reserve_default_mib" not in bad and default is not None and default > model.vram_mib:
+        return [
+            (
+                "reserve_default_mib",
+                f"must not exceed vram_mib ({model.vram_mib}), got {default}",
+            )
+        ]
+    return []
+
+
+def _role_warnings(model: GpuRoleModel, bad: frozenset[str]) -> list[tuple[str, str]]:
+    """A reserve lowered (or waived) below its recorded default needs a rationale."""
+    default = model.reserve_default_mib
+    if {"reserve_mib", "reserve_default_mib", "reserve_rationale"} & bad or default is None:
+        return []
+    if model.reserve_mib < default and model.reserve_rationale is None:
+        return [
+            (
+                "reserve_mib",
+                f"{model.reserve_mib} MiB is below reserve_default_mib ({default}) and no "
+                "reserve_rationale records why (the waiver's scope and reason)",
+            )
+        ]
     return []
 
 
@@ -437,6 +461,8 @@ def _read_file(path: Path) -> _FileResult:
             continue
         for field, message in _check_role(model, bad):
             errors.append(LocatedError(display, name, field, message, "gpu_roles", index))
+        for field, message in _role_warnings(model, bad):
+            result.warnings.append(LocatedError(display, name, field, message, "gpu_roles", index))
         if bad or name is None:
             continue
         role_entry = _Entry(display, path, index, name, model)

@@ -28,6 +28,7 @@ from controller.manifest.fields import (
     NonNegativeMiB,
     OptDesired,
     OptHealth,
+    OptNonNegativeMiB,
     OptOperatingMode,
     OptPort,
     OptPositiveInt,
@@ -63,6 +64,15 @@ class GpuRoleModel(BaseModel):
         default=0, description="MiB never reservable (driver/OS overhead); at most vram_mib."
     )
     uuid: OptText = Field(default=None, description="NVML device UUID this role runs on.")
+    reserve_default_mib: OptNonNegativeMiB = Field(
+        default=None,
+        description="The operator's default reserve for this GPU, recorded beside a "
+        "reserve_mib lowered or waived from it; at most vram_mib.",
+    )
+    reserve_rationale: OptText = Field(
+        default=None,
+        description="Why reserve_mib differs from reserve_default_mib (its scope and reason).",
+    )
 
     @property
     def budget_mib(self) -> int:

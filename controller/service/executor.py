@@ -48,6 +48,7 @@ from controller.adapters.health import http_ready
 from controller.adapters.router import RouterClient, RouterError
 from controller.manifest.runtime import ServeRuntime
 from controller.service.events import EventBus, LedgerWatch
+from controller.service.footprints import NO_FOOTPRINTS, Footprints
 from controller.service.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import (
@@ -226,6 +227,7 @@ class Executor:
         observe_now: Callable[[], Observed] | None = None,
         starts: StartTracker | None = None,
         on_start_done: Callable[[list[StepResult], Callable[[], None]], None] | None = None,
+        footprints: Footprints | None = None,
     ) -> None:
         self.desired = desired
         self.docker = docker
@@ -245,6 +247,8 @@ class Executor:
         #: its own beside the plan and the loop; ``on_start_done`` gets its results
         self.starts = starts
         self.on_start_done = on_start_done
+        #: measures each start and stop (device readings around them; docs/limits.md)
+        self.footprints: Footprints = footprints or NO_FOOTPRINTS
         # serve -> (action, to_mib, reserve_mib) of a resize that got no answer: the same
         # step asks for the same reserve again (idempotent), not a new card-wide figure
         self.unanswered: dict[str, tuple[str, int, int | None]] = {}
@@ -448,6 +452,10 @@ class Executor:
                 died_started_at=exc.died_started_at,
             )
             run.failed_groups.add(step.group)
+            if step.action in (Action.START, Action.AWAIT_READY) and not exc.interrupted:
+                self.footprints.start_failed(run.serve(step.serve))
+            elif step.action in (Action.STOP, Action.RELEASE):
+                self.footprints.stop_failed(run.serve(step.serve))
             if not exc.interrupted:
                 run.compensate(step)
             return result
@@ -670,7 +678,19 @@ class _Run:
             Action.AWAIT_READY: self.await_ready,
             Action.READMIT: self.readmit,
         }[step.action]
-        return handler(step, s)
+        measure = self.ex.footprints
+        if step.action is Action.START:
+            measure.before_start(s, self.desired.roles)
+        elif step.action is Action.STOP:
+            measure.before_stop(s, self.desired.roles)
+        detail = handler(step, s)
+        if step.action is Action.AWAIT_READY:
+            measure.after_start(s)
+        elif step.action is Action.RELEASE or (
+            step.action is Action.STOP and not self.ledger.holds(s.name)
+        ):
+            measure.after_stop(s)  # released (or nothing to release): the stop is confirmed
+        return detail
 
     def quiesce(self, step: Step, s: ServeSpec) -> str:
         assert s.router_tier is not None

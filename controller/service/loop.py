@@ -39,6 +39,7 @@ from typing import Any
 from loguru import logger
 
 from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
+from controller.adapters.nvml import NvmlApi
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.service.cycle import CycleJournal, CycleResult, PlanInputs, run_cycle
 from controller.service.events import (
@@ -48,10 +49,11 @@ from controller.service.events import (
     ObservationWatch,
 )
 from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
+from controller.service.footprints import DEFAULT_SETTLE_S, FootprintRecorder, Reading
 from controller.service.observe import observe_host
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import BackoffView, JournalHistory, LoopView
-from controller.service.wiring import containers_now, make_executor
+from controller.service.wiring import containers_now, make_executor, read_gpus
 from controller.snapshot import (
     SnapshotModel,
     StartedWithModel,
@@ -92,6 +94,8 @@ class RunOptions:
     router_token_file: Path | None = None
     backoff_base_s: float = backoff.DEFAULT_BASE_S
     backoff_cap_s: float = backoff.DEFAULT_CAP_S
+    #: seconds after a start is healthy before its footprint's steady reading
+    settle_s: float = DEFAULT_SETTLE_S
 
 
 @dataclass
@@ -125,6 +129,8 @@ class Controller:
     on_cycle: list[Callable[[Controller], None]] = field(default_factory=list)
     #: coroutines run beside the loop for its lifetime (the HTTP API), cancelled at stop
     services: list[Callable[[Controller], Coroutine[Any, Any, None]]] = field(default_factory=list)
+    #: the NVML binding the loop reads (``None``: ``pynvml``; tests script one)
+    nvml: NvmlApi | None = None
 
     def __post_init__(self) -> None:
         self.state_dir = self.options.state_dir or default_state_dir(list(self.options.manifests))
@@ -155,6 +161,10 @@ class Controller:
         self.events = EventBus(first_id=int(time.time() * 1000))
         self._ledger_watch = LedgerWatch(self.events)
         self._watch = ObservationWatch(self._ledger_watch, DriftWatch(self.events))
+        #: measures the starts and stops this loop carries out (set up by ``run``)
+        self.footprints: FootprintRecorder | None = None
+        self._fp_observer: ContainerObserver | None = None
+        self._fp_lock = threading.Lock()
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -218,7 +228,14 @@ class Controller:
             ),
             no_shrink=frozenset(self.no_shrink),
             dry_run=self.options.dry_run,
+            footprints=MappingProxyType(self._footprint_summary()),
         )
+
+    def _footprint_summary(self) -> dict[str, dict[str, Any]]:
+        """Declared vs measured per serve, from the journal's samples."""
+        if self.footprints is None:
+            return {}
+        return {n: f.to_json() for n, f in self.footprints.summary(self.mset.desired()).items()}
 
     # ----------------------------------------------------------------------- run
     async def run(self) -> int:
@@ -241,6 +258,10 @@ class Controller:
         loop = asyncio.get_running_loop()
         self._aio = loop
         self.starts.journal = None if self.options.dry_run else self.journal
+        if not self.options.dry_run:
+            self.footprints = FootprintRecorder(
+                self._footprint_reading, journal=self.journal, settle_s=self.options.settle_s
+            )
         for sig in (signal.SIGTERM, signal.SIGINT):
             with contextlib.suppress(NotImplementedError, RuntimeError):
                 loop.add_signal_handler(sig, self.stop)
@@ -281,6 +302,10 @@ class Controller:
                     await task
             if self._observer is not None:
                 self._observer.close()
+            if self.footprints is not None:
+                self.footprints.close()  # starts still settling: recorded with what is known
+            if self._fp_observer is not None:
+                self._fp_observer.close()
             self.journal.close()
             self._lock.release()
         logger.info("vramctl run: stopped")
@@ -425,7 +450,7 @@ class Controller:
         names = tuple(
             dict.fromkeys(manifest_containers(self.mset.serves) + tuple(records) + tuple(known))
         )
-        snap = observe_host(names, observer=self._observer)
+        snap = observe_host(names, observer=self._observer, nvml=self.nvml)
         snap.starting = {
             name: StartingModel(gpu_roles=list(st.gpu_roles), mib=st.mib)
             for name, st in starting.items()
@@ -560,9 +585,20 @@ class Controller:
                 stop_event=self.stop_event,
                 observe_now=self._observe_now,
                 starts=self.starts,
+                gpus=lambda: read_gpus(self.nvml),
+                footprints=self.footprints,
             )
             self._executor.events, self._executor.ledger_watch = self.events, self._ledger_watch
         return self._executor
+
+    def _footprint_reading(self) -> Reading:
+        """Devices and containers now, for a footprint (from a start's thread too)."""
+        with self._fp_lock:
+            if self._fp_observer is None:
+                self._fp_observer = ContainerObserver()
+            names = manifest_containers(self.mset.serves)
+            snap = observe_host(names, observer=self._fp_observer, nvml=self.nvml)
+        return Reading.of(snap.to_observed())
 
     def _observe_now(self) -> Observed:
         """The containers as they are now (the executor admits each reserve against it)."""
@@ -650,6 +686,8 @@ class Controller:
         self._end_finished_requests(observed, now)
         desired = self.desired()
         self._watch.feed(desired, observed)
+        if self.footprints is not None:
+            self.footprints.observe(observed, self.mset.desired(), now)
         return PlanInputs(desired, self.policy(now), now)
 
     def _cycle_journal(self, plan: Plan) -> CycleJournal | None:

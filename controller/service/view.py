@@ -15,8 +15,8 @@ Nothing here decides or mutates anything.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from controller.manifest import LocatedError
 from controller.service.executor import ExecutionReport
@@ -59,6 +59,8 @@ class LoopView:
     backoff: Mapping[str, BackoffView]
     no_shrink: frozenset[str]
     dry_run: bool
+    #: serve -> declared vs measured (``statemachine.footprint.Footprint.to_json()``)
+    footprints: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
 
 class JournalHistory(Protocol):

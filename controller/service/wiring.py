@@ -19,6 +19,7 @@ from controller.adapters.nvml import NvmlApi, observe_gpus
 from controller.adapters.router import RouterClient, router_token
 from controller.manifest import ManifestSet
 from controller.service.executor import Executor, ExecutorConfig, StepResult
+from controller.service.footprints import Footprints
 from controller.service.starts import StartTracker
 from statemachine.types import GpuObs, Observed
 
@@ -63,6 +64,7 @@ def make_executor(
     config: ExecutorConfig | None = None,
     observe_now: Callable[[], Observed] | None = None,
     starts: StartTracker | None = None,
+    footprints: Footprints | None = None,
 ) -> Executor:
     """An executor for ``mset`` talking to the local docker daemon (DOCKER_HOST honoured).
 
@@ -84,4 +86,5 @@ def make_executor(
         stop_event=stop_event,
         observe_now=observe_now,
         starts=starts,
+        footprints=footprints,
     )

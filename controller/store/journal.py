@@ -18,7 +18,10 @@ as ``journal.sqlite3``, beside the single-instance lock ``vramctl.lock``
   of the controller loses neither;
 - **started**: the reservation each running container was started with (container ->
   serve, gpu roles, MiB), kept until it stops, so that no manifest edit, and no
-  restart of the controller, gives its memory away.
+  restart of the controller, gives its memory away;
+- **footprints**: the measured footprint samples of each serve (one per start or stop
+  and GPU role, ``statemachine.footprint.Sample`` JSON), the newest
+  ``DEFAULT_KEEP_FOOTPRINTS`` per serve, so calibration survives restarts.
 
 Retention is bounded (:meth:`Journal.prune`): at most ``keep_cycles`` cycles and
 nothing older than ``keep_days`` (whichever removes more), with their steps, their
@@ -94,6 +97,8 @@ SCHEMA_VERSION = 1
 DEFAULT_KEEP_CYCLES = 2000
 DEFAULT_KEEP_DAYS = 14.0
 DEFAULT_PRUNE_EVERY = 100
+#: Footprint samples kept per serve (the oldest go first).
+DEFAULT_KEEP_FOOTPRINTS = 64
 BUSY_TIMEOUT_MS = 5000
 
 _SCHEMA = """
@@ -154,6 +159,15 @@ CREATE TABLE IF NOT EXISTS started (
     mib       INTEGER NOT NULL,
     set_at    REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS footprints (
+    id     INTEGER PRIMARY KEY AUTOINCREMENT,
+    serve  TEXT NOT NULL,
+    kind   TEXT NOT NULL,              -- start | stop
+    role   TEXT NOT NULL,
+    at     REAL NOT NULL,
+    sample TEXT NOT NULL               -- JSON: statemachine.footprint.Sample.to_json()
+);
+CREATE INDEX IF NOT EXISTS footprints_serve ON footprints (serve, id);
 CREATE TABLE IF NOT EXISTS declared (
     container TEXT PRIMARY KEY,        -- the last reservation a manifest declared for it
     serve     TEXT NOT NULL,
@@ -165,7 +179,7 @@ CREATE TABLE IF NOT EXISTS declared (
 
 #: Tables added to schema version 1 after its release: created on open when missing
 #: (``CREATE TABLE IF NOT EXISTS``), so a journal written before them still opens.
-_ADDED_TABLES = frozenset({"started", "ups", "declared"})
+_ADDED_TABLES = frozenset({"started", "ups", "declared", "footprints"})
 
 #: Columns added to schema version 1 after its release (table, column, type): added on a
 #: writable open when missing (``ALTER TABLE ... ADD COLUMN``); a journal opened
@@ -788,6 +802,53 @@ class Journal:
             str(r[0]): StartedWith(str(r[1]), tuple(str(x) for x in json.loads(r[2])), int(r[3]))
             for r in rows
         }
+
+    # ---------------------------------------------------------------- footprints
+    def add_footprint(
+        self,
+        serve: str,
+        kind: str,
+        role: str,
+        at: float,
+        sample: Mapping[str, Any],
+        *,
+        keep: int = DEFAULT_KEEP_FOOTPRINTS,
+    ) -> int:
+        """Record one footprint sample; keeps the newest ``keep`` of ``serve``. Its id."""
+        if keep < 1:
+            raise JournalError("keep must be >= 1")
+        with self._tx() as conn:
+            cur = conn.execute(
+                "INSERT INTO footprints (serve, kind, role, at, sample) VALUES (?, ?, ?, ?, ?)",
+                (serve, kind, role, at, _dumps(dict(sample))),
+            )
+            conn.execute(
+                "DELETE FROM footprints WHERE serve = ? AND id NOT IN "
+                "(SELECT id FROM footprints WHERE serve = ? ORDER BY id DESC LIMIT ?)",
+                (serve, serve, keep),
+            )
+            return int(cur.lastrowid or 0)
+
+    def update_footprint(self, sample_id: int, sample: Mapping[str, Any]) -> None:
+        """Replace a recorded sample's JSON (its peak grew); gone already: nothing."""
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE footprints SET sample = ? WHERE id = ?", (_dumps(dict(sample)), sample_id)
+            )
+
+    def footprints(self, serve: str | None = None) -> list[tuple[int, dict[str, Any]]]:
+        """Recorded samples (id, JSON), oldest first; of one serve when given."""
+        query = "SELECT id, sample FROM footprints"
+        args: tuple[Any, ...] = ()
+        if serve is not None:
+            query += " WHERE serve = ?"
+            args = (serve,)
+        with self._lock:
+            try:
+                rows = self._conn.execute(query + " ORDER BY id", args).fetchall()
+            except sqlite3.OperationalError:  # no such table (read-only, older file)
+                return []
+        return [(int(r[0]), json.loads(r[1])) for r in rows]
 
     # ---------------------------------------------------------------- retention
     def prune(
