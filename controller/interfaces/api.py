@@ -641,15 +641,16 @@ def create_app(
             raise ApiError(404, f'no serve named "{serve}" in the manifest set{hint}')
         return spec
 
-    def observed_or_503() -> Observed:
-        snap = controller.view().snapshot
-        if snap is None:
+    def observed_or_503(view: LoopView | None = None) -> Observed:
+        """The live observation (the last one plus what the executor did since)."""
+        observed = (view or controller.view()).observed()
+        if observed is None:
             raise ApiError(
                 503,
                 "no observation yet: the loop has not completed its first cycle",
                 headers={"Retry-After": "1"},
             )
-        return snap.to_observed()
+        return observed
 
     def full_detail(request: Request) -> bool:
         """Whether this read may see free text: it carries the right token.
@@ -678,13 +679,22 @@ def create_app(
         return {"detail": "redacted", "detail_note": REDACTED_NOTE}
 
     def meta(view: LoopView, full: bool) -> dict[str, Any]:
-        snap = view.snapshot
         return {
-            "observed_at": view.at if snap is not None else None,
+            **live_meta(view),
             "cycles": view.cycles,
             "manifest_digest": view.manifest_digest,
             "manifest_errors": manifest_errors(view, full),
             **detail(full),
+        }
+
+    def live_meta(view: LoopView) -> dict[str, Any]:
+        """When the observation was taken, and what the executor did and does since."""
+        at = view.observed_at
+        return {
+            "observed_at": at,
+            "observation_age_s": None if at is None else round(max(0.0, time.time() - at), 3),
+            "in_flight": [f.to_json() for f in view.live.in_flight],
+            "since_observed": view.live.to_json(),
         }
 
     @app.get("/healthz")
@@ -714,11 +724,12 @@ def create_app(
         responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
     )
     async def metrics_route() -> Response:
+        metrics.update_ledger(controller)  # live: what the running plan holds counts now
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     def _status_now(view: LoopView) -> tuple[dict[str, Any], Any]:
         snap = view.snapshot
-        observed = snap.to_observed() if snap is not None else Observed(docker_ok=False)
+        observed = view.observed() or Observed(docker_ok=False)
         report = host_status(controller.desired(), observed)
         data = report.to_json()
         if snap is None:
@@ -779,12 +790,12 @@ def create_app(
     @app.get("/v1/fit/{serve}")
     async def fit(serve: str) -> dict[str, Any]:
         spec_of(serve)
-        observed = observed_or_503()
-        now = time.time()
         view = controller.view()
+        observed = observed_or_503(view)
+        now = time.time()
         policy = Policy(no_shrink=view.no_shrink)
         result = fit_serve(controller.desired(), observed, serve, policy=policy, now=now)
-        return {**result.to_json(), "observed_at": view.at}
+        return {**result.to_json(), **live_meta(view)}
 
     # every POST is authorised by WriteGuard before its body is read
     @app.post("/v1/serves/{serve}/up", status_code=202)
@@ -893,8 +904,8 @@ def create_app(
                 409,
                 f"{serve} has no active on-demand request (none was made, or it ended or expired)",
             )
-        snap = controller.view().snapshot
-        running = snap is not None and snap.to_observed().container(spec.container).holds
+        now_seen = controller.view().observed()
+        running = now_seen is not None and now_seen.container(spec.container).holds
         stays = spec.desired is DesiredRun.RUNNING
         if stays:
             message = f'request ended; {serve} stays up: the manifest says desired = "running"'

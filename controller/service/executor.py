@@ -47,6 +47,7 @@ from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticErr
 from controller.adapters.health import http_ready
 from controller.adapters.router import RouterClient, RouterError
 from controller.manifest.runtime import ServeRuntime
+from controller.service.live import LiveLedger
 from controller.service.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import (
@@ -247,6 +248,8 @@ class Executor:
         # serve -> (action, to_mib, reserve_mib) of a resize that got no answer: the same
         # step asks for the same reserve again (idempotent), not a new card-wide figure
         self.unanswered: dict[str, tuple[str, int, int | None]] = {}
+        #: where each step's beginning and end are told (what the answers count live)
+        self.live: LiveLedger | None = None
 
     def runtime(self, name: str) -> ServeRuntime:
         """How serve ``name``'s steps are carried out (the manifest's defaults if unknown)."""
@@ -418,6 +421,17 @@ class Executor:
         return refused
 
     def _attempt(self, run: _Run, step: Step) -> StepResult:
+        """One step, told to the live ledger as it begins and ends."""
+        live = self.live
+        token = live.step_begun(step) if live is not None else 0
+        result = self._attempt_step(run, step)
+        if live is not None:
+            figure = run.elastic.get(step.serve) if step.action in _RESIZES else None
+            mib = figure.mib if figure is not None else -1
+            live.step_ended(token, step, str(result.outcome), result.detail, mib)
+        return result
+
+    def _attempt_step(self, run: _Run, step: Step) -> StepResult:
         """One step: its result, with the failed group compensated."""
         t0 = time.monotonic()
         try:
@@ -1179,6 +1193,9 @@ class _Run:
                 name,
                 Trigger.START_FAILED if machine.state in ("reserved", "starting") else Trigger.FAIL,
             )
+
+
+_RESIZES = (Action.SHRINK, Action.GROW)
 
 
 def _refuse_dependents(plan: Plan, desired: DesiredState, refused: dict[str, list[str]]) -> None:
