@@ -157,7 +157,9 @@ def schemas(controller: Controller) -> dict[str, Any]:
     out = {}
     for mode in AUTH_MODES:
         token = None if mode == "no-token-set" else TOKEN
-        app = create_app(controller, ApiSettings(token=token, bind_host="127.0.0.1"))
+        app = create_app(
+            controller, ApiSettings(token=token, bind_host="127.0.0.1", max_wait_s=0.05)
+        )
         loaded = schemathesis.openapi.from_dict(app.openapi())
         loaded.app = app
         out[mode] = loaded

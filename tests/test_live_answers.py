@@ -308,3 +308,173 @@ def test_answers_count_what_the_running_cycle_reserved(daemon: Daemon) -> None:
         "od and b running",
         lambda: d.state("od") == "running" and d.state("b") == "running",
     )
+
+
+# ── up with wait_s ───────────────────────────────────────────────────────────
+
+
+def exits(code: int) -> list[str]:
+    return ["sh", "-c", f"sleep 0.5; exit {code}"]
+
+
+def wait_manifest(d: Daemon, ports: dict[str, int]) -> None:
+    """Budget 10000: res 4000 (resident) and ev 3000 (evictable) run; od (4000) evicts
+    ev; bad (1000) exits at once; slow (1000) is healthy only once the test says."""
+    d.manifest.write_text(
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\nreserve_mib = 0\n'
+        + serve_toml("res", d.name("res"), 4000, "resident", ports["res"], 'desired = "running"')
+        + serve_toml("ev", d.name("ev"), 3000, "evictable", ports["ev"], 'desired = "running"')
+        + serve_toml("od", d.name("od"), 4000, "on-demand", ports["od"])
+        + serve_toml("bad", d.name("bad"), 1000, "on-demand", ports["bad"])
+        + serve_toml("slow", d.name("slow"), 1000, "on-demand", ports["slow"])
+    )
+    d.create("res", httpd(ports["res"]), running=True)
+    d.create("ev", httpd(ports["ev"]), running=True)
+    d.create("od", httpd(ports["od"]), running=False)
+    d.create("bad", exits(3), running=False)
+    d.create("slow", held_health(ports["slow"], "slow.ready"), running=False)
+
+
+@pytest.mark.docker
+def test_up_with_wait_answers_when_ready_when_failed_and_at_its_deadline(daemon: Daemon) -> None:
+    d = daemon
+    ports = {n: free_port() for n in ("res", "ev", "od", "bad", "slow")}
+    wait_manifest(d, ports)
+    d.start()
+    wait_for("res + ev counted", lambda: d.ledger_role()["committed_mib"] == 7000)
+
+    # 200 once healthy: ev was evicted for it (room made), then it started and answered
+    r = d.up("od", wait_s=120)
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["ready"] is True and body["stage"] == "ready"
+    t = body["timings"]
+    assert t["queued_s"] is None
+    assert t["made_room_s"] is not None and t["started_s"] is not None
+    assert t["ready_s"] is not None and t["total_s"] is not None
+    assert {(s["serve"], s["action"]) for s in body["steps"]} >= {
+        ("ev", "stop"),
+        ("od", "start"),
+        ("od", "await_ready"),
+    }
+    assert httpx.get(f"http://127.0.0.1:{ports['od']}/health", trust_env=False).status_code == 200
+    assert d.state("ev") == "exited"
+
+    # the attempt fails: its container exits while starting -> 502 with the step and why
+    r = d.up("bad", wait_s=120)
+    assert r.status_code == 502, r.text
+    body = r.json()
+    assert body["ready"] is False and body["stage"] == "failed"
+    assert "bad" in body["error"] and "exited" in body["error"]
+    assert any(s["action"] == "await_ready" and s["outcome"] == "failed" for s in body["steps"])
+
+    # N seconds pass first: 202 with where it stands; the next wait ends when healthy
+    r = d.up("slow", wait_s=1)
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body["ready"] is False and body["stage"] and body["timings"]["ready_s"] is None
+    wait_for("slow's container running", lambda: d.state("slow") == "running")
+    (d.marks / "slow.ready").touch()
+    r = d.up("slow", wait_s=120)
+    assert r.status_code == 200, r.text
+    assert r.json()["ready"] is True
+
+
+@pytest.mark.docker
+def test_a_client_that_goes_away_ends_its_wait_cleanly(daemon: Daemon) -> None:
+    d = daemon
+    ports = {n: free_port() for n in ("res", "ev", "od", "bad", "slow")}
+    wait_manifest(d, ports)
+    d.start()
+    impatient = httpx.Client(base_url=d.url, timeout=1.0, trust_env=False)
+    with impatient, pytest.raises(httpx.ReadTimeout):
+        impatient.post(
+            "/v1/serves/slow/up",
+            json={"wait_s": 300},
+            headers={"Authorization": f"Bearer {TOKEN}"},
+        )
+    wait_for("the wait to end", lambda: "client waiting for up slow went away" in d.logs())
+    assert d.http.get("/healthz").status_code == 200
+    (d.marks / "slow.ready").touch()
+    wait_for("slow running", lambda: d.state("slow") == "running")
+
+
+# ── queueing ─────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.docker
+def test_queued_requests_wait_in_order_and_end_on_down(daemon: Daemon) -> None:
+    """Budget 10000: res 4000 runs; hog (on-demand 5000) runs for a request.
+
+    q1 (5000) can fit only once hog goes: queued first. q2 (1000) would fit now, but
+    q1 waits ahead on the same role: queued behind it (no overtaking); q3 (1000)
+    without the queue flag gets 429 saying so. ``down q2`` ends its queued request;
+    ``down hog`` frees the room and q1, waiting, gets 200 with its time in the queue.
+    """
+    d = daemon
+    ports = {n: free_port() for n in ("res", "hog", "q1", "q2", "q3", "huge")}
+    d.manifest.write_text(
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\nreserve_mib = 0\n'
+        + serve_toml("res", d.name("res"), 4000, "resident", ports["res"], 'desired = "running"')
+        + serve_toml("hog", d.name("hog"), 5000, "on-demand", ports["hog"])
+        + serve_toml("q1", d.name("q1"), 5000, "on-demand", ports["q1"])
+        + serve_toml("q2", d.name("q2"), 1000, "on-demand", ports["q2"])
+        + serve_toml("q3", d.name("q3"), 1000, "on-demand", ports["q3"])
+        + serve_toml("huge", d.name("huge"), 7000, "on-demand", ports["huge"])
+    )
+    for name, port in ports.items():
+        d.create(name, httpd(port), running=name == "res")
+    d.start()
+    r = d.up("hog", wait_s=120)
+    assert r.status_code == 200, r.text
+
+    # a request that can never fit is not queued
+    r = d.up("huge", queue=True)
+    assert r.status_code == 429 and "not queued" in r.json()["queue"], r.text
+
+    import threading
+
+    answer: dict[str, httpx.Response] = {}
+
+    def q1_waits() -> None:
+        with httpx.Client(base_url=d.url, timeout=300.0, trust_env=False) as c:
+            answer["q1"] = c.post(
+                "/v1/serves/q1/up",
+                json={"queue": True, "wait_s": 240},
+                headers={"Authorization": f"Bearer {TOKEN}"},
+            )
+
+    waiter = threading.Thread(target=q1_waits)
+    waiter.start()
+
+    def queued() -> list[str]:
+        return [e["serve"] for e in d.http.get("/v1/queue").json()["roles"].get("a", [])]
+
+    wait_for("q1 queued", lambda: queued() == ["q1"])
+    r = d.up("q2", queue=True)
+    assert r.status_code == 202, r.text
+    assert r.json()["queued"] is True and r.json()["queue"]["position"] == {"a": 2}
+    assert queued() == ["q1", "q2"]
+    rows = {s["serve"]: s for s in d.http.get("/v1/serves").json()["serves"]}
+    assert rows["q2"]["queued"]["position"] == {"a": 2} and rows["q3"]["queued"] is None
+    r = d.up("q3")
+    assert r.status_code == 429, r.text
+    assert "queued request(s) wait ahead" in r.json()["error"]
+    assert r.json()["queued_ahead"] == ["q1", "q2"]
+
+    r = d.post("/v1/serves/q2/down")
+    assert r.status_code == 202 and r.json()["ended"] is True, r.text
+    assert queued() == ["q1"]
+    recent = d.http.get("/v1/queue").json()["recent"]
+    assert any(e["serve"] == "q2" and e["outcome"] == "cancelled" for e in recent)
+    assert d.state("q2") != "running"
+
+    r = d.post("/v1/serves/hog/down")
+    assert r.status_code == 202, r.text
+    waiter.join(timeout=280)
+    assert not waiter.is_alive()
+    r = answer["q1"]
+    assert r.status_code == 200, r.text
+    assert r.json()["ready"] is True and r.json()["timings"]["queued_s"] is not None
+    assert d.state("q1") == "running" and d.state("hog") == "exited"
+    assert queued() == []

@@ -64,7 +64,7 @@ class InFlight:
 
 
 @dataclass(frozen=True, slots=True)
-class StepRecord:
+class StepEnded:
     """One step that ended, as the live ledger saw it (for ``up``'s timings)."""
 
     serve: str
@@ -117,7 +117,7 @@ class LiveLedger:
         self._seq = 0
         self._events: list[_Event] = []
         self._running: dict[int, tuple[Step, float]] = {}
-        self._ended: list[StepRecord] = []
+        self._ended: list[StepEnded] = []
         self._listeners: list[Callable[[], None]] = []
 
     # -- the writer side (the executor) ----------------------------------------------
@@ -148,7 +148,7 @@ class LiveLedger:
             if elastic_mib != -1:
                 self._add("elastic", step.serve, mib=elastic_mib)
             self._ended.append(
-                StepRecord(
+                StepEnded(
                     step.serve,
                     str(step.action),
                     step.group,
@@ -207,7 +207,7 @@ class LiveLedger:
         with self._lock:
             self._events = [e for e in self._events if e.seq > mark]
 
-    def ended(self, since: float, group: str | None = None) -> list[StepRecord]:
+    def ended(self, since: float, group: str | None = None) -> list[StepEnded]:
         """The steps that ended at or after ``since`` (epoch s), of ``group`` if given."""
         with self._lock:
             return [

@@ -42,7 +42,7 @@ from controller.adapters.docker.read import ContainerObserver, make_client, mani
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.service.cycle import CycleJournal, CycleResult, PlanInputs, run_cycle
 from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
-from controller.service.live import LiveLedger
+from controller.service.live import LiveLedger, StepEnded
 from controller.service.observe import observe_host
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import BackoffView, JournalHistory, LoopView
@@ -192,6 +192,10 @@ class Controller:
             return
         with contextlib.suppress(RuntimeError):
             loop.call_soon_threadsafe(self._changed)
+
+    def steps_since(self, since: float, group: str) -> list[StepEnded]:
+        """The steps of plan group ``group`` that ended at or after ``since`` (epoch s)."""
+        return self.live.ended(since, group)
 
     async def wait_change(self, timeout_s: float) -> bool:
         """Wait until the loop's state changes (a step, a cycle, a request) or the timeout.

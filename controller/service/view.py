@@ -27,7 +27,7 @@ from typing import Protocol
 
 from controller.manifest import LocatedError
 from controller.service.executor import ExecutionReport
-from controller.service.live import Overlay, overlay_observed
+from controller.service.live import Overlay, StepEnded, overlay_observed
 from controller.snapshot import SnapshotModel
 from controller.store.journal import CycleRecord, StepRecord
 from statemachine.plan import Plan
@@ -125,6 +125,10 @@ class LoopPort(Protocol):
 
     def request_down(self, serve: str) -> bool:
         """End a serve's on-demand request; True when there was one."""
+        ...
+
+    def steps_since(self, since: float, group: str) -> list[StepEnded]:
+        """The steps of plan group ``group`` that ended at or after ``since`` (epoch s)."""
         ...
 
     async def wait_change(self, timeout_s: float) -> bool:
