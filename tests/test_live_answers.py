@@ -15,10 +15,12 @@ says, never by a timer:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -432,17 +434,31 @@ def test_queued_requests_wait_in_order_and_end_on_down(daemon: Daemon) -> None:
     r = d.up("huge", queue=True)
     assert r.status_code == 429 and "not queued" in r.json()["queue"], r.text
 
-    import threading
+    answer: dict[str, subprocess.CompletedProcess[str]] = {}
 
-    answer: dict[str, httpx.Response] = {}
-
-    def q1_waits() -> None:
-        with httpx.Client(base_url=d.url, timeout=300.0, trust_env=False) as c:
-            answer["q1"] = c.post(
-                "/v1/serves/q1/up",
-                json={"queue": True, "wait_s": 240},
-                headers={"Authorization": f"Bearer {TOKEN}"},
-            )
+    def q1_waits() -> None:  # `vramctl up --queue --wait S`, as a router's script would
+        answer["q1"] = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "controller.interfaces.cli",
+                "up",
+                "q1",
+                "--queue",
+                "--wait",
+                "240",
+                "--json",
+                "--api",
+                f"127.0.0.1:{d.api_port}",
+                "--token-file",
+                str(d.token_file),
+            ],
+            capture_output=True,
+            text=True,
+            cwd=ROOT,
+            timeout=300,
+            check=False,
+        )
 
     waiter = threading.Thread(target=q1_waits)
     waiter.start()
@@ -473,8 +489,10 @@ def test_queued_requests_wait_in_order_and_end_on_down(daemon: Daemon) -> None:
     assert r.status_code == 202, r.text
     waiter.join(timeout=280)
     assert not waiter.is_alive()
-    r = answer["q1"]
-    assert r.status_code == 200, r.text
-    assert r.json()["ready"] is True and r.json()["timings"]["queued_s"] is not None
+    done = answer["q1"]
+    assert done.returncode == 0, done.stdout + done.stderr
+    got = json.loads(done.stdout)
+    assert got["status"] == 200 and got["ready"] is True
+    assert got["timings"]["queued_s"] is not None and got["timings"]["started_s"] is not None
     assert d.state("q1") == "running" and d.state("hog") == "exited"
     assert queued() == []
