@@ -20,12 +20,18 @@ Routes:
 - ``GET /v1/fit/{serve}`` — the fit JSON (docs/design.md §5) on the last snapshot; no side
   effects. 200 whether it fits or not; 404 unknown serve; 503 before the first cycle.
 - ``POST /v1/serves/{serve}/up`` (body optional: ``{"ttl_s": N}``, N > 0 seconds;
-  default the serve's ``idle_ttl_s``, else no TTL) — see below.
+  default the serve's ``idle_ttl_s``, else no TTL; ``"wait_s"`` and ``"queue"``:
+  :mod:`controller.interfaces.upwait`) — see below.
+- ``GET /v1/queue`` — the requests waiting for room, per GPU role in order.
 - ``POST /v1/serves/{serve}/down`` — ends the serve's on-demand request: 202 (the loop
   stops the serve unless the manifest wants it running, and evicted neighbours that
   are desired running come back); 404 unknown serve; 409 no active request.
 
-``up`` decides *before anything is recorded or stopped*, on the last observation, by
+Every answer is live (:mod:`controller.service.live`): the newest observation plus
+what the executor has done and holds since, never less than may be held, with
+``observed_at`` and the steps ``in_flight``.
+
+``up`` decides *before anything is recorded or stopped*, on that live observation, by
 asking the planner what this request alone would do (as ``GET /v1/fit`` does):
 
 - **202** it fits now (possibly after draining / shrinking / evicting): the request is

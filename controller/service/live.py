@@ -246,7 +246,14 @@ def overlay_observed(
     if not observed.docker_ok:
         return observed
     starting = dict(observed.starting)
-    for name, held in overlay.held.items():
+    for name, event in overlay.held.items():
+        held = event
+        container = containers_of.get(name)
+        record = observed.started_with.get(container) if container is not None else None
+        if record is not None and observed.container(container or "").holds:
+            # it still runs with the reservation it was started with: never count less
+            roles = tuple(dict.fromkeys(held.gpu_roles + record.gpu_roles))
+            held = StartingObs(roles, max(held.mib, record.mib))
         before = starting.get(name)
         if before is None:
             starting[name] = held
