@@ -1350,15 +1350,22 @@ def api_service(
     return service
 
 
-def attach_api(controller: Controller, settings: ApiSettings, sock: socket.socket) -> Metrics:
+def attach_api(
+    controller: Controller,
+    settings: ApiSettings,
+    sock: socket.socket,
+    notify: Callable[..., None] = _no_notify,
+) -> Metrics:
     """Wire the HTTP API and its metrics into ``controller`` (served once it runs).
 
     The metrics follow each cycle (``on_cycle``); the app, over the controller's
-    read-only view, is served on the already bound ``sock`` as one of its services.
+    read-only view, is served on the already bound ``sock`` as one of its services,
+    and its request queue's pump beside it. ``notify(kind, **data)`` is told of the
+    queue's events (see :func:`create_app`).
     """
     metrics = Metrics()
     controller.on_cycle.append(metrics.on_cycle)
-    app = create_app(controller, settings, metrics)
+    app = create_app(controller, settings, metrics, notify)
     controller.services.append(api_service(app, sock))
     pump = app.state.queue_pump
 
