@@ -216,3 +216,24 @@ def test_a_grow_counts_at_full_from_its_beginning() -> None:
     live.step_begun(grow)
     seen = Observed(docker_ok=True, elastic_mib={"el": 7000})
     assert "el" not in overlay_observed(seen, live.overlay(mark), {"el": "c-el"}).elastic_mib
+
+
+def test_a_start_that_ended_healthy_counts_as_running_not_starting(
+    controller: Controller,
+) -> None:
+    live = LiveLedger()
+    desired = controller.mset.desired()
+    containers = {s.name: s.container for s in desired.serves.values()}
+    seen = Observed(docker_ok=True)  # observed before q was started
+    mark = live.mark()
+    for action in (Action.RESERVE, Action.START, Action.AWAIT_READY):
+        live.step_ended(live.step_begun(_step(action)), _step(action), "ok", "")
+    now = overlay_observed(seen, live.overlay(mark), containers)
+    assert "q" not in now.starting and now.container("c-q").holds
+    assert ledger_from_observed(desired, now).committed_mib("a") == 5000
+    # a new start of it (after a stop and release) is starting again
+    release = _step(Action.RELEASE)
+    live.step_ended(live.step_begun(release), release, "ok", "")
+    live.step_ended(live.step_begun(_step(Action.RESERVE)), _step(Action.RESERVE), "ok", "")
+    again = overlay_observed(seen, live.overlay(mark), containers)
+    assert "q" in again.starting

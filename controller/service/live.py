@@ -8,8 +8,9 @@ memory the observation does not show. :class:`LiveLedger` is the record of those
 changes, written by the executor (from any of its threads) as each step begins and
 ends, and read by the loop's view:
 
-- a reserve, a start or a healthy start: the serve holds its roles and MiB from then
-  on, whatever the observation showed (counted like a start in progress);
+- a reserve or a start: the serve holds its roles and MiB from then on, whatever the
+  observation showed (counted like a start in progress); a start that ended healthy:
+  it runs, counted with the reservation it was started with;
 - a confirmed release: the serve holds nothing any more (its container exited and,
   where NVML sees it, the memory came back);
 - a grow counts the serve at its full reservation from the moment it begins, a
@@ -37,7 +38,7 @@ from types import MappingProxyType
 from typing import Any
 
 from statemachine.planner import Action, Step
-from statemachine.types import ContainerState, Observed, StartingObs
+from statemachine.types import ContainerObs, ContainerState, Observed, StartedWith, StartingObs
 
 #: events kept at most (older ones are in every observation since)
 _MAX_EVENTS = 4096
@@ -84,6 +85,8 @@ class Overlay:
     held: Mapping[str, StartingObs] = field(default_factory=dict)
     #: serves whose release was confirmed since (and not held again after it)
     released: frozenset[str] = frozenset()
+    #: held serves whose start has ended healthy since (their container runs)
+    ready: frozenset[str] = frozenset()
     #: elastic serve -> the MiB it is counted at now (``None``: its full reservation)
     elastic: Mapping[str, int | None] = field(default_factory=dict)
     #: the steps in progress now
@@ -96,6 +99,7 @@ class Overlay:
                 n: {"gpu_roles": list(s.gpu_roles), "mib": s.mib} for n, s in self.held.items()
             },
             "released": sorted(self.released),
+            "ready": sorted(self.ready),
             "elastic": dict(self.elastic),
         }
 
@@ -143,6 +147,8 @@ class LiveLedger:
             if ok and step.action in (Action.RESERVE, Action.START, Action.AWAIT_READY):
                 if roles and mib > 0:
                     self._add("held", step.serve, roles=roles, mib=mib)
+                if step.action is Action.AWAIT_READY:
+                    self._add("ready", step.serve, roles=roles, mib=mib)
             elif ok and step.action is Action.RELEASE:
                 self._add("released", step.serve)
             if elastic_mib != -1:
@@ -176,6 +182,7 @@ class LiveLedger:
         """What changed after the observation that took ``since`` as its mark."""
         held: dict[str, StartingObs] = {}
         released: set[str] = set()
+        ready: set[str] = set()
         elastic: dict[str, int | None] = {}
         with self._lock:
             events = [e for e in self._events if e.seq > since]
@@ -189,8 +196,14 @@ class LiveLedger:
                 mib = e.mib or 0 if before is None else max(before.mib, e.mib or 0)
                 held[e.serve] = StartingObs(roles, mib)
                 released.discard(e.serve)
+                if e.kind == "held":
+                    ready.discard(e.serve)  # a new start of it: not ready until it says so
+            elif e.kind == "ready":
+                if e.serve in held:
+                    ready.add(e.serve)
             elif e.kind == "released":
                 held.pop(e.serve, None)
+                ready.discard(e.serve)
                 released.add(e.serve)
             elif e.kind == "elastic":
                 elastic[e.serve] = e.mib
@@ -198,6 +211,7 @@ class LiveLedger:
         return Overlay(
             MappingProxyType(held),
             frozenset(released),
+            frozenset(ready),
             MappingProxyType(elastic),
             in_flight,
         )
@@ -239,13 +253,16 @@ def overlay_observed(
     """``observed`` with what the executor did since laid over it (see the module doc).
 
     Held serves count like starts in progress (their roles and MiB, whatever their
-    container showed); released serves' containers count as exited; resized elastic
-    serves at their figure now. ``containers_of``: serve -> its container. Docker
-    unreadable stays unknown.
+    container showed); those whose start ended healthy since count as running with
+    the reservation they were started with (no longer starting); released serves'
+    containers count as exited; resized elastic serves at their figure now.
+    ``containers_of``: serve -> its container. Docker unreadable stays unknown.
     """
     if not observed.docker_ok:
         return observed
     starting = dict(observed.starting)
+    containers = dict(observed.containers)
+    started_with = dict(observed.started_with)
     for name, event in overlay.held.items():
         held = event
         container = containers_of.get(name)
@@ -254,13 +271,19 @@ def overlay_observed(
             # it still runs with the reservation it was started with: never count less
             roles = tuple(dict.fromkeys(held.gpu_roles + record.gpu_roles))
             held = StartingObs(roles, max(held.mib, record.mib))
+        if name in overlay.ready and container is not None:
+            # its start ended healthy: it runs, with the reservation it was started with
+            starting.pop(name, None)
+            if not observed.container(container).holds:
+                containers[container] = ContainerObs(ContainerState.RUNNING)
+            started_with[container] = StartedWith(name, held.gpu_roles, held.mib)
+            continue
         before = starting.get(name)
         if before is None:
             starting[name] = held
         else:
             roles = tuple(dict.fromkeys(before.gpu_roles + held.gpu_roles))
             starting[name] = StartingObs(roles, max(before.mib, held.mib))
-    containers = dict(observed.containers)
     released: set[str] = set()
     for name in overlay.released:
         container = containers_of.get(name)
@@ -274,6 +297,7 @@ def overlay_observed(
         observed,
         starting=MappingProxyType(starting),
         containers=MappingProxyType(containers),
+        started_with=MappingProxyType(started_with),
         elastic_mib=MappingProxyType(_elastic(observed.elastic_mib, overlay.elastic)),
         unreleased=observed.unreleased - released,
     )
