@@ -291,6 +291,8 @@ def test_answers_count_what_the_running_cycle_reserved(daemon: Daemon) -> None:
 
     r = d.up("huge")
     assert r.status_code == 429, r.text
+    assert r.json()["observed_at"] is not None
+    assert any(s["serve"] == "v2" and s["action"] == "stop" for s in r.json()["in_flight"])
     terms = r.json()["gpu_roles"][0]
     assert terms["committed_mib"] == 9600 and terms["free_mib"] == 400
     assert terms["shortfall_mib"] == 8600

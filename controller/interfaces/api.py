@@ -900,7 +900,7 @@ def create_app(
             decision.status,
             decision.message,
             retry_after_s=decision.retry_after_s,
-            **{**decision.body, **extra},
+            **{**decision.body, **live_meta(controller.view()), **extra},
             headers=headers,
         )
 
@@ -1227,6 +1227,7 @@ def create_app(
             "steps": decision.body["steps"],
             "fit": decision.body["fit"],
             "note": note,
+            **live_meta(view),
         }
         if body.wait_s:
             already = observed.container(spec.container).holds and serve not in observed.starting
