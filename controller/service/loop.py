@@ -205,12 +205,13 @@ class Controller:
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._change_waiters.add(fut)
         try:
-            await asyncio.wait_for(asyncio.shield(fut), max(0.0, timeout_s))
-            return True
-        except TimeoutError:
-            return False
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that meets the future's result, and a task cancelled at shutdown ran on
+            done, _ = await asyncio.wait({fut}, timeout=max(0.0, timeout_s))
+            return bool(done)
         finally:
             self._change_waiters.discard(fut)
+            fut.cancel()
 
     def requests(self) -> tuple[OnDemandRequest, ...]:
         """The on-demand requests as the planner sees them."""
