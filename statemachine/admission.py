@@ -11,6 +11,11 @@ The rules an on-demand request meets before and after the planner:
 - :func:`inside_min_runtime` / :func:`frees_up_in`: how long until a protected serve
   may go away by itself (an evictable victim leaving its ``min_runtime_s``, an
   on-demand request running out), which is the API's ``Retry-After``.
+- :func:`goes_away` / :func:`could_fit_later`: whether a request that does not fit now
+  could fit once every serve that goes away by itself has (an evictable serve, for an
+  on-demand requester, once its ``min_runtime_s`` or its start is over; an on-demand
+  serve running for a request, once that request ends): the API queues such a
+  request instead of refusing it, and ends the wait when this turns false.
 
 Pure: functions of their arguments (``now`` included); no I/O, no clock, no logging.
 """
@@ -19,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from statemachine.ledger import ledger_from_observed
 from statemachine.types import (
     DesiredRun,
     DesiredState,
@@ -98,4 +104,86 @@ def frees_up_in(
         if req.ttl_s is not None:
             return max(0.0, req.requested_at + req.ttl_s - now)
         return default
+    return None
+
+
+def goes_away(
+    other: ServeSpec | None, requester: ServeSpec, requests: Mapping[str, object]
+) -> bool:
+    """True when ``other`` will stop holding memory without the manifest changing.
+
+    An evictable serve goes away for an on-demand requester (evicted now, or once its
+    ``min_runtime_s`` or its start in progress is over); an on-demand serve that runs
+    for a request (``requests`` holds it, expired or not) goes away when the request
+    ends (its TTL, or ``down``: the loop then stops it). Residents, serves without a
+    residency class, on-demand serves the manifest keeps running and holders no
+    manifest declares never do.
+    """
+    if other is None or other.name == requester.name:
+        return False
+    if other.residency is Residency.EVICTABLE:
+        return requester.residency is Residency.ON_DEMAND
+    return (
+        other.residency is Residency.ON_DEMAND
+        and other.desired is not DesiredRun.RUNNING
+        and other.name in requests
+    )
+
+
+def could_fit_later(
+    desired: DesiredState,
+    observed: Observed,
+    serve: str,
+    requests: Mapping[str, object],
+) -> str | None:
+    """None when ``serve`` could run once what goes away by itself has; else why never.
+
+    The question a queued request asks: on each of its roles, the free MiB plus what
+    the serves that go away (:func:`goes_away`) hold plus what the elastic serves that
+    stay could give back (down to their floor) must cover its reservation, and every
+    serve it conflicts with (exclusivity, a port) that runs must go away. ``requests``
+    are the recorded on-demand requests (serve -> request; an expired one still counts:
+    its serve is being stopped). Docker unreadable: nothing can
+    be said (None; the caller answers 503 first). An optimistic answer is safe here:
+    a queued request also ends at its own deadline.
+    """
+    spec = desired.serves[serve]
+    ledger = ledger_from_observed(desired, observed)
+    if ledger.unknown:
+        return None
+    for other in desired.serves.values():
+        if other.name == serve:
+            continue
+        runs = observed.container(other.container).holds or other.name in observed.starting
+        why = conflict(spec, other) or conflict(other, spec)
+        if runs and why is not None and not goes_away(other, spec, requests):
+            return (
+                f"{serve} cannot run while {other.name} runs ({why}), and {other.name} "
+                "never goes away by itself"
+            )
+    if spec.vram_mib is None or not desired.in_ledger(spec):
+        return None
+    for t in ledger.terms(spec.name, spec.gpu_roles, spec.vram_mib):
+        if not t.shortfall_mib or t.free_mib is None:
+            continue
+        leaving = [
+            (holder, mib)
+            for holder, mib in t.reservations
+            if goes_away(desired.serves.get(holder), spec, requests)
+        ]
+        gone = sum(mib for _, mib in leaving)
+        give = 0
+        for holder, mib in t.reservations:
+            giver = desired.serves.get(holder)
+            if giver is None or giver.elastic is None or any(h == holder for h, _ in leaving):
+                continue
+            give += max(0, mib - giver.elastic.floor_mib)
+        if t.free_mib + gone + give < t.requested_mib:
+            names = ", ".join(h for h, _ in leaving) or "nothing"
+            return (
+                f"{serve} can never fit on {t.gpu_role} while the manifest stays as it is: "
+                f"budget {t.budget_mib}, free {t.free_mib}, what goes away by itself "
+                f"({names}) {gone}, what elastic serves could give back {give}; "
+                f"needs {t.requested_mib}"
+            )
     return None

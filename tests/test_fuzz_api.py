@@ -174,7 +174,9 @@ def schemas(controller: Controller) -> dict[str, Any]:
     for mode in AUTH_MODES:
         token = None if mode == "no-token-set" else TOKEN
         app = create_app(
-            controller, ApiSettings(token=token, bind_host="127.0.0.1"), events=_ended_bus()
+            controller,
+            ApiSettings(token=token, bind_host="127.0.0.1", max_wait_s=0.05),
+            events=_ended_bus(),
         )
         loaded = schemathesis.openapi.from_dict(app.openapi())
         loaded.app = app

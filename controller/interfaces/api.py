@@ -25,12 +25,18 @@ Routes:
 - ``GET /v1/fit/{serve}`` — the fit JSON (docs/design.md §5) on the last snapshot; no side
   effects. 200 whether it fits or not; 404 unknown serve; 503 before the first cycle.
 - ``POST /v1/serves/{serve}/up`` (body optional: ``{"ttl_s": N}``, N > 0 seconds;
-  default the serve's ``idle_ttl_s``, else no TTL) — see below.
+  default the serve's ``idle_ttl_s``, else no TTL; ``"wait_s"`` and ``"queue"``:
+  :mod:`controller.interfaces.upwait`) — see below.
+- ``GET /v1/queue`` — the requests waiting for room, per GPU role in order.
 - ``POST /v1/serves/{serve}/down`` — ends the serve's on-demand request: 202 (the loop
   stops the serve unless the manifest wants it running, and evicted neighbours that
   are desired running come back); 404 unknown serve; 409 no active request.
 
-``up`` decides *before anything is recorded or stopped*, on the last observation, by
+Every answer is live (:mod:`controller.service.live`): the newest observation plus
+what the executor has done and holds since, never less than may be held, with
+``observed_at`` and the steps ``in_flight``.
+
+``up`` decides *before anything is recorded or stopped*, on that live observation, by
 asking the planner what this request alone would do (as ``GET /v1/fit`` does):
 
 - **202** it fits now (possibly after draining / shrinking / evicting): the request is
@@ -112,12 +118,23 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from controller.interfaces.metrics import CONTENT_TYPE, Metrics
 from controller.interfaces.stream import HEARTBEAT_S, register_events
+from controller.interfaces.upwait import (
+    DEFAULT_QUEUE_S,
+    MAX_QUEUE_S,
+    MAX_WAIT_S,
+    SETTLE_S,
+    QueueEntry,
+    RequestQueue,
+    blocked_now,
+    standing,
+    timings,
+)
 from controller.manifest import LocatedError
 from controller.service.events import EventBus
 from controller.service.loop import Controller
 from controller.service.view import LoopPort, LoopView
 from controller.store.lock import warn_if_open
-from statemachine.admission import can_request, conflict, frees_up_in
+from statemachine.admission import can_request, conflict, could_fit_later, frees_up_in
 from statemachine.fit import fit_serve, request_plan
 from statemachine.planner import Blocked, Policy, Step
 from statemachine.status import host_status
@@ -152,6 +169,8 @@ class ApiSettings:
     token: str | None = None
     allow_origins: tuple[str, ...] = ()
     retry_after_s: float = 5.0
+    #: the longest an ``up`` holds its answer (``wait_s`` is cut to this)
+    max_wait_s: float = MAX_WAIT_S
     #: the address the API listens on; on loopback, a request whose Host header names
     #: anything else is refused (a DNS-rebinding page cannot read the ledger)
     bind_host: str | None = None
@@ -292,6 +311,36 @@ class UpBody(BaseModel):
             description="Seconds the request lasts (default: the serve's idle_ttl_s, else none).",
         ),
     ] = None
+    wait_s: Annotated[
+        float | None,
+        Field(
+            default=None,
+            gt=0,
+            le=MAX_WAIT_S,
+            strict=True,
+            allow_inf_nan=False,
+            description="Hold the answer until ready, failed, or this many seconds.",
+        ),
+    ] = None
+    queue: Annotated[
+        bool,
+        Field(
+            default=False,
+            strict=True,
+            description="Wait in the role's FIFO queue instead of a 429 (when it could fit).",
+        ),
+    ] = False
+    queue_s: Annotated[
+        float | None,
+        Field(
+            default=None,
+            gt=0,
+            le=MAX_QUEUE_S,
+            strict=True,
+            allow_inf_nan=False,
+            description="How long a queued request waits for room (default 600).",
+        ),
+    ] = None
 
 
 def _json_safe(value: Any) -> Any:
@@ -323,6 +372,9 @@ def _validation_lines(exc: RequestValidationError) -> list[str]:
 
 
 # ── authorisation and the body, before any route ─────────────────────────────
+
+#: The scope key of the event set when a write's client has gone away.
+DISCONNECTED = "vramctl.disconnected"
 
 #: Methods that change nothing: they need no token (every other one does).
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -412,15 +464,30 @@ class WriteGuard:
             more = bool(message.get("more_body", False))
         body = b"".join(chunks)
         delivered = False
+        # the body is read: what the client sends next can only be its disconnect; it is
+        # watched for here, so that a held answer (``up`` with ``wait_s``) ends with it
+        gone = asyncio.Event()
+        scope[DISCONNECTED] = gone
+
+        async def watch() -> Message:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                gone.set()
+            return message
+
+        watcher = asyncio.ensure_future(watch())
 
         async def replay() -> Message:
             nonlocal delivered
             if not delivered:
                 delivered = True
                 return {"type": "http.request", "body": body, "more_body": False}
-            return await receive()
+            return await asyncio.shield(watcher)
 
-        await self.app(scope, replay, send)
+        try:
+            await self.app(scope, replay, send)
+        finally:
+            watcher.cancel()
 
 
 # ── the up decision ──────────────────────────────────────────────────────────
@@ -582,7 +649,11 @@ def create_app(
     copy) and the requests; it changes it only by ``request_up`` / ``request_down``.
     ``events``: the bus ``GET /v1/events`` streams and ``up`` / ``down`` publish on
     (the controller's, from :func:`attach_api`; default: one of its own).
+    The request queue's events (``request.queued``, ``request.admitted``,
+    ``request.ended``) are published on it too. ``app.state.queue_pump`` is the
+    coroutine that admits queued requests beside the loop (:func:`attach_api` runs it).
     """
+    queue = RequestQueue()
     app = FastAPI(
         title="vramctl",
         summary="GPU-memory reconciliation controller: ledger, fit and on-demand requests.",
@@ -593,6 +664,10 @@ def create_app(
     allowed = frozenset(settings.allow_origins)
     metrics = metrics or Metrics()
     bus = events if events is not None else EventBus()
+
+    def notify(kind: str, **data: Any) -> None:
+        """A request queue's event (``request_queued`` ...) on the bus (``request.queued``)."""
+        bus.publish("request." + kind.removeprefix("request_"), **data)
 
     # innermost: its refusals still get CORS headers for an allowed origin
     app.add_middleware(WriteGuard, settings=settings, limit=MAX_BODY_BYTES)
@@ -656,15 +731,16 @@ def create_app(
             raise ApiError(404, f'no serve named "{serve}" in the manifest set{hint}')
         return spec
 
-    def observed_or_503() -> Observed:
-        snap = controller.view().snapshot
-        if snap is None:
+    def observed_or_503(view: LoopView | None = None) -> Observed:
+        """The live observation (the last one plus what the executor did since)."""
+        observed = (view or controller.view()).observed()
+        if observed is None:
             raise ApiError(
                 503,
                 "no observation yet: the loop has not completed its first cycle",
                 headers={"Retry-After": "1"},
             )
-        return snap.to_observed()
+        return observed
 
     def full_detail(request: Request) -> bool:
         """Whether this read may see free text: it carries the right token.
@@ -693,13 +769,22 @@ def create_app(
         return {"detail": "redacted", "detail_note": REDACTED_NOTE}
 
     def meta(view: LoopView, full: bool) -> dict[str, Any]:
-        snap = view.snapshot
         return {
-            "observed_at": view.at if snap is not None else None,
+            **live_meta(view),
             "cycles": view.cycles,
             "manifest_digest": view.manifest_digest,
             "manifest_errors": manifest_errors(view, full),
             **detail(full),
+        }
+
+    def live_meta(view: LoopView) -> dict[str, Any]:
+        """When the observation was taken, and what the executor did and does since."""
+        at = view.observed_at
+        return {
+            "observed_at": at,
+            "observation_age_s": None if at is None else round(max(0.0, time.time() - at), 3),
+            "in_flight": [f.to_json() for f in view.live.in_flight],
+            "since_observed": view.live.to_json(),
         }
 
     @app.get("/healthz")
@@ -729,11 +814,12 @@ def create_app(
         responses={200: {"content": {CONTENT_TYPE: {"schema": {"type": "string"}}}}},
     )
     async def metrics_route() -> Response:
+        metrics.update_ledger(controller)  # live: what the running plan holds counts now
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     def _status_now(view: LoopView) -> tuple[dict[str, Any], Any]:
         snap = view.snapshot
-        observed = snap.to_observed() if snap is not None else Observed(docker_ok=False)
+        observed = view.observed() or Observed(docker_ok=False)
         report = host_status(controller.desired(), observed)
         data = report.to_json()
         if snap is None:
@@ -778,6 +864,9 @@ def create_app(
                     "request": None if req is None else _request_json(req, now),
                     # declared vs measured (docs/limits.md): null before any sample
                     "footprint": view.footprints.get(name),
+                    "queued": None
+                    if (entry := queue.get(name)) is None
+                    else entry.to_json(queue.positions(entry)),
                     "blocked": blocked.get(name)
                     if full
                     else public_blocked(name, blocked.get(name)),
@@ -793,15 +882,252 @@ def create_app(
             )
         return {**meta(view, full), "docker": data["docker"], "serves": out}
 
+    @app.get("/v1/queue")
+    async def queue_route() -> dict[str, Any]:
+        return {**live_meta(controller.view()), **queue.to_json()}
+
     @app.get("/v1/fit/{serve}")
     async def fit(serve: str) -> dict[str, Any]:
         spec_of(serve)
-        observed = observed_or_503()
-        now = time.time()
         view = controller.view()
+        observed = observed_or_503(view)
+        now = time.time()
         policy = Policy(no_shrink=view.no_shrink)
         result = fit_serve(controller.desired(), observed, serve, policy=policy, now=now)
-        return {**result.to_json(), "observed_at": view.at}
+        return {**result.to_json(), **live_meta(view)}
+
+    # every POST is authorised by WriteGuard before its body is read
+    def refuse(decision: UpDecision, serve: str, client: str, **extra: Any) -> JSONResponse:
+        """The answer to an ``up`` that is not accepted (409 / 429 / 503), logged."""
+        if decision.status == 429:
+            metrics.refused("api")
+        bus.publish(
+            "request.refused",
+            private=("message",),
+            serve=serve,
+            status=decision.status,
+            message=decision.message,
+            retry_after_s=decision.retry_after_s,
+        )
+        logger.info(
+            "api: up {} from {} refused ({}): {}", serve, client, decision.status, decision.message
+        )
+        headers = (
+            {"Retry-After": str(decision.retry_after_s)}
+            if decision.retry_after_s is not None
+            else None
+        )
+        return _error_response(
+            decision.status,
+            decision.message,
+            retry_after_s=decision.retry_after_s,
+            **{**decision.body, **live_meta(controller.view()), **extra},
+            headers=headers,
+        )
+
+    def decide_now(view: LoopView, serve: str) -> UpDecision:
+        """``decide_up`` on the live observation of ``view``."""
+        return decide_up(
+            controller.desired(),
+            observed_or_503(view),
+            serve,
+            policy=Policy(no_shrink=view.no_shrink),
+            now=time.time(),
+            default_retry_s=settings.retry_after_s,
+        )
+
+    def active_requests(now: float) -> dict[str, OnDemandRequest]:
+        return {r.serve: r for r in controller.requests() if not r.expired(now)}
+
+    def recorded_requests() -> dict[str, OnDemandRequest]:
+        """Every recorded request, expired ones included (their serve is being stopped)."""
+        return {r.serve: r for r in controller.requests()}
+
+    def process_queue() -> None:
+        """Admit the heads of the queues that fit now; end those that never will."""
+        if not queue.waiting() and not queue.settling():
+            return
+        view = controller.view()
+        observed = view.observed()
+        if observed is None or not observed.docker_ok:
+            return  # nothing is decided on an unknown host: they wait
+        now = time.time()
+        active = active_requests(now)
+        for entry in queue.settling():
+            counted = (
+                entry.serve in observed.starting
+                or observed.container(view.desired.serves[entry.serve].container).holds
+                if entry.serve in view.desired.serves
+                else True
+            )
+            gone = entry.serve not in active
+            stale = entry.left_at is not None and now - entry.left_at > SETTLE_S
+            if counted or gone or stale or blocked_now(view, entry.serve, entry.left_at or now):
+                queue.settled(entry)
+        desired = controller.desired()
+        for entry in queue.eligible():
+            if entry.serve not in desired.serves:
+                queue.leave(entry, "impossible", now, 404, {"error": f"{entry.serve} is gone"})
+                notify("request_ended", serve=entry.serve, outcome="impossible")
+                continue
+            decision = decide_now(view, entry.serve)
+            if decision.status == 202:
+                controller.request_up(entry.serve, entry.ttl_s)
+                queue.leave(entry, "admitted", now, 202, {"message": decision.message})
+                logger.info(
+                    "api: queued up {} admitted after {:.1f}s: {}",
+                    entry.serve,
+                    now - entry.enqueued_at,
+                    decision.message,
+                )
+                notify("request_admitted", serve=entry.serve)
+                continue
+            never = None
+            if decision.status == 429:
+                never = could_fit_later(desired, observed, entry.serve, recorded_requests())
+            if decision.status == 409 or never is not None:
+                why = never or decision.message
+                queue.leave(
+                    entry,
+                    "impossible",
+                    now,
+                    decision.status,
+                    {**decision.body, "error": f"the queued request cannot fit any more: {why}"},
+                )
+                logger.info("api: queued up {} ended: {}", entry.serve, why)
+                notify("request_ended", serve=entry.serve, outcome="impossible")
+            elif now >= entry.deadline:
+                queue.leave(
+                    entry,
+                    "deadline",
+                    now,
+                    429,
+                    {
+                        **decision.body,
+                        "error": f"waited {now - entry.enqueued_at:.0f}s in the queue, its "
+                        f"queue_s, and it does not fit yet: {decision.message}",
+                    },
+                )
+                logger.info("api: queued up {} ended at its deadline", entry.serve)
+                notify("request_ended", serve=entry.serve, outcome="deadline")
+
+    async def queue_pump() -> None:
+        """Beside the loop: the queue is looked at after every change, and each second."""
+        while True:
+            await controller.wait_change(1.0)
+            try:
+                process_queue()
+            except ApiError:
+                pass  # no observation yet
+            except Exception:  # a bug must not end the pump
+                logger.exception("api: the request queue failed")
+
+    app.state.queue_pump = queue_pump
+    app.state.up_queue = queue
+
+    def queued_answer(
+        entry: QueueEntry, standing_json: dict[str, Any] | None = None
+    ) -> JSONResponse:
+        pos = queue.positions(entry)
+        where = ", ".join(f"{p} on {r}" for r, p in pos.items())
+        return JSONResponse(
+            {
+                "status": 202,
+                "serve": entry.serve,
+                "accepted": True,
+                "queued": True,
+                "message": f"queued: position {where}; it is admitted when it fits",
+                "queue": entry.to_json(pos),
+                **(standing_json or {}),
+            },
+            status_code=202,
+        )
+
+    async def hold(
+        spec: ServeSpec,
+        request: Request,
+        wait_s: float,
+        entry: QueueEntry | None,
+        since: float | None,
+        accepted: dict[str, Any],
+    ) -> JSONResponse:
+        """Hold the answer until ready, failed, ended, or ``wait_s`` (see upwait)."""
+        serve = spec.name
+        wait_s = min(wait_s, settings.max_wait_s)
+        deadline = time.monotonic() + wait_s
+        t0 = time.time()
+        while True:
+            now = time.time()
+            if entry is not None and entry.outcome is None:
+                with contextlib.suppress(ApiError):
+                    process_queue()
+            if entry is not None and entry.outcome not in (None, "admitted"):
+                body = dict(entry.answer)
+                message = str(body.pop("error", body.pop("message", entry.outcome)))
+                body.pop("status", None)
+                return _error_response(
+                    entry.status or 409, message, queue=entry.to_json(), waited_s=now - t0, **body
+                )
+            if entry is not None and entry.outcome == "admitted" and since is None:
+                since = entry.left_at
+            view = controller.view()
+            if since is not None:
+                if serve not in active_requests(now):
+                    return _error_response(
+                        409,
+                        f"the request of {serve} ended (down, or its TTL) before it was ready",
+                        waited_s=now - t0,
+                    )
+                st = standing(view, spec, controller.steps_since(since, serve), since, now, entry)
+                if st.final is not None:
+                    return JSONResponse(
+                        {
+                            "status": st.final,
+                            "serve": serve,
+                            "ready": st.final == 200,
+                            **({"error": st.message} if st.final != 200 else {}),
+                            "note": None
+                            if st.final == 200
+                            else "the request stays recorded: the loop tries again after its "
+                            "backoff; `down` ends it",
+                            **st.to_json(),
+                            "waited_s": round(now - t0, 3),
+                        },
+                        status_code=st.final,
+                    )
+                if blocked_now(view, serve, since):
+                    decision = decide_now(view, serve)
+                    if decision.status in (409, 429):
+                        return refuse(decision, serve, "wait", **st.to_json())
+            left = deadline - time.monotonic()
+            if left <= 0:
+                if entry is not None and entry.outcome is None:
+                    return queued_answer(entry, {"waited_s": round(now - t0, 3)})
+                st = standing(
+                    view,
+                    spec,
+                    controller.steps_since(since or now, serve),
+                    since or now,
+                    now,
+                    entry,
+                )
+                return JSONResponse(
+                    {
+                        **accepted,
+                        "status": 202,
+                        "serve": serve,
+                        "ready": False,
+                        **st.to_json(),
+                        "message": f"not ready after wait_s {wait_s:g}: {st.message}",
+                        "waited_s": round(now - t0, 3),
+                    },
+                    status_code=202,
+                )
+            gone = request.scope.get(DISCONNECTED)
+            if isinstance(gone, asyncio.Event) and gone.is_set():
+                logger.info("api: the client waiting for up {} went away", serve)
+                return JSONResponse({"status": 202, "serve": serve}, status_code=202)
+            await controller.wait_change(min(left, 0.5))
 
     # every POST is authorised by WriteGuard before its body is read
     @app.post("/v1/serves/{serve}/up", status_code=202)
@@ -818,49 +1144,72 @@ def create_app(
                 retry_after_s=None,
             )
             raise ApiError(409, f"{serve} cannot be requested on demand: {why_not}")
-        observed = observed_or_503()
+        body = body or UpBody()
+        view = controller.view()
+        observed = observed_or_503(view)
         now = time.time()
         desired = controller.desired()
-        decision = decide_up(
-            desired,
-            observed,
-            serve,
-            policy=Policy(no_shrink=controller.view().no_shrink),
-            now=now,
-            default_retry_s=settings.retry_after_s,
-        )
         client = request.client.host if request.client else "?"
-        if decision.status != 202:
-            if decision.status == 429:
-                metrics.refused("api")
-            bus.publish(
-                "request.refused",
-                private=("message",),
-                serve=serve,
-                status=decision.status,
-                message=decision.message,
-                retry_after_s=decision.retry_after_s,
-            )
+        waiting = queue.get(serve)
+        if waiting is not None:  # queued already: this asks about the same entry
+            if body.wait_s:
+                return await hold(spec, request, body.wait_s, waiting, None, {})
+            return queued_answer(waiting)
+        decision = decide_now(view, serve)
+        ahead = queue.ahead_on(spec.gpu_roles)
+        to_queue = False
+        if decision.status == 202 and ahead and not observed.container(spec.container).holds:
+            if not body.queue:
+                names = ", ".join(e.serve for e in ahead)
+                roles = ", ".join(spec.gpu_roles)
+                return refuse(
+                    UpDecision(
+                        429,
+                        f"{serve} fits now, but {len(ahead)} queued request(s) wait ahead of it "
+                        f"on {roles} ({names}): requests on a role are admitted in order; "
+                        'send "queue": true to wait behind them',
+                        {"fit": decision.body.get("fit")},
+                        max(1, math.ceil(settings.retry_after_s)),
+                    ),
+                    serve,
+                    client,
+                    queued_ahead=[e.serve for e in ahead],
+                )
+            to_queue = True
+        elif decision.status == 429 and body.queue:
+            never = could_fit_later(desired, observed, serve, recorded_requests())
+            if never is not None:
+                return refuse(decision, serve, client, queue=f"not queued: {never}")
+            to_queue = True
+        if to_queue:
+            full = queue.full_on(spec.gpu_roles)
+            if full:
+                return refuse(
+                    UpDecision(
+                        429,
+                        f"{decision.message}; and the queue of {', '.join(full)} holds "
+                        f"{queue.max_per_role} requests already (the most it may)",
+                        decision.body,
+                        decision.retry_after_s or max(1, math.ceil(settings.retry_after_s)),
+                    ),
+                    serve,
+                    client,
+                )
+            entry = queue.add(spec, body.ttl_s, body.queue_s or DEFAULT_QUEUE_S, now)
             logger.info(
-                "api: up {} from {} refused ({}): {}",
+                "api: up {} from {} queued ({}): {}",
                 serve,
                 client,
-                decision.status,
+                queue.positions(entry),
                 decision.message,
             )
-            headers = (
-                {"Retry-After": str(decision.retry_after_s)}
-                if decision.retry_after_s is not None
-                else None
-            )
-            return _error_response(
-                decision.status,
-                decision.message,
-                retry_after_s=decision.retry_after_s,
-                **decision.body,
-                headers=headers,
-            )
-        ttl = body.ttl_s if body is not None else None
+            notify("request_queued", serve=serve, position=queue.positions(entry))
+            if body.wait_s:
+                return await hold(spec, request, body.wait_s, entry, None, {})
+            return queued_answer(entry)
+        if decision.status != 202:
+            return refuse(decision, serve, client)
+        ttl = body.ttl_s
         active = {r.serve for r in controller.requests()}
         if observed.container(spec.container).holds and serve not in active:
             # running already, and not because of a request: recording one would make the
@@ -906,36 +1255,65 @@ def create_app(
             effective_ttl,
             decision.message,
         )
-        return JSONResponse(
-            {
-                "status": 202,
-                "serve": serve,
-                "accepted": True,
-                "message": decision.message,
-                "request": req_json,
-                "steps": decision.body["steps"],
-                "fit": decision.body["fit"],
-                "note": note,
-            },
-            status_code=202,
-        )
+        accepted = {
+            "status": 202,
+            "serve": serve,
+            "accepted": True,
+            "message": decision.message,
+            "request": req_json,
+            "steps": decision.body["steps"],
+            "fit": decision.body["fit"],
+            "note": note,
+            **live_meta(view),
+        }
+        if body.wait_s:
+            already = observed.container(spec.container).holds and serve not in observed.starting
+            if already:  # running for an earlier request: ready as far as the loop knows
+                return JSONResponse(
+                    {
+                        **accepted,
+                        "status": 200,
+                        "ready": True,
+                        "stage": "ready",
+                        "timings": timings(spec, [], now, time.time()),
+                    },
+                    status_code=200,
+                )
+            return await hold(spec, request, body.wait_s, None, now - 0.001, accepted)
+        return JSONResponse(accepted, status_code=202)
 
     @app.post("/v1/serves/{serve}/down", status_code=202)
     async def down(serve: str, request: Request) -> JSONResponse:
         spec = spec_of(serve)
         now = time.time()
-        live = [
-            r
-            for r in controller.requests()
-            if r.serve == serve and not r.expired(now)
-        ]
+        entry = queue.get(serve)
+        if entry is not None:
+            queue.leave(
+                entry,
+                "cancelled",
+                now,
+                409,
+                {"error": f"the queued request of {serve} was ended by down"},
+            )
+            notify("request_ended", serve=serve, outcome="cancelled")
+            logger.info("api: down {}: its queued request ended", serve)
+            return JSONResponse(
+                {
+                    "status": 202,
+                    "serve": serve,
+                    "ended": True,
+                    "message": "the queued request ended; nothing was recorded or started for it",
+                },
+                status_code=202,
+            )
+        live = [r for r in controller.requests() if r.serve == serve and not r.expired(now)]
         if not live or not controller.request_down(serve):
             raise ApiError(
                 409,
                 f"{serve} has no active on-demand request (none was made, or it ended or expired)",
             )
-        snap = controller.view().snapshot
-        running = snap is not None and snap.to_observed().container(spec.container).holds
+        now_seen = controller.view().observed()
+        running = now_seen is not None and now_seen.container(spec.container).holds
         stays = spec.desired is DesiredRun.RUNNING
         if stays:
             message = f'request ended; {serve} stays up: the manifest says desired = "running"'
@@ -1012,16 +1390,28 @@ def api_service(
     return service
 
 
-def attach_api(controller: Controller, settings: ApiSettings, sock: socket.socket) -> Metrics:
+def attach_api(
+    controller: Controller,
+    settings: ApiSettings,
+    sock: socket.socket,
+) -> Metrics:
     """Wire the HTTP API and its metrics into ``controller`` (served once it runs).
 
     The metrics follow each cycle (``on_cycle``); the app, over the controller's
-    read-only view, is served on the already bound ``sock`` as one of its services.
+    read-only view, is served on the already bound ``sock`` as one of its services,
+    and its request queue's pump beside it; ``up``, ``down`` and the queue publish on
+    the controller's event bus (see :func:`create_app`).
     """
     metrics = Metrics()
     controller.on_cycle.append(metrics.on_cycle)
     app = create_app(controller, settings, metrics, controller.events)
     controller.services.append(api_service(app, sock))
+    pump = app.state.queue_pump
+
+    async def queue_service(_controller: Controller) -> None:
+        await pump()
+
+    controller.services.append(queue_service)
     return metrics
 
 

@@ -731,13 +731,18 @@ def run(
 
 
 def _api_call(
-    api: str, token_file: Path | None, method: str, path: str, body: dict[str, Any] | None
+    api: str,
+    token_file: Path | None,
+    method: str,
+    path: str,
+    body: dict[str, Any] | None,
+    timeout_s: float = 30.0,
 ) -> tuple[int, dict[str, Any]]:
     from controller.interfaces.api import ApiConfigError, ApiUnreachable, call_api, load_token
 
     try:
         token = load_token(token_file)
-        return call_api(api, method, path, token=token, body=body)
+        return call_api(api, method, path, token=token, body=body, timeout_s=timeout_s)
     except (ApiConfigError, ApiUnreachable) as exc:
         _fail(str(exc))
 
@@ -745,6 +750,23 @@ def _api_call(
 def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) -> None:
     if json_out:
         _print_json(data)
+        return
+    timings = data.get("timings") or {}
+    took = ", ".join(
+        f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f}s"
+        for k, v in timings.items()
+        if isinstance(v, int | float)
+    )
+    if status_code == 200:
+        render.out.print(f"ready: {data.get('message', '')}" + (f" ({took})" if took else ""))
+        return
+    if status_code == 202 and data.get("queued"):
+        render.out.print(f"queued: {data.get('message', '')}")
+        return
+    if status_code == 202 and data.get("ready") is False:
+        render.out.print(f"accepted, not ready yet: {data.get('message', '')}")
+        if took:
+            render.out.print(f"  so far: {took}")
         return
     if status_code == 202:
         render.out.print(f"accepted: {data.get('message', '')}")
@@ -757,6 +779,10 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
             render.out.print(f"  note: {data['note']}")
         return
     render.error(f"{status_code}: {data.get('error', data)}")
+    if data.get("queue") and isinstance(data["queue"], str):
+        render.err.print(f"  {data['queue']}")
+    if data.get("note"):
+        render.err.print(f"  note: {data['note']}")
     for t in data.get("gpu_roles") or []:
         parts = " + ".join(f"{r['serve']} {r['mib']}" for r in t.get("reservations", []))
         render.err.print(
@@ -790,26 +816,58 @@ def up(
         float | None,
         typer.Option("--ttl", help="Seconds the request lasts (default: the serve's idle_ttl_s)."),
     ] = None,
+    wait: Annotated[
+        float | None,
+        typer.Option(
+            "--wait",
+            metavar="S",
+            help="Wait up to S seconds (at most 600) until the serve is healthy and "
+            "routable, the attempt fails, or S passes.",
+        ),
+    ] = None,
+    queue: Annotated[
+        bool,
+        typer.Option(
+            "--queue",
+            help="If it cannot fit now only because memory or a port is held by serves "
+            "that go away by themselves, wait in the GPU role's FIFO queue instead of a 429.",
+        ),
+    ] = False,
     api: ApiOpt = "127.0.0.1:8477",
     token_file: TokenFileOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Ask the running loop to start SERVE on demand. Exit 0 accepted, 1 otherwise.
+    """Ask the running loop to start SERVE on demand.
+
+    Exit 0 accepted (with --wait: ready), 2 with --wait when S passed before it was
+    ready (it goes on; the answer says where it stands), 1 refused or failed.
 
     Talks to `vramctl run`'s API (--api, token from --token-file / VRAMCTL_TOKEN); with
     no loop running it refuses rather than acting on its own.
     """
     from urllib.parse import quote
 
+    if wait is not None and not 0 < wait <= 600:
+        _fail(f"--wait {wait:g}: give a number of seconds, more than 0 and at most 600")
+    body: dict[str, Any] = {}
+    if ttl is not None:
+        body["ttl_s"] = ttl
+    if wait is not None:
+        body["wait_s"] = wait
+    if queue:
+        body["queue"] = True
     status_code, data = _api_call(
         api,
         token_file,
         "POST",
         f"/v1/serves/{quote(serve, safe='')}/up",
-        {"ttl_s": ttl} if ttl is not None else None,
+        body or None,
+        timeout_s=30.0 + (wait or 0.0),
     )
     _print_api_answer(status_code, data, json_out)
-    raise typer.Exit(0 if status_code == 202 else 1)
+    if wait is not None:
+        raise typer.Exit(0 if status_code == 200 else 2 if status_code == 202 else 1)
+    raise typer.Exit(0 if status_code in (200, 202) else 1)
 
 
 @app.command()

@@ -243,10 +243,10 @@ class Metrics:
     def update_ledger(self, controller: LoopPort) -> None:
         """Per-role and per-serve gauges from the last snapshot and the manifest set."""
         view = controller.view()
-        snap = view.snapshot
-        if snap is None:
+        observed = view.observed()  # live: the observation plus what the executor did since
+        if observed is None:
             return
-        report = host_status(view.desired, snap.to_observed())
+        report = host_status(view.desired, observed)
         roles: set[str] = set()
         for rs in report.roles:
             role = rs.ledger.gpu_role

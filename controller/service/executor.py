@@ -49,6 +49,7 @@ from controller.adapters.router import RouterClient, RouterError
 from controller.manifest.runtime import ServeRuntime
 from controller.service.events import EventBus, LedgerWatch
 from controller.service.footprints import NO_FOOTPRINTS, Footprints
+from controller.service.live import LiveLedger
 from controller.service.starts import StartTracker
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import (
@@ -257,6 +258,8 @@ class Executor:
         self.events = EventBus()
         self.ledger_watch = LedgerWatch(self.events)
         self.cycle: int | None = None
+        #: where each step's beginning and end are told (what the answers count live)
+        self.live: LiveLedger | None = None
 
     def runtime(self, name: str) -> ServeRuntime:
         """How serve ``name``'s steps are carried out (the manifest's defaults if unknown)."""
@@ -430,6 +433,17 @@ class Executor:
         return refused
 
     def _attempt(self, run: _Run, step: Step) -> StepResult:
+        """One step, told to the live ledger as it begins and ends."""
+        live = self.live
+        token = live.step_begun(step) if live is not None else 0
+        result = self._attempt_step(run, step)
+        if live is not None:
+            figure = run.elastic.get(step.serve) if step.action in _RESIZES else None
+            mib = figure.mib if figure is not None else -1
+            live.step_ended(token, step, str(result.outcome), result.detail, mib)
+        return result
+
+    def _attempt_step(self, run: _Run, step: Step) -> StepResult:
         """One step: its result, with the failed group compensated."""
         t0 = time.monotonic()
         try:
@@ -1229,6 +1243,9 @@ class _Run:
                 name,
                 Trigger.START_FAILED if machine.state in ("reserved", "starting") else Trigger.FAIL,
             )
+
+
+_RESIZES = (Action.SHRINK, Action.GROW)
 
 
 def _refuse_dependents(plan: Plan, desired: DesiredState, refused: dict[str, list[str]]) -> None:

@@ -50,6 +50,7 @@ from controller.service.events import (
 )
 from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
 from controller.service.footprints import DEFAULT_SETTLE_S, FootprintRecorder, Reading
+from controller.service.live import LiveLedger, StepEnded
 from controller.service.observe import observe_host
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import BackoffView, JournalHistory, LoopView
@@ -165,6 +166,13 @@ class Controller:
         self.footprints: FootprintRecorder | None = None
         self._fp_observer: ContainerObserver | None = None
         self._fp_lock = threading.Lock()
+        #: what the executor did and holds since each observation (read by the view)
+        self.live = LiveLedger()
+        self.live.listen(self._changed_threadsafe)
+        self._mark = 0  # the live ledger's mark of the observation being taken
+        #: the newest observation: (snapshot, when, its live-ledger mark)
+        self._seen: tuple[SnapshotModel, float, int] | None = None
+        self._change_waiters: set[asyncio.Future[None]] = set()
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -178,6 +186,7 @@ class Controller:
         ttl = ttl_s if ttl_s is not None else spec.idle_ttl_s
         self.journal.add_request(serve, time.time(), ttl)
         self.trigger(f"request up {serve}")
+        self._changed()
 
     def request_down(self, serve: str) -> bool:
         """End a serve's on-demand request; True when there was one."""
@@ -187,7 +196,43 @@ class Controller:
         # an ended request is kept as expired until its serve is down: the planner stops it
         self.journal.add_request(serve, time.time() - 1.0, 0.0)
         self.trigger(f"request down {serve}")
+        self._changed()
         return True
+
+    # ------------------------------------------------------------- change waits
+    def _changed(self) -> None:
+        """Wake whoever waits for the loop's state to change (on the loop's thread)."""
+        waiters, self._change_waiters = self._change_waiters, set()
+        for fut in waiters:
+            if not fut.done():
+                fut.set_result(None)
+
+    def _changed_threadsafe(self) -> None:
+        loop = self._aio
+        if loop is None or loop.is_closed():
+            return
+        with contextlib.suppress(RuntimeError):
+            loop.call_soon_threadsafe(self._changed)
+
+    def steps_since(self, since: float, group: str) -> list[StepEnded]:
+        """The steps of plan group ``group`` that ended at or after ``since`` (epoch s)."""
+        return self.live.ended(since, group)
+
+    async def wait_change(self, timeout_s: float) -> bool:
+        """Wait until the loop's state changes (a step, a cycle, a request) or the timeout.
+
+        True when something changed. Never blocks the event loop.
+        """
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._change_waiters.add(fut)
+        try:
+            # asyncio.wait, not wait_for: on Python 3.11 wait_for swallows a cancellation
+            # that meets the future's result, and a task cancelled at shutdown ran on
+            done, _ = await asyncio.wait({fut}, timeout=max(0.0, timeout_s))
+            return bool(done)
+        finally:
+            self._change_waiters.discard(fut)
+            fut.cancel()
 
     def requests(self) -> tuple[OnDemandRequest, ...]:
         """The on-demand requests as the planner sees them."""
@@ -208,10 +253,13 @@ class Controller:
     def view(self) -> LoopView:
         """What the loop knows now, as a frozen copy (what the interfaces read)."""
         last = self.last
+        snapshot, observed_at, mark = last.snapshot, last.at, -1
+        if self._seen is not None and (last.snapshot is None or self._seen[1] >= last.at):
+            snapshot, observed_at, mark = self._seen
         return LoopView(
             at=last.at,
             duration_s=last.duration_s,
-            snapshot=last.snapshot,
+            snapshot=snapshot,
             plan=last.plan,
             report=last.report,
             executed=last.executed,
@@ -229,6 +277,8 @@ class Controller:
             no_shrink=frozenset(self.no_shrink),
             dry_run=self.options.dry_run,
             footprints=MappingProxyType(self._footprint_summary()),
+            observed_at=observed_at if snapshot is not None else None,
+            live=self.live.overlay(mark),
         )
 
     def _footprint_summary(self) -> dict[str, dict[str, Any]]:
@@ -442,6 +492,8 @@ class Controller:
     def _observe(self) -> SnapshotModel:
         if self._observer is None:
             self._observer = ContainerObserver()
+        # the live ledger's events up to here are in what this observation sees
+        self._mark = self.live.mark()
         # read before the containers: a start that ends in between has its container
         # running by then, so it is counted either way
         starting = self.starts.snapshot()
@@ -589,6 +641,7 @@ class Controller:
                 footprints=self.footprints,
             )
             self._executor.events, self._executor.ledger_watch = self.events, self._ledger_watch
+            self._executor.live = self.live
         return self._executor
 
     def _footprint_reading(self) -> Reading:
@@ -627,6 +680,7 @@ class Controller:
         finally:
             release()
         serves = ", ".join(sorted({r.step.serve for r in results}))
+        self._changed()
         if not self._stopping:
             self.trigger(f"start of {serves} ended")
 
@@ -669,11 +723,16 @@ class Controller:
         self.cycles += 1
         for hook in self.on_cycle:
             hook(self)
+        self._changed()
         return summary
 
     def _before_plan(self, snap: SnapshotModel, observed: Observed) -> PlanInputs:
         """What the loop learns from an observation before it plans (on the loop's thread)."""
         now = time.time()
+        # the answers read this observation from now on, with what the plan does after it
+        self._seen = (snap, now, self._mark)
+        self.live.forget_before(self._mark)
+        self._changed()
         if not observed.docker_ok:
             logger.warning("docker: {}; acting on nothing until it can be read", snap.docker_error)
         if snap.nvml_error != self._nvml_said:  # said once when it changes, not every cycle

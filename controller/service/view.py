@@ -9,6 +9,13 @@ through :meth:`LoopPort.request_up` / :meth:`LoopPort.request_down`. On-demand r
 are read live from the journal (:meth:`LoopPort.requests`), so a request the API just
 recorded shows at once; the recorded cycles through :meth:`LoopPort.history`, read only.
 
+Live answers: ``snapshot`` is the newest observation (taken at the start of the cycle
+that runs now, or of the last one), and ``live`` what the executor has done and holds
+since (:mod:`controller.service.live`): :meth:`LoopView.observed` lays one over the
+other, so an answer given while a plan runs counts what that plan has reserved or
+started. Interfaces answer from :meth:`LoopView.observed`, never from the snapshot
+alone, and say when it was taken (``observed_at``) and which steps are in flight.
+
 Nothing here decides or mutates anything.
 """
 
@@ -20,10 +27,11 @@ from typing import Any, Protocol
 
 from controller.manifest import LocatedError
 from controller.service.executor import ExecutionReport
+from controller.service.live import Overlay, StepEnded, overlay_observed
 from controller.snapshot import SnapshotModel
 from controller.store.journal import CycleRecord, StepRecord
 from statemachine.plan import Plan
-from statemachine.types import DesiredState, OnDemandRequest
+from statemachine.types import DesiredState, Observed, OnDemandRequest
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +69,21 @@ class LoopView:
     dry_run: bool
     #: serve -> declared vs measured (``statemachine.footprint.Footprint.to_json()``)
     footprints: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: when ``snapshot`` was observed (epoch s; ``None`` before the first observation)
+    observed_at: float | None = None
+    #: what the executor did and holds since that observation, and its steps in flight
+    live: Overlay = field(default_factory=Overlay)
+
+    def observed(self) -> Observed | None:
+        """The observation with what the executor did since laid over it (live).
+
+        ``None`` before the first observation. This, not ``snapshot`` alone, is what
+        an answer counts: it never counts less than may be held.
+        """
+        if self.snapshot is None:
+            return None
+        containers = {s.name: s.container for s in self.desired.serves.values()}
+        return overlay_observed(self.snapshot.to_observed(), self.live, containers)
 
 
 class JournalHistory(Protocol):
@@ -104,4 +127,12 @@ class LoopPort(Protocol):
 
     def request_down(self, serve: str) -> bool:
         """End a serve's on-demand request; True when there was one."""
+        ...
+
+    def steps_since(self, since: float, group: str) -> list[StepEnded]:
+        """The steps of plan group ``group`` that ended at or after ``since`` (epoch s)."""
+        ...
+
+    async def wait_change(self, timeout_s: float) -> bool:
+        """Wait until the loop's state changes or ``timeout_s`` passes; True if it did."""
         ...

@@ -1,0 +1,113 @@
+"""``could_fit_later``: whether a request that does not fit now could, once what goes
+away by itself has gone (the rule a queued ``up`` waits on; docs/operations.md, API).
+
+Examples state each answer the docs promise; the properties check it is never wrong
+in the direction that matters: a request that would fit once every serve that goes
+away by itself has gone is never called impossible (it would be refused a place in
+the queue, or dropped from it, while its room is coming).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from strategies import NOW, fleets
+from test_planner_rules import EVI, OND, RES, RUN, Case, _build, req, serve, up
+
+from statemachine.admission import could_fit_later, goes_away
+from statemachine.fit import fit_serve
+from statemachine.types import ContainerObs, ContainerState, DesiredState, Observed, Residency
+
+
+def later(case: Case, name: str) -> str | None:
+    desired, observed = _build(case)
+    return could_fit_later(desired, observed, name, {r.serve: r for r in case.requests})
+
+
+def test_room_held_by_another_request_comes_back() -> None:
+    case = Case(
+        [serve("hog", 20_000, OND), serve("q", 20_000, OND)],
+        {"hog": up()},
+        [],
+        requests=[req("hog")],
+    )
+    assert later(case, "q") is None
+
+
+def test_room_held_by_a_resident_never_comes_back() -> None:
+    case = Case([serve("stt", 20_000, RES, RUN), serve("q", 20_000, OND)], {"stt": up()}, [])
+    why = later(case, "q")
+    assert why is not None and "can never fit on a" in why and "free 10000" in why
+
+
+def test_an_on_demand_serve_running_without_a_request_stays() -> None:
+    case = Case([serve("hog", 20_000, OND), serve("q", 20_000, OND)], {"hog": up()}, [])
+    assert later(case, "q") is not None
+
+
+def test_an_evictable_inside_its_min_runtime_goes_away_for_an_on_demand_requester() -> None:
+    case = Case(
+        [serve("emb", 20_000, EVI, RUN, min_runtime_s=600), serve("q", 20_000, OND)],
+        {"emb": up(started=NOW - 10)},
+        [],
+    )
+    assert later(case, "q") is None
+
+
+def test_more_than_the_budget_never_fits() -> None:
+    case = Case([serve("q", 40_000, OND)], {}, [])
+    why = later(case, "q")
+    assert why is not None and "budget 30000" in why
+
+
+def test_a_port_held_by_a_resident_never_frees_one_held_by_a_request_does() -> None:
+    stays = Case(
+        [serve("stt", 1000, RES, RUN, port=9000), serve("q", 1000, OND, port=9000)],
+        {"stt": up()},
+        [],
+    )
+    why = later(stays, "q")
+    assert why is not None and "holds port 9000" in why and "never goes away" in why
+    frees = Case(
+        [serve("hog", 1000, OND, port=9000), serve("q", 1000, OND, port=9000)],
+        {"hog": up()},
+        [],
+        requests=[req("hog", ttl=60)],
+    )
+    assert later(frees, "q") is None
+
+
+def _without_leavers(desired: DesiredState, observed: Observed, name: str) -> Observed:
+    """``observed`` once every serve that goes away for ``name`` has gone."""
+    spec = desired.serves[name]
+    requests = {r.serve: r for r in desired.requests}
+    containers = dict(observed.containers)
+    for other in desired.serves.values():
+        if goes_away(other, spec, requests) and other.container in containers:
+            containers[other.container] = ContainerObs(ContainerState.EXITED, exit_code=0)
+    return replace(observed, containers=containers)
+
+
+@settings(max_examples=300, deadline=None)
+@given(fleets(docker_ok=True, contended=True), st.data())
+def test_what_fits_once_the_leavers_are_gone_is_never_called_impossible(
+    fleet: tuple[DesiredState, Observed], data: st.DataObject
+) -> None:
+    desired, observed = fleet
+    idle = [
+        s.name
+        for s in desired.serves.values()
+        if s.residency is Residency.ON_DEMAND and not observed.container(s.container).holds
+    ]
+    if not idle:
+        return
+    name = data.draw(st.sampled_from(idle))
+    requests = {r.serve: r for r in desired.requests}
+    verdict = could_fit_later(desired, observed, name, requests)
+    now_fits = fit_serve(desired, observed, name, now=NOW).fits
+    after = _without_leavers(desired, observed, name)
+    then_fits = fit_serve(desired, after, name, now=NOW).fits
+    if now_fits or then_fits:
+        assert verdict is None, (name, verdict)
