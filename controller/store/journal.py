@@ -18,7 +18,9 @@ as ``journal.sqlite3``, beside the single-instance lock ``vramctl.lock``
   of the controller loses neither;
 - **started**: the reservation each running container was started with (container ->
   serve, gpu roles, MiB), kept until it stops, so that no manifest edit, and no
-  restart of the controller, gives its memory away.
+  restart of the controller, gives its memory away;
+- **quiesced**: the serves whose router tier the controller quiesced and has not seen
+  readmitted (nor stopped), so that a restart of the controller still readmits them.
 
 Retention is bounded (:meth:`Journal.prune`): at most ``keep_cycles`` cycles and
 nothing older than ``keep_days`` (whichever removes more), with their steps, their
@@ -154,6 +156,10 @@ CREATE TABLE IF NOT EXISTS started (
     mib       INTEGER NOT NULL,
     set_at    REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS quiesced (
+    serve TEXT PRIMARY KEY,            -- its router tier was left quiesced by the controller
+    since REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS declared (
     container TEXT PRIMARY KEY,        -- the last reservation a manifest declared for it
     serve     TEXT NOT NULL,
@@ -165,7 +171,7 @@ CREATE TABLE IF NOT EXISTS declared (
 
 #: Tables added to schema version 1 after its release: created on open when missing
 #: (``CREATE TABLE IF NOT EXISTS``), so a journal written before them still opens.
-_ADDED_TABLES = frozenset({"started", "ups", "declared"})
+_ADDED_TABLES = frozenset({"started", "ups", "declared", "quiesced"})
 
 #: Columns added to schema version 1 after its release (table, column, type): added on a
 #: writable open when missing (``ALTER TABLE ... ADD COLUMN``); a journal opened
@@ -788,6 +794,31 @@ class Journal:
             str(r[0]): StartedWith(str(r[1]), tuple(str(x) for x in json.loads(r[2])), int(r[3]))
             for r in rows
         }
+
+    # ---------------------------------------------------------------- quiesced
+    def set_quiesced(self, serves: Sequence[str], at: float) -> None:
+        """Remember that the controller left these serves' tiers quiesced (upsert)."""
+        with self._tx() as conn:
+            conn.executemany(
+                "INSERT INTO quiesced (serve, since) VALUES (?, ?) ON CONFLICT (serve) DO NOTHING",
+                [(name, at) for name in serves],
+            )
+
+    def forget_quiesced(self, serves: Sequence[str]) -> None:
+        """These serves' tiers are readmitted (or no longer the controller's to readmit)."""
+        with self._tx() as conn:
+            conn.executemany("DELETE FROM quiesced WHERE serve = ?", [(n,) for n in serves])
+
+    def quiesced(self) -> dict[str, float]:
+        """Serve -> since when its tier is left quiesced by the controller."""
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT serve, since FROM quiesced ORDER BY serve"
+                ).fetchall()
+            except sqlite3.OperationalError:  # no such table (read-only, older file)
+                return {}
+        return {str(r[0]): float(r[1]) for r in rows}
 
     # ---------------------------------------------------------------- retention
     def prune(
