@@ -1,9 +1,13 @@
 """The router adapter against a fake router over real loopback HTTP (docs/design.md §6).
 
 What is pinned: the exact request (path, bearer token, body fields, ``timeout`` for
-a drain only), the parsing of drain and readmit answers, retries of 503
-``server_busy`` and of connection faults (bounded in attempts and in time), and
-permanent errors raised at once with the status and the router's words.
+a drain only), the parsing of drain and readmit answers (a refusal is 200 with
+``readmitted: false``), the tier state as a typed record (unknown fields ``None``),
+retries of 503 ``server_busy`` (for a budget that outlasts a drain holding the
+router's mutation lock) and of connection faults (bounded in attempts and in time),
+permanent errors raised at once with the status, the router's words and error type
+(an unknown tier: 400 ``invalid_transition``), and the preflight check (a disabled
+transition API: 404; an unknown tier).
 """
 
 from __future__ import annotations
