@@ -17,11 +17,14 @@ time) and is a context manager::
         ...  # engine.url, engine.reserves() == [8000, 8000]
 
 * :class:`FakeHTTPServer` answers with any ``handler(Recorded) -> Reply``;
-* :class:`FakeRouter` speaks the router's admin transition protocol (docs/design.md §6)
-  and checks what it is sent (auth first, then the body: ``confirm``, ``dry_run``,
-  a ``timeout`` only for a drain and within 0 < S ≤ 3600), keeps a per-tier state,
-  and can be scripted: a drain's result, leading 503 ``server_busy`` answers, a
-  forced status for an action, a readmit's answer;
+* :class:`FakeRouter` speaks the serving stack's router's admin transition protocol
+  as that router answers it (docs/protocols.md): 404 when its transition API is not
+  enabled, 401 for a bad token, 400 ``invalid_transition`` for an unknown tier or a
+  transition the tier's state forbids, dry runs without ``confirm``/``dry_run``, one
+  mutation lock held for a whole drain (503 ``server_busy`` meanwhile), readmits that
+  answer ``readmitted: false`` with a reason; it keeps a per-tier state and can be
+  scripted: a drain's result, leading 503 ``server_busy`` answers, a forced status
+  for an action, readmit refusals, readiness, an operator's quiesce;
 * :class:`FakeElastic` speaks ``POST /v1/vram`` (the seed's
   ``vram-elastic-reserve-api.txt``): it checks the API key, the content type and
   ``reserve_mib`` as the engine does, then answers the scripted replies in order, and
@@ -34,6 +37,7 @@ These are test doubles only: nothing in ``controller/`` may import this module.
 from __future__ import annotations
 
 import json
+import math
 import threading
 import time
 from collections import deque
@@ -54,6 +58,7 @@ __all__ = [
     "elastic_error_body",
     "elastic_not_loaded_body",
     "elastic_ok_body",
+    "router_error",
 ]
 
 TRANSITION_PATH = "/v1/admin/transition"
@@ -245,9 +250,21 @@ class FakeHTTPServer:
 # ── the router ─────────────────────────────────────────────────────────────────
 
 
-def _validation_error(field_name: str, msg: str) -> Reply:
-    return Reply(
-        422, {"detail": [{"loc": ["body", field_name], "msg": msg, "type": "value_error"}]}
+def router_error(status: int, etype: str, message: str) -> Reply:
+    """The router's error envelope: ``{"error": {"type": T, "message": M}}``."""
+    return Reply(status, {"error": {"type": etype, "message": message}})
+
+
+def _invalid(message: str = "invalid transition request") -> Reply:
+    return router_error(400, "invalid_transition", message)
+
+
+def _content_free(reason: Any) -> bool:
+    """The router's rule for a quiesce reason: a short code of letters, digits, -_."""
+    return (
+        isinstance(reason, str)
+        and 0 < len(reason) <= 128
+        and all(ch.isalnum() or ch in "-_." for ch in reason)
     )
 
 
@@ -265,18 +282,39 @@ class _Forced:
     times: int | None  # None: every time
 
 
+@dataclass
+class _ReadmitScript:
+    readmitted: bool
+    reason: str | None
+    nested: bool
+    times: int | None  # None: every time; then readmits as usual
+
+
 class FakeRouter(FakeHTTPServer):
-    """The router's admin transition endpoint (docs/design.md §6) with per-tier state.
+    """The router's admin transition endpoint (docs/protocols.md) with per-tier state.
 
-    ``token``: when set, a request without a bearer token gets 401 and one with a
-    different token 403 (GET too). ``tiers``: when given, only those tiers exist
-    (others: 404); otherwise any tier is created, ready, on first mention.
+    It behaves as the serving stack's router does:
 
-    A tier's state is ``{"tier_id", "state", "active_requests", "draining",
-    "ready"}``; quiesce makes it ``quiesced`` (not ready), a drain ``drained`` (or
-    still ``draining`` when the drain is scripted to time out), a readmit ``ready``.
+    * ``token``: the bearer token the router is configured with. ``None`` means the
+      transition API is not enabled: every call to the endpoint answers 404
+      ``not_found``. A missing or wrong token answers 401 ``authentication_error``.
+    * ``tiers``: when given, only those tiers exist; any other ``tier_id`` answers 400
+      ``invalid_transition`` on GET and POST. Otherwise any tier is created, admitting
+      and ready, on first mention.
+    * ``GET ?tier_id=T`` answers ``{"tiers": [row]}``, a ``GET`` without one every
+      tier; a row is ``{"tier_id", "state": "admitting"|"quiesced", "reason",
+      "active_requests", "draining", "ready", "readiness_state", "readiness_reason",
+      "expected_model", "observed_model"}``.
+    * a quiesce or readmit without ``confirm: true`` and ``dry_run: false`` is a dry
+      run (200, ``applied: false``); a quiesce's reason must be a content-free code
+      and overwrites the tier's reason; a drain needs the tier quiesced; a readmit
+      answers 200 ``{"applied": true, "result": {"readmitted": false, "reason": R}}``
+      when the tier is not ready (or a refusal is scripted) and leaves it quiesced.
+    * every mutation runs under one lock, held for a whole drain: another mutation
+      meanwhile answers 503 ``server_busy``.
+
     Scripts persist until changed, except busy answers and ``times``-bounded forced
-    statuses, which are used up.
+    statuses and readmit refusals, which are used up.
     """
 
     def __init__(self, token: str | None = None, *, tiers: Iterable[str] | None = None) -> None:
@@ -287,9 +325,11 @@ class FakeRouter(FakeHTTPServer):
         for tier in tiers or ():
             self._tiers[tier] = self._fresh(tier)
         self._drain: dict[str, _DrainScript] = {}
-        self._readmit: dict[str, tuple[bool, str | None, bool]] = {}
+        self._readmit: dict[str, _ReadmitScript] = {}
         self._busy: deque[tuple[str | None, str]] = deque()
         self._forced: dict[str, _Forced] = {}
+        self._mutation = threading.Lock()
+        self._changed = threading.Condition(self._lock)
 
     def __enter__(self) -> FakeRouter:
         self.start()
@@ -299,10 +339,15 @@ class FakeRouter(FakeHTTPServer):
     def _fresh(tier_id: str) -> dict[str, Any]:
         return {
             "tier_id": tier_id,
-            "state": "ready",
+            "state": "admitting",
+            "reason": "admitting",
             "active_requests": 0,
             "draining": False,
             "ready": True,
+            "readiness_state": "ready",
+            "readiness_reason": "identity_passed",
+            "expected_model": tier_id,
+            "observed_model": tier_id,
         }
 
     # ── scripting ─────────────────────────────────────────────────────────────
@@ -318,7 +363,9 @@ class FakeRouter(FakeHTTPServer):
         """How drains of ``tier_id`` end: ``timed_out=True`` leaves requests active.
 
         ``drained`` defaults to ``not timed_out``; ``delay_s`` makes the router take
-        that long (capped at the drain's own timeout) before it answers.
+        that long (capped at the drain's own timeout) before it answers, holding the
+        mutation lock. Unscripted, a drain waits (up to its timeout) until the tier's
+        ``active_requests`` is 0.
         """
         with self._lock:
             self._drain[tier_id] = _DrainScript(
@@ -330,8 +377,9 @@ class FakeRouter(FakeHTTPServer):
     def script_busy(self, n: int, *, action: str | None = None, style: str = "error") -> None:
         """The next ``n`` transitions (of ``action``, or of any) answer 503 server_busy.
 
-        ``style``: ``"error"`` → ``{"error": "server_busy", …}``; ``"detail"`` →
-        ``{"detail": {"code": "server_busy", …}}``; ``"text"`` → a plain-text 503.
+        ``style``: ``"error"`` → the router's ``{"error": {"type": "server_busy", …}}``;
+        ``"detail"`` → ``{"detail": {"code": "server_busy", …}}``; ``"text"`` → a
+        plain-text 503 (not recognisably busy: retried as any 503).
         """
         with self._lock:
             self._busy.extend([(action, style)] * n)
@@ -341,7 +389,7 @@ class FakeRouter(FakeHTTPServer):
     ) -> None:
         """Transitions of ``action`` answer ``status`` (``times`` times, or always)."""
         if body is None:
-            body = {"detail": f"forced {status} for {action}"}
+            body = {"error": {"type": "forced", "message": f"forced {status} for {action}"}}
         with self._lock:
             self._forced[action] = _Forced(status, body, times)
 
@@ -350,17 +398,38 @@ class FakeRouter(FakeHTTPServer):
         tier_id: str,
         *,
         readmitted: bool = False,
-        reason: str | None = "tier is not quiesced",
+        reason: str | None = "identity_not_verified",
         nested: bool = True,
+        times: int | None = None,
     ) -> None:
-        """How readmits of ``tier_id`` answer; ``nested`` puts the fields in ``result``."""
+        """How readmits of ``tier_id`` answer (``times`` times, or always).
+
+        A refusal (``readmitted=False``) leaves the tier quiesced; ``nested`` puts the
+        fields in ``result`` (the router's form; ``False``: top level, ``applied``
+        false).
+        """
         with self._lock:
-            self._readmit[tier_id] = (readmitted, reason, nested)
+            self._readmit[tier_id] = _ReadmitScript(readmitted, reason, nested, times)
 
     def set_active(self, tier_id: str, active_requests: int) -> None:
         """Set a tier's in-flight request count (what a drain waits for)."""
         with self._lock:
             self._tier(tier_id, create=True)["active_requests"] = active_requests
+            self._changed.notify_all()
+
+    def set_ready(self, tier_id: str, ready: bool, reason: str = "identity_http_404") -> None:
+        """Whether the tier's backend passes readiness (a readmit needs it to)."""
+        with self._lock:
+            self._tier(tier_id, create=True).update(
+                ready=ready,
+                readiness_state="ready" if ready else "unavailable",
+                readiness_reason="identity_passed" if ready else reason,
+            )
+
+    def quiesce_as(self, tier_id: str, reason: str) -> None:
+        """Quiesce ``tier_id`` as someone else would (an operator), with ``reason``."""
+        with self._lock:
+            self._tier(tier_id, create=True).update(state="quiesced", reason=reason)
 
     def tier(self, tier_id: str) -> dict[str, Any]:
         """A copy of the tier's current state."""
@@ -392,141 +461,169 @@ class FakeRouter(FakeHTTPServer):
             state = self._tiers[tier_id] = self._fresh(tier_id)
         return state
 
+    def _known(self, tier_id: str) -> dict[str, Any] | None:
+        """The tier's state (created on first mention unless ``tiers`` was given)."""
+        if self._restricted and tier_id not in self._tiers:
+            return None
+        return self._tier(tier_id, create=True)
+
     def _auth(self, request: Recorded) -> Reply | None:
         if self.token is None:
-            return None
-        given = request.bearer
-        if given is None:
-            return Reply(401, {"detail": "missing bearer token"})
-        if given != self.token:
-            return Reply(403, {"detail": "invalid token"})
+            return router_error(404, "not_found", f"no route {request.path}")
+        if request.bearer != self.token:
+            return router_error(401, "authentication_error", "invalid or missing API key")
         return None
 
     def handle(self, request: Recorded) -> ReplyLike:
         if request.path != TRANSITION_PATH:
-            return Reply(404, {"detail": "Not Found"})
+            return router_error(404, "not_found", f"no route {request.path}")
         denied = self._auth(request)
         if denied is not None:
             return denied
         if request.method == "GET":
-            return self._get(request)
+            return self._status(request.query.get("tier_id"))
         if request.method == "POST":
             return self._post(request)
-        return Reply(405, {"detail": "Method Not Allowed"})
+        return router_error(405, "method_not_allowed", "method not allowed")
 
-    def _get(self, request: Recorded) -> Reply:
-        tier_id = request.query.get("tier_id")
-        if not tier_id:
-            return Reply(
-                422,
-                {"detail": [{"loc": ["query", "tier_id"], "msg": "Field required"}]},
-            )
+    def _status(self, tier_id: Any) -> Reply:
         with self._lock:
-            if self._restricted and tier_id not in self._tiers:
-                return Reply(404, {"detail": f"unknown tier_id {tier_id!r}"})
-            return Reply(200, dict(self._tier(tier_id, create=True)))
+            if isinstance(tier_id, str):
+                tier = self._known(tier_id)
+                if tier is None:
+                    return _invalid()
+                return Reply(200, {"tiers": [dict(tier)]})
+            return Reply(200, {"tiers": [dict(t) for t in self._tiers.values()]})
 
     def _post(self, request: Recorded) -> Reply:
         body = request.json
         if not isinstance(body, dict):
-            return Reply(422, {"detail": [{"loc": ["body"], "msg": "a JSON object is required"}]})
+            return router_error(400, "invalid_request", "request body must be a JSON object")
         action = body.get("action")
-        if action not in ("quiesce", "drain", "readmit"):
-            return _validation_error("action", "must be quiesce, drain or readmit")
         tier_id = body.get("tier_id")
+        if action == "status":
+            return self._status(tier_id if isinstance(tier_id, str) else None)
         if not isinstance(tier_id, str) or not tier_id:
-            return _validation_error("tier_id", "a non-empty string is required")
-        if not isinstance(body.get("reason", ""), str):
-            return _validation_error("reason", "must be a string")
-        timeout = body.get("timeout")
-        if "timeout" in body:
-            if action != "drain":
-                return _validation_error("timeout", "timeout is for drain only")
-            if (
-                isinstance(timeout, bool)
-                or not isinstance(timeout, int | float)
-                or not 0 < timeout <= 3600
-            ):
-                return _validation_error("timeout", "must satisfy 0 < timeout <= 3600")
-        if body.get("confirm") is not True:
-            return Reply(400, {"detail": "confirm must be true to apply a transition"})
-        dry_run = body.get("dry_run", False)
-        if not isinstance(dry_run, bool):
-            return _validation_error("dry_run", "must be a boolean")
-
+            return _invalid("tier_id is required")
         with self._lock:
             for i, (busy_action, style) in enumerate(self._busy):
                 if busy_action is None or busy_action == action:
                     del self._busy[i]
                     return self._busy_reply(style)
-            forced = self._forced.get(action)
+            forced = self._forced.get(str(action))
             if forced is not None:
                 if forced.times is not None:
                     forced.times -= 1
                     if forced.times <= 0:
-                        del self._forced[action]
+                        del self._forced[str(action)]
                 return Reply(forced.status, forced.body)
-            if self._restricted and tier_id not in self._tiers:
-                return Reply(404, {"detail": f"unknown tier_id {tier_id!r}"})
-            if dry_run:
-                return Reply(
-                    200,
-                    {"applied": False, "dry_run": True, "action": action, "result": None},
-                )
-            tier = self._tier(tier_id, create=True)
+        if action in ("quiesce", "readmit") and (
+            body.get("confirm") is not True or body.get("dry_run", True) is not False
+        ):
+            return Reply(
+                200, {"applied": False, "dry_run": True, "action": action, "tier_id": tier_id}
+            )
+        if not self._mutation.acquire(blocking=False):
+            return router_error(503, "server_busy", "transition mutation busy")
+        try:
             if action == "quiesce":
-                tier.update(state="quiesced", ready=False, draining=False)
-                return Reply(200, {"applied": True, "action": action, "result": dict(tier)})
+                return self._quiesce(tier_id, body.get("reason") or "promotion")
+            if action == "drain":
+                return self._drain_tier(tier_id, body.get("timeout"))
             if action == "readmit":
-                return self._readmit_reply(tier)
-            script = self._drain.get(tier_id, _DrainScript(True, False, 0.0))
-        # a drain: wait outside the lock so other requests are served meanwhile
-        wait = float(timeout) if isinstance(timeout, int | float) else 300.0
-        started = time.monotonic()
-        if script.delay_s > 0:
-            time.sleep(min(script.delay_s, wait))
+                return self._readmit_tier(tier_id)
+            return _invalid("unsupported transition action")
+        finally:
+            self._mutation.release()
+
+    def _quiesce(self, tier_id: str, reason: Any) -> Reply:
         with self._lock:
-            tier = self._tier(tier_id, create=True)
-            if script.timed_out:
-                tier.update(state="draining", ready=False, draining=True)
-                if not tier["active_requests"]:
-                    tier["active_requests"] = 1
-            else:
-                tier.update(state="drained", ready=False, draining=False, active_requests=0)
-            result = {
-                "tier_id": tier_id,
-                "drained": script.drained,
-                "timed_out": script.timed_out,
-                "active_requests": tier["active_requests"],
-                "waited_s": round(time.monotonic() - started, 3),
-            }
+            tier = self._known(tier_id)
+            if tier is None or not _content_free(reason) or tier["draining"]:
+                return _invalid()
+            tier.update(state="quiesced", reason=reason)
+            return Reply(200, {"applied": True, "action": "quiesce", "result": _snapshot(tier)})
+
+    def _drain_tier(self, tier_id: str, timeout: Any) -> Reply:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, int | float)
+            or not math.isfinite(timeout)
+            or timeout <= 0
+        ):
+            return _invalid()
+        with self._lock:
+            tier = self._known(tier_id)
+            if tier is None or tier["state"] != "quiesced" or tier["draining"]:
+                return _invalid()
+            script = self._drain.get(tier_id)
+            tier["draining"] = True
+        try:
+            deadline = time.monotonic() + float(timeout)
+            if script is not None and script.delay_s > 0:
+                time.sleep(min(script.delay_s, float(timeout)))
+            with self._lock:
+                if script is not None:
+                    drained, timed_out = script.drained, script.timed_out
+                    if timed_out and not tier["active_requests"]:
+                        tier["active_requests"] = 1
+                else:
+                    while tier["active_requests"] and time.monotonic() < deadline:
+                        self._changed.wait(max(0.0, deadline - time.monotonic()))
+                    drained = not tier["active_requests"]
+                    timed_out = not drained
+                tier["draining"] = False
+                result = {"drained": drained, "timed_out": timed_out, "snapshot": _snapshot(tier)}
+        finally:
+            with self._lock:
+                tier["draining"] = False
         return Reply(200, {"applied": True, "action": "drain", "result": result})
 
-    def _readmit_reply(self, tier: dict[str, Any]) -> Reply:
-        readmitted, reason, nested = self._readmit.get(tier["tier_id"], (True, None, True))
-        if readmitted:
-            tier.update(state="ready", ready=True, draining=False)
-            return Reply(
-                200,
-                {
-                    "applied": True,
-                    "action": "readmit",
-                    "result": {"readmitted": True, "tier_id": tier["tier_id"], "state": "ready"},
-                },
-            )
-        fields = {"readmitted": False, "reason": reason}
-        if nested:
-            return Reply(200, {"applied": True, "action": "readmit", "result": fields})
-        return Reply(200, {"applied": False, "action": "readmit", **fields})
+    def _readmit_tier(self, tier_id: str) -> Reply:
+        with self._lock:
+            tier = self._known(tier_id)
+            if tier is None or tier["draining"]:
+                return _invalid()
+            script = self._readmit.get(tier_id)
+            if script is not None and script.times is not None:
+                script.times -= 1
+                if script.times <= 0:
+                    del self._readmit[tier_id]
+            if script is not None and not script.readmitted:
+                fields = {"readmitted": False, "reason": script.reason}
+                if not script.nested:
+                    return Reply(200, {"applied": False, "action": "readmit", **fields})
+                fields["status"] = {"tiers": [dict(tier)]}
+                return Reply(200, {"applied": True, "action": "readmit", "result": fields})
+            if not tier["ready"]:
+                result = {
+                    "readmitted": False,
+                    "reason": tier["readiness_reason"],
+                    "status": {"tiers": [dict(tier)]},
+                }
+                return Reply(200, {"applied": True, "action": "readmit", "result": result})
+            tier.update(state="admitting", reason="admitting")
+            result = {
+                "readmitted": True,
+                "reason": "readiness_passed",
+                "status": {"tiers": [dict(tier)]},
+            }
+            return Reply(200, {"applied": True, "action": "readmit", "result": result})
 
     @staticmethod
     def _busy_reply(style: str) -> Reply:
-        message = "another transition is being applied; retry"
+        message = "transition mutation busy"
         if style == "detail":
             return Reply(503, {"detail": {"code": "server_busy", "message": message}})
         if style == "text":
             return Reply(503, "Service Unavailable")
-        return Reply(503, {"error": "server_busy", "message": message})
+        return router_error(503, "server_busy", message)
+
+
+def _snapshot(tier: Mapping[str, Any]) -> dict[str, Any]:
+    """The admission part of a tier's row (what quiesce and drain answer with)."""
+    keys = ("tier_id", "state", "reason", "active_requests", "draining")
+    return {k: tier[k] for k in keys}
 
 
 # ── the elastic engine ─────────────────────────────────────────────────────────

@@ -29,6 +29,7 @@ from fakes_nvml import FakeDevice, FakeNvml, FakeProc
 from serving import free_port, httpd
 
 from controller.adapters.docker.read import ContainerObserver, manifest_containers
+from controller.adapters.router import QUIESCE_REASON
 from controller.manifest import ManifestSet, load_manifest_set
 from controller.service.executor import ExecutionReport, ExecutorConfig
 from controller.service.observe import observe_host
@@ -136,16 +137,20 @@ class Host:
         *,
         requests: tuple[OnDemandRequest, ...] = (),
         policy: Policy | None = None,
+        config: ExecutorConfig | None = None,
+        quiesced: frozenset[str] = frozenset(),
     ) -> tuple[Plan, ExecutionReport, Observed]:
+        """Plan and execute one cycle; ``quiesced``: the tiers the loop remembers as left
+        quiesced (it hands them to the planner with the observation)."""
         desired = replace(mset.desired(), requests=requests)
-        observed = self.observe(mset)
+        observed = replace(self.observe(mset), quiesced=quiesced)
         plan = plan_transitions(desired, observed, policy or Policy(), time.time())
         executor = make_executor(
             mset,
             router_url=self.router.url,
             router_token_file=None,
             gpus=self.gpus_for(mset),
-            config=ExecutorConfig(poll_s=0.1, memory_wait_s=5.0),
+            config=config or ExecutorConfig(poll_s=0.1, memory_wait_s=5.0),
         )
         executor.desired = desired
         report = executor.execute(plan, observed)
@@ -228,6 +233,8 @@ def test_on_demand_start_evicts_in_order(host: Host) -> None:
     )
     host.container("omni", port=p_omni, running=True)
     host.container("llm", port=p_llm, running=False)
+    # llm was stopped by an earlier eviction: its tier is still quiesced by vramctl
+    host.router.quiesce_as("fast-local", QUIESCE_REASON)
 
     _, report, _ = host.execute(mset, requests=(OnDemandRequest("llm", time.time()),))
 
@@ -257,6 +264,8 @@ def test_on_demand_start_evicts_in_order(host: Host) -> None:
     assert host.state("omni") == "exited"  # stopped, kept
     assert host.state("llm") == "running"
     assert report.lifecycles == {"omni": "stopped", "llm": "running"}
+    assert host.router.tier("fast-local")["state"] == "admitting"
+    assert host.router.tier("omni-local")["reason"] == QUIESCE_REASON  # stopped: left so
 
 
 def test_drain_timeout_stops_nothing_and_readmits(host: Host) -> None:

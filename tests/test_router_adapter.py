@@ -1,15 +1,20 @@
 """The router adapter against a fake router over real loopback HTTP (docs/design.md §6).
 
 What is pinned: the exact request (path, bearer token, body fields, ``timeout`` for
-a drain only), the parsing of drain and readmit answers, retries of 503
-``server_busy`` and of connection faults (bounded in attempts and in time), and
-permanent errors raised at once with the status and the router's words.
+a drain only), the parsing of drain and readmit answers (a refusal is 200 with
+``readmitted: false``), the tier state as a typed record (unknown fields ``None``),
+retries of 503 ``server_busy`` (for a budget that outlasts a drain holding the
+router's mutation lock) and of connection faults (bounded in attempts and in time),
+permanent errors raised at once with the status, the router's words and error type
+(an unknown tier: 400 ``invalid_transition``), and the preflight check (a disabled
+transition API: 404; an unknown tier).
 """
 
 from __future__ import annotations
 
 import math
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -19,11 +24,17 @@ import pytest
 from fake_http import FakeHTTPServer, FakeRouter, Reply
 
 from controller.adapters.router import (
+    BUSY_MARGIN_S,
     DRAIN_HTTP_MARGIN_S,
+    QUIESCE_REASON,
+    TRANSITION_PATH,
     RouterClient,
     RouterError,
+    TierState,
+    busy_budget_s,
     router_token,
 )
+from controller.manifest.fields import DEFAULT_DRAIN_TIMEOUT_S
 
 TOKEN = "s3cret"
 TIER = "tier-a"
@@ -42,6 +53,7 @@ def make_client(url: str, token: str | None = TOKEN, **knobs: Any) -> RouterClie
         "attempts": 4,
         "max_wait_s": 3,
         "initial_wait_s": 0.01,
+        "busy_wait_s": 0,  # busy answers follow attempts/max_wait_s unless a test says so
     }
     options.update(knobs)
     return RouterClient(url, token, **options)
@@ -72,7 +84,7 @@ def test_quiesce_sends_exactly_the_protocol_body_and_headers(router: FakeRouter)
         "tier_id": TIER,
         "confirm": True,
         "dry_run": False,
-        "reason": "eviction",
+        "reason": "vramctl-eviction",
     }
     assert answer.applied is True
     assert answer.action == "quiesce"
@@ -83,9 +95,10 @@ def test_quiesce_sends_exactly_the_protocol_body_and_headers(router: FakeRouter)
 
 def test_drain_sends_its_timeout_and_parses_a_completed_drain(router: FakeRouter) -> None:
     with make_client(router.url) as client:
+        client.transition("quiesce", TIER)
         answer = client.transition("drain", TIER, drain_timeout_s=120, reason="make room")
 
-    (call,) = router.transitions
+    call = router.transitions[1]
     assert call.json == {
         "action": "drain",
         "tier_id": TIER,
@@ -96,27 +109,29 @@ def test_drain_sends_its_timeout_and_parses_a_completed_drain(router: FakeRouter
     }
     assert isinstance(call.json["timeout"], int)
     assert (answer.applied, answer.drained, answer.timed_out) == (True, True, False)
-    assert router.tier(TIER)["state"] == "drained"
+    assert router.tier(TIER)["state"] == "quiesced"  # a drain leaves the tier quiesced
 
 
 def test_a_fractional_drain_timeout_is_sent_as_given(router: FakeRouter) -> None:
     with make_client(router.url) as client:
+        client.transition("quiesce", TIER)
         client.transition("drain", TIER, drain_timeout_s=2.5)
-    assert router.transitions[0].json["timeout"] == 2.5
+    assert router.transitions[1].json["timeout"] == 2.5
 
 
 def test_drain_timed_out_is_parsed(router: FakeRouter) -> None:
     router.set_active(TIER, 3)
     router.script_drain(TIER, timed_out=True)
     with make_client(router.url) as client:
+        client.transition("quiesce", TIER)
         answer = client.transition("drain", TIER, drain_timeout_s=30)
         state = client.tier_state(TIER)
 
     assert answer.applied is True
     assert answer.drained is False
     assert answer.timed_out is True
-    assert answer.raw["result"]["active_requests"] == 3
-    assert state["draining"] is True and state["ready"] is False
+    assert answer.raw["result"]["snapshot"]["active_requests"] == 3
+    assert (state.state, state.active_requests, state.draining) == ("quiesced", 3, False)
 
 
 @pytest.mark.parametrize(
@@ -134,8 +149,9 @@ def test_drain_timeout_out_of_range_is_refused_before_any_request(
 
 def test_drain_timeout_at_the_limit_is_accepted(router: FakeRouter) -> None:
     with make_client(router.url) as client:
+        client.transition("quiesce", TIER)
         client.transition("drain", TIER, drain_timeout_s=3600)
-    assert router.transitions[0].json["timeout"] == 3600
+    assert router.transitions[1].json["timeout"] == 3600
 
 
 def test_drain_timeout_is_not_sent_with_other_actions(router: FakeRouter) -> None:
@@ -155,6 +171,7 @@ def test_unknown_action_is_refused(router: FakeRouter) -> None:
 def test_drain_http_timeout_exceeds_the_drain_timeout(router: FakeRouter) -> None:
     """The router may take the whole drain timeout: the HTTP call must wait longer."""
     router.script_drain(TIER, delay_s=0.6)
+    router.quiesce_as(TIER, "vramctl-eviction")
     with make_client(router.url, timeout_s=0.2, attempts=1) as client:
         answer = client.transition("drain", TIER, drain_timeout_s=0.6)
     assert answer.drained is True
@@ -168,8 +185,8 @@ def test_readmit_readmits_by_default(router: FakeRouter) -> None:
     with make_client(router.url) as client:
         client.transition("quiesce", TIER)
         answer = client.transition("readmit", TIER)
-    assert (answer.applied, answer.readmitted, answer.reason) == (True, True, None)
-    assert router.tier(TIER)["ready"] is True
+    assert (answer.applied, answer.readmitted, answer.reason) == (True, True, "readiness_passed")
+    assert router.tier(TIER)["state"] == "admitting"
 
 
 @pytest.mark.parametrize("nested", [True, False], ids=["inside-result", "top-level"])
@@ -235,7 +252,7 @@ def test_unreachable_router_is_transient_after_retries() -> None:
 
 @pytest.mark.parametrize(
     ("token", "status", "text"),
-    [(None, 401, "missing bearer token"), ("wrong", 403, "invalid token")],
+    [(None, 401, "invalid or missing API key"), ("wrong", 401, "invalid or missing API key")],
     ids=["no-token", "wrong-token"],
 )
 def test_auth_failures_are_permanent_at_once(
@@ -279,11 +296,23 @@ def test_other_errors_are_permanent_at_once_and_name_status_and_text(
     assert len(router.calls) == 1
 
 
-def test_unknown_tier_of_a_restricted_router_is_404() -> None:
+@pytest.mark.parametrize("action", ["quiesce", "readmit", "state"])
+def test_an_unknown_tier_is_400_invalid_transition_on_get_and_post(action: str) -> None:
+    """The router answers 400 invalid_transition (not 404) for a tier it does not know."""
     with FakeRouter(token=TOKEN, tiers=["known"]) as fake, make_client(fake.url) as client:
         with pytest.raises(RouterError) as info:
-            client.transition("quiesce", "stranger")
-        assert info.value.status == 404 and not info.value.transient
+            if action == "state":
+                client.tier_state("stranger")
+            else:
+                client.transition(action, "stranger")  # type: ignore[arg-type]
+        err = info.value
+        assert (err.status, err.code, err.transient, err.attempts) == (
+            400,
+            "invalid_transition",
+            False,
+            1,
+        )
+        assert "invalid_transition" in err.message
 
 
 def test_a_2xx_without_json_is_a_permanent_error() -> None:
@@ -304,13 +333,10 @@ def test_tier_state_reads_the_tier(router: FakeRouter) -> None:
     router.set_active(TIER, 2)
     with make_client(router.url) as client:
         state = client.tier_state(TIER)
-    assert state == {
-        "tier_id": TIER,
-        "state": "ready",
-        "active_requests": 2,
-        "draining": False,
-        "ready": True,
-    }
+    assert isinstance(state, TierState)
+    assert (state.tier_id, state.state, state.reason) == (TIER, "admitting", "admitting")
+    assert (state.active_requests, state.draining, state.ready) == (2, False, True)
+    assert state.admitting and not state.quiesced and not state.quiesced_by_other
     (call,) = router.calls
     assert (call.method, call.path, call.query) == (
         "GET",
@@ -320,22 +346,130 @@ def test_tier_state_reads_the_tier(router: FakeRouter) -> None:
     assert call.headers["authorization"] == f"Bearer {TOKEN}"
 
 
+def test_tier_state_fields_the_answer_lacks_are_unknown_not_zero() -> None:
+    body = {"tiers": [{"tier_id": "other"}, {"tier_id": TIER, "state": "quiesced"}]}
+    with FakeHTTPServer(lambda _: Reply(200, body)) as fake, make_client(fake.url) as client:
+        state = client.tier_state(TIER)
+    assert state.state == "quiesced" and state.reason is None
+    assert state.active_requests is None and state.draining is None and state.ready is None
+    assert state.quiesced_by_other  # quiesced, and not with the controller's reason
+
+
+def test_tier_state_without_a_row_for_the_tier_is_an_error() -> None:
+    body = {"tiers": [{"tier_id": "other", "state": "admitting"}]}
+    with (
+        FakeHTTPServer(lambda _: Reply(200, body)) as fake,
+        make_client(fake.url) as client,
+        pytest.raises(RouterError) as info,
+    ):
+        client.tier_state(TIER)
+    assert info.value.transient is False and TIER in info.value.message
+
+
 def test_tier_state_retries_busy_answers() -> None:
-    answers = iter([Reply(503, {"error": "server_busy"}), Reply(200, {"state": "ready"})])
+    answers = iter(
+        [
+            Reply(503, {"error": {"type": "server_busy", "message": "busy"}}),
+            Reply(200, {"tiers": [{"tier_id": TIER, "state": "admitting"}]}),
+        ]
+    )
     with FakeHTTPServer(lambda _: next(answers)) as fake, make_client(fake.url) as client:
-        assert client.tier_state(TIER) == {"state": "ready"}
+        assert client.tier_state(TIER).state == "admitting"
         assert len(fake.calls) == 2
+
+
+def test_a_requiesce_overwrites_the_reason(router: FakeRouter) -> None:
+    """Why the controller must not quiesce a tier someone else quiesced: the router keeps
+    only the last reason, so a readmit after it would lift the other quiesce."""
+    router.quiesce_as(TIER, "maintenance")
+    with make_client(router.url) as client:
+        assert client.tier_state(TIER).quiesced_by_other
+        client.transition("quiesce", TIER)
+        state = client.tier_state(TIER)
+    assert (state.state, state.reason) == ("quiesced", QUIESCE_REASON)
+    assert not state.quiesced_by_other
+
+
+def test_a_quiesce_or_readmit_without_confirm_is_a_dry_run_not_applied(router: FakeRouter) -> None:
+    with make_client(router.url) as client:
+        client._http.post(TRANSITION_PATH, json={"action": "quiesce", "tier_id": TIER})
+    assert router.tier(TIER)["state"] == "admitting"
+
+
+def test_a_refused_readmit_is_parsed_in_the_routers_form(router: FakeRouter) -> None:
+    router.set_ready(TIER, False, "identity_http_404")
+    with make_client(router.url) as client:
+        client.transition("quiesce", TIER)
+        answer = client.transition("readmit", TIER)
+    assert (answer.applied, answer.readmitted, answer.reason) == (True, False, "identity_http_404")
+    assert router.tier(TIER)["state"] == "quiesced"
+
+
+# ── the mutation lock and the busy budget ──────────────────────────────────────
+
+
+def _drain_in_background(router: FakeRouter, tier: str, timeout_s: float) -> threading.Thread:
+    """Someone else's drain of ``tier``, holding the router's mutation lock."""
+    router.set_active(tier, 1)
+    router.quiesce_as(tier, "maintenance")
+    other = make_client(router.url)
+    thread = threading.Thread(
+        target=lambda: other.transition("drain", tier, drain_timeout_s=timeout_s), daemon=True
+    )
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not router.tier(tier)["draining"]:
+        assert time.monotonic() < deadline, "the drain never began"
+        time.sleep(0.01)
+    return thread
+
+
+def test_a_quiesce_behind_a_long_drain_outlasts_it_with_the_busy_budget(
+    router: FakeRouter,
+) -> None:
+    thread = _drain_in_background(router, "other", timeout_s=60)
+    try:
+        with make_client(router.url, attempts=3, max_wait_s=0.2, busy_wait_s=60) as client:
+            releaser = threading.Timer(1.0, lambda: router.set_active("other", 0))
+            releaser.start()
+            answer = client.transition("quiesce", TIER)
+        assert answer.applied is True and answer.attempts > 3
+        assert router.tier(TIER)["state"] == "quiesced"
+    finally:
+        router.set_active("other", 0)
+        thread.join(30)
+
+
+def test_without_the_busy_budget_a_quiesce_behind_a_drain_gives_up(router: FakeRouter) -> None:
+    """The old bound (a few attempts, seconds) gives up while the drain still runs."""
+    thread = _drain_in_background(router, "other", timeout_s=60)
+    try:
+        with (
+            make_client(router.url, attempts=3, max_wait_s=0.2) as client,
+            pytest.raises(RouterError) as info,
+        ):
+            client.transition("quiesce", TIER)
+        assert info.value.transient and info.value.code == "server_busy"
+    finally:
+        router.set_active("other", 0)
+        thread.join(30)
+
+
+def test_the_busy_budget_covers_the_longest_drain_plus_margins() -> None:
+    assert busy_budget_s([30, 600, 120]) == 600 + DRAIN_HTTP_MARGIN_S + BUSY_MARGIN_S
+    assert busy_budget_s([]) == DEFAULT_DRAIN_TIMEOUT_S + DRAIN_HTTP_MARGIN_S + BUSY_MARGIN_S
+    assert RouterClient("http://127.0.0.1:1", None).busy_wait_s == busy_budget_s([])
 
 
 def test_check_passes_when_the_router_answers_and_accepts_the_token(router: FakeRouter) -> None:
     with make_client(router.url) as client:
-        assert client.check() is None  # 422 for the missing tier_id: reachable, token fine
+        assert client.check() is None  # every tier's state: reachable, token fine
         assert client.check(tier_id=TIER) is None
 
 
 @pytest.mark.parametrize(
     ("token", "expected"),
-    [(None, "401"), ("wrong", "403")],
+    [(None, "401"), ("wrong", "401")],
     ids=["no-token", "wrong-token"],
 )
 def test_check_reports_a_refused_token(
@@ -361,6 +495,15 @@ def test_check_reports_an_unknown_tier() -> None:
         assert client.check(tier_id="known") is None
         problem = client.check(tier_id="stranger")
     assert problem is not None and "stranger" in problem
+    assert "400" in problem and "invalid transition request" in problem
+
+
+def test_check_reports_a_transition_api_that_is_not_enabled() -> None:
+    """A router without an auth token configured answers 404 on the endpoint."""
+    with FakeRouter(token=None) as fake, make_client(fake.url) as client:
+        for tier in (None, "known"):
+            problem = client.check(tier_id=tier)
+            assert problem is not None and "404" in problem and "not enabled" in problem
 
 
 # ── the token ──────────────────────────────────────────────────────────────────

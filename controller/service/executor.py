@@ -15,7 +15,12 @@ containers hold:
   call, and a grow, a resize that failed inside the engine (then reloaded) or one
   that got no answer counts the serve at its full reservation;
 - a drain that times out or is refused stops nothing: every tier quiesced for the
-  same group is readmitted.
+  same group is readmitted;
+- a readmit counts only when the router answers ``readmitted: true``: a refusal is
+  retried with backoff for ``readmit_wait_s`` and then fails the step (the tier stays
+  quiesced; the loop readmits it on later cycles while the serve runs);
+- a tier quiesced by someone else (a reason that is not the controller's own) is
+  never quiesced again (that would overwrite the reason) nor readmitted.
 
 When a step fails, the rest of its *group* (the steps serving the same intent, e.g.
 one requester and its victims) is skipped; other groups go on, and the ledger refuses
@@ -23,8 +28,9 @@ any reserve whose room did not materialise. Transient faults are retried by the
 adapters (tenacity, bounded); what reaches here is final for this plan.
 
 ``preflight`` checks, before any mutation, what can be known up front: containers or
-``up`` executables exist, the router is configured and reachable when a drain is
-planned, elastic serves have an endpoint, and ports are free.
+``up`` executables exist, the router is configured, reachable, has its transition API
+enabled and knows every planned tier by name when a router step is planned, elastic
+serves have an endpoint, and ports are free.
 
 This module must not decide *what* to do (that is the planner's) and must not read
 docker or NVML except through the adapters handed to it.
@@ -45,7 +51,7 @@ from loguru import logger
 from controller.adapters.docker.actions import ActionError, DockerActions
 from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
 from controller.adapters.health import http_ready
-from controller.adapters.router import RouterClient, RouterError
+from controller.adapters.router import RouterClient, RouterError, TierState
 from controller.manifest.runtime import ServeRuntime
 from controller.service.events import EventBus, LedgerWatch
 from controller.service.footprints import NO_FOOTPRINTS, Footprints
@@ -132,6 +138,9 @@ class ExecutionReport:
     refused_groups: list[str] = field(default_factory=list)
     #: elastic serves whose count this plan established: serve -> what to remember
     elastic: dict[str, ElasticFigure] = field(default_factory=dict)
+    #: serves whose tier this plan quiesced and could not readmit when it undid its
+    #: group: serve -> why (the loop readmits them on later cycles while they run)
+    left_quiesced: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -147,6 +156,7 @@ class ExecutionReport:
             "steps": [r.to_json() for r in self.results],
             "lifecycles": dict(self.lifecycles),
             "ledger": {r: self.ledger.view(r).to_json() for r in self.ledger.roles},
+            "left_quiesced": dict(self.left_quiesced),
         }
 
 
@@ -204,6 +214,12 @@ class ExecutorConfig:
     memory_wait_s: float = 30.0
     memory_tolerance_mib: int = 256
     log_tail: int = 40
+    #: how long a refused readmit is retried (the model may need seconds after its
+    #: health path answers before the router verifies its identity)
+    readmit_wait_s: float = 30.0
+    #: the first pause between readmit tries; it doubles up to ``readmit_poll_max_s``
+    readmit_poll_s: float = 1.0
+    readmit_poll_max_s: float = 8.0
 
 
 def _no_gpus() -> tuple[GpuObs, ...] | None:
@@ -297,12 +313,8 @@ class Executor:
                         "VRAMCTL_ROUTER_URL",
                     )
                 )
-        if self.router is not None and actions & {Action.QUIESCE, Action.DRAIN, Action.READMIT}:
-            err = self.router.check()
-            if err is not None:
-                problems.append(
-                    PreflightProblem(None, router_groups, f"router {self.router.base_url}: {err}")
-                )
+        if self.router is not None and router_groups:
+            problems.extend(self._preflight_router(plan, self.router, router_groups))
         stopped_ports: set[int] = set()
         for step in plan.steps:
             serve = self.desired.serves[step.serve]
@@ -320,6 +332,32 @@ class Executor:
                         serve.name,
                         frozenset({step.group}),
                         f"{serve.name}: {step.action} planned but it has no elastic url",
+                    )
+                )
+        return problems
+
+    def _preflight_router(
+        self, plan: Plan, router: RouterClient, router_groups: frozenset[str]
+    ) -> list[PreflightProblem]:
+        """The router answers, accepts the token, has its transition API enabled, and
+        knows each planned tier by name (an unknown one refuses its serve's groups)."""
+        err = router.check()
+        if err is not None:
+            return [PreflightProblem(None, router_groups, f"router {router.base_url}: {err}")]
+        groups: dict[str, set[str]] = {}
+        for step in plan.steps:
+            if step.action in (Action.QUIESCE, Action.DRAIN, Action.READMIT):
+                groups.setdefault(step.serve, set()).add(step.group)
+        problems: list[PreflightProblem] = []
+        for name, gs in groups.items():
+            tier = self.desired.serves[name].router_tier
+            if not tier:
+                continue
+            err = router.check(tier_id=tier)
+            if err is not None:
+                problems.append(
+                    PreflightProblem(
+                        name, frozenset(gs), f"{name}: router_tier {tier!r}: {err}"
                     )
                 )
         return problems
@@ -404,6 +442,7 @@ class Executor:
         self.ledger_watch.feed(run.ledger, "plan")
         report.ledger = run.ledger
         report.elastic = dict(run.elastic)
+        report.left_quiesced = dict(run.left_quiesced)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
         return report
 
@@ -623,12 +662,15 @@ class _Run:
         self.machines = machines
         self.failed_groups: set[str] = set()
         self.quiesced: dict[str, list[str]] = {}  # group -> serves quiesced, not yet stopped
+        #: group -> serves whose tier someone else had quiesced (never readmitted here)
+        self.others_quiesced: dict[str, list[str]] = {}
         self.reserved: dict[str, str] = {}  # serve -> group, reserved but not yet started
         self.tokens: dict[str, int] = {}  # serve -> its tracker entry, from its reserve
         self.detached = False  # a start's own run: the tracker entry is its job's to end
         self.used_before_stop: dict[str, dict[str, int]] = {}  # serve -> role -> NVML used
         self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
         self.elastic: dict[str, ElasticFigure] = {}  # serve -> its count after a resize
+        self.left_quiesced: dict[str, str] = {}  # serve -> why its undo left it quiesced
 
     # -- helpers ---------------------------------------------------------------------
     def serve(self, name: str) -> ServeSpec:
@@ -706,8 +748,34 @@ class _Run:
             measure.after_stop(s)  # released (or nothing to release): the stop is confirmed
         return detail
 
+    def tier_state(self, tier: str, before: str) -> TierState:
+        """The tier's state now; unreadable, the step fails (nothing done on a guess)."""
+        try:
+            return self.router().tier_state(tier)
+        except RouterError as exc:
+            raise StepError(
+                f"cannot read the state of tier {tier} before {before}: {exc}"
+            ) from None
+
     def quiesce(self, step: Step, s: ServeSpec) -> str:
         assert s.router_tier is not None
+        state = self.tier_state(s.router_tier, "quiescing it (nothing stopped)")
+        if state.quiesced_by_other:
+            # quiescing again would overwrite its reason, and our readmit would then
+            # lift someone else's quiesce: leave it, and never readmit it
+            self.fire(s.name, Trigger.QUIESCE)
+            self.others_quiesced.setdefault(step.group, []).append(s.name)
+            logger.warning(
+                "{}: tier {} is already quiesced by someone else (reason {!r}): left as it "
+                "is, and never readmitted by vramctl",
+                s.name,
+                s.router_tier,
+                state.reason,
+            )
+            return (
+                f"tier {s.router_tier} already quiesced by someone else (reason "
+                f"{state.reason!r}): not quiesced again, never readmitted by vramctl"
+            )
         try:
             ans = self.router().transition("quiesce", s.router_tier)
         except RouterError as exc:
@@ -748,7 +816,7 @@ class _Run:
         if state is not None and state.state in COMMITTED_STATES:
             self.fire(s.name, Trigger.STOP_FAILED)
             raise StepError(f"{s.container} is still {state.state} after docker stop")
-        for members in self.quiesced.values():
+        for members in (*self.quiesced.values(), *self.others_quiesced.values()):
             if s.name in members:
                 members.remove(s.name)
         if not self.ledger.holds(s.name):
@@ -947,13 +1015,77 @@ class _Run:
         assert s.router_tier is not None
         if self.ex.router is None:  # nothing was quiesced without a router: nothing to undo
             return f"no router is configured: tier {s.router_tier} not readmitted"
+        return self.readmit_tier(s)
+
+    def readmit_tier(self, s: ServeSpec) -> str:
+        """Readmit ``s``'s tier; counts only on ``readmitted: true`` (``StepError`` else).
+
+        An admitting tier needs nothing. A tier quiesced by someone else is left as it
+        is (said in the detail and the log). A refusal is asked again with backoff for
+        ``readmit_wait_s`` (not ``identity_not_configured``: no wait changes the
+        router's configuration); then the step fails and the tier stays quiesced.
+        """
+        tier = s.router_tier
+        assert tier is not None
+        state = self.tier_state(tier, "readmitting it (left as it is)")
+        if state.admitting:
+            return f"tier {tier} already admitting"
+        if state.quiesced_by_other:
+            logger.warning(
+                "{}: tier {} is quiesced by someone else (reason {!r}): not readmitted by "
+                "vramctl; whoever quiesced it readmits it",
+                s.name,
+                tier,
+                state.reason,
+            )
+            return (
+                f"tier {tier} is quiesced by someone else (reason {state.reason!r}): "
+                "not readmitted by vramctl"
+            )
+        if not state.quiesced:
+            raise StepError(
+                f"tier {tier} is in a state vramctl does not know ({state.state!r}): "
+                "not readmitted"
+            )
+        cfg = self.ex.config
+        begin = time.monotonic()
+        pause = cfg.readmit_poll_s
+        refusals: list[str] = []
+        while True:
+            try:
+                ans = self.router().transition("readmit", tier)
+            except RouterError as exc:
+                raise StepError(f"readmit of {tier} refused: {exc}; tier left quiesced") from None
+            if ans.readmitted is True or (
+                ans.readmitted is None and ans.applied and self._admitting_now(tier)
+            ):
+                tries = f" (after {len(refusals)} refusals: {refusals[-1]})" if refusals else ""
+                return f"tier {tier} readmitted{tries}"
+            reason = ans.reason or (
+                "the answer does not say readmitted: true"
+                if ans.readmitted is None
+                else "no reason given"
+            )
+            refusals.append(reason)
+            elapsed = time.monotonic() - begin
+            if (
+                reason == "identity_not_configured"
+                or elapsed + pause > cfg.readmit_wait_s
+                or self.ex.stop_event.wait(pause)
+            ):
+                break
+            pause = min(pause * 2, cfg.readmit_poll_max_s)
+        raise StepError(
+            f"router refused to readmit tier {tier} {len(refusals)} time(s) in "
+            f"{time.monotonic() - begin:.0f}s (last reason: {refusals[-1]}): the tier stays "
+            f"quiesced (its clients get 503); readmitted by later cycles while {s.name} runs"
+        )
+
+    def _admitting_now(self, tier: str) -> bool:
         try:
-            ans = self.router().transition("readmit", s.router_tier)
-        except RouterError as exc:
-            raise StepError(f"readmit of {s.router_tier} refused: {exc}") from None
-        if ans.readmitted is False:
-            return f"router answered readmitted=false: {ans.reason}"
-        return f"tier {s.router_tier} readmitted"
+            return self.router().tier_state(tier).admitting
+        except RouterError:
+            return False
 
     def resize(self, step: Step, s: ServeSpec) -> str:
         """Resize an elastic serve; the ledger never counts less than the engine holds.
@@ -1179,19 +1311,37 @@ class _Run:
         self.undo_group(failed.group, failed)
 
     def compensate_all(self, why: str) -> None:
-        for group in list(self.quiesced) + list(set(self.reserved.values())):
+        groups = [*self.quiesced, *self.others_quiesced, *set(self.reserved.values())]
+        for group in dict.fromkeys(groups):
             self.undo_group(group, None)
 
     def undo_group(self, group: str, failed: Step | None) -> None:
         for name in self.quiesced.pop(group, []):
             s = self.serve(name)
             try:
-                if s.router_tier is not None:
-                    self.router().transition("readmit", s.router_tier)
+                detail = (
+                    self.readmit_tier(s) if s.router_tier is not None else "no router tier"
+                )
+            except StepError as exc:
+                self.left_quiesced[name] = str(exc)
+                logger.error(
+                    "{}: nothing was stopped, but tier {} is left quiesced: {}",
+                    name,
+                    s.router_tier,
+                    exc,
+                )
+            else:
+                logger.info("{}: {} (nothing was stopped)", name, detail)
+            with contextlib.suppress(StepError):  # an illegal transition is logged by fire
                 self.fire(name, Trigger.READMIT)
-                logger.info("{}: tier {} readmitted (nothing was stopped)", name, s.router_tier)
-            except (RouterError, StepError) as exc:
-                logger.error("{}: readmit of {} failed: {}", name, s.router_tier, exc)
+        for name in self.others_quiesced.pop(group, []):
+            logger.warning(
+                "{}: nothing was stopped; tier {} stays quiesced by whoever quiesced it",
+                name,
+                self.serve(name).router_tier,
+            )
+            with contextlib.suppress(StepError):
+                self.fire(name, Trigger.READMIT)
         for name, g in list(self.reserved.items()):
             if g != group:
                 continue

@@ -941,6 +941,7 @@ class Controller:
         failed too), or whose readmit did not succeed, is readmitted by the next plan
         while it runs (a redundant readmit is harmless: the router answers false).
         """
+        before = set(self._quiesced)
         stopped = {s["serve"] for s in steps if s["action"] == "stop" and s["outcome"] == "ok"}
         for s in steps:
             name = s["serve"]
@@ -951,9 +952,32 @@ class Controller:
                     self._quiesced.discard(name)
                 else:
                     self._quiesced.add(name)
+        self._journal_tiers(before)
+
+    def _journal_tiers(self, before: set[str]) -> None:
+        """Keep the journal's record of the tiers left quiesced as ``_quiesced`` is now."""
+        try:
+            self.journal.set_quiesced(sorted(self._quiesced - before), time.time())
+            self.journal.forget_quiesced(sorted(before - self._quiesced))
+        except Exception as exc:  # a locked journal: the next change writes it again
+            logger.error("journal: cannot record the tiers left quiesced: {}", exc)
 
     def _recover_tiers(self) -> None:
-        """On start: the last journalled cycle may have ended mid-plan (SIGKILL, a crash)."""
+        """On start: the tiers the journal says were left quiesced; and the last
+        journalled cycle may have ended mid-plan (SIGKILL, a crash)."""
+        self._quiesced |= set(self.journal.quiesced())
+        if self._quiesced:
+            logger.info(
+                "tiers of {} were left quiesced: readmitted while their serves run",
+                ", ".join(sorted(self._quiesced)),
+            )
+        before = set(self.journal.quiesced())
+        try:
+            self._recover_from_cycles()
+        finally:
+            self._journal_tiers(before)
+
+    def _recover_from_cycles(self) -> None:
         ids = self.journal.cycle_ids()
         if not ids:
             return

@@ -16,7 +16,7 @@ from controller.adapters.docker.actions import DockerActions
 from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
 from controller.adapters.elastic import ElasticClient
 from controller.adapters.nvml import NvmlApi, observe_gpus
-from controller.adapters.router import RouterClient, router_token
+from controller.adapters.router import RouterClient, busy_budget_s, router_token
 from controller.manifest import ManifestSet
 from controller.service.executor import Executor, ExecutorConfig, StepResult
 from controller.service.footprints import Footprints
@@ -71,7 +71,18 @@ def make_executor(
     ``observe_now``: a fresh reading of the containers each reserve is admitted against;
     ``starts``: the tracker that carries starts out beside the loop (``None``: in order).
     """
-    router = RouterClient(router_url, router_token(router_token_file)) if router_url else None
+    router = None
+    if router_url:
+        # the router holds its one mutation lock for a whole drain: a quiesce may meet
+        # 503 server_busy for as long as the longest drain of the manifest's tiers
+        drains = [
+            rt.drain_timeout_s
+            for name, rt in mset.runtime().items()
+            if mset.serves[name].router_tier
+        ]
+        router = RouterClient(
+            router_url, router_token(router_token_file), busy_wait_s=busy_budget_s(drains)
+        )
     return Executor(
         mset.desired(),
         docker=DockerActions(make_client()),

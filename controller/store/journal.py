@@ -22,6 +22,8 @@ as ``journal.sqlite3``, beside the single-instance lock ``vramctl.lock``
 - **footprints**: the measured footprint samples of each serve (one per start or stop
   and GPU role, ``statemachine.footprint.Sample`` JSON), the newest
   ``DEFAULT_KEEP_FOOTPRINTS`` per serve, so calibration survives restarts.
+- **quiesced**: the serves whose router tier the controller quiesced and has not seen
+  readmitted (nor stopped), so that a restart of the controller still readmits them.
 
 Retention is bounded (:meth:`Journal.prune`): at most ``keep_cycles`` cycles and
 nothing older than ``keep_days`` (whichever removes more), with their steps, their
@@ -168,6 +170,10 @@ CREATE TABLE IF NOT EXISTS footprints (
     sample TEXT NOT NULL               -- JSON: statemachine.footprint.Sample.to_json()
 );
 CREATE INDEX IF NOT EXISTS footprints_serve ON footprints (serve, id);
+CREATE TABLE IF NOT EXISTS quiesced (
+    serve TEXT PRIMARY KEY,            -- its router tier was left quiesced by the controller
+    since REAL NOT NULL
+);
 CREATE TABLE IF NOT EXISTS declared (
     container TEXT PRIMARY KEY,        -- the last reservation a manifest declared for it
     serve     TEXT NOT NULL,
@@ -179,7 +185,7 @@ CREATE TABLE IF NOT EXISTS declared (
 
 #: Tables added to schema version 1 after its release: created on open when missing
 #: (``CREATE TABLE IF NOT EXISTS``), so a journal written before them still opens.
-_ADDED_TABLES = frozenset({"started", "ups", "declared", "footprints"})
+_ADDED_TABLES = frozenset({"started", "ups", "declared", "footprints", "quiesced"})
 
 #: Columns added to schema version 1 after its release (table, column, type): added on a
 #: writable open when missing (``ALTER TABLE ... ADD COLUMN``); a journal opened
@@ -849,6 +855,31 @@ class Journal:
             except sqlite3.OperationalError:  # no such table (read-only, older file)
                 return []
         return [(int(r[0]), json.loads(r[1])) for r in rows]
+
+    # ---------------------------------------------------------------- quiesced
+    def set_quiesced(self, serves: Sequence[str], at: float) -> None:
+        """Remember that the controller left these serves' tiers quiesced (upsert)."""
+        with self._tx() as conn:
+            conn.executemany(
+                "INSERT INTO quiesced (serve, since) VALUES (?, ?) ON CONFLICT (serve) DO NOTHING",
+                [(name, at) for name in serves],
+            )
+
+    def forget_quiesced(self, serves: Sequence[str]) -> None:
+        """These serves' tiers are readmitted (or no longer the controller's to readmit)."""
+        with self._tx() as conn:
+            conn.executemany("DELETE FROM quiesced WHERE serve = ?", [(n,) for n in serves])
+
+    def quiesced(self) -> dict[str, float]:
+        """Serve -> since when its tier is left quiesced by the controller."""
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT serve, since FROM quiesced ORDER BY serve"
+                ).fetchall()
+            except sqlite3.OperationalError:  # no such table (read-only, older file)
+                return {}
+        return {str(r[0]): float(r[1]) for r in rows}
 
     # ---------------------------------------------------------------- retention
     def prune(
