@@ -25,9 +25,21 @@ class Action(StrEnum):
     DRAIN = "drain"
     STOP = "stop"
     RELEASE = "release"
+    #: ask the engine to sleep (its router tier drained first, as before a stop)
+    SLEEP = "sleep"
+    #: once the sleep is confirmed, the reservation comes down to ``residual_mib``
+    #: (``to_mib``) and, at level 1, ``host_mib`` is taken on the host budget
+    RELEASE_TO_RESIDUAL = "release_to_residual"
     SHRINK = "shrink"
     GROW = "grow"
     RESERVE = "reserve"
+    #: admit a sleeper's full reservation again (``to_mib``) and give back its host RAM
+    #: (``host_mib``) before it is woken
+    RESERVE_WAKE = "reserve_wake"
+    #: ask a sleeping engine to wake (then await_ready, readmit)
+    WAKE = "wake"
+    #: level 2 only: reload the weights a level-2 sleep dropped (after wake)
+    RELOAD = "reload"
     START = "start"
     AWAIT_READY = "await_ready"
     READMIT = "readmit"
@@ -38,9 +50,11 @@ class Step:
     """One step. ``mib`` is what the step moves in the ledger (``None``: nothing).
 
     For shrink and grow, ``mib`` is the MiB given back or taken and ``to_mib`` the
-    reservation afterwards. ``group`` names the serve whose intent the step serves
-    (a requester for its victims' and shrinks' steps): when a step fails, the
-    executor skips the rest of its group, and the ledger guards the other groups.
+    reservation afterwards; likewise for release_to_residual (down to the residual) and
+    reserve_wake (back to full), whose ``host_mib`` is the host RAM taken or given back.
+    ``group`` names the serve whose intent the step serves (a requester for its victims'
+    and shrinks' steps): when a step fails, the executor skips the rest of its group,
+    and the ledger guards the other groups.
     """
 
     action: Action
@@ -50,6 +64,7 @@ class Step:
     reason: str
     to_mib: int | None = None
     group: str = ""
+    host_mib: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """docs/design.md §5 step JSON (plus ``to_mib`` for shrink / grow, and ``group``)."""
@@ -63,6 +78,8 @@ class Step:
         }
         if self.to_mib is not None:
             out["to_mib"] = self.to_mib
+        if self.host_mib is not None:
+            out["host_mib"] = self.host_mib
         return out
 
 

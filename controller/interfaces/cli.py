@@ -461,6 +461,7 @@ def _saved_plan(
                 reason=x.get("reason", ""),
                 to_mib=x.get("to_mib"),
                 group=x.get("group", x["serve"]),
+                host_mib=x.get("host_mib"),
             )
             for x in saved["steps"]
         )

@@ -227,6 +227,11 @@ _STEP_STYLE = {
     Action.GROW: "green",
     Action.AWAIT_READY: "cyan",
     Action.READMIT: "cyan",
+    Action.SLEEP: "yellow",
+    Action.RELEASE_TO_RESIDUAL: "yellow",
+    Action.RESERVE_WAKE: "green",
+    Action.WAKE: "green",
+    Action.RELOAD: "green",
 }
 
 

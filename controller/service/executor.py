@@ -66,6 +66,23 @@ from statemachine.types import (
     ServeSpec,
 )
 
+#: The step actions this executor carries out; a plan with any other is refused by the
+#: preflight (its group only) and, should one reach :meth:`do`, fails loudly there.
+IMPLEMENTED_ACTIONS: frozenset[Action] = frozenset(
+    {
+        Action.QUIESCE,
+        Action.DRAIN,
+        Action.STOP,
+        Action.RELEASE,
+        Action.SHRINK,
+        Action.GROW,
+        Action.RESERVE,
+        Action.START,
+        Action.AWAIT_READY,
+        Action.READMIT,
+    }
+)
+
 
 class Outcome(StrEnum):
     """What happened to one step."""
@@ -164,7 +181,7 @@ class _Reserved:
 
     @property
     def what(self) -> str:
-        """"elastic shrink of S (reserve_mib N[, then M])", for the step's detail."""
+        """ "elastic shrink of S (reserve_mib N[, then M])", for the step's detail."""
         return f"{self.action} (reserve_mib {self.asked})"
 
 
@@ -293,6 +310,15 @@ class Executor:
         stopped_ports: set[int] = set()
         for step in plan.steps:
             serve = self.desired.serves[step.serve]
+            if step.action not in IMPLEMENTED_ACTIONS:
+                problems.append(
+                    PreflightProblem(
+                        serve.name,
+                        frozenset({step.group}),
+                        f"{serve.name}: {step.action} planned, but this executor does not "
+                        "implement it",
+                    )
+                )
             if step.action is Action.STOP and serve.port is not None:
                 stopped_ports.add(serve.port)
             if step.action is Action.START:
@@ -639,7 +665,9 @@ class _Run:
             Action.START: self.start,
             Action.AWAIT_READY: self.await_ready,
             Action.READMIT: self.readmit,
-        }[step.action]
+        }.get(step.action)
+        if handler is None:  # a step kind the core plans and this executor cannot carry out
+            raise StepError(f"{step.action} steps are not implemented by this executor")
         return handler(step, s)
 
     def quiesce(self, step: Step, s: ServeSpec) -> str:
