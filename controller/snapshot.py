@@ -22,6 +22,8 @@ from statemachine.types import (
     ContainerState,
     GpuObs,
     Observed,
+    SleepObs,
+    SleepState,
     StartedWith,
     StartingObs,
 )
@@ -111,6 +113,18 @@ class StartedWithModel(BaseModel):
     mib: int = Field(gt=0)
 
 
+class SleepModel(BaseModel):
+    """A serve's sleep state: ``asleep`` (with what it was put to sleep with), ``awake``,
+    or ``unknown`` (its engine did not answer: counted awake and full)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    state: Literal["awake", "asleep", "unknown"]
+    level: int | None = None
+    residual_mib: int | None = None
+    host_ram_mib: int | None = None
+
+
 class SnapshotModel(BaseModel):
     """The whole observed snapshot.
 
@@ -136,6 +150,8 @@ class SnapshotModel(BaseModel):
     #: serves whose start the controller has in progress -> the roles and MiB reserved
     starting: dict[str, StartingModel] = Field(default_factory=dict)
     started_with: dict[str, StartedWithModel] = Field(default_factory=dict)
+    #: serve -> its engine's sleep state (serves that can sleep; missing = awake)
+    sleep: dict[str, SleepModel] = Field(default_factory=dict)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -175,6 +191,15 @@ class SnapshotModel(BaseModel):
             started_with={
                 name: StartedWith(r.serve, tuple(r.gpu_roles), r.mib)
                 for name, r in self.started_with.items()
+            },
+            sleep={
+                name: SleepObs(
+                    state=SleepState(z.state),
+                    level=z.level,
+                    residual_mib=z.residual_mib,
+                    host_ram_mib=z.host_ram_mib,
+                )
+                for name, z in self.sleep.items()
             },
         )
 

@@ -54,7 +54,7 @@ def test_vllm_level1_sleep_and_wake_move_the_memory_on_the_device() -> None:
             assert c.is_sleeping(eng.url, "vllm") is True
             assert dev.used == 1000 * MIB  # the residual: context and buffers
             assert eng.host_ram_mib == 6000  # the weights, in host RAM
-            done = c.wake(eng.url, "vllm", 1, timeout_s=10)
+            done = c.wake(eng.url, "vllm", timeout_s=10)
             assert done == ["POST /wake_up?tags=weights", "POST /wake_up?tags=kv_cache"]
             assert c.is_sleeping(eng.url, "vllm") is False
         assert dev.used == 10_000 * MIB
@@ -67,11 +67,13 @@ def test_vllm_level2_wake_reloads_the_weights_then_resets_the_prefix_cache() -> 
         c.sleep(eng.url, "vllm", 2)
         assert eng.host_ram_mib == 0  # level 2 keeps nothing in host RAM
         assert not eng.weights_valid
-        done = c.wake(eng.url, "vllm", 2, timeout_s=10)
+        done = c.wake(eng.url, "vllm", timeout_s=10)
+        assert not eng.weights_valid and eng.prefix_cache_stale  # awake, not yet reloaded
+        done += c.reload(eng.url, "vllm", timeout_s=10)
         assert done == [
             "POST /wake_up?tags=weights",
-            "POST /collective_rpc",
             "POST /wake_up?tags=kv_cache",
+            "POST /collective_rpc",
             "POST /reset_prefix_cache",
         ]
         rpc = next(r for r in eng.calls if r.path == "/collective_rpc")
@@ -90,7 +92,7 @@ def test_vllm_without_dev_mode_answers_404_which_is_not_enabled() -> None:
         with pytest.raises(SleepNotEnabledError):
             c.is_sleeping(eng.url, "vllm")
         with pytest.raises(SleepNotEnabledError):
-            c.wake(eng.url, "vllm", 1, timeout_s=5)
+            c.wake(eng.url, "vllm", timeout_s=5)
         assert eng.used_mib == eng.full_mib
 
 
@@ -112,7 +114,7 @@ def test_vllm_sleep_aborts_requests_in_flight() -> None:
 
 def test_vllm_sleep_twice_and_wake_when_awake_change_nothing() -> None:
     with FakeEngine("vllm") as eng, client() as c:
-        c.wake(eng.url, "vllm", 1, timeout_s=5)
+        c.wake(eng.url, "vllm", timeout_s=5)
         assert eng.used_mib == eng.full_mib
         c.sleep(eng.url, "vllm", 1)
         c.sleep(eng.url, "vllm", 2)  # already asleep: level 1 stays
@@ -123,7 +125,7 @@ def test_vllm_wake_waits_for_the_engine() -> None:
     with FakeEngine("vllm", wake_s=0.3) as eng, client() as c:
         c.sleep(eng.url, "vllm", 1)
         t0 = time.monotonic()
-        c.wake(eng.url, "vllm", 1, timeout_s=10)
+        c.wake(eng.url, "vllm", timeout_s=10)
         assert time.monotonic() - t0 >= 0.6  # two wakes (weights, kv_cache), each awaited
         assert eng.used_mib == eng.full_mib
 
@@ -132,7 +134,7 @@ def test_vllm_wake_that_outlasts_its_bound_is_no_answer() -> None:
     with FakeEngine("vllm", wake_s=2.0) as eng, client() as c:
         c.sleep(eng.url, "vllm", 1)
         with pytest.raises(SleepError) as exc:
-            c.wake(eng.url, "vllm", 1, timeout_s=0.3)
+            c.wake(eng.url, "vllm", timeout_s=0.3)
         assert exc.value.transient and "no answer within 0.3s" in str(exc.value)
 
 
@@ -140,11 +142,17 @@ def test_vllm_error_answers_carry_the_engines_message() -> None:
     with FakeEngine("vllm") as eng, client() as c:
         eng.force("/collective_rpc", (400, {"detail": "Missing 'method' in request body"}))
         c.sleep(eng.url, "vllm", 2)
+        c.wake(eng.url, "vllm", timeout_s=5)
         with pytest.raises(SleepError) as exc:
-            c.wake(eng.url, "vllm", 2, timeout_s=5)
+            c.reload(eng.url, "vllm", timeout_s=5)
         assert exc.value.status == 400
         assert "/collective_rpc answered 400: Missing 'method' in request body" in str(exc.value)
-        # the weights were woken, the rest not: the engine still says it sleeps
+        assert not eng.weights_valid
+        c.sleep(eng.url, "vllm", 1)
+        eng.force("/wake_up", (500, "Internal Server Error"))
+        with pytest.raises(SleepError, match="answered 500: Internal Server Error"):
+            c.wake(eng.url, "vllm", timeout_s=5)
+        # the weights were not woken: the engine still says it sleeps
         assert c.is_sleeping(eng.url, "vllm") is True
 
 
@@ -189,7 +197,7 @@ def test_sglang_release_and_resume_send_both_tags() -> None:
         assert c.sleep(eng.url, "sglang", 1) == "POST /release_memory_occupation"
         assert dev.used == eng.residual_mib * MIB
         assert c.is_sleeping(eng.url, "sglang") is None  # SGLang cannot say
-        assert c.wake(eng.url, "sglang", 1, timeout_s=5) == ["POST /resume_memory_occupation"]
+        assert c.wake(eng.url, "sglang", timeout_s=5) == ["POST /resume_memory_occupation"]
         assert dev.used == eng.full_mib * MIB
         bodies = [r.json for r in eng.calls if r.method == "POST"]
         assert bodies == [{"tags": ["kv_cache", "weights"]}] * 2
@@ -215,7 +223,7 @@ def test_sglang_without_the_memory_saver_answers_ok_and_frees_nothing() -> None:
 def test_sglang_resume_of_what_was_not_released_is_refused() -> None:
     with FakeEngine("sglang") as eng, client() as c:
         with pytest.raises(SleepError) as exc:
-            c.wake(eng.url, "sglang", 1, timeout_s=5)
+            c.wake(eng.url, "sglang", timeout_s=5)
         assert exc.value.status == 400 and not exc.value.busy
 
 

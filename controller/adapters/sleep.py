@@ -147,23 +147,32 @@ class SleepClient(RetryKnobs):
         body = {"tags": list(SGLANG_TAGS)}
         return self._post(url, "/release_memory_occupation", body=body)
 
-    def wake(self, url: str, protocol: str, level: int, *, timeout_s: float) -> list[str]:
-        """Wake the engine (and, after a vLLM level-2 sleep, reload its weights); the calls
-        made, in order. Raises :class:`SleepError` at the first that fails."""
+    def wake(self, url: str, protocol: str, *, timeout_s: float) -> list[str]:
+        """Wake the engine; the calls made, in order. Raises :class:`SleepError` at the
+        first that fails. After a vLLM level-2 sleep the weights are garbage until
+        :meth:`reload`."""
         _check(protocol)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, not {timeout_s}")
         if protocol == "sglang":
             body = {"tags": list(SGLANG_TAGS)}
             return [self._post(url, "/resume_memory_occupation", body=body, timeout_s=timeout_s)]
-        done = [self._post(url, "/wake_up", params={"tags": "weights"}, timeout_s=timeout_s)]
-        if level == 2:
-            rpc = {"method": "reload_weights"}
-            done.append(self._post(url, "/collective_rpc", body=rpc, timeout_s=timeout_s))
-        done.append(self._post(url, "/wake_up", params={"tags": "kv_cache"}, timeout_s=timeout_s))
-        if level == 2:
-            done.append(self._post(url, "/reset_prefix_cache", timeout_s=timeout_s))
-        return done
+        return [
+            self._post(url, "/wake_up", params={"tags": tag}, timeout_s=timeout_s)
+            for tag in ("weights", "kv_cache")
+        ]
+
+    def reload(self, url: str, protocol: str, *, timeout_s: float) -> list[str]:
+        """After a vLLM level-2 wake: load the weights again (``reload_weights``), then
+        reset the prefix cache; the calls made. SGLang keeps its weights: nothing."""
+        _check(protocol)
+        if protocol == "sglang":
+            return []
+        rpc = {"method": "reload_weights"}
+        return [
+            self._post(url, "/collective_rpc", body=rpc, timeout_s=timeout_s),
+            self._post(url, "/reset_prefix_cache", timeout_s=timeout_s),
+        ]
 
     def is_sleeping(self, url: str, protocol: str) -> bool | None:
         """Whether the engine says it sleeps; ``None`` for SGLang (it has no such call).

@@ -46,8 +46,11 @@ from controller.adapters.docker.actions import ActionError, DockerActions
 from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
 from controller.adapters.health import http_ready
 from controller.adapters.router import RouterClient, RouterError
+from controller.adapters.sleep import SleepClient
 from controller.manifest.runtime import ServeRuntime
+from controller.service.sleep_steps import SLEEP_ACTIONS, SleepSteps
 from controller.service.starts import StartTracker
+from controller.store.journal import SleepRecord
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import (
     IllegalTransition,
@@ -81,6 +84,7 @@ IMPLEMENTED_ACTIONS: frozenset[Action] = frozenset(
         Action.AWAIT_READY,
         Action.READMIT,
     }
+    | SLEEP_ACTIONS
 )
 
 
@@ -146,6 +150,11 @@ class ExecutionReport:
     refused_groups: list[str] = field(default_factory=list)
     #: elastic serves whose count this plan established: serve -> what to remember
     elastic: dict[str, ElasticFigure] = field(default_factory=dict)
+    #: serves whose sleep this plan changed: the record of one now asleep, None for one
+    #: no longer asleep (woken, or stopped instead)
+    sleeps: dict[str, SleepRecord | None] = field(default_factory=dict)
+    #: serves whose engine answered the sleep API with 404 (not started with the flag)
+    sleep_unsupported: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -235,6 +244,7 @@ class Executor:
         runtime: Mapping[str, ServeRuntime] | None = None,
         router: RouterClient | None = None,
         elastic: ElasticClient | None = None,
+        sleep: SleepClient | None = None,
         gpus: GpuReader = _no_gpus,
         config: ExecutorConfig | None = None,
         on_step: Callable[[StepResult], None] | None = None,
@@ -250,6 +260,8 @@ class Executor:
         self._runtime: Mapping[str, ServeRuntime] = runtime or {}
         self.router = router
         self.elastic = elastic or ElasticClient()
+        #: the engines' sleep API (made when a plan first needs it)
+        self.sleep = sleep
         self.gpus = gpus
         self.config = config or ExecutorConfig()
         self.on_step = on_step
@@ -415,6 +427,8 @@ class Executor:
         run.compensate_all("the plan ended")
         report.ledger = run.ledger
         report.elastic = dict(run.elastic)
+        report.sleeps = dict(run.sleeps)
+        report.sleep_unsupported = dict(run.sleep_unsupported)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
         return report
 
@@ -425,9 +439,10 @@ class Executor:
             if step.serve not in machines:
                 serve = self.desired.serves[step.serve]
                 holds = observed.container(serve.container).holds
-                machines[step.serve] = ServeLifecycle(
-                    step.serve, LifecycleState.RUNNING if holds else LifecycleState.STOPPED
-                )
+                state = LifecycleState.RUNNING if holds else LifecycleState.STOPPED
+                if holds and observed.sleep_of(serve.name).asleep:
+                    state = LifecycleState.ASLEEP
+                machines[step.serve] = ServeLifecycle(step.serve, state)
         return machines
 
     def _refusals(self, plan: Plan, report: ExecutionReport) -> dict[str, list[str]]:
@@ -586,7 +601,7 @@ class _StartJob:
                 self.release()
 
 
-class _Run:
+class _Run(SleepSteps):
     """The state of one execution: the live ledger, the machines, what to undo."""
 
     def __init__(
@@ -611,6 +626,7 @@ class _Run:
         self.used_before_stop: dict[str, dict[str, int]] = {}  # serve -> role -> NVML used
         self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
         self.elastic: dict[str, ElasticFigure] = {}  # serve -> its count after a resize
+        self.init_sleep_steps()
 
     # -- helpers ---------------------------------------------------------------------
     def serve(self, name: str) -> ServeSpec:
@@ -665,6 +681,7 @@ class _Run:
             Action.START: self.start,
             Action.AWAIT_READY: self.await_ready,
             Action.READMIT: self.readmit,
+            **self.sleep_handlers(),
         }.get(step.action)
         if handler is None:  # a step kind the core plans and this executor cannot carry out
             raise StepError(f"{step.action} steps are not implemented by this executor")

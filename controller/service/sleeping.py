@@ -7,9 +7,9 @@ The executor's sleep and wake steps and the loop's observation share this module
   all there is) and, where NVML sees the role's devices and what the container used
   is known, until the devices show the memory down by what the container used less
   the residual it keeps (the engines answer before the memory is freed);
-- :func:`wake_and_wait` wakes an engine (level 2: reload the weights, reset the prefix
-  cache) and waits for it to say it is awake and for its health, all within the
-  serve's ``start_timeout_s``;
+- :func:`wake_engine` wakes an engine and waits for it to say it is awake, within the
+  serve's ``start_timeout_s`` (health is the executor's ``await_ready``; a level-2
+  reload is a step of its own);
 - :func:`sleepers_in_force` reads the journal's sleep records against the containers
   and the engines' own answers, every cycle: a container that stopped, or started
   again since it was put to sleep, is awake (or down) and its record is forgotten; an
@@ -44,7 +44,7 @@ __all__ = [
     "confirm_asleep",
     "running_containers",
     "sleepers_in_force",
-    "wake_and_wait",
+    "wake_engine",
 ]
 
 ASLEEP, AWAKE, UNKNOWN = "asleep", "awake", "unknown"
@@ -136,43 +136,36 @@ def _confirmed_by(sl: Sleeper, expect: int | None, back: int | None) -> str:
     return f"{engine}; NVML shows {back} MiB back (expected {expect})"
 
 
-def wake_and_wait(
+def wake_engine(
     client: SleepClient,
     sl: Sleeper,
     *,
     timeout_s: float,
-    ready: Callable[[], str | None],
     poll_s: float = 0.25,
     stop_event: threading.Event | None = None,
 ) -> str:
-    """Wake the engine and wait for it (awake, then healthy) within ``timeout_s``.
-
-    ``ready()`` returns how the serve was found healthy, or ``None`` while it is not.
-    Raises :class:`WakeFailedError` with the engine's words when a call fails, or when
-    the engine is not awake and healthy in time.
+    """Wake the engine and wait, within ``timeout_s``, until it says it is awake (vLLM;
+    SGLang's answer is all there is). Health is awaited after (the executor's
+    ``await_ready``). Raises :class:`WakeFailedError` with the engine's words.
     """
     deadline = time.monotonic() + timeout_s
     try:
-        calls = client.wake(sl.url, sl.protocol, sl.level, timeout_s=timeout_s)
+        calls = client.wake(sl.url, sl.protocol, timeout_s=timeout_s)
     except SleepError as exc:
         raise WakeFailedError(f"{sl.serve}: wake failed: {exc}") from None
-    said: str = ""
+    if sl.protocol != "vllm":
+        return ", ".join(calls)
+    said = ""
     while True:
-        awake: bool | None = True
-        if sl.protocol == "vllm":
-            try:
-                awake = client.is_sleeping(sl.url, sl.protocol) is False
-                said = "" if awake else "the engine still says it sleeps"
-            except SleepError as exc:
-                awake, said = False, f"the engine cannot say whether it sleeps: {exc}"
-        how = ready() if awake else None
-        if awake and how is not None:
-            return f"{', '.join(calls)}; {how}"
-        if awake:
-            said = "not healthy"
+        try:
+            if client.is_sleeping(sl.url, sl.protocol) is False:
+                return f"{', '.join(calls)}; the engine says it is awake"
+            said = "the engine still says it sleeps"
+        except SleepError as exc:
+            said = f"the engine cannot say whether it sleeps: {exc}"
         if time.monotonic() >= deadline or (stop_event is not None and stop_event.is_set()):
             raise WakeFailedError(
-                f"{sl.serve} not awake and healthy after start_timeout_s {timeout_s:g}s "
+                f"{sl.serve} not awake after start_timeout_s {timeout_s:g}s "
                 f"({', '.join(calls)}): {said}"
             )
         time.sleep(poll_s)
