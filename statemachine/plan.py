@@ -178,8 +178,9 @@ class Plan:
         return not self.steps
 
     def to_json(self) -> dict[str, Any]:
-        """docs/design.md §5 plan JSON (plus ``ledger_before`` and ``notes``)."""
-        return {
+        """docs/design.md §5 plan JSON (plus ``ledger_before`` and ``notes``, and the host
+        RAM ledger before and after when the manifest has a ``[host]`` budget)."""
+        out: dict[str, Any] = {
             "steps": [s.to_json() for s in self.steps],
             "blocked": [b.to_json() for b in self.blocked],
             "ledger_before": {
@@ -190,3 +191,8 @@ class Plan:
             },
             "notes": list(self.notes),
         }
+        host_before, host_after = self.ledger_before.host_view(), self.ledger_after.host_view()
+        if host_before is not None and host_after is not None:  # only with a [host] budget
+            out["host_ledger_before"] = host_before.to_json()
+            out["host_ledger_after"] = host_after.to_json()
+        return out
