@@ -151,6 +151,14 @@ class FakeEngine(FakeHTTPServer):
             self.in_flight = 0
         self._load()
 
+    def exited(self) -> None:
+        """Its container stopped: the process is gone, and so is its memory."""
+        with self.cond:
+            self._generation += 1
+            self.is_sleeping = False
+            self.sleeping_tags.clear()
+        self._set_used(0)
+
     def _load(self) -> None:
         self.loaded_at = time.monotonic() + self.load_s
         self._set_used(self.full_mib)

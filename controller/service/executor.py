@@ -817,7 +817,12 @@ class _Run(SleepSteps):
                 continue
             outside.append(GpuReservation(other.name, other.gpu_roles, other.vram_mib))
         if outside:
-            self.ledger = Ledger(self.desired.roles, [*self.ledger.holdings.values(), *outside])
+            self.ledger = Ledger(
+                self.desired.roles,
+                [*self.ledger.holdings.values(), *outside],
+                host=self.ledger.host,
+                host_holdings=self.ledger.host_holdings,
+            )
             names = ", ".join(r.holder for r in outside)
             raise StepError(
                 f"{names} started outside the controller while this plan ran "
@@ -1082,7 +1087,12 @@ class _Run(SleepSteps):
                 r if r.holder != s.name else GpuReservation(r.holder, r.gpu_roles, mib)
                 for r in self.ledger.holdings.values()
             ]
-            resized = Ledger(self.ledger.roles, holdings)
+            resized = Ledger(
+                self.ledger.roles,
+                holdings,
+                host=self.ledger.host,
+                host_holdings=self.ledger.host_holdings,
+            )
             logger.error(
                 "{}: counted at {} MiB, what its engine may hold, though that is over the "
                 "budget of {}",

@@ -186,54 +186,46 @@ class SleepSteps:
         return f"{why}: stopped instead; {released}"
 
     def count_asleep(self, step: Step, s: ServeSpec, sl: Sleeper, how: str) -> str:
+        """Count the confirmed sleeper at its residual (and its host RAM); when the host
+        budget cannot take it now, the serve is stopped instead and released in full."""
         to = step.to_mib if step.to_mib is not None else sl.residual_mib
-        resized = self.ledger.resize(s.name, to)
-        if isinstance(resized, Refusal):  # a reduction is never refused; hold on if it is
-            raise StepErrorLike(f"the ledger refuses the residual: {resized.message}")
-        self.ledger = resized
-        host = step.host_mib or 0
-        if host:
-            self.take_host(s.name, host)
+        host = step.host_mib if step.host_mib is not None else sl.host_ram_mib
+        slept = self.ledger.sleep(s.name, to, host)
+        if isinstance(slept, Refusal):
+            self.stop_instead(step, s, f"asleep, but the ledger refuses it: {slept.message}")
+            why = self.stopped_instead[s.name]
+            released = self.release(step, s)
+            self.sleeps[s.name] = None
+            return f"{why}: stopped instead; {released}"
+        self.ledger = slept
         try:
             state = self.ex.docker.inspect(s.container)
         except ActionError:
             state = None
+        started = None if state is None or state.started_at is None else str(state.started_at)
         self.sleeps[s.name] = SleepRecord(
             container=s.container,
             serve=s.name,
             level=sl.level,
             gpu_roles=s.gpu_roles,
-            residual_mib=sl.residual_mib,
-            host_ram_mib=sl.host_ram_mib,
-            started_at=None if state is None or state.started_at is None else str(state.started_at),
+            residual_mib=to,
+            host_ram_mib=host,
+            started_at=started,
             since=time.time(),
         )
         self.fire(s.name, Trigger.SLEPT)
         on_host = f" and {host} MiB of host RAM" if host else ""
         return f"asleep ({how}): holds {to} MiB on {', '.join(s.gpu_roles)}{on_host}"
 
-    def take_host(self, serve: str, mib: int) -> None:
-        """Count ``mib`` of host RAM for ``serve`` (the ledger's host budget, where it has one)."""
-        take = getattr(self.ledger, "hold_host", None)
-        if take is not None:
-            self.ledger = take(serve, mib)
-
-    def give_host(self, serve: str) -> None:
-        give = getattr(self.ledger, "release_host", None)
-        if give is not None:
-            self.ledger = give(serve)
-
     # -- wake ---------------------------------------------------------------------
     def reserve_wake(self, step: Step, s: ServeSpec) -> str:
         to = step.to_mib if step.to_mib is not None else s.vram_mib
         if to is None:
             raise StepErrorLike(f"{s.name} has no reservation to wake into")
-        if self.ledger.holds(s.name):
-            resized = self.ledger.resize(s.name, to)
-            if isinstance(resized, Refusal):
-                raise StepErrorLike(f"the ledger refuses: {resized.message}")
-            self.ledger = resized
-        self.give_host(s.name)
+        woken = self.ledger.wake(s.name, to)
+        if isinstance(woken, Refusal):
+            raise StepErrorLike(f"the ledger refuses: {woken.message}")
+        self.ledger = woken
         self.fire(s.name, Trigger.RESERVE_WAKE)
         back = f"; {step.host_mib} MiB of host RAM given back" if step.host_mib else ""
         return f"reserved {to} MiB on {', '.join(s.gpu_roles)} to wake into{back}"
