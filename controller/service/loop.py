@@ -39,14 +39,17 @@ from typing import Any
 from loguru import logger
 
 from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
+from controller.adapters.sleep import SleepClient
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.service.cycle import CycleJournal, CycleResult, PlanInputs, run_cycle
 from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
 from controller.service.observe import observe_host
+from controller.service.sleeping import observe_sleep
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import BackoffView, JournalHistory, LoopView
 from controller.service.wiring import containers_now, make_executor
 from controller.snapshot import (
+    SleepModel,
     SnapshotModel,
     StartedWithModel,
     StartingModel,
@@ -144,6 +147,9 @@ class Controller:
         self._outcomes: dict[int, dict[str, Any] | None] = {}
         self._early: dict[int, list[StepResult]] = {}  # results that ended while executing
         self._aio: asyncio.AbstractEventLoop | None = None
+        # the engines' sleep state is asked every cycle: one quick try, no retries
+        self._sleep_probe = SleepClient(probe_timeout_s=1.0, attempts=1, max_wait_s=0)
+        self._sleep_said: set[str] = set()  # sleep notes logged (said once, not every cycle)
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -420,6 +426,7 @@ class Controller:
         }
         snap.started_with = self._started_in_force(snap, records, known)
         snap.elastic = self._elastic_in_force(snap)
+        snap.sleep = self._sleep_in_force(snap)
         snap.quiesced = sorted(self._quiesced)
         snap.unreleased = self._still_unreleased(snap)
         return snap
@@ -510,6 +517,26 @@ class Controller:
                 continue  # outside the ledger; or no longer declared: its start counts it
             # the roles and MiB the start was planned with, whatever the manifest says now
             self.journal.set_started(spec.container, spec.name, r.step.gpu_roles, r.step.mib, now)
+
+    def _sleep_in_force(self, snap: SnapshotModel) -> dict[str, SleepModel]:
+        """The sleep state of every serve that can sleep, and the journal kept true to it.
+
+        A sleeper whose container stopped, or started again since its sleep (awake and
+        full), or whose engine says it is awake, is forgotten; what each recorded
+        sleeper was seen as is journalled every cycle.
+        """
+        records = self.journal.sleeping()
+        models, now = observe_sleep(self.mset.desired(), snap, records, self._sleep_probe)
+        at = time.time()
+        for container in now.forget:
+            self.journal.forget_sleeping(container)
+        for container, seen in now.seen.items():
+            self.journal.saw_sleeping(container, seen, at)
+        for note in now.notes:
+            if note not in self._sleep_said:
+                logger.info("sleep: {}", note)
+        self._sleep_said = set(now.notes)
+        return models
 
     def _elastic_in_force(self, snap: SnapshotModel) -> dict[str, int]:
         """The journal's elastic reserves, minus those of engines that restarted since.
@@ -749,6 +776,11 @@ class Controller:
         # cycle's start: the same plan may have started the container since)
         for name, figure in report.elastic.items():
             self.journal.set_elastic(name, figure.mib, figure.at)
+        for name, rec in report.sleeps.items():  # put to sleep, or no longer asleep
+            if rec is not None:
+                self.journal.set_sleeping(rec)
+            elif (spec := self.mset.serves.get(name)) is not None:
+                self.journal.forget_sleeping(spec.container)
         for r in report.results:
             name = r.step.serve
             if r.step.action in (Action.START, Action.AWAIT_READY):
@@ -776,6 +808,8 @@ class Controller:
                         f"{name} did not give VRAM back yet: {r.detail}",
                         r.ended_at or now,
                     )
+            elif r.step.action in (Action.WAKE, Action.RELOAD) and r.outcome is Outcome.FAILED:
+                self._fail(name, r.detail, r.ended_at or now)  # stopped: a cold start, later
             elif r.step.action is Action.STOP and r.outcome is Outcome.OK:
                 self.journal.set_elastic(name, None, now)  # the engine forgets its reserve
                 self.no_shrink.discard(name)

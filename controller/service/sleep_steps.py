@@ -39,6 +39,7 @@ from controller.service.sleeping import (
     SleepNotConfirmedError,
     WakeFailedError,
     confirm_asleep,
+    sleeper_of,
     wake_engine,
 )
 from controller.store.journal import SleepRecord
@@ -54,29 +55,12 @@ if TYPE_CHECKING:
     from statemachine.ledger import Ledger
     from statemachine.types import DesiredState, Observed
 
-__all__ = ["SLEEP_ACTIONS", "SleepSteps", "sleeper_of"]
+__all__ = ["SLEEP_ACTIONS", "SleepSteps"]
 
 #: The step kinds this part of the executor carries out.
 SLEEP_ACTIONS = frozenset(
     {Action.SLEEP, Action.RELEASE_TO_RESIDUAL, Action.RESERVE_WAKE, Action.WAKE, Action.RELOAD}
 )
-
-
-def sleeper_of(s: ServeSpec) -> Sleeper:
-    """How ``s`` is put to sleep and woken (it must declare ``[serve.sleep]``)."""
-    z = s.sleep
-    assert z is not None
-    url = z.url or (f"http://127.0.0.1:{s.port}" if s.port is not None else "")
-    return Sleeper(
-        serve=s.name,
-        container=s.container,
-        url=url,
-        protocol=str(z.protocol),
-        level=z.level,
-        gpu_roles=s.gpu_roles,
-        residual_mib=z.residual_mib,
-        host_ram_mib=z.host_mib,
-    )
 
 
 class SleepSteps:

@@ -29,7 +29,9 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from controller.adapters.sleep import SleepClient, SleepError
+from controller.snapshot import SleepModel, SnapshotModel
 from controller.store.journal import SleepRecord
+from statemachine.types import DesiredState, ServeSpec
 
 __all__ = [
     "ASLEEP",
@@ -42,7 +44,9 @@ __all__ = [
     "WakeFailedError",
     "ask_engines",
     "confirm_asleep",
+    "observe_sleep",
     "running_containers",
+    "sleeper_of",
     "sleepers_in_force",
     "wake_engine",
 ]
@@ -62,6 +66,23 @@ class Sleeper:
     gpu_roles: tuple[str, ...]
     residual_mib: int
     host_ram_mib: int
+
+
+def sleeper_of(s: ServeSpec) -> Sleeper:
+    """How ``s`` is put to sleep and woken (it must declare ``[serve.sleep]``)."""
+    z = s.sleep
+    assert z is not None
+    url = z.url or (f"http://127.0.0.1:{s.port}" if s.port is not None else "")
+    return Sleeper(
+        serve=s.name,
+        container=s.container,
+        url=url,
+        protocol=str(z.protocol),
+        level=z.level,
+        gpu_roles=s.gpu_roles,
+        residual_mib=z.residual_mib,
+        host_ram_mib=z.host_mib,
+    )
 
 
 class SleepNotConfirmedError(Exception):
@@ -269,3 +290,60 @@ def running_containers(
         name: ContainerNow(state in ("running", "paused", "restarting"), started)
         for name, state, started in states
     }
+
+
+_HOLDING = ("running", "paused", "restarting")
+
+
+def observe_sleep(
+    desired: DesiredState,
+    snap: SnapshotModel,
+    records: Mapping[str, SleepRecord],
+    client: SleepClient,
+) -> tuple[dict[str, SleepModel], SleepersNow]:
+    """Every serve that can sleep, as it is now: the snapshot's ``sleep`` and what the
+    journal should learn (:func:`sleepers_in_force`).
+
+    Recorded sleepers are checked against their containers and engines. A running vLLM
+    serve with no record is asked too: one that says it sleeps (put to sleep by a
+    controller that lost its journal, or by hand) is reported asleep without a record
+    (the core counts it at the residual the manifest declares); one that cannot be
+    asked is unknown (counted full). Docker unreadable: nothing is asked or changed.
+    """
+    if snap.docker != "ok":
+        return {}, SleepersNow({}, {}, [], [])
+    containers = {
+        name: ContainerNow(c.state in _HOLDING, None if c.started_at is None else str(c.started_at))
+        for name, c in snap.containers.items()
+    }
+    sleepers = {s.name: sleeper_of(s) for s in desired.serves.values() if s.sleep is not None}
+    where = {name: (sl.url, sl.protocol) for name, sl in sleepers.items()}
+    now = sleepers_in_force(records, containers, ask_engines(client, where))
+    out: dict[str, SleepModel] = {}
+    for container, rec in records.items():
+        seen = now.seen.get(container)
+        if seen is None:
+            continue
+        out[rec.serve] = SleepModel(
+            state=ASLEEP if seen == ASLEEP else UNKNOWN,
+            level=rec.level,
+            residual_mib=rec.residual_mib,
+            host_ram_mib=rec.host_ram_mib,
+        )
+    recorded = {rec.serve for rec in records.values()}
+    for name, sl in sleepers.items():
+        c = containers.get(sl.container)
+        if name in recorded or c is None or not c.running or sl.protocol != "vllm":
+            continue
+        try:
+            said = client.is_sleeping(sl.url, sl.protocol)
+        except SleepError:
+            out[name] = SleepModel(state=UNKNOWN)
+            continue
+        if said:
+            out[name] = SleepModel(state=ASLEEP)
+            now.notes.append(
+                f"{name}: the engine says it sleeps, though this controller has no record "
+                "of putting it to sleep: counted at the residual the manifest declares"
+            )
+    return out, now
