@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -159,6 +159,9 @@ class ComposeService:
     raw: str
     profiles: tuple[str, ...] = ()
     has_entrypoint: bool = False
+    #: the service's ``environment`` (list or mapping form), interpolated; a name given
+    #: without a value (``- NAME``) maps to ``None``
+    environment: Mapping[str, str | None] = field(default_factory=dict)
 
     @property
     def container(self) -> str | None:
@@ -207,6 +210,26 @@ def _text(value: object, where: str, environ: Mapping[str, str]) -> str | None:
         return interpolate(value, environ)
     except ValueError as exc:
         raise ComposeError([f"{where}: {exc}"]) from None
+
+
+def _environment(
+    value: object, where: str, environ: Mapping[str, str]
+) -> dict[str, str | None]:
+    """A service's ``environment``: ``[NAME=value, NAME]`` or ``{NAME: value}``."""
+    if value is None:
+        return {}
+    out: dict[str, str | None] = {}
+    if isinstance(value, list):
+        for item in value:
+            text = interpolate(str(item), environ)
+            name, eq, val = text.partition("=")
+            out[name.strip()] = val if eq else None
+        return out
+    if isinstance(value, dict):
+        for name, val in value.items():
+            out[str(name)] = None if val is None else interpolate(str(val), environ)
+        return out
+    raise ComposeError([f"{where}: must be a list of NAME=value or a mapping"])
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -290,6 +313,7 @@ def load_compose(
                 raw=f"{entry_raw} {command_raw}".strip(),
                 profiles=tuple(str(p) for p in profiles) if isinstance(profiles, list) else (),
                 has_entrypoint="entrypoint" in body,
+                environment=_environment(body.get("environment"), f"{where}.environment", env),
             )
         except ComposeError as exc:
             problems.extend(exc.problems)
