@@ -108,6 +108,8 @@ class FakeEngine(FakeHTTPServer):
         self.free_lag_s = free_lag_s
         self.device = device
         self.pid = pid
+        #: False: ``/sleep`` answers 200 but nothing happens (a sleep that never takes)
+        self.sleep_takes_effect = True
         self.cond = threading.Condition()
         #: tags asleep now (vLLM's executor ``sleeping_tags``; SGLang's ``offload_tags``)
         self.sleeping_tags: set[str] = set()
@@ -303,6 +305,8 @@ class FakeEngine(FakeHTTPServer):
                 self.aborted += self.in_flight
                 self.in_flight = 0
             if self.is_sleeping:  # "Executor is already sleeping."
+                return Reply(200, None)
+            if not self.sleep_takes_effect:
                 return Reply(200, None)
             self.is_sleeping = True
             self.level = level
