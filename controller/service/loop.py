@@ -812,6 +812,8 @@ class Controller:
                 self._fail(name, r.detail, r.ended_at or now)  # stopped: a cold start, later
             elif r.step.action is Action.STOP and r.outcome is Outcome.OK:
                 self.journal.set_elastic(name, None, now)  # the engine forgets its reserve
+                if (spec := self.mset.serves.get(name)) is not None:
+                    self.journal.forget_sleeping(spec.container)  # a sleeper stopped
                 self.no_shrink.discard(name)
 
     def _hold_after_preflight(self, plan: Plan, report: ExecutionReport, now: float) -> None:
