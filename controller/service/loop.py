@@ -853,7 +853,12 @@ class Controller:
         failed too), or whose readmit did not succeed, is readmitted by the next plan
         while it runs (a redundant readmit is harmless: the router answers false).
         """
-        stopped = {s["serve"] for s in steps if s["action"] == "stop" and s["outcome"] == "ok"}
+        # a serve put to sleep keeps its tier quiesced until it is woken, like a stopped one
+        stopped = {
+            s["serve"]
+            for s in steps
+            if s["action"] in ("stop", "sleep", "release_to_residual") and s["outcome"] == "ok"
+        }
         for s in steps:
             name = s["serve"]
             if s["action"] == "quiesce" and s["outcome"] == "ok" and name not in stopped:
