@@ -371,15 +371,13 @@ TRANSITIONS: Final[tuple[TransitionSpec, ...]] = (
         "trigger": "wake",
         "source": (_S.WAKING,),
         "dest": _S.WAKING,
-        "doc": "The engine was asked to wake; health is awaited next (after a reload at "
-        "level 2).",
+        "doc": "The engine was asked to wake; health is awaited next (after a reload at level 2).",
     },
     {
         "trigger": "reload",
         "source": (_S.WAKING,),
         "dest": _S.WAKING,
-        "doc": "Level 2: the weights the sleep dropped were reloaded (and the prefix cache "
-        "reset).",
+        "doc": "Level 2: the weights the sleep dropped were reloaded (and the prefix cache reset).",
     },
     {
         "trigger": "wake_failed",

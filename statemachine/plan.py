@@ -106,19 +106,20 @@ class Blocked:
     evictable_mib: tuple[tuple[str, int], ...] = ()
     shrinkable_mib: tuple[tuple[str, int], ...] = ()
     protected: tuple[Protected, ...] = ()
+    #: per role, what putting the evictable serves that can sleep to sleep would free
+    sleepable_mib: tuple[tuple[str, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """docs/design.md §5 blocked JSON."""
-        return {
-            "serve": self.serve,
-            "reason": self.reason,
-            "ledger": {
-                "gpu_roles": [t.to_json() for t in self.terms],
-                "evictable_mib": dict(self.evictable_mib),
-                "shrinkable_mib": dict(self.shrinkable_mib),
-                "protected": [p.to_json() for p in self.protected],
-            },
+        """docs/design.md §5 blocked JSON (plus ``sleepable_mib`` where sleep frees some)."""
+        ledger: dict[str, Any] = {
+            "gpu_roles": [t.to_json() for t in self.terms],
+            "evictable_mib": dict(self.evictable_mib),
+            "shrinkable_mib": dict(self.shrinkable_mib),
+            "protected": [p.to_json() for p in self.protected],
         }
+        if any(mib for _, mib in self.sleepable_mib):  # only where a sleep could free some
+            ledger["sleepable_mib"] = dict(self.sleepable_mib)
+        return {"serve": self.serve, "reason": self.reason, "ledger": ledger}
 
 
 @dataclass(frozen=True, slots=True)
