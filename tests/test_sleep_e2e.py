@@ -151,13 +151,14 @@ def test_a_request_puts_the_evictable_serve_to_sleep_and_its_end_wakes_it(
 ) -> None:
     f = sfleet
     _, ps = setup(f, ttl_s=20)
+    since = time.time_ns()
     run = f.start().started()
     run.wait_step("big release_to_residual ok")
     run.wait_step("small await_ready ok", timeout=WAIT_S)
     assert healthy(ps)
     assert f.state("big") == "running"  # the container keeps running
     assert f.engine.is_sleeping and f.engine.level == 1
-    assert f.starts("big") == 0  # never stopped, never started
+    assert f.starts("big", since) == 0  # never stopped, never started
     # the ledger holds its residual, the host ledger its RAM, the journal the sleeper
     plan, outcome = f.steps_of("sleep")[-1]
     assert reservations(outcome).get("big") == RESIDUAL_MIB, json.dumps(outcome)
@@ -171,7 +172,7 @@ def test_a_request_puts_the_evictable_serve_to_sleep_and_its_end_wakes_it(
     run.wait_step("big wake ok", timeout=WAIT_S)
     run.wait_step("big await_ready ok")
     assert not f.engine.is_sleeping and f.engine.used_mib == f.engine.full_mib
-    assert f.starts("big") == 0 and f.state("big") == "running"
+    assert f.starts("big", since) == 0 and f.state("big") == "running"
     wait_for("the sleep record forgotten", lambda: f.sleeping() == {})
     assert run.stop() == 0
 
@@ -179,6 +180,7 @@ def test_a_request_puts_the_evictable_serve_to_sleep_and_its_end_wakes_it(
 def test_a_level2_wake_reloads_the_weights(sfleet: SleepFleet) -> None:
     f = sfleet
     setup(f, level=2, ttl_s=15)
+    since = time.time_ns()
     run = f.start().started()
     run.wait_step("big release_to_residual ok")
     assert f.engine.level == 2 and not f.engine.weights_valid
@@ -188,7 +190,7 @@ def test_a_level2_wake_reloads_the_weights(sfleet: SleepFleet) -> None:
     assert f.engine.weights_valid and not f.engine.prefix_cache_stale
     rpc = [r.json for r in f.engine.calls if r.path == "/collective_rpc"]
     assert rpc == [{"method": "reload_weights"}]
-    assert f.starts("big") == 0
+    assert f.starts("big", since) == 0
     assert run.stop() == 0
 
 
@@ -231,5 +233,5 @@ def test_a_controller_restarted_while_a_serve_sleeps_neither_double_counts_nor_f
     # and it is not forgotten: once the request ends, the new controller wakes it
     f.wait_state("small", "exited", timeout=60)
     second.wait_step("big wake ok", timeout=WAIT_S)
-    assert not f.engine.is_sleeping and f.starts("big") == 0
+    assert not f.engine.is_sleeping and f.starts("big", since) == 0
     assert second.stop() == 0
