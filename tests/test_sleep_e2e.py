@@ -17,8 +17,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import subprocess
+import sys
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -33,6 +36,7 @@ from serving import free_port
 from test_run_e2e import (
     BUDGET_MIB,
     HOLDS,
+    REPO,
     ROLE,
     WAIT_S,
     Fleet,
@@ -70,6 +74,19 @@ class SleepFleet(Fleet):
             held += RESIDUAL_MIB if asleep else self.mib.get(serve, 0)
         assert held <= BUDGET_MIB, f"overcommit seen by a poll: {out} holds {held} MiB"
         return out
+
+    def start_api(self, port: int) -> Run:
+        """``vramctl run`` with its HTTP API on ``port`` (to read its ledger)."""
+        log_path = self.tmp / f"run{len(self.runs) + 1}.log"
+        argv = [sys.executable, "-m", "controller.interfaces.cli", "run", "-m"]
+        argv += [str(self.manifest), "--state-dir", str(self.state_dir), "--resync", "1"]
+        argv += ["--log-json", "--api", f"127.0.0.1:{port}"]
+        env = dict(os.environ, COLUMNS="200", NO_COLOR="1", VRAMCTL_TOKEN="e2e-token")
+        with log_path.open("wb") as fh:
+            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
+        run = Run(proc, log_path)
+        self.runs.append(run)
+        return run
 
     def sleeping(self) -> dict[str, Any]:
         with Journal.open(self.journal, readonly=True) as j:
@@ -219,12 +236,25 @@ def test_a_controller_restarted_while_a_serve_sleeps_neither_double_counts_nor_f
     first.stop(sig=__import__("signal").SIGKILL)
     since = time.time_ns()
 
-    second: Run = f.start().started()
-    # several cycles: nothing is stopped, started or woken (the residual is counted,
-    # not the full reservation: small would not fit beside big awake)
+    api = free_port()
+    second: Run = f.start_api(api).started()
+
+    def ledger() -> dict[str, int] | None:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{api}/v1/ledger", timeout=2) as r:
+                body = json.loads(r.read())
+        except OSError:
+            return None
+        (role,) = body["gpu_roles"]
+        return {x["serve"]: x["mib"] for x in role["reservations"]}
+
+    # several cycles: nothing is stopped, started or woken, and big is counted once, at
+    # its residual (awake, small would not fit beside it)
+    wait_for("the new controller's ledger", ledger)
     deadline = time.monotonic() + 6
     while time.monotonic() < deadline:
         assert f.states() == {"big": "running", "small": "running"}
+        assert ledger() == {"big": RESIDUAL_MIB, "small": SMALL_MIB}
         time.sleep(0.5)
     assert f.starts("small", since) == 0 and f.starts("big", since) == 0
     assert not [s for s in second.steps() if s.split()[1] in ("stop", "sleep", "wake")]
