@@ -829,9 +829,11 @@ def create_app(
             )
         ttl = body.ttl_s if body is not None else None
         active = {r.serve for r in controller.requests()}
-        if observed.container(spec.container).holds and serve not in active:
+        asleep = observed.sleep_of(serve).asleep
+        if observed.container(spec.container).holds and serve not in active and not asleep:
             # running already, and not because of a request: recording one would make the
-            # loop stop it when the request ends, which nobody asked for
+            # loop stop it when the request ends, which nobody asked for (a serve that
+            # sleeps is woken by the request instead)
             return JSONResponse(
                 {
                     "status": 202,
