@@ -493,26 +493,3 @@ def test_status_shows_the_sleeper_its_residual_and_the_host_line() -> None:
     assert {r["serve"]: r for r in unknown["serves"]}["coder"]["sleep"]["state"] == "unknown"
     assert unknown["host"]["committed_mib"] is None
     assert unknown["host"]["overcommitted"] is None
-
-
-def test_the_observed_snapshot_carries_sleep_states() -> None:
-    from controller.snapshot import SnapshotError, parse_snapshot, snapshot_changes
-
-    data = {
-        "docker": "ok",
-        "containers": {"c-coder": {"state": "running"}},
-        "sleep": {"coder": {"state": "asleep", "level": 1, "residual_mib": 1200}},
-    }
-    snap = parse_snapshot(data)
-    assert snap.to_observed().sleep_of("coder") == SleepObs(SleepState.ASLEEP, 1, 1200, None)
-    assert snap.to_observed().sleep_of("other").state is SleepState.AWAKE
-    woke = parse_snapshot({**data, "sleep": {"coder": {"state": "awake"}}})
-    assert any("sleep states" in c for c in snapshot_changes(snap, woke, ["c-coder"]))
-    for bad in (
-        {"state": "dozing"},
-        {"state": "asleep", "level": 3},
-        {"state": "asleep", "residual_mib": 0},
-    ):
-        with pytest.raises(SnapshotError) as info:
-            parse_snapshot({**data, "sleep": {"coder": bad}})
-        assert "sleep.coder" in str(info.value)
