@@ -188,6 +188,7 @@ class _Work:
         held = self.held_mib(s.name)
         return (
             s.sleep is not None
+            and s.name not in self.policy.no_sleep
             and s.name in self.running
             and s.name not in self.asleep
             and s.name not in self.stopping

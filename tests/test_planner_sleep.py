@@ -493,3 +493,21 @@ def test_status_shows_the_sleeper_its_residual_and_the_host_line() -> None:
     assert {r["serve"]: r for r in unknown["serves"]}["coder"]["sleep"]["state"] == "unknown"
     assert unknown["host"]["committed_mib"] is None
     assert unknown["host"]["overcommitted"] is None
+
+
+def test_a_serve_the_policy_says_cannot_sleep_is_stopped_instead() -> None:
+    from statemachine.plan import Policy
+
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 8000, OND)
+    desired = DesiredState(
+        ROLES, {s.name: s for s in (STT, coder, llm)}, (OnDemandRequest("llm", NOW - 1),), HOST
+    )
+    obs = Observed(True, {"c-stt": UP, "c-coder": UP})
+    policy = Policy(no_sleep=frozenset({"coder"}))
+    result = plan_transitions(desired, obs, policy, NOW)
+    assert lines(result)[:2] == ["stop coder", "release coder"]
+    assert Policy.from_json(policy.to_json()) == policy
+    assert "no_sleep" not in Policy().to_json()  # older journal records stay as they were
+    with pytest.raises(ValueError, match="no_sleep"):
+        Policy.from_json({"no_sleep": "coder"})
