@@ -130,19 +130,26 @@ class Policy:
     planner falls back to what it would do without shrinking them (eviction).
     ``hold``: serves not to start now (serve -> why, e.g. a failure backoff); they are
     reported as blocked with that reason.
+    ``no_sleep``: serves not to put to sleep (their engine answered the sleep API with
+    404, or their last sleep did not confirm); the planner stops them instead.
     """
 
     exact_search_limit: int = DEFAULT_EXACT_LIMIT
     no_shrink: frozenset[str] = frozenset()
     hold: Mapping[str, str] = field(default_factory=dict)
+    no_sleep: frozenset[str] = frozenset()
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form the journal records with each cycle (replay plans with it)."""
-        return {
+        """The JSON form the journal records with each cycle (replay plans with it);
+        ``no_sleep`` only when there is one (older records have none)."""
+        out: dict[str, Any] = {
             "exact_search_limit": self.exact_search_limit,
             "no_shrink": sorted(self.no_shrink),
             "hold": {name: self.hold[name] for name in sorted(self.hold)},
         }
+        if self.no_sleep:
+            out["no_sleep"] = sorted(self.no_sleep)
+        return out
 
     @classmethod
     def from_json(cls, data: object) -> Policy:
@@ -152,6 +159,7 @@ class Policy:
         limit = data.get("exact_search_limit", DEFAULT_EXACT_LIMIT)
         no_shrink = data.get("no_shrink", [])
         hold = data.get("hold", {})
+        no_sleep = data.get("no_sleep", [])
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError(f"policy: exact_search_limit: expected a count, got {limit!r}")
         if not isinstance(no_shrink, list) or not all(isinstance(n, str) for n in no_shrink):
@@ -160,7 +168,14 @@ class Policy:
             isinstance(k, str) and isinstance(v, str) for k, v in hold.items()
         ):
             raise ValueError(f"policy: hold: expected names with reasons, got {hold!r}")
-        return cls(exact_search_limit=limit, no_shrink=frozenset(no_shrink), hold=dict(hold))
+        if not isinstance(no_sleep, list) or not all(isinstance(n, str) for n in no_sleep):
+            raise ValueError(f"policy: no_sleep: expected a list of names, got {no_sleep!r}")
+        return cls(
+            exact_search_limit=limit,
+            no_shrink=frozenset(no_shrink),
+            hold=dict(hold),
+            no_sleep=frozenset(no_sleep),
+        )
 
 
 @dataclass(frozen=True, slots=True)

@@ -188,6 +188,7 @@ class _Work:
         held = self.held_mib(s.name)
         return (
             s.sleep is not None
+            and s.name not in self.policy.no_sleep
             and s.name in self.running
             and s.name not in self.asleep
             and s.name not in self.stopping
@@ -436,8 +437,13 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
 
 
 def _full_mib(w: _Work, s: ServeSpec) -> int:
-    """What ``s`` holds awake: its reservation, or the larger one it was started with."""
+    """What ``s`` holds awake: its reservation, or the larger one it was started with;
+    an elastic serve shrunk before it slept wakes at what it held (never below what it
+    holds asleep)."""
     assert s.vram_mib is not None
+    shrunk = w.observed.elastic_mib.get(s.name)
+    if shrunk is not None:
+        return max(shrunk, w.held_mib(s.name) or 0)
     record = w.observed.started_with.get(s.container)
     return max(s.vram_mib, record.mib if record is not None else 0)
 

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from controller.manifest import load_manifest_set
-from statemachine.types import HostBudget, Sleep, SleepProtocol
+from controller.snapshot import SnapshotError, parse_snapshot, snapshot_changes
+from statemachine.types import HostBudget, Sleep, SleepObs, SleepProtocol, SleepState
 from tests.test_manifest import ROLES, Expect, check, errors_of, serve, write
 
 S1 = 'serve "s1" (#1)'
@@ -192,3 +193,24 @@ def test_a_mirror_must_agree_on_sleep(tmp_path: Path) -> None:
     errors = errors_of(write(tmp_path, {"a.toml": owner, "b.toml": mirror}))
     assert [e.field for e in errors] == ["sleep"], errors
     assert "disagrees" in errors[0].message and "200" in errors[0].message
+
+
+def test_the_observed_snapshot_carries_sleep_states() -> None:
+    data = {
+        "docker": "ok",
+        "containers": {"c-coder": {"state": "running"}},
+        "sleep": {"coder": {"state": "asleep", "level": 1, "residual_mib": 1200}},
+    }
+    snap = parse_snapshot(data)
+    assert snap.to_observed().sleep_of("coder") == SleepObs(SleepState.ASLEEP, 1, 1200, None)
+    assert snap.to_observed().sleep_of("other").state is SleepState.AWAKE
+    woke = parse_snapshot({**data, "sleep": {"coder": {"state": "awake"}}})
+    assert any("sleep states" in c for c in snapshot_changes(snap, woke, ["c-coder"]))
+    for bad in (
+        {"state": "dozing"},
+        {"state": "asleep", "level": 3},
+        {"state": "asleep", "residual_mib": 0},
+    ):
+        with pytest.raises(SnapshotError) as info:
+            parse_snapshot({**data, "sleep": {"coder": bad}})
+        assert "sleep.coder" in str(info.value)

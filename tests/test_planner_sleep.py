@@ -434,3 +434,80 @@ def test_two_requesters_sleep_two_victims_and_host_ram_is_taken_in_turn(level: i
     else:
         assert "sleep a1" in acts and "sleep b1" in acts
     converges(desired, obs, result)
+
+
+def test_fit_says_who_sleeps_and_keeps_the_host_budget() -> None:
+    from statemachine.fit import fit_serve
+
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 8000, OND)
+    desired = DesiredState(ROLES, {s.name: s for s in (STT, coder, llm)}, host=HOST)
+    obs = Observed(True, {"c-stt": UP, "c-coder": UP})
+    fit = fit_serve(desired, obs, "llm", now=NOW)
+    assert fit.fits and fit.sleep == ("coder",) and fit.evict == ()
+    assert "putting coder to sleep" in fit.reason
+    assert fit.to_json()["sleep"] == ["coder"]
+    # with no room on the host for coder's weights, the same question is a stop
+    tight = DesiredState(ROLES, desired.serves, host=HostBudget(10_000, 0))
+    fit = fit_serve(tight, obs, "llm", now=NOW)
+    assert fit.fits and fit.evict == ("coder",) and fit.sleep == ()
+
+
+def test_fit_of_a_sleeper_is_its_wake() -> None:
+    from statemachine.fit import fit_serve
+
+    llm = sv("llm", 8000, OND, sleep=sleep())
+    desired = DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
+    obs = Observed(True, {"c-stt": UP, "c-llm": UP}, sleep={"llm": asleep()})
+    fit = fit_serve(desired, obs, "llm", now=NOW)
+    assert fit.fits and fit.wake
+    assert fit.reason.startswith("llm sleeps and is woken, not started")
+    (terms,) = fit.terms
+    assert terms.requested_mib == 7000 and ("llm", 1000) in terms.reservations
+
+
+def test_status_shows_the_sleeper_its_residual_and_the_host_line() -> None:
+    from statemachine.status import host_status
+
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    desired = DesiredState(ROLES, {s.name: s for s in (STT, coder)}, host=HOST)
+    used = ContainerObs(ContainerState.RUNNING, health="healthy", gpu_used_mib=1200)
+    obs = Observed(True, {"c-stt": UP, "c-coder": used}, sleep={"coder": asleep()})
+    report = host_status(desired, obs).to_json()
+    rows = {r["serve"]: r for r in report["serves"]}
+    assert rows["coder"]["lifecycle"] == "asleep"
+    assert rows["coder"]["sleep"] == {
+        "state": "asleep",
+        "level": 1,
+        "residual_mib": 1000,
+        "host_ram_mib": 20_000,
+    }
+    assert rows["coder"]["drift_mib"] == 200  # against the residual it holds asleep
+    assert "sleep" not in rows["stt"]
+    assert report["host"]["committed_mib"] == 20_000 and report["host"]["overcommitted"] is False
+    assert report["gpu_roles"][0]["committed_mib"] == 11_000
+    awake = host_status(desired, Observed(True, {"c-stt": UP, "c-coder": UP})).to_json()
+    row = {r["serve"]: r for r in awake["serves"]}["coder"]
+    assert row["sleep"]["state"] == "awake" and row["lifecycle"] == "running"
+    unknown = host_status(desired, Observed(False)).to_json()
+    assert {r["serve"]: r for r in unknown["serves"]}["coder"]["sleep"]["state"] == "unknown"
+    assert unknown["host"]["committed_mib"] is None
+    assert unknown["host"]["overcommitted"] is None
+
+
+def test_a_serve_the_policy_says_cannot_sleep_is_stopped_instead() -> None:
+    from statemachine.plan import Policy
+
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 8000, OND)
+    desired = DesiredState(
+        ROLES, {s.name: s for s in (STT, coder, llm)}, (OnDemandRequest("llm", NOW - 1),), HOST
+    )
+    obs = Observed(True, {"c-stt": UP, "c-coder": UP})
+    policy = Policy(no_sleep=frozenset({"coder"}))
+    result = plan_transitions(desired, obs, policy, NOW)
+    assert lines(result)[:2] == ["stop coder", "release coder"]
+    assert Policy.from_json(policy.to_json()) == policy
+    assert "no_sleep" not in Policy().to_json()  # older journal records stay as they were
+    with pytest.raises(ValueError, match="no_sleep"):
+        Policy.from_json({"no_sleep": "coder"})

@@ -30,7 +30,7 @@ from controller.manifest import ManifestSet, load_manifest_set
 from controller.service.executor import ExecutionReport, Executor, ExecutorConfig
 from controller.service.observe import observe_host
 from controller.service.wiring import make_executor, read_gpus
-from controller.snapshot import SleepModel
+from controller.snapshot import SleepStateModel
 from statemachine.ledger import Ledger
 from statemachine.plan import Action, Plan, Step
 from statemachine.types import GpuObs, Observed
@@ -117,7 +117,9 @@ protocol = "{self.engine.protocol}"
             return {}
         return {self.engine.pid: str(c.id)}
 
-    def observe(self, mset: ManifestSet, sleep: dict[str, SleepModel] | None = None) -> Observed:
+    def observe(
+        self, mset: ManifestSet, sleep: dict[str, SleepStateModel] | None = None
+    ) -> Observed:
         pids = self.drive()
         snap = observe_host(
             manifest_containers(mset.serves),
@@ -224,9 +226,9 @@ def outcomes(report: ExecutionReport) -> list[str]:
     return [f"{r.step.action} {r.outcome}" for r in report.results]
 
 
-def asleep_model(level: int = 1) -> dict[str, SleepModel]:
+def asleep_model(level: int = 1) -> dict[str, SleepStateModel]:
     return {
-        "big": SleepModel(
+        "big": SleepStateModel(
             state="asleep", level=level, residual_mib=1000, host_ram_mib=6000 if level == 1 else 0
         )
     }

@@ -885,11 +885,7 @@ def create_app(
     async def down(serve: str, request: Request) -> JSONResponse:
         spec = spec_of(serve)
         now = time.time()
-        live = [
-            r
-            for r in controller.requests()
-            if r.serve == serve and not r.expired(now)
-        ]
+        live = [r for r in controller.requests() if r.serve == serve and not r.expired(now)]
         if not live or not controller.request_down(serve):
             raise ApiError(
                 409,

@@ -49,7 +49,7 @@ from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import BackoffView, JournalHistory, LoopView
 from controller.service.wiring import containers_now, make_executor
 from controller.snapshot import (
-    SleepModel,
+    SleepStateModel,
     SnapshotModel,
     StartedWithModel,
     StartingModel,
@@ -518,7 +518,7 @@ class Controller:
             # the roles and MiB the start was planned with, whatever the manifest says now
             self.journal.set_started(spec.container, spec.name, r.step.gpu_roles, r.step.mib, now)
 
-    def _sleep_in_force(self, snap: SnapshotModel) -> dict[str, SleepModel]:
+    def _sleep_in_force(self, snap: SnapshotModel) -> dict[str, SleepStateModel]:
         """The sleep state of every serve that can sleep, and the journal kept true to it.
 
         A sleeper whose container stopped, or started again since its sleep (awake and

@@ -29,7 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from controller.adapters.sleep import SleepClient, SleepError
-from controller.snapshot import SleepModel, SnapshotModel
+from controller.snapshot import SleepStateModel, SnapshotModel
 from controller.store.journal import SleepRecord
 from statemachine.types import DesiredState, ServeSpec
 
@@ -300,7 +300,7 @@ def observe_sleep(
     snap: SnapshotModel,
     records: Mapping[str, SleepRecord],
     client: SleepClient,
-) -> tuple[dict[str, SleepModel], SleepersNow]:
+) -> tuple[dict[str, SleepStateModel], SleepersNow]:
     """Every serve that can sleep, as it is now: the snapshot's ``sleep`` and what the
     journal should learn (:func:`sleepers_in_force`).
 
@@ -319,12 +319,12 @@ def observe_sleep(
     sleepers = {s.name: sleeper_of(s) for s in desired.serves.values() if s.sleep is not None}
     where = {name: (sl.url, sl.protocol) for name, sl in sleepers.items()}
     now = sleepers_in_force(records, containers, ask_engines(client, where))
-    out: dict[str, SleepModel] = {}
+    out: dict[str, SleepStateModel] = {}
     for container, rec in records.items():
         seen = now.seen.get(container)
         if seen is None:
             continue
-        out[rec.serve] = SleepModel(
+        out[rec.serve] = SleepStateModel(
             state=ASLEEP if seen == ASLEEP else UNKNOWN,
             level=rec.level,
             residual_mib=rec.residual_mib,
@@ -338,10 +338,10 @@ def observe_sleep(
         try:
             said = client.is_sleeping(sl.url, sl.protocol)
         except SleepError:
-            out[name] = SleepModel(state=UNKNOWN)
+            out[name] = SleepStateModel(state=UNKNOWN)
             continue
         if said:
-            out[name] = SleepModel(state=ASLEEP)
+            out[name] = SleepStateModel(state=ASLEEP)
             now.notes.append(
                 f"{name}: the engine says it sleeps, though this controller has no record "
                 "of putting it to sleep: counted at the residual the manifest declares"
