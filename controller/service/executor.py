@@ -155,6 +155,8 @@ class ExecutionReport:
     sleeps: dict[str, SleepRecord | None] = field(default_factory=dict)
     #: serves whose engine answered the sleep API with 404 (not started with the flag)
     sleep_unsupported: dict[str, str] = field(default_factory=dict)
+    #: serves stopped instead of put to sleep (-> why): not to be put to sleep again soon
+    stopped_instead: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -429,6 +431,7 @@ class Executor:
         report.elastic = dict(run.elastic)
         report.sleeps = dict(run.sleeps)
         report.sleep_unsupported = dict(run.sleep_unsupported)
+        report.stopped_instead = dict(run.stopped_instead)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
         return report
 

@@ -117,6 +117,9 @@ class Controller:
     manifest_issues: list[LocatedError] = field(default_factory=list)
     backoff: dict[str, Backoff] = field(default_factory=dict)
     no_shrink: set[str] = field(default_factory=set)
+    #: serves whose engine has no sleep API (404) or whose last sleep did not confirm:
+    #: stopped instead of put to sleep until they start again or the manifest changes
+    no_sleep: set[str] = field(default_factory=set)
     last: CycleSummary = field(default_factory=CycleSummary)
     cycles: int = 0
     on_cycle: list[Callable[[Controller], None]] = field(default_factory=list)
@@ -184,7 +187,11 @@ class Controller:
 
     def policy(self, now: float) -> Policy:
         """The planner policy: backoff holds and serves whose shrink failed."""
-        return Policy(no_shrink=frozenset(self.no_shrink), hold=backoff.holds(self.backoff, now))
+        return Policy(
+            no_shrink=frozenset(self.no_shrink),
+            hold=backoff.holds(self.backoff, now),
+            no_sleep=frozenset(self.no_sleep),
+        )
 
     def history(self) -> JournalHistory:
         """The journal's recorded cycles, read only (the operator's page lists them)."""
@@ -391,6 +398,7 @@ class Controller:
         if mset.digest != self.mset.digest:
             logger.info("manifest: reloaded ({} serves)", len(mset.serves))
             self.mset = mset
+            self.no_sleep.clear()  # an edit may have fixed the engine's sleep flag
             self._executor = None
             self._remember_declared()
 
@@ -776,6 +784,15 @@ class Controller:
         # cycle's start: the same plan may have started the container since)
         for name, figure in report.elastic.items():
             self.journal.set_elastic(name, figure.mib, figure.at)
+        for name, why in report.stopped_instead.items():
+            if name not in self.no_sleep:
+                logger.warning(
+                    "{}: stopped instead of put to sleep ({}); stopped, not put to "
+                    "sleep, until it starts again or the manifest changes",
+                    name,
+                    why,
+                )
+            self.no_sleep.add(name)
         for name, rec in report.sleeps.items():  # put to sleep, or no longer asleep
             if rec is not None:
                 self.journal.set_sleeping(rec)
@@ -793,6 +810,8 @@ class Controller:
                     self._fail(name, r.detail, r.ended_at or now)
                     if died is not None:
                         self.backoff[name].seen_exit = died
+                elif r.outcome is Outcome.OK and r.step.action is Action.START:
+                    self.no_sleep.discard(name)  # a fresh engine: its sleep is tried again
                 elif r.outcome is Outcome.OK and r.step.action is Action.AWAIT_READY:
                     b = self.backoff.get(name)
                     if b is not None:
