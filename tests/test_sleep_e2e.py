@@ -265,3 +265,26 @@ def test_a_controller_restarted_while_a_serve_sleeps_neither_double_counts_nor_f
     second.wait_step("big wake ok", timeout=WAIT_S)
     assert not f.engine.is_sleeping and f.starts("big", since) == 0
     assert second.stop() == 0
+
+
+def test_a_container_restarted_while_asleep_is_awake_and_counted_full(sfleet: SleepFleet) -> None:
+    f = sfleet
+    setup(f, ttl_s=60)
+    api = free_port()
+    run = f.start_api(api).started()
+    run.wait_step("small await_ready ok", timeout=60)
+    assert f.engine.is_sleeping and f.name("big") in f.sleeping()
+    # the container restarts (a crash and its restart policy, a `docker restart`): its
+    # engine comes back awake, loading its weights again
+    f.client.containers.get(f.name("big")).restart(timeout=5)
+    f.engine.restart()
+    wait_for("the sleep record forgotten", lambda: f.sleeping() == {})
+    run.wait_log("started again since it was put to sleep")
+
+    def big_mib() -> int | None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{api}/v1/ledger", timeout=2) as r:
+            (role,) = json.loads(r.read())["gpu_roles"]
+        return {x["serve"]: x["mib"] for x in role["reservations"]}.get("big")
+
+    wait_for("big counted full", lambda: big_mib() == BIG_MIB)
+    assert run.stop() == 0
