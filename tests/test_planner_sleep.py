@@ -511,3 +511,42 @@ def test_a_serve_the_policy_says_cannot_sleep_is_stopped_instead() -> None:
     assert "no_sleep" not in Policy().to_json()  # older journal records stay as they were
     with pytest.raises(ValueError, match="no_sleep"):
         Policy.from_json({"no_sleep": "coder"})
+
+
+def test_when_every_candidate_can_sleep_the_one_whose_sleep_covers_sleeps() -> None:
+    # short 8000: stopping ocr (8500) overshoots least, but its sleep frees only 500;
+    # coder's sleep frees exactly 8000, so coder sleeps and ocr keeps running
+    coder = sv("coder", 10_000, EVI, RUN, sleep=sleep(residual=2000))
+    ocr = sv("ocr", 8500, EVI, RUN, sleep=sleep(residual=8000))
+    llm = sv("llm", 19_500, OND)
+    desired, obs, result = plan([coder, ocr, llm], ["coder", "ocr"], ("llm",))
+    assert lines(result)[:2] == ["sleep coder", "release_to_residual coder"]
+    assert not any(s.serve == "ocr" for s in result.steps)
+    converges(desired, obs, result)
+
+
+def test_a_conflict_with_a_start_in_progress_does_not_hide_the_other_conflicts() -> None:
+    from statemachine.types import StartingObs
+
+    a = sv("a", 1000, EVI, None, port=9000)
+    b = sv("b", 1000, RES, RUN, port=9000)
+    q = sv("q", 1000, OND, port=9000)
+    _d, _o, result = plan([a, b, q], ["a", "b"], ("q",), starting={"a": StartingObs(("a",), 1000)})
+    (blocked,) = [x for x in result.blocked if x.serve == "q"]
+    assert "a: its start is in progress" in blocked.reason
+    assert "b runs (holds port 9000) and may not be stopped" in blocked.reason
+    assert {p.serve for p in blocked.protected} == {"a", "b"}
+
+
+def test_an_elastic_serve_shrunk_before_it_slept_wakes_at_what_it_held() -> None:
+    el = Elastic("http://127.0.0.1:1", floor_mib=2000)
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(residual=1000), elastic=el)
+    desired, obs, result = plan(
+        [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, elastic_mib={"coder": 9000}
+    )
+    assert lines(result)[0] == "reserve_wake coder"
+    assert (result.steps[0].mib, result.steps[0].to_mib) == (8000, 9000)
+    after = apply_plan(desired, obs, result, NOW + 1)
+    assert ledger_from_observed(desired, after).holdings["coder"].mib == 9000
+    # awake again, it grows back toward its declared reservation as any shrunk serve
+    assert lines(plan_transitions(desired, after, None, NOW + 1)) == ["grow coder"]
