@@ -442,10 +442,10 @@ def _full_mib(w: _Work, s: ServeSpec) -> int:
     holds asleep)."""
     assert s.vram_mib is not None
     shrunk = w.observed.elastic_mib.get(s.name)
-    if shrunk is not None:
-        return max(shrunk, w.held_mib(s.name) or 0)
+    if shrunk is not None:  # a sleeper in the ledger holds (at least) its residual
+        return max(shrunk, w.ledger.holdings[s.name].mib)
     record = w.observed.started_with.get(s.container)
-    return max(s.vram_mib, record.mib if record is not None else 0)
+    return s.vram_mib if record is None else max(s.vram_mib, record.mib)
 
 
 def _needs_mib(w: _Work, s: ServeSpec) -> int:
@@ -454,7 +454,7 @@ def _needs_mib(w: _Work, s: ServeSpec) -> int:
     assert s.vram_mib is not None
     if s.name not in w.asleep:
         return s.vram_mib
-    return _full_mib(w, s) - (w.held_mib(s.name) or 0)
+    return _full_mib(w, s) - w.ledger.holdings[s.name].mib  # its residual, held asleep
 
 
 def _pick(

@@ -550,3 +550,40 @@ def test_an_elastic_serve_shrunk_before_it_slept_wakes_at_what_it_held() -> None
     assert ledger_from_observed(desired, after).holdings["coder"].mib == 9000
     # awake again, it grows back toward its declared reservation as any shrunk serve
     assert lines(plan_transitions(desired, after, None, NOW + 1)) == ["grow coder"]
+
+
+def test_a_start_needs_its_declared_reservation_whatever_an_old_record_says() -> None:
+    from statemachine.types import StartedWith
+
+    ocr = sv("ocr", 8000, EVI, RUN)
+    record = {"c-ocr": StartedWith("ocr", ("a",), 25_000)}  # its last run, exited
+    _d, _o, result = plan([STT, ocr], ["stt"], started_with=record)
+    assert lines(result) == ["reserve ocr", "start ocr", "await_ready ocr"]
+
+
+def test_what_a_sleeper_that_is_not_known_awake_could_free_is_not_offered() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 25_000, OND)  # short 21000; stopping coder frees 16000: no fit
+    _d, _o, result = plan(
+        [STT, coder, llm],
+        ["stt", "coder"],
+        ("llm",),
+        sleeping={"coder": SleepObs(SleepState.UNKNOWN)},
+    )
+    (blocked,) = result.blocked
+    assert "by sleep" not in blocked.reason
+    assert "sleepable_mib" not in blocked.to_json()["ledger"]
+    # known awake, it could free 15000 by sleeping: that is a term of the refusal
+    _d, _o, awake = plan([STT, coder, llm], ["stt", "coder"], ("llm",))
+    (blocked,) = awake.blocked
+    assert "evictable 16000 (by sleep 15000)" in blocked.reason
+    assert blocked.to_json()["ledger"]["sleepable_mib"] == {"a": 15_000}
+
+
+def test_a_sleeper_wakes_by_the_level_it_slept_at_not_the_one_declared_now() -> None:
+    llm = sv("llm", 8000, OND, sleep=sleep(level=1))
+    _d, _o, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": asleep(2)})
+    assert "reload llm" in lines(result)
+    unsaid = SleepObs(SleepState.ASLEEP)  # no level observed: the declared one
+    _d, _o, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": unsaid})
+    assert "reload llm" not in lines(result) and "wake llm" in lines(result)
