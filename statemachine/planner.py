@@ -870,8 +870,10 @@ def plan_transitions(
         if observed.container(s.container).holds or s.name in observed.starting
     }
     w.starting = {n for n in observed.starting if n in desired.serves}
+    # the level it slept at; not said and not declared: 2, so the wake reloads (a
+    # reload after a level-1 sleep costs time; none after a level-2 sleep serves garbage)
     w.asleep = {
-        s.name: observed.sleep_of(s.name).level or (s.sleep.level if s.sleep else 1)
+        s.name: observed.sleep_of(s.name).level or (s.sleep.level if s.sleep else 2)
         for s in desired.serves.values()
         if observed.sleep_of(s.name).asleep
         and observed.container(s.container).holds

@@ -587,3 +587,22 @@ def test_a_sleeper_wakes_by_the_level_it_slept_at_not_the_one_declared_now() -> 
     unsaid = SleepObs(SleepState.ASLEEP)  # no level observed: the declared one
     _d, _o, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": unsaid})
     assert "reload llm" not in lines(result) and "wake llm" in lines(result)
+
+
+def test_a_sleeper_of_unknown_level_is_reloaded_and_wakes_to_what_it_was_started_with() -> None:
+    from statemachine.types import StartedWith
+
+    # the manifest no longer declares sleep and the engine did not say its level
+    llm = sv("llm", 8000, OND)
+    _d, _o, result = plan(
+        [STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": SleepObs(SleepState.ASLEEP)}
+    )
+    assert lines(result) == ["reserve_wake llm", "wake llm", "reload llm", "await_ready llm"]
+    # started with more than it declares now: it wakes to that
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    record = {"c-coder": StartedWith("coder", ("a",), 18_000)}
+    desired, obs, result = plan(
+        [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, started_with=record
+    )
+    assert (result.steps[0].mib, result.steps[0].to_mib) == (17_000, 18_000)
+    converges(desired, obs, result)
