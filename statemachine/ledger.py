@@ -502,10 +502,8 @@ class Ledger:
         grown = self.resize(holder, mib)
         if isinstance(grown, Refusal):
             return grown
-        if holder not in self._host_holdings:
-            return grown
         host = {h: m for h, m in self._host_holdings.items() if h != holder}
-        return grown._with(dict(grown._holdings), dict(grown._committed), host)
+        return grown._with(grown._holdings, grown._committed, host)
 
     # ----- helpers -------------------------------------------------------------------
     def _precheck(self, holder: str, gpu_roles: tuple[str, ...], mib: int) -> Refusal | None:
@@ -647,7 +645,9 @@ def asleep_holds(serve: ServeSpec, obs: SleepObs) -> tuple[int | None, int] | No
         host = 0
     if not obs.asleep or declared is None:
         return (None, host) if host else None
-    return (max(declared.residual_mib, obs.residual_mib or 0), host)
+    recorded = obs.residual_mib
+    residual = declared.residual_mib if recorded is None else max(declared.residual_mib, recorded)
+    return (residual, host)
 
 
 def no_longer_declared(

@@ -64,7 +64,7 @@ from statemachine.types import (
     ServeSpec,
     SleepState,
 )
-from statemachine.victims import Candidate, choose_victims, freed
+from statemachine.victims import Candidate, choose_victims
 
 __all__ = [
     "Action",
@@ -442,10 +442,10 @@ def _full_mib(w: _Work, s: ServeSpec) -> int:
     holds asleep)."""
     assert s.vram_mib is not None
     shrunk = w.observed.elastic_mib.get(s.name)
-    if shrunk is not None:
-        return max(shrunk, w.held_mib(s.name) or 0)
+    if shrunk is not None:  # a sleeper in the ledger holds (at least) its residual
+        return max(shrunk, w.ledger.holdings[s.name].mib)
     record = w.observed.started_with.get(s.container)
-    return max(s.vram_mib, record.mib if record is not None else 0)
+    return s.vram_mib if record is None else max(s.vram_mib, record.mib)
 
 
 def _needs_mib(w: _Work, s: ServeSpec) -> int:
@@ -454,7 +454,7 @@ def _needs_mib(w: _Work, s: ServeSpec) -> int:
     assert s.vram_mib is not None
     if s.name not in w.asleep:
         return s.vram_mib
-    return _full_mib(w, s) - (w.held_mib(s.name) or 0)
+    return _full_mib(w, s) - w.ledger.holdings[s.name].mib  # its residual, held asleep
 
 
 def _pick(
@@ -486,12 +486,12 @@ def _choose(
     """The victims, and which of them sleep instead of stopping (docs/eviction.md).
 
     The victim rules (:func:`choose_victims`) are applied twice: to the candidates
-    stopped, then to the candidates as sleep would leave them (each one that can sleep
+    stopped, and to the candidates as sleep would leave them (each one that can sleep
     counted at what its sleep frees, ``vram_mib - residual_mib``, the others at their
     reservation). The second set is taken, its sleepers put to sleep, when it exists
-    and has no more victims than the first (fewest victims comes first). Otherwise the
-    first set is taken, and each of its victims that can sleep still sleeps when the
-    cover holds without the residual it keeps (in name order).
+    and has no more victims than the first (fewest victims comes first); otherwise the
+    first, all stopped. (A stop set in which one victim could sleep and still cover
+    is a cover of the second kind of the same size, so the second set is taken then.)
     """
     stops = _pick(w, cands, short)
     as_sleep: list[Candidate] = []
@@ -508,19 +508,7 @@ def _choose(
             )
     if stops is None:
         return None
-    got = freed(stops, short)
-    sleeps: set[str] = set()
-    for c in sorted(stops, key=lambda c: c.name):
-        frees = _sleep_frees(w, c)
-        if frees is None:
-            continue
-        kept = c.mib - frees  # the residual it keeps asleep
-        if all(got[r] - (kept if r in c.gpu_roles else 0) >= need for r, need in short.items()):
-            sleeps.add(c.name)
-            for r in c.gpu_roles:
-                if r in got:
-                    got[r] -= kept
-    return stops, frozenset(sleeps)
+    return stops, frozenset()
 
 
 def _holders(
@@ -882,8 +870,10 @@ def plan_transitions(
         if observed.container(s.container).holds or s.name in observed.starting
     }
     w.starting = {n for n in observed.starting if n in desired.serves}
+    # the level it slept at; not said and not declared: 2, so the wake reloads (a
+    # reload after a level-1 sleep costs time; none after a level-2 sleep serves garbage)
     w.asleep = {
-        s.name: observed.sleep_of(s.name).level or (s.sleep.level if s.sleep else 1)
+        s.name: observed.sleep_of(s.name).level or (s.sleep.level if s.sleep else 2)
         for s in desired.serves.values()
         if observed.sleep_of(s.name).asleep
         and observed.container(s.container).holds

@@ -104,6 +104,7 @@ def test_a_sleep_that_would_overcommit_host_ram_is_refused_with_every_term() -> 
     # the GPU terms are kept too, residuals included
     (a,) = refusal.terms
     assert a.reservations == (("coder", 1000), ("ocr", 2000))
+    assert (a.requested_mib, a.shortfall_mib) == (0, 0)  # a sleep asks nothing of the GPU
     assert (ledger.committed_mib("a"), dict(ledger.host_holdings)) == before
     # exactly what is free is granted
     assert ok(ledger.sleep("ocr", 500, 10_000)).host_free_mib() == 0
@@ -380,3 +381,17 @@ TestSleepLedger = SleepLedgerMachine.TestCase
 TestSleepLedger.settings = settings(
     max_examples=150, stateful_step_count=30, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
+def test_records_alone_count_nothing_for_an_awake_serve_or_an_unknown_host_figure() -> None:
+    # awake, with a stale record of a past sleep: awake and full, no host RAM
+    stale = SleepObs(SleepState.AWAKE, level=1, residual_mib=1000, host_ram_mib=20_000)
+    ledger = observed_ledger(coder(), stale)
+    assert ledger.holdings["coder"].mib == 6000 and ledger.host_holdings == {}
+    # asleep at level 1 under a manifest that no longer declares sleep, no host record:
+    # full on the roles, and no host figure to count
+    ledger = observed_ledger(coder(sleep=None), SleepObs(SleepState.ASLEEP, level=1))
+    assert ledger.holdings["coder"].mib == 6000 and ledger.host_holdings == {}
+    # a level-2 record keeps no host RAM, whatever the record says
+    level2 = SleepObs(SleepState.ASLEEP, level=2, host_ram_mib=7)
+    assert observed_ledger(coder(), level2).host_holdings == {}

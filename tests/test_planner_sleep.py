@@ -511,3 +511,98 @@ def test_a_serve_the_policy_says_cannot_sleep_is_stopped_instead() -> None:
     assert "no_sleep" not in Policy().to_json()  # older journal records stay as they were
     with pytest.raises(ValueError, match="no_sleep"):
         Policy.from_json({"no_sleep": "coder"})
+
+
+def test_when_every_candidate_can_sleep_the_one_whose_sleep_covers_sleeps() -> None:
+    # short 8000: stopping ocr (8500) overshoots least, but its sleep frees only 500;
+    # coder's sleep frees exactly 8000, so coder sleeps and ocr keeps running
+    coder = sv("coder", 10_000, EVI, RUN, sleep=sleep(residual=2000))
+    ocr = sv("ocr", 8500, EVI, RUN, sleep=sleep(residual=8000))
+    llm = sv("llm", 19_500, OND)
+    desired, obs, result = plan([coder, ocr, llm], ["coder", "ocr"], ("llm",))
+    assert lines(result)[:2] == ["sleep coder", "release_to_residual coder"]
+    assert not any(s.serve == "ocr" for s in result.steps)
+    converges(desired, obs, result)
+
+
+def test_a_conflict_with_a_start_in_progress_does_not_hide_the_other_conflicts() -> None:
+    from statemachine.types import StartingObs
+
+    a = sv("a", 1000, EVI, None, port=9000)
+    b = sv("b", 1000, RES, RUN, port=9000)
+    q = sv("q", 1000, OND, port=9000)
+    _d, _o, result = plan([a, b, q], ["a", "b"], ("q",), starting={"a": StartingObs(("a",), 1000)})
+    (blocked,) = [x for x in result.blocked if x.serve == "q"]
+    assert "a: its start is in progress" in blocked.reason
+    assert "b runs (holds port 9000) and may not be stopped" in blocked.reason
+    assert {p.serve for p in blocked.protected} == {"a", "b"}
+
+
+def test_an_elastic_serve_shrunk_before_it_slept_wakes_at_what_it_held() -> None:
+    el = Elastic("http://127.0.0.1:1", floor_mib=2000)
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(residual=1000), elastic=el)
+    desired, obs, result = plan(
+        [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, elastic_mib={"coder": 9000}
+    )
+    assert lines(result)[0] == "reserve_wake coder"
+    assert (result.steps[0].mib, result.steps[0].to_mib) == (8000, 9000)
+    after = apply_plan(desired, obs, result, NOW + 1)
+    assert ledger_from_observed(desired, after).holdings["coder"].mib == 9000
+    # awake again, it grows back toward its declared reservation as any shrunk serve
+    assert lines(plan_transitions(desired, after, None, NOW + 1)) == ["grow coder"]
+
+
+def test_a_start_needs_its_declared_reservation_whatever_an_old_record_says() -> None:
+    from statemachine.types import StartedWith
+
+    ocr = sv("ocr", 8000, EVI, RUN)
+    record = {"c-ocr": StartedWith("ocr", ("a",), 25_000)}  # its last run, exited
+    _d, _o, result = plan([STT, ocr], ["stt"], started_with=record)
+    assert lines(result) == ["reserve ocr", "start ocr", "await_ready ocr"]
+
+
+def test_what_a_sleeper_that_is_not_known_awake_could_free_is_not_offered() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 25_000, OND)  # short 21000; stopping coder frees 16000: no fit
+    _d, _o, result = plan(
+        [STT, coder, llm],
+        ["stt", "coder"],
+        ("llm",),
+        sleeping={"coder": SleepObs(SleepState.UNKNOWN)},
+    )
+    (blocked,) = result.blocked
+    assert "by sleep" not in blocked.reason
+    assert "sleepable_mib" not in blocked.to_json()["ledger"]
+    # known awake, it could free 15000 by sleeping: that is a term of the refusal
+    _d, _o, awake = plan([STT, coder, llm], ["stt", "coder"], ("llm",))
+    (blocked,) = awake.blocked
+    assert "evictable 16000 (by sleep 15000)" in blocked.reason
+    assert blocked.to_json()["ledger"]["sleepable_mib"] == {"a": 15_000}
+
+
+def test_a_sleeper_wakes_by_the_level_it_slept_at_not_the_one_declared_now() -> None:
+    llm = sv("llm", 8000, OND, sleep=sleep(level=1))
+    _d, _o, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": asleep(2)})
+    assert "reload llm" in lines(result)
+    unsaid = SleepObs(SleepState.ASLEEP)  # no level observed: the declared one
+    _d, _o, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": unsaid})
+    assert "reload llm" not in lines(result) and "wake llm" in lines(result)
+
+
+def test_a_sleeper_of_unknown_level_is_reloaded_and_wakes_to_what_it_was_started_with() -> None:
+    from statemachine.types import StartedWith
+
+    # the manifest no longer declares sleep and the engine did not say its level
+    llm = sv("llm", 8000, OND)
+    _d, _o, result = plan(
+        [STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": SleepObs(SleepState.ASLEEP)}
+    )
+    assert lines(result) == ["reserve_wake llm", "wake llm", "reload llm", "await_ready llm"]
+    # started with more than it declares now: it wakes to that
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    record = {"c-coder": StartedWith("coder", ("a",), 18_000)}
+    desired, obs, result = plan(
+        [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, started_with=record
+    )
+    assert (result.steps[0].mib, result.steps[0].to_mib) == (17_000, 18_000)
+    converges(desired, obs, result)
