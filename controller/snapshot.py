@@ -22,6 +22,8 @@ from statemachine.types import (
     ContainerState,
     GpuObs,
     Observed,
+    SleepObs,
+    SleepState,
     StartedWith,
     StartingObs,
 )
@@ -111,6 +113,17 @@ class StartedWithModel(BaseModel):
     mib: int = Field(gt=0)
 
 
+class SleepStateModel(BaseModel):
+    """The sleep state of one serve's engine, and what it was put to sleep with."""
+
+    model_config = ConfigDict(extra="allow")
+
+    state: SleepState
+    level: Literal[1, 2] | None = None
+    residual_mib: int | None = Field(default=None, gt=0)
+    host_ram_mib: int | None = Field(default=None, ge=0)
+
+
 class SnapshotModel(BaseModel):
     """The whole observed snapshot.
 
@@ -136,6 +149,8 @@ class SnapshotModel(BaseModel):
     #: serves whose start the controller has in progress -> the roles and MiB reserved
     starting: dict[str, StartingModel] = Field(default_factory=dict)
     started_with: dict[str, StartedWithModel] = Field(default_factory=dict)
+    #: serve -> its engine's sleep state (a serve missing here is awake)
+    sleep: dict[str, SleepStateModel] = Field(default_factory=dict)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -175,6 +190,10 @@ class SnapshotModel(BaseModel):
             started_with={
                 name: StartedWith(r.serve, tuple(r.gpu_roles), r.mib)
                 for name, r in self.started_with.items()
+            },
+            sleep={
+                name: SleepObs(z.state, z.level, z.residual_mib, z.host_ram_mib)
+                for name, z in self.sleep.items()
             },
         )
 
@@ -240,4 +259,8 @@ def snapshot_changes(old: SnapshotModel, new: SnapshotModel, containers: list[st
             changes.append(f"{name}: restarted (started {a.started_at} -> {b.started_at})")
     if old.elastic != new.elastic:
         changes.append(f"elastic reservations were {old.elastic}, are {new.elastic}")
+    was = {n: str(z.state) for n, z in old.sleep.items()}
+    now = {n: str(z.state) for n, z in new.sleep.items()}
+    if was != now:
+        changes.append(f"sleep states were {was}, are {now}")
     return changes

@@ -32,6 +32,13 @@ Choices, each deliberate:
   runs (:func:`engine_of_argv`), which is what ``controller.tools.compose_lint`` does: the
   real stack's embeddings and reranker are labelled by purpose but run ``vllm serve``.
 
+* **Sleep mode.** A serve with ``[serve.sleep]`` is put to sleep instead of stopped,
+  which only works when its engine was started with its sleep API on: vLLM needs
+  ``--enable-sleep-mode`` *and* ``VLLM_SERVER_DEV_MODE=1`` in its environment (the
+  sleep endpoints are development endpoints), SGLang ``--enable-memory-saver``
+  (:func:`sleep_needs`, :func:`check_sleep`). Without them every sleep answers 404 and
+  falls back to a stop.
+
 Pure: no I/O, no clock; everything is a function of its arguments.
 """
 
@@ -56,16 +63,21 @@ __all__ = [
     "LLAMACPP",
     "SGLANG",
     "SGLANG_FLAG",
+    "SGLANG_SLEEP_FLAG",
     "SOURCE_DECLARED",
     "SOURCE_NVML",
     "VLLM",
     "VLLM_FLAG",
+    "VLLM_SLEEP_ENV",
+    "VLLM_SLEEP_FLAG",
     "DeviceTotal",
     "Finding",
     "FindingKind",
     "RenderResult",
     "Severity",
+    "SleepNeeds",
     "check_fraction",
+    "check_sleep",
     "engine_flag",
     "engine_of_argv",
     "engine_of_image",
@@ -80,6 +92,7 @@ __all__ = [
     "parse_fraction",
     "render_flag",
     "role_totals",
+    "sleep_needs",
 ]
 
 VLLM = "vllm"
@@ -88,6 +101,11 @@ LLAMACPP = "llamacpp"
 
 VLLM_FLAG = "--gpu-memory-utilization"
 SGLANG_FLAG = "--mem-fraction-static"
+
+#: What an engine needs to answer the sleep API (docs/protocols.md, engine sleep).
+VLLM_SLEEP_FLAG = "--enable-sleep-mode"
+VLLM_SLEEP_ENV = "VLLM_SERVER_DEV_MODE"
+SGLANG_SLEEP_FLAG = "--enable-memory-saver"
 
 #: Engine → the flag that caps its memory as a fraction of the device total.
 ENGINE_FLAGS: Mapping[str, str] = {VLLM: VLLM_FLAG, SGLANG: SGLANG_FLAG}
@@ -353,6 +371,9 @@ class FindingKind(StrEnum):
     ENGINE_MISMATCH = "engine-mismatch"
     REPEATED_FLAG = "repeated-flag"
     FROM_VARIABLE = "value-from-variable"
+    SLEEP_MODE_OFF = "sleep-mode-off"
+    SLEEP_PROTOCOL_MISMATCH = "sleep-protocol-mismatch"
+    SLEEP_ENV_UNREAD = "sleep-env-unread"
 
 
 #: The kinds that are errors; every other kind is a note.
@@ -362,6 +383,8 @@ ERROR_KINDS: frozenset[FindingKind] = frozenset(
         FindingKind.DISAGREES,
         FindingKind.BAD_VALUE,
         FindingKind.EXCEEDS_DEVICE,
+        FindingKind.SLEEP_MODE_OFF,
+        FindingKind.SLEEP_PROTOCOL_MISMATCH,
     }
 )
 
@@ -699,3 +722,94 @@ _FLAG_VARIABLE = re.compile(
 def flag_from_variable(text: str) -> bool:
     """True when a raw (uninterpolated) command sets a fraction flag from ``$VAR``."""
     return bool(_FLAG_VARIABLE.search(text.replace("_", "-")))
+
+
+# ── sleep mode ─────────────────────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class SleepNeeds:
+    """What an engine's command line and environment need for its sleep API."""
+
+    protocol: str
+    flags: tuple[str, ...]
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def text(self) -> str:
+        """``"--enable-sleep-mode and VLLM_SERVER_DEV_MODE=1"``."""
+        parts = [" ".join(self.flags)] + [f"{k}={v}" for k, v in sorted(self.env.items())]
+        return " and ".join(p for p in parts if p)
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"protocol", "flags", "env"}``."""
+        return {"protocol": self.protocol, "flags": list(self.flags), "env": dict(self.env)}
+
+
+def sleep_needs(protocol: str | None) -> SleepNeeds | None:
+    """What a serve whose ``[serve.sleep]`` speaks ``protocol`` needs (None: unknown)."""
+    key = normalize_engine(protocol)
+    if key == VLLM:
+        return SleepNeeds(VLLM, (VLLM_SLEEP_FLAG,), {VLLM_SLEEP_ENV: "1"})
+    if key == SGLANG:
+        return SleepNeeds(SGLANG, (SGLANG_SLEEP_FLAG,))
+    return None
+
+
+def _flag_given(argv: Sequence[str], flag: str) -> bool:
+    """True when ``flag`` is on the command line, alone or as ``flag=true``."""
+    want = _flag_key(flag)
+    for word in argv:
+        key, _, value = word.partition("=")
+        if _flag_key(key) == want and value.strip().lower() not in {"false", "0", "no"}:
+            return True
+    return False
+
+
+def check_sleep(
+    serve: str,
+    protocol: str,
+    argv: Sequence[str],
+    env: Mapping[str, str],
+    *,
+    engine: str | None = None,
+    service: str | None = None,
+) -> list[Finding]:
+    """The errors of a sleep-capable serve whose command (``argv``, ``env``) cannot sleep.
+
+    ``engine`` is the engine the command runs, when known: one that is not the
+    ``protocol`` the serve declares is an error too (its sleep API is another's).
+    """
+    needs = sleep_needs(protocol)
+    if needs is None:
+        return []
+    out: list[Finding] = []
+    facts: dict[str, Any] = {"protocol": needs.protocol, "needs": needs.to_json()}
+    runs = normalize_engine(engine)
+    if runs in ENGINE_FLAGS and runs != needs.protocol:
+        out.append(
+            Finding(
+                FindingKind.SLEEP_PROTOCOL_MISMATCH,
+                f"[serve.sleep] speaks the {_display(needs.protocol)} sleep API but the "
+                f"command runs {_display(runs)}: set protocol = {runs!r}",
+                serve,
+                service,
+                {**facts, "engine": runs},
+            )
+        )
+        return out
+    missing = [f for f in needs.flags if not _flag_given(argv, f)]
+    missing += [f"{k}={v}" for k, v in sorted(needs.env.items()) if env.get(k) != v]
+    if missing:
+        out.append(
+            Finding(
+                FindingKind.SLEEP_MODE_OFF,
+                f"declares [serve.sleep] but runs {_display(needs.protocol)} without "
+                f"{' and '.join(missing)}: its sleep API answers 404 and every sleep "
+                f"falls back to a stop; add {needs.text}",
+                serve,
+                service,
+                {**facts, "missing": missing},
+            )
+        )
+    return out

@@ -31,10 +31,15 @@ class FitResult:
     shrink: tuple[dict[str, Any], ...] = ()
     blockers: tuple[str, ...] = ()
     protected: tuple[Protected, ...] = ()
+    #: victims put to sleep instead of stopped
+    sleep: tuple[str, ...] = ()
+    #: the serve itself sleeps and is woken rather than started
+    wake: bool = False
 
     def to_json(self) -> dict[str, Any]:
-        """docs/design.md §5 fit JSON, plus ``reason`` and each role's committed reservations."""
-        return {
+        """docs/design.md §5 fit JSON, plus ``reason`` and each role's committed reservations
+        (and ``sleep`` / ``wake`` where a victim sleeps or the serve itself is woken)."""
+        out: dict[str, Any] = {
             "serve": self.serve,
             "fits": self.fits,
             "reason": self.reason,
@@ -45,6 +50,10 @@ class FitResult:
             "blockers": list(self.blockers),
             "protected": [p.to_json() for p in self.protected],
         }
+        if self.sleep or self.wake:  # only where sleep takes part
+            out["sleep"] = list(self.sleep)
+            out["wake"] = self.wake
+        return out
 
 
 def request_plan(
@@ -66,6 +75,7 @@ def request_plan(
         roles=desired.roles,
         serves={n: replace(s, desired=None) for n, s in desired.serves.items()},
         requests=(OnDemandRequest(serve_name, now),),
+        host=desired.host,
     )
     return plan_transitions(isolated, observed, policy, now)
 
@@ -88,7 +98,10 @@ def fit_serve(
     serve = desired.serves[serve_name]
     ledger = ledger_from_observed(desired, observed)
     in_ledger = serve.vram_mib is not None and desired.in_ledger(serve)
+    asleep = observed.sleep_of(serve.name).asleep and observed.container(serve.container).holds
     mib = serve.vram_mib or 0
+    if asleep and ledger.holds(serve.name):  # a wake takes only what it does not hold
+        mib = max(0, mib - ledger.holdings[serve.name].mib)
     terms = ledger.terms(serve.name, serve.gpu_roles, mib) if in_ledger else ()
     if ledger.unknown:
         return FitResult(
@@ -97,7 +110,7 @@ def fit_serve(
             "docker state is unknown: committed MiB cannot be known, nothing is admitted",
             terms,
         )
-    if observed.container(serve.container).holds:
+    if observed.container(serve.container).holds and not asleep:
         held = ledger.holdings[serve.name].mib if ledger.holds(serve.name) else None
         what = f" and holds {held} MiB" if held is not None else ""
         return FitResult(
@@ -119,6 +132,7 @@ def fit_serve(
             protected=b.protected,
         )
     stops = [s for s in plan.steps if s.action is Action.STOP]
+    sleeps = [s.serve for s in plan.steps if s.action is Action.SLEEP]
     drains = [s.serve for s in plan.steps if s.action is Action.DRAIN]
     shrinks = tuple(
         {"serve": s.serve, "give_mib": s.mib, "to_mib": s.to_mib}
@@ -128,15 +142,18 @@ def fit_serve(
     if not in_ledger:
         why = "declares no vram_mib" if serve.vram_mib is None else "has no role with capacity"
         reason = f"{serve.name} {why}: the ledger does not govern it"
-    elif stops or shrinks:
+    elif stops or shrinks or sleeps:
         reason = f"{serve.name} fits after " + ", ".join(
             [f"stopping {s.serve}" for s in stops]
+            + [f"putting {name} to sleep" for name in sleeps]
             + [f"shrinking {s['serve']} by {s['give_mib']} MiB" for s in shrinks]
         )
     else:
         reason = f"{serve.name} fits: " + "; ".join(
             f"{t.requested_mib} MiB requested, {t.free_mib} MiB free on {t.gpu_role}" for t in terms
         )
+    if asleep:
+        reason = f"{serve.name} sleeps and is woken, not started; {reason}"
     return FitResult(
         serve.name,
         True,
@@ -145,4 +162,6 @@ def fit_serve(
         drain=tuple(drains),
         evict=tuple(s.serve for s in stops),
         shrink=shrinks,
+        sleep=tuple(sleeps),
+        wake=asleep,
     )

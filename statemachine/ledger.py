@@ -5,6 +5,11 @@ The ledger is the capacity layer under every transition (ADR-0017). Its operatio
 new ledger or a :class:`Refusal` that carries every term of the arithmetic, and they
 never produce a ledger in which ``committed > budget`` on a role they touched.
 
+Host RAM is a second kind of budget (the manifest's ``[host]``): a level-1 sleeper
+holds its weights there. :meth:`Ledger.sleep` brings a reservation down to its residual
+and takes the sleeper's host RAM, :meth:`Ledger.wake` admits the full reservation again
+and gives the host RAM back; neither ever leaves host RAM committed above its budget.
+
 A ledger built from an observation (:func:`ledger_from_observed`) may already be over
 budget: a container started outside the controller is reality, and it is reported
 (:meth:`Ledger.overcommitted`), not hidden. When docker could not be read the ledger
@@ -20,7 +25,15 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from statemachine.types import DesiredState, GpuRole, Observed
+from statemachine.types import (
+    DesiredState,
+    GpuRole,
+    HostBudget,
+    Observed,
+    ServeSpec,
+    SleepObs,
+    SleepState,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,22 +91,56 @@ class RoleTerms:
 
 
 @dataclass(frozen=True, slots=True)
+class HostTerms:
+    """Every term of the host RAM arithmetic for one request (like :class:`RoleTerms`).
+
+    ``committed_mib`` and ``free_mib`` are ``None`` when docker could not be read.
+    """
+
+    ram_mib: int
+    reserve_mib: int
+    budget_mib: int
+    committed_mib: int | None
+    free_mib: int | None
+    requested_mib: int
+    shortfall_mib: int | None
+    reservations: tuple[tuple[str, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form."""
+        return {
+            "ram_mib": self.ram_mib,
+            "reserve_mib": self.reserve_mib,
+            "budget_mib": self.budget_mib,
+            "committed_mib": self.committed_mib,
+            "free_mib": self.free_mib,
+            "requested_mib": self.requested_mib,
+            "shortfall_mib": self.shortfall_mib,
+            "reservations": [{"serve": h, "mib": m} for h, m in self.reservations],
+        }
+
+
+@dataclass(frozen=True, slots=True)
 class Refusal:
-    """A refused ledger operation with the whole arithmetic."""
+    """A refused ledger operation with the whole arithmetic (host RAM's too, for a sleep)."""
 
     kind: RefusalKind
     holder: str
     message: str
     terms: tuple[RoleTerms, ...] = ()
+    host: HostTerms | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form."""
-        return {
+        """The JSON form (``host`` only for a refusal that involves host RAM)."""
+        out: dict[str, Any] = {
             "kind": str(self.kind),
             "serve": self.holder,
             "message": self.message,
             "gpu_roles": [t.to_json() for t in self.terms],
         }
+        if self.host is not None:
+            out["host"] = self.host.to_json()
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,10 +167,37 @@ class RoleView:
         }
 
 
-class Ledger:
-    """An immutable reservation ledger. Operations return a new ledger or a Refusal."""
+@dataclass(frozen=True, slots=True)
+class HostView:
+    """The host RAM line of the ledger; ``None`` is unknown, never zero."""
 
-    __slots__ = ("_committed", "_holdings", "_roles", "_unknown")
+    ram_mib: int
+    reserve_mib: int
+    budget_mib: int
+    committed_mib: int | None
+    free_mib: int | None
+    reservations: tuple[tuple[str, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form (like a role's line)."""
+        return {
+            "ram_mib": self.ram_mib,
+            "reserve_mib": self.reserve_mib,
+            "budget_mib": self.budget_mib,
+            "committed_mib": self.committed_mib,
+            "free_mib": self.free_mib,
+            "reservations": [{"serve": h, "mib": m} for h, m in self.reservations],
+        }
+
+
+class Ledger:
+    """An immutable reservation ledger. Operations return a new ledger or a Refusal.
+
+    ``host`` is the host RAM budget (None: host RAM is not a budget, what sleepers hold
+    there is still recorded); ``host_holdings`` holder -> host MiB held by sleepers.
+    """
+
+    __slots__ = ("_committed", "_holdings", "_host", "_host_holdings", "_roles", "_unknown")
 
     def __init__(
         self,
@@ -131,9 +205,18 @@ class Ledger:
         holdings: Iterable[GpuReservation] = (),
         *,
         unknown: bool = False,
+        host: HostBudget | None = None,
+        host_holdings: Mapping[str, int] | None = None,
     ) -> None:
         self._roles: dict[str, GpuRole] = dict(roles)
         self._unknown = unknown
+        self._host = host
+        self._host_holdings: dict[str, int] = {}
+        for holder, mib in (host_holdings or {}).items():
+            if isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
+                raise ValueError(f"host reservation of {holder!r} must be MiB >= 0, got {mib!r}")
+            if mib:
+                self._host_holdings[holder] = mib
         self._holdings: dict[str, GpuReservation] = {}
         self._committed: dict[str, int] = dict.fromkeys(self._roles, 0)
         for res in holdings:
@@ -145,19 +228,20 @@ class Ledger:
                 self._committed[role] += res.mib
             self._holdings[res.holder] = res
 
-    @classmethod
-    def _raw(
-        cls,
-        roles: dict[str, GpuRole],
+    def _with(
+        self,
         holdings: dict[str, GpuReservation],
         committed: dict[str, int],
-        unknown: bool,
+        host_holdings: dict[str, int] | None = None,
     ) -> Ledger:
-        obj = cls.__new__(cls)
-        obj._roles = roles
+        """A ledger like this one with other holdings (host ones kept unless given)."""
+        obj = Ledger.__new__(Ledger)
+        obj._roles = self._roles
         obj._holdings = holdings
         obj._committed = committed
-        obj._unknown = unknown
+        obj._unknown = self._unknown
+        obj._host = self._host
+        obj._host_holdings = self._host_holdings if host_holdings is None else host_holdings
         return obj
 
     # ----- reading -------------------------------------------------------------------
@@ -175,6 +259,63 @@ class Ledger:
     def holdings(self) -> Mapping[str, GpuReservation]:
         """The committed reservations, by holder."""
         return self._holdings
+
+    @property
+    def host(self) -> HostBudget | None:
+        """The host RAM budget (None: host RAM is not a budget)."""
+        return self._host
+
+    @property
+    def host_holdings(self) -> Mapping[str, int]:
+        """Host RAM held by sleepers, by holder."""
+        return self._host_holdings
+
+    def host_committed_mib(self) -> int:
+        """Host RAM committed to sleepers as far as known."""
+        return sum(self._host_holdings.values())
+
+    def host_free_mib(self) -> int | None:
+        """Host budget minus committed (None without a ``[host]`` budget)."""
+        if self._host is None:
+            return None
+        return self._host.budget_mib - self.host_committed_mib()
+
+    def host_view(self) -> HostView | None:
+        """The host RAM line (None without a ``[host]`` budget)."""
+        if self._host is None:
+            return None
+        h = self._host
+        return HostView(
+            ram_mib=h.ram_mib,
+            reserve_mib=h.reserve_mib,
+            budget_mib=h.budget_mib,
+            committed_mib=None if self._unknown else self.host_committed_mib(),
+            free_mib=None if self._unknown else self.host_free_mib(),
+            reservations=() if self._unknown else tuple(sorted(self._host_holdings.items())),
+        )
+
+    def host_overcommitted(self) -> bool:
+        """True when host RAM committed exceeds its budget (only possible from observation)."""
+        free = self.host_free_mib()
+        return free is not None and free < 0
+
+    def host_terms(self, requested_mib: int) -> HostTerms | None:
+        """Every term of the host arithmetic for ``requested_mib`` more (None: no budget)."""
+        if self._host is None:
+            return None
+        h = self._host
+        committed = None if self._unknown else self.host_committed_mib()
+        free = None if committed is None else h.budget_mib - committed
+        return HostTerms(
+            ram_mib=h.ram_mib,
+            reserve_mib=h.reserve_mib,
+            budget_mib=h.budget_mib,
+            committed_mib=committed,
+            free_mib=free,
+            requested_mib=requested_mib,
+            shortfall_mib=None if free is None else max(0, requested_mib - free),
+            reservations=() if self._unknown else tuple(sorted(self._host_holdings.items())),
+        )
 
     def holds(self, holder: str) -> bool:
         """True when ``holder`` has a committed reservation."""
@@ -259,7 +400,7 @@ class Ledger:
             committed[role] += res.mib
         holdings = dict(self._holdings)
         holdings[res.holder] = res
-        return Ledger._raw(self._roles, holdings, committed, self._unknown)
+        return self._with(holdings, committed)
 
     def release(self, holder: str) -> Ledger | Refusal:
         """Give back ``holder``'s reservation on all of its roles."""
@@ -271,7 +412,10 @@ class Ledger:
             committed[role] -= res.mib
         holdings = dict(self._holdings)
         del holdings[holder]
-        return Ledger._raw(self._roles, holdings, committed, self._unknown)
+        host = None
+        if holder in self._host_holdings:  # a sleeper stopped: its host RAM comes back too
+            host = {h: m for h, m in self._host_holdings.items() if h != holder}
+        return self._with(holdings, committed, host)
 
     def resize(self, holder: str, mib: int) -> Ledger | Refusal:
         """Change ``holder``'s reservation to ``mib`` on all of its roles.
@@ -295,7 +439,71 @@ class Ledger:
             committed[role] += delta
         holdings = dict(self._holdings)
         holdings[holder] = GpuReservation(holder, res.gpu_roles, mib)
-        return Ledger._raw(self._roles, holdings, committed, self._unknown)
+        return self._with(holdings, committed)
+
+    def sleep(self, holder: str, residual_mib: int, host_mib: int) -> Ledger | Refusal:
+        """``holder`` sleeps: its reservation comes down to ``residual_mib`` on all of its
+        roles and ``host_mib`` of host RAM is taken (level 1; 0 at level 2).
+
+        Refused (with the host terms) when the host budget cannot take ``host_mib``: the
+        planner stops the serve instead. A sleep never grows a reservation.
+        """
+        res = self._holdings.get(holder)
+        if res is None:
+            return Refusal(RefusalKind.NOT_HELD, holder, f"{holder} holds no reservation")
+        precheck = self._precheck(holder, res.gpu_roles, residual_mib)
+        if precheck is not None:
+            return precheck
+        if residual_mib > res.mib:
+            return Refusal(
+                RefusalKind.INVALID,
+                holder,
+                f"{holder}: a sleep cannot grow a reservation ({res.mib} MiB held, residual "
+                f"{residual_mib} MiB)",
+            )
+        if isinstance(host_mib, bool) or not isinstance(host_mib, int) or host_mib < 0:
+            return Refusal(
+                RefusalKind.INVALID,
+                holder,
+                f"{holder}: host RAM must be MiB >= 0, got {host_mib!r}",
+            )
+        if holder in self._host_holdings:
+            return Refusal(RefusalKind.ALREADY_HELD, holder, f"{holder} already sleeps")
+        terms = self.host_terms(host_mib)
+        if terms is not None and terms.shortfall_mib:
+            return Refusal(
+                RefusalKind.OVER_BUDGET,
+                holder,
+                f"{holder}: sleep needs {host_mib} MiB of host RAM > free {terms.free_mib} MiB "
+                f"(ram {terms.ram_mib} - reserve {terms.reserve_mib} = budget "
+                f"{terms.budget_mib}; committed {terms.committed_mib}"
+                + (
+                    " = " + " + ".join(f"{h} {m}" for h, m in terms.reservations)
+                    if terms.reservations
+                    else ""
+                )
+                + f"); short by {terms.shortfall_mib} MiB",
+                self.terms(holder, res.gpu_roles, 0),
+                terms,
+            )
+        committed = dict(self._committed)
+        for role in res.gpu_roles:
+            committed[role] -= res.mib - residual_mib
+        holdings = dict(self._holdings)
+        holdings[holder] = GpuReservation(holder, res.gpu_roles, residual_mib)
+        host = dict(self._host_holdings)
+        if host_mib:
+            host[holder] = host_mib
+        return self._with(holdings, committed, host)
+
+    def wake(self, holder: str, mib: int) -> Ledger | Refusal:
+        """``holder`` wakes: its full reservation ``mib`` is admitted again (refused with
+        the arithmetic when it does not fit), then its host RAM is given back."""
+        grown = self.resize(holder, mib)
+        if isinstance(grown, Refusal):
+            return grown
+        host = {h: m for h, m in self._host_holdings.items() if h != holder}
+        return grown._with(grown._holdings, grown._committed, host)
 
     # ----- helpers -------------------------------------------------------------------
     def _precheck(self, holder: str, gpu_roles: tuple[str, ...], mib: int) -> Refusal | None:
@@ -363,8 +571,9 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     unknown when docker could not be read.
     """
     if not observed.docker_ok:
-        return Ledger(desired.roles, unknown=True)
+        return Ledger(desired.roles, unknown=True, host=desired.host)
     holdings = []
+    host_holdings: dict[str, int] = {}
     for name, start in observed.starting.items():
         serve = desired.serves.get(name)
         # the roles it was started on and those it declares now; the larger MiB
@@ -382,6 +591,9 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         holds = observed.container(serve.container).holds
         record = observed.started_with.get(serve.container) if holds else None
         declared = serve.vram_mib is not None and desired.in_ledger(serve)
+        asleep = asleep_holds(serve, observed.sleep_of(serve.name)) if holds else None
+        if asleep is not None and asleep[1]:
+            host_holdings[serve.name] = asleep[1]
         if declared and (holds or serve.name in observed.unreleased):
             assert serve.vram_mib is not None
             shrunk = observed.elastic_mib.get(serve.name)
@@ -390,6 +602,8 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
                 if shrunk is None
                 else shrunk
             )
+            if asleep is not None and asleep[0] is not None:
+                held = asleep[0]
             roles = _known(desired, serve.gpu_roles + (record.gpu_roles if record else ()))
             holdings.append(GpuReservation(serve.name, roles, held))
         elif record is not None:
@@ -401,7 +615,39 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         for _container, res in no_longer_declared(desired, observed)
         if res.holder not in observed.starting
     )
-    return Ledger(desired.roles, holdings)
+    return Ledger(desired.roles, holdings, host=desired.host, host_holdings=host_holdings)
+
+
+def asleep_holds(serve: ServeSpec, obs: SleepObs) -> tuple[int | None, int] | None:
+    """What a sleeping serve holds: (MiB on each role, MiB of host RAM); None if awake.
+
+    The MiB on each role is ``None`` when it is counted as awake (at its full
+    reservation, as any running serve).
+
+    Asleep, it holds the larger of the residual it declares and the one it was put to
+    sleep with, and at level 1 the larger of the host RAM it declares and the one it
+    was put to sleep with. A serve that declares no ``[serve.sleep]`` now (the manifest
+    changed while it slept) is counted at its full reservation on the roles (None here)
+    and at the host RAM it was put to sleep with. Unknown (the engine did not answer):
+    counted as awake and full, plus the host RAM of a level-1 sleep when the record says
+    it was put to sleep (``level`` or ``host_ram_mib`` set).
+    """
+    if obs.state is SleepState.AWAKE:
+        return None
+    if not obs.asleep and obs.level is None and obs.host_ram_mib is None:
+        return None  # unknown, and no record that the controller put it to sleep
+    declared = serve.sleep
+    level = obs.level if obs.level is not None else (declared.level if declared else None)
+    host = obs.host_ram_mib or 0
+    if level == 1 and declared is not None:
+        host = max(host, declared.host_ram_mib)
+    if level == 2:
+        host = 0
+    if not obs.asleep or declared is None:
+        return (None, host) if host else None
+    recorded = obs.residual_mib
+    residual = declared.residual_mib if recorded is None else max(declared.residual_mib, recorded)
+    return (residual, host)
 
 
 def no_longer_declared(

@@ -2,7 +2,8 @@
 
 Every serve the controller manages moves through the states of :class:`LifecycleState`
 (stopped → reserved → starting → running → quiescing → draining → stopping → stopped,
-with ``failed`` beside them). The states and the transitions between them are declared
+with ``failed`` beside them; a serve that can sleep also goes running/draining →
+sleeping → asleep → waking → running). The states and the transitions between them are declared
 as *data* (:data:`STATES`, :data:`TRANSITIONS`), each with a short ``doc``; the
 ``transitions`` library's synchronous :class:`~transitions.Machine` is built from that
 data with ``auto_transitions=False`` and enforces it. The executor fires one trigger per
@@ -65,6 +66,9 @@ class LifecycleState(StrEnum):
     QUIESCING = "quiescing"
     DRAINING = "draining"
     STOPPING = "stopping"
+    SLEEPING = "sleeping"
+    ASLEEP = "asleep"
+    WAKING = "waking"
     FAILED = "failed"
 
 
@@ -90,6 +94,14 @@ class Trigger(StrEnum):
     RESET = "reset"
     OBSERVE_RUNNING = "observe_running"
     OBSERVE_STOPPED = "observe_stopped"
+    SLEEP = "sleep"
+    SLEPT = "slept"
+    RESERVE_WAKE = "reserve_wake"
+    WAKE = "wake"
+    RELOAD = "reload"
+    WAKE_FAILED = "wake_failed"
+    OBSERVE_ASLEEP = "observe_asleep"
+    OBSERVE_AWAKE = "observe_awake"
 
 
 class StateSpec(TypedDict):
@@ -157,6 +169,28 @@ STATES: Final[tuple[StateSpec, ...]] = (
         "the container exited and, where NVML sees the device, the memory came back.",
     },
     {
+        "name": _S.SLEEPING,
+        "holds": True,
+        "doc": "The engine was asked to sleep (after its router tier was drained). The full "
+        "reservation is held until the sleep is confirmed: the engine says it is asleep "
+        "and, where NVML sees the device, the memory came down. A sleep that does not "
+        "confirm is a stop instead.",
+    },
+    {
+        "name": _S.ASLEEP,
+        "holds": True,
+        "doc": "The container runs and its engine sleeps: it holds residual_mib on its "
+        "roles and, at level 1, host_ram_mib on the host budget. Its router tier stays "
+        "quiesced. Woken (reserve_wake, wake) or stopped, never started.",
+    },
+    {
+        "name": _S.WAKING,
+        "holds": True,
+        "doc": "The ledger admitted the full reservation again and the engine is being "
+        "woken (and, after a level-2 sleep, its weights reloaded); health is awaited "
+        "within start_timeout_s. A wake that fails is a stop and a cold start.",
+    },
+    {
         "name": _S.FAILED,
         "holds": False,
         "doc": "A start, a stop or the running container failed. The machine claims no "
@@ -192,9 +226,10 @@ TRANSITIONS: Final[tuple[TransitionSpec, ...]] = (
     },
     {
         "trigger": "ready",
-        "source": (_S.STARTING,),
+        "source": (_S.STARTING, _S.WAKING),
         "dest": _S.RUNNING,
-        "doc": "Health answered (2xx, or Docker's healthcheck) within start_timeout_s.",
+        "doc": "Health answered (2xx, or Docker's healthcheck) within start_timeout_s, "
+        "after a start or a wake.",
     },
     {
         "trigger": "start_failed",
@@ -245,10 +280,20 @@ TRANSITIONS: Final[tuple[TransitionSpec, ...]] = (
     },
     {
         "trigger": "stop",
-        "source": (_S.STARTING, _S.RUNNING, _S.QUIESCING, _S.DRAINING, _S.FAILED),
+        "source": (
+            _S.STARTING,
+            _S.RUNNING,
+            _S.QUIESCING,
+            _S.DRAINING,
+            _S.SLEEPING,
+            _S.ASLEEP,
+            _S.FAILED,
+        ),
         "dest": _S.STOPPING,
         "doc": "The executor asked Docker to stop the container. From running: a serve "
         "without a router tier (no quiesce, no drain); from starting: a cancelled start; "
+        "from sleeping: a sleep that did not confirm (or an engine without the sleep "
+        "API); from asleep: a sleeper whose residual is in the way, or no longer wanted; "
         "from failed: cleaning up a container that is still up.",
     },
     {
@@ -296,10 +341,64 @@ TRANSITIONS: Final[tuple[TransitionSpec, ...]] = (
     },
     {
         "trigger": "observe_stopped",
-        "source": (_S.RUNNING, _S.QUIESCING, _S.DRAINING),
+        "source": (_S.RUNNING, _S.QUIESCING, _S.DRAINING, _S.ASLEEP),
         "dest": _S.STOPPED,
         "doc": "Docker shows the container exited cleanly or absent with no stop in "
         "progress (a manual docker stop, a stale restored state); a crash is fail.",
+    },
+    {
+        "trigger": "sleep",
+        "source": (_S.RUNNING, _S.DRAINING),
+        "dest": _S.SLEEPING,
+        "doc": "The executor asked the engine to sleep. From running: a serve without a "
+        "router tier; from draining: its tier quiesced and drained, as before a stop.",
+    },
+    {
+        "trigger": "slept",
+        "source": (_S.SLEEPING,),
+        "dest": _S.ASLEEP,
+        "doc": "The sleep is confirmed and the reservation came down to residual_mib (and, "
+        "at level 1, host_ram_mib was taken on the host budget).",
+    },
+    {
+        "trigger": "reserve_wake",
+        "source": (_S.ASLEEP,),
+        "dest": _S.WAKING,
+        "doc": "The ledger admitted the full reservation again (and the host RAM was given "
+        "back); the wake follows.",
+    },
+    {
+        "trigger": "wake",
+        "source": (_S.WAKING,),
+        "dest": _S.WAKING,
+        "doc": "The engine was asked to wake; health is awaited next (after a reload at level 2).",
+    },
+    {
+        "trigger": "reload",
+        "source": (_S.WAKING,),
+        "dest": _S.WAKING,
+        "doc": "Level 2: the weights the sleep dropped were reloaded (and the prefix cache reset).",
+    },
+    {
+        "trigger": "wake_failed",
+        "source": (_S.WAKING,),
+        "dest": _S.FAILED,
+        "doc": "The wake or the reload failed, or health did not come within "
+        "start_timeout_s: the serve is stopped and cold-started, with backoff.",
+    },
+    {
+        "trigger": "observe_asleep",
+        "source": (_S.RUNNING,),
+        "dest": _S.ASLEEP,
+        "doc": "Adoption: the engine says it is asleep though the machine says running "
+        "(a controller restart while it slept).",
+    },
+    {
+        "trigger": "observe_awake",
+        "source": (_S.ASLEEP,),
+        "dest": _S.RUNNING,
+        "doc": "The engine says it is awake though the machine says asleep (its container "
+        "restarted, or it was woken outside the controller): awake and counted full.",
     },
 )
 
@@ -344,7 +443,8 @@ _TABLE, _TRIGGERS, _ALLOWED = _index(STATES, TRANSITIONS)
 TRIGGERS: Final[tuple[str, ...]] = _TRIGGERS
 
 #: The one table from a plan step's action to the trigger its success fires. A release
-#: confirms the stop (``stopped``); the other actions fire the trigger of their name.
+#: confirms the stop (``stopped``), a release to the residual confirms the sleep
+#: (``slept``); the other actions fire the trigger of their name.
 ACTION_TRIGGERS: Final[Mapping[Action, Trigger]] = MappingProxyType(
     {
         Action.QUIESCE: Trigger.QUIESCE,
@@ -354,6 +454,11 @@ ACTION_TRIGGERS: Final[Mapping[Action, Trigger]] = MappingProxyType(
         Action.SHRINK: Trigger.SHRINK,
         Action.GROW: Trigger.GROW,
         Action.RESERVE: Trigger.RESERVE,
+        Action.SLEEP: Trigger.SLEEP,
+        Action.RELEASE_TO_RESIDUAL: Trigger.SLEPT,
+        Action.RESERVE_WAKE: Trigger.RESERVE_WAKE,
+        Action.WAKE: Trigger.WAKE,
+        Action.RELOAD: Trigger.RELOAD,
         Action.START: Trigger.START,
         Action.AWAIT_READY: Trigger.READY,
         Action.READMIT: Trigger.READMIT,

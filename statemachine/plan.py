@@ -25,9 +25,21 @@ class Action(StrEnum):
     DRAIN = "drain"
     STOP = "stop"
     RELEASE = "release"
+    #: ask the engine to sleep (its router tier drained first, as before a stop)
+    SLEEP = "sleep"
+    #: once the sleep is confirmed, the reservation comes down to ``residual_mib``
+    #: (``to_mib``) and, at level 1, ``host_mib`` is taken on the host budget
+    RELEASE_TO_RESIDUAL = "release_to_residual"
     SHRINK = "shrink"
     GROW = "grow"
     RESERVE = "reserve"
+    #: admit a sleeper's full reservation again (``to_mib``) and give back its host RAM
+    #: (``host_mib``) before it is woken
+    RESERVE_WAKE = "reserve_wake"
+    #: ask a sleeping engine to wake (then await_ready, readmit)
+    WAKE = "wake"
+    #: level 2 only: reload the weights a level-2 sleep dropped (after wake)
+    RELOAD = "reload"
     START = "start"
     AWAIT_READY = "await_ready"
     READMIT = "readmit"
@@ -38,9 +50,11 @@ class Step:
     """One step. ``mib`` is what the step moves in the ledger (``None``: nothing).
 
     For shrink and grow, ``mib`` is the MiB given back or taken and ``to_mib`` the
-    reservation afterwards. ``group`` names the serve whose intent the step serves
-    (a requester for its victims' and shrinks' steps): when a step fails, the
-    executor skips the rest of its group, and the ledger guards the other groups.
+    reservation afterwards; likewise for release_to_residual (down to the residual) and
+    reserve_wake (back to full), whose ``host_mib`` is the host RAM taken or given back.
+    ``group`` names the serve whose intent the step serves (a requester for its victims'
+    and shrinks' steps): when a step fails, the executor skips the rest of its group,
+    and the ledger guards the other groups.
     """
 
     action: Action
@@ -50,6 +64,7 @@ class Step:
     reason: str
     to_mib: int | None = None
     group: str = ""
+    host_mib: int | None = None
 
     def to_json(self) -> dict[str, Any]:
         """docs/design.md §5 step JSON (plus ``to_mib`` for shrink / grow, and ``group``)."""
@@ -63,6 +78,8 @@ class Step:
         }
         if self.to_mib is not None:
             out["to_mib"] = self.to_mib
+        if self.host_mib is not None:
+            out["host_mib"] = self.host_mib
         return out
 
 
@@ -89,19 +106,20 @@ class Blocked:
     evictable_mib: tuple[tuple[str, int], ...] = ()
     shrinkable_mib: tuple[tuple[str, int], ...] = ()
     protected: tuple[Protected, ...] = ()
+    #: per role, what putting the evictable serves that can sleep to sleep would free
+    sleepable_mib: tuple[tuple[str, int], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """docs/design.md §5 blocked JSON."""
-        return {
-            "serve": self.serve,
-            "reason": self.reason,
-            "ledger": {
-                "gpu_roles": [t.to_json() for t in self.terms],
-                "evictable_mib": dict(self.evictable_mib),
-                "shrinkable_mib": dict(self.shrinkable_mib),
-                "protected": [p.to_json() for p in self.protected],
-            },
+        """docs/design.md §5 blocked JSON (plus ``sleepable_mib`` where sleep frees some)."""
+        ledger: dict[str, Any] = {
+            "gpu_roles": [t.to_json() for t in self.terms],
+            "evictable_mib": dict(self.evictable_mib),
+            "shrinkable_mib": dict(self.shrinkable_mib),
+            "protected": [p.to_json() for p in self.protected],
         }
+        if any(mib for _, mib in self.sleepable_mib):  # only where a sleep could free some
+            ledger["sleepable_mib"] = dict(self.sleepable_mib)
+        return {"serve": self.serve, "reason": self.reason, "ledger": ledger}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,19 +130,26 @@ class Policy:
     planner falls back to what it would do without shrinking them (eviction).
     ``hold``: serves not to start now (serve -> why, e.g. a failure backoff); they are
     reported as blocked with that reason.
+    ``no_sleep``: serves not to put to sleep (their engine answered the sleep API with
+    404, or their last sleep did not confirm); the planner stops them instead.
     """
 
     exact_search_limit: int = DEFAULT_EXACT_LIMIT
     no_shrink: frozenset[str] = frozenset()
     hold: Mapping[str, str] = field(default_factory=dict)
+    no_sleep: frozenset[str] = frozenset()
 
     def to_json(self) -> dict[str, Any]:
-        """The JSON form the journal records with each cycle (replay plans with it)."""
-        return {
+        """The JSON form the journal records with each cycle (replay plans with it);
+        ``no_sleep`` only when there is one (older records have none)."""
+        out: dict[str, Any] = {
             "exact_search_limit": self.exact_search_limit,
             "no_shrink": sorted(self.no_shrink),
             "hold": {name: self.hold[name] for name in sorted(self.hold)},
         }
+        if self.no_sleep:
+            out["no_sleep"] = sorted(self.no_sleep)
+        return out
 
     @classmethod
     def from_json(cls, data: object) -> Policy:
@@ -134,6 +159,7 @@ class Policy:
         limit = data.get("exact_search_limit", DEFAULT_EXACT_LIMIT)
         no_shrink = data.get("no_shrink", [])
         hold = data.get("hold", {})
+        no_sleep = data.get("no_sleep", [])
         if not isinstance(limit, int) or isinstance(limit, bool) or limit < 0:
             raise ValueError(f"policy: exact_search_limit: expected a count, got {limit!r}")
         if not isinstance(no_shrink, list) or not all(isinstance(n, str) for n in no_shrink):
@@ -142,7 +168,14 @@ class Policy:
             isinstance(k, str) and isinstance(v, str) for k, v in hold.items()
         ):
             raise ValueError(f"policy: hold: expected names with reasons, got {hold!r}")
-        return cls(exact_search_limit=limit, no_shrink=frozenset(no_shrink), hold=dict(hold))
+        if not isinstance(no_sleep, list) or not all(isinstance(n, str) for n in no_sleep):
+            raise ValueError(f"policy: no_sleep: expected a list of names, got {no_sleep!r}")
+        return cls(
+            exact_search_limit=limit,
+            no_shrink=frozenset(no_shrink),
+            hold=dict(hold),
+            no_sleep=frozenset(no_sleep),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,8 +194,9 @@ class Plan:
         return not self.steps
 
     def to_json(self) -> dict[str, Any]:
-        """docs/design.md §5 plan JSON (plus ``ledger_before`` and ``notes``)."""
-        return {
+        """docs/design.md §5 plan JSON (plus ``ledger_before`` and ``notes``, and the host
+        RAM ledger before and after when the manifest has a ``[host]`` budget)."""
+        out: dict[str, Any] = {
             "steps": [s.to_json() for s in self.steps],
             "blocked": [b.to_json() for b in self.blocked],
             "ledger_before": {
@@ -173,3 +207,8 @@ class Plan:
             },
             "notes": list(self.notes),
         }
+        host_before, host_after = self.ledger_before.host_view(), self.ledger_after.host_view()
+        if host_before is not None and host_after is not None:  # only with a [host] budget
+            out["host_ledger_before"] = host_before.to_json()
+            out["host_ledger_after"] = host_after.to_json()
+        return out

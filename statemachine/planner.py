@@ -28,6 +28,14 @@ The rules, in the order the planner applies them:
 4. **Grow back** shrunk elastic serves as far as the budget allows (to full, or by
    whole segments), before backfill.
 
+Sleep instead of stop (``ServeSpec.sleep``, docs/eviction.md): a victim that can sleep
+is put to sleep (drain, sleep, release_to_residual) rather than stopped when what its
+sleep frees covers the need under the same victim rules, and stopped when the host RAM
+budget cannot take its sleep. A serve that sleeps (``observed.sleep``) and is wanted is
+woken (reserve_wake, wake, reload at level 2, await_ready, readmit) rather than started,
+making room like a start; one whose residual is in the way is a victim at its residual
+and is stopped without a drain. A sleeper is never shrunk, grown or readmitted.
+
 A serve whose start is in progress (``observed.starting``: the executor carries starts
 out beside the loop) holds its reservation, is neither started nor stopped nor a victim
 nor resized until that start ends, and is a start "in progress" for the next rule:
@@ -39,6 +47,7 @@ Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -46,7 +55,15 @@ from typing import Any
 from statemachine.admission import conflict, inside_min_runtime
 from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
-from statemachine.types import DesiredRun, DesiredState, Elastic, Observed, Residency, ServeSpec
+from statemachine.types import (
+    DesiredRun,
+    DesiredState,
+    Elastic,
+    Observed,
+    Residency,
+    ServeSpec,
+    SleepState,
+)
 from statemachine.victims import Candidate, choose_victims
 
 __all__ = [
@@ -87,6 +104,9 @@ class _Work:
     order: dict[str, int] = field(default_factory=dict)  # declaration index
     group: str = ""  # the serve whose intent the steps being emitted serve
     ahead: list[ServeSpec] = field(default_factory=list)  # still to try in this pass
+    #: serves whose engine sleeps (observed, or put to sleep earlier in this plan) ->
+    #: the level it sleeps at; their containers run, so they are in ``running`` too
+    asleep: dict[str, int] = field(default_factory=dict)
 
     def index(self) -> None:
         for i, s in enumerate(self.desired.serves.values()):
@@ -141,8 +161,9 @@ class _Work:
         self.steps.append(Step(action, s.name, s.gpu_roles, mib, reason, group=self.group, **kw))
 
     def drain(self, s: ServeSpec, reason: str) -> None:
-        """Quiesce and drain ``s``'s router tier (nothing when it has none)."""
-        if s.router_tier:
+        """Quiesce and drain ``s``'s router tier (nothing when it has none, or when it
+        sleeps: its tier was quiesced and drained before it was put to sleep)."""
+        if s.router_tier and s.name not in self.asleep:
             mib = self.held_mib(s.name)
             self.add(Action.QUIESCE, s, mib, f"{reason}: quiesce router tier {s.router_tier}")
             self.add(Action.DRAIN, s, mib, f"{reason}: drain router tier {s.router_tier}")
@@ -157,7 +178,50 @@ class _Work:
                 Action.RELEASE, s, mib, f"release {mib} MiB after {s.name} is confirmed stopped"
             )
         self.running.discard(s.name)
+        self.asleep.pop(s.name, None)
         self.stopping.add(s.name)
+
+    def sleepable(self, s: ServeSpec) -> bool:
+        """True when putting ``s`` to sleep would free memory: it can sleep, runs awake
+        (known awake: an unknown sleep state is never slept on), and holds more than its
+        residual."""
+        held = self.held_mib(s.name)
+        return (
+            s.sleep is not None
+            and s.name not in self.policy.no_sleep
+            and s.name in self.running
+            and s.name not in self.asleep
+            and s.name not in self.stopping
+            and s.name not in self.observed.starting
+            and self.observed.sleep_of(s.name).state is SleepState.AWAKE
+            and held is not None
+            and held > s.sleep.residual_mib
+        )
+
+    def put_to_sleep(self, s: ServeSpec, reason: str) -> None:
+        """Sleep ``s`` (drained before), down to its residual; a stop instead when the
+        host budget cannot take its level-1 host RAM."""
+        assert s.sleep is not None
+        sleep = s.sleep
+        held = self.held_mib(s.name)
+        assert held is not None
+        slept = self.ledger.sleep(s.name, sleep.residual_mib, sleep.host_mib)
+        if isinstance(slept, Refusal):
+            self.halt(s, f"{reason}: stopped, not put to sleep: {slept.message}")
+            return
+        self.ledger = slept
+        self.add(Action.SLEEP, s, held, f"{reason}: put to sleep (level {sleep.level})")
+        host = f" and take {sleep.host_mib} MiB of host RAM" if sleep.host_mib else ""
+        self.add(
+            Action.RELEASE_TO_RESIDUAL,
+            s,
+            held - sleep.residual_mib,
+            f"release {held - sleep.residual_mib} MiB down to the residual "
+            f"{sleep.residual_mib} MiB{host} once {s.name} is confirmed asleep",
+            to_mib=sleep.residual_mib,
+            host_mib=sleep.host_mib or None,
+        )
+        self.asleep[s.name] = sleep.level
 
     def stop(self, s: ServeSpec, reason: str) -> None:
         """Drain then stop one serve, as its own group."""
@@ -228,6 +292,7 @@ class _Room:
 
     shrinks: list[tuple[ServeSpec, int, int]] = field(default_factory=list)
     victims: list[ServeSpec] = field(default_factory=list)
+    sleeps: list[ServeSpec] = field(default_factory=list)  # victims put to sleep instead
 
 
 @dataclass(slots=True)
@@ -238,6 +303,7 @@ class _Holders:
     elastic: list[tuple[ServeSpec, int]] = field(default_factory=list)
     shrinkable: dict[str, int] = field(default_factory=dict)
     evictable: dict[str, int] = field(default_factory=dict)
+    sleepable: dict[str, int] = field(default_factory=dict)  # what sleeping victims frees
 
 
 def _try_start(w: _Work, s: ServeSpec) -> None:
@@ -338,7 +404,8 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
     for o in c.forced:
         if ledger.holds(o.name):
             ledger = _ok(ledger.release(o.name))
-    if w.ledger.holds(s.name):  # exited, its memory not back: still counted
+    waking = s.name in w.asleep
+    if w.ledger.holds(s.name) and not waking:  # exited, its memory not back: still counted
         # starting it again now could need its memory twice: wait until it is back
         w.blocked.append(
             Blocked(
@@ -351,26 +418,97 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         return None
     if not in_ledger or s.vram_mib is None:
         return _Room()
-    mib = s.vram_mib
+    mib = _needs_mib(w, s)
     short = {r: mib - ledger.free_mib(r) for r in s.gpu_roles if mib > ledger.free_mib(r)}
     if not short:
         return _Room()
     h = _holders(w, s, ledger, short, c.protected)
     if h.elastic and all(h.shrinkable[r] >= need for r, need in short.items()):
         return _Room(shrinks=_shrinks(h.elastic, short))
-    chosen = None
+    picked = _choose(w, h.cands, short)
+    if picked is None:
+        _block_no_fit(w, s, ledger.terms(s.name, s.gpu_roles, mib), h, c.protected)
+        return None
+    chosen, sleeps = picked
+    return _Room(
+        victims=[w.serve(cand.name) for cand in chosen if cand.name not in sleeps],
+        sleeps=[w.serve(cand.name) for cand in chosen if cand.name in sleeps],
+    )
+
+
+def _full_mib(w: _Work, s: ServeSpec) -> int:
+    """What ``s`` holds awake: its reservation, or the larger one it was started with;
+    an elastic serve shrunk before it slept wakes at what it held (never below what it
+    holds asleep)."""
+    assert s.vram_mib is not None
+    shrunk = w.observed.elastic_mib.get(s.name)
+    if shrunk is not None:  # a sleeper in the ledger holds (at least) its residual
+        return max(shrunk, w.ledger.holdings[s.name].mib)
+    record = w.observed.started_with.get(s.container)
+    return s.vram_mib if record is None else max(s.vram_mib, record.mib)
+
+
+def _needs_mib(w: _Work, s: ServeSpec) -> int:
+    """The MiB more ``s`` takes on each of its roles: all of it for a start; for a wake,
+    its full reservation less the residual it already holds."""
+    assert s.vram_mib is not None
+    if s.name not in w.asleep:
+        return s.vram_mib
+    return _full_mib(w, s) - w.ledger.holdings[s.name].mib  # its residual, held asleep
+
+
+def _pick(
+    w: _Work, cands: list[Candidate], short: Mapping[str, int]
+) -> tuple[Candidate, ...] | None:
+    """The victim rules (:func:`choose_victims`) over ``cands`` for ``short``."""
     ahead = _room_ahead(w, short)
     if ahead:
         # on-demand requesters later in this pass need room on these roles too:
         # choose once for all of them (one bigger victim rather than two)
         both = {r: need + ahead.get(r, 0) for r, need in short.items()}
-        chosen = choose_victims(h.cands, both, exact_limit=w.policy.exact_search_limit)
-    if chosen is None:
-        chosen = choose_victims(h.cands, short, exact_limit=w.policy.exact_search_limit)
-    if chosen is None:
-        _block_no_fit(w, s, ledger.terms(s.name, s.gpu_roles, mib), h, c.protected)
+        chosen = choose_victims(cands, both, exact_limit=w.policy.exact_search_limit)
+        if chosen is not None:
+            return chosen
+    return choose_victims(cands, short, exact_limit=w.policy.exact_search_limit)
+
+
+def _sleep_frees(w: _Work, c: Candidate) -> int | None:
+    """What putting candidate ``c`` to sleep frees per role (None: it cannot sleep)."""
+    o = w.serve(c.name)
+    if o.sleep is None or not w.sleepable(o):
         return None
-    return _Room(victims=[w.serve(cand.name) for cand in chosen])
+    return c.mib - o.sleep.residual_mib
+
+
+def _choose(
+    w: _Work, cands: list[Candidate], short: Mapping[str, int]
+) -> tuple[tuple[Candidate, ...], frozenset[str]] | None:
+    """The victims, and which of them sleep instead of stopping (docs/eviction.md).
+
+    The victim rules (:func:`choose_victims`) are applied twice: to the candidates
+    stopped, and to the candidates as sleep would leave them (each one that can sleep
+    counted at what its sleep frees, ``vram_mib - residual_mib``, the others at their
+    reservation). The second set is taken, its sleepers put to sleep, when it exists
+    and has no more victims than the first (fewest victims comes first); otherwise the
+    first, all stopped. (A stop set in which one victim could sleep and still cover
+    is a cover of the second kind of the same size, so the second set is taken then.)
+    """
+    stops = _pick(w, cands, short)
+    as_sleep: list[Candidate] = []
+    for c in cands:
+        frees = _sleep_frees(w, c)
+        as_sleep.append(c if frees is None else dataclasses.replace(c, mib=frees))
+    if any(a.mib != c.mib for a, c in zip(as_sleep, cands, strict=True)):
+        slept = _pick(w, as_sleep, short)
+        if slept is not None and (stops is None or len(slept) <= len(stops)):
+            by_name = {c.name: c for c in cands}
+            return (
+                tuple(by_name[c.name] for c in slept),
+                frozenset(c.name for c in slept if _sleep_frees(w, c) is not None),
+            )
+    if stops is None:
+        return None
+    return stops, frozenset()
 
 
 def _holders(
@@ -378,7 +516,11 @@ def _holders(
 ) -> _Holders:
     """Who holds memory on the short roles: eviction candidates, elastic givers, the rest
     protected (appended to ``protected``, with why)."""
-    h = _Holders(shrinkable=dict.fromkeys(short, 0), evictable=dict.fromkeys(short, 0))
+    h = _Holders(
+        shrinkable=dict.fromkeys(short, 0),
+        evictable=dict.fromkeys(short, 0),
+        sleepable=dict.fromkeys(short, 0),
+    )
     # only holders on a short role matter: walk those roles' serves, not the ledger
     on_short = dict.fromkeys(n for r in short for n in w.by_role.get(r, ()))
     holdings = ledger.holdings
@@ -402,9 +544,11 @@ def _holders(
         if veto is None:
             started = w.observed.container(o.container).started_at
             h.cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started))
+            frees = res.mib - o.sleep.residual_mib if o.sleep and w.sleepable(o) else 0
             for r in res.gpu_roles:
                 if r in h.evictable:
                     h.evictable[r] += res.mib
+                    h.sleepable[r] += frees
         else:
             protected.append(Protected(name, res.mib, veto))
     return h
@@ -422,6 +566,7 @@ def _may_shrink(w: _Work, requester: ServeSpec, o: ServeSpec, held_mib: int) -> 
         # await_ready, unless its min_runtime_s protects it
         and not (o.name in w.starting and o.min_runtime_s > 0)
         and o.name not in w.observed.starting
+        and o.name not in w.asleep  # a sleeper's cache is not mapped: nothing to give
     )
 
 
@@ -466,6 +611,9 @@ def _block_no_fit(
     assert s.vram_mib is not None
     if s.residency is Residency.ON_DEMAND:
         why = "eviction cannot cover the shortfall"
+    elif s.name in w.asleep:
+        cls = s.residency or "unclassified"
+        why = f"it sleeps and cannot wake: {cls} serves do not evict; only on-demand serves do"
     else:
         cls = s.residency or "unclassified"
         why = f"{cls} serves do not evict; only on-demand serves do"
@@ -474,8 +622,9 @@ def _block_no_fit(
         f"budget {t.budget_mib}; committed {t.committed_mib} ("
         + (" + ".join(f"{holder} {m}" for holder, m in t.reservations) or "nothing")
         + f"); free {t.free_mib}; needs {t.requested_mib}; "
-        f"short {t.shortfall_mib}; evictable {h.evictable.get(t.gpu_role, 0)}; "
-        f"shrinkable {h.shrinkable.get(t.gpu_role, 0)}"
+        f"short {t.shortfall_mib}; evictable {h.evictable.get(t.gpu_role, 0)}"
+        + (f" (by sleep {h.sleepable[t.gpu_role]})" if h.sleepable.get(t.gpu_role) else "")
+        + f"; shrinkable {h.shrinkable.get(t.gpu_role, 0)}"
         for t in terms
         if t.shortfall_mib
     )
@@ -484,10 +633,11 @@ def _block_no_fit(
         Blocked(
             s.name,
             f"{s.name} does not fit ({why}): {detail}",
-            w.ledger.terms(s.name, s.gpu_roles, s.vram_mib),
+            w.ledger.terms(s.name, s.gpu_roles, _needs_mib(w, s)),
             evictable_mib=tuple(sorted(h.evictable.items())) if on_demand else (),
             shrinkable_mib=tuple(sorted(h.shrinkable.items())) if on_demand else (),
             protected=tuple(sorted(protected, key=lambda p: p.serve)),
+            sleepable_mib=tuple(sorted(h.sleepable.items())) if on_demand else (),
         )
     )
 
@@ -513,10 +663,18 @@ def _commit_start(
     stopping = [(o, f"stop {o.name} so {s.name} can start") for o in forced] + [
         (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.victims
     ]
-    for o, reason in stopping:
+    sleeping = [
+        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.sleeps
+    ]
+    for o, reason in stopping + sleeping:
         w.drain(o, reason)
     for o, reason in stopping:
         w.halt(o, reason)
+    for o, reason in sleeping:
+        w.put_to_sleep(o, reason)
+    if s.name in w.asleep:
+        _wake(w, s, in_ledger)
+        return
     if in_ledger and s.vram_mib is not None:
         w.ledger = _ok(w.ledger.admit(GpuReservation(s.name, s.gpu_roles, s.vram_mib)))
         w.add(
@@ -527,6 +685,36 @@ def _commit_start(
     if s.router_tier:
         w.add(Action.READMIT, s, None, f"readmit router tier {s.router_tier}")
     w.running.add(s.name)
+    w.starting.add(s.name)
+
+
+def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
+    """The wake's steps: admit the full reservation again (and give the host RAM back),
+    wake, reload after a level-2 sleep, wait until ready, readmit its tier."""
+    level = w.asleep.pop(s.name)
+    host = w.ledger.host_holdings.get(s.name)
+    give = f"; give back {host} MiB of host RAM" if host else ""
+    held = w.held_mib(s.name)
+    if in_ledger and s.vram_mib is not None and held is not None:
+        full = _full_mib(w, s)
+        w.ledger = _ok(w.ledger.wake(s.name, full))
+        w.add(
+            Action.RESERVE_WAKE,
+            s,
+            full - held,
+            f"reserve {full - held} MiB more on {', '.join(s.gpu_roles)} to wake {s.name} "
+            f"(from its residual {held} back to {full}){give}",
+            to_mib=full,
+            host_mib=host,
+        )
+    else:
+        w.add(Action.RESERVE_WAKE, s, None, f"wake {s.name} (outside the ledger){give}")
+    w.add(Action.WAKE, s, None, _start_reason(w, s) + f": wake it (asleep at level {level})")
+    if level == 2:
+        w.add(Action.RELOAD, s, None, f"reload the weights the level-2 sleep of {s.name} dropped")
+    w.add(Action.AWAIT_READY, s, None, f"wait until {s.name} is healthy")
+    if s.router_tier:
+        w.add(Action.READMIT, s, None, f"readmit router tier {s.router_tier}")
     w.starting.add(s.name)
 
 
@@ -567,7 +755,9 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
             if len(w.blocked) > before:
                 still.append(s)
         # only a stop or a shrink frees room, a port or a role; starts only take
-        freed = any(st.action in (Action.STOP, Action.SHRINK) for st in w.steps[first_step:])
+        freed = any(
+            st.action in (Action.STOP, Action.SHRINK, Action.SLEEP) for st in w.steps[first_step:]
+        )
         if not still or len(still) == len(pending) or not freed:
             return
         names = {s.name for s in still}
@@ -584,6 +774,7 @@ def _readmit_left_quiesced(w: _Work) -> None:
             and s.name in w.running
             and s.name not in w.stopping
             and s.name not in w.starting
+            and s.name not in w.asleep  # its tier stays quiesced until it is woken
         ):
             w.group = s.name
             w.add(
@@ -615,7 +806,7 @@ def _whole_segments_above_floor(held: int, elastic: Elastic) -> int:
 def _grow(w: _Work) -> None:
     for s in w.desired.serves.values():
         name = s.name
-        if name not in w.running or name in w.observed.starting:
+        if name not in w.running or name in w.observed.starting or name in w.asleep:
             continue
         held = w.held_mib(name)
         if s.elastic is None or s.vram_mib is None or held is None or held >= s.vram_mib:
@@ -679,6 +870,15 @@ def plan_transitions(
         if observed.container(s.container).holds or s.name in observed.starting
     }
     w.starting = {n for n in observed.starting if n in desired.serves}
+    # the level it slept at; not said and not declared: 2, so the wake reloads (a
+    # reload after a level-1 sleep costs time; none after a level-2 sleep serves garbage)
+    w.asleep = {
+        s.name: observed.sleep_of(s.name).level or (s.sleep.level if s.sleep else 2)
+        for s in desired.serves.values()
+        if observed.sleep_of(s.name).asleep
+        and observed.container(s.container).holds
+        and s.name not in observed.starting
+    }
 
     # 2. stops (a serve whose start is in progress is stopped once that start has ended)
     for s in desired.serves.values():
@@ -692,8 +892,8 @@ def plan_transitions(
     # 3. starts, 4. grow back before backfill
     wants: list[ServeSpec] = []
     for s in desired.serves.values():
-        if s.name in w.running or s.name in w.stopping:
-            continue
+        if (s.name in w.running and s.name not in w.asleep) or s.name in w.stopping:
+            continue  # an asleep serve that is wanted is woken
         if s.desired is DesiredRun.STOPPED:
             if s.name in active:
                 w.blocked.append(

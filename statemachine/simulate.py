@@ -13,7 +13,14 @@ from collections.abc import Iterator
 
 from statemachine.ledger import GpuReservation, Ledger, Refusal
 from statemachine.planner import Action, Plan, Step
-from statemachine.types import ContainerObs, ContainerState, DesiredState, Observed
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredState,
+    Observed,
+    SleepObs,
+    SleepState,
+)
 
 
 def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float) -> Observed:
@@ -21,11 +28,24 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
     containers = dict(observed.containers)
     elastic = dict(observed.elastic_mib)
     quiesced = set(observed.quiesced)
+    sleep = dict(observed.sleep)
     for step in plan.steps:
         serve = desired.serves[step.serve]
         if step.action is Action.STOP:
             containers[serve.container] = ContainerObs(ContainerState.EXITED, exit_code=0)
             elastic.pop(serve.name, None)  # the engine forgets its reserve when it stops
+            sleep.pop(serve.name, None)
+        elif step.action is Action.RELEASE_TO_RESIDUAL and serve.sleep is not None:
+            sleep[serve.name] = SleepObs(
+                SleepState.ASLEEP,
+                level=serve.sleep.level,
+                residual_mib=step.to_mib,
+                host_ram_mib=step.host_mib,
+            )
+            if serve.router_tier:  # its tier stays quiesced while it sleeps
+                quiesced.add(serve.name)
+        elif step.action is Action.WAKE:
+            sleep.pop(serve.name, None)
         elif step.action is Action.START:
             containers[serve.container] = ContainerObs(
                 ContainerState.RUNNING, health="healthy", started_at=now
@@ -47,6 +67,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
         unreleased=observed.unreleased,
         starting=observed.starting,
         started_with=observed.started_with,
+        sleep=sleep,
     )
 
 
@@ -58,6 +79,10 @@ def apply_step(ledger: Ledger, step: Step) -> Ledger | Refusal:
         return ledger.release(step.serve)
     if step.action in (Action.SHRINK, Action.GROW) and step.to_mib is not None:
         return ledger.resize(step.serve, step.to_mib)
+    if step.action is Action.RELEASE_TO_RESIDUAL and step.to_mib is not None:
+        return ledger.sleep(step.serve, step.to_mib, step.host_mib or 0)
+    if step.action is Action.RESERVE_WAKE and step.to_mib is not None:
+        return ledger.wake(step.serve, step.to_mib)
     return ledger
 
 

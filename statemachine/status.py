@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from statemachine.ledger import RoleView, ledger_from_observed, no_longer_declared
+from statemachine.ledger import HostView, RoleView, ledger_from_observed, no_longer_declared
 from statemachine.lifecycle import LifecycleState
 from statemachine.types import ContainerObs, ContainerState, DesiredState, GpuObs, Observed
 
@@ -66,10 +66,16 @@ class ServeStatus:
     committed: bool | None
     nvml_used_mib: int | None = None  # attributed through cgroups; None = unknown
     drift_mib: int | None = None  # NVML used - reservation, while it holds memory
+    #: for a serve that can sleep (or is seen asleep): "awake" / "asleep" / "unknown",
+    #: the level it sleeps at, and what it holds asleep (residual per role, host RAM)
+    sleep: str | None = None
+    sleep_level: int | None = None
+    residual_mib: int | None = None
+    host_ram_mib: int | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
+        """JSON form (``sleep`` only for a serve that can sleep or is seen asleep)."""
+        out: dict[str, Any] = {
             "serve": self.serve,
             "container": self.container,
             "gpu_roles": list(self.gpu_roles),
@@ -84,6 +90,14 @@ class ServeStatus:
             "nvml_used_mib": self.nvml_used_mib,
             "drift_mib": self.drift_mib,
         }
+        if self.sleep is not None:
+            out["sleep"] = {
+                "state": self.sleep,
+                "level": self.sleep_level,
+                "residual_mib": self.residual_mib,
+                "host_ram_mib": self.host_ram_mib,
+            }
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,10 +112,12 @@ class HostStatus:
     #: running containers the manifest no longer declares, still holding the reservation
     #: they were started with: (holder, container, gpu roles, MiB)
     no_longer_declared: tuple[tuple[str, str, tuple[str, ...], int], ...] = ()
+    #: the host RAM ledger (only with a ``[host]`` budget)
+    host: HostView | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """JSON form."""
-        return {
+        """JSON form (``host`` only with a ``[host]`` budget)."""
+        out: dict[str, Any] = {
             "docker": "ok" if self.docker_ok else "error",
             "nvml": "ok" if self.nvml_ok else "unavailable",
             "gpu_roles": [r.to_json() for r in self.roles],
@@ -112,6 +128,15 @@ class HostStatus:
                 for h, c, roles, mib in self.no_longer_declared
             ],
         }
+        if self.host is not None:
+            out["host"] = {**self.host.to_json(), "overcommitted": self._host_over()}
+        return out
+
+    def _host_over(self) -> bool | None:
+        host = self.host
+        if host is None or host.committed_mib is None:
+            return None
+        return host.committed_mib > host.budget_mib
 
 
 #: Exit codes of a container that was asked to stop (``docker stop`` sends SIGTERM:
@@ -179,6 +204,9 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
         obs = observed.container(s.container)
         in_ledger = desired.in_ledger(s)
         used = obs.gpu_used_mib if observed.docker_ok and obs.holds else None
+        sleep_obs = observed.sleep_of(s.name)
+        asleep = observed.docker_ok and obs.holds and sleep_obs.asleep
+        shows_sleep = s.sleep is not None or s.name in observed.sleep
         serves.append(
             ServeStatus(
                 serve=s.name,
@@ -191,6 +219,8 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 lifecycle=str(
                     LifecycleState.STARTING
                     if s.name in observed.starting
+                    else LifecycleState.ASLEEP
+                    if asleep
                     else lifecycle_from_observation(obs)
                 )
                 if observed.docker_ok
@@ -201,9 +231,18 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 if in_ledger
                 else False,
                 nvml_used_mib=used,
-                drift_mib=used - s.vram_mib
-                if used is not None and s.vram_mib is not None
+                drift_mib=None
+                if used is None or s.vram_mib is None
+                else used
+                - (ledger.holdings[s.name].mib if asleep and ledger.holds(s.name) else s.vram_mib),
+                sleep=(str(sleep_obs.state) if observed.docker_ok else "unknown")
+                if shows_sleep
                 else None,
+                sleep_level=sleep_obs.level if asleep else None,
+                residual_mib=ledger.holdings[s.name].mib
+                if asleep and ledger.holds(s.name)
+                else None,
+                host_ram_mib=ledger.host_holdings.get(s.name) if asleep else None,
             )
         )
     return HostStatus(
@@ -216,4 +255,5 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
             (res.holder, container, res.gpu_roles, res.mib)
             for container, res in no_longer_declared(desired, observed)
         ),
+        host=ledger.host_view(),
     )

@@ -78,6 +78,48 @@ class Elastic:
     segment_mib: int = 512
 
 
+class SleepProtocol(StrEnum):
+    """The engine sleep API a serve speaks (docs/protocols.md, engine sleep)."""
+
+    VLLM = "vllm"
+    SGLANG = "sglang"
+
+
+@dataclass(frozen=True, slots=True)
+class Sleep:
+    """A serve that can be put to sleep instead of stopped (docs/design.md §3, sleep).
+
+    Asleep, its engine still holds ``residual_mib`` on each of its GPU roles (CUDA
+    context, buffers) and, at ``level`` 1, ``host_ram_mib`` of host memory (its weights).
+    At level 2 the weights are dropped and reloaded on wake. ``url`` is the engine's base
+    URL (the manifest fills in ``http://127.0.0.1:{port}``).
+    """
+
+    level: int
+    residual_mib: int
+    protocol: SleepProtocol
+    host_ram_mib: int = 0
+    url: str | None = None
+
+    @property
+    def host_mib(self) -> int:
+        """Host RAM the sleeper holds: ``host_ram_mib`` at level 1, nothing at level 2."""
+        return self.host_ram_mib if self.level == 1 else 0
+
+
+@dataclass(frozen=True, slots=True)
+class HostBudget:
+    """The top-level ``[host]`` table: host RAM as a ledger budget, like a GPU role's."""
+
+    ram_mib: int
+    reserve_mib: int = 0
+
+    @property
+    def budget_mib(self) -> int:
+        """What sleepers may hold: RAM minus reserve."""
+        return self.ram_mib - self.reserve_mib
+
+
 @dataclass(frozen=True, slots=True)
 class ServeSpec:
     """One serve as the manifest declares it, reduced to what the core needs.
@@ -105,6 +147,8 @@ class ServeSpec:
     #: the engine sizes itself from the device's free memory at load (vLLM, SGLang):
     #: two such starts on one GPU would each take the other's room, so they are serialised
     sizes_from_free: bool = False
+    #: ``[serve.sleep]``: it can be put to sleep instead of stopped (None: it cannot)
+    sleep: Sleep | None = None
 
     @property
     def managed(self) -> bool:
@@ -140,6 +184,8 @@ class DesiredState:
     roles: Mapping[str, GpuRole]
     serves: Mapping[str, ServeSpec]
     requests: tuple[OnDemandRequest, ...] = ()
+    #: the ``[host]`` budget (None: host RAM is not a budget, sleepers hold it unchecked)
+    host: HostBudget | None = None
 
     def in_ledger(self, serve: ServeSpec) -> bool:
         """True when the serve has a reservation on roles that all have a capacity row."""
@@ -190,6 +236,38 @@ class StartingObs:
     mib: int
 
 
+class SleepState(StrEnum):
+    """What the engine's sleep API says of a serve that can sleep."""
+
+    AWAKE = "awake"
+    ASLEEP = "asleep"
+    UNKNOWN = "unknown"  # it did not answer: counted as awake and full, never slept
+
+
+@dataclass(frozen=True, slots=True)
+class SleepObs:
+    """The observed sleep state of one serve.
+
+    ``level`` is the level it was put to sleep at (asleep only). ``residual_mib`` and
+    ``host_ram_mib`` are what the controller put it to sleep with (its own record, kept
+    across restarts): the ledger counts the larger of those and what the manifest
+    declares now. ``None``: no record.
+    """
+
+    state: SleepState
+    level: int | None = None
+    residual_mib: int | None = None
+    host_ram_mib: int | None = None
+
+    @property
+    def asleep(self) -> bool:
+        """True when the engine says it is asleep."""
+        return self.state is SleepState.ASLEEP
+
+
+AWAKE = SleepObs(state=SleepState.AWAKE)
+
+
 @dataclass(frozen=True, slots=True)
 class StartedWith:
     """The reservation a container was started with (the controller's own record).
@@ -232,6 +310,13 @@ class Observed:
     #: container name -> the reservation it was started with; counted while the
     #: container holds memory, beside (or instead of) what the manifest declares now
     started_with: Mapping[str, StartedWith] = field(default_factory=dict)
+    #: serve name -> its engine's sleep state; a serve missing here is awake. Only a
+    #: running container can be asleep (a container that restarted is awake and full)
+    sleep: Mapping[str, SleepObs] = field(default_factory=dict)
+
+    def sleep_of(self, serve: str) -> SleepObs:
+        """The serve's sleep state; a serve missing from the snapshot is awake."""
+        return self.sleep.get(serve, AWAKE)
 
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""

@@ -76,6 +76,7 @@ class Recorded:
     body: bytes
     json: Any
     time: float  # time.monotonic() when it arrived
+    raw_query: str = ""  # the query string as sent (repeated keys kept)
 
     @property
     def bearer(self) -> str | None:
@@ -128,6 +129,7 @@ class _Handler(BaseHTTPRequestHandler):
             body=body,
             json=decoded,
             time=time.monotonic(),
+            raw_query=split.query,
         )
         owner = self.server.owner
         owner._record(request)
@@ -181,13 +183,15 @@ class FakeHTTPServer:
         self._calls: list[Recorded] = []
         self._server: _Server | None = None
         self._thread: threading.Thread | None = None
+        #: the loopback port to listen on (0: a free one)
+        self.bind_port = 0
 
     # ── lifecycle ─────────────────────────────────────────────────────────────
 
     def start(self) -> FakeHTTPServer:
         if self._server is not None:
             return self
-        server = _Server(("127.0.0.1", 0), _Handler)
+        server = _Server(("127.0.0.1", self.bind_port), _Handler)
         server.owner = self
         self._server = server
         self._thread = threading.Thread(

@@ -274,6 +274,20 @@ def test_render_prints_the_flag() -> None:
     assert "3200 MiB / 97887 MiB" in r.stderr
 
 
+def test_render_adds_what_the_sleep_api_needs(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 32000\n\n'
+        '[[serve]]\nname = "llm"\ncontainer = "vllm-llm"\ngpu_role = "a"\nvram_mib = 16000\n'
+        'residency = "evictable"\nengine = "vllm"\nport = 30001\n'
+        "[serve.sleep]\nlevel = 1\nresidual_mib = 1024\nhost_ram_mib = 16000\n"
+    )
+    r = vramctl("render", "llm", "-m", str(manifest))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "--gpu-memory-utilization 0.5000 --enable-sleep-mode"
+    assert "VLLM_SERVER_DEV_MODE=1" in r.stderr
+
+
 def test_fit_text_says_why_a_blocker_may_not_be_stopped(tmp_path: Path) -> None:
     # ocr started 10 s before the observation: inside its min_runtime_s, so protected
     example = Path(__file__).resolve().parents[1] / "manifests" / "examples"

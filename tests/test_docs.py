@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from controller.manifest import ElasticModel, GpuRoleModel, ServeModel
+from controller.manifest import ElasticModel, GpuRoleModel, HostModel, ServeModel, SleepModel
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
@@ -31,6 +31,8 @@ SECTIONS: dict[str, tuple[type[BaseModel], str]] = {
     "GpuRoleModel": (GpuRoleModel, "## `[[gpu_roles]]` fields"),
     "ServeModel": (ServeModel, "## `[[serve]]` fields"),
     "ElasticModel": (ElasticModel, "## `elastic` fields"),
+    "SleepModel": (SleepModel, "## `[serve.sleep]` fields"),
+    "HostModel": (HostModel, "## `[host]` fields"),
 }
 
 _FIELD_ROW = re.compile(r"^\| `([A-Za-z_][A-Za-z0-9_]*)` \|")

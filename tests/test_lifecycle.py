@@ -73,6 +73,23 @@ LEGAL: list[tuple[LifecycleState, str, LifecycleState]] = [
     (S.FAILED, "fail", S.FAILED),
     (S.FAILED, "reset", S.STOPPED),
     (S.FAILED, "recover", S.RUNNING),
+    # sleep instead of stop
+    (S.RUNNING, "sleep", S.SLEEPING),
+    (S.DRAINING, "sleep", S.SLEEPING),
+    (S.RUNNING, "observe_asleep", S.ASLEEP),
+    (S.SLEEPING, "slept", S.ASLEEP),
+    (S.SLEEPING, "stop", S.STOPPING),
+    (S.SLEEPING, "fail", S.FAILED),
+    (S.ASLEEP, "reserve_wake", S.WAKING),
+    (S.ASLEEP, "stop", S.STOPPING),
+    (S.ASLEEP, "fail", S.FAILED),
+    (S.ASLEEP, "observe_awake", S.RUNNING),
+    (S.ASLEEP, "observe_stopped", S.STOPPED),
+    (S.WAKING, "wake", S.WAKING),
+    (S.WAKING, "reload", S.WAKING),
+    (S.WAKING, "ready", S.RUNNING),
+    (S.WAKING, "wake_failed", S.FAILED),
+    (S.WAKING, "fail", S.FAILED),
 ]
 LEGAL_PAIRS = {(src, trigger) for src, trigger, _ in LEGAL}
 ILLEGAL: list[tuple[LifecycleState, str]] = [

@@ -101,3 +101,33 @@ def test_status_lifecycle_is_one_of_the_machines_states() -> None:
         ContainerObs(ContainerState.ABSENT),
     ):
         assert isinstance(lifecycle_from_observation(obs), LifecycleState)
+
+
+def test_a_step_kind_the_executor_does_not_implement_fails_loudly() -> None:
+    """The core may plan step kinds (sleep, wake) before an executor carries them out:
+    each is refused by name, never passed over as done."""
+    from controller.service.executor import IMPLEMENTED_ACTIONS
+
+    ocr = ServeSpec("ocr", "ocr", ("g0",), 4000, Residency.EVICTABLE, DesiredRun.RUNNING)
+    desired = DesiredState({"g0": ROLE}, {"ocr": ocr})
+    observed = Observed(True, {"ocr": ContainerObs(ContainerState.RUNNING)})
+    ledger = Ledger({"g0": ROLE}, [])
+    for action in sorted(set(Action) - IMPLEMENTED_ACTIONS):
+        step = Step(action, "ocr", ("g0",), 4000, "a step kind not carried out", group="ocr")
+        plan = Plan((step,), (), ledger, ledger)
+        for skip in (False, True):
+            docker = Containers()
+            ex = Executor(
+                desired,
+                docker=docker,  # type: ignore[arg-type]
+                elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
+                gpus=lambda: None,
+                config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
+            )
+            report = ex.execute(plan, observed, skip_preflight=skip)
+            assert [r.outcome for r in report.results] != [Outcome.OK], (action, skip)
+            text = " ".join(r.detail for r in report.results) + " ".join(
+                str(p) for p in getattr(report, "preflight", ())
+            )
+            assert "not implement" in text, (action, skip, report)
+            assert docker.stops == []

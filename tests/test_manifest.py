@@ -884,11 +884,15 @@ def test_runtime_record_is_built_once_with_the_manifests_defaults(tmp_path: Path
         one.up_env["HF_HOME"] = "/elsewhere"  # type: ignore[index]
     two = runtime["s2"]
     default = ServeRuntime.default("s2")
-    assert (two.start_timeout_s, two.stop_timeout_s, two.drain_timeout_s) == (
-        default.start_timeout_s,
-        default.stop_timeout_s,
-        default.drain_timeout_s,
-    ) == (600.0, 30.0, 120.0)
+    assert (
+        (two.start_timeout_s, two.stop_timeout_s, two.drain_timeout_s)
+        == (
+            default.start_timeout_s,
+            default.stop_timeout_s,
+            default.drain_timeout_s,
+        )
+        == (600.0, 30.0, 120.0)
+    )
     assert (two.health, two.up_argv, two.up_env) == (None, None, None)
     model = manifest.serves["s2"]
     assert model.start_timeout_s == default.start_timeout_s  # one place for the defaults

@@ -817,7 +817,6 @@ def test_stops_and_starts_look_past_serves_with_nothing_to_do() -> None:
     assert lines(plan_of(case)) == case.expect_steps
 
 
-
 def test_an_exited_holder_whose_memory_is_not_back_does_not_end_the_search_for_victims() -> None:
     # gone (declared first) exited and NVML still shows its 5000: it is counted and
     # protected, and omni is still found as the victim: free 5000 + 20000 covers llm

@@ -1211,9 +1211,11 @@ def create_app(
             return refuse(decision, serve, client)
         ttl = body.ttl_s
         active = {r.serve for r in controller.requests()}
-        if observed.container(spec.container).holds and serve not in active:
+        asleep = observed.sleep_of(serve).asleep
+        if observed.container(spec.container).holds and serve not in active and not asleep:
             # running already, and not because of a request: recording one would make the
-            # loop stop it when the request ends, which nobody asked for
+            # loop stop it when the request ends, which nobody asked for (a serve that
+            # sleeps is woken by the request instead)
             bus.publish("request.admitted", serve=serve, recorded=False, ttl_s=None, steps=[])
             return JSONResponse(
                 {

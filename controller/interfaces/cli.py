@@ -576,6 +576,7 @@ def _saved_plan(
                 reason=x.get("reason", ""),
                 to_mib=x.get("to_mib"),
                 group=x.get("group", x["serve"]),
+                host_mib=x.get("host_mib"),
             )
             for x in saved["steps"]
         )
@@ -1066,8 +1067,17 @@ def render_cmd(
     elif result.text is None:
         render.error(f"{serve}: {result.problem}")
     else:
-        render.out.print(result.text, markup=False)
+        needs = answer.sleep
+        flags = " ".join(needs.flags) if needs is not None else ""
+        render.out.print(" ".join(w for w in (result.text, flags) if w), markup=False)
         render.err.print(result.explanation, markup=False)
+        if needs is not None:
+            env = " ".join(f"{k}={v}" for k, v in sorted(needs.env.items()))
+            render.err.print(
+                f"[serve.sleep]: the engine's sleep API needs {needs.text}"
+                + (f" (set {env} in its environment)" if env else ""),
+                markup=False,
+            )
     raise typer.Exit(0 if result.text is not None else 1)
 
 

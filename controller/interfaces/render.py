@@ -165,6 +165,7 @@ def fit(result: FitResult) -> None:
     for label, items in (
         ("drain", result.drain),
         ("evict", result.evict),
+        ("sleep", result.sleep),
         ("blockers", result.blockers),
     ):
         if items:
@@ -213,6 +214,14 @@ def plan(result: Plan) -> None:
             f"{mib(before.committed_mib)} → {mib(after.committed_mib)}",
             f"{mib(before.free_mib)} → {mib(after.free_mib)}",
         )
+    host_before, host_after = result.ledger_before.host_view(), result.ledger_after.host_view()
+    if host_before is not None and host_after is not None:
+        table.add_row(
+            Text("host RAM"),
+            mib(host_before.budget_mib),
+            f"{mib(host_before.committed_mib)} → {mib(host_after.committed_mib)}",
+            f"{mib(host_before.free_mib)} → {mib(host_after.free_mib)}",
+        )
     out.print(table)
 
 
@@ -227,6 +236,11 @@ _STEP_STYLE = {
     Action.GROW: "green",
     Action.AWAIT_READY: "cyan",
     Action.READMIT: "cyan",
+    Action.SLEEP: "yellow",
+    Action.RELEASE_TO_RESIDUAL: "yellow",
+    Action.RESERVE_WAKE: "green",
+    Action.WAKE: "green",
+    Action.RELOAD: "green",
 }
 
 

@@ -14,19 +14,28 @@ planner decides. This package re-exports its public names.
 from controller.manifest.errors import LocatedError, ManifestError
 from controller.manifest.fields import DUAL_GPU_EXCLUSIVE, normalize_residency
 from controller.manifest.load import ManifestSet, load_manifest, load_manifest_set
-from controller.manifest.models import ElasticModel, GpuRoleModel, ManifestFile, ServeModel
+from controller.manifest.models import (
+    ElasticModel,
+    GpuRoleModel,
+    HostModel,
+    ManifestFile,
+    ServeModel,
+    SleepModel,
+)
 from controller.manifest.runtime import ServeRuntime
 
 __all__ = [
     "DUAL_GPU_EXCLUSIVE",
     "ElasticModel",
     "GpuRoleModel",
+    "HostModel",
     "LocatedError",
     "ManifestError",
     "ManifestFile",
     "ManifestSet",
     "ServeModel",
     "ServeRuntime",
+    "SleepModel",
     "load_manifest",
     "load_manifest_set",
     "normalize_residency",

@@ -31,7 +31,12 @@ DUAL_GPU_EXCLUSIVE = "dual-gpu-exclusive"
 
 
 #: Top-level keys this module reads; other top-level tables are kept and ignored.
-TOP_LEVEL_KEYS = ("gpu_roles", "serve")
+TOP_LEVEL_KEYS = ("gpu_roles", "serve", "host")
+
+#: ``[serve.sleep]`` levels: 1 keeps the weights in host RAM, 2 drops them.
+SLEEP_LEVELS = (1, 2)
+#: The engine sleep APIs (docs/protocols.md), and the ``engine`` values that name them.
+SLEEP_PROTOCOLS = ("vllm", "sglang")
 
 #: Docker's rule for container names (its ``RestrictedNamePattern``, without the
 #: optional leading slash): anything else is refused by ``docker create``, or, with a
@@ -171,6 +176,22 @@ def _boolean(value: object) -> object:
     if not isinstance(value, bool):
         raise _bad("must be true or false", value)
     return value
+
+
+def _sleep_level(value: object) -> object:
+    if not _is_int(value) or value not in SLEEP_LEVELS:
+        raise _bad("must be 1 (weights kept in host RAM) or 2 (weights dropped)", value)
+    return value
+
+
+def _sleep_protocol(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, str) or value.strip().lower() not in SLEEP_PROTOCOLS:
+        word = value.strip().lower() if isinstance(value, str) else ""
+        hint = _did_you_mean(word, SLEEP_PROTOCOLS) if word else ""
+        raise _bad(f"must be one of {', '.join(SLEEP_PROTOCOLS)}{hint}", value)
+    return value.strip().lower()
 
 
 def _text(value: object) -> object:
@@ -401,6 +422,19 @@ OptHealth = Annotated[
 ]
 Url = Annotated[
     str, BeforeValidator(_url), WithJsonSchema({"type": "string", "pattern": "^https?://"})
+]
+OptUrl = Annotated[
+    str | None,
+    BeforeValidator(lambda v: None if v is None else _url(v)),
+    WithJsonSchema({"type": "string", "pattern": "^https?://"}),
+]
+SleepLevel = Annotated[
+    int, BeforeValidator(_sleep_level), WithJsonSchema({"type": "integer", "enum": [1, 2]})
+]
+OptSleepProtocol = Annotated[
+    str | None,
+    BeforeValidator(_sleep_protocol),
+    WithJsonSchema({"type": "string", "enum": list(SLEEP_PROTOCOLS)}),
 ]
 OptUp = Annotated[
     str | None, BeforeValidator(_up), WithJsonSchema({"type": "string", "minLength": 1})

@@ -55,7 +55,9 @@ from controller.manifest.fields import (
 from controller.manifest.models import (
     ElasticModel,
     GpuRoleModel,
+    HostModel,
     ServeModel,
+    SleepModel,
 )
 from controller.manifest.runtime import ServeRuntime
 from statemachine.types import DesiredRun, DesiredState
@@ -91,6 +93,7 @@ class _FileResult:
     serves: list[_Entry[ServeModel]] = dataclasses.field(default_factory=list)
     errors: list[LocatedError] = dataclasses.field(default_factory=list)
     warnings: list[LocatedError] = dataclasses.field(default_factory=list)
+    host: HostModel | None = None
 
 
 def _field_of(loc: tuple[int | str, ...]) -> str | None:
@@ -144,14 +147,16 @@ def _validate_entry(
             hint = _did_you_mean(key, known)
             if hint:
                 errors.append(LocatedError(display, name, key, f"unknown key{hint}", table, index))
-    if isinstance(raw.get("elastic"), dict) and model is ServeModel:
-        for key in raw["elastic"]:
-            if key not in ElasticModel.model_fields:
-                hint = _did_you_mean(key, list(ElasticModel.model_fields))
+    for sub, sub_model in (("elastic", ElasticModel), ("sleep", SleepModel)):
+        if not (isinstance(raw.get(sub), dict) and model is ServeModel):
+            continue
+        for key in raw[sub]:
+            if key not in sub_model.model_fields:
+                hint = _did_you_mean(key, list(sub_model.model_fields))
                 if hint:
                     errors.append(
                         LocatedError(
-                            display, name, f"elastic.{key}", f"unknown key{hint}", table, index
+                            display, name, f"{sub}.{key}", f"unknown key{hint}", table, index
                         )
                     )
     try:
@@ -247,6 +252,10 @@ def _check_serve(
                     f"must not exceed vram_mib ({model.vram_mib}), got {model.elastic.floor_mib}",
                 )
             )
+    if model.sleep is not None and "sleep" not in bad:
+        sleep_errors, sleep_warnings = _check_sleep(model, model.sleep, bad)
+        errors += sleep_errors
+        warnings += sleep_warnings
     if not bad & {"vram_mib", "gpu_role", "gpu_roles"}:
         if model.vram_mib is not None and not model.roles:
             warnings.append(
@@ -261,6 +270,97 @@ def _check_serve(
                 (field, "declared without vram_mib; the serve takes no part in the ledger")
             )
     return errors, warnings
+
+
+def _check_sleep(
+    model: ServeModel, sleep: SleepModel, bad: frozenset[str]
+) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """``[serve.sleep]`` against the serve: (errors, warnings) as (field, message)."""
+    errors: list[tuple[str, str]] = []
+    warnings: list[tuple[str, str]] = []
+    if "vram_mib" not in bad:
+        if model.vram_mib is None:
+            errors.append(("sleep", "needs the serve's vram_mib (what it holds awake)"))
+        elif sleep.residual_mib >= model.vram_mib:
+            errors.append(
+                (
+                    "sleep.residual_mib",
+                    f"must be less than vram_mib ({model.vram_mib}): a sleep that frees "
+                    f"nothing is no way to make room, got {sleep.residual_mib}",
+                )
+            )
+    if sleep.level == 1 and sleep.host_ram_mib is None:
+        errors.append(
+            (
+                "sleep.host_ram_mib",
+                "is required at level 1 (the weights move to host RAM; the host ledger "
+                "counts them), but it is missing",
+            )
+        )
+    elif sleep.level == 2 and sleep.host_ram_mib:
+        warnings.append(
+            (
+                "sleep.host_ram_mib",
+                f"ignored at level 2 (its weights are dropped, not kept in host RAM), got "
+                f"{sleep.host_ram_mib}",
+            )
+        )
+    if "port" not in bad and sleep.resolved_url(model.port) is None:
+        errors.append(
+            (
+                "sleep.url",
+                "is required when the serve has no port (default http://127.0.0.1:{port})",
+            )
+        )
+    if "engine" not in bad and sleep.resolved_protocol(model.engine) is None:
+        got = "no engine" if model.engine is None else f"engine {_show(model.engine)}"
+        errors.append(
+            (
+                "sleep.protocol",
+                f'is required: it cannot be told from {got} (set "vllm" or "sglang")',
+            )
+        )
+    return errors, warnings
+
+
+def _read_host(
+    data: Mapping[str, Any], display: str, errors: list[LocatedError]
+) -> HostModel | None:
+    """The file's ``[host]`` table, validated (None when absent or invalid: errors say why)."""
+    raw = data.get("host")
+    if raw is None:
+        return None
+    if not isinstance(raw, dict):
+        errors.append(
+            LocatedError(display, None, "host", f"must be a table ([host]), got {_show(raw)}", None)
+        )
+        return None
+    for key in raw:
+        if key not in HostModel.model_fields:
+            hint = _did_you_mean(key, list(HostModel.model_fields))
+            if hint:
+                errors.append(
+                    LocatedError(display, None, f"host.{key}", f"unknown key{hint}", None)
+                )
+    try:
+        host = HostModel.model_validate(raw)
+    except ValidationError as exc:
+        for err in exc.errors(include_url=False):
+            where = _field_of(("host", *tuple(err["loc"])))
+            errors.append(LocatedError(display, None, where, _pydantic_message(err), None))
+        return None
+    if host.reserve_mib > host.ram_mib:
+        errors.append(
+            LocatedError(
+                display,
+                None,
+                "host.reserve_mib",
+                f"must not exceed ram_mib ({host.ram_mib}), got {host.reserve_mib}",
+                None,
+            )
+        )
+        return None
+    return host
 
 
 def _table_list(
@@ -446,6 +546,7 @@ def _read_file(path: Path) -> _FileResult:
             if hint:
                 errors.append(LocatedError(display, None, key, f"unknown table{hint}", None))
 
+    result.host = _read_host(data, display, errors)
     role_ids: dict[str, _Entry[GpuRoleModel]] = {}
     for index, raw in enumerate(_table_list(data, "gpu_roles", display, errors), start=1):
         name, model, bad = _validate_entry(
@@ -552,6 +653,8 @@ class ManifestSet:
     _sources: dict[str, tuple[Path, ...]] = dataclasses.field(repr=False)
     _role_sources: dict[str, tuple[Path, ...]] = dataclasses.field(repr=False)
     texts: dict[str, str] = dataclasses.field(default_factory=dict, repr=False)
+    #: the ``[host]`` budget (None: no file declares one)
+    host: HostModel | None = None
 
     def source(self, name: str) -> Path:
         """The file that defines serve ``name`` (its owner's, else its first mirror's)."""
@@ -592,6 +695,7 @@ class ManifestSet:
         return DesiredState(
             roles={rid: role.to_role() for rid, role in self.roles.items()},
             serves={name: serve.to_spec() for name, serve in self.serves.items()},
+            host=None if self.host is None else self.host.to_host(),
         )
 
 
@@ -603,6 +707,13 @@ def _reservation(model: ServeModel) -> dict[str, object]:
         "vram_mib": model.vram_mib,
         "residency": None if model.residency is None else model.residency.value,
         "operating_mode": DUAL_GPU_EXCLUSIVE if model.exclusive else None,
+        "sleep": None
+        if model.sleep is None
+        else {
+            "level": model.sleep.level,
+            "residual_mib": model.sleep.residual_mib,
+            "host_ram_mib": model.sleep.host_ram_mib,
+        },
     }
 
 
@@ -648,6 +759,30 @@ def _merge_roles(
             if not conflict and have.uuid is None and role.uuid is not None:
                 merged[entry.name] = have.model_copy(update={"uuid": role.uuid})
     return merged, sources
+
+
+def _merge_host(files: Sequence[_FileResult], errors: list[LocatedError]) -> HostModel | None:
+    """One ``[host]`` for the set: files that declare it must agree."""
+    first: _FileResult | None = None
+    for result in files:
+        if result.host is None:
+            continue
+        if first is None or first.host is None:
+            first = result
+            continue
+        for field in ("ram_mib", "reserve_mib"):
+            here, there = getattr(result.host, field), getattr(first.host, field)
+            if here != there:
+                errors.append(
+                    LocatedError(
+                        result.display,
+                        None,
+                        f"host.{field}",
+                        f"conflicting host budget: {here} here, {there} in {first.display}",
+                        None,
+                    )
+                )
+    return None if first is None else first.host
 
 
 def _merge_serves(
@@ -774,6 +909,7 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
         warnings.extend(result.warnings)
 
     roles, role_sources = _merge_roles(results, errors)
+    host = _merge_host(results, errors)
     entries, sources = _merge_serves(results, errors, warnings)
 
     for entry in entries:
@@ -806,6 +942,18 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
                             f"{role.vram_mib} - {role.reserve_mib} = {role.budget_mib} MiB",
                         )
                     )
+        sleep = model.sleep
+        if host is not None and sleep is not None and sleep.level == 1:
+            needs = sleep.host_ram_mib or 0
+            if needs > host.ram_mib - host.reserve_mib:
+                errors.append(
+                    entry.error(
+                        "serve",
+                        "sleep.host_ram_mib",
+                        f"{needs} MiB can never fit the host: its budget is {host.ram_mib} - "
+                        f"{host.reserve_mib} = {host.ram_mib - host.reserve_mib} MiB",
+                    )
+                )
         if missing and model.vram_mib is not None:
             field = "gpu_roles" if model.gpu_roles is not None else "gpu_role"
             names = ", ".join(_show(r) for r in missing)
@@ -835,6 +983,7 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
         _sources=sources,
         _role_sources=role_sources,
         texts={str(r.path): r.data.decode("utf-8") for r in results},
+        host=host,
     )
 
 

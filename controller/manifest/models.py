@@ -1,4 +1,5 @@
-"""The manifest models: ``[[gpu_roles]]``, ``[[serve]]`` (and its ``elastic``), a file.
+"""The manifest models: ``[[gpu_roles]]``, ``[[serve]]`` (its ``elastic``, its
+``sleep``), ``[host]``, a file.
 
 Pydantic models built from :mod:`controller.manifest.fields`; each converts to the
 pure core's types (``to_role``, ``to_spec``) and to the runtime record the executor
@@ -34,15 +35,18 @@ from controller.manifest.fields import (
     OptPositiveInt,
     OptPositiveMiB,
     OptResidency,
+    OptSleepProtocol,
     OptText,
     OptTtl,
     OptTwoRoles,
     OptUp,
     OptUpEnv,
+    OptUrl,
     PositiveMiB,
     Seconds,
     SegmentMiB,
     ServeName,
+    SleepLevel,
     StartTimeout,
     StopTimeout,
     StringList,
@@ -50,7 +54,14 @@ from controller.manifest.fields import (
     Url,
 )
 from controller.manifest.runtime import ServeRuntime
-from statemachine.types import Elastic, GpuRole, ServeSpec
+from statemachine.types import (
+    Elastic,
+    GpuRole,
+    HostBudget,
+    ServeSpec,
+    Sleep,
+    SleepProtocol,
+)
 
 
 class GpuRoleModel(BaseModel):
@@ -110,6 +121,76 @@ class ElasticModel(BaseModel):
             token_env=self.token_env,
             segment_mib=self.segment_mib,
         )
+
+
+class SleepModel(BaseModel):
+    """``[serve.sleep]``: the serve's engine can sleep instead of stopping (vLLM, SGLang).
+
+    Rules across fields (``residual_mib < vram_mib``, ``host_ram_mib`` at level 1, the
+    URL and the protocol when they are not given) are the loader's, which locates them.
+    """
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    level: SleepLevel = Field(
+        description="1: the weights move to host RAM (fast wake); 2: they are dropped "
+        "and reloaded on wake."
+    )
+    residual_mib: PositiveMiB = Field(
+        description="VRAM a sleeping engine still holds on each of the serve's gpu roles "
+        "(CUDA context, buffers); less than vram_mib."
+    )
+    host_ram_mib: OptNonNegativeMiB = Field(
+        default=None,
+        description="Host RAM a level-1 sleeper holds (its weights); required at level 1.",
+    )
+    url: OptUrl = Field(
+        default=None, description="The engine's base URL; default http://127.0.0.1:{port}."
+    )
+    protocol: OptSleepProtocol = Field(
+        default=None,
+        description='"vllm" | "sglang"; default from the serve\'s engine.',
+    )
+
+    def resolved_url(self, port: int | None) -> str | None:
+        """``url``, else ``http://127.0.0.1:{port}`` (None without either)."""
+        if self.url is not None:
+            return self.url
+        return None if port is None else f"http://127.0.0.1:{port}"
+
+    def resolved_protocol(self, engine: str | None) -> str | None:
+        """``protocol``, else the serve's engine when it names one (None: cannot tell)."""
+        if self.protocol is not None:
+            return self.protocol
+        name = (engine or "").strip().lower()
+        return name if name in {p.value for p in SleepProtocol} else None
+
+    def to_sleep(self, port: int | None, engine: str | None) -> Sleep:
+        """The core's :class:`Sleep` (the loader checked the URL and protocol resolve)."""
+        protocol = self.resolved_protocol(engine)
+        assert protocol is not None, "checked by the loader"
+        return Sleep(
+            level=self.level,
+            residual_mib=self.residual_mib,
+            protocol=SleepProtocol(protocol),
+            host_ram_mib=self.host_ram_mib or 0,
+            url=self.resolved_url(port),
+        )
+
+
+class HostModel(BaseModel):
+    """The top-level ``[host]`` table: host RAM as a ledger budget, like a GPU role's."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    ram_mib: PositiveMiB = Field(description="The host's RAM in MiB.")
+    reserve_mib: NonNegativeMiB = Field(
+        default=0, description="MiB of host RAM never given to sleepers; at most ram_mib."
+    )
+
+    def to_host(self) -> HostBudget:
+        """The core's :class:`HostBudget`."""
+        return HostBudget(ram_mib=self.ram_mib, reserve_mib=self.reserve_mib)
 
 
 class ServeModel(BaseModel):
@@ -175,6 +256,9 @@ class ServeModel(BaseModel):
     drain_timeout_s: DrainTimeout = DEFAULT_DRAIN_TIMEOUT_S
     idle_ttl_s: OptTtl = None
     elastic: ElasticModel | None = None
+    sleep: SleepModel | None = Field(
+        default=None, description="The engine can sleep instead of stopping ([serve.sleep])."
+    )
 
     @property
     def roles(self) -> tuple[str, ...]:
@@ -234,6 +318,7 @@ class ServeModel(BaseModel):
             groups=tuple(self.groups),
             idle_ttl_s=self.idle_ttl_s,
             sizes_from_free=(self.engine or "").strip().lower() in SIZES_FROM_FREE_ENGINES,
+            sleep=None if self.sleep is None else self.sleep.to_sleep(self.port, self.engine),
         )
 
 
@@ -252,6 +337,7 @@ class ManifestFile(BaseModel):
 
     gpu_roles: list[GpuRoleModel] = Field(default_factory=list)
     serve: list[ServeModel] = Field(default_factory=list)
+    host: HostModel | None = None
 
 
 # ── one file ───────────────────────────────────────────────────────────────────

@@ -52,11 +52,14 @@ from controller.adapters.docker.actions import ActionError, DockerActions
 from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
 from controller.adapters.health import http_ready
 from controller.adapters.router import RouterClient, RouterError, TierState
+from controller.adapters.sleep import SleepClient
 from controller.manifest.runtime import ServeRuntime
 from controller.service.events import EventBus, LedgerWatch
 from controller.service.footprints import NO_FOOTPRINTS, Footprints
 from controller.service.live import LiveLedger
+from controller.service.sleep_steps import SLEEP_ACTIONS, SleepSteps
 from controller.service.starts import StartTracker
+from controller.store.journal import SleepRecord
 from statemachine.ledger import GpuReservation, Ledger, Refusal, ledger_from_observed
 from statemachine.lifecycle import (
     IllegalTransition,
@@ -73,6 +76,24 @@ from statemachine.types import (
     GpuObs,
     Observed,
     ServeSpec,
+)
+
+#: The step actions this executor carries out; a plan with any other is refused by the
+#: preflight (its group only) and, should one reach :meth:`do`, fails loudly there.
+IMPLEMENTED_ACTIONS: frozenset[Action] = frozenset(
+    {
+        Action.QUIESCE,
+        Action.DRAIN,
+        Action.STOP,
+        Action.RELEASE,
+        Action.SHRINK,
+        Action.GROW,
+        Action.RESERVE,
+        Action.START,
+        Action.AWAIT_READY,
+        Action.READMIT,
+    }
+    | SLEEP_ACTIONS
 )
 
 
@@ -141,6 +162,13 @@ class ExecutionReport:
     #: serves whose tier this plan quiesced and could not readmit when it undid its
     #: group: serve -> why (the loop readmits them on later cycles while they run)
     left_quiesced: dict[str, str] = field(default_factory=dict)
+    #: serves whose sleep this plan changed: the record of one now asleep, None for one
+    #: no longer asleep (woken, or stopped instead)
+    sleeps: dict[str, SleepRecord | None] = field(default_factory=dict)
+    #: serves whose engine answered the sleep API with 404 (not started with the flag)
+    sleep_unsupported: dict[str, str] = field(default_factory=dict)
+    #: serves stopped instead of put to sleep (-> why): not to be put to sleep again soon
+    stopped_instead: dict[str, str] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
@@ -177,7 +205,7 @@ class _Reserved:
 
     @property
     def what(self) -> str:
-        """"elastic shrink of S (reserve_mib N[, then M])", for the step's detail."""
+        """ "elastic shrink of S (reserve_mib N[, then M])", for the step's detail."""
         return f"{self.action} (reserve_mib {self.asked})"
 
 
@@ -237,6 +265,7 @@ class Executor:
         runtime: Mapping[str, ServeRuntime] | None = None,
         router: RouterClient | None = None,
         elastic: ElasticClient | None = None,
+        sleep: SleepClient | None = None,
         gpus: GpuReader = _no_gpus,
         config: ExecutorConfig | None = None,
         on_step: Callable[[StepResult], None] | None = None,
@@ -253,6 +282,8 @@ class Executor:
         self._runtime: Mapping[str, ServeRuntime] = runtime or {}
         self.router = router
         self.elastic = elastic or ElasticClient()
+        #: the engines' sleep API (made when a plan first needs it)
+        self.sleep = sleep
         self.gpus = gpus
         self.config = config or ExecutorConfig()
         self.on_step = on_step
@@ -318,6 +349,15 @@ class Executor:
         stopped_ports: set[int] = set()
         for step in plan.steps:
             serve = self.desired.serves[step.serve]
+            if step.action not in IMPLEMENTED_ACTIONS:
+                problems.append(
+                    PreflightProblem(
+                        serve.name,
+                        frozenset({step.group}),
+                        f"{serve.name}: {step.action} planned, but this executor does not "
+                        "implement it",
+                    )
+                )
             if step.action is Action.STOP and serve.port is not None:
                 stopped_ports.add(serve.port)
             if step.action is Action.START:
@@ -443,6 +483,9 @@ class Executor:
         report.ledger = run.ledger
         report.elastic = dict(run.elastic)
         report.left_quiesced = dict(run.left_quiesced)
+        report.sleeps = dict(run.sleeps)
+        report.sleep_unsupported = dict(run.sleep_unsupported)
+        report.stopped_instead = dict(run.stopped_instead)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
         return report
 
@@ -453,9 +496,10 @@ class Executor:
             if step.serve not in machines:
                 serve = self.desired.serves[step.serve]
                 holds = observed.container(serve.container).holds
-                machines[step.serve] = ServeLifecycle(
-                    step.serve, LifecycleState.RUNNING if holds else LifecycleState.STOPPED
-                )
+                state = LifecycleState.RUNNING if holds else LifecycleState.STOPPED
+                if holds and observed.sleep_of(serve.name).asleep:
+                    state = LifecycleState.ASLEEP
+                machines[step.serve] = ServeLifecycle(step.serve, state)
         return machines
 
     def _refusals(self, plan: Plan, report: ExecutionReport) -> dict[str, list[str]]:
@@ -642,7 +686,7 @@ class _StartJob:
                 self.release()
 
 
-class _Run:
+class _Run(SleepSteps):
     """The state of one execution: the live ledger, the machines, what to undo."""
 
     def __init__(
@@ -671,6 +715,7 @@ class _Run:
         self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
         self.elastic: dict[str, ElasticFigure] = {}  # serve -> its count after a resize
         self.left_quiesced: dict[str, str] = {}  # serve -> why its undo left it quiesced
+        self.init_sleep_steps()
 
     # -- helpers ---------------------------------------------------------------------
     def serve(self, name: str) -> ServeSpec:
@@ -733,7 +778,10 @@ class _Run:
             Action.START: self.start,
             Action.AWAIT_READY: self.await_ready,
             Action.READMIT: self.readmit,
-        }[step.action]
+            **self.sleep_handlers(),
+        }.get(step.action)
+        if handler is None:  # a step kind the core plans and this executor cannot carry out
+            raise StepError(f"{step.action} steps are not implemented by this executor")
         measure = self.ex.footprints
         if step.action is Action.START:
             measure.before_start(s, self.desired.roles)
@@ -904,7 +952,12 @@ class _Run:
                 continue
             outside.append(GpuReservation(other.name, other.gpu_roles, other.vram_mib))
         if outside:
-            self.ledger = Ledger(self.desired.roles, [*self.ledger.holdings.values(), *outside])
+            self.ledger = Ledger(
+                self.desired.roles,
+                [*self.ledger.holdings.values(), *outside],
+                host=self.ledger.host,
+                host_holdings=self.ledger.host_holdings,
+            )
             names = ", ".join(r.holder for r in outside)
             raise StepError(
                 f"{names} started outside the controller while this plan ran "
@@ -1233,7 +1286,12 @@ class _Run:
                 r if r.holder != s.name else GpuReservation(r.holder, r.gpu_roles, mib)
                 for r in self.ledger.holdings.values()
             ]
-            resized = Ledger(self.ledger.roles, holdings)
+            resized = Ledger(
+                self.ledger.roles,
+                holdings,
+                host=self.ledger.host,
+                host_holdings=self.ledger.host_holdings,
+            )
             logger.error(
                 "{}: counted at {} MiB, what its engine may hold, though that is over the "
                 "budget of {}",

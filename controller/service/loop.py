@@ -40,6 +40,7 @@ from loguru import logger
 
 from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
 from controller.adapters.nvml import NvmlApi
+from controller.adapters.sleep import SleepClient
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.service.cycle import CycleJournal, CycleResult, PlanInputs, run_cycle
 from controller.service.events import (
@@ -52,10 +53,12 @@ from controller.service.executor import ExecutionReport, Executor, Outcome, Step
 from controller.service.footprints import DEFAULT_SETTLE_S, FootprintRecorder, Reading
 from controller.service.live import LiveLedger, StepEnded
 from controller.service.observe import observe_host
+from controller.service.sleeping import observe_sleep
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import BackoffView, JournalHistory, LoopView
 from controller.service.wiring import containers_now, make_executor, read_gpus
 from controller.snapshot import (
+    SleepStateModel,
     SnapshotModel,
     StartedWithModel,
     StartingModel,
@@ -125,6 +128,9 @@ class Controller:
     manifest_issues: list[LocatedError] = field(default_factory=list)
     backoff: dict[str, Backoff] = field(default_factory=dict)
     no_shrink: set[str] = field(default_factory=set)
+    #: serves whose engine has no sleep API (404) or whose last sleep did not confirm:
+    #: stopped instead of put to sleep until they start again or the manifest changes
+    no_sleep: set[str] = field(default_factory=set)
     last: CycleSummary = field(default_factory=CycleSummary)
     cycles: int = 0
     on_cycle: list[Callable[[Controller], None]] = field(default_factory=list)
@@ -173,6 +179,9 @@ class Controller:
         #: the newest observation: (snapshot, when, its live-ledger mark)
         self._seen: tuple[SnapshotModel, float, int] | None = None
         self._change_waiters: set[asyncio.Future[None]] = set()
+        # the engines' sleep state is asked every cycle: one quick try, no retries
+        self._sleep_probe = SleepClient(probe_timeout_s=1.0, attempts=1, max_wait_s=0)
+        self._sleep_said: set[str] = set()  # sleep notes logged (said once, not every cycle)
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -244,7 +253,11 @@ class Controller:
 
     def policy(self, now: float) -> Policy:
         """The planner policy: backoff holds and serves whose shrink failed."""
-        return Policy(no_shrink=frozenset(self.no_shrink), hold=backoff.holds(self.backoff, now))
+        return Policy(
+            no_shrink=frozenset(self.no_shrink),
+            hold=backoff.holds(self.backoff, now),
+            no_sleep=frozenset(self.no_sleep),
+        )
 
     def history(self) -> JournalHistory:
         """The journal's recorded cycles, read only (the operator's page lists them)."""
@@ -472,6 +485,7 @@ class Controller:
         if mset.digest != self.mset.digest:
             logger.info("manifest: reloaded ({} serves)", len(mset.serves))
             self.mset = mset
+            self.no_sleep.clear()  # an edit may have fixed the engine's sleep flag
             self._executor = None
             self._remember_declared()
 
@@ -509,6 +523,7 @@ class Controller:
         }
         snap.started_with = self._started_in_force(snap, records, known)
         snap.elastic = self._elastic_in_force(snap)
+        snap.sleep = self._sleep_in_force(snap)
         snap.quiesced = sorted(self._quiesced)
         snap.unreleased = self._still_unreleased(snap)
         return snap
@@ -599,6 +614,26 @@ class Controller:
                 continue  # outside the ledger; or no longer declared: its start counts it
             # the roles and MiB the start was planned with, whatever the manifest says now
             self.journal.set_started(spec.container, spec.name, r.step.gpu_roles, r.step.mib, now)
+
+    def _sleep_in_force(self, snap: SnapshotModel) -> dict[str, SleepStateModel]:
+        """The sleep state of every serve that can sleep, and the journal kept true to it.
+
+        A sleeper whose container stopped, or started again since its sleep (awake and
+        full), or whose engine says it is awake, is forgotten; what each recorded
+        sleeper was seen as is journalled every cycle.
+        """
+        records = self.journal.sleeping()
+        models, now = observe_sleep(self.mset.desired(), snap, records, self._sleep_probe)
+        at = time.time()
+        for container in now.forget:
+            self.journal.forget_sleeping(container)
+        for container, seen in now.seen.items():
+            self.journal.saw_sleeping(container, seen, at)
+        for note in now.notes:
+            if note not in self._sleep_said:
+                logger.info("sleep: {}", note)
+        self._sleep_said = set(now.notes)
+        return models
 
     def _elastic_in_force(self, snap: SnapshotModel) -> dict[str, int]:
         """The journal's elastic reserves, minus those of engines that restarted since.
@@ -873,6 +908,20 @@ class Controller:
         # cycle's start: the same plan may have started the container since)
         for name, figure in report.elastic.items():
             self.journal.set_elastic(name, figure.mib, figure.at)
+        for name, why in report.stopped_instead.items():
+            if name not in self.no_sleep:
+                logger.warning(
+                    "{}: stopped instead of put to sleep ({}); stopped, not put to "
+                    "sleep, until it starts again or the manifest changes",
+                    name,
+                    why,
+                )
+            self.no_sleep.add(name)
+        for name, rec in report.sleeps.items():  # put to sleep, or no longer asleep
+            if rec is not None:
+                self.journal.set_sleeping(rec)
+            elif (spec := self.mset.serves.get(name)) is not None:
+                self.journal.forget_sleeping(spec.container)
         for r in report.results:
             name = r.step.serve
             if r.step.action in (Action.START, Action.AWAIT_READY):
@@ -885,6 +934,8 @@ class Controller:
                     self._fail(name, r.detail, r.ended_at or now)
                     if died is not None:
                         self.backoff[name].seen_exit = died
+                elif r.outcome is Outcome.OK and r.step.action is Action.START:
+                    self.no_sleep.discard(name)  # a fresh engine: its sleep is tried again
                 elif r.outcome is Outcome.OK and r.step.action is Action.AWAIT_READY:
                     b = self.backoff.get(name)
                     if b is not None:
@@ -900,8 +951,12 @@ class Controller:
                         f"{name} did not give VRAM back yet: {r.detail}",
                         r.ended_at or now,
                     )
+            elif r.step.action in (Action.WAKE, Action.RELOAD) and r.outcome is Outcome.FAILED:
+                self._fail(name, r.detail, r.ended_at or now)  # stopped: a cold start, later
             elif r.step.action is Action.STOP and r.outcome is Outcome.OK:
                 self.journal.set_elastic(name, None, now)  # the engine forgets its reserve
+                if (spec := self.mset.serves.get(name)) is not None:
+                    self.journal.forget_sleeping(spec.container)  # a sleeper stopped
                 self.no_shrink.discard(name)
 
     def _hold_after_preflight(self, plan: Plan, report: ExecutionReport, now: float) -> None:
@@ -942,7 +997,12 @@ class Controller:
         while it runs (a redundant readmit is harmless: the router answers false).
         """
         before = set(self._quiesced)
-        stopped = {s["serve"] for s in steps if s["action"] == "stop" and s["outcome"] == "ok"}
+        # a serve put to sleep keeps its tier quiesced until it is woken, like a stopped one
+        stopped = {
+            s["serve"]
+            for s in steps
+            if s["action"] in ("stop", "sleep", "release_to_residual") and s["outcome"] == "ok"
+        }
         for s in steps:
             name = s["serve"]
             if s["action"] == "quiesce" and s["outcome"] == "ok" and name not in stopped:

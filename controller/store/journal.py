@@ -82,6 +82,7 @@ __all__ = [
     "CycleRecord",
     "Journal",
     "JournalError",
+    "SleepRecord",
     "StateLock",
     "StepRecord",
     "default_state_dir",
@@ -174,6 +175,18 @@ CREATE TABLE IF NOT EXISTS quiesced (
     serve TEXT PRIMARY KEY,            -- its router tier was left quiesced by the controller
     since REAL NOT NULL
 );
+CREATE TABLE IF NOT EXISTS sleeping (
+    container    TEXT PRIMARY KEY,     -- a container the controller put to sleep
+    serve        TEXT NOT NULL,
+    level        INTEGER NOT NULL,     -- 1: weights in host RAM, 2: weights dropped
+    gpu_roles    TEXT NOT NULL,        -- JSON: [role id, ...]
+    residual_mib INTEGER NOT NULL,     -- what it still holds per role asleep
+    host_ram_mib INTEGER NOT NULL,     -- host RAM it holds asleep (0 at level 2)
+    started_at   TEXT,                 -- the container's start it sleeps in: another = awake
+    since        REAL NOT NULL,        -- when its sleep was confirmed
+    seen         TEXT,                 -- last observation: asleep | awake | unknown
+    seen_at      REAL
+);
 CREATE TABLE IF NOT EXISTS declared (
     container TEXT PRIMARY KEY,        -- the last reservation a manifest declared for it
     serve     TEXT NOT NULL,
@@ -185,7 +198,7 @@ CREATE TABLE IF NOT EXISTS declared (
 
 #: Tables added to schema version 1 after its release: created on open when missing
 #: (``CREATE TABLE IF NOT EXISTS``), so a journal written before them still opens.
-_ADDED_TABLES = frozenset({"started", "ups", "declared", "footprints", "quiesced"})
+_ADDED_TABLES = frozenset({"started", "ups", "declared", "footprints", "quiesced", "sleeping"})
 
 #: Columns added to schema version 1 after its release (table, column, type): added on a
 #: writable open when missing (``ALTER TABLE ... ADD COLUMN``); a journal opened
@@ -206,6 +219,28 @@ class UpRecord:
     mib: int
     deadline: float
     began_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class SleepRecord:
+    """A container the controller put to sleep, as the journal remembers it.
+
+    ``started_at`` is the container's start it was put to sleep in (Docker's
+    ``State.StartedAt``): a container found started at another time restarted, so it
+    is awake and full whatever the record says. ``seen`` is what the last observation
+    found (``asleep``, ``awake`` or ``unknown``), at ``seen_at``.
+    """
+
+    container: str
+    serve: str
+    level: int
+    gpu_roles: tuple[str, ...]
+    residual_mib: int
+    host_ram_mib: int
+    started_at: str | None
+    since: float
+    seen: str | None = None
+    seen_at: float | None = None
 
 
 class JournalError(Exception):
@@ -880,6 +915,71 @@ class Journal:
             except sqlite3.OperationalError:  # no such table (read-only, older file)
                 return {}
         return {str(r[0]): float(r[1]) for r in rows}
+
+    # --------------------------------------------------------------- sleeping
+    def set_sleeping(self, rec: SleepRecord) -> None:
+        """Remember a container the controller put to sleep (replaces any record of it)."""
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO sleeping (container, serve, level, gpu_roles, residual_mib, "
+                "host_ram_mib, started_at, since, seen, seen_at) "
+                "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?) ON CONFLICT (container) DO UPDATE SET "
+                "serve = excluded.serve, level = excluded.level, "
+                "gpu_roles = excluded.gpu_roles, residual_mib = excluded.residual_mib, "
+                "host_ram_mib = excluded.host_ram_mib, started_at = excluded.started_at, "
+                "since = excluded.since, seen = excluded.seen, seen_at = excluded.seen_at",
+                (
+                    rec.container,
+                    rec.serve,
+                    int(rec.level),
+                    _dumps(list(rec.gpu_roles)),
+                    int(rec.residual_mib),
+                    int(rec.host_ram_mib),
+                    rec.started_at,
+                    rec.since,
+                    rec.seen,
+                    rec.seen_at,
+                ),
+            )
+
+    def saw_sleeping(self, container: str, seen: str, at: float) -> None:
+        """Record what this cycle's observation found of a sleeper (asleep/awake/unknown)."""
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE sleeping SET seen = ?, seen_at = ? WHERE container = ?",
+                (seen, at, container),
+            )
+
+    def forget_sleeping(self, container: str) -> None:
+        """Forget a sleeper: it was woken, stopped, or restarted (awake and full)."""
+        with self._tx() as conn:
+            conn.execute("DELETE FROM sleeping WHERE container = ?", (container,))
+
+    def sleeping(self) -> dict[str, SleepRecord]:
+        """Container -> its sleep record; empty for a read-only journal without the table."""
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT container, serve, level, gpu_roles, residual_mib, host_ram_mib, "
+                    "started_at, since, seen, seen_at FROM sleeping ORDER BY container"
+                ).fetchall()
+            except sqlite3.OperationalError:  # no such table (read-only, older file)
+                return {}
+        return {
+            str(r[0]): SleepRecord(
+                container=str(r[0]),
+                serve=str(r[1]),
+                level=int(r[2]),
+                gpu_roles=tuple(str(x) for x in json.loads(r[3])),
+                residual_mib=int(r[4]),
+                host_ram_mib=int(r[5]),
+                started_at=_opt_str(r[6]),
+                since=float(r[7]),
+                seen=_opt_str(r[8]),
+                seen_at=_opt_float(r[9]),
+            )
+            for r in rows
+        }
 
     # ---------------------------------------------------------------- retention
     def prune(

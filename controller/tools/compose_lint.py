@@ -39,7 +39,7 @@ from __future__ import annotations
 import re
 import shlex
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -56,7 +56,9 @@ from statemachine.engine_flags import (
     Finding,
     FindingKind,
     RenderResult,
+    SleepNeeds,
     check_fraction,
+    check_sleep,
     engine_of_argv,
     engine_of_image,
     flag_from_variable,
@@ -64,6 +66,7 @@ from statemachine.engine_flags import (
     normalize_engine,
     render_flag,
     role_totals,
+    sleep_needs,
 )
 
 __all__ = [
@@ -159,6 +162,9 @@ class ComposeService:
     raw: str
     profiles: tuple[str, ...] = ()
     has_entrypoint: bool = False
+    #: the service's ``environment`` (interpolated); ``env_file`` is not read
+    environment: Mapping[str, str] = field(default_factory=dict)
+    has_env_file: bool = False
 
     @property
     def container(self) -> str | None:
@@ -196,6 +202,30 @@ def _words(value: object, where: str, environ: Mapping[str, str]) -> tuple[list[
         except ValueError as exc:
             raise ComposeError([f"{where}: {exc}"]) from None
     raise ComposeError([f"{where}: must be a string or a list of strings, got {value!r}"])
+
+
+def _environment(value: object, where: str, environ: Mapping[str, str]) -> dict[str, str]:
+    """A service's ``environment`` (a mapping, or a list of ``KEY=VALUE``) as text."""
+    if value is None:
+        return {}
+    out: dict[str, str] = {}
+    try:
+        if isinstance(value, dict):
+            for key, v in value.items():
+                if v is not None:
+                    out[str(key)] = interpolate(
+                        str(v).lower() if isinstance(v, bool) else str(v), environ
+                    )
+            return out
+        if isinstance(value, list) and all(isinstance(v, str) for v in value):
+            for item in value:
+                key, eq, v = item.partition("=")
+                if eq:
+                    out[key] = interpolate(v, environ)
+            return out
+    except ValueError as exc:
+        raise ComposeError([f"{where}: {exc}"]) from None
+    raise ComposeError([f"{where}: must be a mapping or a list of KEY=VALUE, got {value!r}"])
 
 
 def _text(value: object, where: str, environ: Mapping[str, str]) -> str | None:
@@ -290,6 +320,8 @@ def load_compose(
                 raw=f"{entry_raw} {command_raw}".strip(),
                 profiles=tuple(str(p) for p in profiles) if isinstance(profiles, list) else (),
                 has_entrypoint="entrypoint" in body,
+                environment=_environment(body.get("environment"), f"{where}.environment", env),
+                has_env_file=body.get("env_file") is not None,
             )
         except ComposeError as exc:
             problems.extend(exc.problems)
@@ -321,13 +353,16 @@ class RenderedServe:
     result: RenderResult
     engine_source: str
     service: str | None = None
+    #: what the engine needs for its sleep API, for a serve with ``[serve.sleep]``
+    sleep: SleepNeeds | None = None
 
     def to_json(self) -> dict[str, Any]:
-        """The render JSON plus ``engine_source`` and ``service``."""
+        """The render JSON plus ``engine_source``, ``service`` and ``sleep``."""
         return {
             **self.result.to_json(),
             "engine_source": self.engine_source,
             "service": self.service,
+            "sleep": None if self.sleep is None else self.sleep.to_json(),
         }
 
 
@@ -398,7 +433,10 @@ def render_serve(
         result = replace(
             result, problem=f"{result.problem}{hint}", explanation=result.explanation + hint
         )
-    return RenderedServe(result, source, None if service is None else service.name)
+    protocol = serve.sleep.resolved_protocol(serve.engine) if serve.sleep else None
+    return RenderedServe(
+        result, source, None if service is None else service.name, sleep_needs(protocol)
+    )
 
 
 # ── lint ───────────────────────────────────────────────────────────────────────
@@ -542,6 +580,9 @@ def _check_pair(
     main = check_fraction(render, found, tolerance=tolerance, service=service.name)
     if main is not None:
         findings.append(main)
+    protocol = serve.sleep.resolved_protocol(serve.engine) if serve.sleep else None
+    if protocol is not None:
+        findings.extend(_check_sleep(serve.name, protocol, service, engine))
     checked = CheckedServe(
         serve=serve.name,
         service=service.name,
@@ -555,6 +596,38 @@ def _check_pair(
         ok=not any(f.is_error for f in findings),
     )
     return checked, findings
+
+
+def _check_sleep(
+    serve: str, protocol: str, service: ComposeService, engine: str | None
+) -> list[Finding]:
+    """``[serve.sleep]`` against the service's command and environment.
+
+    A variable the environment lacks may come from an ``env_file`` (which is not read):
+    then only the command line is checked, and a note says so.
+    """
+    needs = sleep_needs(protocol)
+    env = dict(service.environment)
+    unread: list[str] = []
+    if needs is not None and service.has_env_file:
+        for key, value in needs.env.items():
+            if env.get(key) != value:
+                env[key] = value  # assumed set there; said below
+                unread.append(f"{key}={value}")
+    found = check_sleep(serve, protocol, service.argv, env, engine=engine, service=service.name)
+    if unread:
+        found.append(
+            Finding(
+                FindingKind.SLEEP_ENV_UNREAD,
+                f"{service.label} does not set {', '.join(unread)} in its environment; "
+                "it may come from its env_file, which is not read: the engine's sleep API "
+                "needs it",
+                serve,
+                service.name,
+                {"missing": unread},
+            )
+        )
+    return found
 
 
 def lint_compose(

@@ -1,0 +1,608 @@
+"""The planner with engines that can sleep (docs/eviction.md, sleep instead of stop).
+
+Written from the rules: to make room a victim is put to sleep rather than stopped when
+what its sleep frees (``vram_mib - residual_mib``) covers the need under the same victim
+rules; a requester that sleeps is woken, not started; an evictable desired-running serve
+that was put to sleep comes back by waking; a sleeper whose residual is in the way is
+stopped; router tiers are quiesced and drained before a sleep and readmitted after a
+wake; a sleep the host RAM budget cannot take is a stop; residents are never slept.
+Each plan is replayed through the ledger (never over budget, GPU roles nor host RAM)
+and, where it says so, applied and planned again (it converges).
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from statemachine.ledger import Ledger, ledger_from_observed
+from statemachine.plan import Action, Plan
+from statemachine.planner import plan_transitions
+from statemachine.simulate import apply_plan, ledger_prefixes
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    Elastic,
+    GpuRole,
+    HostBudget,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    ServeSpec,
+    Sleep,
+    SleepObs,
+    SleepProtocol,
+    SleepState,
+)
+
+NOW = 10_000.0
+RUN, STOP = DesiredRun.RUNNING, DesiredRun.STOPPED
+RES, EVI, OND = Residency.RESIDENT, Residency.EVICTABLE, Residency.ON_DEMAND
+ROLES = {"a": GpuRole("a", 32_000, 2_000)}  # budget 30000
+HOST = HostBudget(64_000, 4_000)  # budget 60000
+UP = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
+
+
+def sleep(residual: int = 1000, level: int = 1, host: int = 20_000) -> Sleep:
+    return Sleep(level, residual, SleepProtocol.VLLM, host if level == 1 else 0)
+
+
+def sv(
+    name: str,
+    mib: int,
+    residency: Residency | None,
+    desired: DesiredRun | None = None,
+    **kw: object,
+) -> ServeSpec:
+    return ServeSpec(
+        name=name,
+        container=f"c-{name}",
+        gpu_roles=("a",),
+        vram_mib=mib,
+        residency=residency,
+        desired=desired,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def asleep(level: int = 1) -> SleepObs:
+    return SleepObs(SleepState.ASLEEP, level=level)
+
+
+def plan(
+    serves: list[ServeSpec],
+    running: list[str],
+    requests: tuple[str, ...] = (),
+    *,
+    sleeping: dict[str, SleepObs] | None = None,
+    host: HostBudget | None = HOST,
+    **observed: object,
+) -> tuple[DesiredState, Observed, Plan]:
+    desired = DesiredState(
+        ROLES,
+        {s.name: s for s in serves},
+        tuple(OnDemandRequest(r, NOW - 1) for r in requests),
+        host=host,
+    )
+    obs = Observed(
+        True,
+        {f"c-{n}": UP for n in running},
+        sleep=sleeping or {},
+        **observed,  # type: ignore[arg-type]
+    )
+    result = plan_transitions(desired, obs, None, NOW)
+    check_ledger(result)
+    return desired, obs, result
+
+
+def check_ledger(result: Plan) -> None:
+    """Every prefix of the plan is admitted by the ledger and never over budget."""
+    last: Ledger = result.ledger_before
+    for _step, out in ledger_prefixes(result):
+        assert isinstance(out, Ledger), out
+        assert not out.overcommitted() and not out.host_overcommitted()
+        last = out
+    assert last.holdings == result.ledger_after.holdings
+    assert last.host_holdings == result.ledger_after.host_holdings
+
+
+def lines(result: Plan) -> list[str]:
+    return [f"{s.action} {s.serve}" for s in result.steps]
+
+
+def converges(desired: DesiredState, obs: Observed, result: Plan) -> None:
+    after = apply_plan(desired, obs, result, NOW + 1)
+    again = plan_transitions(desired, after, None, NOW + 1)
+    assert again.empty, lines(again)
+    ledger = ledger_from_observed(desired, after)
+    assert ledger.holdings == result.ledger_after.holdings
+    assert ledger.host_holdings == result.ledger_after.host_holdings
+
+
+STT = sv("stt", 10_000, RES, RUN)
+
+
+def test_a_victim_whose_sleep_covers_the_need_is_put_to_sleep_not_stopped() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 8000, OND)
+    desired, obs, result = plan([STT, coder, llm], ["stt", "coder"], ("llm",))
+    assert lines(result) == [
+        "sleep coder",
+        "release_to_residual coder",
+        "reserve llm",
+        "start llm",
+        "await_ready llm",
+    ]
+    down = result.steps[1]
+    assert (down.mib, down.to_mib, down.host_mib) == (15_000, 1000, 20_000)
+    assert {s.group for s in result.steps} == {"llm"}
+    assert result.ledger_after.holdings["coder"].mib == 1000
+    assert result.ledger_after.host_holdings == {"coder": 20_000}
+    host_json = result.to_json()["host_ledger_after"]
+    assert host_json["committed_mib"] == 20_000 and host_json["free_mib"] == 40_000
+    converges(desired, obs, result)
+
+
+def test_a_victim_whose_sleep_does_not_cover_the_need_is_stopped() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 20_000, OND)  # short 16000: sleep frees 15000, a stop 16000
+    desired, obs, result = plan([STT, coder, llm], ["stt", "coder"], ("llm",))
+    assert lines(result) == [
+        "stop coder",
+        "release coder",
+        "reserve llm",
+        "start llm",
+        "await_ready llm",
+    ]
+    assert result.ledger_after.host_holdings == {}
+    converges(desired, obs, result)
+
+
+def test_a_sleep_the_host_budget_cannot_take_is_a_stop_with_the_host_terms() -> None:
+    old = sv("old", 3000, EVI, None, sleep=sleep(residual=500, host=50_000))
+    coder = sv("coder", 13_000, EVI, RUN, sleep=sleep())  # host 20000 > 60000 - 50000
+    llm = sv("llm", 8000, OND)
+    desired, obs, result = plan(
+        [STT, old, coder, llm], ["stt", "old", "coder"], ("llm",), sleeping={"old": asleep()}
+    )
+    assert lines(result) == [
+        "stop coder",
+        "release coder",
+        "reserve llm",
+        "start llm",
+        "await_ready llm",
+    ]
+    reason = result.steps[0].reason
+    for words in ("not put to sleep", "20000 MiB of host RAM", "free 10000", "old 50000"):
+        assert words in reason, reason
+    assert result.ledger_after.host_holdings == {"old": 50_000}
+    converges(desired, obs, result)
+
+
+def test_without_a_host_budget_host_ram_never_turns_a_sleep_into_a_stop() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(host=10**6))
+    llm = sv("llm", 8000, OND)
+    _d, _o, result = plan([STT, coder, llm], ["stt", "coder"], ("llm",), host=None)
+    assert lines(result)[:2] == ["sleep coder", "release_to_residual coder"]
+    assert "host_ledger_after" not in result.to_json()
+
+
+def test_sleep_is_preferred_at_an_equal_number_of_victims() -> None:
+    # short 8000: stopping ocr (8500) overshoots less than stopping coder (10000), but
+    # coder's sleep frees exactly 8000
+    coder = sv("coder", 10_000, EVI, RUN, sleep=sleep(residual=2000))
+    ocr = sv("ocr", 8500, EVI, RUN)
+    llm = sv("llm", 19_500, OND)
+    desired, obs, result = plan([coder, ocr, llm], ["coder", "ocr"], ("llm",))
+    assert lines(result)[:2] == ["sleep coder", "release_to_residual coder"]
+    assert "stop ocr" not in lines(result)
+    converges(desired, obs, result)
+
+
+def test_fewest_victims_comes_before_sleeping() -> None:
+    # short 9000: coder's sleep frees only 8000, so sleeping needs a second victim;
+    # one stop of coder covers it
+    coder = sv("coder", 10_000, EVI, RUN, sleep=sleep(residual=2000))
+    ocr = sv("ocr", 5000, EVI, RUN)
+    emb = sv("emb", 5000, EVI, RUN)
+    llm = sv("llm", 19_000, OND)
+    _d, _o, result = plan([coder, ocr, emb, llm], ["coder", "ocr", "emb"], ("llm",))
+    assert lines(result) == [
+        "stop coder",
+        "release coder",
+        "reserve llm",
+        "start llm",
+        "await_ready llm",
+    ]
+
+
+def test_a_stopped_victim_that_could_sleep_sleeps_when_the_cover_holds() -> None:
+    # two victims needed either way; the stop set is {big, coder}; coder's residual
+    # is not needed, so coder sleeps
+    big = sv("big", 14_000, EVI, RUN)
+    coder = sv("coder", 12_000, EVI, RUN, sleep=sleep(residual=1000))
+    llm = sv("llm", 27_000, OND)
+    _d, _o, result = plan([big, coder, llm], ["big", "coder"], ("llm",))
+    assert set(lines(result)) >= {"stop big", "sleep coder", "release_to_residual coder"}
+
+
+def test_router_tiers_are_drained_before_a_sleep_and_stay_quiesced_while_asleep() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(), router_tier="coder-local")
+    llm = sv("llm", 8000, OND)
+    desired, obs, result = plan([STT, coder, llm], ["stt", "coder"], ("llm",))
+    assert lines(result)[:4] == [
+        "quiesce coder",
+        "drain coder",
+        "sleep coder",
+        "release_to_residual coder",
+    ]
+    after = apply_plan(desired, obs, result, NOW + 1)
+    assert "coder" in after.quiesced
+    again = plan_transitions(desired, after, None, NOW + 1)
+    assert "readmit coder" not in lines(again)  # never readmitted while it sleeps
+    assert again.empty
+
+
+def test_a_requester_that_sleeps_is_woken_not_started() -> None:
+    llm = sv("llm", 8000, OND, sleep=sleep(residual=1000, level=2))
+    desired, obs, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": asleep(2)})
+    assert lines(result) == ["reserve_wake llm", "wake llm", "reload llm", "await_ready llm"]
+    wake = result.steps[0]
+    assert (wake.mib, wake.to_mib, wake.host_mib) == (7000, 8000, None)
+    assert result.ledger_after.holdings["llm"].mib == 8000
+    converges(desired, obs, result)
+
+
+def test_a_level_1_wake_gives_the_host_ram_back_and_reloads_nothing() -> None:
+    llm = sv("llm", 8000, OND, sleep=sleep(), router_tier="llm-local")
+    desired, obs, result = plan(
+        [STT, llm],
+        ["stt", "llm"],
+        ("llm",),
+        sleeping={"llm": asleep(1)},
+        quiesced=frozenset({"llm"}),
+    )
+    assert lines(result) == ["reserve_wake llm", "wake llm", "await_ready llm", "readmit llm"]
+    assert result.steps[0].host_mib == 20_000
+    assert result.ledger_after.host_holdings == {}
+    converges(desired, obs, result)
+
+
+def test_a_requester_that_sleeps_makes_room_for_its_wake() -> None:
+    llm = sv("llm", 8000, OND, sleep=sleep(residual=1000, level=2))
+    coder = sv("coder", 21_000, EVI, RUN)  # 10000 + 21000 + 1000 asleep: free 0... short 7000
+    stt = sv("stt", 8000, RES, RUN)
+    desired, obs, result = plan(
+        [stt, coder, llm], ["stt", "coder", "llm"], ("llm",), sleeping={"llm": asleep(2)}
+    )
+    assert lines(result) == [
+        "stop coder",
+        "release coder",
+        "reserve_wake llm",
+        "wake llm",
+        "reload llm",
+        "await_ready llm",
+    ]
+    converges(desired, obs, result)
+
+
+def test_an_evictable_serve_put_to_sleep_comes_back_by_waking() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(), router_tier="coder-local")
+    desired, obs, result = plan(
+        [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, quiesced=frozenset({"coder"})
+    )
+    assert lines(result) == [
+        "reserve_wake coder",
+        "wake coder",
+        "await_ready coder",
+        "readmit coder",
+    ]
+    converges(desired, obs, result)
+
+
+def test_a_sleeper_without_room_to_wake_waits_with_every_term() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 16_000, OND)
+    _d, _o, result = plan(
+        [STT, coder, llm], ["stt", "coder", "llm"], ("llm",), sleeping={"coder": asleep()}
+    )
+    assert result.empty
+    (blocked,) = result.blocked
+    assert blocked.serve == "coder"
+    assert "sleeps and cannot wake" in blocked.reason
+    (terms,) = blocked.terms
+    assert terms.requested_mib == 15_000 and terms.free_mib == 3000
+    assert ("coder", 1000) in terms.reservations  # the residual is a term
+    assert "coder 1000" in blocked.reason
+
+
+def test_the_wake_of_an_on_demand_requester_does_not_stop_the_sleeper_it_put_to_sleep() -> None:
+    # the next cycle after test 1: llm runs, coder sleeps: nothing to do
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 8000, OND)
+    _d, _o, result = plan(
+        [STT, coder, llm], ["stt", "coder", "llm"], ("llm",), sleeping={"coder": asleep()}
+    )
+    assert result.empty and [b.serve for b in result.blocked] == ["coder"]
+
+
+def test_when_the_request_ends_the_sleeper_is_woken() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 8000, OND)
+    desired = DesiredState(
+        ROLES,
+        {s.name: s for s in (STT, coder, llm)},
+        (OnDemandRequest("llm", NOW - 100, ttl_s=10),),
+        host=HOST,
+    )
+    obs = Observed(True, {f"c-{n}": UP for n in ("stt", "coder", "llm")}, sleep={"coder": asleep()})
+    result = plan_transitions(desired, obs, None, NOW)
+    check_ledger(result)
+    assert lines(result) == [
+        "stop llm",
+        "release llm",
+        "reserve_wake coder",
+        "wake coder",
+        "await_ready coder",
+    ]
+    converges(desired, obs, result)
+
+
+def test_a_sleeper_whose_residual_is_in_the_way_is_stopped() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(residual=1000), router_tier="t")
+    llm = sv("llm", 19_500, OND)  # free 30000 - 11000 = 19000: short 500
+    desired, obs, result = plan(
+        [STT, coder, llm], ["stt", "coder"], ("llm",), sleeping={"coder": asleep()}
+    )
+    # no quiesce, no drain: its tier was drained before it slept
+    assert lines(result) == [
+        "stop coder",
+        "release coder",
+        "reserve llm",
+        "start llm",
+        "await_ready llm",
+    ]
+    assert result.ledger_after.host_holdings == {}
+    converges(desired, obs, result)
+
+
+def test_a_sleeper_desired_stopped_is_stopped_without_a_drain() -> None:
+    coder = sv("coder", 16_000, EVI, STOP, sleep=sleep(), router_tier="t")
+    desired, obs, result = plan([coder], ["coder"], sleeping={"coder": asleep()})
+    assert lines(result) == ["stop coder", "release coder"]
+    assert result.steps[0].mib == 1000
+    converges(desired, obs, result)
+
+
+def test_residents_and_on_demand_serves_are_never_slept() -> None:
+    stt = sv("stt", 20_000, RES, RUN, sleep=sleep())
+    other = sv("other", 6000, OND, sleep=sleep())
+    llm = sv("llm", 8000, OND)
+    _d, _o, result = plan([stt, other, llm], ["stt", "other"], ("llm", "other"))
+    assert not any(s.action is Action.SLEEP for s in result.steps)
+    assert [b.serve for b in result.blocked] == ["llm"]
+    assert {p.serve for p in result.blocked[0].protected} == {"stt", "other"}
+
+
+def test_an_unknown_sleep_state_is_never_slept_on_but_may_be_stopped() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 8000, OND)
+    _d, _o, result = plan(
+        [STT, coder, llm],
+        ["stt", "coder"],
+        ("llm",),
+        sleeping={"coder": SleepObs(SleepState.UNKNOWN)},
+    )
+    assert lines(result)[:2] == ["stop coder", "release coder"]
+    assert result.steps[0].mib == 16_000  # counted awake and full
+
+
+def test_an_elastic_sleeper_is_neither_grown_nor_shrunk() -> None:
+    el = Elastic("http://127.0.0.1:1", floor_mib=2000)
+    coder = sv("coder", 16_000, EVI, None, sleep=sleep(), elastic=el)
+    llm = sv("llm", 19_500, OND)  # short 500: the sleeper's residual is stopped
+    _d, _o, result = plan(
+        [STT, coder, llm], ["stt", "coder"], ("llm",), sleeping={"coder": asleep()}
+    )
+    assert not any(s.action in (Action.GROW, Action.SHRINK) for s in result.steps)
+    assert lines(result)[:2] == ["stop coder", "release coder"]
+    # no request: the sleeper is left as it is (not desired running, nothing to grow)
+    _d, _o, idle = plan([STT, coder], ["stt", "coder"], sleeping={"coder": asleep()})
+    assert idle.empty
+
+
+def test_docker_unknown_plans_no_sleep_and_no_wake() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    desired = DesiredState(ROLES, {"coder": coder}, host=HOST)
+    result = plan_transitions(desired, Observed(False, sleep={"coder": asleep()}), None, NOW)
+    assert result.empty and [b.serve for b in result.blocked] == ["coder"]
+
+
+@pytest.mark.parametrize("level", [1, 2])
+def test_two_requesters_sleep_two_victims_and_host_ram_is_taken_in_turn(level: int) -> None:
+    a = sv("a1", 9000, EVI, RUN, sleep=sleep(residual=1000, level=level, host=35_000))
+    b = sv("b1", 9000, EVI, RUN, sleep=sleep(residual=1000, level=level, host=35_000))
+    r1 = sv("r1", 9000, OND)  # 10000 + 9000 + 9000 committed: free 2000
+    r2 = sv("r2", 9000, OND)
+    desired, obs, result = plan([STT, a, b, r1, r2], ["stt", "a1", "b1"], ("r1", "r2"))
+    acts = lines(result)
+    assert "start r1" in acts and "start r2" in acts
+    if level == 1:  # 35000 + 35000 > 60000: the second is a stop
+        assert ("sleep a1" in acts) != ("sleep b1" in acts)
+        assert ("stop a1" in acts) != ("stop b1" in acts)
+    else:
+        assert "sleep a1" in acts and "sleep b1" in acts
+    converges(desired, obs, result)
+
+
+def test_fit_says_who_sleeps_and_keeps_the_host_budget() -> None:
+    from statemachine.fit import fit_serve
+
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 8000, OND)
+    desired = DesiredState(ROLES, {s.name: s for s in (STT, coder, llm)}, host=HOST)
+    obs = Observed(True, {"c-stt": UP, "c-coder": UP})
+    fit = fit_serve(desired, obs, "llm", now=NOW)
+    assert fit.fits and fit.sleep == ("coder",) and fit.evict == ()
+    assert "putting coder to sleep" in fit.reason
+    assert fit.to_json()["sleep"] == ["coder"]
+    # with no room on the host for coder's weights, the same question is a stop
+    tight = DesiredState(ROLES, desired.serves, host=HostBudget(10_000, 0))
+    fit = fit_serve(tight, obs, "llm", now=NOW)
+    assert fit.fits and fit.evict == ("coder",) and fit.sleep == ()
+
+
+def test_fit_of_a_sleeper_is_its_wake() -> None:
+    from statemachine.fit import fit_serve
+
+    llm = sv("llm", 8000, OND, sleep=sleep())
+    desired = DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
+    obs = Observed(True, {"c-stt": UP, "c-llm": UP}, sleep={"llm": asleep()})
+    fit = fit_serve(desired, obs, "llm", now=NOW)
+    assert fit.fits and fit.wake
+    assert fit.reason.startswith("llm sleeps and is woken, not started")
+    (terms,) = fit.terms
+    assert terms.requested_mib == 7000 and ("llm", 1000) in terms.reservations
+
+
+def test_status_shows_the_sleeper_its_residual_and_the_host_line() -> None:
+    from statemachine.status import host_status
+
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    desired = DesiredState(ROLES, {s.name: s for s in (STT, coder)}, host=HOST)
+    used = ContainerObs(ContainerState.RUNNING, health="healthy", gpu_used_mib=1200)
+    obs = Observed(True, {"c-stt": UP, "c-coder": used}, sleep={"coder": asleep()})
+    report = host_status(desired, obs).to_json()
+    rows = {r["serve"]: r for r in report["serves"]}
+    assert rows["coder"]["lifecycle"] == "asleep"
+    assert rows["coder"]["sleep"] == {
+        "state": "asleep",
+        "level": 1,
+        "residual_mib": 1000,
+        "host_ram_mib": 20_000,
+    }
+    assert rows["coder"]["drift_mib"] == 200  # against the residual it holds asleep
+    assert "sleep" not in rows["stt"]
+    assert report["host"]["committed_mib"] == 20_000 and report["host"]["overcommitted"] is False
+    assert report["gpu_roles"][0]["committed_mib"] == 11_000
+    awake = host_status(desired, Observed(True, {"c-stt": UP, "c-coder": UP})).to_json()
+    row = {r["serve"]: r for r in awake["serves"]}["coder"]
+    assert row["sleep"]["state"] == "awake" and row["lifecycle"] == "running"
+    unknown = host_status(desired, Observed(False)).to_json()
+    assert {r["serve"]: r for r in unknown["serves"]}["coder"]["sleep"]["state"] == "unknown"
+    assert unknown["host"]["committed_mib"] is None
+    assert unknown["host"]["overcommitted"] is None
+
+
+def test_a_serve_the_policy_says_cannot_sleep_is_stopped_instead() -> None:
+    from statemachine.plan import Policy
+
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 8000, OND)
+    desired = DesiredState(
+        ROLES, {s.name: s for s in (STT, coder, llm)}, (OnDemandRequest("llm", NOW - 1),), HOST
+    )
+    obs = Observed(True, {"c-stt": UP, "c-coder": UP})
+    policy = Policy(no_sleep=frozenset({"coder"}))
+    result = plan_transitions(desired, obs, policy, NOW)
+    assert lines(result)[:2] == ["stop coder", "release coder"]
+    assert Policy.from_json(policy.to_json()) == policy
+    assert "no_sleep" not in Policy().to_json()  # older journal records stay as they were
+    with pytest.raises(ValueError, match="no_sleep"):
+        Policy.from_json({"no_sleep": "coder"})
+
+
+def test_when_every_candidate_can_sleep_the_one_whose_sleep_covers_sleeps() -> None:
+    # short 8000: stopping ocr (8500) overshoots least, but its sleep frees only 500;
+    # coder's sleep frees exactly 8000, so coder sleeps and ocr keeps running
+    coder = sv("coder", 10_000, EVI, RUN, sleep=sleep(residual=2000))
+    ocr = sv("ocr", 8500, EVI, RUN, sleep=sleep(residual=8000))
+    llm = sv("llm", 19_500, OND)
+    desired, obs, result = plan([coder, ocr, llm], ["coder", "ocr"], ("llm",))
+    assert lines(result)[:2] == ["sleep coder", "release_to_residual coder"]
+    assert not any(s.serve == "ocr" for s in result.steps)
+    converges(desired, obs, result)
+
+
+def test_a_conflict_with_a_start_in_progress_does_not_hide_the_other_conflicts() -> None:
+    from statemachine.types import StartingObs
+
+    a = sv("a", 1000, EVI, None, port=9000)
+    b = sv("b", 1000, RES, RUN, port=9000)
+    q = sv("q", 1000, OND, port=9000)
+    _d, _o, result = plan([a, b, q], ["a", "b"], ("q",), starting={"a": StartingObs(("a",), 1000)})
+    (blocked,) = [x for x in result.blocked if x.serve == "q"]
+    assert "a: its start is in progress" in blocked.reason
+    assert "b runs (holds port 9000) and may not be stopped" in blocked.reason
+    assert {p.serve for p in blocked.protected} == {"a", "b"}
+
+
+def test_an_elastic_serve_shrunk_before_it_slept_wakes_at_what_it_held() -> None:
+    el = Elastic("http://127.0.0.1:1", floor_mib=2000)
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(residual=1000), elastic=el)
+    desired, obs, result = plan(
+        [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, elastic_mib={"coder": 9000}
+    )
+    assert lines(result)[0] == "reserve_wake coder"
+    assert (result.steps[0].mib, result.steps[0].to_mib) == (8000, 9000)
+    after = apply_plan(desired, obs, result, NOW + 1)
+    assert ledger_from_observed(desired, after).holdings["coder"].mib == 9000
+    # awake again, it grows back toward its declared reservation as any shrunk serve
+    assert lines(plan_transitions(desired, after, None, NOW + 1)) == ["grow coder"]
+
+
+def test_a_start_needs_its_declared_reservation_whatever_an_old_record_says() -> None:
+    from statemachine.types import StartedWith
+
+    ocr = sv("ocr", 8000, EVI, RUN)
+    record = {"c-ocr": StartedWith("ocr", ("a",), 25_000)}  # its last run, exited
+    _d, _o, result = plan([STT, ocr], ["stt"], started_with=record)
+    assert lines(result) == ["reserve ocr", "start ocr", "await_ready ocr"]
+
+
+def test_what_a_sleeper_that_is_not_known_awake_could_free_is_not_offered() -> None:
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    llm = sv("llm", 25_000, OND)  # short 21000; stopping coder frees 16000: no fit
+    _d, _o, result = plan(
+        [STT, coder, llm],
+        ["stt", "coder"],
+        ("llm",),
+        sleeping={"coder": SleepObs(SleepState.UNKNOWN)},
+    )
+    (blocked,) = result.blocked
+    assert "by sleep" not in blocked.reason
+    assert "sleepable_mib" not in blocked.to_json()["ledger"]
+    # known awake, it could free 15000 by sleeping: that is a term of the refusal
+    _d, _o, awake = plan([STT, coder, llm], ["stt", "coder"], ("llm",))
+    (blocked,) = awake.blocked
+    assert "evictable 16000 (by sleep 15000)" in blocked.reason
+    assert blocked.to_json()["ledger"]["sleepable_mib"] == {"a": 15_000}
+
+
+def test_a_sleeper_wakes_by_the_level_it_slept_at_not_the_one_declared_now() -> None:
+    llm = sv("llm", 8000, OND, sleep=sleep(level=1))
+    _d, _o, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": asleep(2)})
+    assert "reload llm" in lines(result)
+    unsaid = SleepObs(SleepState.ASLEEP)  # no level observed: the declared one
+    _d, _o, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": unsaid})
+    assert "reload llm" not in lines(result) and "wake llm" in lines(result)
+
+
+def test_a_sleeper_of_unknown_level_is_reloaded_and_wakes_to_what_it_was_started_with() -> None:
+    from statemachine.types import StartedWith
+
+    # the manifest no longer declares sleep and the engine did not say its level
+    llm = sv("llm", 8000, OND)
+    _d, _o, result = plan(
+        [STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": SleepObs(SleepState.ASLEEP)}
+    )
+    assert lines(result) == ["reserve_wake llm", "wake llm", "reload llm", "await_ready llm"]
+    # started with more than it declares now: it wakes to that
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    record = {"c-coder": StartedWith("coder", ("a",), 18_000)}
+    desired, obs, result = plan(
+        [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, started_with=record
+    )
+    assert (result.steps[0].mib, result.steps[0].to_mib) == (17_000, 18_000)
+    converges(desired, obs, result)

@@ -1,0 +1,233 @@
+"""Property tests of the planner with sleepers (docs/eviction.md, sleep instead of stop).
+
+Random fleets (tests/strategies.py) are given ``[serve.sleep]`` configs, a host RAM
+budget and observed sleep states; then:
+
+1. every prefix of a plan keeps committed <= budget on every GPU role and on host RAM
+   (what was observed over budget is never increased), and the replay ends at
+   ``plan.ledger_after`` (host holdings included);
+2. only evictable serves that can sleep, are known awake and run are put to sleep,
+   only for an on-demand requester; residents are never slept nor evicted; only
+   sleepers are woken, and a woken serve is never also started;
+3. convergence: plan, apply, plan again -> no steps; the ledger the applied observation
+   yields is the plan's ledger after (host RAM included);
+4. the oracle on one victim: an evictable serve in an on-demand requester's way sleeps
+   when its sleep covers the shortfall and the host budget takes it, is stopped when
+   only a stop covers it, and the requester is blocked otherwise.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import replace
+
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
+from strategies import NOW, Scenario, scenarios
+
+from statemachine.ledger import Ledger, Refusal, ledger_from_observed
+from statemachine.plan import Action, Plan
+from statemachine.planner import plan_transitions
+from statemachine.simulate import apply_plan, ledger_prefixes
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    GpuRole,
+    HostBudget,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    ServeSpec,
+    Sleep,
+    SleepObs,
+    SleepProtocol,
+    SleepState,
+)
+
+EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "300"))
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@st.composite
+def sleepy(draw: st.DrawFn) -> Scenario:
+    """A random scenario whose serves may sleep, with a host budget (or none)."""
+    sc = draw(scenarios(docker_ok=True))
+    host = draw(
+        st.one_of(
+            st.none(),
+            st.builds(HostBudget, st.integers(1, 200_000), st.integers(0, 20_000)).filter(
+                lambda h: h.reserve_mib <= h.ram_mib
+            ),
+        )
+    )
+    serves: dict[str, ServeSpec] = {}
+    sleep_obs: dict[str, SleepObs] = {}
+    for name, s in sc.desired.serves.items():
+        if s.vram_mib is not None and s.vram_mib > 1 and draw(st.integers(0, 2)) != 0:
+            level = draw(st.sampled_from([1, 2]))
+            residual = draw(st.integers(1, s.vram_mib - 1))
+            host_mib = draw(st.integers(0, 80_000)) if level == 1 else 0
+            s = replace(s, sleep=Sleep(level, residual, SleepProtocol.VLLM, host_mib))  # noqa: PLW2901
+            if sc.observed.container(s.container).holds and name not in sc.observed.starting:
+                state = draw(st.sampled_from([None, *SleepState]))
+                if state is not None:
+                    sleep_obs[name] = SleepObs(
+                        state, level=level if state is SleepState.ASLEEP else None
+                    )
+        serves[name] = s
+    desired = DesiredState(sc.desired.roles, serves, sc.desired.requests, host=host)
+    observed = replace(sc.observed, sleep=sleep_obs)
+    return Scenario(desired=desired, observed=observed, now=sc.now, policy=sc.policy)
+
+
+def plan_of(sc: Scenario) -> Plan:
+    plan = plan_transitions(sc.desired, sc.observed, sc.policy, sc.now)
+    note(repr(sc.observed))
+    note(json.dumps([s.to_json() for s in plan.steps], indent=1, default=str))
+    return plan
+
+
+def asleep_at_start(sc: Scenario) -> set[str]:
+    return {
+        n
+        for n, o in sc.observed.sleep.items()
+        if o.asleep
+        and sc.observed.container(sc.desired.serves[n].container).holds
+        and n not in sc.observed.starting
+    }
+
+
+@SETTINGS
+@given(sleepy())
+def test_every_prefix_keeps_gpu_roles_and_host_ram_within_budget(sc: Scenario) -> None:
+    plan = plan_of(sc)
+    before = {r: plan.ledger_before.committed_mib(r) for r in plan.ledger_before.roles}
+    host_before = plan.ledger_before.host_committed_mib()
+    ledger: Ledger = plan.ledger_before
+    for i, (step, result) in enumerate(ledger_prefixes(plan)):
+        assert not isinstance(result, Refusal), f"step {i} {step.to_json()}: {result.message}"
+        for role, spec in result.roles.items():
+            assert result.committed_mib(role) <= max(spec.budget_mib, before[role]), (i, role)
+        if sc.desired.host is not None:
+            limit = max(sc.desired.host.budget_mib, host_before)
+            assert result.host_committed_mib() <= limit, (i, step.to_json())
+        ledger = result
+    assert dict(ledger.holdings) == dict(plan.ledger_after.holdings)
+    assert dict(ledger.host_holdings) == dict(plan.ledger_after.host_holdings)
+
+
+@SETTINGS
+@given(sleepy())
+def test_who_sleeps_and_who_wakes_follows_the_rules(sc: Scenario) -> None:
+    plan = plan_of(sc)
+    d, obs = sc.desired, sc.observed
+    sleeping = asleep_at_start(sc)
+    requester_groups = {
+        s.group
+        for s in plan.steps
+        if s.group in d.serves and d.serves[s.group].residency is Residency.ON_DEMAND
+    }
+    for step in plan.steps:
+        s = d.serves[step.serve]
+        if step.action is Action.SLEEP:
+            assert s.residency is Residency.EVICTABLE, step.to_json()
+            assert s.sleep is not None and step.serve not in sleeping
+            assert obs.sleep_of(step.serve).state is SleepState.AWAKE
+            assert obs.container(s.container).holds
+            assert step.group in requester_groups and step.group != step.serve
+        if step.action in (Action.RESERVE_WAKE, Action.WAKE, Action.RELOAD):
+            assert step.serve in sleeping, step.to_json()
+        if step.action is Action.RELOAD:
+            assert obs.sleep_of(step.serve).level == 2
+        if step.action is Action.STOP and s.residency is Residency.RESIDENT:
+            assert s.desired is DesiredRun.STOPPED or any(r.serve == s.name for r in d.requests), (
+                step.to_json()
+            )
+    woken = {s.serve for s in plan.steps if s.action is Action.WAKE}
+    started = {s.serve for s in plan.steps if s.action is Action.START}
+    assert not woken & started
+    # a sleeper's tier is never readmitted unless it is woken in this plan
+    readmitted = {s.serve for s in plan.steps if s.action is Action.READMIT}
+    assert readmitted & sleeping <= woken
+
+
+@SETTINGS
+@given(sleepy())
+def test_plans_with_sleepers_converge(sc: Scenario) -> None:
+    plan = plan_of(sc)
+    after = apply_plan(sc.desired, sc.observed, plan, sc.now)
+    ledger = ledger_from_observed(sc.desired, after)
+    assert dict(ledger.holdings) == dict(plan.ledger_after.holdings)
+    assert dict(ledger.host_holdings) == dict(plan.ledger_after.host_holdings)
+    again = plan_transitions(sc.desired, after, sc.policy, sc.now)
+    assert again.empty, [s.to_json() for s in again.steps]
+
+
+@SETTINGS
+@given(
+    budget=st.integers(2000, 60_000),
+    resident=st.integers(0, 30_000),
+    victim=st.integers(2, 40_000),
+    residual_per_mille=st.integers(1, 999),
+    need=st.integers(1, 60_000),
+    host_free=st.integers(0, 50_000),
+    host_mib=st.integers(0, 50_000),
+    level=st.sampled_from([1, 2]),
+)
+def test_one_victim_sleeps_when_its_sleep_covers_is_stopped_when_only_a_stop_does(
+    budget: int,
+    resident: int,
+    victim: int,
+    residual_per_mille: int,
+    need: int,
+    host_free: int,
+    host_mib: int,
+    level: int,
+) -> None:
+    if resident + victim > budget or need > budget:
+        return  # observed over budget, or a request that can never fit: other tests
+    residual = max(1, min(victim - 1, victim * residual_per_mille // 1000))
+    host_ram = host_mib if level == 1 else 0
+    v = ServeSpec(
+        "v",
+        "c-v",
+        ("a",),
+        victim,
+        Residency.EVICTABLE,
+        DesiredRun.RUNNING,
+        sleep=Sleep(level, residual, SleepProtocol.VLLM, host_ram),
+    )
+    serves = [v, ServeSpec("q", "c-q", ("a",), need, Residency.ON_DEMAND)]
+    running = {"c-v": ContainerObs(ContainerState.RUNNING, started_at=0.0)}
+    if resident:
+        serves.append(
+            ServeSpec("r", "c-r", ("a",), resident, Residency.RESIDENT, DesiredRun.RUNNING)
+        )
+        running["c-r"] = ContainerObs(ContainerState.RUNNING, started_at=0.0)
+    desired = DesiredState(
+        {"a": GpuRole("a", budget, 0)},
+        {s.name: s for s in serves},
+        (OnDemandRequest("q", NOW - 1),),
+        host=HostBudget(host_free, 0),
+    )
+    plan = plan_transitions(desired, Observed(True, running), None, NOW)
+    acts = [f"{s.action} {s.serve}" for s in plan.steps]
+    free = budget - resident - victim
+    short = need - free
+    if short <= 0:
+        assert "start q" in acts and not any(a.endswith(" v") for a in acts)
+    elif victim - residual >= short and host_ram <= host_free:
+        assert acts[:2] == ["sleep v", "release_to_residual v"], acts
+        assert "start q" in acts and "stop v" not in acts
+    elif victim >= short:
+        assert acts[:2] == ["stop v", "release v"], acts
+        assert "start q" in acts and "sleep v" not in acts
+    else:
+        assert not plan.steps and [b.serve for b in plan.blocked] == ["q"]

@@ -1,0 +1,89 @@
+"""``up`` for a serve that sleeps: its running container is not "already running"."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from test_api import TOKEN, Asgi, auth, client  # noqa: F401 - the fixture
+
+from controller.manifest import load_manifest_set
+from controller.service.loop import Controller, CycleSummary, RunOptions
+from controller.snapshot import parse_snapshot
+from controller.store.journal import Journal, journal_path
+
+MANIFEST = """
+[[gpu_roles]]
+id = "a"
+vram_mib = 10000
+
+[[serve]]
+name = "big"
+container = "c-big"
+gpu_role = "a"
+vram_mib = 8000
+residency = "evictable"
+desired = "running"
+port = 21001
+engine = "vllm"
+[serve.sleep]
+level = 1
+residual_mib = 1000
+host_ram_mib = 6000
+
+[[serve]]
+name = "small"
+container = "c-small"
+gpu_role = "a"
+vram_mib = 5000
+residency = "on-demand"
+port = 21002
+engine = "vllm"
+[serve.sleep]
+level = 1
+residual_mib = 1000
+host_ram_mib = 4000
+"""
+
+
+@pytest.fixture
+def idle(tmp_path: Path) -> Iterator[Controller]:
+    path = tmp_path / "serves.toml"
+    path.write_text(MANIFEST)
+    mset = load_manifest_set([path])
+    controller = Controller(RunOptions(manifests=(path,), state_dir=tmp_path / "state"), mset)
+    controller.journal = Journal.open(journal_path(controller.state_dir))
+    yield controller
+    controller.journal.close()
+
+
+def test_up_of_a_sleeping_serve_is_recorded_and_planned_as_a_wake(
+    idle: Controller,
+    client: Callable[..., Asgi],  # noqa: F811
+) -> None:
+    c = client(idle)
+    now = time.time()
+    snap = parse_snapshot(
+        {
+            "docker": "ok",
+            "containers": {
+                "c-big": {"state": "running", "started_at": now - 600},
+                "c-small": {"state": "running", "started_at": now - 600},
+            },
+            "gpus": None,
+            "sleep": {
+                "small": {"state": "asleep", "level": 1, "residual_mib": 1000, "host_ram_mib": 4000}
+            },
+        }
+    )
+    idle.last = CycleSummary(at=now, snapshot=snap)
+    idle.cycles += 1
+    r = c.post("/v1/serves/small/up", json={"ttl_s": 60}, headers=auth(TOKEN))
+    assert r.status_code == 202, r.text
+    body = r.json()
+    assert body.get("accepted") is True and body["request"] is not None, body
+    actions = [(s["action"], s["serve"]) for s in body["steps"]]
+    assert ("sleep", "big") in actions and ("wake", "small") in actions, actions
+    assert [q.serve for q in idle.journal.active_requests()] == ["small"]
