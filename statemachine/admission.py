@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from statemachine.idleness import request_expiry
 from statemachine.types import (
     DesiredRun,
     DesiredState,
@@ -95,7 +96,8 @@ def frees_up_in(
         req = requests.get(spec.name)
         if req is None:
             return None
-        if req.ttl_s is not None:
-            return max(0.0, req.requested_at + req.ttl_s - now)
+        end = request_expiry(req, spec, observed.requests_in_flight(spec.name))
+        if end.expires_at is not None:
+            return max(0.0, end.expires_at - now)
         return default
     return None

@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statemachine.admission import conflict, inside_min_runtime
+from statemachine.idleness import IdleBasis, request_expiry
 from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
 from statemachine.types import DesiredRun, DesiredState, Elastic, Observed, Residency, ServeSpec
@@ -166,18 +167,31 @@ class _Work:
         self.halt(s, reason)
 
 
-def _requests(desired: DesiredState, now: float) -> tuple[dict[str, float], set[str]]:
-    """Active requests (serve -> requested_at, oldest kept) and serves whose request expired."""
+def _requests(
+    desired: DesiredState, observed: Observed, now: float
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Active requests (serve -> requested_at, oldest kept) and the serves whose request
+    ended (serve -> why).
+
+    A request without its own TTL ends by the serve's measured idleness where it has a
+    source of in-flight counts (:mod:`statemachine.idleness`).
+    """
     active: dict[str, float] = {}
-    expired: set[str] = set()
+    expired: dict[str, str] = {}
     for req in desired.requests:
-        if req.serve not in desired.serves:
+        spec = desired.serves.get(req.serve)
+        if spec is None:
             continue
-        if req.expired(now):
-            expired.add(req.serve)
+        end = request_expiry(req, spec, observed.requests_in_flight(spec.name))
+        if end.expired(now):
+            expired[req.serve] = (
+                f"{req.serve} has had no request in flight for {end.ttl_s:g}s (idle_ttl_s)"
+                if end.basis is IdleBasis.MEASURED
+                else f"the on-demand request for {req.serve} expired (TTL)"
+            )
         else:
             active[req.serve] = min(active.get(req.serve, req.requested_at), req.requested_at)
-    return active, expired - set(active)
+    return active, {n: why for n, why in expired.items() if n not in active}
 
 
 def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> list[ServeSpec]:
@@ -401,7 +415,8 @@ def _holders(
                         h.shrinkable[r] += give
         if veto is None:
             started = w.observed.container(o.container).started_at
-            h.cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started))
+            busy = w.observed.requests_in_flight(name).count
+            h.cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started, busy))
             for r in res.gpu_roles:
                 if r in h.evictable:
                     h.evictable[r] += res.mib
@@ -658,7 +673,7 @@ def plan_transitions(
     """
     policy = policy or Policy()
     ledger = ledger_from_observed(desired, observed)
-    active, expired = _requests(desired, now)
+    active, expired = _requests(desired, observed, now)
     notes = [
         f"{r} is over budget as observed (started outside the ledger)"
         for r in ledger.overcommitted()
@@ -687,7 +702,7 @@ def plan_transitions(
         if s.desired is DesiredRun.STOPPED:
             w.stop(s, f"{s.name} is desired stopped")
         elif s.name in expired and s.desired is not DesiredRun.RUNNING:
-            w.stop(s, f"the on-demand request for {s.name} expired (TTL)")
+            w.stop(s, expired[s.name])
 
     # 3. starts, 4. grow back before backfill
     wants: list[ServeSpec] = []

@@ -1,0 +1,89 @@
+"""Measured idleness: when an on-demand request ends (docs/eviction.md#measured-idleness).
+
+A request with its own ``ttl_s`` lasts that long from the request. A request without
+one takes the serve's ``idle_ttl_s``, which means "no request in flight for that
+long", measured where the serve has a source of in-flight counts (its engine's
+metrics, its router tier):
+
+- the count reads 0: the request ends ``idle_ttl_s`` after the later of the request
+  and the time since which every reading has been 0 (``idle_since``);
+- the count reads above 0: the request does not end while it does;
+- the source exists but the count is unknown now (unreachable, metric missing): the
+  TTL counts from the later of the request and the last reading above 0 (a serve
+  seen busy a moment ago is not stopped because one reading failed);
+- the serve has no source: the TTL counts from the request.
+
+Pure: no I/O, no clock (the observation carries the times), no logging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Any
+
+from statemachine.types import NO_SOURCE, InFlightObs, OnDemandRequest, ServeSpec
+
+
+class IdleBasis(StrEnum):
+    """What a request's end counts from."""
+
+    TTL = "ttl"  # the request's own ttl_s, from the request
+    MEASURED = "measured"  # idle_ttl_s of measured idleness
+    REQUEST = "request"  # idle_ttl_s from the request: the serve has no source
+    UNKNOWN = "unknown"  # idle_ttl_s; a source, but its count is unknown now
+    NONE = "none"  # no TTL: the request lasts until `down`
+
+
+@dataclass(frozen=True, slots=True)
+class RequestExpiry:
+    """When one request ends, and why then."""
+
+    basis: IdleBasis
+    ttl_s: float | None
+    #: when the request ends; ``None``: not while things stay as observed (no TTL, busy)
+    expires_at: float | None
+    #: the time idleness counts from (measured), else ``None``
+    idle_since: float | None = None
+    in_flight: int | None = None
+
+    def expired(self, now: float) -> bool:
+        """True once the request has ended."""
+        return self.expires_at is not None and now >= self.expires_at
+
+    def to_json(self, now: float) -> dict[str, Any]:
+        """JSON form (GET /v1/serves): the basis, the deadline and what it counts from."""
+        return {
+            "ttl_basis": str(self.basis),
+            "ttl_s": self.ttl_s,
+            "expires_at": self.expires_at,
+            "expires_in_s": None if self.expires_at is None else max(0.0, self.expires_at - now),
+            "expired": self.expired(now),
+            "idle_since": self.idle_since,
+            "in_flight": self.in_flight,
+        }
+
+
+def request_expiry(
+    req: OnDemandRequest, spec: ServeSpec | None, in_flight: InFlightObs = NO_SOURCE
+) -> RequestExpiry:
+    """When ``req`` (for ``spec``, whose in-flight observation is ``in_flight``) ends."""
+    if req.ttl_s is not None:
+        return RequestExpiry(IdleBasis.TTL, req.ttl_s, req.requested_at + req.ttl_s)
+    ttl = spec.idle_ttl_s if spec is not None else None
+    if ttl is None:
+        return RequestExpiry(IdleBasis.NONE, None, None)
+    count = in_flight.count
+    if in_flight.source is None:
+        return RequestExpiry(IdleBasis.REQUEST, ttl, req.requested_at + ttl)
+    if count is None:
+        start = req.requested_at
+        if in_flight.busy_at is not None and in_flight.busy_at > start:
+            start = in_flight.busy_at
+        return RequestExpiry(IdleBasis.UNKNOWN, ttl, start + ttl)
+    if count > 0:
+        return RequestExpiry(IdleBasis.MEASURED, ttl, None, None, count)
+    since = req.requested_at
+    if in_flight.idle_since is not None and in_flight.idle_since > since:
+        since = in_flight.idle_since
+    return RequestExpiry(IdleBasis.MEASURED, ttl, since + ttl, since, 0)

@@ -1,0 +1,194 @@
+"""Measured idleness and busy-aware victims in the pure core (docs/eviction.md).
+
+``request_expiry`` from the rules of ``statemachine.idleness``, then the planner:
+an on-demand serve running for a request without its own TTL stops once its count
+of requests in flight has read 0 for ``idle_ttl_s``, never while it reads above 0;
+without a source the TTL counts from the request; an unknown count counts from the
+request or the last busy reading. The victim choice spares a busy serve.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from statemachine.idleness import IdleBasis, request_expiry
+from statemachine.planner import plan_transitions
+from statemachine.types import (
+    NO_SOURCE,
+    ContainerObs,
+    ContainerState,
+    DesiredState,
+    GpuRole,
+    InFlightObs,
+    InFlightSource,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    ServeSpec,
+)
+
+M = InFlightSource.METRICS
+T0 = 1_000.0
+TTL = 60.0
+
+
+def od(idle_ttl_s: float | None = TTL) -> ServeSpec:
+    return ServeSpec(
+        "od",
+        "c-od",
+        ("a",),
+        4000,
+        Residency.ON_DEMAND,
+        idle_ttl_s=idle_ttl_s,
+    )
+
+
+EXPIRY = [
+    # (request ttl, spec idle ttl, in flight, now, basis, expires_at)
+    pytest.param(30.0, TTL, InFlightObs(0, M, T0), T0 + 30, IdleBasis.TTL, T0 + 30, id="own-ttl"),
+    pytest.param(None, None, InFlightObs(0, M, T0), T0 + 1e6, IdleBasis.NONE, None, id="no-ttl"),
+    pytest.param(None, TTL, NO_SOURCE, T0 + TTL, IdleBasis.REQUEST, T0 + TTL, id="no-source"),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(0, M, T0 + 100),
+        T0 + 159,
+        IdleBasis.MEASURED,
+        T0 + 160,
+        id="idle-since-later-than-request",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(0, M, T0 - 500),
+        T0 + 59,
+        IdleBasis.MEASURED,
+        T0 + 60,
+        id="idle-before-the-request-counts-from-the-request",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(3, M, None, T0 + 500),
+        T0 + 1e6,
+        IdleBasis.MEASURED,
+        None,
+        id="busy-never-expires",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(None, M, None, T0 + 200),
+        T0 + 259,
+        IdleBasis.UNKNOWN,
+        T0 + 260,
+        id="unknown-counts-from-the-last-busy-reading",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(None, M),
+        T0 + 60,
+        IdleBasis.UNKNOWN,
+        T0 + 60,
+        id="unknown-never-busy-counts-from-the-request",
+    ),
+]
+
+
+@pytest.mark.parametrize(("ttl", "idle_ttl", "obs", "now", "basis", "expires"), EXPIRY)
+def test_request_expiry(
+    ttl: float | None,
+    idle_ttl: float | None,
+    obs: InFlightObs,
+    now: float,
+    basis: IdleBasis,
+    expires: float | None,
+) -> None:
+    end = request_expiry(OnDemandRequest("od", T0, ttl), od(idle_ttl), obs)
+    assert end.basis is basis
+    assert end.expires_at == expires
+    assert end.expired(now) == (expires is not None and now >= expires)
+    if expires is not None:
+        assert not end.expired(expires - 0.001)
+        assert end.expired(expires)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    count=st.integers(1, 50),
+    idle_since=st.none() | st.floats(0, 1e6),
+    busy_at=st.none() | st.floats(0, 1e6),
+    now=st.floats(0, 1e7),
+)
+def test_a_busy_serve_is_never_expired_by_idleness(
+    count: int, idle_since: float | None, busy_at: float | None, now: float
+) -> None:
+    end = request_expiry(
+        OnDemandRequest("od", T0), od(), InFlightObs(count, M, idle_since, busy_at)
+    )
+    assert not end.expired(now)
+
+
+@settings(max_examples=300, deadline=None)
+@given(busy_at=st.none() | st.floats(0, 1e6), now=st.floats(0, 1e7))
+def test_an_unknown_count_never_ends_a_request_sooner_than_the_request_ttl(
+    busy_at: float | None, now: float
+) -> None:
+    unknown = request_expiry(OnDemandRequest("od", T0), od(), InFlightObs(None, M, None, busy_at))
+    from_request = request_expiry(OnDemandRequest("od", T0), od(), NO_SOURCE)
+    assert unknown.expires_at is not None and from_request.expires_at is not None
+    assert unknown.expires_at >= from_request.expires_at
+
+
+# ----- the planner ------------------------------------------------------------------------
+def _desired(*serves: ServeSpec, requests: tuple[OnDemandRequest, ...] = ()) -> DesiredState:
+    return DesiredState({"a": GpuRole("a", 10_000)}, {s.name: s for s in serves}, requests)
+
+
+def _running(*names: str) -> dict[str, ContainerObs]:
+    return {f"c-{n}": ContainerObs(ContainerState.RUNNING, "healthy", 0.0) for n in names}
+
+
+@pytest.mark.parametrize(
+    ("obs", "now", "stops"),
+    [
+        pytest.param(InFlightObs(0, M, T0 + 100), T0 + 159, False, id="idle-not-long-enough"),
+        pytest.param(InFlightObs(0, M, T0 + 100), T0 + 160, True, id="idle-long-enough"),
+        pytest.param(InFlightObs(2, M, None, T0 + 150), T0 + 10_000, False, id="busy"),
+        pytest.param(NO_SOURCE, T0 + 60, True, id="no-source-from-the-request"),
+        pytest.param(NO_SOURCE, T0 + 59, False, id="no-source-not-yet"),
+        pytest.param(InFlightObs(None, M, None, T0 + 500), T0 + 559, False, id="unknown-recent"),
+    ],
+)
+def test_the_planner_stops_an_idle_on_demand_serve(
+    obs: InFlightObs, now: float, stops: bool
+) -> None:
+    desired = _desired(od(), requests=(OnDemandRequest("od", T0),))
+    observed = Observed(True, _running("od"), in_flight={"od": obs})
+    plan = plan_transitions(desired, observed, None, now)
+    stopped = [st.serve for st in plan.steps if st.action == "stop"]
+    assert stopped == (["od"] if stops else [])
+    if stops and obs.source is not None:
+        assert "no request in flight for 60s" in plan.steps[0].reason
+
+
+def test_the_planner_evicts_the_idle_one_of_two_victims() -> None:
+    a = ServeSpec("a", "c-a", ("a",), 4000, Residency.EVICTABLE)
+    b = ServeSpec("b", "c-b", ("a",), 4000, Residency.EVICTABLE)
+    big = ServeSpec("big", "c-big", ("a",), 5000, Residency.ON_DEMAND)
+    desired = _desired(a, b, big, requests=(OnDemandRequest("big", T0),))
+    for busy, idle in (("a", "b"), ("b", "a")):
+        observed = Observed(
+            True,
+            _running("a", "b"),
+            in_flight={busy: InFlightObs(1, M, None, T0), idle: InFlightObs(0, M, T0)},
+        )
+        plan = plan_transitions(desired, observed, None, T0 + 1)
+        assert [st.serve for st in plan.steps if st.action == "stop"] == [idle]
+    # unknown is not idle: with one unknown and one busy the name decides as before
+    observed = Observed(True, _running("a", "b"), in_flight={"b": InFlightObs(2, M)})
+    plan = plan_transitions(desired, observed, None, T0 + 1)
+    assert [st.serve for st in plan.steps if st.action == "stop"] == ["a"]
