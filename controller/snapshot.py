@@ -21,6 +21,8 @@ from statemachine.types import (
     ContainerObs,
     ContainerState,
     GpuObs,
+    InFlightObs,
+    InFlightSource,
     Observed,
     StartedWith,
     StartingObs,
@@ -111,6 +113,23 @@ class StartedWithModel(BaseModel):
     mib: int = Field(gt=0)
 
 
+class InFlightModel(BaseModel):
+    """A serve's requests in flight as read (``count`` null: unknown, never 0).
+
+    ``source``: ``metrics`` or ``router``, null when the serve has none; ``idle_since``:
+    since when every reading has been 0 (epoch seconds); ``busy_at``: the last reading
+    above 0; ``error``: why the count is unknown.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    count: int | None = Field(default=None, ge=0)
+    source: InFlightSource | None = None
+    idle_since: float | None = None
+    busy_at: float | None = None
+    error: str | None = None
+
+
 class SnapshotModel(BaseModel):
     """The whole observed snapshot.
 
@@ -136,6 +155,8 @@ class SnapshotModel(BaseModel):
     #: serves whose start the controller has in progress -> the roles and MiB reserved
     starting: dict[str, StartingModel] = Field(default_factory=dict)
     started_with: dict[str, StartedWithModel] = Field(default_factory=dict)
+    #: serve -> its requests in flight (serves not listed: no reading)
+    in_flight: dict[str, InFlightModel] = Field(default_factory=dict)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -175,6 +196,10 @@ class SnapshotModel(BaseModel):
             started_with={
                 name: StartedWith(r.serve, tuple(r.gpu_roles), r.mib)
                 for name, r in self.started_with.items()
+            },
+            in_flight={
+                name: InFlightObs(f.count, f.source, f.idle_since, f.busy_at)
+                for name, f in self.in_flight.items()
             },
         )
 

@@ -14,9 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from statemachine.idleness import request_expiry
 from statemachine.ledger import RoleView, ledger_from_observed, no_longer_declared
 from statemachine.lifecycle import LifecycleState
-from statemachine.types import ContainerObs, ContainerState, DesiredState, GpuObs, Observed
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredState,
+    GpuObs,
+    Observed,
+    OnDemandRequest,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +74,16 @@ class ServeStatus:
     committed: bool | None
     nvml_used_mib: int | None = None  # attributed through cgroups; None = unknown
     drift_mib: int | None = None  # NVML used - reservation, while it holds memory
+    #: requests in flight (None = unknown), where they are read (None: no source)
+    in_flight: int | None = None
+    in_flight_source: str | None = None
+    #: since when every reading has been 0 (the loop's observations; None = not known)
+    idle_since: float | None = None
+    #: what its request's end counts from (statemachine.idleness.IdleBasis), for a serve
+    #: with an active request or an idle_ttl_s; None otherwise
+    ttl_basis: str | None = None
+    #: when its active request ends (None: no request, no TTL, or not while busy)
+    request_ends_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -83,6 +101,11 @@ class ServeStatus:
             "committed": self.committed,
             "nvml_used_mib": self.nvml_used_mib,
             "drift_mib": self.drift_mib,
+            "in_flight": self.in_flight,
+            "in_flight_source": self.in_flight_source,
+            "idle_since": self.idle_since,
+            "ttl_basis": self.ttl_basis,
+            "request_ends_at": self.request_ends_at,
         }
 
 
@@ -175,8 +198,14 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
             )
         )
     serves = []
+    requests = {r.serve: r for r in desired.requests}
     for s in desired.serves.values():
         obs = observed.container(s.container)
+        flight = observed.requests_in_flight(s.name)
+        req = requests.get(s.name)
+        ends = None
+        if req is not None or s.idle_ttl_s is not None:
+            ends = request_expiry(req or OnDemandRequest(s.name, 0.0), s, flight)
         in_ledger = desired.in_ledger(s)
         used = obs.gpu_used_mib if observed.docker_ok and obs.holds else None
         serves.append(
@@ -204,6 +233,11 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 drift_mib=used - s.vram_mib
                 if used is not None and s.vram_mib is not None
                 else None,
+                in_flight=flight.count,
+                in_flight_source=None if flight.source is None else str(flight.source),
+                idle_since=flight.idle_since if flight.count == 0 else None,
+                ttl_basis=None if ends is None else str(ends.basis),
+                request_ends_at=ends.expires_at if ends is not None and req is not None else None,
             )
         )
     return HostStatus(

@@ -112,11 +112,14 @@ from controller.service.view import LoopPort, LoopView
 from controller.store.lock import warn_if_open
 from statemachine.admission import can_request, conflict, frees_up_in
 from statemachine.fit import fit_serve, request_plan
+from statemachine.idleness import request_expiry
 from statemachine.planner import Blocked, Policy, Step
 from statemachine.status import host_status
 from statemachine.types import (
+    NO_SOURCE,
     DesiredRun,
     DesiredState,
+    InFlightObs,
     Observed,
     OnDemandRequest,
     ServeSpec,
@@ -452,7 +455,13 @@ def decide_up(
         steps: tuple[Step, ...] = tuple(st for st in plan.steps if st.group == serve)
         return UpDecision(202, fit.reason, {"fit": fit_json, "steps": [s.to_json() for s in steps]})
     blocked: Blocked | None = next((b for b in plan.blocked if b.serve == serve), None)
-    requests = {r.serve: r for r in desired.requests if not r.expired(now)}
+    requests = {
+        r.serve: r
+        for r in desired.requests
+        if not request_expiry(
+            r, desired.serves.get(r.serve), observed.requests_in_flight(r.serve)
+        ).expired(now)
+    }
     if blocked is None:  # cannot happen: fit said no but the plan blocks nothing
         return UpDecision(429, fit.reason, dict(fit_json), max(1, math.ceil(default_retry_s)))
     terms = {
@@ -550,15 +559,16 @@ def public_failure(text: str) -> str | None:
 # ── the app ──────────────────────────────────────────────────────────────────
 
 
-def _request_json(r: OnDemandRequest, now: float) -> dict[str, Any]:
-    expires = None if r.ttl_s is None else r.requested_at + r.ttl_s
-    return {
-        "requested_at": r.requested_at,
-        "ttl_s": r.ttl_s,
-        "expires_at": expires,
-        "expires_in_s": None if expires is None else max(0.0, expires - now),
-        "expired": r.expired(now),
-    }
+def _request_json(
+    r: OnDemandRequest,
+    now: float,
+    spec: ServeSpec | None = None,
+    in_flight: InFlightObs = NO_SOURCE,
+) -> dict[str, Any]:
+    """A request's JSON: when it ends and what that counts from (``ttl_basis``: its own
+    ``ttl``; ``measured`` idleness; ``request``: no source, from the request;
+    ``unknown``: a source whose count is unknown now; ``none``: no TTL)."""
+    return {"requested_at": r.requested_at, **request_expiry(r, spec, in_flight).to_json(now)}
 
 
 def create_app(
@@ -747,6 +757,7 @@ def create_app(
         data, _ = _status_now(view)
         now = time.time()
         requests = {r.serve: r for r in controller.requests()}
+        seen = view.snapshot.to_observed() if view.snapshot is not None else None
         plan = view.plan
         blocked = {b.serve: b.reason for b in plan.blocked} if plan is not None else {}
         out = []
@@ -760,7 +771,14 @@ def create_app(
                     **row,
                     "requestable": why_not is None,
                     "not_requestable_reason": why_not,
-                    "request": None if req is None else _request_json(req, now),
+                    "request": None
+                    if req is None
+                    else _request_json(
+                        req,
+                        now,
+                        view.desired.serves.get(name),
+                        seen.requests_in_flight(name) if seen is not None else NO_SOURCE,
+                    ),
                     "blocked": blocked.get(name)
                     if full
                     else public_blocked(name, blocked.get(name)),
@@ -847,7 +865,7 @@ def create_app(
         effective_ttl = ttl if ttl is not None else spec.idle_ttl_s
         record = next((r for r in controller.requests() if r.serve == serve), None)
         req_json = (
-            _request_json(record, now)
+            _request_json(record, now, spec, observed.requests_in_flight(serve))
             if record is not None
             else _request_json(OnDemandRequest(serve, now, effective_ttl), now)
         )
@@ -883,10 +901,12 @@ def create_app(
     async def down(serve: str, request: Request) -> JSONResponse:
         spec = spec_of(serve)
         now = time.time()
+        last = controller.view().snapshot
+        in_flight = last.to_observed().requests_in_flight(serve) if last else NO_SOURCE
         live = [
             r
             for r in controller.requests()
-            if r.serve == serve and not r.expired(now)
+            if r.serve == serve and not request_expiry(r, spec, in_flight).expired(now)
         ]
         if not live or not controller.request_down(serve):
             raise ApiError(

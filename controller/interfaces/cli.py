@@ -90,6 +90,7 @@ def _observe(observed: Path | None, mset: ManifestSet) -> SnapshotModel:
 
 def _observe_live(mset: ManifestSet) -> SnapshotModel:
     from controller.adapters.docker.read import ContainerObserver, manifest_containers
+    from controller.service.inflight import InFlightTracker, observe_in_flight
     from controller.service.observe import observe_host
 
     observer = ContainerObserver()
@@ -97,6 +98,11 @@ def _observe_live(mset: ManifestSet) -> SnapshotModel:
         snap = observe_host(manifest_containers(mset.serves), observer=observer)
     finally:
         observer.close()
+    # one reading, no history: idleness is known as of now only (counted from a request)
+    snap.in_flight = {
+        name: reading.model_copy(update={"idle_since": None})
+        for name, reading in observe_in_flight(snap, mset, InFlightTracker()).items()
+    }
     if snap.docker_error:
         render.warn(f"docker: {snap.docker_error}")
     if snap.nvml_error:

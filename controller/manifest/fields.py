@@ -397,6 +397,11 @@ OptHealth = Annotated[
 Url = Annotated[
     str, BeforeValidator(_url), WithJsonSchema({"type": "string", "pattern": "^https?://"})
 ]
+OptUrl = Annotated[
+    str | None,
+    BeforeValidator(lambda v: None if v is None else _url(v)),
+    WithJsonSchema({"type": "string", "pattern": "^https?://"}),
+]
 OptUp = Annotated[
     str | None, BeforeValidator(_up), WithJsonSchema({"type": "string", "minLength": 1})
 ]
