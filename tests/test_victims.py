@@ -704,3 +704,11 @@ def test_greedy_is_never_worse_than_largest_first_over_the_idle_candidates(
 def test_busy_aware_choice(cands: list[Candidate], want: list[str], limit: int) -> None:
     got = choose_victims(cands, {"a": 100}, exact_limit=limit)
     assert got is not None and [v.name for v in got] == want
+
+
+def test_possibly_busy_counts_every_victim_not_known_idle() -> None:
+    from statemachine.victims import possibly_busy
+
+    victims = [c("idle", 1, in_flight=0), c("busy", 1, in_flight=4), c("unknown", 1)]
+    assert possibly_busy(victims) == 2
+    assert possibly_busy(victims[:1]) == 0
