@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from statemachine.idleness import request_expiry
+from statemachine.idleness import request_end
 from statemachine.types import (
     DesiredRun,
     DesiredState,
@@ -96,7 +96,7 @@ def frees_up_in(
         req = requests.get(spec.name)
         if req is None:
             return None
-        end = request_expiry(req, spec, observed.requests_in_flight(spec.name))
+        end = request_end(req, spec, observed)
         if end.expires_at is not None:
             return max(0.0, end.expires_at - now)
         return default

@@ -5,12 +5,14 @@ one takes the serve's ``idle_ttl_s``, which means "no request in flight for that
 long", measured where the serve has a source of in-flight counts (its engine's
 metrics, its router tier):
 
-- the count reads 0: the request ends ``idle_ttl_s`` after the later of the request
-  and the time since which every reading has been 0 (``idle_since``);
+- the count reads 0: the request ends ``idle_ttl_s`` after the latest of the request,
+  the container's start and the time since which every reading has been 0
+  (``idle_since``);
 - the count reads above 0: the request does not end while it does;
 - the source exists but the count is unknown now (unreachable, metric missing): the
-  TTL counts from the later of the request and the last reading above 0 (a serve
-  seen busy a moment ago is not stopped because one reading failed);
+  TTL counts from the latest of the request, the container's start and the last
+  reading above 0 (a serve seen busy a moment ago is not stopped because one reading
+  failed, nor one whose engine does not answer yet right after a long start);
 - the serve has no source: the TTL counts from the request.
 
 Pure: no I/O, no clock (the observation carries the times), no logging.
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from statemachine.types import NO_SOURCE, InFlightObs, OnDemandRequest, ServeSpec
+from statemachine.types import NO_SOURCE, InFlightObs, Observed, OnDemandRequest, ServeSpec
 
 
 class IdleBasis(StrEnum):
@@ -64,10 +66,24 @@ class RequestExpiry:
         }
 
 
+def request_end(req: OnDemandRequest, spec: ServeSpec | None, observed: Observed) -> RequestExpiry:
+    """When ``req`` ends, as ``observed`` shows its serve (in flight, container start)."""
+    started = observed.container(spec.container).started_at if spec is not None else None
+    return request_expiry(req, spec, observed.requests_in_flight(req.serve), started)
+
+
+def _latest(first: float, *others: float | None) -> float:
+    return max([first, *(o for o in others if o is not None)])
+
+
 def request_expiry(
-    req: OnDemandRequest, spec: ServeSpec | None, in_flight: InFlightObs = NO_SOURCE
+    req: OnDemandRequest,
+    spec: ServeSpec | None,
+    in_flight: InFlightObs = NO_SOURCE,
+    started_at: float | None = None,
 ) -> RequestExpiry:
-    """When ``req`` (for ``spec``, whose in-flight observation is ``in_flight``) ends."""
+    """When ``req`` (for ``spec``, whose in-flight observation is ``in_flight`` and whose
+    container started at ``started_at``) ends."""
     if req.ttl_s is not None:
         return RequestExpiry(IdleBasis.TTL, req.ttl_s, req.requested_at + req.ttl_s)
     ttl = spec.idle_ttl_s if spec is not None else None
@@ -77,13 +93,9 @@ def request_expiry(
     if in_flight.source is None:
         return RequestExpiry(IdleBasis.REQUEST, ttl, req.requested_at + ttl)
     if count is None:
-        start = req.requested_at
-        if in_flight.busy_at is not None and in_flight.busy_at > start:
-            start = in_flight.busy_at
+        start = _latest(req.requested_at, started_at, in_flight.busy_at)
         return RequestExpiry(IdleBasis.UNKNOWN, ttl, start + ttl)
     if count > 0:
         return RequestExpiry(IdleBasis.MEASURED, ttl, None, None, count)
-    since = req.requested_at
-    if in_flight.idle_since is not None and in_flight.idle_since > since:
-        since = in_flight.idle_since
+    since = _latest(req.requested_at, started_at, in_flight.idle_since)
     return RequestExpiry(IdleBasis.MEASURED, ttl, since + ttl, since, 0)

@@ -11,8 +11,9 @@ The rules, in the order the planner applies them:
 1. **Fail closed.** Docker unreadable: no steps; every serve that wants a change is
    blocked with the reason.
 2. **Stops.** A serve that holds memory and is ``desired = "stopped"``, or whose
-   on-demand request's TTL ran out (and is not ``desired = "running"``), is stopped:
-   quiesce + drain (when it has a router tier), stop, release.
+   on-demand request ended (its TTL ran out, or it had no request in flight for its
+   ``idle_ttl_s``: :mod:`statemachine.idleness`) and is not ``desired = "running"``, is
+   stopped: quiesce + drain (when it has a router tier), stop, release.
 3. **Starts**, residents first, then on-demand requesters (manifest ``running`` first,
    then requests by age), then the rest (evictable backfill) by descending priority.
    A start is blocked while an exclusive serve runs on one of its roles, while another
@@ -20,7 +21,9 @@ The rules, in the order the planner applies them:
    serve runs on its roles. Only on-demand requesters may stop others: committed
    ``evictable`` serves outside their ``min_runtime_s`` are victims (for room, for the
    port, for exclusivity); residents, other on-demand serves and serves without a
-   residency are never stopped and are reported as the blockers. When room is short,
+   residency are never stopped and are reported as the blockers; among victim sets
+   the one with the fewest serves that may have requests in flight is preferred
+   (:mod:`statemachine.victims`). When room is short,
    elastic shrink is planned if shrink alone covers it, else eviction
    (:mod:`statemachine.victims`); an engine gives memory back in whole segments
    (``Elastic.segment_mib``), so a shrink is whole segments that cover the need.
@@ -44,7 +47,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statemachine.admission import conflict, inside_min_runtime
-from statemachine.idleness import IdleBasis, request_expiry
+from statemachine.idleness import IdleBasis, request_end
 from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
 from statemachine.types import DesiredRun, DesiredState, Elastic, Observed, Residency, ServeSpec
@@ -182,7 +185,7 @@ def _requests(
         spec = desired.serves.get(req.serve)
         if spec is None:
             continue
-        end = request_expiry(req, spec, observed.requests_in_flight(spec.name))
+        end = request_end(req, spec, observed)
         if end.expired(now):
             expired[req.serve] = (
                 f"{req.serve} has had no request in flight for {end.ttl_s:g}s (idle_ttl_s)"

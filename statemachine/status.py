@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from statemachine.idleness import request_expiry
+from statemachine.idleness import request_end
 from statemachine.ledger import RoleView, ledger_from_observed, no_longer_declared
 from statemachine.lifecycle import LifecycleState
 from statemachine.types import (
@@ -205,7 +205,7 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
         req = requests.get(s.name)
         ends = None
         if req is not None or s.idle_ttl_s is not None:
-            ends = request_expiry(req or OnDemandRequest(s.name, 0.0), s, flight)
+            ends = request_end(req or OnDemandRequest(s.name, 0.0), s, observed)
         in_ledger = desired.in_ledger(s)
         used = obs.gpu_used_mib if observed.docker_ok and obs.holds else None
         serves.append(

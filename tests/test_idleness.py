@@ -192,3 +192,25 @@ def test_the_planner_evicts_the_idle_one_of_two_victims() -> None:
     observed = Observed(True, _running("a", "b"), in_flight={"b": InFlightObs(2, M)})
     plan = plan_transitions(desired, observed, None, T0 + 1)
     assert [st.serve for st in plan.steps if st.action == "stop"] == ["a"]
+
+
+def test_idleness_never_counts_from_before_the_container_started() -> None:
+    req = OnDemandRequest("od", T0)
+    started = T0 + 200.0  # a long start: the engine came up 200 s after the request
+    unknown = request_expiry(req, od(), InFlightObs(None, M), started)
+    assert (unknown.basis, unknown.expires_at) == (IdleBasis.UNKNOWN, started + TTL)
+    idle = request_expiry(req, od(), InFlightObs(0, M, T0 + 50), started)
+    assert (idle.expires_at, idle.idle_since) == (started + TTL, started)
+    # without a source the TTL counts from the request, as it did before measuring
+    plain = request_expiry(req, od(), NO_SOURCE, started)
+    assert plain.expires_at == T0 + TTL
+    # the planner takes the start from the observation
+    desired = _desired(od(), requests=(req,))
+    running = {"c-od": ContainerObs(ContainerState.RUNNING, "healthy", started)}
+    observed = Observed(True, running, in_flight={"od": InFlightObs(None, M)})
+    assert not plan_transitions(desired, observed, None, started + TTL - 1).steps
+    assert [
+        st.serve
+        for st in plan_transitions(desired, observed, None, started + TTL).steps
+        if st.action == "stop"
+    ] == ["od"]

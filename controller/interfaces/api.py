@@ -16,11 +16,13 @@ Routes:
   reservation, NVML used / total, drift, from the last cycle's snapshot and the
   manifest set (``null`` = unknown, e.g. before the first cycle or with docker down).
 - ``GET /v1/serves`` — per serve: container state, lifecycle, reservation, backoff,
-  the active on-demand request and its TTL, and whether it may be requested.
+  requests in flight (``in_flight``, ``in_flight_source``, ``idle_since``), the active
+  on-demand request and when it ends (``ttl_basis``: measured idleness, from the
+  request, or unknown; docs/eviction.md), and whether it may be requested.
 - ``GET /v1/fit/{serve}`` — the fit JSON (docs/design.md §5) on the last snapshot; no side
   effects. 200 whether it fits or not; 404 unknown serve; 503 before the first cycle.
 - ``POST /v1/serves/{serve}/up`` (body optional: ``{"ttl_s": N}``, N > 0 seconds;
-  default the serve's ``idle_ttl_s``, else no TTL) — see below.
+  default the serve's ``idle_ttl_s`` as measured idleness, else no TTL) — see below.
 - ``POST /v1/serves/{serve}/down`` — ends the serve's on-demand request: 202 (the loop
   stops the serve unless the manifest wants it running, and evicted neighbours that
   are desired running come back); 404 unknown serve; 409 no active request.
@@ -112,14 +114,12 @@ from controller.service.view import LoopPort, LoopView
 from controller.store.lock import warn_if_open
 from statemachine.admission import can_request, conflict, frees_up_in
 from statemachine.fit import fit_serve, request_plan
-from statemachine.idleness import request_expiry
+from statemachine.idleness import request_end
 from statemachine.planner import Blocked, Policy, Step
 from statemachine.status import host_status
 from statemachine.types import (
-    NO_SOURCE,
     DesiredRun,
     DesiredState,
-    InFlightObs,
     Observed,
     OnDemandRequest,
     ServeSpec,
@@ -283,7 +283,8 @@ class UpBody(BaseModel):
             le=366 * 86400,
             strict=True,
             allow_inf_nan=False,
-            description="Seconds the request lasts (default: the serve's idle_ttl_s, else none).",
+            description="Seconds the request lasts (default: until the serve has had no "
+            "request in flight for its idle_ttl_s, else none).",
         ),
     ] = None
 
@@ -458,9 +459,7 @@ def decide_up(
     requests = {
         r.serve: r
         for r in desired.requests
-        if not request_expiry(
-            r, desired.serves.get(r.serve), observed.requests_in_flight(r.serve)
-        ).expired(now)
+        if not request_end(r, desired.serves.get(r.serve), observed).expired(now)
     }
     if blocked is None:  # cannot happen: fit said no but the plan blocks nothing
         return UpDecision(429, fit.reason, dict(fit_json), max(1, math.ceil(default_retry_s)))
@@ -563,12 +562,13 @@ def _request_json(
     r: OnDemandRequest,
     now: float,
     spec: ServeSpec | None = None,
-    in_flight: InFlightObs = NO_SOURCE,
+    observed: Observed | None = None,
 ) -> dict[str, Any]:
     """A request's JSON: when it ends and what that counts from (``ttl_basis``: its own
     ``ttl``; ``measured`` idleness; ``request``: no source, from the request;
     ``unknown``: a source whose count is unknown now; ``none``: no TTL)."""
-    return {"requested_at": r.requested_at, **request_expiry(r, spec, in_flight).to_json(now)}
+    end = request_end(r, spec, observed if observed is not None else Observed(docker_ok=False))
+    return {"requested_at": r.requested_at, **end.to_json(now)}
 
 
 def create_app(
@@ -773,12 +773,7 @@ def create_app(
                     "not_requestable_reason": why_not,
                     "request": None
                     if req is None
-                    else _request_json(
-                        req,
-                        now,
-                        view.desired.serves.get(name),
-                        seen.requests_in_flight(name) if seen is not None else NO_SOURCE,
-                    ),
+                    else _request_json(req, now, view.desired.serves.get(name), seen),
                     "blocked": blocked.get(name)
                     if full
                     else public_blocked(name, blocked.get(name)),
@@ -865,7 +860,7 @@ def create_app(
         effective_ttl = ttl if ttl is not None else spec.idle_ttl_s
         record = next((r for r in controller.requests() if r.serve == serve), None)
         req_json = (
-            _request_json(record, now, spec, observed.requests_in_flight(serve))
+            _request_json(record, now, spec, observed)
             if record is not None
             else _request_json(OnDemandRequest(serve, now, effective_ttl), now)
         )
@@ -902,11 +897,11 @@ def create_app(
         spec = spec_of(serve)
         now = time.time()
         last = controller.view().snapshot
-        in_flight = last.to_observed().requests_in_flight(serve) if last else NO_SOURCE
+        seen = last.to_observed() if last is not None else Observed(docker_ok=False)
         live = [
             r
             for r in controller.requests()
-            if r.serve == serve and not request_expiry(r, spec, in_flight).expired(now)
+            if r.serve == serve and not request_end(r, spec, seen).expired(now)
         ]
         if not live or not controller.request_down(serve):
             raise ApiError(

@@ -633,7 +633,13 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
             render.out.print(f"  {step.get('action')} {step.get('serve')}: {step.get('reason')}")
         req = data.get("request") or {}
         if req.get("ttl_s") is not None:
-            render.out.print(f"  the request lasts {req['ttl_s']:g}s")
+            if req.get("ttl_basis") in ("measured", "unknown"):
+                render.out.print(
+                    f"  the request ends once {data.get('serve', 'the serve')} has had no "
+                    f"request in flight for {req['ttl_s']:g}s (idle_ttl_s)"
+                )
+            else:
+                render.out.print(f"  the request lasts {req['ttl_s']:g}s")
         if data.get("note"):
             render.out.print(f"  note: {data['note']}")
         return
@@ -669,7 +675,11 @@ def up(
     serve: Annotated[str, typer.Argument(help="The serve to start on demand.")],
     ttl: Annotated[
         float | None,
-        typer.Option("--ttl", help="Seconds the request lasts (default: the serve's idle_ttl_s)."),
+        typer.Option(
+            "--ttl",
+            help="Seconds the request lasts (default: until the serve has had no request "
+            "in flight for its idle_ttl_s).",
+        ),
     ] = None,
     api: ApiOpt = "127.0.0.1:8477",
     token_file: TokenFileOpt = None,

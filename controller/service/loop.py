@@ -62,7 +62,7 @@ from controller.store.journal import (
 )
 from statemachine import backoff
 from statemachine.backoff import Backoff
-from statemachine.idleness import request_expiry
+from statemachine.idleness import request_end
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.status import lifecycle_from_observation
@@ -886,8 +886,7 @@ class Controller:
                 continue
             if req.serve in observed.starting:
                 continue  # its start is in progress: it ends once the serve is down
-            spec_core = self.mset.desired().serves.get(req.serve)
-            ends = request_expiry(req, spec_core, observed.requests_in_flight(req.serve))
+            ends = request_end(req, self.mset.desired().serves.get(req.serve), observed)
             if ends.expired(now) and not observed.container(spec.container).holds:
                 self.journal.end_request(req.serve, now)
 
