@@ -60,12 +60,14 @@ class ContainerModel(BaseModel):
     state: ContainerState
     health: str | None = None
     started_at: str | float | None = None
+    #: when the container last stopped (docker's FinishedAt); None: never, or unknown
+    finished_at: str | float | None = None
     exit_code: int | None = None
     oom_killed: bool | None = None
     id: str | None = None
     gpu_used_mib: int | None = Field(default=None, ge=0)
 
-    @field_validator("started_at")
+    @field_validator("started_at", "finished_at")
     @classmethod
     def _check_time(cls, v: str | float | None) -> str | float | None:
         try:
@@ -167,6 +169,7 @@ class SnapshotModel(BaseModel):
                     state=c.state,
                     health=c.health,
                     started_at=epoch_seconds(c.started_at),
+                    finished_at=epoch_seconds(c.finished_at),
                     exit_code=c.exit_code,
                     oom_killed=c.oom_killed,
                     gpu_used_mib=c.gpu_used_mib,

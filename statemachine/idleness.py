@@ -13,7 +13,13 @@ metrics, its router tier):
   TTL counts from the latest of the request, the container's start and the last
   reading above 0 (a serve seen busy a moment ago is not stopped because one reading
   failed, nor one whose engine does not answer yet right after a long start);
+- the serve has a source but has not run since the request (it waits for room, or
+  its start is in progress): the request does not end; idleness starts with its run;
 - the serve has no source: the TTL counts from the request.
+
+Once a request has ended it stays ended as its serve stops: the serve stopped after the
+request (docker's ``FinishedAt``), and its deadline counts from its last start, which is
+no later than the idleness that ended it.
 
 Pure: no I/O, no clock (the observation carries the times), no logging.
 """
@@ -34,6 +40,7 @@ class IdleBasis(StrEnum):
     MEASURED = "measured"  # idle_ttl_s of measured idleness
     REQUEST = "request"  # idle_ttl_s from the request: the serve has no source
     UNKNOWN = "unknown"  # idle_ttl_s; a source, but its count is unknown now
+    PENDING = "pending"  # idle_ttl_s; a source, and the serve has not run since the request
     NONE = "none"  # no TTL: the request lasts until `down`
 
 
@@ -68,8 +75,14 @@ class RequestExpiry:
 
 def request_end(req: OnDemandRequest, spec: ServeSpec | None, observed: Observed) -> RequestExpiry:
     """When ``req`` ends, as ``observed`` shows its serve (in flight, container start)."""
-    started = observed.container(spec.container).started_at if spec is not None else None
-    return request_expiry(req, spec, observed.requests_in_flight(req.serve), started)
+    if spec is None:
+        return request_expiry(req, spec)
+    c = observed.container(spec.container)
+    # it has run since the request: it runs now, or it stopped after the request
+    ran = (c.holds and spec.name not in observed.starting) or (
+        c.finished_at is not None and c.finished_at >= req.requested_at
+    )
+    return request_expiry(req, spec, observed.requests_in_flight(req.serve), c.started_at, ran)
 
 
 def _latest(first: float, *others: float | None) -> float:
@@ -81,9 +94,11 @@ def request_expiry(
     spec: ServeSpec | None,
     in_flight: InFlightObs = NO_SOURCE,
     started_at: float | None = None,
+    ran: bool = True,
 ) -> RequestExpiry:
-    """When ``req`` (for ``spec``, whose in-flight observation is ``in_flight`` and whose
-    container started at ``started_at``) ends."""
+    """When ``req`` (for ``spec``, whose in-flight observation is ``in_flight``, whose
+    container started at ``started_at``, and which has run since the request or not)
+    ends."""
     if req.ttl_s is not None:
         return RequestExpiry(IdleBasis.TTL, req.ttl_s, req.requested_at + req.ttl_s)
     ttl = spec.idle_ttl_s if spec is not None else None
@@ -92,6 +107,8 @@ def request_expiry(
     count = in_flight.count
     if in_flight.source is None:
         return RequestExpiry(IdleBasis.REQUEST, ttl, req.requested_at + ttl)
+    if not ran:
+        return RequestExpiry(IdleBasis.PENDING, ttl, None)
     if count is None:
         start = _latest(req.requested_at, started_at, in_flight.busy_at)
         return RequestExpiry(IdleBasis.UNKNOWN, ttl, start + ttl)

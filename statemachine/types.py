@@ -160,6 +160,7 @@ class ContainerObs:
     exit_code: int | None = None
     oom_killed: bool | None = None
     gpu_used_mib: int | None = None  # NVML, attributed through cgroups; None = unknown
+    finished_at: float | None = None  # when it last stopped, as observed; None = never/unknown
 
     @property
     def holds(self) -> bool:

@@ -183,7 +183,7 @@ def test_without_a_source_the_ttl_counts_from_the_request_and_status_says_so(
     dead = free_port()  # nothing listens there: the source exists, its count is unknown
     fleet.container("plain", port=ports["plain"], mib=2000, running=False)
     fleet.container("dark", port=ports["dark"], mib=2000, running=False)
-    ttl = 6.0
+    ttl = 20.0  # long enough for the checks below while both still run
     fleet.write(
         ROLE
         + serve_toml(

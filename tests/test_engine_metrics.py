@@ -225,8 +225,12 @@ def test_the_tracker_keeps_idle_since_and_busy_at() -> None:
         clock[0] = 170.0
         # idleness counts only across readings that all said 0
         assert tracker.read(src, running={"od"})["od"].idle_since == 170.0
-        # a serve that stopped starts afresh
-        assert tracker.read(src, running=set()) == {}
+        # a serve that is not running is listed with its source, unread; "off" has none
+        stopped = tracker.read(src, running=set())
+        assert set(stopped) == {"od"}
+        assert (stopped["od"].count, stopped["od"].source) == (None, InFlightSource.METRICS)
+        assert (stopped["od"].idle_since, stopped["od"].busy_at) == (None, None)
+        # and when it runs again it starts afresh
         clock[0] = 180.0
         fresh = tracker.read(src, running={"od"})["od"]
         assert (fresh.idle_since, fresh.busy_at) == (180.0, None)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statemachine.idleness import IdleBasis, request_expiry
+from statemachine.idleness import IdleBasis, request_end, request_expiry
 from statemachine.planner import plan_transitions
 from statemachine.types import (
     NO_SOURCE,
@@ -27,6 +27,7 @@ from statemachine.types import (
     OnDemandRequest,
     Residency,
     ServeSpec,
+    StartingObs,
 )
 
 M = InFlightSource.METRICS
@@ -214,3 +215,33 @@ def test_idleness_never_counts_from_before_the_container_started() -> None:
         for st in plan_transitions(desired, observed, None, started + TTL).steps
         if st.action == "stop"
     ] == ["od"]
+
+
+def test_a_serve_with_a_source_that_has_not_run_since_the_request_waits_for_its_run() -> None:
+    req = OnDemandRequest("od", T0)
+    desired = _desired(od(), requests=(req,))
+    late = T0 + 10 * TTL
+    # waiting for room (never started, or stopped before the request): the request stays
+    for before in (None, T0 - 5.0):
+        c = ContainerObs(ContainerState.EXITED, started_at=T0 - 100, finished_at=before)
+        observed = Observed(True, {"c-od": c}, in_flight={"od": InFlightObs(None, M)})
+        end = request_end(req, od(), observed)
+        assert (end.basis, end.expires_at) == (IdleBasis.PENDING, None)
+        plan = plan_transitions(desired, observed, None, late)
+        assert [st.serve for st in plan.steps if st.action == "start"] == ["od"]
+    # it ran after the request and stopped: the request stays ended (no restart)
+    ran = ContainerObs(ContainerState.EXITED, started_at=T0 + 5, finished_at=T0 + 5 + TTL)
+    observed = Observed(True, {"c-od": ran}, in_flight={"od": InFlightObs(None, M)})
+    assert request_end(req, od(), observed).expired(T0 + 5 + TTL)
+    assert not plan_transitions(desired, observed, None, T0 + 5 + TTL).steps
+    # a start in progress has not run yet either
+    starting = Observed(
+        True,
+        {"c-od": ContainerObs(ContainerState.RUNNING, "starting", T0 + 1)},
+        starting={"od": StartingObs(("a",), 4000)},
+        in_flight={"od": InFlightObs(None, M)},
+    )
+    assert request_end(req, od(), starting).basis is IdleBasis.PENDING
+    # without a source the TTL counts from the request, as before
+    plain = Observed(True, {"c-od": ContainerObs(ContainerState.EXITED)})
+    assert request_end(req, od(), plain).expires_at == T0 + TTL

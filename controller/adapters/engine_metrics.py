@@ -84,6 +84,15 @@ class InFlightSources:
     router_token: str | None = None
 
     @property
+    def kind(self) -> InFlightSource | None:
+        """The source read first (the engine's metrics, else the router), if any."""
+        if self.metrics_url is not None:
+            return InFlightSource.METRICS
+        if self.router_url is not None and self.router_tier is not None:
+            return InFlightSource.ROUTER
+        return None
+
+    @property
     def any(self) -> bool:
         """True when the serve has a source at all."""
         return self.metrics_url is not None or (

@@ -566,7 +566,8 @@ def _request_json(
 ) -> dict[str, Any]:
     """A request's JSON: when it ends and what that counts from (``ttl_basis``: its own
     ``ttl``; ``measured`` idleness; ``request``: no source, from the request;
-    ``unknown``: a source whose count is unknown now; ``none``: no TTL)."""
+    ``unknown``: a source whose count is unknown now; ``pending``: a source, and the
+    serve has not run since the request; ``none``: no TTL)."""
     end = request_end(r, spec, observed if observed is not None else Observed(docker_ok=False))
     return {"requested_at": r.requested_at, **end.to_json(now)}
 

@@ -157,6 +157,7 @@ _BASIS = {
     "measured": "measured idleness",
     "request": "idle_ttl_s from the request: no source of in-flight counts",
     "unknown": "idle_ttl_s from the request or the last busy reading: the count is unknown",
+    "pending": "idle_ttl_s, counted once it has run since the request",
     "ttl": "its own TTL, from the request",
     "none": "no TTL: until `down`",
 }

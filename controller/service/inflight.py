@@ -80,7 +80,9 @@ class InFlightTracker:
     def read(
         self, sources: Mapping[str, InFlightSources], running: Collection[str]
     ) -> dict[str, InFlightModel]:
-        """The counts of the ``running`` serves now, with what is remembered of each."""
+        """The counts of the ``running`` serves now, with what is remembered of each; a
+        serve with a source that is not running is listed with its source, unread (its
+        idleness starts with its run)."""
         wanted = {n: s for n, s in sources.items() if n in running}
         readings = (
             self._reader(wanted)
@@ -110,6 +112,9 @@ class InFlightTracker:
                     busy_at=seen.busy_at,
                     error=r.error,
                 )
+        for name, src in sources.items():
+            if name not in out and src.kind is not None:
+                out[name] = InFlightModel(count=None, source=src.kind)
         return out
 
     def _say(self, name: str, r: InFlightReading) -> None:
