@@ -21,6 +21,8 @@ from statemachine.types import (
     ContainerObs,
     ContainerState,
     GpuObs,
+    InFlightObs,
+    InFlightSource,
     Observed,
     SleepObs,
     SleepState,
@@ -60,12 +62,14 @@ class ContainerModel(BaseModel):
     state: ContainerState
     health: str | None = None
     started_at: str | float | None = None
+    #: when the container last stopped (docker's FinishedAt); None: never, or unknown
+    finished_at: str | float | None = None
     exit_code: int | None = None
     oom_killed: bool | None = None
     id: str | None = None
     gpu_used_mib: int | None = Field(default=None, ge=0)
 
-    @field_validator("started_at")
+    @field_validator("started_at", "finished_at")
     @classmethod
     def _check_time(cls, v: str | float | None) -> str | float | None:
         try:
@@ -124,6 +128,23 @@ class SleepStateModel(BaseModel):
     host_ram_mib: int | None = Field(default=None, ge=0)
 
 
+class InFlightModel(BaseModel):
+    """A serve's requests in flight as read (``count`` null: unknown, never 0).
+
+    ``source``: ``metrics`` or ``router``, null when the serve has none; ``idle_since``:
+    since when every reading has been 0 (epoch seconds); ``busy_at``: the last reading
+    above 0; ``error``: why the count is unknown.
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    count: int | None = Field(default=None, ge=0)
+    source: InFlightSource | None = None
+    idle_since: float | None = None
+    busy_at: float | None = None
+    error: str | None = None
+
+
 class SnapshotModel(BaseModel):
     """The whole observed snapshot.
 
@@ -151,6 +172,8 @@ class SnapshotModel(BaseModel):
     started_with: dict[str, StartedWithModel] = Field(default_factory=dict)
     #: serve -> its engine's sleep state (a serve missing here is awake)
     sleep: dict[str, SleepStateModel] = Field(default_factory=dict)
+    #: serve -> its requests in flight (serves not listed: no reading)
+    in_flight: dict[str, InFlightModel] = Field(default_factory=dict)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -161,6 +184,7 @@ class SnapshotModel(BaseModel):
                     state=c.state,
                     health=c.health,
                     started_at=epoch_seconds(c.started_at),
+                    finished_at=epoch_seconds(c.finished_at),
                     exit_code=c.exit_code,
                     oom_killed=c.oom_killed,
                     gpu_used_mib=c.gpu_used_mib,
@@ -194,6 +218,10 @@ class SnapshotModel(BaseModel):
             sleep={
                 name: SleepObs(z.state, z.level, z.residual_mib, z.host_ram_mib)
                 for name, z in self.sleep.items()
+            },
+            in_flight={
+                name: InFlightObs(f.count, f.source, f.idle_since, f.busy_at)
+                for name, f in self.in_flight.items()
             },
         )
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from statemachine.idleness import request_end
 from statemachine.ledger import ledger_from_observed
 from statemachine.types import (
     DesiredRun,
@@ -101,8 +102,9 @@ def frees_up_in(
         req = requests.get(spec.name)
         if req is None:
             return None
-        if req.ttl_s is not None:
-            return max(0.0, req.requested_at + req.ttl_s - now)
+        end = request_end(req, spec, observed)
+        if end.expires_at is not None:
+            return max(0.0, end.expires_at - now)
         return default
     return None
 

@@ -11,8 +11,9 @@ The rules, in the order the planner applies them:
 1. **Fail closed.** Docker unreadable: no steps; every serve that wants a change is
    blocked with the reason.
 2. **Stops.** A serve that holds memory and is ``desired = "stopped"``, or whose
-   on-demand request's TTL ran out (and is not ``desired = "running"``), is stopped:
-   quiesce + drain (when it has a router tier), stop, release.
+   on-demand request ended (its TTL ran out, or it had no request in flight for its
+   ``idle_ttl_s``: :mod:`statemachine.idleness`) and is not ``desired = "running"``, is
+   stopped: quiesce + drain (when it has a router tier), stop, release.
 3. **Starts**, residents first, then on-demand requesters (manifest ``running`` first,
    then requests by age), then the rest (evictable backfill) by descending priority.
    A start is blocked while an exclusive serve runs on one of its roles, while another
@@ -20,7 +21,9 @@ The rules, in the order the planner applies them:
    serve runs on its roles. Only on-demand requesters may stop others: committed
    ``evictable`` serves outside their ``min_runtime_s`` are victims (for room, for the
    port, for exclusivity); residents, other on-demand serves and serves without a
-   residency are never stopped and are reported as the blockers. When room is short,
+   residency are never stopped and are reported as the blockers; among victim sets
+   the one with the fewest serves that may have requests in flight is preferred
+   (:mod:`statemachine.victims`). When room is short,
    elastic shrink is planned if shrink alone covers it, else eviction
    (:mod:`statemachine.victims`); an engine gives memory back in whole segments
    (``Elastic.segment_mib``), so a shrink is whole segments that cover the need.
@@ -53,6 +56,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from statemachine.admission import conflict, inside_min_runtime
+from statemachine.idleness import IdleBasis, request_end
 from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
 from statemachine.types import (
@@ -230,18 +234,31 @@ class _Work:
         self.halt(s, reason)
 
 
-def _requests(desired: DesiredState, now: float) -> tuple[dict[str, float], set[str]]:
-    """Active requests (serve -> requested_at, oldest kept) and serves whose request expired."""
+def _requests(
+    desired: DesiredState, observed: Observed, now: float
+) -> tuple[dict[str, float], dict[str, str]]:
+    """Active requests (serve -> requested_at, oldest kept) and the serves whose request
+    ended (serve -> why).
+
+    A request without its own TTL ends by the serve's measured idleness where it has a
+    source of in-flight counts (:mod:`statemachine.idleness`).
+    """
     active: dict[str, float] = {}
-    expired: set[str] = set()
+    expired: dict[str, str] = {}
     for req in desired.requests:
-        if req.serve not in desired.serves:
+        spec = desired.serves.get(req.serve)
+        if spec is None:
             continue
-        if req.expired(now):
-            expired.add(req.serve)
+        end = request_end(req, spec, observed)
+        if end.expired(now):
+            expired[req.serve] = (
+                f"{req.serve} has had no request in flight for {end.ttl_s:g}s (idle_ttl_s)"
+                if end.basis is IdleBasis.MEASURED
+                else f"the on-demand request for {req.serve} expired (TTL)"
+            )
         else:
             active[req.serve] = min(active.get(req.serve, req.requested_at), req.requested_at)
-    return active, expired - set(active)
+    return active, {n: why for n, why in expired.items() if n not in active}
 
 
 def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> list[ServeSpec]:
@@ -543,7 +560,8 @@ def _holders(
                         h.shrinkable[r] += give
         if veto is None:
             started = w.observed.container(o.container).started_at
-            h.cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started))
+            busy = w.observed.requests_in_flight(name).count
+            h.cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started, busy))
             frees = res.mib - o.sleep.residual_mib if o.sleep and w.sleepable(o) else 0
             for r in res.gpu_roles:
                 if r in h.evictable:
@@ -849,7 +867,7 @@ def plan_transitions(
     """
     policy = policy or Policy()
     ledger = ledger_from_observed(desired, observed)
-    active, expired = _requests(desired, now)
+    active, expired = _requests(desired, observed, now)
     notes = [
         f"{r} is over budget as observed (started outside the ledger)"
         for r in ledger.overcommitted()
@@ -887,7 +905,7 @@ def plan_transitions(
         if s.desired is DesiredRun.STOPPED:
             w.stop(s, f"{s.name} is desired stopped")
         elif s.name in expired and s.desired is not DesiredRun.RUNNING:
-            w.stop(s, f"the on-demand request for {s.name} expired (TTL)")
+            w.stop(s, expired[s.name])
 
     # 3. starts, 4. grow back before backfill
     wants: list[ServeSpec] = []

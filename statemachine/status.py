@@ -14,9 +14,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from statemachine.idleness import request_end
 from statemachine.ledger import HostView, RoleView, ledger_from_observed, no_longer_declared
 from statemachine.lifecycle import LifecycleState
-from statemachine.types import ContainerObs, ContainerState, DesiredState, GpuObs, Observed
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredState,
+    GpuObs,
+    Observed,
+    OnDemandRequest,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +80,16 @@ class ServeStatus:
     sleep_level: int | None = None
     residual_mib: int | None = None
     host_ram_mib: int | None = None
+    #: requests in flight (None = unknown), where they are read (None: no source)
+    in_flight: int | None = None
+    in_flight_source: str | None = None
+    #: since when every reading has been 0 (the loop's observations; None = not known)
+    idle_since: float | None = None
+    #: what its request's end counts from (statemachine.idleness.IdleBasis), for a serve
+    #: with an active request or an idle_ttl_s; None otherwise
+    ttl_basis: str | None = None
+    #: when its active request ends (None: no request, no TTL, or not while busy)
+    request_ends_at: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``sleep`` only for a serve that can sleep or is seen asleep)."""
@@ -89,6 +107,11 @@ class ServeStatus:
             "committed": self.committed,
             "nvml_used_mib": self.nvml_used_mib,
             "drift_mib": self.drift_mib,
+            "in_flight": self.in_flight,
+            "in_flight_source": self.in_flight_source,
+            "idle_since": self.idle_since,
+            "ttl_basis": self.ttl_basis,
+            "request_ends_at": self.request_ends_at,
         }
         if self.sleep is not None:
             out["sleep"] = {
@@ -200,8 +223,14 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
             )
         )
     serves = []
+    requests = {r.serve: r for r in desired.requests}
     for s in desired.serves.values():
         obs = observed.container(s.container)
+        flight = observed.requests_in_flight(s.name)
+        req = requests.get(s.name)
+        ends = None
+        if req is not None or s.idle_ttl_s is not None:
+            ends = request_end(req or OnDemandRequest(s.name, 0.0), s, observed)
         in_ledger = desired.in_ledger(s)
         used = obs.gpu_used_mib if observed.docker_ok and obs.holds else None
         sleep_obs = observed.sleep_of(s.name)
@@ -243,6 +272,11 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 if asleep and ledger.holds(s.name)
                 else None,
                 host_ram_mib=ledger.host_holdings.get(s.name) if asleep else None,
+                in_flight=flight.count,
+                in_flight_source=None if flight.source is None else str(flight.source),
+                idle_since=flight.idle_since if flight.count == 0 else None,
+                ttl_basis=None if ends is None else str(ends.basis),
+                request_ends_at=ends.expires_at if ends is not None and req is not None else None,
             )
         )
     return HostStatus(

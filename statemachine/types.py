@@ -206,6 +206,7 @@ class ContainerObs:
     exit_code: int | None = None
     oom_killed: bool | None = None
     gpu_used_mib: int | None = None  # NVML, attributed through cgroups; None = unknown
+    finished_at: float | None = None  # when it last stopped, as observed; None = never/unknown
 
     @property
     def holds(self) -> bool:
@@ -281,6 +282,39 @@ class StartedWith:
     mib: int
 
 
+class InFlightSource(StrEnum):
+    """Where a serve's count of requests in flight is read (docs/eviction.md)."""
+
+    METRICS = "metrics"  # the engine's own Prometheus metrics
+    ROUTER = "router"  # the router tier's ``active_requests``
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightObs:
+    """What is known of the requests a serve has in flight.
+
+    ``count`` ``None`` is unknown (never 0). ``source`` ``None``: the serve has no
+    source at all (no metrics URL, no router tier), so its idleness cannot be measured.
+    ``idle_since``: since when the count has read 0 at every reading (set only while
+    ``count`` is 0); ``busy_at``: the last time a count above 0 was read. Both are
+    observation times kept by the shell; the core never reads a clock.
+    """
+
+    count: int | None
+    source: InFlightSource | None = None
+    idle_since: float | None = None
+    busy_at: float | None = None
+
+    @property
+    def idle(self) -> bool:
+        """True only when the count is known to be 0; unknown is possibly busy."""
+        return self.count == 0
+
+
+#: a serve of which nothing is known: no source, no count
+NO_SOURCE = InFlightObs(count=None)
+
+
 @dataclass(frozen=True, slots=True)
 class Observed:
     """One observed snapshot of the host.
@@ -318,6 +352,13 @@ class Observed:
         """The serve's sleep state; a serve missing from the snapshot is awake."""
         return self.sleep.get(serve, AWAKE)
 
+    #: serve -> its requests in flight; a serve missing here has no source (unknown)
+    in_flight: Mapping[str, InFlightObs] = field(default_factory=dict)
+
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""
         return self.containers.get(name, ABSENT)
+
+    def requests_in_flight(self, serve: str) -> InFlightObs:
+        """The serve's in-flight observation; a serve without one has no source."""
+        return self.in_flight.get(serve, NO_SOURCE)

@@ -4,10 +4,12 @@
 The order of preference (docs/design.md §3) is lexicographic over a candidate set:
 
 1. fewest victims;
-2. least VRAM freed beyond the shortfall (overshoot, summed over the roles short);
-3. lower ``priority`` (the most important victim in the set as unimportant as possible);
-4. least recently started (the most recent start in the set as old as possible);
-5. names (determinism).
+2. fewest victims that may be busy: a victim counts as idle only when its count of
+   requests in flight is known to be 0 (an unknown count is possibly busy, never idle);
+3. least VRAM freed beyond the shortfall (overshoot, summed over the roles short);
+4. lower ``priority`` (the most important victim in the set as unimportant as possible);
+5. least recently started (the most recent start in the set as old as possible);
+6. names (determinism).
 
 While there are at most ``exact_limit`` candidates the search is exact: sets are
 enumerated by size, sizes that even the largest candidates cannot cover are skipped,
@@ -16,7 +18,10 @@ bound a documented greedy is used: *largest first* (take candidates by MiB, larg
 first, until every role's shortfall is covered), then *prune* (drop any victim whose
 removal keeps the cover, smallest first) and *swap* (replace a victim by the smallest
 unchosen candidate that still covers). Pruning and swapping only ever lower the count
-or the MiB freed, so the result is never worse than largest-first on either.
+or the MiB freed, so the result is never worse than largest-first on either. The same
+greedy is also run over the idle candidates alone; the best of the four answers
+(largest-first and improved, over all candidates and over the idle ones) by the key
+above is chosen.
 
 Pure: no I/O, no clock, no docker.
 """
@@ -39,6 +44,13 @@ class Candidate:
     mib: int
     priority: int = 0
     started_at: float | None = None
+    #: requests in flight; ``None`` is unknown (possibly busy), never idle
+    in_flight: int | None = None
+
+    @property
+    def idle(self) -> bool:
+        """True only when the serve is known to have no request in flight."""
+        return self.in_flight == 0
 
 
 def freed(victims: Sequence[Candidate], shortfall: Mapping[str, int]) -> dict[str, int]:
@@ -58,12 +70,18 @@ def overshoot(victims: Sequence[Candidate], shortfall: Mapping[str, int]) -> int
     return sum(got[r] - need for r, need in shortfall.items())
 
 
+def possibly_busy(victims: Sequence[Candidate]) -> int:
+    """How many of ``victims`` are not known to be idle."""
+    return sum(1 for v in victims if not v.idle)
+
+
 def preference_key(
     victims: Sequence[Candidate], shortfall: Mapping[str, int]
-) -> tuple[int, int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]:
+) -> tuple[int, int, int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]:
     """The lexicographic preference key of a victim set (smaller is better)."""
     return (
         len(victims),
+        possibly_busy(victims),
         overshoot(victims, shortfall),
         tuple(sorted((v.priority for v in victims), reverse=True)),
         tuple(sorted((v.started_at or 0.0 for v in victims), reverse=True)),
@@ -157,8 +175,12 @@ def choose_victims(
     if baseline is None:
         return None
     if len(pool) > exact_limit:
-        improved = _improve(list(baseline), pool, short)
-        best = min((tuple(improved), baseline), key=lambda s: preference_key(s, short))
+        answers = [tuple(_improve(list(baseline), pool, short)), baseline]
+        idle = [c for c in pool if c.idle]
+        idle_first = largest_first(idle, short)
+        if idle_first is not None:  # the idle candidates alone cover it
+            answers += [tuple(_improve(list(idle_first), idle, short)), idle_first]
+        best = min(answers, key=lambda s: preference_key(s, short))
         return tuple(sorted(best, key=lambda c: c.name))
     pool.sort(key=lambda c: c.name)
     for k in range(1, len(baseline) + 1):

@@ -25,6 +25,8 @@ time) and is a context manager::
   answer ``readmitted: false`` with a reason; it keeps a per-tier state and can be
   scripted: a drain's result, leading 503 ``server_busy`` answers, a forced status
   for an action, readmit refusals, readiness, an operator's quiesce;
+* :class:`FakeEngineMetrics` serves ``GET /metrics`` as vLLM, SGLang or llama.cpp
+  server write it (Prometheus text), with settable running / waiting counts (or 503);
 * :class:`FakeElastic` speaks ``POST /v1/vram`` (the seed's
   ``vram-elastic-reserve-api.txt``): it checks the API key, the content type and
   ``reserve_mib`` as the engine does, then answers the scripted replies in order, and
@@ -44,13 +46,14 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
+from typing import Any, ClassVar
 from urllib.parse import parse_qs, urlsplit
 
 __all__ = [
     "Card",
     "ElasticEngine",
     "FakeElastic",
+    "FakeEngineMetrics",
     "FakeHTTPServer",
     "FakeRouter",
     "Recorded",
@@ -1039,3 +1042,74 @@ class ElasticEngine(FakeHTTPServer):
             if self.remembered is not None:
                 self._resize(self.remembered)
             return Reply(200, {"status": "loaded"})
+
+
+# ── an engine's Prometheus metrics ────────────────────────────────────────────
+
+
+class FakeEngineMetrics(FakeHTTPServer):
+    """``GET /metrics`` of one engine, with the running and waiting counts set by tests.
+
+    ``engine`` is ``vllm``, ``sglang`` or ``llamacpp``; the page carries that engine's
+    in-flight metrics beside a few others, labelled as the engine labels them (vLLM
+    and SGLang by ``model_name``; ``models`` gives several series, each with the
+    counts). ``set(running, waiting)`` changes the counts; ``fail(status)`` makes the
+    page answer an error until ``set`` is called again.
+    """
+
+    PAGES: ClassVar[dict[str, tuple[str, str]]] = {
+        "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+        "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+        "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+    }
+
+    def __init__(self, engine: str, *, models: tuple[str, ...] = ("m",)) -> None:
+        super().__init__()
+        if engine not in self.PAGES:
+            raise ValueError(f"unknown engine {engine!r}")
+        self.engine = engine
+        self.models = models
+        self._running = 0
+        self._waiting = 0
+        self._status = 200
+
+    def set(self, running: int, waiting: int = 0) -> None:
+        with self._lock:
+            self._running, self._waiting, self._status = running, waiting, 200
+
+    def fail(self, status: int = 503) -> None:
+        with self._lock:
+            self._status = status
+
+    @property
+    def metrics_url(self) -> str:
+        return f"{self.url}/metrics"
+
+    def page(self) -> str:
+        """The metrics page as the engine writes it now."""
+        with self._lock:
+            running, waiting = self._running, self._waiting
+        prefix = self.engine
+        lines = [
+            f"# HELP {prefix}:prompt_tokens_total Number of prefill tokens processed.",
+            f"# TYPE {prefix}:prompt_tokens_total counter",
+        ]
+        labelled = self.engine != "llamacpp"
+        for m in self.models:
+            labels = f'{{model_name="{m}"}}' if labelled else ""
+            lines.append(f"{prefix}:prompt_tokens_total{labels} 1234.0")
+        for name, value in zip(self.PAGES[self.engine], (running, waiting), strict=True):
+            lines += [f"# HELP {name} Requests.", f"# TYPE {name} gauge"]
+            for m in self.models:
+                labels = f'{{model_name="{m}"}}' if labelled else ""
+                lines.append(f"{name}{labels} {float(value) if labelled else value}")
+        return "\n".join(lines) + "\n"
+
+    def handle(self, request: Recorded) -> ReplyLike:
+        if request.path != "/metrics":
+            return Reply(404, "not found")
+        with self._lock:
+            status = self._status
+        if status != 200:
+            return Reply(status, "unavailable")
+        return Reply(200, self.page(), {"Content-Type": "text/plain; version=0.0.4"})

@@ -526,6 +526,16 @@ SINGLE_FILE_CASES = [
         id="health-not-a-path",
     ),
     pytest.param(
+        serve('metrics_url = "127.0.0.1:8000/metrics"'),
+        (Expect(S1, "metrics_url", ("http:// or https:// URL", "127.0.0.1:8000")),),
+        id="metrics-url-without-scheme",
+    ),
+    pytest.param(
+        serve("metrics_url = 8000"),
+        (Expect(S1, "metrics_url", ("http:// or https:// URL",)),),
+        id="metrics-url-not-a-string",
+    ),
+    pytest.param(
         'serve = ["x"]\n',
         (Expect("serve #1", None, ("must be a table", '"x"')),),
         id="serve-entry-not-a-table",
@@ -951,3 +961,27 @@ def test_near_miss_role_is_an_error_and_an_oversized_reservation_too(tmp_path: P
     assert 'did you mean "card"?' in text
     assert 'serve "b" (#2): vram_mib: 9000 MiB can never fit role "card"' in text
     assert "8192 - 1024 = 7168 MiB" in text
+
+
+@pytest.mark.parametrize(
+    ("body", "url"),
+    [
+        pytest.param('engine = "vllm"\nport = 8001', "http://127.0.0.1:8001/metrics", id="vllm"),
+        pytest.param(
+            'engine = "SGLang"\nport = 30000', "http://127.0.0.1:30000/metrics", id="sglang"
+        ),
+        pytest.param(
+            'engine = "llama.cpp"\nport = 8080', "http://127.0.0.1:8080/metrics", id="llama"
+        ),
+        pytest.param('engine = "tgi"\nport = 8080', None, id="unknown-engine"),
+        pytest.param('engine = "vllm"', None, id="no-port"),
+        pytest.param(
+            'engine = "vllm"\nport = 8001\nmetrics_url = "http://10.0.0.5:9000/m"',
+            "http://10.0.0.5:9000/m",
+            id="explicit-wins",
+        ),
+    ],
+)
+def test_where_the_engine_metrics_are_read(tmp_path: Path, body: str, url: str | None) -> None:
+    mset = loaded(tmp_path, {"serves.toml": ROLES + serve(body)})
+    assert mset.serves["s1"].metrics_source() == url

@@ -2,7 +2,8 @@
 
 The reference here is written from docs/design.md §3, not from ``statemachine.victims``: a set
 *covers* when it frees at least the shortfall on every role that is short, and sets
-are ordered by (number of victims, MiB freed beyond the shortfall summed over the short
+are ordered by (number of victims, number of victims not known to be idle (an unknown
+in-flight count is possibly busy), MiB freed beyond the shortfall summed over the short
 roles, priorities highest first, start times latest first with unknown as 0, names).
 """
 
@@ -22,7 +23,7 @@ from statemachine.victims import overshoot as sm_overshoot
 
 SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NAMES = ("ada", "bob", "cyd", "dee", "eve", "fay", "gus", "hal", "ivy", "jon")
-Key = tuple[int, int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]
+Key = tuple[int, int, int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]
 
 
 # ----- the reference ----------------------------------------------------------------------
@@ -44,9 +45,15 @@ def freed_total(victims: Sequence[Candidate], short: Mapping[str, int]) -> int:
     return sum(freed(victims, short).values())
 
 
+def busy(victims: Sequence[Candidate]) -> int:
+    """Victims not known to be idle (an unknown count is possibly busy)."""
+    return sum(1 for v in victims if v.in_flight != 0)
+
+
 def ref_key(victims: Sequence[Candidate], short: Mapping[str, int]) -> Key:
     return (
         len(victims),
+        busy(victims),
         freed_total(victims, short) - sum(short.values()),
         tuple(sorted((v.priority for v in victims), reverse=True)),
         tuple(sorted((v.started_at or 0.0 for v in victims), reverse=True)),
@@ -82,6 +89,7 @@ def candidate_lists(
             mib=st.integers(1, 60) | st.sampled_from([10, 20, 30]),  # ties are common
             priority=st.integers(0, 3),
             started_at=st.none() | st.integers(0, 20).map(float),
+            in_flight=st.none() | st.integers(0, 3) | st.just(0),
         ),
         min_size=min_size,
         max_size=max_size,
@@ -105,7 +113,9 @@ def instances(
 def describe(victims: Sequence[Candidate] | None) -> list[str] | None:
     if victims is None:
         return None
-    return [f"{v.name}:{'+'.join(v.gpu_roles)}:{v.mib}:p{v.priority}" for v in victims]
+    return [
+        f"{v.name}:{'+'.join(v.gpu_roles)}:{v.mib}:p{v.priority}:f{v.in_flight}" for v in victims
+    ]
 
 
 # ----- exact search -----------------------------------------------------------------------
@@ -148,7 +158,12 @@ def test_exact_search_is_never_worse_than_largest_first(
     assert ref_covers(base, short)
     assert ref_key(got, short) <= ref_key(base, short)
     assert len(got) <= len(base)
-    assert (len(got), freed_total(got, short)) <= (len(base), freed_total(base, short))
+    # it frees more than largest-first only to spare a serve that may be busy
+    assert (len(got), busy(got), freed_total(got, short)) <= (
+        len(base),
+        busy(base),
+        freed_total(base, short),
+    )
 
 
 # ----- the greedy path (more candidates than exact_limit) ---------------------------------
@@ -169,7 +184,7 @@ def test_greedy_covers_and_is_never_worse_than_largest_first(
     assert all(v in cands for v in got)
     assert ref_covers(got, short), describe(got)
     assert len(got) <= len(base), f"greedy {describe(got)}, largest first {describe(base)}"
-    assert freed_total(got, short) <= freed_total(base, short), (
+    assert busy(got) < busy(base) or freed_total(got, short) <= freed_total(base, short), (
         f"greedy {describe(got)} frees {freed(got, short)}, "
         f"largest first {describe(base)} frees {freed(base, short)}"
     )
@@ -184,8 +199,9 @@ def c(
     roles: tuple[str, ...] = ("a",),
     priority: int = 0,
     started_at: float | None = None,
+    in_flight: int | None = None,
 ) -> Candidate:
-    return Candidate(name, roles, mib, priority, started_at)
+    return Candidate(name, roles, mib, priority, started_at, in_flight)
 
 
 TIE_BREAKS = [
@@ -587,3 +603,112 @@ def test_freed_covers_and_overshoot_count_only_the_short_roles() -> None:
 def test_an_unknown_start_is_older_than_any_known_one() -> None:
     got = choose_victims([c("known", 100, started_at=0.5), c("unknown", 100)], {"a": 100})
     assert got is not None and [v.name for v in got] == ["unknown"]
+
+
+# ----- busy-aware choice -------------------------------------------------------------------
+def unknown_as_busy(cands: Sequence[Candidate], busy: int) -> list[Candidate]:
+    return [
+        Candidate(c.name, c.gpu_roles, c.mib, c.priority, c.started_at, busy)
+        if c.in_flight is None
+        else c
+        for c in cands
+    ]
+
+
+@SETTINGS
+@given(instances(), st.integers(1, 5), st.booleans())
+def test_an_unknown_count_ranks_exactly_as_busy_never_as_idle(
+    instance: tuple[list[Candidate], dict[str, int]], busy: int, greedy: bool
+) -> None:
+    cands, shortfall = instance
+    limit = 3 if greedy else 14
+    got = choose_victims(cands, shortfall, exact_limit=limit)
+    known = choose_victims(unknown_as_busy(cands, busy), shortfall, exact_limit=limit)
+    assert (got is None) == (known is None)
+    if got is not None and known is not None:
+        assert [v.name for v in got] == [v.name for v in known]
+
+
+@SETTINGS
+@given(instances())
+def test_an_idle_cover_of_the_fewest_victims_is_chosen_over_a_busy_one(
+    instance: tuple[list[Candidate], dict[str, int]],
+) -> None:
+    cands, shortfall = instance
+    short = positive(shortfall)
+    got = choose_victims(cands, shortfall)
+    if got is None:
+        return
+    idle = [c for c in cands if c.in_flight == 0]
+    fewest_idle = next(
+        (
+            k
+            for k in range(len(idle) + 1)
+            if any(ref_covers(combo, short) for combo in combinations(idle, k))
+        ),
+        None,
+    )
+    if fewest_idle is not None and fewest_idle <= len(got):
+        assert all(v.in_flight == 0 for v in got), describe(got)
+    # it never takes more victims to spare a busy serve
+    best_any = brute_force(cands, shortfall)
+    assert best_any is not None and len(got) == len(best_any)
+
+
+@SETTINGS
+@given(instances(min_size=4, max_size=10))
+def test_greedy_is_never_worse_than_largest_first_over_the_idle_candidates(
+    instance: tuple[list[Candidate], dict[str, int]],
+) -> None:
+    cands, shortfall = instance
+    short = positive(shortfall)
+    got = choose_victims(cands, shortfall, exact_limit=3)
+    idle = [c for c in cands if c.in_flight == 0 and set(c.gpu_roles) & set(short)]
+    base = largest_first(idle, short)
+    if base is None or not short:
+        return
+    assert got is not None
+    assert ref_key(got, short) <= ref_key(base, short), (describe(got), describe(base))
+
+
+@pytest.mark.parametrize(
+    ("cands", "want"),
+    [
+        pytest.param(
+            [c("busy", 100, in_flight=2), c("idle", 100, in_flight=0)], ["idle"], id="idle"
+        ),
+        pytest.param(
+            [c("unknown", 100), c("idle", 100, in_flight=0)], ["idle"], id="unknown-is-not-idle"
+        ),
+        pytest.param(
+            # sparing the busy serve would cost a second victim: fewest victims comes first
+            [c("busy", 100, in_flight=1), c("i1", 50, in_flight=0), c("i2", 50, in_flight=0)],
+            ["busy"],
+            id="fewest-victims-first",
+        ),
+        pytest.param(
+            # an idle victim beats a busy one even when it frees more than needed
+            [c("busy", 100, in_flight=1), c("idle", 150, in_flight=0)],
+            ["idle"],
+            id="idle-beats-overshoot",
+        ),
+        pytest.param(
+            # an idle victim beats a busy one of lower priority
+            [c("busy", 100, priority=0, in_flight=3), c("idle", 100, priority=5, in_flight=0)],
+            ["idle"],
+            id="idle-beats-priority",
+        ),
+    ],
+)
+@pytest.mark.parametrize("limit", [14, 1])
+def test_busy_aware_choice(cands: list[Candidate], want: list[str], limit: int) -> None:
+    got = choose_victims(cands, {"a": 100}, exact_limit=limit)
+    assert got is not None and [v.name for v in got] == want
+
+
+def test_possibly_busy_counts_every_victim_not_known_idle() -> None:
+    from statemachine.victims import possibly_busy
+
+    victims = [c("idle", 1, in_flight=0), c("busy", 1, in_flight=4), c("unknown", 1)]
+    assert possibly_busy(victims) == 2
+    assert possibly_busy(victims[:1]) == 0

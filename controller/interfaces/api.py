@@ -16,7 +16,9 @@ Routes:
   reservation, NVML used / total, drift, from the last cycle's snapshot and the
   manifest set (``null`` = unknown, e.g. before the first cycle or with docker down).
 - ``GET /v1/serves`` — per serve: container state, lifecycle, reservation, backoff,
-  the active on-demand request and its TTL, whether it may be requested, and its
+  requests in flight (``in_flight``, ``in_flight_source``, ``idle_since``), the active
+  on-demand request and when it ends (``ttl_basis``: measured idleness, from the
+  request, or unknown; docs/eviction.md), whether it may be requested, and its
   measured ``footprint`` (declared vs measured, how, how many samples, whether it
   exceeds its reservation; ``null`` where nothing was measured).
 - ``GET /v1/events`` — the event stream (Server-Sent Events, ``Last-Event-ID`` resume):
@@ -136,6 +138,7 @@ from controller.service.view import LoopPort, LoopView
 from controller.store.lock import warn_if_open
 from statemachine.admission import can_request, conflict, could_fit_later, frees_up_in
 from statemachine.fit import fit_serve, request_plan
+from statemachine.idleness import request_end
 from statemachine.planner import Blocked, Policy, Step
 from statemachine.status import host_status
 from statemachine.types import (
@@ -308,7 +311,8 @@ class UpBody(BaseModel):
             le=366 * 86400,
             strict=True,
             allow_inf_nan=False,
-            description="Seconds the request lasts (default: the serve's idle_ttl_s, else none).",
+            description="Seconds the request lasts (default: until the serve has had no "
+            "request in flight for its idle_ttl_s, else none).",
         ),
     ] = None
     wait_s: Annotated[
@@ -528,7 +532,11 @@ def decide_up(
         steps: tuple[Step, ...] = tuple(st for st in plan.steps if st.group == serve)
         return UpDecision(202, fit.reason, {"fit": fit_json, "steps": [s.to_json() for s in steps]})
     blocked: Blocked | None = next((b for b in plan.blocked if b.serve == serve), None)
-    requests = {r.serve: r for r in desired.requests if not r.expired(now)}
+    requests = {
+        r.serve: r
+        for r in desired.requests
+        if not request_end(r, desired.serves.get(r.serve), observed).expired(now)
+    }
     if blocked is None:  # cannot happen: fit said no but the plan blocks nothing
         return UpDecision(429, fit.reason, dict(fit_json), max(1, math.ceil(default_retry_s)))
     terms = {
@@ -626,15 +634,18 @@ def public_failure(text: str) -> str | None:
 # ── the app ──────────────────────────────────────────────────────────────────
 
 
-def _request_json(r: OnDemandRequest, now: float) -> dict[str, Any]:
-    expires = None if r.ttl_s is None else r.requested_at + r.ttl_s
-    return {
-        "requested_at": r.requested_at,
-        "ttl_s": r.ttl_s,
-        "expires_at": expires,
-        "expires_in_s": None if expires is None else max(0.0, expires - now),
-        "expired": r.expired(now),
-    }
+def _request_json(
+    r: OnDemandRequest,
+    now: float,
+    spec: ServeSpec | None = None,
+    observed: Observed | None = None,
+) -> dict[str, Any]:
+    """A request's JSON: when it ends and what that counts from (``ttl_basis``: its own
+    ``ttl``; ``measured`` idleness; ``request``: no source, from the request;
+    ``unknown``: a source whose count is unknown now; ``pending``: a source, and the
+    serve has not run since the request; ``none``: no TTL)."""
+    end = request_end(r, spec, observed if observed is not None else Observed(docker_ok=False))
+    return {"requested_at": r.requested_at, **end.to_json(now)}
 
 
 def create_app(
@@ -848,6 +859,7 @@ def create_app(
         data, _ = _status_now(view)
         now = time.time()
         requests = {r.serve: r for r in controller.requests()}
+        seen = view.snapshot.to_observed() if view.snapshot is not None else None
         plan = view.plan
         blocked = {b.serve: b.reason for b in plan.blocked} if plan is not None else {}
         out = []
@@ -861,7 +873,9 @@ def create_app(
                     **row,
                     "requestable": why_not is None,
                     "not_requestable_reason": why_not,
-                    "request": None if req is None else _request_json(req, now),
+                    "request": None
+                    if req is None
+                    else _request_json(req, now, view.desired.serves.get(name), seen),
                     # declared vs measured (docs/limits.md): null before any sample
                     "footprint": view.footprints.get(name),
                     "queued": None
@@ -1239,7 +1253,7 @@ def create_app(
         )
         record = next((r for r in controller.requests() if r.serve == serve), None)
         req_json = (
-            _request_json(record, now)
+            _request_json(record, now, spec, observed)
             if record is not None
             else _request_json(OnDemandRequest(serve, now, effective_ttl), now)
         )
@@ -1308,7 +1322,13 @@ def create_app(
                 },
                 status_code=202,
             )
-        live = [r for r in controller.requests() if r.serve == serve and not r.expired(now)]
+        last = controller.view().snapshot
+        seen = last.to_observed() if last is not None else Observed(docker_ok=False)
+        live = [
+            r
+            for r in controller.requests()
+            if r.serve == serve and not request_end(r, spec, seen).expired(now)
+        ]
         if not live or not controller.request_down(serve):
             raise ApiError(
                 409,

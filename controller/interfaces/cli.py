@@ -90,6 +90,7 @@ def _observe(observed: Path | None, mset: ManifestSet) -> SnapshotModel:
 
 def _observe_live(mset: ManifestSet) -> SnapshotModel:
     from controller.adapters.docker.read import ContainerObserver, manifest_containers
+    from controller.service.inflight import InFlightTracker, observe_in_flight
     from controller.service.observe import observe_host
 
     observer = ContainerObserver()
@@ -97,6 +98,11 @@ def _observe_live(mset: ManifestSet) -> SnapshotModel:
         snap = observe_host(manifest_containers(mset.serves), observer=observer)
     finally:
         observer.close()
+    # one reading, no history: idleness is known as of now only (counted from a request)
+    snap.in_flight = {
+        name: reading.model_copy(update={"idle_since": None})
+        for name, reading in observe_in_flight(snap, mset, InFlightTracker()).items()
+    }
     if snap.docker_error:
         render.warn(f"docker: {snap.docker_error}")
     if snap.nvml_error:
@@ -775,7 +781,13 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
             render.out.print(f"  {step.get('action')} {step.get('serve')}: {step.get('reason')}")
         req = data.get("request") or {}
         if req.get("ttl_s") is not None:
-            render.out.print(f"  the request lasts {req['ttl_s']:g}s")
+            if req.get("ttl_basis") in ("measured", "unknown"):
+                render.out.print(
+                    f"  the request ends once {data.get('serve', 'the serve')} has had no "
+                    f"request in flight for {req['ttl_s']:g}s (idle_ttl_s)"
+                )
+            else:
+                render.out.print(f"  the request lasts {req['ttl_s']:g}s")
         if data.get("note"):
             render.out.print(f"  note: {data['note']}")
         return
@@ -815,7 +827,11 @@ def up(
     serve: Annotated[str, typer.Argument(help="The serve to start on demand.")],
     ttl: Annotated[
         float | None,
-        typer.Option("--ttl", help="Seconds the request lasts (default: the serve's idle_ttl_s)."),
+        typer.Option(
+            "--ttl",
+            help="Seconds the request lasts (default: until the serve has had no request "
+            "in flight for its idle_ttl_s).",
+        ),
     ] = None,
     wait: Annotated[
         float | None,

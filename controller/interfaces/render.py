@@ -11,6 +11,7 @@ from __future__ import annotations
 import difflib
 import os
 import sys
+import time
 from typing import TYPE_CHECKING
 
 from rich.console import Console
@@ -20,7 +21,7 @@ from rich.text import Text
 
 from statemachine.fit import FitResult
 from statemachine.planner import Action, Plan
-from statemachine.status import HostStatus
+from statemachine.status import HostStatus, ServeStatus
 from statemachine.types import DesiredState
 
 if TYPE_CHECKING:
@@ -136,6 +137,10 @@ def status(report: HostStatus) -> None:
             signed(s.drift_mib) if s.committed else "-",
         )
     out.print(serves)
+    for s in report.serves:
+        line = in_flight_line(s)
+        if line is not None:
+            out.print(escape(line))
     if report.undeclared_gpu:
         out.print(
             "[bold red]undeclared GPU containers[/bold red] (no manifest reserves their memory): "
@@ -146,6 +151,43 @@ def status(report: HostStatus) -> None:
             f"[bold yellow]no longer declared[/bold yellow]: {escape(container)} (started as "
             f"{escape(holder)}) keeps {kept} MiB on {escape(', '.join(on_roles))} until it stops"
         )
+
+
+_BASIS = {
+    "measured": "measured idleness",
+    "request": "idle_ttl_s from the request: no source of in-flight counts",
+    "unknown": "idle_ttl_s from the request or the last busy reading: the count is unknown",
+    "pending": "idle_ttl_s, counted once it has run since the request",
+    "ttl": "its own TTL, from the request",
+    "none": "no TTL: until `down`",
+}
+
+
+def _clock(epoch: float) -> str:
+    return time.strftime("%H:%M:%S", time.localtime(epoch))
+
+
+def in_flight_line(s: ServeStatus) -> str | None:
+    """A running serve's requests in flight and what its request's end counts from."""
+    if s.state not in ("running", "paused", "restarting"):
+        return None
+    if s.in_flight_source is None and s.ttl_basis is None:
+        return None
+    if s.in_flight is not None:
+        flight = f"{s.in_flight} requests in flight ({s.in_flight_source})"
+        if s.in_flight == 0 and s.idle_since is not None:
+            flight += f", idle since {_clock(s.idle_since)}"
+    elif s.in_flight_source is None:
+        flight = "requests in flight unknown (no source)"
+    else:
+        flight = f"requests in flight unknown ({s.in_flight_source} unreadable)"
+    if s.ttl_basis is None:
+        return f"{s.serve}: {flight}"
+    ends = f"its request ends at {_clock(s.request_ends_at)}" if s.request_ends_at else None
+    if ends is None and s.ttl_basis == "measured" and s.request_ends_at is None:
+        ends = "idle_ttl_s counts once it is idle" if s.in_flight else None
+    tail = f"{ends}; " if ends else ""
+    return f"{s.serve}: {flight}; {tail}TTL: {_BASIS.get(s.ttl_basis, s.ttl_basis)}"
 
 
 def fit(result: FitResult) -> None:

@@ -216,6 +216,11 @@ class ServeModel(BaseModel):
     served_name: OptText = None
     engine: OptText = None
     health: OptHealth = Field(default=None, description="HTTP health path on 127.0.0.1:{port}.")
+    metrics_url: OptUrl = Field(
+        default=None,
+        description="The engine's Prometheus metrics, read for its requests in flight "
+        "(default: http://127.0.0.1:{port}/metrics for a vllm, sglang or llama.cpp engine).",
+    )
     gpu_role: OptText = Field(default=None, description="The one gpu role this serve uses.")
     gpu_roles: OptTwoRoles = Field(
         default=None, description="Two gpu roles (tensor parallel); not with gpu_role."
@@ -299,6 +304,15 @@ class ServeModel(BaseModel):
             up_env=self.up_env,
         )
 
+    def metrics_source(self) -> str | None:
+        """Where the engine's metrics are read: ``metrics_url``, else the default URL of
+        a known engine (vLLM, SGLang, llama.cpp server) on its port, else ``None``."""
+        if self.metrics_url is not None:
+            return self.metrics_url
+        if self.port is not None and (self.engine or "").strip().lower() in METRICS_ENGINES:
+            return f"http://127.0.0.1:{self.port}/metrics"
+        return None
+
     def to_spec(self) -> ServeSpec:
         """The core's :class:`ServeSpec`."""
         return ServeSpec(
@@ -321,6 +335,11 @@ class ServeModel(BaseModel):
             sleep=None if self.sleep is None else self.sleep.to_sleep(self.port, self.engine),
         )
 
+
+#: engine labels whose metrics page is known (/metrics on the serve's port)
+METRICS_ENGINES: frozenset[str] = frozenset(
+    {"vllm", "sglang", "llamacpp", "llama.cpp", "llama-cpp", "llama_cpp", "llama-server"}
+)
 
 #: engines that size their memory pool from the device's free memory when they load:
 #: their starts are serialised per GPU (two at once would each count the other's room)

@@ -51,6 +51,7 @@ from controller.service.events import (
 )
 from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
 from controller.service.footprints import DEFAULT_SETTLE_S, FootprintRecorder, Reading
+from controller.service.inflight import InFlightTracker, observe_in_flight
 from controller.service.live import LiveLedger, StepEnded
 from controller.service.observe import observe_host
 from controller.service.sleeping import observe_sleep
@@ -73,6 +74,7 @@ from controller.store.journal import (
 )
 from statemachine import backoff
 from statemachine.backoff import Backoff
+from statemachine.idleness import request_end
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.status import lifecycle_from_observation
@@ -158,6 +160,8 @@ class Controller:
         self._stopped_by_us: dict[str, float | None] = {}
         #: the starts in progress, carried out beside the loop (see controller.service.starts)
         self.starts = StartTracker()
+        #: requests in flight per serve, and since when each has been idle
+        self.in_flight = InFlightTracker()
         self._fresh_observer: ContainerObserver | None = None  # the executor's own reader
         # cycle -> its outcome while starts it handed off may still end (None: executing)
         self._outcomes: dict[int, dict[str, Any] | None] = {}
@@ -191,9 +195,9 @@ class Controller:
 
     def request_up(self, serve: str, ttl_s: float | None) -> None:
         """Record an on-demand request (durable) and ask for a cycle."""
-        spec = self.mset.desired().serves[serve]
-        ttl = ttl_s if ttl_s is not None else spec.idle_ttl_s
-        self.journal.add_request(serve, time.time(), ttl)
+        # without a TTL of its own the request takes the serve's idle_ttl_s, measured as
+        # idleness where the serve has a source of in-flight counts (statemachine.idleness)
+        self.journal.add_request(serve, time.time(), ttl_s)
         self.trigger(f"request up {serve}")
         self._changed()
 
@@ -526,6 +530,13 @@ class Controller:
         snap.sleep = self._sleep_in_force(snap)
         snap.quiesced = sorted(self._quiesced)
         snap.unreleased = self._still_unreleased(snap)
+        snap.in_flight = observe_in_flight(
+            snap,
+            self.mset,
+            self.in_flight,
+            router_url=self.options.router_url,
+            router_token_file=self.options.router_token_file,
+        )
         return snap
 
     def _started_in_force(
@@ -1084,7 +1095,8 @@ class Controller:
                 continue
             if req.serve in observed.starting:
                 continue  # its start is in progress: it ends once the serve is down
-            if req.expired(now) and not observed.container(spec.container).holds:
+            ends = request_end(req, self.mset.desired().serves.get(req.serve), observed)
+            if ends.expired(now) and not observed.container(spec.container).holds:
                 self.journal.end_request(req.serve, now)
                 self.events.publish("request.closed", serve=req.serve, reason="ended, serve down")
 

@@ -293,6 +293,7 @@ class _Details:
 
     started_at: str | None
     exit_code: int | None
+    finished_at: str | None
     oom_killed: bool | None
     health: str | None
     gpu_reason: str | None
@@ -380,6 +381,9 @@ def _details(doc: Mapping[str, Any], state: ContainerState) -> _Details:
     started = _str(st.get("StartedAt")) or None
     if started is not None and started.startswith(_DOCKER_ZERO_TIME[:10]):
         started = None
+    finished = _str(st.get("FinishedAt")) or None
+    if finished is not None and finished.startswith(_DOCKER_ZERO_TIME[:10]):
+        finished = None
     exit_code = st.get("ExitCode")
     raw_health = st.get("Health")
     health = _str(raw_health.get("Status")) if isinstance(raw_health, Mapping) else ""
@@ -388,6 +392,7 @@ def _details(doc: Mapping[str, Any], state: ContainerState) -> _Details:
         started_at=started,
         exit_code=exit_code if isinstance(exit_code, int) and state in _EXIT_CODE_STATES else None,
         oom_killed=oom if isinstance(oom, bool) else None,
+        finished_at=finished,
         # Docker keeps the last health of a stopped container; like `docker ps`, show it
         # only while the container is up.
         health=health if health and health != "none" and state in _HEALTH_STATES else None,
@@ -507,6 +512,7 @@ class _Cycle:
                     "started_at": d.started_at,
                     "exit_code": d.exit_code,
                     "oom_killed": d.oom_killed,
+                    "finished_at": d.finished_at,
                     "compose_project": project,
                     "compose_service": service,
                 }

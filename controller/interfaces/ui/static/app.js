@@ -171,7 +171,19 @@ function reservedCell(s) {
 function requestCell(req) {
   if (!req) return "-";
   if (req.ttl_s === null) return "requested, no TTL";
-  return req.expired ? "expired" : `expires in ${secs(req.expires_in_s)} (TTL ${secs(req.ttl_s)})`;
+  if (req.expired) return "expired";
+  if (req.ttl_basis === "pending") return `waiting for its start (then idle TTL ${secs(req.ttl_s)})`;
+  if (req.expires_in_s === null || req.expires_in_s === undefined) {
+    // measured idleness while requests are in flight: no deadline yet
+    return `busy: ends after ${secs(req.ttl_s)} with no request in flight`;
+  }
+  const basis = {
+    measured: "idle",
+    request: "from the request",
+    unknown: "in flight unknown",
+  }[req.ttl_basis];
+  const how = basis ? `TTL ${secs(req.ttl_s)}, ${basis}` : `TTL ${secs(req.ttl_s)}`;
+  return `expires in ${secs(req.expires_in_s)} (${how})`;
 }
 
 function backoffCell(b) {

@@ -1,0 +1,241 @@
+"""In-flight request counts: the engine's Prometheus metrics, or the router tier's state.
+
+Two read-only sources tell how many requests a serve has in flight
+(docs/eviction.md#busy-aware-victim-choice):
+
+- the engine's own ``/metrics`` (Prometheus text, parsed with ``prometheus_client``):
+  vLLM ``vllm:num_requests_running`` + ``vllm:num_requests_waiting``, SGLang
+  ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs``, llama.cpp server
+  ``llamacpp:requests_processing`` + ``llamacpp:requests_deferred``; every series of
+  a metric is summed (vLLM and SGLang label theirs by ``model_name``, engine, rank);
+- the router's ``GET /v1/admin/transition?tier_id=T``: ``tiers[0].active_requests``.
+
+A count that cannot be read (no answer, a timeout, an error status, a metric missing,
+a value that is not a finite number ≥ 0) is ``None``: unknown, never 0. Each read is
+bounded by a short timeout (:data:`DEFAULT_TIMEOUT_S`) and :func:`read_all` reads every
+serve at once in a small thread pool, so an observation waits at most about one timeout
+(and the router's, when the engine does not answer) however many serves there are.
+
+This module must not change anything: it only reads.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import httpx
+from prometheus_client.parser import text_string_to_metric_families
+
+from statemachine.types import InFlightSource
+
+#: seconds one read may take (connect, read, the whole answer): a loop cycle waits for it
+DEFAULT_TIMEOUT_S = 1.0
+#: most concurrent reads
+MAX_WORKERS = 8
+#: an answer larger than this is not a metrics page: unknown
+MAX_BODY_BYTES = 8 * 1024 * 1024
+
+#: engine -> the metrics whose sum is its count of requests in flight
+ENGINE_METRICS: Mapping[str, tuple[str, ...]] = {
+    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
+}
+#: the manifest's ``engine`` labels, lower-cased, that name each engine above
+ENGINE_ALIASES: Mapping[str, str] = {
+    "vllm": "vllm",
+    "sglang": "sglang",
+    "llamacpp": "llamacpp",
+    "llama.cpp": "llamacpp",
+    "llama-cpp": "llamacpp",
+    "llama_cpp": "llamacpp",
+    "llama-server": "llamacpp",
+}
+TRANSITION_PATH = "/v1/admin/transition"
+
+
+def engine_kind(engine: str | None) -> str | None:
+    """The engine whose metrics ``engine`` (the manifest's label) names, if known."""
+    if engine is None:
+        return None
+    return ENGINE_ALIASES.get(engine.strip().lower())
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightReading:
+    """One serve's count (``None``: unknown), where it was read, and why it is unknown."""
+
+    count: int | None
+    source: InFlightSource | None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class InFlightSources:
+    """Where one serve's count can be read: its metrics URL and engine, its router tier."""
+
+    metrics_url: str | None = None
+    engine: str | None = None  # a key of ENGINE_METRICS; None: whichever the page has
+    router_url: str | None = None
+    router_tier: str | None = None
+    router_token: str | None = None
+
+    @property
+    def kind(self) -> InFlightSource | None:
+        """The source read first (the engine's metrics, else the router), if any."""
+        if self.metrics_url is not None:
+            return InFlightSource.METRICS
+        if self.router_url is not None and self.router_tier is not None:
+            return InFlightSource.ROUTER
+        return None
+
+    @property
+    def any(self) -> bool:
+        """True when the serve has a source at all."""
+        return self.metrics_url is not None or (
+            self.router_url is not None and self.router_tier is not None
+        )
+
+
+def parse_in_flight(text: str, engine: str | None = None) -> int | None:
+    """The in-flight count in a Prometheus text page; ``None`` when it cannot be told.
+
+    ``engine`` picks the metric names (a key of :data:`ENGINE_METRICS`); ``None`` takes
+    the first engine whose metrics the page has. Both metrics of the pair must be there.
+    """
+    try:
+        families = {f.name: f for f in text_string_to_metric_families(text)}
+    except Exception:  # the parser raises ValueError and others on a malformed page
+        return None
+    kinds = [engine] if engine is not None else list(ENGINE_METRICS)
+    for kind in kinds:
+        names = ENGINE_METRICS.get(kind)
+        if names is None or not all(n in families for n in names):
+            continue
+        total = 0.0
+        for n in names:
+            samples = [s for s in families[n].samples if s.name == n]
+            if not samples:
+                return None
+            for sample in samples:
+                value = float(sample.value)
+                if not math.isfinite(value) or value < 0:
+                    return None
+                total += value
+        return round(total)
+    return None
+
+
+def read_metrics(
+    client: httpx.Client, url: str, engine: str | None, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> InFlightReading:
+    """GET the engine's metrics page; the count, or unknown with why."""
+    source = InFlightSource.METRICS
+    try:
+        resp = client.get(url, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return InFlightReading(None, source, f"{url}: {type(exc).__name__}: {exc}")
+    if resp.status_code != 200:
+        return InFlightReading(None, source, f"{url}: HTTP {resp.status_code}")
+    if len(resp.content) > MAX_BODY_BYTES:
+        return InFlightReading(None, source, f"{url}: the answer is too large")
+    count = parse_in_flight(resp.text, engine)
+    if count is None:
+        wanted = " + ".join(ENGINE_METRICS[engine]) if engine else "no known engine's metrics"
+        return InFlightReading(None, source, f"{url}: {wanted} not found or not a count")
+    return InFlightReading(count, source)
+
+
+def read_router_tier(
+    client: httpx.Client,
+    router_url: str,
+    tier: str,
+    token: str | None,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+) -> InFlightReading:
+    """GET the router tier's state; ``tiers[0].active_requests``, or unknown with why.
+
+    The router answers 400 ``invalid_transition`` for a tier it does not know and 404
+    when its transition API is not enabled: both are unknown.
+    """
+    source = InFlightSource.ROUTER
+    url = router_url.rstrip("/") + TRANSITION_PATH
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    try:
+        resp = client.get(url, params={"tier_id": tier}, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        return InFlightReading(None, source, f"router: {type(exc).__name__}: {exc}")
+    if resp.status_code != 200:
+        return InFlightReading(None, source, f"router tier {tier}: HTTP {resp.status_code}")
+    try:
+        tiers = resp.json().get("tiers")
+        value = tiers[0].get("active_requests") if isinstance(tiers, list) and tiers else None
+    except (ValueError, AttributeError):
+        value = None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        return InFlightReading(None, source, f"router tier {tier}: no active_requests count")
+    return InFlightReading(value, source)
+
+
+def read_one(
+    client: httpx.Client, sources: InFlightSources, *, timeout_s: float = DEFAULT_TIMEOUT_S
+) -> InFlightReading:
+    """One serve's count: the engine's metrics first (they count every client, queued
+    ones too), else the router tier's; no source at all is unknown without a source."""
+    if not sources.any:
+        return InFlightReading(None, None)
+    reading: InFlightReading | None = None
+    if sources.metrics_url is not None:
+        reading = read_metrics(client, sources.metrics_url, sources.engine, timeout_s=timeout_s)
+        if reading.count is not None:
+            return reading
+    if sources.router_url is not None and sources.router_tier is not None:
+        tier = read_router_tier(
+            client,
+            sources.router_url,
+            sources.router_tier,
+            sources.router_token,
+            timeout_s=timeout_s,
+        )
+        if tier.count is not None or reading is None:
+            return tier
+        return InFlightReading(None, reading.source, f"{reading.error}; {tier.error}")
+    assert reading is not None
+    return reading
+
+
+def read_all(
+    sources: Mapping[str, InFlightSources],
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    client: httpx.Client | None = None,
+) -> dict[str, InFlightReading]:
+    """Every serve's count, read concurrently (serve -> reading). Never raises."""
+    own = client is None
+    http = httpx.Client(trust_env=False) if client is None else client
+    try:
+        with_source = {n: s for n, s in sources.items() if s.any}
+        out = {n: InFlightReading(None, None) for n, s in sources.items() if not s.any}
+        if not with_source:
+            return out
+        workers = min(MAX_WORKERS, len(with_source))
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="in-flight") as pool:
+            futures = {
+                n: pool.submit(read_one, http, s, timeout_s=timeout_s)
+                for n, s in with_source.items()
+            }
+            for n, fut in futures.items():
+                try:
+                    out[n] = fut.result()
+                except Exception as exc:  # a bug in a reader must not end the observation
+                    src = with_source[n]
+                    kind = InFlightSource.METRICS if src.metrics_url else InFlightSource.ROUTER
+                    out[n] = InFlightReading(None, kind, repr(exc))
+        return out
+    finally:
+        if own:
+            http.close()

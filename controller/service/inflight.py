@@ -1,0 +1,155 @@
+"""Requests in flight per serve, and since when each has been idle (measured idleness).
+
+:class:`InFlightTracker` reads every running serve's count of requests in flight
+(:mod:`controller.adapters.engine_metrics`: its engine's metrics, else its router
+tier) once per observation, and keeps, per serve, since when every reading has been 0
+(``idle_since``) and when a count above 0 was last read (``busy_at``). The clock lives
+here; the pure core gets these times in :class:`statemachine.types.InFlightObs` and
+decides with them (:mod:`statemachine.idleness`, :mod:`statemachine.victims`).
+
+An unknown reading (no answer, no metric) resets ``idle_since``: idleness is counted
+only across readings that all said 0. A serve that is not running is not read.
+
+This module must not decide anything nor change the host: it reads and remembers.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Collection, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from loguru import logger
+
+from controller.adapters.engine_metrics import (
+    DEFAULT_TIMEOUT_S,
+    InFlightReading,
+    InFlightSources,
+    engine_kind,
+    read_all,
+)
+from controller.adapters.router import router_token
+from controller.manifest import ManifestSet
+from controller.snapshot import InFlightModel, SnapshotModel
+
+_HOLDING = ("running", "paused", "restarting")
+
+
+def sources_for(
+    mset: ManifestSet, *, router_url: str | None, router_token: str | None
+) -> dict[str, InFlightSources]:
+    """Each serve's sources of in-flight counts (see docs/manifest.md, ``metrics_url``)."""
+    out: dict[str, InFlightSources] = {}
+    for name, serve in mset.serves.items():
+        out[name] = InFlightSources(
+            metrics_url=serve.metrics_source(),
+            engine=engine_kind(serve.engine),
+            router_url=router_url if serve.router_tier else None,
+            router_tier=serve.router_tier if router_url else None,
+            router_token=router_token,
+        )
+    return out
+
+
+@dataclass(slots=True)
+class _Seen:
+    idle_since: float | None = None
+    busy_at: float | None = None
+
+
+class InFlightTracker:
+    """Reads the counts each observation and remembers idle-since / busy-at per serve."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], float] = time.time,
+        timeout_s: float = DEFAULT_TIMEOUT_S,
+        reader: Callable[[Mapping[str, InFlightSources]], Mapping[str, InFlightReading]]
+        | None = None,
+    ) -> None:
+        self._clock = clock
+        self._timeout_s = timeout_s
+        self._reader = reader
+        self._seen: dict[str, _Seen] = {}
+        self._errors: dict[str, str | None] = {}
+        self._lock = threading.Lock()
+
+    def read(
+        self, sources: Mapping[str, InFlightSources], running: Collection[str]
+    ) -> dict[str, InFlightModel]:
+        """The counts of the ``running`` serves now, with what is remembered of each; a
+        serve with a source that is not running is listed with its source, unread (its
+        idleness starts with its run)."""
+        wanted = {n: s for n, s in sources.items() if n in running}
+        readings = (
+            self._reader(wanted)
+            if self._reader is not None
+            else read_all(wanted, timeout_s=self._timeout_s)
+        )
+        now = self._clock()
+        out: dict[str, InFlightModel] = {}
+        with self._lock:
+            for name in list(self._seen):
+                if name not in running:  # stopped: its next run starts afresh
+                    del self._seen[name]
+            for name, r in readings.items():
+                seen = self._seen.setdefault(name, _Seen())
+                if r.count is None:
+                    seen.idle_since = None
+                elif r.count > 0:
+                    seen.idle_since = None
+                    seen.busy_at = now
+                elif seen.idle_since is None:
+                    seen.idle_since = now
+                self._say(name, r)
+                out[name] = InFlightModel(
+                    count=r.count,
+                    source=r.source,
+                    idle_since=seen.idle_since if r.count == 0 else None,
+                    busy_at=seen.busy_at,
+                    error=r.error,
+                )
+        for name, src in sources.items():
+            if name not in out and src.kind is not None:
+                out[name] = InFlightModel(count=None, source=src.kind)
+        return out
+
+    def _say(self, name: str, r: InFlightReading) -> None:
+        """Log a serve's read error once when it changes, not every cycle."""
+        if self._errors.get(name) == r.error:
+            return
+        self._errors[name] = r.error
+        if r.error:
+            logger.info("{}: requests in flight unknown: {}", name, r.error)
+        elif r.source is not None:
+            logger.info("{}: requests in flight readable from its {}", name, r.source)
+
+
+def observe_in_flight(
+    snap: SnapshotModel,
+    mset: ManifestSet,
+    tracker: InFlightTracker,
+    *,
+    router_url: str | None = None,
+    router_token_file: Path | None = None,
+) -> dict[str, InFlightModel]:
+    """The requests in flight of the manifest set's running serves, as ``snap`` shows them
+    (nothing when docker could not be read: no serve is known to run)."""
+    if snap.docker != "ok":
+        return {}
+    running = [
+        name
+        for name, s in mset.serves.items()
+        if (c := snap.containers.get(s.container)) is not None and c.state in _HOLDING
+    ]
+    token = None
+    if router_url is not None:
+        try:
+            token = router_token(router_token_file)
+        except Exception:  # an unreadable token file: the executor's preflight says so
+            token = None
+    sources = sources_for(mset, router_url=router_url, router_token=token)
+    return tracker.read(sources, running)

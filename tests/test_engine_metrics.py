@@ -1,0 +1,236 @@
+"""The in-flight reader against real HTTP servers: each engine's metrics page, the router.
+
+Every page is served by :class:`fake_http.FakeEngineMetrics` (the metric names and
+labels the engines write); the router tier's state by a plain fake server answering as
+the real router does (``{"tiers": [{"tier_id", "state", "active_requests", ...}]}``,
+400 ``invalid_transition`` for a tier it does not know). An unknown count is ``None``.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import httpx
+import pytest
+from fake_http import FakeEngineMetrics, FakeHTTPServer, Recorded, Reply
+
+from controller.adapters.engine_metrics import (
+    InFlightSources,
+    engine_kind,
+    parse_in_flight,
+    read_all,
+    read_metrics,
+    read_router_tier,
+)
+from statemachine.types import InFlightSource
+
+ENGINES = ["vllm", "sglang", "llamacpp"]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_each_engine_page_reads_running_plus_waiting(engine: str) -> None:
+    with FakeEngineMetrics(engine) as page, httpx.Client() as client:
+        page.set(3, 2)
+        got = read_metrics(client, page.metrics_url, engine)
+        assert (got.count, got.source, got.error) == (5, InFlightSource.METRICS, None)
+        page.set(0, 0)
+        assert read_metrics(client, page.metrics_url, engine).count == 0
+        # without the engine named, the page's own metrics tell which it is
+        page.set(1, 0)
+        assert read_metrics(client, page.metrics_url, None).count == 1
+
+
+@pytest.mark.parametrize("engine", ["vllm", "sglang"])
+def test_every_series_is_summed(engine: str) -> None:
+    with FakeEngineMetrics(engine, models=("m1", "m2", "m3")) as page, httpx.Client() as c:
+        page.set(2, 1)
+        assert read_metrics(c, page.metrics_url, engine).count == 9
+
+
+def test_the_real_pages_parse() -> None:
+    vllm = (
+        "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+        "# TYPE vllm:num_requests_running gauge\n"
+        'vllm:num_requests_running{engine="0",model_name="Qwen/Qwen3-0.6B"} 2.0\n'
+        "# HELP vllm:num_requests_waiting Number of requests waiting to be processed.\n"
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{engine="0",model_name="Qwen/Qwen3-0.6B"} 1.0\n'
+        'vllm:num_requests_waiting{engine="1",model_name="Qwen/Qwen3-0.6B"} 4.0\n'
+    )
+    assert parse_in_flight(vllm, "vllm") == 7
+    llama = (
+        "# HELP llamacpp:requests_processing Number of requests processing.\n"
+        "# TYPE llamacpp:requests_processing gauge\n"
+        "llamacpp:requests_processing 1\n"
+        "# HELP llamacpp:requests_deferred Number of requests deferred.\n"
+        "# TYPE llamacpp:requests_deferred gauge\n"
+        "llamacpp:requests_deferred 0\n"
+    )
+    assert parse_in_flight(llama, "llamacpp") == 1
+    assert parse_in_flight(llama, None) == 1
+
+
+@pytest.mark.parametrize(
+    ("text", "engine"),
+    [
+        pytest.param("", "vllm", id="empty"),
+        pytest.param("vllm:num_requests_running 1\n", "vllm", id="waiting-missing"),
+        pytest.param("other_metric 3\n", None, id="no-known-engine"),
+        pytest.param("vllm:num_requests_running{ 1\n", "vllm", id="malformed"),
+        pytest.param(
+            "vllm:num_requests_running NaN\nvllm:num_requests_waiting 0\n", "vllm", id="nan"
+        ),
+        pytest.param(
+            "vllm:num_requests_running -1\nvllm:num_requests_waiting 0\n", "vllm", id="negative"
+        ),
+        pytest.param(
+            "sglang:num_running_reqs 0\nsglang:num_queue_reqs 0\n", "vllm", id="other-engine"
+        ),
+    ],
+)
+def test_a_page_without_the_count_is_unknown_never_0(text: str, engine: str | None) -> None:
+    assert parse_in_flight(text, engine) is None
+
+
+def test_an_unreachable_or_failing_page_is_unknown() -> None:
+    with FakeEngineMetrics("vllm") as page, httpx.Client() as client:
+        page.fail(503)
+        got = read_metrics(client, page.metrics_url, "vllm")
+        assert got.count is None and got.source is InFlightSource.METRICS
+        assert "HTTP 503" in (got.error or "")
+        url = page.metrics_url
+    gone = read_metrics(httpx.Client(), url, "vllm", timeout_s=0.5)
+    assert gone.count is None and gone.error
+
+
+def test_a_slow_page_is_unknown_within_the_timeout() -> None:
+    release = threading.Event()
+
+    def slow(_req: Recorded) -> Reply:
+        release.wait(30)
+        return Reply(200, "vllm:num_requests_running 0\nvllm:num_requests_waiting 0\n")
+
+    with FakeHTTPServer(slow) as server, httpx.Client() as client:
+        t0 = time.monotonic()
+        got = read_metrics(client, server.url + "/metrics", "vllm", timeout_s=0.3)
+        took = time.monotonic() - t0
+        release.set()
+    assert got.count is None and "Timeout" in (got.error or "")
+    assert took < 20.0  # bounded by the timeout (0.3 s), not by the page (30 s)
+
+
+def _router(tiers: dict[str, int | None]) -> FakeHTTPServer:
+    def handler(req: Recorded) -> Reply:
+        if req.path != "/v1/admin/transition" or req.method != "GET":
+            return Reply(404, {"error": "not_found"})
+        if req.bearer != "tok":
+            return Reply(401, {"error": "unauthorized"})
+        tier = req.query.get("tier_id")
+        if tier not in tiers:
+            return Reply(400, {"error": "invalid_transition", "detail": f"unknown tier {tier}"})
+        row = {"tier_id": tier, "state": "admitting", "reason": None, "draining": False}
+        row |= {"ready": True, "active_requests": tiers[tier]}
+        return Reply(200, {"tiers": [row]})
+
+    return FakeHTTPServer(handler)
+
+
+def test_the_router_tier_gives_active_requests() -> None:
+    with _router({"t1": 4, "t0": 0, "tnull": None}) as router, httpx.Client() as client:
+        got = read_router_tier(client, router.url, "t1", "tok")
+        assert (got.count, got.source) == (4, InFlightSource.ROUTER)
+        assert read_router_tier(client, router.url, "t0", "tok").count == 0
+        assert read_router_tier(client, router.url, "tnull", "tok").count is None
+        unknown = read_router_tier(client, router.url, "typo", "tok")
+        assert unknown.count is None and "HTTP 400" in (unknown.error or "")
+        assert read_router_tier(client, router.url, "t1", "wrong").count is None
+        assert router.calls[0].query == {"tier_id": "t1"}
+
+
+def test_read_all_prefers_the_engine_then_the_router_and_reads_concurrently() -> None:
+    release = threading.Event()
+
+    def slow(_req: Recorded) -> Reply:
+        release.wait(30)
+        return Reply(503, "")
+
+    with (
+        FakeEngineMetrics("sglang") as eng,
+        _router({"t": 2}) as router,
+        FakeHTTPServer(slow) as hung1,
+        FakeHTTPServer(slow) as hung2,
+    ):
+        eng.set(1, 1)
+        sources = {
+            "engine": InFlightSources(eng.metrics_url, "sglang", router.url, "t", "tok"),
+            "router-only": InFlightSources(None, None, router.url, "t", "tok"),
+            "engine-down": InFlightSources(hung1.url + "/metrics", "vllm", router.url, "t", "tok"),
+            "both-down": InFlightSources(hung2.url + "/metrics", "vllm"),
+            "none": InFlightSources(),
+        }
+        t0 = time.monotonic()
+        got = read_all(sources, timeout_s=0.5)
+        took = time.monotonic() - t0
+        release.set()
+    assert got["engine"].count == 2 and got["engine"].source is InFlightSource.METRICS
+    assert got["router-only"].count == 2 and got["router-only"].source is InFlightSource.ROUTER
+    assert got["engine-down"].count == 2 and got["engine-down"].source is InFlightSource.ROUTER
+    assert got["both-down"].count is None and got["both-down"].source is InFlightSource.METRICS
+    assert got["none"].count is None and got["none"].source is None
+    assert took < 20.0  # bounded by the timeouts, not by the pages (30 s)
+
+
+@pytest.mark.parametrize(
+    ("label", "kind"),
+    [
+        ("vLLM", "vllm"),
+        ("sglang", "sglang"),
+        ("llama.cpp", "llamacpp"),
+        ("tgi", None),
+        (None, None),
+    ],
+)
+def test_engine_labels(label: str | None, kind: str | None) -> None:
+    assert engine_kind(label) == kind
+
+
+# ----- the tracker: since when each serve has been idle -----------------------------------
+def test_the_tracker_keeps_idle_since_and_busy_at() -> None:
+    from controller.service.inflight import InFlightTracker
+
+    clock = [100.0]
+    tracker = InFlightTracker(clock=lambda: clock[0], timeout_s=0.5)
+    with FakeEngineMetrics("vllm") as page:
+        src = {"od": InFlightSources(page.metrics_url, "vllm"), "off": InFlightSources()}
+        page.set(0)
+        first = tracker.read(src, running={"od", "off"})
+        assert first["od"].count == 0 and first["od"].idle_since == 100.0
+        assert first["off"].count is None and first["off"].source is None
+        clock[0] = 130.0
+        assert tracker.read(src, running={"od"})["od"].idle_since == 100.0  # still idle
+        page.set(2, 1)
+        clock[0] = 140.0
+        busy = tracker.read(src, running={"od"})["od"]
+        assert (busy.count, busy.idle_since, busy.busy_at) == (3, None, 140.0)
+        page.set(0)
+        clock[0] = 150.0
+        again = tracker.read(src, running={"od"})["od"]
+        assert (again.idle_since, again.busy_at) == (150.0, 140.0)
+        page.fail()
+        clock[0] = 160.0
+        lost = tracker.read(src, running={"od"})["od"]
+        assert (lost.count, lost.idle_since, lost.busy_at) == (None, None, 140.0)
+        page.set(0)
+        clock[0] = 170.0
+        # idleness counts only across readings that all said 0
+        assert tracker.read(src, running={"od"})["od"].idle_since == 170.0
+        # a serve that is not running is listed with its source, unread; "off" has none
+        stopped = tracker.read(src, running=set())
+        assert set(stopped) == {"od"}
+        assert (stopped["od"].count, stopped["od"].source) == (None, InFlightSource.METRICS)
+        assert (stopped["od"].idle_since, stopped["od"].busy_at) == (None, None)
+        # and when it runs again it starts afresh
+        clock[0] = 180.0
+        fresh = tracker.read(src, running={"od"})["od"]
+        assert (fresh.idle_since, fresh.busy_at) == (180.0, None)

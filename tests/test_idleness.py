@@ -1,0 +1,247 @@
+"""Measured idleness and busy-aware victims in the pure core (docs/eviction.md).
+
+``request_expiry`` from the rules of ``statemachine.idleness``, then the planner:
+an on-demand serve running for a request without its own TTL stops once its count
+of requests in flight has read 0 for ``idle_ttl_s``, never while it reads above 0;
+without a source the TTL counts from the request; an unknown count counts from the
+request or the last busy reading. The victim choice spares a busy serve.
+"""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from statemachine.idleness import IdleBasis, request_end, request_expiry
+from statemachine.planner import plan_transitions
+from statemachine.types import (
+    NO_SOURCE,
+    ContainerObs,
+    ContainerState,
+    DesiredState,
+    GpuRole,
+    InFlightObs,
+    InFlightSource,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    ServeSpec,
+    StartingObs,
+)
+
+M = InFlightSource.METRICS
+T0 = 1_000.0
+TTL = 60.0
+
+
+def od(idle_ttl_s: float | None = TTL) -> ServeSpec:
+    return ServeSpec(
+        "od",
+        "c-od",
+        ("a",),
+        4000,
+        Residency.ON_DEMAND,
+        idle_ttl_s=idle_ttl_s,
+    )
+
+
+EXPIRY = [
+    # (request ttl, spec idle ttl, in flight, now, basis, expires_at)
+    pytest.param(30.0, TTL, InFlightObs(0, M, T0), T0 + 30, IdleBasis.TTL, T0 + 30, id="own-ttl"),
+    pytest.param(None, None, InFlightObs(0, M, T0), T0 + 1e6, IdleBasis.NONE, None, id="no-ttl"),
+    pytest.param(None, TTL, NO_SOURCE, T0 + TTL, IdleBasis.REQUEST, T0 + TTL, id="no-source"),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(0, M, T0 + 100),
+        T0 + 159,
+        IdleBasis.MEASURED,
+        T0 + 160,
+        id="idle-since-later-than-request",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(0, M, T0 - 500),
+        T0 + 59,
+        IdleBasis.MEASURED,
+        T0 + 60,
+        id="idle-before-the-request-counts-from-the-request",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(3, M, None, T0 + 500),
+        T0 + 1e6,
+        IdleBasis.MEASURED,
+        None,
+        id="busy-never-expires",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(None, M, None, T0 + 200),
+        T0 + 259,
+        IdleBasis.UNKNOWN,
+        T0 + 260,
+        id="unknown-counts-from-the-last-busy-reading",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(None, M),
+        T0 + 60,
+        IdleBasis.UNKNOWN,
+        T0 + 60,
+        id="unknown-never-busy-counts-from-the-request",
+    ),
+]
+
+
+@pytest.mark.parametrize(("ttl", "idle_ttl", "obs", "now", "basis", "expires"), EXPIRY)
+def test_request_expiry(
+    ttl: float | None,
+    idle_ttl: float | None,
+    obs: InFlightObs,
+    now: float,
+    basis: IdleBasis,
+    expires: float | None,
+) -> None:
+    end = request_expiry(OnDemandRequest("od", T0, ttl), od(idle_ttl), obs)
+    assert end.basis is basis
+    assert end.expires_at == expires
+    assert end.expired(now) == (expires is not None and now >= expires)
+    if expires is not None:
+        assert not end.expired(expires - 0.001)
+        assert end.expired(expires)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    count=st.integers(1, 50),
+    idle_since=st.none() | st.floats(0, 1e6),
+    busy_at=st.none() | st.floats(0, 1e6),
+    now=st.floats(0, 1e7),
+)
+def test_a_busy_serve_is_never_expired_by_idleness(
+    count: int, idle_since: float | None, busy_at: float | None, now: float
+) -> None:
+    end = request_expiry(
+        OnDemandRequest("od", T0), od(), InFlightObs(count, M, idle_since, busy_at)
+    )
+    assert not end.expired(now)
+
+
+@settings(max_examples=300, deadline=None)
+@given(busy_at=st.none() | st.floats(0, 1e6), now=st.floats(0, 1e7))
+def test_an_unknown_count_never_ends_a_request_sooner_than_the_request_ttl(
+    busy_at: float | None, now: float
+) -> None:
+    unknown = request_expiry(OnDemandRequest("od", T0), od(), InFlightObs(None, M, None, busy_at))
+    from_request = request_expiry(OnDemandRequest("od", T0), od(), NO_SOURCE)
+    assert unknown.expires_at is not None and from_request.expires_at is not None
+    assert unknown.expires_at >= from_request.expires_at
+
+
+# ----- the planner ------------------------------------------------------------------------
+def _desired(*serves: ServeSpec, requests: tuple[OnDemandRequest, ...] = ()) -> DesiredState:
+    return DesiredState({"a": GpuRole("a", 10_000)}, {s.name: s for s in serves}, requests)
+
+
+def _running(*names: str) -> dict[str, ContainerObs]:
+    return {f"c-{n}": ContainerObs(ContainerState.RUNNING, "healthy", 0.0) for n in names}
+
+
+@pytest.mark.parametrize(
+    ("obs", "now", "stops"),
+    [
+        pytest.param(InFlightObs(0, M, T0 + 100), T0 + 159, False, id="idle-not-long-enough"),
+        pytest.param(InFlightObs(0, M, T0 + 100), T0 + 160, True, id="idle-long-enough"),
+        pytest.param(InFlightObs(2, M, None, T0 + 150), T0 + 10_000, False, id="busy"),
+        pytest.param(NO_SOURCE, T0 + 60, True, id="no-source-from-the-request"),
+        pytest.param(NO_SOURCE, T0 + 59, False, id="no-source-not-yet"),
+        pytest.param(InFlightObs(None, M, None, T0 + 500), T0 + 559, False, id="unknown-recent"),
+    ],
+)
+def test_the_planner_stops_an_idle_on_demand_serve(
+    obs: InFlightObs, now: float, stops: bool
+) -> None:
+    desired = _desired(od(), requests=(OnDemandRequest("od", T0),))
+    observed = Observed(True, _running("od"), in_flight={"od": obs})
+    plan = plan_transitions(desired, observed, None, now)
+    stopped = [st.serve for st in plan.steps if st.action == "stop"]
+    assert stopped == (["od"] if stops else [])
+    if stops and obs.source is not None:
+        assert "no request in flight for 60s" in plan.steps[0].reason
+
+
+def test_the_planner_evicts_the_idle_one_of_two_victims() -> None:
+    a = ServeSpec("a", "c-a", ("a",), 4000, Residency.EVICTABLE)
+    b = ServeSpec("b", "c-b", ("a",), 4000, Residency.EVICTABLE)
+    big = ServeSpec("big", "c-big", ("a",), 5000, Residency.ON_DEMAND)
+    desired = _desired(a, b, big, requests=(OnDemandRequest("big", T0),))
+    for busy, idle in (("a", "b"), ("b", "a")):
+        observed = Observed(
+            True,
+            _running("a", "b"),
+            in_flight={busy: InFlightObs(1, M, None, T0), idle: InFlightObs(0, M, T0)},
+        )
+        plan = plan_transitions(desired, observed, None, T0 + 1)
+        assert [st.serve for st in plan.steps if st.action == "stop"] == [idle]
+    # unknown is not idle: with one unknown and one busy the name decides as before
+    observed = Observed(True, _running("a", "b"), in_flight={"b": InFlightObs(2, M)})
+    plan = plan_transitions(desired, observed, None, T0 + 1)
+    assert [st.serve for st in plan.steps if st.action == "stop"] == ["a"]
+
+
+def test_idleness_never_counts_from_before_the_container_started() -> None:
+    req = OnDemandRequest("od", T0)
+    started = T0 + 200.0  # a long start: the engine came up 200 s after the request
+    unknown = request_expiry(req, od(), InFlightObs(None, M), started)
+    assert (unknown.basis, unknown.expires_at) == (IdleBasis.UNKNOWN, started + TTL)
+    idle = request_expiry(req, od(), InFlightObs(0, M, T0 + 50), started)
+    assert (idle.expires_at, idle.idle_since) == (started + TTL, started)
+    # without a source the TTL counts from the request, as it did before measuring
+    plain = request_expiry(req, od(), NO_SOURCE, started)
+    assert plain.expires_at == T0 + TTL
+    # the planner takes the start from the observation
+    desired = _desired(od(), requests=(req,))
+    running = {"c-od": ContainerObs(ContainerState.RUNNING, "healthy", started)}
+    observed = Observed(True, running, in_flight={"od": InFlightObs(None, M)})
+    assert not plan_transitions(desired, observed, None, started + TTL - 1).steps
+    assert [
+        st.serve
+        for st in plan_transitions(desired, observed, None, started + TTL).steps
+        if st.action == "stop"
+    ] == ["od"]
+
+
+def test_a_serve_with_a_source_that_has_not_run_since_the_request_waits_for_its_run() -> None:
+    req = OnDemandRequest("od", T0)
+    desired = _desired(od(), requests=(req,))
+    late = T0 + 10 * TTL
+    # waiting for room (never started, or stopped before the request): the request stays
+    for before in (None, T0 - 5.0):
+        c = ContainerObs(ContainerState.EXITED, started_at=T0 - 100, finished_at=before)
+        observed = Observed(True, {"c-od": c}, in_flight={"od": InFlightObs(None, M)})
+        end = request_end(req, od(), observed)
+        assert (end.basis, end.expires_at) == (IdleBasis.PENDING, None)
+        plan = plan_transitions(desired, observed, None, late)
+        assert [st.serve for st in plan.steps if st.action == "start"] == ["od"]
+    # it ran after the request and stopped: the request stays ended (no restart)
+    ran = ContainerObs(ContainerState.EXITED, started_at=T0 + 5, finished_at=T0 + 5 + TTL)
+    observed = Observed(True, {"c-od": ran}, in_flight={"od": InFlightObs(None, M)})
+    assert request_end(req, od(), observed).expired(T0 + 5 + TTL)
+    assert not plan_transitions(desired, observed, None, T0 + 5 + TTL).steps
+    # a start in progress has not run yet either
+    starting = Observed(
+        True,
+        {"c-od": ContainerObs(ContainerState.RUNNING, "starting", T0 + 1)},
+        starting={"od": StartingObs(("a",), 4000)},
+        in_flight={"od": InFlightObs(None, M)},
+    )
+    assert request_end(req, od(), starting).basis is IdleBasis.PENDING
+    # without a source the TTL counts from the request, as before
+    plain = Observed(True, {"c-od": ContainerObs(ContainerState.EXITED)})
+    assert request_end(req, od(), plain).expires_at == T0 + TTL
