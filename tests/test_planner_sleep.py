@@ -606,3 +606,57 @@ def test_a_sleeper_of_unknown_level_is_reloaded_and_wakes_to_what_it_was_started
     )
     assert (result.steps[0].mib, result.steps[0].to_mib) == (17_000, 18_000)
     converges(desired, obs, result)
+
+
+def test_fit_of_sleepers_outside_or_without_their_sleep_config() -> None:
+    from statemachine.fit import fit_serve
+    from statemachine.types import StartedWith
+
+    # outside the ledger (no vram_mib): fits, and nothing to take
+    free = ServeSpec("free", "c-free", (), None, OND, sleep=None)
+    desired = DesiredState(ROLES, {s.name: s for s in (STT, free)}, host=HOST)
+    obs = Observed(True, {"c-stt": UP, "c-free": UP}, sleep={"free": asleep()})
+    fit = fit_serve(desired, obs, "free", now=NOW)
+    assert fit.fits and fit.wake and fit.terms == ()
+    # asleep but no longer declared to sleep: counted full, so a wake takes nothing more,
+    # even when it was started with more than it declares now
+    llm = sv("llm", 8000, OND)
+    record = {"c-llm": StartedWith("llm", ("a",), 9000)}
+    desired = DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
+    for started_with in ({}, record):
+        obs = Observed(
+            True,
+            {"c-stt": UP, "c-llm": UP},
+            sleep={"llm": asleep()},
+            started_with=started_with,
+        )
+        fit = fit_serve(desired, obs, "llm", now=NOW)
+        (terms,) = fit.terms
+        assert fit.fits and terms.requested_mib == 0, started_with
+
+
+def test_fit_says_wake_only_for_a_sleeper() -> None:
+    from statemachine.fit import fit_serve
+
+    llm = sv("llm", 40_000, OND)  # can never fit the 30000 budget: blocked
+    desired = DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
+    fit = fit_serve(desired, Observed(True, {"c-stt": UP}), "llm", now=NOW)
+    assert not fit.fits and not fit.wake and "wake" not in fit.to_json()
+    running = fit_serve(desired, Observed(True, {"c-stt": UP, "c-llm": UP}), "llm", now=NOW)
+    assert running.fits and not running.wake
+    unknown = fit_serve(desired, Observed(False), "llm", now=NOW)
+    assert not unknown.fits and not unknown.wake
+
+
+def test_wake_texts_carry_their_figures() -> None:
+    llm = sv("llm", 8000, OND, sleep=sleep(residual=1000, level=2))
+    _d, _o, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": asleep(2)})
+    assert "reserve 7000 MiB more on a to wake llm (from its residual 1000 back to 8000)" in (
+        result.steps[0].reason
+    )
+    # a sleeper without a residency class that cannot wake says what it is
+    odd = sv("odd", 16_000, None, RUN, sleep=sleep())
+    big = sv("big", 16_000, RES, RUN)
+    _d, _o, result = plan([STT, odd, big], ["stt", "odd", "big"], sleeping={"odd": asleep()})
+    (blocked,) = result.blocked
+    assert "it sleeps and cannot wake: unclassified serves do not evict" in blocked.reason
