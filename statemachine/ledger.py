@@ -15,6 +15,7 @@ This module is pure: no I/O, no clock, no logging, no docker.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
@@ -123,7 +124,7 @@ class RoleView:
 class Ledger:
     """An immutable reservation ledger. Operations return a new ledger or a Refusal."""
 
-    __slots__ = ("_committed", "_holdings", "_roles", "_unknown")
+    __slots__ = ("_committed", "_holdings", "_on_role", "_roles", "_unknown")
 
     def __init__(
         self,
@@ -144,6 +145,9 @@ class Ledger:
                     raise ValueError(f"reservation of {res.holder!r} names unknown role {role!r}")
                 self._committed[role] += res.mib
             self._holdings[res.holder] = res
+        # role -> reservations_on(role), built when first asked and carried to the
+        # ledgers derived from this one (only the roles an operation touches change)
+        self._on_role: dict[str, tuple[tuple[str, int], ...]] = {}
 
     @classmethod
     def _raw(
@@ -152,13 +156,37 @@ class Ledger:
         holdings: dict[str, GpuReservation],
         committed: dict[str, int],
         unknown: bool,
+        on_role: dict[str, tuple[tuple[str, int], ...]],
     ) -> Ledger:
         obj = cls.__new__(cls)
         obj._roles = roles
         obj._holdings = holdings
         obj._committed = committed
         obj._unknown = unknown
+        obj._on_role = on_role
         return obj
+
+    def _on_role_after(
+        self, old: GpuReservation | None, new: GpuReservation | None
+    ) -> dict[str, tuple[tuple[str, int], ...]]:
+        """The per-role reservation lists once ``old`` is replaced by ``new`` (either may
+        be None): the lists already built, with the changed entry taken out or put in at
+        its sorted place. O(reservations on the touched roles), no scan of every holding."""
+        on_role = dict(self._on_role)
+        for res, insert in ((old, False), (new, True)):
+            if res is None:
+                continue
+            for role in res.gpu_roles:
+                rows = on_role.get(role)
+                if rows is None:
+                    continue
+                entry = (res.holder, res.mib)
+                at = bisect_left(rows, entry)
+                if insert:
+                    on_role[role] = (*rows[:at], entry, *rows[at:])
+                else:
+                    on_role[role] = rows[:at] + rows[at + 1 :]
+        return on_role
 
     # ----- reading -------------------------------------------------------------------
     @property
@@ -190,7 +218,12 @@ class Ledger:
 
     def reservations_on(self, role: str) -> tuple[tuple[str, int], ...]:
         """Each committed reservation on ``role``, as (holder, MiB), sorted by holder."""
-        return tuple(sorted((h, r.mib) for h, r in self._holdings.items() if role in r.gpu_roles))
+        rows = self._on_role.get(role)
+        if rows is None:
+            held = self._holdings.items()
+            rows = tuple(sorted((h, r.mib) for h, r in held if role in r.gpu_roles))
+            self._on_role[role] = rows
+        return rows
 
     def view(self, role: str) -> RoleView:
         """One role's line of the ledger."""
@@ -259,7 +292,8 @@ class Ledger:
             committed[role] += res.mib
         holdings = dict(self._holdings)
         holdings[res.holder] = res
-        return Ledger._raw(self._roles, holdings, committed, self._unknown)
+        on_role = self._on_role_after(None, res)
+        return Ledger._raw(self._roles, holdings, committed, self._unknown, on_role)
 
     def release(self, holder: str) -> Ledger | Refusal:
         """Give back ``holder``'s reservation on all of its roles."""
@@ -271,7 +305,8 @@ class Ledger:
             committed[role] -= res.mib
         holdings = dict(self._holdings)
         del holdings[holder]
-        return Ledger._raw(self._roles, holdings, committed, self._unknown)
+        on_role = self._on_role_after(res, None)
+        return Ledger._raw(self._roles, holdings, committed, self._unknown, on_role)
 
     def resize(self, holder: str, mib: int) -> Ledger | Refusal:
         """Change ``holder``'s reservation to ``mib`` on all of its roles.
@@ -294,8 +329,9 @@ class Ledger:
         for role in res.gpu_roles:
             committed[role] += delta
         holdings = dict(self._holdings)
-        holdings[holder] = GpuReservation(holder, res.gpu_roles, mib)
-        return Ledger._raw(self._roles, holdings, committed, self._unknown)
+        holdings[holder] = resized = GpuReservation(holder, res.gpu_roles, mib)
+        on_role = self._on_role_after(res, resized)
+        return Ledger._raw(self._roles, holdings, committed, self._unknown, on_role)
 
     # ----- helpers -------------------------------------------------------------------
     def _precheck(self, holder: str, gpu_roles: tuple[str, ...], mib: int) -> Refusal | None:

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from statemachine.admission import conflict, inside_min_runtime
@@ -59,6 +60,9 @@ __all__ = [
     "conflict",
     "plan_transitions",
 ]
+
+
+_by_serve = attrgetter("serve")
 
 
 def _ok(result: Ledger | Refusal) -> Ledger:
@@ -87,6 +91,7 @@ class _Work:
     order: dict[str, int] = field(default_factory=dict)  # declaration index
     group: str = ""  # the serve whose intent the steps being emitted serve
     ahead: list[ServeSpec] = field(default_factory=list)  # still to try in this pass
+    joins: dict[int, tuple[tuple[tuple[str, int], ...], str]] = field(default_factory=dict)
 
     def index(self) -> None:
         for i, s in enumerate(self.desired.serves.values()):
@@ -125,6 +130,20 @@ class _Work:
             seen.update(dict.fromkeys(self.by_port.get(s.port, ())))
         seen.pop(s.name, None)
         return list(seen)
+
+    def joined(self, rows: tuple[tuple[str, int], ...]) -> str:
+        """``"a 100 + b 200"`` (``"nothing"`` when empty) for one role's reservations.
+
+        Remembered by the tuple's identity (the tuple is kept, so the identity is not
+        reused): a ledger hands out the same tuple while the role does not change, so the
+        blocked starts on a full role share one string instead of joining every holder.
+        """
+        seen = self.joins.get(id(rows))
+        if seen is not None and seen[0] is rows:
+            return seen[1]
+        text = " + ".join(f"{holder} {m}" for holder, m in rows) or "nothing"
+        self.joins[id(rows)] = (rows, text)
+        return text
 
     def serve(self, name: str) -> ServeSpec:
         return self.desired.serves[name]
@@ -192,11 +211,19 @@ def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> 
     return sorted(wants, key=rank)
 
 
-def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
-    """None when ``requester`` may stop ``victim``; else why not."""
+def _requester_veto(requester: ServeSpec) -> str | None:
+    """Why ``requester`` may stop nothing at all (it is not on-demand); None when it may."""
     if requester.residency is not Residency.ON_DEMAND:
         cls = requester.residency or "unclassified"
         return f"only on-demand serves evict, and {requester.name} is {cls}"
+    return None
+
+
+def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
+    """None when ``requester`` may stop ``victim``; else why not."""
+    veto = _requester_veto(requester)
+    if veto is not None:
+        return veto
     if victim.residency is Residency.RESIDENT:
         return "resident: never evicted"
     if victim.residency is Residency.ON_DEMAND:
@@ -359,18 +386,22 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
     if h.elastic and all(h.shrinkable[r] >= need for r, need in short.items()):
         return _Room(shrinks=_shrinks(h.elastic, short))
     chosen = None
-    ahead = _room_ahead(w, short)
+    # no candidate covers nothing (every role in short is short): no search to run
+    ahead = _room_ahead(w, short) if h.cands else {}
     if ahead:
         # on-demand requesters later in this pass need room on these roles too:
         # choose once for all of them (one bigger victim rather than two)
         both = {r: need + ahead.get(r, 0) for r, need in short.items()}
         chosen = choose_victims(h.cands, both, exact_limit=w.policy.exact_search_limit)
-    if chosen is None:
+    if chosen is None and h.cands:
         chosen = choose_victims(h.cands, short, exact_limit=w.policy.exact_search_limit)
     if chosen is None:
         _block_no_fit(w, s, ledger.terms(s.name, s.gpu_roles, mib), h, c.protected)
         return None
     return _Room(victims=[w.serve(cand.name) for cand in chosen])
+
+
+_EXITED = "exited, but its memory is not back yet"
 
 
 def _holders(
@@ -382,13 +413,24 @@ def _holders(
     # only holders on a short role matter: walk those roles' serves, not the ledger
     on_short = dict.fromkeys(n for r in short for n in w.by_role.get(r, ()))
     holdings = ledger.holdings
+    veto_all = _requester_veto(s)
+    if veto_all is not None:
+        # it may neither evict nor shrink: every holder is protected, running ones for
+        # the same reason (what _may_evict and _may_shrink say of each), in one pass
+        running = w.running
+        protected.extend(
+            Protected(name, res.mib, veto_all if name in running else _EXITED)
+            for name in on_short
+            if (res := holdings.get(name)) is not None and name != s.name
+        )
+        return h
     for name in on_short:
         res = holdings.get(name)
         if res is None or name == s.name:
             continue
         o = w.serve(name)
         if name not in w.running:  # exited, its memory not confirmed back
-            protected.append(Protected(name, res.mib, "exited, but its memory is not back yet"))
+            protected.append(Protected(name, res.mib, _EXITED))
             continue
         veto = _may_evict(w, s, o)
         if _may_shrink(w, s, o, res.mib):
@@ -472,7 +514,7 @@ def _block_no_fit(
     detail = "; ".join(
         f"{t.gpu_role}: capacity {t.capacity_mib} - reserve {t.reserve_mib} = "
         f"budget {t.budget_mib}; committed {t.committed_mib} ("
-        + (" + ".join(f"{holder} {m}" for holder, m in t.reservations) or "nothing")
+        + w.joined(t.reservations)
         + f"); free {t.free_mib}; needs {t.requested_mib}; "
         f"short {t.shortfall_mib}; evictable {h.evictable.get(t.gpu_role, 0)}; "
         f"shrinkable {h.shrinkable.get(t.gpu_role, 0)}"
@@ -487,7 +529,7 @@ def _block_no_fit(
             w.ledger.terms(s.name, s.gpu_roles, s.vram_mib),
             evictable_mib=tuple(sorted(h.evictable.items())) if on_demand else (),
             shrinkable_mib=tuple(sorted(h.shrinkable.items())) if on_demand else (),
-            protected=tuple(sorted(protected, key=lambda p: p.serve)),
+            protected=tuple(sorted(protected, key=_by_serve)),
         )
     )
 
