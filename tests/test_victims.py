@@ -587,3 +587,18 @@ def test_freed_covers_and_overshoot_count_only_the_short_roles() -> None:
 def test_an_unknown_start_is_older_than_any_known_one() -> None:
     got = choose_victims([c("known", 100, started_at=0.5), c("unknown", 100)], {"a": 100})
     assert got is not None and [v.name for v in got] == ["unknown"]
+
+
+def test_a_swap_walk_starts_at_what_the_victim_leaves_short_on_its_worst_role() -> None:
+    """The greedy's swap skips the candidates too small to replace a victim: the least
+    MiB a replacement needs is what dropping the victim leaves short on whichever of its
+    roles it leaves shortest (0 where dropping it leaves none short)."""
+    from statemachine.victims import _least_replacement
+
+    v = Candidate("v", ("a", "b"), 500)
+    got = {"a": 900, "b": 600}  # freed with v among the victims
+    short = {"a": 800, "b": 300}  # without v: a 400 (short 400), b 100 (short 200)
+    assert _least_replacement(v, got, short) == 400
+    assert _least_replacement(v, {"a": 2000, "b": 2000}, short) <= 0
+    only_b = Candidate("w", ("b",), 500)
+    assert _least_replacement(only_b, got, short) == 200
