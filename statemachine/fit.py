@@ -64,7 +64,12 @@ def request_plan(
     """
     isolated = DesiredState(
         roles=desired.roles,
-        serves={n: replace(s, desired=None) for n, s in desired.serves.items()},
+        # a serve that is unmanaged already is taken as it is (a copy costs more than
+        # the rest of the question for a small host)
+        serves={
+            n: s if s.desired is None else replace(s, desired=None)
+            for n, s in desired.serves.items()
+        },
         requests=(OnDemandRequest(serve_name, now),),
     )
     return plan_transitions(isolated, observed, policy, now)
@@ -86,9 +91,17 @@ def fit_serve(
     the answer is the plain admission arithmetic.
     """
     serve = desired.serves[serve_name]
-    ledger = ledger_from_observed(desired, observed)
     in_ledger = serve.vram_mib is not None and desired.in_ledger(serve)
     mib = serve.vram_mib or 0
+    holds = observed.docker_ok and observed.container(serve.container).holds
+    # the ledger as observed: the plan's own (it counts only what the manifest declares
+    # and the host shows, not who is desired), built here only where no plan is made
+    plan = (
+        None
+        if holds or not observed.docker_ok
+        else request_plan(desired, observed, serve.name, policy=policy, now=now)
+    )
+    ledger = ledger_from_observed(desired, observed) if plan is None else plan.ledger_before
     terms = ledger.terms(serve.name, serve.gpu_roles, mib) if in_ledger else ()
     if ledger.unknown:
         return FitResult(
@@ -97,7 +110,7 @@ def fit_serve(
             "docker state is unknown: committed MiB cannot be known, nothing is admitted",
             terms,
         )
-    if observed.container(serve.container).holds:
+    if plan is None:  # it runs
         held = ledger.holdings[serve.name].mib if ledger.holds(serve.name) else None
         what = f" and holds {held} MiB" if held is not None else ""
         return FitResult(
@@ -106,7 +119,6 @@ def fit_serve(
             f"{serve.name} is already running{what}",
             ledger.terms(serve.name, serve.gpu_roles, 0) if in_ledger else (),
         )
-    plan = request_plan(desired, observed, serve.name, policy=policy, now=now)
     blocked = [b for b in plan.blocked if b.serve == serve.name]
     if blocked:
         b = blocked[0]
