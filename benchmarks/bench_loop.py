@@ -13,8 +13,8 @@ Two measurements, each against a real ``vramctl run`` subprocess
     stream (``timeNano`` of the first ``kill`` / ``stop`` / ``start`` event of that
     container after the write; ``docker stop`` shows first as ``kill``). It also
     reports ``detect_ms``: the write to the controller's ``manifest: reloaded`` log
-    record (its loguru timestamp), i.e. the file watcher's share (watchfiles, 50 ms
-    step, 300 ms debounce cap), and ``step_begin_ms``: the write to the moment the
+    record (its loguru timestamp), i.e. the file watcher's share (inotify; a change is
+    read once the file was quiet for 20 ms, 300 ms cap), and ``step_begin_ms``: the write to the moment the
     executor began the stop / start step (its log record's time minus the step's
     duration). Docker emits ``kill`` when a stop *begins* but ``start`` only once the
     container *has started*, so for starts ``reaction_ms`` includes the daemon's own
