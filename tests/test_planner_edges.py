@@ -843,3 +843,24 @@ def test_an_exited_elastic_serve_whose_memory_is_not_back_is_not_grown() -> None
     plan = plan_of(case, unreleased=frozenset({"moe"}))
     assert plan.ledger_before.holdings["moe"].mib == 14_000
     assert lines(plan) == []
+
+
+def test_the_blocked_starts_of_an_unchanged_role_join_its_reservations_once() -> None:
+    """A blocked start's reason lists its role's reservations; while the role does not
+    change the ledger hands out the same list, and the planner joins it once."""
+    from statemachine.ledger import GpuReservation, Ledger
+    from statemachine.planner import _Work
+    from statemachine.types import DesiredState, GpuRole, Observed
+
+    roles = {"a": GpuRole("a", capacity_mib=1000, reserve_mib=0)}
+    ledger = Ledger(roles, [GpuReservation("y", ("a",), 200), GpuReservation("x", ("a",), 100)])
+    w = _Work(DesiredState(roles, {}), Observed(docker_ok=True), Policy(), NOW, ledger)
+    rows = ledger.reservations_on("a")
+    assert rows is ledger.reservations_on("a")
+    first = w.joined(rows)
+    assert first == "x 100 + y 200"
+    assert w.joined(rows) is first
+    assert w.joined(()) == "nothing"
+    after = ledger.admit(GpuReservation("z", ("a",), 50))
+    assert isinstance(after, Ledger)
+    assert w.joined(after.reservations_on("a")) == "x 100 + y 200 + z 50"

@@ -602,3 +602,5 @@ def test_a_swap_walk_starts_at_what_the_victim_leaves_short_on_its_worst_role() 
     assert _least_replacement(v, {"a": 2000, "b": 2000}, short) <= 0
     only_b = Candidate("w", ("b",), 500)
     assert _least_replacement(only_b, got, short) == 200
+    elsewhere = Candidate("x", ("c",), 500)  # on no short role: dropping it leaves none short
+    assert _least_replacement(elsewhere, got, short) == 0
