@@ -864,3 +864,32 @@ def test_the_blocked_starts_of_an_unchanged_role_join_its_reservations_once() ->
     after = ledger.admit(GpuReservation("z", ("a",), 50))
     assert isinstance(after, Ledger)
     assert w.joined(after.reservations_on("a")) == "x 100 + y 200 + z 50"
+
+
+def test_a_backfill_that_does_not_fit_lists_every_holder_of_its_role_as_protected() -> None:
+    """A requester that may stop nothing (not on-demand) is blocked with each holder on
+    its short role protected, with the reason it may not stop them; one that exited
+    with its memory not back says so instead; holders elsewhere are not listed."""
+    case = Case(
+        [
+            serve("res", 12_000, RES, RUN),
+            serve("old", 6_000, EVI, RUN),
+            serve("gone", 4_000, EVI),  # exited, its memory not confirmed back
+            serve("other", 8_000, EVI, RUN, roles=("b",)),
+            serve("big", 10_000, EVI, RUN),
+        ],
+        {"res": up(), "old": up(), "other": up(), "gone": ContainerObs(ContainerState.EXITED)},
+        [],
+        roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
+    )
+    desired, observed = _build(case)
+    observed = replace(observed, unreleased=frozenset({"gone"}))
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    (b,) = [x for x in plan.blocked if x.serve == "big"]
+    veto = "only on-demand serves evict, and big is evictable"
+    assert [(p.serve, p.mib, p.why) for p in b.protected] == [
+        ("gone", 4_000, "exited, but its memory is not back yet"),
+        ("old", 6_000, veto),
+        ("res", 12_000, veto),
+    ]
+    assert b.evictable_mib == () and b.shrinkable_mib == ()
