@@ -13,14 +13,15 @@ Two measurements, each against a real ``vramctl run`` subprocess
     stream (``timeNano`` of the first ``kill`` / ``stop`` / ``start`` event of that
     container after the write; ``docker stop`` shows first as ``kill``). It also
     reports ``detect_ms``: the write to the controller's ``manifest: reloaded`` log
-    record (its loguru timestamp), i.e. the file watcher's share (watchfiles, 50 ms
-    step, 300 ms debounce cap), and ``step_begin_ms``: the write to the moment the
-    executor began the stop / start step (its log record's time minus the step's
-    duration). Docker emits ``kill`` when a stop *begins* but ``start`` only once the
-    container *has started*, so for starts ``reaction_ms`` includes the daemon's own
-    start time and ``step_begin_ms`` is the loop's share. After each edit it waits for
-    the plan to finish (the container in its new state and the plan's last step
-    logged) and 0.5 s more. All clocks are this host's wall clock (the daemon is local).
+    record (its loguru timestamp), i.e. the file watcher's share (inotify; a change is
+    read once the file was quiet for 20 ms, 300 ms cap), and ``step_begin_ms``: the
+    write to the moment the executor began the stop / start step (its log record's
+    time minus the step's duration). Docker emits ``kill`` when a stop *begins* but
+    ``start`` only once the container *has started*, so for starts ``reaction_ms``
+    includes the daemon's own start time and ``step_begin_ms`` is the loop's share.
+    After each edit it waits for the plan to finish (the container in its new state and
+    the plan's last step logged) and 0.5 s more. All clocks are this host's wall clock
+    (the daemon is local).
 
 ``idle``
     ``--idle-serves`` (default 20) such serves, all converged, the default resync

@@ -28,6 +28,7 @@ Pure: no I/O, no clock, no docker.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import combinations
@@ -140,21 +141,41 @@ def _improve(
     chosen_ids = {id(c) for c in chosen}
     unchosen = sorted(
         (c for c in candidates if id(c) not in chosen_ids),
-        key=lambda c: (c.mib, c.priority, c.name),
+        key=_swap_order,
     )
+    keys = [_swap_order(c) for c in unchosen]  # kept beside unchosen, for bisect
     for v in sorted(chosen, key=lambda c: (-c.mib, c.name)):
-        for u in unchosen:
+        # a replacement must at least make up what dropping v leaves short on v's
+        # roles: the unchosen below that MiB cannot cover, so the walk starts above it
+        at = bisect_left(keys, (_least_replacement(v, got, shortfall),))
+        for u in unchosen[at:]:
             if u.mib >= v.mib:
                 break
             if covers_after(v, u):
-                unchosen.remove(u)
-                unchosen.append(v)
-                unchosen.sort(key=lambda c: (c.mib, c.priority, c.name))
+                i = unchosen.index(u, at)
+                del unchosen[i], keys[i]
+                i = bisect_left(keys, _swap_order(v))
+                unchosen.insert(i, v)
+                keys.insert(i, _swap_order(v))
                 chosen = [u if x is v else x for x in chosen]
                 account(v, -1)
                 account(u, +1)
                 break
     return chosen
+
+
+def _swap_order(c: Candidate) -> tuple[int, int, str]:
+    """The order the swap tries unchosen candidates in: smallest first."""
+    return (c.mib, c.priority, c.name)
+
+
+def _least_replacement(v: Candidate, got: Mapping[str, int], shortfall: Mapping[str, int]) -> int:
+    """The least MiB a candidate replacing ``v`` needs: what dropping ``v`` leaves short
+    on one of its roles (0 when dropping it leaves none short)."""
+    return max(
+        (need - (got[r] - v.mib) for r, need in shortfall.items() if r in v.gpu_roles),
+        default=0,
+    )
 
 
 def choose_victims(
@@ -183,6 +204,9 @@ def choose_victims(
         best = min(answers, key=lambda s: preference_key(s, short))
         return tuple(sorted(best, key=lambda c: c.name))
     pool.sort(key=lambda c: c.name)
+    # what each candidate frees on each short role, by pool index: a set covers when,
+    # on every role, the sum of its rows reaches the need (covers() without the walk)
+    gives = [([c.mib if r in c.gpu_roles else 0 for c in pool], need) for r, need in short.items()]
     for k in range(1, len(baseline) + 1):
         # skip a size that even the k largest per role cannot cover
         if not all(
@@ -192,9 +216,10 @@ def choose_victims(
             continue
         best_set: tuple[Candidate, ...] | None = None
         best_key = None
-        for combo in combinations(pool, k):
-            if not covers(combo, short):
-                continue
+        for picks in combinations(range(len(pool)), k):
+            if not all(sum(map(give.__getitem__, picks)) >= need for give, need in gives):
+                continue  # covers(combo, short) is False, read off the table
+            combo = tuple(pool[i] for i in picks)
             key = preference_key(combo, short)
             if best_key is None or key < best_key:
                 best_set, best_key = combo, key

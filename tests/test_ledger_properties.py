@@ -49,6 +49,8 @@ class LedgerMachine(RuleBasedStateMachine):
         self.ledger = Ledger({})
         self.model = NaiveModel({})
         self.counter = 0
+        # earlier ledgers and what they held then (operations must not change them)
+        self.kept: list[tuple[Ledger, dict[str, tuple[tuple[str, ...], int]]]] = []
 
     @initialize(
         caps=st.lists(st.tuples(st.integers(1, 5000), st.integers(0, 5000)), min_size=3, max_size=3)
@@ -109,6 +111,23 @@ class LedgerMachine(RuleBasedStateMachine):
             assert expected, f"ledger granted resize of {holder} to {mib}, model refuses"
             self.ledger = out
             self.model.held[holder] = (roles, mib)
+
+    @precondition(lambda self: bool(self.ledger.roles))
+    @rule(role=st.sampled_from(ROLE_IDS), data=st.data())
+    def lists_each_reservation_on_a_role(self, role: str, data: st.DataObject) -> None:
+        # a ledger carries its per-role lists to the ledgers derived from it: whichever
+        # roles were asked before, each lists exactly the reservations there, by holder,
+        # and so does a ledger kept from before the latest operations
+        expected = tuple(sorted((h, m) for h, (rs, m) in self.model.held.items() if role in rs))
+        assert self.ledger.reservations_on(role) == expected
+        assert self.ledger.view(role).reservations == expected
+        assert self.ledger.reservations_on(role) == expected  # asked again: the same
+        for kept, held in self.kept:
+            assert kept.reservations_on(role) == tuple(
+                sorted((h, m) for h, (rs, m) in held.items() if role in rs)
+            )
+        if data.draw(st.booleans(), label="keep this ledger"):
+            self.kept = [*self.kept[-2:], (self.ledger, dict(self.model.held))]
 
     @precondition(lambda self: bool(self.ledger.roles))
     @rule(roles=st.sampled_from([("a",), ("a", "b")]), mib=st.integers(1, 3000))

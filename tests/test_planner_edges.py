@@ -842,3 +842,31 @@ def test_an_exited_elastic_serve_whose_memory_is_not_back_is_not_grown() -> None
     plan = plan_of(case, unreleased=frozenset({"moe"}))
     assert plan.ledger_before.holdings["moe"].mib == 14_000
     assert lines(plan) == []
+
+def test_a_backfill_that_does_not_fit_lists_every_holder_of_its_role_as_protected() -> None:
+    """A requester that may stop nothing (not on-demand) is blocked with each holder on
+    its short role protected, with the reason it may not stop them; one that exited
+    with its memory not back says so instead; holders elsewhere are not listed."""
+    case = Case(
+        [
+            serve("res", 12_000, RES, RUN),
+            serve("old", 6_000, EVI, RUN),
+            serve("gone", 4_000, EVI),  # exited, its memory not confirmed back
+            serve("other", 8_000, EVI, RUN, roles=("b",)),
+            serve("big", 10_000, EVI, RUN),
+        ],
+        {"res": up(), "old": up(), "other": up(), "gone": ContainerObs(ContainerState.EXITED)},
+        [],
+        roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
+    )
+    desired, observed = _build(case)
+    observed = replace(observed, unreleased=frozenset({"gone"}))
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    (b,) = [x for x in plan.blocked if x.serve == "big"]
+    veto = "only on-demand serves evict, and big is evictable"
+    assert [(p.serve, p.mib, p.why) for p in b.protected] == [
+        ("gone", 4_000, "exited, but its memory is not back yet"),
+        ("old", 6_000, veto),
+        ("res", 12_000, veto),
+    ]
+    assert b.evictable_mib == () and b.shrinkable_mib == ()

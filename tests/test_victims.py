@@ -712,3 +712,20 @@ def test_possibly_busy_counts_every_victim_not_known_idle() -> None:
     victims = [c("idle", 1, in_flight=0), c("busy", 1, in_flight=4), c("unknown", 1)]
     assert possibly_busy(victims) == 2
     assert possibly_busy(victims[:1]) == 0
+
+
+def test_a_swap_walk_starts_at_what_the_victim_leaves_short_on_its_worst_role() -> None:
+    """The greedy's swap skips the candidates too small to replace a victim: the least
+    MiB a replacement needs is what dropping the victim leaves short on whichever of its
+    roles it leaves shortest (0 where dropping it leaves none short)."""
+    from statemachine.victims import _least_replacement
+
+    v = Candidate("v", ("a", "b"), 500)
+    got = {"a": 900, "b": 600}  # freed with v among the victims
+    short = {"a": 800, "b": 300}  # without v: a 400 (short 400), b 100 (short 200)
+    assert _least_replacement(v, got, short) == 400
+    assert _least_replacement(v, {"a": 2000, "b": 2000}, short) <= 0
+    only_b = Candidate("w", ("b",), 500)
+    assert _least_replacement(only_b, got, short) == 200
+    elsewhere = Candidate("x", ("c",), 500)  # on no short role: dropping it leaves none short
+    assert _least_replacement(elsewhere, got, short) == 0

@@ -1367,11 +1367,39 @@ class _LoopServer(uvicorn.Server):
 
     uvicorn >= 0.29 installs handlers in ``capture_signals`` around ``serve``; the
     controller stops on the signal and cancels its services, which shuts this down.
+
+    Its housekeeping tick (the ``Date`` header, once a second) runs once a second
+    instead of ten times, and asking it to exit wakes it at once: an idle controller
+    with the API would otherwise wake ten times a second for nothing.
     """
+
+    def __init__(self, config: uvicorn.Config) -> None:
+        self._exit_now = asyncio.Event()
+        self._should_exit = False
+        super().__init__(config)
+
+    @property
+    def should_exit(self) -> bool:
+        return self._should_exit
+
+    @should_exit.setter
+    def should_exit(self, value: bool) -> None:
+        self._should_exit = value
+        if value:
+            self._exit_now.set()
 
     @contextlib.contextmanager
     def capture_signals(self) -> Generator[None, None, None]:
         yield
+
+    async def main_loop(self) -> None:
+        counter = 0
+        should_exit = await self.on_tick(counter)
+        while not should_exit:
+            counter = (counter + 10) % 864_000  # each tick is a second: the header each tick
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._exit_now.wait(), 1.0)
+            should_exit = await self.on_tick(counter)
 
 
 def api_service(

@@ -1,13 +1,13 @@
 """The control loop behind ``vramctl run``: one reconcile at a time, level-triggered.
 
-Triggers — a manifest edit (watchfiles on the manifests' folders, so editors that save
-by rename are seen), a container event from Docker's event stream, the periodic
-resync, an on-demand request — only *ask* for a cycle; requests arriving during a
-cycle coalesce into one more. A cycle re-reads everything: the manifest set (an
-edit that does not validate is reported with its located errors and the last good
-desired state stays in force), the host (docker + NVML), the on-demand requests and
-elastic reserves from the journal; then it plans, executes (or, with ``--dry-run``,
-only logs), and journals the cycle.
+Triggers — a manifest edit (the manifests' folders are watched, so editors that save
+by rename are seen; an edit is read once its writes settle), a container event from
+Docker's event stream, the periodic resync, an on-demand request — only *ask* for a
+cycle; requests arriving during a cycle coalesce into one more. A cycle re-reads
+everything: the manifest set (an edit that does not validate is reported with its
+located errors and the last good desired state stays in force), the host (docker +
+NVML), the on-demand requests and elastic reserves from the journal; then it plans,
+executes (or, with ``--dry-run``, only logs), and journals the cycle.
 
 Failure handling: a serve whose start fails, or whose container keeps dying, is held
 back with an exponential backoff (capped) that the planner reports as blocked. With
@@ -57,6 +57,7 @@ from controller.service.observe import observe_host
 from controller.service.sleeping import observe_sleep
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import BackoffView, JournalHistory, LoopView
+from controller.service.watch import QUIET_MS, watch_files
 from controller.service.wiring import containers_now, make_executor, read_gpus
 from controller.snapshot import (
     SleepStateModel,
@@ -96,6 +97,8 @@ class RunOptions:
     dry_run: bool = False
     resync_s: float = 5.0
     debounce_ms: int = 300
+    #: a manifest edit is read once its files were quiet this long (see service.watch)
+    settle_ms: int = QUIET_MS
     router_url: str | None = None
     router_token_file: Path | None = None
     backoff_base_s: float = backoff.DEFAULT_BASE_S
@@ -150,6 +153,7 @@ class Controller:
         self._lock = StateLock(self.state_dir)
         self._observer: ContainerObserver | None = None
         self._executor: Executor | None = None
+        self._stale_executor: Executor | None = None  # the last manifest's: its connections
         self._stopping = False
         self._last_dry_plan = ""  # a dry run journals and logs a plan once, not every cycle
         self._quiesced: set[str] = set()  # tiers this controller may have left quiesced
@@ -418,23 +422,11 @@ class Controller:
             self.trigger("manifest watcher restarted")
 
     async def _watch_manifests_once(self) -> None:
-        import watchfiles
-
         files = {_path_key(p) for p in self.options.manifests}
-        dirs = sorted({str(p.parent) for p in files})
-
-        def ours(_change: watchfiles.Change, path: str) -> bool:
-            # a symlink loop in the folder must not raise here: it would end the watch
-            return _path_key(Path(path)) in files
-
-        stop = asyncio.Event()
-        async for _changes in watchfiles.awatch(
-            *dirs,
-            watch_filter=ours,
-            debounce=self.options.debounce_ms,
-            step=50,
-            stop_event=stop,
-            recursive=False,
+        # reported once the files settle (see controller.service.watch): an editor's two
+        # writes, or its write and rename, are one change and one reload
+        async for _change in watch_files(
+            files, debounce_ms=self.options.debounce_ms, quiet_ms=self.options.settle_ms
         ):
             self._manifest_dirty = True
             self.trigger("manifest changed")
@@ -490,7 +482,8 @@ class Controller:
             logger.info("manifest: reloaded ({} serves)", len(mset.serves))
             self.mset = mset
             self.no_sleep.clear()  # an edit may have fixed the engine's sleep flag
-            self._executor = None
+            self._stale_executor = self._executor or self._stale_executor
+            self._executor = None  # built again for this manifest, on the same connections
             self._remember_declared()
 
     def _remember_declared(self) -> None:
@@ -685,7 +678,9 @@ class Controller:
                 starts=self.starts,
                 gpus=lambda: read_gpus(self.nvml),
                 footprints=self.footprints,
+                reuse=self._stale_executor,
             )
+            self._stale_executor = None
             self._executor.events, self._executor.ledger_watch = self.events, self._ledger_watch
             self._executor.live = self.live
         return self._executor

@@ -65,11 +65,15 @@ def make_executor(
     observe_now: Callable[[], Observed] | None = None,
     starts: StartTracker | None = None,
     footprints: Footprints | None = None,
+    reuse: Executor | None = None,
 ) -> Executor:
     """An executor for ``mset`` talking to the local docker daemon (DOCKER_HOST honoured).
 
     ``observe_now``: a fresh reading of the containers each reserve is admitted against;
-    ``starts``: the tracker that carries starts out beside the loop (``None``: in order).
+    ``starts``: the tracker that carries starts out beside the loop (``None``: in order);
+    ``reuse``: an executor (of an earlier manifest) whose docker and elastic clients the
+    new one shares, instead of connecting again (a docker client negotiates the API
+    version, an HTTP client loads its TLS context: more than a whole cycle costs).
     """
     router = None
     if router_url:
@@ -85,12 +89,12 @@ def make_executor(
         )
     return Executor(
         mset.desired(),
-        docker=DockerActions(make_client()),
+        docker=reuse.docker if reuse is not None else DockerActions(make_client()),
         runtime=mset.runtime(),
         router=router,
         # the engine may hold a resize up to 300 s before answering 409 (busy): the
         # client's own bound (20 s) keeps the loop going; no answer is not proof
-        elastic=ElasticClient(),
+        elastic=reuse.elastic if reuse is not None else ElasticClient(),
         gpus=gpus,
         config=config,
         on_step=on_step,

@@ -1,0 +1,299 @@
+"""Every benchmark in one run, this tree beside a base commit, as one table.
+
+What it runs, each as its own process with the tree's code on ``PYTHONPATH`` (so the
+``vramctl run`` the loop benchmark starts is that tree's too):
+
+* ``bench_planner.py`` at 100 and 1000 serves x 2 and 32 roles (medians; growth
+  1000/100; the 1000 x 32 time);
+* ``bench_fit.py`` on 2,000 instances (``fit_serve`` against a largest-first
+  admission, both in the same process; the victims compared);
+* ``bench_loop.py --only reaction`` (10 manifest edits on 5 serves: the write to the
+  first Docker call, and to the loop's beginning of the step);
+* ``bench_loop.py --only idle --modes api`` (20 serves and the HTTP API, idle: CPU and
+  RSS of ``vramctl run``).
+
+With ``--base COMMIT`` (default: none) the commit is exported (``git archive``) into a
+temporary folder, *this* tree's ``benchmarks/`` is copied over its own, and every
+benchmark runs there too, right after the same benchmark here: the two columns are
+measured by the same code, on the same machine, minutes apart. The machine is shared
+and noisy: read the medians, and compare columns of one run only.
+
+The planner and fit calls are timed in CPU time by default (``--clock cpu``: the time
+the process waits for a core on a busy shared machine is left out; ``--clock wall`` for
+wall time). The table gives, per figure, the base, this tree, the goal and whether this tree
+meets it. ``--json FILE`` also writes every benchmark's own output lines.
+
+Usage::
+
+    .venv/bin/python benchmarks/run_all.py --base a417679     # ~6 min on 2 cores
+    .venv/bin/python benchmarks/run_all.py --quick             # ~1.5 min, this tree only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+Lines = list[dict[str, Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class Figure:
+    """One row of the table: how to read it off a benchmark's lines, and its goal."""
+
+    bench: str
+    name: str
+    read: Callable[[Lines], float | None]
+    goal: str = ""
+    meets: Callable[[float], bool] | None = None
+    unit: str = ""
+
+
+def _where(lines: Lines, **match: Any) -> dict[str, Any] | None:
+    for line in lines:
+        if all(line.get(k) == v for k, v in match.items()):
+            return line
+    return None
+
+
+def _planner_median(scenario: str, serves: int, roles: int) -> Callable[[Lines], float | None]:
+    def read(lines: Lines) -> float | None:
+        line = _where(lines, scenario=scenario, serves=serves, roles=roles)
+        return None if line is None else float(line["median_ms"])
+
+    return read
+
+
+def _planner_growth(scenario: str, roles: int) -> Callable[[Lines], float | None]:
+    def read(lines: Lines) -> float | None:
+        line = next((x for x in lines if "growth" in x), None)
+        return None if line is None else float(line["by_roles"][scenario][str(roles)])
+
+    return read
+
+
+def _field(match: dict[str, Any], *keys: str) -> Callable[[Lines], float | None]:
+    def read(lines: Lines) -> float | None:
+        line = _where(lines, **match)
+        for key in keys:
+            if line is None:
+                return None
+            line = line.get(key)
+        return None if line is None else float(line)  # type: ignore[arg-type]
+
+    return read
+
+
+def figures() -> list[Figure]:
+    out: list[Figure] = []
+    for scenario in ("steady", "cold", "evict", "exclusive"):
+        out.append(
+            Figure(
+                "planner",
+                f"{scenario} 1000x32 median",
+                _planner_median(scenario, 1000, 32),
+                "<= 10",
+                lambda v: v <= 10.0,
+                "ms",
+            )
+        )
+        for roles in (2, 32):
+            out.append(
+                Figure(
+                    "planner",
+                    f"{scenario} growth 100->1000, {roles} roles",
+                    _planner_growth(scenario, roles),
+                    "<= ~12",
+                    lambda v: v <= 12.5,
+                    "x",
+                )
+            )
+    fit = {"bench": "fit"}
+    out += [
+        Figure("fit", "fit_serve median", _field(fit, "vramctl_median_us"), unit="us"),
+        Figure("fit", "largest-first median", _field(fit, "largest_first_median_us"), unit="us"),
+        Figure("fit", "fit / largest-first", _field(fit, "ratio"), "<= 1", lambda v: v <= 1.0),
+        Figure("fit", "worse victims (instances)", _field(fit, "worse"), "0", lambda v: v == 0),
+        Figure("fit", "frees less surplus (share)", _field(fit, "less_surplus_share")),
+    ]
+    react = {"bench": "reaction_summary"}
+    out += [
+        Figure(
+            "loop",
+            "reaction median (first docker event)",
+            _field(react, "median_ms"),
+            "<= 80",
+            lambda v: v <= 80.0,
+            "ms",
+        ),
+        Figure(
+            "loop",
+            "reaction p90 (first docker event)",
+            _field(react, "p90_ms"),
+            "<= 120",
+            lambda v: v <= 120.0,
+            "ms",
+        ),
+        Figure("loop", "stops: to docker kill", _field(react, "stop", "median_ms"), unit="ms"),
+        Figure("loop", "starts: to docker start", _field(react, "start", "median_ms"), unit="ms"),
+        Figure("loop", "to the step's begin", _field(react, "median_step_begin_ms"), unit="ms"),
+        Figure("loop", "to the reload", _field(react, "median_detect_ms"), unit="ms"),
+    ]
+    idle = {"bench": "idle", "mode": "api"}
+    out += [
+        Figure(
+            "loop",
+            "idle CPU, 20 serves + API",
+            _field(idle, "cpu_pct"),
+            "<= 0.5",
+            lambda v: v <= 0.5,
+            "% core",
+        ),
+        Figure(
+            "loop",
+            "idle RSS max, 20 serves + API",
+            _field(idle, "rss_mib_max"),
+            "<= 80",
+            lambda v: v <= 80.0,
+            "MiB",
+        ),
+        Figure("loop", "daemon events in the idle window", _field(idle, "daemon_events")),
+    ]
+    return out
+
+
+def commands(quick: bool, clock: str) -> dict[str, list[str]]:
+    py = sys.executable
+    idle_s = "20" if quick else "60"
+    return {
+        "planner": [
+            py, "benchmarks/bench_planner.py", "--serves", "100", "1000", "--roles", "2", "32",
+            "--budget-s", "0.2" if quick else "0.5", "--clock", clock,
+        ],
+        "fit": [py, "benchmarks/bench_fit.py", "--instances", "300" if quick else "2000",
+                "--clock", clock],
+        "reaction": [py, "benchmarks/bench_loop.py", "--only", "reaction"],
+        "idle": [py, "benchmarks/bench_loop.py", "--only", "idle", "--modes", "api",
+                 "--idle-s", idle_s],
+    }  # fmt: skip
+
+
+def run_one(tree: Path, argv: Sequence[str]) -> Lines:
+    env = {**os.environ, "PYTHONPATH": str(tree)}
+    started = time.monotonic()
+    proc = subprocess.run(argv, cwd=tree, env=env, capture_output=True, text=True, check=False)
+    print(
+        f"# {tree.name}: {' '.join(argv[1:3])} ... {time.monotonic() - started:.0f}s,"
+        f" exit {proc.returncode}",
+        file=sys.stderr,
+        flush=True,
+    )
+    if proc.returncode not in (0, 1):
+        sys.stderr.write(proc.stderr[-2000:])
+    lines: Lines = []
+    for raw in proc.stdout.splitlines():
+        try:
+            lines.append(json.loads(raw))
+        except ValueError:
+            continue
+    return lines
+
+
+def export(commit: str, into: Path) -> Path:
+    """``commit``'s tree in ``into``, with this tree's benchmarks over its own."""
+    tree = into / f"base-{commit[:12]}"
+    tree.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(REPO), "archive", commit], capture_output=True, check=True
+    )
+    subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+    shutil.rmtree(tree / "benchmarks", ignore_errors=True)
+    shutil.copytree(REPO / "benchmarks", tree / "benchmarks")
+    return tree
+
+
+def _fmt(value: float | None) -> str:
+    if value is None:
+        return "—"
+    if value == int(value) and abs(value) >= 100:
+        return f"{value:.0f}"
+    return f"{value:.3g}" if abs(value) < 100 else f"{value:.0f}"
+
+
+def table(rows: list[Figure], results: dict[str, dict[str, Lines]], trees: list[str]) -> str:
+    head = ["bench", "figure", "unit", *trees, "goal", "met"]
+    body: list[list[str]] = []
+    for f in rows:
+        values = [f.read(results[t][f.bench if f.bench != "loop" else _loop_of(f)]) for t in trees]
+        now = values[-1]
+        met = "" if f.meets is None or now is None else ("yes" if f.meets(now) else "NO")
+        body.append([f.bench, f.name, f.unit, *(_fmt(v) for v in values), f.goal, met])
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in body
+    ]
+    return "\n".join(lines)
+
+
+def _loop_of(f: Figure) -> str:
+    return "idle" if f.name.startswith(("idle", "daemon")) else "reaction"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
+    parser.add_argument("--base", default=None, help="a commit to measure beside this tree")
+    parser.add_argument("--quick", action="store_true", help="shorter runs (smoke)")
+    parser.add_argument("--only", action="append", choices=("planner", "fit", "reaction", "idle"))
+    parser.add_argument(
+        "--clock",
+        choices=("wall", "cpu"),
+        default="cpu",
+        help="what the planner and fit calls are timed by: CPU time (default: a shared"
+        " machine's wait for a core left out) or wall time",
+    )
+    parser.add_argument("--json", type=Path, default=None, help="write every output line here")
+    args = parser.parse_args(argv)
+    cmds = commands(args.quick, args.clock)
+    wanted = args.only or list(cmds)
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="vramctl-bench-") as tmp:
+        trees: dict[str, Path] = {}
+        if args.base:
+            trees[f"base {args.base[:9]}"] = export(args.base, Path(tmp))
+        trees["this tree"] = REPO
+        results: dict[str, dict[str, Lines]] = {t: {} for t in trees}
+        for bench in wanted:  # each benchmark on both trees, one right after the other
+            for label, tree in trees.items():
+                results[label][bench] = run_one(tree, cmds[bench])
+    for got in results.values():
+        for bench in ("planner", "fit", "reaction", "idle"):
+            got.setdefault(bench, [])
+    shown = [
+        f
+        for f in figures()
+        if (f.bench if f.bench != "loop" else _loop_of(f)) in wanted
+    ]
+    print(table(shown, results, list(trees)))
+    print(f"# {time.monotonic() - started:.0f}s in all", file=sys.stderr)
+    if args.json is not None:
+        args.json.write_text(json.dumps(results, indent=1), encoding="utf-8")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
