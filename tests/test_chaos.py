@@ -155,6 +155,25 @@ def test_monitor_excuses_a_manifest_edit_the_controller_cannot_have_read_yet() -
     assert [v.kind for v in Monitor().feed(late).violations] == ["overcommit"]  # type: ignore[arg-type]
 
 
+def test_monitor_excuses_an_edit_that_lands_while_two_starts_are_in_flight() -> None:
+    # seed 983412849: b's start (reserved at 2000) and c's (reserved at 5000) are both
+    # under way beside a (3000, no longer declared) when b is raised to 3000; b's
+    # container comes up just after the edit, c's just after b's. Each start was
+    # planned under the manifest before the edit, where 3000 + 2000 + 5000 fit.
+    def feed(c_at: float) -> list[object]:
+        items: list[object] = [ModelItem(0, model(a=3000, b=2000, c=5000)), *start(0.5, "a")]
+        items += [ModelItem(1 * S, model(b=2000, c=5000))]  # a removed, still running
+        items += [ModelItem(int(3.1 * S), model(b=3000, c=5000))]  # b raised mid-start
+        return items + start(3.3, "b") + start(c_at, "c")
+
+    m = Monitor().feed(feed(3.85))  # type: ignore[arg-type]
+    assert m.violations == [], m.violations
+    assert [n.kind for n in m.notes] == ["race"] and m.notes[0].serve == "c"
+    # c started well after the edit: no manifest in its window lets it fit
+    (v,) = Monitor().feed(feed(9.0)).violations  # type: ignore[arg-type]
+    assert v.kind == "overcommit" and v.serve == "c" and "11000 of 10000" in v.detail
+
+
 def test_monitor_keeps_counting_a_removed_or_shrunk_serve_that_still_runs() -> None:
     feed = [ModelItem(0, model(a=6000, b=5000)), *start(1, "a")]
     feed += [ModelItem(int(2 * S), model(b=5000))]  # a leaves the manifest, still running

@@ -26,8 +26,11 @@ Findings (:class:`Violation`):
   driver started in the last ``race_s`` before the controller's request are left out
   (the controller could not have seen them), or under some manifest version that was
   in force within ``lag_s`` before the request (the controller may not have reloaded
-  yet). A start the driver made that overcommits is ``outside_overcommit``: reported,
-  never the controller's fault;
+  yet; the other starts it asked for while that version was in force, or within their
+  own ``lag_s`` after, count at that version's figure too: it may have reserved them
+  under it, before an edit that landed while their ``up`` ran). A start the driver
+  made that overcommits is ``outside_overcommit``: reported, never the controller's
+  fault;
 * ``double_start`` — a second running container of one serve; the controller's start
   (Docker answered 304) or ``up`` create (409) of a serve whose container the driver
   started more than ``race_s`` earlier; a start of a container that already runs;
@@ -243,18 +246,18 @@ class Monitor:
         *,
         t: int,
         leave_out: frozenset[str] = frozenset(),
-        fresh: tuple[str, int] | None = None,
+        fresh: Mapping[str, int] | None = None,
     ) -> int:
         """MiB the running containers hold on ``role`` under ``model``.
 
-        ``fresh`` (cid, mib) overrides the start reservation of the container being
-        started (its reservation under this model version).
+        ``fresh`` (cid -> mib) overrides the start reservation of the containers the
+        controller may have planned under this model version (their reservation in it).
         """
         total = 0
         for r in self.running.values():
             if r.cid in leave_out or self._role_of(r.serve, t) != role:
                 continue
-            start_mib = fresh[1] if fresh is not None and fresh[0] == r.cid else r.mib
+            start_mib = fresh.get(r.cid, r.mib) if fresh is not None else r.mib
             now = model.serves.get(r.serve)
             total += max(start_mib, now.mib if now is not None else 0)
         return total
@@ -358,7 +361,8 @@ class Monitor:
         window_s = self.lag_s + last.up_delay_s
         for m in self.models_between(req_t - int(window_s * NS), req_t):
             decl_m = m.serves.get(ev.serve)
-            fresh = (ev.cid, decl_m.mib if decl_m is not None else 0)
+            fresh = self._planned_under(m, ev.t)
+            fresh[ev.cid] = decl_m.mib if decl_m is not None else 0
             if self.held(role, m, t=ev.t, fresh=fresh) <= m.budgets.get(role, budget):
                 self.notes.append(
                     Violation(
@@ -389,6 +393,26 @@ class Monitor:
             return
         why = self._why(role, model, ev, summary)
         self.violations.append(Violation("overcommit", ev.t, ev.serve, why, req_t))
+
+    def _planned_under(self, model: Model, t: int) -> dict[str, int]:
+        """The containers the controller started that it may have planned under ``model``.
+
+        Each (cid -> its reservation in ``model``) whose own start request came while
+        ``model`` was in force or within ``lag_s`` (plus its ``up`` delay) after: the
+        controller reserved it then, so its start reservation may be ``model``'s figure
+        even when a later version was in force by its start event (an edit that lands
+        while its ``up`` runs).
+        """
+        out: dict[str, int] = {}
+        for r in self.running.values():
+            decl = model.serves.get(r.serve)
+            if r.cause != "controller" or decl is None:
+                continue
+            last = self._last_decl(r.serve, t)
+            window_ns = int((self.lag_s + (last.up_delay_s if last else 0.0)) * NS)
+            if any(m is model for m in self.models_between(r.request_t - window_ns, r.request_t)):
+                out[r.cid] = decl.mib
+        return out
 
     def _why(self, role: str, model: Model, ev: EventItem, summary: str) -> str:
         """What the count holds that the manifest no longer says, and the total three ways.
