@@ -737,11 +737,13 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
 
 
 def _room_ahead(w: _Work, short: Mapping[str, int]) -> dict[str, int]:
-    """MiB that on-demand requesters later in this pass will reserve on the short roles."""
+    """MiB that on-demand requesters later in this pass will reserve on the short roles
+    (one held back, e.g. by its backoff, starts in no pass of this plan: it claims none)."""
     ahead: dict[str, int] = {}
     for later in w.ahead:
         if (
             later.residency is Residency.ON_DEMAND
+            and later.name not in w.policy.hold
             and not later.exclusive
             and later.vram_mib is not None
             and w.desired.in_ledger(later)

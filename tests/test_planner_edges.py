@@ -498,6 +498,29 @@ def test_victims_are_chosen_once_for_the_requesters_of_a_pass() -> None:
     assert lines(plan) == ["stop big", "release big", *starts("first", "second")]
 
 
+def test_a_requester_held_back_later_in_the_pass_claims_no_room() -> None:
+    # free 0; first needs 5000, second (held back by its backoff) 5000 too. second will
+    # not start in this pass, so first evicts one serve, not two: the plan after this one
+    # would start the second victim again (it converges in one plan)
+    case = Case(
+        [
+            serve("one", 5000, EVI, RUN),
+            serve("two", 5000, EVI, RUN),
+            serve("stt", 20_000, RES, RUN),
+            serve("first", 5000, OND),
+            serve("second", 5000, OND),
+        ],
+        {"one": up(), "two": up(), "stt": up()},
+        [],
+        requests=[req("first", at=NOW - 20), req("second", at=NOW - 10)],
+    )
+    desired, observed = _build(case)
+    plan = plan_transitions(desired, observed, Policy(hold={"second": "backoff"}), NOW)
+    stops = [st.serve for st in plan.steps if st.action is Action.STOP]
+    assert len(stops) == 1, lines(plan)
+    assert [b.serve for b in plan.blocked] == ["second"]
+
+
 # ----- requests and the order of requesters ---------------------------------------------------
 def test_a_request_for_an_unknown_serve_is_ignored_and_the_next_one_counts() -> None:
     case = Case(
