@@ -9,11 +9,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from test_manifest import ROLES, Expect, check, errors_of, serve, write
 
 from controller.manifest import load_manifest_set
 from controller.snapshot import SnapshotError, parse_snapshot, snapshot_changes
 from statemachine.types import HostBudget, Sleep, SleepObs, SleepProtocol, SleepState
-from tests.test_manifest import ROLES, Expect, check, errors_of, serve, write
 
 S1 = 'serve "s1" (#1)'
 
