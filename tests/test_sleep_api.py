@@ -87,3 +87,31 @@ def test_up_of_a_sleeping_serve_is_recorded_and_planned_as_a_wake(
     actions = [(s["action"], s["serve"]) for s in body["steps"]]
     assert ("sleep", "big") in actions and ("wake", "small") in actions, actions
     assert [q.serve for q in idle.journal.active_requests()] == ["small"]
+
+
+def test_up_with_wait_of_a_sleeping_serve_is_not_ready_while_it_sleeps(
+    idle: Controller,
+    client: Callable[..., Asgi],  # noqa: F811
+) -> None:
+    # its container runs, but its engine sleeps: it is not ready until it is woken
+    c = client(idle)
+    now = time.time()
+    snap = parse_snapshot(
+        {
+            "docker": "ok",
+            "containers": {
+                "c-big": {"state": "running", "started_at": now - 600},
+                "c-small": {"state": "running", "started_at": now - 600},
+            },
+            "gpus": None,
+            "sleep": {
+                "small": {"state": "asleep", "level": 1, "residual_mib": 1000, "host_ram_mib": 4000}
+            },
+        }
+    )
+    idle.last = CycleSummary(at=now, snapshot=snap)
+    idle.cycles += 1
+    r = c.post("/v1/serves/small/up", json={"ttl_s": 60, "wait_s": 0.5}, headers=auth(TOKEN))
+    assert r.status_code == 202, r.text
+    assert r.json().get("ready") is not True, r.json()
+    assert [q.serve for q in idle.journal.active_requests()] == ["small"]
