@@ -785,7 +785,9 @@ class _Run(SleepSteps):
         measure = self.ex.footprints
         if step.action is Action.START:
             measure.before_start(s, self.desired.roles)
-        elif step.action is Action.STOP:
+        elif step.action is Action.STOP and self.machines[s.name].state != LifecycleState.ASLEEP:
+            # (a sleeper gives back only its residual: no evidence of what it takes awake;
+            # the observation still sees it go, as a movement on its GPU)
             measure.before_stop(s, self.desired.roles)
         detail = handler(step, s)
         if step.action is Action.AWAIT_READY:
