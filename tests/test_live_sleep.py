@@ -126,3 +126,16 @@ def test_a_confirmed_sleep_counts_its_host_ram(desired: DesiredState) -> None:
     ledger = ledger_from_observed(desired, now)
     assert ledger.committed_mib("a") == 1000
     assert ledger.host_committed_mib() == 6000  # its weights are in host RAM now
+
+
+def test_up_timings_of_a_wake_count_the_wake_as_its_start(desired: DesiredState) -> None:
+    from controller.interfaces.upwait import timings
+    from controller.service.live import StepEnded
+
+    steps = [
+        StepEnded("small", "reserve_wake", "small", "ok", "", 100.0, 100.1),
+        StepEnded("small", "wake", "small", "ok", "", 100.1, 103.0),
+        StepEnded("small", "await_ready", "small", "ok", "", 103.0, 105.5),
+    ]
+    times = timings(desired.serves["small"], steps, 99.0, 106.0)
+    assert times["started_s"] == 2.9 and times["ready_s"] == 2.5, times
