@@ -139,3 +139,14 @@ def test_up_timings_of_a_wake_count_the_wake_as_its_start(desired: DesiredState)
     ]
     times = timings(desired.serves["small"], steps, 99.0, 106.0)
     assert times["started_s"] == 2.9 and times["ready_s"] == 2.5, times
+
+
+def test_up_timings_count_a_victims_sleep_as_making_room(desired: DesiredState) -> None:
+    from controller.interfaces.upwait import timings
+    from controller.service.live import StepEnded
+
+    steps = [
+        StepEnded("big", "sleep", "small", "ok", "", 100.0, 101.0),
+        StepEnded("big", "release_to_residual", "small", "ok", "", 101.0, 102.5),
+    ]
+    assert timings(desired.serves["small"], steps, 99.0, 106.0)["made_room_s"] == 2.5

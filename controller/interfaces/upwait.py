@@ -50,7 +50,9 @@ SETTLE_S = 120.0
 #: queued requests that ended, kept for ``GET /v1/queue``
 RECENT_KEPT = 32
 
-_ROOM_ACTIONS = frozenset({"quiesce", "drain", "stop", "release", "shrink"})
+_ROOM_ACTIONS = frozenset(
+    {"quiesce", "drain", "stop", "release", "shrink", "sleep", "release_to_residual"}
+)
 _FAILED = frozenset({"failed", "aborted", "interrupted"})
 
 
@@ -235,7 +237,8 @@ def timings(
     """Seconds spent in each phase (``None``: not applicable, or not reached yet).
 
     ``queued_s``: in the queue, until admitted; ``made_room_s``: from the first step
-    that made room (quiesce, drain, stop, release, shrink) to the end of the last;
+    that made room (quiesce, drain, stop, release, shrink, sleep, release_to_residual)
+    to the end of the last;
     ``started_s``: the start itself (``docker start`` or the ``up`` command), or the
     wake of a serve that sleeps;
     ``ready_s``: from the start's end until healthy and readmitted; ``total_s``: from
