@@ -142,7 +142,8 @@ def could_fit_later(
 
     The question a queued request asks: on each of its roles, the free MiB plus what
     the serves that go away (:func:`goes_away`) hold plus what the elastic serves that
-    stay could give back (down to their floor) must cover its reservation, and every
+    stay could give back (down to their floor) must cover its reservation (less what it
+    holds already: a sleeper's residual), and every
     serve it conflicts with (exclusivity, a port) that runs must go away. ``requests``
     are the recorded on-demand requests (serve -> request; an expired one still counts:
     its serve is being stopped). Docker unreadable: nothing can
@@ -165,7 +166,12 @@ def could_fit_later(
             )
     if spec.vram_mib is None or not desired.in_ledger(spec):
         return None
-    for t in ledger.terms(spec.name, spec.gpu_roles, spec.vram_mib):
+    # a sleeper already holds its residual: its wake asks only for the rest
+    have = ledger.holdings.get(spec.name)
+    needed = spec.vram_mib - (have.mib if have is not None else 0)
+    if needed <= 0:
+        return None
+    for t in ledger.terms(spec.name, spec.gpu_roles, needed):
         if not t.shortfall_mib or t.free_mib is None:
             continue
         leaving = [

@@ -78,8 +78,10 @@ def request_end(req: OnDemandRequest, spec: ServeSpec | None, observed: Observed
     if spec is None:
         return request_expiry(req, spec)
     c = observed.container(spec.container)
-    # it has run since the request: it runs now, or it stopped after the request
-    ran = (c.holds and spec.name not in observed.starting) or (
+    # it has run since the request: it runs now (awake: a sleeper's container runs while
+    # its engine sleeps), or it stopped after the request
+    awake = not observed.sleep_of(spec.name).asleep
+    ran = (c.holds and spec.name not in observed.starting and awake) or (
         c.finished_at is not None and c.finished_at >= req.requested_at
     )
     return request_expiry(req, spec, observed.requests_in_flight(req.serve), c.started_at, ran)

@@ -111,3 +111,42 @@ def test_what_fits_once_the_leavers_are_gone_is_never_called_impossible(
     then_fits = fit_serve(desired, after, name, now=NOW).fits
     if now_fits or then_fits:
         assert verdict is None, (name, verdict)
+
+
+def test_a_sleeper_needs_only_what_its_wake_adds_to_its_residual() -> None:
+    # its residual is already counted: asking for its whole reservation on top of it
+    # called a wake that fits once the request's hog goes away impossible
+    from statemachine.types import (
+        GpuRole,
+        OnDemandRequest,
+        ServeSpec,
+        Sleep,
+        SleepObs,
+        SleepProtocol,
+        SleepState,
+    )
+
+    od = Residency.ON_DEMAND
+    wall = ServeSpec("wall", "c-wall", ("a",), 5000, Residency.RESIDENT)
+    hog = ServeSpec("hog", "c-hog", ("a",), 3000, od)
+    small = ServeSpec(
+        "small", "c-small", ("a",), 5000, od, sleep=Sleep(1, 1000, SleepProtocol.VLLM, 0)
+    )
+    desired = DesiredState(
+        {"a": GpuRole("a", 10_000, 0)},
+        {s.name: s for s in (wall, hog, small)},
+        (OnDemandRequest("hog", NOW - 5),),
+    )
+    running = ContainerObs(ContainerState.RUNNING, "healthy", NOW - 600)
+    observed = Observed(
+        True,
+        {"c-wall": running, "c-hog": running, "c-small": running},
+        sleep={"small": SleepObs(SleepState.ASLEEP, 1, 1000, 0)},
+    )
+    assert not fit_serve(desired, observed, "small", now=NOW).fits  # 1000 free, 4000 needed
+    assert could_fit_later(desired, observed, "small", {"hog": object()}) is None
+    # with the hog a resident, it never fits: 1000 free, nothing goes away
+    stays = replace(hog, residency=Residency.RESIDENT)
+    never = replace(desired, serves={**desired.serves, "hog": stays})
+    why = could_fit_later(never, observed, "small", {})
+    assert why is not None and "needs 4000" in why, why

@@ -298,3 +298,38 @@ def test_fit_text_says_why_a_blocker_may_not_be_stopped(tmp_path: Path) -> None:
     r = vramctl("fit", "fast", "-m", str(example / "single-card.toml"), "--observed", str(observed))
     assert r.returncode == 1, r.stdout + r.stderr
     assert "protected: ocr (6144 MiB): started 10s ago, inside its min_runtime_s" in r.stdout
+
+
+def test_status_human_shows_a_sleeper_at_its_residual_and_the_host_line(tmp_path: Path) -> None:
+    manifest = tmp_path / "m.toml"
+    manifest.write_text(
+        "[host]\nram_mib = 64000\nreserve_mib = 4000\n\n"
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 32000\n\n'
+        '[[serve]]\nname = "coder"\ncontainer = "c-coder"\ngpu_role = "a"\nvram_mib = 16000\n'
+        'residency = "evictable"\nport = 21001\nengine = "vllm"\n'
+        "[serve.sleep]\nlevel = 1\nresidual_mib = 1234\nhost_ram_mib = 20000\n"
+    )
+    snap = tmp_path / "o.json"
+    snap.write_text(
+        json.dumps(
+            {
+                "docker": "ok",
+                "containers": {"c-coder": {"state": "running"}},
+                "gpus": None,
+                "sleep": {
+                    "coder": {
+                        "state": "asleep",
+                        "level": 1,
+                        "residual_mib": 1234,
+                        "host_ram_mib": 20000,
+                    }
+                },
+            }
+        )
+    )
+    r = vramctl("status", "-m", str(manifest), "--observed", str(snap))
+    assert r.returncode == 0, r.stderr
+    (row,) = [line for line in r.stdout.splitlines() if "coder" in line and "asleep" in line]
+    assert "1234" in row and "16000" not in row.replace("of 16000", ""), r.stdout
+    (host,) = [line for line in r.stdout.splitlines() if line.startswith("host RAM")]
+    assert "20000" in host and "60000" in host, r.stdout  # committed, budget

@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Mapping
+from pathlib import Path
 
 import httpx
 import pytest
 from fake_http import FakeEngineMetrics, FakeHTTPServer, Recorded, Reply
 
 from controller.adapters.engine_metrics import (
+    InFlightReading,
     InFlightSources,
     engine_kind,
     parse_in_flight,
@@ -234,3 +237,36 @@ def test_the_tracker_keeps_idle_since_and_busy_at() -> None:
         clock[0] = 180.0
         fresh = tracker.read(src, running={"od"})["od"]
         assert (fresh.idle_since, fresh.busy_at) == (180.0, None)
+
+
+def test_a_sleepers_idleness_starts_afresh_when_it_is_woken(
+    tmp_path: Path,
+) -> None:
+    # asleep, its idleness says nothing of its run since a request: once woken it is
+    # counted from its first reading awake, as a serve that has just started
+    from controller.manifest import load_manifest_set
+    from controller.service.inflight import InFlightTracker, observe_in_flight
+    from controller.snapshot import parse_snapshot
+
+    path = tmp_path / "serves.toml"
+    path.write_text(
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 20000\n\n'
+        '[[serve]]\nname = "od"\ncontainer = "c-od"\ngpu_role = "a"\nvram_mib = 5000\n'
+        'residency = "on-demand"\nport = 21002\nengine = "vllm"\n'
+        "[serve.sleep]\nlevel = 2\nresidual_mib = 1000\n"
+    )
+    mset = load_manifest_set([path])
+
+    def reader(wanted: Mapping[str, InFlightSources]) -> dict[str, InFlightReading]:
+        return {n: InFlightReading(0, InFlightSource.METRICS) for n in wanted}
+
+    clock = [100.0]
+    tracker = InFlightTracker(clock=lambda: clock[0], reader=reader)
+    running = {"docker": "ok", "containers": {"c-od": {"state": "running"}}, "gpus": None}
+    assert observe_in_flight(parse_snapshot(running), mset, tracker)["od"].idle_since == 100.0
+    clock[0] = 200.0
+    asleep = parse_snapshot({**running, "sleep": {"od": {"state": "asleep", "level": 2}}})
+    seen = observe_in_flight(asleep, mset, tracker)["od"]  # read: asleep, it serves nothing
+    assert (seen.count, seen.idle_since, seen.busy_at) == (0, None, None)
+    clock[0] = 900.0  # woken
+    assert observe_in_flight(parse_snapshot(running), mset, tracker)["od"].idle_since == 900.0

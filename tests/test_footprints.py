@@ -526,3 +526,43 @@ def test_a_serve_stopped_before_it_settled_keeps_its_start_without_a_steady_figu
         None,
     )
     assert by["stop"].delta_mib == 3000 and by["stop"].attributable
+
+
+def test_the_stop_of_a_sleeper_is_not_measured_as_its_footprint() -> None:
+    # asleep, it holds only its residual: what comes back at its stop is that residual,
+    # which says nothing of what the serve takes awake (calibrate would propose less)
+    from statemachine.types import Sleep, SleepObs, SleepProtocol, SleepState
+
+    card = Card()
+    card.take(1000)  # its residual on the device
+    docker = Containers(card, {"c-big": 1000}, running={"c-big"})
+    big = ServeSpec(
+        "big",
+        "c-big",
+        ("g0",),
+        8000,
+        desired=DesiredRun.STOPPED,
+        sleep=Sleep(1, 1000, SleepProtocol.VLLM, 6000, url="http://127.0.0.1:1"),
+    )
+    desired = desired_of(big)
+    obs = observed(docker)
+    obs = Observed(
+        obs.docker_ok,
+        obs.containers,
+        gpus=obs.gpus,
+        sleep={"big": SleepObs(SleepState.ASLEEP, 1, 1000, 6000)},
+    )
+    plan = plan_transitions(desired, obs, Policy(), 1000.0)
+    assert [str(s.action) for s in plan.steps] == ["stop", "release"], plan.steps
+    recorder = FootprintRecorder(card.reading, settle_s=0)
+    ex = Executor(
+        desired,
+        docker=docker,  # type: ignore[arg-type]
+        gpus=lambda: read_gpus(docker.card.nvml),
+        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
+        footprints=recorder,
+    )
+    report = ex.execute(plan, obs, skip_preflight=True)
+    assert all(r.outcome is Outcome.OK for r in report.results), report.to_json()
+    assert [s for s in recorder.samples() if s.evidence] == []
+    assert summarise("big", 8000, recorder.samples()).measured_mib is None

@@ -245,3 +245,20 @@ def test_a_serve_with_a_source_that_has_not_run_since_the_request_waits_for_its_
     # without a source the TTL counts from the request, as before
     plain = Observed(True, {"c-od": ContainerObs(ContainerState.EXITED)})
     assert request_end(req, od(), plain).expires_at == T0 + TTL
+
+
+def test_a_sleeper_that_is_requested_has_not_run_until_it_is_woken() -> None:
+    # its container runs, but its engine sleeps: like a serve waiting for room, its
+    # idle_ttl_s counts once it has been woken, never while it sleeps
+    from statemachine.types import SleepObs, SleepState
+
+    req = OnDemandRequest("od", T0)
+    old = ContainerObs(ContainerState.RUNNING, "healthy", T0 - 3600)
+    asleep = Observed(
+        True,
+        {"c-od": old},
+        in_flight={"od": InFlightObs(0, M, T0 - 3000)},
+        sleep={"od": SleepObs(SleepState.ASLEEP, 1, 1000, 2000)},
+    )
+    end = request_end(req, od(), asleep)
+    assert (end.basis, end.expires_at) == (IdleBasis.PENDING, None)

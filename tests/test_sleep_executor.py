@@ -319,3 +319,35 @@ def test_a_failed_wake_stops_the_container_for_a_cold_start(rig: Rig) -> None:
     assert rig.state() == "exited"
     assert "big" not in report.ledger.holdings
     assert report.lifecycles == {"big": "failed"}
+
+
+def test_a_sleep_and_a_wake_are_moves_for_footprints_never_samples(rig: Rig) -> None:
+    # the memory a sleep gives back and a wake takes again is not the serve's footprint;
+    # but it moves on the GPU, so a start measured across it proves nothing either
+    from controller.service.footprints import FootprintRecorder, Reading
+    from statemachine.types import ServeSpec
+
+    mset = rig.manifest()
+    recorder = FootprintRecorder(
+        lambda: Reading.of(Observed(True, {}, gpus=rig.gpus())), settle_s=0
+    )
+    other = ServeSpec("other", "c-other", ("a",), 500)
+    for steps, observed in (
+        (sleep_steps(), lambda: rig.observe(mset)),
+        (wake_steps(), lambda: rig.observe(mset, asleep_model())),
+    ):
+        recorder.before_start(other, mset.desired().roles)  # a start beside the plan
+        ex = rig.executor(mset)
+        ex.footprints = recorder
+        seen = observed()
+        report = ex.execute(plan(ledger_of(mset, seen), *steps), seen)
+        assert all(r.outcome == "ok" for r in report.results), report.to_json()
+        recorder.after_start(other)
+    assert [s.serve for s in recorder.samples()] == ["other", "other"]
+    assert all(s.others == ("big",) and not s.attributable for s in recorder.samples())
+
+
+def ledger_of(mset: ManifestSet, observed: Observed) -> Ledger:
+    from statemachine.ledger import ledger_from_observed
+
+    return ledger_from_observed(mset.desired(), observed)

@@ -147,6 +147,7 @@ from statemachine.types import (
     Observed,
     OnDemandRequest,
     ServeSpec,
+    SleepState,
 )
 
 DEFAULT_API = "127.0.0.1:8477"
@@ -1283,8 +1284,13 @@ def create_app(
             **live_meta(view),
         }
         if body.wait_s:
-            already = observed.container(spec.container).holds and serve not in observed.starting
+            already = (
+                observed.container(spec.container).holds
+                and serve not in observed.starting
+                and observed.sleep_of(serve).state is SleepState.AWAKE
+            )
             if already:  # running for an earlier request: ready as far as the loop knows
+                # (a container whose engine sleeps, or may, is not ready: it is woken first)
                 return JSONResponse(
                     {
                         **accepted,

@@ -24,6 +24,10 @@ Series:
   (samples in the journal, attributable or not) and
   ``vramctl_serve_footprint_over_reservation`` (1 when the measured figure exceeds the
   declared reservation, 0 when it does not; absent while nothing is measured);
+- the host RAM budget sleepers hold their weights in: ``vramctl_host_ram_mib{figure}``
+  (``budget``, ``committed``, ``free``; absent without a ``[host]`` budget, committed and
+  free absent while docker cannot be read) and ``vramctl_serve_host_ram_mib`` (what a
+  sleeping serve holds there);
 - ``vramctl_reconcile_duration_seconds`` (histogram), ``vramctl_cycles_total``,
   ``vramctl_last_cycle_timestamp_seconds``, ``vramctl_steps_total{action,outcome}``
   (outcome ``planned`` for a dry run), ``vramctl_admissions_refused_total{source}``
@@ -43,7 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from statemachine.lifecycle import STATES
-from statemachine.status import host_status
+from statemachine.status import HostStatus, host_status
 
 if TYPE_CHECKING:
     from controller.service.view import LoopPort
@@ -155,6 +159,20 @@ class Metrics:
             serve,
             registry=r,
         )
+        # the [host] RAM budget the sleepers' weights are held in (docs/eviction.md)
+        self.host_ram = Gauge(
+            "vramctl_host_ram_mib",
+            "The host RAM budget (figure=budget), what sleepers hold of it (committed) and "
+            "what is left (free); absent without a [host] budget or while unknown.",
+            ["figure"],
+            registry=r,
+        )
+        self.serve_host_ram = Gauge(
+            "vramctl_serve_host_ram_mib",
+            "Host RAM a sleeping serve holds (its weights, level 1); absent when none or unknown.",
+            serve,
+            registry=r,
+        )
         self.reconcile_duration = Histogram(
             "vramctl_reconcile_duration_seconds",
             "Duration of one reconcile cycle (observe, plan, execute, journal).",
@@ -199,6 +217,7 @@ class Metrics:
         self._serves: set[str] = set()
         self._footprinted: set[str] = set()
         self._blocked: set[str] = set()
+        self._host_held: set[str] = set()
 
     # ------------------------------------------------------------------ updates
     def on_cycle(self, controller: LoopPort) -> None:
@@ -293,6 +312,24 @@ class Metrics:
             for state in SERVE_STATES:
                 _set_or_absent(self.serve_state, (gone, state), None)
         self._serves = serves
+        self._update_host(report)
+
+    def _update_host(self, report: HostStatus) -> None:
+        """The host RAM line and what each sleeper holds of it (absent when unknown)."""
+        h = report.host
+        _set_or_absent(self.host_ram, ("budget",), None if h is None else h.budget_mib)
+        _set_or_absent(self.host_ram, ("committed",), None if h is None else h.committed_mib)
+        _set_or_absent(self.host_ram, ("free",), None if h is None else h.free_mib)
+        held = {
+            ss.serve: ss.host_ram_mib
+            for ss in report.serves
+            if report.docker_ok and ss.host_ram_mib is not None
+        }
+        for name, mib in held.items():
+            self.serve_host_ram.labels(name).set(mib)
+        for gone in self._host_held - set(held):
+            _set_or_absent(self.serve_host_ram, (gone,), None)
+        self._host_held = set(held)
 
     def update_footprints(self, controller: LoopPort) -> None:
         """Per-serve measured footprints from the loop's view (absent when unknown)."""

@@ -109,6 +109,14 @@ def status(report: HostStatus) -> None:
             drift,
         )
     out.print(roles)
+    if report.host is not None:  # the [host] budget the sleepers' weights are held in
+        h = report.host
+        held = ", ".join(f"{n} {m}" for n, m in h.reservations) or "nothing"
+        out.print(
+            f"host RAM (MiB): ram {h.ram_mib}, reserve {h.reserve_mib}, budget {h.budget_mib}, "
+            f"committed {mib(h.committed_mib)}, free {mib(h.free_mib)} (held by sleepers: "
+            f"{escape(held)})"
+        )
     serves = Table(title="Serves", title_justify="left")
     cols = ("serve", "role", "residency", "desired", "container", "health", "lifecycle")
     for col in cols:
@@ -116,7 +124,9 @@ def status(report: HostStatus) -> None:
     for col in ("reserved MiB", "nvml used", "drift"):
         serves.add_column(col, justify="right")
     for s in report.serves:
-        if s.in_ledger:
+        if s.in_ledger and s.committed and s.residual_mib is not None:
+            held = f"{s.residual_mib} asleep (of {s.reservation_mib})"  # what it holds asleep
+        elif s.in_ledger:
             held = (
                 mib(s.reservation_mib)
                 if s.committed

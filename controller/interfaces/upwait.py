@@ -50,7 +50,9 @@ SETTLE_S = 120.0
 #: queued requests that ended, kept for ``GET /v1/queue``
 RECENT_KEPT = 32
 
-_ROOM_ACTIONS = frozenset({"quiesce", "drain", "stop", "release", "shrink"})
+_ROOM_ACTIONS = frozenset(
+    {"quiesce", "drain", "stop", "release", "shrink", "sleep", "release_to_residual"}
+)
 _FAILED = frozenset({"failed", "aborted", "interrupted"})
 
 
@@ -235,14 +237,18 @@ def timings(
     """Seconds spent in each phase (``None``: not applicable, or not reached yet).
 
     ``queued_s``: in the queue, until admitted; ``made_room_s``: from the first step
-    that made room (quiesce, drain, stop, release, shrink) to the end of the last;
-    ``started_s``: the start itself (``docker start`` or the ``up`` command);
+    that made room (quiesce, drain, stop, release, shrink, sleep, release_to_residual)
+    to the end of the last;
+    ``started_s``: the start itself (``docker start`` or the ``up`` command), or the
+    wake of a serve that sleeps;
     ``ready_s``: from the start's end until healthy and readmitted; ``total_s``: from
     the request (or its entry into the queue) until now.
     """
     records = list(steps)
     room = [r for r in records if r.action in _ROOM_ACTIONS]
-    start = next((r for r in records if r.serve == spec.name and r.action == "start"), None)
+    start = next(
+        (r for r in records if r.serve == spec.name and r.action in ("start", "wake")), None
+    )
     ready = [r for r in records if r.serve == spec.name and r.action in ("await_ready", "readmit")]
     q = None
     if queued is not None:
@@ -299,7 +305,7 @@ def standing(
         f = flying[0]
         stage = f"{f.action} {f.serve}"
         message = f"{f.action} of {f.serve} in progress for {time.time() - f.since:.1f}s"
-    elif any(r.serve == spec.name and r.action == "start" for r in mine):
+    elif any(r.serve == spec.name and r.action in ("start", "wake") for r in mine):
         stage, message = "await_ready", f"{spec.name} started; waiting for it to be healthy"
     else:
         stage, message = "recorded", "recorded; waiting for the loop to plan it"

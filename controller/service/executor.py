@@ -715,6 +715,8 @@ class _Run(SleepSteps):
         self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
         self.elastic: dict[str, ElasticFigure] = {}  # serve -> its count after a resize
         self.left_quiesced: dict[str, str] = {}  # serve -> why its undo left it quiesced
+        #: serves whose footprint window is a move only (a sleep, a wake, a sleeper's stop)
+        self.moves_only: set[str] = set()
         self.init_sleep_steps()
 
     # -- helpers ---------------------------------------------------------------------
@@ -783,17 +785,34 @@ class _Run(SleepSteps):
         if handler is None:  # a step kind the core plans and this executor cannot carry out
             raise StepError(f"{step.action} steps are not implemented by this executor")
         measure = self.ex.footprints
-        if step.action is Action.START:
+        # a sleep, a wake and a sleeper's stop move memory on the serve's roles, but only
+        # its residual's worth or the rest: no evidence of its footprint. Their windows
+        # are opened (other serves' windows they overlap are not attributable) and
+        # abandoned instead of recorded.
+        moves_only = step.action in (Action.SLEEP, Action.WAKE) or (
+            step.action is Action.STOP and self.machines[s.name].state == LifecycleState.ASLEEP
+        )
+        if moves_only:
+            self.moves_only.add(s.name)
+        if step.action in (Action.START, Action.WAKE):
             measure.before_start(s, self.desired.roles)
-        elif step.action is Action.STOP:
+        elif step.action in (Action.STOP, Action.SLEEP):
             measure.before_stop(s, self.desired.roles)
         detail = handler(step, s)
         if step.action is Action.AWAIT_READY:
-            measure.after_start(s)
-        elif step.action is Action.RELEASE or (
+            if s.name in self.moves_only:
+                self.moves_only.discard(s.name)
+                measure.start_failed(s)  # a wake: the window stays as a move, no sample
+            else:
+                measure.after_start(s)
+        elif step.action in (Action.RELEASE, Action.RELEASE_TO_RESIDUAL) or (
             step.action is Action.STOP and not self.ledger.holds(s.name)
         ):
-            measure.after_stop(s)  # released (or nothing to release): the stop is confirmed
+            if s.name in self.moves_only or step.action is Action.RELEASE_TO_RESIDUAL:
+                self.moves_only.discard(s.name)
+                measure.stop_failed(s)  # a sleep or a sleeper's stop: a move, no sample
+            else:
+                measure.after_stop(s)  # released (or nothing to release): the stop is confirmed
         return detail
 
     def tier_state(self, tier: str, before: str) -> TierState:

@@ -9,7 +9,9 @@ it at the points where memory moves:
   :meth:`~FootprintRecorder.start_failed`;
 - a stop: :meth:`~FootprintRecorder.before_stop` (before ``docker stop``),
   :meth:`~FootprintRecorder.after_stop` (once the release is confirmed, or the container
-  exited for a serve outside the ledger) or :meth:`~FootprintRecorder.stop_failed`.
+  exited for a serve outside the ledger) or :meth:`~FootprintRecorder.stop_failed`;
+- a wake, a sleep or a sleeper's stop: opened as a start / stop and always ended as a
+  failed one (a move on the serve's roles, no sample: what moves is not its footprint).
 
 Each reading is the devices' used MiB and the containers' per-process figures
 (:class:`Reading`). Each window is a :class:`statemachine.footprint.Movement`; the

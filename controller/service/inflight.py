@@ -8,7 +8,8 @@ here; the pure core gets these times in :class:`statemachine.types.InFlightObs` 
 decides with them (:mod:`statemachine.idleness`, :mod:`statemachine.victims`).
 
 An unknown reading (no answer, no metric) resets ``idle_since``: idleness is counted
-only across readings that all said 0. A serve that is not running is not read.
+only across readings that all said 0. A serve that is not running is not read; one
+whose engine sleeps is read, but its idleness starts afresh when it is woken.
 
 This module must not decide anything nor change the host: it reads and remembers.
 """
@@ -78,11 +79,15 @@ class InFlightTracker:
         self._lock = threading.Lock()
 
     def read(
-        self, sources: Mapping[str, InFlightSources], running: Collection[str]
+        self,
+        sources: Mapping[str, InFlightSources],
+        running: Collection[str],
+        asleep: Collection[str] = (),
     ) -> dict[str, InFlightModel]:
         """The counts of the ``running`` serves now, with what is remembered of each; a
         serve with a source that is not running is listed with its source, unread (its
-        idleness starts with its run)."""
+        idleness starts with its run). A serve ``asleep`` is read, but nothing is
+        remembered of it: its idleness starts with its wake."""
         wanted = {n: s for n, s in sources.items() if n in running}
         readings = (
             self._reader(wanted)
@@ -104,6 +109,9 @@ class InFlightTracker:
                     seen.busy_at = now
                 elif seen.idle_since is None:
                     seen.idle_since = now
+                if name in asleep:
+                    seen = self._seen.pop(name)
+                    seen.idle_since = seen.busy_at = None
                 self._say(name, r)
                 out[name] = InFlightModel(
                     count=r.count,
@@ -145,6 +153,9 @@ def observe_in_flight(
         for name, s in mset.serves.items()
         if (c := snap.containers.get(s.container)) is not None and c.state in _HOLDING
     ]
+    # a sleeper's container runs while its engine sleeps: its idleness is counted from
+    # its wake on, as a serve that has just started
+    asleep = {n for n, z in snap.sleep.items() if z.state == "asleep"}
     token = None
     if router_url is not None:
         try:
@@ -152,4 +163,4 @@ def observe_in_flight(
         except Exception:  # an unreadable token file: the executor's preflight says so
             token = None
     sources = sources_for(mset, router_url=router_url, router_token=token)
-    return tracker.read(sources, running)
+    return tracker.read(sources, running, asleep=asleep)

@@ -16,7 +16,13 @@ ends, and read by the loop's view:
 - a grow counts the serve at its full reservation from the moment it begins, a
   resize that ended at the figure the engine's answer proves;
 - a stop alone changes nothing: the memory counts until its release is confirmed;
-  a failed start keeps counting until the next observation shows what it holds.
+  a failed start keeps counting until the next observation shows what it holds;
+- a reserve_wake: the sleeper holds its full reservation from then on (counted like a
+  start in progress, no longer asleep), and once its await_ready ends healthy it
+  runs at that reservation; a sleep alone changes nothing (the engine counts at its
+  full reservation until the sleep is confirmed); a release_to_residual that ended:
+  the serve counts as asleep at its residual and, at level 1, its host RAM (or, when
+  it was stopped instead, at no less than what it held after the release).
 
 Each event has a sequence number; an observation takes :meth:`LiveLedger.mark`
 before it reads anything, and the events before its mark are in what it saw
@@ -38,7 +44,15 @@ from types import MappingProxyType
 from typing import Any
 
 from statemachine.planner import Action, Step
-from statemachine.types import ContainerObs, ContainerState, Observed, StartedWith, StartingObs
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    Observed,
+    SleepObs,
+    SleepState,
+    StartedWith,
+    StartingObs,
+)
 
 #: events kept at most (older ones are in every observation since)
 _MAX_EVENTS = 4096
@@ -91,6 +105,8 @@ class Overlay:
     elastic: Mapping[str, int | None] = field(default_factory=dict)
     #: the steps in progress now
     in_flight: tuple[InFlight, ...] = ()
+    #: serves confirmed asleep since -> (residual MiB on each role, host RAM MiB)
+    slept: Mapping[str, tuple[int, int]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (what the answers add to the observation)."""
@@ -101,6 +117,9 @@ class Overlay:
             "released": sorted(self.released),
             "ready": sorted(self.ready),
             "elastic": dict(self.elastic),
+            "slept": {
+                n: {"residual_mib": r, "host_ram_mib": h} for n, (r, h) in self.slept.items()
+            },
         }
 
 
@@ -108,9 +127,10 @@ class Overlay:
 class _Event:
     seq: int
     serve: str
-    kind: str  # "held", "released", "elastic"
+    kind: str  # "held", "ready", "released", "elastic", "slept"
     roles: tuple[str, ...] = ()
     mib: int | None = None
+    host_mib: int = 0
 
 
 class LiveLedger:
@@ -149,6 +169,14 @@ class LiveLedger:
                     self._add("held", step.serve, roles=roles, mib=mib)
                 if step.action is Action.AWAIT_READY:
                     self._add("ready", step.serve, roles=roles, mib=mib)
+            elif ok and step.action is Action.RESERVE_WAKE:
+                # the full reservation is admitted: it counts full from now on
+                self._add("held", step.serve, roles=roles, mib=step.to_mib or mib)
+            elif ok and step.action is Action.RELEASE_TO_RESIDUAL:
+                residual = step.to_mib if step.to_mib is not None else mib
+                self._add(
+                    "slept", step.serve, roles=roles, mib=residual, host_mib=step.host_mib or 0
+                )
             elif ok and step.action is Action.RELEASE:
                 self._add("released", step.serve)
             if elastic_mib != -1:
@@ -184,6 +212,7 @@ class LiveLedger:
         released: set[str] = set()
         ready: set[str] = set()
         elastic: dict[str, int | None] = {}
+        slept: dict[str, tuple[int, int]] = {}
         with self._lock:
             events = [e for e in self._events if e.seq > since]
             running = sorted(self._running.values(), key=lambda r: r[1])
@@ -196,6 +225,7 @@ class LiveLedger:
                 mib = e.mib or 0 if before is None else max(before.mib, e.mib or 0)
                 held[e.serve] = StartingObs(roles, mib)
                 released.discard(e.serve)
+                slept.pop(e.serve, None)  # woken (or started again): full from now on
                 if e.kind == "held":
                     ready.discard(e.serve)  # a new start of it: not ready until it says so
             elif e.kind == "ready":
@@ -204,7 +234,13 @@ class LiveLedger:
             elif e.kind == "released":
                 held.pop(e.serve, None)
                 ready.discard(e.serve)
+                slept.pop(e.serve, None)
                 released.add(e.serve)
+            elif e.kind == "slept":
+                held.pop(e.serve, None)
+                ready.discard(e.serve)
+                released.discard(e.serve)
+                slept[e.serve] = (e.mib or 0, e.host_mib)
             elif e.kind == "elastic":
                 elastic[e.serve] = e.mib
         in_flight = tuple(InFlight(st.serve, str(st.action), st.group, at) for st, at in running)
@@ -214,6 +250,7 @@ class LiveLedger:
             frozenset(ready),
             MappingProxyType(elastic),
             in_flight,
+            MappingProxyType(slept),
         )
 
     def forget_before(self, mark: int) -> None:
@@ -263,7 +300,9 @@ def overlay_observed(
     starting = dict(observed.starting)
     containers = dict(observed.containers)
     started_with = dict(observed.started_with)
+    sleep = dict(observed.sleep)
     for name, event in overlay.held.items():
+        sleep.pop(name, None)  # woken or started since: it holds its full reservation
         held = event
         container = containers_of.get(name)
         record = observed.started_with.get(container) if container is not None else None
@@ -284,6 +323,19 @@ def overlay_observed(
         else:
             roles = tuple(dict.fromkeys(before.gpu_roles + held.gpu_roles))
             starting[name] = StartingObs(roles, max(before.mib, held.mib))
+    for name, (residual, host) in overlay.slept.items():
+        container = containers_of.get(name)
+        if container is None or name in starting:
+            continue
+        if not observed.container(container).holds:  # started since, then put to sleep
+            containers[container] = ContainerObs(ContainerState.RUNNING)
+        recorded = observed.sleep_of(name)
+        sleep[name] = SleepObs(
+            state=SleepState.ASLEEP,
+            level=1 if host else recorded.level,
+            residual_mib=max(residual, recorded.residual_mib or 0),
+            host_ram_mib=max(host, recorded.host_ram_mib or 0),
+        )
     released: set[str] = set()
     for name in overlay.released:
         container = containers_of.get(name)
@@ -298,6 +350,7 @@ def overlay_observed(
         starting=MappingProxyType(starting),
         containers=MappingProxyType(containers),
         started_with=MappingProxyType(started_with),
+        sleep=MappingProxyType(sleep),
         elastic_mib=MappingProxyType(_elastic(observed.elastic_mib, overlay.elastic)),
         unreleased=observed.unreleased - released,
     )
