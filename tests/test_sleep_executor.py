@@ -351,3 +351,25 @@ def ledger_of(mset: ManifestSet, observed: Observed) -> Ledger:
     from statemachine.ledger import ledger_from_observed
 
     return ledger_from_observed(mset.desired(), observed)
+
+
+def test_a_confirmed_sleep_is_told_at_once_not_only_when_the_plan_ends(rig: Rig) -> None:
+    """A controller that dies after a sleep is confirmed but before its plan ends must
+    still find the sleeper in its journal: the record is handed over (``on_sleep``, the
+    loop's journal) when the sleep is confirmed, before the step's own result."""
+    from statemachine.ledger import ledger_from_observed
+
+    mset = rig.manifest(host="[host]\nram_mib = 65536\nreserve_mib = 8192\n")
+    observed = rig.observe(mset)
+    ex = rig.executor(mset)
+    told: list[tuple[str, int | None]] = []
+    seen_at_step: dict[str, list[tuple[str, int | None]]] = {}
+    ex.on_sleep = lambda container, rec: told.append(
+        (container, None if rec is None else rec.residual_mib)
+    )
+    ex.on_step = lambda r: seen_at_step.setdefault(str(r.step.action), list(told))
+    report = ex.execute(
+        plan(ledger_from_observed(mset.desired(), observed), *sleep_steps()), observed
+    )
+    assert outcomes(report) == ["sleep ok", "release_to_residual ok"], report.to_json()
+    assert seen_at_step["release_to_residual"] == [(rig.container, 1000)]

@@ -287,6 +287,9 @@ class Executor:
         self.gpus = gpus
         self.config = config or ExecutorConfig()
         self.on_step = on_step
+        #: told at once when a serve is confirmed asleep (its record) or no longer asleep
+        #: (None), container name first: the loop journals it before the plan ends
+        self.on_sleep: Callable[[str, SleepRecord | None], None] | None = None
         self.stop_event = stop_event or threading.Event()
         #: a fresh reading of the containers, to admit each reserve against the host as
         #: it is now (``None``: against the plan's observation, kept true by the steps)

@@ -69,6 +69,7 @@ from controller.snapshot import (
 from controller.store.journal import (
     AlreadyRunning,
     Journal,
+    SleepRecord,
     StateLock,
     default_state_dir,
     journal_path,
@@ -683,7 +684,19 @@ class Controller:
             self._stale_executor = None
             self._executor.events, self._executor.ledger_watch = self.events, self._ledger_watch
             self._executor.live = self.live
+            self._executor.on_sleep = self._journal_sleep
         return self._executor
+
+    def _journal_sleep(self, container: str, rec: SleepRecord | None) -> None:
+        """A sleep confirmed (or ended) mid-plan is journalled at once: a controller that
+        dies before the plan ends still finds the sleeper, counts it and wakes it."""
+        try:
+            if rec is not None:
+                self.journal.set_sleeping(rec)
+            else:
+                self.journal.forget_sleeping(container)
+        except Exception as exc:  # the plan's end records it again
+            logger.warning("journal: the sleep record of {} not written now: {}", container, exc)
 
     def _footprint_reading(self) -> Reading:
         """Devices and containers now, for a footprint (from a start's thread too)."""

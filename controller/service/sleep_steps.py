@@ -91,6 +91,14 @@ class SleepSteps:
         #: serves whose engine answered the sleep API with 404 -> the engine's words
         self.sleep_unsupported: dict[str, str] = {}
 
+    def note_sleep(self, s: ServeSpec, rec: SleepRecord | None) -> None:
+        """``s`` is now asleep (its record) or no longer asleep (None): kept for the report
+        and told at once to the executor's ``on_sleep`` (the loop's journal), so a crash
+        before the plan ends leaves the journal true about an engine that sleeps."""
+        self.sleeps[s.name] = rec
+        if self.ex.on_sleep is not None:
+            self.ex.on_sleep(s.container, rec)
+
     def sleep_handlers(self) -> dict[Action, Callable[[Step, ServeSpec], str]]:
         return {
             Action.SLEEP: self.sleep,
@@ -166,7 +174,7 @@ class SleepSteps:
                 return self.count_asleep(step, s, sl, how)
         why = self.stopped_instead[s.name]
         released = self.release(step, s)
-        self.sleeps[s.name] = None
+        self.note_sleep(s, None)
         return f"{why}: stopped instead; {released}"
 
     def count_asleep(self, step: Step, s: ServeSpec, sl: Sleeper, how: str) -> str:
@@ -179,7 +187,7 @@ class SleepSteps:
             self.stop_instead(step, s, f"asleep, but the ledger refuses it: {slept.message}")
             why = self.stopped_instead[s.name]
             released = self.release(step, s)
-            self.sleeps[s.name] = None
+            self.note_sleep(s, None)
             return f"{why}: stopped instead; {released}"
         self.ledger = slept
         try:
@@ -187,15 +195,18 @@ class SleepSteps:
         except ActionError:
             state = None
         started = None if state is None or state.started_at is None else str(state.started_at)
-        self.sleeps[s.name] = SleepRecord(
-            container=s.container,
-            serve=s.name,
-            level=sl.level,
-            gpu_roles=s.gpu_roles,
-            residual_mib=to,
-            host_ram_mib=host,
-            started_at=started,
-            since=time.time(),
+        self.note_sleep(
+            s,
+            SleepRecord(
+                container=s.container,
+                serve=s.name,
+                level=sl.level,
+                gpu_roles=s.gpu_roles,
+                residual_mib=to,
+                host_ram_mib=host,
+                started_at=started,
+                since=time.time(),
+            ),
         )
         self.fire(s.name, Trigger.SLEPT)
         on_host = f" and {host} MiB of host RAM" if host else ""
@@ -227,7 +238,7 @@ class SleepSteps:
             )
         except WakeFailedError as exc:
             raise StepErrorLike(f"{exc}; {self.stop_failed_wake(s)}") from None
-        self.sleeps[s.name] = None
+        self.note_sleep(s, None)
         return how
 
     def reload(self, step: Step, s: ServeSpec) -> str:
@@ -246,7 +257,7 @@ class SleepSteps:
     def stop_failed_wake(self, s: ServeSpec) -> str:
         """A wake or reload failed: stop the container (a cold start follows, with
         backoff); its full reservation is held until Docker shows it exited."""
-        self.sleeps[s.name] = None
+        self.note_sleep(s, None)
         if self.machines[s.name].state != "failed":
             self.fire(s.name, Trigger.WAKE_FAILED)
         try:
