@@ -36,7 +36,11 @@ Routes:
 
 Every answer is live (:mod:`controller.service.live`): the newest observation plus
 what the executor has done and holds since, never less than may be held, with
-``observed_at`` and the steps ``in_flight``.
+``observed_at`` and the steps ``in_flight``. ``up``, ``GET /v1/fit`` and
+``GET /v1/ledger`` also count the requests accepted and not yet planned
+(:mod:`statemachine.pending`: what the next cycle starts for the recorded requests),
+marked ``"requested, not yet planned"`` and listed under ``pending``: two requests are
+never promised the same room.
 
 ``up`` decides *before anything is recorded or stopped*, on that live observation, by
 asking the planner what this request alone would do (as ``GET /v1/fit`` does):
