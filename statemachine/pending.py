@@ -6,7 +6,8 @@ executor's live record shows the memory it will take. An answer given in that wi
 (``up``, ``GET /v1/fit``, ``GET /v1/ledger``) that counted only what is held would
 promise the same room twice. :func:`pending_starts` says which recorded requests the
 next cycle will start, by asking the planner for the whole desired state (the manifest
-and every recorded request) on the live observation: a request the planner would
+and every recorded request, and for ``up`` and fit the request asked about, as that
+cycle would see it) on the live observation: a request the planner would
 start counts at what its reserve takes, on its roles; one it would not start (blocked,
 expired, its serve already holding memory or starting) does not.
 :func:`with_pending` lays them over an observation as starts in progress, which is how
@@ -24,7 +25,7 @@ from typing import Any
 from statemachine.idleness import request_end
 from statemachine.plan import Action, Policy
 from statemachine.planner import plan_transitions
-from statemachine.types import DesiredState, Observed, StartingObs
+from statemachine.types import DesiredState, Observed, OnDemandRequest, StartingObs
 
 #: how an answer labels a reservation counted for such a request
 PENDING_STATE = "requested, not yet planned"
@@ -54,7 +55,7 @@ def pending_starts(
     *,
     policy: Policy | None,
     now: float,
-    exclude: str | None = None,
+    requester: str | None = None,
 ) -> tuple[PendingStart, ...]:
     """The recorded, unexpired requests whose serve the next cycle starts (or wakes).
 
@@ -62,15 +63,19 @@ def pending_starts(
     its serve neither holds memory awake nor is starting in ``observed`` (those are
     counted already) and the planner, given the whole desired state, reserves for it
     (``reserve``, or ``reserve_wake`` for a sleeper: then at its full reservation).
-    ``exclude``: a serve whose own request is left out (the one being asked about:
-    it is the question, not a holder). Docker unreadable: nothing (the answers refuse).
+    ``requester``: the serve being asked about (``up``, fit). Its own request is never
+    counted (it is the question, not a holder), and the plan is made as if it were
+    requested now, since that is the cycle a 202 promises: the planner's own order
+    decides who goes first (requests by age; an on-demand requester ahead of an
+    evictable serve's request, which it may then leave waiting). Docker unreadable:
+    nothing (the answers refuse).
     """
     if not observed.docker_ok:
         return ()
     waiting: set[str] = set()
     for req in desired.requests:
         spec = desired.serves.get(req.serve)
-        if spec is None or req.serve == exclude or req.serve in observed.starting:
+        if spec is None or req.serve == requester or req.serve in observed.starting:
             continue
         if request_end(req, spec, observed).expired(now):
             continue
@@ -80,7 +85,13 @@ def pending_starts(
         waiting.add(req.serve)
     if not waiting:
         return ()
-    whole = replace(desired, requests=tuple(r for r in desired.requests if r.serve != exclude))
+    asked = (
+        (OnDemandRequest(requester, now),)
+        if requester is not None and requester in desired.serves
+        else ()
+    )
+    others = tuple(r for r in desired.requests if r.serve != requester)
+    whole = replace(desired, requests=others + asked)
     plan = plan_transitions(whole, observed, policy, now)
     out: list[PendingStart] = []
     for step in plan.steps:

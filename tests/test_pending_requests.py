@@ -57,6 +57,13 @@ vram_mib = 5000
 residency = "on-demand"
 
 [[serve]]
+name = "ev"
+container = "c-ev"
+gpu_role = "a"
+vram_mib = 5000
+residency = "evictable"
+
+[[serve]]
 name = "small"
 container = "c-small"
 gpu_role = "a"
@@ -161,6 +168,27 @@ def test_a_queued_request_is_admitted_only_when_the_pending_one_is_gone(
     assert "b" in {q.serve for q in controller.requests() if not q.expired(time.time())}
 
 
+def test_an_on_demand_request_goes_ahead_of_an_evictable_ones_as_the_planner_orders(
+    controller: Controller, api: Asgi
+) -> None:
+    """The planner starts on-demand requesters before the evictable backfill, and an
+    evictable serve being started is blocked rather than evicted: ``up b`` after an
+    accepted ``up ev`` fits, as the next cycle will start b and leave ev waiting."""
+    observe(controller, {"res": running()})
+    assert api.post("/v1/serves/ev/up", headers=auth()).status_code == 202
+    assert [p["serve"] for p in api.get("/v1/ledger").json()["pending"]] == ["ev"]
+    r = api.post("/v1/serves/b/up", headers=auth())
+    assert r.status_code == 202, r.text
+    assert r.json()["fit"]["pending"] == []
+    # the ledger now counts b (the next cycle starts it), not ev (it waits for room)
+    ledger = api.get("/v1/ledger").json()
+    assert [p["serve"] for p in ledger["pending"]] == ["b"]
+    assert role(ledger)["free_mib"] == 1000
+    # and a second on-demand request after b is refused, naming b
+    r = api.post("/v1/serves/a/up", headers=auth())
+    assert r.status_code == 429 and "b 5000 MiB (requested, not yet planned)" in r.json()["error"]
+
+
 # ── the pure part ─────────────────────────────────────────────────────────────
 
 
@@ -191,7 +219,7 @@ def test_pending_starts_counts_what_the_next_cycle_reserves(controller: Controll
     pending = pending_starts(_desired(controller, "a"), obs, policy=None, now=now)
     assert [(p.serve, p.gpu_roles, p.mib) for p in pending] == [("a", ("a",), 5000)]
     # the one asked about is not its own holder
-    assert pending_starts(_desired(controller, "a"), obs, policy=None, now=now, exclude="a") == ()
+    assert pending_starts(_desired(controller, "a"), obs, policy=None, now=now, requester="a") == ()
     # a serve already running for its request is counted by the observation, not here
     both = _observed(res=1, a=1)
     assert pending_starts(_desired(controller, "a"), both, policy=None, now=now) == ()

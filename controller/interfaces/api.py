@@ -546,7 +546,7 @@ def decide_up(
     them under ``pending`` and marks their reservations.
     """
     spec = desired.serves[serve]
-    pending = pending_starts(desired, observed, policy=policy, now=now, exclude=serve)
+    pending = pending_starts(desired, observed, policy=policy, now=now, requester=serve)
     observed = with_pending(observed, pending)
     fit = fit_serve(desired, observed, serve, policy=policy, now=now)
     fit_json = mark_pending(fit.to_json(), pending)
@@ -871,7 +871,7 @@ def create_app(
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
     def pending_now(
-        view: LoopView, observed: Observed, exclude: str | None = None
+        view: LoopView, observed: Observed, requester: str | None = None
     ) -> tuple[PendingStart, ...]:
         """The recorded requests the next cycle starts that nothing holds yet."""
         return pending_starts(
@@ -879,7 +879,7 @@ def create_app(
             observed,
             policy=Policy(no_shrink=view.no_shrink),
             now=time.time(),
-            exclude=exclude,
+            requester=requester,
         )
 
     def _status_now(view: LoopView, with_requests: bool = False) -> tuple[dict[str, Any], Any]:
@@ -968,7 +968,7 @@ def create_app(
         now = time.time()
         policy = Policy(no_shrink=view.no_shrink)
         desired = controller.desired()
-        pending = pending_starts(desired, observed, policy=policy, now=now, exclude=serve)
+        pending = pending_starts(desired, observed, policy=policy, now=now, requester=serve)
         result = fit_serve(desired, with_pending(observed, pending), serve, policy=policy, now=now)
         return {**mark_pending(result.to_json(), pending), **live_meta(view)}
 
