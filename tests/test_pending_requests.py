@@ -64,6 +64,22 @@ vram_mib = 5000
 residency = "evictable"
 
 [[serve]]
+name = "p1"
+container = "c-p1"
+gpu_role = "a"
+vram_mib = 100
+residency = "on-demand"
+port = 18001
+
+[[serve]]
+name = "p2"
+container = "c-p2"
+gpu_role = "a"
+vram_mib = 100
+residency = "on-demand"
+port = 18001
+
+[[serve]]
 name = "small"
 container = "c-small"
 gpu_role = "a"
@@ -187,6 +203,18 @@ def test_an_on_demand_request_goes_ahead_of_an_evictable_ones_as_the_planner_ord
     # and a second on-demand request after b is refused, naming b
     r = api.post("/v1/serves/a/up", headers=auth())
     assert r.status_code == 429 and "b 5000 MiB (requested, not yet planned)" in r.json()["error"]
+
+
+def test_a_port_held_by_a_request_not_yet_planned_blocks_the_next(
+    controller: Controller, api: Asgi
+) -> None:
+    observe(controller, {"res": running()})
+    assert api.post("/v1/serves/p1/up", json={"ttl_s": 60}, headers=auth()).status_code == 202
+    r = api.post("/v1/serves/p2/up", headers=auth())
+    # p1 goes away when its request ends: a wait (429), not never (409), naming p1
+    assert r.status_code == 429, r.text
+    assert "p1" in r.json()["error"] and "requested, not yet planned" in r.json()["error"]
+    assert r.json()["blockers"] == ["p1"] and 55 <= int(r.headers["retry-after"]) <= 60
 
 
 # ── the pure part ─────────────────────────────────────────────────────────────

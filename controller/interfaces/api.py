@@ -567,9 +567,9 @@ def decide_up(
         for r in desired.requests
         if not request_end(r, desired.serves.get(r.serve), observed).expired(now)
     }
-    if pending and any(
-        t.shortfall_mib and any(h in {p.serve for p in pending} for h, _ in t.reservations)
-        for t in fit.terms
+    names = {p.serve for p in pending}
+    if any(t.shortfall_mib and any(h in names for h, _ in t.reservations) for t in fit.terms) or (
+        blocked is not None and any(p.serve in names for p in blocked.protected)
     ):
         counted = ", ".join(f"{p.serve} {p.mib} MiB" for p in pending)
         blocked = (
