@@ -203,9 +203,11 @@ def test_decisions_on_an_observation(idle: Controller, client: Callable[..., Asg
     assert body["fit"]["evict"] == ["omni"] and body["request"]["ttl_s"] == 90
     [req] = idle.journal.active_requests()
     assert (req.serve, req.ttl_s) == ("llm", 90)
-    # 429: big cannot fit even with omni evicted; the body names every term
+    # 429: big cannot fit even with omni evicted; the body names every term, llm's
+    # request (accepted, not yet planned) among them: its room frees when its TTL ends
     r = c.post("/v1/serves/big/up", headers=auth())
-    assert r.status_code == 429 and r.headers["retry-after"] == "5"
+    assert r.status_code == 429 and r.headers["retry-after"] == "90"
+    assert "llm 5000 MiB (requested, not yet planned)" in r.json()["error"]
     # 409: a resident the loop runs already; a port held by a resident; desired stopped
     for serve, words in (
         ("res", "resident and desired running"),

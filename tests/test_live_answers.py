@@ -280,11 +280,15 @@ def test_answers_count_what_the_running_cycle_reserved(daemon: Daemon) -> None:
     wait_for("the loop inside docker stop v2", (d.marks / "v2.term").exists)
     assert d.state("v2") == "running"
 
-    # od is reserved by the cycle that now waits in the stop of v2
+    # od is reserved by the cycle that now waits in the stop of v2; b, accepted and not
+    # yet reserved (its reserve follows that stop), counts as requested, not yet planned
     role = d.ledger_role()
-    assert role["committed_mib"] == 9600, (role, d.logs())  # res + a + od + v2 (stopping)
+    assert role["committed_mib"] == 9700, (role, d.logs())  # res + a + od + v2 (stopping) + b
     names = {r["serve"] for r in role["reservations"]}
-    assert {"res", "a", "od", "v2"} <= names
+    assert {"res", "a", "od", "v2", "b"} <= names
+    assert {"serve": "b", "mib": 100, "state": "requested, not yet planned"} in role[
+        "reservations"
+    ]
     ledger = d.http.get("/v1/ledger").json()
     assert ledger["observed_at"] is not None and ledger["observation_age_s"] >= 0
     assert any(s["serve"] == "v2" and s["action"] == "stop" for s in ledger["in_flight"])
@@ -294,16 +298,17 @@ def test_answers_count_what_the_running_cycle_reserved(daemon: Daemon) -> None:
     assert r.json()["observed_at"] is not None
     assert any(s["serve"] == "v2" and s["action"] == "stop" for s in r.json()["in_flight"])
     terms = r.json()["gpu_roles"][0]
-    assert terms["committed_mib"] == 9600 and terms["free_mib"] == 400
-    assert terms["shortfall_mib"] == 8600
+    assert terms["committed_mib"] == 9700 and terms["free_mib"] == 300
+    assert terms["shortfall_mib"] == 8700
     r = d.up("mid")
-    assert r.status_code != 202, r.text  # 6000 MiB cannot be promised: 400 free
+    assert r.status_code != 202, r.text  # 6000 MiB cannot be promised: 300 free
     fit = d.http.get("/v1/fit/mid").json()
-    assert fit["fits"] is False and fit["gpu_roles"][0]["committed_mib"] == 9600
+    assert fit["fits"] is False and fit["gpu_roles"][0]["committed_mib"] == 9700
 
     rows = {s["serve"]: s for s in d.http.get("/v1/serves").json()["serves"]}
     assert rows["od"]["committed"] is True
     metrics = d.http.get("/metrics").text
+    # the metrics count what is held (b's request is not yet reserved)
     assert 'vramctl_role_committed_mib{role="a"} 9600.0' in metrics
 
     d.kill("v2")
@@ -498,3 +503,69 @@ def test_queued_requests_wait_in_order_and_end_on_down(daemon: Daemon) -> None:
     assert got["timings"]["queued_s"] is not None and got["timings"]["started_s"] is not None
     assert d.state("q1") == "running" and d.state("hog") == "exited"
     assert queued() == []
+
+
+# ── defect: two ups back to back, before the loop plans either ───────────────
+
+
+@pytest.mark.docker
+def test_two_ups_before_any_plan_are_not_promised_the_same_room(daemon: Daemon) -> None:
+    """Budget 10000; res 4000 runs, v1 (evictable, 500) runs and ignores SIGTERM.
+
+    ``up x`` (on-demand, 100, v1's port) starts a cycle that waits in ``docker stop
+    v1``: the loop plans nothing else meanwhile. ``up a`` (5000) is accepted; ``up b``
+    (5000, same role) must not be: a's start is what the next cycle does, and an
+    on-demand serve is never another request's victim. The old answer counted only
+    what was held (res + v1: 5500 free) and promised b the room a was promised.
+    """
+    d = daemon
+    ports = {n: free_port() for n in ("res", "v1", "a", "b")}
+    d.manifest.write_text(
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\nreserve_mib = 0\n'
+        + serve_toml("res", d.name("res"), 4000, "resident", ports["res"], 'desired = "running"')
+        + serve_toml(
+            "v1",
+            d.name("v1"),
+            500,
+            "evictable",
+            ports["v1"],
+            'desired = "running"',
+            stop_s=300,
+            health=False,
+        )
+        + serve_toml("x", d.name("x"), 100, "on-demand", ports["v1"])
+        + serve_toml("a", d.name("a"), 5000, "on-demand", ports["a"])
+        + serve_toml("b", d.name("b"), 5000, "on-demand", ports["b"])
+    )
+    d.create("res", httpd(ports["res"]), running=True)
+    d.create("v1", deaf("v1.term"), running=True)
+    d.create("x", httpd(ports["v1"]), running=False)
+    d.create("a", httpd(ports["a"]), running=False)
+    d.create("b", httpd(ports["b"]), running=False)
+    d.start()
+    wait_for("res + v1 counted", lambda: d.ledger_role()["committed_mib"] == 4500)
+
+    assert d.up("x").status_code == 202
+    wait_for("the loop inside docker stop v1", (d.marks / "v1.term").exists)
+    r = d.up("a")
+    assert r.status_code == 202, r.text
+    r = d.up("b")
+    assert r.status_code == 429, (r.text, d.logs())
+    body = r.json()
+    assert "a 5000 MiB (requested, not yet planned)" in body["error"]
+    terms = body["gpu_roles"][0]
+    assert terms["free_mib"] == 400 and terms["shortfall_mib"] == 4600, terms
+    assert {"serve": "a", "mib": 5000, "state": "requested, not yet planned"} in terms[
+        "reservations"
+    ]
+    fit = d.http.get("/v1/fit/b").json()
+    assert fit["fits"] is False and fit["gpu_roles"][0]["free_mib"] == 400
+    ledger = d.http.get("/v1/ledger").json()
+    assert "a" in {p["serve"] for p in ledger["pending"]}
+    assert ledger["gpu_roles"][0]["committed_mib"] == 9600
+
+    d.kill("v1")  # the cycle goes on: x starts; the next one starts a, as promised
+    wait_for("x and a running", lambda: d.state("x") == "running" and d.state("a") == "running")
+    role = d.ledger_role()
+    assert role["committed_mib"] == 9100 and not d.http.get("/v1/ledger").json()["pending"]
+    assert d.state("b") == "created"

@@ -36,7 +36,11 @@ Routes:
 
 Every answer is live (:mod:`controller.service.live`): the newest observation plus
 what the executor has done and holds since, never less than may be held, with
-``observed_at`` and the steps ``in_flight``.
+``observed_at`` and the steps ``in_flight``. ``up``, ``GET /v1/fit`` and
+``GET /v1/ledger`` also count the requests accepted and not yet planned
+(:mod:`statemachine.pending`: what the next cycle starts for the recorded requests),
+marked ``"requested, not yet planned"`` and listed under ``pending``: two requests are
+never promised the same room.
 
 ``up`` decides *before anything is recorded or stopped*, on that live observation, by
 asking the planner what this request alone would do (as ``GET /v1/fit`` does):
@@ -101,7 +105,7 @@ import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -139,6 +143,7 @@ from controller.store.lock import warn_if_open
 from statemachine.admission import can_request, conflict, could_fit_later, frees_up_in
 from statemachine.fit import fit_serve, request_plan
 from statemachine.idleness import request_end
+from statemachine.pending import PENDING_STATE, PendingStart, pending_starts, with_pending
 from statemachine.planner import Blocked, Policy, Step
 from statemachine.status import host_status
 from statemachine.types import (
@@ -508,6 +513,23 @@ class UpDecision:
     retry_after_s: int | None = None
 
 
+def mark_pending(data: dict[str, Any], pending: tuple[PendingStart, ...]) -> dict[str, Any]:
+    """``data`` (fit or ledger JSON, with ``gpu_roles``) with the pending starts said so.
+
+    Each role's reservation held for a request not yet planned gets ``"state":
+    "requested, not yet planned"``, and ``pending`` lists those requests.
+    """
+    names = {p.serve for p in pending}
+    roles = []
+    for row in data.get("gpu_roles", []):
+        reservations = [
+            {**res, "state": PENDING_STATE} if res.get("serve") in names else res
+            for res in row.get("reservations", [])
+        ]
+        roles.append({**row, "reservations": reservations} if "reservations" in row else row)
+    return {**data, "gpu_roles": roles, "pending": [p.to_json() for p in pending]}
+
+
 def decide_up(
     desired: DesiredState,
     observed: Observed,
@@ -517,10 +539,18 @@ def decide_up(
     now: float,
     default_retry_s: float,
 ) -> UpDecision:
-    """The answer to ``up`` (404 and the request-level 409 are checked before). Pure."""
+    """The answer to ``up`` (404 and the request-level 409 are checked before). Pure.
+
+    ``desired`` holds the recorded requests: those the next cycle starts and nothing
+    holds yet (accepted, not yet planned: :mod:`statemachine.pending`) count as held
+    on their roles, so two requests are never promised the same room; the body lists
+    them under ``pending`` and marks their reservations.
+    """
     spec = desired.serves[serve]
+    pending = pending_starts(desired, observed, policy=policy, now=now, requester=serve)
+    observed = with_pending(observed, pending)
     fit = fit_serve(desired, observed, serve, policy=policy, now=now)
-    fit_json = fit.to_json()
+    fit_json = mark_pending(fit.to_json(), pending)
     if not observed.docker_ok:
         return UpDecision(
             503,
@@ -538,6 +568,18 @@ def decide_up(
         for r in desired.requests
         if not request_end(r, desired.serves.get(r.serve), observed).expired(now)
     }
+    names = {p.serve for p in pending}
+    if any(t.shortfall_mib and any(h in names for h, _ in t.reservations) for t in fit.terms) or (
+        blocked is not None and any(p.serve in names for p in blocked.protected)
+    ):
+        counted = ", ".join(f"{p.serve} {p.mib} MiB" for p in pending)
+        blocked = (
+            None
+            if blocked is None
+            else replace(
+                blocked, reason=f"{blocked.reason}; counted as held: {counted} ({PENDING_STATE})"
+            )
+        )
     if blocked is None:  # cannot happen: fit said no but the plan blocks nothing
         return UpDecision(429, fit.reason, dict(fit_json), max(1, math.ceil(default_retry_s)))
     terms = {
@@ -829,11 +871,28 @@ def create_app(
         metrics.update_ledger(controller)  # live: what the running plan holds counts now
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    def _status_now(view: LoopView) -> tuple[dict[str, Any], Any]:
+    def pending_now(
+        view: LoopView, observed: Observed, requester: str | None = None
+    ) -> tuple[PendingStart, ...]:
+        """The recorded requests the next cycle starts that nothing holds yet."""
+        return pending_starts(
+            controller.desired(),
+            observed,
+            policy=Policy(no_shrink=view.no_shrink),
+            now=time.time(),
+            requester=requester,
+        )
+
+    def _status_now(view: LoopView, with_requests: bool = False) -> tuple[dict[str, Any], Any]:
+        """The host status on the live observation; ``with_requests``: the requests
+        accepted and not yet planned count as held (marked so, and listed in ``pending``)."""
         snap = view.snapshot
         observed = view.observed() or Observed(docker_ok=False)
-        report = host_status(controller.desired(), observed)
+        pending = pending_now(view, observed) if with_requests else ()
+        report = host_status(controller.desired(), with_pending(observed, pending))
         data = report.to_json()
+        if with_requests:
+            data = mark_pending(data, pending)
         if snap is None:
             data["docker"] = "unknown"
             data["nvml"] = "unknown"
@@ -843,12 +902,13 @@ def create_app(
     async def ledger(request: Request) -> dict[str, Any]:
         full = full_detail(request)
         view = controller.view()
-        data, _ = _status_now(view)
+        data, _ = _status_now(view, with_requests=True)
         return {
             **meta(view, full),
             "docker": data["docker"],
             "nvml": data["nvml"],
             "gpu_roles": data["gpu_roles"],
+            "pending": data["pending"],
             "undeclared_gpu_containers": data["undeclared_gpu_containers"],
             "no_longer_declared": data["no_longer_declared"],
         }
@@ -908,8 +968,10 @@ def create_app(
         observed = observed_or_503(view)
         now = time.time()
         policy = Policy(no_shrink=view.no_shrink)
-        result = fit_serve(controller.desired(), observed, serve, policy=policy, now=now)
-        return {**result.to_json(), **live_meta(view)}
+        desired = controller.desired()
+        pending = pending_starts(desired, observed, policy=policy, now=now, requester=serve)
+        result = fit_serve(desired, with_pending(observed, pending), serve, policy=policy, now=now)
+        return {**mark_pending(result.to_json(), pending), **live_meta(view)}
 
     # every POST is authorised by WriteGuard before its body is read
     def refuse(decision: UpDecision, serve: str, client: str, **extra: Any) -> JSONResponse:

@@ -1,0 +1,115 @@
+"""Requests accepted but not yet planned: the reservations an answer must count.
+
+The API records an on-demand request and asks for a cycle; until that cycle has
+planned it (and the executor has made its reserve), neither the observation nor the
+executor's live record shows the memory it will take. An answer given in that window
+(``up``, ``GET /v1/fit``, ``GET /v1/ledger``) that counted only what is held would
+promise the same room twice. :func:`pending_starts` says which recorded requests the
+next cycle will start, by asking the planner for the whole desired state (the manifest
+and every recorded request, and for ``up`` and fit the request asked about, as that
+cycle would see it) on the live observation: a request the planner would
+start counts at what its reserve takes, on its roles; one it would not start (blocked,
+expired, its serve already holding memory or starting) does not.
+:func:`with_pending` lays them over an observation as starts in progress, which is how
+the ledger, the fit and the planner then count them: held from now on, on every role
+they reserve, never a victim of another request (a start in progress is not evicted).
+
+Pure: functions of their arguments (``now`` included); no I/O, no clock, no logging.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from statemachine.idleness import request_end
+from statemachine.plan import Action, Policy
+from statemachine.planner import plan_transitions
+from statemachine.types import DesiredState, Observed, OnDemandRequest, StartingObs
+
+#: how an answer labels a reservation counted for such a request
+PENDING_STATE = "requested, not yet planned"
+
+
+@dataclass(frozen=True, slots=True)
+class PendingStart:
+    """A recorded request the next cycle starts: the roles and MiB its reserve takes."""
+
+    serve: str
+    gpu_roles: tuple[str, ...]
+    mib: int
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form (``state``: :data:`PENDING_STATE`)."""
+        return {
+            "serve": self.serve,
+            "gpu_roles": list(self.gpu_roles),
+            "mib": self.mib,
+            "state": PENDING_STATE,
+        }
+
+
+def pending_starts(
+    desired: DesiredState,
+    observed: Observed,
+    *,
+    policy: Policy | None,
+    now: float,
+    requester: str | None = None,
+) -> tuple[PendingStart, ...]:
+    """The recorded, unexpired requests whose serve the next cycle starts (or wakes).
+
+    ``desired`` holds the requests (the loop's desired state). A request counts when
+    its serve neither holds memory awake nor is starting in ``observed`` (those are
+    counted already) and the planner, given the whole desired state, reserves for it
+    (``reserve``, or ``reserve_wake`` for a sleeper: then at its full reservation).
+    ``requester``: the serve being asked about (``up``, fit). Its own request is never
+    counted (it is the question, not a holder), and the plan is made as if it were
+    requested now, since that is the cycle a 202 promises: the planner's own order
+    decides who goes first (requests by age; an on-demand requester ahead of an
+    evictable serve's request, which it may then leave waiting). Docker unreadable:
+    nothing (the answers refuse).
+    """
+    if not observed.docker_ok:
+        return ()
+    waiting: set[str] = set()
+    for req in desired.requests:
+        spec = desired.serves.get(req.serve)
+        if spec is None or req.serve == requester or req.serve in observed.starting:
+            continue
+        if request_end(req, spec, observed).expired(now):
+            continue
+        holds = observed.container(spec.container).holds
+        if holds and not observed.sleep_of(spec.name).asleep:
+            continue
+        waiting.add(req.serve)
+    if not waiting:
+        return ()
+    asked = (
+        (OnDemandRequest(requester, now),)
+        if requester is not None and requester in desired.serves
+        else ()
+    )
+    others = tuple(r for r in desired.requests if r.serve != requester)
+    whole = replace(desired, requests=others + asked)
+    plan = plan_transitions(whole, observed, policy, now)
+    out: list[PendingStart] = []
+    for step in plan.steps:
+        if step.serve not in waiting or step.group != step.serve:
+            continue
+        if step.action is Action.RESERVE:
+            out.append(PendingStart(step.serve, step.gpu_roles, step.mib or 0))
+        elif step.action is Action.RESERVE_WAKE:
+            full = desired.serves[step.serve].vram_mib or step.to_mib or 0
+            out.append(PendingStart(step.serve, step.gpu_roles, full))
+    return tuple(out)
+
+
+def with_pending(observed: Observed, pending: tuple[PendingStart, ...]) -> Observed:
+    """``observed`` with each pending start counted as a start in progress."""
+    if not pending:
+        return observed
+    starting = dict(observed.starting)
+    for p in pending:
+        starting.setdefault(p.serve, StartingObs(p.gpu_roles, p.mib))
+    return replace(observed, starting=starting)
