@@ -920,7 +920,9 @@ def create_app(
         data, _ = _status_now(view)
         now = time.time()
         requests = {r.serve: r for r in controller.requests()}
-        seen = view.snapshot.to_observed() if view.snapshot is not None else None
+        # the live observation, as the row's own figures: a start that ended healthy since
+        # the snapshot has run (its request's idleness counts), not still "pending"
+        seen = view.observed()
         plan = view.plan
         blocked = {b.serve: b.reason for b in plan.blocked} if plan is not None else {}
         out = []
