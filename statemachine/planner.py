@@ -51,7 +51,7 @@ Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -478,7 +478,7 @@ def _pick(
     w: _Work, cands: list[Candidate], short: Mapping[str, int]
 ) -> tuple[Candidate, ...] | None:
     """The victim rules (:func:`choose_victims`) over ``cands`` for ``short``."""
-    ahead = _room_ahead(w, short)
+    ahead = _room_ahead(w, short, cands)
     if ahead:
         # on-demand requesters later in this pass need room on these roles too:
         # choose once for all of them (one bigger victim rather than two)
@@ -736,9 +736,22 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
     w.starting.add(s.name)
 
 
-def _room_ahead(w: _Work, short: Mapping[str, int]) -> dict[str, int]:
-    """MiB that on-demand requesters later in this pass will reserve on the short roles
-    (one held back, e.g. by its backoff, starts in no pass of this plan: it claims none)."""
+def _room_ahead(
+    w: _Work, short: Mapping[str, int], cands: Sequence[Candidate]
+) -> dict[str, int]:
+    """MiB that on-demand requesters later in this pass will reserve on the short roles.
+
+    Taken in their order, each only while the room for it, this requester's shortfall
+    and those taken before it can still be made from ``cands``: one that cannot is left
+    out (claiming room for it would make the whole claim fail, and choosing for this
+    requester alone may stop a serve the next requester's victim would have made
+    needless). One held back, e.g. by its backoff, starts in no pass of this plan: it
+    claims none."""
+    coverable: dict[str, int] = dict.fromkeys(short, 0)
+    for c in cands:
+        for r in c.gpu_roles:
+            if r in coverable:
+                coverable[r] += c.mib
     ahead: dict[str, int] = {}
     for later in w.ahead:
         if (
@@ -748,9 +761,11 @@ def _room_ahead(w: _Work, short: Mapping[str, int]) -> dict[str, int]:
             and later.vram_mib is not None
             and w.desired.in_ledger(later)
         ):
-            for r in later.gpu_roles:
-                if r in short:
-                    ahead[r] = ahead.get(r, 0) + later.vram_mib
+            mib = later.vram_mib
+            roles = [r for r in later.gpu_roles if r in short]
+            if roles and all(short[r] + ahead.get(r, 0) + mib <= coverable[r] for r in roles):
+                for r in roles:
+                    ahead[r] = ahead.get(r, 0) + mib
     return ahead
 
 

@@ -521,6 +521,33 @@ def test_a_requester_held_back_later_in_the_pass_claims_no_room() -> None:
     assert [b.serve for b in plan.blocked] == ["second"]
 
 
+def test_a_requester_claims_room_for_the_later_requesters_it_can_cover_not_for_none() -> None:
+    # budget 30000: stt 6000 (resident), charlie 12000 and bravo 6000 (evictable); free
+    # 6000. alpha (12000), delta (6000), echo (12000) are asked in that order. Room for
+    # all three (30000 more) cannot be made; stopping charlie alone fits alpha and delta,
+    # and echo fits in no case. Choosing for alpha alone stopped bravo (the exact fit),
+    # then charlie for delta, and the next plan started bravo again.
+    case = Case(
+        [
+            serve("stt", 6000, RES, RUN),
+            serve("charlie", 12_000, EVI, RUN),
+            serve("bravo", 6000, EVI, RUN),
+            serve("alpha", 12_000, OND),
+            serve("delta", 6000, OND),
+            serve("echo", 12_000, OND),
+        ],
+        {"stt": up(), "charlie": up(), "bravo": up()},
+        [],
+        requests=[req("alpha", at=NOW - 30), req("delta", at=NOW - 20), req("echo", at=NOW - 10)],
+    )
+    desired, observed = _build(case)
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    stops = [st.serve for st in plan.steps if st.action is Action.STOP]
+    assert stops == ["charlie"], lines(plan)
+    assert {st.serve for st in plan.steps if st.action is Action.START} == {"alpha", "delta"}
+    assert [b.serve for b in plan.blocked] == ["echo"]
+
+
 # ----- requests and the order of requesters ---------------------------------------------------
 def test_a_request_for_an_unknown_serve_is_ignored_and_the_next_one_counts() -> None:
     case = Case(
