@@ -51,11 +51,13 @@ Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import Any
 
 from statemachine.admission import conflict, inside_min_runtime
+from statemachine.deferred import Deferred
 from statemachine.idleness import IdleBasis, request_end
 from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
@@ -80,6 +82,12 @@ __all__ = [
     "conflict",
     "plan_transitions",
 ]
+
+
+_by_serve = attrgetter("serve")
+
+#: why a holder that exited, its memory not confirmed back, may not be stopped
+_EXITED = "exited, but its memory is not back yet"
 
 
 def _ok(result: Ledger | Refusal) -> Ledger:
@@ -111,6 +119,26 @@ class _Work:
     #: serves whose engine sleeps (observed, or put to sleep earlier in this plan) ->
     #: the level it sleeps at; their containers run, so they are in ``running`` too
     asleep: dict[str, int] = field(default_factory=dict)
+    #: holders of the observed ledger whose container does not run (exited, memory not
+    #: back): they never run in this plan, and every other holder runs (a start admits
+    #: and runs, a stop releases and stops), so this tells a holder's state at any point
+    exited: frozenset[str] = frozenset()
+    #: the reservations of a role (a ledger's tuple, by identity) joined for a reason
+    joins: dict[int, tuple[tuple[tuple[str, int], ...], str]] = field(default_factory=dict)
+
+    def joined(self, rows: tuple[tuple[str, int], ...]) -> str:
+        """``"a 100 + b 200"`` (``"nothing"`` when empty) for one role's reservations.
+
+        Remembered by the tuple's identity (the tuple is kept, so its identity is not
+        reused): a ledger hands out the same tuple while the role does not change, so the
+        blocked starts on a full role share one string instead of joining every holder.
+        """
+        seen = self.joins.get(id(rows))
+        if seen is not None and seen[0] is rows:
+            return seen[1]
+        text = " + ".join(f"{holder} {m}" for holder, m in rows) or "nothing"
+        self.joins[id(rows)] = (rows, text)
+        return text
 
     def index(self) -> None:
         for i, s in enumerate(self.desired.serves.values()):
@@ -273,11 +301,19 @@ def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> 
     return sorted(wants, key=rank)
 
 
-def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
-    """None when ``requester`` may stop ``victim``; else why not."""
+def _requester_veto(requester: ServeSpec) -> str | None:
+    """Why ``requester`` may stop nothing at all (it is not on-demand); None when it may."""
     if requester.residency is not Residency.ON_DEMAND:
         cls = requester.residency or "unclassified"
         return f"only on-demand serves evict, and {requester.name} is {cls}"
+    return None
+
+
+def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
+    """None when ``requester`` may stop ``victim``; else why not."""
+    veto = _requester_veto(requester)
+    if veto is not None:
+        return veto
     if victim.residency is Residency.RESIDENT:
         return "resident: never evicted"
     if victim.residency is Residency.ON_DEMAND:
@@ -439,12 +475,28 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
     short = {r: mib - ledger.free_mib(r) for r in s.gpu_roles if mib > ledger.free_mib(r)}
     if not short:
         return _Room()
+    veto = _requester_veto(s)
+    if veto is not None:
+        # it may neither evict nor shrink (what _may_evict and _may_shrink say of each
+        # holder): blocked, every holder on its short roles protected, the list built
+        # only when read (O(1) here, not O(holders) for each blocked backfill)
+        zero = dict.fromkeys(short, 0)
+        protected = _every_holder_protected(w, s, ledger, tuple(short), c.protected, veto)
+        _block_no_fit(
+            w,
+            s,
+            ledger.terms(s.name, s.gpu_roles, mib),
+            _Holders(shrinkable=zero, evictable=zero, sleepable=zero),
+            protected,
+        )
+        return None
     h = _holders(w, s, ledger, short, c.protected)
     if h.elastic and all(h.shrinkable[r] >= need for r, need in short.items()):
         return _Room(shrinks=_shrinks(h.elastic, short))
     picked = _choose(w, h.cands, short)
     if picked is None:
-        _block_no_fit(w, s, ledger.terms(s.name, s.gpu_roles, mib), h, c.protected)
+        protected_now = tuple(sorted(c.protected, key=_by_serve))
+        _block_no_fit(w, s, ledger.terms(s.name, s.gpu_roles, mib), h, protected_now)
         return None
     chosen, sleeps = picked
     return _Room(
@@ -547,7 +599,7 @@ def _holders(
             continue
         o = w.serve(name)
         if name not in w.running:  # exited, its memory not confirmed back
-            protected.append(Protected(name, res.mib, "exited, but its memory is not back yet"))
+            protected.append(Protected(name, res.mib, _EXITED))
             continue
         veto = _may_evict(w, s, o)
         if _may_shrink(w, s, o, res.mib):
@@ -570,6 +622,31 @@ def _holders(
         else:
             protected.append(Protected(name, res.mib, veto))
     return h
+
+
+def _every_holder_protected(
+    w: _Work,
+    s: ServeSpec,
+    ledger: Ledger,
+    short: tuple[str, ...],
+    protected: list[Protected],
+    veto: str,
+) -> Deferred[Protected]:
+    """``protected`` and every holder on the ``short`` roles of ``ledger`` (but ``s``),
+    each with ``veto`` (or :data:`_EXITED`), by serve: what :func:`_holders` lists for a
+    requester that may stop nothing, built when first read."""
+    conflicts = tuple(protected)
+    by_role, exited, holdings = w.by_role, w.exited, ledger.holdings
+
+    def build() -> tuple[Protected, ...]:
+        rows = list(conflicts)
+        for name in dict.fromkeys(n for r in short for n in by_role.get(r, ())):
+            res = holdings.get(name)
+            if res is not None and name != s.name:
+                rows.append(Protected(name, res.mib, _EXITED if name in exited else veto))
+        return tuple(sorted(rows, key=_by_serve))
+
+    return Deferred(build)
 
 
 def _may_shrink(w: _Work, requester: ServeSpec, o: ServeSpec, held_mib: int) -> bool:
@@ -623,9 +700,10 @@ def _block_no_fit(
     s: ServeSpec,
     terms: tuple[RoleTerms, ...],
     h: _Holders,
-    protected: list[Protected],
+    protected: Sequence[Protected],
 ) -> None:
-    """``s`` does not fit: blocked with every term, and what eviction and shrink offer."""
+    """``s`` does not fit: blocked with every term, and what eviction and shrink offer
+    (``protected``: who may not be stopped, by serve)."""
     assert s.vram_mib is not None
     if s.residency is Residency.ON_DEMAND:
         why = "eviction cannot cover the shortfall"
@@ -638,7 +716,7 @@ def _block_no_fit(
     detail = "; ".join(
         f"{t.gpu_role}: capacity {t.capacity_mib} - reserve {t.reserve_mib} = "
         f"budget {t.budget_mib}; committed {t.committed_mib} ("
-        + (" + ".join(f"{holder} {m}" for holder, m in t.reservations) or "nothing")
+        + w.joined(t.reservations)
         + f"); free {t.free_mib}; needs {t.requested_mib}; "
         f"short {t.shortfall_mib}; evictable {h.evictable.get(t.gpu_role, 0)}"
         + (f" (by sleep {h.sleepable[t.gpu_role]})" if h.sleepable.get(t.gpu_role) else "")
@@ -654,7 +732,7 @@ def _block_no_fit(
             w.ledger.terms(s.name, s.gpu_roles, _needs_mib(w, s)),
             evictable_mib=tuple(sorted(h.evictable.items())) if on_demand else (),
             shrinkable_mib=tuple(sorted(h.shrinkable.items())) if on_demand else (),
-            protected=tuple(sorted(protected, key=lambda p: p.serve)),
+            protected=protected,
             sleepable_mib=tuple(sorted(h.sleepable.items())) if on_demand else (),
         )
     )
@@ -890,6 +968,7 @@ def plan_transitions(
         if observed.container(s.container).holds or s.name in observed.starting
     }
     w.starting = {n for n in observed.starting if n in desired.serves}
+    w.exited = frozenset(n for n in ledger.holdings if n not in w.running)
     # the level it slept at; not said and not declared: 2, so the wake reloads (a
     # reload after a level-1 sleep costs time; none after a level-2 sleep serves garbage)
     w.asleep = {
