@@ -363,10 +363,22 @@ class Ledger:
         """
         rows = self._on_role.get(role)
         if rows is None:
-            held = self._holdings.items()
-            rows = tuple(sorted((h, r.mib) for h, r in held if role in r.gpu_roles))
-            self._on_role[role] = rows
+            self._list_every_role()
+            rows = self._on_role.get(role, ())  # a role without a row holds nothing
         return rows
+
+    def _list_every_role(self) -> None:
+        """Build the reservation list of every role not built yet, in one walk of the
+        holdings (a plan asks for the roles one at a time, and there may be many)."""
+        lists: dict[str, list[tuple[str, int]]] = {
+            role: [] for role in self._roles if role not in self._on_role
+        }
+        for holder, res in sorted(self._holdings.items()):
+            for role in res.gpu_roles:
+                if role in lists:
+                    lists[role].append((holder, res.mib))
+        for role, rows in lists.items():
+            self._on_role[role] = tuple(rows)
 
     def view(self, role: str) -> RoleView:
         """One role's line of the ledger."""
@@ -567,7 +579,7 @@ class Ledger:
         self, holder: str, gpu_roles: tuple[str, ...], mib: int, *, verb: str
     ) -> Refusal | None:
         if all(mib <= self._roles[r].budget_mib - self._committed[r] for r in gpu_roles):
-            return None  # fits: no need for the terms (reservations_on is O(holdings))
+            return None  # fits: no need for the terms (they list every reservation)
         terms = self.terms(holder, gpu_roles, mib)
         short = [t for t in terms if t.shortfall_mib]
         parts = [

@@ -51,6 +51,7 @@ Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
@@ -115,7 +116,11 @@ class _Work:
     excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
     order: dict[str, int] = field(default_factory=dict)  # declaration index
     group: str = ""  # the serve whose intent the steps being emitted serve
-    ahead: list[ServeSpec] = field(default_factory=list)  # still to try in this pass
+    #: the serves of this pass that claim room (:func:`_claims_room`), their places in
+    #: the pass, and the place of the serve being tried: those after it are still to try
+    claims: list[ServeSpec] = field(default_factory=list)
+    claim_at: list[int] = field(default_factory=list)
+    at: int = 0
     #: serves whose engine sleeps (observed, or put to sleep earlier in this plan) ->
     #: the level it sleeps at; their containers run, so they are in ``running`` too
     asleep: dict[str, int] = field(default_factory=dict)
@@ -488,6 +493,7 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
             ledger.terms(s.name, s.gpu_roles, mib),
             _Holders(shrinkable=zero, evictable=zero, sleepable=zero),
             protected,
+            same=ledger is w.ledger,
         )
         return None
     h = _holders(w, s, ledger, short, c.protected)
@@ -496,7 +502,8 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
     picked = _choose(w, h.cands, short)
     if picked is None:
         protected_now = tuple(sorted(c.protected, key=_by_serve))
-        _block_no_fit(w, s, ledger.terms(s.name, s.gpu_roles, mib), h, protected_now)
+        terms = ledger.terms(s.name, s.gpu_roles, mib)
+        _block_no_fit(w, s, terms, h, protected_now, same=ledger is w.ledger)
         return None
     chosen, sleeps = picked
     return _Room(
@@ -701,9 +708,12 @@ def _block_no_fit(
     terms: tuple[RoleTerms, ...],
     h: _Holders,
     protected: Sequence[Protected],
+    *,
+    same: bool,
 ) -> None:
     """``s`` does not fit: blocked with every term, and what eviction and shrink offer
-    (``protected``: who may not be stopped, by serve)."""
+    (``protected``: who may not be stopped, by serve). ``terms`` are those of the ledger
+    after the stops ``s`` forces; ``same``: it forces none, they are the plan's own."""
     assert s.vram_mib is not None
     if s.residency is Residency.ON_DEMAND:
         why = "eviction cannot cover the shortfall"
@@ -729,7 +739,7 @@ def _block_no_fit(
         Blocked(
             s.name,
             f"{s.name} does not fit ({why}): {detail}",
-            w.ledger.terms(s.name, s.gpu_roles, _needs_mib(w, s)),
+            terms if same else w.ledger.terms(s.name, s.gpu_roles, _needs_mib(w, s)),
             evictable_mib=tuple(sorted(h.evictable.items())) if on_demand else (),
             shrinkable_mib=tuple(sorted(h.shrinkable.items())) if on_demand else (),
             protected=protected,
@@ -814,21 +824,26 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
     w.starting.add(s.name)
 
 
+def _claims_room(w: _Work, later: ServeSpec) -> bool:
+    """True when ``later``, an on-demand requester, reserves room when its turn comes (one
+    held back, e.g. by its backoff, starts in no pass of this plan: it claims none)."""
+    return (
+        later.residency is Residency.ON_DEMAND
+        and later.name not in w.policy.hold
+        and not later.exclusive
+        and later.vram_mib is not None
+        and w.desired.in_ledger(later)
+    )
+
+
 def _room_ahead(w: _Work, short: Mapping[str, int]) -> dict[str, int]:
-    """MiB that on-demand requesters later in this pass will reserve on the short roles
-    (one held back, e.g. by its backoff, starts in no pass of this plan: it claims none)."""
+    """MiB that on-demand requesters later in this pass will reserve on the short roles."""
     ahead: dict[str, int] = {}
-    for later in w.ahead:
-        if (
-            later.residency is Residency.ON_DEMAND
-            and later.name not in w.policy.hold
-            and not later.exclusive
-            and later.vram_mib is not None
-            and w.desired.in_ledger(later)
-        ):
-            for r in later.gpu_roles:
-                if r in short:
-                    ahead[r] = ahead.get(r, 0) + later.vram_mib
+    for later in w.claims[bisect_right(w.claim_at, w.at) :]:
+        assert later.vram_mib is not None
+        for r in later.gpu_roles:
+            if r in short:
+                ahead[r] = ahead.get(r, 0) + later.vram_mib
     return ahead
 
 
@@ -846,9 +861,12 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
         mark = len(w.blocked)
         first_step = len(w.steps)
         still: list[ServeSpec] = []
+        # the requesters of this pass that claim room, and their places in it
+        w.claim_at = [i for i, s in enumerate(pending) if _claims_room(w, s)]
+        w.claims = [pending[i] for i in w.claim_at]
         for i, s in enumerate(pending):
             before = len(w.blocked)
-            w.ahead = pending[i + 1 :]
+            w.at = i
             _try_start(w, s)
             if len(w.blocked) > before:
                 still.append(s)
