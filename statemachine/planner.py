@@ -128,6 +128,9 @@ class _Work:
     #: back): they never run in this plan, and every other holder runs (a start admits
     #: and runs, a stop releases and stops), so this tells a holder's state at any point
     exited: frozenset[str] = frozenset()
+    #: a stop, a sleep or a shrink was planned since the pass began (room, a port or a
+    #: role was freed: the serves blocked in it are tried again)
+    freed: bool = False
     #: the reservations of a role (a ledger's tuple, by identity) joined for a reason
     joins: dict[int, tuple[tuple[tuple[str, int], ...], str]] = field(default_factory=dict)
 
@@ -209,6 +212,7 @@ class _Work:
         """Stop ``s`` and release its reservation once the stop is confirmed."""
         mib = self.held_mib(s.name)
         self.add(Action.STOP, s, mib, reason)
+        self.freed = True
         if mib is not None:
             self.ledger = _ok(self.ledger.release(s.name))
             self.add(
@@ -248,6 +252,7 @@ class _Work:
             return
         self.ledger = slept
         self.add(Action.SLEEP, s, held, f"{reason}: put to sleep (level {sleep.level})")
+        self.freed = True
         host = f" and take {sleep.host_mib} MiB of host RAM" if sleep.host_mib else ""
         self.add(
             Action.RELEASE_TO_RESIDUAL,
@@ -364,6 +369,10 @@ class _Holders:
     sleepable: dict[str, int] = field(default_factory=dict)  # what sleeping victims frees
 
 
+#: the room of a start that needs none (nothing shrunk, nothing evicted); never mutated
+_NO_ROOM = _Room()
+
+
 def _try_start(w: _Work, s: ServeSpec) -> None:
     """Start ``s`` if it may and fits: its conflicts, then its room, then the steps."""
     held = w.policy.hold.get(s.name)
@@ -475,11 +484,11 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         )
         return None
     if not in_ledger or s.vram_mib is None:
-        return _Room()
+        return _NO_ROOM
     mib = _needs_mib(w, s)
     short = {r: mib - ledger.free_mib(r) for r in s.gpu_roles if mib > ledger.free_mib(r)}
     if not short:
-        return _Room()
+        return _NO_ROOM
     veto = _requester_veto(s)
     if veto is not None:
         # it may neither evict nor shrink (what _may_evict and _may_shrink say of each
@@ -766,6 +775,7 @@ def _commit_start(
             f"so {s.name} fits",
             to_mib=to,
         )
+        w.freed = True
     stopping = [(o, f"stop {o.name} so {s.name} can start") for o in forced] + [
         (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.victims
     ]
@@ -859,7 +869,7 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
     pending = serves
     while pending:
         mark = len(w.blocked)
-        first_step = len(w.steps)
+        w.freed = False
         still: list[ServeSpec] = []
         # the requesters of this pass that claim room, and their places in it
         w.claim_at = [i for i, s in enumerate(pending) if _claims_room(w, s)]
@@ -870,11 +880,8 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
             _try_start(w, s)
             if len(w.blocked) > before:
                 still.append(s)
-        # only a stop or a shrink frees room, a port or a role; starts only take
-        freed = any(
-            st.action in (Action.STOP, Action.SHRINK, Action.SLEEP) for st in w.steps[first_step:]
-        )
-        if not still or len(still) == len(pending) or not freed:
+        # only a stop, a sleep or a shrink frees room, a port or a role; starts only take
+        if not still or len(still) == len(pending) or not w.freed:
             return
         names = {s.name for s in still}
         w.blocked = w.blocked[:mark] + [b for b in w.blocked[mark:] if b.serve not in names]
