@@ -55,7 +55,6 @@ from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from operator import attrgetter
-from typing import Any
 
 from statemachine.admission import conflict, inside_min_runtime
 from statemachine.deferred import Deferred
@@ -115,6 +114,8 @@ class _Work:
     by_port: dict[int, list[str]] = field(default_factory=dict)
     excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
     order: dict[str, int] = field(default_factory=dict)  # declaration index
+    #: the serves with a reservation on roles that all have a capacity row
+    ledgered: set[str] = field(default_factory=set)
     group: str = ""  # the serve whose intent the steps being emitted serve
     #: the serves of this pass that claim room (:func:`_claims_room`), their places in
     #: the pass, and the place of the serve being tried: those after it are still to try
@@ -149,8 +150,11 @@ class _Work:
         return text
 
     def index(self) -> None:
+        in_ledger = self.desired.in_ledger
         for i, s in enumerate(self.desired.serves.values()):
             self.order[s.name] = i
+            if s.vram_mib is not None and in_ledger(s):
+                self.ledgered.add(s.name)
             for r in s.gpu_roles:
                 self.by_role.setdefault(r, []).append(s.name)
                 if s.exclusive:
@@ -161,7 +165,8 @@ class _Work:
     def conflict_neighbours(self, s: ServeSpec) -> list[str]:
         """What a non-exclusive ``s`` can conflict with (exclusive serves on its roles,
         serves on its port), in the order :meth:`neighbours` gives them."""
-        found = {n for r in s.gpu_roles for n in self.excl_by_role.get(r, ())}
+        excl = self.excl_by_role
+        found = {n for r in s.gpu_roles for n in excl.get(r, ())} if excl else set()
         if s.port is not None:
             found.update(self.by_port.get(s.port, ()))
         found.discard(s.name)
@@ -197,8 +202,19 @@ class _Work:
         """Seconds since start when still inside ``min_runtime_s``, else None."""
         return inside_min_runtime(s, self.observed, self.now)
 
-    def add(self, action: Action, s: ServeSpec, mib: int | None, reason: str, **kw: Any) -> None:
-        self.steps.append(Step(action, s.name, s.gpu_roles, mib, reason, group=self.group, **kw))
+    def add(
+        self,
+        action: Action,
+        s: ServeSpec,
+        mib: int | None,
+        reason: str,
+        *,
+        to_mib: int | None = None,
+        host_mib: int | None = None,
+    ) -> None:
+        self.steps.append(
+            Step(action, s.name, s.gpu_roles, mib, reason, to_mib, self.group, host_mib)
+        )
 
     def drain(self, s: ServeSpec, reason: str) -> None:
         """Quiesce and drain ``s``'s router tier (nothing when it has none, or when it
@@ -380,7 +396,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
         w.blocked.append(Blocked(s.name, f"{s.name} is held back: {held}"))
         return
     c = _conflicts(w, s)
-    in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
+    in_ledger = s.name in w.ledgered
     if s.sizes_from_free and not c.reasons and _waits_for_a_loading_peer(w, s):
         return
     if c.reasons:
@@ -776,18 +792,8 @@ def _commit_start(
             to_mib=to,
         )
         w.freed = True
-    stopping = [(o, f"stop {o.name} so {s.name} can start") for o in forced] + [
-        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.victims
-    ]
-    sleeping = [
-        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.sleeps
-    ]
-    for o, reason in stopping + sleeping:
-        w.drain(o, reason)
-    for o, reason in stopping:
-        w.halt(o, reason)
-    for o, reason in sleeping:
-        w.put_to_sleep(o, reason)
+    if forced or room.victims or room.sleeps:
+        _make_room(w, s, forced, room)
     if s.name in w.asleep:
         _wake(w, s, in_ledger)
         return
@@ -802,6 +808,23 @@ def _commit_start(
         w.add(Action.READMIT, s, None, f"readmit router tier {s.router_tier}")
     w.running.add(s.name)
     w.starting.add(s.name)
+
+
+def _make_room(w: _Work, s: ServeSpec, forced: list[ServeSpec], room: _Room) -> None:
+    """Drain every serve to be stopped or put to sleep for ``s``, then stop them, then
+    put the others to sleep."""
+    stopping = [(o, f"stop {o.name} so {s.name} can start") for o in forced] + [
+        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.victims
+    ]
+    sleeping = [
+        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.sleeps
+    ]
+    for o, reason in stopping + sleeping:
+        w.drain(o, reason)
+    for o, reason in stopping:
+        w.halt(o, reason)
+    for o, reason in sleeping:
+        w.put_to_sleep(o, reason)
 
 
 def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
@@ -841,8 +864,7 @@ def _claims_room(w: _Work, later: ServeSpec) -> bool:
         later.residency is Residency.ON_DEMAND
         and later.name not in w.policy.hold
         and not later.exclusive
-        and later.vram_mib is not None
-        and w.desired.in_ledger(later)
+        and later.name in w.ledgered
     )
 
 
