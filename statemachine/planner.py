@@ -121,7 +121,7 @@ class _Work:
     #: the pass, and the place of the serve being tried: those after it are still to try
     claims: list[ServeSpec] = field(default_factory=list)
     claim_at: list[int] = field(default_factory=list)
-    at: int = 0
+    at: int = field(default_factory=int)  # set before each try
     #: serves whose engine sleeps (observed, or put to sleep earlier in this plan) ->
     #: the level it sleeps at; their containers run, so they are in ``running`` too
     asleep: dict[str, int] = field(default_factory=dict)
@@ -131,7 +131,7 @@ class _Work:
     exited: frozenset[str] = frozenset()
     #: a stop, a sleep or a shrink was planned since the pass began (room, a port or a
     #: role was freed: the serves blocked in it are tried again)
-    freed: bool = False
+    freed: bool = field(default_factory=bool)  # set at each pass's beginning
     #: the reservations of a role (a ledger's tuple, by identity) joined for a reason
     joins: dict[int, tuple[tuple[tuple[str, int], ...], str]] = field(default_factory=dict)
 
@@ -153,7 +153,7 @@ class _Work:
         in_ledger = self.desired.in_ledger
         for i, s in enumerate(self.desired.serves.values()):
             self.order[s.name] = i
-            if s.vram_mib is not None and in_ledger(s):
+            if in_ledger(s):  # a reservation (vram_mib) on roles that all have a row
                 self.ledgered.add(s.name)
             for r in s.gpu_roles:
                 self.by_role.setdefault(r, []).append(s.name)
@@ -512,13 +512,10 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         # only when read (O(1) here, not O(holders) for each blocked backfill)
         zero = dict.fromkeys(short, 0)
         protected = _every_holder_protected(w, s, ledger, tuple(short), c.protected, veto)
+        # it forces no stop either (that too is an eviction): its ledger is the plan's
+        terms = ledger.terms(s.name, s.gpu_roles, mib)
         _block_no_fit(
-            w,
-            s,
-            ledger.terms(s.name, s.gpu_roles, mib),
-            _Holders(shrinkable=zero, evictable=zero, sleepable=zero),
-            protected,
-            same=ledger is w.ledger,
+            w, s, terms, terms, _Holders(shrinkable=zero, evictable=zero, sleepable=zero), protected
         )
         return None
     h = _holders(w, s, ledger, short, c.protected)
@@ -528,7 +525,8 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
     if picked is None:
         protected_now = tuple(sorted(c.protected, key=_by_serve))
         terms = ledger.terms(s.name, s.gpu_roles, mib)
-        _block_no_fit(w, s, terms, h, protected_now, same=ledger is w.ledger)
+        plan_terms = terms if ledger is w.ledger else w.ledger.terms(s.name, s.gpu_roles, mib)
+        _block_no_fit(w, s, terms, plan_terms, h, protected_now)
         return None
     chosen, sleeps = picked
     return _Room(
@@ -731,14 +729,13 @@ def _block_no_fit(
     w: _Work,
     s: ServeSpec,
     terms: tuple[RoleTerms, ...],
+    plan_terms: tuple[RoleTerms, ...],
     h: _Holders,
     protected: Sequence[Protected],
-    *,
-    same: bool,
 ) -> None:
     """``s`` does not fit: blocked with every term, and what eviction and shrink offer
     (``protected``: who may not be stopped, by serve). ``terms`` are those of the ledger
-    after the stops ``s`` forces; ``same``: it forces none, they are the plan's own."""
+    after the stops ``s`` forces (the reason's), ``plan_terms`` the plan's ledger's."""
     assert s.vram_mib is not None
     if s.residency is Residency.ON_DEMAND:
         why = "eviction cannot cover the shortfall"
@@ -764,7 +761,7 @@ def _block_no_fit(
         Blocked(
             s.name,
             f"{s.name} does not fit ({why}): {detail}",
-            terms if same else w.ledger.terms(s.name, s.gpu_roles, _needs_mib(w, s)),
+            plan_terms,
             evictable_mib=tuple(sorted(h.evictable.items())) if on_demand else (),
             shrinkable_mib=tuple(sorted(h.shrinkable.items())) if on_demand else (),
             protected=protected,

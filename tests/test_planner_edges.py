@@ -944,7 +944,12 @@ def test_a_backfill_retried_after_an_eviction_lists_the_holders_of_then() -> Non
     assert b.protected == expected and expected == b.protected
     assert hash(b.protected) == hash(expected)
     assert b.to_json()["ledger"]["protected"] == [p.to_json() for p in expected]
-    assert "committed 22000 (keep 8000 + od 14000)" in b.reason
+    assert b.reason == (
+        "res does not fit (resident serves do not evict; only on-demand serves do): a: "
+        "capacity 32000 - reserve 2000 = budget 30000; committed 22000 (keep 8000 + od "
+        "14000); free 8000; needs 20000; short 12000; evictable 0; shrinkable 0"
+    )
+    assert (b.evictable_mib, b.shrinkable_mib, b.sleepable_mib) == ((), (), ())
 
 
 def test_a_start_that_forces_a_stop_and_still_does_not_fit_gives_the_plans_terms() -> None:
@@ -970,4 +975,46 @@ def test_a_start_that_forces_a_stop_and_still_does_not_fit_gives_the_plans_terms
         25_000,
         5_000,
         (("res", 20_000), ("side", 5_000)),
+    )
+
+
+def test_a_shrink_for_a_requester_retries_what_was_blocked_before_it() -> None:
+    """The engine gives back whole segments, more than the requester needs: the
+    resident blocked earlier in the pass is tried again and starts in the rest."""
+    case = Case(
+        [
+            serve("res", 2_500, RES, RUN),
+            serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 8_000, segment_mib=4_000)),
+            serve("held", 9_000, RES, RUN),
+            serve("od", 2_000, OND),
+        ],
+        {"moe": up(), "held": up()},
+        [],
+        requests=[req("od")],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == ["shrink moe", *starts("od", "res")]
+    assert [s.mib for s in plan.steps if s.action is Action.SHRINK] == [4_000]
+    assert plan.blocked == ()
+
+
+def test_a_pass_that_frees_nothing_is_not_tried_again() -> None:
+    """Starts only take room: the serve blocked before a later start keeps the reason
+    of its own turn (the ledger then), not one counting the later start."""
+    case = Case(
+        [
+            serve("big", 20_000, RES, RUN),
+            serve("small", 5_000, RES, RUN),
+            serve("there", 15_000, RES, RUN),
+        ],
+        {"there": up()},
+        [],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == starts("small")
+    (b,) = plan.blocked
+    assert b.reason == (
+        "big does not fit (resident serves do not evict; only on-demand serves do): a: "
+        "capacity 32000 - reserve 2000 = budget 30000; committed 15000 (there 15000); "
+        "free 15000; needs 20000; short 5000; evictable 0; shrinkable 0"
     )
