@@ -114,8 +114,6 @@ class _Work:
     by_port: dict[int, list[str]] = field(default_factory=dict)
     excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
     order: dict[str, int] = field(default_factory=dict)  # declaration index
-    #: the serves with a reservation on roles that all have a capacity row
-    ledgered: set[str] = field(default_factory=set)
     group: str = ""  # the serve whose intent the steps being emitted serve
     #: the serves of this pass that claim room (:func:`_claims_room`), their places in
     #: the pass, and the place of the serve being tried: those after it are still to try
@@ -150,11 +148,8 @@ class _Work:
         return text
 
     def index(self) -> None:
-        in_ledger = self.desired.in_ledger
         for i, s in enumerate(self.desired.serves.values()):
             self.order[s.name] = i
-            if in_ledger(s):  # a reservation (vram_mib) on roles that all have a row
-                self.ledgered.add(s.name)
             for r in s.gpu_roles:
                 self.by_role.setdefault(r, []).append(s.name)
                 if s.exclusive:
@@ -396,7 +391,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
         w.blocked.append(Blocked(s.name, f"{s.name} is held back: {held}"))
         return
     c = _conflicts(w, s)
-    in_ledger = s.name in w.ledgered
+    in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
     if s.sizes_from_free and not c.reasons and _waits_for_a_loading_peer(w, s):
         return
     if c.reasons:
@@ -861,7 +856,8 @@ def _claims_room(w: _Work, later: ServeSpec) -> bool:
         later.residency is Residency.ON_DEMAND
         and later.name not in w.policy.hold
         and not later.exclusive
-        and later.name in w.ledgered
+        and later.vram_mib is not None
+        and w.desired.in_ledger(later)
     )
 
 
