@@ -592,7 +592,7 @@ def _choose(
     for c in cands:
         frees = _sleep_frees(w, c)
         as_sleep.append(c if frees is None else dataclasses.replace(c, mib=frees))
-    if any(a.mib != c.mib for a, c in zip(as_sleep, cands, strict=True)):
+    if as_sleep != cands:  # a candidate frees less by sleeping than by stopping
         slept = _pick(w, as_sleep, short)
         if slept is not None and (stops is None or len(slept) <= len(stops)):
             by_name = {c.name: c for c in cands}
@@ -773,8 +773,8 @@ def _commit_start(
     w.group = s.name
     for o, cur, to in room.shrinks:
         w.ledger = _ok(w.ledger.resize(o.name, to))
-        floor = o.elastic.floor_mib if o.elastic else 0
-        seg = o.elastic.segment_mib if o.elastic else 1
+        assert o.elastic is not None  # only elastic serves are shrunk
+        floor, seg = o.elastic.floor_mib, o.elastic.segment_mib
         w.add(
             Action.SHRINK,
             o,
