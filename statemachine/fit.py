@@ -129,7 +129,7 @@ def fit_serve(
             b.reason,
             b.terms or terms,
             blockers=tuple(p.serve for p in b.protected),
-            protected=b.protected,
+            protected=tuple(b.protected),
         )
     stops = [s for s in plan.steps if s.action is Action.STOP]
     sleeps = [s.serve for s in plan.steps if s.action is Action.SLEEP]

@@ -20,11 +20,13 @@ This module is pure: no I/O, no clock, no logging, no docker.
 
 from __future__ import annotations
 
+from bisect import bisect_left
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
+from statemachine.pmap import PMap
 from statemachine.types import (
     DesiredState,
     GpuRole,
@@ -197,7 +199,15 @@ class Ledger:
     there is still recorded); ``host_holdings`` holder -> host MiB held by sleepers.
     """
 
-    __slots__ = ("_committed", "_holdings", "_host", "_host_holdings", "_roles", "_unknown")
+    __slots__ = (
+        "_committed",
+        "_holdings",
+        "_host",
+        "_host_holdings",
+        "_on_role",
+        "_roles",
+        "_unknown",
+    )
 
     def __init__(
         self,
@@ -217,27 +227,43 @@ class Ledger:
                 raise ValueError(f"host reservation of {holder!r} must be MiB >= 0, got {mib!r}")
             if mib:
                 self._host_holdings[holder] = mib
-        self._holdings: dict[str, GpuReservation] = {}
+        held: dict[str, GpuReservation] = {}
         self._committed: dict[str, int] = dict.fromkeys(self._roles, 0)
         for res in holdings:
-            if res.holder in self._holdings:
+            if res.holder in held:
                 raise ValueError(f"reservation holder {res.holder!r} appears twice")
             for role in res.gpu_roles:
                 if role not in self._roles:
                     raise ValueError(f"reservation of {res.holder!r} names unknown role {role!r}")
                 self._committed[role] += res.mib
-            self._holdings[res.holder] = res
+            held[res.holder] = res
+        # persistent: an operation shares the holdings it does not change (no O(n) copy)
+        self._holdings: PMap[str, GpuReservation] = PMap(held)
+        # role -> reservations_on(role), built when first asked and carried to the
+        # ledgers derived from this one (an operation changes only the roles it touches)
+        self._on_role: dict[str, tuple[tuple[str, int], ...]] = {}
 
     def _with(
         self,
-        holdings: dict[str, GpuReservation],
+        old: GpuReservation | None,
+        new: GpuReservation | None,
         committed: dict[str, int],
         host_holdings: dict[str, int] | None = None,
     ) -> Ledger:
-        """A ledger like this one with other holdings (host ones kept unless given)."""
+        """A ledger like this one with ``old`` replaced by ``new`` (either may be None),
+        ``committed`` its committed MiB, and host holdings kept unless given."""
         obj = Ledger.__new__(Ledger)
         obj._roles = self._roles
+        holdings = self._holdings
+        on_role = dict(self._on_role)
+        if old is not None:
+            holdings = holdings.delete(old.holder) if new is None else holdings
+            _unlist(on_role, old)
+        if new is not None:
+            holdings = holdings.set(new.holder, new)
+            _enlist(on_role, new)
         obj._holdings = holdings
+        obj._on_role = on_role
         obj._committed = committed
         obj._unknown = self._unknown
         obj._host = self._host
@@ -330,8 +356,29 @@ class Ledger:
         return self._roles[role].budget_mib - self._committed[role]
 
     def reservations_on(self, role: str) -> tuple[tuple[str, int], ...]:
-        """Each committed reservation on ``role``, as (holder, MiB), sorted by holder."""
-        return tuple(sorted((h, r.mib) for h, r in self._holdings.items() if role in r.gpu_roles))
+        """Each committed reservation on ``role``, as (holder, MiB), sorted by holder.
+
+        The same tuple while the role does not change, also from the ledgers that
+        operations derive from this one.
+        """
+        rows = self._on_role.get(role)
+        if rows is None:
+            self._list_every_role()
+            rows = self._on_role.get(role, ())  # a role without a row holds nothing
+        return rows
+
+    def _list_every_role(self) -> None:
+        """Build the reservation list of every role not built yet, in one walk of the
+        holdings (a plan asks for the roles one at a time, and there may be many)."""
+        lists: dict[str, list[tuple[str, int]]] = {
+            role: [] for role in self._roles if role not in self._on_role
+        }
+        for holder, res in sorted(self._holdings.items()):
+            for role in res.gpu_roles:
+                if role in lists:
+                    lists[role].append((holder, res.mib))
+        for role, rows in lists.items():
+            self._on_role[role] = tuple(rows)
 
     def view(self, role: str) -> RoleView:
         """One role's line of the ledger."""
@@ -398,9 +445,7 @@ class Ledger:
         committed = dict(self._committed)
         for role in res.gpu_roles:
             committed[role] += res.mib
-        holdings = dict(self._holdings)
-        holdings[res.holder] = res
-        return self._with(holdings, committed)
+        return self._with(None, res, committed)
 
     def release(self, holder: str) -> Ledger | Refusal:
         """Give back ``holder``'s reservation on all of its roles."""
@@ -410,12 +455,10 @@ class Ledger:
         committed = dict(self._committed)
         for role in res.gpu_roles:
             committed[role] -= res.mib
-        holdings = dict(self._holdings)
-        del holdings[holder]
         host = None
         if holder in self._host_holdings:  # a sleeper stopped: its host RAM comes back too
             host = {h: m for h, m in self._host_holdings.items() if h != holder}
-        return self._with(holdings, committed, host)
+        return self._with(res, None, committed, host)
 
     def resize(self, holder: str, mib: int) -> Ledger | Refusal:
         """Change ``holder``'s reservation to ``mib`` on all of its roles.
@@ -437,9 +480,7 @@ class Ledger:
         committed = dict(self._committed)
         for role in res.gpu_roles:
             committed[role] += delta
-        holdings = dict(self._holdings)
-        holdings[holder] = GpuReservation(holder, res.gpu_roles, mib)
-        return self._with(holdings, committed)
+        return self._with(res, GpuReservation(holder, res.gpu_roles, mib), committed)
 
     def sleep(self, holder: str, residual_mib: int, host_mib: int) -> Ledger | Refusal:
         """``holder`` sleeps: its reservation comes down to ``residual_mib`` on all of its
@@ -489,12 +530,10 @@ class Ledger:
         committed = dict(self._committed)
         for role in res.gpu_roles:
             committed[role] -= res.mib - residual_mib
-        holdings = dict(self._holdings)
-        holdings[holder] = GpuReservation(holder, res.gpu_roles, residual_mib)
         host = dict(self._host_holdings)
         if host_mib:
             host[holder] = host_mib
-        return self._with(holdings, committed, host)
+        return self._with(res, GpuReservation(holder, res.gpu_roles, residual_mib), committed, host)
 
     def wake(self, holder: str, mib: int) -> Ledger | Refusal:
         """``holder`` wakes: its full reservation ``mib`` is admitted again (refused with
@@ -503,7 +542,7 @@ class Ledger:
         if isinstance(grown, Refusal):
             return grown
         host = {h: m for h, m in self._host_holdings.items() if h != holder}
-        return grown._with(grown._holdings, grown._committed, host)
+        return grown._with(None, None, grown._committed, host)
 
     # ----- helpers -------------------------------------------------------------------
     def _precheck(self, holder: str, gpu_roles: tuple[str, ...], mib: int) -> Refusal | None:
@@ -540,7 +579,7 @@ class Ledger:
         self, holder: str, gpu_roles: tuple[str, ...], mib: int, *, verb: str
     ) -> Refusal | None:
         if all(mib <= self._roles[r].budget_mib - self._committed[r] for r in gpu_roles):
-            return None  # fits: no need for the terms (reservations_on is O(holdings))
+            return None  # fits: no need for the terms (they list every reservation)
         terms = self.terms(holder, gpu_roles, mib)
         short = [t for t in terms if t.shortfall_mib]
         parts = [
@@ -552,6 +591,27 @@ class Ledger:
             for t in short
         ]
         return Refusal(RefusalKind.OVER_BUDGET, holder, f"{holder}: " + "; ".join(parts), terms)
+
+
+def _unlist(on_role: dict[str, tuple[tuple[str, int], ...]], res: GpuReservation) -> None:
+    """Take ``res`` out of the per-role lists already built (the others are built when
+    asked): O(reservations on its roles), no scan of every holding."""
+    entry = (res.holder, res.mib)
+    for role in res.gpu_roles:
+        rows = on_role.get(role)
+        if rows is not None:
+            at = bisect_left(rows, entry)
+            on_role[role] = rows[:at] + rows[at + 1 :]
+
+
+def _enlist(on_role: dict[str, tuple[tuple[str, int], ...]], res: GpuReservation) -> None:
+    """Put ``res`` in the per-role lists already built, at its place by holder."""
+    entry = (res.holder, res.mib)
+    for role in res.gpu_roles:
+        rows = on_role.get(role)
+        if rows is not None:
+            at = bisect_left(rows, entry)
+            on_role[role] = (*rows[:at], entry, *rows[at:])
 
 
 def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:

@@ -9,7 +9,7 @@ Pure: frozen data and their JSON forms; no I/O, no clock, no logging.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -105,7 +105,9 @@ class Blocked:
     terms: tuple[RoleTerms, ...] = ()
     evictable_mib: tuple[tuple[str, int], ...] = ()
     shrinkable_mib: tuple[tuple[str, int], ...] = ()
-    protected: tuple[Protected, ...] = ()
+    #: a tuple, or a :class:`statemachine.deferred.Deferred` that stands for one (built
+    #: when first read: a blocked backfill lists every holder of its short roles)
+    protected: Sequence[Protected] = ()
     #: per role, what putting the evictable serves that can sleep to sleep would free
     sleepable_mib: tuple[tuple[str, int], ...] = ()
 

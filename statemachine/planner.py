@@ -51,11 +51,13 @@ Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 from __future__ import annotations
 
 import dataclasses
+from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from operator import attrgetter
 
 from statemachine.admission import conflict, inside_min_runtime
+from statemachine.deferred import Deferred
 from statemachine.idleness import IdleBasis, request_end
 from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
@@ -80,6 +82,12 @@ __all__ = [
     "conflict",
     "plan_transitions",
 ]
+
+
+_by_serve = attrgetter("serve")
+
+#: why a holder that exited, its memory not confirmed back, may not be stopped
+_EXITED = "exited, but its memory is not back yet"
 
 
 def _ok(result: Ledger | Refusal) -> Ledger:
@@ -107,10 +115,37 @@ class _Work:
     excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
     order: dict[str, int] = field(default_factory=dict)  # declaration index
     group: str = ""  # the serve whose intent the steps being emitted serve
-    ahead: list[ServeSpec] = field(default_factory=list)  # still to try in this pass
+    #: the serves of this pass that claim room (:func:`_claims_room`), their places in
+    #: the pass, and the place of the serve being tried: those after it are still to try
+    claims: list[ServeSpec] = field(default_factory=list)
+    claim_at: list[int] = field(default_factory=list)
+    at: int = field(default_factory=int)  # set before each try
     #: serves whose engine sleeps (observed, or put to sleep earlier in this plan) ->
     #: the level it sleeps at; their containers run, so they are in ``running`` too
     asleep: dict[str, int] = field(default_factory=dict)
+    #: holders of the observed ledger whose container does not run (exited, memory not
+    #: back): they never run in this plan, and every other holder runs (a start admits
+    #: and runs, a stop releases and stops), so this tells a holder's state at any point
+    exited: frozenset[str] = frozenset()
+    #: a stop, a sleep or a shrink was planned since the pass began (room, a port or a
+    #: role was freed: the serves blocked in it are tried again)
+    freed: bool = field(default_factory=bool)  # set at each pass's beginning
+    #: the reservations of a role (a ledger's tuple, by identity) joined for a reason
+    joins: dict[int, tuple[tuple[tuple[str, int], ...], str]] = field(default_factory=dict)
+
+    def joined(self, rows: tuple[tuple[str, int], ...]) -> str:
+        """``"a 100 + b 200"`` (``"nothing"`` when empty) for one role's reservations.
+
+        Remembered by the tuple's identity (the tuple is kept, so its identity is not
+        reused): a ledger hands out the same tuple while the role does not change, so the
+        blocked starts on a full role share one string instead of joining every holder.
+        """
+        seen = self.joins.get(id(rows))
+        if seen is not None and seen[0] is rows:
+            return seen[1]
+        text = " + ".join(f"{holder} {m}" for holder, m in rows) or "nothing"
+        self.joins[id(rows)] = (rows, text)
+        return text
 
     def index(self) -> None:
         for i, s in enumerate(self.desired.serves.values()):
@@ -125,7 +160,8 @@ class _Work:
     def conflict_neighbours(self, s: ServeSpec) -> list[str]:
         """What a non-exclusive ``s`` can conflict with (exclusive serves on its roles,
         serves on its port), in the order :meth:`neighbours` gives them."""
-        found = {n for r in s.gpu_roles for n in self.excl_by_role.get(r, ())}
+        excl = self.excl_by_role
+        found = {n for r in s.gpu_roles for n in excl.get(r, ())} if excl else set()
         if s.port is not None:
             found.update(self.by_port.get(s.port, ()))
         found.discard(s.name)
@@ -161,8 +197,19 @@ class _Work:
         """Seconds since start when still inside ``min_runtime_s``, else None."""
         return inside_min_runtime(s, self.observed, self.now)
 
-    def add(self, action: Action, s: ServeSpec, mib: int | None, reason: str, **kw: Any) -> None:
-        self.steps.append(Step(action, s.name, s.gpu_roles, mib, reason, group=self.group, **kw))
+    def add(
+        self,
+        action: Action,
+        s: ServeSpec,
+        mib: int | None,
+        reason: str,
+        *,
+        to_mib: int | None = None,
+        host_mib: int | None = None,
+    ) -> None:
+        self.steps.append(
+            Step(action, s.name, s.gpu_roles, mib, reason, to_mib, self.group, host_mib)
+        )
 
     def drain(self, s: ServeSpec, reason: str) -> None:
         """Quiesce and drain ``s``'s router tier (nothing when it has none, or when it
@@ -176,6 +223,7 @@ class _Work:
         """Stop ``s`` and release its reservation once the stop is confirmed."""
         mib = self.held_mib(s.name)
         self.add(Action.STOP, s, mib, reason)
+        self.freed = True
         if mib is not None:
             self.ledger = _ok(self.ledger.release(s.name))
             self.add(
@@ -215,6 +263,7 @@ class _Work:
             return
         self.ledger = slept
         self.add(Action.SLEEP, s, held, f"{reason}: put to sleep (level {sleep.level})")
+        self.freed = True
         host = f" and take {sleep.host_mib} MiB of host RAM" if sleep.host_mib else ""
         self.add(
             Action.RELEASE_TO_RESIDUAL,
@@ -273,11 +322,19 @@ def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> 
     return sorted(wants, key=rank)
 
 
-def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
-    """None when ``requester`` may stop ``victim``; else why not."""
+def _requester_veto(requester: ServeSpec) -> str | None:
+    """Why ``requester`` may stop nothing at all (it is not on-demand); None when it may."""
     if requester.residency is not Residency.ON_DEMAND:
         cls = requester.residency or "unclassified"
         return f"only on-demand serves evict, and {requester.name} is {cls}"
+    return None
+
+
+def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
+    """None when ``requester`` may stop ``victim``; else why not."""
+    veto = _requester_veto(requester)
+    if veto is not None:
+        return veto
     if victim.residency is Residency.RESIDENT:
         return "resident: never evicted"
     if victim.residency is Residency.ON_DEMAND:
@@ -321,6 +378,10 @@ class _Holders:
     shrinkable: dict[str, int] = field(default_factory=dict)
     evictable: dict[str, int] = field(default_factory=dict)
     sleepable: dict[str, int] = field(default_factory=dict)  # what sleeping victims frees
+
+
+#: the room of a start that needs none (nothing shrunk, nothing evicted); never mutated
+_NO_ROOM = _Room()
 
 
 def _try_start(w: _Work, s: ServeSpec) -> None:
@@ -434,17 +495,33 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         )
         return None
     if not in_ledger or s.vram_mib is None:
-        return _Room()
+        return _NO_ROOM
     mib = _needs_mib(w, s)
     short = {r: mib - ledger.free_mib(r) for r in s.gpu_roles if mib > ledger.free_mib(r)}
     if not short:
-        return _Room()
+        return _NO_ROOM
+    veto = _requester_veto(s)
+    if veto is not None:
+        # it may neither evict nor shrink (what _may_evict and _may_shrink say of each
+        # holder): blocked, every holder on its short roles protected, the list built
+        # only when read (O(1) here, not O(holders) for each blocked backfill)
+        zero = dict.fromkeys(short, 0)
+        protected = _every_holder_protected(w, s, ledger, tuple(short), c.protected, veto)
+        # it forces no stop either (that too is an eviction): its ledger is the plan's
+        terms = ledger.terms(s.name, s.gpu_roles, mib)
+        _block_no_fit(
+            w, s, terms, terms, _Holders(shrinkable=zero, evictable=zero, sleepable=zero), protected
+        )
+        return None
     h = _holders(w, s, ledger, short, c.protected)
     if h.elastic and all(h.shrinkable[r] >= need for r, need in short.items()):
         return _Room(shrinks=_shrinks(h.elastic, short))
     picked = _choose(w, h.cands, short)
     if picked is None:
-        _block_no_fit(w, s, ledger.terms(s.name, s.gpu_roles, mib), h, c.protected)
+        protected_now = tuple(sorted(c.protected, key=_by_serve))
+        terms = ledger.terms(s.name, s.gpu_roles, mib)
+        plan_terms = terms if ledger is w.ledger else w.ledger.terms(s.name, s.gpu_roles, mib)
+        _block_no_fit(w, s, terms, plan_terms, h, protected_now)
         return None
     chosen, sleeps = picked
     return _Room(
@@ -515,7 +592,7 @@ def _choose(
     for c in cands:
         frees = _sleep_frees(w, c)
         as_sleep.append(c if frees is None else dataclasses.replace(c, mib=frees))
-    if any(a.mib != c.mib for a, c in zip(as_sleep, cands, strict=True)):
+    if as_sleep != cands:  # a candidate frees less by sleeping than by stopping
         slept = _pick(w, as_sleep, short)
         if slept is not None and (stops is None or len(slept) <= len(stops)):
             by_name = {c.name: c for c in cands}
@@ -547,7 +624,7 @@ def _holders(
             continue
         o = w.serve(name)
         if name not in w.running:  # exited, its memory not confirmed back
-            protected.append(Protected(name, res.mib, "exited, but its memory is not back yet"))
+            protected.append(Protected(name, res.mib, _EXITED))
             continue
         veto = _may_evict(w, s, o)
         if _may_shrink(w, s, o, res.mib):
@@ -570,6 +647,31 @@ def _holders(
         else:
             protected.append(Protected(name, res.mib, veto))
     return h
+
+
+def _every_holder_protected(
+    w: _Work,
+    s: ServeSpec,
+    ledger: Ledger,
+    short: tuple[str, ...],
+    protected: list[Protected],
+    veto: str,
+) -> Deferred[Protected]:
+    """``protected`` and every holder on the ``short`` roles of ``ledger`` (but ``s``),
+    each with ``veto`` (or :data:`_EXITED`), by serve: what :func:`_holders` lists for a
+    requester that may stop nothing, built when first read."""
+    conflicts = tuple(protected)
+    by_role, exited, holdings = w.by_role, w.exited, ledger.holdings
+
+    def build() -> tuple[Protected, ...]:
+        rows = list(conflicts)
+        for name in dict.fromkeys(n for r in short for n in by_role.get(r, ())):
+            res = holdings.get(name)
+            if res is not None and name != s.name:
+                rows.append(Protected(name, res.mib, _EXITED if name in exited else veto))
+        return tuple(sorted(rows, key=_by_serve))
+
+    return Deferred(build)
 
 
 def _may_shrink(w: _Work, requester: ServeSpec, o: ServeSpec, held_mib: int) -> bool:
@@ -622,10 +724,13 @@ def _block_no_fit(
     w: _Work,
     s: ServeSpec,
     terms: tuple[RoleTerms, ...],
+    plan_terms: tuple[RoleTerms, ...],
     h: _Holders,
-    protected: list[Protected],
+    protected: Sequence[Protected],
 ) -> None:
-    """``s`` does not fit: blocked with every term, and what eviction and shrink offer."""
+    """``s`` does not fit: blocked with every term, and what eviction and shrink offer
+    (``protected``: who may not be stopped, by serve). ``terms`` are those of the ledger
+    after the stops ``s`` forces (the reason's), ``plan_terms`` the plan's ledger's."""
     assert s.vram_mib is not None
     if s.residency is Residency.ON_DEMAND:
         why = "eviction cannot cover the shortfall"
@@ -638,7 +743,7 @@ def _block_no_fit(
     detail = "; ".join(
         f"{t.gpu_role}: capacity {t.capacity_mib} - reserve {t.reserve_mib} = "
         f"budget {t.budget_mib}; committed {t.committed_mib} ("
-        + (" + ".join(f"{holder} {m}" for holder, m in t.reservations) or "nothing")
+        + w.joined(t.reservations)
         + f"); free {t.free_mib}; needs {t.requested_mib}; "
         f"short {t.shortfall_mib}; evictable {h.evictable.get(t.gpu_role, 0)}"
         + (f" (by sleep {h.sleepable[t.gpu_role]})" if h.sleepable.get(t.gpu_role) else "")
@@ -651,10 +756,10 @@ def _block_no_fit(
         Blocked(
             s.name,
             f"{s.name} does not fit ({why}): {detail}",
-            w.ledger.terms(s.name, s.gpu_roles, _needs_mib(w, s)),
+            plan_terms,
             evictable_mib=tuple(sorted(h.evictable.items())) if on_demand else (),
             shrinkable_mib=tuple(sorted(h.shrinkable.items())) if on_demand else (),
-            protected=tuple(sorted(protected, key=lambda p: p.serve)),
+            protected=protected,
             sleepable_mib=tuple(sorted(h.sleepable.items())) if on_demand else (),
         )
     )
@@ -668,8 +773,8 @@ def _commit_start(
     w.group = s.name
     for o, cur, to in room.shrinks:
         w.ledger = _ok(w.ledger.resize(o.name, to))
-        floor = o.elastic.floor_mib if o.elastic else 0
-        seg = o.elastic.segment_mib if o.elastic else 1
+        assert o.elastic is not None  # only elastic serves are shrunk
+        floor, seg = o.elastic.floor_mib, o.elastic.segment_mib
         w.add(
             Action.SHRINK,
             o,
@@ -678,18 +783,9 @@ def _commit_start(
             f"so {s.name} fits",
             to_mib=to,
         )
-    stopping = [(o, f"stop {o.name} so {s.name} can start") for o in forced] + [
-        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.victims
-    ]
-    sleeping = [
-        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.sleeps
-    ]
-    for o, reason in stopping + sleeping:
-        w.drain(o, reason)
-    for o, reason in stopping:
-        w.halt(o, reason)
-    for o, reason in sleeping:
-        w.put_to_sleep(o, reason)
+        w.freed = True
+    if forced or room.victims or room.sleeps:
+        _make_room(w, s, forced, room)
     if s.name in w.asleep:
         _wake(w, s, in_ledger)
         return
@@ -704,6 +800,23 @@ def _commit_start(
         w.add(Action.READMIT, s, None, f"readmit router tier {s.router_tier}")
     w.running.add(s.name)
     w.starting.add(s.name)
+
+
+def _make_room(w: _Work, s: ServeSpec, forced: list[ServeSpec], room: _Room) -> None:
+    """Drain every serve to be stopped or put to sleep for ``s``, then stop them, then
+    put the others to sleep."""
+    stopping = [(o, f"stop {o.name} so {s.name} can start") for o in forced] + [
+        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.victims
+    ]
+    sleeping = [
+        (o, f"evict {o.name} ({o.residency}) to make room for {s.name}") for o in room.sleeps
+    ]
+    for o, reason in stopping + sleeping:
+        w.drain(o, reason)
+    for o, reason in stopping:
+        w.halt(o, reason)
+    for o, reason in sleeping:
+        w.put_to_sleep(o, reason)
 
 
 def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
@@ -736,6 +849,18 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
     w.starting.add(s.name)
 
 
+def _claims_room(w: _Work, later: ServeSpec) -> bool:
+    """True when ``later``, an on-demand requester, reserves room when its turn comes (one
+    held back, e.g. by its backoff, starts in no pass of this plan: it claims none)."""
+    return (
+        later.residency is Residency.ON_DEMAND
+        and later.name not in w.policy.hold
+        and not later.exclusive
+        and later.vram_mib is not None
+        and w.desired.in_ledger(later)
+    )
+
+
 def _room_ahead(
     w: _Work, short: Mapping[str, int], cands: Sequence[Candidate]
 ) -> dict[str, int]:
@@ -745,27 +870,20 @@ def _room_ahead(
     and those taken before it can still be made from ``cands``: one that cannot is left
     out (claiming room for it would make the whole claim fail, and choosing for this
     requester alone may stop a serve the next requester's victim would have made
-    needless). One held back, e.g. by its backoff, starts in no pass of this plan: it
-    claims none."""
+    needless)."""
     coverable: dict[str, int] = dict.fromkeys(short, 0)
     for c in cands:
         for r in c.gpu_roles:
             if r in coverable:
                 coverable[r] += c.mib
     ahead: dict[str, int] = {}
-    for later in w.ahead:
-        if (
-            later.residency is Residency.ON_DEMAND
-            and later.name not in w.policy.hold
-            and not later.exclusive
-            and later.vram_mib is not None
-            and w.desired.in_ledger(later)
-        ):
-            mib = later.vram_mib
-            roles = [r for r in later.gpu_roles if r in short]
-            if roles and all(short[r] + ahead.get(r, 0) + mib <= coverable[r] for r in roles):
-                for r in roles:
-                    ahead[r] = ahead.get(r, 0) + mib
+    for later in w.claims[bisect_right(w.claim_at, w.at) :]:
+        mib = later.vram_mib
+        assert mib is not None
+        roles = [r for r in later.gpu_roles if r in short]
+        if roles and all(short[r] + ahead.get(r, 0) + mib <= coverable[r] for r in roles):
+            for r in roles:
+                ahead[r] = ahead.get(r, 0) + mib
     return ahead
 
 
@@ -781,19 +899,19 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
     pending = serves
     while pending:
         mark = len(w.blocked)
-        first_step = len(w.steps)
+        w.freed = False
         still: list[ServeSpec] = []
+        # the requesters of this pass that claim room, and their places in it
+        w.claim_at = [i for i, s in enumerate(pending) if _claims_room(w, s)]
+        w.claims = [pending[i] for i in w.claim_at]
         for i, s in enumerate(pending):
             before = len(w.blocked)
-            w.ahead = pending[i + 1 :]
+            w.at = i
             _try_start(w, s)
             if len(w.blocked) > before:
                 still.append(s)
-        # only a stop or a shrink frees room, a port or a role; starts only take
-        freed = any(
-            st.action in (Action.STOP, Action.SHRINK, Action.SLEEP) for st in w.steps[first_step:]
-        )
-        if not still or len(still) == len(pending) or not freed:
+        # only a stop, a sleep or a shrink frees room, a port or a role; starts only take
+        if not still or len(still) == len(pending) or not w.freed:
             return
         names = {s.name for s in still}
         w.blocked = w.blocked[:mark] + [b for b in w.blocked[mark:] if b.serve not in names]
@@ -905,6 +1023,7 @@ def plan_transitions(
         if observed.container(s.container).holds or s.name in observed.starting
     }
     w.starting = {n for n in observed.starting if n in desired.serves}
+    w.exited = frozenset(n for n in ledger.holdings if n not in w.running)
     # the level it slept at; not said and not declared: 2, so the wake reloads (a
     # reload after a level-1 sleep costs time; none after a level-2 sleep serves garbage)
     w.asleep = {

@@ -920,3 +920,128 @@ def test_a_backfill_that_does_not_fit_lists_every_holder_of_its_role_as_protecte
         ("res", 12_000, veto),
     ]
     assert b.evictable_mib == () and b.shrinkable_mib == ()
+
+
+def test_the_blocked_starts_of_an_unchanged_role_join_its_reservations_once() -> None:
+    """A blocked start's reason lists its role's reservations; while the role does not
+    change the ledger hands out the same list, and the planner joins it once."""
+    from statemachine.ledger import GpuReservation, Ledger
+    from statemachine.planner import _Work
+    from statemachine.types import DesiredState, GpuRole, Observed
+
+    roles = {"a": GpuRole("a", capacity_mib=1000, reserve_mib=0)}
+    ledger = Ledger(roles, [GpuReservation("y", ("a",), 200), GpuReservation("x", ("a",), 100)])
+    w = _Work(DesiredState(roles, {}), Observed(docker_ok=True), Policy(), NOW, ledger)
+    rows = ledger.reservations_on("a")
+    assert rows is ledger.reservations_on("a")
+    first = w.joined(rows)
+    assert first == "x 100 + y 200"
+    assert w.joined(rows) is first
+    assert w.joined(()) == "nothing"
+    after = ledger.admit(GpuReservation("z", ("a",), 50))
+    assert isinstance(after, Ledger)
+    assert w.joined(after.reservations_on("a")) == "x 100 + y 200 + z 50"
+    assert w.joined(rows) is first  # the earlier list is still the earlier text
+
+
+def test_a_backfill_retried_after_an_eviction_lists_the_holders_of_then() -> None:
+    """A resident blocked in the first pass is tried again after an on-demand requester
+    evicted on its role; still blocked, it lists who holds the role after the eviction
+    (the requester, not its victim), each with why it may not be stopped, and reads
+    as that tuple (equality, hash, JSON)."""
+    from statemachine.plan import Protected
+
+    case = Case(
+        [
+            serve("res", 20_000, RES, RUN),
+            serve("evi", 12_000, EVI, RUN),
+            serve("keep", 8_000, RES, RUN),
+            serve("od", 14_000, OND),
+        ],
+        {"evi": up(), "keep": up()},
+        [],
+        requests=[req("od")],
+    )
+    plan = plan_of(case)
+    assert "stop evi" in lines(plan) and "start od" in lines(plan)
+    (b,) = plan.blocked
+    assert b.serve == "res"
+    veto = "only on-demand serves evict, and res is resident"
+    expected = (Protected("keep", 8_000, veto), Protected("od", 14_000, veto))
+    assert b.protected == expected and expected == b.protected
+    assert hash(b.protected) == hash(expected)
+    assert b.to_json()["ledger"]["protected"] == [p.to_json() for p in expected]
+    assert b.reason == (
+        "res does not fit (resident serves do not evict; only on-demand serves do): a: "
+        "capacity 32000 - reserve 2000 = budget 30000; committed 22000 (keep 8000 + od "
+        "14000); free 8000; needs 20000; short 12000; evictable 0; shrinkable 0"
+    )
+    assert (b.evictable_mib, b.shrinkable_mib, b.sleepable_mib) == ((), (), ())
+
+
+def test_a_start_that_forces_a_stop_and_still_does_not_fit_gives_the_plans_terms() -> None:
+    """The reason gives the arithmetic after the stop the start forces (the port's
+    holder); the terms are the plan's ledger, which still counts that holder, as the
+    ledger the executor checks against."""
+    case = Case(
+        [
+            serve("res", 20_000, RES, RUN),
+            serve("side", 5_000, EVI, RUN, port=9000),
+            serve("od", 20_000, OND, port=9000),
+        ],
+        {"res": up(), "side": up()},
+        [],
+        requests=[req("od")],
+    )
+    plan = plan_of(case)
+    (b,) = plan.blocked
+    assert b.serve == "od" and lines(plan) == []
+    assert "committed 20000 (res 20000)" in b.reason  # side's stop counted in the reason
+    (t,) = b.terms
+    assert (t.committed_mib, t.free_mib, t.reservations) == (
+        25_000,
+        5_000,
+        (("res", 20_000), ("side", 5_000)),
+    )
+
+
+def test_a_shrink_for_a_requester_retries_what_was_blocked_before_it() -> None:
+    """The engine gives back whole segments, more than the requester needs: the
+    resident blocked earlier in the pass is tried again and starts in the rest."""
+    case = Case(
+        [
+            serve("res", 2_500, RES, RUN),
+            serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 8_000, segment_mib=4_000)),
+            serve("held", 9_000, RES, RUN),
+            serve("od", 2_000, OND),
+        ],
+        {"moe": up(), "held": up()},
+        [],
+        requests=[req("od")],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == ["shrink moe", *starts("od", "res")]
+    assert [s.mib for s in plan.steps if s.action is Action.SHRINK] == [4_000]
+    assert plan.blocked == ()
+
+
+def test_a_pass_that_frees_nothing_is_not_tried_again() -> None:
+    """Starts only take room: the serve blocked before a later start keeps the reason
+    of its own turn (the ledger then), not one counting the later start."""
+    case = Case(
+        [
+            serve("big", 20_000, RES, RUN),
+            serve("small", 5_000, RES, RUN),
+            serve("there", 15_000, RES, RUN),
+        ],
+        {"there": up()},
+        [],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == starts("small")
+    (b,) = plan.blocked
+    assert b.reason == (
+        "big does not fit (resident serves do not evict; only on-demand serves do): a: "
+        "capacity 32000 - reserve 2000 = budget 30000; committed 15000 (there 15000); "
+        "free 15000; needs 20000; short 5000; evictable 0; shrinkable 0"
+    )

@@ -660,3 +660,22 @@ def test_wake_texts_carry_their_figures() -> None:
     _d, _o, result = plan([STT, odd, big], ["stt", "odd", "big"], sleeping={"odd": asleep()})
     (blocked,) = result.blocked
     assert "it sleeps and cannot wake: unclassified serves do not evict" in blocked.reason
+
+
+def test_a_sleep_for_a_requester_retries_what_was_blocked_before_it() -> None:
+    """The victim's sleep frees more than the requester takes: the resident blocked
+    earlier in the pass is tried again and starts after the requester."""
+    _, _, result = plan(
+        [
+            sv("res", 12_000, RES, RUN),
+            sv("big", 20_000, EVI, RUN, sleep=sleep(residual=2_000, level=2)),
+            sv("od", 14_000, OND),
+        ],
+        ["big"],
+        ("od",),
+    )
+    actions = [f"{s.action} {s.serve}" for s in result.steps]
+    assert "sleep big" in actions and "stop big" not in actions
+    assert actions[-3:] == ["reserve res", "start res", "await_ready res"]
+    assert actions.index("start od") < actions.index("start res")
+    assert result.blocked == ()
