@@ -378,6 +378,7 @@ class Controller:
                 self.footprints.close()  # starts still settling: recorded with what is known
             if self._fp_observer is not None:
                 self._fp_observer.close()
+            self.in_flight.close()
             self.journal.close()
             self._lock.release()
         logger.info("vramctl run: stopped")
