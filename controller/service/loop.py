@@ -39,7 +39,7 @@ from typing import Any
 from loguru import logger
 
 from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
-from controller.adapters.nvml import NvmlApi
+from controller.adapters.nvml import NvmlApi, observe_gpus
 from controller.adapters.sleep import SleepClient
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.service.cycle import CycleJournal, CycleResult, PlanInputs, run_cycle
@@ -378,6 +378,8 @@ class Controller:
                 self.footprints.close()  # starts still settling: recorded with what is known
             if self._fp_observer is not None:
                 self._fp_observer.close()
+            if self._fresh_observer is not None:
+                self._fresh_observer.close()
             self.in_flight.close()
             self.journal.close()
             self._lock.release()
@@ -393,6 +395,7 @@ class Controller:
         self._wake.set()
 
     async def _main(self) -> None:
+        warm = False
         while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
@@ -403,6 +406,28 @@ class Controller:
                 await self.reconcile(reasons)
             except Exception:  # a bug must not kill the loop; the next trigger retries
                 logger.exception("reconcile failed")
+            snap = self.last.snapshot
+            if not warm and not self._stopping and snap is not None and snap.docker == "ok":
+                warm = True  # once docker answers (unreachable, nothing would be made)
+                await asyncio.to_thread(self._warm_up)
+
+    def _warm_up(self) -> None:
+        """After the first cycle: make what the first plan needs before it is needed.
+
+        The executor's docker client negotiates the API version, and a container reader
+        inspects every container on the host the first time it lists them: tens of ms
+        each, which the first manifest edit (or the first request) would otherwise pay
+        between its observation and its first docker call. Here they are paid once, at
+        start, between two cycles (in a worker thread, never beside an execution). A
+        failure is only logged: the same things are made again when they are needed.
+        """
+        try:
+            self._executor_for()
+            self._observe_now()
+            if self.footprints is not None:
+                self._footprint_reading()
+        except Exception as exc:
+            logger.debug("warm-up: {}", exc)
 
     # ------------------------------------------------------------------ sources
     async def _watch_manifests(self) -> None:
@@ -700,12 +725,20 @@ class Controller:
             logger.warning("journal: the sleep record of {} not written now: {}", container, exc)
 
     def _footprint_reading(self) -> Reading:
-        """Devices and containers now, for a footprint (from a start's thread too)."""
+        """Devices and containers now, for a footprint (from a start's thread too).
+
+        The devices are read first: without them (NVML unavailable) no container's
+        memory can be attributed either, and the reading is unknown as a whole without
+        asking docker (the executor takes it right before its docker start or stop).
+        """
         with self._fp_lock:
+            gpu = observe_gpus(self.nvml)
+            if gpu.gpus is None:
+                return Reading(None)
             if self._fp_observer is None:
                 self._fp_observer = ContainerObserver()
             names = manifest_containers(self.mset.serves)
-            snap = observe_host(names, observer=self._fp_observer, nvml=self.nvml)
+            snap = observe_host(names, observer=self._fp_observer, nvml=self.nvml, gpu=gpu)
         return Reading.of(snap.to_observed())
 
     def _observe_now(self) -> Observed:
