@@ -9,19 +9,30 @@ Two measurements, each against a real ``vramctl run`` subprocess
     running (busybox ``sleep``; no port, no health path). The benchmark flips one
     serve's ``desired`` (running -> stopped -> running ...) ``--edits`` times (default
     10), rewriting the file in place, and measures from the moment the write returned
-    to the **first Docker call of the resulting plan**, taken from Docker's own event
-    stream (``timeNano`` of the first ``kill`` / ``stop`` / ``start`` event of that
-    container after the write; ``docker stop`` shows first as ``kill``). It also
-    reports ``detect_ms``: the write to the controller's ``manifest: reloaded`` log
-    record (its loguru timestamp), i.e. the file watcher's share (inotify; a change is
-    read once the file was quiet for 20 ms, 300 ms cap), and ``step_begin_ms``: the
-    write to the moment the executor began the stop / start step (its log record's
-    time minus the step's duration). Docker emits ``kill`` when a stop *begins* but
-    ``start`` only once the container *has started*, so for starts ``reaction_ms``
-    includes the daemon's own start time and ``step_begin_ms`` is the loop's share.
-    After each edit it waits for the plan to finish (the container in its new state and
-    the plan's last step logged) and 0.5 s more. All clocks are this host's wall clock
-    (the daemon is local).
+    to the **first Docker call of the resulting plan**: the controller is given
+    ``DOCKER_HOST`` pointing at a recording proxy (:class:`RecordingProxy`, a relay on
+    a unix socket in the run's temporary folder to the daemon's socket) that
+    timestamps every request line it relays, and ``reaction_ms`` is the time of the
+    first request that changes that container (``POST /containers/NAME/stop``,
+    ``/kill``, ``/start``, ``/restart``, ``/pause``, ``/unpause``, or
+    ``/containers/create?name=NAME``) after the write. ``calls_before`` counts the
+    requests the controller made in between (reads: the observation, the
+    executor's checks). The proxy's own cost is measured before the edits (``GET
+    /_ping`` straight to the daemon and through the proxy, interleaved, 3 x 200
+    each: the ``proxy_overhead`` line, ``proxy_added_us`` in the summary); a call is
+    late by at most ``calls_before`` times that. Beside it, nothing hidden:
+    ``event_ms`` is the write to the first Docker *event* of that container
+    (``timeNano`` of the first ``kill`` / ``stop`` / ``start`` event; ``docker stop``
+    shows first as ``kill``): Docker emits ``kill`` when a stop *begins* but
+    ``start`` only once the container *has started*, so for starts ``event_ms``
+    includes the daemon's own start (100-350 ms here). ``detect_ms`` is the write to
+    the controller's ``manifest: reloaded`` log record (its loguru timestamp), i.e.
+    the file watcher's share (inotify; a change is read once the file was quiet for
+    20 ms, 300 ms cap), and ``step_begin_ms`` the write to the moment the executor
+    began the stop / start step (its log record's time minus the step's duration).
+    After each edit it waits for the plan to finish (the container in its new state
+    and the plan's last step logged) and 0.5 s more. All clocks are this host's wall
+    clock (the daemon is local).
 
 ``idle``
     ``--idle-serves`` (default 20) such serves, all converged, the default resync
@@ -35,9 +46,11 @@ Two measurements, each against a real ``vramctl run`` subprocess
     and those of the benchmark's own containers (``own_events``: must be 0, nothing
     is touched when converged).
 
-Output: one JSON line per edit (``bench: reaction``), a ``reaction_summary`` line
-(median / p90 by nearest rank / min / max, over all edits and per direction), and one
-``idle`` line per mode. Progress goes to stderr.
+Output: a ``proxy_overhead`` line, one JSON line per edit (``bench: reaction``), a
+``reaction_summary`` line (median / p90 by nearest rank / min / max of the first call,
+and under ``event`` of the first event, over all edits and per direction), and one
+``idle`` line per mode (the idle controller talks to the daemon directly). Progress
+goes to stderr.
 
 Not measured: serves with health paths (``await_ready`` time is the serve's, not the
 loop's), router / elastic calls, NVML, manifests of many files, edits that do not
@@ -61,6 +74,7 @@ import contextlib
 import json
 import math
 import os
+import re
 import signal
 import socket
 import statistics
@@ -69,6 +83,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.parse
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -248,6 +263,164 @@ def manifest(names: Sequence[str], desired: dict[str, str]) -> str:
     return "".join(out)
 
 
+# ------------------------------------------------------------------ the recording proxy
+
+#: an HTTP/1.x request line at the start of a request (docker-py sends each request's
+#: head in one write, so a line is never split between reads in practice; the tail of
+#: a read is carried over all the same)
+_REQUEST_LINE = re.compile(rb"(?:^|\r\n)(GET|HEAD|POST|PUT|DELETE|PATCH) (\S+) HTTP/1\.[01]\r\n")
+#: the requests that change a container: the plan's first docker call is one of these
+_MUTATING = re.compile(
+    r"^/(?:v[\d.]+/)?containers/(?:(?P<ref>[^/?]+)/(?P<verb>stop|kill|start|restart|pause"
+    r"|unpause)|create\?(?:.*&)?name=(?P<created>[^&]+))"
+)
+
+
+@dataclass
+class RecordingProxy:
+    """A unix-socket relay to the Docker socket that timestamps every request line.
+
+    The controller is given ``DOCKER_HOST=unix://<path>`` (docker-py's ``from_env``
+    honours it, and so does every client the controller makes), so each Docker API
+    request it sends passes here: the time its request line arrived (this host's
+    wall clock, ``time.time_ns()`` right after the read), its method and its path are
+    recorded, and the bytes are relayed unchanged both ways (long-lived streams, such
+    as the event stream, included). :meth:`overhead_us` measures what the relay adds
+    to one request.
+    """
+
+    upstream: str
+    path: Path
+    requests: list[tuple[int, str, str]] = field(default_factory=list)
+    _server: socket.socket | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _conns: list[socket.socket] = field(default_factory=list)
+
+    def start(self) -> RecordingProxy:
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        server.bind(str(self.path))
+        server.listen(64)
+        self._server = server
+        threading.Thread(target=self._accept, daemon=True, name="proxy-accept").start()
+        return self
+
+    @property
+    def docker_host(self) -> str:
+        return f"unix://{self.path}"
+
+    def _accept(self) -> None:
+        assert self._server is not None
+        while True:
+            try:
+                client, _ = self._server.accept()
+            except OSError:
+                return  # closed
+            daemon = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            try:
+                daemon.connect(self.upstream)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._conns += [client, daemon]
+            threading.Thread(target=self._pump, args=(client, daemon, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(daemon, client, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, requests: bool) -> None:
+        tail = b""
+        try:
+            while True:
+                data = src.recv(65536)
+                if not data:
+                    break
+                if requests:
+                    now = time.time_ns()
+                    buf = tail + data
+                    for m in _REQUEST_LINE.finditer(buf):
+                        if m.end() > len(tail):  # not one seen in the last read already
+                            method, target = m.group(1).decode(), m.group(2).decode()
+                            with self._lock:
+                                self.requests.append((now, method, target))
+                    tail = buf[-256:]
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            with contextlib.suppress(OSError):
+                dst.shutdown(socket.SHUT_WR)
+
+    def first_mutation(self, refs: set[str], t_ns: int) -> tuple[int, str, str] | None:
+        """The first request after ``t_ns`` that changes a container named in ``refs``
+        (its name or id): stop, kill, start, restart, pause, unpause, create."""
+        with self._lock:
+            seen = list(self.requests)
+        for at, method, target in seen:
+            if at < t_ns or method != "POST":
+                continue
+            m = _MUTATING.match(urllib.parse.unquote(target))
+            if m is None:
+                continue
+            ref = m.group("ref") or m.group("created")
+            if ref in refs or any(r.startswith(ref) for r in refs if len(ref) >= 12):
+                return at, method, target
+        return None
+
+    def between(self, t0_ns: int, t1_ns: int) -> list[tuple[int, str, str]]:
+        """The requests whose line arrived in ``[t0_ns, t1_ns)``."""
+        with self._lock:
+            return [r for r in self.requests if t0_ns <= r[0] < t1_ns]
+
+    def overhead_us(self, n: int = 200) -> dict[str, float]:
+        """Median and p90 of ``GET /_ping`` straight to the daemon and through here (us)."""
+
+        def ping(path: str) -> float:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.connect(path)
+                times = []
+                for _ in range(n):
+                    t0 = time.perf_counter_ns()
+                    s.sendall(b"GET /_ping HTTP/1.1\r\nHost: docker\r\n\r\n")
+                    got = b""
+                    while b"\r\n\r\nOK" not in got:
+                        chunk = s.recv(4096)
+                        if not chunk:
+                            raise RuntimeError("the daemon closed the connection")
+                        got += chunk
+                    times.append((time.perf_counter_ns() - t0) / 1000)
+            return statistics.median(times)
+
+        direct, proxied = [], []
+        for _ in range(3):  # interleaved, so that both see the same machine
+            direct.append(ping(self.upstream))
+            proxied.append(ping(str(self.path)))
+        with self._lock:  # the pings are not the controller's
+            self.requests = [r for r in self.requests if r[2] != "/_ping" or r[1] != "GET"]
+        d, p = statistics.median(direct), statistics.median(proxied)
+        return {"direct_us": round(d, 1), "proxied_us": round(p, 1), "added_us": round(p - d, 1)}
+
+    def close(self) -> None:
+        if self._server is not None:
+            with contextlib.suppress(OSError):
+                self._server.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for c in conns:
+            with contextlib.suppress(OSError):
+                c.close()
+
+
+@contextlib.contextmanager
+def recording_proxy(tmp: Path) -> Iterator[RecordingProxy]:
+    upstream = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if not upstream.startswith("unix://"):
+        raise SystemExit(f"bench_loop: the recording proxy needs a unix socket, not {upstream}")
+    proxy = RecordingProxy(upstream.removeprefix("unix://"), tmp / "docker.sock").start()
+    try:
+        yield proxy
+    finally:
+        proxy.close()
+
+
 # ------------------------------------------------------------------ the controller
 
 
@@ -260,7 +433,12 @@ class Controller:
 
     @classmethod
     def start(
-        cls, tmp: Path, manifest_path: Path, resync_s: float, extra: Sequence[str]
+        cls,
+        tmp: Path,
+        manifest_path: Path,
+        resync_s: float,
+        extra: Sequence[str],
+        docker_host: str | None = None,
     ) -> Controller:
         log_path = tmp / f"run-{uuid.uuid4().hex[:6]}.log"
         argv = [
@@ -278,7 +456,10 @@ class Controller:
             *extra,
         ]
         with log_path.open("wb") as fh:
-            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO)
+            env = dict(os.environ)
+            if docker_host is not None:
+                env["DOCKER_HOST"] = docker_host
+            proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, cwd=REPO, env=env)
         ctl = cls(proc, log_path)
         wait_for("the controller to start", lambda: ctl.find("vramctl run: ") or ctl.dead())
         if proc.poll() is not None:
@@ -346,9 +527,13 @@ class Controller:
 
 @contextlib.contextmanager
 def controller(
-    tmp: Path, manifest_path: Path, resync_s: float, extra: Sequence[str]
+    tmp: Path,
+    manifest_path: Path,
+    resync_s: float,
+    extra: Sequence[str],
+    docker_host: str | None = None,
 ) -> Iterator[Controller]:
-    ctl = Controller.start(tmp, manifest_path, resync_s, extra)
+    ctl = Controller.start(tmp, manifest_path, resync_s, extra, docker_host)
     try:
         yield ctl
     finally:
@@ -361,15 +546,22 @@ def controller(
 
 
 def one_edit(
-    fleet: Fleet, ctl: Controller, path: Path, names: Sequence[str], desired: str
+    fleet: Fleet,
+    proxy: RecordingProxy,
+    ctl: Controller,
+    path: Path,
+    names: Sequence[str],
+    desired: str,
 ) -> dict[str, Any]:
     """Flip the first serve to ``desired``; time the reaction; wait for the plan to end."""
     target, serve = names[0], "s00"
+    refs = {target, fleet.client.containers.get(target).id}
     text = manifest(names, {target: desired})
     path.write_text(text)
     t_ns = time.time_ns()
     t_wall = t_ns / 1e9
-    first = wait_for("the plan's first docker call", lambda: fleet.first_call_after(target, t_ns))
+    call = wait_for("the plan's first docker call", lambda: proxy.first_mutation(refs, t_ns))
+    first = wait_for("the plan's first docker event", lambda: fleet.first_call_after(target, t_ns))
     reloaded = wait_for("the reload log", lambda: ctl.find("manifest: reloaded", t_wall))
     last = "release" if desired == "stopped" else "await_ready"
     want = "exited" if desired == "stopped" else "running"
@@ -382,10 +574,23 @@ def one_edit(
     return {
         "bench": "reaction",
         "direction": "stop" if desired == "stopped" else "start",
-        "first_call": first.get("Action"),
-        "reaction_ms": round((int(first["timeNano"]) - t_ns) / 1e6, 1),
+        "first_call": f"{call[1]} {call[2]}",
+        "reaction_ms": round((call[0] - t_ns) / 1e6, 1),
+        # the controller's requests from the write to that call (every one passed the
+        # relay: their number times proxy_added_us bounds what the relay cost the call)
+        "calls_before": len(proxy.between(t_ns, call[0])),
+        "first_event": first.get("Action"),
+        "event_ms": round((int(first["timeNano"]) - t_ns) / 1e6, 1),
         "detect_ms": round((float(reloaded["time"]["timestamp"]) - t_wall) * 1000, 1),
         "step_begin_ms": round((begin - t_wall) * 1000, 1),
+    }
+
+
+def _summary(lines: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    return {
+        **stats([x["reaction_ms"] for x in lines]),
+        "event": stats([x["event_ms"] for x in lines]),
+        "median_step_begin_ms": round(statistics.median(x["step_begin_ms"] for x in lines), 1),
     }
 
 
@@ -397,35 +602,33 @@ def bench_reaction(
     path = tmp / "serves.toml"
     path.write_text(manifest(names, {}))
     lines: list[dict[str, Any]] = []
-    with controller(tmp, path, args.resync, extra) as ctl:
-        time.sleep(1.0)  # let the first cycle find nothing to do
-        for i in range(args.edits):
-            line = {
-                "edit": i + 1,
-                **one_edit(fleet, ctl, path, names, ("stopped", "running")[i % 2]),
-            }
-            print(json.dumps(line), flush=True)
-            lines.append(line)
-            time.sleep(0.5)
+    with recording_proxy(tmp) as proxy:
+        overhead = {"bench": "proxy_overhead", **proxy.overhead_us()}
+        print(json.dumps(overhead), flush=True)
+        with controller(tmp, path, args.resync, extra, proxy.docker_host) as ctl:
+            time.sleep(1.0)  # let the first cycle find nothing to do
+            for i in range(args.edits):
+                line = {
+                    "edit": i + 1,
+                    **one_edit(fleet, proxy, ctl, path, names, ("stopped", "running")[i % 2]),
+                }
+                print(json.dumps(line), flush=True)
+                lines.append(line)
+                time.sleep(0.5)
     summary: dict[str, Any] = {
         "bench": "reaction_summary",
         "serves": args.serves,
         "edits": len(lines),
-        **stats([x["reaction_ms"] for x in lines]),
+        **_summary(lines),
         "median_detect_ms": round(statistics.median(x["detect_ms"] for x in lines), 1),
-        "median_step_begin_ms": round(statistics.median(x["step_begin_ms"] for x in lines), 1),
+        "proxy_added_us": overhead["added_us"],
     }
     for direction in ("stop", "start"):
         some = [x for x in lines if x["direction"] == direction]
         if some:
-            summary[direction] = {
-                **stats([x["reaction_ms"] for x in some]),
-                "median_step_begin_ms": round(
-                    statistics.median(x["step_begin_ms"] for x in some), 1
-                ),
-            }
+            summary[direction] = _summary(some)
     print(json.dumps(summary), flush=True)
-    return [*lines, summary]
+    return [overhead, *lines, summary]
 
 
 def bench_idle(

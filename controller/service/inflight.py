@@ -26,10 +26,10 @@ from loguru import logger
 
 from controller.adapters.engine_metrics import (
     DEFAULT_TIMEOUT_S,
+    InFlightReader,
     InFlightReading,
     InFlightSources,
     engine_kind,
-    read_all,
 )
 from controller.adapters.router import router_token
 from controller.manifest import ManifestSet
@@ -72,11 +72,16 @@ class InFlightTracker:
         | None = None,
     ) -> None:
         self._clock = clock
-        self._timeout_s = timeout_s
         self._reader = reader
         self._seen: dict[str, _Seen] = {}
         self._errors: dict[str, str | None] = {}
         self._lock = threading.Lock()
+        #: one HTTP client for every observation (made on the first read that needs one)
+        self._http = InFlightReader(timeout_s=timeout_s)
+
+    def close(self) -> None:
+        """Close the HTTP client (a later read makes a new one for itself)."""
+        self._http.close()
 
     def read(
         self,
@@ -89,11 +94,7 @@ class InFlightTracker:
         idleness starts with its run). A serve ``asleep`` is read, but nothing is
         remembered of it: its idleness starts with its wake."""
         wanted = {n: s for n, s in sources.items() if n in running}
-        readings = (
-            self._reader(wanted)
-            if self._reader is not None
-            else read_all(wanted, timeout_s=self._timeout_s)
-        )
+        readings = self._reader(wanted) if self._reader is not None else self._http(wanted)
         now = self._clock()
         out: dict[str, InFlightModel] = {}
         with self._lock:

@@ -1,8 +1,9 @@
 """The control loop behind ``vramctl run``: one reconcile at a time, level-triggered.
 
 Triggers — a manifest edit (the manifests' folders are watched, so editors that save
-by rename are seen; an edit is read once its writes settle), a container event from
-Docker's event stream, the periodic resync, an on-demand request — only *ask* for a
+by rename are seen; an edit is read once its writes settle), an event of an observed
+container from Docker's event stream (filtered to those containers by name, refreshed
+when they change), the periodic resync, an on-demand request — only *ask* for a
 cycle; requests arriving during a cycle coalesce into one more. A cycle re-reads
 everything: the manifest set (an edit that does not validate is reported with its
 located errors and the last good desired state stays in force), the host (docker +
@@ -38,8 +39,13 @@ from typing import Any
 
 from loguru import logger
 
-from controller.adapters.docker.read import ContainerObserver, make_client, manifest_containers
-from controller.adapters.nvml import NvmlApi
+from controller.adapters.docker.read import (
+    ContainerObserver,
+    event_filters,
+    make_client,
+    manifest_containers,
+)
+from controller.adapters.nvml import NvmlApi, observe_gpus
 from controller.adapters.sleep import SleepClient
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.service.cycle import CycleJournal, CycleResult, PlanInputs, run_cycle
@@ -191,6 +197,14 @@ class Controller:
         # the engines' sleep state is asked every cycle: one quick try, no retries
         self._sleep_probe = SleepClient(probe_timeout_s=1.0, attempts=1, max_wait_s=0)
         self._sleep_said: set[str] = set()  # sleep notes logged (said once, not every cycle)
+        #: the containers the loop observes: Docker's event stream is filtered to them
+        self._event_names: frozenset[str] = frozenset()
+        self._events_lock = threading.Lock()
+        #: the event stream open now and the filters it was opened with
+        self._events_stream: Any = None
+        self._events_client: Any = None
+        self._events_filters: dict[str, Any] | None = None
+        self._events_refresh = False  # the stream was closed for a new filter
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -347,6 +361,7 @@ class Controller:
             asyncio.create_task(self._watch_manifests(), name="watch-manifests"),
             asyncio.create_task(self._resync(), name="resync"),
         ] + [asyncio.create_task(service(self)) for service in self.services]
+        self._event_names = frozenset(self._observed_names())
         events = threading.Thread(target=self._docker_events, args=(loop,), daemon=True)
         events.start()
         self._recover_tiers()
@@ -367,6 +382,7 @@ class Controller:
             await asyncio.to_thread(self.starts.join, 10.0)
             await asyncio.sleep(0)  # their outcomes, handed to this loop, are journalled
             self.events.close()  # the event streams end before the API shuts down
+            self._close_docker_events()
             for task in tasks:
                 task.cancel()
             for task in tasks:
@@ -378,6 +394,9 @@ class Controller:
                 self.footprints.close()  # starts still settling: recorded with what is known
             if self._fp_observer is not None:
                 self._fp_observer.close()
+            if self._fresh_observer is not None:
+                self._fresh_observer.close()
+            self.in_flight.close()
             self.journal.close()
             self._lock.release()
         logger.info("vramctl run: stopped")
@@ -392,6 +411,7 @@ class Controller:
         self._wake.set()
 
     async def _main(self) -> None:
+        warm = False
         while not self._stopping:
             await self._wake.wait()
             self._wake.clear()
@@ -402,6 +422,28 @@ class Controller:
                 await self.reconcile(reasons)
             except Exception:  # a bug must not kill the loop; the next trigger retries
                 logger.exception("reconcile failed")
+            snap = self.last.snapshot
+            if not warm and not self._stopping and snap is not None and snap.docker == "ok":
+                warm = True  # once docker answers (unreachable, nothing would be made)
+                await asyncio.to_thread(self._warm_up)
+
+    def _warm_up(self) -> None:
+        """After the first cycle: make what the first plan needs before it is needed.
+
+        The executor's docker client negotiates the API version, and a container reader
+        inspects every container on the host the first time it lists them: tens of ms
+        each, which the first manifest edit (or the first request) would otherwise pay
+        between its observation and its first docker call. Here they are paid once, at
+        start, between two cycles (in a worker thread, never beside an execution). A
+        failure is only logged: the same things are made again when they are needed.
+        """
+        try:
+            self._executor_for()
+            self._observe_now()
+            if self.footprints is not None:
+                self._footprint_reading()
+        except Exception as exc:
+            logger.debug("warm-up: {}", exc)
 
     # ------------------------------------------------------------------ sources
     async def _watch_manifests(self) -> None:
@@ -438,12 +480,30 @@ class Controller:
             self.trigger("resync")
 
     def _docker_events(self, loop: asyncio.AbstractEventLoop) -> None:
-        """Thread: Docker's event stream -> triggers; reconnects while the loop runs."""
-        wanted = {"start", "die", "oom", "stop", "destroy", "pause", "unpause"}
+        """Thread: Docker's event stream -> triggers; reconnects while the loop runs.
+
+        The stream is filtered to the containers the loop observes (``event_filters``:
+        by name, so one created or started later is in it too); an observation whose
+        containers give another filter closes it (:meth:`_follow`) and it is opened
+        again at once with the new one. Each time it is opened a cycle is asked for:
+        whatever happened while no stream was open is observed then.
+        """
+        wanted = {"start", "die", "oom", "stop", "destroy", "pause", "unpause", "rename"}
         while not self.stop_event.is_set():
+            client = stream = None
             try:
                 client = make_client()
-                stream = client.events(decode=True, filters={"type": "container"})
+                with self._events_lock:
+                    names, self._events_refresh = self._event_names, False
+                filters = event_filters(client, names)
+                stream = client.events(decode=True, filters=filters)
+                with self._events_lock:
+                    self._events_stream, self._events_client = stream, client
+                    self._events_filters = filters
+                    stale = event_filters(client, self._event_names) != filters
+                if stale:  # the names changed while it was opened
+                    continue
+                loop.call_soon_threadsafe(self.trigger, "docker events followed")
                 for event in stream:
                     if self.stop_event.is_set():
                         break
@@ -454,8 +514,48 @@ class Controller:
             except Exception as exc:
                 if self.stop_event.is_set():
                     break
-                logger.debug("docker events: {}; reconnecting", exc)
-                self.stop_event.wait(2.0)
+                with self._events_lock:
+                    refreshed = self._events_refresh
+                if not refreshed:  # closed for a new filter: opened again at once
+                    logger.debug("docker events: {}; reconnecting", exc)
+                    self.stop_event.wait(2.0)
+            finally:
+                with self._events_lock:
+                    self._events_stream = self._events_client = self._events_filters = None
+                for closing in (stream, client):
+                    if closing is not None:
+                        with contextlib.suppress(Exception):
+                            closing.close()
+
+    def _follow(self, names: tuple[str, ...]) -> None:
+        """The containers the loop observes now: the event stream follows them.
+
+        Called with each observation's names (in its worker thread); when they give the
+        open stream another filter, the stream is closed, and the events thread opens it
+        again with the new one (and asks for a cycle: nothing between is missed).
+        """
+        wanted = frozenset(names)
+        with self._events_lock:
+            if wanted == self._event_names:
+                return
+            self._event_names = wanted
+            stream, client, filters = (
+                self._events_stream,
+                self._events_client,
+                self._events_filters,
+            )
+            if stream is None or client is None or event_filters(client, wanted) == filters:
+                return  # not open (it is opened with these names), or the same filter
+            self._events_refresh = True
+        with contextlib.suppress(Exception):
+            stream.close()
+
+    def _close_docker_events(self) -> None:
+        with self._events_lock:
+            stream = self._events_stream
+        if stream is not None:
+            with contextlib.suppress(Exception):
+                stream.close()
 
     # ---------------------------------------------------------------- reconcile
     def _reload_manifest(self) -> None:
@@ -511,9 +611,8 @@ class Controller:
         starting = self.starts.snapshot()
         records = self.journal.started()
         known = self.journal.declared()
-        names = tuple(
-            dict.fromkeys(manifest_containers(self.mset.serves) + tuple(records) + tuple(known))
-        )
+        names = self._observed_names(records, known)
+        self._follow(names)
         snap = observe_host(names, observer=self._observer, nvml=self.nvml)
         snap.starting = {
             name: StartingModel(gpu_roles=list(st.gpu_roles), mib=st.mib)
@@ -532,6 +631,19 @@ class Controller:
             router_token_file=self.options.router_token_file,
         )
         return snap
+
+    def _observed_names(
+        self,
+        records: dict[str, StartedWith] | None = None,
+        known: dict[str, StartedWith] | None = None,
+    ) -> tuple[str, ...]:
+        """The containers an observation reads: the manifest's, and those the journal
+        records as started (still holding their reservation) or as declared before."""
+        records = self.journal.started() if records is None else records
+        known = self.journal.declared() if known is None else known
+        return tuple(
+            dict.fromkeys(manifest_containers(self.mset.serves) + tuple(records) + tuple(known))
+        )
 
     def _started_in_force(
         self,
@@ -699,12 +811,20 @@ class Controller:
             logger.warning("journal: the sleep record of {} not written now: {}", container, exc)
 
     def _footprint_reading(self) -> Reading:
-        """Devices and containers now, for a footprint (from a start's thread too)."""
+        """Devices and containers now, for a footprint (from a start's thread too).
+
+        The devices are read first: without them (NVML unavailable) no container's
+        memory can be attributed either, and the reading is unknown as a whole without
+        asking docker (the executor takes it right before its docker start or stop).
+        """
         with self._fp_lock:
+            gpu = observe_gpus(self.nvml)
+            if gpu.gpus is None:
+                return Reading(None)
             if self._fp_observer is None:
                 self._fp_observer = ContainerObserver()
             names = manifest_containers(self.mset.serves)
-            snap = observe_host(names, observer=self._fp_observer, nvml=self.nvml)
+            snap = observe_host(names, observer=self._fp_observer, nvml=self.nvml, gpu=gpu)
         return Reading.of(snap.to_observed())
 
     def _observe_now(self) -> Observed:

@@ -17,7 +17,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from controller.adapters.docker.read import ContainerObserver
-from controller.adapters.nvml import NvmlApi, observe_gpus, usage_by_container
+from controller.adapters.nvml import GpuObservation, NvmlApi, observe_gpus, usage_by_container
 from controller.snapshot import SnapshotModel
 
 
@@ -28,16 +28,19 @@ def observe_host(
     nvml: NvmlApi | None = None,
     now: datetime | None = None,
     pid_to_container: Callable[[int], str | None] | None = None,
+    gpu: GpuObservation | None = None,
 ) -> SnapshotModel:
     """Observe the named containers and every GPU once; never raises for host faults.
 
     ``nvml`` defaults to the ``pynvml`` module; ``pid_to_container`` maps a host PID
     that NVML lists to a docker container id (default: its ``/proc/<pid>/cgroup``,
-    see :func:`controller.adapters.nvml.container_of_pid`).
+    see :func:`controller.adapters.nvml.container_of_pid`). ``gpu``: the devices as
+    the caller read them just before (then NVML is not read again).
     """
     taken = (now or datetime.now(UTC)).isoformat().replace("+00:00", "Z")
     snap = observer.observe(containers)
-    gpu = observe_gpus(nvml, pid_to_container=pid_to_container)
+    if gpu is None:
+        gpu = observe_gpus(nvml, pid_to_container=pid_to_container)
     model = snap.to_snapshot_model(gpus=gpu.gpus, taken_at=taken)
     model.nvml_error = gpu.error
     if snap.docker_ok and gpu.gpus is not None:

@@ -52,6 +52,9 @@ exception leaves :func:`observe_containers`.
 
 The client honours ``DOCKER_HOST``, ``DOCKER_TLS_VERIFY``, ``DOCKER_CERT_PATH`` and
 the current Docker context (:func:`make_client`, through ``docker.from_env``).
+:func:`event_filters` gives the filters of an event stream of the named containers
+only (the loop follows its observed containers that way, so other containers on a
+shared daemon wake nothing).
 
 This module only reads: it must not create, start, stop, kill, pause, rename or
 remove a container, pull an image or change anything else on the daemon, and it
@@ -77,10 +80,12 @@ __all__ = [
     "COMPOSE_PROJECT_LABEL",
     "COMPOSE_SERVICE_LABEL",
     "DEFAULT_TIMEOUT_S",
+    "MAX_EVENT_NAMES",
     "ContainerObserver",
     "ContainerSnapshot",
     "InspectCache",
     "UndeclaredGpuContainer",
+    "event_filters",
     "gpu_request",
     "make_client",
     "manifest_containers",
@@ -344,6 +349,30 @@ def make_client(
     if environment is not None:
         kwargs["environment"] = dict(environment)
     return docker.from_env(**kwargs)
+
+
+#: Most container names an event stream is filtered to; with more, the stream has every
+#: container's events (a filter is sent in the request's URL, and proxies in front of a
+#: daemon may bound its length).
+MAX_EVENT_NAMES = 256
+
+
+def event_filters(client: docker.DockerClient, names: Collection[str]) -> dict[str, Any]:
+    """The filters of a Docker event stream for the containers named ``names``.
+
+    Docker matches each ``container`` filter against an event's container name and id,
+    by prefix, and keeps an event that matches any of them, whether the container
+    existed when the stream began or not: a declared container created or started later
+    (by the controller, an ``up`` command or by hand) is in the stream. With no names,
+    more than :data:`MAX_EVENT_NAMES`, or a daemon reached over SSH (its stream cannot be
+    closed from another thread, so it could never be refreshed), the filter is only
+    ``type=container``: every container's events.
+    """
+    filters: dict[str, Any] = {"type": "container"}
+    over_ssh = str(getattr(client.api, "base_url", "")).endswith("//ssh")
+    if names and len(names) <= MAX_EVENT_NAMES and not over_ssh:
+        filters["container"] = sorted(set(names))
+    return filters
 
 
 def manifest_containers(serves: Mapping[str, Any]) -> tuple[str, ...]:

@@ -1,0 +1,203 @@
+"""The loop follows Docker's events of the containers it observes, and only those.
+
+Against the real daemon, with the loop in-process and a resync of an hour, so that only
+Docker's events (and the loop's own triggers) wake it: a declared container started or
+stopped outside the controller wakes a cycle that sees it; a container of someone else
+on the same daemon wakes nothing; a container declared by an edit is followed from the
+reload on, even when it is created only afterwards.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TypeVar
+
+import docker
+import pynvml
+import pytest
+from docker.errors import NotFound
+from fakes_nvml import FakeNvml, nvml_error
+
+from controller.manifest import load_manifest_set
+from controller.service.loop import Controller, RunOptions
+
+pytestmark = pytest.mark.docker
+
+WAIT_S = 60.0
+T = TypeVar("T")
+
+SERVE = """
+[[serve]]
+name = "{name}"
+container = "{container}"
+gpu_role = "a"
+vram_mib = 1000
+residency = "resident"
+desired = "{desired}"
+stop_timeout_s = 1
+"""
+
+
+def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S) -> T:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = check()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
+        time.sleep(0.05)
+
+
+def manifest(serves: list[tuple[str, str, str]]) -> str:
+    head = '[[gpu_roles]]\nid = "a"\nvram_mib = 100000\nreserve_mib = 0\n'
+    return head + "".join(
+        SERVE.format(name=n, container=c, desired=d) for n, c, d in serves
+    )
+
+
+class Running:
+    """A controller running its loop in a thread; every cycle's reasons and snapshot."""
+
+    def __init__(self, controller: Controller) -> None:
+        self.controller = controller
+        self.cycles: list[tuple[tuple[str, ...], dict[str, str]]] = []
+        self._lock = threading.Lock()
+        controller.on_cycle.append(self._seen)
+        self.code: list[int] = []
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        self.code.append(asyncio.run(self.controller.run()))
+
+    def _seen(self, c: Controller) -> None:
+        snap = c.last.snapshot
+        states = {} if snap is None else {n: str(m.state) for n, m in snap.containers.items()}
+        with self._lock:
+            self.cycles.append((c.last.reasons, states))
+
+    def seen(self) -> list[tuple[tuple[str, ...], dict[str, str]]]:
+        with self._lock:
+            return list(self.cycles)
+
+    def reasons(self) -> list[str]:
+        return [r for reasons, _ in self.seen() for r in reasons]
+
+    def woken_by(self, reason: str, container: str, state: str) -> bool:
+        """A cycle asked for by ``reason`` saw ``container`` in ``state``."""
+        return any(
+            any(r.startswith(reason) for r in reasons) and states.get(container) == state
+            for reasons, states in self.seen()
+        )
+
+    def stop(self) -> None:
+        aio = wait_for("the loop to start", lambda: self.controller._aio)
+        aio.call_soon_threadsafe(self.controller.stop)
+        self.thread.join(WAIT_S)
+        assert not self.thread.is_alive() and self.code == [0]
+
+
+@pytest.fixture
+def names(docker_client: docker.DockerClient) -> Iterator[Callable[[str], str]]:
+    made: list[str] = []
+
+    def name(what: str) -> str:
+        made.append(f"vramctl-test-{uuid.uuid4().hex[:10]}-{what}")
+        return made[-1]
+
+    yield name
+    for n in made:
+        with contextlib.suppress(NotFound):
+            docker_client.containers.get(n).remove(force=True)
+
+
+def create(client: docker.DockerClient, image: str, name: str) -> None:
+    client.containers.create(
+        image,
+        ["sleep", "3600"],
+        name=name,
+        init=True,
+        network_mode="host",
+        labels={"vramctl.test": "1"},
+    )
+
+
+def controller(tmp_path: Path, text: str) -> tuple[Controller, Path]:
+    path = tmp_path / "serves.toml"
+    path.write_text(text)
+    c = Controller(
+        RunOptions(manifests=(path,), state_dir=tmp_path / "state", resync_s=3600.0),
+        load_manifest_set([path]),
+    )
+    c.nvml = FakeNvml(init_error=nvml_error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    return c, path
+
+
+def test_outside_starts_and_stops_of_declared_containers_wake_the_loop_others_do_not(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    kept, off, other = names("kept"), names("off"), names("other")
+    for n in (kept, off, other):
+        create(docker_client, test_image, n)
+    c, _ = controller(tmp_path, manifest([("kept", kept, "running"), ("off", off, "stopped")]))
+    run = Running(c)
+    try:
+        # the loop starts "kept" itself, and its own start is seen
+        wait_for("the loop to start kept", lambda: run.woken_by("docker start", kept, "running"))
+        wait_for(
+            "a cycle after the start",
+            lambda: any(s.get(kept) == "running" for _, s in run.seen()[-1:]),
+        )
+        # someone else's container on the same daemon: no cycle for it
+        docker_client.containers.get(other).start()
+        # a declared container started outside the controller: seen at once
+        docker_client.containers.get(off).start()
+        wait_for(
+            "the outside start of off",
+            lambda: run.woken_by(f"docker start {off}", off, "running"),
+        )
+        # and one stopped outside
+        docker_client.containers.get(kept).stop(timeout=1)
+        wait_for(
+            "the outside stop of kept",
+            lambda: run.woken_by(f"docker die {kept}", kept, "exited")
+            or run.woken_by(f"docker stop {kept}", kept, "exited"),
+        )
+        assert not [r for r in run.reasons() if other in r]
+    finally:
+        run.stop()
+
+
+def test_a_container_declared_by_an_edit_is_followed_once_reloaded(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    first, late = names("first"), names("late")
+    create(docker_client, test_image, first)
+    c, path = controller(tmp_path, manifest([("first", first, "stopped")]))
+    run = Running(c)
+    try:
+        wait_for("the first cycle", run.seen)
+        path.write_text(manifest([("first", first, "stopped"), ("late", late, "stopped")]))
+        wait_for("the reload", lambda: "late" in c.mset.serves and len(run.seen()) >= 2)
+        # created and started by hand after the edit: the loop has never seen it
+        create(docker_client, test_image, late)
+        docker_client.containers.get(late).start()
+        wait_for(
+            "the outside start of late",
+            lambda: any(states.get(late) == "running" for _, states in run.seen()),
+        )
+    finally:
+        run.stop()
