@@ -13,9 +13,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from statemachine.isolated import decide
 from statemachine.ledger import RoleTerms, ledger_from_observed
 from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
 from statemachine.types import DesiredState, Observed, OnDemandRequest
+
+DEFAULT_POLICY = Policy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +97,36 @@ def fit_serve(
     this serve (every other serve treated as unmanaged), so the answer lists exactly
     what *this* start would cost. Only an on-demand serve may evict; for any other
     the answer is the plain admission arithmetic.
+
+    Where :func:`statemachine.isolated.decide` can tell the planner's answer without
+    running it (a start that fits, or fits after stopping evictable victims) the plan
+    is not built; the answer is :func:`fit_serve_by_planner`'s in every case.
     """
+    return _fit(desired, observed, serve_name, policy, now, shortcut=True)
+
+
+def fit_serve_by_planner(
+    desired: DesiredState,
+    observed: Observed,
+    serve_name: str,
+    *,
+    policy: Policy | None = None,
+    now: float,
+) -> FitResult:
+    """:func:`fit_serve`'s answer, always read off the planner's plan for the request
+    (the reference the shortcut is held to)."""
+    return _fit(desired, observed, serve_name, policy, now, shortcut=False)
+
+
+def _fit(
+    desired: DesiredState,
+    observed: Observed,
+    serve_name: str,
+    policy: Policy | None,
+    now: float,
+    *,
+    shortcut: bool,
+) -> FitResult:
     serve = desired.serves[serve_name]
     ledger = ledger_from_observed(desired, observed)
     in_ledger = serve.vram_mib is not None and desired.in_ledger(serve)
@@ -119,6 +151,22 @@ def fit_serve(
             f"{serve.name} is already running{what}",
             ledger.terms(serve.name, serve.gpu_roles, 0) if in_ledger else (),
         )
+    direct = (
+        decide(desired, observed, serve, ledger, policy or DEFAULT_POLICY, now)
+        if shortcut
+        else None
+    )
+    if direct is not None:  # the planner's answer, reached without the planner
+        if not in_ledger:
+            why = "declares no vram_mib" if serve.vram_mib is None else "has no role with capacity"
+            reason = f"{serve.name} {why}: the ledger does not govern it"
+        elif direct.evict:
+            reason = f"{serve.name} fits after " + ", ".join(
+                f"stopping {name}" for name in direct.evict
+            )
+        else:
+            reason = _fits_reason(serve.name, terms)
+        return FitResult(serve.name, True, reason, terms, drain=direct.drain, evict=direct.evict)
     plan = request_plan(desired, observed, serve.name, policy=policy, now=now)
     blocked = [b for b in plan.blocked if b.serve == serve.name]
     if blocked:
@@ -149,9 +197,7 @@ def fit_serve(
             + [f"shrinking {s['serve']} by {s['give_mib']} MiB" for s in shrinks]
         )
     else:
-        reason = f"{serve.name} fits: " + "; ".join(
-            f"{t.requested_mib} MiB requested, {t.free_mib} MiB free on {t.gpu_role}" for t in terms
-        )
+        reason = _fits_reason(serve.name, terms)
     if asleep:
         reason = f"{serve.name} sleeps and is woken, not started; {reason}"
     return FitResult(
@@ -164,4 +210,11 @@ def fit_serve(
         shrink=shrinks,
         sleep=tuple(sleeps),
         wake=asleep,
+    )
+
+
+def _fits_reason(name: str, terms: tuple[RoleTerms, ...]) -> str:
+    """Why a serve fits with nothing stopped: each role's request against its free MiB."""
+    return f"{name} fits: " + "; ".join(
+        f"{t.requested_mib} MiB requested, {t.free_mib} MiB free on {t.gpu_role}" for t in terms
     )
