@@ -16,7 +16,7 @@ from typing import Any
 from statemachine.isolated import decide
 from statemachine.ledger import RoleTerms, ledger_from_observed
 from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
-from statemachine.types import DesiredState, Observed, OnDemandRequest
+from statemachine.types import DesiredState, Observed, OnDemandRequest, ServeSpec
 
 DEFAULT_POLICY = Policy()
 
@@ -157,16 +157,7 @@ def _fit(
         else None
     )
     if direct is not None:  # the planner's answer, reached without the planner
-        if not in_ledger:
-            why = "declares no vram_mib" if serve.vram_mib is None else "has no role with capacity"
-            reason = f"{serve.name} {why}: the ledger does not govern it"
-        elif direct.evict:
-            reason = f"{serve.name} fits after " + ", ".join(
-                f"stopping {name}" for name in direct.evict
-            )
-        else:
-            reason = _fits_reason(serve.name, terms)
-        return FitResult(serve.name, True, reason, terms, drain=direct.drain, evict=direct.evict)
+        return _fits(serve, terms, in_ledger, direct.evict, direct.drain)
     plan = request_plan(desired, observed, serve.name, policy=policy, now=now)
     blocked = [b for b in plan.blocked if b.serve == serve.name]
     if blocked:
@@ -179,37 +170,59 @@ def _fit(
             blockers=tuple(p.serve for p in b.protected),
             protected=b.protected,
         )
-    stops = [s for s in plan.steps if s.action is Action.STOP]
-    sleeps = [s.serve for s in plan.steps if s.action is Action.SLEEP]
-    drains = [s.serve for s in plan.steps if s.action is Action.DRAIN]
     shrinks = tuple(
         {"serve": s.serve, "give_mib": s.mib, "to_mib": s.to_mib}
         for s in plan.steps
         if s.action is Action.SHRINK
     )
+    return _fits(
+        serve,
+        terms,
+        in_ledger,
+        tuple(s.serve for s in plan.steps if s.action is Action.STOP),
+        tuple(s.serve for s in plan.steps if s.action is Action.DRAIN),
+        shrinks,
+        tuple(s.serve for s in plan.steps if s.action is Action.SLEEP),
+        wake=asleep,
+    )
+
+
+def _fits(
+    serve: ServeSpec,
+    terms: tuple[RoleTerms, ...],
+    in_ledger: bool,
+    evict: tuple[str, ...],
+    drain: tuple[str, ...],
+    shrinks: tuple[dict[str, Any], ...] = (),
+    sleeps: tuple[str, ...] = (),
+    *,
+    wake: bool = False,
+) -> FitResult:
+    """The answer for a start the plan carries out: what it stops, drains, puts to
+    sleep and shrinks first, and why it fits."""
     if not in_ledger:
         why = "declares no vram_mib" if serve.vram_mib is None else "has no role with capacity"
         reason = f"{serve.name} {why}: the ledger does not govern it"
-    elif stops or shrinks or sleeps:
+    elif evict or shrinks or sleeps:
         reason = f"{serve.name} fits after " + ", ".join(
-            [f"stopping {s.serve}" for s in stops]
+            [f"stopping {name}" for name in evict]
             + [f"putting {name} to sleep" for name in sleeps]
             + [f"shrinking {s['serve']} by {s['give_mib']} MiB" for s in shrinks]
         )
     else:
         reason = _fits_reason(serve.name, terms)
-    if asleep:
+    if wake:
         reason = f"{serve.name} sleeps and is woken, not started; {reason}"
     return FitResult(
         serve.name,
         True,
         reason,
         terms,
-        drain=tuple(drains),
-        evict=tuple(s.serve for s in stops),
+        drain=drain,
+        evict=evict,
         shrink=shrinks,
-        sleep=tuple(sleeps),
-        wake=asleep,
+        sleep=sleeps,
+        wake=wake,
     )
 
 

@@ -72,39 +72,36 @@ def decide(
     ``serve`` does not run (its container holds no memory, or it sleeps).
     """
     name = serve.name
-    if (
-        serve.residency is not Residency.ON_DEMAND
-        or name in policy.hold
-        or name in observed.starting
-        or observed.sleep_of(name).asleep
-        or ledger.holds(name)
-        or request_end(OnDemandRequest(name, now), serve, observed).expired(now)
-    ):
+    if _own_rule_applies(serve, ledger, policy, observed, now):
         return None
-    serves = desired.serves
+    short = _shortfall(serve, desired, ledger)
     starting = observed.starting
     container = observed.container
-    running: list[ServeSpec] = []
-    for other in serves.values():
+    exclusive, port, roles = serve.exclusive, serve.port, serve.gpu_roles
+    sizes_from_free = serve.sizes_from_free
+    on_short: list[ServeSpec] = []  # running, on a short role, as declared
+    loading = False  # an engine sizing itself from free memory starts on one of its roles
+    for other in desired.serves.values():
         if other.name == name:
             continue
-        if container(other.container).holds or other.name in starting:
-            if conflict(serve, other) is not None:
-                return None
-            running.append(other)
-    if serve.sizes_from_free and _peer_loads(serve, running, observed):
+        obs = container(other.container)
+        if not (obs.holds or other.name in starting):
+            continue
+        # conflict() finds nothing unless one of the two is exclusive or they share a
+        # port: the call is spared where neither holds
+        if (exclusive or other.exclusive or (port is not None and other.port == port)) and conflict(
+            serve, other
+        ) is not None:
+            return None
+        if sizes_from_free and not loading:
+            loading = _loads(other, other.name in starting or obs.health == "starting", roles)
+        if (other.gpu_roles == roles or any(r in short for r in other.gpu_roles)) and short:
+            on_short.append(other)
+    if loading:
         return None
-    if serve.vram_mib is None or not desired.in_ledger(serve):
-        return NO_ROOM_NEEDED
-    mib = serve.vram_mib
-    short: dict[str, int] = {}
-    for r in serve.gpu_roles:
-        free = ledger.free_mib(r)
-        if mib > free:
-            short[r] = mib - free
     if not short:
         return NO_ROOM_NEEDED
-    cands = _candidates(serve, running, short, ledger, policy, observed, now)
+    cands = _candidates(on_short, short, ledger, policy, observed, now)
     if cands is None:
         return None
     chosen = choose_victims(cands, short, exact_limit=policy.exact_search_limit)
@@ -114,63 +111,80 @@ def decide(
     drain = tuple(
         c.name
         for c in chosen
-        if serves[c.name].router_tier and not observed.sleep_of(c.name).asleep
+        if desired.serves[c.name].router_tier and not observed.sleep_of(c.name).asleep
     )
     return Decision(evict, drain)
 
 
-def _peer_loads(serve: ServeSpec, running: list[ServeSpec], observed: Observed) -> bool:
-    """True when an engine that sizes itself from free memory starts or loads on one of
-    ``serve``'s roles (the planner then makes ``serve`` wait)."""
-    for peer in running:
-        if not peer.sizes_from_free or not any(r in peer.gpu_roles for r in serve.gpu_roles):
-            continue
-        if (
-            peer.name in observed.starting
-            or observed.container(peer.container).health == "starting"
-        ):
-            return True
-    return False
+def _shortfall(serve: ServeSpec, desired: DesiredState, ledger: Ledger) -> dict[str, int]:
+    """The MiB ``serve``'s start lacks on each of its roles where free is short (none
+    when the ledger does not govern it)."""
+    mib = serve.vram_mib
+    if mib is None or not desired.in_ledger(serve):
+        return {}
+    return {r: mib - free for r in serve.gpu_roles if mib > (free := ledger.free_mib(r))}
+
+
+def _loads(other: ServeSpec, starts: bool, roles: tuple[str, ...]) -> bool:
+    """True when ``other`` is an engine that sizes itself from free memory and starts
+    (``starts``: in progress, or its healthcheck still says so) on one of ``roles``."""
+    return other.sizes_from_free and starts and any(r in other.gpu_roles for r in roles)
+
+
+def _own_rule_applies(
+    serve: ServeSpec, ledger: Ledger, policy: Policy, observed: Observed, now: float
+) -> bool:
+    """True when the planner applies a rule of the requester's own to it: it is not
+    on-demand, held back, starting, asleep, still counted, or its request has ended."""
+    name = serve.name
+    return (
+        serve.residency is not Residency.ON_DEMAND
+        or name in policy.hold
+        or name in observed.starting
+        or observed.sleep_of(name).asleep
+        or ledger.holds(name)
+        # a request without a TTL of its own ends only by the serve's idle_ttl_s
+        or (
+            serve.idle_ttl_s is not None
+            and request_end(OnDemandRequest(name, now), serve, observed).expired(now)
+        )
+    )
 
 
 def _candidates(
-    serve: ServeSpec,
-    running: list[ServeSpec],
+    on_short: list[ServeSpec],
     short: dict[str, int],
     ledger: Ledger,
     policy: Policy,
     observed: Observed,
     now: float,
 ) -> list[Candidate] | None:
-    """The eviction candidates on the short roles, in the planner's order (the short
-    roles in the requester's order, each role's serves as declared); None when one of
-    the holders could be shrunk or put to sleep instead (the planner weighs those)."""
+    """The eviction candidates among the running serves on the short roles, in the
+    planner's order (the short roles in the requester's order, each role's serves as
+    declared); None when one of the holders could be shrunk or put to sleep instead
+    (the planner weighs those)."""
+    if len(short) > 1:  # role by role, each serve once
+        on_short = list({o.name: o for r in short for o in on_short if r in o.gpu_roles}.values())
     holdings = ledger.holdings
-    by_name = {o.name: o for o in running}
-    order: dict[str, None] = {}
-    for r in short:
-        for o in running:
-            if r in o.gpu_roles:
-                order[o.name] = None
     cands: list[Candidate] = []
-    for n in order:
+    for o in on_short:
+        n = o.name
         res = holdings.get(n)
         if res is None:
             continue
-        o = by_name[n]
         if o.elastic is not None and _may_give_back(o, res.mib, policy, observed, now):
             return None
         if (
             o.residency is not Residency.EVICTABLE
             or n in observed.starting
-            or inside_min_runtime(o, observed, now) is not None
+            or (o.min_runtime_s > 0 and inside_min_runtime(o, observed, now) is not None)
         ):
             continue  # protected: it only matters when nothing covers (the planner says)
-        if _could_sleep(o, res.mib, policy, observed):
+        if o.sleep is not None and _could_sleep(o, res.mib, policy, observed):
             return None
-        c = observed.container(o.container)
         busy = observed.requests_in_flight(n).count
-        cands.append(Candidate(n, res.gpu_roles, res.mib, o.priority, c.started_at, busy))
+        started = observed.container(o.container).started_at
+        cands.append(Candidate(n, res.gpu_roles, res.mib, o.priority, started, busy))
     return cands
 
 
