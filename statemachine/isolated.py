@@ -35,6 +35,7 @@ from statemachine.idleness import request_end
 from statemachine.ledger import Ledger
 from statemachine.plan import Policy
 from statemachine.types import (
+    ContainerObs,
     DesiredState,
     Observed,
     OnDemandRequest,
@@ -79,7 +80,8 @@ def decide(
     container = observed.container
     exclusive, port, roles = serve.exclusive, serve.port, serve.gpu_roles
     sizes_from_free = serve.sizes_from_free
-    on_short: list[ServeSpec] = []  # running, on a short role, as declared
+    on_short: list[tuple[ServeSpec, ContainerObs]] = []  # running, on a short role, as declared
+    short_roles = short.keys()
     loading = False  # an engine sizing itself from free memory starts on one of its roles
     for other in desired.serves.values():
         if other.name == name:
@@ -95,8 +97,8 @@ def decide(
             return None
         if sizes_from_free and not loading:
             loading = _loads(other, other.name in starting or obs.health == "starting", roles)
-        if (other.gpu_roles == roles or any(r in short for r in other.gpu_roles)) and short:
-            on_short.append(other)
+        if short and not short_roles.isdisjoint(other.gpu_roles):
+            on_short.append((other, obs))
     if loading:
         return None
     if not short:
@@ -152,7 +154,7 @@ def _own_rule_applies(
 
 
 def _candidates(
-    on_short: list[ServeSpec],
+    on_short: list[tuple[ServeSpec, ContainerObs]],
     short: dict[str, int],
     ledger: Ledger,
     policy: Policy,
@@ -164,10 +166,12 @@ def _candidates(
     declared); None when one of the holders could be shrunk or put to sleep instead
     (the planner weighs those)."""
     if len(short) > 1:  # role by role, each serve once
-        on_short = list({o.name: o for r in short for o in on_short if r in o.gpu_roles}.values())
+        on_short = list(
+            {o.name: (o, obs) for r in short for o, obs in on_short if r in o.gpu_roles}.values()
+        )
     holdings = ledger.holdings
     cands: list[Candidate] = []
-    for o in on_short:
+    for o, obs in on_short:
         n = o.name
         res = holdings.get(n)
         if res is None:
@@ -183,8 +187,7 @@ def _candidates(
         if o.sleep is not None and _could_sleep(o, res.mib, policy, observed):
             return None
         busy = observed.requests_in_flight(n).count
-        started = observed.container(o.container).started_at
-        cands.append(Candidate(n, res.gpu_roles, res.mib, o.priority, started, busy))
+        cands.append(Candidate(n, res.gpu_roles, res.mib, o.priority, obs.started_at, busy))
     return cands
 
 
