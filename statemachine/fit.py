@@ -1,9 +1,10 @@
 """The fit answer: can a serve run now, and at what cost (docs/design.md §5 fit JSON).
 
 ``fit_serve`` asks the planner what an on-demand request for the serve would do,
-without doing it, and reduces that to the fit contract: whether it fits, every term
-of each role's arithmetic, and what would be drained, shrunk or evicted, or what
-blocks it.
+without doing it (where the answer is plain, :mod:`statemachine.isolated` gives the
+planner's answer without building the plan), and reduces that to the fit contract:
+whether it fits, every term of each role's arithmetic, and what would be drained,
+shrunk or evicted, or what blocks it.
 
 Pure: no I/O, no clock (``now`` is an argument), no docker.
 """

@@ -13,7 +13,9 @@ The order of preference (docs/design.md §3) is lexicographic over a candidate s
 
 While there are at most ``exact_limit`` candidates the search is exact: sets are
 enumerated by size, sizes that even the largest candidates cannot cover are skipped,
-and the first size with a cover yields the best set by the key above. Beyond the
+and the first size with a cover yields the best set by the key above (a cover's
+victims that may be busy and its overshoot are read off tables first; the whole key
+is computed only for the covers best on those). Beyond the
 bound a documented greedy is used: *largest first* (take candidates by MiB, largest
 first, until every role's shortfall is covered), then *prune* (drop any victim whose
 removal keeps the cover, smallest first) and *swap* (replace a victim by the smallest
@@ -234,28 +236,17 @@ def _exact_one_role(
     busy = [0 if c.idle else 1 for c in pool]
     for k in range(least, len(pool) + 1):
         # each cover of this size with the key's (possibly busy, overshoot)
-        if k == 1:
-            heads = [(busy[i], m - need, (i,)) for i, m in enumerate(mib) if m >= need]
-        elif k == 2:
-            n = len(pool)
-            heads = [
-                (busy[i] + busy[j], got - need, (i, j))
-                for i in range(n)
-                for j in range(i + 1, n)
-                if (got := mib[i] + mib[j]) >= need
-            ]
-        else:
-            heads = [
-                (sum(map(busy.__getitem__, picks)), got - need, picks)
-                for picks in combinations(range(len(pool)), k)
-                if (got := sum(map(mib.__getitem__, picks))) >= need
-            ]
+        heads = [
+            (sum(map(busy.__getitem__, picks)), got - need, picks)
+            for picks in combinations(range(len(pool)), k)
+            if (got := sum(map(mib.__getitem__, picks))) >= need
+        ]
         if heads:
             top = min((b, o) for b, o, _ in heads)
             # only the covers best on those can be best on the key (which orders
             # a set whatever the order of its members: the names end it)
             tied = [tuple(pool[i] for i in picks) for b, o, picks in heads if (b, o) == top]
-            best = tied[0] if len(tied) == 1 else min(tied, key=lambda s: preference_key(s, short))
+            best = min(tied, key=lambda s: preference_key(s, short))
             return tuple(sorted(best, key=lambda c: c.name))
     return None  # unreachable: the whole pool is a cover of the last size
 
