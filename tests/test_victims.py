@@ -752,3 +752,10 @@ def test_a_pool_of_exactly_the_limit_over_two_roles_is_searched_exactly() -> Non
     z = Candidate("z", ("b",), 12)
     assert choose_victims([x, y, z], {"a": 10, "b": 10}, exact_limit=3) == (x,)
     assert len(choose_victims([x, y, z], {"a": 10, "b": 10}, exact_limit=2) or ()) == 2
+
+
+def test_covers_tied_on_busy_and_overshoot_over_two_roles_go_by_priority() -> None:
+    # both free exactly the shortfall on both roles; q is the less important victim
+    p = Candidate("p", ("a", "b"), 10, priority=2)
+    q = Candidate("q", ("a", "b"), 10, priority=0)
+    assert choose_victims([p, q], {"a": 10, "b": 10}) == (q,)
