@@ -246,7 +246,8 @@ def _exact_one_role(
             # only the covers best on those can be best on the key (which orders
             # a set whatever the order of its members: the names end it)
             tied = [tuple(pool[i] for i in picks) for b, o, picks in heads if (b, o) == top]
-            best = min(tied, key=lambda s: preference_key(s, short))
+            # (the key is computed only where covers tie on those)
+            best = tied[0] if len(tied) == 1 else min(tied, key=lambda s: preference_key(s, short))
             return tuple(sorted(best, key=lambda c: c.name))
     return None  # unreachable: the whole pool is a cover of the last size
 
