@@ -1,9 +1,10 @@
 """The fit answer: can a serve run now, and at what cost (docs/design.md §5 fit JSON).
 
 ``fit_serve`` asks the planner what an on-demand request for the serve would do,
-without doing it, and reduces that to the fit contract: whether it fits, every term
-of each role's arithmetic, and what would be drained, shrunk or evicted, or what
-blocks it.
+without doing it (where the answer is plain, :mod:`statemachine.isolated` gives the
+planner's answer without building the plan), and reduces that to the fit contract:
+whether it fits, every term of each role's arithmetic, and what would be drained,
+shrunk or evicted, or what blocks it.
 
 Pure: no I/O, no clock (``now`` is an argument), no docker.
 """
@@ -13,9 +14,12 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
+from statemachine.isolated import decide
 from statemachine.ledger import RoleTerms, ledger_from_observed
 from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
-from statemachine.types import DesiredState, Observed, OnDemandRequest
+from statemachine.types import DesiredState, Observed, OnDemandRequest, ServeSpec
+
+DEFAULT_POLICY = Policy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,7 +98,36 @@ def fit_serve(
     this serve (every other serve treated as unmanaged), so the answer lists exactly
     what *this* start would cost. Only an on-demand serve may evict; for any other
     the answer is the plain admission arithmetic.
+
+    Where :func:`statemachine.isolated.decide` can tell the planner's answer without
+    running it (a start that fits, or fits after stopping evictable victims) the plan
+    is not built; the answer is :func:`fit_serve_by_planner`'s in every case.
     """
+    return _fit(desired, observed, serve_name, policy, now, shortcut=True)
+
+
+def fit_serve_by_planner(
+    desired: DesiredState,
+    observed: Observed,
+    serve_name: str,
+    *,
+    policy: Policy | None = None,
+    now: float,
+) -> FitResult:
+    """:func:`fit_serve`'s answer, always read off the planner's plan for the request
+    (the reference the shortcut is held to)."""
+    return _fit(desired, observed, serve_name, policy, now, shortcut=False)
+
+
+def _fit(
+    desired: DesiredState,
+    observed: Observed,
+    serve_name: str,
+    policy: Policy | None,
+    now: float,
+    *,
+    shortcut: bool,
+) -> FitResult:
     serve = desired.serves[serve_name]
     ledger = ledger_from_observed(desired, observed)
     in_ledger = serve.vram_mib is not None and desired.in_ledger(serve)
@@ -119,6 +152,13 @@ def fit_serve(
             f"{serve.name} is already running{what}",
             ledger.terms(serve.name, serve.gpu_roles, 0) if in_ledger else (),
         )
+    direct = (
+        decide(desired, observed, serve, ledger, policy or DEFAULT_POLICY, now)
+        if shortcut
+        else None
+    )
+    if direct is not None:  # the planner's answer, reached without the planner
+        return _fits(serve, terms, in_ledger, direct.evict, direct.drain)
     plan = request_plan(desired, observed, serve.name, policy=policy, now=now)
     blocked = [b for b in plan.blocked if b.serve == serve.name]
     if blocked:
@@ -131,37 +171,64 @@ def fit_serve(
             blockers=tuple(p.serve for p in b.protected),
             protected=tuple(b.protected),
         )
-    stops = [s for s in plan.steps if s.action is Action.STOP]
-    sleeps = [s.serve for s in plan.steps if s.action is Action.SLEEP]
-    drains = [s.serve for s in plan.steps if s.action is Action.DRAIN]
     shrinks = tuple(
         {"serve": s.serve, "give_mib": s.mib, "to_mib": s.to_mib}
         for s in plan.steps
         if s.action is Action.SHRINK
     )
+    return _fits(
+        serve,
+        terms,
+        in_ledger,
+        tuple(s.serve for s in plan.steps if s.action is Action.STOP),
+        tuple(s.serve for s in plan.steps if s.action is Action.DRAIN),
+        shrinks,
+        tuple(s.serve for s in plan.steps if s.action is Action.SLEEP),
+        wake=asleep,
+    )
+
+
+def _fits(
+    serve: ServeSpec,
+    terms: tuple[RoleTerms, ...],
+    in_ledger: bool,
+    evict: tuple[str, ...],
+    drain: tuple[str, ...],
+    shrinks: tuple[dict[str, Any], ...] = (),
+    sleeps: tuple[str, ...] = (),
+    *,
+    wake: bool = False,
+) -> FitResult:
+    """The answer for a start the plan carries out: what it stops, drains, puts to
+    sleep and shrinks first, and why it fits."""
     if not in_ledger:
         why = "declares no vram_mib" if serve.vram_mib is None else "has no role with capacity"
         reason = f"{serve.name} {why}: the ledger does not govern it"
-    elif stops or shrinks or sleeps:
+    elif evict or shrinks or sleeps:
         reason = f"{serve.name} fits after " + ", ".join(
-            [f"stopping {s.serve}" for s in stops]
+            [f"stopping {name}" for name in evict]
             + [f"putting {name} to sleep" for name in sleeps]
             + [f"shrinking {s['serve']} by {s['give_mib']} MiB" for s in shrinks]
         )
     else:
-        reason = f"{serve.name} fits: " + "; ".join(
-            f"{t.requested_mib} MiB requested, {t.free_mib} MiB free on {t.gpu_role}" for t in terms
-        )
-    if asleep:
+        reason = _fits_reason(serve.name, terms)
+    if wake:
         reason = f"{serve.name} sleeps and is woken, not started; {reason}"
     return FitResult(
         serve.name,
         True,
         reason,
         terms,
-        drain=tuple(drains),
-        evict=tuple(s.serve for s in stops),
+        drain=drain,
+        evict=evict,
         shrink=shrinks,
-        sleep=tuple(sleeps),
-        wake=asleep,
+        sleep=sleeps,
+        wake=wake,
+    )
+
+
+def _fits_reason(name: str, terms: tuple[RoleTerms, ...]) -> str:
+    """Why a serve fits with nothing stopped: each role's request against its free MiB."""
+    return f"{name} fits: " + "; ".join(
+        f"{t.requested_mib} MiB requested, {t.free_mib} MiB free on {t.gpu_role}" for t in terms
     )

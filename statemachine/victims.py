@@ -13,7 +13,9 @@ The order of preference (docs/design.md §3) is lexicographic over a candidate s
 
 While there are at most ``exact_limit`` candidates the search is exact: sets are
 enumerated by size, sizes that even the largest candidates cannot cover are skipped,
-and the first size with a cover yields the best set by the key above. Beyond the
+and the first size with a cover yields the best set by the key above (a cover's
+victims that may be busy and its overshoot are read off tables first; the whole key
+is computed only for the covers best on those). Beyond the
 bound a documented greedy is used: *largest first* (take candidates by MiB, largest
 first, until every role's shortfall is covered), then *prune* (drop any victim whose
 removal keeps the cover, smallest first) and *swap* (replace a victim by the smallest
@@ -178,6 +180,17 @@ def _least_replacement(v: Candidate, got: Mapping[str, int], shortfall: Mapping[
     )
 
 
+def _fewest(give: Sequence[int], need: int) -> int:
+    """The fewest entries of ``give`` (largest first) whose sum reaches ``need``
+    (``len(give) + 1`` when even all of them do not)."""
+    got = 0
+    for k, mib in enumerate(sorted(give, reverse=True), start=1):
+        got += mib
+        if got >= need:
+            return k
+    return len(give) + 1
+
+
 def choose_victims(
     candidates: Sequence[Candidate],
     shortfall: Mapping[str, int],
@@ -191,11 +204,17 @@ def choose_victims(
     short = {r: need for r, need in shortfall.items() if need > 0}
     if not short:
         return ()
-    pool = [c for c in candidates if any(r in short for r in c.gpu_roles)]
-    baseline = largest_first(pool, short)
-    if baseline is None:
-        return None
+    if len(short) == 1:
+        ((role, need),) = short.items()
+        pool = [c for c in candidates if role in c.gpu_roles]
+        if len(pool) <= exact_limit:
+            return _exact_one_role(pool, need, short)
+    else:
+        pool = [c for c in candidates if any(r in short for r in c.gpu_roles)]
     if len(pool) > exact_limit:
+        baseline = largest_first(pool, short)
+        if baseline is None:
+            return None
         answers = [tuple(_improve(list(baseline), pool, short)), baseline]
         idle = [c for c in pool if c.idle]
         idle_first = largest_first(idle, short)
@@ -203,26 +222,72 @@ def choose_victims(
             answers += [tuple(_improve(list(idle_first), idle, short)), idle_first]
         best = min(answers, key=lambda s: preference_key(s, short))
         return tuple(sorted(best, key=lambda c: c.name))
+    return _exact(pool, short)
+
+
+def _exact_one_role(
+    pool: list[Candidate], need: int, short: Mapping[str, int]
+) -> tuple[Candidate, ...] | None:
+    """:func:`_exact` for one short role (``need`` on it; every candidate is on it)."""
+    mib = [c.mib for c in pool]
+    least = _fewest(mib, need)
+    if least > len(pool):
+        return None
+    busy = [0 if c.idle else 1 for c in pool]
+    for k in range(least, len(pool) + 1):
+        # each cover of this size with the key's (possibly busy, overshoot)
+        heads = [
+            (sum(map(busy.__getitem__, picks)), got - need, picks)
+            for picks in combinations(range(len(pool)), k)
+            if (got := sum(map(mib.__getitem__, picks))) >= need
+        ]
+        if heads:
+            top = min((b, o) for b, o, _ in heads)
+            # only the covers best on those can be best on the key (which orders
+            # a set whatever the order of its members: the names end it)
+            tied = [tuple(pool[i] for i in picks) for b, o, picks in heads if (b, o) == top]
+            # (the key is computed only where covers tie on those)
+            best = tied[0] if len(tied) == 1 else min(tied, key=lambda s: preference_key(s, short))
+            return tuple(sorted(best, key=lambda c: c.name))
+    return None  # unreachable: the whole pool is a cover of the last size
+
+
+def _exact(pool: list[Candidate], short: Mapping[str, int]) -> tuple[Candidate, ...] | None:
+    """The best cover of ``short`` among ``pool`` (every candidate on a short role), by
+    enumeration: the first size with a cover holds the best set by the key."""
     pool.sort(key=lambda c: c.name)
     # what each candidate frees on each short role, by pool index: a set covers when,
     # on every role, the sum of its rows reaches the need (covers() without the walk)
     gives = [([c.mib if r in c.gpu_roles else 0 for c in pool], need) for r, need in short.items()]
-    for k in range(1, len(baseline) + 1):
-        # skip a size that even the k largest per role cannot cover
-        if not all(
-            sum(sorted((c.mib for c in pool if r in c.gpu_roles), reverse=True)[:k]) >= need
-            for r, need in short.items()
-        ):
-            continue
+    # sizes below the fewest of each role's largest candidates that cover it cannot
+    # cover; more than the whole pool: even all of them do not
+    least = max(_fewest(give, need) for give, need in gives)
+    if least > len(pool):
+        return None
+    busy = [0 if c.idle else 1 for c in pool]
+    total_need = sum(short.values())
+    # the whole pool covers, so some size up to it has a cover: the loop returns
+    for k in range(least, len(pool) + 1):
         best_set: tuple[Candidate, ...] | None = None
         best_key = None
+        best_head = None
         for picks in combinations(range(len(pool)), k):
-            if not all(sum(map(give.__getitem__, picks)) >= need for give, need in gives):
-                continue  # covers(combo, short) is False, read off the table
-            combo = tuple(pool[i] for i in picks)
-            key = preference_key(combo, short)
-            if best_key is None or key < best_key:
-                best_set, best_key = combo, key
+            freed_mib = 0
+            for give, need in gives:
+                got = sum(map(give.__getitem__, picks))
+                if got < need:
+                    break  # covers(combo, short) is False, read off the table
+                freed_mib += got
+            else:
+                # the key's (possibly busy, overshoot), read off the tables: a set worse
+                # on these is worse on the key, whatever its tie-breakers
+                head = (sum(map(busy.__getitem__, picks)), freed_mib - total_need)
+                if best_head is not None and head > best_head:
+                    continue
+                combo = tuple(pool[i] for i in picks)
+                key = preference_key(combo, short)
+                if best_key is None or key < best_key:
+                    best_set, best_key, best_head = combo, key, head
         if best_set is not None:
             return best_set
-    return baseline  # unreachable: the baseline's own size always has a cover
+    return None  # unreachable: the whole pool is a cover of the last size

@@ -729,3 +729,33 @@ def test_a_swap_walk_starts_at_what_the_victim_leaves_short_on_its_worst_role() 
     assert _least_replacement(only_b, got, short) == 200
     elsewhere = Candidate("x", ("c",), 500)  # on no short role: dropping it leaves none short
     assert _least_replacement(elsewhere, got, short) == 0
+
+
+def test_the_fewest_largest_candidates_that_cover_bound_the_search() -> None:
+    # the exact search starts at this size: below it not even the largest cover
+    from statemachine.victims import _fewest
+
+    assert _fewest([3, 5, 2], 5) == 1
+    assert _fewest([3, 5, 2], 6) == 2
+    assert _fewest([3, 5, 2], 8) == 2
+    assert _fewest([3, 5, 2], 9) == 3
+    assert _fewest([3, 5, 2], 10) == 3
+    assert _fewest([3, 5, 2], 11) == 4  # even all of them do not: one more than there are
+    assert _fewest([], 1) == 1
+
+
+def test_a_pool_of_exactly_the_limit_over_two_roles_is_searched_exactly() -> None:
+    # largest-first takes y and z, the swap puts x for y: two victims, where x alone
+    # covers both roles; the exact search (3 candidates, limit 3) finds x alone
+    x = Candidate("x", ("a", "b"), 10)
+    y = Candidate("y", ("a",), 12)
+    z = Candidate("z", ("b",), 12)
+    assert choose_victims([x, y, z], {"a": 10, "b": 10}, exact_limit=3) == (x,)
+    assert len(choose_victims([x, y, z], {"a": 10, "b": 10}, exact_limit=2) or ()) == 2
+
+
+def test_covers_tied_on_busy_and_overshoot_over_two_roles_go_by_priority() -> None:
+    # both free exactly the shortfall on both roles; q is the less important victim
+    p = Candidate("p", ("a", "b"), 10, priority=2)
+    q = Candidate("q", ("a", "b"), 10, priority=0)
+    assert choose_victims([p, q], {"a": 10, "b": 10}) == (q,)

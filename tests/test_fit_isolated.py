@@ -1,0 +1,255 @@
+"""``fit_serve``'s shortcut (statemachine/isolated.py) answers exactly as the planner.
+
+Over random hosts (tests/strategies.py, then sleepers, starts in progress, in-flight
+counts, engines that size themselves from free memory, idle TTLs, memory not back,
+records of what containers were started with, a host RAM budget): for every serve of
+the host, ``fit_serve`` (the shortcut where it decides) equals ``fit_serve_by_planner``
+(always the planner's plan for the isolated request), field by field and in its JSON;
+and where :func:`statemachine.isolated.decide` answers, its victims and drains are the
+plan's stops and drains, in order, with nothing shrunk, slept or blocked. The
+``find`` tests show the strategy reaches the shortcut (with victims, with drains, with
+idle and busy victims) and each case it leaves to the planner.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+from hypothesis import HealthCheck, Phase, find, given, note, settings
+from hypothesis import strategies as st
+from strategies import NOW, Scenario, scenarios
+
+import statemachine.fit as fit_module
+from statemachine.fit import fit_serve, fit_serve_by_planner, request_plan
+from statemachine.isolated import decide
+from statemachine.ledger import ledger_from_observed
+from statemachine.plan import Action, Policy
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredState,
+    GpuRole,
+    HostBudget,
+    InFlightObs,
+    InFlightSource,
+    Observed,
+    Residency,
+    ServeSpec,
+    Sleep,
+    SleepObs,
+    SleepProtocol,
+    SleepState,
+    StartedWith,
+    StartingObs,
+)
+
+EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "300"))
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+
+
+@st.composite
+def hosts(draw: st.DrawFn) -> Scenario:
+    """A random scenario (docker readable), enriched with what the planner weighs
+    beyond memory: sleep, starts in progress, idleness, loading engines, records."""
+    sc = draw(scenarios(docker_ok=True))
+    d, obs = sc.desired, sc.observed
+    host = draw(st.none() | st.builds(HostBudget, st.integers(1, 200_000), st.just(0)))
+    serves: dict[str, ServeSpec] = {}
+    sleep: dict[str, SleepObs] = {}
+    in_flight: dict[str, InFlightObs] = {}
+    starting: dict[str, StartingObs] = {}
+    started_with: dict[str, StartedWith] = {}
+    unreleased: set[str] = set()
+    for name, s in d.serves.items():
+        holds = obs.container(s.container).holds
+        if s.vram_mib is not None and s.vram_mib > 1 and draw(st.booleans()):
+            level = draw(st.sampled_from([1, 2]))
+            residual = draw(st.integers(0, s.vram_mib - 1))
+            host_mib = draw(st.integers(0, 80_000)) if level == 1 else 0
+            s = replace(s, sleep=Sleep(level, residual, SleepProtocol.VLLM, host_mib))  # noqa: PLW2901
+            state = draw(st.sampled_from([None, *SleepState]))
+            if holds and state is not None:
+                sleep[name] = SleepObs(state, level=level if state is SleepState.ASLEEP else None)
+        if draw(st.integers(0, 3)) == 0:
+            s = replace(s, sizes_from_free=True)  # noqa: PLW2901
+        if draw(st.integers(0, 4)) == 0:
+            s = replace(s, idle_ttl_s=draw(st.sampled_from([0.0, 60.0, 600.0])))  # noqa: PLW2901
+        count = draw(st.sampled_from([None, None, 0, 0, 2]))
+        if count is not None or draw(st.booleans()):
+            source = draw(st.sampled_from([None, *InFlightSource]))
+            in_flight[name] = InFlightObs(
+                count, source, idle_since=NOW - 700 if count == 0 else None
+            )
+        if s.gpu_roles and draw(st.integers(0, 7)) == 0:
+            starting[name] = StartingObs(s.gpu_roles, draw(st.integers(1, 30_000)))
+        if holds and s.gpu_roles and draw(st.integers(0, 7)) == 0:
+            started_with[s.container] = StartedWith(name, s.gpu_roles, draw(st.integers(1, 30_000)))
+        if not holds and draw(st.integers(0, 9)) == 0:
+            unreleased.add(name)
+        serves[name] = s
+    desired = DesiredState(d.roles, serves, d.requests, host=host)
+    observed = replace(
+        obs,
+        sleep=sleep,
+        in_flight=in_flight,
+        starting=starting,
+        started_with=started_with,
+        unreleased=frozenset(unreleased),
+    )
+    return Scenario(desired=desired, observed=observed, now=sc.now, policy=sc.policy)
+
+
+def _direct_decisions(sc: Scenario) -> dict[str, object]:
+    ledger = ledger_from_observed(sc.desired, sc.observed)
+    return {
+        name: decide(sc.desired, sc.observed, s, ledger, sc.policy, sc.now)
+        for name, s in sc.desired.serves.items()
+        if not sc.observed.container(s.container).holds or sc.observed.sleep_of(name).asleep
+    }
+
+
+@SETTINGS
+@given(hosts())
+def test_fit_serve_answers_as_the_planner_for_every_serve(sc: Scenario) -> None:
+    note(repr(sc))
+    for name in sc.desired.serves:
+        got = fit_serve(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+        ref = fit_serve_by_planner(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+        assert got == ref, name
+        assert got.to_json() == ref.to_json(), name
+
+
+@SETTINGS
+@given(hosts())
+def test_a_direct_decision_is_the_plan_for_the_isolated_request(sc: Scenario) -> None:
+    note(repr(sc))
+    for name, direct in _direct_decisions(sc).items():
+        if direct is None:
+            continue
+        plan = request_plan(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+        assert not [b for b in plan.blocked if b.serve == name], name
+        actions = {s.action for s in plan.steps}
+        assert not actions & {Action.SHRINK, Action.SLEEP, Action.WAKE}, name
+        assert direct.evict == tuple(s.serve for s in plan.steps if s.action is Action.STOP)
+        assert direct.drain == tuple(s.serve for s in plan.steps if s.action is Action.DRAIN)
+
+
+def _reaches(condition: Callable[[Scenario, str], bool]) -> None:
+    """Some host drawn by :func:`hosts` has a serve meeting ``condition``."""
+
+    def any_serve(sc: Scenario) -> bool:
+        return any(condition(sc, name) for name in sc.desired.serves)
+
+    # generation only: the first host found is enough (shrinking it would take minutes)
+    quick = settings(max_examples=5_000, database=None, deadline=None, phases=[Phase.generate])
+    find(hosts(), any_serve, settings=quick)
+
+
+def _fit(sc: Scenario, name: str) -> fit_module.FitResult:
+    return fit_serve_by_planner(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+
+
+def _decided(sc: Scenario, name: str) -> bool:
+    return name in (d := _direct_decisions(sc)) and d[name] is not None
+
+
+def _left(sc: Scenario, name: str) -> bool:
+    return name in (d := _direct_decisions(sc)) and d[name] is None
+
+
+@pytest.mark.parametrize("case", ["fits", "evicts", "drains", "idle victim", "busy victim"])
+def test_the_hosts_reach_the_shortcut(case: str) -> None:
+    def hit(sc: Scenario, name: str) -> bool:
+        if not _decided(sc, name):
+            return False
+        f = _fit(sc, name)
+        counts = [sc.observed.requests_in_flight(v).count for v in f.evict]
+        return {
+            "fits": f.fits and not f.evict,
+            "evicts": bool(f.evict),
+            "drains": bool(f.drain),
+            "idle victim": 0 in counts,
+            "busy victim": any(c != 0 for c in counts),
+        }[case]
+
+    _reaches(hit)
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["shrink", "sleep", "blocked", "wake", "conflict", "min_runtime", "starting", "resident"],
+)
+def test_the_hosts_reach_each_case_left_to_the_planner(case: str) -> None:
+    def hit(sc: Scenario, name: str) -> bool:
+        if not _left(sc, name):
+            return False
+        f = _fit(sc, name)
+        spec = sc.desired.serves[name]
+        holders = [
+            o
+            for o in sc.desired.serves.values()
+            if o.name != name and sc.observed.container(o.container).holds
+        ]
+        return {
+            "shrink": bool(f.shrink),
+            "sleep": bool(f.sleep),
+            "blocked": not f.fits and spec.residency is Residency.ON_DEMAND,
+            "wake": f.wake,
+            "conflict": "cannot start" in f.reason,
+            "min_runtime": any("min_runtime_s" in p.why for p in f.protected),
+            "starting": name in sc.observed.starting,
+            "resident": spec.residency is Residency.RESIDENT and bool(holders),
+        }[case]
+
+    _reaches(hit)
+
+
+def test_the_common_case_does_not_run_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
+    roles = {"g": GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
+    serves = {
+        "evi": ServeSpec("evi", "c-evi", ("g",), 6_000, Residency.EVICTABLE, router_tier="t"),
+        "want": ServeSpec("want", "c-want", ("g",), 6_000, Residency.ON_DEMAND),
+    }
+    desired = DesiredState(roles, serves)
+    observed = Observed(True, {"c-evi": ContainerObs(ContainerState.RUNNING, started_at=NOW - 900)})
+    ref = fit_serve_by_planner(desired, observed, "want", now=NOW)
+
+    def no_planner(*_args: object, **_kw: object) -> None:
+        raise AssertionError("the planner ran")
+
+    monkeypatch.setattr(fit_module, "plan_transitions", no_planner)
+    got = fit_serve(desired, observed, "want", now=NOW)
+    assert got == ref
+    assert got.evict == ("evi",) and got.drain == ("evi",)
+    assert got.reason == "want fits after stopping evi"
+    with pytest.raises(AssertionError, match="the planner ran"):
+        fit_serve_by_planner(desired, observed, "want", now=NOW)
+
+
+def test_a_default_policy_and_an_explicit_one_answer_alike() -> None:
+    roles = {"g": GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
+    serves = {
+        "a": ServeSpec("a", "c-a", ("g",), 3_000, Residency.EVICTABLE),
+        "b": ServeSpec("b", "c-b", ("g",), 3_000, Residency.EVICTABLE),
+        "want": ServeSpec("want", "c-want", ("g",), 7_000, Residency.ON_DEMAND),
+    }
+    running = ContainerObs(ContainerState.RUNNING, started_at=NOW - 900)
+    observed = Observed(True, {"c-a": running, "c-b": running})
+    desired = DesiredState(roles, serves)
+    default = fit_serve(desired, observed, "want", now=NOW)
+    assert default.evict == ("a",)
+    # with an exact search of 0 candidates the greedy chooses: the same victim here
+    assert fit_serve(desired, observed, "want", policy=Policy(exact_search_limit=0), now=NOW) == (
+        fit_serve_by_planner(
+            desired, observed, "want", policy=Policy(exact_search_limit=0), now=NOW
+        )
+    )
+    held = Policy(hold={"want": "backoff"})
+    assert not fit_serve(desired, observed, "want", policy=held, now=NOW).fits
