@@ -521,12 +521,16 @@ def test_a_requester_held_back_later_in_the_pass_claims_no_room() -> None:
     assert [b.serve for b in plan.blocked] == ["second"]
 
 
-def test_a_requester_claims_room_for_the_later_requesters_it_can_cover_not_for_none() -> None:
+@pytest.mark.parametrize("echo", [12_000, 6001])
+def test_a_requester_claims_room_for_the_later_requesters_it_can_cover_not_for_none(
+    echo: int,
+) -> None:
     # budget 30000: stt 6000 (resident), charlie 12000 and bravo 6000 (evictable); free
     # 6000. alpha (12000), delta (6000), echo (12000) are asked in that order. Room for
     # all three (30000 more) cannot be made; stopping charlie alone fits alpha and delta,
     # and echo fits in no case. Choosing for alpha alone stopped bravo (the exact fit),
-    # then charlie for delta, and the next plan started bravo again.
+    # then charlie for delta, and the next plan started bravo again. An echo of 6001
+    # needs 1 MiB more than stopping both frees (18000): it claims nothing either.
     case = Case(
         [
             serve("stt", 6000, RES, RUN),
@@ -534,7 +538,7 @@ def test_a_requester_claims_room_for_the_later_requesters_it_can_cover_not_for_n
             serve("bravo", 6000, EVI, RUN),
             serve("alpha", 12_000, OND),
             serve("delta", 6000, OND),
-            serve("echo", 12_000, OND),
+            serve("echo", echo, OND),
         ],
         {"stt": up(), "charlie": up(), "bravo": up()},
         [],
