@@ -201,3 +201,36 @@ def test_a_container_declared_by_an_edit_is_followed_once_reloaded(
         )
     finally:
         run.stop()
+
+
+def test_a_declared_container_renamed_away_outside_wakes_the_loop(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """Renamed away, the container is no longer the declared one: the loop must see it
+    (Docker's rename event carries only the new name, so a stream filtered by the
+    declared names alone never has it, nor the renamed container's later stop)."""
+    kept, off, away = names("kept"), names("off"), names("away")
+    for n in (kept, off):
+        create(docker_client, test_image, n)
+    c, _ = controller(tmp_path, manifest([("kept", kept, "running"), ("off", off, "stopped")]))
+    run = Running(c)
+    try:
+        wait_for("the loop to start kept", lambda: run.woken_by("docker start", kept, "running"))
+        wait_for(
+            "a cycle after the start",
+            lambda: any(s.get(kept) == "running" for _, s in run.seen()[-1:]),
+        )
+        docker_client.containers.get(kept).rename(away)
+        # a later event of a followed container: the stream has delivered the rename by
+        # then (a stream's events come in order), if it has it at all
+        docker_client.containers.get(off).start()
+        wait_for(
+            "the outside start of off",
+            lambda: run.woken_by(f"docker start {off}", off, "running"),
+        )
+        assert any(r.startswith("docker rename") for r in run.reasons()), run.reasons()
+    finally:
+        run.stop()

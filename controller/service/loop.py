@@ -2,8 +2,8 @@
 
 Triggers — a manifest edit (the manifests' folders are watched, so editors that save
 by rename are seen; an edit is read once its writes settle), an event of an observed
-container from Docker's event stream (filtered to those containers by name, refreshed
-when they change), the periodic resync, an on-demand request — only *ask* for a
+container from Docker's event stream (filtered to those containers by name and id,
+refreshed when they change), the periodic resync, an on-demand request — only *ask* for a
 cycle; requests arriving during a cycle coalesce into one more. A cycle re-reads
 everything: the manifest set (an edit that does not validate is reported with its
 located errors and the last good desired state stays in force), the host (docker +
@@ -205,6 +205,8 @@ class Controller:
         self._events_client: Any = None
         self._events_filters: dict[str, Any] | None = None
         self._events_refresh = False  # the stream was closed for a new filter
+        #: the ids (short) of the observed containers at the last observation
+        self._followed_ids: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -612,8 +614,12 @@ class Controller:
         records = self.journal.started()
         known = self.journal.declared()
         names = self._observed_names(records, known)
-        self._follow(names)
+        self._follow(names + self._followed_ids)
         snap = observe_host(names, observer=self._observer, nvml=self.nvml)
+        # and by id: Docker's rename event carries the new name only, so a declared
+        # container renamed away (and whatever it does after) is in the stream by its id
+        self._followed_ids = tuple(sorted({m.id[:12] for m in snap.containers.values() if m.id}))
+        self._follow(names + self._followed_ids)
         snap.starting = {
             name: StartingModel(gpu_roles=list(st.gpu_roles), mib=st.mib)
             for name, st in starting.items()
