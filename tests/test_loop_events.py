@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 import time
 import uuid
@@ -234,3 +235,83 @@ def test_a_declared_container_renamed_away_outside_wakes_the_loop(
         assert any(r.startswith("docker rename") for r in run.reasons()), run.reasons()
     finally:
         run.stop()
+
+
+class _Relay:
+    """A unix-socket relay to the Docker socket that can turn unreachable: while
+    ``refusing``, each connection is closed at once (every API call fails). Counts the
+    connections it accepts."""
+
+    def __init__(self, path: Path, upstream: str = "/var/run/docker.sock") -> None:
+        self.path, self.upstream = path, upstream
+        self.refusing = False
+        self.accepted = 0
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        self._server.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.refusing:
+                conn.close()
+                continue
+            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            up.connect(self.upstream)
+            for src, dst in ((conn, up), (up, conn)):
+                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def test_the_event_stream_reopened_for_a_new_filter_while_docker_is_down_does_not_spin(
+    docker_client: docker.DockerClient,
+    names: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream closed for a new filter is opened again at once; when Docker cannot
+    be reached right then, the thread must wait between tries as after any other
+    failure, not retry in a tight loop for as long as Docker stays down."""
+    relay = _Relay(tmp_path / "docker.sock")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{relay.path}")
+    first, second = names("first"), names("second")
+    c, _ = controller(tmp_path, manifest([("first", first, "stopped")]))
+    c._event_names = frozenset({first})
+    loop = asyncio.new_event_loop()  # call_soon_threadsafe only queues on it
+    thread = threading.Thread(target=c._docker_events, args=(loop,), daemon=True)
+    thread.start()
+    try:
+        wait_for("the stream to open", lambda: c._events_stream is not None)
+        relay.refusing = True  # docker unreachable from now on
+        before = relay.accepted
+        c._follow((first, second))  # a new filter: the open stream is closed
+        # every try costs one connection: a tight loop makes hundreds a second, a
+        # paced one (2 s between tries) a handful over the same while
+        time.sleep(3.0)
+        tries = relay.accepted - before
+        assert tries <= 10, f"{tries} connection attempts in 3 s while docker was down"
+    finally:
+        c.stop_event.set()
+        thread.join(WAIT_S)
+        relay.close()
+        loop.close()
+

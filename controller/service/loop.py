@@ -516,8 +516,8 @@ class Controller:
             except Exception as exc:
                 if self.stop_event.is_set():
                     break
-                with self._events_lock:
-                    refreshed = self._events_refresh
+                with self._events_lock:  # taken: only the first try after it is at once
+                    refreshed, self._events_refresh = self._events_refresh, False
                 if not refreshed:  # closed for a new filter: opened again at once
                     logger.debug("docker events: {}; reconnecting", exc)
                     self.stop_event.wait(2.0)
