@@ -242,9 +242,13 @@ class _Relay:
     ``refusing``, each connection is closed at once (every API call fails). Counts the
     connections it accepts."""
 
-    def __init__(self, path: Path, upstream: str = "/var/run/docker.sock") -> None:
+    def __init__(
+        self, path: Path, upstream: str = "/var/run/docker.sock", max_line: int | None = None
+    ) -> None:
         self.path, self.upstream = path, upstream
         self.refusing = False
+        #: the longest request line relayed (a proxy's bound); a longer one gets a 414
+        self.max_line = max_line
         self.accepted = 0
         self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._server.bind(str(path))
@@ -263,13 +267,25 @@ class _Relay:
                 continue
             up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
             up.connect(self.upstream)
-            for src, dst in ((conn, up), (up, conn)):
-                threading.Thread(target=self._pump, args=(src, dst), daemon=True).start()
+            for src, dst, out in ((conn, up, True), (up, conn, False)):
+                threading.Thread(target=self._pump, args=(src, dst, out), daemon=True).start()
 
-    @staticmethod
-    def _pump(src: socket.socket, dst: socket.socket) -> None:
+    def _too_long(self, data: bytes) -> bool:
+        """True when ``data`` begins a request whose request line passes the bound."""
+        if self.max_line is None or not data[:8].split(b" ")[0].isupper():
+            return False
+        end = data.find(b"\r\n")
+        return (end if end >= 0 else len(data)) > self.max_line
+
+    def _pump(self, src: socket.socket, dst: socket.socket, out: bool) -> None:
         try:
             while data := src.recv(65536):
+                if out and self._too_long(data):
+                    src.sendall(
+                        b"HTTP/1.1 414 Request-URI Too Long\r\nContent-Length: 0\r\n"
+                        b"Connection: close\r\n\r\n"
+                    )
+                    break
                 dst.sendall(data)
         except OSError:
             pass
@@ -315,3 +331,54 @@ def test_the_event_stream_reopened_for_a_new_filter_while_docker_is_down_does_no
         relay.close()
         loop.close()
 
+
+
+def test_an_event_filter_a_proxy_refuses_falls_back_to_every_containers_events(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under the 256 names the filter is sent, in the request's URL; a proxy in front of
+    the daemon that bounds a request line (nginx: 8 KiB by default) refuses it. The
+    stream must still be followed (unfiltered), not retried with the same filter for
+    ever, missing every outside start and stop."""
+    relay = _Relay(tmp_path / "docker.sock", max_line=8192)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{relay.path}")
+    declared = [names(f"{i:03d}-{uuid.uuid4().hex}") for i in range(200)]
+    c, _ = controller(tmp_path, manifest([("first", declared[0], "stopped")]))
+    c._event_names = frozenset(declared)
+    reasons: list[str] = []
+    c.trigger = reasons.append  # type: ignore[method-assign]  # what the thread asks for
+    loop = asyncio.new_event_loop()  # run below, a moment at a time, for its callbacks
+    thread = threading.Thread(target=c._docker_events, args=(loop,), daemon=True)
+    thread.start()
+
+    def started() -> bool:
+        loop.run_until_complete(asyncio.sleep(0.05))
+        return f"docker start {declared[0]}" in reasons
+
+    try:
+        create(docker_client, test_image, declared[0])
+        # started outside, again and again until the stream has it (it may not be open
+        # yet when one start happens)
+        def start_seen() -> bool:
+            docker_client.containers.get(declared[0]).restart(timeout=0)
+            return wait_for_quietly(started, 2.0)
+
+        wait_for("an outside start of a declared container", start_seen, timeout=30.0)
+    finally:
+        c.stop_event.set()
+        c._close_docker_events()
+        thread.join(WAIT_S)
+        relay.close()
+        loop.close()
+
+
+def wait_for_quietly(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+    return False

@@ -31,7 +31,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -41,9 +41,11 @@ from loguru import logger
 
 from controller.adapters.docker.read import (
     ContainerObserver,
+    EventStreamRefusedError,
     event_filters,
     make_client,
     manifest_containers,
+    open_events,
 )
 from controller.adapters.nvml import NvmlApi, observe_gpus
 from controller.adapters.sleep import SleepClient
@@ -205,6 +207,8 @@ class Controller:
         self._events_client: Any = None
         self._events_filters: dict[str, Any] | None = None
         self._events_refresh = False  # the stream was closed for a new filter
+        #: a filtered stream was refused (a proxy's bound): every container's events
+        self._events_unfiltered = False
         #: the ids (short) of the observed containers at the last observation
         self._followed_ids: tuple[str, ...] = ()
 
@@ -493,16 +497,17 @@ class Controller:
         wanted = {"start", "die", "oom", "stop", "destroy", "pause", "unpause", "rename"}
         while not self.stop_event.is_set():
             client = stream = None
+            filters: dict[str, Any] = {}
             try:
                 client = make_client()
                 with self._events_lock:
                     names, self._events_refresh = self._event_names, False
-                filters = event_filters(client, names)
-                stream = client.events(decode=True, filters=filters)
+                filters = self._filters_for(client, names)
+                stream = open_events(client, filters)
                 with self._events_lock:
                     self._events_stream, self._events_client = stream, client
                     self._events_filters = filters
-                    stale = event_filters(client, self._event_names) != filters
+                    stale = self._filters_for(client, self._event_names) != filters
                 if stale:  # the names changed while it was opened
                     continue
                 loop.call_soon_threadsafe(self.trigger, "docker events followed")
@@ -513,9 +518,31 @@ class Controller:
                     if status in wanted or status.startswith("health_status"):
                         name = str((event.get("Actor") or {}).get("Attributes", {}).get("name", ""))
                         loop.call_soon_threadsafe(self.trigger, f"docker {status} {name}")
+                # ended by itself (docker-py ends a stream quietly on a read error, or
+                # when the daemon answers its request with an error): paced as a failure,
+                # or each reopening would ask for a cycle at once
+                with self._events_lock:
+                    refreshed, self._events_refresh = self._events_refresh, False
+                if not refreshed and not self.stop_event.is_set():
+                    logger.debug("docker events: the stream ended; reconnecting")
+                    self.stop_event.wait(2.0)
             except Exception as exc:
                 if self.stop_event.is_set():
                     break
+                if (
+                    isinstance(exc, EventStreamRefusedError)
+                    and exc.client_error
+                    and "container" in filters
+                ):
+                    logger.warning(
+                        "docker events: the stream filtered to {} containers is refused "
+                        "({}); following every container's events instead",
+                        len(filters["container"]),
+                        exc,
+                    )
+                    with self._events_lock:
+                        self._events_unfiltered = True
+                    continue
                 with self._events_lock:  # taken: only the first try after it is at once
                     refreshed, self._events_refresh = self._events_refresh, False
                 if not refreshed:  # closed for a new filter: opened again at once
@@ -546,11 +573,17 @@ class Controller:
                 self._events_client,
                 self._events_filters,
             )
-            if stream is None or client is None or event_filters(client, wanted) == filters:
+            if stream is None or client is None or self._filters_for(client, wanted) == filters:
                 return  # not open (it is opened with these names), or the same filter
             self._events_refresh = True
         with contextlib.suppress(Exception):
             stream.close()
+
+    def _filters_for(self, client: Any, names: Collection[str]) -> dict[str, Any]:
+        """The event stream's filters for ``names`` (every container's events once a
+        filtered stream was refused). Called with ``_events_lock`` held or from the
+        events thread, which alone sets ``_events_unfiltered``."""
+        return event_filters(client, () if self._events_unfiltered else names)
 
     def _close_docker_events(self) -> None:
         with self._events_lock:
