@@ -237,6 +237,36 @@ def test_a_declared_container_renamed_away_outside_wakes_the_loop(
         run.stop()
 
 
+def test_a_container_whose_name_begins_with_a_declared_one_wakes_nothing(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """Docker matches a ``container`` event filter by prefix: a stream filtered to
+    ``web`` also has the events of ``web-old``. Someone else's container whose name
+    merely begins with a declared one's wakes no cycle either."""
+    off = names("off")
+    other = off + "-other"  # someone else's (removed below)
+    create(docker_client, test_image, off)
+    create(docker_client, test_image, other)
+    c, _ = controller(tmp_path, manifest([("off", off, "stopped")]))
+    run = Running(c)
+    try:
+        wait_for("the first cycle", run.seen)
+        wait_for("the stream to open", lambda: c._events_stream is not None)
+        docker_client.containers.get(other).start()
+        # a later event of the declared container: the stream has delivered the other's
+        # start by then (a stream's events come in order)
+        docker_client.containers.get(off).start()
+        wait_for("the outside start of off", lambda: f"docker start {off}" in run.reasons())
+        assert not [r for r in run.reasons() if other in r], run.reasons()
+    finally:
+        run.stop()
+        with contextlib.suppress(NotFound):
+            docker_client.containers.get(other).remove(force=True)
+
+
 class _Relay:
     """A unix-socket relay to the Docker socket that can turn unreachable: while
     ``refusing``, each connection is closed at once (every API call fails). Counts the
@@ -332,7 +362,6 @@ def test_the_event_stream_reopened_for_a_new_filter_while_docker_is_down_does_no
         loop.close()
 
 
-
 def test_an_event_filter_a_proxy_refuses_falls_back_to_every_containers_events(
     docker_client: docker.DockerClient,
     test_image: str,
@@ -361,6 +390,7 @@ def test_an_event_filter_a_proxy_refuses_falls_back_to_every_containers_events(
 
     try:
         create(docker_client, test_image, declared[0])
+
         # started outside, again and again until the stream has it (it may not be open
         # yet when one start happens)
         def start_seen() -> bool:

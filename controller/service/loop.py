@@ -31,7 +31,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Collection, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -515,7 +515,9 @@ class Controller:
                     if self.stop_event.is_set():
                         break
                     status = str(event.get("status") or event.get("Action") or "")
-                    if status in wanted or status.startswith("health_status"):
+                    if (status in wanted or status.startswith("health_status")) and self._followed(
+                        event
+                    ):
                         name = str((event.get("Actor") or {}).get("Attributes", {}).get("name", ""))
                         loop.call_soon_threadsafe(self.trigger, f"docker {status} {name}")
                 # ended by itself (docker-py ends a stream quietly on a read error, or
@@ -578,6 +580,19 @@ class Controller:
             self._events_refresh = True
         with contextlib.suppress(Exception):
             stream.close()
+
+    def _followed(self, event: Mapping[str, Any]) -> bool:
+        """True when ``event`` is of a container the loop follows: Docker matches the
+        filter by prefix (``web`` also has ``web-old``'s events), so the event's name,
+        or its id, is checked here (every event while no names are known)."""
+        with self._events_lock:
+            names = self._event_names
+        if not names:
+            return True
+        actor = event.get("Actor") or {}
+        attributes = actor.get("Attributes") or {}
+        cid = str(actor.get("ID") or event.get("id") or "")
+        return str(attributes.get("name", "")) in names or cid[:12] in names
 
     def _filters_for(self, client: Any, names: Collection[str]) -> dict[str, Any]:
         """The event stream's filters for ``names`` (every container's events once a
