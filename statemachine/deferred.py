@@ -71,3 +71,7 @@ class Deferred(Sequence[T], Generic[T]):
 
     def __repr__(self) -> str:
         return repr(self.items())
+
+    def __reduce__(self) -> tuple[type[tuple[T, ...]], tuple[tuple[T, ...]]]:
+        # copied and pickled as the tuple it stands for (its build may be a closure)
+        return (tuple, (self.items(),))

@@ -95,6 +95,11 @@ class PMap(Mapping[K, V], Generic[K, V]):
     def __repr__(self) -> str:
         return f"PMap({self._flattened()!r})"
 
+    def __reduce__(self) -> tuple[type[PMap[K, V]], tuple[dict[K, V]]]:
+        # copied and pickled as its items: a deletion pending in the changes is a
+        # sentinel known by identity, which a copy of the changes would not keep
+        return (PMap, (dict(self._flattened()),))
+
     def _flattened(self) -> dict[K, V]:
         """The items as one dict (built once per map, then kept; never mutated)."""
         flat = self._flat

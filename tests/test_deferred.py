@@ -48,3 +48,14 @@ def test_a_blocked_entry_with_a_deferred_list_is_the_entry_with_the_tuple() -> N
     assert hash(lazy) == hash(eager)
     assert repr(lazy) == repr(eager)
     assert lazy.to_json() == eager.to_json()
+
+
+def test_a_deferred_copies_and_pickles_as_its_tuple() -> None:
+    """A tuple can be pickled and deep-copied; an unbuilt Deferred holds a closure,
+    which pickle cannot take: it is copied as the tuple it stands for."""
+    import copy
+    import pickle
+
+    d: Deferred[int] = Deferred(lambda: (1, 2, 3))
+    for clone in (pickle.loads(pickle.dumps(d)), copy.deepcopy(d), copy.copy(d)):
+        assert clone == (1, 2, 3) and d == clone and hash(clone) == hash(d)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import socket
 import threading
 import time
 import uuid
@@ -201,3 +202,213 @@ def test_a_container_declared_by_an_edit_is_followed_once_reloaded(
         )
     finally:
         run.stop()
+
+
+def test_a_declared_container_renamed_away_outside_wakes_the_loop(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """Renamed away, the container is no longer the declared one: the loop must see it
+    (Docker's rename event carries only the new name, so a stream filtered by the
+    declared names alone never has it, nor the renamed container's later stop)."""
+    kept, off, away = names("kept"), names("off"), names("away")
+    for n in (kept, off):
+        create(docker_client, test_image, n)
+    c, _ = controller(tmp_path, manifest([("kept", kept, "running"), ("off", off, "stopped")]))
+    run = Running(c)
+    try:
+        wait_for("the loop to start kept", lambda: run.woken_by("docker start", kept, "running"))
+        wait_for(
+            "a cycle after the start",
+            lambda: any(s.get(kept) == "running" for _, s in run.seen()[-1:]),
+        )
+        docker_client.containers.get(kept).rename(away)
+        # a later event of a followed container: the stream has delivered the rename by
+        # then (a stream's events come in order), if it has it at all
+        docker_client.containers.get(off).start()
+        wait_for(
+            "the outside start of off",
+            lambda: run.woken_by(f"docker start {off}", off, "running"),
+        )
+        assert any(r.startswith("docker rename") for r in run.reasons()), run.reasons()
+    finally:
+        run.stop()
+
+
+def test_a_container_whose_name_begins_with_a_declared_one_wakes_nothing(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """Docker matches a ``container`` event filter by prefix: a stream filtered to
+    ``web`` also has the events of ``web-old``. Someone else's container whose name
+    merely begins with a declared one's wakes no cycle either."""
+    off = names("off")
+    other = off + "-other"  # someone else's (removed below)
+    create(docker_client, test_image, off)
+    create(docker_client, test_image, other)
+    c, _ = controller(tmp_path, manifest([("off", off, "stopped")]))
+    run = Running(c)
+    try:
+        wait_for("the first cycle", run.seen)
+        wait_for("the stream to open", lambda: c._events_stream is not None)
+        docker_client.containers.get(other).start()
+        # a later event of the declared container: the stream has delivered the other's
+        # start by then (a stream's events come in order)
+        docker_client.containers.get(off).start()
+        wait_for("the outside start of off", lambda: f"docker start {off}" in run.reasons())
+        assert not [r for r in run.reasons() if other in r], run.reasons()
+    finally:
+        run.stop()
+        with contextlib.suppress(NotFound):
+            docker_client.containers.get(other).remove(force=True)
+
+
+class _Relay:
+    """A unix-socket relay to the Docker socket that can turn unreachable: while
+    ``refusing``, each connection is closed at once (every API call fails). Counts the
+    connections it accepts."""
+
+    def __init__(
+        self, path: Path, upstream: str = "/var/run/docker.sock", max_line: int | None = None
+    ) -> None:
+        self.path, self.upstream = path, upstream
+        self.refusing = False
+        #: the longest request line relayed (a proxy's bound); a longer one gets a 414
+        self.max_line = max_line
+        self.accepted = 0
+        self._server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._server.bind(str(path))
+        self._server.listen(64)
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._server.accept()
+            except OSError:
+                return
+            self.accepted += 1
+            if self.refusing:
+                conn.close()
+                continue
+            up = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            up.connect(self.upstream)
+            for src, dst, out in ((conn, up, True), (up, conn, False)):
+                threading.Thread(target=self._pump, args=(src, dst, out), daemon=True).start()
+
+    def _too_long(self, data: bytes) -> bool:
+        """True when ``data`` begins a request whose request line passes the bound."""
+        if self.max_line is None or not data[:8].split(b" ")[0].isupper():
+            return False
+        end = data.find(b"\r\n")
+        return (end if end >= 0 else len(data)) > self.max_line
+
+    def _pump(self, src: socket.socket, dst: socket.socket, out: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if out and self._too_long(data):
+                    src.sendall(
+                        b"HTTP/1.1 414 Request-URI Too Long\r\nContent-Length: 0\r\n"
+                        b"Connection: close\r\n\r\n"
+                    )
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.close()
+
+    def close(self) -> None:
+        self._server.close()
+
+
+def test_the_event_stream_reopened_for_a_new_filter_while_docker_is_down_does_not_spin(
+    docker_client: docker.DockerClient,
+    names: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stream closed for a new filter is opened again at once; when Docker cannot
+    be reached right then, the thread must wait between tries as after any other
+    failure, not retry in a tight loop for as long as Docker stays down."""
+    relay = _Relay(tmp_path / "docker.sock")
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{relay.path}")
+    first, second = names("first"), names("second")
+    c, _ = controller(tmp_path, manifest([("first", first, "stopped")]))
+    c._event_names = frozenset({first})
+    loop = asyncio.new_event_loop()  # call_soon_threadsafe only queues on it
+    thread = threading.Thread(target=c._docker_events, args=(loop,), daemon=True)
+    thread.start()
+    try:
+        wait_for("the stream to open", lambda: c._events_stream is not None)
+        relay.refusing = True  # docker unreachable from now on
+        before = relay.accepted
+        c._follow((first, second))  # a new filter: the open stream is closed
+        # every try costs one connection: a tight loop makes hundreds a second, a
+        # paced one (2 s between tries) a handful over the same while
+        time.sleep(3.0)
+        tries = relay.accepted - before
+        assert tries <= 10, f"{tries} connection attempts in 3 s while docker was down"
+    finally:
+        c.stop_event.set()
+        thread.join(WAIT_S)
+        relay.close()
+        loop.close()
+
+
+def test_an_event_filter_a_proxy_refuses_falls_back_to_every_containers_events(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Under the 256 names the filter is sent, in the request's URL; a proxy in front of
+    the daemon that bounds a request line (nginx: 8 KiB by default) refuses it. The
+    stream must still be followed (unfiltered), not retried with the same filter for
+    ever, missing every outside start and stop."""
+    relay = _Relay(tmp_path / "docker.sock", max_line=8192)
+    monkeypatch.setenv("DOCKER_HOST", f"unix://{relay.path}")
+    declared = [names(f"{i:03d}-{uuid.uuid4().hex}") for i in range(200)]
+    c, _ = controller(tmp_path, manifest([("first", declared[0], "stopped")]))
+    c._event_names = frozenset(declared)
+    reasons: list[str] = []
+    c.trigger = reasons.append  # type: ignore[method-assign]  # what the thread asks for
+    loop = asyncio.new_event_loop()  # run below, a moment at a time, for its callbacks
+    thread = threading.Thread(target=c._docker_events, args=(loop,), daemon=True)
+    thread.start()
+
+    def started() -> bool:
+        loop.run_until_complete(asyncio.sleep(0.05))
+        return f"docker start {declared[0]}" in reasons
+
+    try:
+        create(docker_client, test_image, declared[0])
+
+        # started outside, again and again until the stream has it (it may not be open
+        # yet when one start happens)
+        def start_seen() -> bool:
+            docker_client.containers.get(declared[0]).restart(timeout=0)
+            return wait_for_quietly(started, 2.0)
+
+        wait_for("an outside start of a declared container", start_seen, timeout=30.0)
+    finally:
+        c.stop_event.set()
+        c._close_docker_events()
+        thread.join(WAIT_S)
+        relay.close()
+        loop.close()
+
+
+def wait_for_quietly(check: Callable[[], bool], timeout: float) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return True
+    return False

@@ -86,3 +86,17 @@ def test_many_updates_keep_every_version_and_the_order() -> None:
     for old, was in versions:
         assert list(old.items()) == list(was.items())
         assert len(old) == len(was)
+
+
+def test_a_copied_or_pickled_pmap_is_the_same_mapping() -> None:
+    """A deletion is kept as a sentinel until folded; a copy (copy.deepcopy, pickle)
+    must not make the deleted key come back."""
+    import copy
+    import pickle
+
+    m = PMap({"a": 1, "b": 2, "c": 3}).delete("a").set("d", 4)
+    for clone in (copy.copy(m), copy.deepcopy(m), pickle.loads(pickle.dumps(m))):
+        assert "a" not in clone and clone.get("a") is None
+        assert dict(clone) == {"b": 2, "c": 3, "d": 4} and list(clone) == ["b", "c", "d"]
+        assert clone == m and len(clone) == 3
+        assert clone.set("a", 9).get("a") == 9 and list(clone.set("a", 9))[-1] == "a"

@@ -2,8 +2,8 @@
 
 Triggers — a manifest edit (the manifests' folders are watched, so editors that save
 by rename are seen; an edit is read once its writes settle), an event of an observed
-container from Docker's event stream (filtered to those containers by name, refreshed
-when they change), the periodic resync, an on-demand request — only *ask* for a
+container from Docker's event stream (filtered to those containers by name and id,
+refreshed when they change), the periodic resync, an on-demand request — only *ask* for a
 cycle; requests arriving during a cycle coalesce into one more. A cycle re-reads
 everything: the manifest set (an edit that does not validate is reported with its
 located errors and the last good desired state stays in force), the host (docker +
@@ -31,7 +31,7 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from types import MappingProxyType
@@ -41,9 +41,11 @@ from loguru import logger
 
 from controller.adapters.docker.read import (
     ContainerObserver,
+    EventStreamRefusedError,
     event_filters,
     make_client,
     manifest_containers,
+    open_events,
 )
 from controller.adapters.nvml import NvmlApi, observe_gpus
 from controller.adapters.sleep import SleepClient
@@ -205,6 +207,10 @@ class Controller:
         self._events_client: Any = None
         self._events_filters: dict[str, Any] | None = None
         self._events_refresh = False  # the stream was closed for a new filter
+        #: a filtered stream was refused (a proxy's bound): every container's events
+        self._events_unfiltered = False
+        #: the ids (short) of the observed containers at the last observation
+        self._followed_ids: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -491,16 +497,17 @@ class Controller:
         wanted = {"start", "die", "oom", "stop", "destroy", "pause", "unpause", "rename"}
         while not self.stop_event.is_set():
             client = stream = None
+            filters: dict[str, Any] = {}
             try:
                 client = make_client()
                 with self._events_lock:
                     names, self._events_refresh = self._event_names, False
-                filters = event_filters(client, names)
-                stream = client.events(decode=True, filters=filters)
+                filters = self._filters_for(client, names)
+                stream = open_events(client, filters)
                 with self._events_lock:
                     self._events_stream, self._events_client = stream, client
                     self._events_filters = filters
-                    stale = event_filters(client, self._event_names) != filters
+                    stale = self._filters_for(client, self._event_names) != filters
                 if stale:  # the names changed while it was opened
                     continue
                 loop.call_soon_threadsafe(self.trigger, "docker events followed")
@@ -508,14 +515,38 @@ class Controller:
                     if self.stop_event.is_set():
                         break
                     status = str(event.get("status") or event.get("Action") or "")
-                    if status in wanted or status.startswith("health_status"):
+                    if (status in wanted or status.startswith("health_status")) and self._followed(
+                        event
+                    ):
                         name = str((event.get("Actor") or {}).get("Attributes", {}).get("name", ""))
                         loop.call_soon_threadsafe(self.trigger, f"docker {status} {name}")
+                # ended by itself (docker-py ends a stream quietly on a read error, or
+                # when the daemon answers its request with an error): paced as a failure,
+                # or each reopening would ask for a cycle at once
+                with self._events_lock:
+                    refreshed, self._events_refresh = self._events_refresh, False
+                if not refreshed and not self.stop_event.is_set():
+                    logger.debug("docker events: the stream ended; reconnecting")
+                    self.stop_event.wait(2.0)
             except Exception as exc:
                 if self.stop_event.is_set():
                     break
-                with self._events_lock:
-                    refreshed = self._events_refresh
+                if (
+                    isinstance(exc, EventStreamRefusedError)
+                    and exc.client_error
+                    and "container" in filters
+                ):
+                    logger.warning(
+                        "docker events: the stream filtered to {} containers is refused "
+                        "({}); following every container's events instead",
+                        len(filters["container"]),
+                        exc,
+                    )
+                    with self._events_lock:
+                        self._events_unfiltered = True
+                    continue
+                with self._events_lock:  # taken: only the first try after it is at once
+                    refreshed, self._events_refresh = self._events_refresh, False
                 if not refreshed:  # closed for a new filter: opened again at once
                     logger.debug("docker events: {}; reconnecting", exc)
                     self.stop_event.wait(2.0)
@@ -544,11 +575,30 @@ class Controller:
                 self._events_client,
                 self._events_filters,
             )
-            if stream is None or client is None or event_filters(client, wanted) == filters:
+            if stream is None or client is None or self._filters_for(client, wanted) == filters:
                 return  # not open (it is opened with these names), or the same filter
             self._events_refresh = True
         with contextlib.suppress(Exception):
             stream.close()
+
+    def _followed(self, event: Mapping[str, Any]) -> bool:
+        """True when ``event`` is of a container the loop follows: Docker matches the
+        filter by prefix (``web`` also has ``web-old``'s events), so the event's name,
+        or its id, is checked here (every event while no names are known)."""
+        with self._events_lock:
+            names = self._event_names
+        if not names:
+            return True
+        actor = event.get("Actor") or {}
+        attributes = actor.get("Attributes") or {}
+        cid = str(actor.get("ID") or event.get("id") or "")
+        return str(attributes.get("name", "")) in names or cid[:12] in names
+
+    def _filters_for(self, client: Any, names: Collection[str]) -> dict[str, Any]:
+        """The event stream's filters for ``names`` (every container's events once a
+        filtered stream was refused). Called with ``_events_lock`` held or from the
+        events thread, which alone sets ``_events_unfiltered``."""
+        return event_filters(client, () if self._events_unfiltered else names)
 
     def _close_docker_events(self) -> None:
         with self._events_lock:
@@ -612,8 +662,12 @@ class Controller:
         records = self.journal.started()
         known = self.journal.declared()
         names = self._observed_names(records, known)
-        self._follow(names)
+        self._follow(names + self._followed_ids)
         snap = observe_host(names, observer=self._observer, nvml=self.nvml)
+        # and by id: Docker's rename event carries the new name only, so a declared
+        # container renamed away (and whatever it does after) is in the stream by its id
+        self._followed_ids = tuple(sorted({m.id[:12] for m in snap.containers.values() if m.id}))
+        self._follow(names + self._followed_ids)
         snap.starting = {
             name: StartingModel(gpu_roles=list(st.gpu_roles), mib=st.mib)
             for name, st in starting.items()

@@ -83,6 +83,7 @@ __all__ = [
     "MAX_EVENT_NAMES",
     "ContainerObserver",
     "ContainerSnapshot",
+    "EventStreamRefusedError",
     "InspectCache",
     "UndeclaredGpuContainer",
     "event_filters",
@@ -91,6 +92,7 @@ __all__ = [
     "manifest_containers",
     "map_docker_state",
     "observe_containers",
+    "open_events",
     "status_age_bounds",
 ]
 
@@ -373,6 +375,33 @@ def event_filters(client: docker.DockerClient, names: Collection[str]) -> dict[s
     if names and len(names) <= MAX_EVENT_NAMES and not over_ssh:
         filters["container"] = sorted(set(names))
     return filters
+
+
+class EventStreamRefusedError(Exception):
+    """The daemon, or a proxy in front of it, answered an event stream's request with
+    an error status (docker-py's stream would only end, empty, as if closed)."""
+
+    def __init__(self, status: int) -> None:
+        super().__init__(f"the event stream's request was answered with HTTP {status}")
+        self.status = status
+
+    @property
+    def client_error(self) -> bool:
+        """The request itself is refused (a proxy that bounds a request line answers
+        414 or 400): the same request is refused again, an unfiltered one may not be."""
+        return 400 <= self.status < 500
+
+
+def open_events(client: docker.DockerClient, filters: Mapping[str, Any]) -> Any:
+    """Docker's event stream with ``filters`` (decoded), or :class:`EventStreamRefusedError`
+    when its request is answered with an error status."""
+    stream = client.events(decode=True, filters=dict(filters))
+    status = getattr(getattr(stream, "_response", None), "status_code", None)
+    if isinstance(status, int) and status >= 400:
+        with contextlib.suppress(Exception):
+            stream.close()
+        raise EventStreamRefusedError(status)
+    return stream
 
 
 def manifest_containers(serves: Mapping[str, Any]) -> tuple[str, ...]:
