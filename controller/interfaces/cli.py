@@ -99,9 +99,14 @@ def _observe_live(mset: ManifestSet) -> SnapshotModel:
     finally:
         observer.close()
     # one reading, no history: idleness is known as of now only (counted from a request)
+    tracker = InFlightTracker()
+    try:
+        readings = observe_in_flight(snap, mset, tracker)
+    finally:
+        tracker.close()  # one reading: its HTTP client is not kept
     snap.in_flight = {
         name: reading.model_copy(update={"idle_since": None})
-        for name, reading in observe_in_flight(snap, mset, InFlightTracker()).items()
+        for name, reading in readings.items()
     }
     if snap.docker_error:
         render.warn(f"docker: {snap.docker_error}")
