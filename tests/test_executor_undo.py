@@ -199,3 +199,39 @@ def test_an_illegal_transition_settling_a_failed_start_is_reported(errors: list[
     assert report.ledger.holdings == {}
     assert report.lifecycles == {"llm": "stopped"}
     assert any("undo" in e and "llm" in e for e in errors), errors
+
+
+def test_a_fault_undoing_a_group_at_the_end_of_the_plan_makes_the_report_not_ok(
+    errors: list[str],
+) -> None:
+    """A group whose steps all succeeded but left its tier quiesced is undone when the
+    plan ends; its serve's machine was moved to ``failed`` meanwhile (another group's
+    stop of it failed), so ``readmit`` is illegal. No step of the group failed: the
+    fault is in the report alone (and the log), and the report is not ok."""
+    omni = _serve("omni", 6000, Residency.EVICTABLE, "omni-local")
+    desired = DesiredState({"g0": ROLE}, {"omni": omni})
+    observed = Observed(True, {"omni": ContainerObs(ContainerState.RUNNING, started_at=1.0)})
+    ledger = Ledger({"g0": ROLE}, [GpuReservation("omni", ("g0",), 6000)])
+    steps = (
+        Step(Action.QUIESCE, "omni", ("g0",), 6000, "victim", group="a"),
+        Step(Action.DRAIN, "omni", ("g0",), 6000, "victim", group="a"),
+        Step(Action.STOP, "omni", ("g0",), 6000, "stopped", group="b"),
+    )
+    docker = StopFails({"omni"}, failing={"omni"})
+    with FakeRouter(token=TOKEN) as router:
+        ex = _executor(desired, docker, router)
+        report = ex.execute(Plan(steps, (), ledger, ledger), observed, skip_preflight=True)
+        assert router.tier("omni-local")["state"] == "admitting"  # still readmitted
+
+    assert [r.outcome for r in report.results] == [Outcome.OK, Outcome.OK, Outcome.FAILED]
+    assert "undo" not in report.results[2].detail  # group b had nothing to undo
+    (fault,) = report.undo_faults
+    assert (fault.serve, fault.group, fault.trigger, fault.after) == (
+        "omni",
+        "a",
+        "readmit",
+        "the plan ended",
+    )
+    assert not report.ok and report.to_json()["undo_faults"] == [fault.to_json()]
+    assert report.ledger.holdings["omni"].mib == 6000  # its stop failed: still counted
+    assert any("the undo of group a (after the plan ended)" in e for e in errors), errors
