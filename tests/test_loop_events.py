@@ -17,7 +17,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import docker
 import pynvml
@@ -26,6 +26,7 @@ from docker.errors import NotFound
 from fakes_nvml import FakeNvml, nvml_error
 
 from controller.manifest import load_manifest_set
+from controller.service import loop as loop_module
 from controller.service.loop import Controller, RunOptions
 
 pytestmark = pytest.mark.docker
@@ -237,29 +238,82 @@ def test_a_declared_container_renamed_away_outside_wakes_the_loop(
         run.stop()
 
 
+class _Tapped:
+    """A Docker event stream whose events are noted as the events thread reads them."""
+
+    def __init__(self, stream: Any, seen: list[dict[str, Any]]) -> None:
+        self._stream, self._seen = stream, seen
+
+    def __iter__(self) -> Iterator[dict[str, Any]]:
+        for event in self._stream:
+            self._seen.append(event)
+            yield event
+
+    def close(self) -> None:
+        self._stream.close()
+
+
+def _started(events: list[dict[str, Any]], name: str) -> bool:
+    return any(
+        str(e.get("status") or e.get("Action")) == "start"
+        and (e.get("Actor") or {}).get("Attributes", {}).get("name") == name
+        for e in list(events)
+    )
+
+
 def test_a_container_whose_name_begins_with_a_declared_one_wakes_nothing(
     docker_client: docker.DockerClient,
     test_image: str,
     names: Callable[[str], str],
     tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Docker matches a ``container`` event filter by prefix: a stream filtered to
     ``web`` also has the events of ``web-old``. Someone else's container whose name
-    merely begins with a declared one's wakes no cycle either."""
+    merely begins with a declared one's wakes no cycle either: its event reaches the
+    events thread (asserted, so the test cannot pass on an event never delivered) and
+    the thread triggers nothing for it."""
     off = names("off")
     other = off + "-other"  # someone else's (removed below)
     create(docker_client, test_image, off)
     create(docker_client, test_image, other)
+    off_id = docker_client.containers.get(off).id[:12]
+    delivered: list[dict[str, Any]] = []  # every event the events thread read
+    real_open = loop_module.open_events
+
+    def tapped(client: Any, filters: Any) -> _Tapped:
+        return _Tapped(real_open(client, filters), delivered)
+
+    monkeypatch.setattr(loop_module, "open_events", tapped)
     c, _ = controller(tmp_path, manifest([("off", off, "stopped")]))
+    triggered: list[str] = []  # every cycle asked for, by the events thread or any other
+    real_trigger = c.trigger
+
+    def trigger(reason: str) -> None:
+        triggered.append(reason)
+        real_trigger(reason)
+
+    c.trigger = trigger  # type: ignore[method-assign]
     run = Running(c)
     try:
         wait_for("the first cycle", run.seen)
-        wait_for("the stream to open", lambda: c._events_stream is not None)
+        # the stream as it stays: filtered to off's name and id (an observation that
+        # changed the filter would reopen it, and lose what happened in between)
+        wait_for(
+            "the stream filtered to off",
+            lambda: (
+                c._events_stream is not None
+                and set((c._events_filters or {}).get("container", ())) == {off, off_id}
+            ),
+        )
         docker_client.containers.get(other).start()
         # a later event of the declared container: the stream has delivered the other's
         # start by then (a stream's events come in order)
         docker_client.containers.get(off).start()
-        wait_for("the outside start of off", lambda: f"docker start {off}" in run.reasons())
+        wait_for("off's start to reach the events thread", lambda: _started(delivered, off))
+        assert _started(delivered, other), "Docker did not deliver the other's start"
+        wait_for("the outside start of off", lambda: f"docker start {off}" in triggered)
+        assert not [r for r in triggered if other in r], triggered
         assert not [r for r in run.reasons() if other in r], run.reasons()
     finally:
         run.stop()

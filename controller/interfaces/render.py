@@ -334,5 +334,10 @@ def apply_summary(report: ExecutionReport, mismatches: list[str]) -> None:
     out.print(f"{verdict}: {summary}")
     if report.stopped_early:
         out.print("[yellow]stopped early: the controller was asked to stop[/yellow]")
+    for fault in report.undo_faults:
+        out.print(
+            f"[bold red]undo fault[/bold red]: {escape(fault.serve)} (undoing group "
+            f"{escape(fault.group)} after {escape(fault.after)}): {escape(fault.fault)}"
+        )
     for line in mismatches:
         out.print(f"[bold red]ledger mismatch[/bold red]: {escape(line)}")

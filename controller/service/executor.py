@@ -38,11 +38,10 @@ docker or NVML except through the adapters handed to it.
 
 from __future__ import annotations
 
-import contextlib
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any, Protocol
 
@@ -146,6 +145,34 @@ class ElasticFigure:
     at: float
 
 
+@dataclass(frozen=True, slots=True)
+class UndoFault:
+    """A fault met while a failed group was undone: a bug, reported loudly.
+
+    Chiefly a transition the lifecycle machine refused (``trigger`` names it); an
+    unexpected error of the undo itself has ``trigger`` ``None``. The undo of the
+    group's other serves went on regardless (docs/protocols.md#the-undo-of-a-failed-group).
+    """
+
+    serve: str
+    group: str
+    trigger: str | None
+    #: the failed step the undo followed ("stop omni"), or why the run undid the group
+    #: ("the plan ended", "the controller is stopping")
+    after: str
+    fault: str
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {
+            "serve": self.serve,
+            "group": self.group,
+            "trigger": self.trigger,
+            "after": self.after,
+            "fault": self.fault,
+        }
+
+
 @dataclass
 class ExecutionReport:
     """What a plan's execution did, and the ledger it left."""
@@ -169,11 +196,18 @@ class ExecutionReport:
     sleep_unsupported: dict[str, str] = field(default_factory=dict)
     #: serves stopped instead of put to sleep (-> why): not to be put to sleep again soon
     stopped_instead: dict[str, str] = field(default_factory=dict)
+    #: what the undo of failed groups met that it could not do (a transition the
+    #: lifecycle machine refused): each is also in its failed step's detail and the log
+    undo_faults: list[UndoFault] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        """True when every step succeeded."""
-        return not self.preflight and all(r.outcome is Outcome.OK for r in self.results)
+        """True when every step succeeded and every undo went as the machine allows."""
+        return (
+            not self.preflight
+            and not self.undo_faults
+            and all(r.outcome is Outcome.OK for r in self.results)
+        )
 
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
@@ -185,6 +219,7 @@ class ExecutionReport:
             "lifecycles": dict(self.lifecycles),
             "ledger": {r: self.ledger.view(r).to_json() for r in self.ledger.roles},
             "left_quiesced": dict(self.left_quiesced),
+            "undo_faults": [f.to_json() for f in self.undo_faults],
         }
 
 
@@ -489,6 +524,7 @@ class Executor:
         report.sleeps = dict(run.sleeps)
         report.sleep_unsupported = dict(run.sleep_unsupported)
         report.stopped_instead = dict(run.stopped_instead)
+        report.undo_faults = list(run.undo_faults)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
         return report
 
@@ -557,7 +593,9 @@ class Executor:
             elif step.action in (Action.STOP, Action.RELEASE):
                 self.footprints.stop_failed(run.serve(step.serve))
             if not exc.interrupted:
-                run.compensate(step)
+                faults = run.compensate(step)
+                if faults:  # the step keeps its own outcome; the faults join its detail
+                    result = replace(result, detail=f"{result.detail}; {_undo_text(faults)}")
             return result
 
     def _detach(self, run: _Run, chain: list[Step]) -> _StartJob:
@@ -718,6 +756,8 @@ class _Run(SleepSteps):
         self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
         self.elastic: dict[str, ElasticFigure] = {}  # serve -> its count after a resize
         self.left_quiesced: dict[str, str] = {}  # serve -> why its undo left it quiesced
+        #: what the undo of failed groups met (an illegal transition): reported, not ok
+        self.undo_faults: list[UndoFault] = []
         #: serves whose footprint window is a move only (a sleep, a wake, a sleeper's stop)
         self.moves_only: set[str] = set()
         self.init_sleep_steps()
@@ -732,14 +772,24 @@ class _Run(SleepSteps):
         The machine is the authority: a plan (or an executor path) that asks for a
         transition the machine forbids is a bug, so it is logged as an error and raised
         as :class:`StepError` (the step fails, its group is undone), never passed over.
+        The undo moves the machines with :meth:`move` instead, and reports each
+        :class:`IllegalTransition` it meets once it has undone the rest.
         """
-        machine = self.machines[serve]
-        before = str(machine.state)
         try:
-            machine.fire(trigger)
+            self.move(serve, trigger)
         except IllegalTransition as exc:
             logger.error("lifecycle: {}", exc)
             raise StepError(f"lifecycle: {exc}") from None
+
+    def move(self, serve: str, trigger: Trigger) -> None:
+        """Move ``serve``'s lifecycle machine and publish the transition.
+
+        Raises :class:`IllegalTransition` (the machine unchanged, nothing published)
+        when the machine forbids it; the caller decides how that fails loudly.
+        """
+        machine = self.machines[serve]
+        before = str(machine.state)
+        machine.fire(trigger)
         self.ex.events.publish(
             "lifecycle",
             serve=serve,
@@ -1386,64 +1436,103 @@ class _Run(SleepSteps):
         return max(least, role.capacity_mib - committed + signed)
 
     # -- undo -------------------------------------------------------------------------
-    def compensate(self, failed: Step) -> None:
-        """Undo what the failed step's group left half-done."""
-        self.undo_group(failed.group, failed)
+    def compensate(self, failed: Step) -> list[UndoFault]:
+        """Undo what the failed step's group left half-done; the faults it met."""
+        return self.undo_group(failed.group, f"{failed.action} {failed.serve}", failed)
 
     def compensate_all(self, why: str) -> None:
+        """Undo every group still half-done (the plan ended, or the controller stops)."""
         groups = [*self.quiesced, *self.others_quiesced, *set(self.reserved.values())]
         for group in dict.fromkeys(groups):
-            self.undo_group(group, None)
+            self.undo_group(group, why, None)
 
-    def undo_group(self, group: str, failed: Step | None) -> None:
+    def undo_group(self, group: str, after: str, failed: Step | None) -> list[UndoFault]:
+        """Undo ``group``: readmit what it quiesced, settle what it reserved or started.
+
+        Every serve's undo is attempted whatever another one met. A transition the
+        lifecycle machine refuses here is a bug: it is not passed over but collected,
+        logged at ERROR, kept in :attr:`undo_faults` (the report's ``undo_faults``, which
+        makes it not ok) and returned, for the failed step's detail.
+        """
+        faults: list[UndoFault] = []
         for name in self.quiesced.pop(group, []):
-            s = self.serve(name)
-            try:
-                detail = (
-                    self.readmit_tier(s) if s.router_tier is not None else "no router tier"
-                )
-            except StepError as exc:
-                self.left_quiesced[name] = str(exc)
-                logger.error(
-                    "{}: nothing was stopped, but tier {} is left quiesced: {}",
-                    name,
-                    s.router_tier,
-                    exc,
-                )
-            else:
-                logger.info("{}: {} (nothing was stopped)", name, detail)
-            with contextlib.suppress(StepError):  # an illegal transition is logged by fire
-                self.fire(name, Trigger.READMIT)
+            self._undo_one(faults, group, after, name, self._readmit_undone, name)
         for name in self.others_quiesced.pop(group, []):
             logger.warning(
                 "{}: nothing was stopped; tier {} stays quiesced by whoever quiesced it",
                 name,
                 self.serve(name).router_tier,
             )
-            with contextlib.suppress(StepError):
-                self.fire(name, Trigger.READMIT)
+            self._undo_one(faults, group, after, name, self.move, name, Trigger.READMIT)
         for name, g in list(self.reserved.items()):
             if g != group:
                 continue
             del self.reserved[name]
-            self._settle_quietly(name)
+            self._undo_one(faults, group, after, name, self._settle_failed_start, name)
             token = self.tokens.pop(name, None)
             if self.ex.starts is not None and not self.detached and token is not None:
                 self.ex.starts.end(name, token)
         if failed is not None and failed.action is Action.AWAIT_READY:
-            self._settle_quietly(failed.serve)
+            serve = failed.serve
+            self._undo_one(faults, group, after, serve, self._settle_failed_start, serve)
         # a failed shrink or grow has nothing to undo: resize() left the ledger counting
         # what the engine's answer proves it holds (or its full reservation), and asking
         # the engine to grow back would take memory the ledger may have given away
+        self.undo_faults.extend(faults)
+        return faults
 
-    def _settle_quietly(self, name: str) -> None:
-        """Settle a failed start while undoing a group: an illegal transition there was
-        logged as an error by :meth:`fire`; the undo of the rest goes on."""
-        with contextlib.suppress(StepError):
-            self._settle_failed_start(name)
+    def _undo_one(
+        self,
+        faults: list[UndoFault],
+        group: str,
+        after: str,
+        serve: str,
+        undo: Callable[..., object],
+        *args: Any,
+    ) -> None:
+        """Run one serve's undo; a fault it meets is collected and logged, not raised, so
+        the undo of the group's other serves goes on."""
+        try:
+            undo(*args)
+            return
+        except IllegalTransition as exc:  # the machine refused: a bug of the undo's path
+            fault = UndoFault(serve, group, exc.trigger, after, f"lifecycle: {exc}")
+            logger.error("the undo of group {} (after {}): {}", group, after, fault.fault)
+        except Exception as exc:  # a bug too; it must not leave the others undone
+            logger.exception(
+                "the undo of group {} (after {}): {}: unexpected error", group, after, serve
+            )
+            fault = UndoFault(
+                serve, group, None, after, f"unexpected error: {type(exc).__name__}: {exc}"
+            )
+        faults.append(fault)
+
+    def _readmit_undone(self, name: str) -> None:
+        """Readmit the tier of ``name``, which its group quiesced and did not stop."""
+        s = self.serve(name)
+        try:
+            detail = self.readmit_tier(s) if s.router_tier is not None else "no router tier"
+        except StepError as exc:
+            # a legal refusal, not a fault of the undo: the router refused (or could not
+            # be asked) to readmit. The tier stays quiesced, named in the report's
+            # left_quiesced, and the loop readmits it on later cycles while it runs
+            self.left_quiesced[name] = str(exc)
+            logger.error(
+                "{}: nothing was stopped, but tier {} is left quiesced: {}",
+                name,
+                s.router_tier,
+                exc,
+            )
+        else:
+            logger.info("{}: {} (nothing was stopped)", name, detail)
+        self.move(name, Trigger.READMIT)
 
     def _settle_failed_start(self, name: str) -> None:
-        """After a failed start: stop what still runs, and hold exactly what it holds."""
+        """After a failed start: stop what still runs, and hold exactly what it holds.
+
+        Called by the undo only; a transition the machine refuses raises
+        :class:`IllegalTransition` (after the ledger was made true), for the undo to report.
+        """
         s = self.serve(name)
         try:
             state = self.ex.docker.inspect(s.container)
@@ -1460,7 +1549,7 @@ class _Run(SleepSteps):
                 name,
                 exc,
             )
-            self.fire(name, Trigger.START_FAILED)
+            self.move(name, Trigger.START_FAILED)
             return
         holds = state is not None and state.state in COMMITTED_STATES
         if not holds and self.ledger.holds(name):
@@ -1469,7 +1558,7 @@ class _Run(SleepSteps):
                 self.ledger = result
         machine = self.machines[name]
         if machine.state != "failed":
-            self.fire(
+            self.move(
                 name,
                 Trigger.START_FAILED if machine.state in ("reserved", "starting") else Trigger.FAIL,
             )
@@ -1503,6 +1592,15 @@ def _refuse_dependents(plan: Plan, desired: DesiredState, refused: dict[str, lis
                     break
         if not added:
             return
+
+
+def _undo_text(faults: list[UndoFault]) -> str:
+    """What a failed step's detail adds about its undo: "the undo of group G met N
+    fault(s): …"."""
+    n = len(faults)
+    return f"the undo of group {faults[0].group} met {n} fault{'s' if n > 1 else ''}: " + (
+        "; ".join(f"{f.serve}: {f.fault}" for f in faults)
+    )
 
 
 def _reason(output: str) -> str:
