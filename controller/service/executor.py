@@ -1463,7 +1463,7 @@ class _Run(SleepSteps):
                 name,
                 self.serve(name).router_tier,
             )
-            self._undo_one(faults, group, after, name, self.move, name, Trigger.READMIT)
+            self._undo_one(faults, group, after, name, self._back_in_service, name)
         for name, g in list(self.reserved.items()):
             if g != group:
                 continue
@@ -1525,6 +1525,19 @@ class _Run(SleepSteps):
             )
         else:
             logger.info("{}: {} (nothing was stopped)", name, detail)
+        self._back_in_service(name)
+
+    def _back_in_service(self, name: str) -> None:
+        """The machine of ``name``, quiesced by the group being undone, back in service.
+
+        A serve whose stop failed is ``failed`` (``stop_failed``): that is not a fault of
+        the undo, and ``failed`` has no ``readmit``. Its machine stays failed; observation
+        moves it on (``recover`` while its container runs, ``reset`` once it is down).
+        Any other state is asked for ``readmit``, and the machine refuses what it forbids.
+        """
+        if self.machines[name].state == LifecycleState.FAILED:
+            logger.info("{}: its stop failed; its machine stays failed until observed", name)
+            return
         self.move(name, Trigger.READMIT)
 
     def _settle_failed_start(self, name: str) -> None:
