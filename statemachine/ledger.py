@@ -593,6 +593,91 @@ class Ledger:
         return Refusal(RefusalKind.OVER_BUDGET, holder, f"{holder}: " + "; ".join(parts), terms)
 
 
+class WorkingLedger(Ledger):
+    """A ledger that one planning pass changes in place, and the :class:`Ledger` it
+    stands for at any point (:meth:`frozen`).
+
+    The planner makes hundreds of reservations in one plan; deriving a new immutable
+    ledger for each copied every role's committed MiB and reservation lists each time.
+    A working ledger reads like a :class:`Ledger` (every reading method, and the
+    operations, which return new immutable ledgers as ever), and changes itself only by
+    :meth:`commit` (a reservation the caller has already checked fits), :meth:`drop`
+    and :meth:`adopt` (take the state of a ledger an operation returned).
+
+    It must never escape the pass that owns it: what outlives it is :meth:`frozen`. The
+    holdings stay a persistent map that each change replaces (never mutates), so what a
+    reader took from :attr:`holdings` earlier stays as it was.
+    """
+
+    __slots__ = ("_frozen",)
+
+    def __init__(self, base: Ledger) -> None:  # noqa: D107 - the state of ``base``, copied
+        self._adopt(base)
+        self._frozen: Ledger | None = base
+
+    def _adopt(self, other: Ledger) -> None:
+        self._roles = other._roles
+        self._unknown = other._unknown
+        self._host = other._host
+        self._holdings = other._holdings
+        self._committed = dict(other._committed)
+        self._on_role = dict(other._on_role)
+        self._host_holdings = dict(other._host_holdings)
+
+    def adopt(self, result: Ledger | Refusal) -> None:
+        """Become ``result``, a ledger an operation on this one returned (a Refusal is
+        raised: the caller checks before it asks)."""
+        if isinstance(result, Refusal):
+            raise ValueError(f"a working ledger adopts no refusal: {result.message}")
+        self._adopt(result)
+        self._frozen = None
+
+    def commit(self, res: GpuReservation) -> None:
+        """Admit ``res``, which the caller has checked (a valid reservation of a new
+        holder on known roles); raises ``ValueError`` when it does not fit (never
+        overcommits), or when its holder already holds one."""
+        holder, mib = res.holder, res.mib
+        if self._unknown or holder in self._holdings:
+            raise ValueError(f"{holder}: not admitted (unknown ledger, or already held)")
+        committed, roles = self._committed, self._roles
+        for role in res.gpu_roles:
+            if mib > roles[role].budget_mib - committed[role]:
+                raise ValueError(f"{holder}: {mib} MiB does not fit on {role}")
+        for role in res.gpu_roles:
+            committed[role] += mib
+        self._holdings = self._holdings.set(holder, res)
+        _enlist(self._on_role, res)
+        self._frozen = None
+
+    def drop(self, holder: str) -> None:
+        """Release ``holder``'s reservation (and its host RAM); ``KeyError`` when it
+        holds none."""
+        res = self._holdings[holder]
+        committed = self._committed
+        for role in res.gpu_roles:
+            committed[role] -= res.mib
+        self._holdings = self._holdings.delete(holder)
+        _unlist(self._on_role, res)
+        if holder in self._host_holdings:  # a sleeper stopped: its host RAM comes back too
+            self._host_holdings = {h: m for h, m in self._host_holdings.items() if h != holder}
+        self._frozen = None
+
+    def frozen(self) -> Ledger:
+        """The immutable ledger this one stands for now (kept until the next change)."""
+        done = self._frozen
+        if done is None:
+            done = Ledger.__new__(Ledger)
+            done._roles = self._roles
+            done._unknown = self._unknown
+            done._host = self._host
+            done._holdings = self._holdings
+            done._committed = dict(self._committed)
+            done._on_role = dict(self._on_role)
+            done._host_holdings = dict(self._host_holdings)
+            self._frozen = done
+        return done
+
+
 def _unlist(on_role: dict[str, tuple[tuple[str, int], ...]], res: GpuReservation) -> None:
     """Take ``res`` out of the per-role lists already built (the others are built when
     asked): O(reservations on its roles), no scan of every holding."""

@@ -59,7 +59,14 @@ from operator import attrgetter
 from statemachine.admission import conflict, inside_min_runtime
 from statemachine.deferred import Deferred
 from statemachine.idleness import IdleBasis, request_end
-from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
+from statemachine.ledger import (
+    GpuReservation,
+    Ledger,
+    Refusal,
+    RoleTerms,
+    WorkingLedger,
+    ledger_from_observed,
+)
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
 from statemachine.types import (
     DesiredRun,
@@ -104,7 +111,9 @@ class _Work:
     observed: Observed
     policy: Policy
     now: float
-    ledger: Ledger
+    #: the plan's ledger after the steps so far (changed in place; the Plan carries
+    #: :meth:`WorkingLedger.frozen`)
+    ledger: WorkingLedger
     running: set[str] = field(default_factory=set)  # holds memory, after the steps so far
     stopping: set[str] = field(default_factory=set)
     starting: set[str] = field(default_factory=set)
@@ -225,7 +234,7 @@ class _Work:
         self.add(Action.STOP, s, mib, reason)
         self.freed = True
         if mib is not None:
-            self.ledger = _ok(self.ledger.release(s.name))
+            self.ledger.drop(s.name)
             self.add(
                 Action.RELEASE, s, mib, f"release {mib} MiB after {s.name} is confirmed stopped"
             )
@@ -261,7 +270,7 @@ class _Work:
         if isinstance(slept, Refusal):
             self.halt(s, f"{reason}: stopped, not put to sleep: {slept.message}")
             return
-        self.ledger = slept
+        self.ledger.adopt(slept)
         self.add(Action.SLEEP, s, held, f"{reason}: put to sleep (level {sleep.level})")
         self.freed = True
         host = f" and take {sleep.host_mib} MiB of host RAM" if sleep.host_mib else ""
@@ -772,7 +781,7 @@ def _commit_start(
     them, then reserve, start, wait until ready (and readmit its tier)."""
     w.group = s.name
     for o, cur, to in room.shrinks:
-        w.ledger = _ok(w.ledger.resize(o.name, to))
+        w.ledger.adopt(_ok(w.ledger.resize(o.name, to)))
         assert o.elastic is not None  # only elastic serves are shrunk
         floor, seg = o.elastic.floor_mib, o.elastic.segment_mib
         w.add(
@@ -790,7 +799,7 @@ def _commit_start(
         _wake(w, s, in_ledger)
         return
     if in_ledger and s.vram_mib is not None:
-        w.ledger = _ok(w.ledger.admit(GpuReservation(s.name, s.gpu_roles, s.vram_mib)))
+        w.ledger.commit(GpuReservation(s.name, s.gpu_roles, s.vram_mib))
         w.add(
             Action.RESERVE, s, s.vram_mib, f"reserve {s.vram_mib} MiB on {', '.join(s.gpu_roles)}"
         )
@@ -828,7 +837,7 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
     held = w.held_mib(s.name)
     if in_ledger and s.vram_mib is not None and held is not None:
         full = _full_mib(w, s)
-        w.ledger = _ok(w.ledger.wake(s.name, full))
+        w.ledger.adopt(_ok(w.ledger.wake(s.name, full)))
         w.add(
             Action.RESERVE_WAKE,
             s,
@@ -968,7 +977,7 @@ def _grow(w: _Work) -> None:
         # back to full, or by the whole segments the room holds (the engine maps whole ones)
         to = s.vram_mib if held + room >= s.vram_mib else held + _whole(room, s.elastic)
         if to > held:
-            w.ledger = _ok(w.ledger.resize(name, to))
+            w.ledger.adopt(_ok(w.ledger.resize(name, to)))
             w.group = name  # a grow is skipped when this serve's own start failed
             w.add(
                 Action.GROW,
@@ -1015,7 +1024,7 @@ def plan_transitions(
         ]
         return Plan((), tuple(_blocked_unknown(desired, names)), ledger, ledger, tuple(notes))
 
-    w = _Work(desired, observed, policy, now, ledger)
+    w = _Work(desired, observed, policy, now, WorkingLedger(ledger))
     w.index()
     w.running = {
         s.name
@@ -1065,4 +1074,4 @@ def plan_transitions(
     _grow(w)
     _start_all(w, rest)
     _readmit_left_quiesced(w)
-    return Plan(tuple(w.steps), tuple(w.blocked), ledger, w.ledger, tuple(notes))
+    return Plan(tuple(w.steps), tuple(w.blocked), ledger, w.ledger.frozen(), tuple(notes))
