@@ -28,6 +28,7 @@ from typing import Any
 
 from statemachine.pmap import PMap
 from statemachine.types import (
+    ABSENT,
     DesiredState,
     GpuRole,
     HostBudget,
@@ -354,6 +355,17 @@ class Ledger:
     def free_mib(self, role: str) -> int:
         """Budget minus committed on ``role`` (negative when observed over budget)."""
         return self._roles[role].budget_mib - self._committed[role]
+
+    def short_of(self, gpu_roles: Iterable[str], mib: int) -> dict[str, int]:
+        """The roles of ``gpu_roles`` where ``mib`` more does not fit, each with the MiB
+        it is short by (empty: it fits on every one)."""
+        roles, committed = self._roles, self._committed
+        out: dict[str, int] = {}
+        for role in gpu_roles:
+            free = roles[role].budget_mib - committed[role]
+            if mib > free:
+                out[role] = mib - free
+        return out
 
     def reservations_on(self, role: str) -> tuple[tuple[str, int], ...]:
         """Each committed reservation on ``role``, as (holder, MiB), sorted by holder.
@@ -719,7 +731,20 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         return Ledger(desired.roles, unknown=True, host=desired.host)
     holdings = []
     host_holdings: dict[str, int] = {}
-    for name, start in observed.starting.items():
+    # a fleet's serves share a few role tuples: whether they are in the ledger, and
+    # which of them have a capacity row, asked once per tuple (one plan may ask it for
+    # a thousand serves)
+    in_ledger_by_roles: dict[tuple[str, ...], bool] = {}
+    known_by_roles: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+    def known(roles: tuple[str, ...]) -> tuple[str, ...]:
+        found = known_by_roles.get(roles)
+        if found is None:
+            found = known_by_roles[roles] = _known(desired, roles)
+        return found
+
+    starting = observed.starting
+    for name, start in starting.items():
         serve = desired.serves.get(name)
         # the roles it was started on and those it declares now; the larger MiB
         started_on = start.gpu_roles
@@ -730,18 +755,27 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         counted = _known(desired, started_on)
         if counted and mib > 0:
             holdings.append(GpuReservation(name, counted, mib))
+    containers, started_with = observed.containers, observed.started_with
+    sleeps, shrunk_to, unreleased = observed.sleep, observed.elastic_mib, observed.unreleased
     for serve in desired.serves.values():
-        if serve.name in observed.starting:
+        name = serve.name
+        if name in starting:
             continue  # counted above
-        holds = observed.container(serve.container).holds
-        record = observed.started_with.get(serve.container) if holds else None
-        declared = serve.vram_mib is not None and desired.in_ledger(serve)
-        asleep = asleep_holds(serve, observed.sleep_of(serve.name)) if holds else None
+        holds = containers.get(serve.container, ABSENT).holds
+        record = started_with.get(serve.container) if holds and started_with else None
+        declared = False
+        if serve.vram_mib is not None:
+            declared_here = in_ledger_by_roles.get(serve.gpu_roles)
+            if declared_here is None:
+                declared_here = in_ledger_by_roles[serve.gpu_roles] = desired.in_ledger(serve)
+            declared = declared_here
+        slept = sleeps.get(name) if holds else None
+        asleep = None if slept is None else asleep_holds(serve, slept)
         if asleep is not None and asleep[1]:
-            host_holdings[serve.name] = asleep[1]
-        if declared and (holds or serve.name in observed.unreleased):
+            host_holdings[name] = asleep[1]
+        if declared and (holds or name in unreleased):
             assert serve.vram_mib is not None
-            shrunk = observed.elastic_mib.get(serve.name)
+            shrunk = shrunk_to.get(name)
             held = (
                 max(serve.vram_mib, record.mib if record is not None else 0)
                 if shrunk is None
@@ -749,12 +783,12 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
             )
             if asleep is not None and asleep[0] is not None:
                 held = asleep[0]
-            roles = _known(desired, serve.gpu_roles + (record.gpu_roles if record else ()))
-            holdings.append(GpuReservation(serve.name, roles, held))
+            roles = known(serve.gpu_roles + record.gpu_roles if record else serve.gpu_roles)
+            holdings.append(GpuReservation(name, roles, held))
         elif record is not None:
-            roles = _known(desired, record.gpu_roles)
+            roles = known(record.gpu_roles)
             if roles:
-                holdings.append(GpuReservation(serve.name, roles, record.mib))
+                holdings.append(GpuReservation(name, roles, record.mib))
     holdings.extend(
         res
         for _container, res in no_longer_declared(desired, observed)

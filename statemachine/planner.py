@@ -121,6 +121,7 @@ class _Work:
     blocked: list[Blocked] = field(default_factory=list)
     by_role: dict[str, list[str]] = field(default_factory=dict)  # declaration order
     by_port: dict[int, list[str]] = field(default_factory=dict)
+    shared: set[int] = field(default_factory=set)  # ports more than one serve declares
     excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
     order: dict[str, int] = field(default_factory=dict)  # declaration index
     group: str = ""  # the serve whose intent the steps being emitted serve
@@ -164,7 +165,10 @@ class _Work:
                 if s.exclusive:
                     self.excl_by_role.setdefault(r, []).append(s.name)
             if s.port is not None:
-                self.by_port.setdefault(s.port, []).append(s.name)
+                on_port = self.by_port.setdefault(s.port, [])
+                if on_port:
+                    self.shared.add(s.port)
+                on_port.append(s.name)
 
     def conflict_neighbours(self, s: ServeSpec) -> list[str]:
         """What a non-exclusive ``s`` can conflict with (exclusive serves on its roles,
@@ -344,6 +348,12 @@ def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
     veto = _requester_veto(requester)
     if veto is not None:
         return veto
+    return _victim_veto(w, victim)
+
+
+def _victim_veto(w: _Work, victim: ServeSpec) -> str | None:
+    """None when a requester that may evict (no :func:`_requester_veto`) may stop
+    ``victim``; else why not."""
     if victim.residency is Residency.RESIDENT:
         return "resident: never evicted"
     if victim.residency is Residency.ON_DEMAND:
@@ -392,6 +402,10 @@ class _Holders:
 #: the room of a start that needs none (nothing shrunk, nothing evicted); never mutated
 _NO_ROOM = _Room()
 
+#: the conflicts of a start that has none; never mutated (:func:`_room` copies its
+#: ``protected`` before it adds the holders)
+_NO_CONFLICTS = _Conflicts()
+
 
 def _try_start(w: _Work, s: ServeSpec) -> None:
     """Start ``s`` if it may and fits: its conflicts, then its room, then the steps."""
@@ -421,6 +435,8 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
 
 def _conflicts(w: _Work, s: ServeSpec) -> _Conflicts:
     """The running serves that cannot run beside ``s``: to stop, or why they may not be."""
+    if not s.exclusive and not w.excl_by_role and (s.port is None or s.port not in w.shared):
+        return _NO_CONFLICTS  # no exclusive serve anywhere, and its port is its own
     c = _Conflicts()
     forced_names: set[str] = set()
     neighbours = w.neighbours(s) if s.exclusive else w.conflict_neighbours(s)
@@ -506,7 +522,7 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
     if not in_ledger or s.vram_mib is None:
         return _NO_ROOM
     mib = _needs_mib(w, s)
-    short = {r: mib - ledger.free_mib(r) for r in s.gpu_roles if mib > ledger.free_mib(r)}
+    short = ledger.short_of(s.gpu_roles, mib)
     if not short:
         return _NO_ROOM
     veto = _requester_veto(s)
@@ -522,12 +538,13 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
             w, s, terms, terms, _Holders(shrinkable=zero, evictable=zero, sleepable=zero), protected
         )
         return None
-    h = _holders(w, s, ledger, short, c.protected)
+    kept = list(c.protected)  # the conflicts' and then the holders' (c's is shared)
+    h = _holders(w, s, ledger, short, kept)
     if h.elastic and all(h.shrinkable[r] >= need for r, need in short.items()):
         return _Room(shrinks=_shrinks(h.elastic, short))
     picked = _choose(w, h.cands, short)
     if picked is None:
-        protected_now = tuple(sorted(c.protected, key=_by_serve))
+        protected_now = tuple(sorted(kept, key=_by_serve))
         terms = ledger.terms(s.name, s.gpu_roles, mib)
         plan_terms = terms if ledger is w.ledger else w.ledger.terms(s.name, s.gpu_roles, mib)
         _block_no_fit(w, s, terms, plan_terms, h, protected_now)
@@ -626,17 +643,19 @@ def _holders(
     )
     # only holders on a short role matter: walk those roles' serves, not the ledger
     on_short = dict.fromkeys(n for r in short for n in w.by_role.get(r, ()))
-    holdings = ledger.holdings
+    holdings, serves, running = ledger.holdings, w.desired.serves, w.running
+    # asked once, not per holder: the requester's own veto holds for every victim
+    may_evict = _requester_veto(s) is None
     for name in on_short:
         res = holdings.get(name)
         if res is None or name == s.name:
             continue
-        o = w.serve(name)
-        if name not in w.running:  # exited, its memory not confirmed back
+        o = serves[name]
+        if name not in running:  # exited, its memory not confirmed back
             protected.append(Protected(name, res.mib, _EXITED))
             continue
-        veto = _may_evict(w, s, o)
-        if _may_shrink(w, s, o, res.mib):
+        veto = _victim_veto(w, o) if may_evict else _requester_veto(s)
+        if o.elastic is not None and _may_shrink(w, s, o, res.mib):
             assert o.elastic is not None
             give = _whole_segments_above_floor(res.mib, o.elastic)
             if give > 0:
