@@ -69,6 +69,7 @@ from statemachine.ledger import (
 )
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
 from statemachine.types import (
+    ABSENT,
     DesiredRun,
     DesiredState,
     Elastic,
@@ -124,6 +125,7 @@ class _Work:
     shared: set[int] = field(default_factory=set)  # ports more than one serve declares
     excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
     order: dict[str, int] = field(default_factory=dict)  # declaration index
+    ledgered: dict[str, bool] = field(default_factory=dict)  # :meth:`in_ledger`'s answers
     group: str = ""  # the serve whose intent the steps being emitted serve
     #: the serves of this pass that claim room (:func:`_claims_room`), their places in
     #: the pass, and the place of the serve being tried: those after it are still to try
@@ -198,6 +200,14 @@ class _Work:
             seen.update(dict.fromkeys(self.by_port.get(s.port, ())))
         seen.pop(s.name, None)
         return list(seen)
+
+    def in_ledger(self, s: ServeSpec) -> bool:
+        """``s`` has a reservation, on roles that all have a capacity row (asked once
+        per serve and plan: a serve blocked in a pass is tried again in the next)."""
+        known = self.ledgered.get(s.name)
+        if known is None:
+            known = self.ledgered[s.name] = s.vram_mib is not None and self.desired.in_ledger(s)
+        return known
 
     def serve(self, name: str) -> ServeSpec:
         return self.desired.serves[name]
@@ -414,7 +424,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
         w.blocked.append(Blocked(s.name, f"{s.name} is held back: {held}"))
         return
     c = _conflicts(w, s)
-    in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
+    in_ledger = w.in_ledger(s)
     if s.sizes_from_free and not c.reasons and _waits_for_a_loading_peer(w, s):
         return
     if c.reasons:
@@ -885,7 +895,7 @@ def _claims_room(w: _Work, later: ServeSpec) -> bool:
         and later.name not in w.policy.hold
         and not later.exclusive
         and later.vram_mib is not None
-        and w.desired.in_ledger(later)
+        and w.in_ledger(later)
     )
 
 
@@ -1045,10 +1055,11 @@ def plan_transitions(
 
     w = _Work(desired, observed, policy, now, WorkingLedger(ledger))
     w.index()
+    containers = observed.containers
     w.running = {
         s.name
         for s in desired.serves.values()
-        if observed.container(s.container).holds or s.name in observed.starting
+        if containers.get(s.container, ABSENT).holds or s.name in observed.starting
     }
     w.starting = {n for n in observed.starting if n in desired.serves}
     w.exited = frozenset(n for n in ledger.holdings if n not in w.running)
@@ -1056,7 +1067,7 @@ def plan_transitions(
     # reload after a level-1 sleep costs time; none after a level-2 sleep serves garbage)
     w.asleep = {
         s.name: observed.sleep_of(s.name).level or (s.sleep.level if s.sleep else 2)
-        for s in desired.serves.values()
+        for s in (desired.serves.values() if observed.sleep else ())  # none said: none
         if observed.sleep_of(s.name).asleep
         and observed.container(s.container).holds
         and s.name not in observed.starting
