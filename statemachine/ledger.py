@@ -27,6 +27,7 @@ from enum import StrEnum
 from typing import Any
 
 from statemachine.pmap import PMap
+from statemachine.slotinit import direct_init
 from statemachine.types import (
     ABSENT,
     DesiredState,
@@ -39,6 +40,7 @@ from statemachine.types import (
 )
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class GpuReservation:
     """``mib`` reserved by ``holder`` on each of ``gpu_roles`` (the same amount on each)."""
@@ -59,6 +61,7 @@ class RefusalKind(StrEnum):
     INVALID = "invalid"
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class RoleTerms:
     """Every term of one role's arithmetic for one request.
@@ -623,7 +626,7 @@ class WorkingLedger(Ledger):
 
     __slots__ = ("_frozen",)
 
-    def __init__(self, base: Ledger) -> None:  # noqa: D107 - the state of ``base``, copied
+    def __init__(self, base: Ledger) -> None:
         self._adopt(base)
         self._frozen: Ledger | None = base
 
@@ -743,6 +746,12 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
             found = known_by_roles[roles] = _known(desired, roles)
         return found
 
+    def in_ledger(serve: ServeSpec) -> bool:  # its answer depends on its roles only
+        found = in_ledger_by_roles.get(serve.gpu_roles)
+        if found is None:
+            found = in_ledger_by_roles[serve.gpu_roles] = desired.in_ledger(serve)
+        return found
+
     starting = observed.starting
     for name, start in starting.items():
         serve = desired.serves.get(name)
@@ -763,12 +772,7 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
             continue  # counted above
         holds = containers.get(serve.container, ABSENT).holds
         record = started_with.get(serve.container) if holds and started_with else None
-        declared = False
-        if serve.vram_mib is not None:
-            declared_here = in_ledger_by_roles.get(serve.gpu_roles)
-            if declared_here is None:
-                declared_here = in_ledger_by_roles[serve.gpu_roles] = desired.in_ledger(serve)
-            declared = declared_here
+        declared = serve.vram_mib is not None and in_ledger(serve)
         slept = sleeps.get(name) if holds else None
         asleep = None if slept is None else asleep_holds(serve, slept)
         if asleep is not None and asleep[1]:

@@ -513,7 +513,7 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
 
     ``None`` (and ``s`` blocked) when there is none.
     """
-    ledger = w.ledger
+    ledger: Ledger = w.ledger
     for o in c.forced:
         if ledger.holds(o.name):
             ledger = _ok(ledger.release(o.name))
@@ -899,9 +899,7 @@ def _claims_room(w: _Work, later: ServeSpec) -> bool:
     )
 
 
-def _room_ahead(
-    w: _Work, short: Mapping[str, int], cands: Sequence[Candidate]
-) -> dict[str, int]:
+def _room_ahead(w: _Work, short: Mapping[str, int], cands: Sequence[Candidate]) -> dict[str, int]:
     """MiB that on-demand requesters later in this pass will reserve on the short roles.
 
     Taken in their order, each only while the room for it, this requester's shortfall
