@@ -624,11 +624,13 @@ class WorkingLedger(Ledger):
     reader took from :attr:`holdings` earlier stays as it was.
     """
 
-    __slots__ = ("_frozen",)
+    __slots__ = ("_budget", "_frozen")
 
     def __init__(self, base: Ledger) -> None:
         self._adopt(base)
         self._frozen: Ledger | None = base
+        # each role's budget, read once (an operation never changes the roles)
+        self._budget = {role: row.budget_mib for role, row in self._roles.items()}
 
     def _adopt(self, other: Ledger) -> None:
         self._roles = other._roles
@@ -654,15 +656,25 @@ class WorkingLedger(Ledger):
         holder, mib = res.holder, res.mib
         if self._unknown or holder in self._holdings:
             raise ValueError(f"{holder}: not admitted (unknown ledger, or already held)")
-        committed, roles = self._committed, self._roles
+        committed, budget = self._committed, self._budget
         for role in res.gpu_roles:
-            if mib > roles[role].budget_mib - committed[role]:
+            if mib > budget[role] - committed[role]:
                 raise ValueError(f"{holder}: {mib} MiB does not fit on {role}")
         for role in res.gpu_roles:
             committed[role] += mib
         self._holdings = self._holdings.set(holder, res)
         _enlist(self._on_role, res)
         self._frozen = None
+
+    def short_of(self, gpu_roles: Iterable[str], mib: int) -> dict[str, int]:
+        """As :meth:`Ledger.short_of` (from the budgets read once)."""
+        committed, budget = self._committed, self._budget
+        out: dict[str, int] = {}
+        for role in gpu_roles:
+            free = budget[role] - committed[role]
+            if mib > free:
+                out[role] = mib - free
+        return out
 
     def drop(self, holder: str) -> None:
         """Release ``holder``'s reservation (and its host RAM); ``KeyError`` when it

@@ -125,7 +125,7 @@ class _Work:
     shared: set[int] = field(default_factory=set)  # ports more than one serve declares
     excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
     order: dict[str, int] = field(default_factory=dict)  # declaration index
-    ledgered: dict[str, bool] = field(default_factory=dict)  # :meth:`in_ledger`'s answers
+    ledgered: dict[tuple[str, ...], bool] = field(default_factory=dict)  # by roles
     group: str = ""  # the serve whose intent the steps being emitted serve
     #: the serves of this pass that claim room (:func:`_claims_room`), their places in
     #: the pass, and the place of the serve being tried: those after it are still to try
@@ -160,17 +160,27 @@ class _Work:
         return text
 
     def index(self) -> None:
+        order, by_role, by_port = self.order, self.by_role, self.by_port
         for i, s in enumerate(self.desired.serves.values()):
-            self.order[s.name] = i
+            name = s.name
+            order[name] = i
             for r in s.gpu_roles:
-                self.by_role.setdefault(r, []).append(s.name)
-                if s.exclusive:
-                    self.excl_by_role.setdefault(r, []).append(s.name)
-            if s.port is not None:
-                on_port = self.by_port.setdefault(s.port, [])
-                if on_port:
-                    self.shared.add(s.port)
-                on_port.append(s.name)
+                on_role = by_role.get(r)
+                if on_role is None:
+                    by_role[r] = [name]
+                else:
+                    on_role.append(name)
+            if s.exclusive:
+                for r in s.gpu_roles:
+                    self.excl_by_role.setdefault(r, []).append(name)
+            port = s.port
+            if port is not None:
+                on_port = by_port.get(port)
+                if on_port is None:
+                    by_port[port] = [name]
+                else:
+                    self.shared.add(port)
+                    on_port.append(name)
 
     def conflict_neighbours(self, s: ServeSpec) -> list[str]:
         """What a non-exclusive ``s`` can conflict with (exclusive serves on its roles,
@@ -203,10 +213,12 @@ class _Work:
 
     def in_ledger(self, s: ServeSpec) -> bool:
         """``s`` has a reservation, on roles that all have a capacity row (asked once
-        per serve and plan: a serve blocked in a pass is tried again in the next)."""
-        known = self.ledgered.get(s.name)
+        per role tuple and plan: whether the roles have a row is all that varies)."""
+        if s.vram_mib is None:
+            return False
+        known = self.ledgered.get(s.gpu_roles)
         if known is None:
-            known = self.ledgered[s.name] = s.vram_mib is not None and self.desired.in_ledger(s)
+            known = self.ledgered[s.gpu_roles] = self.desired.in_ledger(s)
         return known
 
     def serve(self, name: str) -> ServeSpec:
@@ -531,7 +543,7 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         return None
     if not in_ledger or s.vram_mib is None:
         return _NO_ROOM
-    mib = _needs_mib(w, s)
+    mib = _needs_mib(w, s) if waking else s.vram_mib
     short = ledger.short_of(s.gpu_roles, mib)
     if not short:
         return _NO_ROOM
@@ -827,17 +839,21 @@ def _commit_start(
     if s.name in w.asleep:
         _wake(w, s, in_ledger)
         return
-    if in_ledger and s.vram_mib is not None:
-        w.ledger.commit(GpuReservation(s.name, s.gpu_roles, s.vram_mib))
-        w.add(
-            Action.RESERVE, s, s.vram_mib, f"reserve {s.vram_mib} MiB on {', '.join(s.gpu_roles)}"
-        )
-    w.add(Action.START, s, s.vram_mib if in_ledger else None, _start_reason(w, s))
-    w.add(Action.AWAIT_READY, s, None, f"wait until {s.name} is healthy")
+    # the steps built here, not through _Work.add: a cold plan has hundreds of starts
+    name, roles, mib, append = s.name, s.gpu_roles, s.vram_mib, w.steps.append
+    if in_ledger and mib is not None:
+        w.ledger.commit(GpuReservation(name, roles, mib))
+        why = f"reserve {mib} MiB on {', '.join(roles)}"
+        append(Step(Action.RESERVE, name, roles, mib, why, None, name, None))
+    why = _start_reason(w, s)
+    append(Step(Action.START, name, roles, mib if in_ledger else None, why, None, name, None))
+    why = f"wait until {name} is healthy"
+    append(Step(Action.AWAIT_READY, name, roles, None, why, None, name, None))
     if s.router_tier:
-        w.add(Action.READMIT, s, None, f"readmit router tier {s.router_tier}")
-    w.running.add(s.name)
-    w.starting.add(s.name)
+        why = f"readmit router tier {s.router_tier}"
+        append(Step(Action.READMIT, name, roles, None, why, None, name, None))
+    w.running.add(name)
+    w.starting.add(name)
 
 
 def _make_room(w: _Work, s: ServeSpec, forced: list[ServeSpec], room: _Room) -> None:

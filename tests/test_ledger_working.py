@@ -29,6 +29,9 @@ def _same(work: WorkingLedger, ref: Ledger) -> None:
             assert led.reservations_on(r) == ref.reservations_on(r)
             assert led.view(r) == ref.view(r)
         assert led.host_view() == ref.host_view()
+        for roles in (("a",), ("b", "c"), ("c", "a", "b")):
+            for mib in (1, 100, 450, 900, 901):
+                assert led.short_of(roles, mib) == ref.short_of(roles, mib)
     assert isinstance(work.frozen(), Ledger) and not isinstance(work.frozen(), WorkingLedger)
 
 
