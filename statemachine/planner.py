@@ -666,6 +666,8 @@ def _holders(
     # only holders on a short role matter: walk those roles' serves, not the ledger
     on_short = dict.fromkeys(n for r in short for n in w.by_role.get(r, ()))
     holdings, serves, running = ledger.holdings, w.desired.serves, w.running
+    container, in_flight = w.observed.container, w.observed.requests_in_flight
+    cands, evictable, sleepable = h.cands, h.evictable, h.sleepable
     # asked once, not per holder: the requester's own veto holds for every victim
     may_evict = _requester_veto(s) is None
     for name in on_short:
@@ -686,14 +688,14 @@ def _holders(
                     if r in h.shrinkable:
                         h.shrinkable[r] += give
         if veto is None:
-            started = w.observed.container(o.container).started_at
-            busy = w.observed.requests_in_flight(name).count
-            h.cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started, busy))
+            started = container(o.container).started_at
+            busy = in_flight(name).count
+            cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started, busy))
             frees = res.mib - o.sleep.residual_mib if o.sleep and w.sleepable(o) else 0
             for r in res.gpu_roles:
-                if r in h.evictable:
-                    h.evictable[r] += res.mib
-                    h.sleepable[r] += frees
+                if r in evictable:
+                    evictable[r] += res.mib
+                    sleepable[r] += frees
         else:
             protected.append(Protected(name, res.mib, veto))
     return h
@@ -1010,6 +1012,8 @@ def _whole_segments_above_floor(held: int, elastic: Elastic) -> int:
 
 def _grow(w: _Work) -> None:
     for s in w.desired.serves.values():
+        if s.elastic is None:
+            continue  # only an elastic serve gives memory back, and takes it back
         name = s.name
         if name not in w.running or name in w.observed.starting or name in w.asleep:
             continue
