@@ -784,7 +784,9 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
             continue  # counted above
         holds = containers.get(serve.container, ABSENT).holds
         record = started_with.get(serve.container) if holds and started_with else None
-        declared = serve.vram_mib is not None and in_ledger(serve)
+        declared = serve.vram_mib is not None and (
+            in_ledger_by_roles.get(serve.gpu_roles) or in_ledger(serve)
+        )
         slept = sleeps.get(name) if holds else None
         asleep = None if slept is None else asleep_holds(serve, slept)
         if asleep is not None and asleep[1]:
@@ -799,7 +801,8 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
             )
             if asleep is not None and asleep[0] is not None:
                 held = asleep[0]
-            roles = known(serve.gpu_roles + record.gpu_roles if record else serve.gpu_roles)
+            key = serve.gpu_roles + record.gpu_roles if record else serve.gpu_roles
+            roles = known_by_roles.get(key) or known(key)
             holdings.append(GpuReservation(name, roles, held))
         elif record is not None:
             roles = known(record.gpu_roles)
