@@ -123,6 +123,7 @@ class _Work:
     by_role: dict[str, list[str]] = field(default_factory=dict)  # declaration order
     by_port: dict[int, list[str]] = field(default_factory=dict)
     shared: set[int] = field(default_factory=set)  # ports more than one serve declares
+    sleepers: bool = False  # some serve declares [serve.sleep]: a victim may sleep
     excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
     order: dict[str, int] = field(default_factory=dict)  # declaration index
     ledgered: dict[tuple[str, ...], bool] = field(default_factory=dict)  # by roles
@@ -170,6 +171,8 @@ class _Work:
                     by_role[r] = [name]
                 else:
                     on_role.append(name)
+            if s.sleep is not None:
+                self.sleepers = True
             if s.exclusive:
                 for r in s.gpu_roles:
                     self.excl_by_role.setdefault(r, []).append(name)
@@ -636,10 +639,12 @@ def _choose(
     is a cover of the second kind of the same size, so the second set is taken then.)
     """
     stops = _pick(w, cands, short)
-    as_sleep: list[Candidate] = []
-    for c in cands:
-        frees = _sleep_frees(w, c)
-        as_sleep.append(c if frees is None else dataclasses.replace(c, mib=frees))
+    as_sleep: list[Candidate] = cands  # as they are, when no serve can sleep at all
+    if w.sleepers:
+        as_sleep = []
+        for c in cands:
+            frees = _sleep_frees(w, c)
+            as_sleep.append(c if frees is None else dataclasses.replace(c, mib=frees))
     if as_sleep != cands:  # a candidate frees less by sleeping than by stopping
         slept = _pick(w, as_sleep, short)
         if slept is not None and (stops is None or len(slept) <= len(stops)):
