@@ -93,6 +93,11 @@ __all__ = [
 
 
 _by_serve = attrgetter("serve")
+_by_name = attrgetter("name")
+_by_priority = attrgetter("priority")
+
+#: the residencies that start before the rest (the backfill)
+_FIRST = (Residency.RESIDENT, Residency.ON_DEMAND)
 
 #: why a holder that exited, its memory not confirmed back, may not be stopped
 _EXITED = "exited, but its memory is not back yet"
@@ -349,15 +354,23 @@ def _requests(
 
 
 def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> list[ServeSpec]:
-    def rank(s: ServeSpec) -> tuple[int, float, int, str]:
-        if s.residency is Residency.RESIDENT:
-            return (0, 0.0, -s.priority, s.name)
-        if s.residency is Residency.ON_DEMAND:
-            when = -1.0 if s.desired is DesiredRun.RUNNING else active.get(s.name, 0.0)
-            return (1, when, -s.priority, s.name)
-        return (3, 0.0, -s.priority, s.name)
+    """Residents, then on-demand serves (manifest ``running`` first, then requests by
+    age), then the rest; each by descending priority, then name."""
 
-    return sorted(wants, key=rank)
+    def rank(s: ServeSpec) -> tuple[float, int, str]:
+        when = -1.0 if s.desired is DesiredRun.RUNNING else active.get(s.name, 0.0)
+        return (when, -s.priority, s.name)
+
+    def by_priority(serves: list[ServeSpec]) -> list[ServeSpec]:
+        # names are unique: by name, then (stable, also reversed) by descending priority
+        serves.sort(key=_by_name)
+        serves.sort(key=_by_priority, reverse=True)
+        return serves
+
+    residents = [s for s in wants if s.residency is Residency.RESIDENT]
+    on_demand = [s for s in wants if s.residency is Residency.ON_DEMAND]
+    rest = [s for s in wants if s.residency not in _FIRST]
+    return by_priority(residents) + sorted(on_demand, key=rank) + by_priority(rest)
 
 
 def _requester_veto(requester: ServeSpec) -> str | None:
@@ -1121,8 +1134,8 @@ def plan_transitions(
         if s.desired is DesiredRun.RUNNING or s.name in active:
             wants.append(s)
     ordered = _start_order(w, wants, active)
-    first = [s for s in ordered if s.residency in (Residency.RESIDENT, Residency.ON_DEMAND)]
-    rest = [s for s in ordered if s.residency not in (Residency.RESIDENT, Residency.ON_DEMAND)]
+    first = [s for s in ordered if s.residency in _FIRST]
+    rest = [s for s in ordered if s.residency not in _FIRST]
     _start_all(w, first)
     _grow(w)
     _start_all(w, rest)
