@@ -3,8 +3,9 @@
 A pure function from "what the manifest (and the on-demand requests) want" and "what
 the host shows" to an ordered list of steps (docs/design.md §5 plan JSON) plus what is
 blocked, with every term of the arithmetic. It never plans a prefix that overcommits
-a GPU role: every reserve and grow goes through :class:`statemachine.ledger.Ledger`,
-after the releases and shrinks that make room for it.
+a GPU role: every reserve and grow goes through the plan's ledger (a
+:class:`statemachine.ledger.WorkingLedger`, changed in place by this call alone, which
+refuses what does not fit), after the releases and shrinks that make room for it.
 
 The rules, in the order the planner applies them:
 
