@@ -560,7 +560,8 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         return None
     if not in_ledger or s.vram_mib is None:
         return _NO_ROOM
-    mib = _needs_mib(w, s) if waking else s.vram_mib
+    # the MiB more it takes on each of its roles: all of it for a start
+    mib = _wake_needs_mib(w, s) if waking else s.vram_mib
     short = ledger.short_of(s.gpu_roles, mib)
     if not short:
         return _NO_ROOM
@@ -607,12 +608,9 @@ def _full_mib(w: _Work, s: ServeSpec) -> int:
     return s.vram_mib if record is None else max(s.vram_mib, record.mib)
 
 
-def _needs_mib(w: _Work, s: ServeSpec) -> int:
-    """The MiB more ``s`` takes on each of its roles: all of it for a start; for a wake,
-    its full reservation less the residual it already holds."""
-    assert s.vram_mib is not None
-    if s.name not in w.asleep:
-        return s.vram_mib
+def _wake_needs_mib(w: _Work, s: ServeSpec) -> int:
+    """The MiB more sleeping ``s`` takes on each of its roles to wake: its full
+    reservation less the residual it already holds."""
     return _full_mib(w, s) - w.ledger.holdings[s.name].mib  # its residual, held asleep
 
 
