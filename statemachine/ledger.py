@@ -27,7 +27,9 @@ from enum import StrEnum
 from typing import Any
 
 from statemachine.pmap import PMap
+from statemachine.slotinit import direct_init
 from statemachine.types import (
+    ABSENT,
     DesiredState,
     GpuRole,
     HostBudget,
@@ -38,6 +40,7 @@ from statemachine.types import (
 )
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class GpuReservation:
     """``mib`` reserved by ``holder`` on each of ``gpu_roles`` (the same amount on each)."""
@@ -58,6 +61,7 @@ class RefusalKind(StrEnum):
     INVALID = "invalid"
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class RoleTerms:
     """Every term of one role's arithmetic for one request.
@@ -355,6 +359,17 @@ class Ledger:
         """Budget minus committed on ``role`` (negative when observed over budget)."""
         return self._roles[role].budget_mib - self._committed[role]
 
+    def short_of(self, gpu_roles: Iterable[str], mib: int) -> dict[str, int]:
+        """The roles of ``gpu_roles`` where ``mib`` more does not fit, each with the MiB
+        it is short by (empty: it fits on every one)."""
+        roles, committed = self._roles, self._committed
+        out: dict[str, int] = {}
+        for role in gpu_roles:
+            free = roles[role].budget_mib - committed[role]
+            if mib > free:
+                out[role] = mib - free
+        return out
+
     def reservations_on(self, role: str) -> tuple[tuple[str, int], ...]:
         """Each committed reservation on ``role``, as (holder, MiB), sorted by holder.
 
@@ -593,6 +608,103 @@ class Ledger:
         return Refusal(RefusalKind.OVER_BUDGET, holder, f"{holder}: " + "; ".join(parts), terms)
 
 
+class WorkingLedger(Ledger):
+    """A ledger that one planning pass changes in place, and the :class:`Ledger` it
+    stands for at any point (:meth:`frozen`).
+
+    The planner makes hundreds of reservations in one plan; deriving a new immutable
+    ledger for each copied every role's committed MiB and reservation lists each time.
+    A working ledger reads like a :class:`Ledger` (every reading method, and the
+    operations, which return new immutable ledgers as ever), and changes itself only by
+    :meth:`commit` (a reservation the caller has already checked fits), :meth:`drop`
+    and :meth:`adopt` (take the state of a ledger an operation returned).
+
+    It must never escape the pass that owns it: what outlives it is :meth:`frozen`. The
+    holdings stay a persistent map that each change replaces (never mutates), so what a
+    reader took from :attr:`holdings` earlier stays as it was.
+    """
+
+    __slots__ = ("_budget", "_frozen")
+
+    def __init__(self, base: Ledger) -> None:
+        self._adopt(base)
+        self._frozen: Ledger | None = base
+        # each role's budget, read once (an operation never changes the roles)
+        self._budget = {role: row.budget_mib for role, row in self._roles.items()}
+
+    def _adopt(self, other: Ledger) -> None:
+        self._roles = other._roles
+        self._unknown = other._unknown
+        self._host = other._host
+        self._holdings = other._holdings
+        self._committed = dict(other._committed)
+        self._on_role = dict(other._on_role)
+        self._host_holdings = dict(other._host_holdings)
+
+    def adopt(self, result: Ledger | Refusal) -> None:
+        """Become ``result``, a ledger an operation on this one returned (a Refusal is
+        raised: the caller checks before it asks)."""
+        if isinstance(result, Refusal):
+            raise ValueError(f"a working ledger adopts no refusal: {result.message}")
+        self._adopt(result)
+        self._frozen = None
+
+    def commit(self, res: GpuReservation) -> None:
+        """Admit ``res``, which the caller has checked (a valid reservation of a new
+        holder on known roles); raises ``ValueError`` when it does not fit (never
+        overcommits), or when its holder already holds one."""
+        holder, mib = res.holder, res.mib
+        if self._unknown or holder in self._holdings:
+            raise ValueError(f"{holder}: not admitted (unknown ledger, or already held)")
+        committed, budget = self._committed, self._budget
+        for role in res.gpu_roles:
+            if mib > budget[role] - committed[role]:
+                raise ValueError(f"{holder}: {mib} MiB does not fit on {role}")
+        for role in res.gpu_roles:
+            committed[role] += mib
+        self._holdings = self._holdings.set(holder, res)
+        _enlist(self._on_role, res)
+        self._frozen = None
+
+    def short_of(self, gpu_roles: Iterable[str], mib: int) -> dict[str, int]:
+        """As :meth:`Ledger.short_of` (from the budgets read once)."""
+        committed, budget = self._committed, self._budget
+        out: dict[str, int] = {}
+        for role in gpu_roles:
+            free = budget[role] - committed[role]
+            if mib > free:
+                out[role] = mib - free
+        return out
+
+    def drop(self, holder: str) -> None:
+        """Release ``holder``'s reservation (and its host RAM); ``KeyError`` when it
+        holds none."""
+        res = self._holdings[holder]
+        committed = self._committed
+        for role in res.gpu_roles:
+            committed[role] -= res.mib
+        self._holdings = self._holdings.delete(holder)
+        _unlist(self._on_role, res)
+        if holder in self._host_holdings:  # a sleeper stopped: its host RAM comes back too
+            self._host_holdings = {h: m for h, m in self._host_holdings.items() if h != holder}
+        self._frozen = None
+
+    def frozen(self) -> Ledger:
+        """The immutable ledger this one stands for now (kept until the next change)."""
+        done = self._frozen
+        if done is None:
+            done = Ledger.__new__(Ledger)
+            done._roles = self._roles
+            done._unknown = self._unknown
+            done._host = self._host
+            done._holdings = self._holdings
+            done._committed = dict(self._committed)
+            done._on_role = dict(self._on_role)
+            done._host_holdings = dict(self._host_holdings)
+            self._frozen = done
+        return done
+
+
 def _unlist(on_role: dict[str, tuple[tuple[str, int], ...]], res: GpuReservation) -> None:
     """Take ``res`` out of the per-role lists already built (the others are built when
     asked): O(reservations on its roles), no scan of every holding."""
@@ -634,7 +746,26 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         return Ledger(desired.roles, unknown=True, host=desired.host)
     holdings = []
     host_holdings: dict[str, int] = {}
-    for name, start in observed.starting.items():
+    # a fleet's serves share a few role tuples: whether they are in the ledger, and
+    # which of them have a capacity row, asked once per tuple (one plan may ask it for
+    # a thousand serves)
+    in_ledger_by_roles: dict[tuple[str, ...], bool] = {}
+    known_by_roles: dict[tuple[str, ...], tuple[str, ...]] = {}
+
+    def known(roles: tuple[str, ...]) -> tuple[str, ...]:
+        found = known_by_roles.get(roles)
+        if found is None:
+            found = known_by_roles[roles] = _known(desired, roles)
+        return found
+
+    def in_ledger(serve: ServeSpec) -> bool:  # its answer depends on its roles only
+        found = in_ledger_by_roles.get(serve.gpu_roles)
+        if found is None:
+            found = in_ledger_by_roles[serve.gpu_roles] = desired.in_ledger(serve)
+        return found
+
+    starting = observed.starting
+    for name, start in starting.items():
         serve = desired.serves.get(name)
         # the roles it was started on and those it declares now; the larger MiB
         started_on = start.gpu_roles
@@ -645,18 +776,24 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         counted = _known(desired, started_on)
         if counted and mib > 0:
             holdings.append(GpuReservation(name, counted, mib))
+    containers, started_with = observed.containers, observed.started_with
+    sleeps, shrunk_to, unreleased = observed.sleep, observed.elastic_mib, observed.unreleased
     for serve in desired.serves.values():
-        if serve.name in observed.starting:
+        name = serve.name
+        if name in starting:
             continue  # counted above
-        holds = observed.container(serve.container).holds
-        record = observed.started_with.get(serve.container) if holds else None
-        declared = serve.vram_mib is not None and desired.in_ledger(serve)
-        asleep = asleep_holds(serve, observed.sleep_of(serve.name)) if holds else None
+        holds = containers.get(serve.container, ABSENT).holds
+        record = started_with.get(serve.container) if holds and started_with else None
+        declared = serve.vram_mib is not None and (
+            in_ledger_by_roles.get(serve.gpu_roles) or in_ledger(serve)
+        )
+        slept = sleeps.get(name) if holds else None
+        asleep = None if slept is None else asleep_holds(serve, slept)
         if asleep is not None and asleep[1]:
-            host_holdings[serve.name] = asleep[1]
-        if declared and (holds or serve.name in observed.unreleased):
+            host_holdings[name] = asleep[1]
+        if declared and (holds or name in unreleased):
             assert serve.vram_mib is not None
-            shrunk = observed.elastic_mib.get(serve.name)
+            shrunk = shrunk_to.get(name)
             held = (
                 max(serve.vram_mib, record.mib if record is not None else 0)
                 if shrunk is None
@@ -664,12 +801,13 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
             )
             if asleep is not None and asleep[0] is not None:
                 held = asleep[0]
-            roles = _known(desired, serve.gpu_roles + (record.gpu_roles if record else ()))
-            holdings.append(GpuReservation(serve.name, roles, held))
+            key = serve.gpu_roles + record.gpu_roles if record else serve.gpu_roles
+            roles = known_by_roles.get(key) or known(key)
+            holdings.append(GpuReservation(name, roles, held))
         elif record is not None:
-            roles = _known(desired, record.gpu_roles)
+            roles = known(record.gpu_roles)
             if roles:
-                holdings.append(GpuReservation(serve.name, roles, record.mib))
+                holdings.append(GpuReservation(name, roles, record.mib))
     holdings.extend(
         res
         for _container, res in no_longer_declared(desired, observed)

@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from statemachine.ledger import Ledger, RoleTerms
+from statemachine.slotinit import direct_init
 from statemachine.victims import DEFAULT_EXACT_LIMIT
 
 
@@ -45,6 +46,7 @@ class Action(StrEnum):
     READMIT = "readmit"
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Step:
     """One step. ``mib`` is what the step moves in the ledger (``None``: nothing).
@@ -83,6 +85,7 @@ class Step:
         return out
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Protected:
     """A serve that holds memory (or a port) the blocked serve needs and may not be stopped."""
@@ -96,6 +99,7 @@ class Protected:
         return {"serve": self.serve, "mib": self.mib, "why": self.why}
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Blocked:
     """Work that cannot happen now, with every term of the arithmetic."""

@@ -3,8 +3,9 @@
 A pure function from "what the manifest (and the on-demand requests) want" and "what
 the host shows" to an ordered list of steps (docs/design.md §5 plan JSON) plus what is
 blocked, with every term of the arithmetic. It never plans a prefix that overcommits
-a GPU role: every reserve and grow goes through :class:`statemachine.ledger.Ledger`,
-after the releases and shrinks that make room for it.
+a GPU role: every reserve and grow goes through the plan's ledger (a
+:class:`statemachine.ledger.WorkingLedger`, changed in place by this call alone, which
+refuses what does not fit), after the releases and shrinks that make room for it.
 
 The rules, in the order the planner applies them:
 
@@ -59,9 +60,17 @@ from operator import attrgetter
 from statemachine.admission import conflict, inside_min_runtime
 from statemachine.deferred import Deferred
 from statemachine.idleness import IdleBasis, request_end
-from statemachine.ledger import GpuReservation, Ledger, Refusal, RoleTerms, ledger_from_observed
+from statemachine.ledger import (
+    GpuReservation,
+    Ledger,
+    Refusal,
+    RoleTerms,
+    WorkingLedger,
+    ledger_from_observed,
+)
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
 from statemachine.types import (
+    ABSENT,
     DesiredRun,
     DesiredState,
     Elastic,
@@ -85,6 +94,11 @@ __all__ = [
 
 
 _by_serve = attrgetter("serve")
+_by_name = attrgetter("name")
+_by_priority = attrgetter("priority")
+
+#: the residencies that start before the rest (the backfill)
+_FIRST = (Residency.RESIDENT, Residency.ON_DEMAND)
 
 #: why a holder that exited, its memory not confirmed back, may not be stopped
 _EXITED = "exited, but its memory is not back yet"
@@ -104,7 +118,9 @@ class _Work:
     observed: Observed
     policy: Policy
     now: float
-    ledger: Ledger
+    #: the plan's ledger after the steps so far (changed in place; the Plan carries
+    #: :meth:`WorkingLedger.frozen`)
+    ledger: WorkingLedger
     running: set[str] = field(default_factory=set)  # holds memory, after the steps so far
     stopping: set[str] = field(default_factory=set)
     starting: set[str] = field(default_factory=set)
@@ -112,8 +128,11 @@ class _Work:
     blocked: list[Blocked] = field(default_factory=list)
     by_role: dict[str, list[str]] = field(default_factory=dict)  # declaration order
     by_port: dict[int, list[str]] = field(default_factory=dict)
+    shared: set[int] = field(default_factory=set)  # ports more than one serve declares
+    sleepers: bool = False  # some serve declares [serve.sleep]: a victim may sleep
     excl_by_role: dict[str, list[str]] = field(default_factory=dict)  # exclusive serves only
     order: dict[str, int] = field(default_factory=dict)  # declaration index
+    ledgered: dict[tuple[str, ...], bool] = field(default_factory=dict)  # by roles
     group: str = ""  # the serve whose intent the steps being emitted serve
     #: the serves of this pass that claim room (:func:`_claims_room`), their places in
     #: the pass, and the place of the serve being tried: those after it are still to try
@@ -148,14 +167,29 @@ class _Work:
         return text
 
     def index(self) -> None:
+        order, by_role, by_port = self.order, self.by_role, self.by_port
         for i, s in enumerate(self.desired.serves.values()):
-            self.order[s.name] = i
+            name = s.name
+            order[name] = i
             for r in s.gpu_roles:
-                self.by_role.setdefault(r, []).append(s.name)
-                if s.exclusive:
-                    self.excl_by_role.setdefault(r, []).append(s.name)
-            if s.port is not None:
-                self.by_port.setdefault(s.port, []).append(s.name)
+                on_role = by_role.get(r)
+                if on_role is None:
+                    by_role[r] = [name]
+                else:
+                    on_role.append(name)
+            if s.sleep is not None:
+                self.sleepers = True
+            if s.exclusive:
+                for r in s.gpu_roles:
+                    self.excl_by_role.setdefault(r, []).append(name)
+            port = s.port
+            if port is not None:
+                on_port = by_port.get(port)
+                if on_port is None:
+                    by_port[port] = [name]
+                else:
+                    self.shared.add(port)
+                    on_port.append(name)
 
     def conflict_neighbours(self, s: ServeSpec) -> list[str]:
         """What a non-exclusive ``s`` can conflict with (exclusive serves on its roles,
@@ -185,6 +219,16 @@ class _Work:
             seen.update(dict.fromkeys(self.by_port.get(s.port, ())))
         seen.pop(s.name, None)
         return list(seen)
+
+    def in_ledger(self, s: ServeSpec) -> bool:
+        """``s`` has a reservation, on roles that all have a capacity row (asked once
+        per role tuple and plan: whether the roles have a row is all that varies)."""
+        if s.vram_mib is None:
+            return False
+        known = self.ledgered.get(s.gpu_roles)
+        if known is None:
+            known = self.ledgered[s.gpu_roles] = self.desired.in_ledger(s)
+        return known
 
     def serve(self, name: str) -> ServeSpec:
         return self.desired.serves[name]
@@ -225,7 +269,7 @@ class _Work:
         self.add(Action.STOP, s, mib, reason)
         self.freed = True
         if mib is not None:
-            self.ledger = _ok(self.ledger.release(s.name))
+            self.ledger.drop(s.name)
             self.add(
                 Action.RELEASE, s, mib, f"release {mib} MiB after {s.name} is confirmed stopped"
             )
@@ -261,7 +305,7 @@ class _Work:
         if isinstance(slept, Refusal):
             self.halt(s, f"{reason}: stopped, not put to sleep: {slept.message}")
             return
-        self.ledger = slept
+        self.ledger.adopt(slept)
         self.add(Action.SLEEP, s, held, f"{reason}: put to sleep (level {sleep.level})")
         self.freed = True
         host = f" and take {sleep.host_mib} MiB of host RAM" if sleep.host_mib else ""
@@ -311,15 +355,23 @@ def _requests(
 
 
 def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> list[ServeSpec]:
-    def rank(s: ServeSpec) -> tuple[int, float, int, str]:
-        if s.residency is Residency.RESIDENT:
-            return (0, 0.0, -s.priority, s.name)
-        if s.residency is Residency.ON_DEMAND:
-            when = -1.0 if s.desired is DesiredRun.RUNNING else active.get(s.name, 0.0)
-            return (1, when, -s.priority, s.name)
-        return (3, 0.0, -s.priority, s.name)
+    """Residents, then on-demand serves (manifest ``running`` first, then requests by
+    age), then the rest; each by descending priority, then name."""
 
-    return sorted(wants, key=rank)
+    def rank(s: ServeSpec) -> tuple[float, int, str]:
+        when = -1.0 if s.desired is DesiredRun.RUNNING else active.get(s.name, 0.0)
+        return (when, -s.priority, s.name)
+
+    def by_priority(serves: list[ServeSpec]) -> list[ServeSpec]:
+        # names are unique: by name, then (stable, also reversed) by descending priority
+        serves.sort(key=_by_name)
+        serves.sort(key=_by_priority, reverse=True)
+        return serves
+
+    residents = [s for s in wants if s.residency is Residency.RESIDENT]
+    on_demand = [s for s in wants if s.residency is Residency.ON_DEMAND]
+    rest = [s for s in wants if s.residency not in _FIRST]
+    return by_priority(residents) + sorted(on_demand, key=rank) + by_priority(rest)
 
 
 def _requester_veto(requester: ServeSpec) -> str | None:
@@ -335,6 +387,12 @@ def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
     veto = _requester_veto(requester)
     if veto is not None:
         return veto
+    return _victim_veto(w, victim)
+
+
+def _victim_veto(w: _Work, victim: ServeSpec) -> str | None:
+    """None when a requester that may evict (no :func:`_requester_veto`) may stop
+    ``victim``; else why not."""
     if victim.residency is Residency.RESIDENT:
         return "resident: never evicted"
     if victim.residency is Residency.ON_DEMAND:
@@ -383,6 +441,10 @@ class _Holders:
 #: the room of a start that needs none (nothing shrunk, nothing evicted); never mutated
 _NO_ROOM = _Room()
 
+#: the conflicts of a start that has none; never mutated (:func:`_room` copies its
+#: ``protected`` before it adds the holders)
+_NO_CONFLICTS = _Conflicts()
+
 
 def _try_start(w: _Work, s: ServeSpec) -> None:
     """Start ``s`` if it may and fits: its conflicts, then its room, then the steps."""
@@ -391,7 +453,7 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
         w.blocked.append(Blocked(s.name, f"{s.name} is held back: {held}"))
         return
     c = _conflicts(w, s)
-    in_ledger = s.vram_mib is not None and w.desired.in_ledger(s)
+    in_ledger = w.in_ledger(s)
     if s.sizes_from_free and not c.reasons and _waits_for_a_loading_peer(w, s):
         return
     if c.reasons:
@@ -412,6 +474,8 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
 
 def _conflicts(w: _Work, s: ServeSpec) -> _Conflicts:
     """The running serves that cannot run beside ``s``: to stop, or why they may not be."""
+    if not s.exclusive and not w.excl_by_role and (s.port is None or s.port not in w.shared):
+        return _NO_CONFLICTS  # no exclusive serve anywhere, and its port is its own
     c = _Conflicts()
     forced_names: set[str] = set()
     neighbours = w.neighbours(s) if s.exclusive else w.conflict_neighbours(s)
@@ -478,7 +542,7 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
 
     ``None`` (and ``s`` blocked) when there is none.
     """
-    ledger = w.ledger
+    ledger: Ledger = w.ledger
     for o in c.forced:
         if ledger.holds(o.name):
             ledger = _ok(ledger.release(o.name))
@@ -496,8 +560,9 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         return None
     if not in_ledger or s.vram_mib is None:
         return _NO_ROOM
-    mib = _needs_mib(w, s)
-    short = {r: mib - ledger.free_mib(r) for r in s.gpu_roles if mib > ledger.free_mib(r)}
+    # the MiB more it takes on each of its roles: all of it for a start
+    mib = _wake_needs_mib(w, s) if waking else s.vram_mib
+    short = ledger.short_of(s.gpu_roles, mib)
     if not short:
         return _NO_ROOM
     veto = _requester_veto(s)
@@ -513,12 +578,13 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
             w, s, terms, terms, _Holders(shrinkable=zero, evictable=zero, sleepable=zero), protected
         )
         return None
-    h = _holders(w, s, ledger, short, c.protected)
+    kept = list(c.protected)  # the conflicts' and then the holders' (c's is shared)
+    h = _holders(w, s, ledger, short, kept)
     if h.elastic and all(h.shrinkable[r] >= need for r, need in short.items()):
         return _Room(shrinks=_shrinks(h.elastic, short))
     picked = _choose(w, h.cands, short)
     if picked is None:
-        protected_now = tuple(sorted(c.protected, key=_by_serve))
+        protected_now = tuple(sorted(kept, key=_by_serve))
         terms = ledger.terms(s.name, s.gpu_roles, mib)
         plan_terms = terms if ledger is w.ledger else w.ledger.terms(s.name, s.gpu_roles, mib)
         _block_no_fit(w, s, terms, plan_terms, h, protected_now)
@@ -542,12 +608,9 @@ def _full_mib(w: _Work, s: ServeSpec) -> int:
     return s.vram_mib if record is None else max(s.vram_mib, record.mib)
 
 
-def _needs_mib(w: _Work, s: ServeSpec) -> int:
-    """The MiB more ``s`` takes on each of its roles: all of it for a start; for a wake,
-    its full reservation less the residual it already holds."""
-    assert s.vram_mib is not None
-    if s.name not in w.asleep:
-        return s.vram_mib
+def _wake_needs_mib(w: _Work, s: ServeSpec) -> int:
+    """The MiB more sleeping ``s`` takes on each of its roles to wake: its full
+    reservation less the residual it already holds."""
     return _full_mib(w, s) - w.ledger.holdings[s.name].mib  # its residual, held asleep
 
 
@@ -588,10 +651,12 @@ def _choose(
     is a cover of the second kind of the same size, so the second set is taken then.)
     """
     stops = _pick(w, cands, short)
-    as_sleep: list[Candidate] = []
-    for c in cands:
-        frees = _sleep_frees(w, c)
-        as_sleep.append(c if frees is None else dataclasses.replace(c, mib=frees))
+    as_sleep: list[Candidate] = cands  # as they are, when no serve can sleep at all
+    if w.sleepers:
+        as_sleep = []
+        for c in cands:
+            frees = _sleep_frees(w, c)
+            as_sleep.append(c if frees is None else dataclasses.replace(c, mib=frees))
     if as_sleep != cands:  # a candidate frees less by sleeping than by stopping
         slept = _pick(w, as_sleep, short)
         if slept is not None and (stops is None or len(slept) <= len(stops)):
@@ -617,17 +682,21 @@ def _holders(
     )
     # only holders on a short role matter: walk those roles' serves, not the ledger
     on_short = dict.fromkeys(n for r in short for n in w.by_role.get(r, ()))
-    holdings = ledger.holdings
+    holdings, serves, running = ledger.holdings, w.desired.serves, w.running
+    container, in_flight = w.observed.container, w.observed.requests_in_flight
+    cands, evictable, sleepable = h.cands, h.evictable, h.sleepable
+    # asked once, not per holder: the requester's own veto holds for every victim
+    may_evict = _requester_veto(s) is None
     for name in on_short:
         res = holdings.get(name)
         if res is None or name == s.name:
             continue
-        o = w.serve(name)
-        if name not in w.running:  # exited, its memory not confirmed back
+        o = serves[name]
+        if name not in running:  # exited, its memory not confirmed back
             protected.append(Protected(name, res.mib, _EXITED))
             continue
-        veto = _may_evict(w, s, o)
-        if _may_shrink(w, s, o, res.mib):
+        veto = _victim_veto(w, o) if may_evict else _requester_veto(s)
+        if o.elastic is not None and _may_shrink(w, s, o, res.mib):
             assert o.elastic is not None
             give = _whole_segments_above_floor(res.mib, o.elastic)
             if give > 0:
@@ -636,14 +705,14 @@ def _holders(
                     if r in h.shrinkable:
                         h.shrinkable[r] += give
         if veto is None:
-            started = w.observed.container(o.container).started_at
-            busy = w.observed.requests_in_flight(name).count
-            h.cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started, busy))
+            started = container(o.container).started_at
+            busy = in_flight(name).count
+            cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started, busy))
             frees = res.mib - o.sleep.residual_mib if o.sleep and w.sleepable(o) else 0
             for r in res.gpu_roles:
-                if r in h.evictable:
-                    h.evictable[r] += res.mib
-                    h.sleepable[r] += frees
+                if r in evictable:
+                    evictable[r] += res.mib
+                    sleepable[r] += frees
         else:
             protected.append(Protected(name, res.mib, veto))
     return h
@@ -772,7 +841,7 @@ def _commit_start(
     them, then reserve, start, wait until ready (and readmit its tier)."""
     w.group = s.name
     for o, cur, to in room.shrinks:
-        w.ledger = _ok(w.ledger.resize(o.name, to))
+        w.ledger.adopt(_ok(w.ledger.resize(o.name, to)))
         assert o.elastic is not None  # only elastic serves are shrunk
         floor, seg = o.elastic.floor_mib, o.elastic.segment_mib
         w.add(
@@ -789,17 +858,21 @@ def _commit_start(
     if s.name in w.asleep:
         _wake(w, s, in_ledger)
         return
-    if in_ledger and s.vram_mib is not None:
-        w.ledger = _ok(w.ledger.admit(GpuReservation(s.name, s.gpu_roles, s.vram_mib)))
-        w.add(
-            Action.RESERVE, s, s.vram_mib, f"reserve {s.vram_mib} MiB on {', '.join(s.gpu_roles)}"
-        )
-    w.add(Action.START, s, s.vram_mib if in_ledger else None, _start_reason(w, s))
-    w.add(Action.AWAIT_READY, s, None, f"wait until {s.name} is healthy")
+    # the steps built here, not through _Work.add: a cold plan has hundreds of starts
+    name, roles, mib, append = s.name, s.gpu_roles, s.vram_mib, w.steps.append
+    if in_ledger and mib is not None:
+        w.ledger.commit(GpuReservation(name, roles, mib))
+        why = f"reserve {mib} MiB on {', '.join(roles)}"
+        append(Step(Action.RESERVE, name, roles, mib, why, None, name, None))
+    why = _start_reason(w, s)
+    append(Step(Action.START, name, roles, mib if in_ledger else None, why, None, name, None))
+    why = f"wait until {name} is healthy"
+    append(Step(Action.AWAIT_READY, name, roles, None, why, None, name, None))
     if s.router_tier:
-        w.add(Action.READMIT, s, None, f"readmit router tier {s.router_tier}")
-    w.running.add(s.name)
-    w.starting.add(s.name)
+        why = f"readmit router tier {s.router_tier}"
+        append(Step(Action.READMIT, name, roles, None, why, None, name, None))
+    w.running.add(name)
+    w.starting.add(name)
 
 
 def _make_room(w: _Work, s: ServeSpec, forced: list[ServeSpec], room: _Room) -> None:
@@ -828,7 +901,7 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
     held = w.held_mib(s.name)
     if in_ledger and s.vram_mib is not None and held is not None:
         full = _full_mib(w, s)
-        w.ledger = _ok(w.ledger.wake(s.name, full))
+        w.ledger.adopt(_ok(w.ledger.wake(s.name, full)))
         w.add(
             Action.RESERVE_WAKE,
             s,
@@ -857,13 +930,11 @@ def _claims_room(w: _Work, later: ServeSpec) -> bool:
         and later.name not in w.policy.hold
         and not later.exclusive
         and later.vram_mib is not None
-        and w.desired.in_ledger(later)
+        and w.in_ledger(later)
     )
 
 
-def _room_ahead(
-    w: _Work, short: Mapping[str, int], cands: Sequence[Candidate]
-) -> dict[str, int]:
+def _room_ahead(w: _Work, short: Mapping[str, int], cands: Sequence[Candidate]) -> dict[str, int]:
     """MiB that on-demand requesters later in this pass will reserve on the short roles.
 
     Taken in their order, each only while the room for it, this requester's shortfall
@@ -958,6 +1029,8 @@ def _whole_segments_above_floor(held: int, elastic: Elastic) -> int:
 
 def _grow(w: _Work) -> None:
     for s in w.desired.serves.values():
+        if s.elastic is None:
+            continue  # only an elastic serve gives memory back, and takes it back
         name = s.name
         if name not in w.running or name in w.observed.starting or name in w.asleep:
             continue
@@ -968,7 +1041,7 @@ def _grow(w: _Work) -> None:
         # back to full, or by the whole segments the room holds (the engine maps whole ones)
         to = s.vram_mib if held + room >= s.vram_mib else held + _whole(room, s.elastic)
         if to > held:
-            w.ledger = _ok(w.ledger.resize(name, to))
+            w.ledger.adopt(_ok(w.ledger.resize(name, to)))
             w.group = name  # a grow is skipped when this serve's own start failed
             w.add(
                 Action.GROW,
@@ -1015,12 +1088,13 @@ def plan_transitions(
         ]
         return Plan((), tuple(_blocked_unknown(desired, names)), ledger, ledger, tuple(notes))
 
-    w = _Work(desired, observed, policy, now, ledger)
+    w = _Work(desired, observed, policy, now, WorkingLedger(ledger))
     w.index()
+    containers = observed.containers
     w.running = {
         s.name
         for s in desired.serves.values()
-        if observed.container(s.container).holds or s.name in observed.starting
+        if containers.get(s.container, ABSENT).holds or s.name in observed.starting
     }
     w.starting = {n for n in observed.starting if n in desired.serves}
     w.exited = frozenset(n for n in ledger.holdings if n not in w.running)
@@ -1028,7 +1102,7 @@ def plan_transitions(
     # reload after a level-1 sleep costs time; none after a level-2 sleep serves garbage)
     w.asleep = {
         s.name: observed.sleep_of(s.name).level or (s.sleep.level if s.sleep else 2)
-        for s in desired.serves.values()
+        for s in (desired.serves.values() if observed.sleep else ())  # none said: none
         if observed.sleep_of(s.name).asleep
         and observed.container(s.container).holds
         and s.name not in observed.starting
@@ -1059,10 +1133,10 @@ def plan_transitions(
         if s.desired is DesiredRun.RUNNING or s.name in active:
             wants.append(s)
     ordered = _start_order(w, wants, active)
-    first = [s for s in ordered if s.residency in (Residency.RESIDENT, Residency.ON_DEMAND)]
-    rest = [s for s in ordered if s.residency not in (Residency.RESIDENT, Residency.ON_DEMAND)]
+    first = [s for s in ordered if s.residency in _FIRST]
+    rest = [s for s in ordered if s.residency not in _FIRST]
     _start_all(w, first)
     _grow(w)
     _start_all(w, rest)
     _readmit_left_quiesced(w)
-    return Plan(tuple(w.steps), tuple(w.blocked), ledger, w.ledger, tuple(notes))
+    return Plan(tuple(w.steps), tuple(w.blocked), ledger, w.ledger.frozen(), tuple(notes))

@@ -116,13 +116,17 @@ class PMap(Mapping[K, V], Generic[K, V]):
     # ----- updates -------------------------------------------------------------------
     def set(self, key: K, value: V) -> PMap[K, V]:
         """A map like this one with ``key`` -> ``value``."""
-        if self._delta.get(key, None) is _GONE:
-            # deleted from the base, set again: it comes last, as in a dict
-            flat = dict(self._flattened())
-            flat[key] = value
-            return PMap._of(flat, {}, len(flat))
-        length = self._len if key in self else self._len + 1
-        delta = dict(self._delta)
+        changes = self._delta
+        if key in changes:
+            if changes[key] is _GONE:
+                # deleted from the base, set again: it comes last, as in a dict
+                flat = dict(self._flattened())
+                flat[key] = value
+                return PMap._of(flat, {}, len(flat))
+            length = self._len
+        else:
+            length = self._len if key in self._base else self._len + 1
+        delta = dict(changes)
         delta[key] = value
         return self._folded(delta, length)
 

@@ -183,6 +183,34 @@ def test_shrinks_take_from_the_largest_giver_first_and_only_what_is_needed() -> 
     assert all(s.mib for s in plan.steps if s.action is Action.SHRINK)
 
 
+def test_a_giver_on_two_roles_shrinks_for_the_one_that_is_short() -> None:
+    # budgets 30000 each; moe holds 20000 on a and b, omni 8000 on a only: a is free
+    # 2000, b 10000; llm needs 6000 on a, so a is short 4000 and b is not short at all
+    case = Case(
+        [
+            serve(
+                "moe",
+                20_000,
+                EVI,
+                RUN,
+                roles=("a", "b"),
+                elastic=Elastic(ELASTIC, 10_000, segment_mib=1000),
+            ),
+            serve("omni", 8000, RES, RUN),
+            serve("llm", 6000, OND),
+        ],
+        {"moe": up(), "omni": up()},
+        [],
+        requests=[req("llm")],
+        roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
+    )
+    plan = plan_of(case)
+    assert lines(plan) == ["shrink moe", *starts("llm")]
+    assert (plan.steps[0].mib, plan.steps[0].to_mib) == (4000, 16_000)
+    assert plan.ledger_after.free_mib("a") == 0
+    assert plan.ledger_after.free_mib("b") == 14_000
+
+
 def test_a_serve_already_at_its_floor_gives_no_zero_mib_shrink() -> None:
     case = Case(
         [
@@ -1049,3 +1077,31 @@ def test_a_pass_that_frees_nothing_is_not_tried_again() -> None:
         "capacity 32000 - reserve 2000 = budget 30000; committed 15000 (there 15000); "
         "free 15000; needs 20000; short 5000; evictable 0; shrinkable 0"
     )
+
+
+def test_a_requester_claims_room_ahead_when_the_candidates_cover_it_exactly() -> None:
+    # budget 30000, all held (fill 10000, v1 10000, v2 10000); od1 (older) needs 6000,
+    # od2 14000: both together need 20000, exactly what v1 and v2 hold, so od1 chooses
+    # for both and its group stops the two (od2 then fits in what is left)
+    case = Case(
+        [
+            serve("fill", 10_000, RES, RUN),
+            serve("v1", 10_000, EVI, RUN),
+            serve("v2", 10_000, EVI, RUN),
+            serve("od1", 6000, OND),
+            serve("od2", 14_000, OND),
+        ],
+        {"fill": up(), "v1": up(), "v2": up()},
+        [],
+        requests=[req("od1", at=NOW - 20), req("od2", at=NOW - 10)],
+    )
+    plan = plan_of(case)
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("stop v1", "od1"),
+        ("release v1", "od1"),
+        ("stop v2", "od1"),
+        ("release v2", "od1"),
+        *((line, "od1") for line in starts("od1")),
+        *((line, "od2") for line in starts("od2")),
+    ]
+    assert plan.blocked == ()

@@ -136,6 +136,10 @@ def test_a_victim_whose_sleep_covers_the_need_is_put_to_sleep_not_stopped() -> N
     ]
     down = result.steps[1]
     assert (down.mib, down.to_mib, down.host_mib) == (15_000, 1000, 20_000)
+    assert down.reason == (
+        "release 15000 MiB down to the residual 1000 MiB and take 20000 MiB of host RAM "
+        "once coder is confirmed asleep"
+    )
     assert {s.group for s in result.steps} == {"llm"}
     assert result.ledger_after.holdings["coder"].mib == 1000
     assert result.ledger_after.host_holdings == {"coder": 20_000}
