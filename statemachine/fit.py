@@ -14,8 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from statemachine.isolated import decide
-from statemachine.ledger import RoleTerms, ledger_from_observed
+from statemachine.isolated import Reading, decide, plain_reading
+from statemachine.ledger import Ledger, RoleTerms, ledger_from_observed
 from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
 from statemachine.types import DesiredState, Observed, OnDemandRequest, ServeSpec
 
@@ -129,7 +129,11 @@ def _fit(
     shortcut: bool,
 ) -> FitResult:
     serve = desired.serves[serve_name]
-    ledger = ledger_from_observed(desired, observed)
+    # the shortcut reads what the ledger counts in one walk where the observation is
+    # plain (the same figures); the planner's way always builds the ledger
+    ledger: Ledger | Reading | None = plain_reading(desired, observed) if shortcut else None
+    if ledger is None:
+        ledger = ledger_from_observed(desired, observed)
     in_ledger = serve.vram_mib is not None and desired.in_ledger(serve)
     asleep = observed.sleep_of(serve.name).asleep and observed.container(serve.container).holds
     mib = serve.vram_mib or 0
