@@ -16,7 +16,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statemachine.victims import Candidate, choose_victims, largest_first
+from statemachine.victims import Candidate, choose_victims, exact_cover, largest_first, victim_names
 from statemachine.victims import covers as sm_covers
 from statemachine.victims import freed as sm_freed
 from statemachine.victims import overshoot as sm_overshoot
@@ -759,3 +759,96 @@ def test_covers_tied_on_busy_and_overshoot_over_two_roles_go_by_priority() -> No
     p = Candidate("p", ("a", "b"), 10, priority=2)
     q = Candidate("q", ("a", "b"), 10, priority=0)
     assert choose_victims([p, q], {"a": 10, "b": 10}) == (q,)
+
+
+# ----- rows: the search without a Candidate per candidate -----------------------------------
+def rows_of(
+    cands: Sequence[Candidate],
+) -> list[tuple[str, tuple[str, ...], int, int, float | None, int | None]]:
+    return [(v.name, v.gpu_roles, v.mib, v.priority, v.started_at, v.in_flight) for v in cands]
+
+
+@SETTINGS
+@given(instances(max_size=9), st.sampled_from([0, 2, 3, 14]))
+def test_victim_names_over_rows_are_choose_victims_names(
+    instance: tuple[list[Candidate], dict[str, int]], limit: int
+) -> None:
+    cands, shortfall = instance
+    short = positive(shortfall)
+    pool = [v for v in cands if set(v.gpu_roles) & set(short)]
+    if not short:
+        return
+    got = victim_names(rows_of(pool), short, exact_limit=limit)
+    want = choose_victims(cands, shortfall, exact_limit=limit)
+    assert got == (None if want is None else tuple(v.name for v in want))
+    if limit >= len(pool):  # the exact search over the rows: the brute-force optimum
+        best = brute_force(cands, shortfall)
+        picks = exact_cover(rows_of(pool), short)
+        assert (picks is None) == (best is None)
+        if picks is not None and best is not None:
+            assert ref_key([pool[i] for i in picks], short) == ref_key(best, short)
+
+
+ROWS = [
+    pytest.param([c("big", 150), c("snug", 120), c("small", 90)], {"a": 100}, (1,), id="one"),
+    pytest.param(
+        # equal on everything but the name: the name decides, whatever the row order
+        [c("zed", 100), c("abe", 100)],
+        {"a": 100},
+        (1,),
+        id="one-by-name",
+    ),
+    pytest.param(
+        [c("busy", 100, in_flight=2), c("idle", 130, in_flight=0)],
+        {"a": 100},
+        (1,),
+        id="one-idle-over-busy",
+    ),
+    pytest.param(
+        [c("unknown", 100), c("idle", 130, in_flight=0)],
+        {"a": 100},
+        (1,),
+        id="one-unknown-is-busy",
+    ),
+    pytest.param(
+        [c("p2", 100, priority=2, started_at=1.0), c("p1", 100, priority=1, started_at=9.0)],
+        {"a": 100},
+        (1,),
+        id="one-by-priority",
+    ),
+    pytest.param(
+        [c("new", 100, started_at=9.0), c("old", 100, started_at=1.0)],
+        {"a": 100},
+        (1,),
+        id="one-by-start",
+    ),
+    pytest.param(
+        # a pair in the order of its names, not of the rows
+        [c("zed", 60), c("abe", 50), c("kim", 20)],
+        {"a": 100},
+        (1, 0),
+        id="pair-by-name",
+    ),
+    pytest.param([c("x", 60), c("y", 30)], {"a": 100}, None, id="none-covers"),
+    pytest.param(
+        [c("x", 60, roles=("a", "b")), c("y", 50, roles=("b",)), c("z", 50)],
+        {"a": 50, "b": 100},
+        (0, 1),
+        id="two-roles",
+    ),
+    pytest.param(
+        [c("x", 60, roles=("a", "b")), c("y", 30, roles=("b",))],
+        {"a": 50, "b": 100},
+        None,
+        id="two-roles-none-covers",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cands", "short", "expected"), ROWS)
+def test_exact_cover_answers_indices_in_the_order_of_the_names(
+    cands: list[Candidate], short: dict[str, int], expected: tuple[int, ...] | None
+) -> None:
+    assert exact_cover(rows_of(cands), short) == expected
+    names = None if expected is None else tuple(cands[i].name for i in expected)
+    assert victim_names(rows_of(cands), short) == names
