@@ -186,12 +186,13 @@ def plain_reading(desired: DesiredState, observed: Observed) -> Reading | None:
             continue  # holds nothing
         mib = s.vram_mib
         on = s.gpu_roles
-        if mib is None or not on or any(r not in roles for r in on):
+        distinct = set(on)
+        if mib is None or not on or not distinct <= roles.keys():
             continue  # not in the ledger (a record of its container is left unmatched)
         if (
             (record is not None and _beyond(record, mib, on))
             or name in held
-            or (len(on) > 1 and len(set(on)) < len(on))
+            or len(distinct) < len(on)
         ):
             # it counts its start (the larger figure, on every role of either), or it
             # would be counted twice or on a role twice (the manifest refuses both)
