@@ -2,7 +2,9 @@
 
 ``fit_serve`` asks the planner what an on-demand request for the serve would do,
 without doing it (where the answer is plain, :mod:`statemachine.isolated` gives the
-planner's answer without building the plan), and reduces that to the fit contract:
+planner's answer without building the plan, and where the observation is plain it
+reads what the observed ledger counts without building the ledger), and reduces that
+to the fit contract:
 whether it fits, every term of each role's arithmetic, and what would be drained,
 shrunk or evicted, or what blocks it.
 

@@ -20,8 +20,16 @@ planner would apply a rule this shortcut does not (the caller then runs the plan
   instead of stopped;
 - nothing covers the shortfall (the planner writes the blocked entry, every term).
 
+Where the observation is plain (no start in progress, no holder asleep, every start
+record within what its serve declares: the common case), :func:`plain_reading` reads
+what :func:`statemachine.ledger.ledger_from_observed` counts in one walk of the serves,
+with the serves that hold memory, so that neither the ledger nor a second walk is
+built; anywhere else the caller builds the ledger. The victim search reads the
+candidates as plain rows (:func:`statemachine.victims.victim_names`).
+
 tests/test_fit_isolated.py checks, over random hosts, that every answer equals the
-planner's plan for the isolated request.
+planner's plan for the isolated request, and that a plain reading counts what the
+ledger counts.
 
 Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 """

@@ -15,7 +15,11 @@ While there are at most ``exact_limit`` candidates the search is exact: sets are
 enumerated by size, sizes that even the largest candidates cannot cover are skipped,
 and the first size with a cover yields the best set by the key above (a cover's
 victims that may be busy and its overshoot are read off tables first; the whole key
-is computed only for the covers best on those). Beyond the
+is computed only for the covers best on those). For one short role that size is the
+fewest largest candidates that cover, so only its sets are enumerated, and a cover by
+one victim is found in one pass. The search reads candidates as plain rows
+(:data:`Row`, a :class:`Candidate`'s fields): :func:`victim_names` gives its answer for
+rows without building a :class:`Candidate` for each. Beyond the
 bound a documented greedy is used: *largest first* (take candidates by MiB, largest
 first, until every role's shortfall is covered), then *prune* (drop any victim whose
 removal keeps the cover, smallest first) and *swap* (replace a victim by the smallest
@@ -256,7 +260,8 @@ def _one_role(rows: Sequence[Row], need: int) -> tuple[int, ...] | None:
     least = _fewest(mib, need)
     if least > len(rows):
         return None
-    if least == 1:  # the best single cover, by the order's terms for one victim
+    # one victim: the best single cover, by the order's terms for one victim
+    if least == 1:
         best = min(
             (row[5] != 0, row[2], row[3], row[4] or 0.0, row[0], i)
             for i, row in enumerate(rows)

@@ -16,7 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statemachine.victims import Candidate, choose_victims, exact_cover, largest_first, victim_names
+from statemachine.victims import (
+    Candidate,
+    choose_victims,
+    exact_cover,
+    largest_first,
+    preference_key,
+    victim_names,
+)
 from statemachine.victims import covers as sm_covers
 from statemachine.victims import freed as sm_freed
 from statemachine.victims import overshoot as sm_overshoot
@@ -852,3 +859,46 @@ def test_exact_cover_answers_indices_in_the_order_of_the_names(
     assert exact_cover(rows_of(cands), short) == expected
     names = None if expected is None else tuple(cands[i].name for i in expected)
     assert victim_names(rows_of(cands), short) == names
+
+
+@SETTINGS
+@given(instances(max_size=5))
+def test_the_preference_key_is_the_documented_order(
+    instance: tuple[list[Candidate], dict[str, int]],
+) -> None:
+    # the key the greedy's answers are compared by (the exact search compares its terms)
+    cands, shortfall = instance
+    short = positive(shortfall)
+    for k in range(len(cands) + 1):
+        for combo in combinations(cands, k):
+            assert preference_key(combo, short) == ref_key(combo, short)
+
+
+def test_the_preference_key_orders_priorities_and_starts_highest_first() -> None:
+    short = {"a": 100}
+    # (2, 2) beats (3, 0): the most important victim as unimportant as possible
+    even = [c("x", 50, priority=2), c("y", 50, priority=2)]
+    mixed = [c("u", 50, priority=3), c("v", 50, priority=0)]
+    assert preference_key(even, short) < preference_key(mixed, short)
+    # (5.0, 5.0) beats (9.0, 1.0); an unknown start (0.0) is older than 0.5
+    assert preference_key([c("x", 100, started_at=5.0), c("y", 0, started_at=5.0)], short) < (
+        preference_key([c("u", 100, started_at=9.0), c("v", 0, started_at=1.0)], short)
+    )
+    assert preference_key([c("x", 100)], short) < preference_key(
+        [c("y", 100, started_at=0.5)], short
+    )
+
+
+def test_an_unknown_start_is_older_than_any_known_one_among_pairs() -> None:
+    # every pair frees 100 and is idle and of one priority: the starts decide, an
+    # unknown start counting as 0.0 (older than 0.5)
+    cands = [c("a", 50, started_at=0.5), c("b", 50, started_at=0.5), c("u", 50), c("v", 50)]
+    got = choose_victims(cands, {"a": 100})
+    assert got is not None and [v.name for v in got] == ["u", "v"]
+
+
+def test_victim_names_search_exactly_up_to_the_limit_and_greedily_beyond() -> None:
+    # the greedy takes the busy 30 with the 70; the exact search the idle one
+    cands = [c("c0", 70), c("c1", 50), c("c2", 30), c("c3", 30, in_flight=0)]
+    assert victim_names(rows_of(cands), {"a": 94}, exact_limit=4) == ("c0", "c3")
+    assert victim_names(rows_of(cands), {"a": 94}, exact_limit=3) == ("c0", "c2")
