@@ -8,11 +8,13 @@ requester (on one role, or spanning both) asking for 10-70 % of a card. Two deci
 the same inputs (a ``DesiredState`` and an ``Observed``), the same run, interleaved:
 
 ``vramctl``
-    ``statemachine.fit.fit_serve``: the planner's answer in isolation (the ledger from
-    the observation, the shortfall, the victim search, every term of the arithmetic).
+    ``statemachine.fit.fit_serve``: the planner's answer in isolation (what the ledger
+    counts from the observation, read in one walk where the observation is plain, as on
+    these instances; the shortfall, the victim search, every term of the arithmetic).
 ``largest_first``
     The simplest peer that gives the same answer, written here: the ledger from the
-    observation (the same accounting, so both decide on the same committed MiB), each
+    observation (``ledger_from_observed``: the same accounting, so both decide on the
+    same committed MiB), each
     role's terms for the request, and if it is short the running evictables on its
     short roles, largest first, until every role is covered (the way a stack's own
     greedy admission decides). No reasons, no min_runtime or start-in-progress rules

@@ -15,7 +15,11 @@ While there are at most ``exact_limit`` candidates the search is exact: sets are
 enumerated by size, sizes that even the largest candidates cannot cover are skipped,
 and the first size with a cover yields the best set by the key above (a cover's
 victims that may be busy and its overshoot are read off tables first; the whole key
-is computed only for the covers best on those). Beyond the
+is computed only for the covers best on those). For one short role that size is the
+fewest largest candidates that cover, so only its sets are enumerated, and a cover by
+one victim is found in one pass. The search reads candidates as plain rows
+(:data:`Row`, a :class:`Candidate`'s fields): :func:`victim_names` gives its answer for
+rows without building a :class:`Candidate` for each. Beyond the
 bound a documented greedy is used: *largest first* (take candidates by MiB, largest
 first, until every role's shortfall is covered), then *prune* (drop any victim whose
 removal keeps the cover, smallest first) and *swap* (replace a victim by the smallest
@@ -205,73 +209,92 @@ def choose_victims(
     if not short:
         return ()
     if len(short) == 1:
-        ((role, need),) = short.items()
+        (role,) = short
         pool = [c for c in candidates if role in c.gpu_roles]
-        if len(pool) <= exact_limit:
-            return _exact_one_role(pool, need, short)
     else:
         pool = [c for c in candidates if any(r in short for r in c.gpu_roles)]
     if len(pool) > exact_limit:
-        baseline = largest_first(pool, short)
-        if baseline is None:
-            return None
-        answers = [tuple(_improve(list(baseline), pool, short)), baseline]
-        idle = [c for c in pool if c.idle]
-        idle_first = largest_first(idle, short)
-        if idle_first is not None:  # the idle candidates alone cover it
-            answers += [tuple(_improve(list(idle_first), idle, short)), idle_first]
-        best = min(answers, key=lambda s: preference_key(s, short))
-        return tuple(sorted(best, key=lambda c: c.name))
-    return _exact(pool, short)
+        return _greedy(pool, short)
+    rows = [(c.name, c.gpu_roles, c.mib, c.priority, c.started_at, c.in_flight) for c in pool]
+    picks = exact_cover(rows, short)
+    return None if picks is None else tuple(pool[i] for i in picks)
 
 
-def _exact_one_role(
-    pool: list[Candidate], need: int, short: Mapping[str, int]
-) -> tuple[Candidate, ...] | None:
-    """:func:`_exact` for one short role (``need`` on it; every candidate is on it)."""
-    mib = [c.mib for c in pool]
+def _greedy(pool: list[Candidate], short: Mapping[str, int]) -> tuple[Candidate, ...] | None:
+    """The documented greedy over ``pool`` (every candidate on a short role)."""
+    baseline = largest_first(pool, short)
+    if baseline is None:
+        return None
+    answers = [tuple(_improve(list(baseline), pool, short)), baseline]
+    idle = [c for c in pool if c.idle]
+    idle_first = largest_first(idle, short)
+    if idle_first is not None:  # the idle candidates alone cover it
+        answers += [tuple(_improve(list(idle_first), idle, short)), idle_first]
+    best = min(answers, key=lambda s: preference_key(s, short))
+    return tuple(sorted(best, key=lambda c: c.name))
+
+
+#: A candidate as the exact search reads it: a :class:`Candidate`'s fields in order
+#: (name, gpu_roles, mib, priority, started_at, in_flight) as a plain tuple, so a caller
+#: with many candidates need not build an object for each (``Candidate(*row)`` is one).
+Row = tuple[str, tuple[str, ...], int, int, float | None, int | None]
+
+
+def exact_cover(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...] | None:
+    """The best cover of ``short`` (role -> MiB, every need positive) among ``rows``, by
+    the order of preference, as indices into ``rows`` in the order of their names; None
+    when even all of them do not cover. Every row is on a short role (the search does
+    not look for one that is not): :func:`choose_victims`' search up to its bound."""
+    if len(short) == 1:
+        ((_role, need),) = short.items()
+        return _one_role(rows, need)
+    return _many_roles(rows, short)
+
+
+def _one_role(rows: Sequence[Row], need: int) -> tuple[int, ...] | None:
+    """:func:`exact_cover` for one short role (``need`` on it; every row is on it).
+
+    Only the fewest largest rows that cover fix the size: no fewer rows cover, and
+    those do, so every cover of that size is a candidate answer and no other is."""
+    mib = [row[2] for row in rows]
     least = _fewest(mib, need)
-    if least > len(pool):
+    if least > len(rows):
         return None
-    busy = [0 if c.idle else 1 for c in pool]
-    for k in range(least, len(pool) + 1):
-        # each cover of this size with the key's (possibly busy, overshoot)
-        heads = [
-            (sum(map(busy.__getitem__, picks)), got - need, picks)
-            for picks in combinations(range(len(pool)), k)
-            if (got := sum(map(mib.__getitem__, picks))) >= need
-        ]
-        if heads:
-            top = min((b, o) for b, o, _ in heads)
-            # only the covers best on those can be best on the key (which orders
-            # a set whatever the order of its members: the names end it)
-            tied = [tuple(pool[i] for i in picks) for b, o, picks in heads if (b, o) == top]
-            # (the key is computed only where covers tie on those)
-            best = tied[0] if len(tied) == 1 else min(tied, key=lambda s: preference_key(s, short))
-            return tuple(sorted(best, key=lambda c: c.name))
-    return None  # unreachable: the whole pool is a cover of the last size
+    # one victim: the best single cover, by the order's terms for one victim
+    if least == 1:
+        best = min(
+            (row[5] != 0, row[2], row[3], row[4] or 0.0, row[0], i)
+            for i, row in enumerate(rows)
+            if row[2] >= need
+        )
+        return (best[-1],)
+    busy = [0 if row[5] == 0 else 1 for row in rows]
+    # each cover of that size with the key's (possibly busy, MiB freed): what it frees
+    # orders covers as its overshoot does (the need is one figure for all of them)
+    heads = [
+        (sum(map(busy.__getitem__, picks)), got, picks)
+        for picks in combinations(range(len(rows)), least)
+        if (got := sum(map(mib.__getitem__, picks))) >= need
+    ]
+    return _best(rows, heads)
 
 
-def _exact(pool: list[Candidate], short: Mapping[str, int]) -> tuple[Candidate, ...] | None:
-    """The best cover of ``short`` among ``pool`` (every candidate on a short role), by
-    enumeration: the first size with a cover holds the best set by the key."""
-    pool.sort(key=lambda c: c.name)
-    # what each candidate frees on each short role, by pool index: a set covers when,
-    # on every role, the sum of its rows reaches the need (covers() without the walk)
-    gives = [([c.mib if r in c.gpu_roles else 0 for c in pool], need) for r, need in short.items()]
-    # sizes below the fewest of each role's largest candidates that cover it cannot
-    # cover; more than the whole pool: even all of them do not
+def _many_roles(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...] | None:
+    """:func:`exact_cover` for several short roles, by enumeration: the first size with
+    a cover holds the best set by the order."""
+    # what each row frees on each short role, by index: a set covers when, on every
+    # role, the sum of its rows reaches the need (covers() without the walk)
+    gives = [([row[2] if r in row[1] else 0 for row in rows], need) for r, need in short.items()]
+    # sizes below the fewest of each role's largest rows that cover it cannot cover;
+    # more than all the rows: even all of them do not
     least = max(_fewest(give, need) for give, need in gives)
-    if least > len(pool):
+    if least > len(rows):
         return None
-    busy = [0 if c.idle else 1 for c in pool]
-    total_need = sum(short.values())
-    # the whole pool covers, so some size up to it has a cover: the loop returns
-    for k in range(least, len(pool) + 1):
-        best_set: tuple[Candidate, ...] | None = None
-        best_key = None
-        best_head = None
-        for picks in combinations(range(len(pool)), k):
+    busy = [0 if row[5] == 0 else 1 for row in rows]
+    # all the rows cover, so some size up to that has a cover: the loop returns
+    for k in range(least, len(rows) + 1):
+        heads = []
+        for picks in combinations(range(len(rows)), k):
             freed_mib = 0
             for give, need in gives:
                 got = sum(map(give.__getitem__, picks))
@@ -279,15 +302,43 @@ def _exact(pool: list[Candidate], short: Mapping[str, int]) -> tuple[Candidate, 
                     break  # covers(combo, short) is False, read off the table
                 freed_mib += got
             else:
-                # the key's (possibly busy, overshoot), read off the tables: a set worse
-                # on these is worse on the key, whatever its tie-breakers
-                head = (sum(map(busy.__getitem__, picks)), freed_mib - total_need)
-                if best_head is not None and head > best_head:
-                    continue
-                combo = tuple(pool[i] for i in picks)
-                key = preference_key(combo, short)
-                if best_key is None or key < best_key:
-                    best_set, best_key, best_head = combo, key, head
-        if best_set is not None:
-            return best_set
-    return None  # unreachable: the whole pool is a cover of the last size
+                heads.append((sum(map(busy.__getitem__, picks)), freed_mib, picks))
+        if heads:
+            return _best(rows, heads)
+    return None  # unreachable: all the rows are a cover of the last size
+
+
+def _best(rows: Sequence[Row], heads: list[tuple[int, int, tuple[int, ...]]]) -> tuple[int, ...]:
+    """The best of covers of one size, each as (possibly busy, MiB freed, picks): the
+    best on those first, then on the rest of the key (priorities, starts, names)."""
+    top = min((b, f) for b, f, _ in heads)
+    tied = [picks for b, f, picks in heads if (b, f) == top]
+    # (the rest of the key is computed only where covers tie on those)
+    best = tied[0] if len(tied) == 1 else min(tied, key=lambda p: _rest_of_key(rows, p))
+    return tuple(sorted(best, key=lambda i: rows[i][0]))
+
+
+def _rest_of_key(
+    rows: Sequence[Row], picks: tuple[int, ...]
+) -> tuple[tuple[int, ...], tuple[float, ...], tuple[str, ...]]:
+    """The end of :func:`preference_key` for the rows ``picks``: priorities highest
+    first, starts latest first (unknown as 0), names."""
+    chosen = [rows[i] for i in picks]
+    return (
+        tuple(sorted((row[3] for row in chosen), reverse=True)),
+        tuple(sorted((row[4] or 0.0 for row in chosen), reverse=True)),
+        tuple(sorted(row[0] for row in chosen)),
+    )
+
+
+def victim_names(
+    rows: Sequence[Row], short: Mapping[str, int], *, exact_limit: int = DEFAULT_EXACT_LIMIT
+) -> tuple[str, ...] | None:
+    """:func:`choose_victims`' answer for candidates given as rows, each on a role of
+    ``short`` (every need positive): the victims' names in order, or None if none
+    covers. Up to ``exact_limit`` rows no :class:`Candidate` is built."""
+    if len(rows) > exact_limit:
+        chosen = _greedy([Candidate(*row) for row in rows], short)
+        return None if chosen is None else tuple(c.name for c in chosen)
+    picks = exact_cover(rows, short)
+    return None if picks is None else tuple(rows[i][0] for i in picks)

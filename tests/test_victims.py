@@ -16,7 +16,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from statemachine.victims import Candidate, choose_victims, largest_first
+from statemachine.victims import (
+    Candidate,
+    choose_victims,
+    exact_cover,
+    largest_first,
+    preference_key,
+    victim_names,
+)
 from statemachine.victims import covers as sm_covers
 from statemachine.victims import freed as sm_freed
 from statemachine.victims import overshoot as sm_overshoot
@@ -759,3 +766,139 @@ def test_covers_tied_on_busy_and_overshoot_over_two_roles_go_by_priority() -> No
     p = Candidate("p", ("a", "b"), 10, priority=2)
     q = Candidate("q", ("a", "b"), 10, priority=0)
     assert choose_victims([p, q], {"a": 10, "b": 10}) == (q,)
+
+
+# ----- rows: the search without a Candidate per candidate -----------------------------------
+def rows_of(
+    cands: Sequence[Candidate],
+) -> list[tuple[str, tuple[str, ...], int, int, float | None, int | None]]:
+    return [(v.name, v.gpu_roles, v.mib, v.priority, v.started_at, v.in_flight) for v in cands]
+
+
+@SETTINGS
+@given(instances(max_size=9), st.sampled_from([0, 2, 3, 14]))
+def test_victim_names_over_rows_are_choose_victims_names(
+    instance: tuple[list[Candidate], dict[str, int]], limit: int
+) -> None:
+    cands, shortfall = instance
+    short = positive(shortfall)
+    pool = [v for v in cands if set(v.gpu_roles) & set(short)]
+    if not short:
+        return
+    got = victim_names(rows_of(pool), short, exact_limit=limit)
+    want = choose_victims(cands, shortfall, exact_limit=limit)
+    assert got == (None if want is None else tuple(v.name for v in want))
+    if limit >= len(pool):  # the exact search over the rows: the brute-force optimum
+        best = brute_force(cands, shortfall)
+        picks = exact_cover(rows_of(pool), short)
+        assert (picks is None) == (best is None)
+        if picks is not None and best is not None:
+            assert ref_key([pool[i] for i in picks], short) == ref_key(best, short)
+
+
+ROWS = [
+    pytest.param([c("big", 150), c("snug", 120), c("small", 90)], {"a": 100}, (1,), id="one"),
+    pytest.param(
+        # equal on everything but the name: the name decides, whatever the row order
+        [c("zed", 100), c("abe", 100)],
+        {"a": 100},
+        (1,),
+        id="one-by-name",
+    ),
+    pytest.param(
+        [c("busy", 100, in_flight=2), c("idle", 130, in_flight=0)],
+        {"a": 100},
+        (1,),
+        id="one-idle-over-busy",
+    ),
+    pytest.param(
+        [c("unknown", 100), c("idle", 130, in_flight=0)],
+        {"a": 100},
+        (1,),
+        id="one-unknown-is-busy",
+    ),
+    pytest.param(
+        [c("p2", 100, priority=2, started_at=1.0), c("p1", 100, priority=1, started_at=9.0)],
+        {"a": 100},
+        (1,),
+        id="one-by-priority",
+    ),
+    pytest.param(
+        [c("new", 100, started_at=9.0), c("old", 100, started_at=1.0)],
+        {"a": 100},
+        (1,),
+        id="one-by-start",
+    ),
+    pytest.param(
+        # a pair in the order of its names, not of the rows
+        [c("zed", 60), c("abe", 50), c("kim", 20)],
+        {"a": 100},
+        (1, 0),
+        id="pair-by-name",
+    ),
+    pytest.param([c("x", 60), c("y", 30)], {"a": 100}, None, id="none-covers"),
+    pytest.param(
+        [c("x", 60, roles=("a", "b")), c("y", 50, roles=("b",)), c("z", 50)],
+        {"a": 50, "b": 100},
+        (0, 1),
+        id="two-roles",
+    ),
+    pytest.param(
+        [c("x", 60, roles=("a", "b")), c("y", 30, roles=("b",))],
+        {"a": 50, "b": 100},
+        None,
+        id="two-roles-none-covers",
+    ),
+]
+
+
+@pytest.mark.parametrize(("cands", "short", "expected"), ROWS)
+def test_exact_cover_answers_indices_in_the_order_of_the_names(
+    cands: list[Candidate], short: dict[str, int], expected: tuple[int, ...] | None
+) -> None:
+    assert exact_cover(rows_of(cands), short) == expected
+    names = None if expected is None else tuple(cands[i].name for i in expected)
+    assert victim_names(rows_of(cands), short) == names
+
+
+@SETTINGS
+@given(instances(max_size=5))
+def test_the_preference_key_is_the_documented_order(
+    instance: tuple[list[Candidate], dict[str, int]],
+) -> None:
+    # the key the greedy's answers are compared by (the exact search compares its terms)
+    cands, shortfall = instance
+    short = positive(shortfall)
+    for k in range(len(cands) + 1):
+        for combo in combinations(cands, k):
+            assert preference_key(combo, short) == ref_key(combo, short)
+
+
+def test_the_preference_key_orders_priorities_and_starts_highest_first() -> None:
+    short = {"a": 100}
+    # (2, 2) beats (3, 0): the most important victim as unimportant as possible
+    even = [c("x", 50, priority=2), c("y", 50, priority=2)]
+    mixed = [c("u", 50, priority=3), c("v", 50, priority=0)]
+    assert preference_key(even, short) < preference_key(mixed, short)
+    # (5.0, 5.0) beats (9.0, 1.0); an unknown start (0.0) is older than 0.5
+    assert preference_key([c("x", 100, started_at=5.0), c("y", 0, started_at=5.0)], short) < (
+        preference_key([c("u", 100, started_at=9.0), c("v", 0, started_at=1.0)], short)
+    )
+    assert preference_key([c("x", 100)], short) < preference_key(
+        [c("y", 100, started_at=0.5)], short
+    )
+
+
+def test_an_unknown_start_is_older_than_any_known_one_among_pairs() -> None:
+    # every pair frees 100 and is idle and of one priority: the starts decide, an
+    # unknown start counting as 0.0 (older than 0.5)
+    cands = [c("a", 50, started_at=0.5), c("b", 50, started_at=0.5), c("u", 50), c("v", 50)]
+    got = choose_victims(cands, {"a": 100})
+    assert got is not None and [v.name for v in got] == ["u", "v"]
+
+
+def test_victim_names_search_exactly_up_to_the_limit_and_greedily_beyond() -> None:
+    # the greedy takes the busy 30 with the 70; the exact search the idle one
+    cands = [c("c0", 70), c("c1", 50), c("c2", 30), c("c3", 30, in_flight=0)]
+    assert victim_names(rows_of(cands), {"a": 94}, exact_limit=4) == ("c0", "c3")
+    assert victim_names(rows_of(cands), {"a": 94}, exact_limit=3) == ("c0", "c2")
