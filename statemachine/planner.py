@@ -149,6 +149,14 @@ class _Work:
     #: a stop, a sleep or a shrink was planned since the pass began (room, a port or a
     #: role was freed: the serves blocked in it are tried again)
     freed: bool = field(default_factory=bool)  # set at each pass's beginning
+    #: the serves of the pass being tried, whether a short serve may wait in it for the
+    #: stops a later serve's start forces (the first pass of :func:`_start_all` only),
+    #: whether one did, and the later serves' forced stops ((place, stops), built once
+    #: per pass when first asked)
+    pass_serves: list[ServeSpec] = field(default_factory=list)
+    may_defer: bool = field(default_factory=bool)
+    deferred: bool = field(default_factory=bool)
+    stops_later: list[tuple[int, list[ServeSpec]]] | None = None
     #: the reservations of a role (a ledger's tuple, by identity) joined for a reason
     joins: dict[int, tuple[tuple[tuple[str, int], ...], str]] = field(default_factory=dict)
 
@@ -578,6 +586,11 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
             w, s, terms, terms, _Holders(shrinkable=zero, evictable=zero, sleepable=zero), protected
         )
         return None
+    if w.may_defer and _waits_for_later_stops(w, short):
+        w.deferred = True
+        # dropped by the retry that always follows a pass in which a serve waited
+        w.blocked.append(Blocked(s.name, f"{s.name} waits for the stops a later start forces"))
+        return None
     kept = list(c.protected)  # the conflicts' and then the holders' (c's is shared)
     h = _holders(w, s, ledger, short, kept)
     if h.elastic and all(h.shrinkable[r] >= need for r, need in short.items()):
@@ -594,6 +607,46 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         victims=[w.serve(cand.name) for cand in chosen if cand.name not in sleeps],
         sleeps=[w.serve(cand.name) for cand in chosen if cand.name in sleeps],
     )
+
+
+def _waits_for_later_stops(w: _Work, short: dict[str, int]) -> bool:
+    """True when the stops that later serves of this pass force by starting (a conflict
+    of port or exclusivity with a running holder) free the whole of ``short`` (role ->
+    MiB) on their own, so the serve being tried needs neither eviction nor shrink once
+    they are made."""
+    later = w.stops_later
+    if later is None:
+        later = w.stops_later = _forced_stops_later(w)
+    if not later:
+        return False
+    freed: dict[str, int] = {}
+    seen: set[str] = set()
+    for i, forced in later:
+        if i <= w.at:
+            continue
+        for o in forced:
+            if o.name in seen or o.name not in w.running or o.name in w.stopping:
+                continue
+            seen.add(o.name)
+            res = w.ledger.holdings.get(o.name)
+            if res is not None:
+                for r in res.gpu_roles:
+                    if r in short:
+                        freed[r] = freed.get(r, 0) + res.mib
+    return all(freed.get(r, 0) >= need for r, need in short.items())
+
+
+def _forced_stops_later(w: _Work) -> list[tuple[int, list[ServeSpec]]]:
+    """(place, the running serves its start stops) of each serve after the one being
+    tried in this pass whose start forces stops and meets no conflict that blocks it."""
+    later: list[tuple[int, list[ServeSpec]]] = []
+    if w.excl_by_role or w.shared:  # else no serve forces a stop by starting
+        for i, o in enumerate(w.pass_serves):
+            if i > w.at and o.name not in w.policy.hold:
+                c = _conflicts(w, o)
+                if c.forced and not c.reasons:
+                    later.append((i, c.forced))
+    return later
 
 
 def _full_mib(w: _Work, s: ServeSpec) -> int:
@@ -966,11 +1019,21 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
     A retry follows only a pass that stopped or shrank something (starts only take
     room), and each retry pass starts at least one more serve, so this ends; only the
     last pass's blocked entries are kept.
+
+    In the first pass a short serve whose shortfall the stops forced by a later serve's
+    start would cover (a port or exclusivity conflict with a holder on its roles) waits
+    for them instead of evicting or shrinking (:func:`_waits_for_later_stops`): the
+    retry that follows finds that room, and the holders it would have evicted keep
+    running (evicting them would free room twice, and the next plan would start them
+    again). In a retry no serve waits: one whose room did not come evicts as before.
     """
     pending = serves
+    first = True
     while pending:
         mark = len(w.blocked)
         w.freed = False
+        w.pass_serves, w.may_defer, w.deferred, w.stops_later = pending, first, False, None
+        first = False
         still: list[ServeSpec] = []
         # the requesters of this pass that claim room, and their places in it
         w.claim_at = [i for i, s in enumerate(pending) if _claims_room(w, s)]
@@ -981,8 +1044,10 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
             _try_start(w, s)
             if len(w.blocked) > before:
                 still.append(s)
-        # only a stop, a sleep or a shrink frees room, a port or a role; starts only take
-        if not still or len(still) == len(pending) or not w.freed:
+        # only a stop, a sleep or a shrink frees room, a port or a role; starts only take.
+        # A serve that waited for a later serve's forced stops is tried again (once more:
+        # no serve waits in a retry, so a retry then starts at least one more serve)
+        if not still or (not w.deferred and (len(still) == len(pending) or not w.freed)):
             return
         names = {s.name for s in still}
         w.blocked = w.blocked[:mark] + [b for b in w.blocked[mark:] if b.serve not in names]

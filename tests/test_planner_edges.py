@@ -14,7 +14,7 @@ import pytest
 from test_planner_rules import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
 from statemachine.planner import Action, Plan, Policy, plan_transitions
-from statemachine.simulate import ledger_prefixes
+from statemachine.simulate import apply_plan, ledger_prefixes
 from statemachine.types import ContainerObs, ContainerState, Elastic, StartingObs
 
 ELASTIC = "http://127.0.0.1:1"
@@ -1105,3 +1105,55 @@ def test_a_requester_claims_room_ahead_when_the_candidates_cover_it_exactly() ->
         *((line, "od2") for line in starts("od2")),
     ]
     assert plan.blocked == ()
+
+
+# ----- room a later start's forced stops make -------------------------------------------------
+def test_a_requester_waits_for_the_stop_a_later_start_forces_instead_of_evicting() -> None:
+    """``od`` needs 15000 on a full role (budget 30000: ``evi`` 15000 and the unmanaged
+    ``other`` 15000). ``web``, later in the order, must stop ``other`` by starting (they
+    declare one port); that stop alone covers ``od``. ``od`` waits for it instead of
+    evicting ``evi``, which keeps running: evicting it too would free the room twice,
+    and the next plan would start it again (the plans would not converge)."""
+    case = Case(
+        [
+            serve("od", 15_000, OND, RUN),
+            serve("evi", 15_000, EVI, RUN),
+            serve("other", 15_000, EVI, None, port=8001, gpu_inference=True),
+            serve("web", None, OND, RUN, roles=("b",), port=8001),
+        ],
+        {"evi": up(), "other": up()},
+        [],
+        roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
+    )
+    plan = plan_of(case)
+    assert lines(plan) == [
+        "stop other",
+        "release other",
+        "start web",
+        "await_ready web",
+        *starts("od"),
+    ]
+    assert plan.blocked == ()
+    assert set(plan.ledger_after.holdings) == {"evi", "od"}
+    desired, observed = _build(case)
+    again = plan_transitions(desired, apply_plan(desired, observed, plan, NOW), Policy(), NOW)
+    assert again.empty, lines(again)
+
+
+def test_a_requester_whose_awaited_stop_does_not_come_evicts_in_the_retry() -> None:
+    """As above, but ``web`` is held back by the policy: its stop never comes, so ``od``
+    does not wait for it and evicts ``evi`` as it would without ``web``."""
+    case = Case(
+        [
+            serve("od", 15_000, OND, RUN),
+            serve("evi", 15_000, EVI, RUN),
+            serve("other", 15_000, EVI, None, port=8001, gpu_inference=True),
+            serve("web", None, OND, RUN, roles=("b",), port=8001),
+        ],
+        {"evi": up(), "other": up()},
+        [],
+        roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
+    )
+    plan = plan_of(case, Policy(hold={"web": "an operator holds it"}))
+    assert lines(plan) == ["stop evi", "release evi", *starts("od")]
+    assert [b.serve for b in plan.blocked] == ["web"]
