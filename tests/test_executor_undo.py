@@ -219,3 +219,37 @@ def test_a_tier_left_quiesced_at_the_end_of_the_plan_is_readmitted_its_failed_ma
     assert report.lifecycles == {"omni": "failed"}
     assert report.ledger.holdings["omni"].mib == 6000  # its stop failed: still counted
     assert not any("undo" in e for e in errors), errors
+
+
+class InspectFails(Containers):
+    """Docker answers no ``inspect``: what the undo stops or holds cannot be confirmed."""
+
+    def inspect(self, name: str) -> None:  # type: ignore[override]
+        raise ActionError(f"inspect {name}: 500 daemon error", transient=False, status=500)
+
+
+@pytest.mark.parametrize("state", ["waking", "starting", "failed"])
+def test_a_failed_start_that_docker_cannot_confirm_down_settles_its_machine(
+    state: str, errors: list[str]
+) -> None:
+    """A health wait failed (after a wake, a start, or with the machine already failed)
+    and Docker cannot be asked whether the container is down: the reservation is kept,
+    and the machine is settled as in the path where Docker answers (``fail`` from
+    waking, ``start_failed`` from starting, nothing when failed), with no undo fault."""
+    from controller.service.executor import _Run
+    from statemachine.lifecycle import ServeLifecycle
+
+    llm = _serve("llm", 8000, Residency.ON_DEMAND, None)
+    desired = DesiredState({"g0": ROLE}, {"llm": llm})
+    observed = Observed(True, {"llm": ContainerObs(ContainerState.RUNNING, started_at=1.0)})
+    ledger = Ledger({"g0": ROLE}, [GpuReservation("llm", ("g0",), 8000)])
+    with FakeRouter(token=TOKEN) as router:
+        ex = _executor(desired, InspectFails({"llm"}), router)
+        machine = ServeLifecycle("llm", state)
+        run = _Run(ex, ledger, {"llm": machine}, observed)
+        wait = Step(Action.AWAIT_READY, "llm", ("g0",), None, "wait", group="llm")
+        faults = run.undo_group("llm", "await_ready llm", wait)
+    assert faults == [] and run.undo_faults == []
+    assert machine.state == "failed"
+    assert run.ledger.holdings["llm"].mib == 8000  # not confirmed down: kept
+    assert not any("lifecycle" in e for e in errors), errors

@@ -1562,18 +1562,25 @@ class _Run(SleepSteps):
                 name,
                 exc,
             )
-            self.move(name, Trigger.START_FAILED)
+            self._settle_machine(name)
             return
         holds = state is not None and state.state in COMMITTED_STATES
         if not holds and self.ledger.holds(name):
             result = self.ledger.release(name)
             if not isinstance(result, Refusal):
                 self.ledger = result
+        self._settle_machine(name)
+
+    def _settle_machine(self, name: str) -> None:
+        """The machine of a failed start (or wake): ``start_failed`` from reserved or
+        starting, ``fail`` from any other state, nothing when it is failed already."""
         machine = self.machines[name]
-        if machine.state != "failed":
+        if machine.state != LifecycleState.FAILED:
             self.move(
                 name,
-                Trigger.START_FAILED if machine.state in ("reserved", "starting") else Trigger.FAIL,
+                Trigger.START_FAILED
+                if machine.state in (LifecycleState.RESERVED, LifecycleState.STARTING)
+                else Trigger.FAIL,
             )
 
 
