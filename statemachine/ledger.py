@@ -653,9 +653,14 @@ class WorkingLedger(Ledger):
         """Admit ``res``, which the caller has checked (a valid reservation of a new
         holder on known roles); raises ``ValueError`` when it does not fit (never
         overcommits), or when its holder already holds one."""
-        holder, mib = res.holder, res.mib
+        holder, mib, roles = res.holder, res.mib, res.gpu_roles
         if self._unknown or holder in self._holdings:
             raise ValueError(f"{holder}: not admitted (unknown ledger, or already held)")
+        # what admit's precheck refuses: cheap, and a repeated role would count twice
+        if isinstance(mib, bool) or not isinstance(mib, int) or mib <= 0:
+            raise ValueError(f"{holder}: reservation must be a positive number of MiB: {mib!r}")
+        if not roles or len(set(roles)) != len(roles):
+            raise ValueError(f"{holder}: reservation needs distinct gpu roles, got {list(roles)}")
         committed, budget = self._committed, self._budget
         for role in res.gpu_roles:
             if mib > budget[role] - committed[role]:

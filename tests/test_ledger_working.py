@@ -120,6 +120,25 @@ def test_commit_takes_exactly_the_free_room_and_no_more() -> None:
         unknown.commit(GpuReservation("z", ("a",), 1))
 
 
+@pytest.mark.parametrize(
+    ("roles", "mib", "why"),
+    [
+        (("a", "a"), 600, "distinct gpu roles"),  # would count 1200 of a budget of 900
+        ((), 100, "distinct gpu roles"),
+        (("a",), 0, "positive number"),
+        (("a",), -300, "positive number"),
+    ],
+)
+def test_commit_refuses_what_admit_refuses_before_its_arithmetic(
+    roles: tuple[str, ...], mib: int, why: str
+) -> None:
+    work = WorkingLedger(Ledger(ROLES))
+    assert isinstance(Ledger(ROLES).admit(GpuReservation("x", roles, mib)), Refusal)
+    with pytest.raises(ValueError, match=why):
+        work.commit(GpuReservation("x", roles, mib))
+    assert "x" not in work.holdings and work.free_mib("a") == 900
+
+
 def test_drop_gives_back_the_reservation_and_the_host_ram_of_a_sleeper() -> None:
     base = Ledger(
         ROLES,
