@@ -161,14 +161,21 @@ def plain_reading(desired: DesiredState, observed: Observed) -> Reading | None:
     Plain: docker was read, no start is in progress, no serve that holds memory sleeps
     (or has an unknown sleep state), every record of what a container was started with
     is that of a serve in the ledger whose container holds memory and within what the
-    serve declares now (no more MiB, none of its roles elsewhere), and no serve lists a
-    role twice. There every serve in the ledger whose container holds memory (or whose
-    memory is not back yet) counts its declared ``vram_mib`` (an elastic serve shrunk
-    by the controller what it holds now) on its roles, and nothing else counts: the
+    serve declares now (no more MiB, none of its roles elsewhere), no serve lists a role
+    twice, and no two serves declare one container. There every serve
+    in the ledger whose container holds memory (or whose memory is not back yet) counts
+    its declared ``vram_mib`` (an elastic serve shrunk by the controller what it holds
+    now) on its roles, and nothing else counts: the
     ledger's rules for starts, sleepers, records and containers no longer declared
     count nothing more. tests/test_fit_isolated.py checks it against the ledger.
     """
-    if not observed.docker_ok or observed.starting:
+    serves = desired.serves
+    if (
+        not observed.docker_ok
+        or observed.starting
+        # two serves declare one container (the manifest refuses it)
+        or len({s.container for s in serves.values()}) != len(serves)
+    ):
         return None
     roles = desired.roles
     containers = observed.containers

@@ -414,6 +414,18 @@ def test_a_plain_reading_leaves_a_record_of_a_serve_outside_the_ledger_to_the_le
     assert ledger_from_observed(DesiredState(ROLES, {"proxy": proxy}), observed).holds("proxy")
 
 
+def test_a_plain_reading_leaves_a_container_two_serves_declare_to_the_ledger() -> None:
+    """Two serves on one container (the manifest refuses it; a desired state built
+    otherwise need not): the record one of them matches would hide what the other's
+    counts, so the ledger's rules decide."""
+    one = ServeSpec("one", "c-shared", ("g",), 3_000, Residency.EVICTABLE)
+    other = ServeSpec("other", "c-shared", ("g",), None, Residency.EVICTABLE)
+    observed = Observed(
+        True, {"c-shared": RUNNING}, started_with={"c-shared": StartedWith("one", ("g",), 1_000)}
+    )
+    assert _plain(observed, {"one": one, "other": other}) is None
+
+
 def test_a_plain_reading_counts_what_a_shrunk_or_unreleased_serve_holds() -> None:
     gone = ServeSpec("gone", "c-gone", ("g",), 2_000, Residency.EVICTABLE)
     observed = Observed(
