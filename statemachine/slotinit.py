@@ -18,6 +18,7 @@ Pure: no I/O, no clock, no logging.
 from __future__ import annotations
 
 import dataclasses
+import inspect
 from typing import Any, TypeVar, cast
 
 T = TypeVar("T")
@@ -31,6 +32,10 @@ def direct_init(cls: type[T]) -> type[T]:
         raise TypeError(f"{cls.__name__}: direct_init is for frozen, slotted dataclasses")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__}: direct_init does not call __post_init__")
+    plain = [f.name for f in dataclasses.fields(cast(Any, cls))]
+    if list(inspect.signature(cls.__init__).parameters)[1:] != plain:
+        # an InitVar is a parameter of the dataclass's __init__ but not a field
+        raise TypeError(f"{cls.__name__}: direct_init takes plain fields only (an InitVar?)")
     names: list[str] = []
     signature: list[str] = []
     bound: dict[str, object] = {}

@@ -6,7 +6,7 @@ import copy
 import dataclasses
 import inspect
 import pickle
-from dataclasses import dataclass, field
+from dataclasses import InitVar, dataclass, field
 
 import pytest
 
@@ -96,7 +96,12 @@ def test_refuses_what_it_cannot_build() -> None:
         def __post_init__(self) -> None:
             pass
 
-    for cls in (NoSlots, NotFrozen, Factory, NoInit, KwOnly, Post):
+    @dataclass(frozen=True, slots=True)
+    class WithInitVar:
+        a: int
+        b: InitVar[int]
+
+    for cls in (NoSlots, NotFrozen, Factory, NoInit, KwOnly, Post, WithInitVar):
         with pytest.raises(TypeError, match=cls.__name__):
             direct_init(cls)
     with pytest.raises(TypeError, match="int"):
