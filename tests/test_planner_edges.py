@@ -1108,13 +1108,10 @@ def test_a_requester_claims_room_ahead_when_the_candidates_cover_it_exactly() ->
 
 
 # ----- room a later start's forced stops make -------------------------------------------------
-def test_a_requester_waits_for_the_stop_a_later_start_forces_instead_of_evicting() -> None:
-    """``od`` needs 15000 on a full role (budget 30000: ``evi`` 15000 and the unmanaged
-    ``other`` 15000). ``web``, later in the order, must stop ``other`` by starting (they
-    declare one port); that stop alone covers ``od``. ``od`` waits for it instead of
-    evicting ``evi``, which keeps running: evicting it too would free the room twice,
-    and the next plan would start it again (the plans would not converge)."""
-    case = Case(
+def _later_stop_case() -> Case:
+    """``od`` needs 15000 on role a (budget 30000, all held by ``evi`` and the unmanaged
+    ``other``); ``web``, later in the order, declares ``other``'s port."""
+    return Case(
         [
             serve("od", 15_000, OND, RUN),
             serve("evi", 15_000, EVI, RUN),
@@ -1125,6 +1122,15 @@ def test_a_requester_waits_for_the_stop_a_later_start_forces_instead_of_evicting
         [],
         roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
     )
+
+
+def test_a_requester_waits_for_the_stop_a_later_start_forces_instead_of_evicting() -> None:
+    """``od`` needs 15000 on a full role (budget 30000: ``evi`` 15000 and the unmanaged
+    ``other`` 15000). ``web``, later in the order, must stop ``other`` by starting (they
+    declare one port); that stop alone covers ``od``. ``od`` waits for it instead of
+    evicting ``evi``, which keeps running: evicting it too would free the room twice,
+    and the next plan would start it again (the plans would not converge)."""
+    case = _later_stop_case()
     plan = plan_of(case)
     assert lines(plan) == [
         "stop other",
@@ -1143,17 +1149,7 @@ def test_a_requester_waits_for_the_stop_a_later_start_forces_instead_of_evicting
 def test_a_requester_whose_awaited_stop_does_not_come_evicts_in_the_retry() -> None:
     """As above, but ``web`` is held back by the policy: its stop never comes, so ``od``
     does not wait for it and evicts ``evi`` as it would without ``web``."""
-    case = Case(
-        [
-            serve("od", 15_000, OND, RUN),
-            serve("evi", 15_000, EVI, RUN),
-            serve("other", 15_000, EVI, None, port=8001, gpu_inference=True),
-            serve("web", None, OND, RUN, roles=("b",), port=8001),
-        ],
-        {"evi": up(), "other": up()},
-        [],
-        roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
-    )
+    case = _later_stop_case()
     plan = plan_of(case, Policy(hold={"web": "an operator holds it"}))
     assert lines(plan) == ["stop evi", "release evi", *starts("od")]
     assert [b.serve for b in plan.blocked] == ["web"]
