@@ -297,7 +297,11 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def _error_response(status: int, message: str, **extra: Any) -> JSONResponse:
+def _error_response(status: int, message: str, /, **extra: Any) -> JSONResponse:
+    """``{"status", "error", **extra}``; ``headers`` in ``extra`` are the answer's headers.
+
+    Positional-only, so that a body field named ``status`` or ``message`` is a field.
+    """
     headers = extra.pop("headers", None)
     return JSONResponse(
         {"status": status, "error": message, **extra}, status_code=status, headers=headers
@@ -498,6 +502,14 @@ class WriteGuard:
             await self.app(scope, replay, send)
         finally:
             watcher.cancel()
+
+
+#: What becomes of a recorded request whose waiting ``up`` a later plan refused.
+STAYS_RECORDED = {
+    429: "the request stays recorded: the loop starts {serve} once it fits; `down` ends it",
+    409: "the request stays recorded, but nothing starts {serve} while the manifest stays "
+    "as it is; `down` ends it",
+}
 
 
 # ── the up decision ──────────────────────────────────────────────────────────
@@ -1132,6 +1144,7 @@ def create_app(
     ) -> JSONResponse:
         """Hold the answer until ready, failed, ended, or ``wait_s`` (see upwait)."""
         serve = spec.name
+        client = request.client.host if request.client else "?"
         wait_s = min(wait_s, settings.max_wait_s)
         deadline = time.monotonic() + wait_s
         t0 = time.time()
@@ -1177,7 +1190,15 @@ def create_app(
                 if blocked_now(view, serve, since):
                     decision = decide_now(view, serve)
                     if decision.status in (409, 429):
-                        return refuse(decision, serve, "wait", **st.to_json())
+                        where = {k: v for k, v in st.to_json().items() if k != "message"}
+                        return refuse(
+                            decision,
+                            serve,
+                            client,
+                            **where,
+                            note=STAYS_RECORDED[decision.status].format(serve=serve),
+                            waited_s=round(now - t0, 3),
+                        )
             left = deadline - time.monotonic()
             if left <= 0:
                 if entry is not None and entry.outcome is None:
