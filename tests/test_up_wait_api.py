@@ -9,11 +9,14 @@ does when it is interrupted.
 * a plan made while an ``up`` waits blocks its serve (the victim restarted inside its
   ``min_runtime_s``): the waiting client gets the 429 of an ``up`` refused at once,
   with the arithmetic and where its request stands, not a 500;
+* a string holding a lone surrogate (``"\\ud800"``, valid JSON) is a 422 that spells
+  what it echoes, not a 500;
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -208,3 +211,36 @@ def test_a_waiting_up_blocked_by_a_later_plan_gets_the_429_with_its_arithmetic(
     assert [r.serve for r in controller.requests()] == ["fast"]
     refused = [line for line in said if line.startswith("api: up fast from")]
     assert refused and all("from 127.0.0.1" in line for line in refused), said
+
+
+# ── item: a lone surrogate in a JSON string ──────────────────────────────────
+
+
+@pytest.mark.parametrize(
+    ("raw", "where"),
+    [
+        ('{"wait_s": "\\ud800"}', "wait_s"),
+        ('{"ttl_s": "\\udfff"}', "ttl_s"),
+        ('{"queue": "\\ud800"}', "queue"),
+        ('{"queue_s": ["\\udbff\\udbff"]}', "queue_s"),
+        ('{"\\ud800": 1}', "body"),
+    ],
+    ids=["wait_s", "ttl_s", "queue", "queue_s-list", "key"],
+)
+def test_a_lone_surrogate_is_a_422_that_spells_what_it_echoes(
+    controller: Controller, api: Server, raw: str, where: str
+) -> None:
+    observe(controller, {"ocr": running(100)})
+    r = api.http.post(
+        "/v1/serves/fast/up",
+        content=raw.encode(),
+        headers={**auth(), "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    r.content.decode("utf-8")  # strict UTF-8: no lone surrogate was written
+    body = json.loads(r.text)
+    assert body["problems"] and body["problems"][0].startswith(f"{where}: "), body
+    assert body["error"].startswith(f"invalid request: {where}: ")
+    # the input is echoed, each lone surrogate written out as text
+    assert "\\ud" in str(body["detail"][0]["input"]), body["detail"]
+    assert controller.requests() == ()

@@ -357,16 +357,24 @@ class UpBody(BaseModel):
     ] = None
 
 
-def _json_safe(value: Any) -> Any:
-    """``value`` with what strict JSON cannot carry (NaN, ±Infinity) as text.
+def _spelled(text: str) -> str:
+    """``text`` with each lone surrogate written out as ``\\udXXX`` (UTF-8 cannot carry it)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
-    Python's JSON reader accepts ``NaN``, ``Infinity`` and ``1e309`` (infinite), so a
-    422 that echoes the input must spell them, or the answer itself fails (a 500).
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with what strict JSON in UTF-8 cannot carry spelled as text.
+
+    Python's JSON reader accepts ``NaN``, ``Infinity`` and ``1e309`` (infinite), and a
+    string escape of a lone surrogate (``"\\ud800"``), so a 422 that echoes the input
+    must spell them, or the answer itself fails (a 500).
     """
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, str):
+        return _spelled(value)
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {_spelled(str(k)): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value
@@ -780,7 +788,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        lines = _validation_lines(exc)
+        lines = [_spelled(line) for line in _validation_lines(exc)]
         return _error_response(
             422,
             "invalid request: " + "; ".join(lines),
