@@ -11,6 +11,10 @@ does when it is interrupted.
   with the arithmetic and where its request stands, not a 500;
 * a string holding a lone surrogate (``"\\ud800"``, valid JSON) is a 422 that spells
   what it echoes, not a 500;
+* a queued request whose only waiting client goes away leaves the queue at once
+  (``withdrawn``): it is never admitted later with nobody waiting; one that another
+  client still waits on, or was told is queued, or that said ``"outlive_client":
+  true``, stays.
 """
 
 from __future__ import annotations
@@ -244,3 +248,74 @@ def test_a_lone_surrogate_is_a_422_that_spells_what_it_echoes(
     # the input is echoed, each lone surrogate written out as text
     assert "\\ud" in str(body["detail"][0]["input"]), body["detail"]
     assert controller.requests() == ()
+
+
+# ── item: a queued request does not outlive the client that waits for it ─────
+
+
+def block_fast_behind_a_request(controller: Controller) -> None:
+    """q2 runs for a request, 6000 of 10000: fast (6000) can fit once it ends."""
+    controller.journal.add_request("q2", time.time(), None)
+    observe(controller, {"q2": running(100)})
+
+
+def requested(controller: Controller) -> set[str]:
+    """The serves with a recorded request (an ended one stays until its serve is down)."""
+    return {r.serve for r in controller.requests()}
+
+
+def queued(api: Server) -> list[str]:
+    return [e["serve"] for e in api.http.get("/v1/queue").json()["roles"].get("a", [])]
+
+
+def test_a_queued_request_whose_waiting_client_goes_away_is_withdrawn(
+    controller: Controller, api: Server, said: list[str]
+) -> None:
+    block_fast_behind_a_request(controller)
+    api.up_and_go_away("fast", wait_s=60, queue=True)
+    wait_for("fast's queued request withdrawn", lambda: queued(api) == [], timeout=10)
+    [entry] = api.http.get("/v1/queue").json()["recent"]
+    assert (entry["serve"], entry["outcome"]) == ("fast", "withdrawn")
+    assert "went away" in entry["message"]
+    # its room comes: nothing is admitted for it, nobody is evicted for it
+    assert api.http.post("/v1/serves/q2/down", headers=auth()).status_code == 202
+    observe(controller, {})
+    time.sleep(1.5)  # the queue's pump looks each second: it finds nothing to admit
+    assert "fast" not in requested(controller)
+    assert any("withdrawn" in line and "fast" in line for line in said), said
+
+
+def test_a_queued_request_stays_while_someone_still_waits_for_it_or_was_told_so(
+    controller: Controller, api: Server
+) -> None:
+    block_fast_behind_a_request(controller)
+    # one client waits on, a second waits on the same entry and goes away
+    answers: list[httpx.Response] = []
+    patient = threading.Thread(target=lambda: answers.append(api.up("fast", wait_s=3, queue=True)))
+    patient.start()
+    wait_for("fast queued", lambda: queued(api) == ["fast"])
+    api.up_and_go_away("fast", wait_s=60, queue=True)
+    time.sleep(0.6)
+    assert queued(api) == ["fast"]
+    patient.join(30)
+    # the patient client's wait ran out: it was told the request is queued, so it stays
+    [r] = answers
+    assert r.status_code == 202 and r.json()["queued"] is True, r.text
+    api.up_and_go_away("fast", wait_s=60, queue=True)
+    time.sleep(0.6)
+    assert queued(api) == ["fast"]
+
+
+def test_a_queued_request_that_says_it_outlives_its_client_stays_and_is_admitted(
+    controller: Controller, api: Server
+) -> None:
+    block_fast_behind_a_request(controller)
+    api.up_and_go_away("fast", wait_s=60, queue=True, outlive_client=True)
+    time.sleep(0.6)
+    assert queued(api) == ["fast"]
+    assert api.http.post("/v1/serves/q2/down", headers=auth()).status_code == 202
+    observe(controller, {})
+    # asked about again, it is admitted now that it fits
+    r = api.up("fast", wait_s=0.5)
+    assert r.status_code == 202, r.text
+    assert "fast" in requested(controller)

@@ -355,6 +355,15 @@ class UpBody(BaseModel):
             description="How long a queued request waits for room (default 600).",
         ),
     ] = None
+    outlive_client: Annotated[
+        bool,
+        Field(
+            default=False,
+            strict=True,
+            description="A queued request stays queued when the client waiting for it "
+            "(wait_s) goes away (default: it is withdrawn).",
+        ),
+    ] = False
 
 
 def _spelled(text: str) -> str:
@@ -1043,9 +1052,11 @@ def create_app(
         return {r.serve: r for r in controller.requests()}
 
     def process_queue() -> None:
-        """Admit the heads of the queues that fit now; end those that never will."""
+        """Admit the heads of the queues that fit now; end those that never will, and
+        those nobody waits for any more."""
         if not queue.waiting() and not queue.settling():
             return
+        withdraw_abandoned(time.time())
         view = controller.view()
         observed = view.observed()
         if observed is None or not observed.docker_ok:
@@ -1109,6 +1120,38 @@ def create_app(
                 )
                 logger.info("api: queued up {} ended at its deadline", entry.serve)
                 notify("request_ended", serve=entry.serve, outcome="deadline")
+
+    def follow(entry: QueueEntry, request: Request, body: UpBody) -> None:
+        """Count this ``up`` among those ``entry`` is kept for (see upwait).
+
+        A client that waits (``wait_s``) keeps it only while it is there, unless it
+        says ``outlive_client``; one answered at once is told it is queued: it stays.
+        """
+        gone = request.scope.get(DISCONNECTED)
+        if body.wait_s and not body.outlive_client and isinstance(gone, asyncio.Event):
+            entry.waiters.append(gone)
+        else:
+            entry.kept = True
+
+    def withdraw_abandoned(now: float) -> None:
+        """End the queued requests whose every waiting client went away."""
+        for entry in queue.abandoned():
+            queue.leave(
+                entry,
+                "withdrawn",
+                now,
+                None,
+                {
+                    "error": f"the client waiting for the queued request of {entry.serve} "
+                    "went away before it was admitted: nothing was recorded or started for it"
+                },
+            )
+            logger.info(
+                "api: queued up {} withdrawn after {:.1f}s: its waiting client went away",
+                entry.serve,
+                now - entry.enqueued_at,
+            )
+            notify("request_ended", serve=entry.serve, outcome="withdrawn")
 
     async def queue_pump() -> None:
         """Beside the loop: the queue is looked at after every change, and each second."""
@@ -1210,6 +1253,7 @@ def create_app(
             left = deadline - time.monotonic()
             if left <= 0:
                 if entry is not None and entry.outcome is None:
+                    entry.kept = True  # the client is told it is queued: it stays so
                     return queued_answer(entry, {"waited_s": round(now - t0, 3)})
                 st = standing(
                     view,
@@ -1233,7 +1277,8 @@ def create_app(
                 )
             gone = request.scope.get(DISCONNECTED)
             if isinstance(gone, asyncio.Event) and gone.is_set():
-                logger.info("api: the client waiting for up {} went away", serve)
+                logger.info("api: the client waiting for up {} went away (from {})", serve, client)
+                withdraw_abandoned(now)
                 return JSONResponse({"status": 202, "serve": serve}, status_code=202)
             await controller.wait_change(min(left, 0.5))
 
@@ -1260,6 +1305,7 @@ def create_app(
         client = request.client.host if request.client else "?"
         waiting = queue.get(serve)
         if waiting is not None:  # queued already: this asks about the same entry
+            follow(waiting, request, body)
             if body.wait_s:
                 return await hold(spec, request, body.wait_s, waiting, None, {})
             return queued_answer(waiting)
@@ -1304,6 +1350,7 @@ def create_app(
                     client,
                 )
             entry = queue.add(spec, body.ttl_s, body.queue_s or DEFAULT_QUEUE_S, now)
+            follow(entry, request, body)
             logger.info(
                 "api: up {} from {} queued ({}): {}",
                 serve,
