@@ -297,7 +297,11 @@ class ApiError(Exception):
         self.headers = headers or {}
 
 
-def _error_response(status: int, message: str, **extra: Any) -> JSONResponse:
+def _error_response(status: int, message: str, /, **extra: Any) -> JSONResponse:
+    """``{"status", "error", **extra}``; ``headers`` in ``extra`` are the answer's headers.
+
+    Positional-only, so that a body field named ``status`` or ``message`` is a field.
+    """
     headers = extra.pop("headers", None)
     return JSONResponse(
         {"status": status, "error": message, **extra}, status_code=status, headers=headers
@@ -351,18 +355,35 @@ class UpBody(BaseModel):
             description="How long a queued request waits for room (default 600).",
         ),
     ] = None
+    outlive_client: Annotated[
+        bool,
+        Field(
+            default=False,
+            strict=True,
+            description="A queued request stays queued when the client waiting for it "
+            "(wait_s) goes away (default: it is withdrawn).",
+        ),
+    ] = False
+
+
+def _spelled(text: str) -> str:
+    """``text`` with each lone surrogate written out as ``\\udXXX`` (UTF-8 cannot carry it)."""
+    return text.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def _json_safe(value: Any) -> Any:
-    """``value`` with what strict JSON cannot carry (NaN, ±Infinity) as text.
+    """``value`` with what strict JSON in UTF-8 cannot carry spelled as text.
 
-    Python's JSON reader accepts ``NaN``, ``Infinity`` and ``1e309`` (infinite), so a
-    422 that echoes the input must spell them, or the answer itself fails (a 500).
+    Python's JSON reader accepts ``NaN``, ``Infinity`` and ``1e309`` (infinite), and a
+    string escape of a lone surrogate (``"\\ud800"``), so a 422 that echoes the input
+    must spell them, or the answer itself fails (a 500).
     """
     if isinstance(value, float) and not math.isfinite(value):
         return str(value)
+    if isinstance(value, str):
+        return _spelled(value)
     if isinstance(value, dict):
-        return {str(k): _json_safe(v) for k, v in value.items()}
+        return {_spelled(str(k)): _json_safe(v) for k, v in value.items()}
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value
@@ -498,6 +519,14 @@ class WriteGuard:
             await self.app(scope, replay, send)
         finally:
             watcher.cancel()
+
+
+#: What becomes of a recorded request whose waiting ``up`` a later plan refused.
+STAYS_RECORDED = {
+    429: "the request stays recorded: the loop starts {serve} once it fits; `down` ends it",
+    409: "the request stays recorded, but nothing starts {serve} while the manifest stays "
+    "as it is; `down` ends it",
+}
 
 
 # ── the up decision ──────────────────────────────────────────────────────────
@@ -768,7 +797,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def invalid(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        lines = _validation_lines(exc)
+        lines = [_spelled(line) for line in _validation_lines(exc)]
         return _error_response(
             422,
             "invalid request: " + "; ".join(lines),
@@ -1023,9 +1052,11 @@ def create_app(
         return {r.serve: r for r in controller.requests()}
 
     def process_queue() -> None:
-        """Admit the heads of the queues that fit now; end those that never will."""
+        """Admit the heads of the queues that fit now; end those that never will, and
+        those nobody waits for any more."""
         if not queue.waiting() and not queue.settling():
             return
+        withdraw_abandoned(time.time())
         view = controller.view()
         observed = view.observed()
         if observed is None or not observed.docker_ok:
@@ -1090,6 +1121,38 @@ def create_app(
                 logger.info("api: queued up {} ended at its deadline", entry.serve)
                 notify("request_ended", serve=entry.serve, outcome="deadline")
 
+    def follow(entry: QueueEntry, request: Request, body: UpBody) -> None:
+        """Count this ``up`` among those ``entry`` is kept for (see upwait).
+
+        A client that waits (``wait_s``) keeps it only while it is there, unless it
+        says ``outlive_client``; one answered at once is told it is queued: it stays.
+        """
+        gone = request.scope.get(DISCONNECTED)
+        if body.wait_s and not body.outlive_client and isinstance(gone, asyncio.Event):
+            entry.waiters.append(gone)
+        else:
+            entry.kept = True
+
+    def withdraw_abandoned(now: float) -> None:
+        """End the queued requests whose every waiting client went away."""
+        for entry in queue.abandoned():
+            queue.leave(
+                entry,
+                "withdrawn",
+                now,
+                None,
+                {
+                    "error": f"the client waiting for the queued request of {entry.serve} "
+                    "went away before it was admitted: nothing was recorded or started for it"
+                },
+            )
+            logger.info(
+                "api: queued up {} withdrawn after {:.1f}s: its waiting client went away",
+                entry.serve,
+                now - entry.enqueued_at,
+            )
+            notify("request_ended", serve=entry.serve, outcome="withdrawn")
+
     async def queue_pump() -> None:
         """Beside the loop: the queue is looked at after every change, and each second."""
         while True:
@@ -1132,6 +1195,7 @@ def create_app(
     ) -> JSONResponse:
         """Hold the answer until ready, failed, ended, or ``wait_s`` (see upwait)."""
         serve = spec.name
+        client = request.client.host if request.client else "?"
         wait_s = min(wait_s, settings.max_wait_s)
         deadline = time.monotonic() + wait_s
         t0 = time.time()
@@ -1177,10 +1241,19 @@ def create_app(
                 if blocked_now(view, serve, since):
                     decision = decide_now(view, serve)
                     if decision.status in (409, 429):
-                        return refuse(decision, serve, "wait", **st.to_json())
+                        where = {k: v for k, v in st.to_json().items() if k != "message"}
+                        return refuse(
+                            decision,
+                            serve,
+                            client,
+                            **where,
+                            note=STAYS_RECORDED[decision.status].format(serve=serve),
+                            waited_s=round(now - t0, 3),
+                        )
             left = deadline - time.monotonic()
             if left <= 0:
                 if entry is not None and entry.outcome is None:
+                    entry.kept = True  # the client is told it is queued: it stays so
                     return queued_answer(entry, {"waited_s": round(now - t0, 3)})
                 st = standing(
                     view,
@@ -1204,7 +1277,8 @@ def create_app(
                 )
             gone = request.scope.get(DISCONNECTED)
             if isinstance(gone, asyncio.Event) and gone.is_set():
-                logger.info("api: the client waiting for up {} went away", serve)
+                logger.info("api: the client waiting for up {} went away (from {})", serve, client)
+                withdraw_abandoned(now)
                 return JSONResponse({"status": 202, "serve": serve}, status_code=202)
             await controller.wait_change(min(left, 0.5))
 
@@ -1231,6 +1305,7 @@ def create_app(
         client = request.client.host if request.client else "?"
         waiting = queue.get(serve)
         if waiting is not None:  # queued already: this asks about the same entry
+            follow(waiting, request, body)
             if body.wait_s:
                 return await hold(spec, request, body.wait_s, waiting, None, {})
             return queued_answer(waiting)
@@ -1275,6 +1350,7 @@ def create_app(
                     client,
                 )
             entry = queue.add(spec, body.ttl_s, body.queue_s or DEFAULT_QUEUE_S, now)
+            follow(entry, request, body)
             logger.info(
                 "api: up {} from {} queued ({}): {}",
                 serve,

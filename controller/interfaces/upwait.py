@@ -20,6 +20,12 @@ Two things an ``up`` may ask for beyond being recorded (docs/operations.md, the 
   409 as an ``up`` without the queue). At most :data:`MAX_QUEUED_PER_ROLE` requests
   wait on one role; over that, 429 says so. The queue lives in the controller's
   memory: a restart empties it (nothing was recorded for a queued request).
+- a queued request is kept for the clients that wait for it: one whose every waiting
+  client (``wait_s``) went away before it was admitted is withdrawn at once (nothing
+  was recorded for it, nobody is evicted for it); it stays when a client was told it
+  is queued (an answer without ``wait_s``, or a wait that ran out) or asked for it to
+  outlive its client (``outlive_client``). A request already recorded stays recorded
+  when its waiting client goes away (``down`` ends it).
 
 This module keeps records and computes answers; it changes the loop only through
 the port's ``request_up`` (an admission).
@@ -31,7 +37,7 @@ import itertools
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from controller.service.live import StepEnded
 from controller.service.view import LoopView
@@ -56,6 +62,14 @@ _ROOM_ACTIONS = frozenset(
 _FAILED = frozenset({"failed", "aborted", "interrupted"})
 
 
+class Gone(Protocol):
+    """A waiting client's disconnect, once it happened (an ``asyncio.Event``)."""
+
+    def is_set(self) -> bool:
+        """True once the client went away."""
+        ...
+
+
 @dataclass
 class QueueEntry:
     """One request waiting for room."""
@@ -68,9 +82,18 @@ class QueueEntry:
     deadline: float
     #: set when it leaves the queue: when, how, and (ended) the answer it got
     left_at: float | None = None
-    outcome: str | None = None  # "admitted", "cancelled", "deadline", "impossible"
+    outcome: str | None = None  # "admitted", "cancelled", "deadline", "impossible", "withdrawn"
     status: int | None = None
     answer: dict[str, Any] = field(default_factory=dict)
+    #: the clients holding their answer on it (each one's disconnect)
+    waiters: list[Gone] = field(default_factory=list)
+    #: it waits whoever is there: a client was told it is queued, or asked for that
+    kept: bool = False
+
+    def abandoned(self) -> bool:
+        """Nobody waits for it: every client that held its answer on it went away, and
+        none was told it stays queued."""
+        return not self.kept and bool(self.waiters) and all(w.is_set() for w in self.waiters)
 
     def to_json(self, positions: Mapping[str, int] | None = None) -> dict[str, Any]:
         """JSON form; ``positions``: role -> 1-based place in that role's queue."""
@@ -151,6 +174,10 @@ class RequestQueue:
         self._waiting.append(entry)
         return entry
 
+    def abandoned(self) -> list[QueueEntry]:
+        """The waiting entries nobody waits for any more (see :meth:`QueueEntry.abandoned`)."""
+        return [e for e in self._waiting if e.abandoned()]
+
     def eligible(self) -> list[QueueEntry]:
         """The entries at the head of every queue they are in (may be admitted now)."""
         return [e for e in self._waiting if not self.ahead_on(e.gpu_roles, before=e)]
@@ -163,7 +190,8 @@ class RequestQueue:
         status: int | None = None,
         answer: dict[str, Any] | None = None,
     ) -> None:
-        """``entry`` leaves the queue (admitted, cancelled, past its deadline, impossible)."""
+        """``entry`` leaves the queue (admitted, cancelled, past its deadline, impossible,
+        withdrawn)."""
         if entry in self._waiting:
             self._waiting.remove(entry)
         entry.left_at, entry.outcome, entry.status = now, outcome, status
