@@ -27,10 +27,11 @@ one requester and its victims) is skipped; other groups go on, and the ledger re
 any reserve whose room did not materialise. Transient faults are retried by the
 adapters (tenacity, bounded); what reaches here is final for this plan.
 
-``preflight`` checks, before any mutation, what can be known up front: containers or
-``up`` executables exist, the router is configured, reachable, has its transition API
-enabled and knows every planned tier by name when a router step is planned, elastic
-serves have an endpoint, and ports are free.
+``preflight`` checks, before any mutation, what can be known up front: no container
+the plan touches has passed to another Compose project (docs/design.md §3, foreign
+containers), containers or ``up`` executables exist, the router is configured,
+reachable, has its transition API enabled and knows every planned tier by name when a
+router step is planned, elastic serves have an endpoint, and ports are free.
 
 This module must not decide *what* to do (that is the planner's) and must not read
 docker or NVML except through the adapters handed to it.
