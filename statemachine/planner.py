@@ -410,7 +410,7 @@ def _foreign_veto(s: ServeSpec, project: str) -> str:
     """Why a serve whose container is another Compose project's is never acted on."""
     return (
         f"container {s.container} belongs to compose project {project}, not "
-        f"{s.compose_project}: vramctl never starts, stops or removes it"
+        f"{s.compose_project}: it is left alone (never started, stopped or removed)"
     )
 
 

@@ -289,8 +289,8 @@ def test_status_prints_the_foreign_container_with_its_project(tmp_path: Path) ->
     )
     assert r.returncode == 0, r.stdout + r.stderr
     assert (
-        "foreign: ocr: container c-ocr (running) belongs to compose project theirs; vramctl "
-        "never starts, stops or removes it (its 6000 MiB counted while it runs)"
+        "foreign: ocr: container c-ocr (running) belongs to compose project theirs: never "
+        "started, stopped or removed; its 6000 MiB counted while it runs"
     ) in " ".join(r.stdout.split()), r.stdout
 
 

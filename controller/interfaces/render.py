@@ -189,7 +189,7 @@ def foreign_line(s: ServeStatus) -> str:
     )
     return (
         f"{s.serve}: container {s.container} ({s.state}) belongs to compose project "
-        f"{s.foreign_project}; vramctl never starts, stops or removes it ({held})"
+        f"{s.foreign_project}: never started, stopped or removed; {held}"
     )
 
 

@@ -463,8 +463,8 @@ class Executor:
             if project is not None and project != serve.compose_project:
                 text = (
                     f"{name}: container {serve.container} belongs to compose project "
-                    f"{project}, not {serve.compose_project}: vramctl never starts, stops or "
-                    "removes it"
+                    f"{project}, not {serve.compose_project}: it is left alone (never started, "
+                    "stopped or removed)"
                 )
                 problems.append(PreflightProblem(name, frozenset(gs), text))
         return problems

@@ -259,8 +259,8 @@ function drawNotices(m) {
   for (const s of m.serves.serves.filter((x) => x.foreign_project)) items.push(el("div",
     { class: "notice warn", "data-notice": "foreign", "data-serve": s.serve },
     `foreign: ${s.serve}: container ${s.container} (${s.state}) belongs to compose project ` +
-    `${s.foreign_project}; vramctl never starts, stops or removes it` +
-    (s.in_ledger ? ` (its ${s.reservation_mib} MiB counted while it runs)` : "")));
+    `${s.foreign_project}: never started, stopped or removed; ` +
+    (s.in_ledger ? `its ${s.reservation_mib} MiB counted while it runs` : "not in the ledger")));
   for (const n of ledger.no_longer_declared) items.push(el("div", { class: "notice warn" },
     `no longer declared: ${n.container} (started as ${n.serve}) keeps ${n.reservation_mib} MiB on ` +
     `${n.gpu_roles.join(", ")} until it stops`));
