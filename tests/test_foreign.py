@@ -24,8 +24,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, note, settings
+from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from serving import free_port, httpd
+from strategies import Scenario, scenarios
 from test_api import Asgi, client, observe  # noqa: F401
 from test_executor_e2e import ROLE, Host, actions, host, serve_toml  # noqa: F401
 
@@ -37,6 +40,7 @@ from controller.service.executor import ExecutorConfig
 from controller.service.loop import Controller, RunOptions
 from controller.service.wiring import make_executor
 from controller.store.journal import Journal, journal_path
+from statemachine.fit import fit_serve, fit_serve_by_planner, request_plan
 from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Policy
 from statemachine.planner import plan_transitions
@@ -200,6 +204,45 @@ def test_an_unlabelled_container_or_an_undeclared_project_is_the_serves_own() ->
     assert [s.action for s in plan_transitions(anyone, mine, Policy(), NOW).steps][:1] == [
         Action.STOP
     ]
+
+
+@st.composite
+def _hosts_with_foreign(draw: st.DrawFn) -> Scenario:
+    """A random scenario in which some serves own a project and some of their
+    containers bear another's label."""
+    sc = draw(scenarios(docker_ok=True))
+    serves = dict(sc.desired.serves)
+    containers = dict(sc.observed.containers)
+    for name, s in sc.desired.serves.items():
+        if not draw(st.booleans()):
+            continue
+        serves[name] = replace(s, compose_project=OURS)
+        obs = containers.get(s.container)
+        if obs is not None:
+            label = draw(st.sampled_from([THEIRS, OURS, None]))
+            containers[s.container] = replace(obs, compose_project=label)
+    return replace(
+        sc,
+        desired=replace(sc.desired, serves=serves),
+        observed=replace(sc.observed, containers=containers),
+    )
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(_hosts_with_foreign())
+def test_no_plan_touches_a_foreign_container_and_fit_answers_as_the_planner(
+    sc: Scenario,
+) -> None:
+    note(repr(sc))
+    foreign = {n for n, s in sc.desired.serves.items() if sc.observed.foreign(s) is not None}
+    plan = plan_transitions(sc.desired, sc.observed, sc.policy, sc.now)
+    assert not [s for s in plan.steps if s.serve in foreign]
+    for name in sc.desired.serves:
+        got = fit_serve(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+        ref = fit_serve_by_planner(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+        assert got == ref, name
+        alone = request_plan(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+        assert not [s for s in alone.steps if s.serve in foreign], name
 
 
 # ── status, /v1/serves and /metrics say so ───────────────────────────────────
