@@ -257,7 +257,7 @@ function drawNotices(m) {
     "undeclared GPU containers (no manifest reserves their memory): " +
     ledger.undeclared_gpu_containers.join(", ")));
   for (const s of m.serves.serves.filter((x) => x.foreign_project)) items.push(el("div",
-    { class: "notice warn", "data-notice": "foreign", "data-serve": s.serve },
+    { class: "notice warn", "data-notice": "foreign", "data-foreign": s.serve },
     `foreign: ${s.serve}: container ${s.container} (${s.state}) belongs to compose project ` +
     `${s.foreign_project}: never started, stopped or removed; ` +
     (s.in_ledger ? `its ${s.reservation_mib} MiB counted while it runs` : "not in the ledger")));
