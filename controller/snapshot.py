@@ -68,6 +68,9 @@ class ContainerModel(BaseModel):
     oom_killed: bool | None = None
     id: str | None = None
     gpu_used_mib: int | None = Field(default=None, ge=0)
+    #: its ``com.docker.compose.project`` label (None: none); a serve that declares
+    #: another project does not own it (docs/design.md §3, foreign containers)
+    compose_project: str | None = None
 
     @field_validator("started_at", "finished_at")
     @classmethod
@@ -188,6 +191,7 @@ class SnapshotModel(BaseModel):
                     exit_code=c.exit_code,
                     oom_killed=c.oom_killed,
                     gpu_used_mib=c.gpu_used_mib,
+                    compose_project=c.compose_project,
                 )
                 for name, c in self.containers.items()
             },

@@ -54,6 +54,7 @@ from statemachine.types import (
     ServeSpec,
     SleepState,
     StartedWith,
+    foreign_project,
 )
 from statemachine.victims import Row, victim_names
 
@@ -317,7 +318,8 @@ def _own_rule_applies(
     serve: ServeSpec, read: Reading, policy: Policy, observed: Observed, now: float
 ) -> bool:
     """True when the planner applies a rule of the requester's own to it: it is not
-    on-demand, held back, starting, asleep, still counted, or its request has ended."""
+    on-demand, held back, starting, asleep, still counted, its container is another
+    Compose project's, or its request has ended."""
     name = serve.name
     return (
         serve.residency is not Residency.ON_DEMAND
@@ -325,6 +327,7 @@ def _own_rule_applies(
         or name in observed.starting
         or observed.sleep_of(name).asleep
         or read.holds(name)
+        or (serve.compose_project is not None and observed.foreign(serve) is not None)
         # a request without a TTL of its own ends only by the serve's idle_ttl_s
         or (
             serve.idle_ttl_s is not None
@@ -358,6 +361,8 @@ def _candidates(
         if h is None:
             continue
         on, mib = h
+        if o.compose_project is not None and foreign_project(o, obs) is not None:
+            continue  # another project's container: protected, never stopped nor shrunk
         if o.elastic is not None and _may_give_back(o, mib, policy, observed, now):
             return None
         if (

@@ -40,6 +40,11 @@ woken (reserve_wake, wake, reload at level 2, await_ready, readmit) rather than 
 making room like a start; one whose residual is in the way is a victim at its residual
 and is stopped without a drain. A sleeper is never shrunk, grown or readmitted.
 
+A serve whose container name is borne by another Compose project's container
+(``Observed.foreign``: a second copy of a stack on the same daemon) is never started,
+stopped, drained, resized, put to sleep or a victim; while that container runs it
+holds the serve's reservation like any other (docs/design.md §3, foreign containers).
+
 A serve whose start is in progress (``observed.starting``: the executor carries starts
 out beside the loop) holds its reservation, is neither started nor stopped nor a victim
 nor resized until that start ends, and is a start "in progress" for the next rule:
@@ -157,6 +162,8 @@ class _Work:
     may_defer: bool = field(default_factory=bool)
     deferred: bool = field(default_factory=bool)
     stops_later: list[tuple[int, list[ServeSpec]]] | None = None
+    #: serves whose container is another Compose project's -> that project: never acted on
+    foreign: dict[str, str] = field(default_factory=dict)
     #: the reservations of a role (a ledger's tuple, by identity) joined for a reason
     joins: dict[int, tuple[tuple[tuple[str, int], ...], str]] = field(default_factory=dict)
 
@@ -292,6 +299,7 @@ class _Work:
         held = self.held_mib(s.name)
         return (
             s.sleep is not None
+            and s.name not in self.foreign
             and s.name not in self.policy.no_sleep
             and s.name in self.running
             and s.name not in self.asleep
@@ -398,9 +406,20 @@ def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
     return _victim_veto(w, victim)
 
 
+def _foreign_veto(s: ServeSpec, project: str) -> str:
+    """Why a serve whose container is another Compose project's is never acted on."""
+    return (
+        f"container {s.container} belongs to compose project {project}, not "
+        f"{s.compose_project}: it is left alone (never started, stopped or removed)"
+    )
+
+
 def _victim_veto(w: _Work, victim: ServeSpec) -> str | None:
     """None when a requester that may evict (no :func:`_requester_veto`) may stop
     ``victim``; else why not."""
+    project = w.foreign.get(victim.name)
+    if project is not None:
+        return _foreign_veto(victim, project)
     if victim.residency is Residency.RESIDENT:
         return "resident: never evicted"
     if victim.residency is Residency.ON_DEMAND:
@@ -800,6 +819,7 @@ def _may_shrink(w: _Work, requester: ServeSpec, o: ServeSpec, held_mib: int) -> 
     """True when ``o`` (holding ``held_mib``) may give memory back for ``requester``."""
     return (
         o.elastic is not None
+        and o.name not in w.foreign
         and o.name not in w.policy.no_shrink
         and held_mib > o.elastic.floor_mib
         and requester.residency is Residency.ON_DEMAND
@@ -1064,6 +1084,7 @@ def _readmit_left_quiesced(w: _Work) -> None:
             and s.name not in w.stopping
             and s.name not in w.starting
             and s.name not in w.asleep  # its tier stays quiesced until it is woken
+            and s.name not in w.foreign
         ):
             w.group = s.name
             w.add(
@@ -1098,6 +1119,8 @@ def _grow(w: _Work) -> None:
             continue  # only an elastic serve gives memory back, and takes it back
         name = s.name
         if name not in w.running or name in w.observed.starting or name in w.asleep:
+            continue
+        if name in w.foreign:
             continue
         held = w.held_mib(name)
         if s.elastic is None or s.vram_mib is None or held is None or held >= s.vram_mib:
@@ -1162,6 +1185,11 @@ def plan_transitions(
         if containers.get(s.container, ABSENT).holds or s.name in observed.starting
     }
     w.starting = {n for n in observed.starting if n in desired.serves}
+    w.foreign = {
+        s.name: project
+        for s in desired.serves.values()
+        if s.compose_project is not None and (project := observed.foreign(s)) is not None
+    }
     w.exited = frozenset(n for n in ledger.holdings if n not in w.running)
     # the level it slept at; not said and not declared: 2, so the wake reloads (a
     # reload after a level-1 sleep costs time; none after a level-2 sleep serves garbage)
@@ -1171,11 +1199,12 @@ def plan_transitions(
         if observed.sleep_of(s.name).asleep
         and observed.container(s.container).holds
         and s.name not in observed.starting
+        and s.name not in w.foreign
     }
 
     # 2. stops (a serve whose start is in progress is stopped once that start has ended)
     for s in desired.serves.values():
-        if s.name not in w.running or s.name in observed.starting:
+        if s.name not in w.running or s.name in observed.starting or s.name in w.foreign:
             continue
         if s.desired is DesiredRun.STOPPED:
             w.stop(s, f"{s.name} is desired stopped")
@@ -1187,6 +1216,13 @@ def plan_transitions(
     for s in desired.serves.values():
         if (s.name in w.running and s.name not in w.asleep) or s.name in w.stopping:
             continue  # an asleep serve that is wanted is woken
+        project = w.foreign.get(s.name)
+        if project is not None:
+            if s.desired is DesiredRun.RUNNING or s.name in active:
+                w.blocked.append(
+                    Blocked(s.name, f"{s.name} cannot start: {_foreign_veto(s, project)}")
+                )
+            continue
         if s.desired is DesiredRun.STOPPED:
             if s.name in active:
                 w.blocked.append(

@@ -90,6 +90,9 @@ class ServeStatus:
     ttl_basis: str | None = None
     #: when its active request ends (None: no request, no TTL, or not while busy)
     request_ends_at: float | None = None
+    #: the other Compose project whose container bears its container name (foreign:
+    #: never acted on, counted while it holds memory); None: not foreign
+    foreign_project: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``sleep`` only for a serve that can sleep or is seen asleep)."""
@@ -112,6 +115,7 @@ class ServeStatus:
             "idle_since": self.idle_since,
             "ttl_basis": self.ttl_basis,
             "request_ends_at": self.request_ends_at,
+            "foreign_project": self.foreign_project,
         }
         if self.sleep is not None:
             out["sleep"] = {
@@ -277,6 +281,7 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 idle_since=flight.idle_since if flight.count == 0 else None,
                 ttl_basis=None if ends is None else str(ends.basis),
                 request_ends_at=ends.expires_at if ends is not None and req is not None else None,
+                foreign_project=observed.foreign(s) if observed.docker_ok else None,
             )
         )
     return HostStatus(

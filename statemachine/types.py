@@ -149,6 +149,9 @@ class ServeSpec:
     sizes_from_free: bool = False
     #: ``[serve.sleep]``: it can be put to sleep instead of stopped (None: it cannot)
     sleep: Sleep | None = None
+    #: the Compose project its container belongs to (``compose_project``, or the
+    #: ``-p`` of its ``up``); None: any container bearing its name is its own
+    compose_project: str | None = None
 
     @property
     def managed(self) -> bool:
@@ -207,11 +210,29 @@ class ContainerObs:
     oom_killed: bool | None = None
     gpu_used_mib: int | None = None  # NVML, attributed through cgroups; None = unknown
     finished_at: float | None = None  # when it last stopped, as observed; None = never/unknown
+    #: its ``com.docker.compose.project`` label; None: it has none
+    compose_project: str | None = None
 
     @property
     def holds(self) -> bool:
         """True while the container holds its reservation."""
         return self.state in COMMITTED_STATES
+
+
+def foreign_project(serve: ServeSpec, obs: ContainerObs) -> str | None:
+    """The Compose project of another stack whose container bears ``serve``'s name.
+
+    A serve that declares its project (``ServeSpec.compose_project``) owns only the
+    container labelled with that project: one labelled with another project is
+    *foreign*, and this returns that project. It is never started, stopped, drained,
+    resized, put to sleep or removed; while it runs it holds memory like any other
+    (docs/design.md §3, foreign containers). ``None``: the container is the serve's
+    own, absent, unlabelled (made by hand), or the serve declares no project.
+    """
+    theirs = obs.compose_project
+    if serve.compose_project is None or theirs is None or theirs == serve.compose_project:
+        return None
+    return theirs if obs.state is not ContainerState.ABSENT else None
 
 
 ABSENT = ContainerObs(state=ContainerState.ABSENT)
@@ -358,6 +379,11 @@ class Observed:
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""
         return self.containers.get(name, ABSENT)
+
+    def foreign(self, serve: ServeSpec) -> str | None:
+        """The other Compose project whose container bears ``serve``'s container name
+        (:func:`foreign_project`); ``None`` when the container is not foreign."""
+        return foreign_project(serve, self.container(serve.container))
 
     def requests_in_flight(self, serve: str) -> InFlightObs:
         """The serve's in-flight observation; a serve without one has no source."""

@@ -312,10 +312,11 @@ def test_paused_holds_and_compose_labels(
         plain.unpause()
 
     c = snap.containers[_name(composed)]
-    assert c.model_extra == {"compose_project": "p", "compose_service": "s"}
+    assert (c.compose_project, c.model_extra) == ("p", {"compose_service": "s"})
+    assert snap.to_snapshot_model().to_observed().container(_name(composed)).compose_project == "p"
     p = snap.containers[_name(plain)]
     assert p.state is ContainerState.PAUSED
-    assert p.model_extra == {"compose_project": None, "compose_service": None}
+    assert (p.compose_project, p.model_extra) == (None, {"compose_service": None})
     assert snap.to_snapshot_model().to_observed().container(_name(plain)).holds
 
 

@@ -18,7 +18,10 @@ Series:
 - per serve: ``vramctl_serve_reservation_mib`` (declared), ``vramctl_serve_committed_mib``
   (what the ledger holds for it now: 0 when nothing), ``vramctl_serve_state{state}``
   (1 for the current lifecycle state, 0 for the others), ``vramctl_serve_backoff_failures``
-  (the failed starts the loop's backoff holds it back after; 0 when none);
+  (the failed starts the loop's backoff holds it back after; 0 when none),
+  ``vramctl_serve_foreign{serve,compose_project}`` (1 while the serve's container name is
+  borne by another Compose project's container, which vramctl never acts on; absent
+  otherwise);
 - per serve, its measured footprint (docs/limits.md): ``vramctl_serve_measured_mib``
   (the largest attributable sample; absent while none is), ``vramctl_serve_footprint_samples``
   (samples in the journal, attributable or not) and
@@ -140,6 +143,14 @@ class Metrics:
             serve,
             registry=r,
         )
+        # a container of another Compose project bearing the serve's container name
+        self.serve_foreign = Gauge(
+            "vramctl_serve_foreign",
+            "1 while the serve's container name is borne by another Compose project's "
+            "container (never acted on; counted while it runs); absent otherwise.",
+            ["serve", "compose_project"],
+            registry=r,
+        )
         # measured footprints (device deltas around starts and stops; docs/limits.md)
         self.serve_measured = Gauge(
             "vramctl_serve_measured_mib",
@@ -218,6 +229,7 @@ class Metrics:
         self._footprinted: set[str] = set()
         self._blocked: set[str] = set()
         self._host_held: set[str] = set()
+        self._foreign: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ updates
     def on_cycle(self, controller: LoopPort) -> None:
@@ -312,7 +324,19 @@ class Metrics:
             for state in SERVE_STATES:
                 _set_or_absent(self.serve_state, (gone, state), None)
         self._serves = serves
+        self._update_foreign(report)
         self._update_host(report)
+
+    def _update_foreign(self, report: HostStatus) -> None:
+        """One series per serve whose container is another Compose project's."""
+        foreign = {
+            (ss.serve, ss.foreign_project) for ss in report.serves if ss.foreign_project is not None
+        }
+        for labels in foreign:
+            self.serve_foreign.labels(*labels).set(1)
+        for gone in self._foreign - foreign:
+            _set_or_absent(self.serve_foreign, gone, None)
+        self._foreign = foreign
 
     def _update_host(self, report: HostStatus) -> None:
         """The host RAM line and what each sleeper holds of it (absent when unknown)."""

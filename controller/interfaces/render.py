@@ -151,6 +151,9 @@ def status(report: HostStatus) -> None:
         line = in_flight_line(s)
         if line is not None:
             out.print(escape(line))
+    for s in report.serves:
+        if s.foreign_project is not None:
+            out.print(f"[bold yellow]foreign[/bold yellow]: {escape(foreign_line(s))}")
     if report.undeclared_gpu:
         out.print(
             "[bold red]undeclared GPU containers[/bold red] (no manifest reserves their memory): "
@@ -175,6 +178,19 @@ _BASIS = {
 
 def _clock(epoch: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(epoch))
+
+
+def foreign_line(s: ServeStatus) -> str:
+    """What a serve whose container is another Compose project's is, in words."""
+    held = (
+        f"its {s.reservation_mib} MiB counted while it runs"
+        if s.in_ledger and s.reservation_mib is not None
+        else "not in the ledger"
+    )
+    return (
+        f"{s.serve}: container {s.container} ({s.state}) belongs to compose project "
+        f"{s.foreign_project}: never started, stopped or removed; {held}"
+    )
 
 
 def in_flight_line(s: ServeStatus) -> str | None:

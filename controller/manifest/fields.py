@@ -45,6 +45,8 @@ CONTAINER_NAME = re.compile(r"[a-zA-Z0-9][a-zA-Z0-9_.-]+", re.ASCII)
 #: Serve names appear in URLs (``/v1/serves/NAME``), command lines and log lines.
 MAX_SERVE_NAME = 128
 SERVE_NAME = re.compile(rf"[a-zA-Z0-9][a-zA-Z0-9_.-]{{0,{MAX_SERVE_NAME - 1}}}", re.ASCII)
+#: A Docker Compose project name, as Compose v2 accepts it (``-p``, ``name:``).
+COMPOSE_PROJECT = re.compile(r"[a-z0-9][a-z0-9_-]*", re.ASCII)
 
 #: Bounds on the timeouts, so that each is a wait the runtime can carry out (Docker's
 #: stop timeout is an integer of seconds; the loop adds them to the clock).
@@ -262,6 +264,27 @@ def _container_name(value: object) -> object:
     return value
 
 
+def compose_project_problem(value: str) -> str | None:
+    """Why ``value`` is not a Compose project name (None: it is one)."""
+    if COMPOSE_PROJECT.fullmatch(value):
+        return None
+    return (
+        "must be a Docker Compose project name: lowercase letters, digits, _ and -, "
+        "starting with a letter or digit"
+    )
+
+
+def _compose_project(value: object) -> object:
+    if value is None:
+        return None
+    _text(value)
+    assert isinstance(value, str)
+    problem = compose_project_problem(value)
+    if problem is not None:
+        raise _bad(problem, value)
+    return value
+
+
 def _serve_name(value: object) -> object:
     _text(value)
     assert isinstance(value, str)
@@ -406,6 +429,11 @@ ContainerName = Annotated[
     str,
     BeforeValidator(_container_name),
     WithJsonSchema({"type": "string", "pattern": "^" + CONTAINER_NAME.pattern + "$"}),
+]
+OptComposeProject = Annotated[
+    str | None,
+    BeforeValidator(_compose_project),
+    WithJsonSchema({"type": "string", "pattern": "^" + COMPOSE_PROJECT.pattern + "$"}),
 ]
 ServeName = Annotated[
     str,

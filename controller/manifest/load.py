@@ -51,6 +51,7 @@ from controller.manifest.fields import (
     MAX_MANIFEST_BYTES,
     MAX_NESTING,
     TOP_LEVEL_KEYS,
+    compose_project_problem,
 )
 from controller.manifest.models import (
     ElasticModel,
@@ -252,6 +253,8 @@ def _check_serve(
                     f"must not exceed vram_mib ({model.vram_mib}), got {model.elastic.floor_mib}",
                 )
             )
+    if not bad & {"up", "up_env", "compose_project"}:
+        errors += _check_project(model)
     if model.sleep is not None and "sleep" not in bad:
         sleep_errors, sleep_warnings = _check_sleep(model, model.sleep, bad)
         errors += sleep_errors
@@ -270,6 +273,27 @@ def _check_serve(
                 (field, "declared without vram_mib; the serve takes no part in the ledger")
             )
     return errors, warnings
+
+
+def _check_project(model: ServeModel) -> list[tuple[str, str]]:
+    """The project ``up`` names must be one Compose takes, and the declared one's."""
+    theirs = model.up_compose_project()
+    if theirs is None:
+        return []
+    field = "up_env" if theirs == (model.up_env or {}).get("COMPOSE_PROJECT_NAME") else "up"
+    problem = compose_project_problem(theirs)
+    if problem is not None:
+        return [(field, f"names the Compose project {_show(theirs)}, which {problem}")]
+    if model.compose_project is not None and model.compose_project != theirs:
+        return [
+            (
+                "compose_project",
+                f"is {_show(model.compose_project)} but {field} runs the stack as Compose "
+                f"project {_show(theirs)}: the container it makes would be foreign, never "
+                "managed; declare the same project in both",
+            )
+        ]
+    return []
 
 
 def _check_sleep(

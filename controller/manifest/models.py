@@ -27,6 +27,7 @@ from controller.manifest.fields import (
     DrainTimeout,
     Integer,
     NonNegativeMiB,
+    OptComposeProject,
     OptDesired,
     OptHealth,
     OptNonNegativeMiB,
@@ -248,6 +249,12 @@ class ServeModel(BaseModel):
         description="Extra environment variables for `up` (it gets only PATH, HOME, locale, "
         "Docker's and Compose's own variables otherwise).",
     )
+    compose_project: OptComposeProject = Field(
+        default=None,
+        description="The Compose project that owns the container (default: the -p / "
+        "--project-name of `up`); a container of that name labelled with another project "
+        "is foreign: never started, stopped or removed.",
+    )
     gpu_inference: Boolean = Field(
         default=True, description="false: not excluded by dual-gpu-exclusive serves."
     )
@@ -289,6 +296,21 @@ class ServeModel(BaseModel):
             return None
         folder = str(Path(manifest_dir).resolve())
         return [word.replace("{dir}", folder) for word in shlex.split(self.up)]
+
+    def up_compose_project(self) -> str | None:
+        """The Compose project ``up`` runs its stack under: the value of its ``-p`` /
+        ``--project-name`` (``docker compose`` or ``docker-compose``), else the
+        ``COMPOSE_PROJECT_NAME`` of its ``up_env``; ``None`` when it names none."""
+        if self.up is not None:
+            project = compose_project_of(shlex.split(self.up))
+            if project is not None:
+                return project
+        return (self.up_env or {}).get("COMPOSE_PROJECT_NAME")
+
+    def owner_project(self) -> str | None:
+        """The Compose project that owns the serve's container: ``compose_project``,
+        else the one its ``up`` names (:meth:`up_compose_project`)."""
+        return self.compose_project or self.up_compose_project()
 
     def to_runtime(self, manifest_dir: str | Path) -> ServeRuntime:
         """The executor's :class:`ServeRuntime`; ``manifest_dir``: the defining file's folder."""
@@ -333,6 +355,7 @@ class ServeModel(BaseModel):
             idle_ttl_s=self.idle_ttl_s,
             sizes_from_free=(self.engine or "").strip().lower() in SIZES_FROM_FREE_ENGINES,
             sleep=None if self.sleep is None else self.sleep.to_sleep(self.port, self.engine),
+            compose_project=self.owner_project(),
         )
 
 
@@ -360,3 +383,61 @@ class ManifestFile(BaseModel):
 
 
 # ── one file ───────────────────────────────────────────────────────────────────
+
+
+#: Docker's global flags that take a value (``docker --context X compose …``)
+_DOCKER_VALUED = frozenset(
+    {"-c", "--context", "-H", "--host", "--config", "-l", "--log-level"}
+    | {"--tlscacert", "--tlscert", "--tlskey"}
+)
+#: Compose's global flags that take a value (``docker compose -f FILE -p NAME up``)
+_COMPOSE_VALUED = frozenset(
+    {"-f", "--file", "-p", "--project-name", "--profile", "--env-file"}
+    | {"--project-directory", "--ansi", "--progress", "--parallel"}
+)
+
+
+def _global_flags(words: list[str], valued: frozenset[str]) -> tuple[list[str], int]:
+    """The global flags (each with its value) before a command's subcommand, and where
+    that subcommand is (``len(words)`` when there is none)."""
+    flags: list[str] = []
+    i = 0
+    while i < len(words) and words[i].startswith("-") and words[i] != "--":
+        flags.append(words[i])
+        if words[i] in valued and i + 1 < len(words):
+            flags.append(words[i + 1])
+            i += 1
+        i += 1
+    return flags, i
+
+
+def compose_project_of(argv: list[str]) -> str | None:
+    """The project a Compose command line names with ``-p NAME`` / ``-pNAME`` /
+    ``-p=NAME`` / ``--project-name NAME`` / ``--project-name=NAME`` among Compose's
+    global flags (the last one given, as Compose takes it); ``None`` when it is no
+    Compose command or names none.
+
+    A Compose command is ``docker [global flags] compose …`` or ``docker-compose …``.
+    A command run through a shell or a script is not looked into: declare
+    ``compose_project`` for it.
+    """
+    if not argv:
+        return None
+    program, words = Path(argv[0]).name, argv[1:]
+    if program == "docker":
+        _, at = _global_flags(words, _DOCKER_VALUED)
+        if at >= len(words) or words[at] != "compose":
+            return None
+        words = words[at + 1 :]
+    elif program != "docker-compose":
+        return None
+    flags, _ = _global_flags(words, _COMPOSE_VALUED)
+    found: str | None = None
+    for i, word in enumerate(flags):
+        if word in ("-p", "--project-name") and i + 1 < len(flags):
+            found = flags[i + 1]
+        elif word.startswith(("--project-name=", "-p=")):
+            found = word.partition("=")[2]
+        elif word.startswith("-p") and not word.startswith("-p=") and len(word) > 2:
+            found = word[2:]
+    return found

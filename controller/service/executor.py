@@ -27,10 +27,11 @@ one requester and its victims) is skipped; other groups go on, and the ledger re
 any reserve whose room did not materialise. Transient faults are retried by the
 adapters (tenacity, bounded); what reaches here is final for this plan.
 
-``preflight`` checks, before any mutation, what can be known up front: containers or
-``up`` executables exist, the router is configured, reachable, has its transition API
-enabled and knows every planned tier by name when a router step is planned, elastic
-serves have an endpoint, and ports are free.
+``preflight`` checks, before any mutation, what can be known up front: no container
+the plan touches has passed to another Compose project (docs/design.md §3, foreign
+containers), containers or ``up`` executables exist, the router is configured,
+reachable, has its transition API enabled and knows every planned tier by name when a
+router step is planned, elastic serves have an endpoint, and ports are free.
 
 This module must not decide *what* to do (that is the planner's) and must not read
 docker or NVML except through the adapters handed to it.
@@ -384,6 +385,7 @@ class Executor:
                 )
         if self.router is not None and router_groups:
             problems.extend(self._preflight_router(plan, self.router, router_groups))
+        problems.extend(self._preflight_foreign(plan))
         stopped_ports: set[int] = set()
         for step in plan.steps:
             serve = self.desired.serves[step.serve]
@@ -438,6 +440,33 @@ class Executor:
                         name, frozenset(gs), f"{name}: router_tier {tier!r}: {err}"
                     )
                 )
+        return problems
+
+    def _preflight_foreign(self, plan: Plan) -> list[PreflightProblem]:
+        """A serve that declares its Compose project whose container now bears another
+        project's label (it appeared since the observation): its groups are refused, so
+        nothing of another stack is started, stopped or drained (docs/design.md §3)."""
+        groups: dict[str, set[str]] = {}
+        for step in plan.steps:
+            if self.desired.serves[step.serve].compose_project is not None:
+                groups.setdefault(step.serve, set()).add(step.group)
+        problems: list[PreflightProblem] = []
+        for name, gs in groups.items():
+            serve = self.desired.serves[name]
+            try:
+                now = self.docker.inspect(serve.container)
+            except ActionError as exc:
+                text = f"{name}: cannot ask docker whose container {serve.container} is: {exc}"
+                problems.append(PreflightProblem(name, frozenset(gs), text))
+                continue
+            project = None if now is None else now.compose_project
+            if project is not None and project != serve.compose_project:
+                text = (
+                    f"{name}: container {serve.container} belongs to compose project "
+                    f"{project}, not {serve.compose_project}: it is left alone (never started, "
+                    "stopped or removed)"
+                )
+                problems.append(PreflightProblem(name, frozenset(gs), text))
         return problems
 
     def _preflight_start(self, serve: ServeSpec, stopped_ports: set[int]) -> list[str]:

@@ -60,7 +60,7 @@ from tenacity import (
     stop_after_delay,
 )
 
-from controller.adapters.docker.read import _details, map_docker_state
+from controller.adapters.docker.read import COMPOSE_PROJECT_LABEL, _details, map_docker_state
 from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
 from controller.snapshot import ContainerModel
 
@@ -311,7 +311,8 @@ class DockerActions(RetryKnobs):
         """A fresh reading of one container; ``None`` when it does not exist.
 
         Same vocabulary as the observed snapshot (docs/design.md §5): ``state``, ``health``,
-        ``started_at``, ``exit_code``, ``oom_killed`` and ``id``, mapped by the
+        ``started_at``, ``exit_code``, ``oom_killed``, ``id`` and ``compose_project`` (its
+        ``com.docker.compose.project`` label), mapped by the
         read-only adapter's helpers. Raises :class:`ActionError` for Docker faults
         and for a state word the snapshot does not know.
         """
@@ -339,8 +340,12 @@ class DockerActions(RetryKnobs):
                 f"docker inspect {name}: unknown docker state {word!r}", transient=False
             )
         details = _details(doc, state)
+        config = doc.get("Config")
+        labels = config.get("Labels") if isinstance(config, Mapping) else None
+        project = labels.get(COMPOSE_PROJECT_LABEL) if isinstance(labels, Mapping) else None
         fields: dict[str, Any] = {
             "id": doc.get("Id") if isinstance(doc.get("Id"), str) else None,
+            "compose_project": project if isinstance(project, str) else None,
             "state": state,
             "health": details.health,
             "started_at": details.started_at,

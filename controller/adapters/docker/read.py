@@ -5,7 +5,9 @@ mutates containers, is the only other user). Each cycle it answers, for every
 container name the manifest set declares: the container's state in the snapshot's
 vocabulary (docs/design.md §5), its Docker healthcheck status where it has one, its start
 time (the ISO 8601 string Docker gives), its exit code, whether the kernel OOM-killed
-it, and its Compose labels (``com.docker.compose.project`` / ``.service``). Containers
+it, and its Compose labels (``com.docker.compose.project`` / ``.service``): the pure core
+tells a serve's own container from another project's by the project label
+(:func:`statemachine.types.foreign_project`, docs/design.md §3). Containers
 that request GPUs but that no manifest declares are listed as *undeclared GPU
 containers* (docs/design.md §3, drift).
 

@@ -256,6 +256,11 @@ function drawNotices(m) {
   if (ledger.undeclared_gpu_containers.length) items.push(el("div", { class: "notice bad" },
     "undeclared GPU containers (no manifest reserves their memory): " +
     ledger.undeclared_gpu_containers.join(", ")));
+  for (const s of m.serves.serves.filter((x) => x.foreign_project)) items.push(el("div",
+    { class: "notice warn", "data-notice": "foreign", "data-foreign": s.serve },
+    `foreign: ${s.serve}: container ${s.container} (${s.state}) belongs to compose project ` +
+    `${s.foreign_project}: never started, stopped or removed; ` +
+    (s.in_ledger ? `its ${s.reservation_mib} MiB counted while it runs` : "not in the ledger")));
   for (const n of ledger.no_longer_declared) items.push(el("div", { class: "notice warn" },
     `no longer declared: ${n.container} (started as ${n.serve}) keeps ${n.reservation_mib} MiB on ` +
     `${n.gpu_roles.join(", ")} until it stops`));
