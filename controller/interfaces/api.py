@@ -140,11 +140,19 @@ from controller.service.events import EventBus
 from controller.service.loop import Controller
 from controller.service.view import LoopPort, LoopView
 from controller.store.lock import warn_if_open
-from statemachine.admission import can_request, conflict, could_fit_later, frees_up_in
+from statemachine.admission import (
+    can_request,
+    conflict,
+    could_fit_later,
+    down_needs_router,
+    frees_up_in,
+    no_router_reason,
+    router_needs,
+)
 from statemachine.fit import fit_serve, request_plan
 from statemachine.idleness import request_end
 from statemachine.pending import PENDING_STATE, PendingStart, pending_starts, with_pending
-from statemachine.planner import Blocked, Policy, Step
+from statemachine.planner import Blocked, Policy
 from statemachine.status import host_status
 from statemachine.types import (
     DesiredRun,
@@ -538,13 +546,16 @@ def decide_up(
     policy: Policy,
     now: float,
     default_retry_s: float,
+    router: bool = True,
 ) -> UpDecision:
     """The answer to ``up`` (404 and the request-level 409 are checked before). Pure.
 
     ``desired`` holds the recorded requests: those the next cycle starts and nothing
     holds yet (accepted, not yet planned: :mod:`statemachine.pending`) count as held
     on their roles, so two requests are never promised the same room; the body lists
-    them under ``pending`` and marks their reservations.
+    them under ``pending`` and marks their reservations. ``router``: whether ``run``
+    has one; without it a request that drains a tier (a victim's, or its own when it
+    ends) is 409 with the fix (``needs_router``), since no cycle could carry it out.
     """
     spec = desired.serves[serve]
     pending = pending_starts(desired, observed, policy=policy, now=now, requester=serve)
@@ -559,9 +570,16 @@ def decide_up(
             max(1, math.ceil(default_retry_s)),
         )
     plan = request_plan(desired, observed, serve, policy=policy, now=now)
+    own = tuple(st for st in plan.steps if st.group == serve) if fit.fits else ()
+    needs = () if router else router_needs(desired, observed, serve, own)
+    if needs:
+        return UpDecision(
+            409,
+            no_router_reason(f"up {serve}", needs),
+            {"fit": fit_json, "needs_router": [n.to_json() for n in needs]},
+        )
     if fit.fits:
-        steps: tuple[Step, ...] = tuple(st for st in plan.steps if st.group == serve)
-        return UpDecision(202, fit.reason, {"fit": fit_json, "steps": [s.to_json() for s in steps]})
+        return UpDecision(202, fit.reason, {"fit": fit_json, "steps": [s.to_json() for s in own]})
     blocked: Blocked | None = next((b for b in plan.blocked if b.serve == serve), None)
     requests = {
         r.serve: r
@@ -1013,6 +1031,7 @@ def create_app(
             policy=Policy(no_shrink=view.no_shrink),
             now=time.time(),
             default_retry_s=settings.retry_after_s,
+            router=view.router,
         )
 
     def active_requests(now: float) -> dict[str, OnDemandRequest]:
@@ -1399,6 +1418,12 @@ def create_app(
             for r in controller.requests()
             if r.serve == serve and not request_end(r, spec, seen).expired(now)
         ]
+        view = controller.view()
+        need = None if view.router else down_needs_router(spec, view.observed() or seen)
+        if live and need is not None:
+            why = f"{no_router_reason(f'down {serve}', [need])}; the request stays in force"
+            logger.info("api: down {} refused: {}", serve, why)
+            raise ApiError(409, why, {"needs_router": [need.to_json()]})
         if not live or not controller.request_down(serve):
             raise ApiError(
                 409,
