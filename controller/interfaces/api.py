@@ -32,7 +32,9 @@ Routes:
 - ``GET /v1/queue`` — the requests waiting for room, per GPU role in order.
 - ``POST /v1/serves/{serve}/down`` — ends the serve's on-demand request: 202 (the loop
   stops the serve unless the manifest wants it running, and evicted neighbours that
-  are desired running come back); 404 unknown serve; 409 no active request.
+  are desired running come back); 404 unknown serve; 409 no active request, or the
+  serve runs with a router tier and no router is configured (it could not be stopped:
+  the request stays).
 
 Every answer is live (:mod:`controller.service.live`): the newest observation plus
 what the executor has done and holds since, never less than may be held, with
@@ -56,7 +58,10 @@ asking the planner what this request alone would do (as ``GET /v1/fit`` does):
   serve the controller never stops implicitly (a resident, a serve without a residency
   class, an on-demand serve the manifest keeps running or that runs without a request;
   for a requester that is not on-demand, any running serve, since only on-demand
-  serves evict). The body names the blockers.
+  serves evict). The body names the blockers. Also 409: no router is configured and
+  the request drains a router tier (a victim's, or the serve's own when its request
+  ends): no cycle could carry it out; ``needs_router`` names each tier, and the
+  message the fix (docs/operations.md#without-a-router).
 - **429** + ``Retry-After`` it does not fit *now* even with every admissible eviction:
   a capacity shortfall that eviction (and elastic shrink) cannot cover, or a conflict
   with a serve that goes away by itself (an evictable serve inside its
