@@ -156,7 +156,13 @@ from statemachine.admission import (
 )
 from statemachine.fit import fit_serve, request_plan
 from statemachine.idleness import request_end
-from statemachine.pending import PENDING_STATE, PendingStart, pending_starts, with_pending
+from statemachine.pending import (
+    PENDING_STATE,
+    PendingStart,
+    pending_starts,
+    role_pending,
+    with_pending,
+)
 from statemachine.planner import Blocked, Policy
 from statemachine.status import host_status
 from statemachine.types import (
@@ -543,6 +549,41 @@ def mark_pending(data: dict[str, Any], pending: tuple[PendingStart, ...]) -> dic
     return {**data, "gpu_roles": roles, "pending": [p.to_json() for p in pending]}
 
 
+def ledger_roles(data: dict[str, Any], pending: tuple[PendingStart, ...]) -> list[dict[str, Any]]:
+    """``GET /v1/ledger``'s roles: what is held, and beside it what is promised.
+
+    ``data``: the status JSON of what is held (the live observation, no pending
+    request): its committed, free and ``overcommitted`` stand. Each role adds its
+    pending requests (``pending``, each with the room its plan is still making there),
+    ``pending_mib``, ``making_room_mib`` and ``promised_mib`` (committed + pending:
+    what ``up`` counts, every MiB that may be held; ``null`` when committed is unknown).
+    """
+    rows = []
+    for row in data.get("gpu_roles", []):
+        here, taken, freed = role_pending(pending, row["gpu_role"])
+        committed = row.get("committed_mib")
+        rows.append(
+            {
+                **row,
+                "pending": [
+                    {
+                        "serve": p.serve,
+                        "mib": p.mib,
+                        "state": PENDING_STATE,
+                        "making_room": [
+                            r.to_json() for r in p.making_room if row["gpu_role"] in r.gpu_roles
+                        ],
+                    }
+                    for p in here
+                ],
+                "pending_mib": taken,
+                "making_room_mib": freed,
+                "promised_mib": None if committed is None else committed + taken,
+            }
+        )
+    return rows
+
+
 def decide_up(
     desired: DesiredState,
     observed: Observed,
@@ -906,16 +947,13 @@ def create_app(
             requester=requester,
         )
 
-    def _status_now(view: LoopView, with_requests: bool = False) -> tuple[dict[str, Any], Any]:
-        """The host status on the live observation; ``with_requests``: the requests
-        accepted and not yet planned count as held (marked so, and listed in ``pending``)."""
+    def _status_now(view: LoopView) -> tuple[dict[str, Any], Any]:
+        """The host status on the live observation: what is held (the requests accepted
+        and not yet planned are told apart by ``GET /v1/ledger``, :func:`ledger_roles`)."""
         snap = view.snapshot
         observed = view.observed() or Observed(docker_ok=False)
-        pending = pending_now(view, observed) if with_requests else ()
-        report = host_status(controller.desired(), with_pending(observed, pending))
+        report = host_status(controller.desired(), observed)
         data = report.to_json()
-        if with_requests:
-            data = mark_pending(data, pending)
         if snap is None:
             data["docker"] = "unknown"
             data["nvml"] = "unknown"
@@ -925,13 +963,14 @@ def create_app(
     async def ledger(request: Request) -> dict[str, Any]:
         full = full_detail(request)
         view = controller.view()
-        data, _ = _status_now(view, with_requests=True)
+        data, _ = _status_now(view)  # what is held; what is promised beside it
+        pending = pending_now(view, view.observed() or Observed(docker_ok=False))
         return {
             **meta(view, full),
             "docker": data["docker"],
             "nvml": data["nvml"],
-            "gpu_roles": data["gpu_roles"],
-            "pending": data["pending"],
+            "gpu_roles": ledger_roles(data, pending),
+            "pending": [p.to_json() for p in pending],
             "undeclared_gpu_containers": data["undeclared_gpu_containers"],
             "no_longer_declared": data["no_longer_declared"],
         }
