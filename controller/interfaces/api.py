@@ -38,11 +38,14 @@ Routes:
 
 Every answer is live (:mod:`controller.service.live`): the newest observation plus
 what the executor has done and holds since, never less than may be held, with
-``observed_at`` and the steps ``in_flight``. ``up``, ``GET /v1/fit`` and
-``GET /v1/ledger`` also count the requests accepted and not yet planned
-(:mod:`statemachine.pending`: what the next cycle starts for the recorded requests),
-marked ``"requested, not yet planned"`` and listed under ``pending``: two requests are
-never promised the same room.
+``observed_at`` and the steps ``in_flight``. ``up`` and ``GET /v1/fit`` also count the
+requests accepted and not yet planned (:mod:`statemachine.pending`: what the next
+cycle starts for the recorded requests), marked ``"requested, not yet planned"`` and
+listed under ``pending``: two requests are never promised the same room.
+``GET /v1/ledger`` tells the two apart: committed, free and ``overcommitted`` count
+what is held; each role's ``pending`` (with the room being made for each request),
+``pending_mib``, ``making_room_mib`` and ``promised_mib`` what is promised beside it
+(:func:`ledger_roles`).
 
 ``up`` decides *before anything is recorded or stopped*, on that live observation, by
 asking the planner what this request alone would do (as ``GET /v1/fit`` does):
