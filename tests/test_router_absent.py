@@ -227,3 +227,23 @@ def test_run_says_once_at_start_which_serves_need_a_router(tmp_path: Path) -> No
     lines = [line for line in out.splitlines() if "no router is configured" in line]
     assert len(lines) == 1, out
     assert "fast (fast-local)" in lines[0] and "ocr (ocr-local)" in lines[0], lines
+
+
+def test_what_the_end_of_a_request_drains(tmp_path: Path) -> None:
+    """Pure: the requester's own end needs no drain when the manifest keeps it running,
+    when it has no tier, or (for ``down``) when it does not run."""
+    from dataclasses import replace
+
+    from statemachine.admission import down_needs_router, end_needs_router
+    from statemachine.types import DesiredRun, Observed
+
+    path = tmp_path / "serves.toml"
+    path.write_text(MANIFEST)
+    fast = load_manifest_set([path]).desired().serves["fast"]
+    nothing = Observed(docker_ok=True)
+    assert end_needs_router(fast, nothing, requested=False) is not None
+    kept = replace(fast, desired=DesiredRun.RUNNING)
+    assert end_needs_router(kept, nothing, requested=False) is None
+    assert end_needs_router(replace(fast, router_tier=None), nothing, requested=False) is None
+    assert down_needs_router(fast, nothing) is None  # not running: nothing to stop
+    assert down_needs_router(fast, Observed(docker_ok=False)) is not None  # may run
