@@ -16,16 +16,25 @@ The rules an on-demand request meets before and after the planner:
   on-demand requester, once its ``min_runtime_s`` or its start is over; an on-demand
   serve running for a request, once that request ends): the API queues such a
   request instead of refusing it, and ends the wait when this turns false.
+- :func:`router_needs` / :func:`end_needs_router`: the router tiers a request's doing
+  (its victims) and undoing (its own stop when it ends) drain; without a router the
+  API refuses such a request (and a ``down`` that would stop such a serve) at once,
+  with :func:`no_router_reason`, instead of accepting what the preflight will refuse
+  every cycle (docs/operations.md#without-a-router). :func:`router_tiers` /
+  :func:`no_router_warning`: what ``run`` and ``validate`` say once about them.
 
 Pure: functions of their arguments (``now`` included); no I/O, no clock, no logging.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
 
 from statemachine.idleness import request_end
 from statemachine.ledger import ledger_from_observed
+from statemachine.plan import Action, Step
 from statemachine.types import (
     DesiredRun,
     DesiredState,
@@ -195,3 +204,104 @@ def could_fit_later(
                 f"needs {t.requested_mib}"
             )
     return None
+
+
+# ── without a router ─────────────────────────────────────────────────────────
+
+#: The fix every refusal for want of a router names (one home for its words).
+NO_ROUTER_FIX = (
+    "no router is configured: start `vramctl run` with --router-url URL "
+    "(or VRAMCTL_ROUTER_URL)"
+)
+
+
+@dataclass(frozen=True, slots=True)
+class RouterNeed:
+    """A serve whose router tier a request drains, and when (its stop, its sleep)."""
+
+    serve: str
+    router_tier: str
+    when: str
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"serve": self.serve, "router_tier": self.router_tier, "when": self.when}
+
+
+def end_needs_router(spec: ServeSpec, observed: Observed, requested: bool) -> RouterNeed | None:
+    """The drain the end of ``spec``'s request needs; None when it needs none.
+
+    The end stops ``spec`` (or puts it to sleep), draining its tier first, unless the
+    manifest keeps it running, it has no tier, or it is asleep (its tier is quiesced
+    already). ``requested``: a request of it is recorded; a serve that runs without one
+    is not stopped by a request (``up`` records none for it).
+    """
+    tier = spec.router_tier
+    if not tier or spec.desired is DesiredRun.RUNNING or observed.sleep_of(spec.name).asleep:
+        return None
+    if observed.docker_ok and observed.container(spec.container).holds and not requested:
+        return None
+    return RouterNeed(spec.name, tier, "stopped when its request ends")
+
+
+def router_needs(
+    desired: DesiredState, observed: Observed, serve: str, steps: Sequence[Step]
+) -> tuple[RouterNeed, ...]:
+    """The router tiers a request of ``serve`` drains: its plan's and its end's.
+
+    ``steps``: the request's own steps (its plan group; empty when it does not fit
+    now). Each ``drain`` of a victim is one need (stopped, or put to sleep, to make
+    room); the request's end is another (:func:`end_needs_router`).
+    """
+    out: list[RouterNeed] = []
+    sleeps = {st.serve for st in steps if st.action is Action.SLEEP}
+    for st in steps:
+        tier = desired.serves[st.serve].router_tier if st.serve in desired.serves else None
+        if st.action is Action.DRAIN and tier:
+            how = "put to sleep" if st.serve in sleeps else "stopped"
+            out.append(RouterNeed(st.serve, tier, f"{how} to make room for {serve}"))
+    requested = any(r.serve == serve for r in desired.requests)
+    end = end_needs_router(desired.serves[serve], observed, requested)
+    if end is not None:
+        out.append(end)
+    return tuple(out)
+
+
+def down_needs_router(spec: ServeSpec, observed: Observed) -> RouterNeed | None:
+    """The drain ending ``spec``'s recorded request needs now: when it runs or starts
+    (or may: docker unread), the end stops it (:func:`end_needs_router`)."""
+    runs = (
+        not observed.docker_ok
+        or observed.container(spec.container).holds
+        or spec.name in observed.starting
+    )
+    return end_needs_router(spec, observed, requested=True) if runs else None
+
+
+def no_router_reason(what: str, needs: Sequence[RouterNeed]) -> str:
+    """Why ``what`` (``"up S"``, ``"down S"``) is refused without a router, with the fix."""
+    drains = "; ".join(
+        f"{n.serve} is {n.when}, and its router tier {n.router_tier} is drained first"
+        for n in needs
+    )
+    return f"{what} cannot be carried out without a router: {drains}; {NO_ROUTER_FIX}"
+
+
+def router_tiers(desired: DesiredState) -> dict[str, str]:
+    """Serve -> its router tier, for every serve that declares one (by name)."""
+    return {
+        name: spec.router_tier
+        for name, spec in sorted(desired.serves.items())
+        if spec.router_tier
+    }
+
+
+def no_router_warning(tiers: Mapping[str, str]) -> str:
+    """What ``run`` and ``validate`` say when serves declare a tier and no router is set."""
+    named = ", ".join(f"{name} ({tier})" for name, tier in tiers.items())
+    return (
+        f"no router is configured (--router-url / VRAMCTL_ROUTER_URL), and {len(tiers)} "
+        f"serve(s) declare a router tier, drained before a stop or a sleep: {named}. "
+        "Without a router they are never stopped or put to sleep: a plan that would is "
+        "refused by the preflight, and a request (up, down) that needs it is refused at once"
+    )

@@ -13,6 +13,12 @@ expired, its serve already holding memory or starting) does not.
 :func:`with_pending` lays them over an observation as starts in progress, which is how
 the ledger, the fit and the planner then count them: held from now on, on every role
 they reserve, never a victim of another request (a start in progress is not evicted).
+That is what a refusal counts (everything that may be held). What is *held* is told
+apart: each pending start carries the room its plan is still making (``making_room``:
+the victims' releases, releases to a residual and shrinks, whose MiB count in full
+until they are confirmed), so ``GET /v1/ledger`` shows a pending request beside the
+room being made for it instead of on top of what it will replace
+(:func:`role_pending`).
 
 Pure: functions of their arguments (``now`` included); no I/O, no clock, no logging.
 """
@@ -31,13 +37,33 @@ from statemachine.types import DesiredState, Observed, OnDemandRequest, Starting
 PENDING_STATE = "requested, not yet planned"
 
 
+#: the steps that give room back, for a request's plan (their ``mib`` is what they free)
+ROOM_ACTIONS = frozenset({Action.RELEASE, Action.RELEASE_TO_RESIDUAL, Action.SHRINK})
+
+
+@dataclass(frozen=True, slots=True)
+class Room:
+    """Room a pending request's plan is making: a victim's step and the MiB it frees."""
+
+    serve: str
+    action: str
+    gpu_roles: tuple[str, ...]
+    mib: int
+
+    def to_json(self) -> dict[str, Any]:
+        """JSON form."""
+        return {"serve": self.serve, "action": self.action, "mib": self.mib}
+
+
 @dataclass(frozen=True, slots=True)
 class PendingStart:
-    """A recorded request the next cycle starts: the roles and MiB its reserve takes."""
+    """A recorded request the next cycle starts: the roles and MiB its reserve takes,
+    and the room its plan makes for it first (``making_room``)."""
 
     serve: str
     gpu_roles: tuple[str, ...]
     mib: int
+    making_room: tuple[Room, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``state``: :data:`PENDING_STATE`)."""
@@ -46,6 +72,7 @@ class PendingStart:
             "gpu_roles": list(self.gpu_roles),
             "mib": self.mib,
             "state": PENDING_STATE,
+            "making_room": [r.to_json() for r in self.making_room],
         }
 
 
@@ -97,12 +124,29 @@ def pending_starts(
     for step in plan.steps:
         if step.serve not in waiting or step.group != step.serve:
             continue
+        room = tuple(
+            Room(st.serve, str(st.action), st.gpu_roles, st.mib)
+            for st in plan.steps
+            if st.group == step.serve and st.serve != step.serve and st.action in ROOM_ACTIONS
+            if st.mib
+        )
         if step.action is Action.RESERVE:
-            out.append(PendingStart(step.serve, step.gpu_roles, step.mib or 0))
+            out.append(PendingStart(step.serve, step.gpu_roles, step.mib or 0, room))
         elif step.action is Action.RESERVE_WAKE:
             full = desired.serves[step.serve].vram_mib or step.to_mib or 0
-            out.append(PendingStart(step.serve, step.gpu_roles, full))
+            out.append(PendingStart(step.serve, step.gpu_roles, full, room))
     return tuple(out)
+
+
+def role_pending(
+    pending: tuple[PendingStart, ...], role: str
+) -> tuple[tuple[PendingStart, ...], int, int]:
+    """The pending starts on ``role``, the MiB they take there, and the MiB the room
+    being made for them frees there (their victims' steps on that role)."""
+    here = tuple(p for p in pending if role in p.gpu_roles)
+    taken = sum(p.mib for p in here)
+    freed = sum(r.mib for p in here for r in p.making_room if role in r.gpu_roles)
+    return here, taken, freed
 
 
 def with_pending(observed: Observed, pending: tuple[PendingStart, ...]) -> Observed:

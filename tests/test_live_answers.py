@@ -283,12 +283,12 @@ def test_answers_count_what_the_running_cycle_reserved(daemon: Daemon) -> None:
     # od is reserved by the cycle that now waits in the stop of v2; b, accepted and not
     # yet reserved (its reserve follows that stop), counts as requested, not yet planned
     role = d.ledger_role()
-    assert role["committed_mib"] == 9700, (role, d.logs())  # res + a + od + v2 (stopping) + b
+    assert role["committed_mib"] == 9600, (role, d.logs())  # res + a + od + v2 (stopping)
     names = {r["serve"] for r in role["reservations"]}
-    assert {"res", "a", "od", "v2", "b"} <= names
-    assert {"serve": "b", "mib": 100, "state": "requested, not yet planned"} in role[
-        "reservations"
-    ]
+    assert {"res", "a", "od", "v2"} <= names and "b" not in names
+    # b is promised beside what is held: counted by `up`, not as held
+    assert [(p["serve"], p["mib"]) for p in role["pending"]] == [("b", 100)], role
+    assert role["promised_mib"] == 9700 and role["overcommitted"] is False, role
     ledger = d.http.get("/v1/ledger").json()
     assert ledger["observed_at"] is not None and ledger["observation_age_s"] >= 0
     assert any(s["serve"] == "v2" and s["action"] == "stop" for s in ledger["in_flight"])
@@ -562,7 +562,10 @@ def test_two_ups_before_any_plan_are_not_promised_the_same_room(daemon: Daemon) 
     assert fit["fits"] is False and fit["gpu_roles"][0]["free_mib"] == 400
     ledger = d.http.get("/v1/ledger").json()
     assert "a" in {p["serve"] for p in ledger["pending"]}
-    assert ledger["gpu_roles"][0]["committed_mib"] == 9600
+    line = ledger["gpu_roles"][0]
+    # held: res + v1 (stopping); promised beside it: x (its reserve follows that stop), a
+    assert line["committed_mib"] == 4500 and line["promised_mib"] == 9600, line
+    assert {p["serve"] for p in line["pending"]} == {"x", "a"} and not line["overcommitted"]
 
     d.kill("v1")  # the cycle goes on: x starts; the next one starts a, as promised
     wait_for("x and a running", lambda: d.state("x") == "running" and d.state("a") == "running")

@@ -158,13 +158,18 @@ def test_fit_and_ledger_say_what_is_requested_and_not_yet_planned(
     assert [p["serve"] for p in fit["pending"]] == ["a"]
     ledger = api.get("/v1/ledger").json()
     line = role(ledger)
-    assert line["committed_mib"] == 9000 and line["free_mib"] == 1000, line
-    assert {"serve": "a", "mib": 5000, "state": PENDING_STATE} in line["reservations"]
+    # held: res; promised beside it: a (no room to make for it)
+    assert line["committed_mib"] == 4000 and line["free_mib"] == 6000, line
+    assert line["pending_mib"] == 5000 and line["promised_mib"] == 9000, line
+    assert line["pending"] == [
+        {"serve": "a", "mib": 5000, "state": PENDING_STATE, "making_room": []}
+    ], line
     assert [p["serve"] for p in ledger["pending"]] == ["a"]
     # once a's request ends (down), the room is free again
     assert api.post("/v1/serves/a/down", headers=auth()).status_code == 202
     assert api.get("/v1/fit/b").json()["fits"] is True
-    assert role(api.get("/v1/ledger").json())["free_mib"] == 6000
+    line = role(api.get("/v1/ledger").json())
+    assert line["promised_mib"] == 4000 and line["pending"] == [], line
 
 
 def test_a_queued_request_is_admitted_only_when_the_pending_one_is_gone(
@@ -199,10 +204,41 @@ def test_an_on_demand_request_goes_ahead_of_an_evictable_ones_as_the_planner_ord
     # the ledger now counts b (the next cycle starts it), not ev (it waits for room)
     ledger = api.get("/v1/ledger").json()
     assert [p["serve"] for p in ledger["pending"]] == ["b"]
-    assert role(ledger)["free_mib"] == 1000
+    assert role(ledger)["promised_mib"] == 9000 and role(ledger)["pending_mib"] == 5000
     # and a second on-demand request after b is refused, naming b
     r = api.post("/v1/serves/a/up", headers=auth())
     assert r.status_code == 429 and "b 5000 MiB (requested, not yet planned)" in r.json()["error"]
+
+
+def test_the_ledger_tells_what_is_held_from_what_is_promised(
+    controller: Controller, api: Asgi
+) -> None:
+    """``up a`` fits after evicting ev; until ev's release is confirmed (a stop, a sleep
+    that hangs), the role holds res + ev, and a is promised on top: the ledger counts
+    what is held (not overcommitted), shows a as pending beside the room being made for
+    it, and a refusal still counts everything that may be held."""
+    observe(controller, {"res": running(), "ev": running()})  # 4000 + 5000 of 10000
+    r = api.post("/v1/serves/a/up", headers=auth())
+    assert r.status_code == 202 and r.json()["fit"]["evict"] == ["ev"], r.text
+    line = role(api.get("/v1/ledger").json())
+    assert line["committed_mib"] == 9000 and line["free_mib"] == 1000, line
+    assert line["overcommitted"] is False, line
+    assert {x["serve"] for x in line["reservations"]} == {"res", "ev"}, line
+    assert line["pending"] == [
+        {
+            "serve": "a",
+            "mib": 5000,
+            "state": PENDING_STATE,
+            "making_room": [{"serve": "ev", "action": "release", "mib": 5000}],
+        }
+    ], line
+    assert line["pending_mib"] == 5000 and line["making_room_mib"] == 5000, line
+    assert line["promised_mib"] == 14000, line  # committed + pending: what up counts
+    metrics = api.get("/metrics").text
+    assert 'vramctl_role_overcommitted{role="a"} 0.0' in metrics, metrics
+    # a refusal counts everything that may be held: ev in full and a's promise
+    r = api.post("/v1/serves/b/up", headers=auth())
+    assert r.status_code == 429 and "a 5000 MiB (requested, not yet planned)" in r.json()["error"]
 
 
 def test_a_port_held_by_a_request_not_yet_planned_blocks_the_next(

@@ -32,15 +32,20 @@ Routes:
 - ``GET /v1/queue`` — the requests waiting for room, per GPU role in order.
 - ``POST /v1/serves/{serve}/down`` — ends the serve's on-demand request: 202 (the loop
   stops the serve unless the manifest wants it running, and evicted neighbours that
-  are desired running come back); 404 unknown serve; 409 no active request.
+  are desired running come back); 404 unknown serve; 409 no active request, or the
+  serve runs with a router tier and no router is configured (it could not be stopped:
+  the request stays).
 
 Every answer is live (:mod:`controller.service.live`): the newest observation plus
 what the executor has done and holds since, never less than may be held, with
-``observed_at`` and the steps ``in_flight``. ``up``, ``GET /v1/fit`` and
-``GET /v1/ledger`` also count the requests accepted and not yet planned
-(:mod:`statemachine.pending`: what the next cycle starts for the recorded requests),
-marked ``"requested, not yet planned"`` and listed under ``pending``: two requests are
-never promised the same room.
+``observed_at`` and the steps ``in_flight``. ``up`` and ``GET /v1/fit`` also count the
+requests accepted and not yet planned (:mod:`statemachine.pending`: what the next
+cycle starts for the recorded requests), marked ``"requested, not yet planned"`` and
+listed under ``pending``: two requests are never promised the same room.
+``GET /v1/ledger`` tells the two apart: committed, free and ``overcommitted`` count
+what is held; each role's ``pending`` (with the room being made for each request),
+``pending_mib``, ``making_room_mib`` and ``promised_mib`` what is promised beside it
+(:func:`ledger_roles`).
 
 ``up`` decides *before anything is recorded or stopped*, on that live observation, by
 asking the planner what this request alone would do (as ``GET /v1/fit`` does):
@@ -56,7 +61,10 @@ asking the planner what this request alone would do (as ``GET /v1/fit`` does):
   serve the controller never stops implicitly (a resident, a serve without a residency
   class, an on-demand serve the manifest keeps running or that runs without a request;
   for a requester that is not on-demand, any running serve, since only on-demand
-  serves evict). The body names the blockers.
+  serves evict). The body names the blockers. Also 409: no router is configured and
+  the request drains a router tier (a victim's, or the serve's own when its request
+  ends): no cycle could carry it out; ``needs_router`` names each tier, and the
+  message the fix (docs/operations.md#without-a-router).
 - **429** + ``Retry-After`` it does not fit *now* even with every admissible eviction:
   a capacity shortfall that eviction (and elastic shrink) cannot cover, or a conflict
   with a serve that goes away by itself (an evictable serve inside its
@@ -140,11 +148,25 @@ from controller.service.events import EventBus
 from controller.service.loop import Controller
 from controller.service.view import LoopPort, LoopView
 from controller.store.lock import warn_if_open
-from statemachine.admission import can_request, conflict, could_fit_later, frees_up_in
+from statemachine.admission import (
+    can_request,
+    conflict,
+    could_fit_later,
+    down_needs_router,
+    frees_up_in,
+    no_router_reason,
+    router_needs,
+)
 from statemachine.fit import fit_serve, request_plan
 from statemachine.idleness import request_end
-from statemachine.pending import PENDING_STATE, PendingStart, pending_starts, with_pending
-from statemachine.planner import Blocked, Policy, Step
+from statemachine.pending import (
+    PENDING_STATE,
+    PendingStart,
+    pending_starts,
+    role_pending,
+    with_pending,
+)
+from statemachine.planner import Blocked, Policy
 from statemachine.status import host_status
 from statemachine.types import (
     DesiredRun,
@@ -559,6 +581,41 @@ def mark_pending(data: dict[str, Any], pending: tuple[PendingStart, ...]) -> dic
     return {**data, "gpu_roles": roles, "pending": [p.to_json() for p in pending]}
 
 
+def ledger_roles(data: dict[str, Any], pending: tuple[PendingStart, ...]) -> list[dict[str, Any]]:
+    """``GET /v1/ledger``'s roles: what is held, and beside it what is promised.
+
+    ``data``: the status JSON of what is held (the live observation, no pending
+    request): its committed, free and ``overcommitted`` stand. Each role adds its
+    pending requests (``pending``, each with the room its plan is still making there),
+    ``pending_mib``, ``making_room_mib`` and ``promised_mib`` (committed + pending:
+    what ``up`` counts, every MiB that may be held; ``null`` when committed is unknown).
+    """
+    rows = []
+    for row in data.get("gpu_roles", []):
+        here, taken, freed = role_pending(pending, row["gpu_role"])
+        committed = row.get("committed_mib")
+        rows.append(
+            {
+                **row,
+                "pending": [
+                    {
+                        "serve": p.serve,
+                        "mib": p.mib,
+                        "state": PENDING_STATE,
+                        "making_room": [
+                            r.to_json() for r in p.making_room if row["gpu_role"] in r.gpu_roles
+                        ],
+                    }
+                    for p in here
+                ],
+                "pending_mib": taken,
+                "making_room_mib": freed,
+                "promised_mib": None if committed is None else committed + taken,
+            }
+        )
+    return rows
+
+
 def decide_up(
     desired: DesiredState,
     observed: Observed,
@@ -567,13 +624,16 @@ def decide_up(
     policy: Policy,
     now: float,
     default_retry_s: float,
+    router: bool = True,
 ) -> UpDecision:
     """The answer to ``up`` (404 and the request-level 409 are checked before). Pure.
 
     ``desired`` holds the recorded requests: those the next cycle starts and nothing
     holds yet (accepted, not yet planned: :mod:`statemachine.pending`) count as held
     on their roles, so two requests are never promised the same room; the body lists
-    them under ``pending`` and marks their reservations.
+    them under ``pending`` and marks their reservations. ``router``: whether ``run``
+    has one; without it a request that drains a tier (a victim's, or its own when it
+    ends) is 409 with the fix (``needs_router``), since no cycle could carry it out.
     """
     spec = desired.serves[serve]
     pending = pending_starts(desired, observed, policy=policy, now=now, requester=serve)
@@ -588,9 +648,16 @@ def decide_up(
             max(1, math.ceil(default_retry_s)),
         )
     plan = request_plan(desired, observed, serve, policy=policy, now=now)
+    own = tuple(st for st in plan.steps if st.group == serve) if fit.fits else ()
+    needs = () if router else router_needs(desired, observed, serve, own)
+    if needs:
+        return UpDecision(
+            409,
+            no_router_reason(f"up {serve}", needs),
+            {"fit": fit_json, "needs_router": [n.to_json() for n in needs]},
+        )
     if fit.fits:
-        steps: tuple[Step, ...] = tuple(st for st in plan.steps if st.group == serve)
-        return UpDecision(202, fit.reason, {"fit": fit_json, "steps": [s.to_json() for s in steps]})
+        return UpDecision(202, fit.reason, {"fit": fit_json, "steps": [s.to_json() for s in own]})
     blocked: Blocked | None = next((b for b in plan.blocked if b.serve == serve), None)
     requests = {
         r.serve: r
@@ -912,16 +979,13 @@ def create_app(
             requester=requester,
         )
 
-    def _status_now(view: LoopView, with_requests: bool = False) -> tuple[dict[str, Any], Any]:
-        """The host status on the live observation; ``with_requests``: the requests
-        accepted and not yet planned count as held (marked so, and listed in ``pending``)."""
+    def _status_now(view: LoopView) -> tuple[dict[str, Any], Any]:
+        """The host status on the live observation: what is held (the requests accepted
+        and not yet planned are told apart by ``GET /v1/ledger``, :func:`ledger_roles`)."""
         snap = view.snapshot
         observed = view.observed() or Observed(docker_ok=False)
-        pending = pending_now(view, observed) if with_requests else ()
-        report = host_status(controller.desired(), with_pending(observed, pending))
+        report = host_status(controller.desired(), observed)
         data = report.to_json()
-        if with_requests:
-            data = mark_pending(data, pending)
         if snap is None:
             data["docker"] = "unknown"
             data["nvml"] = "unknown"
@@ -931,13 +995,14 @@ def create_app(
     async def ledger(request: Request) -> dict[str, Any]:
         full = full_detail(request)
         view = controller.view()
-        data, _ = _status_now(view, with_requests=True)
+        data, _ = _status_now(view)  # what is held; what is promised beside it
+        pending = pending_now(view, view.observed() or Observed(docker_ok=False))
         return {
             **meta(view, full),
             "docker": data["docker"],
             "nvml": data["nvml"],
-            "gpu_roles": data["gpu_roles"],
-            "pending": data["pending"],
+            "gpu_roles": ledger_roles(data, pending),
+            "pending": [p.to_json() for p in pending],
             "undeclared_gpu_containers": data["undeclared_gpu_containers"],
             "no_longer_declared": data["no_longer_declared"],
         }
@@ -1042,6 +1107,7 @@ def create_app(
             policy=Policy(no_shrink=view.no_shrink),
             now=time.time(),
             default_retry_s=settings.retry_after_s,
+            router=view.router,
         )
 
     def active_requests(now: float) -> dict[str, OnDemandRequest]:
@@ -1475,6 +1541,12 @@ def create_app(
             for r in controller.requests()
             if r.serve == serve and not request_end(r, spec, seen).expired(now)
         ]
+        view = controller.view()
+        need = None if view.router else down_needs_router(spec, view.observed() or seen)
+        if live and need is not None:
+            why = f"{no_router_reason(f'down {serve}', [need])}; the request stays in force"
+            logger.info("api: down {} refused: {}", serve, why)
+            raise ApiError(409, why, {"needs_router": [need.to_json()]})
         if not live or not controller.request_down(serve):
             raise ApiError(
                 409,

@@ -23,6 +23,7 @@ import typer
 from controller.interfaces import bars, render
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.snapshot import SnapshotError, SnapshotModel, load_snapshot
+from statemachine.admission import no_router_warning, router_tiers
 from statemachine.fit import fit_serve
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.status import host_status
@@ -125,10 +126,26 @@ def _print_json(data: Any) -> None:
 
 
 @app.command()
-def validate(manifest: ManifestOpt = [], json_out: JsonOpt = False) -> None:  # noqa: B006
+def validate(
+    manifest: ManifestOpt = [],  # noqa: B006
+    json_out: JsonOpt = False,
+    router_url: Annotated[
+        str | None,
+        typer.Option(
+            "--router-url",
+            envvar="VRAMCTL_ROUTER_URL",
+            help="The router `run` is given; without one, serves with a router_tier are "
+            "warned about (they cannot be stopped).",
+        ),
+    ] = None,
+) -> None:
     """Check a manifest set; exit 0 when valid, 1 with located errors on stderr."""
     mset = _load(manifest)
     desired = mset.desired()
+    tiers = {} if router_url else router_tiers(desired)
+    router_warnings = [no_router_warning(tiers)] if tiers else []
+    for warning in router_warnings:
+        render.warn(warning)
     if json_out:
         _print_json(
             {
@@ -144,7 +161,7 @@ def validate(manifest: ManifestOpt = [], json_out: JsonOpt = False) -> None:  # 
                     for r in desired.roles.values()
                 },
                 "serves": len(desired.serves),
-                "warnings": list(mset.warnings),
+                "warnings": [*mset.warnings, *router_warnings],
             }
         )
         return

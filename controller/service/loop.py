@@ -83,6 +83,7 @@ from controller.store.journal import (
     journal_path,
 )
 from statemachine import backoff
+from statemachine.admission import no_router_warning, router_tiers
 from statemachine.backoff import Backoff
 from statemachine.idleness import request_end
 from statemachine.ledger import Ledger
@@ -168,6 +169,7 @@ class Controller:
         self._quiesced: set[str] = set()  # tiers this controller may have left quiesced
         self._no_longer_declared: set[str] = set()  # running containers said to be so
         self._nvml_said: str | None = None  # the NVML error last logged
+        self._router_said: dict[str, str] = {}  # the tiers last said to need a router
         self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
         # serve -> started_at of the container this process stopped (not a crash)
         self._stopped_by_us: dict[str, float | None] = {}
@@ -318,6 +320,7 @@ class Controller:
             ),
             no_shrink=frozenset(self.no_shrink),
             dry_run=self.options.dry_run,
+            router=bool(self.options.router_url),
             footprints=MappingProxyType(self._footprint_summary()),
             observed_at=observed_at if snapshot is not None else None,
             live=self.live.overlay(mark),
@@ -363,6 +366,7 @@ class Controller:
             self.state_dir,
             " (dry run: nothing is executed)" if self.options.dry_run else "",
         )
+        self._say_router()
         tasks = [
             asyncio.create_task(self._watch_manifests(), name="watch-manifests"),
             asyncio.create_task(self._resync(), name="resync"),
@@ -636,6 +640,14 @@ class Controller:
             self._stale_executor = self._executor or self._stale_executor
             self._executor = None  # built again for this manifest, on the same connections
             self._remember_declared()
+            self._say_router()
+
+    def _say_router(self) -> None:
+        """Without a router: which serves declare a tier (at start, again when that changes)."""
+        tiers = {} if self.options.router_url else router_tiers(self.mset.desired())
+        if tiers and tiers != self._router_said:
+            logger.warning("{}", no_router_warning(tiers))
+        self._router_said = tiers
 
     def _remember_declared(self) -> None:
         """Journal what the manifest in force declares for each container (see

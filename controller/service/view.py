@@ -67,6 +67,9 @@ class LoopView:
     backoff: Mapping[str, BackoffView]
     no_shrink: frozenset[str]
     dry_run: bool
+    #: whether ``run`` was given a router (``--router-url``): without one no router
+    #: tier can be drained, and the API refuses what would need it
+    router: bool
     #: serve -> declared vs measured (``statemachine.footprint.Footprint.to_json()``)
     footprints: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: when ``snapshot`` was observed (epoch s; ``None`` before the first observation)
