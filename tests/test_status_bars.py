@@ -80,7 +80,8 @@ def test_status_bar_with_docker_unreadable_shows_committed_unknown(tmp_path: Pat
     observed = tmp_path / "observed.json"
     observed.write_text(json.dumps(snap))
     r = cli("status", "-m", str(EXAMPLE), "--observed", str(observed))
-    assert r.returncode == 0, r.stderr
+    assert r.returncode == 3, r.stderr  # drawn, and the answer is unknown
+    assert "docker could not be read when this was observed: cannot connect" in r.stderr
     bar, legend, figures = r.stdout.splitlines()[1:4]
     assert "█" not in bar and "?" in bar
     assert "committed unknown" in legend and "free unknown" in legend

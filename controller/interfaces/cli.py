@@ -3,7 +3,9 @@
 Each command loads the manifest set, reads or takes the observation, calls the pure
 core, and renders the answer (rich for people, ``--json`` for tools). Exit codes are
 part of the contract: ``validate`` 0/1, ``fit`` 0 fits / 1 does not, ``plan
---detailed-exitcode`` 0 nothing to do / 2 changes / 1 error.
+--detailed-exitcode`` 0 nothing to do / 2 changes / 1 error; ``status``, ``fit`` and
+``plan`` exit :data:`EXIT_UNOBSERVED` (3) when Docker could not be read (their answer
+is printed, ``unknown`` where unknown, with one line saying where Docker was looked for).
 
 This module must not decide anything itself: the arithmetic lives in ``statemachine``;
 it only wires inputs to the core and prints what the core answers. Errors are printed
@@ -59,6 +61,9 @@ ObservedOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
+#: ``status``, ``fit``, ``plan``: Docker could not be read, so the answer is unknown
+EXIT_UNOBSERVED = 3
+
 
 def _fail(message: str, code: int = 1) -> NoReturn:
     render.error(message)
@@ -108,11 +113,22 @@ def _observe_live(mset: ManifestSet) -> SnapshotModel:
         name: reading.model_copy(update={"idle_since": None})
         for name, reading in readings.items()
     }
-    if snap.docker_error:
-        render.warn(f"docker: {snap.docker_error}")
+    if snap.docker_error:  # one line: where it looked and what to do (adapters/docker/reach)
+        render.error(snap.docker_error)
     if snap.nvml_error:
         render.warn(f"nvml: {snap.nvml_error}")
     return snap
+
+
+def _exit_if_unobserved(snap: SnapshotModel, observed: Path | None) -> None:
+    """Exit :data:`EXIT_UNOBSERVED` when the observation has no Docker state (the answer
+    printed before is then unknown, not an answer about the host)."""
+    if snap.to_observed().docker_ok:
+        return
+    if observed is not None:  # live, the error line was printed as it was observed
+        why = snap.docker_error or "no reason recorded"
+        render.error(f"{observed}: docker could not be read when this was observed: {why}")
+    raise typer.Exit(EXIT_UNOBSERVED)
 
 
 def _now(snapshot: SnapshotModel) -> float:
@@ -230,6 +246,7 @@ def status(
                 "reserves": fp.reserves_json(mset),
             }
         )
+        _exit_if_unobserved(snap, observed)
         return
     render.out.print(bars.role_bars(report))  # the bars above the tables
     render.status(report)
@@ -243,6 +260,7 @@ def status(
             "Measured footprints: no samples recorded in this state directory yet "
             "(`vramctl run` measures each start and stop; --state-dir names another)"
         )
+    _exit_if_unobserved(snap, observed)
 
 
 @app.command()
@@ -336,6 +354,7 @@ def fit(
         _print_json(result.to_json())
     else:
         render.fit(result)
+    _exit_if_unobserved(snap, observed)
     raise typer.Exit(0 if result.fits else 1)
 
 
@@ -371,10 +390,8 @@ def plan(
         _print_json(data)
     else:
         render.plan(result)
+    _exit_if_unobserved(snap, observed)  # the plan is unknown, not empty
     if detailed_exitcode:
-        if not snap.to_observed().docker_ok:
-            render.error("docker could not be read: the plan is unknown, not empty")
-            raise typer.Exit(1)
         raise typer.Exit(0 if result.empty else 2)
 
 
