@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -84,16 +85,20 @@ def _load(manifests: list[Path]) -> ManifestSet:
     return mset
 
 
-def _observe(observed: Path | None, mset: ManifestSet) -> SnapshotModel:
+def _observe(
+    observed: Path | None, mset: ManifestSet, notes: list[str] | None = None
+) -> SnapshotModel:
     if observed is None:
-        return _observe_live(mset)
+        return _observe_live(mset, notes)
     try:
         return load_snapshot(observed)
     except SnapshotError as exc:
         _fail(str(exc))
 
 
-def _observe_live(mset: ManifestSet) -> SnapshotModel:
+def _observe_live(mset: ManifestSet, notes: list[str] | None = None) -> SnapshotModel:
+    """One live observation; what could not be read is printed on stderr, or added to
+    ``notes`` (``status --watch`` tells it inside its draw)."""
     from controller.adapters.docker.read import ContainerObserver, manifest_containers
     from controller.service.inflight import InFlightTracker, observe_in_flight
     from controller.service.observe import observe_host
@@ -114,10 +119,17 @@ def _observe_live(mset: ManifestSet) -> SnapshotModel:
         for name, reading in readings.items()
     }
     if snap.docker_error:  # one line: where it looked and what to do (adapters/docker/reach)
-        render.error(snap.docker_error)
+        _say(render.error, f"{snap.docker_error}", notes)
     if snap.nvml_error:
-        render.warn(f"nvml: {snap.nvml_error}")
+        _say(render.warn, f"nvml: {snap.nvml_error}", notes)
     return snap
+
+
+def _say(show: Callable[[str], None], message: str, notes: list[str] | None) -> None:
+    if notes is None:
+        show(message)
+    else:
+        notes.append(message)
 
 
 def _exit_if_unobserved(snap: SnapshotModel, observed: Path | None) -> None:
@@ -229,11 +241,7 @@ def status(
     if watch:  # `status --watch`: observe and redraw in place (controller/interfaces/bars.py)
         if json_out:
             _fail("--watch draws for people; for tools, run `status --json` repeatedly")
-        bars.watch(
-            lambda: host_status(mset.desired(), _observe(observed, mset).to_observed()),
-            interval_s=interval,
-            count=count,
-        )
+        _watch_status(manifest, mset, observed, interval, count)
         return
     snap = _observe(observed, mset)
     report = host_status(mset.desired(), snap.to_observed())
@@ -261,6 +269,36 @@ def status(
             "(`vramctl run` measures each start and stop; --state-dir names another)"
         )
     _exit_if_unobserved(snap, observed)
+
+
+def _watch_status(
+    manifest: list[Path], mset: ManifestSet, observed: Path | None, interval: float, count: int
+) -> None:
+    """``status --watch``: each draw from the manifest set as the files are now (the last
+    good one while an edit does not load) and a new observation."""
+    from controller.interfaces.watched import WatchedManifests
+
+    follow = WatchedManifests(manifest, mset)
+    last: list[SnapshotModel] = []
+
+    def produce() -> bars.Frame:
+        current, notes = follow.current()
+        if observed is None:
+            snap = _observe_live(current, notes)
+        else:
+            try:
+                snap = load_snapshot(observed)
+            except SnapshotError as exc:
+                if not last:  # the first draw: said before the screen is taken
+                    _fail(str(exc))
+                notes.append(f"{exc}; the last reading is shown")
+                snap = last[0]
+            if snap.docker_error:
+                notes.append(f"{observed}: docker could not be read: {snap.docker_error}")
+        last[:] = [snap]
+        return host_status(current.desired(), snap.to_observed()), notes
+
+    bars.watch(produce, interval_s=interval, count=count)
 
 
 @app.command()
