@@ -828,7 +828,10 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
         render.out.print(f"ready: {data.get('message', '')}" + (f" ({took})" if took else ""))
         return
     if status_code == 202 and data.get("queued"):
-        render.out.print(f"queued: {data.get('message', '')}")
+        message = str(data.get("message", "")).removeprefix("queued: ")
+        waited = data.get("waited_s")
+        head = f"still queued after {waited:.0f}s" if isinstance(waited, int | float) else "queued"
+        render.out.print(f"{head}: {message}", markup=False)
         return
     if status_code == 202 and data.get("ready") is False:
         render.out.print(f"accepted, not ready yet: {data.get('message', '')}")
@@ -933,18 +936,41 @@ def up(
         body["wait_s"] = wait
     if queue:
         body["queue"] = True
-    status_code, data = _api_call(
-        api,
-        token_file,
-        "POST",
-        f"/v1/serves/{quote(serve, safe='')}/up",
-        body or None,
-        timeout_s=30.0 + (wait or 0.0),
-    )
+    def send() -> tuple[int, dict[str, Any]]:
+        return _api_call(
+            api,
+            token_file,
+            "POST",
+            f"/v1/serves/{quote(serve, safe='')}/up",
+            body or None,
+            timeout_s=30.0 + (wait or 0.0),
+        )
+
+    if wait is not None and not json_out:  # tell the stages while the answer is held
+        status_code, data = _up_with_progress(serve, api, token_file, send)
+    else:
+        status_code, data = send()
     _print_api_answer(status_code, data, json_out)
     if wait is not None:
         raise typer.Exit(0 if status_code == 200 else 2 if status_code == 202 else 1)
     raise typer.Exit(0 if status_code in (200, 202) else 1)
+
+
+def _up_with_progress(
+    serve: str,
+    api: str,
+    token_file: Path | None,
+    send: Callable[[], tuple[int, dict[str, Any]]],
+) -> tuple[int, dict[str, Any]]:
+    """``send()`` while the event stream tells its stages (controller/interfaces/upprogress)."""
+    from controller.interfaces.api import ApiConfigError, base_url, load_token
+    from controller.interfaces.upprogress import follow_up
+
+    try:
+        token, url = load_token(token_file), base_url(api)
+    except ApiConfigError:
+        return send()  # it says what is wrong with the address or the token
+    return follow_up(serve, url, token, send, render.out)
 
 
 @app.command()
