@@ -184,7 +184,7 @@ def follow_up(
 
     t0 = time.monotonic()
     progress = UpProgress(serve)
-    view: _Plain | _Live = _Live(console, t0) if console.is_terminal else _Plain(console, t0)
+    views: list[_Plain | _Live] = []  # none until the stream is open
     lock = threading.Lock()
     opened, done = threading.Event(), threading.Event()
 
@@ -192,22 +192,30 @@ def follow_up(
         with lock:
             if done.is_set():
                 return False
-            view.show(progress, progress.feed(item))
+            ended = progress.feed(item)
+            for view in views:
+                view.show(progress, ended)
         return True
+
+    def on_open() -> None:
+        with lock:
+            if not views and not done.is_set():
+                views.append(_Live(console, t0) if console.is_terminal else _Plain(console, t0))
+                views[0].show(progress, [])
+        opened.set()
 
     def follow() -> None:
         try:
-            follow_events(url, on_item, token=token, on_open=opened.set, retry_s=1.0)
-        except Exception:  # no stream (refused, unreachable): the answer still comes
+            follow_events(url, on_item, token=token, on_open=on_open, retry_s=1.0)
+        except Exception:  # no stream (refused, unreachable): the answer alone says it
             opened.set()
 
     threading.Thread(target=follow, name="up-progress", daemon=True).start()
     opened.wait(OPEN_WAIT_S)  # subscribed before the request: no event of it is missed
-    with lock:
-        view.show(progress, [])
     try:
         return request()
     finally:
         with lock:
             done.set()
-            view.close()
+            for view in views:
+                view.close()
