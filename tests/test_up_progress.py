@@ -3,6 +3,8 @@
 A real ``vramctl run`` (the harness of ``tests/test_live_answers.py``: busybox containers
 on the real daemon, the API on a loopback port) and the real CLI in a subprocess:
 
+- ``--wait 1`` that passes while queued: one line, ``still queued after Ns: position 1 on
+  a; …`` (once, in words);
 - piped (not a terminal): one plain line per stage, each with the seconds since the
   command began — queued at position N, making room (stopping the victim), starting,
   waiting for health — then the answer once, with the timings of each phase (no
@@ -80,15 +82,28 @@ def test_up_wait_tells_each_stage_plain_when_piped_and_live_on_a_terminal(d: Dae
     d.start()
     wait_for("res + ev counted", lambda: d.ledger_role()["committed_mib"] == 7000)
 
-    r = subprocess.run(
-        [sys.executable, "-m", "controller.cli", "up", "od", "--wait", "120", "--queue"],
-        cwd=ROOT,
-        env=up_env(d),
-        capture_output=True,
-        text=True,
-        timeout=180,
-        check=False,
+    def up(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "controller.cli", *args],
+            cwd=ROOT,
+            env=up_env(d),
+            capture_output=True,
+            text=True,
+            timeout=180,
+            check=False,
+        )
+
+    # S passes while it is queued: where it stands, said once, in words
+    r = up("up", "od", "--wait", "1", "--queue")
+    assert r.returncode == 2, r.stdout + r.stderr
+    last = r.stdout.splitlines()[-1]
+    assert re.fullmatch(
+        r"still queued after \d+s: position 1 on a; it is admitted when it fits", last
     )
+    assert "queued: queued" not in r.stdout and "{" not in r.stdout
+    assert up("down", "od").returncode == 0  # out of the queue: the next one queues afresh
+
+    r = up("up", "od", "--wait", "120", "--queue")
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     stages = [m.group(2) for m in map(STAGE.match, lines) if m]
