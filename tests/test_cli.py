@@ -115,7 +115,7 @@ def test_fit_unknown_serve_suggests(tmp_path: Path) -> None:
 def test_fit_live_with_docker_unreachable_fails_closed(tmp_path: Path) -> None:
     # no --observed: observe live; the daemon cannot be reached, so nothing is admitted
     r = vramctl("fit", "comfyui", *SET, "--json", DOCKER_HOST=f"unix://{tmp_path}/none.sock")
-    assert r.returncode == 1, r.stdout + r.stderr
+    assert r.returncode == 3, r.stdout + r.stderr  # could not observe (docs/operations.md)
     assert "Traceback" not in r.stderr and "docker" in r.stderr
     data = json.loads(r.stdout)
     assert data["fits"] is False and "unknown" in data["reason"]
@@ -126,7 +126,7 @@ def test_fit_docker_error_fails_closed(tmp_path: Path) -> None:
     snap = tmp_path / "err.json"
     snap.write_text(json.dumps({"docker": "error", "gpus": None}))
     r = vramctl("fit", "comfyui", *SET, "--observed", str(snap), "--json")
-    assert r.returncode == 1
+    assert r.returncode == 3  # the snapshot could not observe docker: unknown, not "no"
     data = json.loads(r.stdout)
     assert data["fits"] is False
     assert data["gpu_roles"][0]["committed_mib"] is None  # unknown, never 0

@@ -1418,10 +1418,10 @@ def create_app(
             entry = queue.add(spec, body.ttl_s, body.queue_s or DEFAULT_QUEUE_S, now)
             follow(entry, request, body)
             logger.info(
-                "api: up {} from {} queued ({}): {}",
+                "api: up {} from {} queued (position {}): {}",
                 serve,
                 client,
-                queue.positions(entry),
+                ", ".join(f"{p} on {r}" for r, p in queue.positions(entry).items()),
                 decision.message,
             )
             notify("request_queued", serve=serve, position=queue.positions(entry))

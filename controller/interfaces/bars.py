@@ -7,9 +7,9 @@ the report (capacity, reserve, budget, committed, free, NVML used, drift). A fig
 the report does not know is printed ``unknown``, never 0: with docker unreadable the
 bar shows no reservation at all, only "committed unknown".
 
-:func:`watch` redraws the whole ``status`` answer (bars and tables) in place every
-``interval_s`` (rich Live) on a terminal, or prints it again and again when the output
-is piped.
+:func:`watch` redraws the whole ``status`` answer (bars and tables) every ``interval_s``
+on a terminal's alternate screen (rich Live), each draw in place of the last and no
+taller than the screen, or prints it again and again when the output is piped.
 
 This module must not compute any figure: the cells of a bar are only the layout of
 the report's numbers (rounded to whole cells, at least one for a non-empty holding).
@@ -19,16 +19,16 @@ from __future__ import annotations
 
 import io
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
-from rich.console import Console, Group, RenderableType
-from rich.live import Live
+from rich.console import Console, ConsoleOptions, Group, RenderableType, RenderResult
+from rich.segment import Segment
 from rich.text import Text
 
 from controller.interfaces import render
 from statemachine.status import HostStatus, RoleStatus
 
-__all__ = ["role_bars", "status_screen", "watch"]
+__all__ = ["Frame", "role_bars", "status_screen", "watch"]
 
 BAR_WIDTH = 60
 #: residency class -> two shades, alternated so that neighbours of one class stay apart
@@ -137,8 +137,37 @@ def status_screen(report: HostStatus) -> Group:
     return Group(role_bars(report), Text(""), Text.from_ansi(buffer.getvalue()))
 
 
+#: what one draw of ``--watch`` shows: the report, and lines to tell above it
+Frame = tuple[HostStatus, Sequence[str]]
+
+
+class _Cropped:
+    """A draw no taller than the screen: when it is, its last row says how many rows
+    are not shown (instead of the bottom of the tables vanishing without a word)."""
+
+    def __init__(self, renderable: RenderableType) -> None:
+        self.renderable = renderable
+
+    def __rich_console__(self, console: Console, options: ConsoleOptions) -> RenderResult:
+        height = options.height or console.height
+        lines = console.render_lines(self.renderable, options.update(height=None), pad=False)
+        if len(lines) > height:
+            hidden = len(lines) - height + 1
+            lines = lines[: height - 1]
+            more = Text(
+                f"… {hidden} more lines below: enlarge the terminal, or run "
+                "`vramctl status` for the whole answer",
+                style="reverse",
+            )
+            lines.append(console.render_lines(more, options.update(height=1), pad=False)[0])
+        for i, line in enumerate(lines):
+            yield from line
+            if i < len(lines) - 1:
+                yield Segment.line()
+
+
 def watch(
-    produce: Callable[[], HostStatus],
+    produce: Callable[[], Frame],
     *,
     interval_s: float,
     count: int = 0,
@@ -146,28 +175,43 @@ def watch(
 ) -> None:
     """Redraw ``status`` every ``interval_s`` until Ctrl-C (or ``count`` draws, when > 0).
 
-    On a terminal the screen is redrawn in place (rich Live); piped, each draw is
-    printed after the last one, with the time it was made.
+    ``produce`` gives each draw's report and the lines to tell above it (a Docker that
+    cannot be read, an edit of the manifest that does not load): they are part of the
+    draw, never printed beside it, so nothing is left behind on the screen. On a
+    terminal the draws take the alternate screen (rich Live), each in place of the last
+    and cropped to the screen's height, with a last row that says what is not shown;
+    the terminal's own screen comes back on exit. Piped, each draw is printed after the
+    last one, with the time it was made.
     """
+    from rich.live import Live  # only --watch draws live: the CLI's import stays light
+
     con = console or render.out
     drawn = 0
 
     def frame() -> Group:
-        report = produce()
+        report, notes = produce()
         stamp = Text(
             f"vramctl status --watch: {time.strftime('%H:%M:%S')}, every {interval_s:g}s "
             "(Ctrl-C stops)",
             style="dim",
         )
-        return Group(stamp, status_screen(report))
+        told = [Text(note, style="yellow") for note in notes]
+        return Group(stamp, *told, status_screen(report))
 
     try:
         if con.is_terminal:
-            with Live(frame(), console=con, auto_refresh=False, screen=False) as live:
+            with Live(
+                _Cropped(frame()),
+                console=con,
+                auto_refresh=False,
+                screen=True,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            ) as live:
                 drawn = 1
                 while count <= 0 or drawn < count:
                     time.sleep(interval_s)
-                    live.update(frame(), refresh=True)
+                    live.update(_Cropped(frame()), refresh=True)
                     drawn += 1
         else:
             while count <= 0 or drawn < count:

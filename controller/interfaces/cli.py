@@ -3,7 +3,9 @@
 Each command loads the manifest set, reads or takes the observation, calls the pure
 core, and renders the answer (rich for people, ``--json`` for tools). Exit codes are
 part of the contract: ``validate`` 0/1, ``fit`` 0 fits / 1 does not, ``plan
---detailed-exitcode`` 0 nothing to do / 2 changes / 1 error.
+--detailed-exitcode`` 0 nothing to do / 2 changes / 1 error; ``status``, ``fit`` and
+``plan`` exit :data:`EXIT_UNOBSERVED` (3) when Docker could not be read (their answer
+is printed, ``unknown`` where unknown, with one line saying where Docker was looked for).
 
 This module must not decide anything itself: the arithmetic lives in ``statemachine``;
 it only wires inputs to the core and prints what the core answers. Errors are printed
@@ -15,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
@@ -60,6 +63,9 @@ ObservedOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
+#: ``status``, ``fit``, ``plan``: Docker could not be read, so the answer is unknown
+EXIT_UNOBSERVED = 3
+
 
 def _fail(message: str, code: int = 1) -> NoReturn:
     render.error(message)
@@ -80,16 +86,20 @@ def _load(manifests: list[Path]) -> ManifestSet:
     return mset
 
 
-def _observe(observed: Path | None, mset: ManifestSet) -> SnapshotModel:
+def _observe(
+    observed: Path | None, mset: ManifestSet, notes: list[str] | None = None
+) -> SnapshotModel:
     if observed is None:
-        return _observe_live(mset)
+        return _observe_live(mset, notes)
     try:
         return load_snapshot(observed)
     except SnapshotError as exc:
         _fail(str(exc))
 
 
-def _observe_live(mset: ManifestSet) -> SnapshotModel:
+def _observe_live(mset: ManifestSet, notes: list[str] | None = None) -> SnapshotModel:
+    """One live observation; what could not be read is printed on stderr, or added to
+    ``notes`` (``status --watch`` tells it inside its draw)."""
     from controller.adapters.docker.read import ContainerObserver, manifest_containers
     from controller.service.inflight import InFlightTracker, observe_in_flight
     from controller.service.observe import observe_host
@@ -109,11 +119,29 @@ def _observe_live(mset: ManifestSet) -> SnapshotModel:
         name: reading.model_copy(update={"idle_since": None})
         for name, reading in readings.items()
     }
-    if snap.docker_error:
-        render.warn(f"docker: {snap.docker_error}")
+    if snap.docker_error:  # one line: where it looked and what to do (adapters/docker/reach)
+        _say(render.error, f"{snap.docker_error}", notes)
     if snap.nvml_error:
-        render.warn(f"nvml: {snap.nvml_error}")
+        _say(render.warn, f"nvml: {snap.nvml_error}", notes)
     return snap
+
+
+def _say(show: Callable[[str], None], message: str, notes: list[str] | None) -> None:
+    if notes is None:
+        show(message)
+    else:
+        notes.append(message)
+
+
+def _exit_if_unobserved(snap: SnapshotModel, observed: Path | None) -> None:
+    """Exit :data:`EXIT_UNOBSERVED` when the observation has no Docker state (the answer
+    printed before is then unknown, not an answer about the host)."""
+    if snap.to_observed().docker_ok:
+        return
+    if observed is not None:  # live, the error line was printed as it was observed
+        why = snap.docker_error or "no reason recorded"
+        render.error(f"{observed}: docker could not be read when this was observed: {why}")
+    raise typer.Exit(EXIT_UNOBSERVED)
 
 
 def _now(snapshot: SnapshotModel) -> float:
@@ -230,11 +258,7 @@ def status(
     if watch:  # `status --watch`: observe and redraw in place (controller/interfaces/bars.py)
         if json_out:
             _fail("--watch draws for people; for tools, run `status --json` repeatedly")
-        bars.watch(
-            lambda: host_status(mset.desired(), _observe(observed, mset).to_observed()),
-            interval_s=interval,
-            count=count,
-        )
+        _watch_status(manifest, mset, observed, interval, count)
         return
     snap = _observe(observed, mset)
     report = host_status(mset.desired(), snap.to_observed())
@@ -247,6 +271,7 @@ def status(
                 "reserves": fp.reserves_json(mset),
             }
         )
+        _exit_if_unobserved(snap, observed)
         return
     render.out.print(bars.role_bars(report))  # the bars above the tables
     render.status(report)
@@ -260,6 +285,37 @@ def status(
             "Measured footprints: no samples recorded in this state directory yet "
             "(`vramctl run` measures each start and stop; --state-dir names another)"
         )
+    _exit_if_unobserved(snap, observed)
+
+
+def _watch_status(
+    manifest: list[Path], mset: ManifestSet, observed: Path | None, interval: float, count: int
+) -> None:
+    """``status --watch``: each draw from the manifest set as the files are now (the last
+    good one while an edit does not load) and a new observation."""
+    from controller.interfaces.watched import WatchedManifests
+
+    follow = WatchedManifests(manifest, mset)
+    last: list[SnapshotModel] = []
+
+    def produce() -> bars.Frame:
+        current, notes = follow.current()
+        if observed is None:
+            snap = _observe_live(current, notes)
+        else:
+            try:
+                snap = load_snapshot(observed)
+            except SnapshotError as exc:
+                if not last:  # the first draw: said before the screen is taken
+                    _fail(str(exc))
+                notes.append(f"{exc}; the last reading is shown")
+                snap = last[0]
+            if snap.docker_error:
+                notes.append(f"{observed}: docker could not be read: {snap.docker_error}")
+        last[:] = [snap]
+        return host_status(current.desired(), snap.to_observed()), notes
+
+    bars.watch(produce, interval_s=interval, count=count)
 
 
 @app.command()
@@ -353,6 +409,7 @@ def fit(
         _print_json(result.to_json())
     else:
         render.fit(result)
+    _exit_if_unobserved(snap, observed)
     raise typer.Exit(0 if result.fits else 1)
 
 
@@ -388,10 +445,8 @@ def plan(
         _print_json(data)
     else:
         render.plan(result)
+    _exit_if_unobserved(snap, observed)  # the plan is unknown, not empty
     if detailed_exitcode:
-        if not snap.to_observed().docker_ok:
-            render.error("docker could not be read: the plan is unknown, not empty")
-            raise typer.Exit(1)
         raise typer.Exit(0 if result.empty else 2)
 
 
@@ -790,7 +845,10 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
         render.out.print(f"ready: {data.get('message', '')}" + (f" ({took})" if took else ""))
         return
     if status_code == 202 and data.get("queued"):
-        render.out.print(f"queued: {data.get('message', '')}")
+        message = str(data.get("message", "")).removeprefix("queued: ")
+        waited = data.get("waited_s")
+        head = f"still queued after {waited:.0f}s" if isinstance(waited, int | float) else "queued"
+        render.out.print(f"{head}: {message}", markup=False)
         return
     if status_code == 202 and data.get("ready") is False:
         render.out.print(f"accepted, not ready yet: {data.get('message', '')}")
@@ -895,18 +953,41 @@ def up(
         body["wait_s"] = wait
     if queue:
         body["queue"] = True
-    status_code, data = _api_call(
-        api,
-        token_file,
-        "POST",
-        f"/v1/serves/{quote(serve, safe='')}/up",
-        body or None,
-        timeout_s=30.0 + (wait or 0.0),
-    )
+    def send() -> tuple[int, dict[str, Any]]:
+        return _api_call(
+            api,
+            token_file,
+            "POST",
+            f"/v1/serves/{quote(serve, safe='')}/up",
+            body or None,
+            timeout_s=30.0 + (wait or 0.0),
+        )
+
+    if wait is not None and not json_out:  # tell the stages while the answer is held
+        status_code, data = _up_with_progress(serve, api, token_file, send)
+    else:
+        status_code, data = send()
     _print_api_answer(status_code, data, json_out)
     if wait is not None:
         raise typer.Exit(0 if status_code == 200 else 2 if status_code == 202 else 1)
     raise typer.Exit(0 if status_code in (200, 202) else 1)
+
+
+def _up_with_progress(
+    serve: str,
+    api: str,
+    token_file: Path | None,
+    send: Callable[[], tuple[int, dict[str, Any]]],
+) -> tuple[int, dict[str, Any]]:
+    """``send()`` while the event stream tells its stages (controller/interfaces/upprogress)."""
+    from controller.interfaces.api import ApiConfigError, base_url, load_token
+    from controller.interfaces.upprogress import follow_up
+
+    try:
+        token, url = load_token(token_file), base_url(api)
+    except ApiConfigError:
+        return send()  # it says what is wrong with the address or the token
+    return follow_up(serve, url, token, send, render.out)
 
 
 @app.command()

@@ -186,6 +186,7 @@ def follow_events(
     token: str | None = None,
     since: int | None = None,
     on_reconnect: Callable[[str], None] | None = None,
+    on_open: Callable[[], None] | None = None,
     retry_s: float = 1.0,
     read_timeout_s: float = 3 * HEARTBEAT_S,
     sleep: Callable[[float], None] = time.sleep,
@@ -194,7 +195,9 @@ def follow_events(
 
     Returns when ``on_item`` returns False. A dropped connection (or an ``end``: the
     controller stopped) is retried every ``retry_s`` with ``Last-Event-ID`` of the
-    last event seen, after ``on_reconnect(why)``. Raises :class:`StreamRefused` when
+    last event seen, after ``on_reconnect(why)``. ``on_open()`` is called once the
+    stream's first bytes arrive (the reader is subscribed: nothing published from then on
+    is missed), each time it is opened. Raises :class:`StreamRefused` when
     the API answers other than 200 and :class:`StreamUnreachable` when nothing answers
     at the first try.
     """
@@ -216,7 +219,10 @@ def follow_events(
                         response.read()
                         raise StreamRefused(_refusal(response))
                     connected_once = True
-                    for event_id, kind, data in parse_sse(response.iter_lines()):
+                    lines = response.iter_lines()
+                    if on_open is not None:
+                        lines = _opened(lines, on_open)
+                    for event_id, kind, data in parse_sse(lines):
                         item = _decode(kind, data)
                         if event_id is not None and event_id.isdigit():
                             last = int(event_id)
@@ -233,6 +239,14 @@ def follow_events(
             if on_reconnect is not None:
                 on_reconnect(why)
             sleep(retry_s)
+
+
+def _opened(lines: Iterator[str], on_open: Callable[[], None]) -> Iterator[str]:
+    """``lines``, calling ``on_open()`` when the first one has arrived."""
+    for i, line in enumerate(lines):
+        if i == 0:
+            on_open()
+        yield line
 
 
 def _decode(kind: str, data: str) -> dict[str, Any]:

@@ -170,6 +170,7 @@ class Controller:
         self._no_longer_declared: set[str] = set()  # running containers said to be so
         self._nvml_said: str | None = None  # the NVML error last logged
         self._router_said: dict[str, str] = {}  # the tiers last said to need a router
+        self._docker_said: str | None = None  # the Docker error last logged
         self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
         # serve -> started_at of the container this process stopped (not a crash)
         self._stopped_by_us: dict[str, float | None] = {}
@@ -973,8 +974,13 @@ class Controller:
         self._seen = (snap, now, self._mark)
         self.live.forget_before(self._mark)
         self._changed()
-        if not observed.docker_ok:
-            logger.warning("docker: {}; acting on nothing until it can be read", snap.docker_error)
+        docker_said = None if observed.docker_ok else snap.docker_error or "unreadable"
+        if docker_said != self._docker_said:  # said once when it changes, not every cycle
+            if docker_said is not None:
+                logger.warning("{}; acting on nothing until it can be read", docker_said)
+            else:
+                logger.info("docker: readable again")
+            self._docker_said = docker_said
         if snap.nvml_error != self._nvml_said:  # said once when it changes, not every cycle
             if snap.nvml_error:
                 logger.warning("nvml: {}; device figures and drift are unknown", snap.nvml_error)

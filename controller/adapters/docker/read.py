@@ -75,6 +75,7 @@ from typing import Any, Literal
 import docker
 from docker.errors import DockerException, NotFound
 
+from controller.adapters.docker.reach import docker_endpoint, unreachable_message
 from controller.snapshot import ContainerModel, GpuModel, SnapshotModel
 from statemachine.types import ContainerState
 
@@ -420,6 +421,16 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text}"
 
 
+def client_endpoint(client: Any) -> str:
+    """Where a client made elsewhere talks to: its socket, else its base URL."""
+    api = getattr(client, "api", client)
+    path = getattr(getattr(api, "_custom_adapter", None), "socket_path", None)
+    if isinstance(path, str) and path:
+        return f"unix://{path}"
+    base = str(getattr(api, "base_url", "") or "the Docker client's daemon")
+    return re.sub(r"^https?://", "tcp://", base)  # as DOCKER_HOST would name it
+
+
 def _str(value: object) -> str:
     return value if isinstance(value, str) else ""
 
@@ -615,6 +626,7 @@ def observe_containers(
     *,
     client: docker.DockerClient | None = None,
     cache: InspectCache | None = None,
+    where: str | None = None,
 ) -> ContainerSnapshot:
     """One snapshot of the named containers (and of undeclared GPU containers).
 
@@ -622,25 +634,27 @@ def observe_containers(
     afterwards). Without a ``cache`` every container is inspected; pass the same
     :class:`InspectCache` every cycle (or use :class:`ContainerObserver`) to get the
     one-call steady state. Never raises for anything Docker does: an unreachable
-    daemon or an API error gives ``docker_ok=False`` with the error.
+    daemon or an API error gives ``docker_ok=False`` with the error, one line that says
+    ``where`` it looked (default: where :func:`make_client` looks, or where ``client``
+    talks to) and what to do (:func:`controller.adapters.docker.reach.unreachable_message`).
     """
     calls = 0
     own = client is None
+    if where is None:
+        where = docker_endpoint() if client is None else client_endpoint(client)
     if client is None:
         calls += 1
         try:
             client = make_client()
-        except DockerException as exc:
-            return _error(f"docker unreachable: {_describe(exc)}", calls)
-        except Exception as exc:  # a malformed environment must not stop the loop
-            return _error(f"docker client: {_describe(exc)}", calls)
+        except Exception as exc:  # a malformed environment must not stop the loop either
+            return _error(unreachable_message(exc, where), calls)
     cycle = _Cycle(client, cache if cache is not None else InspectCache(), calls)
     try:
         return cycle.run(names)
     except _UnreadableError as exc:
         return _error(str(exc), cycle.calls)
     except (DockerException, OSError) as exc:  # requests' errors are OSErrors
-        return _error(f"docker unreachable: {_describe(exc)}", cycle.calls)
+        return _error(unreachable_message(exc, where), cycle.calls)
     except Exception as exc:  # fail closed rather than end the loop
         return _error(f"docker snapshot failed: {_describe(exc)}", cycle.calls)
     finally:
@@ -666,6 +680,8 @@ class ContainerObserver:
     ) -> None:
         self._client = client
         self._owns_client = client is None
+        #: where it looks, said in every error (read again each time a client is made)
+        self.where = client_endpoint(client) if client is not None else docker_endpoint()
         self._timeout = timeout
         self.cache = InspectCache(clock=clock)
 
@@ -674,11 +690,12 @@ class ContainerObserver:
         calls = 0
         if self._client is None:
             calls = 1
+            self.where = docker_endpoint()
             try:
                 self._client = make_client(timeout=self._timeout)
             except Exception as exc:
-                return _error(f"docker unreachable: {_describe(exc)}", calls)
-        snap = observe_containers(names, client=self._client, cache=self.cache)
+                return _error(unreachable_message(exc, self.where), calls)
+        snap = observe_containers(names, client=self._client, cache=self.cache, where=self.where)
         if not snap.docker_ok:
             self.cache.clear()  # the daemon may have restarted: trust nothing cached
         if calls:
