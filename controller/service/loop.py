@@ -518,6 +518,7 @@ class Controller:
                     if (status in wanted or status.startswith("health_status")) and self._followed(
                         event
                     ):
+                        self._touch(event)  # before the cycle it asks for reads the list
                         name = str((event.get("Actor") or {}).get("Attributes", {}).get("name", ""))
                         loop.call_soon_threadsafe(self.trigger, f"docker {status} {name}")
                 # ended by itself (docker-py ends a stream quietly on a read error, or
@@ -593,6 +594,16 @@ class Controller:
         attributes = actor.get("Attributes") or {}
         cid = str(actor.get("ID") or event.get("id") or "")
         return str(attributes.get("name", "")) in names or cid[:12] in names
+
+    def _touch(self, event: Mapping[str, Any]) -> None:
+        """The container of ``event`` is inspected again by every reader's next list:
+        Docker sends ``die`` before its list shows the container exited, so without this
+        the cycle the event asks for would still see it running (and the death would
+        wait for a later trigger)."""
+        cid = str((event.get("Actor") or {}).get("ID") or event.get("id") or "")
+        for observer in (self._observer, self._fresh_observer, self._fp_observer):
+            if observer is not None:
+                observer.cache.touch(cid)
 
     def _filters_for(self, client: Any, names: Collection[str]) -> dict[str, Any]:
         """The event stream's filters for ``names`` (every container's events once a
