@@ -110,7 +110,7 @@ def events(docker_client: docker.DockerClient) -> Iterator[Callable[[str], Docke
         e.close()
 
 
-def _unused_kill_and_time_the_restart(
+def _kill_and_time_the_restart(
     client: docker.DockerClient, name: str, seen: DockerEvents, after: float
 ) -> tuple[float, float]:
     """Kill ``name``; Docker's times of its death and of the next start after it."""
@@ -151,6 +151,57 @@ def test_a_killed_serve_is_seen_dead_by_the_cycle_its_die_event_asks_for(
         )
         assert woken[0].get(name) == "exited", woken
         assert c.view().backoff["res"].failures == 1
+    finally:
+        run.stop()
+
+
+def _promises(c: Controller) -> Callable[[int], float | None]:
+    """What the loop promised after each failure of res: the backoff's ``until`` (what
+    ``/v1/serves`` shows) as the cycle that counted it left it (a healthy start lifts it
+    later)."""
+    seen: dict[int, float] = {}
+
+    def note(ctl: Controller) -> None:
+        b = ctl.view().backoff.get("res")
+        if b is not None:
+            seen.setdefault(b.failures, b.until)
+
+    c.on_cycle.append(note)
+    return seen.get
+
+
+def test_a_killed_resident_is_restarted_when_the_loop_promised(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    controller: Callable[[str], Controller],
+    events: Callable[[str], DockerEvents],
+) -> None:
+    name = names("res")
+    create(docker_client, test_image, name)
+    seen = events(name)
+    c = controller(name)
+    promised = _promises(c)
+    run = Running(c)
+    try:
+        first = _started_by_the_loop(run, seen, name)
+
+        # 1. killed after a healthy run: started again at once (the first death is not held)
+        died, again = _kill_and_time_the_restart(docker_client, name, seen, first)
+        until = wait_for("the first failure counted", lambda: promised(1))
+        assert until - died < 1.0, f"the first death is held {until - died:.1f}s"
+        assert again - died < SLACK_S, f"restarted {again - died:.1f}s after its death"
+        assert "exited 137" in c.view().backoff["res"].last_failure
+        wait_for("a cycle that saw res running again", lambda: _running_since(c, name, again))
+
+        # 2. killed again: held for the backoff's base, started when the hold ends
+        died2, again2 = _kill_and_time_the_restart(docker_client, name, seen, again)
+        until2 = wait_for("the second failure counted", lambda: promised(2))
+        assert until2 - died2 == pytest.approx(BASE_S, abs=1.0), until2 - died2
+        # never before the promise (Docker's clock and the loop's are the host's)...
+        assert again2 >= until2 - 0.05, f"started {until2 - again2:.2f}s before the hold ended"
+        # ...and when it ends, not at a resync an hour away
+        assert again2 - until2 < SLACK_S, f"started {again2 - until2:.1f}s after the hold"
     finally:
         run.stop()
 
