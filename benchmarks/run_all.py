@@ -12,7 +12,9 @@ What it runs, each as its own process with the tree's code on ``PYTHONPATH`` (so
   request; to the first Docker event of the container; to the loop's beginning of the
   step);
 * ``bench_loop.py --only idle --modes api`` (20 serves and the HTTP API, idle: CPU and
-  RSS of ``vramctl run``).
+  RSS of ``vramctl run``);
+* ``bench_restart.py`` (a resident ``docker kill``ed after a healthy run, then again:
+  Docker's ``die`` to the next ``start``, and the start against the log's promise).
 
 With ``--base COMMIT`` (default: none) the commit is exported (``git archive``) into a
 temporary folder, *this* tree's ``benchmarks/`` is copied over its own, and every
@@ -190,6 +192,18 @@ def figures() -> list[Figure]:
         ),
         Figure("loop", "daemon events in the idle window", _field(idle, "daemon_events")),
     ]
+    restart = {"bench": "restart_summary"}
+    out += [
+        Figure("restart", "first kill: die to start median",
+               _field(restart, "first", "die_to_start_ms", "median_ms"), "<= 1000",
+               lambda v: v <= 1000.0, "ms"),
+        Figure("restart", "first kill: die to seen median",
+               _field(restart, "first", "die_to_seen_ms", "median_ms"), "<= 500",
+               lambda v: v <= 500.0, "ms"),
+        Figure("restart", "again: late on the promise p90",
+               _field(restart, "again", "late_ms", "p90_ms"), "<= 1000",
+               lambda v: v <= 1000.0, "ms"),
+    ]  # fmt: skip
     return out
 
 
@@ -206,6 +220,7 @@ def commands(quick: bool, clock: str) -> dict[str, list[str]]:
         "reaction": [py, "benchmarks/bench_loop.py", "--only", "reaction"],
         "idle": [py, "benchmarks/bench_loop.py", "--only", "idle", "--modes", "api",
                  "--idle-s", idle_s],
+        "restart": [py, "benchmarks/bench_restart.py", "--rounds", "2" if quick else "5"],
     }  # fmt: skip
 
 
@@ -278,7 +293,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--base", default=None, help="a commit to measure beside this tree")
     parser.add_argument("--quick", action="store_true", help="shorter runs (smoke)")
-    parser.add_argument("--only", action="append", choices=("planner", "fit", "reaction", "idle"))
+    parser.add_argument(
+        "--only", action="append", choices=("planner", "fit", "reaction", "idle", "restart")
+    )
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -301,7 +318,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for label, tree in trees.items():
                 results[label][bench] = run_one(tree, cmds[bench])
     for got in results.values():
-        for bench in ("planner", "fit", "reaction", "idle"):
+        for bench in ("planner", "fit", "reaction", "idle", "restart"):
             got.setdefault(bench, [])
     shown = [
         f

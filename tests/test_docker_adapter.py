@@ -472,6 +472,24 @@ def test_cache_sees_stop_and_restart(
     assert gone.api_calls == 1 + len(gone.inspected)
 
 
+@pytest.mark.docker
+def test_a_container_an_event_touched_is_inspected_again_though_its_row_is_the_same(
+    docker_client: docker.DockerClient, busybox_container: BusyboxFactory
+) -> None:
+    """Docker sends ``die`` before its list shows the container exited: the cycle the
+    event asks for inspects the container whatever its list row says, once."""
+    c = busybox_container()
+    name = _name(c)
+    observer = ContainerObserver(docker_client)
+    observer.observe([name])
+    assert name not in observer.observe([name]).inspected  # steady: the row is the same
+    observer.cache.touch(str(c.id))
+    touched = observer.observe([name])
+    assert name in touched.inspected
+    assert touched.containers[name].state is ContainerState.RUNNING
+    assert name not in observer.observe([name]).inspected  # taken once
+
+
 class _RemovesBeforeInspect:
     """The real client, except that inspecting ``victim`` first removes it (for real).
 

@@ -17,6 +17,7 @@ from controller.manifest import load_manifest_set
 from controller.service.executor import ExecutionReport, Outcome, StepResult
 from controller.service.loop import Controller, RunOptions
 from controller.store.journal import Journal, journal_path
+from statemachine import backoff
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Step
 from statemachine.types import ContainerObs, ContainerState, Observed
@@ -82,6 +83,63 @@ def test_crash_after_every_healthy_start_doubles_the_backoff(tmp_path: Path) -> 
         healthy_start(c, "res", t + 10)
         assert c.policy(t + 20).hold == {}  # healthy: no hold until the next crash
     assert delays == [5, 10, 20, 40]
+
+
+def running(started: float, health: str | None = None) -> Observed:
+    return Observed(
+        True, {"c-res": ContainerObs(ContainerState.RUNNING, started_at=started, health=health)}
+    )
+
+
+def test_the_first_death_after_a_healthy_run_is_tried_at_once_then_backs_off(
+    tmp_path: Path,
+) -> None:
+    """As Docker's restart policy and the kubelet: a serve seen running that dies is
+    started again at once; the deaths after it, within the crash loop, back off from the
+    base (5, 10, 20 s), and the loop is woken when each hold ends."""
+    c = controller(tmp_path)
+    holds = []
+    for i in range(4):
+        t = 1000.0 + i * 100
+        c._note_deaths(running(t - 50), t - 10)  # seen running (healthy) by this loop
+        c._note_deaths(crashed(t - 50), t)
+        holds.append(round(c.backoff["res"].until - t))
+        assert backoff.next_end(c.backoff, t) == (None if not holds[-1] else t + holds[-1])
+        healthy_start(c, "res", t + 1)
+    assert holds == [0, 5, 10, 20]
+    assert c.backoff["res"].failures == 4
+
+
+def test_a_death_never_seen_running_healthy_is_held_from_the_first(tmp_path: Path) -> None:
+    """Not seen running by this loop (it died between two looks, or before this
+    controller began), or last seen unhealthy: no run known healthy, the base hold."""
+    c = controller(tmp_path)
+    c._note_deaths(crashed(950.0), 1000.0)
+    assert round(c.backoff["res"].until - 1000.0) == 5
+    (tmp_path / "unhealthy").mkdir()
+    c2 = controller(tmp_path / "unhealthy")
+    c2._note_deaths(running(950.0, health="unhealthy"), 990.0)
+    c2._note_deaths(crashed(950.0), 1000.0)
+    assert round(c2.backoff["res"].until - 1000.0) == 5
+    # seen running, but an earlier container: this one never was
+    (tmp_path / "other").mkdir()
+    c3 = controller(tmp_path / "other")
+    c3._note_deaths(running(900.0), 940.0)
+    c3._note_deaths(crashed(950.0), 1000.0)
+    assert round(c3.backoff["res"].until - 1000.0) == 5
+
+
+def test_after_the_crash_loop_ends_the_next_death_is_tried_at_once_again(tmp_path: Path) -> None:
+    c = controller(tmp_path)
+    c._note_deaths(running(950.0), 990.0)
+    c._note_deaths(crashed(950.0), 1000.0)
+    c._note_deaths(running(1001.0), 1002.0)
+    c._note_deaths(crashed(1001.0), 1010.0)
+    assert c.backoff["res"].failures == 2
+    c._note_deaths(running(1011.0), 1400.0)  # up for longer than the 300 s cap
+    assert "res" not in c.backoff
+    c._note_deaths(crashed(1011.0), 1500.0)
+    assert c.backoff["res"].failures == 1 and c.backoff["res"].until == 1500.0
 
 
 def test_a_requested_serve_backs_off_too(tmp_path: Path) -> None:

@@ -6,8 +6,10 @@ endpoint, the elastic VRAM endpoint, the health path), drives each serve's lifec
 machine with the outcomes, and keeps its own reservation ledger true to what the
 containers hold:
 
-- a reservation is admitted (``reserve``) before its start and released again when
-  the start fails and the container holds nothing;
+- a reservation is admitted (``reserve``) before its start, against a fresh reading
+  of the containers, which the start reads again right before its Docker call (a
+  container started outside the controller meanwhile aborts it), and released again
+  when the start fails and the container holds nothing;
 - a release is applied only after the stop is confirmed (the container exited and,
   where NVML sees the role's device, the memory came back within a bound);
 - a shrink counts only as far as the engine's own expert cache shows it gave back
@@ -638,6 +640,7 @@ class Executor:
         run.reserved.pop(s.name, None)  # settled by the start's own run if it fails
         sub = _Run(self, run.ledger, {s.name: run.machines[s.name]}, run.observed)
         sub.detached = True
+        sub.parent = run
         sub.reserved[s.name] = first.group
         job = _StartJob(self, sub, chain, token)
         thread = threading.Thread(target=job.run, name=f"start-{s.name}", daemon=True)
@@ -781,6 +784,9 @@ class _Run(SleepSteps):
         self.reserved: dict[str, str] = {}  # serve -> group, reserved but not yet started
         self.tokens: dict[str, int] = {}  # serve -> its tracker entry, from its reserve
         self.detached = False  # a start's own run: the tracker entry is its job's to end
+        #: a start's own run: the plan's run it was handed off from (its ledger goes on
+        #: counting what the plan reserves after the hand-off)
+        self.parent: _Run | None = None
         self.used_before_stop: dict[str, dict[str, int]] = {}  # serve -> role -> NVML used
         self.attributed: dict[str, int | None] = {}  # serve -> NVML MiB of its container
         self.elastic: dict[str, ElasticFigure] = {}  # serve -> its count after a resize
@@ -1026,20 +1032,24 @@ class _Run(SleepSteps):
         self.fire(s.name, Trigger.RESERVE)
         return f"reserved {step.mib} MiB on {', '.join(s.gpu_roles)}"
 
-    def admit_against_host_now(self, s: ServeSpec) -> None:
-        """Read the containers again before a reserve: the plan's observation may be old.
+    def admit_against_host_now(self, s: ServeSpec, *, aborted: bool = False) -> None:
+        """Read the containers again before a reserve, and again right before the start's
+        Docker call: the plan's observation, and the reserve's, may be old.
 
         A serve of the manifest whose container holds memory now, though neither the
         plan's ledger nor a start in progress counts it, was started outside the
         controller while the plan ran: it joins this run's ledger (so nothing later in
-        the plan is admitted into its room) and the reserve fails, to be planned again
-        from the host as it is. Docker unreadable now: nothing is admitted.
+        the plan is admitted into its room) and the step fails (``aborted``: the start's
+        check, no failure of the serve's own), to be planned again from the host as it
+        is. Docker unreadable now: nothing is admitted.
         """
         if self.ex.observe_now is None:
             return
         fresh = self.ex.observe_now()
         if not fresh.docker_ok:
-            raise StepError("docker cannot be read now: nothing is admitted until it can")
+            raise StepError(
+                "docker cannot be read now: nothing is admitted until it can", aborted=aborted
+            )
         in_progress = self.ex.starts.snapshot() if self.ex.starts is not None else {}
         outside: list[GpuReservation] = []
         for other in self.desired.serves.values():
@@ -1047,6 +1057,7 @@ class _Run(SleepSteps):
                 other.vram_mib is None
                 or not self.desired.in_ledger(other)
                 or self.ledger.holds(other.name)
+                or (self.parent is not None and self.parent.ledger.holds(other.name))
                 or other.name in in_progress
                 or not fresh.container(other.container).holds
             ):
@@ -1063,7 +1074,8 @@ class _Run(SleepSteps):
             raise StepError(
                 f"{names} started outside the controller while this plan ran "
                 f"({' + '.join(f'{r.holder} {r.mib}' for r in outside)} MiB now held): "
-                f"{s.name} is not admitted; the next cycle plans from the host as it is"
+                f"{s.name} is not admitted; the next cycle plans from the host as it is",
+                aborted=aborted,
             )
 
     def start(self, step: Step, s: ServeSpec) -> str:
@@ -1071,7 +1083,10 @@ class _Run(SleepSteps):
             self.fire(s.name, Trigger.RESERVE)  # a serve outside the ledger has no reserve step
         self.fire(s.name, Trigger.START)
         try:
-            if self.ex.docker.exists(s.container):
+            exists = self.ex.docker.exists(s.container)
+            if step.mib:  # in the ledger: admitted again, as close to the call as can be
+                self.admit_against_host_now(s, aborted=True)
+            if exists:
                 self.ex.docker.start(s.container)
                 how = f"docker start {s.container}"
             else:

@@ -3,16 +3,19 @@
 Triggers — a manifest edit (the manifests' folders are watched, so editors that save
 by rename are seen; an edit is read once its writes settle), an event of an observed
 container from Docker's event stream (filtered to those containers by name and id,
-refreshed when they change), the periodic resync, an on-demand request — only *ask* for a
-cycle; requests arriving during a cycle coalesce into one more. A cycle re-reads
-everything: the manifest set (an edit that does not validate is reported with its
-located errors and the last good desired state stays in force), the host (docker +
-NVML), the on-demand requests and elastic reserves from the journal; then it plans,
-executes (or, with ``--dry-run``, only logs), and journals the cycle.
+refreshed when they change), the end of a failure backoff's hold, the periodic resync,
+an on-demand request — only *ask* for a cycle; requests arriving during a cycle
+coalesce into one more. A cycle re-reads everything: the manifest set (an edit that
+does not validate is reported with its located errors and the last good desired state
+stays in force), the host (docker + NVML), the on-demand requests and elastic
+reserves from the journal; then it plans, executes (or, with ``--dry-run``, only
+logs), and journals the cycle.
 
 Failure handling: a serve whose start fails, or whose container keeps dying, is held
-back with an exponential backoff (capped) that the planner reports as blocked. With
-docker unreadable the planner fails closed, so nothing is started or stopped.
+back with an exponential backoff (capped) that the planner reports as blocked; the
+first death after a healthy run is tried again at once (``statemachine/backoff.py``),
+and the loop wakes itself when a hold ends. With docker unreadable the planner fails
+closed, so nothing is started or stopped.
 
 Restart safety: a single-instance lock on the state directory; on start, the view is
 rebuilt from the host, never from memory, so nothing is started twice and no
@@ -97,6 +100,10 @@ from statemachine.types import (
     StartedWith,
 )
 
+#: the loop's wake-up comes this long after a backoff hold's end (seconds): the cycle it
+#: asks for reads the clock again, and must find the hold over
+_HOLD_MARGIN_S = 0.01
+
 
 @dataclass(frozen=True, slots=True)
 class RunOptions:
@@ -174,6 +181,9 @@ class Controller:
         self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
         # serve -> started_at of the container this process stopped (not a crash)
         self._stopped_by_us: dict[str, float | None] = {}
+        # serve -> started_at of its container last seen running healthy by this process
+        self._ran_healthy: dict[str, float] = {}
+        self._hold_timer: asyncio.TimerHandle | None = None  # wakes the loop at a hold's end
         #: the starts in progress, carried out beside the loop (see controller.service.starts)
         self.starts = StartTracker()
         #: requests in flight per serve, and since when each has been idle
@@ -393,6 +403,8 @@ class Controller:
             await asyncio.to_thread(self.starts.join, 10.0)
             await asyncio.sleep(0)  # their outcomes, handed to this loop, are journalled
             self.events.close()  # the event streams end before the API shuts down
+            if self._hold_timer is not None:
+                self._hold_timer.cancel()
             self._close_docker_events()
             for task in tasks:
                 task.cancel()
@@ -523,6 +535,7 @@ class Controller:
                     if (status in wanted or status.startswith("health_status")) and self._followed(
                         event
                     ):
+                        self._touch(event)  # before the cycle it asks for reads the list
                         name = str((event.get("Actor") or {}).get("Attributes", {}).get("name", ""))
                         loop.call_soon_threadsafe(self.trigger, f"docker {status} {name}")
                 # ended by itself (docker-py ends a stream quietly on a read error, or
@@ -598,6 +611,16 @@ class Controller:
         attributes = actor.get("Attributes") or {}
         cid = str(actor.get("ID") or event.get("id") or "")
         return str(attributes.get("name", "")) in names or cid[:12] in names
+
+    def _touch(self, event: Mapping[str, Any]) -> None:
+        """The container of ``event`` is inspected again by every reader's next list:
+        Docker sends ``die`` before its list shows the container exited, so without this
+        the cycle the event asks for would still see it running (and the death would
+        wait for a later trigger)."""
+        cid = str((event.get("Actor") or {}).get("ID") or event.get("id") or "")
+        for observer in (self._observer, self._fresh_observer, self._fp_observer):
+            if observer is not None:
+                observer.cache.touch(cid)
 
     def _filters_for(self, client: Any, names: Collection[str]) -> dict[str, Any]:
         """The event stream's filters for ``names`` (every container's events once a
@@ -918,6 +941,7 @@ class Controller:
             self._learn(report, time.time())
             self._record_starts(report, self.mset.desired(), time.time())
             self._track_tiers([r.to_json() for r in results])
+            self._wake_when_a_hold_ends()
         finally:
             release()
         serves = ", ".join(sorted({r.step.serve for r in results}))
@@ -962,6 +986,7 @@ class Controller:
         summary.duration_s = time.monotonic() - t0
         self.last = summary
         self.cycles += 1
+        self._wake_when_a_hold_ends()
         for hook in self.on_cycle:
             hook(self)
         self._changed()
@@ -1089,6 +1114,8 @@ class Controller:
                 continue  # its start is in progress: that start reports its own failure
             obs = observed.container(s.container)
             state = lifecycle_from_observation(obs)
+            if state == "running" and obs.health != "unhealthy" and obs.started_at is not None:
+                self._ran_healthy[s.name] = obs.started_at  # its death is after a healthy run
             b0 = self.backoff.get(s.name)
             if (
                 state == "running"
@@ -1105,14 +1132,47 @@ class Controller:
                 continue
             b.seen_exit = obs.started_at
             why = "OOM-killed" if obs.oom_killed else f"exited {obs.exit_code}"
-            self._fail(s.name, f"container {why}", now)
+            ran = obs.started_at is not None and self._ran_healthy.get(s.name) == obs.started_at
+            self._fail(s.name, f"container {why}", now, after_healthy_run=ran)
 
-    def _fail(self, serve: str, why: str, now: float) -> None:
+    def _fail(self, serve: str, why: str, now: float, *, after_healthy_run: bool = False) -> None:
         b = self.backoff.setdefault(serve, Backoff())
         delay = backoff.record_failure(
-            b, why, now, base_s=self.options.backoff_base_s, cap_s=self.options.backoff_cap_s
+            b,
+            why,
+            now,
+            base_s=self.options.backoff_base_s,
+            cap_s=self.options.backoff_cap_s,
+            after_healthy_run=after_healthy_run,
         )
-        logger.warning("{}: {}; failure {}, next try in {:.0f}s", serve, why, b.failures, delay)
+        if delay > 0:
+            logger.warning("{}: {}; failure {}, next try in {:.0f}s", serve, why, b.failures, delay)
+        else:
+            logger.warning(
+                "{}: {}; failure {}, after a healthy run: tried again at once",
+                serve,
+                why,
+                b.failures,
+            )
+
+    def _wake_when_a_hold_ends(self) -> None:
+        """Ask for a cycle when the first backoff hold ends (on the loop's thread).
+
+        A held serve is tried when its hold ends, as the log, ``/v1/serves`` and the page
+        promise, not at whatever resync comes after it. Armed again after every cycle and
+        every start's end (the places a hold is set or lifted); one timer at a time.
+        """
+        if self._hold_timer is not None:
+            self._hold_timer.cancel()
+            self._hold_timer = None
+        loop, now = self._aio, time.time()
+        end = backoff.next_end(self.backoff, now)
+        if loop is None or loop.is_closed() or end is None or self._stopping:
+            return
+        # a hair past the end: the cycle's own clock must find the hold over
+        self._hold_timer = loop.call_later(
+            end - now + _HOLD_MARGIN_S, self.trigger, "a backoff hold ended"
+        )
 
     def _learn(self, report: ExecutionReport, now: float) -> None:
         # what the executor counts elastic serves at, as of the engine's answer (not the

@@ -37,10 +37,13 @@ the first cycle costs ``1 + (containers on the host)`` calls; a **steady-state
 cycle costs exactly 1 call however many serves there are**; a cycle after ``k``
 declared containers changed or ``k`` new containers appeared costs ``1 + k``. Each
 :class:`ContainerSnapshot` reports ``api_calls`` and the names it ``inspected``.
-The one blind spot: a declared container that restarted and reached the same
-state, health and status text within the conservative slack (about half a second
-of the elapsed time) keeps its previous ``started_at`` until its next change; the
-loop's docker-events trigger makes that window short in practice.
+A container an event named since the last cycle (:meth:`InspectCache.touch`, the
+loop's events thread) is re-inspected whatever the list says: Docker sends ``die``
+before its list shows the container exited, and the cycle that event asks for must see
+the death. The one blind spot left: a declared container that restarted and reached
+the same state, health and status text within the conservative slack (about half a
+second of the elapsed time) keeps its previous ``started_at`` until its next change,
+unless the loop followed its events (it does: see ``controller/service/loop.py``).
 
 Docker's states map onto the snapshot's one to one, except ``removing`` (the
 process has already stopped; the container is on its way out), which is reported
@@ -67,6 +70,7 @@ from __future__ import annotations
 
 import contextlib
 import re
+import threading
 import time
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import asdict, dataclass, field
@@ -329,6 +333,8 @@ class InspectCache:
     def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
         self.clock = clock
         self._entries: dict[str, _Entry] = {}
+        self._lock = threading.Lock()
+        self._touched: set[str] = set()  # ids an event named since the last cycle took them
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -336,6 +342,23 @@ class InspectCache:
     def clear(self) -> None:
         """Forget everything: the next cycle inspects every container again."""
         self._entries.clear()
+
+    def touch(self, container_id: str) -> None:
+        """An event of this container (any thread): the next cycle inspects it again.
+
+        Docker sends a container's ``die`` event before its list shows it exited (the
+        list still says ``Up …``, inspect already says ``exited``), so the cycle the
+        event asks for cannot rely on the list to see the change.
+        """
+        if container_id:
+            with self._lock:
+                self._touched.add(container_id)
+
+    def take_touched(self) -> frozenset[str]:
+        """The ids touched since the last call (a cycle takes them before its list)."""
+        with self._lock:
+            out, self._touched = frozenset(self._touched), set()
+        return out
 
 
 # ── the client ─────────────────────────────────────────────────────────────────
@@ -494,6 +517,7 @@ class _Cycle:
     def run(self, names: Collection[str]) -> ContainerSnapshot:
         wanted = set(names)
         cache = self.cache
+        touched = cache.take_touched()  # before the list: an event after it is kept
         list_start = cache.clock()
         self.calls += 1
         rows = self.api.containers(all=True)
@@ -532,7 +556,7 @@ class _Cycle:
                     and bounds is not None
                     and bounds[1] < entry.age_lo + elapsed_min - _AGE_SLACK_S
                 )
-                if entry.key != key or went_back:
+                if entry.key != key or went_back or cid in touched:
                     entry.stale = True
                 entry.key, entry.age_lo, entry.seen_end = key, age_lo, list_end
 
