@@ -65,11 +65,11 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _load(manifests: list[Path]) -> ManifestSet:
+def _load(manifests: list[Path], *, strict: bool = False) -> ManifestSet:
     if not manifests:
         _fail("no manifest given: pass -m/--manifest FILE (repeat for a set)")
     try:
-        mset = load_manifest_set(manifests)
+        mset = load_manifest_set(manifests, strict=strict)
     except ManifestError as exc:
         for err in exc.errors:
             render.error(str(err))
@@ -124,10 +124,22 @@ def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict", help="Refuse keys this version does not know (otherwise warned of, ignored)."
+    ),
+]
+
+
 @app.command()
-def validate(manifest: ManifestOpt = [], json_out: JsonOpt = False) -> None:  # noqa: B006
+def validate(
+    manifest: ManifestOpt = [],  # noqa: B006
+    json_out: JsonOpt = False,
+    strict: StrictOpt = False,
+) -> None:
     """Check a manifest set; exit 0 when valid, 1 with located errors on stderr."""
-    mset = _load(manifest)
+    mset = _load(manifest, strict=strict)
     desired = mset.desired()
     if json_out:
         _print_json(
