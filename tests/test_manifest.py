@@ -614,8 +614,7 @@ def test_unknown_keys_are_kept_and_reported_informational_ones_quietly(tmp_path:
     assert manifest.serves["s1"].model_extra == {"router_config": "{dir}/r.toml"}
     [warning] = manifest.warnings
     assert warning.endswith(
-        "serves.toml: schema_version: unknown key, ignored (this version "
-        "of vramctl does not know it)"
+        "serves.toml: schema_version: unknown key, ignored (this version does not know it)"
     )
 
 

@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from loguru import logger
 
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.service.loop import Controller, RunOptions
@@ -234,3 +235,18 @@ def test_validate_strict_exits_1_on_unknown_keys_and_plain_validate_warns(tmp_pa
     assert "future_knob: unknown key" in strict.stderr, strict.stderr
     fine = vramctl("validate", "--strict", "-m", str(write(tmp_path, CARD, "c.toml")), "--json")
     assert fine.returncode == 0 and json.loads(fine.stdout)["valid"] is True, fine.stderr
+
+
+def test_a_live_edit_with_an_unknown_key_is_adopted_and_the_key_logged(tmp_path: Path) -> None:
+    said: list[str] = []
+    sink = logger.add(lambda m: said.append(str(m).rstrip()), level="WARNING", format="{message}")
+    try:
+        c, _ = reloaded(
+            tmp_path,
+            CARD + serve("a", 100),
+            (CARD + serve("a", 200) + "future_knob = 1\n").encode(),
+        )
+    finally:
+        logger.remove(sink)
+    assert c.manifest_error == [] and c.mset.serves["a"].vram_mib == 200
+    assert any("future_knob: unknown key, ignored" in line for line in said), said

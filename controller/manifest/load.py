@@ -8,10 +8,14 @@ de-duplicated by container, roles by id), and converts the set into
 
 Errors are *located* and *collected*: every problem of every file is reported at once
 as a :class:`LocatedError` (file, serve or role, field, message) inside one
-:class:`ManifestError`, never as a traceback. Unknown keys are kept (the real stack's
-manifests carry many), except a key that is a near-miss of a known field (``vram_mb``),
-which is an error with a "did you mean", because a typo would silently drop a
-reservation.
+:class:`ManifestError`, never as a traceback. A key that is a near-miss of a known field
+(``vram_mb``) is an error with a "did you mean", because a typo would silently drop a
+reservation; any other key this version does not know is kept and named in a warning
+(an error when ``strict``), except the real stack's informational keys
+(:data:`controller.manifest.fields.INFORMATIONAL_SERVE_KEYS`, ...). Set rules refuse
+what could never be carried out or would drop everything: an empty file, a set that
+declares no serve and no role (unless ``allow_empty = true``), residents desired running
+over a role's budget.
 
 This module only reads the manifest files. It must not touch docker, NVML or the
 network, must not run the ``up`` commands (it only splits them into argv, never
@@ -126,8 +130,8 @@ def _pydantic_message(err: Mapping[str, Any]) -> str:
 
 
 #: What a key this version does not know reads as: a warning, or under ``strict`` an error.
-IGNORED_KEY = "unknown key, ignored (this version of vramctl does not know it)"
-REFUSED_KEY = "unknown key (this version of vramctl does not know it; refused by --strict)"
+IGNORED_KEY = "unknown key, ignored (this version does not know it)"
+REFUSED_KEY = "unknown key (this version does not know it; refused by --strict)"
 
 
 def _sort_unknown(
@@ -1019,11 +1023,11 @@ def load_manifest_set(paths: Sequence[str | Path], *, strict: bool = False) -> M
         result = _read_file(path)
         results.append(result)
         errors.extend(result.errors)
-        warnings.extend(result.warnings)
         if strict:
             errors.extend(dataclasses.replace(e, message=REFUSED_KEY) for e in result.unknown)
-        else:
+        else:  # first: an unknown key often explains a warning (no role: `placement`)
             warnings.extend(result.unknown)
+        warnings.extend(result.warnings)
 
     roles, role_sources = _merge_roles(results, errors)
     host = _merge_host(results, errors)
