@@ -221,8 +221,14 @@ def test_a_newer_versions_field_is_named_not_silently_dropped(tmp_path: Path) ->
 
 def test_the_real_stacks_informational_keys_are_known(tmp_path: Path) -> None:
     fixtures = Path(__file__).parent / "fixtures" / "anvil-serving"
-    mset = load_manifest_set([fixtures / "serves.toml"], strict=True)
-    assert mset.warnings == []
+    names = ("serves.toml", "serves.voice.toml", "serves.comfyui.toml")
+    mset = load_manifest_set([fixtures / name for name in names], strict=True)
+    assert not [w for w in mset.warnings if "unknown key" in w], mset.warnings
+    tp2 = mset.serves["tp2-deepseek-v4-flash-0731-r16-b12x-dspark5-maxseq16-650k"]
+    assert tp2.model_extra == {
+        "router_config": "{dir}/anvil-router.deepseek-pi.toml",
+        "rollback_router_config": "{dir}/anvil-router.live.toml",
+    }
 
 
 def test_validate_strict_exits_1_on_unknown_keys_and_plain_validate_warns(tmp_path: Path) -> None:
