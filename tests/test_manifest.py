@@ -607,12 +607,15 @@ def test_no_file_at_all() -> None:
         load_manifest_set([])
 
 
-def test_unknown_keys_are_kept_and_other_tables_ignored(tmp_path: Path) -> None:
+def test_unknown_keys_are_kept_and_reported_informational_ones_quietly(tmp_path: Path) -> None:
     text = "schema_version = 1\n" + serve('router_config = "{dir}/r.toml"\nstack = "x"')
     text += '\n[[promotion]]\nname = "p"\ntarget = "s1"\n'
     manifest = loaded(tmp_path, {"serves.toml": text})
     assert manifest.serves["s1"].model_extra == {"router_config": "{dir}/r.toml"}
-    assert manifest.warnings == []
+    [warning] = manifest.warnings
+    assert warning.endswith(
+        "serves.toml: schema_version: unknown key, ignored (this version does not know it)"
+    )
 
 
 # ── set rules (several files) ───────────────────────────────────────────────────
@@ -919,10 +922,10 @@ def test_digest_follows_the_bytes(tmp_path: Path) -> None:
 
 
 def test_digest_sees_bytes_move_between_files(tmp_path: Path) -> None:
-    one, two = write(tmp_path, {"one.toml": "x = 1\n", "two.toml": "y = 2\n"})
+    one, two = write(tmp_path, {"one.toml": "allow_empty = true\n#x\n", "two.toml": "#y\n"})
     before = load_manifest_set([one, two]).digest
-    one.write_text("x = 1\ny = 2\n", encoding="utf-8")
-    two.write_text("", encoding="utf-8")
+    one.write_text("allow_empty = true\n", encoding="utf-8")
+    two.write_text("#x\n#y\n", encoding="utf-8")
     assert load_manifest_set([one, two]).digest != before
 
 

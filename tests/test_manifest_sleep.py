@@ -181,7 +181,7 @@ def test_host_tables_of_a_set_must_agree(tmp_path: Path) -> None:
         errors_of(write(tmp_path, files)),
         (Expect(None, "host.ram_mib", ("conflicting host budget", "2000 here"), "b.toml"),),
     )
-    same = {"a.toml": "[host]\nram_mib = 1000\n", "b.toml": "[host]\nram_mib = 1000\n"}
+    same = {"a.toml": ROLES + "[host]\nram_mib = 1000\n", "b.toml": "[host]\nram_mib = 1000\n"}
     assert load_manifest_set(write(tmp_path, same)).desired().host == HostBudget(1000, 0)
 
 

@@ -72,11 +72,11 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _load(manifests: list[Path]) -> ManifestSet:
+def _load(manifests: list[Path], *, strict: bool = False) -> ManifestSet:
     if not manifests:
         _fail("no manifest given: pass -m/--manifest FILE (repeat for a set)")
     try:
-        mset = load_manifest_set(manifests)
+        mset = load_manifest_set(manifests, strict=strict)
     except ManifestError as exc:
         for err in exc.errors:
             render.error(str(err))
@@ -153,6 +153,14 @@ def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
+StrictOpt = Annotated[
+    bool,
+    typer.Option(
+        "--strict", help="Refuse keys this version does not know (otherwise warned of, ignored)."
+    ),
+]
+
+
 @app.command()
 def validate(
     manifest: ManifestOpt = [],  # noqa: B006
@@ -166,9 +174,10 @@ def validate(
             "warned about (they cannot be stopped).",
         ),
     ] = None,
+    strict: StrictOpt = False,
 ) -> None:
     """Check a manifest set; exit 0 when valid, 1 with located errors on stderr."""
-    mset = _load(manifest)
+    mset = _load(manifest, strict=strict)
     desired = mset.desired()
     tiers = {} if router_url else router_tiers(desired)
     router_warnings = [no_router_warning(tiers)] if tiers else []

@@ -30,8 +30,16 @@ from statemachine.types import DesiredRun, Residency
 DUAL_GPU_EXCLUSIVE = "dual-gpu-exclusive"
 
 
-#: Top-level keys this module reads; other top-level tables are kept and ignored.
-TOP_LEVEL_KEYS = ("gpu_roles", "serve", "host")
+#: The top-level key that lets a set declare no serve and no role (docs/manifest.md).
+ALLOW_EMPTY = "allow_empty"
+#: Top-level keys the loader reads; any other is reported as ignored (an error under
+#: ``--strict``), the informational ones below excepted.
+TOP_LEVEL_KEYS = ("gpu_roles", "serve", "host", ALLOW_EMPTY)
+
+#: Keys the real stack's manifests carry for its own tools (docs/manifest.md): known to
+#: this version, kept and not used, so they are not reported as unknown.
+INFORMATIONAL_TOP_LEVEL_KEYS = ("promotion",)
+INFORMATIONAL_SERVE_KEYS = ("router_config", "rollback_router_config")
 
 #: ``[serve.sleep]`` levels: 1 keeps the weights in host RAM, 2 drops them.
 SLEEP_LEVELS = (1, 2)

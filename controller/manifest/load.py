@@ -8,10 +8,14 @@ de-duplicated by container, roles by id), and converts the set into
 
 Errors are *located* and *collected*: every problem of every file is reported at once
 as a :class:`LocatedError` (file, serve or role, field, message) inside one
-:class:`ManifestError`, never as a traceback. Unknown keys are kept (the real stack's
-manifests carry many), except a key that is a near-miss of a known field (``vram_mb``),
-which is an error with a "did you mean", because a typo would silently drop a
-reservation.
+:class:`ManifestError`, never as a traceback. A key that is a near-miss of a known field
+(``vram_mb``) is an error with a "did you mean", because a typo would silently drop a
+reservation; any other key this version does not know is kept and named in a warning
+(an error when ``strict``), except the real stack's informational keys
+(:data:`controller.manifest.fields.INFORMATIONAL_SERVE_KEYS`, ...). Set rules refuse
+what could never be carried out or would drop everything: an empty file, a set that
+declares no serve and no role (unless ``allow_empty = true``), residents desired running
+over a role's budget.
 
 This module only reads the manifest files. It must not touch docker, NVML or the
 network, must not run the ``up`` commands (it only splits them into argv, never
@@ -28,7 +32,7 @@ import os
 import re
 import stat
 import tomllib
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
@@ -46,7 +50,10 @@ from controller.manifest.errors import (
     _show,
 )
 from controller.manifest.fields import (
+    ALLOW_EMPTY,
     DUAL_GPU_EXCLUSIVE,
+    INFORMATIONAL_SERVE_KEYS,
+    INFORMATIONAL_TOP_LEVEL_KEYS,
     MAX_KEY_PARTS,
     MAX_MANIFEST_BYTES,
     MAX_NESTING,
@@ -61,7 +68,7 @@ from controller.manifest.models import (
     SleepModel,
 )
 from controller.manifest.runtime import ServeRuntime
-from statemachine.types import DesiredRun, DesiredState
+from statemachine.types import DesiredRun, DesiredState, Residency
 
 _M = TypeVar("_M", GpuRoleModel, ServeModel)
 
@@ -94,7 +101,11 @@ class _FileResult:
     serves: list[_Entry[ServeModel]] = dataclasses.field(default_factory=list)
     errors: list[LocatedError] = dataclasses.field(default_factory=list)
     warnings: list[LocatedError] = dataclasses.field(default_factory=list)
+    #: keys this version does not know (warnings; errors under ``strict``)
+    unknown: list[LocatedError] = dataclasses.field(default_factory=list)
     host: HostModel | None = None
+    #: the file says ``allow_empty = true``
+    allow_empty: bool = False
 
 
 def _field_of(loc: tuple[int | str, ...]) -> str | None:
@@ -119,6 +130,36 @@ def _pydantic_message(err: Mapping[str, Any]) -> str:
     return f"{msg}, got {_show(err.get('input'))}"
 
 
+#: What a key this version does not know reads as: a warning, or under ``strict`` an error.
+IGNORED_KEY = "unknown key, ignored (this version does not know it)"
+REFUSED_KEY = "unknown key (this version does not know it; refused by --strict)"
+
+
+def _sort_unknown(
+    raw: Mapping[str, object],
+    known: Collection[str],
+    prefix: str,
+    located: Callable[[str, str], LocatedError],
+    found: tuple[list[LocatedError], list[LocatedError]],
+    *,
+    informational: Collection[str] = (),
+    what: str = "key",
+) -> None:
+    """Each key of ``raw`` that is not ``known`` (nor ``informational``): a near miss of
+    a known one to ``found[0]`` (an error, "did you mean": a typo such as ``vram_mb``
+    would silently drop a reservation), any other to ``found[1]`` (reported as ignored).
+    ``located(field, message)`` places it; ``prefix`` is the field's path (``sleep.``)."""
+    errors, unknown = found
+    for key in raw:
+        if key in known or key in informational:
+            continue
+        hint = _did_you_mean(key, list(known))
+        if hint:
+            errors.append(located(f"{prefix}{key}", f"unknown {what}{hint}"))
+        else:
+            unknown.append(located(f"{prefix}{key}", IGNORED_KEY))
+
+
 def _validate_entry(
     model: type[BaseModel],
     raw: object,
@@ -128,6 +169,7 @@ def _validate_entry(
     index: int,
     name_key: str,
     errors: list[LocatedError],
+    unknown: list[LocatedError],
 ) -> tuple[str | None, BaseModel | None, frozenset[str]]:
     """Validate one table entry; returns (its name, the model or None, bad fields).
 
@@ -142,24 +184,16 @@ def _validate_entry(
     name_raw = raw.get(name_key)
     name = name_raw if isinstance(name_raw, str) and name_raw else None
 
-    known = list(model.model_fields)
-    for key in raw:
-        if key not in model.model_fields:
-            hint = _did_you_mean(key, known)
-            if hint:
-                errors.append(LocatedError(display, name, key, f"unknown key{hint}", table, index))
+    def located(field: str, message: str) -> LocatedError:
+        return LocatedError(display, name, field, message, table, index)
+
+    informational = INFORMATIONAL_SERVE_KEYS if model is ServeModel else ()
+    found = (errors, unknown)
+    _sort_unknown(raw, model.model_fields, "", located, found, informational=informational)
     for sub, sub_model in (("elastic", ElasticModel), ("sleep", SleepModel)):
-        if not (isinstance(raw.get(sub), dict) and model is ServeModel):
-            continue
-        for key in raw[sub]:
-            if key not in sub_model.model_fields:
-                hint = _did_you_mean(key, list(sub_model.model_fields))
-                if hint:
-                    errors.append(
-                        LocatedError(
-                            display, name, f"{sub}.{key}", f"unknown key{hint}", table, index
-                        )
-                    )
+        sub_raw = raw.get(sub)
+        if isinstance(sub_raw, dict) and model is ServeModel:
+            _sort_unknown(sub_raw, sub_model.model_fields, f"{sub}.", located, found)
     try:
         return name, model.model_validate(raw), frozenset()
     except ValidationError as exc:
@@ -348,7 +382,10 @@ def _check_sleep(
 
 
 def _read_host(
-    data: Mapping[str, Any], display: str, errors: list[LocatedError]
+    data: Mapping[str, Any],
+    display: str,
+    errors: list[LocatedError],
+    unknown: list[LocatedError],
 ) -> HostModel | None:
     """The file's ``[host]`` table, validated (None when absent or invalid: errors say why)."""
     raw = data.get("host")
@@ -359,13 +396,11 @@ def _read_host(
             LocatedError(display, None, "host", f"must be a table ([host]), got {_show(raw)}", None)
         )
         return None
-    for key in raw:
-        if key not in HostModel.model_fields:
-            hint = _did_you_mean(key, list(HostModel.model_fields))
-            if hint:
-                errors.append(
-                    LocatedError(display, None, f"host.{key}", f"unknown key{hint}", None)
-                )
+
+    def located(field: str, message: str) -> LocatedError:
+        return LocatedError(display, None, field, message, None)
+
+    _sort_unknown(raw, HostModel.model_fields, "host.", located, (errors, unknown))
     try:
         host = HostModel.model_validate(raw)
     except ValidationError as exc:
@@ -385,6 +420,23 @@ def _read_host(
         )
         return None
     return host
+
+
+def _read_allow_empty(data: Mapping[str, Any], display: str, errors: list[LocatedError]) -> bool:
+    """The file's ``allow_empty`` (false when absent or invalid: the errors say why)."""
+    value = data.get(ALLOW_EMPTY, False)
+    if isinstance(value, bool):
+        return value
+    errors.append(
+        LocatedError(
+            display,
+            None,
+            ALLOW_EMPTY,
+            f"must be a boolean (true or false), got {_show(value)}",
+            None,
+        )
+    )
+    return False
 
 
 def _table_list(
@@ -534,6 +586,12 @@ def _read_file(path: Path) -> _FileResult:
         column = exc.start - (result.data.rfind(b"\n", 0, exc.start) + 1) + 1
         file_error(f"not UTF-8 text ({exc.reason} at byte {exc.start})", line, column)
         return result
+    if not text.strip():
+        file_error(
+            f"the file is empty ({'only whitespace' if text else '0 bytes'}): nothing is taken "
+            "from it (an editor crash or a truncated copy leaves such a file)"
+        )
+        return result
     long_key = _long_dotted_key(text)
     if long_key is not None:
         file_error(
@@ -564,13 +622,16 @@ def _read_file(path: Path) -> _FileResult:
         file_error(f"nested too deep (more than {MAX_NESTING} levels of arrays or tables)")
         return result
 
-    for key in data:
-        if key not in TOP_LEVEL_KEYS:
-            hint = _did_you_mean(key, TOP_LEVEL_KEYS)
-            if hint:
-                errors.append(LocatedError(display, None, key, f"unknown table{hint}", None))
+    def located(field: str, message: str) -> LocatedError:
+        return LocatedError(display, None, field, message, None)
 
-    result.host = _read_host(data, display, errors)
+    found = (errors, result.unknown)
+    informational = INFORMATIONAL_TOP_LEVEL_KEYS
+    _sort_unknown(
+        data, TOP_LEVEL_KEYS, "", located, found, informational=informational, what="table"
+    )
+    result.allow_empty = _read_allow_empty(data, display, errors)
+    result.host = _read_host(data, display, errors, result.unknown)
     role_ids: dict[str, _Entry[GpuRoleModel]] = {}
     for index, raw in enumerate(_table_list(data, "gpu_roles", display, errors), start=1):
         name, model, bad = _validate_entry(
@@ -581,6 +642,7 @@ def _read_file(path: Path) -> _FileResult:
             index=index,
             name_key="id",
             errors=errors,
+            unknown=result.unknown,
         )
         if not isinstance(model, GpuRoleModel):
             continue
@@ -616,6 +678,7 @@ def _read_file(path: Path) -> _FileResult:
             index=index,
             name_key="name",
             errors=errors,
+            unknown=result.unknown,
         )
         if not isinstance(model, ServeModel):
             continue
@@ -902,10 +965,64 @@ def _merge_serves(
     return unique, sources
 
 
-def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
+def _residents_over_budget(
+    files: Sequence[_FileResult],
+    entries: Sequence[_Entry[ServeModel]],
+    roles: Mapping[str, GpuRoleModel],
+) -> list[LocatedError]:
+    """Residents desired running whose reservations on one role exceed its budget.
+
+    Residents evict nothing and are never evicted, so such a set can never all run: an
+    error on the role, naming every term of the sum (a single serve over the budget is
+    the serve's own error).
+    """
+    on_role: dict[str, list[tuple[str, int]]] = {}
+    for entry in entries:
+        model = entry.model
+        resident = model.residency is Residency.RESIDENT and model.desired is DesiredRun.RUNNING
+        if not resident or model.vram_mib is None or not model.roles:
+            continue
+        if all(r in roles for r in model.roles):  # else it takes no part in the ledger
+            for r in model.roles:
+                on_role.setdefault(r, []).append((entry.name, model.vram_mib))
+    firsts: dict[str, _Entry[GpuRoleModel]] = {}
+    for result in files:
+        for role_entry in result.roles:
+            firsts.setdefault(role_entry.name, role_entry)
+    errors: list[LocatedError] = []
+    for rid, terms in on_role.items():
+        role, total = roles[rid], sum(mib for _, mib in terms)
+        if len(terms) < 2 or total <= role.budget_mib:
+            continue
+        summed = " + ".join(f"{_show(name)} {mib}" for name, mib in terms)
+        message = (
+            f'the residents desired "running" on it can never all run: {summed} = {total} MiB, '
+            f"more than its budget {role.vram_mib} - {role.reserve_mib} = {role.budget_mib} "
+            "MiB (residents evict nothing and are never evicted: make one evictable or "
+            'on-demand, desired "stopped", or smaller)'
+        )
+        errors.append(firsts[rid].error("gpu_roles", None, message))
+    return errors
+
+
+def _declares_nothing(files: Sequence[_FileResult]) -> LocatedError:
+    """The refusal of a set without any serve or role (and without ``allow_empty``)."""
+    return LocatedError(
+        ", ".join(r.display for r in files),
+        None,
+        None,
+        "declares no [[serve]] and no [[gpu_roles]]: the controller would look after "
+        "nothing (an editor crash or a truncated copy leaves such a file); refused. Add "
+        f"`{ALLOW_EMPTY} = true` to a file of the set if that is meant",
+        None,
+    )
+
+
+def load_manifest_set(paths: Sequence[str | Path], *, strict: bool = False) -> ManifestSet:
     """Load and merge manifest files into one :class:`ManifestSet`.
 
-    Raises :class:`ManifestError` with every located problem of every file.
+    Raises :class:`ManifestError` with every located problem of every file. Keys this
+    version does not know are warnings, or errors when ``strict``.
     """
     errors: list[LocatedError] = []
     warnings: list[LocatedError] = []
@@ -930,6 +1047,10 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
         result = _read_file(path)
         results.append(result)
         errors.extend(result.errors)
+        if strict:
+            errors.extend(dataclasses.replace(e, message=REFUSED_KEY) for e in result.unknown)
+        else:  # first: an unknown key often explains a warning (no role: `placement`)
+            warnings.extend(result.unknown)
         warnings.extend(result.warnings)
 
     roles, role_sources = _merge_roles(results, errors)
@@ -990,6 +1111,9 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
                 )
             )
 
+    errors.extend(_residents_over_budget(results, entries, roles))
+    if not (errors or roles or entries or any(r.allow_empty for r in results)):
+        errors.append(_declares_nothing(results))
     warning_lines = [str(w) for w in warnings]
     if errors:
         raise ManifestError(errors, warning_lines)
@@ -1011,6 +1135,6 @@ def load_manifest_set(paths: Sequence[str | Path]) -> ManifestSet:
     )
 
 
-def load_manifest(path: str | Path) -> ManifestSet:
+def load_manifest(path: str | Path, *, strict: bool = False) -> ManifestSet:
     """Load one manifest file: a set of one."""
-    return load_manifest_set([path])
+    return load_manifest_set([path], strict=strict)

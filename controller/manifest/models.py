@@ -372,7 +372,8 @@ SIZES_FROM_FREE_ENGINES: frozenset[str] = frozenset({"vllm", "sglang"})
 class ManifestFile(BaseModel):
     """A vramctl manifest file: [[gpu_roles]] capacity rows and [[serve]] tables.
 
-    Other top-level tables (the real stack's [[promotion]], ...) are allowed and ignored.
+    The real stack's [[promotion]] tables are known and ignored; any other top-level key
+    loads with a warning that names it (an error under ``validate --strict``).
     """
 
     model_config = ConfigDict(extra="allow", title="vramctl manifest")
@@ -380,6 +381,10 @@ class ManifestFile(BaseModel):
     gpu_roles: list[GpuRoleModel] = Field(default_factory=list)
     serve: list[ServeModel] = Field(default_factory=list)
     host: HostModel | None = None
+    allow_empty: bool = Field(
+        default=False,
+        description="true: the set may declare no serve and no gpu role (else refused).",
+    )
 
 
 # ── one file ───────────────────────────────────────────────────────────────────

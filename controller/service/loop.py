@@ -659,6 +659,8 @@ class Controller:
         self.manifest_issues = []
         if mset.digest != self.mset.digest:
             logger.info("manifest: reloaded ({} serves)", len(mset.serves))
+            for warning in mset.warnings:  # as `validate` and `run`'s start print them
+                logger.warning("manifest: {}", warning)
             self.mset = mset
             self.no_sleep.clear()  # an edit may have fixed the engine's sleep flag
             self._stale_executor = self._executor or self._stale_executor
