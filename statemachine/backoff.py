@@ -20,7 +20,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-#: The defaults of ``vramctl run --backoff-base / --backoff-cap`` (seconds).
+#: The backoff of `vramctl run` (seconds), fixed in this version (docs/operations.md).
 DEFAULT_BASE_S = 5.0
 DEFAULT_CAP_S = 300.0
 
