@@ -59,7 +59,10 @@ def test_the_single_card_example_runs_for_real_and_evicts(docker_client: object)
 
     Stand-in serves created by their Compose ``up`` commands, the on-demand ``fast`` tier
     asked for (refused while ``ocr`` is inside its 120 s ``min_runtime_s``, then
-    admitted by draining and stopping ``ocr``), the request ended and ``ocr`` back.
+    admitted by draining and stopping ``ocr``), the request ended and ``ocr`` back. Run
+    as a new user runs it: on a daemon without an old ``vramctl-example-standin:latest``
+    (the compose file's fallback once), so the tag the script builds must reach the
+    ``up`` commands through the controller's clean environment.
     """
     import os
     import subprocess
@@ -68,7 +71,17 @@ def test_the_single_card_example_runs_for_real_and_evicts(docker_client: object)
     from serving import free_port
 
     compose_available()
+    # what a new user has: no `:latest` stand-in left over from an older version (the
+    # compose file's old fallback), no stand-in image named by the caller
+    subprocess.run(
+        ["docker", "image", "rm", "--no-prune", "vramctl-example-standin:latest"],
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
     env = dict(os.environ, VRAMCTL_EXAMPLE_API=f"127.0.0.1:{free_port()}", COLUMNS="200")
+    env.pop("VRAMCTL_STANDIN_IMAGE", None)
+    env["VRAMCTL_EXAMPLE_WAIT_S"] = "240"  # a stuck stage fails here, not at the 600 s timeout
     r = subprocess.run(
         [str(EXAMPLES / "run"), "single-card"],
         capture_output=True,
@@ -79,6 +92,8 @@ def test_the_single_card_example_runs_for_real_and_evicts(docker_client: object)
     )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
+    # the controller's log is shown as it goes, from its first line
+    assert "tail: cannot open" not in out and "  | INFO    vramctl run: " in out, out[:3000]
     assert "ocr drain: ok" in out and "ocr stop: ok" in out, out[-6000:]
     assert "inside its min_runtime_s 120" in out, out[-6000:]  # the refusal came first
     assert "done: fast was admitted by evicting ocr, which came back" in out, out[-3000:]

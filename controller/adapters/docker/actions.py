@@ -13,8 +13,9 @@ the executor needs to carry out a plan step on a container that already exists:
   message (never raises);
 * :meth:`~DockerActions.run_up`: one operator-declared command line (a serve's
   ``up`` command, e.g. ``docker compose up -d SERVICE``) run without a shell, in a
-  clean environment (what Docker and Compose need, plus the serve's ``up_env``; never
-  the controller's tokens), with its output captured and its run time bounded;
+  clean environment (what Docker and Compose need, the variables the operator names
+  in ``VRAMCTL_UP_ENV_PASS``, plus the serve's ``up_env``; never the controller's
+  tokens), with its output captured and its run time bounded;
 * preflight probes: :meth:`~DockerActions.executable_exists` and
   :meth:`~DockerActions.port_in_use`.
 
@@ -39,6 +40,7 @@ import contextlib
 import errno
 import math
 import os
+import re
 import shutil
 import signal
 import socket
@@ -66,12 +68,15 @@ from controller.snapshot import ContainerModel
 
 __all__ = [
     "DEFAULT_LOG_TAIL",
+    "UP_ENV_NEVER",
     "UP_ENV_PASS",
+    "UP_ENV_PASS_VAR",
     "UP_ENV_PREFIXES",
     "ActionError",
     "DockerActions",
     "UpResult",
     "is_transient",
+    "up_env_pass_names",
     "up_environment",
 ]
 
@@ -115,6 +120,37 @@ UP_ENV_PASS: tuple[str, ...] = (
 )
 #: Prefixes of the variables passed on as well: the locale's and Docker Compose's.
 UP_ENV_PREFIXES: tuple[str, ...] = ("LC_", "COMPOSE_")
+#: The controller's variable that names further variables of its own environment to
+#: pass on to every ``up`` command (names separated by spaces or commas): the operator's
+#: explicit choice, as systemd's ``PassEnvironment=`` (e.g. the image tag a compose
+#: file interpolates, which changes between runs and so cannot sit in ``up_env``).
+UP_ENV_PASS_VAR = "VRAMCTL_UP_ENV_PASS"
+#: The controller's secrets: never passed on, even when named there.
+UP_ENV_NEVER: tuple[str, ...] = ("VRAMCTL_TOKEN", "VRAMCTL_ROUTER_TOKEN", "ANVIL_ROUTER_TOKEN")
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*", re.ASCII)
+
+
+def up_env_pass_names(environ: Mapping[str, str] | None = None) -> tuple[str, ...]:
+    """The names :data:`UP_ENV_PASS_VAR` lists in ``environ`` (default: the controller's).
+
+    Raises :class:`ValueError` saying which name is wrong: one that is not a variable
+    name, or one of the controller's secrets (:data:`UP_ENV_NEVER`).
+    """
+    source = os.environ if environ is None else environ
+    names = tuple(dict.fromkeys(source.get(UP_ENV_PASS_VAR, "").replace(",", " ").split()))
+    for name in names:
+        if not _ENV_NAME.fullmatch(name):
+            raise ValueError(
+                f"{UP_ENV_PASS_VAR}: {name!r} is not an environment variable name "
+                "(letters, digits and _, not starting with a digit)"
+            )
+        if name in UP_ENV_NEVER:
+            raise ValueError(
+                f"{UP_ENV_PASS_VAR}: {name} is the controller's own secret and is never "
+                "passed to an up command; give the command what it needs with the serve's "
+                "up_env, or in the compose project's .env file"
+            )
+    return names
 
 
 def up_environment(
@@ -122,14 +158,18 @@ def up_environment(
 ) -> dict[str, str]:
     """The environment of an ``up`` command: the passed-on part of ``environ`` + ``extra``.
 
-    ``environ`` defaults to the controller's own; ``extra`` (a serve's ``up_env``)
-    wins over it. ``PATH`` falls back to the system default when unset.
+    Passed on: :data:`UP_ENV_PASS`, :data:`UP_ENV_PREFIXES` and the names
+    :data:`UP_ENV_PASS_VAR` lists (:func:`up_env_pass_names`; a wrong list raises
+    :class:`ValueError`), those that are set. ``environ`` defaults to the controller's
+    own; ``extra`` (a serve's ``up_env``) wins over it. ``PATH`` falls back to the
+    system default when unset.
     """
     source = os.environ if environ is None else environ
+    named = frozenset(up_env_pass_names(source))
     env = {
         name: value
         for name, value in source.items()
-        if name in UP_ENV_PASS or name.startswith(UP_ENV_PREFIXES)
+        if name in UP_ENV_PASS or name in named or name.startswith(UP_ENV_PREFIXES)
     }
     env.setdefault("PATH", os.defpath)
     env.update(extra or {})
@@ -394,8 +434,9 @@ class DockerActions(RetryKnobs):
         """Run one command line (no shell) in ``cwd``, bounded by ``timeout_s`` seconds.
 
         The command gets a clean environment (:func:`up_environment`): the variables
-        of :data:`UP_ENV_PASS` / :data:`UP_ENV_PREFIXES` that the controller has, plus
-        ``env`` (the serve's ``up_env``); never the controller's tokens.
+        of :data:`UP_ENV_PASS` / :data:`UP_ENV_PREFIXES` and those named in
+        :data:`UP_ENV_PASS_VAR` that the controller has, plus ``env`` (the serve's
+        ``up_env``); never the controller's tokens.
         stdout and stderr are captured together and the tail is kept; stdin is
         ``/dev/null``. The command runs in its own session, so at the timeout the
         whole process group is killed (a ``docker compose`` and whatever it spawned)
