@@ -12,7 +12,9 @@ What it runs, each as its own process with the tree's code on ``PYTHONPATH`` (so
   request; to the first Docker event of the container; to the loop's beginning of the
   step);
 * ``bench_loop.py --only idle --modes api`` (20 serves and the HTTP API, idle: CPU and
-  RSS of ``vramctl run``).
+  RSS of ``vramctl run``);
+* ``bench_cli.py`` (``vramctl --help`` and ``validate`` of the single-card example as
+  processes, start to exit: wall and CPU medians, beside the interpreter's own start).
 
 With ``--base COMMIT`` (default: none) the commit is exported (``git archive``) into a
 temporary folder, *this* tree's ``benchmarks/`` is copied over its own, and every
@@ -190,6 +192,20 @@ def figures() -> list[Figure]:
         ),
         Figure("loop", "daemon events in the idle window", _field(idle, "daemon_events")),
     ]
+    out += [
+        Figure("cli", "python -c pass median", _field({"command": "python"}, "median_ms"),
+               unit="ms"),
+        Figure("cli", "--help median", _field({"command": "help"}, "median_ms"), "<= 250",
+               lambda v: v <= 250.0, "ms"),
+        Figure("cli", "validate median", _field({"command": "validate"}, "median_ms"), "<= 350",
+               lambda v: v <= 350.0, "ms"),
+        Figure("cli", "--help CPU median", _field({"command": "help"}, "cpu_median_ms"),
+               unit="ms"),
+        Figure("cli", "validate CPU median", _field({"command": "validate"}, "cpu_median_ms"),
+               unit="ms"),
+        Figure("cli", "load average (1 min) at the start",
+               _field({"bench": "cli_load"}, "loadavg_1m_before")),
+    ]  # fmt: skip
     return out
 
 
@@ -206,6 +222,7 @@ def commands(quick: bool, clock: str) -> dict[str, list[str]]:
         "reaction": [py, "benchmarks/bench_loop.py", "--only", "reaction"],
         "idle": [py, "benchmarks/bench_loop.py", "--only", "idle", "--modes", "api",
                  "--idle-s", idle_s],
+        "cli": [py, "benchmarks/bench_cli.py", "--runs", "7" if quick else "21"],
     }  # fmt: skip
 
 
@@ -278,7 +295,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--base", default=None, help="a commit to measure beside this tree")
     parser.add_argument("--quick", action="store_true", help="shorter runs (smoke)")
-    parser.add_argument("--only", action="append", choices=("planner", "fit", "reaction", "idle"))
+    parser.add_argument(
+        "--only", action="append", choices=("planner", "fit", "reaction", "idle", "cli")
+    )
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -301,7 +320,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for label, tree in trees.items():
                 results[label][bench] = run_one(tree, cmds[bench])
     for got in results.values():
-        for bench in ("planner", "fit", "reaction", "idle"):
+        for bench in ("planner", "fit", "reaction", "idle", "cli"):
             got.setdefault(bench, [])
     shown = [
         f

@@ -12,25 +12,47 @@ as located one-line messages, never tracebacks.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from controller.interfaces import bars, render
-from controller.manifest import ManifestError, ManifestSet, load_manifest_set
-from controller.snapshot import SnapshotError, SnapshotModel, load_snapshot
-from statemachine.fit import fit_serve
-from statemachine.planner import Action, Plan, Policy, plan_transitions
-from statemachine.status import host_status
-from statemachine.types import Observed
-
 if TYPE_CHECKING:
+    from controller.interfaces import bars, render
+    from controller.manifest import ManifestSet
     from controller.service.cycle import CycleJournal, PlanInputs
     from controller.service.executor import ExecutionReport, StepResult
+    from controller.snapshot import SnapshotModel
+    from statemachine.planner import Plan
+    from statemachine.types import Observed
+
+
+def _lazy(name: str) -> ModuleType:
+    """Module ``name``, loaded on its first attribute access (importlib's LazyLoader).
+
+    ``--help`` and a command's usage errors then import no manifest model, rich or
+    core module at all; each command imports what it uses (docs/operations.md,
+    "Install": how fast the command line answers; benchmarks/bench_cli.py).
+    """
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None, name
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+if not TYPE_CHECKING:
+    render = _lazy("controller.interfaces.render")
+    bars = _lazy("controller.interfaces.bars")
 
 app = typer.Typer(
     name="vramctl",
@@ -38,6 +60,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: paragraphs reflowed to the terminal's width (rich's kept each
+    # docstring line break, cutting sentences), and no rich/markdown import for --help
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
 
 ManifestOpt = Annotated[
@@ -68,6 +94,8 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 def _load(manifests: list[Path]) -> ManifestSet:
     if not manifests:
         _fail("no manifest given: pass -m/--manifest FILE (repeat for a set)")
+    from controller.manifest import ManifestError, load_manifest_set
+
     try:
         mset = load_manifest_set(manifests)
     except ManifestError as exc:
@@ -80,6 +108,8 @@ def _load(manifests: list[Path]) -> ManifestSet:
 
 
 def _observe(observed: Path | None, mset: ManifestSet) -> SnapshotModel:
+    from controller.snapshot import SnapshotError, load_snapshot
+
     if observed is None:
         return _observe_live(mset)
     try:
@@ -208,6 +238,7 @@ def status(
     """Per-role ledger, drift, each serve's container and lifecycle state, and its
     measured footprint (declared vs measured) and the roles' reserves."""
     from controller.interfaces import footprint_report as fp
+    from statemachine.status import host_status
 
     mset = _load(manifest)
     if watch:  # `status --watch`: observe and redraw in place (controller/interfaces/bars.py)
@@ -325,6 +356,8 @@ def fit(
     json_out: JsonOpt = False,
 ) -> None:
     """Can SERVE run now, and what would it cost? Exit 0 yes, 1 no."""
+    from statemachine.fit import fit_serve
+
     mset = _load(manifest)
     desired = mset.desired()
     if serve not in desired.serves:
@@ -356,6 +389,8 @@ def plan(
     ] = False,
 ) -> None:
     """Dry-run: the ordered steps that would converge the host, and what is blocked."""
+    from statemachine.planner import Policy, plan_transitions
+
     mset = _load(manifest)
     snap = _observe(observed, mset)
     result = plan_transitions(mset.desired(), snap.to_observed(), Policy(), _now(snap))
@@ -509,10 +544,13 @@ class _ApplyCycle:
 
     def inputs(self, snap: SnapshotModel, observed: Observed) -> PlanInputs:
         from controller.service.cycle import PlanInputs
+        from statemachine.planner import Policy
 
         return PlanInputs(self.mset.desired(), Policy(), _now(snap))
 
     def plan(self, inputs: PlanInputs, observed: Observed) -> Plan:
+        from statemachine.planner import plan_transitions
+
         if self.plan_file is not None:
             assert self.snap is not None
             the_plan = _saved_plan(self.plan_file, self.mset, self.snap, observed)
@@ -555,9 +593,9 @@ def _saved_plan(
     plan_file: Path, mset: ManifestSet, snap: SnapshotModel, observed: Observed
 ) -> Plan:
     """The plan saved in ``plan_file``, if the host is still what it was planned from."""
-    from controller.snapshot import parse_snapshot, snapshot_changes
+    from controller.snapshot import SnapshotError, parse_snapshot, snapshot_changes
     from statemachine.ledger import Refusal, ledger_from_observed
-    from statemachine.planner import Step
+    from statemachine.planner import Action, Plan, Step
     from statemachine.simulate import apply_step
 
     desired = mset.desired()

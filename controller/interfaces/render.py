@@ -9,6 +9,7 @@ This module must not compute anything the core did not: it formats only.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import sys
 import time
@@ -19,19 +20,19 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from statemachine.fit import FitResult
-from statemachine.planner import Action, Plan
-from statemachine.status import HostStatus, ServeStatus
-from statemachine.types import DesiredState
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the core's result types; a command imports the core it calls
     from controller.manifest import ManifestSet
     from controller.service.executor import ExecutionReport, StepResult
+    from statemachine.fit import FitResult
+    from statemachine.plan import Plan
+    from statemachine.status import HostStatus, ServeStatus
+    from statemachine.types import DesiredState
 
 # piped output (logs, CI, `| less`) gets wide tables instead of rich's 80 columns
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# emoji=False: a ":name:" in a serve name or a reason is text, not an emoji code
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 UNKNOWN = "unknown"
 
@@ -232,6 +233,8 @@ def fit(result: FitResult) -> None:
 
 def plan(result: Plan) -> None:
     """The human answer of ``plan``: a reviewable change set."""
+    from statemachine.plan import Action
+
     if result.empty and not result.blocked:
         out.print("[green]nothing to do[/green]: the host matches the manifest")
     for note in result.notes:
@@ -245,7 +248,7 @@ def plan(result: Plan) -> None:
         elif s.to_mib is not None:
             amount = f" {s.mib} MiB (to {s.to_mib})"
         roles = f" [{', '.join(s.gpu_roles)}]" if s.gpu_roles else ""
-        style = _STEP_STYLE.get(s.action, "")
+        style = _step_styles().get(s.action, "")
         out.print(
             f"  {i:>3}. [{style}]{s.action:<11}[/{style}] {escape(s.serve + roles)}{amount}"
             f"  [dim]— {escape(s.reason)}[/dim]"
@@ -277,23 +280,27 @@ def plan(result: Plan) -> None:
     out.print(table)
 
 
-_STEP_STYLE = {
-    Action.STOP: "red",
-    Action.RELEASE: "red",
-    Action.QUIESCE: "yellow",
-    Action.DRAIN: "yellow",
-    Action.SHRINK: "yellow",
-    Action.START: "green",
-    Action.RESERVE: "green",
-    Action.GROW: "green",
-    Action.AWAIT_READY: "cyan",
-    Action.READMIT: "cyan",
-    Action.SLEEP: "yellow",
-    Action.RELEASE_TO_RESIDUAL: "yellow",
-    Action.RESERVE_WAKE: "green",
-    Action.WAKE: "green",
-    Action.RELOAD: "green",
-}
+@functools.cache
+def _step_styles() -> dict[str, str]:
+    from statemachine.plan import Action
+
+    return {
+        Action.STOP: "red",
+        Action.RELEASE: "red",
+        Action.QUIESCE: "yellow",
+        Action.DRAIN: "yellow",
+        Action.SHRINK: "yellow",
+        Action.START: "green",
+        Action.RESERVE: "green",
+        Action.GROW: "green",
+        Action.AWAIT_READY: "cyan",
+        Action.READMIT: "cyan",
+        Action.SLEEP: "yellow",
+        Action.RELEASE_TO_RESIDUAL: "yellow",
+        Action.RESERVE_WAKE: "green",
+        Action.WAKE: "green",
+        Action.RELOAD: "green",
+    }
 
 
 _OUTCOME_STYLE = {
