@@ -29,7 +29,7 @@ if TYPE_CHECKING:
     from controller.service.executor import ExecutionReport, StepResult
     from controller.snapshot import SnapshotModel
     from statemachine.planner import Plan
-    from statemachine.types import Observed
+    from statemachine.types import DesiredState, Observed
 
 
 def _lazy(name: str) -> ModuleType:
@@ -129,11 +129,14 @@ def _observe_live(mset: ManifestSet) -> SnapshotModel:
     finally:
         observer.close()
     # one reading, no history: idleness is known as of now only (counted from a request)
-    tracker = InFlightTracker()
+    tracker = InFlightTracker(log_changes=False)  # no log line amid the answer
     try:
         readings = observe_in_flight(snap, mset, tracker)
     finally:
         tracker.close()  # one reading: its HTTP client is not kept
+    for name, reading in readings.items():
+        if reading.error:
+            render.warn(f"{name}: requests in flight unknown: {reading.error}")
     snap.in_flight = {
         name: reading.model_copy(update={"idle_since": None})
         for name, reading in readings.items()
@@ -225,6 +228,29 @@ def _footprint_samples(manifest: list[Path], state_dir: Path | None) -> list[Any
     return samples
 
 
+def _with_requests(
+    mset: ManifestSet, manifest: list[Path], state_dir: Path | None, snap: SnapshotModel
+) -> DesiredState:
+    """The desired state with the running loop's active on-demand requests (its journal,
+    read only), so ``status`` says which serves run on a request and who was evicted."""
+    from dataclasses import replace
+
+    from controller.store.journal import Journal, JournalError, default_state_dir, journal_path
+
+    desired = mset.desired()
+    path = journal_path(state_dir or default_state_dir(list(manifest)))
+    if not path.is_file():
+        return desired
+    try:
+        with Journal.open(path, readonly=True) as journal:
+            active = journal.active_requests()
+    except JournalError:
+        return desired
+    now = _now(snap)
+    live = tuple(r for r in active if r.serve in desired.serves and not r.expired(now))
+    return replace(desired, requests=live)
+
+
 @app.command()
 def status(
     manifest: ManifestOpt = [],  # noqa: B006
@@ -251,7 +277,8 @@ def status(
         )
         return
     snap = _observe(observed, mset)
-    report = host_status(mset.desired(), snap.to_observed())
+    desired = mset.desired() if observed else _with_requests(mset, manifest, state_dir, snap)
+    report = host_status(desired, snap.to_observed())
     footprints = fp.status_footprints(mset, _footprint_samples(manifest, state_dir))
     if json_out:
         _print_json(
@@ -839,7 +866,9 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
         render.err.print(f"  {data['queue']}")
     if data.get("note"):
         render.err.print(f"  note: {data['note']}")
-    for t in data.get("gpu_roles") or []:
+    # a refusal's message names its arithmetic already: the terms are printed once
+    roles = [t for t in data.get("gpu_roles") or [] if not _told(data, t["gpu_role"])]
+    for t in roles:
         parts = " + ".join(f"{r['serve']} {r['mib']}" for r in t.get("reservations", []))
         render.err.print(
             f"  {t['gpu_role']}: capacity {t['capacity_mib']} - reserve {t['reserve_mib']} = "
@@ -853,9 +882,10 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
             return ", ".join(f"{role} {render.mib(m)} MiB" for role, m in value.items())
         return str(value)
 
-    if data.get("evictable_mib"):
+    told = bool(data.get("gpu_roles")) and not roles  # with each role's evictable MiB
+    if data.get("evictable_mib") and not told:
         render.err.print(f"  evictable: {per_role(data['evictable_mib'])}")
-    if data.get("shrinkable_mib") and any(data["shrinkable_mib"].values()):
+    if data.get("shrinkable_mib") and any(data["shrinkable_mib"].values()) and not told:
         render.err.print(f"  shrinkable: {per_role(data['shrinkable_mib'])}")
     for p in data.get("protected") or []:
         render.err.print(f"  protected: {p['serve']} ({render.mib(p['mib'])} MiB): {p['why']}")
@@ -863,6 +893,12 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
         render.err.print(f"  retry after {data['retry_after_s']}s")
     if status_code == 401:
         render.err.print("  pass --token-file FILE or set VRAMCTL_TOKEN")
+
+
+def _told(data: dict[str, Any], role: str) -> bool:
+    """Whether an error answer's message already gives ``role``'s arithmetic."""
+    message = str(data.get("error", ""))
+    return f"{role}: capacity " in message and "evictable " in message
 
 
 @app.command()

@@ -139,7 +139,7 @@ def status(report: HostStatus) -> None:
             Text(s.serve),
             Text(",".join(s.gpu_roles) or "-"),
             s.residency or "-",
-            s.desired or "unmanaged",
+            desired_cell(s),
             s.state,
             Text(s.health or "-"),
             s.lifecycle,
@@ -178,6 +178,15 @@ def _clock(epoch: float) -> str:
     return time.strftime("%H:%M:%S", time.localtime(epoch))
 
 
+def desired_cell(s: ServeStatus) -> str:
+    """What the serve is desired to be, and why when it is not the manifest's word."""
+    if s.evicted_for:
+        return f"{s.desired} (evicted for {', '.join(s.evicted_for)})"
+    if s.desired_by == "request":
+        return f"{s.desired} (request)"
+    return s.desired or "unmanaged"
+
+
 def in_flight_line(s: ServeStatus) -> str | None:
     """A running serve's requests in flight and what its request's end counts from."""
     if s.state not in ("running", "paused", "restarting"):
@@ -203,8 +212,12 @@ def in_flight_line(s: ServeStatus) -> str | None:
 
 def fit(result: FitResult) -> None:
     """The human answer of ``fit``."""
-    verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
-    out.print(f"{escape(result.serve)}: {verdict}: {escape(result.reason)}")
+    style = "green" if result.fits else "red"
+    if result.reason.startswith(f"{result.serve} "):  # it says who and whether itself
+        out.print(Text(result.reason, style=style))
+    else:
+        verdict = "fits" if result.fits else "does not fit"
+        out.print(Text(f"{result.serve}: ") + Text(verdict, style=style) + f": {result.reason}")
     for t in result.terms:
         parts = " + ".join(f"{h} {m}" for h, m in t.reservations) or "nothing"
         out.print(
