@@ -289,7 +289,8 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 desired_by="manifest" if s.desired else ("request" if req else None),
                 evicted_for=_evicted_for(s, desired, ledger) if observed.docker_ok else (),
                 state=str(obs.state) if observed.docker_ok else "unknown",
-                health=obs.health if observed.docker_ok else None,
+                # Docker's healthcheck where it has one, else the controller's probe
+                health=(obs.health or observed.probes.get(s.name)) if observed.docker_ok else None,
                 lifecycle=str(
                     LifecycleState.STARTING
                     if s.name in observed.starting

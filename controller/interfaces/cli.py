@@ -120,8 +120,9 @@ def _observe(observed: Path | None, mset: ManifestSet) -> SnapshotModel:
 
 def _observe_live(mset: ManifestSet) -> SnapshotModel:
     from controller.adapters.docker.read import ContainerObserver, manifest_containers
+    from controller.adapters.health import HealthProber
     from controller.service.inflight import InFlightTracker, observe_in_flight
-    from controller.service.observe import observe_host
+    from controller.service.observe import observe_host, observe_probes
 
     observer = ContainerObserver()
     try:
@@ -141,6 +142,11 @@ def _observe_live(mset: ManifestSet) -> SnapshotModel:
         name: reading.model_copy(update={"idle_since": None})
         for name, reading in readings.items()
     }
+    prober = HealthProber()
+    try:
+        snap.probes = observe_probes(snap, mset, prober)
+    finally:
+        prober.close()
     if snap.docker_error:
         render.warn(f"docker: {snap.docker_error}")
     if snap.nvml_error:
