@@ -37,9 +37,11 @@ SHELL ["/bin/sh", "-eu", "-c"]
 COPY --from=docker-cli /usr/local/bin/docker /usr/local/bin/docker
 COPY --from=docker-cli /usr/local/libexec/docker/cli-plugins/docker-compose \
     /usr/local/libexec/docker/cli-plugins/docker-compose
+# the home is the state volume: made empty (no /etc/skel dotfiles), the user's alone
 RUN groupadd --system --gid 10001 vramctl \
-    && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/vramctl --create-home vramctl \
-    && chmod 0700 /var/lib/vramctl
+    && useradd --system --uid 10001 --gid 10001 --home-dir /var/lib/vramctl --no-create-home \
+        vramctl \
+    && install -d -o 10001 -g 10001 -m 0700 /var/lib/vramctl
 COPY wheels /tmp/wheels
 RUN python3 -m venv /opt/vramctl \
     && /opt/vramctl/bin/python -m pip install --no-index --no-cache-dir \

@@ -15,6 +15,8 @@ What it runs, each as its own process with the tree's code on ``PYTHONPATH`` (so
   RSS of ``vramctl run``);
 * ``bench_restart.py`` (a resident ``docker kill``ed after a healthy run, then again:
   Docker's ``die`` to the next ``start``, and the start against the log's promise).
+* ``bench_cli.py`` (``vramctl --help`` and ``validate`` of the single-card example as
+  processes, start to exit: wall and CPU medians, beside the interpreter's own start).
 
 With ``--base COMMIT`` (default: none) the commit is exported (``git archive``) into a
 temporary folder, *this* tree's ``benchmarks/`` is copied over its own, and every
@@ -204,6 +206,20 @@ def figures() -> list[Figure]:
                _field(restart, "again", "late_ms", "p90_ms"), "<= 1000",
                lambda v: v <= 1000.0, "ms"),
     ]  # fmt: skip
+    out += [
+        Figure("cli", "python -c pass median", _field({"command": "python"}, "median_ms"),
+               unit="ms"),
+        Figure("cli", "--help median", _field({"command": "help"}, "median_ms"), "<= 250",
+               lambda v: v <= 250.0, "ms"),
+        Figure("cli", "validate median", _field({"command": "validate"}, "median_ms"), "<= 350",
+               lambda v: v <= 350.0, "ms"),
+        Figure("cli", "--help CPU median", _field({"command": "help"}, "cpu_median_ms"),
+               unit="ms"),
+        Figure("cli", "validate CPU median", _field({"command": "validate"}, "cpu_median_ms"),
+               unit="ms"),
+        Figure("cli", "load average (1 min) at the start",
+               _field({"bench": "cli_load"}, "loadavg_1m_before")),
+    ]  # fmt: skip
     return out
 
 
@@ -221,6 +237,7 @@ def commands(quick: bool, clock: str) -> dict[str, list[str]]:
         "idle": [py, "benchmarks/bench_loop.py", "--only", "idle", "--modes", "api",
                  "--idle-s", idle_s],
         "restart": [py, "benchmarks/bench_restart.py", "--rounds", "2" if quick else "5"],
+        "cli": [py, "benchmarks/bench_cli.py", "--runs", "7" if quick else "21"],
     }  # fmt: skip
 
 
@@ -294,7 +311,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--base", default=None, help="a commit to measure beside this tree")
     parser.add_argument("--quick", action="store_true", help="shorter runs (smoke)")
     parser.add_argument(
-        "--only", action="append", choices=("planner", "fit", "reaction", "idle", "restart")
+        "--only", action="append", choices=("planner", "fit", "reaction", "idle", "restart", "cli")
     )
     parser.add_argument(
         "--clock",
@@ -318,7 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for label, tree in trees.items():
                 results[label][bench] = run_one(tree, cmds[bench])
     for got in results.values():
-        for bench in ("planner", "fit", "reaction", "idle", "restart"):
+        for bench in ("planner", "fit", "reaction", "idle", "restart", "cli"):
             got.setdefault(bench, [])
     shown = [
         f

@@ -54,6 +54,10 @@ def epoch_seconds(value: str | float | int | None) -> float | None:
     return datetime.fromisoformat(text).timestamp()
 
 
+#: a serve's health path's answer at one observation (2xx: healthy)
+Probe = Literal["healthy", "unhealthy"]
+
+
 class ContainerModel(BaseModel):
     """One container in the snapshot."""
 
@@ -177,6 +181,9 @@ class SnapshotModel(BaseModel):
     sleep: dict[str, SleepStateModel] = Field(default_factory=dict)
     #: serve -> its requests in flight (serves not listed: no reading)
     in_flight: dict[str, InFlightModel] = Field(default_factory=dict)
+    #: serve -> its health path's answer at this observation (serves not listed: not
+    #: probed: not running, no port or health path, or a Docker healthcheck says)
+    probes: dict[str, Probe] = Field(default_factory=dict)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -227,6 +234,7 @@ class SnapshotModel(BaseModel):
                 name: InFlightObs(f.count, f.source, f.idle_since, f.busy_at)
                 for name, f in self.in_flight.items()
             },
+            probes=dict(self.probes),
         )
 
     def taken_at_epoch(self) -> float | None:

@@ -15,15 +15,24 @@ from dataclasses import dataclass
 from typing import Any
 
 from statemachine.idleness import request_end
-from statemachine.ledger import HostView, RoleView, ledger_from_observed, no_longer_declared
+from statemachine.ledger import (
+    HostView,
+    Ledger,
+    RoleView,
+    ledger_from_observed,
+    no_longer_declared,
+)
 from statemachine.lifecycle import LifecycleState
 from statemachine.types import (
     ContainerObs,
     ContainerState,
+    DesiredRun,
     DesiredState,
     GpuObs,
     Observed,
     OnDemandRequest,
+    Residency,
+    ServeSpec,
 )
 
 
@@ -93,6 +102,12 @@ class ServeStatus:
     #: the other Compose project whose container bears its container name (foreign:
     #: never acted on, counted while it holds memory); None: not foreign
     foreign_project: str | None = None
+    #: "manifest" when ``desired`` is the manifest's, "request" when an on-demand
+    #: request makes it desired running; None for an unmanaged serve with no request
+    desired_by: str | None = None
+    #: an evictable serve desired running that is down and cannot start now: the
+    #: requested serves holding memory on its roles (it comes back when they end)
+    evicted_for: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``sleep`` only for a serve that can sleep or is seen asleep)."""
@@ -116,6 +131,8 @@ class ServeStatus:
             "ttl_basis": self.ttl_basis,
             "request_ends_at": self.request_ends_at,
             "foreign_project": self.foreign_project,
+            "desired_by": self.desired_by,
+            "evicted_for": list(self.evicted_for),
         }
         if self.sleep is not None:
             out["sleep"] = {
@@ -200,6 +217,30 @@ def _device(gpus: tuple[GpuObs, ...] | None, uuid: str | None) -> GpuObs | None:
     return None
 
 
+def _evicted_for(s: ServeSpec, desired: DesiredState, ledger: Ledger) -> tuple[str, ...]:
+    """The requested serves an evictable ``s`` (desired running, holding nothing) makes
+    room for: those holding memory on a role of ``s`` where ``s`` does not fit now."""
+    if (
+        s.residency != Residency.EVICTABLE
+        or s.desired != DesiredRun.RUNNING
+        or s.vram_mib is None
+        or ledger.holds(s.name)
+    ):
+        return ()
+    short = {
+        r
+        for r in s.gpu_roles
+        if (free := ledger.view(r).free_mib) is not None and free < s.vram_mib
+    }
+    return tuple(
+        sorted(
+            r.serve
+            for r in desired.requests
+            if ledger.holds(r.serve) and short & set(ledger.holdings[r.serve].gpu_roles)
+        )
+    )
+
+
 def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
     """Build the status report from the desired state and one observation."""
     ledger = ledger_from_observed(desired, observed)
@@ -246,9 +287,14 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 container=s.container,
                 gpu_roles=s.gpu_roles,
                 residency=str(s.residency) if s.residency else None,
-                desired=str(s.desired) if s.desired else None,
+                desired=str(s.desired)
+                if s.desired
+                else (str(DesiredRun.RUNNING) if req is not None else None),
+                desired_by="manifest" if s.desired else ("request" if req else None),
+                evicted_for=_evicted_for(s, desired, ledger) if observed.docker_ok else (),
                 state=str(obs.state) if observed.docker_ok else "unknown",
-                health=obs.health if observed.docker_ok else None,
+                # Docker's healthcheck where it has one, else the controller's probe
+                health=(obs.health or observed.probes.get(s.name)) if observed.docker_ok else None,
                 lifecycle=str(
                     LifecycleState.STARTING
                     if s.name in observed.starting

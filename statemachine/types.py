@@ -375,6 +375,10 @@ class Observed:
 
     #: serve -> its requests in flight; a serve missing here has no source (unknown)
     in_flight: Mapping[str, InFlightObs] = field(default_factory=dict)
+    #: serve -> "healthy" / "unhealthy": the controller's GET of its declared health
+    #: path at this observation (running serves with a port and a health path, whose
+    #: container has no Docker healthcheck); a serve missing here was not probed
+    probes: Mapping[str, str] = field(default_factory=dict)
 
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""

@@ -644,11 +644,22 @@ def test_cli_up_and_down_talk_to_the_running_loop(calm: Live) -> None:
     common = ["--api", lv.address, "--token-file", str(lv.token_file)]
     r = vramctl("up", "big", *common)
     assert r.returncode == 1
-    assert "429" in r.stderr and "shortfall 5000" in r.stderr and "evictable" in r.stderr
+    assert "429" in r.stderr and "short 5000" in r.stderr and "evictable" in r.stderr
+    assert r.stderr.count("capacity") == 1, r.stderr  # the arithmetic once, not twice
     r = vramctl("up", "llm", "--ttl", "300", "--json", *common)
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout)["request"]["ttl_s"] == 300
     lv.converged(llm="running", omni="down")
+    # status reads the loop's requests from its journal: who runs on one, who made room
+    r = vramctl("status", "-m", str(lv.manifest), "--state-dir", str(lv.tmp / "state"))
+    assert r.returncode == 0, r.stderr
+    cells = [line.replace("│", " ").split() for line in r.stdout.splitlines()]
+    rows: dict[str, str] = {}
+    for c in cells:  # the serves table's row: the first that names the serve
+        if c and c[0] in ("llm", "omni"):
+            rows.setdefault(c[0], " ".join(c))
+    assert "running (request)" in rows["llm"] and "unmanaged" not in rows["llm"], r.stdout
+    assert "running (evicted for llm)" in rows["omni"], r.stdout
     # the address and token from the environment as well
     env = {"VRAMCTL_API": lv.address, "VRAMCTL_TOKEN": TOKEN}
     r = vramctl("down", "llm", env=env)

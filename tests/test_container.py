@@ -71,6 +71,17 @@ def controller_image() -> str:
     return IMAGE
 
 
+def test_the_state_volume_starts_empty_and_the_users_alone(controller_image: str) -> None:
+    # no /etc/skel dotfiles (.bashrc, .profile) land in the operator's state volume
+    r = subprocess.run(
+        ["docker", "run", "--rm", "--entrypoint", "sh", controller_image, "-c",
+         "ls -A /var/lib/vramctl; stat -c 'owner %u mode %a' /var/lib/vramctl"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.splitlines() == ["owner 10001 mode 700"], r.stdout
+
+
 class Deployment:
     """The stack folder, the controller's Compose files and its container."""
 

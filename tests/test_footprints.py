@@ -352,6 +352,7 @@ def test_calibrate_proposes_the_peak_plus_margin_from_recorded_samples(tmp_path:
     human = vramctl("calibrate", "-m", str(path), "--state-dir", str(state), "--patch")
     assert human.returncode == 0, human.stderr
     assert "proposed vram_mib = 4864" in human.stdout
+    assert "llm: declared 4000 MiB;" in human.stdout  # as every figure prints: no "4 000"
     assert "not enough evidence" in human.stdout
     assert "-vram_mib = 4000   # the reservation" in human.stdout
     assert "+vram_mib = 4864   # the reservation" in human.stdout

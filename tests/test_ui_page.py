@@ -258,6 +258,28 @@ def test_the_bars_numbers_equal_the_ledger(page: Any, calm: Live) -> None:
     assert drawn["lifecycles"] == {s["serve"]: s["lifecycle"] for s in serves["serves"]}
 
 
+_LABELS = """() => [...document.querySelectorAll('#roles .seg-label')].map((l) => ({
+  text: l.textContent, hidden: l.hidden,
+  cut: l.offsetLeft + l.offsetWidth > l.parentElement.clientWidth }))"""
+
+
+@pytest.mark.docker
+@pytest.mark.browser
+def test_a_bar_label_shows_whole_or_not_at_all(page: Any, calm: Live) -> None:
+    # narrow: the reserve's 1000 of 10000 MiB is ~50 px, too narrow for "reserve 1000"
+    page.set_viewport_size({"width": 520, "height": 900})
+    page.wait_for_timeout(300)
+    labels = page.evaluate(_LABELS)
+    assert [x["text"] for x in labels if x["cut"] and not x["hidden"]] == [], labels
+    assert "reserve 1000" in [x["text"] for x in labels if x["hidden"]], labels
+    # wide again: each label that fits shows again
+    page.set_viewport_size({"width": 1280, "height": 900})
+    page.wait_for_timeout(300)
+    labels = page.evaluate(_LABELS)
+    assert not any(x["hidden"] for x in labels if not x["cut"]), labels
+    assert "reserve 1000" in [x["text"] for x in labels if not x["hidden"]], labels
+
+
 @pytest.mark.docker
 @pytest.mark.browser
 def test_the_page_works_with_nvml_unknown(page: Any, calm: Live) -> None:
@@ -315,6 +337,16 @@ def test_an_eviction_made_through_the_api_shows_without_a_reload(
         timeout=60_000,
     )
     assert page.evaluate("() => window.__sameDocument === true"), "the page was reloaded"
+    # the rows say why: llm runs on its request, omni was evicted for it
+    page.wait_for_function(
+        "() => document.querySelector(\"[data-serve-row='omni'] [data-field=desired]\")"
+        ".textContent === 'running (evicted for llm)'",
+        timeout=60_000,
+    )
+    assert page.text_content("[data-serve-row='llm'] [data-field=desired]") == "running (request)"
+    served = lv.serves()
+    assert (served["llm"]["desired"], served["llm"]["desired_by"]) == ("running", "request")
+    assert served["omni"]["evicted_for"] == ["llm"] and served["res"]["evicted_for"] == []
     drawn, ledger, _ = _same_moment(page, lv)
     assert drawn["roles"][0]["segments"] == [
         [x["serve"], str(x["mib"])] for x in ledger["gpu_roles"][0]["reservations"]

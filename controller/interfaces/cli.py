@@ -14,27 +14,48 @@ as located one-line messages, never tracebacks.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 
-from controller.interfaces import bars, render
-from controller.manifest import ManifestError, ManifestSet, load_manifest_set
-from controller.snapshot import SnapshotError, SnapshotModel, load_snapshot
-from statemachine.admission import no_router_warning, router_tiers
-from statemachine.fit import fit_serve
-from statemachine.planner import Action, Plan, Policy, plan_transitions
-from statemachine.status import host_status
-from statemachine.types import Observed
-
 if TYPE_CHECKING:
+    from controller.interfaces import bars, render
+    from controller.manifest import ManifestSet
     from controller.service.cycle import CycleJournal, PlanInputs
     from controller.service.executor import ExecutionReport, StepResult
+    from controller.snapshot import SnapshotModel
+    from statemachine.planner import Plan
+    from statemachine.types import DesiredState, Observed
+
+
+def _lazy(name: str) -> ModuleType:
+    """Module ``name``, loaded on its first attribute access (importlib's LazyLoader).
+
+    ``--help`` and a command's usage errors then import no manifest model, rich or
+    core module at all; each command imports what it uses (docs/operations.md,
+    "Install": how fast the command line answers; benchmarks/bench_cli.py).
+    """
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.find_spec(name)
+    assert spec is not None and spec.loader is not None, name
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+if not TYPE_CHECKING:
+    render = _lazy("controller.interfaces.render")
+    bars = _lazy("controller.interfaces.bars")
 
 app = typer.Typer(
     name="vramctl",
@@ -42,6 +63,10 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    # click's plain help: paragraphs reflowed to the terminal's width (rich's kept each
+    # docstring line break, cutting sentences), and no rich/markdown import for --help
+    rich_markup_mode=None,
+    context_settings={"max_content_width": 120},
 )
 
 ManifestOpt = Annotated[
@@ -75,6 +100,8 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 def _load(manifests: list[Path], *, strict: bool = False) -> ManifestSet:
     if not manifests:
         _fail("no manifest given: pass -m/--manifest FILE (repeat for a set)")
+    from controller.manifest import ManifestError, load_manifest_set
+
     try:
         mset = load_manifest_set(manifests, strict=strict)
     except ManifestError as exc:
@@ -108,6 +135,8 @@ def _check_up_env_pass() -> None:
 def _observe(
     observed: Path | None, mset: ManifestSet, notes: list[str] | None = None
 ) -> SnapshotModel:
+    from controller.snapshot import SnapshotError, load_snapshot
+
     if observed is None:
         return _observe_live(mset, notes)
     try:
@@ -120,8 +149,9 @@ def _observe_live(mset: ManifestSet, notes: list[str] | None = None) -> Snapshot
     """One live observation; what could not be read is printed on stderr, or added to
     ``notes`` (``status --watch`` tells it inside its draw)."""
     from controller.adapters.docker.read import ContainerObserver, manifest_containers
+    from controller.adapters.health import HealthProber
     from controller.service.inflight import InFlightTracker, observe_in_flight
-    from controller.service.observe import observe_host
+    from controller.service.observe import observe_host, observe_probes
 
     observer = ContainerObserver()
     try:
@@ -129,15 +159,23 @@ def _observe_live(mset: ManifestSet, notes: list[str] | None = None) -> Snapshot
     finally:
         observer.close()
     # one reading, no history: idleness is known as of now only (counted from a request)
-    tracker = InFlightTracker()
+    tracker = InFlightTracker(log_changes=False)  # no log line amid the answer
     try:
         readings = observe_in_flight(snap, mset, tracker)
     finally:
         tracker.close()  # one reading: its HTTP client is not kept
+    for name, reading in readings.items():
+        if reading.error:
+            render.warn(f"{name}: requests in flight unknown: {reading.error}")
     snap.in_flight = {
         name: reading.model_copy(update={"idle_since": None})
         for name, reading in readings.items()
     }
+    prober = HealthProber()
+    try:
+        snap.probes = observe_probes(snap, mset, prober)
+    finally:
+        prober.close()
     if snap.docker_error:  # one line: where it looked and what to do (adapters/docker/reach)
         _say(render.error, f"{snap.docker_error}", notes)
     if snap.nvml_error:
@@ -196,6 +234,8 @@ def validate(
     strict: StrictOpt = False,
 ) -> None:
     """Check a manifest set; exit 0 when valid, 1 with located errors on stderr."""
+    from statemachine.admission import no_router_warning, router_tiers
+
     mset = _load(manifest, strict=strict)
     desired = mset.desired()
     tiers = {} if router_url else router_tiers(desired)
@@ -268,6 +308,29 @@ def _footprint_samples(manifest: list[Path], state_dir: Path | None) -> list[Any
     return samples
 
 
+def _with_requests(
+    mset: ManifestSet, manifest: list[Path], state_dir: Path | None, snap: SnapshotModel
+) -> DesiredState:
+    """The desired state with the running loop's active on-demand requests (its journal,
+    read only), so ``status`` says which serves run on a request and who was evicted."""
+    from dataclasses import replace
+
+    from controller.store.journal import Journal, JournalError, default_state_dir, journal_path
+
+    desired = mset.desired()
+    path = journal_path(state_dir or default_state_dir(list(manifest)))
+    if not path.is_file():
+        return desired
+    try:
+        with Journal.open(path, readonly=True) as journal:
+            active = journal.active_requests()
+    except JournalError:
+        return desired
+    now = _now(snap)
+    live = tuple(r for r in active if r.serve in desired.serves and not r.expired(now))
+    return replace(desired, requests=live)
+
+
 @app.command()
 def status(
     manifest: ManifestOpt = [],  # noqa: B006
@@ -281,6 +344,7 @@ def status(
     """Per-role ledger, drift, each serve's container and lifecycle state, and its
     measured footprint (declared vs measured) and the roles' reserves."""
     from controller.interfaces import footprint_report as fp
+    from statemachine.status import host_status
 
     mset = _load(manifest)
     if watch:  # `status --watch`: observe and redraw in place (controller/interfaces/bars.py)
@@ -289,7 +353,8 @@ def status(
         _watch_status(manifest, mset, observed, interval, count)
         return
     snap = _observe(observed, mset)
-    report = host_status(mset.desired(), snap.to_observed())
+    desired = mset.desired() if observed else _with_requests(mset, manifest, state_dir, snap)
+    report = host_status(desired, snap.to_observed())
     footprints = fp.status_footprints(mset, _footprint_samples(manifest, state_dir))
     if json_out:
         _print_json(
@@ -322,6 +387,8 @@ def _watch_status(
     """``status --watch``: each draw from the manifest set as the files are now (the last
     good one while an edit does not load) and a new observation."""
     from controller.interfaces.watched import WatchedManifests
+    from controller.snapshot import SnapshotError, load_snapshot
+    from statemachine.status import host_status
 
     follow = WatchedManifests(manifest, mset)
     last: list[SnapshotModel] = []
@@ -426,6 +493,8 @@ def fit(
     json_out: JsonOpt = False,
 ) -> None:
     """Can SERVE run now, and what would it cost? Exit 0 yes, 1 no."""
+    from statemachine.fit import fit_serve
+
     mset = _load(manifest)
     desired = mset.desired()
     if serve not in desired.serves:
@@ -458,6 +527,8 @@ def plan(
     ] = False,
 ) -> None:
     """Dry-run: the ordered steps that would converge the host, and what is blocked."""
+    from statemachine.planner import Policy, plan_transitions
+
     mset = _load(manifest)
     snap = _observe(observed, mset)
     result = plan_transitions(mset.desired(), snap.to_observed(), Policy(), _now(snap))
@@ -610,10 +681,13 @@ class _ApplyCycle:
 
     def inputs(self, snap: SnapshotModel, observed: Observed) -> PlanInputs:
         from controller.service.cycle import PlanInputs
+        from statemachine.planner import Policy
 
         return PlanInputs(self.mset.desired(), Policy(), _now(snap))
 
     def plan(self, inputs: PlanInputs, observed: Observed) -> Plan:
+        from statemachine.planner import plan_transitions
+
         if self.plan_file is not None:
             assert self.snap is not None
             the_plan = _saved_plan(self.plan_file, self.mset, self.snap, observed)
@@ -656,9 +730,9 @@ def _saved_plan(
     plan_file: Path, mset: ManifestSet, snap: SnapshotModel, observed: Observed
 ) -> Plan:
     """The plan saved in ``plan_file``, if the host is still what it was planned from."""
-    from controller.snapshot import parse_snapshot, snapshot_changes
+    from controller.snapshot import SnapshotError, parse_snapshot, snapshot_changes
     from statemachine.ledger import Refusal, ledger_from_observed
-    from statemachine.planner import Step
+    from statemachine.planner import Action, Plan, Step
     from statemachine.simulate import apply_step
 
     desired = mset.desired()
@@ -906,7 +980,9 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
         render.err.print(f"  {data['queue']}")
     if data.get("note"):
         render.err.print(f"  note: {data['note']}")
-    for t in data.get("gpu_roles") or []:
+    # a refusal's message names its arithmetic already: the terms are printed once
+    roles = [t for t in data.get("gpu_roles") or [] if not _told(data, t["gpu_role"])]
+    for t in roles:
         parts = " + ".join(f"{r['serve']} {r['mib']}" for r in t.get("reservations", []))
         render.err.print(
             f"  {t['gpu_role']}: capacity {t['capacity_mib']} - reserve {t['reserve_mib']} = "
@@ -920,9 +996,10 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
             return ", ".join(f"{role} {render.mib(m)} MiB" for role, m in value.items())
         return str(value)
 
-    if data.get("evictable_mib"):
+    told = bool(data.get("gpu_roles")) and not roles  # with each role's evictable MiB
+    if data.get("evictable_mib") and not told:
         render.err.print(f"  evictable: {per_role(data['evictable_mib'])}")
-    if data.get("shrinkable_mib") and any(data["shrinkable_mib"].values()):
+    if data.get("shrinkable_mib") and any(data["shrinkable_mib"].values()) and not told:
         render.err.print(f"  shrinkable: {per_role(data['shrinkable_mib'])}")
     for p in data.get("protected") or []:
         render.err.print(f"  protected: {p['serve']} ({render.mib(p['mib'])} MiB): {p['why']}")
@@ -930,6 +1007,12 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
         render.err.print(f"  retry after {data['retry_after_s']}s")
     if status_code == 401:
         render.err.print("  pass --token-file FILE or set VRAMCTL_TOKEN")
+
+
+def _told(data: dict[str, Any], role: str) -> bool:
+    """Whether an error answer's message already gives ``role``'s arithmetic."""
+    message = str(data.get("error", ""))
+    return f"{role}: capacity " in message and "evictable " in message
 
 
 @app.command()

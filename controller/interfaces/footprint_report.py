@@ -55,7 +55,8 @@ def status_footprints(mset: ManifestSet, samples: Sequence[Sample]) -> dict[str,
 
 
 def _mib(value: int | None) -> str:
-    return UNKNOWN if value is None else f"{value:,}".replace(",", " ")
+    """A MiB figure as every other answer prints it (``2048``, not ``2 048``), or unknown."""
+    return UNKNOWN if value is None else str(value)
 
 
 def footprint_table(footprints: Mapping[str, Footprint]) -> Table:

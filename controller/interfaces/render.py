@@ -9,6 +9,7 @@ This module must not compute anything the core did not: it formats only.
 from __future__ import annotations
 
 import difflib
+import functools
 import os
 import sys
 import time
@@ -19,19 +20,19 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-from statemachine.fit import FitResult
-from statemachine.planner import Action, Plan
-from statemachine.status import HostStatus, ServeStatus
-from statemachine.types import DesiredState
-
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # the core's result types; a command imports the core it calls
     from controller.manifest import ManifestSet
     from controller.service.executor import ExecutionReport, StepResult
+    from statemachine.fit import FitResult
+    from statemachine.plan import Plan
+    from statemachine.status import HostStatus, ServeStatus
+    from statemachine.types import DesiredState
 
 # piped output (logs, CI, `| less`) gets wide tables instead of rich's 80 columns
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
-out = Console(highlight=False, soft_wrap=True, width=_WIDTH)
-err = Console(stderr=True, highlight=False, soft_wrap=True)
+# emoji=False: a ":name:" in a serve name or a reason is text, not an emoji code
+out = Console(highlight=False, soft_wrap=True, width=_WIDTH, emoji=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 UNKNOWN = "unknown"
 
@@ -138,7 +139,7 @@ def status(report: HostStatus) -> None:
             Text(s.serve),
             Text(",".join(s.gpu_roles) or "-"),
             s.residency or "-",
-            s.desired or "unmanaged",
+            desired_cell(s),
             s.state,
             Text(s.health or "-"),
             s.lifecycle,
@@ -193,6 +194,15 @@ def foreign_line(s: ServeStatus) -> str:
     )
 
 
+def desired_cell(s: ServeStatus) -> str:
+    """What the serve is desired to be, and why when it is not the manifest's word."""
+    if s.evicted_for:
+        return f"{s.desired} (evicted for {', '.join(s.evicted_for)})"
+    if s.desired_by == "request":
+        return f"{s.desired} (request)"
+    return s.desired or "unmanaged"
+
+
 def in_flight_line(s: ServeStatus) -> str | None:
     """A running serve's requests in flight and what its request's end counts from."""
     if s.state not in ("running", "paused", "restarting"):
@@ -218,8 +228,12 @@ def in_flight_line(s: ServeStatus) -> str | None:
 
 def fit(result: FitResult) -> None:
     """The human answer of ``fit``."""
-    verdict = "[green]fits[/green]" if result.fits else "[red]does not fit[/red]"
-    out.print(f"{escape(result.serve)}: {verdict}: {escape(result.reason)}")
+    style = "green" if result.fits else "red"
+    if result.reason.startswith(f"{result.serve} "):  # it says who and whether itself
+        out.print(Text(result.reason, style=style))
+    else:
+        verdict = "fits" if result.fits else "does not fit"
+        out.print(Text(f"{result.serve}: ") + Text(verdict, style=style) + f": {result.reason}")
     for t in result.terms:
         parts = " + ".join(f"{h} {m}" for h, m in t.reservations) or "nothing"
         out.print(
@@ -248,6 +262,8 @@ def fit(result: FitResult) -> None:
 
 def plan(result: Plan) -> None:
     """The human answer of ``plan``: a reviewable change set."""
+    from statemachine.plan import Action
+
     if result.empty and not result.blocked:
         out.print("[green]nothing to do[/green]: the host matches the manifest")
     for note in result.notes:
@@ -261,7 +277,7 @@ def plan(result: Plan) -> None:
         elif s.to_mib is not None:
             amount = f" {s.mib} MiB (to {s.to_mib})"
         roles = f" [{', '.join(s.gpu_roles)}]" if s.gpu_roles else ""
-        style = _STEP_STYLE.get(s.action, "")
+        style = _step_styles().get(s.action, "")
         out.print(
             f"  {i:>3}. [{style}]{s.action:<11}[/{style}] {escape(s.serve + roles)}{amount}"
             f"  [dim]— {escape(s.reason)}[/dim]"
@@ -293,23 +309,27 @@ def plan(result: Plan) -> None:
     out.print(table)
 
 
-_STEP_STYLE = {
-    Action.STOP: "red",
-    Action.RELEASE: "red",
-    Action.QUIESCE: "yellow",
-    Action.DRAIN: "yellow",
-    Action.SHRINK: "yellow",
-    Action.START: "green",
-    Action.RESERVE: "green",
-    Action.GROW: "green",
-    Action.AWAIT_READY: "cyan",
-    Action.READMIT: "cyan",
-    Action.SLEEP: "yellow",
-    Action.RELEASE_TO_RESIDUAL: "yellow",
-    Action.RESERVE_WAKE: "green",
-    Action.WAKE: "green",
-    Action.RELOAD: "green",
-}
+@functools.cache
+def _step_styles() -> dict[str, str]:
+    from statemachine.plan import Action
+
+    return {
+        Action.STOP: "red",
+        Action.RELEASE: "red",
+        Action.QUIESCE: "yellow",
+        Action.DRAIN: "yellow",
+        Action.SHRINK: "yellow",
+        Action.START: "green",
+        Action.RESERVE: "green",
+        Action.GROW: "green",
+        Action.AWAIT_READY: "cyan",
+        Action.READMIT: "cyan",
+        Action.SLEEP: "yellow",
+        Action.RELEASE_TO_RESIDUAL: "yellow",
+        Action.RESERVE_WAKE: "green",
+        Action.WAKE: "green",
+        Action.RELOAD: "green",
+    }
 
 
 _OUTCOME_STYLE = {

@@ -70,7 +70,10 @@ class InFlightTracker:
         timeout_s: float = DEFAULT_TIMEOUT_S,
         reader: Callable[[Mapping[str, InFlightSources]], Mapping[str, InFlightReading]]
         | None = None,
+        log_changes: bool = True,
     ) -> None:
+        #: False for a one-shot reading (the CLI): it says what it read itself
+        self._log_changes = log_changes
         self._clock = clock
         self._reader = reader
         self._seen: dict[str, _Seen] = {}
@@ -128,7 +131,7 @@ class InFlightTracker:
 
     def _say(self, name: str, r: InFlightReading) -> None:
         """Log a serve's read error once when it changes, not every cycle."""
-        if self._errors.get(name) == r.error:
+        if not self._log_changes or self._errors.get(name) == r.error:
             return
         self._errors[name] = r.error
         if r.error:

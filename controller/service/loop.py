@@ -50,6 +50,7 @@ from controller.adapters.docker.read import (
     manifest_containers,
     open_events,
 )
+from controller.adapters.health import HealthProber
 from controller.adapters.nvml import NvmlApi, observe_gpus
 from controller.adapters.sleep import SleepClient
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
@@ -64,7 +65,7 @@ from controller.service.executor import ExecutionReport, Executor, Outcome, Step
 from controller.service.footprints import DEFAULT_SETTLE_S, FootprintRecorder, Reading
 from controller.service.inflight import InFlightTracker, observe_in_flight
 from controller.service.live import LiveLedger, StepEnded
-from controller.service.observe import observe_host
+from controller.service.observe import observe_host, observe_probes
 from controller.service.sleeping import observe_sleep
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import BackoffView, JournalHistory, LoopView
@@ -188,6 +189,7 @@ class Controller:
         self.starts = StartTracker()
         #: requests in flight per serve, and since when each has been idle
         self.in_flight = InFlightTracker()
+        self.prober = HealthProber()  # each observation's health probes (status, page)
         self._fresh_observer: ContainerObserver | None = None  # the executor's own reader
         # cycle -> its outcome while starts it handed off may still end (None: executing)
         self._outcomes: dict[int, dict[str, Any] | None] = {}
@@ -420,6 +422,7 @@ class Controller:
             if self._fresh_observer is not None:
                 self._fresh_observer.close()
             self.in_flight.close()
+            self.prober.close()
             self.journal.close()
             self._lock.release()
         logger.info("vramctl run: stopped")
@@ -722,6 +725,7 @@ class Controller:
             router_url=self.options.router_url,
             router_token_file=self.options.router_token_file,
         )
+        snap.probes = observe_probes(snap, self.mset, self.prober)
         return snap
 
     def _observed_names(

@@ -17,8 +17,11 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from controller.adapters.docker.read import ContainerObserver
+from controller.adapters.health import HealthProber
 from controller.adapters.nvml import GpuObservation, NvmlApi, observe_gpus, usage_by_container
-from controller.snapshot import SnapshotModel
+from controller.manifest import ManifestSet
+from controller.snapshot import Probe, SnapshotModel
+from statemachine.types import ContainerState
 
 
 def observe_host(
@@ -61,3 +64,23 @@ def observe_host(
         for name, used in usage.items():
             model.containers[name].gpu_used_mib = used
     return model
+
+
+def observe_probes(
+    snap: SnapshotModel, mset: ManifestSet, prober: HealthProber
+) -> dict[str, Probe]:
+    """Each running serve's declared health path asked once, concurrently (``GET
+    127.0.0.1:{port}{health}``, 2xx: ``healthy``, else ``unhealthy``): the health
+    ``status`` and the page show where the container has no Docker healthcheck of its
+    own. A serve not running, without a port or a health path is not asked."""
+    urls: dict[str, str] = {}
+    for name, serve in mset.serves.items():
+        c = snap.containers.get(serve.container)
+        if c is None or c.state is not ContainerState.RUNNING or c.health is not None:
+            continue
+        if serve.port is not None and serve.health:
+            urls[name] = f"http://127.0.0.1:{serve.port}{serve.health}"
+    answers: dict[str, Probe] = {}
+    for name, ok in prober(urls).items():
+        answers[name] = "healthy" if ok else "unhealthy"
+    return answers

@@ -151,6 +151,17 @@ function drawRole(role, byName, ledger) {
       el("span", { class: "muted" }, "MiB")));
 }
 
+// A label shows whole or not at all: a cut one ("reserve 204" of 2048, "fr") would
+// print a wrong figure. The segment's title and the figures below keep every number.
+function fitLabels() {
+  for (const label of document.querySelectorAll("#roles .seg-label")) {
+    label.hidden = false;
+    const seg = label.parentElement;
+    label.hidden = label.offsetLeft + label.offsetWidth > seg.clientWidth;
+  }
+}
+window.addEventListener("resize", fitLabels);
+
 function drawLegend() {
   const item = (cls, text) => el("span", { class: "legend-item" }, el("i", { class: cls }), text);
   $("#legend").replaceChildren(
@@ -192,13 +203,20 @@ function backoffCell(b) {
   return `${b.failures} failure(s), retry in ${secs(b.retry_in_s)}: ${why}`;
 }
 
+// as the CLI's status prints it (controller/interfaces/render.py, desired_cell)
+function desiredCell(s) {
+  if (s.evicted_for && s.evicted_for.length) return `${s.desired} (evicted for ${s.evicted_for.join(", ")})`;
+  if (s.desired_by === "request") return `${s.desired} (request)`;
+  return s.desired || "unmanaged";
+}
+
 function drawServes(serves) {
   const rows = serves.serves.map((s) => el("tr", { "data-serve-row": s.serve,
     class: `life-row-${s.lifecycle}` },
     el("td", {}, s.serve),
     el("td", {}, s.gpu_roles.join(", ") || "-"),
     el("td", {}, s.residency || "-"),
-    el("td", {}, s.desired || "unmanaged"),
+    el("td", { "data-field": "desired" }, desiredCell(s)),
     el("td", { "data-field": "state" }, s.state),
     el("td", { "data-field": "health" }, s.health || "-"),
     el("td", { "data-field": "lifecycle" }, el("span", { class: `pill life-${s.lifecycle}` }, s.lifecycle)),
@@ -271,6 +289,7 @@ function draw(m) {
   const { health, ledger, serves, plans } = m;
   const byName = servesByName(serves);
   $("#roles").replaceChildren(...ledger.gpu_roles.map((r) => drawRole(r, byName, ledger)));
+  fitLabels();
   drawServes(serves);
   drawPlans(plans);
   drawNotices(m);
