@@ -29,9 +29,10 @@ time), and a timeout: a mutant the tests fail on, or that hangs past the timeout
 *killed*; one they pass is a *survivor*.
 
 Each mutant has a stable key, ``module:line text:operator#n`` (``n`` counts equal
-changes on one line), so the equivalent mutants listed in
-``tests/mutation/equivalent.toml`` (each with a reason) keep matching while code
-around them moves. The score is killed / (mutants run), equivalents excluded.
+changes on lines of one text), so the equivalent mutants listed in
+``tests/mutation/equivalent.toml`` (each names exactly one key, ``n`` included, with
+its reason) keep matching while code around them moves. The score is killed /
+(mutants run), equivalents excluded.
 ``tests/mutation/mutation.toml`` holds per module the threshold and how the test
 command samples it; ``--full`` runs every mutant of every module.
 
