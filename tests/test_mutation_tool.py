@@ -4,13 +4,16 @@
   tests catch enough: shown on a one-function module in a scratch repository, once with
   a test that misses the boundary and once with one that pins it.
 - An equivalent entry that matches no mutant stops the run (exit 2): a stale entry
-  would otherwise hide a change.
+  would otherwise hide a change. So does an entry that names no ``occurrence``: it
+  would hide every equal change on lines of that text, each of which needs its own
+  argument.
 - Every equivalent mutant of tests/mutation/equivalent.toml is listed in
   docs/mutation.md with its reason.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import shutil
 import subprocess
 import sys
@@ -46,10 +49,10 @@ def test_short_and_not_short() -> None:
 """
 
 
-def scratch_repo(tmp: Path, test: str, equivalent: str = "") -> Path:
+def scratch_repo(tmp: Path, test: str, equivalent: str = "", module: str = MODULE) -> Path:
     (tmp / "statemachine").mkdir()
     (tmp / "statemachine/__init__.py").write_text("")
-    (tmp / "statemachine/tiny.py").write_text(MODULE)
+    (tmp / "statemachine/tiny.py").write_text(module)
     (tmp / "tests/mutation").mkdir(parents=True)
     (tmp / "tests/test_tiny.py").write_text(test)
     shutil.copy2(ROOT / "tests/mutation/hypothesis_profile.py", tmp / "tests/mutation")
@@ -87,11 +90,54 @@ def test_the_run_passes_when_the_tests_pin_the_boundary(tmp_path: Path) -> None:
 def test_an_equivalent_entry_that_matches_no_mutant_stops_the_run(tmp_path: Path) -> None:
     stale = (
         '[[equivalent]]\nmodule = "tiny"\nline = "return max(1, need - free)"\n'
-        'operator = "minmax max -> min"\nreason = "a line that is gone"\n'
+        'operator = "minmax max -> min"\noccurrence = 0\nreason = "a line that is gone"\n'
     )
     got = mutate(scratch_repo(tmp_path, STRONG, stale))
     assert got.returncode == 2
     assert "equivalent.toml entry matches no mutant: tiny:return max(1, need - free):" in got.stderr
+
+
+# two equal changes on one line: the two 0s of max(0, need - free, 0)
+TWICE = MODULE.replace("max(0, need - free)", "max(0, need - free, 0)")
+
+
+def test_an_equivalent_entry_without_occurrence_stops_the_run_and_names_each_match(
+    tmp_path: Path,
+) -> None:
+    broad = (
+        '[[equivalent]]\nmodule = "tiny"\nline = "return max(0, need - free, 0)"\n'
+        'operator = "const 0 -> -1"\nreason = "one argument for two mutants"\n'
+    )
+    got = mutate(scratch_repo(tmp_path, STRONG, broad, TWICE))
+    assert got.returncode == 2, got.stdout + got.stderr
+    assert (
+        "equivalent.toml entry names no occurrence: tiny:return max(0, need - free, 0):"
+        "const 0 -> -1#? matches 2 mutant(s): occurrence = 0 at line 5, occurrence = 1 "
+        "at line 5; name exactly one"
+    ) in got.stderr
+
+
+def test_an_equivalent_entry_names_one_mutant_by_its_occurrence(tmp_path: Path) -> None:
+    one = (
+        '[[equivalent]]\nmodule = "tiny"\nline = "return max(0, need - free, 0)"\n'
+        'operator = "const 0 -> -1"\noccurrence = 1\nreason = "the second 0 only"\n'
+    )
+    root = scratch_repo(tmp_path, STRONG, one, TWICE)
+    got = subprocess.run(
+        [sys.executable, str(MUTATE), "--root", str(root), "--list"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+    )
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "# tiny: 6 mutants, 1 equivalent, 5 to run" in got.stdout
+    assert "tiny:return max(0, need - free, 0):const 0 -> -1#0" in got.stdout
+    assert "tiny:return max(0, need - free, 0):const 0 -> -1#1" not in got.stdout
+    # the same entry once more: listed twice is refused
+    (root / "tests/mutation/equivalent.toml").write_text(one + "\n" + one)
+    again = mutate(root)
+    assert again.returncode != 0 and "listed twice" in again.stderr
 
 
 def _equivalents() -> list[dict[str, object]]:
@@ -106,7 +152,23 @@ def _equivalents() -> list[dict[str, object]]:
 )
 def test_each_equivalent_mutant_is_listed_in_the_docs(entry: dict[str, object]) -> None:
     doc = (ROOT / "docs/mutation.md").read_text()
-    row = f"| `{entry['module']}.py` | `{entry['line']}` | {entry['operator']}"
+    row = (
+        f"| `{entry['module']}.py` | `{entry['line']}` | {entry['operator']} "
+        f"#{entry['occurrence']} |"
+    )
     rows = [line for line in doc.splitlines() if line.startswith(row)]
     assert rows, f"docs/mutation.md has no row starting {row!r}"
     assert any(str(entry["reason"]) in r for r in rows), f"{row}: the reason differs from the toml"
+
+
+def test_the_docs_table_of_equivalents_is_the_one_the_toml_generates() -> None:
+    spec = importlib.util.spec_from_file_location("mutate_tool", MUTATE)
+    assert spec is not None and spec.loader is not None
+    tool = importlib.util.module_from_spec(spec)
+    sys.modules["mutate_tool"] = tool  # its dataclasses look their module up
+    spec.loader.exec_module(tool)
+    table = tool.equivalents_table(tool.load_config(ROOT))
+    doc = (ROOT / "docs/mutation.md").read_text()
+    assert f"(tests/mutation/mutate.py --docs) -->\n{table}\n<!-- end: equivalents -->" in doc, (
+        "run `python tests/mutation/mutate.py --list --docs` to regenerate it"
+    )

@@ -29,9 +29,10 @@ time), and a timeout: a mutant the tests fail on, or that hangs past the timeout
 *killed*; one they pass is a *survivor*.
 
 Each mutant has a stable key, ``module:line text:operator#n`` (``n`` counts equal
-changes on one line), so the equivalent mutants listed in
-``tests/mutation/equivalent.toml`` (each with a reason) keep matching while code
-around them moves. The score is killed / (mutants run), equivalents excluded.
+changes on lines of one text), so the equivalent mutants listed in
+``tests/mutation/equivalent.toml`` (each names exactly one key, ``n`` included, with
+its reason) keep matching while code around them moves. The score is killed /
+(mutants run), equivalents excluded.
 ``tests/mutation/mutation.toml`` holds per module the threshold and how the test
 command samples it; ``--full`` runs every mutant of every module.
 
@@ -345,13 +346,34 @@ class ModuleConfig:
     seed: int
 
 
+@dataclass(frozen=True)
+class Equivalent:
+    """One entry of ``equivalent.toml``: exactly one mutant, named by module, the
+    stripped text of its line, the operator and the occurrence (``#n`` of its key), and
+    the argument why no test can tell it from the code."""
+
+    module: str
+    line: str
+    operator: str
+    occurrence: int | None  # None: the entry names no occurrence (refused by the run)
+    reason: str
+
+    @property
+    def base(self) -> str:
+        return f"{self.module}:{self.line}:{self.operator}"
+
+    @property
+    def key(self) -> str:
+        return f"{self.base}#{'?' if self.occurrence is None else self.occurrence}"
+
+
 @dataclass
 class Config:
     modules: dict[str, ModuleConfig]
     timeout_factor: float
     timeout_min_s: float
     env: dict[str, str]
-    equivalents: dict[str, str]  # key prefix (module:line text:operator[#n]) -> reason
+    equivalents: list[Equivalent]
 
 
 def load_config(root: Path) -> Config:
@@ -366,14 +388,21 @@ def load_config(root: Path) -> Config:
         for name, m in data["modules"].items()
     }
     eq_data = tomllib.loads((root / "tests/mutation/equivalent.toml").read_text())
-    equivalents: dict[str, str] = {}
+    equivalents: list[Equivalent] = []
     for e in eq_data.get("equivalent", []):
-        key = f"{e['module']}:{e['line'].strip()}:{e['operator']}"
-        if "occurrence" in e:
-            key += f"#{e['occurrence']}"
-        if not e.get("reason", "").strip():
-            raise SystemExit(f"equivalent.toml: {key}: every equivalent mutant needs a reason")
-        equivalents[key] = e["reason"]
+        occurrence = e.get("occurrence")
+        entry = Equivalent(
+            e["module"],
+            e["line"].strip(),
+            e["operator"],
+            None if occurrence is None else int(occurrence),
+            e.get("reason", "").strip(),
+        )
+        if not entry.reason:
+            raise SystemExit(f"equivalent.toml: {entry.key}: every equivalent needs its reason")
+        if any(x.key == entry.key for x in equivalents):
+            raise SystemExit(f"equivalent.toml: {entry.key}: listed twice")
+        equivalents.append(entry)
     run = data.get("run", {})
     return Config(
         modules,
@@ -384,9 +413,84 @@ def load_config(root: Path) -> Config:
     )
 
 
-def equivalent_reason(cfg: Config, m: Mutant) -> str | None:
-    base, _, _n = m.key.rpartition("#")
-    return cfg.equivalents.get(m.key) or cfg.equivalents.get(base)
+def match_equivalents(
+    entries: list[Equivalent], mutants: list[Mutant]
+) -> tuple[dict[str, Equivalent], list[str]]:
+    """The mutants the entries exclude (key -> entry), and what is wrong with entries
+    that do not name exactly one mutant: none (stale: the line or the change is gone)
+    or several (no ``occurrence``: an entry may hide one mutant only, each with its
+    own argument)."""
+    by_base: dict[str, list[Mutant]] = {}
+    for m in mutants:
+        by_base.setdefault(m.key.rpartition("#")[0], []).append(m)
+    excluded: dict[str, Equivalent] = {}
+    problems: list[str] = []
+    for e in entries:
+        same = by_base.get(e.base, [])
+        hits = same if e.occurrence is None else [m for m in same if m.key == e.key]
+        if e.occurrence is None:
+            where = ", ".join(
+                f"occurrence = {m.key.rpartition('#')[2]} at line {m.line}" for m in same
+            )
+            problems.append(
+                f"equivalent.toml entry names no occurrence: {e.key} matches "
+                f"{len(hits)} mutant(s){': ' + where if where else ''}; name exactly one"
+            )
+        elif not hits:
+            problems.append(f"equivalent.toml entry matches no mutant: {e.key}")
+        else:
+            excluded[e.key] = e
+    return excluded, problems
+
+
+# ----- docs/mutation.md's generated tables ---------------------------------------------
+DOCS = "docs/mutation.md"
+
+
+def _cell(text: str) -> str:
+    return text.replace("|", "\\|")
+
+
+def equivalents_table(cfg: Config) -> str:
+    """The table of equivalent mutants, one row per entry of ``equivalent.toml``."""
+    rows = [
+        "| module | line | operator | why it is equivalent |",
+        "|---|---|---|---|",
+    ]
+    for e in cfg.equivalents:
+        rows.append(
+            f"| `{e.module}.py` | `{_cell(e.line)}` | {e.operator} #{e.occurrence} "
+            f"| {_cell(e.reason)} |"
+        )
+    return "\n".join(rows)
+
+
+def scores_table(results: list[ModuleResult], thresholds: dict[str, float]) -> str:
+    """The table of one run's scores, one row per module run."""
+    rows = [
+        "| module | threshold | mutants | equivalent | run | killed | score | time |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        rows.append(
+            f"| `{r.module}.py` | {thresholds[r.module]:g} % | {r.total} | {r.equivalent} "
+            f"| {r.run}{' sampled' if r.sampled else ''} | {r.killed} | {r.score:.1f} % "
+            f"| {r.seconds:.0f} s |"
+        )
+    return "\n".join(rows)
+
+
+def write_block(root: Path, name: str, body: str) -> None:
+    """Replace the generated block ``name`` of docs/mutation.md (between its markers)."""
+    path = root / DOCS
+    text = path.read_text()
+    begin = f"<!-- generated: {name} (tests/mutation/mutate.py --docs) -->"
+    end = f"<!-- end: {name} -->"
+    if begin not in text or end not in text:
+        raise SystemExit(f"mutate: {DOCS} has no generated block {name!r} ({begin} ... {end})")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
 
 
 # ----- which tests ----------------------------------------------------------------------
@@ -421,6 +525,8 @@ class ModuleResult:
     total: int = 0
     equivalent: int = 0
     run: int = 0
+    sampled: bool = False
+    seconds: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
 
     @property
@@ -554,20 +660,15 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     plan: dict[str, tuple[ModuleResult, list[Mutant], list[Path]]] = {}
-    used_equivalents: set[str] = set()
+    problems: list[str] = []
     for name in names:
         mc = cfg.modules[name]
         source = (root / PACKAGE / f"{name}.py").read_text()
         every = mutants_of(name, source)
-        res = ModuleResult(name, total=len(every))
-        todo = []
-        for m in every:
-            if equivalent_reason(cfg, m) is not None:
-                res.equivalent += 1
-                used_equivalents.add(m.key)
-                used_equivalents.add(m.key.rpartition("#")[0])
-            else:
-                todo.append(m)
+        excluded, wrong = match_equivalents([e for e in cfg.equivalents if e.module == name], every)
+        problems += wrong
+        res = ModuleResult(name, total=len(every), equivalent=len(excluded))
+        todo = [m for m in every if m.key not in excluded]
         if args.match:
             todo = [m for m in todo if any(t in m.key for t in args.match)]
         sample = args.sample if args.sample is not None else (None if full else mc.sample)
@@ -576,6 +677,7 @@ def run(args: argparse.Namespace) -> int:
         if sample is not None and sample < len(todo):
             rng = random.Random(f"{name}:{args.seed if args.seed is not None else mc.seed}")
             todo = sorted(rng.sample(todo, sample), key=lambda m: (m.line, m.key))
+            res.sampled = True
         res.run = len(todo)
         files = pure_test_files(root, name)
         if not files:
@@ -583,13 +685,13 @@ def run(args: argparse.Namespace) -> int:
             return 2
         plan[name] = (res, todo, files)
 
-    stale = sorted(k for k in cfg.equivalents if k.split(":", 1)[0] in names)
-    stale = [k for k in stale if k not in used_equivalents]
-    if stale:
-        for k in stale:
-            print(f"mutate: equivalent.toml entry matches no mutant: {k}", file=sys.stderr)
+    if problems:
+        for problem in problems:
+            print(f"mutate: {problem}", file=sys.stderr)
         return 2
 
+    if args.docs:
+        write_block(root, "equivalents", equivalents_table(cfg))
     if args.list:
         for name, (res, todo, files) in plan.items():
             print(f"# {name}: {res.total} mutants, {res.equivalent} equivalent, {res.run} to run")
@@ -645,10 +747,11 @@ def run(args: argparse.Namespace) -> int:
                         )
             finally:  # stopped: no queued mutant starts after this
                 pool.shutdown(wait=True, cancel_futures=True)
+            res.seconds = time.monotonic() - t_mod
             print(
                 f"mutate: {name}: {res.total} mutants, {res.equivalent} equivalent, "
                 f"{res.run} run, {res.killed} killed ({res.score:.1f} %, threshold "
-                f"{cfg.modules[name].threshold:g} %) in {time.monotonic() - t_mod:.0f}s",
+                f"{cfg.modules[name].threshold:g} %) in {res.seconds:.0f}s",
                 flush=True,
             )
         if errors:
@@ -662,6 +765,16 @@ def run(args: argparse.Namespace) -> int:
         f"mutate: {'full' if full else 'test-command'} run in {elapsed:.0f}s with {workers} "
         f"worker(s)"
     )
+    if args.docs:
+        results = [res for res, _, _ in plan.values()]
+        thresholds = {n: m.threshold for n, m in cfg.modules.items()}
+        write_block(
+            root,
+            "scores",
+            f"`{' '.join(['mutate.py', *sys.argv[1:]])}`: {'full' if full else 'test-command'} "
+            f"run, {workers} worker(s), {elapsed:.0f} s in all.\n\n"
+            + scores_table(results, thresholds),
+        )
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -700,6 +813,11 @@ def main(argv: list[str] | None = None) -> int:
         help="only the mutants whose key holds TEXT (repeatable; every match, no sample)",
     )
     p.add_argument("--json", help="write the scores and survivors to this file")
+    p.add_argument(
+        "--docs",
+        action="store_true",
+        help=f"rewrite {DOCS}'s generated tables: the equivalents, and the scores of this run",
+    )
     p.add_argument("-v", "--verbose", action="store_true", help="print every mutant's outcome")
     p.add_argument("--root", default=str(ROOT), help=argparse.SUPPRESS)
     args = p.parse_args(argv)
