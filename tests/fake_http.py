@@ -18,13 +18,16 @@ time) and is a context manager::
 
 * :class:`FakeHTTPServer` answers with any ``handler(Recorded) -> Reply``;
 * :class:`FakeRouter` speaks the serving stack's router's admin transition protocol
-  as that router answers it (docs/protocols.md): 404 when its transition API is not
-  enabled, 401 for a bad token, 400 ``invalid_transition`` for an unknown tier or a
+  as that router answers it (docs/protocols.md): four management slots taken without
+  waiting (a fifth concurrent request answers 503 ``server_busy``; a drain holds its
+  slot for its whole length), 404 when its transition API is not enabled, 401 for a
+  bad token, 400 ``invalid_transition`` for a tier it was not configured with or a
   transition the tier's state forbids, dry runs without ``confirm``/``dry_run``, one
   mutation lock held for a whole drain (503 ``server_busy`` meanwhile), readmits that
   answer ``readmitted: false`` with a reason; it keeps a per-tier state and can be
   scripted: a drain's result, leading 503 ``server_busy`` answers, a forced status
-  for an action, readmit refusals, readiness, an operator's quiesce;
+  for an action, readmit refusals, readiness, an operator's quiesce, slow status
+  reads, slots held by someone else;
 * :class:`FakeEngineMetrics` serves ``GET /metrics`` as vLLM, SGLang or llama.cpp
   server write it (Prometheus text), with settable running / waiting counts (or 503);
 * :class:`FakeElastic` speaks ``POST /v1/vram`` (the seed's
@@ -43,7 +46,8 @@ import math
 import threading
 import time
 from collections import deque
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any, ClassVar
@@ -65,6 +69,9 @@ __all__ = [
 ]
 
 TRANSITION_PATH = "/v1/admin/transition"
+#: the router's management slots: requests to the transition endpoint served at once
+#: (its ``BoundedSemaphore(4)``, taken without waiting; docs/protocols.md)
+MANAGEMENT_SLOTS = 4
 VRAM_PATH = "/v1/vram"
 
 
@@ -305,9 +312,17 @@ class FakeRouter(FakeHTTPServer):
     * ``token``: the bearer token the router is configured with. ``None`` means the
       transition API is not enabled: every call to the endpoint answers 404
       ``not_found``. A missing or wrong token answers 401 ``authentication_error``.
-    * ``tiers``: when given, only those tiers exist; any other ``tier_id`` answers 400
-      ``invalid_transition`` on GET and POST. Otherwise any tier is created, admitting
-      and ready, on first mention.
+    * ``tiers``: the tiers the router is configured with, admitting and ready; any
+      other ``tier_id`` answers 400 ``invalid_transition`` on GET and POST (and the
+      scripting methods below raise ``KeyError`` for it: a test scripts only tiers the
+      router knows).
+    * every request to the transition endpoint takes one of :data:`MANAGEMENT_SLOTS`
+      slots without waiting, before the token is checked, and keeps it until it is
+      answered (a drain: its whole length); with none free it answers 503
+      ``server_busy`` ("management busy"). ``status_delay_s``: how long a status read
+      takes (the router probes the tier's readiness when its cached probe is stale).
+      :meth:`hold_slots` takes slots as someone else's requests would;
+      :attr:`management_peak` and :attr:`busy_refusals` say what the endpoint saw.
     * ``GET ?tier_id=T`` answers ``{"tiers": [row]}``, a ``GET`` without one every
       tier; a row is ``{"tier_id", "state": "admitting"|"quiesced", "reason",
       "active_requests", "draining", "ready", "readiness_state", "readiness_reason",
@@ -324,13 +339,20 @@ class FakeRouter(FakeHTTPServer):
     statuses and readmit refusals, which are used up.
     """
 
-    def __init__(self, token: str | None = None, *, tiers: Iterable[str] | None = None) -> None:
+    def __init__(
+        self, token: str | None = None, *, tiers: Iterable[str] = (), status_delay_s: float = 0.0
+    ) -> None:
         super().__init__()
         self.token = token
-        self._restricted = tiers is not None
-        self._tiers: dict[str, dict[str, Any]] = {}
-        for tier in tiers or ():
-            self._tiers[tier] = self._fresh(tier)
+        self.status_delay_s = status_delay_s
+        self._tiers: dict[str, dict[str, Any]] = {t: self._fresh(t) for t in tiers}
+        self._slots = threading.BoundedSemaphore(MANAGEMENT_SLOTS)
+        self._serving = 0
+        #: the most management requests served at once (slots held by
+        #: :meth:`hold_slots` not counted)
+        self.management_peak = 0
+        #: management requests answered 503 ``server_busy`` for want of a free slot
+        self.busy_refusals = 0
         self._drain: dict[str, _DrainScript] = {}
         self._readmit: dict[str, _ReadmitScript] = {}
         self._busy: deque[tuple[str | None, str]] = deque()
@@ -421,13 +443,13 @@ class FakeRouter(FakeHTTPServer):
     def set_active(self, tier_id: str, active_requests: int) -> None:
         """Set a tier's in-flight request count (what a drain waits for)."""
         with self._lock:
-            self._tier(tier_id, create=True)["active_requests"] = active_requests
+            self._tier(tier_id)["active_requests"] = active_requests
             self._changed.notify_all()
 
     def set_ready(self, tier_id: str, ready: bool, reason: str = "identity_http_404") -> None:
         """Whether the tier's backend passes readiness (a readmit needs it to)."""
         with self._lock:
-            self._tier(tier_id, create=True).update(
+            self._tier(tier_id).update(
                 ready=ready,
                 readiness_state="ready" if ready else "unavailable",
                 readiness_reason="identity_passed" if ready else reason,
@@ -436,12 +458,27 @@ class FakeRouter(FakeHTTPServer):
     def quiesce_as(self, tier_id: str, reason: str) -> None:
         """Quiesce ``tier_id`` as someone else would (an operator), with ``reason``."""
         with self._lock:
-            self._tier(tier_id, create=True).update(state="quiesced", reason=reason)
+            self._tier(tier_id).update(state="quiesced", reason=reason)
 
     def tier(self, tier_id: str) -> dict[str, Any]:
         """A copy of the tier's current state."""
         with self._lock:
-            return dict(self._tier(tier_id, create=True))
+            return dict(self._tier(tier_id))
+
+    @contextmanager
+    def hold_slots(self, n: int) -> Iterator[None]:
+        """Hold ``n`` management slots meanwhile, as someone else's requests in progress
+        would (an operator's drain, the serving stack's own tools)."""
+        for taken in range(n):
+            if not self._slots.acquire(timeout=5):
+                for _ in range(taken):
+                    self._slots.release()
+                raise RuntimeError(f"FakeRouter: no management slot free for hold #{taken + 1}")
+        try:
+            yield
+        finally:
+            for _ in range(n):
+                self._slots.release()
 
     # ── what was asked ────────────────────────────────────────────────────────
 
@@ -460,19 +497,15 @@ class FakeRouter(FakeHTTPServer):
 
     # ── protocol ──────────────────────────────────────────────────────────────
 
-    def _tier(self, tier_id: str, *, create: bool) -> dict[str, Any]:
+    def _tier(self, tier_id: str) -> dict[str, Any]:
         state = self._tiers.get(tier_id)
         if state is None:
-            if not create:
-                raise KeyError(tier_id)
-            state = self._tiers[tier_id] = self._fresh(tier_id)
+            raise KeyError(f"FakeRouter has no tier {tier_id!r}: pass it in tiers=")
         return state
 
     def _known(self, tier_id: str) -> dict[str, Any] | None:
-        """The tier's state (created on first mention unless ``tiers`` was given)."""
-        if self._restricted and tier_id not in self._tiers:
-            return None
-        return self._tier(tier_id, create=True)
+        """The tier's state; ``None`` for a tier the router was not configured with."""
+        return self._tiers.get(tier_id)
 
     def _auth(self, request: Recorded) -> Reply | None:
         if self.token is None:
@@ -484,6 +517,22 @@ class FakeRouter(FakeHTTPServer):
     def handle(self, request: Recorded) -> ReplyLike:
         if request.path != TRANSITION_PATH:
             return router_error(404, "not_found", f"no route {request.path}")
+        if not self._slots.acquire(blocking=False):
+            with self._lock:
+                self.busy_refusals += 1
+            return router_error(503, "server_busy", "management busy; try again later")
+        with self._lock:
+            self._serving += 1
+            self.management_peak = max(self.management_peak, self._serving)
+        try:
+            return self._managed(request)
+        finally:
+            with self._lock:
+                self._serving -= 1
+            self._slots.release()
+
+    def _managed(self, request: Recorded) -> ReplyLike:
+        """One request to the transition endpoint, holding a management slot."""
         denied = self._auth(request)
         if denied is not None:
             return denied
@@ -494,6 +543,8 @@ class FakeRouter(FakeHTTPServer):
         return router_error(405, "method_not_allowed", "method not allowed")
 
     def _status(self, tier_id: Any) -> Reply:
+        if self.status_delay_s > 0:
+            time.sleep(self.status_delay_s)
         with self._lock:
             if isinstance(tier_id, str):
                 tier = self._known(tier_id)

@@ -15,9 +15,18 @@ from pathlib import Path
 
 import httpx
 import pytest
-from fake_http import FakeEngineMetrics, FakeHTTPServer, Recorded, Reply
+from fake_http import (
+    MANAGEMENT_SLOTS,
+    FakeEngineMetrics,
+    FakeHTTPServer,
+    FakeRouter,
+    Recorded,
+    Reply,
+)
 
 from controller.adapters.engine_metrics import (
+    MAX_ROUTER_READS,
+    ROUTER_BUDGET_TIMEOUTS,
     InFlightReading,
     InFlightSources,
     engine_kind,
@@ -182,6 +191,56 @@ def test_read_all_prefers_the_engine_then_the_router_and_reads_concurrently() ->
     assert got["both-down"].count is None and got["both-down"].source is InFlightSource.METRICS
     assert got["none"].count is None and got["none"].source is None
     assert took < 20.0  # bounded by the timeouts, not by the pages (30 s)
+
+
+ROUTER_ONLY = {f"tier-{i}": i for i in range(8)}  # eight router-only serves, tier -> count
+
+
+def _router_only(router: FakeRouter) -> dict[str, InFlightSources]:
+    for tier, count in ROUTER_ONLY.items():
+        router.set_active(tier, count)
+    return {t: InFlightSources(None, None, router.url, t, "tok") for t in ROUTER_ONLY}
+
+
+def test_router_reads_stay_within_the_routers_management_slots() -> None:
+    """The router serves four management requests at once and refuses a fifth: eight
+    router-only serves are read without ever asking it for more than two at once (a
+    slot left for the controller's own drain and one for an operator's)."""
+    with FakeRouter("tok", tiers=ROUTER_ONLY, status_delay_s=0.1) as router:
+        got = read_all(_router_only(router))
+        assert {n: r.count for n, r in got.items()} == ROUTER_ONLY
+        assert all(r.source is InFlightSource.ROUTER for r in got.values())
+        assert router.management_peak == MAX_ROUTER_READS < MANAGEMENT_SLOTS
+        assert router.busy_refusals == 0
+
+
+def test_a_router_out_of_slots_is_asked_again_within_the_budget() -> None:
+    """With three of the router's four slots taken by others (a drain, an operator), a
+    read it refuses with 503 server_busy is asked again: every count is still known."""
+    with FakeRouter("tok", tiers=ROUTER_ONLY, status_delay_s=0.05) as router:
+        sources = _router_only(router)
+        with router.hold_slots(MANAGEMENT_SLOTS - 1):
+            got = read_all(sources)
+        assert router.busy_refusals > 0  # the fifth request was refused ...
+        assert {n: r.count for n, r in got.items()} == ROUTER_ONLY  # ... and asked again
+
+
+def test_a_router_that_stays_busy_is_unknown_within_the_budget() -> None:
+    """A router with no slot free for the whole budget gives unknown, saying why, after
+    about three timeouts (not one per serve): the reads that had their turn name the busy
+    answers, the others that their turn never came."""
+    with FakeRouter("tok", tiers=ROUTER_ONLY) as router:
+        sources = _router_only(router)
+        with router.hold_slots(MANAGEMENT_SLOTS):
+            t0 = time.monotonic()
+            got = read_all(sources, timeout_s=0.3)
+            took = time.monotonic() - t0
+    assert all(r.count is None for r in got.values())
+    errors = [r.error or "" for r in got.values()]
+    busy = "still HTTP 503 server_busy when its 0.6 s were up"
+    assert sum(busy in e for e in errors) >= MAX_ROUTER_READS
+    assert all(busy in e or "no turn within 0.6 s" in e for e in errors)
+    assert took < (ROUTER_BUDGET_TIMEOUTS + 1) * 0.3 + 5.0  # bounded by the budget
 
 
 @pytest.mark.parametrize(

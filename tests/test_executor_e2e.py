@@ -178,7 +178,7 @@ def host(
     monkeypatch.setenv("VRAMCTL_ROUTER_TOKEN", TOKEN)
     nvml = FakeNvml([FakeDevice(uuid="GPU-e2e-0", total=10_000 * MIB)])
     prefix = f"vramctl-test-{uuid.uuid4().hex[:8]}-"
-    with FakeRouter(token=TOKEN) as router:
+    with FakeRouter(token=TOKEN, tiers=["fast-local", "omni-local"]) as router:
         h = Host(docker_client, test_image, tmp_path, prefix, router, nvml, [])
         yield h
     for name in h.created:

@@ -68,6 +68,10 @@ def errors() -> Iterator[list[str]]:
     logger.remove(sink)
 
 
+#: the router's tiers: those of the serves below
+TIERS = ("omni-local", "ocr-local")
+
+
 def _serve(name: str, mib: int, residency: Residency, tier: str | None) -> ServeSpec:
     return ServeSpec(name, name, ("g0",), mib, residency, DesiredRun.RUNNING, router_tier=tier)
 
@@ -117,7 +121,7 @@ def test_a_failed_victim_stop_is_undone_without_a_fault_and_its_machine_stays_fa
         Step(Action.STOP, "ocr", ("g0",), 4000, "victim", group=g),
     )
     docker = StopFails({"omni", "ocr"}, failing={"omni"})
-    with FakeRouter(token=TOKEN) as router:
+    with FakeRouter(token=TOKEN, tiers=TIERS) as router:
         ex = _executor(desired, docker, router)
         report = ex.execute(Plan(steps, (), ledger, ledger), observed, skip_preflight=True)
         assert router.tier("omni-local")["state"] == "admitting"
@@ -161,7 +165,7 @@ def test_an_illegal_transition_settling_a_failed_start_is_reported(errors: list[
     wait = Step(Action.AWAIT_READY, "llm", ("g0",), 8000, "a plan that disagrees", group="llm")
     docker = StopFails(set(), failing=set())
     docker.state["llm"] = "exited"
-    with FakeRouter(token=TOKEN) as router:
+    with FakeRouter(token=TOKEN, tiers=TIERS) as router:
         ex = _executor(desired, docker, router)
         report = ex.execute(Plan((wait,), (), ledger, ledger), observed, skip_preflight=True)
 
@@ -207,7 +211,7 @@ def test_a_tier_left_quiesced_at_the_end_of_the_plan_is_readmitted_its_failed_ma
         Step(Action.STOP, "omni", ("g0",), 6000, "stopped", group="b"),
     )
     docker = StopFails({"omni"}, failing={"omni"})
-    with FakeRouter(token=TOKEN) as router:
+    with FakeRouter(token=TOKEN, tiers=TIERS) as router:
         ex = _executor(desired, docker, router)
         report = ex.execute(Plan(steps, (), ledger, ledger), observed, skip_preflight=True)
         assert router.tier("omni-local")["state"] == "admitting"  # readmitted by the undo
@@ -243,7 +247,7 @@ def test_a_failed_start_that_docker_cannot_confirm_down_settles_its_machine(
     desired = DesiredState({"g0": ROLE}, {"llm": llm})
     observed = Observed(True, {"llm": ContainerObs(ContainerState.RUNNING, started_at=1.0)})
     ledger = Ledger({"g0": ROLE}, [GpuReservation("llm", ("g0",), 8000)])
-    with FakeRouter(token=TOKEN) as router:
+    with FakeRouter(token=TOKEN, tiers=TIERS) as router:
         ex = _executor(desired, InspectFails({"llm"}), router)
         machine = ServeLifecycle("llm", state)
         run = _Run(ex, ledger, {"llm": machine}, observed)

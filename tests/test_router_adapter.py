@@ -20,6 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from fake_http import FakeHTTPServer, FakeRouter, Reply
 
@@ -42,7 +43,7 @@ TIER = "tier-a"
 
 @pytest.fixture
 def router() -> Iterator[FakeRouter]:
-    with FakeRouter(token=TOKEN) as fake:
+    with FakeRouter(token=TOKEN, tiers=[TIER, "other"]) as fake:
         yield fake
 
 
@@ -298,8 +299,9 @@ def test_other_errors_are_permanent_at_once_and_name_status_and_text(
 
 @pytest.mark.parametrize("action", ["quiesce", "readmit", "state"])
 def test_an_unknown_tier_is_400_invalid_transition_on_get_and_post(action: str) -> None:
-    """The router answers 400 invalid_transition (not 404) for a tier it does not know."""
-    with FakeRouter(token=TOKEN, tiers=["known"]) as fake, make_client(fake.url) as client:
+    """The router answers 400 invalid_transition (not 404) for a tier it does not know;
+    the stand-in knows no tier it was not given."""
+    with FakeRouter(token=TOKEN) as fake, make_client(fake.url) as client:
         with pytest.raises(RouterError) as info:
             if action == "state":
                 client.tier_state("stranger")
@@ -453,6 +455,63 @@ def test_without_the_busy_budget_a_quiesce_behind_a_drain_gives_up(router: FakeR
     finally:
         router.set_active("other", 0)
         thread.join(30)
+
+
+# ── the management slots ───────────────────────────────────────────────────────
+
+
+def test_a_fifth_management_request_is_refused_while_a_drain_holds_a_slot(
+    router: FakeRouter,
+) -> None:
+    """The router serves four management requests at once, a drain's for its whole
+    length; a fifth (a read too, even unauthenticated) answers 503 server_busy at once."""
+    thread = _drain_in_background(router, "other", timeout_s=60)
+    try:
+        with router.hold_slots(3), httpx.Client(base_url=router.url) as raw:
+            for token in (TOKEN, "wrong"):
+                answer = raw.get(
+                    TRANSITION_PATH,
+                    params={"tier_id": TIER},
+                    headers={"Authorization": f"Bearer {token}"},
+                )
+                assert answer.status_code == 503
+                assert answer.json() == {
+                    "error": {"type": "server_busy", "message": "management busy; try again later"}
+                }
+        assert router.busy_refusals == 2
+        assert client_state(router).state == "admitting"  # a slot is free again
+    finally:
+        router.set_active("other", 0)
+        thread.join(30)
+    assert router.management_peak == 2  # the drain and the last read
+
+
+def client_state(router: FakeRouter) -> TierState:
+    with make_client(router.url) as client:
+        return client.tier_state(TIER)
+
+
+def _hold_all_slots(router: FakeRouter, held: threading.Event) -> None:
+    with router.hold_slots(4):
+        held.set()
+        time.sleep(0.5)
+
+
+def test_the_client_retries_a_router_out_of_management_slots(router: FakeRouter) -> None:
+    """A read or a transition refused for want of a slot is retried until one frees."""
+    for call in ("state", "quiesce"):
+        held = threading.Event()
+        holder = threading.Thread(target=_hold_all_slots, args=(router, held), daemon=True)
+        holder.start()
+        assert held.wait(5)
+        refused = router.busy_refusals
+        with make_client(router.url, busy_wait_s=30) as client:
+            if call == "state":
+                assert client.tier_state(TIER).admitting
+            else:
+                assert client.transition("quiesce", TIER).applied
+        holder.join(5)
+        assert router.busy_refusals > refused
 
 
 def test_the_busy_budget_covers_the_longest_drain_plus_margins() -> None:

@@ -14,7 +14,14 @@ A count that cannot be read (no answer, a timeout, an error status, a metric mis
 a value that is not a finite number ≥ 0) is ``None``: unknown, never 0. Each read is
 bounded by a short timeout (:data:`DEFAULT_TIMEOUT_S`) and :func:`read_all` reads every
 serve at once in a small thread pool, so an observation waits at most about one timeout
-(and the router's, when the engine does not answer) however many serves there are.
+for the engines however many serves there are.
+
+The router serves :data:`ROUTER_SLOTS` management requests at once and answers 503
+``server_busy`` to another (docs/protocols.md): its tiers are read at most
+:data:`MAX_ROUTER_READS` at a time (a :class:`RouterGate`), and a busy answer is asked
+again after a short pause while the read's budget of :data:`ROUTER_BUDGET_TIMEOUTS`
+timeouts lasts (waiting for its turn counts against it; each try has one timeout): a
+router read ends within about three timeouts, however many serves are read from it.
 
 This module must not change anything: it only reads.
 """
@@ -23,6 +30,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -36,6 +44,16 @@ from statemachine.types import InFlightSource
 DEFAULT_TIMEOUT_S = 1.0
 #: most concurrent reads
 MAX_WORKERS = 8
+#: management requests the router serves at once; it answers 503 server_busy to another
+ROUTER_SLOTS = 4
+#: most concurrent reads of one router: its slots but one for a transition of the
+#: controller's own (a drain holds its slot for its whole length) and one for an operator
+MAX_ROUTER_READS = ROUTER_SLOTS - 2
+#: timeouts one router read may spend waiting for its turn and asking again after busy
+ROUTER_BUDGET_TIMEOUTS = 2
+#: the pause after a first busy answer (doubling up to :data:`BUSY_PAUSE_MAX_S`)
+BUSY_PAUSE_S = 0.05
+BUSY_PAUSE_MAX_S = 0.25
 #: an answer larger than this is not a metrics page: unknown
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
@@ -150,6 +168,52 @@ def read_metrics(
     return InFlightReading(count, source)
 
 
+class RouterGate:
+    """At most :data:`MAX_ROUTER_READS` reads of each router (by URL) at once. Thread-safe."""
+
+    def __init__(self, slots: int = MAX_ROUTER_READS) -> None:
+        self.slots = slots
+        self._lock = threading.Lock()
+        self._gates: dict[str, threading.BoundedSemaphore] = {}
+
+    def of(self, router_url: str) -> threading.BoundedSemaphore:
+        """The semaphore of the router at ``router_url``."""
+        key = router_url.rstrip("/")
+        with self._lock:
+            gate = self._gates.get(key)
+            if gate is None:
+                gate = self._gates[key] = threading.BoundedSemaphore(self.slots)
+            return gate
+
+
+def _is_busy(resp: httpx.Response) -> bool:
+    return resp.status_code == 503 and "server_busy" in resp.text
+
+
+def _get_tier(
+    client: httpx.Client,
+    url: str,
+    tier: str,
+    headers: dict[str, str],
+    deadline: float,
+    timeout_s: float,
+) -> httpx.Response | str:
+    """The router's answer for ``tier``, a busy one asked again until ``deadline``; or
+    why there is none."""
+    pause = BUSY_PAUSE_S
+    while True:
+        try:
+            resp = client.get(url, params={"tier_id": tier}, headers=headers, timeout=timeout_s)
+        except httpx.HTTPError as exc:
+            return f"router: {type(exc).__name__}: {exc}"
+        if not _is_busy(resp):
+            return resp
+        if time.monotonic() + pause >= deadline:
+            return resp
+        time.sleep(pause)
+        pause = min(2 * pause, BUSY_PAUSE_MAX_S)
+
+
 def read_router_tier(
     client: httpx.Client,
     router_url: str,
@@ -157,19 +221,42 @@ def read_router_tier(
     token: str | None,
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
+    gate: RouterGate | None = None,
 ) -> InFlightReading:
     """GET the router tier's state; ``tiers[0].active_requests``, or unknown with why.
 
-    The router answers 400 ``invalid_transition`` for a tier it does not know and 404
-    when its transition API is not enabled: both are unknown.
+    The read waits for its turn at ``gate`` (a fresh one when ``None``), asks again
+    after a 503 ``server_busy`` (the router's slots are taken) while
+    :data:`ROUTER_BUDGET_TIMEOUTS` × ``timeout_s`` last, each try bounded by
+    ``timeout_s``. The router answers 400
+    ``invalid_transition`` for a tier it does not know and 404 when its transition API
+    is not enabled: both are unknown, as is a router still busy at the end.
     """
     source = InFlightSource.ROUTER
-    url = router_url.rstrip("/") + TRANSITION_PATH
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    budget = ROUTER_BUDGET_TIMEOUTS * timeout_s
+    deadline = time.monotonic() + budget
+    slots = (gate or RouterGate()).of(router_url)
+    if not slots.acquire(timeout=budget):
+        return InFlightReading(
+            None,
+            source,
+            f"router tier {tier}: no turn within {budget:g} s "
+            f"(at most {MAX_ROUTER_READS} reads of the router at once)",
+        )
     try:
-        resp = client.get(url, params={"tier_id": tier}, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        return InFlightReading(None, source, f"router: {type(exc).__name__}: {exc}")
+        url = router_url.rstrip("/") + TRANSITION_PATH
+        headers = {"Authorization": f"Bearer {token}"} if token else {}
+        resp = _get_tier(client, url, tier, headers, deadline, timeout_s)
+    finally:
+        slots.release()
+    if isinstance(resp, str):
+        return InFlightReading(None, source, resp)
+    if _is_busy(resp):
+        return InFlightReading(
+            None,
+            source,
+            f"router tier {tier}: still HTTP 503 server_busy when its {budget:g} s were up",
+        )
     if resp.status_code != 200:
         return InFlightReading(None, source, f"router tier {tier}: HTTP {resp.status_code}")
     try:
@@ -183,7 +270,11 @@ def read_router_tier(
 
 
 def read_one(
-    client: httpx.Client, sources: InFlightSources, *, timeout_s: float = DEFAULT_TIMEOUT_S
+    client: httpx.Client,
+    sources: InFlightSources,
+    *,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
+    gate: RouterGate | None = None,
 ) -> InFlightReading:
     """One serve's count: the engine's metrics first (they count every client, queued
     ones too), else the router tier's; no source at all is unknown without a source."""
@@ -201,6 +292,7 @@ def read_one(
             sources.router_tier,
             sources.router_token,
             timeout_s=timeout_s,
+            gate=gate,
         )
         if tier.count is not None or reading is None:
             return tier
@@ -214,11 +306,13 @@ def read_all(
     *,
     timeout_s: float = DEFAULT_TIMEOUT_S,
     client: httpx.Client | None = None,
+    gate: RouterGate | None = None,
 ) -> dict[str, InFlightReading]:
     """Every serve's count, read concurrently (serve -> reading). Never raises.
 
     Without ``client`` one is made for this call (and closed), only when some serve has
-    a source: a client loads its TLS context, which costs more than the reads.
+    a source: a client loads its TLS context, which costs more than the reads. The
+    router reads share ``gate`` (without one, a gate for this call).
     """
     with_source = {n: s for n, s in sources.items() if s.any}
     out = {n: InFlightReading(None, None) for n, s in sources.items() if not s.any}
@@ -226,11 +320,12 @@ def read_all(
         return out
     own = client is None
     http = httpx.Client(trust_env=False) if client is None else client
+    gate = gate or RouterGate()
     try:
         workers = min(MAX_WORKERS, len(with_source))
         with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="in-flight") as pool:
             futures = {
-                n: pool.submit(read_one, http, s, timeout_s=timeout_s)
+                n: pool.submit(read_one, http, s, timeout_s=timeout_s, gate=gate)
                 for n, s in with_source.items()
             }
             for n, fut in futures.items():
@@ -251,11 +346,13 @@ class InFlightReader:
 
     The client is made on the first call that has a source to read (a client loads its
     TLS context: more than a cycle's reads cost) and closed by :meth:`close`; a call
-    after that makes a new one. Thread-safe.
+    after that makes a new one. Calls that overlap share one :class:`RouterGate`.
+    Thread-safe.
     """
 
     def __init__(self, *, timeout_s: float = DEFAULT_TIMEOUT_S) -> None:
         self.timeout_s = timeout_s
+        self._gate = RouterGate()
         self._client: httpx.Client | None = None
         self._lock = threading.Lock()
 
@@ -266,7 +363,7 @@ class InFlightReader:
             if self._client is None:
                 self._client = httpx.Client(trust_env=False)
             client = self._client
-        return read_all(sources, timeout_s=self.timeout_s, client=client)
+        return read_all(sources, timeout_s=self.timeout_s, client=client, gate=self._gate)
 
     def close(self) -> None:
         with self._lock:
