@@ -756,7 +756,13 @@ class Campaign:
             *self.findings,
             *(f"a traceback in the controller's log ({n}x): {m}" for m, n in crashes.items()),
         ]
-        m.judge(self.controller_view())
+        view = self.controller_view()
+        if m.starts.get("controller") and not (view.cycles and view.looks):
+            findings.append(  # a judgement on no records would be vacuous
+                f"the controller started {m.starts['controller']} container(s) but left "
+                f"{len(view.cycles)} journaled cycle(s) and {len(view.looks)} list(s) to judge by"
+            )
+        m.judge(view)
         violations = m.violations
 
         return {
@@ -772,6 +778,13 @@ class Campaign:
             "proxy_cuts": self.proxy.cuts,
             "starts_by_cause": dict(m.starts),
             "max_held_mib": dict(m.max_held),
+            "judged_by": {
+                "cycles": len(view.cycles),
+                "manifests": len({c.digest for c in view.cycles}),
+                "looks": len(view.looks),
+                "up_runs": sum(len(t) for t in view.spawns.values()),
+                "starts_recounted": m.recounted,
+            },
             "violations": [v_json(v, True) for v in violations],
             "notes": dict(Counter(n.kind for n in m.notes)),
             "note_samples": [v_json(n, False) for n in m.notes[:10]],

@@ -43,6 +43,9 @@ Docker for, and when each of its ``up`` commands began), with no time window:
   that already runs; the controller's start (Docker answered 304) or ``up`` create (409)
   of a serve whose container the driver started before the controller's last look (else
   a ``redundant_start`` note);
+* ``own_view_over`` (a note) — a controller start within budget as the model counts it
+  that its own view, recounted as above, puts over (every controller start is
+  recounted, so that the count runs on real records in every campaign);
 * ``unattributed`` — a start that neither the controller's socket nor the driver
   requested: the harness cannot say whose it is (a harness gap; it fails the test);
 * ``monitor_gap`` — a container list disagreed with the events twice in a row.
@@ -216,12 +219,13 @@ def _last_at_or_before(times: Sequence[int], t: int) -> int | None:
 
 @dataclass(frozen=True)
 class _Candidate:
-    """A controller start that took a role over budget as the model counts it."""
+    """A controller start, to be recounted in the controller's own view."""
 
     start: RunRecord
     role: str
     running: tuple[RunRecord, ...]  # on the role, the start among them
     why: str  # what the model's count says
+    over: bool = True  # over budget as the model counts it
 
 
 @dataclass(frozen=True)
@@ -249,6 +253,7 @@ class Monitor:
     last_t: int = 0
     t0: int | None = None  # the first item's time: reports count from it
     candidates: list[_Candidate] = field(default_factory=list)  # judged by :meth:`judge`
+    recounted: int = 0  # controller starts :meth:`judge` recounted in their own view
     reruns: list[_Rerun] = field(default_factory=list)
     _list_misses: set[str] = field(default_factory=set)
     _last_event: dict[str, int] = field(default_factory=dict)
@@ -391,17 +396,16 @@ class Monitor:
         budget = model.budgets[role]
         held = self.held(role, model, t=ev.t)
         self.max_held[role] = max(self.max_held.get(role, 0), held)
-        if held <= budget:
-            return
         summary = self._describe(role, model, ev.t, held, budget)
-        if cause == "outside":
+        if cause == "controller":  # every one is recounted in its own view (:meth:`judge`)
+            running = tuple(
+                r for r in self.running.values() if self._role_of(r.serve, ev.t) == role
+            )
+            over = held > budget
+            why = self._why(role, model, ev, summary) if over else summary
+            self.candidates.append(_Candidate(run, role, running, why, over))
+        elif cause == "outside" and held > budget:
             self.notes.append(Violation("outside_overcommit", ev.t, ev.serve, summary))
-            return
-        if cause != "controller":
-            return  # already a violation of its own
-        running = tuple(r for r in self.running.values() if self._role_of(r.serve, ev.t) == role)
-        why = self._why(role, model, ev, summary)
-        self.candidates.append(_Candidate(run, role, running, why))
 
     def _why(self, role: str, model: Model, ev: EventItem, summary: str) -> str:
         """What the count holds that the manifest no longer says, and the total three ways.
@@ -455,6 +459,11 @@ class Monitor:
         by ``view`` (see the module). Call it once, after the last item."""
         for c in self.candidates:
             verdict, text = self._judge_start(c, view)
+            self.recounted += 1
+            if not c.over:  # within budget in fact: its own view over it is only said
+                if verdict:
+                    self.notes.append(Violation("own_view_over", c.start.t, c.start.serve, text))
+                continue
             kind = "overcommit" if verdict else "excused"
             found = Violation(kind, c.start.t, c.start.serve, text, c.start.request_t)
             (self.violations if verdict else self.notes).append(found)
