@@ -20,13 +20,15 @@ noted before they are made.
 At the end the socket is restored, a final manifest is written and the requests are
 ended; the controller must reach it (within its own declared backoff plus a minute)
 and the monitor must have recorded no controller-caused overcommit, no double start
-and no start it cannot attribute. A start excused as a race with an outside start
-counts after all when the controller's log shows it admitted the start well after
-that outside start. The controller exiting on its own (other than refusing an
-invalid manifest at start-up), a traceback in its log, or a 5xx other than 503 from
-its API fail the campaign too. The summary (seed, operations by kind, starts by
-cause, violations with the operations before each) is printed, and written as JSON
-to ``$VRAMCTL_CHAOS_REPORT`` when set.
+and no start it cannot attribute. Each start of the controller is judged by its own
+records, with no time window: the journaled cycle that planned its last admission
+(the manifest version, the reservations) and its last container list before the
+Docker call or the ``up`` (see ``tests/chaos/monitor.py``); only a container started
+by hand after that list is left out of its count. The controller exiting on its own
+(other than refusing an invalid manifest at start-up), a traceback in its log, or a
+5xx other than 503 from its API fail the campaign too. The summary (seed, operations
+by kind, starts by cause, what the judgement read, violations with the operations
+before each) is printed, and written as JSON to ``$VRAMCTL_CHAOS_REPORT`` when set.
 
 Bounds: ``VRAMCTL_CHAOS_OPS`` (default 100) operations and ``VRAMCTL_CHAOS_SECONDS``
 (default 150) seconds, whichever comes first; ``--chaos-long`` makes it 1000 / 900.
@@ -35,8 +37,11 @@ or edit kinds ``desired``, ``mib``, ``presence``) leaves some out, to look at on
 at a time. ``VRAMCTL_CHAOS_SEED`` replays a campaign (the seed is printed; the timing of a real
 daemon makes a replay close, not identical).
 
-The monitor itself is checked without Docker on synthetic event feeds: it must flag
-a controller start over budget, and must not flag what the driver did.
+The monitor itself is checked without Docker on synthetic event feeds with the
+controller records they imply: it must flag a controller start over budget, however
+close in time to an outside start or an edit, and must not flag what the driver did
+or what the controller could not yet see. Every campaign that failed stays here as
+such a feed (seed 983412849).
 """
 
 from __future__ import annotations
