@@ -26,6 +26,7 @@ import subprocess
 import sys
 import threading
 import time
+import tomllib
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -40,6 +41,8 @@ from serving import free_port, httpd
 
 from chaos.monitor import (
     NS,
+    ControllerView,
+    Cycle,
     EventItem,
     ListItem,
     Model,
@@ -49,9 +52,9 @@ from chaos.monitor import (
     ServeDecl,
     Timeline,
     Violation,
-    promote_races,
 )
 from chaos.proxy import DockerProxy
+from controller.store.journal import CycleRecord, Journal, JournalError, journal_path
 
 REPO = Path(__file__).resolve().parents[2]
 # health probes and API calls go straight to loopback, never through an HTTP_PROXY
@@ -143,7 +146,7 @@ class Campaign:
         self.ports = {s.name: free_port() for s in UNIVERSE}
         self.api_port = free_port()
         self.defs = {s.name: s for s in UNIVERSE}
-        self.monitor = Monitor(race_s=1.0, lag_s=3.0)
+        self.monitor = Monitor()
         self.timeline = Timeline(self.monitor)
         self.docker_cli = shutil.which("docker") or "docker"
         self.proxy = DockerProxy(self.tmp / "docker.sock", _daemon_socket(), self.timeline.put)
@@ -196,6 +199,7 @@ class Campaign:
         marker = self.tmp / f"up-{s.name}.in-flight"
         script = (
             "#!/bin/sh\n"
+            f"date +%s%N >> {self.spawn_file(s.name)}\n"  # when it began: the monitor's
             f"echo $$ > {marker}\n"
             f"sleep {s.up_delay_s}\n"
             f"{self.docker_cli} -H {self.proxy.url} run -d --name "
@@ -206,6 +210,10 @@ class Campaign:
             "exit $rc\n"
         )
         (self.tmp / f"up-{s.name}.sh").write_text(script)
+
+    def spawn_file(self, serve: str) -> Path:
+        """Where the serve's ``up`` notes when each of its runs began (ns, a line each)."""
+        return self.tmp / f"up-{serve}.began"
 
     def teardown(self) -> None:
         for c in self.controllers:
@@ -676,6 +684,26 @@ class Campaign:
                 c.proc.wait(30)
         self.timeline.flush()
 
+    # ── the controller's own records ─────────────────────────────────────────
+    def controller_view(self) -> ControllerView:
+        """What the controller journaled (every controller of the campaign shares the
+        state directory), the lists it asked for, when its ``up`` commands began."""
+        cycles: list[Cycle] = []
+        path = journal_path(self.tmp / "state")
+        with contextlib.suppress(JournalError):
+            journal = Journal.open(path, readonly=True)
+            try:
+                for rec in journal.cycles():
+                    if not rec.dry_run:
+                        files = journal.manifest_files(rec.manifest_digest) or {}
+                        cycles.append(_cycle(rec, files))
+            finally:
+                journal.close()
+        spawns = {s.name: _stamps(self.spawn_file(s.name)) for s in UNIVERSE}
+        return ControllerView(
+            tuple(sorted(cycles, key=lambda c: c.at)), tuple(sorted(self.proxy.looks)), spawns
+        )
+
     # ── the report ───────────────────────────────────────────────────────────
     def controller_log(self) -> list[tuple[int, str, str]]:
         """(time, run, message) of every JSON log record of every controller, in order."""
@@ -723,17 +751,19 @@ class Campaign:
             return out
 
         log = self.controller_log()
-        admitted: dict[str, list[int]] = {}
-        for t, _run, msg in log:
-            serve, sep, _ = msg.partition(" reserve: ok")
-            if sep and " " not in serve:
-                admitted.setdefault(serve, []).append(t)
         crashes = Counter(f"{run}: {msg}" for _t, run, msg in log if "[traceback: " in msg)
         findings = [
             *self.findings,
             *(f"a traceback in the controller's log ({n}x): {m}" for m, n in crashes.items()),
         ]
-        violations = sorted([*m.violations, *promote_races(m.notes, admitted)], key=lambda v: v.t)
+        view = self.controller_view()
+        if m.starts.get("controller") and not (view.cycles and view.looks):
+            findings.append(  # a judgement on no records would be vacuous
+                f"the controller started {m.starts['controller']} container(s) but left "
+                f"{len(view.cycles)} journaled cycle(s) and {len(view.looks)} list(s) to judge by"
+            )
+        m.judge(view)
+        violations = m.violations
 
         return {
             "seed": self.seed,
@@ -748,6 +778,13 @@ class Campaign:
             "proxy_cuts": self.proxy.cuts,
             "starts_by_cause": dict(m.starts),
             "max_held_mib": dict(m.max_held),
+            "judged_by": {
+                "cycles": len(view.cycles),
+                "manifests": len({c.digest for c in view.cycles}),
+                "looks": len(view.looks),
+                "up_runs": sum(len(t) for t in view.spawns.values()),
+                "starts_recounted": m.recounted,
+            },
             "violations": [v_json(v, True) for v in violations],
             "notes": dict(Counter(n.kind for n in m.notes)),
             "note_samples": [v_json(n, False) for n in m.notes[:10]],
@@ -758,6 +795,46 @@ class Campaign:
             "logs": str(self.tmp),
             "ops_log": [op_json(o) for o in self.ops],
         }
+
+
+def _cycle(rec: CycleRecord, files: dict[str, str]) -> Cycle:
+    """A journaled cycle as the monitor reads it: the manifest it planned under (an
+    unreadable one declares nothing), the reservations it observed and planned."""
+    budgets: dict[str, int] = {}
+    serves: dict[str, ServeDecl] = {}
+    for text in files.values():
+        try:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError:
+            continue
+        for role in doc.get("gpu_roles", []):
+            budgets[str(role["id"])] = int(role["vram_mib"]) - int(role.get("reserve_mib", 0))
+        for sv in doc.get("serve", []):
+            if isinstance(sv.get("vram_mib"), int):
+                serves[str(sv["name"])] = ServeDecl(str(sv.get("gpu_role", "")), sv["vram_mib"])
+    observed = rec.observed
+    reserved: dict[str, int] = {}
+    for step in rec.plan.get("steps", []):
+        if step.get("action") in ("reserve", "start") and step.get("mib"):
+            serve = str(step["serve"])
+            reserved[serve] = max(reserved.get(serve, 0), int(step["mib"]))
+    return Cycle(
+        int(rec.at * NS),
+        Model(budgets, serves),
+        rec.manifest_digest,
+        {str(c): int(w["mib"]) for c, w in (observed.get("started_with") or {}).items()},
+        {str(n): int(w["mib"]) for n, w in (observed.get("starting") or {}).items()},
+        reserved,
+    )
+
+
+def _stamps(path: Path) -> tuple[int, ...]:
+    """The times (ns) noted one a line in ``path``; none when it does not exist."""
+    try:
+        lines = path.read_text().split()
+    except OSError:
+        return ()
+    return tuple(sorted(int(x) for x in lines if x.isdigit()))
 
 
 def _healthy(port: int) -> bool:

@@ -19,24 +19,41 @@ reservation it was started with. A running container counts
 ``max(reservation it was started with, what the model declares now)``: a running
 engine may hold what it was started with, whatever the manifest now says.
 
-Findings (:class:`Violation`):
+Findings (:class:`Violation`), judged at the end (:meth:`Monitor.judge`) against the
+controller's own records (:class:`ControllerView`: its journaled cycles, each with the
+manifest it planned under and the reservations it held, the container lists it asked
+Docker for, and when each of its ``up`` commands began), with no time window:
 
-* ``overcommit`` — a start the controller made took a role over budget. Not flagged
-  (and reported as ``race``) when the role is within budget once the containers the
-  driver started in the last ``race_s`` before the controller's request are left out
-  (the controller could not have seen them), or under some manifest version that was
-  in force within ``lag_s`` before the request (the controller may not have reloaded
-  yet; the other starts it asked for while that version was in force, or within their
-  own ``lag_s`` after, count at that version's figure too: it may have reserved them
-  under it, before an edit that landed while their ``up`` ran). A start the driver
-  made that overcommits is ``outside_overcommit``: reported, never the controller's
-  fault;
-* ``double_start`` — a second running container of one serve; the controller's start
-  (Docker answered 304) or ``up`` create (409) of a serve whose container the driver
-  started more than ``race_s`` earlier; a start of a container that already runs;
+* ``overcommit`` — a start the controller made took a role over budget (as the model
+  counts it) and the controller's own view does not explain it. That view is the one of
+  its *last admission*: of the controller's starts that run at that moment, the one whose
+  last look at the host (its last container list before its Docker call, or before its
+  ``up`` began) came last, and the journaled cycle that planned it (else the latest
+  before that look). Under that cycle's manifest, every running container is counted at
+  the largest of its declaration there, the start reservation the cycle's observation
+  recorded for it, the reservation of a start in progress, and (a start of the
+  controller) what the plan that started it reserved; a container the driver started
+  *after* that last look is left out (the controller could not have seen it). Within
+  the budget of that manifest: the start is ``excused`` (a note that names the cycle,
+  the manifest and what it left out); over it, or with no journaled cycle before the
+  look: an overcommit (a start with no look before it has its own call for a look). A
+  start the driver made that overcommits is ``outside_overcommit``: reported, never the
+  controller's fault;
+* ``double_start`` — a second running container of one serve; a start of a container
+  that already runs; the controller's start (Docker answered 304) or ``up`` create (409)
+  of a serve whose container the driver started before the controller's last look (else
+  a ``redundant_start`` note);
+* ``own_view_over`` (a note) — a controller start within budget as the model counts it
+  that its own view, recounted as above, puts over (every controller start is
+  recounted, so that the count runs on real records in every campaign);
 * ``unattributed`` — a start that neither the controller's socket nor the driver
   requested: the harness cannot say whose it is (a harness gap; it fails the test);
 * ``monitor_gap`` — a container list disagreed with the events twice in a row.
+
+What stays uncertain leans toward blame, never toward an excuse: a look is the moment
+the list's answer reached the proxy, so a container Docker started while it was taking
+the list counts as seen; a list another thread of the controller had answered between
+a start's own list and its call counts as that start's look.
 
 The module is plain Python (no Docker) so a synthetic event feed can drive it.
 """
@@ -48,7 +65,7 @@ import heapq
 import itertools
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -82,7 +99,7 @@ class ModelItem:
 class RequestItem:
     t: int
     who: Who
-    kind: Literal["start", "create"]
+    kind: Literal["start", "create", "list"]  # a list is no start: the proxy's own
     ref: str  # a container name or id (a prefix of the id), as the request named it
     status: int | None = None  # Docker's answer; None: not (yet) seen
 
@@ -124,6 +141,7 @@ class RunRecord:
     t: int
     mib: int
     request_t: int
+    by_up: bool = False  # started by the controller's `up` (its `docker run`), not itself
 
 
 @dataclass(frozen=True)
@@ -133,51 +151,96 @@ class Violation:
     serve: str
     detail: str
     request_t: int = 0  # when the start was asked for (0: not a start)
-    #: a race: the outside starts (serve, time) it was excused for, and the detail an
-    #: overcommit would have had (see :func:`promote_races`)
-    excused: tuple[tuple[str, int], ...] = ()
-    as_overcommit: str = ""
 
 
-def promote_races(
-    notes: Iterable[Violation], admitted: Mapping[str, list[int]], grace_s: float = 0.25
-) -> list[Violation]:
-    """Races the controller's own admission times show were not races.
+@dataclass(frozen=True)
+class Cycle:
+    """One cycle the controller journaled: when it planned, under which manifest, with what.
 
-    ``admitted`` is, per serve, when the controller admitted a start of it (its log's
-    reserve step). A start excused because an outside start came just before its
-    request is an overcommit after all when the controller admitted it more than
-    ``grace_s`` after every one of those outside starts: a look at the host at
-    admission would have seen them.
+    ``started_with`` (container -> MiB) and ``starting`` (serve -> MiB) are the
+    reservations its observation recorded; ``reserved`` (serve -> MiB) what its plan
+    reserved for each start it planned.
     """
-    out = []
-    for n in notes:
-        if n.kind != "race" or not n.excused:
-            continue
-        before = [t for t in admitted.get(n.serve, []) if n.request_t - 60 * NS <= t <= n.request_t]
-        if not before:
-            continue
-        admit = max(before)
-        if all(t < admit - grace_s * NS for _, t in n.excused):
-            lag = ", ".join(f"{s} {(admit - t) / NS:.2f}s" for s, t in n.excused)
-            out.append(
-                Violation(
-                    "overcommit",
-                    n.t,
-                    n.serve,
-                    f"[admitted after outside starts it could have seen: {lag}] {n.as_overcommit}",
-                    n.request_t,
-                )
-            )
-    return out
+
+    at: int
+    model: Model
+    digest: str = ""
+    started_with: Mapping[str, int] = field(default_factory=dict)
+    starting: Mapping[str, int] = field(default_factory=dict)
+    reserved: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class ControllerView:
+    """The controller's own records, to judge its starts by (see the module).
+
+    ``cycles`` oldest first; ``looks``: when the answer of each container list it asked
+    Docker for reached the proxy; ``spawns``: per serve, when each of its ``up``
+    commands began.
+    """
+
+    cycles: Sequence[Cycle] = ()
+    looks: Sequence[int] = ()
+    spawns: Mapping[str, Sequence[int]] = field(default_factory=dict)
+
+    def call_t(self, by_up: bool, serve: str, request_t: int) -> int:
+        """When the controller made the call behind a request: its ``up`` began, or the
+        request itself (a ``docker start``, or an ``up`` whose beginning is not known)."""
+        if not by_up:
+            return request_t
+        began = _last_at_or_before(sorted(self.spawns.get(serve, ())), request_t)
+        return request_t if began is None else began
+
+    def look(self, call_t: int) -> int:
+        """The controller's last look at the host before ``call_t`` (none: the call)."""
+        found = _last_at_or_before(self.looks, call_t)
+        return call_t if found is None else found
+
+    def look_of(self, r: RunRecord) -> int:
+        return self.look(self.call_t(r.by_up, r.serve, r.request_t))
+
+    def cycle_at(self, t: int) -> Cycle | None:
+        """The latest cycle the controller planned at or before ``t``."""
+        i = bisect.bisect_right([c.at for c in self.cycles], t)
+        return self.cycles[i - 1] if i else None
+
+    def planned(self, serve: str, t: int) -> Cycle | None:
+        """The latest cycle at or before ``t`` whose plan reserved a start of ``serve``."""
+        for c in reversed(self.cycles):
+            if c.at <= t and serve in c.reserved:
+                return c
+        return None
+
+
+def _last_at_or_before(times: Sequence[int], t: int) -> int | None:
+    i = bisect.bisect_right(times, t)
+    return times[i - 1] if i else None
+
+
+@dataclass(frozen=True)
+class _Candidate:
+    """A controller start, to be recounted in the controller's own view."""
+
+    start: RunRecord
+    role: str
+    running: tuple[RunRecord, ...]  # on the role, the start among them
+    why: str  # what the model's count says
+    over: bool = True  # over budget as the model counts it
+
+
+@dataclass(frozen=True)
+class _Rerun:
+    """The controller asked to start a container that ran already (304, or 409)."""
+
+    request: RequestItem
+    run: RunRecord
+    how: str
 
 
 @dataclass
 class Monitor:
     """Per-role running reservations, attribution of starts, the findings."""
 
-    race_s: float = 1.0
-    lag_s: float = 3.0
     pending_s: float = 30.0
     models: list[tuple[int, Model]] = field(default_factory=list)
     running: dict[str, RunRecord] = field(default_factory=dict)
@@ -188,12 +251,18 @@ class Monitor:
     starts: dict[str, int] = field(default_factory=dict)  # by cause
     max_held: dict[str, int] = field(default_factory=dict)
     last_t: int = 0
+    t0: int | None = None  # the first item's time: reports count from it
+    candidates: list[_Candidate] = field(default_factory=list)  # judged by :meth:`judge`
+    recounted: int = 0  # controller starts :meth:`judge` recounted in their own view
+    reruns: list[_Rerun] = field(default_factory=list)
     _list_misses: set[str] = field(default_factory=set)
     _last_event: dict[str, int] = field(default_factory=dict)
 
     # ── inputs ──────────────────────────────────────────────────────────────
     def process(self, item: Item) -> None:
         self.last_t = max(self.last_t, item.t)
+        if self.t0 is None:
+            self.t0 = item.t
         self._expire(item.t)
         if isinstance(item, ModelItem):
             self.models.append((item.t, item.model))
@@ -218,12 +287,6 @@ class Monitor:
         i = bisect.bisect_right([m[0] for m in self.models], t)
         return self.models[i - 1][1] if i else None
 
-    def models_between(self, t0: int, t1: int) -> list[Model]:
-        """Every model version in force at some moment of [t0, t1]."""
-        out = [m for (mt, m) in self.models if t0 < mt <= t1]
-        first = self.model_at(t0)
-        return ([first] if first is not None else []) + out
-
     def _decl(self, serve: str, t: int) -> ServeDecl | None:
         model = self.model_at(t)
         return None if model is None else model.serves.get(serve)
@@ -239,27 +302,14 @@ class Monitor:
         decl = self._last_decl(serve, t)
         return None if decl is None else decl.role
 
-    def held(
-        self,
-        role: str,
-        model: Model,
-        *,
-        t: int,
-        leave_out: frozenset[str] = frozenset(),
-        fresh: Mapping[str, int] | None = None,
-    ) -> int:
-        """MiB the running containers hold on ``role`` under ``model``.
-
-        ``fresh`` (cid -> mib) overrides the start reservation of the containers the
-        controller may have planned under this model version (their reservation in it).
-        """
+    def held(self, role: str, model: Model, *, t: int) -> int:
+        """MiB the running containers hold on ``role`` under ``model``."""
         total = 0
         for r in self.running.values():
-            if r.cid in leave_out or self._role_of(r.serve, t) != role:
+            if self._role_of(r.serve, t) != role:
                 continue
-            start_mib = fresh.get(r.cid, r.mib) if fresh is not None else r.mib
             now = model.serves.get(r.serve)
-            total += max(start_mib, now.mib if now is not None else 0)
+            total += max(r.mib, now.mib if now is not None else 0)
         return total
 
     # ── requests ─────────────────────────────────────────────────────────────
@@ -290,28 +340,23 @@ class Monitor:
             self.pending.append(item)
 
     def _already_running(self, item: RequestItem, run: RunRecord, how: str) -> None:
-        age = (item.t - run.t) / NS
-        text = (
-            f"the controller started {run.name} ({how}) while it ran since {age:.2f}s, "
-            f"started by {run.cause}"
-        )
-        if run.cause == "outside" and age > self.race_s:
-            self.violations.append(Violation("double_start", item.t, run.serve, text))
-        else:
-            self.notes.append(Violation("redundant_start", item.t, run.serve, text))
+        self.reruns.append(_Rerun(item, run, how))
 
     # ── starts ───────────────────────────────────────────────────────────────
-    def _attribute(self, ev: EventItem) -> tuple[str, int]:
+    def _attribute(self, ev: EventItem) -> tuple[str, int, bool]:
+        """Who started it, when it was asked for, and whether by an ``up``: the executor
+        starts a container by its name, an ``up``'s ``docker run`` by the id it created."""
         mine = [p for p in self.pending if p.t <= ev.t and _matches(p.ref, ev.cid, ev.name)]
         self.pending = [p for p in self.pending if p not in mine]
         if not mine:
-            return "unattributed", ev.t
+            return "unattributed", ev.t, False
         confirmed = [p for p in mine if p.who == "controller" and p.status is not None]
         chosen = min(confirmed or mine, key=lambda p: p.t)
-        return chosen.who, chosen.t
+        by_up = chosen.who == "controller" and chosen.ref.lstrip("/") != ev.name
+        return chosen.who, chosen.t, by_up
 
     def _start(self, ev: EventItem) -> None:
-        cause, req_t = self._attribute(ev)
+        cause, req_t, by_up = self._attribute(ev)
         self.starts[cause] = self.starts.get(cause, 0) + 1
         if ev.cid in self.running:
             self.violations.append(
@@ -332,7 +377,8 @@ class Monitor:
             )
         decl = self._decl(ev.serve, ev.t)
         last = decl or self._last_decl(ev.serve, ev.t)
-        run = RunRecord(ev.cid, ev.name, ev.serve, cause, ev.t, last.mib if last else 0, req_t)
+        mib = last.mib if last else 0
+        run = RunRecord(ev.cid, ev.name, ev.serve, cause, ev.t, mib, req_t, by_up)
         self.running[ev.cid] = run
         self.last_run[ev.name] = run
         if cause == "unattributed":
@@ -350,69 +396,16 @@ class Monitor:
         budget = model.budgets[role]
         held = self.held(role, model, t=ev.t)
         self.max_held[role] = max(self.max_held.get(role, 0), held)
-        if held <= budget:
-            return
         summary = self._describe(role, model, ev.t, held, budget)
-        if cause == "outside":
-            self.notes.append(Violation("outside_overcommit", ev.t, ev.serve, summary))
-            return
-        if cause != "controller":
-            return  # already a violation of its own
-        window_s = self.lag_s + last.up_delay_s
-        for m in self.models_between(req_t - int(window_s * NS), req_t):
-            decl_m = m.serves.get(ev.serve)
-            fresh = self._planned_under(m, ev.t)
-            fresh[ev.cid] = decl_m.mib if decl_m is not None else 0
-            if self.held(role, m, t=ev.t, fresh=fresh) <= m.budgets.get(role, budget):
-                self.notes.append(
-                    Violation(
-                        "race",
-                        ev.t,
-                        ev.serve,
-                        f"{summary}; fits a manifest of < {window_s:g}s before the request",
-                    )
-                )
-                return
-        race_ns = int((self.race_s + last.up_delay_s) * NS)
-        recent = frozenset(
-            r.cid for r in self.running.values() if r.cause == "outside" and r.t > req_t - race_ns
-        )
-        if recent and self.held(role, model, t=ev.t, leave_out=recent) <= budget:
-            self.notes.append(
-                Violation(
-                    "race",
-                    ev.t,
-                    ev.serve,
-                    f"{summary}; an outside start came within "
-                    f"{self.race_s + last.up_delay_s:g}s of the request",
-                    req_t,
-                    tuple(sorted((self.running[c].serve, self.running[c].t) for c in recent)),
-                    self._why(role, model, ev, summary),
-                )
+        if cause == "controller":  # every one is recounted in its own view (:meth:`judge`)
+            running = tuple(
+                r for r in self.running.values() if self._role_of(r.serve, ev.t) == role
             )
-            return
-        why = self._why(role, model, ev, summary)
-        self.violations.append(Violation("overcommit", ev.t, ev.serve, why, req_t))
-
-    def _planned_under(self, model: Model, t: int) -> dict[str, int]:
-        """The containers the controller started that it may have planned under ``model``.
-
-        Each (cid -> its reservation in ``model``) whose own start request came while
-        ``model`` was in force or within ``lag_s`` (plus its ``up`` delay) after: the
-        controller reserved it then, so its start reservation may be ``model``'s figure
-        even when a later version was in force by its start event (an edit that lands
-        while its ``up`` runs).
-        """
-        out: dict[str, int] = {}
-        for r in self.running.values():
-            decl = model.serves.get(r.serve)
-            if r.cause != "controller" or decl is None:
-                continue
-            last = self._last_decl(r.serve, t)
-            window_ns = int((self.lag_s + (last.up_delay_s if last else 0.0)) * NS)
-            if any(m is model for m in self.models_between(r.request_t - window_ns, r.request_t)):
-                out[r.cid] = decl.mib
-        return out
+            over = held > budget
+            why = self._why(role, model, ev, summary) if over else summary
+            self.candidates.append(_Candidate(run, role, running, why, over))
+        elif cause == "outside" and held > budget:
+            self.notes.append(Violation("outside_overcommit", ev.t, ev.serve, summary))
 
     def _why(self, role: str, model: Model, ev: EventItem, summary: str) -> str:
         """What the count holds that the manifest no longer says, and the total three ways.
@@ -458,6 +451,88 @@ class Monitor:
             declared = "undeclared" if now is None else f"declared {now.mib}"
             parts.append(f"{r.serve}={r.mib}({declared}, by {r.cause})")
         return f"role {role}: {held} of {budget} MiB held: " + ", ".join(parts)
+
+    # ── judgement, against the controller's own records ─────────────────────────
+    def judge(self, view: ControllerView) -> Monitor:
+        """Turn the candidates into overcommits or ``excused`` notes, and the controller's
+        starts of running containers into double starts or ``redundant_start`` notes,
+        by ``view`` (see the module). Call it once, after the last item."""
+        for c in self.candidates:
+            verdict, text = self._judge_start(c, view)
+            self.recounted += 1
+            if not c.over:  # within budget in fact: its own view over it is only said
+                if verdict:
+                    self.notes.append(Violation("own_view_over", c.start.t, c.start.serve, text))
+                continue
+            kind = "overcommit" if verdict else "excused"
+            found = Violation(kind, c.start.t, c.start.serve, text, c.start.request_t)
+            (self.violations if verdict else self.notes).append(found)
+        for rr in self.reruns:
+            self._judge_rerun(rr, view)
+        self.candidates, self.reruns = [], []
+        self.violations.sort(key=lambda v: v.t)
+        return self
+
+    def _judge_start(self, c: _Candidate, view: ControllerView) -> tuple[bool, str]:
+        """(the controller's fault, the detail): the count of its last admission's view."""
+        ctrl = [r for r in c.running if r.cause == "controller"]
+        last = max(ctrl, key=view.look_of)
+        look = view.look_of(last)
+        at = f"its last look at {self._s(look)} (for {last.serve}'s start)"
+        # the manifest that start was admitted under: the cycle that planned it
+        cycle = view.planned(last.serve, look) or view.cycle_at(look)
+        if cycle is None:
+            return True, f"[no journaled cycle before {at}] {c.why}"
+        budget = cycle.model.budgets.get(c.role)
+        manifest = f"cycle at {self._s(cycle.at)}, manifest {cycle.digest[:12] or '?'}"
+        if budget is None:
+            return True, f"[{manifest} declares no role {c.role}] {c.why}"
+        terms: list[str] = []
+        unseen: list[str] = []
+        total = 0
+        for r in sorted(c.running, key=lambda r: r.t):
+            if r.cause == "outside" and r.t > look:
+                unseen.append(f"{r.serve} started {self._s(r.t)}")
+                continue
+            mib = self._as_counted(r, cycle, view)
+            total += mib
+            terms.append(f"{r.serve} {mib}")
+        count = f"{' + '.join(terms)} = {total} of {budget} MiB"
+        left = f"; left out, started after it: {', '.join(unseen)}" if unseen else ""
+        if total <= budget:
+            return False, f"{c.why}; the controller's view at {at}, {manifest}: {count}{left}"
+        return True, f"{c.why}; even as the controller saw it at {at}, {manifest}: {count}{left}"
+
+    def _s(self, t: int) -> str:
+        """A time of the feed for a report: seconds since its first item."""
+        return f"{(t - (self.t0 or 0)) / NS:.3f}s"
+
+    @staticmethod
+    def _as_counted(r: RunRecord, cycle: Cycle, view: ControllerView) -> int:
+        """What the controller's view at ``cycle`` counts ``r`` at (see the module)."""
+        decl = cycle.model.serves.get(r.serve)
+        figures = [
+            decl.mib if decl is not None else None,
+            cycle.started_with.get(r.name),
+            cycle.starting.get(r.serve),
+        ]
+        if r.cause == "controller":
+            planned = view.planned(r.serve, view.look_of(r))
+            figures.append(planned.reserved[r.serve] if planned is not None else None)
+        known = [f for f in figures if f is not None]
+        return max(known) if known else r.mib  # nothing the controller knew: the model's
+
+    def _judge_rerun(self, rr: _Rerun, view: ControllerView) -> None:
+        item, run = rr.request, rr.run
+        look = view.look(view.call_t(item.kind == "create", run.serve, item.t))
+        seen = run.cause == "outside" and run.t <= look
+        text = (
+            f"the controller started {run.name} ({rr.how}) while it ran since {self._s(run.t)}, "
+            f"started by {run.cause}; its last look at {self._s(look)}"
+            + (" showed it running" if seen else "")
+        )
+        kind = "double_start" if seen else "redundant_start"
+        (self.violations if seen else self.notes).append(Violation(kind, item.t, run.serve, text))
 
     # ── lists ────────────────────────────────────────────────────────────────
     def _list(self, item: ListItem) -> None:

@@ -12,7 +12,9 @@ Each request line ``POST /vX/containers/REF/start`` or ``POST
 as a :class:`~chaos.monitor.RequestItem` stamped when the proxy received it (before
 it is forwarded), and its ``status`` is filled in from the status line of the answer
 (HTTP/1.1 clients send a connection's next request only after the answer, so the next
-status line on that connection is this request's).
+status line on that connection is this request's). Each container list
+(``GET /vX/containers/json``) answered 200 is a *look* at the host: :attr:`looks`
+holds when each answer's status line passed, in order.
 """
 
 from __future__ import annotations
@@ -29,7 +31,10 @@ from urllib.parse import parse_qs, unquote
 
 from chaos.monitor import RequestItem
 
-_REQUEST = re.compile(rb"POST (?:/v[0-9.]+)?/containers/(?:([^/?\s]+)/start|create\?([^\s]*))[ ?]")
+_REQUEST = re.compile(
+    rb"POST (?:/v[0-9.]+)?/containers/(?:([^/?\s]+)/start|create\?([^\s]*))[ ?]"
+    rb"|(GET) (?:/v[0-9.]+)?/containers/json[ ?]"
+)
 _STATUS = re.compile(rb"HTTP/1\.[01] (\d{3}) ")
 _TAIL = 512
 
@@ -59,6 +64,8 @@ class DockerProxy:
         self.upstream = upstream
         self.on_request = on_request
         self.cuts = 0
+        #: when the answer to each container list the clients asked for passed (ns)
+        self.looks: list[int] = []
         self.connections = 0
         self._conns: set[_Conn] = set()
         self._lock = threading.Lock()
@@ -169,6 +176,10 @@ class DockerProxy:
 
     def _note(self, conn: _Conn, m: re.Match[bytes]) -> None:
         now = time.time_ns()
+        if m.group(3) is not None:  # a list: its answer is a look, not a start
+            with conn.lock:
+                conn.awaiting.append(RequestItem(now, "controller", "list", ""))
+            return
         if m.group(1) is not None:
             item = RequestItem(now, "controller", "start", unquote(m.group(1).decode()))
         else:
@@ -194,7 +205,11 @@ class DockerProxy:
                         for m in _STATUS.finditer(buf):
                             if m.end() <= len(tail) or not conn.awaiting:
                                 continue
-                            conn.awaiting.pop(0).status = int(m.group(1))
+                            item = conn.awaiting.pop(0)
+                            item.status = int(m.group(1))
+                            if item.kind == "list" and item.status == 200:
+                                with self._lock:
+                                    self.looks.append(time.time_ns())
                         tail = buf[-64:]
                     else:
                         tail = b""
