@@ -19,7 +19,7 @@ so ``enabled=False`` answers every one of them with FastAPI's 404
   flight are aborted (counted in :attr:`FakeEngine.aborted`); ``wait`` waits for them.
   A level that is not a number → 500 ``Internal Server Error`` (vLLM's ``int(level)``
   raises). Already asleep: 200 and nothing changes (the executor warns and returns).
-  The answer may come before the memory is freed: ``free_lag_s``.
+  The answer comes before the memory is freed (``free_lag_s``).
 - ``POST /wake_up[?tags=weights][&tags=kv_cache]`` → 200, empty body, after
   ``wake_s`` (the call awaits the engine). No tags wakes everything; the engine is
   asleep until every tag is awake. Not asleep: 200, nothing changes.
@@ -49,9 +49,11 @@ or :meth:`FakeEngine.restart`), 503 before; asleep, the engine is still healthy 
 
 **Memory.** With a scripted NVML device (``device``, a :class:`fakes_nvml.FakeDevice`)
 the engine is one process (``pid``) on it: awake it uses ``weights_mib + kv_mib +
-residual_mib``; asleep ``residual_mib`` (the CUDA context and buffers it keeps), the
-drop applied ``free_lag_s`` after the answer. :attr:`host_ram_mib` is what a level-1
-sleeper keeps in host RAM (its weights).
+residual_mib``; asleep ``residual_mib`` (the CUDA context and buffers it keeps). Either
+protocol answers its sleep **before** the memory is freed, as the real engines may
+(docs/protocols.md "Sleep and wake"): the drop is applied ``free_lag_s`` after the
+answer, :data:`FREE_LAG_S` unless told (``free_lag_s=0`` frees it before the answer).
+:attr:`host_ram_mib` is what a level-1 sleeper keeps in host RAM (its weights).
 
 These are test doubles only: nothing in ``controller/`` may import this module.
 """
@@ -66,9 +68,11 @@ from typing import Any
 
 from fake_http import FakeHTTPServer, Recorded, Reply, ReplyLike
 
-__all__ = ["SGLANG_IDLE_MESSAGE", "FakeEngine"]
+__all__ = ["FREE_LAG_S", "SGLANG_IDLE_MESSAGE", "FakeEngine"]
 
 MIB = 1024 * 1024
+#: seconds between a sleep's answer and its memory coming down on the device, by default
+FREE_LAG_S = 0.5
 SGLANG_IDLE_MESSAGE = "release_memory_occupation should be called only when server is idle."
 _TAGS = ("weights", "kv_cache")
 _NOT_FOUND = Reply(404, {"detail": "Not Found"})
@@ -90,7 +94,7 @@ class FakeEngine(FakeHTTPServer):
         load_s: float = 0.0,
         wake_s: float = 0.0,
         reload_s: float = 0.0,
-        free_lag_s: float = 0.0,
+        free_lag_s: float = FREE_LAG_S,
         device: Any = None,
         pid: int = 4242,
     ) -> None:
@@ -386,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--load-s", type=float, default=0.0)
     parser.add_argument("--wake-s", type=float, default=0.0)
     parser.add_argument("--reload-s", type=float, default=0.0)
-    parser.add_argument("--free-lag-s", type=float, default=0.0)
+    parser.add_argument("--free-lag-s", type=float, default=FREE_LAG_S)
     args = parser.parse_args(argv)
     engine = FakeEngine(
         args.protocol,

@@ -52,7 +52,7 @@ def test_vllm_level1_sleep_and_wake_move_the_memory_on_the_device() -> None:
             assert c.is_sleeping(eng.url, "vllm") is False
             assert c.sleep(eng.url, "vllm", 1) == "POST /sleep?level=1"
             assert c.is_sleeping(eng.url, "vllm") is True
-            assert dev.used == 1000 * MIB  # the residual: context and buffers
+            wait_until(lambda: dev.used == 1000 * MIB)  # the residual: context and buffers
             assert eng.host_ram_mib == 6000  # the weights, in host RAM
             done = c.wake(eng.url, "vllm", timeout_s=10)
             assert done == ["POST /wake_up?tags=weights", "POST /wake_up?tags=kv_cache"]
@@ -96,11 +96,13 @@ def test_vllm_without_dev_mode_answers_404_which_is_not_enabled() -> None:
         assert eng.used_mib == eng.full_mib
 
 
-def test_vllm_sleep_answers_before_the_memory_is_freed() -> None:
+@pytest.mark.parametrize("protocol", ["vllm", "sglang"])
+def test_either_engine_answers_its_sleep_before_the_memory_is_freed(protocol: str) -> None:
+    # the stand-in's default, as the real engines may (docs/protocols.md)
     dev = FakeDevice(uuid="GPU-a")
-    with FakeEngine("vllm", device=dev, free_lag_s=0.5) as eng, client() as c:
-        c.sleep(eng.url, "vllm", 1)
-        assert c.is_sleeping(eng.url, "vllm") is True
+    with FakeEngine(protocol, device=dev) as eng, client() as c:
+        c.sleep(eng.url, protocol, 1)
+        assert eng.is_sleeping
         assert dev.used == eng.full_mib * MIB  # answered, not freed yet
         wait_until(lambda: dev.used == eng.residual_mib * MIB)
 
@@ -195,7 +197,7 @@ def test_sglang_release_and_resume_send_both_tags() -> None:
     dev = FakeDevice(uuid="GPU-b")
     with FakeEngine("sglang", device=dev) as eng, client() as c:
         assert c.sleep(eng.url, "sglang", 1) == "POST /release_memory_occupation"
-        assert dev.used == eng.residual_mib * MIB
+        wait_until(lambda: dev.used == eng.residual_mib * MIB)
         assert c.is_sleeping(eng.url, "sglang") is None  # SGLang cannot say
         assert c.wake(eng.url, "sglang", timeout_s=5) == ["POST /resume_memory_occupation"]
         assert dev.used == eng.full_mib * MIB
@@ -213,11 +215,13 @@ def test_sglang_release_refuses_while_requests_run() -> None:
         assert eng.used_mib == eng.full_mib
 
 
-def test_sglang_without_the_memory_saver_answers_ok_and_frees_nothing() -> None:
-    dev = FakeDevice(uuid="GPU-c")
-    with FakeEngine("sglang", enabled=False, device=dev) as eng, client() as c:
-        c.sleep(eng.url, "sglang", 1)
-        assert dev.used == eng.full_mib * MIB  # only the device tells
+def test_sglang_without_the_memory_saver_answers_as_if_it_had_released() -> None:
+    # the adapter cannot tell: the release looks done and SGLang cannot be asked; only
+    # the device shows nothing came back (tests/test_sleep_executor.py: stopped instead)
+    with FakeEngine("sglang", enabled=False) as eng, client() as c:
+        assert c.sleep(eng.url, "sglang", 1) == "POST /release_memory_occupation"
+        assert c.is_sleeping(eng.url, "sglang") is None
+        assert [r.path for r in eng.calls] == ["/release_memory_occupation"]
 
 
 def test_sglang_resume_of_what_was_not_released_is_refused() -> None:

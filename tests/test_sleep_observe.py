@@ -74,6 +74,7 @@ def test_an_unreachable_engine_is_unknown_and_keeps_its_record() -> None:
 
 
 def manifest(tmp: Path, engine: FakeEngine) -> object:
+    """One evictable serve ``big`` (container ``c-big``) that sleeps through ``engine``."""
     (tmp / "m.toml").write_text(
         f"""
 [[gpu_roles]]
@@ -87,13 +88,14 @@ gpu_role = "a"
 vram_mib = 8000
 residency = "evictable"
 port = {free_port()}
-engine = "vllm"
+engine = "{engine.protocol}"
 
 [serve.sleep]
 level = 1
 residual_mib = 1000
 host_ram_mib = 6000
 url = "{engine.url}"
+protocol = "{engine.protocol}"
 """
     )
     return load_manifest_set([tmp / "m.toml"])
@@ -138,3 +140,37 @@ def test_observe_sleep_reads_records_and_asks_engines_without_one(tmp_path: Path
     # docker unreadable: nothing asked, nothing changed
     models, now = observe_sleep(desired, SnapshotModel(docker="error"), {"c-big": rec()}, probe())
     assert models == {} and now.forget == []
+
+
+def test_observe_sleep_takes_an_sglang_sleeper_from_its_record(tmp_path: Path) -> None:
+    """SGLang cannot say whether it sleeps (docs/protocols.md): its record and its
+    container's start are all there is, and the engine is never asked."""
+    import httpx
+
+    with FakeEngine("sglang") as engine:
+        desired = manifest(tmp_path, engine).desired()  # type: ignore[attr-defined]
+        # released by hand, no record: nothing can tell, so nothing is reported (counted
+        # full, as the ledger never counts less than it may hold)
+        httpx.post(engine.url + "/release_memory_occupation", json={})
+        models, now = observe_sleep(desired, snapshot(), {}, probe())
+        assert models == {} and now.notes == [] and now.forget == []
+        # with its record: asleep with what it was put to sleep with
+        models, now = observe_sleep(desired, snapshot(), {"c-big": rec()}, probe())
+        assert models["big"].model_dump(exclude_none=True) == {
+            "state": "asleep",
+            "level": 1,
+            "residual_mib": 1000,
+            "host_ram_mib": 6000,
+        }
+        assert now.seen == {"c-big": "asleep"} and now.forget == []
+        # its container started again since: awake and full, the record forgotten
+        restarted = SnapshotModel(
+            docker="ok",
+            containers={
+                "c-big": ContainerModel(state="running", started_at="2026-12-01T11:00:00Z")
+            },
+        )
+        models, now = observe_sleep(desired, restarted, {"c-big": rec()}, probe())
+        assert models == {} and now.forget == ["c-big"]
+        assert any("started again since it was put to sleep" in n for n in now.notes)
+        assert [r.path for r in engine.calls] == ["/release_memory_occupation"]  # never asked

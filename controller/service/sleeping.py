@@ -304,11 +304,13 @@ def observe_sleep(
     """Every serve that can sleep, as it is now: the snapshot's ``sleep`` and what the
     journal should learn (:func:`sleepers_in_force`).
 
-    Recorded sleepers are checked against their containers and engines. A running vLLM
+    Recorded sleepers are checked against their containers and engines. A running
     serve with no record is asked too: one that says it sleeps (put to sleep by a
     controller that lost its journal, or by hand) is reported asleep without a record
     (the core counts it at the residual the manifest declares); one that cannot be
-    asked is unknown (counted full). Docker unreadable: nothing is asked or changed.
+    asked is unknown (counted full); one that cannot say (SGLang: the adapter answers
+    ``None`` without a request) is not reported, counted full. Docker unreadable:
+    nothing is asked or changed.
     """
     if snap.docker != "ok":
         return {}, SleepersNow({}, {}, [], [])
@@ -333,7 +335,7 @@ def observe_sleep(
     recorded = {rec.serve for rec in records.values()}
     for name, sl in sleepers.items():
         c = containers.get(sl.container)
-        if name in recorded or c is None or not c.running or sl.protocol != "vllm":
+        if name in recorded or c is None or not c.running:
             continue
         try:
             said = client.is_sleeping(sl.url, sl.protocol)
