@@ -2,10 +2,11 @@
 
 Each command loads the manifest set, reads or takes the observation, calls the pure
 core, and renders the answer (rich for people, ``--json`` for tools). Exit codes are
-part of the contract: ``validate`` 0/1, ``fit`` 0 fits / 1 does not, ``plan
---detailed-exitcode`` 0 nothing to do / 2 changes / 1 error; ``status``, ``fit`` and
-``plan`` exit :data:`EXIT_UNOBSERVED` (3) when Docker could not be read (their answer
-is printed, ``unknown`` where unknown, with one line saying where Docker was looked for).
+part of the contract, and each command's help names its own: ``validate`` 0/1, ``fit``
+0 fits / 1 does not, ``plan --detailed-exitcode`` 0 nothing to do / 2 changes / 1
+error; ``status``, ``fit``, ``plan`` and ``observe`` exit :data:`EXIT_UNOBSERVED` (3)
+when Docker could not be read (their answer is printed, ``unknown`` where unknown, with
+one line saying where Docker was looked for).
 
 This module must not decide anything itself: the arithmetic lives in ``statemachine``;
 it only wires inputs to the core and prints what the core answers. Errors are printed
@@ -131,7 +132,7 @@ ObservedOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
-#: ``status``, ``fit``, ``plan``: Docker could not be read, so the answer is unknown
+#: ``status``, ``fit``, ``plan``, ``observe``: Docker could not be read, so the answer is unknown
 EXIT_UNOBSERVED = 3
 
 
