@@ -20,7 +20,8 @@ The rules an on-demand request meets before and after the planner:
   (its victims) and undoing (its own stop when it ends) drain; without a router the
   API refuses such a request (and a ``down`` that would stop such a serve) at once,
   with :func:`no_router_reason`, instead of accepting what the preflight will refuse
-  every cycle (docs/operations.md#without-a-router). :func:`router_tiers` /
+  every cycle (docs/operations.md#without-a-router); ``fit`` says the same of the start
+  it answers (:func:`start_router_needs`). :func:`router_tiers` /
   :func:`no_router_warning`: what ``run`` and ``validate`` say once about them.
 
 Pure: functions of their arguments (``now`` included); no I/O, no clock, no logging.
@@ -28,7 +29,7 @@ Pure: functions of their arguments (``now`` included); no I/O, no clock, no logg
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,8 +211,7 @@ def could_fit_later(
 
 #: The fix every refusal for want of a router names (one home for its words).
 NO_ROUTER_FIX = (
-    "no router is configured: start `vramctl run` with --router-url URL "
-    "(or VRAMCTL_ROUTER_URL)"
+    "no router is configured: start `vramctl run` with --router-url URL (or VRAMCTL_ROUTER_URL)"
 )
 
 
@@ -253,13 +253,26 @@ def router_needs(
     now). Each ``drain`` of a victim is one need (stopped, or put to sleep, to make
     room); the request's end is another (:func:`end_needs_router`).
     """
-    out: list[RouterNeed] = []
+    drained = [st.serve for st in steps if st.action is Action.DRAIN]
     sleeps = {st.serve for st in steps if st.action is Action.SLEEP}
-    for st in steps:
-        tier = desired.serves[st.serve].router_tier if st.serve in desired.serves else None
-        if st.action is Action.DRAIN and tier:
-            how = "put to sleep" if st.serve in sleeps else "stopped"
-            out.append(RouterNeed(st.serve, tier, f"{how} to make room for {serve}"))
+    return start_router_needs(desired, observed, serve, drained, sleeps)
+
+
+def start_router_needs(
+    desired: DesiredState,
+    observed: Observed,
+    serve: str,
+    drained: Sequence[str],
+    sleeps: Collection[str],
+) -> tuple[RouterNeed, ...]:
+    """:func:`router_needs` from the names a start drains (``drained``; those in
+    ``sleeps`` are put to sleep, the rest stopped), as ``fit`` answers them."""
+    out: list[RouterNeed] = []
+    for name in drained:
+        tier = desired.serves[name].router_tier if name in desired.serves else None
+        if tier:
+            how = "put to sleep" if name in sleeps else "stopped"
+            out.append(RouterNeed(name, tier, f"{how} to make room for {serve}"))
     requested = any(r.serve == serve for r in desired.requests)
     end = end_needs_router(desired.serves[serve], observed, requested)
     if end is not None:
@@ -290,9 +303,7 @@ def no_router_reason(what: str, needs: Sequence[RouterNeed]) -> str:
 def router_tiers(desired: DesiredState) -> dict[str, str]:
     """Serve -> its router tier, for every serve that declares one (by name)."""
     return {
-        name: spec.router_tier
-        for name, spec in sorted(desired.serves.items())
-        if spec.router_tier
+        name: spec.router_tier for name, spec in sorted(desired.serves.items()) if spec.router_tier
     }
 
 

@@ -41,13 +41,17 @@ class FitResult:
     sleep: tuple[str, ...] = ()
     #: the serve itself sleeps and is woken rather than started
     wake: bool = False
+    #: False when it cannot be answered (docker unread): ``fits`` is then False, so
+    #: nothing is admitted, and the JSON says ``null``, not "does not fit"
+    known: bool = True
 
     def to_json(self) -> dict[str, Any]:
         """docs/design.md §5 fit JSON, plus ``reason`` and each role's committed reservations
-        (and ``sleep`` / ``wake`` where a victim sleeps or the serve itself is woken)."""
+        (and ``sleep`` / ``wake`` where a victim sleeps or the serve itself is woken);
+        ``fits`` is ``null`` when it cannot be answered."""
         out: dict[str, Any] = {
             "serve": self.serve,
-            "fits": self.fits,
+            "fits": self.fits if self.known else None,
             "reason": self.reason,
             "gpu_roles": [t.to_json() for t in self.terms],
             "drain": list(self.drain),
@@ -148,6 +152,7 @@ def _fit(
             False,
             "docker state is unknown: committed MiB cannot be known, nothing is admitted",
             terms,
+            known=False,
         )
     if observed.container(serve.container).holds and not asleep:
         held = ledger.holdings[serve.name].mib if ledger.holds(serve.name) else None

@@ -118,7 +118,7 @@ def test_fit_live_with_docker_unreachable_fails_closed(tmp_path: Path) -> None:
     assert r.returncode == 3, r.stdout + r.stderr  # could not observe (docs/operations.md)
     assert "Traceback" not in r.stderr and "docker" in r.stderr
     data = json.loads(r.stdout)
-    assert data["fits"] is False and "unknown" in data["reason"]
+    assert data["fits"] is None and "unknown" in data["reason"]
     assert data["gpu_roles"][0]["committed_mib"] is None
 
 
@@ -128,7 +128,7 @@ def test_fit_docker_error_fails_closed(tmp_path: Path) -> None:
     r = vramctl("fit", "comfyui", *SET, "--observed", str(snap), "--json")
     assert r.returncode == 3  # the snapshot could not observe docker: unknown, not "no"
     data = json.loads(r.stdout)
-    assert data["fits"] is False
+    assert data["fits"] is None  # cannot be answered, not "no"
     assert data["gpu_roles"][0]["committed_mib"] is None  # unknown, never 0
 
 

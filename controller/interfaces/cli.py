@@ -2,10 +2,11 @@
 
 Each command loads the manifest set, reads or takes the observation, calls the pure
 core, and renders the answer (rich for people, ``--json`` for tools). Exit codes are
-part of the contract: ``validate`` 0/1, ``fit`` 0 fits / 1 does not, ``plan
---detailed-exitcode`` 0 nothing to do / 2 changes / 1 error; ``status``, ``fit`` and
-``plan`` exit :data:`EXIT_UNOBSERVED` (3) when Docker could not be read (their answer
-is printed, ``unknown`` where unknown, with one line saying where Docker was looked for).
+part of the contract, and each command's help names its own: ``validate`` 0/1, ``fit``
+0 fits / 1 does not, ``plan --detailed-exitcode`` 0 nothing to do / 2 changes / 1
+error; ``status``, ``fit``, ``plan`` and ``observe`` exit :data:`EXIT_UNOBSERVED` (3)
+when Docker could not be read (their answer is printed, ``unknown`` where unknown, with
+one line saying where Docker was looked for).
 
 This module must not decide anything itself: the arithmetic lives in ``statemachine``;
 it only wires inputs to the core and prints what the core answers. Errors are printed
@@ -24,6 +25,8 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
+import typer.core
+from typer import _click as click  # the click typer carries (its own copy)
 
 if TYPE_CHECKING:
     from controller.interfaces import bars, render
@@ -31,6 +34,8 @@ if TYPE_CHECKING:
     from controller.service.cycle import CycleJournal, PlanInputs
     from controller.service.executor import ExecutionReport, StepResult
     from controller.snapshot import SnapshotModel
+    from statemachine.admission import RouterNeed
+    from statemachine.fit import FitResult
     from statemachine.planner import Plan
     from statemachine.types import DesiredState, Observed
 
@@ -69,12 +74,50 @@ app = typer.Typer(
     context_settings={"max_content_width": 120},
 )
 
+
+class _Command(typer.core.TyperCommand):
+    """click's plain help, each argument named by its metavar (``SERVE``, ``[PLAN]``) in
+    the usage line and the Arguments section, not typer's ``{serve}`` and ``<str>``."""
+
+    def collect_usage_pieces(self, ctx: click.Context) -> list[str]:
+        """``[OPTIONS]``, then each argument as the operator types it."""
+        pieces = [self.options_metavar] if self.options_metavar else []
+        for param in self.get_params(ctx):
+            if param.param_type_name == "argument":
+                name = param.metavar or (param.name or "").upper()
+                pieces.append(name if param.required else f"[{name}]")
+        return pieces
+
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The Arguments section (by metavar) and the Options section."""
+        sections: dict[str, list[tuple[str, str]]] = {"Arguments": [], "Options": []}
+        for param in self.get_params(ctx):
+            record = param.get_help_record(ctx)
+            if record is None:
+                continue
+            if param.param_type_name == "argument":
+                sections["Arguments"].append((param.metavar or record[0], record[1]))
+            else:
+                sections["Options"].append(record)
+        for title, rows in sections.items():
+            if rows:
+                with formatter.section(title):
+                    formatter.write_dl(rows)
+
+
+def _command(summary: str, name: str | None = None) -> Callable[[Callable[..., None]], Any]:
+    """``@app.command`` with ``summary``, the whole sentence ``vramctl --help`` lists (click
+    would cut the docstring's first sentence to the width), and :class:`_Command`'s help."""
+    return app.command(name, cls=_Command, short_help=summary)
+
+
 ManifestOpt = Annotated[
     list[Path],
     typer.Option(
         "--manifest",
         "-m",
         envvar="VRAMCTL_MANIFEST",
+        metavar="FILE",
         help="Manifest file (TOML); repeat to load several files as one set "
         "(VRAMCTL_MANIFEST: paths separated by ':').",
     ),
@@ -83,12 +126,13 @@ ObservedOpt = Annotated[
     Path | None,
     typer.Option(
         "--observed",
+        metavar="FILE",
         help="Observed snapshot JSON (what `vramctl observe` prints) instead of the live host.",
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
-#: ``status``, ``fit``, ``plan``: Docker could not be read, so the answer is unknown
+#: ``status``, ``fit``, ``plan``, ``observe``: Docker could not be read, so the answer is unknown
 EXIT_UNOBSERVED = 3
 
 
@@ -97,7 +141,9 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _load(manifests: list[Path], *, strict: bool = False) -> ManifestSet:
+def _load(manifests: list[Path], *, strict: bool = False, json_out: bool = False) -> ManifestSet:
+    """The manifest set; exit 1 with its located errors on stderr (``json_out``: and
+    ``validate``'s JSON answer on stdout) when it does not load."""
     if not manifests:
         _fail("no manifest given: pass -m/--manifest FILE (repeat for a set)")
     from controller.manifest import ManifestError, load_manifest_set
@@ -107,6 +153,15 @@ def _load(manifests: list[Path], *, strict: bool = False) -> ManifestSet:
     except ManifestError as exc:
         for err in exc.errors:
             render.error(str(err))
+        if json_out:
+            _print_json(
+                {
+                    "valid": False,
+                    "files": [str(f) for f in manifests],
+                    "errors": [err.to_json() for err in exc.errors],
+                    "warnings": exc.warnings,
+                }
+            )
         raise typer.Exit(1) from None
     for warning in mset.warnings:
         render.warn(warning)
@@ -127,27 +182,29 @@ def _check_up_env_pass() -> None:
     if unset:
         render.warn(
             f"{UP_ENV_PASS_VAR} names {', '.join(unset)}, which this environment does not "
-            "have: the up commands will not get "
-            + ("it" if len(unset) == 1 else "them")
+            "have: the up commands will not get " + ("it" if len(unset) == 1 else "them")
         )
 
 
 def _observe(
-    observed: Path | None, mset: ManifestSet, notes: list[str] | None = None
+    observed: Path | None, mset: ManifestSet, *, nvml_in_answer: bool = False
 ) -> SnapshotModel:
     from controller.snapshot import SnapshotError, load_snapshot
 
     if observed is None:
-        return _observe_live(mset, notes)
+        return _observe_live(mset, nvml_in_answer=nvml_in_answer)
     try:
         return load_snapshot(observed)
     except SnapshotError as exc:
         _fail(str(exc))
 
 
-def _observe_live(mset: ManifestSet, notes: list[str] | None = None) -> SnapshotModel:
+def _observe_live(
+    mset: ManifestSet, notes: list[str] | None = None, *, nvml_in_answer: bool = False
+) -> SnapshotModel:
     """One live observation; what could not be read is printed on stderr, or added to
-    ``notes`` (``status --watch`` tells it inside its draw)."""
+    ``notes`` (``status --watch`` tells it inside its draw). ``nvml_in_answer``: the
+    answer itself says NVML is unavailable and why (``status``), so it is not said here."""
     from controller.adapters.docker.read import ContainerObserver, manifest_containers
     from controller.adapters.health import HealthProber
     from controller.service.inflight import InFlightTracker, observe_in_flight
@@ -168,8 +225,7 @@ def _observe_live(mset: ManifestSet, notes: list[str] | None = None) -> Snapshot
         if reading.error:
             render.warn(f"{name}: requests in flight unknown: {reading.error}")
     snap.in_flight = {
-        name: reading.model_copy(update={"idle_since": None})
-        for name, reading in readings.items()
+        name: reading.model_copy(update={"idle_since": None}) for name, reading in readings.items()
     }
     prober = HealthProber()
     try:
@@ -178,7 +234,7 @@ def _observe_live(mset: ManifestSet, notes: list[str] | None = None) -> Snapshot
         prober.close()
     if snap.docker_error:  # one line: where it looked and what to do (adapters/docker/reach)
         _say(render.error, f"{snap.docker_error}", notes)
-    if snap.nvml_error:
+    if snap.nvml_error and not nvml_in_answer:
         _say(render.warn, f"nvml: {snap.nvml_error}", notes)
     return snap
 
@@ -218,7 +274,7 @@ StrictOpt = Annotated[
 ]
 
 
-@app.command()
+@_command("Check a manifest set and say where it is wrong.")
 def validate(
     manifest: ManifestOpt = [],  # noqa: B006
     json_out: JsonOpt = False,
@@ -227,16 +283,20 @@ def validate(
         typer.Option(
             "--router-url",
             envvar="VRAMCTL_ROUTER_URL",
+            metavar="URL",
             help="The router `run` is given; without one, serves with a router_tier are "
             "warned about (they cannot be stopped).",
         ),
     ] = None,
     strict: StrictOpt = False,
 ) -> None:
-    """Check a manifest set; exit 0 when valid, 1 with located errors on stderr."""
+    """Check a manifest set: every error located by file, entry and field.
+
+    Exit 0 when valid, 1 when not (the errors on stderr, and with --json in the answer).
+    """
     from statemachine.admission import no_router_warning, router_tiers
 
-    mset = _load(manifest, strict=strict)
+    mset = _load(manifest, strict=strict, json_out=json_out)
     desired = mset.desired()
     tiers = {} if router_url else router_tiers(desired)
     router_warnings = [no_router_warning(tiers)] if tiers else []
@@ -264,14 +324,17 @@ def validate(
     render.validated(mset, desired)
 
 
-@app.command()
+@_command("Print one live snapshot of the host as JSON.")
 def observe(manifest: ManifestOpt = []) -> None:  # noqa: B006
     """Print one live snapshot of the manifest set's containers and the GPUs as JSON.
 
-    The output is exactly what ``--observed`` reads back.
+    The output is exactly what ``--observed`` reads back. Exit 0, or 3 when Docker could
+    not be read (the snapshot is printed all the same, saying why).
     """
     mset = _load(manifest)
-    _print_json(_observe_live(mset).model_dump(mode="json"))
+    snap = _observe_live(mset)
+    _print_json(snap.model_dump(mode="json"))
+    _exit_if_unobserved(snap, None)
 
 
 # `status --watch` (controller/interfaces/bars.py)
@@ -279,10 +342,13 @@ WatchOpt = Annotated[
     bool, typer.Option("--watch", "-w", help="Observe again and redraw in place until Ctrl-C.")
 ]
 IntervalOpt = Annotated[
-    float, typer.Option("--interval", min=0.2, help="Seconds between redraws of --watch.")
+    float,
+    typer.Option(
+        "--interval", min=0.2, metavar="SECONDS", help="Seconds between redraws of --watch."
+    ),
 ]
 CountOpt = Annotated[
-    int, typer.Option("--count", min=0, help="Stop --watch after N draws (0: never).")
+    int, typer.Option("--count", min=0, metavar="N", help="Stop --watch after N draws (0: never).")
 ]
 
 
@@ -291,6 +357,7 @@ StateDirOpt = Annotated[
     typer.Option(
         "--state-dir",
         envvar="VRAMCTL_STATE_DIR",
+        metavar="DIR",
         help="The state directory whose journal holds the measured footprints (default: "
         "as `run`'s).",
     ),
@@ -331,7 +398,7 @@ def _with_requests(
     return replace(desired, requests=live)
 
 
-@app.command()
+@_command("Show the ledger, drift and each serve's state.")
 def status(
     manifest: ManifestOpt = [],  # noqa: B006
     observed: ObservedOpt = None,
@@ -342,7 +409,11 @@ def status(
     state_dir: StateDirOpt = None,
 ) -> None:
     """Per-role ledger, drift, each serve's container and lifecycle state, and its
-    measured footprint (declared vs measured) and the roles' reserves."""
+    measured footprint (declared vs measured) and the roles' reserves.
+
+    Exit 0, or 3 when Docker could not be read (the answer is printed, `unknown` where
+    unknown).
+    """
     from controller.interfaces import footprint_report as fp
     from statemachine.status import host_status
 
@@ -352,7 +423,7 @@ def status(
             _fail("--watch draws for people; for tools, run `status --json` repeatedly")
         _watch_status(manifest, mset, observed, interval, count)
         return
-    snap = _observe(observed, mset)
+    snap = _observe(observed, mset, nvml_in_answer=not json_out)
     desired = mset.desired() if observed else _with_requests(mset, manifest, state_dir, snap)
     report = host_status(desired, snap.to_observed())
     footprints = fp.status_footprints(mset, _footprint_samples(manifest, state_dir))
@@ -367,7 +438,7 @@ def status(
         _exit_if_unobserved(snap, observed)
         return
     render.out.print(bars.role_bars(report))  # the bars above the tables
-    render.status(report)
+    render.status(report, nvml_why=snap.nvml_error)
     reserves = fp.reserve_table(mset)
     if reserves is not None:
         render.out.print(reserves)
@@ -413,23 +484,28 @@ def _watch_status(
     bars.watch(produce, interval_s=interval, count=count)
 
 
-@app.command()
+@_command("Propose each serve's vram_mib from measured footprints.")
 def calibrate(
     manifest: ManifestOpt = [],  # noqa: B006
     state_dir: StateDirOpt = None,
     json_out: JsonOpt = False,
     margin_pct: Annotated[
         float,
-        typer.Option("--margin-pct", min=0.0, help="Added to the peak, in percent."),
+        typer.Option("--margin-pct", min=0.0, metavar="PCT", help="Added to the peak, in percent."),
     ] = 10.0,
     granule_mib: Annotated[
         int,
-        typer.Option("--granule-mib", min=1, help="The proposal is rounded up to a multiple."),
+        typer.Option(
+            "--granule-mib", min=1, metavar="MIB", help="The proposal is rounded up to a multiple."
+        ),
     ] = 256,
     min_samples: Annotated[
         int,
         typer.Option(
-            "--min-samples", min=1, help="Attributable samples needed before proposing."
+            "--min-samples",
+            min=1,
+            metavar="N",
+            help="Attributable samples needed before proposing.",
         ),
     ] = 3,
     patch: Annotated[
@@ -441,6 +517,7 @@ def calibrate(
 
     The proposal is the peak of its attributable samples plus --margin-pct, rounded up
     to --granule-mib; with fewer than --min-samples it says "not enough evidence".
+    Exit 0 whatever it proposes, 1 when the manifest does not load.
     """
     from controller.interfaces import footprint_report as fp
     from controller.interfaces.footprint_report import load_samples
@@ -485,14 +562,30 @@ def calibrate(
         sys.stdout.write(diff)
 
 
-@app.command()
+@_command("Can SERVE run now, and what would it cost?")
 def fit(
-    serve: Annotated[str, typer.Argument(help="The serve to ask about.")],
+    serve: Annotated[str, typer.Argument(metavar="SERVE", help="The serve to ask about.")],
     manifest: ManifestOpt = [],  # noqa: B006
     observed: ObservedOpt = None,
     json_out: JsonOpt = False,
+    router_url: Annotated[
+        str | None,
+        typer.Option(
+            "--router-url",
+            envvar="VRAMCTL_ROUTER_URL",
+            metavar="URL",
+            help="The router `run` is given; without one, a start that drains a router "
+            "tier is said to be refused.",
+        ),
+    ] = None,
 ) -> None:
-    """Can SERVE run now, and what would it cost? Exit 0 yes, 1 no."""
+    """Can SERVE run now, and what would it cost?
+
+    Exit 0 it fits, 1 it does not, 3 when Docker could not be read (it cannot be
+    answered). Without --router-url (VRAMCTL_ROUTER_URL, as `run` is given) a start that
+    drains a router tier is said to be refused, as `up` would be.
+    """
+    from statemachine.admission import no_router_reason
     from statemachine.fit import fit_serve
 
     mset = _load(manifest)
@@ -501,22 +594,39 @@ def fit(
         render.error(render.unknown_serve(serve, desired))
         raise typer.Exit(1)
     snap = _observe(observed, mset)
-    result = fit_serve(desired, snap.to_observed(), serve, now=_now(snap))
+    seen = snap.to_observed()
+    result = fit_serve(desired, seen, serve, now=_now(snap))
+    needs = () if router_url or not result.known else _fit_router_needs(desired, seen, result)
+    note = no_router_reason(f"up {serve}", needs) if needs else None
     if json_out:
-        _print_json(result.to_json())
+        extra = {"needs_router": [n.to_json() for n in needs], "note": note} if note else {}
+        _print_json({**result.to_json(), **extra})
     else:
         render.fit(result)
+        if note:
+            render.out.print(f"  note: {note}", markup=False)
     _exit_if_unobserved(snap, observed)
     raise typer.Exit(0 if result.fits else 1)
 
 
-@app.command()
+def _fit_router_needs(
+    desired: DesiredState, observed: Observed, result: FitResult
+) -> tuple[RouterNeed, ...]:
+    """The router tiers the start ``result`` answers drains: why `up` would be refused
+    without a router (the API's own test, statemachine/admission.py)."""
+    from statemachine.admission import start_router_needs
+
+    return start_router_needs(desired, observed, result.serve, result.drain, result.sleep)
+
+
+@_command("Dry-run: the steps that would converge the host.")
 def plan(
     manifest: ManifestOpt = [],  # noqa: B006
     observed: ObservedOpt = None,
     json_out: JsonOpt = False,
     out: Annotated[
-        Path | None, typer.Option("--out", help="Also write the plan JSON to this file.")
+        Path | None,
+        typer.Option("--out", metavar="FILE", help="Also write the plan JSON to this file."),
     ] = None,
     detailed_exitcode: Annotated[
         bool,
@@ -526,7 +636,11 @@ def plan(
         ),
     ] = False,
 ) -> None:
-    """Dry-run: the ordered steps that would converge the host, and what is blocked."""
+    """Dry-run: the ordered steps that would converge the host, and what is blocked.
+
+    Exit 0 (with --detailed-exitcode: 0 nothing to do, 2 when there are changes), 1 on
+    errors, 3 when Docker could not be read (the plan is unknown, not empty).
+    """
     from statemachine.planner import Policy, plan_transitions
 
     mset = _load(manifest)
@@ -554,6 +668,7 @@ RouterUrlOpt = Annotated[
     typer.Option(
         "--router-url",
         envvar="VRAMCTL_ROUTER_URL",
+        metavar="URL",
         help="The router whose tiers are quiesced, drained and readmitted.",
     ),
 ]
@@ -562,6 +677,7 @@ RouterTokenOpt = Annotated[
     typer.Option(
         "--router-token-file",
         envvar="VRAMCTL_ROUTER_TOKEN_FILE",
+        metavar="FILE",
         help="File holding the router's bearer token "
         "(else VRAMCTL_ROUTER_TOKEN / ANVIL_ROUTER_TOKEN).",
     ),
@@ -586,10 +702,13 @@ def _load_saved_plan(path: Path) -> dict[str, Any]:
     return data
 
 
-@app.command()
+@_command("Observe, plan and carry the plan out, once.")
 def apply(
     plan_file: Annotated[
-        Path | None, typer.Argument(help="A plan saved by `vramctl plan --out`; default: plan now.")
+        Path | None,
+        typer.Argument(
+            metavar="PLAN", help="A plan saved by `vramctl plan --out`; default: plan now."
+        ),
     ] = None,
     manifest: ManifestOpt = [],  # noqa: B006
     router_url: RouterUrlOpt = None,
@@ -599,6 +718,7 @@ def apply(
         typer.Option(
             "--state-dir",
             envvar="VRAMCTL_STATE_DIR",
+            metavar="DIR",
             help="The state dir whose lock a running `vramctl run` holds (same default).",
         ),
     ] = None,
@@ -608,7 +728,8 @@ def apply(
     """Execute once: observe, plan and carry the plan out (or a saved plan, if still current).
 
     Refused while a `vramctl run` holds the same state directory: the loop owns the host
-    then (use `vramctl up` / `down`, or stop the loop).
+    then (use `vramctl up` / `down`, or stop the loop). Exit 0 when every step succeeded
+    and the ledger matches the host afterwards, 1 otherwise.
     """
     import asyncio
 
@@ -786,6 +907,7 @@ ApiOpt = Annotated[
     typer.Option(
         "--api",
         envvar="VRAMCTL_API",
+        metavar="HOST:PORT",
         help="HOST:PORT of the loop's HTTP API ([::1]:PORT for IPv6).",
     ),
 ]
@@ -794,12 +916,13 @@ TokenFileOpt = Annotated[
     typer.Option(
         "--token-file",
         envvar="VRAMCTL_TOKEN_FILE",
+        metavar="FILE",
         help="File holding the API's bearer token (else the VRAMCTL_TOKEN variable).",
     ),
 ]
 
 
-@app.command()
+@_command("Run the control loop that keeps the host converged.")
 def run(
     manifest: ManifestOpt = [],  # noqa: B006
     dry_run: Annotated[
@@ -813,13 +936,20 @@ def run(
         typer.Option(
             "--state-dir",
             envvar="VRAMCTL_STATE_DIR",
+            metavar="DIR",
             help="Journal and lock (default: $XDG_STATE_HOME/vramctl, else .vramctl-state/ "
             "beside the first manifest).",
         ),
     ] = None,
     resync: Annotated[
         float,
-        typer.Option("--resync", envvar="VRAMCTL_RESYNC", min=0.5, help="Seconds between resyncs."),
+        typer.Option(
+            "--resync",
+            envvar="VRAMCTL_RESYNC",
+            min=0.5,
+            metavar="SECONDS",
+            help="Seconds between resyncs.",
+        ),
     ] = 5.0,
     router_url: RouterUrlOpt = None,
     router_token_file: RouterTokenOpt = None,
@@ -836,6 +966,7 @@ def run(
             "--settle-s",
             envvar="VRAMCTL_SETTLE_S",
             min=0.0,
+            metavar="SECONDS",
             help="Seconds after a start is healthy before its footprint's steady reading.",
         ),
     ] = 30.0,
@@ -844,6 +975,7 @@ def run(
         typer.Option(
             "--allow-origin",
             envvar="VRAMCTL_ALLOW_ORIGIN",
+            metavar="ORIGIN",
             help="A browser Origin the API accepts (repeat; the variable takes a space-"
             "separated list). Requests with any other Origin header are refused.",
         ),
@@ -983,11 +1115,11 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
     # a refusal's message names its arithmetic already: the terms are printed once
     roles = [t for t in data.get("gpu_roles") or [] if not _told(data, t["gpu_role"])]
     for t in roles:
-        parts = " + ".join(f"{r['serve']} {r['mib']}" for r in t.get("reservations", []))
+        held = [(r["serve"], r["mib"]) for r in t.get("reservations", [])]
         render.err.print(
             f"  {t['gpu_role']}: capacity {t['capacity_mib']} - reserve {t['reserve_mib']} = "
-            f"budget {t['budget_mib']}; committed {render.mib(t['committed_mib'])} "
-            f"({parts or 'nothing'}); free {render.mib(t['free_mib'])}; requested "
+            f"budget {t['budget_mib']}; committed {render.committed(t['committed_mib'], held)}"
+            f"; free {render.mib(t['free_mib'])}; requested "
             f"{t['requested_mib']}; shortfall {render.mib(t['shortfall_mib'])}"
         )
 
@@ -1015,13 +1147,14 @@ def _told(data: dict[str, Any], role: str) -> bool:
     return f"{role}: capacity " in message and "evictable " in message
 
 
-@app.command()
+@_command("Ask the running loop to start SERVE on demand.")
 def up(
-    serve: Annotated[str, typer.Argument(help="The serve to start on demand.")],
+    serve: Annotated[str, typer.Argument(metavar="SERVE", help="The serve to start on demand.")],
     ttl: Annotated[
         float | None,
         typer.Option(
             "--ttl",
+            metavar="SECONDS",
             help="Seconds the request lasts (default: until the serve has had no request "
             "in flight for its idle_ttl_s).",
         ),
@@ -1066,6 +1199,7 @@ def up(
         body["wait_s"] = wait
     if queue:
         body["queue"] = True
+
     def send() -> tuple[int, dict[str, Any]]:
         return _api_call(
             api,
@@ -1103,9 +1237,11 @@ def _up_with_progress(
     return follow_up(serve, url, token, send, render.out)
 
 
-@app.command()
+@_command("End SERVE's on-demand request through the running loop.")
 def down(
-    serve: Annotated[str, typer.Argument(help="The serve whose on-demand request ends.")],
+    serve: Annotated[
+        str, typer.Argument(metavar="SERVE", help="The serve whose on-demand request ends.")
+    ],
     api: ApiOpt = "127.0.0.1:8477",
     token_file: TokenFileOpt = None,
     json_out: JsonOpt = False,
@@ -1120,7 +1256,7 @@ def down(
     raise typer.Exit(0 if status_code == 202 else 1)
 
 
-@app.command()
+@_command("Follow the running loop's event stream.")
 def events(
     api: ApiOpt = "127.0.0.1:8477",
     token_file: TokenFileOpt = None,
@@ -1129,12 +1265,13 @@ def events(
         typer.Option(
             "--since",
             min=0,
+            metavar="ID",
             help="Begin after this event id (those still kept are replayed; a gap says "
             "what is no longer kept). Default: only new events.",
         ),
     ] = None,
     count: Annotated[
-        int, typer.Option("--count", min=0, help="Stop after N events (0: never).")
+        int, typer.Option("--count", min=0, metavar="N", help="Stop after N events (0: never).")
     ] = 0,
     json_out: Annotated[
         bool, typer.Option("--json", help="Print each event as one JSON line.")
@@ -1187,14 +1324,19 @@ def events(
     raise typer.Exit(0)
 
 
-@app.command("replay")
+@_command("Re-plan recorded cycles; show where the plans differ.", "replay")
 def replay_cmd(
     source: Annotated[
         Path,
-        typer.Argument(help="A journal (state dir's journal.sqlite3) or an observed snapshot."),
+        typer.Argument(
+            metavar="SOURCE",
+            help="A journal (state dir's journal.sqlite3) or an observed snapshot.",
+        ),
     ],
     manifest: ManifestOpt = [],  # noqa: B006
-    cycle: Annotated[int | None, typer.Option("--cycle", help="Only this cycle.")] = None,
+    cycle: Annotated[
+        int | None, typer.Option("--cycle", metavar="N", help="Only this cycle.")
+    ] = None,
     json_out: JsonOpt = False,
 ) -> None:
     """Re-plan recorded cycles with this manifest; show where the plans differ. Executes nothing.
@@ -1222,6 +1364,7 @@ ComposeOpt = Annotated[
     typer.Option(
         "--compose",
         "-c",
+        metavar="FILE",
         help="Docker Compose file; repeat to merge several, like `docker compose -f a -f b`.",
     ),
 ]
@@ -1237,15 +1380,20 @@ def _measured_totals(observed: Path | None, mset: ManifestSet) -> dict[str, int]
     return measured_totals(mset.desired().roles, gpus)
 
 
-@app.command("render")  # not `def render`: that would shadow the `render` module
+@_command(
+    "Print the engine flag that enforces SERVE's reservation.", "render"
+)  # not `def render`: that would shadow the `render` module
 def render_cmd(
-    serve: Annotated[str, typer.Argument(help="The serve whose engine flag to print.")],
+    serve: Annotated[
+        str, typer.Argument(metavar="SERVE", help="The serve whose engine flag to print.")
+    ],
     manifest: ManifestOpt = [],  # noqa: B006
     compose: ComposeOpt = [],  # noqa: B006
     engine: Annotated[
         str | None,
         typer.Option(
             "--engine",
+            metavar="ENGINE",
             help="The engine that runs SERVE (vllm, sglang); overrides "
             "its label and its compose command.",
         ),
@@ -1255,6 +1403,7 @@ def render_cmd(
         typer.Option(
             "--device-total",
             min=1,
+            metavar="MIB",
             help="Device total in MiB for SERVE's roles, instead of their declared "
             "vram_mib (or the NVML total of --observed).",
         ),
@@ -1313,7 +1462,7 @@ def render_cmd(
     raise typer.Exit(0 if result.text is not None else 1)
 
 
-@app.command()
+@_command("Check the compose files' engine memory flags.")
 def lint(
     manifest: ManifestOpt = [],  # noqa: B006
     compose: ComposeOpt = [],  # noqa: B006
@@ -1322,6 +1471,7 @@ def lint(
         typer.Option(
             "--tolerance",
             min=0.0,
+            metavar="FRACTION",
             help="How far a fraction may be from vram_mib / device total, as a "
             "fraction of the device total (default 0.001).",
         ),

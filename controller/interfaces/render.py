@@ -21,6 +21,8 @@ from rich.table import Table
 from rich.text import Text
 
 if TYPE_CHECKING:  # the core's result types; a command imports the core it calls
+    from collections.abc import Iterable
+
     from controller.manifest import ManifestSet
     from controller.service.executor import ExecutionReport, StepResult
     from statemachine.fit import FitResult
@@ -79,15 +81,16 @@ def validated(mset: ManifestSet, desired: DesiredState) -> None:
         )
 
 
-def status(report: HostStatus) -> None:
-    """The human answer of ``status``."""
+def status(report: HostStatus, nvml_why: str | None = None) -> None:
+    """The human answer of ``status``; ``nvml_why``: what NVML answered, where it is known."""
     if not report.docker_ok:
         out.print(
             "[bold red]docker could not be read[/bold red]: committed MiB is unknown; "
             "nothing would be admitted or stopped (fail closed)"
         )
     if not report.nvml_ok:
-        out.print("[yellow]NVML unavailable[/yellow]: device figures are unknown")
+        why = nvml_why or "NVML unavailable"
+        out.print(Text(why, style="yellow") + ": device figures are unknown")
     roles = Table(title="GPU roles (MiB)", title_justify="left")
     for col in ("role", "capacity", "reserve", "budget", "committed", "free", "nvml used", "drift"):
         roles.add_column(col, justify="left" if col == "role" else "right")
@@ -226,20 +229,33 @@ def in_flight_line(s: ServeStatus) -> str | None:
     return f"{s.serve}: {flight}; {tail}TTL: {_BASIS.get(s.ttl_basis, s.ttl_basis)}"
 
 
+def committed(mib_: int | None, reservations: Iterable[tuple[str, int]]) -> str:
+    """A role's committed MiB and its terms (``K (a 1 + b 2)``), or ``unknown``: no
+    ``(nothing)`` beside a figure that is not known."""
+    if mib_ is None:
+        return UNKNOWN
+    return f"{mib_} ({' + '.join(f'{h} {m}' for h, m in reservations) or 'nothing'})"
+
+
 def fit(result: FitResult) -> None:
     """The human answer of ``fit``."""
-    style = "green" if result.fits else "red"
+    style = "green" if result.fits else "red" if result.known else "yellow"
     if result.reason.startswith(f"{result.serve} "):  # it says who and whether itself
         out.print(Text(result.reason, style=style))
     else:
-        verdict = "fits" if result.fits else "does not fit"
+        verdict = (
+            "cannot be answered (unknown)"
+            if not result.known
+            else "fits"
+            if result.fits
+            else "does not fit"
+        )
         out.print(Text(f"{result.serve}: ") + Text(verdict, style=style) + f": {result.reason}")
     for t in result.terms:
-        parts = " + ".join(f"{h} {m}" for h, m in t.reservations) or "nothing"
         out.print(
             escape(
                 f"  {t.gpu_role}: capacity {t.capacity_mib} - reserve {t.reserve_mib} = budget "
-                f"{t.budget_mib}; committed {mib(t.committed_mib)} ({parts}); "
+                f"{t.budget_mib}; committed {committed(t.committed_mib, t.reservations)}; "
                 f"free {mib(t.free_mib)}; requested {t.requested_mib}; "
                 f"shortfall {mib(t.shortfall_mib)}"
             )

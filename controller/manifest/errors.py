@@ -11,6 +11,7 @@ import difflib
 import json
 import re
 from collections.abc import Sequence
+from typing import Any
 
 _TOML_POSITION = re.compile(r"\s*\(at line (\d+), column (\d+)\)\s*$")
 
@@ -72,6 +73,10 @@ class LocatedError:
             parts.append(self.field)
         parts.append(self.message)
         return ": ".join(parts)
+
+    def to_json(self) -> dict[str, Any]:
+        """Each field (``None`` where unknown) and ``text``, the one line ``str()`` gives."""
+        return {**dataclasses.asdict(self), "text": str(self)}
 
 
 class ManifestError(Exception):

@@ -1,0 +1,188 @@
+"""The command line as a new operator first reads it: the help, the exit codes, and the
+answers of ``validate``, ``observe``, ``status`` and ``fit`` where something is missing
+(docs/operations.md, "Commands" and "Docker cannot be reached").
+
+* ``vramctl --help`` lists every command with a whole sentence, never cut with "...";
+  the usage lines name what to give (SERVE, FILE, SECONDS), not Python types;
+* each command's help names the exit codes docs/operations.md gives it;
+* ``validate --json`` answers on stdout when the manifest is invalid too;
+* ``observe`` exits 3 when Docker could not be read, like ``status``/``fit``/``plan``;
+* ``status`` says once that NVML is unavailable;
+* ``fit`` says when the start it answers cannot be carried out without a router, and
+  that it cannot be answered (not "does not fit") when Docker could not be read.
+
+Each runs the real module in a subprocess, as the console script does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
+OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
+COMMANDS = [
+    "validate",
+    "observe",
+    "status",
+    "calibrate",
+    "fit",
+    "plan",
+    "apply",
+    "run",
+    "up",
+    "down",
+    "events",
+    "replay",
+    "render",
+    "lint",
+]
+
+
+def vramctl(*args: str, columns: int = 200, **extra_env: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMCTL_")}
+    env.update(COLUMNS=str(columns), NO_COLOR="1", TERM="dumb", **extra_env)
+    return subprocess.run(
+        [sys.executable, "-m", "controller.interfaces.cli", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+def _no_docker(tmp_path: Path) -> dict[str, str]:
+    return {"DOCKER_HOST": f"unix://{tmp_path}/none.sock"}
+
+
+# ── the help ──────────────────────────────────────────────────────────────────
+
+
+@pytest.mark.parametrize("columns", [80, 100])
+def test_every_commands_summary_is_a_whole_sentence(columns: int) -> None:
+    text = vramctl("--help", columns=columns).stdout
+    listing = text.split("Commands:\n", 1)[1].rstrip("\n").splitlines()
+    summaries = {}
+    for line in listing:
+        match = re.fullmatch(r"  (\w+) +(\S.*)", line)
+        assert match, f"not one line per command: {line!r}\n{text}"
+        summaries[match[1]] = match[2]
+    assert sorted(summaries) == sorted(COMMANDS), text
+    for name, summary in summaries.items():
+        assert not summary.endswith("..."), f"{name}: cut: {summary!r}"
+        assert summary[-1] in ".?", f"{name}: not a whole sentence: {summary!r}"
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_usage_and_options_name_what_to_give_not_python_types(command: str) -> None:
+    text = vramctl(command, "--help", columns=100).stdout
+    assert text.startswith("Usage: ") and f" {command} [OPTIONS]" in text.splitlines()[0], text
+    assert not re.search(r"<[a-z][^>]*>|(?<!\$)\{\w+\}", text), text
+
+
+def test_the_usage_lines_name_the_arguments_and_the_options_values() -> None:
+    assert " fit [OPTIONS] SERVE\n" in vramctl("fit", "--help").stdout
+    assert " replay [OPTIONS] SOURCE\n" in vramctl("replay", "--help").stdout
+    assert " apply [OPTIONS] [PLAN]\n" in vramctl("apply", "--help").stdout
+    status = vramctl("status", "--help").stdout
+    assert "--manifest FILE" in status and "--interval SECONDS" in status, status
+
+
+@pytest.mark.parametrize(
+    ("command", "codes"),
+    [
+        ("validate", ["0 when valid", "1"]),
+        ("observe", ["3 when Docker could not be read"]),
+        ("status", ["3 when Docker could not be read"]),
+        ("fit", ["0 it fits", "1 it does not", "3 when Docker could not be read"]),
+        ("plan", ["2 when there are changes", "3 when Docker could not be read"]),
+        ("replay", ["0 when every cycle plans the same", "2 when some differ", "1 on errors"]),
+    ],
+)
+def test_each_commands_help_names_its_documented_exit_codes(command: str, codes: list[str]) -> None:
+    flat = " ".join(vramctl(command, "--help").stdout.split())
+    for code in codes:
+        assert code in flat, f"{command} --help lacks {code!r}: {flat}"
+
+
+# ── the answers ───────────────────────────────────────────────────────────────
+
+
+def test_validate_json_of_an_invalid_manifest_answers_on_stdout(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text(
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 1000\n\n'
+        '[[serve]]\nname = "omni"\ncontainer = "c-omni"\ngpu_role = "a"\nvram_mib = 5000\n'
+        'residency = "evictable"\nplacement = "x"\n',
+        encoding="utf-8",
+    )
+    r = vramctl("validate", "-m", str(bad), "--json")
+    assert r.returncode == 1, r.stdout + r.stderr
+    data = json.loads(r.stdout)
+    assert data["valid"] is False and data["files"] == [str(bad)]
+    (error,) = data["errors"]
+    assert error["file"] == str(bad) and error["serve"] == "omni"
+    assert error["field"] == "vram_mib" and "can never fit" in error["message"]
+    assert error["text"].startswith(f'{bad}: serve "omni" (#1): vram_mib: ')
+    assert any("placement" in w for w in data["warnings"]), data
+
+
+def test_observe_exits_3_when_docker_cannot_be_read(tmp_path: Path) -> None:
+    r = vramctl("observe", "-m", str(EXAMPLE), **_no_docker(tmp_path))
+    assert r.returncode == 3, r.stdout + r.stderr
+    assert json.loads(r.stdout)["docker"] == "error"  # the snapshot is still printed
+    assert "docker unreachable at" in r.stderr
+
+
+def test_live_status_says_once_that_nvml_is_unavailable(tmp_path: Path) -> None:
+    probe = vramctl("status", "-m", str(EXAMPLE), "--json", **_no_docker(tmp_path))
+    if json.loads(probe.stdout)["nvml"] != "unavailable":
+        pytest.skip("NVML is readable on this host")
+    r = vramctl("status", "-m", str(EXAMPLE), **_no_docker(tmp_path))
+    said = [line for line in (r.stdout + r.stderr).splitlines() if "NVML" in line]
+    assert len(said) == 1, said
+    assert "device figures are unknown" in said[0], said
+
+
+def test_fit_says_when_the_start_needs_a_router_none_is_given_for() -> None:
+    args = ("fit", "fast", "-m", str(EXAMPLE), "--observed", str(OBSERVED))
+    r = vramctl(*args)
+    assert r.returncode == 0, r.stderr  # the arithmetic is unchanged: it fits
+    assert r.stdout.splitlines()[0] == "fast fits after stopping ocr"
+    assert "up fast cannot be carried out without a router" in r.stdout, r.stdout
+    assert "ocr is stopped to make room for fast" in r.stdout
+    assert "--router-url" in r.stdout
+    data = json.loads(vramctl(*args, "--json").stdout)
+    assert data["fits"] is True
+    assert [n["serve"] for n in data["needs_router"]] == ["ocr", "fast"]
+    assert "without a router" in data["note"]
+    # given the router (the option or run's variable), there is nothing to say
+    for given in (
+        vramctl(*args, "--router-url", "http://router:8080"),
+        vramctl(*args, VRAMCTL_ROUTER_URL="http://router:8080"),
+    ):
+        assert given.returncode == 0 and "router" not in given.stdout, given.stdout
+    data = json.loads(vramctl(*args, "--json", "--router-url", "http://r").stdout)
+    assert "needs_router" not in data and "note" not in data
+
+
+def test_fit_with_docker_unreadable_cannot_be_answered(tmp_path: Path) -> None:
+    r = vramctl("fit", "fast", "-m", str(EXAMPLE), **_no_docker(tmp_path))
+    assert r.returncode == 3, r.stdout + r.stderr
+    first = r.stdout.splitlines()[0]
+    assert first.startswith("fast: cannot be answered (unknown): docker"), r.stdout
+    assert "does not fit" not in r.stdout
+    assert "committed unknown;" in r.stdout and "(nothing)" not in r.stdout, r.stdout
+    data = json.loads(
+        vramctl("fit", "fast", "-m", str(EXAMPLE), "--json", **_no_docker(tmp_path)).stdout
+    )
+    assert data["fits"] is None and data["gpu_roles"][0]["committed_mib"] is None
