@@ -140,6 +140,7 @@ from controller.interfaces.upwait import (
     QueueEntry,
     RequestQueue,
     blocked_now,
+    dry_run_answer,
     standing,
     timings,
 )
@@ -1316,6 +1317,19 @@ def create_app(
                             note=STAYS_RECORDED[decision.status].format(serve=serve),
                             waited_s=round(now - t0, 3),
                         )
+                dry = dry_run_answer(view, spec) if view.at >= since else None
+                if dry is not None:  # a dry run executes nothing: it never becomes ready
+                    return JSONResponse(
+                        {
+                            **accepted,
+                            "status": 202,
+                            "serve": serve,
+                            **st.to_json(),
+                            **dry,
+                            "waited_s": round(now - t0, 3),
+                        },
+                        status_code=202,
+                    )
             left = deadline - time.monotonic()
             if left <= 0:
                 if entry is not None and entry.outcome is None:

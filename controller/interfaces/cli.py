@@ -954,6 +954,14 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
         head = f"still queued after {waited:.0f}s" if isinstance(waited, int | float) else "queued"
         render.out.print(f"{head}: {message}", markup=False)
         return
+    if status_code == 202 and data.get("dry_run"):  # answered at once: nothing executes
+        render.out.print(f"accepted, not executed: {data.get('message', '')}", markup=False)
+        for step in data.get("steps") or []:
+            render.out.print(
+                f"  would {step.get('action')} {step.get('serve')}: {step.get('reason')}",
+                markup=False,
+            )
+        return
     if status_code == 202 and data.get("ready") is False:
         render.out.print(f"accepted, not ready yet: {data.get('message', '')}")
         if took:
@@ -1050,7 +1058,9 @@ def up(
     """Ask the running loop to start SERVE on demand.
 
     Exit 0 accepted (with --wait: ready), 2 with --wait when S passed before it was
-    ready (it goes on; the answer says where it stands), 1 refused or failed.
+    ready (it goes on; the answer says where it stands) or at once against a dry run
+    (nothing is executed: the answer lists the steps a real run would take), 1 refused
+    or failed.
 
     Talks to `vramctl run`'s API (--api, token from --token-file / VRAMCTL_TOKEN); with
     no loop running it refuses rather than acting on its own.
