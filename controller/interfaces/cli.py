@@ -878,14 +878,8 @@ def run(
     controller = Controller(options, mset)
     sock: socket.socket | None = None
     if not no_api:
-        from controller.interfaces.api import (
-            ApiConfigError,
-            ApiSettings,
-            attach_api,
-            bind_socket,
-            load_token,
-            parse_address,
-        )
+        from controller.interfaces.api import ApiSettings, attach_api, bind_socket
+        from controller.interfaces.client import ApiConfigError, load_token, parse_address
 
         try:
             host, port = parse_address(api)
@@ -926,7 +920,7 @@ def _api_call(
     body: dict[str, Any] | None,
     timeout_s: float = 30.0,
 ) -> tuple[int, dict[str, Any]]:
-    from controller.interfaces.api import ApiConfigError, ApiUnreachable, call_api, load_token
+    from controller.interfaces.client import ApiConfigError, ApiUnreachable, call_api, load_token
 
     try:
         token = load_token(token_file)
@@ -1103,7 +1097,7 @@ def _up_with_progress(
     send: Callable[[], tuple[int, dict[str, Any]]],
 ) -> tuple[int, dict[str, Any]]:
     """``send()`` while the event stream tells its stages (controller/interfaces/upprogress)."""
-    from controller.interfaces.api import ApiConfigError, base_url, load_token
+    from controller.interfaces.client import ApiConfigError, base_url, load_token
     from controller.interfaces.upprogress import follow_up
 
     try:
@@ -1158,12 +1152,14 @@ def events(
     the token (--token-file / VRAMCTL_TOKEN) free-text details are shown too. Ctrl-C
     stops; exit 1 when nothing answers or the API refuses the stream.
     """
-    from controller.interfaces.api import ApiConfigError, base_url, load_token
-    from controller.interfaces.stream import (
+    from controller.interfaces.client import (
+        ApiConfigError,
         StreamRefused,
         StreamUnreachable,
+        base_url,
         describe,
         follow_events,
+        load_token,
     )
 
     try:

@@ -180,7 +180,7 @@ def follow_up(
     console: Console,
 ) -> T:
     """Send ``request()`` (the held ``up``) while showing its stage; its answer back."""
-    from controller.interfaces.stream import follow_events
+    from controller.interfaces.client import follow_events
 
     t0 = time.monotonic()
     progress = UpProgress(serve)
