@@ -23,7 +23,10 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import typer
+#: when the command began (before its libraries load): what ``up --wait`` counts from
+STARTED = time.monotonic()
+
+import typer  # noqa: E402 (after STARTED: its load counts as the command's time)
 
 if TYPE_CHECKING:
     from controller.interfaces import bars, render
@@ -1104,7 +1107,7 @@ def _up_with_progress(
         token, url = load_token(token_file), base_url(api)
     except ApiConfigError:
         return send()  # it says what is wrong with the address or the token
-    return follow_up(serve, url, token, send, render.out)
+    return follow_up(serve, url, token, send, render.out, started=STARTED)
 
 
 @app.command()

@@ -9,7 +9,7 @@
   served by :mod:`controller.interfaces.stream`.
 
 It imports httpx and nothing of the server (FastAPI, uvicorn, the loop, the adapters):
-a command that only talks to the API starts without loading them (docs/operations.md).
+a command that only talks to the API starts without loading them (docs/architecture.md).
 It must not serve HTTP or change anything but through the API.
 """
 
@@ -24,8 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-
-from controller.store.lock import warn_if_open
 
 #: where ``vramctl run`` listens unless told (``--api``)
 DEFAULT_API = "127.0.0.1:8477"
@@ -80,6 +78,8 @@ def load_token(token_file: Path | None, env: dict[str, str] | None = None) -> st
             ) from None
         if not token:
             raise ApiConfigError(f"--token-file {token_file}: the file is empty")
+        from controller.store.lock import warn_if_open  # loguru: only with a file
+
         warn_if_open(token_file, "the token file")
         return token
     token = environ.get("VRAMCTL_TOKEN", "").strip()
