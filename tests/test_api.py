@@ -35,7 +35,8 @@ from docker.errors import NotFound
 from prometheus_client.parser import text_string_to_metric_families
 from serving import free_port, httpd
 
-from controller.interfaces.api import ApiSettings, create_app, parse_address
+from controller.interfaces.api import ApiSettings, create_app
+from controller.interfaces.client import parse_address
 from controller.interfaces.metrics import Metrics
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, CycleSummary, RunOptions
@@ -793,7 +794,7 @@ def test_manifest_errors_without_a_location_are_withheld_whole() -> None:
 def test_a_world_readable_token_file_is_warned_about(tmp_path: Path) -> None:
     from loguru import logger
 
-    from controller.interfaces.api import load_token
+    from controller.interfaces.client import load_token
 
     said: list[str] = []
     sink = logger.add(lambda m: said.append(str(m)), level="WARNING", format="{message}")

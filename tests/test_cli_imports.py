@@ -7,7 +7,9 @@ tests hold what makes it fast and what the operator reads:
   snapshot) imports no server, Docker or HTTP library;
 * ``--help`` (of the app and of a command) imports no manifest model, no pydantic and
   no rich: the help is click's plain text, reflowed to the terminal;
-* help paragraphs are reflowed, not cut where the docstring's lines end.
+* help paragraphs are reflowed, not cut where the docstring's lines end;
+* a command that talks to a running loop (``up``, ``up --wait``, ``down``, ``events``)
+  loads its HTTP client only: no server (FastAPI, uvicorn), no Docker, no loop.
 
 Each runs the real module in a subprocess, as the console script does.
 """
@@ -82,6 +84,27 @@ def _tops(modules: set[str]) -> set[str]:
 )
 def test_answering_commands_import_no_server_docker_or_http_library(args: list[str]) -> None:
     assert not _tops(_loaded(*args)) & SERVER_DOCKER_HTTP
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["up", "fast"],
+        ["up", "fast", "--wait", "1"],
+        ["down", "fast"],
+        ["events", "--count", "1"],
+    ],
+    ids=["up", "up-wait", "down", "events"],
+)
+def test_commands_that_talk_to_the_loop_load_its_client_only(args: list[str]) -> None:
+    from serving import free_port
+
+    # nothing listens there: each says so and exits, having loaded what it would use
+    loaded = _loaded(*args, "--api", f"127.0.0.1:{free_port()}")
+    server = SERVER_DOCKER_HTTP - {"httpx"}
+    assert not _tops(loaded) & server, sorted(m for m in loaded if m.split(".")[0] in server)
+    assert not {m for m in loaded if m.startswith("controller.service")}
+    assert "controller.interfaces.client" in loaded
 
 
 def _heavy(loaded: set[str], tops: set[str]) -> list[str]:

@@ -34,7 +34,7 @@ from serving import free_port
 from test_api import TOKEN, Live, vramctl, wait_for
 
 from controller.interfaces.api import ApiSettings, create_app
-from controller.interfaces.stream import follow_events, parse_sse
+from controller.interfaces.client import follow_events, parse_sse
 from controller.manifest import load_manifest_set
 from controller.service.events import (
     DriftWatch,

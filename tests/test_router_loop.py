@@ -115,3 +115,32 @@ def test_the_router_client_waits_out_the_longest_drain_of_the_manifests_tiers(
     # "plain" has no router tier: its drain timeout is never waited behind
     assert executor.router.busy_wait_s == busy_budget_s([45, 900])
     assert executor.router.busy_wait_s > 900
+
+
+def test_a_dry_run_neither_reads_nor_records_tiers_left_quiesced(tmp_path: Path) -> None:
+    """A dry run executed nothing: its journal's plans (never carried out, so with no
+    outcome) are no cycle that ended mid-plan, and no tier is quiesced on their account."""
+    path = manifest(tmp_path)
+    state = tmp_path / "state"
+    dry_path = journal_path(state).with_name("journal.dry-run.sqlite3")
+    with Journal.open(dry_path) as journal:
+        # what an earlier dry run journalled: a plan that quiesces, never executed
+        journal.record_cycle(
+            at=1.0,
+            manifest_digest="d",
+            manifest_files={},
+            observed={},
+            plan={"steps": [step("quiesce", "res", "planned"), step("readmit", "res", "planned")]},
+            requests=[],
+            dry_run=True,
+        )
+        journal.set_quiesced(["llm"], 1.0)  # as an earlier dry run wrongly recorded it
+
+    c = Controller(
+        RunOptions(manifests=(path,), state_dir=state, dry_run=True), load_manifest_set([path])
+    )
+    c.journal = Journal.open(dry_path)
+    c._recover_tiers()
+    assert c._quiesced == set()  # so no plan of this dry run readmits a tier
+    assert set(c.journal.quiesced()) == {"llm"}  # nothing written on its account either
+    c.journal.close()

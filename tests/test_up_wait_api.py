@@ -319,3 +319,45 @@ def test_a_queued_request_that_says_it_outlives_its_client_stays_and_is_admitted
     r = api.up("fast", wait_s=0.5)
     assert r.status_code == 202, r.text
     assert "fast" in requested(controller)
+
+
+# ── item: a waiting up against a dry run is answered once the loop has planned it ──
+
+
+def test_a_waiting_up_against_a_dry_run_gets_the_plans_steps_and_never_waits_out(
+    tmp_path: Path, said: list[str]
+) -> None:
+    path = tmp_path / "serves.toml"
+    path.write_text(MANIFEST)
+    c = Controller(
+        RunOptions(manifests=(path,), state_dir=tmp_path / "state", dry_run=True),
+        load_manifest_set([path]),
+    )
+    c.journal = Journal.open(journal_path(c.state_dir).with_name("journal.dry-run.sqlite3"))
+    api = Server(c)
+    try:
+        observe(c, {})
+        answers: list[httpx.Response] = []
+        waiter = threading.Thread(target=lambda: answers.append(api.up("fast", wait_s=20)))
+        waiter.start()
+        wait_for("fast's request recorded", lambda: bool(c.requests()))
+        time.sleep(0.05)
+        observe(c, {}, plan=True)  # the dry run's loop plans it (and executes nothing)
+        waiter.join(60)
+        assert answers, "the answer was held although a dry run never makes it ready"
+        [r] = answers
+        assert r.status_code == 202, r.text
+        body = r.json()
+        assert body["dry_run"] is True and body["ready"] is False
+        assert body["stage"] == "dry run"
+        assert "nothing is executed" in body["message"] and "never" in body["message"]
+        # what a real run would do: the plan's steps of fast's group
+        assert [(s["action"], s["serve"]) for s in body["steps"]] == [
+            ("reserve", "fast"),
+            ("start", "fast"),
+            ("await_ready", "fast"),
+        ]
+        assert "not ready after wait_s" not in body["message"]
+    finally:
+        api.close()
+        c.journal.close()

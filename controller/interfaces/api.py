@@ -94,8 +94,9 @@ arrives: over 64 KiB is 413, chunked or not (:class:`WriteGuard`); a refusal clo
 connection. Bodies are validated by pydantic: 422 with one readable line per problem
 (non-finite numbers such as ``NaN`` included).
 
-The module also holds the client side (:func:`call_api`) that ``vramctl up`` / ``down``
-use, the address parsing and the listening socket, which is bound *before* the loop
+The client side (the address, the token, :func:`call_api`) that ``vramctl up`` / ``down``
+use is :mod:`controller.interfaces.client` (named here too, for older callers); this
+module holds the listening socket, which is bound *before* the loop
 starts so that a port already in use stops ``vramctl run`` at once (exit 1) with a
 clear message instead of running without an API.
 """
@@ -108,16 +109,13 @@ import difflib
 import errno
 import hmac
 import math
-import os
 import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Annotated, Any
 
-import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -130,8 +128,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from controller.interfaces.client import (
+    HEARTBEAT_S,
+    ApiConfigError,
+    base_url,
+)
 from controller.interfaces.metrics import CONTENT_TYPE, Metrics
-from controller.interfaces.stream import HEARTBEAT_S, register_events
+from controller.interfaces.stream import register_events
 from controller.interfaces.upwait import (
     DEFAULT_QUEUE_S,
     MAX_QUEUE_S,
@@ -140,6 +143,7 @@ from controller.interfaces.upwait import (
     QueueEntry,
     RequestQueue,
     blocked_now,
+    dry_run_answer,
     standing,
     timings,
 )
@@ -147,7 +151,6 @@ from controller.manifest import LocatedError
 from controller.service.events import EventBus
 from controller.service.loop import Controller
 from controller.service.view import LoopPort, LoopView
-from controller.store.lock import warn_if_open
 from statemachine.admission import (
     can_request,
     conflict,
@@ -177,7 +180,6 @@ from statemachine.types import (
     SleepState,
 )
 
-DEFAULT_API = "127.0.0.1:8477"
 MAX_BODY_BYTES = 64 * 1024
 NO_TOKEN_MESSAGE = (
     "this vramctl run has no API token configured, so state-changing requests are refused: "
@@ -187,10 +189,6 @@ NO_TOKEN_MESSAGE = (
 
 
 # ── configuration ────────────────────────────────────────────────────────────
-
-
-class ApiConfigError(Exception):
-    """The API's configuration is unusable (address, token file); the message says why."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -224,51 +222,6 @@ def host_allowed(host_header: str | None, bind_host: str | None) -> bool:
     elif name.count(":") == 1:
         name = name.rsplit(":", 1)[0]
     return name in LOOPBACK_NAMES
-
-
-def parse_address(address: str) -> tuple[str, int]:
-    """``HOST:PORT`` (``[::1]:PORT`` for IPv6) -> (host, port); ApiConfigError when malformed."""
-    text = address.strip()
-    if text.startswith("http://"):
-        text = text.removeprefix("http://").rstrip("/")
-    host, sep, port_text = text.rpartition(":")
-    if not sep or not host:
-        raise ApiConfigError(f"--api {address!r}: expected HOST:PORT, e.g. {DEFAULT_API}")
-    if host.startswith("[") and host.endswith("]"):
-        host = host[1:-1]
-    elif ":" in host:
-        raise ApiConfigError(f"--api {address!r}: write an IPv6 address in brackets, [::1]:PORT")
-    try:
-        port = int(port_text)
-    except ValueError:
-        raise ApiConfigError(f"--api {address!r}: port {port_text!r} is not a number") from None
-    if not 0 <= port <= 65535:
-        raise ApiConfigError(f"--api {address!r}: port {port} is out of range 0-65535")
-    return host, port
-
-
-def base_url(address: str) -> str:
-    """The ``http://`` URL of an ``--api`` address."""
-    host, port = parse_address(address)
-    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
-
-
-def load_token(token_file: Path | None, env: dict[str, str] | None = None) -> str | None:
-    """The API token: the file's content (stripped) when given, else ``VRAMCTL_TOKEN``."""
-    environ = os.environ if env is None else env
-    if token_file is not None:
-        try:
-            token = token_file.read_text(encoding="utf-8").strip()
-        except OSError as exc:
-            raise ApiConfigError(
-                f"--token-file {token_file}: cannot read it: {exc.strerror or exc}"
-            ) from None
-        if not token:
-            raise ApiConfigError(f"--token-file {token_file}: the file is empty")
-        warn_if_open(token_file, "the token file")
-        return token
-    token = environ.get("VRAMCTL_TOKEN", "").strip()
-    return token or None
 
 
 def bind_socket(host: str, port: int) -> socket.socket:
@@ -1316,6 +1269,19 @@ def create_app(
                             note=STAYS_RECORDED[decision.status].format(serve=serve),
                             waited_s=round(now - t0, 3),
                         )
+                dry = dry_run_answer(view, spec) if view.at >= since else None
+                if dry is not None:  # a dry run executes nothing: it never becomes ready
+                    return JSONResponse(
+                        {
+                            **accepted,
+                            "status": 202,
+                            "serve": serve,
+                            **st.to_json(),
+                            **dry,
+                            "waited_s": round(now - t0, 3),
+                        },
+                        status_code=202,
+                    )
             left = deadline - time.monotonic()
             if left <= 0:
                 if entry is not None and entry.outcome is None:
@@ -1681,44 +1647,3 @@ def attach_api(
 
     controller.services.append(queue_service)
     return metrics
-
-
-# ── the client (vramctl up / down) ───────────────────────────────────────────
-
-
-class ApiUnreachable(Exception):  # noqa: N818 (reads as what happened)
-    """Nothing (or nothing usable) answers at the API address."""
-
-
-def call_api(
-    address: str,
-    method: str,
-    path: str,
-    *,
-    token: str | None = None,
-    body: dict[str, Any] | None = None,
-    timeout_s: float = 30.0,
-) -> tuple[int, dict[str, Any]]:
-    """One request to a running ``vramctl run``: (status, JSON body)."""
-    url = base_url(address)
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
-    try:
-        with httpx.Client(base_url=url, timeout=timeout_s, trust_env=False) as client:
-            response = client.request(method, path, headers=headers, json=body)
-    except (httpx.ConnectError, httpx.ConnectTimeout):
-        raise ApiUnreachable(
-            f"no vramctl run answers at {url}; start `vramctl run` "
-            "(up/down only talk to the running loop, they never act on their own)"
-        ) from None
-    except httpx.HTTPError as exc:
-        raise ApiUnreachable(f"the vramctl API at {url} did not answer: {exc}") from None
-    try:
-        data = response.json()
-    except ValueError:
-        raise ApiUnreachable(
-            f"{url} answered {response.status_code} but not with vramctl's JSON: "
-            "is something else listening there?"
-        ) from None
-    if not isinstance(data, dict):
-        raise ApiUnreachable(f"{url} answered {response.status_code} with unexpected JSON")
-    return response.status_code, data

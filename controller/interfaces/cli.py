@@ -24,9 +24,12 @@ from pathlib import Path
 from types import ModuleType
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
-import typer
-import typer.core
-from typer import _click as click  # the click typer carries (its own copy)
+#: when the command began (before its libraries load): what ``up --wait`` counts from
+STARTED = time.monotonic()
+
+import typer  # noqa: E402 (after STARTED: its load counts as the command's time)
+import typer.core  # noqa: E402
+from typer import _click as click  # noqa: E402 (the click typer carries: its own copy)
 
 if TYPE_CHECKING:
     from controller.interfaces import bars, render
@@ -1010,14 +1013,8 @@ def run(
     controller = Controller(options, mset)
     sock: socket.socket | None = None
     if not no_api:
-        from controller.interfaces.api import (
-            ApiConfigError,
-            ApiSettings,
-            attach_api,
-            bind_socket,
-            load_token,
-            parse_address,
-        )
+        from controller.interfaces.api import ApiSettings, attach_api, bind_socket
+        from controller.interfaces.client import ApiConfigError, load_token, parse_address
 
         try:
             host, port = parse_address(api)
@@ -1058,7 +1055,7 @@ def _api_call(
     body: dict[str, Any] | None,
     timeout_s: float = 30.0,
 ) -> tuple[int, dict[str, Any]]:
-    from controller.interfaces.api import ApiConfigError, ApiUnreachable, call_api, load_token
+    from controller.interfaces.client import ApiConfigError, ApiUnreachable, call_api, load_token
 
     try:
         token = load_token(token_file)
@@ -1085,6 +1082,14 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
         waited = data.get("waited_s")
         head = f"still queued after {waited:.0f}s" if isinstance(waited, int | float) else "queued"
         render.out.print(f"{head}: {message}", markup=False)
+        return
+    if status_code == 202 and data.get("dry_run"):  # answered at once: nothing executes
+        render.out.print(f"accepted, not executed: {data.get('message', '')}", markup=False)
+        for step in data.get("steps") or []:
+            render.out.print(
+                f"  would {step.get('action')} {step.get('serve')}: {step.get('reason')}",
+                markup=False,
+            )
         return
     if status_code == 202 and data.get("ready") is False:
         render.out.print(f"accepted, not ready yet: {data.get('message', '')}")
@@ -1183,7 +1188,9 @@ def up(
     """Ask the running loop to start SERVE on demand.
 
     Exit 0 accepted (with --wait: ready), 2 with --wait when S passed before it was
-    ready (it goes on; the answer says where it stands), 1 refused or failed.
+    ready (it goes on; the answer says where it stands) or at once against a dry run
+    (nothing is executed: the answer lists the steps a real run would take), 1 refused
+    or failed.
 
     Talks to `vramctl run`'s API (--api, token from --token-file / VRAMCTL_TOKEN); with
     no loop running it refuses rather than acting on its own.
@@ -1227,14 +1234,14 @@ def _up_with_progress(
     send: Callable[[], tuple[int, dict[str, Any]]],
 ) -> tuple[int, dict[str, Any]]:
     """``send()`` while the event stream tells its stages (controller/interfaces/upprogress)."""
-    from controller.interfaces.api import ApiConfigError, base_url, load_token
+    from controller.interfaces.client import ApiConfigError, base_url, load_token
     from controller.interfaces.upprogress import follow_up
 
     try:
         token, url = load_token(token_file), base_url(api)
     except ApiConfigError:
         return send()  # it says what is wrong with the address or the token
-    return follow_up(serve, url, token, send, render.out)
+    return follow_up(serve, url, token, send, render.out, started=STARTED)
 
 
 @_command("End SERVE's on-demand request through the running loop.")
@@ -1285,12 +1292,14 @@ def events(
     the token (--token-file / VRAMCTL_TOKEN) free-text details are shown too. Ctrl-C
     stops; exit 1 when nothing answers or the API refuses the stream.
     """
-    from controller.interfaces.api import ApiConfigError, base_url, load_token
-    from controller.interfaces.stream import (
+    from controller.interfaces.client import (
+        ApiConfigError,
         StreamRefused,
         StreamUnreachable,
+        base_url,
         describe,
         follow_events,
+        load_token,
     )
 
     try:

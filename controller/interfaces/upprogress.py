@@ -178,11 +178,16 @@ def follow_up(
     token: str | None,
     request: Callable[[], T],
     console: Console,
+    started: float | None = None,
 ) -> T:
-    """Send ``request()`` (the held ``up``) while showing its stage; its answer back."""
-    from controller.interfaces.stream import follow_events
+    """Send ``request()`` (the held ``up``) while showing its stage; its answer back.
 
-    t0 = time.monotonic()
+    ``started``: when the command began (``time.monotonic()``), what the seconds shown
+    count from; default now.
+    """
+    from controller.interfaces.client import follow_events
+
+    t0 = time.monotonic() if started is None else started
     progress = UpProgress(serve)
     views: list[_Plain | _Live] = []  # none until the stream is open
     lock = threading.Lock()

@@ -20,6 +20,10 @@ Two things an ``up`` may ask for beyond being recorded (docs/operations.md, the 
   409 as an ``up`` without the queue). At most :data:`MAX_QUEUED_PER_ROLE` requests
   wait on one role; over that, 429 says so. The queue lives in the controller's
   memory: a restart empties it (nothing was recorded for a queued request).
+- against a dry run (``vramctl run --dry-run``) nothing is executed, so a request never
+  becomes ready: a waiting ``up`` is answered (202) as soon as the loop has planned
+  it, with the plan's steps of its group (what a real run would do) and that nothing
+  is executed (:func:`dry_run_answer`), not held until ``wait_s`` runs out.
 - a queued request is kept for the clients that wait for it: one whose every waiting
   client (``wait_s``) went away before it was admitted is withdrawn at once (nothing
   was recorded for it, nobody is evicted for it); it stays when a client was told it
@@ -338,6 +342,26 @@ def standing(
     else:
         stage, message = "recorded", "recorded; waiting for the loop to plan it"
     return Standing(None, stage, message, times, mine)
+
+
+def dry_run_answer(view: LoopView, spec: ServeSpec) -> dict[str, Any] | None:
+    """A dry run's answer to a waiting ``up`` of ``spec`` (recorded before ``view.at``):
+    the steps of its group in the loop's plan, and that nothing is executed; ``None``
+    when the controller executes (a real run) or has not planned yet."""
+    if not view.dry_run or view.plan is None:
+        return None
+    steps = [s.to_json() for s in view.plan.steps if s.group == spec.name]
+    would = ", ".join(f"{s['action']} {s['serve']}" for s in steps) or "nothing"
+    return {
+        "dry_run": True,
+        "ready": False,
+        "stage": "dry run",
+        "steps": steps,
+        "message": f"dry run: nothing is executed, so {spec.name} never becomes ready; "
+        f"a real run would: {would}",
+        "note": "the request stays recorded in the dry run's journal until `down` or its "
+        "TTL; it never reaches a real run",
+    }
 
 
 def blocked_now(view: LoopView, serve: str, since: float) -> bool:

@@ -1301,7 +1301,13 @@ class Controller:
 
     def _recover_tiers(self) -> None:
         """On start: the tiers the journal says were left quiesced; and the last
-        journalled cycle may have ended mid-plan (SIGKILL, a crash)."""
+        journalled cycle may have ended mid-plan (SIGKILL, a crash).
+
+        A dry run skips both: it quiesced and executed nothing, and its journal's plans
+        (never carried out, so without an outcome) are no cycle that ended mid-plan.
+        """
+        if self.options.dry_run:
+            return
         self._quiesced |= set(self.journal.quiesced())
         if self._quiesced:
             logger.info(
