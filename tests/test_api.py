@@ -467,6 +467,15 @@ class Live:
         except httpx.HTTPError:
             return False
 
+    def cycled(self, n: int) -> None:
+        """Wait until ``n`` whole cycles ran after this call (``/healthz``'s count; the one
+        under way may have begun before it, so it does not count)."""
+        under_way = int(self.http.get("/healthz").json()["cycles"]) + 1
+        wait_for(
+            f"{n} more cycles",
+            lambda: self._cycled() and self.http.get("/healthz").json()["cycles"] >= under_way + n,
+        )
+
     def stop(self) -> int:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
@@ -684,7 +693,7 @@ def test_a_restart_keeps_the_request_and_its_ttl(calm: Live) -> None:
     lv.start()
     after = lv.serves()["llm"]["request"]
     assert after["requested_at"] == before["requested_at"] and after["ttl_s"] == 600
-    time.sleep(2.5)  # a few cycles: nothing started twice, omni not backfilled
+    lv.cycled(2)  # two more cycles: nothing started twice, omni not backfilled
     assert lv.started_at("llm") == started and lv.state("omni") == "exited"
     assert lv.post("/v1/serves/llm/down").status_code == 202
     lv.converged(llm="down", omni="running")

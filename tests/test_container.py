@@ -24,9 +24,10 @@ up -d S``) running inside the controller's container:
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import subprocess
-import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -145,6 +146,23 @@ class Deployment:
         except AssertionError:
             raise AssertionError(f"{needle!r} not logged:\n{self.logs()[-6000:]}") from None
 
+    def cycles(self) -> int | None:
+        """The containerised loop's count of completed cycles (``/healthz``, from the host)."""
+        try:
+            url = f"http://127.0.0.1:{self.api}/healthz"
+            with urllib.request.urlopen(url, timeout=2) as r:
+                return int(json.load(r)["cycles"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def cycled(self, n: int) -> None:
+        """Wait until ``n`` whole cycles ran after this call (the one under way may have
+        begun before it, so it does not count)."""
+        under_way = wait_for(
+            "the loop's cycle count", lambda: (c := self.cycles()) is not None and c + 1
+        )
+        wait_for(f"{n} more cycles", lambda: (self.cycles() or 0) >= under_way + n, WAIT_S)
+
     def serve(self, name: str, mib: int, residency: str, desired: str = "") -> str:
         want = f'desired = "{desired}"' if desired else ""
         return f"""
@@ -250,7 +268,7 @@ def test_the_image_runs_beside_the_stack_and_survives_a_restart_mid_start(
         assert restarted.returncode == 0, restarted.stderr
         d.wait_log("vramctl run: ", since=before)
         wait_for("late healthy", lambda: healthy(d.stack.services["late"].port), WAIT_S)
-        time.sleep(3)  # three resyncs of the restarted controller: nothing more may start
+        d.cycled(3)  # three cycles of the restarted controller: nothing more may start
         assert _starts(events, d, "late") == 1, d.logs()[-6000:]
         assert _starts(events, d, "res") == 1, d.logs()[-6000:]
         assert _state(docker_client, d, "res") == "running"

@@ -6,7 +6,10 @@ label (httpd answering the serve's health path on loopback, as in
 tests/test_executor_e2e.py). The controller runs as
 ``python -m controller.interfaces.cli run -m MANIFEST --state-dir STATE --resync 1 --log-json``
 (plus ``--no-api`` when this vramctl has it), and the tests only edit files, send
-signals and look at Docker, never at the controller's memory.
+signals and look at Docker, never at the controller's memory. A test that checks
+that nothing more happens over some cycles runs the controller with its API on a
+free loopback port (``api=True``) and waits on the loop's own cycle count
+(``GET /healthz``), so the window is never one in which no cycle ran.
 
 Safety is checked against Docker itself: a thread follows Docker's event stream for
 the test's containers from before the first one starts, so every start and death is
@@ -15,8 +18,8 @@ exceed the role's budget at any moment (no overcommit), and a container's starts
 be counted exactly (nothing started twice). Every poll of container states checks the
 budget too.
 
-Every wait polls against a deadline (``WAIT_S``); no fixed sleep is longer than two
-resync periods. Controllers still running at the end are SIGKILLed before the
+Every wait polls against a deadline (``WAIT_S``); no fixed sleep stands for a cycle.
+Controllers still running at the end are SIGKILLed before the
 containers are removed.
 """
 
@@ -145,6 +148,7 @@ class Run:
 
     proc: subprocess.Popen[bytes]
     log: Path
+    api: str | None = None  # HOST:PORT of its API (``Fleet.start(api=True)``)
 
     @property
     def pid(self) -> int:
@@ -189,6 +193,27 @@ class Run:
 
     def wait_step(self, step: str, timeout: float = WAIT_S) -> None:
         wait_for(f"step {step!r}", lambda: step in self.steps(), timeout)
+
+    def cycles(self) -> int | None:
+        """The loop's count of completed cycles (``/healthz``); ``None`` while it cannot say."""
+        assert self.api is not None, "started without its API: Fleet.start(api=True)"
+        try:
+            with urllib.request.urlopen(f"http://{self.api}/healthz", timeout=2) as r:
+                return int(json.load(r)["cycles"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def cycled(self, n: int, timeout: float = WAIT_S) -> None:
+        """Wait until ``n`` whole cycles ran after this call (the one under way may have
+        begun before it, so it does not count): each looked at what came before."""
+
+        def now() -> int | None:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"vramctl run exited {self.proc.returncode}:\n{self.text()}")
+            return self.cycles()
+
+        under_way = wait_for("the loop's cycle count", lambda: (c := now()) is not None and c + 1)
+        wait_for(f"{n} more cycles", lambda: (now() or 0) >= under_way + n, timeout)
 
     def started(self) -> Run:
         """Wait until the loop runs (its signal handlers are installed by then)."""
@@ -264,8 +289,10 @@ class Fleet:
             path.write_text(text)
         return path
 
-    def start(self, *extra: str, log: str | None = None) -> Run:
+    def start(self, *extra: str, log: str | None = None, api: bool = False) -> Run:
         log_path = self.tmp / (log or f"run{len(self.runs) + 1}.log")
+        address = f"127.0.0.1:{free_port()}" if api else None
+        flags = ("--api", address) if address else run_flags()
         argv = [
             sys.executable,
             "-m",
@@ -278,12 +305,12 @@ class Fleet:
             "--resync",
             str(RESYNC_S),
             "--log-json",
-            *run_flags(),
+            *flags,
             *extra,
         ]
         with log_path.open("wb") as fh:
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
-        run = Run(proc, log_path)
+        run = Run(proc, log_path, address)
         self.runs.append(run)
         return run
 
@@ -438,10 +465,10 @@ def test_run_converges_on_manifest_edits_and_restarts_nothing(fleet: Fleet) -> N
     started = {s: fleet.started_at(s) for s in ("a", "c")}
     restart_ns = time.time_ns()
     fleet.write(ROLE + a + b_running + c)
-    run2 = fleet.start().started()
+    run2 = fleet.start(api=True).started()
     fleet.wait_state("b", "running")
     run2.wait_step("b await_ready ok")
-    time.sleep(2 * RESYNC_S)  # two more resyncs with nothing to do
+    run2.cycled(2)  # two more cycles with nothing to do
     assert fleet.starts("b", restart_ns) == 1
     assert fleet.starts("a", restart_ns) == 0 and fleet.starts("c", restart_ns) == 0
     assert {s: fleet.started_at(s) for s in ("a", "c")} == started
@@ -517,10 +544,10 @@ def test_sigkill_mid_eviction_then_restart_converges_once(fleet: Fleet) -> None:
         "await_ready llm",
     ]
 
-    run2 = fleet.start().started()  # the dead controller's lock does not block it
+    run2 = fleet.start(api=True).started()  # the dead controller's lock does not block it
     wait_for("llm healthy", lambda: healthy(ports["llm"]))
     wait_for("llm running", lambda: fleet.state("llm") == "running")
-    time.sleep(2 * RESYNC_S)  # two more resyncs: nothing else may happen
+    run2.cycled(2)  # two more cycles: nothing else may happen
     assert fleet.states() == {"emb": "running", "omni": "exited", "llm": "running"}
     assert fleet.starts("llm", t0) == 1, run1.steps() + run2.steps()
     assert fleet.starts("omni", t0) == 0 and fleet.starts("emb", t0) == 0
@@ -587,12 +614,12 @@ def test_dry_run_executes_nothing(fleet: Fleet) -> None:
     )
     t0 = time.time_ns()
 
-    run = fleet.start("--dry-run").started()
+    run = fleet.start("--dry-run", api=True).started()
     assert any(m.startswith("vramctl run: ") and "dry run" in m for m in run.messages())
     run.wait_log("dry run: would start a")
-    # the same plan is logged and journalled once, however many resyncs pass; a
+    # the same plan is logged and journalled once, however many cycles pass; a
     # manifest edit that changes the plan is planned (in words) again
-    time.sleep(2.5)
+    run.cycled(2)
     assert sum("dry run: would reserve a" in m for m in run.messages()) == 1
     fleet.write(
         ROLE + serve_toml("a", mib=3000, residency="resident", port=port, desired="running")
@@ -642,11 +669,11 @@ def test_a_plan_the_preflight_refuses_backs_off_instead_of_spinning(fleet: Fleet
         ROLE + serve_toml("ghost", mib=2000, residency="resident", port=port, desired="running")
     )
 
-    run = fleet.start().started()
+    run = fleet.start(api=True).started()
     run.wait_log("preflight: ghost: container")
-    time.sleep(2 * RESYNC_S)  # two resyncs: the serve is held back, not retried at once
+    run.cycled(2)  # two more cycles (the first backoff is 5 s): held back, not retried
     refused = [m for m in run.messages() if m.startswith("preflight: ")]
-    assert 1 <= len(refused) <= 2, f"{len(refused)} preflight refusals in ~2 s"
+    assert 1 <= len(refused) <= 2, f"{len(refused)} preflight refusals over 3 cycles or more"
     assert any("ghost: preflight: " in m and "next try in" in m for m in run.messages())
     assert len(fleet.cycles()) <= 2
     assert run.stop() == 0, run.text()
@@ -683,12 +710,12 @@ def test_manifests_that_hang_or_recurse_are_located_and_the_watcher_survives(
     fleet.write(
         ROLE + serve_toml("a", mib=2000, residency="resident", port=port, desired="running")
     )
-    run = fleet.start().started()
+    run = fleet.start(api=True).started()
     run.wait_step("a await_ready ok")
 
     (fleet.tmp / "loop1").symlink_to(fleet.tmp / "loop2")  # the watch filter resolves it
     (fleet.tmp / "loop2").symlink_to(fleet.tmp / "loop1")
-    time.sleep(2 * RESYNC_S)
+    run.cycled(2)
     fleet.write(ROLE + "deep = " + "[" * 1000 + "]" * 1000 + "\n", by_rename=True)
     run.wait_log("nested too deep")
     fifo = fleet.tmp / "fifo"
@@ -717,15 +744,15 @@ def test_a_half_written_manifest_does_not_hand_away_a_running_serves_room(fleet:
     fleet.write(ROLE + b + a)  # b fits only in a's room: blocked while a runs
     t0 = time.time_ns()
 
-    run = fleet.start().started()
+    run = fleet.start(api=True).started()
     run.wait_step("a await_ready ok")
-    time.sleep(2 * RESYNC_S)
+    run.cycled(2)
     assert fleet.states() == {"a": "running", "b": "created"}
 
     fleet.write(ROLE + b, by_rename=True)  # the tail with a is lost
     run.wait_log("manifest: reloaded (1 serves)")
     run.wait_log(f"{fleet.name('a')} is no longer declared")
-    time.sleep(2 * RESYNC_S)  # two resyncs: b must not be started into a's room
+    run.cycled(2)  # two more cycles: b must not be started into a's room
     assert fleet.states() == {"a": "running", "b": "created"}
     assert fleet.starts("b", t0) == 0, run.steps()
 

@@ -44,20 +44,22 @@ def slow_to_stop(port: int) -> list[str]:
     ]
 
 
-def up_script(fleet: Fleet, serve: str, *, port: int, sleep_s: int) -> tuple[Path, Path, Path]:
-    """An ``up`` command that marks its start, sleeps, then runs the serve's container."""
+def up_script(fleet: Fleet, serve: str, *, port: int) -> tuple[Path, Path, Path, Path]:
+    """An ``up`` command that marks its start, waits until the test touches its gate (60 s
+    at most: it never outlives the test), then runs the serve's container."""
     began, done = fleet.tmp / f"{serve}.began", fleet.tmp / f"{serve}.done"
+    gate = fleet.tmp / f"{serve}.go"
     script = fleet.tmp / f"up-{serve}.sh"
     script.write_text(
         "#!/bin/sh\n"
         f"touch {began}\n"
-        f"sleep {sleep_s}\n"
+        f"i=0; while [ ! -e {gate} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n"
         f"docker run -d --init --network host --label vramctl.test=1 --name {fleet.name(serve)} "
         f"{fleet.image} {shlex.join(httpd(port))} >/dev/null\n"
         f"touch {done}\n"
     )
     script.chmod(0o755)
-    return script, began, done
+    return script, began, done, gate
 
 
 def test_an_outside_start_during_a_plan_is_not_built_on(fleet: Fleet) -> None:
@@ -80,7 +82,7 @@ def test_an_outside_start_during_a_plan_is_not_built_on(fleet: Fleet) -> None:
     wait_for("res and evi up", lambda: healthy(ports["res"]) and healthy(ports["evi"]))
     fleet.request("llm")
     t0 = time.time_ns()
-    run = fleet.start().started()
+    run = fleet.start(api=True).started()
     wait_for(
         "evi's stop to begin",
         lambda: any(
@@ -96,7 +98,7 @@ def test_an_outside_start_during_a_plan_is_not_built_on(fleet: Fleet) -> None:
             for e in fleet.our_events(t0)
         ),
     )
-    time.sleep(3)  # three more resyncs: llm does not fit beside side, evi may come back
+    run.cycled(3)  # three more cycles: llm does not fit beside side, evi may come back
     fleet.assert_never_overcommitted()
     assert fleet.starts("llm", t0) == 0, run.steps()
     assert fleet.state("llm") != "running"
@@ -109,7 +111,7 @@ def test_an_up_left_by_a_killed_controller_keeps_its_room(fleet: Fleet) -> None:
     fleet.mib["od"] = 6000
     fleet.created.append(fleet.name("od"))  # od's `up` creates it: removed at teardown
     fleet.container("res", port=ports["res"], mib=6000, running=False)
-    script, began, done = up_script(fleet, "od", port=ports["od"], sleep_s=4)
+    script, began, done, gate = up_script(fleet, "od", port=ports["od"])
     od = serve_toml("od", mib=6000, residency="on-demand", port=ports["od"]) + f'up = "{script}"\n'
     res_stopped = serve_toml(
         "res", mib=6000, residency="resident", port=ports["res"], desired="stopped"
@@ -124,14 +126,15 @@ def test_an_up_left_by_a_killed_controller_keeps_its_room(fleet: Fleet) -> None:
     assert not done.exists()  # the up runs on, in its own session
 
     fleet.write(ROLE + od + res_stopped.replace('desired = "stopped"', 'desired = "running"'))
-    run2 = fleet.start().started()
+    run2 = fleet.start(api=True).started()
+    run2.wait_log("left by a controller that was killed")  # taken over while it runs
+    gate.touch()
     wait_for("the orphaned up to finish", done.exists, timeout=WAIT_S)
     wait_for("od running", lambda: fleet.state("od") == "running")
-    time.sleep(3)  # three resyncs: res must not be started into od's room
+    run2.cycled(3)  # three more cycles: res must not be started into od's room
     fleet.assert_never_overcommitted()
     assert fleet.starts("res", t0) == 0, run2.steps()
     assert fleet.starts("od", t0) == 1
-    run2.wait_log("left by a controller that was killed")
     assert run2.stop() == 0, run2.text()
 
 
@@ -161,7 +164,7 @@ def test_a_slow_up_does_not_hold_the_loop(fleet: Fleet) -> None:
     fleet.container("res", port=ports["res"], mib=2000, running=True)
     fleet.mib["slow"] = 3000
     fleet.created.append(fleet.name("slow"))  # made by its `up`: removed at teardown
-    script, began, done = up_script(fleet, "slow", port=ports["slow"], sleep_s=20)
+    script, began, done, gate = up_script(fleet, "slow", port=ports["slow"])
     fleet.write(
         ROLE
         + serve_toml("res", mib=2000, residency="resident", port=ports["res"], desired="running")
@@ -178,6 +181,8 @@ def test_a_slow_up_does_not_hold_the_loop(fleet: Fleet) -> None:
     # res comes back while slow's `up` still runs: the loop was not held by it
     wait_for("res restarted", lambda: fleet.starts("res", t0) >= 1, timeout=15)
     assert not done.exists(), "res came back only after the slow `up` ended"
+    gate.touch()  # the slow `up` ends, and only now
+    wait_for("slow's up to end", done.exists)
     assert run.stop() == 0, run.text()
 
 
@@ -219,14 +224,14 @@ def test_a_serve_started_by_hand_while_undeclared_counts_at_its_last_reservation
     fleet.write(ROLE + big + small + od)
     wait_for("big up", lambda: healthy(ports["big"]))
     t0 = time.time_ns()
-    run = fleet.start().started()
-    time.sleep(2)  # a cycle or two under the whole manifest
+    run = fleet.start(api=True).started()
+    run.cycled(1)  # a whole cycle under the whole manifest
     fleet.write(ROLE + big + small, by_rename=True)  # od's table lost
     run.wait_log("manifest: reloaded (2 serves)")
     fleet.client.containers.get(fleet.name("od")).start()  # by hand, undeclared now
-    time.sleep(2)
+    run.cycled(1)  # a whole cycle saw od running, undeclared
     fleet.request("small")
-    time.sleep(4)  # four resyncs
+    run.cycled(4)  # four more cycles with the request
     fleet.assert_never_overcommitted()
     assert fleet.starts("small", t0) == 0, run.steps()
     assert run.stop() == 0, run.text()

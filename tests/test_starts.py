@@ -77,7 +77,10 @@ def test_an_up_that_cannot_be_recorded_does_not_run_on(tmp_path: Path) -> None:
     # run_up needs no daemon: a client that never connects
     docker = DockerActions(DockerClient(base_url="unix:///nonexistent.sock", version="1.41"))
 
+    spawned: list[int] = []
+
     def refuse(pid: int) -> None:
+        spawned.append(pid)
         raise RuntimeError("journal is locked")
 
     with pytest.raises(RuntimeError, match="locked"):
@@ -87,7 +90,12 @@ def test_an_up_that_cannot_be_recorded_does_not_run_on(tmp_path: Path) -> None:
             timeout_s=30,
             on_spawn=refuse,
         )
-    time.sleep(3)
+    # once nothing of its process group runs, the marker can no longer appear
+    (group,) = spawned
+    deadline = time.monotonic() + 30
+    while group_alive(group):
+        assert time.monotonic() < deadline, "the unrecorded `up`'s group never ended"
+        time.sleep(0.05)
     assert not marker.exists(), "the unrecorded `up` ran on after its start failed"
 
 

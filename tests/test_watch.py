@@ -4,13 +4,20 @@ Real files and the real watcher (inotify on Linux): an editor that writes a file
 writes, or truncates it and writes it, or writes a temporary file and renames it over
 the manifest, makes one change (one reload), and files beside the manifest make none.
 No timed assertions: the settle window is made long (``quiet_ms``) where two writes must
-fall inside it, and every wait polls against a generous deadline.
+fall inside it, and every wait polls against a generous deadline. Nothing is written
+before the watch is seen in place (this process's inotify watch of the folder, in
+``/proc/self/fdinfo``), the second of two writes only once the watcher has read the
+events of the first (its inotify queue is empty: ``FIONREAD``), and a check that
+nothing came waits only after the watcher has read what it must ignore.
 """
 
 from __future__ import annotations
 
+import array
 import asyncio
+import fcntl
 import os
+import termios
 import time
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -61,13 +68,49 @@ class Seen:
             await self.task
 
 
-def two_writes(path: Path, text: str) -> None:
+def inotify_of(folder: Path) -> int | None:
+    """This process's inotify descriptor that watches ``folder``; ``None`` while none does.
+
+    Read from ``/proc/self/fdinfo``: a watch's line names the folder's inode and its
+    device (the kernel's encoding, major << 20 | minor).
+    """
+    st = folder.stat()
+    ino, dev = f" ino:{st.st_ino:x} ", f" sdev:{os.major(st.st_dev) << 20 | os.minor(st.st_dev):x} "
+    for fd in os.listdir("/proc/self/fdinfo"):
+        try:
+            info = Path("/proc/self/fdinfo", fd).read_text(encoding="ascii")
+        except OSError:  # closed meanwhile
+            continue
+        if any(ln.startswith("inotify ") and ino in ln and dev in ln for ln in info.splitlines()):
+            return int(fd)
+    return None
+
+
+async def watched(folder: Path) -> int:
+    """Wait until a watch of ``folder`` is in place; its inotify descriptor."""
+    deadline = asyncio.get_running_loop().time() + WAIT_S
+    while (fd := inotify_of(folder)) is None:
+        assert asyncio.get_running_loop().time() < deadline, f"{folder} was never watched"
+        await asyncio.sleep(0.01)
+    return fd
+
+
+def drained(fd: int) -> None:
+    """Wait (in a thread) until the watcher has read every event queued on ``fd``."""
+    deadline = time.monotonic() + WAIT_S
+    queued = array.array("i", [0])
+    while fcntl.ioctl(fd, termios.FIONREAD, queued) == 0 and queued[0] > 0:
+        assert time.monotonic() < deadline, f"{queued[0]} bytes of events never read"
+        time.sleep(0.005)
+
+
+def two_writes(path: Path, text: str, fd: int) -> None:
     """An editor's save in two writes (truncate and write half, then the rest)."""
     with path.open("w", encoding="utf-8") as fh:
         fh.write(text[: len(text) // 2])
         fh.flush()
         os.fsync(fh.fileno())
-        time.sleep(0.05)  # the events of the first write are read before the second
+        drained(fd)  # the events of the first write are read before the second
         fh.write(text[len(text) // 2 :])
 
 
@@ -82,9 +125,9 @@ def test_two_writes_in_quick_succession_are_one_change(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         seen = Seen({path.resolve()}, quiet_ms=2000)
-        await asyncio.sleep(0.2)  # the watch is set up
+        fd = await watched(tmp_path)
         # truncate, write half, a pause well inside the settle window, then the rest
-        await asyncio.to_thread(two_writes, path, text)
+        await asyncio.to_thread(two_writes, path, text, fd)
         await seen.until("the edit is seen", lambda: seen.count >= 1)
         # a second settle window later, nothing more came: the two writes were one change
         await asyncio.sleep(2.5)
@@ -100,10 +143,11 @@ def test_a_save_by_rename_is_one_change_and_files_beside_are_none(tmp_path: Path
 
     async def scenario() -> None:
         seen = Seen({path.resolve()}, quiet_ms=100)
-        await asyncio.sleep(0.2)
+        fd = await watched(tmp_path)
         (tmp_path / "notes.txt").write_text("not a manifest", encoding="utf-8")
         (tmp_path / "other.toml").write_text(ROLE, encoding="utf-8")
-        await asyncio.sleep(0.5)
+        await asyncio.to_thread(drained, fd)  # the watcher has read their events
+        await asyncio.sleep(0.5)  # five settle windows after that
         assert seen.count == 0, "a file beside the manifest was taken for it"
         # the editor's save: a temporary file in the folder, renamed over the manifest
         tmp = tmp_path / ".serves.toml.swp"
@@ -128,7 +172,7 @@ def test_a_folder_removed_while_watched_ends_the_watch(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         seen = Seen({path.resolve()}, quiet_ms=50)
-        await asyncio.sleep(0.2)
+        await watched(folder)  # removed while watched, not before the watch began
         path.unlink()
         folder.rmdir()
         await seen.until("the watch ends", seen.task.done)
@@ -149,8 +193,8 @@ def test_the_loop_reloads_two_quick_writes_once(tmp_path: Path) -> None:
 
     async def scenario() -> None:
         task = asyncio.create_task(c._watch_manifests())
-        await asyncio.sleep(0.2)
-        await asyncio.to_thread(two_writes, path, text)  # the first half does not validate
+        fd = await watched(tmp_path)
+        await asyncio.to_thread(two_writes, path, text, fd)  # the first half does not validate
         deadline = asyncio.get_running_loop().time() + WAIT_S
         while "manifest changed" not in c._reasons:
             assert asyncio.get_running_loop().time() < deadline, "the edit was never seen"
