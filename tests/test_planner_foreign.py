@@ -1,0 +1,86 @@
+"""The pure core's rules for a foreign container and an unknown fit, without the shell.
+
+A container bearing a serve's name but another Compose project's label is never a
+victim (docs/design.md); a fit on an observation whose Docker reading failed is not
+known, never a "no" (docs/operations.md, exit code 3). These cases also live beside the
+shell's tests (tests/test_foreign.py, tests/test_cli_polish.py); here they import only
+``statemachine``, so the mutation run of the planner and of fit runs them.
+"""
+
+from __future__ import annotations
+
+from statemachine.fit import fit_serve
+from statemachine.plan import Action, Policy
+from statemachine.planner import plan_transitions
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    GpuRole,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    ServeSpec,
+)
+
+NOW = 1_000_000.0
+
+
+def _spec(name: str, residency: Residency, mib: int, **kw: object) -> ServeSpec:
+    return ServeSpec(
+        name=name,
+        container=f"c-{name}",
+        gpu_roles=("a",),
+        vram_mib=mib,
+        residency=residency,
+        compose_project="ours",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def _host(*serves: ServeSpec, requests: tuple[OnDemandRequest, ...] = ()) -> DesiredState:
+    return DesiredState(
+        roles={"a": GpuRole("a", 10_000)},
+        serves={s.name: s for s in serves},
+        requests=requests,
+    )
+
+
+def _running(project: str) -> ContainerObs:
+    return ContainerObs(
+        ContainerState.RUNNING, started_at=NOW - 3600, compose_project=project, exit_code=0
+    )
+
+
+def test_an_evictable_serve_whose_container_is_anothers_is_never_the_victim() -> None:
+    ocr = _spec("ocr", Residency.EVICTABLE, 6000, desired=DesiredRun.RUNNING)
+    fast = _spec("fast", Residency.ON_DEMAND, 6000)
+    desired = _host(ocr, fast, requests=(OnDemandRequest("fast", NOW - 1),))
+    theirs = Observed(docker_ok=True, containers={"c-ocr": _running("theirs")})
+    plan = plan_transitions(desired, theirs, Policy(), NOW)
+    assert plan.steps == ()
+    (blocked,) = plan.blocked
+    assert blocked.serve == "fast"
+    (guard,) = blocked.protected
+    assert guard.serve == "ocr"
+    assert guard.why == (
+        "container c-ocr belongs to compose project theirs, not ours: it is left alone "
+        "(never started, stopped or removed)"
+    )
+    # the same container of its own project is evicted as any evictable serve
+    ours = Observed(docker_ok=True, containers={"c-ocr": _running("ours")})
+    steps = [(s.action, s.serve) for s in plan_transitions(desired, ours, Policy(), NOW).steps]
+    assert (Action.STOP, "ocr") in steps and (Action.START, "fast") in steps
+
+
+def test_a_fit_without_a_docker_reading_is_unknown_not_a_no() -> None:
+    fast = _spec("fast", Residency.ON_DEMAND, 6000)
+    unread = Observed(docker_ok=False)
+    answer = fit_serve(_host(fast), unread, "fast", now=NOW)
+    assert answer.known is False
+    assert answer.fits is False  # nothing is admitted on it
+    assert answer.to_json()["fits"] is None
+    read = fit_serve(_host(fast), Observed(docker_ok=True), "fast", now=NOW)
+    assert read.known is True and read.fits is True
+    assert read.to_json()["fits"] is True
