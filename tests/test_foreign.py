@@ -31,6 +31,7 @@ from serving import free_port, httpd
 from strategies import Scenario, scenarios
 from test_api import Asgi, client, observe  # noqa: F401
 from test_executor_e2e import ROLE, Host, actions, host, serve_toml  # noqa: F401
+from test_planner_foreign import _host, _spec
 
 from controller.adapters.docker.read import COMPOSE_PROJECT_LABEL
 from controller.interfaces.metrics import Metrics
@@ -50,11 +51,9 @@ from statemachine.types import (
     ContainerState,
     DesiredRun,
     DesiredState,
-    GpuRole,
     Observed,
     OnDemandRequest,
     Residency,
-    ServeSpec,
 )
 
 PROJECT = COMPOSE_PROJECT_LABEL  # com.docker.compose.project, as Compose sets it
@@ -128,26 +127,6 @@ def test_a_project_that_cannot_be_owned_is_a_manifest_error(
 
 
 # ── the planner: nothing of another project is acted on ──────────────────────
-
-
-def _spec(name: str, residency: Residency, mib: int, **kw: object) -> ServeSpec:
-    return ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=residency,
-        compose_project=OURS,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def _host(*serves: ServeSpec, requests: tuple[OnDemandRequest, ...] = ()) -> DesiredState:
-    return DesiredState(
-        roles={"a": GpuRole("a", 10_000)},
-        serves={s.name: s for s in serves},
-        requests=requests,
-    )
 
 
 def _theirs(state: ContainerState = ContainerState.RUNNING) -> ContainerObs:
