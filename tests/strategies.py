@@ -6,7 +6,14 @@ serves, 0-3 on-demand requests), an :class:`Observed` snapshot, ``now`` and a
 realism: reservations are often large fractions of a budget (so fits, shortfalls and
 evictions are common), ports come from a set of three (so port conflicts happen),
 some serves are elastic, exclusive or not GPU-inference, and the observation may
-already be over budget (containers started outside the controller).
+already be over budget (containers started outside the controller). Exact fits are
+drawn on purpose: a whole budget, a budget less or plus one MiB, and the room the
+holders drawn before a serve leave (exactly, a MiB less, a MiB more).
+
+:func:`hosts` enriches a scenario with what the planner weighs beyond memory (sleepers
+of both protocols, starts in progress, requests in flight, engines that size
+themselves from free memory, memory not back, start records, a host RAM budget);
+:func:`every_scenario` draws from all of them, and the invariant properties run on it.
 
 The manifest forbids two ``desired = "running"`` serves on one port, so at most one
 desired-running serve is drawn per port; requests may still ask for a second serve
@@ -412,7 +419,8 @@ def hosts(draw: st.DrawFn, *, sleep_share: int = 2) -> Scenario:
     themselves from free memory, idle TTLs, memory not back after an exit, and records
     of what containers were started with.
 
-    ``sleep_share``: about one serve with a reservation in ``sleep_share`` can sleep.
+    ``sleep_share``: about one serve with a reservation in ``sleep_share`` can sleep
+    (0: none).
     """
     sc = draw(scenarios(docker_ok=True))
     d, obs = sc.desired, sc.observed
@@ -431,7 +439,12 @@ def hosts(draw: st.DrawFn, *, sleep_share: int = 2) -> Scenario:
     unreleased: set[str] = set()
     for name, s in d.serves.items():
         holds = obs.container(s.container).holds
-        if s.vram_mib is not None and s.vram_mib > 1 and draw(st.integers(0, sleep_share - 1)) == 0:
+        if (
+            sleep_share
+            and s.vram_mib is not None
+            and s.vram_mib > 1
+            and draw(st.integers(0, sleep_share - 1)) == 0
+        ):
             level = draw(st.sampled_from([1, 2]))
             residual = draw(st.integers(0, s.vram_mib - 1))
             host_mib = draw(st.integers(0, 80_000)) if level == 1 else 0
@@ -478,11 +491,10 @@ def hosts(draw: st.DrawFn, *, sleep_share: int = 2) -> Scenario:
     return Scenario(desired=desired, observed=observed, now=sc.now, policy=sc.policy)
 
 
-def every_scenario() -> st.SearchStrategy[Scenario]:
-    """Every strategy of this module: plain :func:`scenarios` and enriched :func:`hosts`
-    (with few and with many sleepers); the invariant properties run on this."""
-    return st.one_of(
-        scenarios(docker_ok=True),
-        hosts(),
-        hosts(sleep_share=1),
-    )
+def every_scenario(*, sleepers: bool = True) -> st.SearchStrategy[Scenario]:
+    """Every strategy of this module (docker readable): plain :func:`scenarios` and
+    enriched :func:`hosts` with few and with many sleepers (``sleepers`` False: with
+    none); the invariant properties run on this."""
+    if not sleepers:
+        return st.one_of(scenarios(docker_ok=True), hosts(sleep_share=0))
+    return st.one_of(scenarios(docker_ok=True), hosts(), hosts(sleep_share=1))
