@@ -30,7 +30,8 @@ The rules, in the order the planner applies them:
    (``Elastic.segment_mib``), so a shrink is whole segments that cover the need.
    A start is: reserve, start, await_ready, readmit.
 4. **Grow back** shrunk elastic serves as far as the budget allows (to full, or by
-   whole segments), before backfill.
+   whole segments), before backfill, and again after it for what backfill woke (an
+   elastic serve shrunk before it slept wakes at what it was shrunk to).
 
 Sleep instead of stop (``ServeSpec.sleep``, docs/eviction.md): a victim that can sleep
 is put to sleep (drain, sleep, release_to_residual) rather than stopped when what its
@@ -589,6 +590,10 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         return _NO_ROOM
     # the MiB more it takes on each of its roles: all of it for a start
     mib = _wake_needs_mib(w, s) if waking else s.vram_mib
+    if mib <= 0:
+        # a wake into no more than the residual it holds adds nothing to any role, even
+        # one observed over budget: it needs no room (none to wait for, none to make)
+        return _NO_ROOM
     short = ledger.short_of(s.gpu_roles, mib)
     if not short:
         return _NO_ROOM
@@ -669,20 +674,21 @@ def _forced_stops_later(w: _Work) -> list[tuple[int, list[ServeSpec]]]:
 
 
 def _full_mib(w: _Work, s: ServeSpec) -> int:
-    """What ``s`` holds awake: its reservation, or the larger one it was started with;
-    an elastic serve shrunk before it slept wakes at what it held (never below what it
-    holds asleep)."""
+    """What ``s`` holds awake, as the ledger counts an awake serve
+    (:func:`statemachine.ledger.ledger_from_observed`): its reservation, or the larger
+    one it was started with; an elastic serve shrunk before it slept holds what it was
+    shrunk to, even below the residual it holds asleep (its engine maps that again)."""
     assert s.vram_mib is not None
     shrunk = w.observed.elastic_mib.get(s.name)
-    if shrunk is not None:  # a sleeper in the ledger holds (at least) its residual
-        return max(shrunk, w.ledger.holdings[s.name].mib)
+    if shrunk is not None:
+        return shrunk
     record = w.observed.started_with.get(s.container)
     return s.vram_mib if record is None else max(s.vram_mib, record.mib)
 
 
 def _wake_needs_mib(w: _Work, s: ServeSpec) -> int:
     """The MiB more sleeping ``s`` takes on each of its roles to wake: its full
-    reservation less the residual it already holds."""
+    reservation less the residual it already holds (negative: it gives some back)."""
     return _full_mib(w, s) - w.ledger.holdings[s.name].mib  # its residual, held asleep
 
 
@@ -975,15 +981,16 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
     if in_ledger and s.vram_mib is not None and held is not None:
         full = _full_mib(w, s)
         w.ledger.adopt(_ok(w.ledger.wake(s.name, full)))
-        w.add(
-            Action.RESERVE_WAKE,
-            s,
-            full - held,
-            f"reserve {full - held} MiB more on {', '.join(s.gpu_roles)} to wake {s.name} "
-            f"(from its residual {held} back to {full}){give}",
-            to_mib=full,
-            host_mib=host,
+        roles = ", ".join(s.gpu_roles)
+        why = (
+            f"reserve {full - held} MiB more on {roles} to wake {s.name} "
+            f"(from its residual {held} back to {full}){give}"
+            if full >= held
+            else f"reserve 0 MiB more on {roles} to wake {s.name}: the {full} MiB its engine "
+            f"holds awake (elastic, shrunk before it slept), {held - full} MiB less than "
+            f"its residual {held}{give}"
         )
+        w.add(Action.RESERVE_WAKE, s, max(0, full - held), why, to_mib=full, host_mib=host)
     else:
         w.add(Action.RESERVE_WAKE, s, None, f"wake {s.name} (outside the ledger){give}")
     w.add(Action.WAKE, s, None, _start_reason(w, s) + f": wake it (asleep at level {level})")
@@ -1239,5 +1246,6 @@ def plan_transitions(
     _start_all(w, first)
     _grow(w)
     _start_all(w, rest)
+    _grow(w)  # what backfill woke (shrunk before it slept), into the room left
     _readmit_left_quiesced(w)
     return Plan(tuple(w.steps), tuple(w.blocked), ledger, w.ledger.frozen(), tuple(notes))

@@ -13,6 +13,7 @@ and, where it says so, applied and planned again (it converges).
 from __future__ import annotations
 
 import pytest
+from replay import assert_never_overcommits
 
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.plan import Action, Plan
@@ -550,10 +551,15 @@ def test_an_elastic_serve_shrunk_before_it_slept_wakes_at_what_it_held() -> None
     )
     assert lines(result)[0] == "reserve_wake coder"
     assert (result.steps[0].mib, result.steps[0].to_mib) == (8000, 9000)
-    after = apply_plan(desired, obs, result, NOW + 1)
-    assert ledger_from_observed(desired, after).holdings["coder"].mib == 9000
-    # awake again, it grows back toward its declared reservation as any shrunk serve
-    assert lines(plan_transitions(desired, after, None, NOW + 1)) == ["grow coder"]
+    # awake again, it grows back toward its declared reservation as any shrunk serve,
+    # in the same plan though it was woken in backfill, after the grows before it
+    assert lines(result)[-1] == "grow coder"
+    assert (result.steps[-1].mib, result.steps[-1].to_mib, result.steps[-1].group) == (
+        7000,
+        16_000,
+        "coder",
+    )
+    converges(desired, obs, result)
 
 
 def test_a_start_needs_its_declared_reservation_whatever_an_old_record_says() -> None:
@@ -683,3 +689,52 @@ def test_a_sleep_for_a_requester_retries_what_was_blocked_before_it() -> None:
     assert actions[-3:] == ["reserve res", "start res", "await_ready res"]
     assert actions.index("start od") < actions.index("start res")
     assert result.blocked == ()
+
+
+def test_an_elastic_sleeper_shrunk_below_its_residual_wakes_into_what_its_engine_holds() -> None:
+    """Shrunk to 800 before it slept at a residual of 1000: awake, its engine holds 800
+    again, and the ledger counts the engine's figure; the wake reserves that 800 (it
+    takes nothing more, and gives the 200 of residual back) so the plan's ledger is the
+    host's once the wake is applied. The 200 left free is less than a segment: no grow."""
+    el = Elastic("http://127.0.0.1:1", floor_mib=500, segment_mib=512)
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(residual=1000), elastic=el)
+    full = sv("full", 19_000, RES, RUN)
+    desired, obs, result = plan(
+        [STT, full, coder],
+        ["stt", "full", "coder"],
+        sleeping={"coder": asleep()},
+        elastic_mib={"coder": 800},
+    )
+    assert lines(result)[:2] == ["reserve_wake coder", "wake coder"]
+    wake = result.steps[0]
+    assert (wake.mib, wake.to_mib) == (0, 800)
+    assert "800 MiB its engine holds awake" in wake.reason and "residual 1000" in wake.reason
+    assert result.ledger_after.holdings["coder"].mib == 800
+    converges(desired, obs, result)
+
+
+@pytest.mark.parametrize("residency", [EVI, OND])
+def test_a_wake_that_takes_nothing_more_neither_evicts_nor_waits_on_a_role_over_budget(
+    residency: Residency,
+) -> None:
+    """A role over budget by a start outside the controller: a wake that takes no more
+    than the residual it holds adds nothing to it, so it neither waits for room (an
+    evictable sleeper) nor evicts to make any (an on-demand requester)."""
+    el = Elastic("http://127.0.0.1:1", floor_mib=500, segment_mib=512)
+    coder = sv("coder", 16_000, residency, RUN, sleep=sleep(residual=1000), elastic=el)
+    victim = sv("victim", 5_000, EVI, RUN)
+    outside = sv("outside", 15_000, None)  # started by hand: 31000 of a 30000 budget
+    desired = DesiredState(
+        ROLES,
+        {s.name: s for s in (STT, victim, outside, coder)},
+        (OnDemandRequest("coder", NOW - 1),) if residency is OND else (),
+        host=HOST,
+    )
+    up = {f"c-{n}": UP for n in ("stt", "victim", "outside", "coder")}
+    obs = Observed(True, up, elastic_mib={"coder": 1000}, sleep={"coder": asleep()})
+    result = plan_transitions(desired, obs, None, NOW)
+    assert result.ledger_before.overcommitted() == ("a",)
+    assert_never_overcommits(result)
+    assert lines(result) == ["reserve_wake coder", "wake coder", "await_ready coder"]
+    assert result.blocked == ()
+    assert result.ledger_after.holdings["coder"].mib == 1000
