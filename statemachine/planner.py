@@ -678,10 +678,14 @@ def _full_mib(w: _Work, s: ServeSpec) -> int:
     (:func:`statemachine.ledger.ledger_from_observed`): its reservation, or the larger
     one it was started with; an elastic serve shrunk before it slept holds what it was
     shrunk to, even below the residual it holds asleep (its engine maps that again)."""
-    assert s.vram_mib is not None
     shrunk = w.observed.elastic_mib.get(s.name)
-    if shrunk is not None:
-        return shrunk
+    return _whole_mib(w, s) if shrunk is None else shrunk
+
+
+def _whole_mib(w: _Work, s: ServeSpec) -> int:
+    """What running ``s`` counts at unshrunk: its reservation, or the larger one its
+    container was started with (the ledger: a running container keeps it)."""
+    assert s.vram_mib is not None
     record = w.observed.started_with.get(s.container)
     return s.vram_mib if record is None else max(s.vram_mib, record.mib)
 
@@ -1129,12 +1133,16 @@ def _grow(w: _Work) -> None:
             continue
         if name in w.foreign:
             continue
-        held = w.held_mib(name)
-        if s.elastic is None or s.vram_mib is None or held is None or held >= s.vram_mib:
+        res = w.ledger.holdings.get(name)
+        if s.elastic is None or s.vram_mib is None or res is None:
             continue
-        room = min(w.ledger.free_mib(r) for r in s.gpu_roles)
+        held, full = res.mib, _whole_mib(w, s)
+        if held >= full:
+            continue
+        # on every role it holds (those of its start record too)
+        room = min(w.ledger.free_mib(r) for r in res.gpu_roles)
         # back to full, or by the whole segments the room holds (the engine maps whole ones)
-        to = s.vram_mib if held + room >= s.vram_mib else held + _whole(room, s.elastic)
+        to = full if held + room >= full else held + _whole(room, s.elastic)
         if to > held:
             w.ledger.adopt(_ok(w.ledger.resize(name, to)))
             w.group = name  # a grow is skipped when this serve's own start failed
