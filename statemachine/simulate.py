@@ -33,7 +33,9 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
     for step in plan.steps:
         serve = desired.serves[step.serve]
         if step.action is Action.STOP:
-            containers[serve.container] = ContainerObs(ContainerState.EXITED, exit_code=0)
+            containers[serve.container] = ContainerObs(
+                ContainerState.EXITED, exit_code=0, finished_at=now
+            )
             elastic.pop(serve.name, None)  # the engine forgets its reserve when it stops
             sleep.pop(serve.name, None)
         elif step.action is Action.RELEASE_TO_RESIDUAL and serve.sleep is not None:

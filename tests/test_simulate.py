@@ -72,3 +72,24 @@ def test_a_stop_and_a_start_change_their_containers_only() -> None:
     assert after.container("ctr-new").state is ContainerState.RUNNING
     assert after.in_flight == observed.in_flight
     assert plan_transitions(desired, after, None, NOW).empty
+
+
+def test_a_stopped_container_says_when_it_finished() -> None:
+    """A resident whose request ended by measured idleness (idle 700 s, ``idle_ttl_s``
+    600) is stopped; the stop applied, docker shows when it finished, so the request
+    stays ended (docs/eviction.md, measured idleness) and the next plan has nothing to
+    do. Without the time, the request read as one whose serve never ran: started again."""
+    s = ServeSpec("alpha", "ctr-alpha", ("g0",), 500, Residency.RESIDENT, None, idle_ttl_s=600.0)
+    desired = DesiredState(
+        {"g0": GpuRole("g0", 1000)}, {"alpha": s}, (OnDemandRequest("alpha", NOW - 800),)
+    )
+    observed = Observed(
+        True,
+        {"ctr-alpha": ContainerObs(ContainerState.RUNNING, started_at=NOW - 790)},
+        in_flight={"alpha": InFlightObs(0, InFlightSource.METRICS, idle_since=NOW - 700)},
+    )
+    plan = plan_transitions(desired, observed, None, NOW)
+    assert [f"{st.action} {st.serve}" for st in plan.steps] == ["stop alpha", "release alpha"]
+    after = apply_plan(desired, observed, plan, NOW)
+    assert after.container("ctr-alpha").finished_at == NOW
+    assert plan_transitions(desired, after, None, NOW).empty
