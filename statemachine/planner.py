@@ -129,7 +129,8 @@ class _Work:
     ledger: WorkingLedger
     running: set[str] = field(default_factory=set)  # holds memory, after the steps so far
     stopping: set[str] = field(default_factory=set)
-    starting: set[str] = field(default_factory=set)
+    starting: set[str] = field(default_factory=set)  # started or woken in this plan
+    woken: set[str] = field(default_factory=set)  # woken in this plan (container not new)
     steps: list[Step] = field(default_factory=list)
     blocked: list[Blocked] = field(default_factory=list)
     by_role: dict[str, list[str]] = field(default_factory=dict)  # declaration order
@@ -835,8 +836,9 @@ def _may_shrink(w: _Work, requester: ServeSpec, o: ServeSpec, held_mib: int) -> 
         and requester.residency is Residency.ON_DEMAND
         and w.fresh(o) is None
         # a serve started earlier in this plan may be shrunk after its
-        # await_ready, unless its min_runtime_s protects it
-        and not (o.name in w.starting and o.min_runtime_s > 0)
+        # await_ready, unless its min_runtime_s protects it (a wake leaves the container
+        # as it was: its min_runtime_s counts from the container's start, w.fresh above)
+        and not (o.name in w.starting and o.name not in w.woken and o.min_runtime_s > 0)
         and o.name not in w.observed.starting
         and o.name not in w.asleep  # a sleeper's cache is not mapped: nothing to give
     )
@@ -1004,6 +1006,7 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
     if s.router_tier:
         w.add(Action.READMIT, s, None, f"readmit router tier {s.router_tier}")
     w.starting.add(s.name)
+    w.woken.add(s.name)
 
 
 def _claims_room(w: _Work, later: ServeSpec) -> bool:

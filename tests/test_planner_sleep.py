@@ -738,3 +738,30 @@ def test_a_wake_that_takes_nothing_more_neither_evicts_nor_waits_on_a_role_over_
     assert lines(result) == ["reserve_wake coder", "wake coder", "await_ready coder"]
     assert result.blocked == ()
     assert result.ledger_after.holdings["coder"].mib == 1000
+
+
+def test_a_serve_woken_earlier_in_the_plan_may_be_shrunk_its_container_is_not_fresh() -> None:
+    """``min_runtime_s`` counts from the container's start, which a wake does not change:
+    a resident woken in this plan, its container up for long, may give memory back to an
+    on-demand requester after its wake, as a serve started earlier in the plan may
+    (docs/eviction.md); protected as if it had just started, the requester waited a
+    cycle for the shrink the next plan then made."""
+    el = Elastic("http://127.0.0.1:1", floor_mib=2000, segment_mib=512)
+    bravo = sv(
+        "bravo", 16_000, RES, RUN, sleep=sleep(residual=1000), elastic=el, min_runtime_s=300.0
+    )
+    alpha = sv("alpha", 8000, OND)
+    desired, obs, result = plan(
+        [STT, bravo, alpha], ["stt", "bravo"], ("alpha",), sleeping={"bravo": asleep()}
+    )
+    assert lines(result) == [
+        "reserve_wake bravo",
+        "wake bravo",
+        "await_ready bravo",
+        "shrink bravo",
+        "reserve alpha",
+        "start alpha",
+        "await_ready alpha",
+    ]
+    assert result.steps[3].to_mib == 16_000 - 8 * 512
+    converges(desired, obs, result)
