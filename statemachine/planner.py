@@ -697,19 +697,14 @@ def _wake_needs_mib(w: _Work, s: ServeSpec) -> int:
     return _full_mib(w, s) - w.ledger.holdings[s.name].mib  # its residual, held asleep
 
 
-def _pick(
-    w: _Work, cands: list[Candidate], short: Mapping[str, int]
-) -> tuple[Candidate, ...] | None:
-    """The victim rules (:func:`choose_victims`) over ``cands`` for ``short``."""
+def _needs(w: _Work, cands: Sequence[Candidate], short: dict[str, int]) -> list[dict[str, int]]:
+    """What the victims are chosen for, in turn: this requester's shortfall together with
+    the room on-demand requesters later in this pass claim on these roles
+    (:func:`_room_ahead`: one bigger victim rather than two), then its own alone."""
     ahead = _room_ahead(w, short, cands)
-    if ahead:
-        # on-demand requesters later in this pass need room on these roles too:
-        # choose once for all of them (one bigger victim rather than two)
-        both = {r: need + ahead.get(r, 0) for r, need in short.items()}
-        chosen = choose_victims(cands, both, exact_limit=w.policy.exact_search_limit)
-        if chosen is not None:
-            return chosen
-    return choose_victims(cands, short, exact_limit=w.policy.exact_search_limit)
+    if not ahead:
+        return [short]
+    return [{r: need + ahead.get(r, 0) for r, need in short.items()}, short]
 
 
 def _sleep_frees(w: _Work, c: Candidate) -> int | None:
@@ -721,36 +716,41 @@ def _sleep_frees(w: _Work, c: Candidate) -> int | None:
 
 
 def _choose(
-    w: _Work, cands: list[Candidate], short: Mapping[str, int]
+    w: _Work, cands: list[Candidate], short: dict[str, int]
 ) -> tuple[tuple[Candidate, ...], frozenset[str]] | None:
     """The victims, and which of them sleep instead of stopping (docs/eviction.md).
 
-    The victim rules (:func:`choose_victims`) are applied twice: to the candidates
+    For each need in turn (:func:`_needs`: with the later requesters' room, then alone)
+    the victim rules (:func:`choose_victims`) are applied twice: to the candidates
     stopped, and to the candidates as sleep would leave them (each one that can sleep
     counted at what its sleep frees, ``vram_mib - residual_mib``, the others at their
     reservation). The second set is taken, its sleepers put to sleep, when it exists
     and has no more victims than the first (fewest victims comes first); otherwise the
     first, all stopped. (A stop set in which one victim could sleep and still cover
     is a cover of the second kind of the same size, so the second set is taken then.)
+    Both kinds are weighed for the same need: a set for this requester alone is never
+    taken over one that covers the later requesters too (that frees room twice).
     """
-    stops = _pick(w, cands, short)
     as_sleep: list[Candidate] = cands  # as they are, when no serve can sleep at all
     if w.sleepers:
         as_sleep = []
         for c in cands:
             frees = _sleep_frees(w, c)
             as_sleep.append(c if frees is None else dataclasses.replace(c, mib=frees))
-    if as_sleep != cands:  # a candidate frees less by sleeping than by stopping
-        slept = _pick(w, as_sleep, short)
+    limit = w.policy.exact_search_limit
+    for need in _needs(w, cands, short):
+        stops = choose_victims(cands, need, exact_limit=limit)
+        # only when a candidate frees less by sleeping than by stopping
+        slept = choose_victims(as_sleep, need, exact_limit=limit) if as_sleep != cands else None
         if slept is not None and (stops is None or len(slept) <= len(stops)):
             by_name = {c.name: c for c in cands}
             return (
                 tuple(by_name[c.name] for c in slept),
                 frozenset(c.name for c in slept if _sleep_frees(w, c) is not None),
             )
-    if stops is None:
-        return None
-    return stops, frozenset()
+        if stops is not None:
+            return stops, frozenset()
+    return None
 
 
 def _holders(

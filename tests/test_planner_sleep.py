@@ -765,3 +765,27 @@ def test_a_serve_woken_earlier_in_the_plan_may_be_shrunk_its_container_is_not_fr
     ]
     assert result.steps[3].to_mib == 16_000 - 8 * 512
     converges(desired, obs, result)
+
+
+def test_one_stop_that_covers_two_requesters_beats_a_sleep_set_for_the_first_alone() -> None:
+    """bravo (5000) and then fox (10000) want room on a full role. Stopping s01 (15000)
+    covers both; its sleep (frees 9960) and alpha (5000) cannot. The victims are chosen
+    for both requesters at once, stopped or slept alike: s01 is stopped once and alpha
+    keeps running. Chosen for bravo alone, the sleep-or-stop choice took alpha, then fox
+    stopped s01 anyway, and the next plan started alpha again (room freed twice)."""
+    s01 = sv("s01", 15_000, EVI, RUN, sleep=sleep(residual=5040))
+    alpha = sv("alpha", 5000, EVI, RUN)
+    bravo = sv("bravo", 5000, OND, RUN)
+    fox = sv("fox", 10_000, OND, RUN)
+    desired, obs, result = plan([STT, s01, alpha, bravo, fox], ["stt", "s01", "alpha"])
+    assert lines(result) == [
+        "stop s01",
+        "release s01",
+        "reserve bravo",
+        "start bravo",
+        "await_ready bravo",
+        "reserve fox",
+        "start fox",
+        "await_ready fox",
+    ]
+    converges(desired, obs, result)
