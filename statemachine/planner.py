@@ -1144,8 +1144,13 @@ def _grow(w: _Work) -> None:
             continue
         # on every role it holds (those of its start record too)
         room = min(w.ledger.free_mib(r) for r in res.gpu_roles)
-        # back to full, or by the whole segments the room holds (the engine maps whole ones)
-        to = full if held + room >= full else held + _whole(room, s.elastic)
+        # back to full, or by the whole segments the room holds (the engine maps whole
+        # ones), below its declared figure: a grow to that or more is one back to full (the
+        # engine's start-up default, which a larger start record counts at)
+        if held + room >= full:
+            to = full
+        else:
+            to = held + _whole(min(room, s.vram_mib - 1 - held), s.elastic)
         if to > held:
             w.ledger.adopt(_ok(w.ledger.resize(name, to)))
             w.group = name  # a grow is skipped when this serve's own start failed

@@ -157,3 +157,18 @@ def test_an_elastic_serve_grows_by_the_room_on_every_role_it_holds() -> None:
     ]
     after = apply_plan(want, obs, plan, 200.0)
     assert ledger_from_observed(want, after).holdings == plan.ledger_after.holdings
+
+
+def test_a_partial_grow_of_a_serve_started_bigger_stays_below_its_declared_figure() -> None:
+    """Room for 3000 more on b, not for the 4000 back to whole: a grow to its declared
+    6000 or more is a grow back to whole (the executor asks the engine for its start-up
+    default, and the ledger then counts the 8000 it was started with), so the partial
+    grow stops below 6000, in whole segments: 3 of 512, to 5536."""
+    want, obs = _elastic_started_bigger(3000)
+    plan = plan_transitions(want, obs, Policy(), now=200.0)
+    assert [(s.action, s.serve, s.mib, s.to_mib) for s in plan.steps] == [
+        (Action.GROW, "el", 1536, 5536)
+    ]
+    after = apply_plan(want, obs, plan, 200.0)
+    assert ledger_from_observed(want, after).holdings == plan.ledger_after.holdings
+    assert plan_transitions(want, after, Policy(), now=200.0).empty
