@@ -446,7 +446,7 @@ def hosts(draw: st.DrawFn, *, sleep_share: int = 2) -> Scenario:
             and draw(st.integers(0, sleep_share - 1)) == 0
         ):
             level = draw(st.sampled_from([1, 2]))
-            residual = draw(st.integers(0, s.vram_mib - 1))
+            residual = draw(st.integers(1, s.vram_mib - 1))  # the manifest: 0 < residual < vram
             host_mib = draw(st.integers(0, 80_000)) if level == 1 else 0
             protocol = draw(st.sampled_from(SleepProtocol))
             s = replace(s, sleep=Sleep(level, residual, protocol, host_mib))  # noqa: PLW2901

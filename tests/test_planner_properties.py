@@ -32,12 +32,13 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from convergence import assert_converges, timeless
 from hypothesis import HealthCheck, given, note, settings
 from replay import assert_never_overcommits, first_overcommit
 from strategies import NOW, Scenario, every_scenario, scenarios
 
 from statemachine.idleness import request_end
-from statemachine.ledger import Ledger, ledger_from_observed
+from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, plan_transitions
 from statemachine.simulate import apply_plan
 from statemachine.types import (
@@ -181,14 +182,15 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
         )
         assert not fresh(s, obs, sc.now), f"{s.name} evicted inside its min_runtime_s"
         # the requester is the step's group, and it starts in this plan, after the stop
+        # (or is woken: a requester that sleeps is woken, not started)
         assert step.group in d.serves and step.group != s.name, f"{s.name}: group {step.group!r}"
         r = d.serves[step.group]
         assert r.residency is Residency.ON_DEMAND, (
             f"{s.name} evicted for {r.name}, which is {r.residency}, not on-demand"
         )
-        assert any(t.action is Action.START and t.serve == r.name for t in steps[i + 1 :]), (
-            f"{s.name} evicted for {r.name}, which does not start after it"
-        )
+        assert any(
+            t.action in (Action.START, Action.WAKE) and t.serve == r.name for t in steps[i + 1 :]
+        ), f"{s.name} evicted for {r.name}, which does not start (nor wake) after it"
 
     for step in steps:
         if step.action is Action.SHRINK:
@@ -364,42 +366,12 @@ def test_per_serve_step_order(sc: Scenario) -> None:
 
 
 # ----- 5. convergence ---------------------------------------------------------------------
-START_PARTS = frozenset({Action.RESERVE, Action.START, Action.AWAIT_READY, Action.READMIT})
-
-
-def known_one_pass_effect(p1: Plan, p2: Plan, d: DesiredState) -> str | None:
-    """Name a known planner weakness that explains a non-empty second plan; none is left.
-
-    Three effects once excused here are fixed (see ``CONVERGES_NOW``): a serve blocked
-    before a later requester made room is retried within the plan; a serve started
-    earlier in the plan may be shrunk; and a requester chooses its victims for the room
-    the on-demand requesters after it in the same pass need too, so two requesters do
-    not evict two serves where one would do. Anything in plan 2 is a failure.
-    """
-    return None
 
 
 @SETTINGS
-@given(every_scenario(sleepers=False))
+@given(every_scenario(sleepers=False).map(timeless))
 def test_plan_apply_plan_again_is_empty(sc: Scenario) -> None:
-    d = sc.desired
-    plan = plan_of(sc)
-    obs = sc.observed
-    for round_ in range(len(d.serves) + 2):
-        obs = apply_plan(d, obs, plan, sc.now)
-        after = ledger_from_observed(d, obs)
-        assert committed(after) == committed(plan.ledger_after), f"round {round_}"
-        assert dict(after.holdings) == dict(plan.ledger_after.holdings), f"round {round_}"
-        again = plan_transitions(d, obs, sc.policy, sc.now)
-        if not again.steps:
-            return
-        known = known_one_pass_effect(plan, again, d)
-        assert known is not None, f"plan {round_ + 2} not empty:\n" + "\n".join(
-            json.dumps(st.to_json()) for st in again.steps
-        )
-        note(f"round {round_ + 2}: {known}")
-        plan = again
-    raise AssertionError("no fixed point: plan, apply, plan again never came to an empty plan")
+    assert_converges(sc, plan_of(sc))
 
 
 def _fleet(serves: list[ServeSpec], running: tuple[str, ...]) -> tuple[DesiredState, Observed]:
