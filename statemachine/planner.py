@@ -30,7 +30,8 @@ The rules, in the order the planner applies them:
    (``Elastic.segment_mib``), so a shrink is whole segments that cover the need.
    A start is: reserve, start, await_ready, readmit.
 4. **Grow back** shrunk elastic serves as far as the budget allows (to full, or by
-   whole segments), before backfill.
+   whole segments), before backfill, and again after it for what backfill woke (an
+   elastic serve shrunk before it slept wakes at what it was shrunk to).
 
 Sleep instead of stop (``ServeSpec.sleep``, docs/eviction.md): a victim that can sleep
 is put to sleep (drain, sleep, release_to_residual) rather than stopped when what its
@@ -128,7 +129,8 @@ class _Work:
     ledger: WorkingLedger
     running: set[str] = field(default_factory=set)  # holds memory, after the steps so far
     stopping: set[str] = field(default_factory=set)
-    starting: set[str] = field(default_factory=set)
+    starting: set[str] = field(default_factory=set)  # started or woken in this plan
+    woken: set[str] = field(default_factory=set)  # woken in this plan (container not new)
     steps: list[Step] = field(default_factory=list)
     blocked: list[Blocked] = field(default_factory=list)
     by_role: dict[str, list[str]] = field(default_factory=dict)  # declaration order
@@ -589,6 +591,10 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         return _NO_ROOM
     # the MiB more it takes on each of its roles: all of it for a start
     mib = _wake_needs_mib(w, s) if waking else s.vram_mib
+    if mib <= 0:
+        # a wake into no more than the residual it holds adds nothing to any role, even
+        # one observed over budget: it needs no room (none to wait for, none to make)
+        return _NO_ROOM
     short = ledger.short_of(s.gpu_roles, mib)
     if not short:
         return _NO_ROOM
@@ -669,36 +675,36 @@ def _forced_stops_later(w: _Work) -> list[tuple[int, list[ServeSpec]]]:
 
 
 def _full_mib(w: _Work, s: ServeSpec) -> int:
-    """What ``s`` holds awake: its reservation, or the larger one it was started with;
-    an elastic serve shrunk before it slept wakes at what it held (never below what it
-    holds asleep)."""
-    assert s.vram_mib is not None
+    """What ``s`` holds awake, as the ledger counts an awake serve
+    (:func:`statemachine.ledger.ledger_from_observed`): its reservation, or the larger
+    one it was started with; an elastic serve shrunk before it slept holds what it was
+    shrunk to, even below the residual it holds asleep (its engine maps that again)."""
     shrunk = w.observed.elastic_mib.get(s.name)
-    if shrunk is not None:  # a sleeper in the ledger holds (at least) its residual
-        return max(shrunk, w.ledger.holdings[s.name].mib)
+    return _whole_mib(w, s) if shrunk is None else shrunk
+
+
+def _whole_mib(w: _Work, s: ServeSpec) -> int:
+    """What running ``s`` counts at unshrunk: its reservation, or the larger one its
+    container was started with (the ledger: a running container keeps it)."""
+    assert s.vram_mib is not None
     record = w.observed.started_with.get(s.container)
     return s.vram_mib if record is None else max(s.vram_mib, record.mib)
 
 
 def _wake_needs_mib(w: _Work, s: ServeSpec) -> int:
     """The MiB more sleeping ``s`` takes on each of its roles to wake: its full
-    reservation less the residual it already holds."""
+    reservation less the residual it already holds (negative: it gives some back)."""
     return _full_mib(w, s) - w.ledger.holdings[s.name].mib  # its residual, held asleep
 
 
-def _pick(
-    w: _Work, cands: list[Candidate], short: Mapping[str, int]
-) -> tuple[Candidate, ...] | None:
-    """The victim rules (:func:`choose_victims`) over ``cands`` for ``short``."""
+def _needs(w: _Work, cands: Sequence[Candidate], short: dict[str, int]) -> list[dict[str, int]]:
+    """What the victims are chosen for, in turn: this requester's shortfall together with
+    the room on-demand requesters later in this pass claim on these roles
+    (:func:`_room_ahead`: one bigger victim rather than two), then its own alone."""
     ahead = _room_ahead(w, short, cands)
-    if ahead:
-        # on-demand requesters later in this pass need room on these roles too:
-        # choose once for all of them (one bigger victim rather than two)
-        both = {r: need + ahead.get(r, 0) for r, need in short.items()}
-        chosen = choose_victims(cands, both, exact_limit=w.policy.exact_search_limit)
-        if chosen is not None:
-            return chosen
-    return choose_victims(cands, short, exact_limit=w.policy.exact_search_limit)
+    if not ahead:
+        return [short]
+    return [{r: need + ahead.get(r, 0) for r, need in short.items()}, short]
 
 
 def _sleep_frees(w: _Work, c: Candidate) -> int | None:
@@ -710,36 +716,41 @@ def _sleep_frees(w: _Work, c: Candidate) -> int | None:
 
 
 def _choose(
-    w: _Work, cands: list[Candidate], short: Mapping[str, int]
+    w: _Work, cands: list[Candidate], short: dict[str, int]
 ) -> tuple[tuple[Candidate, ...], frozenset[str]] | None:
     """The victims, and which of them sleep instead of stopping (docs/eviction.md).
 
-    The victim rules (:func:`choose_victims`) are applied twice: to the candidates
+    For each need in turn (:func:`_needs`: with the later requesters' room, then alone)
+    the victim rules (:func:`choose_victims`) are applied twice: to the candidates
     stopped, and to the candidates as sleep would leave them (each one that can sleep
     counted at what its sleep frees, ``vram_mib - residual_mib``, the others at their
     reservation). The second set is taken, its sleepers put to sleep, when it exists
     and has no more victims than the first (fewest victims comes first); otherwise the
     first, all stopped. (A stop set in which one victim could sleep and still cover
     is a cover of the second kind of the same size, so the second set is taken then.)
+    Both kinds are weighed for the same need: a set for this requester alone is never
+    taken over one that covers the later requesters too (that frees room twice).
     """
-    stops = _pick(w, cands, short)
     as_sleep: list[Candidate] = cands  # as they are, when no serve can sleep at all
     if w.sleepers:
         as_sleep = []
         for c in cands:
             frees = _sleep_frees(w, c)
             as_sleep.append(c if frees is None else dataclasses.replace(c, mib=frees))
-    if as_sleep != cands:  # a candidate frees less by sleeping than by stopping
-        slept = _pick(w, as_sleep, short)
+    limit = w.policy.exact_search_limit
+    for need in _needs(w, cands, short):
+        stops = choose_victims(cands, need, exact_limit=limit)
+        # only when a candidate frees less by sleeping than by stopping
+        slept = choose_victims(as_sleep, need, exact_limit=limit) if as_sleep != cands else None
         if slept is not None and (stops is None or len(slept) <= len(stops)):
             by_name = {c.name: c for c in cands}
             return (
                 tuple(by_name[c.name] for c in slept),
                 frozenset(c.name for c in slept if _sleep_frees(w, c) is not None),
             )
-    if stops is None:
-        return None
-    return stops, frozenset()
+        if stops is not None:
+            return stops, frozenset()
+    return None
 
 
 def _holders(
@@ -825,8 +836,9 @@ def _may_shrink(w: _Work, requester: ServeSpec, o: ServeSpec, held_mib: int) -> 
         and requester.residency is Residency.ON_DEMAND
         and w.fresh(o) is None
         # a serve started earlier in this plan may be shrunk after its
-        # await_ready, unless its min_runtime_s protects it
-        and not (o.name in w.starting and o.min_runtime_s > 0)
+        # await_ready, unless its min_runtime_s protects it (a wake leaves the container
+        # as it was: its min_runtime_s counts from the container's start, w.fresh above)
+        and not (o.name in w.starting and o.name not in w.woken and o.min_runtime_s > 0)
         and o.name not in w.observed.starting
         and o.name not in w.asleep  # a sleeper's cache is not mapped: nothing to give
     )
@@ -975,15 +987,16 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
     if in_ledger and s.vram_mib is not None and held is not None:
         full = _full_mib(w, s)
         w.ledger.adopt(_ok(w.ledger.wake(s.name, full)))
-        w.add(
-            Action.RESERVE_WAKE,
-            s,
-            full - held,
-            f"reserve {full - held} MiB more on {', '.join(s.gpu_roles)} to wake {s.name} "
-            f"(from its residual {held} back to {full}){give}",
-            to_mib=full,
-            host_mib=host,
+        roles = ", ".join(s.gpu_roles)
+        why = (
+            f"reserve {full - held} MiB more on {roles} to wake {s.name} "
+            f"(from its residual {held} back to {full}){give}"
+            if full >= held
+            else f"reserve 0 MiB more on {roles} to wake {s.name}: the {full} MiB its engine "
+            f"holds awake (elastic, shrunk before it slept), {held - full} MiB less than "
+            f"its residual {held}{give}"
         )
+        w.add(Action.RESERVE_WAKE, s, max(0, full - held), why, to_mib=full, host_mib=host)
     else:
         w.add(Action.RESERVE_WAKE, s, None, f"wake {s.name} (outside the ledger){give}")
     w.add(Action.WAKE, s, None, _start_reason(w, s) + f": wake it (asleep at level {level})")
@@ -993,6 +1006,7 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
     if s.router_tier:
         w.add(Action.READMIT, s, None, f"readmit router tier {s.router_tier}")
     w.starting.add(s.name)
+    w.woken.add(s.name)
 
 
 def _claims_room(w: _Work, later: ServeSpec) -> bool:
@@ -1122,12 +1136,21 @@ def _grow(w: _Work) -> None:
             continue
         if name in w.foreign:
             continue
-        held = w.held_mib(name)
-        if s.elastic is None or s.vram_mib is None or held is None or held >= s.vram_mib:
+        res = w.ledger.holdings.get(name)
+        if s.elastic is None or s.vram_mib is None or res is None:
             continue
-        room = min(w.ledger.free_mib(r) for r in s.gpu_roles)
-        # back to full, or by the whole segments the room holds (the engine maps whole ones)
-        to = s.vram_mib if held + room >= s.vram_mib else held + _whole(room, s.elastic)
+        held, full = res.mib, _whole_mib(w, s)
+        if held >= full:
+            continue
+        # on every role it holds (those of its start record too)
+        room = min(w.ledger.free_mib(r) for r in res.gpu_roles)
+        # back to full, or by the whole segments the room holds (the engine maps whole
+        # ones), below its declared figure: a grow to that or more is one back to full (the
+        # engine's start-up default, which a larger start record counts at)
+        if held + room >= full:
+            to = full
+        else:
+            to = held + _whole(min(room, s.vram_mib - 1 - held), s.elastic)
         if to > held:
             w.ledger.adopt(_ok(w.ledger.resize(name, to)))
             w.group = name  # a grow is skipped when this serve's own start failed
@@ -1239,5 +1262,6 @@ def plan_transitions(
     _start_all(w, first)
     _grow(w)
     _start_all(w, rest)
+    _grow(w)  # what backfill woke (shrunk before it slept), into the room left
     _readmit_left_quiesced(w)
     return Plan(tuple(w.steps), tuple(w.blocked), ledger, w.ledger.frozen(), tuple(notes))

@@ -10,6 +10,7 @@ Pure: no I/O, no clock (``now`` is an argument), no docker.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 from statemachine.ledger import GpuReservation, Ledger, Refusal
 from statemachine.planner import Action, Plan, Step
@@ -32,7 +33,9 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
     for step in plan.steps:
         serve = desired.serves[step.serve]
         if step.action is Action.STOP:
-            containers[serve.container] = ContainerObs(ContainerState.EXITED, exit_code=0)
+            containers[serve.container] = ContainerObs(
+                ContainerState.EXITED, exit_code=0, finished_at=now
+            )
             elastic.pop(serve.name, None)  # the engine forgets its reserve when it stops
             sleep.pop(serve.name, None)
         elif step.action is Action.RELEASE_TO_RESIDUAL and serve.sleep is not None:
@@ -57,16 +60,13 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
                 elastic.pop(serve.name, None)
             else:
                 elastic[serve.name] = step.to_mib
-    return Observed(
-        docker_ok=observed.docker_ok,
+    # what no step changes (requests in flight, probes, NVML's figures, starts in
+    # progress, memory not back, start records) is carried over as observed
+    return replace(
+        observed,
         containers=containers,
-        gpus=observed.gpus,
         elastic_mib=elastic,
-        undeclared_gpu=observed.undeclared_gpu,
         quiesced=frozenset(quiesced),
-        unreleased=observed.unreleased,
-        starting=observed.starting,
-        started_with=observed.started_with,
         sleep=sleep,
     )
 

@@ -6,7 +6,14 @@ serves, 0-3 on-demand requests), an :class:`Observed` snapshot, ``now`` and a
 realism: reservations are often large fractions of a budget (so fits, shortfalls and
 evictions are common), ports come from a set of three (so port conflicts happen),
 some serves are elastic, exclusive or not GPU-inference, and the observation may
-already be over budget (containers started outside the controller).
+already be over budget (containers started outside the controller). Exact fits are
+drawn on purpose: a whole budget, a budget less or plus one MiB, and the room the
+holders drawn before a serve leave (exactly, a MiB less, a MiB more).
+
+:func:`hosts` enriches a scenario with what the planner weighs beyond memory (sleepers
+of both protocols, starts in progress, requests in flight, engines that size
+themselves from free memory, memory not back, start records, a host RAM budget);
+:func:`every_scenario` draws from all of them, and the invariant properties run on it.
 
 The manifest forbids two ``desired = "running"`` serves on one port, so at most one
 desired-running serve is drawn per port; requests may still ask for a second serve
@@ -17,7 +24,7 @@ Import as ``from strategies import ...`` (pytest puts ``tests/`` on ``sys.path``
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from hypothesis import strategies as st
 
@@ -29,10 +36,19 @@ from statemachine.types import (
     DesiredState,
     Elastic,
     GpuRole,
+    HostBudget,
+    InFlightObs,
+    InFlightSource,
     Observed,
     OnDemandRequest,
     Residency,
     ServeSpec,
+    Sleep,
+    SleepObs,
+    SleepProtocol,
+    SleepState,
+    StartedWith,
+    StartingObs,
 )
 
 NOW = 1_000_000.0
@@ -95,7 +111,9 @@ class _Blueprint:
     role_pick: int  # which role (modulo the number of roles)
     two_roles: bool  # exclusive, on two roles (when there are two)
     ghost: bool  # on a role without a capacity row
-    size: tuple[str, int]  # ("none", 0) | ("fraction", d) | ("over", 0) | ("raw", mib)
+    #: ("none", 0) | ("fraction", d) | ("over", 0) | ("under", 0) | ("raw", mib) |
+    #: ("room", k): the room the holders drawn before it leave, plus k (-1, 0 or 1)
+    size: tuple[str, int]
     residency: Residency | None
     desired: DesiredRun | None
     port: int | None
@@ -122,6 +140,11 @@ _SIZES = (
     ("fraction", 2),
     ("fraction", 3),
     ("over", 0),
+    ("under", 0),
+    ("room", 0),
+    ("room", 0),
+    ("room", -1),
+    ("room", 1),
     ("none", 0),
 )
 _BLUEPRINT_FIELDS: dict[str, st.SearchStrategy[object]] = {
@@ -152,7 +175,9 @@ _blueprints = st.builds(_Blueprint, **_BLUEPRINT_FIELDS)
 #: requesters have to evict, shrink or stop for a port or exclusivity.
 _CONTENDED_FIELDS = {
     **_BLUEPRINT_FIELDS,
-    "size": st.sampled_from([("fraction", 2), ("fraction", 3), ("fraction", 3), ("fraction", 4)]),
+    "size": st.sampled_from(
+        [("fraction", 2), ("fraction", 3), ("fraction", 3), ("fraction", 4), ("room", 0)]
+    ),
     "min_runtime_s": st.sampled_from([0.0, 0.0, 300.0]),
 }
 _contended_blueprints = st.one_of(
@@ -182,7 +207,8 @@ _contended_blueprints = st.one_of(
 )
 
 
-def _size(size: tuple[str, int], declared: list[GpuRole]) -> int | None:
+def _size(size: tuple[str, int], declared: list[GpuRole], used: dict[str, int]) -> int | None:
+    """The serve's ``vram_mib``; ``used``: what the holders drawn before it hold, by role."""
     kind, n = size
     if kind == "none" or not declared:
         return None
@@ -192,6 +218,11 @@ def _size(size: tuple[str, int], declared: list[GpuRole]) -> int | None:
         return max(1, budget // n)
     if kind == "over":
         return min(cap, budget + 1)
+    if kind == "under":
+        return max(1, budget - 1)
+    if kind == "room":  # an exact fit of what is left (or a MiB less, or a MiB more)
+        room = min(r.budget_mib - used.get(r.id, 0) for r in declared)
+        return max(1, min(cap, room + n))
     return min(cap, n)
 
 
@@ -199,7 +230,9 @@ def _between(low: int, high: int, per_mille: int) -> int:
     return low + (high - low) * per_mille // 1000
 
 
-def _serve(bp: _Blueprint, roles: dict[str, GpuRole], port: int | None) -> ServeSpec:
+def _serve(
+    bp: _Blueprint, roles: dict[str, GpuRole], port: int | None, used: dict[str, int]
+) -> ServeSpec:
     role_ids = list(roles)
     exclusive = bp.two_roles and len(role_ids) >= 2
     if exclusive:
@@ -209,7 +242,7 @@ def _serve(bp: _Blueprint, roles: dict[str, GpuRole], port: int | None) -> Serve
         gpu = (GHOST_ROLE,)
     else:
         gpu = (role_ids[bp.role_pick % len(role_ids)],)
-    vram = _size(bp.size, [roles[r] for r in gpu if r in roles])
+    vram = _size(bp.size, [roles[r] for r in gpu if r in roles], used)
     elastic = None
     if vram is not None and bp.elastic_floor is not None:
         floor = max(1, _between(0, vram, bp.elastic_floor))
@@ -292,7 +325,7 @@ def fleets(
                 port = None  # the manifest forbids two desired-running serves on a port
             else:
                 running_ports.add(port)
-        s = _serve(bp, roles, port)
+        s = _serve(bp, roles, port, used)
         serves[s.name] = s
         obs = _container(bp, now)
         mib = s.vram_mib
@@ -375,3 +408,93 @@ def scenarios(
     )
     policy = Policy() if default_policy else draw(policies)
     return Scenario(desired=desired, observed=observed, now=NOW, policy=policy)
+
+
+@st.composite
+def hosts(draw: st.DrawFn, *, sleep_share: int = 2) -> Scenario:
+    """A :func:`scenarios` scenario (docker readable), enriched with what the planner
+    weighs beyond memory: sleepers (vLLM and SGLang, levels 1 and 2, some with the
+    controller's record of what they were put to sleep with) under a host RAM budget or
+    none, starts in progress, requests in flight and idleness, engines that size
+    themselves from free memory, idle TTLs, memory not back after an exit, and records
+    of what containers were started with.
+
+    ``sleep_share``: about one serve with a reservation in ``sleep_share`` can sleep
+    (0: none).
+    """
+    sc = draw(scenarios(docker_ok=True))
+    d, obs = sc.desired, sc.observed
+    host = draw(
+        st.none()
+        | st.builds(HostBudget, st.integers(1, 200_000), st.just(0))
+        | st.builds(HostBudget, st.integers(1, 200_000), st.integers(0, 20_000)).filter(
+            lambda h: h.reserve_mib <= h.ram_mib
+        )
+    )
+    serves: dict[str, ServeSpec] = {}
+    sleep: dict[str, SleepObs] = {}
+    in_flight: dict[str, InFlightObs] = {}
+    starting: dict[str, StartingObs] = {}
+    started_with: dict[str, StartedWith] = {}
+    unreleased: set[str] = set()
+    for name, s in d.serves.items():
+        holds = obs.container(s.container).holds
+        if (
+            sleep_share
+            and s.vram_mib is not None
+            and s.vram_mib > 1
+            and draw(st.integers(0, sleep_share - 1)) == 0
+        ):
+            level = draw(st.sampled_from([1, 2]))
+            residual = draw(st.integers(1, s.vram_mib - 1))  # the manifest: 0 < residual < vram
+            host_mib = draw(st.integers(0, 80_000)) if level == 1 else 0
+            protocol = draw(st.sampled_from(SleepProtocol))
+            s = replace(s, sleep=Sleep(level, residual, protocol, host_mib))  # noqa: PLW2901
+            state = draw(st.sampled_from([None, *SleepState]))
+            if holds and state is not None:
+                asleep = state is SleepState.ASLEEP
+                record = asleep and draw(st.booleans())  # the residual it was slept with
+                sleep[name] = SleepObs(
+                    state,
+                    level=level if asleep else None,
+                    residual_mib=draw(st.integers(0, s.vram_mib)) if record else None,
+                    host_ram_mib=host_mib if record else None,
+                )
+        if draw(st.integers(0, 3)) == 0:
+            s = replace(s, sizes_from_free=True)  # noqa: PLW2901
+        if draw(st.integers(0, 4)) == 0:
+            s = replace(s, idle_ttl_s=draw(st.sampled_from([0.0, 60.0, 600.0])))  # noqa: PLW2901
+        count = draw(st.sampled_from([None, None, 0, 0, 2]))
+        if count is not None or draw(st.booleans()):
+            source = draw(st.sampled_from([None, *InFlightSource]))
+            in_flight[name] = InFlightObs(
+                count, source, idle_since=NOW - 700 if count == 0 else None
+            )
+        if s.gpu_roles and draw(st.integers(0, 7)) == 0:
+            mib = draw(st.sampled_from([s.vram_mib or 1, 1, 30_000]) | st.integers(1, 30_000))
+            starting[name] = StartingObs(s.gpu_roles, mib)
+        if holds and s.gpu_roles and draw(st.integers(0, 7)) == 0:
+            mib = draw(st.sampled_from([s.vram_mib or 1, 1]) | st.integers(1, 30_000))
+            started_with[s.container] = StartedWith(name, s.gpu_roles, mib)
+        if not holds and draw(st.integers(0, 9)) == 0:
+            unreleased.add(name)
+        serves[name] = s
+    desired = DesiredState(d.roles, serves, d.requests, host=host)
+    observed = replace(
+        obs,
+        sleep=sleep,
+        in_flight=in_flight,
+        starting=starting,
+        started_with=started_with,
+        unreleased=frozenset(unreleased),
+    )
+    return Scenario(desired=desired, observed=observed, now=sc.now, policy=sc.policy)
+
+
+def every_scenario(*, sleepers: bool = True) -> st.SearchStrategy[Scenario]:
+    """Every strategy of this module (docker readable): plain :func:`scenarios` and
+    enriched :func:`hosts` with few and with many sleepers (``sleepers`` False: with
+    none); the invariant properties run on this."""
+    if not sleepers:
+        return st.one_of(scenarios(docker_ok=True), hosts(sleep_share=0))
+    return st.one_of(scenarios(docker_ok=True), hosts(), hosts(sleep_share=1))

@@ -20,7 +20,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, Phase, find, given, note, settings
 from hypothesis import strategies as st
-from strategies import NOW, Scenario, scenarios
+from strategies import NOW, Scenario, hosts
 
 import statemachine.fit as fit_module
 from statemachine.fit import fit_serve, fit_serve_by_planner, request_plan
@@ -32,15 +32,10 @@ from statemachine.types import (
     ContainerState,
     DesiredState,
     GpuRole,
-    HostBudget,
-    InFlightObs,
-    InFlightSource,
     Observed,
     Residency,
     ServeSpec,
-    Sleep,
     SleepObs,
-    SleepProtocol,
     SleepState,
     StartedWith,
     StartingObs,
@@ -52,58 +47,6 @@ SETTINGS = settings(
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-
-
-@st.composite
-def hosts(draw: st.DrawFn) -> Scenario:
-    """A random scenario (docker readable), enriched with what the planner weighs
-    beyond memory: sleep, starts in progress, idleness, loading engines, records."""
-    sc = draw(scenarios(docker_ok=True))
-    d, obs = sc.desired, sc.observed
-    host = draw(st.none() | st.builds(HostBudget, st.integers(1, 200_000), st.just(0)))
-    serves: dict[str, ServeSpec] = {}
-    sleep: dict[str, SleepObs] = {}
-    in_flight: dict[str, InFlightObs] = {}
-    starting: dict[str, StartingObs] = {}
-    started_with: dict[str, StartedWith] = {}
-    unreleased: set[str] = set()
-    for name, s in d.serves.items():
-        holds = obs.container(s.container).holds
-        if s.vram_mib is not None and s.vram_mib > 1 and draw(st.booleans()):
-            level = draw(st.sampled_from([1, 2]))
-            residual = draw(st.integers(0, s.vram_mib - 1))
-            host_mib = draw(st.integers(0, 80_000)) if level == 1 else 0
-            s = replace(s, sleep=Sleep(level, residual, SleepProtocol.VLLM, host_mib))  # noqa: PLW2901
-            state = draw(st.sampled_from([None, *SleepState]))
-            if holds and state is not None:
-                sleep[name] = SleepObs(state, level=level if state is SleepState.ASLEEP else None)
-        if draw(st.integers(0, 3)) == 0:
-            s = replace(s, sizes_from_free=True)  # noqa: PLW2901
-        if draw(st.integers(0, 4)) == 0:
-            s = replace(s, idle_ttl_s=draw(st.sampled_from([0.0, 60.0, 600.0])))  # noqa: PLW2901
-        count = draw(st.sampled_from([None, None, 0, 0, 2]))
-        if count is not None or draw(st.booleans()):
-            source = draw(st.sampled_from([None, *InFlightSource]))
-            in_flight[name] = InFlightObs(
-                count, source, idle_since=NOW - 700 if count == 0 else None
-            )
-        if s.gpu_roles and draw(st.integers(0, 7)) == 0:
-            starting[name] = StartingObs(s.gpu_roles, draw(st.integers(1, 30_000)))
-        if holds and s.gpu_roles and draw(st.integers(0, 7)) == 0:
-            started_with[s.container] = StartedWith(name, s.gpu_roles, draw(st.integers(1, 30_000)))
-        if not holds and draw(st.integers(0, 9)) == 0:
-            unreleased.add(name)
-        serves[name] = s
-    desired = DesiredState(d.roles, serves, d.requests, host=host)
-    observed = replace(
-        obs,
-        sleep=sleep,
-        in_flight=in_flight,
-        starting=starting,
-        started_with=started_with,
-        unreleased=frozenset(unreleased),
-    )
-    return Scenario(desired=desired, observed=observed, now=sc.now, policy=sc.policy)
 
 
 def _direct_decisions(sc: Scenario) -> dict[str, object]:

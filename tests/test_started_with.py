@@ -13,12 +13,14 @@ from pathlib import Path
 from controller.store.journal import Journal
 from statemachine.ledger import ledger_from_observed, no_longer_declared
 from statemachine.planner import Action, Policy, plan_transitions
+from statemachine.simulate import apply_plan
 from statemachine.status import host_status
 from statemachine.types import (
     ContainerObs,
     ContainerState,
     DesiredRun,
     DesiredState,
+    Elastic,
     GpuRole,
     Observed,
     Residency,
@@ -107,3 +109,66 @@ def test_the_journal_keeps_start_reservations_and_opens_older_files(tmp_path: Pa
     with Journal.open(path) as j:  # opened for writing, the table is added
         j.set_started("c-b", "b", ("a",), 1000, 3.0)
         assert j.started() == {"c-b": StartedWith("b", ("a",), 1000)}
+
+
+def _elastic_started_bigger(b_used: int) -> tuple[DesiredState, Observed]:
+    """``el`` started at 8000 MiB on a and b (its record), declared 6000 on a now, shrunk
+    to 4000; ``other`` holds ``b_used`` on b."""
+    el = ServeSpec(
+        "el",
+        "c-el",
+        ("a",),
+        6000,
+        Residency.EVICTABLE,
+        DesiredRun.RUNNING,
+        elastic=Elastic("http://127.0.0.1:1", floor_mib=1000, segment_mib=512),
+    )
+    other = ServeSpec("other", "c-other", ("b",), b_used, Residency.RESIDENT, DesiredRun.RUNNING)
+    obs = Observed(
+        True,
+        {"c-el": RUNNING, "c-other": RUNNING},
+        elastic_mib={"el": 4000},
+        started_with={"c-el": StartedWith("el", ("a", "b"), 8000)},
+    )
+    return desired(el, other), obs
+
+
+def test_an_elastic_serve_grows_back_to_what_it_was_started_with() -> None:
+    """Whole again, it counts the larger figure it was started with, on every role of
+    either (the ledger): its grow back is to that figure, so the plan's ledger is the one
+    the host shows once the grow is done, and the next plan has nothing to do."""
+    want, obs = _elastic_started_bigger(1000)
+    plan = plan_transitions(want, obs, Policy(), now=200.0)
+    assert [(s.action, s.serve, s.mib, s.to_mib) for s in plan.steps] == [
+        (Action.GROW, "el", 4000, 8000)
+    ]
+    after = apply_plan(want, obs, plan, 200.0)
+    assert ledger_from_observed(want, after).holdings == plan.ledger_after.holdings
+    assert plan_transitions(want, after, Policy(), now=200.0).empty
+
+
+def test_an_elastic_serve_grows_by_the_room_on_every_role_it_holds() -> None:
+    """Its record holds b too, where 5000 of 10000 are free: it grows by the whole
+    segments that fit there (9 of 512 MiB), not by what its declared role a has free."""
+    want, obs = _elastic_started_bigger(5000)
+    plan = plan_transitions(want, obs, Policy(), now=200.0)
+    assert [(s.action, s.serve, s.mib, s.to_mib) for s in plan.steps] == [
+        (Action.GROW, "el", 512, 4512)
+    ]
+    after = apply_plan(want, obs, plan, 200.0)
+    assert ledger_from_observed(want, after).holdings == plan.ledger_after.holdings
+
+
+def test_a_partial_grow_of_a_serve_started_bigger_stays_below_its_declared_figure() -> None:
+    """Room for 3000 more on b, not for the 4000 back to whole: a grow to its declared
+    6000 or more is a grow back to whole (the executor asks the engine for its start-up
+    default, and the ledger then counts the 8000 it was started with), so the partial
+    grow stops below 6000, in whole segments: 3 of 512, to 5536."""
+    want, obs = _elastic_started_bigger(3000)
+    plan = plan_transitions(want, obs, Policy(), now=200.0)
+    assert [(s.action, s.serve, s.mib, s.to_mib) for s in plan.steps] == [
+        (Action.GROW, "el", 1536, 5536)
+    ]
+    after = apply_plan(want, obs, plan, 200.0)
+    assert ledger_from_observed(want, after).holdings == plan.ledger_after.holdings
+    assert plan_transitions(want, after, Policy(), now=200.0).empty

@@ -1,0 +1,73 @@
+"""Convergence, checked on a planner input: plan, apply, plan again is empty.
+
+:func:`assert_converges` plans, applies the plan with the simulator
+(:func:`statemachine.simulate.apply_plan`: every step succeeded), checks that the ledger
+the applied observation yields is the plan's ledger after (GPU roles and host RAM), and
+plans again: that plan must be empty.
+
+One wait is the design's, not churn: engines that size themselves from free memory at
+load (vLLM, SGLang) start one at a time per GPU role (docs/design.md, ordering), so a
+serve blocked with ``waits for the start of`` a peer starts only once that peer is up,
+in a later plan. The next plan may therefore carry out the starts (or wakes) of the
+serves that waited in the one before, each with the room made for it in its own group,
+and nothing else; the plans after it are held to the same rule until one is empty.
+
+Time does not pass between the plans (the simulator applies at the plan's ``now``), so
+the inputs are taken :func:`timeless`: an ``idle_ttl_s`` of 0 ends a request the instant
+its serve starts with nothing known in flight (docs/eviction.md, measured idleness), and
+the next plan would stop that serve by the passage of no time at all; that is the
+operator's setting, not the planner's churn, and the other properties keep drawing it.
+
+Import as ``from convergence import ...`` (pytest puts ``tests/`` on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+from strategies import Scenario
+
+from statemachine.ledger import ledger_from_observed
+from statemachine.plan import Plan
+from statemachine.planner import plan_transitions
+from statemachine.simulate import apply_plan
+
+#: the reason of a start held back for a loading peer (docs/operations.md, blocked texts)
+WAITS_FOR_PEER = "waits for the start of"
+
+
+def timeless(sc: Scenario) -> Scenario:
+    """``sc`` with every ``idle_ttl_s`` of 0 made 60 (module docstring)."""
+    serves = {
+        n: replace(s, idle_ttl_s=60.0) if s.idle_ttl_s == 0 else s
+        for n, s in sc.desired.serves.items()
+    }
+    return replace(sc, desired=replace(sc.desired, serves=serves))
+
+
+def waited_for_a_peer(plan: Plan) -> set[str]:
+    """The serves ``plan`` held back while a free-memory-sizing peer loads on their GPU."""
+    return {b.serve for b in plan.blocked if WAITS_FOR_PEER in b.reason}
+
+
+def assert_converges(sc: Scenario, plan: Plan) -> None:
+    """``plan`` (of ``sc``) applied, the next plan is empty but for the serialised starts
+    (module docstring); the ledger of every applied observation is the plan's."""
+    d, obs = sc.desired, sc.observed
+    for round_ in range(len(d.serves) + 2):
+        obs = apply_plan(d, obs, plan, sc.now)
+        ledger = ledger_from_observed(d, obs)
+        where = f"after plan {round_ + 1}"
+        assert dict(ledger.holdings) == dict(plan.ledger_after.holdings), where
+        assert dict(ledger.host_holdings) == dict(plan.ledger_after.host_holdings), where
+        again = plan_transitions(d, obs, sc.policy, sc.now)
+        if again.empty:
+            return
+        waited = waited_for_a_peer(plan)
+        churn = [st for st in again.steps if st.group not in waited]
+        assert not churn, f"plan {round_ + 2} not empty:\n" + "\n".join(
+            json.dumps(st.to_json()) for st in churn
+        )
+        plan = again
+    raise AssertionError("no fixed point: plan, apply, plan again never came to an empty plan")
