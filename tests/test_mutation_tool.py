@@ -7,6 +7,9 @@
   would otherwise hide a change. So does an entry that names no ``occurrence``: it
   would hide every equal change on lines of that text, each of which needs its own
   argument.
+- A mutant runs only the tests that run one of its lines (the line map of the
+  unmutated run): one on a line no test runs is a survivor, reported as not covered;
+  one on a line run at import (a module's constant) runs every test of the module.
 - Every equivalent mutant of tests/mutation/equivalent.toml is listed in
   docs/mutation.md with its reason.
 """
@@ -55,7 +58,8 @@ def scratch_repo(tmp: Path, test: str, equivalent: str = "", module: str = MODUL
     (tmp / "statemachine/tiny.py").write_text(module)
     (tmp / "tests/mutation").mkdir(parents=True)
     (tmp / "tests/test_tiny.py").write_text(test)
-    shutil.copy2(ROOT / "tests/mutation/hypothesis_profile.py", tmp / "tests/mutation")
+    for plugin in ("hypothesis_profile.py", "selection.py"):
+        shutil.copy2(ROOT / "tests/mutation" / plugin, tmp / "tests/mutation")
     (tmp / "tests/mutation/mutation.toml").write_text(
         "[modules.tiny]\nthreshold = 100\n\n[run]\ntimeout_factor = 4.0\ntimeout_min_s = 60\n"
     )
@@ -63,9 +67,9 @@ def scratch_repo(tmp: Path, test: str, equivalent: str = "", module: str = MODUL
     return tmp
 
 
-def mutate(root: Path) -> subprocess.CompletedProcess[str]:
+def mutate(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(MUTATE), "--root", str(root)],
+        [sys.executable, str(MUTATE), "--root", str(root), *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -95,6 +99,51 @@ def test_an_equivalent_entry_that_matches_no_mutant_stops_the_run(tmp_path: Path
     got = mutate(scratch_repo(tmp_path, STRONG, stale))
     assert got.returncode == 2
     assert "equivalent.toml entry matches no mutant: tiny:return max(1, need - free):" in got.stderr
+
+
+# a second function no test calls, and a module constant (run at import, never in a test)
+TWO = (
+    MODULE
+    + """
+
+FLOOR = 0
+
+
+def floor(mib: int) -> int:
+    return max(FLOOR, mib)
+
+
+def unused(mib: int) -> int:
+    return mib + 1
+"""
+)
+
+TWO_TESTS = (
+    STRONG.replace("import shortfall", "import floor, shortfall")
+    + """
+
+def test_floor() -> None:
+    assert floor(-5) == 0
+    assert floor(7) == 7
+"""
+)
+
+
+def test_a_mutant_runs_only_the_tests_that_run_its_line(tmp_path: Path) -> None:
+    got = mutate(scratch_repo(tmp_path, TWO_TESTS, module=TWO), "-v")
+    # shortfall's 4, floor's max -> min and FLOOR's 0 -> 1 and 0 -> -1 killed; unused's 3 not
+    assert "tiny: 10 mutants, 0 equivalent, 10 run, 7 killed (70.0 %" in got.stdout, got.stdout
+    assert "3 not covered by any test" in got.stdout
+    lines = got.stdout.splitlines()
+    # shortfall's mutants run its one test, floor's its own one
+    assert any("killed" in x and "1 tests" in x and "max(0, need - free)" in x for x in lines)
+    assert any("killed" in x and "1 tests" in x and "max(FLOOR, mib)" in x for x in lines)
+    # FLOOR = 0 runs at import: every test of the module runs it (and the 1 kills it)
+    assert any("killed" in x and "2 tests" in x and "FLOOR = 0" in x for x in lines)
+    uncovered = [x for x in lines if "uncovered" in x]
+    assert len(uncovered) == 3 and all("return mib + 1" in x for x in uncovered), uncovered
+    assert all(" 0 tests" in x for x in uncovered)
+    assert got.returncode == 1
 
 
 # two equal changes on one line: the two 0s of max(0, need - free, 0)

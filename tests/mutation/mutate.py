@@ -68,6 +68,7 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
@@ -126,6 +127,7 @@ class Mutant:
     line_text: str
     op: str  # e.g. "cmp > -> >="
     key: str = ""
+    end_line: int = 0  # the node's last line (a change of a node runs on any of its lines)
 
     def describe(self) -> str:
         return f"{self.module}.py:{self.line}: {self.op}    {self.line_text}"
@@ -299,7 +301,8 @@ def mutants_of(module: str, source: str) -> list[Mutant]:
         for change, op in _changes(node, parent, is_last):
             lineno = getattr(node, "lineno", 0)
             text = lines[lineno - 1].strip() if lineno else ""
-            found.append(Mutant(module, index, change, lineno, text, op))
+            end = getattr(node, "end_lineno", None) or lineno
+            found.append(Mutant(module, index, change, lineno, text, op, end_line=end))
     found.sort(key=lambda m: (m.line, m.index, m.change))
     seen: dict[str, int] = {}
     keyed: list[Mutant] = []
@@ -307,7 +310,11 @@ def mutants_of(module: str, source: str) -> list[Mutant]:
         base = f"{module}:{m.line_text}:{m.op}"
         n = seen.get(base, 0)
         seen[base] = n + 1
-        keyed.append(Mutant(m.module, m.index, m.change, m.line, m.line_text, m.op, f"{base}#{n}"))
+        keyed.append(
+            Mutant(
+                m.module, m.index, m.change, m.line, m.line_text, m.op, f"{base}#{n}", m.end_line
+            )
+        )
     return keyed
 
 
@@ -494,11 +501,13 @@ def write_block(root: Path, name: str, body: str) -> None:
 
 
 # ----- which tests ----------------------------------------------------------------------
-def pure_test_files(root: Path, module: str) -> list[Path]:
-    """Test files that import ``statemachine.<module>`` and nothing of ``controller``."""
+def pure_test_files(root: Path, module: str | None = None) -> list[Path]:
+    """Test files that import ``statemachine.<module>`` (any module of it when
+    ``module`` is None) and nothing of ``controller``."""
+    name = r"\w+" if module is None else module
     imports_module = re.compile(
-        rf"^\s*(from\s+{PACKAGE}\.{module}\s+import|import\s+{PACKAGE}\.{module}\b|"
-        rf"from\s+{PACKAGE}\s+import\s+.*\b{module}\b)",
+        rf"^\s*(from\s+{PACKAGE}\.{name}\s+import|import\s+{PACKAGE}\.{name}\b|"
+        rf"from\s+{PACKAGE}\s+import\s+.*\b{name}\b)",
         re.MULTILINE,
     )
     impure = re.compile(r"^\s*(from|import)\s+controller\b", re.MULTILINE)
@@ -510,13 +519,49 @@ def pure_test_files(root: Path, module: str) -> list[Path]:
     return out
 
 
+@dataclass
+class LineMap:
+    """Which tests run which lines of ``statemachine/``, from one run of the unmutated
+    pure tests (``tests/mutation/selection.py``), and each test's time there."""
+
+    lines: dict[str, dict[int, set[str]]] = field(default_factory=dict)  # module, line: ids
+    outside: dict[str, set[int]] = field(default_factory=dict)  # lines run outside every test
+    seconds: dict[str, float] = field(default_factory=dict)  # test id: its time
+
+    def add(self, data: dict[str, Any]) -> None:
+        """Merge one test file's map (the JSON the plugin writes)."""
+        for module, by_line in data["lines"].items():
+            mine = self.lines.setdefault(module, {})
+            for n, ids in by_line.items():
+                mine.setdefault(int(n), set()).update(ids)
+        for module, ns in data["outside"].items():
+            self.outside.setdefault(module, set()).update(ns)
+        self.seconds.update(data["seconds"])
+
+    def tests_for(self, m: Mutant, files: list[Path]) -> list[str]:
+        """The tests a mutant runs, fastest first: those that run one of its lines.
+        A line run outside every test (a module's constant, a ``def`` line's default)
+        can change any test of the module: then every test that runs a line of it,
+        and every test of ``files`` (the pure files that import it)."""
+        span = range(m.line, max(m.line, m.end_line) + 1)
+        by_line = self.lines.get(m.module, {})
+        if any(n in self.outside.get(m.module, set()) for n in span):
+            prefixes = tuple(f"{f.as_posix()}::" for f in files)
+            ids = {t for t in self.seconds if t.startswith(prefixes)}
+            ids.update(t for ts in by_line.values() for t in ts)
+        else:
+            ids = {t for n in span for t in by_line.get(n, ())}
+        return sorted(ids, key=lambda t: (self.seconds.get(t, 0.0), t))
+
+
 # ----- running ----------------------------------------------------------------------------
 @dataclass
 class Outcome:
     mutant: Mutant
-    status: str  # killed | survived | timeout
+    status: str  # killed | survived | timeout | uncovered (no test runs its line)
     seconds: float
     detail: str = ""
+    tests: int = 0  # how many tests it was given
 
 
 @dataclass
@@ -531,7 +576,11 @@ class ModuleResult:
 
     @property
     def killed(self) -> int:
-        return sum(1 for o in self.outcomes if o.status != "survived")
+        return sum(1 for o in self.outcomes if o.status in ("killed", "timeout"))
+
+    @property
+    def uncovered(self) -> int:
+        return sum(1 for o in self.outcomes if o.status == "uncovered")
 
     @property
     def score(self) -> float:
@@ -579,6 +628,8 @@ def _pytest(
         "_hypothesis_pytestplugin",  # plugin autoload is off (see _env): Hypothesis only
         "-p",
         "hypothesis_profile",
+        "-p",
+        "selection",  # the line map, or only the tests a mutant was given
         "--hypothesis-profile=mutation",
         "--no-header",
         "-o",
@@ -612,11 +663,11 @@ def _pytest(
     return f"error {proc.returncode}", dt, out[-3000:]
 
 
-def baseline(
+def line_map(
     copies: queue.Queue[Path], files: list[Path], extra: dict[str, str], workers: int
-) -> dict[Path, float]:
-    """Each file's time on the unmutated code (the files run side by side, one per
-    worker); exits when one fails."""
+) -> LineMap:
+    """The unmutated pure tests' line map (the files run side by side, one per worker,
+    each under coverage); exits when one fails."""
     copy_root = copies.get()
     try:
         env = _env(copy_root, extra)
@@ -633,20 +684,25 @@ def baseline(
     if not Path(probe.stdout.strip()).resolve().is_relative_to(copy_root.resolve()):
         raise SystemExit(f"mutate: {PACKAGE} imports from {probe.stdout.strip()}, not the copy")
 
-    def one(f: Path) -> tuple[Path, str, float, str]:
+    def one(f: Path) -> tuple[Path, str, float, str, dict[str, Any]]:
         dest = copies.get()
+        out = dest / f"map-{f.stem}.json"
         try:
-            return (f, *_pytest(dest, [f], _env(dest, extra), timeout=1800))
+            env = {**_env(dest, extra), "VRAMCTL_MUTATION_MAP": str(out)}
+            status, dt, detail = _pytest(dest, [f], env, timeout=1800)
+            data = json.loads(out.read_text()) if status == "survived" else {}
+            return f, status, dt, detail, data
         finally:
             copies.put(dest)
 
-    times: dict[Path, float] = {}
+    found = LineMap()
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for f, status, dt, detail in pool.map(one, files):
+        for f, status, dt, detail, data in pool.map(one, files):
             if status != "survived":
                 raise SystemExit(f"mutate: {f} fails on the unmutated code ({status}):\n{detail}")
-            times[f] = dt
-    return times
+            found.add(data)
+            print(f"mutate: mapped {f.name} in {dt:.1f}s", flush=True)
+    return found
 
 
 def run(args: argparse.Namespace) -> int:
@@ -679,11 +735,7 @@ def run(args: argparse.Namespace) -> int:
             todo = sorted(rng.sample(todo, sample), key=lambda m: (m.line, m.key))
             res.sampled = True
         res.run = len(todo)
-        files = pure_test_files(root, name)
-        if not files:
-            print(f"mutate: no pure test file imports {PACKAGE}.{name}", file=sys.stderr)
-            return 2
-        plan[name] = (res, todo, files)
+        plan[name] = (res, todo, pure_test_files(root, name))
 
     if problems:
         for problem in problems:
@@ -695,7 +747,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for name, (res, todo, files) in plan.items():
             print(f"# {name}: {res.total} mutants, {res.equivalent} equivalent, {res.run} to run")
-            print(f"#   tests: {' '.join(map(str, files))}")
+            print(f"#   pure test files importing it: {' '.join(map(str, files)) or 'none'}")
             for m in todo:
                 print(f"{m.key}\n    {m.describe()}")
         return 0
@@ -709,40 +761,44 @@ def run(args: argparse.Namespace) -> int:
             dest.mkdir()
             _copy_repo(root, dest)
             copies.put(dest)
-        all_files = sorted({f for _, _, fs in plan.values() for f in fs})
-        times = baseline(copies, all_files, cfg.env, workers)
-        print(
-            "mutate: baseline " + ", ".join(f"{f.name} {t:.1f}s" for f, t in sorted(times.items())),
-            flush=True,
-        )
+        lmap = line_map(copies, pure_test_files(root), cfg.env, workers)
 
-        def one(m: Mutant, files: list[Path], timeout: float) -> Outcome:
+        def one(m: Mutant, files: list[Path]) -> Outcome:
+            tests = lmap.tests_for(m, files)
+            if not tests:
+                return Outcome(m, "uncovered", 0.0, "no test runs its line")
+            timeout = max(
+                cfg.timeout_min_s, cfg.timeout_factor * sum(lmap.seconds[t] for t in tests)
+            )
+            test_files = [Path(f) for f in dict.fromkeys(t.split("::", 1)[0] for t in tests)]
             dest = copies.get()
             target = dest / PACKAGE / f"{m.module}.py"
             original = target.read_text()
+            chosen = dest / "selected.json"
             try:
+                chosen.write_text(json.dumps(tests))
                 target.write_text(mutated_source(original, m))
-                status, dt, detail = _pytest(dest, files, _env(dest, cfg.env), timeout)
+                env = {**_env(dest, cfg.env), "VRAMCTL_MUTATION_TESTS": str(chosen)}
+                status, dt, detail = _pytest(dest, test_files, env, timeout)
             finally:
                 target.write_text(original)
                 copies.put(dest)
-            return Outcome(m, status, dt, detail)
+            return Outcome(m, status, dt, detail, len(tests))
 
         errors: list[Outcome] = []
         for name, (res, todo, files) in plan.items():
-            ordered = sorted(files, key=lambda f: times[f])
-            timeout = max(cfg.timeout_min_s, cfg.timeout_factor * sum(times[f] for f in files))
             t_mod = time.monotonic()
             pool = concurrent.futures.ThreadPoolExecutor(workers)
             try:
-                for out in pool.map(lambda m: one(m, ordered, timeout), todo):  # noqa: B023
+                for out in pool.map(lambda m: one(m, files), todo):  # noqa: B023
                     if out.status.startswith("error"):
                         errors.append(out)
                         continue
                     res.outcomes.append(out)
-                    if args.verbose or out.status == "survived":
+                    if args.verbose or out.status in ("survived", "uncovered"):
                         print(
-                            f"  {out.status:8s} {out.seconds:5.1f}s {out.mutant.describe()}",
+                            f"  {out.status:9s} {out.seconds:5.1f}s {out.tests:4d} tests "
+                            f"{out.mutant.describe()}",
                             flush=True,
                         )
             finally:  # stopped: no queued mutant starts after this
@@ -751,7 +807,9 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"mutate: {name}: {res.total} mutants, {res.equivalent} equivalent, "
                 f"{res.run} run, {res.killed} killed ({res.score:.1f} %, threshold "
-                f"{cfg.modules[name].threshold:g} %) in {res.seconds:.0f}s",
+                f"{cfg.modules[name].threshold:g} %) in {res.seconds:.0f}s; "
+                f"{res.uncovered} not covered by any test, "
+                f"{_mean(o.tests for o in res.outcomes):.0f} tests per mutant",
                 flush=True,
             )
         if errors:
@@ -785,7 +843,14 @@ def run(args: argparse.Namespace) -> int:
                         "run": res.run,
                         "killed": res.killed,
                         "score": round(res.score, 1),
-                        "survivors": [o.mutant.key for o in res.outcomes if o.status == "survived"],
+                        "survivors": [
+                            o.mutant.key
+                            for o in res.outcomes
+                            if o.status in ("survived", "uncovered")
+                        ],
+                        "uncovered": [
+                            o.mutant.key for o in res.outcomes if o.status == "uncovered"
+                        ],
                     }
                     for n, (res, _, _) in plan.items()
                 },
@@ -796,6 +861,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"mutate: FAILED: below threshold: {', '.join(below)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _mean(values: Iterator[int]) -> float:
+    seen = list(values)
+    return sum(seen) / len(seen) if seen else 0.0
 
 
 def main(argv: list[str] | None = None) -> int:
