@@ -10,6 +10,8 @@
 - A mutant runs only the tests that run one of its lines (the line map of the
   unmutated run): one on a line no test runs is a survivor, reported as not covered;
   one on a line run at import (a module's constant) runs every test of the module.
+- A module without a threshold has its score reported, not gated; one marked
+  ``in_test_command = false`` runs only with ``--full``.
 - Every equivalent mutant of tests/mutation/equivalent.toml is listed in
   docs/mutation.md with its reason.
 """
@@ -221,3 +223,14 @@ def test_the_docs_table_of_equivalents_is_the_one_the_toml_generates() -> None:
     assert f"(tests/mutation/mutate.py --docs) -->\n{table}\n<!-- end: equivalents -->" in doc, (
         "run `python tests/mutation/mutate.py --list --docs` to regenerate it"
     )
+
+
+def test_a_module_without_threshold_is_reported_not_gated(tmp_path: Path) -> None:
+    root = scratch_repo(tmp_path, WEAK)
+    toml = root / "tests/mutation/mutation.toml"
+    toml.write_text(toml.read_text().replace("threshold = 100\n", "in_test_command = false\n"))
+    # not in the test command's run: nothing of it runs without --full
+    assert "tiny" not in mutate(root, "--list").stdout
+    got = mutate(root, "--full")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "4 run, 2 killed (50.0 %, threshold reported only)" in got.stdout

@@ -20,13 +20,19 @@ operator    change
 
 Docstrings, annotations and string literals are never mutated. A mutant is written
 into a private copy of the repository (one per worker), so the subprocesses the
-tests start import the mutant too. It runs only the *pure* test files (no import of
-``controller``) that import the module, fastest first, in one pytest run with ``-x``,
-the example-based tests before the Hypothesis properties, Hypothesis derandomized
-without shrinking (``tests/mutation/hypothesis_profile.py``), without pytest's plugin
-autoload and without ``tests/conftest.py`` (start-up is most of a killed mutant's
-time), and a timeout: a mutant the tests fail on, or that hangs past the timeout, is
-*killed*; one they pass is a *survivor*.
+tests start import the mutant too. The test pool is the *pure* test files (they
+import ``statemachine`` and no ``controller``) and the files ``mutation.toml`` adds
+(``[tests] also``: they import ``controller`` but need neither Docker nor
+``tests/conftest.py``). The pool runs once unmutated under coverage
+(``tests/mutation/selection.py``): the line map, which tests run each line, and each
+test's time. A mutant then runs only the tests that run one of its lines (every test
+of the module when a line runs at import), fastest first, in one pytest run with
+``-x``, Hypothesis derandomized without shrinking
+(``tests/mutation/hypothesis_profile.py``), without pytest's plugin autoload and
+without ``tests/conftest.py`` (start-up is most of a killed mutant's time), and a
+timeout from those tests' times: a mutant the tests fail on, or that hangs past the
+timeout, is *killed*; one they pass is a *survivor*, and so is one on a line no test
+runs (reported as *not covered*). A module without a threshold is reported, not gated.
 
 Each mutant has a stable key, ``module:line text:operator#n`` (``n`` counts equal
 changes on lines of one text), so the equivalent mutants listed in
@@ -348,9 +354,10 @@ def _replace_child(parent: ast.AST, old: ast.AST, new: ast.AST) -> None:
 @dataclass(frozen=True)
 class ModuleConfig:
     name: str
-    threshold: float  # percent
+    threshold: float | None  # percent; None: the score is reported, not gated
     sample: int | None  # None: every mutant in the test command's run
     seed: int
+    in_test_command: bool = True  # False: only --full (or naming the module) runs it
 
 
 @dataclass(frozen=True)
@@ -381,6 +388,11 @@ class Config:
     timeout_min_s: float
     env: dict[str, str]
     equivalents: list[Equivalent]
+    also: list[Path] = field(default_factory=list)  # test files in the pool beyond the pure
+
+
+def _gate(threshold: float | None) -> str:
+    return "reported only" if threshold is None else f"{threshold:g} %"
 
 
 def load_config(root: Path) -> Config:
@@ -388,9 +400,10 @@ def load_config(root: Path) -> Config:
     modules = {
         name: ModuleConfig(
             name,
-            float(m["threshold"]),
+            None if m.get("threshold") is None else float(m["threshold"]),
             m.get("sample"),
             int(m.get("seed", 0)),
+            bool(m.get("in_test_command", True)),
         )
         for name, m in data["modules"].items()
     }
@@ -417,6 +430,7 @@ def load_config(root: Path) -> Config:
         float(run.get("timeout_min_s", 60.0)),
         {k: str(v) for k, v in data.get("env", {}).items()},
         equivalents,
+        [Path(f) for f in data.get("tests", {}).get("also", [])],
     )
 
 
@@ -472,16 +486,17 @@ def equivalents_table(cfg: Config) -> str:
     return "\n".join(rows)
 
 
-def scores_table(results: list[ModuleResult], thresholds: dict[str, float]) -> str:
+def scores_table(results: list[ModuleResult], thresholds: dict[str, float | None]) -> str:
     """The table of one run's scores, one row per module run."""
     rows = [
-        "| module | threshold | mutants | equivalent | run | killed | score | time |",
-        "|---|---|---|---|---|---|---|---|",
+        "| module | threshold | mutants | equivalent | run | killed | not covered | score | time |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rows.append(
-            f"| `{r.module}.py` | {thresholds[r.module]:g} % | {r.total} | {r.equivalent} "
-            f"| {r.run}{' sampled' if r.sampled else ''} | {r.killed} | {r.score:.1f} % "
+            f"| `{r.module}.py` | {_gate(thresholds[r.module])} | {r.total} | {r.equivalent} "
+            f"| {r.run}{' sampled' if r.sampled else ''} | {r.killed} | {r.uncovered} "
+            f"| {r.score:.1f} % "
             f"| {r.seconds:.0f} s |"
         )
     return "\n".join(rows)
@@ -501,22 +516,31 @@ def write_block(root: Path, name: str, body: str) -> None:
 
 
 # ----- which tests ----------------------------------------------------------------------
-def pure_test_files(root: Path, module: str | None = None) -> list[Path]:
-    """Test files that import ``statemachine.<module>`` (any module of it when
-    ``module`` is None) and nothing of ``controller``."""
+_IMPURE = re.compile(r"^\s*(from|import)\s+controller\b", re.MULTILINE)
+
+
+def _imports(path: Path, module: str | None) -> bool:
+    """Does the test file import ``statemachine.<module>`` (any module when None)?"""
     name = r"\w+" if module is None else module
     imports_module = re.compile(
         rf"^\s*(from\s+{PACKAGE}\.{name}\s+import|import\s+{PACKAGE}\.{name}\b|"
         rf"from\s+{PACKAGE}\s+import\s+.*\b{name}\b)",
         re.MULTILINE,
     )
-    impure = re.compile(r"^\s*(from|import)\s+controller\b", re.MULTILINE)
-    out = []
-    for path in sorted((root / "tests").glob("test_*.py")):
-        text = path.read_text()
-        if imports_module.search(text) and not impure.search(text):
-            out.append(path.relative_to(root))
-    return out
+    return bool(imports_module.search(path.read_text()))
+
+
+def test_pool(root: Path, also: list[Path]) -> list[Path]:
+    """The test files mutants are drawn from: those that import ``statemachine`` and
+    nothing of ``controller`` (the pure ones), and ``also``: files of mutation.toml's
+    ``[tests]`` that import ``controller`` yet need neither Docker nor
+    ``tests/conftest.py`` (the baseline run shows they pass without them)."""
+    pure = [
+        path.relative_to(root)
+        for path in sorted((root / "tests").glob("test_*.py"))
+        if _imports(path, None) and not _IMPURE.search(path.read_text())
+    ]
+    return sorted({*pure, *also})
 
 
 @dataclass
@@ -709,7 +733,7 @@ def run(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve()
     cfg = load_config(root)
     full = args.full or os.environ.get("VRAMCTL_MUTATION", "") == "full"
-    names = args.modules or list(cfg.modules)
+    names = args.modules or [n for n, m in cfg.modules.items() if full or m.in_test_command]
     unknown = [n for n in names if n not in cfg.modules]
     if unknown:
         print(f"mutate: no such module in mutation.toml: {', '.join(unknown)}", file=sys.stderr)
@@ -717,6 +741,7 @@ def run(args: argparse.Namespace) -> int:
 
     plan: dict[str, tuple[ModuleResult, list[Mutant], list[Path]]] = {}
     problems: list[str] = []
+    pool = test_pool(root, cfg.also)
     for name in names:
         mc = cfg.modules[name]
         source = (root / PACKAGE / f"{name}.py").read_text()
@@ -735,7 +760,7 @@ def run(args: argparse.Namespace) -> int:
             todo = sorted(rng.sample(todo, sample), key=lambda m: (m.line, m.key))
             res.sampled = True
         res.run = len(todo)
-        plan[name] = (res, todo, pure_test_files(root, name))
+        plan[name] = (res, todo, [f for f in pool if _imports(root / f, name)])
 
     if problems:
         for problem in problems:
@@ -747,7 +772,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for name, (res, todo, files) in plan.items():
             print(f"# {name}: {res.total} mutants, {res.equivalent} equivalent, {res.run} to run")
-            print(f"#   pure test files importing it: {' '.join(map(str, files)) or 'none'}")
+            print(f"#   test files importing it: {' '.join(map(str, files)) or 'none'}")
             for m in todo:
                 print(f"{m.key}\n    {m.describe()}")
         return 0
@@ -761,7 +786,7 @@ def run(args: argparse.Namespace) -> int:
             dest.mkdir()
             _copy_repo(root, dest)
             copies.put(dest)
-        lmap = line_map(copies, pure_test_files(root), cfg.env, workers)
+        lmap = line_map(copies, pool, cfg.env, workers)
 
         def one(m: Mutant, files: list[Path]) -> Outcome:
             tests = lmap.tests_for(m, files)
@@ -807,7 +832,7 @@ def run(args: argparse.Namespace) -> int:
             print(
                 f"mutate: {name}: {res.total} mutants, {res.equivalent} equivalent, "
                 f"{res.run} run, {res.killed} killed ({res.score:.1f} %, threshold "
-                f"{cfg.modules[name].threshold:g} %) in {res.seconds:.0f}s; "
+                f"{_gate(cfg.modules[name].threshold)}) in {res.seconds:.0f}s; "
                 f"{res.uncovered} not covered by any test, "
                 f"{_mean(o.tests for o in res.outcomes):.0f} tests per mutant",
                 flush=True,
@@ -818,7 +843,11 @@ def run(args: argparse.Namespace) -> int:
             return 2
 
     elapsed = time.monotonic() - t_start
-    below = [n for n, (res, _, _) in plan.items() if res.score < cfg.modules[n].threshold]
+    below = [
+        n
+        for n, (res, _, _) in plan.items()
+        if (gate := cfg.modules[n].threshold) is not None and res.score < gate
+    ]
     print(
         f"mutate: {'full' if full else 'test-command'} run in {elapsed:.0f}s with {workers} "
         f"worker(s)"
