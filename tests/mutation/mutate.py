@@ -615,7 +615,7 @@ def _copy_repo(root: Path, dest: Path) -> None:
     ignore = shutil.ignore_patterns(
         "__pycache__", ".hypothesis", ".pytest_cache", "*.pyc", ".mypy_cache", ".ruff_cache"
     )
-    for name in (PACKAGE, "tests", "controller"):
+    for name in (PACKAGE, "tests", "controller", "docs", "manifests"):  # what tests read
         if (root / name).is_dir():
             shutil.copytree(root / name, dest / name, ignore=ignore)
     for name in ("pyproject.toml",):
