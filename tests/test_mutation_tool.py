@@ -234,3 +234,103 @@ def test_a_module_without_threshold_is_reported_not_gated(tmp_path: Path) -> Non
     got = mutate(root, "--full")
     assert got.returncode == 0, got.stdout + got.stderr
     assert "4 run, 2 killed (50.0 %, threshold reported only)" in got.stdout
+
+
+# a cached function, a property and a static method (patched in a fork of the warm
+# process), a table built at import (its function's lines run outside every test: a
+# fresh process), and a loop a mutant makes endless (the child's alarm)
+SHAPES = '''"""Shapes the warm process patches, or leaves to a fresh process."""
+
+import functools
+
+
+@functools.cache
+def doubled(mib: int) -> int:
+    return mib * 2
+
+
+class Room:
+    def __init__(self, mib: int) -> None:
+        self.mib = mib
+
+    @property
+    def half(self) -> int:
+        return self.mib // 2
+
+    @staticmethod
+    def spare(mib: int) -> int:
+        return mib - 10
+
+
+def _levels() -> dict[str, int]:
+    return {"low": 10 - 3}
+
+
+LEVELS = _levels()
+
+
+def countdown(n: int) -> int:
+    while n > 0:
+        n -= 1
+    return n
+'''
+
+SHAPES_TESTS = """from statemachine.tiny import LEVELS, Room, countdown, doubled
+
+
+def test_doubled() -> None:
+    assert doubled(4) == 8
+
+
+def test_room() -> None:
+    assert Room(8).half == 4
+    assert Room.spare(30) == 20
+
+
+def test_levels() -> None:
+    assert LEVELS == {"low": 7}
+
+
+def test_countdown() -> None:
+    assert countdown(3) == 0
+"""
+
+
+def _outcomes(stdout: str) -> dict[str, tuple[str, str]]:
+    """Each mutant's described change: (status, how it ran)."""
+    found: dict[str, tuple[str, str]] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) > 5 and parts[0] in ("killed", "survived", "timeout", "uncovered"):
+            found[line.split("tiny.py:", 1)[1]] = (parts[0], parts[4])
+    return found
+
+
+def test_the_warm_process_patches_function_bodies_and_judges_as_a_fresh_one(
+    tmp_path: Path,
+) -> None:
+    root = scratch_repo(tmp_path, SHAPES_TESTS, module=SHAPES)
+    toml = root / "tests/mutation/mutation.toml"
+    toml.write_text(toml.read_text().replace("timeout_min_s = 60", "timeout_min_s = 10"))
+    warm = _outcomes(mutate(root, "-v").stdout)
+    fresh = _outcomes(mutate(root, "-v", "--fresh").stdout)
+    caught = {"killed": "caught", "timeout": "caught"}  # both count as killed
+    assert {k: caught.get(s, s) for k, (s, _) in warm.items()} == {
+        k: caught.get(s, s) for k, (s, _) in fresh.items()
+    }
+    assert len(warm) == 20
+    assert {how for _, how in fresh.values()} == {"fresh"}
+    by_text = {k.split(":", 1)[1].strip(): v for k, v in warm.items()}
+    # the function bodies run warm: the cached function (its cache emptied), the
+    # property, the static method, the loop; every mutant of them is killed
+    for text in (
+        "arith * -> //    return mib * 2",
+        "arith // -> *    return self.mib // 2",
+        "arith - -> +    return mib - 10",
+        "cmp > -> >=    while n > 0:",
+    ):
+        assert by_text[text] == ("killed", "warm"), (text, warm)
+    # the endless loop is stopped by the child's alarm
+    assert by_text["aug -= -> +=    n -= 1"] == ("timeout", "warm")
+    # the table's function ran at import: a fresh process builds the table with it
+    assert by_text['arith - -> +    return {"low": 10 - 3}'] == ("killed", "fresh")

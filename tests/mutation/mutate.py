@@ -324,17 +324,41 @@ def mutants_of(module: str, source: str) -> list[Mutant]:
     return keyed
 
 
-def mutated_source(source: str, mutant: Mutant) -> str:
-    """``source`` with ``mutant`` applied (via the AST; comments are not kept)."""
+def mutated_tree(source: str, index: int, change: str) -> ast.Module:
+    """The AST of ``source`` with the ``index``-th node changed by ``change``; every
+    other node keeps its place (line and column), so it compiles to the same code."""
     tree = ast.parse(source)
     nodes = list(_walk(tree))
-    target, parent, _ = nodes[mutant.index]
-    replacement = _apply(target, mutant.change)
+    target, parent, _ = nodes[index]
+    replacement = _apply(target, change)
     if replacement is not target:
         assert parent is not None
         _replace_child(parent, target, replacement)
     ast.fix_missing_locations(tree)
-    return ast.unparse(tree) + "\n"
+    return tree
+
+
+def mutated_source(source: str, mutant: Mutant) -> str:
+    """``source`` with ``mutant`` applied (via the AST; comments are not kept)."""
+    return ast.unparse(mutated_tree(source, mutant.index, mutant.change)) + "\n"
+
+
+def function_bodies(source: str) -> list[range]:
+    """The lines of the bodies of the module's functions and methods (nested ones
+    inside them): a mutant wholly inside one changes only that function's code, which
+    the warm process (``forkserver.py``) patches in memory. Decorators, defaults and
+    annotations run when the ``def`` runs, and are not in a body."""
+    spans: list[range] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                spans.append(range(node.body[0].lineno, (node.end_lineno or 0) + 1))
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body)
+
+    visit(ast.parse(source).body)
+    return spans
 
 
 def _replace_child(parent: ast.AST, old: ast.AST, new: ast.AST) -> None:
@@ -586,6 +610,7 @@ class Outcome:
     seconds: float
     detail: str = ""
     tests: int = 0  # how many tests it was given
+    how: str = ""  # "warm" (a fork of the warm process, patched) or "fresh" (a new one)
 
 
 @dataclass
@@ -635,30 +660,29 @@ def _env(copy_root: Path, extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+PYTEST_FLAGS = [
+    "-x",
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "--noconftest",  # tests/conftest.py: the Docker fixtures, which no pure test uses
+    "-p",
+    "_hypothesis_pytestplugin",  # plugin autoload is off (see _env): Hypothesis only
+    "-p",
+    "hypothesis_profile",
+    "-p",
+    "selection",  # the line map, or only the tests a mutant was given
+    "--hypothesis-profile=mutation",
+    "--no-header",
+    "-o",
+    "addopts=",
+]
+
+
 def _pytest(
     copy_root: Path, files: list[Path], env: dict[str, str], timeout: float
 ) -> tuple[str, float, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        *map(str, files),
-        "-x",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--noconftest",  # tests/conftest.py: the Docker fixtures, which no pure test uses
-        "-p",
-        "_hypothesis_pytestplugin",  # plugin autoload is off (see _env): Hypothesis only
-        "-p",
-        "hypothesis_profile",
-        "-p",
-        "selection",  # the line map, or only the tests a mutant was given
-        "--hypothesis-profile=mutation",
-        "--no-header",
-        "-o",
-        "addopts=",
-    ]
+    cmd = [sys.executable, "-m", "pytest", *map(str, files), *PYTEST_FLAGS]
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd,
@@ -685,6 +709,74 @@ def _pytest(
     if proc.returncode in (1, 2, 3):  # failed, interrupted (an import error), internal
         return "killed", dt, tail
     return f"error {proc.returncode}", dt, out[-3000:]
+
+
+class Worker:
+    """One worker's private copy of the repository and its warm process
+    (``forkserver.py``, started at its first patchable mutant)."""
+
+    def __init__(self, root: Path, pool: list[Path], extra: dict[str, str]) -> None:
+        self.root = root
+        self.pool = pool
+        self.extra = extra
+        self.server: subprocess.Popen[str] | None = None
+
+    def _start(self) -> subprocess.Popen[str]:
+        config = {"files": [str(f) for f in self.pool], "pytest_args": PYTEST_FLAGS}
+        log = (self.root / "forkserver.log").open("w")
+        server = subprocess.Popen(
+            [sys.executable, str(HERE / "forkserver.py"), json.dumps(config)],
+            cwd=self.root,
+            env=_env(self.root, self.extra),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,
+        )
+        _LIVE.add(server)
+        assert server.stdout is not None
+        ready = json.loads(server.stdout.readline() or '{"ready": false}')
+        if not ready.get("ready"):
+            log.close()
+            tail = (self.root / "forkserver.log").read_text()[-3000:]
+            raise SystemExit(f"mutate: the warm test process did not start: {ready}\n{tail}")
+        return server
+
+    def patched(self, m: Mutant, tests: list[str], timeout: float) -> Outcome:
+        """Run ``m`` in a fork of the warm process; ``unpatched`` when it cannot be."""
+        if self.server is None or self.server.poll() is not None:
+            self.server = self._start()
+        request = {
+            "module": m.module,
+            "path": str(self.root / PACKAGE / f"{m.module}.py"),
+            "index": m.index,
+            "change": m.change,
+            "tests": tests,
+            "timeout": timeout,
+            "out": str(self.root / "mutant.log"),
+        }
+        assert self.server.stdin is not None and self.server.stdout is not None
+        self.server.stdin.write(json.dumps(request) + "\n")
+        self.server.stdin.flush()
+        line = self.server.stdout.readline()
+        if not line:
+            raise SystemExit(
+                f"mutate: the warm test process ended (see {self.root}/forkserver.log)"
+            )
+        answer = json.loads(line)
+        return Outcome(m, answer["status"], answer["seconds"], answer["tail"], len(tests), "warm")
+
+    def close(self) -> None:
+        if self.server is not None:
+            _LIVE.discard(self.server)
+            with contextlib.suppress(OSError):
+                assert self.server.stdin is not None
+                self.server.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.server.wait(timeout=10)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.server.pid, signal.SIGKILL)
 
 
 def line_map(
@@ -788,6 +880,22 @@ def run(args: argparse.Namespace) -> int:
             copies.put(dest)
         lmap = line_map(copies, pool, cfg.env, workers)
 
+        workers_q: queue.Queue[Worker] = queue.Queue()
+        every_worker: list[Worker] = []
+        while not copies.empty():
+            w = Worker(copies.get(), pool, cfg.env)
+            every_worker.append(w)
+            workers_q.put(w)
+        bodies = {
+            name: function_bodies((root / PACKAGE / f"{name}.py").read_text()) for name in plan
+        }
+
+        def patchable(m: Mutant) -> bool:
+            inside = any(m.line in r and max(m.line, m.end_line) in r for r in bodies[m.module])
+            at_import = lmap.outside.get(m.module, set())
+            span = range(m.line, max(m.line, m.end_line) + 1)
+            return inside and not any(n in at_import for n in span)
+
         def one(m: Mutant, files: list[Path]) -> Outcome:
             tests = lmap.tests_for(m, files)
             if not tests:
@@ -796,7 +904,19 @@ def run(args: argparse.Namespace) -> int:
                 cfg.timeout_min_s, cfg.timeout_factor * sum(lmap.seconds[t] for t in tests)
             )
             test_files = [Path(f) for f in dict.fromkeys(t.split("::", 1)[0] for t in tests)]
-            dest = copies.get()
+            w = workers_q.get()
+            try:
+                if patchable(m) and not args.fresh:
+                    out = w.patched(m, tests, timeout)
+                    if out.status != "unpatched":
+                        return out
+                return fresh_process(w.root, m, tests, test_files, timeout)
+            finally:
+                workers_q.put(w)
+
+        def fresh_process(
+            dest: Path, m: Mutant, tests: list[str], test_files: list[Path], timeout: float
+        ) -> Outcome:
             target = dest / PACKAGE / f"{m.module}.py"
             original = target.read_text()
             chosen = dest / "selected.json"
@@ -807,36 +927,39 @@ def run(args: argparse.Namespace) -> int:
                 status, dt, detail = _pytest(dest, test_files, env, timeout)
             finally:
                 target.write_text(original)
-                copies.put(dest)
-            return Outcome(m, status, dt, detail, len(tests))
+            return Outcome(m, status, dt, detail, len(tests), "fresh")
 
         errors: list[Outcome] = []
-        for name, (res, todo, files) in plan.items():
-            t_mod = time.monotonic()
-            pool = concurrent.futures.ThreadPoolExecutor(workers)
-            try:
-                for out in pool.map(lambda m: one(m, files), todo):  # noqa: B023
-                    if out.status.startswith("error"):
-                        errors.append(out)
-                        continue
-                    res.outcomes.append(out)
-                    if args.verbose or out.status in ("survived", "uncovered"):
-                        print(
-                            f"  {out.status:9s} {out.seconds:5.1f}s {out.tests:4d} tests "
-                            f"{out.mutant.describe()}",
-                            flush=True,
-                        )
-            finally:  # stopped: no queued mutant starts after this
-                pool.shutdown(wait=True, cancel_futures=True)
-            res.seconds = time.monotonic() - t_mod
-            print(
-                f"mutate: {name}: {res.total} mutants, {res.equivalent} equivalent, "
-                f"{res.run} run, {res.killed} killed ({res.score:.1f} %, threshold "
-                f"{_gate(cfg.modules[name].threshold)}) in {res.seconds:.0f}s; "
-                f"{res.uncovered} not covered by any test, "
-                f"{_mean(o.tests for o in res.outcomes):.0f} tests per mutant",
-                flush=True,
-            )
+        try:
+            for name, (res, todo, files) in plan.items():
+                t_mod = time.monotonic()
+                pool = concurrent.futures.ThreadPoolExecutor(workers)
+                try:
+                    for out in pool.map(lambda m: one(m, files), todo):  # noqa: B023
+                        if out.status.startswith("error"):
+                            errors.append(out)
+                            continue
+                        res.outcomes.append(out)
+                        if args.verbose or out.status in ("survived", "uncovered"):
+                            print(
+                                f"  {out.status:9s} {out.seconds:5.1f}s {out.tests:4d} tests "
+                                f"{out.how or '-':5s} {out.mutant.describe()}",
+                                flush=True,
+                            )
+                finally:  # stopped: no queued mutant starts after this
+                    pool.shutdown(wait=True, cancel_futures=True)
+                res.seconds = time.monotonic() - t_mod
+                print(
+                    f"mutate: {name}: {res.total} mutants, {res.equivalent} equivalent, "
+                    f"{res.run} run, {res.killed} killed ({res.score:.1f} %, threshold "
+                    f"{_gate(cfg.modules[name].threshold)}) in {res.seconds:.0f}s; "
+                    f"{res.uncovered} not covered by any test, "
+                    f"{_mean(o.tests for o in res.outcomes):.0f} tests per mutant",
+                    flush=True,
+                )
+        finally:
+            for w in every_worker:
+                w.close()
         if errors:
             for e in errors:
                 print(f"mutate: {e.mutant.describe()}: {e.status}\n{e.detail}", file=sys.stderr)
@@ -905,6 +1028,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="the sample's seed (default: mutation.toml)")
     p.add_argument("--workers", type=int, default=MAX_WORKERS, help="at most 2")
     p.add_argument("--list", action="store_true", help="print the mutants and run nothing")
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="every mutant in a fresh interpreter (no warm process; slower, same judgement)",
+    )
     p.add_argument(
         "--match",
         action="append",

@@ -29,13 +29,11 @@ from typing import Any
 
 import pytest
 
-_MAP = os.environ.get("VRAMCTL_MUTATION_MAP", "")
-_TESTS = os.environ.get("VRAMCTL_MUTATION_TESTS", "")
 _state: dict[str, Any] = {"cov": None, "seconds": {}}
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if not _MAP:
+    if not os.environ.get("VRAMCTL_MUTATION_MAP"):
         return
     import coverage  # the dev extra's; only the map run needs it
 
@@ -75,16 +73,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
         by_line = data.contexts_by_lineno(filename)
         lines[module] = {str(n): sorted(c for c in cs if c) for n, cs in by_line.items()}
         outside[module] = sorted(n for n, cs in by_line.items() if "" in cs)
-    Path(_MAP).write_text(
+    Path(os.environ["VRAMCTL_MUTATION_MAP"]).write_text(
         json.dumps({"lines": lines, "outside": outside, "seconds": _state["seconds"]})
     )
 
 
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if not _TESTS:
+    chosen = os.environ.get("VRAMCTL_MUTATION_TESTS")  # read here: a warm process's
+    if not chosen:  # fork sets it per mutant (tests/mutation/forkserver.py)
         return
-    wanted: list[str] = json.loads(Path(_TESTS).read_text())
+    wanted: list[str] = json.loads(Path(chosen).read_text())
     by_id = {item.nodeid: item for item in items}
     missing = [n for n in wanted if n not in by_id]
     if missing:
