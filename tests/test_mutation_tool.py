@@ -334,3 +334,27 @@ def test_the_warm_process_patches_function_bodies_and_judges_as_a_fresh_one(
     assert by_text["aug -= -> +=    n -= 1"] == ("timeout", "warm")
     # the table's function ran at import: a fresh process builds the table with it
     assert by_text['arith - -> +    return {"low": 10 - 3}'] == ("killed", "fresh")
+
+
+def test_known_survivors_are_counted_as_survived_without_running(tmp_path: Path) -> None:
+    root = scratch_repo(tmp_path, WEAK)
+    assert mutate(root, "--survivors").returncode == 2  # not every mutant run: refused
+    wrote = mutate(root, "--full", "--survivors")
+    assert wrote.returncode == 1, wrote.stdout + wrote.stderr
+    known = tomllib.loads((root / "tests/mutation/survivors.toml").read_text())["known"]
+    assert sorted(known) == [
+        "tiny:return max(0, need - free):const 0 -> -1#0",
+        "tiny:return max(0, need - free):const 0 -> 1#0",
+    ]
+    # the test command's run: the same score, the two not run
+    got = mutate(root, "-v")
+    assert got.returncode == 1
+    assert "4 run, 2 killed (50.0 %" in got.stdout
+    assert "2 known survivors counted without running" in got.stdout
+    ran = [x for x in got.stdout.splitlines() if x.startswith("  ")]
+    assert len(ran) == 2 and all("killed" in x for x in ran), ran
+    # once the tests pin the boundary, --recheck runs them and sees them killed
+    (root / "tests/test_tiny.py").write_text(STRONG)
+    assert "4 killed (100.0 %" in mutate(root, "--recheck").stdout
+    assert "0 known survivors" in mutate(root, "--full", "--survivors").stdout
+    assert tomllib.loads((root / "tests/mutation/survivors.toml").read_text())["known"] == []

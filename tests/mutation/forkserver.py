@@ -44,7 +44,6 @@ from typing import Any
 
 from mutate import mutated_tree  # the same mutation as a fresh process's (its directory)
 
-PACKAGE = "statemachine"
 _UNPATCHED = 71  # the child's exit status when no function's code changed
 _CRASHED = 70
 _USAGE = 4
@@ -176,7 +175,7 @@ class Server:
             tree = mutated_tree(
                 Path(request["path"]).read_text(), request["index"], request["change"]
             )
-            if patch(f"{PACKAGE}.{request['module']}", tree) == 0:
+            if patch(request["import"], tree) == 0:
                 status = _UNPATCHED
                 return
             signal.alarm(max(1, math.ceil(request["timeout"])))

@@ -80,6 +80,25 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 PACKAGE = "statemachine"
 MAX_WORKERS = 2
+
+
+def is_shell(name: str) -> bool:
+    """A module of the shell is named by its dotted path (``controller.service.sleeping``);
+    one of ``statemachine/`` by its file's stem (``ledger``)."""
+    return "." in name
+
+
+def source_path(name: str) -> Path:
+    """The module's file, relative to the repository's root."""
+    return (
+        Path(*name.split(".")).with_suffix(".py") if is_shell(name) else Path(PACKAGE, f"{name}.py")
+    )
+
+
+def import_name(name: str) -> str:
+    return name if is_shell(name) else f"{PACKAGE}.{name}"
+
+
 _LIVE: set[subprocess.Popen[str]] = set()  # test runs in flight, ended when the run is stopped
 
 _CMP_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
@@ -413,6 +432,8 @@ class Config:
     env: dict[str, str]
     equivalents: list[Equivalent]
     also: list[Path] = field(default_factory=list)  # test files in the pool beyond the pure
+    shell: list[Path] = field(default_factory=list)  # the pool's files for the shell's modules
+    known: set[str] = field(default_factory=set)  # survivors.toml: known survivors' keys
 
 
 def _gate(threshold: float | None) -> str:
@@ -455,6 +476,35 @@ def load_config(root: Path) -> Config:
         {k: str(v) for k, v in data.get("env", {}).items()},
         equivalents,
         [Path(f) for f in data.get("tests", {}).get("also", [])],
+        [Path(f) for f in data.get("tests", {}).get("shell", [])],
+        load_known(root),
+    )
+
+
+SURVIVORS = "tests/mutation/survivors.toml"
+
+
+def load_known(root: Path) -> set[str]:
+    """The known survivors' keys (``survivors.toml``, written by ``--survivors``)."""
+    path = root / SURVIVORS
+    if not path.is_file():
+        return set()
+    return {str(k) for k in tomllib.loads(path.read_text()).get("known", [])}
+
+
+def write_known(root: Path, results: list[ModuleResult], known: set[str]) -> None:
+    """Rewrite ``survivors.toml``: the survivors of the modules just run in full (not
+    the uncovered: those cost nothing to run), the other modules' entries kept."""
+    ran = {r.module for r in results}
+    keep = {k for k in known if k.split(":", 1)[0] not in ran}
+    found = {o.mutant.key for r in results for o in r.outcomes if o.status == "survived"}
+    lines = "".join(f"    {json.dumps(k)},\n" for k in sorted(keep | found))
+    (root / SURVIVORS).write_text(
+        "# Known survivors: mutants the last full run (`mutate.py --full --survivors`) saw\n"
+        "# survive, neither equivalent nor yet killed by a test. The test command's run counts\n"
+        "# each as survived without running it (its score never overstates); `--full`,\n"
+        "# `--recheck` and `--match` run them (docs/mutation.md). Generated: edit by a run.\n"
+        f"known = [\n{lines}]\n"
     )
 
 
@@ -544,7 +594,15 @@ _IMPURE = re.compile(r"^\s*(from|import)\s+controller\b", re.MULTILINE)
 
 
 def _imports(path: Path, module: str | None) -> bool:
-    """Does the test file import ``statemachine.<module>`` (any module when None)?"""
+    """Does the test file import ``statemachine.<module>`` (any module when None), or
+    the shell's module ``module``?"""
+    if module is not None and is_shell(module):
+        package, _, leaf = module.rpartition(".")
+        pattern = (
+            rf"^\s*(from\s+{re.escape(module)}\s+import|import\s+{re.escape(module)}\b|"
+            rf"from\s+{re.escape(package)}\s+import\s+.*\b{leaf}\b)"
+        )
+        return bool(re.search(pattern, path.read_text(), re.MULTILINE))
     name = r"\w+" if module is None else module
     imports_module = re.compile(
         rf"^\s*(from\s+{PACKAGE}\.{name}\s+import|import\s+{PACKAGE}\.{name}\b|"
@@ -622,6 +680,7 @@ class ModuleResult:
     sampled: bool = False
     seconds: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
+    known: list[Mutant] = field(default_factory=list)  # known survivors, counted, not run
 
     @property
     def killed(self) -> int:
@@ -749,7 +808,8 @@ class Worker:
             self.server = self._start()
         request = {
             "module": m.module,
-            "path": str(self.root / PACKAGE / f"{m.module}.py"),
+            "path": str(self.root / source_path(m.module)),
+            "import": import_name(m.module),
             "index": m.index,
             "change": m.change,
             "tests": tests,
@@ -825,7 +885,14 @@ def run(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve()
     cfg = load_config(root)
     full = args.full or os.environ.get("VRAMCTL_MUTATION", "") == "full"
-    names = args.modules or [n for n, m in cfg.modules.items() if full or m.in_test_command]
+    names = args.modules or [
+        n
+        for n, m in cfg.modules.items()
+        if (is_shell(n) and args.shell) or (not is_shell(n) and (full or m.in_test_command))
+    ]
+    if args.survivors and (args.match or args.sample is not None or not (full or args.recheck)):
+        print("mutate: --survivors needs every mutant run (--full or --recheck)", file=sys.stderr)
+        return 2
     unknown = [n for n in names if n not in cfg.modules]
     if unknown:
         print(f"mutate: no such module in mutation.toml: {', '.join(unknown)}", file=sys.stderr)
@@ -834,9 +901,11 @@ def run(args: argparse.Namespace) -> int:
     plan: dict[str, tuple[ModuleResult, list[Mutant], list[Path]]] = {}
     problems: list[str] = []
     pool = test_pool(root, cfg.also)
+    if any(is_shell(n) for n in names):
+        pool = sorted({*pool, *cfg.shell})
     for name in names:
         mc = cfg.modules[name]
-        source = (root / PACKAGE / f"{name}.py").read_text()
+        source = (root / source_path(name)).read_text()
         every = mutants_of(name, source)
         excluded, wrong = match_equivalents([e for e in cfg.equivalents if e.module == name], every)
         problems += wrong
@@ -852,8 +921,18 @@ def run(args: argparse.Namespace) -> int:
             todo = sorted(rng.sample(todo, sample), key=lambda m: (m.line, m.key))
             res.sampled = True
         res.run = len(todo)
+        if not (full or args.recheck or args.match):
+            res.known = [m for m in todo if m.key in cfg.known]
+            todo = [m for m in todo if m.key not in cfg.known]
         plan[name] = (res, todo, [f for f in pool if _imports(root / f, name)])
+    every_key = {m.key for res, todo, _ in plan.values() for m in [*todo, *res.known]}
+    every_key |= {m.key for n in plan for m in mutants_of(n, (root / source_path(n)).read_text())}
+    stale = sorted(k for k in cfg.known if k.split(":", 1)[0] in plan and k not in every_key)
+    if stale:  # a changed line: its mutants run again; the entry only needs removing
+        print(f"mutate: {SURVIVORS}: entries that match no mutant (remove them): {stale}")
 
+    if args.survivors and any(res.sampled for res, _, _ in plan.values()):
+        problems.append("--survivors needs every mutant run: a module is sampled")
     if problems:
         for problem in problems:
             print(f"mutate: {problem}", file=sys.stderr)
@@ -878,7 +957,10 @@ def run(args: argparse.Namespace) -> int:
             dest.mkdir()
             _copy_repo(root, dest)
             copies.put(dest)
-        lmap = line_map(copies, pool, cfg.env, workers)
+        measured = sorted({source_path(n).parent.as_posix() for n in plan})
+        lmap = line_map(
+            copies, pool, {**cfg.env, "VRAMCTL_MUTATION_MEASURE": ",".join(measured)}, workers
+        )
 
         workers_q: queue.Queue[Worker] = queue.Queue()
         every_worker: list[Worker] = []
@@ -886,9 +968,7 @@ def run(args: argparse.Namespace) -> int:
             w = Worker(copies.get(), pool, cfg.env)
             every_worker.append(w)
             workers_q.put(w)
-        bodies = {
-            name: function_bodies((root / PACKAGE / f"{name}.py").read_text()) for name in plan
-        }
+        bodies = {name: function_bodies((root / source_path(name)).read_text()) for name in plan}
 
         def patchable(m: Mutant) -> bool:
             inside = any(m.line in r and max(m.line, m.end_line) in r for r in bodies[m.module])
@@ -917,7 +997,7 @@ def run(args: argparse.Namespace) -> int:
         def fresh_process(
             dest: Path, m: Mutant, tests: list[str], test_files: list[Path], timeout: float
         ) -> Outcome:
-            target = dest / PACKAGE / f"{m.module}.py"
+            target = dest / source_path(m.module)
             original = target.read_text()
             chosen = dest / "selected.json"
             try:
@@ -933,6 +1013,9 @@ def run(args: argparse.Namespace) -> int:
         try:
             for name, (res, todo, files) in plan.items():
                 t_mod = time.monotonic()
+                res.outcomes += [
+                    Outcome(m, "survived", 0.0, "known survivor", how="known") for m in res.known
+                ]
                 pool = concurrent.futures.ThreadPoolExecutor(workers)
                 try:
                     for out in pool.map(lambda m: one(m, files), todo):  # noqa: B023
@@ -953,7 +1036,8 @@ def run(args: argparse.Namespace) -> int:
                     f"mutate: {name}: {res.total} mutants, {res.equivalent} equivalent, "
                     f"{res.run} run, {res.killed} killed ({res.score:.1f} %, threshold "
                     f"{_gate(cfg.modules[name].threshold)}) in {res.seconds:.0f}s; "
-                    f"{res.uncovered} not covered by any test, "
+                    f"{res.uncovered} not covered by any test, {len(res.known)} known "
+                    f"survivors counted without running, "
                     f"{_mean(o.tests for o in res.outcomes):.0f} tests per mutant",
                     flush=True,
                 )
@@ -966,6 +1050,8 @@ def run(args: argparse.Namespace) -> int:
             return 2
 
     elapsed = time.monotonic() - t_start
+    if args.survivors:
+        write_known(root, [res for res, _, _ in plan.values()], cfg.known)
     below = [
         n
         for n, (res, _, _) in plan.items()
@@ -1023,11 +1109,30 @@ def _mean(values: Iterator[int]) -> float:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="*", help="modules of statemachine/ (default: mutation.toml)")
-    p.add_argument("--full", action="store_true", help="every mutant (also VRAMCTL_MUTATION=full)")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="every mutant of statemachine/ (also VRAMCTL_MUTATION=full)",
+    )
+    p.add_argument(
+        "--shell",
+        action="store_true",
+        help="the shell's modules of mutation.toml (reported, with the tests of [tests] shell)",
+    )
     p.add_argument("--sample", type=int, help="run this many mutants per module (seeded)")
     p.add_argument("--seed", type=int, help="the sample's seed (default: mutation.toml)")
     p.add_argument("--workers", type=int, default=MAX_WORKERS, help="at most 2")
     p.add_argument("--list", action="store_true", help="print the mutants and run nothing")
+    p.add_argument(
+        "--recheck",
+        action="store_true",
+        help=f"run the known survivors of {SURVIVORS} too (--full and --match do)",
+    )
+    p.add_argument(
+        "--survivors",
+        action="store_true",
+        help=f"rewrite {SURVIVORS} from this run's survivors (a run of every mutant only)",
+    )
     p.add_argument(
         "--fresh",
         action="store_true",

@@ -4,7 +4,8 @@ Loaded by ``tests/mutation/mutate.py`` with ``-p selection``; does nothing unles
 of its two variables is set:
 
 ``VRAMCTL_MUTATION_MAP=<file>``
-    the unmutated run: coverage (its C tracer) measures ``statemachine/`` with one
+    the unmutated run: coverage (its C tracer) measures ``statemachine/`` (or the
+    folders ``VRAMCTL_MUTATION_MEASURE`` names, comma-separated) with one
     dynamic context per test (the test's node id), and at the end the plugin writes
     to ``<file>`` (JSON) which tests ran each line, each test's time and the lines run
     outside every test (at import and collection: a module's constants, its ``def``
@@ -37,14 +38,23 @@ def pytest_configure(config: pytest.Config) -> None:
         return
     import coverage  # the dev extra's; only the map run needs it
 
-    package = Path.cwd() / "statemachine"
+    folders = os.environ.get("VRAMCTL_MUTATION_MEASURE", "statemachine").split(",")
     cov = coverage.Coverage(
         data_file=None,
         config_file=False,
-        include=[str(package / "*.py")],
+        include=[str(Path.cwd() / folder / "*.py") for folder in folders],
     )
     cov.start()
     _state["cov"] = cov
+
+
+def _module_key(path: Path) -> str:
+    """``ledger`` for statemachine/ledger.py, the dotted path for the shell's modules
+    (``controller.service.sleeping``): the names mutation.toml gives them."""
+    relative = path.resolve().relative_to(Path.cwd().resolve()).with_suffix("")
+    if relative.parts[0] == "statemachine":
+        return relative.name
+    return ".".join(relative.parts)
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -69,7 +79,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     lines: dict[str, dict[str, list[str]]] = {}
     outside: dict[str, list[int]] = {}
     for filename in data.measured_files():
-        module = Path(filename).stem
+        module = _module_key(Path(filename))
         by_line = data.contexts_by_lineno(filename)
         lines[module] = {str(n): sorted(c for c in cs if c) for n, cs in by_line.items()}
         outside[module] = sorted(n for n, cs in by_line.items() if "" in cs)
