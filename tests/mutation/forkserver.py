@@ -9,9 +9,10 @@ did not touch compiles to equal code), gives each function whose code changed th
 mutated code (``__code__``: every reference to the function, a test's ``from x
 import f`` included, runs the mutant; its globals stay the real module's), empties
 ``functools.cache`` caches, and runs the mutant's tests, in the order given, through
-pytest's own test protocol, stopping at the first failure. A mutant then costs a
-fork and its tests, where a fresh interpreter costs the imports and a collection:
-most of a killed mutant's time.
+pytest's own test protocol, stopping at the first failure; each test has its own
+time limit (an alarm), so a mutant that hangs is stopped in the first test it hangs.
+A mutant then costs a fork and its tests, where a fresh interpreter costs the imports
+and a collection: most of a killed mutant's time.
 
 Only a change inside a function's body can be patched this way; ``mutate.py`` sends
 nothing else (a module constant, a default, a line run at import or collection goes
@@ -19,7 +20,8 @@ to a fresh process). A child that finds no function changed answers ``unpatched`
 and the mutant is run the fresh way: no mutant is judged on the unmutated code.
 
 Answers (one JSON line): ``status`` is ``killed`` (a test failed or errored),
-``survived`` (every test passed), ``timeout`` (the child's alarm), ``unpatched`` or
+``survived`` (every test passed), ``timeout`` (a test ran past its limit: each test
+has its own, from its unmutated time), ``unpatched`` or
 ``error ...``; ``seconds``; ``tail`` (the failing test and its last line).
 
 It must not judge a mutant (``mutate.py`` does), nor write into the repository copy
@@ -33,7 +35,6 @@ import functools
 import importlib
 import inspect
 import json
-import math
 import os
 import signal
 import sys
@@ -155,7 +156,7 @@ class Server:
                 return {
                     "status": "timeout",
                     "seconds": dt,
-                    "tail": f"past {request['timeout']:.0f}s",
+                    "tail": "a test ran past its limit",
                 }
             return {"status": f"error signal {sig}", "seconds": dt, "tail": tail}
         code = os.WEXITSTATUS(wait_status)
@@ -178,12 +179,16 @@ class Server:
             if patch(request["import"], tree) == 0:
                 status = _UNPATCHED
                 return
-            signal.alarm(max(1, math.ceil(request["timeout"])))
             chosen = [items[n] for n in request["tests"]]
+            limits: list[float] = request["limits"]
             status = 0
             for i, item in enumerate(chosen):
                 after = chosen[i + 1] if i + 1 < len(chosen) else None
+                # each test its own limit: a mutant that hangs is stopped in the first
+                # test it hangs, not after every test's time
+                signal.setitimer(signal.ITIMER_REAL, limits[i])
                 item.config.hook.pytest_runtest_protocol(item=item, nextitem=after)
+                signal.setitimer(signal.ITIMER_REAL, 0)
                 if session.testsfailed:
                     status = 1
                     note = self.failed[-1] if self.failed else "a test failed"

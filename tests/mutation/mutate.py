@@ -429,6 +429,7 @@ class Config:
     modules: dict[str, ModuleConfig]
     timeout_factor: float
     timeout_min_s: float
+    test_timeout_min_s: float
     env: dict[str, str]
     equivalents: list[Equivalent]
     also: list[Path] = field(default_factory=list)  # test files in the pool beyond the pure
@@ -473,6 +474,7 @@ def load_config(root: Path) -> Config:
         modules,
         float(run.get("timeout_factor", 3.0)),
         float(run.get("timeout_min_s", 60.0)),
+        float(run.get("test_timeout_min_s", 5.0)),
         {k: str(v) for k, v in data.get("env", {}).items()},
         equivalents,
         [Path(f) for f in data.get("tests", {}).get("also", [])],
@@ -802,7 +804,7 @@ class Worker:
             raise SystemExit(f"mutate: the warm test process did not start: {ready}\n{tail}")
         return server
 
-    def patched(self, m: Mutant, tests: list[str], timeout: float) -> Outcome:
+    def patched(self, m: Mutant, tests: list[str], limits: list[float]) -> Outcome:
         """Run ``m`` in a fork of the warm process; ``unpatched`` when it cannot be."""
         if self.server is None or self.server.poll() is not None:
             self.server = self._start()
@@ -813,7 +815,7 @@ class Worker:
             "index": m.index,
             "change": m.change,
             "tests": tests,
-            "timeout": timeout,
+            "limits": limits,
             "out": str(self.root / "mutant.log"),
         }
         assert self.server.stdin is not None and self.server.stdout is not None
@@ -987,7 +989,11 @@ def run(args: argparse.Namespace) -> int:
             w = workers_q.get()
             try:
                 if patchable(m) and not args.fresh:
-                    out = w.patched(m, tests, timeout)
+                    limits = [
+                        max(cfg.test_timeout_min_s, cfg.timeout_factor * lmap.seconds[t])
+                        for t in tests
+                    ]
+                    out = w.patched(m, tests, limits)
                     if out.status != "unpatched":
                         return out
                 return fresh_process(w.root, m, tests, test_files, timeout)
