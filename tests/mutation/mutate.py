@@ -565,14 +565,16 @@ def equivalents_table(cfg: Config) -> str:
 def scores_table(results: list[ModuleResult], thresholds: dict[str, float | None]) -> str:
     """The table of one run's scores, one row per module run."""
     rows = [
-        "| module | threshold | mutants | equivalent | run | killed | not covered | score | time |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| module | threshold | mutants | equivalent | run | killed | not covered "
+        "| known survivors | score | time |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rows.append(
-            f"| `{r.module}.py` | {_gate(thresholds[r.module])} | {r.total} | {r.equivalent} "
+            f"| `{source_path(r.module).as_posix()}` | {_gate(thresholds[r.module])} "
+            f"| {r.total} | {r.equivalent} "
             f"| {r.run}{' sampled' if r.sampled else ''} | {r.killed} | {r.uncovered} "
-            f"| {r.score:.1f} % "
+            f"| {len(r.known)} | {r.score:.1f} % "
             f"| {r.seconds:.0f} s |"
         )
     return "\n".join(rows)
@@ -905,6 +907,8 @@ def run(args: argparse.Namespace) -> int:
     pool = test_pool(root, cfg.also)
     if any(is_shell(n) for n in names):
         pool = sorted({*pool, *cfg.shell})
+    if args.tests:  # a quick look while writing tests: never a gate (see --help)
+        pool = [Path(t) for t in args.tests]
     for name in names:
         mc = cfg.modules[name]
         source = (root / source_path(name)).read_text()
@@ -1072,7 +1076,7 @@ def run(args: argparse.Namespace) -> int:
         thresholds = {n: m.threshold for n, m in cfg.modules.items()}
         write_block(
             root,
-            "scores",
+            "shell-scores" if all(is_shell(n) for n in plan) else "scores",
             f"`{' '.join(['mutate.py', *sys.argv[1:]])}`: {'full' if full else 'test-command'} "
             f"run, {workers} worker(s), {elapsed:.0f} s in all.\n\n"
             + scores_table(results, thresholds),
@@ -1129,6 +1133,13 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seed", type=int, help="the sample's seed (default: mutation.toml)")
     p.add_argument("--workers", type=int, default=MAX_WORKERS, help="at most 2")
     p.add_argument("--list", action="store_true", help="print the mutants and run nothing")
+    p.add_argument(
+        "--tests",
+        nargs="+",
+        metavar="FILE",
+        help="only these test files in the pool (a quick look while writing tests; "
+        "a mutant they miss may be killed by another file)",
+    )
     p.add_argument(
         "--recheck",
         action="store_true",
