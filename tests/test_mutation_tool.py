@@ -7,6 +7,11 @@
   would otherwise hide a change. So does an entry that names no ``occurrence``: it
   would hide every equal change on lines of that text, each of which needs its own
   argument.
+- A mutant runs only the tests that run one of its lines (the line map of the
+  unmutated run): one on a line no test runs is a survivor, reported as not covered;
+  one on a line run at import (a module's constant) runs every test of the module.
+- A module without a threshold has its score reported, not gated; one marked
+  ``in_test_command = false`` runs only with ``--full``.
 - Every equivalent mutant of tests/mutation/equivalent.toml is listed in
   docs/mutation.md with its reason.
 """
@@ -55,7 +60,8 @@ def scratch_repo(tmp: Path, test: str, equivalent: str = "", module: str = MODUL
     (tmp / "statemachine/tiny.py").write_text(module)
     (tmp / "tests/mutation").mkdir(parents=True)
     (tmp / "tests/test_tiny.py").write_text(test)
-    shutil.copy2(ROOT / "tests/mutation/hypothesis_profile.py", tmp / "tests/mutation")
+    for plugin in ("hypothesis_profile.py", "selection.py"):
+        shutil.copy2(ROOT / "tests/mutation" / plugin, tmp / "tests/mutation")
     (tmp / "tests/mutation/mutation.toml").write_text(
         "[modules.tiny]\nthreshold = 100\n\n[run]\ntimeout_factor = 4.0\ntimeout_min_s = 60\n"
     )
@@ -63,9 +69,9 @@ def scratch_repo(tmp: Path, test: str, equivalent: str = "", module: str = MODUL
     return tmp
 
 
-def mutate(root: Path) -> subprocess.CompletedProcess[str]:
+def mutate(root: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [sys.executable, str(MUTATE), "--root", str(root)],
+        [sys.executable, str(MUTATE), "--root", str(root), *args],
         capture_output=True,
         text=True,
         timeout=600,
@@ -95,6 +101,51 @@ def test_an_equivalent_entry_that_matches_no_mutant_stops_the_run(tmp_path: Path
     got = mutate(scratch_repo(tmp_path, STRONG, stale))
     assert got.returncode == 2
     assert "equivalent.toml entry matches no mutant: tiny:return max(1, need - free):" in got.stderr
+
+
+# a second function no test calls, and a module constant (run at import, never in a test)
+TWO = (
+    MODULE
+    + """
+
+FLOOR = 0
+
+
+def floor(mib: int) -> int:
+    return max(FLOOR, mib)
+
+
+def unused(mib: int) -> int:
+    return mib + 1
+"""
+)
+
+TWO_TESTS = (
+    STRONG.replace("import shortfall", "import floor, shortfall")
+    + """
+
+def test_floor() -> None:
+    assert floor(-5) == 0
+    assert floor(7) == 7
+"""
+)
+
+
+def test_a_mutant_runs_only_the_tests_that_run_its_line(tmp_path: Path) -> None:
+    got = mutate(scratch_repo(tmp_path, TWO_TESTS, module=TWO), "-v")
+    # shortfall's 4, floor's max -> min and FLOOR's 0 -> 1 and 0 -> -1 killed; unused's 3 not
+    assert "tiny: 10 mutants, 0 equivalent, 10 run, 7 killed (70.0 %" in got.stdout, got.stdout
+    assert "3 not covered by any test" in got.stdout
+    lines = got.stdout.splitlines()
+    # shortfall's mutants run its one test, floor's its own one
+    assert any("killed" in x and "1 tests" in x and "max(0, need - free)" in x for x in lines)
+    assert any("killed" in x and "1 tests" in x and "max(FLOOR, mib)" in x for x in lines)
+    # FLOOR = 0 runs at import: every test of the module runs it (and the 1 kills it)
+    assert any("killed" in x and "2 tests" in x and "FLOOR = 0" in x for x in lines)
+    uncovered = [x for x in lines if "uncovered" in x]
+    assert len(uncovered) == 3 and all("return mib + 1" in x for x in uncovered), uncovered
+    assert all(" 0 tests" in x for x in uncovered)
+    assert got.returncode == 1
 
 
 # two equal changes on one line: the two 0s of max(0, need - free, 0)
@@ -172,3 +223,138 @@ def test_the_docs_table_of_equivalents_is_the_one_the_toml_generates() -> None:
     assert f"(tests/mutation/mutate.py --docs) -->\n{table}\n<!-- end: equivalents -->" in doc, (
         "run `python tests/mutation/mutate.py --list --docs` to regenerate it"
     )
+
+
+def test_a_module_without_threshold_is_reported_not_gated(tmp_path: Path) -> None:
+    root = scratch_repo(tmp_path, WEAK)
+    toml = root / "tests/mutation/mutation.toml"
+    toml.write_text(toml.read_text().replace("threshold = 100\n", "in_test_command = false\n"))
+    # not in the test command's run: nothing of it runs without --full
+    assert "tiny" not in mutate(root, "--list").stdout
+    got = mutate(root, "--full")
+    assert got.returncode == 0, got.stdout + got.stderr
+    assert "4 run, 2 killed (50.0 %, threshold reported only)" in got.stdout
+
+
+# a cached function, a property and a static method (patched in a fork of the warm
+# process), a table built at import (its function's lines run outside every test: a
+# fresh process), and a loop a mutant makes endless (the child's alarm)
+SHAPES = '''"""Shapes the warm process patches, or leaves to a fresh process."""
+
+import functools
+
+
+@functools.cache
+def doubled(mib: int) -> int:
+    return mib * 2
+
+
+class Room:
+    def __init__(self, mib: int) -> None:
+        self.mib = mib
+
+    @property
+    def half(self) -> int:
+        return self.mib // 2
+
+    @staticmethod
+    def spare(mib: int) -> int:
+        return mib - 10
+
+
+def _levels() -> dict[str, int]:
+    return {"low": 10 - 3}
+
+
+LEVELS = _levels()
+
+
+def countdown(n: int) -> int:
+    while n > 0:
+        n -= 1
+    return n
+'''
+
+SHAPES_TESTS = """from statemachine.tiny import LEVELS, Room, countdown, doubled
+
+
+def test_doubled() -> None:
+    assert doubled(4) == 8
+
+
+def test_room() -> None:
+    assert Room(8).half == 4
+    assert Room.spare(30) == 20
+
+
+def test_levels() -> None:
+    assert LEVELS == {"low": 7}
+
+
+def test_countdown() -> None:
+    assert countdown(3) == 0
+"""
+
+
+def _outcomes(stdout: str) -> dict[str, tuple[str, str]]:
+    """Each mutant's described change: (status, how it ran)."""
+    found: dict[str, tuple[str, str]] = {}
+    for line in stdout.splitlines():
+        parts = line.split()
+        if len(parts) > 5 and parts[0] in ("killed", "survived", "timeout", "uncovered"):
+            found[line.split("tiny.py:", 1)[1]] = (parts[0], parts[4])
+    return found
+
+
+def test_the_warm_process_patches_function_bodies_and_judges_as_a_fresh_one(
+    tmp_path: Path,
+) -> None:
+    root = scratch_repo(tmp_path, SHAPES_TESTS, module=SHAPES)
+    toml = root / "tests/mutation/mutation.toml"
+    toml.write_text(toml.read_text().replace("timeout_min_s = 60", "timeout_min_s = 10"))
+    warm = _outcomes(mutate(root, "-v").stdout)
+    fresh = _outcomes(mutate(root, "-v", "--fresh").stdout)
+    caught = {"killed": "caught", "timeout": "caught"}  # both count as killed
+    assert {k: caught.get(s, s) for k, (s, _) in warm.items()} == {
+        k: caught.get(s, s) for k, (s, _) in fresh.items()
+    }
+    assert len(warm) == 20
+    assert {how for _, how in fresh.values()} == {"fresh"}
+    by_text = {k.split(":", 1)[1].strip(): v for k, v in warm.items()}
+    # the function bodies run warm: the cached function (its cache emptied), the
+    # property, the static method, the loop; every mutant of them is killed
+    for text in (
+        "arith * -> //    return mib * 2",
+        "arith // -> *    return self.mib // 2",
+        "arith - -> +    return mib - 10",
+        "cmp > -> >=    while n > 0:",
+    ):
+        assert by_text[text] == ("killed", "warm"), (text, warm)
+    # the endless loop is stopped by the child's alarm
+    assert by_text["aug -= -> +=    n -= 1"] == ("timeout", "warm")
+    # the table's function ran at import: a fresh process builds the table with it
+    assert by_text['arith - -> +    return {"low": 10 - 3}'] == ("killed", "fresh")
+
+
+def test_known_survivors_are_counted_as_survived_without_running(tmp_path: Path) -> None:
+    root = scratch_repo(tmp_path, WEAK)
+    assert mutate(root, "--survivors").returncode == 2  # not every mutant run: refused
+    wrote = mutate(root, "--full", "--survivors")
+    assert wrote.returncode == 1, wrote.stdout + wrote.stderr
+    known = tomllib.loads((root / "tests/mutation/survivors.toml").read_text())["known"]
+    assert sorted(known) == [
+        "tiny:return max(0, need - free):const 0 -> -1#0",
+        "tiny:return max(0, need - free):const 0 -> 1#0",
+    ]
+    # the test command's run: the same score, the two not run
+    got = mutate(root, "-v")
+    assert got.returncode == 1
+    assert "4 run, 2 killed (50.0 %" in got.stdout
+    assert "2 known survivors counted without running" in got.stdout
+    ran = [x for x in got.stdout.splitlines() if x.startswith("  ")]
+    assert len(ran) == 2 and all("killed" in x for x in ran), ran
+    # once the tests pin the boundary, --recheck runs them and sees them killed
+    (root / "tests/test_tiny.py").write_text(STRONG)
+    assert "4 killed (100.0 %" in mutate(root, "--recheck").stdout
+    assert "0 known survivors" in mutate(root, "--full", "--survivors").stdout
+    assert tomllib.loads((root / "tests/mutation/survivors.toml").read_text())["known"] == []

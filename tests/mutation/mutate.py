@@ -20,13 +20,19 @@ operator    change
 
 Docstrings, annotations and string literals are never mutated. A mutant is written
 into a private copy of the repository (one per worker), so the subprocesses the
-tests start import the mutant too. It runs only the *pure* test files (no import of
-``controller``) that import the module, fastest first, in one pytest run with ``-x``,
-the example-based tests before the Hypothesis properties, Hypothesis derandomized
-without shrinking (``tests/mutation/hypothesis_profile.py``), without pytest's plugin
-autoload and without ``tests/conftest.py`` (start-up is most of a killed mutant's
-time), and a timeout: a mutant the tests fail on, or that hangs past the timeout, is
-*killed*; one they pass is a *survivor*.
+tests start import the mutant too. The test pool is the *pure* test files (they
+import ``statemachine`` and no ``controller``) and the files ``mutation.toml`` adds
+(``[tests] also``: they import ``controller`` but need neither Docker nor
+``tests/conftest.py``). The pool runs once unmutated under coverage
+(``tests/mutation/selection.py``): the line map, which tests run each line, and each
+test's time. A mutant then runs only the tests that run one of its lines (every test
+of the module when a line runs at import), fastest first, in one pytest run with
+``-x``, Hypothesis derandomized without shrinking
+(``tests/mutation/hypothesis_profile.py``), without pytest's plugin autoload and
+without ``tests/conftest.py`` (start-up is most of a killed mutant's time), and a
+timeout from those tests' times: a mutant the tests fail on, or that hangs past the
+timeout, is *killed*; one they pass is a *survivor*, and so is one on a line no test
+runs (reported as *not covered*). A module without a threshold is reported, not gated.
 
 Each mutant has a stable key, ``module:line text:operator#n`` (``n`` counts equal
 changes on lines of one text), so the equivalent mutants listed in
@@ -68,11 +74,31 @@ import tomllib
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent.parent
 PACKAGE = "statemachine"
 MAX_WORKERS = 2
+
+
+def is_shell(name: str) -> bool:
+    """A module of the shell is named by its dotted path (``controller.service.sleeping``);
+    one of ``statemachine/`` by its file's stem (``ledger``)."""
+    return "." in name
+
+
+def source_path(name: str) -> Path:
+    """The module's file, relative to the repository's root."""
+    return (
+        Path(*name.split(".")).with_suffix(".py") if is_shell(name) else Path(PACKAGE, f"{name}.py")
+    )
+
+
+def import_name(name: str) -> str:
+    return name if is_shell(name) else f"{PACKAGE}.{name}"
+
+
 _LIVE: set[subprocess.Popen[str]] = set()  # test runs in flight, ended when the run is stopped
 
 _CMP_SWAP: dict[type[ast.cmpop], type[ast.cmpop]] = {
@@ -126,6 +152,7 @@ class Mutant:
     line_text: str
     op: str  # e.g. "cmp > -> >="
     key: str = ""
+    end_line: int = 0  # the node's last line (a change of a node runs on any of its lines)
 
     def describe(self) -> str:
         return f"{self.module}.py:{self.line}: {self.op}    {self.line_text}"
@@ -299,7 +326,8 @@ def mutants_of(module: str, source: str) -> list[Mutant]:
         for change, op in _changes(node, parent, is_last):
             lineno = getattr(node, "lineno", 0)
             text = lines[lineno - 1].strip() if lineno else ""
-            found.append(Mutant(module, index, change, lineno, text, op))
+            end = getattr(node, "end_lineno", None) or lineno
+            found.append(Mutant(module, index, change, lineno, text, op, end_line=end))
     found.sort(key=lambda m: (m.line, m.index, m.change))
     seen: dict[str, int] = {}
     keyed: list[Mutant] = []
@@ -307,21 +335,49 @@ def mutants_of(module: str, source: str) -> list[Mutant]:
         base = f"{module}:{m.line_text}:{m.op}"
         n = seen.get(base, 0)
         seen[base] = n + 1
-        keyed.append(Mutant(m.module, m.index, m.change, m.line, m.line_text, m.op, f"{base}#{n}"))
+        keyed.append(
+            Mutant(
+                m.module, m.index, m.change, m.line, m.line_text, m.op, f"{base}#{n}", m.end_line
+            )
+        )
     return keyed
 
 
-def mutated_source(source: str, mutant: Mutant) -> str:
-    """``source`` with ``mutant`` applied (via the AST; comments are not kept)."""
+def mutated_tree(source: str, index: int, change: str) -> ast.Module:
+    """The AST of ``source`` with the ``index``-th node changed by ``change``; every
+    other node keeps its place (line and column), so it compiles to the same code."""
     tree = ast.parse(source)
     nodes = list(_walk(tree))
-    target, parent, _ = nodes[mutant.index]
-    replacement = _apply(target, mutant.change)
+    target, parent, _ = nodes[index]
+    replacement = _apply(target, change)
     if replacement is not target:
         assert parent is not None
         _replace_child(parent, target, replacement)
     ast.fix_missing_locations(tree)
-    return ast.unparse(tree) + "\n"
+    return tree
+
+
+def mutated_source(source: str, mutant: Mutant) -> str:
+    """``source`` with ``mutant`` applied (via the AST; comments are not kept)."""
+    return ast.unparse(mutated_tree(source, mutant.index, mutant.change)) + "\n"
+
+
+def function_bodies(source: str) -> list[range]:
+    """The lines of the bodies of the module's functions and methods (nested ones
+    inside them): a mutant wholly inside one changes only that function's code, which
+    the warm process (``forkserver.py``) patches in memory. Decorators, defaults and
+    annotations run when the ``def`` runs, and are not in a body."""
+    spans: list[range] = []
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                spans.append(range(node.body[0].lineno, (node.end_lineno or 0) + 1))
+            elif isinstance(node, ast.ClassDef):
+                visit(node.body)
+
+    visit(ast.parse(source).body)
+    return spans
 
 
 def _replace_child(parent: ast.AST, old: ast.AST, new: ast.AST) -> None:
@@ -341,9 +397,10 @@ def _replace_child(parent: ast.AST, old: ast.AST, new: ast.AST) -> None:
 @dataclass(frozen=True)
 class ModuleConfig:
     name: str
-    threshold: float  # percent
+    threshold: float | None  # percent; None: the score is reported, not gated
     sample: int | None  # None: every mutant in the test command's run
     seed: int
+    in_test_command: bool = True  # False: only --full (or naming the module) runs it
 
 
 @dataclass(frozen=True)
@@ -372,8 +429,16 @@ class Config:
     modules: dict[str, ModuleConfig]
     timeout_factor: float
     timeout_min_s: float
+    test_timeout_min_s: float
     env: dict[str, str]
     equivalents: list[Equivalent]
+    also: list[Path] = field(default_factory=list)  # test files in the pool beyond the pure
+    shell: list[Path] = field(default_factory=list)  # the pool's files for the shell's modules
+    known: set[str] = field(default_factory=set)  # survivors.toml: known survivors' keys
+
+
+def _gate(threshold: float | None) -> str:
+    return "reported only" if threshold is None else f"{threshold:g} %"
 
 
 def load_config(root: Path) -> Config:
@@ -381,9 +446,10 @@ def load_config(root: Path) -> Config:
     modules = {
         name: ModuleConfig(
             name,
-            float(m["threshold"]),
+            None if m.get("threshold") is None else float(m["threshold"]),
             m.get("sample"),
             int(m.get("seed", 0)),
+            bool(m.get("in_test_command", True)),
         )
         for name, m in data["modules"].items()
     }
@@ -408,8 +474,39 @@ def load_config(root: Path) -> Config:
         modules,
         float(run.get("timeout_factor", 3.0)),
         float(run.get("timeout_min_s", 60.0)),
+        float(run.get("test_timeout_min_s", 5.0)),
         {k: str(v) for k, v in data.get("env", {}).items()},
         equivalents,
+        [Path(f) for f in data.get("tests", {}).get("also", [])],
+        [Path(f) for f in data.get("tests", {}).get("shell", [])],
+        load_known(root),
+    )
+
+
+SURVIVORS = "tests/mutation/survivors.toml"
+
+
+def load_known(root: Path) -> set[str]:
+    """The known survivors' keys (``survivors.toml``, written by ``--survivors``)."""
+    path = root / SURVIVORS
+    if not path.is_file():
+        return set()
+    return {str(k) for k in tomllib.loads(path.read_text()).get("known", [])}
+
+
+def write_known(root: Path, results: list[ModuleResult], known: set[str]) -> None:
+    """Rewrite ``survivors.toml``: the survivors of the modules just run in full (not
+    the uncovered: those cost nothing to run), the other modules' entries kept."""
+    ran = {r.module for r in results}
+    keep = {k for k in known if k.split(":", 1)[0] not in ran}
+    found = {o.mutant.key for r in results for o in r.outcomes if o.status == "survived"}
+    lines = "".join(f"    {json.dumps(k)},\n" for k in sorted(keep | found))
+    (root / SURVIVORS).write_text(
+        "# Known survivors: mutants the last full run (`mutate.py --full --survivors`) saw\n"
+        "# survive, neither equivalent nor yet killed by a test. The test command's run counts\n"
+        "# each as survived without running it (its score never overstates); `--full`,\n"
+        "# `--recheck` and `--match` run them (docs/mutation.md). Generated: edit by a run.\n"
+        f"known = [\n{lines}]\n"
     )
 
 
@@ -465,16 +562,19 @@ def equivalents_table(cfg: Config) -> str:
     return "\n".join(rows)
 
 
-def scores_table(results: list[ModuleResult], thresholds: dict[str, float]) -> str:
+def scores_table(results: list[ModuleResult], thresholds: dict[str, float | None]) -> str:
     """The table of one run's scores, one row per module run."""
     rows = [
-        "| module | threshold | mutants | equivalent | run | killed | score | time |",
-        "|---|---|---|---|---|---|---|---|",
+        "| module | threshold | mutants | equivalent | run | killed | not covered "
+        "| known survivors | score | time |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         rows.append(
-            f"| `{r.module}.py` | {thresholds[r.module]:g} % | {r.total} | {r.equivalent} "
-            f"| {r.run}{' sampled' if r.sampled else ''} | {r.killed} | {r.score:.1f} % "
+            f"| `{source_path(r.module).as_posix()}` | {_gate(thresholds[r.module])} "
+            f"| {r.total} | {r.equivalent} "
+            f"| {r.run}{' sampled' if r.sampled else ''} | {r.killed} | {r.uncovered} "
+            f"| {len(r.known)} | {r.score:.1f} % "
             f"| {r.seconds:.0f} s |"
         )
     return "\n".join(rows)
@@ -494,29 +594,85 @@ def write_block(root: Path, name: str, body: str) -> None:
 
 
 # ----- which tests ----------------------------------------------------------------------
-def pure_test_files(root: Path, module: str) -> list[Path]:
-    """Test files that import ``statemachine.<module>`` and nothing of ``controller``."""
+_IMPURE = re.compile(r"^\s*(from|import)\s+controller\b", re.MULTILINE)
+
+
+def _imports(path: Path, module: str | None) -> bool:
+    """Does the test file import ``statemachine.<module>`` (any module when None), or
+    the shell's module ``module``?"""
+    if module is not None and is_shell(module):
+        package, _, leaf = module.rpartition(".")
+        pattern = (
+            rf"^\s*(from\s+{re.escape(module)}\s+import|import\s+{re.escape(module)}\b|"
+            rf"from\s+{re.escape(package)}\s+import\s+.*\b{leaf}\b)"
+        )
+        return bool(re.search(pattern, path.read_text(), re.MULTILINE))
+    name = r"\w+" if module is None else module
     imports_module = re.compile(
-        rf"^\s*(from\s+{PACKAGE}\.{module}\s+import|import\s+{PACKAGE}\.{module}\b|"
-        rf"from\s+{PACKAGE}\s+import\s+.*\b{module}\b)",
+        rf"^\s*(from\s+{PACKAGE}\.{name}\s+import|import\s+{PACKAGE}\.{name}\b|"
+        rf"from\s+{PACKAGE}\s+import\s+.*\b{name}\b)",
         re.MULTILINE,
     )
-    impure = re.compile(r"^\s*(from|import)\s+controller\b", re.MULTILINE)
-    out = []
-    for path in sorted((root / "tests").glob("test_*.py")):
-        text = path.read_text()
-        if imports_module.search(text) and not impure.search(text):
-            out.append(path.relative_to(root))
-    return out
+    return bool(imports_module.search(path.read_text()))
+
+
+def test_pool(root: Path, also: list[Path]) -> list[Path]:
+    """The test files mutants are drawn from: those that import ``statemachine`` and
+    nothing of ``controller`` (the pure ones), and ``also``: files of mutation.toml's
+    ``[tests]`` that import ``controller`` yet need neither Docker nor
+    ``tests/conftest.py`` (the baseline run shows they pass without them)."""
+    pure = [
+        path.relative_to(root)
+        for path in sorted((root / "tests").glob("test_*.py"))
+        if _imports(path, None) and not _IMPURE.search(path.read_text())
+    ]
+    return sorted({*pure, *also})
+
+
+@dataclass
+class LineMap:
+    """Which tests run which lines of ``statemachine/``, from one run of the unmutated
+    pure tests (``tests/mutation/selection.py``), and each test's time there."""
+
+    lines: dict[str, dict[int, set[str]]] = field(default_factory=dict)  # module, line: ids
+    outside: dict[str, set[int]] = field(default_factory=dict)  # lines run outside every test
+    seconds: dict[str, float] = field(default_factory=dict)  # test id: its time
+
+    def add(self, data: dict[str, Any]) -> None:
+        """Merge one test file's map (the JSON the plugin writes)."""
+        for module, by_line in data["lines"].items():
+            mine = self.lines.setdefault(module, {})
+            for n, ids in by_line.items():
+                mine.setdefault(int(n), set()).update(ids)
+        for module, ns in data["outside"].items():
+            self.outside.setdefault(module, set()).update(ns)
+        self.seconds.update(data["seconds"])
+
+    def tests_for(self, m: Mutant, files: list[Path]) -> list[str]:
+        """The tests a mutant runs, fastest first: those that run one of its lines.
+        A line run outside every test (a module's constant, a ``def`` line's default)
+        can change any test of the module: then every test that runs a line of it,
+        and every test of ``files`` (the pure files that import it)."""
+        span = range(m.line, max(m.line, m.end_line) + 1)
+        by_line = self.lines.get(m.module, {})
+        if any(n in self.outside.get(m.module, set()) for n in span):
+            prefixes = tuple(f"{f.as_posix()}::" for f in files)
+            ids = {t for t in self.seconds if t.startswith(prefixes)}
+            ids.update(t for ts in by_line.values() for t in ts)
+        else:
+            ids = {t for n in span for t in by_line.get(n, ())}
+        return sorted(ids, key=lambda t: (self.seconds.get(t, 0.0), t))
 
 
 # ----- running ----------------------------------------------------------------------------
 @dataclass
 class Outcome:
     mutant: Mutant
-    status: str  # killed | survived | timeout
+    status: str  # killed | survived | timeout | uncovered (no test runs its line)
     seconds: float
     detail: str = ""
+    tests: int = 0  # how many tests it was given
+    how: str = ""  # "warm" (a fork of the warm process, patched) or "fresh" (a new one)
 
 
 @dataclass
@@ -528,10 +684,15 @@ class ModuleResult:
     sampled: bool = False
     seconds: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
+    known: list[Mutant] = field(default_factory=list)  # known survivors, counted, not run
 
     @property
     def killed(self) -> int:
-        return sum(1 for o in self.outcomes if o.status != "survived")
+        return sum(1 for o in self.outcomes if o.status in ("killed", "timeout"))
+
+    @property
+    def uncovered(self) -> int:
+        return sum(1 for o in self.outcomes if o.status == "uncovered")
 
     @property
     def score(self) -> float:
@@ -542,7 +703,7 @@ def _copy_repo(root: Path, dest: Path) -> None:
     ignore = shutil.ignore_patterns(
         "__pycache__", ".hypothesis", ".pytest_cache", "*.pyc", ".mypy_cache", ".ruff_cache"
     )
-    for name in (PACKAGE, "tests", "controller"):
+    for name in (PACKAGE, "tests", "controller", "docs", "manifests"):  # what tests read
         if (root / name).is_dir():
             shutil.copytree(root / name, dest / name, ignore=ignore)
     for name in ("pyproject.toml",):
@@ -562,28 +723,29 @@ def _env(copy_root: Path, extra: dict[str, str]) -> dict[str, str]:
     return env
 
 
+PYTEST_FLAGS = [
+    "-x",
+    "-q",
+    "-p",
+    "no:cacheprovider",
+    "--noconftest",  # tests/conftest.py: the Docker fixtures, which no pure test uses
+    "-p",
+    "_hypothesis_pytestplugin",  # plugin autoload is off (see _env): Hypothesis only
+    "-p",
+    "hypothesis_profile",
+    "-p",
+    "selection",  # the line map, or only the tests a mutant was given
+    "--hypothesis-profile=mutation",
+    "--no-header",
+    "-o",
+    "addopts=",
+]
+
+
 def _pytest(
     copy_root: Path, files: list[Path], env: dict[str, str], timeout: float
 ) -> tuple[str, float, str]:
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        *map(str, files),
-        "-x",
-        "-q",
-        "-p",
-        "no:cacheprovider",
-        "--noconftest",  # tests/conftest.py: the Docker fixtures, which no pure test uses
-        "-p",
-        "_hypothesis_pytestplugin",  # plugin autoload is off (see _env): Hypothesis only
-        "-p",
-        "hypothesis_profile",
-        "--hypothesis-profile=mutation",
-        "--no-header",
-        "-o",
-        "addopts=",
-    ]
+    cmd = [sys.executable, "-m", "pytest", *map(str, files), *PYTEST_FLAGS]
     t0 = time.monotonic()
     proc = subprocess.Popen(
         cmd,
@@ -612,11 +774,80 @@ def _pytest(
     return f"error {proc.returncode}", dt, out[-3000:]
 
 
-def baseline(
+class Worker:
+    """One worker's private copy of the repository and its warm process
+    (``forkserver.py``, started at its first patchable mutant)."""
+
+    def __init__(self, root: Path, pool: list[Path], extra: dict[str, str]) -> None:
+        self.root = root
+        self.pool = pool
+        self.extra = extra
+        self.server: subprocess.Popen[str] | None = None
+
+    def _start(self) -> subprocess.Popen[str]:
+        config = {"files": [str(f) for f in self.pool], "pytest_args": PYTEST_FLAGS}
+        log = (self.root / "forkserver.log").open("w")
+        server = subprocess.Popen(
+            [sys.executable, str(HERE / "forkserver.py"), json.dumps(config)],
+            cwd=self.root,
+            env=_env(self.root, self.extra),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=log,
+            text=True,
+            start_new_session=True,
+        )
+        _LIVE.add(server)
+        assert server.stdout is not None
+        ready = json.loads(server.stdout.readline() or '{"ready": false}')
+        if not ready.get("ready"):
+            log.close()
+            tail = (self.root / "forkserver.log").read_text()[-3000:]
+            raise SystemExit(f"mutate: the warm test process did not start: {ready}\n{tail}")
+        return server
+
+    def patched(self, m: Mutant, tests: list[str], limits: list[float]) -> Outcome:
+        """Run ``m`` in a fork of the warm process; ``unpatched`` when it cannot be."""
+        if self.server is None or self.server.poll() is not None:
+            self.server = self._start()
+        request = {
+            "module": m.module,
+            "path": str(self.root / source_path(m.module)),
+            "import": import_name(m.module),
+            "index": m.index,
+            "change": m.change,
+            "tests": tests,
+            "limits": limits,
+            "out": str(self.root / "mutant.log"),
+        }
+        assert self.server.stdin is not None and self.server.stdout is not None
+        self.server.stdin.write(json.dumps(request) + "\n")
+        self.server.stdin.flush()
+        line = self.server.stdout.readline()
+        if not line:
+            raise SystemExit(
+                f"mutate: the warm test process ended (see {self.root}/forkserver.log)"
+            )
+        answer = json.loads(line)
+        return Outcome(m, answer["status"], answer["seconds"], answer["tail"], len(tests), "warm")
+
+    def close(self) -> None:
+        if self.server is not None:
+            _LIVE.discard(self.server)
+            with contextlib.suppress(OSError):
+                assert self.server.stdin is not None
+                self.server.stdin.close()
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                self.server.wait(timeout=10)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.server.pid, signal.SIGKILL)
+
+
+def line_map(
     copies: queue.Queue[Path], files: list[Path], extra: dict[str, str], workers: int
-) -> dict[Path, float]:
-    """Each file's time on the unmutated code (the files run side by side, one per
-    worker); exits when one fails."""
+) -> LineMap:
+    """The unmutated pure tests' line map (the files run side by side, one per worker,
+    each under coverage); exits when one fails."""
     copy_root = copies.get()
     try:
         env = _env(copy_root, extra)
@@ -633,27 +864,39 @@ def baseline(
     if not Path(probe.stdout.strip()).resolve().is_relative_to(copy_root.resolve()):
         raise SystemExit(f"mutate: {PACKAGE} imports from {probe.stdout.strip()}, not the copy")
 
-    def one(f: Path) -> tuple[Path, str, float, str]:
+    def one(f: Path) -> tuple[Path, str, float, str, dict[str, Any]]:
         dest = copies.get()
+        out = dest / f"map-{f.stem}.json"
         try:
-            return (f, *_pytest(dest, [f], _env(dest, extra), timeout=1800))
+            env = {**_env(dest, extra), "VRAMCTL_MUTATION_MAP": str(out)}
+            status, dt, detail = _pytest(dest, [f], env, timeout=1800)
+            data = json.loads(out.read_text()) if status == "survived" else {}
+            return f, status, dt, detail, data
         finally:
             copies.put(dest)
 
-    times: dict[Path, float] = {}
+    found = LineMap()
     with concurrent.futures.ThreadPoolExecutor(workers) as pool:
-        for f, status, dt, detail in pool.map(one, files):
+        for f, status, dt, detail, data in pool.map(one, files):
             if status != "survived":
                 raise SystemExit(f"mutate: {f} fails on the unmutated code ({status}):\n{detail}")
-            times[f] = dt
-    return times
+            found.add(data)
+            print(f"mutate: mapped {f.name} in {dt:.1f}s", flush=True)
+    return found
 
 
 def run(args: argparse.Namespace) -> int:
     root = Path(args.root).resolve()
     cfg = load_config(root)
     full = args.full or os.environ.get("VRAMCTL_MUTATION", "") == "full"
-    names = args.modules or list(cfg.modules)
+    names = args.modules or [
+        n
+        for n, m in cfg.modules.items()
+        if (is_shell(n) and args.shell) or (not is_shell(n) and (full or m.in_test_command))
+    ]
+    if args.survivors and (args.match or args.sample is not None or not (full or args.recheck)):
+        print("mutate: --survivors needs every mutant run (--full or --recheck)", file=sys.stderr)
+        return 2
     unknown = [n for n in names if n not in cfg.modules]
     if unknown:
         print(f"mutate: no such module in mutation.toml: {', '.join(unknown)}", file=sys.stderr)
@@ -661,9 +904,14 @@ def run(args: argparse.Namespace) -> int:
 
     plan: dict[str, tuple[ModuleResult, list[Mutant], list[Path]]] = {}
     problems: list[str] = []
+    pool = test_pool(root, cfg.also)
+    if any(is_shell(n) for n in names):
+        pool = sorted({*pool, *cfg.shell})
+    if args.tests:  # a quick look while writing tests: never a gate (see --help)
+        pool = [Path(t) for t in args.tests]
     for name in names:
         mc = cfg.modules[name]
-        source = (root / PACKAGE / f"{name}.py").read_text()
+        source = (root / source_path(name)).read_text()
         every = mutants_of(name, source)
         excluded, wrong = match_equivalents([e for e in cfg.equivalents if e.module == name], every)
         problems += wrong
@@ -679,12 +927,18 @@ def run(args: argparse.Namespace) -> int:
             todo = sorted(rng.sample(todo, sample), key=lambda m: (m.line, m.key))
             res.sampled = True
         res.run = len(todo)
-        files = pure_test_files(root, name)
-        if not files:
-            print(f"mutate: no pure test file imports {PACKAGE}.{name}", file=sys.stderr)
-            return 2
-        plan[name] = (res, todo, files)
+        if not (full or args.recheck or args.match):
+            res.known = [m for m in todo if m.key in cfg.known]
+            todo = [m for m in todo if m.key not in cfg.known]
+        plan[name] = (res, todo, [f for f in pool if _imports(root / f, name)])
+    every_key = {m.key for res, todo, _ in plan.values() for m in [*todo, *res.known]}
+    every_key |= {m.key for n in plan for m in mutants_of(n, (root / source_path(n)).read_text())}
+    stale = sorted(k for k in cfg.known if k.split(":", 1)[0] in plan and k not in every_key)
+    if stale:  # a changed line: its mutants run again; the entry only needs removing
+        print(f"mutate: {SURVIVORS}: entries that match no mutant (remove them): {stale}")
 
+    if args.survivors and any(res.sampled for res, _, _ in plan.values()):
+        problems.append("--survivors needs every mutant run: a module is sampled")
     if problems:
         for problem in problems:
             print(f"mutate: {problem}", file=sys.stderr)
@@ -695,7 +949,7 @@ def run(args: argparse.Namespace) -> int:
     if args.list:
         for name, (res, todo, files) in plan.items():
             print(f"# {name}: {res.total} mutants, {res.equivalent} equivalent, {res.run} to run")
-            print(f"#   tests: {' '.join(map(str, files))}")
+            print(f"#   test files importing it: {' '.join(map(str, files)) or 'none'}")
             for m in todo:
                 print(f"{m.key}\n    {m.describe()}")
         return 0
@@ -709,58 +963,110 @@ def run(args: argparse.Namespace) -> int:
             dest.mkdir()
             _copy_repo(root, dest)
             copies.put(dest)
-        all_files = sorted({f for _, _, fs in plan.values() for f in fs})
-        times = baseline(copies, all_files, cfg.env, workers)
-        print(
-            "mutate: baseline " + ", ".join(f"{f.name} {t:.1f}s" for f, t in sorted(times.items())),
-            flush=True,
+        measured = sorted({source_path(n).parent.as_posix() for n in plan})
+        lmap = line_map(
+            copies, pool, {**cfg.env, "VRAMCTL_MUTATION_MEASURE": ",".join(measured)}, workers
         )
 
-        def one(m: Mutant, files: list[Path], timeout: float) -> Outcome:
-            dest = copies.get()
-            target = dest / PACKAGE / f"{m.module}.py"
-            original = target.read_text()
+        workers_q: queue.Queue[Worker] = queue.Queue()
+        every_worker: list[Worker] = []
+        while not copies.empty():
+            w = Worker(copies.get(), pool, cfg.env)
+            every_worker.append(w)
+            workers_q.put(w)
+        bodies = {name: function_bodies((root / source_path(name)).read_text()) for name in plan}
+
+        def patchable(m: Mutant) -> bool:
+            inside = any(m.line in r and max(m.line, m.end_line) in r for r in bodies[m.module])
+            at_import = lmap.outside.get(m.module, set())
+            span = range(m.line, max(m.line, m.end_line) + 1)
+            return inside and not any(n in at_import for n in span)
+
+        def one(m: Mutant, files: list[Path]) -> Outcome:
+            tests = lmap.tests_for(m, files)
+            if not tests:
+                return Outcome(m, "uncovered", 0.0, "no test runs its line")
+            timeout = max(
+                cfg.timeout_min_s, cfg.timeout_factor * sum(lmap.seconds[t] for t in tests)
+            )
+            test_files = [Path(f) for f in dict.fromkeys(t.split("::", 1)[0] for t in tests)]
+            w = workers_q.get()
             try:
+                if patchable(m) and not args.fresh:
+                    limits = [
+                        max(cfg.test_timeout_min_s, cfg.timeout_factor * lmap.seconds[t])
+                        for t in tests
+                    ]
+                    out = w.patched(m, tests, limits)
+                    if out.status != "unpatched":
+                        return out
+                return fresh_process(w.root, m, tests, test_files, timeout)
+            finally:
+                workers_q.put(w)
+
+        def fresh_process(
+            dest: Path, m: Mutant, tests: list[str], test_files: list[Path], timeout: float
+        ) -> Outcome:
+            target = dest / source_path(m.module)
+            original = target.read_text()
+            chosen = dest / "selected.json"
+            try:
+                chosen.write_text(json.dumps(tests))
                 target.write_text(mutated_source(original, m))
-                status, dt, detail = _pytest(dest, files, _env(dest, cfg.env), timeout)
+                env = {**_env(dest, cfg.env), "VRAMCTL_MUTATION_TESTS": str(chosen)}
+                status, dt, detail = _pytest(dest, test_files, env, timeout)
             finally:
                 target.write_text(original)
-                copies.put(dest)
-            return Outcome(m, status, dt, detail)
+            return Outcome(m, status, dt, detail, len(tests), "fresh")
 
         errors: list[Outcome] = []
-        for name, (res, todo, files) in plan.items():
-            ordered = sorted(files, key=lambda f: times[f])
-            timeout = max(cfg.timeout_min_s, cfg.timeout_factor * sum(times[f] for f in files))
-            t_mod = time.monotonic()
-            pool = concurrent.futures.ThreadPoolExecutor(workers)
-            try:
-                for out in pool.map(lambda m: one(m, ordered, timeout), todo):  # noqa: B023
-                    if out.status.startswith("error"):
-                        errors.append(out)
-                        continue
-                    res.outcomes.append(out)
-                    if args.verbose or out.status == "survived":
-                        print(
-                            f"  {out.status:8s} {out.seconds:5.1f}s {out.mutant.describe()}",
-                            flush=True,
-                        )
-            finally:  # stopped: no queued mutant starts after this
-                pool.shutdown(wait=True, cancel_futures=True)
-            res.seconds = time.monotonic() - t_mod
-            print(
-                f"mutate: {name}: {res.total} mutants, {res.equivalent} equivalent, "
-                f"{res.run} run, {res.killed} killed ({res.score:.1f} %, threshold "
-                f"{cfg.modules[name].threshold:g} %) in {res.seconds:.0f}s",
-                flush=True,
-            )
+        try:
+            for name, (res, todo, files) in plan.items():
+                t_mod = time.monotonic()
+                res.outcomes += [
+                    Outcome(m, "survived", 0.0, "known survivor", how="known") for m in res.known
+                ]
+                pool = concurrent.futures.ThreadPoolExecutor(workers)
+                try:
+                    for out in pool.map(lambda m: one(m, files), todo):  # noqa: B023
+                        if out.status.startswith("error"):
+                            errors.append(out)
+                            continue
+                        res.outcomes.append(out)
+                        if args.verbose or out.status in ("survived", "uncovered"):
+                            print(
+                                f"  {out.status:9s} {out.seconds:5.1f}s {out.tests:4d} tests "
+                                f"{out.how or '-':5s} {out.mutant.describe()}",
+                                flush=True,
+                            )
+                finally:  # stopped: no queued mutant starts after this
+                    pool.shutdown(wait=True, cancel_futures=True)
+                res.seconds = time.monotonic() - t_mod
+                print(
+                    f"mutate: {name}: {res.total} mutants, {res.equivalent} equivalent, "
+                    f"{res.run} run, {res.killed} killed ({res.score:.1f} %, threshold "
+                    f"{_gate(cfg.modules[name].threshold)}) in {res.seconds:.0f}s; "
+                    f"{res.uncovered} not covered by any test, {len(res.known)} known "
+                    f"survivors counted without running, "
+                    f"{_mean(o.tests for o in res.outcomes):.0f} tests per mutant",
+                    flush=True,
+                )
+        finally:
+            for w in every_worker:
+                w.close()
         if errors:
             for e in errors:
                 print(f"mutate: {e.mutant.describe()}: {e.status}\n{e.detail}", file=sys.stderr)
             return 2
 
     elapsed = time.monotonic() - t_start
-    below = [n for n, (res, _, _) in plan.items() if res.score < cfg.modules[n].threshold]
+    if args.survivors:
+        write_known(root, [res for res, _, _ in plan.values()], cfg.known)
+    below = [
+        n
+        for n, (res, _, _) in plan.items()
+        if (gate := cfg.modules[n].threshold) is not None and res.score < gate
+    ]
     print(
         f"mutate: {'full' if full else 'test-command'} run in {elapsed:.0f}s with {workers} "
         f"worker(s)"
@@ -770,7 +1076,7 @@ def run(args: argparse.Namespace) -> int:
         thresholds = {n: m.threshold for n, m in cfg.modules.items()}
         write_block(
             root,
-            "scores",
+            "shell-scores" if all(is_shell(n) for n in plan) else "scores",
             f"`{' '.join(['mutate.py', *sys.argv[1:]])}`: {'full' if full else 'test-command'} "
             f"run, {workers} worker(s), {elapsed:.0f} s in all.\n\n"
             + scores_table(results, thresholds),
@@ -785,7 +1091,14 @@ def run(args: argparse.Namespace) -> int:
                         "run": res.run,
                         "killed": res.killed,
                         "score": round(res.score, 1),
-                        "survivors": [o.mutant.key for o in res.outcomes if o.status == "survived"],
+                        "survivors": [
+                            o.mutant.key
+                            for o in res.outcomes
+                            if o.status in ("survived", "uncovered")
+                        ],
+                        "uncovered": [
+                            o.mutant.key for o in res.outcomes if o.status == "uncovered"
+                        ],
                     }
                     for n, (res, _, _) in plan.items()
                 },
@@ -798,14 +1111,50 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _mean(values: Iterator[int]) -> float:
+    seen = list(values)
+    return sum(seen) / len(seen) if seen else 0.0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("modules", nargs="*", help="modules of statemachine/ (default: mutation.toml)")
-    p.add_argument("--full", action="store_true", help="every mutant (also VRAMCTL_MUTATION=full)")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="every mutant of statemachine/ (also VRAMCTL_MUTATION=full)",
+    )
+    p.add_argument(
+        "--shell",
+        action="store_true",
+        help="the shell's modules of mutation.toml (reported, with the tests of [tests] shell)",
+    )
     p.add_argument("--sample", type=int, help="run this many mutants per module (seeded)")
     p.add_argument("--seed", type=int, help="the sample's seed (default: mutation.toml)")
     p.add_argument("--workers", type=int, default=MAX_WORKERS, help="at most 2")
     p.add_argument("--list", action="store_true", help="print the mutants and run nothing")
+    p.add_argument(
+        "--tests",
+        nargs="+",
+        metavar="FILE",
+        help="only these test files in the pool (a quick look while writing tests; "
+        "a mutant they miss may be killed by another file)",
+    )
+    p.add_argument(
+        "--recheck",
+        action="store_true",
+        help=f"run the known survivors of {SURVIVORS} too (--full and --match do)",
+    )
+    p.add_argument(
+        "--survivors",
+        action="store_true",
+        help=f"rewrite {SURVIVORS} from this run's survivors (a run of every mutant only)",
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="every mutant in a fresh interpreter (no warm process; slower, same judgement)",
+    )
     p.add_argument(
         "--match",
         action="append",
