@@ -221,8 +221,9 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
     for group in seen:
         members = [t for t in steps if t.group == group]
         assert group in d.serves, f"group {group!r} is not a serve"
-        if any(t.action is Action.START for t in members):
-            # a start's group: room-making for it, then its own start steps, last
+        if any(t.action in (Action.START, Action.WAKE) and t.serve == group for t in members):
+            # a start's (or a requester's wake's) group: room-making for it, then its
+            # own steps, last
             own = [t.serve == group for t in members]
             assert own == sorted(own), f"group {group}: another serve's step after its start"
         else:
