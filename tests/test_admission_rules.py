@@ -163,6 +163,11 @@ def later(case: Case, name: str) -> str | None:
 def test_nothing_can_be_said_while_docker_is_unreadable() -> None:
     case = Case([serve("q", 40_000, OND)], {}, [], docker_ok=False)
     assert later(case, "q") is None
+    # not even of a conflict with a start the controller has in progress
+    stt, q = serve("stt", 1000, RES, RUN, port=9000), serve("q", 1000, OND, port=9000)
+    desired = _fleet(stt, q)
+    observed = Observed(False, starting={"stt": StartingObs(("a",), 1000)})
+    assert could_fit_later(desired, observed, "q", {}) is None
 
 
 def test_every_running_conflict_is_checked_whatever_the_manifest_order() -> None:
