@@ -427,7 +427,7 @@ def _index(
         for source in spec["source"]:
             key = (LifecycleState(source).value, trigger)
             if key in table:
-                raise ValueError(f"transition {trigger!r} from {source!r} declared twice")
+                raise ValueError(f"transition {trigger!r} from {key[0]!r} declared twice")
             table[key] = LifecycleState(spec["dest"])
     allowed = {
         state: tuple(t for t in triggers if (state.value, t) in table) for state in LifecycleState

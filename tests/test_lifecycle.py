@@ -366,3 +366,38 @@ def test_generator_writes_and_checks(tmp_path: Path) -> None:
     assert target.read_text(encoding="utf-8") == lifecycle_markdown()
     assert gen.main(["--check"], target=target) == 0
     assert gen.main(["--check"]) == 0, f"docs/lifecycle.md is stale; run: {REGENERATE}"
+
+
+# -- the data's own checks ------------------------------------------------------------
+
+
+def test_states_declared_twice_or_missing_are_refused() -> None:
+    from statemachine.lifecycle import _index
+
+    twice = (*STATES, STATES[0])
+    with pytest.raises(ValueError, match="STATES must declare each LifecycleState once"):
+        _index(twice, TRANSITIONS)
+    with pytest.raises(ValueError, match="STATES must declare each LifecycleState once"):
+        _index(STATES[:-1], TRANSITIONS)
+
+
+def test_a_transition_declared_twice_or_a_trigger_unused_is_refused() -> None:
+    from statemachine.lifecycle import _index
+
+    with pytest.raises(ValueError, match="from 'stopped' declared twice"):
+        _index(STATES, (*TRANSITIONS, TRANSITIONS[0]))
+    with pytest.raises(ValueError, match="TRANSITIONS must use each Trigger"):
+        _index(STATES, TRANSITIONS[1:])
+
+
+def test_a_machine_built_afresh_refuses_what_is_not_a_declared_transition() -> None:
+    # each process builds the machine on first use: build it here, as a new one would
+    lifecycle_machine.cache_clear()
+    machine = lifecycle_machine()
+    assert set(machine.events) == set(TRIGGERS), "no to_<state> auto transitions"
+    lc = ServeLifecycle("omni")
+    for trigger in ("start", "to_running"):
+        with pytest.raises(IllegalTransition):
+            lc.fire(trigger)
+        assert lc.state == S.STOPPED
+    assert lc.fire("reserve") == S.RESERVED
