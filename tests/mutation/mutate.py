@@ -821,15 +821,30 @@ class Worker:
             "out": str(self.root / "mutant.log"),
         }
         assert self.server.stdin is not None and self.server.stdout is not None
-        self.server.stdin.write(json.dumps(request) + "\n")
-        self.server.stdin.flush()
-        line = self.server.stdout.readline()
-        if not line:
-            raise SystemExit(
-                f"mutate: the warm test process ended (see {self.root}/forkserver.log)"
-            )
+        try:
+            self.server.stdin.write(json.dumps(request) + "\n")
+            self.server.stdin.flush()
+            line = self.server.stdout.readline()
+        except BrokenPipeError:
+            line = ""
+        if not line:  # the warm process ended (killed from outside, out of memory):
+            self._report_end()  # say so, and judge this mutant in a fresh process
+            return Outcome(m, "unpatched", 0.0, "the warm process ended", len(tests), "warm")
         answer = json.loads(line)
         return Outcome(m, answer["status"], answer["seconds"], answer["tail"], len(tests), "warm")
+
+    def _report_end(self) -> None:
+        assert self.server is not None
+        _LIVE.discard(self.server)
+        self.server.wait()
+        log = (self.root / "forkserver.log").read_text(errors="replace")[-2000:]
+        print(
+            f"mutate: the warm test process ended (status {self.server.returncode}); "
+            f"started again at the next mutant. Its log ends:\n{log}",
+            file=sys.stderr,
+            flush=True,
+        )
+        self.server = None
 
     def close(self) -> None:
         if self.server is not None:
