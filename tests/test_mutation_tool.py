@@ -358,3 +358,34 @@ def test_known_survivors_are_counted_as_survived_without_running(tmp_path: Path)
     assert "4 killed (100.0 %" in mutate(root, "--recheck").stdout
     assert "0 known survivors" in mutate(root, "--full", "--survivors").stdout
     assert tomllib.loads((root / "tests/mutation/survivors.toml").read_text())["known"] == []
+
+
+# a mutant that makes the module refuse to import: the tests' files fail to collect
+REFUSES = '''"""A check at import."""
+
+LIMIT = 1
+if LIMIT < 1:
+    raise TypeError("LIMIT must be at least 1")
+
+
+def limit() -> int:
+    return LIMIT
+'''
+
+REFUSES_TESTS = """from statemachine.tiny import limit
+
+
+def test_limit() -> None:
+    assert limit() == 1
+"""
+
+
+def test_a_mutant_that_breaks_the_import_is_killed_not_an_error(tmp_path: Path) -> None:
+    got = mutate(scratch_repo(tmp_path, REFUSES_TESTS, module=REFUSES), "-v")
+    # LIMIT 1 -> 0, the check's < -> <= and its 1 -> 2 raise at import (the test file
+    # cannot be collected: killed, not a usage error); LIMIT 1 -> 2 fails the test; the
+    # check's 1 -> 0 (LIMIT < 0) survives: a survivor, so the run is below 100 % (exit 1)
+    assert got.returncode == 1, got.stdout + got.stderr
+    assert "tiny: 5 mutants, 0 equivalent, 5 run, 4 killed (80.0 %" in got.stdout
+    assert "error" not in got.stderr
+    assert "survived" in next(x for x in got.stdout.splitlines() if "const 1 -> 0    if LIMIT" in x)

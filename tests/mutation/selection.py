@@ -89,10 +89,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 @pytest.hookimpl(trylast=True)
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(
+    session: pytest.Session, config: pytest.Config, items: list[pytest.Item]
+) -> None:
     chosen = os.environ.get("VRAMCTL_MUTATION_TESTS")  # read here: a warm process's
     if not chosen:  # fork sets it per mutant (tests/mutation/forkserver.py)
         return
+    if session.testsfailed:  # a test file no longer imports: the mutant broke it, and
+        return  # pytest stops on the collection error (exit 2: killed), not a usage error
     wanted: list[str] = json.loads(Path(chosen).read_text())
     by_id = {item.nodeid: item for item in items}
     missing = [n for n in wanted if n not in by_id]
