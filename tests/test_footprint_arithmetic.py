@@ -5,6 +5,8 @@ the interfaces' use of it is tests/test_footprints.py."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from statemachine.footprint import (
@@ -156,3 +158,16 @@ def test_the_reason_compares_the_proposal_with_the_declaration() -> None:
         768: "256 MiB more than declared",
         2048: "1024 MiB less than declared",
     }
+
+
+def test_the_defaults_give_the_documented_example() -> None:
+    # docs/operations.md (calibrate): --margin-pct 10, --granule-mib 256, --min-samples 3
+    samples = [sample(1.0, 4200), sample(2.0, 4000), sample(3.0, 3900)]
+    p = propose("x", 4000, samples)
+    assert (p.margin_pct, p.granule_mib, p.min_samples) == (10.0, 256, 3)
+    line = (
+        "peak 4200 MiB (largest of 3 attributable samples) + 10 % = 4620.0 MiB, "
+        "rounded up to a multiple of 256 MiB = 4864 MiB"
+    )
+    assert p.arithmetic == line
+    assert line in (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
