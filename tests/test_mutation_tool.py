@@ -389,3 +389,16 @@ def test_a_mutant_that_breaks_the_import_is_killed_not_an_error(tmp_path: Path) 
     assert "tiny: 5 mutants, 0 equivalent, 5 run, 4 killed (80.0 %" in got.stdout
     assert "error" not in got.stderr
     assert "survived" in next(x for x in got.stdout.splitlines() if "const 1 -> 0    if LIMIT" in x)
+
+
+def test_the_shell_run_takes_the_shells_modules_only(tmp_path: Path) -> None:
+    root = scratch_repo(tmp_path, STRONG)
+    (root / "controller").mkdir()
+    (root / "controller/__init__.py").write_text("")
+    (root / "controller/tiny.py").write_text(MODULE)
+    toml = root / "tests/mutation/mutation.toml"
+    toml.write_text(toml.read_text() + '\n[modules."controller.tiny"]\nin_test_command = false\n')
+    shell = mutate(root, "--shell", "--list").stdout
+    assert "# controller.tiny: 4 mutants" in shell and "# tiny:" not in shell, shell
+    core = mutate(root, "--list").stdout
+    assert "# tiny: 4 mutants" in core and "controller.tiny" not in core, core

@@ -907,7 +907,7 @@ def run(args: argparse.Namespace) -> int:
     names = args.modules or [
         n
         for n, m in cfg.modules.items()
-        if (is_shell(n) and args.shell) or (not is_shell(n) and (full or m.in_test_command))
+        if (is_shell(n) if args.shell else not is_shell(n) and (full or m.in_test_command))
     ]
     if args.survivors and (args.match or args.sample is not None or not (full or args.recheck)):
         print("mutate: --survivors needs every mutant run (--full or --recheck)", file=sys.stderr)
