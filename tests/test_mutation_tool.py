@@ -402,3 +402,6 @@ def test_the_shell_run_takes_the_shells_modules_only(tmp_path: Path) -> None:
     assert "# controller.tiny: 4 mutants" in shell and "# tiny:" not in shell, shell
     core = mutate(root, "--list").stdout
     assert "# tiny: 4 mutants" in core and "controller.tiny" not in core, core
+    # and the run says what it took: its summary line (and the docs block it writes) says shell
+    run = mutate(root, "--shell")
+    assert "mutate: shell run in" in run.stdout, run.stdout + run.stderr

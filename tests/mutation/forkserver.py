@@ -31,7 +31,6 @@ beyond its own log.
 from __future__ import annotations
 
 import ast
-import functools
 import importlib
 import inspect
 import json
@@ -89,8 +88,9 @@ def _functions(namespace: dict[str, Any], module: str) -> dict[str, types.Functi
 
 def _clear_caches(namespace: dict[str, Any]) -> None:
     for value in list(namespace.values()):
+        # functools.cache/lru_cache wrappers: the pair of methods they document
         clear = getattr(value, "cache_clear", None)
-        if isinstance(value, functools._lru_cache_wrapper) and callable(clear):
+        if callable(getattr(value, "cache_info", None)) and callable(clear):
             clear()
 
 

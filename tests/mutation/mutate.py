@@ -580,6 +580,20 @@ def scores_table(results: list[ModuleResult], thresholds: dict[str, float | None
     return "\n".join(rows)
 
 
+def run_kind(args: argparse.Namespace, full: bool) -> str:
+    """What a run took, for its summary line and its generated block."""
+    for kind, chosen in (
+        ("quick-look", bool(args.tests)),
+        ("shell", args.shell),
+        ("full", full),
+        ("match", bool(args.match)),
+        ("recheck", args.recheck),
+    ):
+        if chosen:
+            return kind
+    return "test-command"
+
+
 def write_block(root: Path, name: str, body: str) -> None:
     """Replace the generated block ``name`` of docs/mutation.md (between its markers)."""
     path = root / DOCS
@@ -918,6 +932,7 @@ def run(args: argparse.Namespace) -> int:
         return 2
 
     plan: dict[str, tuple[ModuleResult, list[Mutant], list[Path]]] = {}
+    every_key: set[str] = set()
     problems: list[str] = []
     pool = test_pool(root, cfg.also)
     if any(is_shell(n) for n in names):
@@ -928,6 +943,7 @@ def run(args: argparse.Namespace) -> int:
         mc = cfg.modules[name]
         source = (root / source_path(name)).read_text()
         every = mutants_of(name, source)
+        every_key |= {m.key for m in every}
         excluded, wrong = match_equivalents([e for e in cfg.equivalents if e.module == name], every)
         problems += wrong
         res = ModuleResult(name, total=len(every), equivalent=len(excluded))
@@ -946,8 +962,6 @@ def run(args: argparse.Namespace) -> int:
             res.known = [m for m in todo if m.key in cfg.known]
             todo = [m for m in todo if m.key not in cfg.known]
         plan[name] = (res, todo, [f for f in pool if _imports(root / f, name)])
-    every_key = {m.key for res, todo, _ in plan.values() for m in [*todo, *res.known]}
-    every_key |= {m.key for n in plan for m in mutants_of(n, (root / source_path(n)).read_text())}
     stale = sorted(k for k in cfg.known if k.split(":", 1)[0] in plan and k not in every_key)
     if stale:  # a changed line: its mutants run again; the entry only needs removing
         print(f"mutate: {SURVIVORS}: entries that match no mutant (remove them): {stale}")
@@ -1082,17 +1096,14 @@ def run(args: argparse.Namespace) -> int:
         for n, (res, _, _) in plan.items()
         if (gate := cfg.modules[n].threshold) is not None and res.score < gate
     ]
-    print(
-        f"mutate: {'full' if full else 'test-command'} run in {elapsed:.0f}s with {workers} "
-        f"worker(s)"
-    )
+    print(f"mutate: {run_kind(args, full)} run in {elapsed:.0f}s with {workers} worker(s)")
     if args.docs:
         results = [res for res, _, _ in plan.values()]
         thresholds = {n: m.threshold for n, m in cfg.modules.items()}
         write_block(
             root,
             "shell-scores" if all(is_shell(n) for n in plan) else "scores",
-            f"`{' '.join(['mutate.py', *sys.argv[1:]])}`: {'full' if full else 'test-command'} "
+            f"`{' '.join(['mutate.py', *sys.argv[1:]])}`: {run_kind(args, full)} "
             f"run, {workers} worker(s), {elapsed:.0f} s in all.\n\n"
             + scores_table(results, thresholds),
         )
