@@ -133,30 +133,34 @@ def _elastic_started_bigger(b_used: int) -> tuple[DesiredState, Observed]:
     return desired(el, other), obs
 
 
+def _plan_applied(
+    want: DesiredState, obs: Observed
+) -> tuple[list[tuple[Action, str, int | None, int | None]], Observed]:
+    """The plan's steps, and the host once they are done, whose ledger must be the one
+    the plan promised."""
+    plan = plan_transitions(want, obs, Policy(), now=200.0)
+    after = apply_plan(want, obs, plan, 200.0)
+    assert ledger_from_observed(want, after).holdings == plan.ledger_after.holdings
+    return [(s.action, s.serve, s.mib, s.to_mib) for s in plan.steps], after
+
+
 def test_an_elastic_serve_grows_back_to_what_it_was_started_with() -> None:
     """Whole again, it counts the larger figure it was started with, on every role of
     either (the ledger): its grow back is to that figure, so the plan's ledger is the one
     the host shows once the grow is done, and the next plan has nothing to do."""
     want, obs = _elastic_started_bigger(1000)
-    plan = plan_transitions(want, obs, Policy(), now=200.0)
-    assert [(s.action, s.serve, s.mib, s.to_mib) for s in plan.steps] == [
-        (Action.GROW, "el", 4000, 8000)
-    ]
-    after = apply_plan(want, obs, plan, 200.0)
-    assert ledger_from_observed(want, after).holdings == plan.ledger_after.holdings
+    steps, after = _plan_applied(want, obs)
+    assert steps == [(Action.GROW, "el", 4000, 8000)]
     assert plan_transitions(want, after, Policy(), now=200.0).empty
 
 
 def test_an_elastic_serve_grows_by_the_room_on_every_role_it_holds() -> None:
-    """Its record holds b too, where 5000 of 10000 are free: it grows by the whole
-    segments that fit there (9 of 512 MiB), not by what its declared role a has free."""
+    """Its record holds b too, where ``other``'s 5000 and its own 4000 leave 1000 of
+    10000 free: it grows by the whole segments that fit there (one of 512 MiB), not by
+    the 6000 its declared role a has free."""
     want, obs = _elastic_started_bigger(5000)
-    plan = plan_transitions(want, obs, Policy(), now=200.0)
-    assert [(s.action, s.serve, s.mib, s.to_mib) for s in plan.steps] == [
-        (Action.GROW, "el", 512, 4512)
-    ]
-    after = apply_plan(want, obs, plan, 200.0)
-    assert ledger_from_observed(want, after).holdings == plan.ledger_after.holdings
+    steps, _ = _plan_applied(want, obs)
+    assert steps == [(Action.GROW, "el", 512, 4512)]
 
 
 def test_a_partial_grow_of_a_serve_started_bigger_stays_below_its_declared_figure() -> None:
@@ -165,10 +169,6 @@ def test_a_partial_grow_of_a_serve_started_bigger_stays_below_its_declared_figur
     default, and the ledger then counts the 8000 it was started with), so the partial
     grow stops below 6000, in whole segments: 3 of 512, to 5536."""
     want, obs = _elastic_started_bigger(3000)
-    plan = plan_transitions(want, obs, Policy(), now=200.0)
-    assert [(s.action, s.serve, s.mib, s.to_mib) for s in plan.steps] == [
-        (Action.GROW, "el", 1536, 5536)
-    ]
-    after = apply_plan(want, obs, plan, 200.0)
-    assert ledger_from_observed(want, after).holdings == plan.ledger_after.holdings
+    steps, after = _plan_applied(want, obs)
+    assert steps == [(Action.GROW, "el", 1536, 5536)]
     assert plan_transitions(want, after, Policy(), now=200.0).empty
