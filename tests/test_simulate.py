@@ -9,8 +9,9 @@ made against a host that lost facts no step touched.
 
 from __future__ import annotations
 
+from statemachine.ledger import GpuReservation, Ledger, Refusal, RefusalKind
 from statemachine.lifecycle import LifecycleState
-from statemachine.plan import Action
+from statemachine.plan import Action, Plan, Step
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan, ledger_prefixes
 from statemachine.status import lifecycle_from_observation
@@ -167,3 +168,26 @@ def test_a_sleeper_outside_the_ledger_wakes_without_touching_the_ledger() -> Non
         assert ledger is plan.ledger_before
     after = apply_plan(desired, observed, plan, NOW)
     assert "free" not in after.sleep
+
+
+def test_a_replay_stops_at_the_first_refused_step_with_its_arithmetic() -> None:
+    """``ledger_prefixes`` replays a plan step by step (what ``tests/replay.py`` checks
+    every plan with): a step the ledger refuses is yielded with every term of the refusal,
+    and nothing after it is replayed (it would run on a ledger that does not exist)."""
+    roles = {"g0": GpuRole("g0", 10_000, 1_000)}
+    before = Ledger(roles, (GpuReservation("old", ("g0",), 6_000),))
+    steps = (
+        Step(Action.RESERVE, "a", ("g0",), 2_000, "start a"),
+        Step(Action.RESERVE, "b", ("g0",), 2_000, "start b"),
+        Step(Action.RELEASE, "old", ("g0",), 6_000, "stop old"),
+        Step(Action.RESERVE, "c", ("g0",), 1_000, "start c"),
+    )
+    plan = Plan(steps, (), before, before)
+    replayed = list(ledger_prefixes(plan))
+    assert [step.serve for step, _ in replayed] == ["a", "b"]
+    (_, admitted), (_, refused) = replayed
+    assert isinstance(admitted, Ledger) and admitted.committed_mib("g0") == 8_000
+    assert isinstance(refused, Refusal) and refused.kind is RefusalKind.OVER_BUDGET
+    (terms,) = refused.terms
+    assert (terms.budget_mib, terms.committed_mib, terms.free_mib) == (9_000, 8_000, 1_000)
+    assert (terms.requested_mib, terms.shortfall_mib) == (2_000, 1_000)
