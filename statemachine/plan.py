@@ -213,8 +213,11 @@ class Plan:
             },
             "notes": list(self.notes),
         }
-        host_before, host_after = self.ledger_before.host_view(), self.ledger_after.host_view()
-        if host_before is not None and host_after is not None:  # only with a [host] budget
-            out["host_ledger_before"] = host_before.to_json()
-            out["host_ledger_after"] = host_after.to_json()
+        for key, ledger in (
+            ("host_ledger_before", self.ledger_before),
+            ("host_ledger_after", self.ledger_after),
+        ):
+            host = ledger.host_view()
+            if host is not None:  # only with a [host] budget
+                out[key] = host.to_json()
         return out

@@ -262,3 +262,56 @@ def test_a_sleeper_that_is_requested_has_not_run_until_it_is_woken() -> None:
     )
     end = request_end(req, od(), asleep)
     assert (end.basis, end.expires_at) == (IdleBasis.PENDING, None)
+
+
+def test_the_json_counts_down_to_the_deadline_and_stops_at_zero() -> None:
+    """GET /v1/serves: ``expires_in_s`` is the deadline minus now while it is ahead,
+    0 once it has passed (never negative), and ``unknown`` (None) without a deadline."""
+    end = request_expiry(OnDemandRequest("od", T0), od(), InFlightObs(0, M, T0 + 20))
+    assert end.expires_at == T0 + 20 + TTL
+    ahead = end.to_json(T0 + 50)
+    assert ahead == {
+        "ttl_basis": "measured",
+        "ttl_s": TTL,
+        "expires_at": T0 + 20 + TTL,
+        "expires_in_s": 30.0,
+        "expired": False,
+        "idle_since": T0 + 20,
+        "in_flight": 0,
+    }
+    assert end.to_json(T0 + 80 - 0.5)["expires_in_s"] == 0.5
+    at = end.to_json(T0 + 80)
+    assert (at["expires_in_s"], at["expired"]) == (0.0, True)
+    past = end.to_json(T0 + 80 + 30)
+    assert (past["expires_in_s"], past["expired"]) == (0.0, True)
+    busy = request_expiry(OnDemandRequest("od", T0), od(), InFlightObs(2, M)).to_json(T0)
+    assert (busy["expires_at"], busy["expires_in_s"], busy["in_flight"]) == (None, None, 2)
+
+
+def test_one_request_in_flight_keeps_the_serve_busy() -> None:
+    end = request_expiry(OnDemandRequest("od", T0), od(), InFlightObs(1, M, None, T0 + 5))
+    assert (end.basis, end.expires_at, end.in_flight) == (IdleBasis.MEASURED, None, 1)
+    assert not end.expired(T0 + 100 * TTL)
+
+
+def test_a_container_that_stopped_at_the_instant_of_the_request_has_run_for_it() -> None:
+    """It was running when the request came (it ran up to its ``FinishedAt``): the
+    request's idleness was measured and ended, it does not wait for another run."""
+    req = OnDemandRequest("od", T0)
+    stopped = ContainerObs(ContainerState.EXITED, started_at=T0 - 500, finished_at=T0)
+    observed = Observed(True, {"c-od": stopped}, in_flight={"od": InFlightObs(None, M)})
+    end = request_end(req, od(), observed)
+    assert (end.basis, end.expires_at) == (IdleBasis.UNKNOWN, T0 + TTL)
+    just_before = ContainerObs(ContainerState.EXITED, started_at=T0 - 500, finished_at=T0 - 0.001)
+    waiting = Observed(True, {"c-od": just_before}, in_flight={"od": InFlightObs(None, M)})
+    assert request_end(req, od(), waiting).basis is IdleBasis.PENDING
+
+
+def test_a_request_for_a_serve_the_manifest_no_longer_has_keeps_its_own_ttl() -> None:
+    """No spec: no idle_ttl_s to measure; the request's own ttl_s still ends it, and
+    without one it lasts until ``down`` (nothing is read from the observation)."""
+    observed = Observed(True, {})
+    own = request_end(OnDemandRequest("gone", T0, 30.0), None, observed)
+    assert (own.basis, own.ttl_s, own.expires_at) == (IdleBasis.TTL, 30.0, T0 + 30.0)
+    none = request_end(OnDemandRequest("gone", T0), None, observed)
+    assert (none.basis, none.ttl_s, none.expires_at) == (IdleBasis.NONE, None, None)

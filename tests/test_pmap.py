@@ -7,6 +7,8 @@ made from it (an earlier ledger stays what it was).
 
 from __future__ import annotations
 
+import tracemalloc
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -100,3 +102,40 @@ def test_a_copied_or_pickled_pmap_is_the_same_mapping() -> None:
         assert dict(clone) == {"b": 2, "c": 3, "d": 4} and list(clone) == ["b", "c", "d"]
         assert clone == m and len(clone) == 3
         assert clone.set("a", 9).get("a") == 9 and list(clone.set("a", 9))[-1] == "a"
+
+
+def _update_allocates(m: PMap[int, int], key: int, value: int | None) -> tuple[PMap[int, int], int]:
+    """``m`` with ``key`` set (``value`` None: deleted), and the most bytes the update had
+    allocated at once (tracemalloc: a count, not a time)."""
+    tracemalloc.reset_peak()
+    before, _ = tracemalloc.get_traced_memory()
+    after = m.delete(key) if value is None else m.set(key, value)
+    _, peak = tracemalloc.get_traced_memory()
+    return after, peak - before
+
+
+def test_an_update_of_a_large_map_copies_a_few_changes_not_the_map() -> None:
+    """What a ledger operation relies on (the module's promise, benchmarks/README.md):
+    a holding set or released copies the changes since the last fold, never the whole
+    map, while the changes stay under about the square root of the map's size (200 here)."""
+    n = 40_000
+    m: PMap[int, int] = PMap({i: i for i in range(n)})
+    d = dict(m)
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before, _ = tracemalloc.get_traced_memory()
+        whole = dict(m)
+        copy_bytes = tracemalloc.get_traced_memory()[1] - before
+        del whole
+        for i in range(150):  # a new key, a changed one, a deleted one: 150 changes in all
+            key, value = [(n + i, i), (i, -i), (i, None)][i % 3]
+            m, allocated = _update_allocates(m, key, value)
+            assert allocated < copy_bytes // 10, (i, allocated, copy_bytes)
+            if value is None:
+                del d[key]
+            else:
+                d[key] = value
+    finally:
+        tracemalloc.stop()
+    assert list(m.items()) == list(d.items())

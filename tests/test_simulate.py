@@ -9,13 +9,18 @@ made against a host that lost facts no step touched.
 
 from __future__ import annotations
 
+from statemachine.ledger import GpuReservation, Ledger, Refusal, RefusalKind
+from statemachine.lifecycle import LifecycleState
+from statemachine.plan import Action, Plan, Step
 from statemachine.planner import plan_transitions
-from statemachine.simulate import apply_plan
+from statemachine.simulate import apply_plan, ledger_prefixes
+from statemachine.status import lifecycle_from_observation
 from statemachine.types import (
     ContainerObs,
     ContainerState,
     DesiredRun,
     DesiredState,
+    Elastic,
     GpuObs,
     GpuRole,
     InFlightObs,
@@ -24,6 +29,10 @@ from statemachine.types import (
     OnDemandRequest,
     Residency,
     ServeSpec,
+    Sleep,
+    SleepObs,
+    SleepProtocol,
+    SleepState,
 )
 
 NOW = 1_000_000.0
@@ -92,4 +101,93 @@ def test_a_stopped_container_says_when_it_finished() -> None:
     assert [f"{st.action} {st.serve}" for st in plan.steps] == ["stop alpha", "release alpha"]
     after = apply_plan(desired, observed, plan, NOW)
     assert after.container("ctr-alpha").finished_at == NOW
+    # a requested stop ends cleanly: the serve reads stopped, not failed
+    assert after.container("ctr-alpha").exit_code == 0
+    assert lifecycle_from_observation(after.container("ctr-alpha")) is LifecycleState.STOPPED
     assert plan_transitions(desired, after, None, NOW).empty
+
+
+def _moe(elastic_mib: int, other_mib: int) -> tuple[DesiredState, Observed]:
+    """moe (20000 declared, elastic) shrunk to ``elastic_mib`` beside other (``other_mib``)."""
+    moe = ServeSpec(
+        "moe",
+        "ctr-moe",
+        ("g0",),
+        20_000,
+        Residency.EVICTABLE,
+        DesiredRun.RUNNING,
+        elastic=Elastic("http://127.0.0.1:1", 10_000),
+    )
+    other = ServeSpec("other", "ctr-other", ("g0",), other_mib, None, DesiredRun.RUNNING)
+    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
+    desired = DesiredState({"g0": GpuRole("g0", 30_000)}, {"moe": moe, "other": other})
+    return desired, Observed(
+        True, {"ctr-moe": up, "ctr-other": up}, elastic_mib={"moe": elastic_mib}
+    )
+
+
+def test_a_grow_back_to_the_declared_reservation_leaves_no_shrunk_figure() -> None:
+    """``elastic_mib`` holds the serves that hold less than they declare: grown back to
+    its whole ``vram_mib`` the serve is out of it; grown part of the way it holds the
+    reservation the grow reached."""
+    desired, observed = _moe(14_000, 10_000)  # room for the missing 6000 exactly
+    plan = plan_transitions(desired, observed, None, NOW)
+    assert [(s.action, s.mib, s.to_mib) for s in plan.steps] == [(Action.GROW, 6000, 20_000)]
+    after = apply_plan(desired, observed, plan, NOW)
+    assert "moe" not in after.elastic_mib
+    assert plan_transitions(desired, after, None, NOW).empty
+    desired, observed = _moe(14_000, 12_000)  # 4000 free: seven 512 MiB segments
+    plan = plan_transitions(desired, observed, None, NOW)
+    assert [(s.action, s.to_mib) for s in plan.steps] == [(Action.GROW, 17_584)]
+    assert apply_plan(desired, observed, plan, NOW).elastic_mib == {"moe": 17_584}
+
+
+def test_a_sleeper_outside_the_ledger_wakes_without_touching_the_ledger() -> None:
+    """A serve without ``vram_mib`` holds no reservation: its reserve_wake moves nothing
+    (no MiB, no ``to_mib``), so the plan replays through the ledger without a refusal
+    and the ledger after it is the one before; applied, the serve is awake."""
+    free = ServeSpec(
+        "free",
+        "ctr-free",
+        (),
+        None,
+        Residency.ON_DEMAND,
+        sleep=Sleep(1, 1000, SleepProtocol.VLLM, 0),
+    )
+    desired = DesiredState(
+        {"g0": GpuRole("g0", 1000)}, {"free": free}, (OnDemandRequest("free", NOW - 1),)
+    )
+    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
+    observed = Observed(True, {"ctr-free": up}, sleep={"free": SleepObs(SleepState.ASLEEP, 1)})
+    plan = plan_transitions(desired, observed, None, NOW)
+    wake = plan.steps[0]
+    assert (wake.action, wake.mib, wake.to_mib) == (Action.RESERVE_WAKE, None, None)
+    replayed = list(ledger_prefixes(plan))
+    assert [step for step, _ in replayed] == list(plan.steps)
+    for _, ledger in replayed:
+        assert ledger is plan.ledger_before
+    after = apply_plan(desired, observed, plan, NOW)
+    assert "free" not in after.sleep
+
+
+def test_a_replay_stops_at_the_first_refused_step_with_its_arithmetic() -> None:
+    """``ledger_prefixes`` replays a plan step by step (what ``tests/replay.py`` checks
+    every plan with): a step the ledger refuses is yielded with every term of the refusal,
+    and nothing after it is replayed (it would run on a ledger that does not exist)."""
+    roles = {"g0": GpuRole("g0", 10_000, 1_000)}
+    before = Ledger(roles, (GpuReservation("old", ("g0",), 6_000),))
+    steps = (
+        Step(Action.RESERVE, "a", ("g0",), 2_000, "start a"),
+        Step(Action.RESERVE, "b", ("g0",), 2_000, "start b"),
+        Step(Action.RELEASE, "old", ("g0",), 6_000, "stop old"),
+        Step(Action.RESERVE, "c", ("g0",), 1_000, "start c"),
+    )
+    plan = Plan(steps, (), before, before)
+    replayed = list(ledger_prefixes(plan))
+    assert [step.serve for step, _ in replayed] == ["a", "b"]
+    (_, admitted), (_, refused) = replayed
+    assert isinstance(admitted, Ledger) and admitted.committed_mib("g0") == 8_000
+    assert isinstance(refused, Refusal) and refused.kind is RefusalKind.OVER_BUDGET
+    (terms,) = refused.terms
+    assert (terms.budget_mib, terms.committed_mib, terms.free_mib) == (9_000, 8_000, 1_000)
+    assert (terms.requested_mib, terms.shortfall_mib) == (2_000, 1_000)
