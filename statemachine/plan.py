@@ -84,6 +84,54 @@ class Step:
             out["host_mib"] = self.host_mib
         return out
 
+    @classmethod
+    def from_json(cls, data: object) -> Step:
+        """The step of :meth:`to_json` (a saved plan's); raises ``ValueError`` naming the
+        malformed field, and refuses a resize without the figure it resizes to (the
+        ledger would count it as moving nothing, the executor could not carry it out)."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"step: expected an object, got {type(data).__name__}")
+        serve = _text(data, "serve", None)
+        raw = data.get("action")
+        action = _ACTIONS.get(raw) if isinstance(raw, str) else None
+        if action is None:
+            raise ValueError(f"step {serve}: action: {raw!r} is not one of {', '.join(_ACTIONS)}")
+        roles = data.get("gpu_roles", [])
+        if not isinstance(roles, list) or not all(isinstance(r, str) for r in roles):
+            raise ValueError(f"step {action} {serve}: gpu_roles: expected names, got {roles!r}")
+        step = cls(
+            action,
+            serve,
+            tuple(roles),
+            _mib(data, "mib", f"{action} {serve}"),
+            _text(data, "reason", ""),
+            _mib(data, "to_mib", f"{action} {serve}"),
+            _text(data, "group", serve),
+            _mib(data, "host_mib", f"{action} {serve}"),
+        )
+        if action in _RESIZES and step.to_mib is None:
+            raise ValueError(f"step {action} {serve}: to_mib: required for a {action}")
+        return step
+
+
+_ACTIONS = {a.value: a for a in Action}
+#: the steps that move a reservation to ``to_mib``: without it they cannot be carried out
+_RESIZES = frozenset({Action.SHRINK, Action.GROW, Action.RELEASE_TO_RESIDUAL})
+
+
+def _text(data: Mapping[str, Any], key: str, default: str | None) -> str:
+    value = data.get(key, default)
+    if not isinstance(value, str):
+        raise ValueError(f"step: {key}: expected text, got {value!r}")
+    return value
+
+
+def _mib(data: Mapping[str, Any], key: str, where: str) -> int | None:
+    value = data.get(key)
+    if value is not None and (not isinstance(value, int) or isinstance(value, bool) or value < 0):
+        raise ValueError(f"step {where}: {key}: expected MiB (0 or more) or null, got {value!r}")
+    return value
+
 
 @direct_init
 @dataclass(frozen=True, slots=True)

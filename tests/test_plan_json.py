@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 
 from statemachine.ledger import Ledger
-from statemachine.plan import Plan, Policy
+from statemachine.plan import Action, Plan, Policy, Step
 from statemachine.types import GpuRole, HostBudget
 from statemachine.victims import DEFAULT_EXACT_LIMIT
 
@@ -90,3 +90,78 @@ def test_a_plan_without_a_host_budget_has_no_host_ledger() -> None:
     assert "host_ledger_before" not in out
     assert "host_ledger_after" not in out
     assert out["ledger_before"]["gpu0"]["budget_mib"] == 79_000
+
+
+# ---- a step read back from a saved plan (`vramctl apply PLAN`) ----------------------
+
+
+def _step_json(**over: object) -> dict[str, object]:
+    base: dict[str, object] = {
+        "action": "shrink",
+        "serve": "el",
+        "gpu_roles": ["g0"],
+        "mib": 2000,
+        "reason": "make room",
+        "to_mib": 6000,
+        "group": "q",
+    }
+    return {k: v for k, v in {**base, **over}.items() if v is not _ABSENT}
+
+
+_ABSENT = object()
+
+
+def test_every_step_the_planner_writes_reads_back_equal() -> None:
+    steps = [
+        Step(Action.SHRINK, "el", ("g0",), 2000, "make room", to_mib=6000, group="q"),
+        Step(Action.RESERVE, "q", ("g0", "g1"), 900, "start q", group="q"),
+        Step(Action.RESERVE_WAKE, "s", ("g0",), None, "outside the ledger", group="s"),
+        Step(Action.RELEASE_TO_RESIDUAL, "s", ("g0",), 500, "down", to_mib=100, host_mib=64),
+        Step(Action.STOP, "old", ("g0",), None, "stop old", group="q"),
+    ]
+    assert [Step.from_json(s.to_json()) for s in steps] == steps
+
+
+def test_a_step_without_a_group_is_its_own_serves() -> None:
+    assert Step.from_json(_step_json(group=_ABSENT)).group == "el"
+
+
+@pytest.mark.parametrize("action", ["shrink", "grow", "release_to_residual"])
+def test_a_resize_without_the_figure_it_resizes_to_is_refused(action: str) -> None:
+    """The ledger and the executor need ``to_mib``: a step without it would pass the
+    ledger's check as moving nothing and then fail on the host."""
+    with pytest.raises(ValueError, match=f"{action} el: to_mib: required"):
+        Step.from_json(_step_json(action=action, to_mib=_ABSENT))
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("action", "teleport"),
+        ("serve", 7),
+        ("serve", _ABSENT),
+        ("gpu_roles", "g0"),
+        ("gpu_roles", [0]),
+        ("mib", "2000"),
+        ("mib", -1),
+        ("mib", True),
+        ("to_mib", 6000.5),
+        ("host_mib", -64),
+        ("reason", None),
+        ("group", 3),
+    ],
+)
+def test_a_malformed_field_is_refused_naming_it(field: str, value: object) -> None:
+    with pytest.raises(ValueError, match=f"{field}:"):
+        Step.from_json(_step_json(**{field: value}))
+
+
+def test_a_step_that_is_not_an_object_is_refused() -> None:
+    with pytest.raises(ValueError, match="expected an object, got list"):
+        Step.from_json(["shrink", "el"])
+
+
+def test_zero_mib_is_a_figure_not_a_malformed_field() -> None:
+    """A wake that needs nothing more moves 0 MiB: read back as 0, not refused."""
+    step = Step.from_json(_step_json(action="reserve_wake", mib=0, to_mib=4000, host_mib=0))
+    assert (step.mib, step.to_mib, step.host_mib) == (0, 4000, 0)

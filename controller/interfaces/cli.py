@@ -856,7 +856,7 @@ def _saved_plan(
     """The plan saved in ``plan_file``, if the host is still what it was planned from."""
     from controller.snapshot import SnapshotError, parse_snapshot, snapshot_changes
     from statemachine.ledger import Refusal, ledger_from_observed
-    from statemachine.planner import Action, Plan, Step
+    from statemachine.planner import Plan, Step
     from statemachine.simulate import apply_step
 
     desired = mset.desired()
@@ -876,21 +876,11 @@ def _saved_plan(
             render.error(f"  {change}")
         render.error("plan again (`vramctl plan --out`) and review the new plan")
         raise typer.Exit(1)
+    if not isinstance(saved["steps"], list):
+        _fail(f"{plan_file}: steps: expected a list, got {type(saved['steps']).__name__}")
     try:
-        steps = tuple(
-            Step(
-                action=Action(x["action"]),
-                serve=x["serve"],
-                gpu_roles=tuple(x.get("gpu_roles", ())),
-                mib=x.get("mib"),
-                reason=x.get("reason", ""),
-                to_mib=x.get("to_mib"),
-                group=x.get("group", x["serve"]),
-                host_mib=x.get("host_mib"),
-            )
-            for x in saved["steps"]
-        )
-    except (KeyError, ValueError, TypeError) as exc:
+        steps = tuple(Step.from_json(x) for x in saved["steps"])
+    except ValueError as exc:
         _fail(f"{plan_file}: a step is malformed: {exc}")
     unknown = sorted({st.serve for st in steps} - set(desired.serves))
     if unknown:
