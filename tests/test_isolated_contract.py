@@ -29,6 +29,11 @@ from statemachine.types import (
     Observed,
     Residency,
     ServeSpec,
+    Sleep,
+    SleepObs,
+    SleepProtocol,
+    SleepState,
+    StartingObs,
 )
 
 ROLES = {
@@ -43,23 +48,27 @@ def _evictable(name: str, roles: tuple[str, ...] = ("g",), mib: int = 5_000) -> 
     return ServeSpec(name, f"c-{name}", roles, mib, Residency.EVICTABLE)
 
 
-def _decide(serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT) -> Decision | None:
+def _decide(
+    serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT, policy: Policy = Policy()
+) -> Decision | None:
     """``decide`` for ``want`` on a host of ``serves``, by the ledger and by the plain
     reading (where the observation is plain: both must agree)."""
     desired = DesiredState(ROLES, {s.name: s for s in [*serves, want]})
     ledger = ledger_from_observed(desired, observed)
-    got = decide(desired, observed, want, ledger, Policy(), NOW)
+    got = decide(desired, observed, want, ledger, policy, NOW)
     reading = plain_reading(desired, observed)
     if reading is not None:
-        assert decide(desired, observed, want, reading, Policy(), NOW) == got
+        assert decide(desired, observed, want, reading, policy, NOW) == got
     return got
 
 
-def _planned(serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT) -> Decision:
+def _planned(
+    serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT, policy: Policy = Policy()
+) -> Decision:
     """The planner's plan for the isolated request, as a decision: its stops and drains
     (and nothing shrunk, slept, woken or blocked, which no decision says)."""
     desired = DesiredState(ROLES, {s.name: s for s in [*serves, want]})
-    plan = request_plan(desired, observed, want.name, now=NOW)
+    plan = request_plan(desired, observed, want.name, policy=policy, now=NOW)
     assert not plan.blocked, plan.blocked
     assert not {s.action for s in plan.steps} & {Action.SHRINK, Action.SLEEP, Action.WAKE}
     return Decision(
@@ -68,11 +77,13 @@ def _planned(serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT
     )
 
 
-def _answers(serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT) -> Decision:
+def _answers(
+    serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT, policy: Policy = Policy()
+) -> Decision:
     """``decide``'s answer, checked to be the planner's."""
-    got = _decide(serves, observed, want)
+    got = _decide(serves, observed, want, policy)
     assert got is not None, "the shortcut declined"
-    assert got == _planned(serves, observed, want)
+    assert got == _planned(serves, observed, want, policy)
     return got
 
 
@@ -86,6 +97,11 @@ def _running(*serves: ServeSpec, obs: ContainerObs = RUNNING) -> Observed:
 def test_a_requester_with_an_idle_ttl_is_decided_while_its_request_lasts() -> None:
     want = replace(WANT, idle_ttl_s=300.0)
     assert _answers([], Observed(True), want) == NO_ROOM_NEEDED
+
+
+def test_a_request_whose_idle_ttl_has_ended_is_left_to_the_planner() -> None:
+    """idle_ttl_s = 0: the request ends as it is made (the planner says what follows)."""
+    assert _decide([], Observed(True), replace(WANT, idle_ttl_s=0.0)) is None
 
 
 def test_a_requester_whose_container_is_its_own_projects_is_decided() -> None:
@@ -126,6 +142,14 @@ def test_an_exclusive_requester_does_not_conflict_with_a_serve_on_another_role()
     assert _decide([on_g], _running(on_g), want) is None  # the planner stops it first
 
 
+def test_a_requester_conflicts_with_a_serve_on_its_port_on_any_role() -> None:
+    want = replace(WANT, port=8000)
+    other = replace(_evictable("other", ("h",)), port=8000)
+    assert _decide([other], _running(other), want) is None
+    elsewhere = replace(other, port=8001)
+    assert _answers([elsewhere], _running(elsewhere), want) == NO_ROOM_NEEDED
+
+
 def test_a_free_sized_requester_waits_only_for_a_free_sized_start() -> None:
     """An engine that sizes itself from free memory is serialised only behind another
     such engine still loading on one of its roles: a running, healthy peer of any kind
@@ -137,7 +161,12 @@ def test_a_free_sized_requester_waits_only_for_a_free_sized_start() -> None:
     assert _answers([sized], _running(sized), want) == NO_ROOM_NEEDED
     loading = ContainerObs(ContainerState.RUNNING, health="starting", started_at=NOW - 5)
     assert _decide([sized], _running(sized, obs=loading), want) is None
+    # a start in progress whose container holds nothing yet loads all the same
+    begun = Observed(True, starting={"plain": StartingObs(("g",), 2_000)})
+    assert _decide([sized], begun, want) is None
     assert _answers([plain], _running(plain, obs=loading), want) == NO_ROOM_NEEDED
+    # a requester that does not size itself from free memory never waits for one that does
+    assert _answers([sized], _running(sized, obs=loading)) == NO_ROOM_NEEDED
 
 
 # ----- the candidates ------------------------------------------------------------------------
@@ -172,6 +201,11 @@ def test_a_container_of_another_project_is_never_a_victim() -> None:
     assert _decide([evi], _running(evi, obs=theirs)) is None
     ours = replace(theirs, compose_project="mine")
     assert _answers([evi], _running(evi, obs=ours)) == Decision(("evi",))
+    # declared before another victim: that one is still weighed (and stopped)
+    small, other = replace(evi, vram_mib=3_000), _evictable("other", mib=4_000)
+    observed = Observed(True, {"c-evi": theirs, "c-other": RUNNING})
+    want = replace(WANT, vram_mib=4_000)  # short 1,000: only "other" can give it
+    assert _answers([small, other], observed, want) == Decision(("other",))
 
 
 def test_a_victim_inside_its_min_runtime_is_protected() -> None:
@@ -183,5 +217,84 @@ def test_a_victim_inside_its_min_runtime_is_protected() -> None:
     old = replace(young, min_runtime_s=60.0)
     assert _answers([old], _running(old)) == Decision(("evi",))
     assert _decide([old], _running(old, obs=just_started)) is None
+    # declared before another victim: that one is still weighed (and stopped)
+    small, other = replace(young, vram_mib=3_000), _evictable("other", mib=4_000)
+    observed = Observed(True, {"c-evi": just_started, "c-other": RUNNING})
+    want = replace(WANT, vram_mib=4_000)  # short 1,000: only "other" can give it
+    assert _answers([small, other], observed, want) == Decision(("other",))
     unprotected = replace(young, min_runtime_s=0.0)
     assert _answers([unprotected], _running(unprotected, obs=just_started)) == Decision(("evi",))
+
+
+def test_a_victim_that_could_sleep_instead_is_left_to_the_planner() -> None:
+    """The planner weighs a sleep against the stop; where the serve may not sleep (its
+    engine refused it: policy.no_sleep) it is a plain victim."""
+    sleeper = replace(_evictable("evi"), sleep=Sleep(2, 1_000, SleepProtocol.VLLM))
+    assert _decide([sleeper], _running(sleeper)) is None
+    no_sleep = Policy(no_sleep=frozenset({"evi"}))
+    assert _answers([sleeper], _running(sleeper), policy=no_sleep) == Decision(("evi",))
+    # asleep it would still hold all it holds: nothing to weigh, it is stopped
+    no_gain = replace(sleeper, sleep=Sleep(2, 5_000, SleepProtocol.VLLM))
+    assert _answers([no_gain], _running(no_gain)) == Decision(("evi",))
+
+
+def test_an_asleep_victim_is_stopped_without_a_drain() -> None:
+    """A sleeper's residual in the way is stopped; its router tier is not drained (it
+    serves nothing while asleep)."""
+    sleeper = replace(_evictable("evi"), router_tier="t", sleep=Sleep(2, 1_000, SleepProtocol.VLLM))
+    observed = replace(_running(sleeper), sleep={"evi": SleepObs(SleepState.ASLEEP, level=2)})
+    want = replace(WANT, vram_mib=9_500)  # 9,000 free beside the residual
+    assert _answers([sleeper], observed, want) == Decision(("evi",), ())
+    awake = replace(observed, sleep={"evi": SleepObs(SleepState.AWAKE)})
+    no_sleep = Policy(no_sleep=frozenset({"evi"}))
+    assert _answers([sleeper], awake, want, no_sleep) == Decision(("evi",), ("evi",))
+
+
+def _elastic(floor_mib: int, segment_mib: int = 512) -> ServeSpec:
+    """An elastic victim holding 5,000 MiB on g (WANT is 1,000 short there)."""
+    return replace(_evictable("evi"), elastic=Elastic("http://evi", floor_mib, None, segment_mib))
+
+
+def test_a_victim_that_could_give_a_whole_segment_back_is_left_to_the_planner() -> None:
+    """The planner shrinks an elastic victim that can give back at least one whole
+    segment above its floor; one that cannot is a plain victim (stopped)."""
+    for floor, segment in [(1_000, 512), (4_488, 512), (4_999, 1), (4_999, 0)]:
+        ela = _elastic(floor, segment)  # 4,000, one, one, one segment(s) (0 reads as 1 MiB)
+        assert _decide([ela], _running(ela)) is None, (floor, segment)
+    for floor in (4_489, 4_700, 5_000):  # less than a segment above the floor, or none
+        ela = _elastic(floor)
+        assert _answers([ela], _running(ela)) == Decision(("evi",)), floor
+
+
+def test_a_victim_whose_last_shrink_failed_is_a_plain_victim() -> None:
+    ela = _elastic(1_000)
+    no_shrink = Policy(no_shrink=frozenset({"evi"}))
+    assert _answers([ela], _running(ela), policy=no_shrink) == Decision(("evi",))
+
+
+def test_a_running_serve_outside_the_ledger_is_no_victim_and_hides_none() -> None:
+    """A container on g whose serve declares no reservation holds nothing the ledger
+    counts: it is no victim, and the holder declared after it still is."""
+    proxy = ServeSpec("proxy", "c-proxy", ("g",), None, Residency.EVICTABLE)
+    evi = _evictable("evi")
+    assert _answers([proxy, evi], _running(proxy, evi)) == Decision(("evi",))
+
+
+# ----- the plain reading ---------------------------------------------------------------------
+
+
+def test_a_plain_reading_counts_every_holder_whatever_is_declared_before_it() -> None:
+    """Serves that hold nothing (stopped) or nothing the ledger counts (no reservation)
+    declared first do not end the walk: the holder after them is counted."""
+    stopped, proxy = _evictable("stopped"), ServeSpec("proxy", "c-proxy", ("g",))
+    evi = _evictable("evi")
+    observed = Observed(
+        True,
+        {"c-stopped": ContainerObs(ContainerState.EXITED), "c-proxy": RUNNING, "c-evi": RUNNING},
+    )
+    desired = DesiredState(ROLES, {s.name: s for s in (stopped, proxy, evi)})
+    reading = plain_reading(desired, observed)
+    assert reading is not None
+    assert reading.held == {"evi": (("g",), 5_000)}
+    assert reading.free == {"g": 5_000, "h": 10_000}
+    assert reading.running == [(proxy, RUNNING), (evi, RUNNING)]
