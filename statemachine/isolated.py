@@ -344,14 +344,13 @@ def _candidates(
     observed: Observed,
     now: float,
 ) -> list[Row] | None:
-    """The eviction candidates among the running serves on the short roles, in the
-    planner's order (the short roles in the requester's order, each role's serves as
-    declared), as the victim search's rows; None when one of the holders could be
-    shrunk or put to sleep instead (the planner weighs those)."""
-    if len(short) > 1:  # role by role, each serve once
-        on_short = list(
-            {o.name: (o, obs) for r in short for o, obs in on_short if r in o.gpu_roles}.values()
-        )
+    """The eviction candidates among the running serves on the short roles (each once,
+    as declared), as the victim search's rows; None when one of the holders could be
+    shrunk or put to sleep instead (the planner weighs those).
+
+    The planner lists them role by role; the order does not matter: the victim search
+    weighs a set of rows by its own order of preference (names last) and names its
+    victims in the order of their names."""
     held = read.held
     starting = observed.starting
     rows: list[Row] = []
@@ -368,7 +367,7 @@ def _candidates(
         if (
             o.residency is not Residency.EVICTABLE
             or n in starting
-            or (o.min_runtime_s > 0 and inside_min_runtime(o, observed, now) is not None)
+            or inside_min_runtime(o, observed, now) is not None
         ):
             continue  # protected: it only matters when nothing covers (the planner says)
         if o.sleep is not None and _could_sleep(o, mib, policy, observed):

@@ -193,6 +193,19 @@ def test_without_a_host_budget_host_ram_never_turns_a_sleep_into_a_stop() -> Non
     assert "host_ledger_after" not in result.to_json()
 
 
+def test_a_level_1_sleep_that_declares_no_host_ram_takes_none() -> None:
+    """A sleep built without ``host_ram_mib`` (the manifest always fills it at level 1)
+    takes no host RAM: it is slept, not stopped, and the host ledger stays empty."""
+    coder = sv("coder", 16_000, EVI, RUN, sleep=Sleep(1, 1000, SleepProtocol.VLLM))
+    llm = sv("llm", 8000, OND)
+    desired, obs, result = plan([STT, coder, llm], ["stt", "coder"], ("llm",))
+    assert lines(result)[:2] == ["sleep coder", "release_to_residual coder"]
+    down = result.steps[1]
+    assert (down.mib, down.to_mib, down.host_mib) == (15_000, 1000, None)
+    assert result.ledger_after.host_holdings == {}
+    converges(desired, obs, result)
+
+
 def test_sleep_is_preferred_at_an_equal_number_of_victims() -> None:
     # short 8000: stopping ocr (8500) overshoots less than stopping coder (10000), but
     # coder's sleep frees exactly 8000
