@@ -82,7 +82,12 @@ class ServeStatus:
     in_ledger: bool
     committed: bool | None
     nvml_used_mib: int | None = None  # attributed through cgroups; None = unknown
-    drift_mib: int | None = None  # NVML used - reservation, while it holds memory
+    #: NVML used - what the ledger holds for it (its declared reservation, the figure
+    #: it was shrunk to or started with, its residual asleep), or - its declared
+    #: reservation where the ledger holds nothing for it
+    drift_mib: int | None = None
+    #: what the ledger holds for it now (None: nothing, or docker unreadable)
+    held_mib: int | None = None
     #: for a serve that can sleep (or is seen asleep): "awake" / "asleep" / "unknown",
     #: the level it sleeps at, and what it holds asleep (residual per role, host RAM)
     sleep: str | None = None
@@ -125,6 +130,7 @@ class ServeStatus:
             "committed": self.committed,
             "nvml_used_mib": self.nvml_used_mib,
             "drift_mib": self.drift_mib,
+            "held_mib": self.held_mib,
             "in_flight": self.in_flight,
             "in_flight_source": self.in_flight_source,
             "idle_since": self.idle_since,
@@ -224,6 +230,7 @@ def _evicted_for(s: ServeSpec, desired: DesiredState, ledger: Ledger) -> tuple[s
         s.residency != Residency.EVICTABLE
         or s.desired != DesiredRun.RUNNING
         or s.vram_mib is None
+        or not desired.in_ledger(s)  # a role without a capacity row: no room to lack
         or ledger.holds(s.name)
     ):
         return ()
@@ -239,6 +246,12 @@ def _evicted_for(s: ServeSpec, desired: DesiredState, ledger: Ledger) -> tuple[s
             if ledger.holds(r.serve) and short & set(ledger.holdings[r.serve].gpu_roles)
         )
     )
+
+
+def _drift(used: int | None, held: int | None, declared: int | None) -> int | None:
+    """NVML used over what the ledger holds for the serve, else over its declaration."""
+    against = held if held is not None else declared
+    return None if used is None or against is None else used - against
 
 
 def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
@@ -280,6 +293,7 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
         used = obs.gpu_used_mib if observed.docker_ok and obs.holds else None
         sleep_obs = observed.sleep_of(s.name)
         asleep = observed.docker_ok and obs.holds and sleep_obs.asleep
+        held = ledger.holdings[s.name].mib if observed.docker_ok and ledger.holds(s.name) else None
         shows_sleep = s.sleep is not None or s.name in observed.sleep
         serves.append(
             ServeStatus(
@@ -310,17 +324,13 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 if in_ledger
                 else False,
                 nvml_used_mib=used,
-                drift_mib=None
-                if used is None or s.vram_mib is None
-                else used
-                - (ledger.holdings[s.name].mib if asleep and ledger.holds(s.name) else s.vram_mib),
+                drift_mib=_drift(used, held, s.vram_mib),
+                held_mib=held,
                 sleep=(str(sleep_obs.state) if observed.docker_ok else "unknown")
                 if shows_sleep
                 else None,
                 sleep_level=sleep_obs.level if asleep else None,
-                residual_mib=ledger.holdings[s.name].mib
-                if asleep and ledger.holds(s.name)
-                else None,
+                residual_mib=held if asleep else None,
                 host_ram_mib=ledger.host_holdings.get(s.name) if asleep else None,
                 in_flight=flight.count,
                 in_flight_source=None if flight.source is None else str(flight.source),

@@ -12,6 +12,7 @@ desired states and observations, no Docker, no NVML.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import pytest
@@ -177,9 +178,11 @@ def test_a_serve_shows_docker_health_where_it_has_a_healthcheck_else_the_probe()
     assert serve_row(desired, Observed(False), "checked")["health"] is None
 
 
-def test_a_serves_drift_is_nvml_used_minus_its_declared_reservation() -> None:
-    # docs/operations.md: per-serve drift = used - declared vram_mib, also for an
-    # elastic serve the controller has shrunk (the ledger holds 8000 for it)
+def test_a_serves_drift_is_nvml_used_minus_what_the_ledger_holds_for_it() -> None:
+    """docs/operations.md: per-serve drift = used - what the ledger holds for it. An
+    elastic serve the controller shrank to 8000 of its declared 16000 and that draws
+    8500 is 500 over what it holds (measured against its declaration it would read
+    -7500, and its serve_over_reservation alarm could never fire)."""
     coder = sv("coder", 16_000, EVI, desired=RUN, elastic=Elastic("http://x", 4_000))
     desired = desired_of(coder)
     running = ContainerObs(ContainerState.RUNNING, health="healthy", gpu_used_mib=8_500)
@@ -187,8 +190,17 @@ def test_a_serves_drift_is_nvml_used_minus_its_declared_reservation() -> None:
     out = report(desired, observed)
     assert out["gpu_roles"][0]["committed_mib"] == 8_000
     row = {r["serve"]: r for r in out["serves"]}["coder"]
-    assert row["nvml_used_mib"] == 8_500
-    assert row["drift_mib"] == 8_500 - 16_000
+    assert (row["nvml_used_mib"], row["held_mib"], row["reservation_mib"]) == (8_500, 8_000, 16_000)
+    assert row["drift_mib"] == 8_500 - 8_000
+
+
+def test_a_serve_the_ledger_does_not_hold_drifts_against_its_declaration() -> None:
+    """Outside the ledger (its role has no capacity row), nothing is held for it: its
+    drift is measured against what it declared."""
+    free = replace(sv("free", 3_000, EVI, desired=RUN), gpu_roles=("elsewhere",))
+    running = ContainerObs(ContainerState.RUNNING, gpu_used_mib=3_200)
+    row = serve_row(desired_of(free), Observed(True, {"c-free": running}), "free")
+    assert (row["in_ledger"], row["held_mib"], row["drift_mib"]) == (False, None, 200)
 
 
 def test_a_stopped_container_has_no_nvml_used_nor_drift_whatever_its_last_reading() -> None:
@@ -385,3 +397,13 @@ def test_a_serve_outside_the_ledger_is_never_committed(docker_ok: bool) -> None:
     row = serve_row(desired, Observed(docker_ok, {"c-tool": UP}), "tool")
     assert row["in_ledger"] is False and row["committed"] is False
     assert row["reservation_mib"] is None
+
+
+def test_a_stopped_evictable_serve_on_a_role_without_capacity_row_makes_room_for_nobody() -> None:
+    """The manifest loads it with a warning (it takes no part in the ledger): the report
+    lists it with nothing it is evicted for, where it read a ledger line of a role the
+    ledger does not have (KeyError)."""
+    stray = replace(sv("stray", 3_000, EVI, desired=RUN), gpu_roles=("elsewhere",))
+    stopped = ContainerObs(ContainerState.EXITED, exit_code=0)
+    row = serve_row(desired_of(stray), Observed(True, {"c-stray": stopped}), "stray")
+    assert (row["lifecycle"], row["evicted_for"], row["held_mib"]) == ("stopped", [], None)

@@ -398,6 +398,7 @@ def drift_alarms(status: HostStatus) -> dict[str, dict[str, Any]]:
                 "serve": s.serve,
                 "drift_mib": s.drift_mib,
                 "nvml_used_mib": s.nvml_used_mib,
+                "held_mib": s.held_mib,
                 "reservation_mib": s.reservation_mib,
             }
     for name in status.undeclared_gpu:
