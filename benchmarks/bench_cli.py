@@ -117,9 +117,7 @@ def _loaded(argv: Sequence[str]) -> list[str]:
     return sorted(top & set(FORBIDDEN))
 
 
-def _summary(
-    name: str, runs: list[tuple[float, float]], loaded: list[str]
-) -> dict[str, object]:
+def _summary(name: str, runs: list[tuple[float, float]], loaded: list[str]) -> dict[str, object]:
     times = [wall for wall, _ in runs]
     ordered = sorted(times)
     return {

@@ -337,11 +337,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     for got in results.values():
         for bench in ("planner", "fit", "reaction", "idle", "restart", "cli"):
             got.setdefault(bench, [])
-    shown = [
-        f
-        for f in figures()
-        if (f.bench if f.bench != "loop" else _loop_of(f)) in wanted
-    ]
+    shown = [f for f in figures() if (f.bench if f.bench != "loop" else _loop_of(f)) in wanted]
     print(table(shown, results, list(trees)))
     print(f"# {time.monotonic() - started:.0f}s in all", file=sys.stderr)
     if args.json is not None:

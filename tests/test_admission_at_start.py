@@ -56,9 +56,7 @@ def test_a_container_started_by_hand_right_before_the_docker_call_is_seen_by_it(
     )
     host.container("llm", port=p_llm, running=False)
     host.container("side", port=p_side, running=False)
-    desired = replace(
-        mset.desired(), requests=(OnDemandRequest("llm", time.time(), None),)
-    )
+    desired = replace(mset.desired(), requests=(OnDemandRequest("llm", time.time(), None),))
     observed = host.observe(mset)
     plan = plan_transitions(desired, observed, Policy(), time.time())
     assert [f"{s.action} {s.serve}" for s in plan.steps][:2] == ["reserve llm", "start llm"]

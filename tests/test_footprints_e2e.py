@@ -189,9 +189,9 @@ def test_the_loop_records_start_and_stop_deltas_that_survive_a_restart(
     try:
         view = wait_for(
             "the second controller's view",
-            lambda: second.controller.view().footprints.get("llm")
-            if second.controller.cycles
-            else None,
+            lambda: (
+                second.controller.view().footprints.get("llm") if second.controller.cycles else None
+            ),
         )
         assert view["samples"] == 2 and view["measured_mib"] == TAKES_MIB
         assert view["exceeds_reservation"] is True and view["over_pct"] == 30.0

@@ -59,9 +59,7 @@ def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S) 
 
 def manifest(serves: list[tuple[str, str, str]]) -> str:
     head = '[[gpu_roles]]\nid = "a"\nvram_mib = 100000\nreserve_mib = 0\n'
-    return head + "".join(
-        SERVE.format(name=n, container=c, desired=d) for n, c, d in serves
-    )
+    return head + "".join(SERVE.format(name=n, container=c, desired=d) for n, c, d in serves)
 
 
 class Running:
@@ -172,8 +170,10 @@ def test_outside_starts_and_stops_of_declared_containers_wake_the_loop_others_do
         docker_client.containers.get(kept).stop(timeout=1)
         wait_for(
             "the outside stop of kept",
-            lambda: run.woken_by(f"docker die {kept}", kept, "exited")
-            or run.woken_by(f"docker stop {kept}", kept, "exited"),
+            lambda: (
+                run.woken_by(f"docker die {kept}", kept, "exited")
+                or run.woken_by(f"docker stop {kept}", kept, "exited")
+            ),
         )
         assert not [r for r in run.reasons() if other in r]
     finally:

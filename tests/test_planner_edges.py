@@ -925,6 +925,7 @@ def test_an_exited_elastic_serve_whose_memory_is_not_back_is_not_grown() -> None
     assert plan.ledger_before.holdings["moe"].mib == 14_000
     assert lines(plan) == []
 
+
 def test_a_backfill_that_does_not_fit_lists_every_holder_of_its_role_as_protected() -> None:
     """A requester that may stop nothing (not on-demand) is blocked with each holder on
     its short role protected, with the reason it may not stop them; one that exited

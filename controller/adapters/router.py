@@ -387,9 +387,7 @@ class RouterClient(RetryKnobs):
         if busy_wait_s is not None and not (math.isfinite(busy_wait_s) and busy_wait_s >= 0):
             raise ValueError(f"busy_wait_s must be a finite number >= 0, not {busy_wait_s}")
         #: seconds a 503 server_busy is retried (the other retries: ``max_wait_s``)
-        self.busy_wait_s = float(
-            busy_wait_s if busy_wait_s is not None else busy_budget_s(())
-        )
+        self.busy_wait_s = float(busy_wait_s if busy_wait_s is not None else busy_budget_s(()))
         self.set_retry_knobs(
             attempts=attempts, max_wait_s=max_wait_s, initial_wait_s=initial_wait_s
         )

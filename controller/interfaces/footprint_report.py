@@ -171,12 +171,8 @@ def manifest_patch(mset: ManifestSet, proposals: Sequence[Proposal]) -> tuple[st
         new = list(lines)
         for serve, mib in wanted.items():
             if not _patch_one(new, serve, mib):
-                problems.append(
-                    f"{serve}: no `vram_mib = N` line in its [[serve]] table in {path}"
-                )
-        diffs.extend(
-            difflib.unified_diff(lines, new, fromfile=f"a/{path}", tofile=f"b/{path}")
-        )
+                problems.append(f"{serve}: no `vram_mib = N` line in its [[serve]] table in {path}")
+        diffs.extend(difflib.unified_diff(lines, new, fromfile=f"a/{path}", tofile=f"b/{path}"))
     return "".join(diffs), problems
 
 

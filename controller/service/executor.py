@@ -438,9 +438,7 @@ class Executor:
             err = router.check(tier_id=tier)
             if err is not None:
                 problems.append(
-                    PreflightProblem(
-                        name, frozenset(gs), f"{name}: router_tier {tier!r}: {err}"
-                    )
+                    PreflightProblem(name, frozenset(gs), f"{name}: router_tier {tier!r}: {err}")
                 )
         return problems
 
@@ -1213,8 +1211,7 @@ class _Run(SleepSteps):
             )
         if not state.quiesced:
             raise StepError(
-                f"tier {tier} is in a state vramctl does not know ({state.state!r}): "
-                "not readmitted"
+                f"tier {tier} is in a state vramctl does not know ({state.state!r}): not readmitted"
             )
         cfg = self.ex.config
         begin = time.monotonic()

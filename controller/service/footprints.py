@@ -485,9 +485,7 @@ class FootprintRecorder:
     def _forget_old(self, now: float) -> None:
         with self._lock:
             self._movements = [
-                m
-                for m in self._movements
-                if m.ended is None or m.ended >= now - _KEEP_MOVEMENTS_S
+                m for m in self._movements if m.ended is None or m.ended >= now - _KEEP_MOVEMENTS_S
             ]
 
 

@@ -137,12 +137,14 @@ class _Inotify:
         dirs: dict[int, tuple[bytes, frozenset[bytes]]] = {}
         try:
             for folder, names in sorted(by_dir.items()):
-                wd = libc.inotify_add_watch(fd, folder, _CHANGES | _IN_DELETE_SELF
-                                            | _IN_MOVE_SELF | _IN_ONLYDIR)
+                wd = libc.inotify_add_watch(
+                    fd, folder, _CHANGES | _IN_DELETE_SELF | _IN_MOVE_SELF | _IN_ONLYDIR
+                )
                 if wd < 0:
                     code = ctypes.get_errno()
-                    raise WatchError(code, f"cannot watch {os.fsdecode(folder)}: "
-                                     f"{os.strerror(code)}")
+                    raise WatchError(
+                        code, f"cannot watch {os.fsdecode(folder)}: {os.strerror(code)}"
+                    )
                 dirs[wd] = (folder, frozenset(names))
         except BaseException:
             os.close(fd)
@@ -212,9 +214,7 @@ def _libc() -> ctypes.CDLL | None:
     return libc
 
 
-async def _watchfiles_changes(
-    wanted: set[Path], debounce_ms: int
-) -> AsyncGenerator[None, None]:
+async def _watchfiles_changes(wanted: set[Path], debounce_ms: int) -> AsyncGenerator[None, None]:
     """watchfiles' batches that concern a wanted file (where inotify is not available)."""
     import watchfiles
 
