@@ -326,11 +326,6 @@ class InFlightObs:
     idle_since: float | None = None
     busy_at: float | None = None
 
-    @property
-    def idle(self) -> bool:
-        """True only when the count is known to be 0; unknown is possibly busy."""
-        return self.count == 0
-
 
 #: a serve of which nothing is known: no source, no count
 NO_SOURCE = InFlightObs(count=None)
