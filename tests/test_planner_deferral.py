@@ -17,6 +17,7 @@ from test_planner_edges import lines, plan_of, starts
 from test_planner_rules import EVI, OND, RES, RUN, Case, req, serve, up
 
 from statemachine.planner import Policy
+from statemachine.types import ServeSpec
 
 #: two roles, budget 30000 each
 TWO = {"a": (32_000, 2_000), "b": (32_000, 2_000)}
@@ -83,3 +84,201 @@ def test_a_requester_whose_awaited_start_does_not_fit_evicts_in_the_retry() -> N
         web.reason
     )
     assert "free 5000; needs 10000; short 5000" in web.reason
+
+
+#: three roles, budget 30000 each (c: the port holders' starts, outside the ledger)
+THREE = {**TWO, "c": (32_000, 2_000)}
+
+
+def _port_holder(name: str, mib: int, role: str, port: int) -> ServeSpec:
+    """A running evictable serve holding ``port``: a start declaring it stops it."""
+    return serve(name, mib, EVI, None, roles=(role,), port=port, gpu_inference=True)
+
+
+def _web(name: str, port: int) -> ServeSpec:
+    """A desired-running serve outside the ledger (no vram_mib) declaring ``port``."""
+    return serve(name, None, OND, RUN, roles=("c",), port=port)
+
+
+def _group_lines(name: str, *stopped: str) -> list[str]:
+    return [f"{a} {o}" for o in stopped for a in ("stop", "release")] + starts(name)
+
+
+def _web_lines(name: str, *stopped: str) -> list[str]:
+    stops = [f"{a} {o}" for o in stopped for a in ("stop", "release")]
+    return [*stops, f"start {name}", f"await_ready {name}"]
+
+
+def test_a_requester_counts_only_the_stops_of_starts_after_the_one_tried() -> None:
+    """In order: ``a1`` (short on role b: evicts there), ``a2`` (stops ``xx`` by its
+    start), ``a3`` (short 8000 on role a once ``xx`` is gone), ``a4`` (stops ``yy``,
+    10000 on a, by its start). ``a3`` waits for ``yy``'s stop, which comes after it,
+    though ``a2``'s entry before it is past: ``evi`` keeps running."""
+    case = Case(
+        [
+            serve("a1", 20_000, OND, RUN, roles=("b",)),
+            serve("evb", 15_000, EVI, RUN, roles=("b",)),
+            _web("a2", 8001),
+            serve("a3", 18_000, OND, RUN),
+            _web("a4", 8002),
+            _port_holder("xx", 5_000, "a", 8001),
+            _port_holder("yy", 10_000, "a", 8002),
+            serve("evi", 10_000, EVI, RUN),
+        ],
+        {"evb": up(), "xx": up(), "yy": up(), "evi": up()},
+        [],
+        roles=THREE,
+    )
+    plan = plan_of(case)
+    assert lines(plan) == [
+        *_group_lines("a1", "evb"),
+        *_web_lines("a2", "xx"),
+        *_web_lines("a4", "yy"),
+        *starts("a3"),
+    ]
+    assert plan.blocked == ()
+    assert "evi" in plan.ledger_after.holdings
+
+
+def test_a_later_start_whose_first_stop_is_already_made_still_counts_the_next() -> None:
+    """``a3``'s start would stop both holders of its port: ``xx`` (role b, which ``a1``
+    evicts first) and ``yy`` (10000 on role a). ``a2``, short 8000 on a, waits for the
+    stop of ``yy`` (``xx``'s, already made, frees nothing more): ``evi`` keeps running."""
+    case = Case(
+        [
+            serve("a1", 25_000, OND, RUN, roles=("b",)),
+            serve("evb", 10_000, EVI, RUN, roles=("b",)),
+            serve("a2", 18_000, OND, RUN),
+            _web("a3", 8001),
+            _port_holder("xx", 10_000, "b", 8001),
+            _port_holder("yy", 10_000, "a", 8001),
+            serve("evi", 10_000, EVI, RUN),
+        ],
+        {"xx": up(), "yy": up(), "evi": up(), "evb": up()},
+        [],
+        roles=THREE,
+    )
+    plan = plan_of(case)
+    assert lines(plan) == [
+        *_group_lines("a1", "evb", "xx"),
+        *_web_lines("a3", "yy"),
+        *starts("a2"),
+    ]
+    assert plan.blocked == ()
+    assert "evi" in plan.ledger_after.holdings
+
+
+def test_a_stop_two_later_starts_would_force_is_counted_once() -> None:
+    """``a2`` and ``a3`` both declare the port of ``xx`` (10000): their starts stop it
+    once, which does not cover ``a1``'s 15000 short, so ``a1`` does not wait: it evicts
+    ``evi`` and ``xx`` at once, ahead of the younger request ``c``, which finds no room
+    left (and ``a3`` is blocked by ``a2`` on the port)."""
+    case = Case(
+        [
+            serve("a1", 25_000, OND, RUN),
+            _web("a2", 8001),
+            _web("a3", 8001),
+            _port_holder("xx", 10_000, "a", 8001),
+            serve("evi", 10_000, EVI, RUN),
+            serve("c", 10_000, OND),
+        ],
+        {"xx": up(), "evi": up()},
+        [],
+        requests=[req("c")],
+        roles=THREE,
+    )
+    plan = plan_of(case)
+    assert lines(plan) == [*_group_lines("a1", "evi", "xx"), *_web_lines("a2")]
+    assert [b.serve for b in plan.blocked] == ["a3", "c"]
+    assert "committed 25000 (a1 25000); free 5000; needs 10000; short 5000" in (
+        plan.blocked[1].reason
+    )
+
+
+def test_a_requester_does_not_wait_for_the_stop_its_own_start_forces() -> None:
+    """``a2`` declares the port of ``xx`` (10000 on a): its own start stops ``xx``, and
+    with that it is still 5000 short, so it evicts ``evi`` too, in its own turn, ahead
+    of the younger request ``c`` (the stop of ``xx`` is no later start's to wait for)."""
+    case = Case(
+        [
+            serve("a1", 20_000, OND, RUN, roles=("b",)),
+            serve("evb", 15_000, EVI, RUN, roles=("b",)),
+            serve("a2", 25_000, OND, RUN, port=8001),
+            _port_holder("xx", 10_000, "a", 8001),
+            serve("evi", 10_000, EVI, RUN),
+            serve("c", 10_000, OND),
+        ],
+        {"evb": up(), "xx": up(), "evi": up()},
+        [],
+        requests=[req("c")],
+        roles=THREE,
+    )
+    plan = plan_of(case)
+    assert lines(plan) == [*_group_lines("a1", "evb"), *_group_lines("a2", "xx", "evi")]
+    assert [b.serve for b in plan.blocked] == ["c"]
+
+
+def test_a_later_stop_one_mib_short_of_the_shortfall_is_not_waited_for() -> None:
+    """``a1`` is 10001 short on role a; ``a2``'s start would stop ``yy``, 10000 there:
+    one MiB short, so ``a1`` evicts at once (``evi`` and ``yy``) and the younger request
+    ``c`` finds 9999 free, one MiB short of its 10000."""
+    case = Case(
+        [
+            serve("a1", 20_001, OND, RUN),
+            _web("a2", 8001),
+            _port_holder("yy", 10_000, "a", 8001),
+            serve("evi", 10_000, EVI, RUN),
+            serve("c", 10_000, OND),
+        ],
+        {"yy": up(), "evi": up()},
+        [],
+        requests=[req("c")],
+        roles=THREE,
+    )
+    plan = plan_of(case)
+    assert lines(plan) == [*_group_lines("a1", "evi", "yy"), *_web_lines("a2")]
+    (c,) = plan.blocked
+    assert "committed 20001 (a1 20001); free 9999; needs 10000; short 1" in c.reason
+
+
+def test_a_later_stop_on_one_role_does_not_cover_a_shortfall_on_another() -> None:
+    """``a1`` needs 20000 on roles a and b: on a the stop ``a2``'s start forces would
+    cover it, on b it is 1 MiB short and no later stop frees anything there. So it does
+    not wait: it evicts on both roles in its own turn, before the younger ``c`` starts."""
+    case = Case(
+        [
+            serve("a1", 20_000, OND, RUN, roles=("a", "b")),
+            _web("a2", 8001),
+            _port_holder("yy", 10_000, "a", 8001),
+            serve("evi", 10_000, EVI, RUN),
+            serve("evb", 10_001, EVI, RUN, roles=("b",)),
+            serve("c", 10_000, OND),
+        ],
+        {"yy": up(), "evi": up(), "evb": up()},
+        [],
+        requests=[req("c")],
+        roles=THREE,
+    )
+    plan = plan_of(case)
+    assert lines(plan) == [
+        *_group_lines("a1", "evb", "evi", "yy"),
+        *_web_lines("a2"),
+        *starts("c"),
+    ]
+    assert plan.blocked == ()
+
+
+def test_a_requester_does_not_wait_for_the_stop_of_a_start_a_conflict_blocks() -> None:
+    """As with ``web`` held back, but ``web`` is blocked by a conflict instead: a
+    resident runs exclusive on its role c, and may not be stopped. ``web``'s start never
+    comes, nor the stop of ``other`` it would force, so ``od`` evicts ``other`` at once,
+    ahead of the younger request ``od2``."""
+    case = _held_web_case()
+    case.serves[3] = serve("web", None, OND, RUN, roles=("c",), port=8001, gpu_inference=True)
+    case.serves.append(serve("excl", 5_000, RES, RUN, roles=("c",), exclusive=True))
+    case.running["excl"] = up()
+    case.roles = THREE
+    plan = plan_of(case)
+    assert lines(plan) == ["stop other", "release other", *starts("od")]
+    assert [b.serve for b in plan.blocked] == ["web", "od2"]
+    assert "excl runs (exclusive on c) and may not be stopped: resident" in (plan.blocked[0].reason)
