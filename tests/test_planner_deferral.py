@@ -282,3 +282,55 @@ def test_a_requester_does_not_wait_for_the_stop_of_a_start_a_conflict_blocks() -
     assert lines(plan) == ["stop other", "release other", *starts("od")]
     assert [b.serve for b in plan.blocked] == ["web", "od2"]
     assert "excl runs (exclusive on c) and may not be stopped: resident" in (plan.blocked[0].reason)
+
+
+def test_a_requester_does_not_wait_for_room_a_younger_request_takes_first() -> None:
+    """``web``'s start stops ``other`` (10000 on a), which would cover ``od``'s 7000
+    short; but ``od2``, asked for after and tried later in the same pass, fits in the
+    free room as it is and would take 15000 of it before the retry, leaving ``od``
+    short for good. ``od`` is ahead in the start order (desired running, before any
+    request), so it does not wait: it stops ``other`` itself and starts; ``web`` then
+    starts with its port free, and ``od2`` is blocked (they cannot run together)."""
+    plan = plan_of(_held_web_case())
+    assert lines(plan) == [
+        "stop other",
+        "release other",
+        *starts("od"),
+        "start web",
+        "await_ready web",
+    ]
+    assert [s.group for s in plan.steps[:2]] == ["od", "od"]
+    (od2,) = plan.blocked
+    assert od2.serve == "od2"
+    assert "committed 27000 (evi 2000 + od 25000); free 3000; needs 15000; short 12000" in (
+        od2.reason
+    )
+
+
+def test_a_requester_does_not_wait_for_a_stop_whose_start_takes_the_room_back() -> None:
+    """``web`` stops ``other`` (10000 on a) by starting, but itself reserves 10000 on a:
+    its start frees nothing there for ``od``, 5000 short and ahead of it in the order
+    (by name). ``od`` does not wait: it makes its own room in its turn, for itself and
+    for ``web`` after it (``evi`` and ``other``, 20000), and starts first; ``web`` then
+    starts with its port free."""
+    case = Case(
+        [
+            serve("od", 15_000, OND, RUN),
+            serve("evi", 10_000, EVI, RUN),
+            serve("other", 10_000, EVI, None, port=8001, gpu_inference=True),
+            serve("web", 10_000, OND, RUN, port=8001),
+        ],
+        {"evi": up(), "other": up()},
+        [],
+    )
+    plan = plan_of(case)
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("stop evi", "od"),
+        ("release evi", "od"),
+        ("stop other", "od"),
+        ("release other", "od"),
+        *((line, "od") for line in starts("od")),
+        *((line, "web") for line in starts("web")),
+    ]
+    assert plan.blocked == ()
+    assert plan.ledger_after.committed_mib("a") == 25_000
