@@ -669,13 +669,11 @@ def _taken_later(w: _Work, short: Mapping[str, int]) -> dict[str, int]:
     (docs/eviction.md, the start order)."""
     taken: dict[str, int] = {}
     for o in w.pass_serves[w.at + 1 :]:
-        if o.name in w.policy.hold or not w.in_ledger(o):
-            continue
-        mib = _wake_needs_mib(w, o) if o.name in w.asleep else o.vram_mib
-        assert mib is not None  # in the ledger: it declares vram_mib
-        for r in o.gpu_roles:
-            if r in short:
-                taken[r] = taken.get(r, 0) - mib
+        if o.name not in w.policy.hold and o.vram_mib is not None and w.in_ledger(o):
+            mib = _wake_needs_mib(w, o) if o.name in w.asleep else o.vram_mib
+            for r in o.gpu_roles:
+                if r in short:
+                    taken[r] = taken.get(r, 0) - mib
     return taken
 
 

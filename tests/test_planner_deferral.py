@@ -334,3 +334,59 @@ def test_a_requester_does_not_wait_for_a_stop_whose_start_takes_the_room_back() 
     ]
     assert plan.blocked == ()
     assert plan.ledger_after.committed_mib("a") == 25_000
+
+
+def _takes_back_case(od_mib: int) -> Case:
+    """``web``'s start stops ``other`` (10000 on a) and reserves 5000 there: it frees a
+    net 5000 for ``od``, whose shortfall is ``od_mib`` - 10000 free."""
+    return Case(
+        [
+            serve("od", od_mib, OND, RUN),
+            serve("evi", 10_000, EVI, RUN),
+            serve("other", 10_000, EVI, None, port=8001, gpu_inference=True),
+            serve("web", 5_000, OND, RUN, port=8001),
+        ],
+        {"evi": up(), "other": up()},
+        [],
+    )
+
+
+def test_a_requester_waits_for_a_later_stop_that_covers_it_after_what_that_start_takes() -> None:
+    """``od`` is 5000 short; ``web``'s start frees 10000 and takes 5000: exactly the
+    5000, so ``od`` waits for it, and ``evi`` keeps running."""
+    plan = plan_of(_takes_back_case(15_000))
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("stop other", "web"),
+        ("release other", "web"),
+        *((line, "web") for line in starts("web")),
+        *((line, "od") for line in starts("od")),
+    ]
+    assert plan.blocked == ()
+    assert set(plan.ledger_after.holdings) == {"evi", "web", "od"}
+
+
+def test_a_requester_one_mib_beyond_what_a_later_start_nets_does_not_wait() -> None:
+    """``od`` is 5001 short, one MiB more than ``web``'s start nets: it does not wait,
+    and makes room in its own turn for itself and for ``web`` (``evi`` and ``other``)."""
+    plan = plan_of(_takes_back_case(15_001))
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("stop evi", "od"),
+        ("release evi", "od"),
+        ("stop other", "od"),
+        ("release other", "od"),
+        *((line, "od") for line in starts("od")),
+        *((line, "web") for line in starts("web")),
+    ]
+    assert plan.blocked == ()
+
+
+def test_a_later_serve_held_back_takes_no_room_a_requester_waits_for() -> None:
+    """As in the case where ``od`` waits for exactly what ``web``'s start nets, with one
+    more desired-running serve later in the order, 5000 on role a, held back by the
+    policy: it starts in no pass and takes nothing, so ``od`` still waits."""
+    case = _takes_back_case(15_000)
+    case.serves.append(serve("zz", 5_000, OND, RUN))
+    plan = plan_of(case, Policy(hold={"zz": "an operator holds it"}))
+    assert lines(plan) == ["stop other", "release other", *starts("web"), *starts("od")]
+    assert [b.serve for b in plan.blocked] == ["zz"]
+    assert set(plan.ledger_after.holdings) == {"evi", "web", "od"}
