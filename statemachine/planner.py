@@ -1071,8 +1071,9 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
     last pass's blocked entries are kept.
 
     In the first pass a short serve whose shortfall the stops forced by a later serve's
-    start would cover (a port or exclusivity conflict with a holder on its roles) waits
-    for them instead of evicting or shrinking (:func:`_waits_for_later_stops`): the
+    start would cover (a port or exclusivity conflict with a holder on its roles), less
+    what the later serves of the pass reserve there, waits for them instead of evicting
+    or shrinking (:func:`_waits_for_later_stops`): the
     retry that follows finds that room, and the holders it would have evicted keep
     running (evicting them would free room twice, and the next plan would start them
     again). In a retry no serve waits: one whose room did not come evicts as before.
