@@ -43,19 +43,30 @@ def _held_web_case() -> Case:
     )
 
 
+def _with_a_later_start_elsewhere(case: Case) -> Case:
+    """``case`` with ``od2`` replaced by ``zz``: desired running, outside the ledger (no
+    vram_mib) on role b, last in the order; it takes no room from ``od``, and where it
+    lands in the plan shows whether ``od`` waited (the order: ``od`` first)."""
+    case.serves[4] = serve("zz", None, OND, RUN, roles=("b",))
+    case.requests = []
+    return case
+
+
 def test_a_requester_does_not_wait_for_the_stop_of_a_start_held_back() -> None:
     """``web`` is held back by the policy: it starts in no pass, so the stop of ``other``
-    it would force never comes, and ``od`` makes its own room at once (``other``, the
-    one victim that covers its 7000). Waiting would let ``od2``, the younger request,
-    take the free room first and leave ``od`` short for good."""
-    plan = plan_of(_held_web_case(), Policy(hold={"web": "an operator holds it"}))
-    assert lines(plan) == ["stop other", "release other", *starts("od")]
+    it would force never comes, and ``od`` makes its own room in its turn (``other``,
+    the one victim that covers its 7000), before ``zz`` after it in the order."""
+    case = _with_a_later_start_elsewhere(_held_web_case())
+    plan = plan_of(case, Policy(hold={"web": "an operator holds it"}))
+    assert lines(plan) == [
+        "stop other",
+        "release other",
+        *starts("od"),
+        "start zz",
+        "await_ready zz",
+    ]
     assert [s.mib for s in plan.steps[:3]] == [10_000, 10_000, 25_000]
-    assert {b.serve for b in plan.blocked} == {"web", "od2"}
-    (od2,) = [b for b in plan.blocked if b.serve == "od2"]
-    assert "committed 27000 (evi 2000 + od 25000); free 3000; needs 15000; short 12000" in (
-        od2.reason
-    )
+    assert [b.serve for b in plan.blocked] == ["web"]
 
 
 def test_a_requester_whose_awaited_start_does_not_fit_evicts_in_the_retry() -> None:
@@ -171,8 +182,8 @@ def test_a_later_start_whose_first_stop_is_already_made_still_counts_the_next() 
 def test_a_stop_two_later_starts_would_force_is_counted_once() -> None:
     """``a2`` and ``a3`` both declare the port of ``xx`` (10000): their starts stop it
     once, which does not cover ``a1``'s 15000 short, so ``a1`` does not wait: it evicts
-    ``evi`` and ``xx`` at once, ahead of the younger request ``c``, which finds no room
-    left (and ``a3`` is blocked by ``a2`` on the port)."""
+    ``evi`` and ``xx`` in its own turn, first in the order (and ``a3`` is blocked by
+    ``a2`` on the port)."""
     case = Case(
         [
             serve("a1", 25_000, OND, RUN),
@@ -180,71 +191,76 @@ def test_a_stop_two_later_starts_would_force_is_counted_once() -> None:
             _web("a3", 8001),
             _port_holder("xx", 10_000, "a", 8001),
             serve("evi", 10_000, EVI, RUN),
-            serve("c", 10_000, OND),
         ],
         {"xx": up(), "evi": up()},
         [],
-        requests=[req("c")],
         roles=THREE,
     )
     plan = plan_of(case)
-    assert lines(plan) == [*_group_lines("a1", "evi", "xx"), *_web_lines("a2")]
-    assert [b.serve for b in plan.blocked] == ["a3", "c"]
-    assert "committed 25000 (a1 25000); free 5000; needs 10000; short 5000" in (
-        plan.blocked[1].reason
-    )
+    assert [(line, s.group) for line, s in zip(lines(plan), plan.steps, strict=True)] == [
+        *((line, "a1") for line in _group_lines("a1", "evi", "xx")),
+        *((line, "a2") for line in _web_lines("a2")),
+    ]
+    (a3,) = plan.blocked
+    assert a3.reason == "a3 cannot start: a2: being started in this plan (holds port 8001)"
 
 
 def test_a_requester_does_not_wait_for_the_stop_its_own_start_forces() -> None:
     """``a2`` declares the port of ``xx`` (10000 on a): its own start stops ``xx``, and
-    with that it is still 5000 short, so it evicts ``evi`` too, in its own turn, ahead
-    of the younger request ``c`` (the stop of ``xx`` is no later start's to wait for)."""
+    with that it is still 5000 short, so it evicts ``evi`` too, in its own turn, before
+    ``a3`` after it in the order starts (the stop of ``xx`` is no later start's to wait
+    for)."""
     case = Case(
         [
             serve("a1", 20_000, OND, RUN, roles=("b",)),
             serve("evb", 15_000, EVI, RUN, roles=("b",)),
             serve("a2", 25_000, OND, RUN, port=8001),
+            _web("a3", 8009),
             _port_holder("xx", 10_000, "a", 8001),
             serve("evi", 10_000, EVI, RUN),
-            serve("c", 10_000, OND),
         ],
         {"evb": up(), "xx": up(), "evi": up()},
         [],
-        requests=[req("c")],
         roles=THREE,
     )
     plan = plan_of(case)
-    assert lines(plan) == [*_group_lines("a1", "evb"), *_group_lines("a2", "xx", "evi")]
-    assert [b.serve for b in plan.blocked] == ["c"]
+    assert lines(plan) == [
+        *_group_lines("a1", "evb"),
+        *_group_lines("a2", "xx", "evi"),
+        *_web_lines("a3"),
+    ]
+    assert plan.blocked == ()
 
 
 def test_a_later_stop_one_mib_short_of_the_shortfall_is_not_waited_for() -> None:
     """``a1`` is 10001 short on role a; ``a2``'s start would stop ``yy``, 10000 there:
-    one MiB short, so ``a1`` evicts at once (``evi`` and ``yy``) and the younger request
-    ``c`` finds 9999 free, one MiB short of its 10000."""
+    one MiB short, so ``a1`` does not wait: it evicts ``evi`` and ``yy`` in its own
+    turn, first in the order, and ``a2`` then starts with its port free."""
     case = Case(
         [
             serve("a1", 20_001, OND, RUN),
             _web("a2", 8001),
             _port_holder("yy", 10_000, "a", 8001),
             serve("evi", 10_000, EVI, RUN),
-            serve("c", 10_000, OND),
         ],
         {"yy": up(), "evi": up()},
         [],
-        requests=[req("c")],
         roles=THREE,
     )
     plan = plan_of(case)
-    assert lines(plan) == [*_group_lines("a1", "evi", "yy"), *_web_lines("a2")]
-    (c,) = plan.blocked
-    assert "committed 20001 (a1 20001); free 9999; needs 10000; short 1" in c.reason
+    assert [(line, s.group) for line, s in zip(lines(plan), plan.steps, strict=True)] == [
+        *((line, "a1") for line in _group_lines("a1", "evi", "yy")),
+        *((line, "a2") for line in _web_lines("a2")),
+    ]
+    assert [s.mib for s in plan.steps[:5]] == [10_000, 10_000, 10_000, 10_000, 20_001]
+    assert plan.blocked == ()
 
 
 def test_a_later_stop_on_one_role_does_not_cover_a_shortfall_on_another() -> None:
     """``a1`` needs 20000 on roles a and b: on a the stop ``a2``'s start forces would
     cover it, on b it is 1 MiB short and no later stop frees anything there. So it does
-    not wait: it evicts on both roles in its own turn, before the younger ``c`` starts."""
+    not wait: it evicts on both roles in its own turn (``evb``, and ``evi`` on a), first
+    in the order; ``a2`` then stops ``yy`` for its port."""
     case = Case(
         [
             serve("a1", 20_000, OND, RUN, roles=("a", "b")),
@@ -252,18 +268,15 @@ def test_a_later_stop_on_one_role_does_not_cover_a_shortfall_on_another() -> Non
             _port_holder("yy", 10_000, "a", 8001),
             serve("evi", 10_000, EVI, RUN),
             serve("evb", 10_001, EVI, RUN, roles=("b",)),
-            serve("c", 10_000, OND),
         ],
         {"yy": up(), "evi": up(), "evb": up()},
         [],
-        requests=[req("c")],
         roles=THREE,
     )
     plan = plan_of(case)
-    assert lines(plan) == [
-        *_group_lines("a1", "evb", "evi", "yy"),
-        *_web_lines("a2"),
-        *starts("c"),
+    assert [(line, s.group) for line, s in zip(lines(plan), plan.steps, strict=True)] == [
+        *((line, "a1") for line in _group_lines("a1", "evb", "evi")),
+        *((line, "a2") for line in _web_lines("a2", "yy")),
     ]
     assert plan.blocked == ()
 
@@ -271,16 +284,22 @@ def test_a_later_stop_on_one_role_does_not_cover_a_shortfall_on_another() -> Non
 def test_a_requester_does_not_wait_for_the_stop_of_a_start_a_conflict_blocks() -> None:
     """As with ``web`` held back, but ``web`` is blocked by a conflict instead: a
     resident runs exclusive on its role c, and may not be stopped. ``web``'s start never
-    comes, nor the stop of ``other`` it would force, so ``od`` evicts ``other`` at once,
-    ahead of the younger request ``od2``."""
-    case = _held_web_case()
+    comes, nor the stop of ``other`` it would force, so ``od`` stops ``other`` itself in
+    its turn, before ``zz`` after it in the order."""
+    case = _with_a_later_start_elsewhere(_held_web_case())
     case.serves[3] = serve("web", None, OND, RUN, roles=("c",), port=8001, gpu_inference=True)
     case.serves.append(serve("excl", 5_000, RES, RUN, roles=("c",), exclusive=True))
     case.running["excl"] = up()
     case.roles = THREE
     plan = plan_of(case)
-    assert lines(plan) == ["stop other", "release other", *starts("od")]
-    assert [b.serve for b in plan.blocked] == ["web", "od2"]
+    assert lines(plan) == [
+        "stop other",
+        "release other",
+        *starts("od"),
+        "start zz",
+        "await_ready zz",
+    ]
+    assert [b.serve for b in plan.blocked] == ["web"]
     assert "excl runs (exclusive on c) and may not be stopped: resident" in (plan.blocked[0].reason)
 
 
