@@ -637,14 +637,15 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
 def _waits_for_later_stops(w: _Work, short: dict[str, int]) -> bool:
     """True when the stops that later serves of this pass force by starting (a conflict
     of port or exclusivity with a running holder) free the whole of ``short`` (role ->
-    MiB) on their own, so the serve being tried needs neither eviction nor shrink once
-    they are made."""
+    MiB) on their own, less what the later serves of this pass reserve there when they
+    start or wake (they take room before the retry, the forcing serve among them), so
+    the serve being tried needs neither eviction nor shrink once they are made."""
     later = w.stops_later
     if later is None:
         later = w.stops_later = _forced_stops_later(w)
     if not later:
         return False
-    freed: dict[str, int] = {}
+    freed = _taken_later(w, short)
     seen: set[str] = set()
     for i, forced in later:
         if i <= w.at:
@@ -659,6 +660,21 @@ def _waits_for_later_stops(w: _Work, short: dict[str, int]) -> bool:
                     if r in short:
                         freed[r] = freed.get(r, 0) + res.mib
     return all(freed.get(r, 0) >= need for r, need in short.items())
+
+
+def _taken_later(w: _Work, short: Mapping[str, int]) -> dict[str, int]:
+    """Less the MiB (negative) the serves after the one being tried in this pass reserve
+    on the ``short`` roles when they start or wake, by role (only roles they take on): a
+    serve tried earlier in the order is not to wait for room those later ones take first
+    (docs/eviction.md, the start order)."""
+    taken: dict[str, int] = {}
+    for o in w.pass_serves[w.at + 1 :]:
+        if o.name not in w.policy.hold and o.vram_mib is not None and w.in_ledger(o):
+            mib = _wake_needs_mib(w, o) if o.name in w.asleep else o.vram_mib
+            for r in o.gpu_roles:
+                if r in short:
+                    taken[r] = taken.get(r, 0) - mib
+    return taken
 
 
 def _forced_stops_later(w: _Work) -> list[tuple[int, list[ServeSpec]]]:
@@ -1055,8 +1071,9 @@ def _start_all(w: _Work, serves: list[ServeSpec]) -> None:
     last pass's blocked entries are kept.
 
     In the first pass a short serve whose shortfall the stops forced by a later serve's
-    start would cover (a port or exclusivity conflict with a holder on its roles) waits
-    for them instead of evicting or shrinking (:func:`_waits_for_later_stops`): the
+    start would cover (a port or exclusivity conflict with a holder on its roles), less
+    what the later serves of the pass reserve there, waits for them instead of evicting
+    or shrinking (:func:`_waits_for_later_stops`): the
     retry that follows finds that room, and the holders it would have evicted keep
     running (evicting them would free room twice, and the next plan would start them
     again). In a retry no serve waits: one whose room did not come evicts as before.

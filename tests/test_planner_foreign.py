@@ -17,6 +17,7 @@ from statemachine.types import (
     ContainerState,
     DesiredRun,
     DesiredState,
+    Elastic,
     GpuRole,
     Observed,
     OnDemandRequest,
@@ -84,3 +85,54 @@ def test_a_fit_without_a_docker_reading_is_unknown_not_a_no() -> None:
     read = fit_serve(_host(fast), Observed(docker_ok=True), "fast", now=NOW)
     assert read.known is True and read.fits is True
     assert read.to_json()["fits"] is True
+
+
+def _exited(project: str) -> ContainerObs:
+    return ContainerObs(
+        ContainerState.EXITED, started_at=NOW - 3600, compose_project=project, exit_code=0
+    )
+
+
+def test_a_stopped_container_of_another_project_is_never_started_and_says_why() -> None:
+    """Exited containers bearing the names of ``a-wanted`` (desired running) and
+    ``b-asked`` (requested) belong to another project: neither is started, each blocked
+    with why; ``c-idle`` (foreign too, wanted by nobody) is not mentioned; ``d-ours``,
+    declared after them all, starts."""
+    wanted = _spec("a-wanted", Residency.RESIDENT, 1000, desired=DesiredRun.RUNNING)
+    asked = _spec("b-asked", Residency.ON_DEMAND, 1000)
+    idle = _spec("c-idle", Residency.EVICTABLE, 1000)
+    ours = _spec("d-ours", Residency.RESIDENT, 1000, desired=DesiredRun.RUNNING)
+    desired = _host(wanted, asked, idle, ours, requests=(OnDemandRequest("b-asked", NOW - 1),))
+    observed = Observed(
+        docker_ok=True,
+        containers={f"c-{s.name}": _exited("theirs") for s in (wanted, asked, idle)},
+    )
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    assert [(s.action, s.serve) for s in plan.steps] == [
+        (Action.RESERVE, "d-ours"),
+        (Action.START, "d-ours"),
+        (Action.AWAIT_READY, "d-ours"),
+    ]
+    assert {b.serve: b.reason for b in plan.blocked} == {
+        n: f"{n} cannot start: container c-{n} belongs to compose project theirs, not ours: "
+        "it is left alone (never started, stopped or removed)"
+        for n in ("a-wanted", "b-asked")
+    }
+
+
+def test_grow_back_looks_past_an_elastic_serve_whose_container_is_anothers() -> None:
+    """``a-theirs`` (elastic, its running container another project's) is neither grown
+    nor in the way: ``b-moe``, shrunk to 3000 of 6000 with the room free, grows back."""
+    el = Elastic("http://127.0.0.1:1", floor_mib=1000)
+    theirs = _spec("a-theirs", Residency.EVICTABLE, 2000, elastic=el)
+    moe = _spec("b-moe", Residency.EVICTABLE, 6000, desired=DesiredRun.RUNNING, elastic=el)
+    desired = _host(theirs, moe)
+    observed = Observed(
+        docker_ok=True,
+        containers={"c-a-theirs": _running("theirs"), "c-b-moe": _running("ours")},
+        elastic_mib={"a-theirs": 1000, "b-moe": 3000},
+    )
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    assert [(s.action, s.serve, s.mib, s.to_mib) for s in plan.steps] == [
+        (Action.GROW, "b-moe", 3000, 6000)
+    ]
