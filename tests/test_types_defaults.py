@@ -1,9 +1,9 @@
 """The manifest types' defaults and the request's TTL boundary (statemachine/types.py).
 
 The defaults are the manifest's documented ones (docs/manifest.md): a role without a
-reserve lends its whole capacity (and a ``[host]`` without one all its RAM), a serve without ``priority`` is at 0, one without
-``min_runtime_s`` may be stopped at once. A request's TTL has run out at the instant
-it ends. Pure: imports statemachine only.
+reserve lends its whole capacity (and a ``[host]`` without one all its RAM), a serve
+without ``priority`` is at 0, one without ``min_runtime_s`` may be stopped at once. A
+request's TTL has run out at the instant it ends. Pure: imports statemachine only.
 """
 
 from __future__ import annotations
