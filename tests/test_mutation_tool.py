@@ -405,3 +405,26 @@ def test_the_shell_run_takes_the_shells_modules_only(tmp_path: Path) -> None:
     # and the run says what it took: its summary line (and the docs block it writes) says shell
     run = mutate(root, "--shell")
     assert "mutate: shell run in" in run.stdout, run.stdout + run.stderr
+
+
+def test_a_module_in_a_subpackage_of_the_core_is_mutated_by_its_dotted_path(
+    tmp_path: Path,
+) -> None:
+    """``statemachine/engines/tiny.py`` is ``engines.tiny``: its mutants run the tests that
+    import it or its package (a registry loads its modules itself), its lines are mapped
+    under that name, and a weak test leaves the same survivors as at the top level."""
+    root = scratch_repo(tmp_path, WEAK.replace("statemachine.tiny", "statemachine.engines"))
+    (root / "statemachine/engines").mkdir()
+    (root / "statemachine/engines/__init__.py").write_text(
+        "from statemachine.engines.tiny import shortfall\n\n__all__ = ['shortfall']\n"
+    )
+    (root / "statemachine/tiny.py").rename(root / "statemachine/engines/tiny.py")
+    toml = root / "tests/mutation/mutation.toml"
+    toml.write_text(toml.read_text().replace("[modules.tiny]", '[modules."engines.tiny"]'))
+    listed = mutate(root, "--list")
+    assert "# engines.tiny: 4 mutants" in listed.stdout, listed.stdout + listed.stderr
+    assert "tests/test_tiny.py" in listed.stdout, listed.stdout
+    run = mutate(root, "-v")
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert "engines.tiny: 4 mutants, 0 equivalent, 4 run, 2 killed" in run.stdout, run.stdout
+    assert "statemachine/engines/tiny.py" not in run.stderr, run.stderr

@@ -84,19 +84,25 @@ MAX_WORKERS = 2
 
 def is_shell(name: str) -> bool:
     """A module of the shell is named by its dotted path (``controller.service.sleeping``);
-    one of ``statemachine/`` by its file's stem (``ledger``)."""
-    return "." in name
+    one of ``statemachine/`` by its path below it, dotted (``ledger``, ``engines.vllm``;
+    a package's own module ``engines.__init__``)."""
+    return name.startswith("controller.")
 
 
 def source_path(name: str) -> Path:
     """The module's file, relative to the repository's root."""
+    parts = name.split(".")
     return (
-        Path(*name.split(".")).with_suffix(".py") if is_shell(name) else Path(PACKAGE, f"{name}.py")
+        Path(*parts).with_suffix(".py")
+        if is_shell(name)
+        else Path(PACKAGE, *parts).with_suffix(".py")
     )
 
 
 def import_name(name: str) -> str:
-    return name if is_shell(name) else f"{PACKAGE}.{name}"
+    """The name the module is imported by (a package's ``__init__`` by the package's)."""
+    dotted = name if is_shell(name) else f"{PACKAGE}.{name}"
+    return dotted.removesuffix(".__init__")
 
 
 _LIVE: set[subprocess.Popen[str]] = set()  # test runs in flight, ended when the run is stopped
@@ -612,22 +618,18 @@ _IMPURE = re.compile(r"^\s*(from|import)\s+controller\b", re.MULTILINE)
 
 
 def _imports(path: Path, module: str | None) -> bool:
-    """Does the test file import ``statemachine.<module>`` (any module when None), or
-    the shell's module ``module``?"""
-    if module is not None and is_shell(module):
-        package, _, leaf = module.rpartition(".")
-        pattern = (
-            rf"^\s*(from\s+{re.escape(module)}\s+import|import\s+{re.escape(module)}\b|"
-            rf"from\s+{re.escape(package)}\s+import\s+.*\b{leaf}\b)"
-        )
-        return bool(re.search(pattern, path.read_text(), re.MULTILINE))
-    name = r"\w+" if module is None else module
-    imports_module = re.compile(
-        rf"^\s*(from\s+{PACKAGE}\.{name}\s+import|import\s+{PACKAGE}\.{name}\b|"
-        rf"from\s+{PACKAGE}\s+import\s+.*\b{name}\b)",
-        re.MULTILINE,
-    )
-    return bool(imports_module.search(path.read_text()))
+    """Does the test file import ``statemachine.<module>`` (any module when None), the
+    package a module of ``statemachine/`` lies in (a package may load its modules
+    itself, as a registry does), or the shell's module ``module``?"""
+    text = path.read_text()
+    if module is None:
+        return bool(re.search(rf"^\s*(from|import)\s+{PACKAGE}\b", text, re.MULTILINE))
+    full = import_name(module)
+    package, _, leaf = full.rpartition(".")
+    names = [full] if is_shell(module) or package == PACKAGE else [full, package]
+    pattern = "|".join(rf"from\s+{re.escape(n)}\s+import|import\s+{re.escape(n)}\b" for n in names)
+    pattern += rf"|from\s+{re.escape(package)}\s+import\s+.*\b{leaf}\b"
+    return bool(re.search(rf"^\s*({pattern})", text, re.MULTILINE))
 
 
 def test_pool(root: Path, also: list[Path]) -> list[Path]:
