@@ -44,6 +44,7 @@ __all__ = [
     "of_argv",
     "of_image",
     "register",
+    "sleeping_engines",
     "unregister",
 ]
 
@@ -94,6 +95,11 @@ def engines(where: Callable[[Engine], bool] | None = None) -> tuple[Engine, ...]
 def names(where: Callable[[Engine], bool] | None = None) -> tuple[str, ...]:
     """The names of :func:`engines`."""
     return tuple(e.name for e in engines(where))
+
+
+def sleeping_engines() -> tuple[Engine, ...]:
+    """The engines with a sleep API, in registration order."""
+    return engines(lambda e: e.sleep is not None)
 
 
 def lookup(label: str | None) -> Engine | None:
