@@ -44,6 +44,7 @@ __all__ = [
     "of_argv",
     "of_image",
     "register",
+    "sleep_api",
     "sleeping_engines",
     "unregister",
 ]
@@ -100,6 +101,13 @@ def names(where: Callable[[Engine], bool] | None = None) -> tuple[str, ...]:
 def sleeping_engines() -> tuple[Engine, ...]:
     """The engines with a sleep API, in registration order."""
     return engines(lambda e: e.sleep is not None)
+
+
+def sleep_api(protocol: str) -> SleepApi | None:
+    """The sleep API of the engine called exactly ``protocol`` (``None``: no such engine,
+    or it cannot sleep)."""
+    found = _ENGINES.get(protocol)
+    return None if found is None else found.sleep
 
 
 def lookup(label: str | None) -> Engine | None:
