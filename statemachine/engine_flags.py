@@ -26,7 +26,8 @@ Choices, each deliberate:
   ``vram_mib / total`` per GPU. When the roles' totals differ, the smallest per-GPU
   fraction is rendered (no GPU exceeds its reservation) and a found value is checked
   against every role.
-* **Engines.** Only ``vllm`` and ``sglang`` have a flag here. Other labels (llama.cpp,
+* **Engines.** Each engine's flag is its entry's ``memory_flag`` in
+  :mod:`statemachine.engines` (vLLM and SGLang have one). Other labels (llama.cpp,
   audio, image, and the real stack's purpose labels ``embedding``/``reranker``) have
   none of their own; the caller may infer the engine from the command that actually
   runs (:func:`engine_of_argv`), which is what ``controller.tools.compose_lint`` does: the
@@ -53,20 +54,23 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
+from statemachine import engines
+from statemachine.engines import Engine
+from statemachine.engines.sglang import FLAG as SGLANG_FLAG
+from statemachine.engines.sglang import SLEEP_FLAG as SGLANG_SLEEP_FLAG
+from statemachine.engines.vllm import FLAG as VLLM_FLAG
+from statemachine.engines.vllm import SLEEP_ENV as VLLM_SLEEP_ENV
+from statemachine.engines.vllm import SLEEP_FLAG as VLLM_SLEEP_FLAG
 from statemachine.types import GpuObs, GpuRole
 
 __all__ = [
     "DEFAULT_PLACES",
     "DEFAULT_TOLERANCE",
-    "ENGINE_FLAGS",
     "ERROR_KINDS",
-    "LLAMACPP",
-    "SGLANG",
     "SGLANG_FLAG",
     "SGLANG_SLEEP_FLAG",
     "SOURCE_DECLARED",
     "SOURCE_NVML",
-    "VLLM",
     "VLLM_FLAG",
     "VLLM_SLEEP_ENV",
     "VLLM_SLEEP_FLAG",
@@ -79,6 +83,7 @@ __all__ = [
     "check_fraction",
     "check_sleep",
     "engine_flag",
+    "engine_flags",
     "engine_of_argv",
     "engine_of_image",
     "exact_fraction",
@@ -94,24 +99,6 @@ __all__ = [
     "role_totals",
     "sleep_needs",
 ]
-
-VLLM = "vllm"
-SGLANG = "sglang"
-LLAMACPP = "llamacpp"
-
-VLLM_FLAG = "--gpu-memory-utilization"
-SGLANG_FLAG = "--mem-fraction-static"
-
-#: What an engine needs to answer the sleep API (docs/protocols.md, engine sleep).
-VLLM_SLEEP_FLAG = "--enable-sleep-mode"
-VLLM_SLEEP_ENV = "VLLM_SERVER_DEV_MODE"
-SGLANG_SLEEP_FLAG = "--enable-memory-saver"
-
-#: Engine → the flag that caps its memory as a fraction of the device total.
-ENGINE_FLAGS: Mapping[str, str] = {VLLM: VLLM_FLAG, SGLANG: SGLANG_FLAG}
-
-_DISPLAY = {VLLM: "vLLM", SGLANG: "SGLang", LLAMACPP: "llama.cpp"}
-_ALIASES = {"llama.cpp": LLAMACPP, "llama-cpp": LLAMACPP}
 
 #: Decimal places of a rendered fraction (rounded down).
 DEFAULT_PLACES = 4
@@ -130,22 +117,34 @@ SOURCE_DECLARED = "declared capacity"
 def normalize_engine(label: str | None) -> str | None:
     """An engine label in canonical form: ``"vLLM"`` → ``"vllm"``, ``"llama.cpp"`` →
     ``"llamacpp"``; other labels lower-cased; ``None`` or blank → ``None``."""
-    if label is None or not label.strip():
-        return None
-    key = label.strip().lower().replace("_", "-")
-    return _ALIASES.get(key, key)
+    return engines.canonical(label)
+
+
+def engine_flags() -> dict[str, str]:
+    """Engine → the flag that caps its memory as a fraction of the device total."""
+    return {e.name: e.memory_flag.name for e in engines.engines() if e.memory_flag is not None}
 
 
 def engine_flag(engine: str | None) -> str | None:
     """The memory-fraction flag of ``engine`` (any spelling), or ``None`` if it has none."""
-    key = normalize_engine(engine)
-    return None if key is None else ENGINE_FLAGS.get(key)
+    found = engines.lookup(engine)
+    return None if found is None or found.memory_flag is None else found.memory_flag.name
 
 
 def _display(engine: str | None) -> str:
     if engine is None:
         return "an unknown engine"
-    return _DISPLAY.get(engine, repr(engine))
+    found = engines.lookup(engine)
+    return repr(engine) if found is None else found.display
+
+
+def _flag_list() -> str:
+    """``vLLM --gpu-memory-utilization, SGLang --mem-fraction-static``."""
+    return ", ".join(f"{e.display} {flag}" for e, flag in _with_flags())
+
+
+def _with_flags() -> list[tuple[Engine, str]]:
+    return [(e, e.memory_flag.name) for e in engines.engines() if e.memory_flag is not None]
 
 
 def engine_of_argv(argv: Sequence[str]) -> str | None:
@@ -153,41 +152,17 @@ def engine_of_argv(argv: Sequence[str]) -> str | None:
 
     Only the words before the first option are looked at: ``vllm serve …``,
     ``python -m vllm.entrypoints.openai.api_server``, ``python -m sglang.launch_server``,
-    ``sglang serve``, ``llama-server``. A path prefix (``/usr/bin/vllm``) is ignored.
+    ``sglang serve``, ``llama-server`` (each engine's detection words,
+    :mod:`statemachine.engines`). A path prefix (``/usr/bin/vllm``) is ignored.
     """
-    words: list[str] = []
-    for word in argv:
-        if word.startswith("-") and word != "-m":
-            break
-        words.append(word)
-    for i, word in enumerate(words):
-        base = word.rsplit("/", 1)[-1]
-        after = words[i + 1] if i + 1 < len(words) else None
-        if (base == "vllm" and after == "serve") or base.startswith("vllm.entrypoints"):
-            return VLLM
-        if (base == "sglang" and after == "serve") or base.startswith("sglang.launch_server"):
-            return SGLANG
-        if base in {"llama-server", "llama-cpp-server"} or base.startswith("llama_cpp.server"):
-            return LLAMACPP
-    return None
+    found = engines.of_argv(argv)
+    return None if found is None else found.name
 
 
 def engine_of_image(image: str | None) -> str | None:
     """A weaker guess from an image reference's repository (``vllm/vllm-openai:tag``)."""
-    if not image:
-        return None
-    repo = image.split("@", 1)[0]
-    last = repo.rsplit("/", 1)[-1]
-    if ":" in last:
-        repo = repo[: len(repo) - len(last)] + last.split(":", 1)[0]
-    repo = repo.lower()
-    if "vllm" in repo:
-        return VLLM
-    if "sglang" in repo:
-        return SGLANG
-    if "llama.cpp" in repo or "llamacpp" in repo or "llama-cpp" in repo:
-        return LLAMACPP
-    return None
+    found = engines.of_image(image)
+    return None if found is None else found.name
 
 
 def _flag_key(word: str) -> str:
@@ -512,7 +487,7 @@ def render_flag(
         )
         return without(
             FindingKind.NO_ENGINE_FLAG,
-            f"{what} (vLLM {VLLM_FLAG}, SGLang {SGLANG_FLAG}); "
+            f"{what} ({_flag_list()}); "
             "the reservation is kept by the ledger only",
         )
     if vram_mib is None:
@@ -659,7 +634,9 @@ def check_fraction(
     smallest = min(render.totals, key=lambda t: Fraction(vram, t.total_mib))
     engine = _display(render.engine)
     if found is None:
-        default = " (vLLM's default is 0.9 or more)" if render.engine == VLLM else ""
+        known = engines.lookup(render.engine)
+        own = None if known is None or known.memory_flag is None else known.memory_flag.default
+        default = "" if own is None or known is None else f" ({known.display}'s default is {own})"
         return finding(
             FindingKind.MISSING_FLAG,
             f"runs {engine} without {flag}: the engine sizes itself by its own default "
@@ -714,14 +691,11 @@ def _fraction_text(value: Fraction) -> str:
     return text + "0" if text.endswith(".") else text
 
 
-_FLAG_VARIABLE = re.compile(
-    r"(?:" + "|".join(re.escape(f) for f in ENGINE_FLAGS.values()) + r")(?:=|\s+)[\"']?\$(?!\$)"
-)
-
-
 def flag_from_variable(text: str) -> bool:
     """True when a raw (uninterpolated) command sets a fraction flag from ``$VAR``."""
-    return bool(_FLAG_VARIABLE.search(text.replace("_", "-")))
+    flags = "|".join(re.escape(f) for f in engine_flags().values())
+    pattern = r"(?:" + flags + r")(?:=|\s+)[\"']?\$(?!\$)"
+    return bool(flags) and bool(re.search(pattern, text.replace("_", "-")))
 
 
 # ── sleep mode ─────────────────────────────────────────────────────────────────
@@ -748,12 +722,10 @@ class SleepNeeds:
 
 def sleep_needs(protocol: str | None) -> SleepNeeds | None:
     """What a serve whose ``[serve.sleep]`` speaks ``protocol`` needs (None: unknown)."""
-    key = normalize_engine(protocol)
-    if key == VLLM:
-        return SleepNeeds(VLLM, (VLLM_SLEEP_FLAG,), {VLLM_SLEEP_ENV: "1"})
-    if key == SGLANG:
-        return SleepNeeds(SGLANG, (SGLANG_SLEEP_FLAG,))
-    return None
+    found = engines.lookup(protocol)
+    if found is None or found.sleep is None:
+        return None
+    return SleepNeeds(found.name, found.sleep.flags, dict(found.sleep.env))
 
 
 def _flag_given(argv: Sequence[str], flag: str) -> bool:
@@ -786,7 +758,7 @@ def check_sleep(
     out: list[Finding] = []
     facts: dict[str, Any] = {"protocol": needs.protocol, "needs": needs.to_json()}
     runs = normalize_engine(engine)
-    if runs in ENGINE_FLAGS and runs != needs.protocol:
+    if runs in engine_flags() and runs != needs.protocol:
         out.append(
             Finding(
                 FindingKind.SLEEP_PROTOCOL_MISMATCH,

@@ -15,6 +15,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
+from statemachine.engines import sleeping_engines
+
 
 class Residency(StrEnum):
     """ADR-0017 residency classes."""
@@ -78,11 +80,12 @@ class Elastic:
     segment_mib: int = 512
 
 
-class SleepProtocol(StrEnum):
-    """The engine sleep API a serve speaks (docs/protocols.md, engine sleep)."""
-
-    VLLM = "vllm"
-    SGLANG = "sglang"
+#: The engine sleep APIs a serve may speak (docs/protocols.md, engine sleep): one member
+#: per built-in engine of :mod:`statemachine.engines` that has one (``SleepProtocol.VLLM``).
+#: A :class:`Sleep`'s ``protocol`` is the engine's name; these members are such names.
+SleepProtocol = StrEnum(  # type: ignore[misc]  # members come from the engine registry
+    "SleepProtocol", {e.name.upper(): e.name for e in sleeping_engines()}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +100,7 @@ class Sleep:
 
     level: int
     residual_mib: int
-    protocol: SleepProtocol
+    protocol: str  # an engine's name (statemachine.engines) whose entry has a sleep API
     host_ram_mib: int = 0
     url: str | None = None
 

@@ -3,7 +3,8 @@
 Two read-only sources tell how many requests a serve has in flight
 (docs/eviction.md#busy-aware-victim-choice):
 
-- the engine's own ``/metrics`` (Prometheus text, parsed with ``prometheus_client``):
+- the engine's own ``/metrics`` (Prometheus text, parsed with ``prometheus_client``),
+  the names its entry in :mod:`statemachine.engines` gives (``inflight_metrics``):
   vLLM ``vllm:num_requests_running`` + ``vllm:num_requests_waiting``, SGLang
   ``sglang:num_running_reqs`` + ``sglang:num_queue_reqs``, llama.cpp server
   ``llamacpp:requests_processing`` + ``llamacpp:requests_deferred``; every series of
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from statemachine import engines
 from statemachine.types import InFlightSource
 
 #: seconds one read may take (connect, read, the whole answer): a loop cycle waits for it
@@ -57,30 +59,19 @@ BUSY_PAUSE_MAX_S = 0.25
 #: an answer larger than this is not a metrics page: unknown
 MAX_BODY_BYTES = 8 * 1024 * 1024
 
-#: engine -> the metrics whose sum is its count of requests in flight
-ENGINE_METRICS: Mapping[str, tuple[str, ...]] = {
-    "vllm": ("vllm:num_requests_running", "vllm:num_requests_waiting"),
-    "sglang": ("sglang:num_running_reqs", "sglang:num_queue_reqs"),
-    "llamacpp": ("llamacpp:requests_processing", "llamacpp:requests_deferred"),
-}
-#: the manifest's ``engine`` labels, lower-cased, that name each engine above
-ENGINE_ALIASES: Mapping[str, str] = {
-    "vllm": "vllm",
-    "sglang": "sglang",
-    "llamacpp": "llamacpp",
-    "llama.cpp": "llamacpp",
-    "llama-cpp": "llamacpp",
-    "llama_cpp": "llamacpp",
-    "llama-server": "llamacpp",
-}
 TRANSITION_PATH = "/v1/admin/transition"
+
+
+def engine_metrics() -> dict[str, tuple[str, ...]]:
+    """Engine -> the metrics whose sum is its count of requests in flight: each
+    registered engine's ``inflight_metrics`` (:mod:`statemachine.engines`)."""
+    return {e.name: e.inflight_metrics for e in engines.engines() if e.inflight_metrics}
 
 
 def engine_kind(engine: str | None) -> str | None:
     """The engine whose metrics ``engine`` (the manifest's label) names, if known."""
-    if engine is None:
-        return None
-    return ENGINE_ALIASES.get(engine.strip().lower())
+    found = engines.lookup(engine)
+    return found.name if found is not None and found.inflight_metrics else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +88,7 @@ class InFlightSources:
     """Where one serve's count can be read: its metrics URL and engine, its router tier."""
 
     metrics_url: str | None = None
-    engine: str | None = None  # a key of ENGINE_METRICS; None: whichever the page has
+    engine: str | None = None  # a key of engine_metrics(); None: whichever the page has
     router_url: str | None = None
     router_tier: str | None = None
     router_token: str | None = None
@@ -122,16 +113,17 @@ class InFlightSources:
 def parse_in_flight(text: str, engine: str | None = None) -> int | None:
     """The in-flight count in a Prometheus text page; ``None`` when it cannot be told.
 
-    ``engine`` picks the metric names (a key of :data:`ENGINE_METRICS`); ``None`` takes
+    ``engine`` picks the metric names (a key of :func:`engine_metrics`); ``None`` takes
     the first engine whose metrics the page has. Both metrics of the pair must be there.
     """
     try:
         families = {f.name: f for f in text_string_to_metric_families(text)}
     except Exception:  # the parser raises ValueError and others on a malformed page
         return None
-    kinds = [engine] if engine is not None else list(ENGINE_METRICS)
+    known = engine_metrics()
+    kinds = [engine] if engine is not None else list(known)
     for kind in kinds:
-        names = ENGINE_METRICS.get(kind)
+        names = known.get(kind)
         if names is None or not all(n in families for n in names):
             continue
         total = 0.0
@@ -163,7 +155,11 @@ def read_metrics(
         return InFlightReading(None, source, f"{url}: the answer is too large")
     count = parse_in_flight(resp.text, engine)
     if count is None:
-        wanted = " + ".join(ENGINE_METRICS[engine]) if engine else "no known engine's metrics"
+        wanted = (
+            " + ".join(engine_metrics().get(engine, ())) or f"{engine!r}'s metrics"
+            if engine
+            else "no known engine's metrics"
+        )
         return InFlightReading(None, source, f"{url}: {wanted} not found or not a count")
     return InFlightReading(count, source)
 

@@ -1,6 +1,8 @@
-"""Sleep adapter: ask a vLLM or SGLang engine to give its memory back without exiting.
+"""Sleep adapter: ask an engine (vLLM, SGLang) to give its memory back without exiting.
 
-The two protocols (docs/protocols.md "Sleep and wake"):
+What is called for each protocol is its engine's ``sleep`` entry in
+:mod:`statemachine.engines` (paths, query, body, the ``is_sleeping`` path or none); this
+module only makes the calls. The built-in protocols (docs/protocols.md "Sleep and wake"):
 
 - **vLLM** (started with ``--enable-sleep-mode`` and ``VLLM_SERVER_DEV_MODE=1``):
   ``POST {url}/sleep?level=1|2`` (level 1 moves the weights to host RAM and drops the
@@ -38,17 +40,14 @@ import httpx
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay
 
 from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
+from statemachine import engines
+from statemachine.engines import HttpCall, SleepApi
 
 __all__ = [
-    "PROTOCOLS",
-    "SGLANG_TAGS",
     "SleepClient",
     "SleepError",
     "SleepNotEnabledError",
 ]
-
-PROTOCOLS = ("vllm", "sglang")
-SGLANG_TAGS = ["kv_cache", "weights"]
 
 _RETRY_CONNECT: tuple[type[Exception], ...] = (httpx.ConnectError, httpx.ConnectTimeout)
 _RETRY_READ: tuple[type[Exception], ...] = (httpx.TransportError,)
@@ -98,7 +97,7 @@ def _text(response: httpx.Response) -> str:
 
 
 class SleepClient(RetryKnobs):
-    """Puts engines to sleep and wakes them (vLLM or SGLang), bounded and retried.
+    """Puts engines to sleep and wakes them (any engine with a sleep API), bounded and retried.
 
     ``timeout_s`` bounds each sleep call and ``GET /is_sleeping`` (``probe_timeout_s``);
     a wake is given the time the caller passes (its ``start_timeout_s``). ``attempts``,
@@ -139,50 +138,37 @@ class SleepClient(RetryKnobs):
 
     def sleep(self, url: str, protocol: str, level: int) -> str:
         """Put the engine to sleep; what was sent, in words. Raises :class:`SleepError`."""
-        _check(protocol)
+        api = _api(protocol)
         if level not in (1, 2):
             raise ValueError(f"level must be 1 or 2, not {level!r}")
-        if protocol == "vllm":
-            return self._post(url, "/sleep", params={"level": str(level)})
-        body = {"tags": list(SGLANG_TAGS)}
-        return self._post(url, "/release_memory_occupation", body=body)
+        return self._call(url, api.sleep, level=level)
 
     def wake(self, url: str, protocol: str, *, timeout_s: float) -> list[str]:
         """Wake the engine; the calls made, in order. Raises :class:`SleepError` at the
-        first that fails. After a vLLM level-2 sleep the weights are garbage until
-        :meth:`reload`."""
-        _check(protocol)
+        first that fails. After a level-2 sleep of an engine that drops its weights
+        they are garbage until :meth:`reload`."""
+        api = _api(protocol)
         if timeout_s <= 0:
             raise ValueError(f"timeout_s must be > 0, not {timeout_s}")
-        if protocol == "sglang":
-            body = {"tags": list(SGLANG_TAGS)}
-            return [self._post(url, "/resume_memory_occupation", body=body, timeout_s=timeout_s)]
-        return [
-            self._post(url, "/wake_up", params={"tags": tag}, timeout_s=timeout_s)
-            for tag in ("weights", "kv_cache")
-        ]
+        return [self._call(url, call, timeout_s=timeout_s) for call in api.wake]
 
     def reload(self, url: str, protocol: str, *, timeout_s: float) -> list[str]:
-        """After a vLLM level-2 wake: load the weights again (``reload_weights``), then
-        reset the prefix cache; the calls made. SGLang keeps its weights: nothing."""
-        _check(protocol)
-        if protocol == "sglang":
-            return []
-        rpc = {"method": "reload_weights"}
-        return [
-            self._post(url, "/collective_rpc", body=rpc, timeout_s=timeout_s),
-            self._post(url, "/reset_prefix_cache", timeout_s=timeout_s),
-        ]
+        """After a level-2 wake: load the weights again and reset what depends on them
+        (vLLM: ``reload_weights``, then the prefix cache); the calls made. An engine
+        that keeps its weights (SGLang) has none: nothing."""
+        api = _api(protocol)
+        return [self._call(url, call, timeout_s=timeout_s) for call in api.reload]
 
     def is_sleeping(self, url: str, protocol: str) -> bool | None:
-        """Whether the engine says it sleeps; ``None`` for SGLang (it has no such call).
+        """Whether the engine says it sleeps; ``None`` when it cannot say (SGLang has no
+        such call: no request is made).
 
         Raises :class:`SleepError` when it cannot be asked, or answers something else.
         """
-        _check(protocol)
-        if protocol == "sglang":
+        api = _api(protocol)
+        if api.is_sleeping is None:
             return None
-        target = url.rstrip("/") + "/is_sleeping"
+        target = url.rstrip("/") + api.is_sleeping
         response = self._send(
             lambda t: self._http.get(target, timeout=t),
             f"GET {target}",
@@ -193,16 +179,25 @@ class SleepClient(RetryKnobs):
             body: Any = response.json()
         except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
             body = None
-        value = body.get("is_sleeping") if isinstance(body, dict) else None
+        key = api.is_sleeping_key
+        value = body.get(key) if isinstance(body, dict) else None
         if not isinstance(value, bool):
             raise SleepError(
-                f"GET {target}: answer has no boolean is_sleeping: {response.text[:_TEXT_CHARS]!r}",
+                f"GET {target}: answer has no boolean {key}: {response.text[:_TEXT_CHARS]!r}",
                 transient=False,
                 status=response.status_code,
             )
         return value
 
     # ── HTTP ─────────────────────────────────────────────────────────────────
+
+    def _call(
+        self, url: str, call: HttpCall, *, level: int | None = None, timeout_s: float | None = None
+    ) -> str:
+        """One ``POST`` of an engine's sleep API, as its registry entry describes it."""
+        return self._post(
+            url, call.path, params=call.query(level), body=call.body, timeout_s=timeout_s
+        )
 
     def _post(
         self,
@@ -273,6 +268,11 @@ class SleepClient(RetryKnobs):
         )
 
 
-def _check(protocol: str) -> None:
-    if protocol not in PROTOCOLS:
-        raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, not {protocol!r}")
+def _api(protocol: str) -> SleepApi:
+    """The sleep API of the engine called exactly ``protocol``; ValueError naming the
+    registered ones when there is none."""
+    api = engines.sleep_api(protocol)
+    if api is None:
+        known = ", ".join(e.name for e in engines.sleeping_engines())
+        raise ValueError(f"protocol must be one of {known}, not {protocol!r}")
+    return api

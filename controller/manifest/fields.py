@@ -24,6 +24,7 @@ from controller.manifest.errors import (
     _did_you_mean,
     _show,
 )
+from statemachine.engines import sleeping_engines
 from statemachine.types import DesiredRun, Residency
 
 #: The ``operating_mode`` that makes a two-role serve exclusive on both roles.
@@ -43,8 +44,13 @@ INFORMATIONAL_SERVE_KEYS = ("router_config", "rollback_router_config")
 
 #: ``[serve.sleep]`` levels: 1 keeps the weights in host RAM, 2 drops them.
 SLEEP_LEVELS = (1, 2)
-#: The engine sleep APIs (docs/protocols.md), and the ``engine`` values that name them.
-SLEEP_PROTOCOLS = ("vllm", "sglang")
+
+
+def sleep_protocols() -> tuple[str, ...]:
+    """The engine sleep APIs (docs/protocols.md), and the ``engine`` values that name
+    them: the registry's engines with a sleep API (:mod:`statemachine.engines`)."""
+    return tuple(e.name for e in sleeping_engines())
+
 
 #: Docker's rule for container names (its ``RestrictedNamePattern``, without the
 #: optional leading slash): anything else is refused by ``docker create``, or, with a
@@ -197,10 +203,11 @@ def _sleep_level(value: object) -> object:
 def _sleep_protocol(value: object) -> object:
     if value is None:
         return None
-    if not isinstance(value, str) or value.strip().lower() not in SLEEP_PROTOCOLS:
+    known = sleep_protocols()
+    if not isinstance(value, str) or value.strip().lower() not in known:
         word = value.strip().lower() if isinstance(value, str) else ""
-        hint = _did_you_mean(word, SLEEP_PROTOCOLS) if word else ""
-        raise _bad(f"must be one of {', '.join(SLEEP_PROTOCOLS)}{hint}", value)
+        hint = _did_you_mean(word, known) if word else ""
+        raise _bad(f"must be one of {', '.join(known)}{hint}", value)
     return value.strip().lower()
 
 
@@ -470,7 +477,7 @@ SleepLevel = Annotated[
 OptSleepProtocol = Annotated[
     str | None,
     BeforeValidator(_sleep_protocol),
-    WithJsonSchema({"type": "string", "enum": list(SLEEP_PROTOCOLS)}),
+    WithJsonSchema({"type": "string", "enum": list(sleep_protocols())}),
 ]
 OptUp = Annotated[
     str | None, BeforeValidator(_up), WithJsonSchema({"type": "string", "minLength": 1})

@@ -59,6 +59,7 @@ from controller.manifest.fields import (
     MAX_NESTING,
     TOP_LEVEL_KEYS,
     compose_project_problem,
+    sleep_protocols,
 )
 from controller.manifest.models import (
     ElasticModel,
@@ -375,7 +376,9 @@ def _check_sleep(
         errors.append(
             (
                 "sleep.protocol",
-                f'is required: it cannot be told from {got} (set "vllm" or "sglang")',
+                f"is required: it cannot be told from {got} (set "
+                + " or ".join(f'"{name}"' for name in sleep_protocols())
+                + ")",
             )
         )
     return errors, warnings

@@ -53,15 +53,17 @@ from controller.manifest.fields import (
     StringList,
     Text,
     Url,
+    sleep_protocols,
 )
 from controller.manifest.runtime import ServeRuntime
+from statemachine import engines
+from statemachine.engines import Engine
 from statemachine.types import (
     Elastic,
     GpuRole,
     HostBudget,
     ServeSpec,
     Sleep,
-    SleepProtocol,
 )
 
 
@@ -150,7 +152,8 @@ class SleepModel(BaseModel):
     )
     protocol: OptSleepProtocol = Field(
         default=None,
-        description='"vllm" | "sglang"; default from the serve\'s engine.',
+        description=" | ".join(f'"{name}"' for name in sleep_protocols())
+        + "; default from the serve's engine.",
     )
 
     def resolved_url(self, port: int | None) -> str | None:
@@ -164,7 +167,7 @@ class SleepModel(BaseModel):
         if self.protocol is not None:
             return self.protocol
         name = (engine or "").strip().lower()
-        return name if name in {p.value for p in SleepProtocol} else None
+        return name if name in sleep_protocols() else None
 
     def to_sleep(self, port: int | None, engine: str | None) -> Sleep:
         """The core's :class:`Sleep` (the loader checked the URL and protocol resolve)."""
@@ -173,7 +176,7 @@ class SleepModel(BaseModel):
         return Sleep(
             level=self.level,
             residual_mib=self.residual_mib,
-            protocol=SleepProtocol(protocol),
+            protocol=protocol,
             host_ram_mib=self.host_ram_mib or 0,
             url=self.resolved_url(port),
         )
@@ -192,6 +195,21 @@ class HostModel(BaseModel):
     def to_host(self) -> HostBudget:
         """The core's :class:`HostBudget`."""
         return HostBudget(ram_mib=self.ram_mib, reserve_mib=self.reserve_mib)
+
+
+def _has_metrics(engine: Engine | None) -> bool:
+    """True when ``engine`` is known and its metrics page tells its requests in flight."""
+    return engine is not None and bool(engine.inflight_metrics)
+
+
+def _label(engine: Engine) -> str:
+    """How the manifest's docs spell an engine: its first alias, else its name."""
+    return engine.aliases[0] if engine.aliases else engine.name
+
+
+def _spoken(words: list[str]) -> str:
+    """``a, b or c``."""
+    return " or ".join([", ".join(words[:-1]), words[-1]] if len(words) > 1 else words)
 
 
 class ServeModel(BaseModel):
@@ -220,7 +238,9 @@ class ServeModel(BaseModel):
     metrics_url: OptUrl = Field(
         default=None,
         description="The engine's Prometheus metrics, read for its requests in flight "
-        "(default: http://127.0.0.1:{port}/metrics for a vllm, sglang or llama.cpp engine).",
+        "(default: http://127.0.0.1:{port}/metrics for a "
+        + _spoken([_label(e) for e in engines.engines(_has_metrics)])
+        + " engine).",
     )
     gpu_role: OptText = Field(default=None, description="The one gpu role this serve uses.")
     gpu_roles: OptTwoRoles = Field(
@@ -331,7 +351,7 @@ class ServeModel(BaseModel):
         a known engine (vLLM, SGLang, llama.cpp server) on its port, else ``None``."""
         if self.metrics_url is not None:
             return self.metrics_url
-        if self.port is not None and (self.engine or "").strip().lower() in METRICS_ENGINES:
+        if self.port is not None and _has_metrics(engines.lookup(self.engine)):
             return f"http://127.0.0.1:{self.port}/metrics"
         return None
 
@@ -353,20 +373,18 @@ class ServeModel(BaseModel):
             elastic=None if self.elastic is None else self.elastic.to_elastic(),
             groups=tuple(self.groups),
             idle_ttl_s=self.idle_ttl_s,
-            sizes_from_free=(self.engine or "").strip().lower() in SIZES_FROM_FREE_ENGINES,
+            sizes_from_free=_sizes_from_free(self.engine),
             sleep=None if self.sleep is None else self.sleep.to_sleep(self.port, self.engine),
             compose_project=self.owner_project(),
         )
 
 
-#: engine labels whose metrics page is known (/metrics on the serve's port)
-METRICS_ENGINES: frozenset[str] = frozenset(
-    {"vllm", "sglang", "llamacpp", "llama.cpp", "llama-cpp", "llama_cpp", "llama-server"}
-)
-
-#: engines that size their memory pool from the device's free memory when they load:
-#: their starts are serialised per GPU (two at once would each count the other's room)
-SIZES_FROM_FREE_ENGINES: frozenset[str] = frozenset({"vllm", "sglang"})
+def _sizes_from_free(label: str | None) -> bool:
+    """True when the serve's engine sizes its memory pool from the device's free memory
+    when it loads: its starts are serialised per GPU (two at once would each count the
+    other's room)."""
+    found = engines.lookup(label)
+    return found is not None and found.sizes_from_free
 
 
 class ManifestFile(BaseModel):

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from controller.adapters.sleep import SleepClient, SleepError
 from controller.snapshot import SleepStateModel, SnapshotModel
 from controller.store.journal import SleepRecord
+from statemachine import engines
 from statemachine.types import DesiredState, ServeSpec
 
 __all__ = [
@@ -119,7 +120,7 @@ def confirm_asleep(
     said: bool | None = None
     why = ""
     while True:
-        engine_ok = sl.protocol != "vllm"
+        engine_ok = not _can_say(sl.protocol)
         if not engine_ok:
             try:
                 said = client.is_sleeping(sl.url, sl.protocol)
@@ -146,11 +147,24 @@ def confirm_asleep(
         time.sleep(poll_s)
 
 
+def _can_say(protocol: str) -> bool:
+    """True when the protocol's engine can be asked whether it sleeps (its registry
+    entry has an ``is_sleeping`` call)."""
+    api = engines.sleep_api(protocol)
+    return api is not None and api.can_say
+
+
+def _display(protocol: str) -> str:
+    """The engine's name as people write it (``SGLang``)."""
+    found = engines.lookup(protocol)
+    return protocol if found is None else found.display
+
+
 def _confirmed_by(sl: Sleeper, expect: int | None, back: int | None) -> str:
     engine = (
         "the engine says it sleeps"
-        if sl.protocol == "vllm"
-        else "the engine answered (SGLang cannot say whether it sleeps)"
+        if _can_say(sl.protocol)
+        else f"the engine answered ({_display(sl.protocol)} cannot say whether it sleeps)"
     )
     if expect is None:
         return f"{engine}; NVML cannot attribute memory to the container: not measured"
@@ -174,7 +188,7 @@ def wake_engine(
         calls = client.wake(sl.url, sl.protocol, timeout_s=timeout_s)
     except SleepError as exc:
         raise WakeFailedError(f"{sl.serve}: wake failed: {exc}") from None
-    if sl.protocol != "vllm":
+    if not _can_say(sl.protocol):
         return ", ".join(calls)
     said = ""
     while True:

@@ -47,10 +47,10 @@ from typing import Any
 import yaml
 
 from controller.manifest import ManifestSet, ServeModel
+from statemachine import engines
 from statemachine.engine_flags import (
     DEFAULT_PLACES,
     DEFAULT_TOLERANCE,
-    ENGINE_FLAGS,
     SOURCE_NVML,
     DeviceTotal,
     Finding,
@@ -59,6 +59,7 @@ from statemachine.engine_flags import (
     SleepNeeds,
     check_fraction,
     check_sleep,
+    engine_flags,
     engine_of_argv,
     engine_of_image,
     flag_from_variable,
@@ -83,8 +84,6 @@ __all__ = [
     "resolve_engine",
 ]
 
-#: Engines that name a concrete runtime; other labels (embedding, audio, ...) are purposes.
-_RUNTIME_LABELS = frozenset({"vllm", "sglang", "llamacpp"})
 
 
 class ComposeError(Exception):
@@ -426,8 +425,11 @@ def render_serve(
     totals = _totals_for(mset, measured, measured_source)
     result = render_flag(serve.name, key, serve.vram_mib, serve.roles, totals, places=places)
     if result.problem_kind is FindingKind.NO_ENGINE_FLAG and source == "label" and not service:
+        flagged = " or ".join(
+            e.display for e in engines.engines(lambda e: e.memory_flag is not None)
+        )
         hint = (
-            "; if it runs vLLM or SGLang all the same, name the engine, or give its compose "
+            f"; if it runs {flagged} all the same, name the engine, or give its compose "
             "file so the engine is read from the command"
         )
         result = replace(
@@ -540,7 +542,8 @@ def _check_pair(
     engine, source = resolve_engine(serve, service)
     label = normalize_engine(serve.engine)
     findings: list[Finding] = []
-    if source != "label" and label in _RUNTIME_LABELS and label != engine:
+    # a registered engine's name is a runtime; other labels (embedding, audio, ...) are purposes
+    if source != "label" and label in engines.names() and label != engine:
         findings.append(
             Finding(
                 FindingKind.ENGINE_MISMATCH,
@@ -666,7 +669,7 @@ def lint_compose(
         if owner is None:
             set_flags = {
                 flag: values[-1]
-                for flag in ENGINE_FLAGS.values()
+                for flag in engine_flags().values()
                 if (values := flag_values(service.argv, flag))
             }
             if set_flags:

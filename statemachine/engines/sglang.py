@@ -1,0 +1,31 @@
+"""SGLang (docs/protocols.md): ``sglang serve`` / ``python -m sglang.launch_server``;
+``--mem-fraction-static``; the memory-saver API of ``--enable-memory-saver``, which
+cannot say whether the engine sleeps. Pure data."""
+
+from __future__ import annotations
+
+from statemachine.engines.spec import Detection, Engine, HttpCall, MemoryFlag, SleepApi
+
+#: what a release and a resume act on: everything the engine holds on the device
+TAGS = ("kv_cache", "weights")
+
+FLAG = "--mem-fraction-static"
+SLEEP_FLAG = "--enable-memory-saver"
+
+ENGINE = Engine(
+    name="sglang",
+    display="SGLang",
+    detection=Detection(
+        commands=(("sglang", "serve"),),
+        modules=("sglang.launch_server",),
+        image_words=("sglang",),
+    ),
+    sizes_from_free=True,
+    memory_flag=MemoryFlag(FLAG),
+    sleep=SleepApi(
+        sleep=HttpCall("/release_memory_occupation", body={"tags": list(TAGS)}),
+        wake=(HttpCall("/resume_memory_occupation", body={"tags": list(TAGS)}),),
+        flags=(SLEEP_FLAG,),
+    ),
+    inflight_metrics=("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+)

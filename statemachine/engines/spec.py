@@ -1,0 +1,119 @@
+"""What vramctl knows of one engine, as data (docs/architecture.md, adding an engine).
+
+An :class:`Engine` says how the engine is recognised (its command words, its image's
+repository, its labels), whether it sizes its memory pool from the device's free memory
+when it loads (its starts are then serialised per GPU), the flag that holds it to its
+reservation (rendered and linted by :mod:`statemachine.engine_flags`), its sleep API
+(the paths :mod:`controller.adapters.sleep` calls, and what its command needs for them)
+and the Prometheus metrics whose sum is its count of requests in flight
+(:mod:`controller.adapters.engine_metrics`).
+
+This module must not do I/O nor import anything from ``controller``: every value is
+data, read by the code that acts on it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+__all__ = ["Detection", "Engine", "FlagUnit", "HttpCall", "MemoryFlag", "SleepApi"]
+
+
+@dataclass(frozen=True, slots=True)
+class Detection:
+    """How a command line or an image names the engine.
+
+    Only the program words of a command (before its first option) are looked at, each
+    without its path: ``commands`` are (program, subcommand) pairs (``vllm serve``),
+    ``programs`` whole program names (``llama-server``), ``modules`` prefixes of a
+    ``python -m`` module (``vllm.entrypoints``). ``image_words`` are words an image's
+    repository contains (``vllm/vllm-openai``): a weaker guess than the command.
+    """
+
+    commands: tuple[tuple[str, str], ...] = ()
+    programs: tuple[str, ...] = ()
+    modules: tuple[str, ...] = ()
+    image_words: tuple[str, ...] = ()
+
+
+class FlagUnit(StrEnum):
+    """What a memory flag's value is: a fraction of the device total, or MiB."""
+
+    FRACTION = "fraction"
+    MIB = "mib"
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryFlag:
+    """The command-line flag that caps the engine's memory (docs/design.md §3).
+
+    ``default`` is the engine's own default, in words, when it has one worth telling
+    (a command without the flag is sized by it, not by the reservation).
+    """
+
+    name: str
+    unit: FlagUnit = FlagUnit.FRACTION
+    default: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HttpCall:
+    """One ``POST`` of a sleep API: its path, query, JSON body, and the query
+    parameter that carries the sleep level (``None``: the level is not sent)."""
+
+    path: str
+    params: tuple[tuple[str, str], ...] = ()
+    body: Any = None
+    level_param: str | None = None
+
+    def query(self, level: int | None = None) -> dict[str, str] | None:
+        """The query parameters, with the level where this call carries it."""
+        params = dict(self.params)
+        if self.level_param is not None and level is not None:
+            params[self.level_param] = str(level)
+        return params or None
+
+
+@dataclass(frozen=True, slots=True)
+class SleepApi:
+    """An engine's sleep API (docs/protocols.md, engine sleep).
+
+    ``sleep`` puts it to sleep; ``wake`` are the calls that wake it, in order;
+    ``reload`` the calls that load its weights again after a level-2 wake (none when it
+    keeps them). ``is_sleeping`` is the ``GET`` path that answers
+    ``{is_sleeping_key: bool}``, ``None`` when the engine cannot say. ``flags`` and
+    ``env`` are what its command line and environment need for the API to exist.
+    """
+
+    sleep: HttpCall
+    wake: tuple[HttpCall, ...]
+    reload: tuple[HttpCall, ...] = ()
+    is_sleeping: str | None = None
+    is_sleeping_key: str = "is_sleeping"
+    flags: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def can_say(self) -> bool:
+        """True when the engine can be asked whether it sleeps."""
+        return self.is_sleeping is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """One engine protocol: its name (the manifest's ``engine`` and ``sleep.protocol``
+    value), how it is shown and recognised, and what vramctl does with it."""
+
+    name: str
+    display: str
+    detection: Detection
+    aliases: tuple[str, ...] = ()
+    #: the engine sizes its pool from the device's free memory at load: starts serialised
+    sizes_from_free: bool = False
+    memory_flag: MemoryFlag | None = None
+    sleep: SleepApi | None = None
+    #: the metrics whose sum is its count of requests in flight (empty: none known)
+    inflight_metrics: tuple[str, ...] = ()
