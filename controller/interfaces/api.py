@@ -109,11 +109,10 @@ import difflib
 import errno
 import hmac
 import math
-import re
 import socket
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Generator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass
 from typing import Annotated, Any
 
 import uvicorn
@@ -134,6 +133,12 @@ from controller.interfaces.client import (
     base_url,
 )
 from controller.interfaces.metrics import CONTENT_TYPE, Metrics
+from controller.interfaces.redaction import (
+    REDACTED_NOTE,
+    public_blocked,
+    public_failure,
+    public_manifest_errors,
+)
 from controller.interfaces.stream import register_events
 from controller.interfaces.upwait import (
     DEFAULT_QUEUE_S,
@@ -147,20 +152,16 @@ from controller.interfaces.upwait import (
     standing,
     timings,
 )
-from controller.manifest import LocatedError
 from controller.service.events import EventBus
 from controller.service.loop import Controller
 from controller.service.view import LoopPort, LoopView
 from statemachine.admission import (
     can_request,
-    conflict,
     could_fit_later,
     down_needs_router,
-    frees_up_in,
     no_router_reason,
-    router_needs,
 )
-from statemachine.fit import fit_serve, request_plan
+from statemachine.fit import fit_serve
 from statemachine.idleness import request_end
 from statemachine.pending import (
     PENDING_STATE,
@@ -169,16 +170,16 @@ from statemachine.pending import (
     role_pending,
     with_pending,
 )
-from statemachine.planner import Blocked, Policy
+from statemachine.planner import Policy
 from statemachine.status import host_status
 from statemachine.types import (
     DesiredRun,
-    DesiredState,
     Observed,
     OnDemandRequest,
     ServeSpec,
     SleepState,
 )
+from statemachine.up_decision import UpDecision, decide_up, mark_pending
 
 MAX_BODY_BYTES = 64 * 1024
 NO_TOKEN_MESSAGE = (
@@ -504,34 +505,7 @@ STAYS_RECORDED = {
 }
 
 
-# ── the up decision ──────────────────────────────────────────────────────────
-
-
-@dataclass(frozen=True, slots=True)
-class UpDecision:
-    """What ``up`` answers: status, message, body, and Retry-After when 429."""
-
-    status: int
-    message: str
-    body: dict[str, Any] = field(default_factory=dict)
-    retry_after_s: int | None = None
-
-
-def mark_pending(data: dict[str, Any], pending: tuple[PendingStart, ...]) -> dict[str, Any]:
-    """``data`` (fit or ledger JSON, with ``gpu_roles``) with the pending starts said so.
-
-    Each role's reservation held for a request not yet planned gets ``"state":
-    "requested, not yet planned"``, and ``pending`` lists those requests.
-    """
-    names = {p.serve for p in pending}
-    roles = []
-    for row in data.get("gpu_roles", []):
-        reservations = [
-            {**res, "state": PENDING_STATE} if res.get("serve") in names else res
-            for res in row.get("reservations", [])
-        ]
-        roles.append({**row, "reservations": reservations} if "reservations" in row else row)
-    return {**data, "gpu_roles": roles, "pending": [p.to_json() for p in pending]}
+# ── what GET /v1/ledger adds beside what is held ─────────────────────────────
 
 
 def ledger_roles(data: dict[str, Any], pending: tuple[PendingStart, ...]) -> list[dict[str, Any]]:
@@ -567,160 +541,6 @@ def ledger_roles(data: dict[str, Any], pending: tuple[PendingStart, ...]) -> lis
             }
         )
     return rows
-
-
-def decide_up(
-    desired: DesiredState,
-    observed: Observed,
-    serve: str,
-    *,
-    policy: Policy,
-    now: float,
-    default_retry_s: float,
-    router: bool = True,
-) -> UpDecision:
-    """The answer to ``up`` (404 and the request-level 409 are checked before). Pure.
-
-    ``desired`` holds the recorded requests: those the next cycle starts and nothing
-    holds yet (accepted, not yet planned: :mod:`statemachine.pending`) count as held
-    on their roles, so two requests are never promised the same room; the body lists
-    them under ``pending`` and marks their reservations. ``router``: whether ``run``
-    has one; without it a request that drains a tier (a victim's, or its own when it
-    ends) is 409 with the fix (``needs_router``), since no cycle could carry it out.
-    """
-    spec = desired.serves[serve]
-    pending = pending_starts(desired, observed, policy=policy, now=now, requester=serve)
-    observed = with_pending(observed, pending)
-    fit = fit_serve(desired, observed, serve, policy=policy, now=now)
-    fit_json = mark_pending(fit.to_json(), pending)
-    if not observed.docker_ok:
-        return UpDecision(
-            503,
-            f"docker could not be read in the last cycle, so nothing is admitted: {fit.reason}",
-            {"fit": fit_json},
-            max(1, math.ceil(default_retry_s)),
-        )
-    plan = request_plan(desired, observed, serve, policy=policy, now=now)
-    own = tuple(st for st in plan.steps if st.group == serve) if fit.fits else ()
-    needs = () if router else router_needs(desired, observed, serve, own)
-    if needs:
-        return UpDecision(
-            409,
-            no_router_reason(f"up {serve}", needs),
-            {"fit": fit_json, "needs_router": [n.to_json() for n in needs]},
-        )
-    if fit.fits:
-        return UpDecision(202, fit.reason, {"fit": fit_json, "steps": [s.to_json() for s in own]})
-    blocked: Blocked | None = next((b for b in plan.blocked if b.serve == serve), None)
-    requests = {
-        r.serve: r
-        for r in desired.requests
-        if not request_end(r, desired.serves.get(r.serve), observed).expired(now)
-    }
-    names = {p.serve for p in pending}
-    if any(t.shortfall_mib and any(h in names for h, _ in t.reservations) for t in fit.terms) or (
-        blocked is not None and any(p.serve in names for p in blocked.protected)
-    ):
-        counted = ", ".join(f"{p.serve} {p.mib} MiB" for p in pending)
-        blocked = (
-            None
-            if blocked is None
-            else replace(
-                blocked, reason=f"{blocked.reason}; counted as held: {counted} ({PENDING_STATE})"
-            )
-        )
-    if blocked is None:  # cannot happen: fit said no but the plan blocks nothing
-        return UpDecision(429, fit.reason, dict(fit_json), max(1, math.ceil(default_retry_s)))
-    terms = {
-        "evictable_mib": dict(blocked.evictable_mib),
-        "shrinkable_mib": dict(blocked.shrinkable_mib),
-    }
-    conflicting = [
-        p
-        for p in blocked.protected
-        if p.serve in desired.serves and conflict(spec, desired.serves[p.serve]) is not None
-    ]
-    waits: list[float] = []
-    permanent: list[str] = []
-    for p in blocked.protected:
-        other = desired.serves.get(p.serve)
-        if other is None:
-            continue
-        wait = frees_up_in(other, spec, observed, requests, now, default_retry_s)
-        if wait is None:
-            if p in conflicting:
-                permanent.append(f"{p.serve} ({p.why})")
-        else:
-            waits.append(wait)
-    if conflicting and permanent:
-        return UpDecision(
-            409,
-            f"{serve} cannot start while " + ", ".join(permanent) + " runs, and the controller "
-            f"never stops that implicitly: {blocked.reason}",
-            {**fit_json, **terms},
-        )
-    retry = min(waits) if waits else default_retry_s
-    return UpDecision(429, blocked.reason, {**fit_json, **terms}, max(1, math.ceil(retry)))
-
-
-# ── what a reader without the token sees ─────────────────────────────────────
-
-#: Why a read answer holds less than the journal and the log.
-REDACTED_NOTE = (
-    "free text (the `up` command line and output of a failed start, manifest values) is "
-    "shown only to a request with 'Authorization: Bearer TOKEN', and in the log"
-)
-#: The failures :meth:`Controller._note_deaths` words from states and figures only.
-_PUBLIC_FAILURE = re.compile(r"container (?:OOM-killed|exited -?\d+)")
-_FIELD_CHARS = 64
-
-
-def public_manifest_error(error: LocatedError) -> str:
-    """Where a manifest problem is (file, line, entry, field), without what it says.
-
-    The message quotes the offending value (up to 120 characters), which may be
-    anything the file holds: a reader without the token gets the location only.
-    """
-    parts = [error.file]
-    if error.line is not None:
-        parts.append(
-            f"line {error.line}" + (f", column {error.column}" if error.column is not None else "")
-        )
-    if error.where is not None:
-        parts.append(error.where)
-    if error.field:
-        field_name = error.field
-        if len(field_name) > _FIELD_CHARS:
-            field_name = field_name[: _FIELD_CHARS - 3] + "..."
-        parts.append(field_name)
-    parts.append("invalid (the reason is shown with the API token, and in the log)")
-    return ": ".join(parts)
-
-
-def public_manifest_errors(lines: list[str], located: list[LocatedError]) -> list[str]:
-    """The manifest errors for a reader without the token: one location per problem."""
-    if len(located) == len(lines):
-        return [public_manifest_error(e) for e in located]
-    return [
-        "the manifest set is invalid (the reason is shown with the API token, and in the log)"
-    ] * len(lines)
-
-
-def public_blocked(serve: str, reason: str | None) -> str | None:
-    """A blocked reason for a reader without the token.
-
-    The planner's own reasons are names and figures; a serve held back by the
-    controller (a failure backoff) carries the failure's text, which may quote the
-    ``up`` command line: that part is withheld.
-    """
-    if reason is None or not reason.startswith(f"{serve} is held back"):
-        return reason
-    return f"{serve} is held back (the reason is shown with the API token, and in the log)"
-
-
-def public_failure(text: str) -> str | None:
-    """A backoff's last failure for a reader without the token: states and figures only."""
-    return text if _PUBLIC_FAILURE.fullmatch(text) else None
 
 
 # ── the app ──────────────────────────────────────────────────────────────────
