@@ -114,7 +114,7 @@ them (:func:`create_app`, :func:`attach_api`):
   (:mod:`controller.interfaces.stream`) register their own routes;
 - :mod:`~controller.interfaces.api.serving` (the socket, uvicorn as a loop service).
 
-The request queue's pump (:class:`~controller.interfaces.api.queueing.QueuePump`) runs
+The request queue's pump (:class:`~controller.service.queue_pump.QueuePump`) runs
 beside the loop as one of its services; the up decision itself is pure
 (:mod:`statemachine.up_decision`); what a reader without the token sees is
 :mod:`controller.interfaces.redaction`.
@@ -131,7 +131,6 @@ from controller.interfaces.api import probes, reads, verbs
 from controller.interfaces.api.context import ApiContext
 from controller.interfaces.api.errors import ApiError, install_error_handlers
 from controller.interfaces.api.guard import install_guards
-from controller.interfaces.api.queueing import QueuePump
 from controller.interfaces.api.serving import api_service, bind_socket
 from controller.interfaces.api.settings import (
     MAX_BODY_BYTES,
@@ -145,6 +144,7 @@ from controller.interfaces.stream import register_events
 from controller.interfaces.ui import register_ui
 from controller.service.events import EventBus
 from controller.service.loop import Controller
+from controller.service.queue_pump import QueuePump
 from controller.service.view import LoopPort
 
 __all__ = [

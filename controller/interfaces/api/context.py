@@ -23,12 +23,12 @@ from fastapi import Depends, Request
 
 from controller.interfaces.api.errors import ApiError
 from controller.interfaces.api.guard import auth_problem
-from controller.interfaces.api.queueing import QueuePump, decide_live
 from controller.interfaces.api.settings import ApiSettings
 from controller.interfaces.metrics import Metrics
 from controller.interfaces.redaction import REDACTED_NOTE, public_manifest_errors
-from controller.interfaces.upwait import RequestQueue
 from controller.service.events import EventBus
+from controller.service.queue_pump import QueuePump, decide_live
+from controller.service.request_queue import RequestQueue
 from controller.service.view import LoopPort, LoopView
 from statemachine.types import Observed, ServeSpec
 from statemachine.up_decision import UpDecision

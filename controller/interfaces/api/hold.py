@@ -24,13 +24,9 @@ from controller.interfaces.api.answers import STAYS_RECORDED, queued_answer, ref
 from controller.interfaces.api.context import ApiContext, client_of
 from controller.interfaces.api.errors import error_response
 from controller.interfaces.api.guard import DISCONNECTED
-from controller.interfaces.api.queueing import active_requests
-from controller.interfaces.upwait import (
-    QueueEntry,
-    blocked_now,
-    dry_run_answer,
-    standing,
-)
+from controller.interfaces.upwait import dry_run_answer, standing
+from controller.service.queue_pump import active_requests
+from controller.service.request_queue import QueueEntry, blocked_now
 from controller.service.view import LoopView
 from statemachine.types import ServeSpec
 

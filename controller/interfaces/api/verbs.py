@@ -27,14 +27,10 @@ from controller.interfaces.api.answers import follow, queued_answer, refuse
 from controller.interfaces.api.context import ApiContext, Ctx, client_of, live_meta
 from controller.interfaces.api.errors import ApiError
 from controller.interfaces.api.hold import hold
-from controller.interfaces.api.queueing import recorded_requests
 from controller.interfaces.api.reads import request_json
-from controller.interfaces.upwait import (
-    DEFAULT_QUEUE_S,
-    MAX_QUEUE_S,
-    MAX_WAIT_S,
-    timings,
-)
+from controller.interfaces.upwait import MAX_WAIT_S, timings
+from controller.service.queue_pump import recorded_requests
+from controller.service.request_queue import DEFAULT_QUEUE_S, MAX_QUEUE_S
 from controller.service.view import LoopView
 from statemachine.admission import can_request, could_fit_later, down_needs_router, no_router_reason
 from statemachine.idleness import request_end

@@ -1,6 +1,6 @@
 """The request queue's pump: queued ``up`` requests admitted in order as room frees.
 
-:class:`QueuePump` owns the :class:`~controller.interfaces.upwait.RequestQueue` (the FIFO
+:class:`QueuePump` owns the :class:`~controller.service.request_queue.RequestQueue` (the FIFO
 per GPU role) and runs beside the loop (:meth:`QueuePump.run`, one of the controller's
 services): after every change, and each second, it admits the heads of the queues that
 fit now (recorded as on-demand requests through the port's ``request_up``), ends those
@@ -11,7 +11,8 @@ publishes ``request.admitted`` / ``request.ended`` on the event bus. ``up`` with
 :func:`decide_live` is the one way an ``up`` is decided on the live observation
 (:func:`statemachine.up_decision.decide_up`), for the pump and the API alike.
 
-It changes the loop only through the port's ``request_up``; it serves no HTTP.
+It changes the loop only through the port's ``request_up``; it serves no HTTP (the API,
+:mod:`controller.interfaces.api`, reads and adds to its queue).
 """
 
 from __future__ import annotations
@@ -21,8 +22,8 @@ from typing import Any
 
 from loguru import logger
 
-from controller.interfaces.upwait import SETTLE_S, QueueEntry, RequestQueue, blocked_now
 from controller.service.events import EventBus
+from controller.service.request_queue import SETTLE_S, QueueEntry, RequestQueue, blocked_now
 from controller.service.view import LoopPort, LoopView
 from statemachine.admission import could_fit_later
 from statemachine.planner import Policy
