@@ -400,3 +400,16 @@ def test_mark_pending_marks_only_the_pending_reservations() -> None:
 
 def test_mark_pending_on_json_without_roles_adds_the_pending_list() -> None:
     assert mark_pending({}, ()) == {"gpu_roles": [], "pending": []}
+
+
+def test_a_router_is_assumed_unless_said_otherwise() -> None:
+    desired, observed = _build(_tiered())
+    got = decide_up(desired, observed, "llm", policy=Policy(), now=NOW, default_retry_s=RETRY_S)
+    assert got.status == 202 and "needs_router" not in got.body
+
+
+def test_a_retry_after_is_never_zero_even_with_a_zero_default() -> None:
+    unread = Case([serve("llm", 20_000, OND)], {}, [], docker_ok=False)
+    assert decide(unread, "llm", retry_s=0.0).retry_after_s == 1
+    held = Case([serve("stt", 20_000, RES, RUN), serve("llm", 20_000, OND)], {"stt": up()}, [])
+    assert decide(held, "llm", retry_s=0.0).retry_after_s == 1
