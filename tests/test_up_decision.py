@@ -375,7 +375,7 @@ def test_a_port_held_by_a_pending_request_is_a_wait_naming_it() -> None:
 
 
 def test_mark_pending_marks_only_the_pending_reservations() -> None:
-    data = {
+    data: dict[str, Any] = {
         "x": 1,
         "gpu_roles": [
             {"gpu_role": "a", "reservations": [{"serve": "p", "mib": 1}, {"mib": 2}]},
