@@ -30,7 +30,7 @@ from typing import Annotated, Any
 from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
-from controller.interfaces.api import public_blocked, public_failure
+from controller.interfaces.redaction import public_blocked, public_failure
 from controller.service.view import JournalHistory
 
 __all__ = ["ASSETS", "recent_plans", "register_ui"]
