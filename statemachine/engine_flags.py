@@ -487,8 +487,7 @@ def render_flag(
         )
         return without(
             FindingKind.NO_ENGINE_FLAG,
-            f"{what} ({_flag_list()}); "
-            "the reservation is kept by the ledger only",
+            f"{what} ({_flag_list()}); the reservation is kept by the ledger only",
         )
     if vram_mib is None:
         return without(

@@ -85,7 +85,6 @@ __all__ = [
 ]
 
 
-
 class ComposeError(Exception):
     """A compose file that cannot be read; ``str()`` is one located line per problem."""
 

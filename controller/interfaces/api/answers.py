@@ -49,9 +49,7 @@ def refuse(
         "api: up {} from {} refused ({}): {}", serve, client, decision.status, decision.message
     )
     headers = (
-        {"Retry-After": str(decision.retry_after_s)}
-        if decision.retry_after_s is not None
-        else None
+        {"Retry-After": str(decision.retry_after_s)} if decision.retry_after_s is not None else None
     )
     return error_response(
         decision.status,

@@ -84,7 +84,6 @@ def _validation_lines(exc: RequestValidationError) -> list[str]:
     return lines
 
 
-
 def validation_answer(exc: RequestValidationError) -> JSONResponse:
     """422: one readable line per problem, and pydantic's errors, made JSON-safe."""
     lines = [_spelled(line) for line in _validation_lines(exc)]

@@ -54,7 +54,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return sock
 
 
-
 class _LoopServer(uvicorn.Server):
     """uvicorn without its own signal handling: SIGTERM / SIGINT belong to the loop.
 

@@ -53,5 +53,3 @@ def host_allowed(host_header: str | None, bind_host: str | None) -> bool:
     elif name.count(":") == 1:
         name = name.rsplit(":", 1)[0]
     return name in LOOPBACK_NAMES
-
-
