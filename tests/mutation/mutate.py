@@ -625,11 +625,19 @@ def _imports(path: Path, module: str | None) -> bool:
     if module is None:
         return bool(re.search(rf"^\s*(from|import)\s+{PACKAGE}\b", text, re.MULTILINE))
     full = import_name(module)
-    package, _, leaf = full.rpartition(".")
+    package = full.rpartition(".")[0]
     names = [full] if is_shell(module) or package == PACKAGE else [full, package]
-    pattern = "|".join(rf"from\s+{re.escape(n)}\s+import|import\s+{re.escape(n)}\b" for n in names)
-    pattern += rf"|from\s+{re.escape(package)}\s+import\s+.*\b{leaf}\b"
+    pattern = "|".join(_import_of(n) for n in names)
     return bool(re.search(rf"^\s*({pattern})", text, re.MULTILINE))
+
+
+def _import_of(dotted: str) -> str:
+    """A pattern for a statement that imports the module ``dotted``, in any form."""
+    parent, _, leaf = dotted.rpartition(".")
+    return (
+        rf"from\s+{re.escape(dotted)}\s+import|import\s+{re.escape(dotted)}\b|"
+        rf"from\s+{re.escape(parent)}\s+import\s+.*\b{leaf}\b"
+    )
 
 
 def test_pool(root: Path, also: list[Path]) -> list[Path]:
