@@ -29,7 +29,7 @@ import time
 from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Header, Query, Request
+from fastapi import APIRouter, Header, Query, Request
 from fastapi.responses import StreamingResponse
 
 from controller.interfaces.client import (
@@ -83,20 +83,20 @@ def parse_last_id(header: str | None, since: str | None) -> int | None:
     return None
 
 
-def register_events(
-    app: FastAPI,
+def events_router(
     bus: EventBus,
     full_detail: Callable[[Request], bool],
     error: Callable[[int, str], Exception],
     heartbeat_s: float = HEARTBEAT_S,
-) -> None:
-    """Add ``GET /v1/events`` to ``app`` over ``bus``.
+) -> APIRouter:
+    """The router of ``GET /v1/events`` over ``bus`` (the API includes it).
 
     ``full_detail`` says whether a request may see free text (and refuses a wrong
     token); ``error(status, message)`` builds the API's own error for a bad id.
     """
+    router = APIRouter()
 
-    @app.get(
+    @router.get(
         "/v1/events",
         response_class=StreamingResponse,
         responses={200: {"content": {MEDIA_TYPE: {"schema": SSE_EVENT_SCHEMA}}}},
@@ -142,3 +142,5 @@ def register_events(
             media_type=MEDIA_TYPE,
             headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
+
+    return router

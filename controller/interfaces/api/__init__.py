@@ -140,8 +140,8 @@ from controller.interfaces.api.settings import (
 )
 from controller.interfaces.metrics import Metrics
 from controller.interfaces.redaction import public_manifest_errors
-from controller.interfaces.stream import register_events
-from controller.interfaces.ui import register_ui
+from controller.interfaces.stream import events_router
+from controller.interfaces.ui import ui_router
 from controller.service.events import EventBus
 from controller.service.loop import Controller
 from controller.service.queue_pump import QueuePump
@@ -206,8 +206,8 @@ def create_app(
     def meta(full: bool) -> dict[str, Any]:
         return ctx.meta(controller.view(), full)
 
-    register_ui(app, controller.history, full_detail, meta)
-    register_events(app, bus, full_detail, ApiError, settings.events_heartbeat_s)
+    app.include_router(ui_router(controller.history, full_detail, meta))
+    app.include_router(events_router(bus, full_detail, ApiError, settings.events_heartbeat_s))
     return app
 
 

@@ -1,6 +1,6 @@
 """The operator's page of ``vramctl run``: ``GET /`` and what it needs (docs/operations.md).
 
-:func:`register_ui` adds to the API's FastAPI app:
+:func:`ui_router` is the API's router of these routes (the API includes it):
 
 - ``GET /`` - the page (HTML), and ``GET /ui/app.js``, ``GET /ui/app.css`` - its
   assets, all shipped in this package (``controller/interfaces/ui/static``): no CDN, a serving
@@ -27,13 +27,13 @@ from collections.abc import Callable
 from importlib import resources
 from typing import Annotated, Any
 
-from fastapi import FastAPI, Query, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from controller.interfaces.redaction import public_blocked, public_failure
 from controller.service.view import JournalHistory
 
-__all__ = ["ASSETS", "recent_plans", "register_ui"]
+__all__ = ["ASSETS", "recent_plans", "ui_router"]
 
 #: What ``/`` and ``/ui/NAME`` serve: name -> content type. Nothing else is served.
 ASSETS: dict[str, str] = {
@@ -138,38 +138,40 @@ def recent_plans(journal: JournalHistory, limit: int, *, full: bool) -> list[dic
     return out
 
 
-def register_ui(
-    app: FastAPI,
+def ui_router(
     journal: Callable[[], JournalHistory],
     full_detail: Callable[[Request], bool],
     meta: Callable[[bool], dict[str, Any]],
-) -> None:
-    """Add the page, its assets and ``GET /v1/plans`` to ``app``.
+) -> APIRouter:
+    """The router of the page, its assets and ``GET /v1/plans`` (the API includes it).
 
     ``journal`` gives the controller's journal at request time; ``full_detail`` is
     the API's rule for a read (True with the right token, 403 with a wrong one);
     ``meta`` the API's common answer fields (cycles, observed_at, detail).
     """
     assets = {name: _asset(name) for name in ASSETS}
+    router = APIRouter()
 
     def page(name: str) -> Response:
         return Response(assets[name], media_type=ASSETS[name], headers=PAGE_HEADERS)
 
-    @app.get("/", include_in_schema=False)
+    @router.get("/", include_in_schema=False)
     async def index() -> Response:
         return page("index.html")
 
-    @app.get("/ui/app.js", include_in_schema=False)
+    @router.get("/ui/app.js", include_in_schema=False)
     async def script() -> Response:
         return page("app.js")
 
-    @app.get("/ui/app.css", include_in_schema=False)
+    @router.get("/ui/app.css", include_in_schema=False)
     async def style() -> Response:
         return page("app.css")
 
-    @app.get("/v1/plans")
+    @router.get("/v1/plans")
     async def plans(
         request: Request, limit: Annotated[int, Query(ge=1, le=MAX_PLANS)] = 10
     ) -> dict[str, Any]:
         full = full_detail(request)
         return {**meta(full), "plans": recent_plans(journal(), limit, full=full)}
+
+    return router
