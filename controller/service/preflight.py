@@ -16,26 +16,13 @@ decide what to do (the planner does).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
 
-from controller.adapters.docker.actions import ActionError, DockerActions
+from controller.adapters.docker.actions import ActionError
 from controller.adapters.router import RouterClient
-from controller.manifest.runtime import ServeRuntime
+from controller.service.steps.context import ExecutorReads
 from controller.service.steps.dispatch import IMPLEMENTED_ACTIONS
 from statemachine.planner import Action, Plan, conflict
 from statemachine.types import DesiredState, ServeSpec
-
-
-class PreflightHost(Protocol):
-    """What the preflight reads of the executor: the manifest, Docker, the router."""
-
-    desired: DesiredState
-    docker: DockerActions
-    router: RouterClient | None
-
-    def runtime(self, name: str) -> ServeRuntime:
-        """How serve ``name``'s steps are carried out."""
-        ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +35,7 @@ class PreflightProblem:
     text: str
 
 
-def preflight_problems(plan: Plan, host: PreflightHost) -> list[PreflightProblem]:
+def preflight_problems(plan: Plan, host: ExecutorReads) -> list[PreflightProblem]:
     """Each problem the preflight finds, with the plan groups it refuses.
 
     A problem of one serve (its container or ``up`` missing, its port taken, an
@@ -106,7 +93,7 @@ def preflight_problems(plan: Plan, host: PreflightHost) -> list[PreflightProblem
 
 
 def _preflight_router(
-    plan: Plan, host: PreflightHost, router: RouterClient, router_groups: frozenset[str]
+    plan: Plan, host: ExecutorReads, router: RouterClient, router_groups: frozenset[str]
 ) -> list[PreflightProblem]:
     """The router answers, accepts the token, has its transition API enabled, and
     knows each planned tier by name (an unknown one refuses its serve's groups)."""
@@ -130,7 +117,7 @@ def _preflight_router(
     return problems
 
 
-def _preflight_foreign(plan: Plan, host: PreflightHost) -> list[PreflightProblem]:
+def _preflight_foreign(plan: Plan, host: ExecutorReads) -> list[PreflightProblem]:
     """A serve that declares its Compose project whose container now bears another
     project's label (it appeared since the observation): its groups are refused, so
     nothing of another stack is started, stopped or drained (docs/design.md §3)."""
@@ -158,7 +145,7 @@ def _preflight_foreign(plan: Plan, host: PreflightHost) -> list[PreflightProblem
     return problems
 
 
-def _preflight_start(host: PreflightHost, serve: ServeSpec, stopped_ports: set[int]) -> list[str]:
+def _preflight_start(host: ExecutorReads, serve: ServeSpec, stopped_ports: set[int]) -> list[str]:
     problems: list[str] = []
     try:
         exists = host.docker.exists(serve.container)

@@ -55,14 +55,25 @@ class ExecutorConfig:
     readmit_poll_max_s: float = 8.0
 
 
-class StepHost(Protocol):
-    """What the step handlers use of the executor (``executor.Executor`` satisfies it)."""
+class ExecutorReads(Protocol):
+    """What the preflight and the step handlers read of the executor: the manifest,
+    Docker, the router and each serve's runtime (``executor.Executor`` satisfies it)."""
 
     desired: DesiredState
-    #: the cycle id of the plan executing now (its events carry it)
-    cycle: int | None
     docker: DockerActions
     router: RouterClient | None
+
+    def runtime(self, name: str) -> ServeRuntime:
+        """How serve ``name``'s steps are carried out."""
+        ...
+
+
+class StepHost(ExecutorReads, Protocol):
+    """All the step handlers use of the executor: what the preflight reads, and the
+    mutating adapters, the knobs, the start tracker and the event bus."""
+
+    #: the cycle id of the plan executing now (its events carry it)
+    cycle: int | None
     elastic: ElasticClient
     #: the engines' sleep API (made when a plan first needs it)
     sleep: SleepClient | None
@@ -75,10 +86,6 @@ class StepHost(Protocol):
     footprints: Footprints
     unanswered: dict[str, tuple[str, int, int | None]]
     events: EventBus
-
-    def runtime(self, name: str) -> ServeRuntime:
-        """How serve ``name``'s steps are carried out."""
-        ...
 
 
 class RunContext:
