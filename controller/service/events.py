@@ -6,7 +6,7 @@ The kinds and their payloads are a contract, listed in docs/operations.md ("Even
 stream"); :data:`KINDS` names them. Publishers are the places where things happen:
 
 - ``lifecycle`` — the executor's one place that applies a lifecycle transition
-  (``controller.service.executor._Run.fire``): serve, from, to, trigger;
+  (``controller.service.steps.lifecycle.move``): serve, from, to, trigger;
 - ``plan.begun`` / ``plan.ended`` — the loop hands a plan to the executor, and the
   executor returns (``pending`` names the starts still running beside the loop: their
   ``step`` events follow);

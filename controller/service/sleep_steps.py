@@ -1,4 +1,4 @@
-"""The executor's sleep and wake steps (a part of ``executor._Run``, kept apart).
+"""The executor's sleep and wake steps, each a handler given the run's context.
 
 Around a sleep: (quiesce → drain →) ``sleep`` → ``release_to_residual``; around a wake:
 ``reserve_wake`` → ``wake`` (→ ``reload`` at level 2) → ``await_ready`` → ``readmit``.
@@ -22,13 +22,12 @@ What changed is reported per serve (``sleeps``: the journal record of a serve no
 asleep, ``None`` for one no longer asleep) for the loop to journal.
 
 This module must not decide what to put to sleep (the planner does) and reaches the
-host only through the executor's adapters.
+host only through the executor's adapters (the run's ``ex``).
 """
 
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
 
 from loguru import logger
 
@@ -42,20 +41,24 @@ from controller.service.sleeping import (
     sleeper_of,
     wake_engine,
 )
+from controller.service.steps.containers import release, stop
+from controller.service.steps.context import RunContext
+from controller.service.steps.lifecycle import fire
+from controller.service.steps.results import StepError
 from controller.store.journal import SleepRecord
 from statemachine.ledger import Refusal
-from statemachine.lifecycle import ServeLifecycle, Trigger
+from statemachine.lifecycle import Trigger
 from statemachine.plan import Action, Step
 from statemachine.types import COMMITTED_STATES, ServeSpec
 
-if TYPE_CHECKING:
-    from collections.abc import Callable
-
-    from controller.service.executor import Executor
-    from statemachine.ledger import Ledger
-    from statemachine.types import DesiredState, Observed
-
-__all__ = ["SLEEP_ACTIONS", "SleepSteps"]
+__all__ = [
+    "SLEEP_ACTIONS",
+    "release_to_residual",
+    "reload",
+    "reserve_wake",
+    "sleep",
+    "wake",
+]
 
 #: The step kinds this part of the executor carries out.
 SLEEP_ACTIONS = frozenset(
@@ -63,219 +66,182 @@ SLEEP_ACTIONS = frozenset(
 )
 
 
-class SleepSteps:
-    """The sleep and wake steps of one execution (mixed into ``executor._Run``)."""
+def note_sleep(run: RunContext, s: ServeSpec, rec: SleepRecord | None) -> None:
+    """``s`` is now asleep (its record) or no longer asleep (None): kept for the report
+    and told at once to the executor's ``on_sleep`` (the loop's journal), so a crash
+    before the plan ends leaves the journal true about an engine that sleeps."""
+    run.sleeps[s.name] = rec
+    if run.ex.on_sleep is not None:
+        run.ex.on_sleep(s.container, rec)
 
-    if TYPE_CHECKING:  # provided by _Run
-        ex: Executor
-        desired: DesiredState
-        observed: Observed
-        ledger: Ledger
-        machines: dict[str, ServeLifecycle]
-        quiesced: dict[str, list[str]]
-        used_before_stop: dict[str, dict[str, int]]
-        attributed: dict[str, int | None]
 
-        def fire(self, serve: str, trigger: Trigger) -> None: ...
-        def role_used(self, roles: tuple[str, ...]) -> dict[str, int]: ...
-        def stop(self, step: Step, s: ServeSpec) -> str: ...
-        def release(self, step: Step, s: ServeSpec) -> str: ...
+def sleep_client(run: RunContext) -> SleepClient:
+    client = run.ex.sleep
+    if client is None:
+        client = run.ex.sleep = SleepClient()
+    return client
 
-    def init_sleep_steps(self) -> None:
-        #: serve -> what its devices and container used before its sleep
-        self.before_sleep: dict[str, tuple[dict[str, int], int | None]] = {}
-        #: serves stopped instead of put to sleep (-> why), whose release is a full one
-        self.stopped_instead: dict[str, str] = {}
-        #: serve -> its journal record now asleep, or None: no longer asleep
-        self.sleeps: dict[str, SleepRecord | None] = {}
-        #: serves whose engine answered the sleep API with 404 -> the engine's words
-        self.sleep_unsupported: dict[str, str] = {}
 
-    def note_sleep(self, s: ServeSpec, rec: SleepRecord | None) -> None:
-        """``s`` is now asleep (its record) or no longer asleep (None): kept for the report
-        and told at once to the executor's ``on_sleep`` (the loop's journal), so a crash
-        before the plan ends leaves the journal true about an engine that sleeps."""
-        self.sleeps[s.name] = rec
-        if self.ex.on_sleep is not None:
-            self.ex.on_sleep(s.container, rec)
-
-    def sleep_handlers(self) -> dict[Action, Callable[[Step, ServeSpec], str]]:
-        return {
-            Action.SLEEP: self.sleep,
-            Action.RELEASE_TO_RESIDUAL: self.release_to_residual,
-            Action.RESERVE_WAKE: self.reserve_wake,
-            Action.WAKE: self.wake,
-            Action.RELOAD: self.reload,
-        }
-
-    def sleep_client(self) -> SleepClient:
-        client = self.ex.sleep
-        if client is None:
-            client = self.ex.sleep = SleepClient()
-        return client
-
-    # -- sleep --------------------------------------------------------------------
-    def sleep(self, step: Step, s: ServeSpec) -> str:
-        if s.sleep is None:
-            raise StepErrorLike(f"{s.name} declares no [serve.sleep]")
-        sl = sleeper_of(s)
-        before = self.role_used(s.gpu_roles)
-        attributed = self.observed.container(s.container).gpu_used_mib
-        self.before_sleep[s.name] = (before, attributed)
-        self.fire(s.name, Trigger.SLEEP)
-        try:
-            sent = self.sleep_client().sleep(sl.url, sl.protocol, sl.level)
-        except SleepNotEnabledError as exc:
-            self.sleep_unsupported[s.name] = str(exc)
-            logger.error(
-                "{}: {}; stopped instead (vramctl lint --compose names the missing flag)",
-                s.name,
-                exc,
-            )
-            return self.stop_instead(step, s, f"the engine has no sleep API: {exc}")
-        except SleepError as exc:
-            return self.stop_instead(step, s, f"the engine did not sleep: {exc}")
-        for members in self.quiesced.values():  # its tier stays quiesced while it sleeps
-            if s.name in members:
-                members.remove(s.name)
-        return f"{sent} to {sl.url}"
-
-    def stop_instead(self, step: Step, s: ServeSpec, why: str) -> str:
-        """Stop ``s`` instead of putting it to sleep; its release is then a full one."""
-        self.stopped_instead[s.name] = why
-        detail = self.stop(step, s)
-        before, attributed = self.before_sleep.get(s.name, ({}, None))
-        # what must come back is what it used before the sleep was asked
-        self.used_before_stop[s.name] = before
-        self.attributed[s.name] = attributed
-        logger.warning("{}: {}: stopped instead", s.name, why)
-        return f"{why}: stopped instead ({detail})"
-
-    def release_to_residual(self, step: Step, s: ServeSpec) -> str:
-        if s.name not in self.stopped_instead:
-            sl = sleeper_of(s)
-            before, attributed = self.before_sleep.get(s.name, ({}, None))
-            cfg = self.ex.config
-            try:
-                how = confirm_asleep(
-                    self.sleep_client(),
-                    sl,
-                    before=before,
-                    attributed_mib=attributed,
-                    devices=lambda: self.role_used(s.gpu_roles),
-                    wait_s=cfg.memory_wait_s,
-                    poll_s=cfg.poll_s,
-                    tolerance_mib=cfg.memory_tolerance_mib,
-                    stop_event=self.ex.stop_event,
-                )
-            except SleepNotConfirmedError as exc:
-                self.stop_instead(step, s, str(exc))
-            else:
-                return self.count_asleep(step, s, sl, how)
-        why = self.stopped_instead[s.name]
-        released = self.release(step, s)
-        self.note_sleep(s, None)
-        return f"{why}: stopped instead; {released}"
-
-    def count_asleep(self, step: Step, s: ServeSpec, sl: Sleeper, how: str) -> str:
-        """Count the confirmed sleeper at its residual (and its host RAM); when the host
-        budget cannot take it now, the serve is stopped instead and released in full."""
-        to = step.to_mib if step.to_mib is not None else sl.residual_mib
-        host = step.host_mib if step.host_mib is not None else sl.host_ram_mib
-        slept = self.ledger.sleep(s.name, to, host)
-        if isinstance(slept, Refusal):
-            self.stop_instead(step, s, f"asleep, but the ledger refuses it: {slept.message}")
-            why = self.stopped_instead[s.name]
-            released = self.release(step, s)
-            self.note_sleep(s, None)
-            return f"{why}: stopped instead; {released}"
-        self.ledger = slept
-        try:
-            state = self.ex.docker.inspect(s.container)
-        except ActionError:
-            state = None
-        started = None if state is None or state.started_at is None else str(state.started_at)
-        self.note_sleep(
-            s,
-            SleepRecord(
-                container=s.container,
-                serve=s.name,
-                level=sl.level,
-                gpu_roles=s.gpu_roles,
-                residual_mib=to,
-                host_ram_mib=host,
-                started_at=started,
-                since=time.time(),
-            ),
+def sleep(run: RunContext, step: Step, s: ServeSpec) -> str:
+    if s.sleep is None:
+        raise StepError(f"{s.name} declares no [serve.sleep]")
+    sl = sleeper_of(s)
+    before = run.role_used(s.gpu_roles)
+    attributed = run.observed.container(s.container).gpu_used_mib
+    run.before_sleep[s.name] = (before, attributed)
+    fire(run, s.name, Trigger.SLEEP)
+    try:
+        sent = sleep_client(run).sleep(sl.url, sl.protocol, sl.level)
+    except SleepNotEnabledError as exc:
+        run.sleep_unsupported[s.name] = str(exc)
+        logger.error(
+            "{}: {}; stopped instead (vramctl lint --compose names the missing flag)",
+            s.name,
+            exc,
         )
-        self.fire(s.name, Trigger.SLEPT)
-        on_host = f" and {host} MiB of host RAM" if host else ""
-        return f"asleep ({how}): holds {to} MiB on {', '.join(s.gpu_roles)}{on_host}"
+        return stop_instead(run, step, s, f"the engine has no sleep API: {exc}")
+    except SleepError as exc:
+        return stop_instead(run, step, s, f"the engine did not sleep: {exc}")
+    for members in run.quiesced.values():  # its tier stays quiesced while it sleeps
+        if s.name in members:
+            members.remove(s.name)
+    return f"{sent} to {sl.url}"
 
-    # -- wake ---------------------------------------------------------------------
-    def reserve_wake(self, step: Step, s: ServeSpec) -> str:
-        to = step.to_mib if step.to_mib is not None else s.vram_mib
-        if to is None:
-            raise StepErrorLike(f"{s.name} has no reservation to wake into")
-        woken = self.ledger.wake(s.name, to)
-        if isinstance(woken, Refusal):
-            raise StepErrorLike(f"the ledger refuses: {woken.message}")
-        self.ledger = woken
-        self.fire(s.name, Trigger.RESERVE_WAKE)
-        back = f"; {step.host_mib} MiB of host RAM given back" if step.host_mib else ""
-        return f"reserved {to} MiB on {', '.join(s.gpu_roles)} to wake into{back}"
 
-    def wake(self, step: Step, s: ServeSpec) -> str:
+def stop_instead(run: RunContext, step: Step, s: ServeSpec, why: str) -> str:
+    """Stop ``s`` instead of putting it to sleep; its release is then a full one."""
+    run.stopped_instead[s.name] = why
+    detail = stop(run, step, s)
+    before, attributed = run.before_sleep.get(s.name, ({}, None))
+    # what must come back is what it used before the sleep was asked
+    run.used_before_stop[s.name] = before
+    run.attributed[s.name] = attributed
+    logger.warning("{}: {}: stopped instead", s.name, why)
+    return f"{why}: stopped instead ({detail})"
+
+
+def release_to_residual(run: RunContext, step: Step, s: ServeSpec) -> str:
+    if s.name not in run.stopped_instead:
         sl = sleeper_of(s)
-        self.fire(s.name, Trigger.WAKE)
+        before, attributed = run.before_sleep.get(s.name, ({}, None))
+        cfg = run.ex.config
         try:
-            how = wake_engine(
-                self.sleep_client(),
+            how = confirm_asleep(
+                sleep_client(run),
                 sl,
-                timeout_s=self.ex.runtime(s.name).start_timeout_s,
-                poll_s=self.ex.config.poll_s,
-                stop_event=self.ex.stop_event,
+                before=before,
+                attributed_mib=attributed,
+                devices=lambda: run.role_used(s.gpu_roles),
+                wait_s=cfg.memory_wait_s,
+                poll_s=cfg.poll_s,
+                tolerance_mib=cfg.memory_tolerance_mib,
+                stop_event=run.ex.stop_event,
             )
-        except WakeFailedError as exc:
-            raise StepErrorLike(f"{exc}; {self.stop_failed_wake(s)}") from None
-        self.note_sleep(s, None)
-        return how
-
-    def reload(self, step: Step, s: ServeSpec) -> str:
-        sl = sleeper_of(s)
-        self.fire(s.name, Trigger.RELOAD)
-        try:
-            done = self.sleep_client().reload(
-                sl.url, sl.protocol, timeout_s=self.ex.runtime(s.name).start_timeout_s
-            )
-        except SleepError as exc:
-            raise StepErrorLike(
-                f"{s.name}: reload after the wake failed: {exc}; {self.stop_failed_wake(s)}"
-            ) from None
-        return ", ".join(done) or "nothing to reload"
-
-    def stop_failed_wake(self, s: ServeSpec) -> str:
-        """A wake or reload failed: stop the container (a cold start follows, with
-        backoff); its full reservation is held until Docker shows it exited."""
-        self.note_sleep(s, None)
-        if self.machines[s.name].state != "failed":
-            self.fire(s.name, Trigger.WAKE_FAILED)
-        try:
-            self.ex.docker.stop(s.container, self.ex.runtime(s.name).stop_timeout_s)
-            state = self.ex.docker.inspect(s.container)
-        except ActionError as exc:
-            return f"stopping {s.container} failed too ({exc}): its full reservation is kept"
-        if state is not None and state.state in COMMITTED_STATES:
-            return f"{s.container} is still {state.state}: its full reservation is kept"
-        result = self.ledger.release(s.name)
-        if not isinstance(result, Refusal):
-            self.ledger = result
-        return f"{s.container} stopped: a cold start follows"
+        except SleepNotConfirmedError as exc:
+            stop_instead(run, step, s, str(exc))
+        else:
+            return count_asleep(run, step, s, sl, how)
+    why = run.stopped_instead[s.name]
+    released = release(run, step, s)
+    note_sleep(run, s, None)
+    return f"{why}: stopped instead; {released}"
 
 
-def StepErrorLike(message: str) -> Exception:  # noqa: N802 - raised like a class
-    """The executor's :class:`~controller.service.executor.StepError` (imported late:
-    the executor imports this module)."""
-    from controller.service.executor import StepError
+def count_asleep(run: RunContext, step: Step, s: ServeSpec, sl: Sleeper, how: str) -> str:
+    """Count the confirmed sleeper at its residual (and its host RAM); when the host
+    budget cannot take it now, the serve is stopped instead and released in full."""
+    to = step.to_mib if step.to_mib is not None else sl.residual_mib
+    host = step.host_mib if step.host_mib is not None else sl.host_ram_mib
+    slept = run.ledger.sleep(s.name, to, host)
+    if isinstance(slept, Refusal):
+        stop_instead(run, step, s, f"asleep, but the ledger refuses it: {slept.message}")
+        why = run.stopped_instead[s.name]
+        released = release(run, step, s)
+        note_sleep(run, s, None)
+        return f"{why}: stopped instead; {released}"
+    run.ledger = slept
+    try:
+        state = run.ex.docker.inspect(s.container)
+    except ActionError:
+        state = None
+    started = None if state is None or state.started_at is None else str(state.started_at)
+    note_sleep(
+        run,
+        s,
+        SleepRecord(
+            container=s.container,
+            serve=s.name,
+            level=sl.level,
+            gpu_roles=s.gpu_roles,
+            residual_mib=to,
+            host_ram_mib=host,
+            started_at=started,
+            since=time.time(),
+        ),
+    )
+    fire(run, s.name, Trigger.SLEPT)
+    on_host = f" and {host} MiB of host RAM" if host else ""
+    return f"asleep ({how}): holds {to} MiB on {', '.join(s.gpu_roles)}{on_host}"
 
-    return StepError(message)
+
+def reserve_wake(run: RunContext, step: Step, s: ServeSpec) -> str:
+    to = step.to_mib if step.to_mib is not None else s.vram_mib
+    if to is None:
+        raise StepError(f"{s.name} has no reservation to wake into")
+    woken = run.ledger.wake(s.name, to)
+    if isinstance(woken, Refusal):
+        raise StepError(f"the ledger refuses: {woken.message}")
+    run.ledger = woken
+    fire(run, s.name, Trigger.RESERVE_WAKE)
+    back = f"; {step.host_mib} MiB of host RAM given back" if step.host_mib else ""
+    return f"reserved {to} MiB on {', '.join(s.gpu_roles)} to wake into{back}"
+
+
+def wake(run: RunContext, step: Step, s: ServeSpec) -> str:
+    sl = sleeper_of(s)
+    fire(run, s.name, Trigger.WAKE)
+    try:
+        how = wake_engine(
+            sleep_client(run),
+            sl,
+            timeout_s=run.ex.runtime(s.name).start_timeout_s,
+            poll_s=run.ex.config.poll_s,
+            stop_event=run.ex.stop_event,
+        )
+    except WakeFailedError as exc:
+        raise StepError(f"{exc}; {stop_failed_wake(run, s)}") from None
+    note_sleep(run, s, None)
+    return how
+
+
+def reload(run: RunContext, step: Step, s: ServeSpec) -> str:
+    sl = sleeper_of(s)
+    fire(run, s.name, Trigger.RELOAD)
+    try:
+        done = sleep_client(run).reload(
+            sl.url, sl.protocol, timeout_s=run.ex.runtime(s.name).start_timeout_s
+        )
+    except SleepError as exc:
+        raise StepError(
+            f"{s.name}: reload after the wake failed: {exc}; {stop_failed_wake(run, s)}"
+        ) from None
+    return ", ".join(done) or "nothing to reload"
+
+
+def stop_failed_wake(run: RunContext, s: ServeSpec) -> str:
+    """A wake or reload failed: stop the container (a cold start follows, with
+    backoff); its full reservation is held until Docker shows it exited."""
+    note_sleep(run, s, None)
+    if run.machines[s.name].state != "failed":
+        fire(run, s.name, Trigger.WAKE_FAILED)
+    try:
+        run.ex.docker.stop(s.container, run.ex.runtime(s.name).stop_timeout_s)
+        state = run.ex.docker.inspect(s.container)
+    except ActionError as exc:
+        return f"stopping {s.container} failed too ({exc}): its full reservation is kept"
+    if state is not None and state.state in COMMITTED_STATES:
+        return f"{s.container} is still {state.state}: its full reservation is kept"
+    result = run.ledger.release(s.name)
+    if not isinstance(result, Refusal):
+        run.ledger = result
+    return f"{s.container} stopped: a cold start follows"

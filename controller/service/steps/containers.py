@@ -1,0 +1,270 @@
+"""The containers' steps: stop, release, reserve, start and await a serve's readiness.
+
+- a reservation is admitted (``reserve``) before its start, against a fresh reading
+  of the containers (:func:`admit_against_host_now`), which the start reads again
+  right before its Docker call (a container started outside the controller meanwhile
+  aborts it);
+- a release is applied only after the stop is confirmed (the container exited and,
+  where NVML sees the role's device, the memory came back within a bound);
+- a start runs ``docker start`` on an existing container or the serve's ``up``
+  command (its process told to the start tracker), and ``await_ready`` waits for the
+  Docker healthcheck, the health path or, with neither, the running container.
+
+This module must not decide what to start or stop (the planner does) and reaches
+Docker only through the run's :class:`~controller.adapters.docker.actions.DockerActions`.
+"""
+
+from __future__ import annotations
+
+import time
+
+from controller.adapters.docker.actions import ActionError
+from controller.adapters.health import http_ready
+from controller.service.steps.context import RunContext
+from controller.service.steps.lifecycle import begin_start, fire
+from controller.service.steps.results import StepError
+from statemachine.ledger import GpuReservation, Ledger, Refusal
+from statemachine.lifecycle import Trigger
+from statemachine.planner import Step
+from statemachine.types import COMMITTED_STATES, ContainerState, ServeSpec
+
+
+def stop(run: RunContext, step: Step, s: ServeSpec) -> str:
+    run.used_before_stop[s.name] = run.role_used(s.gpu_roles)
+    run.attributed[s.name] = run.observed.container(s.container).gpu_used_mib
+    timeout = run.ex.runtime(s.name).stop_timeout_s
+    fire(run, s.name, Trigger.STOP)
+    try:
+        run.ex.docker.stop(s.container, timeout)
+        state = run.ex.docker.inspect(s.container)
+    except ActionError as exc:
+        fire(run, s.name, Trigger.STOP_FAILED)
+        raise StepError(f"docker stop {s.container}: {exc}") from None
+    if state is not None and state.state in COMMITTED_STATES:
+        fire(run, s.name, Trigger.STOP_FAILED)
+        raise StepError(f"{s.container} is still {state.state} after docker stop")
+    for members in (*run.quiesced.values(), *run.others_quiesced.values()):
+        if s.name in members:
+            members.remove(s.name)
+    if not run.ledger.holds(s.name):
+        fire(run, s.name, Trigger.STOPPED)
+    code = state.exit_code if state is not None else None
+    return f"{s.container} exited" + (f" ({code})" if code is not None else "")
+
+
+def release(run: RunContext, step: Step, s: ServeSpec) -> str:
+    """Confirm the stop freed the memory, then release the reservation.
+
+    A serve need not use all it reserved, so the drop to wait for is what NVML
+    attributed to its container before the stop (``gpu_used_mib``); where that is
+    unknown (no per-process figures, e.g. WSL2) the exited container is the only
+    confirmation there is, and the step says so.
+    """
+    before = run.used_before_stop.get(s.name, {})
+    attributed = run.attributed.get(s.name)
+    mib = step.mib or 0
+    waited = "; NVML cannot attribute memory to the container: confirmed by its exit"
+    if before and attributed is not None:
+        # the attributed figure is the container's total over all its devices: what
+        # must come back is that total, summed over the roles' devices
+        tol = run.ex.config.memory_tolerance_mib
+        deadline = time.monotonic() + run.ex.config.memory_wait_s
+        while True:
+            now = run.role_used(s.gpu_roles)
+            back = sum(before[r] - now[r] for r in before if r in now)
+            if back >= attributed - tol:
+                waited = f"; NVML shows its {attributed} MiB back"
+                break
+            if time.monotonic() >= deadline:
+                detail = ", ".join(f"{r} used {before[r]} -> {now.get(r, '?')} MiB" for r in before)
+                raise StepError(
+                    f"{s.container} exited but the {attributed} MiB it used did not come "
+                    f"back within {run.ex.config.memory_wait_s:g}s ({detail}); "
+                    "the release is not confirmed"
+                )
+            time.sleep(run.ex.config.poll_s)
+    result = run.ledger.release(s.name)
+    if isinstance(result, Refusal):
+        return f"nothing to release: {result.message}"
+    run.ledger = result
+    fire(run, s.name, Trigger.STOPPED)
+    return f"released {mib} MiB on {', '.join(s.gpu_roles)}{waited}"
+
+
+def reserve(run: RunContext, step: Step, s: ServeSpec) -> str:
+    assert step.mib is not None
+    admit_against_host_now(run, s)
+    result = run.ledger.admit(GpuReservation(s.name, s.gpu_roles, step.mib))
+    if isinstance(result, Refusal):
+        raise StepError(f"the ledger refuses: {result.message}")
+    run.ledger = result
+    run.reserved[s.name] = step.group
+    if run.ex.starts is not None:
+        run.tokens[s.name] = run.ex.starts.begin(s.name, s.gpu_roles, step.mib)
+    fire(run, s.name, Trigger.RESERVE)
+    return f"reserved {step.mib} MiB on {', '.join(s.gpu_roles)}"
+
+
+def admit_against_host_now(run: RunContext, s: ServeSpec, *, aborted: bool = False) -> None:
+    """Read the containers again before a reserve, and again right before the start's
+    Docker call: the plan's observation, and the reserve's, may be old.
+
+    A serve of the manifest whose container holds memory now, though neither the
+    plan's ledger nor a start in progress counts it, was started outside the
+    controller while the plan ran: it joins this run's ledger (so nothing later in
+    the plan is admitted into its room) and the step fails (``aborted``: the start's
+    check, no failure of the serve's own), to be planned again from the host as it
+    is. Docker unreadable now: nothing is admitted.
+    """
+    if run.ex.observe_now is None:
+        return
+    fresh = run.ex.observe_now()
+    if not fresh.docker_ok:
+        raise StepError(
+            "docker cannot be read now: nothing is admitted until it can", aborted=aborted
+        )
+    in_progress = run.ex.starts.snapshot() if run.ex.starts is not None else {}
+    outside: list[GpuReservation] = []
+    for other in run.desired.serves.values():
+        if (
+            other.vram_mib is None
+            or not run.desired.in_ledger(other)
+            or run.ledger.holds(other.name)
+            or (run.parent is not None and run.parent.ledger.holds(other.name))
+            or other.name in in_progress
+            or not fresh.container(other.container).holds
+        ):
+            continue
+        outside.append(GpuReservation(other.name, other.gpu_roles, other.vram_mib))
+    if outside:
+        run.ledger = Ledger(
+            run.desired.roles,
+            [*run.ledger.holdings.values(), *outside],
+            host=run.ledger.host,
+            host_holdings=run.ledger.host_holdings,
+        )
+        names = ", ".join(r.holder for r in outside)
+        raise StepError(
+            f"{names} started outside the controller while this plan ran "
+            f"({' + '.join(f'{r.holder} {r.mib}' for r in outside)} MiB now held): "
+            f"{s.name} is not admitted; the next cycle plans from the host as it is",
+            aborted=aborted,
+        )
+
+
+def start(run: RunContext, step: Step, s: ServeSpec) -> str:
+    begin_start(run, s.name)
+    try:
+        exists = run.ex.docker.exists(s.container)
+        if step.mib:  # in the ledger: admitted again, as close to the call as can be
+            admit_against_host_now(run, s, aborted=True)
+        if exists:
+            run.ex.docker.start(s.container)
+            how = f"docker start {s.container}"
+        else:
+            rt = run.ex.runtime(s.name)
+            argv = rt.up_argv
+            if not argv:
+                raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
+            timeout = rt.start_timeout_s
+            tracker = run.ex.starts
+            mib = step.mib or 0
+
+            def spawned(pid: int) -> None:
+                if tracker is not None:
+                    tracker.up_spawned(s.name, pid, roles=s.gpu_roles, mib=mib, timeout_s=timeout)
+
+            try:
+                res = run.ex.docker.run_up(
+                    argv,
+                    cwd=rt.manifest_dir,
+                    timeout_s=timeout,
+                    env=rt.up_env,
+                    on_spawn=spawned,
+                )
+            finally:
+                if tracker is not None:
+                    tracker.up_exited(s.name)
+            if res.returncode != 0:
+                how = (
+                    f"timed out after {timeout:g}s"
+                    if res.returncode is None
+                    else f"exited {res.returncode}"
+                )
+                raise StepError(
+                    f"`up` {how}: {_reason(res.output)} (`up`: {' '.join(argv)})",
+                    logs=res.output,
+                )
+            if not run.ex.docker.exists(s.container):
+                raise StepError(
+                    f"`up` succeeded but container {s.container} does not exist",
+                    logs=res.output,
+                )
+            how = f"ran `up` ({argv[0]} …)"
+    except ActionError as exc:
+        raise StepError(f"start {s.container}: {exc}", logs=run.logs(s.container)) from None
+    run.reserved.pop(s.name, None)
+    return how
+
+
+def await_ready(run: RunContext, step: Step, s: ServeSpec) -> str:
+    rt = run.ex.runtime(s.name)
+    timeout, health = rt.start_timeout_s, rt.health
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            state = run.ex.docker.inspect(s.container)
+        except ActionError as exc:
+            raise StepError(f"cannot inspect {s.container}: {exc}") from None
+        if state is None:
+            raise StepError(f"{s.container} disappeared while starting")
+        if state.oom_killed or state.state in (ContainerState.EXITED, ContainerState.DEAD):
+            why = "was OOM-killed" if state.oom_killed else f"exited ({state.exit_code})"
+            raise StepError(
+                f"{s.container} {why} while starting",
+                logs=run.logs(s.container),
+                died_started_at=_epoch_or_none(state.started_at),
+            )
+        if state.state is ContainerState.RUNNING:
+            if state.health is not None:
+                if state.health == "healthy":
+                    fire(run, s.name, Trigger.READY)
+                    return "docker healthcheck: healthy"
+            elif s.port is not None and health:
+                url = f"http://127.0.0.1:{s.port}{health}"
+                if http_ready(url):
+                    fire(run, s.name, Trigger.READY)
+                    return f"GET {url}: 2xx"
+            else:
+                fire(run, s.name, Trigger.READY)
+                return "running (no health path or healthcheck declared)"
+        if time.monotonic() >= deadline:
+            raise StepError(
+                f"{s.name} not healthy after start_timeout_s {timeout:g}s",
+                logs=run.logs(s.container),
+            )
+        if run.ex.stop_event.is_set():
+            # leave the start running: the container holds its reservation, and
+            # the next controller finds it starting instead of starting it again
+            raise StepError(
+                "the controller is stopping: left starting, not awaited", interrupted=True
+            )
+        time.sleep(run.ex.config.poll_s)
+
+
+def _reason(output: str) -> str:
+    """The line of an ``up`` command's output that says why it failed (Docker's error)."""
+    lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
+    if not lines:
+        return "no output"
+    marked = [ln for ln in lines if "error" in ln.lower() or "unable" in ln.lower()]
+    return (marked or lines)[-1][:300]
+
+
+def _epoch_or_none(value: str | float | None) -> float | None:
+    from controller.snapshot import epoch_seconds
+
+    try:
+        return epoch_seconds(value)
+    except ValueError:
+        return None
