@@ -38,7 +38,6 @@ class DockerEvents:
 
     def __init__(
         self,
-        *,
         make_client: Callable[[], Any],
         open_stream: Callable[[Any, dict[str, Any]], Any],
         touch: Callable[[str], None],
@@ -58,6 +57,8 @@ class DockerEvents:
         self._refresh = False  # the stream was closed for a new filter
         #: a filtered stream was refused (a proxy's bound): every container's events
         self._unfiltered = False
+        #: the ids (short) of the observed containers at the last observation
+        self._ids: tuple[str, ...] = ()
 
     def run(self, wake: Callable[[str], object]) -> None:
         """Thread: the stream's events -> ``wake(reason)``; reconnects until the stop."""
@@ -158,6 +159,13 @@ class DockerEvents:
             self._refresh = True
         with contextlib.suppress(Exception):
             stream.close()
+
+    def follow_observed(self, names: tuple[str, ...], ids: tuple[str, ...] | None = None) -> None:
+        """Follow an observation's containers: ``names``, and by id those seen at the
+        last observation (``ids``: those seen at this one, kept for the next)."""
+        if ids is not None:
+            self._ids = ids
+        self.follow(names + self._ids)
 
     def followed(self, event: Mapping[str, Any]) -> bool:
         """True when ``event`` is of a container the loop follows: Docker matches the

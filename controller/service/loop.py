@@ -176,8 +176,7 @@ class Controller:
         self.prober = HealthProber()  # each observation's health probes (status, page)
         self.host = HostReader(ContainerObserver)  # the loop's readers of the host
         self._notices, self._router_notice = HostNotices(), RouterNotice()
-        #: the outcomes of the starts handed off, joined to their cycles' outcomes
-        self.start_outcomes = StartOutcomes()
+        self.start_outcomes = StartOutcomes()  # the handed-off starts' outcomes, by cycle
         self._aio: asyncio.AbstractEventLoop | None = None
         #: what the loop does, as numbered events (GET /v1/events); ids start past any
         #: an earlier controller issued (its start time in ms), see controller.service.events
@@ -196,13 +195,8 @@ class Controller:
         self.overlays = overlays.JournalOverlays()  # the journal's records on each observation
         #: Docker's event stream, filtered to the containers the loop observes
         self.docker_events = DockerEvents(
-            make_client=make_client,
-            open_stream=open_events,
-            touch=self.host.touch,
-            stop=self.stop_event,
+            make_client, open_events, self.host.touch, self.stop_event
         )
-        #: the ids (short) of the observed containers at the last observation
-        self._followed_ids: tuple[str, ...] = ()
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -220,8 +214,7 @@ class Controller:
 
     def request_down(self, serve: str) -> bool:
         """End a serve's on-demand request; True when there was one."""
-        active = {r.serve for r in self.journal.active_requests()}
-        if serve not in active:
+        if serve not in {r.serve for r in self.journal.active_requests()}:
             return False
         # an ended request is kept as expired until its serve is down: the planner stops it
         self.journal.add_request(serve, time.time() - 1.0, 0.0)
@@ -234,10 +227,8 @@ class Controller:
         return self.live.ended(since, group)
 
     async def wait_change(self, timeout_s: float) -> bool:
-        """Wait until the loop's state changes (a step, a cycle, a request) or the timeout.
-
-        True when something changed. Never blocks the event loop.
-        """
+        """Wait until the loop's state changes (a step, a cycle, a request) or the timeout:
+        True when something changed. Never blocks the event loop."""
         return await self.changes.wait(timeout_s)
 
     def requests(self) -> tuple[OnDemandRequest, ...]:
@@ -296,17 +287,10 @@ class Controller:
         """One cycle: reload, observe, plan, execute (or log), journal."""
         return await _LoopCycle(self).reconcile(reasons)
 
-    # ---------------------------------------------------------- manifest, events
     async def _watch_manifests(self) -> None:
-        """Watch the manifests' folders for as long as the loop runs (a failed watch
-        is logged and started again; the manifest is re-read then)."""
-        opts = self.options
-        await watch_manifests(
-            opts.manifests,
-            debounce_ms=opts.debounce_ms,
-            settle_ms=opts.settle_ms,
-            changed=self._manifest_changed,
-        )
+        """Watch the manifests' folders while the loop runs (see service.manifest_reload)."""
+        o = self.options
+        await watch_manifests(o.manifests, o.debounce_ms, o.settle_ms, self._manifest_changed)
 
     def _manifest_changed(self, reason: str) -> None:
         self._manifest_dirty = True
@@ -341,7 +325,6 @@ class Controller:
     def _events_filters(self) -> dict[str, Any] | None:
         return self.docker_events.filters
 
-    # ---------------------------------------------------------- host and journal
     def _elastic_in_force(self, snap: SnapshotModel) -> dict[str, int]:
         return overlays.elastic_in_force(self.journal, self.mset, snap)
 
@@ -356,7 +339,6 @@ class Controller:
     def _fresh_observer(self) -> ContainerObserver | None:
         return self.host.fresh
 
-    # ---------------------------------------------------------------- starts, tiers
     def _start_ended(
         self, cycle_id: int, results: list[StepResult], release: Callable[[], None]
     ) -> None:
@@ -376,7 +358,6 @@ class Controller:
     def _recover_tiers(self) -> None:
         tiers.recover_tiers(self._quiesced, lambda: self.journal, dry_run=self.options.dry_run)
 
-    # ------------------------------------------------------------ failure bookkeeping
     def _note_deaths(self, observed: Any, now: float) -> None:
         """A serve the loop keeps running (desired or requested) found dead is a failure.
 
@@ -599,12 +580,12 @@ class _LoopCycle:
         records = c.journal.started()
         known = c.journal.declared()
         names = overlays.observed_names(c.journal, c.mset, records, known)
-        c._follow(names + c._followed_ids)
+        c.docker_events.follow_observed(names)
         snap = c.host.observe(names, c.nvml)
         # and by id: Docker's rename event carries the new name only, so a declared
         # container renamed away (and whatever it does after) is in the stream by its id
-        c._followed_ids = tuple(sorted({m.id[:12] for m in snap.containers.values() if m.id}))
-        c._follow(names + c._followed_ids)
+        ids = tuple(sorted({m.id[:12] for m in snap.containers.values() if m.id}))
+        c.docker_events.follow_observed(names, ids)
         snap.starting = {
             name: StartingModel(gpu_roles=list(st.gpu_roles), mib=st.mib)
             for name, st in starting.items()
@@ -948,7 +929,7 @@ class _LoopLife:
         c.events.close()  # the event streams end before the API shuts down
         if c._hold_timer is not None:
             c._hold_timer.cancel()
-        c._close_docker_events()
+        c.docker_events.close()
         for task in tasks:
             task.cancel()
         for task in tasks:

@@ -30,11 +30,7 @@ _RESTART_S = 1.0
 
 
 async def watch_manifests(
-    manifests: Iterable[Path],
-    *,
-    debounce_ms: int,
-    settle_ms: int,
-    changed: Callable[[str], None],
+    manifests: Iterable[Path], debounce_ms: int, settle_ms: int, changed: Callable[[str], None]
 ) -> None:
     """Watch the manifests' folders until cancelled (or the watch ends by itself);
     ``changed(reason)`` once per settled edit and once per restart of a failed watch."""
