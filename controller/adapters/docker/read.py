@@ -43,7 +43,7 @@ before its list shows the container exited, and the cycle that event asks for mu
 the death. The one blind spot left: a declared container that restarted and reached
 the same state, health and status text within the conservative slack (about half a
 second of the elapsed time) keeps its previous ``started_at`` until its next change,
-unless the loop followed its events (it does: see ``controller/service/loop.py``).
+unless the loop followed its events (it does: see ``controller/service/docker_events.py``).
 
 Docker's states map onto the snapshot's one to one, except ``removing`` (the
 process has already stopped; the container is on its way out), which is reported
