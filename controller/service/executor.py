@@ -59,6 +59,7 @@ from controller.manifest.runtime import ServeRuntime
 from controller.service.events import EventBus, LedgerWatch
 from controller.service.footprints import NO_FOOTPRINTS, Footprints
 from controller.service.live import LiveLedger
+from controller.service.records import RecordStore
 from controller.service.sleep_steps import SLEEP_ACTIONS, SleepSteps
 from controller.service.starts import StartTracker
 from controller.store.journal import SleepRecord
@@ -348,6 +349,8 @@ class Executor:
         self.cycle: int | None = None
         #: where each step's beginning and end are told (what the answers count live)
         self.live: LiveLedger | None = None
+        #: the serves' records: the machines come from them and go back to them
+        self.records: RecordStore | None = None
 
     def runtime(self, name: str) -> ServeRuntime:
         """How serve ``name``'s steps are carried out (the manifest's defaults if unknown)."""
@@ -555,20 +558,15 @@ class Executor:
         report.stopped_instead = dict(run.stopped_instead)
         report.undo_faults = list(run.undo_faults)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
+        if self.records is not None:  # a start beside the plan settles its own machine
+            self.records.settle({n: s for n, s in report.lifecycles.items() if n not in jobs})
         return report
 
     def _machines(self, plan: Plan, observed: Observed) -> dict[str, ServeLifecycle]:
-        """One lifecycle machine per serve of the plan, in the state its container shows."""
-        machines: dict[str, ServeLifecycle] = {}
-        for step in plan.steps:
-            if step.serve not in machines:
-                serve = self.desired.serves[step.serve]
-                holds = observed.container(serve.container).holds
-                state = LifecycleState.RUNNING if holds else LifecycleState.STOPPED
-                if holds and observed.sleep_of(serve.name).asleep:
-                    state = LifecycleState.ASLEEP
-                machines[step.serve] = ServeLifecycle(step.serve, state)
-        return machines
+        """One lifecycle machine per serve of the plan, from its record (the loop's store;
+        without one, a fresh record) moved to the plan's reading of its container."""
+        records = self.records if self.records is not None else RecordStore()
+        return records.machines((st.serve for st in plan.steps), self.desired, observed)
 
     def _refusals(self, plan: Plan, report: ExecutionReport) -> dict[str, list[str]]:
         """The preflight: group -> the problems that refuse it (recorded in ``report``)."""
@@ -742,6 +740,8 @@ class _StartJob:
                 self.results.append(result)
                 self.ex._emit_result(result, self.cycle)
             self.ok = not failed
+            if self.ex.records is not None:
+                self.ex.records.settle({serve: str(self.run_.machines[serve].state)})
         except Exception:  # a bug must not leave the start counted for good
             logger.exception("{}: the start's thread failed", serve)
         finally:

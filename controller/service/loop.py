@@ -66,6 +66,7 @@ from controller.service.footprints import DEFAULT_SETTLE_S, FootprintRecorder, R
 from controller.service.inflight import InFlightTracker, observe_in_flight
 from controller.service.live import LiveLedger, StepEnded
 from controller.service.observe import observe_host, observe_probes
+from controller.service.records import RecordStore
 from controller.service.sleeping import observe_sleep
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import BackoffView, JournalHistory, LoopView
@@ -185,6 +186,8 @@ class Controller:
         # serve -> started_at of its container last seen running healthy by this process
         self._ran_healthy: dict[str, float] = {}
         self._hold_timer: asyncio.TimerHandle | None = None  # wakes the loop at a hold's end
+        #: one record per serve (its lifecycle state), kept in the journal once ``run`` opens it
+        self.serve_records = RecordStore()
         #: the starts in progress, carried out beside the loop (see controller.service.starts)
         self.starts = StartTracker()
         #: requests in flight per serve, and since when each has been idle
@@ -337,6 +340,7 @@ class Controller:
             footprints=MappingProxyType(self._footprint_summary()),
             observed_at=observed_at if snapshot is not None else None,
             live=self.live.overlay(mark),
+            records=self.serve_records.snapshot(),
         )
 
     def _footprint_summary(self) -> dict[str, dict[str, Any]]:
@@ -366,6 +370,7 @@ class Controller:
         loop = asyncio.get_running_loop()
         self._aio = loop
         self.starts.journal = None if self.options.dry_run else self.journal
+        self.serve_records = RecordStore(self.journal)  # each serve's record, as last left
         if not self.options.dry_run:
             self.footprints = FootprintRecorder(
                 self._footprint_reading, journal=self.journal, settle_s=self.options.settle_s
@@ -892,6 +897,7 @@ class Controller:
             self._stale_executor = None
             self._executor.events, self._executor.ledger_watch = self.events, self._ledger_watch
             self._executor.live = self.live
+            self._executor.records = self.serve_records
             self._executor.on_sleep = self._journal_sleep
         return self._executor
 
@@ -1021,6 +1027,7 @@ class Controller:
         self._note_deaths(observed, now)
         self._end_finished_requests(observed, now)
         desired = self.desired()
+        self.serve_records.observe(desired, observed)
         self._watch.feed(desired, observed)
         if self.footprints is not None:
             self.footprints.observe(observed, self.mset.desired(), now)
