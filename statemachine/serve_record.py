@@ -38,6 +38,7 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Final
 
+from statemachine.backoff import Backoff
 from statemachine.lifecycle import IllegalTransition, LifecycleState, Trigger, next_state
 from statemachine.types import ContainerObs, ContainerState
 
@@ -55,6 +56,9 @@ class ServeRecord:
 
     serve: str
     lifecycle: LifecycleState = LifecycleState.STOPPED
+    #: its failure backoff (``None``: no failure counted); the loop's live count, which
+    #: ``statemachine/backoff.py`` moves in place
+    backoff: Backoff | None = None
     #: its engine has no sleep API or its last sleep did not confirm (stop instead)
     no_sleep: bool = False
     #: its last elastic shrink failed: evicted instead of shrunk
