@@ -66,7 +66,7 @@ from controller.service.footprints import DEFAULT_SETTLE_S, FootprintRecorder, R
 from controller.service.inflight import InFlightTracker, observe_in_flight
 from controller.service.live import LiveLedger, StepEnded
 from controller.service.observe import observe_host, observe_probes
-from controller.service.records import RecordStore
+from controller.service.records import FieldMap, MarkSet, RecordStore
 from controller.service.sleeping import observe_sleep
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import BackoffView, JournalHistory, LoopView
@@ -150,11 +150,6 @@ class Controller:
     manifest_error: list[str] = field(default_factory=list)
     #: the same problems, located (the API shows readers without the token only where)
     manifest_issues: list[LocatedError] = field(default_factory=list)
-    backoff: dict[str, Backoff] = field(default_factory=dict)
-    no_shrink: set[str] = field(default_factory=set)
-    #: serves whose engine has no sleep API (404) or whose last sleep did not confirm:
-    #: stopped instead of put to sleep until they start again or the manifest changes
-    no_sleep: set[str] = field(default_factory=set)
     last: CycleSummary = field(default_factory=CycleSummary)
     cycles: int = 0
     on_cycle: list[Callable[[Controller], None]] = field(default_factory=list)
@@ -164,6 +159,9 @@ class Controller:
     nvml: NvmlApi | None = None
 
     def __post_init__(self) -> None:
+        #: one record per serve: its lifecycle state (kept in the journal once ``run``
+        #: opens it) and the marks below, which are views of the records
+        self.serve_records = RecordStore()
         self.state_dir = self.options.state_dir or default_state_dir(list(self.options.manifests))
         self.stop_event = threading.Event()
         self._wake = asyncio.Event()
@@ -175,19 +173,11 @@ class Controller:
         self._stale_executor: Executor | None = None  # the last manifest's: its connections
         self._stopping = False
         self._last_dry_plan = ""  # a dry run journals and logs a plan once, not every cycle
-        self._quiesced: set[str] = set()  # tiers this controller may have left quiesced
         self._no_longer_declared: set[str] = set()  # running containers said to be so
         self._nvml_said: str | None = None  # the NVML error last logged
         self._router_said: dict[str, str] = {}  # the tiers last said to need a router
         self._docker_said: str | None = None  # the Docker error last logged
-        self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
-        # serve -> started_at of the container this process stopped (not a crash)
-        self._stopped_by_us: dict[str, float | None] = {}
-        # serve -> started_at of its container last seen running healthy by this process
-        self._ran_healthy: dict[str, float] = {}
         self._hold_timer: asyncio.TimerHandle | None = None  # wakes the loop at a hold's end
-        #: one record per serve (its lifecycle state), kept in the journal once ``run`` opens it
-        self.serve_records = RecordStore()
         #: the starts in progress, carried out beside the loop (see controller.service.starts)
         self.starts = StartTracker()
         #: requests in flight per serve, and since when each has been idle
@@ -229,6 +219,47 @@ class Controller:
         self._events_unfiltered = False
         #: the ids (short) of the observed containers at the last observation
         self._followed_ids: tuple[str, ...] = ()
+
+    # --------------------------------------------------- the records' marks
+    @property
+    def backoff(self) -> FieldMap[Backoff]:
+        """Serve -> its failure backoff (the records' ``backoff``)."""
+        return self.serve_records.backoff
+
+    @property
+    def no_shrink(self) -> MarkSet:
+        """Elastic serves whose shrink failed: evicted instead, until they stop."""
+        return self.serve_records.no_shrink
+
+    @property
+    def no_sleep(self) -> MarkSet:
+        """Serves whose engine has no sleep API (404) or whose last sleep did not confirm:
+        stopped instead of put to sleep until they start again or the manifest changes."""
+        return self.serve_records.no_sleep
+
+    @property
+    def _quiesced(self) -> MarkSet:
+        """Serves whose tier this controller may have left quiesced."""
+        return self.serve_records.quiesced
+
+    @_quiesced.setter
+    def _quiesced(self, value: Collection[str]) -> None:  # ``|=`` lands here
+        _assign(self.serve_records.quiesced, value)
+
+    @property
+    def _unreleased(self) -> MarkSet:
+        """Serves stopped whose memory NVML has not shown back yet."""
+        return self.serve_records.unreleased
+
+    @property
+    def _stopped_by_us(self) -> FieldMap[float | None]:
+        """Serve -> ``started_at`` of the container this process stopped (not a crash)."""
+        return self.serve_records.stopped_by_us
+
+    @property
+    def _ran_healthy(self) -> FieldMap[float]:
+        """Serve -> ``started_at`` of its container last seen running healthy."""
+        return self.serve_records.ran_healthy
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -370,7 +401,7 @@ class Controller:
         loop = asyncio.get_running_loop()
         self._aio = loop
         self.starts.journal = None if self.options.dry_run else self.journal
-        self.serve_records = RecordStore(self.journal)  # each serve's record, as last left
+        self.serve_records.attach(self.journal)  # each serve's lifecycle, as last left
         if not self.options.dry_run:
             self.footprints = FootprintRecorder(
                 self._footprint_reading, journal=self.journal, settle_s=self.options.settle_s
@@ -1441,3 +1472,14 @@ def _read_files(mset: ManifestSet) -> dict[str, str]:
     record the content its digest was computed over.
     """
     return dict(mset.texts)
+
+
+def _assign(marks: MarkSet, value: Collection[str]) -> None:
+    """Make ``marks`` hold exactly ``value`` (nothing to do when it is ``marks`` itself)."""
+    if value is marks:
+        return
+    wanted = set(value)
+    for name in set(marks) - wanted:
+        marks.discard(name)
+    for name in wanted:
+        marks.add(name)

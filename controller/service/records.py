@@ -13,8 +13,14 @@ forward
   the machines' states after the plan come back (:meth:`RecordStore.settle`).
 
 Status, the API, metrics and the page read the records through the loop's view
-(:meth:`RecordStore.snapshot`). The store is thread-safe (a start carried out beside
-the loop settles its machine from its own thread).
+(:meth:`RecordStore.snapshot`). The loop's per-serve marks (backoff, no sleep, no
+shrink, tiers left quiesced, releases not yet confirmed, its own stops, healthy runs
+seen) are fields of the records too, read and written through set- and dict-like views
+(:class:`MarkSet`, :class:`FieldMap`) so no copy of them lives anywhere else; only the
+lifecycle state is remembered in the journal (the marks are as durable as they were:
+the tiers left quiesced have their own table, the rest lives as long as the process).
+The store is thread-safe (a start carried out beside the loop settles its machine from
+its own thread).
 
 This module must not decide what to do, nor touch docker or NVML: it moves records
 with the pure functions of ``statemachine/serve_record.py`` and writes the journal.
@@ -24,37 +30,70 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping, MutableMapping, MutableSet
 from dataclasses import replace
 from types import MappingProxyType
+from typing import Any, Generic, TypeVar
 
 from loguru import logger
 
 from controller.store.journal import Journal
+from statemachine.backoff import Backoff
 from statemachine.lifecycle import LifecycleState, ServeLifecycle
 from statemachine.serve_record import ServeRecord, observe, plan_reading, reading
 from statemachine.types import DesiredState, Observed
 
+V = TypeVar("V")
+
 
 class RecordStore:
-    """Every serve's record, kept in the journal (``None``: in memory only)."""
+    """Every serve's record, kept in the journal once one is attached."""
 
     def __init__(self, journal: Journal | None = None) -> None:
-        self._journal = journal
+        self._journal: Journal | None = None
         self._lock = threading.Lock()
         self._records: dict[str, ServeRecord] = {}
         self._unsaved: dict[str, str] = {}  # moves the journal could not take yet
+        #: the marks, as the loop reads and writes them
+        self.backoff: FieldMap[Backoff] = FieldMap(self, "backoff")
+        self.no_sleep = MarkSet(self, "no_sleep")
+        self.no_shrink = MarkSet(self, "no_shrink")
+        self.quiesced = MarkSet(self, "quiesced")
+        self.unreleased = MarkSet(self, "unreleased")
+        self.stopped_by_us: FieldMap[float | None] = FieldMap(self, "stopped_by_us")
+        self.ran_healthy: FieldMap[float] = FieldMap(self, "ran_healthy")
         if journal is not None:
-            for name, state in journal.lifecycles().items():
-                try:
-                    self._records[name] = ServeRecord(name, LifecycleState(state))
-                except ValueError:  # a state this version does not know: start over
-                    logger.warning("{}: unknown lifecycle state {!r} in the journal", name, state)
+            self.attach(journal)
+
+    def attach(self, journal: Journal) -> None:
+        """Keep the lifecycle states in ``journal`` from now on, starting from its own."""
+        for name, state in journal.lifecycles().items():
+            try:
+                lifecycle = LifecycleState(state)
+            except ValueError:  # a state this version does not know: start over
+                logger.warning("{}: unknown lifecycle state {!r} in the journal", name, state)
+                continue
+            with self._lock:
+                self._records[name] = replace(self._get(name), lifecycle=lifecycle)
+        self._journal = journal
+
+    def _get(self, name: str) -> ServeRecord:
+        return self._records.get(name) or ServeRecord(name)
+
+    def mark(self, name: str, **changes: Any) -> None:
+        """Set fields of serve ``name``'s record (its marks; not its lifecycle)."""
+        with self._lock:
+            self._records[name] = replace(self._get(name), **changes)
+
+    def marked(self, field: str) -> list[str]:
+        """The serves whose record has ``field`` set (true, or not ``None``), sorted."""
+        with self._lock:
+            return sorted(n for n, r in self._records.items() if _set(getattr(r, field)))
 
     def get(self, name: str) -> ServeRecord:
         """Serve ``name``'s record (a fresh ``stopped`` one when it has none)."""
         with self._lock:
-            return self._records.get(name) or ServeRecord(name)
+            return self._get(name)
 
     def snapshot(self) -> Mapping[str, ServeRecord]:
         """Every record now, as a frozen mapping."""
@@ -122,3 +161,71 @@ class RecordStore:
                 logger.error("journal: cannot record the serves' lifecycle states: {}", exc)
                 with self._lock:
                     self._unsaved = {**changed, **self._unsaved}
+
+
+def _set(value: object) -> bool:
+    """Whether a mark is set: a flag that is true, a value that is not ``None``."""
+    return value is True or (value is not None and not isinstance(value, bool))
+
+
+class MarkSet(MutableSet[str]):
+    """The serves whose record carries flag ``field``: a set, as the loop uses it."""
+
+    def __init__(self, store: RecordStore, field: str) -> None:
+        self._store = store
+        self._field = field
+
+    @classmethod
+    def _from_iterable(cls, it: Iterable[Any]) -> set[Any]:
+        return set(it)  # ``a - b`` and the like are plain sets
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and getattr(self._store.get(name), self._field) is True
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._store.marked(self._field))
+
+    def __len__(self) -> int:
+        return len(self._store.marked(self._field))
+
+    def add(self, value: str) -> None:
+        self._store.mark(value, **{self._field: True})
+
+    def discard(self, value: str) -> None:
+        if value in self:
+            self._store.mark(value, **{self._field: False})
+
+    def __repr__(self) -> str:
+        return f"MarkSet({self._field}: {self._store.marked(self._field)})"
+
+
+class FieldMap(MutableMapping[str, V], Generic[V]):
+    """Serve -> the value of field ``field`` of its record, for the serves that have one
+    (``None`` is no value): a dict, as the loop uses it."""
+
+    def __init__(self, store: RecordStore, field: str) -> None:
+        self._store = store
+        self._field = field
+
+    def __getitem__(self, name: str) -> V:
+        value: V | None = getattr(self._store.get(name), self._field)
+        if value is None:
+            raise KeyError(name)
+        return value
+
+    def __setitem__(self, name: str, value: V) -> None:
+        self._store.mark(name, **{self._field: value})
+
+    def __delitem__(self, name: str) -> None:
+        if name not in self:
+            raise KeyError(name)
+        self._store.mark(name, **{self._field: None})
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._store.marked(self._field))
+
+    def __len__(self) -> int:
+        return len(self._store.marked(self._field))
+
+    def __repr__(self) -> str:
+        return f"FieldMap({self._field}: {dict(self.items())!r})"
