@@ -30,8 +30,9 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Iterable, Iterator, Mapping, MutableMapping, MutableSet
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
 
@@ -39,11 +40,31 @@ from loguru import logger
 
 from controller.store.journal import Journal
 from statemachine.backoff import Backoff
-from statemachine.lifecycle import LifecycleState, ServeLifecycle
-from statemachine.serve_record import ServeRecord, observe, plan_reading, reading
+from statemachine.lifecycle import LifecycleState, ServeLifecycle, Trigger
+from statemachine.serve_record import (
+    ServeRecord,
+    observation_path,
+    observe,
+    plan_reading,
+    reading,
+)
 from statemachine.types import DesiredState, Observed
 
 V = TypeVar("V")
+
+#: how many observation moves the store keeps (for the log and the tests)
+MOVES_KEPT = 256
+
+
+@dataclass(frozen=True, slots=True)
+class Move:
+    """A record moved by observation: from, to, and the declared triggers it took
+    (``None``: no declared path, the record was adopted in the state seen)."""
+
+    serve: str
+    before: LifecycleState
+    after: LifecycleState
+    triggers: tuple[Trigger, ...] | None
 
 
 class RecordStore:
@@ -54,6 +75,7 @@ class RecordStore:
         self._lock = threading.Lock()
         self._records: dict[str, ServeRecord] = {}
         self._unsaved: dict[str, str] = {}  # moves the journal could not take yet
+        self._seen: deque[Move] = deque(maxlen=MOVES_KEPT)  # the last observation moves
         #: the marks, as the loop reads and writes them
         self.backoff: FieldMap[Backoff] = FieldMap(self, "backoff")
         self.no_sleep = MarkSet(self, "no_sleep")
@@ -94,6 +116,11 @@ class RecordStore:
         """Serve ``name``'s record (a fresh ``stopped`` one when it has none)."""
         with self._lock:
             return self._get(name)
+
+    def observed_moves(self) -> list[Move]:
+        """The last :data:`MOVES_KEPT` moves observation made, oldest first."""
+        with self._lock:
+            return list(self._seen)
 
     def snapshot(self) -> Mapping[str, ServeRecord]:
         """Every record now, as a frozen mapping."""
@@ -141,8 +168,8 @@ class RecordStore:
 
     def _put(self, moves: Iterable[tuple[str, LifecycleState, bool]]) -> None:
         """Apply each move (observed: along the declared path; else the state as is) and
-        remember in the journal the records that changed."""
-        changed: dict[str, str] = {}
+        remember in the journal the records that changed, in the order they moved (the
+        lock is held throughout: a move's write never overtakes a later move's)."""
         with self._lock:
             for name, state, observed in moves:
                 before = self._records.get(name)
@@ -150,17 +177,21 @@ class RecordStore:
                 after = observe(record, state) if observed else replace(record, lifecycle=state)
                 if after != before:
                     self._records[name] = after
-                    changed[name] = str(after.lifecycle)
-        if changed and self._journal is not None:
-            with self._lock:
-                self._unsaved.update(changed)
-                changed, self._unsaved = self._unsaved, {}
+                    self._unsaved[name] = str(after.lifecycle)
+                if observed and after.lifecycle is not record.lifecycle:
+                    path = observation_path(record.lifecycle, after.lifecycle)
+                    self._seen.append(Move(name, record.lifecycle, after.lifecycle, path))
+            if self._journal is None:  # in memory only: nothing to remember
+                self._unsaved.clear()
+                return
+            if not self._unsaved:
+                return
             try:
-                self._journal.set_lifecycles(changed, time.time())
+                self._journal.set_lifecycles(self._unsaved, time.time())
             except Exception as exc:  # a locked journal: the next move writes them again
                 logger.error("journal: cannot record the serves' lifecycle states: {}", exc)
-                with self._lock:
-                    self._unsaved = {**changed, **self._unsaved}
+                return
+            self._unsaved = {}
 
 
 def _set(value: object) -> bool:
