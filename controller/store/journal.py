@@ -24,6 +24,9 @@ as ``journal.sqlite3``, beside the single-instance lock ``vramctl.lock``
   ``DEFAULT_KEEP_FOOTPRINTS`` per serve, so calibration survives restarts.
 - **quiesced**: the serves whose router tier the controller quiesced and has not seen
   readmitted (nor stopped), so that a restart of the controller still readmits them.
+- **serve_records**: each serve's lifecycle state as the controller last moved it
+  (``controller/service/records.py``), so that a restart moves it on from there
+  instead of deriving it again from the containers.
 
 Retention is bounded (:meth:`Journal.prune`): at most ``keep_cycles`` cycles and
 nothing older than ``keep_days`` (whichever removes more), with their steps, their
