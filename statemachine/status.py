@@ -238,6 +238,16 @@ def _drift(used: int | None, held: int | None, declared: int | None) -> int | No
     return None if used is None or against is None else used - against
 
 
+def _lifecycle(record: ServeRecord, obs: ContainerObs, observed: Observed) -> str:
+    """The serve's record moved by this observation (``unknown`` when Docker could not
+    be read)."""
+    if not observed.docker_ok:
+        return "unknown"
+    asleep = obs.holds and observed.sleep_of(record.serve).asleep
+    seen = reading(obs, asleep=asleep, starting=record.serve in observed.starting)
+    return str(observe(record, seen).lifecycle)
+
+
 def host_status(
     desired: DesiredState,
     observed: Observed,
@@ -301,14 +311,7 @@ def host_status(
                 state=str(obs.state) if observed.docker_ok else "unknown",
                 # Docker's healthcheck where it has one, else the controller's probe
                 health=(obs.health or observed.probes.get(s.name)) if observed.docker_ok else None,
-                lifecycle=str(
-                    observe(
-                        records.get(s.name) or ServeRecord(s.name),
-                        reading(obs, asleep=asleep, starting=s.name in observed.starting),
-                    ).lifecycle
-                )
-                if observed.docker_ok
-                else "unknown",
+                lifecycle=_lifecycle(records.get(s.name) or ServeRecord(s.name), obs, observed),
                 reservation_mib=s.vram_mib,
                 in_ledger=in_ledger,
                 committed=(ledger.holds(s.name) if observed.docker_ok else None)
