@@ -2,9 +2,11 @@
 
 A :class:`ServeRecord` is what the controller knows of one serve between observations:
 its lifecycle state (the machine of :mod:`statemachine.lifecycle` is its only authority),
-and the marks the loop keeps of it (no sleep / no shrink until it starts again, a
-stop made by the controller, a healthy run seen, a release not yet confirmed, a tier
-left quiesced, an elastic figure) with room for a placement (``None`` today).
+its failure backoff and the marks the loop keeps of it (no sleep / no shrink until it
+starts again, a stop made by the controller, a healthy run seen, a release not yet
+confirmed, a tier left quiesced), with room for a placement (``None`` today). The facts
+the journal keeps in tables of their own (a sleep's record, a start's reservation, an
+``up`` in progress, an elastic reserve) stay there, their one home.
 
 The record moves in two ways, both pure and both through declared triggers only:
 
@@ -71,8 +73,6 @@ class ServeRecord:
     stopped_by_us: float | None = None
     #: ``started_at`` of its container last seen running healthy
     ran_healthy: float | None = None
-    #: what an elastic serve is counted at after a resize (``None``: its full reservation)
-    elastic_mib: int | None = None
     #: where the serve is placed (room for the placement to come; ``None`` today)
     placement: None = None
 

@@ -119,9 +119,9 @@ def test_a_failed_serve_is_recovered_when_seen_running_and_reset_when_seen_down(
 
 
 def test_fire_moves_the_record_along_a_legal_trigger() -> None:
-    record = ServeRecord("omni", elastic_mib=100)
+    record = ServeRecord("omni", unreleased=True)
     reserved = fire(record, "reserve")
-    assert reserved == ServeRecord("omni", S.RESERVED, elastic_mib=100)
+    assert reserved == ServeRecord("omni", S.RESERVED, unreleased=True)
     assert fire(fire(reserved, "start"), "ready").lifecycle is S.RUNNING
 
 
@@ -136,7 +136,7 @@ def test_fire_refuses_an_illegal_trigger_and_names_it() -> None:
 def test_a_fresh_record_is_stopped_with_no_marks() -> None:
     record = ServeRecord("omni")
     assert record.lifecycle is S.STOPPED
-    assert record.backoff is None and record.elastic_mib is None and record.placement is None
+    assert record.backoff is None and record.placement is None
     assert not (record.no_sleep or record.no_shrink or record.quiesced or record.unreleased)
     assert record.stopped_by_us is None and record.ran_healthy is None
 
