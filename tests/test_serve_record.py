@@ -25,7 +25,17 @@ from statemachine.serve_record import (
     plan_reading,
     reading,
 )
-from statemachine.types import ContainerObs, ContainerState
+from statemachine.status import host_status
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    GpuRole,
+    Observed,
+    Residency,
+    ServeSpec,
+)
 
 S = LifecycleState
 T = Trigger
@@ -204,3 +214,20 @@ def test_a_failed_record_is_planned_from_reset_or_recover(state: ContainerState,
     planned = observe(ServeRecord("omni", S.FAILED), plan_reading(obs, asleep=up))
     assert planned.lifecycle in (S.STOPPED, S.RUNNING, S.ASLEEP)
     assert (planned.lifecycle is S.STOPPED) is (not obs.holds)
+
+
+# --- status reads the record ------------------------------------------------------------
+
+
+def test_status_shows_each_serves_record_moved_by_the_observation() -> None:
+    omni = ServeSpec("omni", "omni-ctr", ("g0",), 4000, Residency.RESIDENT, DesiredRun.RUNNING)
+    desired = DesiredState({"g0": GpuRole("g0", 20_000, 0)}, {"omni": omni})
+    killed = ContainerObs(ContainerState.EXITED, exit_code=137)
+    observed = Observed(docker_ok=True, containers={"omni-ctr": killed})
+    records = {"omni": ServeRecord("omni", S.RUNNING)}
+    (row,) = host_status(desired, observed, records).serves
+    assert row.lifecycle == "failed"
+    (row,) = host_status(desired, observed).serves  # no record: a fresh one, moved the same
+    assert row.lifecycle == "failed"
+    (row,) = host_status(desired, Observed(docker_ok=False), records).serves
+    assert row.lifecycle == "unknown"
