@@ -243,7 +243,7 @@ def _lifecycle(record: ServeRecord, obs: ContainerObs, observed: Observed) -> st
     be read)."""
     if not observed.docker_ok:
         return "unknown"
-    asleep = obs.holds and observed.sleep_of(record.serve).asleep
+    asleep = observed.sleep_of(record.serve).asleep  # counts only while it holds
     seen = reading(obs, asleep=asleep, starting=record.serve in observed.starting)
     return str(observe(record, seen).lifecycle)
 

@@ -21,7 +21,8 @@ Restart safety: a single-instance lock on the state directory; on start, the vie
 rebuilt from the host, never from memory, so nothing is started twice and no
 reservation is counted twice. Each serve's record (``controller/service/records.py``:
 its lifecycle state, kept in the journal, and the loop's marks of it) is loaded and
-moved on by every observation; the executor takes its machines from it. SIGTERM / SIGINT stop the loop after the current step.
+moved on by every observation; the executor takes its machines from it. SIGTERM /
+SIGINT stop the loop after the current step.
 
 This module must not decide what to do (the planner does) nor touch docker except
 through the adapters and the executor.

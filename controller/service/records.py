@@ -152,7 +152,7 @@ class RecordStore:
         out: dict[str, ServeLifecycle] = {}
         for name in dict.fromkeys(names):
             obs = observed.container(desired.serves[name].container)
-            seen = plan_reading(obs, asleep=obs.holds and observed.sleep_of(name).asleep)
+            seen = plan_reading(obs, asleep=observed.sleep_of(name).asleep)
             record = observe(self.get(name), seen)
             out[name] = ServeLifecycle(name, record.lifecycle)
         return out
