@@ -9,7 +9,9 @@ as *data* (:data:`STATES`, :data:`TRANSITIONS`), each with a short ``doc``; the
 data with ``auto_transitions=False`` and enforces it. The executor fires one trigger per
 step outcome (``start`` after it started the container, ``ready`` when health answered,
 ``stopped`` when the release is confirmed, …); a trigger that is not legal from the
-current state raises :class:`IllegalTransition`, never a silent no-op.
+current state raises :class:`IllegalTransition`, never a silent no-op. Observation
+fires the others on each serve's record (``statemachine/serve_record.py``:
+``observe_*``, ``recover``, ``reset``, ``abandon``, …).
 
 Public API:
 
@@ -195,7 +197,7 @@ STATES: Final[tuple[StateSpec, ...]] = (
         "holds": False,
         "doc": "A start, a stop or the running container failed. The machine claims no "
         "reservation here: whatever the container still holds is counted by the ledger "
-        "from observation. Left by reset (confirmed down), recover (running and healthy) "
+        "from observation. Left by reset (confirmed down), recover (seen running again) "
         "or stop (clean up a container that is still up).",
     },
 )
@@ -329,8 +331,8 @@ TRANSITIONS: Final[tuple[TransitionSpec, ...]] = (
         "trigger": "recover",
         "source": (_S.FAILED,),
         "dest": _S.RUNNING,
-        "doc": "Observation shows the container running and healthy again (e.g. Docker "
-        "restarted it): back in service without a new start.",
+        "doc": "Observation shows the container running again (e.g. Docker restarted it, "
+        "or it was started while no controller ran): back in service without a new start.",
     },
     {
         "trigger": "observe_running",
@@ -672,7 +674,11 @@ def lifecycle_markdown() -> str:
         "Each serve the controller manages has one lifecycle machine "
         "(`statemachine.lifecycle.ServeLifecycle`). The executor fires one trigger per step "
         "outcome; a trigger that is not legal from the current state raises "
-        "`IllegalTransition`. A state *holds* the reservation when the machine claims the "
+        "`IllegalTransition`. Observation moves each serve's record "
+        "(`statemachine.serve_record`) to what its container shows along the declared "
+        "triggers (`observe_*`, `recover`, `reset`, `fail`, and the confirmations it "
+        "brings); where none leads there the record is adopted in the state seen. "
+        "A state *holds* the reservation when the machine claims the "
         "serve's reserved MiB in the ledger; what a container really holds is always also "
         "counted from observation.",
         "",

@@ -1,16 +1,19 @@
 """The status report: per-role ledger with NVML figures and drift, per-serve state.
 
 ``host_status`` combines the desired state and one observation into the report that
-``vramctl status`` prints. Every figure is either declared (capacity, reserve,
-reservation), derived from declared figures and observed container states (committed,
-free), or measured (NVML used / total); what cannot be known is ``None`` (printed as
-unknown), never 0. Drift is reported here and never acted on.
+``vramctl status`` prints; each serve's lifecycle is its record
+(``statemachine/serve_record.py``) moved by the observation, with no mapping of its
+own. Every figure is either declared (capacity, reserve, reservation), derived from
+declared figures and observed container states (committed, free), or measured (NVML
+used / total); what cannot be known is ``None`` (printed as unknown), never 0. Drift
+is reported here and never acted on.
 
 Pure: no I/O, no clock, no docker, no NVML.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -23,9 +26,9 @@ from statemachine.ledger import (
     no_longer_declared,
 )
 from statemachine.lifecycle import LifecycleState
+from statemachine.serve_record import ServeRecord, observe, reading
 from statemachine.types import (
     ContainerObs,
-    ContainerState,
     DesiredRun,
     DesiredState,
     GpuObs,
@@ -189,29 +192,10 @@ class HostStatus:
         return host.committed_mib > host.budget_mib
 
 
-#: Exit codes of a container that was asked to stop (``docker stop`` sends SIGTERM:
-#: 128 + 15; SIGINT: 128 + 2) or ended cleanly: not a crash.
-CLEAN_EXITS: frozenset[int | None] = frozenset({None, 0, 130, 143})
-
-
 def lifecycle_from_observation(obs: ContainerObs) -> LifecycleState:
-    """The lifecycle state an observation implies, for a serve the controller is not driving.
-
-    One of the lifecycle machine's own states (:class:`LifecycleState`): a container that
-    holds memory is ``running`` (``starting`` while its healthcheck says so, or while
-    docker restarts it); one that was OOM-killed, is dead, or exited with a code other
-    than a clean one (:data:`CLEAN_EXITS`: 0, or the SIGTERM/SIGINT codes a requested
-    stop gives) is ``failed``; otherwise ``stopped``.
-    """
-    if obs.state is ContainerState.RESTARTING:
-        return LifecycleState.STARTING
-    if obs.holds:
-        return LifecycleState.STARTING if obs.health == "starting" else LifecycleState.RUNNING
-    if obs.state is ContainerState.DEAD or obs.oom_killed:
-        return LifecycleState.FAILED
-    if obs.state is ContainerState.EXITED and obs.exit_code not in CLEAN_EXITS:
-        return LifecycleState.FAILED
-    return LifecycleState.STOPPED
+    """The lifecycle state an observation implies, for a serve the controller is not driving
+    (:func:`statemachine.serve_record.reading`, the one place it is derived)."""
+    return reading(obs)
 
 
 def _device(gpus: tuple[GpuObs, ...] | None, uuid: str | None) -> GpuObs | None:
@@ -254,8 +238,26 @@ def _drift(used: int | None, held: int | None, declared: int | None) -> int | No
     return None if used is None or against is None else used - against
 
 
-def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
-    """Build the status report from the desired state and one observation."""
+def _lifecycle(record: ServeRecord, obs: ContainerObs, observed: Observed) -> str:
+    """The serve's record moved by this observation (``unknown`` when Docker could not
+    be read)."""
+    if not observed.docker_ok:
+        return "unknown"
+    asleep = observed.sleep_of(record.serve).asleep  # counts only while it holds
+    seen = reading(obs, asleep=asleep, starting=record.serve in observed.starting)
+    return str(observe(record, seen).lifecycle)
+
+
+def host_status(
+    desired: DesiredState,
+    observed: Observed,
+    records: Mapping[str, ServeRecord] | None = None,
+) -> HostStatus:
+    """Build the status report from the desired state and one observation.
+
+    Each serve's lifecycle is its record (``records``: the controller's; a serve
+    without one starts from a fresh record) moved by this observation."""
+    records = records or {}
     ledger = ledger_from_observed(desired, observed)
     over = set(ledger.overcommitted())
     roles = []
@@ -309,15 +311,7 @@ def host_status(desired: DesiredState, observed: Observed) -> HostStatus:
                 state=str(obs.state) if observed.docker_ok else "unknown",
                 # Docker's healthcheck where it has one, else the controller's probe
                 health=(obs.health or observed.probes.get(s.name)) if observed.docker_ok else None,
-                lifecycle=str(
-                    LifecycleState.STARTING
-                    if s.name in observed.starting
-                    else LifecycleState.ASLEEP
-                    if asleep
-                    else lifecycle_from_observation(obs)
-                )
-                if observed.docker_ok
-                else "unknown",
+                lifecycle=_lifecycle(records.get(s.name) or ServeRecord(s.name), obs, observed),
                 reservation_mib=s.vram_mib,
                 in_ledger=in_ledger,
                 committed=(ledger.holds(s.name) if observed.docker_ok else None)

@@ -277,7 +277,7 @@ class Metrics:
         observed = view.observed()  # live: the observation plus what the executor did since
         if observed is None:
             return
-        report = host_status(view.desired, observed)
+        report = host_status(view.desired, observed, view.records)
         roles: set[str] = set()
         for rs in report.roles:
             role = rs.ledger.gpu_role

@@ -41,6 +41,7 @@ from controller.service.events import EventBus, LedgerWatch
 from controller.service.footprints import NO_FOOTPRINTS, Footprints
 from controller.service.live import LiveLedger
 from controller.service.preflight import PreflightProblem, preflight_problems, refuse_dependents
+from controller.service.records import RecordStore
 from controller.service.starts import StartTracker
 from controller.service.steps import dispatch, undo
 from controller.service.steps.context import ExecutorConfig, GpuReader, RunContext
@@ -135,6 +136,8 @@ class Executor:
         self.cycle: int | None = None
         #: where each step's beginning and end are told (what the answers count live)
         self.live: LiveLedger | None = None
+        #: the serves' records: the machines come from them and go back to them
+        self.records: RecordStore | None = None
 
     def runtime(self, name: str) -> ServeRuntime:
         """How serve ``name``'s steps are carried out (the manifest's defaults if unknown)."""
@@ -163,7 +166,7 @@ class Executor:
         results reach ``on_start_done``. Without one, everything runs here, in order.
         """
         ledger = ledger_from_observed(self.desired, observed)
-        machines = machines_for(self.desired, plan, observed)
+        machines = machines_for(self.records or RecordStore(), self.desired, plan, observed)
         report = ExecutionReport([], ledger, {})
         refused: dict[str, list[str]] = {}  # group -> the preflight problems that refuse it
         if not skip_preflight:
@@ -210,6 +213,8 @@ class Executor:
         report.stopped_instead = dict(run.stopped_instead)
         report.undo_faults = list(run.undo_faults)
         report.lifecycles = {n: str(m.state) for n, m in machines.items()}
+        if self.records is not None:  # a start beside the plan settles its own machine
+            self.records.settle({n: s for n, s in report.lifecycles.items() if n not in jobs})
         return report
 
     def _refusals(self, plan: Plan, report: ExecutionReport) -> dict[str, list[str]]:
@@ -394,6 +399,8 @@ class _StartJob:
                 self.results.append(result)
                 self.ex._emit_result(result, self.cycle)
             self.ok = not failed
+            if self.ex.records is not None:
+                self.ex.records.settle({serve: str(self.run_.machines[serve].state)})
         except Exception:  # a bug must not leave the start counted for good
             logger.exception("{}: the start's thread failed", serve)
         finally:

@@ -19,7 +19,10 @@ closed, so nothing is started or stopped.
 
 Restart safety: a single-instance lock on the state directory; on start, the view is
 rebuilt from the host, never from memory, so nothing is started twice and no
-reservation is counted twice. SIGTERM / SIGINT stop the loop after the current step.
+reservation is counted twice. Each serve's record (``controller/service/records.py``:
+its lifecycle state, kept in the journal, and the loop's marks of it) is loaded and
+moved on by every observation; the executor takes its machines from it. SIGTERM /
+SIGINT stop the loop after the current step.
 
 :class:`Controller` holds the loop's state, its public face (triggers, requests, the
 view) and the failure bookkeeping; its parts live beside it: :class:`_LoopCycle` (one
@@ -42,7 +45,7 @@ import json
 import signal
 import threading
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Collection, Coroutine
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -75,6 +78,7 @@ from controller.service.live import LiveLedger, StepEnded
 from controller.service.loop_view import CycleSummary, ViewSources, loop_view
 from controller.service.manifest_reload import RouterNotice, read_manifests, watch_manifests
 from controller.service.observe import observe_probes
+from controller.service.records import FieldMap, MarkSet, RecordStore
 from controller.service.start_outcomes import StartOutcomes
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import JournalHistory, LoopView
@@ -138,11 +142,6 @@ class Controller:
     manifest_error: list[str] = field(default_factory=list)
     #: the same problems, located (the API shows readers without the token only where)
     manifest_issues: list[LocatedError] = field(default_factory=list)
-    backoff: dict[str, Backoff] = field(default_factory=dict)
-    no_shrink: set[str] = field(default_factory=set)
-    #: serves whose engine has no sleep API (404) or whose last sleep did not confirm:
-    #: stopped instead of put to sleep until they start again or the manifest changes
-    no_sleep: set[str] = field(default_factory=set)
     last: CycleSummary = field(default_factory=CycleSummary)
     cycles: int = 0
     on_cycle: list[Callable[[Controller], None]] = field(default_factory=list)
@@ -152,6 +151,9 @@ class Controller:
     nvml: NvmlApi | None = None
 
     def __post_init__(self) -> None:
+        #: one record per serve: its lifecycle state (kept in the journal once ``run``
+        #: opens it) and the marks below, which are views of the records
+        self.serve_records = RecordStore()
         self.state_dir = self.options.state_dir or default_state_dir(list(self.options.manifests))
         self.stop_event = threading.Event()
         self._wake = asyncio.Event()
@@ -162,12 +164,6 @@ class Controller:
         self._stale_executor: Executor | None = None  # the last manifest's: its connections
         self._stopping = False
         self._last_dry_plan = ""  # a dry run journals and logs a plan once, not every cycle
-        self._quiesced: set[str] = set()  # tiers this controller may have left quiesced
-        self._unreleased: set[str] = set()  # stopped, but NVML has not shown the memory back
-        # serve -> started_at of the container this process stopped (not a crash)
-        self._stopped_by_us: dict[str, float | None] = {}
-        # serve -> started_at of its container last seen running healthy by this process
-        self._ran_healthy: dict[str, float] = {}
         self._hold_timer: asyncio.TimerHandle | None = None  # wakes the loop at a hold's end
         #: the starts in progress, carried out beside the loop (see controller.service.starts)
         self.starts = StartTracker()
@@ -197,6 +193,47 @@ class Controller:
         self.docker_events = DockerEvents(
             make_client, open_events, self.host.touch, self.stop_event
         )
+
+    # --------------------------------------------------- the records' marks
+    @property
+    def backoff(self) -> FieldMap[Backoff]:
+        """Serve -> its failure backoff (the records' ``backoff``)."""
+        return self.serve_records.backoff
+
+    @property
+    def no_shrink(self) -> MarkSet:
+        """Elastic serves whose shrink failed: evicted instead, until they stop."""
+        return self.serve_records.no_shrink
+
+    @property
+    def no_sleep(self) -> MarkSet:
+        """Serves whose engine has no sleep API (404) or whose last sleep did not confirm:
+        stopped instead of put to sleep until they start again or the manifest changes."""
+        return self.serve_records.no_sleep
+
+    @property
+    def _quiesced(self) -> MarkSet:
+        """Serves whose tier this controller may have left quiesced."""
+        return self.serve_records.quiesced
+
+    @_quiesced.setter
+    def _quiesced(self, value: Collection[str]) -> None:  # ``|=`` lands here
+        _assign(self.serve_records.quiesced, value)
+
+    @property
+    def _unreleased(self) -> MarkSet:
+        """Serves stopped whose memory NVML has not shown back yet."""
+        return self.serve_records.unreleased
+
+    @property
+    def _stopped_by_us(self) -> FieldMap[float | None]:
+        """Serve -> ``started_at`` of the container this process stopped (not a crash)."""
+        return self.serve_records.stopped_by_us
+
+    @property
+    def _ran_healthy(self) -> FieldMap[float]:
+        """Serve -> ``started_at`` of its container last seen running healthy."""
+        return self.serve_records.ran_healthy
 
     # ------------------------------------------------------------------ triggers
     def trigger(self, reason: str) -> None:
@@ -267,6 +304,7 @@ class Controller:
                 bool(self.options.router_url),
                 self.footprints,
                 self.live,
+                self.serve_records,
             )
         )
 
@@ -619,6 +657,7 @@ class _LoopCycle:
         c._note_deaths(observed, now)
         c._end_finished_requests(observed, now)
         desired = c.desired()
+        c.serve_records.observe(desired, observed)
         c._watch.feed(desired, observed)
         if c.footprints is not None:
             c.footprints.observe(observed, c.mset.desired(), now)
@@ -733,6 +772,7 @@ class _LoopCycle:
             c._stale_executor = None
             c._executor.events, c._executor.ledger_watch = c.events, c._ledger_watch
             c._executor.live = c.live
+            c._executor.records = c.serve_records
             c._executor.on_sleep = lambda name, rec: overlays.journal_sleep(
                 lambda: c.journal, name, rec
             )
@@ -843,6 +883,7 @@ class _LoopLife:
         c, dry_run = self.controller, self.controller.options.dry_run
         c._aio = loop
         c.starts.journal = None if dry_run else c.journal
+        c.serve_records.attach(c.journal)  # each serve's lifecycle, as last left
         if not dry_run:
             c.footprints = FootprintRecorder(
                 c._footprint_reading, journal=c.journal, settle_s=c.options.settle_s
@@ -951,3 +992,14 @@ def _read_files(mset: ManifestSet) -> dict[str, str]:
     record the content its digest was computed over.
     """
     return dict(mset.texts)
+
+
+def _assign(marks: MarkSet, value: Collection[str]) -> None:
+    """Make ``marks`` hold exactly ``value`` (nothing to do when it is ``marks`` itself)."""
+    if value is marks:
+        return
+    wanted = set(value)
+    for name in set(marks) - wanted:
+        marks.discard(name)
+    for name in wanted:
+        marks.add(name)

@@ -10,7 +10,7 @@ This module must not change the loop's state, decide or touch the host.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
@@ -19,6 +19,7 @@ from controller.manifest import LocatedError, ManifestSet
 from controller.service.executor import ExecutionReport
 from controller.service.footprints import FootprintRecorder
 from controller.service.live import LiveLedger
+from controller.service.records import RecordStore
 from controller.service.view import BackoffView, LoopView
 from controller.snapshot import SnapshotModel
 from statemachine.backoff import Backoff
@@ -50,11 +51,12 @@ class ViewSources:
     manifest_errors: list[str]
     manifest_issues: list[LocatedError]
     backoff: Mapping[str, Backoff]
-    no_shrink: set[str]
+    no_shrink: Collection[str]
     dry_run: bool
     router: bool
     footprints: FootprintRecorder | None
     live: LiveLedger
+    records: RecordStore
 
 
 def loop_view(src: ViewSources) -> LoopView:
@@ -87,6 +89,7 @@ def loop_view(src: ViewSources) -> LoopView:
         footprints=MappingProxyType(footprint_summary(src.footprints, src.mset)),
         observed_at=observed_at if snapshot is not None else None,
         live=src.live.overlay(mark),
+        records=src.records.snapshot(),
     )
 
 

@@ -13,7 +13,7 @@ This module must not plan or act: it only keeps the set and its journal record.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableSet
 from typing import Any
 
 from loguru import logger
@@ -25,7 +25,7 @@ _RECENT = 32
 
 
 def track_tiers(
-    quiesced: set[str], journal: Callable[[], Journal], steps: list[dict[str, Any]]
+    quiesced: MutableSet[str], journal: Callable[[], Journal], steps: list[dict[str, Any]]
 ) -> None:
     """Remember the tiers a plan may have left quiesced; forget the readmitted ones."""
     before = set(quiesced)
@@ -33,7 +33,7 @@ def track_tiers(
     journal_tiers(quiesced, journal, before)
 
 
-def _track(quiesced: set[str], steps: list[dict[str, Any]]) -> None:
+def _track(quiesced: MutableSet[str], steps: list[dict[str, Any]]) -> None:
     # a serve put to sleep keeps its tier quiesced until it is woken, like a stopped one
     stopped = {
         s["serve"]
@@ -51,7 +51,9 @@ def _track(quiesced: set[str], steps: list[dict[str, Any]]) -> None:
                 quiesced.add(name)
 
 
-def journal_tiers(quiesced: set[str], journal: Callable[[], Journal], before: set[str]) -> None:
+def journal_tiers(
+    quiesced: MutableSet[str], journal: Callable[[], Journal], before: set[str]
+) -> None:
     """Keep the journal's record of the tiers left quiesced as ``quiesced`` is now
     (``journal`` is asked for here: without one, that is said and the set kept)."""
     try:
@@ -61,7 +63,9 @@ def journal_tiers(quiesced: set[str], journal: Callable[[], Journal], before: se
         logger.error("journal: cannot record the tiers left quiesced: {}", exc)
 
 
-def recover_tiers(quiesced: set[str], journal: Callable[[], Journal], *, dry_run: bool) -> None:
+def recover_tiers(
+    quiesced: MutableSet[str], journal: Callable[[], Journal], *, dry_run: bool
+) -> None:
     """On start: the tiers the journal says were left quiesced; and the last
     journalled cycle may have ended mid-plan (SIGKILL, a crash).
 
@@ -83,7 +87,7 @@ def recover_tiers(quiesced: set[str], journal: Callable[[], Journal], *, dry_run
         journal_tiers(quiesced, journal, before)
 
 
-def _recover_from_cycles(quiesced: set[str], journal: Callable[[], Journal]) -> None:
+def _recover_from_cycles(quiesced: MutableSet[str], journal: Callable[[], Journal]) -> None:
     ids = journal().cycle_ids()
     if not ids:
         return
@@ -105,14 +109,16 @@ def _recover_from_cycles(quiesced: set[str], journal: Callable[[], Journal]) -> 
     _say(quiesced, "the last cycle ended mid-plan")
 
 
-def _say(quiesced: set[str], why: str) -> None:
+def _say(quiesced: MutableSet[str], why: str) -> None:
     if quiesced:
         logger.info(
             "{}: tiers of {} are readmitted while they run", why, ", ".join(sorted(quiesced))
         )
 
 
-def readmit_pending(quiesced: set[str], plan: dict[str, Any], outcome: dict[str, Any]) -> None:
+def readmit_pending(
+    quiesced: MutableSet[str], plan: dict[str, Any], outcome: dict[str, Any]
+) -> None:
     """The readmits of ``plan`` whose starts had not ended (``pending``): quiesced still."""
     pending = set(outcome.get("pending") or [])
     for s in plan.get("steps", []):

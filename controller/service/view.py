@@ -31,6 +31,7 @@ from controller.service.live import Overlay, StepEnded, overlay_observed
 from controller.snapshot import SnapshotModel
 from controller.store.journal import CycleRecord, StepRecord
 from statemachine.plan import Plan
+from statemachine.serve_record import ServeRecord
 from statemachine.types import DesiredState, Observed, OnDemandRequest
 
 
@@ -76,6 +77,8 @@ class LoopView:
     observed_at: float | None = None
     #: what the executor did and holds since that observation, and its steps in flight
     live: Overlay = field(default_factory=Overlay)
+    #: serve -> its record (``statemachine.serve_record``): its lifecycle state as last moved
+    records: Mapping[str, ServeRecord] = field(default_factory=dict)
 
     def observed(self) -> Observed | None:
         """The observation with what the executor did since laid over it (live).

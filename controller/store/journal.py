@@ -24,6 +24,9 @@ as ``journal.sqlite3``, beside the single-instance lock ``vramctl.lock``
   ``DEFAULT_KEEP_FOOTPRINTS`` per serve, so calibration survives restarts.
 - **quiesced**: the serves whose router tier the controller quiesced and has not seen
   readmitted (nor stopped), so that a restart of the controller still readmits them.
+- **serve_records**: each serve's lifecycle state as the controller last moved it
+  (``controller/service/records.py``), so that a restart moves it on from there
+  instead of deriving it again from the containers.
 
 Retention is bounded (:meth:`Journal.prune`): at most ``keep_cycles`` cycles and
 nothing older than ``keep_days`` (whichever removes more), with their steps, their
@@ -187,6 +190,11 @@ CREATE TABLE IF NOT EXISTS sleeping (
     seen         TEXT,                 -- last observation: asleep | awake | unknown
     seen_at      REAL
 );
+CREATE TABLE IF NOT EXISTS serve_records (
+    serve     TEXT PRIMARY KEY,        -- one record per serve (statemachine/serve_record.py)
+    lifecycle TEXT NOT NULL,           -- its lifecycle state, as the machine last left it
+    at        REAL NOT NULL            -- when it was last moved
+);
 CREATE TABLE IF NOT EXISTS declared (
     container TEXT PRIMARY KEY,        -- the last reservation a manifest declared for it
     serve     TEXT NOT NULL,
@@ -198,7 +206,9 @@ CREATE TABLE IF NOT EXISTS declared (
 
 #: Tables added to schema version 1 after its release: created on open when missing
 #: (``CREATE TABLE IF NOT EXISTS``), so a journal written before them still opens.
-_ADDED_TABLES = frozenset({"started", "ups", "declared", "footprints", "quiesced", "sleeping"})
+_ADDED_TABLES = frozenset(
+    {"started", "ups", "declared", "footprints", "quiesced", "sleeping", "serve_records"}
+)
 
 #: Columns added to schema version 1 after its release (table, column, type): added on a
 #: writable open when missing (``ALTER TABLE ... ADD COLUMN``); a journal opened
@@ -915,6 +925,28 @@ class Journal:
             except sqlite3.OperationalError:  # no such table (read-only, older file)
                 return {}
         return {str(r[0]): float(r[1]) for r in rows}
+
+    # ---------------------------------------------------------- serve records
+    def set_lifecycles(self, states: Mapping[str, str], at: float) -> None:
+        """Remember each serve's lifecycle state (upsert; serves not named are kept)."""
+        with self._tx() as conn:
+            conn.executemany(
+                "INSERT INTO serve_records (serve, lifecycle, at) VALUES (?, ?, ?) "
+                "ON CONFLICT (serve) DO UPDATE SET "
+                "lifecycle = excluded.lifecycle, at = excluded.at",
+                [(name, state, at) for name, state in states.items()],
+            )
+
+    def lifecycles(self) -> dict[str, str]:
+        """Serve -> its lifecycle state as last remembered (empty for an older journal)."""
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT serve, lifecycle FROM serve_records ORDER BY serve"
+                ).fetchall()
+            except sqlite3.OperationalError:  # no such table (read-only, older file)
+                return {}
+        return {str(r[0]): str(r[1]) for r in rows}
 
     # --------------------------------------------------------------- sleeping
     def set_sleeping(self, rec: SleepRecord) -> None:

@@ -101,7 +101,7 @@ def status_now(ctx: ApiContext, view: LoopView) -> dict[str, Any]:
     and not yet planned are told apart by ``GET /v1/ledger``, :func:`ledger_roles`)."""
     snap = view.snapshot
     observed = view.observed() or Observed(docker_ok=False)
-    data = host_status(ctx.controller.desired(), observed).to_json()
+    data = host_status(ctx.controller.desired(), observed, view.records).to_json()
     if snap is None:
         data["docker"] = "unknown"
         data["nvml"] = "unknown"

@@ -1,6 +1,6 @@
 """The executor's moves of the serves' lifecycle machines, gathered in one place.
 
-One machine per serve of a plan, in the state its container shows
+One machine per serve of a plan, from its record (:mod:`controller.service.records`)
 (:func:`machines_for`); :func:`fire` moves one for a step (an illegal transition fails
 the step), :func:`move` for the undo (the caller reports what the machine refuses);
 :func:`begin_start` is the start's own moves (``reserve`` first for a serve outside
@@ -17,6 +17,7 @@ from __future__ import annotations
 from loguru import logger
 
 from controller.adapters.docker.actions import ActionError
+from controller.service.records import RecordStore
 from controller.service.steps.context import RunContext
 from controller.service.steps.results import StepError
 from statemachine.ledger import Refusal
@@ -26,19 +27,11 @@ from statemachine.types import COMMITTED_STATES, ContainerState, DesiredState, O
 
 
 def machines_for(
-    desired: DesiredState, plan: Plan, observed: Observed
+    records: RecordStore, desired: DesiredState, plan: Plan, observed: Observed
 ) -> dict[str, ServeLifecycle]:
-    """One lifecycle machine per serve of the plan, in the state its container shows."""
-    machines: dict[str, ServeLifecycle] = {}
-    for step in plan.steps:
-        if step.serve not in machines:
-            serve = desired.serves[step.serve]
-            holds = observed.container(serve.container).holds
-            state = LifecycleState.RUNNING if holds else LifecycleState.STOPPED
-            if holds and observed.sleep_of(serve.name).asleep:
-                state = LifecycleState.ASLEEP
-            machines[step.serve] = ServeLifecycle(step.serve, state)
-    return machines
+    """One lifecycle machine per serve of the plan, from its record (the loop's store;
+    without one, a fresh store) moved to the plan's reading of its container."""
+    return records.machines((st.serve for st in plan.steps), desired, observed)
 
 
 def fire(run: RunContext, serve: str, trigger: Trigger) -> None:
