@@ -45,7 +45,14 @@ from typing import Any
 import httpx
 from tenacity import retry_if_exception_type
 
-from controller.adapters.http_client import HttpAdapter, bounded_timeout, endpoint, json_or_none
+from controller.adapters.http_client import (
+    CONNECT_FAULTS,
+    NO_ANSWER_FAULTS,
+    HttpAdapter,
+    bounded_timeout,
+    endpoint,
+    json_or_none,
+)
 from controller.adapters.retry import AdapterError, attempts_of
 
 __all__ = [
@@ -71,14 +78,9 @@ RESIZE_FAILURE_MARKERS = (
 )
 
 #: Faults after which the request cannot have reached the engine: retried in the call.
-_RETRY_TRANSPORT: tuple[type[Exception], ...] = (httpx.ConnectError, httpx.ConnectTimeout)
+_RETRY_TRANSPORT = CONNECT_FAULTS
 #: Faults after which it may have: no answer, not retried (the engine may still run it).
-_NO_ANSWER: tuple[type[Exception], ...] = (
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-    httpx.ProxyError,
-)
+_NO_ANSWER = NO_ANSWER_FAULTS
 _CONNECT_TIMEOUT_S = 10.0
 _ERROR_TEXT_CHARS = 300
 

@@ -6,7 +6,8 @@ opens one synchronous ``httpx.Client`` that ignores proxy environment variables 
 follows no redirect, and closes it (``close`` or a ``with`` block).
 :func:`bounded_timeout` is a call's timeout with its connect phase capped;
 :func:`json_or_none` an answer's JSON body, or ``None`` when it has none;
-:func:`endpoint` a peer's base URL joined with a path.
+:func:`endpoint` a peer's base URL joined with a path; :data:`CONNECT_FAULTS` and
+:data:`NO_ANSWER_FAULTS` the two families of transport faults the adapters tell apart.
 
 This module must not decide anything (what to call, what an answer means, whether to
 retry a given fault: each adapter says that) and makes no request of its own.
@@ -21,7 +22,25 @@ import httpx
 
 from controller.adapters.retry import RetryKnobs
 
-__all__ = ["HttpAdapter", "bounded_timeout", "endpoint", "json_or_none"]
+__all__ = [
+    "CONNECT_FAULTS",
+    "NO_ANSWER_FAULTS",
+    "HttpAdapter",
+    "bounded_timeout",
+    "endpoint",
+    "json_or_none",
+]
+
+#: Faults after which the request cannot have reached the peer (no connection was made).
+CONNECT_FAULTS: tuple[type[Exception], ...] = (httpx.ConnectError, httpx.ConnectTimeout)
+#: Faults after which no answer came (a refused or reset connection, a timeout, a broken
+#: answer): the request may have reached the peer.
+NO_ANSWER_FAULTS: tuple[type[Exception], ...] = (
+    httpx.TimeoutException,
+    httpx.NetworkError,
+    httpx.RemoteProtocolError,
+    httpx.ProxyError,
+)
 
 
 class HttpAdapter(RetryKnobs):

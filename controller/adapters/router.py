@@ -58,7 +58,7 @@ from typing import Any, Literal, get_args
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-from controller.adapters.http_client import HttpAdapter, json_or_none
+from controller.adapters.http_client import NO_ANSWER_FAULTS, HttpAdapter, json_or_none
 from controller.adapters.retry import AdapterError, attempts_of, backoff_wait
 from controller.manifest.fields import DEFAULT_DRAIN_TIMEOUT_S
 
@@ -105,12 +105,7 @@ TOKEN_ENV_VARS = ("VRAMCTL_ROUTER_TOKEN", "ANVIL_ROUTER_TOKEN")
 #: Statuses that mean "not now" rather than "no": retried.
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 #: Transport faults worth another try (a refused or reset connection, a timeout).
-_RETRY_TRANSPORT: tuple[type[Exception], ...] = (
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-    httpx.ProxyError,
-)
+_RETRY_TRANSPORT = NO_ANSWER_FAULTS
 _ERROR_TEXT_CHARS = 300
 
 

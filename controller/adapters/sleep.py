@@ -39,7 +39,13 @@ from typing import Any
 import httpx
 from tenacity import retry_if_exception_type
 
-from controller.adapters.http_client import HttpAdapter, bounded_timeout, endpoint, json_or_none
+from controller.adapters.http_client import (
+    CONNECT_FAULTS,
+    HttpAdapter,
+    bounded_timeout,
+    endpoint,
+    json_or_none,
+)
 from controller.adapters.retry import AdapterError, attempts_of
 from statemachine import engines
 from statemachine.engines import HttpCall, SleepApi
@@ -50,7 +56,7 @@ __all__ = [
     "SleepNotEnabledError",
 ]
 
-_RETRY_CONNECT: tuple[type[Exception], ...] = (httpx.ConnectError, httpx.ConnectTimeout)
+_RETRY_CONNECT = CONNECT_FAULTS
 _RETRY_READ: tuple[type[Exception], ...] = (httpx.TransportError,)
 _CONNECT_TIMEOUT_S = 5.0
 _TEXT_CHARS = 300

@@ -138,6 +138,12 @@ ObservedOpt = Annotated[
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 
+
+def _router_url_option(help_text: str) -> Any:
+    """The ``--router-url`` option (``VRAMCTL_ROUTER_URL``), with a command's help."""
+    return typer.Option("--router-url", envvar="VRAMCTL_ROUTER_URL", metavar="URL", help=help_text)
+
+
 #: ``status``, ``fit``, ``plan``, ``observe``: Docker could not be read, so the answer is unknown
 EXIT_UNOBSERVED = 3
 
@@ -286,12 +292,9 @@ def validate(
     json_out: JsonOpt = False,
     router_url: Annotated[
         str | None,
-        typer.Option(
-            "--router-url",
-            envvar="VRAMCTL_ROUTER_URL",
-            metavar="URL",
-            help="The router `run` is given; without one, serves with a router_tier are "
-            "warned about (they cannot be stopped).",
+        _router_url_option(
+            "The router `run` is given; without one, serves with a router_tier are "
+            "warned about (they cannot be stopped)."
         ),
     ] = None,
     strict: StrictOpt = False,
@@ -566,11 +569,6 @@ def calibrate(
         for problem in problems:
             render.warn(f"--patch: {problem}")
         sys.stdout.write(diff)
-
-
-def _router_url_option(help_text: str) -> Any:
-    """The ``--router-url`` option (``VRAMCTL_ROUTER_URL``), with a command's help."""
-    return typer.Option("--router-url", envvar="VRAMCTL_ROUTER_URL", metavar="URL", help=help_text)
 
 
 @_command("Can SERVE run now, and what would it cost?")

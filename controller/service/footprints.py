@@ -121,23 +121,14 @@ class Footprints(Protocol):
 class _NoFootprints:
     """Records nothing (``vramctl apply``, tests that do not measure)."""
 
-    def before_start(self, s: ServeSpec, roles: Mapping[str, GpuRole]) -> None:
+    def _before(self, s: ServeSpec, roles: Mapping[str, GpuRole]) -> None:
         return None
 
-    def after_start(self, s: ServeSpec) -> None:
+    def _after(self, s: ServeSpec) -> None:
         return None
 
-    def start_failed(self, s: ServeSpec) -> None:
-        return None
-
-    def before_stop(self, s: ServeSpec, roles: Mapping[str, GpuRole]) -> None:
-        return None
-
-    def after_stop(self, s: ServeSpec) -> None:
-        return None
-
-    def stop_failed(self, s: ServeSpec) -> None:
-        return None
+    before_start = before_stop = _before
+    after_start = start_failed = after_stop = stop_failed = _after
 
 
 NO_FOOTPRINTS: Footprints = _NoFootprints()
