@@ -10,7 +10,9 @@ one line saying where Docker was looked for).
 
 This module must not decide anything itself: the arithmetic lives in ``statemachine``;
 it only wires inputs to the core and prints what the core answers. Errors are printed
-as located one-line messages, never tracebacks.
+as located one-line messages, never tracebacks. An API answer is put in words by the
+first row of ``_ANSWER_TEXTS`` that fits it (ready, queued, dry run, accepted), else
+as a refusal with the terms its message does not give already.
 """
 
 from __future__ import annotations

@@ -6,7 +6,8 @@
 - one request and its JSON answer (:func:`call_api`);
 - the event stream's reader (:func:`follow_events`, :func:`parse_sse`) and the line
   ``vramctl events`` prints for an event (:func:`describe`); the stream itself is
-  served by :mod:`controller.interfaces.stream`.
+  served by :mod:`controller.interfaces.stream` (one connection is ``_follow_once``;
+  :func:`follow_events` reconnects, its place kept in a ``_Cursor``).
 
 It imports httpx and nothing of the server (FastAPI, uvicorn, the loop, the adapters):
 a command that only talks to the API starts without loading them (docs/architecture.md).

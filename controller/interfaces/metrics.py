@@ -38,6 +38,10 @@ Series:
   blocked), ``vramctl_observation_errors_total{source}`` (``docker`` / ``nvml``: cycles
   whose observation of that source failed, NVML missing on a host without a GPU
   included) and ``vramctl_observation_up{source}`` (1 when the last cycle read it).
+
+The families are declared by three methods (roles, serves, the loop's own), in the
+order they are exposed. This module must not decide anything: it reports the figures
+the core computed.
 """
 
 from __future__ import annotations

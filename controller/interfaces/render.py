@@ -1,7 +1,8 @@
 """Human output of the CLI (rich): tables and explanations of what the core answered.
 
 Every number printed here comes from the core's result objects; a ``None`` figure is
-printed as ``unknown``, never as 0. Errors and warnings go to stderr.
+printed as ``unknown``, never as 0. Errors and warnings go to stderr. ``status`` is
+printed in parts: the roles' table, the host line, the serves' table, the notes.
 
 This module must not compute anything the core did not: it formats only.
 """

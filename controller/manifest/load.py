@@ -17,6 +17,13 @@ what could never be carried out or would drop everything: an empty file, a set t
 declares no serve and no role (unless ``allow_empty = true``), residents desired running
 over a role's budget.
 
+How it is laid out: a file is read in steps (:func:`_file_text`, :func:`_toml_data`),
+and both arrays of tables go through one reader, :func:`_read_table`, driven by a
+:class:`_Table` row each (``_ROLES``, ``_SERVES``: model, name key, checks, the keys
+that must be unique in a file, held by :class:`_FirstHolders`). The set is merged
+(:func:`_merge_roles`, :func:`_merge_host`, :func:`_merge_serves` with its owner and
+mirror rules) and checked against its roles and host (:func:`_check_fits`).
+
 This module only reads the manifest files. It must not touch docker, NVML or the
 network, must not run the ``up`` commands (it only splits them into argv, never
 through a shell), and must not write anything.

@@ -28,7 +28,8 @@ Each event has a sequence number; an observation takes :meth:`LiveLedger.mark`
 before it reads anything, and the events before its mark are in what it saw
 (:meth:`LiveLedger.overlay` gives only those after). :func:`overlay_observed` lays an
 overlay over an observation, for the same pure functions (ledger, fit, status) to
-answer from. Never less is counted than may be held.
+answer from (each held serve laid by ``_lay_held``, each slept one by ``_lay_slept``,
+on a ``_Draft`` of the parts it rewrites). Never less is counted than may be held.
 
 This module decides nothing and mutates nothing outside its own record.
 """

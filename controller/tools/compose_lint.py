@@ -29,7 +29,9 @@ a flag, a value taken from a ``${VARIABLE}``, a flag given twice (the last wins)
 Variables (``${VAR:-default}``, ``${VAR}``, ``$VAR``, ``$$``) are resolved from
 ``environ`` only, empty by default: the file is linted as it runs with nothing set,
 so a result does not depend on the shell it was run from. Pass ``os.environ`` to
-lint what compose would run here (``.env`` files are not read).
+lint what compose would run here (``.env`` files are not read). The files are merged
+by service (``_merge_files``, a later file's keys winning) before each service's command
+is read.
 
 Reads files only; never runs docker or compose.
 """

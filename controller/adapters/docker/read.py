@@ -61,6 +61,10 @@ the current Docker context (:func:`make_client`, through ``docker.from_env``).
 only (the loop follows its observed containers that way, so other containers on a
 shared daemon wake nothing).
 
+One observation is a ``_Cycle``: one list call, then per row its cache entry read or
+refreshed (``_Cycle.read_row``, the list's timing in a ``_Listing``) and the
+container's model built from it.
+
 This module only reads: it must not create, start, stop, kill, pause, rename or
 remove a container, pull an image or change anything else on the daemon, and it
 must not decide anything (that is the pure core's job).
