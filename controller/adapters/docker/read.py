@@ -62,8 +62,8 @@ only (the loop follows its observed containers that way, so other containers on 
 shared daemon wake nothing).
 
 One observation is a ``_Cycle``: one list call, then per row its cache entry read or
-refreshed (``_Cycle.read_row``, the list's timing in a ``_Listing``) and the
-container's model built from it.
+refreshed (``_Cycle.read_row``, the list's timing in a ``_Listing``, a newer state
+from inspect by ``_moved_on``) and the container's model built from it.
 
 This module only reads: it must not create, start, stop, kill, pause, rename or
 remove a container, pull an image or change anything else on the daemon, and it
@@ -533,10 +533,12 @@ class _Cycle:
         undeclared: list[UndeclaredGpuContainer] = []
         seen: set[str] = set()
         for row in rows:
-            ids = _identity(row)
-            if ids is None:
+            if not isinstance(row, Mapping):
                 continue
-            cid, names_of = ids
+            cid = _str(row.get("Id"))
+            names_of = _names(row)
+            if not cid or not names_of:
+                continue
             declared = [n for n in names_of if n in wanted]
             name = declared[0] if declared else names_of[0]
             read = self.read_row(row, cid, name, declared=bool(declared))
@@ -544,10 +546,29 @@ class _Cycle:
                 continue
             seen.add(cid)
             entry, docker_state, state = read
-            project, service = _compose_labels(row)
+            raw_labels = row.get("Labels")
+            labels: Mapping[str, Any] = raw_labels if isinstance(raw_labels, Mapping) else {}
+            project = labels.get(COMPOSE_PROJECT_LABEL)
+            service = labels.get(COMPOSE_SERVICE_LABEL)
+            project = project if isinstance(project, str) else None
+            service = service if isinstance(service, str) else None
             if declared:
                 assert state is not None  # checked in read_row
-                model = _container_model(cid, state, docker_state, entry.details, project, service)
+                d = entry.details
+                fields: dict[str, Any] = {
+                    "id": cid,
+                    "state": state,
+                    "health": d.health,
+                    "started_at": d.started_at,
+                    "exit_code": d.exit_code,
+                    "oom_killed": d.oom_killed,
+                    "finished_at": d.finished_at,
+                    "compose_project": project,
+                    "compose_service": service,
+                }
+                if docker_state == "removing":
+                    fields["docker_state"] = docker_state
+                model = ContainerModel.model_validate(fields)
                 for n in declared:
                     containers[n] = model
             elif entry.details.gpu_reason is not None:
@@ -580,16 +601,31 @@ class _Cycle:
         """One list row's cache entry (inspected when the cache cannot answer), its
         Docker state word and its state; ``None`` when the container went away."""
         docker_state = _str(row.get("State")).lower()
-        key = (docker_state, _status_key(_str(row.get("Status"))))
-        bounds = status_age_bounds(_str(row.get("Status")))
+        status = _str(row.get("Status"))
+        key = (docker_state, _status_key(status))
+        bounds = status_age_bounds(status)
         state = map_docker_state(docker_state)
         if declared and state is None:
             raise _UnreadableError(f"container {name}: unknown docker state {docker_state!r}")
+        listing = self.listing
         entry = self.cache._entries.get(cid)
         if entry is not None:
-            self.listing.update(entry, key, bounds, touched=cid in self.listing.touched)
-        if entry is not None and not (declared and entry.stale):
-            return entry, docker_state, state
+            # The least time the daemon can have seen pass since it last printed it:
+            elapsed_min = listing.start - entry.seen_end
+            went_back = (
+                entry.age_lo is not None
+                and bounds is not None
+                and bounds[1] < entry.age_lo + elapsed_min - _AGE_SLACK_S
+            )
+            if entry.key != key or went_back or cid in listing.touched:
+                entry.stale = True
+            entry.key, entry.age_lo, entry.seen_end = (
+                key,
+                None if bounds is None else bounds[0],
+                listing.end,
+            )
+            if not (declared and entry.stale):
+                return entry, docker_state, state
         doc = self.inspect(cid, name)
         if doc is None:
             self.cache._entries.pop(cid, None)
@@ -619,42 +655,6 @@ class _Listing:
     start: float
     end: float
 
-    def update(
-        self,
-        entry: _Entry,
-        key: tuple[str, str],
-        bounds: tuple[float, float] | None,
-        *,
-        touched: bool,
-    ) -> None:
-        """Mark ``entry`` stale when its row changed, its age went back, or an event
-        touched it; then keep what this list showed."""
-        # The least time the daemon can have seen pass since it last printed it:
-        elapsed_min = self.start - entry.seen_end
-        went_back = (
-            entry.age_lo is not None
-            and bounds is not None
-            and bounds[1] < entry.age_lo + elapsed_min - _AGE_SLACK_S
-        )
-        if entry.key != key or went_back or touched:
-            entry.stale = True
-        entry.key, entry.age_lo, entry.seen_end = (
-            key,
-            None if bounds is None else bounds[0],
-            self.end,
-        )
-
-
-def _identity(row: object) -> tuple[str, list[str]] | None:
-    """A list row's Id and own names; ``None`` for a row without them."""
-    if not isinstance(row, Mapping):
-        return None
-    cid = _str(row.get("Id"))
-    names_of = _names(row)
-    if not cid or not names_of:
-        return None
-    return cid, names_of
-
 
 def _moved_on(
     doc: Mapping[str, Any], docker_state: str, state: ContainerState | None
@@ -665,43 +665,6 @@ def _moved_on(
     if not fresh_word or fresh_word == docker_state:
         return docker_state, state, False
     return fresh_word, map_docker_state(fresh_word), True
-
-
-def _compose_labels(row: Mapping[str, Any]) -> tuple[str | None, str | None]:
-    """The row's Compose project and service labels (``None`` when absent)."""
-    raw_labels = row.get("Labels")
-    labels: Mapping[str, Any] = raw_labels if isinstance(raw_labels, Mapping) else {}
-    project = labels.get(COMPOSE_PROJECT_LABEL)
-    service = labels.get(COMPOSE_SERVICE_LABEL)
-    return (
-        project if isinstance(project, str) else None,
-        service if isinstance(service, str) else None,
-    )
-
-
-def _container_model(
-    cid: str,
-    state: ContainerState,
-    docker_state: str,
-    d: _Details,
-    project: str | None,
-    service: str | None,
-) -> ContainerModel:
-    """A declared container in the snapshot's vocabulary."""
-    fields: dict[str, Any] = {
-        "id": cid,
-        "state": state,
-        "health": d.health,
-        "started_at": d.started_at,
-        "exit_code": d.exit_code,
-        "oom_killed": d.oom_killed,
-        "finished_at": d.finished_at,
-        "compose_project": project,
-        "compose_service": service,
-    }
-    if docker_state == "removing":
-        fields["docker_state"] = docker_state
-    return ContainerModel.model_validate(fields)
 
 
 def _error(message: str, calls: int) -> ContainerSnapshot:
