@@ -98,6 +98,17 @@ class GpuModel(BaseModel):
     used_mib: int | None = Field(default=None, ge=0)
     free_mib: int | None = Field(default=None, ge=0)
 
+    def to_obs(self) -> GpuObs:
+        """The device as the core sees it."""
+        return GpuObs(
+            uuid=self.uuid,
+            index=self.index,
+            name=self.name,
+            total_mib=self.total_mib,
+            used_mib=self.used_mib,
+            free_mib=self.free_mib,
+        )
+
 
 class UndeclaredModel(BaseModel):
     """A container that requests GPUs but that no manifest declares."""
@@ -202,19 +213,7 @@ class SnapshotModel(BaseModel):
                 )
                 for name, c in self.containers.items()
             },
-            gpus=None
-            if self.gpus is None
-            else tuple(
-                GpuObs(
-                    uuid=g.uuid,
-                    index=g.index,
-                    name=g.name,
-                    total_mib=g.total_mib,
-                    used_mib=g.used_mib,
-                    free_mib=g.free_mib,
-                )
-                for g in self.gpus
-            ),
+            gpus=None if self.gpus is None else tuple(g.to_obs() for g in self.gpus),
             elastic_mib=dict(self.elastic),
             undeclared_gpu=tuple(u.name for u in self.undeclared_gpu_containers),
             quiesced=frozenset(self.quiesced),

@@ -43,14 +43,17 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from tenacity import (
-    Retrying,
-    retry_if_exception_type,
-    stop_after_attempt,
-    stop_after_delay,
-)
+from tenacity import retry_if_exception_type
 
-from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
+from controller.adapters.http_client import (
+    CONNECT_FAULTS,
+    NO_ANSWER_FAULTS,
+    HttpAdapter,
+    bounded_timeout,
+    endpoint,
+    json_or_none,
+)
+from controller.adapters.retry import AdapterError, attempts_of
 
 __all__ = [
     "LOAD_PATH",
@@ -75,14 +78,9 @@ RESIZE_FAILURE_MARKERS = (
 )
 
 #: Faults after which the request cannot have reached the engine: retried in the call.
-_RETRY_TRANSPORT: tuple[type[Exception], ...] = (httpx.ConnectError, httpx.ConnectTimeout)
+_RETRY_TRANSPORT = CONNECT_FAULTS
 #: Faults after which it may have: no answer, not retried (the engine may still run it).
-_NO_ANSWER: tuple[type[Exception], ...] = (
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-    httpx.ProxyError,
-)
+_NO_ANSWER = NO_ANSWER_FAULTS
 _CONNECT_TIMEOUT_S = 10.0
 _ERROR_TEXT_CHARS = 300
 
@@ -188,10 +186,7 @@ def _error_text(body: Any, response: httpx.Response) -> str:
 
 
 def _answer(response: httpx.Response, attempts: int) -> ElasticAnswer:
-    try:
-        body: Any = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        body = None
+    body = json_or_none(response)
     raw: dict[str, Any] = dict(body) if isinstance(body, Mapping) else {}
     code = response.status_code
     if code == 200 and raw:
@@ -214,7 +209,7 @@ def _answer(response: httpx.Response, attempts: int) -> ElasticAnswer:
     )
 
 
-class ElasticClient(RetryKnobs):
+class ElasticClient(HttpAdapter):
     """Calls engines' ``POST /v1/vram`` (and ``/v1/unload``, ``/v1/load``) for the executor.
 
     ``timeout_s`` bounds how long a call waits for the engine's answer (default 20 s:
@@ -246,22 +241,9 @@ class ElasticClient(RetryKnobs):
         )
         self.timeout_s = float(timeout_s)
         self.load_timeout_s = float(load_timeout_s)
-        self._http = httpx.Client(
-            timeout=httpx.Timeout(self.timeout_s, connect=min(_CONNECT_TIMEOUT_S, self.timeout_s)),
-            transport=transport,
-            trust_env=False,
-            follow_redirects=False,
+        self.open_http(
+            transport=transport, timeout=bounded_timeout(self.timeout_s, _CONNECT_TIMEOUT_S)
         )
-
-    def close(self) -> None:
-        """Close the HTTP connections."""
-        self._http.close()
-
-    def __enter__(self) -> ElasticClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     def set_reserve(
         self, url: str, reserve_mib: int | None, *, token: str | None = None
@@ -291,21 +273,16 @@ class ElasticClient(RetryKnobs):
     def _post(
         self, url: str, path: str, content: bytes, token: str | None, timeout_s: float
     ) -> ElasticAnswer:
-        target = url.rstrip("/") + path
+        target = endpoint(url, path)
         headers = {"Content-Type": "application/json", "Accept": "application/json"}
         if token:
             headers["Authorization"] = f"Bearer {token}"
-        timeout = httpx.Timeout(timeout_s, connect=min(_CONNECT_TIMEOUT_S, timeout_s))
+        timeout = bounded_timeout(timeout_s, _CONNECT_TIMEOUT_S)
 
         def attempt() -> httpx.Response:
             return self._http.post(target, content=content, headers=headers, timeout=timeout)
 
-        retrying = Retrying(
-            stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_wait_s),
-            wait=backoff_wait(self.initial_wait_s, self.max_wait_s),
-            retry=retry_if_exception_type(_RETRY_TRANSPORT),
-            reraise=True,
-        )
+        retrying = self.bounded(retry_if_exception_type(_RETRY_TRANSPORT))
         try:
             response = retrying(attempt)
         except _RETRY_TRANSPORT as exc:

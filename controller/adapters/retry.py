@@ -1,6 +1,7 @@
 """What the mutating adapters share about faults: the error type and the retry pacing.
 
-``AdapterError`` says whether trying later may help (``transient``); ``backoff_wait``
+``AdapterError`` says whether trying later may help (``transient``); ``RetryKnobs``
+keeps an adapter's bounds and builds its bounded ``Retrying``; ``backoff_wait``
 paces tenacity's retries (exponential with jitter, never past a time budget);
 ``attempts_of`` reads how many calls a ``Retrying`` made. Only the adapters retry:
 what reaches the executor is final for the plan.
@@ -13,7 +14,13 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from tenacity import RetryCallState, Retrying
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    stop_after_attempt,
+    stop_after_delay,
+)
+from tenacity.retry import retry_base
 
 
 class AdapterError(Exception):
@@ -55,6 +62,19 @@ class RetryKnobs:
         self.attempts = attempts
         self.max_wait_s = float(max_wait_s)
         self.initial_wait_s = float(initial_wait_s)
+
+    def bounded(self, retry: retry_base) -> Retrying:
+        """A ``Retrying`` that retries what ``retry`` accepts, within these bounds.
+
+        It stops after ``attempts`` calls or ``max_wait_s`` seconds, whichever comes
+        first, sleeps :func:`backoff_wait` between calls, and re-raises the last fault.
+        """
+        return Retrying(
+            stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_wait_s),
+            wait=backoff_wait(self.initial_wait_s, self.max_wait_s),
+            retry=retry,
+            reraise=True,
+        )
 
 
 def backoff_wait(initial_s: float, budget_s: float) -> Callable[[RetryCallState], float]:

@@ -48,7 +48,6 @@ called by anything but the executor (and preflight's :meth:`RouterClient.check`)
 
 from __future__ import annotations
 
-import json
 import math
 import os
 from collections.abc import Callable, Iterable, Mapping
@@ -59,7 +58,8 @@ from typing import Any, Literal, get_args
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
-from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
+from controller.adapters.http_client import NO_ANSWER_FAULTS, HttpAdapter, json_or_none
+from controller.adapters.retry import AdapterError, attempts_of, backoff_wait
 from controller.manifest.fields import DEFAULT_DRAIN_TIMEOUT_S
 
 __all__ = [
@@ -105,12 +105,7 @@ TOKEN_ENV_VARS = ("VRAMCTL_ROUTER_TOKEN", "ANVIL_ROUTER_TOKEN")
 #: Statuses that mean "not now" rather than "no": retried.
 _RETRY_STATUSES = frozenset({429, 502, 503, 504})
 #: Transport faults worth another try (a refused or reset connection, a timeout).
-_RETRY_TRANSPORT: tuple[type[Exception], ...] = (
-    httpx.TimeoutException,
-    httpx.NetworkError,
-    httpx.RemoteProtocolError,
-    httpx.ProxyError,
-)
+_RETRY_TRANSPORT = NO_ANSWER_FAULTS
 _ERROR_TEXT_CHARS = 300
 
 
@@ -239,16 +234,9 @@ def router_token(
     return None
 
 
-def _json(response: httpx.Response) -> Any:
-    try:
-        return response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError):
-        return None
-
-
 def _error_text(response: httpx.Response) -> str:
     """The router's own words for an error answer (FastAPI ``detail``, ``error``, text)."""
-    body = _json(response)
+    body = json_or_none(response)
     parts: list[str] = []
 
     def add(value: Any) -> None:
@@ -282,7 +270,7 @@ def _mentions_busy(response: httpx.Response) -> bool:
 
 def _error_code(response: httpx.Response) -> str | None:
     """The router's error type: ``{"error": {"type": T}}`` (or ``code``), else ``None``."""
-    body = _json(response)
+    body = json_or_none(response)
     if not isinstance(body, Mapping):
         return None
     error = body.get("error")
@@ -355,7 +343,7 @@ def _parse_transition(action: str, body: Mapping[str, Any], attempts: int) -> Tr
     )
 
 
-class RouterClient(RetryKnobs):
+class RouterClient(HttpAdapter):
     """Calls the router's admin transition endpoint for the executor.
 
     ``timeout_s`` bounds each request (a drain's is its drain timeout plus
@@ -397,24 +385,12 @@ class RouterClient(RetryKnobs):
         if token:
             headers["Authorization"] = f"Bearer {token}"
         self._has_token = bool(token)
-        self._http = httpx.Client(
+        self.open_http(
+            transport=transport,
             base_url=self.base_url,
             headers=headers,
             timeout=httpx.Timeout(self.timeout_s),
-            transport=transport,
-            trust_env=False,
-            follow_redirects=False,
         )
-
-    def close(self) -> None:
-        """Close the HTTP connections."""
-        self._http.close()
-
-    def __enter__(self) -> RouterClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
 
     # ── the calls ─────────────────────────────────────────────────────────────
 
@@ -522,7 +498,7 @@ class RouterClient(RetryKnobs):
                 f"(400: {_error_text(response)})"
             )
         if tier_id and 200 <= status < 300:
-            body = _json(response)
+            body = json_or_none(response)
             if not isinstance(body, dict) or _parse_tier(tier_id, body) is None:
                 return (
                     f"router at {self.base_url} answered {status} for tier {tier_id!r} "
@@ -610,7 +586,7 @@ class RouterClient(RetryKnobs):
                 attempts=attempts,
                 code=_error_code(response),
             )
-        body = _json(response)
+        body = json_or_none(response)
         if not isinstance(body, dict):
             raise RouterError(
                 f"{what}: router answered {status} without a JSON object: "

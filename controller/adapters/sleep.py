@@ -37,9 +37,16 @@ from collections.abc import Callable
 from typing import Any
 
 import httpx
-from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, stop_after_delay
+from tenacity import retry_if_exception_type
 
-from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
+from controller.adapters.http_client import (
+    CONNECT_FAULTS,
+    HttpAdapter,
+    bounded_timeout,
+    endpoint,
+    json_or_none,
+)
+from controller.adapters.retry import AdapterError, attempts_of
 from statemachine import engines
 from statemachine.engines import HttpCall, SleepApi
 
@@ -49,7 +56,7 @@ __all__ = [
     "SleepNotEnabledError",
 ]
 
-_RETRY_CONNECT: tuple[type[Exception], ...] = (httpx.ConnectError, httpx.ConnectTimeout)
+_RETRY_CONNECT = CONNECT_FAULTS
 _RETRY_READ: tuple[type[Exception], ...] = (httpx.TransportError,)
 _CONNECT_TIMEOUT_S = 5.0
 _TEXT_CHARS = 300
@@ -81,9 +88,8 @@ class SleepNotEnabledError(SleepError):
 
 def _text(response: httpx.Response) -> str:
     """The engine's own message: FastAPI's ``detail``, SGLang's ``error.message``, or text."""
-    try:
-        body: Any = response.json()
-    except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
+    body = json_or_none(response)
+    if body is None:
         return response.text.strip()[:_TEXT_CHARS] or response.reason_phrase
     if isinstance(body, dict):
         err = body.get("error")
@@ -96,7 +102,7 @@ def _text(response: httpx.Response) -> str:
     return json.dumps(body)[:_TEXT_CHARS]
 
 
-class SleepClient(RetryKnobs):
+class SleepClient(HttpAdapter):
     """Puts engines to sleep and wakes them (any engine with a sleep API), bounded and retried.
 
     ``timeout_s`` bounds each sleep call and ``GET /is_sleeping`` (``probe_timeout_s``);
@@ -122,17 +128,7 @@ class SleepClient(RetryKnobs):
         )
         self.timeout_s = float(timeout_s)
         self.probe_timeout_s = float(probe_timeout_s)
-        self._http = httpx.Client(transport=transport, trust_env=False, follow_redirects=False)
-
-    def close(self) -> None:
-        """Close the HTTP connections."""
-        self._http.close()
-
-    def __enter__(self) -> SleepClient:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+        self.open_http(transport=transport)
 
     # ── the calls ────────────────────────────────────────────────────────────
 
@@ -168,17 +164,14 @@ class SleepClient(RetryKnobs):
         api = _api(protocol)
         if api.is_sleeping is None:
             return None
-        target = url.rstrip("/") + api.is_sleeping
+        target = endpoint(url, api.is_sleeping)
         response = self._send(
             lambda t: self._http.get(target, timeout=t),
             f"GET {target}",
             self.probe_timeout_s,
             _RETRY_READ,
         )
-        try:
-            body: Any = response.json()
-        except (json.JSONDecodeError, UnicodeDecodeError, ValueError):
-            body = None
+        body = json_or_none(response)
         key = api.is_sleeping_key
         value = body.get(key) if isinstance(body, dict) else None
         if not isinstance(value, bool):
@@ -208,7 +201,7 @@ class SleepClient(RetryKnobs):
         body: Any = None,
         timeout_s: float | None = None,
     ) -> str:
-        target = url.rstrip("/") + path
+        target = endpoint(url, path)
         query = "&".join(f"{k}={v}" for k, v in (params or {}).items())
         what = f"POST {path}" + (f"?{query}" if query else "")
         content = b"" if body is None else json.dumps(body).encode()
@@ -230,13 +223,8 @@ class SleepClient(RetryKnobs):
         timeout_s: float,
         retry_on: tuple[type[Exception], ...],
     ) -> httpx.Response:
-        timeout = httpx.Timeout(timeout_s, connect=min(_CONNECT_TIMEOUT_S, timeout_s))
-        retrying = Retrying(
-            stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_wait_s),
-            wait=backoff_wait(self.initial_wait_s, self.max_wait_s),
-            retry=retry_if_exception_type(retry_on),
-            reraise=True,
-        )
+        timeout = bounded_timeout(timeout_s, _CONNECT_TIMEOUT_S)
+        retrying = self.bounded(retry_if_exception_type(retry_on))
         try:
             response = retrying(lambda: call(timeout))
         except httpx.TransportError as exc:

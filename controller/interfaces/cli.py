@@ -10,7 +10,9 @@ one line saying where Docker was looked for).
 
 This module must not decide anything itself: the arithmetic lives in ``statemachine``;
 it only wires inputs to the core and prints what the core answers. Errors are printed
-as located one-line messages, never tracebacks.
+as located one-line messages, never tracebacks. An API answer is put in words by the
+first row of ``_ANSWER_TEXTS`` that fits it (ready, queued, dry run, accepted), else
+as a refusal with the terms its message does not give already.
 """
 
 from __future__ import annotations
@@ -32,10 +34,13 @@ import typer.core  # noqa: E402
 from typer import _click as click  # noqa: E402 (the click typer carries: its own copy)
 
 if TYPE_CHECKING:
+    import socket
+
     from controller.interfaces import bars, render
     from controller.manifest import ManifestSet
     from controller.service.cycle import CycleJournal, PlanInputs
     from controller.service.executor import ExecutionReport, StepResult
+    from controller.service.loop import Controller
     from controller.snapshot import SnapshotModel
     from statemachine.admission import RouterNeed
     from statemachine.fit import FitResult
@@ -134,6 +139,12 @@ ObservedOpt = Annotated[
     ),
 ]
 JsonOpt = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+
+
+def _router_url_option(help_text: str) -> Any:
+    """The ``--router-url`` option (``VRAMCTL_ROUTER_URL``), with a command's help."""
+    return typer.Option("--router-url", envvar="VRAMCTL_ROUTER_URL", metavar="URL", help=help_text)
+
 
 #: ``status``, ``fit``, ``plan``, ``observe``: Docker could not be read, so the answer is unknown
 EXIT_UNOBSERVED = 3
@@ -283,12 +294,9 @@ def validate(
     json_out: JsonOpt = False,
     router_url: Annotated[
         str | None,
-        typer.Option(
-            "--router-url",
-            envvar="VRAMCTL_ROUTER_URL",
-            metavar="URL",
-            help="The router `run` is given; without one, serves with a router_tier are "
-            "warned about (they cannot be stopped).",
+        _router_url_option(
+            "The router `run` is given; without one, serves with a router_tier are "
+            "warned about (they cannot be stopped)."
         ),
     ] = None,
     strict: StrictOpt = False,
@@ -573,12 +581,9 @@ def fit(
     json_out: JsonOpt = False,
     router_url: Annotated[
         str | None,
-        typer.Option(
-            "--router-url",
-            envvar="VRAMCTL_ROUTER_URL",
-            metavar="URL",
-            help="The router `run` is given; without one, a start that drains a router "
-            "tier is said to be refused.",
+        _router_url_option(
+            "The router `run` is given; without one, a start that drains a router "
+            "tier is said to be refused."
         ),
     ] = None,
 ) -> None:
@@ -668,12 +673,7 @@ def plan(
 
 RouterUrlOpt = Annotated[
     str | None,
-    typer.Option(
-        "--router-url",
-        envvar="VRAMCTL_ROUTER_URL",
-        metavar="URL",
-        help="The router whose tiers are quiesced, drained and readmitted.",
-    ),
+    _router_url_option("The router whose tiers are quiesced, drained and readmitted."),
 ]
 RouterTokenOpt = Annotated[
     Path | None,
@@ -983,7 +983,6 @@ def run(
     stops the command at once with exit 1.
     """
     import asyncio
-    import socket
 
     from controller.logs import configure_logging
     from controller.service.loop import Controller, RunOptions
@@ -1001,40 +1000,51 @@ def run(
         settle_s=settle_s,
     )
     controller = Controller(options, mset)
-    sock: socket.socket | None = None
-    if not no_api:
-        from controller.interfaces.api import ApiSettings, attach_api, bind_socket
-        from controller.interfaces.client import ApiConfigError, load_token, parse_address
-
-        try:
-            host, port = parse_address(api)
-            token = load_token(token_file)
-            sock = bind_socket(host, port)
-        except ApiConfigError as exc:
-            _fail(str(exc))
-        if token is None:
-            render.warn(
-                "the API has no token (--token-file / VRAMCTL_TOKEN): it answers reads, and "
-                "refuses every state-changing request with 503 until one is configured"
-            )
-        if host not in ("127.0.0.1", "::1", "localhost"):
-            render.warn(
-                f"the API listens on {host}, not loopback: anyone who can reach it can read "
-                "the ledger (changes still need the token)"
-            )
-        settings = ApiSettings(
-            token=token,
-            allow_origins=tuple(allow_origin or ()),
-            retry_after_s=resync,
-            bind_host=host,
-        )
-        attach_api(controller, settings, sock)
+    sock = None if no_api else _attach_api(controller, api, token_file, allow_origin, resync)
     try:
         code = asyncio.run(controller.run())
     finally:
         if sock is not None:
             sock.close()
     raise typer.Exit(code)
+
+
+def _attach_api(
+    controller: Controller,
+    api: str,
+    token_file: Path | None,
+    allow_origin: list[str] | None,
+    resync: float,
+) -> socket.socket:
+    """Bind the API's socket and attach the API to ``controller``; warn of a missing
+    token and of an address other than loopback. A bad address or token file fails."""
+    from controller.interfaces.api import ApiSettings, attach_api, bind_socket
+    from controller.interfaces.client import ApiConfigError, load_token, parse_address
+
+    try:
+        host, port = parse_address(api)
+        token = load_token(token_file)
+        sock = bind_socket(host, port)
+    except ApiConfigError as exc:
+        _fail(str(exc))
+    if token is None:
+        render.warn(
+            "the API has no token (--token-file / VRAMCTL_TOKEN): it answers reads, and "
+            "refuses every state-changing request with 503 until one is configured"
+        )
+    if host not in ("127.0.0.1", "::1", "localhost"):
+        render.warn(
+            f"the API listens on {host}, not loopback: anyone who can reach it can read "
+            "the ledger (changes still need the token)"
+        )
+    settings = ApiSettings(
+        token=token,
+        allow_origins=tuple(allow_origin or ()),
+        retry_after_s=resync,
+        bind_host=host,
+    )
+    attach_api(controller, settings, sock)
+    return sock
 
 
 def _api_call(
@@ -1055,59 +1065,110 @@ def _api_call(
 
 
 def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) -> None:
+    """An API answer: its JSON, or in words by the first row of :data:`_ANSWER_TEXTS`
+    that fits it (a refusal when none does)."""
     if json_out:
         _print_json(data)
         return
+    for fits, printer in _ANSWER_TEXTS:
+        if fits(status_code, data):
+            printer(data)
+            return
+    _print_refusal(status_code, data)
+
+
+def _took(data: dict[str, Any]) -> str:
+    """The answer's ``timings`` in words (``wait healthy 3.1s, …``); empty without any."""
     timings = data.get("timings") or {}
-    took = ", ".join(
+    return ", ".join(
         f"{k.removesuffix('_s').replace('_', ' ')} {v:.1f}s"
         for k, v in timings.items()
         if isinstance(v, int | float)
     )
-    if status_code == 200:
-        render.out.print(f"ready: {data.get('message', '')}" + (f" ({took})" if took else ""))
-        return
-    if status_code == 202 and data.get("queued"):
-        message = str(data.get("message", "")).removeprefix("queued: ")
-        waited = data.get("waited_s")
-        head = f"still queued after {waited:.0f}s" if isinstance(waited, int | float) else "queued"
-        render.out.print(f"{head}: {message}", markup=False)
-        return
-    if status_code == 202 and data.get("dry_run"):  # answered at once: nothing executes
-        render.out.print(f"accepted, not executed: {data.get('message', '')}", markup=False)
-        for step in data.get("steps") or []:
+
+
+def _print_ready(data: dict[str, Any]) -> None:
+    took = _took(data)
+    render.out.print(f"ready: {data.get('message', '')}" + (f" ({took})" if took else ""))
+
+
+def _print_queued(data: dict[str, Any]) -> None:
+    message = str(data.get("message", "")).removeprefix("queued: ")
+    waited = data.get("waited_s")
+    head = f"still queued after {waited:.0f}s" if isinstance(waited, int | float) else "queued"
+    render.out.print(f"{head}: {message}", markup=False)
+
+
+def _print_dry_run(data: dict[str, Any]) -> None:
+    """Answered at once: nothing executes."""
+    render.out.print(f"accepted, not executed: {data.get('message', '')}", markup=False)
+    for step in data.get("steps") or []:
+        render.out.print(
+            f"  would {step.get('action')} {step.get('serve')}: {step.get('reason')}",
+            markup=False,
+        )
+
+
+def _print_not_ready(data: dict[str, Any]) -> None:
+    render.out.print(f"accepted, not ready yet: {data.get('message', '')}")
+    took = _took(data)
+    if took:
+        render.out.print(f"  so far: {took}")
+
+
+def _print_accepted(data: dict[str, Any]) -> None:
+    render.out.print(f"accepted: {data.get('message', '')}")
+    for step in data.get("steps") or []:
+        render.out.print(f"  {step.get('action')} {step.get('serve')}: {step.get('reason')}")
+    req = data.get("request") or {}
+    if req.get("ttl_s") is not None:
+        if req.get("ttl_basis") in ("measured", "unknown"):
             render.out.print(
-                f"  would {step.get('action')} {step.get('serve')}: {step.get('reason')}",
-                markup=False,
+                f"  the request ends once {data.get('serve', 'the serve')} has had no "
+                f"request in flight for {req['ttl_s']:g}s (idle_ttl_s)"
             )
-        return
-    if status_code == 202 and data.get("ready") is False:
-        render.out.print(f"accepted, not ready yet: {data.get('message', '')}")
-        if took:
-            render.out.print(f"  so far: {took}")
-        return
-    if status_code == 202:
-        render.out.print(f"accepted: {data.get('message', '')}")
-        for step in data.get("steps") or []:
-            render.out.print(f"  {step.get('action')} {step.get('serve')}: {step.get('reason')}")
-        req = data.get("request") or {}
-        if req.get("ttl_s") is not None:
-            if req.get("ttl_basis") in ("measured", "unknown"):
-                render.out.print(
-                    f"  the request ends once {data.get('serve', 'the serve')} has had no "
-                    f"request in flight for {req['ttl_s']:g}s (idle_ttl_s)"
-                )
-            else:
-                render.out.print(f"  the request lasts {req['ttl_s']:g}s")
-        if data.get("note"):
-            render.out.print(f"  note: {data['note']}")
-        return
+        else:
+            render.out.print(f"  the request lasts {req['ttl_s']:g}s")
+    if data.get("note"):
+        render.out.print(f"  note: {data['note']}")
+
+
+#: Which answers read how, first fit first: (does it fit, print it).
+_ANSWER_TEXTS: tuple[
+    tuple[Callable[[int, dict[str, Any]], bool], Callable[[dict[str, Any]], None]], ...
+] = (
+    (lambda code, data: code == 200, _print_ready),
+    (lambda code, data: code == 202 and bool(data.get("queued")), _print_queued),
+    (lambda code, data: code == 202 and bool(data.get("dry_run")), _print_dry_run),
+    (lambda code, data: code == 202 and data.get("ready") is False, _print_not_ready),
+    (lambda code, data: code == 202, _print_accepted),
+)
+
+
+def _print_refusal(status_code: int, data: dict[str, Any]) -> None:
+    """A refusal or failure, with the terms its message does not give already."""
     render.error(f"{status_code}: {data.get('error', data)}")
     if data.get("queue") and isinstance(data["queue"], str):
         render.err.print(f"  {data['queue']}")
     if data.get("note"):
         render.err.print(f"  note: {data['note']}")
-    # a refusal's message names its arithmetic already: the terms are printed once
+    roles = _print_role_terms(data)
+    told = bool(data.get("gpu_roles")) and not roles  # with each role's evictable MiB
+    if data.get("evictable_mib") and not told:
+        render.err.print(f"  evictable: {_per_role(data['evictable_mib'])}")
+    if data.get("shrinkable_mib") and any(data["shrinkable_mib"].values()) and not told:
+        render.err.print(f"  shrinkable: {_per_role(data['shrinkable_mib'])}")
+    for p in data.get("protected") or []:
+        render.err.print(f"  protected: {p['serve']} ({render.mib(p['mib'])} MiB): {p['why']}")
+    if data.get("retry_after_s") is not None:
+        render.err.print(f"  retry after {data['retry_after_s']}s")
+    if status_code == 401:
+        render.err.print("  pass --token-file FILE or set VRAMCTL_TOKEN")
+
+
+def _print_role_terms(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """Each role's arithmetic the message does not give already (a refusal's message
+    names its arithmetic: the terms are printed once); the roles printed."""
     roles = [t for t in data.get("gpu_roles") or [] if not _told(data, t["gpu_role"])]
     for t in roles:
         held = [(r["serve"], r["mib"]) for r in t.get("reservations", [])]
@@ -1117,23 +1178,13 @@ def _print_api_answer(status_code: int, data: dict[str, Any], json_out: bool) ->
             f"; free {render.mib(t['free_mib'])}; requested "
             f"{t['requested_mib']}; shortfall {render.mib(t['shortfall_mib'])}"
         )
+    return roles
 
-    def per_role(value: Any) -> str:
-        if isinstance(value, dict):
-            return ", ".join(f"{role} {render.mib(m)} MiB" for role, m in value.items())
-        return str(value)
 
-    told = bool(data.get("gpu_roles")) and not roles  # with each role's evictable MiB
-    if data.get("evictable_mib") and not told:
-        render.err.print(f"  evictable: {per_role(data['evictable_mib'])}")
-    if data.get("shrinkable_mib") and any(data["shrinkable_mib"].values()) and not told:
-        render.err.print(f"  shrinkable: {per_role(data['shrinkable_mib'])}")
-    for p in data.get("protected") or []:
-        render.err.print(f"  protected: {p['serve']} ({render.mib(p['mib'])} MiB): {p['why']}")
-    if data.get("retry_after_s") is not None:
-        render.err.print(f"  retry after {data['retry_after_s']}s")
-    if status_code == 401:
-        render.err.print("  pass --token-file FILE or set VRAMCTL_TOKEN")
+def _per_role(value: Any) -> str:
+    if isinstance(value, dict):
+        return ", ".join(f"{role} {render.mib(m)} MiB" for role, m in value.items())
+    return str(value)
 
 
 def _told(data: dict[str, Any], role: str) -> bool:

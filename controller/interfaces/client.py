@@ -6,7 +6,8 @@
 - one request and its JSON answer (:func:`call_api`);
 - the event stream's reader (:func:`follow_events`, :func:`parse_sse`) and the line
   ``vramctl events`` prints for an event (:func:`describe`); the stream itself is
-  served by :mod:`controller.interfaces.stream`.
+  served by :mod:`controller.interfaces.stream` (one connection is ``_follow_once``;
+  :func:`follow_events` reconnects, its place kept in a ``_Cursor``).
 
 It imports httpx and nothing of the server (FastAPI, uvicorn, the loop, the adapters):
 a command that only talks to the API starts without loading them (docs/architecture.md).
@@ -19,6 +20,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -187,41 +189,64 @@ def follow_events(
     headers = {"Accept": MEDIA_TYPE}
     if token:
         headers["Authorization"] = f"Bearer {token}"
-    last = since
-    connected_once = False
+    cursor = _Cursor(last=since)
     timeout = httpx.Timeout(10.0, read=read_timeout_s)
     with httpx.Client(base_url=url, timeout=timeout, trust_env=False) as client:
         while True:
             ask = dict(headers)
-            if last is not None:
-                ask["Last-Event-ID"] = str(last)
-            why = "the connection dropped"
+            if cursor.last is not None:
+                ask["Last-Event-ID"] = str(cursor.last)
+            cursor.why = "the connection dropped"
             try:
-                with client.stream("GET", "/v1/events", headers=ask) as response:
-                    if response.status_code != 200:
-                        response.read()
-                        raise StreamRefused(_refusal(response))
-                    connected_once = True
-                    lines = response.iter_lines()
-                    if on_open is not None:
-                        lines = _opened(lines, on_open)
-                    for event_id, kind, data in parse_sse(lines):
-                        item = _decode(kind, data)
-                        if event_id is not None and event_id.isdigit():
-                            last = int(event_id)
-                        if kind == "end":
-                            why = "the controller stopped"
-                        if not on_item(item):
-                            return
+                if _follow_once(client, ask, cursor, on_item, on_open):
+                    return
             except (httpx.ConnectError, httpx.ConnectTimeout) as exc:
-                if not connected_once:
+                if not cursor.connected:
                     raise StreamUnreachable(f"no vramctl run answers at {url} ({exc})") from None
-                why = "nothing answers"
+                cursor.why = "nothing answers"
             except httpx.HTTPError as exc:
-                why = f"the connection dropped ({type(exc).__name__})"
+                cursor.why = f"the connection dropped ({type(exc).__name__})"
             if on_reconnect is not None:
-                on_reconnect(why)
+                on_reconnect(cursor.why)
             sleep(retry_s)
+
+
+@dataclass(slots=True)
+class _Cursor:
+    """Where a followed stream stands: the last event id seen, whether it was ever
+    opened, and why the last connection ended."""
+
+    last: int | None
+    connected: bool = False
+    why: str = ""
+
+
+def _follow_once(
+    client: httpx.Client,
+    ask: dict[str, str],
+    cursor: _Cursor,
+    on_item: Callable[[dict[str, Any]], bool],
+    on_open: Callable[[], None] | None,
+) -> bool:
+    """One connection to the stream, each event handed to ``on_item``; whether it
+    asked to stop. Raises :class:`StreamRefused` on an answer other than 200."""
+    with client.stream("GET", "/v1/events", headers=ask) as response:
+        if response.status_code != 200:
+            response.read()
+            raise StreamRefused(_refusal(response))
+        cursor.connected = True
+        lines = response.iter_lines()
+        if on_open is not None:
+            lines = _opened(lines, on_open)
+        for event_id, kind, data in parse_sse(lines):
+            item = _decode(kind, data)
+            if event_id is not None and event_id.isdigit():
+                cursor.last = int(event_id)
+            if kind == "end":
+                cursor.why = "the controller stopped"
+            if not on_item(item):
+                return True
+    return False
 
 
 def _opened(lines: Iterator[str], on_open: Callable[[], None]) -> Iterator[str]:

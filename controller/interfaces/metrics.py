@@ -38,6 +38,10 @@ Series:
   blocked), ``vramctl_observation_errors_total{source}`` (``docker`` / ``nvml``: cycles
   whose observation of that source failed, NVML missing on a host without a GPU
   included) and ``vramctl_observation_up{source}`` (1 when the last cycle read it).
+
+The families are declared by three methods (roles, serves, the loop's own), in the
+order they are exposed. This module must not decide anything: it reports the figures
+the core computed.
 """
 
 from __future__ import annotations
@@ -76,6 +80,22 @@ class Metrics:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
+        self._declare_roles()
+        self._declare_serves()
+        self._declare_cycles()
+        for source in ("docker", "nvml"):
+            self.observation_errors.labels(source)
+        for source in ("api", "loop"):
+            self.admissions_refused.labels(source)
+        self._roles: set[str] = set()
+        self._serves: set[str] = set()
+        self._footprinted: set[str] = set()
+        self._blocked: set[str] = set()
+        self._host_held: set[str] = set()
+        self._foreign: set[tuple[str, str]] = set()
+
+    def _declare_roles(self) -> None:
+        """The per-role gauges: the declaration, the ledger, the device."""
         r = self.registry
         role = ["role"]
         self.role_capacity = Gauge(
@@ -117,6 +137,10 @@ class Metrics:
             role,
             registry=r,
         )
+
+    def _declare_serves(self) -> None:
+        """The per-serve gauges: reservation, state, footprint, host RAM."""
+        r = self.registry
         serve = ["serve"]
         self.serve_reservation = Gauge(
             "vramctl_serve_reservation_mib",
@@ -184,6 +208,10 @@ class Metrics:
             serve,
             registry=r,
         )
+
+    def _declare_cycles(self) -> None:
+        """The loop's own series: cycles, steps, refusals, observation errors."""
+        r = self.registry
         self.reconcile_duration = Histogram(
             "vramctl_reconcile_duration_seconds",
             "Duration of one reconcile cycle (observe, plan, execute, journal).",
@@ -220,16 +248,6 @@ class Metrics:
             ["source"],
             registry=r,
         )
-        for source in ("docker", "nvml"):
-            self.observation_errors.labels(source)
-        for source in ("api", "loop"):
-            self.admissions_refused.labels(source)
-        self._roles: set[str] = set()
-        self._serves: set[str] = set()
-        self._footprinted: set[str] = set()
-        self._blocked: set[str] = set()
-        self._host_held: set[str] = set()
-        self._foreign: set[tuple[str, str]] = set()
 
     # ------------------------------------------------------------------ updates
     def on_cycle(self, controller: LoopPort) -> None:

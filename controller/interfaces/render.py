@@ -1,7 +1,8 @@
 """Human output of the CLI (rich): tables and explanations of what the core answered.
 
 Every number printed here comes from the core's result objects; a ``None`` figure is
-printed as ``unknown``, never as 0. Errors and warnings go to stderr.
+printed as ``unknown``, never as 0. Errors and warnings go to stderr. ``status`` is
+printed in parts: the roles' table, the host line, the serves' table, the notes.
 
 This module must not compute anything the core did not: it formats only.
 """
@@ -91,6 +92,21 @@ def status(report: HostStatus, nvml_why: str | None = None) -> None:
     if not report.nvml_ok:
         why = nvml_why or "NVML unavailable"
         out.print(Text(why, style="yellow") + ": device figures are unknown")
+    out.print(_roles_table(report))
+    if report.host is not None:  # the [host] budget the sleepers' weights are held in
+        h = report.host
+        held = ", ".join(f"{n} {m}" for n, m in h.reservations) or "nothing"
+        out.print(
+            f"host RAM (MiB): ram {h.ram_mib}, reserve {h.reserve_mib}, budget {h.budget_mib}, "
+            f"committed {mib(h.committed_mib)}, free {mib(h.free_mib)} (held by sleepers: "
+            f"{escape(held)})"
+        )
+    out.print(_serves_table(report))
+    _status_notes(report)
+
+
+def _roles_table(report: HostStatus) -> Table:
+    """The GPU roles' ledger against the device."""
     roles = Table(title="GPU roles (MiB)", title_justify="left")
     for col in ("role", "capacity", "reserve", "budget", "committed", "free", "nvml used", "drift"):
         roles.add_column(col, justify="left" if col == "role" else "right")
@@ -112,15 +128,22 @@ def status(report: HostStatus, nvml_why: str | None = None) -> None:
             mib(r.nvml_used_mib) if r.device_found else UNKNOWN,
             drift,
         )
-    out.print(roles)
-    if report.host is not None:  # the [host] budget the sleepers' weights are held in
-        h = report.host
-        held = ", ".join(f"{n} {m}" for n, m in h.reservations) or "nothing"
-        out.print(
-            f"host RAM (MiB): ram {h.ram_mib}, reserve {h.reserve_mib}, budget {h.budget_mib}, "
-            f"committed {mib(h.committed_mib)}, free {mib(h.free_mib)} (held by sleepers: "
-            f"{escape(held)})"
-        )
+    return roles
+
+
+def _held(s: ServeStatus) -> str:
+    """What a serve holds in the ledger, in words (``-`` when it is not in it)."""
+    if s.in_ledger and s.committed and s.residual_mib is not None:
+        return f"{s.residual_mib} asleep (of {s.reservation_mib})"  # what it holds asleep
+    if not s.in_ledger:
+        return "-"
+    if s.committed:
+        return mib(s.reservation_mib)
+    return UNKNOWN if s.committed is None else f"0 of {s.reservation_mib}"
+
+
+def _serves_table(report: HostStatus) -> Table:
+    """The serves: declaration, container, lifecycle, and what each holds."""
     serves = Table(title="Serves", title_justify="left")
     cols = ("serve", "role", "residency", "desired", "container", "health", "lifecycle")
     for col in cols:
@@ -128,16 +151,6 @@ def status(report: HostStatus, nvml_why: str | None = None) -> None:
     for col in ("reserved MiB", "nvml used", "drift"):
         serves.add_column(col, justify="right")
     for s in report.serves:
-        if s.in_ledger and s.committed and s.residual_mib is not None:
-            held = f"{s.residual_mib} asleep (of {s.reservation_mib})"  # what it holds asleep
-        elif s.in_ledger:
-            held = (
-                mib(s.reservation_mib)
-                if s.committed
-                else (UNKNOWN if s.committed is None else f"0 of {s.reservation_mib}")
-            )
-        else:
-            held = "-"
         serves.add_row(
             Text(s.serve),
             Text(",".join(s.gpu_roles) or "-"),
@@ -146,11 +159,16 @@ def status(report: HostStatus, nvml_why: str | None = None) -> None:
             s.state,
             Text(s.health or "-"),
             s.lifecycle,
-            held,
+            _held(s),
             mib(s.nvml_used_mib) if s.committed else "-",
             signed(s.drift_mib) if s.committed else "-",
         )
-    out.print(serves)
+    return serves
+
+
+def _status_notes(report: HostStatus) -> None:
+    """The lines under the tables: starts in flight, foreign containers, undeclared GPU
+    containers, and containers no longer declared."""
     for s in report.serves:
         line = in_flight_line(s)
         if line is not None:

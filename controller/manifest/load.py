@@ -17,6 +17,13 @@ what could never be carried out or would drop everything: an empty file, a set t
 declares no serve and no role (unless ``allow_empty = true``), residents desired running
 over a role's budget.
 
+How it is laid out: a file is read in steps (:func:`_file_text`, :func:`_toml_data`),
+and both arrays of tables go through one reader, :func:`_read_table`, driven by a
+:class:`_Table` row each (``_ROLES``, ``_SERVES``: model, name key, checks, the keys
+that must be unique in a file, held by :class:`_FirstHolders`). The set is merged
+(:func:`_merge_roles`, :func:`_merge_host`, :func:`_merge_serves` with its owner and
+mirror rules) and checked against its roles and host (:func:`_check_fits`).
+
 This module only reads the manifest files. It must not touch docker, NVML or the
 network, must not run the ``up`` commands (it only splits them into argv, never
 through a shell), and must not write anything.
@@ -35,7 +42,7 @@ import tomllib
 from collections.abc import Callable, Collection, Mapping, Sequence
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Generic, TypeVar
+from typing import Any, Generic, Protocol, TypeVar
 
 from pydantic import (
     BaseModel,
@@ -569,18 +576,12 @@ def _nesting(data: object) -> int:
     return deepest
 
 
-def _read_file(path: Path) -> _FileResult:
-    display = str(path)
-    result = _FileResult(path=path, display=display)
-    errors = result.errors
-
-    def file_error(message: str, line: int | None = None, column: int | None = None) -> None:
-        errors.append(LocatedError(display, None, None, message, None, None, line, column))
-
-    content, problem = _read_bounded(path)
+def _file_text(result: _FileResult, file_error: _FileErrorSink) -> str | None:
+    """The file's text, bounded and decoded; ``None`` (and a located error) when unusable."""
+    content, problem = _read_bounded(result.path)
     if problem is not None:
         file_error(problem)
-        return result
+        return None
     result.data = content
     try:
         text = result.data.decode("utf-8")
@@ -588,13 +589,13 @@ def _read_file(path: Path) -> _FileResult:
         line = result.data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (result.data.rfind(b"\n", 0, exc.start) + 1) + 1
         file_error(f"not UTF-8 text ({exc.reason} at byte {exc.start})", line, column)
-        return result
+        return None
     if not text.strip():
         file_error(
             f"the file is empty ({'only whitespace' if text else '0 bytes'}): nothing is taken "
             "from it (an editor crash or a truncated copy leaves such a file)"
         )
-        return result
+        return None
     long_key = _long_dotted_key(text)
     if long_key is not None:
         file_error(
@@ -602,12 +603,18 @@ def _read_file(path: Path) -> _FileResult:
             "the square of them)",
             long_key,
         )
-        return result
+        return None
+    return text
+
+
+def _toml_data(text: str, file_error: _FileErrorSink) -> dict[str, Any] | None:
+    """The parsed TOML; ``None`` (and a located error) on a syntax error or deep nesting."""
+    too_deep = f"nested too deep (more than {MAX_NESTING} levels of arrays or tables)"
     try:
         data = tomllib.loads(text)
     except RecursionError:
-        file_error(f"nested too deep (more than {MAX_NESTING} levels of arrays or tables)")
-        return result
+        file_error(too_deep)
+        return None
     except tomllib.TOMLDecodeError as exc:
         message = str(exc)
         match = _TOML_POSITION.search(message)
@@ -619,10 +626,155 @@ def _read_file(path: Path) -> _FileResult:
             )
         else:
             file_error(f"TOML syntax error: {message}")
-        return result
-
+        return None
     if _nesting(data) > MAX_NESTING:
-        file_error(f"nested too deep (more than {MAX_NESTING} levels of arrays or tables)")
+        file_error(too_deep)
+        return None
+    return data
+
+
+class _FileErrorSink(Protocol):
+    def __call__(self, message: str, line: int | None = None, column: int | None = None) -> None:
+        """Record an error of the whole file, at a line and column where known."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Unique:
+    """One key an entry must not share with an earlier one: its field, and the words."""
+
+    field: str
+    key: Callable[[_Entry[Any]], object]
+    message: Callable[[_Entry[Any], _Entry[Any]], str]  # (entry, the first holder)
+
+
+class _FirstHolders:
+    """The first entry holding each key of some :class:`_Unique` rules."""
+
+    def __init__(self, table: str, rules: Sequence[_Unique]) -> None:
+        self.table = table
+        self.rules = tuple(rules)
+        self.firsts: list[dict[object, _Entry[Any]]] = [{} for _ in self.rules]
+
+    def clash(self, entry: _Entry[Any]) -> LocatedError | None:
+        """The error of the first rule ``entry`` breaks; ``None`` when it breaks none."""
+        for rule, firsts in zip(self.rules, self.firsts, strict=True):
+            first = firsts.get(rule.key(entry))
+            if first is not None:
+                return entry.error(self.table, rule.field, rule.message(entry, first))
+        return None
+
+    def keep(self, entry: _Entry[Any]) -> None:
+        """Make ``entry`` the first holder of its keys."""
+        for rule, firsts in zip(self.rules, self.firsts, strict=True):
+            firsts[rule.key(entry)] = entry
+
+    def admit(self, entry: _Entry[Any], errors: list[LocatedError]) -> bool:
+        """Keep ``entry`` when it breaks no rule; else record the error. Whether it was kept."""
+        clash = self.clash(entry)
+        if clash is not None:
+            errors.append(clash)
+            return False
+        self.keep(entry)
+        return True
+
+
+_Findings = list[tuple[str, str]]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Table(Generic[_M]):
+    """How one file's array of tables is read: its model, name key, checks and keys."""
+
+    name: str
+    model: type[_M]
+    name_key: str
+    check: Callable[[_M, frozenset[str]], tuple[_Findings, _Findings]]  # (errors, warnings)
+    unique: tuple[_Unique, ...]
+
+
+_ROLES = _Table(
+    "gpu_roles",
+    GpuRoleModel,
+    "id",
+    lambda model, bad: (_check_role(model, bad), _role_warnings(model, bad)),
+    (
+        _Unique(
+            "id",
+            lambda e: e.name,
+            lambda e, first: (
+                f"duplicate role id; first declared as gpu_roles #{first.index} in this file"
+            ),
+        ),
+    ),
+)
+_SERVES = _Table(
+    "serve",
+    ServeModel,
+    "name",
+    _check_serve,
+    (
+        _Unique(
+            "name",
+            lambda e: e.name,
+            lambda e, first: (
+                f"duplicate serve name; first declared as serve #{first.index} in this file"
+            ),
+        ),
+        _Unique(
+            "container",
+            lambda e: e.model.container,
+            lambda e, first: (
+                f"{_show(e.model.container)} is already declared by serve "
+                f"{_show(first.name)} (#{first.index}) in this file"
+            ),
+        ),
+    ),
+)
+
+
+def _read_table(
+    result: _FileResult, data: Mapping[str, Any], table: _Table[_M]
+) -> list[_Entry[_M]]:
+    """The valid, unique entries of one array of tables; every problem located."""
+    display, errors = result.display, result.errors
+    holders = _FirstHolders(table.name, table.unique)
+    entries: list[_Entry[_M]] = []
+    for index, raw in enumerate(_table_list(data, table.name, display, errors), start=1):
+        name, model, bad = _validate_entry(
+            table.model,
+            raw,
+            display=display,
+            table=table.name,
+            index=index,
+            name_key=table.name_key,
+            errors=errors,
+            unknown=result.unknown,
+        )
+        if not isinstance(model, table.model):
+            continue
+        checked, warned = table.check(model, bad)
+        for sink, found in ((errors, checked), (result.warnings, warned)):
+            sink.extend(LocatedError(display, name, f, m, table.name, index) for f, m in found)
+        if bad or name is None:
+            continue
+        entry = _Entry(display, result.path, index, name, model)
+        if holders.admit(entry, errors):
+            entries.append(entry)
+    return entries
+
+
+def _read_file(path: Path) -> _FileResult:
+    """One file: its bytes, its host, roles and serves, and every problem located."""
+    display = str(path)
+    result = _FileResult(path=path, display=display)
+    errors = result.errors
+
+    def file_error(message: str, line: int | None = None, column: int | None = None) -> None:
+        errors.append(LocatedError(display, None, None, message, None, None, line, column))
+
+    text = _file_text(result, file_error)
+    data = None if text is None else _toml_data(text, file_error)
+    if data is None:
         return result
 
     def located(field: str, message: str) -> LocatedError:
@@ -635,88 +787,8 @@ def _read_file(path: Path) -> _FileResult:
     )
     result.allow_empty = _read_allow_empty(data, display, errors)
     result.host = _read_host(data, display, errors, result.unknown)
-    role_ids: dict[str, _Entry[GpuRoleModel]] = {}
-    for index, raw in enumerate(_table_list(data, "gpu_roles", display, errors), start=1):
-        name, model, bad = _validate_entry(
-            GpuRoleModel,
-            raw,
-            display=display,
-            table="gpu_roles",
-            index=index,
-            name_key="id",
-            errors=errors,
-            unknown=result.unknown,
-        )
-        if not isinstance(model, GpuRoleModel):
-            continue
-        for field, message in _check_role(model, bad):
-            errors.append(LocatedError(display, name, field, message, "gpu_roles", index))
-        for field, message in _role_warnings(model, bad):
-            result.warnings.append(LocatedError(display, name, field, message, "gpu_roles", index))
-        if bad or name is None:
-            continue
-        role_entry = _Entry(display, path, index, name, model)
-        first_role = role_ids.get(name)
-        if first_role is not None:
-            errors.append(
-                role_entry.error(
-                    "gpu_roles",
-                    "id",
-                    f"duplicate role id; first declared as gpu_roles #{first_role.index} "
-                    "in this file",
-                )
-            )
-            continue
-        role_ids[name] = role_entry
-        result.roles.append(role_entry)
-
-    names: dict[str, _Entry[ServeModel]] = {}
-    containers: dict[str, _Entry[ServeModel]] = {}
-    for index, raw in enumerate(_table_list(data, "serve", display, errors), start=1):
-        name, model, bad = _validate_entry(
-            ServeModel,
-            raw,
-            display=display,
-            table="serve",
-            index=index,
-            name_key="name",
-            errors=errors,
-            unknown=result.unknown,
-        )
-        if not isinstance(model, ServeModel):
-            continue
-        cross_errors, cross_warnings = _check_serve(model, bad)
-        for field, message in cross_errors:
-            errors.append(LocatedError(display, name, field, message, "serve", index))
-        for field, message in cross_warnings:
-            result.warnings.append(LocatedError(display, name, field, message, "serve", index))
-        if bad or name is None:
-            continue
-        entry = _Entry(display, path, index, name, model)
-        first = names.get(name)
-        if first is not None:
-            errors.append(
-                entry.error(
-                    "serve",
-                    "name",
-                    f"duplicate serve name; first declared as serve #{first.index} in this file",
-                )
-            )
-            continue
-        first = containers.get(model.container)
-        if first is not None:
-            errors.append(
-                entry.error(
-                    "serve",
-                    "container",
-                    f"{_show(model.container)} is already declared by serve "
-                    f"{_show(first.name)} (#{first.index}) in this file",
-                )
-            )
-            continue
-        names[name] = entry
-        containers[model.container] = entry
-        result.serves.append(entry)
+    result.roles = _read_table(result, data, _ROLES)
+    result.serves = _read_table(result, data, _SERVES)
     return result
 
 
@@ -878,6 +950,7 @@ def _merge_host(files: Sequence[_FileResult], errors: list[LocatedError]) -> Hos
 def _merge_serves(
     files: Sequence[_FileResult], errors: list[LocatedError], warnings: list[LocatedError]
 ) -> tuple[list[_Entry[ServeModel]], dict[str, tuple[Path, ...]]]:
+    """One entry per container (its owner, mirrors agreeing), names and ports unique."""
     groups: dict[str, list[_Entry[ServeModel]]] = {}
     for result in files:
         for entry in result.serves:
@@ -886,86 +959,99 @@ def _merge_serves(
     chosen: list[_Entry[ServeModel]] = []
     sources: dict[str, tuple[Path, ...]] = {}
     for container, group in groups.items():
-        owners = [e for e in group if e.model.up is not None]
-        winner = owners[0] if owners else group[0]
-        ok = True
-        for other in owners[1:]:
-            ok = False
-            errors.append(
-                other.error(
-                    "serve",
-                    "up",
-                    f"container {_show(container)} is already owned (has up) by "
-                    f"{winner.label}; only one entry may own a container, the others must be "
-                    f"read-only mirrors without up",
-                )
-            )
-        want = _reservation(winner.model)
-        for other in group:
-            if other is winner or other.model.up is not None:
-                continue
-            have = _reservation(other.model)
-            for field, value in have.items():
-                if value != want[field]:
-                    ok = False
-                    errors.append(
-                        other.error(
-                            "serve",
-                            field,
-                            f"mirror of container {_show(container)} disagrees with "
-                            f"{winner.label}: {_show(value)} here, {_show(want[field])} there",
-                        )
-                    )
-            if other.model.desired is not None and other.model.desired != winner.model.desired:
-                warnings.append(
-                    other.error(
-                        "serve",
-                        "desired",
-                        f"ignored on a mirror; {winner.label} decides "
-                        f"({_show(winner.model.desired)})",
-                    )
-                )
-        if ok:
+        winner = _owner(container, group, errors, warnings)
+        if winner is not None:
             chosen.append(winner)
             others = tuple(e.path for e in group if e is not winner)
             sources[winner.name] = (winner.path, *others)
 
-    by_name: dict[str, _Entry[ServeModel]] = {}
-    unique: list[_Entry[ServeModel]] = []
-    for entry in chosen:
-        first = by_name.get(entry.name)
-        if first is not None:
-            errors.append(
-                entry.error(
-                    "serve",
-                    "name",
-                    f"serve name already used by {first.label} for container "
-                    f"{_show(first.model.container)}; this one is container "
-                    f"{_show(entry.model.container)}",
-                )
-            )
-            continue
-        by_name[entry.name] = entry
-        unique.append(entry)
-
-    ports: dict[int, _Entry[ServeModel]] = {}
+    names = _FirstHolders("serve", (_SET_NAME,))
+    unique = [entry for entry in chosen if names.admit(entry, errors)]
+    ports = _FirstHolders("serve", (_SET_PORT,))
     for entry in unique:
-        model = entry.model
-        if model.desired is not DesiredRun.RUNNING or model.port is None:
-            continue
-        first = ports.get(model.port)
-        if first is not None:
+        if entry.model.desired is DesiredRun.RUNNING and entry.model.port is not None:
+            ports.admit(entry, errors)
+    return unique, sources
+
+
+#: A serve name used for two containers across the set.
+_SET_NAME = _Unique(
+    "name",
+    lambda e: e.name,
+    lambda e, first: (
+        f"serve name already used by {first.label} for container "
+        f"{_show(first.model.container)}; this one is container {_show(e.model.container)}"
+    ),
+)
+#: A port shared by two serves desired running.
+_SET_PORT = _Unique(
+    "port",
+    lambda e: e.model.port,
+    lambda e, first: (
+        f"port {e.model.port} is also used by {first.label}, and both are "
+        'desired "running"; serves that share a port cannot run at once'
+    ),
+)
+
+
+def _owner(
+    container: str,
+    group: Sequence[_Entry[ServeModel]],
+    errors: list[LocatedError],
+    warnings: list[LocatedError],
+) -> _Entry[ServeModel] | None:
+    """The entry that decides for ``container``: its one owner (with ``up``), else the
+    first; ``None`` when a second owner or a disagreeing mirror makes the group wrong."""
+    owners = [e for e in group if e.model.up is not None]
+    winner = owners[0] if owners else group[0]
+    ok = len(owners) < 2
+    for other in owners[1:]:
+        errors.append(
+            other.error(
+                "serve",
+                "up",
+                f"container {_show(container)} is already owned (has up) by "
+                f"{winner.label}; only one entry may own a container, the others must be "
+                f"read-only mirrors without up",
+            )
+        )
+    for other in group:
+        if other is not winner and other.model.up is None:
+            ok = _mirror_agrees(container, winner, other, errors, warnings) and ok
+    return winner if ok else None
+
+
+def _mirror_agrees(
+    container: str,
+    winner: _Entry[ServeModel],
+    other: _Entry[ServeModel],
+    errors: list[LocatedError],
+    warnings: list[LocatedError],
+) -> bool:
+    """Whether a mirror declares its owner's reservation (each difference an error);
+    a ``desired`` of its own is a warning (the owner decides)."""
+    want = _reservation(winner.model)
+    ok = True
+    for field, value in _reservation(other.model).items():
+        if value != want[field]:
+            ok = False
             errors.append(
-                entry.error(
+                other.error(
                     "serve",
-                    "port",
-                    f"port {model.port} is also used by {first.label}, and both are "
-                    f'desired "running"; serves that share a port cannot run at once',
+                    field,
+                    f"mirror of container {_show(container)} disagrees with "
+                    f"{winner.label}: {_show(value)} here, {_show(want[field])} there",
                 )
             )
-            continue
-        ports[model.port] = entry
-    return unique, sources
+    if other.model.desired is not None and other.model.desired != winner.model.desired:
+        warnings.append(
+            other.error(
+                "serve",
+                "desired",
+                f"ignored on a mirror; {winner.label} decides ({_show(winner.model.desired)})",
+            )
+        )
+    return ok
 
 
 def _residents_over_budget(
@@ -1021,18 +1107,17 @@ def _declares_nothing(files: Sequence[_FileResult]) -> LocatedError:
     )
 
 
-def load_manifest_set(paths: Sequence[str | Path], *, strict: bool = False) -> ManifestSet:
-    """Load and merge manifest files into one :class:`ManifestSet`.
-
-    Raises :class:`ManifestError` with every located problem of every file. Keys this
-    version does not know are warnings, or errors when ``strict``.
-    """
-    errors: list[LocatedError] = []
-    warnings: list[LocatedError] = []
+def _read_all(
+    paths: Sequence[str | Path],
+    *,
+    strict: bool,
+    errors: list[LocatedError],
+    warnings: list[LocatedError],
+) -> list[_FileResult]:
+    """Every file of the set read once (a path given twice is a warning), its problems
+    added to ``errors`` and ``warnings`` (unknown keys to either, by ``strict``)."""
     results: list[_FileResult] = []
     seen: dict[Path, str] = {}
-    if not paths:
-        raise ManifestError([LocatedError("(no manifest)", None, None, "no manifest file given")])
     for raw_path in paths:
         path = Path(raw_path)
         try:
@@ -1055,53 +1140,81 @@ def load_manifest_set(paths: Sequence[str | Path], *, strict: bool = False) -> M
         else:  # first: an unknown key often explains a warning (no role: `placement`)
             warnings.extend(result.unknown)
         warnings.extend(result.warnings)
+    return results
 
-    roles, role_sources = _merge_roles(results, errors)
-    host = _merge_host(results, errors)
-    entries, sources = _merge_serves(results, errors, warnings)
 
+def _role_typos(
+    entry: _Entry[ServeModel], missing: Sequence[str], roles: Mapping[str, GpuRoleModel]
+) -> list[LocatedError]:
+    """A missing role close to a declared one: an error each (a typo would drop the
+    reservation from the ledger without a word)."""
+    field = "gpu_roles" if entry.model.gpu_roles is not None else "gpu_role"
+    out: list[LocatedError] = []
+    for r in missing:
+        close = difflib.get_close_matches(r, list(roles), n=1, cutoff=0.6)
+        if close:
+            out.append(
+                entry.error(
+                    "serve",
+                    field,
+                    f"no [[gpu_roles]] row {_show(r)} in this manifest set; "
+                    f'did you mean "{close[0]}"?',
+                )
+            )
+    return out
+
+
+def _never_fits(
+    entry: _Entry[ServeModel], roles: Mapping[str, GpuRoleModel], host: HostModel | None
+) -> list[LocatedError]:
+    """A reservation larger than a role's budget, or a level-1 sleep's host RAM larger
+    than the host's: it could never be carried out."""
+    model = entry.model
+    out: list[LocatedError] = []
+    if model.vram_mib is not None:
+        for r in model.roles:
+            role = roles.get(r)
+            if role is not None and model.vram_mib > role.budget_mib:
+                out.append(
+                    entry.error(
+                        "serve",
+                        "vram_mib",
+                        f"{model.vram_mib} MiB can never fit role {_show(r)}: its budget is "
+                        f"{role.vram_mib} - {role.reserve_mib} = {role.budget_mib} MiB",
+                    )
+                )
+    sleep = model.sleep
+    if host is not None and sleep is not None and sleep.level == 1:
+        needs = sleep.host_ram_mib or 0
+        if needs > host.ram_mib - host.reserve_mib:
+            out.append(
+                entry.error(
+                    "serve",
+                    "sleep.host_ram_mib",
+                    f"{needs} MiB can never fit the host: its budget is {host.ram_mib} - "
+                    f"{host.reserve_mib} = {host.ram_mib - host.reserve_mib} MiB",
+                )
+            )
+    return out
+
+
+def _check_fits(
+    entries: Sequence[_Entry[ServeModel]],
+    roles: Mapping[str, GpuRoleModel],
+    host: HostModel | None,
+    errors: list[LocatedError],
+    warnings: list[LocatedError],
+) -> None:
+    """Each serve against the set's roles and host: typos of role names, reservations
+    that never fit, and serves that take no part in the ledger (a warning)."""
     for entry in entries:
         model = entry.model
         missing = [r for r in model.roles if r not in roles]
-        field = "gpu_roles" if model.gpu_roles is not None else "gpu_role"
-        near = {r: difflib.get_close_matches(r, list(roles), n=1, cutoff=0.6) for r in missing}
-        if any(near.values()):
-            # a typo would drop the reservation from the ledger without a word: an error
-            for r, close in near.items():
-                if close:
-                    errors.append(
-                        entry.error(
-                            "serve",
-                            field,
-                            f"no [[gpu_roles]] row {_show(r)} in this manifest set; "
-                            f'did you mean "{close[0]}"?',
-                        )
-                    )
+        typos = _role_typos(entry, missing, roles)
+        if typos:
+            errors.extend(typos)
             continue
-        if model.vram_mib is not None:
-            for r in model.roles:
-                role = roles.get(r)
-                if role is not None and model.vram_mib > role.budget_mib:
-                    errors.append(
-                        entry.error(
-                            "serve",
-                            "vram_mib",
-                            f"{model.vram_mib} MiB can never fit role {_show(r)}: its budget is "
-                            f"{role.vram_mib} - {role.reserve_mib} = {role.budget_mib} MiB",
-                        )
-                    )
-        sleep = model.sleep
-        if host is not None and sleep is not None and sleep.level == 1:
-            needs = sleep.host_ram_mib or 0
-            if needs > host.ram_mib - host.reserve_mib:
-                errors.append(
-                    entry.error(
-                        "serve",
-                        "sleep.host_ram_mib",
-                        f"{needs} MiB can never fit the host: its budget is {host.ram_mib} - "
-                        f"{host.reserve_mib} = {host.ram_mib - host.reserve_mib} MiB",
-                    )
-                )
+        errors.extend(_never_fits(entry, roles, host))
         if missing and model.vram_mib is not None:
             field = "gpu_roles" if model.gpu_roles is not None else "gpu_role"
             names = ", ".join(_show(r) for r in missing)
@@ -1114,23 +1227,45 @@ def load_manifest_set(paths: Sequence[str | Path], *, strict: bool = False) -> M
                 )
             )
 
+
+def _digest(results: Sequence[_FileResult]) -> str:
+    """The set's digest: each file's length and bytes, in order."""
+    digest = hashlib.sha256()
+    for result in results:
+        digest.update(len(result.data).to_bytes(8, "big"))
+        digest.update(result.data)
+    return digest.hexdigest()
+
+
+def load_manifest_set(paths: Sequence[str | Path], *, strict: bool = False) -> ManifestSet:
+    """Load and merge manifest files into one :class:`ManifestSet`.
+
+    Raises :class:`ManifestError` with every located problem of every file. Keys this
+    version does not know are warnings, or errors when ``strict``.
+    """
+    errors: list[LocatedError] = []
+    warnings: list[LocatedError] = []
+    if not paths:
+        raise ManifestError([LocatedError("(no manifest)", None, None, "no manifest file given")])
+    results = _read_all(paths, strict=strict, errors=errors, warnings=warnings)
+
+    roles, role_sources = _merge_roles(results, errors)
+    host = _merge_host(results, errors)
+    entries, sources = _merge_serves(results, errors, warnings)
+    _check_fits(entries, roles, host, errors, warnings)
+
     errors.extend(_residents_over_budget(results, entries, roles))
     if not (errors or roles or entries or any(r.allow_empty for r in results)):
         errors.append(_declares_nothing(results))
     warning_lines = [str(w) for w in warnings]
     if errors:
         raise ManifestError(errors, warning_lines)
-
-    digest = hashlib.sha256()
-    for result in results:
-        digest.update(len(result.data).to_bytes(8, "big"))
-        digest.update(result.data)
     return ManifestSet(
         files=tuple(r.path for r in results),
         roles=roles,
         serves={e.name: e.model for e in entries},
         warnings=warning_lines,
-        digest=digest.hexdigest(),
+        digest=_digest(results),
         _sources=sources,
         _role_sources=role_sources,
         texts={str(r.path): r.data.decode("utf-8") for r in results},

@@ -121,23 +121,14 @@ class Footprints(Protocol):
 class _NoFootprints:
     """Records nothing (``vramctl apply``, tests that do not measure)."""
 
-    def before_start(self, s: ServeSpec, roles: Mapping[str, GpuRole]) -> None:
+    def _before(self, s: ServeSpec, roles: Mapping[str, GpuRole]) -> None:
         return None
 
-    def after_start(self, s: ServeSpec) -> None:
+    def _after(self, s: ServeSpec) -> None:
         return None
 
-    def start_failed(self, s: ServeSpec) -> None:
-        return None
-
-    def before_stop(self, s: ServeSpec, roles: Mapping[str, GpuRole]) -> None:
-        return None
-
-    def after_stop(self, s: ServeSpec) -> None:
-        return None
-
-    def stop_failed(self, s: ServeSpec) -> None:
-        return None
+    before_start = before_stop = _before
+    after_start = start_failed = after_stop = stop_failed = _after
 
 
 NO_FOOTPRINTS: Footprints = _NoFootprints()
@@ -205,8 +196,7 @@ class FootprintRecorder:
 
     def after_start(self, s: ServeSpec) -> None:
         try:
-            with self._lock:
-                window = self._windows.get((s.name, "start"))
+            window = self._window(s.name, "start")
             if window is None:
                 return
             window.after = self._read()
@@ -225,8 +215,7 @@ class FootprintRecorder:
         self._abandon(s.name, "start")
 
     def before_stop(self, s: ServeSpec, roles: Mapping[str, GpuRole]) -> None:
-        with self._lock:
-            settling = self._windows.get((s.name, "start"))
+        settling = self._window(s.name, "start")
         if settling is not None and settling.after is not None:
             # stopped before its settle reading: the start is recorded without one
             if settling.timer is not None:
@@ -238,8 +227,7 @@ class FootprintRecorder:
 
     def after_stop(self, s: ServeSpec) -> None:
         try:
-            with self._lock:
-                window = self._windows.get((s.name, "stop"))
+            window = self._window(s.name, "stop")
             if window is None:
                 return
             after = self._read()
@@ -375,6 +363,11 @@ class FootprintRecorder:
         key = (window.serve.name, window.kind)
         if self._windows.get(key) is window:
             del self._windows[key]
+
+    def _window(self, name: str, kind: str) -> _Window | None:
+        """The open window of ``name``'s start or stop (``kind``), if any."""
+        with self._lock:
+            return self._windows.get((name, kind))
 
     def _abandon(self, name: str, kind: str) -> None:
         with self._lock:

@@ -28,7 +28,8 @@ Each event has a sequence number; an observation takes :meth:`LiveLedger.mark`
 before it reads anything, and the events before its mark are in what it saw
 (:meth:`LiveLedger.overlay` gives only those after). :func:`overlay_observed` lays an
 overlay over an observation, for the same pure functions (ledger, fit, status) to
-answer from. Never less is counted than may be held.
+answer from (each held serve laid by ``_lay_held``, each slept one by ``_lay_slept``,
+on a ``_Draft`` of the parts it rewrites). Never less is counted than may be held.
 
 This module decides nothing and mutates nothing outside its own record.
 """
@@ -297,62 +298,98 @@ def overlay_observed(
     """
     if not observed.docker_ok:
         return observed
-    starting = dict(observed.starting)
-    containers = dict(observed.containers)
-    started_with = dict(observed.started_with)
-    sleep = dict(observed.sleep)
+    draft = _Draft(
+        starting=dict(observed.starting),
+        containers=dict(observed.containers),
+        started_with=dict(observed.started_with),
+        sleep=dict(observed.sleep),
+    )
     for name, event in overlay.held.items():
-        sleep.pop(name, None)  # woken or started since: it holds its full reservation
-        held = event
-        container = containers_of.get(name)
-        record = observed.started_with.get(container) if container is not None else None
-        if record is not None and observed.container(container or "").holds:
-            # it still runs with the reservation it was started with: never count less
-            roles = tuple(dict.fromkeys(held.gpu_roles + record.gpu_roles))
-            held = StartingObs(roles, max(held.mib, record.mib))
-        if name in overlay.ready and container is not None:
-            # its start ended healthy: it runs, with the reservation it was started with
-            starting.pop(name, None)
-            if not observed.container(container).holds:
-                containers[container] = ContainerObs(ContainerState.RUNNING)
-            started_with[container] = StartedWith(name, held.gpu_roles, held.mib)
-            continue
-        before = starting.get(name)
-        if before is None:
-            starting[name] = held
-        else:
-            roles = tuple(dict.fromkeys(before.gpu_roles + held.gpu_roles))
-            starting[name] = StartingObs(roles, max(before.mib, held.mib))
+        _lay_held(draft, observed, name, event, containers_of.get(name), name in overlay.ready)
     for name, (residual, host) in overlay.slept.items():
-        container = containers_of.get(name)
-        if container is None or name in starting:
-            continue
-        if not observed.container(container).holds:  # started since, then put to sleep
-            containers[container] = ContainerObs(ContainerState.RUNNING)
-        recorded = observed.sleep_of(name)
-        sleep[name] = SleepObs(
-            state=SleepState.ASLEEP,
-            level=1 if host else recorded.level,
-            residual_mib=max(residual, recorded.residual_mib or 0),
-            host_ram_mib=max(host, recorded.host_ram_mib or 0),
-        )
+        _lay_slept(draft, observed, name, containers_of.get(name), residual, host)
     released: set[str] = set()
     for name in overlay.released:
         container = containers_of.get(name)
-        if name in starting or container is None:
+        if name in draft.starting or container is None:
             continue
         released.add(name)
         was = observed.container(container)
         if was.holds:
-            containers[container] = replace(was, state=ContainerState.EXITED, gpu_used_mib=None)
+            draft.containers[container] = replace(
+                was, state=ContainerState.EXITED, gpu_used_mib=None
+            )
     return replace(
         observed,
-        starting=MappingProxyType(starting),
-        containers=MappingProxyType(containers),
-        started_with=MappingProxyType(started_with),
-        sleep=MappingProxyType(sleep),
+        starting=MappingProxyType(draft.starting),
+        containers=MappingProxyType(draft.containers),
+        started_with=MappingProxyType(draft.started_with),
+        sleep=MappingProxyType(draft.sleep),
         elastic_mib=MappingProxyType(_elastic(observed.elastic_mib, overlay.elastic)),
         unreleased=observed.unreleased - released,
+    )
+
+
+@dataclass(slots=True)
+class _Draft:
+    """The parts of an observation an overlay rewrites, as it is being laid."""
+
+    starting: dict[str, StartingObs]
+    containers: dict[str, ContainerObs]
+    started_with: dict[str, StartedWith]
+    sleep: dict[str, SleepObs]
+
+
+def _lay_held(
+    draft: _Draft,
+    observed: Observed,
+    name: str,
+    held: StartingObs,
+    container: str | None,
+    ready: bool,
+) -> None:
+    """A held serve: starting with its roles and MiB, or running once its start ended
+    healthy (``ready``); never counted below the reservation it was started with."""
+    draft.sleep.pop(name, None)  # woken or started since: it holds its full reservation
+    record = observed.started_with.get(container) if container is not None else None
+    if record is not None and observed.container(container or "").holds:
+        # it still runs with the reservation it was started with: never count less
+        roles = tuple(dict.fromkeys(held.gpu_roles + record.gpu_roles))
+        held = StartingObs(roles, max(held.mib, record.mib))
+    if ready and container is not None:
+        # its start ended healthy: it runs, with the reservation it was started with
+        draft.starting.pop(name, None)
+        if not observed.container(container).holds:
+            draft.containers[container] = ContainerObs(ContainerState.RUNNING)
+        draft.started_with[container] = StartedWith(name, held.gpu_roles, held.mib)
+        return
+    before = draft.starting.get(name)
+    if before is None:
+        draft.starting[name] = held
+    else:
+        roles = tuple(dict.fromkeys(before.gpu_roles + held.gpu_roles))
+        draft.starting[name] = StartingObs(roles, max(before.mib, held.mib))
+
+
+def _lay_slept(
+    draft: _Draft,
+    observed: Observed,
+    name: str,
+    container: str | None,
+    residual: int,
+    host: int,
+) -> None:
+    """A serve put to sleep: asleep, holding at least its residual and host RAM."""
+    if container is None or name in draft.starting:
+        return
+    if not observed.container(container).holds:  # started since, then put to sleep
+        draft.containers[container] = ContainerObs(ContainerState.RUNNING)
+    recorded = observed.sleep_of(name)
+    draft.sleep[name] = SleepObs(
+        state=SleepState.ASLEEP,
+        level=1 if host else recorded.level,
+        residual_mib=max(residual, recorded.residual_mib or 0),
+        host_ram_mib=max(host, recorded.host_ram_mib or 0),
     )
 
 

@@ -29,17 +29,7 @@ def read_gpus(api: NvmlApi | None = None) -> tuple[GpuObs, ...] | None:
     obs = observe_gpus(api)
     if obs.gpus is None:
         return None
-    return tuple(
-        GpuObs(
-            uuid=g.uuid,
-            index=g.index,
-            name=g.name,
-            total_mib=g.total_mib,
-            used_mib=g.used_mib,
-            free_mib=g.free_mib,
-        )
-        for g in obs.gpus
-    )
+    return tuple(g.to_obs() for g in obs.gpus)
 
 
 def containers_now(mset: ManifestSet, observer: ContainerObserver | None = None) -> Observed:

@@ -29,7 +29,9 @@ a flag, a value taken from a ``${VARIABLE}``, a flag given twice (the last wins)
 Variables (``${VAR:-default}``, ``${VAR}``, ``$VAR``, ``$$``) are resolved from
 ``environ`` only, empty by default: the file is linted as it runs with nothing set,
 so a result does not depend on the shell it was run from. Pass ``os.environ`` to
-lint what compose would run here (``.env`` files are not read).
+lint what compose would run here (``.env`` files are not read). The files are merged
+by service (``_merge_files``, a later file's keys winning) before each service's command
+is read.
 
 Reads files only; never runs docker or compose.
 """
@@ -258,22 +260,15 @@ def _read_yaml(path: Path) -> dict[str, Any]:
     return data
 
 
-def load_compose(
-    paths: Sequence[str | Path], *, environ: Mapping[str, str] | None = None
-) -> dict[str, ComposeService]:
-    """Read compose files into services by name, merged like ``docker compose -f a -f b``.
-
-    A later file's keys override an earlier file's for the same service (a new
-    ``command`` replaces the old one whole). Raises :class:`ComposeError` with every
-    problem found.
-    """
-    env: Mapping[str, str] = environ or {}
+def _merge_files(
+    paths: Sequence[str | Path], env: Mapping[str, str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, Path], str | None]:
+    """The files' services merged by name (a later file's keys win), the file that last
+    declared each, and the project name. Raises :class:`ComposeError` with every problem."""
     merged: dict[str, dict[str, Any]] = {}
     files: dict[str, Path] = {}
     project: str | None = None
     problems: list[str] = []
-    if not paths:
-        raise ComposeError(["no compose file given"])
     for raw_path in paths:
         path = Path(raw_path)
         try:
@@ -300,7 +295,23 @@ def load_compose(
             files[str(sname)] = path
     if problems:
         raise ComposeError(problems)
+    return merged, files, project
 
+
+def load_compose(
+    paths: Sequence[str | Path], *, environ: Mapping[str, str] | None = None
+) -> dict[str, ComposeService]:
+    """Read compose files into services by name, merged like ``docker compose -f a -f b``.
+
+    A later file's keys override an earlier file's for the same service (a new
+    ``command`` replaces the old one whole). Raises :class:`ComposeError` with every
+    problem found.
+    """
+    env: Mapping[str, str] = environ or {}
+    if not paths:
+        raise ComposeError(["no compose file given"])
+    merged, files, project = _merge_files(paths, env)
+    problems: list[str] = []
     out: dict[str, ComposeService] = {}
     for sname, body in merged.items():
         where = f"{files[sname]}: services.{sname}"

@@ -401,6 +401,23 @@ def _when(at: float) -> str:
     return datetime.fromtimestamp(at, tz=UTC).isoformat(timespec="seconds")
 
 
+def _render_diff(c: CycleReplay, console: Console) -> None:
+    """A cycle whose plan differs: the diff's lines, then the blocked serves it changes."""
+    for line in c.diff:
+        if line.startswith("+ "):
+            console.print(f"  [green]{escape(line)}[/green]")
+        elif line.startswith("- "):
+            console.print(f"  [red]{escape(line)}[/red]")
+    reasons = {str(b.get("serve")): str(b.get("reason")) for b in c.new_plan["blocked"]}
+    for serve in c.blocked_added:
+        console.print(
+            f"  [yellow]+ blocked {escape(serve)}[/yellow]"
+            f"  [dim]— {escape(reasons.get(serve, ''))}[/dim]"
+        )
+    for serve in c.blocked_removed:
+        console.print(f"  [yellow]- blocked {escape(serve)}[/yellow]")
+
+
 def render_replay(report: ReplayReport, console: Console) -> None:
     """The human answer of ``replay``: per cycle a header, then ``+`` / ``-`` lines."""
     if not report.cycles:
@@ -414,28 +431,13 @@ def render_replay(report: ReplayReport, console: Console) -> None:
         console.print(f"[bold]{ident}[/bold]  {_when(c.at)}  [{style}]{c.status}[/{style}]{note}")
         if c.error is not None:
             console.print(f"    [red]{escape(c.error)}[/red]")
-            continue
-        if c.status == "unrecorded":
+        elif c.status == "unrecorded":
             for line in c.added:
                 console.print(f"  [green]+ {escape(line)}[/green]")
             for serve in c.blocked_added:
                 console.print(f"  [yellow]+ blocked {escape(serve)}[/yellow]")
-            continue
-        if c.same:
-            continue
-        for line in c.diff:
-            if line.startswith("+ "):
-                console.print(f"  [green]{escape(line)}[/green]")
-            elif line.startswith("- "):
-                console.print(f"  [red]{escape(line)}[/red]")
-        reasons = {str(b.get("serve")): str(b.get("reason")) for b in c.new_plan["blocked"]}
-        for serve in c.blocked_added:
-            console.print(
-                f"  [yellow]+ blocked {escape(serve)}[/yellow]"
-                f"  [dim]— {escape(reasons.get(serve, ''))}[/dim]"
-            )
-        for serve in c.blocked_removed:
-            console.print(f"  [yellow]- blocked {escape(serve)}[/yellow]")
+        elif not c.same:
+            _render_diff(c, console)
     if report.kind == "journal":
         summary = report.to_json()["summary"]
         console.print(

@@ -55,15 +55,10 @@ from typing import Any, TypeVar
 import docker
 from docker.errors import APIError, DockerException, NotFound
 from requests import exceptions as requests_errors  # type: ignore[import-untyped,unused-ignore]
-from tenacity import (
-    Retrying,
-    retry_if_exception,
-    stop_after_attempt,
-    stop_after_delay,
-)
+from tenacity import retry_if_exception
 
 from controller.adapters.docker.read import COMPOSE_PROJECT_LABEL, _details, map_docker_state
-from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, backoff_wait
+from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of
 from controller.snapshot import ContainerModel
 
 __all__ = [
@@ -287,12 +282,7 @@ class DockerActions(RetryKnobs):
 
     def _call(self, what: str, fn: Callable[[], T]) -> T:
         """Run one Docker call, retrying transient faults; map every fault to ActionError."""
-        retrying = Retrying(
-            stop=stop_after_attempt(self.attempts) | stop_after_delay(self.max_wait_s),
-            wait=backoff_wait(self.initial_wait_s, self.max_wait_s),
-            retry=retry_if_exception(is_transient),
-            reraise=True,
-        )
+        retrying = self.bounded(retry_if_exception(is_transient))
         try:
             return retrying(fn)
         except NotFound as exc:

@@ -61,6 +61,10 @@ the current Docker context (:func:`make_client`, through ``docker.from_env``).
 only (the loop follows its observed containers that way, so other containers on a
 shared daemon wake nothing).
 
+One observation is a ``_Cycle``: one list call, then per row its cache entry read or
+refreshed (``_Cycle.read_row``, the list's timing in a ``_Listing``, a newer state
+from inspect by ``_moved_on``) and the container's model built from it.
+
 This module only reads: it must not create, start, stop, kill, pause, rename or
 remove a container, pull an image or change anything else on the daemon, and it
 must not decide anything (that is the pure core's job).
@@ -521,7 +525,7 @@ class _Cycle:
         list_start = cache.clock()
         self.calls += 1
         rows = self.api.containers(all=True)
-        list_end = cache.clock()
+        self.listing = _Listing(touched, list_start, cache.clock())
         if not isinstance(rows, list):
             raise _UnreadableError(f"docker ps: unexpected answer {type(rows).__name__}")
 
@@ -535,70 +539,21 @@ class _Cycle:
             names_of = _names(row)
             if not cid or not names_of:
                 continue
-            seen.add(cid)
             declared = [n for n in names_of if n in wanted]
             name = declared[0] if declared else names_of[0]
-            docker_state = _str(row.get("State")).lower()
-            status = _str(row.get("Status"))
-            key = (docker_state, _status_key(status))
-            bounds = status_age_bounds(status)
-            age_lo = None if bounds is None else bounds[0]
-            state = map_docker_state(docker_state)
-            if declared and state is None:
-                raise _UnreadableError(f"container {name}: unknown docker state {docker_state!r}")
-
-            entry = cache._entries.get(cid)
-            if entry is not None:
-                # The least time the daemon can have seen pass since it last printed it:
-                elapsed_min = list_start - entry.seen_end
-                went_back = (
-                    entry.age_lo is not None
-                    and bounds is not None
-                    and bounds[1] < entry.age_lo + elapsed_min - _AGE_SLACK_S
-                )
-                if entry.key != key or went_back or cid in touched:
-                    entry.stale = True
-                entry.key, entry.age_lo, entry.seen_end = key, age_lo, list_end
-
-            if entry is None or (declared and entry.stale):
-                doc = self.inspect(cid, name)
-                if doc is None:  # removed between the list and the inspect: absent
-                    cache._entries.pop(cid, None)
-                    seen.discard(cid)
-                    continue
-                fresh_word = ""
-                raw_state = doc.get("State")
-                if isinstance(raw_state, Mapping):
-                    fresh_word = _str(raw_state.get("Status")).lower()
-                fresh_state = map_docker_state(fresh_word) if fresh_word else state
-                if fresh_word and fresh_word != docker_state:
-                    # It moved on since the list: report what inspect saw, re-read next cycle.
-                    if declared and fresh_state is None:
-                        raise _UnreadableError(
-                            f"container {name}: unknown docker state {fresh_word!r}"
-                        )
-                    docker_state, state = fresh_word, fresh_state
-                    stale = True
-                else:
-                    stale = False
-                entry = _Entry(
-                    details=_details(doc, state or ContainerState.RUNNING),
-                    key=key,
-                    age_lo=age_lo,
-                    seen_end=list_end,
-                    stale=stale,
-                )
-                cache._entries[cid] = entry
-
+            read = self.read_row(row, cid, name, declared=bool(declared))
+            if read is None:  # removed between the list and the inspect: absent
+                continue
+            seen.add(cid)
+            entry, docker_state, state = read
             raw_labels = row.get("Labels")
             labels: Mapping[str, Any] = raw_labels if isinstance(raw_labels, Mapping) else {}
             project = labels.get(COMPOSE_PROJECT_LABEL)
             service = labels.get(COMPOSE_SERVICE_LABEL)
             project = project if isinstance(project, str) else None
             service = service if isinstance(service, str) else None
-
             if declared:
-                assert state is not None  # checked above
+                assert state is not None  # checked in read_row
                 d = entry.details
                 fields: dict[str, Any] = {
                     "id": cid,
@@ -639,6 +594,77 @@ class _Cycle:
             api_calls=self.calls,
             inspected=tuple(self.inspected),
         )
+
+    def read_row(
+        self, row: Mapping[str, Any], cid: str, name: str, *, declared: bool
+    ) -> tuple[_Entry, str, ContainerState | None] | None:
+        """One list row's cache entry (inspected when the cache cannot answer), its
+        Docker state word and its state; ``None`` when the container went away."""
+        docker_state = _str(row.get("State")).lower()
+        status = _str(row.get("Status"))
+        key = (docker_state, _status_key(status))
+        bounds = status_age_bounds(status)
+        state = map_docker_state(docker_state)
+        if declared and state is None:
+            raise _UnreadableError(f"container {name}: unknown docker state {docker_state!r}")
+        listing = self.listing
+        entry = self.cache._entries.get(cid)
+        if entry is not None:
+            # The least time the daemon can have seen pass since it last printed it:
+            elapsed_min = listing.start - entry.seen_end
+            went_back = (
+                entry.age_lo is not None
+                and bounds is not None
+                and bounds[1] < entry.age_lo + elapsed_min - _AGE_SLACK_S
+            )
+            if entry.key != key or went_back or cid in listing.touched:
+                entry.stale = True
+            entry.key, entry.age_lo, entry.seen_end = (
+                key,
+                None if bounds is None else bounds[0],
+                listing.end,
+            )
+            if not (declared and entry.stale):
+                return entry, docker_state, state
+        doc = self.inspect(cid, name)
+        if doc is None:
+            self.cache._entries.pop(cid, None)
+            return None
+        fresh_word, fresh_state, stale = _moved_on(doc, docker_state, state)
+        if stale:
+            # It moved on since the list: report what inspect saw, re-read next cycle.
+            if declared and fresh_state is None:
+                raise _UnreadableError(f"container {name}: unknown docker state {fresh_word!r}")
+            docker_state, state = fresh_word, fresh_state
+        entry = _Entry(
+            details=_details(doc, state or ContainerState.RUNNING),
+            key=key,
+            age_lo=None if bounds is None else bounds[0],
+            seen_end=self.listing.end,
+            stale=stale,
+        )
+        self.cache._entries[cid] = entry
+        return entry, docker_state, state
+
+
+@dataclass(frozen=True, slots=True)
+class _Listing:
+    """When one list call ran, and the containers events touched before it."""
+
+    touched: Collection[str]
+    start: float
+    end: float
+
+
+def _moved_on(
+    doc: Mapping[str, Any], docker_state: str, state: ContainerState | None
+) -> tuple[str, ContainerState | None, bool]:
+    """Inspect's state word and state, and whether they differ from the list's."""
+    raw_state = doc.get("State")
+    fresh_word = _str(raw_state.get("Status")).lower() if isinstance(raw_state, Mapping) else ""
+    if not fresh_word or fresh_word == docker_state:
+        return docker_state, state, False
+    return fresh_word, map_docker_state(fresh_word), True
 
 
 def _error(message: str, calls: int) -> ContainerSnapshot:

@@ -40,6 +40,18 @@ from statemachine.up_decision import UpDecision
 router = APIRouter()
 
 
+def _seconds(most: float, description: str) -> Any:
+    """An optional field: a finite number of seconds, more than 0 and at most ``most``."""
+    return Field(
+        default=None, gt=0, le=most, strict=True, allow_inf_nan=False, description=description
+    )
+
+
+def _flag(description: str) -> Any:
+    """An optional true/false field, false by default."""
+    return Field(default=False, strict=True, description=description)
+
+
 class UpBody(BaseModel):
     """Body of ``POST /v1/serves/{serve}/up``; every field optional."""
 
@@ -47,53 +59,29 @@ class UpBody(BaseModel):
 
     ttl_s: Annotated[
         float | None,
-        Field(
-            default=None,
-            gt=0,
-            le=366 * 86400,
-            strict=True,
-            allow_inf_nan=False,
-            description="Seconds the request lasts (default: until the serve has had no "
+        _seconds(
+            366 * 86400,
+            "Seconds the request lasts (default: until the serve has had no "
             "request in flight for its idle_ttl_s, else none).",
         ),
     ] = None
     wait_s: Annotated[
         float | None,
-        Field(
-            default=None,
-            gt=0,
-            le=MAX_WAIT_S,
-            strict=True,
-            allow_inf_nan=False,
-            description="Hold the answer until ready, failed, or this many seconds.",
-        ),
+        _seconds(MAX_WAIT_S, "Hold the answer until ready, failed, or this many seconds."),
     ] = None
     queue: Annotated[
         bool,
-        Field(
-            default=False,
-            strict=True,
-            description="Wait in the role's FIFO queue instead of a 429 (when it could fit).",
-        ),
+        _flag("Wait in the role's FIFO queue instead of a 429 (when it could fit)."),
     ] = False
     queue_s: Annotated[
         float | None,
-        Field(
-            default=None,
-            gt=0,
-            le=MAX_QUEUE_S,
-            strict=True,
-            allow_inf_nan=False,
-            description="How long a queued request waits for room (default 600).",
-        ),
+        _seconds(MAX_QUEUE_S, "How long a queued request waits for room (default 600)."),
     ] = None
     outlive_client: Annotated[
         bool,
-        Field(
-            default=False,
-            strict=True,
-            description="A queued request stays queued when the client waiting for it "
-            "(wait_s) goes away (default: it is withdrawn).",
+        _flag(
+            "A queued request stays queued when the client waiting for it "
+            "(wait_s) goes away (default: it is withdrawn)."
         ),
     ] = False
 
