@@ -71,6 +71,7 @@ from controller.service.events import (
     ObservationWatch,
 )
 from controller.service.executor import ExecutionReport, Executor, Outcome, StepResult
+from controller.service.failures import FailureBook
 from controller.service.footprints import DEFAULT_SETTLE_S, FootprintRecorder, Reading
 from controller.service.host_reader import HostNotices, HostReader
 from controller.service.inflight import InFlightTracker, observe_in_flight
@@ -97,9 +98,7 @@ from statemachine.backoff import Backoff
 from statemachine.idleness import request_end
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Policy, plan_transitions
-from statemachine.status import lifecycle_from_observation
 from statemachine.types import (
-    DesiredRun,
     DesiredState,
     Observed,
     OnDemandRequest,
@@ -396,63 +395,28 @@ class Controller:
     def _recover_tiers(self) -> None:
         tiers.recover_tiers(self._quiesced, lambda: self.journal, dry_run=self.options.dry_run)
 
-    def _note_deaths(self, observed: Any, now: float) -> None:
-        """A serve the loop keeps running (desired or requested) found dead is a failure.
+    # ------------------------------------ failures (controller.service.failures)
+    @property
+    def failures(self) -> FailureBook:
+        """The failure bookkeeping over the records, with this loop's backoff options."""
+        o = self.options
+        return FailureBook(self.serve_records, o.backoff_base_s, o.backoff_cap_s)
 
-        Failures count up (the backoff doubles) until the serve has stayed up for the
-        backoff cap; a start that becomes healthy only lifts the current hold, so a
-        serve that crashes after every healthy start backs off ever longer.
-        """
+    def _note_deaths(self, observed: Any, now: float) -> None:
         requested = {r.serve for r in self.journal.active_requests()}
-        for s in self.mset.desired().serves.values():
-            if not observed.docker_ok:
-                return
-            if s.desired is not DesiredRun.RUNNING and s.name not in requested:
-                continue
-            if s.name in observed.starting:
-                continue  # its start is in progress: that start reports its own failure
-            obs = observed.container(s.container)
-            state = lifecycle_from_observation(obs)
-            if state == "running" and obs.health != "unhealthy" and obs.started_at is not None:
-                self._ran_healthy[s.name] = obs.started_at  # its death is after a healthy run
-            b0 = self.backoff.get(s.name)
-            if (
-                state == "running"
-                and b0 is not None
-                and backoff.crash_loop_over(obs.started_at, now, cap_s=self.options.backoff_cap_s)
-            ):
-                del self.backoff[s.name]  # it has stayed up: the crash loop is over
-            if state != "failed":
-                continue
-            if obs.started_at is not None and self._stopped_by_us.get(s.name) == obs.started_at:
-                continue  # exited non-zero because we stopped it (an eviction), not a crash
-            b = self.backoff.setdefault(s.name, Backoff())
-            if b.seen_exit == obs.started_at and b.failures:
-                continue
-            b.seen_exit = obs.started_at
-            why = "OOM-killed" if obs.oom_killed else f"exited {obs.exit_code}"
-            ran = obs.started_at is not None and self._ran_healthy.get(s.name) == obs.started_at
-            self._fail(s.name, f"container {why}", now, after_healthy_run=ran)
+        self.failures.note_deaths(self.mset.desired().serves.values(), requested, observed, now)
 
     def _fail(self, serve: str, why: str, now: float, *, after_healthy_run: bool = False) -> None:
-        b = self.backoff.setdefault(serve, Backoff())
-        delay = backoff.record_failure(
-            b,
-            why,
-            now,
-            base_s=self.options.backoff_base_s,
-            cap_s=self.options.backoff_cap_s,
-            after_healthy_run=after_healthy_run,
-        )
-        if delay > 0:
-            logger.warning("{}: {}; failure {}, next try in {:.0f}s", serve, why, b.failures, delay)
-        else:
-            logger.warning(
-                "{}: {}; failure {}, after a healthy run: tried again at once",
-                serve,
-                why,
-                b.failures,
-            )
+        self.failures.fail(serve, why, now, after_healthy_run=after_healthy_run)
+
+    def _learn(self, report: ExecutionReport, now: float) -> None:
+        self.failures.learn(report, now, self.journal, self.mset.serves)
+
+    def _hold_after_preflight(self, plan: Plan, report: ExecutionReport, now: float) -> None:
+        self.failures.after_preflight(plan, report, time.time())
+
+    def _still_unreleased(self, snap: SnapshotModel) -> list[str]:
+        return self.failures.still_unreleased(snap, self.mset.serves)
 
     def _wake_when_a_hold_ends(self) -> None:
         """Ask for a cycle when the first backoff hold ends (on the loop's thread).
@@ -472,92 +436,6 @@ class Controller:
         self._hold_timer = loop.call_later(
             end - now + _HOLD_MARGIN_S, self.trigger, "a backoff hold ended"
         )
-
-    def _learn(self, report: ExecutionReport, now: float) -> None:
-        # what the executor counts elastic serves at, as of the engine's answer (not the
-        # cycle's start: the same plan may have started the container since)
-        for name, figure in report.elastic.items():
-            self.journal.set_elastic(name, figure.mib, figure.at)
-        for name, why in report.stopped_instead.items():
-            if name not in self.no_sleep:
-                logger.warning(
-                    "{}: stopped instead of put to sleep ({}); stopped, not put to "
-                    "sleep, until it starts again or the manifest changes",
-                    name,
-                    why,
-                )
-            self.no_sleep.add(name)
-        for name, rec in report.sleeps.items():  # put to sleep, or no longer asleep
-            if rec is not None:
-                self.journal.set_sleeping(rec)
-            elif (spec := self.mset.serves.get(name)) is not None:
-                self.journal.forget_sleeping(spec.container)
-        for r in report.results:
-            name = r.step.serve
-            if r.step.action in (Action.START, Action.AWAIT_READY):
-                if r.outcome is Outcome.FAILED:
-                    b0 = self.backoff.get(name)
-                    died = r.died_started_at
-                    if died is not None and b0 is not None and b0.seen_exit == died:
-                        continue  # this death was counted already, when it was observed
-                    # the backoff counts from the failure, not from the cycle's start
-                    self._fail(name, r.detail, r.ended_at or now)
-                    if died is not None:
-                        self.backoff[name].seen_exit = died
-                elif r.outcome is Outcome.OK and r.step.action is Action.START:
-                    self.no_sleep.discard(name)  # a fresh engine: its sleep is tried again
-                elif r.outcome is Outcome.OK and r.step.action is Action.AWAIT_READY:
-                    b = self.backoff.get(name)
-                    if b is not None:
-                        b.until = 0.0  # healthy: no hold, but the count stays until it lasts
-            elif r.step.action in (Action.SHRINK, Action.GROW):
-                if r.outcome is Outcome.FAILED and r.step.action is Action.SHRINK:
-                    self.no_shrink.add(name)  # it cannot give what was asked: evict instead
-                elif r.outcome is Outcome.ABORTED and r.step.action is Action.SHRINK:
-                    # busy (409) or no answer: not a refusal; the requester waits, then
-                    # the same shrink is asked again
-                    self._fail(
-                        r.step.group,
-                        f"{name} did not give VRAM back yet: {r.detail}",
-                        r.ended_at or now,
-                    )
-            elif r.step.action in (Action.WAKE, Action.RELOAD) and r.outcome is Outcome.FAILED:
-                self._fail(name, r.detail, r.ended_at or now)  # stopped: a cold start, later
-            elif r.step.action is Action.STOP and r.outcome is Outcome.OK:
-                self.journal.set_elastic(name, None, now)  # the engine forgets its reserve
-                if (spec := self.mset.serves.get(name)) is not None:
-                    self.journal.forget_sleeping(spec.container)  # a sleeper stopped
-                self.no_shrink.discard(name)
-
-    def _hold_after_preflight(self, plan: Plan, report: ExecutionReport, now: float) -> None:
-        """The preflight refused these starts: back off each, the others ran."""
-        if not report.preflight:
-            return
-        groups = set(report.refused_groups)
-        refused = sorted(
-            {s.serve for s in plan.steps if s.action is Action.START and s.group in groups}
-        )
-        for name in refused:
-            own = [p for p in report.preflight if p.startswith(f"{name}:")]
-            self._fail(name, "preflight: " + "; ".join(own or report.preflight), time.time())
-
-    def _still_unreleased(self, snap: SnapshotModel) -> list[str]:
-        """Serves whose memory did not come back after their stop, and still has not.
-
-        The ledger keeps counting them (fail closed) until NVML attributes no memory to
-        the exited container any more, or the container runs again (then it holds its
-        reservation as usual). Without NVML nothing can be confirmed: they stay counted.
-        """
-        for name in sorted(self._unreleased):
-            spec = self.mset.serves.get(name)
-            c = snap.containers.get(spec.container) if spec is not None else None
-            running = c is not None and c.state in ("running", "paused", "restarting")
-            back = snap.gpus is not None and not (c is not None and (c.gpu_used_mib or 0) > 0)
-            if spec is None or running or back:
-                self._unreleased.discard(name)
-                if spec is not None and not running:
-                    logger.info("{}: NVML shows its memory back; the reservation is released", name)
-        return sorted(self._unreleased)
 
     def _end_finished_requests(self, observed: Any, now: float) -> None:
         _LoopCycle(self).end_finished_requests(observed, now)
