@@ -376,8 +376,75 @@ def _private(path: Path, *, create: bool) -> None:
 # ── the journal ──────────────────────────────────────────────────────────────
 
 
-class Journal:
-    """An open journal file. Use :meth:`open`; close it (or use ``with``)."""
+def _prepare(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> None:
+    """Check the file's schema; create it in a new file, add what is missing in an older one."""
+    conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    if version > SCHEMA_VERSION:
+        raise JournalError(
+            f"{path}: journal schema version {version} is newer than this vramctl "
+            f"understands ({SCHEMA_VERSION}); use a newer vramctl or another --state-dir"
+        )
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    if version == SCHEMA_VERSION:
+        missing = _TABLES - tables
+        if missing:
+            raise JournalError(f"{path}: journal lacks tables {', '.join(sorted(missing))}")
+        if not readonly:
+            _add_in_place(conn, tables)
+        return
+    # version 0: a new file, or some other SQLite database
+    if readonly:
+        raise JournalError(f"{path}: an SQLite file but not a vramctl journal (no schema)")
+    if tables - {"sqlite_sequence"}:
+        raise JournalError(
+            f"{path}: an SQLite database with other tables ({', '.join(sorted(tables))}) "
+            f"and no vramctl schema; refusing to write into it"
+        )
+    conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes effect on a new file
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    conn.execute("BEGIN IMMEDIATE")
+    _create_tables(conn)
+    conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    conn.execute("COMMIT")
+
+
+def _create_tables(conn: sqlite3.Connection) -> None:
+    """Every table and index of the schema not there yet (``IF NOT EXISTS``)."""
+    for statement in _SCHEMA.split(";"):
+        if statement.strip():
+            conn.execute(statement)
+
+
+def _add_in_place(conn: sqlite3.Connection, tables: set[str]) -> None:
+    """A journal of this schema written by an earlier version: the tables and columns
+    added since, added in place (its records kept)."""
+    conn.execute("PRAGMA journal_mode = WAL")
+    conn.execute("PRAGMA synchronous = NORMAL")
+    if _ADDED_TABLES - tables:
+        conn.execute("BEGIN IMMEDIATE")
+        _create_tables(conn)
+        conn.execute("COMMIT")
+    missing_columns = [
+        (table, column, kind)
+        for table, column, kind in _ADDED_COLUMNS
+        if column not in _columns(conn, table)
+    ]
+    if missing_columns:
+        conn.execute("BEGIN IMMEDIATE")
+        for table, column, kind in missing_columns:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
+        conn.execute("COMMIT")
+
+
+class JournalFile:
+    """An open journal file: its connection, schema and write transactions.
+
+    Use :meth:`Journal.open`; close it (or use ``with``). The journal's records are the
+    layers above: :class:`CycleLog` (the cycles, their steps and retention), then
+    :class:`Journal` (what each serve's facts are between cycles).
+    """
 
     def __init__(
         self,
@@ -409,7 +476,7 @@ class Journal:
         keep_cycles: int = DEFAULT_KEEP_CYCLES,
         keep_days: float = DEFAULT_KEEP_DAYS,
         prune_every: int = DEFAULT_PRUNE_EVERY,
-    ) -> Journal:
+    ) -> Self:
         """Open (creating file, folder and schema when needed) the journal at ``path``.
 
         ``readonly`` opens an existing journal without creating or changing anything
@@ -446,7 +513,7 @@ class Journal:
         except (sqlite3.Error, OSError) as exc:
             raise JournalError(f"{path}: cannot open journal: {exc}") from None
         try:
-            cls._prepare(conn, path, readonly=readonly)
+            _prepare(conn, path, readonly=readonly)
         except sqlite3.DatabaseError as exc:
             conn.close()
             raise JournalError(f"{path}: not a vramctl journal ({exc})") from None
@@ -461,60 +528,6 @@ class Journal:
             keep_days=keep_days,
             prune_every=prune_every,
         )
-
-    @staticmethod
-    def _prepare(conn: sqlite3.Connection, path: Path, *, readonly: bool) -> None:
-        conn.execute(f"PRAGMA busy_timeout = {BUSY_TIMEOUT_MS}")
-        version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-        if version > SCHEMA_VERSION:
-            raise JournalError(
-                f"{path}: journal schema version {version} is newer than this vramctl "
-                f"understands ({SCHEMA_VERSION}); use a newer vramctl or another --state-dir"
-            )
-        tables = {
-            row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-        }
-        if version == SCHEMA_VERSION:
-            missing = _TABLES - tables
-            if missing:
-                raise JournalError(f"{path}: journal lacks tables {', '.join(sorted(missing))}")
-            if not readonly:
-                conn.execute("PRAGMA journal_mode = WAL")
-                conn.execute("PRAGMA synchronous = NORMAL")
-                if _ADDED_TABLES - tables:
-                    conn.execute("BEGIN IMMEDIATE")
-                    for statement in _SCHEMA.split(";"):
-                        if statement.strip():
-                            conn.execute(statement)
-                    conn.execute("COMMIT")
-                missing_columns = [
-                    (table, column, kind)
-                    for table, column, kind in _ADDED_COLUMNS
-                    if column not in _columns(conn, table)
-                ]
-                if missing_columns:
-                    conn.execute("BEGIN IMMEDIATE")
-                    for table, column, kind in missing_columns:
-                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {kind}")
-                    conn.execute("COMMIT")
-            return
-        # version 0: a new file, or some other SQLite database
-        if readonly:
-            raise JournalError(f"{path}: an SQLite file but not a vramctl journal (no schema)")
-        if tables - {"sqlite_sequence"}:
-            raise JournalError(
-                f"{path}: an SQLite database with other tables ({', '.join(sorted(tables))}) "
-                f"and no vramctl schema; refusing to write into it"
-            )
-        conn.execute("PRAGMA auto_vacuum = INCREMENTAL")  # only takes effect on a new file
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        conn.execute("BEGIN IMMEDIATE")
-        for statement in _SCHEMA.split(";"):
-            if statement.strip():
-                conn.execute(statement)
-        conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-        conn.execute("COMMIT")
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -550,6 +563,10 @@ class Journal:
         """``PRAGMA user_version`` of the file."""
         with self._lock:
             return int(self._conn.execute("PRAGMA user_version").fetchone()[0])
+
+
+class CycleLog(JournalFile):
+    """The journal's cycles: inputs, plan and outcome of each, its steps; their retention."""
 
     # ---------------------------------------------------------------- cycles
     def record_cycle(
@@ -688,6 +705,53 @@ class Journal:
             return None
         files: dict[str, str] = json.loads(row[0])
         return files
+
+    # ---------------------------------------------------------------- retention
+    def prune(
+        self,
+        keep_cycles: int | None = None,
+        keep_days: float | None = None,
+        *,
+        now: float,
+    ) -> int:
+        """Drop old cycles; returns how many were dropped.
+
+        A cycle is kept only while it is among the newest ``keep_cycles`` *and* its
+        ``at`` is within ``keep_days`` of ``now`` (defaults: the journal's settings).
+        Its steps go with it; a manifest content no remaining cycle refers to goes too,
+        as do requests ended more than ``keep_days`` ago. Active requests and elastic
+        reserves are never pruned. Freed pages are returned to the file system
+        (incremental vacuum) so the file stays bounded.
+        """
+        keep_n = self.keep_cycles if keep_cycles is None else keep_cycles
+        days = self.keep_days if keep_days is None else keep_days
+        cutoff = now - days * 86400.0
+        with self._tx() as conn:
+            doomed = (
+                "SELECT id FROM cycles WHERE at < ? "
+                "OR id NOT IN (SELECT id FROM cycles ORDER BY id DESC LIMIT ?)"
+            )
+            conn.execute(f"DELETE FROM steps WHERE cycle_id IN ({doomed})", (cutoff, keep_n))
+            dropped = conn.execute(f"DELETE FROM cycles WHERE id IN ({doomed})", (cutoff, keep_n))
+            conn.execute(
+                "DELETE FROM manifests WHERE digest NOT IN "
+                "(SELECT DISTINCT manifest_digest FROM cycles)"
+            )
+            conn.execute(
+                "DELETE FROM requests WHERE ended_at IS NOT NULL AND ended_at < ?", (cutoff,)
+            )
+            count = dropped.rowcount
+        with self._lock:
+            self._since_prune = 0
+            if count:
+                self._conn.execute("PRAGMA incremental_vacuum").fetchall()
+        return count
+
+
+class Journal(CycleLog):
+    """An open journal: its cycles (:class:`CycleLog`) and each serve's facts between them
+    (requests, elastic figures, `up` records, starts, footprints, tiers left quiesced,
+    lifecycle states, sleeps). Use :meth:`open`; close it (or use ``with``)."""
 
     # ---------------------------------------------------------------- requests
     def add_request(self, serve: str, requested_at: float, ttl_s: float | None) -> None:
@@ -1012,44 +1076,3 @@ class Journal:
             )
             for r in rows
         }
-
-    # ---------------------------------------------------------------- retention
-    def prune(
-        self,
-        keep_cycles: int | None = None,
-        keep_days: float | None = None,
-        *,
-        now: float,
-    ) -> int:
-        """Drop old cycles; returns how many were dropped.
-
-        A cycle is kept only while it is among the newest ``keep_cycles`` *and* its
-        ``at`` is within ``keep_days`` of ``now`` (defaults: the journal's settings).
-        Its steps go with it; a manifest content no remaining cycle refers to goes too,
-        as do requests ended more than ``keep_days`` ago. Active requests and elastic
-        reserves are never pruned. Freed pages are returned to the file system
-        (incremental vacuum) so the file stays bounded.
-        """
-        keep_n = self.keep_cycles if keep_cycles is None else keep_cycles
-        days = self.keep_days if keep_days is None else keep_days
-        cutoff = now - days * 86400.0
-        with self._tx() as conn:
-            doomed = (
-                "SELECT id FROM cycles WHERE at < ? "
-                "OR id NOT IN (SELECT id FROM cycles ORDER BY id DESC LIMIT ?)"
-            )
-            conn.execute(f"DELETE FROM steps WHERE cycle_id IN ({doomed})", (cutoff, keep_n))
-            dropped = conn.execute(f"DELETE FROM cycles WHERE id IN ({doomed})", (cutoff, keep_n))
-            conn.execute(
-                "DELETE FROM manifests WHERE digest NOT IN "
-                "(SELECT DISTINCT manifest_digest FROM cycles)"
-            )
-            conn.execute(
-                "DELETE FROM requests WHERE ended_at IS NOT NULL AND ended_at < ?", (cutoff,)
-            )
-            count = dropped.rowcount
-        with self._lock:
-            self._since_prune = 0
-            if count:
-                self._conn.execute("PRAGMA incremental_vacuum").fetchall()
-        return count
