@@ -2,9 +2,8 @@
 
 ``fit_serve`` asks the planner what an on-demand request for the serve would do,
 without doing it (where the answer is plain, :mod:`statemachine.isolated` gives the
-planner's answer without building the plan, and where the observation is plain it
-reads what the observed ledger counts without building the ledger), and reduces that
-to the fit contract:
+planner's answer from the observed ledger and the planner's own predicates without
+building the plan), and reduces that to the fit contract:
 whether it fits, every term of each role's arithmetic, and what would be drained,
 shrunk or evicted, or what blocks it.
 
@@ -16,8 +15,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from statemachine.isolated import Reading, decide, plain_reading
-from statemachine.ledger import Ledger, RoleTerms, ledger_from_observed
+from statemachine.isolated import decide
+from statemachine.ledger import RoleTerms, ledger_from_observed
 from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
 from statemachine.types import DesiredState, Observed, OnDemandRequest, ServeSpec
 
@@ -135,11 +134,7 @@ def _fit(
     shortcut: bool,
 ) -> FitResult:
     serve = desired.serves[serve_name]
-    # the shortcut reads what the ledger counts in one walk where the observation is
-    # plain (the same figures); the planner's way always builds the ledger
-    ledger: Ledger | Reading | None = plain_reading(desired, observed) if shortcut else None
-    if ledger is None:
-        ledger = ledger_from_observed(desired, observed)
+    ledger = ledger_from_observed(desired, observed)
     in_ledger = serve.vram_mib is not None and desired.in_ledger(serve)
     asleep = observed.sleep_of(serve.name).asleep and observed.container(serve.container).holds
     mib = serve.vram_mib or 0

@@ -29,7 +29,7 @@ from typing import Any
 from statemachine.pmap import PMap
 from statemachine.slotinit import direct_init
 from statemachine.types import (
-    ABSENT,
+    COMMITTED_STATES,
     DesiredState,
     GpuRole,
     HostBudget,
@@ -749,7 +749,7 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     """
     if not observed.docker_ok:
         return Ledger(desired.roles, unknown=True, host=desired.host)
-    holdings = []
+    holdings: list[GpuReservation] = []
     host_holdings: dict[str, int] = {}
     # a fleet's serves share a few role tuples: whether they are in the ledger, and
     # which of them have a capacity row, asked once per tuple (one plan may ask it for
@@ -770,35 +770,28 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         return found
 
     starting = observed.starting
-    for name, start in starting.items():
-        serve = desired.serves.get(name)
-        # the roles it was started on and those it declares now; the larger MiB
-        started_on = start.gpu_roles
-        mib: int = start.mib
-        if serve is not None and serve.vram_mib is not None and desired.in_ledger(serve):
-            started_on = started_on + serve.gpu_roles
-            mib = max(mib, serve.vram_mib)
-        counted = _known(desired, started_on)
-        if counted and mib > 0:
-            holdings.append(GpuReservation(name, counted, mib))
+    holdings.extend(_starts_in_progress(desired, observed))
     containers, started_with = observed.containers, observed.started_with
     sleeps, shrunk_to, unreleased = observed.sleep, observed.elastic_mib, observed.unreleased
     for serve in desired.serves.values():
         name = serve.name
-        if name in starting:
+        if starting and name in starting:
             continue  # counted above
-        holds = containers.get(serve.container, ABSENT).holds
-        record = started_with.get(serve.container) if holds and started_with else None
+        obs = containers.get(serve.container)
+        running = obs is not None and obs.state in COMMITTED_STATES
+        if not running and name not in unreleased:
+            continue  # its container holds nothing, and its memory is back
+        record = started_with.get(serve.container) if running and started_with else None
         declared = serve.vram_mib is not None and (
             in_ledger_by_roles.get(serve.gpu_roles) or in_ledger(serve)
         )
-        slept = sleeps.get(name) if holds else None
+        slept = sleeps.get(name) if running and sleeps else None
         asleep = None if slept is None else asleep_holds(serve, slept)
         if asleep is not None and asleep[1]:
             host_holdings[name] = asleep[1]
-        if declared and (holds or name in unreleased):
+        if declared:
             assert serve.vram_mib is not None
-            shrunk = shrunk_to.get(name)
+            shrunk = shrunk_to.get(name) if shrunk_to else None
             held = (
                 max(serve.vram_mib, record.mib if record is not None else 0)
                 if shrunk is None
@@ -819,6 +812,23 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         if res.holder not in observed.starting
     )
     return Ledger(desired.roles, holdings, host=desired.host, host_holdings=host_holdings)
+
+
+def _starts_in_progress(desired: DesiredState, observed: Observed) -> list[GpuReservation]:
+    """What each start in progress holds: on the roles it was started on and those it
+    declares now, at the larger of what was reserved for it and what it declares now."""
+    out: list[GpuReservation] = []
+    for name, start in observed.starting.items():
+        serve = desired.serves.get(name)
+        started_on = start.gpu_roles
+        mib: int = start.mib
+        if serve is not None and serve.vram_mib is not None and desired.in_ledger(serve):
+            started_on = started_on + serve.gpu_roles
+            mib = max(mib, serve.vram_mib)
+        counted = _known(desired, started_on)
+        if counted and mib > 0:
+            out.append(GpuReservation(name, counted, mib))
+    return out
 
 
 def asleep_holds(serve: ServeSpec, obs: SleepObs) -> tuple[int | None, int] | None:
@@ -863,8 +873,8 @@ def no_longer_declared(
     declared serve has that name now). Only roles with a capacity row are counted; a
     container that has no record is not here (it is an undeclared container).
     """
-    if not observed.docker_ok:
-        return []
+    if not observed.docker_ok or not observed.started_with:
+        return []  # no record: no container is counted as no longer declared
     declared = {s.container for s in desired.serves.values()}
     taken = set(desired.serves)
     out: list[tuple[str, GpuReservation]] = []
