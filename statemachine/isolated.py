@@ -50,6 +50,8 @@ from statemachine.planner import (
     victim_residency_veto,
 )
 from statemachine.types import (
+    ABSENT,
+    COMMITTED_STATES,
     ContainerObs,
     DesiredState,
     Observed,
@@ -132,11 +134,12 @@ def decide(
 def _running(desired: DesiredState, observed: Observed) -> Running:
     """The serves whose container holds memory or whose start is in progress, as
     declared (the planner's ``running`` at the start of its plan)."""
-    container, starting = observed.container, observed.starting
+    containers, starting = observed.containers, observed.starting
     return [
         (s, obs)
         for s in desired.serves.values()
-        if (obs := container(s.container)).holds or s.name in starting
+        if (obs := containers.get(s.container, ABSENT)).state in COMMITTED_STATES
+        or (starting and s.name in starting)
     ]
 
 

@@ -37,6 +37,7 @@ from statemachine.types import (
     ServeSpec,
     SleepObs,
     SleepState,
+    StartedWith,
 )
 
 
@@ -226,21 +227,23 @@ class Ledger:
         self._unknown = unknown
         self._host = host
         self._host_holdings: dict[str, int] = {}
-        for holder, mib in (host_holdings or {}).items():
+        for holder, mib in host_holdings.items() if host_holdings else ():
             if isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
                 raise ValueError(f"host reservation of {holder!r} must be MiB >= 0, got {mib!r}")
             if mib:
                 self._host_holdings[holder] = mib
         held: dict[str, GpuReservation] = {}
-        self._committed: dict[str, int] = dict.fromkeys(self._roles, 0)
+        known = self._roles
+        committed = self._committed = dict.fromkeys(known, 0)
         for res in holdings:
-            if res.holder in held:
-                raise ValueError(f"reservation holder {res.holder!r} appears twice")
+            holder, mib = res.holder, res.mib
+            if holder in held:
+                raise ValueError(f"reservation holder {holder!r} appears twice")
             for role in res.gpu_roles:
-                if role not in self._roles:
-                    raise ValueError(f"reservation of {res.holder!r} names unknown role {role!r}")
-                self._committed[role] += res.mib
-            held[res.holder] = res
+                if role not in known:
+                    raise ValueError(f"reservation of {holder!r} names unknown role {role!r}")
+                committed[role] += mib
+            held[holder] = res
         # persistent: an operation shares the holdings it does not change (no O(n) copy)
         self._holdings: PMap[str, GpuReservation] = PMap(held)
         # role -> reservations_on(role), built when first asked and carried to the
@@ -749,69 +752,78 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     """
     if not observed.docker_ok:
         return Ledger(desired.roles, unknown=True, host=desired.host)
-    holdings: list[GpuReservation] = []
+    holdings = _starts_in_progress(desired, observed) if observed.starting else []
     host_holdings: dict[str, int] = {}
-    # a fleet's serves share a few role tuples: whether they are in the ledger, and
-    # which of them have a capacity row, asked once per tuple (one plan may ask it for
-    # a thousand serves)
-    in_ledger_by_roles: dict[tuple[str, ...], bool] = {}
-    known_by_roles: dict[tuple[str, ...], tuple[str, ...]] = {}
-
-    def known(roles: tuple[str, ...]) -> tuple[str, ...]:
-        found = known_by_roles.get(roles)
-        if found is None:
-            found = known_by_roles[roles] = _known(desired, roles)
-        return found
-
-    def in_ledger(serve: ServeSpec) -> bool:  # its answer depends on its roles only
-        found = in_ledger_by_roles.get(serve.gpu_roles)
-        if found is None:
-            found = in_ledger_by_roles[serve.gpu_roles] = desired.in_ledger(serve)
-        return found
-
-    starting = observed.starting
-    holdings.extend(_starts_in_progress(desired, observed))
+    # a fleet's serves share a few role tuples: the roles a serve in the ledger counts
+    # on (None: not in the ledger), asked once per tuple (a plan may ask a thousand)
+    ledger_roles: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+    starting, unreleased = observed.starting, observed.unreleased
     containers, started_with = observed.containers, observed.started_with
-    sleeps, shrunk_to, unreleased = observed.sleep, observed.elastic_mib, observed.unreleased
+    sleeps, shrunk_to = observed.sleep, observed.elastic_mib
     for serve in desired.serves.values():
         name = serve.name
-        if starting and name in starting:
-            continue  # counted above
         obs = containers.get(serve.container)
-        running = obs is not None and obs.state in COMMITTED_STATES
-        if not running and name not in unreleased:
+        if obs is not None and obs.state in COMMITTED_STATES:
+            record = started_with.get(serve.container) if started_with else None
+            slept = sleeps.get(name) if sleeps else None
+        elif name in unreleased:
+            record = slept = None
+        else:
             continue  # its container holds nothing, and its memory is back
-        record = started_with.get(serve.container) if running and started_with else None
-        declared = serve.vram_mib is not None and (
-            in_ledger_by_roles.get(serve.gpu_roles) or in_ledger(serve)
-        )
-        slept = sleeps.get(name) if running and sleeps else None
+        if starting and name in starting:
+            continue  # counted as a start in progress
+        mib, key = serve.vram_mib, serve.gpu_roles
+        on = None
+        if mib is not None:
+            on = ledger_roles.get(key, ())
+            if on == ():
+                on = ledger_roles[key] = _known(desired, key) if desired.in_ledger(serve) else None
+        if record is None and slept is None:  # the common case: as declared
+            if on is not None and mib is not None:
+                full = mib if mib > 0 else 0  # what a record of none adds: max(mib, 0)
+                held = shrunk_to.get(name, full) if shrunk_to else full
+                holdings.append(GpuReservation(name, on, held))
+            continue
+        res = _held_as_recorded(desired, serve, on is not None, record, slept, shrunk_to)
+        if res is not None:
+            holdings.append(res)
         asleep = None if slept is None else asleep_holds(serve, slept)
         if asleep is not None and asleep[1]:
             host_holdings[name] = asleep[1]
-        if declared:
-            assert serve.vram_mib is not None
-            shrunk = shrunk_to.get(name) if shrunk_to else None
-            held = (
-                max(serve.vram_mib, record.mib if record is not None else 0)
-                if shrunk is None
-                else shrunk
-            )
-            if asleep is not None and asleep[0] is not None:
-                held = asleep[0]
-            key = serve.gpu_roles + record.gpu_roles if record else serve.gpu_roles
-            roles = known_by_roles.get(key) or known(key)
-            holdings.append(GpuReservation(name, roles, held))
-        elif record is not None:
-            roles = known(record.gpu_roles)
-            if roles:
-                holdings.append(GpuReservation(name, roles, record.mib))
     holdings.extend(
         res
         for _container, res in no_longer_declared(desired, observed)
-        if res.holder not in observed.starting
+        if res.holder not in starting
     )
     return Ledger(desired.roles, holdings, host=desired.host, host_holdings=host_holdings)
+
+
+def _held_as_recorded(
+    desired: DesiredState,
+    serve: ServeSpec,
+    declared: bool,
+    record: StartedWith | None,
+    slept: SleepObs | None,
+    shrunk_to: Mapping[str, int],
+) -> GpuReservation | None:
+    """What a running serve with a start record or a sleep state holds (None: nothing
+    the ledger counts): declared, the larger of its reservation and its record's on
+    the roles of either (what it was shrunk to, or its residual asleep); not declared,
+    its record's."""
+    name = serve.name
+    if not declared:
+        roles = _known(desired, record.gpu_roles) if record is not None else ()
+        return GpuReservation(name, roles, record.mib) if record is not None and roles else None
+    assert serve.vram_mib is not None
+    shrunk = shrunk_to.get(name)
+    held = (
+        max(serve.vram_mib, record.mib if record is not None else 0) if shrunk is None else shrunk
+    )
+    asleep = None if slept is None else asleep_holds(serve, slept)
+    if asleep is not None and asleep[0] is not None:
+        held = asleep[0]
+    key = serve.gpu_roles + record.gpu_roles if record else serve.gpu_roles
+    return GpuReservation(name, _known(desired, key), held)
 
 
 def _starts_in_progress(desired: DesiredState, observed: Observed) -> list[GpuReservation]:
