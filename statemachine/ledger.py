@@ -21,7 +21,7 @@ This module is pure: no I/O, no clock, no logging, no docker.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
@@ -841,6 +841,26 @@ def _starts_in_progress(desired: DesiredState, observed: Observed) -> list[GpuRe
         if counted and mib > 0:
             out.append(GpuReservation(name, counted, mib))
     return out
+
+
+def held_uncounted(
+    desired: DesiredState, observed: Observed, counted: Callable[[str], bool]
+) -> list[GpuReservation]:
+    """The serves of the ledger whose container holds memory in ``observed`` though no
+    ledger counts them (``counted(name)`` False): started outside the controller since
+    those ledgers were read. Each at its declared reservation, in declaration order;
+    none when docker could not be read (the caller refuses then: nothing is admitted).
+    """
+    if not observed.docker_ok:
+        return []
+    return [
+        GpuReservation(s.name, s.gpu_roles, s.vram_mib)
+        for s in desired.serves.values()
+        if s.vram_mib is not None
+        and desired.in_ledger(s)
+        and not counted(s.name)
+        and observed.container(s.container).holds
+    ]
 
 
 def asleep_holds(serve: ServeSpec, obs: SleepObs) -> tuple[int | None, int] | None:

@@ -1048,19 +1048,19 @@ class _Run(SleepSteps):
             raise StepError(
                 "docker cannot be read now: nothing is admitted until it can", aborted=aborted
             )
+        from statemachine.ledger import held_uncounted  # travels with this method
+
         in_progress = self.ex.starts.snapshot() if self.ex.starts is not None else {}
-        outside: list[GpuReservation] = []
-        for other in self.desired.serves.values():
-            if (
-                other.vram_mib is None
-                or not self.desired.in_ledger(other)
-                or self.ledger.holds(other.name)
-                or (self.parent is not None and self.parent.ledger.holds(other.name))
-                or other.name in in_progress
-                or not fresh.container(other.container).holds
-            ):
-                continue
-            outside.append(GpuReservation(other.name, other.gpu_roles, other.vram_mib))
+        parent = self.parent.ledger if self.parent is not None else None
+
+        def counted(name: str) -> bool:  # by this run's ledger, its parent's, or a start
+            return (
+                self.ledger.holds(name)
+                or (parent is not None and parent.holds(name))
+                or name in in_progress
+            )
+
+        outside = held_uncounted(self.desired, fresh, counted)
         if outside:
             self.ledger = Ledger(
                 self.desired.roles,
