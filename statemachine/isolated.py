@@ -61,7 +61,7 @@ from statemachine.types import (
 )
 from statemachine.victims import Row, victim_names
 
-#: each serve whose container holds memory, as declared, with what docker says of it
+#: each serve whose container occupies memory, as declared, with what docker says of it
 Running = Sequence[tuple[ServeSpec, ContainerObs]]
 
 
@@ -132,7 +132,7 @@ def decide(
 
 
 def _running(desired: DesiredState, observed: Observed) -> Running:
-    """The serves whose container holds memory or whose start is in progress, as
+    """The serves whose container occupies memory or whose start is in progress, as
     declared (the planner's ``running`` at the start of its plan)."""
     containers, starting = observed.containers, observed.starting
     return [

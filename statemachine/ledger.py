@@ -15,6 +15,14 @@ budget: a container started outside the controller is reality, and it is reporte
 (:meth:`Ledger.overcommitted`), not hidden. When docker could not be read the ledger
 is *unknown*: committed figures are ``None`` and nothing is admitted (fail closed).
 
+"Holds" had four meanings; each has its own word here. A container *occupies* memory
+while its state is running, paused or restarting (``ContainerObs.holds``); the ledger
+*counts* a holder that has a committed reservation (:meth:`Ledger.holds`; its
+*holdings*, :attr:`Ledger.holdings`); a serve counted at less than it *declares*
+(``vram_mib``) is shrunk, or asleep and *keeps* its residual on its roles and its host
+RAM (:func:`sleeping_reservation`); a serve that occupies memory no ledger counts is
+*uncounted* (:func:`held_uncounted`). Field names of the JSON are unchanged.
+
 This module is pure: no I/O, no clock, no logging, no docker.
 """
 
@@ -351,7 +359,8 @@ class Ledger:
         )
 
     def holds(self, holder: str) -> bool:
-        """True when ``holder`` has a committed reservation."""
+        """True when the ledger counts ``holder``: it has a committed reservation
+        (whether its container occupies memory is ``ContainerObs.holds``)."""
         return holder in self._holdings
 
     def committed_mib(self, role: str) -> int:
@@ -735,7 +744,7 @@ def _enlist(on_role: dict[str, tuple[tuple[str, int], ...]], res: GpuReservation
 
 
 def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
-    """The ledger the host holds now: every container that holds memory, at its reservation.
+    """The ledger the host holds now: every container that occupies memory, at its reservation.
 
     A ledger serve whose container holds memory counts at its declared reservation; a
     shrunk elastic serve at the reservation it holds now; a serve whose memory did not
@@ -787,7 +796,7 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         res = _held_as_recorded(desired, serve, on is not None, record, slept, shrunk_to)
         if res is not None:
             holdings.append(res)
-        asleep = None if slept is None else asleep_holds(serve, slept)
+        asleep = None if slept is None else sleeping_reservation(serve, slept)
         if asleep is not None and asleep[1]:
             host_holdings[name] = asleep[1]
     holdings.extend(
@@ -819,7 +828,7 @@ def _held_as_recorded(
     held = (
         max(serve.vram_mib, record.mib if record is not None else 0) if shrunk is None else shrunk
     )
-    asleep = None if slept is None else asleep_holds(serve, slept)
+    asleep = None if slept is None else sleeping_reservation(serve, slept)
     if asleep is not None and asleep[0] is not None:
         held = asleep[0]
     key = serve.gpu_roles + record.gpu_roles if record else serve.gpu_roles
@@ -846,7 +855,7 @@ def _starts_in_progress(desired: DesiredState, observed: Observed) -> list[GpuRe
 def held_uncounted(
     desired: DesiredState, observed: Observed, counted: Callable[[str], bool]
 ) -> list[GpuReservation]:
-    """The serves of the ledger whose container holds memory in ``observed`` though no
+    """The serves of the ledger whose container occupies memory in ``observed`` though no
     ledger counts them (``counted(name)`` False): started outside the controller since
     those ledgers were read. Each at its declared reservation, in declaration order;
     none when docker could not be read (the caller refuses then: nothing is admitted).
@@ -863,8 +872,8 @@ def held_uncounted(
     ]
 
 
-def asleep_holds(serve: ServeSpec, obs: SleepObs) -> tuple[int | None, int] | None:
-    """What a sleeping serve holds: (MiB on each role, MiB of host RAM); None if awake.
+def sleeping_reservation(serve: ServeSpec, obs: SleepObs) -> tuple[int | None, int] | None:
+    """What a sleeping serve keeps: (MiB on each role, MiB of host RAM); None if awake.
 
     The MiB on each role is ``None`` when it is counted as awake (at its full
     reservation, as any running serve).
