@@ -32,7 +32,8 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from operator import attrgetter
+from typing import Any, ClassVar
 
 from statemachine.pmap import PMap
 from statemachine.slotinit import direct_init
@@ -70,69 +71,71 @@ class RefusalKind(StrEnum):
     INVALID = "invalid"
 
 
+@dataclass(frozen=True, slots=True)
+class _Line:
+    """The terms every line of the ledger has, a role's or host RAM's: reserve, budget,
+    committed and free MiB (``None`` when docker could not be read: unknown, never
+    zero) and each committed reservation as (holder, MiB), sorted by holder.
+
+    A line's JSON is its :attr:`_KEYS` in that order, then its reservations."""
+
+    _KEYS: ClassVar[tuple[str, ...]]
+    reserve_mib: int
+    budget_mib: int
+    committed_mib: int | None
+    free_mib: int | None
+    reservations: tuple[tuple[str, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form: the class's keys, then ``reservations``."""
+        keys = self._KEYS
+        out: dict[str, Any] = dict(zip(keys, attrgetter(*keys)(self), strict=True))
+        out["reservations"] = [{"serve": h, "mib": m} for h, m in self.reservations]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Request(_Line):
+    """A line's terms for one request of ``requested_mib`` more: ``shortfall_mib`` is
+    ``requested_mib - free_mib`` when positive, else 0 (``None`` when free is unknown)."""
+
+    requested_mib: int
+    shortfall_mib: int | None
+
+    def short_by(self, asked: str, whole: str) -> str:
+        """``asked`` (what was asked, in words) against free, every term: ``whole`` is
+        the line's own total (``"capacity 80000"``, ``"ram 262144"``)."""
+        held = " + ".join(f"{h} {m}" for h, m in self.reservations)
+        return (
+            f"{asked} > free {self.free_mib} MiB ({whole} - reserve {self.reserve_mib} = "
+            f"budget {self.budget_mib}; committed {self.committed_mib}"
+            + (f" = {held}" if held else "")
+            + f"); short by {self.shortfall_mib} MiB"
+        )
+
+
+#: the keys of a line's JSON after the line's own (capacity or RAM), in order
+_BUDGET_KEYS = ("reserve_mib", "budget_mib", "committed_mib", "free_mib")
+_REQUEST_KEYS = (*_BUDGET_KEYS, "requested_mib", "shortfall_mib")
+
+
 @direct_init
 @dataclass(frozen=True, slots=True)
-class RoleTerms:
-    """Every term of one role's arithmetic for one request.
+class RoleTerms(_Request):
+    """Every term of one role's arithmetic for one request (docs/design.md §5 fit rows,
+    plus each committed reservation)."""
 
-    ``committed_mib`` and ``free_mib`` are ``None`` when docker could not be read.
-    ``shortfall_mib`` is ``requested_mib - free_mib`` when positive, else 0 (``None``
-    when free is unknown).
-    """
-
+    _KEYS = ("gpu_role", "capacity_mib", *_REQUEST_KEYS)
     gpu_role: str
     capacity_mib: int
-    reserve_mib: int
-    budget_mib: int
-    committed_mib: int | None
-    free_mib: int | None
-    requested_mib: int
-    shortfall_mib: int | None
-    reservations: tuple[tuple[str, int], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form (docs/design.md §5 fit rows, plus each committed reservation)."""
-        return {
-            "gpu_role": self.gpu_role,
-            "capacity_mib": self.capacity_mib,
-            "reserve_mib": self.reserve_mib,
-            "budget_mib": self.budget_mib,
-            "committed_mib": self.committed_mib,
-            "free_mib": self.free_mib,
-            "requested_mib": self.requested_mib,
-            "shortfall_mib": self.shortfall_mib,
-            "reservations": [{"serve": h, "mib": m} for h, m in self.reservations],
-        }
 
 
 @dataclass(frozen=True, slots=True)
-class HostTerms:
-    """Every term of the host RAM arithmetic for one request (like :class:`RoleTerms`).
+class HostTerms(_Request):
+    """Every term of the host RAM arithmetic for one request (like :class:`RoleTerms`)."""
 
-    ``committed_mib`` and ``free_mib`` are ``None`` when docker could not be read.
-    """
-
+    _KEYS = ("ram_mib", *_REQUEST_KEYS)
     ram_mib: int
-    reserve_mib: int
-    budget_mib: int
-    committed_mib: int | None
-    free_mib: int | None
-    requested_mib: int
-    shortfall_mib: int | None
-    reservations: tuple[tuple[str, int], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form."""
-        return {
-            "ram_mib": self.ram_mib,
-            "reserve_mib": self.reserve_mib,
-            "budget_mib": self.budget_mib,
-            "committed_mib": self.committed_mib,
-            "free_mib": self.free_mib,
-            "requested_mib": self.requested_mib,
-            "shortfall_mib": self.shortfall_mib,
-            "reservations": [{"serve": h, "mib": m} for h, m in self.reservations],
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,50 +162,21 @@ class Refusal:
 
 
 @dataclass(frozen=True, slots=True)
-class RoleView:
-    """One role's line of the ledger; ``None`` is unknown, never zero."""
+class RoleView(_Line):
+    """One role's line of the ledger (docs/design.md §5 ``ledger_after`` rows plus the
+    reservations; the role is the row's key there, not a field)."""
 
+    _KEYS = ("capacity_mib", *_BUDGET_KEYS)
     gpu_role: str
     capacity_mib: int
-    reserve_mib: int
-    budget_mib: int
-    committed_mib: int | None
-    free_mib: int | None
-    reservations: tuple[tuple[str, int], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form (docs/design.md §5 ``ledger_after`` rows plus the reservations)."""
-        return {
-            "capacity_mib": self.capacity_mib,
-            "reserve_mib": self.reserve_mib,
-            "budget_mib": self.budget_mib,
-            "committed_mib": self.committed_mib,
-            "free_mib": self.free_mib,
-            "reservations": [{"serve": h, "mib": m} for h, m in self.reservations],
-        }
 
 
 @dataclass(frozen=True, slots=True)
-class HostView:
-    """The host RAM line of the ledger; ``None`` is unknown, never zero."""
+class HostView(_Line):
+    """The host RAM line of the ledger (its JSON like a role's line)."""
 
+    _KEYS = ("ram_mib", *_BUDGET_KEYS)
     ram_mib: int
-    reserve_mib: int
-    budget_mib: int
-    committed_mib: int | None
-    free_mib: int | None
-    reservations: tuple[tuple[str, int], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form (like a role's line)."""
-        return {
-            "ram_mib": self.ram_mib,
-            "reserve_mib": self.reserve_mib,
-            "budget_mib": self.budget_mib,
-            "committed_mib": self.committed_mib,
-            "free_mib": self.free_mib,
-            "reservations": [{"serve": h, "mib": m} for h, m in self.reservations],
-        }
 
 
 class Ledger:
@@ -457,7 +431,7 @@ class Ledger:
     # ----- operations ----------------------------------------------------------------
     def admit(self, res: GpuReservation) -> Ledger | Refusal:
         """Commit ``res`` on all of its roles at once, or refuse with the arithmetic."""
-        precheck = self._precheck(res.holder, res.gpu_roles, res.mib)
+        precheck = _precheck(self, res.holder, res.gpu_roles, res.mib)
         if precheck is not None:
             return precheck
         if res.holder in self._holdings:
@@ -496,7 +470,7 @@ class Ledger:
         res = self._holdings.get(holder)
         if res is None:
             return Refusal(RefusalKind.NOT_HELD, holder, f"{holder} holds no reservation")
-        precheck = self._precheck(holder, res.gpu_roles, mib)
+        precheck = _precheck(self, holder, res.gpu_roles, mib)
         if precheck is not None:
             return precheck
         delta = mib - res.mib
@@ -519,7 +493,7 @@ class Ledger:
         res = self._holdings.get(holder)
         if res is None:
             return Refusal(RefusalKind.NOT_HELD, holder, f"{holder} holds no reservation")
-        precheck = self._precheck(holder, res.gpu_roles, residual_mib)
+        precheck = _precheck(self, holder, res.gpu_roles, residual_mib)
         if precheck is not None:
             return precheck
         if residual_mib > res.mib:
@@ -542,15 +516,9 @@ class Ledger:
             return Refusal(
                 RefusalKind.OVER_BUDGET,
                 holder,
-                f"{holder}: sleep needs {host_mib} MiB of host RAM > free {terms.free_mib} MiB "
-                f"(ram {terms.ram_mib} - reserve {terms.reserve_mib} = budget "
-                f"{terms.budget_mib}; committed {terms.committed_mib}"
-                + (
-                    " = " + " + ".join(f"{h} {m}" for h, m in terms.reservations)
-                    if terms.reservations
-                    else ""
-                )
-                + f"); short by {terms.shortfall_mib} MiB",
+                terms.short_by(
+                    f"{holder}: sleep needs {host_mib} MiB of host RAM", f"ram {terms.ram_mib}"
+                ),
                 self.terms(holder, res.gpu_roles, 0),
                 terms,
             )
@@ -572,36 +540,6 @@ class Ledger:
         return grown._with(None, None, grown._committed, host)
 
     # ----- helpers -------------------------------------------------------------------
-    def _precheck(self, holder: str, gpu_roles: tuple[str, ...], mib: int) -> Refusal | None:
-        if isinstance(mib, bool) or not isinstance(mib, int) or mib <= 0:
-            return Refusal(
-                RefusalKind.INVALID,
-                holder,
-                f"{holder}: reservation must be a positive integer of MiB, got {mib!r}",
-            )
-        if not gpu_roles or len(set(gpu_roles)) != len(gpu_roles):
-            return Refusal(
-                RefusalKind.INVALID,
-                holder,
-                f"{holder}: reservation needs distinct gpu roles, got {list(gpu_roles)}",
-            )
-        missing = [r for r in gpu_roles if r not in self._roles]
-        if missing:
-            return Refusal(
-                RefusalKind.UNKNOWN_ROLE,
-                holder,
-                f"{holder}: no capacity row for gpu role(s) {', '.join(missing)}",
-            )
-        if self._unknown:
-            return Refusal(
-                RefusalKind.UNKNOWN_STATE,
-                holder,
-                f"{holder}: docker state is unknown, so committed MiB is unknown; "
-                "nothing is admitted until it can be read (fail closed)",
-                self.terms(holder, gpu_roles, mib),
-            )
-        return None
-
     def _over_budget(
         self, holder: str, gpu_roles: tuple[str, ...], mib: int, *, verb: str
     ) -> Refusal | None:
@@ -610,11 +548,7 @@ class Ledger:
         terms = self.terms(holder, gpu_roles, mib)
         short = [t for t in terms if t.shortfall_mib]
         parts = [
-            f"{t.gpu_role}: {verb} {t.requested_mib} MiB > free {t.free_mib} MiB "
-            f"(capacity {t.capacity_mib} - reserve {t.reserve_mib} = budget {t.budget_mib}; "
-            f"committed {t.committed_mib}"
-            + (" = " + " + ".join(f"{h} {m}" for h, m in t.reservations) if t.reservations else "")
-            + f"); short by {t.shortfall_mib} MiB"
+            t.short_by(f"{t.gpu_role}: {verb} {t.requested_mib} MiB", f"capacity {t.capacity_mib}")
             for t in short
         ]
         return Refusal(RefusalKind.OVER_BUDGET, holder, f"{holder}: " + "; ".join(parts), terms)
@@ -720,6 +654,39 @@ class WorkingLedger(Ledger):
             done._host_holdings = dict(self._host_holdings)
             self._frozen = done
         return done
+
+
+def _precheck(ledger: Ledger, holder: str, gpu_roles: tuple[str, ...], mib: int) -> Refusal | None:
+    """Why ``ledger`` refuses a reservation of ``mib`` on ``gpu_roles`` before any
+    arithmetic (not MiB, roles repeated or without a capacity row, docker unread)."""
+    if isinstance(mib, bool) or not isinstance(mib, int) or mib <= 0:
+        return Refusal(
+            RefusalKind.INVALID,
+            holder,
+            f"{holder}: reservation must be a positive integer of MiB, got {mib!r}",
+        )
+    if not gpu_roles or len(set(gpu_roles)) != len(gpu_roles):
+        return Refusal(
+            RefusalKind.INVALID,
+            holder,
+            f"{holder}: reservation needs distinct gpu roles, got {list(gpu_roles)}",
+        )
+    missing = [r for r in gpu_roles if r not in ledger.roles]
+    if missing:
+        return Refusal(
+            RefusalKind.UNKNOWN_ROLE,
+            holder,
+            f"{holder}: no capacity row for gpu role(s) {', '.join(missing)}",
+        )
+    if ledger.unknown:
+        return Refusal(
+            RefusalKind.UNKNOWN_STATE,
+            holder,
+            f"{holder}: docker state is unknown, so committed MiB is unknown; "
+            "nothing is admitted until it can be read (fail closed)",
+            ledger.terms(holder, gpu_roles, mib),
+        )
+    return None
 
 
 def _unlist(on_role: dict[str, tuple[tuple[str, int], ...]], res: GpuReservation) -> None:
