@@ -139,7 +139,7 @@ def _running(desired: DesiredState, observed: Observed) -> Running:
         (s, obs)
         for s in desired.serves.values()
         if (obs := containers.get(s.container, ABSENT)).state in COMMITTED_STATES
-        or (starting and s.name in starting)
+        or s.name in starting
     ]
 
 
