@@ -21,7 +21,9 @@ while its state is running, paused or restarting (``ContainerObs.holds``); the l
 *holdings*, :attr:`Ledger.holdings`); a serve counted at less than it *declares*
 (``vram_mib``) is shrunk, or asleep and *keeps* its residual on its roles and its host
 RAM (:func:`sleeping_reservation`); a serve that occupies memory no ledger counts is
-*uncounted* (:func:`held_uncounted`). Field names of the JSON are unchanged.
+*uncounted* (:func:`held_uncounted`); a lifecycle state *claims* a reservation
+(``holds`` of its :data:`statemachine.lifecycle.STATES` entry). Field names of the JSON
+are unchanged.
 
 This module is pure: no I/O, no clock, no logging, no docker.
 """
