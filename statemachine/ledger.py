@@ -758,8 +758,7 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
                 on = ledger_roles[key] = _known(desired, key) if desired.in_ledger(serve) else None
         if record is None and slept is None:  # the common case: as declared
             if on is not None and mib is not None:
-                full = mib if mib > 0 else 0  # what a record of none adds: max(mib, 0)
-                held = shrunk_to.get(name, full) if shrunk_to else full
+                held = shrunk_to.get(name, mib) if shrunk_to else mib
                 holdings.append(GpuReservation(name, on, held))
             continue
         res = _held_as_recorded(desired, serve, on is not None, record, slept, shrunk_to)
