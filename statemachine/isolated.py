@@ -35,7 +35,6 @@ Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass
 
 from statemachine.admission import conflict, inside_min_runtime
@@ -60,9 +59,6 @@ from statemachine.types import (
     foreign_project,
 )
 from statemachine.victims import Row, victim_names
-
-#: each serve whose container occupies memory, as declared, with what docker says of it
-Running = Sequence[tuple[ServeSpec, ContainerObs]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -102,7 +98,11 @@ def decide(
     on_short: list[tuple[ServeSpec, ContainerObs]] = []  # running, on a short role, as declared
     short_roles = short.keys()
     loading = False  # an engine sizing itself from free memory starts on one of its roles
-    for other, obs in _running(desired, observed):
+    containers = observed.containers
+    for other in desired.serves.values():  # those that run (the planner's ``running``)
+        obs = containers.get(other.container, ABSENT)
+        if obs.state not in COMMITTED_STATES and other.name not in starting:
+            continue  # it occupies nothing and does not start
         if other.name == name:
             continue
         # conflict() finds nothing unless one of the two is exclusive or they share a
@@ -129,18 +129,6 @@ def decide(
         v for v in evict if desired.serves[v].router_tier and not observed.sleep_of(v).asleep
     )
     return Decision(evict, drain)
-
-
-def _running(desired: DesiredState, observed: Observed) -> Running:
-    """The serves whose container occupies memory or whose start is in progress, as
-    declared (the planner's ``running`` at the start of its plan)."""
-    containers, starting = observed.containers, observed.starting
-    return [
-        (s, obs)
-        for s in desired.serves.values()
-        if (obs := containers.get(s.container, ABSENT)).state in COMMITTED_STATES
-        or s.name in starting
-    ]
 
 
 def _shortfall(serve: ServeSpec, desired: DesiredState, ledger: Ledger) -> dict[str, int]:
