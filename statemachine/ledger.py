@@ -34,7 +34,6 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from operator import attrgetter
 from typing import Any, ClassVar
 
 from statemachine.pmap import PMap
@@ -90,8 +89,7 @@ class _Line:
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form: the class's keys, then ``reservations``."""
-        keys = self._KEYS
-        out: dict[str, Any] = dict(zip(keys, attrgetter(*keys)(self), strict=True))
+        out: dict[str, Any] = {k: getattr(self, k) for k in self._KEYS}
         out["reservations"] = [{"serve": h, "mib": m} for h, m in self.reservations]
         return out
 
