@@ -787,8 +787,10 @@ def _held_as_recorded(
     its record's."""
     name = serve.name
     if not declared:
-        roles = _known(desired, record.gpu_roles) if record is not None else ()
-        return GpuReservation(name, roles, record.mib) if record is not None and roles else None
+        if record is None:
+            return None
+        roles = _known(desired, record.gpu_roles)
+        return GpuReservation(name, roles, record.mib) if roles else None
     assert serve.vram_mib is not None
     shrunk = shrunk_to.get(name)
     held = (

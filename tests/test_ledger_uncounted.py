@@ -1,9 +1,10 @@
-"""``held_uncounted``: the serves of the ledger that hold memory though no ledger counts
-them (the executor's check before a reserve and before a start's Docker call)."""
+"""``held_uncounted``: the serves of the ledger that occupy memory though no ledger
+counts them (the executor's check before a reserve and before a start's Docker call);
+and what the observed ledger counts for a serve outside it that has a start record."""
 
 from __future__ import annotations
 
-from statemachine.ledger import GpuReservation, held_uncounted
+from statemachine.ledger import GpuReservation, held_uncounted, ledger_from_observed
 from statemachine.types import (
     ContainerObs,
     ContainerState,
@@ -12,6 +13,7 @@ from statemachine.types import (
     Observed,
     Residency,
     ServeSpec,
+    StartedWith,
 )
 
 ROLES = {"g": GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
@@ -59,3 +61,20 @@ def test_a_serve_outside_the_ledger_is_not_listed() -> None:
 def test_nothing_is_listed_when_docker_cannot_be_read() -> None:
     desired = DesiredState(ROLES, {"a": _serve("a")})
     assert held_uncounted(desired, Observed(False, {"c-a": RUNNING}), lambda _n: False) == []
+
+
+def test_a_record_of_a_serve_outside_the_ledger_counts_only_on_roles_with_a_row() -> None:
+    """A serve the ledger does not govern (no vram_mib) whose running container has a
+    start record counts the record's MiB on the record's roles that have a capacity
+    row, and nothing where none has one."""
+    proxy = _serve("proxy", None)
+    desired = DesiredState(ROLES, {"proxy": proxy})
+    for on, counted in ((("g", "h"), True), (("h",), False)):
+        observed = Observed(
+            True, {"c-proxy": RUNNING}, started_with={"c-proxy": StartedWith("proxy", on, 1_500)}
+        )
+        ledger = ledger_from_observed(desired, observed)
+        assert ledger.holds("proxy") is counted, on
+        assert ledger.free_mib("g") == (8_500 if counted else 10_000)
+        if counted:
+            assert ledger.holdings["proxy"] == GpuReservation("proxy", ("g",), 1_500)
