@@ -8,9 +8,9 @@ requester (on one role, or spanning both) asking for 10-70 % of a card. Two deci
 the same inputs (a ``DesiredState`` and an ``Observed``), the same run, interleaved:
 
 ``vramctl``
-    ``statemachine.fit.fit_serve``: the planner's answer in isolation (what the ledger
-    counts from the observation, read in one walk where the observation is plain, as on
-    these instances; the shortfall, the victim search, every term of the arithmetic).
+    ``statemachine.fit.fit_serve``: the planner's answer in isolation (the observed
+    ledger, ``ledger_from_observed``; the shortfall, the victim search, every term of
+    the arithmetic).
 ``largest_first``
     The simplest peer that gives the same answer, written here: the ledger from the
     observation (``ledger_from_observed``: the same accounting, so both decide on the

@@ -464,44 +464,62 @@ def render_flag(
     key = normalize_engine(engine)
     flag = engine_flag(key)
     known = tuple(totals[r] for r in roles if r in totals)
+    why = _unrenderable(key, flag, vram_mib, roles, totals, known)
+    fraction: Decimal | None = None
+    explanation = ""
+    if why is None:
+        assert vram_mib is not None
+        try:
+            fraction, explanation = _rendered(vram_mib, known, places)
+        except ValueError as exc:
+            why = (FindingKind.NO_DEVICE_TOTAL, str(exc))
+    kind, problem = why if why is not None else (None, None)
+    return RenderResult(
+        serve=serve,
+        engine=key,
+        flag=flag,
+        vram_mib=vram_mib,
+        totals=known,
+        fraction=fraction,
+        explanation=explanation if problem is None else problem,
+        problem=problem,
+        problem_kind=kind,
+        places=places,
+    )
 
-    def without(kind: FindingKind, problem: str) -> RenderResult:
-        return RenderResult(
-            serve=serve,
-            engine=key,
-            flag=flag,
-            vram_mib=vram_mib,
-            totals=known,
-            fraction=None,
-            explanation=problem,
-            problem=problem,
-            problem_kind=kind,
-            places=places,
-        )
 
+def _unrenderable(
+    key: str | None,
+    flag: str | None,
+    vram_mib: int | None,
+    roles: Sequence[str],
+    totals: Mapping[str, DeviceTotal],
+    known: tuple[DeviceTotal, ...],
+) -> tuple[FindingKind, str] | None:
+    """Why no flag can be rendered (the finding's kind and its words); None when one can."""
     if flag is None:
         what = (
             "no engine is declared (engine = …) or found in its command"
             if key is None
             else f"engine {key!r} has no memory-fraction flag vramctl knows"
         )
-        return without(
+        return (
             FindingKind.NO_ENGINE_FLAG,
             f"{what} ({_flag_list()}); the reservation is kept by the ledger only",
         )
     if vram_mib is None:
-        return without(
+        return (
             FindingKind.NO_RESERVATION,
             "no reservation (vram_mib): there is nothing for the flag to enforce",
         )
     if not roles:
-        return without(
+        return (
             FindingKind.NO_DEVICE_TOTAL,
             f"no gpu_role/gpu_roles: the device total that {flag} is a fraction of is unknown",
         )
     missing = [r for r in roles if r not in totals]
     if missing:
-        return without(
+        return (
             FindingKind.NO_DEVICE_TOTAL,
             "no device total for role "
             + ", ".join(missing)
@@ -509,17 +527,20 @@ def render_flag(
         )
     over = [t for t in known if vram_mib > t.total_mib]
     if over:
-        return without(
+        return (
             FindingKind.EXCEEDS_DEVICE,
             f"the reservation {vram_mib} MiB exceeds the device total "
             + "; ".join(t.describe() for t in over),
         )
+    return None
+
+
+def _rendered(vram_mib: int, known: tuple[DeviceTotal, ...], places: int) -> tuple[Decimal, str]:
+    """The fraction for ``vram_mib`` on the smallest per-GPU share of ``known``, and its
+    arithmetic in words (``ValueError`` from :func:`fraction_for` when it has none)."""
     per_role = {t.role: Fraction(vram_mib, t.total_mib) for t in known}
     smallest = min(known, key=lambda t: per_role[t.role])
-    try:
-        fraction = fraction_for(vram_mib, smallest.total_mib, places)
-    except ValueError as exc:
-        return without(FindingKind.NO_DEVICE_TOTAL, str(exc))
+    fraction = fraction_for(vram_mib, smallest.total_mib, places)
     exact = per_role[smallest.role]
     budget = implied_mib(fraction, smallest.total_mib)
     if len(known) == 1:
@@ -538,16 +559,7 @@ def render_flag(
             f"= {_ratio(exact)} → {fraction}, rounded down to {places} places so the "
             f"engine's {_mib(budget)} MiB stays within the {vram_mib} MiB reservation"
         )
-    return RenderResult(
-        serve=serve,
-        engine=key,
-        flag=flag,
-        vram_mib=vram_mib,
-        totals=known,
-        fraction=fraction,
-        explanation=f"{head} {tail}",
-        places=places,
-    )
+    return fraction, f"{head} {tail}"
 
 
 # ── checks ─────────────────────────────────────────────────────────────────────

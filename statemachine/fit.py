@@ -2,9 +2,8 @@
 
 ``fit_serve`` asks the planner what an on-demand request for the serve would do,
 without doing it (where the answer is plain, :mod:`statemachine.isolated` gives the
-planner's answer without building the plan, and where the observation is plain it
-reads what the observed ledger counts without building the ledger), and reduces that
-to the fit contract:
+planner's answer from the observed ledger and the planner's own predicates without
+building the plan), and reduces that to the fit contract:
 whether it fits, every term of each role's arithmetic, and what would be drained,
 shrunk or evicted, or what blocks it.
 
@@ -14,10 +13,11 @@ Pure: no I/O, no clock (``now`` is an argument), no docker.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from functools import partial
 from typing import Any
 
-from statemachine.isolated import Reading, decide, plain_reading
-from statemachine.ledger import Ledger, RoleTerms, ledger_from_observed
+from statemachine.isolated import decide
+from statemachine.ledger import RoleTerms, ledger_from_observed
 from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
 from statemachine.types import DesiredState, Observed, OnDemandRequest, ServeSpec
 
@@ -97,6 +97,7 @@ def fit_serve(
     *,
     policy: Policy | None = None,
     now: float,
+    by_planner: bool = False,
 ) -> FitResult:
     """Could ``serve_name`` run now, and what would the planner stop or shrink for it?
 
@@ -107,39 +108,11 @@ def fit_serve(
 
     Where :func:`statemachine.isolated.decide` can tell the planner's answer without
     running it (a start that fits, or fits after stopping evictable victims) the plan
-    is not built; the answer is :func:`fit_serve_by_planner`'s in every case.
+    is not built; the answer is the plan's in every case. ``by_planner``: always read
+    off the plan (:data:`fit_serve_by_planner`, the reference the shortcut is held to).
     """
-    return _fit(desired, observed, serve_name, policy, now, shortcut=True)
-
-
-def fit_serve_by_planner(
-    desired: DesiredState,
-    observed: Observed,
-    serve_name: str,
-    *,
-    policy: Policy | None = None,
-    now: float,
-) -> FitResult:
-    """:func:`fit_serve`'s answer, always read off the planner's plan for the request
-    (the reference the shortcut is held to)."""
-    return _fit(desired, observed, serve_name, policy, now, shortcut=False)
-
-
-def _fit(
-    desired: DesiredState,
-    observed: Observed,
-    serve_name: str,
-    policy: Policy | None,
-    now: float,
-    *,
-    shortcut: bool,
-) -> FitResult:
     serve = desired.serves[serve_name]
-    # the shortcut reads what the ledger counts in one walk where the observation is
-    # plain (the same figures); the planner's way always builds the ledger
-    ledger: Ledger | Reading | None = plain_reading(desired, observed) if shortcut else None
-    if ledger is None:
-        ledger = ledger_from_observed(desired, observed)
+    ledger = ledger_from_observed(desired, observed)
     in_ledger = serve.vram_mib is not None and desired.in_ledger(serve)
     asleep = observed.sleep_of(serve.name).asleep and observed.container(serve.container).holds
     mib = serve.vram_mib or 0
@@ -164,9 +137,9 @@ def _fit(
             ledger.terms(serve.name, serve.gpu_roles, 0) if in_ledger else (),
         )
     direct = (
-        decide(desired, observed, serve, ledger, policy or DEFAULT_POLICY, now)
-        if shortcut
-        else None
+        None
+        if by_planner
+        else decide(desired, observed, serve, ledger, policy or DEFAULT_POLICY, now)
     )
     if direct is not None:  # the planner's answer, reached without the planner
         return _fits(serve, terms, in_ledger, direct.evict, direct.drain)
@@ -197,6 +170,10 @@ def _fit(
         tuple(s.serve for s in plan.steps if s.action is Action.SLEEP),
         wake=asleep,
     )
+
+
+#: :func:`fit_serve`'s answer, always read off the planner's plan for the request
+fit_serve_by_planner = partial(fit_serve, by_planner=True)
 
 
 def _fits(

@@ -230,40 +230,18 @@ def start_sample(
         "settled_mib": settled_mib,
         "others": tuple(others),
     }
-    if process_after_mib is not None or process_settled_mib is not None:
-        return Sample(
-            **common,
-            method=Method.PROCESS,
-            attributable=True,
-            delta_mib=process_after_mib,
-            steady_mib=process_settled_mib,
-            note="the driver's per-process figure for its container",
-        )
     delta, steady = _sub(after_mib, before_mib), _sub(settled_mib, before_mib)
-    if delta is None and steady is None:
-        return Sample(
-            **common,
-            method=Method.UNKNOWN,
-            attributable=False,
-            note="no device reading before and after (NVML unavailable, or the role has "
-            "no device linked by uuid)",
-        )
-    if others:
-        return Sample(
-            **common,
-            method=Method.DELTA,
-            attributable=False,
-            delta_mib=delta,
-            steady_mib=steady,
-            note=_others_note(others),
-        )
-    return Sample(
-        **common,
-        method=Method.DELTA,
-        attributable=True,
-        delta_mib=delta,
-        steady_mib=steady,
-        note="device used, before vs after; nothing else moved on the GPU",
+    return _sampled(
+        common,
+        others,
+        process=(
+            (process_after_mib, process_settled_mib)
+            if process_after_mib is not None or process_settled_mib is not None
+            else None
+        ),
+        process_note="the driver's per-process figure for its container",
+        device=(None if delta is None and steady is None else (delta, steady)),
+        device_note="device used, before vs after; nothing else moved on the GPU",
     )
 
 
@@ -289,16 +267,42 @@ def stop_sample(
         "after_mib": after_mib,
         "others": tuple(others),
     }
-    if process_before_mib is not None:
+    delta = _sub(before_mib, after_mib)
+    return _sampled(
+        common,
+        others,
+        process=None if process_before_mib is None else (process_before_mib, None),
+        process_note="the driver's per-process figure for its container before the stop",
+        device=None if delta is None else (delta, None),
+        device_note="device used before the stop vs after the release; nothing else moved "
+        "on the GPU",
+    )
+
+
+def _sampled(
+    common: dict[str, Any],
+    others: Sequence[str],
+    *,
+    process: tuple[int | None, int | None] | None,
+    process_note: str,
+    device: tuple[int | None, int | None] | None,
+    device_note: str,
+) -> Sample:
+    """A start's or a stop's sample by the best method it has: the container's own
+    figures (``process``: attributable whatever else moved), else the device's change
+    (``device``: attributable only when nothing else moved), else unknown. Each
+    figure pair is (``delta_mib``, ``steady_mib``)."""
+    if process is not None:
+        delta, steady = process
         return Sample(
             **common,
             method=Method.PROCESS,
             attributable=True,
-            delta_mib=process_before_mib,
-            note="the driver's per-process figure for its container before the stop",
+            delta_mib=delta,
+            steady_mib=steady,
+            note=process_note,
         )
-    delta = _sub(before_mib, after_mib)
-    if delta is None:
+    if device is None:
         return Sample(
             **common,
             method=Method.UNKNOWN,
@@ -306,20 +310,14 @@ def stop_sample(
             note="no device reading before and after (NVML unavailable, or the role has "
             "no device linked by uuid)",
         )
-    if others:
-        return Sample(
-            **common,
-            method=Method.DELTA,
-            attributable=False,
-            delta_mib=delta,
-            note=_others_note(others),
-        )
+    delta, steady = device
     return Sample(
         **common,
         method=Method.DELTA,
-        attributable=True,
+        attributable=not others,
         delta_mib=delta,
-        note="device used before the stop vs after the release; nothing else moved on the GPU",
+        steady_mib=steady,
+        note=_others_note(others) if others else device_note,
     )
 
 

@@ -15,21 +15,31 @@ budget: a container started outside the controller is reality, and it is reporte
 (:meth:`Ledger.overcommitted`), not hidden. When docker could not be read the ledger
 is *unknown*: committed figures are ``None`` and nothing is admitted (fail closed).
 
+"Holds" had four meanings; each has its own word here. A container *occupies* memory
+while its state is running, paused or restarting (``ContainerObs.holds``); the ledger
+*counts* a holder that has a committed reservation (:meth:`Ledger.holds`; its
+*holdings*, :attr:`Ledger.holdings`); a serve counted at less than it *declares*
+(``vram_mib``) is shrunk, or asleep and *keeps* its residual on its roles and its host
+RAM (:func:`sleeping_reservation`); a serve that occupies memory no ledger counts is
+*uncounted* (:func:`held_uncounted`); a lifecycle state *claims* a reservation
+(``holds`` of its :data:`statemachine.lifecycle.STATES` entry). Field names of the JSON
+are unchanged.
+
 This module is pure: no I/O, no clock, no logging, no docker.
 """
 
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any
+from typing import Any, ClassVar
 
 from statemachine.pmap import PMap
 from statemachine.slotinit import direct_init
 from statemachine.types import (
-    ABSENT,
+    COMMITTED_STATES,
     DesiredState,
     GpuRole,
     HostBudget,
@@ -37,6 +47,7 @@ from statemachine.types import (
     ServeSpec,
     SleepObs,
     SleepState,
+    StartedWith,
 )
 
 
@@ -61,69 +72,70 @@ class RefusalKind(StrEnum):
     INVALID = "invalid"
 
 
+@dataclass(frozen=True, slots=True)
+class _Line:
+    """The terms every line of the ledger has, a role's or host RAM's: reserve, budget,
+    committed and free MiB (``None`` when docker could not be read: unknown, never
+    zero) and each committed reservation as (holder, MiB), sorted by holder.
+
+    A line's JSON is its :attr:`_KEYS` in that order, then its reservations."""
+
+    _KEYS: ClassVar[tuple[str, ...]]
+    reserve_mib: int
+    budget_mib: int
+    committed_mib: int | None
+    free_mib: int | None
+    reservations: tuple[tuple[str, int], ...]
+
+    def to_json(self) -> dict[str, Any]:
+        """The JSON form: the class's keys, then ``reservations``."""
+        out: dict[str, Any] = {k: getattr(self, k) for k in self._KEYS}
+        out["reservations"] = [{"serve": h, "mib": m} for h, m in self.reservations]
+        return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Request(_Line):
+    """A line's terms for one request of ``requested_mib`` more: ``shortfall_mib`` is
+    ``requested_mib - free_mib`` when positive, else 0 (``None`` when free is unknown)."""
+
+    requested_mib: int
+    shortfall_mib: int | None
+
+    def short_by(self, asked: str, whole: str) -> str:
+        """``asked`` (what was asked, in words) against free, every term: ``whole`` is
+        the line's own total (``"capacity 80000"``, ``"ram 262144"``)."""
+        held = " + ".join(f"{h} {m}" for h, m in self.reservations)
+        return (
+            f"{asked} > free {self.free_mib} MiB ({whole} - reserve {self.reserve_mib} = "
+            f"budget {self.budget_mib}; committed {self.committed_mib}"
+            + (f" = {held}" if held else "")
+            + f"); short by {self.shortfall_mib} MiB"
+        )
+
+
+#: the keys of a line's JSON after the line's own (capacity or RAM), in order
+_BUDGET_KEYS = ("reserve_mib", "budget_mib", "committed_mib", "free_mib")
+_REQUEST_KEYS = (*_BUDGET_KEYS, "requested_mib", "shortfall_mib")
+
+
 @direct_init
 @dataclass(frozen=True, slots=True)
-class RoleTerms:
-    """Every term of one role's arithmetic for one request.
+class RoleTerms(_Request):
+    """Every term of one role's arithmetic for one request (docs/design.md §5 fit rows,
+    plus each committed reservation)."""
 
-    ``committed_mib`` and ``free_mib`` are ``None`` when docker could not be read.
-    ``shortfall_mib`` is ``requested_mib - free_mib`` when positive, else 0 (``None``
-    when free is unknown).
-    """
-
+    _KEYS = ("gpu_role", "capacity_mib", *_REQUEST_KEYS)
     gpu_role: str
     capacity_mib: int
-    reserve_mib: int
-    budget_mib: int
-    committed_mib: int | None
-    free_mib: int | None
-    requested_mib: int
-    shortfall_mib: int | None
-    reservations: tuple[tuple[str, int], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form (docs/design.md §5 fit rows, plus each committed reservation)."""
-        return {
-            "gpu_role": self.gpu_role,
-            "capacity_mib": self.capacity_mib,
-            "reserve_mib": self.reserve_mib,
-            "budget_mib": self.budget_mib,
-            "committed_mib": self.committed_mib,
-            "free_mib": self.free_mib,
-            "requested_mib": self.requested_mib,
-            "shortfall_mib": self.shortfall_mib,
-            "reservations": [{"serve": h, "mib": m} for h, m in self.reservations],
-        }
 
 
 @dataclass(frozen=True, slots=True)
-class HostTerms:
-    """Every term of the host RAM arithmetic for one request (like :class:`RoleTerms`).
+class HostTerms(_Request):
+    """Every term of the host RAM arithmetic for one request (like :class:`RoleTerms`)."""
 
-    ``committed_mib`` and ``free_mib`` are ``None`` when docker could not be read.
-    """
-
+    _KEYS = ("ram_mib", *_REQUEST_KEYS)
     ram_mib: int
-    reserve_mib: int
-    budget_mib: int
-    committed_mib: int | None
-    free_mib: int | None
-    requested_mib: int
-    shortfall_mib: int | None
-    reservations: tuple[tuple[str, int], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form."""
-        return {
-            "ram_mib": self.ram_mib,
-            "reserve_mib": self.reserve_mib,
-            "budget_mib": self.budget_mib,
-            "committed_mib": self.committed_mib,
-            "free_mib": self.free_mib,
-            "requested_mib": self.requested_mib,
-            "shortfall_mib": self.shortfall_mib,
-            "reservations": [{"serve": h, "mib": m} for h, m in self.reservations],
-        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,50 +162,21 @@ class Refusal:
 
 
 @dataclass(frozen=True, slots=True)
-class RoleView:
-    """One role's line of the ledger; ``None`` is unknown, never zero."""
+class RoleView(_Line):
+    """One role's line of the ledger (docs/design.md §5 ``ledger_after`` rows plus the
+    reservations; the role is the row's key there, not a field)."""
 
+    _KEYS = ("capacity_mib", *_BUDGET_KEYS)
     gpu_role: str
     capacity_mib: int
-    reserve_mib: int
-    budget_mib: int
-    committed_mib: int | None
-    free_mib: int | None
-    reservations: tuple[tuple[str, int], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form (docs/design.md §5 ``ledger_after`` rows plus the reservations)."""
-        return {
-            "capacity_mib": self.capacity_mib,
-            "reserve_mib": self.reserve_mib,
-            "budget_mib": self.budget_mib,
-            "committed_mib": self.committed_mib,
-            "free_mib": self.free_mib,
-            "reservations": [{"serve": h, "mib": m} for h, m in self.reservations],
-        }
 
 
 @dataclass(frozen=True, slots=True)
-class HostView:
-    """The host RAM line of the ledger; ``None`` is unknown, never zero."""
+class HostView(_Line):
+    """The host RAM line of the ledger (its JSON like a role's line)."""
 
+    _KEYS = ("ram_mib", *_BUDGET_KEYS)
     ram_mib: int
-    reserve_mib: int
-    budget_mib: int
-    committed_mib: int | None
-    free_mib: int | None
-    reservations: tuple[tuple[str, int], ...]
-
-    def to_json(self) -> dict[str, Any]:
-        """The JSON form (like a role's line)."""
-        return {
-            "ram_mib": self.ram_mib,
-            "reserve_mib": self.reserve_mib,
-            "budget_mib": self.budget_mib,
-            "committed_mib": self.committed_mib,
-            "free_mib": self.free_mib,
-            "reservations": [{"serve": h, "mib": m} for h, m in self.reservations],
-        }
 
 
 class Ledger:
@@ -226,21 +209,23 @@ class Ledger:
         self._unknown = unknown
         self._host = host
         self._host_holdings: dict[str, int] = {}
-        for holder, mib in (host_holdings or {}).items():
+        for holder, mib in host_holdings.items() if host_holdings else ():
             if isinstance(mib, bool) or not isinstance(mib, int) or mib < 0:
                 raise ValueError(f"host reservation of {holder!r} must be MiB >= 0, got {mib!r}")
             if mib:
                 self._host_holdings[holder] = mib
         held: dict[str, GpuReservation] = {}
-        self._committed: dict[str, int] = dict.fromkeys(self._roles, 0)
+        known = self._roles
+        committed = self._committed = dict.fromkeys(known, 0)
         for res in holdings:
-            if res.holder in held:
-                raise ValueError(f"reservation holder {res.holder!r} appears twice")
+            holder, mib = res.holder, res.mib
+            if holder in held:
+                raise ValueError(f"reservation holder {holder!r} appears twice")
             for role in res.gpu_roles:
-                if role not in self._roles:
-                    raise ValueError(f"reservation of {res.holder!r} names unknown role {role!r}")
-                self._committed[role] += res.mib
-            held[res.holder] = res
+                if role not in known:
+                    raise ValueError(f"reservation of {holder!r} names unknown role {role!r}")
+                committed[role] += mib
+            held[holder] = res
         # persistent: an operation shares the holdings it does not change (no O(n) copy)
         self._holdings: PMap[str, GpuReservation] = PMap(held)
         # role -> reservations_on(role), built when first asked and carried to the
@@ -348,7 +333,8 @@ class Ledger:
         )
 
     def holds(self, holder: str) -> bool:
-        """True when ``holder`` has a committed reservation."""
+        """True when the ledger counts ``holder``: it has a committed reservation
+        (whether its container occupies memory is ``ContainerObs.holds``)."""
         return holder in self._holdings
 
     def committed_mib(self, role: str) -> int:
@@ -445,7 +431,7 @@ class Ledger:
     # ----- operations ----------------------------------------------------------------
     def admit(self, res: GpuReservation) -> Ledger | Refusal:
         """Commit ``res`` on all of its roles at once, or refuse with the arithmetic."""
-        precheck = self._precheck(res.holder, res.gpu_roles, res.mib)
+        precheck = _precheck(self, res.holder, res.gpu_roles, res.mib)
         if precheck is not None:
             return precheck
         if res.holder in self._holdings:
@@ -484,7 +470,7 @@ class Ledger:
         res = self._holdings.get(holder)
         if res is None:
             return Refusal(RefusalKind.NOT_HELD, holder, f"{holder} holds no reservation")
-        precheck = self._precheck(holder, res.gpu_roles, mib)
+        precheck = _precheck(self, holder, res.gpu_roles, mib)
         if precheck is not None:
             return precheck
         delta = mib - res.mib
@@ -507,7 +493,7 @@ class Ledger:
         res = self._holdings.get(holder)
         if res is None:
             return Refusal(RefusalKind.NOT_HELD, holder, f"{holder} holds no reservation")
-        precheck = self._precheck(holder, res.gpu_roles, residual_mib)
+        precheck = _precheck(self, holder, res.gpu_roles, residual_mib)
         if precheck is not None:
             return precheck
         if residual_mib > res.mib:
@@ -530,15 +516,9 @@ class Ledger:
             return Refusal(
                 RefusalKind.OVER_BUDGET,
                 holder,
-                f"{holder}: sleep needs {host_mib} MiB of host RAM > free {terms.free_mib} MiB "
-                f"(ram {terms.ram_mib} - reserve {terms.reserve_mib} = budget "
-                f"{terms.budget_mib}; committed {terms.committed_mib}"
-                + (
-                    " = " + " + ".join(f"{h} {m}" for h, m in terms.reservations)
-                    if terms.reservations
-                    else ""
-                )
-                + f"); short by {terms.shortfall_mib} MiB",
+                terms.short_by(
+                    f"{holder}: sleep needs {host_mib} MiB of host RAM", f"ram {terms.ram_mib}"
+                ),
                 self.terms(holder, res.gpu_roles, 0),
                 terms,
             )
@@ -560,36 +540,6 @@ class Ledger:
         return grown._with(None, None, grown._committed, host)
 
     # ----- helpers -------------------------------------------------------------------
-    def _precheck(self, holder: str, gpu_roles: tuple[str, ...], mib: int) -> Refusal | None:
-        if isinstance(mib, bool) or not isinstance(mib, int) or mib <= 0:
-            return Refusal(
-                RefusalKind.INVALID,
-                holder,
-                f"{holder}: reservation must be a positive integer of MiB, got {mib!r}",
-            )
-        if not gpu_roles or len(set(gpu_roles)) != len(gpu_roles):
-            return Refusal(
-                RefusalKind.INVALID,
-                holder,
-                f"{holder}: reservation needs distinct gpu roles, got {list(gpu_roles)}",
-            )
-        missing = [r for r in gpu_roles if r not in self._roles]
-        if missing:
-            return Refusal(
-                RefusalKind.UNKNOWN_ROLE,
-                holder,
-                f"{holder}: no capacity row for gpu role(s) {', '.join(missing)}",
-            )
-        if self._unknown:
-            return Refusal(
-                RefusalKind.UNKNOWN_STATE,
-                holder,
-                f"{holder}: docker state is unknown, so committed MiB is unknown; "
-                "nothing is admitted until it can be read (fail closed)",
-                self.terms(holder, gpu_roles, mib),
-            )
-        return None
-
     def _over_budget(
         self, holder: str, gpu_roles: tuple[str, ...], mib: int, *, verb: str
     ) -> Refusal | None:
@@ -598,11 +548,7 @@ class Ledger:
         terms = self.terms(holder, gpu_roles, mib)
         short = [t for t in terms if t.shortfall_mib]
         parts = [
-            f"{t.gpu_role}: {verb} {t.requested_mib} MiB > free {t.free_mib} MiB "
-            f"(capacity {t.capacity_mib} - reserve {t.reserve_mib} = budget {t.budget_mib}; "
-            f"committed {t.committed_mib}"
-            + (" = " + " + ".join(f"{h} {m}" for h, m in t.reservations) if t.reservations else "")
-            + f"); short by {t.shortfall_mib} MiB"
+            t.short_by(f"{t.gpu_role}: {verb} {t.requested_mib} MiB", f"capacity {t.capacity_mib}")
             for t in short
         ]
         return Refusal(RefusalKind.OVER_BUDGET, holder, f"{holder}: " + "; ".join(parts), terms)
@@ -710,6 +656,39 @@ class WorkingLedger(Ledger):
         return done
 
 
+def _precheck(ledger: Ledger, holder: str, gpu_roles: tuple[str, ...], mib: int) -> Refusal | None:
+    """Why ``ledger`` refuses a reservation of ``mib`` on ``gpu_roles`` before any
+    arithmetic (not MiB, roles repeated or without a capacity row, docker unread)."""
+    if isinstance(mib, bool) or not isinstance(mib, int) or mib <= 0:
+        return Refusal(
+            RefusalKind.INVALID,
+            holder,
+            f"{holder}: reservation must be a positive integer of MiB, got {mib!r}",
+        )
+    if not gpu_roles or len(set(gpu_roles)) != len(gpu_roles):
+        return Refusal(
+            RefusalKind.INVALID,
+            holder,
+            f"{holder}: reservation needs distinct gpu roles, got {list(gpu_roles)}",
+        )
+    missing = [r for r in gpu_roles if r not in ledger.roles]
+    if missing:
+        return Refusal(
+            RefusalKind.UNKNOWN_ROLE,
+            holder,
+            f"{holder}: no capacity row for gpu role(s) {', '.join(missing)}",
+        )
+    if ledger.unknown:
+        return Refusal(
+            RefusalKind.UNKNOWN_STATE,
+            holder,
+            f"{holder}: docker state is unknown, so committed MiB is unknown; "
+            "nothing is admitted until it can be read (fail closed)",
+            ledger.terms(holder, gpu_roles, mib),
+        )
+    return None
+
+
 def _unlist(on_role: dict[str, tuple[tuple[str, int], ...]], res: GpuReservation) -> None:
     """Take ``res`` out of the per-role lists already built (the others are built when
     asked): O(reservations on its roles), no scan of every holding."""
@@ -732,7 +711,7 @@ def _enlist(on_role: dict[str, tuple[tuple[str, int], ...]], res: GpuReservation
 
 
 def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
-    """The ledger the host holds now: every container that holds memory, at its reservation.
+    """The ledger the host holds now: every container that occupies memory, at its reservation.
 
     A ledger serve whose container holds memory counts at its declared reservation; a
     shrunk elastic serve at the reservation it holds now; a serve whose memory did not
@@ -749,30 +728,87 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     """
     if not observed.docker_ok:
         return Ledger(desired.roles, unknown=True, host=desired.host)
-    holdings = []
+    holdings = _starts_in_progress(desired, observed) if observed.starting else []
     host_holdings: dict[str, int] = {}
-    # a fleet's serves share a few role tuples: whether they are in the ledger, and
-    # which of them have a capacity row, asked once per tuple (one plan may ask it for
-    # a thousand serves)
-    in_ledger_by_roles: dict[tuple[str, ...], bool] = {}
-    known_by_roles: dict[tuple[str, ...], tuple[str, ...]] = {}
+    # a fleet's serves share a few role tuples: the roles a serve in the ledger counts
+    # on (None: not in the ledger), asked once per tuple (a plan may ask a thousand)
+    ledger_roles: dict[tuple[str, ...], tuple[str, ...] | None] = {}
+    starting, unreleased = observed.starting, observed.unreleased
+    containers, started_with = observed.containers, observed.started_with
+    sleeps, shrunk_to = observed.sleep, observed.elastic_mib
+    for serve in desired.serves.values():
+        name = serve.name
+        obs = containers.get(serve.container)
+        if obs is not None and obs.state in COMMITTED_STATES:
+            record = started_with.get(serve.container) if started_with else None
+            slept = sleeps.get(name) if sleeps else None
+        elif name in unreleased:
+            record = slept = None
+        else:
+            continue  # its container holds nothing, and its memory is back
+        if starting and name in starting:
+            continue  # counted as a start in progress
+        mib, key = serve.vram_mib, serve.gpu_roles
+        on = None
+        if mib is not None:
+            on = ledger_roles.get(key, ())
+            if on == ():
+                on = ledger_roles[key] = _known(desired, key) if desired.in_ledger(serve) else None
+        if record is None and slept is None:  # the common case: as declared
+            if on is not None and mib is not None:
+                held = shrunk_to.get(name, mib) if shrunk_to else mib
+                holdings.append(GpuReservation(name, on, held))
+            continue
+        res = _held_as_recorded(desired, serve, on is not None, record, slept, shrunk_to)
+        if res is not None:
+            holdings.append(res)
+        asleep = None if slept is None else sleeping_reservation(serve, slept)
+        if asleep is not None and asleep[1]:
+            host_holdings[name] = asleep[1]
+    holdings.extend(
+        res
+        for _container, res in no_longer_declared(desired, observed)
+        if res.holder not in starting
+    )
+    return Ledger(desired.roles, holdings, host=desired.host, host_holdings=host_holdings)
 
-    def known(roles: tuple[str, ...]) -> tuple[str, ...]:
-        found = known_by_roles.get(roles)
-        if found is None:
-            found = known_by_roles[roles] = _known(desired, roles)
-        return found
 
-    def in_ledger(serve: ServeSpec) -> bool:  # its answer depends on its roles only
-        found = in_ledger_by_roles.get(serve.gpu_roles)
-        if found is None:
-            found = in_ledger_by_roles[serve.gpu_roles] = desired.in_ledger(serve)
-        return found
+def _held_as_recorded(
+    desired: DesiredState,
+    serve: ServeSpec,
+    declared: bool,
+    record: StartedWith | None,
+    slept: SleepObs | None,
+    shrunk_to: Mapping[str, int],
+) -> GpuReservation | None:
+    """What a running serve with a start record or a sleep state holds (None: nothing
+    the ledger counts): declared, the larger of its reservation and its record's on
+    the roles of either (what it was shrunk to, or its residual asleep); not declared,
+    its record's."""
+    name = serve.name
+    if not declared:
+        if record is None:
+            return None
+        roles = _known(desired, record.gpu_roles)
+        return GpuReservation(name, roles, record.mib) if roles else None
+    assert serve.vram_mib is not None
+    shrunk = shrunk_to.get(name)
+    held = (
+        max(serve.vram_mib, record.mib if record is not None else 0) if shrunk is None else shrunk
+    )
+    asleep = None if slept is None else sleeping_reservation(serve, slept)
+    if asleep is not None and asleep[0] is not None:
+        held = asleep[0]
+    key = serve.gpu_roles + record.gpu_roles if record else serve.gpu_roles
+    return GpuReservation(name, _known(desired, key), held)
 
-    starting = observed.starting
-    for name, start in starting.items():
+
+def _starts_in_progress(desired: DesiredState, observed: Observed) -> list[GpuReservation]:
+    """What each start in progress holds: on the roles it was started on and those it
+    declares now, at the larger of what was reserved for it and what it declares now."""
+    out: list[GpuReservation] = []
+    for name, start in observed.starting.items():
         serve = desired.serves.get(name)
-        # the roles it was started on and those it declares now; the larger MiB
         started_on = start.gpu_roles
         mib: int = start.mib
         if serve is not None and serve.vram_mib is not None and desired.in_ledger(serve):
@@ -780,49 +816,32 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
             mib = max(mib, serve.vram_mib)
         counted = _known(desired, started_on)
         if counted and mib > 0:
-            holdings.append(GpuReservation(name, counted, mib))
-    containers, started_with = observed.containers, observed.started_with
-    sleeps, shrunk_to, unreleased = observed.sleep, observed.elastic_mib, observed.unreleased
-    for serve in desired.serves.values():
-        name = serve.name
-        if name in starting:
-            continue  # counted above
-        holds = containers.get(serve.container, ABSENT).holds
-        record = started_with.get(serve.container) if holds and started_with else None
-        declared = serve.vram_mib is not None and (
-            in_ledger_by_roles.get(serve.gpu_roles) or in_ledger(serve)
-        )
-        slept = sleeps.get(name) if holds else None
-        asleep = None if slept is None else asleep_holds(serve, slept)
-        if asleep is not None and asleep[1]:
-            host_holdings[name] = asleep[1]
-        if declared and (holds or name in unreleased):
-            assert serve.vram_mib is not None
-            shrunk = shrunk_to.get(name)
-            held = (
-                max(serve.vram_mib, record.mib if record is not None else 0)
-                if shrunk is None
-                else shrunk
-            )
-            if asleep is not None and asleep[0] is not None:
-                held = asleep[0]
-            key = serve.gpu_roles + record.gpu_roles if record else serve.gpu_roles
-            roles = known_by_roles.get(key) or known(key)
-            holdings.append(GpuReservation(name, roles, held))
-        elif record is not None:
-            roles = known(record.gpu_roles)
-            if roles:
-                holdings.append(GpuReservation(name, roles, record.mib))
-    holdings.extend(
-        res
-        for _container, res in no_longer_declared(desired, observed)
-        if res.holder not in observed.starting
-    )
-    return Ledger(desired.roles, holdings, host=desired.host, host_holdings=host_holdings)
+            out.append(GpuReservation(name, counted, mib))
+    return out
 
 
-def asleep_holds(serve: ServeSpec, obs: SleepObs) -> tuple[int | None, int] | None:
-    """What a sleeping serve holds: (MiB on each role, MiB of host RAM); None if awake.
+def held_uncounted(
+    desired: DesiredState, observed: Observed, counted: Callable[[str], bool]
+) -> list[GpuReservation]:
+    """The serves of the ledger whose container occupies memory in ``observed`` though no
+    ledger counts them (``counted(name)`` False): started outside the controller since
+    those ledgers were read. Each at its declared reservation, in declaration order;
+    none when docker could not be read (the caller refuses then: nothing is admitted).
+    """
+    if not observed.docker_ok:
+        return []
+    return [
+        GpuReservation(s.name, s.gpu_roles, s.vram_mib)
+        for s in desired.serves.values()
+        if s.vram_mib is not None
+        and desired.in_ledger(s)
+        and not counted(s.name)
+        and observed.container(s.container).holds
+    ]
+
+
+def sleeping_reservation(serve: ServeSpec, obs: SleepObs) -> tuple[int | None, int] | None:
+    """What a sleeping serve keeps: (MiB on each role, MiB of host RAM); None if awake.
 
     The MiB on each role is ``None`` when it is counted as awake (at its full
     reservation, as any running serve).
@@ -863,8 +882,8 @@ def no_longer_declared(
     declared serve has that name now). Only roles with a capacity row are counted; a
     container that has no record is not here (it is an undeclared container).
     """
-    if not observed.docker_ok:
-        return []
+    if not observed.docker_ok or not observed.started_with:
+        return []  # no record: no container is counted as no longer declared
     declared = {s.container for s in desired.serves.values()}
     taken = set(desired.serves)
     out: list[tuple[str, GpuReservation]] = []

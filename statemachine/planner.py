@@ -300,16 +300,12 @@ class _Work:
         residual."""
         held = self.held_mib(s.name)
         return (
-            s.sleep is not None
+            held is not None
             and s.name not in self.foreign
-            and s.name not in self.policy.no_sleep
             and s.name in self.running
             and s.name not in self.asleep
             and s.name not in self.stopping
-            and s.name not in self.observed.starting
-            and self.observed.sleep_of(s.name).state is SleepState.AWAKE
-            and held is not None
-            and held > s.sleep.residual_mib
+            and sleep_frees_memory(s, held, self.policy, self.observed)
         )
 
     def put_to_sleep(self, s: ServeSpec, reason: str) -> None:
@@ -392,7 +388,7 @@ def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> 
     return by_priority(residents) + sorted(on_demand, key=rank) + by_priority(rest)
 
 
-def _requester_veto(requester: ServeSpec) -> str | None:
+def requester_veto(requester: ServeSpec) -> str | None:
     """Why ``requester`` may stop nothing at all (it is not on-demand); None when it may."""
     if requester.residency is not Residency.ON_DEMAND:
         cls = requester.residency or "unclassified"
@@ -400,9 +396,50 @@ def _requester_veto(requester: ServeSpec) -> str | None:
     return None
 
 
+def victim_residency_veto(victim: ServeSpec) -> str | None:
+    """Why ``victim``'s residency class keeps it from ever being stopped for another
+    serve; None when it is ``evictable``."""
+    if victim.residency is Residency.RESIDENT:
+        return "resident: never evicted"
+    if victim.residency is Residency.ON_DEMAND:
+        return "on-demand: not a victim"
+    if victim.residency is None:
+        return "no residency class: never stopped implicitly"
+    return None
+
+
+def may_give_back(
+    o: ServeSpec, held_mib: int, policy: Policy, observed: Observed, now: float
+) -> bool:
+    """The shrink rule as observed: elastic ``o``, holding ``held_mib`` (its ledger
+    reservation), may give memory back (the policy allows it, it holds more than its
+    floor, it is outside its ``min_runtime_s``, its start is not in progress)."""
+    return (
+        o.elastic is not None
+        and o.name not in policy.no_shrink
+        and held_mib > o.elastic.floor_mib
+        and inside_min_runtime(o, observed, now) is None
+        and o.name not in observed.starting
+    )
+
+
+def sleep_frees_memory(o: ServeSpec, held_mib: int, policy: Policy, observed: Observed) -> bool:
+    """The sleep rule as observed: putting ``o`` (holding ``held_mib``) to sleep would
+    free memory (it can sleep, the policy allows it, its start is not in progress, it is
+    known awake: an unknown sleep state is never slept on, and it holds more than its
+    residual)."""
+    return (
+        o.sleep is not None
+        and o.name not in policy.no_sleep
+        and o.name not in observed.starting
+        and observed.sleep_of(o.name).state is SleepState.AWAKE
+        and held_mib > o.sleep.residual_mib
+    )
+
+
 def _may_evict(w: _Work, requester: ServeSpec, victim: ServeSpec) -> str | None:
     """None when ``requester`` may stop ``victim``; else why not."""
-    veto = _requester_veto(requester)
+    veto = requester_veto(requester)
     if veto is not None:
         return veto
     return _victim_veto(w, victim)
@@ -417,17 +454,14 @@ def _foreign_veto(s: ServeSpec, project: str) -> str:
 
 
 def _victim_veto(w: _Work, victim: ServeSpec) -> str | None:
-    """None when a requester that may evict (no :func:`_requester_veto`) may stop
+    """None when a requester that may evict (no :func:`requester_veto`) may stop
     ``victim``; else why not."""
     project = w.foreign.get(victim.name)
     if project is not None:
         return _foreign_veto(victim, project)
-    if victim.residency is Residency.RESIDENT:
-        return "resident: never evicted"
-    if victim.residency is Residency.ON_DEMAND:
-        return "on-demand: not a victim"
-    if victim.residency is None:
-        return "no residency class: never stopped implicitly"
+    veto = victim_residency_veto(victim)
+    if veto is not None:
+        return veto
     if victim.name in w.observed.starting:
         return "its start is in progress"
     if victim.name in w.starting:
@@ -598,7 +632,7 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
     short = ledger.short_of(s.gpu_roles, mib)
     if not short:
         return _NO_ROOM
-    veto = _requester_veto(s)
+    veto = requester_veto(s)
     if veto is not None:
         # it may neither evict nor shrink (what _may_evict and _may_shrink say of each
         # holder): blocked, every holder on its short roles protected, the list built
@@ -785,7 +819,7 @@ def _holders(
     container, in_flight = w.observed.container, w.observed.requests_in_flight
     cands, evictable, sleepable = h.cands, h.evictable, h.sleepable
     # asked once, not per holder: the requester's own veto holds for every victim
-    may_evict = _requester_veto(s) is None
+    may_evict = requester_veto(s) is None
     for name in on_short:
         res = holdings.get(name)
         if res is None or name == s.name:
@@ -794,10 +828,10 @@ def _holders(
         if name not in running:  # exited, its memory not confirmed back
             protected.append(Protected(name, res.mib, _EXITED))
             continue
-        veto = _victim_veto(w, o) if may_evict else _requester_veto(s)
+        veto = _victim_veto(w, o) if may_evict else requester_veto(s)
         if o.elastic is not None and _may_shrink(w, s, o, res.mib):
             assert o.elastic is not None
-            give = _whole_segments_above_floor(res.mib, o.elastic)
+            give = give_back_mib(res.mib, o.elastic)
             if give > 0:
                 h.elastic.append((o, res.mib))
                 for r in res.gpu_roles:
@@ -843,19 +877,16 @@ def _every_holder_protected(
 
 
 def _may_shrink(w: _Work, requester: ServeSpec, o: ServeSpec, held_mib: int) -> bool:
-    """True when ``o`` (holding ``held_mib``) may give memory back for ``requester``."""
+    """True when ``o`` (holding ``held_mib``) may give memory back for ``requester``
+    (:func:`may_give_back`, and what this plan has done so far)."""
     return (
-        o.elastic is not None
+        requester.residency is Residency.ON_DEMAND
         and o.name not in w.foreign
-        and o.name not in w.policy.no_shrink
-        and held_mib > o.elastic.floor_mib
-        and requester.residency is Residency.ON_DEMAND
-        and w.fresh(o) is None
+        and may_give_back(o, held_mib, w.policy, w.observed, w.now)
         # a serve started earlier in this plan may be shrunk after its
         # await_ready, unless its min_runtime_s protects it (a wake leaves the container
-        # as it was: its min_runtime_s counts from the container's start, w.fresh above)
+        # as it was: its min_runtime_s counts from the container's start)
         and not (o.name in w.starting and o.name not in w.woken and o.min_runtime_s > 0)
-        and o.name not in w.observed.starting
         and o.name not in w.asleep  # a sleeper's cache is not mapped: nothing to give
     )
 
@@ -869,7 +900,7 @@ def _shrinks(
     for o, cur in sorted(
         elastic,
         key=lambda e: (
-            -(_whole_segments_above_floor(e[1], e[0].elastic) if e[0].elastic else 0),
+            -(give_back_mib(e[1], e[0].elastic) if e[0].elastic else 0),
             e[0].name,
         ),
     ):
@@ -882,7 +913,7 @@ def _shrinks(
         # the engine gives back whole segments: ask for the segments that
         # cover the need (a segment short would leave the requester short)
         seg = o.elastic.segment_mib
-        give = min(_whole_segments_above_floor(cur, o.elastic), -(-need // seg) * seg)
+        give = min(give_back_mib(cur, o.elastic), -(-need // seg) * seg)
         shrinks.append((o, cur, cur - give))
         for r in o.gpu_roles:
             if r in remaining:
@@ -1139,7 +1170,7 @@ def _whole(mib: int, elastic: Elastic) -> int:
     return max(0, mib) // seg * seg
 
 
-def _whole_segments_above_floor(held: int, elastic: Elastic) -> int:
+def give_back_mib(held: int, elastic: Elastic) -> int:
     """What an elastic serve holding ``held`` MiB can give back: whole segments, floor kept."""
     return _whole(held - elastic.floor_mib, elastic)
 

@@ -48,7 +48,9 @@ def direct_init(cls: type[T]) -> type[T]:
         else:
             bound[f"_default_{i}"] = f.default
             signature.append(f"{f.name}=_default_{i}")
-        bound[f"_set_{i}"] = cls.__dict__[f.name].__set__
+        # the slot of a field a dataclass base declares is that base's
+        owner = next(k for k in cls.__mro__ if f.name in k.__dict__)
+        bound[f"_set_{i}"] = owner.__dict__[f.name].__set__
     body = "\n".join(f"        _set_{i}(self, {name})" for i, name in enumerate(names))
     source = (
         f"def _make({', '.join(bound)}):\n"

@@ -55,18 +55,25 @@ class RoleStatus:
     def to_json(self) -> dict[str, Any]:
         """JSON form."""
         out = {"gpu_role": self.ledger.gpu_role, **self.ledger.to_json()}
-        out.update(
-            {
-                "uuid": self.uuid,
-                "device_found": self.device_found,
-                "nvml_total_mib": self.nvml_total_mib,
-                "nvml_used_mib": self.nvml_used_mib,
-                "drift_used_mib": self.drift_used_mib,
-                "drift_total_mib": self.drift_total_mib,
-                "overcommitted": self.overcommitted,
-            }
-        )
+        out.update(_fields(self, _ROLE_KEYS))
         return out
+
+
+#: a role's JSON after its ledger line, in order
+_ROLE_KEYS = (
+    "uuid",
+    "device_found",
+    "nvml_total_mib",
+    "nvml_used_mib",
+    "drift_used_mib",
+    "drift_total_mib",
+    "overcommitted",
+)
+
+
+def _fields(obj: object, keys: tuple[str, ...]) -> dict[str, Any]:
+    """``obj``'s attributes ``keys``, by name, in that order."""
+    return {k: getattr(obj, k) for k in keys}
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,30 +126,9 @@ class ServeStatus:
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``sleep`` only for a serve that can sleep or is seen asleep)."""
-        out: dict[str, Any] = {
-            "serve": self.serve,
-            "container": self.container,
-            "gpu_roles": list(self.gpu_roles),
-            "residency": self.residency,
-            "desired": self.desired,
-            "state": self.state,
-            "health": self.health,
-            "lifecycle": self.lifecycle,
-            "reservation_mib": self.reservation_mib,
-            "in_ledger": self.in_ledger,
-            "committed": self.committed,
-            "nvml_used_mib": self.nvml_used_mib,
-            "drift_mib": self.drift_mib,
-            "held_mib": self.held_mib,
-            "in_flight": self.in_flight,
-            "in_flight_source": self.in_flight_source,
-            "idle_since": self.idle_since,
-            "ttl_basis": self.ttl_basis,
-            "request_ends_at": self.request_ends_at,
-            "foreign_project": self.foreign_project,
-            "desired_by": self.desired_by,
-            "evicted_for": list(self.evicted_for),
-        }
+        out = _fields(self, _SERVE_KEYS)
+        out["gpu_roles"] = list(self.gpu_roles)
+        out["evicted_for"] = list(self.evicted_for)
         if self.sleep is not None:
             out["sleep"] = {
                 "state": self.sleep,
@@ -151,6 +137,33 @@ class ServeStatus:
                 "host_ram_mib": self.host_ram_mib,
             }
         return out
+
+
+#: a serve's JSON, in order (``sleep`` follows for a serve that can sleep)
+_SERVE_KEYS = (
+    "serve",
+    "container",
+    "gpu_roles",
+    "residency",
+    "desired",
+    "state",
+    "health",
+    "lifecycle",
+    "reservation_mib",
+    "in_ledger",
+    "committed",
+    "nvml_used_mib",
+    "drift_mib",
+    "held_mib",
+    "in_flight",
+    "in_flight_source",
+    "idle_since",
+    "ttl_basis",
+    "request_ends_at",
+    "foreign_project",
+    "desired_by",
+    "evicted_for",
+)
 
 
 @dataclass(frozen=True, slots=True)

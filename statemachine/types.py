@@ -218,7 +218,9 @@ class ContainerObs:
 
     @property
     def holds(self) -> bool:
-        """True while the container holds its reservation."""
+        """True while the container occupies GPU memory (running, paused, restarting):
+        its serve's reservation is counted (the ledger's word for that is
+        :meth:`statemachine.ledger.Ledger.holds`)."""
         return self.state in COMMITTED_STATES
 
 

@@ -24,8 +24,8 @@ from strategies import NOW, Scenario, hosts
 
 import statemachine.fit as fit_module
 from statemachine.fit import fit_serve, fit_serve_by_planner, request_plan
-from statemachine.isolated import Reading, decide, plain_reading
-from statemachine.ledger import Ledger, ledger_from_observed
+from statemachine.isolated import decide
+from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Policy
 from statemachine.types import (
     ContainerObs,
@@ -35,10 +35,7 @@ from statemachine.types import (
     Observed,
     Residency,
     ServeSpec,
-    SleepObs,
-    SleepState,
     StartedWith,
-    StartingObs,
 )
 
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "300"))
@@ -198,12 +195,11 @@ def test_a_default_policy_and_an_explicit_one_answer_alike() -> None:
     assert not fit_serve(desired, observed, "want", policy=held, now=NOW).fits
 
 
-# ----- the plain reading: what the ledger counts, without building it ----------------------
+# ----- hosts with start records ----------------------------------------------------------
 @st.composite
 def recorded_hosts(draw: st.DrawFn) -> Scenario:
     """A host of :func:`hosts` whose start records are mostly what the controller writes
-    (the serve's declared reservation, or less of it: an edit that grew the serve), so
-    the plain reading answers with records too."""
+    (the serve's declared reservation, or less of it: an edit that grew the serve)."""
     sc = draw(hosts())
     d, obs = sc.desired, sc.observed
     records = dict(obs.started_with)
@@ -217,191 +213,19 @@ def recorded_hosts(draw: st.DrawFn) -> Scenario:
     return replace(sc, observed=replace(obs, started_with=records))
 
 
-def _same_counts(reading: Reading, ledger: Ledger, sc: Scenario) -> None:
-    assert not ledger.unknown and not reading.unknown
-    assert reading.held == {h: (r.gpu_roles, r.mib) for h, r in ledger.holdings.items()}
-    assert reading.holdings == dict(ledger.holdings.items())
-    assert reading.free == {r: ledger.free_mib(r) for r in ledger.roles}
-    for role in ledger.roles:
-        for mib in (0, 1, 40_000):
-            assert reading.terms("x", (role,), mib) == ledger.terms("x", (role,), mib), role
-    assert reading.terms("x", tuple(ledger.roles), 7) == ledger.terms("x", tuple(ledger.roles), 7)
-    for name in sc.desired.serves:
-        assert reading.holds(name) == ledger.holds(name)
-
-
 @SETTINGS
-@given(hosts() | recorded_hosts())
-def test_a_plain_reading_counts_what_the_ledger_counts(sc: Scenario) -> None:
+@given(recorded_hosts())
+def test_fit_serve_answers_as_the_planner_with_start_records(sc: Scenario) -> None:
     note(repr(sc))
-    reading = plain_reading(sc.desired, sc.observed)
-    ledger = ledger_from_observed(sc.desired, sc.observed)
-    if ledger.unknown:
-        assert reading is None
-    if reading is None:
-        return
-    _same_counts(reading, ledger, sc)
-    _same_counts(Reading.of(ledger), ledger, sc)
-    holding = [
-        (s, sc.observed.container(s.container))
-        for s in sc.desired.serves.values()
-        if sc.observed.container(s.container).holds
-    ]
-    assert list(reading.running or ()) == holding
-
-
-@pytest.mark.parametrize("case", ["record", "shrunk", "unreleased", "ledger"])
-def test_the_hosts_reach_a_plain_reading(case: str) -> None:
-    def hit(sc: Scenario, name: str) -> bool:
-        reading = plain_reading(sc.desired, sc.observed)
-        if reading is None:
-            return False
-        s = sc.desired.serves[name]
-        return {
-            "record": s.container in sc.observed.started_with,
-            "shrunk": name in sc.observed.elastic_mib and reading.holds(name),
-            "unreleased": name in sc.observed.unreleased and reading.holds(name),
-            "ledger": _left(sc, name),  # and a case left to the planner with it
-        }[case]
-
-    def any_serve(sc: Scenario) -> bool:
-        return any(hit(sc, name) for name in sc.desired.serves)
-
-    quick = settings(max_examples=5_000, database=None, deadline=None, phases=[Phase.generate])
-    find(recorded_hosts(), any_serve, settings=quick)
+    for name in sc.desired.serves:
+        got = fit_serve(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+        ref = fit_serve_by_planner(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+        assert got == ref, name
 
 
 ROLES = {"g": GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
 EVI_SERVE = ServeSpec("evi", "c-evi", ("g",), 4_000, Residency.EVICTABLE)
 RUNNING = ContainerObs(ContainerState.RUNNING, started_at=NOW - 900)
-
-
-def _plain(observed: Observed, serves: dict[str, ServeSpec] | None = None) -> Reading | None:
-    desired = DesiredState(ROLES, serves or {"evi": EVI_SERVE})
-    reading = plain_reading(desired, observed)
-    if reading is not None:  # where it answers, the ledger's figures
-        _same_counts(
-            reading,
-            ledger_from_observed(desired, observed),
-            Scenario(desired, observed, NOW, Policy()),
-        )
-    return reading
-
-
-def test_a_plain_reading_counts_a_start_record_within_the_declared_reservation() -> None:
-    for mib in (4_000, 3_000):
-        observed = Observed(
-            True, {"c-evi": RUNNING}, started_with={"c-evi": StartedWith("evi", ("g",), mib)}
-        )
-        reading = _plain(observed)
-        assert reading is not None and reading.held == {"evi": (("g",), 4_000)}
-        assert reading.free == {"g": 6_000}
-
-
-@pytest.mark.parametrize(
-    "observed",
-    [
-        pytest.param(Observed(False), id="docker-unreadable"),
-        pytest.param(
-            Observed(True, {"c-evi": RUNNING}, starting={"want": StartingObs(("g",), 1)}),
-            id="a-start-in-progress",
-        ),
-        pytest.param(
-            Observed(True, {"c-evi": RUNNING}, sleep={"evi": SleepObs(SleepState.ASLEEP, 1)}),
-            id="a-sleeper",
-        ),
-        pytest.param(
-            Observed(True, {"c-evi": RUNNING}, sleep={"evi": SleepObs(SleepState.UNKNOWN)}),
-            id="a-sleep-state-unknown",
-        ),
-        pytest.param(
-            Observed(
-                True, {"c-evi": RUNNING}, started_with={"c-evi": StartedWith("evi", ("g",), 5_000)}
-            ),
-            id="started-with-more",
-        ),
-        pytest.param(
-            Observed(
-                True, {"c-evi": RUNNING}, started_with={"c-evi": StartedWith("evi", ("h",), 4_000)}
-            ),
-            id="started-on-another-role",
-        ),
-        pytest.param(
-            Observed(
-                True,
-                {"c-evi": RUNNING, "c-old": RUNNING},
-                started_with={"c-old": StartedWith("old", ("g",), 2_000)},
-            ),
-            id="a-container-no-longer-declared",
-        ),
-        pytest.param(
-            Observed(
-                True,
-                {"c-evi": ContainerObs(ContainerState.EXITED)},
-                started_with={"c-evi": StartedWith("evi", ("g",), 4_000)},
-            ),
-            id="a-record-of-a-stopped-container",
-        ),
-    ],
-)
-def test_a_plain_reading_leaves_every_other_rule_to_the_ledger(observed: Observed) -> None:
-    assert _plain(observed) is None
-
-
-def test_a_plain_reading_leaves_a_record_of_a_serve_outside_the_ledger_to_the_ledger() -> None:
-    proxy = ServeSpec("proxy", "c-proxy", (), None, None, gpu_inference=False)
-    observed = Observed(
-        True, {"c-proxy": RUNNING}, started_with={"c-proxy": StartedWith("proxy", ("g",), 1_000)}
-    )
-    assert _plain(observed, {"proxy": proxy}) is None
-    assert ledger_from_observed(DesiredState(ROLES, {"proxy": proxy}), observed).holds("proxy")
-
-
-def test_a_plain_reading_leaves_a_container_two_serves_declare_to_the_ledger() -> None:
-    """Two serves on one container (the manifest refuses it; a desired state built
-    otherwise need not): the record one of them matches would hide what the other's
-    counts, so the ledger's rules decide."""
-    one = ServeSpec("one", "c-shared", ("g",), 3_000, Residency.EVICTABLE)
-    other = ServeSpec("other", "c-shared", ("g",), None, Residency.EVICTABLE)
-    observed = Observed(
-        True, {"c-shared": RUNNING}, started_with={"c-shared": StartedWith("one", ("g",), 1_000)}
-    )
-    assert _plain(observed, {"one": one, "other": other}) is None
-
-
-def test_a_plain_reading_counts_what_a_shrunk_or_unreleased_serve_holds() -> None:
-    gone = ServeSpec("gone", "c-gone", ("g",), 2_000, Residency.EVICTABLE)
-    observed = Observed(
-        True, {"c-evi": RUNNING}, elastic_mib={"evi": 1_500}, unreleased=frozenset({"gone"})
-    )
-    reading = _plain(observed, {"evi": EVI_SERVE, "gone": gone})
-    assert reading is not None
-    assert reading.held == {"evi": (("g",), 1_500), "gone": (("g",), 2_000)}
-    assert reading.running == [(EVI_SERVE, RUNNING)]
-
-
-def test_the_common_case_builds_no_ledger(monkeypatch: pytest.MonkeyPatch) -> None:
-    serves = {
-        "evi": replace(EVI_SERVE, vram_mib=6_000, router_tier="t"),
-        "want": ServeSpec("want", "c-want", ("g",), 6_000, Residency.ON_DEMAND),
-    }
-    desired = DesiredState(ROLES, serves)
-    # the controller's own record of the start: what the serve declares
-    observed = Observed(
-        True, {"c-evi": RUNNING}, started_with={"c-evi": StartedWith("evi", ("g",), 6_000)}
-    )
-    ref = fit_serve_by_planner(desired, observed, "want", now=NOW)
-
-    def no_ledger(*_args: object, **_kw: object) -> None:
-        raise AssertionError("the ledger was built")
-
-    monkeypatch.setattr(fit_module, "ledger_from_observed", no_ledger)
-    assert fit_serve(desired, observed, "want", now=NOW) == ref
-    assert ref.evict == ("evi",)
-    with pytest.raises(AssertionError, match="the ledger was built"):
-        fit_serve(
-            desired, replace(observed, starting={"x": StartingObs(("g",), 1)}), "want", now=NOW
-        )
 
 
 def test_more_candidates_than_the_exact_bound_go_to_the_greedy() -> None:

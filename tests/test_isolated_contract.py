@@ -3,9 +3,9 @@
 tests/test_fit_isolated.py shows over random hosts that wherever
 :func:`statemachine.isolated.decide` answers, it answers as the planner. These tests
 pin *when* it answers and what: on small hosts built by hand, each case calls
-``decide`` directly (with the ledger, and with the plain reading where there is one:
-both answer alike) and checks its answer, and, where it answers, that the answer is
-the planner's plan for the isolated request (:func:`statemachine.fit.request_plan`):
+``decide`` directly (with the observed ledger) and checks its answer, and, where it
+answers, that the answer is the planner's plan for the isolated request
+(:func:`statemachine.fit.request_plan`):
 the same stops, in the same order, the same drains, nothing shrunk, slept or blocked.
 Where it declines (``None``), the caller runs the planner.
 """
@@ -17,7 +17,7 @@ from dataclasses import replace
 from strategies import NOW
 
 from statemachine.fit import request_plan
-from statemachine.isolated import NO_ROOM_NEEDED, Decision, decide, plain_reading
+from statemachine.isolated import NO_ROOM_NEEDED, Decision, decide
 from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Policy
 from statemachine.types import (
@@ -51,15 +51,10 @@ def _evictable(name: str, roles: tuple[str, ...] = ("g",), mib: int = 5_000) -> 
 def _decide(
     serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT, policy: Policy = Policy()
 ) -> Decision | None:
-    """``decide`` for ``want`` on a host of ``serves``, by the ledger and by the plain
-    reading (where the observation is plain: both must agree)."""
+    """``decide`` for ``want`` on a host of ``serves``, by the observed ledger."""
     desired = DesiredState(ROLES, {s.name: s for s in [*serves, want]})
     ledger = ledger_from_observed(desired, observed)
-    got = decide(desired, observed, want, ledger, policy, NOW)
-    reading = plain_reading(desired, observed)
-    if reading is not None:
-        assert decide(desired, observed, want, reading, policy, NOW) == got
-    return got
+    return decide(desired, observed, want, ledger, policy, NOW)
 
 
 def _planned(
@@ -278,23 +273,3 @@ def test_a_running_serve_outside_the_ledger_is_no_victim_and_hides_none() -> Non
     proxy = ServeSpec("proxy", "c-proxy", ("g",), None, Residency.EVICTABLE)
     evi = _evictable("evi")
     assert _answers([proxy, evi], _running(proxy, evi)) == Decision(("evi",))
-
-
-# ----- the plain reading ---------------------------------------------------------------------
-
-
-def test_a_plain_reading_counts_every_holder_whatever_is_declared_before_it() -> None:
-    """Serves that hold nothing (stopped) or nothing the ledger counts (no reservation)
-    declared first do not end the walk: the holder after them is counted."""
-    stopped, proxy = _evictable("stopped"), ServeSpec("proxy", "c-proxy", ("g",))
-    evi = _evictable("evi")
-    observed = Observed(
-        True,
-        {"c-stopped": ContainerObs(ContainerState.EXITED), "c-proxy": RUNNING, "c-evi": RUNNING},
-    )
-    desired = DesiredState(ROLES, {s.name: s for s in (stopped, proxy, evi)})
-    reading = plain_reading(desired, observed)
-    assert reading is not None
-    assert reading.held == {"evi": (("g",), 5_000)}
-    assert reading.free == {"g": 5_000, "h": 10_000}
-    assert reading.running == [(proxy, RUNNING), (evi, RUNNING)]

@@ -106,3 +106,33 @@ def test_refuses_what_it_cannot_build() -> None:
             direct_init(cls)
     with pytest.raises(TypeError, match="int"):
         direct_init(int)
+
+
+@dataclass(frozen=True, slots=True)
+class _Base:
+    a: int
+
+
+@direct_init
+@dataclass(frozen=True, slots=True)
+class _Derived(_Base):
+    b: str
+
+
+def test_a_field_a_dataclass_base_declares_is_set_in_its_slot() -> None:
+    got = _Derived(1, "x")
+    assert (got.a, got.b) == (1, "x")
+    assert got == _Derived(a=1, b="x") and got != _Derived(2, "x")
+    assert dataclasses.replace(got, a=3) == _Derived(3, "x")
+    terms = RoleTerms(
+        reserve_mib=1,
+        budget_mib=9,
+        committed_mib=2,
+        free_mib=7,
+        reservations=(),
+        requested_mib=3,
+        shortfall_mib=0,
+        gpu_role="g",
+        capacity_mib=10,
+    )
+    assert (terms.reserve_mib, terms.gpu_role, terms.capacity_mib) == (1, "g", 10)

@@ -23,7 +23,7 @@ from controller.adapters.health import http_ready
 from controller.service.steps.context import RunContext
 from controller.service.steps.lifecycle import begin_start, fire
 from controller.service.steps.results import StepError
-from statemachine.ledger import GpuReservation, Ledger, Refusal
+from statemachine.ledger import GpuReservation, Ledger, Refusal, held_uncounted
 from statemachine.lifecycle import Trigger
 from statemachine.planner import Step
 from statemachine.types import COMMITTED_STATES, ContainerState, ServeSpec
@@ -124,18 +124,16 @@ def admit_against_host_now(run: RunContext, s: ServeSpec, *, aborted: bool = Fal
             "docker cannot be read now: nothing is admitted until it can", aborted=aborted
         )
     in_progress = run.ex.starts.snapshot() if run.ex.starts is not None else {}
-    outside: list[GpuReservation] = []
-    for other in run.desired.serves.values():
-        if (
-            other.vram_mib is None
-            or not run.desired.in_ledger(other)
-            or run.ledger.holds(other.name)
-            or (run.parent is not None and run.parent.ledger.holds(other.name))
-            or other.name in in_progress
-            or not fresh.container(other.container).holds
-        ):
-            continue
-        outside.append(GpuReservation(other.name, other.gpu_roles, other.vram_mib))
+    parent = run.parent.ledger if run.parent is not None else None
+
+    def counted(name: str) -> bool:  # by this run's ledger, its parent's, or a start
+        return (
+            run.ledger.holds(name)
+            or (parent is not None and parent.holds(name))
+            or (name in in_progress)
+        )
+
+    outside = held_uncounted(run.desired, fresh, counted)
     if outside:
         run.ledger = Ledger(
             run.desired.roles,
