@@ -86,7 +86,6 @@ class Trigger(StrEnum):
     GROW = "grow"
     QUIESCE = "quiesce"
     DRAIN = "drain"
-    DRAIN_TIMED_OUT = "drain_timed_out"
     READMIT = "readmit"
     STOP = "stop"
     STOPPED = "stopped"
@@ -161,8 +160,9 @@ STATES: Final[tuple[StateSpec, ...]] = (
     {
         "name": _S.DRAINING,
         "holds": True,
-        "doc": "Its router tier is draining the requests in flight, bounded by "
-        "drain_timeout_s. A drain that times out stops nothing.",
+        "doc": "Its router tier has drained the requests in flight, within "
+        "drain_timeout_s. A drain that times out stops nothing: the serve stays "
+        "quiescing and the undo readmits its tier.",
     },
     {
         "name": _S.STOPPING,
@@ -264,14 +264,7 @@ TRANSITIONS: Final[tuple[TransitionSpec, ...]] = (
         "trigger": "drain",
         "source": (_S.QUIESCING,),
         "dest": _S.DRAINING,
-        "doc": "The router tier was told to drain the requests in flight (bounded).",
-    },
-    {
-        "trigger": "drain_timed_out",
-        "source": (_S.DRAINING,),
-        "dest": _S.RUNNING,
-        "doc": "The drain timed out: nothing is stopped, the executor readmits the tier "
-        "and the serve stays in service.",
+        "doc": "The router tier drained the requests in flight (within drain_timeout_s).",
     },
     {
         "trigger": "readmit",

@@ -61,7 +61,6 @@ LEGAL: list[tuple[LifecycleState, str, LifecycleState]] = [
     (S.QUIESCING, "stop", S.STOPPING),
     (S.QUIESCING, "fail", S.FAILED),
     (S.QUIESCING, "observe_stopped", S.STOPPED),
-    (S.DRAINING, "drain_timed_out", S.RUNNING),
     (S.DRAINING, "readmit", S.RUNNING),
     (S.DRAINING, "stop", S.STOPPING),
     (S.DRAINING, "fail", S.FAILED),
