@@ -10,6 +10,14 @@
 
 Under ``CI=true`` Docker is never optional: an unreachable daemon fails the
 tests instead of skipping them.
+
+``bin/test`` runs the tests in parallel workers (pytest-xdist, ``--dist loadgroup``);
+this module says how they are handed out: the longest modules first
+(:data:`LONG_FIRST`) and the modules with one expensive shared fixture to one worker
+each (:data:`ONE_WORKER`). Every test is safe in parallel on one shared daemon: its
+containers, Compose projects, ports and state folders are its own (unique names,
+``free_port``, ``tmp_path``), and no test removes what another made. Nothing here
+changes what a test checks, only where and when it runs.
 """
 
 from __future__ import annotations
