@@ -10,6 +10,14 @@
 
 Under ``CI=true`` Docker is never optional: an unreachable daemon fails the
 tests instead of skipping them.
+
+``bin/test`` runs the tests in parallel workers (pytest-xdist, ``--dist loadgroup``);
+this module says how they are handed out: the longest modules first
+(:data:`LONG_FIRST`) and the modules with one expensive shared fixture to one worker
+each (:data:`ONE_WORKER`). Every test is safe in parallel on one shared daemon: its
+containers, Compose projects, ports and state folders are its own (unique names,
+``free_port``, ``tmp_path``), and no test removes what another made. Nothing here
+changes what a test checks, only where and when it runs.
 """
 
 from __future__ import annotations
@@ -56,8 +64,78 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     )
 
 
+#: The modules whose tests take longest (measured with ``--durations``: the example run
+#: for real, the chaos campaign, the controller's image, the property searches, the
+#: live serves), longest first. Under parallel workers (bin/test, pytest-xdist) they are
+#: handed out first, so that none is left running alone at the end of the run.
+LONG_FIRST = (
+    "test_examples.py",
+    "test_chaos.py",
+    "test_container.py",
+    "test_planner_properties.py",
+    "test_fit_isolated.py",
+    "test_sleep_e2e.py",
+    "test_mutation_tool.py",
+    "test_live_answers.py",
+    "test_events.py",
+    "test_observe.py",
+    "test_executor_e2e.py",
+    "test_fuzz_api.py",
+    "test_run_e2e.py",
+    "test_footprints.py",
+    "test_planner_sleep_properties.py",
+    "test_busy_e2e.py",
+    "test_ui_page.py",
+    "test_api.py",
+)
+
+
+#: The modules whose tests share one worker: their module- or session-scoped fixture (a
+#: running controller over real containers, a browser, the controller's image build)
+#: is set up once, not once per worker.
+ONE_WORKER = (
+    "test_api.py",
+    "test_events.py",
+    "test_monitoring.py",
+    "test_ui_page.py",
+    "test_container.py",
+)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """Under ``--dist loadgroup`` (bin/test): :data:`ONE_WORKER`'s modules are one unit
+    each, the other tests one unit per test (or per ``xdist_group``), handed out in
+    collection order.
+
+    pytest-xdist's own grouping renames each marked item's node id on the workers, which
+    pytest 9 no longer lets a plugin do; the module is read from the node id instead.
+    """
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadGroupScheduling
+
+    class ModuleUnits(LoadGroupScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            module = nodeid.split("::", 1)[0]
+            if module.rsplit("/", 1)[-1] in ONE_WORKER:
+                return module
+            return str(super()._split_scope(nodeid))
+
+    return ModuleUnits(config, log)
+
+
+def _long_first(items: list[pytest.Item]) -> None:
+    """Reorder ``items`` in place: :data:`LONG_FIRST`'s modules in its order, then the rest
+    as collected (each module's own order kept)."""
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip ``@pytest.mark.docker`` tests when Docker is marked unavailable (never in CI)."""
+    """Under parallel workers, the long modules first (:data:`LONG_FIRST`); skip
+    ``@pytest.mark.docker`` tests when Docker is marked unavailable (never in CI)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):  # every worker collects the same order
+        _long_first(items)
     if not _docker_marked_unavailable() or _in_ci():
         return
     skip = pytest.mark.skip(reason=_UNAVAILABLE_REASON)

@@ -226,8 +226,14 @@ def test_a_declared_container_renamed_away_outside_wakes_the_loop(
             lambda: any(s.get(kept) == "running" for _, s in run.seen()[-1:]),
         )
         docker_client.containers.get(kept).rename(away)
-        # a later event of a followed container: the stream has delivered the rename by
-        # then (a stream's events come in order), if it has it at all
+        # the cycle the rename asked for first: started before it ends, off would be seen
+        # running (and stopped) by that cycle, and the one its start asks for would find
+        # it exited already (under load, where that cycle is slow)
+        wait_for(
+            "the rename to wake the loop",
+            lambda: any(r.startswith("docker rename") for r in run.reasons()),
+        )
+        # then a later event of a followed container is seen at once
         docker_client.containers.get(off).start()
         wait_for(
             "the outside start of off",
