@@ -200,7 +200,12 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
             e = d.serves[step.serve].elastic
             assert e is not None and step.mib is not None and step.to_mib is not None
             assert step.to_mib >= e.floor_mib, f"{step.serve} shrunk below its floor"
-            full = d.serves[step.serve].vram_mib
+            # full: its reservation, or the larger one it was started with (the engine's
+            # own full, as the ledger counts it: statemachine/planner.py, _whole_mib)
+            spec = d.serves[step.serve]
+            record = obs.started_with.get(spec.container)
+            started = record.mib if record is not None else 0
+            full = max(spec.vram_mib or 0, started)
             if step.action is Action.SHRINK or step.to_mib != full:
                 assert step.mib % e.segment_mib == 0, (
                     f"{step.serve}: {step.action} of {step.mib} MiB is not whole "
