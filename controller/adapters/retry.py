@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from typing import NotRequired, TypedDict
 
 from tenacity import (
     RetryCallState,
@@ -21,6 +22,14 @@ from tenacity import (
     stop_after_delay,
 )
 from tenacity.retry import retry_base
+
+
+class Fault(TypedDict):
+    """An :class:`AdapterError`'s keywords, for an error type that adds one of its own."""
+
+    transient: bool
+    status: NotRequired[int | None]
+    attempts: NotRequired[int]
 
 
 class AdapterError(Exception):

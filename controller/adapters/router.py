@@ -53,13 +53,13 @@ import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, get_args
+from typing import Any, Literal, Unpack, get_args
 
 import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from controller.adapters.http_client import NO_ANSWER_FAULTS, HttpAdapter, json_or_none
-from controller.adapters.retry import AdapterError, attempts_of, backoff_wait
+from controller.adapters.retry import AdapterError, Fault, attempts_of, backoff_wait
 from controller.manifest.fields import DEFAULT_DRAIN_TIMEOUT_S
 
 __all__ = [
@@ -113,16 +113,8 @@ class RouterError(AdapterError):
     """A router call that failed; ``code`` is the router's error type where it gave one
     (``invalid_transition``, ``server_busy``, ``not_found``...)."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        transient: bool,
-        status: int | None = None,
-        attempts: int = 1,
-        code: str | None = None,
-    ) -> None:
-        super().__init__(message, transient=transient, status=status, attempts=attempts)
+    def __init__(self, message: str, *, code: str | None = None, **fault: Unpack[Fault]) -> None:
+        super().__init__(message, **fault)
         self.code = code
 
 

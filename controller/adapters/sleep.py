@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Unpack
 
 import httpx
 from tenacity import retry_if_exception_type
@@ -46,7 +46,7 @@ from controller.adapters.http_client import (
     endpoint,
     json_or_none,
 )
-from controller.adapters.retry import AdapterError, attempts_of
+from controller.adapters.retry import AdapterError, Fault, attempts_of
 from statemachine import engines
 from statemachine.engines import HttpCall, SleepApi
 
@@ -69,16 +69,8 @@ class SleepError(AdapterError):
     release): trying again later may work.
     """
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        transient: bool,
-        status: int | None = None,
-        attempts: int = 1,
-        busy: bool = False,
-    ) -> None:
-        super().__init__(message, transient=transient, status=status, attempts=attempts)
+    def __init__(self, message: str, *, busy: bool = False, **fault: Unpack[Fault]) -> None:
+        super().__init__(message, **fault)
         self.busy = busy
 
 

@@ -37,7 +37,7 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Protocol, TypedDict
 
 from loguru import logger
 
@@ -147,6 +147,16 @@ class _Window:
     timer: threading.Timer | None = None
 
 
+class _Measured(TypedDict):
+    """The terms a start's and a stop's sample share (``statemachine.footprint``)."""
+
+    at: float
+    declared_mib: int | None
+    before_mib: int | None
+    after_mib: int | None
+    others: Sequence[str]
+
+
 @dataclass
 class _Run:
     """A serve started here and still running: its start samples, to raise their peak."""
@@ -236,16 +246,11 @@ class FootprintRecorder:
                 self._close(window, now)
                 samples = []
                 for role_id, role in window.roles.items():
-                    others = self._others(s.name, role_id, window.movement.began, now)
                     samples.append(
                         stop_sample(
                             s.name,
                             role_id,
-                            at=now,
-                            declared_mib=s.vram_mib,
-                            before_mib=window.before.used(role),
-                            after_mib=after.used(role),
-                            others=others,
+                            **self._measured(s, window, role_id, role, after, now),
                             process_before_mib=window.before.containers.get(s.container),
                         )
                     )
@@ -378,6 +383,25 @@ class FootprintRecorder:
                 window.timer.cancel()
             self._close(window, self.clock())  # memory moved: the window stays as a move
 
+    def _measured(
+        self,
+        s: ServeSpec,
+        window: _Window,
+        role_id: str,
+        role: GpuRole | None,
+        after: Reading,
+        now: float,
+    ) -> _Measured:
+        """What a start's and a stop's sample on one role share: the readings around it,
+        the declared figure and the other moves in its window."""
+        return _Measured(
+            at=now,
+            declared_mib=s.vram_mib,
+            before_mib=window.before.used(role),
+            after_mib=after.used(role),
+            others=self._others(s.name, role_id, window.movement.began, now),
+        )
+
     def _others(self, serve: str, role: str, began: float, ended: float | None) -> tuple[str, ...]:
         return others_in_window(serve, role, began, ended, self._movements)
 
@@ -402,16 +426,11 @@ class FootprintRecorder:
                 self._close(window, now)
                 samples = []
                 for role_id, role in window.roles.items():
-                    others = self._others(s.name, role_id, window.movement.began, now)
                     sample = start_sample(
                         s.name,
                         role_id,
-                        at=now,
-                        declared_mib=s.vram_mib,
-                        before_mib=window.before.used(role),
-                        after_mib=after.used(role),
+                        **self._measured(s, window, role_id, role, after, now),
                         settled_mib=late.used(role),
-                        others=others,
                         process_after_mib=after.containers.get(s.container),
                         process_settled_mib=late.containers.get(s.container),
                     )

@@ -165,20 +165,9 @@ def count_asleep(run: RunContext, step: Step, s: ServeSpec, sl: Sleeper, how: st
     except ActionError:
         state = None
     started = None if state is None or state.started_at is None else str(state.started_at)
-    note_sleep(
-        run,
-        s,
-        SleepRecord(
-            container=s.container,
-            serve=s.name,
-            level=sl.level,
-            gpu_roles=s.gpu_roles,
-            residual_mib=to,
-            host_ram_mib=host,
-            started_at=started,
-            since=time.time(),
-        ),
-    )
+    # container, serve, level, roles, residual MiB, host RAM MiB, its start, since
+    record = SleepRecord(s.container, s.name, sl.level, s.gpu_roles, to, host, started, time.time())
+    note_sleep(run, s, record)
     fire(run, s.name, Trigger.SLEPT)
     on_host = f" and {host} MiB of host RAM" if host else ""
     return f"asleep ({how}): holds {to} MiB on {', '.join(s.gpu_roles)}{on_host}"
