@@ -53,7 +53,7 @@ from controller.adapters.http_client import (
     endpoint,
     json_or_none,
 )
-from controller.adapters.retry import AdapterError, attempts_of
+from controller.adapters.retry import AdapterError, attempts_of, exhausted
 
 __all__ = [
     "LOAD_PATH",
@@ -286,11 +286,12 @@ class ElasticClient(HttpAdapter):
         try:
             response = retrying(attempt)
         except _RETRY_TRANSPORT as exc:
-            tries = attempts_of(retrying)
-            raise ElasticError(
-                f"POST {target}: unreachable after {tries} attempts: {type(exc).__name__}: {exc}",
-                transient=True,
-                attempts=tries,
+            raise exhausted(
+                ElasticError,
+                retrying,
+                "POST {target}: unreachable after {n} attempts: {fault}",
+                target=target,
+                fault=f"{type(exc).__name__}: {exc}",
             ) from exc
         except _NO_ANSWER as exc:
             raise ElasticError(

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
-from typing import NotRequired, TypedDict
+from typing import NotRequired, TypedDict, TypeVar
 
 from tenacity import (
     RetryCallState,
@@ -53,6 +53,17 @@ class AdapterError(Exception):
             f"{type(self).__name__}({self.message!r}, transient={self.transient}, "
             f"status={self.status}, attempts={self.attempts})"
         )
+
+
+E = TypeVar("E", bound=AdapterError)
+
+
+def exhausted(error: type[E], retrying: Retrying, template: str, **parts: object) -> E:
+    """The error of a call retried until its bounds ran out, for a fault worth trying
+    again later (transient): ``template`` is formatted with ``n``, the attempts made,
+    and ``parts`` (their text is not formatted again)."""
+    tries = attempts_of(retrying)
+    return error(template.format(n=tries, **parts), transient=True, attempts=tries)
 
 
 class RetryKnobs:

@@ -59,7 +59,7 @@ import httpx
 from tenacity import RetryCallState, Retrying, retry_if_exception_type
 
 from controller.adapters.http_client import NO_ANSWER_FAULTS, HttpAdapter, json_or_none
-from controller.adapters.retry import AdapterError, Fault, attempts_of, backoff_wait
+from controller.adapters.retry import AdapterError, Fault, attempts_of, backoff_wait, exhausted
 from controller.manifest.fields import DEFAULT_DRAIN_TIMEOUT_S
 
 __all__ = [
@@ -530,12 +530,13 @@ class RouterClient(HttpAdapter):
                 code=_error_code(exc.response),
             ) from exc
         except _RETRY_TRANSPORT as exc:
-            tries = attempts_of(retrying)
-            raise RouterError(
-                f"{what}: router unreachable at {self.base_url} after {tries} attempts: "
-                f"{type(exc).__name__}: {exc}",
-                transient=True,
-                attempts=tries,
+            raise exhausted(
+                RouterError,
+                retrying,
+                "{what}: router unreachable at {url} after {n} attempts: {fault}",
+                what=what,
+                url=self.base_url,
+                fault=f"{type(exc).__name__}: {exc}",
             ) from exc
         except httpx.HTTPError as exc:  # a malformed URL, an unsupported scheme…
             raise RouterError(

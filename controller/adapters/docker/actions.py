@@ -58,7 +58,7 @@ from requests import exceptions as requests_errors  # type: ignore[import-untype
 from tenacity import retry_if_exception
 
 from controller.adapters.docker.read import COMPOSE_PROJECT_LABEL, _details, map_docker_state
-from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of
+from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, exhausted
 from controller.snapshot import ContainerModel
 
 __all__ = [
@@ -304,11 +304,12 @@ class DockerActions(RetryKnobs):
                 attempts=tries,
             ) from exc
         except _UNREACHABLE as exc:
-            tries = attempts_of(retrying)
-            raise ActionError(
-                f"{what}: docker unreachable (after {tries} attempts): {_describe(exc)}",
-                transient=True,
-                attempts=tries,
+            raise exhausted(
+                ActionError,
+                retrying,
+                "{what}: docker unreachable (after {n} attempts): {fault}",
+                what=what,
+                fault=_describe(exc),
             ) from exc
         except (DockerException, requests_errors.RequestException, OSError) as exc:
             raise ActionError(
