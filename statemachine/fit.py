@@ -19,11 +19,13 @@ from typing import Any
 from statemachine.isolated import decide
 from statemachine.ledger import RoleTerms, ledger_from_observed
 from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
+from statemachine.slotinit import direct_init
 from statemachine.types import DesiredState, Observed, OnDemandRequest, ServeSpec
 
 DEFAULT_POLICY = Policy()
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class FitResult:
     """The fit answer for one serve."""

@@ -48,6 +48,7 @@ from statemachine.planner import (
     sleep_frees_memory,
     victim_residency_veto,
 )
+from statemachine.slotinit import direct_init
 from statemachine.types import (
     ABSENT,
     COMMITTED_STATES,
@@ -61,6 +62,7 @@ from statemachine.types import (
 from statemachine.victims import Row, victim_names
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What the planner would do for the isolated request: whom it stops (in the

@@ -232,6 +232,39 @@ class Ledger:
         # ledgers derived from this one (an operation changes only the roles it touches)
         self._on_role: dict[str, tuple[tuple[str, int], ...]] = {}
 
+    @classmethod
+    def _counted(
+        cls,
+        roles: Mapping[str, GpuRole],
+        holdings: list[GpuReservation],
+        host: HostBudget | None,
+        host_holdings: dict[str, int],
+    ) -> Ledger:
+        """The ledger of ``holdings`` that :func:`ledger_from_observed` has just counted
+        itself: each on roles with a capacity row, named once, and ``host_holdings``
+        positive MiB. One walk, no checks but the holders' (a holder named twice is
+        refused as the checked constructor refuses it). Reads as ``Ledger(roles,
+        holdings, host=host, host_holdings=host_holdings)``; admit, release and resize
+        check as ever."""
+        held: dict[str, GpuReservation] = {}
+        committed = dict.fromkeys(roles, 0)
+        for res in holdings:
+            held[res.holder] = res
+            mib = res.mib
+            for role in res.gpu_roles:
+                committed[role] += mib
+        if len(held) != len(holdings):
+            return cls(roles, holdings, host=host, host_holdings=host_holdings)  # it raises
+        obj = cls.__new__(cls)
+        obj._roles = dict(roles)
+        obj._unknown = False
+        obj._host = host
+        obj._host_holdings = host_holdings
+        obj._committed = committed
+        obj._holdings = PMap._own(held)
+        obj._on_role = {}
+        return obj
+
     def _with(
         self,
         old: GpuReservation | None,
@@ -371,15 +404,19 @@ class Ledger:
     def _list_every_role(self) -> None:
         """Build the reservation list of every role not built yet, in one walk of the
         holdings (a plan asks for the roles one at a time, and there may be many)."""
+        on_role = self._on_role
         lists: dict[str, list[tuple[str, int]]] = {
-            role: [] for role in self._roles if role not in self._on_role
+            role: [] for role in self._roles if role not in on_role
         }
-        for holder, res in sorted(self._holdings.items()):
+        for res in self._holdings.values():
+            entry = (res.holder, res.mib)
             for role in res.gpu_roles:
-                if role in lists:
-                    lists[role].append((holder, res.mib))
+                rows = lists.get(role)
+                if rows is not None:
+                    rows.append(entry)
         for role, rows in lists.items():
-            self._on_role[role] = tuple(rows)
+            rows.sort()  # by holder: each holder is listed once
+            on_role[role] = tuple(rows)
 
     def view(self, role: str) -> RoleView:
         """One role's line of the ledger."""
@@ -770,7 +807,7 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         for _container, res in no_longer_declared(desired, observed)
         if res.holder not in starting
     )
-    return Ledger(desired.roles, holdings, host=desired.host, host_holdings=host_holdings)
+    return Ledger._counted(desired.roles, holdings, desired.host, host_holdings)
 
 
 def _held_as_recorded(
