@@ -434,8 +434,10 @@ class Ledger:
         """Every term of the arithmetic for ``requested_mib`` more on each of ``gpu_roles``."""
         out: list[RoleTerms] = []
         on_role = self._on_role
-        if not self._unknown and any(role not in on_role for role in gpu_roles):
-            self._list_roles(self._roles)  # as reservations_on: every role at once
+        for role in () if self._unknown else gpu_roles:
+            if role not in on_role:
+                self._list_roles(self._roles)  # as reservations_on: every role at once
+                break
         for role in gpu_roles:
             r = self._roles[role]
             if self._unknown:
