@@ -232,31 +232,6 @@ class Ledger:
         # ledgers derived from this one (an operation changes only the roles it touches)
         self._on_role: dict[str, tuple[tuple[str, int], ...]] = {}
 
-    @classmethod
-    def _counted(
-        cls,
-        roles: Mapping[str, GpuRole],
-        held: dict[str, GpuReservation],
-        committed: dict[str, int],
-        host: HostBudget | None,
-        host_holdings: dict[str, int],
-    ) -> Ledger:
-        """The ledger that :func:`ledger_from_observed` has just counted itself (with
-        :func:`_count`): ``held`` by holder, each on roles with a capacity row,
-        ``committed`` their sum on each role, ``host_holdings`` positive MiB; the caller
-        hands the dicts over. No second walk and no checks; it reads as ``Ledger(roles,
-        held.values(), host=host, host_holdings=host_holdings)``, and admit, release and
-        resize check as ever."""
-        obj = cls.__new__(cls)
-        obj._roles = dict(roles)
-        obj._unknown = False
-        obj._host = host
-        obj._host_holdings = host_holdings
-        obj._committed = committed
-        obj._holdings = PMap._own(held)
-        obj._on_role = {}
-        return obj
-
     def _with(
         self,
         old: GpuReservation | None,
@@ -771,7 +746,7 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     for _container, res in no_longer_declared(desired, observed) if observed.started_with else ():
         if res.holder not in observed.starting:
             _count(held, committed, res)
-    return Ledger._counted(desired.roles, held, committed, desired.host, host_holdings)
+    return _counted(desired.roles, held, committed, desired.host, host_holdings)
 
 
 def _count_serves(
@@ -821,6 +796,30 @@ def _count_serves(
         if asleep is not None and asleep[1]:
             host_holdings[name] = asleep[1]
     return host_holdings
+
+
+def _counted(
+    roles: Mapping[str, GpuRole],
+    held: dict[str, GpuReservation],
+    committed: dict[str, int],
+    host: HostBudget | None,
+    host_holdings: dict[str, int],
+) -> Ledger:
+    """The ledger that :func:`ledger_from_observed` has just counted itself (with
+    :func:`_count`): ``held`` by holder, each on roles with a capacity row,
+    ``committed`` their sum on each role, ``host_holdings`` positive MiB; the caller
+    hands the dicts over. No second walk and no checks; it reads as ``Ledger(roles,
+    held.values(), host=host, host_holdings=host_holdings)``, and admit, release and
+    resize check as ever."""
+    obj = Ledger.__new__(Ledger)
+    obj._roles = dict(roles)
+    obj._unknown = False
+    obj._host = host
+    obj._host_holdings = host_holdings
+    obj._committed = committed
+    obj._holdings = PMap._own(held)
+    obj._on_role = {}
+    return obj
 
 
 def _count(held: dict[str, GpuReservation], committed: dict[str, int], res: GpuReservation) -> None:

@@ -1,4 +1,4 @@
-"""The observed ledger's own construction (``Ledger._counted``, fed by
+"""The observed ledger's own construction (``statemachine.ledger._counted``, fed by
 ``ledger_from_observed`` as it counts) against the checked constructor, and the PMap
 reads with changes pending and folded.
 
