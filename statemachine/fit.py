@@ -19,11 +19,13 @@ from typing import Any
 from statemachine.isolated import decide
 from statemachine.ledger import RoleTerms, ledger_from_observed
 from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
+from statemachine.slotinit import direct_init
 from statemachine.types import DesiredState, Observed, OnDemandRequest, ServeSpec
 
 DEFAULT_POLICY = Policy()
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class FitResult:
     """The fit answer for one serve."""
@@ -114,7 +116,8 @@ def fit_serve(
     serve = desired.serves[serve_name]
     ledger = ledger_from_observed(desired, observed)
     in_ledger = serve.vram_mib is not None and desired.in_ledger(serve)
-    asleep = observed.sleep_of(serve.name).asleep and observed.container(serve.container).holds
+    occupies = observed.container(serve.container).holds
+    asleep = occupies and observed.sleep_of(serve.name).asleep
     mib = serve.vram_mib or 0
     if asleep and ledger.holds(serve.name):  # a wake takes only what it does not hold
         mib = max(0, mib - ledger.holdings[serve.name].mib)
@@ -127,7 +130,7 @@ def fit_serve(
             terms,
             known=False,
         )
-    if observed.container(serve.container).holds and not asleep:
+    if occupies and not asleep:
         held = ledger.holdings[serve.name].mib if ledger.holds(serve.name) else None
         what = f" and holds {held} MiB" if held is not None else ""
         return FitResult(

@@ -48,6 +48,7 @@ from statemachine.planner import (
     sleep_frees_memory,
     victim_residency_veto,
 )
+from statemachine.slotinit import direct_init
 from statemachine.types import (
     ABSENT,
     COMMITTED_STATES,
@@ -61,6 +62,7 @@ from statemachine.types import (
 from statemachine.victims import Row, victim_names
 
 
+@direct_init
 @dataclass(frozen=True, slots=True)
 class Decision:
     """What the planner would do for the isolated request: whom it stops (in the
@@ -100,10 +102,11 @@ def decide(
     loading = False  # an engine sizing itself from free memory starts on one of its roles
     containers = observed.containers
     for other in desired.serves.values():  # those that run (the planner's ``running``)
+        other_name = other.name
         obs = containers.get(other.container, ABSENT)
-        if obs.state not in COMMITTED_STATES and other.name not in starting:
+        if obs.state not in COMMITTED_STATES and other_name not in starting:
             continue  # it occupies nothing and does not start
-        if other.name == name:
+        if other_name == name:
             continue
         # conflict() finds nothing unless one of the two is exclusive or they share a
         # port: the call is spared where neither holds
@@ -112,7 +115,7 @@ def decide(
         ) is not None:
             return None
         if sizes_from_free and not loading:
-            loading = _loads(other, other.name in starting or obs.health == "starting", roles)
+            loading = _loads(other, other_name in starting or obs.health == "starting", roles)
         if short and not short_roles.isdisjoint(other.gpu_roles):
             on_short.append((other, obs))
     if loading:
@@ -187,12 +190,13 @@ def _candidates(
     :func:`~statemachine.planner.sleep_frees_memory`). The planner lists them role by
     role; the order does not matter: the victim search weighs a set of rows by its own
     order of preference (names last) and names its victims in the order of their names."""
-    holdings = ledger.holdings
+    held = ledger.holdings.get
     starting = observed.starting
+    in_flight = observed.requests_in_flight
     rows: list[Row] = []
     for o, obs in on_short:
         n = o.name
-        res = holdings.get(n)
+        res = held(n)
         if res is None:
             continue
         mib = res.mib
@@ -208,7 +212,7 @@ def _candidates(
             continue  # protected: it only matters when nothing covers (the planner says)
         if o.sleep is not None and sleep_frees_memory(o, mib, policy, observed):
             return None
-        busy = observed.requests_in_flight(n).count
+        busy = in_flight(n).count
         rows.append((n, res.gpu_roles, mib, o.priority, obs.started_at, busy))
     return rows
 

@@ -31,7 +31,7 @@ This module is pure: no I/O, no clock, no logging, no docker.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any, ClassVar
@@ -220,7 +220,7 @@ class Ledger:
         for res in holdings:
             holder, mib = res.holder, res.mib
             if holder in held:
-                raise ValueError(f"reservation holder {holder!r} appears twice")
+                raise _twice(holder)
             for role in res.gpu_roles:
                 if role not in known:
                     raise ValueError(f"reservation of {holder!r} names unknown role {role!r}")
@@ -364,22 +364,27 @@ class Ledger:
         """
         rows = self._on_role.get(role)
         if rows is None:
-            self._list_every_role()
+            self._list_roles(self._roles)
             rows = self._on_role.get(role, ())  # a role without a row holds nothing
         return rows
 
-    def _list_every_role(self) -> None:
-        """Build the reservation list of every role not built yet, in one walk of the
-        holdings (a plan asks for the roles one at a time, and there may be many)."""
+    def _list_roles(self, roles: Iterable[str]) -> None:
+        """Build the reservation list of each of ``roles`` not built yet, in one walk of
+        the holdings (a plan asks for every role one at a time, and there may be many:
+        it lists them all at once)."""
+        on_role = self._on_role
         lists: dict[str, list[tuple[str, int]]] = {
-            role: [] for role in self._roles if role not in self._on_role
+            role: [] for role in roles if role not in on_role
         }
-        for holder, res in sorted(self._holdings.items()):
+        for res in self._holdings.values():
+            entry = (res.holder, res.mib)
             for role in res.gpu_roles:
-                if role in lists:
-                    lists[role].append((holder, res.mib))
+                rows = lists.get(role)
+                if rows is not None:
+                    rows.append(entry)
         for role, rows in lists.items():
-            self._on_role[role] = tuple(rows)
+            rows.sort()  # by holder: each holder is listed once
+            on_role[role] = tuple(rows)
 
     def view(self, role: str) -> RoleView:
         """One role's line of the ledger."""
@@ -399,10 +404,15 @@ class Ledger:
         return tuple(r for r in self._roles if self._committed[r] > self._roles[r].budget_mib)
 
     def terms(
-        self, holder: str, gpu_roles: Iterable[str], requested_mib: int
+        self, holder: str, gpu_roles: Sequence[str], requested_mib: int
     ) -> tuple[RoleTerms, ...]:
         """Every term of the arithmetic for ``requested_mib`` more on each of ``gpu_roles``."""
         out: list[RoleTerms] = []
+        on_role = self._on_role
+        for role in () if self._unknown else gpu_roles:
+            if role not in on_role:
+                self._list_roles(self._roles)  # as reservations_on: every role at once
+                break
         for role in gpu_roles:
             r = self._roles[role]
             if self._unknown:
@@ -423,7 +433,7 @@ class Ledger:
                     free_mib=free,
                     requested_mib=requested_mib,
                     shortfall_mib=short,
-                    reservations=() if self._unknown else self.reservations_on(role),
+                    reservations=() if self._unknown else on_role.get(role, ()),
                 )
             )
         return tuple(out)
@@ -728,7 +738,25 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
     """
     if not observed.docker_ok:
         return Ledger(desired.roles, unknown=True, host=desired.host)
-    holdings = _starts_in_progress(desired, observed) if observed.starting else []
+    held: dict[str, GpuReservation] = {}
+    committed = dict.fromkeys(desired.roles, 0)
+    for res in _starts_in_progress(desired, observed) if observed.starting else ():
+        _count(held, committed, res)
+    host_holdings = _count_serves(desired, observed, held, committed)
+    for _container, res in no_longer_declared(desired, observed) if observed.started_with else ():
+        if res.holder not in observed.starting:
+            _count(held, committed, res)
+    return _counted(desired.roles, held, committed, desired.host, host_holdings)
+
+
+def _count_serves(
+    desired: DesiredState,
+    observed: Observed,
+    held: dict[str, GpuReservation],
+    committed: dict[str, int],
+) -> dict[str, int]:
+    """Count what each declared serve holds (:func:`ledger_from_observed`) into ``held``
+    and ``committed``; the host RAM its sleepers hold, by serve."""
     host_holdings: dict[str, int] = {}
     # a fleet's serves share a few role tuples: the roles a serve in the ledger counts
     # on (None: not in the ledger), asked once per tuple (a plan may ask a thousand)
@@ -749,28 +777,64 @@ def ledger_from_observed(desired: DesiredState, observed: Observed) -> Ledger:
         if starting and name in starting:
             continue  # counted as a start in progress
         mib, key = serve.vram_mib, serve.gpu_roles
-        on = None
-        if mib is not None:
-            on = ledger_roles.get(key, ())
-            if on == ():
-                on = ledger_roles[key] = _known(desired, key) if desired.in_ledger(serve) else None
+        on = ledger_roles.get(key, ()) if mib is not None else None
+        if on == ():
+            on = ledger_roles[key] = _known(desired, key) if desired.in_ledger(serve) else None
         if record is None and slept is None:  # the common case: as declared
             if on is not None and mib is not None:
-                held = shrunk_to.get(name, mib) if shrunk_to else mib
-                holdings.append(GpuReservation(name, on, held))
+                mib = shrunk_to.get(name, mib) if shrunk_to else mib
+                if name in held:
+                    raise _twice(name)
+                held[name] = GpuReservation(name, on, mib)
+                for role in on:
+                    committed[role] += mib
             continue
-        res = _held_as_recorded(desired, serve, on is not None, record, slept, shrunk_to)
-        if res is not None:
-            holdings.append(res)
+        recorded = _held_as_recorded(desired, serve, on is not None, record, slept, shrunk_to)
+        if recorded is not None:
+            _count(held, committed, recorded)
         asleep = None if slept is None else sleeping_reservation(serve, slept)
         if asleep is not None and asleep[1]:
             host_holdings[name] = asleep[1]
-    holdings.extend(
-        res
-        for _container, res in no_longer_declared(desired, observed)
-        if res.holder not in starting
-    )
-    return Ledger(desired.roles, holdings, host=desired.host, host_holdings=host_holdings)
+    return host_holdings
+
+
+def _counted(
+    roles: Mapping[str, GpuRole],
+    held: dict[str, GpuReservation],
+    committed: dict[str, int],
+    host: HostBudget | None,
+    host_holdings: dict[str, int],
+) -> Ledger:
+    """The ledger that :func:`ledger_from_observed` has just counted itself (with
+    :func:`_count`): ``held`` by holder, each on roles with a capacity row,
+    ``committed`` their sum on each role, ``host_holdings`` positive MiB; the caller
+    hands the dicts over. No second walk and no checks; it reads as ``Ledger(roles,
+    held.values(), host=host, host_holdings=host_holdings)``, and admit, release and
+    resize check as ever."""
+    obj = Ledger.__new__(Ledger)
+    obj._roles = dict(roles)
+    obj._unknown = False
+    obj._host = host
+    obj._host_holdings = host_holdings
+    obj._committed = committed
+    obj._holdings = PMap._own(held)
+    obj._on_role = {}
+    return obj
+
+
+def _count(held: dict[str, GpuReservation], committed: dict[str, int], res: GpuReservation) -> None:
+    """Count ``res`` (on roles with a capacity row) into ``held`` and ``committed``, as
+    :class:`Ledger` counts a holding (a holder named twice is refused)."""
+    if res.holder in held:
+        raise _twice(res.holder)
+    held[res.holder] = res
+    for role in res.gpu_roles:
+        committed[role] += res.mib
+
+
+def _twice(holder: str) -> ValueError:
+    """The error for a holder named twice in one ledger."""
+    return ValueError(f"reservation holder {holder!r} appears twice")
 
 
 def _held_as_recorded(

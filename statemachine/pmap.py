@@ -45,6 +45,12 @@ class PMap(Mapping[K, V], Generic[K, V]):
         self._flat: dict[K, V] | None = self._base
 
     @staticmethod
+    def _own(items: dict[K, V]) -> PMap[K, V]:
+        """A map of ``items``, which the caller hands over: it never mutates it again
+        (no copy, unlike the constructor)."""
+        return PMap._of(items, {}, len(items))
+
+    @staticmethod
     def _of(base: dict[K, V], delta: dict[K, object], length: int) -> PMap[K, V]:
         obj: PMap[K, V] = PMap.__new__(PMap)
         obj._base = base
@@ -63,12 +69,18 @@ class PMap(Mapping[K, V], Generic[K, V]):
         return self._base[key]
 
     def __contains__(self, key: object) -> bool:
+        flat = self._flat
+        if flat is not None:  # no changes pending, or folded: one dict says
+            return key in flat
         if key in self._delta:
             return self._delta[key] is not _GONE
         return key in self._base
 
     def get(self, key: K, default: V | None = None) -> V | None:  # type: ignore[override]
         """The value of ``key``, or ``default``."""
+        flat = self._flat
+        if flat is not None:
+            return flat.get(key, default)
         if key in self._delta:
             value = self._delta[key]
             return default if value is _GONE else cast(V, value)
