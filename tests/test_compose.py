@@ -223,4 +223,7 @@ def test_a_failing_compose_up_is_a_failed_start_that_quotes_compose(
     assert detail.startswith("`up` exited 1: "), detail  # says what failed, then Compose's words
     assert needle in detail and "docker compose -f" in detail, detail
     assert report["ledger"] is not None and not report["ok"]
-    assert stack.container("job") not in {c.name for c in fleet.client.containers.list(all=True)}
+    # sparse: the names as listed, no inspect of each (a container another test removes
+    # between the list and its inspect would fail the list)
+    listed = fleet.client.containers.list(all=True, sparse=True)
+    assert f"/{stack.container('job')}" not in {n for c in listed for n in c.attrs["Names"]}
