@@ -51,6 +51,8 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from benchkit import BUDGET_MIB, NOW, cards
+
 from statemachine.fit import fit_serve
 from statemachine.ledger import ledger_from_observed
 from statemachine.types import (
@@ -58,17 +60,12 @@ from statemachine.types import (
     ContainerState,
     DesiredRun,
     DesiredState,
-    GpuRole,
     Observed,
     Residency,
     ServeSpec,
 )
 from statemachine.victims import Candidate, largest_first
 
-NOW = 1_700_000_000.0
-CAPACITY_MIB = 81_920
-RESERVE_MIB = 2_048
-BUDGET_MIB = CAPACITY_MIB - RESERVE_MIB
 REQUESTER = "want"
 #: wall time, or with ``--clock cpu`` this thread's CPU time (no wait for a core)
 CLOCK = time.perf_counter_ns
@@ -91,7 +88,7 @@ class Decision:
 def build(rng: random.Random) -> Instance:
     n_roles = rng.choice((1, 2))
     ids = [f"gpu{i}" for i in range(n_roles)]
-    roles = {r: GpuRole(r, capacity_mib=CAPACITY_MIB, reserve_mib=RESERVE_MIB) for r in ids}
+    roles = cards(ids)
     serves: dict[str, ServeSpec] = {}
     containers: dict[str, ContainerObs] = {}
     load = dict.fromkeys(ids, 0)

@@ -88,15 +88,18 @@ import uuid
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from types import FrameType
 from typing import Any
 
 import docker
-from docker.errors import NotFound
+from benchkit import (
+    RUN_LABEL,
+    remove_labelled,
+    removed_at_exit,
+    run_argv,
+    start_sleeper,
+)
 
 REPO = Path(__file__).resolve().parents[1]
-BENCH_LABEL = "vramctl.bench"
-RUN_LABEL = "vramctl.bench.run"
 DEFAULT_IMAGE = "vramctl-test:latest"
 WAIT_S = 30.0
 FIRST_CALLS = frozenset({"kill", "stop", "start"})
@@ -192,16 +195,7 @@ class Fleet:
         """Start ``sleep`` containers until there are ``n``."""
         for i in range(len(self.names), n):
             name = f"{self.prefix}s{i:02d}"
-            self.client.containers.run(
-                self.image,
-                ["sleep", "3600"],
-                detach=True,
-                init=True,
-                network_mode="host",
-                name=name,
-                labels={BENCH_LABEL: "1", RUN_LABEL: self.run_id},
-            )
-            self.names.append(name)
+            self.names.append(start_sleeper(self.client, self.image, name, self.run_id))
 
     def status(self, name: str) -> str:
         return str(self.client.containers.get(name).status)
@@ -223,33 +217,15 @@ class Fleet:
         if self._stream is not None:
             with contextlib.suppress(Exception):
                 self._stream.close()
-        found = self.client.containers.list(
-            all=True, filters={"label": f"{RUN_LABEL}={self.run_id}"}
-        )
-        for c in found:
-            with contextlib.suppress(NotFound):
-                c.remove(force=True)
-        return len(found)
+        return remove_labelled(self.client, f"{RUN_LABEL}={self.run_id}")
 
 
 @contextlib.contextmanager
 def fleet_of(client: docker.DockerClient, image: str) -> Iterator[Fleet]:
     """A :class:`Fleet` whose containers are removed however the block ends."""
     fleet = Fleet(client, image)
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
+    with removed_at_exit(fleet.remove_all):
         yield fleet
-    finally:
-        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # let cleanup finish
-        try:
-            log(f"removed {fleet.remove_all()} benchmark containers")
-        finally:
-            signal.signal(signal.SIGINT, old_int)
-            signal.signal(signal.SIGTERM, previous)
 
 
 def manifest(names: Sequence[str], desired: dict[str, str]) -> str:
@@ -441,20 +417,7 @@ class Controller:
         docker_host: str | None = None,
     ) -> Controller:
         log_path = tmp / f"run-{uuid.uuid4().hex[:6]}.log"
-        argv = [
-            sys.executable,
-            "-m",
-            "controller.interfaces.cli",
-            "run",
-            "-m",
-            str(manifest_path),
-            "--state-dir",
-            str(tmp / "state"),
-            "--resync",
-            str(resync_s),
-            "--log-json",
-            *extra,
-        ]
+        argv = run_argv(manifest_path, tmp / "state", resync_s, *extra)
         with log_path.open("wb") as fh:
             env = dict(os.environ)
             if docker_host is not None:

@@ -55,29 +55,24 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import math
 import shutil
-import signal
 import statistics
 import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from types import FrameType
-from typing import Any
+from typing import Any, NamedTuple
 
 import docker
-from docker.errors import NotFound
+from benchkit import BENCH_LABEL, RUN_LABEL, remove_labelled, removed_at_exit, start_sleeper
 
 from controller.adapters.docker.read import ContainerObserver, ContainerSnapshot
 
-BENCH_LABEL = "vramctl.bench"
-RUN_LABEL = "vramctl.bench.run"
 DEFAULT_IMAGE = "vramctl-test:latest"
 
 
@@ -94,8 +89,7 @@ def _number(x: float) -> float | int:
     return int(x) if float(x).is_integer() else x
 
 
-@dataclass(frozen=True, slots=True)
-class Result:
+class Result(NamedTuple):
     """One (approach, N) series."""
 
     approach: str
@@ -217,51 +211,11 @@ class Fleet:
                 self.names.append(name)
 
     def _run(self, name: str) -> str:
-        self.client.containers.run(
-            self.image,
-            ["sleep", "3600"],
-            detach=True,
-            init=True,
-            network_mode="host",
-            name=name,
-            labels={BENCH_LABEL: "1", RUN_LABEL: self.run_id},
-        )
-        return name
+        return start_sleeper(self.client, self.image, name, self.run_id)
 
     def remove_all(self) -> int:
         """Force-remove every container labelled with this run's id; the count removed."""
-        found = self.client.containers.list(
-            all=True, filters={"label": f"{RUN_LABEL}={self.run_id}"}
-        )
-
-        def remove(c: Any) -> None:
-            with contextlib.suppress(NotFound):
-                c.remove(force=True)
-
-        with ThreadPoolExecutor(max_workers=4) as pool:
-            list(pool.map(remove, found))
-        return len(found)
-
-
-@contextlib.contextmanager
-def fleet_of(client: docker.DockerClient, image: str) -> Iterator[Fleet]:
-    """A :class:`Fleet` whose containers are removed however the block ends."""
-    fleet = Fleet(client, image)
-
-    def on_term(signum: int, frame: FrameType | None) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    previous = signal.signal(signal.SIGTERM, on_term)
-    try:
-        yield fleet
-    finally:
-        old_int = signal.signal(signal.SIGINT, signal.SIG_IGN)  # let cleanup finish
-        try:
-            removed = fleet.remove_all()
-            print(f"# removed {removed} benchmark containers", file=sys.stderr)
-        finally:
-            signal.signal(signal.SIGINT, old_int)
-            signal.signal(signal.SIGTERM, previous)
+        return remove_labelled(self.client, f"{RUN_LABEL}={self.run_id}")
 
 
 # ----------------------------------------------------------------------- driver
@@ -338,7 +292,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     started = time.perf_counter()
     results: list[Result] = []
     try:
-        with fleet_of(client, args.image) as fleet:
+        fleet = Fleet(client, args.image)
+        with removed_at_exit(fleet.remove_all):  # however the run ends
             for n in sizes:
                 t0 = time.perf_counter()
                 fleet.grow_to(n)

@@ -63,23 +63,11 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from statemachine.planner import Action, Plan, Policy, plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-)
+from benchkit import BUDGET_MIB, NOW, cards
 
-NOW = 1_700_000_000.0
-CAPACITY_MIB = 81_920
-RESERVE_MIB = 2_048
-BUDGET_MIB = CAPACITY_MIB - RESERVE_MIB
+from statemachine import types as st
+from statemachine.planner import Action, Plan, Policy, plan_transitions
+
 MIN_MIB = 16
 MAX_SERVE_FRACTION = 0.6
 BASE_PORT = 20_000
@@ -99,8 +87,8 @@ QUICK_ROLES = (2, 8)
 class Fleet:
     """A desired state and an observation to plan from."""
 
-    desired: DesiredState
-    observed: Observed
+    desired: st.DesiredState
+    observed: st.Observed
 
 
 @dataclass(slots=True)
@@ -109,8 +97,8 @@ class _Draft:
 
     name: str
     roles: tuple[str, ...]
-    residency: Residency | None
-    desired: DesiredRun | None
+    residency: st.Residency | None
+    desired: st.DesiredRun | None
     running: bool
     weight: float
     priority: int
@@ -120,12 +108,24 @@ class _Draft:
     mib: int | None = None
 
 
+def _requester(name: str, roles: tuple[str, ...], mib: int, *, exclusive: bool = False) -> _Draft:
+    """An on-demand serve that does not run yet (it asks to), ``mib`` on ``roles``."""
+    return _Draft(
+        name=name,
+        roles=roles,
+        residency=st.Residency.ON_DEMAND,
+        desired=None,
+        running=False,
+        weight=1.0,
+        priority=5,
+        router_tier=None,
+        exclusive=exclusive,
+        mib=mib,
+    )
+
+
 def _role_ids(n: int) -> list[str]:
     return [f"gpu{i:02d}" for i in range(n)]
-
-
-def _roles(ids: Sequence[str]) -> dict[str, GpuRole]:
-    return {r: GpuRole(r, CAPACITY_MIB, RESERVE_MIB) for r in ids}
 
 
 def _placement(
@@ -157,15 +157,15 @@ def _size(drafts: Sequence[_Draft], fill: float) -> None:
         d.mib = max(MIN_MIB, int(min(share, BUDGET_MIB * MAX_SERVE_FRACTION)))
 
 
-def _residency(rng: random.Random) -> tuple[Residency, DesiredRun | None]:
+def _residency(rng: random.Random) -> tuple[st.Residency, st.DesiredRun | None]:
     x = rng.random()
     if x < 0.25:
-        return Residency.RESIDENT, DesiredRun.RUNNING
+        return st.Residency.RESIDENT, st.DesiredRun.RUNNING
     if x < 0.80:
-        return Residency.EVICTABLE, DesiredRun.RUNNING
+        return st.Residency.EVICTABLE, st.DesiredRun.RUNNING
     if x < 0.95:
-        return Residency.ON_DEMAND, None
-    return Residency.EVICTABLE, DesiredRun.STOPPED
+        return st.Residency.ON_DEMAND, None
+    return st.Residency.EVICTABLE, st.DesiredRun.STOPPED
 
 
 def _draft_fleet(
@@ -182,7 +182,7 @@ def _draft_fleet(
     for i in range(n):
         residency, desired = _residency(rng)
         pool, span = all_roles, True
-        if residency is Residency.RESIDENT and resident_roles is not None:
+        if residency is st.Residency.RESIDENT and resident_roles is not None:
             pool, span = list(resident_roles), False
         drafts.append(
             _Draft(
@@ -190,7 +190,7 @@ def _draft_fleet(
                 roles=_placement(rng, i, ids, pool, span=span),
                 residency=residency,
                 desired=desired,
-                running=running and desired is DesiredRun.RUNNING,
+                running=running and desired is st.DesiredRun.RUNNING,
                 weight=rng.uniform(0.5, 1.5),
                 priority=rng.randrange(0, 10),
                 router_tier=f"tier-{i % 3}" if rng.random() < 0.2 else None,
@@ -200,12 +200,12 @@ def _draft_fleet(
 
 
 def _to_fleet(
-    drafts: Sequence[_Draft], ids: Sequence[str], requests: Sequence[OnDemandRequest] = ()
+    drafts: Sequence[_Draft], ids: Sequence[str], requests: Sequence[st.OnDemandRequest] = ()
 ) -> Fleet:
-    serves: dict[str, ServeSpec] = {}
-    containers: dict[str, ContainerObs] = {}
+    serves: dict[str, st.ServeSpec] = {}
+    containers: dict[str, st.ContainerObs] = {}
     for i, d in enumerate(drafts):
-        serves[d.name] = ServeSpec(
+        serves[d.name] = st.ServeSpec(
             name=d.name,
             container=f"c-{d.name}",
             gpu_roles=d.roles,
@@ -222,13 +222,13 @@ def _to_fleet(
         if d.running:
             # started 1..24 h ago; alternate 'exited' and absent for the others
             started = NOW - 3600.0 * (1 + i % 24)
-            containers[f"c-{d.name}"] = ContainerObs(
-                ContainerState.RUNNING, health="healthy", started_at=started
+            containers[f"c-{d.name}"] = st.ContainerObs(
+                st.ContainerState.RUNNING, health="healthy", started_at=started
             )
         elif i % 2 == 0:
-            containers[f"c-{d.name}"] = ContainerObs(ContainerState.EXITED, exit_code=0)
-    desired = DesiredState(roles=_roles(ids), serves=serves, requests=tuple(requests))
-    return Fleet(desired, Observed(docker_ok=True, containers=containers))
+            containers[f"c-{d.name}"] = st.ContainerObs(st.ContainerState.EXITED, exit_code=0)
+    desired = st.DesiredState(roles=cards(ids), serves=serves, requests=tuple(requests))
+    return Fleet(desired, st.Observed(docker_ok=True, containers=containers))
 
 
 def build_steady(n: int, r: int, seed: int) -> Fleet:
@@ -246,8 +246,8 @@ def build_cold(n: int, r: int, seed: int) -> Fleet:
     rng = random.Random(f"cold/{n}/{r}/{seed}")
     ids = _role_ids(r)
     drafts = _draft_fleet(rng, n, ids, running=False)
-    _size([d for d in drafts if d.desired is DesiredRun.RUNNING], 1.25)
-    _size([d for d in drafts if d.desired is not DesiredRun.RUNNING], 0.50)
+    _size([d for d in drafts if d.desired is st.DesiredRun.RUNNING], 1.25)
+    _size([d for d in drafts if d.desired is not st.DesiredRun.RUNNING], 0.50)
     return _to_fleet(drafts, ids)
 
 
@@ -257,7 +257,7 @@ def _load(drafts: Sequence[_Draft], role: str, *, evictable_only: bool = False) 
         for d in drafts
         if d.running
         and role in d.roles
-        and (not evictable_only or d.residency is Residency.EVICTABLE)
+        and (not evictable_only or d.residency is st.Residency.EVICTABLE)
     )
 
 
@@ -270,7 +270,7 @@ def build_evict(n: int, r: int, seed: int) -> Fleet:
     # the idle on-demand serves of the mix stay idle; only the k requesters are asked for
     _size([d for d in drafts if d.running], 0.95)
     _size([d for d in drafts if not d.running], 0.50)
-    requests: list[OnDemandRequest] = []
+    requests: list[st.OnDemandRequest] = []
     # spread the requesters over the roles that hold something to evict
     targets = [x for x in ids if _load(drafts, x, evictable_only=True) > 0] or list(ids)
     for j in range(k):
@@ -281,20 +281,8 @@ def build_evict(n: int, r: int, seed: int) -> Fleet:
         # eviction could free (so the blocked ones are blocked by residents, not size)
         want = min(max(want, free + MIN_MIB), free + _load(drafts, role, evictable_only=True))
         name = f"od{j:03d}"
-        drafts.append(
-            _Draft(
-                name=name,
-                roles=(role,),
-                residency=Residency.ON_DEMAND,
-                desired=None,
-                running=False,
-                weight=1.0,
-                priority=5,
-                router_tier=None,
-                mib=max(MIN_MIB, want),
-            )
-        )
-        requests.append(OnDemandRequest(name, NOW - 60.0 + j, ttl_s=3600.0))
+        drafts.append(_requester(name, (role,), max(MIN_MIB, want)))
+        requests.append(st.OnDemandRequest(name, NOW - 60.0 + j, ttl_s=3600.0))
     return _to_fleet(drafts, ids, requests)
 
 
@@ -307,7 +295,7 @@ def build_exclusive(n: int, r: int, seed: int) -> Fleet:
     even = [i for i in range(r) if i % 2 == 0]
     drafts = _draft_fleet(rng, n - k - 1, ids, running=True, resident_roles=even)
     for d in drafts:
-        if d.residency is Residency.EVICTABLE and rng.random() < 0.10:
+        if d.residency is st.Residency.EVICTABLE and rng.random() < 0.10:
             d.gpu_inference = False  # a sidecar: may run beside an exclusive serve
     _size([d for d in drafts if d.running], 0.70)
     _size([d for d in drafts if not d.running], 0.50)
@@ -321,23 +309,10 @@ def build_exclusive(n: int, r: int, seed: int) -> Fleet:
         (f"ex{j:03d}", (busy[(j * len(busy)) // k],)) for j in range(k)
     ]
     requesters.append((f"ex{k:03d}", (ids[0], ids[1])))  # role 0 holds residents: blocked
-    requests: list[OnDemandRequest] = []
+    requests: list[st.OnDemandRequest] = []
     for j, (name, roles) in enumerate(requesters):
-        drafts.append(
-            _Draft(
-                name=name,
-                roles=roles,
-                residency=Residency.ON_DEMAND,
-                desired=None,
-                running=False,
-                weight=1.0,
-                priority=5,
-                router_tier=None,
-                exclusive=True,
-                mib=BUDGET_MIB // 2,
-            )
-        )
-        requests.append(OnDemandRequest(name, NOW - 60.0 + j, ttl_s=3600.0))
+        drafts.append(_requester(name, roles, BUDGET_MIB // 2, exclusive=True))
+        requests.append(st.OnDemandRequest(name, NOW - 60.0 + j, ttl_s=3600.0))
     return _to_fleet(drafts, ids, requests)
 
 

@@ -46,26 +46,15 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import bench_loop as loop
 import docker
-from bench_loop import (
-    DEFAULT_IMAGE,
-    Controller,
-    Fleet,
-    controller,
-    fleet_of,
-    has_api,
-    log,
-    manifest,
-    nearest_rank,
-    wait_for,
-)
 
 #: a restart the loop does not make within this long counts as never (seconds)
 RESTART_WAIT_S = 60.0
 _PROMISE = re.compile(r"failure (\d+), next try in (\d+)s")
 
 
-def _event_after(fleet: Fleet, name: str, action: str, t_ns: int) -> int | None:
+def _event_after(fleet: loop.Fleet, name: str, action: str, t_ns: int) -> int | None:
     """Docker's time (ns) of ``name``'s first ``action`` event after ``t_ns``."""
     for e in list(fleet.own):
         at = int(e.get("timeNano", 0))
@@ -74,19 +63,19 @@ def _event_after(fleet: Fleet, name: str, action: str, t_ns: int) -> int | None:
     return None
 
 
-def _counted(ctl: Controller, failure: int, after: float) -> dict[str, Any] | None:
+def _counted(ctl: loop.Controller, failure: int, after: float) -> dict[str, Any] | None:
     """The log record of the ``failure``-th failure of the serve, logged after ``after``."""
     return ctl.find(f"s00: container exited 137; failure {failure},", after)
 
 
 def one_kill(
-    fleet: Fleet, ctl: Controller, name: str, failure: int, after_ns: int
+    fleet: loop.Fleet, ctl: loop.Controller, name: str, failure: int, after_ns: int
 ) -> dict[str, Any]:
     """Kill ``name``; Docker's die and next start, the record that counted the death."""
     fleet.client.containers.get(name).kill()
-    died = wait_for("the die event", lambda: _event_after(fleet, name, "die", after_ns))
-    seen = wait_for("the death counted", lambda: _counted(ctl, failure, died / 1e9 - 1.0))
-    started = wait_for(
+    died = loop.wait_for("the die event", lambda: _event_after(fleet, name, "die", after_ns))
+    seen = loop.wait_for("the death counted", lambda: _counted(ctl, failure, died / 1e9 - 1.0))
+    started = loop.wait_for(
         "the restart",
         lambda: _event_after(fleet, name, "start", died),
         timeout=RESTART_WAIT_S,
@@ -103,17 +92,17 @@ def one_kill(
     return out
 
 
-def one_round(fleet: Fleet, tmp: Path, args: argparse.Namespace, extra: Sequence[str]) -> Any:
+def one_round(fleet: loop.Fleet, tmp: Path, args: argparse.Namespace, extra: Sequence[str]) -> Any:
     name = fleet.names[0]
     path = tmp / "serves.toml"
-    path.write_text(manifest([name], {}))
-    with controller(tmp, path, args.resync, extra) as ctl:
+    path.write_text(loop.manifest([name], {}))
+    with loop.controller(tmp, path, args.resync, extra) as ctl:
         time.sleep(args.healthy_s)  # seen running, healthy, by a few cycles
         first = one_kill(fleet, ctl, name, 1, time.time_ns())
-        wait_for("running again", lambda: fleet.status(name) == "running")
+        loop.wait_for("running again", lambda: fleet.status(name) == "running")
         time.sleep(args.healthy_s)
         again = one_kill(fleet, ctl, name, 2, first["started_ns"])
-        wait_for("running again", lambda: fleet.status(name) == "running")
+        loop.wait_for("running again", lambda: fleet.status(name) == "running")
     for x in (first, again):
         del x["started_ns"]
     return {"bench": "restart", "first": first, "again": again}
@@ -122,7 +111,7 @@ def one_round(fleet: Fleet, tmp: Path, args: argparse.Namespace, extra: Sequence
 def _stats(values: Sequence[float]) -> dict[str, float]:
     return {
         "median_ms": round(statistics.median(values), 1),
-        "p90_ms": round(nearest_rank(values, 0.9), 1),
+        "p90_ms": round(loop.nearest_rank(values, 0.9), 1),
         "min_ms": round(min(values), 1),
         "max_ms": round(max(values), 1),
     }
@@ -130,17 +119,17 @@ def _stats(values: Sequence[float]) -> dict[str, float]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
-    parser.add_argument("--image", default=DEFAULT_IMAGE)
+    parser.add_argument("--image", default=loop.DEFAULT_IMAGE)
     parser.add_argument("--rounds", type=int, default=5, help="controllers, two kills each (5)")
     parser.add_argument("--healthy-s", type=float, default=2.0, help="seen running before a kill")
     parser.add_argument("--resync", type=float, default=5.0, help="--resync of run (5)")
     args = parser.parse_args(argv)
-    extra = ["--no-api"] if has_api() else []
+    extra = ["--no-api"] if loop.has_api() else []
     client = docker.from_env(timeout=60)
     started = time.perf_counter()
     lines: list[dict[str, Any]] = []
     try:
-        with fleet_of(client, args.image) as fleet:
+        with loop.fleet_of(client, args.image) as fleet:
             fleet.follow()
             fleet.grow_to(1)
             for i in range(args.rounds):
@@ -149,7 +138,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 print(json.dumps(line), flush=True)
                 lines.append(line)
     except KeyboardInterrupt:
-        log("interrupted")
+        loop.log("interrupted")
         return 130
     finally:
         client.close()
@@ -161,7 +150,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         summary[kill]["promised_s"] = sorted({x[kill]["promised_s"] for x in lines})
     print(json.dumps(summary), flush=True)
-    log(f"total {time.perf_counter() - started:.0f}s")
+    loop.log(f"total {time.perf_counter() - started:.0f}s")
     return 0
 
 

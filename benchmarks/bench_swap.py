@@ -60,6 +60,7 @@ from typing import Any
 
 import docker
 import httpx
+from benchkit import run_argv
 from docker.errors import NotFound
 
 REPO = Path(__file__).resolve().parents[1]
@@ -175,21 +176,7 @@ class Bench:
 
     def controller(self, state: Path, manifest: Path) -> subprocess.Popen[bytes]:
         env = dict(os.environ, VRAMCTL_TOKEN=TOKEN, PYTHONPATH=str(REPO))
-        argv = [
-            sys.executable,
-            "-m",
-            "controller.interfaces.cli",
-            "run",
-            "-m",
-            str(manifest),
-            "--state-dir",
-            str(state),
-            "--resync",
-            "1",
-            "--log-json",
-            "--api",
-            f"127.0.0.1:{self.api}",
-        ]
+        argv = run_argv(manifest, state, 1, "--api", f"127.0.0.1:{self.api}")
         out = (state.parent / "run.log").open("ab")
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
 
