@@ -142,7 +142,15 @@ def fit_serve(
     direct = (
         None
         if by_planner
-        else decide(desired, observed, serve, ledger, policy or DEFAULT_POLICY, now)
+        else decide(
+            desired,
+            observed,
+            serve,
+            ledger,
+            policy or DEFAULT_POLICY,
+            now,
+            () if asleep else terms,  # a wake's terms are for what it does not hold
+        )
     )
     if direct is not None:  # the planner's answer, reached without the planner
         return _fits(serve, terms, in_ledger, direct.evict, direct.drain)
@@ -196,11 +204,10 @@ def _fits(
         why = "declares no vram_mib" if serve.vram_mib is None else "has no role with capacity"
         reason = f"{serve.name} {why}: the ledger does not govern it"
     elif evict or shrinks or sleeps:
-        reason = f"{serve.name} fits after " + ", ".join(
-            [f"stopping {name}" for name in evict]
-            + [f"putting {name} to sleep" for name in sleeps]
-            + [f"shrinking {s['serve']} by {s['give_mib']} MiB" for s in shrinks]
-        )
+        steps = [f"stopping {name}" for name in evict]
+        steps += [f"putting {name} to sleep" for name in sleeps]
+        steps += [f"shrinking {s['serve']} by {s['give_mib']} MiB" for s in shrinks]
+        reason = f"{serve.name} fits after {', '.join(steps)}"
     else:
         reason = _fits_reason(serve.name, terms)
     if wake:

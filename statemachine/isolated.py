@@ -35,11 +35,12 @@ Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from statemachine.admission import conflict, inside_min_runtime
 from statemachine.idleness import request_end
-from statemachine.ledger import Ledger
+from statemachine.ledger import Ledger, RoleTerms
 from statemachine.plan import Policy
 from statemachine.planner import (
     give_back_mib,
@@ -82,18 +83,22 @@ def decide(
     ledger: Ledger,
     policy: Policy,
     now: float,
+    terms: Iterable[RoleTerms],
 ) -> Decision | None:
     """The planner's answer for an isolated on-demand request of ``serve``, or None
     where only the planner can say (see the module docstring).
 
     ``ledger`` is ``ledger_from_observed(desired, observed)`` (known: docker was read);
-    ``serve`` does not run (its container holds no memory, or it sleeps).
+    ``serve`` does not run (its container holds no memory, or it sleeps). ``terms``:
+    the ledger's terms for its whole ``vram_mib`` on its roles (``ledger.terms``;
+    none where the ledger does not govern it), which the caller has built for its own
+    answer: the shortfall on each role is read off them.
     """
     assert not ledger.unknown, "an unknown ledger has no figures to read"
     name = serve.name
     if _own_rule_applies(serve, ledger, policy, observed, now):
         return None
-    short = _shortfall(serve, desired, ledger)
+    short = {t.gpu_role: t.shortfall_mib for t in terms if t.shortfall_mib}
     starting = observed.starting
     exclusive, port, roles = serve.exclusive, serve.port, serve.gpu_roles
     sizes_from_free = serve.sizes_from_free
@@ -129,18 +134,18 @@ def decide(
     if evict is None:
         return None
     drain = tuple(
-        v for v in evict if desired.serves[v].router_tier and not observed.sleep_of(v).asleep
+        [v for v in evict if desired.serves[v].router_tier and not observed.sleep_of(v).asleep]
     )
     return Decision(evict, drain)
 
 
-def _shortfall(serve: ServeSpec, desired: DesiredState, ledger: Ledger) -> dict[str, int]:
-    """The MiB ``serve``'s start lacks on each of its roles where free is short (none
-    when the ledger does not govern it)."""
+def whole_terms(desired: DesiredState, ledger: Ledger, serve: ServeSpec) -> tuple[RoleTerms, ...]:
+    """The ledger's terms for ``serve``'s whole ``vram_mib`` on its roles, as
+    :func:`decide` reads them; none where the ledger does not govern it."""
     mib = serve.vram_mib
     if mib is None or not desired.in_ledger(serve):
-        return {}
-    return ledger.short_of(serve.gpu_roles, mib)
+        return ()
+    return ledger.terms(serve.name, serve.gpu_roles, mib)
 
 
 def _loads(other: ServeSpec, starts: bool, roles: tuple[str, ...]) -> bool:
@@ -190,7 +195,7 @@ def _candidates(
     :func:`~statemachine.planner.sleep_frees_memory`). The planner lists them role by
     role; the order does not matter: the victim search weighs a set of rows by its own
     order of preference (names last) and names its victims in the order of their names."""
-    held = ledger.holdings.get
+    held = ledger.holding_getter()
     starting = observed.starting
     in_flight = observed.requests_in_flight
     rows: list[Row] = []

@@ -332,6 +332,11 @@ class Ledger:
             reservations=() if self._unknown else tuple(sorted(self._host_holdings.items())),
         )
 
+    def holding_getter(self) -> Callable[[str], GpuReservation | None]:
+        """A lookup of one holder's reservation (None: it holds none), for a caller that
+        reads many (:meth:`statemachine.pmap.PMap.getter`)."""
+        return self._holdings.getter()
+
     def holds(self, holder: str) -> bool:
         """True when the ledger counts ``holder``: it has a committed reservation
         (whether its container occupies memory is ``ContainerObs.holds``)."""

@@ -399,13 +399,15 @@ def requester_veto(requester: ServeSpec) -> str | None:
 def victim_residency_veto(victim: ServeSpec) -> str | None:
     """Why ``victim``'s residency class keeps it from ever being stopped for another
     serve; None when it is ``evictable``."""
-    if victim.residency is Residency.RESIDENT:
-        return "resident: never evicted"
-    if victim.residency is Residency.ON_DEMAND:
-        return "on-demand: not a victim"
-    if victim.residency is None:
-        return "no residency class: never stopped implicitly"
-    return None
+    return _RESIDENCY_VETO.get(victim.residency)
+
+
+#: why each residency class other than ``evictable`` is never a victim
+_RESIDENCY_VETO: dict[Residency | None, str] = {
+    Residency.RESIDENT: "resident: never evicted",
+    Residency.ON_DEMAND: "on-demand: not a victim",
+    None: "no residency class: never stopped implicitly",
+}
 
 
 def may_give_back(

@@ -18,7 +18,7 @@ Pure: no I/O, no clock, no logging.
 
 from __future__ import annotations
 
-from collections.abc import ItemsView, Iterator, KeysView, Mapping, ValuesView
+from collections.abc import Callable, ItemsView, Iterator, KeysView, Mapping, ValuesView
 from math import isqrt
 from typing import Generic, TypeVar, cast, final
 
@@ -85,6 +85,11 @@ class PMap(Mapping[K, V], Generic[K, V]):
             value = self._delta[key]
             return default if value is _GONE else cast(V, value)
         return self._base.get(key, default)
+
+    def getter(self) -> Callable[[K], V | None]:
+        """``get`` as the bound method of one dict (the items folded once, then kept):
+        for a caller that looks up many keys of the same map."""
+        return self._flattened().get
 
     def __len__(self) -> int:
         return self._len

@@ -198,7 +198,7 @@ class DesiredState:
         return (
             serve.vram_mib is not None
             and bool(serve.gpu_roles)
-            and all(r in self.roles for r in serve.gpu_roles)
+            and all(map(self.roles.__contains__, serve.gpu_roles))
         )
 
 

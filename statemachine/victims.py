@@ -37,7 +37,7 @@ from __future__ import annotations
 from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from itertools import combinations
+from itertools import accumulate, combinations, compress
 
 DEFAULT_EXACT_LIMIT = 14
 
@@ -187,12 +187,9 @@ def _least_replacement(v: Candidate, got: Mapping[str, int], shortfall: Mapping[
 def _fewest(give: Sequence[int], need: int) -> int:
     """The fewest entries of ``give`` (largest first) whose sum reaches ``need``
     (``len(give) + 1`` when even all of them do not)."""
-    got = 0
-    for k, mib in enumerate(sorted(give, reverse=True), start=1):
-        got += mib
-        if got >= need:
-            return k
-    return len(give) + 1
+    # the running sums of the largest first; the first that reaches the need is the
+    # k-th (k = its index + 1), and none reaching it gives len + 1
+    return bisect_left(list(accumulate(sorted(give, reverse=True))), need) + 1
 
 
 def choose_victims(
@@ -257,24 +254,32 @@ def _one_role(rows: Sequence[Row], need: int) -> tuple[int, ...] | None:
     Only the fewest largest rows that cover fix the size: no fewer rows cover, and
     those do, so every cover of that size is a candidate answer and no other is."""
     mib = [row[2] for row in rows]
-    least = _fewest(mib, need)
-    if least > len(rows):
-        return None
-    # one victim: the best single cover, by the order's terms for one victim
-    if least == 1:
+    # one victim covers (the need is positive): the best single cover, by the order's
+    # terms for one victim
+    if max(mib, default=0) >= need:
         best = min(
             (row[5] != 0, row[2], row[3], row[4] or 0.0, row[0], i)
             for i, row in enumerate(rows)
             if row[2] >= need
         )
         return (best[-1],)
+    least = _fewest(mib, need)
+    if least > len(rows):
+        return None
     busy = [0 if row[5] == 0 else 1 for row in rows]
     # each cover of that size with the key's (possibly busy, MiB freed): what it frees
-    # orders covers as its overshoot does (the need is one figure for all of them)
+    # orders covers as its overshoot does (the need is one figure for all of them).
+    # combinations() of the indices, the MiB and the busy flags yield the same picks
+    # in the same order: each set's figures are summed from its own tuples
     heads = [
-        (sum(map(busy.__getitem__, picks)), got, picks)
-        for picks in combinations(range(len(rows)), least)
-        if (got := sum(map(mib.__getitem__, picks))) >= need
+        (sum(flags), got, picks)
+        for picks, gives, flags in zip(
+            combinations(range(len(rows)), least),
+            combinations(mib, least),
+            combinations(busy, least),
+            strict=True,
+        )
+        if (got := sum(gives)) >= need
     ]
     return _best(rows, heads)
 
@@ -291,12 +296,16 @@ def _many_roles(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...
     if least > len(rows):
         return None
     busy = [0 if row[5] == 0 else 1 for row in rows]
+    (first, first_need), *rest = gives
     # all the rows cover, so some size up to that has a cover: the loop returns
     for k in range(least, len(rows) + 1):
+        # the sets of size k that cover the first role: what each frees on it, in the
+        # order combinations() yields the sets (of its column and of the indices alike)
+        on_first = map(first_need.__le__, map(sum, combinations(first, k)))
         heads = []
-        for picks in combinations(range(len(rows)), k):
-            freed_mib = 0
-            for give, need in gives:
+        for picks in compress(combinations(range(len(rows)), k), on_first):
+            freed_mib = sum(map(first.__getitem__, picks))
+            for give, need in rest:
                 got = sum(map(give.__getitem__, picks))
                 if got < need:
                     break  # covers(combo, short) is False, read off the table
@@ -311,8 +320,9 @@ def _many_roles(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...
 def _best(rows: Sequence[Row], heads: list[tuple[int, int, tuple[int, ...]]]) -> tuple[int, ...]:
     """The best of covers of one size, each as (possibly busy, MiB freed, picks): the
     best on those first, then on the rest of the key (priorities, starts, names)."""
-    top = min((b, f) for b, f, _ in heads)
-    tied = [picks for b, f, picks in heads if (b, f) == top]
+    # the least head: (possibly busy, MiB freed) first; its picks only break the tie
+    least_busy, least_freed, _ = min(heads)
+    tied = [picks for b, f, picks in heads if f == least_freed and b == least_busy]
     # (the rest of the key is computed only where covers tie on those)
     best = tied[0] if len(tied) == 1 else min(tied, key=lambda p: _rest_of_key(rows, p))
     return tuple(sorted(best, key=lambda i: rows[i][0]))

@@ -24,7 +24,7 @@ from strategies import NOW, Scenario, hosts
 
 import statemachine.fit as fit_module
 from statemachine.fit import fit_serve, fit_serve_by_planner, request_plan
-from statemachine.isolated import decide
+from statemachine.isolated import decide, whole_terms
 from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Policy
 from statemachine.types import (
@@ -49,7 +49,15 @@ SETTINGS = settings(
 def _direct_decisions(sc: Scenario) -> dict[str, object]:
     ledger = ledger_from_observed(sc.desired, sc.observed)
     return {
-        name: decide(sc.desired, sc.observed, s, ledger, sc.policy, sc.now)
+        name: decide(
+            sc.desired,
+            sc.observed,
+            s,
+            ledger,
+            sc.policy,
+            sc.now,
+            whole_terms(sc.desired, ledger, s),
+        )
         for name, s in sc.desired.serves.items()
         if not sc.observed.container(s.container).holds or sc.observed.sleep_of(name).asleep
     }

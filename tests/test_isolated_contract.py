@@ -17,7 +17,7 @@ from dataclasses import replace
 from strategies import NOW
 
 from statemachine.fit import request_plan
-from statemachine.isolated import NO_ROOM_NEEDED, Decision, decide
+from statemachine.isolated import NO_ROOM_NEEDED, Decision, decide, whole_terms
 from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Policy
 from statemachine.types import (
@@ -54,7 +54,7 @@ def _decide(
     """``decide`` for ``want`` on a host of ``serves``, by the observed ledger."""
     desired = DesiredState(ROLES, {s.name: s for s in [*serves, want]})
     ledger = ledger_from_observed(desired, observed)
-    return decide(desired, observed, want, ledger, policy, NOW)
+    return decide(desired, observed, want, ledger, policy, NOW, whole_terms(desired, ledger, want))
 
 
 def _planned(
