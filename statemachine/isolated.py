@@ -25,7 +25,10 @@ and asks the planner's own predicates (:func:`statemachine.planner.requester_vet
 :func:`~statemachine.planner.victim_residency_veto`, :func:`~statemachine.planner.may_give_back`,
 :func:`~statemachine.planner.sleep_frees_memory`): it restates no rule of its own, and
 where a rule it does not read could apply it defers. The victim search reads the
-candidates as plain rows (:func:`statemachine.victims.victim_names`).
+candidates as plain rows (:func:`statemachine.victims.victim_names`). It walks only the
+serves that can matter: for conflicts the desired state's ``wary`` serves (every serve
+for an exclusive requester), for candidates those declared on a short role
+(``DesiredState.on_role``), both listed once per desired state.
 
 tests/test_fit_isolated.py checks, over random hosts, that every answer equals the
 planner's plan for the isolated request.
@@ -35,7 +38,7 @@ Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from statemachine.admission import conflict, inside_min_runtime
@@ -95,38 +98,14 @@ def decide(
     answer: the shortfall on each role is read off them.
     """
     assert not ledger.unknown, "an unknown ledger has no figures to read"
-    name = serve.name
     if _own_rule_applies(serve, ledger, policy, observed, now):
         return None
-    short = {t.gpu_role: t.shortfall_mib for t in terms if t.shortfall_mib}
-    starting = observed.starting
-    exclusive, port, roles = serve.exclusive, serve.port, serve.gpu_roles
-    sizes_from_free = serve.sizes_from_free
-    on_short: list[tuple[ServeSpec, ContainerObs]] = []  # running, on a short role, as declared
-    short_roles = short.keys()
-    loading = False  # an engine sizing itself from free memory starts on one of its roles
-    containers = observed.containers
-    for other in desired.serves.values():  # those that run (the planner's ``running``)
-        other_name = other.name
-        obs = containers.get(other.container, ABSENT)
-        if obs.state not in COMMITTED_STATES and other_name not in starting:
-            continue  # it occupies nothing and does not start
-        if other_name == name:
-            continue
-        # conflict() finds nothing unless one of the two is exclusive or they share a
-        # port: the call is spared where neither holds
-        if (exclusive or other.exclusive or (port is not None and other.port == port)) and conflict(
-            serve, other
-        ) is not None:
-            return None
-        if sizes_from_free and not loading:
-            loading = _loads(other, other_name in starting or obs.health == "starting", roles)
-        if short and not short_roles.isdisjoint(other.gpu_roles):
-            on_short.append((other, obs))
-    if loading:
+    if _kept_out(serve, desired, observed):
         return None
+    short = {t.gpu_role: t.shortfall_mib for t in terms if t.shortfall_mib}
     if not short:
         return NO_ROOM_NEEDED
+    on_short = _running_on(short, desired, observed)
     rows = _candidates(on_short, short, ledger, policy, observed, now)
     if rows is None:
         return None
@@ -146,6 +125,50 @@ def whole_terms(desired: DesiredState, ledger: Ledger, serve: ServeSpec) -> tupl
     if mib is None or not desired.in_ledger(serve):
         return ()
     return ledger.terms(serve.name, serve.gpu_roles, mib)
+
+
+def _kept_out(serve: ServeSpec, desired: DesiredState, observed: Observed) -> bool:
+    """True when a serve that runs (or starts) keeps ``serve`` from starting other than by
+    memory: a conflict (exclusivity, a port), or an engine sizing itself from free memory
+    that loads on one of its roles while ``serve`` is of that kind too.
+
+    Only an exclusive requester can conflict with any serve; otherwise only the serves
+    the desired state lists as wary can (exclusive, with a port, sizing from free)."""
+    starting, containers = observed.starting, observed.containers
+    exclusive, port, roles = serve.exclusive, serve.port, serve.gpu_roles
+    for other in desired.serves.values() if exclusive else desired.wary:
+        other_name = other.name
+        obs = containers.get(other.container, ABSENT)
+        starts = other_name in starting
+        if (obs.state not in COMMITTED_STATES and not starts) or other_name == serve.name:
+            continue  # it occupies nothing and does not start
+        # conflict() finds nothing unless one of the two is exclusive or they share a
+        # port: the call is spared where neither holds
+        if (exclusive or other.exclusive or (port is not None and other.port == port)) and conflict(
+            serve, other
+        ) is not None:
+            return True
+        if serve.sizes_from_free and _loads(other, starts or obs.health == "starting", roles):
+            return True
+    return False
+
+
+def _running_on(
+    short: Mapping[str, int], desired: DesiredState, observed: Observed
+) -> list[tuple[ServeSpec, ContainerObs]]:
+    """The serves declared on a short role (each once, by name) that run or start, with
+    their containers' observation (the planner's holders on the short roles).
+
+    The requester is not among them: :func:`decide` asks only for one that neither
+    starts nor holds a reservation (a container that runs without one needs no room)."""
+    starting, containers, on_role = observed.starting, observed.containers, desired.on_role
+    found: dict[str, tuple[ServeSpec, ContainerObs]] = {}
+    for role in short:
+        for other in on_role.get(role, ()):
+            obs = containers.get(other.container, ABSENT)
+            if obs.state in COMMITTED_STATES or other.name in starting:
+                found[other.name] = (other, obs)
+    return list(found.values())
 
 
 def _loads(other: ServeSpec, starts: bool, roles: tuple[str, ...]) -> bool:

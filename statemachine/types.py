@@ -192,6 +192,21 @@ class DesiredState:
     requests: tuple[OnDemandRequest, ...] = ()
     #: the ``[host]`` budget (None: host RAM is not a budget, sleepers hold it unchecked)
     host: HostBudget | None = None
+    #: the serves that can keep another from starting other than by memory: exclusive,
+    #: with a port, or sizing themselves from free memory (as declared, listed once here)
+    wary: tuple[ServeSpec, ...] = field(init=False, repr=False, compare=False)
+    #: role -> the serves declared on it, in order (a role no serve names is absent)
+    on_role: Mapping[str, tuple[ServeSpec, ...]] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        serves = self.serves.values()
+        wary = tuple(s for s in serves if s.exclusive or s.port is not None or s.sizes_from_free)
+        on_role: dict[str, list[ServeSpec]] = {}
+        for s in serves:
+            for role in s.gpu_roles:
+                on_role.setdefault(role, []).append(s)
+        object.__setattr__(self, "wary", wary)
+        object.__setattr__(self, "on_role", {r: tuple(ss) for r, ss in on_role.items()})
 
     def in_ledger(self, serve: ServeSpec) -> bool:
         """True when the serve has a reservation on roles that all have a capacity row."""

@@ -137,6 +137,16 @@ def test_an_exclusive_requester_does_not_conflict_with_a_serve_on_another_role()
     assert _decide([on_g], _running(on_g), want) is None  # the planner stops it first
 
 
+def test_a_stopped_serve_keeps_no_requester_out() -> None:
+    """An exclusive serve, or one on the requester's port, conflicts only while it runs
+    or starts: stopped, it keeps nothing out."""
+    stopped = Observed(True, {"c-excl": ContainerObs(ContainerState.EXITED, exit_code=0)})
+    exclusive = replace(_evictable("excl"), exclusive=True)
+    assert _answers([exclusive], stopped) == NO_ROOM_NEEDED
+    same_port = replace(_evictable("excl"), port=8000)
+    assert _answers([same_port], stopped, replace(WANT, port=8000)) == NO_ROOM_NEEDED
+
+
 def test_a_requester_conflicts_with_a_serve_on_its_port_on_any_role() -> None:
     want = replace(WANT, port=8000)
     other = replace(_evictable("other", ("h",)), port=8000)
@@ -185,6 +195,28 @@ def test_two_short_roles_are_each_covered_and_the_victims_named_in_order() -> No
     on_h, on_g = _evictable("b-on-h", ("h",)), _evictable("a-on-g", ("g",))
     for serves in ([on_h, on_g], [on_g, on_h]):
         assert _answers(serves, _running(on_h, on_g), want) == Decision(("a-on-g", "b-on-h"))
+
+
+def test_a_serve_on_both_short_roles_is_weighed_once() -> None:
+    """Short on g and on h, with one holder on both: it is one candidate, never counted
+    twice (twice it would cover both roles alone and be the best "set")."""
+    want = replace(WANT, gpu_roles=("g", "h"), vram_mib=5_000)
+    both = _evictable("x", ("g", "h"), mib=2_500)
+    on_g, on_h = _evictable("y", ("g",), mib=6_000), _evictable("z", ("h",), mib=5_000)
+    serves = [both, on_g, on_h]
+    assert _answers(serves, _running(*serves), want) == Decision(("x", "y"))
+
+
+def test_an_exited_serve_whose_memory_is_not_back_is_no_victim() -> None:
+    """A serve whose container exited but whose memory is still counted holds it,
+    protected (the planner lists it as exited): the victim is a serve that runs, even
+    where the exited one would be the better fit."""
+    gone, other = _evictable("gone", mib=3_000), _evictable("other", mib=4_000)
+    exited = ContainerObs(ContainerState.EXITED, exit_code=0)
+    observed = Observed(
+        True, {"c-gone": exited, "c-other": RUNNING}, unreleased=frozenset({"gone"})
+    )
+    assert _answers([gone, other], observed) == Decision(("other",))
 
 
 def test_a_container_of_another_project_is_never_a_victim() -> None:
