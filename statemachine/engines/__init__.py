@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from statemachine.engines import llamacpp, sglang, vllm
 from statemachine.engines.spec import (
     Detection,
+    DocumentedFigure,
     Engine,
     FlagUnit,
     HttpCall,
@@ -31,6 +32,7 @@ from statemachine.engines.spec import (
 __all__ = [
     "BUILT_IN",
     "Detection",
+    "DocumentedFigure",
     "Engine",
     "FlagUnit",
     "HttpCall",

@@ -19,7 +19,15 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["Detection", "Engine", "FlagUnit", "HttpCall", "MemoryFlag", "SleepApi"]
+__all__ = [
+    "Detection",
+    "DocumentedFigure",
+    "Engine",
+    "FlagUnit",
+    "HttpCall",
+    "MemoryFlag",
+    "SleepApi",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +111,18 @@ class SleepApi:
 
 
 @dataclass(frozen=True, slots=True)
+class DocumentedFigure:
+    """A memory term no model file holds (``cuda_context``, ``activations``,
+    ``cuda_graphs``, ``engine_overhead``: :data:`statemachine.sizing.OVERHEAD_TERMS`),
+    as the engine documents it: ``bytes`` and the ``source`` that says so.
+    ``vramctl estimate`` shows it as an assumption naming its source (docs/sizing.md)."""
+
+    term: str
+    bytes: int
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class Engine:
     """One engine protocol: its name (the manifest's ``engine`` and ``sleep.protocol``
     value), how it is shown and recognised, and what vramctl does with it."""
@@ -117,3 +137,5 @@ class Engine:
     sleep: SleepApi | None = None
     #: the metrics whose sum is its count of requests in flight (empty: none known)
     inflight_metrics: tuple[str, ...] = ()
+    #: overheads the engine documents (none of the built-in entries does: unknown)
+    documented_overheads: tuple[DocumentedFigure, ...] = ()
