@@ -148,7 +148,7 @@ def _context(arch: Architecture, context: int | None) -> tuple[int | None, str]:
     """The context used and where it came from (``--context``, or the model's own)."""
     if context is not None:
         return context, "--context"
-    return arch.context_length, f"the model's context length ({arch.source})"
+    return arch.context_length, f"the model's own, {arch.source}"
 
 
 def _row_problem(arch: Architecture, dtype: KvDtype) -> str | None:
@@ -255,7 +255,7 @@ def overheads(engine: Engine | None) -> tuple[Overhead, ...]:
             why = f"{what}: not in the model's files; no --engine given"
         else:
             why = f"{what}: not in the model's files, nor documented by {engine.display}'s entry"
-        out.append(Overhead(term, None, reason=f"{why}; measure it with `vramctl calibrate`"))
+        out.append(Overhead(term, None, reason=why))
     return tuple(out)
 
 

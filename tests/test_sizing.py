@@ -246,4 +246,4 @@ def test_an_unknown_cache_is_null_in_the_json_and_first_of_the_unknown_terms() -
     result = estimate("m", "safetensors", Weights(10, 1, ("m",)), arch).to_json()
     assert result["kv_cache_bytes"] is None and result["at_least_bytes"] is None
     assert result["unknown"][0]["term"] == "kv_cache"
-    assert "model's context length (config.json)" in result["architecture"]["context_source"]
+    assert result["architecture"]["context_source"] == "the model's own, config.json"

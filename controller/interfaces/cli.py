@@ -1569,6 +1569,90 @@ def lint(
     raise typer.Exit(0 if report.ok else 1)
 
 
+PathArg = Annotated[
+    Path,
+    typer.Argument(
+        metavar="PATH",
+        help="A .gguf file (the first of a split model), a .safetensors file, a folder of "
+        "safetensors shards with its config.json, or a model.safetensors.index.json.",
+    ),
+]
+
+
+@_command("What a model needs, term by term, read from its files.")
+def estimate(
+    path: PathArg,
+    context: Annotated[
+        int | None,
+        typer.Option(
+            "--context",
+            min=1,
+            metavar="N",
+            help="Tokens each sequence may hold (default: the model's own context length).",
+        ),
+    ] = None,
+    kv_dtype: Annotated[
+        str,
+        typer.Option(
+            "--kv-dtype",
+            metavar="TYPE",
+            help="How the KV cache is stored: f16, bf16, f32, or ggml's q8_0 / q4_0 blocks.",
+        ),
+    ] = "f16",
+    parallel: Annotated[
+        int,
+        typer.Option("--parallel", min=1, metavar="N", help="Sequences cached at once."),
+    ] = 1,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            metavar="ENGINE",
+            help="The engine that will run it (vllm, sglang, llamacpp): the overheads its "
+            "registry entry documents are shown as assumptions.",
+        ),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """What a model needs, term by term, read from its files without loading a tensor.
+
+    Weights are the tensors' sizes; the KV cache is 2 × layers × KV heads × head_dim ×
+    context × bytes per element × parallel; the CUDA context, activations, CUDA graphs
+    and the engine's overheads are unknown (measure them with `vramctl calibrate`).
+    Exit 0 with the estimate, 2 on bad input (a missing path, another format, a
+    truncated file, a config.json without a figure).
+    """
+    from controller.adapters.model_files import ModelFileError, read_model
+    from controller.interfaces.estimate_report import print_estimate
+    from statemachine import engines, sizing
+
+    if kv_dtype not in sizing.KV_DTYPES:
+        known = ", ".join(sizing.KV_DTYPES)
+        raise typer.BadParameter(f"{kv_dtype!r}: one of {known}", param_hint="'--kv-dtype'")
+    found = engines.lookup(engine)
+    if engine is not None and found is None:
+        known = ", ".join(engines.names())
+        raise typer.BadParameter(f"no engine {engine!r}; known: {known}", param_hint="'--engine'")
+    try:
+        files = read_model(path)
+    except ModelFileError as exc:
+        _fail(str(exc), 2)
+    result = sizing.estimate(
+        str(path),
+        files.format,
+        files.weights,
+        files.architecture,
+        context=context,
+        kv_dtype=kv_dtype,
+        parallel=parallel,
+        engine=found,
+    )
+    if json_out:
+        _print_json(result.to_json())
+        return
+    print_estimate(result, render.out)
+
+
 def main() -> None:
     """Console-script entry point."""
     app()
