@@ -234,7 +234,7 @@ def kv_cache(
     problem = _row_problem(arch, dtype)
     if problem is not None:
         return KvTerm(None, None, reason=problem)
-    if arch.sliding_window is not None and arch.sliding_window < used:
+    if arch.sliding_window is not None and arch.sliding_window < used and arch.sliding_layers != 0:
         return _sliding(arch, used, dtype, parallel)
     total = _per_token_layer(arch, dtype) * arch.layers * used * parallel
     tokens = f"{arch.layers} layers × {used} tokens"

@@ -41,12 +41,17 @@ GGUF_WEIGHTS = 4096 + 2176 + 576 + 128
 RAW = {"blk.0.attn_q.weight": Q8_0, "blk.0.ffn_up.weight": Q4_0}
 
 
-def _write_gguf(path: Path, meta: dict[str, Any] | None = None, **split: int) -> None:
+def _write_gguf(
+    path: Path,
+    meta: dict[str, Any] | None = None,
+    kv_heads: int | list[int] = 2,
+    **split: int,
+) -> None:
     """A llama-architecture GGUF file: 2 layers, 4 heads, 2 KV heads, 32 embedding."""
     writer = GGUFWriter(path, "llama", **split)
     writer.add_block_count(2)
     writer.add_head_count(4)
-    writer.add_head_count_kv(2)
+    writer.add_head_count_kv(kv_heads)
     writer.add_embedding_length(32)
     writer.add_context_length(256)
     for key, value in (meta or {}).items():
@@ -113,6 +118,22 @@ def test_sliding_window_layers_named_by_the_gguf_pattern_are_counted(tmp_path: P
     arch = read_model(path).architecture
     assert (arch.sliding_window, arch.sliding_layers) == (64, 1)
     assert kv_cache(arch, context=256).bytes == 2 * 2 * 8 * 2 * (256 + 64)
+
+
+def test_kv_heads_given_per_layer_count_when_all_layers_agree(tmp_path: Path) -> None:
+    path = tmp_path / "per-layer.gguf"
+    _write_gguf(path, kv_heads=[2, 2])
+    assert read_model(path).architecture.kv_heads == 2
+
+
+def test_kv_heads_that_differ_by_layer_make_the_cache_unknown(tmp_path: Path) -> None:
+    path = tmp_path / "hybrid.gguf"
+    _write_gguf(path, kv_heads=[2, 0])
+    arch = read_model(path).architecture
+    assert arch.unsupported == (
+        "the attention heads differ by layer (llama.attention.head_count_kv: [0, 2])"
+    )
+    assert kv_cache(arch, context=None).bytes is None
 
 
 def test_recurrent_gguf_layers_make_the_cache_unknown(tmp_path: Path) -> None:

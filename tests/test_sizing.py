@@ -131,6 +131,11 @@ def test_a_window_no_shorter_than_the_context_changes_nothing() -> None:
     assert kv_cache(arch, context=4096) == kv_cache(LLAMA_31_8B, context=4096)
 
 
+def test_a_window_on_no_layer_changes_nothing() -> None:
+    arch = _arch(sliding_window=512, sliding_layers=0)
+    assert kv_cache(arch, context=8192) == kv_cache(LLAMA_31_8B, context=8192)
+
+
 def test_sliding_layers_the_files_do_not_name_make_the_cache_unknown_with_its_bounds() -> None:
     arch = _arch(layers=2, kv_heads=1, head_dim=4, sliding_window=10)
     term = kv_cache(arch, context=100)

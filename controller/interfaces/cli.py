@@ -4,9 +4,10 @@ Each command loads the manifest set, reads or takes the observation, calls the p
 core, and renders the answer (rich for people, ``--json`` for tools). Exit codes are
 part of the contract, and each command's help names its own: ``validate`` 0/1, ``fit``
 0 fits / 1 does not, ``plan --detailed-exitcode`` 0 nothing to do / 2 changes / 1
-error; ``status``, ``fit``, ``plan`` and ``observe`` exit :data:`EXIT_UNOBSERVED` (3)
-when Docker could not be read (their answer is printed, ``unknown`` where unknown, with
-one line saying where Docker was looked for).
+error, ``estimate`` 0 / 2 bad input (a usage error's code); ``status``, ``fit``,
+``plan`` and ``observe`` exit :data:`EXIT_UNOBSERVED` (3) when Docker could not be read
+(their answer is printed, ``unknown`` where unknown, with one line saying where Docker
+was looked for).
 
 This module must not decide anything itself: the arithmetic lives in ``statemachine``;
 it only wires inputs to the core and prints what the core answers. Errors are printed

@@ -79,17 +79,16 @@ def _weights(shards: list[Path], readers: list[Any]) -> Weights:
     return Weights(sum(by_type.values()), tensors, tuple(str(s) for s in shards), ", ".join(order))
 
 
-def _kv_heads(reader: Any, key: str, heads: int, where: str) -> int | str:
-    """The KV heads (default: the heads), or why they cannot be one figure."""
+def _uniform(reader: Any, key: str, where: str) -> int | str | None:
+    """A figure the same on every layer (an array of one value counts); a text saying
+    why where it differs by layer; None where the key is absent."""
     value = _value(reader, key)
-    if value is None:
-        return heads
     if isinstance(value, list):
         distinct = sorted(set(value))
         if len(distinct) != 1:
-            return f"the KV heads differ by layer ({key}: {distinct})"
+            return f"{key}: {distinct}"
         value = distinct[0]
-    return positive_int(value, key, where)
+    return None if value is None else positive_int(value, key, where)
 
 
 def _unsupported(reader: Any, arch: str) -> str | None:
@@ -152,10 +151,16 @@ def _need(reader: Any, key: str, where: str) -> int:
 
 def _attention(reader: Any, arch: str, base: Architecture, where: str) -> Architecture:
     """``base`` (layers, context) with the attention figures of the metadata."""
-    heads = _need(reader, f"{arch}.attention.head_count", where)
-    kv_heads = _kv_heads(reader, f"{arch}.attention.head_count_kv", heads, where)
-    if isinstance(kv_heads, str):
-        return replace(base, unsupported=kv_heads)
+    heads = _uniform(reader, f"{arch}.attention.head_count", where)
+    if heads is None:
+        raise ModelFileError(
+            f"{where}: no metadata key {arch}.attention.head_count (needed for the KV cache)"
+        )
+    kv_heads = _uniform(reader, f"{arch}.attention.head_count_kv", where)
+    kv_heads = heads if kv_heads is None else kv_heads
+    if isinstance(heads, str) or isinstance(kv_heads, str):
+        why = heads if isinstance(heads, str) else kv_heads
+        return replace(base, unsupported=f"the attention heads differ by layer ({why})")
     key_length, value_length = _lengths(reader, arch, heads, where)
     window, sliding_layers = _sliding(reader, arch, base.layers)
     return replace(
