@@ -172,19 +172,24 @@ def _per_token_layer(arch: Architecture, dtype: KvDtype) -> Fraction:
     return arch.kv_heads * (arch.key_length + arch.value_length) * dtype.per_element
 
 
+def _n(count: int, word: str) -> str:
+    """``1 layer``, ``32 layers``."""
+    return f"{count} {word}" if count == 1 else f"{count} {word}s"
+
+
 def _dims_text(arch: Architecture) -> str:
-    """``2 × 8 KV heads × 128 head_dim``, or with the key and value lengths apart."""
+    """``8 KV heads × 128 head_dim``, or with the key and value lengths apart."""
     if arch.head_dim is not None:
-        return f"2 × {arch.kv_heads} KV heads × {arch.head_dim} head_dim"
+        return f"{arch.kv_heads} KV heads × {arch.head_dim} head_dim"
     return f"{arch.kv_heads} KV heads × ({arch.key_length} key + {arch.value_length} value length)"
 
 
-def _formula(arch: Architecture, layers_tokens: str, dtype: KvDtype, parallel: int) -> str:
-    """The formula with its figures (the bytes are appended by the caller)."""
-    sequences = "sequence" if parallel == 1 else "sequences"
-    return (
-        f"{_dims_text(arch)} × {layers_tokens} × {dtype.text()} × {parallel} parallel {sequences}"
-    )
+def _formula(arch: Architecture, cached: str, dtype: KvDtype, parallel: int) -> str:
+    """The formula with its figures (the bytes are appended by the caller): keys and
+    values (2 ×, where they share a head_dim), what is ``cached``, the element size and
+    the sequences."""
+    two = "2 × " if arch.head_dim is not None else ""
+    return f"{two}{cached} × {dtype.text()} × {_n(parallel, 'parallel sequence')}"
 
 
 def _sliding(arch: Architecture, context: int, dtype: KvDtype, parallel: int) -> KvTerm:
@@ -208,7 +213,10 @@ def _sliding(arch: Architecture, context: int, dtype: KvDtype, parallel: int) ->
         )
     full = arch.layers - arch.sliding_layers
     total = int(per * (full * context + arch.sliding_layers * window))
-    tokens = f"({full} layers × {context} tokens + {arch.sliding_layers} layers × {window} tokens)"
+    tokens = (
+        f"{_dims_text(arch)} × ({_n(full, 'layer')} × {context} tokens + "
+        f"{_n(arch.sliding_layers, 'layer')} × {window} tokens)"
+    )
     assumption = (
         f"the {arch.sliding_layers} sliding-window layers cache only their window of "
         f"{window} tokens; an engine that caches {context} tokens on every layer needs "
@@ -237,7 +245,7 @@ def kv_cache(
     if arch.sliding_window is not None and arch.sliding_window < used and arch.sliding_layers != 0:
         return _sliding(arch, used, dtype, parallel)
     total = _per_token_layer(arch, dtype) * arch.layers * used * parallel
-    tokens = f"{arch.layers} layers × {used} tokens"
+    tokens = f"{_n(arch.layers, 'layer')} × {_dims_text(arch)} × {used} tokens"
     return KvTerm(int(total), f"{_formula(arch, tokens, dtype, parallel)} = {int(total)} bytes")
 
 

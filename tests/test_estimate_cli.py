@@ -53,7 +53,7 @@ def test_the_text_answer_shows_each_term_the_formula_and_the_least(gguf_model: P
     kv = 2 * 2 * 2 * 8 * 100 * 2
     assert f"{GGUF_WEIGHTS:,}" in text and f"{kv:,}" in text
     assert (
-        f"KV cache = 2 × 2 KV heads × 8 head_dim × 2 layers × 100 tokens × 2 bytes (f16) × "
+        f"KV cache = 2 × 2 layers × 2 KV heads × 8 head_dim × 100 tokens × 2 bytes (f16) × "
         f"1 parallel sequence = {kv} bytes"
     ) in text
     assert "context 100 (--context)" in text

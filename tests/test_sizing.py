@@ -52,7 +52,7 @@ def test_llama_3_1_8b_caches_128_kib_per_token_and_1_gib_at_8192_tokens() -> Non
     term = kv_cache(LLAMA_31_8B, context=8192)
     assert term.bytes == GIB
     assert term.formula == (
-        "2 × 8 KV heads × 128 head_dim × 32 layers × 8192 tokens × 2 bytes (f16) × "
+        "2 × 32 layers × 8 KV heads × 128 head_dim × 8192 tokens × 2 bytes (f16) × "
         "1 parallel sequence = 1073741824 bytes"
     )
     assert term.assumptions == ()
@@ -92,7 +92,9 @@ def test_keys_and_values_of_different_lengths_are_counted_apart() -> None:
     arch = Architecture("GGUF metadata", 2, 4, 192, 128, 1024)
     term = kv_cache(arch, context=10)
     assert term.bytes == 2 * 4 * (192 + 128) * 10 * 2
-    assert term.formula is not None and "(192 key + 128 value length)" in term.formula
+    assert term.formula is not None and term.formula.startswith(
+        "2 layers × 4 KV heads × (192 key + 128 value length) × 10 tokens"
+    )
     assert arch.head_dim is None
 
 
@@ -121,7 +123,8 @@ def test_sliding_window_layers_are_counted_at_their_window_and_say_so() -> None:
     assert term.bytes == per * (1 * 100 + 5 * 16)
     assert (
         term.formula is not None
-        and "(1 layers × 100 tokens + 5 layers × 16 tokens)" in term.formula
+        and "2 × 1 KV heads × 4 head_dim × (1 layer × 100 tokens + 5 layers × 16 tokens)"
+        in term.formula
     )
     assert term.assumptions and f"needs {per * 6 * 100} bytes" in term.assumptions[0]
 
