@@ -318,3 +318,46 @@ def test_a_safetensors_header_that_is_not_json_is_refused(tmp_path: Path) -> Non
     path.write_bytes((4).to_bytes(8, "little") + b"{{{{")
     with pytest.raises(ModelFileError, match="its header is not JSON"):
         read_model(path)
+
+
+#: the published configs' figures (the keys their config.json files carry)
+QWEN3_0_6B = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "head_dim": 128,
+    "hidden_size": 1024,  # 1024 / 16 heads = 64: head_dim is taken, not derived
+    "max_position_embeddings": 40960,
+    "max_window_layers": 28,
+    "model_type": "qwen3",
+    "num_attention_heads": 16,
+    "num_hidden_layers": 28,
+    "num_key_value_heads": 8,
+    "sliding_window": None,
+    "torch_dtype": "bfloat16",
+    "use_sliding_window": False,
+}
+LLAMA_3_1_8B = {
+    "architectures": ["LlamaForCausalLM"],
+    "hidden_size": 4096,
+    "max_position_embeddings": 131072,
+    "model_type": "llama",
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "torch_dtype": "bfloat16",
+}
+
+
+@pytest.mark.parametrize(
+    ("config", "per_token", "own_context"),
+    [(QWEN3_0_6B, 114688, 40960), (LLAMA_3_1_8B, 131072, 131072)],
+    ids=["qwen3-0.6b", "llama-3.1-8b"],
+)
+def test_published_configs_give_the_published_cache(
+    tmp_path: Path, config: dict[str, Any], per_token: int, own_context: int
+) -> None:
+    save_file(_shard(0), str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps(config), encoding="utf-8")
+    arch = read_model(tmp_path).architecture
+    assert (arch.head_dim, arch.sliding_window, arch.context_length) == (128, None, own_context)
+    assert kv_cache(arch, context=1).bytes == per_token
+    assert kv_cache(arch, context=None).bytes == per_token * own_context
