@@ -63,7 +63,12 @@ def _table(result: Estimate) -> Table:
     for column in ("term", "bytes", "MiB", "from"):
         table.add_column(column, justify="right" if column in ("bytes", "MiB") else "left")
     weights = result.weights.bytes
-    table.add_row("weights", _bytes(weights), _mib(weights), "the tensors' sizes in the files")
+    table.add_row(
+        "weights",
+        _bytes(weights),
+        _mib(weights),
+        "the tensors' sizes in the files, all counted on the GPU",
+    )
     kv = result.kv
     kv_from = "the formula below" if kv.bytes is not None else kv.reason or ""
     table.add_row("kv_cache", _bytes(kv.bytes), _mib(kv.bytes), kv_from)
