@@ -83,10 +83,10 @@ class ModelTerms:
 
     @property
     def known_mib(self) -> int | None:
-        """Weights + KV on each GPU role, MiB rounded up (``None``: the KV is unknown)."""
-        if self.kv_bytes is None:
-            return None
-        return to_mib(self.weights_bytes + self.kv_bytes, self.roles)
+        """Weights + KV on each GPU role: the sum of the two figures as printed, each
+        rounded up, so the sum reads true (``None``: the KV is unknown)."""
+        kv = self.kv_mib
+        return None if kv is None else self.weights_mib + kv
 
     def kv_text(self) -> str:
         """The KV cache as a sentence: its MiB and formula, or unknown and why."""

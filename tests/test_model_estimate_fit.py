@@ -73,6 +73,13 @@ def test_a_reservation_at_the_bound_is_no_hint_and_one_mib_above_is() -> None:
     assert "by 6145 MiB" in above.message
 
 
+def test_the_known_terms_are_the_sum_of_the_figures_printed() -> None:
+    tiny = ModelTerms(6976, 32768, formula="…")
+    assert (tiny.weights_mib, tiny.kv_mib, tiny.known_mib) == (1, 1, 2)
+    assert "weights 1 MiB + KV cache 1 MiB (…) = 2 MiB" in check_reservation(2, tiny).message
+    assert check_reservation(1, tiny).shortfall_mib == 1
+
+
 def test_two_gpu_roles_each_hold_half_the_model() -> None:
     split = ModelTerms(15 * GIB, GIB, roles=2, formula=FORMULA)
     assert (split.weights_mib, split.kv_mib, split.known_mib) == (7680, 512, 8192)

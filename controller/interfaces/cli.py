@@ -304,16 +304,27 @@ def validate(
 ) -> None:
     """Check a manifest set: every error located by file, entry and field.
 
+    A serve with a [serve.model] is checked against its model's files: one that cannot
+    be read (model.path), or whose vram_mib is below its weights + KV cache, is an
+    error; a vram_mib above them by more than 25 % + 2 GiB is a hint (docs/sizing.md).
+
     Exit 0 when valid, 1 when not (the errors on stderr, and with --json in the answer).
     """
+    from controller.service.model_estimates import model_problems, serve_models
     from statemachine.admission import no_router_warning, router_tiers
 
     mset = _load(manifest, strict=strict, json_out=json_out)
     desired = mset.desired()
+    models = serve_models(mset)
+    model_errors, hints = model_problems(mset, models)
     tiers = {} if router_url else router_tiers(desired)
     router_warnings = [no_router_warning(tiers)] if tiers else []
     for warning in router_warnings:
         render.warn(warning)
+    for hint in hints:
+        render.warn(f"hint: {hint}")
+    if model_errors:
+        _model_invalid(mset, model_errors, hints, models, json_out)
     if json_out:
         _print_json(
             {
@@ -330,10 +341,36 @@ def validate(
                 },
                 "serves": len(desired.serves),
                 "warnings": [*mset.warnings, *router_warnings],
+                "hints": hints,
+                "models": models,
             }
         )
         return
     render.validated(mset, desired)
+
+
+def _model_invalid(
+    mset: ManifestSet,
+    errors: list[Any],
+    hints: list[str],
+    models: dict[str, Any],
+    json_out: bool,
+) -> NoReturn:
+    """Exit 1 on the models' errors: each on stderr, and with --json the answer."""
+    for err in errors:
+        render.error(str(err))
+    if json_out:
+        _print_json(
+            {
+                "valid": False,
+                "files": [str(f) for f in mset.files],
+                "errors": [err.to_json() for err in errors],
+                "warnings": mset.warnings,
+                "hints": hints,
+                "models": models,
+            }
+        )
+    raise typer.Exit(1)
 
 
 @_command("Print one live snapshot of the host as JSON.")
@@ -427,6 +464,7 @@ def status(
     unknown).
     """
     from controller.interfaces import footprint_report as fp
+    from controller.service.model_estimates import serve_models
     from statemachine.status import host_status
 
     mset = _load(manifest)
@@ -439,12 +477,14 @@ def status(
     desired = mset.desired() if observed else _with_requests(mset, manifest, state_dir, snap)
     report = host_status(desired, snap.to_observed())
     footprints = fp.status_footprints(mset, _footprint_samples(manifest, state_dir))
+    models = serve_models(mset, {n: f.measured_mib for n, f in footprints.items()})
     if json_out:
         _print_json(
             {
                 **report.to_json(),
                 "footprints": {n: f.to_json() for n, f in footprints.items()},
                 "reserves": fp.reserves_json(mset),
+                "models": models,
             }
         )
         _exit_if_unobserved(snap, observed)
@@ -461,6 +501,10 @@ def status(
             "Measured footprints: no samples recorded in this state directory yet "
             "(`vramctl run` measures each start and stop; --state-dir names another)"
         )
+    if models:
+        from controller.interfaces.model_report import model_table
+
+        render.out.print(model_table(models))
     _exit_if_unobserved(snap, observed)
 
 
@@ -533,6 +577,8 @@ def calibrate(
     """
     from controller.interfaces import footprint_report as fp
     from controller.interfaces.footprint_report import load_samples
+    from controller.interfaces.model_report import calibration_lines
+    from controller.service.model_estimates import serve_models
     from controller.store.journal import default_state_dir
     from statemachine.footprint import propose
 
@@ -553,12 +599,17 @@ def calibrate(
         if s.gpu_roles
     ]
     diff, problems = fp.manifest_patch(mset, proposals) if patch else ("", [])
+    measured = {n: f.measured_mib for n, f in fp.status_footprints(mset, samples).items()}
+    models = serve_models(mset, measured)
     if json_out:
         data: dict[str, Any] = {
             "margin_pct": margin_pct,
             "granule_mib": granule_mib,
             "min_samples": min_samples,
-            "serves": [p.to_json() for p in proposals],
+            "serves": [
+                {**p.to_json(), **({"model": models[p.serve]} if p.serve in models else {})}
+                for p in proposals
+            ],
         }
         if patch:
             data["patch"] = diff
@@ -568,6 +619,9 @@ def calibrate(
     for p in proposals:
         for line in fp.proposal_lines(p):
             render.out.print(line)
+        if p.serve in models:
+            for line in calibration_lines(models[p.serve]):
+                render.out.print(line)
     if patch:
         for problem in problems:
             render.warn(f"--patch: {problem}")
@@ -594,6 +648,7 @@ def fit(
     answered). Without --router-url (VRAMCTL_ROUTER_URL, as `run` is given) a start that
     drains a router tier is said to be refused, as `up` would be.
     """
+    from controller.service.model_estimates import serve_models
     from statemachine.admission import no_router_reason
     from statemachine.fit import fit_serve
 
@@ -607,13 +662,19 @@ def fit(
     result = fit_serve(desired, seen, serve, now=_now(snap))
     needs = () if router_url or not result.known else _fit_router_needs(desired, seen, result)
     note = no_router_reason(f"up {serve}", needs) if needs else None
+    model = serve_models(mset).get(serve)
     if json_out:
         extra = {"needs_router": [n.to_json() for n in needs], "note": note} if note else {}
-        _print_json({**result.to_json(), **extra})
+        _print_json({**result.to_json(), **extra, **({"model": model} if model else {})})
     else:
         render.fit(result)
         if note:
             render.out.print(f"  note: {note}", markup=False)
+        if model:
+            from controller.interfaces.model_report import fit_lines
+
+            for line in fit_lines(model):
+                render.out.print(line)
     _exit_if_unobserved(snap, observed)
     raise typer.Exit(0 if result.fits else 1)
 
