@@ -458,7 +458,8 @@ def status(
     state_dir: StateDirOpt = None,
 ) -> None:
     """Per-role ledger, drift, each serve's container and lifecycle state, and its
-    measured footprint (declared vs measured) and the roles' reserves.
+    measured footprint (declared vs measured), the roles' reserves, and the estimate of
+    each serve's [serve.model] (weights + KV, the rest unknown).
 
     Exit 0, or 3 when Docker could not be read (the answer is printed, `unknown` where
     unknown).
@@ -573,6 +574,8 @@ def calibrate(
 
     The proposal is the peak of its attributable samples plus --margin-pct, rounded up
     to --granule-mib; with fewer than --min-samples it says "not enough evidence".
+    A serve with a [serve.model] also gets its reservation, estimate (weights + KV) and
+    measured footprint compared, and the term that is off named (docs/sizing.md).
     Exit 0 whatever it proposes, 1 when the manifest does not load.
     """
     from controller.interfaces import footprint_report as fp
