@@ -112,10 +112,16 @@ def test_validate_accepts_a_reservation_within_the_bound(tmp_path: Path) -> None
     check = data["models"]["llm"]["check"]
     assert (check["verdict"], check["excess_mib"], check["bound_mib"]) == ("ok", 2305, 2305)
     assert "hint" not in r.stderr
+    human = vramctl("validate", "-m", str(path))
+    assert human.returncode == 0, human.stderr
+    assert "llm: model: vram_mib 3331 ≥ weights 2 MiB + KV cache 1024 MiB" in human.stdout
+    assert "2305 MiB left for the overheads (unknown; at most 2305 MiB" in human.stdout
 
 
 def test_validate_hints_at_a_reservation_above_the_bound(tmp_path: Path) -> None:
     path = manifest(tmp_path, serve("llm", 3332, "st"), serve("tiny", 4000, "tiny.gguf"))
+    with path.open("a") as fh:  # a serve with a model and no reservation: nothing to compare
+        fh.write('\n[[serve]]\nname = "free"\ncontainer = "c-free"\n[serve.model]\npath = "st"\n')
     r = vramctl("validate", "-m", str(path), "--json")
     assert r.returncode == 0, r.stderr
     data = json.loads(r.stdout)
@@ -127,6 +133,10 @@ def test_validate_hints_at_a_reservation_above_the_bound(tmp_path: Path) -> None
     assert "weights 1 MiB + KV cache 1 MiB" in hints[1] and "= 2 MiB by 3998 MiB" in hints[1]
     assert data["models"]["tiny"]["check"]["verdict"] == "oversized"
     assert "hint: " in r.stderr
+    assert data["models"]["free"]["check"] is None
+    assert data["models"]["free"]["estimate"]["known_mib"] == 1026
+    human = vramctl("validate", "-m", str(path)).stdout
+    assert "free: model: weights 2 + KV 1024 = 1026 MiB, the rest unknown; no reservation" in human
 
 
 @pytest.mark.parametrize("bad", ["absent", "notamodel.bin"])

@@ -347,6 +347,11 @@ def validate(
         )
         return
     render.validated(mset, desired)
+    if models:
+        from controller.interfaces.model_report import validate_lines
+
+        for line in validate_lines(models):
+            render.out.print(line)
 
 
 def _model_invalid(

@@ -15,7 +15,7 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
-__all__ = ["calibration_lines", "fit_lines", "model_table"]
+__all__ = ["calibration_lines", "fit_lines", "model_table", "validate_lines"]
 
 UNKNOWN = "unknown"
 
@@ -87,3 +87,17 @@ def calibration_lines(entry: Mapping[str, Any]) -> list[str]:
     if entry.get("error"):
         head = f"  estimate unknown: {escape(entry['error'])}"
     return [head, f"  {cal.get('verdict', UNKNOWN)}: {escape(cal.get('reason', ''))}"]
+
+
+def validate_lines(models: Mapping[str, Mapping[str, Any]]) -> list[str]:
+    """``validate``'s line per serve with a model (an error or a hint is said on stderr)."""
+    lines = []
+    for name, entry in models.items():
+        check = entry.get("check")
+        if check is None:
+            weights, kv, known = _figures(entry)
+            what = f"weights {weights} + KV {kv} = {known} MiB, the rest unknown; no reservation"
+        else:
+            what = check["message"]
+        lines.append(f"  {escape(name)}: model: {escape(what)}")
+    return lines
