@@ -326,25 +326,7 @@ def validate(
     if model_errors:
         _model_invalid(mset, model_errors, hints, models, json_out)
     if json_out:
-        _print_json(
-            {
-                "valid": True,
-                "files": [str(f) for f in mset.files],
-                "digest": mset.digest,
-                "gpu_roles": {
-                    r.id: {
-                        "capacity_mib": r.capacity_mib,
-                        "reserve_mib": r.reserve_mib,
-                        "budget_mib": r.budget_mib,
-                    }
-                    for r in desired.roles.values()
-                },
-                "serves": len(desired.serves),
-                "warnings": [*mset.warnings, *router_warnings],
-                "hints": hints,
-                "models": models,
-            }
-        )
+        _print_json(_valid_json(mset, [*mset.warnings, *router_warnings], hints, models))
         return
     render.validated(mset, desired)
     if models:
@@ -352,6 +334,30 @@ def validate(
 
         for line in validate_lines(models):
             render.out.print(line)
+
+
+def _valid_json(
+    mset: ManifestSet, warnings: list[str], hints: list[str], models: dict[str, Any]
+) -> dict[str, Any]:
+    """``validate --json``'s answer for a valid set."""
+    desired = mset.desired()
+    return {
+        "valid": True,
+        "files": [str(f) for f in mset.files],
+        "digest": mset.digest,
+        "gpu_roles": {
+            r.id: {
+                "capacity_mib": r.capacity_mib,
+                "reserve_mib": r.reserve_mib,
+                "budget_mib": r.budget_mib,
+            }
+            for r in desired.roles.values()
+        },
+        "serves": len(desired.serves),
+        "warnings": warnings,
+        "hints": hints,
+        "models": models,
+    }
 
 
 def _model_invalid(
@@ -614,10 +620,7 @@ def calibrate(
             "margin_pct": margin_pct,
             "granule_mib": granule_mib,
             "min_samples": min_samples,
-            "serves": [
-                {**p.to_json(), **({"model": models[p.serve]} if p.serve in models else {})}
-                for p in proposals
-            ],
+            "serves": [_with_model(p.to_json(), models.get(p.serve)) for p in proposals],
         }
         if patch:
             data["patch"] = diff
@@ -634,6 +637,11 @@ def calibrate(
         for problem in problems:
             render.warn(f"--patch: {problem}")
         sys.stdout.write(diff)
+
+
+def _with_model(answer: dict[str, Any], model: dict[str, Any] | None) -> dict[str, Any]:
+    """``answer`` with the serve's ``model`` entry added, where it declares one."""
+    return answer if model is None else {**answer, "model": model}
 
 
 @_command("Can SERVE run now, and what would it cost?")
@@ -673,7 +681,7 @@ def fit(
     model = serve_models(mset).get(serve)
     if json_out:
         extra = {"needs_router": [n.to_json() for n in needs], "note": note} if note else {}
-        _print_json({**result.to_json(), **extra, **({"model": model} if model else {})})
+        _print_json(_with_model({**result.to_json(), **extra}, model))
     else:
         render.fit(result)
         if note:
