@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from statemachine.engine_flags import Finding, FindingKind, flag_values
@@ -91,6 +92,8 @@ class Limit:
     problem: str | None = None
     refused: bool = False
     all_at: int | None = None
+    #: what the engine reads a value of 0 as (llama.cpp's ``--ctx-size 0``: the model's own)
+    zero_means: int | None = None
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -193,7 +196,7 @@ def _context_size(flag: LimitFlag, vram_mib: int, model: ModelInput) -> Limit:
         f"context {context} ({source}) × {model.parallel} parallel sequences = {total} "
         "tokens (llama-server shares its context among its --parallel slots)",
     )
-    return Limit(flag, total, terms)
+    return Limit(flag, total, terms, zero_means=model.arch.context_length)
 
 
 def _layer_kv(model: ModelInput, context: int) -> KvTerm:
@@ -333,12 +336,27 @@ def found_value(argv: Sequence[str], flag: LimitFlag) -> str | None:
     return found
 
 
-def _number(text: str, flag: LimitFlag) -> int | None:
-    """A limit's value as written; llama.cpp reads a negative ``--n-gpu-layers`` (and
-    ``all``) as every layer."""
-    word = text.strip().lower()
-    if flag.kind is LimitKind.GPU_LAYERS and (word == "all" or word.startswith("-")):
+#: vLLM and SGLang read a context of ``32k`` as 32000 and ``32K`` as 32768
+_SUFFIXES = {"k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2}
+
+
+def _number(text: str, limit: Limit) -> int | None:
+    """A limit's value as written (``None``: unreadable): llama.cpp reads a negative
+    ``--n-gpu-layers`` (and ``all``) as every layer, ``--ctx-size 0`` as the model's own
+    context; a context may carry a ``k``/``K``/``m``/``M`` suffix."""
+    word = text.strip()
+    kind = limit.flag.kind
+    if kind is LimitKind.GPU_LAYERS and (word.lower() == "all" or word.startswith("-")):
         return _SEARCH_CAP
+    if word == "0" and limit.zero_means is not None:
+        return limit.zero_means
+    if kind is LimitKind.MAX_CONTEXT and word[-1:] in _SUFFIXES:
+        try:
+            value = Decimal(word[:-1]) * _SUFFIXES[word[-1]]
+        except InvalidOperation:
+            return None
+        whole = value.is_finite() and value >= 0 and value == value.to_integral_value()
+        return int(value) if whole else None
     return int(word) if word.isdigit() else None
 
 
@@ -361,7 +379,7 @@ def check_limit(
             FindingKind.MISSING_LIMIT,
             f"the command lacks {name}: add {name} {limit.value} ({limit.explanation})",
         )
-    value = _number(found, limit.flag)
+    value = _number(found, limit)
     if value is None:
         return finding(FindingKind.BAD_VALUE, f"{name} {found!r} is not a whole number")
     if value > limit.value and not (limit.all_at is not None and value >= limit.all_at):

@@ -272,7 +272,7 @@ def test_a_missing_or_too_large_value_is_an_error_with_every_term() -> None:
     assert "--max-model-len 32768 is more than the 28928" in large.message
     assert check_limit(limit, "28928", serve="s") is None
     assert check_limit(limit, "8192", serve="s") is None  # less keeps within it too
-    bad = check_limit(limit, "32k", serve="s")
+    bad = check_limit(limit, "32x", serve="s")
     assert bad is not None and bad.kind is FindingKind.BAD_VALUE
 
 
@@ -283,6 +283,23 @@ def test_any_count_of_all_layers_is_all_layers_but_not_where_only_some_fit() -> 
     for found in ("999", "-1", "all", "3"):
         got = check_limit(some, found, serve="s")
         assert got is not None and got.kind is FindingKind.LIMIT_TOO_LARGE, found
+
+
+def test_a_context_may_be_written_with_a_suffix_and_a_ctx_size_of_0_is_the_models() -> None:
+    (limit,) = one("vllm", 20000, model())  # 28928 tokens
+    assert check_limit(limit, "28k", serve="s") is None  # 28000
+    assert check_limit(limit, "28.9k", serve="s") is None  # 28900
+    for over in ("29k", "28.5K", "1m"):  # 29000, 29184, 1000000
+        got = check_limit(limit, over, serve="s")
+        assert got is not None and got.kind is FindingKind.LIMIT_TOO_LARGE, over
+    for bad in ("28.12345k", "xk", "infk", "-1k"):
+        got = check_limit(limit, bad, serve="s")
+        assert got is not None and got.kind is FindingKind.BAD_VALUE, bad
+    (_, ctx) = one("llamacpp", 80000, model(layers=(1,) * 32, context=4096))
+    zero = check_limit(ctx, "0", serve="s")  # llama.cpp: the model's own, 131072
+    assert zero is not None and zero.kind is FindingKind.LIMIT_TOO_LARGE
+    (_, own) = one("llamacpp", 80000, model(layers=(1,) * 32))
+    assert check_limit(own, "0", serve="s") is None
 
 
 def test_a_refusal_is_an_error_and_an_unknown_a_note() -> None:
