@@ -17,6 +17,10 @@ Each engine's :class:`~statemachine.engines.spec.LimitFlag` entries name a
   × its parallel sequences, which llama-server shares among its slots.
 * ``vram-bytes`` (onnx-genai ``--vram-limit``): ``vram_mib`` × 1048576.
 
+A serve on several GPU roles reserves ``vram_mib`` on each: its engine splits weights and
+KV heads among them (tensor parallel), so the context and layer limits count the
+reservation on all of them; ``--vram-limit`` is one device's.
+
 A kind that needs the model is not rendered for a serve without ``[serve.model]``: such
 a serve keeps only its memory-fraction flag, as before. What no file holds (the CUDA
 context, activations, CUDA graphs) is not subtracted, and each explanation says so.
@@ -41,6 +45,7 @@ __all__ = [
     "ElasticRender",
     "Limit",
     "ModelInput",
+    "Reserved",
     "check_elastic",
     "check_limit",
     "found_value",
@@ -117,10 +122,20 @@ class Limit:
         }
 
 
-def _reservation(vram_mib: int) -> tuple[int, str]:
-    """The reservation in bytes, and the term that says so."""
-    size = vram_mib * MIB
-    return size, f"reservation {vram_mib} MiB × {MIB} = {size} bytes"
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """A serve's reservation: ``vram_mib`` on each of its ``gpus`` roles."""
+
+    vram_mib: int
+    gpus: int = 1
+
+
+def _reservation(reserved: Reserved) -> tuple[int, str]:
+    """The reservation in bytes on all its GPUs (a tensor-parallel engine splits its
+    weights and KV heads among them), and the term that says so."""
+    size = reserved.vram_mib * MIB * reserved.gpus
+    gpus = "" if reserved.gpus == 1 else f" × {reserved.gpus} GPUs (tensor parallel)"
+    return size, f"reservation {reserved.vram_mib} MiB × {MIB}{gpus} = {size} bytes"
 
 
 def _weights_term(weights: Weights) -> str:
@@ -150,7 +165,7 @@ def _unknown(flag: LimitFlag, terms: list[str], why: str) -> Limit:
     return Limit(flag, None, tuple(terms), problem=why)
 
 
-def _max_context(flag: LimitFlag, vram_mib: int, model: ModelInput) -> Limit:
+def _max_context(flag: LimitFlag, vram_mib: Reserved, model: ModelInput) -> Limit:
     """``max-context``: the largest context whose KV cache fits after the weights."""
     size, reserved = _reservation(vram_mib)
     weights = model.weights.bytes
@@ -186,7 +201,7 @@ def _serve_context(model: ModelInput) -> tuple[int | None, str]:
     return model.arch.context_length, f"the model's own, {model.arch.source}"
 
 
-def _context_size(flag: LimitFlag, vram_mib: int, model: ModelInput) -> Limit:
+def _context_size(flag: LimitFlag, vram_mib: Reserved, model: ModelInput) -> Limit:
     """``context-size``: the serve's context × its parallel sequences."""
     context, source = _serve_context(model)
     if context is None:
@@ -206,7 +221,7 @@ def _layer_kv(model: ModelInput, context: int) -> KvTerm:
     return kv_cache(one, context=context, kv_dtype=model.kv_dtype, parallel=model.parallel)
 
 
-def _gpu_layers(flag: LimitFlag, vram_mib: int, model: ModelInput) -> Limit:
+def _gpu_layers(flag: LimitFlag, vram_mib: Reserved, model: ModelInput) -> Limit:
     """``gpu-layers``: all layers when weights + KV fit, else the largest N that does."""
     size, reserved = _reservation(vram_mib)
     context, _ = _serve_context(model)
@@ -264,9 +279,9 @@ def _partial_layers(
     return Limit(flag, count, (*terms, NOT_SUBTRACTED))
 
 
-def _vram_bytes(flag: LimitFlag, vram_mib: int, model: ModelInput | None) -> Limit:
-    """``vram-bytes``: the reservation in bytes, kept by the engine at load."""
-    size, reserved = _reservation(vram_mib)
+def _vram_bytes(flag: LimitFlag, vram_mib: Reserved, model: ModelInput | None) -> Limit:
+    """``vram-bytes``: the reservation in bytes (of one GPU), kept by the engine at load."""
+    size, reserved = _reservation(Reserved(vram_mib.vram_mib))
     return Limit(
         flag,
         size,
@@ -280,12 +295,12 @@ def _vram_bytes(flag: LimitFlag, vram_mib: int, model: ModelInput | None) -> Lim
 
 
 def _needs_model(
-    compute: Callable[[LimitFlag, int, ModelInput], Limit],
-) -> Callable[[LimitFlag, int, Model | None], Limit | None]:
+    compute: Callable[[LimitFlag, Reserved, ModelInput], Limit],
+) -> Callable[[LimitFlag, Reserved, Model | None], Limit | None]:
     """``compute`` for a serve with ``[serve.model]``; none without; unknown when its
     files could not be read."""
 
-    def render(flag: LimitFlag, vram_mib: int, model: Model | None) -> Limit | None:
+    def render(flag: LimitFlag, vram_mib: Reserved, model: Model | None) -> Limit | None:
         if model is None:
             return None
         if isinstance(model, str):
@@ -295,11 +310,11 @@ def _needs_model(
     return render
 
 
-def _any_model(flag: LimitFlag, vram_mib: int, model: Model | None) -> Limit | None:
+def _any_model(flag: LimitFlag, vram_mib: Reserved, model: Model | None) -> Limit | None:
     return _vram_bytes(flag, vram_mib, None)
 
 
-_RENDER: dict[LimitKind, Callable[[LimitFlag, int, Model | None], Limit | None]] = {
+_RENDER: dict[LimitKind, Callable[[LimitFlag, Reserved, Model | None], Limit | None]] = {
     LimitKind.MAX_CONTEXT: _needs_model(_max_context),
     LimitKind.GPU_LAYERS: _needs_model(_gpu_layers),
     LimitKind.CONTEXT_SIZE: _needs_model(_context_size),
@@ -308,13 +323,15 @@ _RENDER: dict[LimitKind, Callable[[LimitFlag, int, Model | None], Limit | None]]
 
 
 def render_limits(
-    engine: Engine | None, vram_mib: int | None, model: Model | None
+    engine: Engine | None, vram_mib: int | None, model: Model | None, gpus: int = 1
 ) -> tuple[Limit, ...]:
-    """The limit flags of ``engine`` for a reservation of ``vram_mib`` and the serve's
-    ``model`` (``None``: no ``[serve.model]``; a text: why its files are unknown)."""
+    """The limit flags of ``engine`` for a reservation of ``vram_mib`` on each of ``gpus``
+    roles and the serve's ``model`` (``None``: no ``[serve.model]``; a text: why its
+    files are unknown)."""
     if engine is None or vram_mib is None:
         return ()
-    found = (_RENDER[flag.kind](flag, vram_mib, model) for flag in engine.limit_flags)
+    reserved = Reserved(vram_mib, max(1, gpus))
+    found = (_RENDER[flag.kind](flag, reserved, model) for flag in engine.limit_flags)
     return tuple(limit for limit in found if limit is not None)
 
 

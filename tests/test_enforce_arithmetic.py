@@ -75,6 +75,16 @@ def test_the_largest_context_is_what_the_reservation_leaves_after_the_weights() 
     assert "unknown" in text  # the terms no file holds are said, not counted as 0
 
 
+def test_tensor_parallel_counts_the_reservation_on_every_gpu() -> None:
+    (two,) = render_limits(engines.get("vllm"), 10000, model(), gpus=2)
+    assert two.value == 28928  # 2 × 10000 MiB is the 20000 MiB of one GPU
+    assert "reservation 10000 MiB × 1048576 × 2 GPUs (tensor parallel) = 20971520000" in (
+        two.explanation
+    )
+    (limit,) = render_limits(engines.get("onnx-genai"), 10000, None, gpus=2)
+    assert limit.value == 10000 * MIB  # one device's limit
+
+
 def test_sglang_renders_the_same_figure_as_context_length() -> None:
     (limit,) = one("sglang", 20000, model())
     assert limit.argv == ("--context-length", "28928")

@@ -506,7 +506,9 @@ def render_serve(
         source,
         None if service is None else service.name,
         sleep_needs(protocol),
-        render_limits(engines.lookup(key), serve.vram_mib, (models or {}).get(name)),
+        render_limits(
+            engines.lookup(key), serve.vram_mib, (models or {}).get(name), len(serve.roles)
+        ),
         _elastic_for(serve, key),
     )
 
@@ -613,7 +615,7 @@ def _check_limits(
     serve: ServeModel, service: ComposeService, engine: str | None, model: Model | None
 ) -> tuple[tuple[tuple[Limit, str | None], ...], list[Finding]]:
     """The engine's limit flags and the elastic configuration against the command."""
-    limits = render_limits(engines.lookup(engine), serve.vram_mib, model)
+    limits = render_limits(engines.lookup(engine), serve.vram_mib, model, len(serve.roles))
     pairs = tuple((limit, found_value(service.argv, limit.flag)) for limit in limits)
     findings = [
         found
