@@ -205,6 +205,9 @@ def test_lint_passes_the_flags_the_reservations_render(tmp_path: Path, mset: Any
         ("--ctx-size", "4096"),
     ]
     assert checked["plain"].limits == () and "limits" not in checked["plain"].to_json()
+    # held by their limit flags, not "by the ledger only"; the elastic engine has none
+    unheld = {f.serve for f in report.notes if f.kind is FindingKind.NO_ENGINE_FLAG}
+    assert unheld == {"moe"}
 
 
 @pytest.mark.parametrize(

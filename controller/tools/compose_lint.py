@@ -676,13 +676,14 @@ def _check_pair(
                 {"flag": flag, "found": found},
             )
         )
+    limits, limit_findings = _check_limits(serve, service, engine, model)
     main = check_fraction(render, found, tolerance=tolerance, service=service.name)
-    if main is not None:
+    # an engine held by its limit flags is not "kept by the ledger only"
+    if main is not None and not (limits and main.kind is FindingKind.NO_ENGINE_FLAG):
         findings.append(main)
     protocol = serve.sleep.resolved_protocol(serve.engine) if serve.sleep else None
     if protocol is not None:
         findings.extend(_check_sleep(serve.name, protocol, service, engine))
-    limits, limit_findings = _check_limits(serve, service, engine, model)
     findings.extend(limit_findings)
     checked = CheckedServe(
         serve=serve.name,
