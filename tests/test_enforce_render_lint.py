@@ -291,3 +291,58 @@ def test_the_lint_command_fails_on_a_context_too_large(tmp_path: Path) -> None:
     bad = GOOD.replace("-c 4096", "-c 5000")
     r = cli("lint", "-m", str(path), "--compose", str(compose(tmp_path, bad, "bad.yml")))
     assert r.returncode == 1 and "limit-too-large" in r.stdout and "--ctx-size 5000" in r.stdout
+
+
+SAFETENSORS_MANIFEST = """
+[[gpu_roles]]
+id = "s"
+vram_mib = 100
+
+[[serve]]
+name = "fast"
+container = "sglang-fast"
+engine = "sglang"
+gpu_role = "s"
+vram_mib = 3
+
+[serve.model]
+path = "hf"
+parallel = 2
+
+[[serve]]
+name = "cpp"
+container = "llamacpp-cpp"
+engine = "llamacpp"
+gpu_role = "s"
+vram_mib = 3
+
+[serve.model]
+path = "hf"
+"""
+
+
+def test_a_safetensors_model_gives_sglang_its_context(tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file({"w": np.zeros((1024, 1024), dtype=np.float16)}, str(folder / "m.safetensors"))
+    config = {
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_size": 512,
+        "max_position_embeddings": 32768,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    mset = manifest(tmp_path, SAFETENSORS_MANIFEST)
+    models = serve_models(mset)
+    fast = render_serve(mset, "fast", models=models)
+    # 3 MiB − 2 MiB of weights = 1048576 bytes; 2 × 4 × 2 × 64 × 2 bytes × 2 sequences a
+    # token = 4096 bytes: 256 tokens
+    assert fast.argv == ("--mem-fraction-static", "0.0300", "--context-length", "256")
+    cpp = render_serve(mset, "cpp", models=models)
+    layers = cpp.limits[0]
+    assert layers.value is None and not layers.refused  # no blk.N tensors: unknown
+    assert "tensor bytes for 0 layers of 4" in str(layers.problem)
