@@ -1463,10 +1463,12 @@ def render_cmd(
     observed: ObservedOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Print the engine flag that enforces SERVE's reservation (docs/limits.md).
+    """Print the engine flag that enforces SERVE's reservation (docs/limits.md), and with
+    [serve.model] its engine's limit flags (docs/sizing.md); the arithmetic on stderr.
 
-    Exit 0 with the flag, 1 when there is none (no reservation, an engine without a
-    memory-fraction flag, no device total) or on errors.
+    Exit 0 with the flags, 1 when there is none (no reservation, an engine without a
+    memory-fraction or limit flag, no device total), when the model cannot load in the
+    reservation, or on errors.
     """
     from controller.interfaces.serve_models import serve_models
     from controller.tools.compose_lint import ComposeError, render_serve
