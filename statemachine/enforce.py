@@ -44,6 +44,7 @@ from statemachine.sizing import MIB, Architecture, KvTerm, Weights, kv_cache
 __all__ = [
     "ElasticRender",
     "Limit",
+    "Model",
     "ModelInput",
     "Reserved",
     "check_elastic",
@@ -165,9 +166,9 @@ def _unknown(flag: LimitFlag, terms: list[str], why: str) -> Limit:
     return Limit(flag, None, tuple(terms), problem=why)
 
 
-def _max_context(flag: LimitFlag, vram_mib: Reserved, model: ModelInput) -> Limit:
+def _max_context(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
     """``max-context``: the largest context whose KV cache fits after the weights."""
-    size, reserved = _reservation(vram_mib)
+    size, reserved = _reservation(budget)
     weights = model.weights.bytes
     terms = [reserved, _weights_term(model.weights)]
     if weights > size:
@@ -201,7 +202,7 @@ def _serve_context(model: ModelInput) -> tuple[int | None, str]:
     return model.arch.context_length, f"the model's own, {model.arch.source}"
 
 
-def _context_size(flag: LimitFlag, vram_mib: Reserved, model: ModelInput) -> Limit:
+def _context_size(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
     """``context-size``: the serve's context × its parallel sequences."""
     context, source = _serve_context(model)
     if context is None:
@@ -221,9 +222,9 @@ def _layer_kv(model: ModelInput, context: int) -> KvTerm:
     return kv_cache(one, context=context, kv_dtype=model.kv_dtype, parallel=model.parallel)
 
 
-def _gpu_layers(flag: LimitFlag, vram_mib: Reserved, model: ModelInput) -> Limit:
+def _gpu_layers(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
     """``gpu-layers``: all layers when weights + KV fit, else the largest N that does."""
-    size, reserved = _reservation(vram_mib)
+    size, reserved = _reservation(budget)
     context, _ = _serve_context(model)
     layers, blocks = model.arch.layers, model.weights.layer_bytes
     terms = [reserved, _weights_term(model.weights)]
@@ -279,9 +280,9 @@ def _partial_layers(
     return Limit(flag, count, (*terms, NOT_SUBTRACTED))
 
 
-def _vram_bytes(flag: LimitFlag, vram_mib: Reserved, model: ModelInput | None) -> Limit:
+def _vram_bytes(flag: LimitFlag, budget: Reserved, model: ModelInput | None) -> Limit:
     """``vram-bytes``: the reservation in bytes (of one GPU), kept by the engine at load."""
-    size, reserved = _reservation(Reserved(vram_mib.vram_mib))
+    size, reserved = _reservation(Reserved(budget.vram_mib))
     return Limit(
         flag,
         size,
@@ -300,18 +301,18 @@ def _needs_model(
     """``compute`` for a serve with ``[serve.model]``; none without; unknown when its
     files could not be read."""
 
-    def render(flag: LimitFlag, vram_mib: Reserved, model: Model | None) -> Limit | None:
+    def render(flag: LimitFlag, budget: Reserved, model: Model | None) -> Limit | None:
         if model is None:
             return None
         if isinstance(model, str):
             return _unknown(flag, [], f"the model's files cannot be read: {model}")
-        return compute(flag, vram_mib, model)
+        return compute(flag, budget, model)
 
     return render
 
 
-def _any_model(flag: LimitFlag, vram_mib: Reserved, model: Model | None) -> Limit | None:
-    return _vram_bytes(flag, vram_mib, None)
+def _any_model(flag: LimitFlag, budget: Reserved, model: Model | None) -> Limit | None:
+    return _vram_bytes(flag, budget, None)
 
 
 _RENDER: dict[LimitKind, Callable[[LimitFlag, Reserved, Model | None], Limit | None]] = {
