@@ -32,7 +32,7 @@ Pure: no I/O, nothing from ``controller``; integers and exact fractions only.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
@@ -339,9 +339,11 @@ def render_limits(
 # ── checks ─────────────────────────────────────────────────────────────────────
 
 
-def found_value(argv: Sequence[str], flag: LimitFlag) -> str | None:
+def found_value(
+    argv: Sequence[str], flag: LimitFlag, env: Mapping[str, str] | None = None
+) -> str | None:
     """The value the command gives ``flag`` under any of its spellings (the engine takes
-    the last); ``None`` when it is not given."""
+    the last), else the one of its variable in ``env``; ``None`` when neither is given."""
     names = {flag.name, *flag.aliases}
     found: str | None = None
     i = 0
@@ -351,6 +353,8 @@ def found_value(argv: Sequence[str], flag: LimitFlag) -> str | None:
             found = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
             i += 0 if eq else 1
         i += 1
+    if found is None and flag.env is not None:
+        return (env or {}).get(flag.env)
     return found
 
 

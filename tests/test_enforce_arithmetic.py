@@ -328,6 +328,10 @@ def test_a_flag_is_found_under_every_spelling_and_the_last_wins() -> None:
     assert found_value(["-ngl", "3", "--n-gpu-layers=4"], layers) == "4"
     assert found_value(["--ctx-size", "5"], layers) is None
     assert found_value(["-ngl"], layers) == ""
+    limit = LimitFlag("--vram-limit", LimitKind.VRAM_BYTES, env="LIMIT")
+    assert found_value(["serve"], limit, {"LIMIT": "5"}) == "5"
+    assert found_value(["--vram-limit", "6"], limit, {"LIMIT": "5"}) == "6"  # the flag wins
+    assert found_value(["serve"], layers, {"LIMIT": "5"}) is None
 
 
 # ── the elastic engine ──────────────────────────────────────────────────────────

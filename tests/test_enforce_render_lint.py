@@ -219,6 +219,13 @@ def test_lint_passes_the_flags_the_reservations_render(tmp_path: Path, mset: Any
         ("-c 4096", "-c 8192", "LIMIT_TOO_LARGE", "gguf", "--ctx-size 8192"),
         (" -c 4096", "", "MISSING_LIMIT", "gguf", "add --ctx-size 4096"),
         (" --vram-limit 3355443200", "", "MISSING_LIMIT", "onnx", "3200 MiB × 1048576"),
+        (
+            " --vram-limit 3355443200",
+            "\n  environment:\n    ONNX_GENAI_VRAM_LIMIT: '4000000000'",
+            "LIMIT_TOO_LARGE",
+            "onnx",
+            "--vram-limit 4000000000 is more than the 3355443200",
+        ),
         ("--vram-limit 3355443200", "--vram-limit 4e9", "BAD_VALUE", "onnx", "whole number"),
         ('"--vram-elastic", ', "", "ELASTIC_OFF", "moe", "lacks --vram-elastic"),
         (', "--vram-segment-mib", "1024"', "", "ELASTIC_SEGMENT", "moe", "the default 512"),

@@ -616,7 +616,8 @@ def _check_limits(
 ) -> tuple[tuple[tuple[Limit, str | None], ...], list[Finding]]:
     """The engine's limit flags and the elastic configuration against the command."""
     limits = render_limits(engines.lookup(engine), serve.vram_mib, model, len(serve.roles))
-    pairs = tuple((limit, found_value(service.argv, limit.flag)) for limit in limits)
+    env = service.environment
+    pairs = tuple((limit, found_value(service.argv, limit.flag, env)) for limit in limits)
     findings = [
         found
         for limit, value in pairs

@@ -92,11 +92,13 @@ class LimitKind(StrEnum):
 @dataclass(frozen=True, slots=True)
 class LimitFlag:
     """A command-line flag whose value bounds what the engine loads; ``aliases`` are its
-    other spellings on the command line (``-ngl``), read by the lint, never rendered."""
+    other spellings on the command line (``-ngl``), ``env`` the environment variable the
+    engine reads when the flag is not given; both read by the lint, never rendered."""
 
     name: str
     kind: LimitKind
     aliases: tuple[str, ...] = ()
+    env: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
