@@ -85,6 +85,14 @@ class Weights:
     files: tuple[str, ...]
     #: the weights' dtype(s) as the files name them (``F16, Q8_0``; config's torch_dtype)
     dtype: str | None = None
+    #: each layer's (block's) tensor bytes, by block number, where the files name them
+    #: (GGUF's ``blk.N.*``); empty where they were not read by layer
+    layer_bytes: tuple[int, ...] = ()
+
+    @property
+    def non_layer_bytes(self) -> int:
+        """The bytes of the tensors of no layer (embeddings, output, norms)."""
+        return self.bytes - sum(self.layer_bytes)
 
 
 @dataclass(frozen=True, slots=True)

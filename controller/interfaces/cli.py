@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from controller.service.executor import ExecutionReport, StepResult
     from controller.service.loop import Controller
     from controller.snapshot import SnapshotModel
+    from controller.tools.compose_lint import RenderedServe
     from statemachine.admission import RouterNeed
     from statemachine.fit import FitResult
     from statemachine.planner import Plan
@@ -1539,11 +1540,14 @@ def render_cmd(
     observed: ObservedOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Print the engine flag that enforces SERVE's reservation (docs/limits.md).
+    """Print the engine flag that enforces SERVE's reservation (docs/limits.md), and with
+    [serve.model] its engine's limit flags (docs/sizing.md); the arithmetic on stderr.
 
-    Exit 0 with the flag, 1 when there is none (no reservation, an engine without a
-    memory-fraction flag, no device total) or on errors.
+    Exit 0 with the flags, 1 when there is none (no reservation, an engine without a
+    memory-fraction or limit flag, no device total), when the model cannot load in the
+    reservation, or on errors.
     """
+    from controller.interfaces.serve_models import serve_models
     from controller.tools.compose_lint import ComposeError, render_serve
     from statemachine.engine_flags import SOURCE_NVML
 
@@ -1565,29 +1569,47 @@ def render_cmd(
             measured_source=source,
             engine=engine,
             compose_paths=compose,
+            models=serve_models(mset, [serve]),
         )
     except ComposeError as exc:
         for problem in exc.problems:
             render.error(problem)
         raise typer.Exit(1) from None
-    result = answer.result
+    # the engine's fraction flag, where it has one, is needed as before
+    unfit = answer.result.flag is not None and answer.result.text is None
+    rendered = bool(answer.argv) and not answer.refused and not unfit
     if json_out:
         _print_json(answer.to_json())
-    elif result.text is None:
-        render.error(f"{serve}: {result.problem}")
+    elif not rendered:
+        problems = [str(answer.result.problem)] if unfit or not answer.argv else []
+        problems += [f"{x.flag.name}: {x.explanation}" for x in answer.refused]
+        for problem in problems:
+            render.error(f"{serve}: {problem}")
     else:
-        needs = answer.sleep
-        flags = " ".join(needs.flags) if needs is not None else ""
-        render.out.print(" ".join(w for w in (result.text, flags) if w), markup=False)
+        _render_flags(answer)
+    raise typer.Exit(0 if rendered else 1)
+
+
+def _render_flags(answer: RenderedServe) -> None:
+    """``render``'s answer: the flags on stdout, their arithmetic on stderr (a limit
+    whose value is unknown is said so, never 0)."""
+    result, needs = answer.result, answer.sleep
+    flags = " ".join(needs.flags) if needs is not None else ""
+    render.out.print(" ".join(w for w in (*answer.argv, flags) if w), markup=False)
+    if result.text is not None:
         render.err.print(result.explanation, markup=False)
-        if needs is not None:
-            env = " ".join(f"{k}={v}" for k, v in sorted(needs.env.items()))
-            render.err.print(
-                f"[serve.sleep]: the engine's sleep API needs {needs.text}"
-                + (f" (set {env} in its environment)" if env else ""),
-                markup=False,
-            )
-    raise typer.Exit(0 if result.text is not None else 1)
+    for limit in answer.limits:
+        value = "unknown" if limit.value is None else str(limit.value)
+        render.err.print(f"{limit.flag.name} {value}: {limit.explanation}", markup=False)
+    if answer.elastic is not None:
+        render.err.print(f"elastic: {answer.elastic.explanation}", markup=False)
+    if needs is not None:
+        env = " ".join(f"{k}={v}" for k, v in sorted(needs.env.items()))
+        render.err.print(
+            f"[serve.sleep]: the engine's sleep API needs {needs.text}"
+            + (f" (set {env} in its environment)" if env else ""),
+            markup=False,
+        )
 
 
 @_command("Check the compose files' engine memory flags.")
@@ -1622,6 +1644,7 @@ def lint(
     import os
     from decimal import Decimal
 
+    from controller.interfaces.serve_models import serve_models
     from controller.tools.compose_lint import ComposeError, lint_compose, report_lines
 
     mset = _load(manifest)
@@ -1634,6 +1657,7 @@ def lint(
             measured=_measured_totals(observed, mset),
             tolerance=Decimal(str(tolerance)),
             environ=dict(os.environ) if use_env else None,
+            models=serve_models(mset),
         )
     except ComposeError as exc:
         for problem in exc.problems:

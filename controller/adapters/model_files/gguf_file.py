@@ -2,7 +2,8 @@
 
 ``GGUFReader`` memory-maps the file and parses its metadata and tensor table; no tensor
 is read. A tensor's bytes are the reader's ``n_bytes`` (elements × type size / block
-size, ``gguf.GGML_QUANT_SIZES``). The KV cache's figures are the metadata's
+size, ``gguf.GGML_QUANT_SIZES``), summed by layer too (``blk.N.*``; the rest are the
+tensors of no layer) for llama.cpp's ``--n-gpu-layers``. The KV cache's figures are the metadata's
 ``{arch}.block_count``, ``.attention.head_count``, ``.attention.head_count_kv``
 (default: the heads), ``.attention.key_length`` / ``.value_length`` (default:
 ``.embedding_length / .attention.head_count``) and ``.context_length``; MLA
@@ -27,6 +28,8 @@ from statemachine.sizing import Architecture, Weights
 __all__ = ["read_gguf"]
 
 _SHARD = re.compile(r"^(?P<prefix>.+)-(?P<no>\d{5})-of-(?P<count>\d{5})\.gguf$")
+#: a layer's tensor: ``blk.N.…``
+_BLOCK = re.compile(r"^blk\.(?P<no>\d+)\.")
 
 
 def _reader(path: Path) -> Any:
@@ -67,16 +70,25 @@ def _shards(path: Path, reader: Any) -> list[Path]:
 
 
 def _weights(shards: list[Path], readers: list[Any]) -> Weights:
-    """The tensors' bytes over every shard, and the tensor types by bytes."""
+    """The tensors' bytes over every shard, the tensor types by bytes, and each block's
+    bytes (its ``blk.N.*`` tensors)."""
     by_type: dict[str, int] = {}
+    by_block: dict[int, int] = {}
     tensors = 0
     for reader in readers:
         for tensor in reader.tensors:
             name = tensor.tensor_type.name
-            by_type[name] = by_type.get(name, 0) + int(tensor.n_bytes)
+            size = int(tensor.n_bytes)
+            by_type[name] = by_type.get(name, 0) + size
+            block = _BLOCK.match(str(tensor.name))
+            if block is not None:
+                number = int(block["no"])
+                by_block[number] = by_block.get(number, 0) + size
             tensors += 1
     order = sorted(by_type, key=lambda t: (-by_type[t], t))
-    return Weights(sum(by_type.values()), tensors, tuple(str(s) for s in shards), ", ".join(order))
+    blocks = tuple(by_block.get(i, 0) for i in range(max(by_block, default=-1) + 1))
+    files = tuple(str(s) for s in shards)
+    return Weights(sum(by_type.values()), tensors, files, ", ".join(order), blocks)
 
 
 def _uniform(reader: Any, key: str, where: str) -> int | str | None:
