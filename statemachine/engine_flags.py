@@ -349,6 +349,12 @@ class FindingKind(StrEnum):
     SLEEP_MODE_OFF = "sleep-mode-off"
     SLEEP_PROTOCOL_MISMATCH = "sleep-protocol-mismatch"
     SLEEP_ENV_UNREAD = "sleep-env-unread"
+    MISSING_LIMIT = "missing-limit"
+    LIMIT_TOO_LARGE = "limit-too-large"
+    DOES_NOT_FIT = "does-not-fit"
+    LIMIT_UNKNOWN = "limit-unknown"
+    ELASTIC_OFF = "elastic-off"
+    ELASTIC_SEGMENT = "elastic-segment-disagrees"
 
 
 #: The kinds that are errors; every other kind is a note.
@@ -360,6 +366,11 @@ ERROR_KINDS: frozenset[FindingKind] = frozenset(
         FindingKind.EXCEEDS_DEVICE,
         FindingKind.SLEEP_MODE_OFF,
         FindingKind.SLEEP_PROTOCOL_MISMATCH,
+        FindingKind.MISSING_LIMIT,
+        FindingKind.LIMIT_TOO_LARGE,
+        FindingKind.DOES_NOT_FIT,
+        FindingKind.ELASTIC_OFF,
+        FindingKind.ELASTIC_SEGMENT,
     }
 )
 

@@ -43,6 +43,7 @@ COMMANDS = [
     "replay",
     "render",
     "lint",
+    "estimate",
 ]
 
 

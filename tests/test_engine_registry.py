@@ -83,7 +83,7 @@ def tiny() -> Iterator[Engine]:
 
 
 def test_the_built_in_engines_are_registered_in_detection_order() -> None:
-    assert engines.names() == ("vllm", "sglang", "llamacpp")
+    assert engines.names() == ("vllm", "sglang", "llamacpp", "onnx-genai", "strata")
     assert [e.name for e in engines.sleeping_engines()] == ["vllm", "sglang"]
     assert engines.canonical("Llama_CPP") == "llamacpp"
     assert engines.canonical(" Embedding ") == "embedding"

@@ -30,7 +30,13 @@ def scratch() -> Iterator[Engine]:
 
 def test_which_built_in_engines_size_themselves_from_free_memory() -> None:
     sizing = {e.name: e.sizes_from_free for e in engines.engines()}
-    assert sizing == {"vllm": True, "sglang": True, "llamacpp": False}
+    assert sizing == {
+        "vllm": True,
+        "sglang": True,
+        "llamacpp": False,
+        "onnx-genai": False,
+        "strata": False,
+    }
 
 
 def test_an_engine_declared_without_sizing_does_not_size_from_free_memory() -> None:
@@ -81,7 +87,7 @@ def test_unregister_removes_the_engine_and_its_aliases_only(scratch: Engine) -> 
     engines.unregister("tinyserve")
     assert engines.lookup("tiny-serve") is None and engines.lookup("tinyserve") is None
     assert engines.lookup("vllm") is engines.get("vllm")
-    assert engines.names() == ("vllm", "sglang", "llamacpp")
+    assert engines.names() == ("vllm", "sglang", "llamacpp", "onnx-genai", "strata")
 
 
 @pytest.mark.parametrize("name", ["", "Tiny", "tiny_serve", " tiny"])

@@ -4,9 +4,10 @@ Each command loads the manifest set, reads or takes the observation, calls the p
 core, and renders the answer (rich for people, ``--json`` for tools). Exit codes are
 part of the contract, and each command's help names its own: ``validate`` 0/1, ``fit``
 0 fits / 1 does not, ``plan --detailed-exitcode`` 0 nothing to do / 2 changes / 1
-error; ``status``, ``fit``, ``plan`` and ``observe`` exit :data:`EXIT_UNOBSERVED` (3)
-when Docker could not be read (their answer is printed, ``unknown`` where unknown, with
-one line saying where Docker was looked for).
+error, ``estimate`` 0 / 2 bad input (a usage error's code); ``status``, ``fit``,
+``plan`` and ``observe`` exit :data:`EXIT_UNOBSERVED` (3) when Docker could not be read
+(their answer is printed, ``unknown`` where unknown, with one line saying where Docker
+was looked for).
 
 This module must not decide anything itself: the arithmetic lives in ``statemachine``;
 it only wires inputs to the core and prints what the core answers. Errors are printed
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from controller.service.executor import ExecutionReport, StepResult
     from controller.service.loop import Controller
     from controller.snapshot import SnapshotModel
+    from controller.tools.compose_lint import RenderedServe
     from statemachine.admission import RouterNeed
     from statemachine.fit import FitResult
     from statemachine.planner import Plan
@@ -303,36 +305,84 @@ def validate(
 ) -> None:
     """Check a manifest set: every error located by file, entry and field.
 
+    A serve with a [serve.model] is checked against its model's files: one that cannot
+    be read (model.path), or whose vram_mib is below its weights + KV cache, is an
+    error; a vram_mib above them by more than 25 % + 2 GiB is a hint (docs/sizing.md).
+
     Exit 0 when valid, 1 when not (the errors on stderr, and with --json in the answer).
     """
+    from controller.service.model_estimates import model_problems, serve_models
     from statemachine.admission import no_router_warning, router_tiers
 
     mset = _load(manifest, strict=strict, json_out=json_out)
     desired = mset.desired()
+    models = serve_models(mset)
+    model_errors, hints = model_problems(mset, models)
     tiers = {} if router_url else router_tiers(desired)
     router_warnings = [no_router_warning(tiers)] if tiers else []
     for warning in router_warnings:
         render.warn(warning)
+    for hint in hints:
+        render.warn(f"hint: {hint}")
+    if model_errors:
+        _model_invalid(mset, model_errors, hints, models, json_out)
+    if json_out:
+        _print_json(_valid_json(mset, [*mset.warnings, *router_warnings], hints, models))
+        return
+    render.validated(mset, desired)
+    if models:
+        from controller.interfaces.model_report import validate_lines
+
+        for line in validate_lines(models):
+            render.out.print(line)
+
+
+def _valid_json(
+    mset: ManifestSet, warnings: list[str], hints: list[str], models: dict[str, Any]
+) -> dict[str, Any]:
+    """``validate --json``'s answer for a valid set."""
+    desired = mset.desired()
+    return {
+        "valid": True,
+        "files": [str(f) for f in mset.files],
+        "digest": mset.digest,
+        "gpu_roles": {
+            r.id: {
+                "capacity_mib": r.capacity_mib,
+                "reserve_mib": r.reserve_mib,
+                "budget_mib": r.budget_mib,
+            }
+            for r in desired.roles.values()
+        },
+        "serves": len(desired.serves),
+        "warnings": warnings,
+        "hints": hints,
+        "models": models,
+    }
+
+
+def _model_invalid(
+    mset: ManifestSet,
+    errors: list[Any],
+    hints: list[str],
+    models: dict[str, Any],
+    json_out: bool,
+) -> NoReturn:
+    """Exit 1 on the models' errors: each on stderr, and with --json the answer."""
+    for err in errors:
+        render.error(str(err))
     if json_out:
         _print_json(
             {
-                "valid": True,
+                "valid": False,
                 "files": [str(f) for f in mset.files],
-                "digest": mset.digest,
-                "gpu_roles": {
-                    r.id: {
-                        "capacity_mib": r.capacity_mib,
-                        "reserve_mib": r.reserve_mib,
-                        "budget_mib": r.budget_mib,
-                    }
-                    for r in desired.roles.values()
-                },
-                "serves": len(desired.serves),
-                "warnings": [*mset.warnings, *router_warnings],
+                "errors": [err.to_json() for err in errors],
+                "warnings": mset.warnings,
+                "hints": hints,
+                "models": models,
             }
         )
-        return
-    render.validated(mset, desired)
+    raise typer.Exit(1)
 
 
 @_command("Print one live snapshot of the host as JSON.")
@@ -420,12 +470,14 @@ def status(
     state_dir: StateDirOpt = None,
 ) -> None:
     """Per-role ledger, drift, each serve's container and lifecycle state, and its
-    measured footprint (declared vs measured) and the roles' reserves.
+    measured footprint (declared vs measured), the roles' reserves, and the estimate of
+    each serve's [serve.model] (weights + KV, the rest unknown).
 
     Exit 0, or 3 when Docker could not be read (the answer is printed, `unknown` where
     unknown).
     """
     from controller.interfaces import footprint_report as fp
+    from controller.service.model_estimates import serve_models
     from statemachine.status import host_status
 
     mset = _load(manifest)
@@ -438,12 +490,14 @@ def status(
     desired = mset.desired() if observed else _with_requests(mset, manifest, state_dir, snap)
     report = host_status(desired, snap.to_observed())
     footprints = fp.status_footprints(mset, _footprint_samples(manifest, state_dir))
+    models = serve_models(mset, {n: f.measured_mib for n, f in footprints.items()})
     if json_out:
         _print_json(
             {
                 **report.to_json(),
                 "footprints": {n: f.to_json() for n, f in footprints.items()},
                 "reserves": fp.reserves_json(mset),
+                "models": models,
             }
         )
         _exit_if_unobserved(snap, observed)
@@ -460,6 +514,10 @@ def status(
             "Measured footprints: no samples recorded in this state directory yet "
             "(`vramctl run` measures each start and stop; --state-dir names another)"
         )
+    if models:
+        from controller.interfaces.model_report import model_table
+
+        render.out.print(model_table(models))
     _exit_if_unobserved(snap, observed)
 
 
@@ -528,10 +586,14 @@ def calibrate(
 
     The proposal is the peak of its attributable samples plus --margin-pct, rounded up
     to --granule-mib; with fewer than --min-samples it says "not enough evidence".
+    A serve with a [serve.model] also gets its reservation, estimate (weights + KV) and
+    measured footprint compared, and the term that is off named (docs/sizing.md).
     Exit 0 whatever it proposes, 1 when the manifest does not load.
     """
     from controller.interfaces import footprint_report as fp
     from controller.interfaces.footprint_report import load_samples
+    from controller.interfaces.model_report import calibration_lines
+    from controller.service.model_estimates import serve_models
     from controller.store.journal import default_state_dir
     from statemachine.footprint import propose
 
@@ -552,12 +614,14 @@ def calibrate(
         if s.gpu_roles
     ]
     diff, problems = fp.manifest_patch(mset, proposals) if patch else ("", [])
+    measured = {n: f.measured_mib for n, f in fp.status_footprints(mset, samples).items()}
+    models = serve_models(mset, measured)
     if json_out:
         data: dict[str, Any] = {
             "margin_pct": margin_pct,
             "granule_mib": granule_mib,
             "min_samples": min_samples,
-            "serves": [p.to_json() for p in proposals],
+            "serves": [_with_model(p.to_json(), models.get(p.serve)) for p in proposals],
         }
         if patch:
             data["patch"] = diff
@@ -567,10 +631,18 @@ def calibrate(
     for p in proposals:
         for line in fp.proposal_lines(p):
             render.out.print(line)
+        if p.serve in models:
+            for line in calibration_lines(models[p.serve]):
+                render.out.print(line)
     if patch:
         for problem in problems:
             render.warn(f"--patch: {problem}")
         sys.stdout.write(diff)
+
+
+def _with_model(answer: dict[str, Any], model: dict[str, Any] | None) -> dict[str, Any]:
+    """``answer`` with the serve's ``model`` entry added, where it declares one."""
+    return answer if model is None else {**answer, "model": model}
 
 
 @_command("Can SERVE run now, and what would it cost?")
@@ -593,6 +665,7 @@ def fit(
     answered). Without --router-url (VRAMCTL_ROUTER_URL, as `run` is given) a start that
     drains a router tier is said to be refused, as `up` would be.
     """
+    from controller.service.model_estimates import serve_models
     from statemachine.admission import no_router_reason
     from statemachine.fit import fit_serve
 
@@ -606,13 +679,19 @@ def fit(
     result = fit_serve(desired, seen, serve, now=_now(snap))
     needs = () if router_url or not result.known else _fit_router_needs(desired, seen, result)
     note = no_router_reason(f"up {serve}", needs) if needs else None
+    model = serve_models(mset).get(serve)
     if json_out:
         extra = {"needs_router": [n.to_json() for n in needs], "note": note} if note else {}
-        _print_json({**result.to_json(), **extra})
+        _print_json(_with_model({**result.to_json(), **extra}, model))
     else:
         render.fit(result)
         if note:
             render.out.print(f"  note: {note}", markup=False)
+        if model:
+            from controller.interfaces.model_report import fit_lines
+
+            for line in fit_lines(model):
+                render.out.print(line)
     _exit_if_unobserved(snap, observed)
     raise typer.Exit(0 if result.fits else 1)
 
@@ -1461,11 +1540,14 @@ def render_cmd(
     observed: ObservedOpt = None,
     json_out: JsonOpt = False,
 ) -> None:
-    """Print the engine flag that enforces SERVE's reservation (docs/limits.md).
+    """Print the engine flag that enforces SERVE's reservation (docs/limits.md), and with
+    [serve.model] its engine's limit flags (docs/sizing.md); the arithmetic on stderr.
 
-    Exit 0 with the flag, 1 when there is none (no reservation, an engine without a
-    memory-fraction flag, no device total) or on errors.
+    Exit 0 with the flags, 1 when there is none (no reservation, an engine without a
+    memory-fraction or limit flag, no device total), when the model cannot load in the
+    reservation, or on errors.
     """
+    from controller.interfaces.serve_models import serve_models
     from controller.tools.compose_lint import ComposeError, render_serve
     from statemachine.engine_flags import SOURCE_NVML
 
@@ -1487,29 +1569,47 @@ def render_cmd(
             measured_source=source,
             engine=engine,
             compose_paths=compose,
+            models=serve_models(mset, [serve]),
         )
     except ComposeError as exc:
         for problem in exc.problems:
             render.error(problem)
         raise typer.Exit(1) from None
-    result = answer.result
+    # the engine's fraction flag, where it has one, is needed as before
+    unfit = answer.result.flag is not None and answer.result.text is None
+    rendered = bool(answer.argv) and not answer.refused and not unfit
     if json_out:
         _print_json(answer.to_json())
-    elif result.text is None:
-        render.error(f"{serve}: {result.problem}")
+    elif not rendered:
+        problems = [str(answer.result.problem)] if unfit or not answer.argv else []
+        problems += [f"{x.flag.name}: {x.explanation}" for x in answer.refused]
+        for problem in problems:
+            render.error(f"{serve}: {problem}")
     else:
-        needs = answer.sleep
-        flags = " ".join(needs.flags) if needs is not None else ""
-        render.out.print(" ".join(w for w in (result.text, flags) if w), markup=False)
+        _render_flags(answer)
+    raise typer.Exit(0 if rendered else 1)
+
+
+def _render_flags(answer: RenderedServe) -> None:
+    """``render``'s answer: the flags on stdout, their arithmetic on stderr (a limit
+    whose value is unknown is said so, never 0)."""
+    result, needs = answer.result, answer.sleep
+    flags = " ".join(needs.flags) if needs is not None else ""
+    render.out.print(" ".join(w for w in (*answer.argv, flags) if w), markup=False)
+    if result.text is not None:
         render.err.print(result.explanation, markup=False)
-        if needs is not None:
-            env = " ".join(f"{k}={v}" for k, v in sorted(needs.env.items()))
-            render.err.print(
-                f"[serve.sleep]: the engine's sleep API needs {needs.text}"
-                + (f" (set {env} in its environment)" if env else ""),
-                markup=False,
-            )
-    raise typer.Exit(0 if result.text is not None else 1)
+    for limit in answer.limits:
+        value = "unknown" if limit.value is None else str(limit.value)
+        render.err.print(f"{limit.flag.name} {value}: {limit.explanation}", markup=False)
+    if answer.elastic is not None:
+        render.err.print(f"elastic: {answer.elastic.explanation}", markup=False)
+    if needs is not None:
+        env = " ".join(f"{k}={v}" for k, v in sorted(needs.env.items()))
+        render.err.print(
+            f"[serve.sleep]: the engine's sleep API needs {needs.text}"
+            + (f" (set {env} in its environment)" if env else ""),
+            markup=False,
+        )
 
 
 @_command("Check the compose files' engine memory flags.")
@@ -1544,6 +1644,7 @@ def lint(
     import os
     from decimal import Decimal
 
+    from controller.interfaces.serve_models import serve_models
     from controller.tools.compose_lint import ComposeError, lint_compose, report_lines
 
     mset = _load(manifest)
@@ -1556,6 +1657,7 @@ def lint(
             measured=_measured_totals(observed, mset),
             tolerance=Decimal(str(tolerance)),
             environ=dict(os.environ) if use_env else None,
+            models=serve_models(mset),
         )
     except ComposeError as exc:
         for problem in exc.problems:
@@ -1567,6 +1669,90 @@ def lint(
         for line in report_lines(report):
             render.out.print(line, markup=False)
     raise typer.Exit(0 if report.ok else 1)
+
+
+PathArg = Annotated[
+    Path,
+    typer.Argument(
+        metavar="PATH",
+        help="A .gguf file (the first of a split model), a .safetensors file, a folder of "
+        "safetensors shards with its config.json, or a model.safetensors.index.json.",
+    ),
+]
+
+
+@_command("What a model needs, term by term, read from its files.")
+def estimate(
+    path: PathArg,
+    context: Annotated[
+        int | None,
+        typer.Option(
+            "--context",
+            min=1,
+            metavar="N",
+            help="Tokens each sequence may hold (default: the model's own context length).",
+        ),
+    ] = None,
+    kv_dtype: Annotated[
+        str,
+        typer.Option(
+            "--kv-dtype",
+            metavar="TYPE",
+            help="How the KV cache is stored: f16, bf16, f32, or ggml's q8_0 / q4_0 blocks.",
+        ),
+    ] = "f16",
+    parallel: Annotated[
+        int,
+        typer.Option("--parallel", min=1, metavar="N", help="Sequences cached at once."),
+    ] = 1,
+    engine: Annotated[
+        str | None,
+        typer.Option(
+            "--engine",
+            metavar="ENGINE",
+            help="The engine that will run it (vllm, sglang, llamacpp): the overheads its "
+            "registry entry documents are shown as assumptions.",
+        ),
+    ] = None,
+    json_out: JsonOpt = False,
+) -> None:
+    """What a model needs, term by term, read from its files without loading a tensor.
+
+    Weights are the tensors' sizes; the KV cache is 2 × layers × KV heads × head_dim ×
+    context × bytes per element × parallel; the CUDA context, activations, CUDA graphs
+    and the engine's overheads are unknown (measure them with `vramctl calibrate`).
+    Exit 0 with the estimate, 2 on bad input (a missing path, another format, a
+    truncated file, a config.json without a figure).
+    """
+    from controller.adapters.model_files import ModelFileError, read_model
+    from controller.interfaces.estimate_report import print_estimate
+    from statemachine import engines, sizing
+
+    if kv_dtype not in sizing.KV_DTYPES:
+        known = ", ".join(sizing.KV_DTYPES)
+        raise typer.BadParameter(f"{kv_dtype!r}: one of {known}", param_hint="'--kv-dtype'")
+    found = engines.lookup(engine)
+    if engine is not None and found is None:
+        known = ", ".join(engines.names())
+        raise typer.BadParameter(f"no engine {engine!r}; known: {known}", param_hint="'--engine'")
+    try:
+        files = read_model(path)
+    except ModelFileError as exc:
+        _fail(str(exc), 2)
+    result = sizing.estimate(
+        str(path),
+        files.format,
+        files.weights,
+        files.architecture,
+        context=context,
+        kv_dtype=kv_dtype,
+        parallel=parallel,
+        engine=found,
+    )
+    if json_out:
+        _print_json(result.to_json())
+        return
+    print_estimate(result, render.out)
 
 
 def main() -> None:

@@ -25,6 +25,7 @@ from controller.manifest.errors import (
     _show,
 )
 from statemachine.engines import sleeping_engines
+from statemachine.sizing import KV_DTYPES
 from statemachine.types import DesiredRun, Residency
 
 #: The ``operating_mode`` that makes a two-role serve exclusive on both roles.
@@ -204,6 +205,17 @@ def _sleep_protocol(value: object) -> object:
     if value is None:
         return None
     known = sleep_protocols()
+    if not isinstance(value, str) or value.strip().lower() not in known:
+        word = value.strip().lower() if isinstance(value, str) else ""
+        hint = _did_you_mean(word, known) if word else ""
+        raise _bad(f"must be one of {', '.join(known)}{hint}", value)
+    return value.strip().lower()
+
+
+def _kv_dtype(value: object) -> object:
+    if value is None:
+        return None
+    known = tuple(KV_DTYPES)
     if not isinstance(value, str) or value.strip().lower() not in known:
         word = value.strip().lower() if isinstance(value, str) else ""
         hint = _did_you_mean(word, known) if word else ""
@@ -473,6 +485,9 @@ OptUrl = Annotated[
 ]
 SleepLevel = Annotated[
     int, BeforeValidator(_sleep_level), WithJsonSchema({"type": "integer", "enum": [1, 2]})
+]
+KvDtypeName = Annotated[
+    str, BeforeValidator(_kv_dtype), WithJsonSchema({"type": "string", "enum": list(KV_DTYPES)})
 ]
 OptSleepProtocol = Annotated[
     str | None,

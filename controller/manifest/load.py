@@ -69,9 +69,12 @@ from controller.manifest.fields import (
     sleep_protocols,
 )
 from controller.manifest.models import (
+    MODEL_NAME,
+    MODEL_TABLE,
     ElasticModel,
     GpuRoleModel,
     HostModel,
+    ModelModel,
     ServeModel,
     SleepModel,
 )
@@ -119,6 +122,8 @@ class _FileResult:
 def _field_of(loc: tuple[int | str, ...]) -> str | None:
     out = ""
     for part in loc:
+        if part in (MODEL_TABLE, MODEL_NAME):
+            continue  # which form of ``model`` was read, not a field
         if isinstance(part, int):
             out += f"[{part}]"
         else:
@@ -198,7 +203,7 @@ def _validate_entry(
     informational = INFORMATIONAL_SERVE_KEYS if model is ServeModel else ()
     found = (errors, unknown)
     _sort_unknown(raw, model.model_fields, "", located, found, informational=informational)
-    for sub, sub_model in (("elastic", ElasticModel), ("sleep", SleepModel)):
+    for sub, sub_model in (("elastic", ElasticModel), ("sleep", SleepModel), ("model", ModelModel)):
         sub_raw = raw.get(sub)
         if isinstance(sub_raw, dict) and model is ServeModel:
             _sort_unknown(sub_raw, sub_model.model_fields, f"{sub}.", located, found)

@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
+from typing import Annotated
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-)
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag
 
 from controller.manifest.fields import (
     DEFAULT_DRAIN_TIMEOUT_S,
@@ -26,6 +23,7 @@ from controller.manifest.fields import (
     ContainerName,
     DrainTimeout,
     Integer,
+    KvDtypeName,
     NonNegativeMiB,
     OptComposeProject,
     OptDesired,
@@ -55,9 +53,10 @@ from controller.manifest.fields import (
     Url,
     sleep_protocols,
 )
-from controller.manifest.runtime import ServeRuntime
+from controller.manifest.runtime import ModelRef, ServeRuntime
 from statemachine import engines
 from statemachine.engines import Engine
+from statemachine.sizing import KV_DTYPES
 from statemachine.types import (
     Elastic,
     GpuRole,
@@ -124,6 +123,55 @@ class ElasticModel(BaseModel):
             token_env=self.token_env,
             segment_mib=self.segment_mib,
         )
+
+
+class ModelModel(BaseModel):
+    """``[serve.model]``: the model's files, from which ``vramctl estimate`` reads what it
+    needs (docs/sizing.md): the weights and, at ``context`` tokens, the KV cache."""
+
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+    name: OptText = Field(
+        default=None, description='The served model\'s name (informational, as `model = "…"`).'
+    )
+    path: Text = Field(
+        description="The model: a .gguf file, a .safetensors file, a folder of safetensors "
+        "shards with its config.json, or a model.safetensors.index.json; relative to the "
+        "manifest's folder."
+    )
+    context: OptPositiveInt = Field(
+        default=None,
+        description="Tokens of context the KV cache holds per sequence (default: the "
+        "model's own context length).",
+    )
+    kv_dtype: KvDtypeName = Field(
+        default="f16", description="How the engine stores its KV cache: " + ", ".join(KV_DTYPES)
+    )
+    parallel: OptPositiveInt = Field(
+        default=1, description="Sequences the engine serves at once, each with its own cache."
+    )
+
+    def to_ref(self, manifest_dir: Path) -> ModelRef:
+        """The shell's :class:`ModelRef`, its path resolved against ``manifest_dir``."""
+        return ModelRef(
+            path=(manifest_dir / self.path).resolve(),
+            context=self.context,
+            kv_dtype=self.kv_dtype,
+            parallel=self.parallel or 1,
+        )
+
+
+def _model_kind(value: object) -> str:
+    """Which form ``model`` takes: a table (``[serve.model]``) or a name."""
+    return MODEL_TABLE if isinstance(value, dict | ModelModel) else MODEL_NAME
+
+
+#: the tags of ``model``'s two forms (a located error leaves them out of the field's name)
+MODEL_TABLE, MODEL_NAME = "model-table", "model-name"
+ModelField = Annotated[
+    Annotated[ModelModel, Tag(MODEL_TABLE)] | Annotated[OptText, Tag(MODEL_NAME)],
+    Discriminator(_model_kind),
+]
 
 
 class SleepModel(BaseModel):
@@ -231,7 +279,11 @@ class ServeModel(BaseModel):
     port: OptPort = Field(
         default=None, description="Host port; serves sharing one cannot both run."
     )
-    model: OptText = None
+    model: ModelField = Field(
+        default=None,
+        description="The served model: its name (a string, informational), or a "
+        "[serve.model] table naming its files, from which vramctl estimates what it needs.",
+    )
     served_name: OptText = None
     engine: OptText = None
     health: OptHealth = Field(default=None, description="HTTP health path on 127.0.0.1:{port}.")
@@ -344,6 +396,9 @@ class ServeModel(BaseModel):
             up_argv=None if argv is None else tuple(argv),
             manifest_dir=Path(manifest_dir).resolve(),
             up_env=self.up_env,
+            model=self.model.to_ref(Path(manifest_dir).resolve())
+            if isinstance(self.model, ModelModel)
+            else None,
         )
 
     def metrics_source(self) -> str | None:

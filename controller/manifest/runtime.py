@@ -28,6 +28,18 @@ from controller.manifest.fields import (
 
 
 @dataclass(frozen=True, slots=True)
+class ModelRef:
+    """A serve's ``[serve.model]``: its files (``path``, absolute) and the cache it is
+    estimated with: ``context`` tokens per sequence (``None``: the model's own),
+    ``kv_dtype`` and ``parallel`` sequences (docs/sizing.md)."""
+
+    path: Path
+    context: int | None = None
+    kv_dtype: str = "f16"
+    parallel: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class ServeRuntime:
     """How the executor carries out one serve's steps (immutable)."""
 
@@ -46,6 +58,8 @@ class ServeRuntime:
     manifest_dir: Path = Path(".")
     #: extra environment variables of ``up``; ``None``: none declared
     up_env: Mapping[str, str] | None = None
+    #: the model's files and cache settings (``[serve.model]``); ``None``: not declared
+    model: ModelRef | None = None
 
     def __post_init__(self) -> None:
         if self.up_env is not None and not isinstance(self.up_env, MappingProxyType):
@@ -57,4 +71,4 @@ class ServeRuntime:
         return cls(name=name)
 
 
-__all__ = ["ServeRuntime"]
+__all__ = ["ModelRef", "ServeRuntime"]

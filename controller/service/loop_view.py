@@ -3,7 +3,8 @@
 :class:`CycleSummary` is what the last cycle saw and did; :func:`loop_view` makes the
 :class:`controller.service.view.LoopView` the interfaces read from it, the newest
 observation (which may be newer than the last cycle's), the manifest in force, the
-backoff and the footprints. Every input is given explicitly; the view is a copy.
+backoff, the footprints and the models' estimates (read again only when
+their files change). Every input is given explicitly; the view is a copy.
 
 This module must not change the loop's state, decide or touch the host.
 """
@@ -19,6 +20,7 @@ from controller.manifest import LocatedError, ManifestSet
 from controller.service.executor import ExecutionReport
 from controller.service.footprints import FootprintRecorder
 from controller.service.live import LiveLedger
+from controller.service.model_estimates import serve_models
 from controller.service.records import RecordStore
 from controller.service.view import BackoffView, LoopView
 from controller.snapshot import SnapshotModel
@@ -65,6 +67,8 @@ def loop_view(src: ViewSources) -> LoopView:
     snapshot, observed_at, mark = last.snapshot, last.at, -1
     if src.seen is not None and (last.snapshot is None or src.seen[1] >= last.at):
         snapshot, observed_at, mark = src.seen
+    footprints = footprint_summary(src.footprints, src.mset)
+    measured = {n: f["measured_mib"] for n, f in footprints.items()}
     return LoopView(
         at=last.at,
         duration_s=last.duration_s,
@@ -86,7 +90,8 @@ def loop_view(src: ViewSources) -> LoopView:
         no_shrink=frozenset(src.no_shrink),
         dry_run=src.dry_run,
         router=src.router,
-        footprints=MappingProxyType(footprint_summary(src.footprints, src.mset)),
+        footprints=MappingProxyType(footprints),
+        models=MappingProxyType(serve_models(src.mset, measured)),
         observed_at=observed_at if snapshot is not None else None,
         live=src.live.overlay(mark),
         records=src.records.snapshot(),

@@ -73,6 +73,9 @@ class LoopView:
     router: bool
     #: serve -> declared vs measured (``statemachine.footprint.Footprint.to_json()``)
     footprints: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: serve -> its ``[serve.model]`` estimate beside the reservation and the footprint
+    #: (``controller.service.model_estimates.serve_models``)
+    models: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     #: when ``snapshot`` was observed (epoch s; ``None`` before the first observation)
     observed_at: float | None = None
     #: what the executor did and holds since that observation, and its steps in flight

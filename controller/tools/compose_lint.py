@@ -26,6 +26,14 @@ serve with a reservation that no service runs (started some other way), a servic
 that sets a fraction for no serve, a serve with no reservation or an engine without
 a flag, a value taken from a ``${VARIABLE}``, a flag given twice (the last wins).
 
+For a serve with ``[serve.model]`` the engine's limit flags are checked too
+(:mod:`statemachine.enforce`: vLLM ``--max-model-len``, SGLang ``--context-length``,
+llama.cpp ``--n-gpu-layers`` and ``--ctx-size``), from the model's figures the caller
+read (``models``: this module reads no model file); onnx-genai's ``--vram-limit`` needs
+only the reservation. A missing or too-large value is an error with every term, as is a
+model that cannot load in its reservation; a serve with ``elastic`` whose command is
+not elastic, or whose segment is not ``elastic.segment_mib``, is an error too.
+
 Variables (``${VAR:-default}``, ``${VAR}``, ``$VAR``, ``$$``) are resolved from
 ``environ`` only, empty by default: the file is linted as it runs with nothing set,
 so a result does not depend on the shell it was run from. Pass ``os.environ`` to
@@ -50,6 +58,16 @@ import yaml
 
 from controller.manifest import ManifestSet, ServeModel
 from statemachine import engines
+from statemachine.enforce import (
+    ElasticRender,
+    Limit,
+    Model,
+    check_elastic,
+    check_limit,
+    found_value,
+    render_elastic,
+    render_limits,
+)
 from statemachine.engine_flags import (
     DEFAULT_PLACES,
     DEFAULT_TOLERANCE,
@@ -364,15 +382,50 @@ class RenderedServe:
     service: str | None = None
     #: what the engine needs for its sleep API, for a serve with ``[serve.sleep]``
     sleep: SleepNeeds | None = None
+    #: the engine's limit flags (a serve without ``[serve.model]`` has only onnx-genai's)
+    limits: tuple[Limit, ...] = ()
+    #: what the engine needs for ``elastic``, for a serve that declares it
+    elastic: ElasticRender | None = None
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """Every flag rendered: the fraction's, the limits', the elastic ones."""
+        elastic = () if self.elastic is None else self.elastic.argv
+        limits = tuple(w for limit in self.limits for w in limit.argv)
+        return (*self.result.argv, *limits, *elastic)
+
+    @property
+    def refused(self) -> tuple[Limit, ...]:
+        """The limits that say the model cannot load in its reservation."""
+        return tuple(limit for limit in self.limits if limit.refused)
 
     def to_json(self) -> dict[str, Any]:
-        """The render JSON plus ``engine_source``, ``service`` and ``sleep``."""
+        """The render JSON plus ``engine_source``, ``service`` and ``sleep``; ``limits``
+        and ``elastic`` where there are some."""
+        extra: dict[str, Any] = {}
+        if self.limits:
+            extra["limits"] = [limit.to_json() for limit in self.limits]
+        if self.elastic is not None:
+            extra["elastic"] = self.elastic.to_json()
         return {
             **self.result.to_json(),
             "engine_source": self.engine_source,
             "service": self.service,
             "sleep": None if self.sleep is None else self.sleep.to_json(),
+            **extra,
         }
+
+
+def _elastic_for(serve: ServeModel, engine: str | None) -> ElasticRender | None:
+    """What an elastic serve's engine needs: its own entry's configuration where it has
+    one, else that of the registered engine with an elastic endpoint."""
+    if serve.elastic is None:
+        return None
+    found = engines.lookup(engine)
+    config = found.elastic if found is not None else None
+    if config is None:
+        config = next((e.elastic for e in engines.engines(lambda e: e.elastic is not None)), None)
+    return None if config is None else render_elastic(config, serve.elastic.segment_mib)
 
 
 def _totals_for(
@@ -415,13 +468,15 @@ def render_serve(
     compose_paths: Sequence[str | Path] = (),
     environ: Mapping[str, str] | None = None,
     places: int = DEFAULT_PLACES,
+    models: Mapping[str, Model] | None = None,
 ) -> RenderedServe:
     """The engine flag for serve ``name`` (KeyError when the set has no such serve).
 
     The engine is ``engine`` when given, else the one its compose service runs (with
     ``compose_paths``), else its label. ``measured`` gives device totals by role id (NVML,
     or a figure from the command line, named by ``measured_source``); other roles use
-    their declared capacity.
+    their declared capacity. ``models`` are the figures of the serves' ``[serve.model]``
+    (or why they are unknown), by serve name.
     """
     serve = mset.serves[name]
     service = None
@@ -447,7 +502,14 @@ def render_serve(
         )
     protocol = serve.sleep.resolved_protocol(serve.engine) if serve.sleep else None
     return RenderedServe(
-        result, source, None if service is None else service.name, sleep_needs(protocol)
+        result,
+        source,
+        None if service is None else service.name,
+        sleep_needs(protocol),
+        render_limits(
+            engines.lookup(key), serve.vram_mib, (models or {}).get(name), len(serve.roles)
+        ),
+        _elastic_for(serve, key),
     )
 
 
@@ -468,9 +530,14 @@ class CheckedServe:
     expected: str | None
     explanation: str
     ok: bool
+    #: each limit flag checked and the value found (``None``: not set)
+    limits: tuple[tuple[Limit, str | None], ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        """Plain JSON."""
+        """Plain JSON (``limits`` where some were checked)."""
+        extra: dict[str, Any] = {}
+        if self.limits:
+            extra["limits"] = [{**limit.to_json(), "found": found} for limit, found in self.limits]
         return {
             "serve": self.serve,
             "service": self.service,
@@ -482,6 +549,7 @@ class CheckedServe:
             "expected": self.expected,
             "explanation": self.explanation,
             "ok": self.ok,
+            **extra,
         }
 
 
@@ -543,11 +611,30 @@ def _up_hint(serve: ServeModel) -> str:
     return f"its up command does not use docker compose ({program} …)"
 
 
+def _check_limits(
+    serve: ServeModel, service: ComposeService, engine: str | None, model: Model | None
+) -> tuple[tuple[tuple[Limit, str | None], ...], list[Finding]]:
+    """The engine's limit flags and the elastic configuration against the command."""
+    limits = render_limits(engines.lookup(engine), serve.vram_mib, model, len(serve.roles))
+    env = service.environment
+    pairs = tuple((limit, found_value(service.argv, limit.flag, env)) for limit in limits)
+    findings = [
+        found
+        for limit, value in pairs
+        if (found := check_limit(limit, value, serve=serve.name, service=service.name))
+    ]
+    elastic = _elastic_for(serve, engine)
+    if elastic is not None:
+        findings += check_elastic(elastic, service.argv, serve=serve.name, service=service.name)
+    return pairs, findings
+
+
 def _check_pair(
     serve: ServeModel,
     service: ComposeService,
     totals: Mapping[str, DeviceTotal],
     tolerance: Decimal,
+    model: Model | None = None,
 ) -> tuple[CheckedServe, list[Finding]]:
     engine, source = resolve_engine(serve, service)
     label = normalize_engine(serve.engine)
@@ -590,12 +677,15 @@ def _check_pair(
                 {"flag": flag, "found": found},
             )
         )
+    limits, limit_findings = _check_limits(serve, service, engine, model)
     main = check_fraction(render, found, tolerance=tolerance, service=service.name)
-    if main is not None:
+    # an engine held by its limit flags is not "kept by the ledger only"
+    if main is not None and not (limits and main.kind is FindingKind.NO_ENGINE_FLAG):
         findings.append(main)
     protocol = serve.sleep.resolved_protocol(serve.engine) if serve.sleep else None
     if protocol is not None:
         findings.extend(_check_sleep(serve.name, protocol, service, engine))
+    findings.extend(limit_findings)
     checked = CheckedServe(
         serve=serve.name,
         service=service.name,
@@ -607,6 +697,7 @@ def _check_pair(
         expected=render.value,
         explanation=render.explanation,
         ok=not any(f.is_error for f in findings),
+        limits=limits,
     )
     return checked, findings
 
@@ -651,11 +742,13 @@ def lint_compose(
     measured_source: str = SOURCE_NVML,
     tolerance: Decimal | float | str = DEFAULT_TOLERANCE,
     environ: Mapping[str, str] | None = None,
+    models: Mapping[str, Model] | None = None,
 ) -> LintReport:
     """Check every serve the compose files run against its reservation.
 
     ``measured`` gives device totals by role id (NVML); other roles use their declared
-    capacity. ``tolerance`` is a fraction of the device total (default 0.001). Raises
+    capacity. ``tolerance`` is a fraction of the device total (default 0.001).
+    ``models``: the figures of the serves' ``[serve.model]`` by serve name. Raises
     :class:`ComposeError` when a compose file cannot be read.
     """
     tol = Decimal(str(tolerance))
@@ -696,7 +789,9 @@ def lint_compose(
                 )
             continue
         matched.add(owner.name)
-        pair, pair_findings = _check_pair(owner, service, totals, tol)
+        pair, pair_findings = _check_pair(
+            owner, service, totals, tol, (models or {}).get(owner.name)
+        )
         checked.append(pair)
         findings.extend(pair_findings)
 
@@ -742,10 +837,14 @@ def report_lines(report: LintReport) -> list[str]:
         )
         if check.flag is None:
             lines.append(f"{head}: no memory-fraction flag to check")
-            continue
-        found = "not set" if check.found is None else check.found
-        want = check.expected or "n/a"
-        lines.append(f"{head}: {check.flag} {found}; the reservation renders {want}")
+        else:
+            found = "not set" if check.found is None else check.found
+            want = check.expected or "n/a"
+            lines.append(f"{head}: {check.flag} {found}; the reservation renders {want}")
+        for limit, value in check.limits:
+            shown = "not set" if value is None else value
+            want = "unknown" if limit.value is None else str(limit.value)
+            lines.append(f"      {limit.flag.name} {shown}; the reservation renders {want}")
     for finding in report.findings:
         who = [f"serve {finding.serve}"] if finding.serve is not None else []
         if finding.service is not None:

@@ -18,12 +18,16 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 
-from statemachine.engines import llamacpp, sglang, vllm
+from statemachine.engines import llamacpp, onnxgenai, sglang, strata, vllm
 from statemachine.engines.spec import (
     Detection,
+    DocumentedFigure,
+    ElasticConfig,
     Engine,
     FlagUnit,
     HttpCall,
+    LimitFlag,
+    LimitKind,
     MemoryFlag,
     SleepApi,
 )
@@ -31,9 +35,13 @@ from statemachine.engines.spec import (
 __all__ = [
     "BUILT_IN",
     "Detection",
+    "DocumentedFigure",
+    "ElasticConfig",
     "Engine",
     "FlagUnit",
     "HttpCall",
+    "LimitFlag",
+    "LimitKind",
     "MemoryFlag",
     "SleepApi",
     "canonical",
@@ -50,7 +58,13 @@ __all__ = [
 ]
 
 #: The engines vramctl ships with, in detection order.
-BUILT_IN: tuple[Engine, ...] = (vllm.ENGINE, sglang.ENGINE, llamacpp.ENGINE)
+BUILT_IN: tuple[Engine, ...] = (
+    vllm.ENGINE,
+    sglang.ENGINE,
+    llamacpp.ENGINE,
+    onnxgenai.ENGINE,
+    strata.ENGINE,
+)
 
 _ENGINES: dict[str, Engine] = {}
 _LABELS: dict[str, str] = {}

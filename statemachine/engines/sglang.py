@@ -1,15 +1,25 @@
 """SGLang (docs/protocols.md): ``sglang serve`` / ``python -m sglang.launch_server``;
-``--mem-fraction-static``; the memory-saver API of ``--enable-memory-saver``, which
-cannot say whether the engine sleeps. Pure data."""
+``--mem-fraction-static`` and, with ``[serve.model]``, ``--context-length``; the
+memory-saver API of ``--enable-memory-saver``, which cannot say whether the engine
+sleeps. Pure data."""
 
 from __future__ import annotations
 
-from statemachine.engines.spec import Detection, Engine, HttpCall, MemoryFlag, SleepApi
+from statemachine.engines.spec import (
+    Detection,
+    Engine,
+    HttpCall,
+    LimitFlag,
+    LimitKind,
+    MemoryFlag,
+    SleepApi,
+)
 
 #: what a release and a resume act on: everything the engine holds on the device
 TAGS = ("kv_cache", "weights")
 
 FLAG = "--mem-fraction-static"
+CONTEXT_FLAG = "--context-length"
 SLEEP_FLAG = "--enable-memory-saver"
 
 ENGINE = Engine(
@@ -28,4 +38,5 @@ ENGINE = Engine(
         flags=(SLEEP_FLAG,),
     ),
     inflight_metrics=("sglang:num_running_reqs", "sglang:num_queue_reqs"),
+    limit_flags=(LimitFlag(CONTEXT_FLAG, LimitKind.MAX_CONTEXT),),
 )

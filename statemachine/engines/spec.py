@@ -6,7 +6,10 @@ when it loads (its starts are then serialised per GPU), the flag that holds it t
 reservation (rendered and linted by :mod:`statemachine.engine_flags`), its sleep API
 (the paths :mod:`controller.adapters.sleep` calls, and what its command needs for them)
 and the Prometheus metrics whose sum is its count of requests in flight
-(:mod:`controller.adapters.engine_metrics`).
+(:mod:`controller.adapters.engine_metrics`). Its :class:`LimitFlag` entries are the
+flags that bound what it loads (a context, GPU layers, a byte limit), computed from the
+reservation and the model's files by :mod:`statemachine.enforce`; an
+:class:`ElasticConfig` is the configuration its ``POST /v1/vram`` needs.
 
 This module must not do I/O nor import anything from ``controller``: every value is
 data, read by the code that acts on it.
@@ -19,7 +22,18 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-__all__ = ["Detection", "Engine", "FlagUnit", "HttpCall", "MemoryFlag", "SleepApi"]
+__all__ = [
+    "Detection",
+    "DocumentedFigure",
+    "ElasticConfig",
+    "Engine",
+    "FlagUnit",
+    "HttpCall",
+    "LimitFlag",
+    "LimitKind",
+    "MemoryFlag",
+    "SleepApi",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +71,48 @@ class MemoryFlag:
     name: str
     unit: FlagUnit = FlagUnit.FRACTION
     default: str | None = None
+
+
+class LimitKind(StrEnum):
+    """What a limit flag's value is computed from (:mod:`statemachine.enforce`).
+
+    ``max-context``: the largest context whose KV cache fits what the reservation leaves
+    after the weights; ``gpu-layers``: the layers whose tensors and KV cache fit (the
+    rest run on the CPU); ``context-size``: the serve's context (× its parallel
+    sequences: the engine shares one cache among them); ``vram-bytes``: the reservation
+    in bytes, a limit the engine keeps at load.
+    """
+
+    MAX_CONTEXT = "max-context"
+    GPU_LAYERS = "gpu-layers"
+    CONTEXT_SIZE = "context-size"
+    VRAM_BYTES = "vram-bytes"
+
+
+@dataclass(frozen=True, slots=True)
+class LimitFlag:
+    """A command-line flag whose value bounds what the engine loads; ``aliases`` are its
+    other spellings on the command line (``-ngl``), ``env`` the environment variable the
+    engine reads when the flag is not given; both read by the lint, never rendered."""
+
+    name: str
+    kind: LimitKind
+    aliases: tuple[str, ...] = ()
+    env: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticConfig:
+    """What an engine with ``POST /v1/vram`` needs to be elastic: ``flag`` on (its
+    configuration key ``key``), and the segment size ``segment_flag`` (configuration key
+    ``segment_key``, ``default_segment_mib`` when unset) equal to the manifest's
+    ``elastic.segment_mib``."""
+
+    flag: str
+    key: str
+    segment_flag: str
+    segment_key: str
+    default_segment_mib: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,6 +159,18 @@ class SleepApi:
 
 
 @dataclass(frozen=True, slots=True)
+class DocumentedFigure:
+    """A memory term no model file holds (``cuda_context``, ``activations``,
+    ``cuda_graphs``, ``engine_overhead``: :data:`statemachine.sizing.OVERHEAD_TERMS`),
+    as the engine documents it: ``bytes`` and the ``source`` that says so.
+    ``vramctl estimate`` shows it as an assumption naming its source (docs/sizing.md)."""
+
+    term: str
+    bytes: int
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
 class Engine:
     """One engine protocol: its name (the manifest's ``engine`` and ``sleep.protocol``
     value), how it is shown and recognised, and what vramctl does with it."""
@@ -117,3 +185,9 @@ class Engine:
     sleep: SleepApi | None = None
     #: the metrics whose sum is its count of requests in flight (empty: none known)
     inflight_metrics: tuple[str, ...] = ()
+    #: overheads the engine documents (none of the built-in entries does: unknown)
+    documented_overheads: tuple[DocumentedFigure, ...] = ()
+    #: the flags that bound what it loads, rendered and linted beside ``memory_flag``
+    limit_flags: tuple[LimitFlag, ...] = ()
+    #: the configuration its elastic VRAM endpoint needs (``None``: it has none)
+    elastic: ElasticConfig | None = None

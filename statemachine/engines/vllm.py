@@ -1,12 +1,22 @@
-"""vLLM (docs/protocols.md): ``vllm serve``; ``--gpu-memory-utilization``; the sleep API
+"""vLLM (docs/protocols.md): ``vllm serve``; ``--gpu-memory-utilization`` and, for a serve
+with ``[serve.model]``, ``--max-model-len``; the sleep API
 of ``--enable-sleep-mode`` with ``VLLM_SERVER_DEV_MODE=1`` (development endpoints:
 without the variable they answer 404). Pure data."""
 
 from __future__ import annotations
 
-from statemachine.engines.spec import Detection, Engine, HttpCall, MemoryFlag, SleepApi
+from statemachine.engines.spec import (
+    Detection,
+    Engine,
+    HttpCall,
+    LimitFlag,
+    LimitKind,
+    MemoryFlag,
+    SleepApi,
+)
 
 FLAG = "--gpu-memory-utilization"
+CONTEXT_FLAG = "--max-model-len"
 SLEEP_FLAG = "--enable-sleep-mode"
 SLEEP_ENV = "VLLM_SERVER_DEV_MODE"
 
@@ -37,4 +47,5 @@ ENGINE = Engine(
         env={SLEEP_ENV: "1"},
     ),
     inflight_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting"),
+    limit_flags=(LimitFlag(CONTEXT_FLAG, LimitKind.MAX_CONTEXT),),
 )

@@ -166,6 +166,8 @@ def serve_row(
         else request_json(req, now, view.desired.serves.get(name), seen),
         # declared vs measured (docs/limits.md): null before any sample
         "footprint": view.footprints.get(name),
+        # [serve.model]: weights + KV beside the reservation and the footprint (docs/sizing.md)
+        "model": view.models.get(name),
         "queued": None if entry is None else entry.to_json(ctx.queue.positions(entry)),
         "blocked": blocked.get(name) if full else public_blocked(name, blocked.get(name)),
         "backoff": None

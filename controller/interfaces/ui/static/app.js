@@ -210,6 +210,18 @@ function desiredCell(s) {
   return s.desired || "unmanaged";
 }
 
+// [serve.model]: the estimate beside the reservation and the measured footprint
+// (controller/service/model_estimates.py); what is unknown is said, never 0
+function modelCell(m) {
+  if (!m) return "-";
+  if (m.error) return `estimate unknown: ${m.error}`;
+  const e = m.estimate;
+  let text = `weights ${mib(e.weights_mib)} + KV ${mib(e.kv_cache_mib)} = ${mib(e.known_mib)}` +
+    `, the rest unknown; reserved ${mib(m.vram_mib)}, measured ${mib(m.measured_mib)}`;
+  if (m.check && m.check.verdict === "cannot_load") text += ` (cannot load: short by ${m.check.shortfall_mib})`;
+  return text;
+}
+
 function drawServes(serves) {
   const rows = serves.serves.map((s) => el("tr", { "data-serve-row": s.serve,
     class: `life-row-${s.lifecycle}` },
@@ -222,6 +234,7 @@ function drawServes(serves) {
     el("td", { "data-field": "lifecycle" }, el("span", { class: `pill life-${s.lifecycle}` }, s.lifecycle)),
     el("td", { class: "num", "data-field": "reserved" }, reservedCell(s)),
     el("td", { class: "num", "data-field": "nvml_used_mib" }, s.committed ? mib(s.nvml_used_mib) : "-"),
+    el("td", { "data-field": "model" }, modelCell(s.model)),
     el("td", { "data-field": "request" }, requestCell(s.request)),
     el("td", { "data-field": "backoff" }, backoffCell(s.backoff)),
     el("td", { "data-field": "blocked" }, s.blocked || "-")));

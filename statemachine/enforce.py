@@ -1,0 +1,488 @@
+"""The limit flags that hold an engine to its reservation, from the model's files
+(docs/design.md §3, docs/sizing.md): every value with the terms it is made of.
+
+Each engine's :class:`~statemachine.engines.spec.LimitFlag` entries name a
+:class:`~statemachine.engines.spec.LimitKind`; :data:`_RENDER` computes each kind:
+
+* ``max-context`` (vLLM ``--max-model-len``, SGLang ``--context-length``): the largest
+  context whose KV cache, at the serve's ``kv_dtype`` and ``parallel`` sequences, fits
+  the reservation less the weights; capped at the model's own context length; refused
+  when the weights alone exceed the reservation.
+* ``gpu-layers`` (llama.cpp ``--n-gpu-layers``): every layer and the output layer (the
+  layer count + 1, as llama.cpp counts them) when weights + KV fit; else the largest N
+  whose last N layers (llama.cpp offloads the last ones) and their KV fit beside the
+  tensors of no layer, counted on the GPU (an upper bound: llama.cpp keeps the token
+  embeddings on the CPU); refused when not even those fit.
+* ``context-size`` (llama.cpp ``--ctx-size``): the serve's context (default the model's)
+  × its parallel sequences, which llama-server shares among its slots.
+* ``vram-bytes`` (onnx-genai ``--vram-limit``): ``vram_mib`` × 1048576.
+
+A serve on several GPU roles reserves ``vram_mib`` on each: its engine splits weights and
+KV heads among them (tensor parallel), so the context and layer limits count the
+reservation on all of them; ``--vram-limit`` is one device's.
+
+A kind that needs the model is not rendered for a serve without ``[serve.model]``: such
+a serve keeps only its memory-fraction flag, as before. What no file holds (the CUDA
+context, activations, CUDA graphs) is not subtracted, and each explanation says so.
+The elastic engine's configuration (:func:`render_elastic`, :func:`check_elastic`) is
+the manifest's ``elastic.segment_mib`` on its command line.
+
+Pure: no I/O, nothing from ``controller``; integers and exact fractions only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from decimal import Decimal, InvalidOperation
+from typing import Any
+
+from statemachine.engine_flags import Finding, FindingKind, flag_values
+from statemachine.engines.spec import ElasticConfig, Engine, LimitFlag, LimitKind
+from statemachine.sizing import MIB, Architecture, KvTerm, Weights, kv_cache
+
+__all__ = [
+    "ElasticRender",
+    "Limit",
+    "Model",
+    "ModelInput",
+    "Reserved",
+    "check_elastic",
+    "check_limit",
+    "found_value",
+    "largest_context",
+    "render_elastic",
+    "render_limits",
+]
+
+#: what the explanations add about the terms no file holds
+NOT_SUBTRACTED = (
+    "the CUDA context, activations and CUDA graphs are unknown (no file holds them) and "
+    "not subtracted: the engine itself refuses to start when they do not fit"
+)
+
+#: the longest context searched where the files give none to cap it
+_SEARCH_CAP = 1 << 40
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInput:
+    """What the limits are computed from: the model's figures (its files') and the
+    serve's cache settings (``[serve.model]``: ``context`` ``None`` is the model's own)."""
+
+    weights: Weights
+    arch: Architecture
+    context: int | None = None
+    kv_dtype: str = "f16"
+    parallel: int = 1
+
+    def kv(self, context: int, parallel: int | None = None) -> KvTerm:
+        """The KV cache at ``context`` tokens per sequence."""
+        seqs = self.parallel if parallel is None else parallel
+        return kv_cache(self.arch, context=context, kv_dtype=self.kv_dtype, parallel=seqs)
+
+
+#: a model's figures, or why they are unknown (its files could not be read)
+Model = ModelInput | str
+
+
+@dataclass(frozen=True, slots=True)
+class Limit:
+    """One limit flag's value and its terms; ``value`` ``None``: ``problem`` says why,
+    ``refused`` when the model is known not to fit (else the value is unknown).
+    ``all_at``: a value from which on every layer is on the GPU (any larger one is the same)."""
+
+    flag: LimitFlag
+    value: int | None
+    terms: tuple[str, ...]
+    problem: str | None = None
+    refused: bool = False
+    all_at: int | None = None
+    #: what the engine reads a value of 0 as (llama.cpp's ``--ctx-size 0``: the model's own)
+    zero_means: int | None = None
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """``("--max-model-len", "8192")``, or ``()`` without a value."""
+        return () if self.value is None else (self.flag.name, str(self.value))
+
+    @property
+    def explanation(self) -> str:
+        """The terms in one line, the problem first where there is one."""
+        return "; ".join(([self.problem] if self.problem else []) + list(self.terms))
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"flag", "kind", "value", "terms", "problem", "refused"}``."""
+        return {
+            "flag": self.flag.name,
+            "kind": self.flag.kind.value,
+            "value": self.value,
+            "terms": list(self.terms),
+            "problem": self.problem,
+            "refused": self.refused,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class Reserved:
+    """A serve's reservation: ``vram_mib`` on each of its ``gpus`` roles."""
+
+    vram_mib: int
+    gpus: int = 1
+
+
+def _reservation(reserved: Reserved) -> tuple[int, str]:
+    """The reservation in bytes on all its GPUs (a tensor-parallel engine splits its
+    weights and KV heads among them), and the term that says so."""
+    size = reserved.vram_mib * MIB * reserved.gpus
+    gpus = "" if reserved.gpus == 1 else f" × {reserved.gpus} GPUs (tensor parallel)"
+    return size, f"reservation {reserved.vram_mib} MiB × {MIB}{gpus} = {size} bytes"
+
+
+def _weights_term(weights: Weights) -> str:
+    return f"weights {weights.bytes} bytes ({weights.tensors} tensors, read from the files)"
+
+
+def largest_context(model: ModelInput, left: int, cap: int | None) -> int:
+    """The largest context (≤ ``cap``) whose KV cache is at most ``left`` bytes; 0 when
+    not one token's fits. The KV cache never shrinks as the context grows: a search."""
+    low, high = 0, _SEARCH_CAP if cap is None else cap
+    while low < high:
+        mid = (low + high + 1) // 2
+        size = model.kv(mid).bytes
+        assert size is not None
+        if size <= left:
+            low = mid
+        else:
+            high = mid - 1
+    return low
+
+
+def _refusal(flag: LimitFlag, terms: list[str], why: str) -> Limit:
+    return Limit(flag, None, tuple(terms), problem=why, refused=True)
+
+
+def _unknown(flag: LimitFlag, terms: list[str], why: str) -> Limit:
+    return Limit(flag, None, tuple(terms), problem=why)
+
+
+def _max_context(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
+    """``max-context``: the largest context whose KV cache fits after the weights."""
+    size, reserved = _reservation(budget)
+    weights = model.weights.bytes
+    terms = [reserved, _weights_term(model.weights)]
+    if weights > size:
+        why = f"the weights alone exceed the reservation by {weights - size} bytes"
+        return _refusal(flag, terms, f"cannot load in its reservation: {why}")
+    left = size - weights
+    terms.append(f"left for the KV cache {size} − {weights} = {left} bytes")
+    one = model.kv(1)
+    if one.bytes is None:
+        return _unknown(flag, terms, f"the KV cache is unknown: {one.reason}")
+    terms.append(f"KV cache per token: {one.formula}")
+    cap = model.arch.context_length
+    found = largest_context(model, left, cap)
+    if found == 0:
+        why = f"not one token's KV cache ({one.bytes} bytes) fits the {left} bytes left"
+        return _refusal(flag, terms, f"cannot load in its reservation: {why}")
+    terms.append(f"at {found} tokens: {model.kv(found).formula} ≤ {left}")
+    if found == cap:
+        terms.append(f"capped at the model's own context length {cap} ({model.arch.source})")
+    else:
+        terms.append(f"one token more: {model.kv(found + 1).bytes} bytes > {left}")
+    if model.context is not None and model.context > found:
+        terms.append(f"the declared context {model.context} does not fit")
+    return Limit(flag, found, (*terms, NOT_SUBTRACTED))
+
+
+def _serve_context(model: ModelInput) -> tuple[int | None, str]:
+    """The serve's context and where it came from."""
+    if model.context is not None:
+        return model.context, "[serve.model] context"
+    return model.arch.context_length, f"the model's own, {model.arch.source}"
+
+
+def _context_size(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
+    """``context-size``: the serve's context × its parallel sequences."""
+    context, source = _serve_context(model)
+    if context is None:
+        return _unknown(flag, [], "no context: the files give none and [serve.model] sets none")
+    total = context * model.parallel
+    terms = (
+        f"context {context} ({source}) × {model.parallel} parallel sequences = {total} "
+        "tokens (llama-server shares its context among its --parallel slots)",
+    )
+    return Limit(flag, total, terms, zero_means=model.arch.context_length)
+
+
+def _layer_kv(model: ModelInput, context: int) -> KvTerm:
+    """One layer's KV cache at ``context`` tokens, every sequence: exact where every
+    layer caches the whole context, the largest layer's otherwise."""
+    one = replace(model.arch, layers=1, sliding_window=None, sliding_layers=None)
+    return kv_cache(one, context=context, kv_dtype=model.kv_dtype, parallel=model.parallel)
+
+
+def _gpu_layers(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
+    """``gpu-layers``: all layers when weights + KV fit, else the largest N that does."""
+    size, reserved = _reservation(budget)
+    context, _ = _serve_context(model)
+    layers, blocks = model.arch.layers, model.weights.layer_bytes
+    terms = [reserved, _weights_term(model.weights)]
+    if context is None:
+        return _unknown(flag, terms, "no context: the files give none and [serve.model] sets none")
+    if len(blocks) != layers:
+        why = f"the files give tensor bytes for {len(blocks)} layers of {layers}"
+        return _unknown(flag, terms, f"the layers' bytes are unknown: {why}")
+    kv = model.kv(context)
+    if kv.bytes is None:
+        return _unknown(flag, terms, f"the KV cache is unknown: {kv.reason}")
+    whole = model.weights.bytes + kv.bytes
+    terms.append(f"KV cache {kv.formula}")
+    if whole <= size:
+        terms.append(
+            f"weights + KV cache {model.weights.bytes} + {kv.bytes} = {whole} ≤ {size}: "
+            f"all {layers} layers and the output layer, {layers + 1} as llama.cpp counts them"
+        )
+        return Limit(flag, layers + 1, (*terms, NOT_SUBTRACTED), all_at=layers + 1)
+    terms.append(f"weights + KV cache {whole} bytes > {size}")
+    return _partial_layers(flag, size, model, context, terms)
+
+
+def _partial_layers(
+    flag: LimitFlag, size: int, model: ModelInput, context: int, terms: list[str]
+) -> Limit:
+    """The largest N whose last N layers and their KV fit after the tensors of no layer."""
+    rest = model.weights.non_layer_bytes
+    terms.append(
+        f"tensors of no layer {rest} bytes, counted on the GPU (an upper bound: llama.cpp "
+        "keeps the token embeddings on the CPU)"
+    )
+    if rest > size:
+        return _refusal(flag, terms, f"not even the tensors of no layer fit: {rest} > {size}")
+    per = _layer_kv(model, context)
+    assert per.bytes is not None
+    terms.append(f"KV cache of one layer {per.formula}")
+    blocks = model.weights.layer_bytes
+    used, count = rest, 0
+    for block in reversed(blocks):  # llama.cpp offloads the last layers first
+        if used + block + per.bytes > size:
+            break
+        used, count = used + block + per.bytes, count + 1
+    offloaded = sum(blocks[len(blocks) - count :])
+    terms.append(
+        f"the last {count} layers {offloaded} bytes + {count} × {per.bytes} bytes of KV + "
+        f"{rest} = {used} ≤ {size}"
+    )
+    if count < len(blocks):
+        more = used + blocks[len(blocks) - count - 1] + per.bytes
+        terms.append(f"one layer more: {more} bytes > {size}")
+    terms.append(f"the other {len(blocks) - count} layers and the output layer run on the CPU")
+    return Limit(flag, count, (*terms, NOT_SUBTRACTED))
+
+
+def _vram_bytes(flag: LimitFlag, budget: Reserved, model: ModelInput | None) -> Limit:
+    """``vram-bytes``: the reservation in bytes (of one GPU), kept by the engine at load."""
+    size, reserved = _reservation(Reserved(budget.vram_mib))
+    return Limit(
+        flag,
+        size,
+        (
+            reserved,
+            "the engine derives its weight offload from the limit less its device state "
+            "and fails at load, with its arithmetic, when the model cannot fit; it does not "
+            "subtract activations nor its runtime overhead (unknown)",
+        ),
+    )
+
+
+def _needs_model(
+    compute: Callable[[LimitFlag, Reserved, ModelInput], Limit],
+) -> Callable[[LimitFlag, Reserved, Model | None], Limit | None]:
+    """``compute`` for a serve with ``[serve.model]``; none without; unknown when its
+    files could not be read."""
+
+    def render(flag: LimitFlag, budget: Reserved, model: Model | None) -> Limit | None:
+        if model is None:
+            return None
+        if isinstance(model, str):
+            return _unknown(flag, [], f"the model's files cannot be read: {model}")
+        return compute(flag, budget, model)
+
+    return render
+
+
+def _any_model(flag: LimitFlag, budget: Reserved, model: Model | None) -> Limit | None:
+    return _vram_bytes(flag, budget, None)
+
+
+_RENDER: dict[LimitKind, Callable[[LimitFlag, Reserved, Model | None], Limit | None]] = {
+    LimitKind.MAX_CONTEXT: _needs_model(_max_context),
+    LimitKind.GPU_LAYERS: _needs_model(_gpu_layers),
+    LimitKind.CONTEXT_SIZE: _needs_model(_context_size),
+    LimitKind.VRAM_BYTES: _any_model,
+}
+
+
+def render_limits(
+    engine: Engine | None, vram_mib: int | None, model: Model | None, gpus: int = 1
+) -> tuple[Limit, ...]:
+    """The limit flags of ``engine`` for a reservation of ``vram_mib`` on each of ``gpus``
+    roles and the serve's ``model`` (``None``: no ``[serve.model]``; a text: why its
+    files are unknown)."""
+    if engine is None or vram_mib is None:
+        return ()
+    reserved = Reserved(vram_mib, max(1, gpus))
+    found = (_RENDER[flag.kind](flag, reserved, model) for flag in engine.limit_flags)
+    return tuple(limit for limit in found if limit is not None)
+
+
+# ── checks ─────────────────────────────────────────────────────────────────────
+
+
+def found_value(
+    argv: Sequence[str], flag: LimitFlag, env: Mapping[str, str] | None = None
+) -> str | None:
+    """The value the command gives ``flag`` under any of its spellings (the engine takes
+    the last), else the one of its variable in ``env``; ``None`` when neither is given."""
+    names = {flag.name, *flag.aliases}
+    found: str | None = None
+    i = 0
+    while i < len(argv):
+        name, eq, value = argv[i].partition("=")
+        if (name.replace("_", "-") if name.startswith("--") else name) in names:
+            found = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+            i += 0 if eq else 1
+        i += 1
+    if found is None and flag.env is not None:
+        return (env or {}).get(flag.env)
+    return found
+
+
+#: vLLM and SGLang read a context of ``32k`` as 32000 and ``32K`` as 32768
+_SUFFIXES = {"k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2}
+
+
+def _number(text: str, limit: Limit) -> int | None:
+    """A limit's value as written (``None``: unreadable): llama.cpp reads a negative
+    ``--n-gpu-layers`` (and ``all``) as every layer, ``--ctx-size 0`` as the model's own
+    context; a context may carry a ``k``/``K``/``m``/``M`` suffix."""
+    word = text.strip()
+    kind = limit.flag.kind
+    if kind is LimitKind.GPU_LAYERS and (word.lower() == "all" or word.startswith("-")):
+        return _SEARCH_CAP
+    if word == "0" and limit.zero_means is not None:
+        return limit.zero_means
+    if kind is LimitKind.MAX_CONTEXT and word[-1:] in _SUFFIXES:
+        try:
+            value = Decimal(word[:-1]) * _SUFFIXES[word[-1]]
+        except InvalidOperation:
+            return None
+        whole = value.is_finite() and value >= 0 and value == value.to_integral_value()
+        return int(value) if whole else None
+    return int(word) if word.isdigit() else None
+
+
+def check_limit(
+    limit: Limit, found: str | None, *, serve: str, service: str | None = None
+) -> Finding | None:
+    """The finding about ``found`` (``None``: the command lacks the flag), or ``None``
+    when it is within ``limit``: a smaller value keeps the engine within it too."""
+    name = limit.flag.name
+    facts: dict[str, Any] = {"flag": name, "found": found, **limit.to_json()}
+
+    def finding(kind: FindingKind, message: str) -> Finding:
+        return Finding(kind, message, serve, service, facts)
+
+    if limit.value is None:
+        kind = FindingKind.DOES_NOT_FIT if limit.refused else FindingKind.LIMIT_UNKNOWN
+        return finding(kind, f"{name}: {limit.explanation}")
+    if found is None:
+        return finding(
+            FindingKind.MISSING_LIMIT,
+            f"the command lacks {name}: add {name} {limit.value} ({limit.explanation})",
+        )
+    value = _number(found, limit)
+    if value is None:
+        return finding(FindingKind.BAD_VALUE, f"{name} {found!r} is not a whole number")
+    if value > limit.value and not (limit.all_at is not None and value >= limit.all_at):
+        return finding(
+            FindingKind.LIMIT_TOO_LARGE,
+            f"{name} {found} is more than the {limit.value} the reservation allows "
+            f"({limit.explanation})",
+        )
+    return None
+
+
+# ── the elastic engine's configuration ─────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticRender:
+    """The command-line flags and configuration keys an elastic serve's engine needs."""
+
+    config: ElasticConfig
+    segment_mib: int
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """``("--vram-elastic", "--vram-segment-mib", "512")``."""
+        return (self.config.flag, self.config.segment_flag, str(self.segment_mib))
+
+    @property
+    def explanation(self) -> str:
+        """Where the segment comes from, and the configuration's keys."""
+        c = self.config
+        return (
+            f"elastic.segment_mib {self.segment_mib} (the manifest): the engine's expert "
+            f'cache in segments of that size, or in its configuration "{c.key}": true, '
+            f'"{c.segment_key}": {self.segment_mib}'
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"argv", "config", "explanation"}``."""
+        c = self.config
+        return {
+            "argv": list(self.argv),
+            "config": {c.key: True, c.segment_key: self.segment_mib},
+            "explanation": self.explanation,
+        }
+
+
+def render_elastic(config: ElasticConfig, segment_mib: int) -> ElasticRender:
+    """What an engine with ``config`` needs to match ``elastic.segment_mib``."""
+    return ElasticRender(config, segment_mib)
+
+
+def _switched_on(argv: Sequence[str], flag: str) -> bool:
+    """True when ``flag`` is on the command line, alone or set to a true word."""
+    for word in argv:
+        key, eq, value = word.partition("=")
+        if key.replace("_", "-") == flag:
+            return not eq or value.strip().lower() in {"true", "1", "yes", "on"}
+    return False
+
+
+def check_elastic(
+    want: ElasticRender, argv: Sequence[str], *, serve: str, service: str | None = None
+) -> list[Finding]:
+    """The errors of an elastic serve whose command is not elastic, or whose segment
+    (the engine's default where unset) is not the manifest's ``elastic.segment_mib``."""
+    c = want.config
+    facts: dict[str, Any] = {"needs": want.to_json()}
+    if not _switched_on(argv, c.flag):
+        message = (
+            f"declares elastic but its command lacks {c.flag} ({c.key}): every POST /v1/vram "
+            f"is refused; add {' '.join(want.argv)}"
+        )
+        return [Finding(FindingKind.ELASTIC_OFF, message, serve, service, facts)]
+    values = flag_values(argv, c.segment_flag)
+    found = int(values[-1]) if values and values[-1].strip().isdigit() else None
+    segment = c.default_segment_mib if not values else found
+    if segment == want.segment_mib:
+        return []
+    said = f"{c.segment_flag} {values[-1]}" if values else f"the default {c.default_segment_mib}"
+    message = (
+        f"the engine's segment is {said} MiB but elastic.segment_mib is {want.segment_mib}: "
+        f"write {c.segment_flag} {want.segment_mib} ({c.segment_key})"
+    )
+    return [Finding(FindingKind.ELASTIC_SEGMENT, message, serve, service, {**facts, "found": said})]

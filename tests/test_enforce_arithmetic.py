@@ -1,0 +1,356 @@
+"""The limit flags' arithmetic (statemachine/enforce.py), pinned on exact figures.
+
+A 32-layer model with 8 KV heads × 128 head_dim caches 2 × 32 × 8 × 128 × 2 = 131072
+bytes of f16 keys and values per token; a reservation of 20000 MiB less 16 GiB of weights
+leaves 3791650816 bytes, exactly 28928 tokens. llama.cpp offloads its last layers first,
+so the layer split is pinned on uneven layers. Pure: statemachine only.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from statemachine import engines
+from statemachine.enforce import (
+    Limit,
+    ModelInput,
+    check_elastic,
+    check_limit,
+    found_value,
+    largest_context,
+    render_elastic,
+    render_limits,
+)
+from statemachine.engine_flags import FindingKind
+from statemachine.engines.spec import LimitFlag, LimitKind
+from statemachine.sizing import KV_DTYPES, MIB, Architecture, Weights
+
+GIB = 1024 * MIB
+
+
+def arch(layers: int = 32, context: int | None = 131072) -> Architecture:
+    return Architecture("test (llama)", layers, 8, 128, 128, context)
+
+
+def model(
+    weights: int = 16 * GIB,
+    *,
+    layers: tuple[int, ...] = (),
+    context: int | None = None,
+    parallel: int = 1,
+    kv_dtype: str = "f16",
+    arch_: Architecture | None = None,
+) -> ModelInput:
+    return ModelInput(
+        Weights(weights, 291, ("m.gguf",), "F16", layers),
+        arch_ or arch(),
+        context,
+        kv_dtype,
+        parallel,
+    )
+
+
+def one(engine: str, vram_mib: int, m: ModelInput | str | None) -> tuple[Limit, ...]:
+    return render_limits(engines.get(engine), vram_mib, m)
+
+
+# ── max context (vLLM --max-model-len, SGLang --context-length) ─────────────────
+
+
+def test_the_kv_cache_of_one_token_is_131072_bytes() -> None:
+    assert model().kv(1).bytes == 131072
+    assert model().kv(8192).bytes == GIB  # 1 GiB at 8192 tokens
+
+
+def test_the_largest_context_is_what_the_reservation_leaves_after_the_weights() -> None:
+    (limit,) = one("vllm", 20000, model())
+    assert limit.argv == ("--max-model-len", "28928")
+    assert 20000 * MIB - 16 * GIB == 28928 * 131072  # every byte left is used
+    text = limit.explanation
+    assert "reservation 20000 MiB × 1048576 = 20971520000 bytes" in text
+    assert "weights 17179869184 bytes" in text
+    assert "left for the KV cache 20971520000 − 17179869184 = 3791650816 bytes" in text
+    assert "131072 bytes" in text and "one token more: 3791781888 bytes > 3791650816" in text
+    assert "unknown" in text  # the terms no file holds are said, not counted as 0
+
+
+def test_tensor_parallel_counts_the_reservation_on_every_gpu() -> None:
+    (two,) = render_limits(engines.get("vllm"), 10000, model(), gpus=2)
+    assert two.value == 28928  # 2 × 10000 MiB is the 20000 MiB of one GPU
+    assert "reservation 10000 MiB × 1048576 × 2 GPUs (tensor parallel) = 20971520000" in (
+        two.explanation
+    )
+    (limit,) = render_limits(engines.get("onnx-genai"), 10000, None, gpus=2)
+    assert limit.value == 10000 * MIB  # one device's limit
+
+
+def test_sglang_renders_the_same_figure_as_context_length() -> None:
+    (limit,) = one("sglang", 20000, model())
+    assert limit.argv == ("--context-length", "28928")
+
+
+def test_parallel_sequences_and_a_quantized_cache_divide_the_room() -> None:
+    (four,) = one("vllm", 20000, model(parallel=4))
+    assert four.value == 28928 // 4
+    (q8,) = one("vllm", 20000, model(kv_dtype="q8_0"))
+    per_token = 32 * 8 * 256 * 34 // 32  # keys and values, 34 bytes a block of 32
+    assert q8.value == 3791650816 // per_token == 54452
+
+
+def test_the_context_is_capped_at_the_models_own() -> None:
+    (limit,) = one("vllm", 80000, model(arch_=arch(context=8192)))
+    assert limit.value == 8192
+    assert "capped at the model's own context length 8192" in limit.explanation
+
+
+def test_a_declared_context_that_does_not_fit_is_said() -> None:
+    (limit,) = one("vllm", 20000, model(context=32768))
+    assert limit.value == 28928
+    assert "the declared context 32768 does not fit" in limit.explanation
+
+
+def test_weights_larger_than_the_reservation_are_refused_with_every_term() -> None:
+    (limit,) = one("vllm", 16000, model())
+    assert (limit.value, limit.refused) == (None, True)
+    assert limit.problem is not None
+    assert "exceed the reservation by 402653184 bytes" in limit.problem  # 16 GiB − 16000 MiB
+    assert "reservation 16000 MiB × 1048576 = 16777216000 bytes" in limit.explanation
+    assert "weights 17179869184 bytes" in limit.explanation
+
+
+def test_not_one_token_fitting_is_refused() -> None:
+    (limit,) = one("vllm", 16385, model(16 * GIB + MIB - 1))  # 1 byte left after weights
+    assert (limit.value, limit.refused) == (None, True)
+    assert "not one token's KV cache (131072 bytes) fits the 1 bytes left" in str(limit.problem)
+
+
+def test_an_unknown_kv_cache_is_unknown_not_refused() -> None:
+    mla = Architecture("x", 32, None, None, None, 4096, unsupported="MLA")
+    (limit,) = one("vllm", 20000, model(arch_=mla))
+    assert (limit.value, limit.refused, limit.problem) == (
+        None,
+        False,
+        "the KV cache is unknown: MLA",
+    )
+
+
+def test_a_serve_without_a_model_renders_no_limit_and_unreadable_files_are_unknown() -> None:
+    assert one("vllm", 20000, None) == ()
+    assert one("sglang", 20000, None) == ()
+    assert one("llamacpp", 20000, None) == ()
+    (limit,) = one("vllm", 20000, "m.gguf: no such file")
+    assert limit.value is None and not limit.refused
+    assert limit.problem == "the model's files cannot be read: m.gguf: no such file"
+    assert render_limits(engines.get("vllm"), None, model()) == ()
+
+
+@given(
+    layers=st.integers(1, 96),
+    kv_heads=st.integers(1, 16),
+    head_dim=st.sampled_from([64, 96, 128, 256]),
+    dtype=st.sampled_from(sorted(KV_DTYPES)),
+    parallel=st.integers(1, 8),
+    left=st.integers(0, 1 << 36),
+    cap=st.none() | st.integers(1, 1 << 20),
+)
+def test_the_chosen_context_fits_and_one_token_more_would_not(
+    layers: int, kv_heads: int, head_dim: int, dtype: str, parallel: int, left: int, cap: int | None
+) -> None:
+    m = ModelInput(
+        Weights(0, 0, ()),
+        Architecture("p", layers, kv_heads, head_dim, head_dim, cap),
+        None,
+        dtype,
+        parallel,
+    )
+    found = largest_context(m, left, cap)
+    if found:
+        size = m.kv(found).bytes
+        assert size is not None and size <= left
+    if cap is None or found < cap:
+        over = m.kv(found + 1).bytes
+        assert over is not None and over > left
+
+
+# ── llama.cpp: --n-gpu-layers and --ctx-size ────────────────────────────────────
+
+
+def llama(blocks: tuple[int, ...], rest: int, context: int = 1024) -> ModelInput:
+    return model(sum(blocks) + rest, layers=blocks, context=context, arch_=arch(len(blocks), 8192))
+
+
+def test_all_layers_and_the_output_layer_when_weights_and_kv_fit() -> None:
+    m = llama((100 * MIB,) * 4, 50 * MIB)  # 4 MiB of KV per layer at 1024 tokens
+    layers, ctx = one("llamacpp", 500, m)
+    assert layers.argv == ("--n-gpu-layers", "5")
+    assert "all 4 layers and the output layer, 5 as llama.cpp counts them" in layers.explanation
+    assert "450 MiB" not in layers.explanation  # bytes, never a rounded figure
+    assert f"{450 * MIB} + {16 * MIB} = {466 * MIB} ≤ {500 * MIB}" in layers.explanation
+    assert ctx.argv == ("--ctx-size", "1024")
+
+
+def test_the_last_layers_that_fit_run_on_the_gpu() -> None:
+    # the last layer (150 MiB + 4 MiB of KV) fits beside the 50 MiB of no layer; the next
+    # (100 + 4) would make 308 > 300: one layer, where the first two would have fitted
+    m = llama((100 * MIB, 100 * MIB, 100 * MIB, 150 * MIB), 50 * MIB)
+    (layers, _) = one("llamacpp", 300, m)
+    assert layers.value == 1
+    text = layers.explanation
+    assert f"tensors of no layer {50 * MIB} bytes" in text
+    assert f"the last 1 layers {150 * MIB} bytes + 1 × {4 * MIB} bytes of KV" in text
+    assert f"one layer more: {308 * MIB} bytes > {300 * MIB}" in text
+    assert "the other 3 layers and the output layer run on the CPU" in text
+
+
+def test_even_layers_split_at_the_largest_count_that_fits() -> None:
+    (layers, _) = one("llamacpp", 300, llama((100 * MIB,) * 4, 50 * MIB))
+    assert layers.value == 2  # 50 + 2 × 104 = 258 ≤ 300 < 362
+
+
+def test_no_layer_at_all_when_only_the_rest_fits_and_a_refusal_below_it() -> None:
+    (zero, _) = one("llamacpp", 100, llama((100 * MIB,) * 4, 50 * MIB))
+    assert zero.value == 0
+    (refused, _) = one("llamacpp", 40, llama((100 * MIB,) * 4, 50 * MIB))
+    assert (refused.value, refused.refused) == (None, True)
+    assert f"not even the tensors of no layer fit: {50 * MIB} > {40 * MIB}" == refused.problem
+
+
+def test_the_context_size_is_the_serves_context_times_its_sequences() -> None:
+    m = model(layers=(1,) * 32, context=4096, parallel=4)
+    (_, ctx) = one("llamacpp", 80000, m)
+    assert ctx.value == 16384
+    assert "context 4096 ([serve.model] context) × 4 parallel sequences" in ctx.explanation
+    (_, own) = one("llamacpp", 80000, model(layers=(1,) * 32))
+    assert own.value == 131072  # the model's own context
+
+
+def test_layers_the_files_do_not_split_are_unknown() -> None:
+    (layers, _) = one("llamacpp", 80000, model())  # safetensors-like: no blk.N bytes
+    assert layers.value is None and not layers.refused
+    assert "tensor bytes for 0 layers of 32" in str(layers.problem)
+
+
+@given(
+    blocks=st.lists(st.integers(1, 1 << 28), min_size=1, max_size=40),
+    rest=st.integers(0, 1 << 28),
+    vram_mib=st.integers(1, 1 << 14),
+    context=st.integers(1, 8192),
+)
+def test_the_layer_split_fits_and_one_layer_more_would_not(
+    blocks: list[int], rest: int, vram_mib: int, context: int
+) -> None:
+    m = llama(tuple(blocks), rest, context)
+    (layers, _) = one("llamacpp", vram_mib, m)
+    if layers.value is None:
+        assert rest > vram_mib * MIB
+        return
+    per = m.kv(context).bytes
+    assert per is not None
+    per //= len(blocks)
+    if layers.value > len(blocks):  # all of them
+        assert m.weights.bytes + per * len(blocks) <= vram_mib * MIB
+        return
+    n = layers.value
+    used = rest + sum(blocks[len(blocks) - n :]) + n * per
+    assert used <= vram_mib * MIB
+    if n < len(blocks):
+        assert used + blocks[len(blocks) - n - 1] + per > vram_mib * MIB
+
+
+# ── onnx-genai: --vram-limit ────────────────────────────────────────────────────
+
+
+def test_the_vram_limit_is_the_reservation_in_bytes_with_or_without_a_model() -> None:
+    (limit,) = one("onnx-genai", 3200, None)
+    assert limit.argv == ("--vram-limit", "3355443200")
+    assert "reservation 3200 MiB × 1048576 = 3355443200 bytes" in limit.explanation
+    assert one("onnx-genai", 3200, model())[0].value == 3200 * MIB
+
+
+# ── checks ──────────────────────────────────────────────────────────────────────
+
+
+def test_a_missing_or_too_large_value_is_an_error_with_every_term() -> None:
+    (limit,) = one("vllm", 20000, model())
+    missing = check_limit(limit, None, serve="s")
+    assert missing is not None and missing.kind is FindingKind.MISSING_LIMIT and missing.is_error
+    assert "add --max-model-len 28928" in missing.message
+    assert "3791650816" in missing.message
+    large = check_limit(limit, "32768", serve="s")
+    assert large is not None and large.kind is FindingKind.LIMIT_TOO_LARGE
+    assert "--max-model-len 32768 is more than the 28928" in large.message
+    assert check_limit(limit, "28928", serve="s") is None
+    assert check_limit(limit, "8192", serve="s") is None  # less keeps within it too
+    bad = check_limit(limit, "32x", serve="s")
+    assert bad is not None and bad.kind is FindingKind.BAD_VALUE
+
+
+def test_any_count_of_all_layers_is_all_layers_but_not_where_only_some_fit() -> None:
+    (every, _) = one("llamacpp", 500, llama((100 * MIB,) * 4, 50 * MIB))
+    assert check_limit(every, "999", serve="s") is None
+    (some, _) = one("llamacpp", 300, llama((100 * MIB,) * 4, 50 * MIB))
+    for found in ("999", "-1", "all", "3"):
+        got = check_limit(some, found, serve="s")
+        assert got is not None and got.kind is FindingKind.LIMIT_TOO_LARGE, found
+
+
+def test_a_context_may_be_written_with_a_suffix_and_a_ctx_size_of_0_is_the_models() -> None:
+    (limit,) = one("vllm", 20000, model())  # 28928 tokens
+    assert check_limit(limit, "28k", serve="s") is None  # 28000
+    assert check_limit(limit, "28.9k", serve="s") is None  # 28900
+    for over in ("29k", "28.5K", "1m"):  # 29000, 29184, 1000000
+        got = check_limit(limit, over, serve="s")
+        assert got is not None and got.kind is FindingKind.LIMIT_TOO_LARGE, over
+    for bad in ("28.12345k", "xk", "infk", "-1k"):
+        got = check_limit(limit, bad, serve="s")
+        assert got is not None and got.kind is FindingKind.BAD_VALUE, bad
+    (_, ctx) = one("llamacpp", 80000, model(layers=(1,) * 32, context=4096))
+    zero = check_limit(ctx, "0", serve="s")  # llama.cpp: the model's own, 131072
+    assert zero is not None and zero.kind is FindingKind.LIMIT_TOO_LARGE
+    (_, own) = one("llamacpp", 80000, model(layers=(1,) * 32))
+    assert check_limit(own, "0", serve="s") is None
+
+
+def test_a_refusal_is_an_error_and_an_unknown_a_note() -> None:
+    (refused,) = one("vllm", 16000, model())
+    got = check_limit(refused, "4096", serve="s")
+    assert got is not None and got.kind is FindingKind.DOES_NOT_FIT and got.is_error
+    (unknown,) = one("vllm", 16000, "gone")
+    note = check_limit(unknown, None, serve="s")
+    assert note is not None and note.kind is FindingKind.LIMIT_UNKNOWN and not note.is_error
+
+
+def test_a_flag_is_found_under_every_spelling_and_the_last_wins() -> None:
+    layers = LimitFlag("--n-gpu-layers", LimitKind.GPU_LAYERS, ("-ngl", "--gpu-layers"))
+    assert found_value(["llama-server", "-ngl", "12"], layers) == "12"
+    assert found_value(["--n_gpu_layers=7", "--gpu-layers", "9"], layers) == "9"
+    assert found_value(["-ngl", "3", "--n-gpu-layers=4"], layers) == "4"
+    assert found_value(["--ctx-size", "5"], layers) is None
+    assert found_value(["-ngl"], layers) == ""
+    limit = LimitFlag("--vram-limit", LimitKind.VRAM_BYTES, env="LIMIT")
+    assert found_value(["serve"], limit, {"LIMIT": "5"}) == "5"
+    assert found_value(["--vram-limit", "6"], limit, {"LIMIT": "5"}) == "6"  # the flag wins
+    assert found_value(["serve"], layers, {"LIMIT": "5"}) is None
+
+
+# ── the elastic engine ──────────────────────────────────────────────────────────
+
+
+def test_an_elastic_serve_needs_the_flag_and_its_segment() -> None:
+    config = engines.get("strata").elastic
+    assert config is not None
+    want = render_elastic(config, 512)
+    assert want.argv == ("--vram-elastic", "--vram-segment-mib", "512")
+    assert '"vram_elastic": true, "vram_segment_mib": 512' in want.explanation
+    off = check_elastic(want, ["strata", "--model", "m"], serve="moe")
+    assert [f.kind for f in off] == [FindingKind.ELASTIC_OFF] and off[0].is_error
+    assert check_elastic(want, ["--vram-elastic"], serve="moe") == []  # the default, 512
+    assert check_elastic(want, ["--vram_elastic=false"], serve="moe")[0].kind is (
+        FindingKind.ELASTIC_OFF
+    )
+    other = render_elastic(config, 1024)
+    wrong = check_elastic(other, ["--vram-elastic"], serve="moe")
+    assert [f.kind for f in wrong] == [FindingKind.ELASTIC_SEGMENT]
+    assert "the default 512 MiB but elastic.segment_mib is 1024" in wrong[0].message
+    assert check_elastic(other, ["--vram-elastic", "--vram_segment_mib=1024"], serve="m") == []

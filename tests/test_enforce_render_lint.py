@@ -1,0 +1,355 @@
+"""``vramctl render`` and ``lint --compose`` with the limit flags: manifests whose serves
+declare ``[serve.model]``, a GGUF file written by ``gguf.GGUFWriter`` (an F16 layer and a
+Q8_0 layer), and compose files, all in tmp_path.
+
+The model: 2 layers, 2 KV heads × 8 head_dim at f16 (2 × 2 × 2 × 8 × 2 = 128 bytes of KV
+per token), 65536 tokens of context; layer 0 holds 2097152 bytes, layer 1 1114112
+(1024 rows of 32 Q8_0 blocks of 34 bytes), the tensors of no layer 1048576: 4259840 bytes.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from test_engine_flags import compose, manifest
+
+from controller.adapters.model_files import read_model
+from controller.interfaces.serve_models import serve_models
+from controller.tools.compose_lint import lint_compose, render_serve
+from statemachine.enforce import ModelInput
+from statemachine.engine_flags import FindingKind
+
+REPO = Path(__file__).resolve().parents[1]
+Q8_0 = GGMLQuantizationType.Q8_0
+LAYER0, LAYER1, REST = 2097152, 1114112, 1048576
+WEIGHTS = LAYER0 + LAYER1 + REST
+
+
+def write_gguf(path: Path) -> Path:
+    block, size = GGML_QUANT_SIZES[Q8_0]
+    q8 = np.zeros((1024, 1024 // block * size), dtype=np.uint8)
+    writer = GGUFWriter(path, "llama")
+    writer.add_block_count(2)
+    writer.add_head_count(4)
+    writer.add_head_count_kv(2)
+    writer.add_embedding_length(32)
+    writer.add_context_length(65536)
+    for name, data, raw in (
+        ("token_embd.weight", np.zeros((256, 1024), dtype=np.float16), None),
+        ("blk.0.ffn_up.weight", np.zeros((1024, 1024), dtype=np.float16), None),
+        ("blk.1.ffn_up.weight", q8, Q8_0),
+        ("output.weight", np.zeros((256, 1024), dtype=np.float16), None),
+    ):
+        writer.add_tensor(name, data, raw_dtype=raw)
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+MANIFEST = """
+[[gpu_roles]]
+id = "a"
+vram_mib = 97887
+
+[[gpu_roles]]
+id = "s"
+vram_mib = 100
+
+[[serve]]
+name = "chat"
+container = "vllm-chat"
+engine = "vllm"
+gpu_role = "s"
+vram_mib = 5
+
+[serve.model]
+path = "tiny.gguf"
+context = 4096
+
+[[serve]]
+name = "big"
+container = "vllm-big"
+engine = "vllm"
+gpu_role = "s"
+vram_mib = 4
+
+[serve.model]
+path = "tiny.gguf"
+
+[[serve]]
+name = "gguf"
+container = "llamacpp-gguf"
+engine = "llamacpp"
+gpu_role = "s"
+vram_mib = 3
+
+[serve.model]
+path = "tiny.gguf"
+context = 4096
+
+[[serve]]
+name = "onnx"
+container = "onnx-genai"
+engine = "onnx-genai"
+gpu_role = "a"
+vram_mib = 3200
+
+[[serve]]
+name = "moe"
+container = "strata-moe"
+engine = "strata"
+gpu_role = "a"
+vram_mib = 20000
+elastic = { url = "http://127.0.0.1:30007", floor_mib = 4096, segment_mib = 1024 }
+
+[[serve]]
+name = "plain"
+container = "vllm-plain"
+engine = "vllm"
+gpu_role = "a"
+vram_mib = 3200
+"""
+
+GOOD = """
+chat:
+  image: vllm/vllm-openai:v0.11
+  container_name: vllm-chat
+  command: vllm serve m --gpu-memory-utilization 0.0500 --max-model-len 7680
+gguf:
+  image: ghcr.io/ggml-org/llama.cpp:server-cuda
+  container_name: llamacpp-gguf
+  command: llama-server -m /m/tiny.gguf -ngl 1 -c 4096
+onnx:
+  image: ghcr.io/acme/onnx-genai:1
+  container_name: onnx-genai
+  command: onnx-genai serve --model /m --vram-limit 3355443200
+moe:
+  image: ghcr.io/acme/strata:1
+  container_name: strata-moe
+  command: ["--model", "/m", "--vram-elastic", "--vram-segment-mib", "1024"]
+plain:
+  image: vllm/vllm-openai:v0.11
+  container_name: vllm-plain
+  command: vllm serve m --gpu-memory-utilization 0.0326
+"""
+
+
+@pytest.fixture
+def mset(tmp_path: Path) -> Any:
+    write_gguf(tmp_path / "tiny.gguf")
+    return manifest(tmp_path, MANIFEST)
+
+
+def test_the_gguf_reader_gives_each_layers_bytes_and_the_rest(tmp_path: Path) -> None:
+    weights = read_model(write_gguf(tmp_path / "tiny.gguf")).weights
+    assert weights.layer_bytes == (LAYER0, LAYER1)
+    assert (weights.bytes, weights.non_layer_bytes) == (WEIGHTS, REST)
+
+
+def test_the_serves_models_are_read_only_where_declared(tmp_path: Path, mset: Any) -> None:
+    models = serve_models(mset)
+    assert sorted(models) == ["big", "chat", "gguf"]
+    chat = models["chat"]
+    assert isinstance(chat, ModelInput) and chat.context == 4096
+    (tmp_path / "tiny.gguf").unlink()
+    assert "no such file" in str(serve_models(mset, ["chat"])["chat"])
+
+
+def test_render_gives_vllm_its_context_beside_its_fraction(mset: Any) -> None:
+    answer = render_serve(mset, "chat", models=serve_models(mset))
+    # 5 MiB − 4259840 bytes of weights = 983040 bytes, 7680 tokens of 128 bytes
+    assert answer.argv[2:] == ("--max-model-len", "7680")
+    assert answer.argv[0] == "--gpu-memory-utilization"
+    body = answer.to_json()
+    assert body["limits"][0]["value"] == 7680
+    assert "left for the KV cache 5242880 − 4259840 = 983040 bytes" in body["limits"][0]["terms"]
+
+
+def test_render_refuses_weights_larger_than_the_reservation(mset: Any) -> None:
+    answer = render_serve(mset, "big", models=serve_models(mset))
+    (refused,) = answer.refused
+    assert refused.problem is not None and "by 65536 bytes" in refused.problem
+
+
+def test_render_splits_llamacpps_layers_and_onnx_genai_gets_bytes(mset: Any) -> None:
+    models = serve_models(mset)
+    gguf = render_serve(mset, "gguf", models=models)
+    # 1048576 of no layer + the last layer's 1114112 + its 262144 of KV ≤ 3 MiB; not both
+    assert gguf.argv == ("--n-gpu-layers", "1", "--ctx-size", "4096")
+    assert render_serve(mset, "onnx", models=models).argv == ("--vram-limit", "3355443200")
+    moe = render_serve(mset, "moe", models=models)
+    assert moe.argv == ("--vram-elastic", "--vram-segment-mib", "1024")
+
+
+def test_a_serve_without_a_model_renders_as_before(mset: Any) -> None:
+    answer = render_serve(mset, "plain", models=serve_models(mset))
+    assert answer.argv == ("--gpu-memory-utilization", "0.0326")
+    assert "limits" not in answer.to_json() and "elastic" not in answer.to_json()
+
+
+def test_lint_passes_the_flags_the_reservations_render(tmp_path: Path, mset: Any) -> None:
+    report = lint_compose(mset, [compose(tmp_path, GOOD)], environ={}, models=serve_models(mset))
+    assert report.errors == (), [f.message for f in report.errors]
+    checked = {c.serve: c for c in report.checked}
+    assert [(x.flag.name, found) for x, found in checked["gguf"].limits] == [
+        ("--n-gpu-layers", "1"),
+        ("--ctx-size", "4096"),
+    ]
+    assert checked["plain"].limits == () and "limits" not in checked["plain"].to_json()
+    # held by their limit flags, not "by the ledger only"; the elastic engine has none
+    unheld = {f.serve for f in report.notes if f.kind is FindingKind.NO_ENGINE_FLAG}
+    assert unheld == {"moe"}
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "kind", "serve", "words"),
+    [
+        ("--max-model-len 7680", "--max-model-len 8192", "LIMIT_TOO_LARGE", "chat", "8192"),
+        (" --max-model-len 7680", "", "MISSING_LIMIT", "chat", "add --max-model-len 7680"),
+        ("-ngl 1 ", "-ngl 99 ", "LIMIT_TOO_LARGE", "gguf", "one layer more: 4784128"),
+        ("-c 4096", "-c 8192", "LIMIT_TOO_LARGE", "gguf", "--ctx-size 8192"),
+        (" -c 4096", "", "MISSING_LIMIT", "gguf", "add --ctx-size 4096"),
+        (" --vram-limit 3355443200", "", "MISSING_LIMIT", "onnx", "3200 MiB × 1048576"),
+        (
+            " --vram-limit 3355443200",
+            "\n  environment:\n    ONNX_GENAI_VRAM_LIMIT: '4000000000'",
+            "LIMIT_TOO_LARGE",
+            "onnx",
+            "--vram-limit 4000000000 is more than the 3355443200",
+        ),
+        ("--vram-limit 3355443200", "--vram-limit 4e9", "BAD_VALUE", "onnx", "whole number"),
+        ('"--vram-elastic", ', "", "ELASTIC_OFF", "moe", "lacks --vram-elastic"),
+        (', "--vram-segment-mib", "1024"', "", "ELASTIC_SEGMENT", "moe", "the default 512"),
+    ],
+)
+def test_lint_reports_each_limit_with_its_terms(
+    tmp_path: Path, mset: Any, old: str, new: str, kind: str, serve: str, words: str
+) -> None:
+    assert old in GOOD
+    path = compose(tmp_path, GOOD.replace(old, new))
+    report = lint_compose(mset, [path], environ={}, models=serve_models(mset))
+    found = [f for f in report.errors if f.serve == serve and f.kind is FindingKind[kind]]
+    assert found, [(f.kind, f.serve, f.message) for f in report.errors]
+    assert words in found[0].message
+    checked = {c.serve: c for c in report.checked}
+    assert checked[serve].ok is False
+
+
+def test_lint_reports_a_model_that_cannot_load(tmp_path: Path, mset: Any) -> None:
+    text = GOOD + (
+        "big:\n  image: vllm/vllm-openai:v0.11\n  container_name: vllm-big\n"
+        "  command: vllm serve m --gpu-memory-utilization 0.0400 --max-model-len 10\n"
+    )
+    report = lint_compose(mset, [compose(tmp_path, text)], environ={}, models=serve_models(mset))
+    (fit,) = [f for f in report.errors if f.kind is FindingKind.DOES_NOT_FIT]
+    assert fit.serve == "big" and "4194304 bytes" in fit.message and "4259840" in fit.message
+
+
+def cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "controller.interfaces.cli", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=60,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
+    )
+
+
+def test_the_render_command_prints_the_flags_and_their_arithmetic(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "tiny.gguf")
+    path = tmp_path / "serves.toml"
+    path.write_text(MANIFEST)
+    r = cli("render", "chat", "-m", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "--gpu-memory-utilization 0.0500 --max-model-len 7680"
+    assert "--max-model-len 7680: reservation 5 MiB × 1048576 = 5242880 bytes" in r.stderr
+    assert "one token more: 983168 bytes > 983040" in r.stderr
+    gguf = cli("render", "gguf", "-m", str(path))
+    assert gguf.stdout.strip() == "--n-gpu-layers 1 --ctx-size 4096", gguf.stderr
+    assert "the other 1 layers and the output layer run on the CPU" in gguf.stderr
+    big = cli("render", "big", "-m", str(path))
+    assert big.returncode == 1 and "cannot load in its reservation" in big.stderr
+    onnx = cli("render", "onnx", "-m", str(path), "--json")
+    assert json.loads(onnx.stdout)["limits"][0]["value"] == 3355443200
+    (tmp_path / "tiny.gguf").unlink()
+    gone = cli("render", "chat", "-m", str(path))
+    assert gone.returncode == 0 and gone.stdout.strip() == "--gpu-memory-utilization 0.0500"
+    assert "--max-model-len unknown: the model's files cannot be read" in gone.stderr
+
+
+def test_the_lint_command_fails_on_a_context_too_large(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "tiny.gguf")
+    path = tmp_path / "serves.toml"
+    path.write_text(MANIFEST)
+    ok = cli("lint", "-m", str(path), "--compose", str(compose(tmp_path, GOOD)))
+    assert ok.returncode == 0, ok.stdout
+    assert "--max-model-len 7680; the reservation renders 7680" in ok.stdout
+    bad = GOOD.replace("-c 4096", "-c 5000")
+    r = cli("lint", "-m", str(path), "--compose", str(compose(tmp_path, bad, "bad.yml")))
+    assert r.returncode == 1 and "limit-too-large" in r.stdout and "--ctx-size 5000" in r.stdout
+
+
+SAFETENSORS_MANIFEST = """
+[[gpu_roles]]
+id = "s"
+vram_mib = 100
+
+[[serve]]
+name = "fast"
+container = "sglang-fast"
+engine = "sglang"
+gpu_role = "s"
+vram_mib = 3
+
+[serve.model]
+path = "hf"
+parallel = 2
+
+[[serve]]
+name = "cpp"
+container = "llamacpp-cpp"
+engine = "llamacpp"
+gpu_role = "s"
+vram_mib = 3
+
+[serve.model]
+path = "hf"
+"""
+
+
+def test_a_safetensors_model_gives_sglang_its_context(tmp_path: Path) -> None:
+    from safetensors.numpy import save_file
+
+    folder = tmp_path / "hf"
+    folder.mkdir()
+    save_file({"w": np.zeros((1024, 1024), dtype=np.float16)}, str(folder / "m.safetensors"))
+    config = {
+        "num_hidden_layers": 4,
+        "num_attention_heads": 8,
+        "num_key_value_heads": 2,
+        "head_dim": 64,
+        "hidden_size": 512,
+        "max_position_embeddings": 32768,
+    }
+    (folder / "config.json").write_text(json.dumps(config))
+    mset = manifest(tmp_path, SAFETENSORS_MANIFEST)
+    models = serve_models(mset)
+    fast = render_serve(mset, "fast", models=models)
+    # 3 MiB − 2 MiB of weights = 1048576 bytes; 2 × 4 × 2 × 64 × 2 bytes × 2 sequences a
+    # token = 4096 bytes: 256 tokens
+    assert fast.argv == ("--mem-fraction-static", "0.0300", "--context-length", "256")
+    cpp = render_serve(mset, "cpp", models=models)
+    layers = cpp.limits[0]
+    assert layers.value is None and not layers.refused  # no blk.N tensors: unknown
+    assert "tensor bytes for 0 layers of 4" in str(layers.problem)

@@ -1,0 +1,137 @@
+"""The pure comparison of a reservation, its model's estimate and the measured footprint
+(``statemachine.model_fit``; docs/sizing.md, "A serve's model")."""
+
+from __future__ import annotations
+
+import pytest
+
+from statemachine.model_fit import (
+    BOUND_FIXED_MIB,
+    BOUND_PCT,
+    ModelTerms,
+    calibrate_verdict,
+    check_reservation,
+    excess_bound_mib,
+    to_mib,
+)
+
+MIB = 1024 * 1024
+GIB = 1024 * MIB
+FORMULA = "2 × 32 layers × 8 KV heads × 128 head_dim × 8192 tokens × 2 bytes (f16) = 1 GiB"
+#: Llama-3.1-8B-like: 15 GiB of weights, 1 GiB of KV at 8192 tokens -> 16384 MiB known
+LLAMA = ModelTerms(15 * GIB, GIB, formula=FORMULA)
+
+
+def test_mib_are_rounded_up_and_split_between_roles() -> None:
+    assert to_mib(1) == 1 and to_mib(MIB) == 1 and to_mib(MIB + 1) == 2
+    assert to_mib(3 * MIB, 2) == 2  # 1.5 MiB per role, rounded up
+    assert to_mib(0) == 0
+    with pytest.raises(ValueError, match="parts"):
+        to_mib(MIB, 0)
+
+
+def test_the_bound_is_a_quarter_of_the_known_terms_plus_two_gib() -> None:
+    assert (BOUND_PCT, BOUND_FIXED_MIB) == (25, 2048)
+    assert excess_bound_mib(16384) == 4096 + 2048
+    assert excess_bound_mib(1) == 1 + 2048  # a quarter MiB is rounded up
+    assert excess_bound_mib(0) == 2048
+
+
+def test_a_reservation_below_weights_plus_kv_cannot_load_with_every_term() -> None:
+    check = check_reservation(16000, LLAMA)
+    assert check.error and not check.hint and check.verdict == "cannot_load"
+    assert check.shortfall_mib == 384
+    for words in (
+        "cannot load in its reservation",
+        "vram_mib 16000",
+        "weights 15360 MiB",
+        "KV cache 1024 MiB",
+        FORMULA,
+        "= 16384 MiB",
+        "short by 384 MiB",
+        "overheads (unknown)",
+    ):
+        assert words in check.message, (words, check.message)
+    data = check.to_json()
+    assert (data["weights_mib"], data["kv_cache_mib"], data["known_mib"]) == (15360, 1024, 16384)
+    assert (data["weights_bytes"], data["kv_cache_bytes"]) == (15 * GIB, GIB)
+    assert data["rest"] == "unknown" and data["shortfall_mib"] == 384
+
+
+def test_a_reservation_of_exactly_the_known_terms_loads() -> None:
+    check = check_reservation(16384, LLAMA)
+    assert check.verdict == "ok" and check.excess_mib == 0 and check.bound_mib == 6144
+
+
+def test_a_reservation_at_the_bound_is_no_hint_and_one_mib_above_is() -> None:
+    at = check_reservation(16384 + 6144, LLAMA)
+    assert at.verdict == "ok" and not at.hint and at.excess_mib == 6144
+    assert "at most 6144 MiB" in at.message
+    above = check_reservation(16384 + 6145, LLAMA)
+    assert above.hint and not above.error and above.excess_mib == 6145
+    assert "25 % + 2048 MiB = 6144 MiB" in above.message
+    assert "by 6145 MiB" in above.message
+
+
+def test_the_known_terms_are_the_sum_of_the_figures_printed() -> None:
+    tiny = ModelTerms(6976, 32768, formula="…")
+    assert (tiny.weights_mib, tiny.kv_mib, tiny.known_mib) == (1, 1, 2)
+    assert "weights 1 MiB + KV cache 1 MiB (…) = 2 MiB" in check_reservation(2, tiny).message
+    assert check_reservation(1, tiny).shortfall_mib == 1
+
+
+def test_two_gpu_roles_each_hold_half_the_model() -> None:
+    split = ModelTerms(15 * GIB, GIB, roles=2, formula=FORMULA)
+    assert (split.weights_mib, split.kv_mib, split.known_mib) == (7680, 512, 8192)
+    check = check_reservation(8000, split)
+    assert check.error and check.shortfall_mib == 192
+    assert "per GPU role (the model split between 2)" in check.message
+    assert check_reservation(8192, split).verdict == "ok"
+
+
+def test_an_unknown_kv_cache_compares_the_weights_alone() -> None:
+    terms = ModelTerms(15 * GIB, None, kv_reason="MLA: the latent's layout depends on the engine")
+    assert terms.known_mib is None and terms.kv_mib is None
+    short = check_reservation(15000, terms)
+    assert short.error and short.shortfall_mib == 360
+    assert "KV cache unknown (MLA" in short.message
+    fine = check_reservation(20000, terms)
+    assert fine.verdict == "unknown" and not fine.error and not fine.hint
+    assert fine.to_json()["known_mib"] is None  # unknown, never 0
+
+
+@pytest.mark.parametrize(
+    ("vram", "measured", "verdict", "words"),
+    [
+        (16000, 17000, "cannot_load", "short by 384 MiB"),
+        (20000, None, "unknown", "no measured footprint"),
+        (20000, 9000, "engine_offloads", "measured 9000 MiB < weights 15360 MiB"),
+        (20000, 15800, "kv_smaller", "the estimate's context is too large"),
+        (20000, 21000, "overheads_larger", "4616 MiB above weights + KV"),
+        (20000, 18000, "consistent", "overheads 1616 MiB"),
+        (20000, 20000, "consistent", "≤ vram_mib 20000 MiB"),
+        (None, 25000, "consistent", "overheads 8616 MiB"),
+    ],
+)
+def test_calibrate_names_the_term_that_is_off(
+    vram: int | None, measured: int | None, verdict: str, words: str
+) -> None:
+    cal = calibrate_verdict(vram, LLAMA, measured)
+    assert cal.verdict == verdict
+    assert words in cal.reason, cal.reason
+    data = cal.to_json()
+    assert data["known_mib"] == 16384 and data["measured_mib"] == measured
+    expected = None if measured is None else measured - 16384
+    assert data["overheads_mib"] == expected
+
+
+def test_calibrate_without_an_estimate_or_a_kv_cache_says_so() -> None:
+    none = calibrate_verdict(20000, None, 18000)
+    assert none.verdict == "unknown" and "cannot be read" in none.reason
+    assert none.to_json()["overheads_mib"] is None
+    terms = ModelTerms(15 * GIB, None, kv_reason="recurrent layers")
+    cal = calibrate_verdict(20000, terms, 16000)
+    assert cal.verdict == "consistent" and "KV cache unknown" in cal.reason
+    assert cal.to_json()["overheads_mib"] is None
+    over = calibrate_verdict(15500, terms, 16000)
+    assert over.verdict == "overheads_larger" and "above weights" not in over.reason
