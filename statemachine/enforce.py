@@ -24,8 +24,9 @@ reservation on all of them; ``--vram-limit`` is one device's.
 A kind that needs the model is not rendered for a serve without ``[serve.model]``: such
 a serve keeps only its memory-fraction flag, as before. What no file holds (the CUDA
 context, activations, CUDA graphs) is not subtracted, and each explanation says so.
-The elastic engine's configuration (:func:`render_elastic`, :func:`check_elastic`) is
-the manifest's ``elastic.segment_mib`` on its command line.
+The elastic engine (:func:`render_elastic`, :func:`check_elastic`) needs its flag on the
+command line and the manifest's ``elastic.segment_mib`` in its configuration, which is
+the only place the engine reads the segment from.
 
 Pure: no I/O, nothing from ``controller``; integers and exact fractions only.
 """
@@ -37,7 +38,7 @@ from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
 from typing import Any
 
-from statemachine.engine_flags import Finding, FindingKind, flag_values
+from statemachine.engine_flags import Finding, FindingKind
 from statemachine.engines.spec import ElasticConfig, Engine, LimitFlag, LimitKind
 from statemachine.sizing import MIB, Architecture, KvTerm, Weights, kv_cache
 
@@ -418,24 +419,37 @@ def check_limit(
 
 @dataclass(frozen=True, slots=True)
 class ElasticRender:
-    """The command-line flags and configuration keys an elastic serve's engine needs."""
+    """What an elastic serve's engine needs: its flag on the command line, and the
+    manifest's segment in its configuration (the engine has no segment flag)."""
 
     config: ElasticConfig
     segment_mib: int
 
     @property
     def argv(self) -> tuple[str, ...]:
-        """``("--vram-elastic", "--vram-segment-mib", "512")``."""
-        return (self.config.flag, self.config.segment_flag, str(self.segment_mib))
+        """``("--vram-elastic",)``: the one flag; the segment is configuration only."""
+        return (self.config.flag,)
+
+    @property
+    def is_default(self) -> bool:
+        """True when the manifest's segment is the engine's own default."""
+        return self.segment_mib == self.config.default_segment_mib
+
+    @property
+    def setting(self) -> str:
+        """The configuration entry the segment needs, and whether it may be left unset."""
+        c = self.config
+        entry = f'"{c.segment_key}": {self.segment_mib}'
+        if self.is_default:
+            return f"{entry}, or no entry (the engine's default is {c.default_segment_mib})"
+        return f"{entry} (the engine's default, {c.default_segment_mib}, is not it)"
 
     @property
     def explanation(self) -> str:
-        """Where the segment comes from, and the configuration's keys."""
-        c = self.config
+        """Where the segment comes from and where the engine reads it."""
         return (
-            f"elastic.segment_mib {self.segment_mib} (the manifest): the engine's expert "
-            f'cache in segments of that size, or in its configuration "{c.key}": true, '
-            f'"{c.segment_key}": {self.segment_mib}'
+            f"elastic.segment_mib {self.segment_mib} (the manifest): the engine reads its "
+            f"expert-cache segment only from its configuration: {self.setting}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -465,24 +479,19 @@ def _switched_on(argv: Sequence[str], flag: str) -> bool:
 def check_elastic(
     want: ElasticRender, argv: Sequence[str], *, serve: str, service: str | None = None
 ) -> list[Finding]:
-    """The errors of an elastic serve whose command is not elastic, or whose segment
-    (the engine's default where unset) is not the manifest's ``elastic.segment_mib``."""
+    """An error for an elastic serve whose command lacks the engine's elastic flag, and
+    else a note that the segment, which only the engine's configuration sets, is not
+    read: it is unknown here, never assumed to be the default."""
     c = want.config
     facts: dict[str, Any] = {"needs": want.to_json()}
     if not _switched_on(argv, c.flag):
         message = (
-            f"declares elastic but its command lacks {c.flag} ({c.key}): every POST /v1/vram "
-            f"is refused; add {' '.join(want.argv)}"
+            f"declares elastic but its command lacks {c.flag}: unless its configuration says "
+            f'"{c.key}": true, every POST /v1/vram is refused; add {c.flag}'
         )
         return [Finding(FindingKind.ELASTIC_OFF, message, serve, service, facts)]
-    values = flag_values(argv, c.segment_flag)
-    found = int(values[-1]) if values and values[-1].strip().isdigit() else None
-    segment = c.default_segment_mib if not values else found
-    if segment == want.segment_mib:
-        return []
-    said = f"{c.segment_flag} {values[-1]}" if values else f"the default {c.default_segment_mib}"
     message = (
-        f"the engine's segment is {said} MiB but elastic.segment_mib is {want.segment_mib}: "
-        f"write {c.segment_flag} {want.segment_mib} ({c.segment_key})"
+        f"the engine's segment is unknown: it is set only in the engine's configuration, "
+        f"which lint does not read; that configuration must hold {want.setting}"
     )
-    return [Finding(FindingKind.ELASTIC_SEGMENT, message, serve, service, {**facts, "found": said})]
+    return [Finding(FindingKind.ELASTIC_SEGMENT_UNREAD, message, serve, service, facts)]

@@ -354,7 +354,7 @@ class FindingKind(StrEnum):
     DOES_NOT_FIT = "does-not-fit"
     LIMIT_UNKNOWN = "limit-unknown"
     ELASTIC_OFF = "elastic-off"
-    ELASTIC_SEGMENT = "elastic-segment-disagrees"
+    ELASTIC_SEGMENT_UNREAD = "elastic-segment-unread"
 
 
 #: The kinds that are errors; every other kind is a note.
@@ -370,7 +370,6 @@ ERROR_KINDS: frozenset[FindingKind] = frozenset(
         FindingKind.LIMIT_TOO_LARGE,
         FindingKind.DOES_NOT_FIT,
         FindingKind.ELASTIC_OFF,
-        FindingKind.ELASTIC_SEGMENT,
     }
 )
 

@@ -337,20 +337,31 @@ def test_a_flag_is_found_under_every_spelling_and_the_last_wins() -> None:
 # ── the elastic engine ──────────────────────────────────────────────────────────
 
 
-def test_an_elastic_serve_needs_the_flag_and_its_segment() -> None:
+def test_an_elastic_serve_needs_the_flag_and_its_segment_in_the_configuration() -> None:
     config = engines.get("strata").elastic
     assert config is not None
     want = render_elastic(config, 512)
-    assert want.argv == ("--vram-elastic", "--vram-segment-mib", "512")
-    assert '"vram_elastic": true, "vram_segment_mib": 512' in want.explanation
+    assert want.argv == ("--vram-elastic",)  # the engine has no segment flag
+    assert want.explanation == (
+        "elastic.segment_mib 512 (the manifest): the engine reads its expert-cache segment "
+        'only from its configuration: "vram_segment_mib": 512, or no entry (the engine\'s '
+        "default is 512)"
+    )
     off = check_elastic(want, ["strata", "--model", "m"], serve="moe")
     assert [f.kind for f in off] == [FindingKind.ELASTIC_OFF] and off[0].is_error
-    assert check_elastic(want, ["--vram-elastic"], serve="moe") == []  # the default, 512
+    assert 'unless its configuration says "vram_elastic": true' in off[0].message
     assert check_elastic(want, ["--vram_elastic=false"], serve="moe")[0].kind is (
         FindingKind.ELASTIC_OFF
     )
+    (unread,) = check_elastic(want, ["--vram-elastic"], serve="moe")
+    assert unread.kind is FindingKind.ELASTIC_SEGMENT_UNREAD and not unread.is_error
+    assert unread.message.endswith(
+        'must hold "vram_segment_mib": 512, or no entry (the engine\'s default is 512)'
+    )
     other = render_elastic(config, 1024)
-    wrong = check_elastic(other, ["--vram-elastic"], serve="moe")
-    assert [f.kind for f in wrong] == [FindingKind.ELASTIC_SEGMENT]
-    assert "the default 512 MiB but elastic.segment_mib is 1024" in wrong[0].message
-    assert check_elastic(other, ["--vram-elastic", "--vram_segment_mib=1024"], serve="m") == []
+    # a segment flag is not the engine's: it is not read as the segment either
+    (unread,) = check_elastic(other, ["--vram-elastic", "--vram-segment-mib=1024"], serve="m")
+    assert unread.kind is FindingKind.ELASTIC_SEGMENT_UNREAD
+    assert unread.message.endswith(
+        'must hold "vram_segment_mib": 1024 (the engine\'s default, 512, is not it)'
+    )

@@ -65,12 +65,17 @@ def test_every_suffix_reads_its_exact_multiple() -> None:
         assert got is not None and got.kind is FindingKind.BAD_VALUE, bad
 
 
-def test_the_elastic_configuration_and_the_last_segment_flag() -> None:
+def test_the_elastic_configuration_holds_the_segment_and_the_flag_switches_it_on() -> None:
     config = engines.get("strata").elastic
     assert config is not None
     want = render_elastic(config, 1024)
     assert want.to_json()["config"] == {config.key: True, config.segment_key: 1024}
-    argv = ["--vram-elastic", "--vram-segment-mib", "512", "--vram-segment-mib", "1024"]
-    assert check_elastic(want, argv, serve="moe") == []  # the engine takes the last
-    wrong = check_elastic(want, [*argv[:3], "--vram-segment-mib", "2048"], serve="moe")
-    assert "--vram-segment-mib 2048 MiB" in wrong[0].message
+    assert want.to_json()["argv"] == ["--vram-elastic"]
+    for on in (["--vram-elastic"], ["--vram_elastic=true"], ["--vram-elastic=ON"]):
+        assert [f.kind for f in check_elastic(want, on, serve="moe")] == [
+            FindingKind.ELASTIC_SEGMENT_UNREAD
+        ], on
+    for off in (["--vram-elastic=0"], ["--vram-elasticity"], []):
+        assert [f.kind for f in check_elastic(want, off, serve="moe")] == [
+            FindingKind.ELASTIC_OFF
+        ], off

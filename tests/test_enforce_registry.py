@@ -33,7 +33,7 @@ ENGINE = Engine(
         LimitFlag("--max-tokens", LimitKind.MAX_CONTEXT, ("-t",)),
         LimitFlag("--byte-cap", LimitKind.VRAM_BYTES),
     ),
-    elastic=ElasticConfig("--elastic", "elastic", "--segment", "segment", 256),
+    elastic=ElasticConfig("--elastic", "elastic", "segment", 256),
 )
 '''
 
@@ -83,8 +83,6 @@ def test_render_reads_the_new_engines_limits_and_elastic_flags(
         "--byte-cap",
         str(2048 * MIB),
         "--elastic",
-        "--segment",
-        "256",
     )
     assert answer.to_json()["elastic"]["config"] == {"elastic": True, "segment": 256}
     without = render_serve(mset, "n")  # no [serve.model] figures: the byte cap only

@@ -135,7 +135,7 @@ onnx:
 moe:
   image: ghcr.io/acme/strata:1
   container_name: strata-moe
-  command: ["--model", "/m", "--vram-elastic", "--vram-segment-mib", "1024"]
+  command: ["--model", "/m", "--vram-elastic"]
 plain:
   image: vllm/vllm-openai:v0.11
   container_name: vllm-plain
@@ -187,7 +187,8 @@ def test_render_splits_llamacpps_layers_and_onnx_genai_gets_bytes(mset: Any) -> 
     assert gguf.argv == ("--n-gpu-layers", "1", "--ctx-size", "4096")
     assert render_serve(mset, "onnx", models=models).argv == ("--vram-limit", "3355443200")
     moe = render_serve(mset, "moe", models=models)
-    assert moe.argv == ("--vram-elastic", "--vram-segment-mib", "1024")
+    assert moe.argv == ("--vram-elastic",) and moe.elastic is not None
+    assert '"vram_segment_mib": 1024 (the engine\'s default, 512' in moe.elastic.explanation
 
 
 def test_a_serve_without_a_model_renders_as_before(mset: Any) -> None:
@@ -227,8 +228,7 @@ def test_lint_passes_the_flags_the_reservations_render(tmp_path: Path, mset: Any
             "--vram-limit 4000000000 is more than the 3355443200",
         ),
         ("--vram-limit 3355443200", "--vram-limit 4e9", "BAD_VALUE", "onnx", "whole number"),
-        ('"--vram-elastic", ', "", "ELASTIC_OFF", "moe", "lacks --vram-elastic"),
-        (', "--vram-segment-mib", "1024"', "", "ELASTIC_SEGMENT", "moe", "the default 512"),
+        (', "--vram-elastic"', "", "ELASTIC_OFF", "moe", "lacks --vram-elastic"),
     ],
 )
 def test_lint_reports_each_limit_with_its_terms(

@@ -103,14 +103,13 @@ class LimitFlag:
 
 @dataclass(frozen=True, slots=True)
 class ElasticConfig:
-    """What an engine with ``POST /v1/vram`` needs to be elastic: ``flag`` on (its
-    configuration key ``key``), and the segment size ``segment_flag`` (configuration key
-    ``segment_key``, ``default_segment_mib`` when unset) equal to the manifest's
-    ``elastic.segment_mib``."""
+    """What an engine with ``POST /v1/vram`` needs to be elastic: ``flag`` on the command
+    line (or its configuration key ``key`` true), and the segment size, which the engine
+    reads from its configuration key ``segment_key`` alone (``default_segment_mib`` when
+    unset), equal to the manifest's ``elastic.segment_mib``."""
 
     flag: str
     key: str
-    segment_flag: str
     segment_key: str
     default_segment_mib: int
 
