@@ -21,7 +21,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from test_engine_flags import compose, manifest
 
 from controller.adapters.model_files import read_model
-from controller.interfaces.serve_models import serve_models
+from controller.service.model_estimates import limit_inputs
 from controller.tools.compose_lint import lint_compose, render_serve
 from statemachine.enforce import ModelInput
 from statemachine.engine_flags import FindingKind
@@ -156,16 +156,16 @@ def test_the_gguf_reader_gives_each_layers_bytes_and_the_rest(tmp_path: Path) ->
 
 
 def test_the_serves_models_are_read_only_where_declared(tmp_path: Path, mset: Any) -> None:
-    models = serve_models(mset)
+    models = limit_inputs(mset)
     assert sorted(models) == ["big", "chat", "gguf"]
     chat = models["chat"]
     assert isinstance(chat, ModelInput) and chat.context == 4096
     (tmp_path / "tiny.gguf").unlink()
-    assert "no such file" in str(serve_models(mset, ["chat"])["chat"])
+    assert "no such file" in str(limit_inputs(mset, ["chat"])["chat"])
 
 
 def test_render_gives_vllm_its_context_beside_its_fraction(mset: Any) -> None:
-    answer = render_serve(mset, "chat", models=serve_models(mset))
+    answer = render_serve(mset, "chat", models=limit_inputs(mset))
     # 5 MiB − 4259840 bytes of weights = 983040 bytes, 7680 tokens of 128 bytes
     assert answer.argv[2:] == ("--max-model-len", "7680")
     assert answer.argv[0] == "--gpu-memory-utilization"
@@ -175,13 +175,13 @@ def test_render_gives_vllm_its_context_beside_its_fraction(mset: Any) -> None:
 
 
 def test_render_refuses_weights_larger_than_the_reservation(mset: Any) -> None:
-    answer = render_serve(mset, "big", models=serve_models(mset))
+    answer = render_serve(mset, "big", models=limit_inputs(mset))
     (refused,) = answer.refused
     assert refused.problem is not None and "by 65536 bytes" in refused.problem
 
 
 def test_render_splits_llamacpps_layers_and_onnx_genai_gets_bytes(mset: Any) -> None:
-    models = serve_models(mset)
+    models = limit_inputs(mset)
     gguf = render_serve(mset, "gguf", models=models)
     # 1048576 of no layer + the last layer's 1114112 + its 262144 of KV ≤ 3 MiB; not both
     assert gguf.argv == ("--n-gpu-layers", "1", "--ctx-size", "4096")
@@ -192,13 +192,13 @@ def test_render_splits_llamacpps_layers_and_onnx_genai_gets_bytes(mset: Any) -> 
 
 
 def test_a_serve_without_a_model_renders_as_before(mset: Any) -> None:
-    answer = render_serve(mset, "plain", models=serve_models(mset))
+    answer = render_serve(mset, "plain", models=limit_inputs(mset))
     assert answer.argv == ("--gpu-memory-utilization", "0.0326")
     assert "limits" not in answer.to_json() and "elastic" not in answer.to_json()
 
 
 def test_lint_passes_the_flags_the_reservations_render(tmp_path: Path, mset: Any) -> None:
-    report = lint_compose(mset, [compose(tmp_path, GOOD)], environ={}, models=serve_models(mset))
+    report = lint_compose(mset, [compose(tmp_path, GOOD)], environ={}, models=limit_inputs(mset))
     assert report.errors == (), [f.message for f in report.errors]
     checked = {c.serve: c for c in report.checked}
     assert [(x.flag.name, found) for x, found in checked["gguf"].limits] == [
@@ -236,7 +236,7 @@ def test_lint_reports_each_limit_with_its_terms(
 ) -> None:
     assert old in GOOD
     path = compose(tmp_path, GOOD.replace(old, new))
-    report = lint_compose(mset, [path], environ={}, models=serve_models(mset))
+    report = lint_compose(mset, [path], environ={}, models=limit_inputs(mset))
     found = [f for f in report.errors if f.serve == serve and f.kind is FindingKind[kind]]
     assert found, [(f.kind, f.serve, f.message) for f in report.errors]
     assert words in found[0].message
@@ -249,7 +249,7 @@ def test_lint_reports_a_model_that_cannot_load(tmp_path: Path, mset: Any) -> Non
         "big:\n  image: vllm/vllm-openai:v0.11\n  container_name: vllm-big\n"
         "  command: vllm serve m --gpu-memory-utilization 0.0400 --max-model-len 10\n"
     )
-    report = lint_compose(mset, [compose(tmp_path, text)], environ={}, models=serve_models(mset))
+    report = lint_compose(mset, [compose(tmp_path, text)], environ={}, models=limit_inputs(mset))
     (fit,) = [f for f in report.errors if f.kind is FindingKind.DOES_NOT_FIT]
     assert fit.serve == "big" and "4194304 bytes" in fit.message and "4259840" in fit.message
 
@@ -344,7 +344,7 @@ def test_a_safetensors_model_gives_sglang_its_context(tmp_path: Path) -> None:
     }
     (folder / "config.json").write_text(json.dumps(config))
     mset = manifest(tmp_path, SAFETENSORS_MANIFEST)
-    models = serve_models(mset)
+    models = limit_inputs(mset)
     fast = render_serve(mset, "fast", models=models)
     # 3 MiB − 2 MiB of weights = 1048576 bytes; 2 × 4 × 2 × 64 × 2 bytes × 2 sequences a
     # token = 4096 bytes: 256 tokens

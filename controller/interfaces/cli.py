@@ -1547,7 +1547,7 @@ def render_cmd(
     memory-fraction or limit flag, no device total), when the model cannot load in the
     reservation, or on errors.
     """
-    from controller.interfaces.serve_models import serve_models
+    from controller.service.model_estimates import limit_inputs
     from controller.tools.compose_lint import ComposeError, render_serve
     from statemachine.engine_flags import SOURCE_NVML
 
@@ -1569,7 +1569,7 @@ def render_cmd(
             measured_source=source,
             engine=engine,
             compose_paths=compose,
-            models=serve_models(mset, [serve]),
+            models=limit_inputs(mset, [serve]),
         )
     except ComposeError as exc:
         for problem in exc.problems:
@@ -1644,7 +1644,7 @@ def lint(
     import os
     from decimal import Decimal
 
-    from controller.interfaces.serve_models import serve_models
+    from controller.service.model_estimates import limit_inputs
     from controller.tools.compose_lint import ComposeError, lint_compose, report_lines
 
     mset = _load(manifest)
@@ -1657,7 +1657,7 @@ def lint(
             measured=_measured_totals(observed, mset),
             tolerance=Decimal(str(tolerance)),
             environ=dict(os.environ) if use_env else None,
-            models=serve_models(mset),
+            models=limit_inputs(mset),
         )
     except ComposeError as exc:
         for problem in exc.problems:

@@ -8,7 +8,8 @@ mounted yet. Answers are cached by the path and the modification times of what i
 (the file or folder, its entries, the ``config.json`` beside a file), so a status or a
 page polled every second reads headers only when the files change.
 :func:`serve_models` gives every serve's entry as the answers print it
-(``statemachine.model_fit``'s check and figures).
+(``statemachine.model_fit``'s check and figures); :func:`limit_inputs` gives ``render`` and
+``lint --compose`` the same figures as ``statemachine.enforce``'s inputs.
 
 This module must not decide anything (the comparisons are ``statemachine.model_fit``'s)
 nor write a file.
@@ -17,7 +18,7 @@ nor write a file.
 from __future__ import annotations
 
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,11 +27,13 @@ from controller.adapters.model_files import ModelFileError, read_model
 from controller.manifest import LocatedError, ManifestSet
 from controller.manifest.runtime import ModelRef
 from statemachine import sizing
+from statemachine.enforce import Model, ModelInput
 from statemachine.model_fit import ModelTerms, calibrate_verdict, check_reservation
 from statemachine.types import ServeSpec
 
 __all__ = [
     "ModelUnreadable",
+    "limit_inputs",
     "model_problems",
     "serve_estimate",
     "serve_models",
@@ -194,3 +197,21 @@ def model_problems(
         elif check["verdict"] == "oversized":
             hints.append(str(LocatedError(file, name, "vram_mib", check["message"])))
     return errors, hints
+
+
+def limit_inputs(mset: ManifestSet, names: Iterable[str] | None = None) -> dict[str, Model]:
+    """Serve name → what its limit flags are computed from (or why that is unknown), for
+    ``names`` (default: every serve) that declare ``[serve.model]``."""
+    runtime = mset.runtime()
+    out: dict[str, Model] = {}
+    for name in mset.serves if names is None else names:
+        ref = runtime[name].model
+        if ref is None:
+            continue
+        est = serve_estimate(ref)
+        out[name] = (
+            est.message
+            if isinstance(est, ModelUnreadable)
+            else ModelInput(est.weights, est.architecture, ref.context, ref.kv_dtype, ref.parallel)
+        )
+    return out
