@@ -159,15 +159,24 @@ def _context(arch: Architecture, context: int | None) -> tuple[int | None, str]:
     return arch.context_length, f"the model's own, {arch.source}"
 
 
+def _dims(arch: Architecture) -> tuple[int, int, int]:
+    """KV heads, key length and value length: all known wherever the formula applies
+    (``unsupported`` is ``None``)."""
+    heads, key, value = arch.kv_heads, arch.key_length, arch.value_length
+    assert heads is not None
+    assert key is not None
+    assert value is not None
+    return heads, key, value
+
+
 def _row_problem(arch: Architecture, dtype: KvDtype) -> str | None:
     """Why a quantized cache cannot hold these rows (ggml stores whole blocks), or None."""
-    assert arch.kv_heads is not None and arch.key_length is not None
-    assert arch.value_length is not None
-    for kind, length in (("key", arch.key_length), ("value", arch.value_length)):
-        row = arch.kv_heads * length
+    heads, key, value = _dims(arch)
+    for kind, length in (("key", key), ("value", value)):
+        row = heads * length
         if row % dtype.block_elements:
             return (
-                f"a {kind} row of {arch.kv_heads} KV heads × {length} = {row} elements is "
+                f"a {kind} row of {heads} KV heads × {length} = {row} elements is "
                 f"not a multiple of {dtype.name}'s block of {dtype.block_elements}"
             )
     return None
@@ -175,9 +184,8 @@ def _row_problem(arch: Architecture, dtype: KvDtype) -> str | None:
 
 def _per_token_layer(arch: Architecture, dtype: KvDtype) -> Fraction:
     """Bytes of keys and values one layer caches per token of one sequence."""
-    assert arch.kv_heads is not None and arch.key_length is not None
-    assert arch.value_length is not None
-    return arch.kv_heads * (arch.key_length + arch.value_length) * dtype.per_element
+    heads, key, value = _dims(arch)
+    return heads * (key + value) * dtype.per_element
 
 
 def _n(count: int, word: str) -> str:

@@ -135,3 +135,74 @@ def test_calibrate_without_an_estimate_or_a_kv_cache_says_so() -> None:
     assert cal.to_json()["overheads_mib"] is None
     over = calibrate_verdict(15500, terms, 16000)
     assert over.verdict == "overheads_larger" and "above weights" not in over.reason
+
+
+def test_one_gpu_role_adds_no_per_role_wording() -> None:
+    assert LLAMA.per_role() == ""
+    assert check_reservation(16384, LLAMA).message == (
+        f"vram_mib 16384 ≥ weights 15360 MiB + KV cache 1024 MiB ({FORMULA}) = 16384 MiB: "
+        "0 MiB left for the overheads (unknown; at most 6144 MiB before a hint)"
+    )
+
+
+@pytest.mark.parametrize(
+    ("vram", "verdict", "shortfall", "message"),
+    [
+        (
+            15359,
+            "cannot_load",
+            1,
+            "cannot load in its reservation: vram_mib 15359 < weights 15360 MiB, short by "
+            "1 MiB before the KV cache unknown (recurrent layers)",
+        ),
+        (
+            15360,
+            "unknown",
+            None,
+            "vram_mib 15360 ≥ weights 15360 MiB; KV cache unknown (recurrent layers): "
+            "whether it fits is not known",
+        ),
+    ],
+)
+def test_a_reservation_of_exactly_the_weights_may_fit_while_the_kv_is_unknown(
+    vram: int, verdict: str, shortfall: int | None, message: str
+) -> None:
+    check = check_reservation(vram, ModelTerms(15 * GIB, None, kv_reason="recurrent layers"))
+    assert (check.verdict, check.shortfall_mib, check.message) == (verdict, shortfall, message)
+
+
+@pytest.mark.parametrize(
+    ("measured", "verdict", "reason"),
+    [
+        (
+            15359,
+            "engine_offloads",
+            "measured 15359 MiB < weights 15360 MiB: the engine keeps part of the weights off "
+            "the GPU (offload, quantization at load), or loads other files",
+        ),
+        (
+            15360,
+            "kv_smaller",
+            "weights 15360 MiB ≤ measured 15360 MiB < weights + KV 16384 MiB: the engine "
+            "caches fewer tokens than the estimate's context × parallel (the estimate's "
+            "context is too large)",
+        ),
+        (
+            16383,
+            "kv_smaller",
+            "weights 15360 MiB ≤ measured 16383 MiB < weights + KV 16384 MiB: the engine "
+            "caches fewer tokens than the estimate's context × parallel (the estimate's "
+            "context is too large)",
+        ),
+        (
+            16384,
+            "consistent",
+            "weights + KV 16384 MiB ≤ measured 16384 MiB ≤ vram_mib 20000 MiB: overheads 0 MiB",
+        ),
+    ],
+)
+def test_calibrate_at_the_weights_and_at_weights_plus_kv(
+    measured: int, verdict: str, reason: str
+) -> None:
+    cal = calibrate_verdict(20000, LLAMA, measured)
+    assert (cal.verdict, cal.reason) == (verdict, reason)

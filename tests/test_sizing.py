@@ -255,3 +255,63 @@ def test_an_unknown_cache_is_null_in_the_json_and_first_of_the_unknown_terms() -
     assert result["kv_cache_bytes"] is None and result["at_least_bytes"] is None
     assert result["unknown"][0]["term"] == "kv_cache"
     assert result["architecture"]["context_source"] == "the model's own, config.json"
+
+
+@pytest.mark.parametrize("parallel", [1, 2, 3])
+def test_sliding_window_layers_cache_their_window_for_each_parallel_sequence(
+    parallel: int,
+) -> None:
+    # per token and layer: 1 KV head × (4 + 4) × 2 bytes = 16 bytes for each sequence
+    arch = _arch(layers=6, kv_heads=1, head_dim=4, sliding_window=16, sliding_layers=5)
+    term = kv_cache(arch, context=100, parallel=parallel)
+    total = 16 * parallel * (1 * 100 + 5 * 16)
+    sequences = "1 parallel sequence" if parallel == 1 else f"{parallel} parallel sequences"
+    assert term.bytes == total
+    assert term.formula == (
+        "2 × 1 KV heads × 4 head_dim × (1 layer × 100 tokens + 5 layers × 16 tokens) × "
+        f"2 bytes (f16) × {sequences} = {total} bytes"
+    )
+    assert term.assumptions == (
+        "the 5 sliding-window layers cache only their window of 16 tokens; an engine that "
+        f"caches 100 tokens on every layer needs {16 * parallel * 6 * 100} bytes",
+    )
+
+
+@pytest.mark.parametrize("parallel", [1, 2, 3])
+def test_unnamed_sliding_layers_bound_the_cache_of_every_parallel_sequence(
+    parallel: int,
+) -> None:
+    arch = _arch(layers=2, kv_heads=1, head_dim=4, sliding_window=10)
+    term = kv_cache(arch, context=100, parallel=parallel)
+    assert (term.bytes, term.formula) == (None, None)
+    assert term.reason == (
+        "some of the 2 layers attend to a sliding window of 10 tokens, and the files do not "
+        f"say which: the cache lies between {320 * parallel} bytes (every layer at its "
+        f"window) and {3200 * parallel} bytes (every layer at 100 tokens)"
+    )
+
+
+def test_the_json_gives_each_unknown_term_its_reason() -> None:
+    arch = _arch(context_length=None)
+    result = estimate("m", "safetensors", Weights(10, 1, ("m",)), arch).to_json()
+    assert result["unknown"] == [
+        {"term": "kv_cache", "reason": "the files give no context length: pass --context"},
+        {
+            "term": "cuda_context",
+            "reason": "the CUDA context and the libraries' workspaces: not in the model's "
+            "files; no --engine given",
+        },
+        {
+            "term": "activations",
+            "reason": "activations and temporary buffers of a forward pass: not in the "
+            "model's files; no --engine given",
+        },
+        {
+            "term": "cuda_graphs",
+            "reason": "captured CUDA graphs: not in the model's files; no --engine given",
+        },
+        {
+            "term": "engine_overhead",
+            "reason": "the engine's own allocations: not in the model's files; no --engine given",
+        },
+    ]
