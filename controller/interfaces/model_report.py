@@ -55,7 +55,7 @@ def model_table(models: Mapping[str, Mapping[str, Any]]) -> Table:
         table.add_column(col, justify="left" if col in ("serve", "rest", "note") else "right")
     for name, entry in models.items():
         weights, kv, known = _figures(entry)
-        row = [
+        row: list[Text | str] = [
             Text(name),
             _mib(entry.get("vram_mib")),
             weights,
