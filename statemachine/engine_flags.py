@@ -355,6 +355,7 @@ class FindingKind(StrEnum):
     LIMIT_UNKNOWN = "limit-unknown"
     ELASTIC_OFF = "elastic-off"
     ELASTIC_SEGMENT = "elastic-segment-disagrees"
+    CACHE_TYPE = "cache-type-disagrees"
 
 
 #: The kinds that are errors; every other kind is a note.
@@ -371,6 +372,7 @@ ERROR_KINDS: frozenset[FindingKind] = frozenset(
         FindingKind.DOES_NOT_FIT,
         FindingKind.ELASTIC_OFF,
         FindingKind.ELASTIC_SEGMENT,
+        FindingKind.CACHE_TYPE,
     }
 )
 
