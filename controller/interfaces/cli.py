@@ -1630,6 +1630,9 @@ def _render_flags(answer: RenderedServe) -> None:
     for limit in answer.limits:
         value = "unknown" if limit.value is None else str(limit.value)
         render.err.print(f"{limit.flag.name} {value}: {limit.explanation}", markup=False)
+    if answer.cache_types is not None:
+        cache = answer.cache_types
+        render.err.print(f"{' '.join(cache.argv)}: {cache.explanation}", markup=False)
     if answer.elastic is not None:
         render.err.print(f"elastic: {answer.elastic.explanation}", markup=False)
     if needs is not None:
