@@ -26,7 +26,11 @@ a serve keeps only its memory-fraction flag, as before. What no file holds (the 
 context, activations, CUDA graphs) is not subtracted, and each explanation says so.
 The elastic engine (:func:`render_elastic`, :func:`check_elastic`) needs its flag on the
 command line and the manifest's ``elastic.segment_mib`` in its configuration, which is
-the only place the engine reads the segment from.
+the only place the engine reads the segment from. The KV cache above is sized at
+``[serve.model]`` ``kv_dtype``; an engine with :class:`~statemachine.engines.spec.CacheTypes`
+(llama.cpp's ``--cache-type-k``/``--cache-type-v``) gets them where that is not its default
+(:func:`render_cache_types`), and a command storing another type is an error naming how
+much larger or smaller its cache is (:func:`check_cache_types`).
 
 Pure: no I/O, nothing from ``controller``; integers and exact fractions only.
 """
@@ -36,22 +40,33 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
+from fractions import Fraction
 from typing import Any
 
 from statemachine.engine_flags import Finding, FindingKind
-from statemachine.engines.spec import ElasticConfig, Engine, LimitFlag, LimitKind
-from statemachine.sizing import MIB, Architecture, KvTerm, Weights, kv_cache
+from statemachine.engines.spec import (
+    CacheTypeFlag,
+    CacheTypes,
+    ElasticConfig,
+    Engine,
+    LimitFlag,
+    LimitKind,
+)
+from statemachine.sizing import KV_DTYPES, MIB, Architecture, KvTerm, Weights, kv_cache
 
 __all__ = [
+    "CacheTypeRender",
     "ElasticRender",
     "Limit",
     "Model",
     "ModelInput",
     "Reserved",
+    "check_cache_types",
     "check_elastic",
     "check_limit",
     "found_value",
     "largest_context",
+    "render_cache_types",
     "render_elastic",
     "render_limits",
 ]
@@ -341,7 +356,7 @@ def render_limits(
 
 
 def found_value(
-    argv: Sequence[str], flag: LimitFlag, env: Mapping[str, str] | None = None
+    argv: Sequence[str], flag: LimitFlag | CacheTypeFlag, env: Mapping[str, str] | None = None
 ) -> str | None:
     """The value the command gives ``flag`` under any of its spellings (the engine takes
     the last), else the one of its variable in ``env``; ``None`` when neither is given."""
@@ -495,3 +510,113 @@ def check_elastic(
         f"which lint does not read; that configuration must hold {want.setting}"
     )
     return [Finding(FindingKind.ELASTIC_SEGMENT_UNREAD, message, serve, service, facts)]
+
+
+# ── the KV cache's element type ────────────────────────────────────────────────
+
+
+@dataclass(frozen=True, slots=True)
+class CacheTypeRender:
+    """The flags that make an engine store its KV cache as ``kv_dtype``, the type the
+    limits above were computed at."""
+
+    config: CacheTypes
+    kv_dtype: str
+
+    @property
+    def argv(self) -> tuple[str, ...]:
+        """``("--cache-type-k", "q8_0", "--cache-type-v", "q8_0")``."""
+        return tuple(word for flag in self.config.flags for word in (flag.name, self.kv_dtype))
+
+    @property
+    def explanation(self) -> str:
+        """Where the type comes from and what it is."""
+        return (
+            f"[serve.model] kv_dtype {self.kv_dtype}: {KV_DTYPES[self.kv_dtype].text()} a "
+            "cache element, the size the limits' KV cache was computed at; without these "
+            f"flags the engine stores {self.config.default}"
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"argv", "kv_dtype", "default", "explanation"}``."""
+        return {
+            "argv": list(self.argv),
+            "kv_dtype": self.kv_dtype,
+            "default": self.config.default,
+            "explanation": self.explanation,
+        }
+
+
+def render_cache_types(config: CacheTypes | None, kv_dtype: str | None) -> CacheTypeRender | None:
+    """The cache-type flags of an engine with ``config`` for a serve whose ``[serve.model]``
+    says ``kv_dtype``; ``None`` without either, or where it is the engine's default."""
+    if config is None or kv_dtype is None or kv_dtype == config.default:
+        return None
+    return CacheTypeRender(config, kv_dtype)
+
+
+def _times(ratio: Fraction) -> str:
+    """``2×``, or ``1.88× (32/17)`` where the ratio is not whole."""
+    if ratio.denominator == 1:
+        return f"{ratio.numerator}×"
+    return f"{float(ratio):.2f}× ({ratio.numerator}/{ratio.denominator})"
+
+
+def _scale(found: str, want: str) -> tuple[str, str]:
+    """How a cache stored as ``found`` compares with one stored as ``want`` (``2× larger
+    than``), and why (the bytes of an element of each)."""
+    if found not in KV_DTYPES:
+        return "of a size unknown here, not", f"{found} is not one of {', '.join(KV_DTYPES)}"
+    size, sized = KV_DTYPES[found], KV_DTYPES[want]
+    ratio = size.per_element / sized.per_element
+    if ratio == 1:
+        how = "the same size as"
+    else:
+        how = f"{_times(ratio)} larger than" if ratio > 1 else f"{_times(1 / ratio)} smaller than"
+    return how, f"{size.text()} an element against {sized.text()}"
+
+
+def _consequence(found: Mapping[CacheTypeFlag, str], want: str) -> str:
+    """What storing ``found`` does to the KV cache the limits were sized for."""
+    if len(set(found.values())) == 1:
+        how, why = _scale(next(iter(found.values())), want)
+        return f"the KV cache would be {how} the one the limits were sized for ({why})"
+    parts = ((flag.half, *_scale(kind, want)) for flag, kind in found.items() if kind != want)
+    return "; ".join(
+        f"its {half} would be {how} those the limits were sized for ({why})"
+        for half, how, why in parts
+    )
+
+
+def _given(flag: CacheTypeFlag, value: str | None, default: str) -> str:
+    """``--cache-type-k q8_0``, or ``no --cache-type-k (the default f16)``."""
+    return f"no {flag.name} (the default {default})" if value is None else f"{flag.name} {value}"
+
+
+def check_cache_types(
+    config: CacheTypes,
+    kv_dtype: str,
+    argv: Sequence[str],
+    env: Mapping[str, str] | None = None,
+    *,
+    serve: str,
+    service: str | None = None,
+) -> Finding | None:
+    """The error of a command whose KV cache type (the engine's default where a flag is
+    absent) is not the serve's ``kv_dtype``, which the limits were computed at."""
+    given = {flag: found_value(argv, flag, env) for flag in config.flags}
+    found = {flag: value or config.default for flag, value in given.items()}
+    if all(kind == kv_dtype for kind in found.values()):
+        return None
+    said = ", ".join(_given(flag, value, config.default) for flag, value in given.items())
+    write = " ".join(CacheTypeRender(config, kv_dtype).argv)
+    message = (
+        f"the command stores its KV cache as {said} but [serve.model] kv_dtype is {kv_dtype}: "
+        f"{_consequence(found, kv_dtype)}; write {write}"
+    )
+    facts: dict[str, Any] = {
+        "kv_dtype": kv_dtype,
+        "default": config.default,
+        "found": {flag.name: value for flag, value in given.items()},
+    }
+    return Finding(FindingKind.CACHE_TYPE, message, serve, service, facts)

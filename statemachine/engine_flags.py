@@ -355,6 +355,7 @@ class FindingKind(StrEnum):
     LIMIT_UNKNOWN = "limit-unknown"
     ELASTIC_OFF = "elastic-off"
     ELASTIC_SEGMENT_UNREAD = "elastic-segment-unread"
+    CACHE_TYPE = "cache-type-disagrees"
 
 
 #: The kinds that are errors; every other kind is a note.
@@ -370,6 +371,7 @@ ERROR_KINDS: frozenset[FindingKind] = frozenset(
         FindingKind.LIMIT_TOO_LARGE,
         FindingKind.DOES_NOT_FIT,
         FindingKind.ELASTIC_OFF,
+        FindingKind.CACHE_TYPE,
     }
 )
 

@@ -8,6 +8,8 @@ so the layer split is pinned on uneven layers. Pure: statemachine only.
 
 from __future__ import annotations
 
+from fractions import Fraction
+
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -15,10 +17,12 @@ from statemachine import engines
 from statemachine.enforce import (
     Limit,
     ModelInput,
+    check_cache_types,
     check_elastic,
     check_limit,
     found_value,
     largest_context,
+    render_cache_types,
     render_elastic,
     render_limits,
 )
@@ -365,3 +369,53 @@ def test_an_elastic_serve_needs_the_flag_and_its_segment_in_the_configuration() 
     assert unread.message.endswith(
         'must hold "vram_segment_mib": 1024 (the engine\'s default, 512, is not it)'
     )
+
+
+# ── the KV cache's element type (llama.cpp --cache-type-k / --cache-type-v) ────────
+
+
+def test_llamacpps_cache_type_flags_are_its_own_names() -> None:
+    config = engines.get("llamacpp").cache_types
+    assert config is not None and config.default == "f16"
+    assert [(f.name, f.half, f.aliases, f.env) for f in config.flags] == [
+        ("--cache-type-k", "keys", ("-ctk",), "LLAMA_ARG_CACHE_TYPE_K"),
+        ("--cache-type-v", "values", ("-ctv",), "LLAMA_ARG_CACHE_TYPE_V"),
+    ]
+    assert engines.get("vllm").cache_types is None  # no flag known: nothing rendered
+
+
+def test_the_cache_type_flags_are_rendered_only_off_the_default() -> None:
+    config = engines.get("llamacpp").cache_types
+    want = render_cache_types(config, "q4_0")
+    assert want is not None
+    assert want.argv == ("--cache-type-k", "q4_0", "--cache-type-v", "q4_0")
+    assert render_cache_types(config, "f16") is None
+    assert render_cache_types(config, None) is None  # no [serve.model]
+    assert render_cache_types(engines.get("sglang").cache_types, "q4_0") is None
+
+
+def test_the_cache_type_check_takes_the_last_spelling_and_the_environment() -> None:
+    config = engines.get("llamacpp").cache_types
+    assert config is not None
+    argv = ["llama-server", "-ctk", "f16", "--cache-type-k", "q8_0", "-ctv", "q8_0"]
+    assert check_cache_types(config, "q8_0", argv, serve="s") is None
+    env = {"LLAMA_ARG_CACHE_TYPE_K": "q8_0", "LLAMA_ARG_CACHE_TYPE_V": "q8_0"}
+    assert check_cache_types(config, "q8_0", ["llama-server"], env, serve="s") is None
+    assert check_cache_types(config, "f16", ["llama-server"], serve="s") is None
+
+
+def test_halves_of_different_types_are_each_compared() -> None:
+    config = engines.get("llamacpp").cache_types
+    assert config is not None
+    argv = ["llama-server", "-ctk", "f32", "-ctv", "q4_0"]
+    found = check_cache_types(config, "f16", argv, serve="s", service="svc")
+    assert found is not None and found.is_error and found.kind is FindingKind.CACHE_TYPE
+    assert found.message == (
+        "the command stores its KV cache as --cache-type-k f32, --cache-type-v q4_0 but "
+        "[serve.model] kv_dtype is f16: its keys would be 2× larger than those the limits "
+        "were sized for (4 bytes (f32) an element against 2 bytes (f16)); its values would "
+        "be 3.56× (32/9) smaller than those the limits were sized for (18/32 bytes (q4_0: "
+        "ggml blocks of 32 elements in 18 bytes) an element against 2 bytes (f16)); write "
+        "--cache-type-k f16 --cache-type-v f16"
+    )
+    assert KV_DTYPES["f16"].per_element / KV_DTYPES["q4_0"].per_element == Fraction(32, 9)

@@ -254,6 +254,124 @@ def test_lint_reports_a_model_that_cannot_load(tmp_path: Path, mset: Any) -> Non
     assert fit.serve == "big" and "4194304 bytes" in fit.message and "4259840" in fit.message
 
 
+#: the llama.cpp serve's KV cache at f32: 2 × 2 layers × 2 KV heads × 8 × 4 bytes = 256 bytes
+#: a token, 524288 bytes a layer at 4096 tokens: still only the last layer fits 3 MiB
+F32_MANIFEST = MANIFEST.replace(
+    'context = 4096\n\n[[serve]]\nname = "onnx"',
+    'context = 4096\nkv_dtype = "f32"\n\n[[serve]]\nname = "onnx"',
+)
+F32_FLAGS = ("--cache-type-k", "f32", "--cache-type-v", "f32")
+SIZED = "than the one the limits were sized for"
+
+
+def test_render_gives_llamacpp_the_cache_type_its_limits_were_computed_at(
+    tmp_path: Path,
+) -> None:
+    write_gguf(tmp_path / "tiny.gguf")
+    mset = manifest(tmp_path, F32_MANIFEST)
+    answer = render_serve(mset, "gguf", models=limit_inputs(mset))
+    assert answer.argv == ("--n-gpu-layers", "1", "--ctx-size", "4096", *F32_FLAGS)
+    assert "KV cache of one layer 2 × 1 layer × 2 KV heads × 8 head_dim" in (
+        answer.limits[0].explanation
+    )
+    assert answer.to_json()["cache_types"] == {
+        "argv": list(F32_FLAGS),
+        "kv_dtype": "f32",
+        "default": "f16",
+        "explanation": "[serve.model] kv_dtype f32: 4 bytes (f32) a cache element, the size "
+        "the limits' KV cache was computed at; without these flags the engine stores f16",
+    }
+
+
+def test_render_writes_no_cache_type_at_llamacpps_default(mset: Any) -> None:
+    answer = render_serve(mset, "gguf", models=limit_inputs(mset))
+    assert answer.cache_types is None and "cache_types" not in answer.to_json()
+    assert not {"--cache-type-k", "--cache-type-v"} & set(answer.argv)
+
+
+def test_lint_passes_a_llamacpp_command_storing_the_manifests_cache_type(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "tiny.gguf")
+    mset = manifest(tmp_path, F32_MANIFEST)
+    for written in ("-ctk f32 -ctv f32", "--cache-type-k=f32 --cache-type-v f32"):
+        path = compose(tmp_path, GOOD.replace("-c 4096", f"-c 4096 {written}"))
+        report = lint_compose(mset, [path], environ={}, models=limit_inputs(mset))
+        assert report.errors == (), [f.message for f in report.errors]
+
+
+def test_lint_reads_the_cache_type_from_llamacpps_environment(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "tiny.gguf")
+    mset = manifest(tmp_path, F32_MANIFEST)
+    env = "\n  environment:\n    LLAMA_ARG_CACHE_TYPE_K: f32\n    LLAMA_ARG_CACHE_TYPE_V: f32"
+    path = compose(tmp_path, GOOD.replace("-c 4096", "-c 4096" + env))
+    report = lint_compose(mset, [path], environ={}, models=limit_inputs(mset))
+    assert report.errors == (), [f.message for f in report.errors]
+
+
+def test_lint_reports_a_llamacpp_command_without_the_manifests_cache_type(
+    tmp_path: Path,
+) -> None:
+    write_gguf(tmp_path / "tiny.gguf")
+    mset = manifest(tmp_path, F32_MANIFEST)
+    report = lint_compose(mset, [compose(tmp_path, GOOD)], environ={}, models=limit_inputs(mset))
+    (found,) = [f for f in report.errors if f.kind is FindingKind.CACHE_TYPE]
+    assert found.serve == "gguf" and found.service == "gguf"
+    assert found.message == (
+        "the command stores its KV cache as no --cache-type-k (the default f16), no "
+        "--cache-type-v (the default f16) but [serve.model] kv_dtype is f32: the KV cache "
+        f"would be 2× smaller {SIZED} (2 bytes (f16) an element against 4 bytes (f32)); "
+        "write --cache-type-k f32 --cache-type-v f32"
+    )
+    facts = found.to_json()
+    assert (facts["kv_dtype"], facts["default"]) == ("f32", "f16")
+    assert facts["found"] == {"--cache-type-k": None, "--cache-type-v": None}
+    assert {c.serve: c.ok for c in report.checked}["gguf"] is False
+
+
+Q8 = "34/32 bytes (q8_0: ggml blocks of 32 elements in 34 bytes)"
+
+
+@pytest.mark.parametrize(
+    ("written", "consequence"),
+    [
+        (
+            "-ctk q4_0 -ctv q4_0",
+            f"the KV cache would be 3.56× (32/9) smaller {SIZED} (18/32 bytes (q4_0: ggml "
+            "blocks of 32 elements in 18 bytes) an element against 2 bytes (f16))",
+        ),
+        (
+            "--cache-type-k f32 --cache-type-v=f32",
+            f"the KV cache would be 2× larger {SIZED} (4 bytes (f32) an element against 2 "
+            "bytes (f16))",
+        ),
+        (
+            "-ctk bf16 -ctv bf16",
+            "the KV cache would be the same size as the one the limits were sized for (2 "
+            "bytes (bf16) an element against 2 bytes (f16))",
+        ),
+        (
+            "-ctk q8_0",
+            "its keys would be 1.88× (32/17) smaller than those the limits were sized for "
+            f"({Q8} an element against 2 bytes (f16))",
+        ),
+        (
+            "-ctk q5_1 -ctv q5_1",
+            "the KV cache would be of a size unknown here, not the one the limits were sized "
+            "for (q5_1 is not one of f16, bf16, f32, q8_0, q4_0)",
+        ),
+    ],
+)
+def test_lint_says_how_much_larger_or_smaller_another_cache_type_is(
+    tmp_path: Path, mset: Any, written: str, consequence: str
+) -> None:
+    path = compose(tmp_path, GOOD.replace("-c 4096", f"-c 4096 {written}"))
+    report = lint_compose(mset, [path], environ={}, models=limit_inputs(mset))
+    (found,) = report.errors
+    assert (found.kind, found.serve, found.is_error) == (FindingKind.CACHE_TYPE, "gguf", True)
+    assert found.message.split(": ", 1)[1] == (
+        f"{consequence}; write --cache-type-k f16 --cache-type-v f16"
+    )
+
+
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "controller.interfaces.cli", *args],
@@ -286,6 +404,23 @@ def test_the_render_command_prints_the_flags_and_their_arithmetic(tmp_path: Path
     gone = cli("render", "chat", "-m", str(path))
     assert gone.returncode == 0 and gone.stdout.strip() == "--gpu-memory-utilization 0.0500"
     assert "--max-model-len unknown: the model's files cannot be read" in gone.stderr
+
+
+def test_the_render_and_lint_commands_carry_the_cache_type(tmp_path: Path) -> None:
+    write_gguf(tmp_path / "tiny.gguf")
+    path = tmp_path / "serves.toml"
+    path.write_text(F32_MANIFEST)
+    r = cli("render", "gguf", "-m", str(path))
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip() == "--n-gpu-layers 1 --ctx-size 4096 " + " ".join(F32_FLAGS)
+    assert "--cache-type-k f32 --cache-type-v f32: [serve.model] kv_dtype f32: 4 bytes" in (
+        r.stderr
+    )
+    lint = cli("lint", "-m", str(path), "--compose", str(compose(tmp_path, GOOD)))
+    assert lint.returncode == 1
+    assert "error: serve gguf, service gguf: cache-type-disagrees: the command stores" in (
+        lint.stdout
+    )
 
 
 def test_the_lint_command_fails_on_a_context_too_large(tmp_path: Path) -> None:

@@ -179,15 +179,37 @@ def test_status_and_fit_show_the_estimate_beside_the_reservation(tmp_path: Path)
     assert models["gone"]["calibration"]["verdict"] == "unknown"
     assert r2.returncode == 0, r2.stderr
     table = r2.stdout.split("Model estimates (MiB, per GPU role)")[1]
-    row = next(line for line in table.splitlines() if "│ llm" in line)
-    assert [c.strip() for c in row.split("│")[1:8]] == [
-        "llm", "1500", "2", "1024", "1026", "unknown", "unknown"
+    head = next(line for line in table.splitlines() if "┃ serve" in line)
+    assert [c.strip() for c in head.split("┃")[1:-1]] == [
+        "serve", "vram_mib", "weights", "KV", "weights + KV", "rest", "measured", "note"
     ]  # fmt: skip
+    row = next(line for line in table.splitlines() if "│ llm" in line)
+    assert [c.strip() for c in row.split("│")[1:-1]] == [
+        "llm", "1500", "2", "1024", "1026", "unknown", "unknown", ""
+    ]  # fmt: skip
+    gone = next(line for line in table.splitlines() if "│ gone" in line)
+    assert gone.split("│")[-2].strip() == f"{tmp_path / 'absent'}: no such file or folder"
     f = vramctl("fit", "llm", "-m", str(path), "--observed", str(observed), "--json")
     assert f.returncode in (0, 1), f.stderr
     assert json.loads(f.stdout)["model"]["estimate"]["known_mib"] == 1026
     human = vramctl("fit", "llm", "-m", str(path), "--observed", str(observed))
     assert "model: weights 2 + KV 1024 = 1026 MiB known, the rest unknown" in human.stdout
+
+
+def test_the_model_table_has_no_note_column_when_no_serve_has_a_note(tmp_path: Path) -> None:
+    path = manifest(tmp_path, serve("llm", 1500, "st"))
+    observed, state = snapshot(tmp_path), str(tmp_path / "state")
+    r = vramctl("status", "-m", str(path), "--observed", str(observed), "--state-dir", state)
+    assert r.returncode == 0, r.stderr
+    table = r.stdout.split("Model estimates (MiB, per GPU role)")[1]
+    head = next(line for line in table.splitlines() if "┃ serve" in line)
+    assert [c.strip() for c in head.split("┃")[1:-1]] == [
+        "serve", "vram_mib", "weights", "KV", "weights + KV", "rest", "measured"
+    ]  # fmt: skip
+    row = next(line for line in table.splitlines() if "│ llm" in line)
+    assert [c.strip() for c in row.split("│")[1:-1]] == [
+        "llm", "1500", "2", "1024", "1026", "unknown", "unknown"
+    ]  # fmt: skip
 
 
 def record(journal: Journal, serve: str, declared: int, delta: int) -> None:

@@ -110,7 +110,31 @@ def test_watch_piped_prints_one_answer_per_draw() -> None:
     assert r.returncode == 0, r.stderr
     assert r.stdout.count(HEADER) == 3
     assert r.stdout.count("GPU roles (MiB)") == 3
+    assert "Model estimates" not in r.stdout  # no serve declares [serve.model]
     assert "\x1b[" not in r.stdout  # piped: no cursor movement
+
+
+def test_watch_piped_draws_the_model_estimates_in_each_answer(tmp_path: Path) -> None:
+    from test_model_estimate_cli import manifest, serve, snapshot
+
+    path = manifest(tmp_path, serve("llm", 1500, "st"), serve("gone", 900, "absent"))
+    args = ("--observed", str(snapshot(tmp_path)), "--watch", "--interval", "0.2")
+    r = cli("status", "-m", str(path), *args, "--count", "2", env={"COLUMNS": "200"})
+    assert r.returncode == 0, r.stderr
+    draws = r.stdout.split(HEADER)[1:]
+    assert len(draws) == 2
+    for draw in draws:
+        table = draw.split("Model estimates (MiB, per GPU role)")[1]
+        rows = [
+            [c.strip() for c in line.split("│")[1:-1]]
+            for line in table.splitlines()
+            if line.startswith("│")
+        ]
+        assert rows == [
+            ["llm", "1500", "2", "1024", "1026", "unknown", "unknown", ""],
+            ["gone", "900", "unknown", "unknown", "unknown", "unknown", "unknown",
+             f"{tmp_path / 'absent'}: no such file or folder"],
+        ]  # fmt: skip
 
 
 class Pty:

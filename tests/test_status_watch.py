@@ -9,6 +9,8 @@ test can say what an operator's screen shows and whether anything scrolled away:
   its one line is told inside each draw, never printed beside it: nothing accumulates
   and nothing scrolls, however many draws;
 - a draw taller than the screen is cropped to it, and its last row says so;
+- the serves' model estimates are drawn below the tables, as plain ``status`` prints
+  them, and follow an edit of a reservation;
 - the manifest is re-read when its file changes: a saved edit shows in the next draws;
   an edit that does not load keeps the last good set on screen with the located error.
 """
@@ -21,6 +23,8 @@ import signal
 import sys
 from pathlib import Path
 
+from test_model_estimate_cli import manifest as model_manifest
+from test_model_estimate_cli import serve, snapshot
 from test_status_bars import EXAMPLE, HEADER, OBSERVED, Pty
 
 ROWS, COLS = 50, 160
@@ -197,6 +201,28 @@ def test_an_edit_of_the_manifest_shows_in_the_next_draws(tmp_path: Path) -> None
         # fixed again: the error goes away
         manifest.write_text(text, encoding="utf-8")
         term.wait_for("the fixed manifest", lambda: shows("budget 30559") and not shows("load"))
+        stop(term)
+    finally:
+        term.close()
+
+
+def test_the_model_estimates_are_drawn_and_follow_an_edit(tmp_path: Path) -> None:
+    manifest = model_manifest(tmp_path, serve("llm", 1500, "st"))
+    term = watch("-m", str(manifest), "--observed", str(snapshot(tmp_path)))
+
+    def row() -> list[str] | None:
+        lines = screen_of(term).lines()
+        found = [line for line in lines if line.startswith("│ llm ")]
+        return [c.strip() for c in found[-1].split("│")[1:-1]] if found else None
+
+    try:
+        term.wait_for("the model table", lambda: row() is not None)
+        assert any("Model estimates (MiB, per GPU role)" in x for x in screen_of(term).lines())
+        assert row() == ["llm", "1500", "2", "1024", "1026", "unknown", "unknown"]
+        text = manifest.read_text(encoding="utf-8")
+        manifest.write_text(text.replace("vram_mib = 1500", "vram_mib = 1600"), "utf-8")
+        term.wait_for("the edited reservation", lambda: (row() or [""])[1:2] == ["1600"])
+        assert row() == ["llm", "1600", "2", "1024", "1026", "unknown", "unknown"]
         stop(term)
     finally:
         term.close()

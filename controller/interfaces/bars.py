@@ -137,8 +137,9 @@ def status_screen(report: HostStatus) -> Group:
     return Group(role_bars(report), Text(""), Text.from_ansi(buffer.getvalue()))
 
 
-#: what one draw of ``--watch`` shows: the report, and lines to tell above it
-Frame = tuple[HostStatus, Sequence[str]]
+#: what one draw of ``--watch`` shows: the report, lines to tell above it, and tables to
+#: draw below it (``status``'s model estimates)
+Frame = tuple[HostStatus, Sequence[str], Sequence[RenderableType]]
 
 
 class _Cropped:
@@ -175,12 +176,13 @@ def watch(
 ) -> None:
     """Redraw ``status`` every ``interval_s`` until Ctrl-C (or ``count`` draws, when > 0).
 
-    ``produce`` gives each draw's report and the lines to tell above it (a Docker that
-    cannot be read, an edit of the manifest that does not load): they are part of the
-    draw, never printed beside it, so nothing is left behind on the screen. On a
-    terminal the draws take the alternate screen (rich Live), each in place of the last
-    and cropped to the screen's height, with a last row that says what is not shown;
-    the terminal's own screen comes back on exit. Piped, each draw is printed after the
+    ``produce`` gives each draw's report, the lines to tell above it (a Docker that
+    cannot be read, an edit of the manifest that does not load) and the tables to draw
+    below it (the model estimates): they are part of the draw, never printed beside it,
+    so nothing is left behind on the screen. On a terminal the draws take the alternate
+    screen (rich Live), each in place of the last and cropped to the screen's height,
+    with a last row that says what is not shown; the terminal's own screen comes back
+    on exit. Piped, each draw is printed after the
     last one, with the time it was made.
     """
     from rich.live import Live  # only --watch draws live: the CLI's import stays light
@@ -189,14 +191,14 @@ def watch(
     drawn = 0
 
     def frame() -> Group:
-        report, notes = produce()
+        report, notes, below = produce()
         stamp = Text(
             f"vramctl status --watch: {time.strftime('%H:%M:%S')}, every {interval_s:g}s "
             "(Ctrl-C stops)",
             style="dim",
         )
         told = [Text(note, style="yellow") for note in notes]
-        return Group(stamp, *told, status_screen(report))
+        return Group(stamp, *told, status_screen(report), *below)
 
     try:
         if con.is_terminal:

@@ -37,6 +37,8 @@ from typer import _click as click  # noqa: E402 (the click typer carries: its ow
 if TYPE_CHECKING:
     import socket
 
+    from rich.table import Table
+
     from controller.interfaces import bars, render
     from controller.manifest import ManifestSet
     from controller.service.cycle import CycleJournal, PlanInputs
@@ -484,7 +486,7 @@ def status(
     if watch:  # `status --watch`: observe and redraw in place (controller/interfaces/bars.py)
         if json_out:
             _fail("--watch draws for people; for tools, run `status --json` repeatedly")
-        _watch_status(manifest, mset, observed, interval, count)
+        _watch_status(manifest, mset, observed, interval, count, state_dir)
         return
     snap = _observe(observed, mset, nvml_in_answer=not json_out)
     desired = mset.desired() if observed else _with_requests(mset, manifest, state_dir, snap)
@@ -522,10 +524,16 @@ def status(
 
 
 def _watch_status(
-    manifest: list[Path], mset: ManifestSet, observed: Path | None, interval: float, count: int
+    manifest: list[Path],
+    mset: ManifestSet,
+    observed: Path | None,
+    interval: float,
+    count: int,
+    state_dir: Path | None = None,
 ) -> None:
     """``status --watch``: each draw from the manifest set as the files are now (the last
-    good one while an edit does not load) and a new observation."""
+    good one while an edit does not load) and a new observation; below it the model
+    estimates where a serve declares ``[serve.model]`` (cached by path and mtime)."""
     from controller.interfaces.watched import WatchedManifests
     from controller.snapshot import SnapshotError, load_snapshot
     from statemachine.status import host_status
@@ -548,9 +556,30 @@ def _watch_status(
             if snap.docker_error:
                 notes.append(f"{observed}: docker could not be read: {snap.docker_error}")
         last[:] = [snap]
-        return host_status(current.desired(), snap.to_observed()), notes
+        below = _watch_models(current, manifest, state_dir, notes)
+        return host_status(current.desired(), snap.to_observed()), notes, below
 
     bars.watch(produce, interval_s=interval, count=count)
+
+
+def _watch_models(
+    mset: ManifestSet, manifest: list[Path], state_dir: Path | None, notes: list[str]
+) -> tuple[Table, ...]:
+    """``status``'s model estimates table for a ``--watch`` draw, with the measured
+    footprints; none when no serve declares ``[serve.model]``. A state directory that
+    cannot be read is told in ``notes`` (nothing is printed beside the draw)."""
+    from controller.interfaces import footprint_report as fp
+    from controller.interfaces.model_report import model_table
+    from controller.service.model_estimates import serve_models
+    from controller.store.journal import default_state_dir
+
+    if all(rt.model is None for rt in mset.runtime().values()):
+        return ()
+    samples, why = fp.load_samples(state_dir or default_state_dir(list(manifest)))
+    if why is not None and state_dir is not None:
+        notes.append(f"footprints: {why}")
+    footprints = fp.status_footprints(mset, samples)
+    return (model_table(serve_models(mset, {n: f.measured_mib for n, f in footprints.items()})),)
 
 
 @_command("Propose each serve's vram_mib from measured footprints.")
@@ -1601,6 +1630,9 @@ def _render_flags(answer: RenderedServe) -> None:
     for limit in answer.limits:
         value = "unknown" if limit.value is None else str(limit.value)
         render.err.print(f"{limit.flag.name} {value}: {limit.explanation}", markup=False)
+    if answer.cache_types is not None:
+        cache = answer.cache_types
+        render.err.print(f"{' '.join(cache.argv)}: {cache.explanation}", markup=False)
     if answer.elastic is not None:
         render.err.print(f"elastic: {answer.elastic.explanation}", markup=False)
     if needs is not None:

@@ -32,23 +32,30 @@ def _figures(entry: Mapping[str, Any]) -> tuple[str, str, str]:
     return _mib(est["weights_mib"]), _mib(est["kv_cache_mib"]), _mib(est["known_mib"])
 
 
+def _note(entry: Mapping[str, Any]) -> Text:
+    """What is wrong with a serve's model, in words (empty when nothing is)."""
+    check = entry.get("check")
+    if entry.get("error"):
+        return Text(entry["error"], style="red")
+    if check is not None and check["verdict"] == "cannot_load":
+        return Text(f"cannot load: short by {check['shortfall_mib']} MiB", style="bold red")
+    if check is not None and check["verdict"] == "oversized":
+        return Text(f"{check['excess_mib']} MiB above weights + KV", style="yellow")
+    return Text("")
+
+
 def model_table(models: Mapping[str, Mapping[str, Any]]) -> Table:
-    """Reservation, estimate and measured footprint per serve (``status``)."""
+    """Reservation, estimate and measured footprint per serve (``status``); a ``note``
+    column only where some serve has one."""
     table = Table(title="Model estimates (MiB, per GPU role)", title_justify="left")
-    for col in ("serve", "vram_mib", "weights", "KV", "weights + KV", "rest", "measured", ""):
-        table.add_column(col, justify="left" if col in ("serve", "rest", "") else "right")
+    notes = {name: _note(entry) for name, entry in models.items()}
+    cols = ("serve", "vram_mib", "weights", "KV", "weights + KV", "rest", "measured")
+    noted = any(note.plain for note in notes.values())
+    for col in (*cols, "note") if noted else cols:
+        table.add_column(col, justify="left" if col in ("serve", "rest", "note") else "right")
     for name, entry in models.items():
         weights, kv, known = _figures(entry)
-        check = entry.get("check")
-        if entry.get("error"):
-            note = Text(entry["error"], style="red")
-        elif check is not None and check["verdict"] == "cannot_load":
-            note = Text(f"cannot load: short by {check['shortfall_mib']} MiB", style="bold red")
-        elif check is not None and check["verdict"] == "oversized":
-            note = Text(f"{check['excess_mib']} MiB above weights + KV", style="yellow")
-        else:
-            note = Text("")
-        table.add_row(
+        row: list[Text | str] = [
             Text(name),
             _mib(entry.get("vram_mib")),
             weights,
@@ -56,8 +63,8 @@ def model_table(models: Mapping[str, Mapping[str, Any]]) -> Table:
             known,
             UNKNOWN,
             _mib(entry.get("measured_mib")),
-            note,
-        )
+        ]
+        table.add_row(*row, *([notes[name]] if noted else []))
     return table
 
 

@@ -32,7 +32,9 @@ llama.cpp ``--n-gpu-layers`` and ``--ctx-size``), from the model's figures the c
 read (``models``: this module reads no model file); onnx-genai's ``--vram-limit`` needs
 only the reservation. A missing or too-large value is an error with every term, as is a
 model that cannot load in its reservation; a serve with ``elastic`` whose command is
-not elastic, or whose segment is not ``elastic.segment_mib``, is an error too.
+not elastic, or whose segment is not ``elastic.segment_mib``, is an error too, and so is
+a llama.cpp command whose KV cache type (``--cache-type-k``/``-v``, f16 where absent) is
+not ``[serve.model]`` ``kv_dtype``, the type its limits were computed at.
 
 Variables (``${VAR:-default}``, ``${VAR}``, ``$VAR``, ``$$``) are resolved from
 ``environ`` only, empty by default: the file is linted as it runs with nothing set,
@@ -57,14 +59,18 @@ from typing import Any
 import yaml
 
 from controller.manifest import ManifestSet, ServeModel
+from controller.manifest.models import ModelModel
 from statemachine import engines
 from statemachine.enforce import (
+    CacheTypeRender,
     ElasticRender,
     Limit,
     Model,
+    check_cache_types,
     check_elastic,
     check_limit,
     found_value,
+    render_cache_types,
     render_elastic,
     render_limits,
 )
@@ -386,13 +392,17 @@ class RenderedServe:
     limits: tuple[Limit, ...] = ()
     #: what the engine needs for ``elastic``, for a serve that declares it
     elastic: ElasticRender | None = None
+    #: the KV cache type flags, for a serve whose ``kv_dtype`` is not its engine's default
+    cache_types: CacheTypeRender | None = None
 
     @property
     def argv(self) -> tuple[str, ...]:
-        """Every flag rendered: the fraction's, the limits', the elastic ones."""
+        """Every flag rendered: the fraction's, the limits', the cache types', the elastic
+        ones."""
         elastic = () if self.elastic is None else self.elastic.argv
+        cache = () if self.cache_types is None else self.cache_types.argv
         limits = tuple(w for limit in self.limits for w in limit.argv)
-        return (*self.result.argv, *limits, *elastic)
+        return (*self.result.argv, *limits, *cache, *elastic)
 
     @property
     def refused(self) -> tuple[Limit, ...]:
@@ -400,11 +410,13 @@ class RenderedServe:
         return tuple(limit for limit in self.limits if limit.refused)
 
     def to_json(self) -> dict[str, Any]:
-        """The render JSON plus ``engine_source``, ``service`` and ``sleep``; ``limits``
-        and ``elastic`` where there are some."""
+        """The render JSON plus ``engine_source``, ``service`` and ``sleep``; ``limits``,
+        ``cache_types`` and ``elastic`` where there are some."""
         extra: dict[str, Any] = {}
         if self.limits:
             extra["limits"] = [limit.to_json() for limit in self.limits]
+        if self.cache_types is not None:
+            extra["cache_types"] = self.cache_types.to_json()
         if self.elastic is not None:
             extra["elastic"] = self.elastic.to_json()
         return {
@@ -426,6 +438,35 @@ def _elastic_for(serve: ServeModel, engine: str | None) -> ElasticRender | None:
     if config is None:
         config = next((e.elastic for e in engines.engines(lambda e: e.elastic is not None)), None)
     return None if config is None else render_elastic(config, serve.elastic.segment_mib)
+
+
+def _kv_dtype(serve: ServeModel) -> str | None:
+    """The KV cache type of the serve's ``[serve.model]`` (``None`` without one)."""
+    return serve.model.kv_dtype if isinstance(serve.model, ModelModel) else None
+
+
+def _cache_types_for(serve: ServeModel, engine: str | None) -> CacheTypeRender | None:
+    """The KV cache type flags the serve's engine needs for its ``kv_dtype``."""
+    found = engines.lookup(engine)
+    return render_cache_types(found.cache_types if found else None, _kv_dtype(serve))
+
+
+def _check_cache_types(
+    serve: ServeModel, service: ComposeService, engine: str | None
+) -> list[Finding]:
+    """The command's KV cache type against the serve's ``kv_dtype``."""
+    found, kv_dtype = engines.lookup(engine), _kv_dtype(serve)
+    if found is None or found.cache_types is None or kv_dtype is None:
+        return []
+    finding = check_cache_types(
+        found.cache_types,
+        kv_dtype,
+        service.argv,
+        service.environment,
+        serve=serve.name,
+        service=service.name,
+    )
+    return [] if finding is None else [finding]
 
 
 def _totals_for(
@@ -510,6 +551,7 @@ def render_serve(
             engines.lookup(key), serve.vram_mib, (models or {}).get(name), len(serve.roles)
         ),
         _elastic_for(serve, key),
+        _cache_types_for(serve, key),
     )
 
 
@@ -626,6 +668,7 @@ def _check_limits(
     elastic = _elastic_for(serve, engine)
     if elastic is not None:
         findings += check_elastic(elastic, service.argv, serve=serve.name, service=service.name)
+    findings += _check_cache_types(serve, service, engine)
     return pairs, findings
 
 

@@ -23,6 +23,8 @@ from enum import StrEnum
 from typing import Any
 
 __all__ = [
+    "CacheTypeFlag",
+    "CacheTypes",
     "Detection",
     "DocumentedFigure",
     "ElasticConfig",
@@ -99,6 +101,29 @@ class LimitFlag:
     kind: LimitKind
     aliases: tuple[str, ...] = ()
     env: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheTypeFlag:
+    """A flag that sets the element type of one ``half`` (``keys`` or ``values``) of the
+    engine's KV cache; ``aliases`` are its other spellings on the command line (``-ctk``),
+    ``env`` the environment variable the engine reads when the flag is not given."""
+
+    name: str
+    half: str
+    aliases: tuple[str, ...] = ()
+    env: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class CacheTypes:
+    """The flags that set the element type of the engine's KV cache, whose values are
+    ``[serve.model]`` ``kv_dtype``'s names (:data:`statemachine.sizing.KV_DTYPES`), and
+    ``default``: the type the engine stores where a flag is absent. A serve whose
+    ``kv_dtype`` is not ``default`` has them rendered (:mod:`statemachine.enforce`)."""
+
+    flags: tuple[CacheTypeFlag, ...]
+    default: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,5 +213,7 @@ class Engine:
     documented_overheads: tuple[DocumentedFigure, ...] = ()
     #: the flags that bound what it loads, rendered and linted beside ``memory_flag``
     limit_flags: tuple[LimitFlag, ...] = ()
+    #: the flags that set its KV cache's element type (``None``: none known)
+    cache_types: CacheTypes | None = None
     #: the configuration its elastic VRAM endpoint needs (``None``: it has none)
     elastic: ElasticConfig | None = None
