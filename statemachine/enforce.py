@@ -296,7 +296,7 @@ def _partial_layers(
     return Limit(flag, count, (*terms, NOT_SUBTRACTED))
 
 
-def _vram_bytes(flag: LimitFlag, budget: Reserved, model: ModelInput | None) -> Limit:
+def _vram_bytes(flag: LimitFlag, budget: Reserved) -> Limit:
     """``vram-bytes``: the reservation in bytes (of one GPU), kept by the engine at load."""
     size, reserved = _reservation(Reserved(budget.vram_mib))
     return Limit(
@@ -311,36 +311,31 @@ def _vram_bytes(flag: LimitFlag, budget: Reserved, model: ModelInput | None) -> 
     )
 
 
-def _needs_model(
-    compute: Callable[[LimitFlag, Reserved, ModelInput], Limit],
-) -> Callable[[LimitFlag, Reserved, Model | None], Limit | None]:
-    """``compute`` for a serve with ``[serve.model]``; none without; unknown when its
-    files could not be read."""
-
-    def render(flag: LimitFlag, budget: Reserved, model: Model | None) -> Limit | None:
-        if model is None:
-            return None
-        if isinstance(model, str):
-            return _unknown(flag, [], f"the model's files cannot be read: {model}")
-        return compute(flag, budget, model)
-
-    return render
-
-
-def _any_model(flag: LimitFlag, budget: Reserved, model: Model | None) -> Limit | None:
-    return _vram_bytes(flag, budget, None)
-
-
-_RENDER: dict[LimitKind, Callable[[LimitFlag, Reserved, Model | None], Limit | None]] = {
-    LimitKind.MAX_CONTEXT: _needs_model(_max_context),
-    LimitKind.GPU_LAYERS: _needs_model(_gpu_layers),
-    LimitKind.CONTEXT_SIZE: _needs_model(_context_size),
-    LimitKind.VRAM_BYTES: _any_model,
+#: the kinds computed from the model's files, and the one that needs none
+_FROM_MODEL: dict[LimitKind, Callable[[LimitFlag, Reserved, ModelInput], Limit]] = {
+    LimitKind.MAX_CONTEXT: _max_context,
+    LimitKind.GPU_LAYERS: _gpu_layers,
+    LimitKind.CONTEXT_SIZE: _context_size,
+}
+_NO_MODEL: dict[LimitKind, Callable[[LimitFlag, Reserved], Limit]] = {
+    LimitKind.VRAM_BYTES: _vram_bytes,
 }
 
 
+def _render_one(flag: LimitFlag, budget: Reserved, model: Model | None) -> Limit | None:
+    """One flag's limit. A kind computed from the model's files is not rendered for a
+    serve without ``[serve.model]``, and is unknown when its files could not be read."""
+    if flag.kind in _NO_MODEL:
+        return _NO_MODEL[flag.kind](flag, budget)
+    if model is None:
+        return None
+    if isinstance(model, str):
+        return _unknown(flag, [], f"the model's files cannot be read: {model}")
+    return _FROM_MODEL[flag.kind](flag, budget, model)
+
+
 def render_limits(
-    engine: Engine | None, vram_mib: int | None, model: Model | None, gpus: int = 1
+    engine: Engine | None, vram_mib: int | None, model: Model | None, *, gpus: int
 ) -> tuple[Limit, ...]:
     """The limit flags of ``engine`` for a reservation of ``vram_mib`` on each of ``gpus``
     roles and the serve's ``model`` (``None``: no ``[serve.model]``; a text: why its
@@ -348,7 +343,7 @@ def render_limits(
     if engine is None or vram_mib is None:
         return ()
     reserved = Reserved(vram_mib, max(1, gpus))
-    found = (_RENDER[flag.kind](flag, reserved, model) for flag in engine.limit_flags)
+    found = (_render_one(flag, reserved, model) for flag in engine.limit_flags)
     return tuple(limit for limit in found if limit is not None)
 
 
@@ -569,10 +564,12 @@ def _scale(found: str, want: str) -> tuple[str, str]:
         return "of a size unknown here, not", f"{found} is not one of {', '.join(KV_DTYPES)}"
     size, sized = KV_DTYPES[found], KV_DTYPES[want]
     ratio = size.per_element / sized.per_element
-    if ratio == 1:
-        how = "the same size as"
+    if ratio > 1:
+        how = f"{_times(ratio)} larger than"
+    elif ratio < 1:
+        how = f"{_times(1 / ratio)} smaller than"
     else:
-        how = f"{_times(ratio)} larger than" if ratio > 1 else f"{_times(1 / ratio)} smaller than"
+        how = "the same size as"
     return how, f"{size.text()} an element against {sized.text()}"
 
 

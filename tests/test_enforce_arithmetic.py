@@ -56,7 +56,7 @@ def model(
 
 
 def one(engine: str, vram_mib: int, m: ModelInput | str | None) -> tuple[Limit, ...]:
-    return render_limits(engines.get(engine), vram_mib, m)
+    return render_limits(engines.get(engine), vram_mib, m, gpus=1)
 
 
 # ── max context (vLLM --max-model-len, SGLang --context-length) ─────────────────
@@ -146,7 +146,7 @@ def test_a_serve_without_a_model_renders_no_limit_and_unreadable_files_are_unkno
     (limit,) = one("vllm", 20000, "m.gguf: no such file")
     assert limit.value is None and not limit.refused
     assert limit.problem == "the model's files cannot be read: m.gguf: no such file"
-    assert render_limits(engines.get("vllm"), None, model()) == ()
+    assert render_limits(engines.get("vllm"), None, model(), gpus=1) == ()
 
 
 @given(

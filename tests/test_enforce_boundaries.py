@@ -4,12 +4,23 @@ them; the last of repeated flags wins. Pure: statemachine only."""
 
 from __future__ import annotations
 
-from test_enforce_arithmetic import GIB, llama, model, one
+import pytest
+from test_enforce_arithmetic import GIB, arch, llama, model, one
 
 from statemachine import engines
-from statemachine.enforce import check_elastic, check_limit, render_elastic, render_limits
+from statemachine.enforce import (
+    ModelInput,
+    check_cache_types,
+    check_elastic,
+    check_limit,
+    found_value,
+    largest_context,
+    render_elastic,
+    render_limits,
+)
 from statemachine.engine_flags import FindingKind
-from statemachine.sizing import MIB
+from statemachine.engines.spec import LimitFlag, LimitKind
+from statemachine.sizing import MIB, Architecture, Weights
 
 
 def test_weights_exactly_the_reservation_leave_no_token_rather_than_exceed_it() -> None:
@@ -49,9 +60,9 @@ def test_a_layer_that_fits_exactly_is_counted_and_one_more_is_named_by_its_own_b
 
 
 def test_without_a_model_only_the_flags_that_need_none_are_rendered() -> None:
-    assert render_limits(engines.get("vllm"), 20000, None) == ()
-    assert render_limits(engines.get("llamacpp"), 20000, None) == ()
-    (unread,) = render_limits(engines.get("vllm"), 20000, "m.gguf: no such file")
+    assert render_limits(engines.get("vllm"), 20000, None, gpus=1) == ()
+    assert render_limits(engines.get("llamacpp"), 20000, None, gpus=1) == ()
+    (unread,) = render_limits(engines.get("vllm"), 20000, "m.gguf: no such file", gpus=1)
     assert unread.value is None and "m.gguf: no such file" in str(unread.problem)
 
 
@@ -79,3 +90,68 @@ def test_the_elastic_configuration_holds_the_segment_and_the_flag_switches_it_on
         assert [f.kind for f in check_elastic(want, off, serve="moe")] == [
             FindingKind.ELASTIC_OFF
         ], off
+
+
+# ── the search's cap, the defaults, the reasons a limit is unknown ─────────────────
+
+
+def test_a_context_without_cap_is_searched_up_to_two_to_the_fortieth_tokens() -> None:
+    tiny = Architecture("tiny", 1, 1, 1, 1, None)  # 4 bytes of f16 KV a token
+    m = ModelInput(Weights(0, 1, ("m.gguf",), "F16"), tiny)
+    assert largest_context(m, 1 << 50, None) == 1 << 40
+    assert largest_context(m, 4 << 20, None) == 1 << 20  # below the cap: the bytes decide
+
+
+def test_a_model_input_has_one_sequence_unless_told() -> None:
+    m = ModelInput(Weights(0, 1, ("m.gguf",), "F16"), arch())
+    assert m.parallel == 1 and m.kv(8192).bytes == GIB
+
+
+def test_a_serve_on_no_role_is_held_to_one_reservation() -> None:
+    vllm, m = engines.get("vllm"), model()
+    assert render_limits(vllm, 20000, m, gpus=0) == render_limits(vllm, 20000, m, gpus=1)
+    (two,) = render_limits(vllm, 20000, m, gpus=2)
+    assert two.value is not None and two.value > 28928
+
+
+def test_a_spaced_value_is_never_read_as_a_flag() -> None:
+    flag = LimitFlag("--ctx-size", LimitKind.CONTEXT_SIZE, ("-c",))
+    assert found_value(["-c", "-c", "8"], flag) == "-c"  # "-c" is the first -c's value
+    assert found_value(["-c=-c", "-c", "8"], flag) == "8"
+
+
+def test_without_a_context_llamacpps_limits_are_unknown_with_the_reason() -> None:
+    m = model(layers=(GIB // 2,) * 32, arch_=arch(context=None))
+    ngl, ctx = one("llamacpp", 20000, m)
+    why = "no context: the files give none and [serve.model] sets none"
+    assert (ngl.value, ngl.problem, ngl.refused) == (None, why, False)
+    assert (ctx.value, ctx.problem, ctx.refused) == (None, why, False)
+
+
+def test_a_kv_cache_the_formula_does_not_describe_leaves_the_layers_unknown() -> None:
+    recurrent = Architecture("test (mamba)", 32, None, None, None, 4096, unsupported="recurrent")
+    (ngl, ctx) = one("llamacpp", 20000, model(layers=(GIB // 2,) * 32, arch_=recurrent))
+    assert ngl.value is None and not ngl.refused
+    assert ngl.problem is not None and ngl.problem.startswith("the KV cache is unknown: ")
+    assert ctx.value == 4096  # the context needs no KV figure
+
+
+@pytest.mark.parametrize(
+    ("k", "v", "consequence"),
+    [
+        ("bf16", "bf16", "the KV cache would be the same size as the one the limits"),
+        ("f32", "f32", "the KV cache would be 2× larger than the one the limits"),
+        ("q4_0", "q4_0", "the KV cache would be 3.56× (32/9) smaller than the one"),
+        ("iq4_nl", "iq4_nl", "the KV cache would be of a size unknown here, not the one"),
+        ("f16", "bf16", "its values would be the same size as those the limits"),
+    ],
+)
+def test_each_cache_type_is_compared_with_the_one_the_limits_were_sized_at(
+    k: str, v: str, consequence: str
+) -> None:
+    config = engines.get("llamacpp").cache_types
+    assert config is not None
+    found = check_cache_types(config, "f16", ["llama-server", "-ctk", k, "-ctv", v], serve="s")
+    assert found is not None and found.kind is FindingKind.CACHE_TYPE
+    assert consequence in found.message
+    assert "its keys" not in found.message  # a half of the wanted type is not mentioned

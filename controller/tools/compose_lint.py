@@ -548,7 +548,7 @@ def render_serve(
         None if service is None else service.name,
         sleep_needs(protocol),
         render_limits(
-            engines.lookup(key), serve.vram_mib, (models or {}).get(name), len(serve.roles)
+            engines.lookup(key), serve.vram_mib, (models or {}).get(name), gpus=len(serve.roles)
         ),
         _elastic_for(serve, key),
         _cache_types_for(serve, key),
@@ -657,7 +657,7 @@ def _check_limits(
     serve: ServeModel, service: ComposeService, engine: str | None, model: Model | None
 ) -> tuple[tuple[tuple[Limit, str | None], ...], list[Finding]]:
     """The engine's limit flags and the elastic configuration against the command."""
-    limits = render_limits(engines.lookup(engine), serve.vram_mib, model, len(serve.roles))
+    limits = render_limits(engines.lookup(engine), serve.vram_mib, model, gpus=len(serve.roles))
     env = service.environment
     pairs = tuple((limit, found_value(service.argv, limit.flag, env)) for limit in limits)
     findings = [
