@@ -6,8 +6,9 @@ Each engine's :class:`~statemachine.engines.spec.LimitFlag` entries name a
 
 * ``max-context`` (vLLM ``--max-model-len``, SGLang ``--context-length``): the largest
   context whose KV cache, at the serve's ``kv_dtype`` and ``parallel`` sequences, fits
-  the reservation less the weights; capped at the model's own context length; refused
-  when the weights alone exceed the reservation.
+  the reservation less the weights; capped at the serve's declared context (it asks no
+  more) or else the model's own context length; refused when the weights alone exceed
+  the reservation.
 * ``gpu-layers`` (llama.cpp ``--n-gpu-layers``): every layer and the output layer (the
   layer count + 1, as llama.cpp counts them) when weights + KV fit; else the largest N
   whose last N layers (llama.cpp offloads the last ones) and their KV fit beside the
@@ -196,19 +197,28 @@ def _max_context(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
     if one.bytes is None:
         return _unknown(flag, terms, f"the KV cache is unknown: {one.reason}")
     terms.append(f"KV cache per token: {one.formula}")
-    cap = model.arch.context_length
+    cap, capped_at = _context_cap(model)
     found = largest_context(model, left, cap)
     if found == 0:
         why = f"not one token's KV cache ({one.bytes} bytes) fits the {left} bytes left"
         return _refusal(flag, terms, f"cannot load in its reservation: {why}")
     terms.append(f"at {found} tokens: {model.kv(found).formula} ≤ {left}")
     if found == cap:
-        terms.append(f"capped at the model's own context length {cap} ({model.arch.source})")
+        terms.append(f"capped at {capped_at}")
     else:
         terms.append(f"one token more: {model.kv(found + 1).bytes} bytes > {left}")
     if model.context is not None and model.context > found:
         terms.append(f"the declared context {model.context} does not fit")
     return Limit(flag, found, (*terms, NOT_SUBTRACTED))
+
+
+def _context_cap(model: ModelInput) -> tuple[int | None, str]:
+    """The longest context worth allowing, and what it is: the declared context (the
+    serve asks no more), else the model's own length (it was trained to no more)."""
+    own = model.arch.context_length
+    if model.context is not None and (own is None or model.context <= own):
+        return model.context, f"the declared context {model.context} ([serve.model] context)"
+    return own, f"the model's own context length {own} ({model.arch.source})"
 
 
 def _serve_context(model: ModelInput) -> tuple[int | None, str]:

@@ -106,6 +106,19 @@ def test_the_context_is_capped_at_the_models_own() -> None:
     (limit,) = one("vllm", 80000, model(arch_=arch(context=8192)))
     assert limit.value == 8192
     assert "capped at the model's own context length 8192" in limit.explanation
+    # a declared context longer than the model's own is capped at the model's
+    (longer,) = one("vllm", 80000, model(context=16384, arch_=arch(context=8192)))
+    assert longer.value == 8192 and "the model's own context length 8192" in longer.explanation
+
+
+def test_the_context_is_capped_at_the_declared_one_where_more_would_fit() -> None:
+    # 28928 tokens fit 20000 MiB; the serve asks 4096, and 4096 is what it gets
+    (limit,) = one("vllm", 20000, model(context=4096))
+    assert limit.value == 4096
+    assert "capped at the declared context 4096 ([serve.model] context)" in limit.explanation
+    assert "does not fit" not in limit.explanation
+    (exact,) = one("vllm", 20000, model(context=28928))
+    assert exact.value == 28928 and "capped at the declared context 28928" in exact.explanation
 
 
 def test_a_declared_context_that_does_not_fit_is_said() -> None:
