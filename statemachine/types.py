@@ -155,11 +155,21 @@ class ServeSpec:
     #: the Compose project its container belongs to (``compose_project``, or the
     #: ``-p`` of its ``up``); None: any container bearing its name is its own
     compose_project: str | None = None
+    #: ``placement``: the candidate roles the controller chooses one of (docs/placement.md);
+    #: empty for a pinned serve. Until a role is chosen ``gpu_roles`` is every candidate
+    #: (the ledger then counts what it holds on each: never less than the truth);
+    #: ``statemachine.placement`` narrows it to the chosen one
+    placement: tuple[str, ...] = ()
 
     @property
     def managed(self) -> bool:
         """A serve without ``desired`` is unmanaged: never started or stopped on its own."""
         return self.desired is not None
+
+    @property
+    def placed(self) -> bool:
+        """True once a placed serve's role is chosen (``gpu_roles`` is one candidate)."""
+        return len(self.gpu_roles) == 1 and self.gpu_roles[0] in self.placement
 
 
 @dataclass(frozen=True, slots=True)
