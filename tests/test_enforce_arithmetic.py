@@ -109,6 +109,8 @@ def test_the_context_is_capped_at_the_models_own() -> None:
     # a declared context longer than the model's own is capped at the model's
     (longer,) = one("vllm", 80000, model(context=16384, arch_=arch(context=8192)))
     assert longer.value == 8192 and "the model's own context length 8192" in longer.explanation
+    (same,) = one("vllm", 80000, model(context=8192, arch_=arch(context=8192)))
+    assert same.value == 8192 and "capped at the declared context 8192" in same.explanation
 
 
 def test_the_context_is_capped_at_the_declared_one_where_more_would_fit() -> None:
