@@ -868,8 +868,19 @@ def _held_as_recorded(
     asleep = None if slept is None else sleeping_reservation(serve, slept)
     if asleep is not None and asleep[0] is not None:
         held = asleep[0]
-    key = serve.gpu_roles + record.gpu_roles if record else serve.gpu_roles
+    key = (
+        _declared_beside(serve, record.gpu_roles) + record.gpu_roles if record else serve.gpu_roles
+    )
     return GpuReservation(name, _known(desired, key), held)
+
+
+def _declared_beside(serve: ServeSpec, held_on: tuple[str, ...]) -> tuple[str, ...]:
+    """The roles ``serve`` declares, counted beside those it holds memory on: a placed
+    serve that holds on one of its candidates declares that one (it never moves while
+    it holds), so its other candidates are not counted; any other serve, its roles."""
+    if serve.placement and held_on and set(held_on) <= set(serve.placement):
+        return ()
+    return serve.gpu_roles
 
 
 def _starts_in_progress(desired: DesiredState, observed: Observed) -> list[GpuReservation]:
@@ -881,7 +892,7 @@ def _starts_in_progress(desired: DesiredState, observed: Observed) -> list[GpuRe
         started_on = start.gpu_roles
         mib: int = start.mib
         if serve is not None and serve.vram_mib is not None and desired.in_ledger(serve):
-            started_on = started_on + serve.gpu_roles
+            started_on = started_on + _declared_beside(serve, started_on)
             mib = max(mib, serve.vram_mib)
         counted = _known(desired, started_on)
         if counted and mib > 0:

@@ -232,6 +232,90 @@ class Policy:
         )
 
 
+# ── placement (statemachine/placement.py decides; the plan carries it) ───────────
+
+
+class How(StrEnum):
+    """How a placed serve's role was chosen."""
+
+    HELD = "held"
+    UNKNOWN = "unknown"
+    FITS = "fits"
+    VICTIMS = "victims"
+    IDLE = "idle"
+
+
+@dataclass(frozen=True, slots=True)
+class CandidateTerms:
+    """One candidate's arithmetic: its budget, what is committed on it (with the serves
+    placed before in this plan), the free MiB, and what placing the serve would cost."""
+
+    role: str
+    budget_mib: int
+    committed_mib: int
+    free_mib: int
+    requested_mib: int
+    #: the plan with the serve there: the serves it stops / puts to sleep / shrinks
+    victims: tuple[str, ...] = ()
+    stops: int = 0
+    freed_mib: int = 0
+    starts: bool | None = None
+
+    @property
+    def fits(self) -> bool:
+        """True when the reservation fits without making room."""
+        return self.requested_mib <= self.free_mib
+
+    def to_json(self) -> dict[str, Any]:
+        """Every term, by name."""
+        return {
+            "role": self.role,
+            "budget_mib": self.budget_mib,
+            "committed_mib": self.committed_mib,
+            "free_mib": self.free_mib,
+            "requested_mib": self.requested_mib,
+            "fits": self.fits,
+            "victims": list(self.victims),
+            "stops": self.stops,
+            "freed_mib": self.freed_mib,
+            "starts": self.starts,
+        }
+
+    def text(self) -> str:
+        """``a: free 3000 of 8000, needs 2000, fits`` (with its victims where weighed)."""
+        out = f"{self.role}: free {self.free_mib} of {self.budget_mib}, needs {self.requested_mib}"
+        if self.fits:
+            return f"{out}, fits (leaves {self.free_mib - self.requested_mib})"
+        if self.starts is None:
+            return f"{out}, short by {self.requested_mib - self.free_mib}"
+        if not self.starts:
+            return f"{out}: cannot start there even by making room"
+        who = ", ".join(self.victims) or "nothing"
+        return f"{out}: makes room from {who} ({self.stops} stopped, {self.freed_mib} MiB freed)"
+
+
+@dataclass(frozen=True, slots=True)
+class Placement:
+    """Where one placed serve runs (``role`` ``None``: unknown, counted on every
+    candidate), how that was decided, and each candidate's terms."""
+
+    serve: str
+    role: str | None
+    how: How
+    reason: str
+    candidates: tuple[CandidateTerms, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """``{"serve", "role", "how", "reason", "candidates"}``."""
+        return {
+            "serve": self.serve,
+            "role": self.role,
+            "how": str(self.how),
+            "reason": self.reason,
+            "candidates": [c.to_json() for c in self.candidates],
+        }
+
+
 @dataclass(frozen=True, slots=True)
 class Plan:
     """The planner's answer."""
@@ -241,6 +325,9 @@ class Plan:
     ledger_before: Ledger
     ledger_after: Ledger
     notes: tuple[str, ...] = ()
+    #: where each placed serve runs and why (``statemachine.placement``); empty
+    #: for a manifest without ``placement``
+    placements: tuple[Placement, ...] = ()
 
     @property
     def empty(self) -> bool:
@@ -268,4 +355,6 @@ class Plan:
             host = ledger.host_view()
             if host is not None:  # only with a [host] budget
                 out[key] = host.to_json()
+        if self.placements:  # only with placed serves
+            out["placements"] = [p.to_json() for p in self.placements]
         return out

@@ -74,6 +74,7 @@ from statemachine.ledger import (
     WorkingLedger,
     ledger_from_observed,
 )
+from statemachine.placement import resolve
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
 from statemachine.types import (
     ABSENT,
@@ -1235,6 +1236,17 @@ def plan_transitions(
     misjudge every TTL and ``min_runtime_s``. ``policy`` None is ``Policy()``.
     """
     policy = policy or Policy()
+
+    def pinned(d: DesiredState) -> Plan:
+        return _plan(d, observed, policy, now)
+
+    placed = resolve(desired, observed, now, pinned)
+    plan = _plan(placed.desired, observed, policy, now)
+    return dataclasses.replace(plan, placements=placed.placements) if placed.placements else plan
+
+
+def _plan(desired: DesiredState, observed: Observed, policy: Policy, now: float) -> Plan:
+    """:func:`plan_transitions` once every placed serve has its role."""
     ledger = ledger_from_observed(desired, observed)
     active, expired = _requests(desired, observed, now)
     notes = [

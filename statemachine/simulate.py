@@ -21,6 +21,7 @@ from statemachine.types import (
     Observed,
     SleepObs,
     SleepState,
+    StartedWith,
 )
 
 
@@ -30,6 +31,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
     elastic = dict(observed.elastic_mib)
     quiesced = set(observed.quiesced)
     sleep = dict(observed.sleep)
+    started_with = dict(observed.started_with)
     for step in plan.steps:
         serve = desired.serves[step.serve]
         if step.action is Action.STOP:
@@ -53,6 +55,8 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
             containers[serve.container] = ContainerObs(
                 ContainerState.RUNNING, health="healthy", started_at=now
             )
+            if step.mib and step.gpu_roles:  # as the loop records it (its journal)
+                started_with[serve.container] = StartedWith(serve.name, step.gpu_roles, step.mib)
         elif step.action is Action.READMIT:
             quiesced.discard(serve.name)
         elif step.action in (Action.SHRINK, Action.GROW) and step.to_mib is not None:
@@ -61,13 +65,14 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
             else:
                 elastic[serve.name] = step.to_mib
     # what no step changes (requests in flight, probes, NVML's figures, starts in
-    # progress, memory not back, start records) is carried over as observed
+    # progress, memory not back) is carried over as observed; a start is recorded
     return replace(
         observed,
         containers=containers,
         elastic_mib=elastic,
         quiesced=frozenset(quiesced),
         sleep=sleep,
+        started_with=started_with,
     )
 
 

@@ -93,7 +93,7 @@ from controller.store.journal import (
     default_state_dir,
     journal_path,
 )
-from statemachine import backoff
+from statemachine import backoff, placement
 from statemachine.backoff import Backoff
 from statemachine.idleness import request_end
 from statemachine.ledger import Ledger
@@ -561,7 +561,7 @@ class _LoopCycle:
         assert cycle_id is not None
         c = self.controller
         executor = c._executor_for()
-        executor.desired = inputs.desired
+        executor.desired = placement.apply(inputs.desired, plan.placements)
         executor.on_start_done = self._start_done_callback(cycle_id)
         executor.cycle = cycle_id
         c.start_outcomes.executing(cycle_id)  # executing: a start's early end waits
@@ -587,7 +587,8 @@ class _LoopCycle:
     def _after_execution(self, result: CycleResult, report: ExecutionReport) -> None:
         """What the loop learns from an execution: backoff, tiers, releases, its stops."""
         c = self.controller
-        now, desired, observed = result.inputs.now, result.inputs.desired, result.observed
+        now, observed = result.inputs.now, result.observed
+        desired = placement.apply(result.inputs.desired, result.plan.placements)
         overlays.record_starts(c.journal, report, desired, now)
         c._learn(report, now)
         c._track_tiers([r.to_json() for r in report.results])

@@ -1,0 +1,222 @@
+"""Placement: which of its candidate roles a placed serve runs on (docs/placement.md).
+
+A serve with ``placement`` (:attr:`statemachine.types.ServeSpec.placement`) comes from
+the manifest with ``gpu_roles`` = every candidate, which the ledger counts in full (never
+less than the truth). :func:`resolve` narrows each one to one role, in three ways:
+
+1. **held** — a serve that holds memory stays where it is: the role its start in
+   progress reserved, else the role its running (or asleep, or unreleased) container
+   was started on (``observed.started_with``). A running serve is never moved; a
+   resident is placed once and stays. Its container started where the controller
+   cannot tell (by hand, before a restart lost the record) keeps every candidate:
+   counted on each, moved nowhere (``unknown``).
+2. **fits** — a serve that holds nothing goes to a candidate where its reservation fits
+   without making room; among those, *best fit*: the one left with the least free MiB
+   (large holes stay for large models), then the declared order.
+3. **victims** — where no candidate has room, the candidate whose plan frees it at the
+   least cost under the planner's own rules: the plan with the serve on each candidate
+   is made (``plan_with``), and the candidates compared by (the serve starts, the
+   fewest victims, the fewest stopped rather than put to sleep or shrunk, the least
+   MiB freed beyond the need, the declared order). A serve that does not want to run
+   gets the candidate with the most free MiB: where it would go, said, nothing done.
+
+Serves are placed in declared order, each seeing the reservations of the pinned serves
+this plan will start and of those placed before it that want to run. Pure: no I/O, no
+clock; the planner is handed in (``plan_with``), so this module never imports it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+
+from statemachine.ledger import Ledger, ledger_from_observed
+from statemachine.plan import Action, CandidateTerms, How, Placement, Plan
+from statemachine.types import DesiredRun, DesiredState, Observed, ServeSpec
+
+__all__ = ["Placed", "apply", "resolve", "wants_to_run"]
+
+
+@dataclass(frozen=True, slots=True)
+class Placed:
+    """The desired state with every placed serve's role chosen, and the decisions."""
+
+    desired: DesiredState
+    placements: tuple[Placement, ...]
+
+
+PlanWith = Callable[[DesiredState], Plan]
+
+
+def wants_to_run(desired: DesiredState, s: ServeSpec, now: float) -> bool:
+    """True when the serve is desired running or has an on-demand request in force."""
+    if s.desired is DesiredRun.RUNNING:
+        return True
+    return s.desired is not DesiredRun.STOPPED and any(
+        r.serve == s.name and not r.expired(now) for r in desired.requests
+    )
+
+
+def _held_on(s: ServeSpec, observed: Observed) -> tuple[str, ...] | None:
+    """The roles a placed serve holds memory on (``()``: it holds memory, where is not
+    known); ``None`` when it holds none."""
+    starting = observed.starting.get(s.name)
+    if starting is not None:
+        return starting.gpu_roles
+    obs = observed.containers.get(s.container)
+    if not ((obs is not None and obs.holds) or s.name in observed.unreleased):
+        return None
+    record = observed.started_with.get(s.container)
+    return () if record is None else record.gpu_roles
+
+
+def _sticky(s: ServeSpec, observed: Observed) -> Placement | None:
+    """The placement of a serve that holds memory (it stays), or ``None``."""
+    held = _held_on(s, observed)
+    if held is None:
+        return None
+    if len(held) == 1 and held[0] in s.placement:
+        return Placement(s.name, held[0], How.HELD, f"{s.name} holds its memory on {held[0]}")
+    return Placement(
+        s.name,
+        None,
+        How.UNKNOWN,
+        f"{s.name} holds memory on a card the controller did not choose: counted on every "
+        f"candidate ({', '.join(s.placement)}) until it stops",
+    )
+
+
+def _terms(s: ServeSpec, ledger: Ledger, taken: Mapping[str, int]) -> list[CandidateTerms]:
+    """Each candidate's budget, committed (with ``taken`` by the serves placed before),
+    and free MiB."""
+    out = []
+    for role in s.placement:
+        view = ledger.view(role)
+        assert view.committed_mib is not None  # resolve places nothing on an unknown host
+        committed = view.committed_mib + taken.get(role, 0)
+        free = view.budget_mib - committed
+        out.append(CandidateTerms(role, view.budget_mib, committed, free, s.vram_mib or 0))
+    return out
+
+
+def _to_start(desired: DesiredState, ledger: Ledger, now: float) -> dict[str, int]:
+    """Role -> the MiB the pinned serves that want to run and hold nothing yet will
+    take: this plan starts them where they are pinned, so a placed serve is weighed
+    beside them (a serve the plan then cannot start only made the choice cautious)."""
+    taken: dict[str, int] = {}
+    for s in desired.serves.values():
+        if s.placement or s.name in ledger.holdings or s.vram_mib is None:
+            continue
+        if desired.in_ledger(s) and wants_to_run(desired, s, now):
+            for role in s.gpu_roles:
+                taken[role] = taken.get(role, 0) + s.vram_mib
+    return taken
+
+
+def _best_fit(terms: Sequence[CandidateTerms]) -> CandidateTerms | None:
+    """The fitting candidate left with the least free MiB (declared order on a tie)."""
+    fitting = [t for t in terms if t.fits]
+    return min(fitting, key=lambda t: t.free_mib - t.requested_mib) if fitting else None
+
+
+def _weigh(
+    s: ServeSpec, t: CandidateTerms, desired: DesiredState, plan_with: PlanWith
+) -> CandidateTerms:
+    """``t`` with what the plan with ``s`` on its role does to make room."""
+    serves = dict(desired.serves)
+    serves[s.name] = replace(s, gpu_roles=(t.role,))
+    plan = plan_with(replace(desired, serves=serves))
+    starts = any(st.serve == s.name and st.action in _STARTS for st in plan.steps)
+    made_room = [st for st in plan.steps if st.group == s.name and st.serve != s.name]
+    victims = tuple(dict.fromkeys(st.serve for st in made_room))
+    stops = len({st.serve for st in made_room if st.action is Action.STOP})
+    freed = sum(st.mib or 0 for st in made_room if st.action in _FREES)
+    return replace(t, victims=victims, stops=stops, freed_mib=freed, starts=starts)
+
+
+_STARTS = frozenset({Action.START, Action.WAKE})
+_FREES = frozenset({Action.RELEASE, Action.RELEASE_TO_RESIDUAL, Action.SHRINK})
+
+
+def _by_victims(weighed: Sequence[CandidateTerms]) -> CandidateTerms:
+    """The candidate that makes room at the least cost (docstring of the module)."""
+    order = {t.role: i for i, t in enumerate(weighed)}
+    shortfall = {t.role: t.requested_mib - t.free_mib for t in weighed}
+    return min(
+        weighed,
+        key=lambda t: (
+            not t.starts,
+            len(t.victims),
+            t.stops,
+            t.freed_mib - shortfall[t.role],
+            order[t.role],
+        ),
+    )
+
+
+def _choose(
+    s: ServeSpec,
+    terms: list[CandidateTerms],
+    desired: DesiredState,
+    wants: bool,
+    plan_with: PlanWith,
+) -> Placement:
+    """The placement of a serve that holds nothing (module docstring, 2 and 3)."""
+    fit = _best_fit(terms)
+    if fit is not None:
+        why = f"{s.name} fits on {fit.role} without making room, leaving the least free (best fit)"
+        return Placement(s.name, fit.role, How.FITS, why, tuple(terms))
+    if not wants:
+        most = max(terms, key=lambda t: t.free_mib)
+        why = f"{s.name} fits on no candidate now; it would go to {most.role}, the most free"
+        return Placement(s.name, most.role, How.IDLE, why, tuple(terms))
+    weighed = [_weigh(s, t, desired, plan_with) for t in terms]
+    best = _by_victims(weighed)
+    why = (
+        f"{s.name} fits on no candidate without making room; {best.role} makes room at the "
+        "least cost (fewest victims, fewest stopped, least freed beyond the need)"
+    )
+    return Placement(s.name, best.role, How.VICTIMS, why, tuple(weighed))
+
+
+def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: PlanWith) -> Placed:
+    """Every placed serve's role (module docstring); ``desired`` as it is without one."""
+    placed = [s for s in desired.serves.values() if s.placement and not s.placed]
+    if not placed or not observed.docker_ok:  # unknown host: every candidate still counted
+        return Placed(desired, ())
+    serves = dict(desired.serves)
+    decisions: dict[str, Placement] = {}
+    for s in placed:  # 1. those that hold memory stay where they are
+        sticky = _sticky(s, observed)
+        if sticky is not None:
+            decisions[s.name] = sticky
+            if sticky.role is not None:
+                serves[s.name] = replace(s, gpu_roles=(sticky.role,))
+    rest = [s for s in placed if s.name not in decisions]
+    # the others are not counted while they are weighed: stopped until placed
+    for s in rest:
+        serves[s.name] = replace(s, desired=DesiredRun.STOPPED)
+    ledger = ledger_from_observed(replace(desired, serves=serves), observed)
+    taken = _to_start(replace(desired, serves=serves), ledger, now)
+    for s in rest:  # 2. and 3., in declared order
+        wants = wants_to_run(desired, s, now)
+        so_far = replace(desired, serves={**serves, s.name: s})
+        choice = _choose(s, _terms(s, ledger, taken), so_far, wants, plan_with)
+        decisions[s.name] = choice
+        assert choice.role is not None
+        serves[s.name] = replace(s, gpu_roles=(choice.role,))
+        if wants:
+            taken[choice.role] = taken.get(choice.role, 0) + (s.vram_mib or 0)
+    order = [s.name for s in placed]
+    return Placed(replace(desired, serves=serves), tuple(decisions[n] for n in order))
+
+
+def apply(desired: DesiredState, placements: Sequence[Placement]) -> DesiredState:
+    """``desired`` with the roles ``placements`` chose (a plan's): what its execution and
+    the records of its starts must see."""
+    serves = dict(desired.serves)
+    for p in placements:
+        s = serves.get(p.serve)
+        if p.role is not None and s is not None and p.role in s.placement:
+            serves[p.serve] = replace(s, gpu_roles=(p.role,))
+    return replace(desired, serves=serves) if placements else desired

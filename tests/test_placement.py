@@ -1,0 +1,287 @@
+"""Placement over several GPUs (statemachine/placement.py, docs/placement.md), pure.
+
+Two cards, ``a`` (budget 10000 MiB) and ``b`` (budget 6000): a serve of 4000 placed on
+either goes to ``b`` when both are empty (best fit: 2000 left there, 6000 on ``a``); a
+serve that holds memory stays where it was started; one whose card is not known is
+counted on both and moved nowhere; where neither has room, the card whose plan makes
+room at the least cost wins. The properties draw fleets of two to four cards.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from statemachine import placement
+from statemachine.ledger import Ledger, ledger_from_observed
+from statemachine.plan import Action, How, Plan, Policy
+from statemachine.planner import plan_transitions
+from statemachine.simulate import apply_plan, ledger_prefixes
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    GpuRole,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    ServeSpec,
+    StartedWith,
+)
+
+NOW = 1_000_000.0
+ROLES = {"a": GpuRole("a", 10000), "b": GpuRole("b", 6000)}
+RUNNING = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
+
+
+def placed(name: str, mib: int, *, on: tuple[str, ...] = ("a", "b"), **kw: object) -> ServeSpec:
+    return ServeSpec(
+        name,
+        f"c-{name}",
+        gpu_roles=on,
+        vram_mib=mib,
+        residency=kw.pop("residency", Residency.EVICTABLE),  # type: ignore[arg-type]
+        desired=kw.pop("desired", DesiredRun.RUNNING),  # type: ignore[arg-type]
+        placement=on,
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def pinned(name: str, mib: int, role: str, **kw: object) -> ServeSpec:
+    return ServeSpec(
+        name,
+        f"c-{name}",
+        gpu_roles=(role,),
+        vram_mib=mib,
+        residency=kw.pop("residency", Residency.EVICTABLE),  # type: ignore[arg-type]
+        desired=kw.pop("desired", DesiredRun.RUNNING),  # type: ignore[arg-type]
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def host(*serves: ServeSpec, requests: tuple[OnDemandRequest, ...] = ()) -> DesiredState:
+    return DesiredState(ROLES, {s.name: s for s in serves}, requests)
+
+
+def plan(desired: DesiredState, observed: Observed) -> Plan:
+    return plan_transitions(desired, observed, Policy(), NOW)
+
+
+def running(*names: str, on: dict[str, str] | None = None) -> Observed:
+    """The serves' containers running; ``on``: serve -> the role it was started on."""
+    with_ = {f"c-{n}": StartedWith(n, (r,), 0) for n, r in (on or {}).items()}
+    return Observed(True, {f"c-{n}": RUNNING for n in names}, started_with=with_)
+
+
+def roles_of(p: Plan, serve: str) -> tuple[str, ...]:
+    return p.ledger_after.holdings[serve].gpu_roles
+
+
+def test_a_placed_serve_goes_where_it_fits_leaving_the_least_free() -> None:
+    p = plan(host(placed("p", 4000)), Observed(True))
+    (decision,) = p.placements
+    assert (decision.role, decision.how) == ("b", How.FITS)
+    assert [(c.role, c.free_mib, c.fits) for c in decision.candidates] == [
+        ("a", 10000, True),
+        ("b", 6000, True),
+    ]
+    assert roles_of(p, "p") == ("b",)
+    assert [(s.action, s.gpu_roles) for s in p.steps if s.action is Action.RESERVE] == [
+        (Action.RESERVE, ("b",))
+    ]
+    assert p.to_json()["placements"][0]["role"] == "b"
+
+
+def test_a_serve_that_does_not_fit_the_tightest_card_goes_to_the_other() -> None:
+    p = plan(host(pinned("x", 3000, "b"), placed("p", 4000)), running("x"))
+    assert [(d.serve, d.role, d.how) for d in p.placements] == [("p", "a", How.FITS)]
+    assert "b: free 3000 of 6000, needs 4000, short by 1000" in [
+        c.text() for c in p.placements[0].candidates
+    ]
+
+
+def test_serves_placed_in_one_plan_see_each_other() -> None:
+    p = plan(host(placed("p", 4000), placed("q", 4000)), Observed(True))
+    assert [(d.serve, d.role) for d in p.placements] == [("p", "b"), ("q", "a")]
+    assert roles_of(p, "p") == ("b",) and roles_of(p, "q") == ("a",)
+
+
+def test_a_running_serve_stays_on_its_card_even_where_another_fits_better() -> None:
+    desired = host(placed("p", 4000))
+    p = plan(desired, running("p", on={"p": "a"}))
+    (decision,) = p.placements
+    assert (decision.role, decision.how) == ("a", How.HELD)
+    assert p.empty
+    assert ledger_from_observed(desired, running("p", on={"p": "a"})).view("b").committed_mib == 0
+
+
+def test_a_serve_running_where_the_controller_cannot_tell_is_counted_on_every_candidate() -> None:
+    desired = host(placed("p", 4000))
+    p = plan(desired, running("p"))
+    (decision,) = p.placements
+    assert (decision.role, decision.how) == (None, How.UNKNOWN)
+    assert p.empty  # nothing is stopped on the strength of something unknown
+    assert roles_of(p, "p") == ("a", "b")
+
+
+def test_where_no_card_has_room_the_one_with_the_fewest_victims_is_chosen() -> None:
+    # a: two evictables of 4500 (1000 free; one frees too little); b: one of 5000 (1000
+    # free): one victim there
+    fleet = host(
+        pinned("a1", 4500, "a"),
+        pinned("a2", 4500, "a"),
+        pinned("b1", 5000, "b"),
+        placed("p", 6000, residency=Residency.ON_DEMAND, desired=None),
+        requests=(OnDemandRequest("p", NOW),),
+    )
+    p = plan(fleet, running("a1", "a2", "b1"))
+    (decision,) = p.placements
+    assert (decision.role, decision.how) == ("b", How.VICTIMS)
+    weighed = {c.role: c for c in decision.candidates}
+    assert weighed["a"].victims == ("a1", "a2") or weighed["a"].victims == ("a2", "a1")
+    assert weighed["b"].victims == ("b1",) and weighed["b"].starts
+    assert {s.serve for s in p.steps if s.action is Action.STOP} == {"b1"}
+
+
+def test_a_serve_that_does_not_want_to_run_is_only_said_where_it_would_go() -> None:
+    fleet = host(
+        pinned("x", 9500, "a"),
+        pinned("y", 5000, "b"),
+        placed("p", 4000, desired=DesiredRun.STOPPED),
+    )
+    p = plan(fleet, running("x", "y"))
+    (decision,) = p.placements
+    assert (decision.role, decision.how) == ("b", How.IDLE)
+    assert p.empty
+
+
+def test_a_manifest_without_placement_plans_without_placements() -> None:
+    p = plan(host(pinned("x", 4000, "a")), Observed(True))
+    assert p.placements == () and "placements" not in p.to_json()
+
+
+def test_apply_gives_the_executor_the_chosen_role() -> None:
+    desired = host(placed("p", 4000))
+    p = plan(desired, Observed(True))
+    assert placement.apply(desired, p.placements).serves["p"].gpu_roles == ("b",)
+    assert placement.apply(desired, ()) is desired
+
+
+# ── properties ─────────────────────────────────────────────────────────────────
+
+
+@st.composite
+def fleets(draw: st.DrawFn) -> tuple[DesiredState, Observed]:
+    """Two to four cards; pinned serves (some running) and placed ones (some running,
+    started on one of their candidates), some requested."""
+    n = draw(st.integers(2, 4))
+    roles = {r: GpuRole(r, draw(st.integers(4, 16)) * 1000) for r in ("a", "b", "c", "d")[:n]}
+    serves: dict[str, ServeSpec] = {}
+    containers: dict[str, ContainerObs] = {}
+    started: dict[str, StartedWith] = {}
+    committed = dict.fromkeys(roles, 0)
+    for i in range(draw(st.integers(1, 8))):
+        name = f"s{i}"
+        mib = draw(st.integers(1, 8)) * 500
+        cands = draw(st.lists(st.sampled_from(sorted(roles)), min_size=1, max_size=n, unique=True))
+        cands = [r for r in cands if roles[r].budget_mib >= mib]
+        if not cands:
+            continue
+        residency = draw(st.sampled_from([Residency.EVICTABLE, Residency.ON_DEMAND]))
+        want = draw(st.sampled_from([DesiredRun.RUNNING, None, DesiredRun.STOPPED]))
+        is_placed = draw(st.booleans()) and len(cands) > 1
+        spec = ServeSpec(
+            name,
+            f"c-{name}",
+            gpu_roles=tuple(cands) if is_placed else (cands[0],),
+            vram_mib=mib,
+            residency=residency,
+            desired=want,
+            placement=tuple(cands) if is_placed else (),
+        )
+        serves[name] = spec
+        on = draw(st.sampled_from(cands))
+        if draw(st.booleans()) and committed[on] + mib <= roles[on].budget_mib:
+            if not is_placed and on != cands[0]:
+                continue
+            committed[on] += mib
+            containers[spec.container] = RUNNING
+            started[spec.container] = StartedWith(name, (on,), mib)
+    requests = tuple(
+        OnDemandRequest(n, NOW - 1)
+        for n, s in serves.items()
+        if s.desired is None and draw(st.booleans())
+    )
+    return DesiredState(roles, serves, requests), Observed(True, containers, started_with=started)
+
+
+@settings(max_examples=150, deadline=None)
+@given(fleets())
+def test_every_placed_serve_holds_on_exactly_one_candidate_and_no_card_is_overcommitted(
+    fleet: tuple[DesiredState, Observed],
+) -> None:
+    desired, observed = fleet
+    p = plan(desired, observed)
+    assert not p.ledger_after.overcommitted()
+    for _step, ledger in ledger_prefixes(p):
+        assert isinstance(ledger, Ledger) and not ledger.overcommitted()
+    for d in p.placements:
+        s = desired.serves[d.serve]
+        assert d.role in s.placement
+        held = p.ledger_after.holdings.get(d.serve)
+        if held is not None:
+            assert held.gpu_roles == (d.role,)
+
+
+@settings(max_examples=100, deadline=None)
+@given(fleets())
+def test_plans_converge_and_nothing_that_runs_moves(fleet: tuple[DesiredState, Observed]) -> None:
+    """Plan, apply, plan again: empty, but for the placed serves the first plan evicted,
+    which the second places again (on a card with room); the third is empty."""
+    desired, observed = fleet
+    first = plan(desired, observed)
+    after = apply_plan(placement.apply(desired, first.placements), observed, first, NOW)
+    again = plan(desired, after)
+    evicted = {s.serve for s in first.steps if s.action is Action.STOP}
+    replaced = {s.serve for s in again.steps}
+    assert replaced <= {n for n in evicted if desired.serves[n].placement}, [
+        s.to_json() for s in again.steps
+    ]
+    where = {d.serve: d.role for d in first.placements}
+    for d in again.placements:
+        if d.serve in first.ledger_after.holdings and d.serve not in evicted:
+            assert (d.role, d.how) == (where[d.serve], How.HELD)
+    last = apply_plan(placement.apply(desired, again.placements), after, again, NOW)
+    assert plan(desired, last).empty
+
+
+@settings(max_examples=100, deadline=None)
+@given(fleets())
+def test_the_choice_makes_no_more_victims_than_the_best_single_candidate(
+    fleet: tuple[DesiredState, Observed],
+) -> None:
+    desired, observed = fleet
+    p = plan(desired, observed)
+    for d in p.placements:
+        if d.how is not How.VICTIMS:
+            continue
+        chosen = {c.role: c for c in d.candidates}[d.role or ""]
+        starting = [c for c in d.candidates if c.starts]
+        if starting:
+            assert chosen.starts
+            assert len(chosen.victims) == min(len(c.victims) for c in starting)
+
+
+def test_pinned_serves_plan_as_before_when_a_placed_serve_is_declared_stopped() -> None:
+    base = host(pinned("x", 4000, "a"), pinned("y", 5000, "b"))
+    with_placed = host(
+        pinned("x", 4000, "a"),
+        pinned("y", 5000, "b"),
+        placed("p", 1000, desired=DesiredRun.STOPPED),
+    )
+    one, two = plan(base, Observed(True)), plan(with_placed, Observed(True))
+    assert [s.to_json() for s in one.steps] == [s.to_json() for s in two.steps]
+    assert replace(two, placements=()).to_json() == one.to_json() | {}
