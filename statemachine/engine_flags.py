@@ -356,6 +356,9 @@ class FindingKind(StrEnum):
     ELASTIC_OFF = "elastic-off"
     ELASTIC_SEGMENT_UNREAD = "elastic-segment-unread"
     CACHE_TYPE = "cache-type-disagrees"
+    #: a placed serve's candidates give its reservation different fractions: one command
+    #: line cannot hold it on each card
+    PER_CARD = "fraction-per-card"
 
 
 #: The kinds that are errors; every other kind is a note.

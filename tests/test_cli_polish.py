@@ -123,7 +123,7 @@ def test_validate_json_of_an_invalid_manifest_answers_on_stdout(tmp_path: Path) 
     bad.write_text(
         '[[gpu_roles]]\nid = "a"\nvram_mib = 1000\n\n'
         '[[serve]]\nname = "omni"\ncontainer = "c-omni"\ngpu_role = "a"\nvram_mib = 5000\n'
-        'residency = "evictable"\nplacement = "x"\n',
+        'residency = "evictable"\nanti_affinity = "x"\n',
         encoding="utf-8",
     )
     r = vramctl("validate", "-m", str(bad), "--json")
@@ -134,7 +134,7 @@ def test_validate_json_of_an_invalid_manifest_answers_on_stdout(tmp_path: Path) 
     assert error["file"] == str(bad) and error["serve"] == "omni"
     assert error["field"] == "vram_mib" and "can never fit" in error["message"]
     assert error["text"].startswith(f'{bad}: serve "omni" (#1): vram_mib: ')
-    assert any("placement" in w for w in data["warnings"]), data
+    assert any("anti_affinity" in w for w in data["warnings"]), data
 
 
 def test_observe_exits_3_when_docker_cannot_be_read(tmp_path: Path) -> None:

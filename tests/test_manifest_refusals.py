@@ -214,9 +214,9 @@ def test_strict_makes_unknown_keys_errors(tmp_path: Path) -> None:
 
 
 def test_a_newer_versions_field_is_named_not_silently_dropped(tmp_path: Path) -> None:
-    text = CARD + serve("a", 100).replace('gpu_role = "card"', 'placement = ["card", "b"]')
+    text = CARD + serve("a", 100).replace('gpu_role = "card"', 'anti_affinity = ["card", "b"]')
     mset = load_manifest_set([write(tmp_path, text)])
-    assert any("placement: unknown key, ignored" in w for w in mset.warnings), mset.warnings
+    assert any("anti_affinity: unknown key, ignored" in w for w in mset.warnings), mset.warnings
 
 
 def test_the_real_stacks_informational_keys_are_known(tmp_path: Path) -> None:

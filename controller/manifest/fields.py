@@ -343,6 +343,17 @@ def _two_roles(value: object) -> object:
     return value
 
 
+def _candidate_roles(value: object) -> object:
+    if value is None:
+        return None
+    if not isinstance(value, list) or not value or not all(isinstance(v, str) and v for v in value):
+        raise _bad("must list one or more gpu role ids (non-empty strings)", value)
+    twice = next((v for i, v in enumerate(value) if v in value[:i]), None)
+    if twice is not None:
+        raise _bad(f"must list each gpu role once ({_show(twice)} is there twice)", value)
+    return value
+
+
 def normalize_residency(value: str) -> Residency:
     """``"ON_DEMAND"``, ``"On-Demand"`` → :attr:`Residency.ON_DEMAND`; raises ValueError."""
     return Residency(value.strip().lower().replace("_", "-"))
@@ -522,6 +533,18 @@ OptTwoRoles = Annotated[
             "items": {"type": "string", "minLength": 1},
             "minItems": 2,
             "maxItems": 2,
+            "uniqueItems": True,
+        }
+    ),
+]
+OptCandidateRoles = Annotated[
+    list[str] | None,
+    BeforeValidator(_candidate_roles),
+    WithJsonSchema(
+        {
+            "type": "array",
+            "items": {"type": "string", "minLength": 1},
+            "minItems": 1,
             "uniqueItems": True,
         }
     ),

@@ -273,23 +273,10 @@ def _check_serve(
     warnings: list[tuple[str, str]] = []
     if model.gpu_role is not None and model.gpu_roles is not None:
         errors.append(("gpu_roles", "cannot be combined with gpu_role; declare one of them"))
-    if model.exclusive:
-        tp = model.tensor_parallel_size
-        if "tensor_parallel_size" not in bad and tp != 2:
-            got = "but it is missing" if tp is None else f"got {tp}"
-            errors.append(
-                (
-                    "tensor_parallel_size",
-                    f'operating_mode "{DUAL_GPU_EXCLUSIVE}" needs tensor_parallel_size = 2, ' + got,
-                )
-            )
-        if "gpu_roles" not in bad and model.gpu_roles is None:
-            errors.append(
-                (
-                    "gpu_roles",
-                    f'operating_mode "{DUAL_GPU_EXCLUSIVE}" needs gpu_roles = [two roles]',
-                )
-            )
+    if model.placement is not None:
+        errors += _check_placement(model, bad)
+    if model.exclusive and model.placement is None:
+        errors += _check_exclusive(model, bad)
     if model.elastic is not None and "vram_mib" not in bad:
         if model.vram_mib is None:
             errors.append(("elastic", "needs the serve's vram_mib (the most it can grow to)"))
@@ -306,7 +293,7 @@ def _check_serve(
         sleep_errors, sleep_warnings = _check_sleep(model, model.sleep, bad)
         errors += sleep_errors
         warnings += sleep_warnings
-    if not bad & {"vram_mib", "gpu_role", "gpu_roles"}:
+    if not bad & {"vram_mib", "gpu_role", "gpu_roles", "placement"}:
         if model.vram_mib is not None and not model.roles:
             warnings.append(
                 (
@@ -314,12 +301,66 @@ def _check_serve(
                     "declared without gpu_role/gpu_roles; the serve takes no part in the ledger",
                 )
             )
-        elif model.vram_mib is None and model.roles and model.gpu_inference is not False:
-            field = "gpu_roles" if model.gpu_roles is not None else "gpu_role"
+        elif (
+            model.vram_mib is None
+            and model.roles
+            and model.placement is None  # an error: _check_placement
+            and model.gpu_inference is not False
+        ):
             warnings.append(
-                (field, "declared without vram_mib; the serve takes no part in the ledger")
+                (
+                    model.roles_field,
+                    "declared without vram_mib; the serve takes no part in the ledger",
+                )
             )
     return errors, warnings
+
+
+def _check_exclusive(model: ServeModel, bad: frozenset[str]) -> list[tuple[str, str]]:
+    """``dual-gpu-exclusive`` needs a tensor-parallel pair: two roles, two GPUs."""
+    errors: list[tuple[str, str]] = []
+    tp = model.tensor_parallel_size
+    if "tensor_parallel_size" not in bad and tp != 2:
+        got = "but it is missing" if tp is None else f"got {tp}"
+        errors.append(
+            (
+                "tensor_parallel_size",
+                f'operating_mode "{DUAL_GPU_EXCLUSIVE}" needs tensor_parallel_size = 2, ' + got,
+            )
+        )
+    if "gpu_roles" not in bad and model.gpu_roles is None:
+        errors.append(
+            ("gpu_roles", f'operating_mode "{DUAL_GPU_EXCLUSIVE}" needs gpu_roles = [two roles]')
+        )
+    return errors
+
+
+def _check_placement(model: ServeModel, bad: frozenset[str]) -> list[tuple[str, str]]:
+    """A placed serve's rules across its fields: its candidates are its only roles, it
+    has a reservation to place, and it runs on one card (never dual-gpu-exclusive)."""
+    errors: list[tuple[str, str]] = []
+    pinned = [f for f in ("gpu_role", "gpu_roles") if getattr(model, f) is not None]
+    if pinned:
+        errors.append(
+            ("placement", f"cannot be combined with {' or '.join(pinned)}; declare one of them")
+        )
+    if "vram_mib" not in bad and model.vram_mib is None:
+        errors.append(
+            (
+                "placement",
+                "needs vram_mib: the controller places the serve on a candidate its "
+                "reservation fits",
+            )
+        )
+    if model.exclusive:
+        errors.append(
+            (
+                "operating_mode",
+                f'"{DUAL_GPU_EXCLUSIVE}" cannot be combined with placement: it needs '
+                "gpu_roles = [two roles], and a placed serve runs on one card",
+            )
+        )
+    return errors
 
 
 def _check_project(model: ServeModel) -> list[tuple[str, str]]:
@@ -871,6 +912,7 @@ def _reservation(model: ServeModel) -> dict[str, object]:
     return {
         "name": model.name,
         "gpu_role(s)": list(model.roles),
+        "placement": model.placement,
         "vram_mib": model.vram_mib,
         "residency": None if model.residency is None else model.residency.value,
         "operating_mode": DUAL_GPU_EXCLUSIVE if model.exclusive else None,
@@ -1068,13 +1110,16 @@ def _residents_over_budget(
 
     Residents evict nothing and are never evicted, so such a set can never all run: an
     error on the role, naming every term of the sum (a single serve over the budget is
-    the serve's own error).
+    the serve's own error). A serve placed among several candidates is left out: it
+    holds one of them, which one the controller chooses.
     """
     on_role: dict[str, list[tuple[str, int]]] = {}
     for entry in entries:
         model = entry.model
         resident = model.residency is Residency.RESIDENT and model.desired is DesiredRun.RUNNING
         if not resident or model.vram_mib is None or not model.roles:
+            continue
+        if model.cards < len(model.roles):  # placed: on one candidate, never on all
             continue
         if all(r in roles for r in model.roles):  # else it takes no part in the ledger
             for r in model.roles:
@@ -1142,7 +1187,7 @@ def _read_all(
         errors.extend(result.errors)
         if strict:
             errors.extend(dataclasses.replace(e, message=REFUSED_KEY) for e in result.unknown)
-        else:  # first: an unknown key often explains a warning (no role: `placement`)
+        else:  # first: an unknown key often explains a warning (a newer role key: no role)
             warnings.extend(result.unknown)
         warnings.extend(result.warnings)
     return results
@@ -1152,18 +1197,21 @@ def _role_typos(
     entry: _Entry[ServeModel], missing: Sequence[str], roles: Mapping[str, GpuRoleModel]
 ) -> list[LocatedError]:
     """A missing role close to a declared one: an error each (a typo would drop the
-    reservation from the ledger without a word)."""
-    field = "gpu_roles" if entry.model.gpu_roles is not None else "gpu_role"
+    reservation from the ledger without a word). Every missing placement candidate is
+    an error, with the near miss where there is one: the controller could place the
+    serve on no card of that name."""
+    placed = entry.model.placement is not None
+    why = " (each placement candidate must be a declared role)" if placed else ""
     out: list[LocatedError] = []
     for r in missing:
         close = difflib.get_close_matches(r, list(roles), n=1, cutoff=0.6)
-        if close:
+        if close or placed:
+            hint = f'; did you mean "{close[0]}"?' if close else ""
             out.append(
                 entry.error(
                     "serve",
-                    field,
-                    f"no [[gpu_roles]] row {_show(r)} in this manifest set; "
-                    f'did you mean "{close[0]}"?',
+                    entry.model.roles_field,
+                    f"no [[gpu_roles]] row {_show(r)} in this manifest set{why}{hint}",
                 )
             )
     return out
@@ -1179,15 +1227,24 @@ def _never_fits(
     if model.vram_mib is not None:
         for r in model.roles:
             role = roles.get(r)
-            if role is not None and model.vram_mib > role.budget_mib:
-                out.append(
-                    entry.error(
-                        "serve",
-                        "vram_mib",
-                        f"{model.vram_mib} MiB can never fit role {_show(r)}: its budget is "
-                        f"{role.vram_mib} - {role.reserve_mib} = {role.budget_mib} MiB",
-                    )
+            if role is None or model.vram_mib <= role.budget_mib:
+                continue
+            if model.placement is not None:
+                message = (
+                    f"role {_show(r)} has a budget of {role.budget_mib} MiB (capacity "
+                    f"{role.vram_mib} - reserve {role.reserve_mib}), less than vram_mib "
+                    f"{model.vram_mib}: it can never hold this serve"
                 )
+                out.append(entry.error("serve", "placement", message))
+                continue
+            out.append(
+                entry.error(
+                    "serve",
+                    "vram_mib",
+                    f"{model.vram_mib} MiB can never fit role {_show(r)}: its budget is "
+                    f"{role.vram_mib} - {role.reserve_mib} = {role.budget_mib} MiB",
+                )
+            )
     sleep = model.sleep
     if host is not None and sleep is not None and sleep.level == 1:
         needs = sleep.host_ram_mib or 0
@@ -1221,12 +1278,11 @@ def _check_fits(
             continue
         errors.extend(_never_fits(entry, roles, host))
         if missing and model.vram_mib is not None:
-            field = "gpu_roles" if model.gpu_roles is not None else "gpu_role"
             names = ", ".join(_show(r) for r in missing)
             warnings.append(
                 entry.error(
                     "serve",
-                    field,
+                    model.roles_field,
                     f"no [[gpu_roles]] capacity row for {names} in this manifest set; "
                     f"the serve takes no part in the ledger",
                 )

@@ -25,6 +25,7 @@ from controller.manifest.fields import (
     Integer,
     KvDtypeName,
     NonNegativeMiB,
+    OptCandidateRoles,
     OptComposeProject,
     OptDesired,
     OptHealth,
@@ -264,7 +265,7 @@ class ServeModel(BaseModel):
     """A [[serve]] table: one model container and its VRAM reservation.
 
     Each field is validated on its own here; rules across fields (gpu_role with
-    gpu_roles, dual-gpu-exclusive, elastic floor) and across serves (names, ports,
+    gpu_roles or placement, dual-gpu-exclusive, elastic floor) and across serves (names, ports,
     mirrors) are checked by the loader, which locates them.
     """
 
@@ -297,6 +298,12 @@ class ServeModel(BaseModel):
     gpu_role: OptText = Field(default=None, description="The one gpu role this serve uses.")
     gpu_roles: OptTwoRoles = Field(
         default=None, description="Two gpu roles (tensor parallel); not with gpu_role."
+    )
+    placement: OptCandidateRoles = Field(
+        default=None,
+        description="The gpu roles the serve may run on, each able to hold the whole "
+        "reservation; the controller chooses one card (docs/placement.md). Not with "
+        "gpu_role or gpu_roles.",
     )
     vram_mib: OptPositiveMiB = Field(
         default=None, description="MiB reserved on each of the serve's gpu roles."
@@ -346,12 +353,29 @@ class ServeModel(BaseModel):
 
     @property
     def roles(self) -> tuple[str, ...]:
-        """The gpu roles the serve names (from gpu_role or gpu_roles), maybe empty."""
+        """The gpu roles the serve names (from gpu_role, gpu_roles or placement), maybe
+        empty. A placed serve's are its candidates: it runs on one of them, never on all
+        (:attr:`cards`)."""
+        if self.placement is not None:
+            return tuple(self.placement)
         if self.gpu_roles is not None:
             return tuple(self.gpu_roles)
         if self.gpu_role is not None:
             return (self.gpu_role,)
         return ()
+
+    @property
+    def roles_field(self) -> str:
+        """The field that names :attr:`roles` (``placement``, ``gpu_roles``, ``gpu_role``)."""
+        if self.placement is not None:
+            return "placement"
+        return "gpu_roles" if self.gpu_roles is not None else "gpu_role"
+
+    @property
+    def cards(self) -> int:
+        """How many GPUs the engine runs on: one for a placed serve, else one per role
+        (two for tensor parallel; none without a role)."""
+        return 1 if self.placement is not None else len(self.roles)
 
     @property
     def exclusive(self) -> bool:
@@ -415,7 +439,7 @@ class ServeModel(BaseModel):
         return ServeSpec(
             name=self.name,
             container=self.container,
-            gpu_roles=self.roles,
+            gpu_roles=self.roles,  # a placed serve's: every candidate, until one is chosen
             vram_mib=self.vram_mib,
             residency=self.residency,
             desired=self.desired,
@@ -431,6 +455,7 @@ class ServeModel(BaseModel):
             sizes_from_free=_sizes_from_free(self.engine),
             sleep=None if self.sleep is None else self.sleep.to_sleep(self.port, self.engine),
             compose_project=self.owner_project(),
+            placement=tuple(self.placement or ()),
         )
 
 

@@ -147,7 +147,8 @@ def _entry(ref: ModelRef, spec: ServeSpec, measured: Mapping[str, int | None] | 
         "vram_mib": spec.vram_mib,
     }
     est = serve_estimate(ref)
-    terms = None if isinstance(est, ModelUnreadable) else terms_of(est, len(spec.gpu_roles))
+    cards = 1 if spec.placement else len(spec.gpu_roles)  # a placed serve holds one card
+    terms = None if isinstance(est, ModelUnreadable) else terms_of(est, cards)
     if measured is not None:
         got = measured.get(spec.name)
         out["measured_mib"] = got

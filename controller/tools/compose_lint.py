@@ -105,6 +105,7 @@ __all__ = [
     "interpolate",
     "lint_compose",
     "load_compose",
+    "render_fraction",
     "render_serve",
     "report_lines",
     "resolve_engine",
@@ -469,6 +470,56 @@ def _check_cache_types(
     return [] if finding is None else [finding]
 
 
+def render_fraction(
+    serve: ServeModel,
+    engine: str | None,
+    totals: Mapping[str, DeviceTotal],
+    *,
+    places: int = DEFAULT_PLACES,
+) -> RenderResult:
+    """The memory-fraction flag for ``serve`` (:func:`render_flag`).
+
+    A placed serve runs on one of its candidates, never on all: each candidate's fraction
+    is rendered on its own. When they are the same value the flag is that value, checked
+    against every candidate's total; when they differ, no one command line holds the
+    reservation on each card, and the answer is a ``fraction-per-card`` problem naming
+    each (render with one card's total, ``--device-total``, to get its flag).
+    """
+    if serve.placement is None:
+        return render_flag(serve.name, engine, serve.vram_mib, serve.roles, totals, places=places)
+    each = [
+        render_flag(serve.name, engine, serve.vram_mib, (r,), totals, places=places)
+        for r in serve.placement
+    ]
+    unrendered = next((r for r in each if r.fraction is None), None)
+    if unrendered is not None:
+        return unrendered
+    known = tuple(t for r in each for t in r.totals)
+    if len({r.fraction for r in each}) == 1:
+        candidates = ", ".join(serve.placement)
+        return replace(
+            each[0],
+            totals=known,
+            explanation=f"{each[0].explanation}; the same on each placement candidate "
+            f"({candidates}): the serve runs on one of them",
+        )
+    values = "; ".join(f"{r.value} on {r.totals[0].describe()}" for r in each)
+    problem = (
+        f"the fraction differs per card: {serve.vram_mib} MiB is {values}; the serve "
+        "runs on whichever placement candidate the controller chooses, so no one command "
+        "line holds its reservation on each (render one card's flag with its "
+        "--device-total, or give the candidates one capacity)"
+    )
+    return replace(
+        each[0],
+        totals=known,
+        fraction=None,
+        explanation=problem,
+        problem=problem,
+        problem_kind=FindingKind.PER_CARD,
+    )
+
+
 def _totals_for(
     mset: ManifestSet, measured: Mapping[str, int] | None, measured_source: str
 ) -> dict[str, DeviceTotal]:
@@ -529,7 +580,7 @@ def render_serve(
     else:
         key, source = resolve_engine(serve, service)
     totals = _totals_for(mset, measured, measured_source)
-    result = render_flag(serve.name, key, serve.vram_mib, serve.roles, totals, places=places)
+    result = render_fraction(serve, key, totals, places=places)
     if result.problem_kind is FindingKind.NO_ENGINE_FLAG and source == "label" and not service:
         flagged = " or ".join(
             e.display for e in engines.engines(lambda e: e.memory_flag is not None)
@@ -548,7 +599,7 @@ def render_serve(
         None if service is None else service.name,
         sleep_needs(protocol),
         render_limits(
-            engines.lookup(key), serve.vram_mib, (models or {}).get(name), gpus=len(serve.roles)
+            engines.lookup(key), serve.vram_mib, (models or {}).get(name), gpus=serve.cards
         ),
         _elastic_for(serve, key),
         _cache_types_for(serve, key),
@@ -657,7 +708,7 @@ def _check_limits(
     serve: ServeModel, service: ComposeService, engine: str | None, model: Model | None
 ) -> tuple[tuple[tuple[Limit, str | None], ...], list[Finding]]:
     """The engine's limit flags and the elastic configuration against the command."""
-    limits = render_limits(engines.lookup(engine), serve.vram_mib, model, gpus=len(serve.roles))
+    limits = render_limits(engines.lookup(engine), serve.vram_mib, model, gpus=serve.cards)
     env = service.environment
     pairs = tuple((limit, found_value(service.argv, limit.flag, env)) for limit in limits)
     findings = [
@@ -694,7 +745,7 @@ def _check_pair(
                 {"label": serve.engine, "engine": engine, "engine_source": source},
             )
         )
-    render = render_flag(serve.name, engine, serve.vram_mib, serve.roles, totals)
+    render = render_fraction(serve, engine, totals)
     flag = render.flag
     values = flag_values(service.argv, flag) if flag else []
     found = values[-1] if values else None
