@@ -16,8 +16,10 @@ from dataclasses import dataclass, replace
 from functools import partial
 from typing import Any
 
+from statemachine import placement
 from statemachine.isolated import decide
 from statemachine.ledger import RoleTerms, ledger_from_observed
+from statemachine.plan import Placement
 from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
 from statemachine.slotinit import direct_init
 from statemachine.types import DesiredState, Observed, OnDemandRequest, ServeSpec
@@ -46,6 +48,8 @@ class FitResult:
     #: False when it cannot be answered (docker unread): ``fits`` is then False, so
     #: nothing is admitted, and the JSON says ``null``, not "does not fit"
     known: bool = True
+    #: a placed serve: the card it would go to and why (each candidate's terms)
+    placement: Placement | None = None
 
     def to_json(self) -> dict[str, Any]:
         """docs/design.md §5 fit JSON, plus ``reason`` and each role's committed reservations
@@ -65,6 +69,8 @@ class FitResult:
         if self.sleep or self.wake:  # only where sleep takes part
             out["sleep"] = list(self.sleep)
             out["wake"] = self.wake
+        if self.placement is not None:  # only for a placed serve
+            out["placement"] = self.placement.to_json()
         return out
 
 
@@ -93,6 +99,32 @@ def request_plan(
 
 
 def fit_serve(
+    desired: DesiredState,
+    observed: Observed,
+    serve_name: str,
+    *,
+    policy: Policy | None = None,
+    now: float,
+    by_planner: bool = False,
+) -> FitResult:
+    """:func:`fit_on_card`'s answer, for a placed serve on the card its request would be
+    placed on (``statemachine.placement``), with that decision and every candidate's
+    terms; a pinned serve's as it is."""
+    serve = desired.serves[serve_name]
+    if not serve.placement or serve.placed or not observed.docker_ok:
+        return fit_on_card(
+            desired, observed, serve_name, policy=policy, now=now, by_planner=by_planner
+        )
+    chosen = request_plan(desired, observed, serve_name, policy=policy, now=now).placements
+    decision = next((p for p in chosen if p.serve == serve_name), None)
+    placed = placement.apply(desired, chosen)
+    answer = fit_on_card(
+        placed, observed, serve_name, policy=policy, now=now, by_planner=by_planner
+    )
+    return replace(answer, placement=decision)
+
+
+def fit_on_card(
     desired: DesiredState,
     observed: Observed,
     serve_name: str,

@@ -123,12 +123,17 @@ class ServeStatus:
     #: an evictable serve desired running that is down and cannot start now: the
     #: requested serves holding memory on its roles (it comes back when they end)
     evicted_for: tuple[str, ...] = ()
+    #: a placed serve's candidate roles (``gpu_roles`` is then the card it holds on,
+    #: or every candidate while it holds nothing or its card is unknown)
+    placement: tuple[str, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``sleep`` only for a serve that can sleep or is seen asleep)."""
         out = _fields(self, _SERVE_KEYS)
         out["gpu_roles"] = list(self.gpu_roles)
         out["evicted_for"] = list(self.evicted_for)
+        if self.placement:  # only for a placed serve
+            out["placement"] = list(self.placement)
         if self.sleep is not None:
             out["sleep"] = {
                 "state": self.sleep,
@@ -218,6 +223,13 @@ def _device(gpus: tuple[GpuObs, ...] | None, uuid: str | None) -> GpuObs | None:
         if g.uuid == uuid:
             return g
     return None
+
+
+def _where(s: ServeSpec, ledger: Ledger) -> tuple[str, ...]:
+    """The roles a serve is on: a placed serve's card where it holds memory."""
+    if s.placement and ledger.holds(s.name):
+        return ledger.holdings[s.name].gpu_roles
+    return s.gpu_roles
 
 
 def _evicted_for(s: ServeSpec, desired: DesiredState, ledger: Ledger) -> tuple[str, ...]:
@@ -314,7 +326,8 @@ def host_status(
             ServeStatus(
                 serve=s.name,
                 container=s.container,
-                gpu_roles=s.gpu_roles,
+                gpu_roles=_where(s, ledger) if observed.docker_ok else s.gpu_roles,
+                placement=s.placement,
                 residency=str(s.residency) if s.residency else None,
                 desired=str(s.desired)
                 if s.desired

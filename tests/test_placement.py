@@ -285,3 +285,27 @@ def test_pinned_serves_plan_as_before_when_a_placed_serve_is_declared_stopped() 
     one, two = plan(base, Observed(True)), plan(with_placed, Observed(True))
     assert [s.to_json() for s in one.steps] == [s.to_json() for s in two.steps]
     assert replace(two, placements=()).to_json() == one.to_json() | {}
+
+
+def test_fit_answers_on_the_card_the_request_would_be_placed_on() -> None:
+    from statemachine.fit import fit_serve
+
+    fleet = host(pinned("x", 3000, "b"), placed("p", 4000, desired=None))
+    answer = fit_serve(fleet, running("x"), "p", now=NOW)
+    assert answer.fits and answer.placement is not None
+    assert (answer.placement.role, answer.placement.how) == ("a", How.FITS)
+    assert [t.gpu_role for t in answer.terms] == ["a"]
+    body = answer.to_json()
+    assert body["placement"]["candidates"][1] == {
+        "role": "b",
+        "budget_mib": 6000,
+        "committed_mib": 3000,
+        "free_mib": 3000,
+        "requested_mib": 4000,
+        "fits": False,
+        "victims": [],
+        "stops": 0,
+        "freed_mib": 0,
+        "starts": None,
+    }
+    assert "placement" not in fit_serve(fleet, running("x"), "x", now=NOW).to_json()

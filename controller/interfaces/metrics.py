@@ -15,6 +15,8 @@ Series:
 - per role: ``vramctl_role_capacity_mib``, ``_reserve_mib``, ``_budget_mib``,
   ``_committed_mib``, ``_free_mib``, ``_nvml_used_mib``, ``_drift_mib`` (NVML used -
   committed), ``vramctl_role_overcommitted`` (1 when committed > budget as observed);
+- per placed serve: ``vramctl_serve_placed{serve,role}`` (1 for the card it holds its
+  memory on; absent while it holds none or its card is unknown);
 - per serve: ``vramctl_serve_reservation_mib`` (declared), ``vramctl_serve_committed_mib``
   (what the ledger holds for it now: 0 when nothing), ``vramctl_serve_state{state}``
   (1 for the current lifecycle state, 0 for the others), ``vramctl_serve_backoff_failures``
@@ -93,6 +95,7 @@ class Metrics:
         self._blocked: set[str] = set()
         self._host_held: set[str] = set()
         self._foreign: set[tuple[str, str]] = set()
+        self._placed: set[tuple[str, str]] = set()
 
     def _declare_roles(self) -> None:
         """The per-role gauges: the declaration, the ledger, the device."""
@@ -173,6 +176,14 @@ class Metrics:
             "1 while the serve's container name is borne by another Compose project's "
             "container (never acted on; counted while it runs); absent otherwise.",
             ["serve", "compose_project"],
+            registry=r,
+        )
+        # the card a placed serve holds its memory on (docs/placement.md)
+        self.serve_placed = Gauge(
+            "vramctl_serve_placed",
+            "1 for the GPU role a placed serve holds its memory on; absent while it holds "
+            "none or its card is unknown.",
+            ["serve", "role"],
             registry=r,
         )
         # measured footprints (device deltas around starts and stops; docs/limits.md)
@@ -343,6 +354,7 @@ class Metrics:
                 _set_or_absent(self.serve_state, (gone, state), None)
         self._serves = serves
         self._update_foreign(report)
+        self._update_placed(report)
         self._update_host(report)
 
     def _update_foreign(self, report: HostStatus) -> None:
@@ -355,6 +367,19 @@ class Metrics:
         for gone in self._foreign - foreign:
             _set_or_absent(self.serve_foreign, gone, None)
         self._foreign = foreign
+
+    def _update_placed(self, report: HostStatus) -> None:
+        """One series per placed serve that holds its memory on one known card."""
+        placed = {
+            (ss.serve, ss.gpu_roles[0])
+            for ss in report.serves
+            if ss.placement and ss.committed and len(ss.gpu_roles) == 1
+        }
+        for labels in placed:
+            self.serve_placed.labels(*labels).set(1)
+        for gone in self._placed - placed:
+            _set_or_absent(self.serve_placed, gone, None)
+        self._placed = placed
 
     def _update_host(self, report: HostStatus) -> None:
         """The host RAM line and what each sleeper holds of it (absent when unknown)."""

@@ -292,6 +292,10 @@ def fit(result: FitResult) -> None:
         )
     for p in result.protected:  # why each blocker may not be stopped now
         out.print(escape(f"  protected: {p.serve} ({mib(p.mib)} MiB): {p.why}"))
+    if result.placement is not None:  # a placed serve: where, why, each candidate
+        out.print(escape(f"  placement: {result.placement.reason}"))
+        for c in result.placement.candidates:
+            out.print(escape(f"    {c.text()}"))
 
 
 def plan(result: Plan) -> None:
@@ -320,6 +324,9 @@ def plan(result: Plan) -> None:
         out.print(f"[yellow]blocked[/yellow] {escape(b.serve)}: {escape(b.reason)}")
         for p in b.protected:
             out.print(escape(f"    protected: {p.serve} ({mib(p.mib)} MiB): {p.why}"))
+    for d in result.placements:  # where each placed serve runs, and why
+        where = d.role or "every candidate (unknown card)"
+        out.print(escape(f"placed {d.serve} on {where} ({d.how}): {d.reason}"))
     table = Table(title="Ledger (MiB): before → after", title_justify="left")
     for col in ("role", "budget", "committed", "free"):
         table.add_column(col, justify="left" if col == "role" else "right")
