@@ -105,3 +105,34 @@ def test_the_single_card_example_runs_for_real_and_evicts(docker_client: object)
         check=False,
     )
     assert left.stdout.strip() == "", "the example's stack was not removed"
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_placement_example_tells_each_container_its_card(docker_client: object) -> None:
+    """``manifests/examples/run placement``: two stand-in cards; each serve's ``up`` is
+    given ``VRAMCTL_GPU_ROLE``, which the compose file passes into the container, and the
+    on-demand ``big`` evicts ``chat-b`` on card-b and is told card-b."""
+    import os
+    import subprocess
+
+    from compose_stack import compose_available
+    from serving import free_port
+
+    compose_available()
+    env = dict(os.environ, VRAMCTL_EXAMPLE_API=f"127.0.0.1:{free_port()}", COLUMNS="200")
+    env["VRAMCTL_EXAMPLE_WAIT_S"] = "240"
+    r = subprocess.run(
+        [str(EXAMPLES / "run"), "placement"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        check=False,
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode == 0, out[-6000:]
+    assert "placement-chat-a: VRAMCTL_GPU_ROLE=card-a" in out, out[-6000:]
+    assert "placement-chat-b: VRAMCTL_GPU_ROLE=card-b" in out, out[-6000:]
+    assert "placement-big: VRAMCTL_GPU_ROLE=card-b" in out, out[-6000:]
+    assert "done: big was admitted by evicting chat-b, which came back" in out, out[-3000:]

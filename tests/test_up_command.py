@@ -63,19 +63,23 @@ class Stack:
             "#!/bin/sh\n"
             "set -e\n"
             "env -0 > up.env\n"  # relative: the command runs in the manifest's folder
+            "printf '%s\\n' \"$@\" > up.args\n"
             f"docker run -d --name {self.container} --network host --init "
             f"--label vramctl.test=1 {image} sh -c '{httpd}'\n"
         )
         script.chmod(0o755)
         self.manifest = self.dir / "serves.toml"
+        self.args = self.dir / "up.args"
 
-    def write(self, extra: str = "") -> None:
+    def write(self, extra: str = "", *, up: str = "./bin/up.sh", uuid: str | None = None) -> None:
+        row = f'uuid = "{uuid}"' if uuid else ""
         self.manifest.write_text(
             f"""
 [[gpu_roles]]
 id = "a"
 vram_mib = 10000
 reserve_mib = 0
+{row}
 
 [[serve]]
 name = "job"
@@ -87,7 +91,7 @@ desired = "running"
 port = {self.port}
 health = "/health"
 start_timeout_s = 60
-up = "./bin/up.sh"
+up = "{up}"
 {extra}
 """
         )
@@ -102,6 +106,10 @@ up = "./bin/up.sh"
         """What the ``up`` command was given, as it dumped it."""
         pairs = [p for p in self.dump.read_bytes().split(b"\0") if p]
         return dict(p.decode().split("=", 1) for p in pairs)
+
+    def arguments(self) -> list[str]:
+        """The arguments the ``up`` command was given, one a line as it wrote them."""
+        return self.args.read_text().splitlines()
 
     def state(self) -> str | None:
         try:
@@ -181,7 +189,9 @@ def test_up_gets_a_clean_environment_and_the_serves_up_env(stack: Stack) -> None
     # nothing else: the names passed on are the documented ones and up_env's
     from controller.adapters.docker.actions import UP_ENV_PASS, UP_ENV_PREFIXES
 
+    assert got["VRAMCTL_GPU_ROLE"] == "a"  # the controller's own: where it put the serve
     allowed = set(UP_ENV_PASS) | {"STACK_PROFILE", "MODEL_DIR", "PWD", "SHLVL", "_", "OLDPWD"}
+    allowed.add("VRAMCTL_GPU_ROLE")
     extra = {k for k in got if k not in allowed and not k.startswith(UP_ENV_PREFIXES)}
     assert not extra, extra
 
@@ -216,6 +226,7 @@ def test_a_variable_named_in_vramctl_up_env_pass_reaches_up(stack: Stack) -> Non
         ("STANDIN_IMAGE VRAMCTL_TOKEN", "VRAMCTL_TOKEN is the controller's own secret"),
         ("ANVIL_ROUTER_TOKEN", "ANVIL_ROUTER_TOKEN is the controller's own secret"),
         ("IMAGE-TAG", "'IMAGE-TAG' is not an environment variable name"),
+        ("VRAMCTL_GPU_ROLE", "VRAMCTL_GPU_ROLE is set by the controller for each start"),
     ],
 )
 def test_vramctl_up_env_pass_is_refused_before_anything_runs(
@@ -226,6 +237,41 @@ def test_vramctl_up_env_pass_is_refused_before_anything_runs(
     said = " ".join((r.stdout + r.stderr).split())
     assert r.returncode == 1, said
     assert f"VRAMCTL_UP_ENV_PASS: {words}" in said
+    assert stack.state() is None  # nothing was started
+    assert not stack.dump.exists()  # the up command never ran
+
+
+@pytest.mark.docker
+def test_up_is_told_its_gpu_role_in_its_environment_and_arguments(stack: Stack) -> None:
+    """The role reserved for the start reaches ``up``: ``VRAMCTL_GPU_ROLE`` and
+    ``{gpu_role}``; the declared uuid as ``VRAMCTL_GPU_UUID`` and ``{gpu_uuid}``. The
+    controller's values win over the serve's ``up_env``; NVML absent here, the index is
+    unknown and left out (never empty)."""
+    stack.write(
+        'up_env = { VRAMCTL_GPU_ROLE = "elsewhere", VRAMCTL_GPU_INDEX = "7", KEEP = "1" }',
+        up="./bin/up.sh --role={gpu_role} {gpu_uuid} plain",
+        uuid="GPU-vramctl-test-0",
+    )
+    r = stack.apply(base_env())
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert stack.state() == "running"
+    got = stack.environment()
+    assert got["VRAMCTL_GPU_ROLE"] == "a"
+    assert got["VRAMCTL_GPU_UUID"] == "GPU-vramctl-test-0"
+    assert got["KEEP"] == "1"
+    assert stack.arguments() == ["--role=a", "GPU-vramctl-test-0", "plain"]
+    if "VRAMCTL_GPU_INDEX" in got:  # only where this host's NVML sees that device
+        assert got["VRAMCTL_GPU_INDEX"] not in ("", "7")
+
+
+@pytest.mark.docker
+def test_an_unknown_placeholder_fails_the_start_without_running_up(stack: Stack) -> None:
+    stack.write(up="./bin/up.sh --gpus=device={gpu_uuid}")  # role "a" declares no uuid
+    r = stack.apply(base_env())
+    said = " ".join((r.stdout + r.stderr).split())
+    assert r.returncode != 0, said
+    assert "`up` names {gpu_uuid}, which is unknown for this start" in said, said
+    assert "gpu role a declares no uuid" in said, said
     assert stack.state() is None  # nothing was started
     assert not stack.dump.exists()  # the up command never ran
 

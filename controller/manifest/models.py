@@ -321,12 +321,14 @@ class ServeModel(BaseModel):
     groups: StringList = Field(default_factory=list)
     up: OptUp = Field(
         default=None,
-        description="Start command, shlex-split ({dir} = the manifest's folder), never a shell.",
+        description="Start command, shlex-split ({dir} = the manifest's folder; at each "
+        "start {gpu_role}, {gpu_uuid}, {gpu_index} = where the serve was put), never a shell.",
     )
     up_env: OptUpEnv = Field(
         default=None,
         description="Extra environment variables for `up` (it gets only PATH, HOME, locale, "
-        "Docker's and Compose's own variables otherwise).",
+        "Docker's and Compose's own variables otherwise, and the controller's VRAMCTL_GPU_*, "
+        "which win).",
     )
     compose_project: OptComposeProject = Field(
         default=None,

@@ -145,14 +145,17 @@ class Executor:
         return ServeRuntime.default(name) if rt is None else rt
 
     # ------------------------------------------------------------------ preflight
-    def preflight(self, plan: Plan) -> list[str]:
+    def preflight(self, plan: Plan, observed: Observed | None = None) -> list[str]:
         """What is knowable now and would make the plan fail half-way; empty when fine."""
-        return [p.text for p in self.preflight_problems(plan)]
+        return [p.text for p in self.preflight_problems(plan, observed)]
 
-    def preflight_problems(self, plan: Plan) -> list[PreflightProblem]:
+    def preflight_problems(
+        self, plan: Plan, observed: Observed | None = None
+    ) -> list[PreflightProblem]:
         """Each problem the preflight finds, with the plan groups it refuses
-        (:func:`controller.service.preflight.preflight_problems`)."""
-        return preflight_problems(plan, self)
+        (:func:`controller.service.preflight.preflight_problems`; ``observed``: the
+        plan's, for what its starts will tell `up`)."""
+        return preflight_problems(plan, self, observed)
 
     # ------------------------------------------------------------------- execute
     def execute(
@@ -170,7 +173,7 @@ class Executor:
         report = ExecutionReport([], ledger, {})
         refused: dict[str, list[str]] = {}  # group -> the preflight problems that refuse it
         if not skip_preflight:
-            refused = self._refusals(plan, report)
+            refused = self._refusals(plan, report, observed)
             if report.preflight and all(st.group in refused for st in plan.steps):
                 report.lifecycles = {n: str(m.state) for n, m in machines.items()}
                 return report
@@ -217,10 +220,12 @@ class Executor:
             self.records.settle({n: s for n, s in report.lifecycles.items() if n not in jobs})
         return report
 
-    def _refusals(self, plan: Plan, report: ExecutionReport) -> dict[str, list[str]]:
+    def _refusals(
+        self, plan: Plan, report: ExecutionReport, observed: Observed
+    ) -> dict[str, list[str]]:
         """The preflight: group -> the problems that refuse it (recorded in ``report``)."""
         refused: dict[str, list[str]] = {}
-        problems = self.preflight_problems(plan)
+        problems = self.preflight_problems(plan, observed)
         report.preflight = [p.text for p in problems]
         for problem in problems:
             logger.error("preflight: {}", problem.text)

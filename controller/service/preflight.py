@@ -3,11 +3,12 @@ fail half-way.
 
 It checks that no container the plan touches has passed to another Compose project
 (docs/design.md §3, foreign containers), that containers or ``up`` executables exist,
-that the router is configured, reachable, has its transition API enabled and knows
-every planned tier by name when a router step is planned, that elastic serves have an
-endpoint, that every step kind is implemented, and that ports are free. Each
-:class:`PreflightProblem` names the plan groups it refuses; :func:`refuse_dependents`
-refuses too the starts that needed a refused group's stop.
+that an ``up`` names no ``{gpu_*}`` placeholder whose value is unknown (the plan's
+observation given), that the router is configured, reachable, has its transition API
+enabled and knows every planned tier by name when a router step is planned, that
+elastic serves have an endpoint, that every step kind is implemented, and that ports
+are free. Each :class:`PreflightProblem` names the plan groups it refuses;
+:func:`refuse_dependents` refuses too the starts that needed a refused group's stop.
 
 This module reads the host (Docker, the router) but must not change it, and must not
 decide what to do (the planner does).
@@ -21,8 +22,9 @@ from controller.adapters.docker.actions import ActionError
 from controller.adapters.router import RouterClient
 from controller.service.steps.context import ExecutorReads
 from controller.service.steps.dispatch import IMPLEMENTED_ACTIONS
-from statemachine.planner import Action, Plan, conflict
-from statemachine.types import DesiredState, ServeSpec
+from statemachine.gpu_vars import UnknownPlaceholderError, gpu_placement
+from statemachine.planner import Action, Plan, Step, conflict
+from statemachine.types import DesiredState, Observed, ServeSpec
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,12 +37,15 @@ class PreflightProblem:
     text: str
 
 
-def preflight_problems(plan: Plan, host: ExecutorReads) -> list[PreflightProblem]:
+def preflight_problems(
+    plan: Plan, host: ExecutorReads, observed: Observed | None = None
+) -> list[PreflightProblem]:
     """Each problem the preflight finds, with the plan groups it refuses.
 
     A problem of one serve (its container or ``up`` missing, its port taken, an
-    elastic step without an endpoint) refuses only the groups of that serve's
-    steps; a router that is missing or unreachable refuses the groups that need it.
+    elastic step without an endpoint, with the plan's ``observed``: an ``up`` that names
+    a ``{gpu_*}`` placeholder whose value is unknown) refuses only the groups of that
+    serve's steps; a router that is missing or unreachable refuses the groups that need it.
     """
     problems: list[PreflightProblem] = []
     actions = {s.action for s in plan.steps}
@@ -79,7 +84,7 @@ def preflight_problems(plan: Plan, host: ExecutorReads) -> list[PreflightProblem
             groups = frozenset({step.group})
             problems.extend(
                 PreflightProblem(serve.name, groups, text)
-                for text in _preflight_start(host, serve, stopped_ports)
+                for text in _preflight_start(host, serve, stopped_ports, step, observed)
             )
         if step.action in (Action.SHRINK, Action.GROW) and serve.elastic is None:
             problems.append(
@@ -145,7 +150,13 @@ def _preflight_foreign(plan: Plan, host: ExecutorReads) -> list[PreflightProblem
     return problems
 
 
-def _preflight_start(host: ExecutorReads, serve: ServeSpec, stopped_ports: set[int]) -> list[str]:
+def _preflight_start(
+    host: ExecutorReads,
+    serve: ServeSpec,
+    stopped_ports: set[int],
+    step: Step,
+    observed: Observed | None,
+) -> list[str]:
     problems: list[str] = []
     try:
         exists = host.docker.exists(serve.container)
@@ -161,6 +172,14 @@ def _preflight_start(host: ExecutorReads, serve: ServeSpec, stopped_ports: set[i
             )
         elif not host.docker.executable_exists(argv[0], cwd=rt.manifest_dir):
             problems.append(f"{serve.name}: `up` executable {argv[0]!r} not found")
+        if argv and observed is not None:  # as the start will substitute them
+            placed = gpu_placement(
+                step.gpu_roles or serve.gpu_roles, host.desired.roles, observed.gpus
+            )
+            try:
+                placed.substitute(argv)
+            except UnknownPlaceholderError as exc:
+                problems.append(f"{serve.name}: {exc}")
     if (
         serve.port is not None
         and serve.port not in stopped_ports

@@ -60,6 +60,7 @@ from tenacity import retry_if_exception
 from controller.adapters.docker.read import COMPOSE_PROJECT_LABEL, _details, map_docker_state
 from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, exhausted
 from controller.snapshot import ContainerModel
+from statemachine.gpu_vars import GPU_ENV_NAMES
 
 __all__ = [
     "DEFAULT_LOG_TAIL",
@@ -129,7 +130,8 @@ def up_env_pass_names(environ: Mapping[str, str] | None = None) -> tuple[str, ..
     """The names :data:`UP_ENV_PASS_VAR` lists in ``environ`` (default: the controller's).
 
     Raises :class:`ValueError` saying which name is wrong: one that is not a variable
-    name, or one of the controller's secrets (:data:`UP_ENV_NEVER`).
+    name, one of the controller's secrets (:data:`UP_ENV_NEVER`), or one the controller
+    sets for each start (``VRAMCTL_GPU_*``, :mod:`statemachine.gpu_vars`).
     """
     source = os.environ if environ is None else environ
     names = tuple(dict.fromkeys(source.get(UP_ENV_PASS_VAR, "").replace(",", " ").split()))
@@ -144,6 +146,11 @@ def up_env_pass_names(environ: Mapping[str, str] | None = None) -> tuple[str, ..
                 f"{UP_ENV_PASS_VAR}: {name} is the controller's own secret and is never "
                 "passed to an up command; give the command what it needs with the serve's "
                 "up_env, or in the compose project's .env file"
+            )
+        if name in GPU_ENV_NAMES:
+            raise ValueError(
+                f"{UP_ENV_PASS_VAR}: {name} is set by the controller for each start (the "
+                "GPU it put the serve on) and is never passed on from its own environment"
             )
     return names
 

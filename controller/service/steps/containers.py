@@ -7,7 +7,8 @@
 - a release is applied only after the stop is confirmed (the container exited and,
   where NVML sees the role's device, the memory came back within a bound);
 - a start runs ``docker start`` on an existing container or the serve's ``up``
-  command (its process told to the start tracker), and ``await_ready`` waits for the
+  command (its process told to the start tracker; its environment and arguments told
+  which GPU it was put on, :mod:`statemachine.gpu_vars`), and ``await_ready`` waits for the
   Docker healthcheck, the health path or, with neither, the running container.
 
 This module must not decide what to start or stop (the planner does) and reaches
@@ -23,6 +24,7 @@ from controller.adapters.health import http_ready
 from controller.service.steps.context import RunContext
 from controller.service.steps.lifecycle import begin_start, fire
 from controller.service.steps.results import StepError
+from statemachine.gpu_vars import UnknownPlaceholderError, gpu_placement
 from statemachine.ledger import GpuReservation, Ledger, Refusal, held_uncounted
 from statemachine.lifecycle import Trigger
 from statemachine.planner import Step
@@ -161,9 +163,17 @@ def start(run: RunContext, step: Step, s: ServeSpec) -> str:
             how = f"docker start {s.container}"
         else:
             rt = run.ex.runtime(s.name)
-            argv = rt.up_argv
-            if not argv:
+            if not rt.up_argv:
                 raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
+            # where the serve was put, told to `up` (statemachine/gpu_vars.py): the
+            # roles reserved for this start, the declared uuids, NVML's indexes as last seen
+            placed = gpu_placement(
+                step.gpu_roles or s.gpu_roles, run.desired.roles, run.observed.gpus
+            )
+            try:
+                argv = placed.substitute(rt.up_argv)
+            except UnknownPlaceholderError as exc:
+                raise StepError(f"{exc}; `up` is not run") from None
             timeout = rt.start_timeout_s
             tracker = run.ex.starts
             mib = step.mib or 0
@@ -177,7 +187,7 @@ def start(run: RunContext, step: Step, s: ServeSpec) -> str:
                     argv,
                     cwd=rt.manifest_dir,
                     timeout_s=timeout,
-                    env=rt.up_env,
+                    env=placed.environment(rt.up_env),
                     on_spawn=spawned,
                 )
             finally:

@@ -105,7 +105,9 @@ def main() -> None:
     host = os.environ.get("HOST", "127.0.0.1")
     port = int(os.environ.get("PORT", "8000"))
     name = os.environ.get("STANDIN_NAME", "standin")
-    print(f"{name}: stand-in listening on {host}:{port}", flush=True)
+    role = os.environ.get("VRAMCTL_GPU_ROLE")  # where the controller put it, if told
+    on = f" (gpu role {role})" if role else ""
+    print(f"{name}: stand-in listening on {host}:{port}{on}", flush=True)
     ThreadingHTTPServer((host, port), Handler).serve_forever()
 
 

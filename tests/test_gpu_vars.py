@@ -1,0 +1,261 @@
+"""The rule that tells a serve's ``up`` where it was put (statemachine/gpu_vars.py).
+
+Every variable of the table, an unknown one left out (never empty, never 0), two roles
+joined by ",", the controller's values winning over ``up_env``, and the placeholders
+substituted in each word or refused with the reason; then the executor's start giving
+them to ``up`` (the in-memory runtime of tests/test_executor_ledger.py), and the start
+and the preflight refusing an unknown placeholder before ``up`` runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import pytest
+from test_executor_ledger import Containers
+
+from controller.adapters.docker.actions import UpResult
+from controller.adapters.elastic import ElasticClient
+from controller.manifest import load_manifest_set
+from controller.manifest.runtime import ServeRuntime
+from controller.service.executor import Executor, ExecutorConfig, Outcome
+from statemachine.gpu_vars import (
+    GPU_ENV_NAMES,
+    GPU_VARIABLES,
+    UnknownPlaceholderError,
+    gpu_placement,
+)
+from statemachine.ledger import Ledger
+from statemachine.planner import Action, Plan, Step
+from statemachine.types import (
+    DesiredRun,
+    DesiredState,
+    GpuObs,
+    GpuRole,
+    Observed,
+    Residency,
+    ServeSpec,
+)
+
+ROLES = {
+    "card-a": GpuRole("card-a", 24_000, uuid="GPU-aaaa"),
+    "card-b": GpuRole("card-b", 24_000, uuid="GPU-bbbb"),
+    "bare": GpuRole("bare", 24_000),
+}
+SEEN = (GpuObs("GPU-bbbb", index=1), GpuObs("GPU-aaaa", index=0))
+
+
+def test_the_table_names_each_variable_and_placeholder() -> None:
+    assert [(v.env, v.placeholder) for v in GPU_VARIABLES] == [
+        ("VRAMCTL_GPU_ROLE", "{gpu_role}"),
+        ("VRAMCTL_GPU_UUID", "{gpu_uuid}"),
+        ("VRAMCTL_GPU_INDEX", "{gpu_index}"),
+    ]
+    assert {"VRAMCTL_GPU_ROLE", "VRAMCTL_GPU_UUID", "VRAMCTL_GPU_INDEX"} == GPU_ENV_NAMES
+
+
+def test_one_role_known_everywhere_gives_every_variable() -> None:
+    placed = gpu_placement(("card-b",), ROLES, SEEN)
+    assert dict(placed.values) == {
+        "VRAMCTL_GPU_ROLE": "card-b",
+        "VRAMCTL_GPU_UUID": "GPU-bbbb",
+        "VRAMCTL_GPU_INDEX": "1",
+    }
+    assert not placed.unknown
+
+
+def test_index_zero_is_a_value() -> None:
+    assert gpu_placement(("card-a",), ROLES, SEEN).values["VRAMCTL_GPU_INDEX"] == "0"
+
+
+def test_two_roles_are_joined_in_the_serves_order() -> None:
+    placed = gpu_placement(("card-b", "card-a"), ROLES, SEEN)
+    assert dict(placed.values) == {
+        "VRAMCTL_GPU_ROLE": "card-b,card-a",
+        "VRAMCTL_GPU_UUID": "GPU-bbbb,GPU-aaaa",
+        "VRAMCTL_GPU_INDEX": "1,0",
+    }
+
+
+def test_a_role_without_uuid_leaves_uuid_and_index_out() -> None:
+    placed = gpu_placement(("bare",), ROLES, SEEN)
+    assert dict(placed.values) == {"VRAMCTL_GPU_ROLE": "bare"}
+    assert "bare declares no uuid" in placed.unknown["VRAMCTL_GPU_UUID"]
+    assert "bare declares no uuid" in placed.unknown["VRAMCTL_GPU_INDEX"]
+
+
+def test_one_role_unknown_of_two_leaves_the_variable_out() -> None:
+    placed = gpu_placement(("card-a", "bare"), ROLES, SEEN)
+    assert dict(placed.values) == {"VRAMCTL_GPU_ROLE": "card-a,bare"}
+    assert set(placed.unknown) == {"VRAMCTL_GPU_UUID", "VRAMCTL_GPU_INDEX"}
+
+
+@pytest.mark.parametrize(
+    ("gpus", "why"),
+    [
+        (None, "NVML was not available at the last observation"),
+        ((GpuObs("GPU-other", index=0),), "NVML did not see gpu role card-a's device GPU-aaaa"),
+        ((GpuObs("GPU-aaaa"),), "NVML gave no index for gpu role card-a's device GPU-aaaa"),
+    ],
+)
+def test_an_index_nvml_did_not_give_is_left_out(gpus: tuple[GpuObs, ...] | None, why: str) -> None:
+    placed = gpu_placement(("card-a",), ROLES, gpus)
+    assert dict(placed.values) == {"VRAMCTL_GPU_ROLE": "card-a", "VRAMCTL_GPU_UUID": "GPU-aaaa"}
+    assert why in placed.unknown["VRAMCTL_GPU_INDEX"]
+
+
+def test_an_undeclared_role_and_no_role_know_nothing_but_the_id() -> None:
+    placed = gpu_placement(("ghost",), ROLES, SEEN)
+    assert dict(placed.values) == {"VRAMCTL_GPU_ROLE": "ghost"}
+    assert "no [[gpu_roles]] row" in placed.unknown["VRAMCTL_GPU_UUID"]
+    none = gpu_placement((), ROLES, SEEN)
+    assert not none.values
+    assert set(none.unknown) == GPU_ENV_NAMES
+
+
+def test_the_controllers_values_win_over_up_env_and_unknown_ones_are_absent() -> None:
+    placed = gpu_placement(("bare",), ROLES, SEEN)
+    up_env = {"VRAMCTL_GPU_ROLE": "card-a", "VRAMCTL_GPU_UUID": "GPU-aaaa", "OTHER": "x"}
+    env = placed.environment(up_env)
+    assert env == {"VRAMCTL_GPU_ROLE": "bare", "OTHER": "x"}
+    assert placed.environment(None) == {"VRAMCTL_GPU_ROLE": "bare"}
+    assert not any(v == "" for v in env.values())
+
+
+def test_placeholders_are_substituted_in_each_word() -> None:
+    placed = gpu_placement(("card-b",), ROLES, SEEN)
+    argv = ("./up.sh", "--gpus=device={gpu_uuid}", "{gpu_role}:{gpu_index}", "{dir}", "{x}")
+    assert placed.substitute(argv) == (
+        "./up.sh",
+        "--gpus=device=GPU-bbbb",
+        "card-b:1",
+        "{dir}",
+        "{x}",
+    )
+
+
+def test_an_unknown_placeholder_refuses_with_its_reason() -> None:
+    placed = gpu_placement(("bare",), ROLES, SEEN)
+    assert placed.substitute(("up", "{gpu_role}")) == ("up", "bare")
+    with pytest.raises(UnknownPlaceholderError) as caught:
+        placed.substitute(("up", "{gpu_role}", "--device={gpu_uuid}"))
+    assert caught.value.placeholder == "{gpu_uuid}"
+    assert "`up` names {gpu_uuid}, which is unknown for this start" in str(caught.value)
+    assert "gpu role bare declares no uuid" in str(caught.value)
+
+
+def test_the_manifest_loads_placeholders_in_up(tmp_path: Path) -> None:
+    path = tmp_path / "serves.toml"
+    path.write_text(
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 1000\n\n'
+        '[[serve]]\nname = "s"\ncontainer = "c-s"\ngpu_role = "a"\nvram_mib = 100\n'
+        'up = "{dir}/up.sh --gpu {gpu_role} --uuid={gpu_uuid} {gpu_index}"\n'
+    )
+    mset = load_manifest_set([path])
+    assert not mset.warnings
+    argv = mset.up_argv("s")
+    assert argv is not None
+    assert argv[1:] == ["--gpu", "{gpu_role}", "--uuid={gpu_uuid}", "{gpu_index}"]
+
+
+# ── the executor's start: what `up` is given ────────────────────────────────────
+
+
+class UpRecorder(Containers):
+    """The in-memory runtime of tests/test_executor_ledger.py whose ``up`` is recorded
+    (and creates the container); ``executable_exists`` and ``port_in_use`` answer for the
+    preflight."""
+
+    def __init__(self) -> None:
+        super().__init__(set())
+        self.ups: list[tuple[tuple[str, ...], dict[str, str]]] = []
+
+    def run_up(
+        self,
+        argv: Sequence[str],
+        *,
+        cwd: Path,
+        timeout_s: float,
+        env: Mapping[str, str] | None = None,
+        on_spawn: Callable[[int], None] | None = None,
+    ) -> UpResult:
+        self.ups.append((tuple(argv), dict(env or {})))
+        self.state["llm"] = "running"
+        return UpResult(tuple(argv), 0, "", "ok", 0.0)
+
+    def executable_exists(self, name: str, *, cwd: Path) -> bool:
+        return True
+
+    def port_in_use(self, port: int) -> bool:
+        return False
+
+
+def _start(
+    roles: Mapping[str, GpuRole], on: tuple[str, ...], up: tuple[str, ...], tmp: Path
+) -> tuple[Executor, Plan, Observed, UpRecorder]:
+    llm = ServeSpec("llm", "llm", on, 4000, Residency.RESIDENT, DesiredRun.RUNNING)
+    desired = DesiredState(roles, {"llm": llm})
+    docker = UpRecorder()
+    runtime = ServeRuntime(
+        "llm",
+        up_argv=up,
+        manifest_dir=tmp,
+        up_env={"VRAMCTL_GPU_ROLE": "elsewhere", "VRAMCTL_GPU_INDEX": "9", "KEEP": "1"},
+    )
+    ex = Executor(
+        desired,
+        docker=docker,  # type: ignore[arg-type]
+        elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
+        gpus=lambda: SEEN,
+        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
+        runtime={"llm": runtime},
+    )
+    ledger = Ledger(roles, [])
+    steps = (
+        Step(Action.RESERVE, "llm", on, 4000, "desired running", group="llm"),
+        Step(Action.START, "llm", on, 4000, "desired running", group="llm"),
+    )
+    observed = Observed(True, {}, gpus=SEEN)
+    return ex, Plan(steps, (), ledger, ledger), observed, docker
+
+
+def test_a_start_gives_up_every_variable_and_substitutes_its_arguments(tmp_path: Path) -> None:
+    up = ("./up.sh", "--roles={gpu_role}", "{gpu_uuid}", "--index", "{gpu_index}")
+    ex, plan, observed, docker = _start(ROLES, ("card-b", "card-a"), up, tmp_path)
+    report = ex.execute(plan, observed)
+    assert [r.outcome for r in report.results] == [Outcome.OK, Outcome.OK], report.results
+    ((argv, env),) = docker.ups
+    assert argv == ("./up.sh", "--roles=card-b,card-a", "GPU-bbbb,GPU-aaaa", "--index", "1,0")
+    assert env["VRAMCTL_GPU_ROLE"] == "card-b,card-a"
+    assert env["VRAMCTL_GPU_UUID"] == "GPU-bbbb,GPU-aaaa"
+    assert env["VRAMCTL_GPU_INDEX"] == "1,0"  # the controller's, not up_env's "9"
+    assert env["KEEP"] == "1"
+
+
+def test_a_start_on_a_role_without_uuid_leaves_uuid_out_and_refuses_its_placeholder(
+    tmp_path: Path,
+) -> None:
+    ex, plan, observed, docker = _start(ROLES, ("bare",), ("./up.sh", "{gpu_role}"), tmp_path)
+    ex.execute(plan, observed)
+    ((argv, env),) = docker.ups
+    assert argv == ("./up.sh", "bare")
+    assert env["VRAMCTL_GPU_ROLE"] == "bare"
+    assert "VRAMCTL_GPU_UUID" not in env and "VRAMCTL_GPU_INDEX" not in env  # not even up_env's
+
+    # the start itself refuses, before `up` runs (the preflight left out)
+    ex, plan, observed, docker = _start(
+        ROLES, ("bare",), ("./up.sh", "--gpus=device={gpu_uuid}"), tmp_path
+    )
+    report = ex.execute(plan, observed, skip_preflight=True)
+    start = report.results[-1]
+    assert (start.step.action, start.outcome) == (Action.START, Outcome.FAILED)
+    assert "`up` names {gpu_uuid}, which is unknown for this start" in start.detail
+    assert "gpu role bare declares no uuid" in start.detail and "`up` is not run" in start.detail
+    assert not docker.ups
+    assert not report.ledger.holds("llm")  # the failed group's reservation given back
+
+    # the preflight refuses the group first: nothing of it runs
+    report = ex.execute(plan, observed)
+    assert any("`up` names {gpu_uuid}" in p for p in report.preflight), report.preflight
+    assert not report.results and not docker.ups
