@@ -333,6 +333,36 @@ class DockerActions(RetryKnobs):
         """
         self._call(f"docker start {name}", lambda: self._api.start(name))
 
+    def remove_stopped(self, name: str) -> None:
+        """``docker rm NAME`` of a container that is not running (Docker refuses a
+        running one without force, which is never asked: a running engine is never
+        removed). One already gone is a success."""
+
+        def remove() -> None:
+            with contextlib.suppress(NotFound):
+                self._api.remove_container(name)
+
+        self._call(f"docker rm {name}", remove)
+
+    def created_for(self, name: str) -> str | None:
+        """The ``VRAMCTL_GPU_ROLE`` the container was created with (its environment):
+        the card its ``up`` was told; ``None`` when it does not say or does not exist."""
+
+        def read() -> str | None:
+            try:
+                doc = self._api.inspect_container(name)
+            except NotFound:
+                return None
+            config = doc.get("Config") if isinstance(doc, Mapping) else None
+            env = config.get("Env") if isinstance(config, Mapping) else None
+            for entry in env if isinstance(env, list) else ():
+                key, _, value = str(entry).partition("=")
+                if key == "VRAMCTL_GPU_ROLE":
+                    return value
+            return None
+
+        return self._call(f"docker inspect {name}", read)
+
     def stop(self, name: str, timeout_s: float) -> None:
         """``docker stop -t N NAME``: SIGTERM, then SIGKILL after ``timeout_s`` seconds.
 

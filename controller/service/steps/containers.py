@@ -152,12 +152,25 @@ def admit_against_host_now(run: RunContext, s: ServeSpec, *, aborted: bool = Fal
         )
 
 
+def _made_for_another_card(run: RunContext, step: Step, s: ServeSpec) -> bool:
+    """True for a placed serve's stopped container not made for the card this start
+    reserved (its environment's ``VRAMCTL_GPU_ROLE`` names another, or none): it is
+    removed and made again by ``up`` (docs/placement.md). Never a running one: a start
+    step runs only for a serve whose container holds nothing."""
+    if not s.placement or not step.gpu_roles or not run.ex.runtime(s.name).up_argv:
+        return False
+    return run.ex.docker.created_for(s.container) != ",".join(step.gpu_roles)
+
+
 def start(run: RunContext, step: Step, s: ServeSpec) -> str:
     begin_start(run, s.name)
     try:
         exists = run.ex.docker.exists(s.container)
         if step.mib:  # in the ledger: admitted again, as close to the call as can be
             admit_against_host_now(run, s, aborted=True)
+        if exists and _made_for_another_card(run, step, s):
+            run.ex.docker.remove_stopped(s.container)  # `up` creates it on this card
+            exists = False
         if exists:
             run.ex.docker.start(s.container)
             how = f"docker start {s.container}"
