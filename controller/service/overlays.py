@@ -58,7 +58,8 @@ class JournalOverlays:
         the manifest says now (an edit, a file caught mid-write): the record is dropped
         only once docker shows the container stopped or gone. A declared container
         found running without a record (started before this controller, or by hand)
-        is recorded with its declared reservation; a container no manifest in force
+        is recorded with its declared reservation (a placed serve's: every candidate),
+        unless its start is in progress; a container no manifest in force
         declares, found running without a record, with the last reservation a manifest
         declared for it (``known``: started by hand while a file caught mid-write was in
         force, or after its serve was removed). With docker unreadable nothing is
@@ -67,10 +68,14 @@ class JournalOverlays:
         declared = {s.container: s for s in desired.serves.values()}
         if snap.docker == "ok":
             self._drop_stopped(journal, snap, records)
+            # a start in progress is recorded by its own end, on the roles it reserved
+            # (a placed serve's one card; recorded here it would be every candidate)
             found = {
                 container: StartedWith(spec.name, spec.gpu_roles, spec.vram_mib)
                 for container, spec in declared.items()
-                if spec.vram_mib is not None and desired.in_ledger(spec)
+                if spec.vram_mib is not None
+                and desired.in_ledger(spec)
+                and spec.name not in snap.starting
             }
             _record_running(journal, snap, records, found)
             undeclared = {c: r for c, r in (known or {}).items() if c not in declared}

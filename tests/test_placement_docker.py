@@ -1,0 +1,131 @@
+"""Placement on the real daemon, the loop in-process (docs/placement.md).
+
+Two cards: ``a`` (budget 10000 MiB) holding the evictable ``e`` (3000), and ``b``
+(12000) holding the resident ``x`` and the evictable ``f`` (2000 each). The placed ``p``
+(4000, on ``a`` or ``b``) fits on both: best fit puts it on ``a`` (3000 left there
+against 4000 on ``b``); its ``up`` (``docker run``) is told the card and the container
+carries it. The ledger counts ``p`` on ``a`` only. A second controller on the same state
+neither moves nor restarts it. Then the on-demand ``q`` (9000, on ``a`` or ``b``) is
+requested: no card has room; on ``a`` it would stop ``e`` and ``p``, on ``b`` only
+``f``: ``f`` is stopped and ``q`` starts on ``b``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import docker
+import pynvml
+import pytest
+from fakes_nvml import FakeNvml, nvml_error
+from test_loop_events import Running, names, wait_for
+
+from controller.manifest import load_manifest_set
+from controller.service.loop import Controller, RunOptions
+from statemachine.ledger import ledger_from_observed
+from statemachine.plan import How, Policy
+from statemachine.planner import plan_transitions
+
+__all__ = ["names"]  # the fixture, shared with test_loop_events
+
+pytestmark = pytest.mark.docker
+
+
+RESIDENT = 'residency = "resident"\ndesired = "running"'
+EVICTABLE = 'residency = "evictable"\ndesired = "running"'
+PLACED = 'placement = ["a", "b"]'
+
+
+def _up(container: str, image: str) -> str:
+    return (
+        f"docker run -d --name {container} --network host --init --label vramctl.test=1 "
+        f"-e VRAMCTL_GPU_ROLE={{gpu_role}} {image} sleep 3600"
+    )
+
+
+def _serve(name: str, container: str, image: str, mib: int, where: str, extra: str) -> str:
+    return (
+        f'\n[[serve]]\nname = "{name}"\ncontainer = "{container}"\nvram_mib = {mib}\n'
+        f'{where}\nstop_timeout_s = 1\nup = "{_up(container, image)}"\n{extra}\n'
+    )
+
+
+def _controller(path: Path, state: Path) -> Controller:
+    c = Controller(
+        RunOptions(manifests=(path,), state_dir=state, resync_s=3600.0),
+        load_manifest_set([path]),
+    )
+    c.nvml = FakeNvml(init_error=nvml_error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
+    return c
+
+
+def _card_of(client: docker.DockerClient, container: str) -> str | None:
+    env = client.containers.get(container).attrs["Config"]["Env"] or []
+    return next((e.split("=", 1)[1] for e in env if e.startswith("VRAMCTL_GPU_ROLE=")), None)
+
+
+def _running(client: docker.DockerClient, container: str) -> bool:
+    try:
+        return bool(client.containers.get(container).status == "running")
+    except docker.errors.NotFound:
+        return False
+
+
+def test_a_placed_serve_goes_where_it_fits_stays_across_a_restart_and_q_evicts_across_cards(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    ctr = {n: names(n) for n in ("x", "f", "e", "p", "q")}
+    text = (
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\n\n[[gpu_roles]]\nid = "b"\nvram_mib = 12000\n'
+        + _serve("x", ctr["x"], test_image, 2000, 'gpu_role = "b"', RESIDENT)
+        + _serve("f", ctr["f"], test_image, 2000, 'gpu_role = "b"', EVICTABLE)
+        + _serve("e", ctr["e"], test_image, 3000, 'gpu_role = "a"', EVICTABLE)
+        + _serve("p", ctr["p"], test_image, 4000, PLACED, EVICTABLE)
+        + _serve("q", ctr["q"], test_image, 9000, PLACED, 'residency = "on-demand"')
+    )
+    path, state = tmp_path / "serves.toml", tmp_path / "state"
+    path.write_text(text)
+
+    first = _controller(path, state)
+    run = Running(first)
+    try:
+        wait_for("x, f, e, p running", lambda: all(_running(docker_client, ctr[n]) for n in "xfep"))
+        assert _card_of(docker_client, ctr["p"]) == "a"  # best fit: 3000 left on a
+        observed = first.view().observed()
+        assert observed is not None
+        ledger = ledger_from_observed(first.desired(), observed)
+        assert ledger.holdings["p"].gpu_roles == ("a",)
+        assert ledger.view("a").committed_mib == 7000  # e and p
+        assert ledger.view("b").committed_mib == 4000  # x and f: p is not counted on b
+    finally:
+        run.stop()
+    started = docker_client.containers.get(ctr["p"]).attrs["State"]["StartedAt"]
+
+    second = _controller(path, state)
+    run = Running(second)
+    try:
+        wait_for("a cycle of the second controller", lambda: len(run.seen()) >= 2)
+        observed = second.view().observed()
+        assert observed is not None
+        plan = plan_transitions(second.desired(), observed, Policy(), time.time())
+        assert [(d.serve, d.role, d.how) for d in plan.placements] == [
+            ("p", "a", How.HELD),
+            ("q", "b", How.IDLE),
+        ]
+        assert plan.empty
+        assert docker_client.containers.get(ctr["p"]).attrs["State"]["StartedAt"] == started
+
+        assert second._aio is not None  # the loop's own thread records the request
+        second._aio.call_soon_threadsafe(second.request_up, "q", None)
+        wait_for("q running", lambda: _running(docker_client, ctr["q"]))
+        assert _card_of(docker_client, ctr["q"]) == "b"
+        assert not _running(docker_client, ctr["f"])  # the one victim, on b
+        assert all(_running(docker_client, ctr[n]) for n in "xep")
+        assert docker_client.containers.get(ctr["p"]).attrs["State"]["StartedAt"] == started
+    finally:
+        run.stop()
