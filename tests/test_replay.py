@@ -236,6 +236,13 @@ def test_example_snapshot_replays() -> None:
     assert report.cycles[0].at > 0  # taken_at
 
 
+def test_a_replay_reproduces_where_each_placed_serve_goes() -> None:
+    mset = load_manifest_set([EXAMPLES / "placement.toml"])
+    (cycle,) = replay(EXAMPLES / "placement.observed.json", mset).cycles
+    assert cycle.added[-2:] == ["placed chat-b on card-b", "placed big on card-a"]
+    assert [p["role"] for p in cycle.new_plan["placements"]] == ["card-b", "card-a"]
+
+
 @pytest.mark.parametrize(
     ("content", "match"),
     [

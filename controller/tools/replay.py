@@ -14,7 +14,8 @@ or for one observed snapshot file, :func:`replay` rebuilds the planner's inputs:
   a ``policy`` given to :func:`replay` replaces the recorded one;
 
 and calls the current :func:`statemachine.planner.plan_transitions`. The new plan's
-steps are compared with the recorded plan's as ``"action serve mib"`` lines (difflib),
+steps are compared with the recorded plan's as ``"action serve mib"`` lines (difflib), with a
+``"placed serve on role"`` line per placement decision,
 and the sets of blocked serves are compared too.
 
 Nothing is executed: this module must not touch docker, NVML, the network or the
@@ -167,9 +168,15 @@ def step_line(step: Mapping[str, Any]) -> str:
 
 
 def _lines(plan: Mapping[str, Any] | None) -> list[str]:
+    """The steps' lines, then a ``"placed serve on role"`` line per placement decision
+    (docs/placement.md): a replay reproduces where each placed serve goes."""
     if plan is None:
         return []
-    return [step_line(s) for s in plan.get("steps") or []]
+    steps = [step_line(s) for s in plan.get("steps") or []]
+    return steps + [
+        f"placed {p.get('serve')} on {p.get('role') or 'every candidate'}"
+        for p in plan.get("placements") or []
+    ]
 
 
 def _blocked(plan: Mapping[str, Any] | None) -> set[str]:
