@@ -18,8 +18,8 @@ random fleets and the same requests, side by side in one run:
     free memory, descending, the first one the model fits on taken): each time a serve
     that holds nothing wants to run, it is pinned to the card that can hold it with the
     most free MiB in the ledger (``ledger_from_observed``) just before planning
-    (several in one step: oldest request first, each taking its MiB from the card it
-    got), then planned as pinned. A serve that runs keeps the card it started on.
+    (several in one step: oldest request first, each that fits taking its MiB from the
+    card it got), then planned as pinned. A serve that runs keeps the card it started on.
 
 The fleets (``--seed``, one fleet per seed, ``--seeds`` of them): 2-8 cards, each of 24,
 48 or 80 GiB (2 GiB kept back, as ``benchkit``'s card); 6-20 serves, each
@@ -43,6 +43,8 @@ then counted:
                 names another serve);
 ``ends``        STOP steps of serves whose request ended (the TTL ran out);
 ``refusals``    requests whose serve does not run at the end of the step they arrived in;
+``with_room``   of those, the refusals while a card that can hold the serve had room for
+                it at the end of the step (a pinned serve waits for its own card);
 ``waits``       serve-steps: a serve with a request in force that does not run.
 
 And checked, each a line on stderr with a reproducer when it fails: no card is committed
@@ -102,7 +104,7 @@ FOOTPRINT_GIB = (2, 3, 6, 10, 18, 20, 30, 36, 42, 70)
 STEP_S = 60.0
 MAX_PLANS = 5
 POLICIES = ("vramctl", "pinned", "most_free")
-COUNTS = ("starts", "evictions", "ends", "refusals", "waits")
+COUNTS = ("starts", "evictions", "ends", "refusals", "with_room", "waits")
 CHECKS = ("overcommitted", "not_converged", "off_candidates", "stale")
 
 
@@ -275,7 +277,8 @@ class MostFree(Chooser):
             fits = holds(s, self.fleet.roles)
             best = max(fits, key=lambda r: (free[r], -list(self.fleet.roles).index(r)))
             self.pin[s.name] = best
-            free[best] -= s.vram_mib or 0
+            if free[best] >= (s.vram_mib or 0):  # one that cannot start there takes nothing
+                free[best] -= s.vram_mib or 0
         return self._state(requests)
 
 
@@ -360,6 +363,11 @@ def simulate(fleet: Fleet, name: str, verbose: bool = False) -> Tally:
                 odd(fleet, name, step, f"{s.name} runs on {on[0]}, not a candidate")
         if not running(by_name[serve], observed):
             c["refusals"] += 1
+            need = by_name[serve].vram_mib or 0
+            free = [
+                fleet.roles[r].budget_mib - per_card[r] for r in holds(by_name[serve], fleet.roles)
+            ]
+            c["with_room"] += max(free) >= need
         in_force = {q.serve for q in requests if not q.expired(now)}
         for s in fleet.serves:
             if s.desired is None and s.name not in in_force and running(s, observed):
