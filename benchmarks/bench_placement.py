@@ -54,8 +54,9 @@ serve runs on one of its candidates, an on-demand serve whose requests all ended
 longer runs (``stale``).
 
 Output: a table per policy (sum over seeds, median per seed) and the ratios
-vramctl / peer of the sums, then one JSON line per policy and one with the ratios
-(``--json``: the JSON lines only, a line per seed and policy as well).
+vramctl / peer of the sums, the seeds on which vramctl refused (evicted) fewer, as many
+or more than each peer, then one JSON line per policy and one with the ratios and those
+seed counts (``--json``: the JSON lines only, a line per seed and policy as well).
 
 Not measured: time (see bench_planner.py), elastic shrink, sleep, exclusive serves,
 tensor-parallel serves, a start or stop that fails; Ollama's eviction order and its
@@ -400,6 +401,13 @@ def summarise(tallies: dict[str, list[Tally]]) -> list[dict[str, Any]]:
         for peer in lines[1:]:
             for key in COUNTS:
                 out[f"{key}_vs_{peer['policy']}"] = ratio(ours[key], peer[key])
+            for key in ("refusals", "evictions"):  # per seed: vramctl fewer / same / more
+                pairs = list(zip(tallies["vramctl"], tallies[peer["policy"]], strict=True))
+                out[f"{key}_seeds_vs_{peer['policy']}"] = [
+                    sum(a.counts[key] < b.counts[key] for a, b in pairs),
+                    sum(a.counts[key] == b.counts[key] for a, b in pairs),
+                    sum(a.counts[key] > b.counts[key] for a, b in pairs),
+                ]
         lines.append(out)
     return lines
 
@@ -488,6 +496,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{time.monotonic() - started:.0f}s"
         )
         print(table(lines))
+        for peer in wanted[1:] if wanted[0] == "vramctl" else ():
+            seeds_vs = {k: lines[-1][f"{k}_seeds_vs_{peer}"] for k in ("refusals", "evictions")}
+            print(
+                f"# per seed, vramctl against {peer} (fewer/same/more): "
+                + "; ".join(f"{k} {'/'.join(map(str, v))}" for k, v in seeds_vs.items())
+            )
     for line in lines:
         print(json.dumps(line), flush=True)
     failed = sum(x.get(k, 0) for x in lines for k in CHECKS)
