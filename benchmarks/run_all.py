@@ -17,6 +17,9 @@ What it runs, each as its own process with the tree's code on ``PYTHONPATH`` (so
   Docker's ``die`` to the next ``start``, and the start against the log's promise).
 * ``bench_cli.py`` (``vramctl --help`` and ``validate`` of the single-card example as
   processes, start to exit: wall and CPU medians, beside the interpreter's own start).
+* ``bench_placement.py`` (20 random multi-GPU fleets x 200 on-demand requests, in-process:
+  refusals, cold starts and evictions with vramctl's placement, with serves pinned round
+  robin, and with Ollama's "most free memory" rule; ``--quick``: 5 x 60).
 
 With ``--base COMMIT`` (default: none) the commit is exported (``git archive``) into a
 temporary folder, *this* tree's ``benchmarks/`` is copied over its own, and every
@@ -51,6 +54,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
+BENCHES = ("planner", "fit", "reaction", "idle", "restart", "cli", "placement")
 Lines = list[dict[str, Any]]
 
 
@@ -220,6 +224,29 @@ def figures() -> list[Figure]:
         Figure("cli", "load average (1 min) at the start",
                _field({"bench": "cli_load"}, "loadavg_1m_before")),
     ]  # fmt: skip
+    ours, pinned, most = (
+        {"bench": "placement", "policy": p} for p in ("vramctl", "pinned", "most_free")
+    )
+    ratios = {"bench": "placement_ratio"}
+    out += [
+        Figure("placement", "refusals, vramctl (sum)", _field(ours, "refusals")),
+        Figure("placement", "refusals, pinned round robin", _field(pinned, "refusals")),
+        Figure("placement", "refusals, most free (Ollama)", _field(most, "refusals")),
+        Figure("placement", "refusals vramctl / most free", _field(ratios, "refusals_vs_most_free"),
+               "<= 1", lambda v: v <= 1.0),
+        Figure("placement", "refusals vramctl / pinned", _field(ratios, "refusals_vs_pinned"),
+               "<= 1", lambda v: v <= 1.0),
+        Figure("placement", "cold starts, vramctl", _field(ours, "starts")),
+        Figure("placement", "cold starts vramctl / most free",
+               _field(ratios, "starts_vs_most_free")),
+        Figure("placement", "evictions, vramctl", _field(ours, "evictions")),
+        Figure("placement", "refused with room, vramctl", _field(ours, "with_room"), "0",
+               lambda v: v == 0),
+        Figure("placement", "overcommitted steps, vramctl", _field(ours, "overcommitted"), "0",
+               lambda v: v == 0),
+        Figure("placement", "unconverged steps, vramctl", _field(ours, "not_converged"), "0",
+               lambda v: v == 0),
+    ]  # fmt: skip
     return out
 
 
@@ -238,6 +265,7 @@ def commands(quick: bool, clock: str) -> dict[str, list[str]]:
                  "--idle-s", idle_s],
         "restart": [py, "benchmarks/bench_restart.py", "--rounds", "2" if quick else "5"],
         "cli": [py, "benchmarks/bench_cli.py", "--runs", "7" if quick else "21"],
+        "placement": [py, "benchmarks/bench_placement.py", *(["--quick"] if quick else [])],
     }  # fmt: skip
 
 
@@ -310,9 +338,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0] if __doc__ else None)
     parser.add_argument("--base", default=None, help="a commit to measure beside this tree")
     parser.add_argument("--quick", action="store_true", help="shorter runs (smoke)")
-    parser.add_argument(
-        "--only", action="append", choices=("planner", "fit", "reaction", "idle", "restart", "cli")
-    )
+    parser.add_argument("--only", action="append", choices=BENCHES)
     parser.add_argument(
         "--clock",
         choices=("wall", "cpu"),
@@ -335,7 +361,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             for label, tree in trees.items():
                 results[label][bench] = run_one(tree, cmds[bench])
     for got in results.values():
-        for bench in ("planner", "fit", "reaction", "idle", "restart", "cli"):
+        for bench in BENCHES:
             got.setdefault(bench, [])
     shown = [f for f in figures() if (f.bench if f.bench != "loop" else _loop_of(f)) in wanted]
     print(table(shown, results, list(trees)))
