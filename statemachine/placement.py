@@ -148,10 +148,17 @@ def _by_victims(weighed: Sequence[CandidateTerms]) -> CandidateTerms:
             not t.starts,
             len(t.victims),
             t.stops,
-            t.freed_mib - shortfall[t.role],
+            # freed beyond the need where it starts; else the least short
+            t.freed_mib - shortfall[t.role] if t.starts else shortfall[t.role],
             order[t.role],
         ),
     )
+
+
+def _will_start(p: Placement) -> bool:
+    """True when the plan starts the serve on the chosen card (it takes its room)."""
+    chosen = next((c for c in p.candidates if c.role == p.role), None)
+    return chosen is not None and (chosen.fits or bool(chosen.starts))
 
 
 def _choose(
@@ -205,7 +212,7 @@ def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: Pl
         decisions[s.name] = choice
         assert choice.role is not None
         serves[s.name] = replace(s, gpu_roles=(choice.role,))
-        if wants:
+        if wants and _will_start(choice):  # one that cannot start takes no room
             taken[choice.role] = taken.get(choice.role, 0) + (s.vram_mib or 0)
     order = [s.name for s in placed]
     return Placed(replace(desired, serves=serves), tuple(decisions[n] for n in order))

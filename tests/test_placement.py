@@ -309,3 +309,26 @@ def test_fit_answers_on_the_card_the_request_would_be_placed_on() -> None:
         "starts": None,
     }
     assert "placement" not in fit_serve(fleet, running("x"), "x", now=NOW).to_json()
+
+
+def test_a_serve_that_can_start_nowhere_takes_no_room_from_those_placed_after_it() -> None:
+    roles = {"a": GpuRole("a", 10000), "b": GpuRole("b", 10000)}
+    od = {"residency": Residency.ON_DEMAND, "desired": None}
+    serves = [
+        pinned("x", 5000, "a", **od),
+        pinned("r", 4000, "b", residency=Residency.RESIDENT),
+        placed("p1", 9000, **od),  # fits nowhere, frees nothing anywhere
+        placed("p2", 4000, **od),
+        placed("p3", 6000, **od),
+    ]
+    asked = tuple(OnDemandRequest(n, NOW - 5) for n in ("x", "p1", "p2", "p3"))
+    desired = DesiredState(roles, {s.name: s for s in serves}, asked)
+    p = plan(desired, running("x", "r", on={"x": "a", "r": "b"}))
+    assert [(d.serve, d.role, d.how) for d in p.placements] == [
+        ("p1", "b", How.VICTIMS),  # the least short, where neither can start it
+        ("p2", "a", How.FITS),
+        ("p3", "b", How.FITS),  # p1 took no room on b: 6000 free there
+    ]
+    assert [c.free_mib for c in p.placements[1].candidates] == [5000, 6000]
+    assert {s.serve for s in p.steps if s.action is Action.START} == {"p2", "p3"}
+    assert [b.serve for b in p.blocked] == ["p1"]
