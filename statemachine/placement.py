@@ -75,8 +75,9 @@ def _sticky(s: ServeSpec, observed: Observed) -> Placement | None:
     held = _held_on(s, observed)
     if held is None:
         return None
-    if len(held) == 1 and held[0] in s.placement:
-        return Placement(s.name, held[0], How.HELD, f"{s.name} holds its memory on {held[0]}")
+    if len(held) == 1 and set(held) <= set(s.placement):
+        (role,) = held
+        return Placement(s.name, role, How.HELD, f"{s.name} holds its memory on {role}")
     return Placement(
         s.name,
         None,
@@ -86,16 +87,19 @@ def _sticky(s: ServeSpec, observed: Observed) -> Placement | None:
     )
 
 
-def _terms(s: ServeSpec, ledger: Ledger, taken: Mapping[str, int]) -> list[CandidateTerms]:
+def _terms(
+    s: ServeSpec, mib: int, ledger: Ledger, taken: Mapping[str, int]
+) -> list[CandidateTerms]:
     """Each candidate's budget, committed (with ``taken`` by the serves placed before),
-    and free MiB."""
+    and free MiB, for ``mib`` more."""
     out = []
     for role in s.placement:
         view = ledger.view(role)
         assert view.committed_mib is not None  # resolve places nothing on an unknown host
-        committed = view.committed_mib + taken.get(role, 0)
-        free = view.budget_mib - committed
-        out.append(CandidateTerms(role, view.budget_mib, committed, free, s.vram_mib or 0))
+        committed = view.committed_mib + taken[role]
+        out.append(
+            CandidateTerms(role, view.budget_mib, committed, view.budget_mib - committed, mib)
+        )
     return out
 
 
@@ -103,20 +107,21 @@ def _to_start(desired: DesiredState, ledger: Ledger, now: float) -> dict[str, in
     """Role -> the MiB the pinned serves that want to run and hold nothing yet will
     take: this plan starts them where they are pinned, so a placed serve is weighed
     beside them (a serve the plan then cannot start only made the choice cautious)."""
-    taken: dict[str, int] = {}
+    taken = dict.fromkeys(desired.roles, 0)
     for s in desired.serves.values():
         if s.placement or s.name in ledger.holdings or s.vram_mib is None:
             continue
         if desired.in_ledger(s) and wants_to_run(desired, s, now):
             for role in s.gpu_roles:
-                taken[role] = taken.get(role, 0) + s.vram_mib
+                taken[role] += s.vram_mib
     return taken
 
 
 def _best_fit(terms: Sequence[CandidateTerms]) -> CandidateTerms | None:
     """The fitting candidate left with the least free MiB (declared order on a tie)."""
     fitting = [t for t in terms if t.fits]
-    return min(fitting, key=lambda t: t.free_mib - t.requested_mib) if fitting else None
+    # every candidate is asked the same MiB: the least free is the least left
+    return min(fitting, key=lambda t: t.free_mib) if fitting else None
 
 
 def _weigh(
@@ -126,15 +131,15 @@ def _weigh(
     serves = dict(desired.serves)
     serves[s.name] = replace(s, gpu_roles=(t.role,))
     plan = plan_with(replace(desired, serves=serves))
-    starts = any(st.serve == s.name and st.action in _STARTS for st in plan.steps)
+    # a serve that holds nothing has steps only where it starts (reserve, start, ...)
+    starts = any(st.serve == s.name for st in plan.steps)
     made_room = [st for st in plan.steps if st.group == s.name and st.serve != s.name]
     victims = tuple(dict.fromkeys(st.serve for st in made_room))
     stops = len({st.serve for st in made_room if st.action is Action.STOP})
-    freed = sum(st.mib or 0 for st in made_room if st.action in _FREES)
+    freed = sum(st.mib for st in made_room if st.action in _FREES and st.mib is not None)
     return replace(t, victims=victims, stops=stops, freed_mib=freed, starts=starts)
 
 
-_STARTS = frozenset({Action.START, Action.WAKE})
 _FREES = frozenset({Action.RELEASE, Action.RELEASE_TO_RESIDUAL, Action.SHRINK})
 
 
@@ -188,7 +193,12 @@ def _choose(
 
 def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: PlanWith) -> Placed:
     """Every placed serve's role (module docstring); ``desired`` as it is without one."""
-    placed = [s for s in desired.serves.values() if s.placement and not s.placed]
+    # a placed serve without a reservation is outside the ledger: nowhere to weigh it
+    placed = [
+        s
+        for s in desired.serves.values()
+        if s.placement and not s.placed and s.vram_mib is not None
+    ]
     if not placed or not observed.docker_ok:  # unknown host: every candidate still counted
         return Placed(desired, ())
     serves = dict(desired.serves)
@@ -206,14 +216,16 @@ def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: Pl
     ledger = ledger_from_observed(replace(desired, serves=serves), observed)
     taken = _to_start(replace(desired, serves=serves), ledger, now)
     for s in rest:  # 2. and 3., in declared order
+        mib = s.vram_mib
+        assert mib is not None  # filtered above
         wants = wants_to_run(desired, s, now)
         so_far = replace(desired, serves={**serves, s.name: s})
-        choice = _choose(s, _terms(s, ledger, taken), so_far, wants, plan_with)
+        choice = _choose(s, _terms(s, mib, ledger, taken), so_far, wants, plan_with)
         decisions[s.name] = choice
         assert choice.role is not None
         serves[s.name] = replace(s, gpu_roles=(choice.role,))
         if wants and _will_start(choice):  # one that cannot start takes no room
-            taken[choice.role] = taken.get(choice.role, 0) + (s.vram_mib or 0)
+            taken[choice.role] += mib
     order = [s.name for s in placed]
     return Placed(replace(desired, serves=serves), tuple(decisions[n] for n in order))
 

@@ -320,6 +320,7 @@ def test_a_serve_that_can_start_nowhere_takes_no_room_from_those_placed_after_it
         placed("p1", 9000, **od),  # fits nowhere, frees nothing anywhere
         placed("p2", 4000, **od),
         placed("p3", 6000, **od),
+        pinned("z", 500, "a", desired=DesiredRun.RUNNING),  # starts in every plan
     ]
     asked = tuple(OnDemandRequest(n, NOW - 5) for n in ("x", "p1", "p2", "p3"))
     desired = DesiredState(roles, {s.name: s for s in serves}, asked)
@@ -329,6 +330,98 @@ def test_a_serve_that_can_start_nowhere_takes_no_room_from_those_placed_after_it
         ("p2", "a", How.FITS),
         ("p3", "b", How.FITS),  # p1 took no room on b: 6000 free there
     ]
-    assert [c.free_mib for c in p.placements[1].candidates] == [5000, 6000]
-    assert {s.serve for s in p.steps if s.action is Action.START} == {"p2", "p3"}
+    assert [c.free_mib for c in p.placements[1].candidates] == [4500, 6000]  # z counted
+    assert {s.serve for s in p.steps if s.action is Action.START} == {"p2", "p3", "z"}
     assert [b.serve for b in p.blocked] == ["p1"]
+
+
+# ── each rule at its edge ────────────────────────────────────────────────────────
+
+
+def test_who_wants_to_run() -> None:
+    asked = OnDemandRequest("p", NOW - 1)
+    for spec, requests, wants in [
+        (placed("p", 1000), (), True),
+        (placed("p", 1000, desired=None), (), False),
+        (placed("p", 1000, desired=None), (asked,), True),
+        (placed("p", 1000, desired=None), (OnDemandRequest("q", NOW - 1),), False),
+        (placed("p", 1000, desired=None), (OnDemandRequest("p", NOW - 9, ttl_s=1),), False),
+        (placed("p", 1000, desired=DesiredRun.STOPPED), (asked,), False),
+    ]:
+        assert placement.wants_to_run(host(spec, requests=requests), spec, NOW) is wants
+
+
+def test_a_start_in_progress_holds_its_card() -> None:
+    from statemachine.types import StartingObs
+
+    observed = Observed(True, starting={"p": StartingObs(("a",), 4000)})
+    (decision,) = plan(host(placed("p", 4000)), observed).placements
+    assert (decision.role, decision.how) == ("a", How.HELD)
+
+
+def test_a_serve_held_on_two_roles_is_counted_on_every_candidate() -> None:
+    observed = Observed(
+        True, {"c-p": RUNNING}, started_with={"c-p": StartedWith("p", ("a", "b"), 4000)}
+    )
+    (decision,) = plan(host(placed("p", 4000)), observed).placements
+    assert (decision.role, decision.how) == (None, How.UNKNOWN)
+
+
+def test_each_placed_serve_counts_those_placed_before_it() -> None:
+    # p takes b (2000 left); q (1500) then fits b best (500 left), not a (8500)
+    p = plan(host(placed("p", 4000), placed("q", 1500)), Observed(True))
+    assert [(d.serve, d.role) for d in p.placements] == [("p", "b"), ("q", "b")]
+    assert [(c.role, c.committed_mib, c.free_mib) for c in p.placements[1].candidates] == [
+        ("a", 0, 10000),
+        ("b", 4000, 2000),
+    ]
+
+
+def test_the_pinned_serves_this_plan_starts_are_counted_and_stopped_ones_not() -> None:
+    fleet = host(
+        placed("p", 4000),  # declared first: the pinned ones after it count all the same
+        pinned("x", 3000, "b"),  # starts in this plan: b has 3000 left for p
+        pinned("y", 7000, "a", desired=DesiredRun.STOPPED),  # stays down: a is free
+        pinned("z", 2000, "a", desired=None),  # not requested: a is free
+        ServeSpec("u", "c-u", gpu_roles=("a",), desired=DesiredRun.RUNNING),  # no reservation
+    )
+    p = plan(fleet, Observed(True))
+    (decision,) = p.placements
+    assert (decision.role, decision.how) == ("a", How.FITS)
+    assert [(c.role, c.committed_mib, c.free_mib) for c in decision.candidates] == [
+        ("a", 0, 10000),
+        ("b", 3000, 3000),
+    ]
+
+
+def test_the_cheapest_room_is_the_one_freeing_the_least_beyond_the_need() -> None:
+    # a: a1 5000 evictable (5000 free): stopping it frees 4000 more than p needs;
+    # b: b1 3000 (3000 free): stopping it frees exactly the 3000 short
+    fleet = host(
+        pinned("a1", 5000, "a"),
+        pinned("b1", 3000, "b"),
+        placed("p", 6000, residency=Residency.ON_DEMAND, desired=None),
+        requests=(OnDemandRequest("p", NOW),),
+    )
+    (decision,) = plan(fleet, running("a1", "b1")).placements
+    assert (decision.role, decision.how) == ("b", How.VICTIMS)
+    assert [(c.role, c.victims, c.stops, c.freed_mib, c.starts) for c in decision.candidates] == [
+        ("a", ("a1",), 1, 5000, True),
+        ("b", ("b1",), 1, 3000, True),
+    ]
+
+
+def test_an_unknown_host_places_nothing() -> None:
+    p = plan(host(placed("p", 4000)), Observed(False))
+    assert p.placements == () and p.empty
+
+
+def test_apply_moves_only_what_a_placement_chose() -> None:
+    from statemachine.plan import Placement
+
+    desired = host(placed("p", 4000), pinned("x", 1000, "a"))
+    unknown = Placement("p", None, How.UNKNOWN, "unknown")
+    gone = Placement("nobody", "a", How.FITS, "no such serve")
+    pinned_one = Placement("x", "b", How.FITS, "not placed")
+    after = placement.apply(desired, (unknown, gone, pinned_one))
+    assert after.serves["p"].gpu_roles == ("a", "b") and after.serves["x"].gpu_roles == ("a",)
