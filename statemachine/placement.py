@@ -75,7 +75,7 @@ def _sticky(s: ServeSpec, observed: Observed) -> Placement | None:
     held = _held_on(s, observed)
     if held is None:
         return None
-    if len(held) == 1 and set(held) <= set(s.placement):
+    if len(held) == 1 and not set(held) - set(s.placement):
         (role,) = held
         return Placement(s.name, role, How.HELD, f"{s.name} holds its memory on {role}")
     return Placement(

@@ -425,3 +425,39 @@ def test_apply_moves_only_what_a_placement_chose() -> None:
     pinned_one = Placement("x", "b", How.FITS, "not placed")
     after = placement.apply(desired, (unknown, gone, pinned_one))
     assert after.serves["p"].gpu_roles == ("a", "b") and after.serves["x"].gpu_roles == ("a",)
+
+
+def test_a_victim_put_to_sleep_is_not_a_stop_and_frees_down_to_its_residual() -> None:
+    from statemachine.types import Sleep
+
+    sleeper = pinned("a1", 5000, "a", sleep=Sleep(level=2, residual_mib=1000, protocol="vllm"))
+    fleet = host(
+        sleeper,
+        pinned("b1", 3000, "b"),
+        placed("p", 6000, residency=Residency.ON_DEMAND, desired=None),
+        requests=(OnDemandRequest("p", NOW),),
+    )
+    (decision,) = plan(fleet, running("a1", "b1")).placements
+    weighed = {c.role: c for c in decision.candidates}
+    # a: a1 asleep frees 4000 of its 5000 (1000 stays): 9000 free >= 6000, nothing stopped
+    assert (weighed["a"].victims, weighed["a"].stops, weighed["a"].freed_mib) == (("a1",), 0, 4000)
+    assert (weighed["b"].victims, weighed["b"].stops, weighed["b"].freed_mib) == (("b1",), 1, 3000)
+    assert (decision.role, decision.how) == ("a", How.VICTIMS)  # sleep before stop
+
+
+def test_a_serve_that_makes_room_takes_it_from_those_placed_after_it() -> None:
+    # a: a resident of 8000 (2000 free, never a victim); b: b1 5000 evictable (1000
+    # free): p (6000) starts on b by stopping b1, and q (1000) after it finds b taken
+    fleet = host(
+        pinned("r", 8000, "a", residency=Residency.RESIDENT),
+        pinned("b1", 5000, "b"),
+        placed("p", 6000, residency=Residency.ON_DEMAND, desired=None),
+        placed("q", 1000, residency=Residency.ON_DEMAND, desired=None),
+        requests=(OnDemandRequest("p", NOW), OnDemandRequest("q", NOW)),
+    )
+    p = plan(fleet, running("r", "b1"))
+    assert [(d.serve, d.role, d.how) for d in p.placements] == [
+        ("p", "b", How.VICTIMS),
+        ("q", "a", How.FITS),
+    ]
+    assert [(c.role, c.free_mib) for c in p.placements[1].candidates] == [("a", 2000), ("b", -5000)]
