@@ -769,6 +769,57 @@ def plan(
         raise typer.Exit(0 if result.empty else 2)
 
 
+@_command("Serve the agents' tools over the Model Context Protocol (stdio).")
+def mcp(
+    manifest: ManifestOpt = [],  # noqa: B006
+    observed: ObservedOpt = None,
+    state_dir: StateDirOpt = None,
+    router_url: Annotated[
+        str | None,
+        _router_url_option(
+            "The router `run` is given; without one, can_fit says a start that drains a "
+            "router tier would be refused, as `fit` does."
+        ),
+    ] = None,
+) -> None:
+    """Serve the agents' tools over MCP on stdin/stdout: reservation_status,
+    serves_status, can_fit and plan_preview, each answered as `status`, `fit` and `plan`
+    answer (docs/agents.md). Every call reads the manifest set again and observes the
+    host (or reads --observed FILE); nothing is changed.
+
+    The manifest set is checked before serving: exit 1 when it does not load.
+    """
+    from controller.interfaces.mcp_server import Sources, ToolError, run_stdio
+    from controller.snapshot import SnapshotError, load_snapshot
+
+    mset = _load(manifest)
+    if observed is not None:
+        _observe(observed, mset)  # a saved observation that does not load: exit 1 now
+
+    def observe_once(current: ManifestSet, notes: list[str]) -> SnapshotModel:
+        if observed is None:
+            return _observe_live(current, notes, nvml_in_answer=True)
+        try:
+            return load_snapshot(observed)
+        except SnapshotError as exc:
+            raise ToolError(f"{exc} (write it again with `vramctl observe`)") from None
+
+    def desired_for(current: ManifestSet, snap: SnapshotModel) -> DesiredState:
+        if observed is not None:
+            return current.desired()
+        return _with_requests(current, manifest, state_dir, snap)
+
+    run_stdio(
+        Sources(
+            manifests=tuple(manifest),
+            observe=observe_once,
+            desired=desired_for,
+            router_url=router_url,
+            observed_file=observed,
+        )
+    )
+
+
 RouterUrlOpt = Annotated[
     str | None,
     _router_url_option("The router whose tiers are quiesced, drained and readmitted."),
