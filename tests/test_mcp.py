@@ -268,3 +268,32 @@ def test_a_manifest_that_does_not_load_stops_the_server_before_serving(tmp_path:
     r = vramctl("mcp", "-m", str(bad))
     assert r.returncode == 1
     assert str(bad) in r.stderr and "Traceback" not in r.stderr
+
+
+def test_docker_unread_answers_unknown_never_zero(tmp_path: Path) -> None:
+    unread = tmp_path / "unread.json"
+    unread.write_text(
+        json.dumps(
+            {"docker": "error", "docker_error": "no socket", "containers": {}, "gpus": None}
+        ),
+        encoding="utf-8",
+    )
+    args = ["-m", str(EXAMPLE), "--observed", str(unread)]
+
+    async def go(s: ClientSession) -> list[Any]:
+        return [
+            await s.call_tool("reservation_status", {}),
+            await s.call_tool("can_fit", {"serve": "fast"}),
+            await s.call_tool("plan_preview", {"manifest_text": _edited()}),
+        ]
+
+    status, fit, plan = with_session(go, args)
+    [role] = status.structured_content["gpu_roles"]
+    assert status.structured_content["docker"] == "error"
+    assert role["committed_mib"] is None and role["free_mib"] is None
+    assert any("no socket" in n for n in status.structured_content["notes"])
+    assert fit.structured_content["fits"] is None
+    cli = json.loads(vramctl("fit", "fast", *args, "--json").stdout)
+    assert {k: v for k, v in fit.structured_content.items() if k not in ADDED} == cli
+    assert plan.structured_content["known"] is False
+    assert any("unknown, not empty" in n for n in plan.structured_content["notes"])

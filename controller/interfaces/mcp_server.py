@@ -240,9 +240,10 @@ _PLAN_OUT: dict[str, Any] = {
         "notes": _NOTES,
         "manifest_digest": {"type": "string"},
         "executed": {"type": "boolean", "const": False},
+        "known": {"type": "boolean", "description": "false: docker unread, plan unknown"},
         "source": _SOURCE,
     },
-    "required": ["steps", "blocked", "ledger_after", "notes", "executed", "source"],
+    "required": ["steps", "blocked", "ledger_after", "notes", "executed", "known", "source"],
 }
 
 _READ_ONLY = types.ToolAnnotations(
@@ -356,9 +357,10 @@ class Tools:
     def _docker_note(snap: SnapshotModel, notes: list[str]) -> None:
         if not snap.to_observed().docker_ok:
             why = snap.docker_error or "no reason recorded"
+            said = any(why in note for note in notes)  # a live observation said it
             notes.append(
-                f"docker could not be read ({why}): what depends on the containers is "
-                "unknown (null), and nothing would be admitted"
+                "docker could not be read" + ("" if said else f" ({why})") + ": what "
+                "depends on the containers is unknown (null), and nothing would be admitted"
             )
 
     # tools ----------------------------------------------------------------------
@@ -509,10 +511,14 @@ class Tools:
         self._docker_note(snap, notes)
         data = result.to_json()
         plan_notes = data.pop("notes", [])
+        known = snap.to_observed().docker_ok
+        if not known:
+            notes.append("the plan is unknown, not empty (known: false): docker was not read")
         if mset.digest == current.digest:
             notes.append("the edit changes nothing the controller reads: this is today's plan")
         return {
             **data,
+            "known": known,
             "notes": [*plan_notes, *notes],
             "manifest_digest": mset.digest,
             "executed": False,
