@@ -44,6 +44,7 @@ COMMANDS = [
     "render",
     "lint",
     "estimate",
+    "mcp",
 ]
 
 

@@ -46,8 +46,6 @@ if TYPE_CHECKING:
     from controller.service.loop import Controller
     from controller.snapshot import SnapshotModel
     from controller.tools.compose_lint import RenderedServe
-    from statemachine.admission import RouterNeed
-    from statemachine.fit import FitResult
     from statemachine.planner import Plan
     from statemachine.types import DesiredState, Observed
 
@@ -694,9 +692,8 @@ def fit(
     answered). Without --router-url (VRAMCTL_ROUTER_URL, as `run` is given) a start that
     drains a router tier is said to be refused, as `up` would be.
     """
+    from controller.interfaces.fit_answer import fit_answer
     from controller.service.model_estimates import serve_models
-    from statemachine.admission import no_router_reason
-    from statemachine.fit import fit_serve
 
     mset = _load(manifest)
     desired = mset.desired()
@@ -704,35 +701,28 @@ def fit(
         render.error(render.unknown_serve(serve, desired))
         raise typer.Exit(1)
     snap = _observe(observed, mset)
-    seen = snap.to_observed()
-    result = fit_serve(desired, seen, serve, now=_now(snap))
-    needs = () if router_url or not result.known else _fit_router_needs(desired, seen, result)
-    note = no_router_reason(f"up {serve}", needs) if needs else None
-    model = serve_models(mset).get(serve)
+    answer = fit_answer(
+        desired,
+        snap.to_observed(),
+        serve,
+        now=_now(snap),
+        router_url=router_url,
+        model=serve_models(mset).get(serve),
+    )
+    result = answer.result
     if json_out:
-        extra = {"needs_router": [n.to_json() for n in needs], "note": note} if note else {}
-        _print_json(_with_model({**result.to_json(), **extra}, model))
+        _print_json(answer.to_json())
     else:
         render.fit(result)
-        if note:
-            render.out.print(f"  note: {note}", markup=False)
-        if model:
+        if answer.note:
+            render.out.print(f"  note: {answer.note}", markup=False)
+        if answer.model:
             from controller.interfaces.model_report import fit_lines
 
-            for line in fit_lines(model):
+            for line in fit_lines(answer.model):
                 render.out.print(line)
     _exit_if_unobserved(snap, observed)
     raise typer.Exit(0 if result.fits else 1)
-
-
-def _fit_router_needs(
-    desired: DesiredState, observed: Observed, result: FitResult
-) -> tuple[RouterNeed, ...]:
-    """The router tiers the start ``result`` answers drains: why `up` would be refused
-    without a router (the API's own test, statemachine/admission.py)."""
-    from statemachine.admission import start_router_needs
-
-    return start_router_needs(desired, observed, result.serve, result.drain, result.sleep)
 
 
 @_command("Dry-run: the steps that would converge the host.")
@@ -777,6 +767,57 @@ def plan(
     _exit_if_unobserved(snap, observed)  # the plan is unknown, not empty
     if detailed_exitcode:
         raise typer.Exit(0 if result.empty else 2)
+
+
+@_command("Serve the agents' tools over the Model Context Protocol (stdio).")
+def mcp(
+    manifest: ManifestOpt = [],  # noqa: B006
+    observed: ObservedOpt = None,
+    state_dir: StateDirOpt = None,
+    router_url: Annotated[
+        str | None,
+        _router_url_option(
+            "The router `run` is given; without one, can_fit says a start that drains a "
+            "router tier would be refused, as `fit` does."
+        ),
+    ] = None,
+) -> None:
+    """Serve the agents' tools over MCP on stdin/stdout: reservation_status,
+    serves_status, can_fit and plan_preview, each answered as `status`, `fit` and `plan`
+    answer (docs/agents.md). Every call reads the manifest set again and observes the
+    host (or reads --observed FILE); nothing is changed.
+
+    The manifest set is checked before serving: exit 1 when it does not load.
+    """
+    from controller.interfaces.mcp_server import Sources, ToolError, run_stdio
+    from controller.snapshot import SnapshotError, load_snapshot
+
+    mset = _load(manifest)
+    if observed is not None:
+        _observe(observed, mset)  # a saved observation that does not load: exit 1 now
+
+    def observe_once(current: ManifestSet, notes: list[str]) -> SnapshotModel:
+        if observed is None:
+            return _observe_live(current, notes, nvml_in_answer=True)
+        try:
+            return load_snapshot(observed)
+        except SnapshotError as exc:
+            raise ToolError(f"{exc} (write it again with `vramctl observe`)") from None
+
+    def desired_for(current: ManifestSet, snap: SnapshotModel) -> DesiredState:
+        if observed is not None:
+            return current.desired()
+        return _with_requests(current, manifest, state_dir, snap)
+
+    run_stdio(
+        Sources(
+            manifests=tuple(manifest),
+            observe=observe_once,
+            desired=desired_for,
+            router_url=router_url,
+            observed_file=observed,
+        )
+    )
 
 
 RouterUrlOpt = Annotated[

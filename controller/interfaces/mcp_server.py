@@ -1,0 +1,641 @@
+"""``vramctl mcp``: the agents' tools over the Model Context Protocol, on stdio.
+
+The server is the official SDK's low-level :class:`mcp.server.lowlevel.Server`: each
+tool is declared with a JSON Schema for its input and for its structured result, and
+annotated truthfully (every tool here only reads: ``readOnlyHint``, idempotent, a
+closed world). Each call loads the manifest set and observes the host anew, as
+``vramctl status`` / ``fit`` / ``plan`` do, through the command line's own loading and
+observing helpers, handed in as a :class:`Sources` (so this module holds no second
+copy of them), and answers from the same core functions:
+
+- ``reservation_status``: :func:`statemachine.status.host_status`'s roles and host
+  line, as ``status --json`` prints them;
+- ``serves_status``: the same report's serves, with why a serve is blocked (the plan
+  the loop would make now) and its backoff (``null``: only the running loop knows it);
+- ``can_fit``: :func:`controller.interfaces.fit_answer.fit_answer`, the answer of
+  ``fit --json``; for ``{"vram_mib", "gpu_role"}`` a hypothetical on-demand serve
+  (:mod:`statemachine.hypothetical`);
+- ``plan_preview``: :func:`statemachine.planner.plan_transitions` for an edited
+  manifest, as ``plan --json``; nothing is executed.
+
+A refusal (an unknown serve, a manifest that does not load, bad arguments) is a tool
+error (``isError``) whose text says what is wrong and how to fix it; an unexpected
+failure is one line too, never a traceback. A figure that cannot be known is ``null``
+with a note, never 0.
+
+Answering from a running controller (``--api URL``: its live ledger, backoff and
+in-flight steps) and the writes (``request_up``, ``release``) are to come
+(docs/agents.md).
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import anyio
+from mcp import types
+from mcp.server.context import ServerRequestContext
+from mcp.server.lowlevel import Server
+from mcp.server.stdio import stdio_server
+
+from controller.interfaces.fit_answer import fit_answer
+from controller.manifest import ManifestError, load_manifest_set
+from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
+from statemachine.planner import Policy, plan_transitions
+from statemachine.status import host_status
+
+if TYPE_CHECKING:
+    from controller.manifest import ManifestSet
+    from controller.snapshot import SnapshotModel
+    from statemachine.types import DesiredState
+
+#: the server's name as clients list it
+SERVER_NAME = "vramctl"
+
+
+class ToolError(Exception):
+    """A refusal the agent can act on: the message says what is wrong and the fix."""
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """Where each call's inputs come from (the command line's own helpers).
+
+    ``observe(mset, notes)`` takes one observation, adding to ``notes`` what could not
+    be read (it raises :class:`ToolError` when a saved observation does not load);
+    ``desired(mset, snap)`` is the desired state ``status`` would use (with the running
+    loop's on-demand requests, when live)."""
+
+    manifests: tuple[Path, ...]
+    observe: Callable[[ManifestSet, list[str]], SnapshotModel]
+    desired: Callable[[ManifestSet, SnapshotModel], DesiredState]
+    router_url: str | None = None
+    #: the saved observation answered from (None: the live host)
+    observed_file: Path | None = None
+
+
+# --- schemas -----------------------------------------------------------------------
+
+_NULLABLE_INT: dict[str, Any] = {"type": ["integer", "null"]}
+_NOTES: dict[str, Any] = {
+    "type": "array",
+    "items": {"type": "string"},
+    "description": "What could not be read or known, in words (an unknown figure is null).",
+}
+_SOURCE: dict[str, Any] = {
+    "type": "object",
+    "description": "What was answered from: the manifest files and the observation.",
+    "properties": {
+        "manifests": {"type": "array", "items": {"type": "string"}},
+        "observed": {"type": "string", "description": "'live' or the saved file"},
+        "observed_at": {"type": ["number", "null"]},
+        "docker": {"type": "string", "enum": ["ok", "error"]},
+    },
+}
+_ROLE_LINE: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "gpu_role": {"type": "string"},
+        "capacity_mib": {"type": "integer"},
+        "reserve_mib": {"type": "integer"},
+        "budget_mib": {"type": "integer"},
+        "committed_mib": _NULLABLE_INT,
+        "free_mib": _NULLABLE_INT,
+        "reservations": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {"serve": {"type": "string"}, "mib": {"type": "integer"}},
+            },
+        },
+        "nvml_used_mib": _NULLABLE_INT,
+        "drift_used_mib": _NULLABLE_INT,
+        "overcommitted": {"type": ["boolean", "null"]},
+    },
+}
+
+_STATUS_IN: dict[str, Any] = {"type": "object", "properties": {}, "additionalProperties": False}
+_SERVES_IN: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "serve": {
+            "type": "string",
+            "description": "Only this serve (default: every serve of the manifest set).",
+        }
+    },
+    "additionalProperties": False,
+}
+_FIT_IN: dict[str, Any] = {
+    "type": "object",
+    "description": 'Either {"serve": NAME} or {"vram_mib": N, "gpu_role": ROLE}.',
+    "properties": {
+        "serve": {"type": "string", "description": "A serve the manifest set declares."},
+        "vram_mib": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "MiB a new on-demand serve would reserve (with gpu_role).",
+        },
+        "gpu_role": {"type": "string", "description": "The role it would reserve them on."},
+    },
+    "additionalProperties": False,
+}
+_PLAN_IN: dict[str, Any] = {
+    "type": "object",
+    "description": "The edited manifest: its TOML text, or the path of an edited copy.",
+    "properties": {
+        "manifest_text": {
+            "type": "string",
+            "description": "The whole edited TOML of one manifest file of the set.",
+        },
+        "replaces": {
+            "type": "string",
+            "description": "Which file of the set manifest_text stands for (needed only "
+            "when the set has several files).",
+        },
+        "manifest_path": {
+            "type": "string",
+            "description": "An edited manifest file, planned as the whole set.",
+        },
+    },
+    "additionalProperties": False,
+}
+
+_STATUS_OUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "docker": {"type": "string", "enum": ["ok", "error"]},
+        "nvml": {"type": "string", "enum": ["ok", "unavailable"]},
+        "gpu_roles": {"type": "array", "items": _ROLE_LINE},
+        "host": {"type": ["object", "null"], "description": "The host RAM line ([host])."},
+        "undeclared_gpu_containers": {"type": "array", "items": {"type": "string"}},
+        "no_longer_declared": {"type": "array", "items": {"type": "object"}},
+        "notes": _NOTES,
+        "source": _SOURCE,
+    },
+    "required": ["docker", "nvml", "gpu_roles", "host", "notes", "source"],
+}
+_SERVES_OUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "docker": {"type": "string", "enum": ["ok", "error"]},
+        "serves": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "properties": {
+                    "serve": {"type": "string"},
+                    "residency": {"type": ["string", "null"]},
+                    "desired": {"type": ["string", "null"]},
+                    "lifecycle": {"type": "string"},
+                    "state": {"type": "string"},
+                    "health": {"type": ["string", "null"]},
+                    "reservation_mib": _NULLABLE_INT,
+                    "held_mib": _NULLABLE_INT,
+                    "desired_by": {"type": ["string", "null"]},
+                    "request_ends_at": {"type": ["number", "null"]},
+                    "backoff": {"type": ["object", "null"]},
+                    "blocked": {"type": ["object", "null"]},
+                },
+            },
+        },
+        "notes": _NOTES,
+        "source": _SOURCE,
+    },
+    "required": ["docker", "serves", "notes", "source"],
+}
+_FIT_OUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "serve": {"type": "string"},
+        "fits": {"type": ["boolean", "null"], "description": "null: it cannot be answered"},
+        "reason": {"type": "string"},
+        "gpu_roles": {"type": "array", "items": {"type": "object"}},
+        "drain": {"type": "array", "items": {"type": "string"}},
+        "evict": {"type": "array", "items": {"type": "string"}},
+        "shrink": {"type": "array", "items": {"type": "object"}},
+        "sleep": {"type": "array", "items": {"type": "string"}},
+        "blockers": {"type": "array", "items": {"type": "string"}},
+        "protected": {"type": "array", "items": {"type": "object"}},
+        "hypothetical": {"type": "boolean"},
+        "notes": _NOTES,
+        "source": _SOURCE,
+    },
+    "required": ["serve", "fits", "reason", "gpu_roles", "drain", "evict", "notes", "source"],
+}
+_PLAN_OUT: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "steps": {"type": "array", "items": {"type": "object"}},
+        "blocked": {"type": "array", "items": {"type": "object"}},
+        "ledger_before": {"type": "object"},
+        "ledger_after": {"type": "object"},
+        "notes": _NOTES,
+        "manifest_digest": {"type": "string"},
+        "executed": {"type": "boolean", "const": False},
+        "known": {"type": "boolean", "description": "false: docker unread, plan unknown"},
+        "source": _SOURCE,
+    },
+    "required": ["steps", "blocked", "ledger_after", "notes", "executed", "known", "source"],
+}
+
+_READ_ONLY = types.ToolAnnotations(
+    read_only_hint=True, destructive_hint=False, idempotent_hint=True, open_world_hint=False
+)
+
+
+def _tool(name: str, title: str, description: str, schema_in: Any, schema_out: Any) -> types.Tool:
+    return types.Tool(
+        name=name,
+        title=title,
+        description=description,
+        input_schema=schema_in,
+        output_schema=schema_out,
+        annotations=_READ_ONLY.model_copy(update={"title": title}),
+    )
+
+
+TOOLS: tuple[types.Tool, ...] = (
+    _tool(
+        "reservation_status",
+        "GPU reservations",
+        "Per GPU role: capacity, reserve, budget (capacity - reserve), committed (each "
+        "serve's reservation), free, NVML used and drift (null when unknown), whether "
+        "it is overcommitted; and the host RAM line. The answer of `vramctl status`.",
+        _STATUS_IN,
+        _STATUS_OUT,
+    ),
+    _tool(
+        "serves_status",
+        "Serves",
+        "Per serve: residency, desired, lifecycle, container state, health, reserved "
+        "MiB, its on-demand request and when it ends, backoff, and why it is blocked "
+        "(what the loop would do now cannot happen, with every term).",
+        _SERVES_IN,
+        _SERVES_OUT,
+    ),
+    _tool(
+        "can_fit",
+        "Can it fit?",
+        'Can {"serve": NAME} start now, or would {"vram_mib": N, "gpu_role": R} (a new '
+        "on-demand serve) fit: where, who would be drained, evicted, put to sleep or "
+        "shrunk, and every term of the arithmetic. The answer of `vramctl fit --json`. "
+        "Nothing is started.",
+        _FIT_IN,
+        _FIT_OUT,
+    ),
+    _tool(
+        "plan_preview",
+        "Plan preview",
+        "The plan an edited manifest would cause on this host now (the steps in order, "
+        "what is blocked and why, the ledger after), as `vramctl plan --json`. Nothing "
+        "is executed and no file is changed.",
+        _PLAN_IN,
+        _PLAN_OUT,
+    ),
+)
+
+
+# --- the tools ---------------------------------------------------------------------
+
+
+class Tools:
+    """The tools' answers, plain functions of their arguments (each call observes)."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+        self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+            "reservation_status": self.reservation_status,
+            "serves_status": self.serves_status,
+            "can_fit": self.can_fit,
+            "plan_preview": self.plan_preview,
+        }
+
+    def call(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
+        """The answer of tool ``name``; :class:`ToolError` for a refusal."""
+        handler = self.handlers.get(name)
+        if handler is None:
+            raise ToolError(f"no tool {name!r}{_did_you_mean(name, self.handlers)}")
+        tool = next(t for t in TOOLS if t.name == name)
+        _check_arguments(name, tool.input_schema, arguments)
+        return handler(dict(arguments))
+
+    # one observation of the set -------------------------------------------------
+
+    def _load(self, paths: tuple[Path, ...] | None = None) -> ManifestSet:
+        try:
+            return load_manifest_set(list(paths or self.sources.manifests))
+        except ManifestError as exc:
+            located = "; ".join(str(e) for e in exc.errors)
+            raise ToolError(
+                f"the manifest set does not load: {located} "
+                "(fix the file, then ask again; `vramctl validate -m FILE` says the same)"
+            ) from None
+
+    def _observe(self, mset: ManifestSet) -> tuple[SnapshotModel, list[str]]:
+        notes: list[str] = [f"manifest: {w}" for w in mset.warnings]
+        snap = self.sources.observe(mset, notes)
+        return snap, notes
+
+    def _source(self, mset: ManifestSet, snap: SnapshotModel) -> dict[str, Any]:
+        observed = self.sources.observed_file
+        return {
+            "manifests": [str(f) for f in mset.files],
+            "observed": "live" if observed is None else str(observed),
+            "observed_at": snap.taken_at_epoch(),
+            "docker": "ok" if snap.to_observed().docker_ok else "error",
+        }
+
+    @staticmethod
+    def _docker_note(snap: SnapshotModel, notes: list[str]) -> None:
+        if not snap.to_observed().docker_ok:
+            why = snap.docker_error or "no reason recorded"
+            said = any(why in note for note in notes)  # a live observation said it
+            notes.append(
+                "docker could not be read" + ("" if said else f" ({why})") + ": what "
+                "depends on the containers is unknown (null), and nothing would be admitted"
+            )
+
+    # tools ----------------------------------------------------------------------
+
+    def reservation_status(self, _args: dict[str, Any]) -> dict[str, Any]:
+        """Per role: the ledger line, NVML figures and drift; the host RAM line."""
+        mset = self._load()
+        snap, notes = self._observe(mset)
+        report = host_status(self.sources.desired(mset, snap), snap.to_observed())
+        self._docker_note(snap, notes)
+        if not report.nvml_ok:
+            why = snap.nvml_error or "no device readings in the observation"
+            notes.append(f"nvml unavailable ({why}): NVML used and drift are null (unknown)")
+        data = report.to_json()
+        return {
+            "docker": data["docker"],
+            "nvml": data["nvml"],
+            "gpu_roles": data["gpu_roles"],
+            "host": data.get("host"),
+            "undeclared_gpu_containers": data["undeclared_gpu_containers"],
+            "no_longer_declared": data["no_longer_declared"],
+            "notes": notes,
+            "source": self._source(mset, snap),
+        }
+
+    def serves_status(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Per serve: its state, reservation, request, backoff and why it is blocked."""
+        mset = self._load()
+        only = args.get("serve")
+        if only is not None and only not in mset.desired().serves:
+            raise ToolError(_unknown_serve(only, mset.desired()))
+        snap, notes = self._observe(mset)
+        desired = self.sources.desired(mset, snap)
+        seen = snap.to_observed()
+        report = host_status(desired, seen)
+        plan = plan_transitions(desired, seen, Policy(), _now(snap))
+        blocked = {b.serve: b.to_json() for b in plan.blocked}
+        self._docker_note(snap, notes)
+        notes.append(
+            "backoff is known only to the running controller (`vramctl run`): null here "
+            "(answering from it, --api, is to come)"
+        )
+        serves = []
+        for s in report.serves:
+            if only is not None and s.serve != only:
+                continue
+            serves.append({**s.to_json(), "backoff": None, "blocked": blocked.get(s.serve)})
+        return {
+            "docker": "ok" if report.docker_ok else "error",
+            "serves": serves,
+            "notes": notes,
+            "source": self._source(mset, snap),
+        }
+
+    def can_fit(self, args: dict[str, Any]) -> dict[str, Any]:
+        """Can a serve (or N MiB on a role) start now, and what would it cost."""
+        serve = args.get("serve")
+        mib, role = args.get("vram_mib"), args.get("gpu_role")
+        if (serve is None) == (mib is None and role is None):
+            raise ToolError(
+                'ask either {"serve": NAME} or {"vram_mib": N, "gpu_role": ROLE}, not '
+                + ("both" if serve is not None else "neither")
+            )
+        if serve is None and (mib is None or role is None):
+            missing = "gpu_role" if role is None else "vram_mib"
+            raise ToolError(f'{missing} is missing: ask {{"vram_mib": N, "gpu_role": ROLE}}')
+        mset = self._load()
+        desired = mset.desired()
+        if serve is not None:
+            if serve not in desired.serves:
+                raise ToolError(_unknown_serve(serve, desired))
+            name = serve
+        else:
+            if not isinstance(mib, int) or not isinstance(role, str):
+                raise ToolError('ask {"vram_mib": N, "gpu_role": ROLE}: N a whole number')
+            try:
+                desired = with_hypothetical(desired, mib, role)
+            except HypotheticalError as exc:
+                raise ToolError(str(exc)) from None
+            name = HYPOTHETICAL
+        snap, notes = self._observe(mset)
+        model = None
+        if serve is not None:
+            from controller.service.model_estimates import serve_models
+
+            model = serve_models(mset).get(serve)
+        answer = fit_answer(
+            desired,
+            snap.to_observed(),
+            name,
+            now=_now(snap),
+            router_url=self.sources.router_url,
+            model=model,
+        )
+        self._docker_note(snap, notes)
+        if not answer.result.known:
+            notes.append("fits is null: it cannot be answered without docker")
+        return {
+            **answer.to_json(),
+            "hypothetical": serve is None,
+            "notes": notes,
+            "source": self._source(mset, snap),
+        }
+
+    def plan_preview(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The plan an edited manifest would cause now; nothing executed."""
+        text, path = args.get("manifest_text"), args.get("manifest_path")
+        if (text is None) == (path is None):
+            raise ToolError(
+                "give the edit as manifest_text (the edited TOML) or manifest_path (an "
+                "edited file), one of them"
+            )
+        current = self._load()
+        if path is not None:
+            edited_path = Path(path).expanduser()
+            if not edited_path.is_file():
+                raise ToolError(f"{path}: no such file (give the edited manifest's path)")
+            mset = self._load((edited_path,))
+            return self._preview(mset, current)
+        files = list(current.files)
+        target = self._replaced(files, args.get("replaces"))
+        with tempfile.TemporaryDirectory(prefix="vramctl-mcp-") as tmp:
+            edited = Path(tmp) / target.name
+            edited.write_text(str(text), encoding="utf-8")
+            mset = self._load(tuple(edited if f == target else f for f in files))
+            return self._preview(mset, current)
+
+    @staticmethod
+    def _replaced(files: list[Path], replaces: Any) -> Path:
+        if replaces is None:
+            if len(files) != 1:
+                names = ", ".join(str(f) for f in files)
+                raise ToolError(
+                    f"the manifest set has {len(files)} files ({names}): say which one "
+                    "manifest_text replaces with replaces=FILE"
+                )
+            return files[0]
+        wanted = Path(str(replaces)).expanduser().resolve()
+        for f in files:
+            if Path(f).resolve() == wanted or Path(f).name == str(replaces):
+                return f
+        names = ", ".join(str(f) for f in files)
+        raise ToolError(f"{replaces} is not a file of the manifest set ({names})")
+
+    def _preview(self, mset: ManifestSet, current: ManifestSet) -> dict[str, Any]:
+        snap, notes = self._observe(mset)
+        result = plan_transitions(mset.desired(), snap.to_observed(), Policy(), _now(snap))
+        self._docker_note(snap, notes)
+        data = result.to_json()
+        plan_notes = data.pop("notes", [])
+        known = snap.to_observed().docker_ok
+        if not known:
+            notes.append("the plan is unknown, not empty (known: false): docker was not read")
+        if mset.digest == current.digest:
+            notes.append("the edit changes nothing the controller reads: this is today's plan")
+        return {
+            **data,
+            "known": known,
+            "notes": [*plan_notes, *notes],
+            "manifest_digest": mset.digest,
+            "executed": False,
+            "source": self._source(mset, snap),
+        }
+
+
+def _now(snap: SnapshotModel) -> float:
+    taken = snap.taken_at_epoch()
+    return taken if taken is not None else time.time()
+
+
+def _did_you_mean(name: str, names: Mapping[str, Any]) -> str:
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def _unknown_serve(name: str, desired: DesiredState) -> str:
+    """The command line's message for an unknown serve, with the fix."""
+    from controller.interfaces.render import unknown_serve
+
+    names = ", ".join(desired.serves)
+    return f"{unknown_serve(name, desired)}; the serves are: {names}"
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {
+    "string": (str,),
+    "integer": (int,),
+    "object": (dict,),
+}
+
+
+def _check_arguments(tool: str, schema: Mapping[str, Any], arguments: Mapping[str, Any]) -> None:
+    """Refuse arguments the tool's input schema does not allow (the SDK's low-level
+    server passes them through unchecked)."""
+    properties: Mapping[str, Any] = schema.get("properties", {})
+    for key, value in arguments.items():
+        if key not in properties:
+            known = ", ".join(properties) or "none"
+            raise ToolError(
+                f"{tool} takes no argument {key!r}{_did_you_mean(key, properties)} "
+                f"(its arguments: {known})"
+            )
+        want = properties[key].get("type")
+        ok = isinstance(value, _JSON_TYPES.get(want, (object,))) and not isinstance(value, bool)
+        if not ok:
+            raise ToolError(f"{tool}: {key} must be a JSON {want}, not {json.dumps(value)}")
+        minimum = properties[key].get("minimum")
+        if minimum is not None and value < minimum:
+            raise ToolError(f"{tool}: {key} must be at least {minimum}, not {value}")
+
+
+# --- the server --------------------------------------------------------------------
+
+
+def build_server(sources: Sources) -> Server[Any]:
+    """The MCP server answering :data:`TOOLS` from ``sources``."""
+    tools = Tools(sources)
+
+    async def list_tools(
+        ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=list(TOOLS))
+
+    async def call_tool(
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        arguments = params.arguments or {}
+        try:
+            # observing reads Docker, NVML and health endpoints: off the event loop
+            answer = await anyio.to_thread.run_sync(tools.call, params.name, arguments)
+        except ToolError as exc:
+            return _error(str(exc))
+        except Exception as exc:  # one line for the agent, never a traceback
+            print(f"vramctl mcp: {params.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            return _error(
+                f"{params.name} failed: {type(exc).__name__}: {exc} (the server's stderr "
+                "has the same line; ask again, or run the matching vramctl command)"
+            )
+        text = json.dumps(answer, indent=2)
+        return types.CallToolResult(
+            content=[types.TextContent(text=text)], structured_content=answer
+        )
+
+    return Server(
+        SERVER_NAME,
+        version=_version(),
+        instructions=(
+            "vramctl keeps GPU memory a declared budget. These tools only read: ask "
+            "reservation_status for the ledger, serves_status for each serve, can_fit "
+            "before asking for a serve, plan_preview before editing the manifest. "
+            "A null figure is unknown, never 0."
+        ),
+        on_list_tools=list_tools,
+        on_call_tool=call_tool,
+    )
+
+
+def _error(message: str) -> types.CallToolResult:
+    return types.CallToolResult(content=[types.TextContent(text=message)], is_error=True)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vramctl")
+    except PackageNotFoundError:
+        return "0"
+
+
+def run_stdio(sources: Sources) -> None:
+    """Serve over stdin / stdout until the client closes them."""
+    server = build_server(sources)
+
+    async def main() -> None:
+        async with stdio_server() as (read_stream, write_stream):
+            await server.run(read_stream, write_stream, server.create_initialization_options())
+
+    anyio.run(main)
