@@ -129,3 +129,41 @@ def test_a_placed_serve_goes_where_it_fits_stays_across_a_restart_and_q_evicts_a
         assert docker_client.containers.get(ctr["p"]).attrs["State"]["StartedAt"] == started
     finally:
         run.stop()
+
+
+def test_a_stopped_container_made_for_another_card_is_made_again_on_the_chosen_one(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """p runs on a (both cards empty: the first on a tie), is stopped; then x takes a,
+    and p, wanted again, goes to b: its container, made for a, is removed and made
+    again by ``up`` on b (a running container is never removed)."""
+    ctr = {n: names(n) for n in ("p", "x")}
+    roles = (
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\n\n[[gpu_roles]]\nid = "b"\nvram_mib = 10000\n'
+    )
+    path, state = tmp_path / "serves.toml", tmp_path / "state"
+
+    def converge(p_desired: str, x_desired: str, until: Callable[[], bool]) -> None:
+        path.write_text(
+            roles
+            + _serve("p", ctr["p"], test_image, 4000, PLACED, f'desired = "{p_desired}"')
+            + _serve("x", ctr["x"], test_image, 8000, 'gpu_role = "a"', f'desired = "{x_desired}"')
+        )
+        run = Running(_controller(path, state))
+        try:
+            wait_for("the host to converge", until)
+        finally:
+            run.stop()
+
+    converge("running", "stopped", lambda: _running(docker_client, ctr["p"]))
+    assert _card_of(docker_client, ctr["p"]) == "a"
+    made_for_a = docker_client.containers.get(ctr["p"]).id
+    converge("stopped", "running", lambda: _running(docker_client, ctr["x"]))
+    assert docker_client.containers.get(ctr["p"]).status == "exited"
+    converge("running", "running", lambda: _running(docker_client, ctr["p"]))
+    assert _card_of(docker_client, ctr["p"]) == "b"
+    assert docker_client.containers.get(ctr["p"]).id != made_for_a  # made again by `up`
+    assert _running(docker_client, ctr["x"])
