@@ -35,6 +35,12 @@ from controller.interfaces.api.settings import (
 #: The scope key of the event set when a write's client has gone away.
 DISCONNECTED = "vramctl.disconnected"
 
+#: The scope key set on a request to ``/mcp``: whether it carried the right token.
+MCP_AUTHORIZED = "vramctl.mcp_authorized"
+
+#: The MCP endpoint: read as the API's reads are, its writes authorised per tool call.
+MCP_PATH = "/mcp"
+
 #: Methods that change nothing: they need no token (every other one does).
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
@@ -93,8 +99,11 @@ class WriteGuard:
                 return
             await self.app(scope, receive, send)
             return
-        problem = auth_problem(
-            self.settings, headers.get("authorization"), f"{method} {scope.get('path', '')}"
+        problem = _mcp_problem(
+            scope,
+            auth_problem(
+                self.settings, headers.get("authorization"), f"{method} {scope.get('path', '')}"
+            ),
         )
         if problem is not None:
             refusal = error_response(
@@ -147,6 +156,17 @@ class WriteGuard:
             await self.app(scope, replay, send)
         finally:
             watcher.cancel()
+
+
+def _mcp_problem(scope: Scope, problem: ApiError | None) -> ApiError | None:
+    """``/mcp``'s rule: every MCP message is a POST, and a read there is a read (no
+    token needed, as for ``GET /v1/...``; a wrong bearer token refused, 403, as on a
+    read). Whether the token was right is left in the scope (:data:`MCP_AUTHORIZED`):
+    the write tools check it per call (:mod:`controller.interfaces.api.agents`)."""
+    if scope.get("path") != MCP_PATH:
+        return problem
+    scope[MCP_AUTHORIZED] = problem is None
+    return problem if problem is not None and problem.status == 403 else None
 
 
 def install_guards(app: FastAPI, settings: ApiSettings) -> None:

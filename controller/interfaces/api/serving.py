@@ -103,7 +103,7 @@ def api_service(
         config = uvicorn.Config(
             app,
             log_config=None,
-            lifespan="off",
+            lifespan="on",  # the MCP session manager (/mcp) runs in it
             access_log=False,
             timeout_graceful_shutdown=3,
             server_header=False,

@@ -1,0 +1,206 @@
+"""``/mcp`` inside ``vramctl run``: the MCP server over Streamable HTTP (docs/agents.md).
+
+The API app (:func:`controller.interfaces.api.create_app`) over a controller that has
+not cycled (``tests/test_api.py``'s ``idle`` fixture) and then one with a scripted
+observation (its ``observe``), served by uvicorn on a free loopback port in the test's
+own event loop (its lifespan runs the MCP session manager, as ``vramctl run``'s does);
+the SDK's own client (``mcp.client.streamable_http``) and plain HTTP against it. The
+tools must answer what the API's ``/v1`` answers, from the same live view. Nothing
+is mocked.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from typing import Any, TypeVar
+
+import httpx2
+import uvicorn
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
+from serving import free_port
+from test_api import TOKEN, idle, observe  # noqa: F401  (idle: the fixture)
+
+from controller.interfaces.api import ApiSettings, create_app
+from controller.service.loop import Controller
+
+T = TypeVar("T")
+HOST = "127.0.0.1"
+READS = {"reservation_status", "serves_status", "can_fit", "plan_preview"}
+WRITES = {"request_up", "release"}
+
+
+@asynccontextmanager
+async def serving(controller: Controller, token: str | None = TOKEN) -> AsyncIterator[str]:
+    """The API app served on a free loopback port; yields its base URL."""
+    port = free_port()
+    settings = ApiSettings(token=token, retry_after_s=5.0, bind_host=HOST, bind_port=port)
+    app = create_app(controller, settings)
+    config = uvicorn.Config(app, host=HOST, port=port, lifespan="on", log_config=None)
+    server = uvicorn.Server(config)
+    task = asyncio.ensure_future(server.serve())
+    deadline = time.monotonic() + 10
+    while not server.started:
+        assert time.monotonic() < deadline, "uvicorn did not start"
+        assert not task.done(), task
+        await asyncio.sleep(0.02)
+    try:
+        yield f"http://{HOST}:{port}"
+    finally:
+        server.should_exit = True
+        await asyncio.wait_for(task, 10)
+
+
+def run(
+    controller: Controller,
+    fn: Callable[[str, Callable[..., Any]], Awaitable[T]],
+    token: str | None = TOKEN,
+) -> T:
+    """``fn(base_url, session)`` against the served app; ``session(headers)`` opens an
+    initialized SDK client session with those headers."""
+
+    async def main() -> T:
+        async with serving(controller, token) as base:
+
+            @asynccontextmanager
+            async def session(
+                headers: dict[str, str] | None = None,
+            ) -> AsyncIterator[ClientSession]:
+                async with (
+                    httpx2.AsyncClient(headers=headers or {}, timeout=30) as http,
+                    streamable_http_client(f"{base}/mcp", http_client=http) as (read, write),
+                    ClientSession(read, write) as s,
+                ):
+                    await s.initialize()
+                    await s.list_tools()  # results are validated against these schemas
+                    yield s
+
+            return await asyncio.wait_for(fn(base, session), 60)
+
+    return asyncio.run(main())
+
+
+def auth() -> dict[str, str]:
+    return {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _text(result: Any) -> str:
+    return "\n".join(getattr(c, "text", "") for c in result.content)
+
+
+def test_tools_answer_from_the_live_view_as_v1_does(idle: Controller) -> None:  # noqa: F811
+    now = time.time()
+    observe(idle, {"res": {"state": "running"}, "omni": {"state": "running", "started_at": now}})
+
+    async def go(base: str, session: Callable[..., Any]) -> None:
+        async with httpx2.AsyncClient(base_url=base) as http:
+            ledger = (await http.get("/v1/ledger")).json()
+            fit = (await http.get("/v1/fit/llm")).json()
+            big = (await http.get("/v1/fit/big")).json()
+            serves = (await http.get("/v1/serves")).json()
+        async with session() as s:  # no token: reads are allowed, as the API's are
+            listed = {t.name: t for t in (await s.list_tools()).tools}
+            assert set(listed) == READS | WRITES
+            for name in READS:
+                assert listed[name].annotations.read_only_hint is True
+            up, release = listed["request_up"].annotations, listed["release"].annotations
+            assert up.read_only_hint is False and up.idempotent_hint is False
+            assert release.destructive_hint is True
+            status = await s.call_tool("reservation_status", {})
+            can = await s.call_tool("can_fit", {"serve": "llm"})
+            cannot = await s.call_tool("can_fit", {"serve": "big"})
+            rows = await s.call_tool("serves_status", {})
+            size = await s.call_tool("can_fit", {"vram_mib": 5000, "gpu_role": "a"})
+            typo = await s.call_tool("can_fit", {"serve": "lml"})
+        for result in (status, can, cannot, rows, size):
+            assert not result.is_error, _text(result)
+        answer = status.structured_content
+        assert answer["gpu_roles"] == ledger["gpu_roles"]
+        assert answer["docker"] == ledger["docker"] == "ok"
+        assert answer["source"]["observed"] == "live"
+        assert answer["source"]["controller"] == "vramctl run"
+        [role] = answer["gpu_roles"]
+        assert role["committed_mib"] == 7000 and role["budget_mib"] == 9000
+        # can_fit is GET /v1/fit's answer (less its live_meta), from the same live view
+        for result, api in ((can, fit), (cannot, big)):
+            mine = result.structured_content
+            for key in ("serve", "fits", "reason", "gpu_roles", "drain", "evict", "blockers"):
+                assert mine[key] == api[key], key
+        assert can.structured_content["fits"] is True
+        assert can.structured_content["evict"] == ["omni"]
+        assert cannot.structured_content["fits"] is False
+        # N MiB on a role: the same arithmetic as llm's 5000 MiB
+        assert size.structured_content["hypothetical"] is True
+        assert size.structured_content["evict"] == ["omni"]
+        mine_rows = rows.structured_content["serves"]
+        assert [r["serve"] for r in mine_rows] == [r["serve"] for r in serves["serves"]]
+        for mine, theirs in zip(mine_rows, serves["serves"], strict=True):
+            assert mine["lifecycle"] == theirs["lifecycle"], mine["serve"]
+            assert mine["reservation_mib"] == theirs["reservation_mib"], mine["serve"]
+        assert typo.is_error and 'did you mean "llm"?' in _text(typo)
+
+    run(idle, go)
+
+
+def test_before_the_first_cycle_the_tools_say_unknown(idle: Controller) -> None:  # noqa: F811
+    async def go(_base: str, session: Callable[..., Any]) -> None:
+        async with session(auth()) as s:
+            status = await s.call_tool("reservation_status", {})
+            fit = await s.call_tool("can_fit", {"serve": "llm"})
+        [role] = status.structured_content["gpu_roles"]
+        assert status.structured_content["docker"] == "unknown"
+        assert role["committed_mib"] is None and role["free_mib"] is None
+        assert fit.is_error and "no observation yet" in _text(fit)
+
+    run(idle, go)
+
+
+def test_a_foreign_origin_or_host_is_refused(idle: Controller) -> None:  # noqa: F811
+    observe(idle, {})
+    init = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "initialize",
+        "params": {
+            "protocolVersion": "2025-06-18",
+            "capabilities": {},
+            "clientInfo": {"name": "t", "version": "0"},
+        },
+    }
+    accept = {"Accept": "application/json, text/event-stream"}
+
+    async def go(base: str, _session: Callable[..., Any]) -> None:
+        async with httpx2.AsyncClient(base_url=base) as http:
+            ok = await http.post("/mcp", json=init, headers=accept)
+            foreign = await http.post(
+                "/mcp", json=init, headers={**accept, "Origin": "http://evil.example"}
+            )
+            rebound = await http.post(
+                "/mcp", json=init, headers={**accept, "Host": "evil.example:80"}
+            )
+            wrong = await http.post(
+                "/mcp", json=init, headers={**accept, "Authorization": "Bearer nope"}
+            )
+        assert ok.status_code == 200, ok.text
+        assert foreign.status_code == 403 and "origin" in foreign.text
+        assert rebound.status_code == 403
+        assert wrong.status_code == 403 and "wrong" in wrong.text
+
+    run(idle, go)
+
+
+def test_a_write_without_the_token_is_refused(idle: Controller) -> None:  # noqa: F811
+    observe(idle, {"res": {"state": "running"}})
+
+    async def go(_base: str, session: Callable[..., Any]) -> None:
+        async with session() as s:
+            up = await s.call_tool("request_up", {"serve": "llm"})
+            down = await s.call_tool("release", {"serve": "llm"})
+        for result in (up, down):
+            assert result.is_error and "Authorization: Bearer" in _text(result)
+        assert idle.journal.active_requests() == []
+
+    run(idle, go)
