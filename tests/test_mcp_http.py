@@ -18,11 +18,12 @@ from contextlib import asynccontextmanager
 from typing import Any, TypeVar
 
 import httpx2
+import pytest
 import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from serving import free_port
-from test_api import TOKEN, idle, observe  # noqa: F401  (idle: the fixture)
+from test_api import TOKEN, Live, calm, idle, live, observe, wait_for  # noqa: F401
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.service.loop import Controller
@@ -204,3 +205,80 @@ def test_a_write_without_the_token_is_refused(idle: Controller) -> None:  # noqa
         assert idle.journal.active_requests() == []
 
     run(idle, go)
+
+
+def test_the_writes_go_through_the_api_verbs(idle: Controller) -> None:  # noqa: F811
+    """In-process, on a scripted observation (no loop runs: nothing becomes ready)."""
+    now = time.time()
+    observe(idle, {"res": {"state": "running"}, "omni": {"state": "running", "started_at": now}})
+    progress: list[str] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(str(message))
+
+    async def go(_base: str, session: Callable[..., Any]) -> list[Any]:
+        async with session(auth()) as s:
+            return [
+                await s.call_tool("request_up", {"serve": "big"}),
+                await s.call_tool("request_up", {"serve": "off"}),
+                await s.call_tool("request_up", {"serve": "llm", "ttl_s": -1}),
+                await s.call_tool(
+                    "request_up",
+                    {"serve": "llm", "ttl_s": 90, "wait_s": 1},
+                    progress_callback=on_progress,
+                ),
+                await s.call_tool("release", {"serve": "llm"}),
+                await s.call_tool("release", {"serve": "llm"}),
+            ]
+
+    big, off, bad, up, down, again = run(idle, go)
+    # 429 with every term of the arithmetic, as POST .../up answers
+    assert big.is_error and _text(big).startswith("big does not fit")
+    assert '"status": 429' in _text(big) and '"shortfall_mib"' in _text(big)
+    assert off.is_error and 'desired = "stopped"' in _text(off) and '"status": 409' in _text(off)
+    assert bad.is_error and "ttl_s must be more than 0" in _text(bad)
+    assert not up.is_error, _text(up)
+    answer = up.structured_content
+    assert answer["status"] == 202 and answer["ready"] is False  # no loop here
+    assert answer["fit"]["evict"] == ["omni"] and answer["request"]["ttl_s"] == 90
+    assert "llm: request.admitted" in progress
+    assert not down.is_error and down.structured_content["ended"] is True
+    assert again.is_error and "no active on-demand request" in _text(again)
+
+
+@pytest.mark.docker
+def test_request_up_waits_with_progress_on_the_real_daemon(calm: Live) -> None:  # noqa: F811
+    """``vramctl run`` over real containers: request_up with wait_s reports the plan's
+    steps as progress and answers when llm is ready; release brings omni back."""
+    lv = calm
+    progress: list[str] = []
+
+    async def on_progress(done: float, total: float | None, message: str | None) -> None:
+        progress.append(str(message))
+
+    async def main() -> list[Any]:
+        async with (
+            httpx2.AsyncClient(headers=auth(), timeout=60, trust_env=False) as http,
+            streamable_http_client(f"{lv.url}/mcp", http_client=http) as (read, write),
+            ClientSession(read, write) as s,
+        ):
+            await s.initialize()
+            await s.list_tools()
+            up = await s.call_tool(
+                "request_up",
+                {"serve": "llm", "ttl_s": 120, "wait_s": 30},
+                progress_callback=on_progress,
+            )
+            status = await s.call_tool("reservation_status", {})
+            down = await s.call_tool("release", {"serve": "llm"})
+            return [up, status, down]
+
+    up, status, down = asyncio.run(asyncio.wait_for(main(), 90))
+    assert not up.is_error, _text(up)
+    assert up.structured_content["status"] == 200 and up.structured_content["ready"] is True
+    assert "stop omni: ok" in progress and "start llm: ok" in progress, progress
+    assert any(p.startswith("plan of cycle") for p in progress), progress
+    reservations = status.structured_content["gpu_roles"][0]["reservations"]
+    assert {r["serve"] for r in reservations} == {"res", "llm"}
+    assert not down.is_error and down.structured_content["ended"] is True
+    lv.converged(llm="down", omni="running")

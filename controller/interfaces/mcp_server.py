@@ -681,6 +681,8 @@ class Caller:
     may_write: bool
     why_not: str = ""
     progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+    #: the transport's own request (over HTTP: the one that carried the call)
+    request: Any = None
 
 
 class Backend(Protocol):

@@ -24,21 +24,25 @@ full, and the writes; a wrong token is refused (403) before the body is read
 
 from __future__ import annotations
 
+import asyncio
+import json
 import tempfile
 import time
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
 from starlette.requests import Request
 
-from controller.interfaces.api import reads
+from controller.interfaces.api import reads, verbs
 from controller.interfaces.api.context import ApiContext, detail
 from controller.interfaces.api.errors import ApiError
 from controller.interfaces.api.guard import MCP_AUTHORIZED
-from controller.interfaces.api.settings import LOOPBACK_NAMES
+from controller.interfaces.api.settings import LOOPBACK_NAMES, NO_TOKEN_MESSAGE, ApiSettings
 from controller.interfaces.mcp_server import (
     Caller,
     ToolError,
@@ -48,6 +52,7 @@ from controller.interfaces.mcp_server import (
     unknown_serve_message,
 )
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
+from controller.service.events import Event, Subscription
 from statemachine.fit import fit_serve
 from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
 from statemachine.pending import pending_starts, with_pending
@@ -62,11 +67,16 @@ WRITES_NEED_TOKEN = (
 )
 
 
-def caller_of(ctx: Any) -> Caller:
-    """Who asks: the token the API's guard checked on this HTTP request."""
-    request = getattr(ctx, "request", None)
-    authorized = isinstance(request, Request) and bool(request.scope.get(MCP_AUTHORIZED))
-    return Caller(full=authorized, may_write=authorized, why_not=WRITES_NEED_TOKEN)
+def caller_of(settings: ApiSettings) -> Callable[[Any], Caller]:
+    """Who asks: the token the API's guard checked on the HTTP request of the call."""
+    why_not = WRITES_NEED_TOKEN if settings.token is not None else NO_TOKEN_MESSAGE
+
+    def who(ctx: Any) -> Caller:
+        request = getattr(ctx, "request", None)
+        authorized = isinstance(request, Request) and bool(request.scope.get(MCP_AUTHORIZED))
+        return Caller(full=authorized, may_write=authorized, why_not=why_not, request=request)
+
+    return who
 
 
 class LiveBackend:
@@ -92,11 +102,46 @@ class LiveBackend:
                 return self.can_fit(args)
             if name == "plan_preview":
                 return self.plan_preview(args)
-            if not caller.may_write:
+            if not caller.may_write or not isinstance(caller.request, Request):
                 raise ToolError(caller.why_not)
-            raise ToolError(f"{name}: not served here yet")
+            if name == "request_up":
+                return await self.request_up(args, caller, caller.request)
+            return await self.release(args, caller.request)
         except ApiError as exc:
-            raise ToolError(exc.message) from None
+            raise ToolError(_refusal(exc.status, {"error": exc.message, **exc.body})) from None
+
+    # the writes: the API's own routes, on the request that carried the call -------
+
+    async def request_up(
+        self, args: dict[str, Any], caller: Caller, request: Request
+    ) -> dict[str, Any]:
+        """``POST /v1/serves/{serve}/up``: admitted, queued or refused (every term);
+        with ``wait_s``, held until ready, with a progress notification per event of
+        the controller's stream that concerns it."""
+        serve = str(args["serve"])
+        try:
+            body = verbs.UpBody(ttl_s=args.get("ttl_s"), wait_s=args.get("wait_s") or None)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise ToolError(f"request_up: {problems}") from None
+        sub = self.ctx.bus.subscribe()
+        stop = asyncio.Event()
+        relay = asyncio.ensure_future(_relay(sub, serve, caller, stop)) if body.wait_s else None
+        try:
+            response = await verbs.up(serve, request, self.ctx, body)
+        finally:
+            stop.set()  # the relay ends at its next event or second, cancelled or not (a
+            if relay is not None:  # wait_for that completes as it is cancelled swallows it)
+                relay.cancel()
+                await asyncio.wait({relay}, timeout=2.0)
+            sub.close()
+        return _answer(response)
+
+    async def release(self, args: dict[str, Any], request: Request) -> dict[str, Any]:
+        """``POST /v1/serves/{serve}/down``."""
+        return _answer(await verbs.down(str(args["serve"]), request, self.ctx))
 
     # ------------------------------------------------------------------------------
 
@@ -264,6 +309,65 @@ class LiveBackend:
         }
 
 
+def _answer(response: JSONResponse) -> dict[str, Any]:
+    """A route's answer as the tool's: a success as it is, a refusal a tool error."""
+    data = json.loads(bytes(response.body))
+    if not isinstance(data, dict):
+        data = {"answer": data}
+    if response.status_code >= 400:
+        raise ToolError(_refusal(response.status_code, data))
+    retry = response.headers.get("retry-after")
+    return {**data, "status": response.status_code, "retry_after_s": _number(retry)}
+
+
+def _refusal(status: int, body: dict[str, Any]) -> str:
+    """A refusal's text: its reason first, then the API's whole body (every term)."""
+    reason = body.get("error") or body.get("message") or f"refused ({status})"
+    return f"{reason}\n\n{json.dumps({**body, 'status': status}, indent=2)}"
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
+
+
+async def _relay(sub: Subscription, serve: str, caller: Caller, stop: asyncio.Event) -> None:
+    """Send a progress notification for each event about ``serve``'s request: the plan
+    begun and ended, each step (the victims' too), its lifecycle, the request's own."""
+    if caller.progress is None:
+        return
+    done = 0
+    while not sub.closed and not stop.is_set():
+        for item in await sub.next(1.0):
+            if not isinstance(item, Event) or stop.is_set():
+                continue
+            message = _progress_message(item, serve)
+            if message is not None:
+                done += 1
+                await caller.progress(done, None, message)
+
+
+def _progress_message(event: Event, serve: str) -> str | None:
+    """One line for an event about ``serve``'s request; ``None``: not about it."""
+    d = event.data
+    if event.kind == "plan.begun":
+        steps = ", ".join(f"{s['action']} {s['serve']}" for s in d.get("steps", []))
+        return f"plan of cycle {d.get('cycle')}: {steps or 'nothing to do'}"
+    if event.kind == "step":
+        return f"{d.get('action')} {d.get('serve')}: {d.get('outcome')}"
+    if event.kind == "plan.ended":
+        return f"plan of cycle {d.get('cycle')} ended ({'ok' if d.get('ok') else 'not ok'})"
+    if d.get("serve") != serve:
+        return None
+    if event.kind == "lifecycle":
+        return f"{serve}: {d.get('from')} -> {d.get('to')}"
+    if event.kind.startswith("request."):
+        return f"{serve}: {event.kind}"
+    return None
+
+
 def _load(paths: tuple[Path, ...]) -> ManifestSet:
     try:
         return load_manifest_set(list(paths))
@@ -289,7 +393,7 @@ def mount_mcp(app: FastAPI, ctx: ApiContext) -> None:
     settings = ctx.settings
     routes, run = http_transport(
         LiveBackend(ctx),
-        caller_of,
+        caller_of(settings),
         allowed_hosts=allowed_hosts(settings.bind_host, settings.bind_port),
         allowed_origins=list(settings.allow_origins),
     )
