@@ -2,10 +2,11 @@
 
 The server is the official SDK's low-level :class:`mcp.server.lowlevel.Server`: each
 tool is declared with a JSON Schema for its input and for its structured result, and
-annotated truthfully (every tool here only reads: ``readOnlyHint``, idempotent, a
-closed world). Each call loads the manifest set and observes the host anew, as
-``vramctl status`` / ``fit`` / ``plan`` do, through the command line's own loading and
-observing helpers, handed in as a :class:`Sources` (so this module holds no second
+annotated truthfully (the reads: ``readOnlyHint``, idempotent, a closed world; the
+writes: ``request_up`` neither read-only nor idempotent, ``release`` destructive).
+Over stdio each call loads the manifest set and observes the host anew, as ``vramctl
+status`` / ``fit`` / ``plan`` do, through the command line's own loading and observing
+helpers, handed in as a :class:`Sources` (so this module holds no second
 copy of them), and answers from the same core functions:
 
 - ``reservation_status``: :func:`statemachine.status.host_status`'s roles and host
@@ -23,9 +24,13 @@ error (``isError``) whose text says what is wrong and how to fix it; an unexpect
 failure is one line too, never a traceback. A figure that cannot be known is ``null``
 with a note, never 0.
 
-Answering from a running controller (``--api URL``: its live ledger, backoff and
-in-flight steps) and the writes (``request_up``, ``release``) are to come
-(docs/agents.md).
+The same server is served by ``vramctl run``'s API at ``/mcp`` over Streamable HTTP
+(:func:`http_transport`), its tools answering from the running controller's live view
+and its writes (``request_up``, ``release``) going through the API's own routes
+(:mod:`controller.interfaces.api.agents`): a :class:`Backend` gives the answers, a
+:class:`Caller` says who asks (detail, writes, progress). Over stdio the writes are
+listed and refused: without ``--allow-writes`` for its lack, with it because there is
+no running loop to admit a request (:data:`WRITES_NEED_RUN`).
 """
 
 from __future__ import annotations

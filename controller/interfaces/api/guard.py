@@ -5,6 +5,9 @@
   arrive, over the limit 413), CORS for the allowed origins, and the Host / Origin
   check (403 for a Host that is not the loopback address the API is bound to, and
   for an ``Origin`` not in ``--allow-origin``).
+- ``/mcp`` (the MCP endpoint, every message a POST) is read as the reads are: no
+  token needed, a wrong one refused (403); whether it was right is left in the scope
+  for its write tools (:func:`_mcp_problem`, :data:`MCP_AUTHORIZED`).
 - :func:`auth_problem` is the one token rule; reads use it too
   (:meth:`controller.interfaces.api.context.ApiContext.full_detail`).
 
