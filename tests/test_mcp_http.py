@@ -142,6 +142,12 @@ def test_tools_answer_from_the_live_view_as_v1_does(idle: Controller) -> None:  
             assert mine["lifecycle"] == theirs["lifecycle"], mine["serve"]
             assert mine["reservation_mib"] == theirs["reservation_mib"], mine["serve"]
         assert typo.is_error and 'did you mean "llm"?' in _text(typo)
+        # without the token: names, states and figures only, as GET /v1/serves
+        assert any("shown only to a request with" in n for n in answer["notes"]), answer
+        async with session(auth()) as s:
+            full = (await s.call_tool("reservation_status", {})).structured_content
+        assert full["gpu_roles"] == answer["gpu_roles"]
+        assert len(full["notes"]) == len(answer["notes"]) - 1
 
     run(idle, go)
 
@@ -185,7 +191,17 @@ def test_a_foreign_origin_or_host_is_refused(idle: Controller) -> None:  # noqa:
             wrong = await http.post(
                 "/mcp", json=init, headers={**accept, "Authorization": "Bearer nope"}
             )
+            wrong_get = await http.get(
+                "/mcp", headers={"Accept": "text/event-stream", "Authorization": "Bearer nope"}
+            )
+            # the API's guard checks the host's name; the SDK's protection, behind it, has
+            # the API's own port too: loopback on another port is refused there
+            other_port = await http.post(
+                "/mcp", json=init, headers={**accept, "Host": "127.0.0.1:1"}
+            )
         assert ok.status_code == 200, ok.text
+        assert wrong_get.status_code == 403
+        assert other_port.status_code == 421 and "Host" in other_port.text
         assert foreign.status_code == 403 and "origin" in foreign.text
         assert rebound.status_code == 403
         assert wrong.status_code == 403 and "wrong" in wrong.text

@@ -96,18 +96,9 @@ class WriteGuard:
         too_big = error_response(413, f"request body over {self.limit} bytes")
         too_big.headers["Connection"] = "close"
         if method in SAFE_METHODS:
-            length = headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > self.limit:
-                await too_big(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
+            await self._safe(scope, receive, send, headers, too_big)
             return
-        problem = _mcp_problem(
-            scope,
-            auth_problem(
-                self.settings, headers.get("authorization"), f"{method} {scope.get('path', '')}"
-            ),
-        )
+        problem = _mcp_problem(scope, self._problem(headers, method, scope))
         if problem is not None:
             refusal = error_response(
                 problem.status, problem.message, **problem.body, headers=problem.headers or None
@@ -159,6 +150,27 @@ class WriteGuard:
             await self.app(scope, replay, send)
         finally:
             watcher.cancel()
+
+    async def _safe(
+        self, scope: Scope, receive: Receive, send: Send, headers: Headers, too_big: Response
+    ) -> None:
+        """A GET / HEAD / OPTIONS: no token needed (one sent to ``/mcp``, for its event
+        stream, refused when wrong), and a ``Content-Length`` over the limit 413."""
+        if scope.get("path") == MCP_PATH and headers.get("authorization") is not None:
+            problem = _mcp_problem(scope, self._problem(headers, str(scope["method"]), scope))
+            if problem is not None:
+                await error_response(problem.status, problem.message)(scope, receive, send)
+                return
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await too_big(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _problem(self, headers: Headers, method: str, scope: Scope) -> ApiError | None:
+        return auth_problem(
+            self.settings, headers.get("authorization"), f"{method} {scope.get('path', '')}"
+        )
 
 
 def _mcp_problem(scope: Scope, problem: ApiError | None) -> ApiError | None:
