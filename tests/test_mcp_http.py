@@ -15,6 +15,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
+from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx2
@@ -298,3 +299,37 @@ def test_request_up_waits_with_progress_on_the_real_daemon(calm: Live) -> None: 
     assert {r["serve"] for r in reservations} == {"res", "llm"}
     assert not down.is_error and down.structured_content["ended"] is True
     lv.converged(llm="down", omni="running")
+
+
+@pytest.mark.docker
+def test_run_stops_promptly_with_an_mcp_session_open(
+    docker_client: Any, test_image: str, tmp_path: Path
+) -> None:
+    """SIGTERM while an agent holds a session (its GET stream open): the sessions are
+    ended first, so the API does not wait out its graceful timeout and cut them with
+    a traceback in the log."""
+    lv = Live(docker_client, test_image, tmp_path)
+    try:
+        for serve in ("res", "omni", "llm", "big", "off"):
+            lv.create(serve, running=serve in ("res", "omni"))
+        lv.create("alt", running=False, port="res")
+        lv.start()
+
+        async def main() -> float:
+            async with (
+                httpx2.AsyncClient(headers=auth(), timeout=30, trust_env=False) as http,
+                streamable_http_client(f"{lv.url}/mcp", http_client=http) as (read, write),
+                ClientSession(read, write) as s,
+            ):
+                await s.initialize()
+                await s.list_tools()
+                await asyncio.sleep(0.5)  # the client's GET stream is open by now
+                t0 = time.monotonic()
+                assert await asyncio.to_thread(lv.stop) == 0
+                return time.monotonic() - t0
+
+        took = asyncio.run(asyncio.wait_for(main(), 60))
+        assert took < 2.5, took  # uvicorn's graceful timeout is 3 s
+        assert "Traceback" not in lv.logs() and "graceful shutdown exceeded" not in lv.logs()
+    finally:
+        lv.close()

@@ -792,11 +792,14 @@ def http_transport(
     *,
     allowed_hosts: list[str] | None,
     allowed_origins: list[str],
-) -> tuple[list[Any], Callable[[], AbstractAsyncContextManager[None]]]:
+) -> tuple[
+    list[Any], Callable[[], AbstractAsyncContextManager[None]], Callable[[], Awaitable[None]]
+]:
     """The server over Streamable HTTP, for the API to serve at ``/mcp``.
 
     Returns the routes (Starlette's, mounted by the API into its own app, behind its
-    guards) and the session manager's ``run`` (entered by the API's lifespan).
+    guards), the session manager's ``run`` (entered by the API's lifespan), and what
+    ends the open sessions (before the HTTP server stops: it waits for their streams).
     ``allowed_hosts``: the Host values accepted (the SDK's DNS-rebinding protection;
     ``None``: not checked here, the API bound off loopback on purpose);
     ``allowed_origins``: the Origin values accepted (the API's ``--allow-origin``).
@@ -808,7 +811,16 @@ def http_transport(
         allowed_origins=list(allowed_origins),
     )
     app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security)
-    return list(app.routes), server.session_manager.run
+    manager = server.session_manager
+
+    async def close_sessions() -> None:
+        # the SDK keeps its transports private; ending them ends their open streams
+        # (a client's GET), which the HTTP server would otherwise wait for, then cut
+        transports: dict[str, Any] = getattr(manager, "_server_instances", {})
+        for transport in list(transports.values()):
+            await transport.terminate()
+
+    return list(app.routes), manager.run, close_sessions
 
 
 def _error(message: str) -> types.CallToolResult:

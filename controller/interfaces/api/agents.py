@@ -391,13 +391,14 @@ def mount_mcp(app: FastAPI, ctx: ApiContext) -> None:
     """Serve the MCP server at ``/mcp`` in ``app``, its session manager run in the
     app's lifespan (uvicorn runs it: :mod:`controller.interfaces.api.serving`)."""
     settings = ctx.settings
-    routes, run = http_transport(
+    routes, run, close_sessions = http_transport(
         LiveBackend(ctx),
         caller_of(settings),
         allowed_hosts=allowed_hosts(settings.bind_host, settings.bind_port),
         allowed_origins=list(settings.allow_origins),
     )
     app.router.routes.extend(routes)
+    app.state.close_mcp_sessions = close_sessions
 
     @asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
