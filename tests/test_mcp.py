@@ -87,7 +87,18 @@ def test_the_tools_and_their_schemas() -> None:
         return await s.list_tools()
 
     listed = {t.name: t for t in with_session(go).tools}
-    assert set(listed) == {"reservation_status", "serves_status", "can_fit", "plan_preview"}
+    writes = {"request_up", "release"}
+    assert set(listed) == {
+        "reservation_status",
+        "serves_status",
+        "can_fit",
+        "plan_preview",
+        *writes,
+    }
+    up, release = listed.pop("request_up").annotations, listed.pop("release").annotations
+    assert up is not None and release is not None
+    assert up.read_only_hint is False and up.idempotent_hint is False
+    assert release.read_only_hint is False and release.destructive_hint is True
     inputs = {name: t.input_schema for name, t in listed.items()}
     for name, schema in inputs.items():
         assert schema["type"] == "object", name
@@ -297,3 +308,24 @@ def test_docker_unread_answers_unknown_never_zero(tmp_path: Path) -> None:
     assert {k: v for k, v in fit.structured_content.items() if k not in ADDED} == cli
     assert plan.structured_content["known"] is False
     assert any("unknown, not empty" in n for n in plan.structured_content["notes"])
+
+
+def test_the_writes_are_refused_over_stdio() -> None:
+    """Without --allow-writes, for its lack; with it, because over stdio there is no
+    running loop to admit a request (docs/agents.md: the writes are `vramctl run`'s)."""
+
+    async def go(s: ClientSession) -> list[Any]:
+        return [
+            await s.call_tool("request_up", {"serve": "fast", "ttl_s": 60}),
+            await s.call_tool("release", {"serve": "fast"}),
+            await s.call_tool("request_up", {"serve": "fast", "ttl_s": 0}),
+        ]
+
+    up, release, bad = with_session(go)
+    for result in (up, release):
+        assert result.is_error and "--allow-writes" in _text(result)
+    assert bad.is_error and "ttl_s must be more than 0" in _text(bad)
+    up, release, _bad = with_session(go, [*ARGS, "--allow-writes"])
+    for result in (up, release):
+        assert result.is_error
+        assert "need a running controller" in _text(result) and "/mcp" in _text(result)

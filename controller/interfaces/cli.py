@@ -781,11 +781,22 @@ def mcp(
             "router tier would be refused, as `fit` does."
         ),
     ] = None,
+    allow_writes: Annotated[
+        bool,
+        typer.Option(
+            "--allow-writes",
+            help="Allow the write tools (request_up, release). Over stdio there is no "
+            "running loop to admit a request: they answer that the writes need `vramctl "
+            "run` (its API serves them at /mcp, with its token).",
+        ),
+    ] = False,
 ) -> None:
     """Serve the agents' tools over MCP on stdin/stdout: reservation_status,
     serves_status, can_fit and plan_preview, each answered as `status`, `fit` and `plan`
     answer (docs/agents.md). Every call reads the manifest set again and observes the
-    host (or reads --observed FILE); nothing is changed.
+    host (or reads --observed FILE); nothing is changed. The writes (request_up,
+    release) are listed and refused: without --allow-writes, for its lack; with it,
+    because they need a running controller (`vramctl run` serves them at /mcp).
 
     The manifest set is checked before serving: exit 1 when it does not load.
     """
@@ -816,7 +827,8 @@ def mcp(
             desired=desired_for,
             router_url=router_url,
             observed_file=observed,
-        )
+        ),
+        allow_writes=allow_writes,
     )
 
 
@@ -1191,6 +1203,7 @@ def _attach_api(
         allow_origins=tuple(allow_origin or ()),
         retry_after_s=resync,
         bind_host=host,
+        bind_port=int(sock.getsockname()[1]),
     )
     attach_api(controller, settings, sock)
     return sock

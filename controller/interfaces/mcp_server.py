@@ -2,10 +2,11 @@
 
 The server is the official SDK's low-level :class:`mcp.server.lowlevel.Server`: each
 tool is declared with a JSON Schema for its input and for its structured result, and
-annotated truthfully (every tool here only reads: ``readOnlyHint``, idempotent, a
-closed world). Each call loads the manifest set and observes the host anew, as
-``vramctl status`` / ``fit`` / ``plan`` do, through the command line's own loading and
-observing helpers, handed in as a :class:`Sources` (so this module holds no second
+annotated truthfully (the reads: ``readOnlyHint``, idempotent, a closed world; the
+writes: ``request_up`` neither read-only nor idempotent, ``release`` destructive).
+Over stdio each call loads the manifest set and observes the host anew, as ``vramctl
+status`` / ``fit`` / ``plan`` do, through the command line's own loading and observing
+helpers, handed in as a :class:`Sources` (so this module holds no second
 copy of them), and answers from the same core functions:
 
 - ``reservation_status``: :func:`statemachine.status.host_status`'s roles and host
@@ -23,9 +24,13 @@ error (``isError``) whose text says what is wrong and how to fix it; an unexpect
 failure is one line too, never a traceback. A figure that cannot be known is ``null``
 with a note, never 0.
 
-Answering from a running controller (``--api URL``: its live ledger, backoff and
-in-flight steps) and the writes (``request_up``, ``release``) are to come
-(docs/agents.md).
+The same server is served by ``vramctl run``'s API at ``/mcp`` over Streamable HTTP
+(:func:`http_transport`), its tools answering from the running controller's live view
+and its writes (``request_up``, ``release``) going through the API's own routes
+(:mod:`controller.interfaces.api.agents`): a :class:`Backend` gives the answers, a
+:class:`Caller` says who asks (detail, writes, progress). Over stdio the writes are
+listed and refused: without ``--allow-writes`` for its lack, with it because there is
+no running loop to admit a request (:data:`WRITES_NEED_RUN`).
 """
 
 from __future__ import annotations
@@ -35,16 +40,18 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
 from mcp import types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.transport_security import TransportSecuritySettings
 
 from controller.interfaces.fit_answer import fit_answer
 from controller.manifest import ManifestError, load_manifest_set
@@ -97,7 +104,7 @@ _SOURCE: dict[str, Any] = {
         "manifests": {"type": "array", "items": {"type": "string"}},
         "observed": {"type": "string", "description": "'live' or the saved file"},
         "observed_at": {"type": ["number", "null"]},
-        "docker": {"type": "string", "enum": ["ok", "error"]},
+        "docker": {"type": "string", "enum": ["ok", "error", "unknown"]},
     },
 }
 _ROLE_LINE: dict[str, Any] = {
@@ -171,8 +178,8 @@ _PLAN_IN: dict[str, Any] = {
 _STATUS_OUT: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "docker": {"type": "string", "enum": ["ok", "error"]},
-        "nvml": {"type": "string", "enum": ["ok", "unavailable"]},
+        "docker": {"type": "string", "enum": ["ok", "error", "unknown"]},
+        "nvml": {"type": "string", "enum": ["ok", "unavailable", "unknown"]},
         "gpu_roles": {"type": "array", "items": _ROLE_LINE},
         "host": {"type": ["object", "null"], "description": "The host RAM line ([host])."},
         "undeclared_gpu_containers": {"type": "array", "items": {"type": "string"}},
@@ -185,7 +192,7 @@ _STATUS_OUT: dict[str, Any] = {
 _SERVES_OUT: dict[str, Any] = {
     "type": "object",
     "properties": {
-        "docker": {"type": "string", "enum": ["ok", "error"]},
+        "docker": {"type": "string", "enum": ["ok", "error", "unknown"]},
         "serves": {
             "type": "array",
             "items": {
@@ -202,7 +209,11 @@ _SERVES_OUT: dict[str, Any] = {
                     "desired_by": {"type": ["string", "null"]},
                     "request_ends_at": {"type": ["number", "null"]},
                     "backoff": {"type": ["object", "null"]},
-                    "blocked": {"type": ["object", "null"]},
+                    "blocked": {
+                        "type": ["object", "string", "null"],
+                        "description": "the plan's blocked entry (a running controller: "
+                        "its reason, as GET /v1/serves)",
+                    },
                 },
             },
         },
@@ -303,6 +314,90 @@ TOOLS: tuple[types.Tool, ...] = (
 )
 
 
+_UP_IN: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "serve": {"type": "string", "description": "An on-demand serve of the manifest set."},
+        "ttl_s": {
+            "type": "number",
+            "exclusiveMinimum": 0,
+            "description": "Seconds the request lasts (default: the serve's idle_ttl_s).",
+        },
+        "wait_s": {
+            "type": "number",
+            "minimum": 0,
+            "description": "Wait up to this many seconds for the serve to be ready, "
+            "with progress notifications (default: answer at once).",
+        },
+    },
+    "required": ["serve"],
+    "additionalProperties": False,
+}
+_RELEASE_IN: dict[str, Any] = {
+    "type": "object",
+    "properties": {"serve": {"type": "string", "description": "The serve to release."}},
+    "required": ["serve"],
+    "additionalProperties": False,
+}
+_WRITE_OUT: dict[str, Any] = {
+    "type": "object",
+    "description": "The API's answer (POST /v1/serves/{serve}/up or /down), as it is.",
+    "properties": {"status": {"type": "integer"}},
+    "required": ["status"],
+}
+
+WRITE_TOOLS: tuple[types.Tool, ...] = (
+    types.Tool(
+        name="request_up",
+        title="Request a serve",
+        description="Ask the running controller for an on-demand serve, as `vramctl up` / "
+        "POST /v1/serves/{serve}/up: admitted (the steps it implies: who is drained, "
+        "evicted), or refused with every term of the arithmetic. With wait_s, waits "
+        "for it to be ready, with progress notifications. Needs the API's token.",
+        input_schema=_UP_IN,
+        output_schema=_WRITE_OUT,
+        annotations=types.ToolAnnotations(
+            title="Request a serve",
+            read_only_hint=False,
+            destructive_hint=False,
+            idempotent_hint=False,
+            open_world_hint=False,
+        ),
+    ),
+    types.Tool(
+        name="release",
+        title="Release a serve",
+        description="End a serve's on-demand request, as `vramctl down` / POST "
+        "/v1/serves/{serve}/down: the loop stops it unless the manifest wants it "
+        "running. Needs the API's token.",
+        input_schema=_RELEASE_IN,
+        output_schema=_WRITE_OUT,
+        annotations=types.ToolAnnotations(
+            title="Release a serve",
+            read_only_hint=False,
+            destructive_hint=True,
+            idempotent_hint=True,
+            open_world_hint=False,
+        ),
+    ),
+)
+
+#: every tool the server lists: the reads, then the writes
+ALL_TOOLS: tuple[types.Tool, ...] = TOOLS + WRITE_TOOLS
+
+
+def check_tool_arguments(name: str, arguments: Mapping[str, Any]) -> None:
+    """Refuse an unknown tool, or arguments its input schema does not allow."""
+    tool = next((t for t in ALL_TOOLS if t.name == name), None)
+    if tool is None:
+        names = {t.name: t for t in ALL_TOOLS}
+        raise ToolError(f"no tool {name!r}{_did_you_mean(name, names)}")
+    _check_arguments(name, tool.input_schema, arguments)
+    for key in tool.input_schema.get("required", []):
+        if key not in arguments:
+            raise ToolError(f"{name}: {key} is missing")
+
+
 # --- the tools ---------------------------------------------------------------------
 
 
@@ -391,7 +486,7 @@ class Tools:
         mset = self._load()
         only = args.get("serve")
         if only is not None and only not in mset.desired().serves:
-            raise ToolError(_unknown_serve(only, mset.desired()))
+            raise ToolError(unknown_serve_message(only, mset.desired()))
         snap, notes = self._observe(mset)
         desired = self.sources.desired(mset, snap)
         seen = snap.to_observed()
@@ -431,7 +526,7 @@ class Tools:
         desired = mset.desired()
         if serve is not None:
             if serve not in desired.serves:
-                raise ToolError(_unknown_serve(serve, desired))
+                raise ToolError(unknown_serve_message(serve, desired))
             name = serve
         else:
             if not isinstance(mib, int) or not isinstance(role, str):
@@ -536,7 +631,7 @@ def _did_you_mean(name: str, names: Mapping[str, Any]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
-def _unknown_serve(name: str, desired: DesiredState) -> str:
+def unknown_serve_message(name: str, desired: DesiredState) -> str:
     """The command line's message for an unknown serve, with the fix."""
     from controller.interfaces.render import unknown_serve
 
@@ -547,6 +642,7 @@ def _unknown_serve(name: str, desired: DesiredState) -> str:
 _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "string": (str,),
     "integer": (int,),
+    "number": (int, float),
     "object": (dict,),
 }
 
@@ -569,27 +665,93 @@ def _check_arguments(tool: str, schema: Mapping[str, Any], arguments: Mapping[st
         minimum = properties[key].get("minimum")
         if minimum is not None and value < minimum:
             raise ToolError(f"{tool}: {key} must be at least {minimum}, not {value}")
+        above = properties[key].get("exclusiveMinimum")
+        if above is not None and value <= above:
+            raise ToolError(f"{tool}: {key} must be more than {above}, not {value}")
 
 
 # --- the server --------------------------------------------------------------------
 
 
-def build_server(sources: Sources) -> Server[Any]:
-    """The MCP server answering :data:`TOOLS` from ``sources``."""
-    tools = Tools(sources)
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """Who asks, as the transport knows it.
+
+    ``full``: the answer may hold free text (a failed start's command line and
+    output); ``may_write``: the write tools are allowed (``why_not``: the refusal's
+    words otherwise); ``progress``: sends a progress notification for this call
+    (``None``: the client asked for none)."""
+
+    full: bool
+    may_write: bool
+    why_not: str = ""
+    progress: Callable[[float, float | None, str | None], Awaitable[None]] | None = None
+    #: the transport's own request (over HTTP: the one that carried the call)
+    request: Any = None
+
+
+class Backend(Protocol):
+    """Where the tools' answers come from: a fresh observation (:class:`Tools`) or a
+    running controller's live view (the API's, inside ``vramctl run``)."""
+
+    async def answer(
+        self, name: str, arguments: Mapping[str, Any], caller: Caller
+    ) -> dict[str, Any]:
+        """The answer of tool ``name``; :class:`ToolError` for a refusal."""
+        ...
+
+
+class ObservingBackend:
+    """:class:`Tools` off the event loop (observing reads Docker, NVML, health)."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.tools = Tools(sources)
+
+    async def answer(
+        self, name: str, arguments: Mapping[str, Any], caller: Caller
+    ) -> dict[str, Any]:
+        if name in {t.name for t in WRITE_TOOLS}:
+            check_tool_arguments(name, arguments)
+            if not caller.may_write:
+                raise ToolError(caller.why_not)
+            raise ToolError(WRITES_NEED_RUN)
+        return await anyio.to_thread.run_sync(self.tools.call, name, arguments)
+
+
+#: what a write over stdio answers: the writes go through a running controller
+WRITES_NEED_RUN = (
+    "the writes need a running controller: `vramctl mcp` observes the host and has no "
+    "loop to admit a request; connect the agent to `vramctl run`'s API at /mcp "
+    "(Streamable HTTP, with its bearer token; docs/agents.md), or run `vramctl up` / "
+    "`vramctl down`"
+)
+
+
+def build_server(
+    backend: Backend | Sources,
+    caller_of: Callable[[ServerRequestContext[Any]], Caller] | None = None,
+) -> Server[Any]:
+    """The MCP server answering :data:`TOOLS` from ``backend``.
+
+    ``caller_of``: who asks, from the request's context (default: full detail, no
+    writes, as the local user of ``vramctl mcp``)."""
+    answers: Backend = ObservingBackend(backend) if isinstance(backend, Sources) else backend
+    who = caller_of or (lambda _ctx: Caller(full=True, may_write=False, why_not=NO_WRITES))
 
     async def list_tools(
         ctx: ServerRequestContext[Any], params: types.PaginatedRequestParams | None
     ) -> types.ListToolsResult:
-        return types.ListToolsResult(tools=list(TOOLS))
+        return types.ListToolsResult(tools=list(ALL_TOOLS))
 
     async def call_tool(
         ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
         arguments = params.arguments or {}
+        caller = who(ctx)
+        # a no-op unless the client asked for progress (its request's progress token)
+        caller = replace(caller, progress=ctx.session.report_progress)
         try:
-            # observing reads Docker, NVML and health endpoints: off the event loop
-            answer = await anyio.to_thread.run_sync(tools.call, params.name, arguments)
+            answer = await answers.answer(params.name, arguments, caller)
         except ToolError as exc:
             return _error(str(exc))
         except Exception as exc:  # one line for the agent, never a traceback
@@ -607,14 +769,58 @@ def build_server(sources: Sources) -> Server[Any]:
         SERVER_NAME,
         version=_version(),
         instructions=(
-            "vramctl keeps GPU memory a declared budget. These tools only read: ask "
-            "reservation_status for the ledger, serves_status for each serve, can_fit "
-            "before asking for a serve, plan_preview before editing the manifest. "
-            "A null figure is unknown, never 0."
+            "vramctl keeps GPU memory a declared budget. Ask reservation_status for the "
+            "ledger, serves_status for each serve, can_fit before asking for a serve, "
+            "plan_preview before editing the manifest; request_up and release (writes) "
+            "need the API's token inside `vramctl run`. A null figure is unknown, never 0."
         ),
         on_list_tools=list_tools,
         on_call_tool=call_tool,
     )
+
+
+#: why a write is refused over stdio without --allow-writes
+NO_WRITES = (
+    "writes are off: this `vramctl mcp` was started without --allow-writes (and even "
+    "with it, writes need a running controller: `vramctl run`'s API at /mcp)"
+)
+
+
+def http_transport(
+    backend: Backend,
+    caller_of: Callable[[ServerRequestContext[Any]], Caller],
+    *,
+    allowed_hosts: list[str] | None,
+    allowed_origins: list[str],
+) -> tuple[
+    list[Any], Callable[[], AbstractAsyncContextManager[None]], Callable[[], Awaitable[None]]
+]:
+    """The server over Streamable HTTP, for the API to serve at ``/mcp``.
+
+    Returns the routes (Starlette's, mounted by the API into its own app, behind its
+    guards), the session manager's ``run`` (entered by the API's lifespan), and what
+    ends the open sessions (before the HTTP server stops: it waits for their streams).
+    ``allowed_hosts``: the Host values accepted (the SDK's DNS-rebinding protection;
+    ``None``: not checked here, the API bound off loopback on purpose);
+    ``allowed_origins``: the Origin values accepted (the API's ``--allow-origin``).
+    """
+    server = build_server(backend, caller_of)
+    security = TransportSecuritySettings(
+        enable_dns_rebinding_protection=allowed_hosts is not None,
+        allowed_hosts=list(allowed_hosts or []),
+        allowed_origins=list(allowed_origins),
+    )
+    app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security)
+    manager = server.session_manager
+
+    async def close_sessions() -> None:
+        # the SDK keeps its transports private; ending them ends their open streams
+        # (a client's GET), which the HTTP server would otherwise wait for, then cut
+        transports: dict[str, Any] = getattr(manager, "_server_instances", {})
+        for transport in list(transports.values()):
+            await transport.terminate()
+
+    return list(app.routes), manager.run, close_sessions
 
 
 def _error(message: str) -> types.CallToolResult:
@@ -630,9 +836,13 @@ def _version() -> str:
         return "0"
 
 
-def run_stdio(sources: Sources) -> None:
-    """Serve over stdin / stdout until the client closes them."""
-    server = build_server(sources)
+def run_stdio(sources: Sources, *, allow_writes: bool = False) -> None:
+    """Serve over stdin / stdout until the client closes them.
+
+    ``allow_writes``: the write tools are not refused for the flag's lack, but for
+    the lack of a running controller (:data:`WRITES_NEED_RUN`)."""
+    caller = Caller(full=True, may_write=allow_writes, why_not=NO_WRITES)
+    server = build_server(sources, lambda _ctx: caller)
 
     async def main() -> None:
         async with stdio_server() as (read_stream, write_stream):

@@ -30,6 +30,9 @@ Routes:
   default the serve's ``idle_ttl_s``, else no TTL; ``"wait_s"`` and ``"queue"``:
   :mod:`controller.interfaces.upwait`) — see below.
 - ``GET /v1/queue`` — the requests waiting for room, per GPU role in order.
+- ``/mcp`` — the agents' tools (the MCP server of ``vramctl mcp``) over Streamable
+  HTTP, answering from this controller's live view: :mod:`controller.interfaces.api.agents`
+  (docs/agents.md); its reads need no token, its writes the token.
 - ``POST /v1/serves/{serve}/down`` — ends the serve's on-demand request: 202 (the loop
   stops the serve unless the manifest wants it running, and evicted neighbours that
   are desired running come back); 404 unknown serve; 409 no active request, or the
@@ -128,6 +131,7 @@ from typing import Any
 from fastapi import FastAPI
 
 from controller.interfaces.api import probes, reads, verbs
+from controller.interfaces.api.agents import mount_mcp
 from controller.interfaces.api.context import ApiContext
 from controller.interfaces.api.errors import ApiError, install_error_handlers
 from controller.interfaces.api.guard import install_guards
@@ -208,6 +212,7 @@ def create_app(
 
     app.include_router(ui_router(controller.history, full_detail, meta))
     app.include_router(events_router(bus, full_detail, ApiError, settings.events_heartbeat_s))
+    mount_mcp(app, ctx)
     return app
 
 

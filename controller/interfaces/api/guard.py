@@ -5,6 +5,9 @@
   arrive, over the limit 413), CORS for the allowed origins, and the Host / Origin
   check (403 for a Host that is not the loopback address the API is bound to, and
   for an ``Origin`` not in ``--allow-origin``).
+- ``/mcp`` (the MCP endpoint, every message a POST) is read as the reads are: no
+  token needed, a wrong one refused (403); whether it was right is left in the scope
+  for its write tools (:func:`_mcp_problem`, :data:`MCP_AUTHORIZED`).
 - :func:`auth_problem` is the one token rule; reads use it too
   (:meth:`controller.interfaces.api.context.ApiContext.full_detail`).
 
@@ -34,6 +37,12 @@ from controller.interfaces.api.settings import (
 
 #: The scope key of the event set when a write's client has gone away.
 DISCONNECTED = "vramctl.disconnected"
+
+#: The scope key set on a request to ``/mcp``: whether it carried the right token.
+MCP_AUTHORIZED = "vramctl.mcp_authorized"
+
+#: The MCP endpoint: read as the API's reads are, its writes authorised per tool call.
+MCP_PATH = "/mcp"
 
 #: Methods that change nothing: they need no token (every other one does).
 SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
@@ -87,15 +96,9 @@ class WriteGuard:
         too_big = error_response(413, f"request body over {self.limit} bytes")
         too_big.headers["Connection"] = "close"
         if method in SAFE_METHODS:
-            length = headers.get("content-length")
-            if length is not None and length.isdigit() and int(length) > self.limit:
-                await too_big(scope, receive, send)
-                return
-            await self.app(scope, receive, send)
+            await self._safe(scope, receive, send, headers, too_big)
             return
-        problem = auth_problem(
-            self.settings, headers.get("authorization"), f"{method} {scope.get('path', '')}"
-        )
+        problem = _mcp_problem(scope, self._problem(headers, method, scope))
         if problem is not None:
             refusal = error_response(
                 problem.status, problem.message, **problem.body, headers=problem.headers or None
@@ -147,6 +150,38 @@ class WriteGuard:
             await self.app(scope, replay, send)
         finally:
             watcher.cancel()
+
+    async def _safe(
+        self, scope: Scope, receive: Receive, send: Send, headers: Headers, too_big: Response
+    ) -> None:
+        """A GET / HEAD / OPTIONS: no token needed (one sent to ``/mcp``, for its event
+        stream, refused when wrong), and a ``Content-Length`` over the limit 413."""
+        if scope.get("path") == MCP_PATH and headers.get("authorization") is not None:
+            problem = _mcp_problem(scope, self._problem(headers, str(scope["method"]), scope))
+            if problem is not None:
+                await error_response(problem.status, problem.message)(scope, receive, send)
+                return
+        length = headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            await too_big(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+    def _problem(self, headers: Headers, method: str, scope: Scope) -> ApiError | None:
+        return auth_problem(
+            self.settings, headers.get("authorization"), f"{method} {scope.get('path', '')}"
+        )
+
+
+def _mcp_problem(scope: Scope, problem: ApiError | None) -> ApiError | None:
+    """``/mcp``'s rule: every MCP message is a POST, and a read there is a read (no
+    token needed, as for ``GET /v1/...``; a wrong bearer token refused, 403, as on a
+    read). Whether the token was right is left in the scope (:data:`MCP_AUTHORIZED`):
+    the write tools check it per call (:mod:`controller.interfaces.api.agents`)."""
+    if scope.get("path") != MCP_PATH:
+        return problem
+    scope[MCP_AUTHORIZED] = problem is None
+    return problem if problem is not None and problem.status == 403 else None
 
 
 def install_guards(app: FastAPI, settings: ApiSettings) -> None:

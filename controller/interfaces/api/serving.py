@@ -103,7 +103,7 @@ def api_service(
         config = uvicorn.Config(
             app,
             log_config=None,
-            lifespan="off",
+            lifespan="on",  # the MCP session manager (/mcp) runs in it
             access_log=False,
             timeout_graceful_shutdown=3,
             server_header=False,
@@ -119,6 +119,10 @@ def api_service(
         try:
             await asyncio.shield(task)
         except asyncio.CancelledError:
+            close = getattr(app.state, "close_mcp_sessions", None)
+            if close is not None:  # open MCP streams would hold the shutdown up
+                with contextlib.suppress(Exception, asyncio.CancelledError):
+                    await asyncio.wait_for(close(), 1.0)
             server.should_exit = True
             with contextlib.suppress(Exception, asyncio.CancelledError):
                 await asyncio.wait_for(task, 5.0)

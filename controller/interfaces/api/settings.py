@@ -34,6 +34,8 @@ class ApiSettings:
     #: the address the API listens on; on loopback, a request whose Host header names
     #: anything else is refused (a DNS-rebinding page cannot read the ledger)
     bind_host: str | None = None
+    #: the port it listens on (the MCP transport's allowed Host values name it)
+    bind_port: int | None = None
     #: seconds of silence before the event stream sends a keepalive comment
     events_heartbeat_s: float = HEARTBEAT_S
 

@@ -1,0 +1,408 @@
+"""``/mcp``: the agents' tools (:mod:`controller.interfaces.mcp_server`) over Streamable HTTP.
+
+The same MCP server as ``vramctl mcp``, served by the API inside ``vramctl run`` and
+answering from the running controller's live view, the objects ``GET /v1/ledger``,
+``/v1/serves`` and ``/v1/fit`` answer from (:mod:`controller.interfaces.api.reads`),
+never from a fresh observation:
+
+- ``reservation_status``: ``GET /v1/ledger``'s roles (what is held, and the requests
+  promised beside it), the host line;
+- ``serves_status``: ``GET /v1/serves``'s rows (backoff, request, queue, footprint);
+- ``can_fit``: ``GET /v1/fit/{serve}``'s answer (the requests accepted and not yet
+  planned counted as held); ``{"vram_mib", "gpu_role"}``: the same for a hypothetical
+  on-demand serve;
+- ``plan_preview``: the plan an edited manifest would cause on the live observation.
+
+Security is the API's (docs/agents.md): the Host / Origin guard of every route, then
+the SDK's DNS-rebinding protection (``TransportSecuritySettings``) with the API's
+address and ``--allow-origin``. ``/mcp`` is a read as the API's reads are: without
+``Authorization`` it answers the read tools with names, states and figures only (the
+free text withheld, as ``GET /v1/serves`` without the token); with the right token, in
+full, and the writes; a wrong token is refused (403) before the body is read
+(:class:`~controller.interfaces.api.guard.WriteGuard`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.requests import Request
+
+from controller.interfaces.api import reads, verbs
+from controller.interfaces.api.context import ApiContext, detail
+from controller.interfaces.api.errors import ApiError
+from controller.interfaces.api.guard import MCP_AUTHORIZED
+from controller.interfaces.api.settings import LOOPBACK_NAMES, NO_TOKEN_MESSAGE, ApiSettings
+from controller.interfaces.mcp_server import (
+    Caller,
+    ToolError,
+    Tools,
+    check_tool_arguments,
+    http_transport,
+    unknown_serve_message,
+)
+from controller.manifest import ManifestError, ManifestSet, load_manifest_set
+from controller.service.events import Event, Subscription
+from statemachine.fit import fit_serve
+from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
+from statemachine.pending import pending_starts, with_pending
+from statemachine.planner import Policy, plan_transitions
+from statemachine.types import Observed
+from statemachine.up_decision import mark_pending
+
+#: why a write is refused over HTTP without the token
+WRITES_NEED_TOKEN = (
+    "the writes need the API's token: send 'Authorization: Bearer TOKEN' (the token of "
+    "`vramctl run --token-file` / VRAMCTL_TOKEN) with the requests to /mcp"
+)
+
+
+def caller_of(settings: ApiSettings) -> Callable[[Any], Caller]:
+    """Who asks: the token the API's guard checked on the HTTP request of the call."""
+    why_not = WRITES_NEED_TOKEN if settings.token is not None else NO_TOKEN_MESSAGE
+
+    def who(ctx: Any) -> Caller:
+        request = getattr(ctx, "request", None)
+        authorized = isinstance(request, Request) and bool(request.scope.get(MCP_AUTHORIZED))
+        return Caller(full=authorized, may_write=authorized, why_not=why_not, request=request)
+
+    return who
+
+
+class LiveBackend:
+    """The tools' answers from the running controller (see the module doc).
+
+    Every answer is computed on the loop's own event loop, between two of its awaits,
+    as the API's routes are: nothing races the loop."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    async def answer(
+        self, name: str, arguments: Mapping[str, Any], caller: Caller
+    ) -> dict[str, Any]:
+        check_tool_arguments(name, arguments)
+        args = dict(arguments)
+        try:
+            if name == "reservation_status":
+                return self.reservation_status(caller)
+            if name == "serves_status":
+                return self.serves_status(args, caller)
+            if name == "can_fit":
+                return self.can_fit(args)
+            if name == "plan_preview":
+                return self.plan_preview(args)
+            if not caller.may_write or not isinstance(caller.request, Request):
+                raise ToolError(caller.why_not)
+            if name == "request_up":
+                return await self.request_up(args, caller, caller.request)
+            return await self.release(args, caller.request)
+        except ApiError as exc:
+            raise ToolError(_refusal(exc.status, {"error": exc.message, **exc.body})) from None
+
+    # the writes: the API's own routes, on the request that carried the call -------
+
+    async def request_up(
+        self, args: dict[str, Any], caller: Caller, request: Request
+    ) -> dict[str, Any]:
+        """``POST /v1/serves/{serve}/up``: admitted, queued or refused (every term);
+        with ``wait_s``, held until ready, with a progress notification per event of
+        the controller's stream that concerns it."""
+        serve = str(args["serve"])
+        try:
+            body = verbs.UpBody(ttl_s=args.get("ttl_s"), wait_s=args.get("wait_s") or None)
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc'])}: {e['msg']}" for e in exc.errors()
+            )
+            raise ToolError(f"request_up: {problems}") from None
+        sub = self.ctx.bus.subscribe()
+        stop = asyncio.Event()
+        relay = asyncio.ensure_future(_relay(sub, serve, caller, stop)) if body.wait_s else None
+        try:
+            response = await verbs.up(serve, request, self.ctx, body)
+        finally:
+            stop.set()  # the relay ends at its next event or second, cancelled or not (a
+            if relay is not None:  # wait_for that completes as it is cancelled swallows it)
+                relay.cancel()
+                await asyncio.wait({relay}, timeout=2.0)
+            sub.close()
+        return _answer(response)
+
+    async def release(self, args: dict[str, Any], request: Request) -> dict[str, Any]:
+        """``POST /v1/serves/{serve}/down``."""
+        return _answer(await verbs.down(str(args["serve"]), request, self.ctx))
+
+    # ------------------------------------------------------------------------------
+
+    def _manifests(self) -> tuple[Path, ...]:
+        """The manifest files the controller runs from (its options'; none for a port
+        that has none)."""
+        options = getattr(self.ctx.controller, "options", None)
+        return tuple(Path(f) for f in getattr(options, "manifests", ()))
+
+    def _source(self) -> dict[str, Any]:
+        view = self.ctx.controller.view()
+        return {
+            "manifests": [str(f) for f in self._manifests()],
+            "observed": "live",
+            "observed_at": view.observed_at,
+            "docker": "unknown"
+            if view.snapshot is None
+            else ("ok" if view.snapshot.to_observed().docker_ok else "error"),
+            "controller": "vramctl run",
+            "cycles": view.cycles,
+            "in_flight": [f.to_json() for f in view.live.in_flight],
+        }
+
+    def _notes(self, full: bool) -> list[str]:
+        view = self.ctx.controller.view()
+        notes: list[str] = []
+        if view.snapshot is None:
+            notes.append(
+                "the controller has not completed its first cycle: what depends on the "
+                "host is unknown (null)"
+            )
+        elif not view.snapshot.to_observed().docker_ok:
+            notes.append("docker could not be read in the last cycle: nothing would be admitted")
+        notes.extend(self.ctx.manifest_errors(view, full))
+        if not full:
+            notes.append(str(detail(False)["detail_note"]))
+        return notes
+
+    def reservation_status(self, caller: Caller) -> dict[str, Any]:
+        """``GET /v1/ledger``'s answer, in the tool's shape."""
+        view = self.ctx.controller.view()
+        data = reads.status_now(self.ctx, view)
+        pending = reads.pending_now(self.ctx, view, view.observed() or Observed(docker_ok=False))
+        return {
+            "docker": data["docker"],
+            "nvml": data["nvml"],
+            "gpu_roles": reads.ledger_roles(data, pending),
+            "host": data.get("host"),
+            "pending": [p.to_json() for p in pending],
+            "undeclared_gpu_containers": data["undeclared_gpu_containers"],
+            "no_longer_declared": data["no_longer_declared"],
+            "notes": self._notes(caller.full),
+            "source": self._source(),
+        }
+
+    def serves_status(self, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
+        """``GET /v1/serves``'s rows (one serve's with ``serve``)."""
+        only = args.get("serve")
+        view = self.ctx.controller.view()
+        if only is not None and only not in view.desired.serves:
+            raise ToolError(unknown_serve_message(only, view.desired))
+        data = reads.status_now(self.ctx, view)
+        now = time.time()
+        requests = {r.serve: r for r in self.ctx.controller.requests()}
+        seen = view.observed()
+        plan = view.plan
+        blocked = {b.serve: b.reason for b in plan.blocked} if plan is not None else {}
+        rows = [
+            reads.serve_row(
+                self.ctx, view, row, requests.get(row["serve"]), blocked, seen, now, caller.full
+            )
+            for row in data["serves"]
+            if only is None or row["serve"] == only
+        ]
+        return {
+            "docker": data["docker"],
+            "serves": rows,
+            "notes": self._notes(caller.full),
+            "source": self._source(),
+        }
+
+    def can_fit(self, args: dict[str, Any]) -> dict[str, Any]:
+        """``GET /v1/fit/{serve}``'s answer, or the same for N MiB on a role."""
+        serve = args.get("serve")
+        mib, role = args.get("vram_mib"), args.get("gpu_role")
+        if (serve is None) == (mib is None and role is None):
+            raise ToolError(
+                'ask either {"serve": NAME} or {"vram_mib": N, "gpu_role": ROLE}, not '
+                + ("both" if serve is not None else "neither")
+            )
+        if serve is None and (mib is None or role is None):
+            missing = "gpu_role" if role is None else "vram_mib"
+            raise ToolError(f'{missing} is missing: ask {{"vram_mib": N, "gpu_role": ROLE}}')
+        view = self.ctx.controller.view()
+        desired = self.ctx.controller.desired()
+        if serve is not None:
+            self.ctx.spec_of(serve)
+            name = serve
+        else:
+            try:
+                desired = with_hypothetical(desired, int(str(mib)), str(role))
+            except HypotheticalError as exc:
+                raise ToolError(str(exc)) from None
+            name = HYPOTHETICAL
+        observed = self.ctx.observed_or_503(view)
+        now = time.time()
+        policy = Policy(no_shrink=view.no_shrink)
+        pending = pending_starts(desired, observed, policy=policy, now=now, requester=name)
+        result = fit_serve(desired, with_pending(observed, pending), name, policy=policy, now=now)
+        notes = self._notes(True)
+        if not result.known:
+            notes.append("fits is null: it cannot be answered without docker")
+        return {
+            **mark_pending(result.to_json(), pending),
+            "hypothetical": serve is None,
+            "notes": notes,
+            "source": self._source(),
+        }
+
+    def plan_preview(self, args: dict[str, Any]) -> dict[str, Any]:
+        """The plan an edited manifest would cause on the live observation."""
+        text, path = args.get("manifest_text"), args.get("manifest_path")
+        if (text is None) == (path is None):
+            raise ToolError(
+                "give the edit as manifest_text (the edited TOML) or manifest_path (an "
+                "edited file), one of them"
+            )
+        files = list(self._manifests())
+        if not files:
+            raise ToolError("this controller names no manifest files to edit")
+        if path is not None:
+            edited_path = Path(str(path)).expanduser()
+            if not edited_path.is_file():
+                raise ToolError(f"{path}: no such file (give the edited manifest's path)")
+            return self._preview(_load((edited_path,)))
+        target = Tools._replaced(files, args.get("replaces"))
+        with tempfile.TemporaryDirectory(prefix="vramctl-mcp-") as tmp:
+            edited = Path(tmp) / target.name
+            edited.write_text(str(text), encoding="utf-8")
+            return self._preview(_load(tuple(edited if f == target else f for f in files)))
+
+    def _preview(self, mset: ManifestSet) -> dict[str, Any]:
+        view = self.ctx.controller.view()
+        observed = view.observed()
+        notes = [f"manifest: {w}" for w in mset.warnings]
+        if observed is None:
+            observed = Observed(docker_ok=False)
+        known = observed.docker_ok
+        if not known:
+            notes.append("the plan is unknown, not empty (known: false): docker was not read")
+        result = plan_transitions(
+            mset.desired(), observed, Policy(no_shrink=view.no_shrink), time.time()
+        )
+        data = result.to_json()
+        plan_notes = data.pop("notes", [])
+        if mset.digest == view.manifest_digest:
+            notes.append("the edit changes nothing the controller reads: this is today's plan")
+        return {
+            **data,
+            "known": known,
+            "notes": [*plan_notes, *notes, *self._notes(True)],
+            "manifest_digest": mset.digest,
+            "executed": False,
+            "source": self._source(),
+        }
+
+
+def _answer(response: JSONResponse) -> dict[str, Any]:
+    """A route's answer as the tool's: a success as it is, a refusal a tool error."""
+    data = json.loads(bytes(response.body))
+    if not isinstance(data, dict):
+        data = {"answer": data}
+    if response.status_code >= 400:
+        raise ToolError(_refusal(response.status_code, data))
+    retry = response.headers.get("retry-after")
+    return {**data, "status": response.status_code, "retry_after_s": _number(retry)}
+
+
+def _refusal(status: int, body: dict[str, Any]) -> str:
+    """A refusal's text: its reason first, then the API's whole body (every term)."""
+    reason = body.get("error") or body.get("message") or f"refused ({status})"
+    return f"{reason}\n\n{json.dumps({**body, 'status': status}, indent=2)}"
+
+
+def _number(text: str | None) -> float | None:
+    try:
+        return None if text is None else float(text)
+    except ValueError:
+        return None
+
+
+async def _relay(sub: Subscription, serve: str, caller: Caller, stop: asyncio.Event) -> None:
+    """Send a progress notification for each event about ``serve``'s request: the plan
+    begun and ended, each step (the victims' too), its lifecycle, the request's own."""
+    if caller.progress is None:
+        return
+    done = 0
+    while not sub.closed and not stop.is_set():
+        for item in await sub.next(1.0):
+            if not isinstance(item, Event) or stop.is_set():
+                continue
+            message = _progress_message(item, serve)
+            if message is not None:
+                done += 1
+                await caller.progress(done, None, message)
+
+
+def _progress_message(event: Event, serve: str) -> str | None:
+    """One line for an event about ``serve``'s request; ``None``: not about it."""
+    d = event.data
+    if event.kind == "plan.begun":
+        steps = ", ".join(f"{s['action']} {s['serve']}" for s in d.get("steps", []))
+        return f"plan of cycle {d.get('cycle')}: {steps or 'nothing to do'}"
+    if event.kind == "step":
+        return f"{d.get('action')} {d.get('serve')}: {d.get('outcome')}"
+    if event.kind == "plan.ended":
+        return f"plan of cycle {d.get('cycle')} ended ({'ok' if d.get('ok') else 'not ok'})"
+    if d.get("serve") != serve:
+        return None
+    if event.kind == "lifecycle":
+        return f"{serve}: {d.get('from')} -> {d.get('to')}"
+    if event.kind.startswith("request."):
+        return f"{serve}: {event.kind}"
+    return None
+
+
+def _load(paths: tuple[Path, ...]) -> ManifestSet:
+    try:
+        return load_manifest_set(list(paths))
+    except ManifestError as exc:
+        located = "; ".join(str(e) for e in exc.errors)
+        raise ToolError(
+            f"the manifest set does not load: {located} (fix the file, then ask again)"
+        ) from None
+
+
+def allowed_hosts(settings_host: str | None, port: int | None) -> list[str] | None:
+    """The Host values the MCP transport accepts: the API's loopback address (with its
+    port when known); ``None`` (not checked there) when the API is bound elsewhere."""
+    if settings_host is None or settings_host not in LOOPBACK_NAMES:
+        return None
+    suffix = f":{port}" if port else ":*"
+    return [f"{n}{suffix}" for n in ("127.0.0.1", "localhost", "[::1]")]
+
+
+def mount_mcp(app: FastAPI, ctx: ApiContext) -> None:
+    """Serve the MCP server at ``/mcp`` in ``app``, its session manager run in the
+    app's lifespan (uvicorn runs it: :mod:`controller.interfaces.api.serving`)."""
+    settings = ctx.settings
+    routes, run, close_sessions = http_transport(
+        LiveBackend(ctx),
+        caller_of(settings),
+        allowed_hosts=allowed_hosts(settings.bind_host, settings.bind_port),
+        allowed_origins=list(settings.allow_origins),
+    )
+    app.router.routes.extend(routes)
+    app.state.close_mcp_sessions = close_sessions
+
+    @asynccontextmanager
+    async def lifespan(_app: Any) -> AsyncIterator[None]:
+        async with run():
+            yield
+
+    app.router.lifespan_context = lifespan
