@@ -92,13 +92,16 @@ LONG_FIRST = (
 
 #: The modules whose tests share one worker: their module- or session-scoped fixture (a
 #: running controller over real containers, a browser, the controller's image build)
-#: is set up once, not once per worker.
+#: is set up once, not once per worker; or their tests share one stack on the daemon.
 ONE_WORKER = (
     "test_api.py",
     "test_events.py",
     "test_monitoring.py",
     "test_ui_page.py",
     "test_container.py",
+    # the examples run for real share one Compose project and the router's port: the
+    # run script allows one run at a time, and its cleanup removes the stack
+    "test_examples.py",
 )
 
 

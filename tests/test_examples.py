@@ -52,9 +52,6 @@ def test_example_validates_and_plans(manifest: Path) -> None:
             )
 
 
-# the examples share one Compose project (the run script allows one run at a time, and
-# its cleanup removes the stack): one worker runs them one after the other
-@pytest.mark.xdist_group("example-stack")
 @pytest.mark.docker
 @pytest.mark.slow
 def test_the_single_card_example_runs_for_real_and_evicts(docker_client: object) -> None:
@@ -110,9 +107,6 @@ def test_the_single_card_example_runs_for_real_and_evicts(docker_client: object)
     assert left.stdout.strip() == "", "the example's stack was not removed"
 
 
-# the examples share one Compose project (the run script allows one run at a time, and
-# its cleanup removes the stack): one worker runs them one after the other
-@pytest.mark.xdist_group("example-stack")
 @pytest.mark.docker
 @pytest.mark.slow
 def test_the_placement_example_tells_each_container_its_card(docker_client: object) -> None:
