@@ -785,11 +785,23 @@ def mcp(
         bool,
         typer.Option(
             "--allow-writes",
-            help="Allow the write tools (request_up, release). Over stdio there is no "
-            "running loop to admit a request: they answer that the writes need `vramctl "
-            "run` (its API serves them at /mcp, with its token).",
+            help="Allow the write tools (request_up, release): with --api and the API's "
+            "token, through the running controller; without --api they answer that the "
+            "writes need `vramctl run` (there is no running loop to admit a request).",
         ),
     ] = False,
+    api: Annotated[
+        str | None,
+        typer.Option(
+            "--api",
+            envvar="VRAMCTL_API",
+            metavar="HOST:PORT",
+            help="Answer from the running controller: forward each call to `vramctl "
+            "run`'s /mcp at HOST:PORT (token from --token-file / VRAMCTL_TOKEN). When "
+            "it does not answer, the reads observe directly if -m is given.",
+        ),
+    ] = None,
+    token_file: TokenFileOpt = None,
 ) -> None:
     """Serve the agents' tools over MCP on stdin/stdout: reservation_status,
     serves_status, can_fit and plan_preview, each answered as `status`, `fit` and `plan`
@@ -798,11 +810,28 @@ def mcp(
     release) are listed and refused: without --allow-writes, for its lack; with it,
     because they need a running controller (`vramctl run` serves them at /mcp).
 
+    With --api HOST:PORT every call is forwarded to that `vramctl run`'s /mcp and its
+    answer passed on (its live view, backoff included; the progress of request_up
+    with wait_s relayed); the writes go through it with --allow-writes and the API's
+    token. When it does not answer, a read is observed directly when -m is given
+    (the answer's source and notes say so), else a tool error says how to fix it.
+
     The manifest set is checked before serving: exit 1 when it does not load.
     """
     from controller.interfaces.mcp_server import Sources, ToolError, run_stdio
     from controller.snapshot import SnapshotError, load_snapshot
 
+    url = token = None
+    if api is not None:
+        from controller.interfaces.client import ApiConfigError, base_url, load_token
+
+        try:
+            url, token = base_url(api), load_token(token_file)
+        except ApiConfigError as exc:
+            _fail(str(exc))
+        if not manifest:  # nothing to observe when the API does not answer
+            run_stdio(None, allow_writes=allow_writes, api=url, token=token)
+            return
     mset = _load(manifest)
     if observed is not None:
         _observe(observed, mset)  # a saved observation that does not load: exit 1 now
@@ -829,6 +858,8 @@ def mcp(
             observed_file=observed,
         ),
         allow_writes=allow_writes,
+        api=url,
+        token=token,
     )
 
 

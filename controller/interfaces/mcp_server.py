@@ -31,6 +31,12 @@ and its writes (``request_up``, ``release``) going through the API's own routes
 :class:`Caller` says who asks (detail, writes, progress). Over stdio the writes are
 listed and refused: without ``--allow-writes`` for its lack, with it because there is
 no running loop to admit a request (:data:`WRITES_NEED_RUN`).
+
+``vramctl mcp --api`` puts the stdio server in front of a running controller's
+``/mcp`` (:class:`RemoteBackend`): each call is forwarded with the SDK's Streamable
+HTTP client and its result passed on as it is; the writes with ``--allow-writes`` and
+the API's token; when the API does not answer, the reads observe directly (with
+``-m``) and say so, or a tool error says how to fix it.
 """
 
 from __future__ import annotations
@@ -47,7 +53,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
 import anyio
+import httpx2
 from mcp import types
+from mcp.client.session import ClientSession
+from mcp.client.streamable_http import streamable_http_client
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
@@ -496,7 +505,7 @@ class Tools:
         self._docker_note(snap, notes)
         notes.append(
             "backoff is known only to the running controller (`vramctl run`): null here "
-            "(answering from it, --api, is to come)"
+            "(`vramctl mcp --api` answers from it)"
         )
         serves = []
         for s in report.serves:
@@ -691,13 +700,15 @@ class Caller:
 
 
 class Backend(Protocol):
-    """Where the tools' answers come from: a fresh observation (:class:`Tools`) or a
-    running controller's live view (the API's, inside ``vramctl run``)."""
+    """Where the tools' answers come from: a fresh observation (:class:`Tools`), a
+    running controller's live view (the API's, inside ``vramctl run``), or that
+    controller's ``/mcp`` asked from afar (:class:`RemoteBackend`)."""
 
     async def answer(
         self, name: str, arguments: Mapping[str, Any], caller: Caller
-    ) -> dict[str, Any]:
-        """The answer of tool ``name``; :class:`ToolError` for a refusal."""
+    ) -> dict[str, Any] | types.CallToolResult:
+        """The answer of tool ``name`` (a whole result: passed on as it is);
+        :class:`ToolError` for a refusal."""
         ...
 
 
@@ -722,8 +733,8 @@ class ObservingBackend:
 WRITES_NEED_RUN = (
     "the writes need a running controller: `vramctl mcp` observes the host and has no "
     "loop to admit a request; connect the agent to `vramctl run`'s API at /mcp "
-    "(Streamable HTTP, with its bearer token; docs/agents.md), or run `vramctl up` / "
-    "`vramctl down`"
+    "(Streamable HTTP, with its bearer token; docs/agents.md), or start `vramctl mcp "
+    "--api HOST:PORT --allow-writes` with its token, or run `vramctl up` / `vramctl down`"
 )
 
 
@@ -752,6 +763,8 @@ def build_server(
         caller = replace(caller, progress=ctx.session.report_progress)
         try:
             answer = await answers.answer(params.name, arguments, caller)
+            if isinstance(answer, types.CallToolResult):
+                return answer  # a remote server's, as it is
         except ToolError as exc:
             return _error(str(exc))
         except Exception as exc:  # one line for the agent, never a traceback
@@ -836,16 +849,141 @@ def _version() -> str:
         return "0"
 
 
-def run_stdio(sources: Sources, *, allow_writes: bool = False) -> None:
+def run_stdio(
+    sources: Sources | None,
+    *,
+    allow_writes: bool = False,
+    api: str | None = None,
+    token: str | None = None,
+) -> None:
     """Serve over stdin / stdout until the client closes them.
 
-    ``allow_writes``: the write tools are not refused for the flag's lack, but for
-    the lack of a running controller (:data:`WRITES_NEED_RUN`)."""
-    caller = Caller(full=True, may_write=allow_writes, why_not=NO_WRITES)
-    server = build_server(sources, lambda _ctx: caller)
+    Without ``api``: each call observes (``sources``); ``allow_writes``: the write
+    tools are not refused for the flag's lack, but for the lack of a running
+    controller (:data:`WRITES_NEED_RUN`). With ``api`` (the base URL of ``vramctl
+    run``'s API): each call is forwarded to its ``/mcp`` (:class:`RemoteBackend`),
+    the writes only with ``allow_writes`` and a ``token``; ``sources`` (None: none
+    given) answers the reads when the API does not."""
+    backend: Backend | Sources
+    if api is None:
+        if sources is None:
+            raise ValueError("run_stdio: sources or api is needed")
+        caller = Caller(full=True, may_write=allow_writes, why_not=NO_WRITES)
+        backend = sources
+    else:
+        why_not = NO_WRITES_API if not allow_writes else NO_TOKEN_API
+        caller = Caller(full=True, may_write=allow_writes and token is not None, why_not=why_not)
+        fallback = None if sources is None else ObservingBackend(sources)
+        backend = RemoteBackend(api, token, fallback)
+    server = build_server(backend, lambda _ctx: caller)
 
     async def main() -> None:
         async with stdio_server() as (read_stream, write_stream):
             await server.run(read_stream, write_stream, server.create_initialization_options())
 
     anyio.run(main)
+
+
+# --- vramctl mcp --api: the stdio server in front of a running controller's /mcp ------
+
+#: why a write is refused over stdio with --api but without --allow-writes
+NO_WRITES_API = (
+    "writes are off: this `vramctl mcp --api` was started without --allow-writes "
+    "(start it with --allow-writes and the API's token: --token-file FILE or "
+    "VRAMCTL_TOKEN)"
+)
+#: why a write is refused over stdio with --api and --allow-writes but no token
+NO_TOKEN_API = (
+    "writes need the API's token: start `vramctl mcp --api` with --token-file FILE or "
+    "VRAMCTL_TOKEN set (the token `vramctl run` was given)"
+)
+#: seconds to connect to the API, and to wait for an answer beyond a call's wait_s
+_REMOTE_TIMEOUT_S = 30.0
+
+
+class ApiUnreachable(Exception):  # noqa: N818 (reads as what happened)
+    """Nothing answers at the API's address (the message: what was tried)."""
+
+
+class RemoteBackend:
+    """Each call forwarded to ``vramctl run``'s ``/mcp`` (the SDK's Streamable HTTP
+    client, one session a call, with the bearer token), its result passed on as it is
+    and the progress it reports relayed; when the API does not answer, a read is
+    observed directly by ``fallback`` (None: a tool error that says how to fix it)."""
+
+    def __init__(self, base_url: str, token: str | None, fallback: Backend | None) -> None:
+        self.url = f"{base_url.rstrip('/')}/mcp"
+        self.token = token
+        self.fallback = fallback
+
+    async def answer(
+        self, name: str, arguments: Mapping[str, Any], caller: Caller
+    ) -> dict[str, Any] | types.CallToolResult:
+        write = name in {t.name for t in WRITE_TOOLS}
+        if write and not caller.may_write:
+            check_tool_arguments(name, arguments)
+            raise ToolError(caller.why_not)
+        try:
+            return await self._forward(name, arguments, caller)
+        except ApiUnreachable as exc:
+            if write or self.fallback is None:
+                raise ToolError(self._unreachable(str(exc), write)) from None
+            answer = await self.fallback.answer(name, arguments, caller)
+            if isinstance(answer, dict):
+                answer = self._observed_instead(answer, str(exc))
+            return answer
+
+    async def _forward(
+        self, name: str, arguments: Mapping[str, Any], caller: Caller
+    ) -> types.CallToolResult:
+        headers = {"Authorization": f"Bearer {self.token}"} if self.token else {}
+        wait = arguments.get("wait_s")
+        waits = float(wait) if isinstance(wait, int | float) and wait > 0 else 0.0
+        timeout = httpx2.Timeout(_REMOTE_TIMEOUT_S, read=_REMOTE_TIMEOUT_S + waits)
+        report = caller.progress
+
+        async def relay(progress: float, total: float | None, message: str | None) -> None:
+            if report is not None:  # a no-op unless the stdio client asked for progress
+                await report(progress, total, message)
+
+        connected = False
+        try:
+            async with (
+                httpx2.AsyncClient(headers=headers, timeout=timeout, trust_env=False) as http,
+                streamable_http_client(self.url, http_client=http) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                connected = True
+                return await session.call_tool(name, dict(arguments), progress_callback=relay)
+        except Exception as exc:
+            cause = _first_cause(exc)
+            if not connected and isinstance(cause, httpx2.TransportError):
+                raise ApiUnreachable(f"{type(cause).__name__}: {cause}") from None
+            raise ToolError(
+                f"{name}: the API at {self.url} failed: {type(cause).__name__}: {cause} "
+                "(is the token right? `vramctl run`'s log says more)"
+            ) from None
+
+    def _unreachable(self, why: str, write: bool) -> str:
+        fix = "start `vramctl run` (its API serves /mcp)"
+        if not write:
+            fix += ", or drop --api (or add -m FILE) to observe the host directly"
+        return f"no vramctl run answers at {self.url} ({why}): {fix}"
+
+    def _observed_instead(self, answer: dict[str, Any], why: str) -> dict[str, Any]:
+        note = (
+            f"no vramctl run answers at {self.url} ({why}): observed directly, as "
+            "`vramctl status` does (start `vramctl run` for its live view)"
+        )
+        source = {**answer.get("source", {}), "controller": None, "api": "unreachable"}
+        return {**answer, "notes": [*answer.get("notes", []), note], "source": source}
+
+
+def _first_cause(exc: BaseException) -> BaseException:
+    """What failed inside the SDK's task groups: a transport error if any, else the
+    first leaf of the exception group."""
+    if not isinstance(exc, BaseExceptionGroup) or not exc.exceptions:
+        return exc
+    leaves = [_first_cause(e) for e in exc.exceptions]
+    return next((e for e in leaves if isinstance(e, httpx2.TransportError)), leaves[0])
