@@ -105,7 +105,18 @@ def test_the_tools_and_their_schemas() -> None:
         assert schema["additionalProperties"] is False, name
     assert set(inputs["reservation_status"]["properties"]) == set()
     assert set(inputs["serves_status"]["properties"]) == {"serve"}
-    assert set(inputs["can_fit"]["properties"]) == {"serve", "vram_mib", "gpu_role"}
+    assert set(inputs["can_fit"]["properties"]) == {
+        "serve",
+        "vram_mib",
+        "gpu_role",
+        "placement",
+        "model_path",
+        "context",
+        "kv_dtype",
+        "parallel",
+    }
+    assert inputs["can_fit"]["properties"]["placement"]["type"] == "array"
+    assert "working directory" in inputs["can_fit"]["properties"]["model_path"]["description"]
     assert inputs["can_fit"]["properties"]["vram_mib"]["type"] == "integer"
     assert set(inputs["plan_preview"]["properties"]) == {
         "manifest_text",

@@ -14,7 +14,8 @@ copy of them), and answers from the same core functions:
 - ``serves_status``: the same report's serves, with why a serve is blocked (the plan
   the loop would make now) and its backoff (``null``: only the running loop knows it);
 - ``can_fit``: :func:`controller.interfaces.fit_answer.fit_answer`, the answer of
-  ``fit --json``; for ``{"vram_mib", "gpu_role"}`` a hypothetical on-demand serve
+  ``fit --json``; for ``{"vram_mib"}`` or ``{"model_path"}`` (weights + KV cache from
+  its files) with ``gpu_role`` or ``placement`` a hypothetical on-demand serve
   (:mod:`statemachine.hypothetical`);
 - ``plan_preview``: :func:`statemachine.planner.plan_transitions` for an edited
   manifest, as ``plan --json``; nothing is executed.
@@ -66,6 +67,7 @@ from controller.interfaces.fit_answer import fit_answer
 from controller.manifest import ManifestError, load_manifest_set
 from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
 from statemachine.planner import Policy, plan_transitions
+from statemachine.sizing import KV_DTYPES, MIB
 from statemachine.status import host_status
 
 if TYPE_CHECKING:
@@ -151,15 +153,51 @@ _SERVES_IN: dict[str, Any] = {
 }
 _FIT_IN: dict[str, Any] = {
     "type": "object",
-    "description": 'Either {"serve": NAME} or {"vram_mib": N, "gpu_role": ROLE}.',
+    "description": 'One of {"serve": NAME}; {"vram_mib": N, "gpu_role": ROLE} or '
+    '{"vram_mib": N, "placement": [ROLE, ...]}; {"model_path": P, "context": N?, '
+    '"kv_dtype": D?, "parallel": N?} with "gpu_role" or "placement". A size or model '
+    "is asked as a new on-demand serve.",
     "properties": {
         "serve": {"type": "string", "description": "A serve the manifest set declares."},
         "vram_mib": {
             "type": "integer",
             "minimum": 1,
-            "description": "MiB a new on-demand serve would reserve (with gpu_role).",
+            "description": "MiB a new on-demand serve would reserve (with gpu_role or "
+            "placement; not with serve or model_path).",
         },
-        "gpu_role": {"type": "string", "description": "The role it would reserve them on."},
+        "model_path": {
+            "type": "string",
+            "description": "A model's files (a .gguf, a safetensors file or folder), read "
+            "on the machine the server runs on; a relative path is relative to the "
+            "server's working directory. The reservation asked is the model's known "
+            "need, weights + KV cache, rounded up to whole MiB: the engine's overheads "
+            "are not included (with gpu_role or placement; not with serve or vram_mib).",
+        },
+        "context": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "With model_path: tokens of context per sequence (default: "
+            "the model's own).",
+        },
+        "kv_dtype": {
+            "type": "string",
+            "enum": list(KV_DTYPES),
+            "description": "With model_path: how the engine stores its KV cache (default f16).",
+        },
+        "parallel": {
+            "type": "integer",
+            "minimum": 1,
+            "description": "With model_path: sequences served at once, each with its own "
+            "cache (default 1).",
+        },
+        "gpu_role": {"type": "string", "description": "The one role it would reserve on."},
+        "placement": {
+            "type": "array",
+            "items": {"type": "string"},
+            "minItems": 1,
+            "description": "Candidate roles, in order: placed as a manifest serve with "
+            "placement is (docs/placement.md). Not with gpu_role.",
+        },
     },
     "additionalProperties": False,
 }
@@ -245,6 +283,15 @@ _FIT_OUT: dict[str, Any] = {
         "blockers": {"type": "array", "items": {"type": "string"}},
         "protected": {"type": "array", "items": {"type": "object"}},
         "hypothetical": {"type": "boolean"},
+        "placement": {
+            "type": "object",
+            "description": "For a placed serve: the card chosen, why, every candidate.",
+        },
+        "estimate": {
+            "type": "object",
+            "description": "For model_path: the model's known need (weights + KV cache), "
+            "its formula and the unknown terms by name.",
+        },
         "notes": _NOTES,
         "source": _SOURCE,
     },
@@ -304,10 +351,11 @@ TOOLS: tuple[types.Tool, ...] = (
     _tool(
         "can_fit",
         "Can it fit?",
-        'Can {"serve": NAME} start now, or would {"vram_mib": N, "gpu_role": R} (a new '
-        "on-demand serve) fit: where, who would be drained, evicted, put to sleep or "
-        "shrunk, and every term of the arithmetic. The answer of `vramctl fit --json`. "
-        "Nothing is started.",
+        'Can {"serve": NAME} start now, or would a new on-demand serve of '
+        '{"vram_mib": N} or of a model\'s files {"model_path": P} fit on {"gpu_role": R} '
+        'or placed among {"placement": [R, ...]}: where, who would be drained, evicted, '
+        "put to sleep or shrunk, and every term of the arithmetic. The answer of "
+        "`vramctl fit --json`. Nothing is started.",
         _FIT_IN,
         _FIT_OUT,
     ),
@@ -408,6 +456,101 @@ def check_tool_arguments(name: str, arguments: Mapping[str, Any]) -> None:
 
 
 # --- the tools ---------------------------------------------------------------------
+
+
+_ASK = (
+    'ask {"serve": NAME}, or {"vram_mib": N} or {"model_path": P} with "gpu_role": ROLE '
+    'or "placement": [ROLE, ...]'
+)
+_SIZING_KEYS = ("context", "kv_dtype", "parallel")
+OVERHEADS_NOTE = (
+    "the reservation asked is the model's known need, weights + KV cache: the engine's "
+    "overheads (CUDA context, activations, graphs) are not included; measure them with "
+    "`vramctl calibrate`"
+)
+
+
+def _model_vram(args: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
+    """The MiB ``model_path`` needs at least (weights + KV cache, rounded up) and the
+    ``estimate`` object that says so; :class:`ToolError` naming the file when it cannot
+    be read, or when its KV cache is unknown."""
+    from controller.manifest.runtime import ModelRef
+    from controller.service.model_estimates import ModelUnreadable, serve_estimate
+
+    kv_dtype = args.get("kv_dtype", "f16")
+    if kv_dtype not in KV_DTYPES:
+        raise ToolError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, not {kv_dtype!r}")
+    path = Path(str(args["model_path"])).expanduser()
+    ref = ModelRef(
+        path=(path if path.is_absolute() else Path.cwd() / path).resolve(),
+        context=args.get("context"),
+        kv_dtype=kv_dtype,
+        parallel=args.get("parallel") or 1,
+    )
+    est = serve_estimate(ref)
+    if isinstance(est, ModelUnreadable):
+        raise ToolError(f"model_path cannot be read: {est.message}")
+    need = est.at_least_bytes
+    if need is None:
+        raise ToolError(f"{ref.path}: its KV cache is unknown ({est.kv.reason}); ask with vram_mib")
+    mib = max(1, -(-need // MIB))
+    return mib, {
+        "model": str(ref.path),
+        "format": est.format,
+        "weights_bytes": est.weights.bytes,
+        "kv_cache_bytes": est.kv.bytes,
+        "at_least_bytes": need,
+        "vram_mib": mib,
+        "context": est.context,
+        "context_source": est.context_source,
+        "kv_dtype": est.kv_dtype,
+        "parallel": est.parallel,
+        "formula": est.kv.formula,
+        "unknown": est.unknown(),
+        "note": OVERHEADS_NOTE,
+    }
+
+
+def fit_question(
+    desired: DesiredState, args: Mapping[str, Any]
+) -> tuple[DesiredState, str, dict[str, Any] | None]:
+    """``can_fit``'s question: the desired state to answer on, the serve to answer for,
+    and the model estimate a ``model_path`` was sized by (shared by ``vramctl mcp`` and
+    the controller's ``/mcp``). :class:`ToolError` for a question that cannot be asked."""
+    given = [k for k in ("serve", "vram_mib", "model_path") if args.get(k) is not None]
+    if len(given) != 1:
+        said = "both " + " and ".join(given) if given else "neither"
+        raise ToolError(f"{_ASK}; not {said}")
+    role, cands = args.get("gpu_role"), args.get("placement")
+    sizing_args = [k for k in _SIZING_KEYS if args.get(k) is not None]
+    if args.get("serve") is not None:
+        extra = [k for k in ("gpu_role", "placement", *sizing_args) if args.get(k) is not None]
+        if extra:
+            raise ToolError(f'{{"serve": NAME}} is asked alone, not with {", ".join(extra)}')
+        serve = str(args["serve"])
+        if serve not in desired.serves:
+            raise ToolError(unknown_serve_message(serve, desired))
+        return desired, serve, None
+    if role is None and cands is None:
+        raise ToolError(f"gpu_role or placement is missing: {_ASK}")
+    if role is not None and cands is not None:
+        raise ToolError("ask with exactly one of gpu_role or placement, not both")
+    if cands is not None and not all(isinstance(c, str) for c in cands):
+        raise ToolError(f"placement must be a list of role names, not {json.dumps(cands)}")
+    estimate: dict[str, Any] | None = None
+    if args.get("model_path") is not None:
+        mib, estimate = _model_vram(args)
+    else:
+        if sizing_args:
+            raise ToolError(f"{', '.join(sizing_args)}: only with model_path")
+        mib = args["vram_mib"]
+    try:
+        desired = with_hypothetical(
+            desired, mib, role, placement=None if cands is None else list(cands)
+        )
+    except HypotheticalError as exc:
+        raise ToolError(str(exc)) from None
+    return desired, HYPOTHETICAL, estimate
 
 
 class Tools:
@@ -520,31 +663,11 @@ class Tools:
         }
 
     def can_fit(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Can a serve (or N MiB on a role) start now, and what would it cost."""
-        serve = args.get("serve")
-        mib, role = args.get("vram_mib"), args.get("gpu_role")
-        if (serve is None) == (mib is None and role is None):
-            raise ToolError(
-                'ask either {"serve": NAME} or {"vram_mib": N, "gpu_role": ROLE}, not '
-                + ("both" if serve is not None else "neither")
-            )
-        if serve is None and (mib is None or role is None):
-            missing = "gpu_role" if role is None else "vram_mib"
-            raise ToolError(f'{missing} is missing: ask {{"vram_mib": N, "gpu_role": ROLE}}')
+        """Can a serve (or N MiB, or a model's files, on a role or placed) start now, and
+        what would it cost."""
         mset = self._load()
-        desired = mset.desired()
-        if serve is not None:
-            if serve not in desired.serves:
-                raise ToolError(unknown_serve_message(serve, desired))
-            name = serve
-        else:
-            if not isinstance(mib, int) or not isinstance(role, str):
-                raise ToolError('ask {"vram_mib": N, "gpu_role": ROLE}: N a whole number')
-            try:
-                desired = with_hypothetical(desired, mib, role)
-            except HypotheticalError as exc:
-                raise ToolError(str(exc)) from None
-            name = HYPOTHETICAL
+        desired, name, estimate = fit_question(mset.desired(), args)
+        serve = None if name == HYPOTHETICAL else name
         snap, notes = self._observe(mset)
         model = None
         if serve is not None:
@@ -562,9 +685,12 @@ class Tools:
         self._docker_note(snap, notes)
         if not answer.result.known:
             notes.append("fits is null: it cannot be answered without docker")
+        if estimate is not None:
+            notes.append(OVERHEADS_NOTE)
         return {
             **answer.to_json(),
             "hypothetical": serve is None,
+            **({} if estimate is None else {"estimate": estimate}),
             "notes": notes,
             "source": self._source(mset, snap),
         }
@@ -653,6 +779,7 @@ _JSON_TYPES: dict[str, tuple[type, ...]] = {
     "integer": (int,),
     "number": (int, float),
     "object": (dict,),
+    "array": (list,),
 }
 
 

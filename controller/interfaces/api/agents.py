@@ -9,8 +9,9 @@ never from a fresh observation:
   promised beside it), the host line;
 - ``serves_status``: ``GET /v1/serves``'s rows (backoff, request, queue, footprint);
 - ``can_fit``: ``GET /v1/fit/{serve}``'s answer (the requests accepted and not yet
-  planned counted as held); ``{"vram_mib", "gpu_role"}``: the same for a hypothetical
-  on-demand serve;
+  planned counted as held); ``{"vram_mib"}`` or ``{"model_path"}`` with ``gpu_role`` or
+  ``placement``: the same for a hypothetical on-demand serve (model files are read on
+  the controller's machine);
 - ``plan_preview``: the plan an edited manifest would cause on the live observation.
 
 Security is the API's (docs/agents.md): the Host / Origin guard of every route, then
@@ -44,17 +45,19 @@ from controller.interfaces.api.errors import ApiError
 from controller.interfaces.api.guard import MCP_AUTHORIZED
 from controller.interfaces.api.settings import LOOPBACK_NAMES, NO_TOKEN_MESSAGE, ApiSettings
 from controller.interfaces.mcp_server import (
+    OVERHEADS_NOTE,
     Caller,
     ToolError,
     Tools,
     check_tool_arguments,
+    fit_question,
     http_transport,
     unknown_serve_message,
 )
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.service.events import Event, Subscription
 from statemachine.fit import fit_serve
-from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
+from statemachine.hypothetical import HYPOTHETICAL
 from statemachine.pending import pending_starts, with_pending
 from statemachine.planner import Policy, plan_transitions
 from statemachine.types import Observed
@@ -224,28 +227,13 @@ class LiveBackend:
         }
 
     def can_fit(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``GET /v1/fit/{serve}``'s answer, or the same for N MiB on a role."""
-        serve = args.get("serve")
-        mib, role = args.get("vram_mib"), args.get("gpu_role")
-        if (serve is None) == (mib is None and role is None):
-            raise ToolError(
-                'ask either {"serve": NAME} or {"vram_mib": N, "gpu_role": ROLE}, not '
-                + ("both" if serve is not None else "neither")
-            )
-        if serve is None and (mib is None or role is None):
-            missing = "gpu_role" if role is None else "vram_mib"
-            raise ToolError(f'{missing} is missing: ask {{"vram_mib": N, "gpu_role": ROLE}}')
+        """``GET /v1/fit/{serve}``'s answer, or the same for N MiB or a model's files on a
+        role or placed among candidates (the files read on the controller's machine)."""
         view = self.ctx.controller.view()
-        desired = self.ctx.controller.desired()
-        if serve is not None:
-            self.ctx.spec_of(serve)
-            name = serve
-        else:
-            try:
-                desired = with_hypothetical(desired, int(str(mib)), str(role))
-            except HypotheticalError as exc:
-                raise ToolError(str(exc)) from None
-            name = HYPOTHETICAL
+        if args.get("serve") is not None:
+            self.ctx.spec_of(str(args["serve"]))
+        desired, name, estimate = fit_question(self.ctx.controller.desired(), args)
+        serve = None if name == HYPOTHETICAL else name
         observed = self.ctx.observed_or_503(view)
         now = time.time()
         policy = Policy(no_shrink=view.no_shrink)
@@ -254,9 +242,12 @@ class LiveBackend:
         notes = self._notes(True)
         if not result.known:
             notes.append("fits is null: it cannot be answered without docker")
+        if estimate is not None:
+            notes.append(OVERHEADS_NOTE)
         return {
             **mark_pending(result.to_json(), pending),
             "hypothetical": serve is None,
+            **({} if estimate is None else {"estimate": estimate}),
             "notes": notes,
             "source": self._source(),
         }
