@@ -68,9 +68,14 @@ def test_the_lifecycle_survives_a_restart_and_a_killed_serve_is_failed_then_reco
     first = _controller(path, state, hold_s=3600.0)
     run = Running(first)
     try:
+        # running in its record and in the journal: an observation taken while the start
+        # was in progress may still be applied after it (the next one moves it on)
         wait_for(
-            "kept running in its record",
-            lambda: first.serve_records.get("kept").lifecycle is S.RUNNING,
+            "kept running in its record and journalled",
+            lambda: (
+                first.serve_records.get("kept").lifecycle is S.RUNNING
+                and _journalled(state) == {"kept": "running"}
+            ),
         )
     finally:
         run.stop()

@@ -47,8 +47,8 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -61,6 +61,7 @@ from mcp.client.streamable_http import streamable_http_client
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
 from mcp.server.stdio import stdio_server
+from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 
 from controller.interfaces.fit_answer import fit_answer
@@ -951,16 +952,29 @@ def http_transport(
         allowed_origins=list(allowed_origins),
     )
     app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security)
-    manager = server.session_manager
+    (route,) = app.routes  # the SDK's one route, without auth: StreamableHTTPASGIApp
+    endpoint = getattr(route, "endpoint", None)
+    assert isinstance(endpoint, StreamableHTTPASGIApp)
+
+    @asynccontextmanager
+    async def run() -> AsyncIterator[None]:
+        # a session manager runs once, and the app's lifespan may run more than once (a
+        # test client per test): each run gets a fresh one, behind the same route
+        fresh = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security)
+        del fresh  # built for its session manager, now the server's
+        endpoint.session_manager = server.session_manager
+        async with endpoint.session_manager.run():
+            yield
 
     async def close_sessions() -> None:
         # the SDK keeps its transports private; ending them ends their open streams
         # (a client's GET), which the HTTP server would otherwise wait for, then cut
+        manager = endpoint.session_manager
         transports: dict[str, Any] = getattr(manager, "_server_instances", {})
         for transport in list(transports.values()):
             await transport.terminate()
 
-    return list(app.routes), manager.run, close_sessions
+    return list(app.routes), run, close_sessions
 
 
 def _error(message: str) -> types.CallToolResult:
