@@ -461,3 +461,22 @@ def test_a_serve_that_makes_room_takes_it_from_those_placed_after_it() -> None:
         ("q", "a", How.FITS),
     ]
     assert [(c.role, c.free_mib) for c in p.placements[1].candidates] == [("a", 2000), ("b", -5000)]
+
+
+def test_each_candidates_terms_read_as_one_line() -> None:
+    from statemachine.plan import CandidateTerms
+
+    fits = CandidateTerms("a", 10000, 3000, 7000, 4000)
+    short = CandidateTerms("b", 6000, 3000, 3000, 4000)
+    assert fits.text() == "a: free 7000 of 10000, needs 4000, fits (leaves 3000)"
+    assert short.text() == "b: free 3000 of 6000, needs 4000, short by 1000"
+    cannot = CandidateTerms("b", 6000, 3000, 3000, 4000, starts=False)
+    assert (
+        cannot.text() == "b: free 3000 of 6000, needs 4000: cannot start there even by making room"
+    )
+    room = CandidateTerms("b", 6000, 3000, 3000, 4000, ("x", "y"), 1, 2500, True)
+    assert room.text() == (
+        "b: free 3000 of 6000, needs 4000: makes room from x, y (1 stopped, 2500 MiB freed)"
+    )
+    shrunk = CandidateTerms("b", 6000, 3000, 3000, 4000, starts=True)
+    assert shrunk.text().endswith("makes room from nothing (0 stopped, 0 MiB freed)")
