@@ -93,6 +93,23 @@ def test_the_plan_starts_from_the_record_moved_to_its_reading() -> None:
     assert store.get("omni").lifecycle is S.STOPPING
 
 
+def test_an_observation_older_than_the_end_of_a_start_does_not_move_it_back() -> None:
+    from statemachine.types import StartingObs
+
+    store = RecordStore()
+    store.settle({"omni": "running"})  # the start ended: ready
+    taken_during_it = Observed(
+        docker_ok=True,
+        containers={"omni-ctr": ContainerObs(ContainerState.RUNNING)},
+        starting={"omni": StartingObs(("g0",), 4000)},
+    )
+    store.observe(DESIRED, taken_during_it)
+    assert store.get("omni").lifecycle is S.RUNNING
+    store.settle({"omni": "stopped"})  # a record not running is moved by such a reading
+    store.observe(DESIRED, taken_during_it)
+    assert store.get("omni").lifecycle is S.STARTING
+
+
 def test_the_marks_read_and_write_as_sets_and_dicts() -> None:
     store = RecordStore()
     quiesced = store.quiesced

@@ -141,8 +141,15 @@ class RecordStore:
                 starting=s.name in observed.starting,
             )
             for s in desired.serves.values()
+            if not self._started_since(s.name, observed)
         }
         self._move(seen.items())
+
+    def _started_since(self, name: str, observed: Observed) -> bool:
+        """True when ``observed`` shows a start of ``name`` in progress but its record is
+        already ``running``: the observation was taken before that start ended (the
+        start's end moved the record since), and must not move it back."""
+        return name in observed.starting and self.get(name).lifecycle is LifecycleState.RUNNING
 
     def machines(
         self, names: Iterable[str], desired: DesiredState, observed: Observed
