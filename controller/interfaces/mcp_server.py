@@ -471,6 +471,30 @@ OVERHEADS_NOTE = (
 )
 
 
+def fit_reply(
+    body: dict[str, Any],
+    known: bool,
+    serve: str | None,
+    estimate: dict[str, Any] | None,
+    notes: list[str],
+    source: dict[str, Any],
+) -> dict[str, Any]:
+    """``can_fit``'s answer around a fit answer's JSON, for either backend: whether it
+    asks of a hypothetical serve, the model's estimate, and the notes (a fit docker
+    could not answer; the overheads a model's estimate leaves out)."""
+    if not known:
+        notes.append("fits is null: it cannot be answered without docker")
+    if estimate is not None:
+        notes.append(OVERHEADS_NOTE)
+    return {
+        **body,
+        "hypothetical": serve is None,
+        **({} if estimate is None else {"estimate": estimate}),
+        "notes": notes,
+        "source": source,
+    }
+
+
 def _model_vram(args: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     """The MiB ``model_path`` needs at least (weights + KV cache, rounded up) and the
     ``estimate`` object that says so; :class:`ToolError` naming the file when it cannot
@@ -684,17 +708,9 @@ class Tools:
             model=model,
         )
         self._docker_note(snap, notes)
-        if not answer.result.known:
-            notes.append("fits is null: it cannot be answered without docker")
-        if estimate is not None:
-            notes.append(OVERHEADS_NOTE)
-        return {
-            **answer.to_json(),
-            "hypothetical": serve is None,
-            **({} if estimate is None else {"estimate": estimate}),
-            "notes": notes,
-            "source": self._source(mset, snap),
-        }
+        return fit_reply(
+            answer.to_json(), answer.result.known, serve, estimate, notes, self._source(mset, snap)
+        )
 
     def plan_preview(self, args: dict[str, Any]) -> dict[str, Any]:
         """The plan an edited manifest would cause now; nothing executed."""

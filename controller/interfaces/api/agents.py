@@ -45,12 +45,12 @@ from controller.interfaces.api.errors import ApiError
 from controller.interfaces.api.guard import MCP_AUTHORIZED
 from controller.interfaces.api.settings import LOOPBACK_NAMES, NO_TOKEN_MESSAGE, ApiSettings
 from controller.interfaces.mcp_server import (
-    OVERHEADS_NOTE,
     Caller,
     ToolError,
     Tools,
     check_tool_arguments,
     fit_question,
+    fit_reply,
     http_transport,
     unknown_serve_message,
 )
@@ -239,18 +239,8 @@ class LiveBackend:
         policy = Policy(no_shrink=view.no_shrink)
         pending = pending_starts(desired, observed, policy=policy, now=now, requester=name)
         result = fit_serve(desired, with_pending(observed, pending), name, policy=policy, now=now)
-        notes = self._notes(True)
-        if not result.known:
-            notes.append("fits is null: it cannot be answered without docker")
-        if estimate is not None:
-            notes.append(OVERHEADS_NOTE)
-        return {
-            **mark_pending(result.to_json(), pending),
-            "hypothetical": serve is None,
-            **({} if estimate is None else {"estimate": estimate}),
-            "notes": notes,
-            "source": self._source(),
-        }
+        body = mark_pending(result.to_json(), pending)
+        return fit_reply(body, result.known, serve, estimate, self._notes(True), self._source())
 
     def plan_preview(self, args: dict[str, Any]) -> dict[str, Any]:
         """The plan an edited manifest would cause on the live observation."""
