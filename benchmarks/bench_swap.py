@@ -19,18 +19,29 @@ The default load and wake times are the published figures for Qwen3-Coder-30B on
 A100 (vLLM's sleep-mode blog: a 47 s cold start against a 2.9 s level-1 wake), scaled
 down ten times: 4.7 s and 0.29 s.
 
-Each repetition prepares the state by hand with no controller running, starts the
-controller, waits until it has run two cycles without a step (converged), then sends
-``POST /v1/serves/small/up`` and polls (every 10 ms) until ``small`` is healthy:
+Each repetition prepares the state by hand with no controller running (in ``stop``, it
+first times Docker's own stop of ``big`` and start of ``small`` through the SDK, then
+puts them back: ``docker_s``), starts the controller, waits until it has run two
+cycles without a step (converged), then sends ``POST /v1/serves/small/up`` with
+``wait_s``, as a waiting client does, from a client made before the clock starts. The
+latency is from the send to that held answer (200, ready). Meanwhile the bench polls
+(every 10 ms) until ``small`` is healthy as the engine sees it (``seen_ready_s``:
 ``stop``, its health path answers 2xx; ``sleep``, its engine says it is awake and its
-health path answers. Latency is from the request's send to that moment. The
-controller's own share is the latency less the engine's (``--cold-s`` or
-``--wake-s``): observation, planning, the victim's drain/stop or sleep and its
-confirmation, the requester's start or wake calls, and the health polling (0.25 s
-granularity). The controller is stopped (SIGTERM) after each repetition.
+health path answers).
+
+The controller's own share is the latency less the engine's (``--cold-s`` or
+``--wake-s``) and less Docker's own stop and start (``stop`` only): the API's
+acceptance, the cycle's observation and plan, the victim's sleep and its confirmation,
+the requester's reserve and wake calls, the detection of its readiness and the answer.
+``phases_ms`` says where each went, in ms from the send, read off the controller's
+log (``VRAMCTL_LOG_LEVEL=DEBUG``): ``accepted`` (the API recorded the request), the
+cycle's parts, each step's start and end, ``answered``. The controller is stopped
+(SIGTERM) after each repetition.
 
 Output: one JSON line per repetition and one ``summary`` line: the median of each mode,
-their ratio (stop / sleep), and the medians of the controller's share.
+the medians of the controller's share, their ratio (stop / sleep) beside the engines'
+own (``cold_s / wake_s``) and the one over the other (``ratio_vs_engines``, 1: the
+controller adds nothing to either side).
 
 Not measured: NVML (none here: a sleep is confirmed by the engine's ``/is_sleeping``;
 with NVML the executor also waits for the device to show the memory back), router
@@ -38,7 +49,7 @@ drains, real engines (the test engine's figures are set, not measured).
 
 Usage::
 
-    /work/main/.venv/bin/python benchmarks/bench_swap.py --reps 5   # ~1.5 min here
+    .venv/bin/python benchmarks/bench_swap.py --reps 5   # ~1.5 min here
 """
 
 from __future__ import annotations
@@ -52,6 +63,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Callable
@@ -123,9 +135,14 @@ def health_cmd(port: int, delay_s: float = 0.0) -> list[str]:
     ]
 
 
+#: the bench's own probe client: one, since a new client per poll (its TLS context)
+#: would take the CPU from the test engines that answer in this process
+_PROBE = httpx.Client(trust_env=False)
+
+
 def healthy(port: int) -> bool:
     try:
-        return httpx.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200
+        return _PROBE.get(f"http://127.0.0.1:{port}/health", timeout=0.5).status_code == 200
     except httpx.HTTPError:
         return False
 
@@ -149,6 +166,11 @@ class Bench:
         self.created: list[str] = []
         self.ports = {"big": free_port(), "small": free_port()}
         self.api = free_port()
+        #: the requester's client, made before each request is timed (a router keeps
+        #: its own): a new one loads its TLS context, about 20 ms that are neither the
+        #: controller's nor the engine's; one per controller, so no connection is left
+        #: over from the one before
+        self.http = httpx.Client(trust_env=False)
 
     def name(self, s: str) -> str:
         return self.prefix + s
@@ -174,8 +196,23 @@ class Bench:
         if not running and c.status == "running":
             c.stop(timeout=5)
 
+    def docker_own(self) -> float:
+        """Docker's own stop of ``big`` and start of ``small`` (their SDK calls timed),
+        then put back: what a stop → cold start costs with no controller."""
+        big = self.client.containers.get(self.name("big"))
+        small = self.client.containers.get(self.name("small"))
+        t0 = time.monotonic()
+        big.stop(timeout=5)
+        small.start()
+        took = time.monotonic() - t0
+        small.stop(timeout=5)
+        big.start()
+        wait_for("big healthy", lambda: healthy(self.ports["big"]))
+        return round(took, 3)
+
     def controller(self, state: Path, manifest: Path) -> subprocess.Popen[bytes]:
         env = dict(os.environ, VRAMCTL_TOKEN=TOKEN, PYTHONPATH=str(REPO))
+        env["VRAMCTL_LOG_LEVEL"] = "DEBUG"  # each cycle's phases
         argv = run_argv(manifest, state, 1, "--api", f"127.0.0.1:{self.api}")
         out = (state.parent / "run.log").open("ab")
         return subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, cwd=REPO)
@@ -190,17 +227,18 @@ class Bench:
         )
         time.sleep(2.5)
 
-    def request(self) -> float:
-        t0 = time.monotonic()
-        r = httpx.post(
+    def request(self, result: dict[str, float]) -> None:
+        """``up small`` held until it is ready (``wait_s``): its send and answer times."""
+        result["sent"] = time.time()
+        r = self.http.post(
             f"http://127.0.0.1:{self.api}/v1/serves/small/up",
             headers={"Authorization": f"Bearer {TOKEN}"},
-            json={"ttl_s": 3600},
-            timeout=30,
+            json={"ttl_s": 3600, "wait_s": 60},
+            timeout=90,
         )
-        if r.status_code // 100 != 2:
+        result["answered"] = time.time()
+        if r.status_code != 200 or not r.json().get("ready"):
             raise RuntimeError(f"up answered {r.status_code}: {r.text}")
-        return t0
 
     def run_mode(self, mode: str) -> list[dict[str, Any]]:
         args = self.args
@@ -251,12 +289,17 @@ class Bench:
                                 since=time.time(),
                             )
                         )
+                docker_s = self.docker_own() if mode == "stop" else 0.0
+                self.http.close()
+                self.http = httpx.Client(trust_env=False)
                 proc = self.controller(state, manifest)
                 try:
                     self.converged(state)
                     if mode == "stop" and self.status("small") == "running":
                         raise RuntimeError("small started before the request")
-                    t0 = self.request()
+                    times: dict[str, float] = {}
+                    asker = threading.Thread(target=self.request, args=(times,))
+                    asker.start()
                     if mode == "stop":
                         wait_for("small healthy", lambda: healthy(ps), timeout=120)
                         engine_s = args.cold_s
@@ -268,7 +311,11 @@ class Bench:
                             timeout=120,
                         )
                         engine_s = args.wake_s
-                    total = time.monotonic() - t0
+                    seen = time.time()
+                    asker.join(90)
+                    if "answered" not in times:
+                        raise RuntimeError("up was not answered")
+                    total = times["answered"] - times["sent"]
                 finally:
                     proc.send_signal(signal.SIGTERM)
                     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -282,8 +329,11 @@ class Bench:
                     "mode": mode,
                     "rep": rep,
                     "latency_s": round(total, 3),
+                    "seen_ready_s": round(seen - times["sent"], 3),
                     "engine_s": engine_s,
-                    "controller_s": round(total - engine_s, 3),
+                    "docker_s": docker_s,
+                    "controller_s": round(total - engine_s - docker_s, 3),
+                    "phases_ms": phases(work / "run.log", times["sent"], times["answered"]),
                     "victim_container": victim,
                     "victim_asleep": asleep,
                 }
@@ -303,9 +353,33 @@ class Bench:
                 self.client.containers.get(name).remove(force=True)
 
 
+def phases(log: Path, sent: float, answered: float) -> dict[str, Any]:
+    """Where the time went, in ms from the request's send, from the controller's log:
+    when the API accepted it, each cycle's parts after it, each step's start and end,
+    and the answer."""
+    out: dict[str, Any] = {}
+    ms = lambda t: round((t - sent) * 1000, 1)  # noqa: E731
+    for line in log.read_text().splitlines():
+        if not line.startswith("{"):
+            continue
+        rec = json.loads(line)["record"]
+        at = rec["time"]["timestamp"]
+        if at < sent:
+            continue
+        msg, extra = rec["message"], rec["extra"]
+        if msg.startswith("api: up small"):
+            out.setdefault("accepted", ms(at))
+        elif msg.startswith("cycle ") and "request up" in msg:
+            out["cycle"] = msg.split(": ", 1)[1]
+        elif "duration" in extra:
+            out[f"{extra['serve']} {extra['action']}"] = [ms(at - extra["duration"]), ms(at)]
+    out["answered"] = ms(answered)
+    return out
+
+
 def _ok(url: str) -> bool:
     try:
-        return httpx.get(url, timeout=0.5).status_code // 100 == 2
+        return _PROBE.get(url, timeout=0.5).status_code // 100 == 2
     except httpx.HTTPError:
         return False
 
@@ -337,7 +411,11 @@ def main(argv: list[str] | None = None) -> int:
         "median_controller_s": {m: round(v, 3) for m, v in own.items()},
     }
     if "stop" in med and "sleep" in med and med["sleep"] > 0:
-        summary["ratio_stop_over_sleep"] = round(med["stop"] / med["sleep"], 2)
+        ratio = med["stop"] / med["sleep"]
+        engines = args.cold_s / args.wake_s
+        summary["ratio_stop_over_sleep"] = round(ratio, 2)
+        summary["engine_ratio"] = round(engines, 2)
+        summary["ratio_vs_engines"] = round(ratio / engines, 3)
     print(json.dumps(summary), flush=True)
     return 0
 

@@ -22,7 +22,8 @@ This module must not decide anything (the planner does) nor touch docker itself.
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from controller.service.executor import ExecutionReport
@@ -108,6 +109,9 @@ class CycleResult:
     report: ExecutionReport | None = None
     #: the outcome as journalled (the report's JSON and what completed it)
     outcome: dict[str, Any] | None = None
+    #: seconds each part took, in order: ``observe``, ``plan`` (with what the loop
+    #: learns first), ``journal``, ``execute`` (the parts that ran)
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 async def run_cycle(steps: CycleSteps, *, execute: bool = True) -> CycleResult:
@@ -115,19 +119,24 @@ async def run_cycle(steps: CycleSteps, *, execute: bool = True) -> CycleResult:
 
     ``execute`` false (a dry run): the plan is journalled, nothing is carried out.
     """
+    clock = _Phases()
     snap = await asyncio.to_thread(steps.observe)
     observed = snap.to_observed()
+    clock.lap("observe")
     inputs = steps.inputs(snap, observed)
     plan = steps.plan(inputs, observed)
-    result = CycleResult(snap, observed, inputs, plan)
+    result = CycleResult(snap, observed, inputs, plan, phases=clock.laps)
+    clock.lap("plan")
     if not plan.steps:
         return result
     journal = steps.journal(plan)
     if journal is not None:
         result.cycle_id = journal.record(snap, inputs, plan)
+    clock.lap("journal")
     if not execute:
         return result
     report = await asyncio.to_thread(steps.execute, plan, inputs, observed, result.cycle_id)
+    clock.lap("execute")
     result.report = report
     outcome = report.to_json()
     # the starts handed off and not yet ended: a controller killed before they end
@@ -139,3 +148,16 @@ async def run_cycle(steps: CycleSteps, *, execute: bool = True) -> CycleResult:
     if journal is not None and result.cycle_id is not None:
         journal.journal.record_outcome(result.cycle_id, outcome)
     return result
+
+
+@dataclass(slots=True)
+class _Phases:
+    """Seconds between laps, by the name of the part that ended (a monotonic clock)."""
+
+    laps: dict[str, float] = field(default_factory=dict)
+    _last: float = field(default_factory=time.monotonic)
+
+    def lap(self, name: str) -> None:
+        now = time.monotonic()
+        self.laps[name] = now - self._last
+        self._last = now

@@ -41,17 +41,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import signal
 import threading
 import time
 from collections.abc import Callable, Collection, Coroutine
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from loguru import logger
 
+from controller.adapters import health
 from controller.adapters.docker.read import (
     ContainerObserver,
     make_client,
@@ -59,6 +62,7 @@ from controller.adapters.docker.read import (
 )
 from controller.adapters.health import HealthProber
 from controller.adapters.nvml import NvmlApi
+from controller.adapters.sleep import SleepClient
 from controller.manifest import LocatedError, ManifestSet
 from controller.service import overlays, tiers
 from controller.service.changes import ChangeWaiters
@@ -169,6 +173,8 @@ class Controller:
         #: requests in flight per serve, and since when each has been idle
         self.in_flight = InFlightTracker()
         self.prober = HealthProber()  # each observation's health probes (status, page)
+        #: asks the health probes beside the rest of an observation (see observe)
+        self.readers = ThreadPoolExecutor(1, thread_name_prefix="observe")
         self.host = HostReader(ContainerObserver)  # the loop's readers of the host
         self._notices, self._router_notice = HostNotices(), RouterNotice()
         self.start_outcomes = StartOutcomes()  # the handed-off starts' outcomes, by cycle
@@ -466,6 +472,9 @@ class _LoopCycle:
         for b in plan.blocked:
             logger.debug("blocked: {}", b.reason)
         summary.duration_s = time.monotonic() - t0
+        if plan.steps:
+            laps = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.phases.items())
+            logger.debug("cycle {} ({}): {}", result.cycle_id, "; ".join(reasons), laps)
         c.last = summary
         c.cycles += 1
         c._wake_when_a_hold_ends()
@@ -508,6 +517,9 @@ class _LoopCycle:
         }
         desired = c.mset.desired()
         snap.started_with = c.overlays.started_in_force(c.journal, desired, snap, records, known)
+        # the health probes need only the containers: asked beside the engines' sleep
+        # states and in-flight counts (each a loopback call per serve) rather than after
+        probes = c.readers.submit(observe_probes, snap, c.mset, c.prober)
         snap.elastic = c._elastic_in_force(snap)
         snap.sleep = c.overlays.sleep_in_force(c.journal, desired, snap)
         snap.quiesced = sorted(c._quiesced)
@@ -520,7 +532,7 @@ class _LoopCycle:
             router_url=opts.router_url,
             router_token_file=opts.router_token_file,
         )
-        snap.probes = observe_probes(snap, c.mset, c.prober)
+        snap.probes = probes.result()
         return snap
 
     def inputs(self, snap: SnapshotModel, observed: Observed) -> PlanInputs:
@@ -822,21 +834,31 @@ class _LoopLife:
     def _warm_up(self) -> None:
         """After the first cycle: make what the first plan needs before it is needed.
 
-        The executor's docker client negotiates the API version, and a container reader
-        inspects every container on the host the first time it lists them: tens of ms
+        The executor's docker client negotiates the API version, a container reader
+        inspects every container on the host the first time it lists them, and the
+        engines' sleep client and the health probe each load a TLS context: tens of ms
         each, which the first manifest edit (or the first request) would otherwise pay
         between its observation and its first docker call. Here they are paid once, at
         start, between two cycles (in a worker thread, never beside an execution). A
         failure is only logged: the same things are made again when they are needed.
+
+        Then what start-up made (modules, schemas, the manifest) is frozen out of the
+        garbage collector: a full collection walked all of it, about 90 ms here, and
+        ran in whatever came next, the first request's plan or a swap's observation.
         """
         c = self.controller
         try:
-            c._executor_for()
+            executor = c._executor_for()
+            if executor.sleep is None and any(s.sleep for s in c.mset.desired().serves.values()):
+                executor.sleep = SleepClient()  # an HTTP client: its TLS context, ~20 ms
+            health.warm()
             c.host.observe_now(c.mset)
             if c.footprints is not None:
                 c._footprint_reading()
         except Exception as exc:
             logger.debug("warm-up: {}", exc)
+        gc.collect()
+        gc.freeze()
 
     async def _shutdown(self, tasks: list[asyncio.Task[None]]) -> None:
         """Stop the sources, let the starts see the stop, close every part."""
@@ -859,6 +881,7 @@ class _LoopLife:
         c.host.close(footprints=c.footprints.close if c.footprints is not None else None)
         c.in_flight.close()
         c.prober.close()
+        c.readers.shutdown(wait=False)
         c.journal.close()
         c._lock.release()
 

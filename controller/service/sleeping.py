@@ -29,6 +29,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from controller.adapters.sleep import SleepClient, SleepError
+from controller.service.pauses import pauses
 from controller.snapshot import SleepStateModel, SnapshotModel
 from controller.store.journal import SleepRecord
 from statemachine import engines
@@ -102,7 +103,7 @@ def confirm_asleep(
     attributed_mib: int | None,
     devices: Callable[[], Mapping[str, int]],
     wait_s: float,
-    poll_s: float = 0.25,
+    poll_s: float = 0.05,
     tolerance_mib: int = 256,
     stop_event: threading.Event | None = None,
 ) -> str:
@@ -115,6 +116,7 @@ def confirm_asleep(
     Raises :class:`SleepNotConfirmedError` at ``wait_s``.
     """
     deadline = time.monotonic() + wait_s
+    pause = pauses(poll_s)
     keeps = sl.residual_mib * max(1, len(sl.gpu_roles))
     expect = None if attributed_mib is None or not before else attributed_mib - keeps
     said: bool | None = None
@@ -144,7 +146,7 @@ def confirm_asleep(
             raise SleepNotConfirmedError(
                 f"{sl.serve}'s sleep is not confirmed within {wait_s:g}s: {why}"
             )
-        time.sleep(poll_s)
+        time.sleep(next(pause))
 
 
 def _can_say(protocol: str) -> bool:
@@ -176,7 +178,7 @@ def wake_engine(
     sl: Sleeper,
     *,
     timeout_s: float,
-    poll_s: float = 0.25,
+    poll_s: float = 0.05,
     stop_event: threading.Event | None = None,
 ) -> str:
     """Wake the engine and wait, within ``timeout_s``, until it says it is awake (vLLM;
@@ -191,6 +193,7 @@ def wake_engine(
     if not _can_say(sl.protocol):
         return ", ".join(calls)
     said = ""
+    pause = pauses(poll_s)
     while True:
         try:
             if client.is_sleeping(sl.url, sl.protocol) is False:
@@ -203,7 +206,7 @@ def wake_engine(
                 f"{sl.serve} not awake after start_timeout_s {timeout_s:g}s "
                 f"({', '.join(calls)}): {said}"
             )
-        time.sleep(poll_s)
+        time.sleep(next(pause))
 
 
 @dataclass(frozen=True, slots=True)

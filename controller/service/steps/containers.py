@@ -21,6 +21,7 @@ import time
 
 from controller.adapters.docker.actions import ActionError
 from controller.adapters.health import http_ready
+from controller.service.pauses import pauses
 from controller.service.steps.context import RunContext
 from controller.service.steps.lifecycle import begin_start, fire
 from controller.service.steps.results import StepError
@@ -71,6 +72,7 @@ def release(run: RunContext, step: Step, s: ServeSpec) -> str:
         # must come back is that total, summed over the roles' devices
         tol = run.ex.config.memory_tolerance_mib
         deadline = time.monotonic() + run.ex.config.memory_wait_s
+        pause = pauses(run.ex.config.poll_s)
         while True:
             now = run.role_used(s.gpu_roles)
             back = sum(before[r] - now[r] for r in before if r in now)
@@ -84,7 +86,7 @@ def release(run: RunContext, step: Step, s: ServeSpec) -> str:
                     f"back within {run.ex.config.memory_wait_s:g}s ({detail}); "
                     "the release is not confirmed"
                 )
-            time.sleep(run.ex.config.poll_s)
+            time.sleep(next(pause))
     result = run.ledger.release(s.name)
     if isinstance(result, Refusal):
         return f"nothing to release: {result.message}"
@@ -232,6 +234,7 @@ def await_ready(run: RunContext, step: Step, s: ServeSpec) -> str:
     rt = run.ex.runtime(s.name)
     timeout, health = rt.start_timeout_s, rt.health
     deadline = time.monotonic() + timeout
+    pause = pauses(run.ex.config.poll_s)
     while True:
         try:
             state = run.ex.docker.inspect(s.container)
@@ -270,7 +273,7 @@ def await_ready(run: RunContext, step: Step, s: ServeSpec) -> str:
             raise StepError(
                 "the controller is stopping: left starting, not awaited", interrupted=True
             )
-        time.sleep(run.ex.config.poll_s)
+        time.sleep(next(pause))
 
 
 def _reason(output: str) -> str:

@@ -43,7 +43,9 @@ class GpuReader(Protocol):
 class ExecutorConfig:
     """Executor knobs (bounds and poll intervals)."""
 
-    poll_s: float = 0.25
+    #: the longest pause between two polls of a wait (health, sleep, wake, memory);
+    #: a wait polls after 2 ms first, then less often up to this (service.pauses)
+    poll_s: float = 0.05
     memory_wait_s: float = 30.0
     memory_tolerance_mib: int = 256
     log_tail: int = 40
