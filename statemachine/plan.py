@@ -192,10 +192,15 @@ class Policy:
     no_shrink: frozenset[str] = frozenset()
     hold: Mapping[str, str] = field(default_factory=dict)
     no_sleep: frozenset[str] = frozenset()
+    #: what bringing each serve back costs (measured, else declared; absent: unknown)
+    reload: Mapping[str, ReloadCost] = field(default_factory=dict)
+    #: when each serve was last used (epoch s: last seen busy, or last requested)
+    last_used: Mapping[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form the journal records with each cycle (replay plans with it);
-        ``no_sleep`` only when there is one (older records have none)."""
+        ``no_sleep``, ``reload`` and ``last_used`` only when there are some (older
+        records have none)."""
         out: dict[str, Any] = {
             "exact_search_limit": self.exact_search_limit,
             "no_shrink": sorted(self.no_shrink),
@@ -203,6 +208,10 @@ class Policy:
         }
         if self.no_sleep:
             out["no_sleep"] = sorted(self.no_sleep)
+        if self.reload:
+            out["reload"] = {n: self.reload[n].to_json() for n in sorted(self.reload)}
+        if self.last_used:
+            out["last_used"] = {n: self.last_used[n] for n in sorted(self.last_used)}
         return out
 
     @classmethod
@@ -224,12 +233,53 @@ class Policy:
             raise ValueError(f"policy: hold: expected names with reasons, got {hold!r}")
         if not isinstance(no_sleep, list) or not all(isinstance(n, str) for n in no_sleep):
             raise ValueError(f"policy: no_sleep: expected a list of names, got {no_sleep!r}")
+        reload = data.get("reload", {})
+        last_used = data.get("last_used", {})
+        if not isinstance(reload, Mapping):
+            raise ValueError(f"policy: reload: expected serves with costs, got {reload!r}")
+        if not isinstance(last_used, Mapping) or not all(
+            isinstance(k, str) and _seconds(v) for k, v in last_used.items()
+        ):
+            raise ValueError(f"policy: last_used: expected serves with times, got {last_used!r}")
         return cls(
             exact_search_limit=limit,
             no_shrink=frozenset(no_shrink),
             hold=dict(hold),
             no_sleep=frozenset(no_sleep),
+            reload={str(k): ReloadCost.from_json(v, str(k)) for k, v in reload.items()},
+            last_used={k: float(v) for k, v in last_used.items()},
         )
+
+
+def _seconds(value: object) -> bool:
+    """True for a number of seconds that is not negative (a bool is not one)."""
+    return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
+@dataclass(frozen=True, slots=True)
+class ReloadCost:
+    """What bringing a serve back costs, in seconds: a cold start (its start until it is
+    healthy) and a wake (its wake calls until it is healthy); ``None``: unknown (neither
+    measured nor declared). The planner weighs victims with it (docs/eviction.md)."""
+
+    cold_s: float | None = None
+    wake_s: float | None = None
+
+    def to_json(self) -> dict[str, float | None]:
+        return {"cold_s": self.cold_s, "wake_s": self.wake_s}
+
+    @classmethod
+    def from_json(cls, data: object, serve: str) -> ReloadCost:
+        """The cost of :meth:`to_json`; raises ``ValueError`` naming ``serve``."""
+        if not isinstance(data, Mapping):
+            raise ValueError(f"policy: reload: {serve}: expected an object, got {data!r}")
+        got: dict[str, float | None] = {}
+        for key in ("cold_s", "wake_s"):
+            value = data.get(key)
+            if value is not None and not _seconds(value):
+                raise ValueError(f"policy: reload: {serve}: {key}: expected seconds, got {value!r}")
+            got[key] = None if value is None else float(value)
+        return cls(got["cold_s"], got["wake_s"])
 
 
 # ── placement (statemachine/placement.py decides; the plan carries it) ───────────
