@@ -241,7 +241,8 @@ def _candidates(
         if o.sleep is not None and sleep_frees_memory(o, mib, policy, observed):
             return None
         busy = in_flight(n).count
-        rows.append((n, res.gpu_roles, mib, o.priority, obs.started_at, busy))
+        cost = policy.victim_cost(n, obs.started_at, now, wake=False)
+        rows.append((n, res.gpu_roles, mib, o.priority, obs.started_at, busy, cost))
     return rows
 
 

@@ -16,7 +16,7 @@ from typing import Any
 
 from statemachine.ledger import Ledger, RoleTerms
 from statemachine.slotinit import direct_init
-from statemachine.victims import DEFAULT_EXACT_LIMIT
+from statemachine.victims import DEFAULT_EXACT_LIMIT, reload_weight
 
 
 class Action(StrEnum):
@@ -196,6 +196,20 @@ class Policy:
     reload: Mapping[str, ReloadCost] = field(default_factory=dict)
     #: when each serve was last used (epoch s: last seen busy, or last requested)
     last_used: Mapping[str, float] = field(default_factory=dict)
+
+    def victim_cost(
+        self, name: str, started: float | None, now: float, *, wake: bool
+    ) -> float | None:
+        """What evicting ``name`` costs later (docs/eviction.md): the seconds it takes to
+        come back (its wake when it would sleep, else its cold start: :attr:`reload`),
+        weighted by how long ago it was last used (:attr:`last_used`, else its start
+        ``started``; :func:`~statemachine.victims.reload_weight`). ``None``: unknown."""
+        cost = self.reload.get(name)
+        seconds = None if cost is None else (cost.wake_s if wake else cost.cold_s)
+        if seconds is None:
+            return None
+        used = self.last_used.get(name, started)
+        return seconds * reload_weight(None if used is None else now - used)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form the journal records with each cycle (replay plans with it);

@@ -789,7 +789,11 @@ def _choose(
         as_sleep = []
         for c in cands:
             frees = _sleep_frees(w, c)
-            as_sleep.append(c if frees is None else dataclasses.replace(c, mib=frees))
+            if frees is None:
+                as_sleep.append(c)
+                continue
+            cost = w.policy.victim_cost(c.name, c.started_at, w.now, wake=True)
+            as_sleep.append(dataclasses.replace(c, mib=frees, cost_s=cost))
     limit = w.policy.exact_search_limit
     for need in _needs(w, cands, short):
         stops = choose_victims(cands, need, exact_limit=limit)
@@ -843,7 +847,8 @@ def _holders(
         if veto is None:
             started = container(o.container).started_at
             busy = in_flight(name).count
-            cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started, busy))
+            cost = w.policy.victim_cost(name, started, w.now, wake=False)
+            cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started, busy, cost))
             frees = res.mib - o.sleep.residual_mib if o.sleep and w.sleepable(o) else 0
             for r in res.gpu_roles:
                 if r in evictable:

@@ -6,10 +6,19 @@ The order of preference (docs/design.md §3) is lexicographic over a candidate s
 1. fewest victims;
 2. fewest victims that may be busy: a victim counts as idle only when its count of
    requests in flight is known to be 0 (an unknown count is possibly busy, never idle);
-3. least VRAM freed beyond the shortfall (overshoot, summed over the roles short);
-4. lower ``priority`` (the most important victim in the set as unimportant as possible);
-5. least recently started (the most recent start in the set as old as possible);
-6. names (determinism).
+3. lowest overshoot class: the VRAM freed beyond the shortfall (overshoot, summed over
+   the roles short) in whole multiples of the shortfall (0: it frees less than twice
+   what is needed);
+4. cheapest to bring back: fewest victims whose cost is unknown, then the least sum of
+   the known costs (``cost_s``: the seconds a victim takes to come back, weighted by
+   how recently it was used; the planner computes it, :func:`reload_weight`);
+5. least overshoot;
+6. lower ``priority`` (the most important victim in the set as unimportant as possible);
+7. least recently started (the most recent start in the set as old as possible);
+8. names (determinism).
+
+Where no candidate has a cost, terms 3 and 4 order nothing that 5 does not: the order
+is the one before costs were known.
 
 While there are at most ``exact_limit`` candidates the search is exact: sets are
 enumerated by size, sizes that even the largest candidates cannot cover are skipped,
@@ -38,6 +47,7 @@ from bisect import bisect_left
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, combinations, compress
+from math import fsum
 
 DEFAULT_EXACT_LIMIT = 14
 
@@ -53,6 +63,9 @@ class Candidate:
     started_at: float | None = None
     #: requests in flight; ``None`` is unknown (possibly busy), never idle
     in_flight: int | None = None
+    #: the seconds it would take to bring back, weighted by how recently it was used
+    #: (:func:`reload_weight`); ``None`` is unknown
+    cost_s: float | None = None
 
     @property
     def idle(self) -> bool:
@@ -82,14 +95,44 @@ def possibly_busy(victims: Sequence[Candidate]) -> int:
     return sum(1 for v in victims if not v.idle)
 
 
+#: how long after its last use a victim's cost weighs half (:func:`reload_weight`): five
+#: minutes, the keep-alive Ollama and most model servers give an idle model
+RECENCY_HALF_S = 300.0
+
+
+def reload_weight(idle_s: float | None) -> float:
+    """How much bringing back a victim idle for ``idle_s`` seconds counts: 1 just used,
+    1/2 after :data:`RECENCY_HALF_S`, 1/3 after twice that... (``None``, unknown: 1)."""
+    if idle_s is None or idle_s <= 0:
+        return 1.0
+    return RECENCY_HALF_S / (RECENCY_HALF_S + idle_s)
+
+
+def overshoot_class(over: int, need: int) -> int:
+    """``over`` MiB freed beyond ``need`` in whole multiples of the need (0: less than it)."""
+    return over // need if need > 0 else 0
+
+
+def reload_key(costs: Sequence[float | None]) -> tuple[int, float]:
+    """How many victims' costs are unknown, then the sum of the known ones (exactly
+    rounded: the same set sums the same in any order)."""
+    return (sum(1 for c in costs if c is None), fsum(c for c in costs if c is not None))
+
+
 def preference_key(
     victims: Sequence[Candidate], shortfall: Mapping[str, int]
-) -> tuple[int, int, int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]:
+) -> tuple[
+    int, int, int, tuple[int, float], int, tuple[int, ...], tuple[float, ...], tuple[str, ...]
+]:
     """The lexicographic preference key of a victim set (smaller is better)."""
+    over = overshoot(victims, shortfall)
+    need = sum(n for n in shortfall.values() if n > 0)
     return (
         len(victims),
         possibly_busy(victims),
-        overshoot(victims, shortfall),
+        overshoot_class(over, need),
+        reload_key([v.cost_s for v in victims]),
+        over,
         tuple(sorted((v.priority for v in victims), reverse=True)),
         tuple(sorted((v.started_at or 0.0 for v in victims), reverse=True)),
         tuple(sorted(v.name for v in victims)),
@@ -212,7 +255,9 @@ def choose_victims(
         pool = [c for c in candidates if any(r in short for r in c.gpu_roles)]
     if len(pool) > exact_limit:
         return _greedy(pool, short)
-    rows = [(c.name, c.gpu_roles, c.mib, c.priority, c.started_at, c.in_flight) for c in pool]
+    rows = [
+        (c.name, c.gpu_roles, c.mib, c.priority, c.started_at, c.in_flight, c.cost_s) for c in pool
+    ]
     picks = exact_cover(rows, short)
     return None if picks is None else tuple(pool[i] for i in picks)
 
@@ -232,9 +277,9 @@ def _greedy(pool: list[Candidate], short: Mapping[str, int]) -> tuple[Candidate,
 
 
 #: A candidate as the exact search reads it: a :class:`Candidate`'s fields in order
-#: (name, gpu_roles, mib, priority, started_at, in_flight) as a plain tuple, so a caller
-#: with many candidates need not build an object for each (``Candidate(*row)`` is one).
-Row = tuple[str, tuple[str, ...], int, int, float | None, int | None]
+#: (name, gpu_roles, mib, priority, started_at, in_flight, cost_s) as a plain tuple, so a
+#: caller with many candidates need not build an object for each (``Candidate(*row)``).
+Row = tuple[str, tuple[str, ...], int, int, float | None, int | None, float | None]
 
 
 def exact_cover(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...] | None:
@@ -258,7 +303,16 @@ def _one_role(rows: Sequence[Row], need: int) -> tuple[int, ...] | None:
     # terms for one victim
     if max(mib, default=0) >= need:
         best = min(
-            (row[5] != 0, row[2], row[3], row[4] or 0.0, row[0], i)
+            (
+                row[5] != 0,
+                (row[2] - need) // need,
+                reload_key((row[6],)),
+                row[2],
+                row[3],
+                row[4] or 0.0,
+                row[0],
+                i,
+            )
             for i, row in enumerate(rows)
             if row[2] >= need
         )
@@ -281,7 +335,7 @@ def _one_role(rows: Sequence[Row], need: int) -> tuple[int, ...] | None:
         )
         if (got := sum(gives)) >= need
     ]
-    return _best(rows, heads)
+    return _best(rows, heads, need)
 
 
 def _many_roles(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...] | None:
@@ -313,16 +367,32 @@ def _many_roles(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...
             else:
                 heads.append((sum(map(busy.__getitem__, picks)), freed_mib, picks))
         if heads:
-            return _best(rows, heads)
+            return _best(rows, heads, sum(short.values()))
     return None  # unreachable: all the rows are a cover of the last size
 
 
-def _best(rows: Sequence[Row], heads: list[tuple[int, int, tuple[int, ...]]]) -> tuple[int, ...]:
-    """The best of covers of one size, each as (possibly busy, MiB freed, picks): the
-    best on those first, then on the rest of the key (priorities, starts, names)."""
-    # the least head: (possibly busy, MiB freed) first; its picks only break the tie
-    least_busy, least_freed, _ = min(heads)
-    tied = [picks for b, f, picks in heads if f == least_freed and b == least_busy]
+def _best(
+    rows: Sequence[Row], heads: list[tuple[int, int, tuple[int, ...]]], need: int
+) -> tuple[int, ...]:
+    """The best of covers of one size, each as (possibly busy, MiB freed, picks), for a
+    shortfall of ``need`` MiB in all: the best on those first (by the overshoot class
+    and the cost where some row has a cost), then on the rest of the key (priorities,
+    starts, names)."""
+    least_busy = min(h[0] for h in heads)
+    idle = [(f, picks) for b, f, picks in heads if b == least_busy]
+    if any(row[6] is not None for row in rows):
+        # the overshoot class, then the cost to bring back, then the MiB freed
+        least = min(
+            ((f - need) // need, reload_key([rows[i][6] for i in picks]), f) for f, picks in idle
+        )
+        tied = [
+            picks
+            for f, picks in idle
+            if ((f - need) // need, reload_key([rows[i][6] for i in picks]), f) == least
+        ]
+    else:  # no cost: the class orders nothing the MiB freed does not
+        least_freed = min(f for f, _ in idle)
+        tied = [picks for f, picks in idle if f == least_freed]
     # (the rest of the key is computed only where covers tie on those)
     best = tied[0] if len(tied) == 1 else min(tied, key=lambda p: _rest_of_key(rows, p))
     return tuple(sorted(best, key=lambda i: rows[i][0]))

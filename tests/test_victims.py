@@ -9,8 +9,10 @@ roles, priorities highest first, start times latest first with unknown as 0, nam
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from itertools import combinations
+from math import fsum
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -30,7 +32,7 @@ from statemachine.victims import overshoot as sm_overshoot
 
 SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NAMES = ("ada", "bob", "cyd", "dee", "eve", "fay", "gus", "hal", "ivy", "jon")
-Key = tuple[int, int, int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]
+Key = tuple[int, int, int, int, float, int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]
 
 
 # ----- the reference ----------------------------------------------------------------------
@@ -58,10 +60,14 @@ def busy(victims: Sequence[Candidate]) -> int:
 
 
 def ref_key(victims: Sequence[Candidate], short: Mapping[str, int]) -> Key:
+    over = freed_total(victims, short) - sum(short.values())
+    costs = [v.cost_s for v in victims]
     return (
         len(victims),
         busy(victims),
-        freed_total(victims, short) - sum(short.values()),
+        over // sum(short.values()) if short else 0,  # overshoot in multiples of the need
+        (sum(c is None for c in costs), fsum(c for c in costs if c is not None)),
+        over,
         tuple(sorted((v.priority for v in victims), reverse=True)),
         tuple(sorted((v.started_at or 0.0 for v in victims), reverse=True)),
         tuple(sorted(v.name for v in victims)),
@@ -97,6 +103,7 @@ def candidate_lists(
             priority=st.integers(0, 3),
             started_at=st.none() | st.integers(0, 20).map(float),
             in_flight=st.none() | st.integers(0, 3) | st.just(0),
+            cost_s=st.none() | st.sampled_from([0.1, 0.8, 2.9, 5.4, 21.0, 47.0, 98.0]),
         ),
         min_size=min_size,
         max_size=max_size,
@@ -191,7 +198,14 @@ def test_greedy_covers_and_is_never_worse_than_largest_first(
     assert all(v in cands for v in got)
     assert ref_covers(got, short), describe(got)
     assert len(got) <= len(base), f"greedy {describe(got)}, largest first {describe(base)}"
-    assert busy(got) < busy(base) or freed_total(got, short) <= freed_total(base, short), (
+    # without costs it never frees more than largest-first at as many possibly busy
+    # (with costs a cheaper set in the same overshoot class may free more)
+    costless = all(c.cost_s is None for c in cands)
+    assert (
+        not costless
+        or busy(got) < busy(base)
+        or freed_total(got, short) <= freed_total(base, short)
+    ), (
         f"greedy {describe(got)} frees {freed(got, short)}, "
         f"largest first {describe(base)} frees {freed(base, short)}"
     )
@@ -614,12 +628,7 @@ def test_an_unknown_start_is_older_than_any_known_one() -> None:
 
 # ----- busy-aware choice -------------------------------------------------------------------
 def unknown_as_busy(cands: Sequence[Candidate], busy: int) -> list[Candidate]:
-    return [
-        Candidate(c.name, c.gpu_roles, c.mib, c.priority, c.started_at, busy)
-        if c.in_flight is None
-        else c
-        for c in cands
-    ]
+    return [dataclasses.replace(c, in_flight=busy) if c.in_flight is None else c for c in cands]
 
 
 @SETTINGS
@@ -771,8 +780,10 @@ def test_covers_tied_on_busy_and_overshoot_over_two_roles_go_by_priority() -> No
 # ----- rows: the search without a Candidate per candidate -----------------------------------
 def rows_of(
     cands: Sequence[Candidate],
-) -> list[tuple[str, tuple[str, ...], int, int, float | None, int | None]]:
-    return [(v.name, v.gpu_roles, v.mib, v.priority, v.started_at, v.in_flight) for v in cands]
+) -> list[tuple[str, tuple[str, ...], int, int, float | None, int | None, float | None]]:
+    return [
+        (v.name, v.gpu_roles, v.mib, v.priority, v.started_at, v.in_flight, v.cost_s) for v in cands
+    ]
 
 
 @SETTINGS
