@@ -174,7 +174,7 @@ def test_exact_search_is_never_worse_than_largest_first(
     assert len(got) <= len(base)
     # it frees more than largest-first only to spare a serve that may be busy, or (with
     # costs) for a set cheaper to bring back in the same overshoot class
-    need = sum(short.values())
+    need = sum(short.values()) or 1  # no shortfall: no victims, nothing over
     over = (freed_total(got, short) - need, freed_total(base, short) - need)
     assert (len(got), busy(got), over[0] // need) <= (len(base), busy(base), over[1] // need)
     if all(c.cost_s is None for c in cands):
