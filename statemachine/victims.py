@@ -6,19 +6,16 @@ The order of preference (docs/design.md §3) is lexicographic over a candidate s
 1. fewest victims;
 2. fewest victims that may be busy: a victim counts as idle only when its count of
    requests in flight is known to be 0 (an unknown count is possibly busy, never idle);
-3. lowest overshoot class: the VRAM freed beyond the shortfall (overshoot, summed over
-   the roles short) in whole multiples of the shortfall (0: it frees less than twice
-   what is needed);
-4. cheapest to bring back: fewest victims whose cost is unknown, then the least sum of
+3. cheapest to bring back: fewest victims whose cost is unknown, then the least sum of
    the known costs (``cost_s``: the seconds a victim takes to come back, weighted by
    how recently it was used; the planner computes it, :func:`reload_weight`);
-5. least overshoot;
-6. lower ``priority`` (the most important victim in the set as unimportant as possible);
-7. least recently started (the most recent start in the set as old as possible);
-8. names (determinism).
+4. least VRAM freed beyond the shortfall (overshoot, summed over the roles short);
+5. lower ``priority`` (the most important victim in the set as unimportant as possible);
+6. least recently started (the most recent start in the set as old as possible);
+7. names (determinism).
 
-Where no candidate has a cost, terms 3 and 4 order nothing that 5 does not: the order
-is the one before costs were known.
+Where no candidate has a cost, term 3 ties every set of a size: the order is the one
+before costs were known.
 
 While there are at most ``exact_limit`` candidates the search is exact: sets are
 enumerated by size, sizes that even the largest candidates cannot cover are skipped,
@@ -108,11 +105,6 @@ def reload_weight(idle_s: float | None) -> float:
     return RECENCY_HALF_S / (RECENCY_HALF_S + idle_s)
 
 
-def overshoot_class(over: int, need: int) -> int:
-    """``over`` MiB freed beyond ``need`` in whole multiples of the need (0: less than it)."""
-    return over // need if need > 0 else 0
-
-
 def reload_key(costs: Sequence[float | None]) -> tuple[int, float]:
     """How many victims' costs are unknown, then the sum of the known ones (exactly
     rounded: the same set sums the same in any order)."""
@@ -121,18 +113,13 @@ def reload_key(costs: Sequence[float | None]) -> tuple[int, float]:
 
 def preference_key(
     victims: Sequence[Candidate], shortfall: Mapping[str, int]
-) -> tuple[
-    int, int, int, tuple[int, float], int, tuple[int, ...], tuple[float, ...], tuple[str, ...]
-]:
+) -> tuple[int, int, tuple[int, float], int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]:
     """The lexicographic preference key of a victim set (smaller is better)."""
-    over = overshoot(victims, shortfall)
-    need = sum(n for n in shortfall.values() if n > 0)
     return (
         len(victims),
         possibly_busy(victims),
-        overshoot_class(over, need),
         reload_key([v.cost_s for v in victims]),
-        over,
+        overshoot(victims, shortfall),
         tuple(sorted((v.priority for v in victims), reverse=True)),
         tuple(sorted((v.started_at or 0.0 for v in victims), reverse=True)),
         tuple(sorted(v.name for v in victims)),
@@ -305,7 +292,6 @@ def _one_role(rows: Sequence[Row], need: int) -> tuple[int, ...] | None:
         best = min(
             (
                 row[5] != 0,
-                (row[2] - need) // need,
                 reload_key((row[6],)),
                 row[2],
                 row[3],
@@ -335,7 +321,7 @@ def _one_role(rows: Sequence[Row], need: int) -> tuple[int, ...] | None:
         )
         if (got := sum(gives)) >= need
     ]
-    return _best(rows, heads, need)
+    return _best(rows, heads)
 
 
 def _many_roles(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...] | None:
@@ -367,30 +353,23 @@ def _many_roles(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...
             else:
                 heads.append((sum(map(busy.__getitem__, picks)), freed_mib, picks))
         if heads:
-            return _best(rows, heads, sum(short.values()))
+            return _best(rows, heads)
     return None  # unreachable: all the rows are a cover of the last size
 
 
-def _best(
-    rows: Sequence[Row], heads: list[tuple[int, int, tuple[int, ...]]], need: int
-) -> tuple[int, ...]:
-    """The best of covers of one size, each as (possibly busy, MiB freed, picks), for a
-    shortfall of ``need`` MiB in all: the best on those first (by the overshoot class
-    and the cost where some row has a cost), then on the rest of the key (priorities,
-    starts, names)."""
+def _best(rows: Sequence[Row], heads: list[tuple[int, int, tuple[int, ...]]]) -> tuple[int, ...]:
+    """The best of covers of one size, each as (possibly busy, MiB freed, picks): the
+    best on those first (with the cost to bring back between them where some row has a
+    cost), then on the rest of the key (priorities, starts, names)."""
     least_busy = min(h[0] for h in heads)
     idle = [(f, picks) for b, f, picks in heads if b == least_busy]
     if any(row[6] is not None for row in rows):
-        # the overshoot class, then the cost to bring back, then the MiB freed
-        least = min(
-            ((f - need) // need, reload_key([rows[i][6] for i in picks]), f) for f, picks in idle
-        )
-        tied = [
-            picks
-            for f, picks in idle
-            if ((f - need) // need, reload_key([rows[i][6] for i in picks]), f) == least
-        ]
-    else:  # no cost: the class orders nothing the MiB freed does not
+        # the cost to bring back, then the MiB freed (what orders the overshoot: the
+        # need is one figure for all of them)
+        keyed = [((reload_key([rows[i][6] for i in picks]), f), picks) for f, picks in idle]
+        least = min(k for k, _ in keyed)
+        tied = [picks for k, picks in keyed if k == least]
+    else:
         least_freed = min(f for f, _ in idle)
         tied = [picks for f, picks in idle if f == least_freed]
     # (the rest of the key is computed only where covers tie on those)
