@@ -4,21 +4,25 @@ A cold start is its ``start`` step's start until its ``await_ready`` ends OK; a 
 its ``wake`` step's start until its ``await_ready`` ends OK
 (controller/service/reloads.py). The journal's ``reloads`` table keeps the newest
 ``DEFAULT_KEEP_RELOADS`` per serve and kind; a journal written before the table opens,
-and gets it.
+and gets it. When a serve was last seen busy outlives its stop (``last_busy``).
 """
 
 from __future__ import annotations
 
 import sqlite3
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
+from controller.adapters.engine_metrics import InFlightReading, InFlightSources
+from controller.service.inflight import InFlightTracker
 from controller.service.reloads import ReloadBook, ReloadSample, measure_reloads
 from controller.service.steps.results import Outcome, StepResult
 from controller.store.journal import DEFAULT_KEEP_RELOADS, Journal, JournalError, journal_path
 from statemachine.plan import Action, Step
 from statemachine.reload import Measured
+from statemachine.types import InFlightSource
 
 
 @pytest.fixture
@@ -156,3 +160,24 @@ def test_the_book_journals_each_measurement_and_loads_earlier_ones(jpath: Path) 
     with Journal.open(jpath, readonly=True) as j:
         assert j.reloads()["llm"]["cold"] == [40.0, 30.0, 31.0]  # kept there alike
         assert j.reloads()["coder"] == {"wake": [2.5]}
+
+
+# ── when each serve was last seen busy ──────────────────────────────────────────
+
+
+def test_the_last_busy_reading_outlives_a_stop() -> None:
+    counts = {"od": 2}
+
+    def reader(wanted: Mapping[str, InFlightSources]) -> dict[str, InFlightReading]:
+        return {n: InFlightReading(counts[n], InFlightSource.METRICS) for n in wanted}
+
+    clock = [100.0]
+    tracker = InFlightTracker(clock=lambda: clock[0], reader=reader)
+    src = {"od": InFlightSources("http://127.0.0.1:1/metrics", "vllm")}
+    assert tracker.last_busy() == {}
+    tracker.read(src, running={"od"})
+    counts["od"], clock[0] = 0, 160.0
+    tracker.read(src, running={"od"})  # idle now: last busy stays at 100
+    clock[0] = 200.0
+    assert tracker.read(src, running=set())["od"].count is None  # stopped: not read
+    assert tracker.last_busy() == {"od": 100.0}  # stopped: when it was last used is kept
