@@ -26,6 +26,7 @@ from statemachine.ledger import (
     no_longer_declared,
 )
 from statemachine.lifecycle import LifecycleState
+from statemachine.reload import UNKNOWN, ReloadEstimate, declared_costs, reload_estimates
 from statemachine.serve_record import ServeRecord, observe, reading
 from statemachine.types import (
     ContainerObs,
@@ -126,12 +127,16 @@ class ServeStatus:
     #: a placed serve's candidate roles (``gpu_roles`` is then the card it holds on,
     #: or every candidate while it holds nothing or its card is unknown)
     placement: tuple[str, ...] = ()
+    #: what bringing it back costs (a cold start, a wake) and where the figures come
+    #: from (statemachine/reload.py); unknown figures are None, never 0
+    reload: ReloadEstimate = UNKNOWN
 
     def to_json(self) -> dict[str, Any]:
         """JSON form (``sleep`` only for a serve that can sleep or is seen asleep)."""
         out = _fields(self, _SERVE_KEYS)
         out["gpu_roles"] = list(self.gpu_roles)
         out["evicted_for"] = list(self.evicted_for)
+        out["reload"] = self.reload.to_json()
         if self.placement:  # only for a placed serve
             out["placement"] = list(self.placement)
         if self.sleep is not None:
@@ -277,12 +282,17 @@ def host_status(
     desired: DesiredState,
     observed: Observed,
     records: Mapping[str, ServeRecord] | None = None,
+    reload: Mapping[str, ReloadEstimate] | None = None,
 ) -> HostStatus:
     """Build the status report from the desired state and one observation.
 
     Each serve's lifecycle is its record (``records``: the controller's; a serve
-    without one starts from a fresh record) moved by this observation."""
+    without one starts from a fresh record) moved by this observation. ``reload``: each
+    serve's reload cost (:func:`statemachine.reload.reload_estimates`), a serve absent
+    from it unknown; ``None``: the figures the manifest declares."""
     records = records or {}
+    if reload is None:
+        reload = reload_estimates(declared_costs(desired), {})
     ledger = ledger_from_observed(desired, observed)
     over = set(ledger.overcommitted())
     roles = []
@@ -358,6 +368,7 @@ def host_status(
                 ttl_basis=None if ends is None else str(ends.basis),
                 request_ends_at=ends.expires_at if ends is not None and req is not None else None,
                 foreign_project=observed.foreign(s) if observed.docker_ok else None,
+                reload=reload.get(s.name, UNKNOWN),
             )
         )
     return HostStatus(

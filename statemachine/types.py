@@ -103,6 +103,9 @@ class Sleep:
     protocol: str  # an engine's name (statemachine.engines) whose entry has a sleep API
     host_ram_mib: int = 0
     url: str | None = None
+    #: ``wake_s``: the declared seconds from its wake calls until it is healthy (None:
+    #: not declared); a measured wake replaces it (statemachine/reload.py)
+    wake_s: float | None = None
 
     @property
     def host_mib(self) -> int:
@@ -160,6 +163,9 @@ class ServeSpec:
     #: (the ledger then counts what it holds on each: never less than the truth);
     #: ``statemachine.placement`` narrows it to the chosen one
     placement: tuple[str, ...] = ()
+    #: ``cold_start_s``: the declared seconds from its start until it is healthy (None:
+    #: not declared); a measured cold start replaces it (statemachine/reload.py)
+    cold_start_s: float | None = None
 
     @property
     def managed(self) -> bool:

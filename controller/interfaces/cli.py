@@ -47,6 +47,7 @@ if TYPE_CHECKING:
     from controller.snapshot import SnapshotModel
     from controller.tools.compose_lint import RenderedServe
     from statemachine.planner import Plan
+    from statemachine.reload import ReloadEstimate
     from statemachine.types import DesiredState, Observed
 
 
@@ -436,6 +437,27 @@ def _footprint_samples(manifest: list[Path], state_dir: Path | None) -> list[Any
     return samples
 
 
+def _reload_estimates(
+    desired: DesiredState, manifest: list[Path], state_dir: Path | None
+) -> dict[str, ReloadEstimate]:
+    """Each serve's reload cost: the cold starts and wakes `run` timed (its journal, read
+    only), else the manifest's figures (statemachine/reload.py)."""
+    from controller.store.journal import Journal, JournalError, default_state_dir, journal_path
+    from statemachine.reload import declared_costs, measured_from, reload_estimates
+
+    recorded: dict[str, dict[str, list[float]]] = {}
+    path = journal_path(state_dir or default_state_dir(list(manifest)))
+    if path.is_file():
+        try:
+            with Journal.open(path, readonly=True) as journal:
+                recorded = journal.reloads()
+        except JournalError as exc:
+            if state_dir is not None:
+                render.warn(f"reload costs: {exc}")
+    measured = {n: m for n, m in measured_from(recorded).items() if n in desired.serves}
+    return reload_estimates(declared_costs(desired), measured)
+
+
 def _with_requests(
     mset: ManifestSet, manifest: list[Path], state_dir: Path | None, snap: SnapshotModel
 ) -> DesiredState:
@@ -488,7 +510,8 @@ def status(
         return
     snap = _observe(observed, mset, nvml_in_answer=not json_out)
     desired = mset.desired() if observed else _with_requests(mset, manifest, state_dir, snap)
-    report = host_status(desired, snap.to_observed())
+    reload = _reload_estimates(desired, manifest, state_dir)
+    report = host_status(desired, snap.to_observed(), reload=reload)
     footprints = fp.status_footprints(mset, _footprint_samples(manifest, state_dir))
     models = serve_models(mset, {n: f.measured_mib for n, f in footprints.items()})
     if json_out:

@@ -75,6 +75,9 @@ DEFAULT_START_TIMEOUT_S = 600.0
 DEFAULT_STOP_TIMEOUT_S = 30.0
 DEFAULT_DRAIN_TIMEOUT_S = 120.0
 MAX_IDLE_TTL_S = 31 * 86400.0
+#: Bound on a declared cold start or wake (``cold_start_s``, ``[serve.sleep] wake_s``):
+#: what the controller waits for a start at most
+MAX_RELOAD_S = MAX_START_TIMEOUT_S
 
 #: What one manifest file may cost: its size (20 times the largest real fleet's file;
 #: the worst file of that size parses in a few seconds and a few hundred MiB), the
@@ -180,6 +183,13 @@ def _at_most(limit: float, why: str) -> Any:
         return seconds
 
     return check
+
+
+def _reload_seconds(value: object) -> object:
+    """A declared cold start or wake: positive seconds, at most a day (None: undeclared)."""
+    if value is None:
+        return None
+    return _at_most(MAX_RELOAD_S, "a day")(value)
 
 
 def _ttl(value: object) -> object:
@@ -462,6 +472,11 @@ OptTtl = Annotated[
     float | None,
     BeforeValidator(_ttl),
     WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_IDLE_TTL_S}),
+]
+OptReloadSeconds = Annotated[
+    float | None,
+    BeforeValidator(_reload_seconds),
+    WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RELOAD_S}),
 ]
 ContainerName = Annotated[
     str,

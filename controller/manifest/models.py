@@ -34,6 +34,7 @@ from controller.manifest.fields import (
     OptPort,
     OptPositiveInt,
     OptPositiveMiB,
+    OptReloadSeconds,
     OptResidency,
     OptSleepProtocol,
     OptText,
@@ -204,6 +205,11 @@ class SleepModel(BaseModel):
         description=" | ".join(f'"{name}"' for name in sleep_protocols())
         + "; default from the serve's engine.",
     )
+    wake_s: OptReloadSeconds = Field(
+        default=None,
+        description="Seconds from its wake calls until it is healthy, declared until the "
+        "controller has measured a wake; at most 86400.",
+    )
 
     def resolved_url(self, port: int | None) -> str | None:
         """``url``, else ``http://127.0.0.1:{port}`` (None without either)."""
@@ -228,6 +234,7 @@ class SleepModel(BaseModel):
             protocol=protocol,
             host_ram_mib=self.host_ram_mib or 0,
             url=self.resolved_url(port),
+            wake_s=self.wake_s,
         )
 
 
@@ -348,6 +355,11 @@ class ServeModel(BaseModel):
     stop_timeout_s: StopTimeout = DEFAULT_STOP_TIMEOUT_S
     drain_timeout_s: DrainTimeout = DEFAULT_DRAIN_TIMEOUT_S
     idle_ttl_s: OptTtl = None
+    cold_start_s: OptReloadSeconds = Field(
+        default=None,
+        description="Seconds from its start until it is healthy, declared until the "
+        "controller has measured a cold start; at most 86400.",
+    )
     elastic: ElasticModel | None = None
     sleep: SleepModel | None = Field(
         default=None, description="The engine can sleep instead of stopping ([serve.sleep])."
@@ -458,6 +470,7 @@ class ServeModel(BaseModel):
             sleep=None if self.sleep is None else self.sleep.to_sleep(self.port, self.engine),
             compose_project=self.owner_project(),
             placement=tuple(self.placement or ()),
+            cold_start_s=self.cold_start_s,
         )
 
 

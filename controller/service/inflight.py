@@ -3,7 +3,8 @@
 :class:`InFlightTracker` reads every running serve's count of requests in flight
 (:mod:`controller.adapters.engine_metrics`: its engine's metrics, else its router
 tier) once per observation, and keeps, per serve, since when every reading has been 0
-(``idle_since``) and when a count above 0 was last read (``busy_at``). The clock lives
+(``idle_since``) and when a count above 0 was last read (``busy_at``; and, across its
+stops and sleeps, :meth:`InFlightTracker.last_busy`). The clock lives
 here; the pure core gets these times in :class:`statemachine.types.InFlightObs` and
 decides with them (:mod:`statemachine.idleness`, :mod:`statemachine.victims`).
 
@@ -77,6 +78,9 @@ class InFlightTracker:
         self._clock = clock
         self._reader = reader
         self._seen: dict[str, _Seen] = {}
+        #: serve -> when a count above 0 was last read, kept when it stops or sleeps
+        #: (when it was last used: what makes it a cheap victim or not)
+        self._last_busy: dict[str, float] = {}
         self._errors: dict[str, str | None] = {}
         self._lock = threading.Lock()
         #: one HTTP client for every observation (made on the first read that needs one)
@@ -111,6 +115,7 @@ class InFlightTracker:
                 elif r.count > 0:
                     seen.idle_since = None
                     seen.busy_at = now
+                    self._last_busy[name] = now
                 elif seen.idle_since is None:
                     seen.idle_since = now
                 if name in asleep:
@@ -128,6 +133,12 @@ class InFlightTracker:
             if name not in out and src.kind is not None:
                 out[name] = InFlightModel(count=None, source=src.kind)
         return out
+
+    def last_busy(self) -> dict[str, float]:
+        """Serve -> when a count above 0 was last read (a copy), whether or not it has
+        run since; serves never seen busy are absent."""
+        with self._lock:
+            return dict(self._last_busy)
 
     def _say(self, name: str, r: InFlightReading) -> None:
         """Log a serve's read error once when it changes, not every cycle."""

@@ -84,6 +84,7 @@ from controller.service.loop_view import CycleSummary, ViewSources, loop_view
 from controller.service.manifest_reload import RouterNotice, read_manifests, watch_manifests
 from controller.service.observe import observe_probes
 from controller.service.records import FieldMap, MarkSet, RecordStore
+from controller.service.reloads import ReloadBook
 from controller.service.start_outcomes import StartOutcomes
 from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import JournalHistory, LoopView
@@ -101,7 +102,17 @@ from statemachine import backoff, placement
 from statemachine.backoff import Backoff
 from statemachine.idleness import request_end
 from statemachine.ledger import Ledger
+from statemachine.plan import ReloadCost
 from statemachine.planner import Action, Plan, Policy, plan_transitions
+from statemachine.reload import (
+    ReloadEstimate,
+    declared_costs,
+    reload_costs,
+    reload_estimates,
+)
+from statemachine.reload import (
+    last_used as used_at,
+)
 from statemachine.types import (
     DesiredState,
     Observed,
@@ -172,6 +183,8 @@ class Controller:
         self.starts = StartTracker()
         #: requests in flight per serve, and since when each has been idle
         self.in_flight = InFlightTracker()
+        #: the cold starts and wakes this loop (and earlier ones, in the journal) timed
+        self.reloads = ReloadBook(lambda: getattr(self, "journal", None))
         self.prober = HealthProber()  # each observation's health probes (status, page)
         #: asks the health probes beside the rest of an observation (see observe)
         self.readers = ThreadPoolExecutor(1, thread_name_prefix="observe")
@@ -282,12 +295,30 @@ class Controller:
         return replace(self.mset.desired(), requests=self.requests())
 
     def policy(self, now: float) -> Policy:
-        """The planner policy: backoff holds and serves whose shrink failed."""
+        """The planner policy: backoff holds, serves whose shrink failed or that cannot
+        sleep, what bringing each serve back costs and when each was last used."""
         return Policy(
             no_shrink=frozenset(self.no_shrink),
             hold=backoff.holds(self.backoff, now),
             no_sleep=frozenset(self.no_sleep),
+            reload=self._reload_costs(),
+            last_used=self.last_used(),
         )
+
+    def reload_estimates(self) -> dict[str, ReloadEstimate]:
+        """Each serve's reload cost and its basis (measured, declared; the serves with
+        neither are absent), over the manifest in force (``status``)."""
+        desired = self.mset.desired()
+        return reload_estimates(declared_costs(desired), self.reloads.measured(desired.serves))
+
+    def _reload_costs(self) -> dict[str, ReloadCost]:
+        desired = self.mset.desired()
+        return reload_costs(declared_costs(desired), self.reloads.measured(desired.serves))
+
+    def last_used(self) -> dict[str, float]:
+        """Serve -> when it was last used: last seen busy, or its latest request."""
+        requests = self.requests() if getattr(self, "journal", None) is not None else ()
+        return used_at(self.in_flight.last_busy(), requests)
 
     def history(self) -> JournalHistory:
         """The journal's recorded cycles, read only (the operator's page lists them)."""
@@ -602,6 +633,7 @@ class _LoopCycle:
         now, observed = result.inputs.now, result.observed
         desired = placement.apply(result.inputs.desired, result.plan.placements)
         overlays.record_starts(c.journal, report, desired, now)
+        c.reloads.record(report.results)  # the wakes (and starts run in the plan) it timed
         c._learn(report, now)
         c._track_tiers([r.to_json() for r in report.results])
         for r in report.results:
@@ -690,6 +722,7 @@ class _LoopCycle:
         c = self.controller
         report = ExecutionReport(results, Ledger({}), {})
         c._learn(report, time.time())
+        c.reloads.record(results)  # how long the cold start took, when it ended healthy
         overlays.record_starts(c.journal, report, c.mset.desired(), time.time())
         c._track_tiers([r.to_json() for r in results])
         c._wake_when_a_hold_ends()

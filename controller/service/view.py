@@ -31,6 +31,7 @@ from controller.service.live import Overlay, StepEnded, overlay_observed
 from controller.snapshot import SnapshotModel
 from controller.store.journal import CycleRecord, StepRecord
 from statemachine.plan import Plan
+from statemachine.reload import ReloadEstimate
 from statemachine.serve_record import ServeRecord
 from statemachine.types import DesiredState, Observed, OnDemandRequest
 
@@ -128,6 +129,10 @@ class LoopPort(Protocol):
 
     def desired(self) -> DesiredState:
         """The desired state: the manifest set in force plus the requests."""
+        ...
+
+    def reload_estimates(self) -> dict[str, ReloadEstimate]:
+        """Each serve's reload cost and its basis (the serves with no figure absent)."""
         ...
 
     def request_up(self, serve: str, ttl_s: float | None) -> None:

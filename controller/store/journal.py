@@ -22,6 +22,10 @@ as ``journal.sqlite3``, beside the single-instance lock ``vramctl.lock``
 - **footprints**: the measured footprint samples of each serve (one per start or stop
   and GPU role, ``statemachine.footprint.Sample`` JSON), the newest
   ``DEFAULT_KEEP_FOOTPRINTS`` per serve, so calibration survives restarts.
+- **reloads**: how long each cold start and each wake the controller carried out took
+  until the serve was healthy (serve, kind ``cold`` or ``wake``, seconds, when), the
+  newest ``DEFAULT_KEEP_RELOADS`` per serve and kind: what bringing a serve back costs
+  (``statemachine/reload.py``) survives restarts.
 - **quiesced**: the serves whose router tier the controller quiesced and has not seen
   readmitted (nor stopped), so that a restart of the controller still readmits them.
 - **serve_records**: each serve's lifecycle state as the controller last moved it
@@ -74,6 +78,7 @@ from controller.store.lock import (
     AlreadyRunning,
     StateLock,
 )
+from statemachine.reload import COLD, WAKE
 from statemachine.types import OnDemandRequest, StartedWith
 
 __all__ = [
@@ -104,7 +109,11 @@ DEFAULT_KEEP_DAYS = 14.0
 DEFAULT_PRUNE_EVERY = 100
 #: Footprint samples kept per serve (the oldest go first).
 DEFAULT_KEEP_FOOTPRINTS = 64
+#: Reload measurements kept per serve and kind (the oldest go first).
+DEFAULT_KEEP_RELOADS = 20
 BUSY_TIMEOUT_MS = 5000
+#: What the ``reloads`` table measures: a cold start, a wake.
+RELOAD_KINDS = (COLD, WAKE)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS manifests (
@@ -194,6 +203,14 @@ CREATE TABLE IF NOT EXISTS serve_records (
     lifecycle TEXT NOT NULL,           -- its lifecycle state, as the machine last left it
     at        REAL NOT NULL            -- when it was last moved
 );
+CREATE TABLE IF NOT EXISTS reloads (
+    id      INTEGER PRIMARY KEY AUTOINCREMENT,
+    serve   TEXT NOT NULL,
+    kind    TEXT NOT NULL,             -- cold (start until healthy) | wake (wake until healthy)
+    seconds REAL NOT NULL,
+    at      REAL NOT NULL              -- when it ended (healthy)
+);
+CREATE INDEX IF NOT EXISTS reloads_serve ON reloads (serve, kind, id);
 CREATE TABLE IF NOT EXISTS declared (
     container TEXT PRIMARY KEY,        -- the last reservation a manifest declared for it
     serve     TEXT NOT NULL,
@@ -204,9 +221,19 @@ CREATE TABLE IF NOT EXISTS declared (
 """
 
 #: Tables added to schema version 1 after its release: created on open when missing
-#: (``CREATE TABLE IF NOT EXISTS``), so a journal written before them still opens.
+#: (``CREATE TABLE IF NOT EXISTS``), so a journal written before them still opens (and
+#: an earlier vramctl still opens one that has them: it reads none of them).
 _ADDED_TABLES = frozenset(
-    {"started", "ups", "declared", "footprints", "quiesced", "sleeping", "serve_records"}
+    {
+        "started",
+        "ups",
+        "declared",
+        "footprints",
+        "quiesced",
+        "sleeping",
+        "serve_records",
+        "reloads",
+    }
 )
 
 #: Columns added to schema version 1 after its release (table, column, type): added on a
@@ -937,6 +964,47 @@ class Journal(CycleLog):
                 (serve, serve, keep),
             )
             return int(cur.lastrowid or 0)
+
+    def add_reload(
+        self,
+        serve: str,
+        kind: str,
+        seconds: float,
+        at: float,
+        *,
+        keep: int = DEFAULT_KEEP_RELOADS,
+    ) -> None:
+        """Record one measured cold start or wake (``kind``: ``cold`` / ``wake``) of
+        ``serve``; keeps the newest ``keep`` of that serve and kind."""
+        if keep < 1:
+            raise JournalError("keep must be >= 1")
+        if kind not in RELOAD_KINDS:
+            kinds = ", ".join(RELOAD_KINDS)
+            raise JournalError(f"reload kind must be one of {kinds}, got {kind!r}")
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO reloads (serve, kind, seconds, at) VALUES (?, ?, ?, ?)",
+                (serve, kind, float(seconds), float(at)),
+            )
+            conn.execute(
+                "DELETE FROM reloads WHERE serve = ? AND kind = ? AND id NOT IN "
+                "(SELECT id FROM reloads WHERE serve = ? AND kind = ? ORDER BY id DESC LIMIT ?)",
+                (serve, kind, serve, kind, keep),
+            )
+
+    def reloads(self) -> dict[str, dict[str, list[float]]]:
+        """Serve -> kind -> the recorded seconds, oldest first (empty without any)."""
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT serve, kind, seconds FROM reloads ORDER BY id"
+                ).fetchall()
+            except sqlite3.OperationalError:  # no such table (read-only, older file)
+                return {}
+        out: dict[str, dict[str, list[float]]] = {}
+        for serve, kind, seconds in rows:
+            out.setdefault(str(serve), {}).setdefault(str(kind), []).append(float(seconds))
+        return out
 
     def update_footprint(self, sample_id: int, sample: Mapping[str, Any]) -> None:
         """Replace a recorded sample's JSON (its peak grew); gone already: nothing."""

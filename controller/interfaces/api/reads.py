@@ -101,7 +101,10 @@ def status_now(ctx: ApiContext, view: LoopView) -> dict[str, Any]:
     and not yet planned are told apart by ``GET /v1/ledger``, :func:`ledger_roles`)."""
     snap = view.snapshot
     observed = view.observed() or Observed(docker_ok=False)
-    data = host_status(ctx.controller.desired(), observed, view.records).to_json()
+    controller = ctx.controller
+    data = host_status(
+        controller.desired(), observed, view.records, controller.reload_estimates()
+    ).to_json()
     if snap is None:
         data["docker"] = "unknown"
         data["nvml"] = "unknown"
