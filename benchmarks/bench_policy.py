@@ -92,7 +92,12 @@ from typing import Any
 
 from benchkit import NOW
 
-from statemachine.plan import Action, Policy, ReloadCost
+from statemachine.plan import Action, Policy
+
+try:  # a tree from before reload costs (run_all.py --base): its planner runs without
+    from statemachine.plan import ReloadCost
+except ImportError:  # pragma: no cover - only in an older tree
+    ReloadCost = None  # type: ignore[assignment,misc]
 from statemachine.planner import plan_transitions
 from statemachine.types import (
     ContainerObs,
@@ -460,7 +465,7 @@ class Vramctl(Rule):
             in_flight={m.name: InFlightObs(m.in_flight, InFlightSource.METRICS) for m in holding},
         )
         policy = Policy()
-        if self.costs:
+        if self.costs and ReloadCost is not None:
             policy = Policy(
                 reload={
                     m.name: ReloadCost(m.profile.cold_s, m.profile.wake_s if self.sleeps else None)
@@ -568,7 +573,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             "bench": "policy_summary",
             "seeds": [h.seed for h in hosts],
             "hours": args.hours,
+            "costs": ReloadCost is not None,
             "best_peer": best["policy"],
+            "best_peer_mean_wait_s": best["mean_wait_s"],
             "vramctl_vs_best_peer": round(by["vramctl"]["mean_wait_s"] / best["mean_wait_s"], 3),
         }
         if "vramctl_before" in by:

@@ -20,6 +20,13 @@ What it runs, each as its own process with the tree's code on ``PYTHONPATH`` (so
 * ``bench_placement.py`` (20 random multi-GPU fleets x 200 on-demand requests, in-process:
   refusals, cold starts and evictions with vramctl's placement, with serves pinned round
   robin, and with Ollama's "most free memory" rule; ``--quick``: 5 x 60).
+* ``bench_swap.py`` (an on-demand ``up`` with ``wait_s`` against a real ``vramctl run``:
+  stop + cold start and sleep + wake, 5 repetitions each; ``--quick``: 2): the
+  controller's own share of each (less the engine's load or wake and Docker's own stop
+  and start) and the stop / sleep ratio beside the engines' own.
+* ``bench_policy.py`` (10 simulated hosts x 2 h of requests through the planner and
+  through Ollama's, llama-swap's, anvil's and lemonade's rules; ``--quick``: 3 x 1 h):
+  mean and p95 wait, cold starts and wakes.
 
 With ``--base COMMIT`` (default: none) the commit is exported (``git archive``) into a
 temporary folder, *this* tree's ``benchmarks/`` is copied over its own, and every
@@ -54,7 +61,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-BENCHES = ("planner", "fit", "reaction", "idle", "restart", "cli", "placement")
+BENCHES = ("planner", "fit", "reaction", "idle", "restart", "cli", "placement", "swap", "policy")
 Lines = list[dict[str, Any]]
 
 
@@ -247,7 +254,68 @@ def figures() -> list[Figure]:
         Figure("placement", "unconverged steps, vramctl", _field(ours, "not_converged"), "0",
                lambda v: v == 0),
     ]  # fmt: skip
+    swap = {"bench": "swap_summary"}
+    out += [
+        Figure(
+            "swap",
+            "sleep->wake: controller's share median",
+            _ms(swap, "median_controller_s", "sleep"),
+            "<= 50",
+            lambda v: v <= 50.0,
+            "ms",
+        ),
+        Figure(
+            "swap",
+            "stop->cold start: controller's share median",
+            _ms(swap, "median_controller_s", "stop"),
+            "<= 150",
+            lambda v: v <= 150.0,
+            "ms",
+        ),
+        Figure(
+            "swap", "sleep->wake latency median", _ms(swap, "median_latency_s", "sleep"), unit="ms"
+        ),
+        Figure(
+            "swap",
+            "stop->cold start latency median",
+            _ms(swap, "median_latency_s", "stop"),
+            unit="ms",
+        ),
+        Figure(
+            "swap",
+            "stop/sleep ratio / engines' ratio",
+            _field(swap, "ratio_vs_engines"),
+            "0.85-1.15",
+            lambda v: 0.85 <= v <= 1.15,
+        ),
+    ]
+    ours, before = ({"bench": "policy", "policy": p} for p in ("vramctl", "vramctl_before"))
+    summary = {"bench": "policy_summary"}
+    out += [
+        Figure("policy", "vramctl mean wait", _field(ours, "mean_wait_s"), unit="s"),
+        Figure("policy", "vramctl p95 wait", _field(ours, "p95_wait_s"), unit="s"),
+        Figure("policy", "vramctl cold starts", _field(ours, "cold_starts")),
+        Figure("policy", "vramctl wakes", _field(ours, "wakes")),
+        Figure("policy", "best peer mean wait", _field(summary, "best_peer_mean_wait_s"),
+               unit="s"),
+        Figure("policy", "vramctl / best peer (mean wait)",
+               _field(summary, "vramctl_vs_best_peer"), "<= 0.8", lambda v: v <= 0.8),
+        Figure("policy", "vramctl without costs mean wait", _field(before, "mean_wait_s"),
+               unit="s"),
+        Figure("policy", "vramctl / without costs", _field(summary, "vramctl_vs_before"),
+               "<= 1", lambda v: v <= 1.0),
+    ]  # fmt: skip
     return out
+
+
+def _ms(match: dict[str, Any], *keys: str) -> Callable[[Lines], float | None]:
+    read = _field(match, *keys)
+
+    def in_ms(lines: Lines) -> float | None:
+        value = read(lines)
+        return None if value is None else value * 1000.0
+
+    return in_ms
 
 
 def commands(quick: bool, clock: str) -> dict[str, list[str]]:
@@ -266,6 +334,8 @@ def commands(quick: bool, clock: str) -> dict[str, list[str]]:
         "restart": [py, "benchmarks/bench_restart.py", "--rounds", "2" if quick else "5"],
         "cli": [py, "benchmarks/bench_cli.py", "--runs", "7" if quick else "21"],
         "placement": [py, "benchmarks/bench_placement.py", *(["--quick"] if quick else [])],
+        "swap": [py, "benchmarks/bench_swap.py", "--reps", "2" if quick else "5"],
+        "policy": [py, "benchmarks/bench_policy.py", *(["--quick"] if quick else [])],
     }  # fmt: skip
 
 

@@ -132,8 +132,13 @@ def test_a_sleeper_is_weighed_by_its_wake_a_stop_by_its_cold_start() -> None:
 
 
 def test_a_weight_is_one_just_used_half_after_the_half_time_and_falls() -> None:
+    assert RECENCY_HALF_S == 300.0  # five minutes, as documented
+    assert reload_weight(300.0) == 0.5 and reload_weight(600.0) == 1 / 3
+    assert reload_weight(1.0) == 300 / 301  # a second idle already counts
     assert reload_weight(None) == 1.0
     assert reload_weight(0.0) == 1.0
+    assert reload_weight(-5.0) == 1.0  # used "after" now (clocks apart): just used
+    assert reload_weight(-0.5) == 1.0
     assert reload_weight(RECENCY_HALF_S) == 0.5
     assert reload_weight(2 * RECENCY_HALF_S) == 1 / 3
     assert Policy().victim_cost("x", None, NOW, wake=False) is None

@@ -202,3 +202,8 @@ def test_status_without_measurements_shows_the_declared_figures() -> None:
     }
     assert rows["measured"] == {"cold_s": 60.0, "wake_s": None, "basis": "declared"}
     assert rows["unknown"]["basis"] == "unknown"
+
+
+def test_a_window_of_one_is_the_newest_measurement() -> None:
+    assert recent_median([30.0, 20.0, 10.0], recent=1) == 10.0
+    assert recent_median([30.0, 20.0, 10.0], recent=2) == 15.0

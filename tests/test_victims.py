@@ -915,3 +915,20 @@ def test_victim_names_search_exactly_up_to_the_limit_and_greedily_beyond() -> No
     cands = [c("c0", 70), c("c1", 50), c("c2", 30), c("c3", 30, in_flight=0)]
     assert victim_names(rows_of(cands), {"a": 94}, exact_limit=4) == ("c0", "c3")
     assert victim_names(rows_of(cands), {"a": 94}, exact_limit=3) == ("c0", "c2")
+
+
+def test_costs_decide_between_covers_of_two_even_with_counts_unknown() -> None:
+    # need 10 on a: no one covers alone; {a1, a2} and {b1, b2} each free 10 exactly;
+    # every count unknown (possibly busy alike): the cheaper pair to bring back wins
+    cands = [
+        Candidate("a1", ("a",), 5, cost_s=40.0),
+        Candidate("a2", ("a",), 5, cost_s=40.0),
+        Candidate("b1", ("a",), 5, cost_s=1.0),
+        Candidate("b2", ("a",), 5, cost_s=2.0),
+    ]
+    got = choose_victims(cands, {"a": 10})
+    assert got is not None and [c.name for c in got] == ["b1", "b2"]
+    # and on two short roles, through the enumeration by size
+    two = [dataclasses.replace(c, gpu_roles=("a", "b")) for c in cands]
+    got = choose_victims(two, {"a": 10, "b": 10})
+    assert got is not None and [c.name for c in got] == ["b1", "b2"]
