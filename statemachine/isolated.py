@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from statemachine.admission import conflict, inside_min_runtime
 from statemachine.idleness import request_end
 from statemachine.ledger import Ledger, RoleTerms
-from statemachine.plan import Policy
+from statemachine.plan import Policy, declared_reload
 from statemachine.planner import (
     give_back_mib,
     may_give_back,
@@ -241,7 +241,7 @@ def _candidates(
         if o.sleep is not None and sleep_frees_memory(o, mib, policy, observed):
             return None
         busy = in_flight(n).count
-        cost = policy.victim_cost(n, obs.started_at, now, wake=False)
+        cost = policy.victim_cost(n, obs.started_at, now, wake=False, declared=declared_reload(o))
         rows.append((n, res.gpu_roles, mib, o.priority, obs.started_at, busy, cost))
     return rows
 

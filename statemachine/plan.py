@@ -16,6 +16,7 @@ from typing import Any
 
 from statemachine.ledger import Ledger, RoleTerms
 from statemachine.slotinit import direct_init
+from statemachine.types import ServeSpec
 from statemachine.victims import DEFAULT_EXACT_LIMIT, reload_weight
 
 
@@ -198,14 +199,23 @@ class Policy:
     last_used: Mapping[str, float] = field(default_factory=dict)
 
     def victim_cost(
-        self, name: str, started: float | None, now: float, *, wake: bool
+        self,
+        name: str,
+        started: float | None,
+        now: float,
+        *,
+        wake: bool,
+        declared: ReloadCost | None = None,
     ) -> float | None:
         """What evicting ``name`` costs later (docs/eviction.md): the seconds it takes to
-        come back (its wake when it would sleep, else its cold start: :attr:`reload`),
-        weighted by how long ago it was last used (:attr:`last_used`, else its start
-        ``started``; :func:`~statemachine.victims.reload_weight`). ``None``: unknown."""
-        cost = self.reload.get(name)
-        seconds = None if cost is None else (cost.wake_s if wake else cost.cold_s)
+        come back (its wake when it would sleep, else its cold start: :attr:`reload`, else
+        the manifest's figure ``declared``), weighted by how long ago it was last used
+        (:attr:`last_used`, else its start ``started``;
+        :func:`~statemachine.victims.reload_weight`). ``None``: unknown."""
+        seconds = None
+        for cost in (self.reload.get(name), declared):
+            if cost is not None and seconds is None:
+                seconds = cost.wake_s if wake else cost.cold_s
         if seconds is None:
             return None
         used = self.last_used.get(name, started)
@@ -268,6 +278,15 @@ class Policy:
 def _seconds(value: object) -> bool:
     """True for a number of seconds that is not negative (a bool is not one)."""
     return isinstance(value, int | float) and not isinstance(value, bool) and value >= 0
+
+
+def declared_reload(spec: ServeSpec) -> ReloadCost | None:
+    """What ``spec``'s manifest declares it costs to bring back (``cold_start_s``,
+    ``[serve.sleep] wake_s``); ``None`` when it declares neither."""
+    wake = spec.sleep.wake_s if spec.sleep is not None else None
+    if spec.cold_start_s is None and wake is None:
+        return None
+    return ReloadCost(spec.cold_start_s, wake)
 
 
 @dataclass(frozen=True, slots=True)

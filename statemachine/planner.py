@@ -75,7 +75,7 @@ from statemachine.ledger import (
     ledger_from_observed,
 )
 from statemachine.placement import resolve
-from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step
+from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step, declared_reload
 from statemachine.types import (
     ABSENT,
     DesiredRun,
@@ -792,7 +792,10 @@ def _choose(
             if frees is None:
                 as_sleep.append(c)
                 continue
-            cost = w.policy.victim_cost(c.name, c.started_at, w.now, wake=True)
+            o = w.serve(c.name)
+            cost = w.policy.victim_cost(
+                c.name, c.started_at, w.now, wake=True, declared=declared_reload(o)
+            )
             as_sleep.append(dataclasses.replace(c, mib=frees, cost_s=cost))
     limit = w.policy.exact_search_limit
     for need in _needs(w, cands, short):
@@ -847,7 +850,9 @@ def _holders(
         if veto is None:
             started = container(o.container).started_at
             busy = in_flight(name).count
-            cost = w.policy.victim_cost(name, started, w.now, wake=False)
+            cost = w.policy.victim_cost(
+                name, started, w.now, wake=False, declared=declared_reload(o)
+            )
             cands.append(Candidate(name, res.gpu_roles, res.mib, o.priority, started, busy, cost))
             frees = res.mib - o.sleep.residual_mib if o.sleep and w.sleepable(o) else 0
             for r in res.gpu_roles:

@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
-from statemachine.plan import ReloadCost
+from statemachine.plan import ReloadCost, declared_reload
 from statemachine.types import DesiredState, OnDemandRequest
 
 #: how many of a serve's most recent measurements of one kind its cost is the median of
@@ -86,9 +86,9 @@ def declared_costs(desired: DesiredState) -> dict[str, ReloadCost]:
     serves that declare neither are absent."""
     out: dict[str, ReloadCost] = {}
     for name, spec in desired.serves.items():
-        wake = spec.sleep.wake_s if spec.sleep is not None else None
-        if spec.cold_start_s is not None or wake is not None:
-            out[name] = ReloadCost(spec.cold_start_s, wake)
+        cost = declared_reload(spec)
+        if cost is not None:
+            out[name] = cost
     return out
 
 

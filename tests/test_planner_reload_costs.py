@@ -10,6 +10,8 @@ and without costs the plan is the one before. Pure: imports statemachine only.
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -193,3 +195,26 @@ def test_costs_never_change_how_many_victims_nor_who_may_be_one(
     # the requester starts in both or in neither: costs choose among covers, never refuse
     started = [s.serve for s in after.steps if s.action is Action.START]
     assert started == [s.serve for s in before.steps if s.action is Action.START]
+
+
+def test_the_manifests_figures_decide_where_nothing_was_measured() -> None:
+    # vramctl plan / fit / the API's decisions have no measurements: the declared
+    # cold_start_s weighs the same way the loop's measured medians do
+    def declared(name: str, mib: int, cold: float) -> ServeSpec:
+        return dataclasses.replace(sv(name, mib, Residency.EVICTABLE), cold_start_s=cold)
+
+    two = [REQ, declared("small", 11_000, 98.0), declared("large", 19_000, 21.0)]
+    assert victims(plan(two, ["small", "large"], Policy())) == ["large"]
+    # a measured figure (the policy's) wins over the declared one
+    measured = Policy(reload={"large": ReloadCost(120.0)})
+    assert victims(plan(two, ["small", "large"], measured)) == ["small"]
+
+
+def test_a_declared_wake_weighs_a_sleeper_and_a_policy_figure_of_one_kind_only_fills_it() -> None:
+    declared = ReloadCost(40.0, 3.0)
+    # the policy knows only the cold start: the wake comes from the manifest
+    pol = Policy(reload={"x": ReloadCost(60.0, None)})
+    assert pol.victim_cost("x", None, NOW, wake=True, declared=declared) == 3.0
+    assert pol.victim_cost("x", None, NOW, wake=False, declared=declared) == 60.0
+    assert Policy().victim_cost("x", None, NOW, wake=False, declared=declared) == 40.0
+    assert Policy().victim_cost("x", None, NOW, wake=True, declared=None) is None

@@ -505,7 +505,9 @@ class _LoopCycle:
         summary.duration_s = time.monotonic() - t0
         if plan.steps:
             laps = ", ".join(f"{k} {v * 1000:.1f} ms" for k, v in result.phases.items())
-            logger.debug("cycle {} ({}): {}", result.cycle_id, "; ".join(reasons), laps)
+            # a dry run journals a plan once: its repeats have no cycle of their own
+            which = "the same plan again" if result.cycle_id is None else f"cycle {result.cycle_id}"
+            logger.debug("{} ({}): {}", which, "; ".join(reasons), laps)
         c.last = summary
         c.cycles += 1
         c._wake_when_a_hold_ends()
