@@ -151,7 +151,8 @@ class InFlightModel(BaseModel):
 
     ``source``: ``metrics`` or ``router``, null when the serve has none; ``idle_since``:
     since when every reading has been 0 (epoch seconds); ``busy_at``: the last reading
-    above 0; ``error``: why the count is unknown.
+    above 0; ``woke_at``: the first reading awake after one asleep; ``error``: why the
+    count is unknown.
     """
 
     model_config = ConfigDict(extra="allow")
@@ -160,6 +161,7 @@ class InFlightModel(BaseModel):
     source: InFlightSource | None = None
     idle_since: float | None = None
     busy_at: float | None = None
+    woke_at: float | None = None
     error: str | None = None
 
 
@@ -230,7 +232,7 @@ class SnapshotModel(BaseModel):
                 for name, z in self.sleep.items()
             },
             in_flight={
-                name: InFlightObs(f.count, f.source, f.idle_since, f.busy_at)
+                name: InFlightObs(f.count, f.source, f.idle_since, f.busy_at, f.woke_at)
                 for name, f in self.in_flight.items()
             },
             probes=dict(self.probes),

@@ -6,13 +6,14 @@ long", measured where the serve has a source of in-flight counts (its engine's
 metrics, its router tier):
 
 - the count reads 0: the request ends ``idle_ttl_s`` after the latest of the request,
-  the container's start and the time since which every reading has been 0
-  (``idle_since``);
+  the container's start, its engine's wake (``woke_at``) and the time since which every
+  reading has been 0 (``idle_since``);
 - the count reads above 0: the request does not end while it does;
 - the source exists but the count is unknown now (unreachable, metric missing): the
-  TTL counts from the latest of the request, the container's start and the last
-  reading above 0 (a serve seen busy a moment ago is not stopped because one reading
-  failed, nor one whose engine does not answer yet right after a long start);
+  TTL counts from the latest of the request, the container's start, its engine's wake
+  and the last reading above 0 (a serve seen busy a moment ago is not stopped because
+  one reading failed, nor one whose engine does not answer yet right after a long start
+  or a wake that came long after the request);
 - the serve has a source but has not run since the request (it waits for room, or
   its start is in progress): the request does not end; idleness starts with its run;
 - the serve has no source: the TTL counts from the request.
@@ -112,9 +113,9 @@ def request_expiry(
     if not ran:
         return RequestExpiry(IdleBasis.PENDING, ttl, None)
     if count is None:
-        start = _latest(req.requested_at, started_at, in_flight.busy_at)
+        start = _latest(req.requested_at, started_at, in_flight.woke_at, in_flight.busy_at)
         return RequestExpiry(IdleBasis.UNKNOWN, ttl, start + ttl)
     if count > 0:
         return RequestExpiry(IdleBasis.MEASURED, ttl, None, None, count)
-    since = _latest(req.requested_at, started_at, in_flight.idle_since)
+    since = _latest(req.requested_at, started_at, in_flight.woke_at, in_flight.idle_since)
     return RequestExpiry(IdleBasis.MEASURED, ttl, since + ttl, since, 0)

@@ -18,6 +18,7 @@ from statemachine.types import (
     ContainerObs,
     ContainerState,
     DesiredState,
+    InFlightObs,
     Observed,
     SleepObs,
     SleepState,
@@ -31,6 +32,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
     elastic = dict(observed.elastic_mib)
     quiesced = set(observed.quiesced)
     sleep = dict(observed.sleep)
+    in_flight = dict(observed.in_flight)
     started_with = dict(observed.started_with)
     for step in plan.steps:
         serve = desired.serves[step.serve]
@@ -51,6 +53,8 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
                 quiesced.add(serve.name)
         elif step.action is Action.WAKE:
             sleep.pop(serve.name, None)
+            if serve.name in in_flight:  # its first reading awake (the shell's tracker)
+                in_flight[serve.name] = _woken(in_flight[serve.name], now)
         elif step.action is Action.START:
             containers[serve.container] = ContainerObs(
                 ContainerState.RUNNING, health="healthy", started_at=now
@@ -64,16 +68,25 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
                 elastic.pop(serve.name, None)
             else:
                 elastic[serve.name] = step.to_mib
-    # what no step changes (requests in flight, probes, NVML's figures, starts in
-    # progress, memory not back) is carried over as observed; a start is recorded
+    # what no step changes (requests in flight but a woken serve's idleness, probes,
+    # NVML's figures, starts in progress, memory not back) is carried over as
+    # observed; a start is recorded
     return replace(
         observed,
         containers=containers,
         elastic_mib=elastic,
         quiesced=frozenset(quiesced),
         sleep=sleep,
+        in_flight=in_flight,
         started_with=started_with,
     )
+
+
+def _woken(seen: InFlightObs, now: float) -> InFlightObs:
+    """What the shell reads of a serve's requests in flight once it is woken at ``now``:
+    its idleness and its busy time start afresh from the wake."""
+    idle = now if seen.count == 0 else None
+    return replace(seen, idle_since=idle, busy_at=None, woke_at=now)
 
 
 def apply_step(ledger: Ledger, step: Step) -> Ledger | Refusal:

@@ -353,7 +353,9 @@ class InFlightObs:
     ``count`` ``None`` is unknown (never 0). ``source`` ``None``: the serve has no
     source at all (no metrics URL, no router tier), so its idleness cannot be measured.
     ``idle_since``: since when the count has read 0 at every reading (set only while
-    ``count`` is 0); ``busy_at``: the last time a count above 0 was read. Both are
+    ``count`` is 0); ``busy_at``: the last time a count above 0 was read; ``woke_at``:
+    when its engine was first read awake after it was read asleep (its run since a wake
+    starts there, as a cold start's starts at the container's start). All three are
     observation times kept by the shell; the core never reads a clock.
     """
 
@@ -361,6 +363,7 @@ class InFlightObs:
     source: InFlightSource | None = None
     idle_since: float | None = None
     busy_at: float | None = None
+    woke_at: float | None = None
 
 
 #: a serve of which nothing is known: no source, no count

@@ -302,7 +302,8 @@ def test_a_sleepers_idleness_starts_afresh_when_it_is_woken(
     tmp_path: Path,
 ) -> None:
     # asleep, its idleness says nothing of its run since a request: once woken it is
-    # counted from its first reading awake, as a serve that has just started
+    # counted from its first reading awake, as a serve that has just started; that
+    # reading is its wake (woke_at), kept while it stays awake, whatever it reads
     from controller.manifest import load_manifest_set
     from controller.service.inflight import InFlightTracker, observe_in_flight
     from controller.snapshot import parse_snapshot
@@ -316,16 +317,29 @@ def test_a_sleepers_idleness_starts_afresh_when_it_is_woken(
     )
     mset = load_manifest_set([path])
 
+    counts: list[int | None] = [0]
+
     def reader(wanted: Mapping[str, InFlightSources]) -> dict[str, InFlightReading]:
-        return {n: InFlightReading(0, InFlightSource.METRICS) for n in wanted}
+        return {n: InFlightReading(counts[0], InFlightSource.METRICS) for n in wanted}
 
     clock = [100.0]
     tracker = InFlightTracker(clock=lambda: clock[0], reader=reader)
     running = {"docker": "ok", "containers": {"c-od": {"state": "running"}}, "gpus": None}
-    assert observe_in_flight(parse_snapshot(running), mset, tracker)["od"].idle_since == 100.0
+    first = observe_in_flight(parse_snapshot(running), mset, tracker)["od"]
+    assert (first.idle_since, first.woke_at) == (100.0, None)  # never seen asleep
     clock[0] = 200.0
     asleep = parse_snapshot({**running, "sleep": {"od": {"state": "asleep", "level": 2}}})
     seen = observe_in_flight(asleep, mset, tracker)["od"]  # read: asleep, it serves nothing
-    assert (seen.count, seen.idle_since, seen.busy_at) == (0, None, None)
+    assert (seen.count, seen.idle_since, seen.busy_at, seen.woke_at) == (0, None, None, None)
     clock[0] = 900.0  # woken
-    assert observe_in_flight(parse_snapshot(running), mset, tracker)["od"].idle_since == 900.0
+    woken = observe_in_flight(parse_snapshot(running), mset, tracker)["od"]
+    assert (woken.idle_since, woken.woke_at) == (900.0, 900.0)
+    counts[0], clock[0] = None, 950.0  # its metrics unreadable a moment: the wake stays
+    unknown = observe_in_flight(parse_snapshot(running), mset, tracker)["od"]
+    assert (unknown.count, unknown.idle_since, unknown.woke_at) == (None, None, 900.0)
+    stopped = {"docker": "ok", "containers": {"c-od": {"state": "exited"}}, "gpus": None}
+    observe_in_flight(parse_snapshot(asleep.model_dump()), mset, tracker)
+    observe_in_flight(parse_snapshot(stopped), mset, tracker)
+    counts[0], clock[0] = 0, 990.0  # stopped asleep, then started: a start, not a wake
+    again = observe_in_flight(parse_snapshot(running), mset, tracker)["od"]
+    assert (again.idle_since, again.woke_at) == (990.0, None)

@@ -96,6 +96,42 @@ EXPIRY = [
         T0 + 60,
         id="unknown-never-busy-counts-from-the-request",
     ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(None, M, None, T0 + 200, T0 + 300),
+        T0 + 359,
+        IdleBasis.UNKNOWN,
+        T0 + 360,
+        id="unknown-counts-from-a-wake-after-the-last-busy-reading",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(None, M, None, T0 + 400, T0 + 300),
+        T0 + 459,
+        IdleBasis.UNKNOWN,
+        T0 + 460,
+        id="unknown-counts-from-a-busy-reading-after-the-wake",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(0, M, T0 + 300, None, T0 + 500),
+        T0 + 559,
+        IdleBasis.MEASURED,
+        T0 + 560,
+        id="idle-counts-from-a-wake-after-idle-since",
+    ),
+    pytest.param(
+        None,
+        TTL,
+        InFlightObs(0, M, T0 + 600, None, T0 + 500),
+        T0 + 659,
+        IdleBasis.MEASURED,
+        T0 + 660,
+        id="idle-since-after-the-wake-counts",
+    ),
 ]
 
 

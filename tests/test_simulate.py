@@ -4,10 +4,13 @@ succeeded leaves of the observation.
 It changes only what the plan's steps change; everything else of the observation
 (requests in flight and their idleness, health probes, NVML's figures, starts in
 progress, memory not back) is carried over as observed, or the next plan would be
-made against a host that lost facts no step touched.
+made against a host that lost facts no step touched. A wake is a step that changes a
+serve's idleness: the shell reads it afresh from the wake.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from statemachine.ledger import GpuReservation, Ledger, Refusal, RefusalKind
 from statemachine.lifecycle import LifecycleState
@@ -191,3 +194,39 @@ def test_a_replay_stops_at_the_first_refused_step_with_its_arithmetic() -> None:
     (terms,) = refused.terms
     assert (terms.budget_mib, terms.committed_mib, terms.free_mib) == (9_000, 8_000, 1_000)
     assert (terms.requested_mib, terms.shortfall_mib) == (2_000, 1_000)
+
+
+def test_a_wake_starts_the_woken_serves_idleness_afresh() -> None:
+    """An on-demand sleeper requested ``idle_ttl_s`` ago, idle since long before, is
+    woken for the request; applied, its idleness counts from the wake (as the shell's
+    tracker reads it: ``woke_at``, ``idle_since`` at its first reading awake), so the
+    next plan leaves it running: carried over, the request would end the instant the
+    serve woke and the next plan would stop it."""
+    s = ServeSpec(
+        "od",
+        "ctr-od",
+        ("g0",),
+        500,
+        Residency.ON_DEMAND,
+        idle_ttl_s=60.0,
+        sleep=Sleep(2, 1, SleepProtocol.VLLM, 0),
+    )
+    desired = DesiredState(
+        {"g0": GpuRole("g0", 1000)}, {"od": s}, (OnDemandRequest("od", NOW - 60),)
+    )
+    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
+    idle = InFlightObs(0, InFlightSource.METRICS, idle_since=NOW - 700, busy_at=NOW - 800)
+    observed = Observed(
+        True,
+        {"ctr-od": up},
+        sleep={"od": SleepObs(SleepState.ASLEEP, 2)},
+        in_flight={"od": idle},
+    )
+    plan = plan_transitions(desired, observed, None, NOW)
+    assert Action.WAKE in [st.action for st in plan.steps]
+    after = apply_plan(desired, observed, plan, NOW)
+    assert after.in_flight["od"] == InFlightObs(0, InFlightSource.METRICS, NOW, None, NOW)
+    assert plan_transitions(desired, after, None, NOW).empty
+    unknown = replace(observed, in_flight={"od": InFlightObs(None, InFlightSource.METRICS)})
+    woken = apply_plan(desired, unknown, plan, NOW).in_flight["od"]
+    assert woken == InFlightObs(None, InFlightSource.METRICS, None, None, NOW)

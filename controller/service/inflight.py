@@ -3,14 +3,17 @@
 :class:`InFlightTracker` reads every running serve's count of requests in flight
 (:mod:`controller.adapters.engine_metrics`: its engine's metrics, else its router
 tier) once per observation, and keeps, per serve, since when every reading has been 0
-(``idle_since``) and when a count above 0 was last read (``busy_at``; and, across its
-stops and sleeps, :meth:`InFlightTracker.last_busy`). The clock lives
+(``idle_since``), when a count above 0 was last read (``busy_at``; and, across its
+stops and sleeps, :meth:`InFlightTracker.last_busy`), and when it was first read awake
+after it was read asleep (``woke_at``). The clock lives
 here; the pure core gets these times in :class:`statemachine.types.InFlightObs` and
 decides with them (:mod:`statemachine.idleness`, :mod:`statemachine.victims`).
 
 An unknown reading (no answer, no metric) resets ``idle_since``: idleness is counted
 only across readings that all said 0. A serve that is not running is not read; one
-whose engine sleeps is read, but its idleness starts afresh when it is woken.
+whose engine sleeps is read, but its idleness starts afresh when it is woken: a request
+it was woken for counts from the wake, as one it was started for counts from the
+container's start.
 
 This module must not decide anything nor change the host: it reads and remembers.
 """
@@ -59,6 +62,7 @@ def sources_for(
 class _Seen:
     idle_since: float | None = None
     busy_at: float | None = None
+    woke_at: float | None = None
 
 
 class InFlightTracker:
@@ -78,6 +82,8 @@ class InFlightTracker:
         self._clock = clock
         self._reader = reader
         self._seen: dict[str, _Seen] = {}
+        #: serves last read asleep: the first reading awake after it is their wake
+        self._asleep: set[str] = set()
         #: serve -> when a count above 0 was last read, kept when it stops or sleeps
         #: (when it was last used: what makes it a cheap victim or not)
         self._last_busy: dict[str, float] = {}
@@ -99,7 +105,8 @@ class InFlightTracker:
         """The counts of the ``running`` serves now, with what is remembered of each; a
         serve with a source that is not running is listed with its source, unread (its
         idleness starts with its run). A serve ``asleep`` is read, but nothing is
-        remembered of it: its idleness starts with its wake."""
+        remembered of it: its idleness starts with its wake (``woke_at``, its first
+        reading awake)."""
         wanted = {n: s for n, s in sources.items() if n in running}
         readings = self._reader(wanted) if self._reader is not None else self._http(wanted)
         now = self._clock()
@@ -108,8 +115,12 @@ class InFlightTracker:
             for name in list(self._seen):
                 if name not in running:  # stopped: its next run starts afresh
                     del self._seen[name]
+            self._asleep &= set(running)  # a stopped sleeper's next run is a start
             for name, r in readings.items():
                 seen = self._seen.setdefault(name, _Seen())
+                if name not in asleep and name in self._asleep:
+                    self._asleep.discard(name)
+                    seen.woke_at = now
                 if r.count is None:
                     seen.idle_since = None
                 elif r.count > 0:
@@ -119,14 +130,16 @@ class InFlightTracker:
                 elif seen.idle_since is None:
                     seen.idle_since = now
                 if name in asleep:
+                    self._asleep.add(name)
                     seen = self._seen.pop(name)
-                    seen.idle_since = seen.busy_at = None
+                    seen.idle_since = seen.busy_at = seen.woke_at = None
                 self._say(name, r)
                 out[name] = InFlightModel(
                     count=r.count,
                     source=r.source,
                     idle_since=seen.idle_since if r.count == 0 else None,
                     busy_at=seen.busy_at,
+                    woke_at=seen.woke_at,
                     error=r.error,
                 )
         for name, src in sources.items():
