@@ -22,6 +22,12 @@ Once a request has ended it stays ended as its serve stops: the serve stopped af
 request (docker's ``FinishedAt``), and its deadline counts from its last start, which is
 no later than the idleness that ended it.
 
+:func:`in_force` is the one answer to "is this request still in force?": its end as
+:func:`request_end` finds it has not passed. The planner, placement, the pending
+starts, ``up``'s answers, fit's shortcut, the loop and the request queue all ask it;
+the raw ``requested_at + ttl_s`` is never the answer (a request without a TTL of its own
+can end by ``idle_ttl_s``).
+
 Pure: no I/O, no clock (the observation carries the times), no logging.
 """
 
@@ -31,7 +37,14 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Any
 
-from statemachine.types import NO_SOURCE, InFlightObs, Observed, OnDemandRequest, ServeSpec
+from statemachine.types import (
+    NO_SOURCE,
+    DesiredState,
+    InFlightObs,
+    Observed,
+    OnDemandRequest,
+    ServeSpec,
+)
 
 
 class IdleBasis(StrEnum):
@@ -86,6 +99,21 @@ def request_end(req: OnDemandRequest, spec: ServeSpec | None, observed: Observed
         c.finished_at is not None and c.finished_at >= req.requested_at
     )
     return request_expiry(req, spec, observed.requests_in_flight(req.serve), c.started_at, ran)
+
+
+def in_force(req: OnDemandRequest, spec: ServeSpec | None, observed: Observed, now: float) -> bool:
+    """True while ``req`` (for ``spec``; ``None``: a serve the manifest no longer has)
+    is in force at ``now``: its end (:func:`request_end`) has not passed."""
+    return not request_end(req, spec, observed).expired(now)
+
+
+def requests_in_force(
+    desired: DesiredState, observed: Observed, now: float
+) -> tuple[OnDemandRequest, ...]:
+    """The requests of ``desired`` in force at ``now`` (:func:`in_force`), in order."""
+    return tuple(
+        r for r in desired.requests if in_force(r, desired.serves.get(r.serve), observed, now)
+    )
 
 
 def _latest(first: float, *others: float | None) -> float:

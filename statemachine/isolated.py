@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from statemachine.admission import conflict, inside_min_runtime
-from statemachine.idleness import request_end
+from statemachine.idleness import in_force
 from statemachine.ledger import Ledger, RoleTerms
 from statemachine.plan import Policy, declared_reload
 from statemachine.planner import (
@@ -193,10 +193,7 @@ def _own_rule_applies(
         or ledger.holds(name)
         or (serve.compose_project is not None and observed.foreign(serve) is not None)
         # a request without a TTL of its own ends only by the serve's idle_ttl_s
-        or (
-            serve.idle_ttl_s is not None
-            and request_end(OnDemandRequest(name, now), serve, observed).expired(now)
-        )
+        or not in_force(OnDemandRequest(name, now), serve, observed, now)
     )
 
 

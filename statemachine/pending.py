@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from statemachine.idleness import request_end
+from statemachine.idleness import in_force
 from statemachine.plan import Action, Policy
 from statemachine.planner import plan_transitions
 from statemachine.types import DesiredState, Observed, OnDemandRequest, StartingObs
@@ -104,7 +104,7 @@ def pending_starts(
         spec = desired.serves.get(req.serve)
         if spec is None or req.serve == requester or req.serve in observed.starting:
             continue
-        if request_end(req, spec, observed).expired(now):
+        if not in_force(req, spec, observed, now):
             continue
         holds = observed.container(spec.container).holds
         if holds and not observed.sleep_of(spec.name).asleep:

@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from statemachine.idleness import in_force
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.plan import Action, CandidateTerms, How, Placement, Plan
 from statemachine.types import DesiredRun, DesiredState, Observed, ServeSpec
@@ -48,12 +49,13 @@ class Placed:
 PlanWith = Callable[[DesiredState], Plan]
 
 
-def wants_to_run(desired: DesiredState, s: ServeSpec, now: float) -> bool:
-    """True when the serve is desired running or has an on-demand request in force."""
+def wants_to_run(desired: DesiredState, s: ServeSpec, observed: Observed, now: float) -> bool:
+    """True when the serve is desired running or has an on-demand request in force
+    (:func:`statemachine.idleness.in_force`, the planner's own rule)."""
     if s.desired is DesiredRun.RUNNING:
         return True
     return s.desired is not DesiredRun.STOPPED and any(
-        r.serve == s.name and not r.expired(now) for r in desired.requests
+        r.serve == s.name and in_force(r, s, observed, now) for r in desired.requests
     )
 
 
@@ -103,7 +105,9 @@ def _terms(
     return out
 
 
-def _to_start(desired: DesiredState, ledger: Ledger, now: float) -> dict[str, int]:
+def _to_start(
+    desired: DesiredState, ledger: Ledger, observed: Observed, now: float
+) -> dict[str, int]:
     """Role -> the MiB the pinned serves that want to run and hold nothing yet will
     take: this plan starts them where they are pinned, so a placed serve is weighed
     beside them (a serve the plan then cannot start only made the choice cautious)."""
@@ -111,7 +115,7 @@ def _to_start(desired: DesiredState, ledger: Ledger, now: float) -> dict[str, in
     for s in desired.serves.values():
         if s.placement or s.name in ledger.holdings or s.vram_mib is None:
             continue
-        if desired.in_ledger(s) and wants_to_run(desired, s, now):
+        if desired.in_ledger(s) and wants_to_run(desired, s, observed, now):
             for role in s.gpu_roles:
                 taken[role] += s.vram_mib
     return taken
@@ -214,11 +218,11 @@ def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: Pl
     for s in rest:
         serves[s.name] = replace(s, desired=DesiredRun.STOPPED)
     ledger = ledger_from_observed(replace(desired, serves=serves), observed)
-    taken = _to_start(replace(desired, serves=serves), ledger, now)
+    taken = _to_start(replace(desired, serves=serves), ledger, observed, now)
     for s in rest:  # 2. and 3., in declared order
         mib = s.vram_mib
         assert mib is not None  # filtered above
-        wants = wants_to_run(desired, s, now)
+        wants = wants_to_run(desired, s, observed, now)
         so_far = replace(desired, serves={**serves, s.name: s})
         choice = _choose(s, _terms(s, mib, ledger, taken), so_far, wants, plan_with)
         decisions[s.name] = choice

@@ -65,7 +65,7 @@ from operator import attrgetter
 
 from statemachine.admission import conflict, inside_min_runtime
 from statemachine.deferred import Deferred
-from statemachine.idleness import IdleBasis, request_end
+from statemachine.idleness import IdleBasis, in_force, request_end
 from statemachine.ledger import (
     GpuReservation,
     Ledger,
@@ -348,8 +348,9 @@ def _requests(
     """Active requests (serve -> requested_at, oldest kept) and the serves whose request
     ended (serve -> why).
 
-    A request without its own TTL ends by the serve's measured idleness where it has a
-    source of in-flight counts (:mod:`statemachine.idleness`).
+    Whether a request is in force is :func:`statemachine.idleness.in_force`: a request
+    without its own TTL ends by the serve's ``idle_ttl_s`` (measured idleness where it
+    has a source of in-flight counts).
     """
     active: dict[str, float] = {}
     expired: dict[str, str] = {}
@@ -357,15 +358,15 @@ def _requests(
         spec = desired.serves.get(req.serve)
         if spec is None:
             continue
-        end = request_end(req, spec, observed)
-        if end.expired(now):
-            expired[req.serve] = (
-                f"{req.serve} has had no request in flight for {end.ttl_s:g}s (idle_ttl_s)"
-                if end.basis is IdleBasis.MEASURED
-                else f"the on-demand request for {req.serve} expired (TTL)"
-            )
-        else:
+        if in_force(req, spec, observed, now):
             active[req.serve] = min(active.get(req.serve, req.requested_at), req.requested_at)
+            continue
+        end = request_end(req, spec, observed)
+        expired[req.serve] = (
+            f"{req.serve} has had no request in flight for {end.ttl_s:g}s (idle_ttl_s)"
+            if end.basis is IdleBasis.MEASURED
+            else f"the on-demand request for {req.serve} expired (TTL)"
+        )
     return active, {n: why for n, why in expired.items() if n not in active}
 
 

@@ -187,7 +187,11 @@ class OnDemandRequest:
     ttl_s: float | None = None
 
     def expired(self, now: float) -> bool:
-        """True once the TTL has run out (never without a TTL)."""
+        """True once the request's own ``ttl_s`` has run out (never without one): the
+        raw TTL only, not whether the request is in force (a request without a TTL of
+        its own ends by its serve's ``idle_ttl_s``): that is
+        :func:`statemachine.idleness.in_force`, the one rule every decision asks. Kept
+        for ``benchmarks/bench_placement.py``, whose requests all carry a ``ttl_s``."""
         return self.ttl_s is not None and now >= self.requested_at + self.ttl_s
 
     def to_json(self) -> dict[str, Any]:

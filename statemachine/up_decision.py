@@ -28,7 +28,7 @@ from statemachine.admission import (
     router_needs,
 )
 from statemachine.fit import FitResult, fit_serve, request_plan
-from statemachine.idleness import request_end
+from statemachine.idleness import requests_in_force
 from statemachine.pending import (
     PENDING_STATE,
     PendingStart,
@@ -148,9 +148,7 @@ def _refusal(
         "shrinkable_mib": dict(blocked.shrinkable_mib),
     }
     requests: dict[str, OnDemandRequest] = {
-        r.serve: r
-        for r in desired.requests
-        if not request_end(r, desired.serves.get(r.serve), observed).expired(now)
+        r.serve: r for r in requests_in_force(desired, observed, now)
     }
     conflicting = [
         p

@@ -13,7 +13,15 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from statemachine.idleness import IdleBasis, request_end, request_expiry
+from statemachine import placement
+from statemachine.idleness import (
+    IdleBasis,
+    in_force,
+    request_end,
+    request_expiry,
+    requests_in_force,
+)
+from statemachine.pending import pending_starts
 from statemachine.planner import plan_transitions
 from statemachine.types import (
     NO_SOURCE,
@@ -351,3 +359,94 @@ def test_a_request_for_a_serve_the_manifest_no_longer_has_keeps_its_own_ttl() ->
     assert (own.basis, own.ttl_s, own.expires_at) == (IdleBasis.TTL, 30.0, T0 + 30.0)
     none = request_end(OnDemandRequest("gone", T0), None, observed)
     assert (none.basis, none.ttl_s, none.expires_at) == (IdleBasis.NONE, None, None)
+
+
+# ----- one answer: is the request still in force? --------------------------------------
+R = InFlightSource.ROUTER
+CONTAINERS = {
+    "absent": None,
+    "running": ContainerObs(ContainerState.RUNNING, "healthy", T0 + 10),
+    # it ran for the request and stopped (its request ended while it ran)
+    "stopped-after": ContainerObs(ContainerState.EXITED, started_at=T0 + 10, finished_at=T0 + 700),
+    # it stopped before the request: waiting for room
+    "stopped-before": ContainerObs(
+        ContainerState.EXITED, started_at=T0 - 900, finished_at=T0 - 100
+    ),
+}
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    ttl=st.none() | st.sampled_from([30.0, 600.0]),
+    idle_ttl=st.none() | st.sampled_from([0.0, TTL, 600.0]),
+    flight=st.sampled_from(
+        [
+            NO_SOURCE,
+            InFlightObs(0, M, T0 + 100),
+            InFlightObs(0, R, T0 - 50),
+            InFlightObs(None, M, None, T0 + 50),
+            InFlightObs(2, M, None, T0 + 50),
+        ]
+    ),
+    container=st.sampled_from(sorted(CONTAINERS)),
+    after=st.floats(0, 2000),
+)
+def test_every_site_gives_one_answer_to_whether_a_request_is_in_force(
+    ttl: float | None,
+    idle_ttl: float | None,
+    flight: InFlightObs,
+    container: str,
+    after: float,
+) -> None:
+    """The planner, placement, the pending starts and ``requests_in_force`` agree with
+    ``in_force`` (the request's end by ``request_end`` not passed), including where the
+    raw ``requested_at + ttl_s`` would not: a request without a TTL of its own that
+    ended by ``idle_ttl_s``."""
+    spec = od(idle_ttl)
+    req = OnDemandRequest("od", T0, ttl)
+    c = CONTAINERS[container]
+    observed = Observed(True, {} if c is None else {"c-od": c}, in_flight={"od": flight})
+    now = T0 + after
+    force = in_force(req, spec, observed, now)
+    assert force is not request_end(req, spec, observed).expired(now)
+    desired = _desired(spec, requests=(req,))
+    assert requests_in_force(desired, observed, now) == ((req,) if force else ())
+    assert placement.wants_to_run(desired, spec, observed, now) is force
+    steps = {st.action for st in plan_transitions(desired, observed, None, now).steps}
+    waiting = [p.serve for p in pending_starts(desired, observed, policy=None, now=now)]
+    if container == "running":
+        assert ("stop" in steps) is not force
+        assert waiting == []
+    else:
+        assert ("start" in steps) is force
+        assert waiting == (["od"] if force else [])
+
+
+def test_a_request_without_a_ttl_of_its_own_ends_by_idle_ttl_s_not_never() -> None:
+    """The raw TTL would keep it in force for ever (no ``ttl_s``); the rule ends it
+    ``idle_ttl_s`` after the request where the serve has no source, and by measured
+    idleness where it has one."""
+    req = OnDemandRequest("od", T0)
+    plain = Observed(True, {})
+    assert in_force(req, od(), plain, T0 + TTL - 0.001)
+    assert not in_force(req, od(), plain, T0 + TTL)
+    ran = ContainerObs(ContainerState.EXITED, started_at=T0 + 5, finished_at=T0 + 500)
+    idle = Observed(True, {"c-od": ran}, in_flight={"od": InFlightObs(0, R, T0 + 100)})
+    assert in_force(req, od(), idle, T0 + 100 + TTL - 0.001)
+    assert not in_force(req, od(), idle, T0 + 100 + TTL)
+    # without idle_ttl_s nor ttl_s it lasts until down; a serve the manifest lost too
+    assert in_force(req, od(None), plain, T0 + 1e9)
+    assert in_force(req, None, plain, T0 + 1e9)
+    assert not in_force(OnDemandRequest("gone", T0, 30.0), None, plain, T0 + 30)
+    assert in_force(OnDemandRequest("gone", T0, 30.0), None, plain, T0 + 29.999)
+
+
+def test_requests_in_force_keeps_the_order_and_drops_the_ended() -> None:
+    other = ServeSpec("x", "c-x", ("a",), 1000, Residency.ON_DEMAND)
+    first = OnDemandRequest("x", T0, 600.0)
+    ended = OnDemandRequest("od", T0)  # no source: ends idle_ttl_s after the request
+    gone = OnDemandRequest("gone", T0)  # no spec, no TTL: until down
+    last = OnDemandRequest("x", T0 + 1)
+    desired = _desired(od(), other, requests=(first, ended, gone, last))
+    assert requests_in_force(desired, Observed(True, {}), T0 + TTL) == (first, gone, last)
+    assert requests_in_force(desired, Observed(True, {}), T0 + 601) == (gone, last)

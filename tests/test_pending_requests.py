@@ -22,6 +22,7 @@ from test_api import TOKEN, Asgi, auth
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, CycleSummary, RunOptions
+from controller.service.queue_pump import active_requests
 from controller.snapshot import parse_snapshot
 from controller.store.journal import Journal, journal_path
 from statemachine.fit import fit_serve
@@ -186,7 +187,7 @@ def test_a_queued_request_is_admitted_only_when_the_pending_one_is_gone(
     r = api.post("/v1/serves/b/up", json={"wait_s": 0.3}, headers=auth())
     assert r.status_code == 202 and not r.json().get("queued"), r.text
     assert api.get("/v1/queue").json()["roles"] == {}
-    assert "b" in {q.serve for q in controller.requests() if not q.expired(time.time())}
+    assert "b" in active_requests(controller, time.time())
 
 
 def test_an_on_demand_request_goes_ahead_of_an_evictable_ones_as_the_planner_orders(

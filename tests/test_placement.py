@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,11 +21,14 @@ from statemachine.plan import Action, How, Plan, Policy
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan, ledger_prefixes
 from statemachine.types import (
+    NO_SOURCE,
     ContainerObs,
     ContainerState,
     DesiredRun,
     DesiredState,
     GpuRole,
+    InFlightObs,
+    InFlightSource,
     Observed,
     OnDemandRequest,
     Residency,
@@ -340,6 +344,7 @@ def test_a_serve_that_can_start_nowhere_takes_no_room_from_those_placed_after_it
 
 def test_who_wants_to_run() -> None:
     asked = OnDemandRequest("p", NOW - 1)
+    seen = Observed(True)
     for spec, requests, wants in [
         (placed("p", 1000), (), True),
         (placed("p", 1000, desired=None), (), False),
@@ -347,8 +352,54 @@ def test_who_wants_to_run() -> None:
         (placed("p", 1000, desired=None), (OnDemandRequest("q", NOW - 1),), False),
         (placed("p", 1000, desired=None), (OnDemandRequest("p", NOW - 9, ttl_s=1),), False),
         (placed("p", 1000, desired=DesiredRun.STOPPED), (asked,), False),
+        # no TTL of its own: its idle_ttl_s ends it (no source: from the request)
+        (placed("p", 1000, desired=None, idle_ttl_s=1.5), (asked,), True),
+        (placed("p", 1000, desired=None, idle_ttl_s=1.0), (asked,), False),  # at its end
     ]:
-        assert placement.wants_to_run(host(spec, requests=requests), spec, NOW) is wants
+        assert placement.wants_to_run(host(spec, requests=requests), spec, seen, NOW) is wants
+
+
+ENDED_BY_IDLENESS = [
+    # (p's in-flight observation; p ran for its request, from NOW - 900 to NOW - 100)
+    pytest.param(InFlightObs(0, InFlightSource.ROUTER, NOW - 800), id="measured"),
+    pytest.param(InFlightObs(None, InFlightSource.METRICS, None, NOW - 850), id="unknown"),
+    pytest.param(NO_SOURCE, id="no-source"),
+]
+
+
+@pytest.mark.parametrize("flight", ENDED_BY_IDLENESS)
+def test_a_placed_serve_whose_request_ended_by_idleness_takes_no_room(
+    flight: InFlightObs,
+) -> None:
+    """p's request has no TTL of its own, and p has been idle past its idle_ttl_s
+    (300 s): the planner does not start it again, so placement must not reserve its
+    4000 MiB on b, where q (placed after it) fits best."""
+    req = OnDemandRequest("p", NOW - 1000)
+    p = placed("p", 4000, desired=None, residency=Residency.ON_DEMAND, idle_ttl_s=300.0)
+    desired = host(p, placed("q", 4000), requests=(req,))
+    ran = ContainerObs(ContainerState.EXITED, started_at=NOW - 900, finished_at=NOW - 100)
+    observed = Observed(True, {"c-p": ran}, in_flight={"p": flight})
+    assert not placement.wants_to_run(desired, p, observed, NOW)
+    result = plan(desired, observed)
+    assert [(d.serve, d.role) for d in result.placements] == [("p", "b"), ("q", "b")]
+    assert [(s.action, s.serve) for s in result.steps if s.action is Action.START] == [
+        (Action.START, "q")
+    ]
+    assert roles_of(result, "q") == ("b",)
+
+
+def test_a_pinned_serve_whose_request_ended_by_idleness_takes_no_room() -> None:
+    """x (pinned on b) has a request without a TTL of its own and no source: it ended
+    idle_ttl_s after the request; the plan does not start x, so p fits b best."""
+    x = pinned("x", 3000, "b", desired=None, residency=Residency.ON_DEMAND, idle_ttl_s=60.0)
+    desired = host(placed("p", 4000), x, requests=(OnDemandRequest("x", NOW - 60),))
+    result = plan(desired, Observed(True))
+    (decision,) = result.placements
+    assert (decision.role, decision.how) == ("b", How.FITS)
+    assert {s.serve for s in result.steps if s.action is Action.START} == {"p"}
+    # a moment before, x's request was in force: it takes 3000 of b, p goes to a
+    before = plan_transitions(desired, Observed(True), Policy(), NOW - 0.5)
+    assert [(d.serve, d.role) for d in before.placements] == [("p", "a")]
 
 
 def test_a_start_in_progress_holds_its_card() -> None:

@@ -8,7 +8,9 @@ does), and the live ledger fed as the executor feeds it. The real daemon's queue
   for can never come (a resident now holds the room: 429 "cannot fit any more");
 * the queue per role is bounded: over the bound, 429 says so;
 * the live ledger: a reserve counts from the moment it is made, a confirmed release
-  frees, an observation taken after them absorbs them; steps in flight are listed.
+  frees, an observation taken after them absorbs them; steps in flight are listed;
+* the queue's requests in force are the planner's: a request without a TTL of its own
+  ends by the serve's ``idle_ttl_s``.
 """
 
 from __future__ import annotations
@@ -26,10 +28,11 @@ from controller.interfaces.upwait import RequestQueue
 from controller.manifest import load_manifest_set
 from controller.service.live import LiveLedger, overlay_observed
 from controller.service.loop import Controller, CycleSummary, RunOptions
+from controller.service.queue_pump import active_requests
 from controller.snapshot import parse_snapshot
 from controller.store.journal import Journal, journal_path
 from statemachine.ledger import ledger_from_observed
-from statemachine.planner import Action, Step
+from statemachine.planner import Action, Step, plan_transitions
 from statemachine.types import ContainerObs, ContainerState, Observed
 
 MANIFEST = """
@@ -237,3 +240,55 @@ def test_a_start_that_ended_healthy_counts_as_running_not_starting(
     live.step_ended(live.step_begun(_step(Action.RESERVE)), _step(Action.RESERVE), "ok", "")
     again = overlay_observed(seen, live.overlay(mark), containers)
     assert "q" in again.starting
+
+
+IDLE_MANIFEST = """
+[[gpu_roles]]
+id = "a"
+vram_mib = 10000
+reserve_mib = 0
+
+[[serve]]
+name = "idle"
+container = "c-idle"
+gpu_role = "a"
+vram_mib = 4000
+residency = "on-demand"
+idle_ttl_s = 60
+"""
+
+
+def test_the_queue_and_the_planner_agree_on_a_request_ended_by_idle_ttl_s(
+    tmp_path: Path,
+) -> None:
+    """``idle`` has no source of in-flight counts, and its request no TTL of its own:
+    the request ends ``idle_ttl_s`` after it was made (statemachine.idleness.in_force).
+    The raw TTL (none) would keep it in force for ever: the queue would hold a place
+    for a serve the planner stops."""
+    path = tmp_path / "serves.toml"
+    path.write_text(IDLE_MANIFEST)
+    c = Controller(
+        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
+    )
+    c.journal = Journal.open(journal_path(c.state_dir))
+    try:
+        now = time.time()
+        c.journal.add_request("idle", now - 60, None)
+        observe(c, {"idle": running()})
+        (req,) = c.requests()
+        assert req.ttl_s is None
+        observed = c.view().observed()
+        assert observed is not None
+
+        def stops(at: float) -> list[str]:
+            plan = plan_transitions(c.desired(), observed, None, at)
+            return [s.serve for s in plan.steps if s.action is Action.STOP]
+
+        assert active_requests(c, now, observed) == {} and active_requests(c, now) == {}
+        assert stops(now) == ["idle"]
+        # a moment before its end, every answer keeps it
+        assert list(active_requests(c, now - 0.5, observed)) == ["idle"]
+        assert list(active_requests(c, now - 0.5)) == ["idle"]
+        assert stops(now - 0.5) == []
+    finally:
+        c.journal.close()

@@ -29,6 +29,7 @@ from test_api import TOKEN, Asgi, auth
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, CycleSummary, RunOptions
+from controller.service.queue_pump import active_requests
 from controller.snapshot import parse_snapshot
 from controller.store.journal import Journal, journal_path
 
@@ -170,7 +171,7 @@ def test_down_of_a_serve_that_cannot_be_stopped_is_refused_and_the_request_stays
     # not running: nothing to stop, so the request ends
     observe(c, {"res": running(), "ocr": running()})
     assert api.post("/v1/serves/fast/down", headers=auth()).status_code == 202
-    assert [q for q in c.requests() if not q.expired(time.time())] == []
+    assert active_requests(c, time.time()) == {}
 
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:

@@ -100,7 +100,7 @@ from controller.store.journal import (
 )
 from statemachine import backoff, placement
 from statemachine.backoff import Backoff
-from statemachine.idleness import request_end
+from statemachine.idleness import in_force
 from statemachine.ledger import Ledger
 from statemachine.plan import ReloadCost
 from statemachine.planner import Action, Plan, Policy, plan_transitions
@@ -741,8 +741,8 @@ class _LoopCycle:
                 continue
             if req.serve in observed.starting:
                 continue  # its start is in progress: it ends once the serve is down
-            ends = request_end(req, c.mset.desired().serves.get(req.serve), observed)
-            if ends.expired(now) and not observed.container(spec.container).holds:
+            ended = not in_force(req, spec, observed, now)
+            if ended and not observed.container(spec.container).holds:
                 c.journal.end_request(req.serve, now)
                 c.events.publish("request.closed", serve=req.serve, reason="ended, serve down")
 

@@ -26,6 +26,7 @@ from controller.service.events import EventBus
 from controller.service.request_queue import SETTLE_S, QueueEntry, RequestQueue, blocked_now
 from controller.service.view import LoopPort, LoopView
 from statemachine.admission import could_fit_later
+from statemachine.idleness import in_force
 from statemachine.planner import Policy
 from statemachine.types import DesiredState, Observed, OnDemandRequest
 from statemachine.up_decision import UpDecision, decide_up
@@ -46,9 +47,18 @@ def decide_live(
     )
 
 
-def active_requests(controller: LoopPort, now: float) -> dict[str, OnDemandRequest]:
-    """The recorded requests not expired at ``now``, by serve."""
-    return {r.serve: r for r in controller.requests() if not r.expired(now)}
+def active_requests(
+    controller: LoopPort, now: float, observed: Observed | None = None
+) -> dict[str, OnDemandRequest]:
+    """The recorded requests in force at ``now``, by serve: the planner's rule
+    (:func:`statemachine.idleness.in_force`) on ``observed`` (``None``: the loop's live
+    observation)."""
+    if observed is None:
+        observed = controller.view().observed() or Observed(docker_ok=False)
+    serves = controller.desired().serves
+    return {
+        r.serve: r for r in controller.requests() if in_force(r, serves.get(r.serve), observed, now)
+    }
 
 
 def recorded_requests(controller: LoopPort) -> dict[str, OnDemandRequest]:
@@ -106,7 +116,7 @@ class QueuePump:
     def _settle(self, view: LoopView, observed: Observed, now: float) -> None:
         """Free the place of each admitted entry the live ledger counts now, whose request
         ended, that waited past :data:`SETTLE_S`, or that a later plan blocks."""
-        active = active_requests(self.controller, now)
+        active = active_requests(self.controller, now, observed)
         for entry in self.queue.settling():
             counted = (
                 entry.serve in observed.starting
