@@ -75,6 +75,9 @@ class ContainerModel(BaseModel):
     #: its ``com.docker.compose.project`` label (None: none); a serve that declares
     #: another project does not own it (docs/design.md §3, foreign containers)
     compose_project: str | None = None
+    #: the card its environment says its ``up`` was told (``VRAMCTL_GPU_ROLE``; None:
+    #: it says none): the evidence of a placed serve's card where no record is kept
+    gpu_role: str | None = None
 
     @field_validator("started_at", "finished_at")
     @classmethod

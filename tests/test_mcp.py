@@ -191,7 +191,15 @@ def test_reservation_status_answers_as_status_json() -> None:
     r = vramctl("status", *ARGS, "--json")
     assert r.returncode == 0, r.stderr
     cli = json.loads(r.stdout)
-    assert answer["gpu_roles"] == cli["gpu_roles"]
+    # GET /v1/ledger's roles: the status role, and what is promised beside it
+    assert [
+        {k: v for k, v in a.items() if k in c}
+        for a, c in zip(answer["gpu_roles"], cli["gpu_roles"], strict=True)
+    ] == cli["gpu_roles"]
+    for role in answer["gpu_roles"]:
+        assert role["pending"] == [] and role["pending_mib"] == 0
+        assert role["promised_mib"] == role["committed_mib"]
+    assert answer["pending"] == []
     assert answer["host"] == cli.get("host")
     for key in ("docker", "nvml", "undeclared_gpu_containers", "no_longer_declared"):
         assert answer[key] == cli[key], key
@@ -215,7 +223,9 @@ def test_serves_status_answers_from_the_status_report() -> None:
     serves = every.structured_content["serves"]
     assert [s["serve"] for s in serves] == [s["serve"] for s in cli["serves"]]
     for mine, theirs in zip(serves, cli["serves"], strict=True):
-        assert {k: v for k, v in mine.items() if k not in {"backoff", "blocked"}} == theirs
+        # GET /v1/serves's row: the status row, and what the answer adds to it
+        assert {k: v for k, v in mine.items() if k in theirs} == theirs
+        assert {"requestable", "request", "queued", "blocked"} <= set(mine)
         assert mine["backoff"] is None  # only the running loop knows it: unknown
     assert any("backoff" in note for note in every.structured_content["notes"])
     assert [s["serve"] for s in one.structured_content["serves"]] == ["ocr"]

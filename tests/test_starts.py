@@ -392,3 +392,22 @@ def test_an_expired_request_does_not_end_while_its_serve_is_starting(tmp_path: P
     assert [r.serve for r in c.journal.active_requests()] == ["llm"]
     c._end_finished_requests(Observed(True, {}), 1000.0)
     assert c.journal.active_requests() == []
+
+
+def test_a_start_that_ended_healthy_is_no_longer_in_progress_before_its_end_is_taken_in() -> None:
+    # the start's thread says so as it ends; the loop records it and ends it a moment
+    # later: an observation in between counts it running with its reservation, as the
+    # live answers do, not as a start in progress (which is never a victim)
+    tracker = StartTracker()
+    token = tracker.begin("a", ("g",), 4000)
+    other = tracker.begin("b", ("g",), 1000)
+    tracker.succeeded("a", token)
+    assert tracker.snapshot() == {"b": StartingObs(("g",), 1000)}
+    assert tracker.ran() == {"a": StartingObs(("g",), 4000)}
+    assert tracker.active("a")  # ended by the loop, not here
+    tracker.succeeded("b", other + 1)  # an older start's word for a newer start: nothing
+    assert "b" in tracker.snapshot() and "b" not in tracker.ran()
+    tracker.end("a", token)
+    assert tracker.ran() == {} and "a" not in tracker.snapshot()
+    again = tracker.begin("a", ("g",), 4000)  # a new start of the same serve is in progress
+    assert tracker.snapshot()["a"] == StartingObs(("g",), 4000) and again != token

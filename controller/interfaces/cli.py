@@ -41,14 +41,15 @@ if TYPE_CHECKING:
 
     from controller.interfaces import bars, render
     from controller.manifest import ManifestSet
-    from controller.service.cycle import CycleJournal, PlanInputs
+    from controller.service.cycle import CycleJournal
     from controller.service.executor import ExecutionReport, StepResult
     from controller.service.loop import Controller
+    from controller.service.situation import JournalRecords
     from controller.snapshot import SnapshotModel
     from controller.tools.compose_lint import RenderedServe
     from statemachine.planner import Plan
-    from statemachine.reload import ReloadEstimate
-    from statemachine.types import DesiredState, Observed
+    from statemachine.situation import Situation
+    from statemachine.types import Observed
 
 
 def _lazy(name: str) -> ModuleType:
@@ -204,12 +205,17 @@ def _check_up_env_pass() -> None:
 
 
 def _observe(
-    observed: Path | None, mset: ManifestSet, *, nvml_in_answer: bool = False
+    observed: Path | None,
+    mset: ManifestSet,
+    *,
+    nvml_in_answer: bool = False,
+    records: JournalRecords | None = None,
+    notes: list[str] | None = None,
 ) -> SnapshotModel:
     from controller.snapshot import SnapshotError, load_snapshot
 
     if observed is None:
-        return _observe_live(mset, nvml_in_answer=nvml_in_answer)
+        return _observe_live(mset, notes, nvml_in_answer=nvml_in_answer, records=records)
     try:
         return load_snapshot(observed)
     except SnapshotError as exc:
@@ -217,21 +223,36 @@ def _observe(
 
 
 def _observe_live(
-    mset: ManifestSet, notes: list[str] | None = None, *, nvml_in_answer: bool = False
+    mset: ManifestSet,
+    notes: list[str] | None = None,
+    *,
+    nvml_in_answer: bool = False,
+    records: JournalRecords | None = None,
 ) -> SnapshotModel:
     """One live observation; what could not be read is printed on stderr, or added to
     ``notes`` (``status --watch`` tells it inside its draw). ``nvml_in_answer``: the
-    answer itself says NVML is unavailable and why (``status``), so it is not said here."""
+    answer itself says NVML is unavailable and why (``status``), so it is not said here.
+    ``records``: the loop's journal, whose recorded containers are observed too and
+    whose sleepers are asked whether they still sleep, as the loop asks."""
     from controller.adapters.docker.read import ContainerObserver, manifest_containers
     from controller.adapters.health import HealthProber
+    from controller.adapters.sleep import SleepClient
     from controller.service.inflight import InFlightTracker, observe_in_flight
     from controller.service.observe import observe_host, observe_probes
+    from controller.service.sleeping import observe_sleep
 
+    names = manifest_containers(mset.serves)
+    if records is not None:
+        names = tuple(dict.fromkeys((*names, *records.started, *records.declared)))
     observer = ContainerObserver()
     try:
-        snap = observe_host(manifest_containers(mset.serves), observer=observer)
+        snap = observe_host(names, observer=observer)
     finally:
         observer.close()
+    sleeping = records.sleeping if records is not None else {}
+    snap.sleep, _now_asleep = observe_sleep(
+        mset.desired(), snap, sleeping, SleepClient(probe_timeout_s=1.0, attempts=1, max_wait_s=0)
+    )
     # one reading, no history: idleness is known as of now only (counted from a request)
     tracker = InFlightTracker(log_changes=False)  # no log line amid the answer
     try:
@@ -420,8 +441,10 @@ StateDirOpt = Annotated[
         "--state-dir",
         envvar="VRAMCTL_STATE_DIR",
         metavar="DIR",
-        help="The state directory whose journal holds the measured footprints (default: "
-        "as `run`'s).",
+        help="The state directory of `run` whose journal is read, never written: the "
+        "requests, the card each placed serve was started on, sleepers, elastic reserves, "
+        "reload costs and footprints (default: as `run`'s; with --observed, none unless "
+        "given).",
     ),
 ]
 
@@ -437,48 +460,33 @@ def _footprint_samples(manifest: list[Path], state_dir: Path | None) -> list[Any
     return samples
 
 
-def _reload_estimates(
-    desired: DesiredState, manifest: list[Path], state_dir: Path | None
-) -> dict[str, ReloadEstimate]:
-    """Each serve's reload cost: the cold starts and wakes `run` timed (its journal, read
-    only), else the manifest's figures (statemachine/reload.py)."""
-    from controller.store.journal import Journal, JournalError, default_state_dir, journal_path
-    from statemachine.reload import declared_costs, measured_from, reload_estimates
+def _situation(
+    mset: ManifestSet,
+    manifest: list[Path],
+    observed: Path | None,
+    state_dir: Path | None,
+    *,
+    router_url: str | None = None,
+    nvml_in_answer: bool = False,
+    notes: list[str] | None = None,
+) -> tuple[SnapshotModel, Situation]:
+    """The situation every answer of the CLI is given from (docs/design.md, one
+    situation): one observation (live, or the saved ``observed``) with the running
+    loop's journal laid over it, read only, from ``state_dir`` (default: the one `run`
+    uses). A saved observation is read with a journal only when ``--state-dir`` names
+    one. What could not be read, and what was assumed instead, is said on stderr (or in
+    ``notes``)."""
+    from controller.service.situation import read_journal, snapshot_situation
+    from controller.store.journal import default_state_dir
 
-    recorded: dict[str, dict[str, list[float]]] = {}
-    path = journal_path(state_dir or default_state_dir(list(manifest)))
-    if path.is_file():
-        try:
-            with Journal.open(path, readonly=True) as journal:
-                recorded = journal.reloads()
-        except JournalError as exc:
-            if state_dir is not None:
-                render.warn(f"reload costs: {exc}")
-    measured = {n: m for n, m in measured_from(recorded).items() if n in desired.serves}
-    return reload_estimates(declared_costs(desired), measured)
-
-
-def _with_requests(
-    mset: ManifestSet, manifest: list[Path], state_dir: Path | None, snap: SnapshotModel
-) -> DesiredState:
-    """The desired state with the running loop's active on-demand requests (its journal,
-    read only), so ``status`` says which serves run on a request and who was evicted."""
-    from dataclasses import replace
-
-    from controller.store.journal import Journal, JournalError, default_state_dir, journal_path
-
-    desired = mset.desired()
-    path = journal_path(state_dir or default_state_dir(list(manifest)))
-    if not path.is_file():
-        return desired
-    try:
-        with Journal.open(path, readonly=True) as journal:
-            active = journal.active_requests()
-    except JournalError:
-        return desired
-    now = _now(snap)
-    live = tuple(r for r in active if r.serve in desired.serves and not r.expired(now))
-    return replace(desired, requests=live)
+    records, why = None, None
+    if observed is None or state_dir is not None:
+        records, why = read_journal(state_dir or default_state_dir(list(manifest)))
+    snap = _observe(observed, mset, nvml_in_answer=nvml_in_answer, records=records, notes=notes)
+    sit = snapshot_situation(mset, snap, records, unread=why, router=bool(router_url))
+    for note in sit.notes:
+        _say(render.warn, note, notes)
+    return snap, sit
 
 
 @_command("Show the ledger, drift and each serve's state.")
@@ -500,7 +508,6 @@ def status(
     """
     from controller.interfaces import footprint_report as fp
     from controller.service.model_estimates import serve_models
-    from statemachine.status import host_status
 
     mset = _load(manifest)
     if watch:  # `status --watch`: observe and redraw in place (controller/interfaces/bars.py)
@@ -508,10 +515,8 @@ def status(
             _fail("--watch draws for people; for tools, run `status --json` repeatedly")
         _watch_status(manifest, mset, observed, interval, count, state_dir)
         return
-    snap = _observe(observed, mset, nvml_in_answer=not json_out)
-    desired = mset.desired() if observed else _with_requests(mset, manifest, state_dir, snap)
-    reload = _reload_estimates(desired, manifest, state_dir)
-    report = host_status(desired, snap.to_observed(), reload=reload)
+    snap, sit = _situation(mset, manifest, observed, state_dir, nvml_in_answer=not json_out)
+    report = sit.status()
     footprints = fp.status_footprints(mset, _footprint_samples(manifest, state_dir))
     models = serve_models(mset, {n: f.measured_mib for n, f in footprints.items()})
     if json_out:
@@ -556,8 +561,8 @@ def _watch_status(
     good one while an edit does not load) and a new observation; below it the model
     estimates where a serve declares ``[serve.model]`` (cached by path and mtime)."""
     from controller.interfaces.watched import WatchedManifests
+    from controller.service.situation import snapshot_situation
     from controller.snapshot import SnapshotError, load_snapshot
-    from statemachine.status import host_status
 
     follow = WatchedManifests(manifest, mset)
     last: list[SnapshotModel] = []
@@ -565,7 +570,9 @@ def _watch_status(
     def produce() -> bars.Frame:
         current, notes = follow.current()
         if observed is None:
-            snap = _observe_live(current, notes)
+            snap, sit = _situation(current, manifest, None, state_dir, notes=notes)
+            last[:] = [snap]
+            return sit.status(), notes, _watch_models(current, manifest, state_dir, notes)
         else:
             try:
                 snap = load_snapshot(observed)
@@ -578,7 +585,8 @@ def _watch_status(
                 notes.append(f"{observed}: docker could not be read: {snap.docker_error}")
         last[:] = [snap]
         below = _watch_models(current, manifest, state_dir, notes)
-        return host_status(current.desired(), snap.to_observed()), notes, below
+        sit = snapshot_situation(current, snap, None)
+        return sit.status(), notes, below
 
     bars.watch(produce, interval_s=interval, count=count)
 
@@ -708,6 +716,7 @@ def fit(
             "tier is said to be refused."
         ),
     ] = None,
+    state_dir: StateDirOpt = None,
 ) -> None:
     """Can SERVE run now, and what would it cost?
 
@@ -723,15 +732,8 @@ def fit(
     if serve not in desired.serves:
         render.error(render.unknown_serve(serve, desired))
         raise typer.Exit(1)
-    snap = _observe(observed, mset)
-    answer = fit_answer(
-        desired,
-        snap.to_observed(),
-        serve,
-        now=_now(snap),
-        router_url=router_url,
-        model=serve_models(mset).get(serve),
-    )
+    snap, sit = _situation(mset, manifest, observed, state_dir, router_url=router_url)
+    answer = fit_answer(sit, serve, model=serve_models(mset).get(serve))
     result = answer.result
     if json_out:
         _print_json(answer.to_json())
@@ -764,17 +766,16 @@ def plan(
             help="Exit 0 when there is nothing to do, 2 when there are changes.",
         ),
     ] = False,
+    state_dir: StateDirOpt = None,
 ) -> None:
     """Dry-run: the ordered steps that would converge the host, and what is blocked.
 
     Exit 0 (with --detailed-exitcode: 0 nothing to do, 2 when there are changes), 1 on
     errors, 3 when Docker could not be read (the plan is unknown, not empty).
     """
-    from statemachine.planner import Policy, plan_transitions
-
     mset = _load(manifest)
-    snap = _observe(observed, mset)
-    result = plan_transitions(mset.desired(), snap.to_observed(), Policy(), _now(snap))
+    snap, sit = _situation(mset, manifest, observed, state_dir)
+    result = sit.plan
     data = result.to_json()
     data["manifest_digest"] = mset.digest
     data["observed"] = snap.model_dump(mode="json")
@@ -859,24 +860,26 @@ def mcp(
     if observed is not None:
         _observe(observed, mset)  # a saved observation that does not load: exit 1 now
 
-    def observe_once(current: ManifestSet, notes: list[str]) -> SnapshotModel:
-        if observed is None:
-            return _observe_live(current, notes, nvml_in_answer=True)
-        try:
-            return load_snapshot(observed)
-        except SnapshotError as exc:
-            raise ToolError(f"{exc} (write it again with `vramctl observe`)") from None
-
-    def desired_for(current: ManifestSet, snap: SnapshotModel) -> DesiredState:
+    def situation_now(current: ManifestSet, notes: list[str]) -> tuple[SnapshotModel, Situation]:
         if observed is not None:
-            return current.desired()
-        return _with_requests(current, manifest, state_dir, snap)
+            try:
+                load_snapshot(observed)
+            except SnapshotError as exc:
+                raise ToolError(f"{exc} (write it again with `vramctl observe`)") from None
+        return _situation(
+            current,
+            manifest,
+            observed,
+            state_dir,
+            router_url=router_url,
+            nvml_in_answer=True,
+            notes=notes,
+        )
 
     run_stdio(
         Sources(
             manifests=tuple(manifest),
-            observe=observe_once,
-            desired=desired_for,
+            situation=situation_now,
             router_url=router_url,
             observed_file=observed,
         ),
@@ -960,12 +963,13 @@ def apply(
     configure_logging(json_logs=log_json)
     mset = _load(manifest)
     _check_up_env_pass()
-    lock = StateLock(state_dir or default_state_dir(list(manifest)))
+    state_dir = state_dir or default_state_dir(list(manifest))
+    lock = StateLock(state_dir)
     try:
         lock.acquire()
     except AlreadyRunning as exc:
         _fail(f"{exc}; a running loop owns this host: use `vramctl up` / `down`, or stop it")
-    steps = _ApplyCycle(mset, plan_file, router_url, router_token_file, json_out)
+    steps = _ApplyCycle(mset, plan_file, router_url, router_token_file, json_out, state_dir)
     result = asyncio.run(run_cycle(steps))
     the_plan, report = result.plan, result.report
     if report is None:  # nothing to do
@@ -974,7 +978,7 @@ def apply(
                 {"ok": True, "steps": [], "blocked": [b.to_json() for b in the_plan.blocked]}
             )
         raise typer.Exit(0)
-    desired = result.inputs.desired
+    desired = result.inputs.placed
     after = _observe_live(mset)
     host_ledger = ledger_from_observed(desired, after.to_observed())
     mismatches = [
@@ -1006,7 +1010,10 @@ class _ApplyCycle:
         router_url: str | None,
         router_token_file: Path | None,
         json_out: bool,
+        state_dir: Path,
     ) -> None:
+        self.state_dir = state_dir
+        self.records: JournalRecords | None = None
         self.mset = mset
         self.plan_file = plan_file
         self.router_url = router_url
@@ -1015,23 +1022,25 @@ class _ApplyCycle:
         self.snap: SnapshotModel | None = None
 
     def observe(self) -> SnapshotModel:
-        self.snap = _observe_live(self.mset)
+        from controller.service.situation import read_journal
+
+        self.records, why = read_journal(self.state_dir)
+        if why is not None:
+            render.warn(f"journal: {why}")
+        self.snap = _observe_live(self.mset, records=self.records)
         return self.snap
 
-    def inputs(self, snap: SnapshotModel, observed: Observed) -> PlanInputs:
-        from controller.service.cycle import PlanInputs
-        from statemachine.planner import Policy
+    def inputs(self, snap: SnapshotModel, observed: Observed) -> Situation:
+        from controller.service.situation import snapshot_situation
 
-        return PlanInputs(self.mset.desired(), Policy(), _now(snap))
+        return snapshot_situation(self.mset, snap, self.records, router=self.router_url is not None)
 
-    def plan(self, inputs: PlanInputs, observed: Observed) -> Plan:
-        from statemachine.planner import plan_transitions
-
+    def plan(self, inputs: Situation) -> Plan:
         if self.plan_file is not None:
             assert self.snap is not None
-            the_plan = _saved_plan(self.plan_file, self.mset, self.snap, observed)
+            the_plan = _saved_plan(self.plan_file, self.mset, self.snap, inputs.observed)
         else:
-            the_plan = plan_transitions(inputs.desired, observed, inputs.policy, inputs.now)
+            the_plan = inputs.plan
         if not self.json_out:
             render.plan(the_plan)
         return the_plan
@@ -1039,9 +1048,8 @@ class _ApplyCycle:
     def journal(self, plan: Plan) -> CycleJournal | None:
         return None
 
-    def execute(
-        self, plan: Plan, inputs: PlanInputs, observed: Observed, cycle_id: int | None
-    ) -> ExecutionReport:
+    def execute(self, plan: Plan, inputs: Situation, cycle_id: int | None) -> ExecutionReport:
+        from controller.service.steps.dispatch import on_planned_cards
         from controller.service.wiring import containers_now, make_executor
 
         def progress(result: StepResult) -> None:
@@ -1059,7 +1067,9 @@ class _ApplyCycle:
             )
         except Exception as exc:  # the docker client could not be made: nothing was touched
             _fail(f"cannot reach docker to execute: {exc}")
-        return executor.execute(plan, observed)
+        # each placed serve on the card the plan chose (a saved plan's too: its steps')
+        executor.desired = on_planned_cards(inputs.desired, plan.steps)
+        return executor.execute(plan, inputs.observed)
 
     def outcome(self, cycle_id: int | None, outcome: dict[str, Any]) -> None:
         return None

@@ -1,8 +1,9 @@
 """The fit answer as ``vramctl fit --json`` prints it, for the CLI and ``vramctl mcp``.
 
-One place assembles it (the core's :func:`statemachine.fit.fit_serve`, the router tiers
-a start would drain when no router is given, the serve's ``[serve.model]`` estimate), so
-``fit --json`` and the ``can_fit`` tool cannot answer differently.
+The answer itself is the situation's (:meth:`statemachine.situation.Situation.fit`: the
+core's fit with the pending requests counted as held, the router tiers a start would
+drain where there is no router); this adds the serve's ``[serve.model]`` estimate, so
+``fit --json``, ``GET /v1/fit`` and the ``can_fit`` tool cannot answer differently.
 """
 
 from __future__ import annotations
@@ -10,47 +11,35 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from statemachine.admission import RouterNeed, no_router_reason, start_router_needs
-from statemachine.fit import FitResult, fit_serve
-from statemachine.types import DesiredState, Observed
+from statemachine.fit import FitResult
+from statemachine.situation import FitAnswer, Situation
 
 
 @dataclass(frozen=True, slots=True)
-class FitAnswer:
-    """The core's answer, with the router tiers it needs and the model estimate."""
+class FitReply:
+    """The situation's fit answer, with the model estimate."""
 
-    result: FitResult
-    #: the router tiers the start drains, where no router is given (else empty)
-    needs: tuple[RouterNeed, ...]
-    #: why ``up`` would be refused for want of a router (None: it would not)
-    note: str | None
+    answer: FitAnswer
     #: the serve's ``[serve.model]`` estimate (None: it declares none)
     model: dict[str, Any] | None
 
+    @property
+    def result(self) -> FitResult:
+        """The core's fit result."""
+        return self.answer.result
+
+    @property
+    def note(self) -> str | None:
+        """Why ``up`` would be refused for want of a router (None: it would not)."""
+        return self.answer.note
+
     def to_json(self) -> dict[str, Any]:
-        """docs/design.md §5 fit JSON, with ``needs_router`` / ``note`` and ``model``
-        where they apply."""
-        out = self.result.to_json()
-        if self.note:
-            out.update({"needs_router": [n.to_json() for n in self.needs], "note": self.note})
+        """docs/design.md §5 fit JSON (:meth:`FitAnswer.to_json`), with ``model`` where
+        the serve declares one."""
+        out = self.answer.to_json()
         return out if self.model is None else {**out, "model": self.model}
 
 
-def fit_answer(
-    desired: DesiredState,
-    observed: Observed,
-    serve: str,
-    *,
-    now: float,
-    router_url: str | None,
-    model: dict[str, Any] | None = None,
-) -> FitAnswer:
-    """Can ``serve`` run now, and at what cost; without ``router_url``, a start that
-    drains a router tier is said to be refused, as ``up`` would be (the API's own test,
-    statemachine/admission.py)."""
-    result = fit_serve(desired, observed, serve, now=now)
-    needs: tuple[RouterNeed, ...] = ()
-    if not router_url and result.known:
-        needs = start_router_needs(desired, observed, result.serve, result.drain, result.sleep)
-    note = no_router_reason(f"up {serve}", needs) if needs else None
-    return FitAnswer(result, needs, note, model)
+def fit_answer(sit: Situation, serve: str, *, model: dict[str, Any] | None = None) -> FitReply:
+    """Can ``serve`` run now in ``sit``, and at what cost."""
+    return FitReply(sit.fit(serve), model)

@@ -4,21 +4,25 @@ The server is the official SDK's low-level :class:`mcp.server.lowlevel.Server`: 
 tool is declared with a JSON Schema for its input and for its structured result, and
 annotated truthfully (the reads: ``readOnlyHint``, idempotent, a closed world; the
 writes: ``request_up`` neither read-only nor idempotent, ``release`` destructive).
-Over stdio each call loads the manifest set and observes the host anew, as ``vramctl
-status`` / ``fit`` / ``plan`` do, through the command line's own loading and observing
-helpers, handed in as a :class:`Sources` (so this module holds no second
-copy of them), and answers from the same core functions:
+One backend answers the read tools over both transports (:class:`Tools`): each
+renders the one answer of a :class:`~statemachine.situation.Situation`
+(:mod:`controller.interfaces.host_answers`), built for the call by a :class:`ToolSource`.
+Over stdio (:class:`ObservingSource`) each call loads the manifest set and observes the
+host anew with the state directory's journal laid over it, as ``vramctl status`` /
+``fit`` / ``plan`` do, through the command line's own helpers, handed in as a
+:class:`Sources` (so this module holds no second copy of them); inside ``vramctl run``
+the source is the loop's live situation (:mod:`controller.interfaces.api.agents`):
 
-- ``reservation_status``: :func:`statemachine.status.host_status`'s roles and host
-  line, as ``status --json`` prints them;
-- ``serves_status``: the same report's serves, with why a serve is blocked (the plan
-  the loop would make now) and its backoff (``null``: only the running loop knows it);
-- ``can_fit``: :func:`controller.interfaces.fit_answer.fit_answer`, the answer of
-  ``fit --json``; for ``{"vram_mib"}`` or ``{"model_path"}`` (weights + KV cache from
-  its files) with ``gpu_role`` or ``placement`` a hypothetical on-demand serve
-  (:mod:`statemachine.hypothetical`);
-- ``plan_preview``: :func:`statemachine.planner.plan_transitions` for an edited
-  manifest, as ``plan --json``; nothing is executed.
+- ``reservation_status``: ``GET /v1/ledger``'s answer: per role what is held and what
+  is promised beside it to requests not yet planned, the host line;
+- ``serves_status``: ``GET /v1/serves``'s rows, with why the next plan blocks a serve
+  and its backoff (``null`` over stdio: only the running loop knows it);
+- ``can_fit``: the situation's fit (``fit --json``, ``GET /v1/fit``: the pending
+  requests counted as held); for ``{"vram_mib"}`` or ``{"model_path"}`` (weights + KV
+  cache from its files) with ``gpu_role`` or ``placement`` a hypothetical on-demand
+  serve (:mod:`statemachine.hypothetical`);
+- ``plan_preview``: the plan of the situation with an edited manifest, as ``plan
+  --json``; nothing is executed.
 
 A refusal (an unknown serve, a manifest that does not load, bad arguments) is a tool
 error (``isError``) whose text says what is wrong and how to fix it; an unexpected
@@ -65,15 +69,15 @@ from mcp.server.streamable_http_manager import StreamableHTTPASGIApp
 from mcp.server.transport_security import TransportSecuritySettings
 
 from controller.interfaces.fit_answer import fit_answer
+from controller.interfaces.host_answers import RowExtras, ledger_answer, serve_rows
 from controller.manifest import ManifestError, load_manifest_set
 from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
-from statemachine.planner import Policy, plan_transitions
 from statemachine.sizing import KV_DTYPES, MIB
-from statemachine.status import host_status
 
 if TYPE_CHECKING:
     from controller.manifest import ManifestSet
     from controller.snapshot import SnapshotModel
+    from statemachine.situation import Situation
     from statemachine.types import DesiredState
 
 #: the server's name as clients list it
@@ -88,14 +92,13 @@ class ToolError(Exception):
 class Sources:
     """Where each call's inputs come from (the command line's own helpers).
 
-    ``observe(mset, notes)`` takes one observation, adding to ``notes`` what could not
-    be read (it raises :class:`ToolError` when a saved observation does not load);
-    ``desired(mset, snap)`` is the desired state ``status`` would use (with the running
-    loop's on-demand requests, when live)."""
+    ``situation(mset, notes)`` takes one observation and builds the situation the
+    answers are given from (the state directory's journal laid over it, as ``status``,
+    ``fit`` and ``plan`` build it), adding to ``notes`` what could not be read (it
+    raises :class:`ToolError` when a saved observation does not load)."""
 
     manifests: tuple[Path, ...]
-    observe: Callable[[ManifestSet, list[str]], SnapshotModel]
-    desired: Callable[[ManifestSet, SnapshotModel], DesiredState]
+    situation: Callable[[ManifestSet, list[str]], tuple[SnapshotModel, Situation]]
     router_url: str | None = None
     #: the saved observation answered from (None: the live host)
     observed_file: Path | None = None
@@ -578,141 +581,114 @@ def fit_question(
     return desired, HYPOTHETICAL, estimate
 
 
-class Tools:
-    """The tools' answers, plain functions of their arguments (each call observes)."""
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What one call is answered from: the situation, what the source knows beside it,
+    where it came from and what could not be read."""
 
-    def __init__(self, sources: Sources) -> None:
-        self.sources = sources
-        self.handlers: dict[str, Callable[[dict[str, Any]], dict[str, Any]]] = {
+    sit: Situation
+    extras: RowExtras
+    #: what was answered from (the manifest files, the observation, its time)
+    source: dict[str, Any]
+    #: what could not be read or known, in words
+    notes: list[str]
+    #: whether any observation was taken (the loop, before its first cycle: none)
+    observed: bool = True
+    #: the digest of the manifest set in force (an edit that keeps it changes nothing)
+    digest: str = ""
+    #: why NVML could not be read, where the source says (``None``: it does not)
+    nvml_error: str | None = None
+
+
+class ToolSource(Protocol):
+    """Where the read tools' inputs come from: one observation with the state
+    directory's journal (``vramctl mcp``: :class:`ObservingSource`), or the running
+    controller's live situation (``/mcp`` in ``vramctl run``: the API's source)."""
+
+    def ask(self, edit: ManifestSet | None = None, *, full: bool = True) -> Asked:
+        """The inputs of one call; ``edit``: an edited manifest set to answer for (the
+        host and the requests as they are). :class:`ToolError` when none can be had."""
+        ...
+
+    def files(self) -> tuple[Path, ...]:
+        """The manifest files in force (an edit replaces one of them)."""
+        ...
+
+    def load(self, paths: tuple[Path, ...]) -> ManifestSet:
+        """An edited manifest set; :class:`ToolError` saying what does not load."""
+        ...
+
+
+class Tools:
+    """The read tools' answers, the same over stdio and over HTTP: each renders the one
+    answer (:mod:`controller.interfaces.host_answers`, the situation's own) of the inputs
+    its :class:`ToolSource` gives for the call."""
+
+    def __init__(self, source: ToolSource) -> None:
+        self.source = source
+        self.handlers: dict[str, Callable[[dict[str, Any], bool], dict[str, Any]]] = {
             "reservation_status": self.reservation_status,
             "serves_status": self.serves_status,
             "can_fit": self.can_fit,
             "plan_preview": self.plan_preview,
         }
 
-    def call(self, name: str, arguments: Mapping[str, Any]) -> dict[str, Any]:
-        """The answer of tool ``name``; :class:`ToolError` for a refusal."""
+    def call(self, name: str, arguments: Mapping[str, Any], *, full: bool = True) -> dict[str, Any]:
+        """The answer of tool ``name`` (``full``: the caller may see free text);
+        :class:`ToolError` for a refusal."""
         handler = self.handlers.get(name)
         if handler is None:
             raise ToolError(f"no tool {name!r}{_did_you_mean(name, self.handlers)}")
         tool = next(t for t in TOOLS if t.name == name)
         _check_arguments(name, tool.input_schema, arguments)
-        return handler(dict(arguments))
-
-    # one observation of the set -------------------------------------------------
-
-    def _load(self, paths: tuple[Path, ...] | None = None) -> ManifestSet:
-        try:
-            return load_manifest_set(list(paths or self.sources.manifests))
-        except ManifestError as exc:
-            located = "; ".join(str(e) for e in exc.errors)
-            raise ToolError(
-                f"the manifest set does not load: {located} "
-                "(fix the file, then ask again; `vramctl validate -m FILE` says the same)"
-            ) from None
-
-    def _observe(self, mset: ManifestSet) -> tuple[SnapshotModel, list[str]]:
-        notes: list[str] = [f"manifest: {w}" for w in mset.warnings]
-        snap = self.sources.observe(mset, notes)
-        return snap, notes
-
-    def _source(self, mset: ManifestSet, snap: SnapshotModel) -> dict[str, Any]:
-        observed = self.sources.observed_file
-        return {
-            "manifests": [str(f) for f in mset.files],
-            "observed": "live" if observed is None else str(observed),
-            "observed_at": snap.taken_at_epoch(),
-            "docker": "ok" if snap.to_observed().docker_ok else "error",
-        }
-
-    @staticmethod
-    def _docker_note(snap: SnapshotModel, notes: list[str]) -> None:
-        if not snap.to_observed().docker_ok:
-            why = snap.docker_error or "no reason recorded"
-            said = any(why in note for note in notes)  # a live observation said it
-            notes.append(
-                "docker could not be read" + ("" if said else f" ({why})") + ": what "
-                "depends on the containers is unknown (null), and nothing would be admitted"
-            )
+        return handler(dict(arguments), full)
 
     # tools ----------------------------------------------------------------------
 
-    def reservation_status(self, _args: dict[str, Any]) -> dict[str, Any]:
-        """Per role: the ledger line, NVML figures and drift; the host RAM line."""
-        mset = self._load()
-        snap, notes = self._observe(mset)
-        report = host_status(self.sources.desired(mset, snap), snap.to_observed())
-        self._docker_note(snap, notes)
-        if not report.nvml_ok:
-            why = snap.nvml_error or "no device readings in the observation"
+    def reservation_status(self, _args: dict[str, Any], full: bool) -> dict[str, Any]:
+        """Per role: what is held and what is promised beside it, NVML figures and
+        drift; the host RAM line (``GET /v1/ledger``'s answer)."""
+        asked = self.source.ask(full=full)
+        answer = ledger_answer(asked.sit, observed=asked.observed)
+        notes = list(asked.notes)
+        if asked.observed and asked.sit.observed.gpus is None:
+            why = asked.nvml_error or "no device readings in the observation"
             notes.append(f"nvml unavailable ({why}): NVML used and drift are null (unknown)")
-        data = report.to_json()
-        return {
-            "docker": data["docker"],
-            "nvml": data["nvml"],
-            "gpu_roles": data["gpu_roles"],
-            "host": data.get("host"),
-            "undeclared_gpu_containers": data["undeclared_gpu_containers"],
-            "no_longer_declared": data["no_longer_declared"],
-            "notes": notes,
-            "source": self._source(mset, snap),
-        }
+        return {**answer, "notes": notes, "source": asked.source}
 
-    def serves_status(self, args: dict[str, Any]) -> dict[str, Any]:
-        """Per serve: its state, reservation, request, backoff and why it is blocked."""
-        mset = self._load()
+    def serves_status(self, args: dict[str, Any], full: bool) -> dict[str, Any]:
+        """Per serve: its state, reservation, request, backoff and why the next plan
+        blocks it (``GET /v1/serves``'s rows; one serve's with ``serve``)."""
+        asked = self.source.ask(full=full)
         only = args.get("serve")
-        if only is not None and only not in mset.desired().serves:
-            raise ToolError(unknown_serve_message(only, mset.desired()))
-        snap, notes = self._observe(mset)
-        desired = self.sources.desired(mset, snap)
-        seen = snap.to_observed()
-        report = host_status(desired, seen)
-        plan = plan_transitions(desired, seen, Policy(), _now(snap))
-        blocked = {b.serve: b.to_json() for b in plan.blocked}
-        self._docker_note(snap, notes)
-        notes.append(
-            "backoff is known only to the running controller (`vramctl run`): null here "
-            "(`vramctl mcp --api` answers from it)"
+        if only is not None and only not in asked.sit.desired.serves:
+            raise ToolError(unknown_serve_message(only, asked.sit.desired))
+        docker, rows = serve_rows(
+            asked.sit, asked.extras, full=full, only=only, observed=asked.observed
         )
-        serves = []
-        for s in report.serves:
-            if only is not None and s.serve != only:
-                continue
-            serves.append({**s.to_json(), "backoff": None, "blocked": blocked.get(s.serve)})
-        return {
-            "docker": "ok" if report.docker_ok else "error",
-            "serves": serves,
-            "notes": notes,
-            "source": self._source(mset, snap),
-        }
+        notes = list(asked.notes)
+        if asked.extras.backoff is None:
+            notes.append(
+                "backoff is known only to the running controller (`vramctl run`): null "
+                "here (`vramctl mcp --api` answers from it)"
+            )
+        return {"docker": docker, "serves": rows, "notes": notes, "source": asked.source}
 
-    def can_fit(self, args: dict[str, Any]) -> dict[str, Any]:
+    def can_fit(self, args: dict[str, Any], full: bool) -> dict[str, Any]:
         """Can a serve (or N MiB, or a model's files, on a role or placed) start now, and
-        what would it cost."""
-        mset = self._load()
-        desired, name, estimate = fit_question(mset.desired(), args)
+        what would it cost (``GET /v1/fit``'s answer: the pending requests held)."""
+        asked = self.source.ask(full=full)
+        desired, name, estimate = fit_question(asked.sit.desired, args)
+        if not asked.observed:
+            raise ToolError("no observation yet: the loop has not completed its first cycle")
         serve = None if name == HYPOTHETICAL else name
-        snap, notes = self._observe(mset)
-        model = None
-        if serve is not None:
-            from controller.service.model_estimates import serve_models
-
-            model = serve_models(mset).get(serve)
-        answer = fit_answer(
-            desired,
-            snap.to_observed(),
-            name,
-            now=_now(snap),
-            router_url=self.sources.router_url,
-            model=model,
-        )
-        self._docker_note(snap, notes)
+        model = asked.extras.models.get(serve) if serve is not None else None
+        answer = fit_answer(asked.sit.with_desired(desired), name, model=model)
         return fit_reply(
-            answer.to_json(), answer.result.known, serve, estimate, notes, self._source(mset, snap)
+            answer.to_json(), answer.result.known, serve, estimate, list(asked.notes), asked.source
         )
 
-    def plan_preview(self, args: dict[str, Any]) -> dict[str, Any]:
+    def plan_preview(self, args: dict[str, Any], full: bool) -> dict[str, Any]:
         """The plan an edited manifest would cause now; nothing executed."""
         text, path = args.get("manifest_text"), args.get("manifest_path")
         if (text is None) == (path is None):
@@ -720,20 +696,20 @@ class Tools:
                 "give the edit as manifest_text (the edited TOML) or manifest_path (an "
                 "edited file), one of them"
             )
-        current = self._load()
+        files = list(self.source.files())
+        if not files:
+            raise ToolError("this controller names no manifest files to edit")
         if path is not None:
-            edited_path = Path(path).expanduser()
+            edited_path = Path(str(path)).expanduser()
             if not edited_path.is_file():
                 raise ToolError(f"{path}: no such file (give the edited manifest's path)")
-            mset = self._load((edited_path,))
-            return self._preview(mset, current)
-        files = list(current.files)
+            return self._preview(self.source.load((edited_path,)), full)
         target = self._replaced(files, args.get("replaces"))
         with tempfile.TemporaryDirectory(prefix="vramctl-mcp-") as tmp:
             edited = Path(tmp) / target.name
             edited.write_text(str(text), encoding="utf-8")
-            mset = self._load(tuple(edited if f == target else f for f in files))
-            return self._preview(mset, current)
+            mset = self.source.load(tuple(edited if f == target else f for f in files))
+            return self._preview(mset, full)
 
     @staticmethod
     def _replaced(files: list[Path], replaces: Any) -> Path:
@@ -752,25 +728,78 @@ class Tools:
         names = ", ".join(str(f) for f in files)
         raise ToolError(f"{replaces} is not a file of the manifest set ({names})")
 
-    def _preview(self, mset: ManifestSet, current: ManifestSet) -> dict[str, Any]:
-        snap, notes = self._observe(mset)
-        result = plan_transitions(mset.desired(), snap.to_observed(), Policy(), _now(snap))
-        self._docker_note(snap, notes)
-        data = result.to_json()
-        plan_notes = data.pop("notes", [])
-        known = snap.to_observed().docker_ok
+    def _preview(self, mset: ManifestSet, full: bool) -> dict[str, Any]:
+        asked = self.source.ask(mset, full=full)
+        notes = [f"manifest: {w}" for w in mset.warnings]
+        known = asked.sit.observed.docker_ok
         if not known:
             notes.append("the plan is unknown, not empty (known: false): docker was not read")
-        if mset.digest == current.digest:
+        if mset.digest == asked.digest:
             notes.append("the edit changes nothing the controller reads: this is today's plan")
+        data = asked.sit.plan.to_json()
+        plan_notes = data.pop("notes", [])
         return {
             **data,
             "known": known,
-            "notes": [*plan_notes, *notes],
+            "notes": [*plan_notes, *notes, *asked.notes],
             "manifest_digest": mset.digest,
             "executed": False,
-            "source": self._source(mset, snap),
+            "source": asked.source,
         }
+
+
+class ObservingSource:
+    """``vramctl mcp``'s inputs: each call loads the manifest set and observes the host
+    (or reads the saved observation) with the state directory's journal, through the
+    command line's own helpers (:class:`Sources`)."""
+
+    def __init__(self, sources: Sources) -> None:
+        self.sources = sources
+
+    def files(self) -> tuple[Path, ...]:
+        return tuple(self._load().files)
+
+    def load(self, paths: tuple[Path, ...]) -> ManifestSet:
+        return self._load(paths)
+
+    def _load(self, paths: tuple[Path, ...] | None = None) -> ManifestSet:
+        try:
+            return load_manifest_set(list(paths or self.sources.manifests))
+        except ManifestError as exc:
+            located = "; ".join(str(e) for e in exc.errors)
+            raise ToolError(
+                f"the manifest set does not load: {located} "
+                "(fix the file, then ask again; `vramctl validate -m FILE` says the same)"
+            ) from None
+
+    def ask(self, edit: ManifestSet | None = None, *, full: bool = True) -> Asked:
+        current = self._load()
+        mset = edit or current
+        notes: list[str] = [] if edit is not None else [f"manifest: {w}" for w in mset.warnings]
+        snap, sit = self.sources.situation(mset, notes)
+        if not sit.observed.docker_ok:
+            why = snap.docker_error or "no reason recorded"
+            said = any(why in note for note in notes)  # a live observation said it
+            notes.append(
+                "docker could not be read" + ("" if said else f" ({why})") + ": what "
+                "depends on the containers is unknown (null), and nothing would be admitted"
+            )
+        from controller.service.model_estimates import serve_models
+
+        observed = self.sources.observed_file
+        return Asked(
+            sit,
+            RowExtras(models=serve_models(mset)),
+            {
+                "manifests": [str(f) for f in mset.files],
+                "observed": "live" if observed is None else str(observed),
+                "observed_at": snap.taken_at_epoch(),
+                "docker": "ok" if sit.observed.docker_ok else "error",
+            },
+            notes,
+            digest=current.digest,
+            nvml_error=snap.nvml_error,
+        )
 
 
 def _now(snap: SnapshotModel) -> float:
@@ -860,7 +889,7 @@ class ObservingBackend:
     """:class:`Tools` off the event loop (observing reads Docker, NVML, health)."""
 
     def __init__(self, sources: Sources) -> None:
-        self.tools = Tools(sources)
+        self.tools = Tools(ObservingSource(sources))
 
     async def answer(
         self, name: str, arguments: Mapping[str, Any], caller: Caller

@@ -3,8 +3,8 @@
 :class:`Metrics` owns its own :class:`~prometheus_client.CollectorRegistry` (not the
 process-global one, so tests and several controllers in one process stay isolated).
 It is refreshed from the loop's ``on_cycle`` hook (:meth:`Metrics.on_cycle`), from the
-same figures ``vramctl status`` and ``GET /v1/ledger`` print: the last cycle's
-snapshot against the manifest set, through :func:`statemachine.status.host_status`.
+same figures ``vramctl status`` and ``GET /v1/ledger`` print: the loop's live situation's
+status (:meth:`statemachine.situation.Situation.status`).
 
 A figure that cannot be measured is *absent*, never 0: when docker cannot be read the
 committed / free series (and every serve's committed series) are removed; NVML
@@ -56,7 +56,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, gene
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from statemachine.lifecycle import STATES
-from statemachine.status import HostStatus, host_status
+from statemachine.status import HostStatus
 
 if TYPE_CHECKING:
     from controller.service.view import LoopPort
@@ -303,10 +303,10 @@ class Metrics:
     def update_ledger(self, controller: LoopPort) -> None:
         """Per-role and per-serve gauges from the last snapshot and the manifest set."""
         view = controller.view()
-        observed = view.observed()  # live: the observation plus what the executor did since
-        if observed is None:
+        if view.snapshot is None:  # no observation yet: every series absent
             return
-        report = host_status(view.desired, observed, view.records)
+        # the live situation, as GET /v1/ledger answers: each placed serve on its card
+        report = controller.situation().status()
         roles: set[str] = set()
         for rs in report.roles:
             role = rs.ledger.gpu_role

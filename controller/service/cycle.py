@@ -4,9 +4,10 @@
 What each part does differs between its callers and is supplied as a
 :class:`CycleSteps`:
 
-- ``vramctl apply`` observes the host as it is, plans with the default policy (or takes
-  a saved plan still current), executes every step in order (no start tracker) and
-  keeps no journal;
+- ``vramctl apply`` observes the host as it is with the state directory's journal read
+  over it (the situation ``status`` and ``plan`` answer from), plans (or takes a saved
+  plan still current), executes every step in order (no start tracker) and keeps no
+  journal;
 - ``vramctl run`` (:class:`controller.service.loop.Controller`) observes with what the
   journal knows (start reservations, elastic reserves), counts deaths and ends requests
   before it plans with the backoff holds, journals the inputs, the policy and the plan,
@@ -29,8 +30,9 @@ from typing import Any, Protocol
 from controller.service.executor import ExecutionReport
 from controller.snapshot import SnapshotModel, snapshot_to_json
 from controller.store.journal import Journal
-from statemachine.plan import Action, Plan, Policy
-from statemachine.types import DesiredState, Observed
+from statemachine.plan import Action, Plan
+from statemachine.situation import Situation
+from statemachine.types import Observed
 
 
 class CycleSteps(Protocol):
@@ -40,36 +42,26 @@ class CycleSteps(Protocol):
         """The host now (called in a worker thread)."""
         ...
 
-    def inputs(self, snap: SnapshotModel, observed: Observed) -> PlanInputs:
-        """The planner's inputs for this observation (what the loop learns from it first)."""
+    def inputs(self, snap: SnapshotModel, observed: Observed) -> Situation:
+        """The decision's inputs for this observation (what the loop learns from it
+        first): one :class:`~statemachine.situation.Situation`."""
         ...
 
-    def plan(self, inputs: PlanInputs, observed: Observed) -> Plan:
-        """The plan (``plan_transitions``, or a saved plan still current)."""
+    def plan(self, inputs: Situation) -> Plan:
+        """The plan (``inputs.plan``, or a saved plan still current)."""
         ...
 
     def journal(self, plan: Plan) -> CycleJournal | None:
         """Where this plan is recorded; ``None``: it is not (and a dry run logs nothing)."""
         ...
 
-    def execute(
-        self, plan: Plan, inputs: PlanInputs, observed: Observed, cycle_id: int | None
-    ) -> ExecutionReport:
+    def execute(self, plan: Plan, inputs: Situation, cycle_id: int | None) -> ExecutionReport:
         """Carry the plan out (called in a worker thread)."""
         ...
 
     def outcome(self, cycle_id: int | None, outcome: dict[str, Any]) -> None:
         """Complete the outcome before it is journalled (starts that ended meanwhile)."""
         ...
-
-
-@dataclass(frozen=True, slots=True)
-class PlanInputs:
-    """What the planner is given: the desired state, the policy, the time."""
-
-    desired: DesiredState
-    policy: Policy
-    now: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,7 +73,7 @@ class CycleJournal:
     manifest_files: dict[str, str]
     dry_run: bool
 
-    def record(self, snap: SnapshotModel, inputs: PlanInputs, plan: Plan) -> int:
+    def record(self, snap: SnapshotModel, inputs: Situation, plan: Plan) -> int:
         """Record the inputs (snapshot, requests, policy) and the plan; the cycle's id."""
         return self.journal.record_cycle(
             at=inputs.now,
@@ -101,7 +93,7 @@ class CycleResult:
 
     snapshot: SnapshotModel
     observed: Observed
-    inputs: PlanInputs
+    inputs: Situation
     plan: Plan
     #: the journal's id of the cycle (``None``: not recorded)
     cycle_id: int | None = None
@@ -124,7 +116,7 @@ async def run_cycle(steps: CycleSteps, *, execute: bool = True) -> CycleResult:
     observed = snap.to_observed()
     clock.lap("observe")
     inputs = steps.inputs(snap, observed)
-    plan = steps.plan(inputs, observed)
+    plan = steps.plan(inputs)
     result = CycleResult(snap, observed, inputs, plan, phases=clock.laps)
     clock.lap("plan")
     if not plan.steps:
@@ -135,7 +127,7 @@ async def run_cycle(steps: CycleSteps, *, execute: bool = True) -> CycleResult:
     clock.lap("journal")
     if not execute:
         return result
-    report = await asyncio.to_thread(steps.execute, plan, inputs, observed, result.cycle_id)
+    report = await asyncio.to_thread(steps.execute, plan, inputs, result.cycle_id)
     clock.lap("execute")
     result.report = report
     outcome = report.to_json()

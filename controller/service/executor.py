@@ -404,6 +404,9 @@ class _StartJob:
                 self.results.append(result)
                 self.ex._emit_result(result, self.cycle)
             self.ok = not failed
+            if self.ok:  # running, as the live ledger says: no longer a start in progress
+                assert self.ex.starts is not None
+                self.ex.starts.succeeded(serve, self.token)
             if self.ex.records is not None:
                 self.ex.records.settle({serve: str(self.run_.machines[serve].state)})
         except Exception:  # a bug must not leave the start counted for good

@@ -66,7 +66,7 @@ from controller.adapters.sleep import SleepClient
 from controller.manifest import LocatedError, ManifestSet
 from controller.service import overlays, tiers
 from controller.service.changes import ChangeWaiters
-from controller.service.cycle import CycleJournal, CycleResult, PlanInputs, run_cycle
+from controller.service.cycle import CycleJournal, CycleResult, run_cycle
 from controller.service.docker_events import DockerEvents
 from controller.service.events import (
     DriftWatch,
@@ -90,7 +90,7 @@ from controller.service.starts import StartTracker, supervise_orphans
 from controller.service.view import JournalHistory, LoopView
 from controller.service.watch import QUIET_MS
 from controller.service.wiring import make_executor, read_gpus
-from controller.snapshot import SnapshotModel, StartingModel
+from controller.snapshot import SnapshotModel, StartedWithModel, StartingModel
 from controller.store.journal import (
     AlreadyRunning,
     Journal,
@@ -98,12 +98,12 @@ from controller.store.journal import (
     default_state_dir,
     journal_path,
 )
-from statemachine import backoff, placement
+from statemachine import backoff
 from statemachine.backoff import Backoff
 from statemachine.idleness import in_force
 from statemachine.ledger import Ledger
 from statemachine.plan import ReloadCost
-from statemachine.planner import Action, Plan, Policy, plan_transitions
+from statemachine.planner import Action, Plan, Policy
 from statemachine.reload import (
     ReloadEstimate,
     declared_costs,
@@ -113,6 +113,7 @@ from statemachine.reload import (
 from statemachine.reload import (
     last_used as used_at,
 )
+from statemachine.situation import Situation
 from statemachine.types import (
     DesiredState,
     Observed,
@@ -304,6 +305,27 @@ class Controller:
             reload=self._reload_costs(),
             last_used=self.last_used(),
         )
+
+    def situation_for(self, observed: Observed, now: float) -> Situation:
+        """The loop's situation: the desired state with the requests, ``observed``, the
+        whole policy as of ``now``, the serves' records and reload costs."""
+        return Situation(
+            self.desired(),
+            observed,
+            now,
+            self.policy(now),
+            records=self.serve_records.snapshot(),
+            reload=self.reload_estimates(),
+            router=bool(self.options.router_url),
+        )
+
+    def situation(self) -> Situation:
+        """The live situation the answers are given from: the newest observation with
+        what the executor did since (``LoopView.observed``), as of now."""
+        view = self.view()
+        now = time.time()
+        observed = view.observed() or Observed(docker_ok=False)
+        return replace(self.situation_for(observed, now), records=view.records)
 
     def reload_estimates(self) -> dict[str, ReloadEstimate]:
         """Each serve's reload cost and its basis (measured, declared; the serves with
@@ -535,6 +557,7 @@ class _LoopCycle:
         # read before the containers: a start that ends in between has its container
         # running by then, so it is counted either way
         starting = c.starts.snapshot()
+        ran = c.starts.ran()
         records = c.journal.started()
         known = c.journal.declared()
         names = overlays.observed_names(c.journal, c.mset, records, known)
@@ -544,12 +567,25 @@ class _LoopCycle:
         # container renamed away (and whatever it does after) is in the stream by its id
         ids = tuple(sorted({m.id[:12] for m in snap.containers.values() if m.id}))
         c.docker_events.follow_observed(names, ids)
+        # a start that ended (``ran``) is recorded by its own end, on the roles it
+        # reserved: the start records leave it alone as they leave one in progress
         snap.starting = {
             name: StartingModel(gpu_roles=list(st.gpu_roles), mib=st.mib)
-            for name, st in starting.items()
+            for name, st in {**starting, **ran}.items()
         }
         desired = c.mset.desired()
         snap.started_with = c.overlays.started_in_force(c.journal, desired, snap, records, known)
+        for name in ran:
+            del snap.starting[name]
+        # a start that ended healthy, its end not yet taken in: it runs with the roles
+        # and MiB it was started with, as the live answers already count it
+        for name, st in ran.items():
+            spec = desired.serves.get(name)
+            held = spec is not None and snap.containers.get(spec.container) is not None
+            if spec is not None and held and snap.containers[spec.container].state == "running":
+                snap.started_with[spec.container] = StartedWithModel(
+                    serve=name, gpu_roles=list(st.gpu_roles), mib=st.mib
+                )
         # the health probes need only the containers: asked beside the engines' sleep
         # states and in-flight counts (each a loopback call per serve) rather than after
         probes = c.readers.submit(observe_probes, snap, c.mset, c.prober)
@@ -568,8 +604,9 @@ class _LoopCycle:
         snap.probes = probes.result()
         return snap
 
-    def inputs(self, snap: SnapshotModel, observed: Observed) -> PlanInputs:
-        """What the loop learns from an observation before it plans (on the loop's thread)."""
+    def inputs(self, snap: SnapshotModel, observed: Observed) -> Situation:
+        """What the loop learns from an observation before it plans (on the loop's
+        thread), and the situation it plans from."""
         c = self.controller
         now = time.time()
         # the answers read this observation from now on, with what the plan does after it
@@ -584,10 +621,10 @@ class _LoopCycle:
         c._watch.feed(desired, observed)
         if c.footprints is not None:
             c.footprints.observe(observed, c.mset.desired(), now)
-        return PlanInputs(desired, c.policy(now), now)
+        return c.situation_for(observed, now)
 
-    def plan(self, inputs: PlanInputs, observed: Observed) -> Plan:
-        return plan_transitions(inputs.desired, observed, inputs.policy, inputs.now)
+    def plan(self, inputs: Situation) -> Plan:
+        return inputs.plan
 
     def journal(self, plan: Plan) -> CycleJournal | None:
         """The journal this plan is recorded in; a dry run records a plan once."""
@@ -599,19 +636,17 @@ class _LoopCycle:
             c._last_dry_plan = plan_key
         return CycleJournal(c.journal, c.mset.digest, _read_files(c.mset), c.options.dry_run)
 
-    def execute(
-        self, plan: Plan, inputs: PlanInputs, observed: Observed, cycle_id: int | None
-    ) -> ExecutionReport:
+    def execute(self, plan: Plan, inputs: Situation, cycle_id: int | None) -> ExecutionReport:
         """Carry ``plan`` out; starts go to the tracker (in a worker thread)."""
         assert cycle_id is not None
         c = self.controller
         executor = c._executor_for()
-        executor.desired = placement.apply(inputs.desired, plan.placements)
+        executor.desired = inputs.placed
         executor.on_start_done = self._start_done_callback(cycle_id)
         executor.cycle = cycle_id
         c.start_outcomes.executing(cycle_id)  # executing: a start's early end waits
         c.events.publish("plan.begun", cycle=cycle_id, steps=[s.to_json() for s in plan.steps])
-        return executor.execute(plan, observed)
+        return executor.execute(plan, inputs.observed)
 
     def outcome(self, cycle_id: int | None, outcome: dict[str, Any]) -> None:
         """Add the starts that ended while the plan executed (on the loop's thread)."""
@@ -633,7 +668,7 @@ class _LoopCycle:
         """What the loop learns from an execution: backoff, tiers, releases, its stops."""
         c = self.controller
         now, observed = result.inputs.now, result.observed
-        desired = placement.apply(result.inputs.desired, result.plan.placements)
+        desired = result.inputs.placed
         overlays.record_starts(c.journal, report, desired, now)
         c.reloads.record(report.results)  # the wakes (and starts run in the plan) it timed
         c._learn(report, now)

@@ -17,7 +17,8 @@ sleep probe. This module must not plan or act on a container.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from loguru import logger
 
@@ -29,7 +30,7 @@ from controller.service.sleeping import observe_sleep
 from controller.snapshot import SleepStateModel, SnapshotModel, StartedWithModel, epoch_seconds
 from controller.store.journal import Journal, SleepRecord
 from statemachine.planner import Action
-from statemachine.types import DesiredState, StartedWith
+from statemachine.types import DesiredState, ServeSpec, StartedWith
 
 #: the container states that hold a reservation
 _HOLDING = ("running", "paused", "restarting")
@@ -52,55 +53,25 @@ class JournalOverlays:
         records: dict[str, StartedWith],
         known: dict[str, StartedWith] | None = None,
     ) -> dict[str, StartedWithModel]:
-        """The start reservations of the containers that still run (journal records).
-
-        A container keeps the reservation it was started with until it stops, whatever
-        the manifest says now (an edit, a file caught mid-write): the record is dropped
-        only once docker shows the container stopped or gone. A declared container
-        found running without a record (started before this controller, or by hand)
-        is recorded with its declared reservation (a placed serve's: every candidate),
-        unless its start is in progress; a container no manifest in force
-        declares, found running without a record, with the last reservation a manifest
-        declared for it (``known``: started by hand while a file caught mid-write was in
-        force, or after its serve was removed). With docker unreadable nothing is
-        dropped or recorded.
-        """
-        declared = {s.container: s for s in desired.serves.values()}
-        if snap.docker == "ok":
-            self._drop_stopped(journal, snap, records)
-            # a start in progress is recorded by its own end, on the roles it reserved
-            # (a placed serve's one card; recorded here it would be every candidate)
-            found = {
-                container: StartedWith(spec.name, spec.gpu_roles, spec.vram_mib)
-                for container, spec in declared.items()
-                if spec.vram_mib is not None
-                and desired.in_ledger(spec)
-                and spec.name not in snap.starting
-            }
-            _record_running(journal, snap, records, found)
-            undeclared = {c: r for c, r in (known or {}).items() if c not in declared}
-            _record_running(journal, snap, records, undeclared)
+        """The start reservations of the containers that still run (journal records),
+        by :func:`started_records`, and the journal kept true to them: a record whose
+        container stopped is forgotten, one found running without a record is written.
+        ``records`` is updated in place."""
+        found = started_records(desired, snap, records, known)
+        for container in found.dropped:
+            journal.forget_started(container)
+            rec = records.pop(container)
+            if container in self._no_longer_declared:
+                logger.info(
+                    "{} (no longer declared) stopped; its {} MiB are released", container, rec.mib
+                )
+        at = time.time()
+        for container, rec in found.added.items():
+            journal.set_started(container, rec.serve, rec.gpu_roles, rec.mib, at)
+            records[container] = rec
+        declared = {s.container for s in desired.serves.values()}
         self._say_undeclared({c: r for c, r in records.items() if c not in declared})
-        return {
-            c: StartedWithModel(serve=r.serve, gpu_roles=list(r.gpu_roles), mib=r.mib)
-            for c, r in records.items()
-        }
-
-    def _drop_stopped(
-        self, journal: Journal, snap: SnapshotModel, records: dict[str, StartedWith]
-    ) -> None:
-        """A record whose container docker shows stopped or gone is dropped."""
-        for container, rec in list(records.items()):
-            c = snap.containers.get(container)
-            if c is None or c.state not in _HOLDING:
-                journal.forget_started(container)
-                del records[container]
-                if container in self._no_longer_declared:
-                    logger.info(
-                        "{} (no longer declared) stopped; its {} MiB are released",
-                        container,
-                        rec.mib,
-                    )
+        return started_models(records)
 
     def _say_undeclared(self, gone: dict[str, StartedWith]) -> None:
         for container, rec in gone.items():
@@ -138,18 +109,82 @@ class JournalOverlays:
         return models
 
 
-def _record_running(
-    journal: Journal,
+@dataclass(frozen=True, slots=True)
+class StartedRecords:
+    """What an observation does to the journal's start records (:func:`started_records`)."""
+
+    #: containers whose record ends: docker shows them stopped or gone
+    dropped: tuple[str, ...] = ()
+    #: containers found holding memory without a record, with the reservation they hold
+    added: dict[str, StartedWith] = field(default_factory=dict)
+
+    def applied(self, records: Mapping[str, StartedWith]) -> dict[str, StartedWith]:
+        """``records`` as they stand after this observation."""
+        kept = {c: r for c, r in records.items() if c not in self.dropped}
+        return {**kept, **self.added}
+
+
+def started_records(
+    desired: DesiredState,
     snap: SnapshotModel,
-    records: dict[str, StartedWith],
-    candidates: dict[str, StartedWith],
-) -> None:
-    """Each candidate found running without a record is recorded with its reservation."""
-    for container, rec in candidates.items():
-        c = snap.containers.get(container)
-        if container not in records and c is not None and c.state in _HOLDING:
-            journal.set_started(container, rec.serve, rec.gpu_roles, rec.mib, time.time())
-            records[container] = rec
+    records: Mapping[str, StartedWith],
+    known: Mapping[str, StartedWith] | None = None,
+) -> StartedRecords:
+    """The rule of the start records, the same for the loop (which journals it) and for
+    a reader of the journal (the CLI, which does not). Nothing touched here.
+
+    A container keeps the reservation it was started with until it stops, whatever
+    the manifest says now (an edit, a file caught mid-write): its record ends only once
+    docker shows the container stopped or gone. A declared container found running
+    without a record (started before this controller, or by hand) holds its declared
+    reservation, unless its start is in progress (its own end records it, on the roles
+    it reserved); a placed serve's on the card its container's environment names
+    (``VRAMCTL_GPU_ROLE``, what its ``up`` was told) when that is one of its candidates,
+    else on every candidate. A container no manifest in force declares, found running
+    without a record, holds the last reservation a manifest declared for it
+    (``known``). With docker unreadable nothing ends and nothing is found.
+    """
+    if snap.docker != "ok":
+        return StartedRecords()
+    dropped = tuple(
+        container
+        for container in records
+        if (c := snap.containers.get(container)) is None or c.state not in _HOLDING
+    )
+    declared = {s.container: s for s in desired.serves.values()}
+    candidates = {
+        container: StartedWith(spec.name, _told_roles(spec, snap), spec.vram_mib)
+        for container, spec in declared.items()
+        if spec.vram_mib is not None and desired.in_ledger(spec) and spec.name not in snap.starting
+    }
+    candidates.update({c: r for c, r in (known or {}).items() if c not in declared})
+    added = {
+        container: rec
+        for container, rec in candidates.items()
+        if container not in records
+        and (c := snap.containers.get(container)) is not None
+        and c.state in _HOLDING
+    }
+    return StartedRecords(dropped, added)
+
+
+def _told_roles(spec: ServeSpec, snap: SnapshotModel) -> tuple[str, ...]:
+    """The roles a declared container found running holds: a placed serve's card as its
+    environment says it was told, where that is a candidate; else its declared roles."""
+    c = snap.containers.get(spec.container)
+    told = c.gpu_role if c is not None else None
+    if spec.placement and told in spec.placement:
+        assert told is not None
+        return (told,)
+    return spec.gpu_roles
+
+
+def started_models(records: Mapping[str, StartedWith]) -> dict[str, StartedWithModel]:
+    """The records as the snapshot carries them."""
+    return {
+        c: StartedWithModel(serve=r.serve, gpu_roles=list(r.gpu_roles), mib=r.mib)
+        for c, r in records.items()
+    }
 
 
 def observed_names(
@@ -179,15 +214,30 @@ def record_starts(
 
 
 def elastic_in_force(journal: Journal, mset: ManifestSet, snap: SnapshotModel) -> dict[str, int]:
-    """The journal's elastic reserves, minus those of engines that restarted since.
+    """The journal's elastic reserves in force (:func:`elastic_kept`); those of engines
+    that restarted since are voided in the journal (docker read: said so)."""
+    kept, void = elastic_kept(journal.elastic(), journal.elastic_set_at(), mset, snap)
+    for name in void if snap.docker == "ok" else ():
+        journal.set_elastic(name, None, time.time())
+        logger.info("{}: the engine restarted or stopped; its elastic reserve is void", name)
+    return kept
+
+
+def elastic_kept(
+    reserves: Mapping[str, int],
+    set_at: Mapping[str, float],
+    mset: ManifestSet,
+    snap: SnapshotModel,
+) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The elastic reserves still in force, and the serves whose reserve is void.
 
     An engine forgets its reserve when its server restarts (a crash, a restart
     policy, a manual ``docker restart``): a container that is down, or that started
-    after the reserve was asked for, holds its full reservation again.
+    after the reserve was asked for, holds its full reservation again. Nothing touched.
     """
-    set_at = journal.elastic_set_at()
     out: dict[str, int] = {}
-    for name, mib in journal.elastic().items():
+    void: list[str] = []
+    for name, mib in reserves.items():
         spec = mset.serves.get(name)
         c = snap.containers.get(spec.container) if spec is not None else None
         started = _epoch_or_none(c.started_at) if c is not None else None
@@ -196,14 +246,10 @@ def elastic_in_force(journal: Journal, mset: ManifestSet, snap: SnapshotModel) -
             or c.state != "running"
             or (started is not None and started > set_at.get(name, 0.0))
         ):
-            if snap.docker == "ok":
-                journal.set_elastic(name, None, time.time())
-                logger.info(
-                    "{}: the engine restarted or stopped; its elastic reserve is void", name
-                )
-            continue
-        out[name] = mib
-    return out
+            void.append(name)
+        else:
+            out[name] = mib
+    return out, tuple(void)
 
 
 def journal_sleep(journal: Callable[[], Journal], container: str, rec: SleepRecord | None) -> None:

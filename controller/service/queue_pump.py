@@ -27,24 +27,14 @@ from controller.service.request_queue import SETTLE_S, QueueEntry, RequestQueue,
 from controller.service.view import LoopPort, LoopView
 from statemachine.admission import could_fit_later
 from statemachine.idleness import in_force
-from statemachine.planner import Policy
 from statemachine.types import DesiredState, Observed, OnDemandRequest
-from statemachine.up_decision import UpDecision, decide_up
+from statemachine.up_decision import UpDecision
 
 
-def decide_live(
-    controller: LoopPort, view: LoopView, observed: Observed, serve: str, retry_after_s: float
-) -> UpDecision:
-    """``decide_up`` on ``observed``, the live observation of ``view``."""
-    return decide_up(
-        controller.desired(),
-        observed,
-        serve,
-        policy=Policy(no_shrink=view.no_shrink),
-        now=time.time(),
-        default_retry_s=retry_after_s,
-        router=view.router,
-    )
+def decide_live(controller: LoopPort, serve: str, retry_after_s: float) -> UpDecision:
+    """The answer to ``up`` for ``serve`` from the loop's live situation
+    (:meth:`statemachine.situation.Situation.up`)."""
+    return controller.situation().up(serve, default_retry_s=retry_after_s)
 
 
 def active_requests(
@@ -143,7 +133,7 @@ class QueuePump:
             self.queue.leave(entry, "impossible", now, 404, {"error": f"{entry.serve} is gone"})
             self.notify("request_ended", serve=entry.serve, outcome="impossible")
             return
-        decision = decide_live(self.controller, view, observed, entry.serve, self.retry_after_s)
+        decision = decide_live(self.controller, entry.serve, self.retry_after_s)
         if decision.status == 202:
             self.controller.request_up(entry.serve, entry.ttl_s)
             self.queue.leave(entry, "admitted", now, 202, {"message": decision.message})

@@ -92,6 +92,8 @@ class StartTracker:
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _starts: dict[str, tuple[int, StartingObs]] = field(default_factory=dict)
     _threads: dict[str, threading.Thread] = field(default_factory=dict)
+    #: the tokens of starts that ended healthy, whose end the loop has not taken in yet
+    _ran: set[int] = field(default_factory=set)
     _next: int = 0
 
     def begin(self, serve: str, roles: tuple[str, ...], mib: int) -> int:
@@ -114,8 +116,18 @@ class StartTracker:
             if entry is None or (token is not None and entry[0] != token):
                 return
             del self._starts[serve]
+            self._ran.discard(entry[0])
             self._threads.pop(serve, None)
         self._journal("forget the up of", serve, lambda j: j.end_up(serve))
+
+    def succeeded(self, serve: str, token: int) -> None:
+        """That start ended healthy (its thread says so as it ends): it runs with the
+        reservation it was started with, and no longer counts as in progress, though
+        the loop takes its end in (records it, then :meth:`end`) a moment later."""
+        with self._lock:
+            entry = self._starts.get(serve)
+            if entry is not None and entry[0] == token:
+                self._ran.add(token)
 
     def active(self, serve: str) -> bool:
         """True while a start of ``serve`` is in progress."""
@@ -125,7 +137,13 @@ class StartTracker:
     def snapshot(self) -> dict[str, StartingObs]:
         """Serve -> roles and MiB reserved, for every start in progress (a copy)."""
         with self._lock:
-            return {name: obs for name, (_, obs) in self._starts.items()}
+            return {name: obs for name, (t, obs) in self._starts.items() if t not in self._ran}
+
+    def ran(self) -> dict[str, StartingObs]:
+        """Serve -> roles and MiB it was started with, for every start that ended
+        healthy and whose end the loop has not taken in yet (a copy)."""
+        with self._lock:
+            return {name: obs for name, (t, obs) in self._starts.items() if t in self._ran}
 
     def attach(self, serve: str, thread: threading.Thread) -> None:
         """The thread that carries the start out (joined at shutdown)."""

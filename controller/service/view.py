@@ -33,6 +33,7 @@ from controller.store.journal import CycleRecord, StepRecord
 from statemachine.plan import Plan
 from statemachine.reload import ReloadEstimate
 from statemachine.serve_record import ServeRecord
+from statemachine.situation import Situation
 from statemachine.types import DesiredState, Observed, OnDemandRequest
 
 
@@ -133,6 +134,11 @@ class LoopPort(Protocol):
 
     def reload_estimates(self) -> dict[str, ReloadEstimate]:
         """Each serve's reload cost and its basis (the serves with no figure absent)."""
+        ...
+
+    def situation(self) -> Situation:
+        """The live situation every answer is given from (the loop's desired state and
+        whole policy, the newest observation with what the executor did since, now)."""
         ...
 
     def request_up(self, serve: str, ttl_s: float | None) -> None:

@@ -39,7 +39,8 @@ from rich.markup import escape
 from controller.manifest import ManifestSet
 from controller.snapshot import SnapshotError, parse_snapshot
 from controller.store.journal import CycleRecord, Journal, JournalError
-from statemachine.planner import Policy, plan_transitions
+from statemachine.planner import Policy
+from statemachine.situation import Situation
 from statemachine.types import OnDemandRequest
 
 __all__ = [
@@ -273,7 +274,7 @@ def _replay_one(
             manifest_digest=recorded_digest,
             error=str(exc),
         )
-    new_plan = plan_transitions(desired, obs, policy, now=at).to_json()
+    new_plan = Situation(desired, obs, at, policy or Policy()).plan.to_json()
     added, removed, diff, b_added, b_removed = _compare(new_plan, recorded_plan)
     same = recorded_plan is not None and not (added or removed or b_added or b_removed)
     return CycleReplay(

@@ -57,7 +57,12 @@ from docker.errors import APIError, DockerException, NotFound
 from requests import exceptions as requests_errors  # type: ignore[import-untyped,unused-ignore]
 from tenacity import retry_if_exception
 
-from controller.adapters.docker.read import COMPOSE_PROJECT_LABEL, _details, map_docker_state
+from controller.adapters.docker.read import (
+    COMPOSE_PROJECT_LABEL,
+    _details,
+    map_docker_state,
+    told_gpu_role,
+)
 from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, exhausted
 from controller.snapshot import ContainerModel
 from statemachine.gpu_vars import GPU_ENV_NAMES
@@ -353,13 +358,7 @@ class DockerActions(RetryKnobs):
                 doc = self._api.inspect_container(name)
             except NotFound:
                 return None
-            config = doc.get("Config") if isinstance(doc, Mapping) else None
-            env = config.get("Env") if isinstance(config, Mapping) else None
-            for entry in env if isinstance(env, list) else ():
-                key, _, value = str(entry).partition("=")
-                if key == "VRAMCTL_GPU_ROLE":
-                    return value
-            return None
+            return told_gpu_role(doc) if isinstance(doc, Mapping) else None
 
         return self._call(f"docker inspect {name}", read)
 

@@ -315,6 +315,8 @@ class _Details:
     oom_killed: bool | None
     health: str | None
     gpu_reason: str | None
+    #: the ``VRAMCTL_GPU_ROLE`` its environment holds: the card its ``up`` was told
+    gpu_role: str | None = None
 
 
 @dataclass(slots=True)
@@ -495,7 +497,21 @@ def _details(doc: Mapping[str, Any], state: ContainerState) -> _Details:
         # only while the container is up.
         health=health if health and health != "none" and state in _HEALTH_STATES else None,
         gpu_reason=gpu_request(doc),
+        gpu_role=told_gpu_role(doc),
     )
+
+
+def told_gpu_role(doc: Mapping[str, Any]) -> str | None:
+    """The ``VRAMCTL_GPU_ROLE`` an inspected container was created with (its
+    environment): the card its ``up`` was told (statemachine/gpu_vars.py); ``None`` when
+    it does not say."""
+    config = doc.get("Config")
+    env = config.get("Env") if isinstance(config, Mapping) else None
+    for entry in env if isinstance(env, list) else ():
+        key, _, value = str(entry).partition("=")
+        if key == "VRAMCTL_GPU_ROLE":
+            return value or None
+    return None
 
 
 class _Cycle:
@@ -566,6 +582,8 @@ class _Cycle:
                     "compose_project": project,
                     "compose_service": service,
                 }
+                if d.gpu_role is not None:
+                    fields["gpu_role"] = d.gpu_role
                 if docker_state == "removing":
                     fields["docker_state"] = docker_state
                 model = ContainerModel.model_validate(fields)

@@ -27,10 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import json
-import tempfile
-import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -45,23 +44,16 @@ from controller.interfaces.api.errors import ApiError
 from controller.interfaces.api.guard import MCP_AUTHORIZED
 from controller.interfaces.api.settings import LOOPBACK_NAMES, NO_TOKEN_MESSAGE, ApiSettings
 from controller.interfaces.mcp_server import (
+    Asked,
     Caller,
     ToolError,
     Tools,
     check_tool_arguments,
-    fit_question,
-    fit_reply,
     http_transport,
-    unknown_serve_message,
 )
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.service.events import Event, Subscription
-from statemachine.fit import fit_serve
-from statemachine.hypothetical import HYPOTHETICAL
-from statemachine.pending import pending_starts, with_pending
-from statemachine.planner import Policy, plan_transitions
-from statemachine.types import Observed
-from statemachine.up_decision import mark_pending
+from controller.service.view import LoopView
 
 #: why a write is refused over HTTP without the token
 WRITES_NEED_TOKEN = (
@@ -90,6 +82,7 @@ class LiveBackend:
 
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
+        self.tools = Tools(LiveSource(ctx))
 
     async def answer(
         self, name: str, arguments: Mapping[str, Any], caller: Caller
@@ -97,14 +90,8 @@ class LiveBackend:
         check_tool_arguments(name, arguments)
         args = dict(arguments)
         try:
-            if name == "reservation_status":
-                return self.reservation_status(caller)
-            if name == "serves_status":
-                return self.serves_status(args, caller)
-            if name == "can_fit":
-                return self.can_fit(args)
-            if name == "plan_preview":
-                return self.plan_preview(args)
+            if name in self.tools.handlers:
+                return self.tools.call(name, args, full=caller.full)
             if not caller.may_write or not isinstance(caller.request, Request):
                 raise ToolError(caller.why_not)
             if name == "request_up":
@@ -146,18 +133,41 @@ class LiveBackend:
         """``POST /v1/serves/{serve}/down``."""
         return _answer(await verbs.down(str(args["serve"]), request, self.ctx))
 
-    # ------------------------------------------------------------------------------
 
-    def _manifests(self) -> tuple[Path, ...]:
+class LiveSource:
+    """The read tools' inputs inside ``vramctl run``: the loop's live situation (the
+    one ``GET /v1/ledger``, ``/v1/serves`` and ``/v1/fit`` answer from), never a fresh
+    observation. Asked on the loop's own event loop, as the routes are."""
+
+    def __init__(self, ctx: ApiContext) -> None:
+        self.ctx = ctx
+
+    def files(self) -> tuple[Path, ...]:
         """The manifest files the controller runs from (its options'; none for a port
         that has none)."""
         options = getattr(self.ctx.controller, "options", None)
         return tuple(Path(f) for f in getattr(options, "manifests", ()))
 
-    def _source(self) -> dict[str, Any]:
+    def load(self, paths: tuple[Path, ...]) -> ManifestSet:
+        return _load(paths)
+
+    def ask(self, edit: ManifestSet | None = None, *, full: bool = True) -> Asked:
         view = self.ctx.controller.view()
+        sit = self.ctx.controller.situation()
+        if edit is not None:  # the edit, with the host and the requests as they are
+            sit = sit.with_desired(replace(edit.desired(), requests=sit.desired.requests))
+        return Asked(
+            sit,
+            reads.row_extras(self.ctx, view),
+            self._source(view),
+            self._notes(view, full),
+            observed=view.snapshot is not None,
+            digest=view.manifest_digest,
+        )
+
+    def _source(self, view: LoopView) -> dict[str, Any]:
         return {
-            "manifests": [str(f) for f in self._manifests()],
+            "manifests": [str(f) for f in self.files()],
             "observed": "live",
             "observed_at": view.observed_at,
             "docker": "unknown"
@@ -168,8 +178,7 @@ class LiveBackend:
             "in_flight": [f.to_json() for f in view.live.in_flight],
         }
 
-    def _notes(self, full: bool) -> list[str]:
-        view = self.ctx.controller.view()
+    def _notes(self, view: LoopView, full: bool) -> list[str]:
         notes: list[str] = []
         if view.snapshot is None:
             notes.append(
@@ -182,112 +191,6 @@ class LiveBackend:
         if not full:
             notes.append(str(detail(False)["detail_note"]))
         return notes
-
-    def reservation_status(self, caller: Caller) -> dict[str, Any]:
-        """``GET /v1/ledger``'s answer, in the tool's shape."""
-        view = self.ctx.controller.view()
-        data = reads.status_now(self.ctx, view)
-        pending = reads.pending_now(self.ctx, view, view.observed() or Observed(docker_ok=False))
-        return {
-            "docker": data["docker"],
-            "nvml": data["nvml"],
-            "gpu_roles": reads.ledger_roles(data, pending),
-            "host": data.get("host"),
-            "pending": [p.to_json() for p in pending],
-            "undeclared_gpu_containers": data["undeclared_gpu_containers"],
-            "no_longer_declared": data["no_longer_declared"],
-            "notes": self._notes(caller.full),
-            "source": self._source(),
-        }
-
-    def serves_status(self, args: dict[str, Any], caller: Caller) -> dict[str, Any]:
-        """``GET /v1/serves``'s rows (one serve's with ``serve``)."""
-        only = args.get("serve")
-        view = self.ctx.controller.view()
-        if only is not None and only not in view.desired.serves:
-            raise ToolError(unknown_serve_message(only, view.desired))
-        data = reads.status_now(self.ctx, view)
-        now = time.time()
-        requests = {r.serve: r for r in self.ctx.controller.requests()}
-        seen = view.observed()
-        plan = view.plan
-        blocked = {b.serve: b.reason for b in plan.blocked} if plan is not None else {}
-        rows = [
-            reads.serve_row(
-                self.ctx, view, row, requests.get(row["serve"]), blocked, seen, now, caller.full
-            )
-            for row in data["serves"]
-            if only is None or row["serve"] == only
-        ]
-        return {
-            "docker": data["docker"],
-            "serves": rows,
-            "notes": self._notes(caller.full),
-            "source": self._source(),
-        }
-
-    def can_fit(self, args: dict[str, Any]) -> dict[str, Any]:
-        """``GET /v1/fit/{serve}``'s answer, or the same for N MiB or a model's files on a
-        role or placed among candidates (the files read on the controller's machine)."""
-        view = self.ctx.controller.view()
-        if args.get("serve") is not None:
-            self.ctx.spec_of(str(args["serve"]))
-        desired, name, estimate = fit_question(self.ctx.controller.desired(), args)
-        serve = None if name == HYPOTHETICAL else name
-        observed = self.ctx.observed_or_503(view)
-        now = time.time()
-        policy = Policy(no_shrink=view.no_shrink)
-        pending = pending_starts(desired, observed, policy=policy, now=now, requester=name)
-        result = fit_serve(desired, with_pending(observed, pending), name, policy=policy, now=now)
-        body = mark_pending(result.to_json(), pending)
-        return fit_reply(body, result.known, serve, estimate, self._notes(True), self._source())
-
-    def plan_preview(self, args: dict[str, Any]) -> dict[str, Any]:
-        """The plan an edited manifest would cause on the live observation."""
-        text, path = args.get("manifest_text"), args.get("manifest_path")
-        if (text is None) == (path is None):
-            raise ToolError(
-                "give the edit as manifest_text (the edited TOML) or manifest_path (an "
-                "edited file), one of them"
-            )
-        files = list(self._manifests())
-        if not files:
-            raise ToolError("this controller names no manifest files to edit")
-        if path is not None:
-            edited_path = Path(str(path)).expanduser()
-            if not edited_path.is_file():
-                raise ToolError(f"{path}: no such file (give the edited manifest's path)")
-            return self._preview(_load((edited_path,)))
-        target = Tools._replaced(files, args.get("replaces"))
-        with tempfile.TemporaryDirectory(prefix="vramctl-mcp-") as tmp:
-            edited = Path(tmp) / target.name
-            edited.write_text(str(text), encoding="utf-8")
-            return self._preview(_load(tuple(edited if f == target else f for f in files)))
-
-    def _preview(self, mset: ManifestSet) -> dict[str, Any]:
-        view = self.ctx.controller.view()
-        observed = view.observed()
-        notes = [f"manifest: {w}" for w in mset.warnings]
-        if observed is None:
-            observed = Observed(docker_ok=False)
-        known = observed.docker_ok
-        if not known:
-            notes.append("the plan is unknown, not empty (known: false): docker was not read")
-        result = plan_transitions(
-            mset.desired(), observed, Policy(no_shrink=view.no_shrink), time.time()
-        )
-        data = result.to_json()
-        plan_notes = data.pop("notes", [])
-        if mset.digest == view.manifest_digest:
-            notes.append("the edit changes nothing the controller reads: this is today's plan")
-        return {
-            **data,
-            "known": known,
-            "notes": [*plan_notes, *notes, *self._notes(True)],
-            "manifest_digest": mset.digest,
-            "executed": False,
-            "source": self._source(),
-        }
 
 
 def _answer(response: JSONResponse) -> dict[str, Any]:

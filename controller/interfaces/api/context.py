@@ -95,13 +95,8 @@ class ApiContext:
 
     def decide_now(self, view: LoopView, serve: str) -> UpDecision:
         """``decide_up`` on the live observation of ``view`` (503 before the first)."""
-        return decide_live(
-            self.controller,
-            view,
-            self.observed_or_503(view),
-            serve,
-            self.settings.retry_after_s,
-        )
+        self.observed_or_503(view)
+        return decide_live(self.controller, serve, self.settings.retry_after_s)
 
     def full_detail(self, request: Request) -> bool:
         """Whether this read may see free text: it carries the right token.

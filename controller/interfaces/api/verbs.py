@@ -27,13 +27,13 @@ from controller.interfaces.api.answers import follow, queued_answer, refuse
 from controller.interfaces.api.context import ApiContext, Ctx, client_of, live_meta
 from controller.interfaces.api.errors import ApiError
 from controller.interfaces.api.hold import hold
-from controller.interfaces.api.reads import request_json
+from controller.interfaces.host_answers import request_json
 from controller.interfaces.upwait import MAX_WAIT_S, timings
 from controller.service.queue_pump import recorded_requests
 from controller.service.request_queue import DEFAULT_QUEUE_S, MAX_QUEUE_S
 from controller.service.view import LoopView
 from statemachine.admission import can_request, could_fit_later, down_needs_router, no_router_reason
-from statemachine.idleness import request_end
+from statemachine.idleness import in_force
 from statemachine.types import DesiredRun, Observed, OnDemandRequest, ServeSpec, SleepState
 from statemachine.up_decision import UpDecision
 
@@ -295,7 +295,7 @@ def _record(
     req_json = (
         request_json(record, now, spec, observed)
         if record is not None
-        else request_json(OnDemandRequest(serve, now, effective_ttl), now)
+        else request_json(OnDemandRequest(serve, now, effective_ttl), now, spec, observed)
     )
     held = ctx.controller.view().backoff.get(serve)
     note = None
@@ -344,15 +344,13 @@ async def down(serve: str, request: Request, ctx: Ctx) -> JSONResponse:
             },
             status_code=202,
         )
-    last = ctx.controller.view().snapshot
-    seen = last.to_observed() if last is not None else Observed(docker_ok=False)
+    sit = ctx.controller.situation()
     live = [
         r
-        for r in ctx.controller.requests()
-        if r.serve == serve and not request_end(r, spec, seen).expired(now)
+        for r in sit.desired.requests
+        if r.serve == serve and in_force(r, spec, sit.observed, sit.now)
     ]
-    view = ctx.controller.view()
-    need = None if view.router else down_needs_router(spec, view.observed() or seen)
+    need = None if sit.router else down_needs_router(spec, sit.observed)
     if live and need is not None:
         why = f"{no_router_reason(f'down {serve}', [need])}; the request stays in force"
         logger.info("api: down {} refused: {}", serve, why)

@@ -13,7 +13,8 @@ executor and :mod:`controller.service.steps.undo` do).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import replace
 from types import MappingProxyType
 
 from controller.service import sleep_steps
@@ -22,7 +23,7 @@ from controller.service.steps.context import RunContext
 from controller.service.steps.results import StepError
 from statemachine.lifecycle import LifecycleState
 from statemachine.planner import Action, Step
-from statemachine.types import ServeSpec
+from statemachine.types import DesiredState, ServeSpec
 
 #: A step handler: the step's detail, or :class:`StepError`.
 Handler = Callable[[RunContext, Step, ServeSpec], str]
@@ -51,9 +52,34 @@ HANDLERS: Mapping[Action, Handler] = MappingProxyType(
 IMPLEMENTED_ACTIONS: frozenset[Action] = frozenset(HANDLERS)
 
 
+def on_its_card(s: ServeSpec, step: Step) -> ServeSpec:
+    """A placed serve as ``step`` has it: on the card the plan chose (the step's own
+    roles, when they are among its candidates), whatever the spec it was handed says;
+    any other serve as it is. A reserve is admitted, a start told and a release freed on
+    the card the plan holds the serve on (docs/placement.md)."""
+    roles = step.gpu_roles
+    if not s.placement or not roles or roles == s.gpu_roles or not set(roles) <= set(s.placement):
+        return s
+    return replace(s, gpu_roles=roles)
+
+
+def on_planned_cards(desired: DesiredState, steps: Iterable[Step]) -> DesiredState:
+    """``desired`` with each placed serve on the card the plan's steps hold or reserve it
+    on (:func:`on_its_card`, the first step naming it): what a saved plan, whose
+    placements are its steps, is carried out and recorded with."""
+    serves = dict(desired.serves)
+    done: set[str] = set()
+    for step in steps:
+        s = serves.get(step.serve)
+        if s is not None and step.serve not in done and step.gpu_roles:
+            serves[step.serve] = on_its_card(s, step)
+            done.add(step.serve)
+    return replace(desired, serves=serves)
+
+
 def do(run: RunContext, step: Step) -> str:
     """Carry out ``step`` by its handler, its footprint window opened and closed."""
-    s = run.serve(step.serve)
+    s = on_its_card(run.serve(step.serve), step)
     handler = HANDLERS.get(step.action)
     if handler is None:  # a step kind the core plans and this executor cannot carry out
         raise StepError(f"{step.action} steps are not implemented by this executor")
