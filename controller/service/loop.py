@@ -288,8 +288,10 @@ class Controller:
         return await self.changes.wait(timeout_s)
 
     def requests(self) -> tuple[OnDemandRequest, ...]:
-        """The on-demand requests as the planner sees them."""
-        return tuple(r for r in self.journal.active_requests())
+        """The on-demand requests as the planner sees them (none before the journal is
+        open: a controller that has not started has recorded none)."""
+        journal = getattr(self, "journal", None)
+        return () if journal is None else tuple(journal.active_requests())
 
     def desired(self) -> DesiredState:
         """The desired state: the last good manifest set plus the requests."""
@@ -339,8 +341,7 @@ class Controller:
 
     def last_used(self) -> dict[str, float]:
         """Serve -> when it was last used: last seen busy, or its latest request."""
-        requests = self.requests() if getattr(self, "journal", None) is not None else ()
-        return used_at(self.in_flight.last_busy(), requests)
+        return used_at(self.in_flight.last_busy(), self.requests())
 
     def history(self) -> JournalHistory:
         """The journal's recorded cycles, read only (the operator's page lists them)."""
