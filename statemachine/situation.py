@@ -27,7 +27,7 @@ the planner does not: each answer is the core's own function on these inputs.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -38,7 +38,14 @@ from statemachine.fit import FitResult, fit_serve
 from statemachine.pending import PendingStart, pending_starts, with_pending
 from statemachine.plan import Plan, Policy
 from statemachine.planner import plan_transitions
-from statemachine.reload import ReloadEstimate
+from statemachine.reload import (
+    Measured,
+    ReloadEstimate,
+    declared_costs,
+    last_used,
+    reload_costs,
+    reload_estimates,
+)
 from statemachine.serve_record import ServeRecord
 from statemachine.status import HostStatus, host_status
 from statemachine.types import DesiredState, Observed
@@ -105,6 +112,47 @@ class Situation:
         """The desired state with the plan's placements applied: each placed serve on
         the card the plan holds or puts it on (every candidate where that is unknown)."""
         return placement.apply(self.desired, self.plan.placements)
+
+    @classmethod
+    def of(
+        cls,
+        desired: DesiredState,
+        observed: Observed,
+        now: float,
+        *,
+        measured: Mapping[str, Measured] | None = None,
+        busy_at: Mapping[str, float] | None = None,
+        no_shrink: Iterable[str] = (),
+        no_sleep: Iterable[str] = (),
+        hold: Mapping[str, str] | None = None,
+        records: Mapping[str, ServeRecord] | None = None,
+        router: bool = True,
+        notes: Iterable[str] = (),
+    ) -> Situation:
+        """The situation of what a source knows, its policy made here, once, for every
+        source: the reload costs from the ``measured`` cold starts and wakes (else the
+        manifest's figures), when each serve was last used (last seen busy,
+        ``busy_at``, or its latest request), and the source's holds, no-shrink and
+        no-sleep serves."""
+        declared = declared_costs(desired)
+        measured = measured or {}
+        policy = Policy(
+            no_shrink=frozenset(no_shrink),
+            hold=dict(hold or {}),
+            no_sleep=frozenset(no_sleep),
+            reload=reload_costs(declared, measured),
+            last_used=last_used(busy_at or {}, desired.requests),
+        )
+        return cls(
+            desired,
+            observed,
+            now,
+            policy,
+            records=records or {},
+            reload=reload_estimates(declared, measured),
+            router=router,
+            notes=tuple(notes),
+        )
 
     def with_desired(self, desired: DesiredState) -> Situation:
         """The same situation with another desired state (an edit previewed, a

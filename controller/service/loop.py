@@ -102,16 +102,9 @@ from statemachine import backoff
 from statemachine.backoff import Backoff
 from statemachine.idleness import in_force
 from statemachine.ledger import Ledger
-from statemachine.plan import ReloadCost
 from statemachine.planner import Action, Plan, Policy
 from statemachine.reload import (
     ReloadEstimate,
-    declared_costs,
-    reload_costs,
-    reload_estimates,
-)
-from statemachine.reload import (
-    last_used as used_at,
 )
 from statemachine.situation import Situation
 from statemachine.types import (
@@ -300,24 +293,22 @@ class Controller:
     def policy(self, now: float) -> Policy:
         """The planner policy: backoff holds, serves whose shrink failed or that cannot
         sleep, what bringing each serve back costs and when each was last used."""
-        return Policy(
-            no_shrink=frozenset(self.no_shrink),
-            hold=backoff.holds(self.backoff, now),
-            no_sleep=frozenset(self.no_sleep),
-            reload=self._reload_costs(),
-            last_used=self.last_used(),
-        )
+        return self.situation_for(Observed(docker_ok=False), now).policy
 
     def situation_for(self, observed: Observed, now: float) -> Situation:
         """The loop's situation: the desired state with the requests, ``observed``, the
-        whole policy as of ``now``, the serves' records and reload costs."""
-        return Situation(
-            self.desired(),
+        whole policy as of ``now`` (:meth:`Situation.of`), the serves' records."""
+        desired = self.desired()
+        return Situation.of(
+            desired,
             observed,
             now,
-            self.policy(now),
+            measured=self.reloads.measured(desired.serves),
+            busy_at=self.in_flight.last_busy(),
+            no_shrink=self.no_shrink,
+            no_sleep=self.no_sleep,
+            hold=backoff.holds(self.backoff, now),
             records=self.serve_records.snapshot(),
-            reload=self.reload_estimates(),
             router=bool(self.options.router_url),
         )
 
@@ -332,16 +323,8 @@ class Controller:
     def reload_estimates(self) -> dict[str, ReloadEstimate]:
         """Each serve's reload cost and its basis (measured, declared; the serves with
         neither are absent), over the manifest in force (``status``)."""
-        desired = self.mset.desired()
-        return reload_estimates(declared_costs(desired), self.reloads.measured(desired.serves))
-
-    def _reload_costs(self) -> dict[str, ReloadCost]:
-        desired = self.mset.desired()
-        return reload_costs(declared_costs(desired), self.reloads.measured(desired.serves))
-
-    def last_used(self) -> dict[str, float]:
-        """Serve -> when it was last used: last seen busy, or its latest request."""
-        return used_at(self.in_flight.last_busy(), self.requests())
+        reload = self.situation_for(Observed(docker_ok=False), time.time()).reload
+        return dict(reload or {})
 
     def history(self) -> JournalHistory:
         """The journal's recorded cycles, read only (the operator's page lists them)."""

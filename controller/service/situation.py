@@ -30,14 +30,7 @@ from controller.manifest import ManifestSet
 from controller.service.overlays import elastic_kept, started_models, started_records
 from controller.snapshot import SnapshotModel
 from controller.store.journal import Journal, JournalError, SleepRecord, journal_path
-from statemachine.plan import Policy
-from statemachine.reload import (
-    declared_costs,
-    last_used,
-    measured_from,
-    reload_costs,
-    reload_estimates,
-)
+from statemachine.reload import measured_from
 from statemachine.situation import Situation
 from statemachine.types import OnDemandRequest, StartedWith
 
@@ -111,23 +104,19 @@ def snapshot_situation(
     snap = _overlaid(mset, snap, records)
     requests = tuple(r for r in records.requests if r.serve in desired.serves)
     desired = replace(desired, requests=requests)
-    declared = declared_costs(desired)
     measured = {n: m for n, m in measured_from(records.reloads).items() if n in desired.serves}
     recorded = records.policy or {}
-    policy = Policy(
-        no_shrink=frozenset(recorded.get("no_shrink", ())) & set(desired.serves),
-        no_sleep=frozenset(recorded.get("no_sleep", ())) & set(desired.serves),
-        reload=reload_costs(declared, measured),
-        last_used=last_used(_floats(recorded.get("last_used")), requests),
-    )
-    return Situation(
+    serves = set(desired.serves)
+    return Situation.of(
         desired,
         snap.to_observed(),
         taken_at(snap),
-        policy,
-        reload=reload_estimates(declared, measured),
+        measured=measured,
+        busy_at=_floats(recorded.get("last_used")),
+        no_shrink=serves & set(recorded.get("no_shrink", ())),
+        no_sleep=serves & set(recorded.get("no_sleep", ())),
         router=router,
-        notes=tuple(notes),
+        notes=notes,
     )
 
 
