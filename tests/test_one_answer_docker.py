@@ -30,7 +30,10 @@ import httpx
 import pytest
 from docker.errors import NotFound
 from serving import free_port
+from test_api import vramctl
+from test_api import wait_for as api_wait_for
 from test_loop_events import names
+from test_placement_docker import _card_of, _serve
 
 from controller.store.journal import Journal, journal_path
 
@@ -46,43 +49,14 @@ RUNNING = 'desired = "running"'
 PLACED = 'placement = ["a", "b"]'
 
 
-def _up(container: str, image: str) -> str:
-    return (
-        f"docker run -d --name {container} --network host --init --label vramctl.test=1 "
-        f"-e VRAMCTL_GPU_ROLE={{gpu_role}} {image} sleep 3600"
-    )
-
-
-def _serve(name: str, container: str, image: str, mib: int, where: str, extra: str) -> str:
-    return (
-        f'\n[[serve]]\nname = "{name}"\ncontainer = "{container}"\nvram_mib = {mib}\n'
-        f'{where}\nstop_timeout_s = 1\nup = "{_up(container, image)}"\n{extra}\n'
-    )
-
-
 def _roles(*roles: tuple[str, int]) -> str:
     return "".join(f'[[gpu_roles]]\nid = "{r}"\nvram_mib = {mib}\n\n' for r, mib in roles)
 
 
-def vramctl(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=dict(os.environ, COLUMNS="200", NO_COLOR="1", **(env or {})),
-        cwd=ROOT,
-        timeout=120,
-        check=False,
-    )
-
-
 def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out waiting for {what}")
+    """test_api's wait, with the longer default a start by ``up`` may need on a loaded
+    machine."""
+    api_wait_for(what, check, timeout)
 
 
 def _state(client: docker.DockerClient, container: str) -> str:
@@ -90,11 +64,6 @@ def _state(client: docker.DockerClient, container: str) -> str:
         return str(client.containers.get(container).status)
     except NotFound:
         return "absent"
-
-
-def _card_of(client: docker.DockerClient, container: str) -> str | None:
-    env = client.containers.get(container).attrs["Config"]["Env"] or []
-    return next((e.split("=", 1)[1] for e in env if e.startswith("VRAMCTL_GPU_ROLE=")), None)
 
 
 class Loop:
