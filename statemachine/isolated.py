@@ -239,7 +239,7 @@ def _candidates(
             return None
         busy = in_flight(n).count
         cost = policy.victim_cost(n, obs.started_at, now, wake=False, declared=declared_reload(o))
-        rows.append((n, res.gpu_roles, mib, o.priority, obs.started_at, busy, cost))
+        rows.append(Row(n, res.gpu_roles, mib, o.priority, obs.started_at, busy, cost))
     return rows
 
 

@@ -14,26 +14,29 @@ The order of preference (docs/design.md §3) is lexicographic over a candidate s
 6. least recently started (the most recent start in the set as old as possible);
 7. names (determinism).
 
+The order is written once, in :func:`_key` (a set's key from its figures):
+:func:`preference_key`, the exact search and the greedy all compare sets by it.
 Where no candidate has a cost, term 3 ties every set of a size: the order is the one
 before costs were known.
 
 While there are at most ``exact_limit`` candidates the search is exact: sets are
 enumerated by size, sizes that even the largest candidates cannot cover are skipped,
 and the first size with a cover yields the best set by the key above (a cover's
-victims that may be busy and its overshoot are read off tables first; the whole key
-is computed only for the covers best on those). For one short role that size is the
-fewest largest candidates that cover, so only its sets are enumerated, and a cover by
-one victim is found in one pass. The search reads candidates as plain rows
-(:data:`Row`, a :class:`Candidate`'s fields): :func:`victim_names` gives its answer for
-rows without building a :class:`Candidate` for each. Beyond the
-bound a documented greedy is used: *largest first* (take candidates by MiB, largest
-first, until every role's shortfall is covered), then *prune* (drop any victim whose
-removal keeps the cover, smallest first) and *swap* (replace a victim by the smallest
-unchosen candidate that still covers). Pruning and swapping only ever lower the count
-or the MiB freed, so the result is never worse than largest-first on either. The same
-greedy is also run over the idle candidates alone; the best of the four answers
-(largest-first and improved, over all candidates and over the idle ones) by the key
-above is chosen.
+victims that may be busy and the MiB it frees are read off tables, and its key is
+first built from those and its costs alone; the victims' own terms are computed only
+for the covers tied on that). For one short role that size is the fewest largest
+candidates that cover, so only its sets are enumerated, and a cover by one victim is
+found in one pass. The search reads each candidate by its fields' names, so a
+:class:`Row` (a :class:`Candidate`'s fields in a named tuple) serves as well as a
+:class:`Candidate`: :func:`victim_names` gives its answer for rows without building a
+:class:`Candidate` for each. Beyond the bound a documented greedy is used: *largest
+first* (take candidates by MiB, largest first, until every role's shortfall is
+covered), then *prune* (drop any victim whose removal keeps the cover, smallest first)
+and *swap* (replace a victim by the smallest unchosen candidate that still covers).
+Pruning and swapping only ever lower the count or the MiB freed, so the result is never
+worse than largest-first on either. The same greedy is also run over the idle
+candidates alone; the best of the four answers (largest-first and improved, over all
+candidates and over the idle ones) by the key above is chosen.
 
 Pure: no I/O, no clock, no docker.
 """
@@ -41,10 +44,11 @@ Pure: no I/O, no clock, no docker.
 from __future__ import annotations
 
 from bisect import bisect_left
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import accumulate, combinations, compress
 from math import fsum
+from typing import NamedTuple
 
 DEFAULT_EXACT_LIMIT = 14
 
@@ -70,26 +74,53 @@ class Candidate:
         return self.in_flight == 0
 
 
-def freed(victims: Sequence[Candidate], shortfall: Mapping[str, int]) -> dict[str, int]:
+class Row(NamedTuple):
+    """A candidate as the exact search reads it: a :class:`Candidate`'s fields, by the
+    same names, in a plain tuple, so a caller with many candidates need not build an
+    object for each (``Candidate(*row)`` is the candidate)."""
+
+    name: str
+    gpu_roles: tuple[str, ...]
+    mib: int
+    priority: int = 0
+    started_at: float | None = None
+    #: requests in flight; ``None`` is unknown (possibly busy), never idle
+    in_flight: int | None = None
+    #: the seconds it would take to bring back (weighted); ``None`` is unknown
+    cost_s: float | None = None
+
+
+#: what the order of preference reads of a victim: a :class:`Candidate` or a :class:`Row`
+#: (the same fields by name)
+Victim = Candidate | Row
+
+
+def freed(victims: Sequence[Victim], shortfall: Mapping[str, int]) -> dict[str, int]:
     """MiB freed on each role that is short."""
     return {role: sum(v.mib for v in victims if role in v.gpu_roles) for role in shortfall}
 
 
-def covers(victims: Sequence[Candidate], shortfall: Mapping[str, int]) -> bool:
+def covers(victims: Sequence[Victim], shortfall: Mapping[str, int]) -> bool:
     """True when stopping ``victims`` frees at least the shortfall on every role."""
     got = freed(victims, shortfall)
     return all(got[r] >= need for r, need in shortfall.items())
 
 
-def overshoot(victims: Sequence[Candidate], shortfall: Mapping[str, int]) -> int:
+def overshoot(victims: Sequence[Victim], shortfall: Mapping[str, int]) -> int:
     """MiB freed beyond the shortfall, summed over the roles that are short."""
     got = freed(victims, shortfall)
     return sum(got[r] - need for r, need in shortfall.items())
 
 
-def possibly_busy(victims: Sequence[Candidate]) -> int:
-    """How many of ``victims`` are not known to be idle."""
-    return sum(1 for v in victims if not v.idle)
+def possibly_busy(victims: Sequence[Victim]) -> int:
+    """How many of ``victims`` may be busy: those not known to be idle (a count of
+    requests in flight that is unknown is possibly busy, never idle)."""
+    return sum(_busy_flags(victims))
+
+
+def _busy_flags(victims: Sequence[Victim]) -> list[bool]:
+    """Per victim, whether it may be busy (a flag sums as 1): all but those known idle."""
+    return [v.in_flight != 0 for v in victims]
 
 
 #: how long after its last use a victim's cost weighs half (:func:`reload_weight`): five
@@ -107,22 +138,60 @@ def reload_weight(idle_s: float | None) -> float:
 
 def reload_key(costs: Sequence[float | None]) -> tuple[int, float]:
     """How many victims' costs are unknown, then the sum of the known ones (exactly
-    rounded: the same set sums the same in any order)."""
-    return (sum(1 for c in costs if c is None), fsum(c for c in costs if c is not None))
+    rounded: the same set sums the same in any order; a cost of 0 adds nothing to it)."""
+    return (costs.count(None), fsum(filter(None, costs)))
 
 
-def preference_key(
-    victims: Sequence[Candidate], shortfall: Mapping[str, int]
-) -> tuple[int, int, tuple[int, float], int, tuple[int, ...], tuple[float, ...], tuple[str, ...]]:
-    """The lexicographic preference key of a victim set (smaller is better)."""
+#: a victim set's place in the order of preference (:func:`_key`), smaller first
+PreferenceKey = tuple[
+    int, int, tuple[int, float], int, tuple[int, ...], tuple[float, ...], tuple[str, ...]
+]
+
+
+def _key(
+    count: int,
+    busy: int,
+    reload: tuple[int, float],
+    over: int,
+    priorities: Iterable[int] = (),
+    starts: Iterable[float | None] = (),
+    names: Sequence[str] = (),
+) -> PreferenceKey:
+    """The order of preference (the module's docstring), term by term, from a set's
+    figures: the one place it is written. Of a set of ``count`` victims, ``busy`` of
+    them possibly busy (:func:`possibly_busy`), as dear to bring back as ``reload``
+    (:func:`reload_key` of their costs), freeing ``over`` MiB beyond the shortfall
+    (:func:`overshoot`), then its victims' ``priorities``, ``starts`` (``None``:
+    unknown) and ``names``.
+
+    Without the victims' own figures (the exact search's first comparison of covers,
+    whose other figures it reads off its tables) the last terms are empty: that key
+    orders sets as the whole key does up to them."""
+    if not names:  # the victims' own figures left out, or no victim
+        return (count, busy, reload, over, (), (), ())
     return (
+        count,
+        busy,
+        reload,
+        over,
+        # the most important victim as unimportant as possible, then the next...
+        tuple(sorted(priorities, reverse=True)),
+        # the most recent start as old as possible (unknown: 0.0, the oldest)
+        tuple(sorted([s or 0.0 for s in starts], reverse=True)),
+        tuple(sorted(names)),
+    )
+
+
+def preference_key(victims: Sequence[Victim], shortfall: Mapping[str, int]) -> PreferenceKey:
+    """The lexicographic preference key of a victim set (smaller is better): :func:`_key`."""
+    return _key(
         len(victims),
         possibly_busy(victims),
         reload_key([v.cost_s for v in victims]),
         overshoot(victims, shortfall),
-        tuple(sorted((v.priority for v in victims), reverse=True)),
-        tuple(sorted((v.started_at or 0.0 for v in victims), reverse=True)),
-        tuple(sorted(v.name for v in victims)),
+        [v.priority for v in victims],
+        [v.started_at for v in victims],
+        [v.name for v in victims],
     )
 
 
@@ -242,10 +311,7 @@ def choose_victims(
         pool = [c for c in candidates if any(r in short for r in c.gpu_roles)]
     if len(pool) > exact_limit:
         return _greedy(pool, short)
-    rows = [
-        (c.name, c.gpu_roles, c.mib, c.priority, c.started_at, c.in_flight, c.cost_s) for c in pool
-    ]
-    picks = exact_cover(rows, short)
+    picks = exact_cover(pool, short)  # a Candidate reads as a row
     return None if picks is None else tuple(pool[i] for i in picks)
 
 
@@ -263,13 +329,7 @@ def _greedy(pool: list[Candidate], short: Mapping[str, int]) -> tuple[Candidate,
     return tuple(sorted(best, key=lambda c: c.name))
 
 
-#: A candidate as the exact search reads it: a :class:`Candidate`'s fields in order
-#: (name, gpu_roles, mib, priority, started_at, in_flight, cost_s) as a plain tuple, so a
-#: caller with many candidates need not build an object for each (``Candidate(*row)``).
-Row = tuple[str, tuple[str, ...], int, int, float | None, int | None, float | None]
-
-
-def exact_cover(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...] | None:
+def exact_cover(rows: Sequence[Victim], short: Mapping[str, int]) -> tuple[int, ...] | None:
     """The best cover of ``short`` (role -> MiB, every need positive) among ``rows``, by
     the order of preference, as indices into ``rows`` in the order of their names; None
     when even all of them do not cover. Every row is on a short role (the search does
@@ -280,37 +340,31 @@ def exact_cover(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...
     return _many_roles(rows, short)
 
 
-def _one_role(rows: Sequence[Row], need: int) -> tuple[int, ...] | None:
+def _one_role(rows: Sequence[Victim], need: int) -> tuple[int, ...] | None:
     """:func:`exact_cover` for one short role (``need`` on it; every row is on it).
 
     Only the fewest largest rows that cover fix the size: no fewer rows cover, and
-    those do, so every cover of that size is a candidate answer and no other is."""
-    mib = [row[2] for row in rows]
-    # one victim covers (the need is positive): the best single cover, by the order's
-    # terms for one victim
+    those do, so every cover of that size is a candidate answer and no other is (one
+    row that covers alone: the rows that do, in one pass)."""
+    mib = [row.mib for row in rows]
     if max(mib, default=0) >= need:
-        best = min(
-            (
-                row[5] != 0,
-                reload_key((row[6],)),
-                row[2],
-                row[3],
-                row[4] or 0.0,
-                row[0],
-                i,
-            )
-            for i, row in enumerate(rows)
-            if row[2] >= need
+        # one row covers: the best of those that do, each a set of one (possibly busy
+        # unless its count is known to be 0, as _busy_flags says)
+        return _first(
+            rows,
+            [
+                (_key(1, row.in_flight != 0, reload_key((row.cost_s,)), row.mib - need), (i,))
+                for i, row in enumerate(rows)
+                if row.mib >= need
+            ],
         )
-        return (best[-1],)
     least = _fewest(mib, need)
     if least > len(rows):
         return None
-    busy = [0 if row[5] == 0 else 1 for row in rows]
-    # each cover of that size with the key's (possibly busy, MiB freed): what it frees
-    # orders covers as its overshoot does (the need is one figure for all of them).
-    # combinations() of the indices, the MiB and the busy flags yield the same picks
-    # in the same order: each set's figures are summed from its own tuples
+    busy = _busy_flags(rows)
+    # each cover of that size with its (possibly busy, MiB freed): combinations() of the
+    # indices, the MiB and the busy flags yield the same picks in the same order: each
+    # set's figures are summed from its own tuples
     heads = [
         (sum(flags), got, picks)
         for picks, gives, flags in zip(
@@ -321,28 +375,30 @@ def _one_role(rows: Sequence[Row], need: int) -> tuple[int, ...] | None:
         )
         if (got := sum(gives)) >= need
     ]
-    return _best(rows, heads)
+    return _best(rows, heads, need)
 
 
-def _many_roles(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...] | None:
+def _many_roles(rows: Sequence[Victim], short: Mapping[str, int]) -> tuple[int, ...] | None:
     """:func:`exact_cover` for several short roles, by enumeration: the first size with
     a cover holds the best set by the order."""
     # what each row frees on each short role, by index: a set covers when, on every
     # role, the sum of its rows reaches the need (covers() without the walk)
-    gives = [([row[2] if r in row[1] else 0 for row in rows], need) for r, need in short.items()]
+    gives = [
+        ([row.mib if r in row.gpu_roles else 0 for row in rows], need) for r, need in short.items()
+    ]
     # sizes below the fewest of each role's largest rows that cover it cannot cover;
     # more than all the rows: even all of them do not
     least = max(_fewest(give, need) for give, need in gives)
     if least > len(rows):
         return None
-    busy = [0 if row[5] == 0 else 1 for row in rows]
+    busy = _busy_flags(rows)
     (first, first_need), *rest = gives
     # all the rows cover, so some size up to that has a cover: the loop returns
     for k in range(least, len(rows) + 1):
         # the sets of size k that cover the first role: what each frees on it, in the
         # order combinations() yields the sets (of its column and of the indices alike)
         on_first = map(first_need.__le__, map(sum, combinations(first, k)))
-        heads = []
+        heads: list[_Head] = []
         for picks in compress(combinations(range(len(rows)), k), on_first):
             freed_mib = sum(map(first.__getitem__, picks))
             for give, need in rest:
@@ -353,41 +409,52 @@ def _many_roles(rows: Sequence[Row], short: Mapping[str, int]) -> tuple[int, ...
             else:
                 heads.append((sum(map(busy.__getitem__, picks)), freed_mib, picks))
         if heads:
-            return _best(rows, heads)
+            return _best(rows, heads, sum(short.values()))
     return None  # unreachable: all the rows are a cover of the last size
 
 
-def _best(rows: Sequence[Row], heads: list[tuple[int, int, tuple[int, ...]]]) -> tuple[int, ...]:
-    """The best of covers of one size, each as (possibly busy, MiB freed, picks): the
-    best on those first (with the cost to bring back between them where some row has a
-    cost), then on the rest of the key (priorities, starts, names)."""
-    least_busy = min(h[0] for h in heads)
-    idle = [(f, picks) for b, f, picks in heads if b == least_busy]
-    if any(row[6] is not None for row in rows):
-        # the cost to bring back, then the MiB freed (what orders the overshoot: the
-        # need is one figure for all of them)
-        keyed = [((reload_key([rows[i][6] for i in picks]), f), picks) for f, picks in idle]
-        least = min(k for k, _ in keyed)
-        tied = [picks for k, picks in keyed if k == least]
-    else:
-        least_freed = min(f for f, _ in idle)
-        tied = [picks for f, picks in idle if f == least_freed]
-    # (the rest of the key is computed only where covers tie on those)
-    best = tied[0] if len(tied) == 1 else min(tied, key=lambda p: _rest_of_key(rows, p))
-    return tuple(sorted(best, key=lambda i: rows[i][0]))
+#: a cover as the exact search reads it off its tables: how many of its rows may be
+#: busy, the MiB it frees on the short roles, its rows (indices)
+_Head = tuple[int, int, tuple[int, ...]]
 
 
-def _rest_of_key(
-    rows: Sequence[Row], picks: tuple[int, ...]
-) -> tuple[tuple[int, ...], tuple[float, ...], tuple[str, ...]]:
-    """The end of :func:`preference_key` for the rows ``picks``: priorities highest
-    first, starts latest first (unknown as 0), names."""
-    chosen = [rows[i] for i in picks]
-    return (
-        tuple(sorted((row[3] for row in chosen), reverse=True)),
-        tuple(sorted((row[4] or 0.0 for row in chosen), reverse=True)),
-        tuple(sorted(row[0] for row in chosen)),
-    )
+def _best(rows: Sequence[Victim], heads: list[_Head], need: int) -> tuple[int, ...]:
+    """The best of covers of one size by the order, ``need`` the shortfall summed over
+    the short roles, as indices in the order of their names (:func:`_first`)."""
+    size = len(heads[0][2])
+    cost = [row.cost_s for row in rows]
+    # where no row has a cost, every cover's costs are all unknown: one figure for all
+    alike = None if cost.count(None) < len(cost) else reload_key((None,) * size)
+    keyed = [
+        (_key(size, busy, alike or reload_key([cost[i] for i in picks]), got - need), picks)
+        for busy, got, picks in heads
+    ]
+    return tuple(sorted(_first(rows, keyed), key=lambda i: rows[i].name))
+
+
+def _first(
+    rows: Sequence[Victim], keyed: list[tuple[PreferenceKey, tuple[int, ...]]]
+) -> tuple[int, ...]:
+    """The first by the order of covers of one size, each with its key from its figures
+    (:func:`_key` without the victims' own): the least, or, where covers tie on it, the
+    least of those by the whole key."""
+    least, best = min(keyed)
+    tied = [picks for key, picks in keyed if key == least]
+    if len(tied) > 1:  # alike but for the victims' own figures
+        count, busy, reload, over, *_ = least
+        best = min(
+            tied,
+            key=lambda p: _key(
+                count,
+                busy,
+                reload,
+                over,
+                [rows[i].priority for i in p],
+                [rows[i].started_at for i in p],
+                [rows[i].name for i in p],
+            ),
+        )
+    return best
 
 
 def victim_names(
@@ -400,4 +467,4 @@ def victim_names(
         chosen = _greedy([Candidate(*row) for row in rows], short)
         return None if chosen is None else tuple(c.name for c in chosen)
     picks = exact_cover(rows, short)
-    return None if picks is None else tuple(rows[i][0] for i in picks)
+    return None if picks is None else tuple([rows[i].name for i in picks])

@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from statemachine.victims import (
     Candidate,
+    Row,
     choose_victims,
     exact_cover,
     largest_first,
@@ -780,11 +781,18 @@ def test_covers_tied_on_busy_and_overshoot_over_two_roles_go_by_priority() -> No
 
 
 # ----- rows: the search without a Candidate per candidate -----------------------------------
-def rows_of(
-    cands: Sequence[Candidate],
-) -> list[tuple[str, tuple[str, ...], int, int, float | None, int | None, float | None]]:
+def rows_of(cands: Sequence[Candidate]) -> list[Row]:
     return [
-        (v.name, v.gpu_roles, v.mib, v.priority, v.started_at, v.in_flight, v.cost_s) for v in cands
+        Row(
+            name=v.name,
+            gpu_roles=v.gpu_roles,
+            mib=v.mib,
+            priority=v.priority,
+            started_at=v.started_at,
+            in_flight=v.in_flight,
+            cost_s=v.cost_s,
+        )
+        for v in cands
     ]
 
 
@@ -932,3 +940,41 @@ def test_costs_decide_between_covers_of_two_even_with_counts_unknown() -> None:
     two = [dataclasses.replace(c, gpu_roles=("a", "b")) for c in cands]
     got = choose_victims(two, {"a": 10, "b": 10})
     assert got is not None and [c.name for c in got] == ["b1", "b2"]
+
+
+# ----- a row: a Candidate's fields by name --------------------------------------------------
+def test_a_row_is_a_candidates_fields_by_name() -> None:
+    row = Row("x", ("a", "b"), 100, cost_s=2.0)
+    assert (row.name, row.gpu_roles, row.mib, row.priority) == ("x", ("a", "b"), 100, 0)
+    assert (row.started_at, row.in_flight, row.cost_s) == (None, None, 2.0)
+    assert Row._fields == tuple(f.name for f in dataclasses.fields(Candidate))
+    assert Candidate(*row) == Candidate("x", ("a", "b"), 100, cost_s=2.0)
+    assert Row(*dataclasses.astuple(Candidate(*row))) == row
+
+
+def test_the_search_reads_rows_and_candidates_alike_by_their_fields_names() -> None:
+    cands = [
+        Candidate("busy", ("a",), 100, 1, 5.0, 2, 3.0),
+        Candidate("idle", ("a", "b"), 120, 0, 9.0, 0),
+        Candidate("dear", ("a",), 100, 0, None, 0, 90.0),
+        Candidate("pair1", ("a", "b"), 60, in_flight=0),
+        Candidate("pair2", ("a",), 40, in_flight=0),
+    ]
+    for short in ({"a": 100}, {"a": 150}, {"a": 100, "b": 100}, {"a": 500}):
+        assert exact_cover(cands, short) == exact_cover(rows_of(cands), short)
+    # idle and dear are both known idle; dear's cost is known, idle's not (it may be
+    # the dearer): dear, though it is the dearest known
+    assert exact_cover(cands, {"a": 100}) == (2,)
+    # the order reads a row's figures by name: its key is the candidate's
+    assert preference_key(rows_of(cands[:2]), {"a": 100}) == preference_key(cands[:2], {"a": 100})
+    assert preference_key(rows_of(cands[:2]), {"a": 100}) == ref_key(cands[:2], {"a": 100})
+
+
+def test_a_cost_of_0_is_known_and_adds_nothing() -> None:
+    from statemachine.victims import reload_key
+
+    assert reload_key([0.0]) == (0, 0.0)
+    assert reload_key([0.0, None, 2.5, 0.0]) == (1, 2.5)
+    assert reload_key([None, None]) == (2, 0.0)
+    assert reload_key([]) == (0, 0.0)
+    assert reload_key((0.1, 0.2, 0.3)) == reload_key((0.3, 0.2, 0.1)) == (0, 0.6)
