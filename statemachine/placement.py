@@ -15,10 +15,13 @@ less than the truth). :func:`resolve` narrows each one to one role, in three way
    (large holes stay for large models), then the declared order.
 3. **victims** — where no candidate has room, the candidate whose plan frees it at the
    least cost under the planner's own rules: the plan with the serve on each candidate
-   is made (``plan_with``), and the candidates compared by (the serve starts, the
-   fewest victims, the fewest stopped rather than put to sleep or shrunk, the least
-   MiB freed beyond the need, the declared order). A serve that does not want to run
-   gets the candidate with the most free MiB: where it would go, said, nothing done.
+   is made (``plan_with``), and the candidates compared by: the serve starts there;
+   then the victim order (:func:`statemachine.victims.preference_key`) over the serves
+   that plan stops or puts to sleep for it, as the planner weighed them
+   (:attr:`statemachine.plan.Plan.room`), against that candidate's shortfall; then the
+   declared order. Candidates where it cannot start go by the least short, then the
+   declared order. A serve that does not want to run gets the candidate with the most
+   free MiB: where it would go, said, nothing done.
 
 Serves are placed in declared order, each seeing the reservations of the pinned serves
 this plan will start and of those placed before it that want to run. Pure: no I/O, no
@@ -34,6 +37,7 @@ from statemachine.idleness import in_force
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.plan import Action, CandidateTerms, How, Placement, Plan
 from statemachine.types import DesiredRun, DesiredState, Observed, ServeSpec
+from statemachine.victims import Candidate, preference_key
 
 __all__ = ["Placed", "apply", "resolve", "wants_to_run"]
 
@@ -128,10 +132,14 @@ def _best_fit(terms: Sequence[CandidateTerms]) -> CandidateTerms | None:
     return min(fitting, key=lambda t: t.free_mib) if fitting else None
 
 
-def _weigh(
-    s: ServeSpec, t: CandidateTerms, desired: DesiredState, plan_with: PlanWith
-) -> CandidateTerms:
-    """``t`` with what the plan with ``s`` on its role does to make room."""
+#: a candidate's terms, and the serves its plan stops or puts to sleep for the serve
+#: placed, as the planner weighed them (:attr:`statemachine.plan.Plan.room`)
+Weighed = tuple[CandidateTerms, tuple[Candidate, ...]]
+
+
+def _weigh(s: ServeSpec, t: CandidateTerms, desired: DesiredState, plan_with: PlanWith) -> Weighed:
+    """``t`` with what the plan with ``s`` on its role does to make room, and the serves
+    it stops or puts to sleep for ``s`` as the planner weighed them."""
     serves = dict(desired.serves)
     serves[s.name] = replace(s, gpu_roles=(t.role,))
     plan = plan_with(replace(desired, serves=serves))
@@ -141,27 +149,32 @@ def _weigh(
     victims = tuple(dict.fromkeys(st.serve for st in made_room))
     stops = len({st.serve for st in made_room if st.action is Action.STOP})
     freed = sum(st.mib for st in made_room if st.action in _FREES and st.mib is not None)
-    return replace(t, victims=victims, stops=stops, freed_mib=freed, starts=starts)
+    terms = replace(t, victims=victims, stops=stops, freed_mib=freed, starts=starts)
+    return terms, plan.room.get(s.name, ())
 
 
 _FREES = frozenset({Action.RELEASE, Action.RELEASE_TO_RESIDUAL, Action.SHRINK})
 
 
-def _by_victims(weighed: Sequence[CandidateTerms]) -> CandidateTerms:
-    """The candidate that makes room at the least cost (docstring of the module)."""
-    order = {t.role: i for i, t in enumerate(weighed)}
-    shortfall = {t.role: t.requested_mib - t.free_mib for t in weighed}
+def _by_victims(weighed: Sequence[Weighed]) -> CandidateTerms:
+    """The candidate that makes room at the least cost (docstring of the module, 3)."""
+    order = {t.role: i for i, (t, _) in enumerate(weighed)}
+    starting = [(t, room) for t, room in weighed if t.starts]
+    if not starting:  # it starts nowhere: the least short
+        return min((t for t, _ in weighed), key=lambda t: (_short(t), order[t.role]))
+    # a plan that stops and puts to sleep nothing has no set to weigh: alike
     return min(
-        weighed,
-        key=lambda t: (
-            not t.starts,
-            len(t.victims),
-            t.stops,
-            # freed beyond the need where it starts; else the least short
-            t.freed_mib - shortfall[t.role] if t.starts else shortfall[t.role],
-            order[t.role],
+        starting,
+        key=lambda w: (
+            preference_key(w[1], {w[0].role: _short(w[0])} if w[1] else {}),
+            order[w[0].role],
         ),
-    )
+    )[0]
+
+
+def _short(t: CandidateTerms) -> int:
+    """What the serve placed lacks on candidate ``t`` (positive: it does not fit)."""
+    return t.requested_mib - t.free_mib
 
 
 def _will_start(p: Placement) -> bool:
@@ -190,9 +203,10 @@ def _choose(
     best = _by_victims(weighed)
     why = (
         f"{s.name} fits on no candidate without making room; {best.role} makes room at the "
-        "least cost (fewest victims, fewest stopped, least freed beyond the need)"
+        "least cost (by the victim order: fewest victims, fewest possibly busy, cheapest "
+        "to bring back, least freed beyond the need)"
     )
-    return Placement(s.name, best.role, How.VICTIMS, why, tuple(weighed))
+    return Placement(s.name, best.role, How.VICTIMS, why, tuple(t for t, _ in weighed))
 
 
 def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: PlanWith) -> Placed:

@@ -17,7 +17,7 @@ from typing import Any
 from statemachine.ledger import Ledger, RoleTerms
 from statemachine.slotinit import direct_init
 from statemachine.types import ServeSpec
-from statemachine.victims import DEFAULT_EXACT_LIMIT, reload_weight
+from statemachine.victims import DEFAULT_EXACT_LIMIT, Candidate, reload_weight
 
 
 class Action(StrEnum):
@@ -411,6 +411,13 @@ class Plan:
     #: where each placed serve runs and why (``statemachine.placement``); empty
     #: for a manifest without ``placement``
     placements: tuple[Placement, ...] = ()
+    #: requester -> the serves its start stops or puts to sleep, as the planner weighed
+    #: them (:class:`~statemachine.victims.Candidate`: a victim put to sleep at the MiB
+    #: its sleep frees and the cost of its wake), the stops it forces by a port or
+    #: exclusivity among them; none for a start that stops nothing (its room was free,
+    #: or made by shrinking). Placement compares its candidate cards by them. Not in the
+    #: plan's JSON, nor in its equality
+    room: Mapping[str, tuple[Candidate, ...]] = field(default_factory=dict, compare=False)
 
     @property
     def empty(self) -> bool:

@@ -169,6 +169,8 @@ class _Work:
     foreign: dict[str, str] = field(default_factory=dict)
     #: the reservations of a role (a ledger's tuple, by identity) joined for a reason
     joins: dict[int, tuple[tuple[tuple[str, int], ...], str]] = field(default_factory=dict)
+    #: requester -> the serves its start stops or puts to sleep, as weighed (Plan.room)
+    room: dict[str, tuple[Candidate, ...]] = field(default_factory=dict)
 
     def joined(self, rows: tuple[tuple[str, int], ...]) -> str:
         """``"a 100 + b 200"`` (``"nothing"`` when empty) for one role's reservations.
@@ -492,6 +494,8 @@ class _Room:
     shrinks: list[tuple[ServeSpec, int, int]] = field(default_factory=list)
     victims: list[ServeSpec] = field(default_factory=list)
     sleeps: list[ServeSpec] = field(default_factory=list)  # victims put to sleep instead
+    #: the victims (stopped and put to sleep) as :func:`_choose` weighed them
+    weighed: tuple[Candidate, ...] = ()
 
 
 @dataclass(slots=True)
@@ -669,6 +673,7 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
     return _Room(
         victims=[w.serve(cand.name) for cand in chosen if cand.name not in sleeps],
         sleeps=[w.serve(cand.name) for cand in chosen if cand.name in sleeps],
+        weighed=chosen,
     )
 
 
@@ -772,7 +777,9 @@ def _sleep_frees(w: _Work, c: Candidate) -> int | None:
 def _choose(
     w: _Work, cands: list[Candidate], short: dict[str, int]
 ) -> tuple[tuple[Candidate, ...], frozenset[str]] | None:
-    """The victims, and which of them sleep instead of stopping (docs/eviction.md).
+    """The victims as they were weighed (one put to sleep counted at what its sleep
+    frees, with its wake's cost), and which of them sleep instead of stopping
+    (docs/eviction.md).
 
     For each need in turn (:func:`_needs`: with the later requesters' room, then alone)
     the victim rules (:func:`choose_victims`) are applied twice: to the candidates
@@ -804,11 +811,7 @@ def _choose(
         # only when a candidate frees less by sleeping than by stopping
         slept = choose_victims(as_sleep, need, exact_limit=limit) if as_sleep != cands else None
         if slept is not None and (stops is None or len(slept) <= len(stops)):
-            by_name = {c.name: c for c in cands}
-            return (
-                tuple(by_name[c.name] for c in slept),
-                frozenset(c.name for c in slept if _sleep_frees(w, c) is not None),
-            )
+            return slept, frozenset(c.name for c in slept if _sleep_frees(w, c) is not None)
         if stops is not None:
             return stops, frozenset()
     return None
@@ -1000,6 +1003,7 @@ def _commit_start(
         )
         w.freed = True
     if forced or room.victims or room.sleeps:
+        w.room[s.name] = tuple(_forced_candidate(w, o) for o in forced) + room.weighed
         _make_room(w, s, forced, room)
     if s.name in w.asleep:
         _wake(w, s, in_ledger)
@@ -1019,6 +1023,19 @@ def _commit_start(
         append(Step(Action.READMIT, name, roles, None, why, None, name, None))
     w.running.add(name)
     w.starting.add(name)
+
+
+def _forced_candidate(w: _Work, o: ServeSpec) -> Candidate:
+    """``o``, a serve a start stops for a port or exclusivity, as :func:`_holders` weighs
+    a victim: what it holds (where), its priority, start, requests in flight and cost to
+    bring back (for :attr:`Plan.room`)."""
+    res = w.ledger.holdings.get(o.name)
+    started = w.observed.container(o.container).started_at
+    cost = w.policy.victim_cost(o.name, started, w.now, wake=False, declared=declared_reload(o))
+    busy = w.observed.requests_in_flight(o.name).count
+    if res is None:  # outside the ledger: it frees nothing counted
+        return Candidate(o.name, o.gpu_roles, 0, o.priority, started, busy, cost)
+    return Candidate(o.name, res.gpu_roles, res.mib, o.priority, started, busy, cost)
 
 
 def _make_room(w: _Work, s: ServeSpec, forced: list[ServeSpec], room: _Room) -> None:
@@ -1337,4 +1354,6 @@ def _plan(desired: DesiredState, observed: Observed, policy: Policy, now: float)
     _start_all(w, rest)
     _grow(w)  # what backfill woke (shrunk before it slept), into the room left
     _readmit_left_quiesced(w)
-    return Plan(tuple(w.steps), tuple(w.blocked), ledger, w.ledger.frozen(), tuple(notes))
+    return Plan(
+        tuple(w.steps), tuple(w.blocked), ledger, w.ledger.frozen(), tuple(notes), room=w.room
+    )
