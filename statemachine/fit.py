@@ -98,6 +98,23 @@ def request_plan(
     return plan_transitions(isolated, observed, policy, now)
 
 
+def placed_by_the_loop(
+    desired: DesiredState,
+    observed: Observed,
+    serve_name: str,
+    *,
+    policy: Policy | None = None,
+    now: float,
+) -> tuple[Placement, ...]:
+    """The placements of the plan the loop makes once ``serve_name`` is requested now:
+    the whole desired state with its requests (the serves placed before it, in declared
+    order, and the starts the loop weighs beside it: docs/placement.md), not the
+    request alone, so the card answered is the card the loop puts it on."""
+    others = tuple(r for r in desired.requests if r.serve != serve_name)
+    asked = replace(desired, requests=(*others, OnDemandRequest(serve_name, now)))
+    return plan_transitions(asked, observed, policy, now).placements
+
+
 def fit_serve(
     desired: DesiredState,
     observed: Observed,
@@ -106,16 +123,21 @@ def fit_serve(
     policy: Policy | None = None,
     now: float,
     by_planner: bool = False,
+    placed_on: Observed | None = None,
 ) -> FitResult:
     """:func:`fit_on_card`'s answer, for a placed serve on the card its request would be
     placed on (``statemachine.placement``), with that decision and every candidate's
-    terms; a pinned serve's as it is."""
+    terms; a pinned serve's as it is. ``placed_on``: the observation the loop places
+    it on (default ``observed``; the answers give the host as observed, where
+    ``observed`` also counts the requests not yet planned as starting: the loop places
+    serves in declared order, before it starts those declared after)."""
     serve = desired.serves[serve_name]
     if not serve.placement or serve.placed or not observed.docker_ok:
         return fit_on_card(
             desired, observed, serve_name, policy=policy, now=now, by_planner=by_planner
         )
-    chosen = request_plan(desired, observed, serve_name, policy=policy, now=now).placements
+    where = observed if placed_on is None else placed_on
+    chosen = placed_by_the_loop(desired, where, serve_name, policy=policy, now=now)
     decision = next((p for p in chosen if p.serve == serve_name), None)
     placed = placement.apply(desired, chosen)
     answer = fit_on_card(

@@ -222,8 +222,8 @@ def _candidates(
     for o, obs in on_short:
         n = o.name
         res = held(n)
-        if res is None:
-            continue
+        if res is None or not any(r in short for r in res.gpu_roles):
+            continue  # holds nothing, or holds it on another card (a placed serve's)
         mib = res.mib
         if o.compose_project is not None and foreign_project(o, obs) is not None:
             continue  # another project's container: protected, never stopped nor shrunk

@@ -177,7 +177,9 @@ class Situation:
         """Can ``serve`` run now, and at what cost (the pending requests held)."""
         pending = self.pending(serve)
         seen = with_pending(self.observed, pending)
-        result = fit_serve(self.desired, seen, serve, policy=self.policy, now=self.now)
+        result = fit_serve(
+            self.desired, seen, serve, policy=self.policy, now=self.now, placed_on=self.observed
+        )
         needs: tuple[RouterNeed, ...] = ()
         if not self.router and result.known:
             needs = start_router_needs(self.desired, seen, result.serve, result.drain, result.sleep)

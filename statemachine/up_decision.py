@@ -21,6 +21,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from statemachine import placement
 from statemachine.admission import (
     conflict,
     frees_up_in,
@@ -86,8 +87,8 @@ def decide_up(
     ends) is 409 with the fix (``needs_router``), since no cycle could carry it out.
     """
     pending = pending_starts(desired, observed, policy=policy, now=now, requester=serve)
-    observed = with_pending(observed, pending)
-    fit = fit_serve(desired, observed, serve, policy=policy, now=now)
+    as_observed, observed = observed, with_pending(observed, pending)
+    fit = fit_serve(desired, observed, serve, policy=policy, now=now, placed_on=as_observed)
     fit_json = mark_pending(fit.to_json(), pending)
     if not observed.docker_ok:
         return UpDecision(
@@ -96,7 +97,9 @@ def decide_up(
             {"fit": fit_json},
             max(1, math.ceil(default_retry_s)),
         )
-    plan = request_plan(desired, observed, serve, policy=policy, now=now)
+    # a placed serve's steps on the card its fit answered (the loop's: fit_serve)
+    on_card = placement.apply(desired, (fit.placement,)) if fit.placement else desired
+    plan = request_plan(on_card, observed, serve, policy=policy, now=now)
     own = tuple(st for st in plan.steps if st.group == serve) if fit.fits else ()
     needs = () if router else router_needs(desired, observed, serve, own)
     if needs:

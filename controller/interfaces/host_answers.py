@@ -27,7 +27,7 @@ from statemachine.pending import PENDING_STATE, PendingStart, role_pending
 from statemachine.situation import Situation
 from statemachine.types import Observed, OnDemandRequest, ServeSpec
 
-__all__ = ["RowExtras", "ledger_answer", "ledger_roles", "request_json", "serve_rows"]
+__all__ = ["RowExtras", "fit_json", "ledger_answer", "ledger_roles", "request_json", "serve_rows"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +160,16 @@ def _row(
         "blocked": blocked if full else public_blocked(name, blocked),
         "backoff": _backoff(extras, name, sit.now, full),
     }
+
+
+def fit_json(sit: Situation, serve: str, *, full: bool) -> dict[str, Any]:
+    """Can ``serve`` start now, and at what cost (``GET /v1/fit``, ``can_fit``): the
+    situation's fit; for a reader without the token, a held serve's reason (its
+    failure's text, which may quote its ``up`` command line) withheld."""
+    data = sit.fit(serve).to_json()
+    if full:
+        return data
+    return {**data, "reason": public_blocked(serve, data.get("reason"))}
 
 
 def _backoff(extras: RowExtras, name: str, now: float, full: bool) -> dict[str, Any] | None:

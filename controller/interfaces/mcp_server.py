@@ -70,6 +70,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from controller.interfaces.fit_answer import fit_answer
 from controller.interfaces.host_answers import RowExtras, ledger_answer, serve_rows
+from controller.interfaces.redaction import public_blocked
 from controller.manifest import ManifestError, load_manifest_set
 from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
 from statemachine.sizing import KV_DTYPES, MIB
@@ -684,8 +685,11 @@ class Tools:
         serve = None if name == HYPOTHETICAL else name
         model = asked.extras.models.get(serve) if serve is not None else None
         answer = fit_answer(asked.sit.with_desired(desired), name, model=model)
+        body = answer.to_json()
+        if not full:  # a held serve's reason withheld, as GET /v1/fit withholds it
+            body["reason"] = public_blocked(name, body.get("reason"))
         return fit_reply(
-            answer.to_json(), answer.result.known, serve, estimate, list(asked.notes), asked.source
+            body, answer.result.known, serve, estimate, list(asked.notes), asked.source
         )
 
     def plan_preview(self, args: dict[str, Any], full: bool) -> dict[str, Any]:

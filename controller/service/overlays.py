@@ -17,8 +17,7 @@ sleep probe. This module must not plan or act on a container.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
 
 from loguru import logger
 
@@ -26,14 +25,16 @@ from controller.adapters.docker.read import manifest_containers
 from controller.adapters.sleep import SleepClient
 from controller.manifest import ManifestSet
 from controller.service.executor import ExecutionReport, Outcome
+from controller.service.overlay_rules import (
+    elastic_kept,
+    started_models,
+    started_records,
+)
 from controller.service.sleeping import observe_sleep
-from controller.snapshot import SleepStateModel, SnapshotModel, StartedWithModel, epoch_seconds
+from controller.snapshot import SleepStateModel, SnapshotModel, StartedWithModel
 from controller.store.journal import Journal, SleepRecord
 from statemachine.planner import Action
-from statemachine.types import DesiredState, ServeSpec, StartedWith
-
-#: the container states that hold a reservation
-_HOLDING = ("running", "paused", "restarting")
+from statemachine.types import DesiredState, StartedWith
 
 
 class JournalOverlays:
@@ -109,84 +110,6 @@ class JournalOverlays:
         return models
 
 
-@dataclass(frozen=True, slots=True)
-class StartedRecords:
-    """What an observation does to the journal's start records (:func:`started_records`)."""
-
-    #: containers whose record ends: docker shows them stopped or gone
-    dropped: tuple[str, ...] = ()
-    #: containers found holding memory without a record, with the reservation they hold
-    added: dict[str, StartedWith] = field(default_factory=dict)
-
-    def applied(self, records: Mapping[str, StartedWith]) -> dict[str, StartedWith]:
-        """``records`` as they stand after this observation."""
-        kept = {c: r for c, r in records.items() if c not in self.dropped}
-        return {**kept, **self.added}
-
-
-def started_records(
-    desired: DesiredState,
-    snap: SnapshotModel,
-    records: Mapping[str, StartedWith],
-    known: Mapping[str, StartedWith] | None = None,
-) -> StartedRecords:
-    """The rule of the start records, the same for the loop (which journals it) and for
-    a reader of the journal (the CLI, which does not). Nothing touched here.
-
-    A container keeps the reservation it was started with until it stops, whatever
-    the manifest says now (an edit, a file caught mid-write): its record ends only once
-    docker shows the container stopped or gone. A declared container found running
-    without a record (started before this controller, or by hand) holds its declared
-    reservation, unless its start is in progress (its own end records it, on the roles
-    it reserved); a placed serve's on the card its container's environment names
-    (``VRAMCTL_GPU_ROLE``, what its ``up`` was told) when that is one of its candidates,
-    else on every candidate. A container no manifest in force declares, found running
-    without a record, holds the last reservation a manifest declared for it
-    (``known``). With docker unreadable nothing ends and nothing is found.
-    """
-    if snap.docker != "ok":
-        return StartedRecords()
-    dropped = tuple(
-        container
-        for container in records
-        if (c := snap.containers.get(container)) is None or c.state not in _HOLDING
-    )
-    declared = {s.container: s for s in desired.serves.values()}
-    candidates = {
-        container: StartedWith(spec.name, _told_roles(spec, snap), spec.vram_mib)
-        for container, spec in declared.items()
-        if spec.vram_mib is not None and desired.in_ledger(spec) and spec.name not in snap.starting
-    }
-    candidates.update({c: r for c, r in (known or {}).items() if c not in declared})
-    added = {
-        container: rec
-        for container, rec in candidates.items()
-        if container not in records
-        and (c := snap.containers.get(container)) is not None
-        and c.state in _HOLDING
-    }
-    return StartedRecords(dropped, added)
-
-
-def _told_roles(spec: ServeSpec, snap: SnapshotModel) -> tuple[str, ...]:
-    """The roles a declared container found running holds: a placed serve's card as its
-    environment says it was told, where that is a candidate; else its declared roles."""
-    c = snap.containers.get(spec.container)
-    told = c.gpu_role if c is not None else None
-    if spec.placement and told in spec.placement:
-        assert told is not None
-        return (told,)
-    return spec.gpu_roles
-
-
-def started_models(records: Mapping[str, StartedWith]) -> dict[str, StartedWithModel]:
-    """The records as the snapshot carries them."""
-    return {
-        c: StartedWithModel(serve=r.serve, gpu_roles=list(r.gpu_roles), mib=r.mib)
-        for c, r in records.items()
-    }
-
-
 def observed_names(
     journal: Journal,
     mset: ManifestSet,
@@ -223,35 +146,6 @@ def elastic_in_force(journal: Journal, mset: ManifestSet, snap: SnapshotModel) -
     return kept
 
 
-def elastic_kept(
-    reserves: Mapping[str, int],
-    set_at: Mapping[str, float],
-    mset: ManifestSet,
-    snap: SnapshotModel,
-) -> tuple[dict[str, int], tuple[str, ...]]:
-    """The elastic reserves still in force, and the serves whose reserve is void.
-
-    An engine forgets its reserve when its server restarts (a crash, a restart
-    policy, a manual ``docker restart``): a container that is down, or that started
-    after the reserve was asked for, holds its full reservation again. Nothing touched.
-    """
-    out: dict[str, int] = {}
-    void: list[str] = []
-    for name, mib in reserves.items():
-        spec = mset.serves.get(name)
-        c = snap.containers.get(spec.container) if spec is not None else None
-        started = _epoch_or_none(c.started_at) if c is not None else None
-        if (
-            c is None
-            or c.state != "running"
-            or (started is not None and started > set_at.get(name, 0.0))
-        ):
-            void.append(name)
-        else:
-            out[name] = mib
-    return out, tuple(void)
-
-
 def journal_sleep(journal: Callable[[], Journal], container: str, rec: SleepRecord | None) -> None:
     """A sleep confirmed (or ended) mid-plan is journalled at once: a controller that
     dies before the plan ends still finds the sleeper, counts it and wakes it."""
@@ -277,10 +171,3 @@ def remember_declared(journal: Callable[[], Journal], desired: DesiredState) -> 
         journal().set_declared(records, time.time())
     except Exception as exc:  # a locked journal: the next reload tries again
         logger.error("journal: cannot record the declared reservations: {}", exc)
-
-
-def _epoch_or_none(value: str | float | None) -> float | None:
-    try:
-        return epoch_seconds(value)
-    except ValueError:
-        return None

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.manifest import ManifestSet
-from controller.service.overlays import elastic_kept, started_models, started_records
+from controller.service.overlay_rules import elastic_kept, started_models, started_records
 from controller.snapshot import SnapshotModel
 from controller.store.journal import Journal, JournalError, SleepRecord, journal_path
 from statemachine.reload import measured_from

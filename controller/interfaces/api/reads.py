@@ -61,8 +61,9 @@ async def queue_route(ctx: Ctx) -> dict[str, Any]:
 
 
 @router.get("/v1/fit/{serve}")
-async def fit(serve: str, ctx: Ctx) -> dict[str, Any]:
+async def fit(serve: str, ctx: Ctx, full: Full) -> dict[str, Any]:
     ctx.spec_of(serve)
     view = ctx.controller.view()
     ctx.observed_or_503(view)
-    return {**ctx.controller.situation().fit(serve).to_json(), **live_meta(view)}
+    answer = host_answers.fit_json(ctx.controller.situation(), serve, full=full)
+    return {**answer, **live_meta(view)}
