@@ -644,7 +644,8 @@ def test_ttl_expiry_stops_the_serve_and_restores_evicted(calm: Live) -> None:
     lv = calm
     # the TTL runs from the request: under load the start may take most of a short
     # one, and the running window would pass between two polls
-    assert lv.post("/v1/serves/llm/up", {"ttl_s": 8}).status_code == 202
+    r = lv.post("/v1/serves/llm/up", {"ttl_s": 8})
+    assert r.status_code == 202, r.text
     lv.converged(llm="running", omni="down")
     lv.converged(llm="down", omni="running")
     wait_for("the request ended", lambda: lv.serves()["llm"]["request"] is None)
