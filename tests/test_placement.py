@@ -534,3 +534,25 @@ def test_each_candidates_terms_read_as_one_line() -> None:
     )
     shrunk = CandidateTerms("b", 6000, 3000, 3000, 4000, starts=True)
     assert shrunk.text().endswith("makes room from nothing (0 stopped, 0 MiB freed)")
+
+
+def test_fit_answers_the_card_the_loop_chooses_beside_the_requests_it_holds() -> None:
+    # the loop weighs p beside the requests it holds (docs/placement.md): s's request
+    # cannot start (a has 6000 free beside the resident x) but makes the choice
+    # cautious, so p goes to b; asked alone, p would take a (as tight as b, declared
+    # first)
+    from statemachine.fit import fit_serve
+
+    od = {"residency": Residency.ON_DEMAND, "desired": None}
+    fleet = host(
+        pinned("x", 4000, "a", residency=Residency.RESIDENT),
+        pinned("s", 9000, "a", **od),
+        placed("p", 1000, **od),
+        requests=(OnDemandRequest("s", NOW - 30), OnDemandRequest("p", NOW - 60)),
+    )
+    answer = fit_serve(fleet, running("x"), "p", now=NOW)
+    assert answer.placement is not None and answer.placement.role == "b"
+    asked = replace(fleet, requests=(*fleet.requests, OnDemandRequest("p", NOW)))
+    assert [(d.serve, d.role) for d in plan(asked, running("x")).placements] == [("p", "b")]
+    alone = replace(fleet, requests=(OnDemandRequest("p", NOW),))
+    assert fit_serve(alone, running("x"), "p", now=NOW).placement.role == "a"  # type: ignore[union-attr]
