@@ -637,6 +637,17 @@ def test_an_eviction_and_its_undo_arrive_in_order_on_the_stream(
     anonymous.wait("llm running", lambda items: transitions(items, "llm") == up, timeout=60)
     assert transitions(anonymous.items, "omni") == stop
     lv.converged(llm="running", omni="down")
+    # its lifecycle moves to running as await_ready ends, just before that step's own
+    # event is published: wait for the step's event, not only the move
+    anonymous.wait(
+        "llm's await_ready step",
+        lambda items: any(
+            i["kind"] == "step"
+            and (i["data"]["action"], i["data"]["serve"]) == ("await_ready", "llm")
+            for i in items
+        ),
+        timeout=60,
+    )
     items = anonymous.events()
     numbers = [i["id"] for i in items]
     assert numbers == sorted(set(numbers)), "ids must increase"
