@@ -167,3 +167,43 @@ def test_a_stopped_container_made_for_another_card_is_made_again_on_the_chosen_o
     assert _card_of(docker_client, ctr["p"]) == "b"
     assert docker_client.containers.get(ctr["p"]).id != made_for_a  # made again by `up`
     assert _running(docker_client, ctr["x"])
+
+
+def _converge(path: Path, state: Path, text: str, until: Callable[[], bool]) -> None:
+    """Write ``text`` as the manifest and run a controller until ``until`` holds."""
+    path.write_text(text)
+    run = Running(_controller(path, state))
+    try:
+        wait_for("the host to converge", until)
+    finally:
+        run.stop()
+
+
+RUNNING = 'desired = "running"'
+TWO_CARDS = (
+    '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\n\n[[gpu_roles]]\nid = "b"\nvram_mib = 10000\n'
+)
+
+
+def test_a_re_pinned_serve_is_made_again_on_its_new_card_not_restarted_on_the_old(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """x runs pinned to a and is stopped (killed, or stopped by hand); the manifest then
+    pins it to b: its stopped container, made for a, is removed and made again by
+    ``up`` on b, never ``docker start``-ed on a while the ledger counts it on b."""
+    x = names("x")
+    path, state = tmp_path / "serves.toml", tmp_path / "state"
+
+    def pinned(role: str) -> str:
+        return TWO_CARDS + _serve("x", x, test_image, 4000, f'gpu_role = "{role}"', RUNNING)
+
+    _converge(path, state, pinned("a"), lambda: _running(docker_client, x))
+    assert _card_of(docker_client, x) == "a"
+    made_for_a = docker_client.containers.get(x).id
+    docker_client.containers.get(x).stop(timeout=1)
+    _converge(path, state, pinned("b"), lambda: _running(docker_client, x))
+    assert _card_of(docker_client, x) == "b"
+    assert docker_client.containers.get(x).id != made_for_a

@@ -155,13 +155,21 @@ def admit_against_host_now(run: RunContext, s: ServeSpec, *, aborted: bool = Fal
 
 
 def _made_for_another_card(run: RunContext, step: Step, s: ServeSpec) -> bool:
-    """True for a placed serve's stopped container not made for the card this start
-    reserved (its environment's ``VRAMCTL_GPU_ROLE`` names another, or none): it is
-    removed and made again by ``up`` (docs/placement.md). Never a running one: a start
-    step runs only for a serve whose container holds nothing."""
-    if not s.placement or not step.gpu_roles or not run.ex.runtime(s.name).up_argv:
+    """True for a stopped container not made for the card(s) this start reserved: it
+    is removed and made again by ``up`` (docs/placement.md), so a serve re-pinned by an
+    edit or placed on another card never restarts on the device its old container was
+    given. A container's environment (``VRAMCTL_GPU_ROLE``) says what its ``up`` was
+    told: a placed serve's container that names another card, or none, was not made
+    for this one; a pinned serve's, only one that names another (a pinned serve's
+    container made without the variable, by Compose say, is started as it is). Never
+    a running one: a start step runs only for a serve whose container holds nothing."""
+    roles = step.gpu_roles or s.gpu_roles
+    if not roles or not run.ex.runtime(s.name).up_argv:
         return False
-    return run.ex.docker.created_for(s.container) != ",".join(step.gpu_roles)
+    told = run.ex.docker.created_for(s.container)
+    if told is None and not s.placement:
+        return False
+    return told != ",".join(roles)
 
 
 def start(run: RunContext, step: Step, s: ServeSpec) -> str:
