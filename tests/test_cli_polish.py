@@ -104,8 +104,18 @@ def test_the_usage_lines_name_the_arguments_and_the_options_values() -> None:
     [
         ("validate", ["0 when valid", "1"]),
         ("observe", ["3 when Docker could not be read"]),
-        ("status", ["3 when Docker could not be read"]),
-        ("fit", ["0 it fits", "1 it does not", "3 when Docker could not be read"]),
+        ("status", ["2 when the state directory", "3 when Docker could not be read"]),
+        ("calibrate", ["2 when the state directory cannot be read"]),
+        (
+            "fit",
+            [
+                "0 it fits",
+                "1 it does not",
+                "2 when the state directory cannot be read",
+                "3 when Docker could not be read",
+            ],
+        ),
+        ("apply", ["2 when the state directory cannot be locked"]),
         ("plan", ["2 when there are changes", "3 when Docker could not be read"]),
         ("replay", ["0 when every cycle plans the same", "2 when some differ", "1 on errors"]),
     ],

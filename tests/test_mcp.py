@@ -50,11 +50,18 @@ def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def with_session(fn: Callable[[ClientSession], Awaitable[T]], args: list[str] = ARGS) -> T:
-    """``fn``'s answer on a session with a freshly spawned ``vramctl mcp ARGS``."""
+def with_session(
+    fn: Callable[[ClientSession], Awaitable[T]],
+    args: list[str] = ARGS,
+    launcher: list[str] | None = None,
+) -> T:
+    """``fn``'s answer on a session with a freshly spawned ``vramctl mcp ARGS``
+    (``launcher``: the command that runs ``vramctl``; default this interpreter's
+    module)."""
+    command = launcher or [sys.executable, "-m", "controller.interfaces.cli"]
     server = StdioServerParameters(
-        command=sys.executable,
-        args=["-m", "controller.interfaces.cli", "mcp", *args],
+        command=command[0],
+        args=[*command[1:], "mcp", *args],
         env=_env(),
         cwd=ROOT,
     )

@@ -7,7 +7,9 @@ part of the contract, and each command's help names its own: ``validate`` 0/1, `
 error, ``estimate`` 0 / 2 bad input (a usage error's code); ``status``, ``fit``,
 ``plan`` and ``observe`` exit :data:`EXIT_UNOBSERVED` (3) when Docker could not be read
 (their answer is printed, ``unknown`` where unknown, with one line saying where Docker
-was looked for).
+was looked for). A state directory that is there but that this user may not read or
+lock is :data:`EXIT_BAD_INPUT` (2; ``plan`` 1, its 2 means changes), said in one paragraph
+with how to fix it; ``mcp`` still serves and its tools say it in their notes.
 
 This module must not decide anything itself: the arithmetic lives in ``statemachine``;
 it only wires inputs to the core and prints what the core answers. Errors are printed
@@ -152,6 +154,9 @@ def _router_url_option(help_text: str) -> Any:
 
 #: ``status``, ``fit``, ``plan``, ``observe``: Docker could not be read, so the answer is unknown
 EXIT_UNOBSERVED = 3
+#: bad input, as a usage error's (``estimate``'s input; a state directory this user may
+#: not read or lock)
+EXIT_BAD_INPUT = 2
 
 
 def _fail(message: str, code: int = 1) -> NoReturn:
@@ -441,12 +446,27 @@ StateDirOpt = Annotated[
         "--state-dir",
         envvar="VRAMCTL_STATE_DIR",
         metavar="DIR",
+        readable=False,  # one that cannot be read is said by _readable_state_dir
         help="The state directory of `run` whose journal is read, never written: the "
         "requests, the card each placed serve was started on, sleepers, elastic reserves, "
         "reload costs and footprints (default: as `run`'s; with --observed, none unless "
         "given).",
     ),
 ]
+
+
+def _readable_state_dir(
+    manifest: list[Path], state_dir: Path | None, code: int = EXIT_BAD_INPUT
+) -> None:
+    """Exit ``code`` with one paragraph (the directory, what could not be read, how to fix
+    it) when the state directory the command reads is there but this user may not read
+    it: its answer would be given without the loop's requests and records."""
+    from controller.store.journal import StateDirError, default_state_dir, journal_to_read
+
+    try:
+        journal_to_read(state_dir or default_state_dir(list(manifest)))
+    except StateDirError as exc:
+        _fail(str(exc), code)
 
 
 def _footprint_samples(manifest: list[Path], state_dir: Path | None) -> list[Any]:
@@ -503,13 +523,15 @@ def status(
     measured footprint (declared vs measured), the roles' reserves, and the estimate of
     each serve's [serve.model] (weights + KV, the rest unknown).
 
-    Exit 0, or 3 when Docker could not be read (the answer is printed, `unknown` where
+    Exit 0; 2 when the state directory is there but cannot be read (it says why and how
+    to fix it); 3 when Docker could not be read (the answer is printed, `unknown` where
     unknown).
     """
     from controller.interfaces import footprint_report as fp
     from controller.service.model_estimates import serve_models
 
     mset = _load(manifest)
+    _readable_state_dir(manifest, state_dir)  # its footprints are read from it
     if watch:  # `status --watch`: observe and redraw in place (controller/interfaces/bars.py)
         if json_out:
             _fail("--watch draws for people; for tools, run `status --json` repeatedly")
@@ -646,7 +668,8 @@ def calibrate(
     to --granule-mib; with fewer than --min-samples it says "not enough evidence".
     A serve with a [serve.model] also gets its reservation, estimate (weights + KV) and
     measured footprint compared, and the term that is off named (docs/sizing.md).
-    Exit 0 whatever it proposes, 1 when the manifest does not load.
+    Exit 0 whatever it proposes, 1 when the manifest does not load, 2 when the state
+    directory cannot be read.
     """
     from controller.interfaces import footprint_report as fp
     from controller.interfaces.footprint_report import load_samples
@@ -656,6 +679,7 @@ def calibrate(
     from statemachine.footprint import propose
 
     mset = _load(manifest)
+    _readable_state_dir(manifest, state_dir)
     samples, why = load_samples(state_dir or default_state_dir(list(manifest)))
     if why is not None:
         render.warn(f"footprints: {why}")
@@ -720,9 +744,10 @@ def fit(
 ) -> None:
     """Can SERVE run now, and what would it cost?
 
-    Exit 0 it fits, 1 it does not, 3 when Docker could not be read (it cannot be
-    answered). Without --router-url (VRAMCTL_ROUTER_URL, as `run` is given) a start that
-    drains a router tier is said to be refused, as `up` would be.
+    Exit 0 it fits, 1 it does not, 2 when the state directory cannot be read, 3 when
+    Docker could not be read (it cannot be answered). Without --router-url
+    (VRAMCTL_ROUTER_URL, as `run` is given) a start that drains a router tier is said to
+    be refused, as `up` would be.
     """
     from controller.interfaces.fit_answer import fit_answer
     from controller.service.model_estimates import serve_models
@@ -732,6 +757,8 @@ def fit(
     if serve not in desired.serves:
         render.error(render.unknown_serve(serve, desired))
         raise typer.Exit(1)
+    if observed is None or state_dir is not None:
+        _readable_state_dir(manifest, state_dir)
     snap, sit = _situation(mset, manifest, observed, state_dir, router_url=router_url)
     answer = fit_answer(sit, serve, model=serve_models(mset).get(serve))
     result = answer.result
@@ -771,9 +798,12 @@ def plan(
     """Dry-run: the ordered steps that would converge the host, and what is blocked.
 
     Exit 0 (with --detailed-exitcode: 0 nothing to do, 2 when there are changes), 1 on
-    errors, 3 when Docker could not be read (the plan is unknown, not empty).
+    errors (a state directory that cannot be read among them), 3 when Docker could not
+    be read (the plan is unknown, not empty).
     """
     mset = _load(manifest)
+    if observed is None or state_dir is not None:
+        _readable_state_dir(manifest, state_dir, 1)  # 2 is --detailed-exitcode's "changes"
     snap, sit = _situation(mset, manifest, observed, state_dir)
     result = sit.plan
     data = result.to_json()
@@ -940,6 +970,7 @@ def apply(
             "--state-dir",
             envvar="VRAMCTL_STATE_DIR",
             metavar="DIR",
+            readable=False,  # one that cannot be locked is said by StateLock
             help="The state dir whose lock a running `vramctl run` holds (same default).",
         ),
     ] = None,
@@ -950,14 +981,20 @@ def apply(
 
     Refused while a `vramctl run` holds the same state directory: the loop owns the host
     then (use `vramctl up` / `down`, or stop the loop). Exit 0 when every step succeeded
-    and the ledger matches the host afterwards, 1 otherwise.
+    and the ledger matches the host afterwards, 2 when the state directory cannot be
+    locked, 1 otherwise.
     """
     import asyncio
 
     from controller.logs import configure_logging
     from controller.service.cycle import run_cycle
     from controller.service.executor import Outcome
-    from controller.store.journal import AlreadyRunning, StateLock, default_state_dir
+    from controller.store.journal import (
+        AlreadyRunning,
+        StateDirError,
+        StateLock,
+        default_state_dir,
+    )
     from statemachine.ledger import ledger_from_observed
 
     configure_logging(json_logs=log_json)
@@ -969,6 +1006,8 @@ def apply(
         lock.acquire()
     except AlreadyRunning as exc:
         _fail(f"{exc}; a running loop owns this host: use `vramctl up` / `down`, or stop it")
+    except StateDirError as exc:
+        _fail(str(exc), EXIT_BAD_INPUT)
     steps = _ApplyCycle(mset, plan_file, router_url, router_token_file, json_out, state_dir)
     result = asyncio.run(run_cycle(steps))
     the_plan, report = result.plan, result.report
@@ -1155,6 +1194,7 @@ def run(
             "--state-dir",
             envvar="VRAMCTL_STATE_DIR",
             metavar="DIR",
+            readable=False,  # one that cannot be locked is said by StateLock
             help="Journal and lock (default: $XDG_STATE_HOME/vramctl, else .vramctl-state/ "
             "beside the first manifest).",
         ),
@@ -1205,7 +1245,7 @@ def run(
     GET /v1/ledger, /v1/serves, /v1/fit/SERVE, /v1/events, /metrics, /healthz and takes on-demand
     requests (POST /v1/serves/SERVE/up | down, bearer token from --token-file or
     VRAMCTL_TOKEN; without a token those answer 503). An address already in use
-    stops the command at once with exit 1.
+    stops the command at once with exit 1; a state directory it may not lock, with 2.
     """
     import asyncio
 

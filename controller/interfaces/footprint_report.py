@@ -21,7 +21,13 @@ from rich.text import Text
 
 from controller.manifest import ManifestSet
 from controller.service.footprints import samples_of, summaries
-from controller.store.journal import Journal, JournalError, journal_path
+from controller.store.journal import (
+    Journal,
+    JournalError,
+    StateDirError,
+    journal_path,
+    journal_to_read,
+)
 from statemachine.footprint import Footprint, Proposal, Sample
 
 __all__ = [
@@ -39,9 +45,12 @@ UNKNOWN = "unknown"
 
 def load_samples(state_dir: Path) -> tuple[list[Sample], str | None]:
     """The samples recorded in ``state_dir``'s journal, and why there are none if so."""
-    path = journal_path(state_dir)
-    if not path.is_file():
-        return [], f"no journal at {path}: `vramctl run` records samples there"
+    try:
+        path = journal_to_read(state_dir)
+    except StateDirError as exc:
+        return [], str(exc)
+    if path is None:
+        return [], f"no journal at {journal_path(state_dir)}: `vramctl run` records samples there"
     try:
         with Journal.open(path, readonly=True) as journal:
             return samples_of(journal), None

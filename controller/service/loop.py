@@ -94,6 +94,7 @@ from controller.snapshot import SnapshotModel, StartedWithModel, StartingModel
 from controller.store.journal import (
     AlreadyRunning,
     Journal,
+    StateDirError,
     StateLock,
     default_state_dir,
     journal_path,
@@ -792,8 +793,9 @@ class _LoopLife:
 
     async def run(self) -> int:
         """Run until SIGTERM / SIGINT; returns the process exit code."""
-        if not self._open():
-            return 1
+        failed = self._open()
+        if failed is not None:
+            return failed
         loop = asyncio.get_running_loop()
         tasks = self._start(loop)
         try:
@@ -803,14 +805,18 @@ class _LoopLife:
         logger.info("vramctl run: stopped")
         return 0
 
-    def _open(self) -> bool:
-        """Take the state directory's lock and open the journal; False when either fails."""
+    def _open(self) -> int | None:
+        """Take the state directory's lock and open the journal; the exit code when either
+        fails (2: this user may not lock the state directory)."""
         c = self.controller
         try:
             c._lock.acquire()
         except AlreadyRunning as exc:
             logger.error("{}", exc)
-            return False
+            return 1
+        except StateDirError as exc:
+            logger.error("{}", exc)
+            return 2
         try:
             # a dry run keeps its own journal: its requests and cycles never reach a real run
             path = journal_path(c.state_dir)
@@ -820,8 +826,8 @@ class _LoopLife:
         except Exception as exc:
             logger.error("cannot open the journal in {}: {}", c.state_dir, exc)
             c._lock.release()
-            return False
-        return True
+            return 1
+        return None
 
     def _start(self, loop: asyncio.AbstractEventLoop) -> list[asyncio.Task[None]]:
         """Set the loop's parts up, start its sources; the tasks run beside it."""

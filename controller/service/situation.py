@@ -29,7 +29,13 @@ from typing import Any
 from controller.manifest import ManifestSet
 from controller.service.overlay_rules import elastic_kept, started_models, started_records
 from controller.snapshot import SnapshotModel
-from controller.store.journal import Journal, JournalError, SleepRecord, journal_path
+from controller.store.journal import (
+    Journal,
+    JournalError,
+    SleepRecord,
+    StateDirError,
+    journal_to_read,
+)
 from statemachine.reload import measured_from
 from statemachine.situation import Situation
 from statemachine.types import OnDemandRequest, StartedWith
@@ -56,8 +62,11 @@ class JournalRecords:
 def read_journal(state_dir: Path) -> tuple[JournalRecords | None, str | None]:
     """The journal's records in ``state_dir`` (read only), or ``None`` and why not
     (``None`` and no reason: there is no journal, no controller ran there)."""
-    path = journal_path(state_dir)
-    if not path.is_file():
+    try:
+        path = journal_to_read(state_dir)
+    except StateDirError as exc:
+        return None, str(exc)
+    if path is None:
         return None, None
     try:
         with Journal.open(path, readonly=True) as j:

@@ -76,6 +76,7 @@ from controller.store.lock import (
     PRIVATE_DIR_MODE,
     PRIVATE_FILE_MODE,
     AlreadyRunning,
+    StateDirError,
     StateLock,
 )
 from statemachine.reload import COLD, WAKE
@@ -90,10 +91,12 @@ __all__ = [
     "Journal",
     "JournalError",
     "SleepRecord",
+    "StateDirError",
     "StateLock",
     "StepRecord",
     "default_state_dir",
     "journal_path",
+    "journal_to_read",
 ]
 
 #: The journal's file name inside the state directory.
@@ -308,6 +311,20 @@ def default_state_dir(manifest_paths: Sequence[str | Path]) -> Path:
 def journal_path(state_dir: Path) -> Path:
     """The journal file inside ``state_dir``."""
     return state_dir / JOURNAL_NAME
+
+
+def journal_to_read(state_dir: Path) -> Path | None:
+    """The journal file in ``state_dir`` when there is one (``None``: none, no controller
+    ran there); :class:`StateDirError` when the directory or the file is there but this
+    user may not read it."""
+    path = journal_path(state_dir)
+    try:
+        if not path.is_file():
+            return None
+        with path.open("rb"):
+            return path
+    except OSError as exc:
+        raise StateDirError(state_dir, "read the journal in", exc) from None
 
 
 # ── records ──────────────────────────────────────────────────────────────────

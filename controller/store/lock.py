@@ -2,14 +2,17 @@
 
 :class:`StateLock` takes the lock (or raises :class:`AlreadyRunning` naming the
 holder's pid); the kernel drops it when the holder dies, so a stale file never blocks a
-restart. It also holds the state directory's file modes and the warning for a folder or
-file open to every user. This module must not read or write the journal.
+restart. It also holds the state directory's file modes, the warning for a folder or
+file open to every user, and :class:`StateDirError`: a state directory this user may
+not read or lock, said in one paragraph with how to fix it. This module must not read
+or write the journal.
 """
 
 from __future__ import annotations
 
 import fcntl
 import os
+import pwd
 import stat
 from pathlib import Path
 from types import TracebackType
@@ -49,6 +52,54 @@ def warn_if_open(path: Path, what: str) -> None:
         )
 
 
+# ── access ───────────────────────────────────────────────────────────────────
+
+
+class StateDirError(Exception):
+    """The state directory exists but this user may not ``doing`` it (read its journal,
+    take its lock): one paragraph naming the directory, what the system refused and
+    how to fix it (docs/operations.md, "Replay and the journal")."""
+
+    def __init__(self, state_dir: Path, doing: str, exc: OSError) -> None:
+        self.state_dir = state_dir.absolute()  # the fix's commands work from anywhere
+        super().__init__(_access_paragraph(self.state_dir, doing, exc))
+
+
+def _user(uid: int) -> str:
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return f"uid {uid}"
+
+
+def _access_paragraph(state_dir: Path, doing: str, exc: OSError) -> str:
+    me = _user(os.geteuid())
+    why = exc.strerror or str(exc)
+    if exc.filename is not None and Path(exc.filename).absolute() != state_dir:
+        why += f": {Path(exc.filename).absolute()}"
+    try:
+        st = state_dir.stat()
+    except OSError:
+        owner, whose = None, f"this command runs as {me}"
+    else:
+        owner = _user(st.st_uid)
+        mode = stat.S_IMODE(st.st_mode)
+        whose = f"it belongs to {owner} (mode {mode:04o}) and this command runs as {me}"
+    as_owner = (
+        f"run this command as {owner}, the user `vramctl run` keeps it for (`sudo -u {owner} "
+        "vramctl ...`)"
+        if owner is not None and owner != me
+        else "run this command as the user `vramctl run` runs as"
+    )
+    return (
+        f"cannot {doing} the state directory {state_dir} ({why}): {whose}. The journal "
+        "there is private to the user that runs the controller. Fix: "
+        f"{as_owner}; or, if this user is to run the controller, give it the directory "
+        f"(`sudo chown -R {me} {state_dir}`); or name another state directory with "
+        "--state-dir DIR (VRAMCTL_STATE_DIR)."
+    )
+
+
 # ── single instance ──────────────────────────────────────────────────────────
 
 
@@ -86,14 +137,14 @@ class StateLock:
         return self._fd is not None
 
     def acquire(self) -> None:
-        """Take the lock, or raise :class:`AlreadyRunning` naming the holder's pid."""
+        """Take the lock, or raise :class:`AlreadyRunning` naming the holder's pid
+        (:class:`StateDirError`: this user may not create or open the lock file)."""
         if self._fd is not None:
             return
-        created = not self.path.parent.exists()
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
-        if not created:
-            warn_if_open(self.path.parent, "the state directory")
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
+        try:
+            fd = self._open()
+        except OSError as exc:
+            raise StateDirError(self.path.parent, "lock", exc) from None
         try:
             if stat.S_IMODE(os.fstat(fd).st_mode) & 0o077:
                 os.fchmod(fd, PRIVATE_FILE_MODE)
@@ -109,6 +160,14 @@ class StateLock:
         os.write(fd, f"{os.getpid()}\n".encode())
         os.fsync(fd)
         self._fd = fd
+
+    def _open(self) -> int:
+        """The lock file, opened for writing (the state directory created when missing)."""
+        created = not self.path.parent.exists()
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=PRIVATE_DIR_MODE)
+        if not created:
+            warn_if_open(self.path.parent, "the state directory")
+        return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, PRIVATE_FILE_MODE)
 
     def release(self) -> None:
         """Drop the lock (idempotent); the pid is cleared from the file."""
