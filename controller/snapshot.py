@@ -215,6 +215,7 @@ class SnapshotModel(BaseModel):
                     oom_killed=c.oom_killed,
                     gpu_used_mib=c.gpu_used_mib,
                     compose_project=c.compose_project,
+                    gpu_role=c.gpu_role,
                 )
                 for name, c in self.containers.items()
             },

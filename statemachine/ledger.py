@@ -794,7 +794,10 @@ def _count_serves(
                 for role in on:
                     committed[role] += mib
             continue
-        recorded = _held_as_recorded(desired, serve, on is not None, record, slept, shrunk_to)
+        told = obs.told_roles if obs is not None else ()
+        recorded = _held_as_recorded(
+            desired, serve, on is not None, (record, told), slept, shrunk_to
+        )
         if recorded is not None:
             _count(held, committed, recorded)
         asleep = None if slept is None else sleeping_reservation(serve, slept)
@@ -846,15 +849,17 @@ def _held_as_recorded(
     desired: DesiredState,
     serve: ServeSpec,
     declared: bool,
-    record: StartedWith | None,
+    start: tuple[StartedWith | None, tuple[str, ...]],
     slept: SleepObs | None,
     shrunk_to: Mapping[str, int],
 ) -> GpuReservation | None:
     """What a running serve with a start record or a sleep state holds (None: nothing
     the ledger counts): declared, the larger of its reservation and its record's on
-    the roles of either (what it was shrunk to, or its residual asleep); not declared,
-    its record's."""
+    the roles :func:`_counted_on` names (what it was shrunk to, or its residual
+    asleep); not declared, its record's. ``start``: its record, and the roles its
+    container's environment names."""
     name = serve.name
+    record, told = start
     if not declared:
         if record is None:
             return None
@@ -868,10 +873,23 @@ def _held_as_recorded(
     asleep = None if slept is None else sleeping_reservation(serve, slept)
     if asleep is not None and asleep[0] is not None:
         held = asleep[0]
-    key = (
-        _declared_beside(serve, record.gpu_roles) + record.gpu_roles if record else serve.gpu_roles
-    )
+    key = _counted_on(serve, record.gpu_roles, told) if record else serve.gpu_roles
     return GpuReservation(name, _known(desired, key), held)
+
+
+def _counted_on(
+    serve: ServeSpec, held_on: tuple[str, ...], told: tuple[str, ...]
+) -> tuple[str, ...]:
+    """The roles a running serve started on ``held_on`` (its start record) is counted
+    on: those, where it runs, once its container's environment confirms them (``told``:
+    what its ``up`` was told names exactly those) or, for a placed serve, they are one
+    of its candidates; else beside them the roles it declares now (the record may be of
+    an older container: never less than the truth), and any others its container names.
+    So a serve re-pinned, or whose card left its ``placement``, while it runs is counted
+    on the card it runs on alone, not on both."""
+    if told == held_on:
+        return held_on
+    return held_on + _declared_beside(serve, held_on) + told
 
 
 def _declared_beside(serve: ServeSpec, held_on: tuple[str, ...]) -> tuple[str, ...]:

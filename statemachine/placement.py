@@ -33,10 +33,11 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 
+from statemachine.admission import inside_min_runtime
 from statemachine.idleness import in_force
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.plan import Action, CandidateTerms, How, Placement, Plan
-from statemachine.types import DesiredRun, DesiredState, Observed, ServeSpec
+from statemachine.types import DesiredRun, DesiredState, Observed, Residency, ServeSpec
 from statemachine.victims import Candidate, preference_key
 
 __all__ = ["Placed", "apply", "resolve", "wants_to_run"]
@@ -84,6 +85,14 @@ def _sticky(s: ServeSpec, observed: Observed) -> Placement | None:
     if len(held) == 1 and not set(held) - set(s.placement):
         (role,) = held
         return Placement(s.name, role, How.HELD, f"{s.name} holds its memory on {role}")
+    if held and s.name not in observed.starting and set(held) - set(s.placement):
+        return Placement(
+            s.name,
+            None,
+            How.MOVED,
+            f"{s.name} holds its memory on {', '.join(held)}, not one of its candidates "
+            f"({', '.join(s.placement)}): it is stopped, and placed again once it holds nothing",
+        )
     return Placement(
         s.name,
         None,
@@ -244,8 +253,105 @@ def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: Pl
         serves[s.name] = replace(s, gpu_roles=(choice.role,))
         if wants and _will_start(choice):  # one that cannot start takes no room
             taken[choice.role] += mib
+    moved = _move(_Room(replace(desired, serves=serves), observed, now, ledger, taken), plan_with)
+    if moved is not None:
+        decisions[moved.serve] = moved
+        assert moved.role is not None
+        serves[moved.serve] = replace(serves[moved.serve], gpu_roles=(moved.role,))
     order = [s.name for s in placed]
     return Placed(replace(desired, serves=serves), tuple(decisions[n] for n in order))
+
+
+@dataclass(frozen=True, slots=True)
+class _Room:
+    """What a move is weighed against: the desired state with every placed serve's
+    role chosen, the observation, the ledger and the MiB the plan's starts take."""
+
+    desired: DesiredState
+    observed: Observed
+    now: float
+    ledger: Ledger
+    taken: Mapping[str, int]
+
+    def left(self, role: str) -> int:
+        """The MiB free on ``role`` once what is committed and what this plan starts
+        there are counted."""
+        view = self.ledger.view(role)
+        assert view.committed_mib is not None
+        return view.budget_mib - view.committed_mib - self.taken[role]
+
+    def short(self, role: str) -> bool:
+        """True when ``role`` has less than nothing left."""
+        return self.left(role) < 0
+
+    def fits(self, role: str, mib: int) -> bool:
+        """True when ``mib`` more fits on ``role`` without making room."""
+        return self.left(role) >= mib
+
+
+def _blocked_pinned(room: _Room) -> list[ServeSpec]:
+    """The pinned serves that want to run, hold nothing and are short on a role."""
+    return [
+        s
+        for s in room.desired.serves.values()
+        if not s.placement
+        and s.vram_mib is not None
+        and s.name not in room.ledger.holdings
+        and room.desired.in_ledger(s)
+        and wants_to_run(room.desired, s, room.observed, room.now)
+        and any(room.short(r) for r in s.gpu_roles)
+    ]
+
+
+def _movable(room: _Room, held_on: str) -> list[tuple[ServeSpec, str]]:
+    """Each placed serve held on ``held_on`` that may move (managed, not resident, awake,
+    outside its ``min_runtime_s``), with the other candidate it fits on without making
+    room (best fit: the least left free)."""
+    out = []
+    for p in room.desired.serves.values():
+        if not p.placement or p.gpu_roles != (held_on,) or p.vram_mib is None:
+            continue
+        if (
+            not p.managed
+            or p.residency is Residency.RESIDENT
+            or p.name in room.observed.starting
+            or room.observed.sleep_of(p.name).asleep
+            or inside_min_runtime(p, room.observed, room.now) is not None
+            or room.observed.started_with.get(p.container) is None
+        ):
+            continue
+        mib = p.vram_mib
+        fits = [r for r in p.placement if r != held_on and room.fits(r, mib)]
+        if fits:
+            out.append((p, min(fits, key=room.left)))
+    return out
+
+
+def _move(room: _Room, plan_with: PlanWith) -> Placement | None:
+    """The one placed serve moved this plan (docs/placement.md, moves): a pinned serve
+    that wants to run is blocked on its card, a placed serve that holds memory there
+    may move to another candidate with room for it, and the plan with that move starts
+    the pinned serve. It is stopped on its card and started on the other by the next
+    plan; None when no pinned serve needs that."""
+    blocked = _blocked_pinned(room)
+    pairs = [(r, p, to) for r in blocked for on in r.gpu_roles for p, to in _movable(room, on)]
+    if not pairs:
+        return None
+    base = plan_with(room.desired)
+    for r, p, to in pairs:
+        if any(st.serve == r.name for st in base.steps):
+            continue  # it starts anyway
+        serves = {**room.desired.serves, p.name: replace(p, gpu_roles=(to,))}
+        plan = plan_with(replace(room.desired, serves=serves))
+        if any(st.serve == r.name and st.action is Action.START for st in plan.steps):
+            (held,) = p.gpu_roles
+            why = (
+                f"{p.name} moves from {held} to {to} so that {r.name} (pinned to "
+                f"{', '.join(r.gpu_roles)}) can start: {p.name} is stopped on {held} and "
+                f"started on {to}, where it fits without making room"
+            )
+            return Placement(p.name, to, How.MOVED, why)
+    return None
 
 
 def apply(desired: DesiredState, placements: Sequence[Placement]) -> DesiredState:

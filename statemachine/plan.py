@@ -326,6 +326,10 @@ class How(StrEnum):
     FITS = "fits"
     VICTIMS = "victims"
     IDLE = "idle"
+    #: it holds memory on a card it is not to run on (no longer a candidate, or moved
+    #: to let a pinned serve start there): stopped, and started on ``role`` (None: placed
+    #: again once it holds nothing)
+    MOVED = "moved"
 
 
 @dataclass(frozen=True, slots=True)

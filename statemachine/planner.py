@@ -130,6 +130,8 @@ class _Work:
     ledger: WorkingLedger
     running: set[str] = field(default_factory=set)  # holds memory, after the steps so far
     stopping: set[str] = field(default_factory=set)
+    #: residents held back (a failure backoff) whose room this plan keeps for them
+    kept: list[str] = field(default_factory=list)
     starting: set[str] = field(default_factory=set)  # started or woken in this plan
     woken: set[str] = field(default_factory=set)  # woken in this plan (container not new)
     steps: list[Step] = field(default_factory=list)
@@ -275,24 +277,35 @@ class _Work:
             Step(action, s.name, s.gpu_roles, mib, reason, to_mib, self.group, host_mib)
         )
 
+    def add_held(self, action: Action, s: ServeSpec, mib: int | None, reason: str) -> None:
+        """A step of ``s`` where it holds memory (the roles its reservation is counted on:
+        a serve that runs off its declared cards is drained and stopped where it runs)."""
+        held = self.ledger.holdings.get(s.name)
+        self.add(
+            action,
+            s if held is None else dataclasses.replace(s, gpu_roles=held.gpu_roles),
+            mib,
+            reason,
+        )
+
     def drain(self, s: ServeSpec, reason: str) -> None:
         """Quiesce and drain ``s``'s router tier (nothing when it has none, or when it
         sleeps: its tier was quiesced and drained before it was put to sleep)."""
         if s.router_tier and s.name not in self.asleep:
             mib = self.held_mib(s.name)
-            self.add(Action.QUIESCE, s, mib, f"{reason}: quiesce router tier {s.router_tier}")
-            self.add(Action.DRAIN, s, mib, f"{reason}: drain router tier {s.router_tier}")
+            self.add_held(Action.QUIESCE, s, mib, f"{reason}: quiesce router tier {s.router_tier}")
+            self.add_held(Action.DRAIN, s, mib, f"{reason}: drain router tier {s.router_tier}")
 
     def halt(self, s: ServeSpec, reason: str) -> None:
         """Stop ``s`` and release its reservation once the stop is confirmed."""
         mib = self.held_mib(s.name)
-        self.add(Action.STOP, s, mib, reason)
+        self.add_held(Action.STOP, s, mib, reason)
         self.freed = True
         if mib is not None:
-            self.ledger.drop(s.name)
-            self.add(
+            self.add_held(
                 Action.RELEASE, s, mib, f"release {mib} MiB after {s.name} is confirmed stopped"
             )
+            self.ledger.drop(s.name)
         self.running.discard(s.name)
         self.asleep.pop(s.name, None)
         self.stopping.add(s.name)
@@ -342,6 +355,36 @@ class _Work:
         self.group = s.name
         self.drain(s, reason)
         self.halt(s, reason)
+
+
+def _stops(w: _Work, expired: Mapping[str, str]) -> None:
+    """2. The stops: a serve desired stopped, whose request ended, or that runs on a card
+    it is not to run on (a serve whose start is in progress is stopped once that start
+    has ended)."""
+    for s in w.desired.serves.values():
+        if s.name not in w.running or s.name in w.observed.starting or s.name in w.foreign:
+            continue
+        if s.desired is DesiredRun.STOPPED:
+            w.stop(s, f"{s.name} is desired stopped")
+        elif s.name in expired and s.desired is not DesiredRun.RUNNING:
+            w.stop(s, expired[s.name])
+        elif (off := _off_its_cards(s, w.observed)) is not None:
+            w.stop(s, off)
+
+
+def _off_its_cards(s: ServeSpec, observed: Observed) -> str | None:
+    """Why managed ``s``, running, is to be stopped because it runs on a card it is not
+    to run on (its start record names a role it no longer declares: an edit re-pinned
+    it, dropped its card from ``placement``, or placement moves it); None when it runs
+    where it is declared or where is not known. Stopped, it is started where it is
+    declared by the next plan (docs/placement.md)."""
+    record = observed.started_with.get(s.container)
+    if not s.managed or record is None or not set(record.gpu_roles) - set(s.gpu_roles):
+        return None
+    return (
+        f"{s.name} runs on {', '.join(record.gpu_roles)}; it is to run on "
+        f"{', '.join(s.gpu_roles)}: stopped there, to be started where it is to run"
+    )
 
 
 def _requests(
@@ -521,7 +564,8 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     """Start ``s`` if it may and fits: its conflicts, then its room, then the steps."""
     held = w.policy.hold.get(s.name)
     if held is not None:
-        w.blocked.append(Blocked(s.name, f"{s.name} is held back: {held}"))
+        kept = _keep_room(w, s)
+        w.blocked.append(Blocked(s.name, f"{s.name} is held back: {held}{kept}"))
         return
     c = _conflicts(w, s)
     in_ledger = w.in_ledger(s)
@@ -541,6 +585,22 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
     room = _room(w, s, c, in_ledger)
     if room is not None:
         _commit_start(w, s, c.forced, room, in_ledger)
+
+
+def _keep_room(w: _Work, s: ServeSpec) -> str:
+    """Keep a held-back resident's room for it while this plan is made (docs/eviction.md,
+    a resident in backoff): it is counted where it would run, so nothing started or grown
+    after it takes that room, and it starts there when its backoff ends (a resident may
+    stop nothing). Where the room is not free now, nothing is kept. What is said of it."""
+    if s.residency is not Residency.RESIDENT or not w.in_ledger(s):
+        return ""
+    assert s.vram_mib is not None
+    if s.name not in w.ledger.holdings:
+        if w.ledger.short_of(s.gpu_roles, s.vram_mib):
+            return ""
+        w.ledger.commit(GpuReservation(s.name, s.gpu_roles, s.vram_mib))
+        w.kept.append(s.name)
+    return f"; its room ({s.vram_mib} MiB on {', '.join(s.gpu_roles)}) is kept for it"
 
 
 def _conflicts(w: _Work, s: ServeSpec) -> _Conflicts:
@@ -1315,14 +1375,7 @@ def _plan(desired: DesiredState, observed: Observed, policy: Policy, now: float)
         and s.name not in w.foreign
     }
 
-    # 2. stops (a serve whose start is in progress is stopped once that start has ended)
-    for s in desired.serves.values():
-        if s.name not in w.running or s.name in observed.starting or s.name in w.foreign:
-            continue
-        if s.desired is DesiredRun.STOPPED:
-            w.stop(s, f"{s.name} is desired stopped")
-        elif s.name in expired and s.desired is not DesiredRun.RUNNING:
-            w.stop(s, expired[s.name])
+    _stops(w, expired)
 
     # 3. starts, 4. grow back before backfill
     wants: list[ServeSpec] = []
@@ -1354,6 +1407,8 @@ def _plan(desired: DesiredState, observed: Observed, policy: Policy, now: float)
     _start_all(w, rest)
     _grow(w)  # what backfill woke (shrunk before it slept), into the room left
     _readmit_left_quiesced(w)
+    for name in w.kept:  # kept while the plan was made: held by nothing that runs
+        w.ledger.drop(name)
     return Plan(
         tuple(w.steps), tuple(w.blocked), ledger, w.ledger.frozen(), tuple(notes), room=w.room
     )

@@ -57,7 +57,10 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
                 in_flight[serve.name] = _woken(in_flight[serve.name], now)
         elif step.action is Action.START:
             containers[serve.container] = ContainerObs(
-                ContainerState.RUNNING, health="healthy", started_at=now
+                ContainerState.RUNNING,
+                health="healthy",
+                started_at=now,
+                gpu_role=",".join(step.gpu_roles or serve.gpu_roles),  # what `up` is told
             )
             if step.mib and step.gpu_roles:  # as the loop records it (its journal)
                 started_with[serve.container] = StartedWith(serve.name, step.gpu_roles, step.mib)

@@ -250,6 +250,14 @@ class ContainerObs:
     finished_at: float | None = None  # when it last stopped, as observed; None = never/unknown
     #: its ``com.docker.compose.project`` label; None: it has none
     compose_project: str | None = None
+    #: the card(s) its environment's ``VRAMCTL_GPU_ROLE`` names (what its ``up`` was
+    #: told, roles joined by commas); None: it names none
+    gpu_role: str | None = None
+
+    @property
+    def told_roles(self) -> tuple[str, ...]:
+        """The roles its environment names (``()``: none)."""
+        return tuple(self.gpu_role.split(",")) if self.gpu_role else ()
 
     @property
     def holds(self) -> bool:

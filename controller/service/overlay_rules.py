@@ -81,13 +81,14 @@ def started_records(
 
 def _told_roles(spec: ServeSpec, snap: SnapshotModel) -> tuple[str, ...]:
     """The roles a declared container found running holds: a placed serve's card as its
-    environment says it was told, where that is a candidate; else its declared roles."""
+    environment says it was told, where that is a candidate; else its declared roles,
+    and beside them the card(s) its environment names when those are others (it was
+    made for them: a re-pinned serve's, or one whose card left its ``placement``)."""
     c = snap.containers.get(spec.container)
-    told = c.gpu_role if c is not None else None
-    if spec.placement and told in spec.placement:
-        assert told is not None
-        return (told,)
-    return spec.gpu_roles
+    told = tuple(c.gpu_role.split(",")) if c is not None and c.gpu_role else ()
+    if spec.placement and len(told) == 1 and told[0] in spec.placement:
+        return told
+    return tuple(dict.fromkeys(told + spec.gpu_roles))
 
 
 def started_models(records: Mapping[str, StartedWith]) -> dict[str, StartedWithModel]:

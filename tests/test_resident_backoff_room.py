@@ -1,0 +1,39 @@
+"""A resident in a failure backoff keeps its room (docs/eviction.md).
+
+A resident killed twice is held back for a while (its backoff). An evictable that wants
+the same card must not take its room meanwhile: a resident may stop nothing, so it would
+stay blocked for as long as the evictable ran.
+"""
+
+from __future__ import annotations
+
+from test_placement import NOW, host, pinned
+
+from statemachine.plan import Action, Policy
+from statemachine.planner import plan_transitions
+from statemachine.types import Observed, Residency
+
+X = pinned("x", 6000, "a", residency=Residency.RESIDENT)
+E = pinned("e", 6000, "a")  # evictable, desired running
+HELD = Policy(hold={"x": "backing off after 2 failures, until 12:00:10"})
+
+
+def test_an_evictable_does_not_take_the_room_of_a_resident_held_back() -> None:
+    p = plan_transitions(host(X, E), Observed(True), HELD, NOW)
+    assert not [s for s in p.steps if s.action is Action.START]
+    why = {b.serve: b.reason for b in p.blocked}
+    assert "its room (6000 MiB on a) is kept for it" in why["x"]
+    assert "x" in why["e"], why
+    assert "x" not in p.ledger_after.holdings  # kept while planning, held by nothing
+
+
+def test_once_its_backoff_ends_the_resident_starts_in_its_room() -> None:
+    p = plan_transitions(host(X, E), Observed(True), Policy(), NOW)
+    assert [s.serve for s in p.steps if s.action is Action.START] == ["x"]
+
+
+def test_room_that_is_not_free_is_not_kept() -> None:
+    big = pinned("big", 9000, "a", residency=Residency.RESIDENT)
+    p = plan_transitions(host(big, X, E), Observed(True), HELD, NOW)
+    assert [s.serve for s in p.steps if s.action is Action.START] == ["big"]
+    assert "kept" not in {b.serve: b.reason for b in p.blocked}["x"]
