@@ -17,7 +17,7 @@ from mcp.client.session import ClientSession
 from test_api import idle, observe  # noqa: F401
 from test_enforce_render_lint import WEIGHTS, write_gguf
 from test_mcp import ADDED, ROOT, _text, vramctl, with_session
-from test_mcp_http import run
+from test_mcp_http import auth, run
 
 from controller.service.loop import Controller
 
@@ -209,7 +209,7 @@ def test_the_live_backend_takes_both_forms(idle: Controller, tmp_path: Path) -> 
     gguf = write_gguf(tmp_path / "tiny.gguf")
 
     async def go(base: str, session: Callable[..., Any]) -> list[Any]:
-        async with session() as s:
+        async with session(auth()) as s:  # the refusals' words in full: with the token
             asks: list[dict[str, Any]] = [
                 {"vram_mib": 5000, "gpu_role": "a"},
                 {"vram_mib": 5000, "placement": ["a"]},

@@ -27,6 +27,7 @@ from serving import free_port
 from test_api import TOKEN, Live, calm, idle, live, observe, wait_for  # noqa: F401
 
 from controller.interfaces.api import ApiSettings, create_app
+from controller.interfaces.mcp_server import PUBLIC_NO_SERVE
 from controller.service.loop import Controller
 
 T = TypeVar("T")
@@ -142,13 +143,16 @@ def test_tools_answer_from_the_live_view_as_v1_does(idle: Controller) -> None:  
         for mine, theirs in zip(mine_rows, serves["serves"], strict=True):
             assert mine["lifecycle"] == theirs["lifecycle"], mine["serve"]
             assert mine["reservation_mib"] == theirs["reservation_mib"], mine["serve"]
-        assert typo.is_error and 'did you mean "llm"?' in _text(typo)
-        # without the token: names, states and figures only, as GET /v1/serves
+        # without the token: names, states and figures only, as GET /v1/serves; a
+        # refusal in a fixed wording that echoes nothing (tests/test_mcp_tokenless.py)
+        assert typo.is_error and _text(typo) == PUBLIC_NO_SERVE
         assert any("shown only to a request with" in n for n in answer["notes"]), answer
         async with session(auth()) as s:
             full = (await s.call_tool("reservation_status", {})).structured_content
+            typo = await s.call_tool("can_fit", {"serve": "lml"})
         assert full["gpu_roles"] == answer["gpu_roles"]
         assert len(full["notes"]) == len(answer["notes"]) - 1
+        assert typo.is_error and 'did you mean "llm"?' in _text(typo)
 
     run(idle, go)
 

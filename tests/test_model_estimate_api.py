@@ -9,9 +9,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-from test_api import Asgi, client, observe  # noqa: F401
+from test_api import Asgi, auth, client, observe  # noqa: F401
 from test_model_estimate_cli import safetensors_model
 
+from controller.interfaces.redaction import MODEL_TEXT_WITHHELD
 from controller.manifest import load_manifest_set
 from controller.service import model_estimates
 from controller.service.footprints import FootprintRecorder, Reading
@@ -68,7 +69,8 @@ def test_the_serves_answer_carries_the_estimate_and_the_measured_footprint(
     sample = Sample("llm", "start", "a", 1.0, 1500, Method.DELTA, True, delta_mib=1300)
     loop.journal.add_footprint("llm", "start", "a", 1.0, sample.to_json())
     observe(loop, {"llm": {"state": "running"}})
-    rows = {r["serve"]: r for r in client(loop).get("/v1/serves").json()["serves"]}
+    api = client(loop)
+    rows = {r["serve"]: r for r in api.get("/v1/serves", headers=auth()).json()["serves"]}
     llm = rows["llm"]["model"]
     assert (llm["vram_mib"], llm["measured_mib"]) == (1500, 1300)
     assert llm["calibration"]["verdict"] == "consistent"
@@ -80,6 +82,10 @@ def test_the_serves_answer_carries_the_estimate_and_the_measured_footprint(
     assert later["estimate"] is None and "mounted-later: no such file" in later["error"]
     assert later["measured_mib"] is None  # unknown, never 0
     assert rows["plain"]["model"] is None
+    # without the token the figures, not what the files (or their absence) say
+    bare = {r["serve"]: r["model"] for r in api.get("/v1/serves").json()["serves"]}
+    assert bare["later"]["error"] == MODEL_TEXT_WITHHELD
+    assert bare["llm"]["estimate"] == est and bare["llm"]["calibration"] == llm["calibration"]
 
 
 def test_an_unchanged_model_is_not_read_again_and_a_mounted_one_is(

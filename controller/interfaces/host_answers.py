@@ -8,9 +8,9 @@ source built (the running loop's, or a snapshot's with the state directory's jou
 (:class:`RowExtras`: the loop's backoff and queue; the footprints and model estimates),
 so the same situation gets the same answer over HTTP, MCP and the CLI.
 
-Free text (a blocked reason, a failure) is withheld from a caller without the token
-(``full`` false), as ``controller/interfaces/redaction.py`` says. Pure formatting: no
-I/O, nothing decided here that the core does not decide.
+Free text (a blocked reason, a failure, what a model's files say) is withheld from a
+caller without the token (``full`` false), as ``controller/interfaces/redaction.py``
+says. Pure formatting: no I/O, nothing decided here that the core does not decide.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from controller.interfaces.redaction import public_blocked, public_failure
+from controller.interfaces.redaction import public_blocked, public_failure, public_model
 from controller.service.view import BackoffView
 from statemachine.admission import can_request
 from statemachine.idleness import request_end
@@ -155,7 +155,7 @@ def _row(
         # declared vs measured (docs/limits.md): null before any sample
         "footprint": extras.footprints.get(name),
         # [serve.model]: weights + KV beside the reservation and the footprint (docs/sizing.md)
-        "model": extras.models.get(name),
+        "model": _model(extras.models.get(name), full),
         "queued": extras.queued(name),
         "blocked": blocked if full else public_blocked(name, blocked),
         "backoff": _backoff(extras, name, sit.now, full),
@@ -170,6 +170,11 @@ def fit_json(sit: Situation, serve: str, *, full: bool) -> dict[str, Any]:
     if full:
         return data
     return {**data, "reason": public_blocked(serve, data.get("reason"))}
+
+
+def _model(entry: dict[str, Any] | None, full: bool) -> dict[str, Any] | None:
+    """A serve's model entry; without the token, what its files say withheld."""
+    return entry if entry is None or full else public_model(entry)
 
 
 def _backoff(extras: RowExtras, name: str, now: float, full: bool) -> dict[str, Any] | None:

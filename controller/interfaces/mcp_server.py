@@ -26,8 +26,10 @@ the source is the loop's live situation (:mod:`controller.interfaces.api.agents`
 
 A refusal (an unknown serve, a manifest that does not load, bad arguments) is a tool
 error (``isError``) whose text says what is wrong and how to fix it; an unexpected
-failure is one line too, never a traceback. A figure that cannot be known is ``null``
-with a note, never 0.
+failure is one line too, never a traceback. To a caller without the API's token (over
+HTTP: :class:`Caller` ``full`` false) a refusal is a fixed wording that echoes nothing
+(:attr:`ToolError.public`, :data:`PUBLIC_ERRORS`), and the answers hold no free text.
+A figure that cannot be known is ``null`` with a note, never 0.
 
 The same server is served by ``vramctl run``'s API at ``/mcp`` over Streamable HTTP
 (:func:`http_transport`), its tools answering from the running controller's live view
@@ -70,7 +72,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 
 from controller.interfaces.fit_answer import fit_answer
 from controller.interfaces.host_answers import RowExtras, ledger_answer, serve_rows
-from controller.interfaces.redaction import public_blocked
+from controller.interfaces.redaction import public_blocked, public_manifest_error, public_model
 from controller.manifest import ManifestError, load_manifest_set
 from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
 from statemachine.sizing import KV_DTYPES, MIB
@@ -85,8 +87,56 @@ if TYPE_CHECKING:
 SERVER_NAME = "vramctl"
 
 
+#: what a caller without the API's token reads in place of a refusal's words: each a
+#: fixed wording that echoes nothing (not an argument, a file, nor the manifest)
+WITHHELD = "the reason is shown only with the API's token (Authorization: Bearer TOKEN)"
+PUBLIC_REFUSED = f"refused: {WITHHELD}"
+PUBLIC_ARGUMENTS = f"the arguments do not fit the tool's input schema (tools/list): {WITHHELD}"
+PUBLIC_NO_TOOL = "no such tool: tools/list names them"
+PUBLIC_NO_SERVE = "no serve of that name in the manifest set: serves_status lists them"
+PUBLIC_NO_ROLE = (
+    "gpu_role or placement names a role the manifest set does not declare, or one that "
+    "cannot hold the size asked: reservation_status lists the roles and their budgets"
+)
+PUBLIC_MODEL = f"model_path cannot be sized (unreadable, or its KV cache unknown): {WITHHELD}"
+PUBLIC_REPLACES = (
+    "replaces must name one of the manifest files (source.manifests), and is needed when "
+    "the set has several"
+)
+PUBLIC_FAILED = f"the call failed on the server: {WITHHELD}, and in the controller's log"
+NO_OBSERVATION = "no observation yet: the loop has not completed its first cycle"
+ONE_EDIT = (
+    "give the edit as manifest_text (the edited TOML) or manifest_path (an edited file), "
+    "one of them"
+)
+NO_FILES = "this controller names no manifest files to edit"
+#: ``plan_preview``'s ``manifest_path`` inside ``vramctl run``: only the set's own files
+PATH_REFUSED = (
+    "manifest_path must be one of the manifest files this controller runs from "
+    "(source.manifests): no other file is read; give an edited copy as manifest_text"
+)
+
+
 class ToolError(Exception):
-    """A refusal the agent can act on: the message says what is wrong and the fix."""
+    """A refusal the agent can act on: the message says what is wrong and the fix.
+
+    ``public``: what a caller without the API's token reads instead (one of the fixed
+    wordings above; never built from the arguments, a file or the manifest)."""
+
+    def __init__(self, message: str, public: str = PUBLIC_REFUSED) -> None:
+        super().__init__(message)
+        self.public = public
+
+
+def manifest_refusal(exc: ManifestError, fix: str) -> ToolError:
+    """A manifest set that does not load: its located errors and ``fix``; without the
+    token, where each problem is without what it says (the value it quotes)."""
+    located = "; ".join(str(e) for e in exc.errors)
+    where = "; ".join(public_manifest_error(e, logged=False) for e in exc.errors)
+    return ToolError(
+        f"the manifest set does not load: {located} ({fix})",
+        public=f"the manifest set does not load: {where}",
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -453,11 +503,11 @@ def check_tool_arguments(name: str, arguments: Mapping[str, Any]) -> None:
     tool = next((t for t in ALL_TOOLS if t.name == name), None)
     if tool is None:
         names = {t.name: t for t in ALL_TOOLS}
-        raise ToolError(f"no tool {name!r}{_did_you_mean(name, names)}")
+        raise ToolError(f"no tool {name!r}{_did_you_mean(name, names)}", PUBLIC_NO_TOOL)
     _check_arguments(name, tool.input_schema, arguments)
     for key in tool.input_schema.get("required", []):
         if key not in arguments:
-            raise ToolError(f"{name}: {key} is missing")
+            raise ToolError(f"{name}: {key} is missing", PUBLIC_ARGUMENTS)
 
 
 # --- the tools ---------------------------------------------------------------------
@@ -466,6 +516,27 @@ def check_tool_arguments(name: str, arguments: Mapping[str, Any]) -> None:
 _ASK = (
     'ask {"serve": NAME}, or {"vram_mib": N} or {"model_path": P} with "gpu_role": ROLE '
     'or "placement": [ROLE, ...]'
+)
+#: a question ``can_fit`` cannot ask, as a caller without the token reads it
+PUBLIC_QUESTION = f"can_fit: {_ASK}"
+#: every wording a caller without the token may read for a refusal of a read tool
+#: (beside them, only a manifest that does not load: where, without what it says)
+PUBLIC_ERRORS = frozenset(
+    {
+        PUBLIC_REFUSED,
+        PUBLIC_ARGUMENTS,
+        PUBLIC_NO_TOOL,
+        PUBLIC_NO_SERVE,
+        PUBLIC_NO_ROLE,
+        PUBLIC_MODEL,
+        PUBLIC_REPLACES,
+        PUBLIC_FAILED,
+        PUBLIC_QUESTION,
+        NO_OBSERVATION,
+        ONE_EDIT,
+        NO_FILES,
+        PATH_REFUSED,
+    }
 )
 _SIZING_KEYS = ("context", "kv_dtype", "parallel")
 OVERHEADS_NOTE = (
@@ -499,6 +570,19 @@ def fit_reply(
     }
 
 
+def _public_fit(
+    name: str, body: dict[str, Any], estimate: dict[str, Any] | None
+) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``can_fit``'s answer for a caller without the token: a held serve's reason (its
+    failure's text) and what model files say withheld, the ``model_path`` not echoed."""
+    out = {**body, "reason": public_blocked(name, body.get("reason"))}
+    if isinstance(out.get("model"), Mapping):
+        out["model"] = public_model(out["model"])
+    if estimate is not None:
+        estimate = {k: v for k, v in public_model(estimate).items() if k != "model"}
+    return out, estimate
+
+
 def _model_vram(args: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     """The MiB ``model_path`` needs at least (weights + KV cache, rounded up) and the
     ``estimate`` object that says so; :class:`ToolError` naming the file when it cannot
@@ -508,7 +592,9 @@ def _model_vram(args: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
 
     kv_dtype = args.get("kv_dtype", "f16")
     if kv_dtype not in KV_DTYPES:
-        raise ToolError(f"kv_dtype must be one of {', '.join(KV_DTYPES)}, not {kv_dtype!r}")
+        raise ToolError(
+            f"kv_dtype must be one of {', '.join(KV_DTYPES)}, not {kv_dtype!r}", PUBLIC_ARGUMENTS
+        )
     path = Path(str(args["model_path"])).expanduser()
     ref = ModelRef(
         path=(path if path.is_absolute() else Path.cwd() / path).resolve(),
@@ -518,10 +604,11 @@ def _model_vram(args: Mapping[str, Any]) -> tuple[int, dict[str, Any]]:
     )
     est = serve_estimate(ref)
     if isinstance(est, ModelUnreadable):
-        raise ToolError(f"model_path cannot be read: {est.message}")
+        raise ToolError(f"model_path cannot be read: {est.message}", PUBLIC_MODEL)
     need = est.at_least_bytes
     if need is None:
-        raise ToolError(f"{ref.path}: its KV cache is unknown ({est.kv.reason}); ask with vram_mib")
+        why = f"{ref.path}: its KV cache is unknown ({est.kv.reason}); ask with vram_mib"
+        raise ToolError(why, PUBLIC_MODEL)
     mib = max(1, -(-need // MIB))
     return mib, {
         "model": str(ref.path),
@@ -549,36 +636,38 @@ def fit_question(
     given = [k for k in ("serve", "vram_mib", "model_path") if args.get(k) is not None]
     if len(given) != 1:
         said = "both " + " and ".join(given) if given else "neither"
-        raise ToolError(f"{_ASK}; not {said}")
+        raise ToolError(f"{_ASK}; not {said}", PUBLIC_QUESTION)
     role, cands = args.get("gpu_role"), args.get("placement")
     sizing_args = [k for k in _SIZING_KEYS if args.get(k) is not None]
     if args.get("serve") is not None:
         extra = [k for k in ("gpu_role", "placement", *sizing_args) if args.get(k) is not None]
         if extra:
-            raise ToolError(f'{{"serve": NAME}} is asked alone, not with {", ".join(extra)}')
+            why = f'{{"serve": NAME}} is asked alone, not with {", ".join(extra)}'
+            raise ToolError(why, PUBLIC_QUESTION)
         serve = str(args["serve"])
         if serve not in desired.serves:
-            raise ToolError(unknown_serve_message(serve, desired))
+            raise ToolError(unknown_serve_message(serve, desired), PUBLIC_NO_SERVE)
         return desired, serve, None
     if role is None and cands is None:
-        raise ToolError(f"gpu_role or placement is missing: {_ASK}")
+        raise ToolError(f"gpu_role or placement is missing: {_ASK}", PUBLIC_QUESTION)
     if role is not None and cands is not None:
-        raise ToolError("ask with exactly one of gpu_role or placement, not both")
+        raise ToolError("ask with exactly one of gpu_role or placement, not both", PUBLIC_QUESTION)
     if cands is not None and not all(isinstance(c, str) for c in cands):
-        raise ToolError(f"placement must be a list of role names, not {json.dumps(cands)}")
+        why = f"placement must be a list of role names, not {json.dumps(cands)}"
+        raise ToolError(why, PUBLIC_ARGUMENTS)
     estimate: dict[str, Any] | None = None
     if args.get("model_path") is not None:
         mib, estimate = _model_vram(args)
     else:
         if sizing_args:
-            raise ToolError(f"{', '.join(sizing_args)}: only with model_path")
+            raise ToolError(f"{', '.join(sizing_args)}: only with model_path", PUBLIC_QUESTION)
         mib = args["vram_mib"]
     try:
         desired = with_hypothetical(
             desired, mib, role, placement=None if cands is None else list(cands)
         )
     except HypotheticalError as exc:
-        raise ToolError(str(exc)) from None
+        raise ToolError(str(exc), PUBLIC_NO_ROLE) from None
     return desired, HYPOTHETICAL, estimate
 
 
@@ -605,6 +694,10 @@ class ToolSource(Protocol):
     """Where the read tools' inputs come from: one observation with the state
     directory's journal (``vramctl mcp``: :class:`ObservingSource`), or the running
     controller's live situation (``/mcp`` in ``vramctl run``: the API's source)."""
+
+    #: whether ``plan_preview``'s ``manifest_path`` may name any file (over stdio: the
+    #: local user's own) or only one of :meth:`files` (a server others reach)
+    any_file: bool
 
     def ask(self, edit: ManifestSet | None = None, *, full: bool = True) -> Asked:
         """The inputs of one call; ``edit``: an edited manifest set to answer for (the
@@ -639,7 +732,7 @@ class Tools:
         :class:`ToolError` for a refusal."""
         handler = self.handlers.get(name)
         if handler is None:
-            raise ToolError(f"no tool {name!r}{_did_you_mean(name, self.handlers)}")
+            raise ToolError(f"no tool {name!r}{_did_you_mean(name, self.handlers)}", PUBLIC_NO_TOOL)
         tool = next(t for t in TOOLS if t.name == name)
         _check_arguments(name, tool.input_schema, arguments)
         return handler(dict(arguments), full)
@@ -663,7 +756,7 @@ class Tools:
         asked = self.source.ask(full=full)
         only = args.get("serve")
         if only is not None and only not in asked.sit.desired.serves:
-            raise ToolError(unknown_serve_message(only, asked.sit.desired))
+            raise ToolError(unknown_serve_message(only, asked.sit.desired), PUBLIC_NO_SERVE)
         docker, rows = serve_rows(
             asked.sit, asked.extras, full=full, only=only, observed=asked.observed
         )
@@ -681,13 +774,13 @@ class Tools:
         asked = self.source.ask(full=full)
         desired, name, estimate = fit_question(asked.sit.desired, args)
         if not asked.observed:
-            raise ToolError("no observation yet: the loop has not completed its first cycle")
+            raise ToolError(NO_OBSERVATION, NO_OBSERVATION)
         serve = None if name == HYPOTHETICAL else name
         model = asked.extras.models.get(serve) if serve is not None else None
         answer = fit_answer(asked.sit.with_desired(desired), name, model=model)
         body = answer.to_json()
-        if not full:  # a held serve's reason withheld, as GET /v1/fit withholds it
-            body["reason"] = public_blocked(name, body.get("reason"))
+        if not full:  # free text withheld, as GET /v1/fit and /v1/serves withhold it
+            body, estimate = _public_fit(name, body, estimate)
         return fit_reply(
             body, answer.result.known, serve, estimate, list(asked.notes), asked.source
         )
@@ -696,24 +789,32 @@ class Tools:
         """The plan an edited manifest would cause now; nothing executed."""
         text, path = args.get("manifest_text"), args.get("manifest_path")
         if (text is None) == (path is None):
-            raise ToolError(
-                "give the edit as manifest_text (the edited TOML) or manifest_path (an "
-                "edited file), one of them"
-            )
+            raise ToolError(ONE_EDIT, ONE_EDIT)
         files = list(self.source.files())
         if not files:
-            raise ToolError("this controller names no manifest files to edit")
+            raise ToolError(NO_FILES, NO_FILES)
         if path is not None:
-            edited_path = Path(str(path)).expanduser()
-            if not edited_path.is_file():
-                raise ToolError(f"{path}: no such file (give the edited manifest's path)")
-            return self._preview(self.source.load((edited_path,)), full)
+            return self._preview(self._at_path(files, str(path)), full)
         target = self._replaced(files, args.get("replaces"))
         with tempfile.TemporaryDirectory(prefix="vramctl-mcp-") as tmp:
             edited = Path(tmp) / target.name
             edited.write_text(str(text), encoding="utf-8")
             mset = self.source.load(tuple(edited if f == target else f for f in files))
             return self._preview(mset, full)
+
+    def _at_path(self, files: list[Path], path: str) -> ManifestSet:
+        """The set ``manifest_path`` asks for. Inside ``vramctl run`` only a file of the
+        set is read (the set as it is on disk now); any other path is refused before it
+        is opened (:data:`PATH_REFUSED`). Over stdio (the local user's own files), an
+        edited copy anywhere, planned as the whole set."""
+        given = Path(path).expanduser()
+        if not self.source.any_file:
+            if given.resolve() not in {f.resolve() for f in files}:
+                raise ToolError(PATH_REFUSED, PATH_REFUSED)
+            return self.source.load(tuple(files))
+        if not given.is_file():
+            raise ToolError(f"{path}: no such file (give the edited manifest's path)")
+        return self.source.load((given,))
 
     @staticmethod
     def _replaced(files: list[Path], replaces: Any) -> Path:
@@ -722,7 +823,8 @@ class Tools:
                 names = ", ".join(str(f) for f in files)
                 raise ToolError(
                     f"the manifest set has {len(files)} files ({names}): say which one "
-                    "manifest_text replaces with replaces=FILE"
+                    "manifest_text replaces with replaces=FILE",
+                    PUBLIC_REPLACES,
                 )
             return files[0]
         wanted = Path(str(replaces)).expanduser().resolve()
@@ -730,17 +832,25 @@ class Tools:
             if Path(f).resolve() == wanted or Path(f).name == str(replaces):
                 return f
         names = ", ".join(str(f) for f in files)
-        raise ToolError(f"{replaces} is not a file of the manifest set ({names})")
+        why = f"{replaces} is not a file of the manifest set ({names})"
+        raise ToolError(why, PUBLIC_REPLACES)
 
     def _preview(self, mset: ManifestSet, full: bool) -> dict[str, Any]:
         asked = self.source.ask(mset, full=full)
         notes = [f"manifest: {w}" for w in mset.warnings]
+        if not full and notes:  # a warning quotes the file's values
+            notes = [f"manifest: {len(notes)} warning(s): {WITHHELD}"]
         known = asked.sit.observed.docker_ok
         if not known:
             notes.append("the plan is unknown, not empty (known: false): docker was not read")
         if mset.digest == asked.digest:
             notes.append("the edit changes nothing the controller reads: this is today's plan")
         data = asked.sit.plan.to_json()
+        if not full:  # a held serve's reason withheld, as GET /v1/plans withholds it
+            data["blocked"] = [
+                {**b, "reason": public_blocked(str(b["serve"]), b.get("reason"))}
+                for b in data["blocked"]
+            ]
         plan_notes = data.pop("notes", [])
         return {
             **data,
@@ -757,6 +867,8 @@ class ObservingSource:
     (or reads the saved observation) with the state directory's journal, through the
     command line's own helpers (:class:`Sources`)."""
 
+    any_file = True
+
     def __init__(self, sources: Sources) -> None:
         self.sources = sources
 
@@ -770,11 +882,8 @@ class ObservingSource:
         try:
             return load_manifest_set(list(paths or self.sources.manifests))
         except ManifestError as exc:
-            located = "; ".join(str(e) for e in exc.errors)
-            raise ToolError(
-                f"the manifest set does not load: {located} "
-                "(fix the file, then ask again; `vramctl validate -m FILE` says the same)"
-            ) from None
+            fix = "fix the file, then ask again; `vramctl validate -m FILE` says the same"
+            raise manifest_refusal(exc, fix) from None
 
     def ask(self, edit: ManifestSet | None = None, *, full: bool = True) -> Asked:
         current = self._load()
@@ -842,18 +951,22 @@ def _check_arguments(tool: str, schema: Mapping[str, Any], arguments: Mapping[st
             known = ", ".join(properties) or "none"
             raise ToolError(
                 f"{tool} takes no argument {key!r}{_did_you_mean(key, properties)} "
-                f"(its arguments: {known})"
+                f"(its arguments: {known})",
+                PUBLIC_ARGUMENTS,
             )
         want = properties[key].get("type")
         ok = isinstance(value, _JSON_TYPES.get(want, (object,))) and not isinstance(value, bool)
         if not ok:
-            raise ToolError(f"{tool}: {key} must be a JSON {want}, not {json.dumps(value)}")
+            why = f"{tool}: {key} must be a JSON {want}, not {json.dumps(value)}"
+            raise ToolError(why, PUBLIC_ARGUMENTS)
         minimum = properties[key].get("minimum")
         if minimum is not None and value < minimum:
-            raise ToolError(f"{tool}: {key} must be at least {minimum}, not {value}")
+            why = f"{tool}: {key} must be at least {minimum}, not {value}"
+            raise ToolError(why, PUBLIC_ARGUMENTS)
         above = properties[key].get("exclusiveMinimum")
         if above is not None and value <= above:
-            raise ToolError(f"{tool}: {key} must be more than {above}, not {value}")
+            why = f"{tool}: {key} must be more than {above}, not {value}"
+            raise ToolError(why, PUBLIC_ARGUMENTS)
 
 
 # --- the server --------------------------------------------------------------------
@@ -942,10 +1055,12 @@ def build_server(
             answer = await answers.answer(params.name, arguments, caller)
             if isinstance(answer, types.CallToolResult):
                 return answer  # a remote server's, as it is
-        except ToolError as exc:
-            return _error(str(exc))
+        except ToolError as exc:  # without the token: a fixed wording, nothing echoed
+            return _error(str(exc) if caller.full else exc.public)
         except Exception as exc:  # one line for the agent, never a traceback
             print(f"vramctl mcp: {params.name}: {type(exc).__name__}: {exc}", file=sys.stderr)
+            if not caller.full:
+                return _error(PUBLIC_FAILED)
             return _error(
                 f"{params.name} failed: {type(exc).__name__}: {exc} (the server's stderr "
                 "has the same line; ask again, or run the matching vramctl command)"

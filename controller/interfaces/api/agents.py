@@ -12,14 +12,16 @@ never from a fresh observation:
   planned counted as held); ``{"vram_mib"}`` or ``{"model_path"}`` with ``gpu_role`` or
   ``placement``: the same for a hypothetical on-demand serve (model files are read on
   the controller's machine);
-- ``plan_preview``: the plan an edited manifest would cause on the live observation.
+- ``plan_preview``: the plan an edited manifest would cause on the live observation;
+  it reads no file but the manifest files ``vramctl run`` was started with.
 
 Security is the API's (docs/agents.md): the Host / Origin guard of every route, then
 the SDK's DNS-rebinding protection (``TransportSecuritySettings``) with the API's
 address and ``--allow-origin``. ``/mcp`` is a read as the API's reads are: without
 ``Authorization`` it answers the read tools with names, states and figures only (the
-free text withheld, as ``GET /v1/serves`` without the token); with the right token, in
-full, and the writes; a wrong token is refused (403) before the body is read
+free text withheld, as ``GET /v1/serves`` without the token, and every refusal a fixed
+wording that echoes nothing); with the right token, in full, and the writes; a wrong
+token is refused (403) before the body is read
 (:class:`~controller.interfaces.api.guard.WriteGuard`).
 """
 
@@ -50,6 +52,7 @@ from controller.interfaces.mcp_server import (
     Tools,
     check_tool_arguments,
     http_transport,
+    manifest_refusal,
 )
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.service.events import Event, Subscription
@@ -93,7 +96,7 @@ class LiveBackend:
             if name in self.tools.handlers:
                 return self.tools.call(name, args, full=caller.full)
             if not caller.may_write or not isinstance(caller.request, Request):
-                raise ToolError(caller.why_not)
+                raise ToolError(caller.why_not, caller.why_not)
             if name == "request_up":
                 return await self.request_up(args, caller, caller.request)
             return await self.release(args, caller.request)
@@ -137,7 +140,10 @@ class LiveBackend:
 class LiveSource:
     """The read tools' inputs inside ``vramctl run``: the loop's live situation (the
     one ``GET /v1/ledger``, ``/v1/serves`` and ``/v1/fit`` answer from), never a fresh
-    observation. Asked on the loop's own event loop, as the routes are."""
+    observation. Asked on the loop's own event loop, as the routes are. ``plan_preview``
+    reads no file but these (its ``manifest_path`` must name one of them)."""
+
+    any_file = False
 
     def __init__(self, ctx: ApiContext) -> None:
         self.ctx = ctx
@@ -256,10 +262,7 @@ def _load(paths: tuple[Path, ...]) -> ManifestSet:
     try:
         return load_manifest_set(list(paths))
     except ManifestError as exc:
-        located = "; ".join(str(e) for e in exc.errors)
-        raise ToolError(
-            f"the manifest set does not load: {located} (fix the file, then ask again)"
-        ) from None
+        raise manifest_refusal(exc, "fix the file, then ask again") from None
 
 
 def allowed_hosts(settings_host: str | None, port: int | None) -> list[str] | None:
