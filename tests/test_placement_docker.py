@@ -21,6 +21,7 @@ import pynvml
 import pytest
 from fakes_nvml import FakeNvml, nvml_error
 from test_loop_events import Running, names, wait_for
+from test_one_answer import vramctl
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions
@@ -62,7 +63,11 @@ def _controller(path: Path, state: Path) -> Controller:
 
 
 def _card_of(client: docker.DockerClient, container: str) -> str | None:
-    env = client.containers.get(container).attrs["Config"]["Env"] or []
+    """The card the container was made for (None: it names none, or is gone)."""
+    try:
+        env = client.containers.get(container).attrs["Config"]["Env"] or []
+    except docker.errors.NotFound:
+        return None
     return next((e.split("=", 1)[1] for e in env if e.startswith("VRAMCTL_GPU_ROLE=")), None)
 
 
@@ -207,3 +212,118 @@ def test_a_re_pinned_serve_is_made_again_on_its_new_card_not_restarted_on_the_ol
     _converge(path, state, pinned("b"), lambda: _running(docker_client, x))
     assert _card_of(docker_client, x) == "b"
     assert docker_client.containers.get(x).id != made_for_a
+
+
+def _committed(path: Path, state: Path) -> dict[str, int]:
+    """What ``vramctl status --json`` (the journal of ``state`` laid over the host as
+    docker shows it now) commits on each card."""
+    code, status = vramctl("status", "--json", "-m", str(path), "--state-dir", str(state))
+    assert code == 0, status
+    return {r["gpu_role"]: r["committed_mib"] for r in status["gpu_roles"]}
+
+
+def test_a_serve_re_pinned_while_it_runs_is_counted_where_it_runs_then_moved(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """x runs pinned to a; an edit pins it to b. Until it moves it is counted on a alone
+    (its container says it was made for a), not on both; the loop stops it on a and
+    makes it again on b."""
+    x = names("x")
+    path, state = tmp_path / "serves.toml", tmp_path / "state"
+
+    def pinned(role: str) -> str:
+        return TWO_CARDS + _serve("x", x, test_image, 4000, f'gpu_role = "{role}"', RUNNING)
+
+    _converge(path, state, pinned("a"), lambda: _running(docker_client, x))
+    made_for_a = docker_client.containers.get(x).id
+    path.write_text(pinned("b"))
+    assert _committed(path, state) == {"a": 4000, "b": 0}
+    _converge(path, state, pinned("b"), lambda: _card_of(docker_client, x) == "b")
+    wait_for("x running on b", lambda: _running(docker_client, x))
+    assert docker_client.containers.get(x).id != made_for_a
+    assert _committed(path, state) == {"a": 0, "b": 4000}
+
+
+def test_a_placed_serve_moves_off_the_card_a_pinned_resident_needs(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """p (4000, a or b) runs on a, the only card with room while f holds b. Then f is
+    stopped and the resident r (8000), pinned to a, is declared: r may stop nothing, and
+    a holds p. p is moved to b, where it fits, and r starts on a: both run."""
+    ctr = {n: names(n) for n in ("p", "f", "r")}
+    path, state = tmp_path / "serves.toml", tmp_path / "state"
+    roles = (
+        '[[gpu_roles]]\nid = "a"\nvram_mib = 12000\n\n[[gpu_roles]]\nid = "b"\nvram_mib = 6000\n'
+    )
+    p = _serve("p", ctr["p"], test_image, 4000, PLACED, EVICTABLE)
+
+    def f(desired: str) -> str:
+        return _serve("f", ctr["f"], test_image, 3000, 'gpu_role = "b"', f'desired = "{desired}"')
+
+    _converge(
+        path,
+        state,
+        roles + f("running") + p,
+        lambda: _running(docker_client, ctr["p"]) and _running(docker_client, ctr["f"]),
+    )
+    assert _card_of(docker_client, ctr["p"]) == "a"
+    r = _serve("r", ctr["r"], test_image, 9000, 'gpu_role = "a"', RESIDENT)
+    _converge(
+        path,
+        state,
+        roles + f("stopped") + p + r,
+        lambda: _running(docker_client, ctr["r"]) and _card_of(docker_client, ctr["p"]) == "b",
+    )
+    wait_for("p running on b", lambda: _running(docker_client, ctr["p"]))
+    assert _committed(path, state) == {"a": 9000, "b": 4000}
+
+
+def test_a_resident_in_backoff_keeps_its_room_from_an_evictable(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """The resident x (6000 of a's 10000) is killed until the loop holds it back (its
+    failure backoff); the evictable e (6000, on a, desired running) wants the room all
+    along. e is never started: x's room is kept, and x starts again in it once its
+    backoff ends (docs/eviction.md)."""
+    ctr = {n: names(n) for n in ("x", "e")}
+    path, state = tmp_path / "serves.toml", tmp_path / "state"
+    path.write_text(
+        TWO_CARDS
+        + _serve("x", ctr["x"], test_image, 6000, 'gpu_role = "a"', RESIDENT)
+        + _serve("e", ctr["e"], test_image, 6000, 'gpu_role = "a"', EVICTABLE)
+    )
+    run = Running(_controller(path, state))
+
+    def held() -> bool:
+        return any(
+            b.serve == "x" and "held back" in b.reason
+            for b in run.controller.situation().plan.blocked
+        )
+
+    try:
+        wait_for("x running", lambda: _running(docker_client, ctr["x"]))
+        for _ in range(4):  # each death counts; the backoff holds it from the second
+            docker_client.containers.get(ctr["x"]).kill()
+            try:
+                wait_for("x back, or held", lambda: held() or _running(docker_client, ctr["x"]))
+            except AssertionError:
+                raise AssertionError(str(run.controller.situation().plan.to_json())) from None
+            if held():
+                break
+        assert held(), "x was never held back"
+        reasons = [b.reason for b in run.controller.situation().plan.blocked if b.serve == "x"]
+        assert "its room (6000 MiB on a) is kept for it" in reasons[0]
+        wait_for("x running after its backoff", lambda: _running(docker_client, ctr["x"]), 600)
+        with pytest.raises(docker.errors.NotFound):  # e's `up` never ran
+            docker_client.containers.get(ctr["e"])
+    finally:
+        run.stop()
