@@ -276,9 +276,7 @@ class _Room:
     def left(self, role: str) -> int:
         """The MiB free on ``role`` once what is committed and what this plan starts
         there are counted."""
-        view = self.ledger.view(role)
-        assert view.committed_mib is not None
-        return view.budget_mib - view.committed_mib - self.taken[role]
+        return self.ledger.free_mib(role) - self.taken[role]
 
     def short(self, role: str) -> bool:
         """True when ``role`` has less than nothing left."""
