@@ -64,13 +64,8 @@ def test_the_single_card_example_runs_for_real_and_evicts(docker_client: object)
     (the compose file's fallback once), so the tag the script builds must reach the
     ``up`` commands through the controller's clean environment.
     """
-    import os
     import subprocess
 
-    from compose_stack import compose_available
-    from serving import free_port
-
-    compose_available()
     # what a new user has: no `:latest` stand-in left over from an older version (the
     # compose file's old fallback), no stand-in image named by the caller
     subprocess.run(
@@ -79,19 +74,7 @@ def test_the_single_card_example_runs_for_real_and_evicts(docker_client: object)
         timeout=60,
         check=False,
     )
-    env = dict(os.environ, VRAMCTL_EXAMPLE_API=f"127.0.0.1:{free_port()}", COLUMNS="200")
-    env.pop("VRAMCTL_STANDIN_IMAGE", None)
-    env["VRAMCTL_EXAMPLE_WAIT_S"] = "240"  # a stuck stage fails here, not at the 600 s timeout
-    r = subprocess.run(
-        [str(EXAMPLES / "run"), "single-card"],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=600,
-        check=False,
-    )
-    out = r.stdout + r.stderr
-    assert r.returncode == 0, out[-6000:]
+    out = _run_example("single-card")
     # the controller's log is shown as it goes, from its first line
     assert "tail: cannot open" not in out and "  | INFO    vramctl run: " in out, out[:3000]
     assert "ocr drain: ok" in out and "ocr stop: ok" in out, out[-6000:]
@@ -107,12 +90,9 @@ def test_the_single_card_example_runs_for_real_and_evicts(docker_client: object)
     assert left.stdout.strip() == "", "the example's stack was not removed"
 
 
-@pytest.mark.docker
-@pytest.mark.slow
-def test_the_placement_example_tells_each_container_its_card(docker_client: object) -> None:
-    """``manifests/examples/run placement``: two stand-in cards; each serve's ``up`` is
-    given ``VRAMCTL_GPU_ROLE``, which the compose file passes into the container, and the
-    on-demand ``big`` evicts ``chat-b`` on card-b and is told card-b."""
+def _run_example(name: str, **extra_env: str) -> str:
+    """What ``manifests/examples/run NAME`` printed, stdout and stderr (exit 0 asserted):
+    on an API port of its own, with the stand-in image it builds (none named)."""
     import os
     import subprocess
 
@@ -121,9 +101,11 @@ def test_the_placement_example_tells_each_container_its_card(docker_client: obje
 
     compose_available()
     env = dict(os.environ, VRAMCTL_EXAMPLE_API=f"127.0.0.1:{free_port()}", COLUMNS="200")
-    env["VRAMCTL_EXAMPLE_WAIT_S"] = "240"
+    env.pop("VRAMCTL_STANDIN_IMAGE", None)
+    env["VRAMCTL_EXAMPLE_WAIT_S"] = "240"  # a stuck stage fails here, not at the 600 s timeout
+    env.update(extra_env)
     r = subprocess.run(
-        [str(EXAMPLES / "run"), "placement"],
+        [str(EXAMPLES / "run"), name],
         capture_output=True,
         text=True,
         env=env,
@@ -132,6 +114,56 @@ def test_the_placement_example_tells_each_container_its_card(docker_client: obje
     )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
+    return out
+
+
+def _docker(*args: str) -> int:
+    import subprocess
+
+    return subprocess.run(
+        ["docker", *args], capture_output=True, timeout=120, check=False
+    ).returncode
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_example_makes_its_base_where_docker_hub_cannot_be_reached(
+    docker_client: object,
+) -> None:
+    """``manifests/examples/run single-card`` on a daemon without the stand-in's Debian
+    base (a tag of this test's own, so the tests' base is left alone) and without
+    ``python:3.11-slim``: where Docker Hub cannot be reached, the script makes the base
+    with the tests' own script (tests/docker/ensure-debian-base.sh) and runs to the end;
+    where it can, it builds on the image pulled. Its stand-in image is tagged by its
+    base too, so it is built afresh here."""
+    import re
+    import uuid
+
+    base = f"vramctl-debian-python:example-{uuid.uuid4().hex[:8]}"
+    assert _docker("image", "inspect", base) != 0
+    standin = None
+    try:
+        out = _run_example("single-card", VRAMCTL_PYTHON_IMAGE=base, VRAMCTL_STANDIN_BASE="")
+        built = re.search(r"building the stand-in image (\S+) on (\S+)", out)
+        assert built is not None, out[:3000]
+        standin, on = built.groups()
+        if "python:3.11-slim cannot be pulled" in out:
+            assert on == base and "ensure-debian-base: " in out, out[:3000]
+            assert _docker("image", "inspect", base) == 0
+        else:  # Docker Hub answered here
+            assert on == "python:3.11-slim", out[:3000]
+        assert "done: fast was admitted by evicting ocr, which came back" in out, out[-3000:]
+    finally:
+        _docker("image", "rm", "--no-prune", *([standin] if standin else []), base)
+
+
+@pytest.mark.docker
+@pytest.mark.slow
+def test_the_placement_example_tells_each_container_its_card(docker_client: object) -> None:
+    """``manifests/examples/run placement``: two stand-in cards; each serve's ``up`` is
+    given ``VRAMCTL_GPU_ROLE``, which the compose file passes into the container, and the
+    on-demand ``big`` evicts ``chat-b`` on card-b and is told card-b."""
+    out = _run_example("placement")
     assert "placement-chat-a: VRAMCTL_GPU_ROLE=card-a" in out, out[-6000:]
     assert "placement-chat-b: VRAMCTL_GPU_ROLE=card-b" in out, out[-6000:]
     assert "placement-big: VRAMCTL_GPU_ROLE=card-b" in out, out[-6000:]

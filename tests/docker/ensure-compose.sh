@@ -6,9 +6,10 @@
 #      CLI plugin in /usr/local/lib/docker/cli-plugins (as root; ~/.docker/cli-plugins
 #      otherwise), where `docker compose` finds it whatever HOME is;
 #   2. the Debian base image with Python ($BASE_IMAGE), when missing or built from
-#      another recipe: `debootstrap --variant=minbase` of bookworm from the Debian
-#      mirror apt uses, then `docker import` (no registry can be pulled from). It is
-#      cached on the daemon: CI pays for it once per machine;
+#      another recipe: tests/docker/ensure-debian-base.sh (`debootstrap
+#      --variant=minbase` of bookworm from the Debian mirror apt uses, then `docker
+#      import`: no registry can be pulled from). It is cached on the daemon: CI pays
+#      for it once per machine;
 #   3. the Docker CLI image ($CLI_IMAGE), FROM scratch: this machine's docker CLI
 #      and the Compose plugin, laid out as in the official docker:cli image, so the
 #      controller's Dockerfile takes either as its DOCKER_CLI_IMAGE.
@@ -29,9 +30,6 @@ COMPOSE_VERSION=2.40.3
 COMPOSE_SHA256=dba9d98e1ba5bfe11d88c99b9bd32fc4a0624a30fafe68eea34d61a3e42fd372
 BASE_IMAGE="${VRAMCTL_PYTHON_IMAGE:-vramctl-debian-python:bookworm}"
 CLI_IMAGE="${VRAMCTL_DOCKER_CLI_IMAGE:-vramctl-docker-cli:local}"
-SUITE=bookworm
-BASE_PACKAGES=python3,python3-venv
-RECIPE="debootstrap --variant=minbase --include=$BASE_PACKAGES $SUITE; apt lists and caches dropped; v1"
 LABEL=vramctl.test.recipe-sha256
 
 case "${CI:-}" in true | TRUE | True | 1 | yes) IN_CI=1 ;; *) IN_CI=0 ;; esac
@@ -105,42 +103,8 @@ else
 fi
 
 # ------------------------------------------------------- 2. the Debian base
-want="$(printf '%s' "$RECIPE" | sha256sum | cut -d' ' -f1)"
-have="$(docker image inspect --format "{{ index .Config.Labels \"$LABEL\" }}" "$BASE_IMAGE" 2>/dev/null || true)"
-if [[ "$have" == "$want" ]]; then
-    log "image $BASE_IMAGE is up to date"
-else
-    t0="$(now)"
-    [[ $(id -u) == 0 ]] || unavailable "building $BASE_IMAGE needs root (debootstrap)"
-    if ! command -v debootstrap >/dev/null 2>&1; then
-        log "apt-get update; apt-get install debootstrap ..."
-        if ! { DEBIAN_FRONTEND=noninteractive apt-get update -q &&
-            DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends debootstrap; } \
-            >"$STATE_DIR/apt-debootstrap.log" 2>&1; then
-            tail -n 20 "$STATE_DIR/apt-debootstrap.log" >&2
-            unavailable "apt-get install debootstrap failed (log: $STATE_DIR/apt-debootstrap.log)"
-        fi
-    fi
-    # The Debian mirror apt uses here (the first source whose path ends in /debian, in
-    # deb822 or one-line form), else Debian's own.
-    mirror="$(grep -rhoE '^(URIs:[[:space:]]*|deb[[:space:]]+)(\[[^]]*\][[:space:]]+)?https?://[^[:space:]]+' \
-        /etc/apt/sources.list /etc/apt/sources.list.d/ 2>/dev/null |
-        grep -oE 'https?://[^[:space:]]+' | grep -E '/debian/?$' | head -n 1 || true)"
-    mirror="${mirror:-http://deb.debian.org/debian}"
-    log "debootstrap $SUITE ($BASE_PACKAGES) from $mirror ..."
-    if ! debootstrap --variant=minbase --include="$BASE_PACKAGES" "$SUITE" "$tmp/root" "$mirror" \
-        >"$STATE_DIR/debootstrap.log" 2>&1; then
-        tail -n 20 "$STATE_DIR/debootstrap.log" >&2
-        unavailable "debootstrap failed (log: $STATE_DIR/debootstrap.log)"
-    fi
-    rm -rf "$tmp/root/var/cache/apt/archives/"*.deb "$tmp/root/var/lib/apt/lists/"*
-    if ! tar -C "$tmp/root" -c . | docker import \
-        --change "LABEL $LABEL=$want" --change 'CMD ["/bin/bash"]' - "$BASE_IMAGE" >/dev/null; then
-        unavailable "docker import of $BASE_IMAGE failed"
-    fi
-    rm -rf "$tmp/root"
-    log "STAGE base-image: $(elapsed "$t0")s ($BASE_IMAGE)"
-fi
+VRAMCTL_BASE_LOGS="$STATE_DIR" "$HERE/ensure-debian-base.sh" "$BASE_IMAGE" ||
+    unavailable "the Debian base $BASE_IMAGE could not be made (tests/docker/ensure-debian-base.sh, above)"
 
 # ------------------------------------------------------- 3. the Docker CLI
 # A docker CLI the image can run: a static one, else one that needs only the C
