@@ -37,6 +37,12 @@ or edit kinds ``desired``, ``mib``, ``presence``) leaves some out, to look at on
 at a time. ``VRAMCTL_CHAOS_SEED`` replays a campaign (the seed is printed; the timing of a real
 daemon makes a replay close, not identical).
 
+An ``/mcp`` session flood (``test_an_mcp_session_flood_...``, ``tests/chaos/mcp_flood.py``)
+opens ``VRAMCTL_CHAOS_MCP_SESSIONS`` (default 2000; ``--chaos-long`` 10,000) sessions
+without the token against the campaign's controller and never closes them: its resident
+memory must stay within 20 % of what it was before, every opening must be answered, and
+the SDK's client with the token must be served after.
+
 The monitor itself is checked without Docker on synthetic event feeds with the
 controller records they imply: it must flag a controller start over budget, however
 close in time to an outside start or an edit, and must not flag what the driver did
@@ -336,6 +342,32 @@ def test_proxy_notes_starts_with_their_answer_and_can_be_cut(
 def _daemon() -> str:
     host = os.environ.get("DOCKER_HOST", "")
     return host.removeprefix("unix://") if host.startswith("unix://") else "/var/run/docker.sock"
+
+
+@pytest.mark.docker
+def test_an_mcp_session_flood_leaves_the_controllers_memory_and_the_token_alone(
+    docker_client: docker.DockerClient, test_image: str, request: pytest.FixtureRequest
+) -> None:
+    long = bool(request.config.getoption("--chaos-long"))
+    n = int(os.environ.get("VRAMCTL_CHAOS_MCP_SESSIONS") or (10_000 if long else 2_000))
+    tmp = Path(f"/tmp/vc-flood-{uuid.uuid4().hex[:8]}")  # short: the proxy's socket path
+    tmp.mkdir()
+    c = Campaign(docker_client, test_image, tmp, seed=0, ops_max=0, seconds_max=0)
+    try:
+        c.setup()  # its serves converge under the flood
+        c.start_controller()
+        assert c.wait_api(60), "the controller never answered"
+        result = c.mcp_flood(n)
+        exited = c.controller is None or not c.controller.alive()
+        c.stop()
+        crashes = [m for _t, _run, m in c.controller_log() if "[traceback: " in m]
+    finally:
+        c.teardown()
+    print(f"\nmcp flood: {result.brief()}")
+    problems = [*result.problems(), *crashes, *(["the controller exited"] if exited else [])]
+    if not problems:
+        shutil.rmtree(tmp, ignore_errors=True)
+    assert not problems, "\n".join(problems) + f" (logs: {tmp})"
 
 
 @pytest.mark.docker

@@ -37,10 +37,15 @@ WRITES = {"request_up", "release"}
 
 
 @asynccontextmanager
-async def serving(controller: Controller, token: str | None = TOKEN) -> AsyncIterator[str]:
-    """The API app served on a free loopback port; yields its base URL."""
+async def serving(
+    controller: Controller, token: str | None = TOKEN, **settings_: Any
+) -> AsyncIterator[str]:
+    """The API app served on a free loopback port (``settings_``: more of its
+    :class:`ApiSettings`); yields its base URL."""
     port = free_port()
-    settings = ApiSettings(token=token, retry_after_s=5.0, bind_host=HOST, bind_port=port)
+    settings = ApiSettings(
+        token=token, retry_after_s=5.0, bind_host=HOST, bind_port=port, **settings_
+    )
     app = create_app(controller, settings)
     config = uvicorn.Config(app, host=HOST, port=port, lifespan="on", log_config=None)
     server = uvicorn.Server(config)
@@ -61,12 +66,14 @@ def run(
     controller: Controller,
     fn: Callable[[str, Callable[..., Any]], Awaitable[T]],
     token: str | None = TOKEN,
+    **settings: Any,
 ) -> T:
-    """``fn(base_url, session)`` against the served app; ``session(headers)`` opens an
-    initialized SDK client session with those headers."""
+    """``fn(base_url, session)`` against the served app (``settings``: more of its
+    :class:`ApiSettings`); ``session(headers)`` opens an initialized SDK client session
+    with those headers."""
 
     async def main() -> T:
-        async with serving(controller, token) as base:
+        async with serving(controller, token, **settings) as base:
 
             @asynccontextmanager
             async def session(

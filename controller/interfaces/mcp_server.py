@@ -1091,23 +1091,41 @@ NO_WRITES = (
 )
 
 
+#: an ASGI application (scope, receive, send): the SDK's endpoint of ``/mcp``
+Asgi = Callable[[Any, Any, Any], Awaitable[None]]
+
+
+@dataclass(frozen=True, slots=True)
+class HttpTransport:
+    """The server over Streamable HTTP, for the API to serve at ``/mcp`` (behind its
+    guards and its bounds on sessions: :mod:`controller.interfaces.api.mcp_sessions`)."""
+
+    #: the SDK's endpoint (its session manager: each session's transport and task)
+    app: Asgi
+    #: the session manager's run (entered by the API's lifespan)
+    run: Callable[[], AbstractAsyncContextManager[None]]
+    #: ends every open session (before the HTTP server stops: it waits for their streams)
+    close_sessions: Callable[[], Awaitable[None]]
+    #: the ids of the sessions the manager holds now
+    open_sessions: Callable[[], frozenset[str]]
+    #: ends one session (its id then answers 404, as after the client's DELETE)
+    end_session: Callable[[str], Awaitable[None]]
+
+
 def http_transport(
     backend: Backend,
     caller_of: Callable[[ServerRequestContext[Any]], Caller],
     *,
     allowed_hosts: list[str] | None,
     allowed_origins: list[str],
-) -> tuple[
-    list[Any], Callable[[], AbstractAsyncContextManager[None]], Callable[[], Awaitable[None]]
-]:
+    max_sessions: int,
+) -> HttpTransport:
     """The server over Streamable HTTP, for the API to serve at ``/mcp``.
 
-    Returns the routes (Starlette's, mounted by the API into its own app, behind its
-    guards), the session manager's ``run`` (entered by the API's lifespan), and what
-    ends the open sessions (before the HTTP server stops: it waits for their streams).
     ``allowed_hosts``: the Host values accepted (the SDK's DNS-rebinding protection;
     ``None``: not checked here, the API bound off loopback on purpose);
-    ``allowed_origins``: the Origin values accepted (the API's ``--allow-origin``).
+    ``allowed_origins``: the Origin values accepted (the API's ``--allow-origin``);
+    ``max_sessions``: the sessions the SDK holds at once (past it, a new one is 503).
     """
     server = build_server(backend, caller_of)
     security = TransportSecuritySettings(
@@ -1115,8 +1133,13 @@ def http_transport(
         allowed_hosts=list(allowed_hosts or []),
         allowed_origins=list(allowed_origins),
     )
-    app = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security)
-    (route,) = app.routes  # the SDK's one route, without auth: StreamableHTTPASGIApp
+
+    def sdk_app() -> Any:
+        return server.streamable_http_app(
+            streamable_http_path="/mcp", transport_security=security, max_sessions=max_sessions
+        )
+
+    (route,) = sdk_app().routes  # the SDK's one route, without auth: StreamableHTTPASGIApp
     endpoint = getattr(route, "endpoint", None)
     assert isinstance(endpoint, StreamableHTTPASGIApp)
 
@@ -1124,21 +1147,29 @@ def http_transport(
     async def run() -> AsyncIterator[None]:
         # a session manager runs once, and the app's lifespan may run more than once (a
         # test client per test): each run gets a fresh one, behind the same route
-        fresh = server.streamable_http_app(streamable_http_path="/mcp", transport_security=security)
-        del fresh  # built for its session manager, now the server's
+        sdk_app()  # built for its session manager, now the server's
         endpoint.session_manager = server.session_manager
         async with endpoint.session_manager.run():
             yield
 
+    def transports() -> dict[str, Any]:
+        # the SDK keeps its transports private; ending one ends its open streams (a
+        # client's GET), which the HTTP server would otherwise wait for, then cut
+        found: dict[str, Any] = getattr(endpoint.session_manager, "_server_instances", {})
+        return found
+
     async def close_sessions() -> None:
-        # the SDK keeps its transports private; ending them ends their open streams
-        # (a client's GET), which the HTTP server would otherwise wait for, then cut
-        manager = endpoint.session_manager
-        transports: dict[str, Any] = getattr(manager, "_server_instances", {})
-        for transport in list(transports.values()):
+        for transport in list(transports().values()):
             await transport.terminate()
 
-    return list(app.routes), run, close_sessions
+    async def end_session(sid: str) -> None:
+        transport = transports().get(sid)
+        if transport is not None:  # its task then forgets it (as after a DELETE)
+            await transport.terminate()
+
+    return HttpTransport(
+        endpoint, run, close_sessions, lambda: frozenset(transports()), end_session
+    )
 
 
 def _error(message: str) -> types.CallToolResult:

@@ -12,6 +12,9 @@ The driver keeps a *model* (what the manifest means: per serve present or not,
 an invalid one, a non-UTF-8 one) are written over it and the model's text is put
 back a moment later, as an editor would finish its save. Every operation is logged
 with its time so a finding can be told with the operations that led to it.
+
+:meth:`Campaign.mcp_flood` is a round of its own against the controller's API: sessions
+of ``/mcp`` opened without the token and never closed (:mod:`chaos.mcp_flood`).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ import httpx
 from docker.errors import APIError, NotFound
 from serving import free_port, httpd
 
+from chaos.mcp_flood import FloodRound, flood_round
 from chaos.monitor import (
     NS,
     ControllerView,
@@ -382,6 +386,16 @@ class Campaign:
 
     def api(self, path: str) -> str:
         return f"http://127.0.0.1:{self.api_port}{path}"
+
+    def mcp_flood(self, sessions: int) -> FloodRound:
+        """A round of ``sessions`` sessions opened without the token against the running
+        controller's ``/mcp``, then its memory and a client with the token
+        (:mod:`chaos.mcp_flood`)."""
+        c = self.controller
+        assert c is not None and c.alive(), "no controller runs"
+        result = flood_round(self.api("/mcp"), c.proc.pid, TOKEN, sessions)
+        self.log_op("mcp-flood", f"{sessions} sessions without the token", result.brief())
+        return result
 
     def ensure_controller(self) -> None:
         """A controller that exited on its own is a finding; start another."""

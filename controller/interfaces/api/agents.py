@@ -22,7 +22,9 @@ address and ``--allow-origin``. ``/mcp`` is a read as the API's reads are: witho
 free text withheld, as ``GET /v1/serves`` without the token, and every refusal a fixed
 wording that echoes nothing); with the right token, in full, and the writes; a wrong
 token is refused (403) before the body is read
-(:class:`~controller.interfaces.api.guard.WriteGuard`).
+(:class:`~controller.interfaces.api.guard.WriteGuard`). The sessions opened without the
+token are bounded in count and lifetime, beside the token's own allowance
+(:mod:`controller.interfaces.api.mcp_sessions`).
 """
 
 from __future__ import annotations
@@ -39,11 +41,13 @@ from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from pydantic import ValidationError
 from starlette.requests import Request
+from starlette.routing import Route
 
 from controller.interfaces.api import reads, verbs
 from controller.interfaces.api.context import ApiContext, detail
 from controller.interfaces.api.errors import ApiError
-from controller.interfaces.api.guard import MCP_AUTHORIZED
+from controller.interfaces.api.guard import MCP_AUTHORIZED, MCP_PATH
+from controller.interfaces.api.mcp_sessions import SessionPools, sdk_max_sessions
 from controller.interfaces.api.settings import LOOPBACK_NAMES, NO_TOKEN_MESSAGE, ApiSettings
 from controller.interfaces.mcp_server import (
     Asked,
@@ -275,21 +279,24 @@ def allowed_hosts(settings_host: str | None, port: int | None) -> list[str] | No
 
 
 def mount_mcp(app: FastAPI, ctx: ApiContext) -> None:
-    """Serve the MCP server at ``/mcp`` in ``app``, its session manager run in the
-    app's lifespan (uvicorn runs it: :mod:`controller.interfaces.api.serving`)."""
+    """Serve the MCP server at ``/mcp`` in ``app``, behind the bounds on its sessions
+    (:mod:`controller.interfaces.api.mcp_sessions`), its session manager and their
+    expiry run in the app's lifespan (uvicorn runs it: :mod:`controller.interfaces.api.serving`)."""
     settings = ctx.settings
-    routes, run, close_sessions = http_transport(
+    transport = http_transport(
         LiveBackend(ctx),
         caller_of(settings),
         allowed_hosts=allowed_hosts(settings.bind_host, settings.bind_port),
         allowed_origins=list(settings.allow_origins),
+        max_sessions=sdk_max_sessions(settings),
     )
-    app.router.routes.extend(routes)
-    app.state.close_mcp_sessions = close_sessions
+    pools = SessionPools(transport, settings)
+    app.router.routes.append(Route(MCP_PATH, endpoint=pools))
+    app.state.close_mcp_sessions = transport.close_sessions
 
     @asynccontextmanager
     async def lifespan(_app: Any) -> AsyncIterator[None]:
-        async with run():
+        async with transport.run(), pools.expiring():
             yield
 
     app.router.lifespan_context = lifespan

@@ -38,6 +38,14 @@ class ApiSettings:
     bind_port: int | None = None
     #: seconds of silence before the event stream sends a keepalive comment
     events_heartbeat_s: float = HEARTBEAT_S
+    #: ``/mcp`` sessions opened without the token held at once (each about 40 KiB): a
+    #: new one ends the one used least recently (docs/agents.md, "Its sessions")
+    mcp_sessions_without_token: int = 32
+    #: seconds a session opened without the token lives at most, used or not
+    mcp_session_without_token_s: float = 600.0
+    #: ``/mcp`` sessions opened with the token: their own room, beside those; past it a
+    #: new one is refused (503) until one ends (the SDK's idle timeout: 30 minutes)
+    mcp_sessions_with_token: int = 1000
 
 
 LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
