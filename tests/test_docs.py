@@ -205,3 +205,27 @@ def test_vramctl_commands_in_docs_exist() -> None:
                 if name not in commands:
                     unknown.setdefault(page.name, set()).add(name)
     assert not unknown, f"`vramctl COMMAND` naming no command of the CLI: {unknown}"
+
+
+def test_the_mcp_registration_runs_the_server_as_the_units_user() -> None:
+    """docs/agents.md registers ``vramctl mcp`` beside docs/deploy/vramctl.service: the
+    state directory the unit makes is its ``User=``'s alone (``StateDirectoryMode=0700``),
+    so the registered command starts the server as that user (``sudo -n -u USER``), on
+    the unit's state directory, and the sudoers rule the page gives allows exactly it."""
+    import fnmatch
+    import json
+
+    unit = (DOCS / "deploy" / "vramctl.service").read_text(encoding="utf-8")
+    user = re.search(r"^User=(\S+)$", unit, re.MULTILINE)
+    state = re.search(r"^Environment=VRAMCTL_STATE_DIR=(\S+)$", unit, re.MULTILINE)
+    assert user and state and re.search(r"^StateDirectoryMode=0700$", unit, re.MULTILINE)
+    page = (DOCS / "agents.md").read_text(encoding="utf-8")
+    section = page.split("\n## Registering the server\n", 1)[1].split("\n## ", 1)[0]
+    fences = {m.group(2).strip(): m.group(3) for m in _FENCE.finditer(section)}
+    server = json.loads(fences["json"])["mcpServers"]["vramctl"]
+    command = [server["command"], *server["args"]]
+    assert command[:4] == ["sudo", "-n", "-u", user.group(1)], command
+    assert command[command.index("--state-dir") + 1] == state.group(1), command
+    rule = re.search(r"'(\S+) ALL=\((\S+)\) NOPASSWD: (.+)'", section)
+    assert rule is not None and rule.group(2) == user.group(1), section
+    assert fnmatch.fnmatchcase(" ".join(command[4:]), rule.group(3)), (command, rule.group(3))
