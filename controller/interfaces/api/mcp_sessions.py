@@ -153,8 +153,12 @@ class SessionPools:
                 await task
 
     async def _expire_forever(self) -> None:
-        """Wake when the oldest session's lifetime is up (a newer one's comes later)."""
+        """Wake when the oldest session's lifetime is up (a newer one's comes later); a
+        session that fails to end is logged, and the next wake tries the others."""
         while True:
-            await self._end(self._due())
+            try:
+                await self._end(self._due())
+            except Exception:
+                logger.exception("api: ending /mcp sessions past their lifetime failed")
             first = min(self.anonymous.values(), default=self.clock())
             await asyncio.sleep(max(0.05, first + self.lifetime_s - self.clock()))
