@@ -407,11 +407,14 @@ def _requests(
             active[req.serve] = min(active.get(req.serve, req.requested_at), req.requested_at)
             continue
         end = request_end(req, spec, observed)
-        expired[req.serve] = (
-            f"{req.serve} has had no request in flight for {end.ttl_s:g}s (idle_ttl_s)"
-            if end.basis is IdleBasis.MEASURED
-            else f"the on-demand request for {req.serve} expired (TTL)"
-        )
+        if req.released:
+            expired[req.serve] = f"the on-demand request for {req.serve} was released (down)"
+        elif end.basis is IdleBasis.MEASURED:
+            expired[req.serve] = (
+                f"{req.serve} has had no request in flight for {end.ttl_s:g}s (idle_ttl_s)"
+            )
+        else:
+            expired[req.serve] = f"the on-demand request for {req.serve} expired (TTL)"
     return active, {n: why for n, why in expired.items() if n not in active}
 
 

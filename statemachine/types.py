@@ -185,6 +185,10 @@ class OnDemandRequest:
     serve: str
     requested_at: float
     ttl_s: float | None = None
+    #: ended by ``down`` (the API's, ``vramctl down``, the ``release`` tool), not by its
+    #: TTL: kept, ended at once (``ttl_s`` 0), until its serve is down, and the plan
+    #: that stops the serve says so
+    released: bool = False
 
     def expired(self, now: float) -> bool:
         """True once the request's own ``ttl_s`` has run out (never without one): the
@@ -196,7 +200,14 @@ class OnDemandRequest:
 
     def to_json(self) -> dict[str, Any]:
         """The form the journal's cycle records store and replay reads back."""
-        return {"serve": self.serve, "requested_at": self.requested_at, "ttl_s": self.ttl_s}
+        data: dict[str, Any] = {
+            "serve": self.serve,
+            "requested_at": self.requested_at,
+            "ttl_s": self.ttl_s,
+        }
+        if self.released:  # else the form of the cycles recorded before it was kept
+            data["released"] = True
+        return data
 
 
 @dataclass(frozen=True, slots=True)

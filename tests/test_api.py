@@ -491,6 +491,16 @@ class Live:
     def logs(self) -> str:
         return self.log.read_text(errors="replace")[-6000:]
 
+    def stop_reasons(self, serve: str) -> list[str]:
+        """Why each plan the loop journaled stopped ``serve``, oldest first."""
+        with Journal.open(journal_path(self.tmp / "state"), readonly=True) as journal:
+            return [
+                str(step["reason"])
+                for cycle in journal.cycles()
+                for step in cycle.plan.get("steps", [])
+                if step["action"] == "stop" and step["serve"] == serve
+            ]
+
     def post(self, path: str, body: Any = None, **headers: str) -> httpx.Response:
         h = {"Authorization": f"Bearer {TOKEN}", **headers}
         return self.http.post(path, json=body, headers=h)
@@ -678,6 +688,9 @@ def test_cli_up_and_down_talk_to_the_running_loop(calm: Live) -> None:
     r = vramctl("down", "llm", env=env)
     assert r.returncode == 0 and "accepted" in r.stdout, r.stderr
     lv.converged(llm="down", omni="running")
+    # the journal says why llm was stopped: its request was released, not its TTL run out
+    why = lv.stop_reasons("llm")[-1]
+    assert "released" in why and "expired" not in why and "TTL" not in why, why
     r = vramctl("down", "llm", env=env)
     assert r.returncode == 1 and "409" in r.stderr
 

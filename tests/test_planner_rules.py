@@ -511,3 +511,21 @@ def test_memory_not_back_after_a_stop_still_counts() -> None:
     ]
     assert "memory of its last run is not back" in by["omni"].reason
     assert plan.ledger_after.committed_mib("a") == 20_000
+
+
+@pytest.mark.parametrize(
+    ("request_", "why"),
+    [
+        (OnDemandRequest("fast", NOW - 1, 0.0, released=True), "was released (down)"),
+        (req("fast", ttl=5.0, at=NOW - 10), "expired (TTL)"),
+    ],
+    ids=["released", "ttl"],
+)
+def test_the_stop_says_whether_the_request_was_released_or_ran_out(
+    request_: OnDemandRequest, why: str
+) -> None:
+    case = Case([serve("fast", 8000, OND)], {"fast": up()}, [], requests=[request_])
+    desired, observed = _build(case)
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    [stop] = [s for s in plan.steps if s.action == "stop"]
+    assert stop.reason == f"the on-demand request for fast {why}", stop.reason

@@ -267,7 +267,7 @@ class Controller:
         if serve not in {r.serve for r in self.journal.active_requests()}:
             return False
         # an ended request is kept as expired until its serve is down: the planner stops it
-        self.journal.add_request(serve, time.time() - 1.0, 0.0)
+        self.journal.add_request(serve, time.time() - 1.0, 0.0, released=True)
         self.trigger(f"request down {serve}")
         self.changes.changed()
         return True

@@ -152,7 +152,8 @@ CREATE TABLE IF NOT EXISTS requests (
     serve        TEXT NOT NULL,
     requested_at REAL NOT NULL,
     ttl_s        REAL,
-    ended_at     REAL                  -- NULL while active
+    ended_at     REAL,                 -- NULL while active
+    released     INTEGER NOT NULL DEFAULT 0  -- 1: ended by down, not by its TTL
 );
 CREATE INDEX IF NOT EXISTS requests_active ON requests (serve) WHERE ended_at IS NULL;
 CREATE TABLE IF NOT EXISTS elastic (
@@ -242,7 +243,10 @@ _ADDED_TABLES = frozenset(
 #: Columns added to schema version 1 after its release (table, column, type): added on a
 #: writable open when missing (``ALTER TABLE ... ADD COLUMN``); a journal opened
 #: read-only without them reads them as NULL.
-_ADDED_COLUMNS = (("cycles", "policy", "TEXT"),)
+_ADDED_COLUMNS = (
+    ("cycles", "policy", "TEXT"),
+    ("requests", "released", "INTEGER NOT NULL DEFAULT 0"),
+)
 
 _TABLES = frozenset({"manifests", "cycles", "steps", "requests", "elastic"})
 
@@ -792,16 +796,19 @@ class Journal(CycleLog):
     lifecycle states, sleeps). Use :meth:`open`; close it (or use ``with``)."""
 
     # ---------------------------------------------------------------- requests
-    def add_request(self, serve: str, requested_at: float, ttl_s: float | None) -> None:
-        """Record an on-demand request; it replaces the serve's active one, if any."""
+    def add_request(
+        self, serve: str, requested_at: float, ttl_s: float | None, *, released: bool = False
+    ) -> None:
+        """Record an on-demand request; it replaces the serve's active one, if any.
+        ``released``: the request ended by ``down`` (kept until its serve is down)."""
         with self._tx() as conn:
             conn.execute(
                 "UPDATE requests SET ended_at = ? WHERE serve = ? AND ended_at IS NULL",
                 (requested_at, serve),
             )
             conn.execute(
-                "INSERT INTO requests (serve, requested_at, ttl_s) VALUES (?, ?, ?)",
-                (serve, requested_at, ttl_s),
+                "INSERT INTO requests (serve, requested_at, ttl_s, released) VALUES (?, ?, ?, ?)",
+                (serve, requested_at, ttl_s, int(released)),
             )
 
     def end_request(self, serve: str, at: float) -> None:
@@ -815,11 +822,16 @@ class Journal(CycleLog):
     def active_requests(self) -> list[OnDemandRequest]:
         """Requests not yet ended, oldest first; TTL-expired ones included (see module)."""
         with self._lock:
+            # a journal opened read-only may predate the released column: read it as 0
+            released = "released" if "released" in _columns(self._conn, "requests") else "0"
             rows = self._conn.execute(
-                "SELECT serve, requested_at, ttl_s FROM requests WHERE ended_at IS NULL "
-                "ORDER BY requested_at, id"
+                f"SELECT serve, requested_at, ttl_s, {released} FROM requests "
+                "WHERE ended_at IS NULL ORDER BY requested_at, id"
             ).fetchall()
-        return [OnDemandRequest(str(r[0]), float(r[1]), _opt_float(r[2])) for r in rows]
+        return [
+            OnDemandRequest(str(r[0]), float(r[1]), _opt_float(r[2]), released=bool(r[3]))
+            for r in rows
+        ]
 
     # ---------------------------------------------------------------- elastic
     def set_elastic(self, serve: str, mib: int | None, at: float) -> None:

@@ -230,6 +230,7 @@ def _requests(raw: Any, where: str) -> tuple[OnDemandRequest, ...]:
                     serve=str(item["serve"]),
                     requested_at=float(item["requested_at"]),
                     ttl_s=None if ttl is None else float(ttl),
+                    released=bool(item.get("released", False)),
                 )
             )
         except (AttributeError, KeyError, TypeError, ValueError) as exc:
