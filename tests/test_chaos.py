@@ -30,8 +30,22 @@ by hand after that list is left out of its count. The controller exiting on its 
 by kind, starts by cause, what the judgement read, violations with the operations
 before each) is printed, and written as JSON to ``$VRAMCTL_CHAOS_REPORT`` when set.
 
-Bounds: ``VRAMCTL_CHAOS_OPS`` (default 100) operations and ``VRAMCTL_CHAOS_SECONDS``
-(default 150) seconds, whichever comes first; ``--chaos-long`` makes it 1000 / 900.
+``test_chaos_placement_rounds`` runs the same campaign on three stand-in cards
+(``tests/chaos/placement.py``): pinned serves and serves with ``placement = [...]``,
+each container made by its ``up`` with the card it was told (``VRAMCTL_GPU_ROLE``),
+and among the faults the placement edits — re-pins (a pinned serve to another card, a
+placed serve to a pinned card and back), a card dropped from a placed serve's
+candidates (often the one it runs on), a card added. The monitor counts each container
+on the card it was made for, and also fails the campaign on a start of the controller
+of a container made for another card than its plan chose (``wrong_card``), and on a
+``double_count``: the controller's ledger (``GET /v1/ledger``, polled every second, and
+its journaled cycles') counting one serve on two cards while it runs on one. Settling
+also waits for each running serve to be on a card its final declaration names and
+for ``vramctl plan`` to have nothing left to do.
+
+Bounds: ``VRAMCTL_CHAOS_OPS`` (default 100; the placement rounds 40) operations and
+``VRAMCTL_CHAOS_SECONDS`` (default 150; 60) seconds, whichever comes first;
+``--chaos-long`` makes it 1000 / 900.
 ``VRAMCTL_CHAOS_SKIP`` (comma-separated: operation kinds such as ``sigkill``, ``cut``,
 or edit kinds ``desired``, ``mib``, ``presence``) leaves some out, to look at one fault
 at a time. ``VRAMCTL_CHAOS_SEED`` replays a campaign (the seed is printed; the timing of a real
@@ -71,6 +85,7 @@ from chaos.monitor import (
     ControllerView,
     Cycle,
     EventItem,
+    LedgerItem,
     ListItem,
     Model,
     ModelItem,
@@ -78,6 +93,7 @@ from chaos.monitor import (
     RequestItem,
     ServeDecl,
 )
+from chaos.placement import PlacementCampaign
 from chaos.proxy import DockerProxy
 from docker.errors import NotFound
 
@@ -91,12 +107,19 @@ def model(**mibs: int) -> Model:
 
 
 def start(
-    t: float, serve: str, who: str = "controller", status: int | None = 204, *, up: bool = False
+    t: float,
+    serve: str,
+    who: str = "controller",
+    status: int | None = 204,
+    *,
+    up: bool = False,
+    card: str = "",
 ) -> list[object]:
     """A start request (controller through the socket, or the driver) and its event.
 
     ``up``: the controller's `up` started it (its `docker run` starts by id); with
-    ``status=409`` that `up`'s create of a container that exists.
+    ``status=409`` that `up`'s create of a container that exists. ``card``: the card
+    the container was made for.
     """
     name, cid = f"c-{serve}", f"{serve:0<64}"
     code = status if who == "controller" else None
@@ -105,25 +128,41 @@ def start(
     req = RequestItem(int(t * S), who, kind, ref, code)  # type: ignore[arg-type]
     if status in (304, 409):  # Docker emits no event for a start of a running container
         return [req]
-    return [req, EventItem(int((t + 0.05) * S), "start", cid, name, serve)]
+    return [req, EventItem(int((t + 0.05) * S), "start", cid, name, serve, card)]
 
 
 def die(t: float, serve: str) -> EventItem:
     return EventItem(int(t * S), "die", f"{serve:0<64}", f"c-{serve}", serve)
 
 
-def cycle(at: float, m: Model, *, started: dict[str, int] | None = None, **reserved: int) -> Cycle:
-    """A journaled cycle at ``at`` under ``m``: the starts it reserved, what it saw running."""
+def cycle(
+    at: float,
+    m: Model,
+    *,
+    started: dict[str, int] | None = None,
+    on: dict[str, str] | None = None,
+    **reserved: int,
+) -> Cycle:
+    """A journaled cycle at ``at`` under ``m``: the starts it reserved (``on``: the card
+    it chose for each, where said), what it saw running."""
     held = {f"c-{k}": v for k, v in (started or {}).items()}
-    return Cycle(int(at * S), m, f"m{at:g}", held, {}, reserved)
+    cards = {k: (v,) for k, v in (on or {}).items()}
+    return Cycle(int(at * S), m, f"m{at:g}", held, {}, reserved, cards)
 
 
-def view(*cycles: Cycle, looks: tuple[float, ...] = (), **spawns: float) -> ControllerView:
-    """The controller's records: its cycles, its container lists, when its `up`s began."""
+def view(
+    *cycles: Cycle,
+    looks: tuple[float, ...] = (),
+    ledgers: tuple[LedgerItem, ...] = (),
+    **spawns: float,
+) -> ControllerView:
+    """The controller's records: its cycles, its container lists, when its `up`s began,
+    its cycles' ledgers."""
     return ControllerView(
         cycles,
         tuple(int(t * S) for t in sorted(looks)),
         {k: (int(v * S),) for k, v in spawns.items()},
+        ledgers,
     )
 
 
@@ -298,6 +337,95 @@ def test_monitor_matches_by_id_and_notices_lists_that_disagree() -> None:
     assert Monitor().feed(slow).violations == []  # type: ignore[arg-type]
 
 
+def cards(
+    pinned: dict[str, tuple[str, int]], placed: dict[str, tuple[tuple[str, ...], int]]
+) -> Model:
+    """Cards a and b (10000 MiB each): serves pinned (role, MiB) and placed (candidates, MiB)."""
+    serves = {n: ServeDecl(r, mib) for n, (r, mib) in pinned.items()}
+    serves |= {n: ServeDecl("", mib, placement=c) for n, (c, mib) in placed.items()}
+    return Model({"a": 10_000, "b": 10_000}, serves)
+
+
+def test_a_container_made_for_an_old_card_counts_on_it_whatever_its_serve_says_now() -> None:
+    # x was re-pinned from a to b; the controller starts its old container, made for a
+    m1 = cards({"x": ("b", 6000), "y": ("a", 5000)}, {})
+    c = cycle(0.5, m1, x=6000, y=5000)
+
+    def feed(x_card: str) -> list[object]:
+        return [ModelItem(0, m1), *start(1, "y", card="a"), *start(2, "x", card=x_card)]
+
+    (v,) = judged(feed("a"), view(c, looks=(0.9, 1.9))).violations
+    assert v.kind == "overcommit" and v.serve == "x", v
+    assert "role a: 11000 of 10000 MiB held" in v.detail and "made for a" in v.detail
+    assert "y 5000 + x 6000 = 11000 of 10000 MiB" in v.detail
+    assert judged(feed("b"), view(c, looks=(0.9, 1.9))).violations == []
+    # made without the variable: on the card its serve names now
+    assert judged(feed(""), view(c, looks=(0.9, 1.9))).violations == []
+
+
+def test_a_start_of_a_container_made_for_another_card_than_its_plan_chose_is_a_finding() -> None:
+    m1 = cards({"x": ("b", 6000)}, {"p": (("a", "b"), 2000)})
+    planned = cycle(0.5, m1, on={"x": "b", "p": "a"}, x=6000, p=2000)
+    feed = [ModelItem(0, m1), *start(1, "x", card="a"), *start(2, "p", card="a", up=True)]
+    (v,) = judged(feed, view(planned, looks=(0.9,), p=1.5)).violations
+    assert v.kind == "wrong_card" and v.serve == "x", v
+    assert "made for a (a docker start of the container)" in v.detail and "on b" in v.detail
+    assert judged(feed[:1] + feed[3:], view(planned, looks=(0.9,), p=1.5)).violations == []
+
+
+def test_a_placed_serve_made_for_no_known_card_counts_on_every_candidate() -> None:
+    m0 = cards({"q": ("b", 5000)}, {"p": (("a", "b"), 6000)})
+    feed = [ModelItem(0, m0), *start(1, "q", card="b"), *start(2, "p")]
+    m = Monitor().feed(feed)  # type: ignore[arg-type]
+    assert [(c.role, c.over) for c in m.candidates] == [("b", False), ("a", False), ("b", True)]
+    assert m.max_held == {"a": 6000, "b": 11000}
+    told = [ModelItem(0, m0), *start(1, "q", card="b"), *start(2, "p", card="a")]
+    assert not any(c.over for c in Monitor().feed(told).candidates)  # type: ignore[arg-type]
+
+
+def counted(
+    t: float, observed: float, source: str = "api", busy: str = "", **on: str
+) -> LedgerItem:
+    """A ledger answer read at ``t`` of the observation at ``observed``: serve -> roles."""
+    roles = {k: tuple(v) for k, v in on.items()}
+    return LedgerItem(int(t * S), source, int(observed * S), roles, frozenset(busy.split()))
+
+
+def test_monitor_flags_a_ledger_counting_one_serve_on_two_cards_in_two_observations() -> None:
+    m0 = cards({}, {"p": (("a", "b"), 4000)})
+    runs = [ModelItem(0, m0), *start(1, "p", card="a")]
+    twice = [counted(2.5, 2, p="ab"), counted(2.7, 2, p="ab"), counted(3.5, 3, p="ab")]
+    (v,) = judged([*runs, *twice], view()).violations
+    assert v.kind == "double_count" and v.serve == "p", v
+    assert "counts p on a, b while one container of it runs, c-p, created for a" in v.detail
+    assert "p=4000(declared 4000, by controller, on a)" in judged(runs, view()).notes[0].detail
+    assert "the manifest then declared placement ['a', 'b']" in v.detail
+    once = judged([*runs, counted(2.5, 2, p="ab"), counted(3.5, 3, p="a")], view())
+    assert once.violations == []
+    assert [n.kind for n in once.notes if "count" in n.kind] == ["double_count_once"]
+    # the journal's cycles are judged alike
+    journal = view(ledgers=(counted(2.5, 2, "journal", p="ab"), counted(9, 8, "journal", p="ba")))
+    assert [v.kind for v in judged(runs, journal).violations] == ["double_count"]
+
+
+def test_a_double_count_is_no_finding_where_it_may_be_right() -> None:
+    m0 = cards({}, {"p": (("a", "b"), 4000)})
+    runs = [ModelItem(0, m0), *start(1, "p", card="a")]
+    both = [counted(2.5, 2, p="ab"), counted(3.5, 3, p="ab")]
+
+    def quiet(feed: list[object]) -> None:
+        m = judged(feed, view())
+        assert m.violations == [] and not any("count" in n.kind for n in m.notes), m.notes
+
+    quiet([*runs, *(counted(2.5 + i, 2 + i, busy="p", p="ab") for i in range(2))])  # a step
+    quiet([*runs[:1], *start(1, "p"), *both])  # made for no known card: every candidate
+    quiet([*runs, counted(1.5, 1.0, p="ab"), counted(2.5, 1.04, p="ab")])  # seen before p ran
+    # p moves to b: answers read after its new run began, of observations before
+    moved = [*runs, die(2.9, "p"), RequestItem(int(3.1 * S), "controller", "start", "c-p", 204)]
+    moved += [EventItem(int(3.2 * S), "start", "e" * 64, "c-p", "p", "b")]
+    quiet([*moved, counted(3.5, 2.8, p="ab"), counted(4.5, 2.85, p="ab")])
+
+
 # ── the proxy on the real daemon ─────────────────────────────────────────────
 
 
@@ -424,20 +552,31 @@ def test_the_harness_flags_an_overcommit_made_through_the_controllers_socket(
 # ── the campaign ─────────────────────────────────────────────────────────────
 
 
-@pytest.mark.docker
-def test_chaos_campaign(
-    docker_client: docker.DockerClient, test_image: str, request: pytest.FixtureRequest
-) -> None:
+def _bounds(request: pytest.FixtureRequest, ops: int, seconds: float) -> tuple[int, float, int]:
+    """Operations, seconds and seed of a campaign: the environment's, else ``--chaos-long``'s
+    (1000 / 900), else ``ops`` / ``seconds``; the seed ``VRAMCTL_CHAOS_SEED``, else drawn."""
     long = bool(request.config.getoption("--chaos-long"))
-    ops = int(os.environ.get("VRAMCTL_CHAOS_OPS") or (1000 if long else 100))
-    seconds = float(os.environ.get("VRAMCTL_CHAOS_SECONDS") or (900 if long else 150))
+    ops = int(os.environ.get("VRAMCTL_CHAOS_OPS") or (1000 if long else ops))
+    seconds = float(os.environ.get("VRAMCTL_CHAOS_SECONDS") or (900 if long else seconds))
     seed = int(os.environ.get("VRAMCTL_CHAOS_SEED") or random.SystemRandom().randrange(10**9))
+    return ops, seconds, seed
+
+
+def _campaign(
+    kind: type[Campaign],
+    docker_client: docker.DockerClient,
+    test_image: str,
+    bounds: tuple[int, float, int],
+) -> None:
+    """Run one campaign of ``kind``; fail with its problems, each violation with the
+    operations before it (a failed campaign keeps its folder: logs, journal, manifests)."""
+    ops, seconds, seed = bounds
     print(f"\nchaos: seed {seed} (replay with VRAMCTL_CHAOS_SEED={seed}), {ops} ops / {seconds:g}s")
     # a short folder: the proxy's unix socket path must stay under 108 bytes
     tmp = Path(f"/tmp/vc-chaos-{seed}-{uuid.uuid4().hex[:6]}")
     tmp.mkdir()
     skip = frozenset(filter(None, os.environ.get("VRAMCTL_CHAOS_SKIP", "").split(",")))
-    campaign = Campaign(docker_client, test_image, tmp, seed, ops, seconds, skip=skip)
+    campaign = kind(docker_client, test_image, tmp, seed, ops, seconds, skip=skip)
     try:
         campaign.setup()
         campaign.run()
@@ -463,3 +602,29 @@ def test_chaos_campaign(
     if not problems:  # a failed campaign keeps its logs, journal and manifests
         shutil.rmtree(tmp, ignore_errors=True)
     assert not problems, f"seed {seed}: " + "\n".join(problems)
+
+
+@pytest.mark.docker
+def test_chaos_campaign(
+    docker_client: docker.DockerClient, test_image: str, request: pytest.FixtureRequest
+) -> None:
+    _campaign(Campaign, docker_client, test_image, _bounds(request, 100, 150))
+
+
+@pytest.mark.docker
+@pytest.mark.xfail(
+    reason="placement rounds find double counts (a serve's start record on every candidate "
+    "after its manifest dropped it mid-start; a re-pinned or outside-started serve counted on "
+    "its declared card beside the one it runs on) and serves left running off their declared "
+    "cards: remove once the controller's fixes land (run with --runxfail to see them fail)",
+    strict=False,
+)
+def test_chaos_placement_rounds(
+    docker_client: docker.DockerClient, test_image: str, request: pytest.FixtureRequest
+) -> None:
+    """Three stand-in cards, pinned and placed serves, re-pins and candidates dropped and
+    added (``tests/chaos/placement.py``) beside the faults above: no overcommit on any
+    card as each container's own card counts it, no double start, no double count in
+    the controller's ledgers, and at the end every desired serve on a card it declares
+    with ``vramctl plan`` empty. CI-sized: 40 operations / 60 seconds."""
+    _campaign(PlacementCampaign, docker_client, test_image, _bounds(request, 40, 60))

@@ -32,7 +32,7 @@ import time
 import tomllib
 import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
@@ -48,6 +48,7 @@ from chaos.monitor import (
     ControllerView,
     Cycle,
     EventItem,
+    LedgerItem,
     ListItem,
     Model,
     ModelItem,
@@ -58,6 +59,7 @@ from chaos.monitor import (
     Violation,
 )
 from chaos.proxy import DockerProxy
+from controller.snapshot import epoch_seconds
 from controller.store.journal import CycleRecord, Journal, JournalError, journal_path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -66,12 +68,15 @@ _http = httpx.Client(trust_env=False)
 ROLE = "a"
 BUDGET_MIB = 10_000
 TOKEN = "chaos-token-0123456789abcdef"
+CARD_LABEL = "vramctl.chaos.card"  # the card an `up` made its container for
 MIB_STEPS = (-1000, -500, 0, 0, 500, 1000)  # edits stay within base ± 1000 MiB
 
 
 @dataclass(frozen=True)
 class ServeDef:
-    """One serve of the campaign's universe."""
+    """One serve of the campaign's universe: pinned on ``role``, or placed on one of
+    its ``placement`` candidates (its home, where the first and the final manifest put
+    it)."""
 
     name: str
     residency: str
@@ -80,6 +85,8 @@ class ServeDef:
     health_delay_s: int = 0
     desired0: str | None = None  # in the first manifest
     desired_end: str = "stopped"  # in the final manifest
+    role: str = ROLE
+    placement: tuple[str, ...] = ()
 
 
 UNIVERSE = (
@@ -94,11 +101,35 @@ UNIVERSE = (
 # serve's start reservation at most base + 1000, a start it still needs always fits
 
 
+@dataclass(frozen=True)
+class Universe:
+    """What a campaign runs: its cards (role -> budget MiB) and its serves."""
+
+    roles: Mapping[str, int]
+    serves: tuple[ServeDef, ...]
+
+
+ONE_CARD = Universe({ROLE: BUDGET_MIB}, UNIVERSE)
+
+
 @dataclass
 class ServeState:
+    """What the manifest says of a serve now (``placement`` empty: pinned on ``role``)."""
+
     present: bool
     desired: str | None
     mib: int
+    role: str = ROLE
+    placement: tuple[str, ...] = ()
+
+    @classmethod
+    def home(cls, s: ServeDef, desired: str | None) -> ServeState:
+        return cls(True, desired, s.mib, s.role, s.placement)
+
+    @property
+    def cards(self) -> tuple[str, ...]:
+        """The cards it may run on: its candidates, else its role."""
+        return self.placement or (self.role,)
 
 
 @dataclass
@@ -143,13 +174,15 @@ class Campaign:
     #: left out, to look at one fault at a time
     skip: frozenset[str] = frozenset()
 
+    universe: ClassVar[Universe] = ONE_CARD
+
     def __post_init__(self) -> None:
         self.rng = random.Random(self.seed)
         self.prefix = f"vramctl-test-chaos-{self.run_id}-"
         self.label = f"vramctl.chaos={self.run_id}"
-        self.ports = {s.name: free_port() for s in UNIVERSE}
+        self.ports = {s.name: free_port() for s in self.universe.serves}
         self.api_port = free_port()
-        self.defs = {s.name: s for s in UNIVERSE}
+        self.defs = {s.name: s for s in self.universe.serves}
         self.monitor = Monitor()
         self.timeline = Timeline(self.monitor)
         self.docker_cli = shutil.which("docker") or "docker"
@@ -178,7 +211,7 @@ class Campaign:
         self._follow_events()
         self.timeline.start()
         self.proxy.start()
-        for s in UNIVERSE:
+        for s in self.universe.serves:
             cmd = httpd(self.ports[s.name], delay_s=s.health_delay_s)
             if s.up_delay_s is None:
                 self.client.containers.create(
@@ -191,12 +224,19 @@ class Campaign:
                 )
             else:
                 self._write_up_script(s, cmd)
-            self.model[s.name] = ServeState(True, s.desired0, s.mib)
+            self.model[s.name] = ServeState.home(s, s.desired0)
         self.write_model("initial manifest")
         threading.Thread(target=self._lister, daemon=True, name="chaos-lister").start()
+        if len(self.universe.roles) > 1:  # one card: nothing can be counted on two
+            threading.Thread(target=self._ledgers, daemon=True, name="chaos-ledger").start()
 
     def _write_up_script(self, s: ServeDef, cmd: list[str]) -> None:
         labels = " ".join(f"--label {k}={v}" for k, v in self.labels(s.name).items())
+        # the card the controller told it goes into the container's environment, as a
+        # Compose file passes it on (docs/placement.md), and into a label, which
+        # Docker's events carry to the monitor
+        card = "${VRAMCTL_GPU_ROLE:+-e VRAMCTL_GPU_ROLE=$VRAMCTL_GPU_ROLE}"
+        labels += f" {card} ${{VRAMCTL_GPU_ROLE:+--label {CARD_LABEL}=$VRAMCTL_GPU_ROLE}}"
         # the daemon is named explicitly: the `up` must go through the proxy whatever
         # environment the controller gives its commands
         # a marker file while it runs lets the driver aim a SIGKILL at an `up` in flight
@@ -270,6 +310,7 @@ class Campaign:
                                 cid,
                                 str(attrs.get("name", "")),
                                 str(attrs.get("vramctl.chaos.serve", "")),
+                                str(attrs.get(CARD_LABEL, "")),
                             )
                         )
                 if self._stop.wait(0.2):
@@ -291,26 +332,44 @@ class Campaign:
                 names = {str(c["Id"]): str((c.get("Names") or ["?"])[0]).lstrip("/") for c in cs}
                 self.timeline.put(ListItem(time.time_ns(), frozenset(names), asked, names))
 
+    def _ledgers(self) -> None:
+        """The controller's ``GET /v1/ledger``, once a second: what it counts where."""
+        while not self._stop.wait(1.0):
+            with contextlib.suppress(httpx.HTTPError, ValueError, KeyError, TypeError):
+                r = _http.get(self.api("/v1/ledger"), timeout=3)
+                item = _api_ledger(r.json(), time.time_ns()) if r.status_code == 200 else None
+                if item is not None:
+                    self.timeline.put(item)
+
     def decl_model(self) -> Model:
         serves = {
-            n: ServeDecl(ROLE, st.mib, self.defs[n].up_delay_s or 0.0)
+            n: ServeDecl(
+                "" if st.placement else st.role,
+                st.mib,
+                self.defs[n].up_delay_s or 0.0,
+                st.placement,
+            )
             for n, st in self.model.items()
             if st.present
         }
-        return Model({ROLE: BUDGET_MIB}, serves)
+        return Model(self.universe.roles, serves)
 
     # ── the manifest ─────────────────────────────────────────────────────────
     def render(self) -> str:
-        parts = [f'[[gpu_roles]]\nid = "{ROLE}"\nvram_mib = {BUDGET_MIB}\nreserve_mib = 0\n']
-        for s in UNIVERSE:
+        parts = [
+            f'[[gpu_roles]]\nid = "{role}"\nvram_mib = {mib}\nreserve_mib = 0\n'
+            for role, mib in self.universe.roles.items()
+        ]
+        for s in self.universe.serves:
             st = self.model[s.name]
             if not st.present:
                 continue
+            cards = ", ".join(f'"{c}"' for c in st.placement)
             lines = [
                 "[[serve]]",
                 f'name = "{s.name}"',
                 f'container = "{self.container_name(s.name)}"',
-                f'gpu_role = "{ROLE}"',
+                f"placement = [{cards}]" if st.placement else f'gpu_role = "{st.role}"',
                 f"vram_mib = {st.mib}",
                 f'residency = "{s.residency}"',
                 f"port = {self.ports[s.name]}",
@@ -495,7 +554,7 @@ class Campaign:
         self.log_op("fault", f"{kind}: {len(data)} of {len(text)} bytes, for {hold:.1f}s")
 
     def op_api(self) -> None:
-        ods = [s.name for s in UNIVERSE if s.residency == "on-demand"]
+        ods = [s.name for s in self.universe.serves if s.residency == "on-demand"]
         serve = self.rng.choice(ods if self.rng.random() < 0.85 else list(self.model))
         down = serve in self.requested and self.rng.random() < 0.4
         verb = "down" if down else "up"
@@ -534,7 +593,7 @@ class Campaign:
         self.log_op("docker-kill", serve)
 
     def op_rm(self) -> None:
-        ups = [s.name for s in UNIVERSE if s.up_delay_s is not None]
+        ups = [s.name for s in self.universe.serves if s.up_delay_s is not None]
         present = [s for s in ups if self.container_status(s) is not None]
         if not present:
             self.log_op("docker-rm", "no `up` container exists", "skipped")
@@ -642,11 +701,13 @@ class Campaign:
 
     # ── the end: settle and check ────────────────────────────────────────────
     def final_model(self) -> None:
-        for s in UNIVERSE:
-            self.model[s.name] = ServeState(True, s.desired_end, s.mib)
+        for s in self.universe.serves:
+            self.model[s.name] = ServeState.home(s, s.desired_end)
 
     def settle(self, extra_s: float = 60.0) -> tuple[bool, str, float]:
-        """Restore everything, write the final manifest, wait for it to be reached."""
+        """Restore everything, write the final manifest, wait for it to be reached: each
+        serve running or not as it wants, each running one on a card its final
+        declaration names, and (``check_plan``) nothing left for the controller to do."""
         self.proxy.restore()
         self._restore_proxy_at = None
         self.final_model()
@@ -664,21 +725,68 @@ class Campaign:
         longest = self._longest_backoff()
         begin = time.monotonic()
         deadline = begin + extra_s + longest
-        want = {s.name: s.desired_end for s in UNIVERSE}
-        state: dict[str, str | None] = {}
+        seen = ""
         while time.monotonic() < deadline:
-            state = {s: self.container_status(s) for s in want}
-            if all((state[s] == "running") == (w == "running") for s, w in want.items()):
+            reached, seen = self._reached()
+            if reached:
                 time.sleep(3.0)  # three resyncs: still there
-                again = {s: self.container_status(s) for s in want}
-                if again == state:
-                    return True, json.dumps(state), time.monotonic() - begin
+                if self._reached() == (True, seen):
+                    return True, seen, time.monotonic() - begin
             self.ensure_controller()
             time.sleep(0.5)
-        return (
-            False,
-            f"after {time.monotonic() - begin:.0f}s (backoff {longest:.0f}s): " + json.dumps(state),
-            time.monotonic() - begin,
+        took = time.monotonic() - begin
+        return False, f"after {took:.0f}s (backoff {longest:.0f}s): {seen}", took
+
+    check_plan: ClassVar[bool] = False  # settle waits for `vramctl plan` to have nothing to do
+
+    def _reached(self) -> tuple[bool, str]:
+        """Whether the final manifest is reached, and what the host shows."""
+        want = {s.name: s.desired_end for s in self.universe.serves}
+        state = {s: self.container_status(s) for s in want}
+        cards = {s: self.card_of(s) for s, st in state.items() if st == "running"}
+        shown = json.dumps(
+            {s: f"{st} on {cards[s]}" if s in cards else st for s, st in state.items()}
+        )
+        if any((state[s] == "running") != (w == "running") for s, w in want.items()):
+            return False, shown
+        off = [
+            f"{s} runs on {card}, declared on {'/'.join(self.model[s].cards)}"
+            for s, card in cards.items()
+            if card is not None and card not in self.model[s].cards
+        ]
+        if off:
+            return False, f"{shown}; off its cards: {'; '.join(off)}"
+        left = self.pending_steps() if self.check_plan else ""
+        return (False, f"{shown}; `vramctl plan`: {left}") if left else (True, shown)
+
+    def card_of(self, serve: str) -> str | None:
+        """The card the serve's container was made for (its ``VRAMCTL_GPU_ROLE``)."""
+        try:
+            env = self.client.api.inspect_container(self.container_name(serve))["Config"]["Env"]
+        except NotFound:
+            return None
+        found = [e.split("=", 1)[1] for e in env or [] if e.startswith("VRAMCTL_GPU_ROLE=")]
+        return found[0] if found else None
+
+    def pending_steps(self) -> str:
+        """What ``vramctl plan`` (on the host as it is, the state directory's journal)
+        would still do: empty when nothing; on Docker's own socket, never the proxy's
+        (its lists are no looks of the loop's)."""
+        argv = [sys.executable, "-m", "controller.interfaces.cli", "plan", "--json"]
+        argv += ["--detailed-exitcode", "-m", str(self.manifest)]
+        argv += ["--state-dir", str(self.tmp / "state")]
+        env = dict(os.environ, DOCKER_HOST=f"unix://{_daemon_socket()}", COLUMNS="200")
+        done = subprocess.run(
+            argv, check=False, capture_output=True, env=env, cwd=REPO, timeout=120
+        )
+        if done.returncode == 0:
+            return ""
+        try:
+            steps = json.loads(done.stdout)["steps"]
+        except (ValueError, KeyError, TypeError):
+            return f"exited {done.returncode}: {done.stderr.decode(errors='replace')[-300:]}"
+        return ", ".join(
+            f"{st['action']} {st['serve']} on {'/'.join(st.get('gpu_roles') or [])}" for st in steps
         )
 
     def _longest_backoff(self) -> float:
@@ -703,6 +811,7 @@ class Campaign:
         """What the controller journaled (every controller of the campaign shares the
         state directory), the lists it asked for, when its ``up`` commands began."""
         cycles: list[Cycle] = []
+        records: list[CycleRecord] = []
         path = journal_path(self.tmp / "state")
         with contextlib.suppress(JournalError):
             journal = Journal.open(path, readonly=True)
@@ -711,11 +820,15 @@ class Campaign:
                     if not rec.dry_run:
                         files = journal.manifest_files(rec.manifest_digest) or {}
                         cycles.append(_cycle(rec, files))
+                        records.append(rec)
             finally:
                 journal.close()
-        spawns = {s.name: _stamps(self.spawn_file(s.name)) for s in UNIVERSE}
+        spawns = {s.name: _stamps(self.spawn_file(s.name)) for s in self.universe.serves}
         return ControllerView(
-            tuple(sorted(cycles, key=lambda c: c.at)), tuple(sorted(self.proxy.looks)), spawns
+            tuple(sorted(cycles, key=lambda c: c.at)),
+            tuple(sorted(self.proxy.looks)),
+            spawns,
+            tuple(filter(None, map(_journal_ledger, records))),
         )
 
     # ── the report ───────────────────────────────────────────────────────────
@@ -733,8 +846,9 @@ class Campaign:
         return [o for o in self.ops if v.t - int(before_s * NS) <= o.t <= v.t + NS // 2]
 
     def summary(self, converged: tuple[bool, str, float]) -> dict[str, Any]:
-        t0 = self.ops[0].t if self.ops else 0
         m = self.monitor
+        # every time of the report counts from the monitor's first item, as its details do
+        t0 = m.t0 or (self.ops[0].t if self.ops else 0)
 
         def op_json(o: Op) -> dict[str, Any]:
             return {
@@ -798,6 +912,8 @@ class Campaign:
                 "looks": len(view.looks),
                 "up_runs": sum(len(t) for t in view.spawns.values()),
                 "starts_recounted": m.recounted,
+                "ledger_answers": len(m.ledgers),
+                "journaled_ledgers": len(view.ledgers),
             },
             "violations": [v_json(v, True) for v in violations],
             "notes": dict(Counter(n.kind for n in m.notes)),
@@ -825,13 +941,20 @@ def _cycle(rec: CycleRecord, files: dict[str, str]) -> Cycle:
             budgets[str(role["id"])] = int(role["vram_mib"]) - int(role.get("reserve_mib", 0))
         for sv in doc.get("serve", []):
             if isinstance(sv.get("vram_mib"), int):
-                serves[str(sv["name"])] = ServeDecl(str(sv.get("gpu_role", "")), sv["vram_mib"])
+                placed = sv.get("placement")
+                serves[str(sv["name"])] = ServeDecl(
+                    str(sv.get("gpu_role", "")),
+                    sv["vram_mib"],
+                    placement=tuple(map(str, placed)) if isinstance(placed, list) else (),
+                )
     observed = rec.observed
     reserved: dict[str, int] = {}
+    cards: dict[str, tuple[str, ...]] = {}
     for step in rec.plan.get("steps", []):
         if step.get("action") in ("reserve", "start") and step.get("mib"):
             serve = str(step["serve"])
             reserved[serve] = max(reserved.get(serve, 0), int(step["mib"]))
+            cards[serve] = tuple(map(str, step.get("gpu_roles") or ())) or cards.get(serve, ())
     return Cycle(
         int(rec.at * NS),
         Model(budgets, serves),
@@ -839,7 +962,44 @@ def _cycle(rec: CycleRecord, files: dict[str, str]) -> Cycle:
         {str(c): int(w["mib"]) for c, w in (observed.get("started_with") or {}).items()},
         {str(n): int(w["mib"]) for n, w in (observed.get("starting") or {}).items()},
         reserved,
+        cards,
     )
+
+
+def _counted(rows: Mapping[str, Any]) -> dict[str, tuple[str, ...]]:
+    """serve -> the roles a ledger's reservations count it on (``rows``: role -> its
+    reservations, each ``{"serve": ..., "mib": ...}``)."""
+    out: dict[str, list[str]] = {}
+    for role, reservations in rows.items():
+        for row in reservations or []:
+            out.setdefault(str(row["serve"]), []).append(str(role))
+    return {serve: tuple(sorted(roles)) for serve, roles in out.items()}
+
+
+def _api_ledger(data: dict[str, Any], t: int) -> LedgerItem | None:
+    """A ``GET /v1/ledger`` answer read at ``t`` as the monitor reads it (see
+    :class:`~chaos.monitor.LedgerItem`); none before the first observation."""
+    at = data.get("observed_at")
+    if at is None:
+        return None
+    since = data.get("since_observed") or {}
+    busy = {str(f["serve"]) for f in data.get("in_flight") or []}
+    for key in ("held", "released", "ready", "slept", "elastic"):
+        busy.update(map(str, since.get(key) or ()))
+    rows = {r["gpu_role"]: r.get("reservations") for r in data.get("gpu_roles") or []}
+    return LedgerItem(t, "api", int(float(at) * NS), _counted(rows), frozenset(busy))
+
+
+def _journal_ledger(rec: CycleRecord) -> LedgerItem | None:
+    """A journaled cycle's ledger (``ledger_before``: of its observation)."""
+    taken = epoch_seconds(rec.observed.get("taken_at"))
+    before = rec.plan.get("ledger_before")
+    if taken is None or not isinstance(before, dict):
+        return None
+    obs = rec.observed
+    busy = {*map(str, obs.get("starting") or ()), *map(str, obs.get("unreleased") or ())}
+    rows = {role: row.get("reservations") for role, row in before.items()}
+    return LedgerItem(int(rec.at * NS), "journal", int(taken * NS), _counted(rows), frozenset(busy))
 
 
 def _stamps(path: Path) -> tuple[int, ...]:

@@ -1,23 +1,32 @@
 """The budget monitor: Docker's events, replayed in time order, against the declared budget.
 
-The monitor is fed four kinds of items, each stamped with the host's wall clock in
+The monitor is fed five kinds of items, each stamped with the host's wall clock in
 nanoseconds (Docker's ``timeNano`` is the same clock on the same host):
 
 * :class:`ModelItem` — the manifest the test *means* (the driver's model, never a
-  half-written file): per serve its role and reservation, per role its budget;
+  half-written file): per serve its role (or its ``placement`` candidates) and
+  reservation, per role (a card) its budget;
 * :class:`RequestItem` — a container ``start`` or ``create`` request, either seen on
   the controller's Docker socket (``who="controller"``, with Docker's status code once
   the answer passed) or made by the driver itself (``who="outside"``);
-* :class:`EventItem` — a container event (``start``, ``die``, ``destroy``);
+* :class:`EventItem` — a container event (``start``, ``die``, ``destroy``), with the
+  card the container was created for where it says (its ``VRAMCTL_GPU_ROLE``, which
+  the campaign's ``up`` also writes in a label, so that Docker's events carry it);
 * :class:`ListItem` — a fresh container list (which containers run), to cross-check
-  what the events said.
+  what the events said;
+* :class:`LedgerItem` — what the controller's ``GET /v1/ledger`` counted on each
+  role (its journaled cycles' ledgers come with :class:`ControllerView`).
 
 Items are processed strictly in time order (:class:`Timeline` holds them back for a
 short watermark so that late arrivals from other threads sort in first). The
-monitor keeps the running containers, each with its *cause* (who started it) and the
-reservation it was started with. A running container counts
+monitor keeps the running containers, each with its *cause* (who started it), the
+reservation it was started with and the card it runs on. A running container counts
 ``max(reservation it was started with, what the model declares now)``: a running
-engine may hold what it was started with, whatever the manifest now says.
+engine may hold what it was started with, whatever the manifest now says. It counts on
+the card it was created for, whatever its serve declares now (a container made for an
+old card and started again runs on the old card); where that is not known (a container
+made without the variable), on every card its serve's last declaration names (a placed
+serve's: all its candidates, as the controller's ledger counts it).
 
 Findings (:class:`Violation`), judged at the end (:meth:`Monitor.judge`) against the
 controller's own records (:class:`ControllerView`: its journaled cycles, each with the
@@ -46,6 +55,16 @@ Docker for, and when each of its ``up`` commands began), with no time window:
 * ``own_view_over`` (a note) — a controller start within budget as the model counts it
   that its own view, recounted as above, puts over (every controller start is
   recounted, so that the count runs on real records in every campaign);
+* ``wrong_card`` — the controller started a container made for another card than the
+  one the journaled cycle that planned the start (as above) chose for it: a container
+  made for an old card, started again after a re-pin or a move;
+* ``double_count`` — one of the controller's ledgers (a ``GET /v1/ledger`` answer, a
+  journaled cycle's) counts a serve on two or more roles while one container of it
+  runs, created for a known card, from before the ledger's observation until the
+  ledger was read, and no other; in two observations in a row of one source (one
+  alone is a ``double_count_once`` note). A serve the answer may rightly count twice
+  for a moment is left out: a step of it in flight or done since the observation (the
+  API's ``in_flight`` and ``since_observed``), a start in progress, memory not back;
 * ``unattributed`` — a start that neither the controller's socket nor the driver
   requested: the harness cannot say whose it is (a harness gap; it fails the test);
 * ``monitor_gap`` — a container list disagreed with the events twice in a row.
@@ -76,11 +95,18 @@ Who = Literal["controller", "outside"]
 
 @dataclass(frozen=True)
 class ServeDecl:
-    """What the model declares for one serve."""
+    """What the model declares for one serve: its pinned ``role``, or the ``placement``
+    candidates it may run on (its ``role`` is then empty)."""
 
     role: str
     mib: int
     up_delay_s: float = 0.0  # an `up` that waits before it creates: widens the race window
+    placement: tuple[str, ...] = ()
+
+    @property
+    def cards(self) -> tuple[str, ...]:
+        """The cards the manifest lets the serve run on: its candidates, else its role."""
+        return self.placement or (self.role,)
 
 
 @dataclass(frozen=True)
@@ -111,6 +137,7 @@ class EventItem:
     cid: str
     name: str
     serve: str
+    card: str = ""  # the card the container was created for (its VRAMCTL_GPU_ROLE); "": unknown
 
 
 @dataclass
@@ -127,7 +154,25 @@ class ListItem:
     names: dict[str, str] | None = None  # id -> name, for the report
 
 
-Item = ModelItem | RequestItem | EventItem | ListItem
+@dataclass(frozen=True)
+class LedgerItem:
+    """What one of the controller's ledgers counts: a ``GET /v1/ledger`` answer read at
+    ``t`` (``source="api"``) or a journaled cycle's ``ledger_before``, planned at ``t``
+    (``source="journal"``); both count from the observation taken at ``observed_at``.
+
+    ``busy``: serves the answer may count twice for a moment and be right (a step in
+    flight, held or released since the observation, a start in progress, memory not
+    back after a stop).
+    """
+
+    t: int
+    source: str
+    observed_at: int
+    counted: Mapping[str, tuple[str, ...]]  # serve -> the roles its reservations are on
+    busy: frozenset[str] = frozenset()
+
+
+Item = ModelItem | RequestItem | EventItem | ListItem | LedgerItem
 
 
 @dataclass
@@ -142,6 +187,8 @@ class RunRecord:
     mib: int
     request_t: int
     by_up: bool = False  # started by the controller's `up` (its `docker run`), not itself
+    card: str = ""  # the card it was created for (its VRAMCTL_GPU_ROLE); "": unknown
+    end: int | None = None  # its die (or destroy) event; None: still runs
 
 
 @dataclass(frozen=True)
@@ -159,7 +206,7 @@ class Cycle:
 
     ``started_with`` (container -> MiB) and ``starting`` (serve -> MiB) are the
     reservations its observation recorded; ``reserved`` (serve -> MiB) what its plan
-    reserved for each start it planned.
+    reserved for each start it planned, and ``cards`` (serve -> roles) where.
     """
 
     at: int
@@ -168,6 +215,7 @@ class Cycle:
     started_with: Mapping[str, int] = field(default_factory=dict)
     starting: Mapping[str, int] = field(default_factory=dict)
     reserved: Mapping[str, int] = field(default_factory=dict)
+    cards: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -176,12 +224,13 @@ class ControllerView:
 
     ``cycles`` oldest first; ``looks``: when the answer of each container list it asked
     Docker for reached the proxy; ``spawns``: per serve, when each of its ``up``
-    commands began.
+    commands began; ``ledgers``: what its journaled cycles' ledgers counted.
     """
 
     cycles: Sequence[Cycle] = ()
     looks: Sequence[int] = ()
     spawns: Mapping[str, Sequence[int]] = field(default_factory=dict)
+    ledgers: Sequence[LedgerItem] = ()
 
     def call_t(self, by_up: bool, serve: str, request_t: int) -> int:
         """When the controller made the call behind a request: its ``up`` began, or the
@@ -229,6 +278,15 @@ class _Candidate:
 
 
 @dataclass(frozen=True)
+class _Suspect:
+    """A ledger answer counting a serve on several roles while one container of it runs."""
+
+    run: RunRecord
+    roles: tuple[str, ...]
+    answer: LedgerItem
+
+
+@dataclass(frozen=True)
 class _Rerun:
     """The controller asked to start a container that ran already (304, or 409)."""
 
@@ -255,6 +313,8 @@ class Monitor:
     candidates: list[_Candidate] = field(default_factory=list)  # judged by :meth:`judge`
     recounted: int = 0  # controller starts :meth:`judge` recounted in their own view
     reruns: list[_Rerun] = field(default_factory=list)
+    runs: list[RunRecord] = field(default_factory=list)  # every run, in start order
+    ledgers: list[LedgerItem] = field(default_factory=list)  # the API's, judged at the end
     _list_misses: set[str] = field(default_factory=set)
     _last_event: dict[str, int] = field(default_factory=dict)
 
@@ -273,7 +333,11 @@ class Monitor:
             if item.action == "start":
                 self._start(item)
             elif item.action in ("die", "destroy"):
-                self.running.pop(item.cid, None)
+                run = self.running.pop(item.cid, None)
+                if run is not None:
+                    run.end = item.t
+        elif isinstance(item, LedgerItem):
+            self.ledgers.append(item)
         else:
             self._list(item)
 
@@ -298,15 +362,19 @@ class Monitor:
         return None
 
     # ── what the roles hold ──────────────────────────────────────────────────
-    def _role_of(self, serve: str, t: int) -> str | None:
-        decl = self._last_decl(serve, t)
-        return None if decl is None else decl.role
+    def _cards_of(self, r: RunRecord, t: int) -> tuple[str, ...]:
+        """The cards a run counts on: the one its container was created for, else every
+        card its serve's last declaration names (a placed serve's: all its candidates)."""
+        if r.card:
+            return (r.card,)
+        decl = self._last_decl(r.serve, t)
+        return () if decl is None else decl.cards
 
     def held(self, role: str, model: Model, *, t: int) -> int:
         """MiB the running containers hold on ``role`` under ``model``."""
         total = 0
         for r in self.running.values():
-            if self._role_of(r.serve, t) != role:
+            if role not in self._cards_of(r, t):
                 continue
             now = model.serves.get(r.serve)
             total += max(r.mib, now.mib if now is not None else 0)
@@ -358,6 +426,26 @@ class Monitor:
     def _start(self, ev: EventItem) -> None:
         cause, req_t, by_up = self._attribute(ev)
         self.starts[cause] = self.starts.get(cause, 0) + 1
+        self._double_start(ev, cause)
+        decl = self._decl(ev.serve, ev.t)
+        last = decl or self._last_decl(ev.serve, ev.t)
+        mib = last.mib if last else 0
+        run = RunRecord(ev.cid, ev.name, ev.serve, cause, ev.t, mib, req_t, by_up, ev.card)
+        self.running[ev.cid] = run
+        self.last_run[ev.name] = run
+        self.runs.append(run)
+        if cause == "unattributed":
+            self.violations.append(
+                Violation(
+                    "unattributed", ev.t, ev.serve, f"nobody asked for the start of {ev.name}"
+                )
+            )
+        if last is None:
+            return
+        for role in self._cards_of(run, ev.t):
+            self._count_start(run, role)
+
+    def _double_start(self, ev: EventItem, cause: str) -> None:
         if ev.cid in self.running:
             self.violations.append(
                 Violation("double_start", ev.t, ev.serve, f"{ev.name} started while it runs")
@@ -375,39 +463,26 @@ class Monitor:
                     f"{twin.name} (by {twin.cause}) runs",
                 )
             )
-        decl = self._decl(ev.serve, ev.t)
-        last = decl or self._last_decl(ev.serve, ev.t)
-        mib = last.mib if last else 0
-        run = RunRecord(ev.cid, ev.name, ev.serve, cause, ev.t, mib, req_t, by_up)
-        self.running[ev.cid] = run
-        self.last_run[ev.name] = run
-        if cause == "unattributed":
-            self.violations.append(
-                Violation(
-                    "unattributed", ev.t, ev.serve, f"nobody asked for the start of {ev.name}"
-                )
-            )
-        if last is None:
-            return
-        role = last.role
-        model = self.model_at(ev.t)
+
+    def _count_start(self, run: RunRecord, role: str) -> None:
+        """What ``run``'s start makes ``role`` hold: a candidate (the controller's), or an
+        ``outside_overcommit`` note (the driver's, over budget)."""
+        model = self.model_at(run.t)
         if model is None or role not in model.budgets:
             return
         budget = model.budgets[role]
-        held = self.held(role, model, t=ev.t)
+        held = self.held(role, model, t=run.t)
         self.max_held[role] = max(self.max_held.get(role, 0), held)
-        summary = self._describe(role, model, ev.t, held, budget)
-        if cause == "controller":  # every one is recounted in its own view (:meth:`judge`)
-            running = tuple(
-                r for r in self.running.values() if self._role_of(r.serve, ev.t) == role
-            )
+        summary = self._describe(role, model, run.t, held, budget)
+        if run.cause == "controller":  # every one is recounted in its own view (:meth:`judge`)
+            running = tuple(r for r in self.running.values() if role in self._cards_of(r, run.t))
             over = held > budget
-            why = self._why(role, model, ev, summary) if over else summary
+            why = self._why(role, model, run.t, summary) if over else summary
             self.candidates.append(_Candidate(run, role, running, why, over))
-        elif cause == "outside" and held > budget:
-            self.notes.append(Violation("outside_overcommit", ev.t, ev.serve, summary))
+        elif run.cause == "outside" and held > budget:
+            self.notes.append(Violation("outside_overcommit", run.t, run.serve, summary))
 
-    def _why(self, role: str, model: Model, ev: EventItem, summary: str) -> str:
+    def _why(self, role: str, model: Model, t: int, summary: str) -> str:
         """What the count holds that the manifest no longer says, and the total three ways.
 
         ``at start`` is what the monitor counts (a running container keeps the
@@ -420,7 +495,7 @@ class Monitor:
         gone: list[str] = []
         lowered: list[str] = []
         for r in sorted(self.running.values(), key=lambda r: r.t):
-            if self._role_of(r.serve, ev.t) != role:
+            if role not in self._cards_of(r, t):
                 continue
             now = model.serves.get(r.serve)
             if now is not None:
@@ -428,7 +503,7 @@ class Monitor:
                 if r.mib > now.mib:
                     lowered.append(f"{r.serve} {r.mib}>{now.mib}")
             else:
-                last = self._last_decl(r.serve, ev.t)
+                last = self._last_decl(r.serve, t)
                 remembered += last.mib if last is not None else r.mib
                 gone.append(r.serve)
         tags = []
@@ -437,7 +512,7 @@ class Monitor:
         if lowered:
             tags.append(f"[counts reservations above today's declaration: {', '.join(lowered)}]")
         figures = (
-            f" (at start {self.held(role, model, t=ev.t)}, as declared {declared + remembered}, "
+            f" (at start {self.held(role, model, t=t)}, as declared {declared + remembered}, "
             f"only declared {declared})"
         )
         return " ".join([*tags, summary]) + figures
@@ -445,11 +520,16 @@ class Monitor:
     def _describe(self, role: str, model: Model, t: int, held: int, budget: int) -> str:
         parts = []
         for r in sorted(self.running.values(), key=lambda r: r.t):
-            if self._role_of(r.serve, t) != role:
+            if role not in self._cards_of(r, t):
                 continue
             now = model.serves.get(r.serve)
             declared = "undeclared" if now is None else f"declared {now.mib}"
-            parts.append(f"{r.serve}={r.mib}({declared}, by {r.cause})")
+            made = ""  # the card, where its serve does not name that card alone
+            if r.card and (now is None or r.card not in now.cards):
+                made = f", made for {r.card}"
+            elif r.card and now is not None and now.placement:
+                made = f", on {r.card}"
+            parts.append(f"{r.serve}={r.mib}({declared}, by {r.cause}{made})")
         return f"role {role}: {held} of {budget} MiB held: " + ", ".join(parts)
 
     # ── judgement, against the controller's own records ─────────────────────────
@@ -469,6 +549,8 @@ class Monitor:
             (self.violations if verdict else self.notes).append(found)
         for rr in self.reruns:
             self._judge_rerun(rr, view)
+        self._judge_counts([*self.ledgers, *view.ledgers])
+        self._judge_cards(view)
         self.candidates, self.reruns = [], []
         self.violations.sort(key=lambda v: v.t)
         return self
@@ -533,6 +615,96 @@ class Monitor:
         )
         kind = "double_start" if seen else "redundant_start"
         (self.violations if seen else self.notes).append(Violation(kind, item.t, run.serve, text))
+
+    def _judge_cards(self, view: ControllerView) -> None:
+        """``wrong_card`` (see the module): each start of the controller against the card
+        the cycle that planned it chose."""
+        for r in self.runs:
+            if r.cause != "controller" or not r.card:
+                continue
+            cycle = view.planned(r.serve, view.look_of(r))
+            told = cycle.cards.get(r.serve) if cycle is not None else None
+            if cycle is None or not told or r.card in told:
+                continue
+            how = "its `up` made it" if r.by_up else "a docker start of the container"
+            text = (
+                f"the controller started {r.name}, made for {r.card} ({how}), for the start "
+                f"its cycle at {self._s(cycle.at)} (manifest {cycle.digest[:12] or '?'}) "
+                f"planned on {'/'.join(told)}"
+            )
+            self.violations.append(Violation("wrong_card", r.t, r.serve, text, r.request_t))
+
+    # ── double counts: the controller's ledgers against the run history ──────────
+    def _judge_counts(self, answers: Sequence[LedgerItem]) -> None:
+        """``double_count`` (see the module): the suspects of each answer, then, per
+        source, those two of its observations in a row show (one alone: a note)."""
+        by_source: dict[str, dict[int, dict[str, _Suspect]]] = {}
+        for a in answers:
+            found = by_source.setdefault(a.source, {}).setdefault(a.observed_at, {})
+            found.update(self._suspects(a))
+        for observations in by_source.values():
+            self._persisting(observations)
+
+    def _suspects(self, a: LedgerItem) -> dict[str, _Suspect]:
+        """Serves ``a`` counts on several roles, not busy, with one run of theirs from
+        before its observation to its answer and none other, created for a known card."""
+        out: dict[str, _Suspect] = {}
+        for serve, roles in a.counted.items():
+            if len(roles) < 2 or serve in a.busy:
+                continue
+            runs = [
+                r
+                for r in self.runs
+                if r.serve == serve and r.t <= a.t and (r.end is None or r.end >= a.observed_at)
+            ]
+            if len(runs) != 1:
+                continue
+            (r,) = runs
+            if r.card and r.t <= a.observed_at and (r.end is None or r.end >= a.t):
+                out[serve] = _Suspect(r, roles, a)
+        return out
+
+    def _persisting(self, observations: Mapping[int, Mapping[str, _Suspect]]) -> None:
+        prev: Mapping[str, _Suspect] = {}
+        told: set[tuple[str, str]] = set()
+        for at in sorted(observations):
+            now = observations[at]
+            for serve, sus in now.items():
+                before = prev.get(serve)
+                key = (serve, sus.run.cid)
+                if before is not None and before.run.cid == sus.run.cid and key not in told:
+                    told.add(key)
+                    text = self._count_text(sus, before)
+                    self.violations.append(Violation("double_count", sus.answer.t, serve, text))
+            prev = now
+        for now in observations.values():
+            for serve, sus in now.items():
+                if (serve, sus.run.cid) not in told:
+                    told.add((serve, sus.run.cid))
+                    text = self._count_text(sus, None)
+                    self.notes.append(Violation("double_count_once", sus.answer.t, serve, text))
+
+    def _count_text(self, sus: _Suspect, before: _Suspect | None) -> str:
+        a, r = sus.answer, sus.run
+        decl = self._last_decl(r.serve, a.observed_at)
+        declared = (
+            "nothing"
+            if decl is None
+            else (
+                f"placement {list(decl.placement)}" if decl.placement else f"gpu_role {decl.role}"
+            )
+        )
+        again = (
+            f" (and in the observation at {self._s(before.answer.observed_at)} before it)"
+            if before is not None
+            else ""
+        )
+        return (
+            f"the controller's {a.source} ledger of the observation at {self._s(a.observed_at)}"
+            f"{again}, read at {self._s(a.t)}, counts {r.serve} on {', '.join(sus.roles)} while "
+            f"one container of it runs, {r.name}, created for {r.card} (started "
+            f"{self._s(r.t)} by {r.cause}); the manifest then declared {declared}"
+        )
 
     # ── lists ────────────────────────────────────────────────────────────────
     def _list(self, item: ListItem) -> None:
