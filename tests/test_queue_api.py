@@ -33,7 +33,7 @@ from controller.snapshot import parse_snapshot
 from controller.store.journal import Journal, journal_path
 from statemachine.ledger import ledger_from_observed
 from statemachine.planner import Action, Step, plan_transitions
-from statemachine.types import ContainerObs, ContainerState, Observed
+from statemachine.types import ContainerObs, ContainerState, Observed, StartingObs
 
 MANIFEST = """
 [[gpu_roles]]
@@ -240,6 +240,30 @@ def test_a_start_that_ended_healthy_counts_as_running_not_starting(
     live.step_ended(live.step_begun(_step(Action.RESERVE)), _step(Action.RESERVE), "ok", "")
     again = overlay_observed(seen, live.overlay(mark), containers)
     assert "q" in again.starting
+
+
+def test_a_start_that_ends_healthy_after_the_observations_mark_counts_as_running(
+    controller: Controller,
+) -> None:
+    # the observation was taken while q's await_ready ran: it saw the start in progress
+    # (its reserve and start are behind the mark); the healthy end after the mark is
+    # laid over it, or q would count as starting (never a victim) until the next one
+    live = LiveLedger()
+    desired = controller.mset.desired()
+    containers = {s.name: s.container for s in desired.serves.values()}
+    for action in (Action.RESERVE, Action.START):
+        live.step_ended(live.step_begun(_step(action)), _step(action), "ok", "")
+    mark = live.mark()
+    seen = Observed(
+        docker_ok=True,
+        containers={"c-q": ContainerObs(ContainerState.RUNNING)},
+        starting={"q": StartingObs(("a",), 5000)},
+    )
+    ready = _step(Action.AWAIT_READY, mib=None)  # as the planner writes it: no MiB
+    live.step_ended(live.step_begun(ready), ready, "ok", "")
+    now = overlay_observed(seen, live.overlay(mark), containers)
+    assert "q" not in now.starting and now.container("c-q").holds
+    assert ledger_from_observed(desired, now).committed_mib("a") == 5000
 
 
 IDLE_MANIFEST = """

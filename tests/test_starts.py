@@ -30,6 +30,7 @@ from docker import DockerClient
 from controller.adapters.docker.actions import DockerActions
 from controller.manifest import load_manifest_set
 from controller.service.executor import Executor, ExecutorConfig, Outcome, StepResult
+from controller.service.live import LiveLedger
 from controller.service.loop import Controller, RunOptions
 from controller.service.starts import StartTracker, group_alive, proc_start_ticks, supervise_orphans
 from controller.snapshot import ContainerModel
@@ -284,6 +285,44 @@ def test_a_later_step_of_a_start_in_progress_does_not_hold_the_plan() -> None:
     assert sorted(r.step.serve for batch in ended for r in batch) == ["x", "x"]
     # the rest of the grow's group waits for the next plan with it
     assert [r.outcome for r in report.results if r.step.serve == "y"] == [Outcome.SKIPPED] * 2
+
+
+def test_a_start_the_live_ledger_calls_ready_is_no_longer_in_progress_in_the_tracker() -> None:
+    # an observation takes the live ledger's mark, then reads the tracker: one taken
+    # after the await_ready's end is told must not find the start still in progress, or
+    # it counts the serve as starting (never a victim) though the start has ended
+    x = serve("x", 2000)
+    docker = Containers(running=set(), existing={"c-x"})
+    ex = make_executor(
+        DesiredState({"a": GpuRole("a", 10_000)}, {"x": x}),
+        docker,
+        starts=StartTracker(),
+        on_start_done=lambda _results, release: release(),
+    )
+    ex.live = live = LiveLedger()
+    assert ex.starts is not None
+    tracker = ex.starts
+    in_progress_when_ready: list[dict[str, StartingObs]] = []
+
+    def told() -> None:  # on the writer's thread, after each change of the live ledger
+        if "x" in live.overlay(0).ready:
+            in_progress_when_ready.append(tracker.snapshot())
+
+    live.listen(told)
+    plan = Plan(
+        (
+            step(Action.RESERVE, "x", 2000, "x"),
+            step(Action.START, "x", 2000, "x"),
+            step(Action.AWAIT_READY, "x", None, "x"),
+        ),
+        (),
+        Ledger({}),
+        Ledger({}),
+    )
+    ex.execute(plan, Observed(True, {}), skip_preflight=True)
+    tracker.join(60)
+    assert in_progress_when_ready, "the live ledger never said x is ready"
+    assert all("x" not in seen for seen in in_progress_when_ready), in_progress_when_ready
 
 
 # ── the loop's bookkeeping ───────────────────────────────────────────────────

@@ -235,11 +235,19 @@ class Executor:
         report.refused_groups = sorted(refused)
         return refused
 
-    def _attempt(self, run: _Run, step: Step) -> StepResult:
-        """One step, told to the live ledger as it begins and ends."""
+    def _attempt(
+        self,
+        run: _Run,
+        step: Step,
+        before_told: Callable[[StepResult], None] | None = None,
+    ) -> StepResult:
+        """One step, told to the live ledger as it begins and ends (``before_told`` gets
+        its result before its end is told)."""
         live = self.live
         token = live.step_begun(step) if live is not None else 0
         result = self._attempt_step(run, step)
+        if before_told is not None:
+            before_told(result)
         if live is not None:
             figure = run.elastic.get(step.serve) if step.action in _RESIZES else None
             mib = figure.mib if figure is not None else -1
@@ -385,6 +393,17 @@ class _StartJob:
         assert self.ex.starts is not None
         self.ex.starts.end(self.chain[0].serve, self.token)
 
+    def _healthy(self, result: StepResult) -> None:
+        """An await_ready that ended healthy: the start leaves the tracker's starts in
+        progress *before* the live ledger is told the serve runs. An observation takes
+        the live ledger's mark, then reads the tracker: it sees the start either in
+        progress with the ready after its mark (laid over it), or ended; never in
+        progress with the ready already behind its mark, which would count a serve
+        that runs as starting (never a victim) until the next observation."""
+        if result.step.action is Action.AWAIT_READY and result.outcome is Outcome.OK:
+            assert self.ex.starts is not None
+            self.ex.starts.succeeded(result.step.serve, self.token)
+
     def run(self) -> None:
         serve = self.chain[0].serve
         failed = False
@@ -399,7 +418,7 @@ class _StartJob:
                         ended_at=time.time(),
                     )
                 else:
-                    result = self.ex._attempt(self.run_, step)
+                    result = self.ex._attempt(self.run_, step, self._healthy)
                     failed = result.outcome is not Outcome.OK
                 self.results.append(result)
                 self.ex._emit_result(result, self.cycle)

@@ -100,7 +100,8 @@ class Overlay:
     held: Mapping[str, StartingObs] = field(default_factory=dict)
     #: serves whose release was confirmed since (and not held again after it)
     released: frozenset[str] = frozenset()
-    #: held serves whose start has ended healthy since (their container runs)
+    #: serves whose start has ended healthy since (their container runs): held since,
+    #: or held before the observation's mark (it saw the start in progress)
     ready: frozenset[str] = frozenset()
     #: elastic serve -> the MiB it is counted at now (``None``: its full reservation)
     elastic: Mapping[str, int | None] = field(default_factory=dict)
@@ -229,9 +230,8 @@ class LiveLedger:
                 slept.pop(e.serve, None)  # woken (or started again): full from now on
                 if e.kind == "held":
                     ready.discard(e.serve)  # a new start of it: not ready until it says so
-            elif e.kind == "ready":
-                if e.serve in held:
-                    ready.add(e.serve)
+            elif e.kind == "ready":  # held since, or before the mark (laid as seen)
+                ready.add(e.serve)
             elif e.kind == "released":
                 held.pop(e.serve, None)
                 ready.discard(e.serve)
@@ -306,6 +306,11 @@ def overlay_observed(
     )
     for name, event in overlay.held.items():
         _lay_held(draft, observed, name, event, containers_of.get(name), name in overlay.ready)
+    for name in overlay.ready - overlay.held.keys():
+        # its reserve and start were before the mark: the observation saw it starting
+        if name in observed.starting:
+            held = observed.starting[name]
+            _lay_held(draft, observed, name, held, containers_of.get(name), True)
     for name, (residual, host) in overlay.slept.items():
         _lay_slept(draft, observed, name, containers_of.get(name), residual, host)
     released: set[str] = set()

@@ -121,9 +121,10 @@ class StartTracker:
         self._journal("forget the up of", serve, lambda j: j.end_up(serve))
 
     def succeeded(self, serve: str, token: int) -> None:
-        """That start ended healthy (its thread says so as it ends): it runs with the
-        reservation it was started with, and no longer counts as in progress, though
-        the loop takes its end in (records it, then :meth:`end`) a moment later."""
+        """That start ended healthy (its thread says so once its await_ready has, before
+        the live ledger is told, and again as it ends): it runs with the reservation it
+        was started with, and no longer counts as in progress, though the loop takes
+        its end in (records it, then :meth:`end`) a moment later."""
         with self._lock:
             entry = self._starts.get(serve)
             if entry is not None and entry[0] == token:
