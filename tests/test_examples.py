@@ -114,6 +114,8 @@ def _run_example(name: str, **extra_env: str) -> str:
     )
     out = r.stdout + r.stderr
     assert r.returncode == 0, out[-6000:]
+    # every example runs the router stand-in: nothing may say there is no router
+    assert "no router is configured" not in out and "without a router" not in out, out[:6000]
     return out
 
 
