@@ -126,6 +126,33 @@ def test_bad_input_exits_2_with_a_located_error(
     assert message in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    ("keep", "says"),
+    [
+        (-1, "truncated at byte {n} of {size} (its tensor table puts the end of its data"),
+        (1000, "truncated at byte {n} of {size} (its tensor table puts the end of its data"),
+        (300, "truncated at byte {n} of at least 308 (its tensor table goes on past the end"),
+        (100, "truncated at byte {n} of at least 102 (its metadata goes on past the end"),
+        (20, "truncated at byte {n} of at least 24 (its header goes on past the end"),
+    ],
+    ids=["last-byte", "data", "tensor-table", "metadata", "header"],
+)
+def test_a_truncated_gguf_file_says_where_it_ends_against_its_header(
+    gguf_model: Path, keep: int, says: str
+) -> None:
+    """A GGUF file cut short (a download that stopped): its size against the size its
+    header and tensor table give, never the reader's numpy error."""
+    whole = gguf_model.read_bytes()
+    cut = gguf_model.with_name("cut.gguf")
+    cut.write_bytes(whole[:keep])
+    n = len(whole[:keep])
+    proc = vramctl(str(cut))
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    expected = f"error: {cut}: " + says.format(n=n, size=len(whole))
+    assert expected in proc.stderr, proc.stderr
+    assert "reshape" not in proc.stderr and "dtype" not in proc.stderr, proc.stderr
+
+
 def test_a_config_missing_a_key_exits_2_naming_it(safetensors_model: Path) -> None:
     _config(safetensors_model, num_hidden_layers=None)
     proc = vramctl(str(safetensors_model))

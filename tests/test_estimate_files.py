@@ -158,8 +158,20 @@ def test_a_gguf_file_without_a_figure_names_the_key(tmp_path: Path) -> None:
 def test_a_truncated_gguf_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "cut.gguf"
     _write_gguf(path)
-    path.write_bytes(path.read_bytes()[:-1000])
-    with pytest.raises(ModelFileError, match=r"cut.gguf: not a readable GGUF file"):
+    whole = path.read_bytes()
+    path.write_bytes(whole[:-1000])
+    cut = rf"cut.gguf: truncated at byte {len(whole) - 1000} of {len(whole)} "
+    with pytest.raises(ModelFileError, match=cut):
+        read_model(path)
+
+
+def test_a_gguf_file_long_enough_but_unreadable_keeps_the_readers_words(tmp_path: Path) -> None:
+    path = tmp_path / "bad.gguf"
+    _write_gguf(path)
+    data = bytearray(path.read_bytes())
+    data[4:8] = (99).to_bytes(4, "little")  # a version gguf does not read
+    path.write_bytes(bytes(data))
+    with pytest.raises(ModelFileError, match=r"bad.gguf: not a readable GGUF file \("):
         read_model(path)
 
 

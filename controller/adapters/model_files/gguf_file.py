@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.adapters.model_files.common import ModelFileError, positive_int
+from controller.adapters.model_files.gguf_extent import truncation
 from statemachine.sizing import Architecture, Weights
 
 __all__ = ["read_gguf"]
@@ -39,7 +40,9 @@ def _reader(path: Path) -> Any:
     try:
         return GGUFReader(path)
     except (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError) as exc:
-        raise ModelFileError(f"{path}: not a readable GGUF file ({exc})") from None
+        # a file cut short is said so, with its size against its header's, not in numpy's words
+        cut = truncation(path)
+        raise ModelFileError(cut or f"{path}: not a readable GGUF file ({exc})") from None
 
 
 def _value(reader: Any, key: str) -> Any:
