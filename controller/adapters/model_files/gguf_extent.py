@@ -10,12 +10,14 @@ of those parts, and says where the file ends against where they say it must:
 where the cut falls inside the metadata or the tensor table (what follows is not known).
 
 It reads no tensor data and computes no estimate; it does not judge a file that is
-long enough (the reader's error stands then).
+long enough (the reader's error stands then). It does not import ``gguf`` (only
+``gguf_file`` does): the tensor types' block sizes are given to it.
 """
 
 from __future__ import annotations
 
 import struct
+from collections.abc import Mapping
 from pathlib import Path
 from typing import BinaryIO
 
@@ -25,6 +27,8 @@ __all__ = ["truncation"]
 _SIZES = {0: 1, 1: 1, 2: 2, 3: 2, 4: 4, 5: 4, 6: 4, 7: 1, 10: 8, 11: 8, 12: 8}
 _STRING, _ARRAY = 8, 9
 _DEFAULT_ALIGNMENT = 32
+#: a tensor type (``GGMLQuantizationType``'s number) -> (elements per block, bytes per block)
+Blocks = Mapping[int, tuple[int, int]]
 
 
 class _Short(Exception):  # noqa: N818 (reads as what happened)
@@ -94,22 +98,20 @@ def _metadata(cur: _Cursor, count: int) -> int:
     return alignment
 
 
-def _tensors_end(cur: _Cursor, count: int) -> int:
+def _tensors_end(cur: _Cursor, count: int, blocks: Blocks) -> int:
     """Walk the tensor table; where the last tensor's data ends, from the data's start."""
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
     cur.part, end = "tensor table", 0
     for _ in range(count):
         cur.string()
         elements = 1
         for _dim in range(cur.read("I")):
             elements *= cur.read("Q")
-        block, size = GGML_QUANT_SIZES[GGMLQuantizationType(cur.read("I"))]
+        block, size = blocks[cur.read("I")]
         end = max(end, cur.read("Q") + elements // block * size)
     return end
 
 
-def _walk(handle: BinaryIO, size: int) -> int | None:
+def _walk(handle: BinaryIO, size: int, blocks: Blocks) -> int | None:
     """The byte the file must reach (None: it is not a GGUF header this reads)."""
     magic = handle.read(4)
     if len(magic) < 4 and b"GGUF".startswith(magic):
@@ -121,19 +123,20 @@ def _walk(handle: BinaryIO, size: int) -> int | None:
     cur.order = ">" if version & 0xFFFF == 0 else "<"  # a big-endian file, as gguf reads it
     tensors, keys = cur.read("Q"), cur.read("Q")
     alignment = _metadata(cur, keys)
-    end = _tensors_end(cur, tensors)
+    end = _tensors_end(cur, tensors, blocks)
     start = -(-handle.tell() // alignment) * alignment
     return start + end
 
 
-def truncation(path: Path) -> str | None:
+def truncation(path: Path, blocks: Blocks) -> str | None:
     """``PATH: truncated at byte N of M …`` when the GGUF file ``path`` ends before its
     header, metadata, tensor table or tensor data says it does; None when it does not
-    (or its header cannot be walked: the reader's own error says more then)."""
+    (or its header cannot be walked: the reader's own error says more then).
+    ``blocks``: each tensor type's elements per block and bytes per block."""
     try:
         size = path.stat().st_size
         with path.open("rb") as handle:
-            need = _walk(handle, size)
+            need = _walk(handle, size, blocks)
     except _Short as short:
         return (
             f"{path}: truncated at byte {size} of at least {short.need} (its {short.part} "

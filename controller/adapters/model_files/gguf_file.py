@@ -35,13 +35,13 @@ _BLOCK = re.compile(r"^blk\.(?P<no>\d+)\.")
 
 def _reader(path: Path) -> Any:
     """``GGUFReader`` on ``path``; ModelFileError when it is not a readable GGUF file."""
-    from gguf import GGUFReader  # numpy and gguf load only for an estimate
+    from gguf import GGML_QUANT_SIZES, GGUFReader  # numpy and gguf load only for an estimate
 
     try:
         return GGUFReader(path)
     except (ValueError, IndexError, KeyError, TypeError, OverflowError, OSError) as exc:
         # a file cut short is said so, with its size against its header's, not in numpy's words
-        cut = truncation(path)
+        cut = truncation(path, {int(kind): sizes for kind, sizes in GGML_QUANT_SIZES.items()})
         raise ModelFileError(cut or f"{path}: not a readable GGUF file ({exc})") from None
 
 
