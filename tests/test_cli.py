@@ -108,7 +108,7 @@ def test_fit_blocked_exclusive_exit_1_names_blockers() -> None:
 
 def test_fit_unknown_serve_suggests(tmp_path: Path) -> None:
     r = vramctl("fit", "comfyu", *SET, "--observed", str(OBSERVED))
-    assert r.returncode == 1
+    assert r.returncode == 2, r.stderr  # a question it cannot ask, not "does not fit" (1)
     assert 'did you mean "comfyui"' in r.stderr
 
 

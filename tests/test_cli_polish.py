@@ -111,7 +111,8 @@ def test_the_usage_lines_name_the_arguments_and_the_options_values() -> None:
             [
                 "0 it fits",
                 "1 it does not",
-                "2 when the state directory cannot be read",
+                "2 when the serve is unknown",
+                "the state directory cannot be read",
                 "3 when Docker could not be read",
             ],
         ),
@@ -185,6 +186,31 @@ def test_fit_says_when_the_start_needs_a_router_none_is_given_for() -> None:
         assert given.returncode == 0 and "router" not in given.stdout, given.stdout
     data = json.loads(vramctl(*args, "--json", "--router-url", "http://r").stdout)
     assert "needs_router" not in data and "note" not in data
+
+
+def test_fit_exits_apart_for_fits_does_not_fit_and_a_question_it_cannot_ask(
+    tmp_path: Path,
+) -> None:
+    """0 it fits, 1 it does not, 2 the question is wrong (a misspelt serve, a manifest or
+    saved observation that does not load): a script can tell "no" from a typo."""
+    asked = ["-m", str(EXAMPLE), "--observed", str(OBSERVED)]
+    assert vramctl("fit", "fast", *asked).returncode == 0  # after stopping ocr
+    kept = tmp_path / "kept.toml"  # ocr may not be evicted: fast does not fit
+    kept.write_text(
+        EXAMPLE.read_text(encoding="utf-8").replace('"evictable"', '"resident"'), encoding="utf-8"
+    )
+    no = vramctl("fit", "fast", "-m", str(kept), "--observed", str(OBSERVED))
+    assert no.returncode == 1 and "fast does not fit" in no.stdout, no.stdout + no.stderr
+    typo = vramctl("fit", "fsat", *asked)
+    assert typo.returncode == 2 and 'did you mean "fast"?' in typo.stderr, typo.stderr
+    bad = tmp_path / "bad.toml"
+    bad.write_text("[[gpu_roles]]\nid = 1\n", encoding="utf-8")
+    broken = vramctl("fit", "fast", "-m", str(bad), "--observed", str(OBSERVED))
+    assert broken.returncode == 2 and str(bad) in broken.stderr, broken.stderr
+    gone = vramctl("fit", "fast", "-m", str(EXAMPLE), "--observed", str(tmp_path / "no.json"))
+    assert gone.returncode == 2 and "no.json" in gone.stderr, gone.stderr
+    for r in (typo, broken, gone):
+        assert "Traceback" not in r.stderr
 
 
 def test_fit_with_docker_unreadable_cannot_be_answered(tmp_path: Path) -> None:

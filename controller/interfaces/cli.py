@@ -3,8 +3,9 @@
 Each command loads the manifest set, reads or takes the observation, calls the pure
 core, and renders the answer (rich for people, ``--json`` for tools). Exit codes are
 part of the contract, and each command's help names its own: ``validate`` 0/1, ``fit``
-0 fits / 1 does not, ``plan --detailed-exitcode`` 0 nothing to do / 2 changes / 1
-error, ``estimate`` 0 / 2 bad input (a usage error's code); ``status``, ``fit``,
+0 fits / 1 does not / 2 a question it cannot ask (an unknown serve, a manifest or
+saved observation that does not load), ``plan --detailed-exitcode`` 0 nothing to do /
+2 changes / 1 error, ``estimate`` 0 / 2 bad input (a usage error's code); ``status``, ``fit``,
 ``plan`` and ``observe`` exit :data:`EXIT_UNOBSERVED` (3) when Docker could not be read
 (their answer is printed, ``unknown`` where unknown, with one line saying where Docker
 was looked for). A state directory that is there but that this user may not read or
@@ -164,11 +165,14 @@ def _fail(message: str, code: int = 1) -> NoReturn:
     raise typer.Exit(code)
 
 
-def _load(manifests: list[Path], *, strict: bool = False, json_out: bool = False) -> ManifestSet:
-    """The manifest set; exit 1 with its located errors on stderr (``json_out``: and
-    ``validate``'s JSON answer on stdout) when it does not load."""
+def _load(
+    manifests: list[Path], *, strict: bool = False, json_out: bool = False, code: int = 1
+) -> ManifestSet:
+    """The manifest set; exit ``code`` (1; ``fit``: 2, its 1 is "does not fit") with its
+    located errors on stderr (``json_out``: and ``validate``'s JSON answer on stdout)
+    when it does not load."""
     if not manifests:
-        _fail("no manifest given: pass -m/--manifest FILE (repeat for a set)")
+        _fail("no manifest given: pass -m/--manifest FILE (repeat for a set)", code)
     from controller.manifest import ManifestError, load_manifest_set
 
     try:
@@ -185,7 +189,7 @@ def _load(manifests: list[Path], *, strict: bool = False, json_out: bool = False
                     "warnings": exc.warnings,
                 }
             )
-        raise typer.Exit(1) from None
+        raise typer.Exit(code) from None
     for warning in mset.warnings:
         render.warn(warning)
     return mset
@@ -216,7 +220,10 @@ def _observe(
     nvml_in_answer: bool = False,
     records: JournalRecords | None = None,
     notes: list[str] | None = None,
+    code: int = 1,
 ) -> SnapshotModel:
+    """The observation: live, or the saved ``observed`` (exit ``code`` when it does not
+    load)."""
     from controller.snapshot import SnapshotError, load_snapshot
 
     if observed is None:
@@ -224,7 +231,7 @@ def _observe(
     try:
         return load_snapshot(observed)
     except SnapshotError as exc:
-        _fail(str(exc))
+        _fail(str(exc), code)
 
 
 def _observe_live(
@@ -744,19 +751,22 @@ def fit(
 ) -> None:
     """Can SERVE run now, and what would it cost?
 
-    Exit 0 it fits, 1 it does not, 2 when the state directory cannot be read, 3 when
-    Docker could not be read (it cannot be answered). Without --router-url
+    Exit 0 it fits, 1 it does not, 2 when the serve is unknown (a near miss is named),
+    the manifest or --observed FILE does not load, or the state directory cannot be
+    read, 3 when Docker could not be read (it cannot be answered). Without --router-url
     (VRAMCTL_ROUTER_URL, as `run` is given) a start that drains a router tier is said to
     be refused, as `up` would be.
     """
     from controller.interfaces.fit_answer import fit_answer
     from controller.service.model_estimates import serve_models
 
-    mset = _load(manifest)
+    mset = _load(manifest, code=EXIT_BAD_INPUT)  # 1 is "does not fit"
     desired = mset.desired()
     if serve not in desired.serves:
         render.error(render.unknown_serve(serve, desired))
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_BAD_INPUT)
+    if observed is not None:  # a saved observation that does not load: exit 2 now
+        _observe(observed, mset, code=EXIT_BAD_INPUT)
     if observed is None or state_dir is not None:
         _readable_state_dir(manifest, state_dir)
     snap, sit = _situation(mset, manifest, observed, state_dir, router_url=router_url)
