@@ -889,7 +889,7 @@ def _counted_on(
     on the card it runs on alone, not on both."""
     if told == held_on:
         return held_on
-    return held_on + _declared_beside(serve, held_on) + told
+    return _declared_beside(serve, held_on) + held_on + told
 
 
 def _declared_beside(serve: ServeSpec, held_on: tuple[str, ...]) -> tuple[str, ...]:

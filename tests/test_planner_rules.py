@@ -456,7 +456,10 @@ def test_hold_blocks_a_start_with_its_reason() -> None:
     desired, observed = _build(CASES["resident-fits-starts"])
     plan = plan_transitions(desired, observed, Policy(hold={"stt": "backing off"}), NOW)
     assert plan.empty
-    assert [(b.serve, b.reason) for b in plan.blocked] == [("stt", "stt is held back: backing off")]
+    assert [(b.serve, b.reason) for b in plan.blocked] == [
+        ("stt", "stt is held back: backing off; its room (2000 MiB on a) is kept for it")
+    ]
+    assert "stt" not in plan.ledger_after.holdings  # kept while planning, held by nothing
 
 
 def test_every_victim_is_drained_before_any_stops() -> None:

@@ -112,12 +112,12 @@ def test_the_journal_keeps_start_reservations_and_opens_older_files(tmp_path: Pa
 
 
 def _elastic_started_bigger(b_used: int) -> tuple[DesiredState, Observed]:
-    """``el`` started at 8000 MiB on a and b (its record), declared 6000 on a now, shrunk
-    to 4000; ``other`` holds ``b_used`` on b."""
+    """``el`` started at 8000 MiB on a and b (its record), declared 6000 on both now,
+    shrunk to 4000; ``other`` holds ``b_used`` on b."""
     el = ServeSpec(
         "el",
         "c-el",
-        ("a",),
+        ("a", "b"),
         6000,
         Residency.EVICTABLE,
         DesiredRun.RUNNING,
@@ -155,9 +155,9 @@ def test_an_elastic_serve_grows_back_to_what_it_was_started_with() -> None:
 
 
 def test_an_elastic_serve_grows_by_the_room_on_every_role_it_holds() -> None:
-    """Its record holds b too, where ``other``'s 5000 and its own 4000 leave 1000 of
-    10000 free: it grows by the whole segments that fit there (one of 512 MiB), not by
-    the 6000 its declared role a has free."""
+    """It holds b too, where ``other``'s 5000 and its own 4000 leave 1000 of 10000 free:
+    it grows by the whole segments that fit there (one of 512 MiB), not by the 6000 its
+    role a has free."""
     want, obs = _elastic_started_bigger(5000)
     steps, _ = _plan_applied(want, obs)
     assert steps == [(Action.GROW, "el", 512, 4512)]
