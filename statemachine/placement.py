@@ -20,8 +20,10 @@ less than the truth). :func:`resolve` narrows each one to one role, in three way
    that plan stops or puts to sleep for it, as the planner weighed them
    (:attr:`statemachine.plan.Plan.room`), against that candidate's shortfall; then the
    declared order. Candidates where it cannot start go by the least short, then the
-   declared order. A serve that does not want to run gets the candidate with the most
-   free MiB: where it would go, said, nothing done.
+   declared order, and the plan's blocked reason gives every candidate's reason with
+   its terms (:func:`blocked_on_every_candidate`), not only that of the card it waits
+   on. A serve that does not want to run gets the candidate with the most free MiB:
+   where it would go, said, nothing done.
 
 Serves are placed in declared order, each seeing the reservations of the pinned serves
 this plan will start and of those placed before it that want to run. Pure: no I/O, no
@@ -36,11 +38,11 @@ from dataclasses import dataclass, replace
 from statemachine.admission import inside_min_runtime
 from statemachine.idleness import in_force
 from statemachine.ledger import Ledger, ledger_from_observed
-from statemachine.plan import Action, CandidateTerms, How, Placement, Plan
+from statemachine.plan import Action, Blocked, CandidateTerms, How, Placement, Plan
 from statemachine.types import DesiredRun, DesiredState, Observed, Residency, ServeSpec
 from statemachine.victims import Candidate, preference_key
 
-__all__ = ["Placed", "apply", "resolve", "wants_to_run"]
+__all__ = ["Placed", "apply", "blocked_on_every_candidate", "resolve", "wants_to_run"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,7 +160,10 @@ def _weigh(s: ServeSpec, t: CandidateTerms, desired: DesiredState, plan_with: Pl
     victims = tuple(dict.fromkeys(st.serve for st in made_room))
     stops = len({st.serve for st in made_room if st.action is Action.STOP})
     freed = sum(st.mib for st in made_room if st.action in _FREES and st.mib is not None)
-    terms = replace(t, victims=victims, stops=stops, freed_mib=freed, starts=starts)
+    blocked = next((b.reason for b in plan.blocked if b.serve == s.name), None)
+    terms = replace(
+        t, victims=victims, stops=stops, freed_mib=freed, starts=starts, blocked=blocked
+    )
     return terms, plan.room.get(s.name, ())
 
 
@@ -215,7 +220,40 @@ def _choose(
         "least cost (by the victim order: fewest victims, fewest possibly busy, cheapest "
         "to bring back, least freed beyond the need)"
     )
+    if not best.starts:
+        why = (
+            f"{s.name} fits on no candidate and starts on none: it waits on {best.role}, "
+            f"the least short ({_short(best)} MiB)"
+        )
     return Placement(s.name, best.role, How.VICTIMS, why, tuple(t for t, _ in weighed))
+
+
+def blocked_on_every_candidate(plan: Plan, placements: Sequence[Placement]) -> Plan:
+    """``plan`` with the blocked reason of each placed serve that starts on none of its
+    candidates giving every candidate's reason and terms, as the plan with the serve
+    there gave them, not only those of the card it waits on. Kept as it is where the
+    candidates' reasons are one (a hold: the same on every card)."""
+    nowhere = {
+        p.serve: p
+        for p in placements
+        if p.how is How.VICTIMS and p.candidates and not any(c.starts for c in p.candidates)
+    }
+    if not nowhere:
+        return plan
+    blocked = tuple(
+        _every_reason(b, nowhere[b.serve]) if b.serve in nowhere else b for b in plan.blocked
+    )
+    return replace(plan, blocked=blocked)
+
+
+def _every_reason(b: Blocked, p: Placement) -> Blocked:
+    reasons = [(c.role, c.blocked) for c in p.candidates]
+    if any(why is None for _, why in reasons) or len({why for _, why in reasons}) == 1:
+        return b
+    roles = ", ".join(role for role, _ in reasons)
+    each = " ".join(f"On {role}: {why}." for role, why in reasons)
+    head = f"{b.serve} starts on none of its candidates ({roles}); it waits on {p.role}"
+    return replace(b, reason=f"{head}, the least short. {each}")
 
 
 def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: PlanWith) -> Placed:

@@ -347,6 +347,10 @@ class CandidateTerms:
     stops: int = 0
     freed_mib: int = 0
     starts: bool | None = None
+    #: why that plan does not start the serve there, with its terms (None: it starts,
+    #: or it was not weighed); the plan's blocked reason of a serve that starts on no
+    #: candidate gives each one's. Not in the JSON (the blocked reason carries it)
+    blocked: str | None = field(default=None, compare=False)
 
     @property
     def fits(self) -> bool:

@@ -74,7 +74,7 @@ from statemachine.ledger import (
     WorkingLedger,
     ledger_from_observed,
 )
-from statemachine.placement import resolve
+from statemachine.placement import blocked_on_every_candidate, resolve
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step, declared_reload
 from statemachine.types import (
     ABSENT,
@@ -1333,7 +1333,10 @@ def plan_transitions(
 
     placed = resolve(desired, observed, now, pinned)
     plan = _plan(placed.desired, observed, policy, now)
-    return dataclasses.replace(plan, placements=placed.placements) if placed.placements else plan
+    if not placed.placements:
+        return plan
+    plan = blocked_on_every_candidate(plan, placed.placements)
+    return dataclasses.replace(plan, placements=placed.placements)
 
 
 def _plan(desired: DesiredState, observed: Observed, policy: Policy, now: float) -> Plan:

@@ -98,13 +98,23 @@ stop_timeout_s = 5
 def idle(tmp_path: Path) -> Iterator[Controller]:
     """A controller that has not cycled: its journal is open, nothing observed."""
     ports = {n: 20000 + i for i, n in enumerate(("res", "omni", "llm", "big", "off"))}
+    with controller_of(tmp_path, manifest_text("c-", ports)) as controller:
+        yield controller
+
+
+@contextlib.contextmanager
+def controller_of(tmp_path: Path, manifest: str) -> Iterator[Controller]:
+    """A controller of the manifest ``manifest`` (TOML) that has not cycled: its journal
+    open, nothing observed (``observe`` pretends a cycle)."""
     path = tmp_path / "serves.toml"
-    path.write_text(manifest_text("c-", ports))
+    path.write_text(manifest)
     mset = load_manifest_set([path])
     controller = Controller(RunOptions(manifests=(path,), state_dir=tmp_path / "state"), mset)
     controller.journal = Journal.open(journal_path(controller.state_dir))
-    yield controller
-    controller.journal.close()
+    try:
+        yield controller
+    finally:
+        controller.journal.close()
 
 
 class Asgi:

@@ -150,6 +150,42 @@ def test_where_no_card_has_room_the_one_with_the_fewest_victims_is_chosen() -> N
     assert {s.serve for s in p.steps if s.action is Action.STOP} == {"b1"}
 
 
+def test_a_serve_that_starts_on_no_card_is_blocked_with_every_cards_reason() -> None:
+    # a: a resident of 9500 (500 free); b: one of 5000 (1000 free): p (resident, 4000)
+    # fits on neither and evicts nothing; it waits on b, the least short
+    fleet = host(
+        pinned("x", 9500, "a", residency=Residency.RESIDENT),
+        pinned("y", 5000, "b", residency=Residency.RESIDENT),
+        placed("p", 4000, residency=Residency.RESIDENT),
+    )
+    p = plan(fleet, running("x", "y"))
+    (decision,) = p.placements
+    assert (decision.role, decision.how) == ("b", How.VICTIMS)
+    assert decision.reason == (
+        "p fits on no candidate and starts on none: it waits on b, the least short (3000 MiB)"
+    )
+    (blocked,) = p.blocked
+    on = {c.role: c.blocked for c in decision.candidates}
+    assert on["a"] and "a: capacity 10000" in on["a"] and "short 3500" in on["a"]
+    assert on["b"] and "b: capacity 6000" in on["b"] and "short 3000" in on["b"]
+    assert blocked.reason == (
+        f"p starts on none of its candidates (a, b); it waits on b, the least short. "
+        f"On a: {on['a']}. On b: {on['b']}."
+    )
+
+
+def test_a_hold_on_a_placed_serve_is_said_once_not_per_card() -> None:
+    fleet = host(
+        pinned("x", 9500, "a", residency=Residency.RESIDENT),
+        pinned("y", 5000, "b", residency=Residency.RESIDENT),
+        placed("p", 4000, residency=Residency.RESIDENT),
+    )
+    held = plan_transitions(fleet, running("x", "y"), Policy(hold={"p": "backing off"}), NOW)
+    (blocked,) = held.blocked
+    assert blocked.reason.startswith("p is held back: backing off"), blocked.reason
+    assert "On a:" not in blocked.reason
+
+
 def test_a_serve_that_does_not_want_to_run_is_only_said_where_it_would_go() -> None:
     fleet = host(
         pinned("x", 9500, "a"),

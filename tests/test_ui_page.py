@@ -26,7 +26,18 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_api import TOKEN, Asgi, Live, calm, client, idle, live, wait_for  # noqa: F401
+from test_api import (  # noqa: F401
+    TOKEN,
+    Asgi,
+    Live,
+    calm,
+    client,
+    controller_of,
+    idle,
+    live,
+    observe,
+    wait_for,
+)
 
 from controller.interfaces.ui import ASSETS
 from controller.service.loop import Controller
@@ -82,6 +93,65 @@ def _record(controller: Controller, at: float, steps: list[dict[str, Any]]) -> i
     }
     controller.journal.record_outcome(cycle, report)
     return cycle
+
+
+#: two cards with a resident on each; a resident placed on either fits on neither
+TWO_CARDS = """
+[[gpu_roles]]
+id = "a"
+vram_mib = 10000
+reserve_mib = 1000
+
+[[gpu_roles]]
+id = "b"
+vram_mib = 10000
+reserve_mib = 1000
+
+[[serve]]
+name = "ra"
+container = "c-ra"
+gpu_role = "a"
+vram_mib = 6000
+residency = "resident"
+desired = "running"
+
+[[serve]]
+name = "rb"
+container = "c-rb"
+gpu_role = "b"
+vram_mib = 5000
+residency = "resident"
+desired = "running"
+
+[[serve]]
+name = "big"
+container = "c-big"
+placement = ["a", "b"]
+vram_mib = 7000
+residency = "resident"
+desired = "running"
+"""
+
+
+def test_a_placed_serve_blocked_everywhere_names_every_candidate_with_its_arithmetic(
+    tmp_path: Path, client: Callable[..., Asgi]
+) -> None:
+    """The serves table's blocked cell (GET /v1/serves's ``blocked``, drawn as it is):
+    big starts on neither card, and the reason gives each card's terms, not only those
+    of the card it waits on."""
+    with controller_of(tmp_path, TWO_CARDS) as controller:
+        running = {"state": "running", "health": "healthy"}
+        observe(controller, {"ra": running, "rb": running, "big": {"state": "exited"}})
+        r = client(controller).get("/v1/serves", headers={"Authorization": f"Bearer {TOKEN}"})
+        assert r.status_code == 200, r.text
+        why = {s["serve"]: s["blocked"] for s in r.json()["serves"]}["big"]
+    assert why is not None and why.startswith("big starts on none of its candidates (a, b)")
+    for card, committed, free, short in (("a", 6000, 3000, 4000), ("b", 5000, 4000, 3000)):
+        terms = (
+            f"{card}: capacity 10000 - reserve 1000 = budget 9000; committed {committed} "
+            f"(r{card} {committed}); free {free}; needs 7000; short {short}"
+        )
+        assert terms in why, why
 
 
 def test_plans_are_the_journals_newest_first_and_redacted_without_the_token(
