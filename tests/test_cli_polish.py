@@ -130,6 +130,68 @@ def test_each_commands_help_names_its_documented_exit_codes(command: str, codes:
 # ── the answers ───────────────────────────────────────────────────────────────
 
 
+EXAMPLES = sorted((ROOT / "manifests" / "examples").glob("*.toml"))
+
+
+def _table_rows(text: str, title: str) -> tuple[list[str], dict[str, list[str]]]:
+    """The header's words and each row's words (by its first cell) of the table titled
+    ``title`` in ``text``: a row's cells folded over several lines are joined."""
+    lines = text.splitlines()
+    start = lines.index(title)
+    header: list[str] = []
+    rows: dict[str, list[str]] = {}
+    current: list[str] | None = None
+    in_body = False
+    for line in lines[start + 1 :]:
+        if line.startswith(("└", "┗")):
+            break
+        if line.startswith(("┡", "├")):
+            in_body = True
+            continue
+        cells = [c.strip() for c in re.split(r"[│┃]", line)[1:-1]]
+        if not cells:
+            continue
+        if not in_body:
+            header += " ".join(cells).split()
+        elif cells[0]:
+            current = rows.setdefault(cells[0], [])
+            current += " ".join(cells).replace(",", " ").split()
+        elif current is not None:
+            current += " ".join(cells).replace(",", " ").split()
+    return header, rows
+
+
+@pytest.mark.parametrize("manifest", EXAMPLES, ids=[p.stem for p in EXAMPLES])
+def test_status_reads_whole_at_80_columns(manifest: Path) -> None:
+    """At 80 columns every line fits, no word of a table is cut (each is one of the words
+    the same table has at 200), and every role and serve has its row with its name,
+    residency and state."""
+    observed = manifest.with_suffix(".observed.json")
+    args = ("status", "-m", str(manifest), "--observed", str(observed))
+    narrow, wide = vramctl(*args, columns=80), vramctl(*args, columns=200)
+    assert narrow.returncode == 0, narrow.stderr
+    too_long = [line for line in narrow.stdout.splitlines() if len(line) > 80]
+    assert not too_long, narrow.stdout
+    assert "…" not in narrow.stdout, narrow.stdout
+    report = json.loads(vramctl(*args, "--json").stdout)
+    for title, key, names in (
+        ("GPU roles (MiB)", "role", [r["gpu_role"] for r in report["gpu_roles"]]),
+        ("Serves", "serve", [s["serve"] for s in report["serves"]]),
+    ):
+        header, rows = _table_rows(narrow.stdout, title)
+        wide_header, wide_rows = _table_rows(wide.stdout, title)
+        # the narrow serves table says container, health and lifecycle in one "state"
+        assert key in header and set(header) <= {*wide_header, "state"}, narrow.stdout
+        assert sorted(rows) == sorted(names), narrow.stdout
+        for name, words in rows.items():
+            cut = set(words) - set(wide_rows[name])
+            assert not cut, f"{name}: {sorted(cut)} cut mid-word:\n{narrow.stdout}"
+    for s in report["serves"]:
+        words = _table_rows(narrow.stdout, "Serves")[1][s["serve"]]
+        for said in (s["residency"] or "-", s["lifecycle"], *s["gpu_roles"]):
+            assert said in words, (s["serve"], said, narrow.stdout)
+
+
 def test_validate_json_of_an_invalid_manifest_answers_on_stdout(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(

@@ -78,9 +78,11 @@ def _role_bar(role: RoleStatus, residency: dict[str, str | None], width: int) ->
     return bar
 
 
-def role_bars(report: HostStatus, width: int = BAR_WIDTH) -> Group:
-    """One bar per role, with its legend and figures (``unknown`` where unknown)."""
+def role_bars(report: HostStatus, width: int = BAR_WIDTH, columns: int | None = None) -> Group:
+    """One bar per role, with its legend and figures (``unknown`` where unknown), their
+    items wrapped between items at ``columns`` (default: the width of ``render.out``)."""
     residency = {s.serve: s.residency for s in report.serves}
+    columns = columns or render.out.width
     lines: list[RenderableType] = []
     for role in report.roles:
         v = role.ledger
@@ -89,27 +91,46 @@ def role_bars(report: HostStatus, width: int = BAR_WIDTH) -> Group:
             head.append("  OVERCOMMITTED", style="bold red")
         lines.append(head)
         lines.append(_role_bar(role, residency, width))
-        legend = Text("  ")
-        if v.committed_mib is None:
-            legend.append(f"{UNKNOWN_CELL} committed unknown (docker could not be read)  ")
-        held_now = v.reservations if v.committed_mib is not None else ()
-        for i, (holder, held) in enumerate(held_now):
-            legend.append(FULL, style=_style(holder, i, residency))
-            legend.append(f" {holder} {held}  ")
-        legend.append(FREE, style="green")
-        legend.append(f" free {render.mib(v.free_mib)}  ")
-        legend.append(RESERVE, style="grey50")
-        legend.append(f" reserve {v.reserve_mib}")
-        lines.append(legend)
+        lines += _wrapped(_legend(role, residency), columns)
         nvml = render.mib(role.nvml_used_mib) if role.device_found else render.UNKNOWN
-        lines.append(
-            Text(
-                f"  capacity {v.capacity_mib}  budget {v.budget_mib}  committed "
-                f"{render.mib(v.committed_mib)}  nvml used {nvml}  drift "
-                f"{render.signed(role.drift_used_mib)}  (MiB)"
-            )
-        )
+        figures = [
+            f"capacity {v.capacity_mib}",
+            f"budget {v.budget_mib}",
+            f"committed {render.mib(v.committed_mib)}",
+            f"nvml used {nvml}",
+            f"drift {render.signed(role.drift_used_mib)}",
+            "(MiB)",
+        ]
+        lines += _wrapped([Text(f) for f in figures], columns)
     return Group(*lines)
+
+
+def _legend(role: RoleStatus, residency: dict[str, str | None]) -> list[Text]:
+    """The bar's legend, an item each: every reservation held, the free budget, the reserve."""
+    v = role.ledger
+    items = []
+    if v.committed_mib is None:
+        items.append(Text(f"{UNKNOWN_CELL} committed unknown (docker could not be read)"))
+    held_now = v.reservations if v.committed_mib is not None else ()
+    for i, (holder, held) in enumerate(held_now):
+        items.append(Text(FULL, style=_style(holder, i, residency)) + f" {holder} {held}")
+    items.append(Text(FREE, style="green") + f" free {render.mib(v.free_mib)}")
+    items.append(Text(RESERVE, style="grey50") + f" reserve {v.reserve_mib}")
+    return items
+
+
+def _wrapped(items: list[Text], columns: int, indent: str = "  ") -> list[Text]:
+    """``items`` on lines indented by ``indent``, two spaces apart, a new line before an
+    item that would pass ``columns`` (an item is never split)."""
+    lines = [Text(indent)]
+    for item in items:
+        line = lines[-1]
+        if len(line) > len(indent) and len(line) + 2 + len(item) > columns:
+            lines.append(Text(indent))
+        elif len(line) > len(indent):
+            line.append("  ")
+        lines[-1].append_text(item)
+    return lines
 
 
 def status_screen(report: HostStatus) -> Group:

@@ -563,18 +563,18 @@ def status(
     render.status(report, nvml_why=snap.nvml_error)
     reserves = fp.reserve_table(mset)
     if reserves is not None:
-        render.out.print(reserves)
+        render.table(reserves)
     if any(f.samples for f in footprints.values()):
-        render.out.print(fp.footprint_table(footprints))
+        render.table(fp.footprint_table(footprints))
     elif footprints:
-        render.out.print(
+        render.prose(
             "Measured footprints: no samples recorded in this state directory yet "
             "(`vramctl run` measures each start and stop; --state-dir names another)"
         )
     if models:
         from controller.interfaces.model_report import model_table
 
-        render.out.print(model_table(models))
+        render.table(model_table(models))
     _exit_if_unobserved(snap, observed)
 
 

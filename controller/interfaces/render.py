@@ -4,6 +4,13 @@ Every number printed here comes from the core's result objects; a ``None`` figur
 printed as ``unknown``, never as 0. Errors and warnings go to stderr. ``status`` is
 printed in parts: the roles' table, the host line, the serves' table, the notes.
 
+On a terminal narrower than :data:`NARROW_BELOW` columns ``status``'s tables are laid
+out narrow: the roles' capacity and reserve are left to the bars above them, a serve's
+container state and health are said beside its lifecycle in one ``state`` column, its
+drift is left to its role's, and NVML's columns are left out while NVML is not read;
+each column is given at least its longest word
+(:func:`controller.interfaces.table_fit.fit_words`), so no word is cut.
+
 This module must not compute anything the core did not: it formats only.
 """
 
@@ -21,6 +28,8 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from controller.interfaces.table_fit import fit_words
+
 if TYPE_CHECKING:  # the core's result types; a command imports the core it calls
     from collections.abc import Iterable
 
@@ -28,7 +37,7 @@ if TYPE_CHECKING:  # the core's result types; a command imports the core it call
     from controller.service.executor import ExecutionReport, StepResult
     from statemachine.fit import FitResult
     from statemachine.plan import Plan
-    from statemachine.status import HostStatus, ServeStatus
+    from statemachine.status import HostStatus, RoleStatus, ServeStatus
     from statemachine.types import DesiredState
 
 # piped output (logs, CI, `| less`) gets wide tables instead of rich's 80 columns
@@ -38,6 +47,19 @@ out = Console(highlight=False, soft_wrap=True, width=_WIDTH, emoji=False)
 err = Console(stderr=True, highlight=False, soft_wrap=True, emoji=False)
 
 UNKNOWN = "unknown"
+#: a console narrower than this gets ``status``'s narrow tables (module docstring)
+NARROW_BELOW = 120
+
+
+def narrow() -> bool:
+    """True when ``out`` is narrower than :data:`NARROW_BELOW` columns."""
+    return out.width < NARROW_BELOW
+
+
+def prose(text: str | Text) -> None:
+    """A line of words under the tables: wrapped between words on a narrow console, as
+    it is elsewhere (a pipe's reader greps whole lines)."""
+    out.print(text, soft_wrap=not narrow())
 
 
 def mib(value: int | None) -> str:
@@ -85,23 +107,23 @@ def validated(mset: ManifestSet, desired: DesiredState) -> None:
 def status(report: HostStatus, nvml_why: str | None = None) -> None:
     """The human answer of ``status``; ``nvml_why``: what NVML answered, where it is known."""
     if not report.docker_ok:
-        out.print(
+        prose(
             "[bold red]docker could not be read[/bold red]: committed MiB is unknown; "
             "nothing would be admitted or stopped (fail closed)"
         )
     if not report.nvml_ok:
         why = nvml_why or "NVML unavailable"
-        out.print(Text(why, style="yellow") + ": device figures are unknown")
-    out.print(_roles_table(report))
+        prose(Text(why, style="yellow") + ": device figures are unknown")
+    out.print(_narrow_roles(report) if narrow() else _roles_table(report))
     if report.host is not None:  # the [host] budget the sleepers' weights are held in
         h = report.host
         held = ", ".join(f"{n} {m}" for n, m in h.reservations) or "nothing"
-        out.print(
+        prose(
             f"host RAM (MiB): ram {h.ram_mib}, reserve {h.reserve_mib}, budget {h.budget_mib}, "
             f"committed {mib(h.committed_mib)}, free {mib(h.free_mib)} (held by sleepers: "
             f"{escape(held)})"
         )
-    out.print(_serves_table(report))
+    out.print(_narrow_serves(report) if narrow() else _serves_table(report))
     _status_notes(report)
 
 
@@ -112,23 +134,49 @@ def _roles_table(report: HostStatus) -> Table:
         roles.add_column(col, justify="left" if col == "role" else "right")
     for r in report.roles:
         v = r.ledger
-        drift = signed(r.drift_used_mib)
-        if r.drift_total_mib:
-            drift += f" (device total {signed(r.drift_total_mib)} vs declared)"
-        committed = Text(mib(v.committed_mib))
-        if r.overcommitted:
-            committed.append(" OVER", style="bold red")
         roles.add_row(
             Text(v.gpu_role),
             mib(v.capacity_mib),
             mib(v.reserve_mib),
             mib(v.budget_mib),
-            committed,
+            _committed(r),
             mib(v.free_mib),
             mib(r.nvml_used_mib) if r.device_found else UNKNOWN,
-            drift,
+            _role_drift(r),
         )
     return roles
+
+
+def _committed(r: RoleStatus) -> Text:
+    committed = Text(mib(r.ledger.committed_mib))
+    if r.overcommitted:
+        committed.append(" OVER", style="bold red")
+    return committed
+
+
+def _role_drift(r: RoleStatus) -> str:
+    drift = signed(r.drift_used_mib)
+    if r.drift_total_mib:
+        drift += f" (device total {signed(r.drift_total_mib)} vs declared)"
+    return drift
+
+
+def _narrow_roles(report: HostStatus) -> Table:
+    """The roles' table on a narrow console: capacity and reserve are the bars' (above
+    it); NVML's columns only while NVML is read."""
+    roles = Table(title="GPU roles (MiB)", title_justify="left")
+    nvml = ["nvml used", "drift"] if report.nvml_ok else []
+    cols = ["role", "budget", "committed", "free", *nvml]
+    for col in cols:
+        roles.add_column(col, justify="left" if col == "role" else "right")
+    for r in report.roles:
+        v = r.ledger
+        row: list[Text | str] = [Text(v.gpu_role), mib(v.budget_mib), _committed(r)]
+        row.append(mib(v.free_mib))
+        if report.nvml_ok:
+            row += [mib(r.nvml_used_mib) if r.device_found else UNKNOWN, _role_drift(r)]
+        roles.add_row(*row)
+    return fit_words(roles, out.width)
 
 
 def _held(s: ServeStatus) -> str:
@@ -166,23 +214,61 @@ def _serves_table(report: HostStatus) -> Table:
     return serves
 
 
+def _narrow_serves(report: HostStatus) -> Table:
+    """The serves' table on a narrow console: the container's state and health beside
+    the lifecycle (where they say more), no drift (its role's is above), NVML's used
+    only while NVML is read."""
+    serves = Table(title="Serves", title_justify="left")
+    for col in ("serve", "role", "residency", "desired", "state"):
+        serves.add_column(col)
+    for col in ["reserved MiB"] + (["nvml used"] if report.nvml_ok else []):
+        serves.add_column(col, justify="right")
+    for s in report.serves:
+        row = [
+            Text(s.serve),
+            Text(", ".join(s.gpu_roles) or "-"),
+            Text(s.residency or "-"),
+            Text(desired_cell(s)),
+            Text(state_cell(s)),
+            Text(_held(s)),
+        ]
+        if report.nvml_ok:
+            row.append(Text(mib(s.nvml_used_mib) if s.committed else "-"))
+        serves.add_row(*row)
+    return fit_words(serves, out.width)
+
+
+def state_cell(s: ServeStatus) -> str:
+    """The lifecycle, then the container's state and health where they say more."""
+    said = [s.lifecycle]
+    said += [s.state] if s.state != s.lifecycle else []
+    said += [s.health] if s.health and s.health != "-" else []
+    return ", ".join(said)
+
+
+def table(t: Table) -> None:
+    """Print a table of ``status`` (below the ledger's and the serves'): on a narrow
+    console with each column as wide as its longest word at least."""
+    out.print(fit_words(t, out.width) if narrow() else t)
+
+
 def _status_notes(report: HostStatus) -> None:
     """The lines under the tables: starts in flight, foreign containers, undeclared GPU
     containers, and containers no longer declared."""
     for s in report.serves:
         line = in_flight_line(s)
         if line is not None:
-            out.print(escape(line))
+            prose(escape(line))
     for s in report.serves:
         if s.foreign_project is not None:
-            out.print(f"[bold yellow]foreign[/bold yellow]: {escape(foreign_line(s))}")
+            prose(f"[bold yellow]foreign[/bold yellow]: {escape(foreign_line(s))}")
     if report.undeclared_gpu:
-        out.print(
+        prose(
             "[bold red]undeclared GPU containers[/bold red] (no manifest reserves their memory): "
             + escape(", ".join(report.undeclared_gpu))
         )
     for holder, container, on_roles, kept in report.no_longer_declared:
-        out.print(
+        prose(
             f"[bold yellow]no longer declared[/bold yellow]: {escape(container)} (started as "
             f"{escape(holder)}) keeps {kept} MiB on {escape(', '.join(on_roles))} until it stops"
         )
