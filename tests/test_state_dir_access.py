@@ -139,6 +139,14 @@ def test_a_command_that_locks_it_says_what_and_how_to_fix_exit_2(
     assert r.returncode == 2, r.stderr
 
 
+def test_replay_of_its_journal_says_it_cannot_be_read_exit_1(denied: Denied) -> None:
+    journal = journal_path(denied.state)
+    r = vramctl(denied, "replay", str(journal), "-m", str(denied.manifest))
+    assert r.returncode == 1, r.stderr  # replay's error (its 2 means the plans differ)
+    assert f"{journal}: cannot read: Permission denied" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr, r.stderr
+
+
 def test_mcp_starts_and_its_tools_say_the_journal_could_not_be_read(denied: Denied) -> None:
     async def go(s: ClientSession) -> list[Any]:
         return [

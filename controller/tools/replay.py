@@ -387,7 +387,11 @@ def replay(
     instead of stopping the whole replay. Nothing is executed.
     """
     source = Path(source)
-    if source.is_dir():
+    try:
+        is_dir = source.is_dir()
+    except OSError as exc:  # a folder above it this user may not search
+        raise ReplayError(f"{source}: cannot read: {exc.strerror or exc}") from None
+    if is_dir:
         raise ReplayError(f"{source}: a directory; give the journal file or a snapshot file")
     if _read_head(source) == SQLITE_MAGIC:
         return _replay_journal(source, mset, cycle, policy)
