@@ -34,6 +34,7 @@ import pytest
 from docker.errors import NotFound
 from prometheus_client.parser import text_string_to_metric_families
 from serving import free_port, httpd
+from waiting import WAIT_S, wait_for
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.client import parse_address
@@ -45,15 +46,6 @@ from controller.store.journal import Journal, journal_path
 
 TOKEN = "api-test-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def manifest_text(prefix: str, ports: dict[str, int]) -> str:
@@ -466,7 +458,7 @@ class Live:
                 stderr=subprocess.STDOUT,
                 env=dict(os.environ, NO_COLOR="1"),
             )
-        wait_for("the API's first cycle", self._cycled, timeout=30)
+        wait_for("the API's first cycle", self._cycled)
 
     def _cycled(self) -> bool:
         assert self.proc is not None
@@ -490,7 +482,7 @@ class Live:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)
         try:
-            return self.proc.wait(timeout=20)
+            return self.proc.wait(timeout=WAIT_S)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
@@ -530,7 +522,9 @@ class Live:
             return got in ("created", "exited") if want == "down" else got == want
 
         wait_for(
-            f"containers {states}", lambda: all(ok(s, w) for s, w in states.items()), timeout=30
+            f"containers {states}",
+            lambda: all(ok(s, w) for s, w in states.items()),
+            seen=lambda: {s: self.state(s) for s in states},
         )
 
     def close(self) -> None:
@@ -570,8 +564,9 @@ def calm(live: Live) -> Live:
     wait_for(
         "no start in progress",
         lambda: all(s["lifecycle"] != "starting" for s in live.serves().values()),
+        seen=lambda: {n: s["lifecycle"] for n, s in live.serves().items()},
     )
-    wait_for("the loop to see it", lambda: live.committed() == 7000)
+    wait_for("the loop to see it", lambda: live.committed() == 7000, seen=live.committed)
     return live
 
 

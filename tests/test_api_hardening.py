@@ -16,14 +16,14 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 from serving import free_port
+from waiting import wait_for
 
 TOKEN = "hardening-test-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
@@ -32,15 +32,6 @@ MiB = 1024 * 1024
 SECRET_ARG = "up-arg-s3cr3t"
 SECRET_OUT = "up-output-s3cr3t"
 SECRET_VALUE = "manifest-value-s3cr3t"
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def manifest(prefix: str, port: int) -> str:

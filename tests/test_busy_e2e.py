@@ -24,14 +24,13 @@ from test_run_e2e import (
     REPO,
     RESYNC_S,
     ROLE,
-    WAIT_S,
     Fleet,
     Run,
     _env,
     healthy,
     serve_toml,
-    wait_for,
 )
+from waiting import WAIT_S, wait_for
 
 pytestmark = pytest.mark.docker
 

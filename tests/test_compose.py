@@ -26,7 +26,8 @@ import docker
 import pytest
 from compose_stack import ComposeStack, compose_available
 from serving import free_port
-from test_run_e2e import REPO, Fleet, Run, _env, fleet, healthy, vramctl, wait_for
+from test_run_e2e import REPO, Fleet, Run, _env, fleet, healthy, vramctl
+from waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 __all__ = ["fleet"]  # the fixture, used by name
@@ -131,8 +132,8 @@ def test_compose_serves_are_created_stopped_started_and_evicted_by_the_loop(
 
     api = free_port()
     run = start_with_api(fleet, api).started()
-    run.wait_step("res await_ready ok", timeout=60)
-    run.wait_step("evi await_ready ok", timeout=60)
+    run.wait_step("res await_ready ok")
+    run.wait_step("evi await_ready ok")
     assert healthy(stack.services["res"].port) and healthy(stack.services["evi"].port)
     assert "ond" not in fleet.states()
 
@@ -168,7 +169,7 @@ def test_compose_serves_are_created_stopped_started_and_evicted_by_the_loop(
         str(fleet.tmp / "token"),
     )
     assert asked.returncode == 0, asked.stdout + asked.stderr
-    run.wait_step("ond await_ready ok", timeout=60)
+    run.wait_step("ond await_ready ok")
     assert fleet.state("evi") == "exited"
     assert healthy(stack.services["ond"].port)
     labels = docker_client.containers.get(stack.container("ond")).labels
@@ -179,8 +180,8 @@ def test_compose_serves_are_created_stopped_started_and_evicted_by_the_loop(
         "down", "ond", "--api", f"127.0.0.1:{api}", "--token-file", str(fleet.tmp / "token")
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    fleet.wait_state("ond", "exited", timeout=60)
-    fleet.wait_state("evi", "running", timeout=60)
+    fleet.wait_state("ond", "exited")
+    fleet.wait_state("evi", "running")
     wait_for("evi healthy after the request", lambda: healthy(stack.services["evi"].port))
 
     assert run.stop() == 0

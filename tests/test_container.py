@@ -36,7 +36,8 @@ import docker
 import pytest
 from compose_stack import ComposeStack, compose_available, docker_compose
 from serving import free_port
-from test_run_e2e import _follow_events, healthy, vramctl, wait_for
+from test_run_e2e import _follow_events, healthy, vramctl
+from waiting import WAIT_S, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
@@ -44,7 +45,6 @@ REPO = Path(__file__).resolve().parents[1]
 SNIPPET = REPO / "docs" / "deploy" / "compose-snippet.yml"
 IMAGE = "vramctl:test"
 TOKEN = "container-test-token-0123456789"
-WAIT_S = 90.0
 
 
 @pytest.fixture(scope="session")

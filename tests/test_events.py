@@ -31,7 +31,8 @@ import httpx
 import pytest
 import uvicorn
 from serving import free_port
-from test_api import TOKEN, Live, vramctl, wait_for
+from test_api import TOKEN, Live, vramctl
+from waiting import WAIT_S, wait_for
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.client import follow_events, parse_sse
@@ -358,7 +359,7 @@ class Reader:
         self.client = httpx.Client(base_url=url, timeout=httpx.Timeout(30.0), trust_env=False)
         self.thread = threading.Thread(target=self._run, args=(headers or {},), daemon=True)
         self.thread.start()
-        assert self.opened.wait(30), "the stream did not open"
+        assert self.opened.wait(WAIT_S), "the stream did not open"
 
     def _lines(self, response: httpx.Response) -> Iterator[str]:
         for line in response.iter_lines():
@@ -384,9 +385,9 @@ class Reader:
         return [i for i in self.items if i["kind"] not in ("gap", "end")]
 
     def wait(
-        self, what: str, check: Callable[[list[dict[str, Any]]], bool], timeout: float = 30
+        self, what: str, check: Callable[[list[dict[str, Any]]], bool], timeout: float = WAIT_S
     ) -> None:
-        wait_for(what, lambda: check(list(self.items)), timeout)
+        wait_for(what, lambda: check(list(self.items)), timeout, seen=lambda: self.items[-20:])
 
     def close(self) -> None:
         self.client.close()
@@ -634,7 +635,7 @@ def test_an_eviction_and_its_undo_arrive_in_order_on_the_stream(
         ("starting", "running", "ready"),
     ]
     stop = [("running", "stopping", "stop"), ("stopping", "stopped", "stopped")]
-    anonymous.wait("llm running", lambda items: transitions(items, "llm") == up, timeout=60)
+    anonymous.wait("llm running", lambda items: transitions(items, "llm") == up)
     assert transitions(anonymous.items, "omni") == stop
     lv.converged(llm="running", omni="down")
     # its lifecycle moves to running as await_ready ends, just before that step's own
@@ -646,7 +647,6 @@ def test_an_eviction_and_its_undo_arrive_in_order_on_the_stream(
             and (i["data"]["action"], i["data"]["serve"]) == ("await_ready", "llm")
             for i in items
         ),
-        timeout=60,
     )
     items = anonymous.events()
     numbers = [i["id"] for i in items]
@@ -715,7 +715,7 @@ def test_an_eviction_and_its_undo_arrive_in_order_on_the_stream(
         ("reserved", "starting", "start"),
         ("starting", "running", "ready"),
     ]
-    anonymous.wait("omni back", lambda got: transitions(got, "omni", mark) == back, timeout=60)
+    anonymous.wait("omni back", lambda got: transitions(got, "omni", mark) == back)
     assert transitions(anonymous.items, "llm", mark) == stop
     lv.converged(llm="down", omni="running")
     later = [i for i in anonymous.events() if i["id"] > mark]

@@ -18,17 +18,17 @@ import os
 import subprocess
 import sys
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import docker
 import pytest
 from docker.errors import NotFound
 from fakes_nvml import FakeDevice, FakeMemory, FakeNvml, FakeProc
 from serving import free_port, httpd
+from waiting import WAIT_S, wait_for
 
 from controller.adapters.nvml import MIB
 from controller.manifest import load_manifest_set
@@ -38,22 +38,9 @@ from controller.store.journal import Journal, JournalError, journal_path
 pytestmark = pytest.mark.docker
 
 REPO = Path(__file__).resolve().parents[1]
-WAIT_S = 60.0
 UUID = "GPU-footprint-e2e"
 BASE_MIB = 700
 TAKES_MIB = 5200  # 30 % more than the 4000 it declares
-T = TypeVar("T")
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
 
 
 class DockerDrivenNvml(FakeNvml):

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,18 +32,10 @@ import httpx
 import pytest
 from docker.errors import NotFound
 from serving import free_port
+from waiting import wait_for
 
 TOKEN = "live-test-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.1)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def serve_toml(

@@ -17,13 +17,14 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import docker
 import pynvml
 import pytest
 from docker.errors import NotFound
 from fakes_nvml import FakeNvml, nvml_error
+from waiting import WAIT_S, wait_for
 
 from controller.manifest import load_manifest_set
 from controller.service import loop as loop_module
@@ -31,8 +32,6 @@ from controller.service.loop import Controller, RunOptions
 
 pytestmark = pytest.mark.docker
 
-WAIT_S = 60.0
-T = TypeVar("T")
 
 SERVE = """
 [[serve]]
@@ -44,17 +43,6 @@ residency = "resident"
 desired = "{desired}"
 stop_timeout_s = 1
 """
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.05)
 
 
 def manifest(serves: list[tuple[str, str, str]]) -> str:
@@ -457,7 +445,7 @@ def test_an_event_filter_a_proxy_refuses_falls_back_to_every_containers_events(
             docker_client.containers.get(declared[0]).restart(timeout=0)
             return wait_for_quietly(started, 2.0)
 
-        wait_for("an outside start of a declared container", start_seen, timeout=30.0)
+        wait_for("an outside start of a declared container", start_seen)
     finally:
         c.stop_event.set()
         c._close_docker_events()

@@ -24,7 +24,7 @@ import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from serving import free_port
-from test_api import TOKEN, Live, calm, idle, live, observe, wait_for  # noqa: F401
+from test_api import TOKEN, Live, calm, idle, live, observe  # noqa: F401
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.mcp_server import PUBLIC_NO_SERVE

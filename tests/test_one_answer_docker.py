@@ -31,9 +31,9 @@ import pytest
 from docker.errors import NotFound
 from serving import free_port
 from test_api import vramctl
-from test_api import wait_for as api_wait_for
 from test_loop_events import names
 from test_placement_docker import _card_of, _serve
+from waiting import wait_for
 
 from controller.store.journal import Journal, journal_path
 
@@ -51,12 +51,6 @@ PLACED = 'placement = ["a", "b"]'
 
 def _roles(*roles: tuple[str, int]) -> str:
     return "".join(f'[[gpu_roles]]\nid = "{r}"\nvram_mib = {mib}\n\n' for r, mib in roles)
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 60.0) -> None:
-    """test_api's wait, with the longer default a start by ``up`` may need on a loaded
-    machine."""
-    api_wait_for(what, check, timeout)
 
 
 def _state(client: docker.DockerClient, container: str) -> str:

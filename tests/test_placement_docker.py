@@ -20,8 +20,9 @@ import docker
 import pynvml
 import pytest
 from fakes_nvml import FakeNvml, nvml_error
-from test_loop_events import Running, names, wait_for
+from test_loop_events import Running, names
 from test_one_answer import vramctl
+from waiting import wait_for
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions

@@ -20,15 +20,15 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TypeVar
 
 import docker
 import pytest
 from docker.errors import NotFound
 from fakes_nvml import FakeDevice, FakeNvml
 from serving import free_port, httpd
+from waiting import WAIT_S, wait_for
 
 from controller.adapters.nvml import MIB
 from controller.manifest import load_manifest_set
@@ -39,10 +39,8 @@ from statemachine.plan import ReloadCost
 pytestmark = pytest.mark.docker
 
 REPO = Path(__file__).resolve().parents[1]
-WAIT_S = 60.0
 UUID = "GPU-reload-e2e"
 HEALTH_DELAY_S = 1  # the serve's health page comes up this long after its start
-T = TypeVar("T")
 
 MANIFEST = """
 [[gpu_roles]]
@@ -62,17 +60,6 @@ start_timeout_s = 60
 stop_timeout_s = 5
 cold_start_s = 90
 """
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
 
 
 @pytest.fixture

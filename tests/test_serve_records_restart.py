@@ -19,7 +19,8 @@ import docker
 import pynvml
 import pytest
 from fakes_nvml import FakeNvml, nvml_error
-from test_loop_events import Running, create, manifest, names, wait_for
+from test_loop_events import Running, create, manifest, names
+from waiting import wait_for
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions

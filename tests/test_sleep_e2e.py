@@ -39,14 +39,13 @@ from test_run_e2e import (
     HOLDS,
     REPO,
     ROLE,
-    WAIT_S,
     Fleet,
     Run,
     _follow_events,
     healthy,
     serve_toml,
-    wait_for,
 )
+from waiting import WAIT_S, wait_for
 
 from controller.store.journal import Journal
 
@@ -179,7 +178,7 @@ def test_a_request_puts_the_evictable_serve_to_sleep_and_its_end_wakes_it(
     since = time.time_ns()
     run = f.start().started()
     run.wait_step("big release_to_residual ok")
-    run.wait_step("small await_ready ok", timeout=WAIT_S)
+    run.wait_step("small await_ready ok")
     assert healthy(ps)
     assert f.state("big") == "running"  # the container keeps running
     assert f.engine.is_sleeping and f.engine.level == 1
@@ -193,8 +192,8 @@ def test_a_request_puts_the_evictable_serve_to_sleep_and_its_end_wakes_it(
     assert rec.level == 1 and rec.residual_mib == RESIDUAL_MIB
 
     # the request's TTL runs out: small stops, big is woken (not cold-started)
-    f.wait_state("small", "exited", timeout=60)
-    run.wait_step("big wake ok", timeout=WAIT_S)
+    f.wait_state("small", "exited")
+    run.wait_step("big wake ok")
     run.wait_step("big await_ready ok")
     assert not f.engine.is_sleeping and f.engine.used_mib == f.engine.full_mib
     assert f.starts("big", since) == 0 and f.state("big") == "running"
@@ -214,7 +213,7 @@ def test_an_sglang_sleeper_is_released_on_a_request_and_resumed_at_its_end(
     since = time.time_ns()
     run = f.start().started()
     run.wait_step("big release_to_residual ok")
-    run.wait_step("small await_ready ok", timeout=WAIT_S)
+    run.wait_step("small await_ready ok")
     assert healthy(ps)
     assert f.state("big") == "running" and f.starts("big", since) == 0
     assert f.engine.is_sleeping and f.engine.sleeping_tags == {"weights", "kv_cache"}
@@ -224,8 +223,8 @@ def test_an_sglang_sleeper_is_released_on_a_request_and_resumed_at_its_end(
     rec = f.sleeping()[f.name("big")]
     assert rec.level == 1 and rec.residual_mib == RESIDUAL_MIB and rec.started_at
 
-    f.wait_state("small", "exited", timeout=60)
-    run.wait_step("big wake ok", timeout=WAIT_S)
+    f.wait_state("small", "exited")
+    run.wait_step("big wake ok")
     run.wait_step("big await_ready ok")
     assert not f.engine.is_sleeping and f.engine.used_mib == f.engine.full_mib
     assert f.starts("big", since) == 0 and f.state("big") == "running"
@@ -243,7 +242,7 @@ def test_a_level2_wake_reloads_the_weights(sfleet: SleepFleet) -> None:
     run = f.start().started()
     run.wait_step("big release_to_residual ok")
     assert f.engine.level == 2 and not f.engine.weights_valid
-    run.wait_step("big wake ok", timeout=60)
+    run.wait_step("big wake ok")
     run.wait_step("big reload ok")
     run.wait_step("big await_ready ok")
     assert f.engine.weights_valid and not f.engine.prefix_cache_stale
@@ -258,10 +257,10 @@ def test_a_sleep_that_is_not_confirmed_falls_back_to_a_stop(sfleet: SleepFleet) 
     f.engine.sleep_takes_effect = False  # answers 200, keeps saying it is awake
     _, ps = setup(f)
     run = f.start().started()
-    run.wait_step("big release_to_residual ok", timeout=90)  # after the 30 s bound
+    run.wait_step("big release_to_residual ok", timeout=30 + WAIT_S)  # after the 30 s bound
     assert "stopped instead" in run.text()
     f.wait_state("big", "exited")
-    run.wait_step("small await_ready ok", timeout=WAIT_S)
+    run.wait_step("small await_ready ok")
     assert healthy(ps)
     assert f.sleeping() == {}
     assert run.stop() == 0
@@ -274,7 +273,7 @@ def test_a_controller_restarted_while_a_serve_sleeps_neither_double_counts_nor_f
     f = sfleet
     setup(f, ttl_s=40)
     first = f.start().started()
-    first.wait_step("small await_ready ok", timeout=60)
+    first.wait_step("small await_ready ok")
     assert f.engine.is_sleeping
     first.stop(sig=__import__("signal").SIGKILL)
     since = time.time_ns()
@@ -304,8 +303,8 @@ def test_a_controller_restarted_while_a_serve_sleeps_neither_double_counts_nor_f
     assert f.engine.is_sleeping
     assert f.name("big") in f.sleeping()
     # and it is not forgotten: once the request ends, the new controller wakes it
-    f.wait_state("small", "exited", timeout=60)
-    second.wait_step("big wake ok", timeout=WAIT_S)
+    f.wait_state("small", "exited")
+    second.wait_step("big wake ok")
     assert not f.engine.is_sleeping and f.starts("big", since) == 0
     assert second.stop() == 0
 
@@ -316,7 +315,7 @@ def test_a_container_restarted_while_asleep_is_awake_and_counted_full(sfleet: Sl
     setup(f, ttl_s=60)
     api = free_port()
     run = f.start_api(api).started()
-    run.wait_step("small await_ready ok", timeout=60)
+    run.wait_step("small await_ready ok")
     assert f.engine.is_sleeping and f.name("big") in f.sleeping()
     # the container restarts (a crash and its restart policy, a `docker restart`): its
     # engine comes back awake, loading its weights again

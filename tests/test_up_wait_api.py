@@ -23,7 +23,7 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +31,7 @@ import httpx
 import pytest
 import uvicorn
 from serving import free_port
+from waiting import wait_for
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.upwait import RequestQueue
@@ -74,15 +75,6 @@ vram_mib = 6000
 residency = "on-demand"
 port = 9103
 """
-
-
-def wait_for(what: str, check: Callable[[], bool], timeout: float = 20.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if check():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 def auth() -> dict[str, str]:
@@ -273,7 +265,7 @@ def test_a_queued_request_whose_waiting_client_goes_away_is_withdrawn(
 ) -> None:
     block_fast_behind_a_request(controller)
     api.up_and_go_away("fast", wait_s=60, queue=True)
-    wait_for("fast's queued request withdrawn", lambda: queued(api) == [], timeout=10)
+    wait_for("fast's queued request withdrawn", lambda: queued(api) == [])
     [entry] = api.http.get("/v1/queue").json()["recent"]
     assert (entry["serve"], entry["outcome"]) == ("fast", "withdrawn")
     assert "went away" in entry["message"]
