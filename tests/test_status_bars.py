@@ -19,8 +19,10 @@ import struct
 import subprocess
 import sys
 import termios
-import time
+from collections.abc import Callable
 from pathlib import Path
+
+from waiting import WAIT_S, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
@@ -179,18 +181,30 @@ class Pty:
     def text(self) -> str:
         return ANSI.sub("", self.raw.decode("utf-8", "replace"))
 
-    def wait_for(self, what: str, check: object, timeout: float = 30.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+    def wait_for(self, what: str, check: Callable[[], bool], timeout: float = WAIT_S) -> None:
+        """Read what the process writes until ``check()`` holds; fail, with the output,
+        once the process has exited without it, or past ``timeout`` (a last resort)."""
+
+        def holds() -> bool:
             self.read()
-            if callable(check) and check():
-                return
-            if self.proc.poll() is not None:
-                self.read()
-                if callable(check) and check():
-                    return
-                break
-        raise AssertionError(f"timed out waiting for {what}; output:\n{self.text[-3000:]}")
+            if check():
+                return True
+            if self.proc.poll() is None:
+                return False
+            self.read()  # what it wrote on its way out
+            if check():
+                return True
+            raise AssertionError(
+                f"exited {self.proc.returncode} before {what}; output:\n{self.text[-3000:]}"
+            )
+
+        wait_for(what, holds, timeout, seen=lambda: f"output:\n{self.text[-3000:]}")
+
+    def wait_exit(self, what: str = "its exit") -> int:
+        """Its exit code, once it has exited; read meanwhile, so that a write of its never
+        blocks on a full terminal (a process blocked so would never exit)."""
+        self.wait_for(what, lambda: self.proc.poll() is not None)
+        return int(self.proc.returncode)
 
     def close(self) -> None:
         if self.proc.poll() is None:
@@ -239,7 +253,7 @@ def test_watch_redraws_in_place_and_follows_the_host(tmp_path: Path) -> None:
         )
         assert "ocr 6144" not in last_draw() and "free 21855" in last_draw()
         term.proc.send_signal(signal.SIGINT)
-        assert term.proc.wait(timeout=20) == 0
+        assert term.wait_exit("its exit on Ctrl-C") == 0
     finally:
         term.close()
 
@@ -263,8 +277,7 @@ def test_watch_on_a_terminal_stops_after_count() -> None:
         ]
     )
     try:
-        term.wait_for("the end of --count 2", lambda: term.proc.poll() is not None)
-        assert term.proc.wait() == 0
+        assert term.wait_exit("the end of --count 2") == 0
         assert term.text.count(HEADER) >= 2
         assert "GPU roles (MiB)" in term.text
     finally:

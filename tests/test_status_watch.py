@@ -119,9 +119,10 @@ def screen_of(term: Pty) -> Terminal:
 
 
 def stop(term: Pty) -> None:
+    """Ctrl-C, and its exit: the terminal is read meanwhile (each draw is some 10 KiB;
+    a draw it cannot write blocks it, and it would never exit)."""
     term.proc.send_signal(signal.SIGINT)
-    assert term.proc.wait(timeout=20) == 0
-    term.read()  # what it wrote on its way out
+    assert term.wait_exit("its exit on Ctrl-C") == 0
 
 
 def test_docker_unreachable_is_told_in_each_draw_and_nothing_scrolls(tmp_path: Path) -> None:
