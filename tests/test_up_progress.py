@@ -12,8 +12,9 @@ on the real daemon, the API on a loopback port) and the real CLI in a subprocess
 - on a terminal (a pseudo-terminal): the stage is drawn live (rich) while the start
   awaits its health, which the test holds back until it has seen that stage drawn.
 
-Nothing here is timed: the victim is protected by its ``min_runtime_s`` (so the request
-queues), and the health gate is a file the test creates.
+Nothing here is timed: the victim is protected by a ``min_runtime_s`` longer than any
+run (so the request queues) until the test, having seen the request queued, saves the
+manifest without it; and the health gate is a file the test creates.
 """
 
 from __future__ import annotations
@@ -33,9 +34,9 @@ from test_live_answers import (  # the fixture is used by name: pytest finds it 
     held_health,
     httpd,
     serve_toml,
-    wait_for,
 )
 from test_status_bars import Pty
+from waiting import WAIT_S, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -52,10 +53,14 @@ def up_env(d: Daemon) -> dict[str, str]:
     )
 
 
+#: ev's protection: longer than any run of the test, lifted by an edit (:func:`unprotect`)
+PROTECTED = "min_runtime_s = 3600"
+
+
 def manifest(d: Daemon, ports: dict[str, int]) -> None:
-    """Budget 10000: res 4000 runs; the loop starts ev 3000, protected 20 s from then; od
-    (4000) needs ev's room, so it queues until ev may go; slow (1000) is healthy only
-    once the test says."""
+    """Budget 10000: res 4000 runs; the loop starts ev 3000, protected from then until the
+    test lifts it; od (4000) needs ev's room, so it queues until ev may go; slow (1000) is
+    healthy only once the test says."""
     d.manifest.write_text(
         '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\nreserve_mib = 0\n'
         + serve_toml("res", d.name("res"), 4000, "resident", ports["res"], 'desired = "running"')
@@ -65,7 +70,7 @@ def manifest(d: Daemon, ports: dict[str, int]) -> None:
             3000,
             "evictable",
             ports["ev"],
-            'desired = "running"\nmin_runtime_s = 20',
+            f'desired = "running"\n{PROTECTED}',
         )
         + serve_toml("od", d.name("od"), 4000, "on-demand", ports["od"])
         + serve_toml("slow", d.name("slow"), 1000, "on-demand", ports["slow"])
@@ -74,6 +79,35 @@ def manifest(d: Daemon, ports: dict[str, int]) -> None:
     d.create("ev", httpd(ports["ev"]), running=False)  # the loop starts it: protected from then
     d.create("od", httpd(ports["od"]), running=False)
     d.create("slow", held_health(ports["slow"], "slow.ready"), running=False)
+
+
+def unprotect(d: Daemon) -> None:
+    """Save the manifest with ev's ``min_runtime_s`` ended: the loop re-reads it."""
+    text = d.manifest.read_text(encoding="utf-8")
+    assert PROTECTED in text
+    d.manifest.write_text(text.replace(PROTECTED, "min_runtime_s = 0"), encoding="utf-8")
+
+
+def queued(d: Daemon) -> list[str]:
+    """The serves waiting in role a's queue, in order."""
+    return [e["serve"] for e in d.http.get("/v1/queue").json()["roles"].get("a", [])]
+
+
+def queued_then_admitted(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
+    """``vramctl up od ARGS``, piped: once the request is seen queued, ev's protection
+    is lifted, so the request is admitted in turn; what the command said."""
+    argv = [sys.executable, "-m", "controller.cli", "up", "od", *args]
+    with subprocess.Popen(
+        argv, cwd=ROOT, env=up_env(d), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+    ) as proc:
+        try:
+            wait_for("od queued", lambda: queued(d) == ["od"], seen=lambda: queued(d))
+            unprotect(d)
+            out, err = proc.communicate(timeout=WAIT_S)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
 
 
 def test_up_wait_tells_each_stage_plain_when_piped_and_live_on_a_terminal(d: Daemon) -> None:
@@ -89,7 +123,7 @@ def test_up_wait_tells_each_stage_plain_when_piped_and_live_on_a_terminal(d: Dae
             env=up_env(d),
             capture_output=True,
             text=True,
-            timeout=180,
+            timeout=WAIT_S,
             check=False,
         )
 
@@ -103,7 +137,7 @@ def test_up_wait_tells_each_stage_plain_when_piped_and_live_on_a_terminal(d: Dae
     assert "queued: queued" not in r.stdout and "{" not in r.stdout
     assert up("down", "od").returncode == 0  # out of the queue: the next one queues afresh
 
-    r = up("up", "od", "--wait", "120", "--queue")
+    r = queued_then_admitted(d, "--wait", "600", "--queue")
     assert r.returncode == 0, r.stdout + r.stderr
     lines = r.stdout.splitlines()
     stages = [m.group(2) for m in map(STAGE.match, lines) if m]
@@ -130,15 +164,14 @@ def test_up_wait_tells_each_stage_plain_when_piped_and_live_on_a_terminal(d: Dae
 
     # on a terminal: the stage is drawn live while the start awaits its health
     term = Pty(
-        [sys.executable, "-m", "controller.cli", "up", "slow", "--wait", "120"],
+        [sys.executable, "-m", "controller.cli", "up", "slow", "--wait", "600"],
         env={"VRAMCTL_API": f"127.0.0.1:{d.api_port}", "VRAMCTL_TOKEN": TOKEN},
     )
     try:
         term.wait_for("the live stage", lambda: "waiting for slow to be healthy" in term.text)
         assert term.proc.poll() is None  # still waiting: the stage was drawn while it waits
         (d.marks / "slow.ready").touch()
-        term.wait_for("the answer", lambda: term.proc.poll() is not None)
-        assert term.proc.wait() == 0, term.text
+        assert term.wait_exit("the answer") == 0, term.text
         assert "ready: slow is healthy and routable" in term.text
         assert re.search(r"\d+s", term.text)  # elapsed seconds beside the stage
         assert "\x1b[" in term.raw.decode("utf-8", "replace")  # drawn, not printed plain
