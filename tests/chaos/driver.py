@@ -716,12 +716,7 @@ class Campaign:
         self.ensure_controller()
         self.wait_api(30)
         for serve in sorted(self.requested):  # a requester left up is not what we check
-            with contextlib.suppress(httpx.HTTPError):
-                _http.post(
-                    self.api(f"/v1/serves/{serve}/down"),
-                    headers={"Authorization": f"Bearer {TOKEN}"},
-                    timeout=10,
-                )
+            self._end_request(serve)
         longest = self._longest_backoff()
         begin = time.monotonic()
         deadline = begin + extra_s + longest
@@ -736,6 +731,24 @@ class Campaign:
             time.sleep(0.5)
         took = time.monotonic() - begin
         return False, f"after {took:.0f}s (backoff {longest:.0f}s): {seen}", took
+
+    def _end_request(self, serve: str, tries: int = 30) -> None:
+        """``down`` for ``serve``, asked again (a second apart) until the API answers."""
+        result = ""
+        for _ in range(tries):
+            try:
+                r = _http.post(
+                    self.api(f"/v1/serves/{serve}/down"),
+                    headers={"Authorization": f"Bearer {TOKEN}"},
+                    timeout=10,
+                )
+                result = str(r.status_code) + ("" if r.status_code == 202 else f": {r.text[:300]}")
+                break
+            except httpx.HTTPError as exc:
+                result = f"no answer ({type(exc).__name__})"
+                self.ensure_controller()
+                time.sleep(1.0)
+        self.log_op("api-down", f"{serve} (its request ends with the final manifest)", result)
 
     check_plan: ClassVar[bool] = False  # settle waits for `vramctl plan` to have nothing to do
 
