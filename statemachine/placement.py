@@ -367,19 +367,21 @@ def _move(room: _Room, plan_with: PlanWith) -> Placement | None:
     """The one placed serve moved this plan (docs/placement.md, moves): a pinned serve
     that wants to run is blocked on its card, a placed serve that holds memory there
     may move to another candidate with room for it, and the plan with that move starts
-    the pinned serve. It is stopped on its card and started on the other by the next
-    plan; None when no pinned serve needs that."""
-    blocked = _blocked_pinned(room)
-    pairs = [(r, p, to) for r in blocked for on in r.gpu_roles for p, to in _movable(room, on)]
-    if not pairs:
-        return None
-    base = plan_with(room.desired)
+    the pinned serve where the plan without it does not. It is stopped on its card and
+    started on the other by the next plan; None when no pinned serve needs that."""
+    pairs = [
+        (r, p, to)
+        for r in _blocked_pinned(room)
+        for on in r.gpu_roles
+        for p, to in _movable(room, on)
+    ]
+    base = plan_with(room.desired) if pairs else None
     for r, p, to in pairs:
-        if any(st.serve == r.name for st in base.steps):
+        assert base is not None
+        if _has_steps(base, r.name):
             continue  # it starts anyway
         serves = {**room.desired.serves, p.name: replace(p, gpu_roles=(to,))}
-        plan = plan_with(replace(room.desired, serves=serves))
-        if any(st.serve == r.name and st.action is Action.START for st in plan.steps):
+        if _has_steps(plan_with(replace(room.desired, serves=serves)), r.name):
             (held,) = p.gpu_roles
             why = (
                 f"{p.name} moves from {held} to {to} so that {r.name} (pinned to "
@@ -388,6 +390,11 @@ def _move(room: _Room, plan_with: PlanWith) -> Placement | None:
             )
             return Placement(p.name, to, How.MOVED, why)
     return None
+
+
+def _has_steps(plan: Plan, serve: str) -> bool:
+    """True when ``plan`` does something with ``serve`` (one that holds nothing: starts it)."""
+    return any(st.serve == serve for st in plan.steps)
 
 
 def apply(desired: DesiredState, placements: Sequence[Placement]) -> DesiredState:

@@ -123,3 +123,74 @@ def test_no_move_where_the_other_card_has_no_room() -> None:
     first = plan(host(x, p_), on(p_, "a"))
     assert [(d.role, d.how) for d in first.placements] == [("a", How.HELD)]
     assert [b.serve for b in first.blocked] == ["x"]
+
+
+def _hosts(*serves: ServeSpec, **budgets: int) -> DesiredState:
+    roles = {r: GpuRole(r, mib) for r, mib in (budgets or {"a": 10000, "b": 6000}).items()}
+    return DesiredState(roles, {s.name: s for s in serves})
+
+
+def _running_on(**where: tuple[ServeSpec, str]) -> Observed:
+    """Each serve's container running, started on the role given (its record)."""
+    obs = {s.container: replace(RUNNING, gpu_role=role) for s, role in where.values()}
+    records = {
+        s.container: StartedWith(s.name, (role,), s.vram_mib or 0) for s, role in where.values()
+    }
+    return Observed(True, obs, started_with=records)
+
+
+def moves(desired: DesiredState, observed: Observed) -> list[tuple[str, str | None]]:
+    return [(d.serve, d.role) for d in plan(desired, observed).placements if d.how is How.MOVED]
+
+
+R9 = pinned("r", 9000, "a", residency=Residency.RESIDENT)
+
+
+def test_no_move_where_it_would_not_let_the_pinned_serve_start() -> None:
+    """a (12000) holds the pinned resident q (4000) and p (4000): moving p leaves 8000,
+    short of r's 9000. Nothing moves (another serve, u, starts on c meanwhile)."""
+    q = pinned("q", 4000, "a", residency=Residency.RESIDENT)
+    p_ = placed("p", 4000, on=("a", "b"))
+    u = pinned("u", 1000, "c")
+    desired = _hosts(q, p_, R9, u, a=12000, b=6000, c=2000)
+    assert moves(desired, _running_on(q=(q, "a"), p=(p_, "a"))) == []
+
+
+def test_a_shortfall_of_one_mib_is_a_shortfall() -> None:
+    r = pinned("r", 6001, "a", residency=Residency.RESIDENT)
+    p_ = placed("p", 4000)
+    assert moves(_hosts(r, p_), _running_on(p=(p_, "a"))) == [("p", "b")]
+
+
+def test_a_move_to_a_card_it_fills_exactly() -> None:
+    r = pinned("r", 5000, "a", residency=Residency.RESIDENT)
+    p_ = placed("p", 6000)  # b's 6000, to the MiB
+    assert moves(_hosts(r, p_), _running_on(p=(p_, "a"))) == [("p", "b")]
+
+
+def test_a_placed_requester_moves_nothing() -> None:
+    """q (placed, 8000) fits on neither card; moving p off a would let it start there,
+    but a move is made for a pinned serve alone: a placed one's card is its choice."""
+    q = placed("q", 8000)
+    p_ = placed("p", 4000)
+    desired = _hosts(p_, q)
+    assert moves(desired, _running_on(p=(p_, "a"))) == []
+
+
+def test_a_serve_that_may_not_move_does_not_hide_one_that_may() -> None:
+    """The resident placed p0 on a comes first and stays; p, after it, moves."""
+    p0 = placed("p0", 2000, residency=Residency.RESIDENT)
+    p_ = placed("p", 4000)
+    r = pinned("r", 6000, "a", residency=Residency.RESIDENT)
+    desired = _hosts(p0, p_, r)
+    assert moves(desired, _running_on(p0=(p0, "a"), p=(p_, "a"))) == [("p", "b")]
+
+
+def test_the_moved_serve_goes_where_it_leaves_the_least_free() -> None:
+    """p may go to b (6000 free) or c (7000 once u starts there): b, the best fit, though
+    u's start is in the plan without the move too."""
+    p_ = placed("p", 4000, on=("a", "b", "c"))
+    u = pinned("u", 1000, "c")
+    r = pinned("r", 8000, "a", residency=Residency.RESIDENT)
+    desired = _hosts(p_, u, r, a=10000, b=6000, c=8000)
+    assert moves(desired, _running_on(p=(p_, "a"))) == [("p", "b")]
