@@ -18,7 +18,8 @@ exceed the role's budget at any moment (no overcommit), and a container's starts
 be counted exactly (nothing started twice). Every poll of container states checks the
 budget too.
 
-Every wait polls against a deadline (``WAIT_S``); no fixed sleep stands for a cycle.
+Every wait is for an event, polled against a generous deadline (``tests/waiting.py``);
+no fixed sleep stands for a cycle.
 Controllers still running at the end are SIGKILLed before the
 containers are removed.
 """
@@ -36,26 +37,25 @@ import threading
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import docker
 import pytest
 from docker.errors import NotFound
 from serving import free_port, httpd
+from waiting import WAIT_S, wait_for
 
 from controller.store.journal import Journal, journal_path
 
 pytestmark = pytest.mark.docker
 
 REPO = Path(__file__).resolve().parents[1]
-WAIT_S = 30.0
 RESYNC_S = 1.0
 BUDGET_MIB = 10_000
 HOLDS = frozenset({"running", "paused", "restarting"})
-T = TypeVar("T")
 
 
 # ── helpers ──────────────────────────────────────────────────────────────────
@@ -67,18 +67,6 @@ def healthy(port: int) -> bool:
             return 200 <= int(r.status) < 300
     except OSError:
         return False
-
-
-def wait_for(what: str, check: Callable[[], T | None], timeout: float = WAIT_S) -> T:
-    """Poll ``check`` until it returns something truthy; fail naming ``what``."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = check()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:g}s waiting for {what}")
-        time.sleep(0.1)
 
 
 def _env() -> dict[str, str]:
@@ -358,6 +346,13 @@ class Fleet:
             assert held <= BUDGET_MIB, (
                 f"overcommit after {e.get('Action')} {serve}: {sorted(running)} hold {held} MiB"
             )
+
+    def ups(self) -> list[str]:
+        """The serves whose ``up`` command the journal records as running."""
+        if not self.journal.is_file():
+            return []
+        with Journal.open(self.journal, readonly=True) as j:
+            return [u.serve for u in j.ups()]
 
     def request(self, serve: str, ttl_s: float | None = None) -> None:
         """An on-demand request, written into the journal before the controller starts."""

@@ -23,13 +23,12 @@ import pytest
 from serving import free_port, httpd
 from test_run_e2e import (  # the fixture is used by name: pytest finds it here
     ROLE,
-    WAIT_S,
     Fleet,
     fleet,  # noqa: F401
     healthy,
     serve_toml,
-    wait_for,
 )
+from waiting import WAIT_S, wait_for
 
 pytestmark = pytest.mark.docker
 
@@ -45,15 +44,17 @@ def slow_to_stop(port: int) -> list[str]:
 
 
 def up_script(fleet: Fleet, serve: str, *, port: int) -> tuple[Path, Path, Path, Path]:
-    """An ``up`` command that marks its start, waits until the test touches its gate (60 s
-    at most: it never outlives the test), then runs the serve's container."""
+    """An ``up`` command that marks its start, waits until the test touches its gate, then
+    runs the serve's container; without the gate after 10 minutes (a failed test's), it
+    exits 1 and runs nothing, so nothing is left behind the test's teardown."""
     began, done = fleet.tmp / f"{serve}.began", fleet.tmp / f"{serve}.done"
     gate = fleet.tmp / f"{serve}.go"
     script = fleet.tmp / f"up-{serve}.sh"
     script.write_text(
         "#!/bin/sh\n"
         f"touch {began}\n"
-        f"i=0; while [ ! -e {gate} ] && [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done\n"
+        f"i=0; while [ ! -e {gate} ] && [ $i -lt 6000 ]; do sleep 0.1; i=$((i+1)); done\n"
+        f"[ -e {gate} ] || exit 1\n"
         f"docker run -d --init --network host --label vramctl.test=1 --name {fleet.name(serve)} "
         f"{fleet.image} {shlex.join(httpd(port))} >/dev/null\n"
         f"touch {done}\n"
@@ -112,7 +113,13 @@ def test_an_up_left_by_a_killed_controller_keeps_its_room(fleet: Fleet) -> None:
     fleet.created.append(fleet.name("od"))  # od's `up` creates it: removed at teardown
     fleet.container("res", port=ports["res"], mib=6000, running=False)
     script, began, done, gate = up_script(fleet, "od", port=ports["od"])
-    od = serve_toml("od", mib=6000, residency="on-demand", port=ports["od"]) + f'up = "{script}"\n'
+    # its deadline (start_timeout_s) outlasts the take-over: past it, the up would be ended
+    od = (
+        serve_toml("od", mib=6000, residency="on-demand", port=ports["od"]).replace(
+            "start_timeout_s = 30", "start_timeout_s = 600"
+        )
+        + f'up = "{script}"\n'
+    )
     res_stopped = serve_toml(
         "res", mib=6000, residency="resident", port=ports["res"], desired="stopped"
     )
@@ -121,6 +128,9 @@ def test_an_up_left_by_a_killed_controller_keeps_its_room(fleet: Fleet) -> None:
     t0 = time.time_ns()
     run1 = fleet.start().started()
     wait_for("od's up to begin", began.exists)
+    # the controller records the up once it has spawned it: killed before, it leaves
+    # nothing to take over (the up itself marks its beginning a moment earlier)
+    wait_for("od's up recorded in the journal", lambda: "od" in fleet.ups())
     run1.proc.send_signal(signal.SIGKILL)
     assert run1.proc.wait(WAIT_S) == -signal.SIGKILL
     assert not done.exists()  # the up runs on, in its own session
@@ -170,7 +180,7 @@ def test_a_slow_up_does_not_hold_the_loop(fleet: Fleet) -> None:
         + serve_toml("res", mib=2000, residency="resident", port=ports["res"], desired="running")
         + serve_toml(
             "slow", mib=3000, residency="resident", port=ports["slow"], desired="running"
-        ).replace("start_timeout_s = 30", "start_timeout_s = 60")
+        ).replace("start_timeout_s = 30", "start_timeout_s = 600")
         + f'up = "{script}"\n'
     )
     wait_for("res up", lambda: healthy(ports["res"]))
@@ -179,7 +189,7 @@ def test_a_slow_up_does_not_hold_the_loop(fleet: Fleet) -> None:
     t0 = time.time_ns()
     fleet.client.containers.get(fleet.name("res")).kill()
     # res comes back while slow's `up` still runs: the loop was not held by it
-    wait_for("res restarted", lambda: fleet.starts("res", t0) >= 1, timeout=15)
+    wait_for("res restarted", lambda: fleet.starts("res", t0) >= 1)
     assert not done.exists(), "res came back only after the slow `up` ended"
     gate.touch()  # the slow `up` ends, and only now
     wait_for("slow's up to end", done.exists)
