@@ -17,13 +17,13 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from docker.models.containers import Container
 from serving import free_port, httpd
+from waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
@@ -128,9 +128,11 @@ def test_live_status_shows_the_health_probes_answer(
         assert r.returncode == 0, r.stderr
         return {s["serve"]: s["health"] for s in json.loads(r.stdout)["serves"]}
 
-    deadline = time.monotonic() + 30  # httpd takes a moment to listen
-    while (got := health())["web"] != "healthy" and time.monotonic() < deadline:
-        time.sleep(0.3)
+    def web_healthy() -> dict[str, str | None] | None:
+        got = health()
+        return got if got["web"] == "healthy" else None
+
+    got = wait_for("web healthy (httpd takes a moment to listen)", web_healthy, seen=health)
     assert got == {"web": "healthy", "mute": "unhealthy", "plain": None}
     table = vramctl("status", "-m", str(manifest))
     rows = [line.replace("│", " ").split() for line in table.stdout.splitlines()]

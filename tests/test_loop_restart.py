@@ -36,9 +36,10 @@ pytestmark = pytest.mark.docker
 
 #: the backoff's base here (seconds): the second death in a row is held this long
 BASE_S = 2.0
-#: what a restart may lag behind its promise on a loaded test machine (seconds); the
-#: resync is an hour, so without the loop's own wake-up the restart never comes
-SLACK_S = 8.0
+#: what a restart may lag behind its promise on a loaded test machine (seconds): a
+#: minute, and still far from the hour of the resync, so a restart that comes at all
+#: came from the loop's own wake-up
+SLACK_S = 60.0
 
 
 class DockerEvents:

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from test_api import TOKEN, Asgi, auth
+from waiting import WAIT_S, wait_for
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, CycleSummary, RunOptions
@@ -217,13 +218,11 @@ def test_run_says_once_at_start_which_serves_need_a_router(tmp_path: Path) -> No
             },
         )
         try:
-            deadline = time.monotonic() + 60
-            while "dry run: would" not in log.read_text() and time.monotonic() < deadline:
-                time.sleep(0.2)
+            wait_for("the first plan", lambda: "dry run: would" in log.read_text())
             time.sleep(2.0)  # several resyncs (0.5 s) after the first cycle
         finally:
             proc.send_signal(signal.SIGTERM)
-            proc.wait(timeout=30)
+            proc.wait(timeout=WAIT_S)
     out = log.read_text()
     lines = [line for line in out.splitlines() if "no router is configured" in line]
     assert len(lines) == 1, out
