@@ -359,6 +359,12 @@ class Fleet:
         with Journal.open(self.journal) as j:
             j.add_request(serve, time.time(), ttl_s)
 
+    def end_request(self, serve: str) -> None:
+        """End the serve's on-demand request in the journal, as ``vramctl down`` does (kept
+        as ended until its serve is down); the running loop reads it at its next cycle."""
+        with Journal.open(self.journal) as j:
+            j.add_request(serve, time.time() - 1.0, 0.0, released=True)
+
     def cycles(self, *, dry_run: bool = False) -> list[Any]:
         path = self.journal.with_name("journal.dry-run.sqlite3") if dry_run else self.journal
         with Journal.open(path, readonly=True) as j:
@@ -567,8 +573,7 @@ def test_evict_for_a_request_then_backfill_when_it_ends(fleet: Fleet) -> None:
     assert run.steps()[:3] == ["omni stop ok", "omni release ok", "llm reserve ok"]
 
     # the request ends (what `vramctl down` records): llm stops, then omni comes back
-    with Journal.open(fleet.journal) as j:
-        j.add_request("llm", time.time() - 1.0, 0.0)
+    fleet.end_request("llm")
     fleet.wait_state("llm", "exited")
     wait_for("omni backfilled", lambda: healthy(ports["omni"]))
     run.wait_step("omni await_ready ok")

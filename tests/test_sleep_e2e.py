@@ -86,7 +86,7 @@ class SleepFleet(Fleet):
         env = dict(os.environ, COLUMNS="200", NO_COLOR="1", VRAMCTL_TOKEN="e2e-token")
         with log_path.open("wb") as fh:
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-        run = Run(proc, log_path)
+        run = Run(proc, log_path, f"127.0.0.1:{port}")
         self.runs.append(run)
         return run
 
@@ -155,13 +155,15 @@ def manifest(f: SleepFleet, pb: int, ps: int, *, level: int = 1) -> str:
     return HOST + ROLE + small + big
 
 
-def setup(f: SleepFleet, *, level: int = 1, ttl_s: float | None = None) -> tuple[int, int]:
+def setup(f: SleepFleet, *, level: int = 1) -> tuple[int, int]:
+    """big running, small requested without a TTL: the request ends when the test ends
+    it (:meth:`Fleet.end_request`), never while the test still looks at it."""
     pb, ps = free_port(), free_port()
     f.container("big", port=pb, mib=BIG_MIB, running=True)
     f.container("small", port=ps, mib=SMALL_MIB, running=False)
     f.write(manifest(f, pb, ps, level=level))
     wait_for("big healthy", lambda: healthy(pb))
-    f.request("small", ttl_s=ttl_s)
+    f.request("small")
     return pb, ps
 
 
@@ -174,7 +176,7 @@ def test_a_request_puts_the_evictable_serve_to_sleep_and_its_end_wakes_it(
     sfleet: SleepFleet,
 ) -> None:
     f = sfleet
-    _, ps = setup(f, ttl_s=20)
+    _, ps = setup(f)
     since = time.time_ns()
     run = f.start().started()
     run.wait_step("big release_to_residual ok")
@@ -191,7 +193,8 @@ def test_a_request_puts_the_evictable_serve_to_sleep_and_its_end_wakes_it(
     rec = f.sleeping()[f.name("big")]
     assert rec.level == 1 and rec.residual_mib == RESIDUAL_MIB
 
-    # the request's TTL runs out: small stops, big is woken (not cold-started)
+    # the request ends: small stops, big is woken (not cold-started)
+    f.end_request("small")
     f.wait_state("small", "exited")
     run.wait_step("big wake ok")
     run.wait_step("big await_ready ok")
@@ -209,7 +212,7 @@ def test_an_sglang_sleeper_is_released_on_a_request_and_resumed_at_its_end(
     # answer confirms the sleep, the record keeps it counted at its residual, and the
     # engine is never asked anything but to release and resume (docs/protocols.md)
     f = sfleet
-    _, ps = setup(f, ttl_s=20)
+    _, ps = setup(f)
     since = time.time_ns()
     run = f.start().started()
     run.wait_step("big release_to_residual ok")
@@ -223,6 +226,7 @@ def test_an_sglang_sleeper_is_released_on_a_request_and_resumed_at_its_end(
     rec = f.sleeping()[f.name("big")]
     assert rec.level == 1 and rec.residual_mib == RESIDUAL_MIB and rec.started_at
 
+    f.end_request("small")
     f.wait_state("small", "exited")
     run.wait_step("big wake ok")
     run.wait_step("big await_ready ok")
@@ -237,11 +241,12 @@ def test_an_sglang_sleeper_is_released_on_a_request_and_resumed_at_its_end(
 
 def test_a_level2_wake_reloads_the_weights(sfleet: SleepFleet) -> None:
     f = sfleet
-    setup(f, level=2, ttl_s=15)
+    setup(f, level=2)
     since = time.time_ns()
     run = f.start().started()
     run.wait_step("big release_to_residual ok")
     assert f.engine.level == 2 and not f.engine.weights_valid
+    f.end_request("small")
     run.wait_step("big wake ok")
     run.wait_step("big reload ok")
     run.wait_step("big await_ready ok")
@@ -271,7 +276,7 @@ def test_a_controller_restarted_while_a_serve_sleeps_neither_double_counts_nor_f
     sfleet: SleepFleet,
 ) -> None:
     f = sfleet
-    setup(f, ttl_s=40)
+    setup(f)
     first = f.start().started()
     first.wait_step("small await_ready ok")
     assert f.engine.is_sleeping
@@ -290,19 +295,24 @@ def test_a_controller_restarted_while_a_serve_sleeps_neither_double_counts_nor_f
         (role,) = body["gpu_roles"]
         return {x["serve"]: x["mib"] for x in role["reservations"]}
 
-    # several cycles: nothing is stopped, started or woken, and big is counted once, at
-    # its residual (awake, small would not fit beside it)
+    # three whole cycles: nothing is stopped, started or woken, and big is counted once,
+    # at its residual (awake, small would not fit beside it)
     wait_for("the new controller's ledger", ledger)
-    deadline = time.monotonic() + 6
-    while time.monotonic() < deadline:
+    until = (second.cycles() or 0) + 1 + 3  # the one under way may have begun before
+
+    def three_cycles_unchanged() -> bool:
         assert f.states() == {"big": "running", "small": "running"}
-        assert ledger() == {"big": RESIDUAL_MIB, "small": SMALL_MIB}
-        time.sleep(0.5)
+        seen = ledger()  # None: this read timed out
+        assert seen in (None, {"big": RESIDUAL_MIB, "small": SMALL_MIB}), seen
+        return seen is not None and (second.cycles() or 0) >= until
+
+    wait_for("three cycles that change nothing", three_cycles_unchanged)
     assert f.starts("small", since) == 0 and f.starts("big", since) == 0
     assert not [s for s in second.steps() if s.split()[1] in ("stop", "sleep", "wake")]
     assert f.engine.is_sleeping
     assert f.name("big") in f.sleeping()
     # and it is not forgotten: once the request ends, the new controller wakes it
+    f.end_request("small")
     f.wait_state("small", "exited")
     second.wait_step("big wake ok")
     assert not f.engine.is_sleeping and f.starts("big", since) == 0
@@ -312,7 +322,7 @@ def test_a_controller_restarted_while_a_serve_sleeps_neither_double_counts_nor_f
 @BOTH
 def test_a_container_restarted_while_asleep_is_awake_and_counted_full(sfleet: SleepFleet) -> None:
     f = sfleet
-    setup(f, ttl_s=60)
+    setup(f)
     api = free_port()
     run = f.start_api(api).started()
     run.wait_step("small await_ready ok")
