@@ -214,13 +214,16 @@ class Campaign:
         for s in self.universe.serves:
             cmd = httpd(self.ports[s.name], delay_s=s.health_delay_s)
             if s.up_delay_s is None:
+                # made for its home card, as its `up` would make it (none when placed)
+                told = {} if s.placement else {"VRAMCTL_GPU_ROLE": s.role}
                 self.client.containers.create(
                     self.image,
                     cmd,
                     name=self.container_name(s.name),
                     init=True,
                     network_mode="host",
-                    labels=self.labels(s.name),
+                    labels={**self.labels(s.name), **({CARD_LABEL: s.role} if told else {})},
+                    environment=told,
                 )
             else:
                 self._write_up_script(s, cmd)

@@ -2,10 +2,11 @@
 
 :class:`PlacementCampaign` is the :class:`~chaos.driver.Campaign` (the same faults, the
 same monitor) on :data:`CARDS`: pinned serves and serves with ``placement = [...]``
-(docs/placement.md), every container made by its ``up``, which passes the card the
-controller told it (``VRAMCTL_GPU_ROLE``) into the container, so the monitor counts
-each container on the card it was made for. Its own operations edit where serves may
-run, and the model follows each edit:
+(docs/placement.md), every container but one made by its ``up``, which passes the card
+the controller told it (``VRAMCTL_GPU_ROLE``) into the container, so the monitor counts
+each container on the card it was made for; ``fix1`` has no ``up``: its container,
+made once for its home card, can only be started (re-pinned, it may not be). Its own
+operations edit where serves may run, and the model follows each edit:
 
 * ``repin`` — a pinned serve's ``gpu_role`` to another card; a placed serve to a
   pinned ``gpu_role`` (the card it runs on, or another); a serve placed at home back to
@@ -41,13 +42,15 @@ PLACED = Universe(
         ServeDef("pl1", "evictable", 4000, 0.3, 1, "running", "running", placement=("a", "b")),
         ServeDef("pl2", "resident", 3000, 1.0, 1, "running", "running", placement=("b", "c")),
         ServeDef("od1", "on-demand", 5000, 0.5, 0, None, "stopped", placement=("a", "b", "c")),
+        # no `up`: a container made once for c, which the controller can only start
+        ServeDef("fix1", "evictable", 2000, None, 0, "running", "running", role="c"),
     ),
 )
 # the final manifest wants pin1 (a) 4000, pin2 (b) 3000, pl1 (a or b) 4000 and pl2 (b or
 # c) 3000 running. With every running serve's start reservation at most base + 1000,
 # pin1 + pl1 on a hold 10000 of 12000 and pin2 + pl2 on b 8000 of 9000: they all fit.
 # b is tight: pin2, pl1 and pl2 all on b do not fit (10000 of 9000), so a placed serve
-# that holds b when pin2 needs it has to make way
+# that holds b when pin2 needs it has to make way. fix1 (c, 2000) fits beside pl2 on c
 
 
 class PlacementCampaign(Campaign):
