@@ -613,8 +613,9 @@ def test_chaos_campaign(
 
 @pytest.mark.docker
 @pytest.mark.xfail(
-    reason="placement rounds find double counts (a serve's start record on every candidate "
-    "after its manifest dropped it mid-start; a re-pinned or outside-started serve counted on "
+    reason="placement rounds find wrong-card starts (a re-pinned serve without `up` started "
+    "again on its old card's container), double counts (a start record on every candidate after "
+    "the manifest dropped the serve mid-start; a re-pinned or outside-started serve counted on "
     "its declared card beside the one it runs on) and serves left running off their declared "
     "cards: remove once the controller's fixes land (run with --runxfail to see them fail)",
     strict=False,
