@@ -424,6 +424,13 @@ def test_a_double_count_is_no_finding_where_it_may_be_right() -> None:
     moved = [*runs, die(2.9, "p"), RequestItem(int(3.1 * S), "controller", "start", "c-p", 204)]
     moved += [EventItem(int(3.2 * S), "start", "e" * 64, "c-p", "p", "b")]
     quiet([*moved, counted(3.5, 2.8, p="ab"), counted(4.5, 2.85, p="ab")])
+    # its container started again in between: two runs, each in one observation only
+    again = [*runs, counted(2.5, 2, p="ab"), die(2.9, "p"), *start(3.0, "p", card="a")]
+    m = judged([*again, counted(3.5, 3.2, p="ab")], view())
+    assert m.violations == [] and [n.kind for n in m.notes if "count" in n.kind] == [
+        "double_count_once",
+        "double_count_once",
+    ], m.notes
 
 
 # ── the proxy on the real daemon ─────────────────────────────────────────────

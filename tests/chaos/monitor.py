@@ -666,21 +666,21 @@ class Monitor:
 
     def _persisting(self, observations: Mapping[int, Mapping[str, _Suspect]]) -> None:
         prev: Mapping[str, _Suspect] = {}
-        told: set[tuple[str, str]] = set()
+        told: set[tuple[str, str, int]] = set()
         for at in sorted(observations):
             now = observations[at]
             for serve, sus in now.items():
                 before = prev.get(serve)
-                key = (serve, sus.run.cid)
-                if before is not None and before.run.cid == sus.run.cid and key not in told:
+                key = (serve, sus.run.cid, sus.run.t)  # one run: a restart is another
+                if before is not None and before.run is sus.run and key not in told:
                     told.add(key)
                     text = self._count_text(sus, before)
                     self.violations.append(Violation("double_count", sus.answer.t, serve, text))
             prev = now
         for now in observations.values():
             for serve, sus in now.items():
-                if (serve, sus.run.cid) not in told:
-                    told.add((serve, sus.run.cid))
+                if (serve, sus.run.cid, sus.run.t) not in told:
+                    told.add((serve, sus.run.cid, sus.run.t))
                     text = self._count_text(sus, None)
                     self.notes.append(Violation("double_count_once", sus.answer.t, serve, text))
 
