@@ -23,6 +23,7 @@ import pytest
 from docker.errors import NotFound
 from docker.models.containers import Container
 from fake_http import FakeHTTPServer, Recorded, Reply
+from waiting import wait_for
 
 from controller.adapters.docker.actions import ActionError, DockerActions
 from statemachine.types import ContainerState
@@ -92,13 +93,12 @@ def test_start_stop_inspect_on_a_real_container(actions: DockerActions, created:
     assert running.id is not None and len(running.id) == 64
     actions.start(created)  # already started: Docker's 304 is a success
 
-    begin = time.monotonic()
     actions.stop(created, timeout_s=5)
-    assert time.monotonic() - begin < 5  # init=True: SIGTERM ends it at once
     assert actions.exists(created)  # stop keeps the container
     stopped = actions.inspect(created)
     assert stopped is not None and stopped.state == ContainerState.EXITED
-    assert stopped.exit_code is not None and stopped.oom_killed is False
+    # init=True: its SIGTERM ended it (143), not the SIGKILL at the timeout (137)
+    assert stopped.exit_code == 143 and stopped.oom_killed is False
     actions.stop(created, timeout_s=5)  # already stopped: a success too
 
     actions.start(created)  # and it starts again
@@ -122,14 +122,12 @@ def test_logs_returns_the_last_lines(
         # Docker orders stdout and stderr by arrival: the pause keeps "oops" last.
         ["sh", "-c", "for i in 1 2 3 4 5; do echo line$i; done; sleep 1; echo oops >&2; sleep 3600"]
     )
-    deadline = time.monotonic() + 10
-    text = ""
-    while time.monotonic() < deadline:
-        text = actions.logs(container.name, tail=3)
-        if "oops" in text:
-            break
-        time.sleep(0.05)
-    assert text == "line4\nline5\noops"
+
+    def last_lines() -> str:
+        return actions.logs(container.name, tail=3)
+
+    wait_for('"oops" in the last lines', lambda: "oops" in last_lines(), seen=last_lines)
+    assert last_lines() == "line4\nline5\noops"
     assert actions.logs(container.name).startswith("line1\n")
 
 
@@ -328,7 +326,7 @@ def test_run_up_timeout_kills_the_whole_group(
     )
     begin = time.monotonic()
     result = offline_actions.run_up([sys.executable, "-c", script], cwd=tmp_path, timeout_s=1)
-    assert time.monotonic() - begin < 5
+    assert time.monotonic() - begin < 30  # not held by the grandchild's 60 s on the pipe
     assert result.returncode is None and result.timed_out and not result.ok
     assert "timed out after 1 s" in result.message
     assert result.output == "starting"

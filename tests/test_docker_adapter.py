@@ -27,6 +27,7 @@ import docker
 import pytest
 from docker.errors import NotFound
 from docker.models.containers import Container
+from waiting import WAIT_S
 
 from controller.adapters.docker.read import (
     ContainerObserver,
@@ -59,9 +60,9 @@ def _wait_until(
     names: list[str],
     done: Callable[[ContainerSnapshot], bool],
     *,
-    timeout_s: float = 15.0,
+    timeout_s: float = WAIT_S,
 ) -> ContainerSnapshot:
-    """Observe every 0.1 s until ``done(snapshot)`` (bounded)."""
+    """Observe every 0.1 s until ``done(snapshot)`` (bounded: a last resort)."""
     deadline = time.monotonic() + timeout_s
     snap = observer.observe(names)
     while not done(snap):

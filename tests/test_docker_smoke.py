@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 from docker.models.containers import Container
+from waiting import WAIT_S
 
 BusyboxFactory = Callable[..., Container]
 
@@ -59,7 +60,7 @@ def test_busybox_httpd_container_serves_then_stops(
     container.reload()
     assert container.status == "running", container.logs().decode(errors="replace")
 
-    body = _get(f"http://127.0.0.1:{port}/health", deadline_s=20)
+    body = _get(f"http://127.0.0.1:{port}/health", deadline_s=WAIT_S)
     assert body == b"ok from vramctl-test\n"
 
     started = time.monotonic()

@@ -28,6 +28,7 @@ import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
 from test_api import Live, idle, live, observe  # noqa: F401
+from waiting import wait_for
 
 from controller.interfaces.metrics import Metrics
 from controller.service.loop import Backoff, Controller
@@ -60,9 +61,7 @@ def _rule_exprs() -> list[str]:
 @pytest.fixture(scope="module")
 def exposed(live: Live) -> Iterator[dict[str, set[str]]]:
     """Sample and family names on the running controller's /metrics -> their label names."""
-    deadline = time.monotonic() + 30
-    while live.http.get("/healthz").json()["cycles"] < 2 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_for("two cycles", lambda: live.http.get("/healthz").json()["cycles"] >= 2)
     text = live.http.get("/metrics").text
     names: dict[str, set[str]] = {}
     for family in text_string_to_metric_families(text):

@@ -26,6 +26,7 @@ from typing import Any
 
 import pytest
 from docker import DockerClient
+from waiting import WAIT_S, wait_for
 
 from controller.adapters.docker.actions import DockerActions
 from controller.manifest import load_manifest_set
@@ -93,10 +94,7 @@ def test_an_up_that_cannot_be_recorded_does_not_run_on(tmp_path: Path) -> None:
         )
     # once nothing of its process group runs, the marker can no longer appear
     (group,) = spawned
-    deadline = time.monotonic() + 30
-    while group_alive(group):
-        assert time.monotonic() < deadline, "the unrecorded `up`'s group never ended"
-        time.sleep(0.05)
+    wait_for("the unrecorded `up`'s group to end", lambda: not group_alive(group))
     assert not marker.exists(), "the unrecorded `up` ran on after its start failed"
 
 
@@ -135,7 +133,7 @@ def test_an_orphan_whose_leader_exited_is_followed_by_its_group(tmp_path: Path) 
     ended = threading.Event()
     assert supervise_orphans(t, j, stop=stop, poll_s=0.05, on_end=lambda s: ended.set()) == ["od"]
     assert t.snapshot() == {"od": StartingObs(("a",), 6000)}
-    assert ended.wait(15), "the group ended but the orphan was not released"
+    assert ended.wait(WAIT_S), "the group ended but the orphan was not released"
     assert t.snapshot() == {} and j.ups() == []
     stop.set()
     j.close()
