@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,13 +35,15 @@ from test_api import (  # noqa: F401
     idle,
     live,
     observe,
-    wait_for,
 )
+from waiting import WAIT_S, wait_for
 
 from controller.interfaces.ui import ASSETS
 from controller.service.loop import Controller
 
 CHROMIUM = os.environ.get("VRAMCTL_CHROMIUM", "/usr/bin/chromium")
+#: a wait of the page's own (playwright's, in ms): a last resort, as tests/waiting.py
+WAIT_MS = int(WAIT_S * 1000)
 IN_CI = os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
 
 # ── the ASGI app ─────────────────────────────────────────────────────────────
@@ -248,7 +249,7 @@ def page(browser: Any, calm: Live) -> Iterator[Any]:
     errors: list[str] = []
     pg.on("pageerror", lambda e: errors.append(str(e)))
     pg.goto(calm.url + "/")
-    pg.wait_for_selector("[data-role='a'] [data-field='committed_mib']", timeout=30_000)
+    pg.wait_for_selector("[data-role='a'] [data-field='committed_mib']", timeout=WAIT_MS)
     try:
         yield pg
     finally:
@@ -283,15 +284,16 @@ def _drawn(pg: Any) -> dict[str, Any]:
 
 def _same_moment(pg: Any, lv: Live) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
     """The page's drawing and the API's answers for the cycle the page drew."""
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
+
+    def same() -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]] | None:
         drawn = _drawn(pg)
         ledger = lv.http.get("/v1/ledger").json()
         serves = lv.http.get("/v1/serves").json()
         if drawn["observed_at"] == str(ledger["observed_at"]) == str(serves["observed_at"]):
             return drawn, ledger, serves
-        time.sleep(0.2)
-    raise AssertionError("the page never showed the cycle the API answered for")
+        return None
+
+    return wait_for("the page to show the cycle the API answered for", same)
 
 
 def _text(value: Any) -> str:
@@ -333,20 +335,29 @@ _LABELS = """() => [...document.querySelectorAll('#roles .seg-label')].map((l) =
   cut: l.offsetLeft + l.offsetWidth > l.parentElement.clientWidth }))"""
 
 
+def _labels_once(page: Any, redrawn: Callable[[list[dict[str, Any]]], bool]) -> list[Any]:
+    """The bar labels, once the page has redrawn them for its new size (``redrawn``)."""
+    seen: list[Any] = []
+
+    def read() -> bool:
+        seen[:] = page.evaluate(_LABELS)
+        return redrawn(seen)
+
+    wait_for("the labels redrawn for the new size", read, seen=lambda: seen)
+    return seen
+
+
 @pytest.mark.docker
 @pytest.mark.browser
 def test_a_bar_label_shows_whole_or_not_at_all(page: Any, calm: Live) -> None:
     # narrow: the reserve's 1000 of 10000 MiB is ~50 px, too narrow for "reserve 1000"
     page.set_viewport_size({"width": 520, "height": 900})
-    page.wait_for_timeout(300)
-    labels = page.evaluate(_LABELS)
+    labels = _labels_once(page, lambda ls: any(x["hidden"] for x in ls))  # redrawn narrow
     assert [x["text"] for x in labels if x["cut"] and not x["hidden"]] == [], labels
     assert "reserve 1000" in [x["text"] for x in labels if x["hidden"]], labels
     # wide again: each label that fits shows again
     page.set_viewport_size({"width": 1280, "height": 900})
-    page.wait_for_timeout(300)
-    labels = page.evaluate(_LABELS)
-    assert not any(x["hidden"] for x in labels if not x["cut"]), labels
+    labels = _labels_once(page, lambda ls: not any(x["hidden"] for x in ls if not x["cut"]))
     assert "reserve 1000" in [x["text"] for x in labels if not x["hidden"]], labels
 
 
@@ -375,15 +386,15 @@ def test_the_token_shows_full_detail_and_a_reader_without_it_still_sees_everythi
     page.wait_for_selector("#detail[data-detail='redacted']")
     page.fill("#token", TOKEN)
     page.click("#token-form button[type=submit]")
-    page.wait_for_selector("#detail[data-detail='full']", timeout=30_000)
+    page.wait_for_selector("#detail[data-detail='full']", timeout=WAIT_MS)
     assert page.input_value("#token") == ""  # not left on the screen
     page.fill("#token", "wrong-token")
     page.click("#token-form button[type=submit]")
-    page.wait_for_selector("#conn[data-state='error']", timeout=30_000)
+    page.wait_for_selector("#conn[data-state='error']", timeout=WAIT_MS)
     assert "403" in page.text_content("#conn")
     page.click("#token-clear")
-    page.wait_for_selector("#detail[data-detail='redacted']", timeout=30_000)
-    page.wait_for_selector("#conn[data-state='live']", timeout=30_000)
+    page.wait_for_selector("#detail[data-detail='redacted']", timeout=WAIT_MS)
+    page.wait_for_selector("#conn[data-state='live']", timeout=WAIT_MS)
 
 
 @pytest.mark.docker
@@ -398,20 +409,20 @@ def test_an_eviction_made_through_the_api_shows_without_a_reload(
     r = lv.post("/v1/serves/llm/up", {"ttl_s": 300})
     assert r.status_code == 202, r.text
     # the page follows by itself: omni is evicted, llm holds its 5000 MiB
-    page.wait_for_selector("[data-role='a'] [data-serve='llm'][data-mib='5000']", timeout=60_000)
-    page.wait_for_selector("[data-role='a'] [data-serve='omni']", state="detached", timeout=60_000)
-    wait_for("llm running", lambda: lv.serves()["llm"]["lifecycle"] == "running", timeout=60)
+    page.wait_for_selector("[data-role='a'] [data-serve='llm'][data-mib='5000']", timeout=WAIT_MS)
+    page.wait_for_selector("[data-role='a'] [data-serve='omni']", state="detached", timeout=WAIT_MS)
+    wait_for("llm running", lambda: lv.serves()["llm"]["lifecycle"] == "running")
     page.wait_for_function(
         "() => document.querySelector(\"[data-serve-row='llm'] [data-field=lifecycle]\")"
         ".textContent === 'running'",
-        timeout=60_000,
+        timeout=WAIT_MS,
     )
     assert page.evaluate("() => window.__sameDocument === true"), "the page was reloaded"
     # the rows say why: llm runs on its request, omni was evicted for it
     page.wait_for_function(
         "() => document.querySelector(\"[data-serve-row='omni'] [data-field=desired]\")"
         ".textContent === 'running (evicted for llm)'",
-        timeout=60_000,
+        timeout=WAIT_MS,
     )
     assert page.text_content("[data-serve-row='llm'] [data-field=desired]") == "running (request)"
     served = lv.serves()
@@ -426,7 +437,7 @@ def test_an_eviction_made_through_the_api_shows_without_a_reload(
     page.wait_for_function(
         """() => [...document.querySelectorAll('.plan li')].some((li) =>
              li.textContent.includes('stop omni') && li.className === 'outcome-ok')""",
-        timeout=60_000,
+        timeout=WAIT_MS,
     )
     shot = tmp_path / "ui.png"
     page.screenshot(path=str(shot), full_page=True)
@@ -435,5 +446,5 @@ def test_an_eviction_made_through_the_api_shows_without_a_reload(
     if target:
         shutil.copyfile(shot, target)
     assert lv.post("/v1/serves/llm/down").status_code == 202
-    page.wait_for_selector("[data-role='a'] [data-serve='omni']", timeout=60_000)
-    wait_for("omni back", lambda: lv.state("omni") == "running", timeout=60)
+    page.wait_for_selector("[data-role='a'] [data-serve='omni']", timeout=WAIT_MS)
+    wait_for("omni back", lambda: lv.state("omni") == "running")
