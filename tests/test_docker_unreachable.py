@@ -22,10 +22,10 @@ from typing import Any
 
 import pytest
 from serving import free_port
+from waiting import WAIT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
-WAIT_S = 60.0
 #: the words of a raw exception that must never reach the operator
 RAW = ("DockerException", "FileNotFoundError", "Connection aborted", "Traceback", "Errno")
 

@@ -24,12 +24,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from waiting import WAIT_S
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions
 from controller.service.watch import WatchError, watch_files
 
-WAIT_S = 30.0
 ROLE = '[[gpu_roles]]\nid = "a"\nvram_mib = 1000\n'
 
 
