@@ -33,13 +33,21 @@ async def watch_manifests(
     manifests: Iterable[Path], debounce_ms: int, settle_ms: int, changed: Callable[[str], None]
 ) -> None:
     """Watch the manifests' folders until cancelled (or the watch ends by itself);
-    ``changed(reason)`` once per settled edit and once per restart of a failed watch."""
+    ``changed(reason)`` once per settled edit, once each time the watch is set (an edit
+    made before it, while the controller started or the watch restarted, is read then:
+    a set read again unchanged changes nothing) and once per restart of a failed watch."""
+
+    def watching() -> None:
+        changed("manifest watch set: read again")
+
     while True:
         try:
             files = {_path_key(p) for p in manifests}
             # reported once the files settle (see controller.service.watch): an editor's
             # two writes, or its write and rename, are one change and one reload
-            async for _change in watch_files(files, debounce_ms=debounce_ms, quiet_ms=settle_ms):
+            async for _change in watch_files(
+                files, debounce_ms=debounce_ms, quiet_ms=settle_ms, watching=watching
+            ):
                 changed("manifest changed")
             return  # the watch ended without an error (its stop event): we are stopping
         except asyncio.CancelledError:

@@ -27,7 +27,7 @@ import errno
 import os
 import struct
 import sys
-from collections.abc import AsyncGenerator, AsyncIterator, Iterable
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Iterable
 from pathlib import Path
 
 QUIET_MS = 20  # a change is read once the files were quiet this long
@@ -57,12 +57,20 @@ class WatchError(OSError):
 
 
 async def watch_files(
-    files: Iterable[Path], *, debounce_ms: int = 300, quiet_ms: int = QUIET_MS
+    files: Iterable[Path],
+    *,
+    debounce_ms: int = 300,
+    quiet_ms: int = QUIET_MS,
+    watching: Callable[[], None] | None = None,
 ) -> AsyncIterator[None]:
-    """Yield once per settled change of any of ``files`` (absolute, resolved paths)."""
+    """Yield once per settled change of any of ``files`` (absolute, resolved paths).
+    ``watching()`` is called once the watch is set (inotify's, on Linux), before any
+    change is waited for: what changed before then is the caller's to read again."""
     wanted = {Path(f) for f in files}
     source = _Inotify.open(wanted) if sys.platform.startswith("linux") else None
     changes = source.changes() if source is not None else _watchfiles_changes(wanted, debounce_ms)
+    if watching is not None:
+        watching()
     try:
         async for _ in _settled(changes, debounce_ms=debounce_ms, quiet_ms=quiet_ms):
             yield
