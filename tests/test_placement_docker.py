@@ -328,3 +328,40 @@ def test_a_resident_in_backoff_keeps_its_room_from_an_evictable(
             docker_client.containers.get(ctr["e"])
     finally:
         run.stop()
+
+
+def test_a_re_pinned_serve_without_up_is_not_started_on_its_old_card(
+    docker_client: docker.DockerClient,
+    test_image: str,
+    names: Callable[[str], str],
+    tmp_path: Path,
+) -> None:
+    """x has no ``up``: its container, made once for a, is all there is. Pinned to b, it
+    is not started (that would run it on a while the ledger counts it on b): the start
+    fails with the reason, and the container stays down."""
+    x = names("x")
+    docker_client.containers.create(
+        test_image,
+        ["sleep", "3600"],
+        name=x,
+        environment={"VRAMCTL_GPU_ROLE": "a"},
+        labels={"vramctl.test": "1"},
+        network_mode="host",
+    )
+    path, state = tmp_path / "serves.toml", tmp_path / "state"
+    path.write_text(
+        TWO_CARDS + f'\n[[serve]]\nname = "x"\ncontainer = "{x}"\nvram_mib = 4000\n'
+        f'gpu_role = "b"\nstop_timeout_s = 1\n{RUNNING}\n'
+    )
+    run = Running(_controller(path, state))
+
+    def refused() -> str | None:
+        blocked = run.controller.situation().plan.blocked
+        return next((b.reason for b in blocked if b.serve == "x" and "no `up`" in b.reason), None)
+
+    try:
+        why = wait_for("x's start refused", refused)
+        assert f"{x} was made for a, and x is to run on b with no `up` to make it there" in why
+        assert not _running(docker_client, x)
+    finally:
+        run.stop()

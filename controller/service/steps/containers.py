@@ -154,22 +154,41 @@ def admit_against_host_now(run: RunContext, s: ServeSpec, *, aborted: bool = Fal
         )
 
 
-def _made_for_another_card(run: RunContext, step: Step, s: ServeSpec) -> bool:
-    """True for a stopped container not made for the card(s) this start reserved: it
-    is removed and made again by ``up`` (docs/placement.md), so a serve re-pinned by an
-    edit or placed on another card never restarts on the device its old container was
-    given. A container's environment (``VRAMCTL_GPU_ROLE``) says what its ``up`` was
-    told: a placed serve's container that names another card, or none, was not made
-    for this one; a pinned serve's, only one that names another (a pinned serve's
-    container made without the variable, by Compose say, is started as it is). Never
-    a running one: a start step runs only for a serve whose container holds nothing."""
+def _made_for_another_card(run: RunContext, step: Step, s: ServeSpec) -> str | None:
+    """The card(s) a stopped container was made for when not the card(s) this start
+    reserved (``"no card"``: a placed serve's that names none), else None. Such a
+    container is removed and made again by ``up`` (docs/placement.md), so a serve
+    re-pinned by an edit or placed on another card never restarts on the device its
+    old container was given. A container's environment (``VRAMCTL_GPU_ROLE``) says what
+    its ``up`` was told; a pinned serve's container made without the variable (by
+    Compose, say), or a placed serve's without an ``up`` to make it again, is started as
+    it is. Never a running one: a start step runs only for a serve whose container
+    holds nothing."""
     roles = step.gpu_roles or s.gpu_roles
-    if not roles or not run.ex.runtime(s.name).up_argv:
-        return False
+    if not roles:
+        return None
     told = run.ex.docker.created_for(s.container)
-    if told is None and not s.placement:
+    if told == ",".join(roles):
+        return None
+    if told is None:
+        return "no card" if s.placement and run.ex.runtime(s.name).up_argv else None
+    return told
+
+
+def _made_again(run: RunContext, step: Step, s: ServeSpec) -> bool:
+    """True when the stopped container was made for another card and is removed, for
+    ``up`` to make it on this start's; a serve without ``up`` is not started then."""
+    other = _made_for_another_card(run, step, s)
+    if other is None:
         return False
-    return told != ",".join(roles)
+    if not run.ex.runtime(s.name).up_argv:
+        raise StepError(
+            f"{s.container} was made for {other}, and {s.name} is to run on "
+            f"{', '.join(step.gpu_roles or s.gpu_roles)} with no `up` to make it there: not "
+            "started (make its container for that card, declare an `up`, or pin it back)"
+        )
+    run.ex.docker.remove_stopped(s.container)  # `up` creates it on this card
+    return True
 
 
 def start(run: RunContext, step: Step, s: ServeSpec) -> str:
@@ -178,8 +197,7 @@ def start(run: RunContext, step: Step, s: ServeSpec) -> str:
         exists = run.ex.docker.exists(s.container)
         if step.mib:  # in the ledger: admitted again, as close to the call as can be
             admit_against_host_now(run, s, aborted=True)
-        if exists and _made_for_another_card(run, step, s):
-            run.ex.docker.remove_stopped(s.container)  # `up` creates it on this card
+        if exists and _made_again(run, step, s):
             exists = False
         if exists:
             run.ex.docker.start(s.container)
