@@ -68,7 +68,9 @@ def started_records(
         for container, spec in declared.items()
         if spec.vram_mib is not None and desired.in_ledger(spec) and spec.name not in snap.starting
     }
-    candidates.update({c: r for c, r in (known or {}).items() if c not in declared})
+    candidates.update(
+        {c: _told_known(r, snap, c) for c, r in (known or {}).items() if c not in declared}
+    )
     added = {
         container: rec
         for container, rec in candidates.items()
@@ -84,11 +86,26 @@ def _told_roles(spec: ServeSpec, snap: SnapshotModel) -> tuple[str, ...]:
     environment says it was told, where that is a candidate; else its declared roles,
     and beside them the card(s) its environment names when those are others (it was
     made for them: a re-pinned serve's, or one whose card left its ``placement``)."""
-    c = snap.containers.get(spec.container)
-    told = tuple(c.gpu_role.split(",")) if c is not None and c.gpu_role else ()
+    told = _told(snap, spec.container)
     if spec.placement and len(told) == 1 and told[0] in spec.placement:
         return told
     return tuple(dict.fromkeys(told + spec.gpu_roles))
+
+
+def _told(snap: SnapshotModel, container: str) -> tuple[str, ...]:
+    """The card(s) the container's environment names (``VRAMCTL_GPU_ROLE``); ``()``: none."""
+    c = snap.containers.get(container)
+    return tuple(c.gpu_role.split(",")) if c is not None and c.gpu_role else ()
+
+
+def _told_known(rec: StartedWith, snap: SnapshotModel, container: str) -> StartedWith:
+    """The last declared reservation of a container no manifest declares now, on the
+    card(s) its environment names where those are among the roles declared (a placed
+    serve's were every candidate), else on those and the ones it names."""
+    told = _told(snap, container)
+    if told and not set(told) - set(rec.gpu_roles):
+        return StartedWith(rec.serve, told, rec.mib)
+    return StartedWith(rec.serve, tuple(dict.fromkeys(rec.gpu_roles + told)), rec.mib)
 
 
 def started_models(records: Mapping[str, StartedWith]) -> dict[str, StartedWithModel]:
