@@ -619,15 +619,6 @@ def test_chaos_campaign(
 
 
 @pytest.mark.docker
-@pytest.mark.xfail(
-    reason="placement rounds find wrong-card starts (a re-pinned serve without `up` started "
-    "again on its old card's container, and the overcommit that follows), double counts (a start "
-    "record on every candidate after the manifest dropped the serve mid-start; a re-pinned or "
-    "outside-started serve counted on its declared card beside the one it runs on), and a "
-    "controller restarted as the final manifest is written never reads it: remove once the "
-    "controller's fixes land (run with --runxfail to see them fail)",
-    strict=False,
-)
 def test_chaos_placement_rounds(
     docker_client: docker.DockerClient, test_image: str, request: pytest.FixtureRequest
 ) -> None:
