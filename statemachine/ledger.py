@@ -894,7 +894,7 @@ def _counted_on(
 
 def _declared_beside(serve: ServeSpec, held_on: tuple[str, ...]) -> tuple[str, ...]:
     """The roles ``serve`` declares, counted beside those it holds memory on: a placed
-    serve that holds on one of its candidates declares that one (it never moves while
+    serve that holds on one of its candidates declares that one (it stays there while
     it holds), so its other candidates are not counted; any other serve, its roles."""
     if serve.placement and held_on and not set(held_on) - set(serve.placement):
         return ()

@@ -2,14 +2,19 @@
 
 A serve with ``placement`` (:attr:`statemachine.types.ServeSpec.placement`) comes from
 the manifest with ``gpu_roles`` = every candidate, which the ledger counts in full (never
-less than the truth). :func:`resolve` narrows each one to one role, in three ways:
+less than the truth). :func:`resolve` narrows each one to one role, in four ways:
 
 1. **held** — a serve that holds memory stays where it is: the role its start in
    progress reserved, else the role its running (or asleep, or unreleased) container
-   was started on (``observed.started_with``). A running serve is never moved; a
-   resident is placed once and stays. Its container started where the controller
-   cannot tell (by hand, before a restart lost the record) keeps every candidate:
-   counted on each, moved nowhere (``unknown``).
+   was started on (``observed.started_with``). A resident is placed once and stays.
+   Its container started where the controller cannot tell (by hand, before a restart
+   lost the record) keeps every candidate: counted on each, moved nowhere
+   (``unknown``). One held on a card no longer among its candidates is ``moved``:
+   stopped by the plan (the planner's rule of serves off their cards), placed again
+   once it holds nothing.
+4. **moves** — after 1 to 3, one placed serve per plan that holds memory on the card a
+   blocked pinned serve needs moves to another candidate where it fits without making
+   room, when the plan with the move starts the pinned serve (:func:`_move`).
 2. **fits** — a serve that holds nothing goes to a candidate where its reservation fits
    without making room; among those, *best fit*: the one left with the least free MiB
    (large holes stay for large models), then the declared order.
