@@ -873,12 +873,12 @@ def _held_as_recorded(
     asleep = None if slept is None else sleeping_reservation(serve, slept)
     if asleep is not None and asleep[0] is not None:
         held = asleep[0]
-    key = _counted_on(serve, record.gpu_roles, told) if record else serve.gpu_roles
+    key = _counted_on(desired, serve, record.gpu_roles, told) if record else serve.gpu_roles
     return GpuReservation(name, _known(desired, key), held)
 
 
 def _counted_on(
-    serve: ServeSpec, held_on: tuple[str, ...], told: tuple[str, ...]
+    desired: DesiredState, serve: ServeSpec, held_on: tuple[str, ...], told: tuple[str, ...]
 ) -> tuple[str, ...]:
     """The roles a running serve started on ``held_on`` (its start record) is counted
     on: those, where it runs, once its container's environment confirms them (``told``:
@@ -886,8 +886,9 @@ def _counted_on(
     of its candidates; else beside them the roles it declares now (the record may be of
     an older container: never less than the truth), and any others its container names.
     So a serve re-pinned, or whose card left its ``placement``, while it runs is counted
-    on the card it runs on alone, not on both."""
-    if told == held_on:
+    on the card it runs on alone, not on both. A record on a role without a capacity row
+    now (renamed) confirms nothing: it would be counted nowhere."""
+    if told == held_on and all(r in desired.roles for r in held_on):
         return held_on
     return _declared_beside(serve, held_on) + held_on + told
 

@@ -92,12 +92,13 @@ def _sticky(s: ServeSpec, observed: Observed) -> Placement | None:
     if len(held) == 1 and not set(held) - set(s.placement):
         (role,) = held
         return Placement(s.name, role, How.HELD, f"{s.name} holds its memory on {role}")
-    if held and s.name not in observed.starting and set(held) - set(s.placement):
+    told = observed.container(s.container).told_roles
+    if told and s.name not in observed.starting and set(told) - set(s.placement):
         return Placement(
             s.name,
             None,
             How.MOVED,
-            f"{s.name} holds its memory on {', '.join(held)}, not one of its candidates "
+            f"{s.name} holds its memory on {', '.join(told)}, not one of its candidates "
             f"({', '.join(s.placement)}): it is stopped, and placed again once it holds nothing",
         )
     return Placement(
@@ -346,8 +347,8 @@ def _blocked_pinned(room: _Room) -> list[ServeSpec]:
 
 def _movable(room: _Room, held_on: str) -> list[tuple[ServeSpec, str]]:
     """Each placed serve held on ``held_on`` that may move (managed, not resident, awake,
-    outside its ``min_runtime_s``), with the other candidate it fits on without making
-    room (best fit: the least left free)."""
+    outside its ``min_runtime_s``, its container's environment naming that card), with
+    the other candidate it fits on without making room (best fit: the least left free)."""
     out = []
     for p in room.desired.serves.values():
         if not p.placement or p.gpu_roles != (held_on,) or p.vram_mib is None:
@@ -358,7 +359,7 @@ def _movable(room: _Room, held_on: str) -> list[tuple[ServeSpec, str]]:
             or p.name in room.observed.starting
             or room.observed.sleep_of(p.name).asleep
             or inside_min_runtime(p, room.observed, room.now) is not None
-            or room.observed.started_with.get(p.container) is None
+            or room.observed.container(p.container).told_roles != (held_on,)
         ):
             continue
         mib = p.vram_mib
@@ -386,7 +387,7 @@ def _move(room: _Room, plan_with: PlanWith) -> Placement | None:
         if _has_steps(base, r.name):
             continue  # it starts anyway
         serves = {**room.desired.serves, p.name: replace(p, gpu_roles=(to,))}
-        if _has_steps(plan_with(replace(room.desired, serves=serves)), r.name):
+        if _only_the_move(plan_with(replace(room.desired, serves=serves)), r, p, to):
             (held,) = p.gpu_roles
             why = (
                 f"{p.name} moves from {held} to {to} so that {r.name} (pinned to "
@@ -395,6 +396,15 @@ def _move(room: _Room, plan_with: PlanWith) -> Placement | None:
             )
             return Placement(p.name, to, How.MOVED, why)
     return None
+
+
+def _only_the_move(plan: Plan, r: ServeSpec, p: ServeSpec, to: str) -> bool:
+    """True when the plan with ``p`` moved to ``to`` starts ``r``, stops nothing else for
+    it, and leaves ``p``'s room on ``to`` (a grow or a wake in the same plan may take it)."""
+    assert p.vram_mib is not None
+    others = any(st.group == r.name and st.serve not in (r.name, p.name) for st in plan.steps)
+    left = plan.ledger_after.free_mib(to)
+    return _has_steps(plan, r.name) and not others and left >= p.vram_mib
 
 
 def _has_steps(plan: Plan, serve: str) -> bool:

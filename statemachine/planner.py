@@ -109,6 +109,8 @@ _FIRST = (Residency.RESIDENT, Residency.ON_DEMAND)
 
 #: why a holder that exited, its memory not confirmed back, may not be stopped
 _EXITED = "exited, but its memory is not back yet"
+#: why a held-back resident, whose room the plan keeps, is in the way
+_KEPT = "resident, held back: its room is kept for it"
 
 
 def _ok(result: Ledger | Refusal) -> Ledger:
@@ -374,15 +376,16 @@ def _stops(w: _Work, expired: Mapping[str, str]) -> None:
 
 def _off_its_cards(s: ServeSpec, observed: Observed) -> str | None:
     """Why managed ``s``, running, is to be stopped because it runs on a card it is not
-    to run on (its start record names a role it no longer declares: an edit re-pinned
-    it, dropped its card from ``placement``, or placement moves it); None when it runs
-    where it is declared or where is not known. Stopped, it is started where it is
-    declared by the next plan (docs/placement.md)."""
-    record = observed.started_with.get(s.container)
-    if not s.managed or record is None or not set(record.gpu_roles) - set(s.gpu_roles):
+    to run on (its container's environment, what its ``up`` was told, names a role it no
+    longer declares: an edit re-pinned it, dropped its card from ``placement``, or
+    placement moves it); None when it runs where it is declared or where is not known
+    (a container that names no card is never stopped on that account). Stopped, it is
+    started where it is declared by the next plan (docs/placement.md)."""
+    told = observed.container(s.container).told_roles
+    if not s.managed or not told or not set(told) - set(s.gpu_roles):
         return None
     return (
-        f"{s.name} runs on {', '.join(record.gpu_roles)}; it is to run on "
+        f"{s.name} runs on {', '.join(told)}; it is to run on "
         f"{', '.join(s.gpu_roles)}: stopped there, to be started where it is to run"
     )
 
@@ -902,8 +905,8 @@ def _holders(
         if res is None or name == s.name:
             continue
         o = serves[name]
-        if name not in running:  # exited, its memory not confirmed back
-            protected.append(Protected(name, res.mib, _EXITED))
+        if name not in running:  # exited, its memory not confirmed back; or kept for it
+            protected.append(Protected(name, res.mib, _KEPT if name in w.kept else _EXITED))
             continue
         veto = _victim_veto(w, o) if may_evict else requester_veto(s)
         if o.elastic is not None and _may_shrink(w, s, o, res.mib):

@@ -18,6 +18,7 @@ from statemachine.plan import Action, How
 from statemachine.simulate import apply_plan
 from statemachine.types import (
     DesiredState,
+    Elastic,
     GpuRole,
     Observed,
     Residency,
@@ -194,3 +195,43 @@ def test_the_moved_serve_goes_where_it_leaves_the_least_free() -> None:
     r = pinned("r", 8000, "a", residency=Residency.RESIDENT)
     desired = _hosts(p_, u, r, a=10000, b=6000, c=8000)
     assert moves(desired, _running_on(p=(p_, "a"))) == [("p", "b")]
+
+
+def test_a_record_on_a_renamed_role_is_counted_where_declared_too() -> None:
+    """x's record and container say a; the manifest renamed that card gpu0. The record
+    confirms nothing (a has no row): x is counted on gpu0, never on no card at all."""
+    x = pinned("x", 8000, "gpu0", desired=None)  # unmanaged: never stopped on its own
+    desired = DesiredState({"gpu0": GpuRole("gpu0", 10000)}, {"x": x})
+    assert committed(desired, on(x, "a")) == {"gpu0": 8000}
+
+
+def test_no_move_into_room_a_grow_of_the_same_plan_takes() -> None:
+    """b's room for p would go to e's grow back in the plan with the move: p would stop
+    and have no card to start on. Nothing moves."""
+    x = pinned("x", 8000, "a", residency=Residency.RESIDENT)
+    p_ = placed("p", 4000)
+    e = pinned("e", 4000, "b", elastic=Elastic("http://e", floor_mib=1000, segment_mib=500))
+    observed = replace(_running_on(p=(p_, "a"), e=(e, "b")), elastic_mib={"e": 2000})
+    assert moves(host(x, p_, e), observed) == []
+
+
+def test_no_move_that_needs_an_eviction_beside_it() -> None:
+    """x (on-demand) would start on a with p moved and q evicted: a move is the only
+    change it may make, so nothing moves."""
+    x = pinned("x", 8000, "a", residency=Residency.ON_DEMAND)
+    p_ = placed("p", 4000, residency=Residency.ON_DEMAND)
+    q = pinned("q", 3000, "a")
+    assert moves(host(x, p_, q), _running_on(p=(p_, "a"), q=(q, "a"))) == []
+
+
+def test_a_serve_whose_container_names_no_card_is_not_stopped_for_an_edit() -> None:
+    """Its record on every old candidate says where it may run, not where it does: the
+    edit does not stop it (counted on both until it stops)."""
+    p_ = placed("p", 4000, on=("b", "c"))
+    desired = DesiredState({**ROLES, "c": GpuRole("c", 6000)}, {"p": p_})
+    observed = replace(on(p_, "a", "b", told=False))
+    first = plan(desired, observed)
+    assert [d.how for d in first.placements] == [How.UNKNOWN]
+    assert first.empty
+    x = pinned("x", 4000, "b")
+    assert plan(host(x), on(x, "a", told=False)).empty

@@ -11,7 +11,7 @@ from test_placement import NOW, host, pinned
 
 from statemachine.plan import Action, Policy
 from statemachine.planner import plan_transitions
-from statemachine.types import Observed, Residency
+from statemachine.types import DesiredRun, Observed, Residency
 
 X = pinned("x", 6000, "a", residency=Residency.RESIDENT)
 E = pinned("e", 6000, "a")  # evictable, desired running
@@ -37,3 +37,12 @@ def test_room_that_is_not_free_is_not_kept() -> None:
     p = plan_transitions(host(big, X, E), Observed(True), HELD, NOW)
     assert [s.serve for s in p.steps if s.action is Action.START] == ["big"]
     assert "kept" not in {b.serve: b.reason for b in p.blocked}["x"]
+
+
+def test_a_serve_refused_for_the_kept_room_names_the_resident_as_kept() -> None:
+    y = pinned("y", 6000, "a", residency=Residency.ON_DEMAND, desired=DesiredRun.RUNNING)
+    p = plan_transitions(host(X, y), Observed(True), HELD, NOW)
+    (refused,) = [b for b in p.blocked if b.serve == "y"]
+    assert [(r.serve, r.why) for r in refused.protected] == [
+        ("x", "resident, held back: its room is kept for it")
+    ]
