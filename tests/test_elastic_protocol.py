@@ -47,6 +47,9 @@ class Containers:
         self.state |= {c: "created" for c in created or ()}
         self.restarted: list[str] = []
 
+    def created_for(self, name: str) -> str | None:
+        return None  # made without VRAMCTL_GPU_ROLE: started as it is
+
     def exists(self, name: str) -> bool:
         return name in self.state
 

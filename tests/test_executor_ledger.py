@@ -37,6 +37,9 @@ class Containers:
     def __init__(self, running: set[str]) -> None:
         self.state = {c: "running" for c in running}
 
+    def created_for(self, name: str) -> str | None:
+        return None  # made without VRAMCTL_GPU_ROLE: started as it is
+
     def exists(self, name: str) -> bool:
         return name in self.state
 

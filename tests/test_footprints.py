@@ -74,6 +74,9 @@ class Containers:
         self.takes = takes
         self.state = {c: "running" if c in running else "exited" for c in takes}
 
+    def created_for(self, name: str) -> str | None:
+        return None  # made without VRAMCTL_GPU_ROLE: started as it is
+
     def exists(self, name: str) -> bool:
         return name in self.state
 

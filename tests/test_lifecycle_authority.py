@@ -34,6 +34,9 @@ class Containers:
     def __init__(self) -> None:
         self.stops: list[str] = []
 
+    def created_for(self, name: str) -> str | None:
+        return None  # made without VRAMCTL_GPU_ROLE: started as it is
+
     def exists(self, name: str) -> bool:
         return True
 

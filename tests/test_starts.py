@@ -163,6 +163,9 @@ class Containers:
         self.gate = threading.Event()
         self.gate.set()
 
+    def created_for(self, name: str) -> str | None:
+        return None  # made without VRAMCTL_GPU_ROLE: started as it is
+
     def exists(self, name: str) -> bool:
         return name in self.state
 
