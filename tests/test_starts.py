@@ -321,8 +321,8 @@ def test_a_start_the_live_ledger_calls_ready_is_no_longer_in_progress_in_the_tra
         Ledger({}),
     )
     ex.execute(plan, Observed(True, {}), skip_preflight=True)
-    tracker.join(60)
-    assert in_progress_when_ready, "the live ledger never said x is ready"
+    tracker.join(WAIT_S)
+    wait_for("the live ledger to say x is ready", lambda: in_progress_when_ready)
     assert all("x" not in seen for seen in in_progress_when_ready), in_progress_when_ready
 
 
