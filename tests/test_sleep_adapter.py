@@ -232,8 +232,9 @@ def test_sglang_resume_of_what_was_not_released_is_refused() -> None:
 
 
 def test_engine_health_follows_load_and_restart() -> None:
-    with FakeEngine("vllm", load_s=0.4) as eng:
+    with FakeEngine("vllm", load_s=3600) as eng:  # loading until the test says it loaded
         assert httpx.get(eng.url + "/health").status_code == 503
+        eng.loaded_at = time.monotonic()  # its weights are in
         wait_until(lambda: httpx.get(eng.url + "/health").status_code == 200)
         with client() as c:
             c.sleep(eng.url, "vllm", 1)

@@ -69,12 +69,15 @@ def test_status_draws_a_bar_per_role_above_the_tables() -> None:
     ):
         assert part in legend
     assert "tts" not in legend  # OOM-killed: it holds nothing
-    figures = lines[at]
+    # the figures too wrap, up to the line that says what NVML could not read
+    figures = " ".join(
+        lines[at : next(i for i in range(at, len(lines)) if "(MiB)" in lines[i]) + 1]
+    )
     assert "committed 14848" in figures and "budget 30559" in figures
     # no GPU here: NVML figures are unknown, never 0
     assert "nvml used unknown" in figures and "drift unknown" in figures
     # the bars come first, today's tables after them
-    assert r.stdout.index("GPU roles (MiB)") > r.stdout.index(figures)
+    assert r.stdout.index("GPU roles (MiB)") > r.stdout.index(lines[at])
     assert "Serves" in r.stdout
 
 
