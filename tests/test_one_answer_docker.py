@@ -263,5 +263,6 @@ def test_up_names_the_victim_the_loop_stops_weighed_by_measured_costs(
     assert body["fit"]["evict"] == ["quick"], body
     assert [s["serve"] for s in body["steps"] if s["action"] == "stop"] == ["quick"]
     wait_for("r running", lambda: _state(docker_client, ctr["r"]) == "running")
-    assert _state(docker_client, ctr["quick"]) in ("exited", "created")
-    assert _state(docker_client, ctr["slow"]) == "running", loop.logs()
+    states = {n: _state(docker_client, ctr[n]) for n in ("slow", "quick")}
+    stopped = states["quick"] in ("exited", "created")
+    assert stopped and states["slow"] == "running", (states, loop.logs())
