@@ -157,3 +157,18 @@ def with_pending(observed: Observed, pending: tuple[PendingStart, ...]) -> Obser
     for p in pending:
         starting.setdefault(p.serve, StartingObs(p.gpu_roles, p.mib))
     return replace(observed, starting=starting)
+
+
+def asked_as_of(
+    seen: tuple[OnDemandRequest, ...], now: tuple[OnDemandRequest, ...]
+) -> tuple[OnDemandRequest, ...]:
+    """The requests a cycle plans: the requests recorded ``now``, less those for a
+    serve that had none when the cycle's observation began (``seen``). Such a request
+    is left to the next cycle (which the request asks for), which observes the host
+    after it: planned on an observation older than the request, it would be weighed
+    against a host the answer given to it never saw (a start that has since ended read
+    as still in progress, so another victim chosen). A request renewed or released
+    since counts as it stands now: nothing is stopped that was just asked for again,
+    nothing started that was just withdrawn."""
+    before = {r.serve for r in seen}
+    return tuple(r for r in now if r.released or r.serve in before)

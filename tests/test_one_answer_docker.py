@@ -209,12 +209,6 @@ def test_apply_reserves_a_placed_serve_on_the_planned_card(
     assert _committed(json.loads(r.stdout)["gpu_roles"]) == {"a": 3000, "b": 4000}
 
 
-@pytest.mark.xfail(
-    reason="under load the loop was seen to stop slow where up's answer named quick (2 of 4 "
-    "runs with two test suites on 2 cores): a disagreement of the answer and the loop's next "
-    "plan, not yet explained; its assert prints both states and the loop's log",
-    strict=False,
-)
 def test_up_names_the_victim_the_loop_stops_weighed_by_measured_costs(
     docker_client: docker.DockerClient,
     test_image: str,

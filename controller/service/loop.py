@@ -103,6 +103,7 @@ from statemachine import backoff
 from statemachine.backoff import Backoff
 from statemachine.idleness import in_force
 from statemachine.ledger import Ledger
+from statemachine.pending import asked_as_of
 from statemachine.planner import Action, Plan, Policy
 from statemachine.reload import (
     ReloadEstimate,
@@ -199,6 +200,8 @@ class Controller:
         self.changes = ChangeWaiters(lambda: self._aio)  # who waits for the state to change
         self.live.listen(self.changes.changed_threadsafe)
         self._mark = 0  # the live ledger's mark of the observation being taken
+        #: the requests recorded when the observation being taken began (asked_as_of)
+        self._asked_then: tuple[OnDemandRequest, ...] = ()
         #: the newest observation: (snapshot, when, its live-ledger mark)
         self._seen: tuple[SnapshotModel, float, int] | None = None
         self.overlays = overlays.JournalOverlays()  # the journal's records on each observation
@@ -287,19 +290,27 @@ class Controller:
         journal = getattr(self, "journal", None)
         return () if journal is None else tuple(journal.active_requests())
 
-    def desired(self) -> DesiredState:
-        """The desired state: the last good manifest set plus the requests."""
-        return replace(self.mset.desired(), requests=self.requests())
+    def desired(self, requests: tuple[OnDemandRequest, ...] | None = None) -> DesiredState:
+        """The desired state: the last good manifest set plus ``requests`` (default: the
+        requests recorded now)."""
+        asked = self.requests() if requests is None else requests
+        return replace(self.mset.desired(), requests=asked)
 
     def policy(self, now: float) -> Policy:
         """The planner policy: backoff holds, serves whose shrink failed or that cannot
         sleep, what bringing each serve back costs and when each was last used."""
         return self.situation_for(Observed(docker_ok=False), now).policy
 
-    def situation_for(self, observed: Observed, now: float) -> Situation:
-        """The loop's situation: the desired state with the requests, ``observed``, the
-        whole policy as of ``now`` (:meth:`Situation.of`), the serves' records."""
-        desired = self.desired()
+    def situation_for(
+        self,
+        observed: Observed,
+        now: float,
+        requests: tuple[OnDemandRequest, ...] | None = None,
+    ) -> Situation:
+        """The loop's situation: the desired state with ``requests`` (default: those
+        recorded now), ``observed``, the whole policy as of ``now``
+        (:meth:`Situation.of`), the serves' records."""
+        desired = self.desired(requests)
         return Situation.of(
             desired,
             observed,
@@ -539,6 +550,7 @@ class _LoopCycle:
         c = self.controller
         # the live ledger's events up to here are in what this observation sees
         c._mark = c.live.mark()
+        c._asked_then = c.requests()  # a request made after this waits for the next cycle
         # read before the containers: a start that ends in between has its container
         # running by then, so it is counted either way
         starting = c.starts.snapshot()
@@ -601,12 +613,13 @@ class _LoopCycle:
         c._notices.say(snap, observed)  # said once when it changes, not every cycle
         c._note_deaths(observed, now)
         c._end_finished_requests(observed, now)
-        desired = c.desired()
+        asked = asked_as_of(c._asked_then, c.requests())
+        desired = c.desired(asked)
         c.serve_records.observe(desired, observed)
         c._watch.feed(desired, observed)
         if c.footprints is not None:
             c.footprints.observe(observed, c.mset.desired(), now)
-        return c.situation_for(observed, now)
+        return c.situation_for(observed, now, asked)
 
     def plan(self, inputs: Situation) -> Plan:
         return inputs.plan
