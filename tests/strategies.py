@@ -24,8 +24,11 @@ Import as ``from strategies import ...`` (pytest puts ``tests/`` on ``sys.path``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
+from typing import TypeVar
 
+from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
 from statemachine.planner import Policy
@@ -50,6 +53,8 @@ from statemachine.types import (
     StartedWith,
     StartingObs,
 )
+
+T = TypeVar("T")
 
 NOW = 1_000_000.0
 PORTS = (8000, 8001, 8002)
@@ -498,3 +503,30 @@ def every_scenario(*, sleepers: bool = True) -> st.SearchStrategy[Scenario]:
     if not sleepers:
         return st.one_of(scenarios(docker_ok=True), hosts(sleep_share=0))
     return st.one_of(scenarios(docker_ok=True), hosts(), hosts(sleep_share=1))
+
+
+def case_share(
+    strategy: st.SearchStrategy[T], case: Callable[[T], bool], *, examples: int
+) -> float:
+    """The share of ``examples`` draws of ``strategy`` for which ``case`` holds.
+
+    Derandomized (the same draws at every run, no example database, generation only), so
+    a test that asserts a floor on it fails the day a generator stops reaching the case
+    its property is about, and never by chance.
+    """
+    hits: list[bool] = []
+
+    @settings(
+        max_examples=examples,
+        derandomize=True,
+        database=None,
+        deadline=None,
+        phases=[Phase.generate],
+        suppress_health_check=list(HealthCheck),
+    )
+    @given(strategy)
+    def draw(value: T) -> None:
+        hits.append(case(value))
+
+    draw()
+    return sum(hits) / max(1, len(hits))
