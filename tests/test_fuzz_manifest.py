@@ -32,16 +32,23 @@ import resource
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
 from types import FrameType
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from strategies import case_share
 
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
+from controller.manifest.fields import (
+    MAX_DRAIN_TIMEOUT_S,
+    MAX_START_TIMEOUT_S,
+    MAX_STOP_TIMEOUT_S,
+)
 
 ROOT = Path(__file__).resolve().parent.parent
 STACK = ROOT / "tests" / "fixtures" / "anvil-serving"
@@ -285,23 +292,137 @@ def test_value_and_key_mutations_load_or_are_refused_with_located_errors(
     load(tmp_path_factory.mktemp("values"), name, data)
 
 
+# ── hypothesis: what the runtime reads, at its edges ─────────────────────────
+
+
+def seconds(limit: float) -> st.SearchStrategy[str]:
+    """Durations up to ``limit`` (the field's own, or what Python's clock functions
+    take), mostly in range, its edges, and now and then past it or not a number."""
+    inside = st.one_of(
+        st.floats(1e-3, limit).map(repr),
+        st.integers(1, int(limit)).map(str),
+        st.sampled_from(("1e-320", "0.001", "1", repr(limit), str(int(limit)))),
+    )
+    outside = st.sampled_from(
+        ("0", "-0", "-1", repr(limit + 0.5), "9.2e9", "9.3e9", "1e300", str(2**63), "9" * 40,
+         "inf", "nan", '"600"', "true")
+    )  # fmt: skip
+    return st.one_of(inside, inside, inside, outside)
+
+
+def container_names() -> st.SearchStrategy[str]:
+    """Names Docker takes (drawn from its pattern), and near misses."""
+    near = ("a", "-x", ".x", "_x", "/x", "x/y", "a b", "x\n", "名前", "a\u0000b", "a:b")
+    return st.one_of(
+        st.from_regex(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{1,40}", fullmatch=True).map(toml_string),
+        st.from_regex(r"[a-zA-Z0-9][a-zA-Z0-9_.-]{1,40}", fullmatch=True).map(toml_string),
+        st.sampled_from(near).map(toml_string),
+        st.just(toml_string("x" * 300)),
+    )
+
+
+def up_commands() -> st.SearchStrategy[str]:
+    """``up`` commands: plain, quoted, ``{dir}`` anywhere, unicode, and a NUL or an
+    unbalanced quote now and then."""
+    words = st.sampled_from(
+        ("docker", "compose", "-f", "{dir}/docker-compose.yml", "up", "-d", "'a b'", '"c d"',
+         "{dir}", "x{dir}y", "é", "--name=名前", "\\", "$HOME", ";")
+    )  # fmt: skip
+    command = st.lists(words, min_size=1, max_size=8).map(" ".join)
+    broken = st.tuples(command, st.sampled_from(("'", '"', "a\x00b")), command).map(" ".join)
+    return st.one_of(command, command, command, broken).map(toml_string)
+
+
+RUNTIME_FIELDS: dict[str, st.SearchStrategy[str]] = {
+    "start_timeout_s": seconds(MAX_START_TIMEOUT_S),
+    "stop_timeout_s": seconds(MAX_STOP_TIMEOUT_S),
+    "drain_timeout_s": seconds(MAX_DRAIN_TIMEOUT_S),
+    "min_runtime_s": seconds(MAX_TIMEOUT_S),
+    "container": container_names(),
+    "up": up_commands(),
+}
+_SERVE_HEADER = re.compile(r"^\[\[serve\]\][^\n]*\n", re.MULTILINE)
+_NEXT_TABLE = re.compile(r"^\s*\[", re.MULTILINE)
+
+
+def set_in_serve(text: str, at: re.Match[str], key: str, value: str) -> str:
+    """``text`` with ``key = value`` in the serve table whose header ``at`` matched:
+    its assignment replaced where the table has one, else added under the header."""
+    end = _NEXT_TABLE.search(text, at.end())
+    stop = end.start() if end else len(text)
+    line = re.compile(rf"^{re.escape(key)}\s*=.*$", re.MULTILINE).search(text, at.end(), stop)
+    if line is not None:
+        return text[: line.start()] + f"{key} = {value}" + text[line.end() :]
+    return text[: at.end()] + f"{key} = {value}\n" + text[at.end() :]
+
+
+@st.composite
+def runtime_mutations(draw: st.DrawFn) -> tuple[str, bytes]:
+    """A seed whose serves' runtime fields (container, timeouts, ``up``) are set to
+    values at their edges: most sets still load, so the property below has sets to check
+    (of the generic value mutations above, 2 to 13 in 100 loaded)."""
+    name = draw(
+        st.sampled_from(sorted(n for n, d in SEEDS.items() if _SERVE_HEADER.search(d.decode())))
+    )
+    text = SEEDS[name].decode()
+    for _ in range(draw(st.integers(1, 3))):
+        at = draw(st.sampled_from(list(_SERVE_HEADER.finditer(text))))
+        key = draw(st.sampled_from(sorted(RUNTIME_FIELDS)))
+        text = set_in_serve(text, at, key, draw(RUNTIME_FIELDS[key]))
+    return name, text.encode()
+
+
+def loads(case: tuple[str, bytes]) -> bool:
+    """Whether the mutated seed loads as a set."""
+    with tempfile.TemporaryDirectory(prefix="vc-fuzz-") as tmp:
+        return not isinstance(load(Path(tmp), *case), ManifestError)
+
+
+def test_the_runtime_property_checks_sets_that_load() -> None:
+    """Its generator gives it sets to check: at least half of its examples load (the
+    generic value mutations it once drew loaded in 2 to 13 of 100)."""
+    share = case_share(runtime_mutations(), loads, examples=100)
+    assert share >= 0.5, f"{share:.0%} of the runtime mutations load"
+
+
 @FUZZ
-@given(case=value_mutations())
+@given(case=runtime_mutations())
 def test_a_valid_set_is_one_the_runtime_can_run(
     case: tuple[str, bytes], tmp_path_factory: pytest.TempPathFactory
 ) -> None:
     name, data = case
     result = load(tmp_path_factory.mktemp("runtime"), name, data)
     if isinstance(result, ManifestError):
+        event("refused")
         return
+    event("loaded: checked")
     for serve_name, serve in result.serves.items():
         where = f"{name}: serve {serve_name!r}"
         assert CONTAINER_NAME.match(serve.container), f"{where}: container {serve.container!r}"
-        for field in ("start_timeout_s", "stop_timeout_s", "drain_timeout_s", "min_runtime_s"):
+        for field in ("start_timeout_s", "stop_timeout_s", "drain_timeout_s"):
             value = float(getattr(serve, field))
             assert math.isfinite(value) and 0 <= value < MAX_TIMEOUT_S, f"{where}: {field}={value}"
+        # only compared with a serve's age, never handed to a clock function: finite
+        # (its bound like the timeouts' is the strict xfail below)
+        assert math.isfinite(serve.min_runtime_s) and serve.min_runtime_s >= 0, where
         for arg in result.up_argv(serve_name) or ():
             assert "\x00" not in arg, f"{where}: NUL in up argument {arg!r}"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="the loader bounds min_runtime_s nowhere (any finite number of seconds loads), "
+    "unlike the timeouts; found by test_a_valid_set_is_one_the_runtime_can_run",
+)
+def test_min_runtime_s_is_bounded_like_the_timeouts(tmp_path: Path) -> None:
+    data = SEEDS["examples/placement.toml"].decode()
+    at = next(_SERVE_HEADER.finditer(data))
+    result = load(
+        tmp_path,
+        "examples/placement.toml",
+        set_in_serve(data, at, "min_runtime_s", "1e300").encode(),
+    )
+    assert isinstance(result, ManifestError), "min_runtime_s = 1e300 loads"
 
 
 # ── the one large input, in a subprocess with a memory limit ─────────────────
