@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import docker
+import pytest
 from serving import free_port
 from test_executor_e2e import ROLE, Host, host, serve_toml
 
@@ -26,6 +27,8 @@ from statemachine.planner import Policy, plan_transitions
 from statemachine.types import Observed, OnDemandRequest
 
 __all__ = ["host"]  # the fixture, shared with test_executor_e2e
+
+pytestmark = pytest.mark.docker  # the real daemon: skipped with the others when it is unavailable
 
 
 class _StartedRightAfterTheList:
