@@ -483,10 +483,18 @@ def test_run_converges_on_manifest_edits_and_restarts_nothing(fleet: Fleet) -> N
         last = j.cycle_ids()[-1]
     host = (fleet.states(), {s: fleet.started_at(s) for s in ("a", "b", "c")})
     replay_ns = time.time_ns()
+    # against the last manifest: each cycle recorded under it plans the same, and each
+    # recorded under an earlier one (a + b; then b stopped; then c added) differs, since
+    # every earlier manifest wants a serve started or stopped that the last does not
     r = vramctl("replay", str(fleet.journal), "-m", str(fleet.manifest), "--json")
-    assert r.returncode in (0, 2), r.stdout + r.stderr
-    summary = json.loads(r.stdout)["summary"]
-    assert summary["cycles"] >= 4 and summary["errors"] == 0
+    assert r.returncode == 2, r.stdout + r.stderr
+    replayed = json.loads(r.stdout)
+    assert replayed["summary"]["cycles"] >= 4 and replayed["summary"]["errors"] == 0
+    assert [(c["id"], c["status"]) for c in replayed["cycles"]] == [
+        (c["id"], "differs" if c["manifest_changed"] else "same") for c in replayed["cycles"]
+    ], r.stdout
+    assert replayed["cycles"][0]["manifest_changed"] is True  # a + b: c was not started
+    assert replayed["cycles"][-1]["id"] == last and replayed["cycles"][-1]["status"] == "same"
     r = vramctl(
         "replay", str(fleet.journal), "-m", str(fleet.manifest), "--cycle", str(last), "--json"
     )
@@ -500,8 +508,23 @@ def test_run_converges_on_manifest_edits_and_restarts_nothing(fleet: Fleet) -> N
     assert fleet.our_events(replay_ns) == []
 
 
-def _eviction_fleet(fleet: Fleet, *, llm_delay_s: int = 3) -> dict[str, int]:
-    """emb resident 2000 + omni evictable 6000 running; llm on-demand 6000 (slow start)."""
+def _gated_httpd(port: int) -> list[str]:
+    """:func:`serving.httpd` that answers only once the test opens its gate
+    (:func:`_open_gate`): until then, an await_ready on it cannot end."""
+    serve = " ".join(httpd(port)[2:])
+    return ["sh", "-c", f"until [ -e /gate ]; do sleep 0.05; done; {serve}"]
+
+
+def _open_gate(fleet: Fleet, serve: str) -> None:
+    done = fleet.client.containers.get(fleet.name(serve)).exec_run(["touch", "/gate"])
+    assert done.exit_code == 0, done.output
+
+
+def _eviction_fleet(
+    fleet: Fleet, *, llm_delay_s: int = 3, llm_gated: bool = False
+) -> dict[str, int]:
+    """emb resident 2000 + omni evictable 6000 running; llm on-demand 6000 (slow start,
+    or healthy only once the test opens its gate)."""
     ports = {"emb": free_port(), "omni": free_port(), "llm": free_port()}
     fleet.container("emb", port=ports["emb"], mib=2000, running=True)
     fleet.container("omni", port=ports["omni"], mib=6000, running=True)
@@ -510,7 +533,10 @@ def _eviction_fleet(fleet: Fleet, *, llm_delay_s: int = 3) -> dict[str, int]:
         port=ports["llm"],
         mib=6000,
         running=False,
-        command=httpd(ports["llm"], delay_s=llm_delay_s),  # await_ready takes that long
+        # await_ready takes that long, or until the test opens the gate
+        command=_gated_httpd(ports["llm"])
+        if llm_gated
+        else httpd(ports["llm"], delay_s=llm_delay_s),
     )
     fleet.write(
         ROLE
@@ -524,19 +550,30 @@ def _eviction_fleet(fleet: Fleet, *, llm_delay_s: int = 3) -> dict[str, int]:
 
 
 def test_sigkill_mid_eviction_then_restart_converges_once(fleet: Fleet) -> None:
-    ports = _eviction_fleet(fleet)
+    ports = _eviction_fleet(fleet, llm_gated=True)
     t0 = time.time_ns()
 
+    def outcome() -> dict[str, Any] | None:
+        if not fleet.journal.exists():
+            return None
+        cycles = fleet.cycles()
+        return cycles[0].outcome if cycles else None
+
     run1 = fleet.start().started()
-    run1.wait_step("omni stop ok")
+    # killed once the eviction's outcome is journaled and llm's container runs, while
+    # llm's await_ready still runs beside the loop (llm answers only once its gate is
+    # opened, below)
+    wait_for("the eviction's outcome journaled", outcome)
+    fleet.wait_state("llm", "running")
     run1.proc.send_signal(signal.SIGKILL)
     assert run1.proc.wait(WAIT_S) == -signal.SIGKILL
     assert fleet.state("omni") == "exited"
     (cycle,) = fleet.cycles()  # the eviction plan was journaled; the start's end never came
-    done = [f"{s['action']} {s['serve']}" for s in (cycle.outcome or {}).get("steps", [])]
+    done = [f"{s['action']} {s['serve']}" for s in cycle.outcome["steps"]]
+    assert done[:3] == ["stop omni", "release omni", "reserve llm"], done
     assert "await_ready llm" not in done, done  # the start ran beside the loop, unfinished
-    # and the journal says so: the next controller treats its readmit as not done
-    assert cycle.outcome is None or cycle.outcome.get("pending") == ["llm"], cycle.outcome
+    # and the journal says so: the next controller treats its start as not ended
+    assert cycle.outcome["pending"] == ["llm"], cycle.outcome
     assert [f"{s['action']} {s['serve']}" for s in cycle.plan["steps"]] == [
         "stop omni",
         "release omni",
@@ -545,6 +582,7 @@ def test_sigkill_mid_eviction_then_restart_converges_once(fleet: Fleet) -> None:
         "await_ready llm",
     ]
 
+    _open_gate(fleet, "llm")
     run2 = fleet.start(api=True).started()  # the dead controller's lock does not block it
     wait_for("llm healthy", lambda: healthy(ports["llm"]))
     wait_for("llm running", lambda: fleet.state("llm") == "running")
@@ -558,7 +596,7 @@ def test_sigkill_mid_eviction_then_restart_converges_once(fleet: Fleet) -> None:
     host = fleet.states()
     replay_ns = time.time_ns()
     r = vramctl("replay", str(fleet.journal), "-m", str(fleet.manifest))
-    assert r.returncode in (0, 2), r.stdout + r.stderr
+    assert r.returncode == 0, r.stdout + r.stderr
     assert "cycle 1" in r.stdout
     assert fleet.states() == host and fleet.our_events(replay_ns) == []
 
