@@ -14,9 +14,25 @@ operator    change
 ``const``   an integer constant ``n`` becomes ``n + 1`` and ``n - 1``;
             ``True``/``False`` swapped
 ``return``  an early ``return`` (one that is not a function's last statement)
-            becomes ``pass``; ``break``/``continue`` swapped
+            becomes ``pass``
+``loop``    ``break``/``continue`` swapped
 ``minmax``  ``min(...)``/``max(...)`` swapped
+``drop``    one operand of ``and``/``or`` dropped, each in turn
+``swap``    two adjacent elements of a sort key (the tuple a ``key=`` lambda or
+            a ``key=``/``*_key`` function returns) or of a tuple compared
+            (``<``, ``==``, ...) swapped
+``delete``  a statement of a function's body becomes ``pass``: a call, an
+            augmented assignment, a ``raise``, a ``continue``, an assignment
+            to an attribute, an item or a name bound elsewhere too
+``guard``   an ``if`` without ``else`` whose body is one ``return``,
+            ``continue``, ``break`` or ``raise`` always taken
+``count``   ``a - b`` becomes ``a``, and ``b``
+``unit``    ``1024``/``1000``, ``1048576``/``1000000``, ``2**30``/``10**9``,
+            ``60``/``3600`` swapped (floats too)
 ==========  =================================================================
+
+A run prints its outcome per operator family (and ``--docs`` writes it into
+docs/mutation.md with each module's row, from ``tests/mutation/scores.toml``).
 
 Docstrings, annotations and string literals are never mutated. A mutant is written
 into a private copy of the repository (one per worker), so the subprocesses the
@@ -204,8 +220,91 @@ def _walk(tree: ast.AST) -> Iterator[tuple[ast.AST, ast.AST | None, bool]]:
             yield node, parents.get(id(node)), id(node) in last
 
 
-def _changes(node: ast.AST, parent: ast.AST | None, is_last: bool) -> list[tuple[str, str]]:
+_UNITS: dict[int, int] = {
+    1024: 1000,
+    1000: 1024,
+    1_048_576: 1_000_000,
+    1_000_000: 1_048_576,
+    1_073_741_824: 1_000_000_000,
+    1_000_000_000: 1_073_741_824,
+    60: 3600,
+    3600: 60,
+}
+_GUARD_EXITS = (ast.Return, ast.Continue, ast.Break, ast.Raise)
+_ORDERING = (ast.Lt, ast.LtE, ast.Gt, ast.GtE, ast.Eq, ast.NotEq)
+
+
+@dataclass
+class _Context:
+    """What a node's mutations depend on beyond the node itself: the tuples that are
+    sort keys or sides of a comparison, and the statements a deletion may drop."""
+
+    key_tuples: set[int] = field(default_factory=set)
+    deletable: set[int] = field(default_factory=set)
+
+
+def _function_nodes(fn: ast.AST) -> Iterator[ast.AST]:
+    """The nodes of a function's body, not those of the functions or lambdas in it."""
+    todo = list(ast.iter_child_nodes(fn))
+    while todo:
+        node = todo.pop()
+        yield node
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda):
+            todo.extend(ast.iter_child_nodes(node))
+
+
+def _is_key_name(name: str) -> bool:
+    return name == "key" or name.endswith("_key")
+
+
+def _context(tree: ast.AST) -> _Context:
+    ctx = _Context()
+    key_functions: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            for kw in node.keywords:
+                if kw.arg != "key":
+                    continue
+                if isinstance(kw.value, ast.Lambda) and isinstance(kw.value.body, ast.Tuple):
+                    ctx.key_tuples.add(id(kw.value.body))
+                elif isinstance(kw.value, ast.Name):
+                    key_functions.add(kw.value.id)
+                elif isinstance(kw.value, ast.Attribute):
+                    key_functions.add(kw.value.attr)
+        elif isinstance(node, ast.Compare) and all(isinstance(o, _ORDERING) for o in node.ops):
+            for side in (node.left, *node.comparators):
+                if isinstance(side, ast.Tuple):
+                    ctx.key_tuples.add(id(side))
+    for node in ast.walk(tree):
+        if not isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+            continue
+        inner = list(_function_nodes(node))
+        if node.name in key_functions or _is_key_name(node.name):
+            for r in inner:
+                if isinstance(r, ast.Return) and isinstance(r.value, ast.Tuple):
+                    ctx.key_tuples.add(id(r.value))
+        stores: dict[str, int] = {}
+        for n in inner:
+            if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store):
+                stores[n.id] = stores.get(n.id, 0) + 1
+        for n in inner:
+            side_effect = isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+            if side_effect or isinstance(n, ast.AugAssign | ast.Raise | ast.Continue):
+                ctx.deletable.add(id(n))
+            elif isinstance(n, ast.Assign | ast.AnnAssign) and n.value is not None:
+                targets = n.targets if isinstance(n, ast.Assign) else [n.target]
+                # a name bound only here would be unbound after: a crash, not a bug's shape
+                names = [t for t in targets if isinstance(t, ast.Name)]
+                if all(stores.get(t.id, 0) > 1 for t in names):
+                    ctx.deletable.add(id(n))
+    return ctx
+
+
+def _changes(
+    node: ast.AST, parent: ast.AST | None, is_last: bool, ctx: _Context | None = None
+) -> list[tuple[str, str]]:
     """(change, operator label) for every mutation of ``node``."""
+    ctx = ctx or _Context()
     out: list[tuple[str, str]] = []
     if isinstance(node, ast.Compare):
         for i, op in enumerate(node.ops):
@@ -221,12 +320,21 @@ def _changes(node: ast.AST, parent: ast.AST | None, is_last: bool) -> list[tuple
         )
         if new_bin is not None and not strings:
             out.append(("bin", f"arith {_SYMBOL[type(node.op)]} -> {_SYMBOL[new_bin]}"))
+        if isinstance(node.op, ast.Sub) and not strings:
+            # a - 1 -> a is const 1 -> 0, 0 - b -> b is arith - -> +: not twice
+            if not (isinstance(node.right, ast.Constant) and node.right.value == 1):
+                out.append(("count:left", "count a - b -> a"))
+            if not (isinstance(node.left, ast.Constant) and node.left.value == 0):
+                out.append(("count:right", "count a - b -> b"))
     elif isinstance(node, ast.AugAssign):
         new_aug = _AUG_SWAP.get(type(node.op))
         if new_aug is not None:
             out.append(("aug", f"aug {_SYMBOL[type(node.op)]}= -> {_SYMBOL[new_aug]}="))
     elif isinstance(node, ast.BoolOp):
-        out.append(("bool", "bool and -> or" if isinstance(node.op, ast.And) else "bool or -> and"))
+        word = "and" if isinstance(node.op, ast.And) else "or"
+        out.append(("bool", "bool and -> or" if word == "and" else "bool or -> and"))
+        for i in range(len(node.values)):
+            out.append((f"drop:{i}", f"drop {word} operand {i}"))
     elif isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.Not):
         out.append(("unary", "not removed"))
     elif (
@@ -250,11 +358,56 @@ def _changes(node: ast.AST, parent: ast.AST | None, is_last: bool) -> list[tuple
     ):
         other = "max" if node.func.id == "min" else "min"
         out.append(("minmax", f"minmax {node.func.id} -> {other}"))
+    elif isinstance(node, ast.Tuple) and id(node) in ctx.key_tuples:
+        for i in range(len(node.elts) - 1):
+            if ast.dump(node.elts[i]) != ast.dump(node.elts[i + 1]):
+                out.append((f"swap:{i}", f"swap key {i} <-> {i + 1}"))
+    elif (
+        isinstance(node, ast.If)
+        and not node.orelse
+        and len(node.body) == 1
+        and isinstance(node.body[0], _GUARD_EXITS)
+        and not isinstance(node.test, ast.Constant)
+    ):
+        out.append(("guard", "guard always taken"))
+    if id(node) in ctx.deletable:
+        out.append(("delete", "statement deleted"))
     number = _number_value(node, parent)
     if number is not None:
         v = number
         out += [("plus", f"const {v!r} -> {v + 1!r}"), ("minus", f"const {v!r} -> {v - 1!r}")]
+        if isinstance(node, ast.Constant) and v in _UNITS:
+            unit = type(v)(_UNITS[int(v)])
+            out.append(("unit", f"unit {v!r} -> {unit!r}"))
     return out
+
+
+# the operator families of the reports, in this order; each change belongs to one
+FAMILIES: dict[str, str] = {
+    "cmp": "cmp",
+    "bin": "arith",
+    "aug": "aug",
+    "bool": "bool",
+    "unary": "not",
+    "flip": "const",
+    "plus": "const",
+    "minus": "const",
+    "pass": "return",
+    "continue": "loop",
+    "break": "loop",
+    "minmax": "minmax",
+    "drop": "drop",
+    "swap": "swap",
+    "delete": "delete",
+    "guard": "guard",
+    "count": "count",
+    "unit": "unit",
+}
+
+
+def family(change: str) -> str:
+    """The operator family of a change (``cmp:0`` is ``cmp``, ``bin`` is ``arith``)."""
+    return FAMILIES[change.split(":", 1)[0]]
 
 
 def _number_value(node: ast.AST, parent: ast.AST | None) -> float | None:
@@ -310,8 +463,31 @@ def _apply(node: ast.AST, change: str) -> ast.AST:
             return _number(-node.operand.value, delta)
         assert isinstance(node, ast.Constant)
         return _number(node.value, delta)
-    if change == "pass":
+    if change in ("pass", "delete"):
         return ast.Pass()
+    if change.startswith("drop:"):
+        assert isinstance(node, ast.BoolOp)
+        i = int(change.split(":")[1])
+        rest = [v for j, v in enumerate(node.values) if j != i]
+        if len(rest) == 1:
+            return rest[0]
+        node.values = rest
+        return node
+    if change.startswith("swap:"):
+        assert isinstance(node, ast.Tuple)
+        i = int(change.split(":")[1])
+        node.elts[i], node.elts[i + 1] = node.elts[i + 1], node.elts[i]
+        return node
+    if change == "guard":
+        assert isinstance(node, ast.If)
+        node.test = ast.Constant(True)
+        return node
+    if change.startswith("count:"):
+        assert isinstance(node, ast.BinOp)
+        return node.left if change == "count:left" else node.right
+    if change == "unit":
+        assert isinstance(node, ast.Constant) and isinstance(node.value, int | float)
+        return ast.Constant(type(node.value)(_UNITS[int(node.value)]))
     if change == "continue":
         return ast.Continue()
     if change == "break":
@@ -328,8 +504,9 @@ def mutants_of(module: str, source: str) -> list[Mutant]:
     tree = ast.parse(source)
     lines = source.splitlines()
     found: list[Mutant] = []
+    ctx = _context(tree)
     for index, (node, parent, is_last) in enumerate(_walk(tree)):
-        for change, op in _changes(node, parent, is_last):
+        for change, op in _changes(node, parent, is_last, ctx):
             lineno = getattr(node, "lineno", 0)
             text = lines[lineno - 1].strip() if lineno else ""
             end = getattr(node, "end_lineno", None) or lineno
@@ -568,6 +745,158 @@ def equivalents_table(cfg: Config) -> str:
     return "\n".join(rows)
 
 
+def operator_line(res: ModuleResult) -> str:
+    """One module's outcome per operator family, for the run's output."""
+    parts = []
+    for fam, c in res.by_operator().items():
+        if not c["run"]:
+            continue  # its mutants equivalent, or not in this run (--match, a sample)
+        left = c["survived"] + c["uncovered"]
+        parts.append(
+            f"{fam} {c['killed']}/{c['run']}"
+            + (f" ({left} left: {c['uncovered']} not covered)" if left else "")
+            + (f" +{c['equivalent']} eq" if c["equivalent"] else "")
+        )
+    return ", ".join(parts) or "no mutant"
+
+
+def _sum_operators(results: list[ModuleResult]) -> dict[str, dict[str, int]]:
+    total: dict[str, dict[str, int]] = {}
+    for r in results:
+        for fam, c in r.by_operator().items():
+            row = total.setdefault(fam, dict.fromkeys(COUNTS, 0))
+            for k in COUNTS:
+                row[k] += c[k]
+    return {f: total[f] for f in dict.fromkeys(FAMILIES.values()) if f in total}
+
+
+def operators_table(counts: dict[str, dict[str, int]]) -> str:
+    """The table of outcomes per operator family."""
+    rows = [
+        "| operator | mutants | equivalent | run | killed | survived | not covered | score |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for fam, c in counts.items():
+        score = f"{100.0 * c['killed'] / c['run']:.1f} %" if c["run"] else "-"
+        rows.append(
+            f"| {fam} | {c['mutants']} | {c['equivalent']} | {c['run']} | {c['killed']} "
+            f"| {c['survived']} | {c['uncovered']} | {score} |"
+        )
+    return "\n".join(rows)
+
+
+SCORES = "tests/mutation/scores.toml"
+
+
+def load_scores(root: Path) -> dict[str, dict[str, Any]]:
+    """Each module's last stored run (``scores.toml``, written by ``--docs``)."""
+    path = root / SCORES
+    if not path.is_file():
+        return {}
+    return dict(tomllib.loads(path.read_text()).get("modules", {}))
+
+
+def stored_score(r: ModuleResult, when: str, command: str) -> dict[str, Any]:
+    return {
+        "last_run": when,
+        "command": command,
+        "mutants": r.total,
+        "equivalent": r.equivalent,
+        "run": r.run,
+        "killed": r.killed,
+        "uncovered": r.uncovered,
+        "known": len(r.known),
+        "seconds": round(r.seconds),
+        "operators": r.by_operator(),
+    }
+
+
+def _toml_value(v: Any) -> str:
+    if isinstance(v, dict):
+        return "{ " + ", ".join(f"{k} = {_toml_value(x)}" for k, x in v.items()) + " }"
+    return json.dumps(v)
+
+
+def write_scores(root: Path, stored: dict[str, dict[str, Any]]) -> None:
+    """Rewrite ``scores.toml``: one table per module, its last run's figures."""
+    out = [
+        "# Each module's last full run with `--docs` (tests/mutation/mutate.py): its counts,\n"
+        "# in all and per operator family. Generated, not edited by hand; docs/mutation.md's\n"
+        "# scores block is made from it (a module never run shows as not run).\n"
+    ]
+    for name in sorted(stored):
+        out.append(f"\n[modules.{json.dumps(name)}]\n")
+        for k, v in stored[name].items():
+            if k != "operators":
+                out.append(f"{k} = {_toml_value(v)}\n")
+        out.append(f"\n[modules.{json.dumps(name)}.operators]\n")
+        for fam, c in stored[name]["operators"].items():
+            out.append(f"{fam} = {_toml_value(c)}\n")
+    (root / SCORES).write_text("".join(out))
+
+
+def scores_block(cfg: Config, stored: dict[str, dict[str, Any]]) -> str:
+    """docs/mutation.md's scores block: a row per module the test command gates (and
+    per other module of ``statemachine/`` with a stored run), what they stand at, and
+    the outcomes per operator family summed over them."""
+    names = [
+        n for n, m in cfg.modules.items() if not is_shell(n) and (m.in_test_command or n in stored)
+    ]
+    gated = [n for n in names if cfg.modules[n].in_test_command]
+    rows = [
+        "| module | threshold | mutants | equivalent | run | killed | survived | not covered "
+        "| known survivors | score | time | last run |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    below: list[str] = []
+    missing: list[str] = []
+    total: dict[str, dict[str, int]] = {}
+    for n in names:
+        where = f"`{source_path(n).as_posix()}`"
+        gate = cfg.modules[n].threshold
+        s = stored.get(n)
+        if s is None:
+            missing.append(n)
+            rows.append(f"| {where} | {_gate(gate)} | not run | | | | | | | | | |")
+            continue
+        score = 100.0 * s["killed"] / s["run"] if s["run"] else 100.0
+        if gate is not None and score < gate and n in gated:
+            below.append(f"`{n}` {score:.1f} %")
+        rows.append(
+            f"| {where} | {_gate(gate)} | {s['mutants']} | {s['equivalent']} | {s['run']} "
+            f"| {s['killed']} | {s['run'] - s['killed'] - s['uncovered']} | {s['uncovered']} "
+            f"| {s['known']} | {score:.1f} % | {s['seconds']} s | {s['last_run']} |"
+        )
+        for fam, c in s["operators"].items():
+            row = total.setdefault(fam, dict.fromkeys(COUNTS, 0))
+            for k in COUNTS:
+                row[k] += c.get(k, 0)
+    ran = [n for n in gated if n not in missing]
+    if not ran:
+        standing = "none has a stored run yet"
+    elif below:
+        standing = (
+            f"{len(ran)} have a stored run: {len(ran) - len(below)} at or above their "
+            f"threshold, below it: {', '.join(below)}"
+        )
+    else:
+        standing = f"{len(ran)} have a stored run, each at or above its threshold"
+    summary = (
+        f"Of the {len(gated)} modules the test command gates, {standing}"
+        + (f"; not run yet: {', '.join(f'`{n}`' for n in missing)}" if ran and missing else "")
+        + ". A row is its module's last full run with `--docs` (its kind and date in the "
+        f"last column; the figures in `{SCORES}`)."
+    )
+    fams = {f: total[f] for f in dict.fromkeys(FAMILIES.values()) if f in total}
+    return (
+        summary
+        + "\n\n"
+        + "\n".join(rows)
+        + "\n\nBy operator, summed over the rows above:\n\n"
+        + operators_table(fams)
+    )
+
+
 def scores_table(results: list[ModuleResult], thresholds: dict[str, float | None]) -> str:
     """The table of one run's scores, one row per module run."""
     rows = [
@@ -699,6 +1028,10 @@ class Outcome:
     how: str = ""  # "warm" (a fork of the warm process, patched) or "fresh" (a new one)
 
 
+COUNTS = ("mutants", "equivalent", "run", "killed", "survived", "uncovered")
+_COUNTED = {"timeout": "killed"}  # a hang is caught
+
+
 @dataclass
 class ModuleResult:
     module: str
@@ -709,6 +1042,22 @@ class ModuleResult:
     seconds: float = 0.0
     outcomes: list[Outcome] = field(default_factory=list)
     known: list[Mutant] = field(default_factory=list)  # known survivors, counted, not run
+    every: list[Mutant] = field(default_factory=list)  # every mutant, equivalents included
+    excluded: set[str] = field(default_factory=set)  # the equivalents' keys
+
+    def by_operator(self) -> dict[str, dict[str, int]]:
+        """Per operator family: mutants, equivalent, run, killed, survived (known
+        survivors included), uncovered."""
+        out: dict[str, dict[str, int]] = {}
+        for m in self.every:
+            row = out.setdefault(family(m.change), dict.fromkeys(COUNTS, 0))
+            row["mutants"] += 1
+            row["equivalent"] += m.key in self.excluded
+        for o in self.outcomes:
+            row = out.setdefault(family(o.mutant.change), dict.fromkeys(COUNTS, 0))
+            row["run"] += 1
+            row[_COUNTED.get(o.status, o.status)] += 1
+        return {f: out[f] for f in dict.fromkeys(FAMILIES.values()) if f in out}
 
     @property
     def killed(self) -> int:
@@ -956,7 +1305,9 @@ def run(args: argparse.Namespace) -> int:
         every_key |= {m.key for m in every}
         excluded, wrong = match_equivalents([e for e in cfg.equivalents if e.module == name], every)
         problems += wrong
-        res = ModuleResult(name, total=len(every), equivalent=len(excluded))
+        res = ModuleResult(
+            name, total=len(every), equivalent=len(excluded), every=every, excluded=set(excluded)
+        )
         todo = [m for m in every if m.key not in excluded]
         if args.match:
             todo = [m for m in todo if any(t in m.key for t in args.match)]
@@ -985,6 +1336,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.docs:
         write_block(root, "equivalents", equivalents_table(cfg))
+        write_block(root, "scores", scores_block(cfg, load_scores(root)))
     if args.list:
         for name, (res, todo, files) in plan.items():
             print(f"# {name}: {res.total} mutants, {res.equivalent} equivalent, {res.run} to run")
@@ -1090,6 +1442,7 @@ def run(args: argparse.Namespace) -> int:
                     f"{_mean(o.tests for o in res.outcomes):.0f} tests per mutant",
                     flush=True,
                 )
+                print(f"mutate: {name} by operator: {operator_line(res)}", flush=True)
         finally:
             for w in every_worker:
                 w.close()
@@ -1106,17 +1459,31 @@ def run(args: argparse.Namespace) -> int:
         for n, (res, _, _) in plan.items()
         if (gate := cfg.modules[n].threshold) is not None and res.score < gate
     ]
+    results = [res for res, _, _ in plan.values()]
     print(f"mutate: {run_kind(args, full)} run in {elapsed:.0f}s with {workers} worker(s)")
+    print("mutate: by operator, every module run:\n" + operators_table(_sum_operators(results)))
     if args.docs:
-        results = [res for res, _, _ in plan.values()]
         thresholds = {n: m.threshold for n, m in cfg.modules.items()}
-        write_block(
-            root,
-            "shell-scores" if all(is_shell(n) for n in plan) else "scores",
-            f"`{' '.join(['mutate.py', *sys.argv[1:]])}`: {run_kind(args, full)} "
-            f"run, {workers} worker(s), {elapsed:.0f} s in all.\n\n"
-            + scores_table(results, thresholds),
-        )
+        command = " ".join(["mutate.py", *sys.argv[1:]])
+        if all(is_shell(n) for n in plan):
+            write_block(
+                root,
+                "shell-scores",
+                f"`{command}`: {run_kind(args, full)} run, {workers} worker(s), "
+                f"{elapsed:.0f} s in all.\n\n"
+                + scores_table(results, thresholds)
+                + "\n\nBy operator, every module of this run:\n\n"
+                + operators_table(_sum_operators(results)),
+            )
+        elif args.match or args.tests or any(r.sampled for r in results):
+            print(f"mutate: {SCORES} not written: a run of only some mutants is no module's score")
+        else:
+            stored = load_scores(root)
+            day = time.strftime("%Y-%m-%d", time.gmtime())
+            for r in results:
+                stored[r.module] = stored_score(r, f"{run_kind(args, full)}, {day}", command)
+            write_scores(root, stored)
+            write_block(root, "scores", scores_block(cfg, stored))
     if args.json:
         Path(args.json).write_text(
             json.dumps(
@@ -1135,6 +1502,7 @@ def run(args: argparse.Namespace) -> int:
                         "uncovered": [
                             o.mutant.key for o in res.outcomes if o.status == "uncovered"
                         ],
+                        "operators": res.by_operator(),
                     }
                     for n, (res, _, _) in plan.items()
                 },
