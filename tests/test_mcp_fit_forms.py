@@ -72,8 +72,8 @@ def _fit_json(tmp_path: Path, where: str, mib: int) -> dict[str, Any]:
     declared = tmp_path / "declared.toml"
     declared.write_text(f"{MANIFEST}\n[[serve]]\n{PROBE}{where}\nvram_mib = {mib}\n")
     done = vramctl("fit", "probe", "--json", "-m", str(declared), "--observed", _obs(tmp_path))
-    assert done.returncode in (0, 1), done.stderr
     answer: dict[str, Any] = json.loads(done.stdout)
+    assert done.returncode == (0 if answer["fits"] else 1), done.stderr  # 0 fits, 1 does not
     return answer
 
 
