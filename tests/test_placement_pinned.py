@@ -17,7 +17,10 @@ from statemachine.types import (
     DesiredRun,
     DesiredState,
     GpuRole,
+    InFlightObs,
+    InFlightSource,
     Observed,
+    OnDemandRequest,
     Residency,
     ServeSpec,
     StartedWith,
@@ -105,3 +108,49 @@ def test_no_serve_is_started_on_a_card_that_still_holds_unreleased_memory(record
     if not record:
         assert [b.serve for b in p.blocked] == ["y"]
         assert reserved_on(p, "y") == []
+
+
+# ── 2. the victims each card's plan makes, as the choice weighs and shows them ─────────
+
+
+def test_each_cards_victims_are_weighed_and_shown_with_what_they_free_counted_once() -> None:
+    """Rule (docs/placement.md, the rule, 3): where no card has room, each candidate is
+    shown with the serves its plan stops for the serve placed and the MiB that frees:
+    a victim's stop and the release of its memory free its reservation once. Then the
+    victim order chooses: ``a1`` (possibly busy) on ``a`` or ``b1`` (idle) on ``b``,
+    each 4000 of a 10000 card, for ``p`` (8000, on-demand): ``b``, though ``a`` is
+    declared first."""
+    roles = {"a": GpuRole("a", 10000), "b": GpuRole("b", 10000)}
+
+    def pinned(name: str, role: str) -> ServeSpec:
+        return ServeSpec(
+            name, f"c-{name}", gpu_roles=(role,), vram_mib=4000, residency=Residency.EVICTABLE
+        )
+
+    p = ServeSpec(
+        "p",
+        "c-p",
+        gpu_roles=("a", "b"),
+        vram_mib=8000,
+        residency=Residency.ON_DEMAND,
+        placement=("a", "b"),
+    )
+    desired = DesiredState(
+        roles,
+        {s.name: s for s in (pinned("a1", "a"), pinned("b1", "b"), p)},
+        (OnDemandRequest("p", NOW),),
+    )
+    running = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
+    in_flight = {
+        "a1": InFlightObs(2, InFlightSource.METRICS),
+        "b1": InFlightObs(0, InFlightSource.METRICS),
+    }
+    seen = Observed(True, {"c-a1": running, "c-b1": running}, in_flight=in_flight)
+    result = plan(desired, seen)
+    (decision,) = result.placements
+    assert (decision.role, decision.how) == ("b", How.VICTIMS)
+    assert [(c.role, c.victims, c.stops, c.freed_mib, c.starts) for c in decision.candidates] == [
+        ("a", ("a1",), 1, 4000, True),
+        ("b", ("b1",), 1, 4000, True),
+    ]
+    assert [s.serve for s in result.steps if s.action is Action.STOP] == ["b1"]
