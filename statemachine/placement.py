@@ -131,10 +131,13 @@ def _to_start(
 ) -> dict[str, int]:
     """Role -> the MiB the pinned serves that want to run and hold nothing yet will
     take: this plan starts them where they are pinned, so a placed serve is weighed
-    beside them (a serve the plan then cannot start only made the choice cautious)."""
+    beside them (a serve the plan then cannot start only made the choice cautious). A
+    serve whose ``placement`` names one card is placed there already: it counts as
+    pinned. The serves still to be placed are stopped in ``desired`` (:func:`resolve`):
+    each takes its room as it is placed, not here."""
     taken = dict.fromkeys(desired.roles, 0)
     for s in desired.serves.values():
-        if s.placement or s.name in ledger.holdings or s.vram_mib is None:
+        if s.name in ledger.holdings or s.vram_mib is None:
             continue
         if desired.in_ledger(s) and wants_to_run(desired, s, observed, now):
             for role in s.gpu_roles:

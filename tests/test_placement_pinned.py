@@ -154,3 +154,54 @@ def test_each_cards_victims_are_weighed_and_shown_with_what_they_free_counted_on
         ("b", ("b1",), 1, 4000, True),
     ]
     assert [s.serve for s in result.steps if s.action is Action.STOP] == ["b1"]
+
+
+# ── 3. which serves take room before a placed serve is weighed ─────────────────────────
+
+
+def test_a_serve_whose_placement_names_one_card_takes_its_room_before_others_are_placed() -> None:
+    """Rule (docs/placement.md, best fit: the free memory each candidate shows counts
+    the pinned serves this same plan starts): a serve whose ``placement`` names one card
+    is placed there already, so it counts as pinned. ``solo`` (4000, placement ``b``)
+    wants to run: ``b`` shows 2000 free to ``p`` (5000), which goes to ``a``, and both
+    start; weighed without ``solo``, ``p`` would take ``b`` (best fit) and ``solo``
+    would be blocked."""
+    solo = ServeSpec(
+        "solo",
+        "c-solo",
+        gpu_roles=("b",),
+        vram_mib=4000,
+        residency=Residency.EVICTABLE,
+        desired=DesiredRun.RUNNING,
+        placement=("b",),
+    )
+    desired = DesiredState(
+        ROLES, {s.name: s for s in (solo, placed("p", 5000, DesiredRun.RUNNING))}
+    )
+    p = plan(desired, Observed(True))
+    assert [(d.serve, d.role, d.how) for d in p.placements] == [("p", "a", How.FITS)]
+    (p_terms_b,) = [c for c in p.placements[0].candidates if c.role == "b"]
+    assert (p_terms_b.committed_mib, p_terms_b.free_mib) == (4000, 2000)
+    assert reserved_on(p, "p") == [("a",)] and reserved_on(p, "solo") == [("b",)]
+    assert p.blocked == ()
+
+
+def test_a_serve_outside_the_ledger_takes_no_room_from_a_placed_serve() -> None:
+    """Rule: only serves in the ledger (every role with a capacity row) take room when a
+    placed serve is weighed. ``out`` (4000) names ``b`` and ``x``, which has no row:
+    it is outside the ledger, and ``p`` (5000) is placed as if it were absent (``b``,
+    best fit), the plan made without error."""
+    out = ServeSpec(
+        "out",
+        "c-out",
+        gpu_roles=("b", "x"),
+        vram_mib=4000,
+        residency=Residency.EVICTABLE,
+        desired=DesiredRun.RUNNING,
+    )
+    alone = plan(DesiredState(ROLES, {"p": placed("p", 5000, DesiredRun.RUNNING)}), Observed(True))
+    desired = DesiredState(ROLES, {s.name: s for s in (out, placed("p", 5000, DesiredRun.RUNNING))})
+    p = plan(desired, Observed(True))
+    assert [(d.serve, d.role, d.how) for d in p.placements] == [("p", "b", How.FITS)]
+    assert p.placements == alone.placements
+    assert reserved_on(p, "p") == [("b",)]
