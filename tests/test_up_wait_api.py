@@ -37,6 +37,7 @@ from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.upwait import RequestQueue
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, CycleSummary, RunOptions
+from controller.service.queue_pump import QueuePump
 from controller.snapshot import parse_snapshot
 from controller.store.journal import Journal, journal_path
 from statemachine.planner import Policy, plan_transitions
@@ -83,12 +84,25 @@ def auth() -> dict[str, str]:
 
 class Server:
     """The API app on uvicorn in a thread, on a free loopback port, and beside it the
-    request queue's pump, as ``vramctl run`` serves them (``attach_api``)."""
+    request queue's pump, as ``vramctl run`` serves them (``attach_api``).
+
+    ``looks`` counts the pump's looks at the queue (each :meth:`QueuePump.process` that
+    returned), so that a test can wait until the pump has looked after a change
+    (:meth:`pump_looked`) instead of for a figure of seconds."""
 
     def __init__(self, controller: Controller) -> None:
         settings = ApiSettings(token=TOKEN, bind_host="127.0.0.1", retry_after_s=5.0)
         self.app = create_app(controller, settings)
         self.queue: RequestQueue = self.app.state.up_queue
+        self.looks = 0
+        pump: QueuePump = self.app.state.api.pump
+        process = pump.process
+
+        def counted() -> None:
+            process()
+            self.looks += 1
+
+        pump.process = counted  # type: ignore[method-assign]
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(
@@ -111,6 +125,23 @@ class Server:
             await self.server.serve()
         finally:
             pump.cancel()
+
+    def pump_looked(self) -> None:
+        """Wait until the pump has looked at the queue after this call: two more looks
+        (the one under way may have begun before it)."""
+        mark = self.looks
+        wait_for("two more looks of the queue's pump", lambda: self.looks >= mark + 2)
+
+    def gone_noticed(self, serve: str, clients: int) -> None:
+        """Wait until the server has seen the newest of ``clients`` waiting clients of
+        ``serve``'s queued request go away (its disconnect, as the pump reads it)."""
+
+        def noticed() -> bool:
+            entry = self.queue.get(serve)
+            assert entry is not None, f"{serve} is no longer queued"
+            return len(entry.waiters) == clients and entry.waiters[-1].is_set()
+
+        wait_for(f"the server to see {serve}'s client #{clients} go away", noticed)
 
     def up(self, serve: str, **body: Any) -> httpx.Response:
         return self.http.post(f"/v1/serves/{serve}/up", json=body, headers=auth())
@@ -272,7 +303,7 @@ def test_a_queued_request_whose_waiting_client_goes_away_is_withdrawn(
     # its room comes: nothing is admitted for it, nobody is evicted for it
     assert api.http.post("/v1/serves/q2/down", headers=auth()).status_code == 202
     observe(controller, {})
-    time.sleep(1.5)  # the queue's pump looks each second: it finds nothing to admit
+    api.pump_looked()  # it finds nothing to admit
     assert "fast" not in requested(controller)
     assert any("withdrawn" in line and "fast" in line for line in said), said
 
@@ -283,18 +314,25 @@ def test_a_queued_request_stays_while_someone_still_waits_for_it_or_was_told_so(
     block_fast_behind_a_request(controller)
     # one client waits on, a second waits on the same entry and goes away
     answers: list[httpx.Response] = []
-    patient = threading.Thread(target=lambda: answers.append(api.up("fast", wait_s=3, queue=True)))
+    patient = threading.Thread(target=lambda: answers.append(api.up("fast", wait_s=10, queue=True)))
     patient.start()
     wait_for("fast queued", lambda: queued(api) == ["fast"])
+    entry = api.queue.get("fast")
+    assert entry is not None
     api.up_and_go_away("fast", wait_s=60, queue=True)
-    time.sleep(0.6)
+    api.gone_noticed("fast", clients=2)
+    api.pump_looked()
     assert queued(api) == ["fast"]
+    # it stayed for the patient client, still waiting then: not told it is queued yet
+    assert not entry.kept and not entry.waiters[0].is_set()
     patient.join(30)
     # the patient client's wait ran out: it was told the request is queued, so it stays
     [r] = answers
     assert r.status_code == 202 and r.json()["queued"] is True, r.text
+    assert entry.kept
     api.up_and_go_away("fast", wait_s=60, queue=True)
-    time.sleep(0.6)
+    api.gone_noticed("fast", clients=3)
+    api.pump_looked()
     assert queued(api) == ["fast"]
 
 
@@ -303,8 +341,10 @@ def test_a_queued_request_that_says_it_outlives_its_client_stays_and_is_admitted
 ) -> None:
     block_fast_behind_a_request(controller)
     api.up_and_go_away("fast", wait_s=60, queue=True, outlive_client=True)
-    time.sleep(0.6)
+    api.pump_looked()  # after its client went away
     assert queued(api) == ["fast"]
+    entry = api.queue.get("fast")
+    assert entry is not None and entry.kept and entry.waiters == []  # none it waits for
     assert api.http.post("/v1/serves/q2/down", headers=auth()).status_code == 202
     observe(controller, {})
     # asked about again, it is admitted now that it fits
