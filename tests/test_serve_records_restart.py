@@ -11,7 +11,6 @@ again the next controller *recovers* it (``recover``).
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,6 +53,35 @@ def _journalled(state: Path) -> dict[str, str]:
         return j.lifecycles()
 
 
+#: the reason of the cycle a test asks for (:func:`_looked_again`)
+LOOK_AGAIN = "test: look again"
+
+
+def _plans(c: Controller) -> list[tuple[tuple[str, ...], list[str]]]:
+    """Each cycle's reasons and plan (``"action serve"``), as ``c``'s loop runs them."""
+    seen: list[tuple[tuple[str, ...], list[str]]] = []
+
+    def note(c: Controller) -> None:
+        plan = c.last.plan
+        steps = [] if plan is None else [f"{s.action} {s.serve}" for s in plan.steps]
+        seen.append((c.last.reasons, steps))
+
+    c.on_cycle.append(note)
+    return seen
+
+
+def _looked_again(c: Controller, seen: list[tuple[tuple[str, ...], list[str]]]) -> list[str]:
+    """Ask ``c``'s running loop for a cycle now and wait for it to end: its plan."""
+    aio = wait_for("the loop to start", lambda: c._aio)
+    aio.call_soon_threadsafe(c.trigger, LOOK_AGAIN)
+
+    def ended() -> tuple[list[str]] | None:
+        return next(((steps,) for why, steps in list(seen) if LOOK_AGAIN in why), None)
+
+    (steps,) = wait_for("the cycle asked for", ended)
+    return steps
+
+
 def test_the_lifecycle_survives_a_restart_and_a_killed_serve_is_failed_then_recovered(
     docker_client: docker.DockerClient,
     test_image: str,
@@ -89,6 +117,7 @@ def test_the_lifecycle_survives_a_restart_and_a_killed_serve_is_failed_then_reco
     # the next controller starts from the journal's "running": the dead container is a
     # failure of a running serve (fail), and the backoff holds it failed
     second = _controller(path, state, hold_s=3600.0)
+    planned = _plans(second)
     run = Running(second)
     try:
         failed = wait_for(
@@ -101,8 +130,10 @@ def test_the_lifecycle_survives_a_restart_and_a_killed_serve_is_failed_then_reco
             (S.RUNNING, S.FAILED, (Trigger.FAIL,))
         ]
         assert second.backoff["kept"].failures == 1
-        time.sleep(0.5)  # held: nothing starts it
+        # held: a cycle asked for after the failure was recorded plans nothing for it
+        assert _looked_again(second, planned) == []
         assert docker_client.containers.get(ctr).status == "exited"
+        assert second.serve_records.get("kept").lifecycle is S.FAILED
     finally:
         run.stop()
     assert _journalled(state) == {"kept": "failed"}
