@@ -528,15 +528,13 @@ def test_the_harness_flags_an_overcommit_made_through_the_controllers_socket(
             od1 = c.container_name("od1")
             c.timeline.put(RequestItem(time.time_ns(), "outside", "start", od1))
             docker_client.api.start(od1)  # 10000, by the driver: nobody's fault
-            # past the race window (1 s + the `up`'s own 1 s wait): the `up` had time to
-            # see od1 running
-            time.sleep(1.5)
+            # the `up` begins (its look at the host) once od1 runs: Docker stamped od1's
+            # start before answering, so the monitor orders it first, with no window
             up = subprocess.run(
                 ["/bin/sh", str(tmp / "up-res2.sh")], capture_output=True, check=False
             )
             assert up.returncode == 0, up.stderr  # 12000: the controller's `up` overcommits
-            time.sleep(1.5)
-            via.api.start(od1)  # what the driver started 1.5 s ago: 304
+            via.api.start(od1)  # what the driver started before this call: 304
         finally:
             via.close()
         c.timeline.flush()
