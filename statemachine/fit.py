@@ -20,7 +20,14 @@ from statemachine import placement
 from statemachine.isolated import decide
 from statemachine.ledger import RoleTerms, ledger_from_observed
 from statemachine.plan import Placement
-from statemachine.planner import Action, Plan, Policy, Protected, plan_transitions
+from statemachine.planner import (
+    Action,
+    Plan,
+    Policy,
+    Protected,
+    keeps_its_room,
+    plan_transitions,
+)
 from statemachine.slotinit import direct_init
 from statemachine.types import DesiredState, Observed, OnDemandRequest, ServeSpec
 
@@ -85,13 +92,21 @@ def request_plan(
     """The plan for an on-demand request of ``serve_name`` alone.
 
     Every other serve is treated as unmanaged, so the plan holds exactly what this
-    start would cost (and, if it cannot happen, its blocked entry). ``now`` is the time
-    of the observation; it has no default, since a wrong one misjudges every
+    start would cost (and, if it cannot happen, its blocked entry), except a resident
+    in backoff whose room the loop keeps for it (:func:`keeps_its_room`): the request
+    may not take that room in the loop's plan, so not in its answer either. ``now`` is
+    the time of the observation; it has no default, since a wrong one misjudges every
     ``min_runtime_s`` and TTL.
     """
+    held = policy or DEFAULT_POLICY
     isolated = DesiredState(
         roles=desired.roles,
-        serves={n: replace(s, desired=None) for n, s in desired.serves.items()},
+        serves={
+            n: s
+            if n != serve_name and keeps_its_room(s, observed, held)
+            else replace(s, desired=None)
+            for n, s in desired.serves.items()
+        },
         requests=(OnDemandRequest(serve_name, now),),
         host=desired.host,
     )

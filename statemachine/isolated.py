@@ -16,6 +16,8 @@ planner would apply a rule this shortcut does not (the caller then runs the plan
   exited with its memory not back yet;
 - a running serve conflicts with it (exclusivity, a port), or it sizes itself from free
   memory while a peer of that kind loads on one of its roles;
+- a resident in backoff on one of its roles may keep its room (the planner keeps it
+  when it is free as the plan reaches it);
 - a holder on a short role could give memory back (elastic shrink) or be put to sleep
   instead of stopped;
 - nothing covers the shortfall (the planner writes the blocked entry, every term).
@@ -47,6 +49,7 @@ from statemachine.ledger import Ledger, RoleTerms
 from statemachine.plan import Policy, declared_reload
 from statemachine.planner import (
     give_back_mib,
+    keeps_its_room,
     may_give_back,
     requester_veto,
     sleep_frees_memory,
@@ -100,7 +103,7 @@ def decide(
     assert not ledger.unknown, "an unknown ledger has no figures to read"
     if _own_rule_applies(serve, ledger, policy, observed, now):
         return None
-    if _kept_out(serve, desired, observed):
+    if _kept_out(serve, desired, observed) or _room_kept(serve, desired, observed, policy):
         return None
     short = {t.gpu_role: t.shortfall_mib for t in terms if t.shortfall_mib}
     if not short:
@@ -175,6 +178,20 @@ def _loads(other: ServeSpec, starts: bool, roles: tuple[str, ...]) -> bool:
     """True when ``other`` is an engine that sizes itself from free memory and starts
     (``starts``: in progress, or its healthcheck still says so) on one of ``roles``."""
     return other.sizes_from_free and starts and any(r in other.gpu_roles for r in roles)
+
+
+def _room_kept(serve: ServeSpec, desired: DesiredState, observed: Observed, policy: Policy) -> bool:
+    """True when a resident in backoff on one of ``serve``'s roles may keep its room
+    (:func:`statemachine.planner.keeps_its_room`): whether it does depends on the room
+    free when the planner reaches it, which the planner tells."""
+    if not policy.hold:
+        return False
+    roles = set(serve.gpu_roles)
+    return any(
+        keeps_its_room(s, observed, policy) and roles.intersection(s.gpu_roles)
+        for n, s in desired.serves.items()
+        if n != serve.name and n in policy.hold
+    )
 
 
 def _own_rule_applies(

@@ -593,6 +593,19 @@ def _try_start(w: _Work, s: ServeSpec) -> None:
         _commit_start(w, s, c.forced, room, in_ledger)
 
 
+def keeps_its_room(s: ServeSpec, observed: Observed, policy: Policy) -> bool:
+    """Whether a plan keeps room for ``s`` while the policy holds it back
+    (:func:`_keep_room`): a resident the manifest wants running, in backoff, whose
+    container holds nothing. An answer for another serve asked in isolation
+    (``statemachine.fit.request_plan``) leaves such a serve to the planner as it is."""
+    return (
+        s.residency is Residency.RESIDENT
+        and s.desired is DesiredRun.RUNNING
+        and s.name in policy.hold
+        and not observed.container(s.container).holds
+    )
+
+
 def _keep_room(w: _Work, s: ServeSpec) -> str:
     """Keep a held-back resident's room for it while this plan is made (docs/eviction.md,
     a resident in backoff): it is counted where it would run, so nothing started or grown

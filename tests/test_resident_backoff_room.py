@@ -7,11 +7,15 @@ stay blocked for as long as the evictable ran.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from test_placement import NOW, host, pinned
+
+from statemachine.fit import fit_serve, fit_serve_by_planner
 
 from statemachine.plan import Action, Policy
 from statemachine.planner import plan_transitions
-from statemachine.types import DesiredRun, Observed, Residency
+from statemachine.types import DesiredRun, Observed, OnDemandRequest, Residency
 
 X = pinned("x", 6000, "a", residency=Residency.RESIDENT)
 E = pinned("e", 6000, "a")  # evictable, desired running
@@ -46,3 +50,28 @@ def test_a_serve_refused_for_the_kept_room_names_the_resident_as_kept() -> None:
     assert [(r.serve, r.why) for r in refused.protected] == [
         ("x", "resident, held back: its room is kept for it")
     ]
+
+
+def test_fit_and_up_refuse_a_request_the_loop_blocks_for_the_kept_room() -> None:
+    # the request's answer is asked in isolation (every other serve unmanaged), but the
+    # kept room is the loop's: an answer that admitted the request would promise room
+    # the loop's next plan refuses it
+    r = pinned("r", 6000, "a", residency=Residency.ON_DEMAND)
+    desired = host(X, r)
+    loop = plan_transitions(
+        replace(desired, requests=(OnDemandRequest("r", NOW),)), Observed(True), HELD, NOW
+    )
+    assert not [s for s in loop.steps if s.action is Action.START]
+    for ask in (fit_serve, fit_serve_by_planner):  # the shortcut and the planner agree
+        answer = ask(desired, Observed(True), "r", policy=HELD, now=NOW)
+        assert not answer.fits, answer
+        assert answer.blockers == ("x",), answer
+    # without the hold there is no kept room: the request fits
+    assert fit_serve(desired, Observed(True), "r", policy=Policy(), now=NOW).fits
+
+
+def test_a_request_beside_a_kept_room_that_leaves_it_free_still_fits() -> None:
+    small = pinned("small", 4000, "a", residency=Residency.ON_DEMAND)
+    for ask in (fit_serve, fit_serve_by_planner):
+        answer = ask(host(X, small), Observed(True), "small", policy=HELD, now=NOW)
+        assert answer.fits, answer
