@@ -129,10 +129,10 @@ class LiveBackend:
         try:
             response = await verbs.up(serve, request, self.ctx, body)
         finally:
-            stop.set()  # the relay ends at its next event or second, cancelled or not (a
-            if relay is not None:  # wait_for that completes as it is cancelled swallows it)
-                relay.cancel()
+            stop.set()  # the relay sends what came before the answer, then ends
+            if relay is not None:
                 await asyncio.wait({relay}, timeout=2.0)
+                relay.cancel()  # a client that reads no notifications holds no answer
             sub.close()
         return _answer(response)
 
@@ -229,18 +229,34 @@ def _number(text: str | None) -> float | None:
 
 async def _relay(sub: Subscription, serve: str, caller: Caller, stop: asyncio.Event) -> None:
     """Send a progress notification for each event about ``serve``'s request: the plan
-    begun and ended, each step (the victims' too), its lifecycle, the request's own."""
+    begun and ended, each step (the victims' too), its lifecycle, the request's own.
+    Once ``stop`` is set (the answer is ready), what was published before it is sent
+    too, so every step the answer rests on has been told before the answer."""
     if caller.progress is None:
         return
-    done = 0
-    while not sub.closed and not stop.is_set():
-        for item in await sub.next(1.0):
-            if not isinstance(item, Event) or stop.is_set():
-                continue
-            message = _progress_message(item, serve)
-            if message is not None:
-                done += 1
-                await caller.progress(done, None, message)
+    sent = [0]
+    stopping = asyncio.ensure_future(stop.wait())
+    try:
+        while not sub.closed and not stop.is_set():
+            nxt = asyncio.ensure_future(sub.next(1.0))
+            await asyncio.wait({nxt, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if nxt.done():
+                await _send(nxt.result(), serve, caller, sent)
+            else:  # the answer is ready: what is queued is taken below
+                nxt.cancel()
+        await _send(sub.take(), serve, caller, sent)
+    finally:
+        stopping.cancel()
+
+
+async def _send(items: list[Any], serve: str, caller: Caller, sent: list[int]) -> None:
+    """One progress notification per event of ``items`` about ``serve``'s request."""
+    assert caller.progress is not None
+    for item in items:
+        message = _progress_message(item, serve) if isinstance(item, Event) else None
+        if message is not None:
+            sent[0] += 1
+            await caller.progress(sent[0], None, message)
 
 
 def _progress_message(event: Event, serve: str) -> str | None:
