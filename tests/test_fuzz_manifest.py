@@ -46,6 +46,7 @@ from strategies import case_share
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.manifest.fields import (
     MAX_DRAIN_TIMEOUT_S,
+    MAX_MIN_RUNTIME_S,
     MAX_START_TIMEOUT_S,
     MAX_STOP_TIMEOUT_S,
 )
@@ -337,7 +338,7 @@ RUNTIME_FIELDS: dict[str, st.SearchStrategy[str]] = {
     "start_timeout_s": seconds(MAX_START_TIMEOUT_S),
     "stop_timeout_s": seconds(MAX_STOP_TIMEOUT_S),
     "drain_timeout_s": seconds(MAX_DRAIN_TIMEOUT_S),
-    "min_runtime_s": seconds(MAX_TIMEOUT_S),
+    "min_runtime_s": seconds(MAX_MIN_RUNTIME_S),
     "container": container_names(),
     "up": up_commands(),
 }
@@ -379,10 +380,11 @@ def loads(case: tuple[str, bytes]) -> bool:
 
 
 def test_the_runtime_property_checks_sets_that_load() -> None:
-    """Its generator gives it sets to check: at least half of its examples load (the
-    generic value mutations it once drew loaded in 2 to 13 of 100)."""
+    """Its generator gives it sets to check: at least 40 % of its examples load (the
+    generic value mutations it once drew loaded in 2 to 13 of 100; each field's values
+    past its bound, a seventh of the draws, are refused, as they should be)."""
     share = case_share(runtime_mutations(), loads, examples=100)
-    assert share >= 0.5, f"{share:.0%} of the runtime mutations load"
+    assert share >= 0.4, f"{share:.0%} of the runtime mutations load"
 
 
 @FUZZ
@@ -403,17 +405,12 @@ def test_a_valid_set_is_one_the_runtime_can_run(
             value = float(getattr(serve, field))
             assert math.isfinite(value) and 0 <= value < MAX_TIMEOUT_S, f"{where}: {field}={value}"
         # only compared with a serve's age, never handed to a clock function: finite
-        # (its bound like the timeouts' is the strict xfail below)
+        # (and bounded like the timeouts: the test below)
         assert math.isfinite(serve.min_runtime_s) and serve.min_runtime_s >= 0, where
         for arg in result.up_argv(serve_name) or ():
             assert "\x00" not in arg, f"{where}: NUL in up argument {arg!r}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the loader bounds min_runtime_s nowhere (any finite number of seconds loads), "
-    "unlike the timeouts; found by test_a_valid_set_is_one_the_runtime_can_run",
-)
 def test_min_runtime_s_is_bounded_like_the_timeouts(tmp_path: Path) -> None:
     data = SEEDS["examples/placement.toml"].decode()
     at = next(_SERVE_HEADER.finditer(data))
@@ -423,6 +420,9 @@ def test_min_runtime_s_is_bounded_like_the_timeouts(tmp_path: Path) -> None:
         set_in_serve(data, at, "min_runtime_s", "1e300").encode(),
     )
     assert isinstance(result, ManifestError), "min_runtime_s = 1e300 loads"
+    assert "min_runtime_s" in str(result) and "31 days" in str(result), str(result)
+    month = set_in_serve(data, at, "min_runtime_s", str(31 * 86400)).encode()
+    assert not isinstance(load(tmp_path, "examples/placement.toml", month), ManifestError)
 
 
 # ── the one large input, in a subprocess with a memory limit ─────────────────

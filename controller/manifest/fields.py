@@ -75,6 +75,8 @@ DEFAULT_START_TIMEOUT_S = 600.0
 DEFAULT_STOP_TIMEOUT_S = 30.0
 DEFAULT_DRAIN_TIMEOUT_S = 120.0
 MAX_IDLE_TTL_S = 31 * 86400.0
+#: Bound on ``min_runtime_s``: a serve that must never be evicted is a resident
+MAX_MIN_RUNTIME_S = MAX_IDLE_TTL_S
 #: Bound on a declared cold start or wake (``cold_start_s``, ``[serve.sleep] wake_s``):
 #: what the controller waits for a start at most
 MAX_RELOAD_S = MAX_START_TIMEOUT_S
@@ -196,6 +198,17 @@ def _ttl(value: object) -> object:
     seconds = _seconds(value)
     if isinstance(seconds, float) and seconds > MAX_IDLE_TTL_S:
         raise _bad(f"must be at most {MAX_IDLE_TTL_S:.0f} seconds (31 days)", value)
+    return seconds
+
+
+def _min_runtime(value: object) -> object:
+    seconds = _seconds(value)
+    if isinstance(seconds, float) and seconds > MAX_MIN_RUNTIME_S:
+        raise _bad(
+            f"must be at most {MAX_MIN_RUNTIME_S:.0f} seconds (31 days); a serve never to "
+            'be evicted is declared residency = "resident"',
+            value,
+        )
     return seconds
 
 
@@ -447,8 +460,10 @@ OptPositiveInt = Annotated[
     int | None, BeforeValidator(_positive_int), WithJsonSchema({"type": "integer", "minimum": 1})
 ]
 Integer = Annotated[int, BeforeValidator(_integer), WithJsonSchema({"type": "integer"})]
-Seconds = Annotated[
-    float, BeforeValidator(_seconds), WithJsonSchema({"type": "number", "minimum": 0})
+MinRuntime = Annotated[
+    float,
+    BeforeValidator(_min_runtime),
+    WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_MIN_RUNTIME_S}),
 ]
 OptSeconds = Annotated[
     float | None, BeforeValidator(_seconds), WithJsonSchema({"type": "number", "minimum": 0})

@@ -24,6 +24,7 @@ from controller.manifest.fields import (
     DrainTimeout,
     Integer,
     KvDtypeName,
+    MinRuntime,
     NonNegativeMiB,
     OptCandidateRoles,
     OptComposeProject,
@@ -44,7 +45,6 @@ from controller.manifest.fields import (
     OptUpEnv,
     OptUrl,
     PositiveMiB,
-    Seconds,
     SegmentMiB,
     ServeName,
     SleepLevel,
@@ -350,7 +350,9 @@ class ServeModel(BaseModel):
         default=None, description="running | stopped; absent = unmanaged (never started/stopped)."
     )
     priority: Integer = Field(default=0, description="Lower is evicted first among equals.")
-    min_runtime_s: Seconds = Field(default=0.0, description="Not evicted within this of starting.")
+    min_runtime_s: MinRuntime = Field(
+        default=0.0, description="Not evicted within this of starting."
+    )
     start_timeout_s: StartTimeout = DEFAULT_START_TIMEOUT_S
     stop_timeout_s: StopTimeout = DEFAULT_STOP_TIMEOUT_S
     drain_timeout_s: DrainTimeout = DEFAULT_DRAIN_TIMEOUT_S
