@@ -293,6 +293,19 @@ _requests = st.lists(
 
 
 @st.composite
+def _placements(draw: st.DrawFn, s: ServeSpec, roles: dict[str, GpuRole]) -> tuple[str, ...]:
+    """About one serve in three on a fleet of two cards or more is placed (``placement``):
+    its own role and one to three others as candidates; ``()``: pinned."""
+    if len(roles) < 2 or s.exclusive or len(s.gpu_roles) != 1 or s.gpu_roles[0] not in roles:
+        return ()
+    if draw(st.integers(0, 2)) != 0:
+        return ()
+    others = [r for r in roles if r != s.gpu_roles[0]]
+    more = draw(st.lists(st.sampled_from(others), min_size=1, max_size=3, unique=True))
+    return (s.gpu_roles[0], *more)
+
+
+@st.composite
 def fleets(
     draw: st.DrawFn,
     *,
@@ -300,6 +313,7 @@ def fleets(
     now: float = NOW,
     docker_ok: bool | None = None,
     contended: bool | None = None,
+    placed: bool = False,
 ) -> tuple[DesiredState, Observed]:
     """A random small fleet and what docker shows of it (see the module docstring).
 
@@ -322,6 +336,7 @@ def fleets(
     serves: dict[str, ServeSpec] = {}
     containers: dict[str, ContainerObs] = {}
     elastic_mib: dict[str, int] = {}
+    started_with: dict[str, StartedWith] = {}
     used = dict.fromkeys(roles, 0)
     for bp in bps:
         port = bp.port
@@ -331,18 +346,32 @@ def fleets(
             else:
                 running_ports.add(port)
         s = _serve(bp, roles, port, used)
-        serves[s.name] = s
         obs = _container(bp, now)
+        on = s.gpu_roles  # where it holds memory if it runs
+        cands = draw(_placements(s, roles)) if placed else ()
+        if cands:  # a placed serve: every candidate until it holds on one
+            s = replace(s, gpu_roles=cands, placement=cands)
+            if obs is not None and obs.holds and draw(st.integers(0, 3)) != 0:
+                # it runs on its first candidate, as its record and its environment say
+                # (else its card is unknown: counted on every candidate)
+                obs = replace(obs, gpu_role=on[0])
+                if s.vram_mib is not None:
+                    started_with[s.container] = StartedWith(s.name, on, s.vram_mib)
+            else:
+                on = cands
+        serves[s.name] = s
         mib = s.vram_mib
         if mib is not None and s.elastic is not None and bp.shrunk is not None:
             mib = _between(s.elastic.floor_mib, mib, bp.shrunk)
         holds = obs is not None and obs.holds
-        if holds and mib is not None and all(r in roles for r in s.gpu_roles):
-            over = any(used[r] + mib > roles[r].budget_mib for r in s.gpu_roles)
+        if holds and mib is not None and all(r in roles for r in on):
+            assert obs is not None
+            over = any(used[r] + mib > roles[r].budget_mib for r in on)
             if over and not bp.outside:  # mostly, what runs was admitted: it fits
                 obs = ContainerObs(ContainerState.EXITED, started_at=obs.started_at, exit_code=0)
+                started_with.pop(s.container, None)
             else:
-                for r in s.gpu_roles:
+                for r in on:
                     used[r] += mib
         if obs is not None:
             containers[s.container] = obs
@@ -356,7 +385,9 @@ def fleets(
     )
     ok = draw(st.integers(0, 9)) != 0 if docker_ok is None else docker_ok
     desired = DesiredState(roles=roles, serves=serves, requests=requests)
-    return desired, Observed(docker_ok=ok, containers=containers, elastic_mib=elastic_mib)
+    return desired, Observed(
+        docker_ok=ok, containers=containers, elastic_mib=elastic_mib, started_with=started_with
+    )
 
 
 def desired_states(*, max_serves: int = 12, now: float = NOW) -> st.SearchStrategy[DesiredState]:
@@ -406,17 +437,25 @@ def scenarios(
     default_policy: bool = False,
     max_serves: int = 12,
     contended: bool | None = None,
+    placed: bool = False,
 ) -> Scenario:
-    """A whole planner input; ``docker_ok`` None draws it (mostly ok)."""
+    """A whole planner input; ``docker_ok`` None draws it (mostly ok); ``placed``: about
+    one serve in three on two cards or more is placed (``placement``)."""
     desired, observed = draw(
-        fleets(max_serves=max_serves, docker_ok=docker_ok, contended=contended)
+        fleets(max_serves=max_serves, docker_ok=docker_ok, contended=contended, placed=placed)
     )
     policy = Policy() if default_policy else draw(policies)
     return Scenario(desired=desired, observed=observed, now=NOW, policy=policy)
 
 
 @st.composite
-def hosts(draw: st.DrawFn, *, sleep_share: int = 2) -> Scenario:
+def hosts(
+    draw: st.DrawFn,
+    *,
+    sleep_share: int = 2,
+    contended: bool | None = None,
+    placed: bool = False,
+) -> Scenario:
     """A :func:`scenarios` scenario (docker readable), enriched with what the planner
     weighs beyond memory: sleepers (vLLM and SGLang, levels 1 and 2, some with the
     controller's record of what they were put to sleep with) under a host RAM budget or
@@ -427,7 +466,7 @@ def hosts(draw: st.DrawFn, *, sleep_share: int = 2) -> Scenario:
     ``sleep_share``: about one serve with a reservation in ``sleep_share`` can sleep
     (0: none).
     """
-    sc = draw(scenarios(docker_ok=True))
+    sc = draw(scenarios(docker_ok=True, contended=contended, placed=placed))
     d, obs = sc.desired, sc.observed
     host = draw(
         st.none()
@@ -440,7 +479,7 @@ def hosts(draw: st.DrawFn, *, sleep_share: int = 2) -> Scenario:
     sleep: dict[str, SleepObs] = {}
     in_flight: dict[str, InFlightObs] = {}
     starting: dict[str, StartingObs] = {}
-    started_with: dict[str, StartedWith] = {}
+    started_with = dict(obs.started_with)  # a placed serve's, where it runs
     unreleased: set[str] = set()
     for name, s in d.serves.items():
         holds = obs.container(s.container).holds
@@ -478,7 +517,12 @@ def hosts(draw: st.DrawFn, *, sleep_share: int = 2) -> Scenario:
         if s.gpu_roles and draw(st.integers(0, 7)) == 0:
             mib = draw(st.sampled_from([s.vram_mib or 1, 1, 30_000]) | st.integers(1, 30_000))
             starting[name] = StartingObs(s.gpu_roles, mib)
-        if holds and s.gpu_roles and draw(st.integers(0, 7)) == 0:
+        if (
+            holds
+            and s.gpu_roles
+            and s.container not in started_with
+            and draw(st.integers(0, 7)) == 0
+        ):
             mib = draw(st.sampled_from([s.vram_mib or 1, 1]) | st.integers(1, 30_000))
             started_with[s.container] = StartedWith(name, s.gpu_roles, mib)
         if not holds and draw(st.integers(0, 9)) == 0:
@@ -496,25 +540,108 @@ def hosts(draw: st.DrawFn, *, sleep_share: int = 2) -> Scenario:
     return Scenario(desired=desired, observed=observed, now=sc.now, policy=sc.policy)
 
 
+@st.composite
+def crowded_hosts(draw: st.DrawFn) -> Scenario:
+    """Full cards and requests that need room: what makes a plan put serves to sleep,
+    shrink them, wake them, and place a serve by what making room costs.
+
+    One or two cards, each filled (to within a few MiB, or to exactly its budget) by one
+    to three evictable serves that run, awake, outside their ``min_runtime_s``: most can
+    sleep (a residual of a twentieth to a quarter of their reservation, a little host RAM
+    at level 1), some are elastic (down to half, in small segments). Then one to three
+    on-demand serves that hold nothing are requested (by age), each too big for what is
+    free: pinned, or placed on both cards; and now and then a requested on-demand serve
+    that sleeps is to be woken. A host RAM budget, or none.
+    """
+    roles = draw(gpu_roles(max_roles=2))
+    serves: dict[str, ServeSpec] = {}
+    containers: dict[str, ContainerObs] = {}
+    sleep: dict[str, SleepObs] = {}
+    requests: list[OnDemandRequest] = []
+    names = iter(SERVE_NAMES)
+    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
+    free: dict[str, int] = {}
+    for rid, role in roles.items():
+        left = role.budget_mib
+        parts = draw(st.integers(1, 3))
+        for k in range(parts):
+            if left < 2:
+                break
+            mib = left - draw(st.integers(0, 3)) if k == parts - 1 else draw(st.integers(1, left))
+            mib = max(1, mib)
+            name = next(names)
+            spec = ServeSpec(name, f"ctr-{name}", (rid,), mib, Residency.EVICTABLE)
+            if mib > 1 and draw(st.integers(0, 3)) != 0:
+                level = draw(st.sampled_from([1, 1, 2]))
+                residual = max(1, mib // draw(st.integers(4, 20)))
+                host_mib = draw(st.integers(0, 4000)) if level == 1 else 0
+                protocol = draw(st.sampled_from(SleepProtocol))
+                spec = replace(spec, sleep=Sleep(level, residual, protocol, host_mib))
+            elif mib > 1 and draw(st.booleans()):
+                floor = max(1, mib // 2)
+                spec = replace(spec, elastic=Elastic(f"http://127.0.0.1:9000/{name}", floor, 1))
+            serves[name] = spec
+            containers[spec.container] = up
+            left -= mib
+        free[rid] = left
+    for _ in range(draw(st.integers(1, 3))):
+        name = next(names)
+        rid = draw(st.sampled_from(sorted(roles)))
+        placed = len(roles) == 2 and draw(st.booleans())
+        on = tuple(sorted(roles)) if placed else (rid,)
+        most = min(roles[r].budget_mib for r in on)
+        most = max(1, most)
+        least = max(1, min(most, max(free[r] for r in on) + 1))
+        spec = ServeSpec(
+            name,
+            f"ctr-{name}",
+            on,
+            draw(st.integers(least, most)),
+            Residency.ON_DEMAND,
+            placement=on if placed else (),
+        )
+        if not placed and spec.vram_mib and spec.vram_mib > 1 and draw(st.integers(0, 3)) == 0:
+            # a sleeper to wake: asleep at its residual (counted there), requested
+            residual = max(1, min(free[rid], spec.vram_mib // 4))
+            spec = replace(spec, sleep=Sleep(2, residual, draw(st.sampled_from(SleepProtocol))))
+            containers[spec.container] = up
+            sleep[name] = SleepObs(SleepState.ASLEEP, level=2)
+            free[rid] -= residual
+        serves[name] = spec
+        requests.append(OnDemandRequest(name, NOW - draw(st.integers(1, 300))))
+    host = draw(st.none() | st.builds(HostBudget, st.integers(1, 20_000), st.just(0)))
+    desired = DesiredState(roles, serves, tuple(requests), host=host)
+    observed = Observed(docker_ok=True, containers=containers, sleep=sleep)
+    return Scenario(desired=desired, observed=observed, now=NOW, policy=Policy())
+
+
 def every_scenario(*, sleepers: bool = True) -> st.SearchStrategy[Scenario]:
     """Every strategy of this module (docker readable): plain :func:`scenarios` and
     enriched :func:`hosts` with few and with many sleepers (``sleepers`` False: with
     none); the invariant properties run on this."""
     if not sleepers:
         return st.one_of(scenarios(docker_ok=True), hosts(sleep_share=0))
-    return st.one_of(scenarios(docker_ok=True), hosts(), hosts(sleep_share=1))
+    return st.one_of(
+        scenarios(docker_ok=True),
+        hosts(),
+        hosts(sleep_share=1),
+        hosts(placed=True),
+        crowded_hosts(),
+    )
 
 
-def case_share(
-    strategy: st.SearchStrategy[T], case: Callable[[T], bool], *, examples: int
-) -> float:
-    """The share of ``examples`` draws of ``strategy`` for which ``case`` holds.
+def case_shares(
+    strategy: st.SearchStrategy[T], cases: Callable[[T], set[str]], *, examples: int
+) -> dict[str, float]:
+    """Each case's share of ``examples`` draws of ``strategy``: ``cases(value)`` names
+    the cases a draw reaches.
 
     Derandomized (the same draws at every run, no example database, generation only), so
     a test that asserts a floor on it fails the day a generator stops reaching the case
     its property is about, and never by chance.
     """
-    hits: list[bool] = []
+    counts: dict[str, int] = {}
+    seen: list[None] = []
 
     @settings(
         max_examples=examples,
@@ -526,7 +653,18 @@ def case_share(
     )
     @given(strategy)
     def draw(value: T) -> None:
-        hits.append(case(value))
+        seen.append(None)
+        for case in cases(value):
+            counts[case] = counts.get(case, 0) + 1
 
     draw()
-    return sum(hits) / max(1, len(hits))
+    return {case: n / max(1, len(seen)) for case, n in sorted(counts.items())}
+
+
+def case_share(
+    strategy: st.SearchStrategy[T], case: Callable[[T], bool], *, examples: int
+) -> float:
+    """The share of ``examples`` draws of ``strategy`` for which ``case`` holds
+    (:func:`case_shares`)."""
+    shares = case_shares(strategy, lambda v: {"case"} if case(v) else set(), examples=examples)
+    return shares.get("case", 0.0)
