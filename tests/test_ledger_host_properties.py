@@ -84,8 +84,9 @@ class SimHost:
 
     desired: DesiredState
     engines: dict[str, Held] = field(default_factory=dict)
-    #: the engine's weights go to host RAM at the sleep call itself; False: counted from
-    #: the ``release_to_residual`` that follows it, where the ledger takes them (the
+    #: the engine's weights go to host RAM at the sleep call itself and leave it at the
+    #: wake; False: counted from the ``release_to_residual`` after the sleep to the
+    #: ``reserve_wake`` before the wake, where the ledger takes and gives them back (the
     #: known gap, test_host_ram_is_counted_from_the_sleep_itself below)
     host_ram_at_sleep: bool = False
 
@@ -181,6 +182,8 @@ class SimHost:
                 held.host_mib = s.sleep.host_mib
         elif act is Action.RELEASE_TO_RESIDUAL and held is not None and s.sleep is not None:
             held.host_mib = s.sleep.host_mib
+        elif act is Action.RESERVE_WAKE and held is not None and not self.host_ram_at_sleep:
+            held.host_mib = 0  # where the ledger gives it back (the known gap)
         elif act is Action.WAKE and held is not None and s.vram_mib is not None:
             held.mib = held.full or s.vram_mib
             held.host_mib = 0
