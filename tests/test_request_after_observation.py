@@ -5,9 +5,10 @@ arrives; the cycle already observing may have read the host before that (a start
 ended meanwhile read as still in progress, so never a victim). Were that cycle to plan
 the request, it could stop another victim than the one the answer named: seen on the
 real daemon under load (``tests/test_one_answer_docker.py``, the measured-costs
-victim). ``statemachine.pending.asked_as_of`` is the rule; here it is tested pure, and
-on a real :class:`~controller.service.loop.Controller` (dry run) whose host reader
-records the request while it observes, as the API does when a request lands mid-cycle.
+victim). ``statemachine.pending.asked_as_of`` is the rule (tested pure in
+``tests/test_asked_as_of.py``); here a real :class:`~controller.service.loop.Controller`
+(dry run) whose host reader records the request while it observes, as the API does
+when a request lands mid-cycle.
 No Docker: the host reader is scripted.
 """
 
@@ -24,9 +25,7 @@ from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions
 from controller.snapshot import SnapshotModel, parse_snapshot
 from controller.store.journal import Journal, journal_path
-from statemachine.pending import asked_as_of
 from statemachine.plan import Plan
-from statemachine.types import OnDemandRequest
 
 MANIFEST = """
 [[gpu_roles]]
@@ -47,30 +46,6 @@ gpu_role = "g"
 vram_mib = 1000
 residency = "on-demand"
 """
-
-
-def _req(serve: str, at: float, ttl: float | None = 300.0, *, released: bool = False) -> Any:
-    return OnDemandRequest(serve, at, ttl, released=released)
-
-
-def test_a_request_made_after_the_observation_is_left_to_the_next_cycle() -> None:
-    assert asked_as_of((), (_req("r", 10.0),)) == ()
-
-
-def test_a_request_seen_by_the_observation_is_planned_as_it_stands_now() -> None:
-    seen = (_req("r", 1.0), _req("s", 2.0))
-    renewed = _req("r", 9.0, 600.0)
-    assert asked_as_of(seen, (_req("s", 2.0), renewed)) == (_req("s", 2.0), renewed)
-
-
-def test_a_request_released_since_counts_released_even_if_new() -> None:
-    down = _req("r", 9.0, 0.0, released=True)
-    assert asked_as_of((_req("r", 1.0),), (down,)) == (down,)
-    assert asked_as_of((), (down,)) == (down,)
-
-
-def test_a_request_ended_since_is_gone() -> None:
-    assert asked_as_of((_req("r", 1.0),), ()) == ()
 
 
 class _RequestWhileObserving(ScriptedHost):
