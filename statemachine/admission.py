@@ -30,11 +30,11 @@ Pure: functions of their arguments (``now`` included); no I/O, no clock, no logg
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from statemachine.idleness import request_end
-from statemachine.ledger import ledger_from_observed
+from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.plan import Action, Step
 from statemachine.types import (
     DesiredRun,
@@ -154,7 +154,13 @@ def could_fit_later(
     the serves that go away (:func:`goes_away`) hold plus what the elastic serves that
     stay could give back (down to their floor) must cover its reservation (less what it
     holds already: a sleeper's residual), and every
-    serve it conflicts with (exclusivity, a port) that runs must go away. ``requests``
+    serve it conflicts with (exclusivity, a port) that runs must go away. A placed serve
+    (``placement``) runs on one of its candidates: it could run once it could on any
+    one of them (docs/placement.md), unless it holds memory already, where it stays
+    (on the card it holds, else on every candidate); the answer why never names each
+    candidate's reason. A placed serve that runs conflicts on the card the ledger holds
+    it on (every candidate where that is not known), not on its other candidates.
+    ``requests``
     are the recorded on-demand requests (serve -> request; an expired one still counts:
     its serve is being stopped). Docker unreadable: nothing can
     be said (None; the caller answers 503 first). An optimistic answer is safe here:
@@ -164,10 +170,41 @@ def could_fit_later(
     ledger = ledger_from_observed(desired, observed)
     if ledger.unknown:
         return None
+    have = ledger.holdings.get(spec.name)
+    if not spec.placement or spec.placed:
+        return _never_on(desired, observed, ledger, spec, requests)
+    if have is not None:  # it stays where it holds
+        return _never_on(
+            desired, observed, ledger, replace(spec, gpu_roles=have.gpu_roles), requests
+        )
+    reasons = []
+    for role in spec.placement:
+        why = _never_on(desired, observed, ledger, replace(spec, gpu_roles=(role,)), requests)
+        if why is None:
+            return None
+        reasons.append(f"On {role}: {why}.")
+    return (
+        f"{serve} can run on none of its candidates ({', '.join(spec.placement)}) once what "
+        f"goes away by itself has gone. {' '.join(reasons)}"
+    )
+
+
+def _never_on(
+    desired: DesiredState,
+    observed: Observed,
+    ledger: Ledger,
+    spec: ServeSpec,
+    requests: Mapping[str, object],
+) -> str | None:
+    """:func:`could_fit_later`'s answer for ``spec`` on its ``gpu_roles`` as they are."""
+    serve = spec.name
     for other in desired.serves.values():
         if other.name == serve:
             continue
         runs = observed.container(other.container).holds or other.name in observed.starting
+        held = ledger.holdings.get(other.name)
+        if other.placement and held is not None:  # a placed serve is where it holds
+            other = replace(other, gpu_roles=held.gpu_roles)  # noqa: PLW2901
         why = conflict(spec, other) or conflict(other, spec)
         if runs and why is not None and not goes_away(other, spec, requests):
             return (

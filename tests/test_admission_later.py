@@ -4,7 +4,9 @@ away by itself has gone (the rule a queued ``up`` waits on; docs/operations.md, 
 Examples state each answer the docs promise; the properties check it is never wrong
 in the direction that matters: a request that would fit once every serve that goes
 away by itself has gone is never called impossible (it would be refused a place in
-the queue, or dropped from it, while its room is coming).
+the queue, or dropped from it, while its room is coming). Its fleets place some serves
+(``placement``): a placed serve runs on one of its candidates, so it could fit later once
+it could on any one of them (docs/placement.md).
 """
 
 from __future__ import annotations
@@ -18,7 +20,15 @@ from test_planner_rules import EVI, OND, RES, RUN, Case, _build, req, serve, up
 
 from statemachine.admission import could_fit_later, goes_away
 from statemachine.fit import fit_serve
-from statemachine.types import ContainerObs, ContainerState, DesiredState, Observed, Residency
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    Observed,
+    Residency,
+    ServeSpec,
+)
 
 
 def later(case: Case, name: str) -> str | None:
@@ -96,7 +106,7 @@ def _without_leavers(desired: DesiredState, observed: Observed, name: str) -> Ob
 
 
 @settings(max_examples=300, deadline=None)
-@given(fleets(docker_ok=True, contended=True), st.data())
+@given(fleets(docker_ok=True, contended=True, placed=True), st.data())
 def test_what_fits_once_the_leavers_are_gone_is_never_called_impossible(
     fleet: tuple[DesiredState, Observed], data: st.DataObject
 ) -> None:
@@ -155,3 +165,103 @@ def test_a_sleeper_needs_only_what_its_wake_adds_to_its_residual() -> None:
     never = replace(desired, serves={**desired.serves, "hog": stays})
     why = could_fit_later(never, observed, "small", {})
     assert why is not None and "needs 4000" in why, why
+
+
+# -- a placed serve (docs/placement.md): it runs on one of its candidates ----------------
+
+AB = {"a": (32_000, 2_000), "b": (32_000, 2_000)}
+
+
+def _placed(
+    name: str,
+    mib: int,
+    residency: Residency | None,
+    desired: DesiredRun | None = None,
+    *,
+    cands: tuple[str, ...] = ("a", "b"),
+    **kw: object,
+) -> ServeSpec:
+    """A serve placed on ``cands`` (every candidate until it holds on one)."""
+    return serve(name, mib, residency, desired, roles=cands, placement=cands, **kw)
+
+
+def test_a_placed_serve_that_fits_on_one_candidate_is_not_called_impossible() -> None:
+    # a resident walls a; b is empty: it fits now on b, and so later
+    case = Case(
+        [serve("wall", 20_000, RES, RUN, roles=("a",)), _placed("q", 20_000, OND)],
+        {"wall": up()},
+        [],
+        roles=AB,
+    )
+    d, o = _build(case)
+    assert fit_serve(d, o, "q", now=NOW).fits
+    assert later(case, "q") is None
+
+
+def test_a_placed_serve_waits_for_the_candidate_whose_holder_goes_away() -> None:
+    # a resident walls a for good; on b a requested hog goes away when its request ends
+    hog = serve("hog", 20_000, OND, roles=("b",))
+    case = Case(
+        [serve("wall", 20_000, RES, RUN, roles=("a",)), hog, _placed("q", 20_000, OND)],
+        {"wall": up(), "hog": up()},
+        [],
+        requests=[req("hog")],
+        roles=AB,
+    )
+    assert later(case, "q") is None
+    # with the hog a resident nothing goes away on either card: every candidate named
+    stays = Case(
+        [
+            serve("wall", 20_000, RES, RUN, roles=("a",)),
+            replace(hog, residency=RES),
+            case.serves[2],
+        ],
+        {"wall": up(), "hog": up()},
+        [],
+        roles=AB,
+    )
+    assert later(stays, "q") == (
+        "q can run on none of its candidates (a, b) once what goes away by itself has gone. "
+        "On a: q can never fit on a while the manifest stays as it is: budget 30000, "
+        "free 10000, what goes away by itself (nothing) 0, what elastic serves could give "
+        "back 0; needs 20000. "
+        "On b: q can never fit on b while the manifest stays as it is: budget 30000, "
+        "free 10000, what goes away by itself (nothing) 0, what elastic serves could give "
+        "back 0; needs 20000."
+    )
+
+
+def test_a_placed_sleeper_is_woken_where_it_sleeps() -> None:
+    # asleep on a at 1000 of 5000, a resident takes the rest of a; b is empty, but the
+    # sleeper stays where it holds (docs/placement.md, the rule, 1): its wake never fits
+    from statemachine.types import Sleep, SleepObs, SleepProtocol, SleepState, StartedWith
+
+    small = _placed("small", 5000, OND, sleep=Sleep(1, 1000, SleepProtocol.VLLM, 0))
+    wall = serve("wall", 28_000, RES, RUN, roles=("a",))
+    d, o = _build(Case([wall, small], {"wall": up(), "small": up()}, [], roles=AB))
+    o = replace(
+        o,
+        sleep={"small": SleepObs(SleepState.ASLEEP, 1, 1000, 0)},
+        started_with={"c-small": StartedWith("small", ("a",), 5000)},
+    )
+    why = could_fit_later(d, o, "small", {})
+    assert why is not None and why.startswith("small can never fit on a") and "needs 4000" in why
+
+
+def test_a_placed_serve_running_on_a_known_card_conflicts_there_only() -> None:
+    # q needs a and b to itself; the placed resident runs on c (its record and its
+    # environment say so), not on b: it is in nobody's way
+    from statemachine.types import StartedWith
+
+    roles = {**AB, "c": (32_000, 2_000)}
+    stt = _placed("stt", 10_000, RES, RUN, cands=("b", "c"))
+    q = serve("q", 20_000, OND, roles=("a", "b"), exclusive=True)
+    on_c = ContainerObs(ContainerState.RUNNING, "healthy", 0.0, gpu_role="c")
+    d, o = _build(Case([stt, q], {"stt": on_c}, [], roles=roles))
+    known = replace(o, started_with={"c-stt": StartedWith("stt", ("c",), 10_000)})
+    assert fit_serve(d, known, "q", now=NOW).fits
+    assert could_fit_later(d, known, "q", {}) is None
+    # its card unknown (no start record), it is counted on every candidate: b included
+    assert could_fit_later(d, o, "q", {}) == (
+        "q cannot run while stt runs (q needs a, b to itself), and stt never goes away by itself"
+    )
