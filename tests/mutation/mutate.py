@@ -1464,7 +1464,7 @@ def run(args: argparse.Namespace) -> int:
     print("mutate: by operator, every module run:\n" + operators_table(_sum_operators(results)))
     if args.docs:
         thresholds = {n: m.threshold for n, m in cfg.modules.items()}
-        command = " ".join(["mutate.py", *sys.argv[1:]])
+        command = " ".join(["mutate.py", *_shown(sys.argv[1:])])
         if all(is_shell(n) for n in plan):
             write_block(
                 root,
@@ -1513,6 +1513,20 @@ def run(args: argparse.Namespace) -> int:
         print(f"mutate: FAILED: below threshold: {', '.join(below)}", file=sys.stderr)
         return 1
     return 0
+
+
+def _shown(argv: list[str]) -> list[str]:
+    """The run's arguments as the docs show them: without the paths of --json and --root."""
+    out: list[str] = []
+    skip = False
+    for a in argv:
+        if skip:
+            skip = False
+        elif a in ("--json", "--root"):
+            skip = True
+        elif not a.startswith(("--json=", "--root=")):
+            out.append(a)
+    return out
 
 
 def _mean(values: Iterator[int]) -> float:
