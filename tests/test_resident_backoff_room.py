@@ -12,7 +12,6 @@ from dataclasses import replace
 from test_placement import NOW, host, pinned
 
 from statemachine.fit import fit_serve, fit_serve_by_planner
-
 from statemachine.plan import Action, Policy
 from statemachine.planner import plan_transitions
 from statemachine.types import DesiredRun, Observed, OnDemandRequest, Residency
