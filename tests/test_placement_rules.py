@@ -1,0 +1,112 @@
+"""Terms of the placement rule that no other test pinned (statemachine/placement.py,
+docs/placement.md), pure: each test states one term, and fails where it is dropped.
+
+Two cards, ``a`` (budget 10000 MiB) and ``b`` (budget 6000), as in
+``tests/test_placement.py``; the moves (docs/placement.md, moves) start from the case of
+``tests/test_off_its_cards.py``: ``x`` (8000, resident, pinned to ``a``) is blocked by
+``p`` (4000, placed on ``a`` or ``b``), which runs on ``a`` and fits on ``b``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from test_off_its_cards import moves, on
+from test_placement import ROLES, RUNNING, host, pinned, placed, plan
+
+from statemachine.plan import Action, How
+from statemachine.types import (
+    DesiredState,
+    GpuRole,
+    Observed,
+    Residency,
+    Sleep,
+    SleepObs,
+    SleepState,
+    StartingObs,
+)
+
+X = pinned("x", 8000, "a", residency=Residency.RESIDENT)
+P = placed("p", 4000)
+
+
+# ── the rule, 1: a serve that holds memory stays; moved only on its container's word ──
+
+
+def test_a_container_naming_one_of_its_candidates_without_a_record_is_not_moved() -> None:
+    """A placed serve runs, its container's environment names ``a`` (a candidate), and
+    the journal has no start record: where it was started is not the controller's
+    choice, so it is counted on every candidate (``unknown``), and nothing is stopped:
+    a serve is moved for an edit only where its container names a card that is no
+    longer among its candidates."""
+    observed = Observed(True, {P.container: replace(RUNNING, gpu_role="a")})
+    first = plan(host(P), observed)
+    assert [(d.role, d.how) for d in first.placements] == [(None, How.UNKNOWN)]
+    assert first.empty
+
+
+def test_a_serve_whose_start_is_in_progress_is_not_moved_for_an_edit() -> None:
+    """``p``'s start on ``a`` is in progress (``observed.starting``) and its container
+    already names ``a``; the manifest now lets it run on ``b`` or ``c``. A start in
+    progress is never stopped for an edit (the planner plans nothing for it until it
+    ends): counted where it is, not ``moved``."""
+    p_ = placed("p", 4000, on=("b", "c"))
+    desired = DesiredState({**ROLES, "c": GpuRole("c", 6000)}, {"p": p_})
+    observed = replace(on(p_, "a"), starting={"p": StartingObs(("a",), 4000)})
+    first = plan(desired, observed)
+    assert [d.how for d in first.placements] == [How.UNKNOWN]
+    assert not [s for s in first.steps if s.serve == "p" and s.action is Action.STOP]
+
+
+# ── moves: which placed serve may move ───────────────────────────────────────────────
+
+
+def _moved_base() -> list[tuple[str, str | None]]:
+    return moves(host(X, P), on(P, "a"))
+
+
+def test_the_move_case_moves_p_to_b() -> None:
+    """The case every test below changes by one term: ``p`` moves to ``b``."""
+    assert _moved_base() == [("p", "b")]
+
+
+def test_an_unmanaged_placed_serve_is_not_moved() -> None:
+    """An unmanaged serve (no ``desired``) is never started or stopped on its own: not
+    moved for a blocked pinned serve either (the planner would not stop it, so the
+    plan with the move would not start ``x``)."""
+    p_ = placed("p", 4000, desired=None)
+    assert moves(host(X, p_), on(p_, "a")) == []
+
+
+def test_a_placed_serve_whose_start_is_in_progress_is_not_moved() -> None:
+    p_observed = replace(on(P, "a"), starting={"p": StartingObs(("a",), 4000)})
+    assert moves(host(X, P), p_observed) == []
+
+
+def test_an_asleep_placed_serve_is_not_moved() -> None:
+    """Asleep, ``p`` holds its residual on ``a`` and is not moved (docs: not asleep)."""
+    p_ = placed("p", 4000, sleep=Sleep(level=2, residual_mib=3000, protocol="vllm"))
+    asleep = replace(on(p_, "a"), sleep={"p": SleepObs(SleepState.ASLEEP, 2, 3000)})
+    assert moves(host(X, p_), asleep) == []
+
+
+def test_a_placed_serve_whose_container_names_no_card_is_not_moved() -> None:
+    """Its start record says ``a``, its container's environment says nothing: only a
+    container that names its card is moved."""
+    observed = on(P, "a", told=False)
+    assert moves(host(X, P), observed) == []
+
+
+# ── moves: for which pinned serve a move is made ──────────────────────────────────────
+
+
+def test_a_move_is_made_for_memory_alone_not_for_a_port() -> None:
+    """``x`` (6000, resident, pinned to ``a``) fits on ``a`` beside ``p`` to the MiB
+    (10000 - 4000 - 6000 = 0 left), but ``p`` holds ``x``'s port and a resident may stop
+    nothing: ``x`` is blocked. Moving ``p`` to ``b`` would free the port, yet a move is
+    made only where the pinned serve is short of memory on its card: nothing moves."""
+    x = pinned("x", 6000, "a", residency=Residency.RESIDENT, port=9000)
+    p_ = placed("p", 4000, port=9000)
+    result = plan(host(x, p_), on(p_, "a"))
+    assert [(d.role, d.how) for d in result.placements] == [("a", How.HELD)]
+    assert [b.serve for b in result.blocked] == ["x"]
