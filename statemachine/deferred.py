@@ -7,10 +7,10 @@ for each of them, most never read (a reconcile tick reads the steps, not the rea
 A :class:`Deferred` holds a pure function of immutable inputs instead and builds the
 tuple once, when something reads it.
 
-It stands for that tuple: equal to it (and to any sequence equal to it as a tuple),
-the same hash, the same ``repr``, and the same answers to ``len``, indexing, slicing
-(a tuple), iteration and ``in``. It must be given a function without side effects
-whose inputs nothing changes afterwards.
+It stands for that tuple: equal to whatever the tuple is equal to (the tuple itself,
+another Deferred of an equal tuple; not a list), the same hash, the same ``repr``, and
+the same answers to ``len``, indexing, slicing (a tuple), iteration and ``in``. It
+must be given a function without side effects whose inputs nothing changes afterwards.
 
 Pure: no I/O, no clock, no logging.
 """
@@ -60,11 +60,9 @@ class Deferred(Sequence[T], Generic[T]):
         return value in self.items()
 
     def __eq__(self, other: object) -> bool:
-        if isinstance(other, Deferred):
-            return self.items() == other.items()
-        if isinstance(other, tuple):
-            return self.items() == other
-        return NotImplemented
+        # the tuple's own answer, whatever other is: a tuple hands the question back to
+        # another Deferred (its __eq__ does not know it), which answers with its tuple
+        return self.items() == other
 
     def __hash__(self) -> int:
         return hash(self.items())
