@@ -93,7 +93,7 @@ def _sticky(s: ServeSpec, observed: Observed) -> Placement | None:
         (role,) = held
         return Placement(s.name, role, How.HELD, f"{s.name} holds its memory on {role}")
     told = observed.container(s.container).told_roles
-    if told and s.name not in observed.starting and set(told) - set(s.placement):
+    if s.name not in observed.starting and set(told) - set(s.placement):
         return Placement(
             s.name,
             None,
@@ -245,7 +245,7 @@ def blocked_on_every_candidate(plan: Plan, placements: Sequence[Placement]) -> P
     nowhere = {
         p.serve: p
         for p in placements
-        if p.how is How.VICTIMS and p.candidates and not any(c.starts for c in p.candidates)
+        if p.how is How.VICTIMS and not any(c.starts for c in p.candidates)
     }
     if not nowhere:
         return plan
@@ -340,7 +340,6 @@ def _blocked_pinned(room: _Room) -> list[ServeSpec]:
         s
         for s in room.desired.serves.values()
         if not s.placement
-        and s.vram_mib is not None
         and s.name not in room.ledger.holdings
         and room.desired.in_ledger(s)
         and wants_to_run(room.desired, s, room.observed, room.now)
@@ -354,7 +353,7 @@ def _movable(room: _Room, held_on: str) -> list[tuple[ServeSpec, str]]:
     the other candidate it fits on without making room (best fit: the least left free)."""
     out = []
     for p in room.desired.serves.values():
-        if not p.placement or p.gpu_roles != (held_on,) or p.vram_mib is None:
+        if p.gpu_roles != (held_on,) or p.vram_mib is None:
             continue
         if (
             not p.managed
@@ -366,6 +365,7 @@ def _movable(room: _Room, held_on: str) -> list[tuple[ServeSpec, str]]:
         ):
             continue
         mib = p.vram_mib
+        # a pinned serve (no ``placement``) has no other candidate: it never moves
         fits = [r for r in p.placement if r != held_on and room.fits(r, mib)]
         if fits:
             out.append((p, min(fits, key=room.left)))
