@@ -34,13 +34,16 @@ def direct_init(cls: type[T]) -> type[T]:
         raise TypeError(f"{cls.__name__}: direct_init does not call __post_init__")
     plain = [f.name for f in dataclasses.fields(cast(Any, cls))]
     if list(inspect.signature(cls.__init__).parameters)[1:] != plain:
-        # an InitVar is a parameter of the dataclass's __init__ but not a field
-        raise TypeError(f"{cls.__name__}: direct_init takes plain fields only (an InitVar?)")
+        # an InitVar is a parameter of the dataclass's __init__ but not a field; a field
+        # with init=False is a field but not a parameter
+        raise TypeError(
+            f"{cls.__name__}: direct_init takes plain fields only (an InitVar, init=False?)"
+        )
     names: list[str] = []
     signature: list[str] = []
     bound: dict[str, object] = {}
     for i, f in enumerate(dataclasses.fields(cast(Any, cls))):
-        if not f.init or f.kw_only or f.default_factory is not dataclasses.MISSING:
+        if f.kw_only or f.default_factory is not dataclasses.MISSING:
             raise TypeError(f"{cls.__name__}.{f.name}: direct_init takes plain fields only")
         names.append(f.name)
         if f.default is dataclasses.MISSING:
