@@ -1,0 +1,512 @@
+"""Two requests are never promised the same room: ``up`` after ``up``, as a property.
+
+tests/test_pending_requests.py shows it on examples; here a generated host (its
+recorded requests taken away) is asked a sequence of ``up`` s, with repeats (the request
+queue asks again each time it looks at a queued request, and a client may ask again),
+through the pure answer :func:`statemachine.up_decision.decide_up` (what the API's
+``up`` route and the queue call, by way of ``Situation.up``). Each 202 is recorded as
+the API records it (``journal.add_request``: the serve's request replaced by one made
+now), unless the serve already runs awake without a request (the API's "already
+running", which records nothing), so the next answer sees it pending
+(:mod:`statemachine.pending`).
+
+The promise is modelled from the ledger of what is held (:func:`ledger_from_observed`)
+and the 202s' own steps, independently of :mod:`statemachine.pending`:
+
+- each admitted request that still stands (the next cycle starts it) takes the
+  reservation its 202's reserve (or ``reserve_wake``) step names, on that step's roles
+  (a serve that held something there already, a sleeper at its residual: the larger);
+- each victim of a standing request's 202 (its ``release``, ``release_to_residual`` and
+  ``shrink`` steps) comes down to the lowest level any of those answers planned for it,
+  counted once, however many requests count on it.
+
+Which admitted requests still stand is the planner's own answer: the next cycle's plan
+for the whole desired state (:func:`plan_transitions`, every recorded request) starts
+them. Each request it starts was admitted, at the size its 202 said and where it said
+(a placed serve may be started on another of its candidates, the plan weighing every
+request's card together: its promise is then that start and the room the plan makes
+for it); an admitted request may be left out only when it has ended
+(:func:`statemachine.idleness.in_force`) or a request admitted after it comes ahead of
+it in the start order (docs/eviction.md, "Backfill and priority": residents, then
+on-demand requests oldest first, then the rest by priority; an on-demand request is
+answered as if made now, so it may go ahead of an evictable serve's request admitted
+before it, which then waits for room). One more reason is tolerated, a known
+disagreement kept as a strict xfail below: a serve the manifest wants running, down and
+not held back, which the next cycle starts ahead of every request (``up`` does not weigh
+it).
+
+After every answer, on every card, the promise is within the budget, or (a card over
+budget as observed: containers started outside the controller) no more than it was
+before the answer; and what the answers count as pending
+(:func:`statemachine.pending.pending_starts`) is exactly the standing requests, at their
+reservations, on their cards.
+
+The queue's own refusals (a 202 held back while other requests wait ahead on the role)
+only admit fewer requests, so they are not modelled. Imports only ``statemachine``
+(the mutation tool's pure pool); ``VRAMCTL_PROPERTY_EXAMPLES`` sets the depth.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass, field, replace
+
+import pytest
+from hypothesis import HealthCheck, event, given, note, settings
+from hypothesis import strategies as st
+from strategies import (
+    NOW,
+    SERVE_NAMES,
+    Scenario,
+    case_shares,
+    crowded_hosts,
+    every_scenario,
+    gpu_roles,
+)
+
+from statemachine.admission import can_request
+from statemachine.idleness import in_force
+from statemachine.ledger import ledger_from_observed
+from statemachine.pending import pending_starts
+from statemachine.plan import Action, Step
+from statemachine.planner import Policy, plan_transitions
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    Elastic,
+    GpuRole,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    ServeSpec,
+    Sleep,
+    SleepProtocol,
+)
+from statemachine.up_decision import decide_up
+
+EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "150"))
+SETTINGS = settings(
+    max_examples=EXAMPLES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+#: the steps that give a victim's room back (their ``mib`` is what they free)
+ROOM = frozenset({Action.RELEASE, Action.RELEASE_TO_RESIDUAL, Action.SHRINK})
+#: the steps that take a requester's room
+TAKE = frozenset({Action.RESERVE, Action.RESERVE_WAKE})
+#: the steps that bring a serve up (one outside the ledger reserves nothing)
+BRING = TAKE | {Action.START, Action.WAKE}
+RETRY_S = 5.0
+
+
+@dataclass(frozen=True)
+class Asks:
+    """A host with no requests recorded, and the ``up`` s asked of it in turn: the serve
+    and the seconds since the previous ask (0: the same instant)."""
+
+    sc: Scenario
+    asks: tuple[tuple[str, float], ...]
+
+
+@st.composite
+def shared_cards(draw: st.DrawFn) -> Scenario:
+    """Requests that fit one at a time and not all together: one or two cards, a
+    resident running on each (never a victim), zero to two evictable serves running
+    beside it (some can sleep, some are elastic), and two to four on-demand serves
+    and an evictable one that hold nothing, each sized between a third of what is
+    free and what evicting every evictable would leave (so each fits alone, mostly
+    by making room, and two together often do not); now and then two share a port,
+    and one is placed on both cards."""
+    roles = draw(gpu_roles(max_roles=2))
+    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
+    serves: dict[str, ServeSpec] = {}
+    containers: dict[str, ContainerObs] = {}
+    names = iter(SERVE_NAMES)
+    free: dict[str, int] = {}
+    room: dict[str, int] = {}
+    for rid, role in roles.items():
+        left = role.budget_mib
+        name = next(names)
+        mib = draw(st.integers(0, left // 2))
+        if mib:
+            spec = ServeSpec(name, f"ctr-{name}", (rid,), mib, Residency.RESIDENT)
+            serves[name] = replace(spec, desired=DesiredRun.RUNNING)
+            containers[spec.container] = up
+            left -= mib
+        room[rid] = left
+        for _ in range(draw(st.integers(0, 2))):
+            if left < 2:
+                break
+            name = next(names)
+            mib = draw(st.integers(1, left))
+            spec = ServeSpec(name, f"ctr-{name}", (rid,), mib, Residency.EVICTABLE)
+            kind = draw(st.sampled_from(["plain", "sleep", "elastic"]))
+            if kind == "sleep" and mib > 1:
+                spec = replace(spec, sleep=Sleep(2, max(1, mib // 8), next(iter(SleepProtocol))))
+            elif kind == "elastic" and mib > 1:
+                url = f"http://127.0.0.1:9000/{name}"
+                spec = replace(spec, elastic=Elastic(url, mib // 2, segment_mib=1))
+            serves[name] = spec
+            containers[spec.container] = up
+            left -= mib
+        free[rid] = left
+    for k in range(draw(st.integers(2, 5))):
+        name = next(names)
+        rid = draw(st.sampled_from(sorted(roles)))
+        placed = len(roles) == 2 and draw(st.integers(0, 3)) == 0
+        on = tuple(sorted(roles)) if placed else (rid,)
+        most = max(1, min(room[r] for r in on))
+        least = max(1, min(most, max(free[r] for r in on) // 3))
+        residency = Residency.EVICTABLE if k == 4 else Residency.ON_DEMAND
+        spec = ServeSpec(
+            name,
+            f"ctr-{name}",
+            on,
+            draw(st.integers(least, most)),
+            residency,
+            port=draw(st.sampled_from([None, None, None, 8000])),
+            priority=draw(st.integers(0, 1)),
+            placement=on if placed else (),
+        )
+        serves[name] = spec
+    desired = DesiredState(roles, serves, ())
+    return Scenario(desired, Observed(docker_ok=True, containers=containers), NOW, Policy())
+
+
+@st.composite
+def asks(draw: st.DrawFn) -> Asks:
+    """A generated host (:func:`every_scenario`, crowded hosts and :func:`shared_cards`
+    weighted up), its requests taken away, and one to six ``up`` s of requestable serves
+    (on-demand ones more often; the same serve again, now and then)."""
+    kind = draw(st.sampled_from(["any", "crowded", "shared", "shared"]))
+    source = {"any": every_scenario(), "crowded": crowded_hosts(), "shared": shared_cards()}
+    sc = draw(source[kind])
+    desired = replace(sc.desired, requests=())
+    names = sorted(n for n in desired.serves if can_request(desired, n) is None)
+    if not names:
+        return Asks(replace(sc, desired=desired), ())
+    od = [n for n in names if desired.serves[n].residency is Residency.ON_DEMAND]
+    pick = st.sampled_from(names)
+    if od:
+        pick = st.one_of(st.sampled_from(od), st.sampled_from(od), st.sampled_from(names))
+    picks: list[str] = []
+    for _ in range(draw(st.integers(1, 6))):
+        again = picks and draw(st.integers(0, 3)) == 0
+        picks.append(draw(st.sampled_from(picks)) if again else draw(pick))
+    gaps = draw(st.lists(st.sampled_from([0.0, 0.0, 0.001, 1.0]), min_size=len(picks)))
+    return Asks(replace(sc, desired=desired), tuple(zip(picks, gaps, strict=False)))
+
+
+@dataclass(frozen=True)
+class Promise:
+    """What a 202 promised: its answer's index and time, the serve's reserve step and
+    the room its steps make (victim, role) -> MiB freed."""
+
+    index: int
+    at: float
+    take: Step
+    room: dict[tuple[str, str], int]
+
+
+def promise_of(serve: str, index: int, at: float, steps: Iterable[Step]) -> Promise | None:
+    """The promise of a 202 for ``serve`` with ``steps`` (None: it reserves nothing, as
+    a serve whose start is in progress already)."""
+    steps = tuple(steps)
+    take = next((s for s in steps if s.serve == serve and s.action in TAKE), None)
+    if take is None:
+        return None
+    room: dict[tuple[str, str], int] = {}
+    for s in steps:
+        if s.serve != serve and s.action in ROOM and s.mib:
+            for role in s.gpu_roles:
+                room[(s.serve, role)] = room.get((s.serve, role), 0) + s.mib
+    return Promise(index, at, take, room)
+
+
+def take_mib(desired: DesiredState, take: Step) -> int:
+    """What a reserve takes: its MiB; a wake, the serve back at its full reservation."""
+    if take.action is Action.RESERVE_WAKE:
+        return desired.serves[take.serve].vram_mib or take.to_mib or 0
+    return take.mib or 0
+
+
+def start_rank(s: ServeSpec, requested_at: float) -> tuple[int, float, int, str]:
+    """Where ``s``, requested at ``requested_at``, comes in the start order
+    (docs/eviction.md, "Backfill and priority"): residents by priority; on-demand
+    serves, manifest ``running`` first, then requests by age, then by priority; the
+    rest by priority; names last."""
+    if s.residency is Residency.RESIDENT:
+        return (0, 0.0, -s.priority, s.name)
+    if s.residency is Residency.ON_DEMAND:
+        when = -1.0 if s.desired is DesiredRun.RUNNING else requested_at
+        return (1, when, -s.priority, s.name)
+    return (2, 0.0, -s.priority, s.name)
+
+
+def promised(
+    desired: DesiredState, held: dict[str, dict[str, int]], standing: dict[str, Promise]
+) -> dict[str, int]:
+    """The MiB promised on each card: what is held, each victim of a standing request at
+    the lowest level any of their answers planned (once), and each standing request at
+    its reservation on its roles."""
+    freed: dict[tuple[str, str], int] = {}
+    for p in standing.values():
+        for key, mib in p.room.items():
+            freed[key] = max(freed.get(key, 0), mib)
+    level = {
+        holder: {r: max(0, mib - freed.get((holder, r), 0)) for r, mib in on.items()}
+        for holder, on in held.items()
+    }
+    for serve, p in standing.items():
+        mine = level.setdefault(serve, {})
+        for role in p.take.gpu_roles:
+            if role in desired.roles:
+                mine[role] = max(mine.get(role, 0), take_mib(desired, p.take))
+    return {r: sum(on.get(r, 0) for on in level.values()) for r in desired.roles}
+
+
+@dataclass
+class Trace:
+    """What a walk saw, for the report and the case counts."""
+
+    statuses: list[int] = field(default_factory=list)
+    cases: set[str] = field(default_factory=set)
+    #: the desired state the answers left (the requests recorded), and when
+    desired: DesiredState | None = None
+    now: float = 0.0
+
+
+def walk(a: Asks) -> Trace:
+    """Ask each ``up`` in turn and check the promise after each answer (module doc)."""
+    sc, trace = a.sc, Trace(desired=a.sc.desired)
+    desired, observed, policy = sc.desired, sc.observed, sc.policy
+    ledger = ledger_from_observed(desired, observed)
+    held = {h: dict.fromkeys(res.gpu_roles, res.mib) for h, res in ledger.holdings.items()}
+    before = {r: ledger.committed_mib(r) for r in desired.roles}
+    if any(mib > desired.roles[r].budget_mib for r, mib in before.items()):
+        trace.cases.add("a card over budget as observed")
+    promises: dict[str, Promise] = {}
+    now = sc.now
+    for index, (serve, gap) in enumerate(a.asks):
+        now += gap
+        trace.now = now
+        d = decide_up(desired, observed, serve, policy=policy, now=now, default_retry_s=RETRY_S)
+        trace.statuses.append(d.status)
+        note(f"{index}: up {serve} at +{now - sc.now:g}s: {d.status} {d.message}")
+        recorded = {r.serve for r in desired.requests}
+        spec = desired.serves[serve]
+        c = observed.container(spec.container)
+        if d.status != 202:
+            if recorded and d.status in (409, 429):
+                alone = replace(desired, requests=())
+                if decide_up(alone, observed, serve, policy=policy, now=now,
+                             default_retry_s=RETRY_S).status == 202:  # fmt: skip
+                    trace.cases.add("refused for a pending request")
+        elif c.holds and serve not in recorded and not observed.sleep_of(serve).asleep:
+            pass  # "already running": nothing recorded
+        else:
+            others = tuple(r for r in desired.requests if r.serve != serve)
+            desired = replace(desired, requests=(*others, OnDemandRequest(serve, now)))
+            trace.desired = desired
+            steps = [Step.from_json(s) for s in d.body["steps"]]
+            p = promise_of(serve, index, now, steps)
+            if p is None:
+                promises.pop(serve, None)
+            else:
+                promises[serve] = p
+        standing = check_standing(desired, observed, policy, now, promises, trace)
+        after = promised(desired, held, standing)
+        note(f"   promised {after} (before {before}); standing {sorted(standing)}")
+        for role, mib in after.items():
+            budget = desired.roles[role].budget_mib
+            assert mib <= max(budget, before[role]), (
+                f"{role}: {mib} MiB promised over its budget {budget} "
+                f"(before this answer: {before[role]})"
+            )
+        before = after
+        check_pending(desired, observed, policy, now, standing)
+        count_cases(standing, trace)
+    return trace
+
+
+def check_standing(
+    desired: DesiredState,
+    observed: Observed,
+    policy: Policy,
+    now: float,
+    promises: dict[str, Promise],
+    trace: Trace,
+) -> dict[str, Promise]:
+    """The admitted requests the next cycle starts (its plan for the whole desired
+    state, :func:`plan_transitions`), each with what it was promised; checks that each
+    request that plan starts was promised that reservation, and that every other
+    admitted request may be left out (module doc)."""
+    plan = plan_transitions(desired, observed, policy, now)
+    starts = {s.serve: s for s in plan.steps if s.action in TAKE and s.group == s.serve}
+    started = {s.serve for s in plan.steps if s.action in BRING and s.group == s.serve}
+    requested = {r.serve: r for r in desired.requests}
+    standing: dict[str, Promise] = {}
+    for serve, step in starts.items():
+        if serve not in requested:
+            continue  # the manifest's
+        assert serve in promises, f"the next cycle starts {serve}, which no answer promised"
+        promise = promises[serve]
+        take = promise.take
+        assert take_mib(desired, step) == take_mib(desired, take), (
+            f"{serve}: promised {take_mib(desired, take)} MiB on {take.gpu_roles}, "
+            f"the next cycle reserves {take_mib(desired, step)} MiB on {step.gpu_roles}"
+        )
+        if step.gpu_roles != take.gpu_roles:
+            # a placed serve: the next cycle weighs every request's card together, and
+            # may start it on another candidate, with the room the plan makes there
+            placement = desired.serves[serve].placement
+            assert placement and set(step.gpu_roles) <= set(placement), (
+                f"{serve}: promised on {take.gpu_roles}, the next cycle reserves on "
+                f"{step.gpu_roles}, which is not one of its candidates {placement}"
+            )
+            trace.cases.add("a placed request started on another card")
+            group = [s for s in plan.steps if s.group == serve]
+            moved = promise_of(serve, promise.index, promise.at, group)
+            assert moved is not None
+            promise = moved
+        standing[serve] = promise
+    for serve, p in promises.items():
+        if serve in standing:
+            continue
+        spec = desired.serves[serve]
+        if not in_force(requested[serve], spec, observed, now):
+            trace.cases.add("an admitted request ended")
+            continue
+        mine = start_rank(spec, requested[serve].requested_at)
+        ahead = [
+            q
+            for q, later in promises.items()
+            if later.index > p.index
+            and start_rank(desired.serves[q], requested[q].requested_at) < mine
+        ]
+        if ahead:
+            trace.cases.add("an admitted request left waiting for a later one ahead of it")
+            continue
+        # the known disagreement (test_a_request_is_not_admitted_into_the_room_a_manifest_
+        # start_takes): `up` does not weigh the manifest's serves the next cycle starts first
+        manifest = [
+            m
+            for m in started
+            if m not in requested
+            and desired.serves[m].desired is DesiredRun.RUNNING
+            and start_rank(desired.serves[m], 0.0) < mine
+        ]
+        assert manifest, (
+            f"{serve} was admitted ({p.take.action} {take_mib(desired, p.take)} MiB on "
+            f"{p.take.gpu_roles}) and the next cycle does not start it, but no request "
+            f"admitted after it comes ahead of it in the start order"
+        )
+        trace.cases.add("an admitted request left waiting for a manifest start")
+    return standing
+
+
+def check_pending(
+    desired: DesiredState,
+    observed: Observed,
+    policy: Policy,
+    now: float,
+    standing: dict[str, Promise],
+) -> None:
+    """What the answers count as pending (:func:`pending_starts`) is the standing
+    requests, at their reservations, where the next cycle starts them."""
+    pending = {
+        p.serve: (p.gpu_roles, p.mib)
+        for p in pending_starts(desired, observed, policy=policy, now=now)
+    }
+    expected = {
+        serve: (p.take.gpu_roles, take_mib(desired, p.take)) for serve, p in standing.items()
+    }
+    assert pending == expected, f"counted as pending {pending}, the next cycle starts {expected}"
+
+
+def count_cases(standing: dict[str, Promise], trace: Trace) -> None:
+    """The cases the property is about, as the standing requests reach them."""
+    on_role: dict[str, int] = {}
+    victims: dict[str, int] = {}
+    for p in standing.values():
+        for role in p.take.gpu_roles:
+            on_role[role] = on_role.get(role, 0) + 1
+        for v in {v for v, _ in p.room}:
+            victims[v] = victims.get(v, 0) + 1
+    if any(n >= 2 for n in on_role.values()):
+        trace.cases.add("two requests promised on one role")
+    if any(n >= 2 for n in victims.values()):
+        trace.cases.add("a victim shared by two requests")
+    if any(p.room for p in standing.values()):
+        trace.cases.add("a request promised room made by victims")
+
+
+def cases(a: Asks) -> set[str]:
+    """The cases a walk reaches (for :func:`case_shares`)."""
+    trace = walk(a)
+    out = set(trace.cases)
+    if trace.statuses.count(202) >= 2:
+        out.add("two 202s")
+    return out
+
+
+@SETTINGS
+@given(asks())
+def test_two_requests_are_never_promised_the_same_room(a: Asks) -> None:
+    for case in sorted(cases(a)):
+        event(case)
+
+
+#: the least share of examples (of :func:`asks`, derandomized) in which each case the
+#: property is about occurs; observed at the time of writing in brackets
+FLOORS = {
+    "two 202s": 0.35,  # (71%)
+    "two requests promised on one role": 0.10,  # (23%)
+    "refused for a pending request": 0.04,  # (10%)
+    "a request promised room made by victims": 0.25,  # (53%)
+    "a victim shared by two requests": 0.05,  # (13%)
+    "an admitted request left waiting for a later one ahead of it": 0.01,  # (2%)
+    "a card over budget as observed": 0.03,  # (9%)
+}
+
+
+def test_the_property_reaches_its_cases() -> None:
+    """Each case occurs in at least its floor's share of 150 derandomized examples."""
+    shares = case_shares(asks(), cases, examples=150)
+    low = {
+        case: f"{shares.get(case, 0.0):.1%} < {floor:.0%}"
+        for case, floor in FLOORS.items()
+        if shares.get(case, 0.0) < floor
+    }
+    assert not low, low
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="up weighs a request beside what is held and the requests pending, not beside "
+    "the manifest's serves that are down and not held back: the next cycle starts a "
+    "resident (or an on-demand serve desired running) ahead of every request, so a 202 "
+    "can promise the room that start takes, and the request then waits",
+)
+def test_a_request_is_not_admitted_into_the_room_a_manifest_start_takes() -> None:
+    """Budget 10000; a resident (6000) desired running has exited and is not held back;
+    ``up a`` (5000, on-demand) is answered 202, and the next cycle starts the resident
+    and blocks a."""
+    roles = {"g0": GpuRole("g0", 10000)}
+    res = ServeSpec("res", "c-res", ("g0",), 6000, Residency.RESIDENT, DesiredRun.RUNNING)
+    a = ServeSpec("a", "c-a", ("g0",), 5000, Residency.ON_DEMAND)
+    desired = DesiredState(roles, {"res": res, "a": a}, ())
+    down = ContainerObs(ContainerState.EXITED, started_at=NOW - 100, exit_code=0)
+    observed = Observed(docker_ok=True, containers={"c-res": down})
+    d = decide_up(desired, observed, "a", policy=Policy(), now=NOW, default_retry_s=RETRY_S)
+    asked = replace(desired, requests=(OnDemandRequest("a", NOW),))
+    plan = plan_transitions(asked, observed, Policy(), NOW)
+    started = [s.serve for s in plan.steps if s.action is Action.RESERVE]
+    kept = started == (["res", "a"] if d.status == 202 else ["res"])
+    assert kept, (
+        f"up a: {d.status} {d.message}; the next cycle reserves for {started}, "
+        f"blocks {[b.serve for b in plan.blocked]}"
+    )
