@@ -60,9 +60,9 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
                 ContainerState.RUNNING,
                 health="healthy",
                 started_at=now,
-                gpu_role=",".join(step.gpu_roles or serve.gpu_roles),  # what `up` is told
+                gpu_role=",".join(step.gpu_roles),  # what `up` is told: the roles it starts on
             )
-            if step.mib and step.gpu_roles:  # as the loop records it (its journal)
+            if step.mib:  # as the loop records it (its journal): a start with a reservation
                 started_with[serve.container] = StartedWith(serve.name, step.gpu_roles, step.mib)
         elif step.action is Action.READMIT:
             quiesced.discard(serve.name)
