@@ -12,17 +12,19 @@ from __future__ import annotations
 from dataclasses import replace
 
 from test_off_its_cards import moves, on
-from test_placement import ROLES, RUNNING, host, pinned, placed, plan
+from test_placement import NOW, ROLES, RUNNING, host, pinned, placed, plan
 
 from statemachine.plan import Action, How
 from statemachine.types import (
     DesiredState,
     GpuRole,
     Observed,
+    OnDemandRequest,
     Residency,
     Sleep,
     SleepObs,
     SleepState,
+    StartedWith,
     StartingObs,
 )
 
@@ -110,3 +112,59 @@ def test_a_move_is_made_for_memory_alone_not_for_a_port() -> None:
     result = plan(host(x, p_), on(p_, "a"))
     assert [(d.role, d.how) for d in result.placements] == [("a", How.HELD)]
     assert [b.serve for b in result.blocked] == ["x"]
+
+
+# ── where every candidate's reason is given ─────────────────────────────────────────
+
+
+def test_a_held_serve_keeps_the_planners_reason_for_its_blocked_wake() -> None:
+    """Only a serve placed by the victims rule that starts on no candidate has its
+    blocked reason rewritten with every candidate's: ``p`` (on-demand, asleep on ``a``
+    with 1000 MiB) is held there, and its wake is blocked by ``x`` (8000, resident,
+    running on ``a``): its reason is the planner's, about ``a`` alone."""
+    p_ = placed(
+        "p",
+        4000,
+        residency=Residency.ON_DEMAND,
+        desired=None,
+        sleep=Sleep(level=2, residual_mib=1000, protocol="vllm"),
+    )
+    x = pinned("x", 8000, "a", residency=Residency.RESIDENT)
+    asleep = replace(on(p_, "a"), sleep={"p": SleepObs(SleepState.ASLEEP, 2, 1000)})
+    observed = replace(
+        asleep,
+        containers={**asleep.containers, "c-x": RUNNING},
+        started_with={**asleep.started_with, "c-x": StartedWith("x", ("a",), 8000)},
+    )
+    result = plan(host(x, p_, requests=(OnDemandRequest("p", NOW),)), observed)
+    assert [(d.role, d.how) for d in result.placements] == [("a", How.HELD)]
+    (blocked,) = result.blocked
+    assert blocked.serve == "p"
+    assert "candidates" not in blocked.reason
+
+
+def test_a_placed_serve_without_a_reservation_is_left_unplaced() -> None:
+    """A placed serve without ``vram_mib`` is outside the ledger: nowhere to weigh it.
+    No decision is made for it, and it keeps every candidate."""
+    bare = replace(placed("bare", 4000), vram_mib=None)
+    result = plan(host(bare), Observed(True))
+    assert result.placements == ()
+
+
+# ── moves: where the moved serve goes ────────────────────────────────────────────────
+
+
+def test_the_moved_serve_goes_only_to_a_card_where_it_fits() -> None:
+    """``p`` (4000) may go to ``b`` (3000 free: it does not fit) or ``c`` (6000): it
+    goes to ``c``. The card left with the least free is chosen among those where it
+    fits, never one where it does not."""
+    p_ = placed("p", 4000, on=("a", "b", "c"))
+    u = pinned("u", 3000, "b", residency=Residency.RESIDENT)
+    desired = DesiredState({**ROLES, "c": GpuRole("c", 6000)}, {s.name: s for s in (X, p_, u)})
+    observed = on(p_, "a")
+    observed = replace(
+        observed,
+        containers={**observed.containers, "c-u": RUNNING},
+        started_with={**observed.started_with, "c-u": StartedWith("u", ("b",), 3000)},
+    )
+    assert moves(desired, observed) == [("p", "c")]
