@@ -201,9 +201,10 @@ def _short(t: CandidateTerms) -> int:
 
 
 def _will_start(p: Placement) -> bool:
-    """True when the plan starts the serve on the chosen card (it takes its room)."""
-    chosen = next((c for c in p.candidates if c.role == p.role), None)
-    return chosen is not None and (chosen.fits or bool(chosen.starts))
+    """True when the plan starts the serve on the chosen card (it takes its room): a
+    placement :func:`_choose` made, whose card is one of its candidates."""
+    chosen = next(c for c in p.candidates if c.role == p.role)
+    return chosen.fits or bool(chosen.starts)
 
 
 def _choose(
@@ -247,8 +248,6 @@ def blocked_on_every_candidate(plan: Plan, placements: Sequence[Placement]) -> P
         for p in placements
         if p.how is How.VICTIMS and not any(c.starts for c in p.candidates)
     }
-    if not nowhere:
-        return plan
     blocked = tuple(
         _every_reason(b, nowhere[b.serve]) if b.serve in nowhere else b for b in plan.blocked
     )
