@@ -168,3 +168,15 @@ def test_the_moved_serve_goes_only_to_a_card_where_it_fits() -> None:
         started_with={**observed.started_with, "c-u": StartedWith("u", ("b",), 3000)},
     )
     assert moves(desired, observed) == [("p", "c")]
+
+
+def test_a_serve_counted_on_every_candidate_is_not_moved() -> None:
+    """``p`` runs where the controller cannot tell (no start record; its container
+    names ``a``): counted on both cards (``unknown``), it is not a serve placed on
+    ``a``, and no move is made of it for ``x``; ``x`` stays blocked."""
+    roles = {"a": GpuRole("a", 10000), "b": GpuRole("b", 10000)}
+    desired = DesiredState(roles, {s.name: s for s in (X, P)})
+    observed = Observed(True, {P.container: replace(RUNNING, gpu_role="a")})
+    result = plan(desired, observed)
+    assert [(d.role, d.how) for d in result.placements] == [(None, How.UNKNOWN)]
+    assert [b.serve for b in result.blocked] == ["x"]
