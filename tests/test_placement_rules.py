@@ -180,3 +180,36 @@ def test_a_serve_counted_on_every_candidate_is_not_moved() -> None:
     result = plan(desired, observed)
     assert [(d.role, d.how) for d in result.placements] == [(None, How.UNKNOWN)]
     assert [b.serve for b in result.blocked] == ["x"]
+
+
+# ── moves: for whom ──────────────────────────────────────────────────────────────────
+
+
+def test_a_move_is_made_for_a_pinned_serve_alone_even_where_a_placed_one_would_start() -> None:
+    """``q`` (3000, resident, placed on ``a`` or ``b``) fits on neither: ``a`` holds
+    ``p`` and ``z`` (4000 each), ``b`` holds ``y`` (5000), and this plan's pinned starts
+    count there too (``w`` wants 11000 of ``a``, ``v`` 10000 of ``b``: neither can ever
+    start). ``q`` waits on ``a``, the first of the equally short. Moving ``p`` from ``a``
+    to ``c`` would let ``q`` start, but a placed serve's card is its own choice: a move
+    is made for a pinned serve alone, and nothing moves."""
+    q = placed("q", 3000, residency=Residency.RESIDENT)
+    p_ = placed("p", 4000, on=("a", "c"))
+    z = pinned("z", 4000, "a", residency=Residency.RESIDENT)
+    y = pinned("y", 5000, "b", residency=Residency.RESIDENT)
+    w = pinned("w", 11000, "a", residency=Residency.RESIDENT)
+    v = pinned("v", 10000, "b", residency=Residency.RESIDENT)
+    desired = DesiredState(
+        {**ROLES, "c": GpuRole("c", 6000)}, {s.name: s for s in (q, p_, z, y, w, v)}
+    )
+    running = ((p_, "a"), (z, "a"), (y, "b"))
+    observed = Observed(
+        True,
+        {s.container: replace(RUNNING, gpu_role=r) for s, r in running},
+        started_with={s.container: StartedWith(s.name, (r,), s.vram_mib or 0) for s, r in running},
+    )
+    result = plan(desired, observed)
+    assert [(d.serve, d.role, d.how) for d in result.placements] == [
+        ("q", "a", How.VICTIMS),
+        ("p", "a", How.HELD),
+    ]
+    assert sorted(b.serve for b in result.blocked) == ["q", "v", "w"]
