@@ -213,3 +213,22 @@ def test_a_move_is_made_for_a_pinned_serve_alone_even_where_a_placed_one_would_s
         ("p", "a", How.HELD),
     ]
     assert sorted(b.serve for b in result.blocked) == ["q", "v", "w"]
+
+
+def _two_pinned(w2_mib: int) -> list[tuple[str, str | None]]:
+    """``p`` (4000) runs on ``a``; ``w1`` (5000) and ``w2`` (resident, pinned to ``a``)
+    want to run: ``w1`` starts in the 6000 left, ``w2`` is blocked."""
+    w1 = pinned("w1", 5000, "a", residency=Residency.RESIDENT)
+    w2 = pinned("w2", w2_mib, "a", residency=Residency.RESIDENT)
+    return moves(host(w1, w2, P), on(P, "a"))
+
+
+def test_no_move_for_a_pinned_serve_the_plan_starts_anyway() -> None:
+    """``w1`` starts without the move; ``w2`` (6000) would not start even with it
+    (5000 + 6000 > 10000): nothing moves, ``p`` is not stopped for nothing."""
+    assert _two_pinned(6000) == []
+
+
+def test_a_pinned_serve_that_starts_anyway_does_not_hide_one_a_move_lets_start() -> None:
+    """``w1`` starts without the move; ``w2`` (5000) starts with it: ``p`` moves."""
+    assert _two_pinned(5000) == [("p", "b")]
