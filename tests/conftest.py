@@ -32,6 +32,13 @@ import docker
 import pytest
 from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
+from hypothesis import HealthCheck, settings
+
+# Hypothesis: no per-example deadline and no "too slow" health check by default. Both
+# judge wall-clock time, which a loaded machine misses: a property fails on what it
+# states, never on how busy the machine is. A test that sets either keeps its own.
+settings.register_profile("vramctl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("vramctl")
 
 DEFAULT_TEST_IMAGE = "vramctl-test:latest"
 CONTAINER_PREFIX = "vramctl-test-"

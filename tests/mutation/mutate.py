@@ -46,9 +46,11 @@ of the module when a line runs at import), fastest first, in one pytest run with
 ``-x``, Hypothesis derandomized without shrinking
 (``tests/mutation/hypothesis_profile.py``), without pytest's plugin autoload and
 without ``tests/conftest.py`` (start-up is most of a killed mutant's time), and a
-timeout from those tests' times: a mutant the tests fail on, or that hangs past the
-timeout, is *killed*; one they pass is a *survivor*, and so is one on a line no test
-runs (reported as *not covered*). A module without a threshold is reported, not gated.
+timeout from those tests' times (past it, the mutant runs once more at four times the
+timeout: a busy machine slows a test, a hang hangs again): a mutant the tests fail on,
+or that hangs past the timeout twice, is *killed*; one they pass is a *survivor*, and
+so is one on a line no test runs (reported as *not covered*). A module without a
+threshold is reported, not gated.
 
 Each mutant has a stable key, ``module:line text:operator#n`` (``n`` counts equal
 changes on lines of one text), so the equivalent mutants listed in
@@ -1034,6 +1036,10 @@ class Outcome:
     how: str = ""  # "warm" (a fork of the warm process, patched) or "fresh" (a new one)
 
 
+# A mutant past its time limit runs again at this many times the limit: a hang hangs
+# again and is caught; a mutant that was only slow (a machine busy beside the run) gets
+# the verdict its tests give. No mutant is killed by the machine's load.
+RECHECK = 4.0
 COUNTS = ("mutants", "equivalent", "run", "killed", "survived", "uncovered")
 _COUNTED = {"timeout": "killed"}  # a hang is caught
 
@@ -1397,9 +1403,14 @@ def run(args: argparse.Namespace) -> int:
                         for t in tests
                     ]
                     out = w.patched(m, tests, limits)
+                    if out.status == "timeout":  # a hang, or a busy machine: again
+                        out = w.patched(m, tests, [RECHECK * x for x in limits])
                     if out.status != "unpatched":
                         return out
-                return fresh_process(w.root, m, tests, test_files, timeout)
+                out = fresh_process(w.root, m, tests, test_files, timeout)
+                if out.status == "timeout":
+                    out = fresh_process(w.root, m, tests, test_files, RECHECK * timeout)
+                return out
             finally:
                 workers_q.put(w)
 
