@@ -132,7 +132,7 @@ class _Blueprint:
     listed: bool  # an absent container: listed explicitly or missing from the snapshot
     started_ago: int | None
     health: str | None
-    shrunk: int | None  # per-mille between floor and vram_mib, None: not shrunk
+    shrunk: int | None  # per-mille of the segments it can give back, None: not shrunk
     outside: bool  # may hold memory beyond the budget (started outside the controller)
 
 
@@ -235,6 +235,14 @@ def _between(low: int, high: int, per_mille: int) -> int:
     return low + (high - low) * per_mille // 1000
 
 
+def _shrunk(elastic: Elastic, full: int, per_mille: int) -> int:
+    """Where an elastic engine stands after shrinks: ``full`` less whole segments (it
+    gives memory back a segment at a time), never below its floor; ``per_mille`` picks
+    how many of the segments it can give."""
+    most = max(0, full - elastic.floor_mib) // elastic.segment_mib
+    return full - elastic.segment_mib * (most * per_mille // 1000)
+
+
 def _serve(
     bp: _Blueprint, roles: dict[str, GpuRole], port: int | None, used: dict[str, int]
 ) -> ServeSpec:
@@ -300,7 +308,15 @@ def _placements(draw: st.DrawFn, s: ServeSpec, roles: dict[str, GpuRole]) -> tup
         return ()
     if draw(st.integers(0, 2)) != 0:
         return ()
-    others = [r for r in roles if r != s.gpu_roles[0]]
+    # the manifest refuses a candidate whose budget is below the reservation
+    fits = s.vram_mib is None or s.vram_mib <= roles[s.gpu_roles[0]].budget_mib
+    others = [
+        r
+        for r in roles
+        if r != s.gpu_roles[0] and (s.vram_mib is None or s.vram_mib <= roles[r].budget_mib)
+    ]
+    if not fits or not others:
+        return ()
     more = draw(st.lists(st.sampled_from(others), min_size=1, max_size=3, unique=True))
     return (s.gpu_roles[0], *more)
 
@@ -362,7 +378,7 @@ def fleets(
         serves[s.name] = s
         mib = s.vram_mib
         if mib is not None and s.elastic is not None and bp.shrunk is not None:
-            mib = _between(s.elastic.floor_mib, mib, bp.shrunk)
+            mib = _shrunk(s.elastic, mib, bp.shrunk)
         holds = obs is not None and obs.holds
         if holds and mib is not None and all(r in roles for r in on):
             assert obs is not None
@@ -414,7 +430,7 @@ def observations(
             and s.elastic is not None
             and s.vram_mib is not None
         ):
-            elastic[s.name] = _between(s.elastic.floor_mib, s.vram_mib, bp.shrunk)
+            elastic[s.name] = _shrunk(s.elastic, s.vram_mib, bp.shrunk)
     return Observed(docker_ok=ok, containers=containers, elastic_mib=elastic)
 
 
@@ -514,9 +530,12 @@ def hosts(
             in_flight[name] = InFlightObs(
                 count, source, idle_since=NOW - 700 if count == 0 else None
             )
+        # what a start in progress reserves, or a start record says, fits on its card:
+        # the controller admitted it there
+        card = min((d.roles[r].capacity_mib for r in s.gpu_roles if r in d.roles), default=None)
         if s.gpu_roles and draw(st.integers(0, 7)) == 0:
             mib = draw(st.sampled_from([s.vram_mib or 1, 1, 30_000]) | st.integers(1, 30_000))
-            starting[name] = StartingObs(s.gpu_roles, mib)
+            starting[name] = StartingObs(s.gpu_roles, mib if card is None else min(mib, card))
         if (
             holds
             and s.gpu_roles
@@ -524,6 +543,7 @@ def hosts(
             and draw(st.integers(0, 7)) == 0
         ):
             mib = draw(st.sampled_from([s.vram_mib or 1, 1]) | st.integers(1, 30_000))
+            mib = mib if card is None else min(mib, card)
             started_with[s.container] = StartedWith(name, s.gpu_roles, mib)
         if not holds and draw(st.integers(0, 9)) == 0:
             unreleased.add(name)
@@ -579,7 +599,10 @@ def crowded_hosts(draw: st.DrawFn) -> Scenario:
                 spec = replace(spec, sleep=Sleep(level, residual, protocol, host_mib))
             elif mib > 1 and draw(st.booleans()):
                 floor = max(1, mib // 2)
-                spec = replace(spec, elastic=Elastic(f"http://127.0.0.1:9000/{name}", floor, 1))
+                spec = replace(
+                    spec,
+                    elastic=Elastic(f"http://127.0.0.1:9000/{name}", floor, segment_mib=1),
+                )
             serves[name] = spec
             containers[spec.container] = up
             left -= mib
