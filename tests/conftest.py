@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import uuid
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
@@ -39,6 +40,13 @@ from hypothesis import HealthCheck, settings
 # states, never on how busy the machine is. A test that sets either keeps its own.
 settings.register_profile("vramctl", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("vramctl")
+
+# Ctrl-C interrupts what the tests start, as at a terminal. A test run started in the
+# background by a non-interactive shell inherits SIGINT ignored, and every process it
+# starts would keep it ignored (a CLI's KeyboardInterrupt would never come); Python's
+# own handler is reset to the default in each child at exec.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 DEFAULT_TEST_IMAGE = "vramctl-test:latest"
 CONTAINER_PREFIX = "vramctl-test-"
