@@ -347,9 +347,10 @@ def _blocked_pinned(room: _Room) -> list[ServeSpec]:
 
 
 def _movable(room: _Room, held_on: str) -> list[tuple[ServeSpec, str]]:
-    """Each placed serve held on ``held_on`` that may move (managed, not resident, awake,
-    outside its ``min_runtime_s``, its container's environment naming that card), with
-    the other candidate it fits on without making room (best fit: the least left free)."""
+    """Each placed serve held on ``held_on`` that may move (managed, not resident, awake
+    or asleep and to be woken, not starting, outside its ``min_runtime_s``, its
+    container's environment naming that card), with the other candidate it fits on
+    without making room (best fit: the least left free)."""
     out = []
     for p in room.desired.serves.values():
         if p.gpu_roles != (held_on,) or p.vram_mib is None:
@@ -358,7 +359,10 @@ def _movable(room: _Room, held_on: str) -> list[tuple[ServeSpec, str]]:
             not p.managed
             or p.residency is Residency.RESIDENT
             or p.name in room.observed.starting
-            or room.observed.sleep_of(p.name).asleep
+            or (
+                room.observed.sleep_of(p.name).asleep
+                and not wants_to_run(room.desired, p, room.observed, room.now)
+            )
             or inside_min_runtime(p, room.observed, room.now) is not None
             or room.observed.container(p.container).told_roles != (held_on,)
         ):

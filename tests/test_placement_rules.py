@@ -85,11 +85,26 @@ def test_a_placed_serve_whose_start_is_in_progress_is_not_moved() -> None:
     assert moves(host(X, P), p_observed) == []
 
 
-def test_an_asleep_placed_serve_is_not_moved() -> None:
-    """Asleep, ``p`` holds its residual on ``a`` and is not moved (docs: not asleep)."""
-    p_ = placed("p", 4000, sleep=Sleep(level=2, residual_mib=3000, protocol="vllm"))
+def test_an_asleep_placed_serve_that_is_not_to_run_is_not_moved() -> None:
+    """Asleep and not to run (no ``desired``, nothing asks for it), ``p`` holds its
+    residual on ``a`` and is not moved (docs: not asleep), though ``x`` is blocked."""
+    p_ = placed("p", 4000, desired=None, sleep=Sleep(level=2, residual_mib=3000, protocol="vllm"))
     asleep = replace(on(p_, "a"), sleep={"p": SleepObs(SleepState.ASLEEP, 2, 3000)})
     assert moves(host(X, p_), asleep) == []
+    assert [b.serve for b in plan(host(X, p_), asleep).blocked] == ["x"]
+
+
+def test_an_asleep_placed_serve_to_be_woken_moves_instead() -> None:
+    """Asleep on ``a`` and desired running, ``p`` would be woken there, its wake taking
+    its whole reservation on the card ``x`` needs; the next plan would then move it
+    (a wake, then a stop: churn). It moves now: stopped asleep on ``a`` (its residual
+    released), ``x`` started there, ``p`` started cold on ``b`` by the next plan."""
+    p_ = placed("p", 4000, sleep=Sleep(level=2, residual_mib=3000, protocol="vllm"))
+    asleep = replace(on(p_, "a"), sleep={"p": SleepObs(SleepState.ASLEEP, 2, 3000)})
+    assert moves(host(X, p_), asleep) == [("p", "b")]
+    steps = [(s.action, s.serve) for s in plan(host(X, p_), asleep).steps]
+    assert (Action.STOP, "p") in steps and (Action.START, "x") in steps
+    assert not [a for a, n in steps if n == "p" and a in (Action.WAKE, Action.RESERVE_WAKE)]
 
 
 def test_a_placed_serve_whose_container_names_no_card_is_not_moved() -> None:
