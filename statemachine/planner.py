@@ -1168,10 +1168,12 @@ def _wake(w: _Work, s: ServeSpec, in_ledger: bool) -> None:
 
 def _claims_room(w: _Work, later: ServeSpec) -> bool:
     """True when ``later``, an on-demand requester, reserves room when its turn comes (one
-    held back, e.g. by its backoff, starts in no pass of this plan: it claims none)."""
+    held back, e.g. by its backoff, or exited with its memory not back, which the ledger
+    still counts, starts in no pass of this plan: it claims none)."""
     return (
         later.residency is Residency.ON_DEMAND
         and later.name not in w.policy.hold
+        and later.name not in w.observed.unreleased
         and not later.exclusive
         and later.vram_mib is not None
         and w.in_ledger(later)

@@ -10,7 +10,11 @@ load (vLLM, SGLang) start one at a time per GPU role (docs/design.md, ordering),
 serve blocked with ``waits for the start of`` a peer starts only once that peer is up,
 in a later plan. The next plan may therefore carry out the starts (or wakes) of the
 serves that waited in the one before, each with the room made for it in its own group,
-and nothing else; the plans after it are held to the same rule until one is empty.
+and nothing else; the plans after it are held to the same rule until one is empty. An
+elastic serve the plan before shrank may grow back there too: a start's stops can free
+more than it takes, and the plan that makes that room gives the rest back to what it
+shrank (the grow-back, in the same plan when nothing waits); a waited start makes its
+room a plan later, so its grow-back comes a plan later.
 
 A placed serve (docs/placement.md) that a plan stops (evicted to make room, or moved off
 the card a pinned serve needs) holds nothing afterwards: the next plan places it again,
@@ -82,10 +86,14 @@ def assert_converges(sc: Scenario, plan: Plan) -> None:
             return
         waited = waited_for_a_peer(plan)
         placed_again = stopped_placed(d, plan)
+        shrunk = {st.serve for st in plan.steps if st.action is Action.SHRINK}
+        grows_back = bool(waited & {st.group for st in again.steps})
         churn = [
             st
             for st in again.steps
-            if st.group not in waited and not (st.group in placed_again and st.serve == st.group)
+            if st.group not in waited
+            and not (st.group in placed_again and st.serve == st.group)
+            and not (grows_back and st.action is Action.GROW and st.serve in shrunk)
         ]
         assert not churn, f"plan {round_ + 2} not empty:\n" + "\n".join(
             json.dumps(st.to_json()) for st in churn

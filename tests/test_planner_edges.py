@@ -11,11 +11,22 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from convergence import assert_converges
+from strategies import Scenario
 from test_planner_rules import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
 from statemachine.planner import Action, Plan, Policy, plan_transitions
 from statemachine.simulate import apply_plan, ledger_prefixes
-from statemachine.types import ContainerObs, ContainerState, Elastic, StartingObs
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    Elastic,
+    Sleep,
+    SleepObs,
+    SleepProtocol,
+    SleepState,
+    StartingObs,
+)
 
 ELASTIC = "http://127.0.0.1:1"
 
@@ -1108,6 +1119,34 @@ def test_a_requester_claims_room_ahead_when_the_candidates_cover_it_exactly() ->
     assert plan.blocked == ()
 
 
+def test_a_requester_whose_memory_is_not_back_claims_no_room_ahead() -> None:
+    # budget 30000, all held: fill 10000, v1 10000, v2 5000, and od2's 5000 from a run
+    # that exited with its memory not back (the ledger still counts it). od1 needs
+    # 10000: v1 alone covers it. od2 cannot start this plan (its memory is not back),
+    # so od1 claims no room for it: v2 keeps running (stopping it too would free room
+    # no start takes, and the next plan would start v2 again)
+    case = Case(
+        [
+            serve("fill", 10_000, RES, RUN),
+            serve("v1", 10_000, EVI, RUN),
+            serve("v2", 5000, EVI, RUN),
+            serve("od1", 10_000, OND),
+            serve("od2", 5000, OND),
+        ],
+        {"fill": up(), "v1": up(), "v2": up()},
+        [],
+        requests=[req("od1", at=NOW - 20), req("od2", at=NOW - 10)],
+    )
+    plan = plan_of(case, unreleased=frozenset({"od2"}))
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("stop v1", "od1"),
+        ("release v1", "od1"),
+        *((line, "od1") for line in starts("od1")),
+    ]
+    assert [b.serve for b in plan.blocked] == ["od2"]
+    assert "not back yet" in plan.blocked[0].reason
+
+
 # ----- room a later start's forced stops make -------------------------------------------------
 def _later_stop_case() -> Case:
     """``od`` needs 15000 on role a (budget 30000, all held by ``evi`` and the unmanaged
@@ -1154,3 +1193,39 @@ def test_a_requester_whose_awaited_stop_does_not_come_evicts_in_the_retry() -> N
     plan = plan_of(case, Policy(hold={"web": "an operator holds it"}))
     assert lines(plan) == ["stop evi", "release evi", *starts("od")]
     assert [b.serve for b in plan.blocked] == ["web"]
+
+
+# ----- a sleeper woken where a later start needs its shrink ------------------------------
+@pytest.mark.xfail(
+    strict=True,
+    reason="a sleeper the plan wakes is weighed asleep for the later starts of the same "
+    "plan: it cannot be shrunk then, and evictions and shrinks are not mixed, so the start "
+    "is blocked; the next plan, the sleeper awake, shrinks it and starts the serve",
+)
+def test_a_start_that_needs_a_woken_sleepers_shrink_is_not_left_to_the_next_plan() -> None:
+    # budget 1000: charlie (resident, elastic 860, floor 361) and bravo (evictable, 500,
+    # elastic down to 1, asleep at level 1 on 140, its engine's figure 140), desired
+    # running, so woken (to 140). s03 (500) is short 500: charlie gives 499, bravo 1
+    # once awake; the plan that wakes bravo blocks s03, and the next one starts it
+    case = Case(
+        [
+            serve(
+                "bravo",
+                500,
+                EVI,
+                RUN,
+                elastic=Elastic(ELASTIC, 1, segment_mib=1),
+                sleep=Sleep(1, 140, SleepProtocol.VLLM),
+            ),
+            serve("charlie", 860, RES, RUN, elastic=Elastic(ELASTIC, 361, segment_mib=1)),
+            serve("s03", 500, OND, RUN),
+        ],
+        {"bravo": up(), "charlie": up()},
+        [],
+        roles={"a": (1000, 0)},
+        elastic_mib={"bravo": 140},
+    )
+    desired, observed = _build(case)
+    observed = replace(observed, sleep={"bravo": SleepObs(SleepState.ASLEEP, level=1)})
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    assert_converges(Scenario(desired, observed, NOW, Policy()), plan)
