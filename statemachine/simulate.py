@@ -42,6 +42,8 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
             )
             elastic.pop(serve.name, None)  # the engine forgets its reserve when it stops
             sleep.pop(serve.name, None)
+            # its start record ends once docker shows it stopped (the shell's rule)
+            started_with.pop(serve.container, None)
         elif step.action is Action.RELEASE_TO_RESIDUAL and serve.sleep is not None:
             sleep[serve.name] = SleepObs(
                 SleepState.ASLEEP,
@@ -67,7 +69,12 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
         elif step.action is Action.READMIT:
             quiesced.discard(serve.name)
         elif step.action in (Action.SHRINK, Action.GROW) and step.to_mib is not None:
-            if serve.vram_mib is not None and step.to_mib >= serve.vram_mib:
+            # back to what it holds unshrunk (its reservation, or the larger one it was
+            # started with: the ledger's count without a figure), the engine's figure
+            # says nothing more; below it, the figure is what it holds
+            record = started_with.get(serve.container)
+            full = max(serve.vram_mib or 0, record.mib if record is not None else 0)
+            if serve.vram_mib is not None and step.to_mib >= full:
                 elastic.pop(serve.name, None)
             else:
                 elastic[serve.name] = step.to_mib

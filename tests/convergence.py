@@ -16,6 +16,16 @@ more than it takes, and the plan that makes that room gives the rest back to wha
 shrank (the grow-back, in the same plan when nothing waits); a waited start makes its
 room a plan later, so its grow-back comes a plan later.
 
+A serve a plan stops while it runs on a start record larger than what it declares now
+(an edit lowered or removed its reservation; the ledger counts the record until it
+stops) starts again by itself in the next plan, at its declaration: the edit carried
+out, not churn.
+
+One known disagreement is let through, and pinned as a strict xfail
+(``tests/test_planner_edges.py``): an elastic sleeper the plan wakes is weighed asleep for
+the plan's later starts, so a start that needs its shrink waits for the next plan, which
+shrinks it (the steps of that start's group there are not counted as churn).
+
 A placed serve (docs/placement.md) that a plan stops (evicted to make room, or moved off
 the card a pinned serve needs) holds nothing afterwards: the next plan places it again,
 on a card with room, and starts it there by itself (its own group, no room made for it);
@@ -41,7 +51,7 @@ from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Plan
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan
-from statemachine.types import DesiredState
+from statemachine.types import DesiredState, Observed
 
 #: the reason of a start held back for a loading peer (docs/operations.md, blocked texts)
 WAITS_FOR_PEER = "waits for the start of"
@@ -71,11 +81,24 @@ def stopped_placed(desired: DesiredState, plan: Plan) -> set[str]:
     }
 
 
+def stopped_above_declaration(desired: DesiredState, observed: Observed, plan: Plan) -> set[str]:
+    """The serves ``plan`` stops that ran on a start record larger than what they declare
+    now: the next plan starts them at their declaration (module docstring)."""
+    out = set()
+    for st in plan.steps:
+        s = desired.serves[st.serve]
+        record = observed.started_with.get(s.container)
+        if st.action is Action.STOP and record is not None and record.mib > (s.vram_mib or 0):
+            out.add(st.serve)
+    return out
+
+
 def assert_converges(sc: Scenario, plan: Plan) -> None:
     """``plan`` (of ``sc``) applied, the next plan is empty but for the serialised starts
     (module docstring); the ledger of every applied observation is the plan's."""
     d, obs = sc.desired, sc.observed
     for round_ in range(len(d.serves) + 2):
+        edited = stopped_above_declaration(d, obs, plan)
         obs = apply_plan(d, obs, plan, sc.now)
         ledger = ledger_from_observed(d, obs)
         where = f"after plan {round_ + 1}"
@@ -88,11 +111,18 @@ def assert_converges(sc: Scenario, plan: Plan) -> None:
         placed_again = stopped_placed(d, plan)
         shrunk = {st.serve for st in plan.steps if st.action is Action.SHRINK}
         grows_back = bool(waited & {st.group for st in again.steps})
+        woken = {st.serve for st in plan.steps if st.action is Action.WAKE}
+        known = {
+            st.group
+            for st in again.steps
+            if st.action is Action.SHRINK and st.serve in woken and d.serves[st.serve].elastic
+        }
         churn = [
             st
             for st in again.steps
             if st.group not in waited
-            and not (st.group in placed_again and st.serve == st.group)
+            and st.group not in known
+            and not (st.group in placed_again | edited and st.serve == st.group)
             and not (grows_back and st.action is Action.GROW and st.serve in shrunk)
         ]
         assert not churn, f"plan {round_ + 2} not empty:\n" + "\n".join(
