@@ -659,6 +659,24 @@ def _conflicts(w: _Work, s: ServeSpec) -> _Conflicts:
 
 def _waits_for_a_loading_peer(w: _Work, s: ServeSpec) -> bool:
     """True (and ``s`` blocked) while a free-memory-sizing engine loads on one of its GPUs."""
+    found = _loading_peer(w, s)
+    if found is None:
+        return False
+    peer, shared = found
+    w.blocked.append(
+        Blocked(
+            s.name,
+            f"{s.name} waits for the start of {peer.name} on "
+            f"{', '.join(shared)} to end: engines that size themselves from "
+            "free memory at load (vLLM, SGLang) start one at a time per GPU",
+        )
+    )
+    return True
+
+
+def _loading_peer(w: _Work, s: ServeSpec) -> tuple[ServeSpec, list[str]] | None:
+    """The free-memory-sizing engine loading on one of ``s``'s GPUs, and the GPUs they
+    share; None when there is none."""
     # a start in progress, or a container of such an engine still loading (its
     # healthcheck says "starting": a start the controller did not carry out itself)
     loading = {
@@ -675,16 +693,8 @@ def _waits_for_a_loading_peer(w: _Work, s: ServeSpec) -> bool:
             continue
         shared = [r for r in s.gpu_roles if r in peer.gpu_roles]
         if shared:
-            w.blocked.append(
-                Blocked(
-                    s.name,
-                    f"{s.name} waits for the start of {peer.name} on "
-                    f"{', '.join(shared)} to end: engines that size themselves from "
-                    "free memory at load (vLLM, SGLang) start one at a time per GPU",
-                )
-            )
-            return True
-    return False
+            return peer, shared
+    return None
 
 
 def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | None:
@@ -1187,7 +1197,8 @@ def _room_ahead(w: _Work, short: Mapping[str, int], cands: Sequence[Candidate]) 
     and those taken before it can still be made from ``cands``: one that cannot is left
     out (claiming room for it would make the whole claim fail, and choosing for this
     requester alone may stop a serve the next requester's victim would have made
-    needless)."""
+    needless), and so is one that will wait for a free-memory-sizing peer's load on its
+    GPU (it starts in a later plan: room claimed for it now would be freed twice)."""
     coverable: dict[str, int] = dict.fromkeys(short, 0)
     for c in cands:
         for r in c.gpu_roles:
@@ -1195,6 +1206,8 @@ def _room_ahead(w: _Work, short: Mapping[str, int], cands: Sequence[Candidate]) 
                 coverable[r] += c.mib
     ahead: dict[str, int] = {}
     for later in w.claims[bisect_right(w.claim_at, w.at) :]:
+        if later.sizes_from_free and _loading_peer(w, later) is not None:
+            continue  # it waits for a peer's load (a start later in the pass never ends one)
         mib = later.vram_mib
         assert mib is not None
         roles = [r for r in later.gpu_roles if r in short]

@@ -1145,6 +1145,35 @@ def test_a_requester_whose_memory_is_not_back_claims_no_room_ahead() -> None:
     assert "not back yet" in plan.blocked[0].reason
 
 
+def test_a_requester_that_will_wait_for_a_loading_peer_claims_no_room_ahead() -> None:
+    # budget 1000, all held: s02 (sizes itself from free memory) is starting with 300,
+    # v1 holds 400, v2 300. od1 (older, 300) needs v2's room; od2 (400, sizes itself
+    # from free memory too) waits for s02's load this plan whatever is freed, so od1
+    # claims no room for it: v1 keeps running (stopping it too would free room no start
+    # of this plan takes, and the next plan would start v1 again)
+    case = Case(
+        [
+            serve("s02", 300, RES, RUN, sizes_from_free=True),
+            serve("v1", 400, EVI, RUN),
+            serve("v2", 300, EVI, RUN),
+            serve("od1", 300, OND),
+            serve("od2", 400, OND, sizes_from_free=True),
+        ],
+        {"s02": up(), "v1": up(), "v2": up()},
+        [],
+        requests=[req("od1", at=NOW - 20), req("od2", at=NOW - 10)],
+        roles={"a": (1000, 0)},
+    )
+    plan = plan_of(case, starting={"s02": 300})
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("stop v2", "od1"),
+        ("release v2", "od1"),
+        *((line, "od1") for line in starts("od1")),
+    ]
+    assert [b.serve for b in plan.blocked] == ["od2"]
+    assert "waits for the start of s02" in plan.blocked[0].reason
+
+
 # ----- room a later start's forced stops make -------------------------------------------------
 def _later_stop_case() -> Case:
     """``od`` needs 15000 on role a (budget 30000, all held by ``evi`` and the unmanaged
