@@ -28,10 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from statemachine.planner import Policy
+from statemachine.planner import Plan, Policy
 from statemachine.types import (
     ContainerObs,
     ContainerState,
@@ -691,3 +691,40 @@ def case_share(
     (:func:`case_shares`)."""
     shares = case_shares(strategy, lambda v: {"case"} if case(v) else set(), examples=examples)
     return shares.get("case", 0.0)
+
+
+def scenario_cases(sc: Scenario) -> set[str]:
+    """The cases a planner input reaches, by name: what a property over it reports
+    (:func:`report_cases`) and what a floor test counts (:func:`case_shares`)."""
+    d, obs = sc.desired, sc.observed
+    serves = d.serves.values()
+    checks = {
+        "docker unreadable": not obs.docker_ok,
+        "placed serve": any(s.placement for s in serves),
+        "sleeper asleep": any(o.asleep for o in obs.sleep.values()),
+        "elastic shrunk": bool(obs.elastic_mib),
+        "request": bool(d.requests),
+        "start in progress": bool(obs.starting),
+        "start record": bool(obs.started_with),
+        "memory not back": bool(obs.unreleased),
+        "host RAM budget": d.host is not None,
+        "exclusive serve": any(s.exclusive for s in serves),
+    }
+    return {name for name, hit in checks.items() if hit}
+
+
+def plan_cases(plan: Plan) -> set[str]:
+    """What a plan does, by name (its steps' kinds, a blocked serve, nothing at all)."""
+    done = {f"plan {step.action.value}s" for step in plan.steps}
+    if plan.blocked:
+        done.add("plan blocks a serve")
+    if not plan.steps:
+        done.add("plan empty")
+    return done
+
+
+def report_cases(sc: Scenario, plan: Plan | None = None) -> None:
+    """Report each case ``sc`` (and its ``plan``) reaches as a Hypothesis event: a
+    property's statistics (``pytest --hypothesis-show-statistics``) count them."""
+    for case in sorted(scenario_cases(sc) | (plan_cases(plan) if plan is not None else set())):
+        event(case)
