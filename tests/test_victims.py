@@ -15,8 +15,9 @@ from itertools import combinations
 from math import fsum
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
+from strategies import case_shares
 
 from statemachine.victims import (
     Candidate,
@@ -124,6 +125,50 @@ def instances(
     return cands, shortfall
 
 
+def instance_cases(cands: Sequence[Candidate], shortfall: dict[str, int]) -> set[str]:
+    """What a victim instance reaches, by name (what the properties below report)."""
+    short = positive(shortfall)
+    got = choose_victims(cands, shortfall) if short else ()
+    checks = {
+        "no shortfall": not short,
+        "short on two roles": len(short) >= 2,
+        "no cover": got is None,
+        "one victim": got is not None and len(got) == 1,
+        "several victims": got is not None and len(got) >= 2,
+        "a victim possibly busy": got is not None and any(v.in_flight != 0 for v in got),
+        "costs known": any(c.cost_s is not None for c in cands),
+    }
+    return {name for name, hit in checks.items() if hit}
+
+
+def report_instance(cands: Sequence[Candidate], shortfall: dict[str, int]) -> None:
+    """Report the cases of an instance as Hypothesis events."""
+    for case in sorted(instance_cases(cands, shortfall)):
+        event(case)
+
+
+#: each case's least share of 300 derandomized draws of instances() (about half of now)
+INSTANCE_FLOORS = {
+    "no shortfall": 0.02,
+    "short on two roles": 0.15,
+    "no cover": 0.1,
+    "one victim": 0.1,
+    "several victims": 0.06,
+    "a victim possibly busy": 0.1,
+    "costs known": 0.3,
+}
+
+
+def test_the_victim_properties_reach_their_cases() -> None:
+    shares = case_shares(instances(), lambda i: instance_cases(*i), examples=300)
+    short = {
+        c: round(shares.get(c, 0.0), 3)
+        for c, floor in INSTANCE_FLOORS.items()
+        if shares.get(c, 0.0) < floor
+    }
+    assert not short, f"cases below their floor: {short} (shares {shares})"
+
+
 def describe(victims: Sequence[Candidate] | None) -> list[str] | None:
     if victims is None:
         return None
@@ -139,6 +184,7 @@ def test_exact_search_is_the_brute_force_optimum(
     instance: tuple[list[Candidate], dict[str, int]],
 ) -> None:
     cands, shortfall = instance
+    report_instance(cands, shortfall)
     short = positive(shortfall)
     got = choose_victims(cands, shortfall)
     best = brute_force(cands, shortfall)
@@ -163,6 +209,7 @@ def test_exact_search_is_never_worse_than_largest_first(
     instance: tuple[list[Candidate], dict[str, int]],
 ) -> None:
     cands, shortfall = instance
+    report_instance(cands, shortfall)
     short = positive(shortfall)
     got = choose_victims(cands, shortfall)
     base = largest_first([c for c in cands if set(c.gpu_roles) & set(short)], short)
@@ -190,6 +237,7 @@ def test_greedy_covers_and_is_never_worse_than_largest_first(
     instance: tuple[list[Candidate], dict[str, int]],
 ) -> None:
     cands, shortfall = instance
+    report_instance(cands, shortfall)
     short = positive(shortfall)
     got = choose_victims(cands, shortfall, exact_limit=3)
     base = largest_first([c for c in cands if set(c.gpu_roles) & set(short)], short)
@@ -640,6 +688,7 @@ def test_an_unknown_count_ranks_exactly_as_busy_never_as_idle(
     instance: tuple[list[Candidate], dict[str, int]], busy: int, greedy: bool
 ) -> None:
     cands, shortfall = instance
+    report_instance(cands, shortfall)
     limit = 3 if greedy else 14
     got = choose_victims(cands, shortfall, exact_limit=limit)
     known = choose_victims(unknown_as_busy(cands, busy), shortfall, exact_limit=limit)
@@ -654,6 +703,7 @@ def test_an_idle_cover_of_the_fewest_victims_is_chosen_over_a_busy_one(
     instance: tuple[list[Candidate], dict[str, int]],
 ) -> None:
     cands, shortfall = instance
+    report_instance(cands, shortfall)
     short = positive(shortfall)
     got = choose_victims(cands, shortfall)
     if got is None:
@@ -680,6 +730,7 @@ def test_greedy_is_never_worse_than_largest_first_over_the_idle_candidates(
     instance: tuple[list[Candidate], dict[str, int]],
 ) -> None:
     cands, shortfall = instance
+    report_instance(cands, shortfall)
     short = positive(shortfall)
     got = choose_victims(cands, shortfall, exact_limit=3)
     idle = [c for c in cands if c.in_flight == 0 and set(c.gpu_roles) & set(short)]
@@ -802,6 +853,7 @@ def test_victim_names_over_rows_are_choose_victims_names(
     instance: tuple[list[Candidate], dict[str, int]], limit: int
 ) -> None:
     cands, shortfall = instance
+    report_instance(cands, shortfall)
     short = positive(shortfall)
     pool = [v for v in cands if set(v.gpu_roles) & set(short)]
     if not short:
@@ -889,6 +941,7 @@ def test_the_preference_key_is_the_documented_order(
 ) -> None:
     # the key the greedy's answers are compared by (the exact search compares its terms)
     cands, shortfall = instance
+    report_instance(cands, shortfall)
     short = positive(shortfall)
     for k in range(len(cands) + 1):
         for combo in combinations(cands, k):
