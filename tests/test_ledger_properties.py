@@ -8,7 +8,7 @@ reservations are all-or-nothing; an unknown ledger admits nothing.
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -80,10 +80,13 @@ class LedgerMachine(RuleBasedStateMachine):
             self._check_refusal(out, roles, mib)
             # all or nothing: the old ledger is untouched
             assert {r: self.ledger.committed_mib(r) for r in ROLE_IDS} == before
+            event("admit: refused, over budget")
         else:
             assert expected, f"ledger granted {holder} {mib} on {roles}, model refuses"
             self.ledger = out
             self.model.held[holder] = (roles, mib)
+            full = any(self.ledger.free_mib(r) == 0 for r in roles)
+            event("admit: granted, a role filled exactly" if full else "admit: granted")
         return holder
 
     @rule(holder=holders)
@@ -93,8 +96,10 @@ class LedgerMachine(RuleBasedStateMachine):
             assert not isinstance(out, Refusal)
             self.ledger = out
             del self.model.held[holder]
+            event("release: held")
         else:
             assert isinstance(out, Refusal) and out.kind is RefusalKind.NOT_HELD
+            event("release: not held")
 
     @rule(holder=holders, mib=st.integers(1, 3000))
     def resize(self, holder: str, mib: int) -> None:
@@ -107,10 +112,12 @@ class LedgerMachine(RuleBasedStateMachine):
         if isinstance(out, Refusal):
             assert not expected, f"ledger refused a resize the model grants: {out.message}"
             self._check_refusal(out, roles, mib - old)
+            event("resize: refused, over budget")
         else:
             assert expected, f"ledger granted resize of {holder} to {mib}, model refuses"
             self.ledger = out
             self.model.held[holder] = (roles, mib)
+            event("resize: grown" if mib > old else "resize: shrunk or kept")
 
     @precondition(lambda self: bool(self.ledger.roles))
     @rule(role=st.sampled_from(ROLE_IDS), data=st.data())
