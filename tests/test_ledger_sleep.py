@@ -135,6 +135,11 @@ def test_a_sleep_never_grows_and_needs_a_holder_and_a_known_state() -> None:
         assert isinstance(r, Refusal) and r.kind is RefusalKind.INVALID
     neg_host = ledger.sleep("ocr", 100, -1)
     assert isinstance(neg_host, Refusal) and neg_host.kind is RefusalKind.INVALID
+    # host RAM is whole MiB: a bool (an int to Python) or a float is refused, not counted
+    for not_mib in (True, 1.5):
+        r = ledger.sleep("ocr", 100, not_mib)  # type: ignore[arg-type]
+        assert isinstance(r, Refusal) and r.kind is RefusalKind.INVALID, not_mib
+        assert repr(not_mib) in r.message
     twice = ok(ledger.sleep("ocr", 100, 5))
     again = twice.sleep("ocr", 50, 5)
     assert isinstance(again, Refusal) and again.kind is RefusalKind.ALREADY_HELD
