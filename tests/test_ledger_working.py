@@ -127,6 +127,8 @@ def test_commit_takes_exactly_the_free_room_and_no_more() -> None:
         ((), 100, "distinct gpu roles"),
         (("a",), 0, "positive number"),
         (("a",), -300, "positive number"),
+        (("a",), True, "positive number"),  # an int to Python, not MiB
+        (("a",), 1.5, "positive number"),  # MiB are whole
     ],
 )
 def test_commit_refuses_what_admit_refuses_before_its_arithmetic(
