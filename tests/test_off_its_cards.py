@@ -84,6 +84,16 @@ def test_a_placed_serve_whose_card_left_its_list_is_counted_there_and_placed_aga
     assert ("start", "b") in steps[1] and len(steps) == 2
 
 
+def test_without_its_containers_word_a_placed_serve_off_its_list_is_counted_on_all() -> None:
+    """``p`` runs on ``a`` (its record), no longer one of its candidates (``b``, ``c``),
+    and its container's environment names no card: the record may be of an older
+    container, so it is counted where the record says and on every candidate it
+    declares (never less than the truth)."""
+    p_ = placed("p", 4000, on=("b", "c"))
+    desired = DesiredState({**ROLES, "c": GpuRole("c", 6000)}, {"p": p_})
+    assert committed(desired, on(p_, "a", told=False)) == {"a": 4000, "b": 4000, "c": 4000}
+
+
 def test_a_serve_running_where_it_is_declared_is_left_alone() -> None:
     x = pinned("x", 4000, "a")
     assert plan(host(x), on(x, "a")).empty
