@@ -5,7 +5,8 @@ reserve was admitted (here: deterministically, right after the list call that ad
 it) and before the start's own ``docker start`` is seen by that start's admission: the
 start is aborted (nothing is started into the room the other now holds; no backoff, as
 after a reserve refused the same way), its reservation is given back, and the role is
-never overcommitted.
+never overcommitted. The serve's own container, started by hand after its reserve,
+is taken as started (no second ``docker start``).
 """
 
 from __future__ import annotations
@@ -90,3 +91,43 @@ def test_a_container_started_by_hand_right_before_the_docker_call_is_seen_by_it(
     assert not after.overcommitted(), after.holdings
     assert not report.ledger.holds("llm")
     assert reads.reads == 2  # the reserve's, and the start's right before its call
+
+
+def test_the_serves_own_container_started_by_hand_after_its_reserve_is_not_started_again(
+    host: Host, docker_client: docker.DockerClient
+) -> None:
+    """llm's own container is started by hand right after its reserve's admission: its
+    start sees it running and makes no ``docker start`` (which Docker answers 304, and
+    which the controller would take for its own start of a running container). It runs
+    as the plan wanted, in the room its reserve holds: the start is ok and says so, the
+    reservation is kept, and nothing is stopped."""
+    p_llm = free_port()
+    mset = host.manifest(ROLE + serve_toml("llm", mib=6000, residency="on-demand", port=p_llm))
+    host.container("llm", port=p_llm, running=False)
+    desired = replace(mset.desired(), requests=(OnDemandRequest("llm", time.time(), None),))
+    observed = host.observe(mset)
+    plan = plan_transitions(desired, observed, Policy(), time.time())
+    assert [f"{s.action} {s.serve}" for s in plan.steps][:2] == ["reserve llm", "start llm"]
+
+    observer = ContainerObserver(docker_client)
+    reads = _StartedRightAfterTheList(
+        lambda: containers_now(mset, observer),
+        lambda: docker_client.containers.get(host.name("llm")).start(),
+    )
+    executor = make_executor(
+        mset, router_url=None, router_token_file=None, gpus=host.gpus_for(mset), observe_now=reads
+    )
+    executor.desired = desired
+    try:
+        report = executor.execute(plan, observed)
+    finally:
+        observer.close()
+
+    start = next(r for r in report.results if r.step.action == "start")
+    assert start.outcome is Outcome.OK, (start.outcome, start.detail)
+    assert "runs already (started outside the controller" in start.detail, start.detail
+    assert host.state("llm") == "running"
+    assert report.ledger.holds("llm")
+    after = ledger_from_observed(desired, host.observe(mset))
+    assert after.holds("llm") and not after.overcommitted()
+    assert reads.reads == 2

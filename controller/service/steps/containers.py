@@ -3,7 +3,8 @@
 - a reservation is admitted (``reserve``) before its start, against a fresh reading
   of the containers (:func:`admit_against_host_now`), which the start reads again
   right before its Docker call (a container started outside the controller meanwhile
-  aborts it);
+  aborts it; the serve's own, started by hand after its reserve, is taken as started:
+  nothing is started twice);
 - a release is applied only after the stop is confirmed (the container exited and,
   where NVML sees the role's device, the memory came back within a bound);
 - a start runs ``docker start`` on an existing container or the serve's ``up``
@@ -29,7 +30,7 @@ from statemachine.gpu_vars import UnknownPlaceholderError, gpu_placement
 from statemachine.ledger import GpuReservation, Ledger, Refusal, held_uncounted
 from statemachine.lifecycle import Trigger
 from statemachine.planner import Step
-from statemachine.types import COMMITTED_STATES, ContainerState, ServeSpec
+from statemachine.types import COMMITTED_STATES, ContainerState, Observed, ServeSpec
 
 
 def stop(run: RunContext, step: Step, s: ServeSpec) -> str:
@@ -109,7 +110,9 @@ def reserve(run: RunContext, step: Step, s: ServeSpec) -> str:
     return f"reserved {step.mib} MiB on {', '.join(s.gpu_roles)}"
 
 
-def admit_against_host_now(run: RunContext, s: ServeSpec, *, aborted: bool = False) -> None:
+def admit_against_host_now(
+    run: RunContext, s: ServeSpec, *, aborted: bool = False
+) -> Observed | None:
     """Read the containers again before a reserve, and again right before the start's
     Docker call: the plan's observation, and the reserve's, may be old.
 
@@ -118,10 +121,11 @@ def admit_against_host_now(run: RunContext, s: ServeSpec, *, aborted: bool = Fal
     controller while the plan ran: it joins this run's ledger (so nothing later in
     the plan is admitted into its room) and the step fails (``aborted``: the start's
     check, no failure of the serve's own), to be planned again from the host as it
-    is. Docker unreadable now: nothing is admitted.
+    is. Docker unreadable now: nothing is admitted. Returns what it read (None: the
+    executor has no reader).
     """
     if run.ex.observe_now is None:
-        return
+        return None
     fresh = run.ex.observe_now()
     if not fresh.docker_ok:
         raise StepError(
@@ -152,6 +156,7 @@ def admit_against_host_now(run: RunContext, s: ServeSpec, *, aborted: bool = Fal
             f"{s.name} is not admitted; the next cycle plans from the host as it is",
             aborted=aborted,
         )
+    return fresh
 
 
 def _made_for_another_card(run: RunContext, step: Step, s: ServeSpec) -> str | None:
@@ -196,7 +201,15 @@ def start(run: RunContext, step: Step, s: ServeSpec) -> str:
     try:
         exists = run.ex.docker.exists(s.container)
         if step.mib:  # in the ledger: admitted again, as close to the call as can be
-            admit_against_host_now(run, s, aborted=True)
+            fresh = admit_against_host_now(run, s, aborted=True)
+            if fresh is not None and fresh.container(s.container).holds:
+                # started outside the controller after its reserve, into the room the
+                # reserve holds for it: what the plan wanted; never started twice
+                run.reserved.pop(s.name, None)
+                return (
+                    f"{s.container} runs already (started outside the controller after "
+                    "its reserve): not started again; its reservation counts it"
+                )
         if exists and _made_again(run, step, s):
             exists = False
         if exists:
