@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from strategies import Scenario, hosts
+from strategies import Scenario, hosts, report_cases
 
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.pmap import PMap
@@ -46,6 +46,7 @@ def _same(got: Ledger, want: Ledger) -> None:
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(hosts())
 def test_the_counted_ledger_reads_as_the_checked_one(sc: Scenario) -> None:
+    report_cases(sc)
     got = ledger_from_observed(sc.desired, sc.observed)
     checked = Ledger(
         sc.desired.roles,

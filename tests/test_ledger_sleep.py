@@ -11,7 +11,7 @@ ever committed above their budgets, and the ledger grants exactly what the model
 
 from __future__ import annotations
 
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     Bundle,
@@ -312,6 +312,7 @@ class SleepLedgerMachine(RuleBasedStateMachine):
         fits = all(self.committed(r) + mib <= self.roles[r].budget_mib for r in roles)
         out = self.ledger.admit(GpuReservation(name, roles, mib))
         assert isinstance(out, Ledger) == fits
+        event("admit: granted" if fits else "admit: refused")
         if isinstance(out, Ledger):
             self.ledger = out
             self.model[name] = (roles, mib, 0)
@@ -327,6 +328,7 @@ class SleepLedgerMachine(RuleBasedStateMachine):
         fits = self.host_committed() + host <= self.host_budget
         out = self.ledger.sleep(name, residual, host)
         assert isinstance(out, Ledger) == fits, out
+        event("sleep: granted" if fits else "sleep: refused for host RAM")
         if isinstance(out, Ledger):
             self.ledger = out
             self.model[name] = (roles, residual, host)
@@ -348,6 +350,7 @@ class SleepLedgerMachine(RuleBasedStateMachine):
         fits = all(self.committed(r) - mib + full <= self.roles[r].budget_mib for r in roles)
         out = self.ledger.wake(name, full)
         assert isinstance(out, Ledger) == fits
+        event("wake: granted" if fits else "wake: refused, no room")
         if isinstance(out, Ledger):
             self.ledger = out
             self.model[name] = (roles, full, 0)
