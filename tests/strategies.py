@@ -31,7 +31,7 @@ from typing import TypeVar
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 
-from statemachine.planner import Plan, Policy
+from statemachine.planner import Plan, Policy, plan_transitions
 from statemachine.types import (
     ContainerObs,
     ContainerState,
@@ -723,8 +723,29 @@ def plan_cases(plan: Plan) -> set[str]:
     return done
 
 
+def planned_cases(sc: Scenario) -> set[str]:
+    """The cases of ``sc`` and of the plan made of it."""
+    plan = plan_transitions(sc.desired, sc.observed, sc.policy, sc.now)
+    return scenario_cases(sc) | plan_cases(plan)
+
+
 def report_cases(sc: Scenario, plan: Plan | None = None) -> None:
     """Report each case ``sc`` (and its ``plan``) reaches as a Hypothesis event: a
     property's statistics (``pytest --hypothesis-show-statistics``) count them."""
     for case in sorted(scenario_cases(sc) | (plan_cases(plan) if plan is not None else set())):
         event(case)
+
+
+def assert_reaches(
+    strategy: st.SearchStrategy[T],
+    cases: Callable[[T], set[str]],
+    floors: dict[str, float],
+    *,
+    examples: int,
+) -> None:
+    """Fail, naming each, when a case reaches less than its floor's share of
+    ``examples`` derandomized draws of ``strategy`` (:func:`case_shares`): a property
+    whose case its generator stops reaching is vacuous there."""
+    shares = case_shares(strategy, cases, examples=examples)
+    short = {c: round(shares.get(c, 0.0), 3) for c, f in floors.items() if shares.get(c, 0.0) < f}
+    assert not short, f"cases below their floor: {short} (floors {floors}; shares {shares})"

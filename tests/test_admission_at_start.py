@@ -21,10 +21,12 @@ from serving import free_port
 from test_executor_e2e import ROLE, Host, host, serve_toml
 
 from controller.adapters.docker.read import ContainerObserver
+from controller.manifest.load import ManifestSet
 from controller.service.executor import Outcome
+from controller.service.steps.results import ExecutionReport
 from controller.service.wiring import containers_now, make_executor
 from statemachine.ledger import ledger_from_observed
-from statemachine.planner import Policy, plan_transitions
+from statemachine.planner import Plan, Policy, plan_transitions
 from statemachine.types import Observed, OnDemandRequest
 
 __all__ = ["host"]  # the fixture, shared with test_executor_e2e
@@ -48,6 +50,31 @@ class _StartedRightAfterTheList:
         return seen
 
 
+def _execute_with_a_start_by_hand(
+    host: Host,
+    docker_client: docker.DockerClient,
+    mset: ManifestSet,
+    plan: Plan,
+    by_hand: str,
+) -> tuple[ExecutionReport, _StartedRightAfterTheList]:
+    """Execute ``plan`` (llm requested) with ``by_hand``'s container started for real
+    right after the reserve's reading of the containers."""
+    desired = replace(mset.desired(), requests=(OnDemandRequest("llm", time.time(), None),))
+    observer = ContainerObserver(docker_client)
+    reads = _StartedRightAfterTheList(
+        lambda: containers_now(mset, observer),
+        lambda: docker_client.containers.get(host.name(by_hand)).start(),
+    )
+    executor = make_executor(
+        mset, router_url=None, router_token_file=None, gpus=host.gpus_for(mset), observe_now=reads
+    )
+    executor.desired = desired
+    try:
+        return executor.execute(plan, host.observe(mset)), reads
+    finally:
+        observer.close()
+
+
 def test_a_container_started_by_hand_right_before_the_docker_call_is_seen_by_it(
     host: Host, docker_client: docker.DockerClient
 ) -> None:
@@ -65,23 +92,7 @@ def test_a_container_started_by_hand_right_before_the_docker_call_is_seen_by_it(
     plan = plan_transitions(desired, observed, Policy(), time.time())
     assert [f"{s.action} {s.serve}" for s in plan.steps][:2] == ["reserve llm", "start llm"]
 
-    observer = ContainerObserver(docker_client)
-    reads = _StartedRightAfterTheList(
-        lambda: containers_now(mset, observer),
-        lambda: docker_client.containers.get(host.name("side")).start(),
-    )
-    executor = make_executor(
-        mset,
-        router_url=None,
-        router_token_file=None,
-        gpus=host.gpus_for(mset),
-        observe_now=reads,
-    )
-    executor.desired = desired
-    try:
-        report = executor.execute(plan, observed)
-    finally:
-        observer.close()
+    report, reads = _execute_with_a_start_by_hand(host, docker_client, mset, plan, "side")
 
     start = next(r for r in report.results if r.step.action == "start")
     assert start.outcome is Outcome.ABORTED, (start.outcome, start.detail)
@@ -109,19 +120,7 @@ def test_the_serves_own_container_started_by_hand_after_its_reserve_is_not_start
     plan = plan_transitions(desired, observed, Policy(), time.time())
     assert [f"{s.action} {s.serve}" for s in plan.steps][:2] == ["reserve llm", "start llm"]
 
-    observer = ContainerObserver(docker_client)
-    reads = _StartedRightAfterTheList(
-        lambda: containers_now(mset, observer),
-        lambda: docker_client.containers.get(host.name("llm")).start(),
-    )
-    executor = make_executor(
-        mset, router_url=None, router_token_file=None, gpus=host.gpus_for(mset), observe_now=reads
-    )
-    executor.desired = desired
-    try:
-        report = executor.execute(plan, observed)
-    finally:
-        observer.close()
+    report, reads = _execute_with_a_start_by_hand(host, docker_client, mset, plan, "llm")
 
     start = next(r for r in report.results if r.step.action == "start")
     assert start.outcome is Outcome.OK, (start.outcome, start.detail)

@@ -20,7 +20,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, Phase, event, find, given, note, settings
 from hypothesis import strategies as st
-from strategies import NOW, Scenario, case_shares, crowded_hosts, hosts, report_cases
+from strategies import NOW, Scenario, assert_reaches, crowded_hosts, hosts, report_cases
 
 import statemachine.fit as fit_module
 from statemachine.fit import FitResult, fit_serve, fit_serve_by_planner, request_plan
@@ -116,13 +116,7 @@ def test_the_fit_properties_reach_every_answer() -> None:
             out |= answer_cases(got)
         return out
 
-    shares = case_shares(FIT_HOSTS, cases, examples=200)
-    short = {
-        c: round(shares.get(c, 0.0), 3)
-        for c, floor in ANSWER_FLOORS.items()
-        if shares.get(c, 0.0) < floor
-    }
-    assert not short, f"answers below their floor: {short} (shares {shares})"
+    assert_reaches(FIT_HOSTS, cases, ANSWER_FLOORS, examples=200)
 
 
 @SETTINGS

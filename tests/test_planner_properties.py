@@ -38,11 +38,10 @@ from replay import assert_never_overcommits, first_overcommit
 from strategies import (
     NOW,
     Scenario,
-    case_shares,
+    assert_reaches,
     every_scenario,
-    plan_cases,
+    planned_cases,
     report_cases,
-    scenario_cases,
     scenarios,
 )
 
@@ -584,12 +583,4 @@ def test_the_properties_reach_their_cases() -> None:
     """The planner properties above report these cases (``report_cases``); none is
     vacuous: each case is reached by at least its floor's share of the draws."""
 
-    def cases(sc: Scenario) -> set[str]:
-        plan = plan_transitions(sc.desired, sc.observed, sc.policy, sc.now)
-        return scenario_cases(sc) | plan_cases(plan)
-
-    shares = case_shares(every_scenario(), cases, examples=400)
-    short = {
-        c: round(shares.get(c, 0.0), 3) for c, floor in FLOORS.items() if shares.get(c, 0.0) < floor
-    }
-    assert not short, f"cases below their floor: {short} (floors {FLOORS})"
+    assert_reaches(every_scenario(), planned_cases, FLOORS, examples=400)

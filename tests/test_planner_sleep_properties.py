@@ -29,12 +29,11 @@ from replay import assert_never_overcommits
 from strategies import (
     NOW,
     Scenario,
-    case_shares,
+    assert_reaches,
     crowded_hosts,
     hosts,
-    plan_cases,
+    planned_cases,
     report_cases,
-    scenario_cases,
     scenarios,
 )
 
@@ -264,14 +263,6 @@ def test_the_sleep_properties_reach_their_cases() -> None:
     """The sleep properties above report these cases (``report_cases``); none is
     vacuous: each case is reached by at least its floor's share of the draws."""
 
-    def cases(sc: Scenario) -> set[str]:
-        plan = plan_transitions(sc.desired, sc.observed, sc.policy, sc.now)
-        return scenario_cases(sc) | plan_cases(plan)
-
-    shares = case_shares(SLEEPY | hosts(sleep_share=1, placed=True), cases, examples=300)
-    short = {
-        c: round(shares.get(c, 0.0), 3)
-        for c, floor in SLEEPY_FLOORS.items()
-        if shares.get(c, 0.0) < floor
-    }
-    assert not short, f"cases below their floor: {short} (floors {SLEEPY_FLOORS})"
+    assert_reaches(
+        SLEEPY | hosts(sleep_share=1, placed=True), planned_cases, SLEEPY_FLOORS, examples=300
+    )
