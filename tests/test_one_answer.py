@@ -60,9 +60,10 @@ from unittest import mock
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 from loguru import logger
+from strategies import assert_reaches
 from typer.testing import CliRunner
 
 from controller.interfaces import cli
@@ -789,11 +790,33 @@ def check_fit_and_up(host: Host, folder: Path, *, whose_room: bool = False) -> N
             )
 
 
+def host_cases(host: Host) -> set[str]:
+    """What a generated host holds, by name (the cases the properties below report)."""
+    serves = host.serves
+    checks = {
+        "several cards": len(host.roles) >= 2,
+        "a placed serve runs": any(s.placed and s.running for s in serves),
+        "its card unknown": any(s.placed and s.running and s.card is None for s in serves),
+        "a sleeper asleep": any(s.asleep for s in serves),
+        "an elastic reserve held": any(s.elastic_mib is not None for s in serves),
+        "a request pending": any(s.request_at is not None for s in serves),
+        "reload costs measured": any(s.cold or s.wakes for s in serves),
+        "asked about a requester": bool(host.asked),
+    }
+    return {name for name, hit in checks.items() if hit}
+
+
+def report_host(host: Host) -> None:
+    for case in sorted(host_cases(host)):
+        event(case)
+
+
 @SETTINGS
 @given(host=hosts())
 def test_status_and_ledger_answer_what_the_loop_holds(host: Host, tmp_path: Path) -> None:
     """Every status and ledger answer commits per role what the loop holds
     (:func:`check_status`)."""
+    report_host(host)
     check_status(host, tmp_path / f"ex{next(_COUNT)}")
 
 
@@ -802,7 +825,25 @@ def test_status_and_ledger_answer_what_the_loop_holds(host: Host, tmp_path: Path
 def test_fit_and_up_answer_what_the_loop_does_on_the_request(host: Host, tmp_path: Path) -> None:
     """Every fit answer and ``up``'s decision name what the loop's next plan does once
     the request is recorded (:func:`check_fit_and_up`)."""
+    report_host(host)
     check_fit_and_up(host, tmp_path / f"ex{next(_COUNT)}")
+
+
+#: each case's least share of 200 derandomized draws of hosts() (about half of now)
+HOST_FLOORS = {
+    "several cards": 0.4,
+    "a placed serve runs": 0.25,
+    "its card unknown": 0.08,
+    "a sleeper asleep": 0.2,
+    "an elastic reserve held": 0.02,
+    "a request pending": 0.3,
+    "reload costs measured": 0.4,
+    "asked about a requester": 0.5,
+}
+
+
+def test_the_one_answer_properties_reach_their_cases() -> None:
+    assert_reaches(hosts(), host_cases, HOST_FLOORS, examples=200)
 
 
 # ── the disagreements found, each on its smallest host ───────────────────────────────
