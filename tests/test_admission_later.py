@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from strategies import NOW, fleets
 from test_planner_rules import EVI, OND, RES, RUN, Case, _build, req, serve, up
@@ -117,6 +117,7 @@ def test_what_fits_once_the_leavers_are_gone_is_never_called_impossible(
         if s.residency is Residency.ON_DEMAND and not observed.container(s.container).holds
     ]
     if not idle:
+        event("no idle on-demand serve to ask about")
         return
     name = data.draw(st.sampled_from(idle))
     requests = {r.serve: r for r in desired.requests}
@@ -124,6 +125,8 @@ def test_what_fits_once_the_leavers_are_gone_is_never_called_impossible(
     now_fits = fit_serve(desired, observed, name, now=NOW).fits
     after = _without_leavers(desired, observed, name)
     then_fits = fit_serve(desired, after, name, now=NOW).fits
+    event(f"fits now: {now_fits}; once the leavers are gone: {then_fits}")
+    event("called impossible" if verdict is not None else "not called impossible")
     if now_fits or then_fits:
         assert verdict is None, (name, verdict)
 

@@ -24,7 +24,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, note, settings
+from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
 from serving import free_port, httpd
@@ -215,6 +215,8 @@ def test_no_plan_touches_a_foreign_container_and_fit_answers_as_the_planner(
     note(repr(sc))
     foreign = {n for n, s in sc.desired.serves.items() if sc.observed.foreign(s) is not None}
     plan = plan_transitions(sc.desired, sc.observed, sc.policy, sc.now)
+    event(f"foreign containers: {min(len(foreign), 2)}{'+' if len(foreign) > 2 else ''}")
+    event("the plan does something" if plan.steps else "the plan is empty")
     assert not [s for s in plan.steps if s.serve in foreign]
     for name in sc.desired.serves:
         got = fit_serve(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from statemachine.ledger import Ledger
@@ -184,6 +184,8 @@ def test_costs_never_change_how_many_victims_nor_who_may_be_one(
     }
     before = plan(serves, held, Policy(), in_flight=in_flight)
     after = plan(serves, held, Policy(reload=reload), in_flight=in_flight)
+    event(f"victims: {min(len(victims(after)), 2)}{'+' if len(victims(after)) > 2 else ''}")
+    event("costs change who" if victims(after) != victims(before) else "costs change nothing")
     residents = {s.name for s in serves if s.residency is Residency.RESIDENT}
     assert not residents & set(victims(after))  # residents are never victims
     assert len(victims(after)) == len(victims(before))  # fewest victims still comes first

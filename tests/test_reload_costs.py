@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from statemachine.plan import Policy, ReloadCost
@@ -67,6 +67,7 @@ def test_the_window_must_hold_one() -> None:
 @given(samples)
 def test_the_median_lies_within_the_recent_measurements(values: tuple[float, ...]) -> None:
     got = recent_median(values)
+    event("no sample" if not values else f"more samples than kept: {len(values) > RECENT}")
     if not values:
         assert got is None
         return
@@ -105,6 +106,7 @@ def test_each_figure_comes_from_its_own_source(
     got = reload_estimate(ReloadCost(cold_decl, wake_decl), Measured(cold, wake))
     assert got.cost.cold_s == (recent_median(cold) if cold else cold_decl)
     assert got.cost.wake_s == (recent_median(wake) if wake else wake_decl)
+    event(f"basis: {got.basis.value}")
     if cold or wake:
         assert got.basis is Basis.MEASURED
     elif cold_decl is not None or wake_decl is not None:
