@@ -160,9 +160,13 @@ holder = st.tuples(sizes, cost, st.sampled_from(["evictable", "resident"]))
 @settings(max_examples=150, deadline=None)
 @given(
     st.lists(
-        st.tuples(sizes, cost, st.sampled_from(["evictable", "resident"])), min_size=1, max_size=5
+        st.tuples(sizes, cost, st.sampled_from(["evictable", "evictable", "resident"])),
+        min_size=3,
+        max_size=6,
     ),
-    st.integers(2_000, 20_000),
+    # a need the free room mostly lacks: the holders fill the card to within one or two
+    # of them, so most draws choose victims, and many among several covers
+    st.integers(6_000, 20_000),
     st.lists(st.none() | st.integers(0, 2), min_size=5, max_size=5),
 )
 def test_costs_never_change_how_many_victims_nor_who_may_be_one(
@@ -186,6 +190,8 @@ def test_costs_never_change_how_many_victims_nor_who_may_be_one(
     after = plan(serves, held, Policy(reload=reload), in_flight=in_flight)
     event(f"victims: {min(len(victims(after)), 2)}{'+' if len(victims(after)) > 2 else ''}")
     event("costs change who" if victims(after) != victims(before) else "costs change nothing")
+    if not any(s.action is Action.START for s in after.steps):
+        event("the requester is blocked")
     residents = {s.name for s in serves if s.residency is Residency.RESIDENT}
     assert not residents & set(victims(after))  # residents are never victims
     assert len(victims(after)) == len(victims(before))  # fewest victims still comes first
