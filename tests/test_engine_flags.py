@@ -17,7 +17,7 @@ from fractions import Fraction
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from controller.manifest import ManifestSet, load_manifest_set
@@ -107,6 +107,8 @@ def test_fraction_for_places() -> None:
 def test_fraction_never_exceeds_the_reservation_and_is_tight(case: tuple[int, int]) -> None:
     total, vram = case
     value = fraction_for(vram, total)
+    event("the whole card" if vram == total else "a part of the card")
+    event("the smallest fraction" if value == Decimal("0.0001") else "above the smallest")
     assert implied_mib(value, total) <= vram
     assert implied_mib(value + Decimal("0.0001"), total) > vram
     assert Fraction(value) <= exact_fraction(vram, total)

@@ -10,7 +10,7 @@ shortfall the planner asks for before a start.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from statemachine.ledger import GpuReservation, Ledger, Refusal, WorkingLedger
@@ -66,6 +66,7 @@ def test_reads_as_the_immutable_ledger_the_same_operations_give(
     taken: list[tuple[Ledger, list[tuple[str, GpuReservation]]]] = []
     for op, i, roles, mib in ops:
         holder = f"s{i}"
+        event(f"op: {op}")
         if op == "terms":  # build the per-role lists, so later changes must carry them
             work.terms(holder, roles, mib)
             ref.terms(holder, roles, mib)

@@ -13,7 +13,7 @@ from pathlib import Path
 from types import ModuleType
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from statemachine.lifecycle import (
@@ -301,6 +301,7 @@ def test_random_trigger_sequences_agree_with_next_state(
     for trigger in triggers:
         before = lc.state
         expected = next_state(before, trigger)
+        event("a legal move" if expected is not None else "an illegal move refused")
         assert lc.can(trigger) is (expected is not None)
         if expected is None:
             with pytest.raises(IllegalTransition):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import islice, pairwise
 
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from controller.service.pauses import FACTOR, FIRST_S, pauses
@@ -32,6 +32,7 @@ def test_never_over_the_cap_never_shrinking_and_reaching_it(
     cap: float, first: float, factor: float
 ) -> None:
     got = list(islice(pauses(cap, first_s=first, factor=factor), 2000))
+    event("starts at the cap" if got[0] == cap else "grows to the cap")
     assert all(p <= cap for p in got)
     assert all(b >= a for a, b in pairwise(got))
     assert got[-1] == cap

@@ -10,7 +10,7 @@ from __future__ import annotations
 import tracemalloc
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from statemachine.pmap import PMap
@@ -48,8 +48,10 @@ def test_a_pmap_reads_as_the_dict_of_the_same_updates(
     d = dict(start)
     kept: list[tuple[PMap[str, int], dict[str, int]]] = []
     for n, (key, value) in enumerate(ops):
+        event("a delete" if value is None else "a set")
         if value is None:
             if key not in d:
+                event("a delete of a missing key")
                 with pytest.raises(KeyError):
                     m.delete(key)
                 continue
