@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from statemachine import engines
@@ -170,7 +170,8 @@ def test_a_serve_without_a_model_renders_no_limit_and_unreadable_files_are_unkno
     head_dim=st.sampled_from([64, 96, 128, 256]),
     dtype=st.sampled_from(sorted(KV_DTYPES)),
     parallel=st.integers(1, 8),
-    left=st.integers(0, 1 << 36),
+    # room for no token, and (mostly) room for many: 64 MiB to 64 GiB left
+    left=st.integers(0, 1 << 36) | st.integers(1 << 26, 1 << 36),
     cap=st.none() | st.integers(1, 1 << 20),
 )
 def test_the_chosen_context_fits_and_one_token_more_would_not(
@@ -184,6 +185,7 @@ def test_the_chosen_context_fits_and_one_token_more_would_not(
         parallel,
     )
     found = largest_context(m, left, cap)
+    event("no context fits" if not found else "capped" if found == cap else "a context fits")
     if found:
         size = m.kv(found).bytes
         assert size is not None and size <= left
@@ -261,6 +263,13 @@ def test_the_layer_split_fits_and_one_layer_more_would_not(
 ) -> None:
     m = llama(tuple(blocks), rest, context)
     (layers, _) = one("llamacpp", vram_mib, m)
+    event(
+        "nothing fits"
+        if layers.value is None
+        else "every layer"
+        if layers.value > len(blocks)
+        else "some layers"
+    )
     if layers.value is None:
         assert rest > vram_mib * MIB
         return

@@ -10,7 +10,7 @@ expected paths below are written out by hand, independently of the module's tabl
 from __future__ import annotations
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from statemachine.backoff import Backoff
@@ -97,6 +97,13 @@ def test_observation_always_lands_on_what_was_seen(state: LifecycleState, seen: 
     assert moved.lifecycle is seen
     assert moved.serve == "omni"
     path = observation_path(state, seen)
+    event(
+        "already there"
+        if state is seen
+        else "a declared path"
+        if (state, seen) in EXPECTED_PATHS
+        else "adopted"
+    )
     if state is seen:
         assert path == ()
     elif (state, seen) in EXPECTED_PATHS:
@@ -212,6 +219,7 @@ def test_plan_reading_defaults_to_awake() -> None:
 def test_a_failed_record_is_planned_from_reset_or_recover(state: ContainerState, up: bool) -> None:
     obs = ContainerObs(state, exit_code=1)
     planned = observe(ServeRecord("omni", S.FAILED), plan_reading(obs, asleep=up))
+    event(f"planned from {planned.lifecycle.value}")
     assert planned.lifecycle in (S.STOPPED, S.RUNNING, S.ASLEEP)
     assert (planned.lifecycle is S.STOPPED) is (not obs.holds)
 

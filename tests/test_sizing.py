@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
-from hypothesis import given
+from hypothesis import event, given
 from hypothesis import strategies as st
 
 from statemachine import engines
@@ -163,6 +163,7 @@ def test_the_cache_is_linear_in_context_and_parallel(
     context: int, parallel: int, scale: int, dtype: str
 ) -> None:
     one = kv_cache(LLAMA_31_8B, context=context, kv_dtype=dtype, parallel=parallel).bytes
+    event(f"kv dtype {dtype}")
     longer = kv_cache(LLAMA_31_8B, context=context * scale, kv_dtype=dtype, parallel=parallel)
     wider = kv_cache(LLAMA_31_8B, context=context, kv_dtype=dtype, parallel=parallel * scale)
     assert one is not None
@@ -180,6 +181,7 @@ def test_q4_0_is_smaller_than_q8_0_smaller_than_f16(
 ) -> None:
     arch = _arch(layers, kv_heads, 32 * blocks)
     sizes = [kv_cache(arch, context=context, kv_dtype=d).bytes for d in ("q4_0", "q8_0", "f16")]
+    event("a long context (over 32k)" if context > 32_768 else "a short context")
     q4, q8, f16 = sizes
     assert q4 is not None and q8 is not None and f16 is not None
     assert q4 < q8 < f16 < (kv_cache(arch, context=context, kv_dtype="f32").bytes or 0)
