@@ -31,7 +31,7 @@ from typing import Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from schemathesis import Case, GenerationMode
 from schemathesis.checks import not_a_server_error
@@ -241,6 +241,7 @@ def test_api_answers_every_generated_request_without_a_server_error(
     def check(case: Case) -> None:
         response = case.call(headers=_headers(auth_mode))
         calls.append(response.status_code)
+        event(f"answered {response.status_code}")
         checks = [response_schema_conformance, content_type_conformance]
         if _refused_for_no_token(label, auth_mode):
             assert response.status_code == 503, response.text

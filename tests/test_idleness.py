@@ -10,7 +10,7 @@ request or the last busy reading. The victim choice spares a busy serve.
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from statemachine import placement
@@ -174,6 +174,7 @@ def test_a_busy_serve_is_never_expired_by_idleness(
     end = request_expiry(
         OnDemandRequest("od", T0), od(), InFlightObs(count, M, idle_since, busy_at)
     )
+    event("busy, with a time it was seen busy" if busy_at is not None else "busy, no time")
     assert not end.expired(now)
 
 
@@ -408,6 +409,7 @@ def test_every_site_gives_one_answer_to_whether_a_request_is_in_force(
     observed = Observed(True, {} if c is None else {"c-od": c}, in_flight={"od": flight})
     now = T0 + after
     force = in_force(req, spec, observed, now)
+    event(f"in force, container {container}" if force else f"ended, container {container}")
     assert force is not request_end(req, spec, observed).expired(now)
     desired = _desired(spec, requests=(req,))
     assert requests_in_force(desired, observed, now) == ((req,) if force else ())
