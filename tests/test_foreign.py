@@ -198,7 +198,7 @@ def _hosts_with_foreign(draw: st.DrawFn) -> Scenario:
         serves[name] = replace(s, compose_project=OURS)
         obs = containers.get(s.container)
         if obs is not None:
-            label = draw(st.sampled_from([THEIRS, OURS, None]))
+            label = draw(st.sampled_from([THEIRS, THEIRS, OURS, None]))  # foreign: half
             containers[s.container] = replace(obs, compose_project=label)
     return replace(
         sc,
