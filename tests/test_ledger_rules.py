@@ -16,6 +16,7 @@ from statemachine.ledger import (
     Ledger,
     Refusal,
     RefusalKind,
+    _count,
     ledger_from_observed,
 )
 from statemachine.types import (
@@ -296,3 +297,15 @@ def test_ledger_from_an_unreadable_docker_is_unknown() -> None:
     desired = DesiredState(ROLES, {"run": spec("run", 30)})
     got = ledger_from_observed(desired, Observed(False, {"c-run": running()}))
     assert got.unknown and got.holdings == {}
+
+
+def test_a_holder_counted_twice_while_a_ledger_is_built_is_an_error_not_a_sum() -> None:
+    """Building a ledger from what the host holds never adds a holder's MiB twice: the
+    second count of one name raises (no host can make it: a container no longer
+    declared is renamed ``NAME (CONTAINER)`` beside a declared serve of that name)."""
+    held: dict[str, GpuReservation] = {}
+    committed = {"a": 0}
+    _count(held, committed, GpuReservation("x", ("a",), 100))
+    with pytest.raises(ValueError, match="'x' appears twice"):
+        _count(held, committed, GpuReservation("x", ("a",), 100))
+    assert committed == {"a": 100}
