@@ -9,6 +9,8 @@ lists, unknown roles), an unknown ledger, and the ledger built from an observati
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from statemachine.ledger import (
@@ -18,6 +20,7 @@ from statemachine.ledger import (
     RefusalKind,
     _count,
     ledger_from_observed,
+    sleeping_reservation,
 )
 from statemachine.types import (
     ContainerObs,
@@ -29,6 +32,11 @@ from statemachine.types import (
     Observed,
     Residency,
     ServeSpec,
+    Sleep,
+    SleepObs,
+    SleepProtocol,
+    SleepState,
+    StartingObs,
 )
 
 ROLES = {"a": GpuRole("a", 110, 10), "b": GpuRole("b", 200, 0)}  # budgets 100 and 200
@@ -309,3 +317,24 @@ def test_a_holder_counted_twice_while_a_ledger_is_built_is_an_error_not_a_sum() 
     with pytest.raises(ValueError, match="'x' appears twice"):
         _count(held, committed, GpuReservation("x", ("a",), 100))
     assert committed == {"a": 100}
+
+
+def test_an_engine_asleep_without_the_controllers_record_holds_its_residual() -> None:
+    """The engine says it sleeps, and the controller has no record of putting it to
+    sleep (no level, no host RAM): it holds the residual it declares, at the level it
+    declares (level 2: no host RAM), not its full reservation."""
+    s = ServeSpec("s", "c-s", ("b",), 150, Residency.EVICTABLE, DesiredRun.RUNNING)
+    s = replace(s, sleep=Sleep(2, 30, SleepProtocol.VLLM))
+    assert sleeping_reservation(s, SleepObs(SleepState.ASLEEP)) == (30, 0)
+    assert sleeping_reservation(s, SleepObs(SleepState.UNKNOWN)) is None  # counted awake
+
+
+def test_a_start_in_progress_of_a_serve_outside_the_ledger_counts_what_was_reserved() -> None:
+    """A serve declared on a role without a capacity row is outside the ledger; its start
+    in progress (reserved 40 MiB on b before an edit) counts those 40 on b, not what it
+    declares now (120)."""
+    s = ServeSpec("s", "c-s", ("b", "gone"), 120, Residency.EVICTABLE, DesiredRun.RUNNING)
+    desired = DesiredState(ROLES, {"s": s})
+    observed = Observed(True, {}, starting={"s": StartingObs(("b",), 40)})
+    got = ledger_from_observed(desired, observed)
+    assert {h: (r.gpu_roles, r.mib) for h, r in got.holdings.items()} == {"s": (("b",), 40)}
