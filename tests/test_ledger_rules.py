@@ -36,6 +36,7 @@ from statemachine.types import (
     SleepObs,
     SleepProtocol,
     SleepState,
+    StartedWith,
     StartingObs,
 )
 
@@ -338,3 +339,33 @@ def test_a_start_in_progress_of_a_serve_outside_the_ledger_counts_what_was_reser
     observed = Observed(True, {}, starting={"s": StartingObs(("b",), 40)})
     got = ledger_from_observed(desired, observed)
     assert {h: (r.gpu_roles, r.mib) for h, r in got.holdings.items()} == {"s": (("b",), 40)}
+
+
+def test_an_engine_of_unknown_state_keeps_the_host_ram_of_a_recorded_level_1_sleep() -> None:
+    """The engine does not answer (unknown): it is counted awake on the card, and the
+    host RAM of a level-1 sleep counts while any record says it was put to sleep: the
+    level alone (the declared host RAM), or the host RAM alone (the recorded figure)."""
+    s = ServeSpec("s", "c-s", ("b",), 150, Residency.EVICTABLE, DesiredRun.RUNNING)
+    s = replace(s, sleep=Sleep(1, 30, SleepProtocol.VLLM, 500))
+    assert sleeping_reservation(s, SleepObs(SleepState.UNKNOWN, level=1)) == (None, 500)
+    recorded = SleepObs(SleepState.UNKNOWN, host_ram_mib=700)
+    assert sleeping_reservation(s, recorded) == (None, 700)
+    assert sleeping_reservation(s, SleepObs(SleepState.UNKNOWN)) is None  # no record
+
+
+def test_two_containers_no_longer_declared_under_one_name_are_both_counted() -> None:
+    """Two running containers recorded as started for ``y``, which no serve declares
+    now: each is counted at its record (the second under ``y (CONTAINER)``), never one
+    in place of the other."""
+    desired = DesiredState(ROLES, {})
+    up = ContainerObs(ContainerState.RUNNING)
+    observed = Observed(
+        True,
+        {"c-y1": up, "c-y2": up},
+        started_with={
+            "c-y1": StartedWith("y", ("b",), 40),
+            "c-y2": StartedWith("y", ("b",), 60),
+        },
+    )
+    got = ledger_from_observed(desired, observed)
+    assert {h: r.mib for h, r in got.holdings.items()} == {"y": 40, "y (c-y2)": 60}
