@@ -20,6 +20,7 @@ from statemachine.types import (
     DesiredState,
     InFlightObs,
     Observed,
+    ServeSpec,
     SleepObs,
     SleepState,
     StartedWith,
@@ -69,12 +70,10 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
         elif step.action is Action.READMIT:
             quiesced.discard(serve.name)
         elif step.action in (Action.SHRINK, Action.GROW) and step.to_mib is not None:
-            # back to what it holds unshrunk (its reservation, or the larger one it was
-            # started with: the ledger's count without a figure), the engine's figure
-            # says nothing more; below it, the figure is what it holds
-            record = started_with.get(serve.container)
-            full = max(serve.vram_mib or 0, record.mib if record is not None else 0)
-            if serve.vram_mib is not None and step.to_mib >= full:
+            # back to what it holds unshrunk, the engine's figure says nothing more;
+            # below it, the figure is what it holds
+            full = _unshrunk(serve, started_with.get(serve.container))
+            if full is not None and step.to_mib >= full:
                 elastic.pop(serve.name, None)
             else:
                 elastic[serve.name] = step.to_mib
@@ -90,6 +89,14 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
         in_flight=in_flight,
         started_with=started_with,
     )
+
+
+def _unshrunk(serve: ServeSpec, record: StartedWith | None) -> int | None:
+    """What the ledger counts ``serve`` at without an elastic figure: its reservation,
+    or the larger one its container was started with (None: no reservation)."""
+    if serve.vram_mib is None:
+        return None
+    return serve.vram_mib if record is None else max(serve.vram_mib, record.mib)
 
 
 def _woken(seen: InFlightObs, now: float) -> InFlightObs:
