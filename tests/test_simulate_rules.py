@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from statemachine.ledger import GpuReservation, Ledger, ledger_from_observed
-from statemachine.plan import Action, Step
+from statemachine.plan import Action, Plan, Step
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan, apply_step
 from statemachine.types import (
@@ -36,6 +36,7 @@ from statemachine.types import (
     SleepObs,
     SleepProtocol,
     SleepState,
+    StartedWith,
 )
 
 NOW = 1_000_000.0
@@ -124,3 +125,33 @@ def test_a_step_moves_memory_only_by_its_action_and_with_its_figure() -> None:
     ):
         moved = apply_step(ledger, step)
         assert isinstance(moved, Ledger) and moved is not ledger, step.action
+
+
+def test_a_grow_below_a_larger_start_record_keeps_the_engines_figure() -> None:
+    """moe declares 8000 now but was started with 12000 (an edit lowered it): unshrunk,
+    the ledger counts 12000. Grown back to 10000, above its declaration and below its
+    record, its engine's figure (10000) is what it holds and stays; grown to 12000, the
+    figure says nothing more and is dropped."""
+    spec = ServeSpec(
+        "moe",
+        "c-moe",
+        ("g0",),
+        8000,
+        Residency.EVICTABLE,
+        DesiredRun.RUNNING,
+        elastic=Elastic("http://127.0.0.1:1", 1000),
+    )
+    desired = DesiredState(ROLES, {"moe": spec})
+    observed = Observed(
+        True,
+        {"c-moe": UP},
+        elastic_mib={"moe": 6000},
+        started_with={"c-moe": StartedWith("moe", ("g0",), 12_000)},
+    )
+    ledger = ledger_from_observed(desired, observed)
+    for to, figure in ((10_000, {"moe": 10_000}), (12_000, {})):
+        grow = Step(Action.GROW, "moe", ("g0",), to - 6000, "why", to_mib=to)
+        plan = Plan((grow,), (), ledger, ledger)
+        after = apply_plan(desired, observed, plan, NOW)
+        assert dict(after.elastic_mib) == figure, to
+        assert ledger_from_observed(desired, after).view("g0").committed_mib == to
