@@ -246,16 +246,16 @@ def test_one_victim_sleeps_when_its_sleep_covers_is_stopped_when_only_a_stop_doe
 #: each case's least share of 300 derandomized draws of SLEEPY (about half of what it
 #: reaches now)
 SLEEPY_FLOORS = {
-    "sleeper asleep": 0.09,
-    "placed serve": 0.08,
-    "host RAM budget": 0.2,
-    "plan sleeps": 0.08,
-    "plan release_to_residuals": 0.08,
-    "plan wakes": 0.04,
-    "plan reserve_wakes": 0.04,
-    "plan reloads": 0.04,
-    "plan shrinks": 0.04,
-    "plan stops": 0.15,
+    "sleeper asleep": 0.045,
+    "placed serve": 0.04,
+    "host RAM budget": 0.1,
+    "plan sleeps": 0.04,
+    "plan release_to_residuals": 0.04,
+    "plan wakes": 0.02,
+    "plan reserve_wakes": 0.02,
+    "plan reloads": 0.02,
+    "plan shrinks": 0.02,
+    "plan stops": 0.075,
 }
 
 
