@@ -30,6 +30,7 @@ from docker.models.containers import Container
 from waiting import WAIT_S
 
 from controller.adapters.docker.read import (
+    EVERY_CONTAINER,
     ContainerObserver,
     ContainerSnapshot,
     InspectCache,
@@ -489,6 +490,22 @@ def test_a_container_an_event_touched_is_inspected_again_though_its_row_is_the_s
     assert name in touched.inspected
     assert touched.containers[name].state is ContainerState.RUNNING
     assert name not in observer.observe([name]).inspected  # taken once
+
+
+@pytest.mark.docker
+def test_every_cached_container_is_inspected_again_once_every_container_is_touched(
+    docker_client: docker.DockerClient, busybox_container: BusyboxFactory
+) -> None:
+    """An event stream opened again touches every container: a death while none was
+    open is seen by the next cycle though the list row still says ``Up``."""
+    first, second = busybox_container(), busybox_container()
+    names = [_name(first), _name(second)]
+    observer = ContainerObserver(docker_client)
+    observer.observe(names)
+    assert not observer.observe(names).inspected  # steady: the rows are the same
+    observer.cache.touch(EVERY_CONTAINER)
+    assert sorted(observer.observe(names).inspected) == sorted(names)
+    assert not observer.observe(names).inspected  # taken once
 
 
 class _RemovesBeforeInspect:

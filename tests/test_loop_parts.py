@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from controller.adapters.docker.read import EventStreamRefusedError
+from controller.adapters.docker.read import EVERY_CONTAINER, EventStreamRefusedError
 from controller.service import manifest_reload, tiers
 from controller.service.docker_events import DockerEvents
 from controller.service.executor import Outcome, StepResult
@@ -112,7 +112,8 @@ def test_an_event_of_a_followed_container_asks_for_a_cycle_and_no_other_does() -
             stream.items.put(event)
         assert woken.get(timeout=10) == "docker die renamed"
         assert woken.get(timeout=10) == "docker health_status: healthy web"
-        assert touched == ["abcdef123456" + "0" * 52, "0" * 64]
+        # opened: every container again (what died while none was open), then the events'
+        assert touched == [EVERY_CONTAINER, "abcdef123456" + "0" * 52, "0" * 64]
     finally:
         stop.set()
         events.close()
@@ -121,8 +122,10 @@ def test_an_event_of_a_followed_container_asks_for_a_cycle_and_no_other_does() -
 
 
 def test_a_new_filter_closes_the_stream_and_it_is_opened_again_with_it_at_once() -> None:
-    docker, stop, woken = _Docker(), _Stop(), queue.Queue[str]()
-    events = _source(docker, stop, [])
+    """Opened again, it asks for a cycle that inspects every container again: a death
+    while no stream was open has no event, and the list may not show it yet."""
+    docker, stop, woken, touched = _Docker(), _Stop(), queue.Queue[str](), list[str]()
+    events = _source(docker, stop, touched)
     events.follow(("a",))
     thread = threading.Thread(target=events.run, args=(woken.put,), daemon=True)
     thread.start()
@@ -135,6 +138,8 @@ def test_a_new_filter_closes_the_stream_and_it_is_opened_again_with_it_at_once()
         second = docker.opened.get(timeout=10)
         assert second.filters["container"] == ["a", "b"]
         assert stop.pauses == []  # closed for a new filter: no pause before it is opened
+        assert [woken.get(timeout=10) for _ in range(2)] == ["docker events followed"] * 2
+        assert touched == [EVERY_CONTAINER] * 2  # each before the cycle it asks for
     finally:
         stop.set()
         events.close()

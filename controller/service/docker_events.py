@@ -6,7 +6,9 @@ stream is filtered to the containers the loop observes (``event_filters``: by na
 one created or started later is in it too, and by id, so a renamed one is too); an
 observation whose containers give another filter closes it (:meth:`DockerEvents.follow`)
 and it is opened again at once with the new one. Each time it is opened a cycle is asked
-for: whatever happened while no stream was open is observed then. A stream that ends by
+for, and every container is inspected again by it (``touch`` of
+:data:`~controller.adapters.docker.read.EVERY_CONTAINER`): whatever happened while no
+stream was open is observed then, a death too that the list does not show yet. A stream that ends by
 itself, or cannot be opened, is tried again after a pause; a filtered stream a proxy
 refuses (a bound on the request line) is followed unfiltered instead.
 
@@ -25,7 +27,11 @@ from typing import Any
 
 from loguru import logger
 
-from controller.adapters.docker.read import EventStreamRefusedError, event_filters
+from controller.adapters.docker.read import (
+    EVERY_CONTAINER,
+    EventStreamRefusedError,
+    event_filters,
+)
 
 #: the events that can change what the loop observes
 _WANTED = frozenset({"start", "die", "oom", "stop", "destroy", "pause", "unpause", "rename"})
@@ -71,6 +77,7 @@ class DockerEvents:
                 stream = self._open_stream(client, filters)
                 if not self._opened(stream, client, filters):  # the names changed meanwhile
                     continue
+                self._touch(EVERY_CONTAINER)  # the events missed while none was open
                 wake("docker events followed")
                 self._pump(stream, wake)
                 # ended by itself (docker-py ends a stream quietly on a read error, or

@@ -328,6 +328,11 @@ class _Entry:
     stale: bool = False  # changed since inspected (only tracked, not re-read, if undeclared)
 
 
+#: touched as a container id: every container is inspected again by the next list (an
+#: event stream was opened again, and the events while none was open are unknown)
+EVERY_CONTAINER = "*"
+
+
 class InspectCache:
     """Inspect results by container Id, reused while the list shows no change.
 
@@ -341,6 +346,7 @@ class InspectCache:
         self._entries: dict[str, _Entry] = {}
         self._lock = threading.Lock()
         self._touched: set[str] = set()  # ids an event named since the last cycle took them
+        self._touched_all = False  # EVERY_CONTAINER was touched since then
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -358,13 +364,18 @@ class InspectCache:
         """
         if container_id:
             with self._lock:
-                self._touched.add(container_id)
+                if container_id == EVERY_CONTAINER:
+                    self._touched_all = True
+                else:
+                    self._touched.add(container_id)
 
     def take_touched(self) -> frozenset[str]:
-        """The ids touched since the last call (a cycle takes them before its list)."""
+        """The ids touched since the last call (a cycle takes them before its list):
+        every cached one after :data:`EVERY_CONTAINER` was touched."""
         with self._lock:
             out, self._touched = frozenset(self._touched), set()
-        return out
+            every, self._touched_all = self._touched_all, False
+        return out | frozenset(self._entries) if every else out
 
 
 # ── the client ─────────────────────────────────────────────────────────────────
