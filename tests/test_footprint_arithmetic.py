@@ -5,6 +5,7 @@ the interfaces' use of it is tests/test_footprints.py."""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -171,3 +172,77 @@ def test_the_defaults_give_the_documented_example() -> None:
     )
     assert p.arithmetic == line
     assert line in (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+
+
+def test_a_start_without_a_reading_before_is_unknown() -> None:
+    """No device reading before the start (NVML came up since): no delta can be taken,
+    whatever the readings after say; the sample is unknown, never a figure."""
+    s = start_sample(
+        "x", "a", at=1.0, declared_mib=4000, before_mib=None, after_mib=5000, settled_mib=6000
+    )
+    assert (s.method, s.attributable, s.figure_mib) == (Method.UNKNOWN, False, None)
+
+
+def test_a_start_with_only_a_settled_reading_is_measured_by_it() -> None:
+    """A start whose reading after the health check is missing but whose reading after
+    the settle time is known is measured by the device delta: its steady figure."""
+    s = start_sample(
+        "x", "a", at=1.0, declared_mib=4000, before_mib=1000, after_mib=None, settled_mib=5500
+    )
+    assert (s.method, s.attributable) == (Method.DELTA, True)
+    assert (s.delta_mib, s.steady_mib, s.figure_mib) == (None, 4500, 4500)
+
+
+def test_a_start_with_only_a_settled_process_figure_is_measured_by_the_driver() -> None:
+    """The container's per-process figure after the settle time alone is enough for
+    the ``process`` method: it wins over the device delta (attributable whatever else
+    moved on the GPU)."""
+    s = start_sample(
+        "x",
+        "a",
+        at=1.0,
+        declared_mib=4000,
+        before_mib=1000,
+        after_mib=9000,
+        settled_mib=9000,
+        others=("y",),
+        process_settled_mib=4200,
+    )
+    assert (s.method, s.attributable) == (Method.PROCESS, True)
+    assert (s.delta_mib, s.steady_mib, s.figure_mib) == (None, 4200, 4200)
+
+
+def test_the_method_not_the_flag_decides_whether_a_peak_is_read() -> None:
+    """A sample of the unknown method gains no peak from a device reading, even where
+    its row says attributable (a journal row read back): only a delta sample's peak is
+    the device's used total minus its reading before."""
+    unknown = Sample("x", "start", "a", 1.0, 4000, Method.UNKNOWN, True, before_mib=1000)
+    assert with_peak(unknown, 7000) == unknown
+    delta = replace(unknown, method=Method.DELTA)
+    assert with_peak(delta, 7000).peak_mib == 6000
+
+
+def test_an_attributable_sample_without_a_figure_is_no_evidence() -> None:
+    """A row read back as attributable but with every figure unknown proves nothing: it
+    is counted as a sample, not as evidence, sets no measured figure and does not count
+    toward a proposal."""
+    blank = Sample.from_json(
+        {"serve": "x", "kind": "start", "role": "a", "at": 9.0, "attributable": True}
+    )
+    assert blank.attributable and not blank.evidence
+    f = summarise("x", 4000, [sample(1.0, 3000), blank])
+    assert (f.measured_mib, f.samples, f.evidence) == (3000, 2, 1)
+    p = propose("x", 4000, [sample(1.0, 3000), sample(2.0, 3100), blank])
+    assert (p.evidence, p.proposed_mib) == (2, None)
+
+
+def test_a_zero_declaration_is_exceeded_without_a_percentage() -> None:
+    """Any figure exceeds a declared 0 MiB; no percentage over nothing is given."""
+    f = summarise("x", 0, [sample(1.0, 500)])
+    assert f.exceeds and f.over_pct is None
+
+
+def test_the_reason_says_by_how_much_the_proposal_is_below_the_declaration() -> None:
+    samples = [sample(float(i), 1000) for i in range(3)]
+    p = propose("x", 1536, samples, margin_pct=0.0, granule_mib=256)
+    assert (p.proposed_mib, p.why) == (1024, "512 MiB less than declared")
