@@ -33,6 +33,7 @@ from statemachine.types import (
     SleepObs,
     SleepProtocol,
     SleepState,
+    StartedWith,
     StartingObs,
 )
 
@@ -305,3 +306,28 @@ def test_a_running_serve_outside_the_ledger_is_no_victim_and_hides_none() -> Non
     proxy = ServeSpec("proxy", "c-proxy", ("g",), None, Residency.EVICTABLE)
     evi = _evictable("evi")
     assert _answers([proxy, evi], _running(proxy, evi)) == Decision(("evi",))
+
+
+def test_a_requester_whose_start_is_in_progress_is_left_to_the_planner() -> None:
+    """A start in progress is the planner's (it plans nothing for it until it ends),
+    even for a requester the ledger does not hold (on a role without a capacity row)."""
+    want = replace(WANT, gpu_roles=("x",))
+    begun = Observed(True, starting={"want": StartingObs(("x",), 6_000)})
+    assert _decide([], begun, want) is None
+    assert _answers([], Observed(True), want) == NO_ROOM_NEEDED  # not starting: decided
+
+
+def test_a_placed_serve_held_on_another_card_is_no_candidate() -> None:
+    """A placed serve declared on the short role but running (and counted) on its other
+    candidate card holds nothing there: it is not weighed, so that it could give memory
+    back does not stop the decision; the holder on the short role is stopped."""
+    placed = replace(
+        _evictable("ela", ("g", "h")),
+        placement=("g", "h"),
+        elastic=Elastic("http://ela", floor_mib=1_000),
+    )
+    evi = _evictable("evi")
+    observed = replace(
+        _running(placed, evi), started_with={"c-ela": StartedWith("ela", ("h",), 5_000)}
+    )
+    assert _answers([placed, evi], observed) == Decision(("evi",))
