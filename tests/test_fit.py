@@ -13,7 +13,16 @@ from test_planner_rules import EVI, NOW, OND, RES, RUN, Case, _build, req, serve
 
 from statemachine.fit import FitResult, fit_serve, request_plan
 from statemachine.planner import Action, Policy
-from statemachine.types import ContainerObs, ContainerState, Elastic, Observed
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    Elastic,
+    Observed,
+    Sleep,
+    SleepObs,
+    SleepProtocol,
+    SleepState,
+)
 
 
 def fit(case: Case, name: str, policy: Policy | None = None) -> FitResult:
@@ -223,3 +232,16 @@ def test_request_plan_carries_the_request() -> None:
     desired, observed = _build(case)
     plan = request_plan(desired, observed, "llm", now=NOW)
     assert plan.steps[1].reason == "on-demand request for llm"
+
+
+def test_the_json_of_a_sleepers_wake_says_wake_and_no_victim_slept() -> None:
+    """Where sleep takes part the fit JSON says so: a serve that sleeps is woken, not
+    started (``wake: true``), with nothing else put to sleep (``sleep: []``); where sleep
+    takes no part neither key is there."""
+    llm = serve("llm", 8000, OND, sleep=Sleep(1, 1000, SleepProtocol.VLLM, 2000))
+    desired, _ = _build(Case([llm], {}, []))
+    asleep = Observed(True, {"c-llm": up()}, sleep={"llm": SleepObs(SleepState.ASLEEP, level=1)})
+    out = fit_serve(desired, asleep, "llm", now=NOW).to_json()
+    assert (out["fits"], out["sleep"], out["wake"]) == (True, [], True)
+    stopped = fit_serve(desired, Observed(True), "llm", now=NOW).to_json()
+    assert stopped["fits"] and "sleep" not in stopped and "wake" not in stopped
