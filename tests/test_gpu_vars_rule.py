@@ -116,10 +116,13 @@ def test_placeholders_are_substituted_in_each_word() -> None:
 
 
 def test_an_unknown_placeholder_refuses_with_its_reason() -> None:
+    """The refusal names the first unknown placeholder and says why it is unknown, in
+    its message and apart (``placeholder``, ``why``)."""
     placed = gpu_placement(("bare",), ROLES, SEEN)
     assert placed.substitute(("up", "{gpu_role}")) == ("up", "bare")
     with pytest.raises(UnknownPlaceholderError) as caught:
         placed.substitute(("up", "{gpu_role}", "--device={gpu_uuid}"))
     assert caught.value.placeholder == "{gpu_uuid}"
+    assert caught.value.why.startswith("gpu role bare declares no uuid")
     assert "`up` names {gpu_uuid}, which is unknown for this start" in str(caught.value)
     assert "gpu role bare declares no uuid" in str(caught.value)
