@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from statemachine import engines
 from statemachine.enforce import (
+    NOT_SUBTRACTED,
     Limit,
     ModelInput,
     check_cache_types,
@@ -443,3 +444,51 @@ def test_halves_of_different_types_are_each_compared() -> None:
         "--cache-type-k f16 --cache-type-v f16"
     )
     assert KV_DTYPES["f16"].per_element / KV_DTYPES["q4_0"].per_element == Fraction(32, 9)
+
+
+# ── every term of an explanation, in order ───────────────────────────────────────
+
+
+def test_the_context_explanation_names_the_kv_cache_at_the_context_found() -> None:
+    """The max-context explanation shows the KV cache at the context it found, its
+    formula and bytes against the bytes left, between the per-token figure and the next."""
+    (limit,) = one("vllm", 20000, model())
+    per_token = "2 × 32 layers × 8 KV heads × 128 head_dim × {} tokens × 2 bytes (f16) × 1 "
+    assert limit.terms[3:6] == (
+        f"KV cache per token: {per_token.format(1)}parallel sequence = 131072 bytes",
+        f"at 28928 tokens: {per_token.format(28928)}parallel sequence = 3791650816 bytes "
+        "≤ 3791650816",
+        "one token more: 3791781888 bytes > 3791650816",
+    )
+
+
+def test_the_layer_split_explains_the_whole_kv_cache_its_excess_and_one_layers_kv() -> None:
+    """Where only some layers fit, the explanation gives every term in order: the whole
+    KV cache, weights + KV cache over the reservation, the tensors of no layer, one
+    layer's KV cache, the layers that fit, the one more that would not, the rest."""
+    m = llama((100 * MIB, 100 * MIB, 100 * MIB, 150 * MIB), 50 * MIB)
+    (layers, _) = one("llamacpp", 300, m)
+    kv = "2 × {} × 8 KV heads × 128 head_dim × 1024 tokens × 2 bytes (f16) × 1 parallel sequence"
+    assert layers.terms == (
+        f"reservation 300 MiB × 1048576 = {300 * MIB} bytes",
+        f"weights {500 * MIB} bytes (291 tensors, read from the files)",
+        f"KV cache {kv.format('4 layers')} = {16 * MIB} bytes",
+        f"weights + KV cache {516 * MIB} bytes > {300 * MIB}",
+        f"tensors of no layer {50 * MIB} bytes, counted on the GPU (an upper bound: llama.cpp "
+        "keeps the token embeddings on the CPU)",
+        f"KV cache of one layer {kv.format('1 layer')} = {4 * MIB} bytes",
+        f"the last 1 layers {150 * MIB} bytes + 1 × {4 * MIB} bytes of KV + {50 * MIB} = "
+        f"{204 * MIB} ≤ {300 * MIB}",
+        f"one layer more: {308 * MIB} bytes > {300 * MIB}",
+        "the other 3 layers and the output layer run on the CPU",
+        NOT_SUBTRACTED,
+    )
+
+
+def test_every_layer_on_the_gpu_is_explained_by_the_whole_kv_cache() -> None:
+    """Where every layer fits, the explanation names the whole KV cache's formula
+    before the sum of weights and KV cache that fits."""
+    (layers, _) = one("llamacpp", 500, llama((100 * MIB,) * 4, 50 * MIB))
+    kv = "2 × 4 layers × 8 KV heads × 128 head_dim × 1024 tokens × 2 bytes (f16) × 1 parallel"
+    assert layers.terms[2] == f"KV cache {kv} sequence = {16 * MIB} bytes"
+    assert layers.terms[3].startswith(f"weights + KV cache {450 * MIB} + {16 * MIB} = ")

@@ -155,3 +155,47 @@ def test_each_cache_type_is_compared_with_the_one_the_limits_were_sized_at(
     assert found is not None and found.kind is FindingKind.CACHE_TYPE
     assert consequence in found.message
     assert "its keys" not in found.message  # a half of the wanted type is not mentioned
+
+
+# ── how a value on the command line is read ───────────────────────────────────────
+
+
+def test_a_declared_context_caps_the_search_where_the_files_give_no_context_length() -> None:
+    """Without the model's own context length, the serve's declared context is the cap:
+    it asks no more, so no more is allowed even where more would fit."""
+    (limit,) = one("vllm", 20000, model(context=4096, arch_=arch(context=None)))
+    assert limit.value == 4096
+    assert "capped at the declared context 4096 ([serve.model] context)" in limit.explanation
+
+
+def test_a_layer_count_within_a_partial_split_fits_and_a_word_is_not_a_count() -> None:
+    """Only ``all`` and a negative count mean every layer: a count up to the layers that
+    fit is within the limit, and any other word is not a whole number."""
+    (some, _) = one("llamacpp", 300, llama((100 * MIB,) * 4, 50 * MIB))
+    assert some.value == 2
+    for within in ("0", "1", "2"):
+        assert check_limit(some, within, serve="s") is None, within
+    for word in ("most", "2x", ""):
+        got = check_limit(some, word, serve="s")
+        assert got is not None and got.kind is FindingKind.BAD_VALUE, word
+
+
+def test_only_a_context_length_flag_reads_a_suffix() -> None:
+    """vLLM's and SGLang's context flags read ``4k``; llama.cpp's ``--ctx-size`` and
+    ``--n-gpu-layers`` take a plain count, so a suffixed value is not a whole number."""
+    (layers, ctx) = one("llamacpp", 80000, model(layers=(1,) * 32, context=4096))
+    assert (layers.value, ctx.value) == (33, 4096)
+    for limit, word in ((ctx, "4k"), (ctx, "1K"), (layers, "1k")):
+        got = check_limit(limit, word, serve="s")
+        assert got is not None and got.kind is FindingKind.BAD_VALUE, word
+
+
+def test_only_a_ctx_size_of_0_is_read_as_the_models_own_context() -> None:
+    """``--ctx-size 0`` is the model's own context; any other count is itself, so one
+    within the serve's context fits."""
+    (_, ctx) = one("llamacpp", 80000, model(layers=(1,) * 32, context=4096))
+    assert ctx.value == 4096 and ctx.zero_means == 131072
+    for within in ("4096", "2048", "1"):
+        assert check_limit(ctx, within, serve="s") is None, within
+    over = check_limit(ctx, "0", serve="s")
+    assert over is not None and over.kind is FindingKind.LIMIT_TOO_LARGE
