@@ -31,7 +31,9 @@ found in one pass. The search reads each candidate by its fields' names, so a
 :class:`Candidate`: :func:`victim_names` gives its answer for rows without building a
 :class:`Candidate` for each. Beyond the bound a documented greedy is used: *largest
 first* (take candidates by MiB, largest first, until every role's shortfall is
-covered), then *prune* (drop any victim whose removal keeps the cover, smallest first)
+covered; of equal MiB the lower priority, then the older start, then the name first),
+then *prune* (drop any victim whose removal keeps the cover, smallest first, the name
+first of equal MiB)
 and *swap* (replace a victim by the smallest unchosen candidate that still covers).
 Pruning and swapping only ever lower the count or the MiB freed, so the result is never
 worse than largest-first on either. The same greedy is also run over the idle
@@ -258,10 +260,9 @@ def _improve(
                 break
             if covers_after(v, u):
                 i = unchosen.index(u, at)
+                # v is not put back: the later victims are no larger (the walk is largest
+                # first) and a walk stops at the first candidate as large as its victim
                 del unchosen[i], keys[i]
-                i = bisect_left(keys, _swap_order(v))
-                unchosen.insert(i, v)
-                keys.insert(i, _swap_order(v))
                 chosen = [u if x is v else x for x in chosen]
                 account(v, -1)
                 account(u, +1)

@@ -480,6 +480,23 @@ GREEDY = [
         id="swap-to-the-smallest-that-covers",
     ),
     pytest.param(
+        # largest first takes all five; prune tries them smallest first, names breaking
+        # a tie (s6, p7, r7, t7, q8): p7 and r7 go, and the swap trades q8 for p7, the
+        # smallest unchosen that still covers. By names alone p7 and q8 would go and
+        # no swap reach p7: {r7, s6, t7}, as good but for the names the order ends on
+        [
+            c("p7", 7),
+            c("q8", 8),
+            c("r7", 7),
+            c("s6", 6, roles=("a", "b")),
+            c("t7", 7, roles=("a", "b")),
+        ],
+        {"a": 16, "b": 10},
+        0,
+        ["p7", "s6", "t7"],
+        id="prune-smallest-first-names-on-a-tie",
+    ),
+    pytest.param(
         # largest first: big (a) then ab (for b); prune drops big, since ab covers both
         [c("big", 60), c("ab", 55, roles=("a", "b"))],
         {"a": 50, "b": 50},
@@ -623,6 +640,20 @@ LARGEST_FIRST = [
         id="stops-once-covered",
     ),
     pytest.param([c("a30", 30), c("a19", 19)], {"a": 50}, None, id="cannot-cover"),
+    pytest.param(
+        # MiB before priority: the larger is taken though it matters more
+        [c("small", 30, priority=0), c("big", 50, priority=1)],
+        {"a": 50},
+        ["big"],
+        id="larger-first-whatever-its-priority",
+    ),
+    pytest.param(
+        # equal MiB: the lower priority first, though the other started earlier
+        [c("lo-new", 50, priority=0, started_at=9.0), c("hi-old", 50, priority=1, started_at=1.0)],
+        {"a": 50},
+        ["lo-new"],
+        id="equal-size-priority-before-start",
+    ),
 ]
 
 
