@@ -180,11 +180,12 @@ class _Work:
         """``"a 100 + b 200"`` (``"nothing"`` when empty) for one role's reservations.
 
         Remembered by the tuple's identity (the tuple is kept, so its identity is not
-        reused): a ledger hands out the same tuple while the role does not change, so the
-        blocked starts on a full role share one string instead of joining every holder.
+        reused: an entry found is of this very tuple): a ledger hands out the same tuple
+        while the role does not change, so the blocked starts on a full role share one
+        string instead of joining every holder.
         """
         seen = self.joins.get(id(rows))
-        if seen is not None and seen[0] is rows:
+        if seen is not None:
             return seen[1]
         text = " + ".join(f"{holder} {m}" for holder, m in rows) or "nothing"
         self.joins[id(rows)] = (rows, text)

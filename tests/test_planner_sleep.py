@@ -802,3 +802,26 @@ def test_one_stop_that_covers_two_requesters_beats_a_sleep_set_for_the_first_alo
         "await_ready fox",
     ]
     converges(desired, obs, result)
+
+
+def test_a_sleeper_woken_on_a_port_another_serve_declares_is_no_conflict_of_its_own() -> None:
+    """A sleeper holds its residual, so it counts as running: the serves its wake
+    conflicts with are the others on its port, never itself (docs/eviction.md)."""
+    coder = sv("coder", 16_000, OND, sleep=sleep(), port=8000)
+    other = sv("other", 1000, OND, port=8000)  # declared on the same port, not running
+    desired, obs, result = plan(
+        [STT, coder, other], ["stt", "coder"], ("coder",), sleeping={"coder": asleep()}
+    )
+    assert lines(result) == ["reserve_wake coder", "wake coder", "await_ready coder"]
+    assert result.blocked == ()
+    converges(desired, obs, result)
+
+
+def test_an_exclusive_sleeper_alone_on_its_gpu_wakes_without_conflicting_with_itself() -> None:
+    """An exclusive serve needs its GPU to itself: asleep, it is on that GPU already, and
+    its wake stops nothing and is not blocked by its own residual."""
+    coder = sv("coder", 16_000, OND, sleep=sleep(), exclusive=True)
+    desired, obs, result = plan([coder], ["coder"], ("coder",), sleeping={"coder": asleep()})
+    assert lines(result) == ["reserve_wake coder", "wake coder", "await_ready coder"]
+    assert result.blocked == ()
+    converges(desired, obs, result)
