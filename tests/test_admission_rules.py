@@ -140,6 +140,29 @@ def test_an_on_demand_serve_the_manifest_keeps_running_never_frees() -> None:
     assert _frees(hog, serve("q", 1000, OND), running, {"hog": req("hog", ttl=60)}) is None
 
 
+def test_a_request_frees_its_serve_when_it_ends_whatever_its_min_runtime() -> None:
+    """An on-demand serve running for a request frees when the request ends, even inside
+    its ``min_runtime_s``: that protects evictable serves from eviction, not a request's
+    serve from its own end."""
+    hog = serve("hog", 1000, OND, min_runtime_s=600)
+    running = {"hog": up(started=NOW - 10)}  # 590 s of its min_runtime_s left
+    assert _frees(hog, serve("q", 1000, OND), running, {"hog": req("hog", ttl=60)}) == 59.0
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="frees_up_in counts a request's end only for on-demand serves, where the loop "
+    "stops any serve not desired running whose request ended (docs/manifest.md, desired "
+    "absent): a requested unmanaged resident is said never to free",
+)
+def test_a_requested_unmanaged_resident_frees_when_its_request_ends() -> None:
+    """A serve of any residency the manifest does not keep running, running for a
+    request, frees when the request ends: the loop stops it then."""
+    r = serve("r", 1000, RES)
+    running = {"r": up(started=NOW - 1)}
+    assert _frees(r, serve("q", 1000, OND), running, {"r": req("r", ttl=60)}) == 59.0
+
+
 # -- goes_away ---------------------------------------------------------------------------
 
 
@@ -150,6 +173,31 @@ def test_a_holder_no_manifest_declares_never_goes_away() -> None:
 def test_the_requester_never_goes_away_for_itself() -> None:
     for q in (serve("q", 1000, OND), serve("q", 1000, EVI, RUN)):
         assert goes_away(q, serve("q", 1000, OND), {"q": req("q")}) is False
+
+
+def test_an_on_demand_serve_the_manifest_keeps_running_never_goes_away() -> None:
+    """A recorded request of a serve desired running does not make it go away: when the
+    request ends the manifest still keeps it running."""
+    hog = serve("hog", 1000, OND, RUN)
+    assert goes_away(hog, serve("q", 1000, OND), {"hog": req("hog", ttl=60)}) is False
+    assert goes_away(serve("hog", 1000, OND), serve("q", 1000, OND), {"hog": req("hog")})
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="goes_away counts a request's end only for on-demand serves, where the loop "
+    "stops any serve not desired running whose request ended (docs/manifest.md, desired "
+    "absent): a queued request waiting on a requested unmanaged resident is refused as "
+    "never fitting",
+)
+def test_a_requested_unmanaged_resident_goes_away_when_its_request_ends() -> None:
+    """A serve of any residency the manifest does not keep running, running for a
+    request, goes away when the request ends (the loop stops it): a request that fits
+    once it has gone could fit later."""
+    r = serve("r", 20_000, RES)
+    assert goes_away(r, serve("q", 20_000, OND), {"r": req("r", ttl=60)}) is True
+    case = Case([r, serve("q", 20_000, OND)], {"r": up()}, [], requests=[req("r", ttl=60)])
+    assert later(case, "q") is None
 
 
 # -- could_fit_later ---------------------------------------------------------------------
@@ -190,6 +238,68 @@ def test_a_conflict_names_the_requesters_own_rule_first() -> None:
     )
     assert later(case, "q") == (
         "q cannot run while stt runs (q needs a to itself), and stt never goes away by itself"
+    )
+
+
+def test_a_start_in_progress_that_conflicts_and_stays_is_named() -> None:
+    """A serve whose start the controller has in progress runs for this rule, before its
+    container holds anything: a resident starting on the requester's port never goes."""
+    stt, q = serve("stt", 1000, RES, RUN, port=9000), serve("q", 1000, OND, port=9000)
+    observed = Observed(True, starting={"stt": StartingObs(("a",), 1000)})
+    assert could_fit_later(_fleet(stt, q), observed, "q", {}) == (
+        "q cannot run while stt runs (holds port 9000), and stt never goes away by itself"
+    )
+
+
+def test_a_sleeper_never_conflicts_with_itself() -> None:
+    """A sleeping serve asked about its own wake is not in its own way (it holds its own
+    port): only what its wake adds to its residual is asked for."""
+    wall = ServeSpec("wall", "c-wall", ("a",), 5000, RES, RUN)
+    small = ServeSpec(
+        "small",
+        "c-small",
+        ("a",),
+        5000,
+        OND,
+        port=8000,
+        sleep=Sleep(1, 1000, SleepProtocol.VLLM),
+    )
+    desired = DesiredState({"a": GpuRole("a", 10_000, 0)}, {"wall": wall, "small": small})
+    running = ContainerObs(ContainerState.RUNNING, "healthy", NOW - 600)
+    observed = Observed(
+        True,
+        {"c-wall": running, "c-small": running},
+        sleep={"small": SleepObs(SleepState.ASLEEP, 1, 1000, 0)},
+    )
+    # 10000 - wall 5000 - its residual 1000 = 4000 free: its wake's 4000 fits
+    assert could_fit_later(desired, observed, "small", {}) is None
+
+
+def test_a_holder_no_manifest_declares_stays_and_gives_nothing_back() -> None:
+    """A holder the manifest does not declare (a start in progress of a serve no longer
+    declared) never goes away and gives nothing back: its MiB stay counted."""
+    observed = Observed(True, starting={"ghost": StartingObs(("a",), 20_000)})
+    assert could_fit_later(_fleet(serve("q", 20_000, OND)), observed, "q", {}) == (
+        "q can never fit on a while the manifest stays as it is: budget 30000, free 10000, "
+        "what goes away by itself (nothing) 0, what elastic serves could give back 0; "
+        "needs 20000"
+    )
+
+
+def test_an_elastic_serve_that_goes_away_is_counted_once_and_named() -> None:
+    """An elastic serve that goes away by itself frees all it holds, counted once: not
+    again as what it could give back. The refusal names what goes away."""
+    emb = serve("emb", 20_000, EVI, RUN, elastic=Elastic("http://emb", floor_mib=2000))
+    case = Case(
+        [serve("wall", 5000, RES, RUN), emb, serve("q", 28_000, OND)],
+        {"wall": up(), "emb": up()},
+        [],
+    )
+    # 5000 free + emb's 20000 = 25000 < 28000 (not + the 18000 above its floor)
+    assert later(case, "q") == (
+        "q can never fit on a while the manifest stays as it is: budget 30000, free 5000, "
+        "what goes away by itself (emb) 20000, what elastic serves could give back 0; "
+        "needs 28000"
     )
 
 
@@ -299,6 +409,20 @@ def test_the_end_of_a_request_drains_nothing_the_manifest_keeps_or_that_runs_wit
     assert end_needs_router(kept, _obs({}), requested=True) is None
     # runs without a recorded request: no request's end stops it
     assert end_needs_router(TIERED, _obs({"llm": up()}), requested=False) is None
+
+
+def test_the_end_of_a_sleeping_serves_request_drains_nothing() -> None:
+    """Asleep, its tier is quiesced already: its request's end drains nothing."""
+    asleep = _obs({"llm": up()}, sleep={"llm": SleepObs(SleepState.ASLEEP, 1, 1000, 0)})
+    assert end_needs_router(TIERED, asleep, requested=True) is None
+
+
+def test_docker_unread_a_listed_container_is_not_trusted_to_run_without_a_request() -> None:
+    """Docker unread, a container the snapshot still lists as running may not be the
+    one running: the end of a request may stop the serve, so its tier is a need."""
+    need = RouterNeed("llm", "llm-local", "stopped when its request ends")
+    unread = Observed(False, {"c-llm": up()})
+    assert end_needs_router(TIERED, unread, requested=False) == need
 
 
 def _steps(*pairs: tuple[Action, str]) -> list[Step]:

@@ -41,6 +41,16 @@ def test_a_failed_start_is_held_from_its_first_failure() -> None:
     assert (b.failures, b.waived, b.until, b.last_failure) == (1, 0, 105.0, "not healthy")
 
 
+def test_a_death_after_a_healthy_run_inside_a_crash_loop_is_not_waived() -> None:
+    """Only a crash loop that begins with a death after a healthy run restarts at once: a
+    death after a healthy run once failures are counted keeps doubling the hold."""
+    b = Backoff()
+    assert record_failure(b, "not healthy", 100.0, base_s=5.0, cap_s=300.0) == 5.0
+    got = record_failure(b, "exit 1", 200.0, base_s=5.0, cap_s=300.0, after_healthy_run=True)
+    assert got == 10.0
+    assert (b.failures, b.waived, b.until) == (2, 0, 210.0)
+
+
 def test_a_serve_never_failed_holds_nothing_at_any_time() -> None:
     fresh = {"llm": Backoff()}
     for now in (0.0, 0.5, 1_700_000_000.0):

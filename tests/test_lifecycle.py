@@ -190,6 +190,14 @@ def test_illegal_transition_pickles() -> None:
     assert clone.allowed == err.allowed
 
 
+def test_illegal_transition_from_a_state_no_machine_knows_allows_none() -> None:
+    """A refusal from a state that is not a lifecycle state lists no allowed trigger,
+    and says so in words rather than leaving the list empty."""
+    err = IllegalTransition("omni", "bogus", "start")
+    assert err.allowed == ()
+    assert str(err) == 'serve "omni": cannot "start" while "bogus" (allowed: none)'
+
+
 def test_unknown_trigger_is_rejected_with_our_exception() -> None:
     lc = ServeLifecycle("omni")
     with pytest.raises(IllegalTransition, match=r'unknown trigger "bogus" while "stopped"'):

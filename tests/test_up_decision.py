@@ -336,6 +336,19 @@ def test_a_pending_request_not_part_of_the_refusal_is_not_named() -> None:
     assert [p["serve"] for p in got.body["pending"]] == ["a2"]
 
 
+def test_a_pending_request_in_the_shortfall_is_named_even_in_a_refusal_for_a_conflict() -> None:
+    """A refusal names the requests counted as held whenever one is part of the
+    shortfall, also when what blocks first is a conflict with a serve that stays."""
+    alt = serve("alt", 7000, OND, port=9001)
+    case = _pending_case("a2", extra=(alt,))
+    case.serves[0] = serve("res", 4000, RES, RUN, port=9001)
+    got = decide(case, "alt")
+    # 10000 - res 4000 - a2's pending 500 = 5500 free of 7000: a2 is part of the 1500 short
+    assert got.body["gpu_roles"][0]["shortfall_mib"] == 1500
+    assert got.status == 409 and got.body["blockers"] == ["res"]
+    assert got.message.endswith(f"; counted as held: a2 500 MiB ({PENDING_STATE})")
+
+
 def test_a_pending_request_on_another_role_is_not_named() -> None:
     case = Case(
         [
