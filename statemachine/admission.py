@@ -98,8 +98,10 @@ def frees_up_in(
     """Seconds until protected ``spec`` may go away by itself; None when it never does.
 
     An evictable serve protected only by its ``min_runtime_s`` frees when that ends (for
-    an on-demand requester, the only kind that evicts); an on-demand serve running for a
-    request frees when the request's TTL ends (``default`` when it has none).
+    an on-demand requester, the only kind that evicts); a serve the manifest does not
+    keep running, running for a request, frees when the request's TTL ends (``default``
+    when it has none): the loop stops it then, whatever its residency (the planner's
+    stops).
     """
     age = inside_min_runtime(spec, observed, now)
     if (
@@ -108,7 +110,7 @@ def frees_up_in(
         and age is not None
     ):
         return spec.min_runtime_s - age
-    if spec.residency is Residency.ON_DEMAND and spec.desired is not DesiredRun.RUNNING:
+    if spec.desired is not DesiredRun.RUNNING:
         req = requests.get(spec.name)
         if req is None:
             return None
@@ -125,21 +127,17 @@ def goes_away(
     """True when ``other`` will stop holding memory without the manifest changing.
 
     An evictable serve goes away for an on-demand requester (evicted now, or once its
-    ``min_runtime_s`` or its start in progress is over); an on-demand serve that runs
-    for a request (``requests`` holds it, expired or not) goes away when the request
-    ends (its TTL, or ``down``: the loop then stops it). Residents, serves without a
-    residency class, on-demand serves the manifest keeps running and holders no
-    manifest declares never do.
+    ``min_runtime_s`` or its start in progress is over); a serve the manifest does not
+    keep running that runs for a request (``requests`` holds it, expired or not) goes
+    away when the request ends (its TTL, or ``down``: the loop then stops it, whatever
+    its residency). Serves the manifest keeps running, those running without a request
+    and holders no manifest declares never do.
     """
     if other is None or other.name == requester.name:
         return False
     if other.residency is Residency.EVICTABLE:
         return requester.residency is Residency.ON_DEMAND
-    return (
-        other.residency is Residency.ON_DEMAND
-        and other.desired is not DesiredRun.RUNNING
-        and other.name in requests
-    )
+    return other.desired is not DesiredRun.RUNNING and other.name in requests
 
 
 def could_fit_later(

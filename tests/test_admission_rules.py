@@ -149,12 +149,6 @@ def test_a_request_frees_its_serve_when_it_ends_whatever_its_min_runtime() -> No
     assert _frees(hog, serve("q", 1000, OND), running, {"hog": req("hog", ttl=60)}) == 59.0
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="frees_up_in counts a request's end only for on-demand serves, where the loop "
-    "stops any serve not desired running whose request ended (docs/manifest.md, desired "
-    "absent): a requested unmanaged resident is said never to free",
-)
 def test_a_requested_unmanaged_resident_frees_when_its_request_ends() -> None:
     """A serve of any residency the manifest does not keep running, running for a
     request, frees when the request ends: the loop stops it then."""
@@ -183,13 +177,6 @@ def test_an_on_demand_serve_the_manifest_keeps_running_never_goes_away() -> None
     assert goes_away(serve("hog", 1000, OND), serve("q", 1000, OND), {"hog": req("hog")})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="goes_away counts a request's end only for on-demand serves, where the loop "
-    "stops any serve not desired running whose request ended (docs/manifest.md, desired "
-    "absent): a queued request waiting on a requested unmanaged resident is refused as "
-    "never fitting",
-)
 def test_a_requested_unmanaged_resident_goes_away_when_its_request_ends() -> None:
     """A serve of any residency the manifest does not keep running, running for a
     request, goes away when the request ends (the loop stops it): a request that fits
