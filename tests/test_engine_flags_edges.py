@@ -9,13 +9,16 @@ reference name its engine. Pure: imports statemachine only.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
 
 import pytest
 
+from statemachine import engines
 from statemachine.engine_flags import (
     SGLANG_FLAG,
+    SOURCE_NVML,
     VLLM_FLAG,
     DeviceTotal,
     FindingKind,
@@ -24,6 +27,7 @@ from statemachine.engine_flags import (
     engine_of_argv,
     engine_of_image,
     exact_fraction,
+    flag_from_variable,
     flag_values,
     fraction_for,
     render_flag,
@@ -282,3 +286,98 @@ def test_engine_of_image_reads_no_digest() -> None:
     # the text after `@` is a digest, however it is spelled: only the repository counts
     assert engine_of_image("example/tts@vllm:0123abcd") is None
     assert engine_of_image("example/sglang@sha256:0123abcd") == "sglang"
+
+
+# ── what a caller's own result and inputs get ─────────────────────────────────────
+
+
+def test_an_exact_fraction_is_refused_outside_a_positive_reservation_within_the_device() -> None:
+    """``exact_fraction`` answers only for 0 < vram_mib ≤ total_mib, as ``fraction_for``."""
+    assert exact_fraction(TOTAL, TOTAL) == 1
+    for vram_mib, total_mib in ((TOTAL + 1, TOTAL), (0, TOTAL), (3200, 0), (-1, TOTAL)):
+        with pytest.raises(ValueError, match=r"reservation|device total"):
+            exact_fraction(vram_mib, total_mib)
+
+
+def test_a_measured_total_of_a_role_without_a_capacity_row_is_kept() -> None:
+    """A role NVML measured but the manifest has no capacity row for still has a total,
+    with the measured source; a role with both has the measured one."""
+    totals = role_totals({"a": GpuRole("a", capacity_mib=TOTAL)}, {"a": 97000, "z": 48000})
+    assert totals == {
+        "a": DeviceTotal("a", 97000, SOURCE_NVML),
+        "z": DeviceTotal("z", 48000, SOURCE_NVML),
+    }
+
+
+def test_the_tolerance_said_is_that_of_the_worst_role_not_the_last() -> None:
+    """A disagreement names the worst role and its own tolerance (0.001 of that device),
+    wherever that role stands in the serve's list."""
+    render = render_flag("tp2", "vllm", 16000, ("a", "small"), TOTALS)
+    finding = check_fraction(render, "0.9")
+    assert finding is not None and finding.facts["role"] == "a"
+    assert finding.facts["tolerance_mib"] == 97.9  # 0.001 × 97887, not × 32607
+    assert "beyond the tolerance of ±97.9 MiB (0.001 of the device)" in finding.message
+
+
+def test_a_render_of_an_engine_without_a_fraction_flag_claims_no_default() -> None:
+    """A caller's result for an engine that has no memory-fraction flag (llama.cpp) under
+    a flag it names is a missing flag with no engine default claimed."""
+    total = DeviceTotal("a", TOTAL)
+    render = RenderResult("s", "llamacpp", VLLM_FLAG, 3200, (total,), Decimal("0.0326"), "e")
+    finding = check_fraction(render, None)
+    assert finding is not None and finding.kind is FindingKind.MISSING_FLAG
+    assert "default is" not in finding.message
+    assert finding.message.startswith("runs llama.cpp without --gpu-memory-utilization: ")
+
+
+def test_a_result_without_a_fraction_and_without_a_problem_kind_lacks_a_device_total() -> None:
+    """A caller's result with a flag and a reservation but no fraction and no problem
+    kind is checked as a missing device total: a note, not an error."""
+    render = RenderResult("s", "vllm", VLLM_FLAG, 3200, (), None, "", problem="no total")
+    finding = check_fraction(render, "0.0326")
+    assert finding is not None and finding.kind is FindingKind.NO_DEVICE_TOTAL
+    assert not finding.is_error
+    assert finding.message == "cannot check --gpu-memory-utilization: no total"
+
+
+def test_a_result_renders_no_words_without_a_flag_and_no_exact_fraction_without_its_terms() -> None:
+    """A caller's result renders argv only with both a flag and a value, and an exact
+    fraction only with a reservation, a device total and a fraction."""
+    total = DeviceTotal("a", TOTAL)
+    fraction = Decimal("0.0326")
+    no_flag = RenderResult("s", "audio", None, 3200, (total,), fraction, "e")
+    assert (no_flag.argv, no_flag.text) == ((), None)
+    no_vram = RenderResult("s", "vllm", VLLM_FLAG, None, (total,), fraction, "e")
+    no_total = RenderResult("s", "vllm", VLLM_FLAG, 3200, (), fraction, "e")
+    assert (no_vram.exact, no_total.exact) == (None, None)
+    assert no_vram.to_json()["exact_fraction"] is None
+    assert no_total.to_json()["exact_fraction"] is None
+    whole = RenderResult("s", "vllm", VLLM_FLAG, 3200, (total,), fraction, "e")
+    assert whole.exact == Fraction(3200, TOTAL)
+
+
+@pytest.fixture
+def no_fraction_engine() -> Iterator[None]:
+    """The registry with only the engines that have no memory-fraction flag, restored
+    in its order afterwards."""
+    saved = engines.engines()
+    for engine in saved:
+        engines.unregister(engine.name)
+    try:
+        for engine in saved:
+            if engine.memory_flag is None:
+                engines.register(engine)
+        yield
+    finally:
+        for engine in engines.engines():
+            engines.unregister(engine.name)
+        for engine in saved:
+            engines.register(engine)
+
+
+@pytest.mark.usefixtures("no_fraction_engine")
+def test_without_a_fraction_engine_no_command_sets_a_fraction_from_a_variable() -> None:
+    """A variable on a command line is a fraction flag's value only after such a flag:
+    with no engine that has one registered, none is."""
+    assert not flag_from_variable("serve m --gpu-memory-utilization $UTIL")
+    assert not flag_from_variable("serve m --port ${PORT:-8000}")
