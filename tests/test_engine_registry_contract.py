@@ -100,3 +100,28 @@ def test_an_alias_another_engine_owns_is_refused_naming_the_owner(scratch: Engin
     with pytest.raises(ValueError, match=r"already registered: 'tiny-serve' \(tinyserve\)"):
         engines.register(Engine("other", "Other", Detection(), ("tiny_serve",)))
     assert engines.lookup("tiny-serve") is scratch
+
+
+@pytest.mark.parametrize("label", ["", "   ", "\t"])
+def test_a_blank_label_names_no_engine(label: str) -> None:
+    """A blank label is no label: its canonical form is ``None``, not an empty name."""
+    assert engines.canonical(label) is None
+    assert engines.canonical(None) is None
+
+
+@pytest.mark.parametrize(
+    ("image", "engine"),
+    [
+        ("VLLM/VLLM-OpenAI:Latest", "vllm"),  # the repository in any case
+        ("ghcr.io/Acme/SGLang", "sglang"),
+        ("ghcr.io/vllm/tts:1", "vllm"),  # the owner's path is the repository's too
+        ("ghcr.io/acme/tts:vllm", None),  # a tag is not
+    ],
+)
+def test_an_image_names_its_engine_by_its_whole_repository_in_any_case(
+    image: str, engine: str | None
+) -> None:
+    """An image's repository (its registry and owner path, without tag or digest) names
+    the engine whose word it holds, whatever its letters' case."""
+    found = engines.of_image(image)
+    assert (None if found is None else found.name) == engine

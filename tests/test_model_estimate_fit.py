@@ -206,3 +206,11 @@ def test_calibrate_at_the_weights_and_at_weights_plus_kv(
 ) -> None:
     cal = calibrate_verdict(20000, LLAMA, measured)
     assert (cal.verdict, cal.reason) == (verdict, reason)
+
+
+def test_a_kv_cache_without_formula_or_reason_says_so_in_words() -> None:
+    """The KV sentence never prints a missing figure as ``None``: a known cache without
+    its formula says "no formula", an unknown one without its reason "no reason given"."""
+    assert ModelTerms(15 * GIB, GIB).kv_text() == "KV cache 1024 MiB (no formula)"
+    assert ModelTerms(15 * GIB, None).kv_text() == "KV cache unknown (no reason given)"
+    assert LLAMA.kv_text() == f"KV cache 1024 MiB ({FORMULA})"

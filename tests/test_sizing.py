@@ -4,6 +4,7 @@ architectures, the cache dtypes, layers that differ, the terms no file holds, th
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import replace
 
 import pytest
 from hypothesis import event, given
@@ -16,6 +17,8 @@ from statemachine.sizing import (
     MIB,
     OVERHEAD_TERMS,
     Architecture,
+    KvTerm,
+    Overhead,
     Weights,
     estimate,
     kv_cache,
@@ -317,3 +320,16 @@ def test_the_json_gives_each_unknown_term_its_reason() -> None:
             "reason": "the engine's own allocations: not in the model's files; no --engine given",
         },
     ]
+
+
+def test_an_unknown_term_without_a_reason_is_listed_with_an_empty_one() -> None:
+    """Every unknown term of the JSON carries a reason as text: a KV cache or an overhead
+    unknown without one (a caller's own term) has the empty reason, never null."""
+    arch = _arch()
+    built = estimate("m", "safetensors", Weights(10, 1, ("m",)), arch)
+    bare = replace(built, kv=KvTerm(None, None), overheads=(Overhead("cuda_graphs", None),))
+    assert bare.unknown() == [
+        {"term": "kv_cache", "reason": ""},
+        {"term": "cuda_graphs", "reason": ""},
+    ]
+    assert bare.to_json()["unknown"] == bare.unknown()
