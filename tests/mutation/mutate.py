@@ -1472,7 +1472,8 @@ def run(args: argparse.Namespace) -> int:
 
     elapsed = time.monotonic() - t_start
     if args.survivors:
-        write_known(root, [res for res, _, _ in plan.values()], cfg.known)
+        # read again now: a run of other modules may have rewritten it since this began
+        write_known(root, [res for res, _, _ in plan.values()], load_known(root))
     below = [
         n
         for n, (res, _, _) in plan.items()
