@@ -136,3 +136,23 @@ def test_grow_back_looks_past_an_elastic_serve_whose_container_is_anothers() -> 
     assert [(s.action, s.serve, s.mib, s.to_mib) for s in plan.steps] == [
         (Action.GROW, "b-moe", 3000, 6000)
     ]
+
+
+def test_a_running_container_of_another_project_is_never_stopped_whatever_is_declared() -> None:
+    """A serve desired stopped, or whose request ended, is stopped, unless the container
+    bearing its name is another project's: that one is left running (never stopped)."""
+    off = _spec("off", Residency.EVICTABLE, 1000, desired=DesiredRun.STOPPED)
+    done = _spec("done", Residency.ON_DEMAND, 1000, idle_ttl_s=60.0)
+    ours = _spec("ours", Residency.EVICTABLE, 1000, desired=DesiredRun.STOPPED)
+    desired = _host(off, done, ours, requests=(OnDemandRequest("done", NOW - 3600),))
+    observed = Observed(
+        docker_ok=True,
+        containers={
+            "c-off": _running("theirs"),
+            "c-done": _running("theirs"),
+            "c-ours": _running("ours"),
+        },
+    )
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    assert {s.serve for s in plan.steps} == {"ours"}  # only our own is stopped
+    assert (Action.STOP, "ours") in [(s.action, s.serve) for s in plan.steps]
