@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from strategies import Scenario, hosts, report_cases
 
@@ -110,11 +110,14 @@ def test_pmap_reads_with_changes_pending_and_after_folding(
     for key, value in ops:
         if value is None:
             if key in d:
+                event("a present key deleted")
                 del d[key]
                 m = m.delete(key)
         else:
+            event("a key set again" if key in d else "a new key set")
             d[key] = value
             m = m.set(key, value)
+    event(f"changes: {'none' if not ops else '1-15' if len(ops) < 16 else '16 or more'}")
     for flattened in (False, True):
         if flattened:
             assert list(m) == list(d)
