@@ -11,7 +11,8 @@ only where it is sure to give exactly the planner's answer, and ``None`` whereve
 planner would apply a rule this shortcut does not (the caller then runs the planner):
 
 - the requester is not on-demand (only on-demand serves evict; a backfill start is
-  planned after the grow-back of shrunk elastic serves), is held back by the policy,
+  planned after the grow-back of shrunk elastic serves), is placed but not yet on one
+  card (``fit`` places it first, as the loop would), is held back by the policy,
   its request has already ended, its start is in progress, it sleeps (a wake), or it
   exited with its memory not back yet;
 - a running serve conflicts with it (exclusivity, a port), or it sizes itself from free
@@ -198,12 +199,14 @@ def _own_rule_applies(
     serve: ServeSpec, ledger: Ledger, policy: Policy, observed: Observed, now: float
 ) -> bool:
     """True when the planner applies a rule of the requester's own to it: it may evict
-    nothing (:func:`statemachine.planner.requester_veto`), is held back, starting,
-    asleep, still counted, its container is another Compose project's, or its request
-    has ended."""
+    nothing (:func:`statemachine.planner.requester_veto`), is placed but not yet on a
+    card (placement chooses one: :mod:`statemachine.placement`), is held back,
+    starting, asleep, still counted, its container is another Compose project's, or its
+    request has ended."""
     name = serve.name
     return (
         requester_veto(serve) is not None
+        or (bool(serve.placement) and not serve.placed)
         or name in policy.hold
         or name in observed.starting
         or observed.sleep_of(name).asleep

@@ -298,13 +298,10 @@ def test_more_candidates_than_the_exact_bound_go_to_the_greedy() -> None:
         assert got.fits and len(got.evict) == 2
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the isolated shortcut's direct decision for a placed requester names the "
-    "victims on every candidate card, where the planner places it on one card and stops "
-    "only that card's victim (found by the direct-decision property on crowded hosts)",
-)
-def test_a_placed_requesters_direct_decision_names_one_cards_victims() -> None:
+def test_a_placed_requester_not_yet_on_a_card_is_left_to_the_planner() -> None:
+    """The shortcut decides for one card's terms: a placed requester not yet placed has
+    the terms of every candidate card, so it defers (fit places it first, as the loop
+    would, and asks again of the card chosen), never naming victims on every card."""
     # g0 and g1 (1000 each) are full: alpha on g0, bravo on g1, both evictable. charlie
     # (1 MiB, placed on g0 or g1) is requested: the plan stops alpha alone
     roles = {r: GpuRole(r, 1000) for r in ("g0", "g1")}
@@ -327,6 +324,6 @@ def test_a_placed_requesters_direct_decision_names_one_cards_victims() -> None:
     plan = request_plan(desired, observed, "charlie", policy=sc.policy, now=NOW)
     stops = tuple(s.serve for s in plan.steps if s.action is Action.STOP)
     assert stops == ("alpha",)
-    direct = _direct_decisions(sc)["charlie"]
-    assert direct is not None
-    assert direct.evict == stops  # type: ignore[attr-defined]
+    assert _direct_decisions(sc)["charlie"] is None
+    answer = fit_serve(desired, observed, "charlie", policy=sc.policy, now=NOW)
+    assert answer.fits and answer.evict == stops
