@@ -37,6 +37,7 @@ from statemachine.types import (
     SleepObs,
     SleepProtocol,
     SleepState,
+    StartedWith,
     StartingObs,
 )
 
@@ -464,3 +465,32 @@ def test_down_drains_only_what_runs_starts_or_may_run() -> None:
     assert down_needs_router(TIERED, _obs({"llm": up()})) == need
     assert down_needs_router(TIERED, _obs({}, starting={"llm": StartingObs(("a",), 1000)})) == need
     assert down_needs_router(TIERED, Observed(False)) == need
+
+
+def _two_cards(*serves: ServeSpec) -> DesiredState:
+    return DesiredState({r: GpuRole(r, 10_000) for r in ("g0", "g1")}, {s.name: s for s in serves})
+
+
+def test_a_serve_re_pinned_off_the_card_it_runs_on_conflicts_where_it_is_declared() -> None:
+    """An edit re-pinned the exclusive resident x from g0 to g1: it still runs (and is
+    counted) on g0, and the loop moves it (stopped there, started on g1). A request on
+    g0 can therefore fit later: x is judged where it is declared, not where it holds."""
+    x = ServeSpec("x", "c-x", ("g1",), 5000, RES, desired=RUN, exclusive=True)
+    q = ServeSpec("q", "c-q", ("g0",), 1000, OND)
+    observed = Observed(
+        True,
+        {"c-x": ContainerObs(ContainerState.RUNNING, started_at=1.0, gpu_role="g0")},
+        started_with={"c-x": StartedWith("x", ("g0",), 5000)},
+    )
+    assert could_fit_later(_two_cards(x, q), observed, "q", {}) is None
+
+
+def test_a_placed_serve_with_one_candidate_is_judged_as_a_pinned_one() -> None:
+    """Placed on its one candidate (g0, which a resident fills), a serve that can never
+    fit gets the pinned serve's reason, without a list of candidates."""
+    r = ServeSpec("r", "c-r", ("g0",), 10_000, RES, desired=RUN)
+    p = ServeSpec("p", "c-p", ("g0",), 1000, OND, placement=("g0",))
+    observed = Observed(True, {"c-r": ContainerObs(ContainerState.RUNNING, started_at=1.0)})
+    never = could_fit_later(_two_cards(r, p), observed, "p", {})
+    assert never is not None and never.startswith("p can never fit on g0 while"), never
+    assert "candidates" not in never
