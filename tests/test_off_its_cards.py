@@ -21,6 +21,7 @@ from statemachine.types import (
     Elastic,
     GpuRole,
     Observed,
+    OnDemandRequest,
     Residency,
     ServeSpec,
     StartedWith,
@@ -98,6 +99,14 @@ def test_a_serve_running_where_it_is_declared_is_left_alone() -> None:
     x = pinned("x", 4000, "a")
     assert plan(host(x), on(x, "a")).empty
     assert plan(host(x), on(x, "a", told=False)).empty
+
+
+def test_an_unmanaged_serve_re_pinned_is_left_running_where_it_runs() -> None:
+    """A serve without ``desired`` is never stopped on its own: re-pinned by an edit, it
+    keeps running (counted where it runs) until an operator or its request ends it."""
+    x = pinned("x", 4000, "b", desired=None)
+    assert committed(host(x), on(x, "a")) == {"a": 4000, "b": 0}
+    assert plan(host(x), on(x, "a")).empty
 
 
 def test_a_placed_serve_moves_off_the_card_a_blocked_pinned_resident_needs() -> None:
@@ -245,3 +254,11 @@ def test_a_serve_whose_container_names_no_card_is_not_stopped_for_an_edit() -> N
     assert first.empty
     x = pinned("x", 4000, "b")
     assert plan(host(x), on(x, "a", told=False)).empty
+
+
+def test_a_request_of_a_serve_no_manifest_declares_is_no_request() -> None:
+    """A request recorded for a serve an edit removed is neither in force nor ended: the
+    plan has nothing to start and nothing to stop for it (the loop closes it)."""
+    x = pinned("x", 4000, "a")
+    desired = host(x, requests=(OnDemandRequest("gone", NOW - 1),))
+    assert plan(desired, on(x, "a")).empty
