@@ -230,16 +230,27 @@ def _device(gpus: tuple[GpuObs, ...] | None, uuid: str | None) -> GpuObs | None:
     return None
 
 
-def _where(s: ServeSpec, ledger: Ledger) -> tuple[str, ...]:
-    """The roles a serve is on: a placed serve's card where it holds memory."""
-    if s.placement and ledger.holds(s.name):
+def _where(s: ServeSpec, ledger: Ledger, observed: Observed) -> tuple[str, ...]:
+    """The roles a serve is on (docs/placement.md): a pinned serve's declared roles; a
+    placed serve's card where it holds memory, else the card its start record names,
+    else the one its container's environment names (what its last ``up`` was told),
+    else every candidate (``s`` may come with the card a plan chose for it: that is
+    where it would go, not where it is)."""
+    if not s.placement:
+        return s.gpu_roles
+    if ledger.holds(s.name):
         return ledger.holdings[s.name].gpu_roles
-    return s.gpu_roles
+    record = observed.started_with.get(s.container)
+    for roles in (record.gpu_roles if record else (), observed.container(s.container).told_roles):
+        if roles and set(roles) <= set(s.placement):
+            return roles
+    return s.placement
 
 
 def _evicted_for(s: ServeSpec, desired: DesiredState, ledger: Ledger) -> tuple[str, ...]:
     """The requested serves an evictable ``s`` (desired running, holding nothing) makes
-    room for: those holding memory on a role of ``s`` where ``s`` does not fit now."""
+    room for: those holding memory on a role of ``s`` (a placed serve's: every
+    candidate) where ``s`` does not fit now."""
     if (
         s.residency != Residency.EVICTABLE
         or s.desired != DesiredRun.RUNNING
@@ -250,7 +261,7 @@ def _evicted_for(s: ServeSpec, desired: DesiredState, ledger: Ledger) -> tuple[s
         return ()
     short = {
         r
-        for r in s.gpu_roles
+        for r in s.placement or s.gpu_roles
         if (free := ledger.view(r).free_mib) is not None and free < s.vram_mib
     }
     return tuple(
@@ -336,7 +347,7 @@ def host_status(
             ServeStatus(
                 serve=s.name,
                 container=s.container,
-                gpu_roles=_where(s, ledger) if observed.docker_ok else s.gpu_roles,
+                gpu_roles=_where(s, ledger, observed) if observed.docker_ok else s.gpu_roles,
                 placement=s.placement,
                 residency=str(s.residency) if s.residency else None,
                 desired=str(s.desired)

@@ -14,6 +14,7 @@ and observations, no Docker, no NVML.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from statemachine.status import host_status
@@ -91,6 +92,44 @@ def test_a_placed_serve_holding_nothing_is_shown_on_every_candidate() -> None:
     out = row(desired_of(PLACED), Observed(True), "llm")
     assert out["gpu_roles"] == ["a", "b"]
     assert out["placement"] == ["a", "b"]
+
+
+def test_a_placed_serve_a_plan_put_elsewhere_is_shown_where_its_container_ran() -> None:
+    """Stopped (evicted from b), it holds nothing; the plan would put it on a next. Its
+    row shows the card its container was told (b), not where it has never run; without
+    that word, every candidate, whatever card the plan chose."""
+    on_a = sv("llm", 8_000, EVI, desired=RUN, gpu_roles=("a",), placement=("a", "b"))
+    exited_b = ContainerObs(ContainerState.EXITED, exit_code=0, gpu_role="b")
+    assert row(desired_of(on_a), Observed(True, {"c-llm": exited_b}), "llm")["gpu_roles"] == ["b"]
+    exited = ContainerObs(ContainerState.EXITED, exit_code=0)
+    out = row(desired_of(on_a), Observed(True, {"c-llm": exited}), "llm")
+    assert out["gpu_roles"] == ["a", "b"]
+    # its start record names the card first, whatever the environment says
+    record = {"c-llm": StartedWith("llm", ("b",), 8_000)}
+    for obs in (exited, replace(exited_b, gpu_role="a")):
+        got = row(desired_of(on_a), Observed(True, {"c-llm": obs}, started_with=record), "llm")
+        assert got["gpu_roles"] == ["b"]
+    # a card it no longer has among its candidates is not where it is
+    gone = ContainerObs(ContainerState.EXITED, exit_code=0, gpu_role="c")
+    assert row(desired_of(on_a), Observed(True, {"c-llm": gone}), "llm")["gpu_roles"] == [
+        "a",
+        "b",
+    ]
+
+
+def test_a_placed_evictable_serve_kept_down_names_who_holds_its_other_candidate() -> None:
+    """Evicted from b for the requested big, with a full too, it is kept down for big
+    though the plan would try it on a: the requested serves are read on every
+    candidate."""
+    llm = sv("llm", 8_000, EVI, desired=RUN, gpu_roles=("a",), placement=("a", "b"))
+    big = sv("big", 30_000, OND, gpu_roles=("b",))
+    hog = sv("hog", 30_000, RES, desired=RUN, gpu_roles=("a",))
+    desired = desired_of(llm, big, hog, requests=(OnDemandRequest("big", NOW - 1),))
+    exited_b = ContainerObs(ContainerState.EXITED, exit_code=0, gpu_role="b")
+    observed = Observed(True, {"c-llm": exited_b, "c-big": on("b"), "c-hog": UP})
+    out = row(desired, observed, "llm")
+    assert out["gpu_roles"] == ["b"]
+    assert out["evicted_for"] == ["big"]
 
 
 def test_a_pinned_serve_is_shown_on_the_roles_its_manifest_declares() -> None:
