@@ -54,6 +54,15 @@ def test_validate_each_fixture(name: str) -> None:
     assert "valid" in r.stdout
 
 
+def test_validate_counts_its_gpu_roles_in_words() -> None:
+    """One card is "1 gpu role", two are "2 gpu roles" (docs/manifest.md)."""
+    examples = Path(__file__).parent.parent / "manifests" / "examples"
+    for name, words in (("single-card.toml", "1 gpu role"), ("two-card.toml", "2 gpu roles")):
+        r = vramctl("validate", "-m", str(examples / name))
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.rstrip().splitlines()[0].endswith(words), r.stdout
+
+
 def test_validate_bad_manifest_located_no_traceback(tmp_path: Path) -> None:
     bad = tmp_path / "bad.toml"
     bad.write_text(

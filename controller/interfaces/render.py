@@ -95,7 +95,8 @@ def validated(mset: ManifestSet, desired: DesiredState) -> None:
     in_ledger = sum(1 for s in desired.serves.values() if desired.in_ledger(s))
     out.print(
         f"[green]valid[/green]: {files}: {len(desired.serves)} serves "
-        f"({in_ledger} with reservations), {len(desired.roles)} gpu roles"
+        f"({in_ledger} with reservations), {len(desired.roles)} gpu "
+        f"{'role' if len(desired.roles) == 1 else 'roles'}"
     )
     for r in desired.roles.values():
         out.print(

@@ -83,7 +83,9 @@ def read_journal(state_dir: Path) -> tuple[JournalRecords | None, str | None]:
                 reloads=j.reloads(),
                 policy=last[-1].policy if last else None,
             ), None
-    except (JournalError, OSError) as exc:
+    except JournalError as exc:  # it names the file
+        return None, str(exc)
+    except OSError as exc:
         return None, f"{path}: {exc}"
 
 
