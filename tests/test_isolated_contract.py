@@ -173,6 +173,13 @@ def test_a_free_sized_requester_waits_only_for_a_free_sized_start() -> None:
     assert _answers([plain], _running(plain, obs=loading), want) == NO_ROOM_NEEDED
     # a requester that does not size itself from free memory never waits for one that does
     assert _answers([sized], _running(sized, obs=loading)) == NO_ROOM_NEEDED
+    # a loading serve with a port (so weighed for its conflicts) that does not size
+    # itself from free memory holds nothing back either
+    ported = replace(plain, port=8001)
+    assert _answers([ported], _running(ported, obs=loading), want) == NO_ROOM_NEEDED
+    # nor does a peer of that kind loading on another GPU
+    on_h = replace(sized, gpu_roles=("h",))
+    assert _answers([on_h], _running(on_h, obs=loading), want) == NO_ROOM_NEEDED
 
 
 # ----- the candidates ------------------------------------------------------------------------

@@ -708,6 +708,26 @@ def test_engines_sizing_from_free_wait_only_for_each_other() -> None:
     assert b.reason.startswith("vllm waits for the start of zzz on a to end")
 
 
+def test_a_conflict_is_named_before_a_wait_for_a_loading_peer() -> None:
+    """vllm sizes itself from free memory and zzz, of that kind, loads on its GPU; but
+    vllm's port is held by a resident that never stops: the conflict is what blocks it
+    (a wait would end, the conflict does not), so the conflict is what it says."""
+    case = Case(
+        [
+            serve("primary", 1000, RES, RUN, port=9000),
+            serve("vllm", 1000, OND, sizes_from_free=True, port=9000),
+            serve("zzz", 1000, EVI, RUN, sizes_from_free=True),
+        ],
+        {"primary": up()},
+        [],
+        requests=[req("vllm")],
+    )
+    plan = plan_of(case, starting={"zzz": 1000})
+    assert lines(plan) == []
+    (b,) = plan.blocked
+    assert b.reason.startswith("vllm cannot start: primary runs (holds port 9000)"), b.reason
+
+
 def test_a_conflict_of_a_serve_outside_the_ledger_has_no_terms() -> None:
     case = Case(
         [
