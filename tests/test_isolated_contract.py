@@ -23,6 +23,7 @@ from statemachine.plan import Action, Policy
 from statemachine.types import (
     ContainerObs,
     ContainerState,
+    DesiredRun,
     DesiredState,
     Elastic,
     GpuRole,
@@ -338,3 +339,22 @@ def test_a_placed_serve_held_on_another_card_is_no_candidate() -> None:
         _running(placed, evi), started_with={"c-ela": StartedWith("ela", ("h",), 5_000)}
     )
     assert _answers([placed, evi], observed) == Decision(("evi",))
+
+
+# ----- a serve held back by its backoff ------------------------------------------------------
+
+
+def test_only_a_resident_the_manifest_keeps_running_keeps_its_room_in_backoff() -> None:
+    """A resident desired running, in backoff and holding nothing, keeps its room: the
+    shortcut leaves that to the planner. An evictable serve, or a resident the manifest
+    does not keep running, keeps none: the shortcut decides (docs/eviction.md)."""
+    policy = Policy(hold={"back": "failure backoff"})
+    resident = ServeSpec(
+        "back", "c-back", ("g",), 6_000, Residency.RESIDENT, desired=DesiredRun.RUNNING
+    )
+    assert _decide([resident], Observed(True), policy=policy) is None
+    for keeps_none in (
+        replace(resident, residency=Residency.EVICTABLE),
+        replace(resident, desired=None),
+    ):
+        assert _answers([keeps_none], Observed(True), policy=policy) == NO_ROOM_NEEDED
