@@ -19,7 +19,7 @@ from strategies import NOW
 from statemachine.fit import request_plan
 from statemachine.isolated import NO_ROOM_NEEDED, Decision, decide, whole_terms
 from statemachine.ledger import ledger_from_observed
-from statemachine.plan import Action, Policy
+from statemachine.plan import Action, Policy, ReloadCost
 from statemachine.types import (
     ContainerObs,
     ContainerState,
@@ -284,6 +284,9 @@ def test_an_asleep_victim_is_stopped_without_a_drain() -> None:
     awake = replace(observed, sleep={"evi": SleepObs(SleepState.AWAKE)})
     no_sleep = Policy(no_sleep=frozenset({"evi"}))
     assert _answers([sleeper], awake, want, no_sleep) == Decision(("evi",), ("evi",))
+    # elastic too, asleep it gives nothing back (its cache is not mapped): still stopped
+    elastic = replace(sleeper, elastic=Elastic("http://evi", 100, None, 100))
+    assert _answers([elastic], observed, want) == Decision(("evi",), ())
 
 
 def _elastic(floor_mib: int, segment_mib: int = 512) -> ServeSpec:
@@ -358,3 +361,15 @@ def test_only_a_resident_the_manifest_keeps_running_keeps_its_room_in_backoff() 
         replace(resident, desired=None),
     ):
         assert _answers([keeps_none], Observed(True), policy=policy) == NO_ROOM_NEEDED
+    # one that keeps its room on another card keeps none on the requester's
+    on_h = replace(resident, gpu_roles=("h",))
+    assert _decide([on_h], Observed(True), policy=policy) == NO_ROOM_NEEDED
+
+
+def test_a_victim_is_weighed_at_its_cold_start_not_its_wake() -> None:
+    """A serve the shortcut would stop comes back by a cold start: of two that each
+    cover, the cheaper cold start is stopped, whatever their wakes cost."""
+    x, y = _evictable("x"), _evictable("y")
+    policy = Policy(reload={"x": ReloadCost(10.0, 500.0), "y": ReloadCost(100.0, 1.0)})
+    want = replace(WANT, vram_mib=5_000)
+    assert _answers([x, y], _running(x, y), want, policy) == Decision(("x",), ())
