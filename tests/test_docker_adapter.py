@@ -27,7 +27,7 @@ import docker
 import pytest
 from docker.errors import NotFound
 from docker.models.containers import Container
-from waiting import WAIT_S
+from waiting import WAIT_S, wait_for
 
 from controller.adapters.docker.read import (
     EVERY_CONTAINER,
@@ -501,11 +501,15 @@ def test_every_cached_container_is_inspected_again_once_every_container_is_touch
     first, second = busybox_container(), busybox_container()
     names = [_name(first), _name(second)]
     observer = ContainerObserver(docker_client)
-    observer.observe(names)
-    assert not observer.observe(names).inspected  # steady: the rows are the same
+
+    def steady() -> bool:  # the rows are the same: nothing inspected again (a container
+        # just started may still change its row once, e.g. its health)
+        return not observer.observe(names).inspected
+
+    wait_for("a steady list", steady)
     observer.cache.touch(EVERY_CONTAINER)
     assert sorted(observer.observe(names).inspected) == sorted(names)
-    assert not observer.observe(names).inspected  # taken once
+    wait_for("a steady list again (the touch is taken once)", steady)
 
 
 class _RemovesBeforeInspect:
