@@ -16,8 +16,11 @@ from statemachine.planner import Action, Policy
 from statemachine.types import (
     ContainerObs,
     ContainerState,
+    DesiredState,
     Elastic,
+    GpuRole,
     Observed,
+    ServeSpec,
     Sleep,
     SleepObs,
     SleepProtocol,
@@ -245,3 +248,22 @@ def test_the_json_of_a_sleepers_wake_says_wake_and_no_victim_slept() -> None:
     assert (out["fits"], out["sleep"], out["wake"]) == (True, [], True)
     stopped = fit_serve(desired, Observed(True), "llm", now=NOW).to_json()
     assert stopped["fits"] and "sleep" not in stopped and "wake" not in stopped
+
+
+def test_a_placed_serve_with_one_candidate_answers_as_a_pinned_one() -> None:
+    """A placement of one card leaves nothing to choose: fit answers as for a serve
+    pinned there, without a placement decision; with two candidates it says where and
+    why (docs/placement.md)."""
+    one = DesiredState(
+        {"a": GpuRole("a", 10_000)},
+        {"p": ServeSpec("p", "c-p", ("a",), 1000, OND, placement=("a",))},
+    )
+    got = fit_serve(one, Observed(True), "p", now=NOW)
+    assert got.fits and got.placement is None
+    assert "placement" not in got.to_json()
+    two = DesiredState(
+        {r: GpuRole(r, 10_000) for r in ("a", "b")},
+        {"p": ServeSpec("p", "c-p", ("a", "b"), 1000, OND, placement=("a", "b"))},
+    )
+    got = fit_serve(two, Observed(True), "p", now=NOW)
+    assert got.fits and got.placement is not None
