@@ -248,6 +248,11 @@ def test_the_json_of_a_sleepers_wake_says_wake_and_no_victim_slept() -> None:
     assert (out["fits"], out["sleep"], out["wake"]) == (True, [], True)
     stopped = fit_serve(desired, Observed(True), "llm", now=NOW).to_json()
     assert stopped["fits"] and "sleep" not in stopped and "wake" not in stopped
+    # a container that exited is started, not woken, whatever its last sleep reading said
+    exited = ContainerObs(ContainerState.EXITED, exit_code=0)
+    stale = Observed(True, {"c-llm": exited}, sleep={"llm": SleepObs(SleepState.ASLEEP, level=1)})
+    cold = fit_serve(desired, stale, "llm", now=NOW).to_json()
+    assert cold["fits"] and "wake" not in cold
 
 
 def test_a_placed_serve_with_one_candidate_answers_as_a_pinned_one() -> None:
