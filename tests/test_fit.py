@@ -25,6 +25,7 @@ from statemachine.types import (
     SleepObs,
     SleepProtocol,
     SleepState,
+    StartingObs,
 )
 
 
@@ -272,3 +273,13 @@ def test_a_placed_serve_with_one_candidate_answers_as_a_pinned_one() -> None:
     )
     got = fit_serve(two, Observed(True), "p", now=NOW)
     assert got.fits and got.placement is not None
+
+
+def test_only_a_wake_is_asked_for_less_than_the_whole_reservation() -> None:
+    """A sleeper's wake asks only for what it does not hold; a serve whose start is in
+    progress, which holds its reservation too, is asked for at the whole of it."""
+    llm = serve("llm", 8000, OND)
+    desired, _ = _build(Case([llm], {}, []))
+    starting = Observed(True, starting={"llm": StartingObs(("a",), 8000)})
+    got = fit_serve(desired, starting, "llm", now=NOW)
+    assert [(t.gpu_role, t.requested_mib) for t in got.terms] == [("a", 8000)]
