@@ -155,3 +155,17 @@ def test_a_grow_below_a_larger_start_record_keeps_the_engines_figure() -> None:
         after = apply_plan(desired, observed, plan, NOW)
         assert dict(after.elastic_mib) == figure, to
         assert ledger_from_observed(desired, after).view("g0").committed_mib == to
+
+
+def test_a_stopped_containers_start_record_ends_with_it() -> None:
+    """The shell ends a start record once docker shows its container stopped: the
+    simulated stop does too, so nothing after it (where a stopped placed serve is shown,
+    a start outside the ledger) reads the reservation of a run that is over."""
+    llm = ServeSpec("llm", "ctr-llm", ("g0",), 20_000, Residency.EVICTABLE)
+    ran = Observed(
+        True, {"ctr-llm": UP}, started_with={"ctr-llm": StartedWith("llm", ("g0",), 25_000)}
+    )
+    down = DesiredState(ROLES, {"llm": replace(llm, desired=DesiredRun.STOPPED)})
+    stopped = apply_plan(down, ran, plan_transitions(down, ran, None, NOW), NOW)
+    assert stopped.container("ctr-llm").state is ContainerState.EXITED
+    assert "ctr-llm" not in stopped.started_with
