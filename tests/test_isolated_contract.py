@@ -373,3 +373,11 @@ def test_a_victim_is_weighed_at_its_cold_start_not_its_wake() -> None:
     policy = Policy(reload={"x": ReloadCost(10.0, 500.0), "y": ReloadCost(100.0, 1.0)})
     want = replace(WANT, vram_mib=5_000)
     assert _answers([x, y], _running(x, y), want, policy) == Decision(("x",), ())
+
+
+def test_a_placed_requester_already_on_a_card_is_decided_there() -> None:
+    """Once placement has put it on g (fit places it first, as the loop does), the
+    shortcut decides for that card as for a pinned serve."""
+    want = replace(WANT, placement=("g", "h"))
+    evi = _evictable("evi")
+    assert _answers([evi], _running(evi), want) == Decision(("evi",))

@@ -88,6 +88,26 @@ def test_a_placed_serve_holding_memory_is_shown_on_its_card_beside_its_candidate
     assert type(out["placement"]) is list
 
 
+def test_a_placed_serve_whose_record_and_environment_disagree_is_shown_where_counted() -> None:
+    """Running, its start record says a and its environment b: the ledger counts it on
+    both (never less than the truth), and its row shows both, not the record's card."""
+    observed = Observed(
+        True, {"c-llm": on("b")}, started_with={"c-llm": StartedWith("llm", ("a",), 8_000)}
+    )
+    assert row(desired_of(PLACED), observed, "llm")["gpu_roles"] == ["a", "b"]
+
+
+def test_a_stopped_placed_serve_started_on_all_its_candidates_is_shown_as_recorded() -> None:
+    """Started on b and a together (pinned so before an edit placed it), then stopped:
+    its record names every candidate, and its row shows them as the start named them."""
+    observed = Observed(
+        True,
+        {"c-llm": ContainerObs(ContainerState.EXITED, exit_code=0)},
+        started_with={"c-llm": StartedWith("llm", ("b", "a"), 8_000)},
+    )
+    assert row(desired_of(PLACED), observed, "llm")["gpu_roles"] == ["b", "a"]
+
+
 def test_a_placed_serve_holding_nothing_is_shown_on_every_candidate() -> None:
     out = row(desired_of(PLACED), Observed(True), "llm")
     assert out["gpu_roles"] == ["a", "b"]
