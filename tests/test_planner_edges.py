@@ -1194,6 +1194,63 @@ def test_a_requester_that_will_wait_for_a_loading_peer_claims_no_room_ahead() ->
     assert "waits for the start of s02" in plan.blocked[0].reason
 
 
+def test_a_requester_claims_room_past_a_later_one_that_waits_for_a_loading_peer() -> None:
+    # as above, with od3 (400) after od2: od2 waits for s02's load, od3 does not, so
+    # od1 claims room for itself and od3 (700, what v1 and v2 hold) and its group stops
+    # both; od3 then starts in what is left
+    case = Case(
+        [
+            serve("s02", 300, RES, RUN, sizes_from_free=True),
+            serve("v1", 400, EVI, RUN),
+            serve("v2", 300, EVI, RUN),
+            serve("od1", 300, OND),
+            serve("od2", 400, OND, sizes_from_free=True),
+            serve("od3", 400, OND),
+        ],
+        {"s02": up(), "v1": up(), "v2": up()},
+        [],
+        requests=[req("od1", at=NOW - 30), req("od2", at=NOW - 20), req("od3", at=NOW - 10)],
+        roles={"a": (1000, 0)},
+    )
+    plan = plan_of(case, starting={"s02": 300})
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("stop v1", "od1"),
+        ("release v1", "od1"),
+        ("stop v2", "od1"),
+        ("release v2", "od1"),
+        *((line, "od1") for line in starts("od1")),
+        *((line, "od3") for line in starts("od3")),
+    ]
+    assert [b.serve for b in plan.blocked] == ["od2"]
+
+
+def test_a_later_requester_that_sizes_from_free_with_no_peer_loading_has_room_claimed() -> None:
+    # the first case of this section with od2 sizing itself from free memory: no peer
+    # of that kind loads, so od2 starts this plan and od1 claims its room as before
+    case = Case(
+        [
+            serve("fill", 10_000, RES, RUN),
+            serve("v1", 10_000, EVI, RUN),
+            serve("v2", 10_000, EVI, RUN),
+            serve("od1", 6000, OND),
+            serve("od2", 14_000, OND, sizes_from_free=True),
+        ],
+        {"fill": up(), "v1": up(), "v2": up()},
+        [],
+        requests=[req("od1", at=NOW - 20), req("od2", at=NOW - 10)],
+    )
+    plan = plan_of(case)
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("stop v1", "od1"),
+        ("release v1", "od1"),
+        ("stop v2", "od1"),
+        ("release v2", "od1"),
+        *((line, "od1") for line in starts("od1")),
+        *((line, "od2") for line in starts("od2")),
+    ]
+    assert plan.blocked == ()
+
+
 # ----- room a later start's forced stops make -------------------------------------------------
 def _later_stop_case() -> Case:
     """``od`` needs 15000 on role a (budget 30000, all held by ``evi`` and the unmanaged
