@@ -100,25 +100,35 @@ def frees_up_in(
     An evictable serve protected only by its ``min_runtime_s`` frees when that ends (for
     an on-demand requester, the only kind that evicts); a serve the manifest does not
     keep running, running for a request, frees when the request's TTL ends (``default``
-    when it has none): the loop stops it then, whatever its residency (the planner's
-    stops).
+    when it has none): the loop stops it then, whatever its residency and its
+    ``min_runtime_s`` (the planner's stops). Where both apply, the sooner.
     """
     age = inside_min_runtime(spec, observed, now)
+    ends = [_request_left(spec, observed, requests, now, default)]
     if (
         spec.residency is Residency.EVICTABLE
         and requester.residency is Residency.ON_DEMAND
         and age is not None
     ):
-        return spec.min_runtime_s - age
-    if spec.desired is not DesiredRun.RUNNING:
-        req = requests.get(spec.name)
-        if req is None:
-            return None
-        end = request_end(req, spec, observed)
-        if end.expires_at is not None:
-            return max(0.0, end.expires_at - now)
-        return default
-    return None
+        ends.append(spec.min_runtime_s - age)
+    known = [end for end in ends if end is not None]
+    return min(known) if known else None
+
+
+def _request_left(
+    spec: ServeSpec,
+    observed: Observed,
+    requests: Mapping[str, OnDemandRequest],
+    now: float,
+    default: float,
+) -> float | None:
+    """Seconds until the request ``spec`` runs for ends (``default`` without a TTL);
+    None when the manifest keeps it running or no request holds it."""
+    req = requests.get(spec.name)
+    if spec.desired is DesiredRun.RUNNING or req is None:
+        return None
+    end = request_end(req, spec, observed)
+    return default if end.expires_at is None else max(0.0, end.expires_at - now)
 
 
 def goes_away(
@@ -135,8 +145,8 @@ def goes_away(
     """
     if other is None or other.name == requester.name:
         return False
-    if other.residency is Residency.EVICTABLE:
-        return requester.residency is Residency.ON_DEMAND
+    if other.residency is Residency.EVICTABLE and requester.residency is Residency.ON_DEMAND:
+        return True
     return other.desired is not DesiredRun.RUNNING and other.name in requests
 
 

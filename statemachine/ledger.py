@@ -867,14 +867,18 @@ def _held_as_recorded(
         return GpuReservation(name, roles, record.mib) if roles else None
     assert serve.vram_mib is not None
     shrunk = shrunk_to.get(name)
-    held = (
-        max(serve.vram_mib, record.mib if record is not None else 0) if shrunk is None else shrunk
-    )
+    held = unshrunk_mib(serve.vram_mib, record) if shrunk is None else shrunk
     asleep = None if slept is None else sleeping_reservation(serve, slept)
     if asleep is not None and asleep[0] is not None:
         held = asleep[0]
     key = _counted_on(desired, serve, record.gpu_roles, told) if record else serve.gpu_roles
     return GpuReservation(name, _known(desired, key), held)
+
+
+def unshrunk_mib(vram_mib: int, record: StartedWith | None) -> int:
+    """What a serve of ``vram_mib`` counts at without an elastic figure: its reservation,
+    or the larger one its container was started with (a running container keeps it)."""
+    return vram_mib if record is None else max(vram_mib, record.mib)
 
 
 def _counted_on(

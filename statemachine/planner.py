@@ -73,6 +73,7 @@ from statemachine.ledger import (
     RoleTerms,
     WorkingLedger,
     ledger_from_observed,
+    unshrunk_mib,
 )
 from statemachine.placement import blocked_on_every_candidate, resolve
 from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step, declared_reload
@@ -836,8 +837,7 @@ def _whole_mib(w: _Work, s: ServeSpec) -> int:
     """What running ``s`` counts at unshrunk: its reservation, or the larger one its
     container was started with (the ledger: a running container keeps it)."""
     assert s.vram_mib is not None
-    record = w.observed.started_with.get(s.container)
-    return s.vram_mib if record is None else max(s.vram_mib, record.mib)
+    return unshrunk_mib(s.vram_mib, w.observed.started_with.get(s.container))
 
 
 def _wake_needs_mib(w: _Work, s: ServeSpec) -> int:

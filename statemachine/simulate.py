@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import replace
 
-from statemachine.ledger import GpuReservation, Ledger, Refusal
+from statemachine.ledger import GpuReservation, Ledger, Refusal, unshrunk_mib
 from statemachine.planner import Action, Plan, Step
 from statemachine.types import (
     ContainerObs,
@@ -94,9 +94,7 @@ def apply_plan(desired: DesiredState, observed: Observed, plan: Plan, now: float
 def _unshrunk(serve: ServeSpec, record: StartedWith | None) -> int | None:
     """What the ledger counts ``serve`` at without an elastic figure: its reservation,
     or the larger one its container was started with (None: no reservation)."""
-    if serve.vram_mib is None:
-        return None
-    return serve.vram_mib if record is None else max(serve.vram_mib, record.mib)
+    return None if serve.vram_mib is None else unshrunk_mib(serve.vram_mib, record)
 
 
 def _woken(seen: InFlightObs, now: float) -> InFlightObs:

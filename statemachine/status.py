@@ -234,8 +234,8 @@ def _where(s: ServeSpec, ledger: Ledger, observed: Observed) -> tuple[str, ...]:
     """The roles a serve is on (docs/placement.md): a pinned serve's declared roles; a
     placed serve's card where it holds memory, else the card its start record names,
     else the one its container's environment names (what its last ``up`` was told),
-    else every candidate (``s`` may come with the card a plan chose for it: that is
-    where it would go, not where it is)."""
+    each only where it is among the candidates, else every candidate (``s`` may come
+    with the card a plan chose for it: that is where it would go, not where it is)."""
     if not s.placement:
         return s.gpu_roles
     if ledger.holds(s.name):

@@ -142,12 +142,14 @@ def test_an_on_demand_serve_the_manifest_keeps_running_never_frees() -> None:
 
 
 def test_a_request_frees_its_serve_when_it_ends_whatever_its_min_runtime() -> None:
-    """An on-demand serve running for a request frees when the request ends, even inside
-    its ``min_runtime_s``: that protects evictable serves from eviction, not a request's
-    serve from its own end."""
-    hog = serve("hog", 1000, OND, min_runtime_s=600)
+    """An evictable serve running for a request frees when the request ends, even inside
+    its ``min_runtime_s``: that protects it from eviction, not from its own request's
+    end (the loop stops it then); without a request it frees when the min_runtime ends."""
+    hog = serve("hog", 1000, EVI, min_runtime_s=600)
     running = {"hog": up(started=NOW - 10)}  # 590 s of its min_runtime_s left
     assert _frees(hog, serve("q", 1000, OND), running, {"hog": req("hog", ttl=60)}) == 59.0
+    assert _frees(hog, serve("q", 1000, OND), running, {"hog": req("hog", ttl=900)}) == 590.0
+    assert _frees(hog, serve("q", 1000, OND), running, {}) == 590.0
 
 
 def test_a_requested_unmanaged_resident_frees_when_its_request_ends() -> None:
@@ -186,6 +188,18 @@ def test_a_requested_unmanaged_resident_goes_away_when_its_request_ends() -> Non
     assert goes_away(r, serve("q", 20_000, OND), {"r": req("r", ttl=60)}) is True
     case = Case([r, serve("q", 20_000, OND)], {"r": up()}, [], requests=[req("r", ttl=60)])
     assert later(case, "q") is None
+
+
+def test_a_requested_evictable_goes_away_for_a_requester_that_cannot_evict() -> None:
+    """An evictable serve running for a request goes away when the request ends, also
+    for a resident requester (which evicts nothing): the request is queued, not refused;
+    without the request it stays."""
+    e, q = serve("e", 20_000, EVI), serve("q", 20_000, RES)
+    assert goes_away(e, q, {"e": req("e", ttl=60)}) is True
+    assert goes_away(e, q, {}) is False
+    case = Case([e, q], {"e": up()}, [], requests=[req("e", ttl=60)])
+    assert later(case, "q") is None
+    assert later(Case([e, q], {"e": up()}, []), "q") is not None
 
 
 # -- could_fit_later ---------------------------------------------------------------------

@@ -264,5 +264,14 @@ def test_without_a_source_the_ttl_counts_from_the_request_and_status_says_so(
     fleet.write(manifest(1.0))
     fleet.wait_state("plain", "exited")
     fleet.wait_state("dark", "exited")
+    # each stop names the request's TTL, not idleness: neither was ever measured idle
+    for name in ("plain", "dark"):
+        reasons = [
+            st["reason"]
+            for c in fleet.cycles()
+            for st in c.plan["steps"]
+            if st["action"] == "stop" and st["serve"] == name
+        ]
+        assert reasons == [f"the on-demand request for {name} expired (TTL)"], reasons
     fleet.assert_never_overcommitted()
     assert run.stop() == 0, run.text()

@@ -283,3 +283,9 @@ def test_only_a_wake_is_asked_for_less_than_the_whole_reservation() -> None:
     starting = Observed(True, starting={"llm": StartingObs(("a",), 8000)})
     got = fit_serve(desired, starting, "llm", now=NOW)
     assert [(t.gpu_role, t.requested_mib) for t in got.terms] == [("a", 8000)]
+    # asleep, it holds its residual: its wake asks for the rest
+    sleepy = serve("llm", 8000, OND, sleep=Sleep(1, 1000, SleepProtocol.VLLM, 2000))
+    desired, _ = _build(Case([sleepy], {}, []))
+    asleep = Observed(True, {"c-llm": up()}, sleep={"llm": SleepObs(SleepState.ASLEEP, level=1)})
+    got = fit_serve(desired, asleep, "llm", now=NOW)
+    assert [(t.gpu_role, t.requested_mib) for t in got.terms] == [("a", 7000)]

@@ -122,7 +122,7 @@ def test_the_fit_properties_reach_every_answer() -> None:
 
 
 @SETTINGS
-@given(hosts())  # not crowded hosts: a known disagreement there (the strict xfail below)
+@given(FIT_HOSTS)
 def test_a_direct_decision_is_the_plan_for_the_isolated_request(sc: Scenario) -> None:
     note(repr(sc))
     for name, direct in _direct_decisions(sc).items():

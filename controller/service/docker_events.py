@@ -8,9 +8,12 @@ observation whose containers give another filter closes it (:meth:`DockerEvents.
 and it is opened again at once with the new one. Each time it is opened a cycle is asked
 for, and every container is inspected again by it (``touch`` of
 :data:`~controller.adapters.docker.read.EVERY_CONTAINER`): whatever happened while no
-stream was open is observed then, a death too that the list does not show yet. A stream that ends by
-itself, or cannot be opened, is tried again after a pause; a filtered stream a proxy
-refuses (a bound on the request line) is followed unfiltered instead.
+stream was open is observed then, a death too that the list does not show yet. That
+cycle costs an inspect of each container, paid only when the stream is opened (at
+start, after a failure, when the observed containers change), never in steady state.
+A stream that ends by itself, or cannot be opened, is tried again after a pause; a
+filtered stream a proxy refuses (a bound on the request line) is followed unfiltered
+instead.
 
 Its inputs are explicit: how to make a client and open a stream, which readers' caches
 an event makes stale (``touch``), the loop's stop event, and the callback that asks the

@@ -685,6 +685,14 @@ def load_known(root: Path) -> set[str]:
     return {str(k) for k in tomllib.loads(path.read_text()).get("known", [])}
 
 
+def _write_whole(path: Path, text: str) -> None:
+    """Write ``path`` by replacing it whole (a reader never sees half a file; two runs
+    writing at once still keep only the later one's, each re-read just before)."""
+    part = path.with_name(path.name + ".part")
+    part.write_text(text)
+    os.replace(part, path)
+
+
 def write_known(root: Path, results: list[ModuleResult], known: set[str]) -> None:
     """Rewrite ``survivors.toml``: the survivors of the modules just run in full (not
     the uncovered: those cost nothing to run), the other modules' entries kept."""
@@ -692,12 +700,13 @@ def write_known(root: Path, results: list[ModuleResult], known: set[str]) -> Non
     keep = {k for k in known if k.split(":", 1)[0] not in ran}
     found = {o.mutant.key for r in results for o in r.outcomes if o.status == "survived"}
     lines = "".join(f"    {json.dumps(k)},\n" for k in sorted(keep | found))
-    (root / SURVIVORS).write_text(
+    _write_whole(
+        root / SURVIVORS,
         "# Known survivors: mutants the last full run (`mutate.py --full --survivors`) saw\n"
         "# survive, neither equivalent nor yet killed by a test. The test command's run counts\n"
         "# each as survived without running it (its score never overstates); `--full`,\n"
         "# `--recheck` and `--match` run them (docs/mutation.md). Generated: edit by a run.\n"
-        f"known = [\n{lines}]\n"
+        f"known = [\n{lines}]\n",
     )
 
 
@@ -840,7 +849,7 @@ def write_scores(root: Path, stored: dict[str, dict[str, Any]]) -> None:
         out.append(f"\n[modules.{json.dumps(name)}.operators]\n")
         for fam, c in stored[name]["operators"].items():
             out.append(f"{fam} = {_toml_value(c)}\n")
-    (root / SCORES).write_text("".join(out))
+    _write_whole(root / SCORES, "".join(out))
 
 
 def scores_block(cfg: Config, stored: dict[str, dict[str, Any]]) -> str:
@@ -947,7 +956,7 @@ def write_block(root: Path, name: str, body: str) -> None:
         raise SystemExit(f"mutate: {DOCS} has no generated block {name!r} ({begin} ... {end})")
     head, rest = text.split(begin, 1)
     _, tail = rest.split(end, 1)
-    path.write_text(f"{head}{begin}\n{body}\n{end}{tail}")
+    _write_whole(path, f"{head}{begin}\n{body}\n{end}{tail}")
 
 
 # ----- which tests ----------------------------------------------------------------------

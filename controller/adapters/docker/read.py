@@ -375,7 +375,8 @@ class InspectCache:
         with self._lock:
             out, self._touched = frozenset(self._touched), set()
             every, self._touched_all = self._touched_all, False
-        return out | frozenset(self._entries) if every else out
+        # the entries are read outside the lock: only the cycle's thread changes them
+        return (out | frozenset(self._entries)) if every else out
 
 
 # ── the client ─────────────────────────────────────────────────────────────────
