@@ -50,9 +50,11 @@ from statemachine.engines.spec import (
     CacheTypes,
     ElasticConfig,
     Engine,
+    KvLayout,
     LimitFlag,
     LimitKind,
 )
+from statemachine.kv_layout import EngineKv, engine_kv
 from statemachine.sizing import KV_DTYPES, MIB, Architecture, KvTerm, Weights, kv_cache
 
 __all__ = [
@@ -98,6 +100,17 @@ class ModelInput:
         seqs = self.parallel if parallel is None else parallel
         return kv_cache(self.arch, context=context, kv_dtype=self.kv_dtype, parallel=seqs)
 
+    def laid_out(self, context: int, layout: KvLayout) -> EngineKv:
+        """The KV cache at ``context`` tokens per sequence as an engine with ``layout``
+        allocates it (:mod:`statemachine.kv_layout`)."""
+        return engine_kv(
+            self.arch,
+            context=context,
+            kv_dtype=self.kv_dtype,
+            parallel=self.parallel,
+            layout=layout,
+        )
+
 
 #: a model's figures, or why they are unknown (its files could not be read)
 Model = ModelInput | str
@@ -142,31 +155,47 @@ class Limit:
 
 @dataclass(frozen=True, slots=True)
 class Reserved:
-    """A serve's reservation: ``vram_mib`` on each of its ``gpus`` roles."""
+    """A serve's reservation: ``vram_mib`` on each of its ``gpus`` roles; ``flag_bytes``:
+    what the engine's memory flag gives it on one GPU where that bounds its weights and
+    KV cache (vLLM's fraction × the device total, rounded down), and how (``flag_text``)."""
 
     vram_mib: int
     gpus: int = 1
+    flag_bytes: int | None = None
+    flag_text: str = ""
 
 
 def _reservation(reserved: Reserved) -> tuple[int, str]:
-    """The reservation in bytes on all its GPUs (a tensor-parallel engine splits its
-    weights and KV heads among them), and the term that says so."""
+    """The bytes the weights and KV cache may take on all its GPUs (a tensor-parallel
+    engine splits its weights and KV heads among them), and the term that says so: the
+    reservation, or the memory flag's budget where that is smaller."""
     size = reserved.vram_mib * MIB * reserved.gpus
     gpus = "" if reserved.gpus == 1 else f" × {reserved.gpus} GPUs (tensor parallel)"
-    return size, f"reservation {reserved.vram_mib} MiB × {MIB}{gpus} = {size} bytes"
+    term = f"reservation {reserved.vram_mib} MiB × {MIB}{gpus} = {size} bytes"
+    flag = reserved.flag_bytes
+    if flag is None or flag * reserved.gpus >= size:
+        return size, term
+    budget = flag * reserved.gpus
+    return budget, (
+        f"{term}; the engine's budget is its memory flag's, {reserved.flag_text} = "
+        f"{flag} bytes{gpus and f' × {reserved.gpus}'} = {budget} bytes (the smaller)"
+    )
 
 
 def _weights_term(weights: Weights) -> str:
     return f"weights {weights.bytes} bytes ({weights.tensors} tensors, read from the files)"
 
 
-def largest_context(model: ModelInput, left: int, cap: int | None) -> int:
-    """The largest context (≤ ``cap``) whose KV cache is at most ``left`` bytes; 0 when
-    not one token's fits. The KV cache never shrinks as the context grows: a search."""
+def largest_context(
+    model: ModelInput, left: int, cap: int | None, layout: KvLayout | None = None
+) -> int:
+    """The largest context (≤ ``cap``) whose KV cache, as an engine with ``layout`` lays
+    it out (token by token without one), is at most ``left`` bytes; 0 when not one
+    token's fits. The KV cache never shrinks as the context grows: a search."""
     low, high = 0, _SEARCH_CAP if cap is None else cap
     while low < high:
         mid = (low + high + 1) // 2
-        size = model.kv(mid).bytes
+        size = (model.kv(mid) if layout is None else model.laid_out(mid, layout)).bytes
         assert size is not None
         if size <= left:
             low = mid
@@ -183,8 +212,9 @@ def _unknown(flag: LimitFlag, terms: list[str], why: str) -> Limit:
     return Limit(flag, None, tuple(terms), problem=why)
 
 
-def _max_context(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
-    """``max-context``: the largest context whose KV cache fits after the weights."""
+def _max_context(flag: LimitFlag, budget: Reserved, model: ModelInput, layout: KvLayout) -> Limit:
+    """``max-context``: the largest context whose KV cache, as the engine lays it out,
+    fits after the weights."""
     size, reserved = _reservation(budget)
     weights = model.weights.bytes
     terms = [reserved, _weights_term(model.weights)]
@@ -193,20 +223,21 @@ def _max_context(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
         return _refusal(flag, terms, f"cannot load in its reservation: {why}")
     left = size - weights
     terms.append(f"left for the KV cache {size} − {weights} = {left} bytes")
-    one = model.kv(1)
+    one = model.laid_out(1, layout)
     if one.bytes is None:
         return _unknown(flag, terms, f"the KV cache is unknown: {one.reason}")
-    terms.append(f"KV cache per token: {one.formula}")
+    terms.append(f"KV cache at one token, as the engine lays it out: {one.formula}")
     cap, capped_at = _context_cap(model)
-    found = largest_context(model, left, cap)
+    found = largest_context(model, left, cap, layout)
     if found == 0:
         why = f"not one token's KV cache ({one.bytes} bytes) fits the {left} bytes left"
         return _refusal(flag, terms, f"cannot load in its reservation: {why}")
-    terms.append(f"at {found} tokens: {model.kv(found).formula} ≤ {left}")
+    terms.append(f"at {found} tokens: {model.laid_out(found, layout).formula} ≤ {left}")
     if found == cap:
         terms.append(f"capped at {capped_at}")
     else:
-        terms.append(f"one token more: {model.kv(found + 1).bytes} bytes > {left}")
+        more = model.laid_out(found + 1, layout).bytes
+        terms.append(f"one token more: {more} bytes > {left}")
     if model.context is not None and model.context > found:
         terms.append(f"the declared context {model.context} does not fit")
     return Limit(flag, found, (*terms, NOT_SUBTRACTED))
@@ -228,7 +259,7 @@ def _serve_context(model: ModelInput) -> tuple[int | None, str]:
     return model.arch.context_length, f"the model's own, {model.arch.source}"
 
 
-def _context_size(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
+def _context_size(flag: LimitFlag, budget: Reserved, model: ModelInput, layout: KvLayout) -> Limit:
     """``context-size``: the serve's context × its parallel sequences."""
     context, source = _serve_context(model)
     if context is None:
@@ -241,14 +272,27 @@ def _context_size(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit
     return Limit(flag, total, terms, zero_means=model.arch.context_length)
 
 
-def _layer_kv(model: ModelInput, context: int) -> KvTerm:
-    """One layer's KV cache at ``context`` tokens, every sequence: exact where every
-    layer caches the whole context, the largest layer's otherwise."""
+def _parallel(flag: LimitFlag, budget: Reserved, model: ModelInput, layout: KvLayout) -> Limit:
+    """``parallel``: the serve's parallel sequences, each a slot with its own share of
+    the context (more slots: more sliding-window cache, each keeps its window)."""
+    terms = (
+        f"[serve.model] parallel {model.parallel}: one slot per sequence, each with "
+        "context ÷ slots (without the flag llama-server takes 4 slots sharing one cache)",
+    )
+    return Limit(flag, model.parallel, terms)
+
+
+def _layer_kv(model: ModelInput, context: int, layout: KvLayout) -> EngineKv:
+    """One layer's KV cache at ``context`` tokens, every sequence, as the engine lays
+    it out: exact where every layer caches the whole context, the largest layer's
+    otherwise."""
     one = replace(model.arch, layers=1, sliding_window=None, sliding_layers=None)
-    return kv_cache(one, context=context, kv_dtype=model.kv_dtype, parallel=model.parallel)
+    return engine_kv(
+        one, context=context, kv_dtype=model.kv_dtype, parallel=model.parallel, layout=layout
+    )
 
 
-def _gpu_layers(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
+def _gpu_layers(flag: LimitFlag, budget: Reserved, model: ModelInput, layout: KvLayout) -> Limit:
     """``gpu-layers``: all layers when weights + KV fit, else the largest N that does."""
     size, reserved = _reservation(budget)
     context, _ = _serve_context(model)
@@ -259,11 +303,11 @@ def _gpu_layers(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
     if len(blocks) != layers:
         why = f"the files give tensor bytes for {len(blocks)} layers of {layers}"
         return _unknown(flag, terms, f"the layers' bytes are unknown: {why}")
-    kv = model.kv(context)
+    kv = model.laid_out(context, layout)
     if kv.bytes is None:
         return _unknown(flag, terms, f"the KV cache is unknown: {kv.reason}")
     whole = model.weights.bytes + kv.bytes
-    terms.append(f"KV cache {kv.formula}")
+    terms.append(f"KV cache as the engine lays it out: {kv.formula}")
     if whole <= size:
         terms.append(
             f"weights + KV cache {model.weights.bytes} + {kv.bytes} = {whole} ≤ {size}: "
@@ -271,13 +315,19 @@ def _gpu_layers(flag: LimitFlag, budget: Reserved, model: ModelInput) -> Limit:
         )
         return Limit(flag, layers + 1, (*terms, NOT_SUBTRACTED), all_at=layers + 1)
     terms.append(f"weights + KV cache {whole} bytes > {size}")
-    return _partial_layers(flag, size, model, context, terms)
+    return _partial_layers(flag, size, model, context, terms, layout)
 
 
 def _partial_layers(
-    flag: LimitFlag, size: int, model: ModelInput, context: int, terms: list[str]
+    flag: LimitFlag,
+    size: int,
+    model: ModelInput,
+    context: int,
+    terms: list[str],
+    layout: KvLayout,
 ) -> Limit:
-    """The largest N whose last N layers and their KV fit after the tensors of no layer."""
+    """The largest N whose last N layers and their KV fit after the tensors of no layer;
+    rendered N + 1: llama.cpp's count puts the output layer on the GPU first."""
     rest = model.weights.non_layer_bytes
     terms.append(
         f"tensors of no layer {rest} bytes, counted on the GPU (an upper bound: llama.cpp "
@@ -285,7 +335,7 @@ def _partial_layers(
     )
     if rest > size:
         return _refusal(flag, terms, f"not even the tensors of no layer fit: {rest} > {size}")
-    per = _layer_kv(model, context)
+    per = _layer_kv(model, context, layout)
     assert per.bytes is not None
     terms.append(f"KV cache of one layer {per.formula}")
     blocks = model.weights.layer_bytes
@@ -302,8 +352,11 @@ def _partial_layers(
     if count < len(blocks):
         more = used + blocks[len(blocks) - count - 1] + per.bytes
         terms.append(f"one layer more: {more} bytes > {size}")
-    terms.append(f"the other {len(blocks) - count} layers and the output layer run on the CPU")
-    return Limit(flag, count, (*terms, NOT_SUBTRACTED))
+    terms.append(
+        f"{flag.name} {count + 1}: llama.cpp counts the output layer first, then the last "
+        f"{count} layers; the other {len(blocks) - count} run on the CPU"
+    )
+    return Limit(flag, count + 1, (*terms, NOT_SUBTRACTED))
 
 
 def _vram_bytes(flag: LimitFlag, budget: Reserved) -> Limit:
@@ -322,17 +375,20 @@ def _vram_bytes(flag: LimitFlag, budget: Reserved) -> Limit:
 
 
 #: the kinds computed from the model's files, and the one that needs none
-_FROM_MODEL: dict[LimitKind, Callable[[LimitFlag, Reserved, ModelInput], Limit]] = {
+_FROM_MODEL: dict[LimitKind, Callable[[LimitFlag, Reserved, ModelInput, KvLayout], Limit]] = {
     LimitKind.MAX_CONTEXT: _max_context,
     LimitKind.GPU_LAYERS: _gpu_layers,
     LimitKind.CONTEXT_SIZE: _context_size,
+    LimitKind.PARALLEL: _parallel,
 }
 _NO_MODEL: dict[LimitKind, Callable[[LimitFlag, Reserved], Limit]] = {
     LimitKind.VRAM_BYTES: _vram_bytes,
 }
 
 
-def _render_one(flag: LimitFlag, budget: Reserved, model: Model | None) -> Limit | None:
+def _render_one(
+    flag: LimitFlag, budget: Reserved, model: Model | None, layout: KvLayout
+) -> Limit | None:
     """One flag's limit. A kind computed from the model's files is not rendered for a
     serve without ``[serve.model]``, and is unknown when its files could not be read."""
     if flag.kind in _NO_MODEL:
@@ -341,19 +397,29 @@ def _render_one(flag: LimitFlag, budget: Reserved, model: Model | None) -> Limit
         return None
     if isinstance(model, str):
         return _unknown(flag, [], f"the model's files cannot be read: {model}")
-    return _FROM_MODEL[flag.kind](flag, budget, model)
+    return _FROM_MODEL[flag.kind](flag, budget, model, layout)
 
 
 def render_limits(
-    engine: Engine | None, vram_mib: int | None, model: Model | None, *, gpus: int
+    engine: Engine | None,
+    vram_mib: int | None,
+    model: Model | None,
+    *,
+    gpus: int,
+    flag_budget: tuple[int, str] | None = None,
 ) -> tuple[Limit, ...]:
     """The limit flags of ``engine`` for a reservation of ``vram_mib`` on each of ``gpus``
     roles and the serve's ``model`` (``None``: no ``[serve.model]``; a text: why its
-    files are unknown)."""
+    files are unknown). ``flag_budget``: the bytes the engine's memory flag gives it on
+    one GPU, and how (:func:`statemachine.engine_flags.flag_budget`), counted where the
+    engine's weights and KV cache live within it (``budget_from_flag``)."""
     if engine is None or vram_mib is None:
         return ()
-    reserved = Reserved(vram_mib, max(1, gpus))
-    found = (_render_one(flag, reserved, model) for flag in engine.limit_flags)
+    flag_bytes, flag_text = flag_budget if flag_budget else (None, "")
+    if not engine.budget_from_flag:
+        flag_bytes = None
+    reserved = Reserved(vram_mib, max(1, gpus), flag_bytes, flag_text)
+    found = (_render_one(flag, reserved, model, engine.kv_layout) for flag in engine.limit_flags)
     return tuple(limit for limit in found if limit is not None)
 
 
@@ -383,13 +449,21 @@ def found_value(
 _SUFFIXES = {"k": 1000, "K": 1024, "m": 1000**2, "M": 1024**2}
 
 
+def _every(word: str, flag: LimitFlag) -> bool:
+    """True when the engine reads ``word`` as every layer (llama.cpp: ``all``, ≤ −2)."""
+    if word.lower() in flag.every:
+        return True
+    low = flag.every_below
+    return low is not None and word.lstrip("-").isdigit() and int(word) <= low
+
+
 def _number(text: str, limit: Limit) -> int | None:
-    """A limit's value as written (``None``: unreadable): llama.cpp reads a negative
-    ``--n-gpu-layers`` (and ``all``) as every layer, ``--ctx-size 0`` as the model's own
-    context; a context may carry a ``k``/``K``/``m``/``M`` suffix."""
+    """A limit's value as written (``None``: unreadable): the words the engine reads as
+    every layer (:func:`_every`), ``--ctx-size 0`` as the model's own context; a context
+    may carry a ``k``/``K``/``m``/``M`` suffix."""
     word = text.strip()
     kind = limit.flag.kind
-    if kind is LimitKind.GPU_LAYERS and (word.lower() == "all" or word.startswith("-")):
+    if _every(word, limit.flag):
         return _SEARCH_CAP
     if word == "0" and limit.zero_means is not None:
         return limit.zero_means
@@ -421,6 +495,16 @@ def check_limit(
         return finding(
             FindingKind.MISSING_LIMIT,
             f"the command lacks {name}: add {name} {limit.value} ({limit.explanation})",
+        )
+    word = found.strip().lower()
+    if word in limit.flag.fits_itself:
+        return None  # the engine fits it to what its memory flag gives it
+    if word in limit.flag.from_free:
+        return finding(
+            FindingKind.SIZED_FROM_FREE,
+            f"{name} {found} is sized by the engine from the device's free memory when it "
+            f"starts, not from the reservation: on a shared card it takes what the others "
+            f"have not claimed yet; write {name} {limit.value} ({limit.explanation})",
         )
     value = _number(found, limit)
     if value is None:

@@ -61,6 +61,7 @@ from statemachine.engines.sglang import SLEEP_FLAG as SGLANG_SLEEP_FLAG
 from statemachine.engines.vllm import FLAG as VLLM_FLAG
 from statemachine.engines.vllm import SLEEP_ENV as VLLM_SLEEP_ENV
 from statemachine.engines.vllm import SLEEP_FLAG as VLLM_SLEEP_FLAG
+from statemachine.sizing import MIB
 from statemachine.types import GpuObs, GpuRole
 
 __all__ = [
@@ -351,6 +352,8 @@ class FindingKind(StrEnum):
     SLEEP_ENV_UNREAD = "sleep-env-unread"
     MISSING_LIMIT = "missing-limit"
     LIMIT_TOO_LARGE = "limit-too-large"
+    #: a limit the engine sizes from the device's free memory at its start
+    SIZED_FROM_FREE = "sized-from-free"
     DOES_NOT_FIT = "does-not-fit"
     LIMIT_UNKNOWN = "limit-unknown"
     ELASTIC_OFF = "elastic-off"
@@ -372,6 +375,7 @@ ERROR_KINDS: frozenset[FindingKind] = frozenset(
         FindingKind.SLEEP_PROTOCOL_MISMATCH,
         FindingKind.MISSING_LIMIT,
         FindingKind.LIMIT_TOO_LARGE,
+        FindingKind.SIZED_FROM_FREE,
         FindingKind.DOES_NOT_FIT,
         FindingKind.ELASTIC_OFF,
         FindingKind.CACHE_TYPE,
@@ -425,6 +429,17 @@ class RenderResult:
         if self.vram_mib is None or not self.totals or self.fraction is None:
             return None
         return min(Fraction(self.vram_mib, t.total_mib) for t in self.totals)
+
+    def budget(self, fraction: Decimal | None = None) -> tuple[int, str] | None:
+        """The bytes ``fraction`` (the rendered one where not given) gives the engine on
+        the smallest of its devices, rounded down, and the arithmetic; ``None`` with no
+        fraction or no total."""
+        value = self.fraction if fraction is None else fraction
+        if value is None or not self.totals:
+            return None
+        total = min(self.totals, key=lambda t: t.total_mib)
+        size = math.floor(Fraction(value) * total.total_mib * MIB)
+        return size, f"{self.flag} {value} × {total.total_mib} MiB × {MIB}"
 
     def engine_mib(self) -> dict[str, Fraction]:
         """Role → the MiB the engine budgets there with the rendered fraction."""

@@ -34,6 +34,9 @@ __all__ = [
     "Weights",
     "estimate",
     "kv_cache",
+    "kv_per_token_layer",
+    "kv_token_text",
+    "kv_unknown",
     "overheads",
 ]
 
@@ -263,6 +266,33 @@ def kv_cache(
     total = _per_token_layer(arch, dtype) * arch.layers * used * parallel
     tokens = f"{_n(arch.layers, 'layer')} × {_dims_text(arch)} × {used} tokens"
     return KvTerm(int(total), f"{_formula(arch, tokens, dtype, parallel)} = {int(total)} bytes")
+
+
+def kv_unknown(arch: Architecture, kv_dtype: str) -> str | None:
+    """Why no KV figure can be given for ``arch`` stored as ``kv_dtype`` (a kind the
+    formula does not describe, a quantized row that is not whole blocks, sliding layers
+    the files do not name), or None: :func:`kv_per_token_layer` holds."""
+    if arch.unsupported is not None:
+        return arch.unsupported
+    problem = _row_problem(arch, KV_DTYPES[kv_dtype])
+    if problem is None and arch.sliding_window is not None and arch.sliding_layers is None:
+        return (
+            f"some of the {arch.layers} layers attend to a sliding window of "
+            f"{arch.sliding_window} tokens, and the files do not say which"
+        )
+    return problem
+
+
+def kv_token_text(arch: Architecture, kv_dtype: str) -> str:
+    """One layer's keys and values of one token as the formulas show them:
+    ``2 × 8 KV heads × 128 head_dim × 2 bytes (f16)``."""
+    two = "2 × " if arch.head_dim is not None else ""
+    return f"{two}{_dims_text(arch)} × {KV_DTYPES[kv_dtype].text()}"
+
+
+def kv_per_token_layer(arch: Architecture, kv_dtype: str) -> Fraction:
+    """Bytes of keys and values one layer caches per token of one sequence."""
+    return _per_token_layer(arch, KV_DTYPES[kv_dtype])
 
 
 def overheads(engine: Engine | None) -> tuple[Overhead, ...]:

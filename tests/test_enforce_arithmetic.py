@@ -3,11 +3,15 @@
 A 32-layer model with 8 KV heads × 128 head_dim caches 2 × 32 × 8 × 128 × 2 = 131072
 bytes of f16 keys and values per token; a reservation of 20000 MiB less 16 GiB of weights
 leaves 3791650816 bytes, exactly 28928 tokens. llama.cpp offloads its last layers first,
-so the layer split is pinned on uneven layers. Pure: statemachine only.
+so the layer split is pinned on uneven layers. The arithmetic is pinned here with each
+engine's flags laid out token by token (:data:`PLAIN`); each engine's own layout (vLLM's
+blocks, llama.cpp's padding, sliding windows) is pinned in tests/test_engine_layouts.py.
+Pure: statemachine only.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from fractions import Fraction
 
 from hypothesis import event, given
@@ -28,7 +32,7 @@ from statemachine.enforce import (
     render_limits,
 )
 from statemachine.engine_flags import FindingKind
-from statemachine.engines.spec import LimitFlag, LimitKind
+from statemachine.engines.spec import Engine, KvLayout, LimitFlag, LimitKind
 from statemachine.sizing import KV_DTYPES, MIB, Architecture, Weights
 
 GIB = 1024 * MIB
@@ -56,8 +60,24 @@ def model(
     )
 
 
+#: vLLM's and llama.cpp's flags with the KV cache laid out token by token and the
+#: reservation as the budget (llama.cpp's --n-gpu-layers and --ctx-size only)
+PLAIN: dict[str, Engine] = {
+    "vllm": replace(engines.get("vllm"), kv_layout=KvLayout(), budget_from_flag=False),
+    "llamacpp": replace(
+        engines.get("llamacpp"),
+        kv_layout=KvLayout(),
+        limit_flags=engines.get("llamacpp").limit_flags[:2],
+    ),
+}
+
+
+def plain(engine: str) -> Engine:
+    return PLAIN.get(engine) or engines.get(engine)
+
+
 def one(engine: str, vram_mib: int, m: ModelInput | str | None) -> tuple[Limit, ...]:
-    return render_limits(engines.get(engine), vram_mib, m, gpus=1)
+    return render_limits(plain(engine), vram_mib, m, gpus=1)
 
 
 # ── max context (vLLM --max-model-len, SGLang --context-length) ─────────────────
@@ -81,7 +101,7 @@ def test_the_largest_context_is_what_the_reservation_leaves_after_the_weights() 
 
 
 def test_tensor_parallel_counts_the_reservation_on_every_gpu() -> None:
-    (two,) = render_limits(engines.get("vllm"), 10000, model(), gpus=2)
+    (two,) = render_limits(plain("vllm"), 10000, model(), gpus=2)
     assert two.value == 28928  # 2 × 10000 MiB is the 20000 MiB of one GPU
     assert "reservation 10000 MiB × 1048576 × 2 GPUs (tensor parallel) = 20971520000" in (
         two.explanation
@@ -217,22 +237,25 @@ def test_the_last_layers_that_fit_run_on_the_gpu() -> None:
     # (100 + 4) would make 308 > 300: one layer, where the first two would have fitted
     m = llama((100 * MIB, 100 * MIB, 100 * MIB, 150 * MIB), 50 * MIB)
     (layers, _) = one("llamacpp", 300, m)
-    assert layers.value == 1
+    assert layers.value == 2  # the output layer (counted first) and the last layer
     text = layers.explanation
     assert f"tensors of no layer {50 * MIB} bytes" in text
     assert f"the last 1 layers {150 * MIB} bytes + 1 × {4 * MIB} bytes of KV" in text
     assert f"one layer more: {308 * MIB} bytes > {300 * MIB}" in text
-    assert "the other 3 layers and the output layer run on the CPU" in text
+    assert (
+        "--n-gpu-layers 2: llama.cpp counts the output layer first, then the last 1 layers; "
+        "the other 3 run on the CPU"
+    ) in text
 
 
 def test_even_layers_split_at_the_largest_count_that_fits() -> None:
     (layers, _) = one("llamacpp", 300, llama((100 * MIB,) * 4, 50 * MIB))
-    assert layers.value == 2  # 50 + 2 × 104 = 258 ≤ 300 < 362
+    assert layers.value == 3  # 50 + 2 × 104 = 258 ≤ 300 < 362: the output layer and 2
 
 
 def test_no_layer_at_all_when_only_the_rest_fits_and_a_refusal_below_it() -> None:
     (zero, _) = one("llamacpp", 100, llama((100 * MIB,) * 4, 50 * MIB))
-    assert zero.value == 0
+    assert zero.value == 1  # the output layer alone
     (refused, _) = one("llamacpp", 40, llama((100 * MIB,) * 4, 50 * MIB))
     assert (refused.value, refused.refused) == (None, True)
     assert f"not even the tensors of no layer fit: {50 * MIB} > {40 * MIB}" == refused.problem
@@ -280,7 +303,7 @@ def test_the_layer_split_fits_and_one_layer_more_would_not(
     if layers.value > len(blocks):  # all of them
         assert m.weights.bytes + per * len(blocks) <= vram_mib * MIB
         return
-    n = layers.value
+    n = layers.value - 1  # the output layer is counted first
     used = rest + sum(blocks[len(blocks) - n :]) + n * per
     assert used <= vram_mib * MIB
     if n < len(blocks):
@@ -319,7 +342,7 @@ def test_any_count_of_all_layers_is_all_layers_but_not_where_only_some_fit() -> 
     (every, _) = one("llamacpp", 500, llama((100 * MIB,) * 4, 50 * MIB))
     assert check_limit(every, "999", serve="s") is None
     (some, _) = one("llamacpp", 300, llama((100 * MIB,) * 4, 50 * MIB))
-    for found in ("999", "-1", "all", "3"):
+    for found in ("999", "-2", "-7", "all", "ALL", "4"):
         got = check_limit(some, found, serve="s")
         assert got is not None and got.kind is FindingKind.LIMIT_TOO_LARGE, found
 
@@ -449,15 +472,19 @@ def test_halves_of_different_types_are_each_compared() -> None:
 # ── every term of an explanation, in order ───────────────────────────────────────
 
 
+#: one layer's keys and values of one token, as the formulas show them
+ROW = "2 × 8 KV heads × 128 head_dim × 2 bytes (f16) = 4096 bytes per token and layer"
+
+
 def test_the_context_explanation_names_the_kv_cache_at_the_context_found() -> None:
     """The max-context explanation shows the KV cache at the context it found, its
     formula and bytes against the bytes left, between the per-token figure and the next."""
     (limit,) = one("vllm", 20000, model())
-    per_token = "2 × 32 layers × 8 KV heads × 128 head_dim × {} tokens × 2 bytes (f16) × 1 "
     assert limit.terms[3:6] == (
-        f"KV cache per token: {per_token.format(1)}parallel sequence = 131072 bytes",
-        f"at 28928 tokens: {per_token.format(28928)}parallel sequence = 3791650816 bytes "
-        "≤ 3791650816",
+        f"KV cache at one token, as the engine lays it out: {ROW} × (32 layers × 1 tokens) "
+        "× 1 parallel sequence = 131072 bytes",
+        f"at 28928 tokens: {ROW} × (32 layers × 28928 tokens) × 1 parallel sequence = "
+        "3791650816 bytes ≤ 3791650816",
         "one token more: 3791781888 bytes > 3791650816",
     )
 
@@ -468,19 +495,20 @@ def test_the_layer_split_explains_the_whole_kv_cache_its_excess_and_one_layers_k
     layer's KV cache, the layers that fit, the one more that would not, the rest."""
     m = llama((100 * MIB, 100 * MIB, 100 * MIB, 150 * MIB), 50 * MIB)
     (layers, _) = one("llamacpp", 300, m)
-    kv = "2 × {} × 8 KV heads × 128 head_dim × 1024 tokens × 2 bytes (f16) × 1 parallel sequence"
+    kv = ROW + " × ({} × 1024 tokens) × 1 parallel sequence"
     assert layers.terms == (
         f"reservation 300 MiB × 1048576 = {300 * MIB} bytes",
         f"weights {500 * MIB} bytes (291 tensors, read from the files)",
-        f"KV cache {kv.format('4 layers')} = {16 * MIB} bytes",
+        f"KV cache as the engine lays it out: {kv.format('4 layers')} = {16 * MIB} bytes",
         f"weights + KV cache {516 * MIB} bytes > {300 * MIB}",
         f"tensors of no layer {50 * MIB} bytes, counted on the GPU (an upper bound: llama.cpp "
         "keeps the token embeddings on the CPU)",
-        f"KV cache of one layer {kv.format('1 layer')} = {4 * MIB} bytes",
+        f"KV cache of one layer {kv.format('1 layers')} = {4 * MIB} bytes",
         f"the last 1 layers {150 * MIB} bytes + 1 × {4 * MIB} bytes of KV + {50 * MIB} = "
         f"{204 * MIB} ≤ {300 * MIB}",
         f"one layer more: {308 * MIB} bytes > {300 * MIB}",
-        "the other 3 layers and the output layer run on the CPU",
+        "--n-gpu-layers 2: llama.cpp counts the output layer first, then the last 1 layers; "
+        "the other 3 run on the CPU",
         NOT_SUBTRACTED,
     )
 
@@ -489,6 +517,6 @@ def test_every_layer_on_the_gpu_is_explained_by_the_whole_kv_cache() -> None:
     """Where every layer fits, the explanation names the whole KV cache's formula
     before the sum of weights and KV cache that fits."""
     (layers, _) = one("llamacpp", 500, llama((100 * MIB,) * 4, 50 * MIB))
-    kv = "2 × 4 layers × 8 KV heads × 128 head_dim × 1024 tokens × 2 bytes (f16) × 1 parallel"
-    assert layers.terms[2] == f"KV cache {kv} sequence = {16 * MIB} bytes"
+    kv = f"{ROW} × (4 layers × 1024 tokens) × 1 parallel sequence"
+    assert layers.terms[2] == f"KV cache as the engine lays it out: {kv} = {16 * MIB} bytes"
     assert layers.terms[3].startswith(f"weights + KV cache {450 * MIB} + {16 * MIB} = ")

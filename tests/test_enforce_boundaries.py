@@ -42,19 +42,19 @@ def test_weights_and_kv_exactly_the_reservation_put_every_layer_on_the_gpu() -> 
     (layers, _) = one("llamacpp", 466, m)
     assert layers.value == 5  # all 4 and the output layer
     (fewer, _) = one("llamacpp", 465, m)
-    assert fewer.value == 3  # 50 + 3 × 104 = 362 ≤ 465 < 466
+    assert fewer.value == 4  # 50 + 3 × 104 = 362 ≤ 465 < 466: the output layer and 3
 
 
 def test_the_tensors_of_no_layer_exactly_the_reservation_fit_with_no_layer() -> None:
     (layers, _) = one("llamacpp", 50, llama((100 * MIB,) * 4, 50 * MIB))
-    assert (layers.value, layers.refused) == (0, False)
+    assert (layers.value, layers.refused) == (1, False)  # the output layer alone
 
 
 def test_a_layer_that_fits_exactly_is_counted_and_one_more_is_named_by_its_own_bytes() -> None:
     # the last layer 150 MiB + 4 MiB of KV beside 50 MiB: exactly 204 MiB
     m = llama((100 * MIB, 120 * MIB, 110 * MIB, 150 * MIB), 50 * MIB)
     (layers, _) = one("llamacpp", 204, m)
-    assert layers.value == 1
+    assert layers.value == 2  # the output layer and the last
     # one layer more is the third (110 MiB), not the second: 204 + 110 + 4 = 318 MiB
     assert f"one layer more: {318 * MIB} bytes > {204 * MIB}" in layers.explanation
 
@@ -169,13 +169,19 @@ def test_a_declared_context_caps_the_search_where_the_files_give_no_context_leng
 
 
 def test_a_layer_count_within_a_partial_split_fits_and_a_word_is_not_a_count() -> None:
-    """Only ``all`` and a negative count mean every layer: a count up to the layers that
-    fit is within the limit, and any other word is not a whole number."""
+    """Only ``all`` and a count ≤ −2 mean every layer; ``auto`` and −1 are sized from the
+    device's free memory (an error naming it); a count up to the layers that fit is
+    within the limit, and any other word is not a whole number."""
     (some, _) = one("llamacpp", 300, llama((100 * MIB,) * 4, 50 * MIB))
-    assert some.value == 2
-    for within in ("0", "1", "2"):
+    assert some.value == 3
+    for within in ("0", "1", "3"):
         assert check_limit(some, within, serve="s") is None, within
-    for word in ("most", "2x", ""):
+    for free in ("auto", "AUTO", "-1", " -1 "):
+        got = check_limit(some, free, serve="s")
+        assert got is not None and got.kind is FindingKind.SIZED_FROM_FREE, free
+        assert got.is_error and "free memory" in got.message
+        assert "write --n-gpu-layers 3" in got.message
+    for word in ("most", "2x", "", "-"):
         got = check_limit(some, word, serve="s")
         assert got is not None and got.kind is FindingKind.BAD_VALUE, word
 

@@ -123,11 +123,11 @@ GOOD = """
 chat:
   image: vllm/vllm-openai:v0.11
   container_name: vllm-chat
-  command: vllm serve m --gpu-memory-utilization 0.0500 --max-model-len 7680
+  command: vllm serve m --gpu-memory-utilization 0.0500 --max-model-len 7664
 gguf:
   image: ghcr.io/ggml-org/llama.cpp:server-cuda
   container_name: llamacpp-gguf
-  command: llama-server -m /m/tiny.gguf -ngl 1 -c 4096
+  command: llama-server -m /m/tiny.gguf -ngl 2 -np 1 -c 4096
 onnx:
   image: ghcr.io/acme/onnx-genai:1
   container_name: onnx-genai
@@ -166,11 +166,12 @@ def test_the_serves_models_are_read_only_where_declared(tmp_path: Path, mset: An
 
 def test_render_gives_vllm_its_context_beside_its_fraction(mset: Any) -> None:
     answer = render_serve(mset, "chat", models=limit_inputs(mset))
-    # 5 MiB − 4259840 bytes of weights = 983040 bytes, 7680 tokens of 128 bytes
-    assert answer.argv[2:] == ("--max-model-len", "7680")
+    # 5 MiB − 4259840 bytes of weights = 983040 bytes, 480 vLLM blocks of 16 tokens of
+    # 128 bytes; one is the null block the pool keeps back: 479 × 16 = 7664 tokens
+    assert answer.argv[2:] == ("--max-model-len", "7664")
     assert answer.argv[0] == "--gpu-memory-utilization"
     body = answer.to_json()
-    assert body["limits"][0]["value"] == 7680
+    assert body["limits"][0]["value"] == 7664
     assert "left for the KV cache 5242880 − 4259840 = 983040 bytes" in body["limits"][0]["terms"]
 
 
@@ -183,8 +184,9 @@ def test_render_refuses_weights_larger_than_the_reservation(mset: Any) -> None:
 def test_render_splits_llamacpps_layers_and_onnx_genai_gets_bytes(mset: Any) -> None:
     models = limit_inputs(mset)
     gguf = render_serve(mset, "gguf", models=models)
-    # 1048576 of no layer + the last layer's 1114112 + its 262144 of KV ≤ 3 MiB; not both
-    assert gguf.argv == ("--n-gpu-layers", "1", "--ctx-size", "4096")
+    # 1048576 of no layer + the last layer's 1114112 + its 262144 of KV ≤ 3 MiB; not both:
+    # the output layer (counted first) and the last layer
+    assert gguf.argv == ("--n-gpu-layers", "2", "--ctx-size", "4096", "--parallel", "1")
     assert render_serve(mset, "onnx", models=models).argv == ("--vram-limit", "3355443200")
     moe = render_serve(mset, "moe", models=models)
     assert moe.argv == ("--vram-elastic",) and moe.elastic is not None
@@ -202,8 +204,9 @@ def test_lint_passes_the_flags_the_reservations_render(tmp_path: Path, mset: Any
     assert report.errors == (), [f.message for f in report.errors]
     checked = {c.serve: c for c in report.checked}
     assert [(x.flag.name, found) for x, found in checked["gguf"].limits] == [
-        ("--n-gpu-layers", "1"),
+        ("--n-gpu-layers", "2"),
         ("--ctx-size", "4096"),
+        ("--parallel", "1"),
     ]
     assert checked["plain"].limits == () and "limits" not in checked["plain"].to_json()
     # held by their limit flags, not "by the ledger only"; the elastic engine has none
@@ -214,9 +217,9 @@ def test_lint_passes_the_flags_the_reservations_render(tmp_path: Path, mset: Any
 @pytest.mark.parametrize(
     ("old", "new", "kind", "serve", "words"),
     [
-        ("--max-model-len 7680", "--max-model-len 8192", "LIMIT_TOO_LARGE", "chat", "8192"),
-        (" --max-model-len 7680", "", "MISSING_LIMIT", "chat", "add --max-model-len 7680"),
-        ("-ngl 1 ", "-ngl 99 ", "LIMIT_TOO_LARGE", "gguf", "one layer more: 4784128"),
+        ("--max-model-len 7664", "--max-model-len 8192", "LIMIT_TOO_LARGE", "chat", "8192"),
+        (" --max-model-len 7664", "", "MISSING_LIMIT", "chat", "add --max-model-len 7664"),
+        ("-ngl 2 ", "-ngl 99 ", "LIMIT_TOO_LARGE", "gguf", "one layer more: 4784128"),
         ("-c 4096", "-c 8192", "LIMIT_TOO_LARGE", "gguf", "--ctx-size 8192"),
         (" -c 4096", "", "MISSING_LIMIT", "gguf", "add --ctx-size 4096"),
         (" --vram-limit 3355443200", "", "MISSING_LIMIT", "onnx", "3200 MiB × 1048576"),
@@ -270,10 +273,16 @@ def test_render_gives_llamacpp_the_cache_type_its_limits_were_computed_at(
     write_gguf(tmp_path / "tiny.gguf")
     mset = manifest(tmp_path, F32_MANIFEST)
     answer = render_serve(mset, "gguf", models=limit_inputs(mset))
-    assert answer.argv == ("--n-gpu-layers", "1", "--ctx-size", "4096", *F32_FLAGS)
-    assert "KV cache of one layer 2 × 1 layer × 2 KV heads × 8 head_dim" in (
-        answer.limits[0].explanation
+    assert answer.argv == (
+        "--n-gpu-layers",
+        "2",
+        "--ctx-size",
+        "4096",
+        "--parallel",
+        "1",
+        *F32_FLAGS,
     )
+    assert "KV cache of one layer 2 × 2 KV heads × 8 head_dim" in (answer.limits[0].explanation)
     assert answer.to_json()["cache_types"] == {
         "argv": list(F32_FLAGS),
         "kv_dtype": "f32",
@@ -390,12 +399,16 @@ def test_the_render_command_prints_the_flags_and_their_arithmetic(tmp_path: Path
     path.write_text(MANIFEST)
     r = cli("render", "chat", "-m", str(path))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "--gpu-memory-utilization 0.0500 --max-model-len 7680"
-    assert "--max-model-len 7680: reservation 5 MiB × 1048576 = 5242880 bytes" in r.stderr
-    assert "one token more: 983168 bytes > 983040" in r.stderr
+    assert r.stdout.strip() == "--gpu-memory-utilization 0.0500 --max-model-len 7664"
+    assert "--max-model-len 7664: reservation 5 MiB × 1048576 = 5242880 bytes" in r.stderr
+    assert "× 1 parallel sequence + 1 × 16 tokens × 2 layers the pool keeps back" in r.stderr
+    assert "one token more: 985088 bytes > 983040" in r.stderr  # a block more
     gguf = cli("render", "gguf", "-m", str(path))
-    assert gguf.stdout.strip() == "--n-gpu-layers 1 --ctx-size 4096", gguf.stderr
-    assert "the other 1 layers and the output layer run on the CPU" in gguf.stderr
+    assert gguf.stdout.strip() == "--n-gpu-layers 2 --ctx-size 4096 --parallel 1", gguf.stderr
+    assert (
+        "--n-gpu-layers 2: llama.cpp counts the output layer first, then the last 1 layers; "
+        "the other 1 run on the CPU"
+    ) in gguf.stderr
     big = cli("render", "big", "-m", str(path))
     assert big.returncode == 1 and "cannot load in its reservation" in big.stderr
     onnx = cli("render", "onnx", "-m", str(path), "--json")
@@ -412,7 +425,9 @@ def test_the_render_and_lint_commands_carry_the_cache_type(tmp_path: Path) -> No
     path.write_text(F32_MANIFEST)
     r = cli("render", "gguf", "-m", str(path))
     assert r.returncode == 0, r.stderr
-    assert r.stdout.strip() == "--n-gpu-layers 1 --ctx-size 4096 " + " ".join(F32_FLAGS)
+    assert r.stdout.strip() == "--n-gpu-layers 2 --ctx-size 4096 --parallel 1 " + " ".join(
+        F32_FLAGS
+    )
     assert "--cache-type-k f32 --cache-type-v f32: [serve.model] kv_dtype f32: 4 bytes" in (
         r.stderr
     )
@@ -429,7 +444,7 @@ def test_the_lint_command_fails_on_a_context_too_large(tmp_path: Path) -> None:
     path.write_text(MANIFEST)
     ok = cli("lint", "-m", str(path), "--compose", str(compose(tmp_path, GOOD)))
     assert ok.returncode == 0, ok.stdout
-    assert "--max-model-len 7680; the reservation renders 7680" in ok.stdout
+    assert "--max-model-len 7664; the reservation renders 7664" in ok.stdout
     bad = GOOD.replace("-c 4096", "-c 5000")
     r = cli("lint", "-m", str(path), "--compose", str(compose(tmp_path, bad, "bad.yml")))
     assert r.returncode == 1 and "limit-too-large" in r.stdout and "--ctx-size 5000" in r.stdout

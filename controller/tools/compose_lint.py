@@ -91,6 +91,7 @@ from statemachine.engine_flags import (
     flag_from_variable,
     flag_values,
     normalize_engine,
+    parse_fraction,
     render_flag,
     role_totals,
     sleep_needs,
@@ -599,7 +600,11 @@ def render_serve(
         None if service is None else service.name,
         sleep_needs(protocol),
         render_limits(
-            engines.lookup(key), serve.vram_mib, (models or {}).get(name), gpus=serve.cards
+            engines.lookup(key),
+            serve.vram_mib,
+            (models or {}).get(name),
+            gpus=serve.cards,
+            flag_budget=result.budget(),
         ),
         _elastic_for(serve, key),
         _cache_types_for(serve, key),
@@ -704,11 +709,26 @@ def _up_hint(serve: ServeModel) -> str:
     return f"its up command does not use docker compose ({program} …)"
 
 
+def _command_budget(render: RenderResult, found: str | None) -> tuple[int, str] | None:
+    """What the memory flag gives the engine: the command's fraction where it is the
+    smaller (a value within the tolerance below the rendered one), else the rendered."""
+    given = parse_fraction(found) if found is not None else None
+    if given is None or render.fraction is None or given >= render.fraction:
+        return render.budget()
+    return render.budget(given)
+
+
 def _check_limits(
-    serve: ServeModel, service: ComposeService, engine: str | None, model: Model | None
+    serve: ServeModel,
+    service: ComposeService,
+    engine: str | None,
+    model: Model | None,
+    budget: tuple[int, str] | None = None,
 ) -> tuple[tuple[tuple[Limit, str | None], ...], list[Finding]]:
     """The engine's limit flags and the elastic configuration against the command."""
-    limits = render_limits(engines.lookup(engine), serve.vram_mib, model, gpus=serve.cards)
+    limits = render_limits(
+        engines.lookup(engine), serve.vram_mib, model, gpus=serve.cards, flag_budget=budget
+    )
     env = service.environment
     pairs = tuple((limit, found_value(service.argv, limit.flag, env)) for limit in limits)
     findings = [
@@ -771,7 +791,8 @@ def _check_pair(
                 {"flag": flag, "found": found},
             )
         )
-    limits, limit_findings = _check_limits(serve, service, engine, model)
+    budget = _command_budget(render, found)
+    limits, limit_findings = _check_limits(serve, service, engine, model, budget)
     main = check_fraction(render, found, tolerance=tolerance, service=service.name)
     # an engine held by its limit flags is not "kept by the ledger only"
     if main is not None and not (limits and main.kind is FindingKind.NO_ENGINE_FLAG):

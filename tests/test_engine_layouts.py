@@ -1,0 +1,244 @@
+"""Each engine's KV cache as its own source lays it out (statemachine/kv_layout.py and
+the engines' modules), pinned on exact figures and against oracles written the way each
+engine's code counts:
+
+* vLLM (``vllm/v1/core/kv_cache_utils.py``): a request of ``max_model_len`` needs, per
+  layer group, ``cdiv(len, 16)`` blocks of a full-attention group and
+  ``cdiv(min(window − 1 + max_num_batched_tokens, len), 16) + 1`` of a sliding one; the
+  groups' blocks × the bytes of a block must fit the KV memory less one block (the null
+  block); the KV memory is ``fraction × total`` less the weights;
+* llama.cpp (``src/llama-context.cpp``, ``src/llama-kv-cache-iswa.cpp``): each slot's
+  context is padded to 256 cells; a sliding layer keeps ``pad(min(n_ctx_seq, n_swa +
+  n_ubatch), 256)``; ``-ngl N`` puts the output layer on the GPU first.
+
+Pure: statemachine only.
+"""
+
+from __future__ import annotations
+
+import math
+from decimal import Decimal
+from fractions import Fraction
+
+from hypothesis import event, given
+from hypothesis import strategies as st
+
+from statemachine import engines
+from statemachine.enforce import ModelInput, check_limit, render_limits
+from statemachine.engine_flags import FindingKind
+from statemachine.engines.spec import KvLayout
+from statemachine.kv_layout import engine_kv, layer_groups
+from statemachine.sizing import MIB, Architecture, Weights
+
+#: Llama-3-8B in BF16: 8030261248 parameters × 2 bytes; 32 layers, 8 KV heads × 128
+LLAMA_8B = Weights(8030261248 * 2, 291, ("model.safetensors",), "BF16")
+LLAMA_ARCH = Architecture("config.json (llama)", 32, 8, 128, 128, 131072)
+#: a card of 24564 MiB (a 24 GiB card as NVML reports it)
+CARD_MIB = 24564
+
+
+def vllm_budget(vram_mib: int) -> tuple[int, str]:
+    """What vLLM's rendered fraction gives it on the card, as :meth:`budget` computes."""
+    fraction = Decimal(math.floor(Fraction(vram_mib, CARD_MIB) * 10**4)) / 10**4
+    return math.floor(Fraction(fraction) * CARD_MIB * MIB), f"{fraction} × {CARD_MIB} MiB"
+
+
+def vllm_len(vram_mib: int, model: ModelInput) -> int | None:
+    (limit,) = render_limits(
+        engines.get("vllm"), vram_mib, model, gpus=1, flag_budget=vllm_budget(vram_mib)
+    )
+    return limit.value
+
+
+# ── vLLM ───────────────────────────────────────────────────────────────────────
+
+
+def vllm_fits(arch: Architecture, length: int, available: int, batched: int = 8192) -> bool:
+    """vLLM's check, as its code counts: each group's blocks for one request of
+    ``length`` × the bytes of a block ≤ the KV memory less the null block."""
+    page = 16 * 2 * (arch.kv_heads or 0) * (arch.key_length or 0) * 2  # bf16, one layer
+    sliding = (arch.sliding_layers or 0) if arch.sliding_window else 0
+    kinds = {"full": arch.layers - sliding, "sliding": sliding}
+    counts = [n for n in kinds.values() if n]
+    size = min(counts)
+    if max(counts) < size * 1.25:
+        size = max(counts)
+    blocks = 0
+    for kind, n in kinds.items():
+        if not n:
+            continue
+        groups = math.ceil(n / size)
+        if kind == "full":
+            per = math.ceil(length / 16)
+        else:
+            assert arch.sliding_window is not None
+            per = math.ceil(min(arch.sliding_window - 1 + batched, length) / 16) + 1
+        blocks += groups * per
+    block_bytes = page * size
+    return blocks * block_bytes <= available - block_bytes
+
+
+def test_vllms_length_is_whole_blocks_of_its_fractions_budget_less_the_null_block() -> None:
+    """8B BF16 at 20000 MiB of a 24564 MiB card: the fraction 0.8141 gives vLLM
+    20968953505 bytes (2566495 fewer than the reservation); less the weights, 2340
+    blocks of 16 tokens × 131072 bytes; one is the null block: 2339 × 16 = 37424
+    tokens, where the reservation's bytes token by token gave 37467."""
+    model = ModelInput(LLAMA_8B, LLAMA_ARCH)
+    assert vllm_budget(20000)[0] == 20968953505
+    assert vllm_len(20000, model) == 37424 == 2339 * 16
+    left = 20968953505 - LLAMA_8B.bytes
+    assert vllm_fits(LLAMA_ARCH, 37424, left) and not vllm_fits(LLAMA_ARCH, 37425, left)
+    (limit,) = render_limits(
+        engines.get("vllm"), 20000, model, gpus=1, flag_budget=vllm_budget(20000)
+    )
+    assert "the engine's budget is its memory flag's, 0.8141 × 24564 MiB = 20968953505" in (
+        limit.explanation
+    )
+    assert "+ 1 × 16 tokens × 32 layers the pool keeps back" in limit.explanation
+
+
+def test_a_flag_budget_larger_than_the_reservation_is_not_used() -> None:
+    model = ModelInput(LLAMA_8B, LLAMA_ARCH)
+    (limit,) = render_limits(
+        engines.get("vllm"), 20000, model, gpus=1, flag_budget=(20000 * MIB + 1, "x")
+    )
+    assert "memory flag" not in limit.explanation
+    assert limit.value == ((20000 * MIB - LLAMA_8B.bytes) // (16 * 131072) - 1) * 16
+
+
+def test_vllm_fits_its_own_length_with_auto_or_minus_one() -> None:
+    """``--max-model-len auto`` and ``-1`` make vLLM fit the length within what its
+    fraction gives it: the reservation holds, lint accepts them."""
+    (limit,) = render_limits(engines.get("vllm"), 20000, ModelInput(LLAMA_8B, LLAMA_ARCH), gpus=1)
+    for word in ("auto", "AUTO", "-1", " auto "):
+        assert check_limit(limit, word, serve="s") is None, word
+    got = check_limit(limit, "-2", serve="s")
+    assert got is not None and got.kind is FindingKind.BAD_VALUE
+
+
+#: a Gemma-3-shaped hybrid: 48 layers, 40 of them at a window of 1024 tokens (5:1)
+GEMMA = Architecture("config.json (gemma3)", 48, 8, 256, 256, 131072, 1024, 40)
+
+
+def test_vllm_keeps_the_window_and_a_batch_on_sliding_layers() -> None:
+    """Gemma-3-shaped, 32768 tokens: 8 full layers × 2048 blocks + 40 sliding layers ×
+    (cdiv(1024 − 1 + 8192, 16) + 1 = 577 blocks), each block 16 tokens × 8192 bytes a
+    layer; the pool keeps one block of one group (8 layers) back."""
+    layout = engines.get("vllm").kv_layout
+    got = engine_kv(GEMMA, context=32768, kv_dtype="bf16", parallel=1, layout=layout)
+    per = 2 * 8 * 256 * 2
+    assert got.bytes == per * (8 * 32768 + 40 * 577 * 16 + 16 * 8)
+    assert got.formula is not None and "40 sliding-window layers × 9232 tokens" in got.formula
+    window_only = per * (8 * 32768 + 40 * 1024)
+    assert got.bytes - window_only == per * (40 * (9232 - 1024) + 128)  # 2.6 GiB more
+
+
+def test_vllms_window_counts_one_token_less_than_window_plus_batch() -> None:
+    """A window of 1026: 1026 − 1 + 8192 = 9217 tokens, 577 blocks (+ 1), not the 576
+    of 9216: the edge of a block is where a token's difference shows."""
+    arch = Architecture("p", 6, 8, 256, 256, 131072, 1026, 5)
+    layout = engines.get("vllm").kv_layout
+    got = engine_kv(arch, context=65536, kv_dtype="bf16", parallel=1, layout=layout)
+    assert got.formula is not None and "5 sliding-window layers × 9248 tokens" in got.formula
+    assert got.bytes == 2 * 8 * 256 * 2 * (65536 + 5 * 578 * 16 + 16)
+
+
+@given(
+    layers=st.integers(2, 64),
+    sliding_share=st.integers(0, 6),
+    window=st.integers(64, 8192),
+    kv_heads=st.sampled_from([1, 2, 4, 8]),
+    head=st.sampled_from([64, 128, 256]),
+    vram_mib=st.integers(2000, 80000),
+    weights_share=st.fractions(0, 1),
+    context=st.integers(256, 262144),
+)
+def test_vllms_rendered_length_passes_vllms_check_and_one_more_does_not(
+    layers: int,
+    sliding_share: int,
+    window: int,
+    kv_heads: int,
+    head: int,
+    vram_mib: int,
+    weights_share: Fraction,
+    context: int,
+) -> None:
+    sliding = layers * sliding_share // 7
+    arch = Architecture("p", layers, kv_heads, head, head, context, window, sliding)
+    weights = int(vram_mib * MIB * weights_share)
+    model = ModelInput(Weights(weights, 1, ("m",), "BF16"), arch, kv_dtype="bf16")
+    (limit,) = render_limits(engines.get("vllm"), vram_mib, model, gpus=1)
+    left = vram_mib * MIB - weights
+    event("hybrid" if 0 < sliding < layers else "uniform")
+    if limit.value is None:
+        event("nothing fits")
+        assert limit.refused and not vllm_fits(arch, 1, left)
+        return
+    event("capped" if limit.value == context else "fitted")
+    assert vllm_fits(arch, limit.value, left)
+    if limit.value < context:
+        assert not vllm_fits(arch, limit.value + 1, left)
+
+
+def test_vllms_groups_pad_each_kind_to_one_size() -> None:
+    vllm = engines.get("vllm").kv_layout
+    assert layer_groups(10, 52, vllm) == (10, 60, 10)  # Gemma-3-27B: 6 groups of 10 sliding
+    assert layer_groups(13, 12, vllm) == (13, 13, 13)  # under 1.25 ×: the larger count
+    assert layer_groups(8, 40, vllm) == (8, 40, 8)
+    assert layer_groups(32, 0, vllm) == (32, 0, 32)  # one kind: one group of every layer
+    assert layer_groups(10, 52, KvLayout()) == (10, 52, 52)  # no groups: as they are
+
+
+# ── llama.cpp ──────────────────────────────────────────────────────────────────
+
+
+def llama_cells(arch: Architecture, context: int, slots: int) -> int:
+    """llama.cpp's cells (× layers), as its code counts with ``-np slots``: each slot's
+    context padded to 256; a sliding layer keeps pad(min(n_ctx_seq, n_swa + 512), 256)."""
+    n_ctx = math.ceil(context * slots / 256) * 256
+    seq = math.ceil((n_ctx // slots) / 256) * 256
+    sliding = (arch.sliding_layers or 0) if arch.sliding_window else 0
+    swa = 0
+    if sliding:
+        assert arch.sliding_window is not None
+        swa = math.ceil(min(seq, arch.sliding_window + 512) / 256) * 256
+    return slots * ((arch.layers - sliding) * seq + sliding * swa)
+
+
+@given(
+    context=st.integers(1, 131072),
+    slots=st.integers(1, 8),
+    sliding=st.integers(0, 40),
+    window=st.integers(128, 8192),
+)
+def test_llamacpps_cache_is_padded_as_its_code_pads_it(
+    context: int, slots: int, sliding: int, window: int
+) -> None:
+    arch = Architecture("p", 48, 8, 128, 128, 131072, window, sliding)
+    layout = engines.get("llamacpp").kv_layout
+    got = engine_kv(arch, context=context, kv_dtype="f16", parallel=slots, layout=layout)
+    event("padded" if context % 256 else "whole")
+    assert got.bytes == llama_cells(arch, context, slots) * 2 * 8 * 128 * 2
+
+
+def test_llamacpp_pins_a_gemma_shaped_model_at_its_padded_window() -> None:
+    """Gemma-3-shaped at 8000 tokens, one slot: 8 full layers × 8192 cells (8000 padded
+    to 256) + 40 sliding layers × 1536 (1024 + 512)."""
+    layout = engines.get("llamacpp").kv_layout
+    got = engine_kv(GEMMA, context=8000, kv_dtype="f16", parallel=1, layout=layout)
+    assert got.bytes == 2 * 8 * 256 * 2 * (8 * 8192 + 40 * 1536)
+
+
+def test_llamacpp_renders_its_slots_and_counts_the_output_layer_first() -> None:
+    blocks = (100 * MIB,) * 4
+    arch = Architecture("gguf (llama)", 4, 8, 128, 128, 8192)
+    model = ModelInput(Weights(sum(blocks) + 50 * MIB, 9, ("m.gguf",), "F16", blocks), arch, 1000)
+    layers, ctx, slots = render_limits(engines.get("llamacpp"), 300, model, gpus=1)
+    assert (ctx.value, slots.value) == (1000, 1)
+    # 1000 tokens pad to 1024 cells: 4 MiB of KV a layer; 50 + 2 × 104 ≤ 300 < 362
+    assert layers.value == 3
+    assert "4 layers × 1024 tokens" in layers.explanation
+    assert check_limit(slots, None, serve="s") is not None  # the default is 4 slots
+    too_many = check_limit(slots, "4", serve="s")
+    assert too_many is not None and too_many.kind is FindingKind.LIMIT_TOO_LARGE
+    assert check_limit(slots, "1", serve="s") is None
