@@ -825,3 +825,54 @@ def test_an_exclusive_sleeper_alone_on_its_gpu_wakes_without_conflicting_with_it
     assert lines(result) == ["reserve_wake coder", "wake coder", "await_ready coder"]
     assert result.blocked == ()
     converges(desired, obs, result)
+
+
+def test_an_on_demand_sleeper_without_room_to_wake_is_not_its_own_blocker() -> None:
+    """A requested sleeper holds its residual on the role it is short on; the holders
+    its blocked wake lists as protected are the others (a resident, never evicted),
+    never the sleeper itself (docs/eviction.md)."""
+    coder = sv("coder", 16_000, OND, sleep=sleep())
+    stt = sv("stt", 20_000, RES, RUN)
+    _d, _o, result = plan([stt, coder], ["stt", "coder"], ("coder",), sleeping={"coder": asleep()})
+    assert result.steps == ()
+    (blocked,) = result.blocked
+    assert blocked.serve == "coder"
+    assert "committed 21000 (coder 1000 + stt 20000); free 9000; needs 15000; short 6000" in (
+        blocked.reason
+    )
+    assert [(p.serve, p.mib, p.why) for p in blocked.protected] == [
+        ("stt", 20_000, "resident: never evicted")
+    ]
+
+
+def test_a_sleeper_that_may_not_evict_is_not_its_own_blocker() -> None:
+    """An evictable sleeper desired running may stop nothing to wake: every holder on
+    its short role is protected with why, but not the sleeper, whose residual is the
+    room its wake keeps (docs/eviction.md)."""
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    stt = sv("stt", 20_000, RES, RUN)
+    _d, _o, result = plan([stt, coder], ["stt", "coder"], sleeping={"coder": asleep()})
+    assert result.steps == ()
+    (blocked,) = result.blocked
+    assert blocked.serve == "coder"
+    assert "it sleeps and cannot wake" in blocked.reason
+    assert [(p.serve, p.mib, p.why) for p in blocked.protected] == [
+        ("stt", 20_000, "only on-demand serves evict, and coder is evictable")
+    ]
+
+
+def test_a_sizing_sleeper_whose_health_still_says_starting_does_not_wait_for_itself() -> None:
+    """Engines that size themselves from free memory start one at a time per GPU: a
+    serve waits for another such engine still loading there, never for its own
+    container. A requested vLLM sleeper whose healthcheck still says "starting" is
+    woken, not blocked waiting for itself."""
+    coder = sv("coder", 16_000, OND, sleep=sleep(), sizes_from_free=True)
+    loading = ContainerObs(ContainerState.RUNNING, health="starting", started_at=0.0)
+    desired = DesiredState(
+        ROLES, {s.name: s for s in (STT, coder)}, (OnDemandRequest("coder", NOW - 1),), host=HOST
+    )
+    obs = Observed(True, {"c-stt": UP, "c-coder": loading}, sleep={"coder": asleep()})
+    result = plan_transitions(desired, obs, None, NOW)
+    check_ledger(result)
+    assert lines(result) == ["reserve_wake coder", "wake coder", "await_ready coder"]
+    assert result.blocked == ()
