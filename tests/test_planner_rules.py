@@ -462,6 +462,24 @@ def test_hold_blocks_a_start_with_its_reason() -> None:
     assert "stt" not in plan.ledger_after.holdings  # kept while planning, held by nothing
 
 
+def test_a_resident_held_back_outside_the_ledger_keeps_no_room() -> None:
+    """A held-back resident keeps its room where the ledger counts it (docs/eviction.md);
+    one outside the ledger (no reservation, or a role without a capacity row) has no
+    room to keep: it is blocked with its reason alone and nothing is reserved for it."""
+    case = Case(
+        [serve("proxy", None, RES, RUN), serve("side", 2000, RES, RUN, roles=("x",))], {}, []
+    )
+    desired, observed = _build(case)
+    hold = {"proxy": "backing off", "side": "backing off"}
+    plan = plan_transitions(desired, observed, Policy(hold=hold), NOW)
+    assert plan.steps == ()
+    assert [(b.serve, b.reason) for b in plan.blocked] == [
+        ("proxy", "proxy is held back: backing off"),
+        ("side", "side is held back: backing off"),
+    ]
+    assert plan.ledger_after.holdings == {}
+
+
 def test_every_victim_is_drained_before_any_stops() -> None:
     serves = [
         serve("a1", 10_000, EVI, router_tier="t1"),
