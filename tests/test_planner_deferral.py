@@ -409,3 +409,23 @@ def test_a_later_serve_held_back_takes_no_room_a_requester_waits_for() -> None:
     assert lines(plan) == ["stop other", "release other", *starts("web"), *starts("od")]
     assert [b.serve for b in plan.blocked] == ["zz"]
     assert set(plan.ledger_after.holdings) == {"evi", "web", "od"}
+
+
+def test_a_later_serve_outside_the_ledger_takes_no_room_a_requester_waits_for() -> None:
+    """As in the case where ``od`` waits for exactly what ``web``'s start nets, with one
+    more desired-running serve later in the order declaring 5000 on role a and on a role
+    without a capacity row: outside the ledger, it reserves nothing on a when it starts,
+    so ``od`` still waits and ``evi`` keeps running."""
+    case = _takes_back_case(15_000)
+    case.serves.append(serve("zz", 5_000, OND, RUN, roles=("a", "x")))
+    plan = plan_of(case)
+    assert lines(plan) == [
+        "stop other",
+        "release other",
+        *starts("web"),
+        "start zz",
+        "await_ready zz",
+        *starts("od"),
+    ]
+    assert plan.blocked == ()
+    assert set(plan.ledger_after.holdings) == {"evi", "web", "od"}
