@@ -366,6 +366,17 @@ def test_only_a_resident_the_manifest_keeps_running_keeps_its_room_in_backoff() 
     assert _decide([on_h], Observed(True), policy=policy) == NO_ROOM_NEEDED
 
 
+def test_a_resident_in_backoff_whose_container_holds_memory_keeps_no_room_of_its_own() -> None:
+    """The room kept for a resident in backoff is for one whose container holds nothing:
+    one whose container runs is counted at what it holds already, so nothing more is
+    kept for it and the shortcut decides (docs/eviction.md)."""
+    policy = Policy(hold={"back": "failure backoff"})
+    resident = ServeSpec(
+        "back", "c-back", ("g",), 3_000, Residency.RESIDENT, desired=DesiredRun.RUNNING
+    )
+    assert _answers([resident], _running(resident), policy=policy) == NO_ROOM_NEEDED
+
+
 def test_a_victim_is_weighed_at_its_cold_start_not_its_wake() -> None:
     """A serve the shortcut would stop comes back by a cold start: of two that each
     cover, the cheaper cold start is stopped, whatever their wakes cost."""
