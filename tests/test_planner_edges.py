@@ -1336,3 +1336,15 @@ def test_a_start_that_needs_a_woken_sleepers_shrink_is_not_left_to_the_next_plan
     assert [(s.action, s.to_mib) for s in plan.steps if s.serve == "charlie"] == [
         (Action.SHRINK, 361)
     ]
+
+
+def test_a_refusal_of_the_plans_ledger_is_raised_never_adopted() -> None:
+    """The planner checks before it asks the plan's ledger for a change: a refusal
+    coming back is a bug of the planner, raised with the ledger's message, never
+    taken for a ledger and planned on."""
+    from statemachine.ledger import Refusal, RefusalKind
+    from statemachine.planner import _ok
+
+    refused = Refusal(RefusalKind.OVER_BUDGET, "llm", "a: short 10 MiB")
+    with pytest.raises(AssertionError, match="something it refuses: a: short 10 MiB"):
+        _ok(refused)
