@@ -156,3 +156,33 @@ def test_a_running_container_of_another_project_is_never_stopped_whatever_is_dec
     plan = plan_transitions(desired, observed, Policy(), NOW)
     assert {s.serve for s in plan.steps} == {"ours"}  # only our own is stopped
     assert (Action.STOP, "ours") in [(s.action, s.serve) for s in plan.steps]
+
+
+def test_an_elastic_serve_whose_container_is_anothers_is_never_shrunk() -> None:
+    """A serve whose container is another Compose project's is never resized: it gives
+    no memory back to a requester, so the request it would have made room for is
+    blocked with nothing shrinkable; the same container of its own project is shrunk
+    by the whole segments that cover the shortfall."""
+    moe = _spec(
+        "moe",
+        Residency.EVICTABLE,
+        6000,
+        desired=DesiredRun.RUNNING,
+        elastic=Elastic("http://127.0.0.1:1", 1000),
+    )
+    fast = _spec("fast", Residency.ON_DEMAND, 6000)
+    desired = _host(moe, fast, requests=(OnDemandRequest("fast", NOW - 1),))
+    theirs = Observed(docker_ok=True, containers={"c-moe": _running("theirs")})
+    plan = plan_transitions(desired, theirs, Policy(), NOW)
+    assert plan.steps == ()
+    (blocked,) = plan.blocked
+    assert blocked.serve == "fast"
+    assert "free 4000; needs 6000; short 2000; evictable 0; shrinkable 0" in blocked.reason
+    assert blocked.shrinkable_mib == (("a", 0),)
+    assert [p.serve for p in blocked.protected] == ["moe"]
+    ours = Observed(docker_ok=True, containers={"c-moe": _running("ours")})
+    steps = plan_transitions(desired, ours, Policy(), NOW).steps
+    assert [(s.action, s.serve, s.mib) for s in steps][:2] == [
+        (Action.SHRINK, "moe", 2048),
+        (Action.RESERVE, "fast", 6000),
+    ]
