@@ -615,7 +615,8 @@ class CacheTypeRender:
     @property
     def argv(self) -> tuple[str, ...]:
         """``("--cache-type-k", "q8_0", "--cache-type-v", "q8_0")``."""
-        return tuple(word for flag in self.config.flags for word in (flag.name, self.kv_dtype))
+        value = self.config.word(self.kv_dtype)
+        return tuple(word for flag in self.config.flags for word in (flag.name, value))
 
     @property
     def explanation(self) -> str:
@@ -639,7 +640,7 @@ class CacheTypeRender:
 def render_cache_types(config: CacheTypes | None, kv_dtype: str | None) -> CacheTypeRender | None:
     """The cache-type flags of an engine with ``config`` for a serve whose ``[serve.model]``
     says ``kv_dtype``; ``None`` without either, or where it is the engine's default."""
-    if config is None or kv_dtype is None or kv_dtype == config.default:
+    if config is None or kv_dtype is None or config.is_default(kv_dtype):
         return None
     return CacheTypeRender(config, kv_dtype)
 
@@ -696,8 +697,10 @@ def check_cache_types(
     """The error of a command whose KV cache type (the engine's default where a flag is
     absent) is not the serve's ``kv_dtype``, which the limits were computed at."""
     given = {flag: found_value(argv, flag, env) for flag in config.flags}
-    found = {flag: value or config.default for flag, value in given.items()}
+    found = {flag: config.read(value) if value else config.default for flag, value in given.items()}
     if all(kind == kv_dtype for kind in found.values()):
+        return None
+    if config.is_default(kv_dtype) and all(config.is_default(kind) for kind in found.values()):
         return None
     said = ", ".join(_given(flag, value, config.default) for flag, value in given.items())
     write = " ".join(CacheTypeRender(config, kv_dtype).argv)

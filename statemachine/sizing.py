@@ -66,15 +66,25 @@ class KvDtype:
         return f"{size} bytes ({self.name}{': ' + self.note if self.note else ''})"
 
 
-#: The cache types ``--kv-dtype`` takes; q8_0 and q4_0 are ggml's blocks of 32 elements.
+#: The cache types ``--kv-dtype`` takes: floats, the 8-bit floats vLLM and SGLang store
+#: (``fp8`` is vLLM's name for its default 8-bit format), and ggml's quantized types,
+#: blocks of 32 elements with their scale (ggml/src/ggml-common.h: ``block_q4_0`` …).
+#: Which engine stores which is each engine's :class:`~statemachine.engines.spec.CacheTypes`.
 KV_DTYPES: dict[str, KvDtype] = {
     d.name: d
     for d in (
         KvDtype("f16", 2, 1, ""),
         KvDtype("bf16", 2, 1, ""),
         KvDtype("f32", 4, 1, ""),
+        KvDtype("fp8", 1, 1, "an 8-bit float"),
+        KvDtype("fp8_e4m3", 1, 1, "an 8-bit float"),
+        KvDtype("fp8_e5m2", 1, 1, "an 8-bit float"),
         KvDtype("q8_0", 34, 32, "ggml blocks of 32 elements in 34 bytes"),
+        KvDtype("q5_1", 24, 32, "ggml blocks of 32 elements in 24 bytes"),
+        KvDtype("q5_0", 22, 32, "ggml blocks of 32 elements in 22 bytes"),
+        KvDtype("q4_1", 20, 32, "ggml blocks of 32 elements in 20 bytes"),
         KvDtype("q4_0", 18, 32, "ggml blocks of 32 elements in 18 bytes"),
+        KvDtype("iq4_nl", 18, 32, "ggml blocks of 32 elements in 18 bytes"),
     )
 }
 

@@ -429,7 +429,8 @@ def test_llamacpps_cache_type_flags_are_its_own_names() -> None:
         ("--cache-type-k", "keys", ("-ctk",), "LLAMA_ARG_CACHE_TYPE_K"),
         ("--cache-type-v", "values", ("-ctv",), "LLAMA_ARG_CACHE_TYPE_V"),
     ]
-    assert engines.get("vllm").cache_types is None  # no flag known: nothing rendered
+    vllm = engines.get("vllm").cache_types
+    assert vllm is not None and [f.name for f in vllm.flags] == ["--kv-cache-dtype"]
 
 
 def test_the_cache_type_flags_are_rendered_only_off_the_default() -> None:
@@ -439,7 +440,7 @@ def test_the_cache_type_flags_are_rendered_only_off_the_default() -> None:
     assert want.argv == ("--cache-type-k", "q4_0", "--cache-type-v", "q4_0")
     assert render_cache_types(config, "f16") is None
     assert render_cache_types(config, None) is None  # no [serve.model]
-    assert render_cache_types(engines.get("sglang").cache_types, "q4_0") is None
+    assert render_cache_types(engines.get("onnx-genai").cache_types, "q4_0") is None
 
 
 def test_the_cache_type_check_takes_the_last_spelling_and_the_environment() -> None:

@@ -142,7 +142,8 @@ def test_a_kv_cache_the_formula_does_not_describe_leaves_the_layers_unknown() ->
         ("bf16", "bf16", "the KV cache would be the same size as the one the limits"),
         ("f32", "f32", "the KV cache would be 2× larger than the one the limits"),
         ("q4_0", "q4_0", "the KV cache would be 3.56× (32/9) smaller than the one"),
-        ("iq4_nl", "iq4_nl", "the KV cache would be of a size unknown here, not the one"),
+        ("iq4_nl", "iq4_nl", "the KV cache would be 3.56× (32/9) smaller than the one"),
+        ("tq1_0", "tq1_0", "the KV cache would be of a size unknown here, not the one"),
         ("f16", "bf16", "its values would be the same size as those the limits"),
     ],
 )

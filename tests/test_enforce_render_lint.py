@@ -364,8 +364,15 @@ Q8 = "34/32 bytes (q8_0: ggml blocks of 32 elements in 34 bytes)"
         ),
         (
             "-ctk q5_1 -ctv q5_1",
+            "the KV cache would be 2.67× (8/3) smaller than the one the limits were sized "
+            "for (24/32 bytes (q5_1: ggml blocks of 32 elements in 24 bytes) an element "
+            "against 2 bytes (f16))",
+        ),
+        (
+            "-ctk tq2_0 -ctv tq2_0",
             "the KV cache would be of a size unknown here, not the one the limits were sized "
-            "for (q5_1 is not one of f16, bf16, f32, q8_0, q4_0)",
+            "for (tq2_0 is not one of f16, bf16, f32, fp8, fp8_e4m3, fp8_e5m2, q8_0, q5_1, "
+            "q5_0, q4_1, q4_0, iq4_nl)",
         ),
     ],
 )

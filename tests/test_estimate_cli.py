@@ -163,7 +163,7 @@ def test_a_config_missing_a_key_exits_2_naming_it(safetensors_model: Path) -> No
 @pytest.mark.parametrize(
     ("option", "message"),
     [
-        (["--kv-dtype", "q9"], "one of f16, bf16, f32, q8_0, q4_0"),
+        (["--kv-dtype", "q9"], "one of f16, bf16, f32, fp8, fp8_e4m3, fp8_e5m2, q8_0, q5_1"),
         (["--engine", "nosuch"], "known: vllm, sglang, llamacpp"),
         (["--context", "0"], "--context"),
     ],

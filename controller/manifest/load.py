@@ -79,6 +79,7 @@ from controller.manifest.models import (
     SleepModel,
 )
 from controller.manifest.runtime import ServeRuntime
+from statemachine import engines
 from statemachine.types import DesiredRun, DesiredState, Residency
 
 _M = TypeVar("_M", GpuRoleModel, ServeModel)
@@ -289,6 +290,8 @@ def _check_serve(
             )
     if not bad & {"up", "up_env", "compose_project"}:
         errors += _check_project(model)
+    if "model" not in bad and "engine" not in bad:
+        errors += _check_kv_dtype(model)
     if model.sleep is not None and "sleep" not in bad:
         sleep_errors, sleep_warnings = _check_sleep(model, model.sleep, bad)
         errors += sleep_errors
@@ -314,6 +317,31 @@ def _check_serve(
                 )
             )
     return errors, warnings
+
+
+def _check_kv_dtype(model: ServeModel) -> list[tuple[str, str]]:
+    """``[serve.model]`` ``kv_dtype`` is one its engine can store: the limits rendered for
+    it are sized at that type (docs/sizing.md)."""
+    found = engines.lookup(model.engine)
+    types = found.cache_types if found else None
+    if (
+        found is None
+        or types is None
+        or not types.stores
+        or not isinstance(model.model, ModelModel)
+    ):
+        return []
+    kv_dtype = model.model.kv_dtype
+    if kv_dtype in types.stores:
+        return []
+    flags = " / ".join(f.name for f in types.flags)
+    return [
+        (
+            "model.kv_dtype",
+            f"must be one {found.display} stores ({flags}): {', '.join(types.stores)}; a "
+            f"cache sized at {kv_dtype} is one the engine cannot hold, got {kv_dtype!r}",
+        )
+    ]
 
 
 def _check_exclusive(model: ServeModel, bad: frozenset[str]) -> list[tuple[str, str]]:

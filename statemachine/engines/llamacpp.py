@@ -79,5 +79,7 @@ ENGINE = Engine(
             CacheTypeFlag(CACHE_TYPE_V_FLAG, "values", ("-ctv",), "LLAMA_ARG_CACHE_TYPE_V"),
         ),
         default=CACHE_TYPE_DEFAULT,
+        # common/arg.cpp's kv_cache_types
+        stores=("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1"),
     ),
 )

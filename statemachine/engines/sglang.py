@@ -6,6 +6,8 @@ sleeps. Pure data."""
 from __future__ import annotations
 
 from statemachine.engines.spec import (
+    CacheTypeFlag,
+    CacheTypes,
     Detection,
     Engine,
     HttpCall,
@@ -21,6 +23,17 @@ TAGS = ("kv_cache", "weights")
 FLAG = "--mem-fraction-static"
 CONTEXT_FLAG = "--context-length"
 SLEEP_FLAG = "--enable-memory-saver"
+#: ``--kv-cache-dtype`` (python/sglang/srt/server_args.py): ``auto`` stores the model's
+#: own type; ``fp8_e5m2`` and ``fp8_e4m3`` an 8-bit float
+CACHE_DTYPE_FLAG = "--kv-cache-dtype"
+CACHE_TYPES = CacheTypes(
+    flags=(CacheTypeFlag(CACHE_DTYPE_FLAG, "keys and values"),),
+    default="bf16",
+    stores=("f16", "bf16", "fp8_e4m3", "fp8_e5m2"),
+    default_also=("f16",),
+    words={"f16": "auto", "bf16": "auto"},
+    reads={"auto": "bf16", "bfloat16": "bf16"},
+)
 
 ENGINE = Engine(
     name="sglang",
@@ -39,4 +52,5 @@ ENGINE = Engine(
     ),
     inflight_metrics=("sglang:num_running_reqs", "sglang:num_queue_reqs"),
     limit_flags=(LimitFlag(CONTEXT_FLAG, LimitKind.MAX_CONTEXT),),
+    cache_types=CACHE_TYPES,
 )

@@ -155,13 +155,36 @@ class CacheTypeFlag:
 
 @dataclass(frozen=True, slots=True)
 class CacheTypes:
-    """The flags that set the element type of the engine's KV cache, whose values are
-    ``[serve.model]`` ``kv_dtype``'s names (:data:`statemachine.sizing.KV_DTYPES`), and
-    ``default``: the type the engine stores where a flag is absent. A serve whose
-    ``kv_dtype`` is not ``default`` has them rendered (:mod:`statemachine.enforce`)."""
+    """The flags that set the element type of the engine's KV cache, and what it stores.
+
+    ``stores``: the ``[serve.model]`` ``kv_dtype`` names it can store
+    (:data:`statemachine.sizing.KV_DTYPES`; a serve asking another is an error where the
+    manifest is read); ``default``: the type it stores where a flag is absent, and
+    ``default_also`` the others that are the same without a flag (vLLM's ``auto``: the
+    model's own 16-bit type); ``words``: the engine's word for a ``kv_dtype`` where it
+    differs, ``reads``: a word on the command line read as a ``kv_dtype`` (``auto`` as
+    the default). A serve whose ``kv_dtype`` is not a default has the flags rendered
+    (:mod:`statemachine.enforce`)."""
 
     flags: tuple[CacheTypeFlag, ...]
     default: str
+    stores: tuple[str, ...] = ()
+    default_also: tuple[str, ...] = ()
+    words: Mapping[str, str] = field(default_factory=dict)
+    reads: Mapping[str, str] = field(default_factory=dict)
+
+    def is_default(self, kv_dtype: str) -> bool:
+        """True when the engine stores ``kv_dtype`` without a flag."""
+        return kv_dtype == self.default or kv_dtype in self.default_also
+
+    def word(self, kv_dtype: str) -> str:
+        """The engine's word for ``kv_dtype``."""
+        return self.words.get(kv_dtype, kv_dtype)
+
+    def read(self, word: str) -> str:
+        """The ``kv_dtype`` a word on the command line stands for (unknown: itself)."""
+        key = word.strip().lower()
+        return self.reads.get(key, key)
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,8 @@ Its memory, as vLLM's source counts it (vllm-project/vllm, ``vllm/v1``):
 from __future__ import annotations
 
 from statemachine.engines.spec import (
+    CacheTypeFlag,
+    CacheTypes,
     Detection,
     Engine,
     HttpCall,
@@ -39,6 +41,17 @@ CONTEXT_FLAG = "--max-model-len"
 SLEEP_FLAG = "--enable-sleep-mode"
 SLEEP_ENV = "VLLM_SERVER_DEV_MODE"
 BATCH_FLAG = "--max-num-batched-tokens"
+#: ``--kv-cache-dtype`` (vllm/config/cache.py ``CacheDType``): ``auto`` stores the model's
+#: own type; ``fp8`` is ``fp8_e4m3`` on CUDA
+CACHE_DTYPE_FLAG = "--kv-cache-dtype"
+CACHE_TYPES = CacheTypes(
+    flags=(CacheTypeFlag(CACHE_DTYPE_FLAG, "keys and values"),),
+    default="bf16",
+    stores=("f16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"),
+    default_also=("f16",),
+    words={"f16": "auto", "bf16": "auto"},
+    reads={"auto": "bf16", "bfloat16": "bf16"},
+)
 
 #: vLLM's KV cache layout (the module's docstring says where each figure is from)
 KV_LAYOUT = KvLayout(
@@ -82,4 +95,5 @@ ENGINE = Engine(
     limit_flags=(LimitFlag(CONTEXT_FLAG, LimitKind.MAX_CONTEXT, fits_itself=("auto", "-1")),),
     kv_layout=KV_LAYOUT,
     budget_from_flag=True,
+    cache_types=CACHE_TYPES,
 )
