@@ -192,6 +192,27 @@ def test_shrinks_take_from_the_largest_giver_first_and_only_what_is_needed() -> 
     assert all(s.mib for s in plan.steps if s.action is Action.SHRINK)
 
 
+def test_the_largest_giver_is_shrunk_first_whatever_its_name() -> None:
+    """Shrinks take from the largest giver first (docs/eviction.md), not by name: the
+    giver that covers the shortfall alone gives all of it, and the smaller one, first by
+    name, keeps what it holds."""
+    case = Case(
+        [
+            serve("alpha", 9000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, segment_mib=1000)),
+            serve("zulu", 12_000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, segment_mib=1000)),
+            serve("still", 7000, EVI, RUN),
+            serve("llm", 6000, OND),
+        ],
+        # budget 30000, committed 28000, free 2000, short 4000; alpha gives 2000, zulu 5000
+        {"alpha": up(), "zulu": up(), "still": up()},
+        [],
+        requests=[req("llm")],
+    )
+    plan = plan_of(case)
+    assert lines(plan) == ["shrink zulu", *starts("llm")]
+    assert (plan.steps[0].mib, plan.steps[0].to_mib) == (4000, 8000)
+
+
 def test_a_giver_on_two_roles_shrinks_for_the_one_that_is_short() -> None:
     # budgets 30000 each; moe holds 20000 on a and b, omni 8000 on a only: a is free
     # 2000, b 10000; llm needs 6000 on a, so a is short 4000 and b is not short at all
@@ -447,6 +468,22 @@ def test_a_requester_that_may_not_evict_says_its_class() -> None:
             "new cannot start: old runs (holds port 9000) and may not be stopped: "
             f"only on-demand serves evict, and new is {cls}"
         )
+
+
+def test_a_serve_without_a_residency_class_that_does_not_fit_says_so() -> None:
+    """Only on-demand serves evict: a desired-running serve without a residency class
+    that does not fit is blocked, its reason naming it unclassified."""
+    case = Case(
+        [serve("big", 20_000, RES, RUN), serve("odd", 20_000, None, RUN)], {"big": up()}, []
+    )
+    plan = plan_of(case)
+    assert plan.steps == ()
+    (b,) = plan.blocked
+    assert b.reason == (
+        "odd does not fit (unclassified serves do not evict; only on-demand serves do): "
+        "a: capacity 32000 - reserve 2000 = budget 30000; committed 20000 (big 20000); "
+        "free 10000; needs 20000; short 10000; evictable 0; shrinkable 0"
+    )
 
 
 # ----- shrinks across givers and roles --------------------------------------------------------
