@@ -876,3 +876,16 @@ def test_a_sizing_sleeper_whose_health_still_says_starting_does_not_wait_for_its
     check_ledger(result)
     assert lines(result) == ["reserve_wake coder", "wake coder", "await_ready coder"]
     assert result.blocked == ()
+
+
+def test_a_sleeper_that_cannot_wake_says_its_class() -> None:
+    """Only on-demand serves evict: an evictable sleeper desired running without room
+    to wake is blocked, its reason saying it sleeps and naming its class."""
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
+    big = sv("big", 16_000, RES, RUN)
+    _d, _o, result = plan([STT, coder, big], ["stt", "coder", "big"], sleeping={"coder": asleep()})
+    (blocked,) = result.blocked
+    assert blocked.reason.startswith(
+        "coder does not fit (it sleeps and cannot wake: evictable serves do not evict; "
+        "only on-demand serves do): "
+    )
