@@ -5,10 +5,12 @@ Each engine's :class:`~statemachine.engines.spec.LimitFlag` entries name a
 :class:`~statemachine.engines.spec.LimitKind`; :data:`_RENDER` computes each kind:
 
 * ``max-context`` (vLLM ``--max-model-len``, SGLang ``--context-length``): the largest
-  context whose KV cache, at the serve's ``kv_dtype`` and ``parallel`` sequences, fits
-  the reservation less the weights; capped at the serve's declared context (it asks no
-  more) or else the model's own context length; refused when the weights alone exceed
-  the reservation.
+  context whose KV cache, at the serve's ``kv_dtype`` and ``parallel`` sequences and as
+  the engine lays it out (:mod:`statemachine.kv_layout`), fits the reservation (or the
+  budget the engine's memory flag gives it, where smaller) less the weights; capped at
+  the serve's declared context (it asks no more) or else the model's own context length;
+  refused when the weights alone exceed the reservation, and when the declared context
+  does not fit (the serve would not get what it declares).
 * ``gpu-layers`` (llama.cpp ``--n-gpu-layers``): every layer and the output layer (the
   layer count + 1, as llama.cpp counts them) when weights + KV fit; else the largest N
   whose last N layers (llama.cpp offloads the last ones) and their KV fit beside the
@@ -238,8 +240,9 @@ def _max_context(flag: LimitFlag, budget: Reserved, model: ModelInput, layout: K
     else:
         more = model.laid_out(found + 1, layout).bytes
         terms.append(f"one token more: {more} bytes > {left}")
-    if model.context is not None and model.context > found:
-        terms.append(f"the declared context {model.context} does not fit")
+    if found != cap and model.context is not None and model.context > found:
+        why = f"the declared context {model.context} does not fit: at most {found} tokens do"
+        return _refusal(flag, terms, f"cannot load in its reservation: {why}")
     return Limit(flag, found, (*terms, NOT_SUBTRACTED))
 
 

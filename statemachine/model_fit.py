@@ -112,6 +112,9 @@ class ReservationCheck:
     shortfall_mib: int | None = None
     excess_mib: int | None = None
     bound_mib: int | None = None
+    #: what the engine's limits make of the serve (:mod:`statemachine.verdict`): where
+    #: its layers run, the context that fits (``None``: nothing to say)
+    note: str | None = None
 
     @property
     def error(self) -> bool:
@@ -142,14 +145,22 @@ class ReservationCheck:
             "shortfall_mib": self.shortfall_mib,
             "excess_mib": self.excess_mib,
             "bound_mib": self.bound_mib,
+            "note": self.note,
         }
+
+
+def _short_mib(need_bytes: int, vram_mib: int, roles: int) -> int:
+    """MiB per role by which ``need_bytes`` (on every role) exceed ``vram_mib`` on each,
+    rounded up; 0 when they fit: compared in bytes, never in figures rounded apart."""
+    over = need_bytes - vram_mib * MIB * roles
+    return 0 if over <= 0 else math.ceil(over / (MIB * roles))
 
 
 def _weights_only(vram_mib: int, terms: ModelTerms) -> ReservationCheck:
     """The check while the KV cache is unknown: the weights alone may not fit."""
     weights = terms.weights_mib
-    if vram_mib < weights:
-        short = weights - vram_mib
+    short = _short_mib(terms.weights_bytes, vram_mib, terms.roles)
+    if short:
         message = (
             f"cannot load in its reservation: vram_mib {vram_mib} < weights {weights} MiB"
             f"{terms.per_role()}, short by {short} MiB before the {terms.kv_text()}"
@@ -168,14 +179,15 @@ def check_reservation(vram_mib: int, terms: ModelTerms) -> ReservationCheck:
     if known is None:
         return _weights_only(vram_mib, terms)
     sums = f"weights {terms.weights_mib} MiB + {terms.kv_text()} = {known} MiB{terms.per_role()}"
-    if vram_mib < known:
-        short = known - vram_mib
+    assert terms.kv_bytes is not None
+    short = _short_mib(terms.weights_bytes + terms.kv_bytes, vram_mib, terms.roles)
+    if short:
         message = (
             f"cannot load in its reservation: vram_mib {vram_mib} < {sums}, "
             f"short by {short} MiB before the overheads (unknown)"
         )
         return ReservationCheck(vram_mib, terms, CANNOT_LOAD, message, shortfall_mib=short)
-    excess, bound = vram_mib - known, excess_bound_mib(known)
+    excess, bound = max(0, vram_mib - known), excess_bound_mib(known)
     if excess > bound:
         message = (
             f"vram_mib {vram_mib} exceeds {sums} by {excess} MiB, more than the "
@@ -189,6 +201,13 @@ def check_reservation(vram_mib: int, terms: ModelTerms) -> ReservationCheck:
         f"vram_mib {vram_mib} ≥ {sums}: {excess} MiB left for the overheads "
         f"(unknown; at most {bound} MiB before a hint)"
     )
+    if known > vram_mib:  # the figures each round up: the bytes fit all the same
+        total = terms.weights_bytes + terms.kv_bytes
+        message = (
+            f"vram_mib {vram_mib} holds weights + KV cache in bytes, {terms.weights_bytes} + "
+            f"{terms.kv_bytes} = {total} ≤ {vram_mib * MIB * terms.roles} ({sums}, each "
+            "rounded up): nothing is left for the overheads (unknown)"
+        )
     return ReservationCheck(vram_mib, terms, OK, message, excess_mib=excess, bound_mib=bound)
 
 

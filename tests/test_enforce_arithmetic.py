@@ -146,8 +146,11 @@ def test_the_context_is_capped_at_the_declared_one_where_more_would_fit() -> Non
 
 def test_a_declared_context_that_does_not_fit_is_said() -> None:
     (limit,) = one("vllm", 20000, model(context=32768))
-    assert limit.value == 28928
-    assert "the declared context 32768 does not fit" in limit.explanation
+    assert (limit.value, limit.refused) == (None, True)
+    assert limit.problem == (
+        "cannot load in its reservation: the declared context 32768 does not fit: at most "
+        "28928 tokens do"
+    )
 
 
 def test_weights_larger_than_the_reservation_are_refused_with_every_term() -> None:

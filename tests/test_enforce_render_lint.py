@@ -73,7 +73,6 @@ vram_mib = 5
 
 [serve.model]
 path = "tiny.gguf"
-context = 8192
 
 [[serve]]
 name = "big"
@@ -159,7 +158,7 @@ def test_the_serves_models_are_read_only_where_declared(tmp_path: Path, mset: An
     models = limit_inputs(mset)
     assert sorted(models) == ["big", "chat", "gguf"]
     chat = models["chat"]
-    assert isinstance(chat, ModelInput) and chat.context == 8192
+    assert isinstance(chat, ModelInput) and chat.context is None  # the longest that fits
     (tmp_path / "tiny.gguf").unlink()
     assert "no such file" in str(limit_inputs(mset, ["chat"])["chat"])
 

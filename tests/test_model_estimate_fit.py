@@ -77,7 +77,12 @@ def test_the_known_terms_are_the_sum_of_the_figures_printed() -> None:
     tiny = ModelTerms(6976, 32768, formula="…")
     assert (tiny.weights_mib, tiny.kv_mib, tiny.known_mib) == (1, 1, 2)
     assert "weights 1 MiB + KV cache 1 MiB (…) = 2 MiB" in check_reservation(2, tiny).message
-    assert check_reservation(1, tiny).shortfall_mib == 1
+    # 6976 + 32768 bytes fit in 1 MiB: compared in bytes, not in the figures rounded apart
+    fits = check_reservation(1, tiny)
+    assert (fits.verdict, fits.shortfall_mib) == ("ok", None)
+    assert "in bytes, 6976 + 32768 = 39744 ≤ 1048576" in fits.message
+    over = check_reservation(1, ModelTerms(MIB, 1, formula="…"))
+    assert (over.verdict, over.shortfall_mib) == ("cannot_load", 1)  # one byte over: 1 MiB
 
 
 def test_two_gpu_roles_each_hold_half_the_model() -> None:

@@ -783,8 +783,10 @@ def fit(
 
             for line in fit_lines(answer.model):
                 render.out.print(line)
+    if result.fits and not answer.loads:
+        render.out.print("  does not fit: its model cannot load in its reservation", markup=False)
     _exit_if_unobserved(snap, observed)
-    raise typer.Exit(0 if result.fits else 1)
+    raise typer.Exit(0 if answer.fits else 1)
 
 
 @_command("Dry-run: the steps that would converge the host.")

@@ -29,15 +29,32 @@ class FitReply:
         return self.answer.result
 
     @property
+    def loads(self) -> bool:
+        """False when the serve's model cannot load in its reservation (the one verdict
+        ``validate`` and ``render`` give: :func:`statemachine.verdict.load_verdict`)."""
+        check = (self.model or {}).get("check") or {}
+        return check.get("verdict") != "cannot_load"
+
+    @property
+    def fits(self) -> bool:
+        """True when the serve can run now: its room is there and its model loads."""
+        return self.result.fits and self.loads
+
+    @property
     def note(self) -> str | None:
         """Why ``up`` would be refused for want of a router (None: it would not)."""
         return self.answer.note
 
     def to_json(self) -> dict[str, Any]:
         """docs/design.md §5 fit JSON (:meth:`FitAnswer.to_json`), with ``model`` where
-        the serve declares one."""
+        the serve declares one; a model that cannot load in its reservation makes
+        ``fits`` false, its reason the verdict's."""
         out = self.answer.to_json()
-        return out if self.model is None else {**out, "model": self.model}
+        if self.model is None:
+            return out
+        if not self.loads and out.get("fits"):
+            out = {**out, "fits": False, "reason": self.model["check"]["message"]}
+        return {**out, "model": self.model}
 
 
 def fit_answer(sit: Situation, serve: str, *, model: dict[str, Any] | None = None) -> FitReply:

@@ -38,9 +38,13 @@ def _note(entry: Mapping[str, Any]) -> Text:
     if entry.get("error"):
         return Text(entry["error"], style="red")
     if check is not None and check["verdict"] == "cannot_load":
-        return Text(f"cannot load: short by {check['shortfall_mib']} MiB", style="bold red")
+        short = check["shortfall_mib"]
+        why = f"short by {short} MiB" if short is not None else check["message"]
+        return Text(f"cannot load: {why}", style="bold red")
     if check is not None and check["verdict"] == "oversized":
         return Text(f"{check['excess_mib']} MiB above weights + KV", style="yellow")
+    if check is not None and check.get("note"):
+        return Text(check["note"])
     return Text("")
 
 
@@ -80,6 +84,8 @@ def fit_lines(entry: Mapping[str, Any]) -> list[str]:
     check = entry.get("check")
     if check is not None and check["verdict"] in ("cannot_load", "oversized"):
         lines.append(f"  {escape(check['message'])}")
+    elif check is not None and check.get("note"):
+        lines.append(f"  {escape(check['note'])}")
     return lines
 
 

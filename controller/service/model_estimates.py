@@ -26,10 +26,13 @@ from typing import Any
 from controller.adapters.model_files import ModelFileError, read_model
 from controller.manifest import LocatedError, ManifestSet
 from controller.manifest.runtime import ModelRef
-from statemachine import sizing
+from controller.tools.compose_lint import serve_flag_budget
+from statemachine import engines, sizing
 from statemachine.enforce import Model, ModelInput
-from statemachine.model_fit import ModelTerms, calibrate_verdict, check_reservation
+from statemachine.engines.spec import Engine
+from statemachine.model_fit import ModelTerms, calibrate_verdict
 from statemachine.types import ServeSpec
+from statemachine.verdict import load_verdict
 
 __all__ = [
     "ModelUnreadable",
@@ -136,9 +139,21 @@ def _summary(est: sizing.Estimate, terms: ModelTerms) -> dict[str, Any]:
     }
 
 
-def _entry(ref: ModelRef, spec: ServeSpec, measured: Mapping[str, int | None] | None) -> Entry:
-    """One serve's model entry: what it declares, the estimate's terms, the check, and
-    with ``measured`` the measured footprint and the calibration verdict."""
+@dataclass(frozen=True, slots=True)
+class _Engine:
+    """What the verdict needs of a serve's engine: the engine (``None``: not one the
+    registry knows) and what its memory flag gives it on one GPU."""
+
+    engine: Engine | None
+    budget: tuple[int, str] | None
+
+
+def _entry(
+    ref: ModelRef, spec: ServeSpec, measured: Mapping[str, int | None] | None, eng: _Engine
+) -> Entry:
+    """One serve's model entry: what it declares, the estimate's terms, the check (the
+    one verdict, :func:`statemachine.verdict.load_verdict`), and with ``measured`` the
+    measured footprint and the calibration verdict."""
     out: Entry = {
         "path": str(ref.path),
         "context": ref.context,
@@ -158,7 +173,11 @@ def _entry(ref: ModelRef, spec: ServeSpec, measured: Mapping[str, int | None] | 
         return {**out, "error": error, "estimate": None, "check": None}
     check = None
     if spec.vram_mib is not None and spec.gpu_roles:
-        check = check_reservation(spec.vram_mib, terms).to_json()
+        model = ModelInput(est.weights, est.architecture, ref.context, ref.kv_dtype, ref.parallel)
+        verdict = load_verdict(
+            eng.engine, spec.vram_mib, terms, model, gpus=cards, flag_budget=eng.budget
+        )
+        check = verdict.to_json()
     return {**out, "error": None, "estimate": _summary(est, terms), "check": check}
 
 
@@ -173,7 +192,8 @@ def serve_models(
     out: dict[str, Entry] = {}
     for name, rt in mset.runtime().items():
         if rt.model is not None and name in desired.serves:
-            out[name] = _entry(rt.model, desired.serves[name], measured)
+            eng = _Engine(engines.lookup(mset.serves[name].engine), serve_flag_budget(mset, name))
+            out[name] = _entry(rt.model, desired.serves[name], measured, eng)
     return out
 
 

@@ -110,6 +110,7 @@ __all__ = [
     "render_serve",
     "report_lines",
     "resolve_engine",
+    "serve_flag_budget",
 ]
 
 
@@ -526,6 +527,14 @@ def _totals_for(
 ) -> dict[str, DeviceTotal]:
     roles = {rid: role.to_role() for rid, role in mset.roles.items()}
     return role_totals(roles, measured, measured_source=measured_source)
+
+
+def serve_flag_budget(mset: ManifestSet, name: str) -> tuple[int, str] | None:
+    """What serve ``name``'s rendered memory flag gives its engine on one GPU (the
+    manifest's engine, the declared device totals), for the verdict on its model."""
+    serve = mset.serves[name]
+    key = normalize_engine(serve.engine)
+    return render_fraction(serve, key, _totals_for(mset, None, SOURCE_NVML)).budget()
 
 
 def _services_by_container(services: Mapping[str, ComposeService]) -> dict[str, ComposeService]:
