@@ -23,6 +23,8 @@ from controller.service.executor import Executor, ExecutorConfig, Outcome
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Step
 from statemachine.types import (
+    ContainerObs,
+    ContainerState,
     DesiredRun,
     DesiredState,
     GpuObs,
@@ -154,3 +156,24 @@ def test_a_start_on_a_role_without_uuid_leaves_uuid_out_and_refuses_its_placehol
     report = ex.execute(plan, observed)
     assert any("`up` names {gpu_uuid}" in p for p in report.preflight), report.preflight
     assert not report.results and not docker.ups
+
+
+def test_a_start_tells_up_the_fraction_of_what_it_will_find_free(tmp_path: Path) -> None:
+    """SGLang's --mem-fraction-static is of the memory free when it starts: the start
+    gives ``up`` its reservation over that, from the run's ledger (another serve holds
+    8000 of card-a's 24000: 4000 ÷ 16000 = 0.2500) and NVML's last reading (it measured
+    less free than the ledger leaves: the ledger's figure, the larger, is taken)."""
+    up = ("./up.sh", "--mem-fraction-static={fraction_of_free}", "--fit-target={fit_target_mib}")
+    ex, plan, _, docker = _start(ROLES, ("card-a",), up, tmp_path)
+    other = ServeSpec("other", "other", ("card-a",), 8000, Residency.RESIDENT, DesiredRun.RUNNING)
+    llm = ex.desired.serves["llm"]
+    ex.desired = DesiredState(ROLES, {"llm": llm, "other": other})
+    docker.state["other"] = "running"
+    seen = (GpuObs("GPU-aaaa", index=0, free_mib=15000),)
+    running = ContainerObs(ContainerState.RUNNING, started_at=1.0)
+    report = ex.execute(plan, Observed(True, {"other": running}, gpus=seen))
+    assert [r.outcome for r in report.results] == [Outcome.OK, Outcome.OK], report.results
+    ((argv, env),) = docker.ups
+    assert argv == ("./up.sh", "--mem-fraction-static=0.2500", "--fit-target=12000")
+    assert env["VRAMCTL_FREE_MIB"] == "16000"
+    assert env["VRAMCTL_FRACTION_OF_FREE"] == "0.2500"

@@ -13,8 +13,10 @@ import pytest
 from statemachine.gpu_vars import (
     GPU_ENV_NAMES,
     GPU_VARIABLES,
+    Unknown,
     UnknownPlaceholderError,
     gpu_placement,
+    start_free_mib,
 )
 from statemachine.types import GpuObs, GpuRole
 
@@ -24,6 +26,8 @@ ROLES = {
     "bare": GpuRole("bare", 24_000),
 }
 SEEN = (GpuObs("GPU-bbbb", index=1), GpuObs("GPU-aaaa", index=0))
+#: the variables of an engine that sizes itself from free memory: unknown without it
+MEMORY = {"VRAMCTL_FREE_MIB", "VRAMCTL_FRACTION_OF_FREE", "VRAMCTL_FIT_TARGET_MIB"}
 
 
 def test_the_table_names_each_variable_and_placeholder() -> None:
@@ -31,8 +35,11 @@ def test_the_table_names_each_variable_and_placeholder() -> None:
         ("VRAMCTL_GPU_ROLE", "{gpu_role}"),
         ("VRAMCTL_GPU_UUID", "{gpu_uuid}"),
         ("VRAMCTL_GPU_INDEX", "{gpu_index}"),
+        ("VRAMCTL_FREE_MIB", "{free_mib}"),
+        ("VRAMCTL_FRACTION_OF_FREE", "{fraction_of_free}"),
+        ("VRAMCTL_FIT_TARGET_MIB", "{fit_target_mib}"),
     ]
-    assert {"VRAMCTL_GPU_ROLE", "VRAMCTL_GPU_UUID", "VRAMCTL_GPU_INDEX"} == GPU_ENV_NAMES
+    assert {"VRAMCTL_GPU_ROLE", "VRAMCTL_GPU_UUID", "VRAMCTL_GPU_INDEX"} | MEMORY == GPU_ENV_NAMES
 
 
 def test_one_role_known_everywhere_gives_every_variable() -> None:
@@ -42,7 +49,7 @@ def test_one_role_known_everywhere_gives_every_variable() -> None:
         "VRAMCTL_GPU_UUID": "GPU-bbbb",
         "VRAMCTL_GPU_INDEX": "1",
     }
-    assert not placed.unknown
+    assert set(placed.unknown) == MEMORY  # no free memory given
 
 
 def test_index_zero_is_a_value() -> None:
@@ -68,7 +75,7 @@ def test_a_role_without_uuid_leaves_uuid_and_index_out() -> None:
 def test_one_role_unknown_of_two_leaves_the_variable_out() -> None:
     placed = gpu_placement(("card-a", "bare"), ROLES, SEEN)
     assert dict(placed.values) == {"VRAMCTL_GPU_ROLE": "card-a,bare"}
-    assert set(placed.unknown) == {"VRAMCTL_GPU_UUID", "VRAMCTL_GPU_INDEX"}
+    assert set(placed.unknown) == {"VRAMCTL_GPU_UUID", "VRAMCTL_GPU_INDEX"} | MEMORY
 
 
 @pytest.mark.parametrize(
@@ -126,3 +133,45 @@ def test_an_unknown_placeholder_refuses_with_its_reason() -> None:
     assert caught.value.why.startswith("gpu role bare declares no uuid")
     assert "`up` names {gpu_uuid}, which is unknown for this start" in str(caught.value)
     assert "gpu role bare declares no uuid" in str(caught.value)
+
+
+# ── what an engine that sizes itself from free memory is told ─────────────────────
+
+
+def test_sglangs_fraction_is_the_reservation_over_what_it_will_find_free() -> None:
+    """20000 MiB on a 24564 MiB card whose others hold 6000: SGLang finds 18564 free and
+    takes --mem-fraction-static × that: 20000 ÷ 18564 is more than all of it, so the
+    start is refused with why; at 12000 MiB, 12000 ÷ 18564 = 0.6464 (rounded down)."""
+    roles = {"a": GpuRole("a", 24564)}
+    free, how = start_free_mib(24564, 6000, None)
+    assert (free, how) == (18564, "capacity 24564 − 6000 MiB the others hold = 18564")
+    big = gpu_placement(("a",), roles, None, free={"a": free}, vram_mib=20000)
+    assert "VRAMCTL_FRACTION_OF_FREE" not in big.values
+    assert "has 18564 MiB free, less than vram_mib 20000" in big.unknown["VRAMCTL_FIT_TARGET_MIB"]
+    fits = gpu_placement(("a",), roles, None, free={"a": free}, vram_mib=12000)
+    assert fits.values["VRAMCTL_FRACTION_OF_FREE"] == "0.6464"
+    assert 0.6464 * 18564 <= 12000 < 0.6465 * 18564
+    assert fits.values["VRAMCTL_FIT_TARGET_MIB"] == "6564"
+    assert fits.values["VRAMCTL_FREE_MIB"] == "18564"
+    word = fits.substitute(["--mem-fraction-static={fraction_of_free}"])
+    assert word == ("--mem-fraction-static=0.6464",)
+
+
+def test_the_free_memory_is_the_larger_of_the_ledgers_and_nvmls() -> None:
+    """The engine finds what is really free: where NVML measured more free than the
+    ledger leaves (the others hold less than their reservations), that; never less
+    than the ledger leaves, since the others keep within their reservations."""
+    assert start_free_mib(24564, 6000, 20000)[0] == 20000
+    assert start_free_mib(24564, 6000, 17000) == (
+        18564,
+        "capacity 24564 − 6000 MiB the others hold = 18564 (NVML measured 17000 free)",
+    )
+
+
+def test_several_roles_take_the_least_fraction_and_a_target_each() -> None:
+    roles = {"a": GpuRole("a", 24564), "b": GpuRole("b", 24564)}
+    placed = gpu_placement(("a", "b"), roles, None, free={"a": 24564, "b": 18564}, vram_mib=12000)
+    assert placed.values["VRAMCTL_FRACTION_OF_FREE"] == "0.4885"  # 12000 ÷ 24564
+    assert placed.values["VRAMCTL_FIT_TARGET_MIB"] == "12564,6564"
+    unknown = gpu_placement(("a", "b"), roles, None, free={"a": Unknown("no")}, vram_mib=1)
+    assert set(unknown.unknown) >= MEMORY

@@ -22,7 +22,7 @@ from controller.adapters.docker.actions import ActionError
 from controller.adapters.router import RouterClient
 from controller.service.steps.context import ExecutorReads
 from controller.service.steps.dispatch import IMPLEMENTED_ACTIONS
-from statemachine.gpu_vars import UnknownPlaceholderError, gpu_placement
+from statemachine.gpu_vars import Unknown, UnknownPlaceholderError, gpu_placement
 from statemachine.planner import Action, Plan, Step, conflict
 from statemachine.types import DesiredState, Observed, ServeSpec
 
@@ -173,8 +173,18 @@ def _preflight_start(
         elif not host.docker.executable_exists(argv[0], cwd=rt.manifest_dir):
             problems.append(f"{serve.name}: `up` executable {argv[0]!r} not found")
         if argv and observed is not None:  # as the start will substitute them
+            roles = step.gpu_roles or serve.gpu_roles
+            # what the start will find free is known only then (the plan's stops run
+            # first): here each card is taken as empty, to check the placeholders only
+            free: dict[str, int | Unknown] = {
+                r: host.desired.roles[r].capacity_mib for r in roles if r in host.desired.roles
+            }
             placed = gpu_placement(
-                step.gpu_roles or serve.gpu_roles, host.desired.roles, observed.gpus
+                roles,
+                host.desired.roles,
+                observed.gpus,
+                free=free,
+                vram_mib=step.mib or serve.vram_mib,
             )
             try:
                 placed.substitute(argv)

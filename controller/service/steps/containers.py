@@ -26,7 +26,7 @@ from controller.service.pauses import pauses
 from controller.service.steps.context import RunContext
 from controller.service.steps.lifecycle import begin_start, fire
 from controller.service.steps.results import StepError
-from statemachine.gpu_vars import UnknownPlaceholderError, gpu_placement
+from statemachine.gpu_vars import UnknownPlaceholderError, free_at_start, gpu_placement
 from statemachine.ledger import GpuReservation, Ledger, Refusal, held_uncounted
 from statemachine.lifecycle import Trigger
 from statemachine.planner import Step
@@ -221,8 +221,14 @@ def start(run: RunContext, step: Step, s: ServeSpec) -> str:
                 raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
             # where the serve was put, told to `up` (statemachine/gpu_vars.py): the
             # roles reserved for this start, the declared uuids, NVML's indexes as last seen
+            roles = step.gpu_roles or s.gpu_roles
+            gpus = run.observed.gpus
             placed = gpu_placement(
-                step.gpu_roles or s.gpu_roles, run.desired.roles, run.observed.gpus
+                roles,
+                run.desired.roles,
+                gpus,
+                free=free_at_start(roles, s.name, run.ledger, run.desired.roles, gpus),
+                vram_mib=step.mib or s.vram_mib,
             )
             try:
                 argv = placed.substitute(rt.up_argv)
