@@ -19,6 +19,7 @@ from statemachine.types import (
     ContainerObs,
     ContainerState,
     Elastic,
+    ServeSpec,
     Sleep,
     SleepObs,
     SleepProtocol,
@@ -1200,6 +1201,57 @@ def test_a_requester_whose_memory_is_not_back_claims_no_room_ahead() -> None:
     ]
     assert [b.serve for b in plan.blocked] == ["od2"]
     assert "not back yet" in plan.blocked[0].reason
+
+
+def _ahead_case(later: ServeSpec) -> Case:
+    """Budget 30000, 28000 held (e-small 4000, e-big 10000, res 14000): ``r1`` (older,
+    6000) is 4000 short, which e-small covers alone; ``later``, asked for after, would
+    make e-big the one victim that covers both if ``r1`` claimed room for it."""
+    return Case(
+        [
+            serve("e-small", 4000, EVI, RUN),
+            serve("e-big", 10_000, EVI, RUN),
+            serve("res", 14_000, RES, RUN),
+            serve("r1", 6000, OND),
+            later,
+        ],
+        {"e-small": up(), "e-big": up(), "res": up()},
+        [],
+        requests=[req("r1", at=NOW - 2), req(later.name, at=NOW - 1)],
+    )
+
+
+def test_a_requester_claims_no_room_ahead_for_a_later_exclusive_one() -> None:
+    """An exclusive requester later in the pass needs its GPU to itself: its start stops
+    or waits for what runs there, the earlier requester among them, so room claimed for
+    it beside that one would be freed for nothing. ``r1`` chooses for itself alone
+    (e-small); ``r2`` is blocked by the resident and by ``r1`` being started."""
+    plan = plan_of(_ahead_case(serve("r2", 5000, OND, exclusive=True)))
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("stop e-small", "r1"),
+        ("release e-small", "r1"),
+        *((line, "r1") for line in starts("r1")),
+    ]
+    (b,) = plan.blocked
+    assert b.reason == (
+        "r2 cannot start: res runs (r2 needs a to itself) and may not be stopped: "
+        "resident: never evicted; r1: being started in this plan (r2 needs a to itself)"
+    )
+
+
+def test_a_requester_claims_no_room_ahead_for_a_later_one_outside_the_ledger() -> None:
+    """A later requester outside the ledger (one of its roles has no capacity row)
+    reserves nothing when it starts: ``r1`` claims no room for it and stops only what it
+    needs itself (e-small); ``r2`` then starts outside the ledger."""
+    plan = plan_of(_ahead_case(serve("r2", 5000, OND, roles=("a", "x"))))
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("stop e-small", "r1"),
+        ("release e-small", "r1"),
+        *((line, "r1") for line in starts("r1")),
+        ("start r2", "r2"),
+        ("await_ready r2", "r2"),
+    ]
+    assert plan.blocked == ()
 
 
 def test_a_requester_that_will_wait_for_a_loading_peer_claims_no_room_ahead() -> None:
