@@ -12,6 +12,8 @@ and, where it says so, applied and planned again (it converges).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from replay import assert_never_overcommits
 
@@ -35,6 +37,7 @@ from statemachine.types import (
     SleepObs,
     SleepProtocol,
     SleepState,
+    StartedWith,
 )
 
 NOW = 10_000.0
@@ -889,3 +892,24 @@ def test_a_sleeper_that_cannot_wake_says_its_class() -> None:
         "coder does not fit (it sleeps and cannot wake: evictable serves do not evict; "
         "only on-demand serves do): "
     )
+
+
+def test_a_sleeper_outside_the_ledger_wakes_outside_it() -> None:
+    """A sleeper that declares a role without a capacity row is outside the ledger: its
+    wake reserves nothing, even while its container's start record still counts it on
+    a card the ledger knows (the record keeps counting until the container stops)."""
+    coder = replace(sv("coder", 16_000, EVI, RUN, sleep=sleep()), gpu_roles=("x",))
+    desired = DesiredState(ROLES, {s.name: s for s in (STT, coder)}, (), host=HOST)
+    obs = Observed(
+        True,
+        {"c-stt": UP, "c-coder": UP},
+        sleep={"coder": asleep()},
+        started_with={"c-coder": StartedWith("coder", ("a",), 16_000)},
+    )
+    result = plan_transitions(desired, obs, None, NOW)
+    assert lines(result) == ["reserve_wake coder", "wake coder", "await_ready coder"]
+    wake = result.steps[0]
+    assert (wake.mib, wake.to_mib) == (None, None)
+    assert wake.reason == "wake coder (outside the ledger); give back 20000 MiB of host RAM"
+    assert result.ledger_after.holdings["coder"].mib == 16_000
+    assert result.blocked == ()
