@@ -1147,6 +1147,31 @@ def test_a_pass_that_frees_nothing_is_not_tried_again() -> None:
     )
 
 
+def test_a_pass_that_frees_nothing_is_not_tried_again_after_a_stop_before_it() -> None:
+    """Whether a pass freed room is its own: a stop made before the starts (a serve
+    desired stopped, on another role) does not make the pass that follows, which
+    frees nothing, be tried again; the blocked serve keeps the reason of its turn."""
+    case = Case(
+        [
+            serve("big", 20_000, RES, RUN),
+            serve("small", 5_000, RES, RUN),
+            serve("there", 15_000, RES, RUN),
+            serve("old", 1_000, RES, STOP, roles=("b",)),
+        ],
+        {"there": up(), "old": up()},
+        [],
+        roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
+    )
+    plan = plan_of(case)
+    assert lines(plan) == ["stop old", "release old", *starts("small")]
+    (b,) = plan.blocked
+    assert b.reason == (
+        "big does not fit (resident serves do not evict; only on-demand serves do): a: "
+        "capacity 32000 - reserve 2000 = budget 30000; committed 15000 (there 15000); "
+        "free 15000; needs 20000; short 5000; evictable 0; shrinkable 0"
+    )
+
+
 def test_a_requester_claims_room_ahead_when_the_candidates_cover_it_exactly() -> None:
     # budget 30000, all held (fill 10000, v1 10000, v2 10000); od1 (older) needs 6000,
     # od2 14000: both together need 20000, exactly what v1 and v2 hold, so od1 chooses
