@@ -405,11 +405,17 @@ class RenderResult:
     problem: str | None = None
     problem_kind: FindingKind | None = None
     places: int = DEFAULT_PLACES
+    #: the engine's fraction is of the memory free when it starts (SGLang): the value is
+    #: the variable each start sets, ``fraction`` what it is on an empty card
+    of_free: bool = False
 
     @property
     def value(self) -> str | None:
-        """The flag's value as written (``"0.0326"``), or ``None``."""
-        return None if self.fraction is None else str(self.fraction)
+        """The flag's value as written (``"0.0326"``, or the start's variable for an
+        engine whose fraction is of the memory free at its start), or ``None``."""
+        if self.fraction is None:
+            return None
+        return f"${{{OF_FREE_VARIABLE}}}" if self.of_free else str(self.fraction)
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -435,7 +441,7 @@ class RenderResult:
         the smallest of its devices, rounded down, and the arithmetic; ``None`` with no
         fraction or no total."""
         value = self.fraction if fraction is None else fraction
-        if value is None or not self.totals:
+        if value is None or not self.totals or self.of_free:
             return None
         total = min(self.totals, key=lambda t: t.total_mib)
         size = math.floor(Fraction(value) * total.total_mib * MIB)
@@ -504,6 +510,10 @@ def render_flag(
         except ValueError as exc:
             why = (FindingKind.NO_DEVICE_TOTAL, str(exc))
     kind, problem = why if why is not None else (None, None)
+    found = engines.lookup(key)
+    of_free = found is not None and found.memory_flag is not None and found.memory_flag.of_free
+    if of_free and problem is None:
+        explanation = _of_free_text(flag, explanation)
     return RenderResult(
         serve=serve,
         engine=key,
@@ -515,7 +525,29 @@ def render_flag(
         problem=problem,
         problem_kind=kind,
         places=places,
+        of_free=of_free,
     )
+
+
+#: the variable each start sets to ``vram_mib ÷`` the MiB free (statemachine/gpu_vars.py)
+OF_FREE_VARIABLE = "VRAMCTL_FRACTION_OF_FREE"
+
+
+def _of_free_text(flag: str | None, empty_card: str) -> str:
+    """The explanation of an engine whose fraction is of the memory free at its start."""
+    return (
+        f"{flag} is a fraction of the memory free when the engine starts, not of the "
+        f"card: ${{{OF_FREE_VARIABLE}}}, which vramctl sets at each start to vram_mib ÷ "
+        f"the MiB free then ({{fraction_of_free}} in up); on an empty card: {empty_card}"
+    )
+
+
+def _names_of_free(raw: str, flag: str) -> bool:
+    """True when the raw command gives ``flag`` (``-`` or ``_`` between its words) the
+    start's variable (``$VAR`` or ``${VAR}``)."""
+    name = "[-_]".join(re.escape(part) for part in flag.split("-"))
+    pattern = name + r"(?:=|\s+)[\"']?\$\{?" + OF_FREE_VARIABLE + r"\b"
+    return re.search(pattern, raw) is not None
 
 
 def _unrenderable(
@@ -640,6 +672,7 @@ def check_fraction(
     *,
     tolerance: Decimal | float | str = DEFAULT_TOLERANCE,
     service: str | None = None,
+    raw: str | None = None,
 ) -> Finding | None:
     """Check the value ``found`` for ``render.flag`` against the reservation.
 
@@ -674,6 +707,16 @@ def check_fraction(
     vram = render.vram_mib
     smallest = min(render.totals, key=lambda t: Fraction(vram, t.total_mib))
     engine = _display(render.engine)
+    if render.of_free and raw is not None and _names_of_free(raw, flag):
+        return None
+    if render.of_free and found is not None:
+        return finding(
+            FindingKind.SIZED_FROM_FREE,
+            f"{flag} {found} is a fraction of the memory free when {engine} starts, not of "
+            f"the card: where others hold memory it gives the engine {found} × what they "
+            f"left, not its {vram} MiB reservation; write {render.text} ({render.explanation})",
+            vram_mib=vram,
+        )
     if found is None:
         known = engines.lookup(render.engine)
         own = None if known is None or known.memory_flag is None else known.memory_flag.default

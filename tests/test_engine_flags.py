@@ -274,9 +274,16 @@ def test_render_exact_and_nvml_total() -> None:
 
 
 def test_render_sglang() -> None:
+    """SGLang's fraction is of the memory free when it starts: rendered as the variable
+    each start sets, with what it is on an empty card."""
     result = render_flag("fast", "SGLang", 27999, ("a",), TOTALS)
-    assert result.text == "--mem-fraction-static 0.2860"
-    assert result.engine == "sglang"
+    assert result.text == "--mem-fraction-static ${VRAMCTL_FRACTION_OF_FREE}"
+    assert result.engine == "sglang" and result.of_free and result.budget() is None
+    assert "a fraction of the memory free when the engine starts, not of the card" in (
+        result.explanation
+    )
+    assert "on an empty card: 27999 MiB / " in result.explanation
+    assert "0.2860" in result.explanation
 
 
 def test_render_tensor_parallel_applies_per_gpu() -> None:
@@ -531,7 +538,8 @@ embed:
 fast:
   image: lmsysorg/sglang:latest
   container_name: sglang-fast
-  command: python3 -m sglang.launch_server --model-path m --mem-fraction-static 0.2511
+  command: python3 -m sglang.launch_server --model-path m
+    --mem-fraction-static ${VRAMCTL_FRACTION_OF_FREE}
 gguf:
   image: ghcr.io/ggml-org/llama.cpp:server-cuda
   container_name: llamacpp-gguf
@@ -557,7 +565,10 @@ def test_lint_clean(tmp_path: Path) -> None:
     # the = form, and the purpose label resolved from the command that runs
     assert (checked["embed"].engine, checked["embed"].engine_source) == ("vllm", "command")
     assert checked["embed"].found == "0.0327"
-    assert (checked["fast"].flag, checked["fast"].found) == (SGLANG_FLAG, "0.2511")
+    assert (checked["fast"].flag, checked["fast"].expected) == (
+        SGLANG_FLAG,
+        "${VRAMCTL_FRACTION_OF_FREE}",
+    )
     assert (checked["gguf"].engine, checked["gguf"].engine_source) == ("llamacpp", "image")
     assert all(c.ok for c in checked.values())
 
@@ -598,10 +609,15 @@ def test_lint_missing_flag_is_an_error(tmp_path: Path) -> None:
 
 
 def test_lint_equals_form_can_disagree_too(tmp_path: Path) -> None:
-    services = GOOD_SERVICES.replace("--mem-fraction-static 0.2511", "--mem-fraction-static=0.35")
+    services = GOOD_SERVICES.replace(
+        "--mem-fraction-static ${VRAMCTL_FRACTION_OF_FREE}", "--mem-fraction-static=0.35"
+    )
     report = lint_compose(manifest(tmp_path), [compose(tmp_path, services)])
-    assert [(f.kind, f.serve) for f in report.errors] == [(FindingKind.DISAGREES, "fast")]
-    assert "--mem-fraction-static 0.35 gives the engine 34260.5 MiB" in report.errors[0].message
+    assert [(f.kind, f.serve) for f in report.errors] == [(FindingKind.SIZED_FROM_FREE, "fast")]
+    assert "--mem-fraction-static 0.35 is a fraction of the memory free when SGLang starts" in (
+        report.errors[0].message
+    )
+    assert "write --mem-fraction-static ${VRAMCTL_FRACTION_OF_FREE}" in report.errors[0].message
 
 
 def test_lint_notes(tmp_path: Path) -> None:
@@ -707,8 +723,9 @@ def test_lint_nvml_totals(tmp_path: Path) -> None:
     path = compose(tmp_path, GOOD_SERVICES)
     report = lint_compose(manifest(tmp_path), [path], measured={"a": 80000})
     errors = {f.serve: f for f in report.errors}
-    # on an 80000 MiB device every fraction written for 97887 MiB budgets too little
-    assert set(errors) == {"chat", "embed", "fast"}
+    # on an 80000 MiB device every fraction written for 97887 MiB budgets too little;
+    # SGLang's, set at each start from what is free, is right on any card
+    assert set(errors) == {"chat", "embed"}
     assert "of 80000 MiB (NVML total of role a)" in errors["chat"].message
 
 
@@ -759,7 +776,11 @@ def test_render_serve(tmp_path: Path) -> None:
         "embed",
     )
     forced = render_serve(mset, "embed", engine="sglang")
-    assert (forced.result.text, forced.engine_source) == ("--mem-fraction-static 0.0326", "given")
+    assert (forced.result.text, forced.engine_source) == (
+        "--mem-fraction-static ${VRAMCTL_FRACTION_OF_FREE}",
+        "given",
+    )
+    assert "on an empty card: 3200 MiB / " in forced.result.explanation
     given_total = render_serve(
         mset, "chat", measured={"a": 96000}, measured_source="--device-total"
     )

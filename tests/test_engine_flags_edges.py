@@ -220,7 +220,7 @@ def test_missing_flag_on_sglang_claims_no_vllm_default() -> None:
     assert finding.message.startswith(
         "runs SGLang without --mem-fraction-static: the engine sizes itself by its own "
         "default fraction of the device, not by the 3200 MiB reservation; add "
-        f"{SGLANG_FLAG} 0.0326 ("
+        f"{SGLANG_FLAG} ${{VRAMCTL_FRACTION_OF_FREE}} ("
     )
 
 

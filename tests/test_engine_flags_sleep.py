@@ -71,7 +71,8 @@ chat:
 fast:
   image: lmsysorg/sglang:latest
   container_name: sglang-fast
-  command: python3 -m sglang.launch_server --mem-fraction-static 0.2510 --enable-memory-saver
+  command: python3 -m sglang.launch_server
+    --mem-fraction-static ${VRAMCTL_FRACTION_OF_FREE} --enable-memory-saver
 plain:
   image: vllm/vllm-openai:v0.11.0
   container_name: vllm-plain

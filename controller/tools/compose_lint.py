@@ -789,7 +789,7 @@ def _check_pair(
                 {"flag": flag, "values": values},
             )
         )
-    if flag and found is not None and flag_from_variable(service.raw):
+    if flag and found is not None and not render.of_free and flag_from_variable(service.raw):
         findings.append(
             Finding(
                 FindingKind.FROM_VARIABLE,
@@ -802,7 +802,7 @@ def _check_pair(
         )
     budget = _command_budget(render, found)
     limits, limit_findings = _check_limits(serve, service, engine, model, budget)
-    main = check_fraction(render, found, tolerance=tolerance, service=service.name)
+    main = check_fraction(render, found, tolerance=tolerance, service=service.name, raw=service.raw)
     # an engine held by its limit flags is not "kept by the ledger only"
     if main is not None and not (limits and main.kind is FindingKind.NO_ENGINE_FLAG):
         findings.append(main)

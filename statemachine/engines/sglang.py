@@ -1,7 +1,17 @@
 """SGLang (docs/protocols.md): ``sglang serve`` / ``python -m sglang.launch_server``;
-``--mem-fraction-static`` and, with ``[serve.model]``, ``--context-length``; the
-memory-saver API of ``--enable-memory-saver``, which cannot say whether the engine
-sleeps. Pure data."""
+``--mem-fraction-static``; ``--kv-cache-dtype``; the memory-saver API of
+``--enable-memory-saver``, which cannot say whether the engine sleeps. Pure data.
+
+Its memory, as SGLang's source counts it (sgl-project/sglang,
+``python/sglang/srt/model_executor/model_runner.py``): ``--mem-fraction-static`` is a
+fraction of the memory free when it starts (``pre_model_load_memory``, from
+``get_available_gpu_memory``, the least of its GPUs), and the KV pool is what the weights
+leave of that share (``profile_max_num_token``: ``rest = available − free_at_start × (1 −
+fraction)``): on a shared card a fraction of the device total gives it less than its
+reservation, or more. It is rendered as ``${VRAMCTL_FRACTION_OF_FREE}``, which each start
+sets to ``vram_mib ÷`` the MiB free then (statemachine/gpu_vars.py). ``--context-length``
+bounds no memory (the pool is sized by the fraction; a longer context is capped at it):
+it is not rendered as a limit."""
 
 from __future__ import annotations
 
@@ -11,8 +21,6 @@ from statemachine.engines.spec import (
     Detection,
     Engine,
     HttpCall,
-    LimitFlag,
-    LimitKind,
     MemoryFlag,
     SleepApi,
 )
@@ -44,13 +52,12 @@ ENGINE = Engine(
         image_words=("sglang",),
     ),
     sizes_from_free=True,
-    memory_flag=MemoryFlag(FLAG),
+    memory_flag=MemoryFlag(FLAG, of_free=True),
     sleep=SleepApi(
         sleep=HttpCall("/release_memory_occupation", body={"tags": list(TAGS)}),
         wake=(HttpCall("/resume_memory_occupation", body={"tags": list(TAGS)}),),
         flags=(SLEEP_FLAG,),
     ),
     inflight_metrics=("sglang:num_running_reqs", "sglang:num_queue_reqs"),
-    limit_flags=(LimitFlag(CONTEXT_FLAG, LimitKind.MAX_CONTEXT),),
     cache_types=CACHE_TYPES,
 )

@@ -74,6 +74,9 @@ class MemoryFlag:
     name: str
     unit: FlagUnit = FlagUnit.FRACTION
     default: str | None = None
+    #: the fraction is of the memory free when the engine starts, not of the device
+    #: total (SGLang): rendered as the variable each start sets (statemachine/gpu_vars.py)
+    of_free: bool = False
 
 
 class LimitKind(StrEnum):

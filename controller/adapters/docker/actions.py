@@ -155,7 +155,8 @@ def up_env_pass_names(environ: Mapping[str, str] | None = None) -> tuple[str, ..
         if name in GPU_ENV_NAMES:
             raise ValueError(
                 f"{UP_ENV_PASS_VAR}: {name} is set by the controller for each start (the "
-                "GPU it put the serve on) and is never passed on from its own environment"
+                "GPU it put the serve on, what its engine will find free there) and is never "
+                "passed on from its own environment"
             )
     return names
 
