@@ -40,6 +40,7 @@ Pure: no I/O, nothing from ``controller``; integers and exact fractions only.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from decimal import Decimal, InvalidOperation
@@ -69,6 +70,7 @@ __all__ = [
     "check_cache_types",
     "check_elastic",
     "check_limit",
+    "fits_to_reservation",
     "found_value",
     "largest_context",
     "render_cache_types",
@@ -480,12 +482,47 @@ def _number(text: str, limit: Limit) -> int | None:
     return int(word) if word.isdigit() else None
 
 
+#: the variable each start sets to the free MiB less the reservation (gpu_vars.py)
+FIT_TARGET_VARIABLE = "VRAMCTL_FIT_TARGET_MIB"
+
+
+def _fit_switch(argv: Sequence[str]) -> str | None:
+    """The last value the command gives llama.cpp's ``--fit``/``-fit`` (``None``: unset)."""
+    found: str | None = None
+    for i, word in enumerate(argv):
+        name, eq, value = word.partition("=")
+        if name in {"--fit", "-fit"}:
+            found = value if eq else (argv[i + 1] if i + 1 < len(argv) else "")
+    return found
+
+
+def fits_to_reservation(flag: LimitFlag, argv: Sequence[str], raw: str) -> bool:
+    """True when the command has the engine fit ``flag``'s value to the reservation: its
+    fit-target flag is the start's ``${VRAMCTL_FIT_TARGET_MIB}`` (in the raw command,
+    before interpolation) and the fitting is not switched off (``--fit off``)."""
+    if not flag.fit_target or _fit_switch(argv) == "off":
+        return False
+    names = "|".join(re.escape(name) for name in flag.fit_target)
+    pattern = rf"(?:{names})(?:=|\s+)[\"']?\$\{{?{FIT_TARGET_VARIABLE}\b"
+    return re.search(pattern, raw) is not None
+
+
 def check_limit(
-    limit: Limit, found: str | None, *, serve: str, service: str | None = None
+    limit: Limit,
+    found: str | None,
+    *,
+    serve: str,
+    service: str | None = None,
+    fitted: bool = False,
 ) -> Finding | None:
     """The finding about ``found`` (``None``: the command lacks the flag), or ``None``
-    when it is within ``limit``: a smaller value keeps the engine within it too."""
+    when it is within ``limit``: a smaller value keeps the engine within it too.
+    ``fitted``: the engine fits a value it sizes from free memory (or none given) to
+    the reservation (:func:`fits_to_reservation`)."""
     name = limit.flag.name
+    word = (found or "").strip().lower()
+    if fitted and (found is None or word in limit.flag.from_free) and limit.value is not None:
+        return None
     facts: dict[str, Any] = {"flag": name, "found": found, **limit.to_json()}
 
     def finding(kind: FindingKind, message: str) -> Finding:
@@ -499,7 +536,6 @@ def check_limit(
             FindingKind.MISSING_LIMIT,
             f"the command lacks {name}: add {name} {limit.value} ({limit.explanation})",
         )
-    word = found.strip().lower()
     if word in limit.flag.fits_itself:
         return None  # the engine fits it to what its memory flag gives it
     if word in limit.flag.from_free:

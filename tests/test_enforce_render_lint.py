@@ -220,6 +220,17 @@ def test_lint_passes_the_flags_the_reservations_render(tmp_path: Path, mset: Any
         (" --max-model-len 7664", "", "MISSING_LIMIT", "chat", "add --max-model-len 7664"),
         ("-ngl 2 ", "-ngl 99 ", "LIMIT_TOO_LARGE", "gguf", "one layer more: 4784128"),
         ("-c 4096", "-c 8192", "LIMIT_TOO_LARGE", "gguf", "--ctx-size 8192"),
+        ("-ngl 2 ", "-ngl auto ", "SIZED_FROM_FREE", "gguf", "from the device's free memory"),
+        ("-ngl 2 ", "", "MISSING_LIMIT", "gguf", "add --n-gpu-layers 2"),
+        (
+            "-ngl 2 ",
+            "-ngl auto --fit off --fit-target ${VRAMCTL_FIT_TARGET_MIB} ",
+            "SIZED_FROM_FREE",
+            "gguf",
+            "write --n-gpu-layers 2",
+        ),
+        ("-ngl 2 ", "-ngl auto -fitt 1024 ", "SIZED_FROM_FREE", "gguf", "--n-gpu-layers auto"),
+        ("-np 1", "-np 4", "LIMIT_TOO_LARGE", "gguf", "--parallel 4 is more than the 1"),
         (" -c 4096", "", "MISSING_LIMIT", "gguf", "add --ctx-size 4096"),
         (" --vram-limit 3355443200", "", "MISSING_LIMIT", "onnx", "3200 MiB × 1048576"),
         (
@@ -244,6 +255,25 @@ def test_lint_reports_each_limit_with_its_terms(
     assert words in found[0].message
     checked = {c.serve: c for c in report.checked}
     assert checked[serve].ok is False
+
+
+@pytest.mark.parametrize(
+    "layers",
+    [
+        "--fit-target ${VRAMCTL_FIT_TARGET_MIB} ",
+        "-ngl auto -fitt $VRAMCTL_FIT_TARGET_MIB ",
+        "-ngl -1 --fit on --fit-target=${VRAMCTL_FIT_TARGET_MIB} ",
+    ],
+)
+def test_lint_accepts_llamacpps_own_fit_to_the_starts_target(
+    tmp_path: Path, mset: Any, layers: str
+) -> None:
+    """llama.cpp's --fit sizes what the command leaves unset (its layers) to the free
+    memory less --fit-target: with the target each start sets (free less the
+    reservation), that is the reservation."""
+    path = compose(tmp_path, GOOD.replace("-ngl 2 ", layers))
+    report = lint_compose(mset, [path], environ={}, models=limit_inputs(mset))
+    assert report.errors == (), [f.message for f in report.errors]
 
 
 def test_lint_reports_a_model_that_cannot_load(tmp_path: Path, mset: Any) -> None:

@@ -69,6 +69,7 @@ from statemachine.enforce import (
     check_cache_types,
     check_elastic,
     check_limit,
+    fits_to_reservation,
     found_value,
     render_cache_types,
     render_elastic,
@@ -743,7 +744,15 @@ def _check_limits(
     findings = [
         found
         for limit, value in pairs
-        if (found := check_limit(limit, value, serve=serve.name, service=service.name))
+        if (
+            found := check_limit(
+                limit,
+                value,
+                serve=serve.name,
+                service=service.name,
+                fitted=fits_to_reservation(limit.flag, service.argv, service.raw),
+            )
+        )
     ]
     elastic = _elastic_for(serve, engine)
     if elastic is not None:

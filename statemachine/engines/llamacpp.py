@@ -9,7 +9,9 @@ Its memory, as llama.cpp's source counts it (ggml-org/llama.cpp, build b11434, t
 
 * ``-ngl N`` (``common/arg.cpp``): ``auto`` is −1 and ``all`` −2; a value ≤ −2 is every
   layer; −1 with ``--fit on`` (the default) sizes the layers from the device's free
-  memory less ``--fit-target`` (1024 MiB), not from a reservation. ``src/llama-model.cpp``
+  memory less ``--fit-target`` (1024 MiB), not from a reservation, unless the target is
+  the start's ``${VRAMCTL_FIT_TARGET_MIB}`` (free less the reservation: accepted).
+  ``src/llama-model.cpp``
   (``i_gpu_start = n_layer + 1 − n_gpu_layers``) puts the output layer on the GPU first,
   then the last N − 1 layers;
 * the context is padded to 256 cells (``src/llama-context.cpp``:
@@ -34,6 +36,9 @@ from statemachine.engines.spec import (
 LAYERS_FLAG = "--n-gpu-layers"
 CONTEXT_FLAG = "--ctx-size"
 PARALLEL_FLAG = "--parallel"
+#: ``-fitt, --fit-target MiB0,MiB1,…`` (common/arg.cpp): the MiB ``--fit`` (on unless
+#: ``--fit off``) leaves free on each device when it sizes what the command leaves unset
+FIT_TARGET_FLAG = "--fit-target"
 UBATCH_FLAG = "--ubatch-size"
 
 #: llama.cpp's KV cache layout (the module's docstring says where each figure is from)
@@ -68,6 +73,7 @@ ENGINE = Engine(
             from_free=("auto", "-1"),
             every=("all",),
             every_below=-2,
+            fit_target=(FIT_TARGET_FLAG, "-fitt"),
         ),
         LimitFlag(CONTEXT_FLAG, LimitKind.CONTEXT_SIZE, ("-c",), env="LLAMA_ARG_CTX_SIZE"),
         LimitFlag(PARALLEL_FLAG, LimitKind.PARALLEL, ("-np",), env="LLAMA_ARG_N_PARALLEL"),

@@ -108,7 +108,7 @@ class LimitFlag:
     memory flag gives it, so the reservation holds), ``from_free`` (llama.cpp's
     ``--n-gpu-layers auto``/``-1``: sized from the device's free memory, not the
     reservation), ``every`` (llama.cpp's ``all``, and any value ≤ ``every_below``: every
-    layer)."""
+    layer); ``fit_target`` below."""
 
     name: str
     kind: LimitKind
@@ -118,6 +118,10 @@ class LimitFlag:
     from_free: tuple[str, ...] = ()
     every: tuple[str, ...] = ()
     every_below: int | None = None
+    #: the flag (and its other spellings) that, given the start's
+    #: ``${VRAMCTL_FIT_TARGET_MIB}`` (free less the reservation), makes a value sized from
+    #: free memory, or none at all, keep to the reservation (llama.cpp's ``--fit-target``)
+    fit_target: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
