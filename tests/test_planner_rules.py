@@ -515,6 +515,26 @@ def test_a_tier_left_quiesced_is_readmitted_while_its_serve_runs() -> None:
     assert "left quiesced" in plan.steps[0].reason
 
 
+def test_only_a_router_tier_left_quiesced_is_readmitted_as_its_own_group() -> None:
+    """A running serve whose tier was left quiesced is readmitted, in a group of its own
+    (not the start planned before it); one that declares no router tier (the tier was
+    dropped from the manifest) has nothing to readmit."""
+    serves = [
+        serve("omni", 8000, EVI, RUN, router_tier="omni-local"),
+        serve("plain", 8000, EVI, RUN),
+        serve("new", 4000, RES, RUN),
+    ]
+    desired, observed = _build(Case(serves, {"omni": up(), "plain": up()}, []))
+    observed = Observed(True, observed.containers, quiesced=frozenset({"omni", "plain"}))
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
+        ("reserve new", "new"),
+        ("start new", "new"),
+        ("await_ready new", "new"),
+        ("readmit omni", "omni"),
+    ]
+
+
 def test_memory_not_back_after_a_stop_still_counts() -> None:
     serves = [serve("omni", 20_000, EVI, RUN), serve("llm", 20_000, OND)]
     desired, _ = _build(Case(serves, {}, []))
