@@ -186,3 +186,19 @@ def test_an_elastic_serve_whose_container_is_anothers_is_never_shrunk() -> None:
         (Action.SHRINK, "moe", 2048),
         (Action.RESERVE, "fast", 6000),
     ]
+
+
+def test_a_quiesced_serve_whose_container_is_anothers_is_not_readmitted() -> None:
+    """A serve whose container is another Compose project's is never acted on: its
+    tier, left quiesced, is not readmitted while that container runs; the same
+    container of its own project is readmitted."""
+    omni = _spec(
+        "omni", Residency.EVICTABLE, 3000, desired=DesiredRun.RUNNING, router_tier="omni-local"
+    )
+    desired = _host(omni)
+    quiesced = frozenset({"omni"})
+    theirs = Observed(True, {"c-omni": _running("theirs")}, quiesced=quiesced)
+    assert plan_transitions(desired, theirs, Policy(), NOW).steps == ()
+    ours = Observed(True, {"c-omni": _running("ours")}, quiesced=quiesced)
+    steps = plan_transitions(desired, ours, Policy(), NOW).steps
+    assert [(s.action, s.serve) for s in steps] == [(Action.READMIT, "omni")]
