@@ -24,6 +24,7 @@ from statemachine.types import (
     OnDemandRequest,
     Residency,
     ServeSpec,
+    StartedWith,
     StartingObs,
 )
 
@@ -169,3 +170,21 @@ def test_a_sizing_engine_still_loading_outside_the_controller_holds_the_next() -
     healthy = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 5)
     plan = plan_transitions(desired(a, b), Observed(True, {"c-a": healthy}), None, NOW)
     assert [s.serve for s in plan.steps if s.action == "start"] == ["b"]
+
+
+def test_a_start_in_progress_is_not_grown_to_what_its_container_was_started_with() -> None:
+    """An elastic serve whose start is in progress is not resized until the start ends,
+    not even grown back to the larger reservation its container's record names; once
+    the start has ended it grows back to that figure as the room allows."""
+    el = Elastic("http://127.0.0.1:1", floor_mib=1000)
+    d = desired(serve("moe", 6000, EVI, elastic=el))
+    record = {"c-moe": StartedWith("moe", ("a",), 8000)}
+    starting = Observed(
+        True, {"c-moe": up()}, starting={"moe": StartingObs(("a",), 6000)}, started_with=record
+    )
+    assert plan_transitions(d, starting, None, NOW).steps == ()
+    ended = Observed(True, {"c-moe": up()}, started_with=record, elastic_mib={"moe": 6000})
+    plan = plan_transitions(d, ended, None, NOW)
+    assert [(f"{s.action} {s.serve}", s.mib, s.to_mib) for s in plan.steps] == [
+        ("grow moe", 2000, 8000)
+    ]
