@@ -563,15 +563,18 @@ def check_limit(
 @dataclass(frozen=True, slots=True)
 class ElasticRender:
     """What an elastic serve's engine needs: its flag on the command line, and the
-    manifest's segment in its configuration (the engine has no segment flag)."""
+    manifest's segment: its segment flag where it has one, else its configuration."""
 
     config: ElasticConfig
     segment_mib: int
 
     @property
     def argv(self) -> tuple[str, ...]:
-        """``("--vram-elastic",)``: the one flag; the segment is configuration only."""
-        return (self.config.flag,)
+        """``("--vram-elastic", "--vram-segment-mib", "1024")``; without a segment flag,
+        the elastic flag alone (the segment is configuration only)."""
+        c = self.config
+        segment = () if c.segment_flag is None else (c.segment_flag, str(self.segment_mib))
+        return (c.flag, *segment)
 
     @property
     def is_default(self) -> bool:
@@ -590,9 +593,15 @@ class ElasticRender:
     @property
     def explanation(self) -> str:
         """Where the segment comes from and where the engine reads it."""
+        c = self.config
+        where = (
+            f"its {c.segment_flag} {self.segment_mib}, else its configuration: {self.setting}"
+            if c.segment_flag is not None
+            else f"only its configuration: {self.setting}"
+        )
         return (
             f"elastic.segment_mib {self.segment_mib} (the manifest): the engine reads its "
-            f"expert-cache segment only from its configuration: {self.setting}"
+            f"expert-cache segment from {where}"
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -619,12 +628,19 @@ def _switched_on(argv: Sequence[str], flag: str) -> bool:
     return False
 
 
+def _segment_given(want: ElasticRender, argv: Sequence[str]) -> str | None:
+    """The value the command gives the engine's segment flag (the last), or ``None``."""
+    flag = want.config.segment_flag
+    return None if flag is None else found_value(argv, LimitFlag(flag, LimitKind.VRAM_BYTES))
+
+
 def check_elastic(
     want: ElasticRender, argv: Sequence[str], *, serve: str, service: str | None = None
 ) -> list[Finding]:
-    """An error for an elastic serve whose command lacks the engine's elastic flag, and
-    else a note that the segment, which only the engine's configuration sets, is not
-    read: it is unknown here, never assumed to be the default."""
+    """An error for an elastic serve whose command lacks the engine's elastic flag, or
+    gives its segment flag another segment than the manifest's; a note where the
+    segment is left to the engine's configuration, which lint does not read: it is
+    unknown here, never assumed to be the default."""
     c = want.config
     facts: dict[str, Any] = {"needs": want.to_json()}
     if not _switched_on(argv, c.flag):
@@ -633,9 +649,21 @@ def check_elastic(
             f'"{c.key}": true, every POST /v1/vram is refused; add {c.flag}'
         )
         return [Finding(FindingKind.ELASTIC_OFF, message, serve, service, facts)]
+    given = _segment_given(want, argv)
+    if given is not None and given.strip() == str(want.segment_mib):
+        return []
+    if given is not None:
+        message = (
+            f"{c.segment_flag} {given} is not the manifest's elastic.segment_mib "
+            f"{want.segment_mib}: every POST /v1/vram would resize by another step than "
+            f"the ledger counts; write {c.segment_flag} {want.segment_mib}"
+        )
+        return [Finding(FindingKind.DISAGREES, message, serve, service, facts)]
+    hint = f"; or write {c.segment_flag} {want.segment_mib}" if c.segment_flag else ""
     message = (
-        f"the engine's segment is unknown: it is set only in the engine's configuration, "
-        f"which lint does not read; that configuration must hold {want.setting}"
+        f"the engine's segment is unknown: the command leaves it to the engine's "
+        f"configuration, which lint does not read; that configuration must hold "
+        f"{want.setting}{hint}"
     )
     return [Finding(FindingKind.ELASTIC_SEGMENT_UNREAD, message, serve, service, facts)]
 

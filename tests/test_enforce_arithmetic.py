@@ -393,15 +393,15 @@ def test_a_flag_is_found_under_every_spelling_and_the_last_wins() -> None:
 # ── the elastic engine ──────────────────────────────────────────────────────────
 
 
-def test_an_elastic_serve_needs_the_flag_and_its_segment_in_the_configuration() -> None:
+def test_an_elastic_serve_needs_the_flag_and_its_segment() -> None:
     config = engines.get("strata").elastic
     assert config is not None
     want = render_elastic(config, 512)
-    assert want.argv == ("--vram-elastic",)  # the engine has no segment flag
+    assert want.argv == ("--vram-elastic", "--vram-segment-mib", "512")
     assert want.explanation == (
         "elastic.segment_mib 512 (the manifest): the engine reads its expert-cache segment "
-        'only from its configuration: "vram_segment_mib": 512, or no entry (the engine\'s '
-        "default is 512)"
+        'from its --vram-segment-mib 512, else its configuration: "vram_segment_mib": 512, '
+        "or no entry (the engine's default is 512)"
     )
     off = check_elastic(want, ["strata", "--model", "m"], serve="moe")
     assert [f.kind for f in off] == [FindingKind.ELASTIC_OFF] and off[0].is_error
@@ -412,14 +412,19 @@ def test_an_elastic_serve_needs_the_flag_and_its_segment_in_the_configuration() 
     (unread,) = check_elastic(want, ["--vram-elastic"], serve="moe")
     assert unread.kind is FindingKind.ELASTIC_SEGMENT_UNREAD and not unread.is_error
     assert unread.message.endswith(
-        'must hold "vram_segment_mib": 512, or no entry (the engine\'s default is 512)'
+        'must hold "vram_segment_mib": 512, or no entry (the engine\'s default is 512); or '
+        "write --vram-segment-mib 512"
     )
     other = render_elastic(config, 1024)
-    # a segment flag is not the engine's: it is not read as the segment either
-    (unread,) = check_elastic(other, ["--vram-elastic", "--vram-segment-mib=1024"], serve="m")
-    assert unread.kind is FindingKind.ELASTIC_SEGMENT_UNREAD
-    assert unread.message.endswith(
-        'must hold "vram_segment_mib": 1024 (the engine\'s default, 512, is not it)'
+    # the engine's segment flag is read: the manifest's segment, or an error
+    assert check_elastic(other, ["--vram-elastic", "--vram-segment-mib=1024"], serve="m") == []
+    assert check_elastic(other, ["--vram-elastic", "--vram-segment-mib", "1024"], serve="m") == []
+    (wrong,) = check_elastic(other, ["--vram-elastic", "--vram-segment-mib", "512"], serve="m")
+    assert wrong.kind is FindingKind.DISAGREES and wrong.is_error
+    assert wrong.message == (
+        "--vram-segment-mib 512 is not the manifest's elastic.segment_mib 1024: every "
+        "POST /v1/vram would resize by another step than the ledger counts; write "
+        "--vram-segment-mib 1024"
     )
 
 

@@ -81,7 +81,7 @@ def test_the_elastic_configuration_holds_the_segment_and_the_flag_switches_it_on
     assert config is not None
     want = render_elastic(config, 1024)
     assert want.to_json()["config"] == {config.key: True, config.segment_key: 1024}
-    assert want.to_json()["argv"] == ["--vram-elastic"]
+    assert want.to_json()["argv"] == ["--vram-elastic", "--vram-segment-mib", "1024"]
     for on in (["--vram-elastic"], ["--vram_elastic=true"], ["--vram-elastic=ON"]):
         assert [f.kind for f in check_elastic(want, on, serve="moe")] == [
             FindingKind.ELASTIC_SEGMENT_UNREAD

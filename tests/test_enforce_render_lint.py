@@ -188,7 +188,8 @@ def test_render_splits_llamacpps_layers_and_onnx_genai_gets_bytes(mset: Any) -> 
     assert gguf.argv == ("--n-gpu-layers", "2", "--ctx-size", "4096", "--parallel", "1")
     assert render_serve(mset, "onnx", models=models).argv == ("--vram-limit", "3355443200")
     moe = render_serve(mset, "moe", models=models)
-    assert moe.argv == ("--vram-elastic",) and moe.elastic is not None
+    assert moe.argv == ("--vram-elastic", "--vram-segment-mib", "1024")
+    assert moe.elastic is not None
     assert '"vram_segment_mib": 1024 (the engine\'s default, 512' in moe.elastic.explanation
 
 

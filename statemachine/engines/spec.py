@@ -197,14 +197,15 @@ class CacheTypes:
 @dataclass(frozen=True, slots=True)
 class ElasticConfig:
     """What an engine with ``POST /v1/vram`` needs to be elastic: ``flag`` on the command
-    line (or its configuration key ``key`` true), and the segment size, which the engine
-    reads from its configuration key ``segment_key`` alone (``default_segment_mib`` when
-    unset), equal to the manifest's ``elastic.segment_mib``."""
+    line (or its configuration key ``key`` true), and the segment size, equal to the
+    manifest's ``elastic.segment_mib``: ``segment_flag`` on the command line, else its
+    configuration key ``segment_key`` (``default_segment_mib`` when neither is set)."""
 
     flag: str
     key: str
     segment_key: str
     default_segment_mib: int
+    segment_flag: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
