@@ -993,6 +993,26 @@ def test_an_exited_elastic_serve_whose_memory_is_not_back_is_not_grown() -> None
     assert lines(plan) == []
 
 
+def test_an_elastic_serve_without_a_reservation_is_not_grown() -> None:
+    """Grow back is to a serve's reservation: an elastic serve that declares none (it
+    was dropped from the manifest while its container runs) has nothing to grow back
+    to, though its container's start record still counts it in the ledger."""
+    from statemachine.types import StartedWith
+
+    case = Case(
+        [serve("moe", None, EVI, RUN, elastic=Elastic(ELASTIC, 1000, segment_mib=1000))],
+        {"moe": up()},
+        [],
+        elastic_mib={"moe": 4000},
+    )
+    desired, observed = _build(case)
+    observed = replace(observed, started_with={"c-moe": StartedWith("moe", ("a",), 8000)})
+    plan = plan_transitions(desired, observed, Policy(), NOW)
+    assert plan.ledger_before.holdings["moe"].mib == 8000
+    assert plan.steps == ()
+    assert plan.blocked == ()
+
+
 def test_a_backfill_that_does_not_fit_lists_every_holder_of_its_role_as_protected() -> None:
     """A requester that may stop nothing (not on-demand) is blocked with each holder on
     its short role protected, with the reason it may not stop them; one that exited
