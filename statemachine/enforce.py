@@ -18,7 +18,11 @@ Each engine's :class:`~statemachine.engines.spec.LimitFlag` entries name a
   embeddings on the CPU); refused when not even those fit.
 * ``context-size`` (llama.cpp ``--ctx-size``): the serve's context (default the model's)
   × its parallel sequences, which llama-server shares among its slots.
-* ``vram-bytes`` (onnx-genai ``--vram-limit``): ``vram_mib`` × 1048576.
+* ``vram-bytes`` (onnx-genai ``--vram-limit``): (``vram_mib`` − ``engine_overhead_mib``)
+  × 1048576: the engine's limit holds its weights and KV cache, not its CUDA context,
+  activations nor runtime; unknown while the overhead is undeclared. Lint reads it as
+  the engine does: bytes, ``KiB``/``MiB``/``GiB``/``KB``/``MB``/``GB``, a fraction of
+  the device, ``auto`` (sized from the device, not the reservation).
 
 A serve on several GPU roles reserves ``vram_mib`` on each: its engine splits weights and
 KV heads among them (tensor parallel), so the context and layer limits count the
@@ -134,6 +138,8 @@ class Limit:
     all_at: int | None = None
     #: what the engine reads a value of 0 as (llama.cpp's ``--ctx-size 0``: the model's own)
     zero_means: int | None = None
+    #: the device's bytes, which a fraction written for a byte limit is of (unknown: None)
+    device_bytes: int | None = None
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -167,6 +173,10 @@ class Reserved:
     gpus: int = 1
     flag_bytes: int | None = None
     flag_text: str = ""
+    #: the engine's use outside its own limit (``engine_overhead_mib``; None: undeclared)
+    overhead_mib: int | None = None
+    #: the smallest of its devices' totals (for a limit written as a fraction)
+    device_mib: int | None = None
 
 
 def _reservation(reserved: Reserved) -> tuple[int, str]:
@@ -365,18 +375,67 @@ def _partial_layers(
 
 
 def _vram_bytes(flag: LimitFlag, budget: Reserved) -> Limit:
-    """``vram-bytes``: the reservation in bytes (of one GPU), kept by the engine at load."""
-    size, reserved = _reservation(Reserved(budget.vram_mib))
-    return Limit(
-        flag,
-        size,
-        (
-            reserved,
-            "the engine derives its weight offload from the limit less its device state "
-            "and fails at load, with its arithmetic, when the model cannot fit; it does not "
-            "subtract activations nor its runtime overhead (unknown)",
-        ),
+    """``vram-bytes``: the reservation less the engine's declared overhead, in bytes (of
+    one GPU): the engine's limit holds its weights and KV cache only, not its CUDA
+    context, activations nor runtime (its docs), which stay within the reservation."""
+    _, reserved = _reservation(Reserved(budget.vram_mib))
+    device = None if budget.device_mib is None else budget.device_mib * MIB
+    overhead = budget.overhead_mib
+    keeps = (
+        "the engine keeps its weights and KV cache within the limit and fails at load, with "
+        "its arithmetic, when the model cannot fit; its CUDA context, activations and "
+        "runtime are outside it"
     )
+    if overhead is None:
+        why = (
+            "the engine's use outside its limit is unknown: declare engine_overhead_mib "
+            "(measure it with vramctl calibrate); the whole reservation as its limit would "
+            "let the process exceed it by that much"
+        )
+        return Limit(flag, None, (reserved, keeps), problem=why, device_bytes=device)
+    value = (budget.vram_mib - overhead) * MIB
+    terms = (
+        reserved,
+        f"engine_overhead_mib {overhead} (declared): ({budget.vram_mib} − {overhead}) MiB × "
+        f"{MIB} = {value} bytes",
+        keeps,
+    )
+    if value <= 0:
+        why = f"engine_overhead_mib {overhead} leaves nothing of vram_mib {budget.vram_mib}"
+        return Limit(flag, None, terms, problem=why, refused=True, device_bytes=device)
+    return Limit(flag, value, terms, device_bytes=device)
+
+
+#: byte units a byte limit may carry (onnx-genai's parse_resource_limit)
+_BYTE_UNITS = {
+    "KiB": 1024,
+    "MiB": 1024**2,
+    "GiB": 1024**3,
+    "KB": 1000,
+    "MB": 1000**2,
+    "GB": 1000**3,
+}
+
+
+def _bytes_value(word: str, limit: Limit) -> int | None:
+    """A byte limit as written: a count of bytes, a number with a byte unit (``8GiB``,
+    ``1.5MB``, rounded), or a fraction in [0, 1] of the device (``None``: unreadable, or
+    a fraction of a device whose total is unknown)."""
+    if word.isdigit():
+        return int(word)
+    unit = next((u for u in _BYTE_UNITS if word.endswith(u)), None)
+    number = word[: -len(unit)] if unit else word
+    try:
+        value = Decimal(number)
+    except InvalidOperation:
+        return None
+    if not value.is_finite() or value < 0:
+        return None
+    if unit is not None:
+        return int((value * _BYTE_UNITS[unit]).to_integral_value())
+    if value > 1 or limit.device_bytes is None:
+        return None
+    return int(value * limit.device_bytes)
 
 
 #: the kinds computed from the model's files, and the one that needs none
@@ -412,18 +471,22 @@ def render_limits(
     *,
     gpus: int,
     flag_budget: tuple[int, str] | None = None,
+    overhead_mib: int | None = None,
+    device_mib: int | None = None,
 ) -> tuple[Limit, ...]:
     """The limit flags of ``engine`` for a reservation of ``vram_mib`` on each of ``gpus``
     roles and the serve's ``model`` (``None``: no ``[serve.model]``; a text: why its
     files are unknown). ``flag_budget``: the bytes the engine's memory flag gives it on
-    one GPU, and how (:func:`statemachine.engine_flags.flag_budget`), counted where the
-    engine's weights and KV cache live within it (``budget_from_flag``)."""
+    one GPU, and how (:meth:`statemachine.engine_flags.RenderResult.budget`), counted
+    where the engine's weights and KV cache live within it (``budget_from_flag``);
+    ``overhead_mib`` the serve's ``engine_overhead_mib``; ``device_mib`` the smallest of
+    its devices' totals (what a byte limit written as a fraction is of)."""
     if engine is None or vram_mib is None:
         return ()
     flag_bytes, flag_text = flag_budget if flag_budget else (None, "")
     if not engine.budget_from_flag:
         flag_bytes = None
-    reserved = Reserved(vram_mib, max(1, gpus), flag_bytes, flag_text)
+    reserved = Reserved(vram_mib, max(1, gpus), flag_bytes, flag_text, overhead_mib, device_mib)
     found = (_render_one(flag, reserved, model, engine.kv_layout) for flag in engine.limit_flags)
     return tuple(limit for limit in found if limit is not None)
 
@@ -468,6 +531,8 @@ def _number(text: str, limit: Limit) -> int | None:
     may carry a ``k``/``K``/``m``/``M`` suffix."""
     word = text.strip()
     kind = limit.flag.kind
+    if kind is LimitKind.VRAM_BYTES:
+        return _bytes_value(word, limit)
     if _every(word, limit.flag):
         return _SEARCH_CAP
     if word == "0" and limit.zero_means is not None:
@@ -541,9 +606,10 @@ def check_limit(
     if word in limit.flag.from_free:
         return finding(
             FindingKind.SIZED_FROM_FREE,
-            f"{name} {found} is sized by the engine from the device's free memory when it "
-            f"starts, not from the reservation: on a shared card it takes what the others "
-            f"have not claimed yet; write {name} {limit.value} ({limit.explanation})",
+            f"{name} {found} is sized by the engine from the device when it starts (its "
+            f"free memory, or its capacity), not from the reservation: on a shared card it "
+            f"takes what the others have not claimed; write {name} {limit.value} "
+            f"({limit.explanation})",
         )
     value = _number(found, limit)
     if value is None:

@@ -106,7 +106,7 @@ def test_tensor_parallel_counts_the_reservation_on_every_gpu() -> None:
     assert "reservation 10000 MiB × 1048576 × 2 GPUs (tensor parallel) = 20971520000" in (
         two.explanation
     )
-    (limit,) = render_limits(engines.get("onnx-genai"), 10000, None, gpus=2)
+    (limit,) = render_limits(engines.get("onnx-genai"), 10000, None, gpus=2, overhead_mib=0)
     assert limit.value == 10000 * MIB  # one device's limit
 
 
@@ -317,11 +317,57 @@ def test_the_layer_split_fits_and_one_layer_more_would_not(
 # ── onnx-genai: --vram-limit ────────────────────────────────────────────────────
 
 
-def test_the_vram_limit_is_the_reservation_in_bytes_with_or_without_a_model() -> None:
-    (limit,) = one("onnx-genai", 3200, None)
-    assert limit.argv == ("--vram-limit", "3355443200")
+def onnx(vram_mib: int, overhead_mib: int | None, device_mib: int | None = None) -> Limit:
+    (limit,) = render_limits(
+        engines.get("onnx-genai"),
+        vram_mib,
+        None,
+        gpus=1,
+        overhead_mib=overhead_mib,
+        device_mib=device_mib,
+    )
+    return limit
+
+
+def test_the_vram_limit_is_the_reservation_less_the_declared_overhead() -> None:
+    """onnx-genai's limit holds its weights and KV cache, not its CUDA context,
+    activations or runtime: the reservation less the serve's engine_overhead_mib."""
+    limit = onnx(3200, 700)
+    assert limit.argv == ("--vram-limit", str(2500 * MIB))
     assert "reservation 3200 MiB × 1048576 = 3355443200 bytes" in limit.explanation
-    assert one("onnx-genai", 3200, model())[0].value == 3200 * MIB
+    assert "engine_overhead_mib 700 (declared): (3200 − 700) MiB × 1048576 = 2621440000" in (
+        limit.explanation
+    )
+    with_model = render_limits(engines.get("onnx-genai"), 3200, model(), gpus=1, overhead_mib=0)
+    assert with_model[0].value == 3200 * MIB
+
+
+def test_without_a_declared_overhead_the_vram_limit_is_unknown_not_the_reservation() -> None:
+    limit = onnx(3200, None)
+    assert (limit.value, limit.refused, limit.argv) == (None, False, ())
+    assert "declare engine_overhead_mib" in str(limit.problem)
+    unknown = check_limit(limit, "3355443200", serve="s")
+    assert unknown is not None and unknown.kind is FindingKind.LIMIT_UNKNOWN
+    refused = onnx(3200, 3200)
+    assert refused.refused and "leaves nothing of vram_mib 3200" in str(refused.problem)
+
+
+def test_the_vram_limit_is_read_as_the_engine_reads_it() -> None:
+    """Bytes, binary and decimal units (rounded), a fraction of the device, auto."""
+    limit = onnx(3200, 200, device_mib=100_000)  # 3000 MiB = 3145728000 bytes
+    for within in ("3145728000", "3000MiB", "2.9GiB", "3GB", "0.03", "1024KiB"):
+        assert check_limit(limit, within, serve="s") is None, within
+    for over in ("3145728001", "3001MiB", "3.2GB", "0.031"):
+        got = check_limit(limit, over, serve="s")
+        assert got is not None and got.kind is FindingKind.LIMIT_TOO_LARGE, over
+    auto = check_limit(limit, "auto", serve="s")
+    assert auto is not None and auto.kind is FindingKind.SIZED_FROM_FREE
+    for bad in ("3TiB", "1.5", "-1", "lots", "4e9"):
+        got = check_limit(limit, bad, serve="s")
+        assert got is not None and got.kind is FindingKind.BAD_VALUE, bad
+    no_device = onnx(3200, 200)
+    got = check_limit(no_device, "0.5", serve="s")
+    assert got is not None and got.kind is FindingKind.BAD_VALUE  # of a total unknown here
 
 
 # ── checks ──────────────────────────────────────────────────────────────────────

@@ -101,6 +101,7 @@ container = "onnx-genai"
 engine = "onnx-genai"
 gpu_role = "a"
 vram_mib = 3200
+engine_overhead_mib = 200
 
 [[serve]]
 name = "moe"
@@ -130,7 +131,7 @@ gguf:
 onnx:
   image: ghcr.io/acme/onnx-genai:1
   container_name: onnx-genai
-  command: onnx-genai serve --model /m --vram-limit 3355443200
+  command: onnx-genai serve --model /m --vram-limit 3145728000
 moe:
   image: ghcr.io/acme/strata:1
   container_name: strata-moe
@@ -186,7 +187,7 @@ def test_render_splits_llamacpps_layers_and_onnx_genai_gets_bytes(mset: Any) -> 
     # 1048576 of no layer + the last layer's 1114112 + its 262144 of KV ≤ 3 MiB; not both:
     # the output layer (counted first) and the last layer
     assert gguf.argv == ("--n-gpu-layers", "2", "--ctx-size", "4096", "--parallel", "1")
-    assert render_serve(mset, "onnx", models=models).argv == ("--vram-limit", "3355443200")
+    assert render_serve(mset, "onnx", models=models).argv == ("--vram-limit", "3145728000")
     moe = render_serve(mset, "moe", models=models)
     assert moe.argv == ("--vram-elastic", "--vram-segment-mib", "1024")
     assert moe.elastic is not None
@@ -221,7 +222,7 @@ def test_lint_passes_the_flags_the_reservations_render(tmp_path: Path, mset: Any
         (" --max-model-len 7664", "", "MISSING_LIMIT", "chat", "add --max-model-len 7664"),
         ("-ngl 2 ", "-ngl 99 ", "LIMIT_TOO_LARGE", "gguf", "one layer more: 4784128"),
         ("-c 4096", "-c 8192", "LIMIT_TOO_LARGE", "gguf", "--ctx-size 8192"),
-        ("-ngl 2 ", "-ngl auto ", "SIZED_FROM_FREE", "gguf", "from the device's free memory"),
+        ("-ngl 2 ", "-ngl auto ", "SIZED_FROM_FREE", "gguf", "from the device when it starts"),
         ("-ngl 2 ", "", "MISSING_LIMIT", "gguf", "add --n-gpu-layers 2"),
         (
             "-ngl 2 ",
@@ -233,15 +234,15 @@ def test_lint_passes_the_flags_the_reservations_render(tmp_path: Path, mset: Any
         ("-ngl 2 ", "-ngl auto -fitt 1024 ", "SIZED_FROM_FREE", "gguf", "--n-gpu-layers auto"),
         ("-np 1", "-np 4", "LIMIT_TOO_LARGE", "gguf", "--parallel 4 is more than the 1"),
         (" -c 4096", "", "MISSING_LIMIT", "gguf", "add --ctx-size 4096"),
-        (" --vram-limit 3355443200", "", "MISSING_LIMIT", "onnx", "3200 MiB × 1048576"),
+        (" --vram-limit 3145728000", "", "MISSING_LIMIT", "onnx", "(3200 − 200) MiB × 1048576"),
         (
-            " --vram-limit 3355443200",
+            " --vram-limit 3145728000",
             "\n  environment:\n    ONNX_GENAI_VRAM_LIMIT: '4000000000'",
             "LIMIT_TOO_LARGE",
             "onnx",
-            "--vram-limit 4000000000 is more than the 3355443200",
+            "--vram-limit 4000000000 is more than the 3145728000",
         ),
-        ("--vram-limit 3355443200", "--vram-limit 4e9", "BAD_VALUE", "onnx", "whole number"),
+        ("--vram-limit 3145728000", "--vram-limit 4e9", "BAD_VALUE", "onnx", "whole number"),
         (', "--vram-elastic"', "", "ELASTIC_OFF", "moe", "lacks --vram-elastic"),
     ],
 )
@@ -449,7 +450,7 @@ def test_the_render_command_prints_the_flags_and_their_arithmetic(tmp_path: Path
     big = cli("render", "big", "-m", str(path))
     assert big.returncode == 1 and "cannot load in its reservation" in big.stderr
     onnx = cli("render", "onnx", "-m", str(path), "--json")
-    assert json.loads(onnx.stdout)["limits"][0]["value"] == 3355443200
+    assert json.loads(onnx.stdout)["limits"][0]["value"] == 3145728000
     (tmp_path / "tiny.gguf").unlink()
     gone = cli("render", "chat", "-m", str(path))
     assert gone.returncode == 0 and gone.stdout.strip() == "--gpu-memory-utilization 0.0500"

@@ -315,6 +315,12 @@ class ServeModel(BaseModel):
     vram_mib: OptPositiveMiB = Field(
         default=None, description="MiB reserved on each of the serve's gpu roles."
     )
+    engine_overhead_mib: OptNonNegativeMiB = Field(
+        default=None,
+        description="MiB the engine uses outside its own memory limit (CUDA context, "
+        "activations, runtime): onnx-genai's --vram-limit is vram_mib less it "
+        "(docs/limits.md); measure it with `vramctl calibrate`.",
+    )
     residency: OptResidency = Field(
         default=None,
         description="resident | evictable | on-demand (case-insensitive, _ for -).",

@@ -609,13 +609,7 @@ def render_serve(
         source,
         None if service is None else service.name,
         sleep_needs(protocol),
-        render_limits(
-            engines.lookup(key),
-            serve.vram_mib,
-            (models or {}).get(name),
-            gpus=serve.cards,
-            flag_budget=result.budget(),
-        ),
+        _limits(serve, key, (models or {}).get(name), result, result.budget()),
         _elastic_for(serve, key),
         _cache_types_for(serve, key),
     )
@@ -728,17 +722,37 @@ def _command_budget(render: RenderResult, found: str | None) -> tuple[int, str] 
     return render.budget(given)
 
 
+def _limits(
+    serve: ServeModel,
+    engine: str | None,
+    model: Model | None,
+    render: RenderResult,
+    budget: tuple[int, str] | None,
+) -> tuple[Limit, ...]:
+    """The engine's limit flags for ``serve``: its reservation, model, declared overhead,
+    the budget its memory flag gives it and its devices' smallest total."""
+    smallest = min((t.total_mib for t in render.totals), default=None)
+    return render_limits(
+        engines.lookup(engine),
+        serve.vram_mib,
+        model,
+        gpus=serve.cards,
+        flag_budget=budget,
+        overhead_mib=serve.engine_overhead_mib,
+        device_mib=smallest,
+    )
+
+
 def _check_limits(
     serve: ServeModel,
     service: ComposeService,
     engine: str | None,
     model: Model | None,
-    budget: tuple[int, str] | None = None,
+    render: RenderResult,
+    budget: tuple[int, str] | None,
 ) -> tuple[tuple[tuple[Limit, str | None], ...], list[Finding]]:
     """The engine's limit flags and the elastic configuration against the command."""
-    limits = render_limits(
-        engines.lookup(engine), serve.vram_mib, model, gpus=serve.cards, flag_budget=budget
-    )
+    limits = _limits(serve, engine, model, render, budget)
     env = service.environment
     pairs = tuple((limit, found_value(service.argv, limit.flag, env)) for limit in limits)
     findings = [
@@ -810,7 +824,7 @@ def _check_pair(
             )
         )
     budget = _command_budget(render, found)
-    limits, limit_findings = _check_limits(serve, service, engine, model, budget)
+    limits, limit_findings = _check_limits(serve, service, engine, model, render, budget)
     main = check_fraction(render, found, tolerance=tolerance, service=service.name, raw=service.raw)
     # an engine held by its limit flags is not "kept by the ledger only"
     if main is not None and not (limits and main.kind is FindingKind.NO_ENGINE_FLAG):
