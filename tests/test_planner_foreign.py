@@ -23,6 +23,10 @@ from statemachine.types import (
     OnDemandRequest,
     Residency,
     ServeSpec,
+    Sleep,
+    SleepObs,
+    SleepProtocol,
+    SleepState,
 )
 
 NOW = 1_000_000.0
@@ -202,3 +206,28 @@ def test_a_quiesced_serve_whose_container_is_anothers_is_not_readmitted() -> Non
     ours = Observed(True, {"c-omni": _running("ours")}, quiesced=quiesced)
     steps = plan_transitions(desired, ours, Policy(), NOW).steps
     assert [(s.action, s.serve) for s in steps] == [(Action.READMIT, "omni")]
+
+
+def test_a_sleeper_whose_container_is_anothers_is_never_woken() -> None:
+    """A serve whose container is another Compose project's is never acted on, whatever
+    sleep state is observed for it: while that container runs it is neither woken nor
+    reported as blocked; the same container of its own project is woken."""
+    coder = _spec(
+        "coder",
+        Residency.EVICTABLE,
+        3000,
+        desired=DesiredRun.RUNNING,
+        sleep=Sleep(1, 500, SleepProtocol.VLLM),
+    )
+    desired = _host(coder)
+    asleep = {"coder": SleepObs(SleepState.ASLEEP, level=1)}
+    theirs = Observed(True, {"c-coder": _running("theirs")}, sleep=asleep)
+    plan = plan_transitions(desired, theirs, Policy(), NOW)
+    assert plan.steps == () and plan.blocked == ()
+    ours = Observed(True, {"c-coder": _running("ours")}, sleep=asleep)
+    steps = plan_transitions(desired, ours, Policy(), NOW).steps
+    assert [(s.action, s.serve) for s in steps] == [
+        (Action.RESERVE_WAKE, "coder"),
+        (Action.WAKE, "coder"),
+        (Action.AWAIT_READY, "coder"),
+    ]
