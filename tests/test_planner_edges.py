@@ -919,6 +919,28 @@ def test_a_start_in_progress_is_not_grown_even_with_room() -> None:
     assert lines(plan_of(case)) == ["grow moe"]
 
 
+def test_grow_back_comes_before_backfill_and_is_its_own_group() -> None:
+    """Shrunk elastic serves grow back before the backfill starts (docs/eviction.md):
+    moe takes back its 6000, in a group of its own, and the evictable serve desired
+    running that would have fitted in the room before it is blocked."""
+    case = Case(
+        [
+            serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000)),
+            serve("fill", 12_000, EVI, RUN),
+        ],
+        {"moe": up()},
+        [],
+        elastic_mib={"moe": 14_000},
+    )
+    plan = plan_of(case)
+    assert [(f"{s.action} {s.serve}", s.group, s.mib, s.to_mib) for s in plan.steps] == [
+        ("grow moe", "moe", 6000, 20_000)
+    ]
+    (b,) = plan.blocked
+    assert b.serve == "fill"
+    assert "committed 20000 (moe 20000); free 10000; needs 12000; short 2000" in b.reason
+
+
 def test_grow_back_looks_past_serves_that_do_not_run_or_are_full() -> None:
     # idle (declared first) does not run, full holds all of its vram_mib: moe still grows
     case = Case(
