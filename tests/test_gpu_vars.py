@@ -177,3 +177,24 @@ def test_a_start_tells_up_the_fraction_of_what_it_will_find_free(tmp_path: Path)
     assert argv == ("./up.sh", "--mem-fraction-static=0.2500", "--fit-target=12000")
     assert env["VRAMCTL_FREE_MIB"] == "16000"
     assert env["VRAMCTL_FRACTION_OF_FREE"] == "0.2500"
+
+
+def test_render_shows_sglangs_fraction_for_a_start_on_the_observed_host() -> None:
+    """render names the variable and, with an observation, what a start would set now:
+    the card's 49140 MiB less what the others hold in the ledger (the summarizer's own
+    reservation left out), and its 8192 MiB over that."""
+    from test_enforce_render_lint import cli
+
+    repo = Path(__file__).resolve().parent.parent / "manifests" / "examples"
+    args = ("render", "summarizer", "-m", str(repo / "sleep-card.toml"))
+    observed = ("--observed", str(repo / "sleep-card.observed.json"))
+    r = cli(*args, *observed)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[:2] == ["--mem-fraction-static", "${VRAMCTL_FRACTION_OF_FREE}"]
+    assert (
+        "at a start on the observed host: VRAMCTL_FREE_MIB=26612; "
+        "VRAMCTL_FRACTION_OF_FREE=0.3078 (vram_mib 8192 ÷ the MiB free)"
+    ) in r.stderr
+    assert 8192 * 10**4 // 26612 == 3078
+    plain = cli(*args)
+    assert plain.returncode == 0 and "at a start" not in plain.stderr

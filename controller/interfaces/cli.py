@@ -1777,8 +1777,9 @@ def render_cmd(
     # the engine's fraction flag, where it has one, is needed as before
     unfit = answer.result.flag is not None and answer.result.text is None
     rendered = bool(answer.argv) and not answer.refused and not unfit
+    now = _start_values(mset, serve, observed) if answer.result.of_free else None
     if json_out:
-        _print_json(answer.to_json())
+        _print_json(answer.to_json() if now is None else {**answer.to_json(), "at_start": now})
     elif not rendered:
         problems = [str(answer.result.problem)] if unfit or not answer.argv else []
         problems += [f"{x.flag.name}: {x.explanation}" for x in answer.refused]
@@ -1786,7 +1787,33 @@ def render_cmd(
             render.error(f"{serve}: {problem}")
     else:
         _render_flags(answer)
+        if now is not None:
+            render.err.print(f"at a start on the observed host: {now['text']}", markup=False)
     raise typer.Exit(0 if rendered else 1)
+
+
+def _start_values(mset: ManifestSet, serve: str, observed: Path | None) -> dict[str, Any] | None:
+    """What a start of ``serve`` would set now on the host ``observed`` saw
+    (``VRAMCTL_FREE_MIB``, ``VRAMCTL_FRACTION_OF_FREE``: statemachine/gpu_vars.py), the
+    others counted as the ledger counts them; ``None`` without an observation."""
+    from statemachine.gpu_vars import free_at_start, gpu_placement
+    from statemachine.ledger import ledger_from_observed
+
+    if observed is None:
+        return None
+    obs = _observe(observed, mset).to_observed()
+    desired = mset.desired()
+    spec = desired.serves[serve]
+    roles = spec.gpu_roles
+    free = free_at_start(roles, serve, ledger_from_observed(desired, obs), desired.roles, obs.gpus)
+    placed = gpu_placement(roles, desired.roles, obs.gpus, free=free, vram_mib=spec.vram_mib)
+    names = ("VRAMCTL_FREE_MIB", "VRAMCTL_FRACTION_OF_FREE")
+    values = {n: placed.values.get(n) for n in names}
+    said = "; ".join(
+        f"{n}={v}" if v is not None else f"{n} unknown: {placed.unknown[n]}"
+        for n, v in values.items()
+    )
+    return {**values, "text": f"{said} (vram_mib {spec.vram_mib} ÷ the MiB free)"}
 
 
 def _render_flags(answer: RenderedServe) -> None:
