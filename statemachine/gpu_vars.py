@@ -110,7 +110,7 @@ def _room(role: str, facts: StartFacts) -> tuple[int, int] | Unknown:
         return free
     if facts.vram_mib is None:
         return Unknown("the serve has no vram_mib")
-    if free < facts.vram_mib or free <= 0:
+    if free < facts.vram_mib:  # vram_mib is at least 1: a positive free MiB divides it
         return Unknown(f"gpu role {role} has {free} MiB free, less than vram_mib {facts.vram_mib}")
     return free, facts.vram_mib
 

@@ -187,6 +187,17 @@ def test_vllms_groups_pad_each_kind_to_one_size() -> None:
     assert layer_groups(8, 40, vllm) == (8, 40, 8)
     assert layer_groups(32, 0, vllm) == (32, 0, 32)  # one kind: one group of every layer
     assert layer_groups(10, 52, KvLayout()) == (10, 52, 52)  # no groups: as they are
+    # 5 is not under 1.25 × 4: the smaller count, 4 (vLLM: max < min × 1.25)
+    assert layer_groups(5, 4, vllm) == (8, 4, 4)
+    assert layer_groups(4, 4, vllm) == (4, 4, 4)
+
+
+def test_a_model_without_layers_caches_nothing() -> None:
+    none = Architecture("p", 0, 8, 128, 128, 8192)
+    for engine in ("vllm", "llamacpp"):
+        layout = engines.get(engine).kv_layout
+        got = engine_kv(none, context=8192, kv_dtype="bf16", parallel=1, layout=layout)
+        assert got.bytes == 0, engine
 
 
 # ── llama.cpp ──────────────────────────────────────────────────────────────────

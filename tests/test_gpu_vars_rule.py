@@ -15,9 +15,11 @@ from statemachine.gpu_vars import (
     GPU_VARIABLES,
     Unknown,
     UnknownPlaceholderError,
+    free_at_start,
     gpu_placement,
     start_free_mib,
 )
+from statemachine.ledger import GpuReservation, Ledger
 from statemachine.types import GpuObs, GpuRole
 
 ROLES = {
@@ -175,3 +177,50 @@ def test_several_roles_take_the_least_fraction_and_a_target_each() -> None:
     assert placed.values["VRAMCTL_FIT_TARGET_MIB"] == "12564,6564"
     unknown = gpu_placement(("a", "b"), roles, None, free={"a": Unknown("no")}, vram_mib=1)
     assert set(unknown.unknown) >= MEMORY
+
+
+def test_a_reservation_that_is_all_the_free_memory_is_the_whole_of_it() -> None:
+    roles = {"a": GpuRole("a", 24564)}
+    placed = gpu_placement(("a",), roles, None, free={"a": 12000}, vram_mib=12000)
+    assert placed.values["VRAMCTL_FRACTION_OF_FREE"] == "1.0000"
+    assert placed.values["VRAMCTL_FIT_TARGET_MIB"] == "0"
+    short = gpu_placement(("a",), roles, None, free={"a": 11999}, vram_mib=12000)
+    assert "has 11999 MiB free, less than vram_mib 12000" in short.unknown["VRAMCTL_FIT_TARGET_MIB"]
+    no_mib = gpu_placement(("a",), roles, None, free={"a": 11999}, vram_mib=None)
+    assert no_mib.unknown["VRAMCTL_FRACTION_OF_FREE"] == "the serve has no vram_mib"
+
+
+def test_nvml_reading_the_same_as_the_ledger_is_said_as_the_ledger() -> None:
+    assert start_free_mib(24564, 6000, 18564) == (
+        18564,
+        "capacity 24564 − 6000 MiB the others hold = 18564 (NVML measured 18564 free)",
+    )
+
+
+def test_the_free_memory_at_a_start_leaves_the_serves_own_reservation_out() -> None:
+    """The ledger holds the serve's own reservation once it is reserved: what the
+    engine finds free is what the others leave, each role on its own, with NVML's
+    reading of the role's device where it is more."""
+    roles = {
+        "a": GpuRole("a", 24564, uuid="GPU-aaaa"),
+        "b": GpuRole("b", 24564, uuid="GPU-bbbb"),
+    }
+    ledger = Ledger(
+        roles,
+        [
+            GpuReservation("llm", ("a", "b"), 8000),
+            GpuReservation("other", ("a",), 6000),
+            GpuReservation("third", ("b",), 2000),
+        ],
+    )
+    seen = (GpuObs("GPU-aaaa", free_mib=20000), GpuObs("GPU-bbbb", free_mib=1000))
+    got = free_at_start(("a", "b", "ghost"), "llm", ledger, roles, seen)
+    assert got["a"] == 20000  # NVML measured more than the 18564 the ledger leaves
+    assert got["b"] == 22564  # the ledger's: 24564 − 2000
+    ghost = got["ghost"]
+    assert isinstance(ghost, Unknown) and "no [[gpu_roles]] row" in ghost.why
+    # a serve not yet in the ledger: every reservation there is another's
+    assert free_at_start(("a",), "new", ledger, roles, None) == {"a": 24564 - 14000}
+    # a role the serve is not on in the ledger: nothing of its own to leave out
+    mine = Ledger(roles, [GpuReservation("llm", ("a",), 8000)])
+    assert free_at_start(("b",), "llm", mine, roles, None) == {"b": 24564}

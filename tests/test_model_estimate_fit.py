@@ -79,8 +79,10 @@ def test_the_known_terms_are_the_sum_of_the_figures_printed() -> None:
     assert "weights 1 MiB + KV cache 1 MiB (…) = 2 MiB" in check_reservation(2, tiny).message
     # 6976 + 32768 bytes fit in 1 MiB: compared in bytes, not in the figures rounded apart
     fits = check_reservation(1, tiny)
-    assert (fits.verdict, fits.shortfall_mib) == ("ok", None)
+    assert (fits.verdict, fits.shortfall_mib, fits.excess_mib) == ("ok", None, 0)
     assert "in bytes, 6976 + 32768 = 39744 ≤ 1048576" in fits.message
+    two = check_reservation(1, ModelTerms(6976, 32768, roles=2, formula="…"))
+    assert "in bytes, 6976 + 32768 = 39744 ≤ 2097152" in two.message  # 1 MiB on each of 2
     over = check_reservation(1, ModelTerms(MIB, 1, formula="…"))
     assert (over.verdict, over.shortfall_mib) == ("cannot_load", 1)  # one byte over: 1 MiB
 

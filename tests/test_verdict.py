@@ -75,3 +75,13 @@ def test_without_a_holding_limit_weights_and_kv_are_compared_in_bytes() -> None:
         assert (over.verdict, over.shortfall_mib, over.note) == ("cannot_load", 1, None)
         fits = load_verdict(engine, 466, terms(), model(), gpus=1)
         assert (fits.verdict, fits.note) == ("ok", None)
+
+
+def test_a_limit_whose_figures_are_unknown_leaves_the_plain_verdict() -> None:
+    """A KV cache the formula does not describe (MLA): vLLM's limit is unknown, not a
+    holding one; the verdict is the plain comparison, its KV cache unknown."""
+    mla = Architecture("test (deepseek)", 4, None, None, None, 8192, unsupported="MLA")
+    m = ModelInput(Weights(sum(BLOCKS) + 50 * MIB, 9, ("m.gguf",), "F16", BLOCKS), mla)
+    weights_only = ModelTerms(sum(BLOCKS) + 50 * MIB, None, kv_reason="MLA")
+    got = load_verdict(engines.get("vllm"), 460, weights_only, m, gpus=1)
+    assert (got.verdict, got.note) == ("unknown", None)
