@@ -150,6 +150,12 @@ def test_a_request_frees_its_serve_when_it_ends_whatever_its_min_runtime() -> No
     assert _frees(hog, serve("q", 1000, OND), running, {"hog": req("hog", ttl=60)}) == 59.0
     assert _frees(hog, serve("q", 1000, OND), running, {"hog": req("hog", ttl=900)}) == 590.0
     assert _frees(hog, serve("q", 1000, OND), running, {}) == 590.0
+    # an on-demand serve's min_runtime_s protects nothing: it frees when its request ends
+    od = serve("od", 1000, OND, min_runtime_s=600)
+    assert (
+        _frees(od, serve("q", 1000, OND), {"od": up(started=NOW - 10)}, {"od": req("od", ttl=900)})
+        == 899.0
+    )
 
 
 def test_a_requested_unmanaged_resident_frees_when_its_request_ends() -> None:

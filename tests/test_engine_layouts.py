@@ -253,3 +253,19 @@ def test_llamacpp_renders_its_slots_and_counts_the_output_layer_first() -> None:
     too_many = check_limit(slots, "4", serve="s")
     assert too_many is not None and too_many.kind is FindingKind.LIMIT_TOO_LARGE
     assert check_limit(slots, "1", serve="s") is None
+
+
+def test_what_the_formula_does_not_describe_is_unknown_as_the_engine_lays_it_out() -> None:
+    """The reasons the plain formula gives: a kind it does not describe, a quantized
+    row that is not whole blocks, sliding layers the files do not name."""
+    layout = engines.get("vllm").kv_layout
+    mla = Architecture("p", 4, None, None, None, 8192, unsupported="MLA")
+    assert engine_kv(mla, context=16, kv_dtype="bf16", parallel=1, layout=layout).reason == "MLA"
+    odd = Architecture("p", 4, 1, 40, 40, 8192)  # a row of 40 elements: not blocks of 32
+    got = engine_kv(odd, context=16, kv_dtype="q8_0", parallel=1, layout=layout)
+    assert got.bytes is None and got.reason is not None and "not a multiple of q8_0" in got.reason
+    unnamed = Architecture("p", 4, 8, 128, 128, 8192, 1024, None)
+    got = engine_kv(unnamed, context=16, kv_dtype="bf16", parallel=1, layout=layout)
+    assert got.bytes is None and got.reason is not None and "do not say which" in got.reason
+    named = Architecture("p", 4, 8, 128, 128, 8192, 1024, 2)
+    assert engine_kv(named, context=16, kv_dtype="bf16", parallel=1, layout=layout).bytes

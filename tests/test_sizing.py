@@ -333,3 +333,16 @@ def test_an_unknown_term_without_a_reason_is_listed_with_an_empty_one() -> None:
         {"term": "cuda_graphs", "reason": ""},
     ]
     assert bare.to_json()["unknown"] == bare.unknown()
+
+
+def test_each_cache_type_is_the_size_its_engine_stores() -> None:
+    """ggml's types as ggml's own table gives them (gguf's GGML_QUANT_SIZES: elements a
+    block, bytes a block); the 8-bit floats one byte an element."""
+    from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    for name, kind in KV_DTYPES.items():
+        if name.startswith("fp8"):
+            assert (kind.block_bytes, kind.block_elements) == (1, 1), name
+            continue
+        elements, size = GGML_QUANT_SIZES[GGMLQuantizationType[name.upper()]]
+        assert (kind.block_bytes, kind.block_elements) == (size, elements), name
