@@ -38,6 +38,7 @@ from statemachine.engine_flags import (
     VLLM_FLAG,
     DeviceTotal,
     FindingKind,
+    RenderResult,
     Severity,
     check_fraction,
     engine_flag,
@@ -907,3 +908,43 @@ def test_real_stack_render() -> None:
 @pytest.mark.parametrize("name", COMPOSE_FILES)
 def test_compose_fixture_copy_matches_shared(name: str) -> None:
     assert (FIXTURES / name).read_bytes() == (SHARED_FIXTURES / name).read_bytes()
+
+
+# ── what the rendered fraction gives the engine, and SGLang's variable ─────────────
+
+
+def test_the_budget_is_the_fraction_of_the_smallest_total_rounded_down() -> None:
+    """vLLM's weights and KV cache live in fraction × the device total: 0.4903 of 97887
+    MiB, rounded down to whole bytes; of two devices, the smaller's; with a smaller
+    fraction (a command's), that one."""
+    result = render_flag("chat", "vllm", 48000, ("a",), TOTALS)
+    want = int(Fraction("0.4903") * TOTAL * 1024 * 1024)
+    assert result.budget() == (want, f"--gpu-memory-utilization 0.4903 × {TOTAL} MiB × 1048576")
+    assert want < 48000 * 1024 * 1024
+    lower = result.budget(Decimal("0.4800"))
+    assert lower is not None and lower[0] == int(Fraction("0.48") * TOTAL * 1024 * 1024)
+    tp = render_flag("tp", "vllm", 16000, ("a", "small"), TOTALS)
+    got = tp.budget()
+    assert got is not None and got[1].endswith("× 32607 MiB × 1048576")
+    assert got[0] == int(Fraction(str(tp.fraction)) * 32607 * 1024 * 1024)
+    assert render_flag("s", "sglang", 16000, ("a",), TOTALS).budget() is None  # of free memory
+    assert render_flag("s", "vllm", None, ("a",), TOTALS).budget() is None  # nothing rendered
+
+
+def test_a_render_result_is_of_the_device_total_unless_said() -> None:
+    total = DeviceTotal("a", TOTAL)
+    plain = RenderResult("s", "vllm", VLLM_FLAG, 3200, (total,), Decimal("0.0326"), "e")
+    assert (plain.of_free, plain.value) == (False, "0.0326")
+    assert plain.budget() is not None
+    assert RenderResult("s", "vllm", VLLM_FLAG, 3200, (), Decimal("0.0326"), "e").budget() is None
+
+
+def test_only_an_engine_of_free_memory_takes_the_starts_variable() -> None:
+    """vLLM's fraction is of the device total: the SGLang variable is no value for it."""
+    render = render_flag("chat", "vllm", 48000, ("a",), TOTALS)
+    raw = "vllm serve m --gpu-memory-utilization ${VRAMCTL_FRACTION_OF_FREE}"
+    got = check_fraction(render, "", raw=raw)
+    assert got is not None and got.kind is FindingKind.BAD_VALUE
+    sglang = render_flag("fast", "sglang", 48000, ("a",), TOTALS)
+    ok = "python -m sglang.launch_server --mem-fraction-static ${VRAMCTL_FRACTION_OF_FREE}"
+    assert check_fraction(sglang, "", raw=ok) is None
