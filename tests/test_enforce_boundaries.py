@@ -206,3 +206,95 @@ def test_only_a_ctx_size_of_0_is_read_as_the_models_own_context() -> None:
         assert check_limit(ctx, within, serve="s") is None, within
     over = check_limit(ctx, "0", serve="s")
     assert over is not None and over.kind is FindingKind.LIMIT_TOO_LARGE
+
+
+# ── the memory flag's budget, byte limits as onnx-genai reads them, a fitted limit ──
+
+
+def test_a_flag_budget_counts_on_every_gpu_and_only_where_smaller() -> None:
+    """Tensor parallel: what the flag gives each GPU × the GPUs, where that is less than
+    the reservation on all of them; exactly the reservation is no budget of its own."""
+    m = model()
+    vllm = engines.get("vllm")
+    (two,) = render_limits(vllm, 10000, m, gpus=2, flag_budget=(10000 * MIB - 16384, "f"))
+    assert "f = 10485743616 bytes × 2 = 20971487232 bytes (the smaller)" in two.explanation
+    (one_gpu,) = render_limits(vllm, 20000, m, gpus=1, flag_budget=(20000 * MIB - 16384, "f"))
+    assert "f = 20971503616 bytes = 20971503616 bytes (the smaller)" in one_gpu.explanation
+    (same,) = render_limits(vllm, 20000, m, gpus=1, flag_budget=(20000 * MIB, "f"))
+    assert "memory flag" not in same.explanation
+    # an engine whose memory flag does not hold its weights and KV cache: no budget
+    gguf = llama((100 * MIB,) * 4, 50 * MIB)
+    (layers, _, _) = render_limits(
+        engines.get("llamacpp"), 500, gguf, gpus=1, flag_budget=(300 * MIB, "f")
+    )
+    assert layers.value == 5 and "memory flag" not in layers.explanation
+
+
+def test_every_layer_fitting_exactly_takes_any_count_of_all_layers() -> None:
+    m = llama((100 * MIB,) * 4, 50 * MIB)  # 450 MiB of weights + 16 MiB of KV
+    (layers, _) = one("llamacpp", 466, m)
+    assert (layers.value, layers.all_at) == (5, 5)
+    assert check_limit(layers, "999", serve="s") is None
+
+
+@pytest.mark.parametrize(
+    ("exact", "over"),
+    [
+        ("3072000KiB", "3072001KiB"),
+        ("3000MiB", "3001MiB"),
+        ("2.9296875GiB", "2.9296876GiB"),
+        ("3145728KB", "3145729KB"),
+        ("3145.728MB", "3145.729MB"),
+        ("3.145728GB", "3.145729GB"),
+        ("3145728000", "3145728001"),
+    ],
+)
+def test_each_byte_unit_reads_its_exact_multiple(exact: str, over: str) -> None:
+    """3000 MiB written in each unit onnx-genai reads is exactly the limit; the least
+    step more is over it."""
+    (limit,) = render_limits(engines.get("onnx-genai"), 3200, None, gpus=1, overhead_mib=200)
+    assert limit.value == 3000 * MIB
+    assert check_limit(limit, exact, serve="s") is None, exact
+    got = check_limit(limit, over, serve="s")
+    assert got is not None and got.kind is FindingKind.LIMIT_TOO_LARGE, over
+
+
+def test_a_byte_limit_of_a_fraction_or_nothing_reads_as_the_engine_reads_it() -> None:
+    (limit,) = render_limits(
+        engines.get("onnx-genai"), 3200, None, gpus=1, overhead_mib=200, device_mib=100_000
+    )
+    for zero in ("0", "0.0", "0MiB", "0.0MiB"):
+        assert check_limit(limit, zero, serve="s") is None, zero
+    whole = check_limit(limit, "1.0", serve="s")  # the whole device: a fraction, not 1 byte
+    assert whole is not None and whole.kind is FindingKind.LIMIT_TOO_LARGE
+    assert check_limit(limit, "1", serve="s") is None  # one byte
+    for bad in ("infMiB", "nan", "-0.5MiB"):
+        got = check_limit(limit, bad, serve="s")
+        assert got is not None and got.kind is FindingKind.BAD_VALUE, bad
+
+
+def test_a_limit_the_engine_fits_to_the_reservation_passes_without_a_value() -> None:
+    """llama.cpp's --fit to the start's target: no -ngl, or auto, passes; a count is
+    checked as ever; an unknown limit stays unknown."""
+    (layers, _) = one("llamacpp", 300, llama((100 * MIB,) * 4, 50 * MIB))
+    for found in (None, "auto", "-1"):
+        assert check_limit(layers, found, serve="s", fitted=True) is None, found
+    big = check_limit(layers, "5", serve="s", fitted=True)
+    assert big is not None and big.kind is FindingKind.LIMIT_TOO_LARGE
+    assert check_limit(layers, "2", serve="s", fitted=True) is None
+    for found in (None, "auto"):
+        plain = check_limit(layers, found, serve="s")
+        assert plain is not None and plain.is_error, found
+    (unknown, _) = one("llamacpp", 80000, model())  # no per-layer bytes: unknown
+    got = check_limit(unknown, None, serve="s", fitted=True)
+    assert got is not None and got.kind is FindingKind.LIMIT_UNKNOWN
+
+
+def test_an_elastic_segment_left_to_the_configuration_says_it_is_not_the_default() -> None:
+    config = engines.get("strata").elastic
+    assert config is not None
+    (unread,) = check_elastic(render_elastic(config, 1024), ["--vram-elastic"], serve="m")
+    assert unread.message.endswith(
+        'must hold "vram_segment_mib": 1024 (the engine\'s default, 512, is not it); or '
+        "write --vram-segment-mib 1024"
+    )
