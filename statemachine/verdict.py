@@ -20,10 +20,20 @@ from statemachine.enforce import Limit, ModelInput, render_limits
 from statemachine.engines.spec import Engine, LimitKind
 from statemachine.model_fit import CANNOT_LOAD, OK, ModelTerms, ReservationCheck, check_reservation
 
-__all__ = ["load_verdict"]
+__all__ = ["load_verdict", "model_terms"]
 
 #: the limits that hold the engine's weights and KV cache to the reservation
 _HOLDING = frozenset({LimitKind.MAX_CONTEXT, LimitKind.GPU_LAYERS})
+
+
+def model_terms(model: ModelInput, gpus: int) -> ModelTerms:
+    """The weights and the KV cache at the serve's context (its declared one, else the
+    model's own), on ``gpus`` roles: what the plain comparison weighs."""
+    context = model.context if model.context is not None else model.arch.context_length
+    if context is None:
+        return ModelTerms(model.weights.bytes, None, gpus, kv_reason="the files give no context")
+    kv = model.kv(context)
+    return ModelTerms(model.weights.bytes, kv.bytes, gpus, kv.formula, kv.reason)
 
 
 def _note(limit: Limit, layers: int) -> str:

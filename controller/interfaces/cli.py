@@ -1776,13 +1776,15 @@ def render_cmd(
         raise typer.Exit(1) from None
     # the engine's fraction flag, where it has one, is needed as before
     unfit = answer.result.flag is not None and answer.result.text is None
-    rendered = bool(answer.argv) and not answer.refused and not unfit
+    rendered = bool(answer.argv) and not answer.cannot_load and not unfit
     now = _start_values(mset, serve, observed) if answer.result.of_free else None
     if json_out:
         _print_json(answer.to_json() if now is None else {**answer.to_json(), "at_start": now})
     elif not rendered:
         problems = [str(answer.result.problem)] if unfit or not answer.argv else []
         problems += [f"{x.flag.name}: {x.explanation}" for x in answer.refused]
+        if not answer.refused and answer.verdict is not None and answer.verdict.error:
+            problems.append(answer.verdict.message)
         for problem in problems:
             render.error(f"{serve}: {problem}")
     else:

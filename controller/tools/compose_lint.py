@@ -66,6 +66,7 @@ from statemachine.enforce import (
     ElasticRender,
     Limit,
     Model,
+    ModelInput,
     check_cache_types,
     check_elastic,
     check_limit,
@@ -97,6 +98,8 @@ from statemachine.engine_flags import (
     role_totals,
     sleep_needs,
 )
+from statemachine.model_fit import ReservationCheck
+from statemachine.verdict import load_verdict, model_terms
 
 __all__ = [
     "CheckedServe",
@@ -398,6 +401,13 @@ class RenderedServe:
     elastic: ElasticRender | None = None
     #: the KV cache type flags, for a serve whose ``kv_dtype`` is not its engine's default
     cache_types: CacheTypeRender | None = None
+    #: the one verdict on its model (statemachine/verdict.py; ``None``: no model known)
+    verdict: ReservationCheck | None = None
+
+    @property
+    def cannot_load(self) -> bool:
+        """True when the model cannot load in the reservation (the one verdict)."""
+        return bool(self.refused) or (self.verdict is not None and self.verdict.error)
 
     @property
     def argv(self) -> tuple[str, ...]:
@@ -423,6 +433,8 @@ class RenderedServe:
             extra["cache_types"] = self.cache_types.to_json()
         if self.elastic is not None:
             extra["elastic"] = self.elastic.to_json()
+        if self.verdict is not None:
+            extra["verdict"] = self.verdict.to_json()
         return {
             **self.result.to_json(),
             "engine_source": self.engine_source,
@@ -612,6 +624,20 @@ def render_serve(
         _limits(serve, key, (models or {}).get(name), result, result.budget()),
         _elastic_for(serve, key),
         _cache_types_for(serve, key),
+        _verdict(serve, key, (models or {}).get(name), result.budget()),
+    )
+
+
+def _verdict(
+    serve: ServeModel, engine: str | None, model: Model | None, budget: tuple[int, str] | None
+) -> ReservationCheck | None:
+    """The one verdict on ``serve``'s model (statemachine/verdict.py), where its files
+    were read and it has a reservation on a GPU role."""
+    if not isinstance(model, ModelInput) or serve.vram_mib is None or not serve.roles:
+        return None
+    terms = model_terms(model, serve.cards)
+    return load_verdict(
+        engines.lookup(engine), serve.vram_mib, terms, model, gpus=serve.cards, flag_budget=budget
     )
 
 
