@@ -8,7 +8,7 @@ from statemachine import engines
 from statemachine.enforce import ModelInput
 from statemachine.model_fit import ModelTerms
 from statemachine.sizing import MIB, Architecture, Weights
-from statemachine.verdict import load_verdict
+from statemachine.verdict import load_verdict, model_terms
 
 #: four layers of 100 MiB and 50 MiB of no layer; 8 KV heads × 128: 4096 bytes a token
 #: and layer, 16 MiB of KV at 1024 tokens
@@ -85,3 +85,22 @@ def test_a_limit_whose_figures_are_unknown_leaves_the_plain_verdict() -> None:
     weights_only = ModelTerms(sum(BLOCKS) + 50 * MIB, None, kv_reason="MLA")
     got = load_verdict(engines.get("vllm"), 460, weights_only, m, gpus=1)
     assert (got.verdict, got.note) == ("unknown", None)
+
+
+def test_the_plain_terms_are_the_weights_and_the_kv_cache_at_the_serves_context() -> None:
+    """Its declared context, else the model's own; unknown without either; on its GPUs."""
+    declared = model_terms(model(1024), gpus=2)
+    assert (declared.weights_bytes, declared.kv_bytes, declared.roles) == (
+        sum(BLOCKS) + 50 * MIB,
+        1024 * 4 * 4096,
+        2,
+    )
+    assert declared.formula is not None and "1024 tokens" in declared.formula
+    own = model_terms(model(None), gpus=1)
+    assert (own.kv_bytes, own.roles) == (8192 * 4 * 4096, 1)
+    none = ModelInput(model().weights, Architecture("p", 4, 8, 128, 128, None))
+    unknown = model_terms(none, gpus=1)
+    assert (unknown.kv_bytes, unknown.kv_reason) == (None, "the files give no context")
+    mla = Architecture("p", 4, None, None, None, 8192, unsupported="MLA")
+    odd = model_terms(ModelInput(model().weights, mla), gpus=1)
+    assert (odd.kv_bytes, odd.kv_reason) == (None, "MLA")
