@@ -298,3 +298,36 @@ def test_an_elastic_segment_left_to_the_configuration_says_it_is_not_the_default
         'must hold "vram_segment_mib": 1024 (the engine\'s default, 512, is not it); or '
         "write --vram-segment-mib 1024"
     )
+
+
+def test_a_fit_to_the_reservation_needs_the_starts_target_and_fit_left_on() -> None:
+    from statemachine.enforce import fits_to_reservation
+
+    flag = engines.get("llamacpp").limit_flags[0]
+    target = "--fit-target ${VRAMCTL_FIT_TARGET_MIB}"
+    assert fits_to_reservation(flag, ["llama-server"], f"llama-server {target}")
+    assert fits_to_reservation(flag, [], "llama-server -fitt=$VRAMCTL_FIT_TARGET_MIB")
+    assert fits_to_reservation(flag, ["--fit", "on"], f"--fit on {target}")
+    assert fits_to_reservation(flag, ["--fit=off", "--fit", "on"], f"{target}")  # the last
+    for argv in (["--fit", "off"], ["--fit=off"], ["-fit", "off"], ["--fit", "on", "-fit=off"]):
+        assert not fits_to_reservation(flag, argv, target), argv
+    assert fits_to_reservation(flag, ["--fit"], target + " --fit")  # no value: not off
+    for raw in (
+        "--fit-target 1024",
+        "--fit-target $OTHER",
+        "--fit-target ${VRAMCTL_FIT_TARGET_MIBS}",
+    ):
+        assert not fits_to_reservation(flag, [], raw), raw
+    vllm = engines.get("vllm").limit_flags[0]
+    assert not fits_to_reservation(vllm, [], target)  # an engine without a fit target
+
+
+def test_vllms_cache_type_is_its_default_without_a_flag_and_a_type_it_must_be_told() -> None:
+    types = engines.get("vllm").cache_types
+    assert types is not None
+    assert check_cache_types(types, "bf16", [], serve="s") is None
+    assert check_cache_types(types, "f16", ["--kv-cache-dtype", "auto"], serve="s") is None
+    told = check_cache_types(types, "fp8", [], serve="s")
+    assert told is not None and "write --kv-cache-dtype fp8" in told.message
+    wrong = check_cache_types(types, "fp8_e5m2", ["--kv-cache-dtype", "fp8"], serve="s")
+    assert wrong is not None and "the same size as" in wrong.message

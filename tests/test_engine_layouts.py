@@ -269,3 +269,14 @@ def test_what_the_formula_does_not_describe_is_unknown_as_the_engine_lays_it_out
     assert got.bytes is None and got.reason is not None and "do not say which" in got.reason
     named = Architecture("p", 4, 8, 128, 128, 8192, 1024, 2)
     assert engine_kv(named, context=16, kv_dtype="bf16", parallel=1, layout=layout).bytes
+
+
+def test_token_by_token_is_the_plain_formula_with_every_window_at_its_size() -> None:
+    """The default layout (SGLang's, onnx-genai's here) adds nothing: the sizing's own
+    formula, sliding layers at their window."""
+    from statemachine.sizing import kv_cache
+
+    for context in (512, 1024, 1025, 32768):
+        plain = kv_cache(GEMMA, context=context, kv_dtype="bf16", parallel=2)
+        got = engine_kv(GEMMA, context=context, kv_dtype="bf16", parallel=2, layout=KvLayout())
+        assert got.bytes == plain.bytes, context
