@@ -331,3 +331,10 @@ def test_vllms_cache_type_is_its_default_without_a_flag_and_a_type_it_must_be_to
     assert told is not None and "write --kv-cache-dtype fp8" in told.message
     wrong = check_cache_types(types, "fp8_e5m2", ["--kv-cache-dtype", "fp8"], serve="s")
     assert wrong is not None and "the same size as" in wrong.message
+
+
+def test_a_flag_budget_of_the_whole_reservation_on_each_gpu_is_no_budget_of_its_own() -> None:
+    (two,) = render_limits(
+        engines.get("vllm"), 10000, model(), gpus=2, flag_budget=(10000 * MIB, "f")
+    )
+    assert "memory flag" not in two.explanation

@@ -280,3 +280,28 @@ def test_token_by_token_is_the_plain_formula_with_every_window_at_its_size() -> 
         plain = kv_cache(GEMMA, context=context, kv_dtype="bf16", parallel=2)
         got = engine_kv(GEMMA, context=context, kv_dtype="bf16", parallel=2, layout=KvLayout())
         assert got.bytes == plain.bytes, context
+
+
+def test_vllms_window_and_batch_are_counted_to_the_token() -> None:
+    """A window of 1025: 1025 − 1 + 8192 = 9216 tokens, exactly 576 blocks (+ 1); one
+    token more of either would take a block more."""
+    arch = Architecture("p", 6, 8, 256, 256, 131072, 1025, 5)
+    layout = engines.get("vllm").kv_layout
+    got = engine_kv(arch, context=65536, kv_dtype="bf16", parallel=1, layout=layout)
+    assert got.bytes == 2 * 8 * 256 * 2 * (65536 + 5 * 577 * 16 + 16)
+
+
+def test_llamacpps_window_keeps_its_ubatch_to_the_cell() -> None:
+    """A window of 257: 257 + 512 = 769 cells, padded to 1024; one fewer would pad to
+    768."""
+    arch = Architecture("p", 6, 8, 256, 256, 131072, 257, 5)
+    layout = engines.get("llamacpp").kv_layout
+    got = engine_kv(arch, context=8192, kv_dtype="f16", parallel=1, layout=layout)
+    assert got.bytes == 2 * 8 * 256 * 2 * (8192 + 5 * 1024)
+
+
+def test_a_row_that_is_not_whole_blocks_is_said_before_unnamed_windows() -> None:
+    both = Architecture("p", 4, 1, 40, 40, 8192, 1024, None)
+    layout = engines.get("llamacpp").kv_layout
+    got = engine_kv(both, context=16, kv_dtype="q8_0", parallel=1, layout=layout)
+    assert got.reason is not None and "not a multiple of q8_0" in got.reason

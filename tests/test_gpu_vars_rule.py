@@ -224,3 +224,9 @@ def test_the_free_memory_at_a_start_leaves_the_serves_own_reservation_out() -> N
     # a role the serve is not on in the ledger: nothing of its own to leave out
     mine = Ledger(roles, [GpuReservation("llm", ("a",), 8000)])
     assert free_at_start(("b",), "llm", mine, roles, None) == {"b": 24564}
+
+
+def test_an_undeclared_role_first_leaves_the_others_known() -> None:
+    roles = {"a": GpuRole("a", 24564)}
+    got = free_at_start(("ghost", "a"), "llm", Ledger(roles, []), roles, None)
+    assert isinstance(got["ghost"], Unknown) and got["a"] == 24564
