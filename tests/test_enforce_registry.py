@@ -61,6 +61,7 @@ container = "nimble-n"
 engine = "nimble"
 gpu_role = "a"
 vram_mib = 2048
+engine_overhead_mib = 0
 elastic = { url = "http://127.0.0.1:30009", floor_mib = 1024, segment_mib = 256 }
 """
 
