@@ -227,8 +227,10 @@ def test_a_declared_container_renamed_away_outside_wakes_the_loop(
         docker_client.containers.get(off).start()
         wait_for(
             "the outside start of off",
-            lambda: run.woken_by(f"docker start {off}", off, "running")
-            or any(s.get(off) == "running" for _, s in run.seen()),
+            lambda: (
+                run.woken_by(f"docker start {off}", off, "running")
+                or any(s.get(off) == "running" for _, s in run.seen())
+            ),
         )
         assert any(r.startswith("docker rename") for r in run.reasons()), run.reasons()
     finally:
