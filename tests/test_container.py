@@ -219,7 +219,9 @@ def test_the_image_runs_beside_the_stack_and_survives_a_restart_mid_start(
     d.manifest.write_text(ROLE + res)
 
     events: list[dict[str, object]] = []
-    events_client = docker.from_env(timeout=60)
+    # a stream quiet for longer than the client's read timeout would end silently and
+    # miss the events after it: an hour, and the stream is closed at teardown
+    events_client = docker.from_env(timeout=3600)
     stream, thread = _follow_events(events_client, d.stack.project + "-", events)
     try:
         up = d.compose("up", "-d", "vramctl")  # as documented: start ONLY vramctl

@@ -392,7 +392,9 @@ def _follow_events(
 def fleet(docker_client: docker.DockerClient, test_image: str, tmp_path: Path) -> Iterator[Fleet]:
     prefix = f"vramctl-test-run-{uuid.uuid4().hex[:8]}-"
     f = Fleet(docker_client, test_image, tmp_path, prefix)
-    events_client = docker.from_env(timeout=60)
+    # a stream quiet for longer than the client's read timeout would end silently and
+    # miss the events after it: an hour, and the stream is closed at teardown
+    events_client = docker.from_env(timeout=3600)
     stream, thread = _follow_events(events_client, prefix, f.events)
     try:
         yield f

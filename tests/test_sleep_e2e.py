@@ -116,7 +116,9 @@ def sfleet(
     prefix = f"vramctl-test-sleep-{uuid.uuid4().hex[:8]}-"
     engine = FakeEngine(protocol, weights_mib=5000, kv_mib=1500, residual_mib=900, wake_s=0.2)
     f = SleepFleet(docker_client, test_image, tmp_path, prefix, engine=engine)
-    events_client = docker.from_env(timeout=60)
+    # a stream quiet for longer than the client's read timeout would end silently and
+    # miss the events after it: an hour, and the stream is closed at teardown
+    events_client = docker.from_env(timeout=3600)
     stream, thread = _follow_events(events_client, prefix, f.events)
     engine.start()
     try:
