@@ -23,6 +23,7 @@ import pytest
 from docker.errors import NotFound
 from docker.models.containers import Container
 from fake_http import FakeHTTPServer, Recorded, Reply
+from serving import free_port
 from waiting import wait_for
 
 from controller.adapters.docker.actions import ActionError, DockerActions
@@ -37,13 +38,6 @@ API = "1.41"
 def fast(client: docker.DockerClient) -> DockerActions:
     """Actions with the default 4 attempts and a tiny backoff, so retry tests stay fast."""
     return DockerActions(client, attempts=4, max_wait_s=5.0, initial_wait_s=0.01)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 @pytest.fixture
@@ -73,7 +67,7 @@ def created(docker_client: docker.DockerClient, test_image: str) -> Iterator[str
 @pytest.fixture
 def offline_actions() -> DockerActions:
     """Actions on a client whose daemon is never contacted (for run_up and probes)."""
-    client = docker.DockerClient(base_url=f"tcp://127.0.0.1:{closed_port()}", version=API)
+    client = docker.DockerClient(base_url=f"tcp://127.0.0.1:{free_port()}", version=API)
     return fast(client)
 
 

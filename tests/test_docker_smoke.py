@@ -7,7 +7,6 @@ plain ``docker stop`` ends it promptly (``init=True`` forwards SIGTERM).
 
 from __future__ import annotations
 
-import socket
 import time
 import urllib.error
 import urllib.request
@@ -16,16 +15,10 @@ from pathlib import Path
 
 import pytest
 from docker.models.containers import Container
+from serving import free_port
 from waiting import WAIT_S
 
 BusyboxFactory = Callable[..., Container]
-
-
-def _free_loopback_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def _get(url: str, deadline_s: float) -> bytes:
@@ -51,7 +44,7 @@ def test_busybox_httpd_container_serves_then_stops(
     www.mkdir()
     (www / "health").write_text("ok from vramctl-test\n")
     www.chmod(0o755)
-    port = _free_loopback_port()
+    port = free_port()
 
     container = busybox_container(
         ["httpd", "-f", "-p", f"127.0.0.1:{port}", "-h", "/www"],

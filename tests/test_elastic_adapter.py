@@ -9,12 +9,12 @@ engine; and :func:`elastic_ok`'s verdicts as a table.
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from fake_http import FakeElastic, FakeHTTPServer, Reply
+from serving import free_port
 
 from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
 
@@ -23,13 +23,6 @@ from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticErr
 def client() -> Iterator[ElasticClient]:
     with ElasticClient(timeout_s=5, attempts=3, max_wait_s=3, initial_wait_s=0.01) as c:
         yield c
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 # ── the request ────────────────────────────────────────────────────────────────
@@ -174,7 +167,7 @@ def test_non_json_error_body_keeps_its_text(client: ElasticClient) -> None:
 
 def test_unreachable_engine_raises_transient_after_retries(client: ElasticClient) -> None:
     with pytest.raises(ElasticError) as info:
-        client.set_reserve(f"http://127.0.0.1:{closed_port()}", 100)
+        client.set_reserve(f"http://127.0.0.1:{free_port()}", 100)
     assert info.value.transient is True
     assert info.value.attempts == 3
 

@@ -13,7 +13,6 @@ transition API: 404; an unknown tier).
 from __future__ import annotations
 
 import math
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -23,6 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from fake_http import FakeHTTPServer, FakeRouter, Reply
+from serving import free_port
 
 from controller.adapters.router import (
     BUSY_MARGIN_S,
@@ -58,13 +58,6 @@ def make_client(url: str, token: str | None = TOKEN, **knobs: Any) -> RouterClie
     }
     options.update(knobs)
     return RouterClient(url, token, **options)
-
-
-def closed_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-    return port
 
 
 # ── the request ────────────────────────────────────────────────────────────────
@@ -239,7 +232,7 @@ def test_retries_are_bounded_in_time_too(router: FakeRouter) -> None:
 
 
 def test_unreachable_router_is_transient_after_retries() -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with make_client(url, attempts=3) as client, pytest.raises(RouterError) as info:
         client.transition("quiesce", TIER)
     assert info.value.transient is True
@@ -543,7 +536,7 @@ def test_check_reports_a_refused_token(
 
 
 def test_check_reports_an_unreachable_router() -> None:
-    url = f"http://127.0.0.1:{closed_port()}"
+    url = f"http://127.0.0.1:{free_port()}"
     with make_client(url) as client:
         problem = client.check()
     assert problem is not None and "unreachable" in problem and url in problem
