@@ -17,9 +17,16 @@ import math
 from dataclasses import dataclass
 
 from statemachine.engines.spec import KvLayout
-from statemachine.sizing import Architecture, kv_per_token_layer, kv_token_text, kv_unknown
+from statemachine.sizing import (
+    Architecture,
+    KvTerm,
+    kv_per_token_layer,
+    kv_token_text,
+    kv_unknown,
+    used_context,
+)
 
-__all__ = ["EngineKv", "engine_kv", "layer_groups"]
+__all__ = ["EngineKv", "engine_kv", "engine_kv_term", "layer_groups"]
 
 
 def _up(n: int, granule: int) -> int:
@@ -81,3 +88,20 @@ def engine_kv(
         f"({' + '.join(terms)}) × {seqs}{kept_back} = {size} bytes"
     )
     return EngineKv(size, formula)
+
+
+def engine_kv_term(
+    arch: Architecture, *, context: int | None, kv_dtype: str, parallel: int, layout: KvLayout
+) -> KvTerm | None:
+    """The estimate's KV term as the engine lays it out (``vramctl estimate --engine``),
+    or None for an engine whose layout is the default (token by token: the plain
+    formula's figure)."""
+    if layout == KvLayout():
+        return None
+    used = used_context(arch, context)
+    if used is None:
+        return KvTerm(None, None, reason="the files give no context length: pass --context")
+    kv = engine_kv(arch, context=used, kv_dtype=kv_dtype, parallel=parallel, layout=layout)
+    if kv.bytes is None:
+        return KvTerm(None, None, reason=kv.reason)
+    return KvTerm(kv.bytes, f"as the engine lays it out ({layout.source}): {kv.formula}")

@@ -165,6 +165,11 @@ OVERHEAD_TERMS: tuple[tuple[str, str], ...] = (
 )
 
 
+def used_context(arch: Architecture, context: int | None) -> int | None:
+    """The context the estimate uses: the asked one, else the model's own (or None)."""
+    return _context(arch, context)[0]
+
+
 def _context(arch: Architecture, context: int | None) -> tuple[int | None, str]:
     """The context used and where it came from (``--context``, or the model's own)."""
     if context is not None:
@@ -404,10 +409,12 @@ def estimate(
     kv_dtype: str = "f16",
     parallel: int = 1,
     engine: Engine | None = None,
+    kv: KvTerm | None = None,
 ) -> Estimate:
     """The estimate of a model from what its files say (``model`` names it, ``fmt`` is
     ``gguf`` or ``safetensors``), for the asked context, cache dtype, parallel sequences
-    and engine."""
+    and engine; ``kv``, where given, is the KV cache as that engine lays it out
+    (:func:`statemachine.kv_layout.engine_kv_term`), else the plain formula's."""
     used, source = _context(arch, context)
     return Estimate(
         model=model,
@@ -418,7 +425,7 @@ def estimate(
         context_source=source,
         kv_dtype=kv_dtype,
         parallel=parallel,
-        kv=kv_cache(arch, context=context, kv_dtype=kv_dtype, parallel=parallel),
+        kv=kv or kv_cache(arch, context=context, kv_dtype=kv_dtype, parallel=parallel),
         overheads=overheads(engine),
         engine=None if engine is None else engine.name,
     )

@@ -205,6 +205,19 @@ def test_image() -> str:
     return os.environ.get("VRAMCTL_TEST_IMAGE", DEFAULT_TEST_IMAGE)
 
 
+@pytest.fixture(scope="session")
+def engine_image() -> str:
+    """llama.cpp's own llama-server, built by tests/docker/ensure-engine.sh (bin/test
+    runs it): skipped loudly when it could not be had, failed under CI=true."""
+    image = os.environ.get("VRAMCTL_ENGINE_IMAGE", "").strip()
+    if image and image != "unavailable":
+        return image
+    why = "the llama.cpp engine image is unavailable (tests/docker/ensure-engine.sh)"
+    if os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}:
+        pytest.fail(f"{why}: CI=true, the real-engine tests may not skip")
+    pytest.skip(why)
+
+
 @pytest.fixture
 def busybox_container(
     docker_client: docker.DockerClient, test_image: str

@@ -27,7 +27,7 @@ from statemachine import engines
 from statemachine.enforce import ModelInput, check_limit, render_limits
 from statemachine.engine_flags import FindingKind
 from statemachine.engines.spec import KvLayout
-from statemachine.kv_layout import engine_kv, layer_groups
+from statemachine.kv_layout import engine_kv, engine_kv_term, layer_groups
 from statemachine.sizing import MIB, Architecture, Weights
 
 #: Llama-3-8B in BF16: 8030261248 parameters × 2 bytes; 32 layers, 8 KV heads × 128
@@ -305,3 +305,37 @@ def test_a_row_that_is_not_whole_blocks_is_said_before_unnamed_windows() -> None
     layout = engines.get("llamacpp").kv_layout
     got = engine_kv(both, context=16, kv_dtype="q8_0", parallel=1, layout=layout)
     assert got.reason is not None and "not a multiple of q8_0" in got.reason
+
+
+# ── `vramctl estimate --engine`: the KV term as the engine lays it out ─────────
+
+
+def test_the_estimates_kv_term_is_the_engines_layout_where_it_has_one() -> None:
+    """llama.cpp: 1000 tokens × 2 slots are 1024 cells each (what the real server
+    allocates: tests/test_real_engine_sizing.py); the model's own context when none is
+    asked; a token-by-token engine keeps the plain formula (None: no override)."""
+    arch = Architecture("gguf (llama)", 4, 2, 32, 32, 2048)
+    llama = engines.get("llamacpp").kv_layout
+    got = engine_kv_term(arch, context=1000, kv_dtype="f16", parallel=2, layout=llama)
+    assert got is not None and got.bytes == 2 * 2 * 32 * 2 * 4 * 1024 * 2 == 2097152
+    assert got.formula is not None and got.formula.startswith(
+        f"as the engine lays it out ({llama.source}): "
+    )
+    assert got.formula.endswith("= 2097152 bytes")
+    own = engine_kv_term(arch, context=None, kv_dtype="f16", parallel=1, layout=llama)
+    assert own is not None and own.bytes == 2 * 2 * 32 * 2 * 4 * 2048
+    sglang = engines.get("sglang").kv_layout
+    assert engine_kv_term(arch, context=1000, kv_dtype="f16", parallel=2, layout=sglang) is None
+
+
+def test_the_estimates_kv_term_says_why_where_the_engine_cannot_count_it() -> None:
+    llama = engines.get("llamacpp").kv_layout
+    no_context = Architecture("gguf (llama)", 4, 2, 32, 32, None)
+    got = engine_kv_term(no_context, context=None, kv_dtype="f16", parallel=1, layout=llama)
+    assert got is not None and got.bytes is None and got.formula is None
+    assert got.reason == "the files give no context length: pass --context"
+    mla = Architecture("p", 4, None, None, None, 8192, unsupported="MLA")
+    got = engine_kv_term(mla, context=16, kv_dtype="f16", parallel=1, layout=llama)
+    assert got is not None and (got.bytes, got.formula, got.reason) == (None, None, "MLA")
+    asked = engine_kv_term(no_context, context=300, kv_dtype="f16", parallel=1, layout=llama)
+    assert asked is not None and asked.bytes == 2 * 2 * 32 * 2 * 4 * 512

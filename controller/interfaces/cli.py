@@ -1941,8 +1941,9 @@ def estimate(
         typer.Option(
             "--engine",
             metavar="ENGINE",
-            help="The engine that will run it (vllm, sglang, llamacpp): the overheads its "
-            "registry entry documents are shown as assumptions.",
+            help="The engine that will run it (vllm, sglang, llamacpp): the KV cache as it "
+            "lays it out (vLLM's blocks, llama.cpp's 256-cell padding), and the overheads "
+            "its registry entry documents shown as assumptions.",
         ),
     ] = None,
     json_out: JsonOpt = False,
@@ -1958,6 +1959,7 @@ def estimate(
     from controller.adapters.model_files import ModelFileError, read_model
     from controller.interfaces.estimate_report import print_estimate
     from statemachine import engines, sizing
+    from statemachine.kv_layout import engine_kv_term
 
     if kv_dtype not in sizing.KV_DTYPES:
         known = ", ".join(sizing.KV_DTYPES)
@@ -1970,6 +1972,15 @@ def estimate(
         files = read_model(path)
     except ModelFileError as exc:
         _fail(str(exc), 2)
+    layout_kv = None
+    if found is not None:
+        layout_kv = engine_kv_term(
+            files.architecture,
+            context=context,
+            kv_dtype=kv_dtype,
+            parallel=parallel,
+            layout=found.kv_layout,
+        )
     result = sizing.estimate(
         str(path),
         files.format,
@@ -1979,6 +1990,7 @@ def estimate(
         kv_dtype=kv_dtype,
         parallel=parallel,
         engine=found,
+        kv=layout_kv,
     )
     if json_out:
         _print_json(result.to_json())
