@@ -11,7 +11,10 @@ fraction)``): on a shared card a fraction of the device total gives it less than
 reservation, or more. It is rendered as ``${VRAMCTL_FRACTION_OF_FREE}``, which each start
 sets to ``vram_mib ÷`` the MiB free then (statemachine/gpu_vars.py). ``--context-length``
 bounds no memory (the pool is sized by the fraction; a longer context is capped at it):
-it is not rendered as a limit."""
+it is not rendered as a limit.
+
+Its memory-saver API, flag and in-flight metrics are checked against sgl-project/sglang at
+commits 9c0549b, c20e3fe, 123c0bc, 00ae9c1 and 067bfe9 (tests/test_standin_contract.py)."""
 
 from __future__ import annotations
 

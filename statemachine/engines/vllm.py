@@ -19,7 +19,10 @@ Its memory, as vLLM's source counts it (vllm-project/vllm, ``vllm/v1``):
   ``get_batch_defaults``): 8192 is counted unless the command sets it;
 * a hybrid model's layers are grouped, each kind padded to a multiple of one group size
   (the smaller kind's count, or the larger's under 1.25 × it:
-  ``_get_kv_cache_groups_uniform_page_size``)."""
+  ``_get_kv_cache_groups_uniform_page_size``).
+
+Its sleep API, flags and in-flight metrics are checked against vllm-project/vllm at commits
+09cb327, 005a810 and 01181dd (tests/test_standin_contract.py)."""
 
 from __future__ import annotations
 
