@@ -49,6 +49,8 @@ class Service:
     profiles: tuple[str, ...] = ()
     delay_s: int = 0  # health answers only after this long
     image: str | None = None  # default: the stack's test image
+    command: tuple[str, ...] | None = None  # default: busybox httpd answering /health
+    volumes: tuple[str, ...] = ()  # Compose's short syntax, HOST:CONTAINER[:ro]
 
 
 @dataclass
@@ -80,6 +82,7 @@ class ComposeStack:
                 f"{pre}mkdir -p /www && echo ok > /www/health && "
                 f"exec httpd -f -p 127.0.0.1:{s.port} -h /www"
             )
+            command = list(s.command) if s.command is not None else ["sh", "-c", httpd]
             lines += [
                 f"  {s.name}:",
                 f"    image: {s.image or self.image}",
@@ -87,9 +90,11 @@ class ComposeStack:
                 f"    container_name: {self.container(s.name)}",
                 "    network_mode: host",
                 "    init: true",
-                f"    command: {json.dumps(['sh', '-c', httpd])}",
+                f"    command: {json.dumps(command)}",
                 '    labels: {"vramctl.test": "1"}',
             ]
+            if s.volumes:
+                lines.append(f"    volumes: {json.dumps(list(s.volumes))}")
             if s.profiles:
                 lines.append(f"    profiles: {json.dumps(list(s.profiles))}")
         self.dir.mkdir(parents=True, exist_ok=True)
