@@ -200,6 +200,10 @@ class SnapshotModel(BaseModel):
     #: serve -> its health path's answer at this observation (serves not listed: not
     #: probed: not running, no port or health path, or a Docker healthcheck says)
     probes: dict[str, Probe] = Field(default_factory=dict)
+    #: serve -> whether its engine, one that sleeps by itself (llama.cpp's
+    #: --sleep-idle-seconds), said it sleeps now (serves not listed: not asked, or no
+    #: answer); the ledger keeps its whole reservation either way
+    self_asleep: dict[str, bool] = Field(default_factory=dict)
 
     def to_observed(self) -> Observed:
         """The pure core's view of this snapshot."""
@@ -240,6 +244,7 @@ class SnapshotModel(BaseModel):
                 for name, f in self.in_flight.items()
             },
             probes=dict(self.probes),
+            self_asleep=dict(self.self_asleep),
         )
 
     def taken_at_epoch(self) -> float | None:

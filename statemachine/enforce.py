@@ -60,6 +60,7 @@ from statemachine.engines.spec import (
     KvLayout,
     LimitFlag,
     LimitKind,
+    SelfSleep,
 )
 from statemachine.kv_layout import EngineKv, engine_kv
 from statemachine.sizing import KV_DTYPES, MIB, Architecture, KvTerm, Weights, kv_cache
@@ -495,7 +496,9 @@ def render_limits(
 
 
 def found_value(
-    argv: Sequence[str], flag: LimitFlag | CacheTypeFlag, env: Mapping[str, str] | None = None
+    argv: Sequence[str],
+    flag: LimitFlag | CacheTypeFlag | SelfSleep,
+    env: Mapping[str, str] | None = None,
 ) -> str | None:
     """The value the command gives ``flag`` under any of its spellings (the engine takes
     the last), else the one of its variable in ``env``; ``None`` when neither is given."""

@@ -362,6 +362,8 @@ class FindingKind(StrEnum):
     #: a placed serve's candidates give its reservation different fractions: one command
     #: line cannot hold it on each card
     PER_CARD = "fraction-per-card"
+    #: the engine unloads its model by itself when idle (a note: its reservation is kept)
+    SELF_SLEEP = "self-sleep"
 
 
 #: The kinds that are errors; every other kind is a note.

@@ -105,6 +105,9 @@ class ServeStatus:
     sleep_level: int | None = None
     residual_mib: int | None = None
     host_ram_mib: int | None = None
+    #: an engine that sleeps by itself (llama.cpp's --sleep-idle-seconds), as it says:
+    #: "asleep" / "awake"; None where not asked or unknown. Its reservation is held whole
+    self_sleep: str | None = None
     #: requests in flight (None = unknown), where they are read (None: no source)
     in_flight: int | None = None
     in_flight_source: str | None = None
@@ -139,6 +142,8 @@ class ServeStatus:
         out["reload"] = self.reload.to_json()
         if self.placement:  # only for a placed serve
             out["placement"] = list(self.placement)
+        if self.self_sleep is not None:  # only for an engine that said
+            out["self_sleep"] = self.self_sleep
         if self.sleep is not None:
             out["sleep"] = {
                 "state": self.sleep,
@@ -273,6 +278,13 @@ def _evicted_for(s: ServeSpec, desired: DesiredState, ledger: Ledger) -> tuple[s
     )
 
 
+def _self_sleep(observed: Observed, serve: str, holds: bool) -> str | None:
+    """What an engine that sleeps by itself said ("asleep" / "awake"), while its
+    container holds memory; None where it was not asked or did not answer."""
+    said = observed.self_asleep.get(serve) if observed.docker_ok and holds else None
+    return None if said is None else ("asleep" if said else "awake")
+
+
 def _drift(used: int | None, held: int | None, declared: int | None) -> int | None:
     """NVML used over what the ledger holds for the serve, else over its declaration."""
     against = held if held is not None else declared
@@ -373,6 +385,7 @@ def host_status(
                 sleep_level=sleep_obs.level if asleep else None,
                 residual_mib=held if asleep else None,
                 host_ram_mib=ledger.host_holdings.get(s.name) if asleep else None,
+                self_sleep=_self_sleep(observed, s.name, obs.holds),
                 in_flight=flight.count,
                 in_flight_source=None if flight.source is None else str(flight.source),
                 idle_since=flight.idle_since if flight.count == 0 else None,

@@ -436,6 +436,10 @@ class Observed:
     #: path at this observation (running serves with a port and a health path, whose
     #: container has no Docker healthcheck); a serve missing here was not probed
     probes: Mapping[str, str] = field(default_factory=dict)
+    #: serve -> whether its engine, one that sleeps by itself (llama.cpp), says it sleeps
+    #: now; missing: not asked or unknown. Shown only: the ledger keeps its whole
+    #: reservation, since any request may wake it (statemachine/self_sleep.py)
+    self_asleep: Mapping[str, bool] = field(default_factory=dict)
 
     def container(self, name: str) -> ContainerObs:
         """The container's observation; a container missing from the snapshot is absent."""

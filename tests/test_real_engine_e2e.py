@@ -210,3 +210,66 @@ def test_real_servers_are_started_read_evicted_and_brought_back_by_the_loop(
     assert run.stop() == 0, run.text()
     fleet.assert_never_overcommitted()
     assert (fleet.starts("chat"), fleet.starts("ask")) == (2, 1)
+
+
+def test_a_real_server_that_sleeps_by_itself_is_shown_asleep_and_keeps_its_reservation(
+    fleet: Fleet, stack: ComposeStack
+) -> None:
+    """llama.cpp's --sleep-idle-seconds: the engine unloads its model when idle and
+    reloads it on any request, outside the ledger. lint explains it; the loop reads the
+    engine's own /props and shows it asleep, its whole reservation still held; a real
+    request wakes it, and it is shown awake while it serves."""
+    models = fleet.tmp / "models"
+    write(SHAPES["long"], models / "long.gguf")
+    nap = stack.add("nap")
+    fleet.mib.update(nap=6000)
+    fleet.manifest.write_text(
+        ROLE
+        + llama_serve(
+            stack,
+            "nap",
+            model="long",
+            context=32768,
+            residency="evictable",
+            extra='desired = "running"',
+        )
+    )
+    nap.command = (
+        *engine_command("long", nap.port, rendered(fleet, "nap")),
+        "--sleep-idle-seconds",
+        "1",
+    )
+    nap.volumes = (f"{models}:/models:ro",)
+    stack.write()
+    lint = vramctl("lint", "-m", str(fleet.manifest), "--compose", str(stack.file))
+    assert lint.returncode == 0, lint.stdout + lint.stderr
+    assert "self-sleep: --sleep-idle-seconds 1: the engine unloads its model" in lint.stdout
+    assert "keeps its whole reservation (6000 MiB)" in lint.stdout
+
+    run, http = start_with_api(fleet)
+    run.wait_step("nap await_ready ok")
+    asleep = wait_for(
+        "nap asleep by itself",
+        lambda: (r := serve_row(http, "nap"))["self_sleep"] == "asleep" and r,
+    )
+    assert (asleep["state"], asleep["held_mib"], asleep["committed"]) == ("running", 6000, True)
+    props = httpx.get(f"http://127.0.0.1:{nap.port}/props", timeout=5).json()
+    assert props["is_sleeping"] is True  # the engine's own word
+    shown = vramctl("status", "-m", str(fleet.manifest))
+    assert "nap: asleep by itself" in shown.stdout and "keeps 6000 MiB" in shown.stdout, (
+        shown.stdout
+    )
+
+    # a real request reloads the model: shown awake (and busy) while it serves
+    gen = Generation(nap.port)
+    assert gen.started.wait(120), gen.error
+    awake = wait_for(
+        "nap awake and busy",
+        lambda: (
+            (r := serve_row(http, "nap"))["self_sleep"] == "awake" and r["in_flight"] == 1 and r
+        ),
+    )
+    assert awake["held_mib"] == 6000
+    gen.cancel()
+    assert run.stop() == 0, run.text()
+    fleet.assert_never_overcommitted()

@@ -248,9 +248,10 @@ def _observe_live(
     whose sleepers are asked whether they still sleep, as the loop asks."""
     from controller.adapters.docker.read import ContainerObserver, manifest_containers
     from controller.adapters.health import HealthProber
+    from controller.adapters.self_sleep import SelfSleepReader
     from controller.adapters.sleep import SleepClient
     from controller.service.inflight import InFlightTracker, observe_in_flight
-    from controller.service.observe import observe_host, observe_probes
+    from controller.service.observe import observe_host, observe_probes, observe_self_sleep
     from controller.service.sleeping import observe_sleep
 
     names = manifest_containers(mset.serves)
@@ -277,11 +278,13 @@ def _observe_live(
     snap.in_flight = {
         name: reading.model_copy(update={"idle_since": None}) for name, reading in readings.items()
     }
-    prober = HealthProber()
+    prober, reader = HealthProber(), SelfSleepReader()
     try:
         snap.probes = observe_probes(snap, mset, prober)
+        snap.self_asleep = observe_self_sleep(snap, mset, reader)
     finally:
         prober.close()
+        reader.close()
     if snap.docker_error:  # one line: where it looked and what to do (adapters/docker/reach)
         _say(render.error, f"{snap.docker_error}", notes)
     if snap.nvml_error and not nvml_in_answer:

@@ -261,6 +261,9 @@ def _status_notes(report: HostStatus) -> None:
         if line is not None:
             prose(escape(line))
     for s in report.serves:
+        if s.self_sleep == "asleep":
+            prose(escape(self_sleep_line(s)))
+    for s in report.serves:
         if s.foreign_project is not None:
             prose(f"[bold yellow]foreign[/bold yellow]: {escape(foreign_line(s))}")
     if report.undeclared_gpu:
@@ -309,6 +312,15 @@ def desired_cell(s: ServeStatus) -> str:
     if s.desired_by == "request":
         return f"{s.desired} (request)"
     return s.desired or "unmanaged"
+
+
+def self_sleep_line(s: ServeStatus) -> str:
+    """A serve whose engine put itself to sleep (llama.cpp's --sleep-idle-seconds)."""
+    kept = f"{s.held_mib} MiB" if s.held_mib is not None else "its reservation"
+    return (
+        f"{s.serve}: asleep by itself (its engine unloaded the model when idle); the ledger "
+        f"keeps {kept} for it, since any request reloads it"
+    )
 
 
 def in_flight_line(s: ServeStatus) -> str | None:

@@ -62,6 +62,7 @@ from controller.adapters.docker.read import (
 )
 from controller.adapters.health import HealthProber
 from controller.adapters.nvml import NvmlApi
+from controller.adapters.self_sleep import SelfSleepReader
 from controller.adapters.sleep import SleepClient
 from controller.manifest import LocatedError, ManifestSet
 from controller.service import overlays, tiers
@@ -82,7 +83,7 @@ from controller.service.inflight import InFlightTracker, observe_in_flight
 from controller.service.live import LiveLedger, StepEnded
 from controller.service.loop_view import CycleSummary, ViewSources, loop_view
 from controller.service.manifest_reload import RouterNotice, read_manifests, watch_manifests
-from controller.service.observe import observe_probes
+from controller.service.observe import observe_probes, observe_self_sleep
 from controller.service.records import FieldMap, MarkSet, RecordStore
 from controller.service.reloads import ReloadBook
 from controller.service.start_outcomes import StartOutcomes
@@ -182,6 +183,8 @@ class Controller:
         #: the cold starts and wakes this loop (and earlier ones, in the journal) timed
         self.reloads = ReloadBook(lambda: getattr(self, "journal", None))
         self.prober = HealthProber()  # each observation's health probes (status, page)
+        #: asks engines that sleep by themselves whether they sleep (status, page)
+        self.self_sleep = SelfSleepReader()
         #: asks the health probes beside the rest of an observation (see observe)
         self.readers = ThreadPoolExecutor(1, thread_name_prefix="observe")
         self.host = HostReader(ContainerObserver)  # the loop's readers of the host
@@ -586,6 +589,7 @@ class _LoopCycle:
         # the health probes need only the containers: asked beside the engines' sleep
         # states and in-flight counts (each a loopback call per serve) rather than after
         probes = c.readers.submit(observe_probes, snap, c.mset, c.prober)
+        self_asleep = c.readers.submit(observe_self_sleep, snap, c.mset, c.self_sleep)
         snap.elastic = c._elastic_in_force(snap)
         snap.sleep = c.overlays.sleep_in_force(c.journal, desired, snap)
         snap.quiesced = sorted(c._quiesced)
@@ -599,6 +603,7 @@ class _LoopCycle:
             router_token_file=opts.router_token_file,
         )
         snap.probes = probes.result()
+        snap.self_asleep = self_asleep.result()
         return snap
 
     def inputs(self, snap: SnapshotModel, observed: Observed) -> Situation:
@@ -955,6 +960,7 @@ class _LoopLife:
         c.in_flight.close()
         c.prober.close()
         c.readers.shutdown(wait=False)
+        c.self_sleep.close()
         c.journal.close()
         c._lock.release()
 

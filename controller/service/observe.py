@@ -19,8 +19,10 @@ from pathlib import Path
 from controller.adapters.docker.read import ContainerObserver
 from controller.adapters.health import HealthProber
 from controller.adapters.nvml import GpuObservation, NvmlApi, observe_gpus, usage_by_container
+from controller.adapters.self_sleep import SelfSleepReader
 from controller.manifest import ManifestSet
 from controller.snapshot import Probe, SnapshotModel
+from statemachine import engines
 from statemachine.types import ContainerState
 
 
@@ -84,3 +86,23 @@ def observe_probes(
     for name, ok in prober(urls).items():
         answers[name] = "healthy" if ok else "unhealthy"
     return answers
+
+
+def observe_self_sleep(
+    snap: SnapshotModel, mset: ManifestSet, reader: SelfSleepReader
+) -> dict[str, bool]:
+    """Each running serve whose engine can sleep by itself (llama.cpp), asked whether it
+    sleeps now (``GET 127.0.0.1:{port}/props``: read without waking it). Serves left out:
+    not running, no port, an engine that cannot, or no answer (unknown)."""
+    out: dict[str, bool] = {}
+    for name, serve in mset.serves.items():
+        engine = engines.lookup(serve.engine)
+        c = snap.containers.get(serve.container)
+        if engine is None or engine.self_sleep is None or serve.port is None:
+            continue
+        if c is None or c.state is not ContainerState.RUNNING:
+            continue
+        said = reader.asleep(f"http://127.0.0.1:{serve.port}", engine.self_sleep)
+        if said is not None:
+            out[name] = said
+    return out

@@ -99,6 +99,7 @@ from statemachine.engine_flags import (
     sleep_needs,
 )
 from statemachine.model_fit import ReservationCheck
+from statemachine.self_sleep import check_self_sleep
 from statemachine.verdict import load_verdict, model_terms
 
 __all__ = [
@@ -485,6 +486,25 @@ def _check_cache_types(
     return [] if finding is None else [finding]
 
 
+def _check_self_sleep(
+    serve: ServeModel, service: ComposeService, engine: str | None
+) -> list[Finding]:
+    """The note on an engine that sleeps by itself (statemachine/self_sleep.py)."""
+    found = engines.lookup(engine)
+    if found is None or found.self_sleep is None:
+        return []
+    vram = serve.vram_mib if isinstance(serve.vram_mib, int) else None
+    finding = check_self_sleep(
+        found.self_sleep,
+        service.argv,
+        service.environment,
+        serve=serve.name,
+        service=service.name,
+        vram_mib=vram,
+    )
+    return [] if finding is None else [finding]
+
+
 def render_fraction(
     serve: ServeModel,
     engine: str | None,
@@ -798,6 +818,7 @@ def _check_limits(
     if elastic is not None:
         findings += check_elastic(elastic, service.argv, serve=serve.name, service=service.name)
     findings += _check_cache_types(serve, service, engine)
+    findings += _check_self_sleep(serve, service, engine)
     return pairs, findings
 
 

@@ -31,6 +31,7 @@ from statemachine.engines.spec import (
     KvLayout,
     LimitFlag,
     LimitKind,
+    SelfSleep,
 )
 
 #: the source every figure above is read from, and the one the real-engine tests build
@@ -62,6 +63,19 @@ CACHE_TYPE_K_FLAG = "--cache-type-k"
 CACHE_TYPE_V_FLAG = "--cache-type-v"
 CACHE_TYPE_DEFAULT = "f16"
 
+#: ``--sleep-idle-seconds SECONDS`` (common/arg.cpp; −1, the default, disables it; 0 and
+#: below −1 are refused): after that long without a task the server unloads the model
+#: and its KV cache, and reloads them on the next task. ``GET /props`` answers
+#: ``is_sleeping`` from a cache without waking it, as do ``/health`` and ``/metrics``
+#: (tools/server/README.md, "Sleeping on Idle"; tools/server/server-context.cpp)
+SELF_SLEEP = SelfSleep(
+    name="--sleep-idle-seconds",
+    off="-1",
+    path="/props",
+    key="is_sleeping",
+    source="tools/server/README.md (Sleeping on Idle), tools/server/server-context.cpp",
+)
+
 ENGINE = Engine(
     name="llamacpp",
     display="llama.cpp",
@@ -87,6 +101,7 @@ ENGINE = Engine(
         LimitFlag(PARALLEL_FLAG, LimitKind.PARALLEL, ("-np",), env="LLAMA_ARG_N_PARALLEL"),
     ),
     kv_layout=KV_LAYOUT,
+    self_sleep=SELF_SLEEP,
     cache_types=CacheTypes(
         flags=(
             CacheTypeFlag(CACHE_TYPE_K_FLAG, "keys", ("-ctk",), "LLAMA_ARG_CACHE_TYPE_K"),

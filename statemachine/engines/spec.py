@@ -227,6 +227,23 @@ class HttpCall:
 
 
 @dataclass(frozen=True, slots=True)
+class SelfSleep:
+    """An engine that unloads its model by itself after ``name`` seconds of idleness and
+    reloads it on the next request, outside any ledger (llama.cpp's
+    ``--sleep-idle-seconds``): ``off`` is the value that disables it (also its
+    default), ``path`` the read-only route whose JSON says it sleeps (``key``, a bool),
+    answered without waking it. ``aliases``/``env``: other spellings (none known)."""
+
+    name: str
+    off: str
+    path: str
+    key: str
+    source: str
+    aliases: tuple[str, ...] = ()
+    env: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
 class SleepApi:
     """An engine's sleep API (docs/protocols.md, engine sleep).
 
@@ -276,6 +293,8 @@ class Engine:
     sizes_from_free: bool = False
     memory_flag: MemoryFlag | None = None
     sleep: SleepApi | None = None
+    #: it may unload its model by itself when idle (statemachine/self_sleep.py)
+    self_sleep: SelfSleep | None = None
     #: the metrics whose sum is its count of requests in flight (empty: none known)
     inflight_metrics: tuple[str, ...] = ()
     #: overheads the engine documents (none of the built-in entries does: unknown)

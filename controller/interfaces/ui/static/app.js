@@ -229,7 +229,7 @@ function drawServes(serves) {
     el("td", {}, s.gpu_roles.join(", ") || "-"),
     el("td", {}, s.residency || "-"),
     el("td", { "data-field": "desired" }, desiredCell(s)),
-    el("td", { "data-field": "state" }, s.state),
+    el("td", { "data-field": "state" }, s.self_sleep === "asleep" ? `${s.state}, asleep by itself` : s.state),
     el("td", { "data-field": "health" }, s.health || "-"),
     el("td", { "data-field": "lifecycle" }, el("span", { class: `pill life-${s.lifecycle}` }, s.lifecycle)),
     el("td", { class: "num", "data-field": "reserved" }, reservedCell(s)),
