@@ -284,8 +284,23 @@ def _context_size(flag: LimitFlag, budget: Reserved, model: ModelInput, layout: 
     terms = (
         f"context {context} ({source}) × {model.parallel} parallel sequences = {total} "
         "tokens (llama-server shares its context among its --parallel slots)",
+        *_above_trained(context, model.arch),
     )
     return Limit(flag, total, terms, zero_means=model.arch.context_length)
+
+
+def _above_trained(context: int, arch: Architecture) -> tuple[str, ...]:
+    """A term where the serve's context is above the model's own: the engine allocates
+    it (and sizes the KV cache for it) but warns, and answers past it may degrade."""
+    own = arch.context_length
+    if own is None or context <= own:
+        return ()
+    return (
+        f"context {context} is above the model's own {own} ({arch.source}): llama.cpp "
+        f'allocates it and warns "n_ctx_seq ({context}) > n_ctx_train ({own}) -- possible '
+        'training context overflow" (src/llama-context.cpp); answers past '
+        f"{own} tokens may degrade",
+    )
 
 
 def _parallel(flag: LimitFlag, budget: Reserved, model: ModelInput, layout: KvLayout) -> Limit:

@@ -51,6 +51,7 @@ class Service:
     image: str | None = None  # default: the stack's test image
     command: tuple[str, ...] | None = None  # default: busybox httpd answering /health
     volumes: tuple[str, ...] = ()  # Compose's short syntax, HOST:CONTAINER[:ro]
+    mem_limit: str | None = None  # the container's memory (and swap) limit, e.g. "48m"
 
 
 @dataclass
@@ -95,6 +96,8 @@ class ComposeStack:
             ]
             if s.volumes:
                 lines.append(f"    volumes: {json.dumps(list(s.volumes))}")
+            if s.mem_limit:
+                lines += [f"    mem_limit: {s.mem_limit}", f"    memswap_limit: {s.mem_limit}"]
             if s.profiles:
                 lines.append(f"    profiles: {json.dumps(list(s.profiles))}")
         self.dir.mkdir(parents=True, exist_ok=True)

@@ -339,3 +339,25 @@ def test_the_estimates_kv_term_says_why_where_the_engine_cannot_count_it() -> No
     assert got is not None and (got.bytes, got.formula, got.reason) == (None, None, "MLA")
     asked = engine_kv_term(no_context, context=300, kv_dtype="f16", parallel=1, layout=llama)
     assert asked is not None and asked.bytes == 2 * 2 * 32 * 2 * 4 * 512
+
+
+def test_a_context_above_the_models_own_is_rendered_with_the_engines_warning() -> None:
+    """llama.cpp allocates a context above n_ctx_train and warns (the real server's
+    words: tests/test_real_engine_faults.py); at or below it, nothing is said."""
+    arch = Architecture("m.gguf (llama)", 4, 4, 64, 64, 2048)
+    weights = Weights(5 * MIB, 39, ("m.gguf",), "F16", (MIB,) * 4)
+    llama = engines.get("llamacpp")
+    for context, said in ((8192, True), (2048, False), (1000, False)):
+        model = ModelInput(weights, arch, context, parallel=2)
+        ctx = render_limits(llama, 6000, model, gpus=1)[1]
+        warned = [t for t in ctx.terms if "above the model's own" in t]
+        assert bool(warned) is said, (context, ctx.terms)
+    model = ModelInput(weights, arch, 8192, parallel=2)
+    (term,) = [t for t in render_limits(llama, 6000, model, gpus=1)[1].terms if "above" in t]
+    assert term == (
+        "context 8192 is above the model's own 2048 (m.gguf (llama)): llama.cpp allocates it "
+        'and warns "n_ctx_seq (8192) > n_ctx_train (2048) -- possible training context '
+        'overflow" (src/llama-context.cpp); answers past 2048 tokens may degrade'
+    )
+    unknown = ModelInput(weights, Architecture("m", 4, 4, 64, 64, None), 8192)
+    assert not [t for t in render_limits(llama, 6000, unknown, gpus=1)[1].terms if "above" in t]

@@ -30,6 +30,7 @@ from statemachine.gpu_vars import UnknownPlaceholderError, free_at_start, gpu_pl
 from statemachine.ledger import GpuReservation, Ledger, Refusal, held_uncounted
 from statemachine.lifecycle import Trigger
 from statemachine.planner import Step
+from statemachine.start_hints import memory_hint
 from statemachine.types import COMMITTED_STATES, ContainerState, Observed, ServeSpec
 
 
@@ -289,9 +290,12 @@ def await_ready(run: RunContext, step: Step, s: ServeSpec) -> str:
             raise StepError(f"{s.container} disappeared while starting")
         if state.oom_killed or state.state in (ContainerState.EXITED, ContainerState.DEAD):
             why = "was OOM-killed" if state.oom_killed else f"exited ({state.exit_code})"
+            logs = run.logs(s.container)
+            hint = memory_hint(s.name, s.vram_mib, oom_killed=bool(state.oom_killed), logs=logs)
+            said = f": {_reason(logs)}" if logs and logs.strip() else ""  # its own last words
             raise StepError(
-                f"{s.container} {why} while starting",
-                logs=run.logs(s.container),
+                f"{s.container} {why} while starting{said}" + (f"; {hint}" if hint else ""),
+                logs=logs,
                 died_started_at=_epoch_or_none(state.started_at),
             )
         if state.state is ContainerState.RUNNING:
@@ -322,7 +326,8 @@ def await_ready(run: RunContext, step: Step, s: ServeSpec) -> str:
 
 
 def _reason(output: str) -> str:
-    """The line of an ``up`` command's output that says why it failed (Docker's error)."""
+    """The line of an ``up`` command's output (Docker's error), or of a container's log, that
+    says why it failed: its last line naming an error, else its last line."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     if not lines:
         return "no output"
