@@ -361,3 +361,19 @@ def test_a_context_above_the_models_own_is_rendered_with_the_engines_warning() -
     )
     unknown = ModelInput(weights, Architecture("m", 4, 4, 64, 64, None), 8192)
     assert not [t for t in render_limits(llama, 6000, unknown, gpus=1)[1].terms if "above" in t]
+
+
+def test_the_estimate_carries_the_engines_kv_term_where_given() -> None:
+    """``vramctl estimate --engine llamacpp``: the estimate's KV cache is the engine's
+    layout (1000 tokens padded to 1024), its weights and the rest as before."""
+    from statemachine.sizing import estimate
+
+    arch = Architecture("gguf (llama)", 4, 2, 32, 32, 2048)
+    weights = Weights(4_730_880, 39, ("m.gguf",), "F16")
+    llama = engines.get("llamacpp")
+    term = engine_kv_term(arch, context=1000, kv_dtype="f16", parallel=2, layout=llama.kv_layout)
+    est = estimate("m.gguf", "gguf", weights, arch, context=1000, parallel=2, engine=llama, kv=term)
+    assert est.kv is term and est.kv.bytes == 2 * 2 * 32 * 2 * 4 * 1024 * 2
+    plain = estimate("m.gguf", "gguf", weights, arch, context=1000, parallel=2, engine=llama)
+    assert plain.kv.bytes == 2 * 2 * 32 * 2 * 4 * 1000 * 2  # without it: the plain formula
+    assert (est.context, est.weights) == (plain.context, plain.weights) == (1000, weights)

@@ -28,7 +28,9 @@ from statemachine.engines.spec import (
     SleepApi,
 )
 
-#: what a release and a resume act on: everything the engine holds on the device
+#: what a release and a resume act on: the KV cache and the weights. SGLang has more
+#: (``srt/constants.py``: ``cuda_graph``, ``weights_drafter``; a call without tags acts
+#: on all of them): those stay on the device while it sleeps, part of its residual_mib
 TAGS = ("kv_cache", "weights")
 
 FLAG = "--mem-fraction-static"
