@@ -1334,7 +1334,8 @@ def run(args: argparse.Namespace) -> int:
             todo = [m for m in todo if family(m.change) in CLASSIC]
         if args.match:
             todo = [m for m in todo if any(t in m.key for t in args.match)]
-        sample = args.sample if args.sample is not None else (None if full else mc.sample)
+        whole = full or args.recheck  # a module run again whole: no sample
+        sample = args.sample if args.sample is not None else (None if whole else mc.sample)
         if args.match:
             sample = None
         if sample is not None and sample < len(todo):
@@ -1590,7 +1591,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--recheck",
         action="store_true",
-        help=f"run the known survivors of {SURVIVORS} too (--full and --match do)",
+        help=f"run every mutant of the modules, the known survivors of {SURVIVORS} too "
+        "(--full and --match do), no sample",
     )
     p.add_argument(
         "--survivors",
