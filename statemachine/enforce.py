@@ -284,14 +284,15 @@ def _context_size(flag: LimitFlag, budget: Reserved, model: ModelInput, layout: 
     terms = (
         f"context {context} ({source}) × {model.parallel} parallel sequences = {total} "
         "tokens (llama-server shares its context among its --parallel slots)",
-        *_above_trained(context, model.arch),
+        *_above_trained(-(-context // layout.granule) * layout.granule, model.arch),
     )
     return Limit(flag, total, terms, zero_means=model.arch.context_length)
 
 
 def _above_trained(context: int, arch: Architecture) -> tuple[str, ...]:
-    """A term where the serve's context is above the model's own: the engine allocates
-    it (and sizes the KV cache for it) but warns, and answers past it may degrade."""
+    """A term where the serve's context per sequence, padded as the engine pads it, is
+    above the model's own: the engine allocates it (and sizes the KV cache for it) but
+    warns, and answers past the model's own may degrade."""
     own = arch.context_length
     if own is None or context <= own:
         return ()

@@ -47,6 +47,13 @@ def check_self_sleep(
     seconds = idle_seconds(config, argv, env)
     if seconds is None:
         return None
+    if not _accepted(seconds):
+        message = (
+            f"{config.name} {seconds}: the engine refuses it (a whole number of seconds, "
+            f"neither 0 nor below -1; {config.off} turns it off) and does not start"
+        )
+        facts: dict[str, Any] = {"flag": config.name, "value": seconds, "source": config.source}
+        return Finding(FindingKind.BAD_VALUE, message, serve, service, facts)
     kept = f"its whole reservation ({vram_mib} MiB)" if vram_mib else "its whole reservation"
     message = (
         f"{config.name} {seconds}: the engine unloads its model after {seconds} s without a "
@@ -55,8 +62,17 @@ def check_self_sleep(
         "`status` shows it asleep by itself. To give its memory to other serves while it "
         "is idle, leave the flag out and declare it evictable, or on-demand with idle_ttl_s"
     )
-    facts: dict[str, Any] = {"flag": config.name, "idle_seconds": seconds, "source": config.source}
-    return Finding(FindingKind.SELF_SLEEP, message, serve, service, facts)
+    said = {"flag": config.name, "idle_seconds": seconds, "source": config.source}
+    return Finding(FindingKind.SELF_SLEEP, message, serve, service, said)
+
+
+def _accepted(seconds: str) -> bool:
+    """What llama.cpp's parser takes (common/arg.cpp): an integer, not 0, not below -1."""
+    try:
+        value = int(seconds)
+    except ValueError:
+        return False
+    return value > 0
 
 
 def said_asleep(config: SelfSleep, answer: object) -> bool | None:

@@ -18,6 +18,7 @@ from dataclasses import replace
 
 from statemachine.enforce import Limit, ModelInput, render_limits
 from statemachine.engines.spec import Engine, LimitKind
+from statemachine.kv_layout import engine_kv_term
 from statemachine.model_fit import CANNOT_LOAD, OK, ModelTerms, ReservationCheck, check_reservation
 
 __all__ = ["load_verdict", "model_terms"]
@@ -26,13 +27,24 @@ __all__ = ["load_verdict", "model_terms"]
 _HOLDING = frozenset({LimitKind.MAX_CONTEXT, LimitKind.GPU_LAYERS})
 
 
-def model_terms(model: ModelInput, gpus: int) -> ModelTerms:
+def model_terms(model: ModelInput, gpus: int, engine: Engine | None = None) -> ModelTerms:
     """The weights and the KV cache at the serve's context (its declared one, else the
-    model's own), on ``gpus`` roles: what the plain comparison weighs."""
+    model's own), on ``gpus`` roles, the cache as ``engine`` lays it out where it has a
+    layout (:func:`statemachine.kv_layout.engine_kv_term`, what ``estimate --engine``
+    counts): what the plain comparison weighs."""
     context = model.context if model.context is not None else model.arch.context_length
     if context is None:
         return ModelTerms(model.weights.bytes, None, gpus, kv_reason="the files give no context")
-    kv = model.kv(context)
+    laid = None
+    if engine is not None:
+        laid = engine_kv_term(
+            model.arch,
+            context=context,
+            kv_dtype=model.kv_dtype,
+            parallel=model.parallel,
+            layout=engine.kv_layout,
+        )
+    kv = laid or model.kv(context)
     return ModelTerms(model.weights.bytes, kv.bytes, gpus, kv.formula, kv.reason)
 
 

@@ -52,6 +52,7 @@ class Service:
     command: tuple[str, ...] | None = None  # default: busybox httpd answering /health
     volumes: tuple[str, ...] = ()  # Compose's short syntax, HOST:CONTAINER[:ro]
     mem_limit: str | None = None  # the container's memory (and swap) limit, e.g. "48m"
+    ulimits: dict[str, int] = field(default_factory=dict)  # e.g. {"data": 180_000_000}
 
 
 @dataclass
@@ -98,6 +99,8 @@ class ComposeStack:
                 lines.append(f"    volumes: {json.dumps(list(s.volumes))}")
             if s.mem_limit:
                 lines += [f"    mem_limit: {s.mem_limit}", f"    memswap_limit: {s.mem_limit}"]
+            if s.ulimits:
+                lines.append(f"    ulimits: {json.dumps(s.ulimits)}")
             if s.profiles:
                 lines.append(f"    profiles: {json.dumps(list(s.profiles))}")
         self.dir.mkdir(parents=True, exist_ok=True)

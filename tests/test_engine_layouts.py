@@ -347,7 +347,8 @@ def test_a_context_above_the_models_own_is_rendered_with_the_engines_warning() -
     arch = Architecture("m.gguf (llama)", 4, 4, 64, 64, 2048)
     weights = Weights(5 * MIB, 39, ("m.gguf",), "F16", (MIB,) * 4)
     llama = engines.get("llamacpp")
-    for context, said in ((8192, True), (2048, False), (1000, False)):
+    # padded to 256 cells as the engine pads it: 2000 is 2048 (not above), 2049 is 2304
+    for context, said in ((8192, True), (2048, False), (2000, False), (2049, True), (1000, False)):
         model = ModelInput(weights, arch, context, parallel=2)
         ctx = render_limits(llama, 6000, model, gpus=1)[1]
         warned = [t for t in ctx.terms if "above the model's own" in t]
@@ -359,6 +360,10 @@ def test_a_context_above_the_models_own_is_rendered_with_the_engines_warning() -
         'and warns "n_ctx_seq (8192) > n_ctx_train (2048) -- possible training context '
         'overflow" (src/llama-context.cpp); answers past 2048 tokens may degrade'
     )
+    padded = ModelInput(weights, arch, 2049)
+    (term,) = [t for t in render_limits(llama, 6000, padded, gpus=1)[1].terms if "above" in t]
+    assert term.startswith("context 2304 is above the model's own 2048")
+    assert '"n_ctx_seq (2304) > n_ctx_train (2048) -- possible' in term
     unknown = ModelInput(weights, Architecture("m", 4, 4, 64, 64, None), 8192)
     assert not [t for t in render_limits(llama, 6000, unknown, gpus=1)[1].terms if "above" in t]
 
@@ -377,3 +382,21 @@ def test_the_estimate_carries_the_engines_kv_term_where_given() -> None:
     plain = estimate("m.gguf", "gguf", weights, arch, context=1000, parallel=2, engine=llama)
     assert plain.kv.bytes == 2 * 2 * 32 * 2 * 4 * 1000 * 2  # without it: the plain formula
     assert (est.context, est.weights) == (plain.context, plain.weights) == (1000, weights)
+
+
+def test_the_verdicts_terms_count_the_kv_cache_as_the_serves_engine_lays_it_out() -> None:
+    """status, fit, validate and render weigh the same KV figure as ``estimate --engine``:
+    llama.cpp's 1000 tokens × 2 slots are 1024 cells each; without an engine (or with one
+    that stores token by token) the plain formula's 1000."""
+    from statemachine.verdict import model_terms
+
+    arch = Architecture("gguf (llama)", 4, 2, 32, 32, 2048)
+    model = ModelInput(Weights(4_730_880, 39, ("m.gguf",), "F16"), arch, 1000, parallel=2)
+    laid = model_terms(model, 1, engines.get("llamacpp"))
+    assert laid.kv_bytes == 2 * 2 * 32 * 2 * 4 * 1024 * 2
+    assert laid.formula is not None and laid.formula.startswith("as the engine lays it out")
+    for plain in (model_terms(model, 1), model_terms(model, 1, engines.get("sglang"))):
+        assert plain.kv_bytes == 2 * 2 * 32 * 2 * 4 * 1000 * 2
+    assert laid.weights_bytes == 4_730_880 and laid.roles == 1
+    none = ModelInput(model.weights, Architecture("m", 4, 2, 32, 32, None), None)
+    assert model_terms(none, 1, engines.get("llamacpp")).kv_bytes is None

@@ -34,7 +34,7 @@ pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("rea
 
 fleet = test_run_e2e.fleet  # the fixture: the test's containers, manifest and controllers
 
-IDLE_TTL_S = 2.0
+IDLE_TTL_S = 4.0
 ROLE = """
 [[gpu_roles]]
 id = "a"
@@ -174,7 +174,10 @@ def test_real_servers_are_started_read_evicted_and_brought_back_by_the_loop(
     props = httpx.get(f"http://127.0.0.1:{chat_port}/props", timeout=5).json()
     assert props["model_path"] == "/models/plain.gguf"
     assert props["default_generation_settings"]["n_ctx"] == 1024  # the rendered context
-    row = serve_row(http, "chat")
+    row = wait_for(
+        "chat's in-flight count read",
+        lambda: (r := serve_row(http, "chat"))["in_flight"] is not None and r,
+    )
     assert (row["in_flight"], row["in_flight_source"]) == (0, "metrics")
 
     # a request for ask: chat (evictable) makes room, ask is created by its `up`
@@ -202,8 +205,12 @@ def test_real_servers_are_started_read_evicted_and_brought_back_by_the_loop(
 
     # idle for idle_ttl_s from the first reading of 0: the request ends, ask stops, and
     # chat comes back
-    idle = wait_for("ask seen idle", lambda: (r := serve_row(http, "ask"))["in_flight"] == 0 and r)
-    assert idle["request"]["expires_at"] == pytest.approx(idle["idle_since"] + IDLE_TTL_S)
+    def idle_with_its_request() -> dict[str, Any] | None:
+        r = serve_row(http, "ask")
+        return r if r["in_flight"] == 0 and r["request"] is not None else None
+
+    idle = wait_for("ask seen idle", idle_with_its_request)
+    assert idle["request"]["expires_at"] == pytest.approx(idle["idle_since"] + IDLE_TTL_S, abs=0.5)
     fleet.wait_state("ask", "exited")
     fleet.wait_state("chat", "running")
     wait_for("chat healthy again", lambda: healthy(chat_port))

@@ -11,9 +11,11 @@ run on the real ``llama-server`` (tests/docker/ensure-engine.sh):
   prints, and the engine allocates the whole context;
 * a cache type the engine does not have, written into the command by hand: ``lint``
   refuses it, and the start ``vramctl run`` makes fails with the engine's own words;
-* a budget the engine cannot load in (the container's memory limit stands in for the
-  card on a CPU build): the engine is killed for memory while loading, and the failed
-  start says so with what to run (``render``, ``calibrate``).
+* a container memory limit the engine cannot load in: the kernel kills it while it
+  loads, and the failed start says it was host memory, not the card, and what to do;
+* an allocation the engine itself sees fail (a data-segment limit, as a full card would
+  make ``cudaMalloc`` fail): the start fails in its own words, with what to run
+  (``render``, ``calibrate``).
 """
 
 from __future__ import annotations
@@ -99,8 +101,8 @@ def test_a_cache_type_the_engine_lacks_is_refused_by_lint_and_fails_the_start_in
 def test_a_start_killed_for_memory_says_so_and_what_to_run(
     fleet: Fleet, stack: ComposeStack
 ) -> None:
-    """The container's memory limit stands in for the card: 48 MiB for a model whose
-    32768-token KV cache alone is 128 MiB."""
+    """A 48 MiB container memory limit for a model whose 32768-token KV cache alone is
+    128 MiB (zero-filled at load, no swap): killed by the kernel, whatever the load."""
     models = fleet.tmp / "models"
     write(SHAPES["long"], models / "long.gguf")
     big = stack.add("big")
@@ -121,7 +123,48 @@ def test_a_start_killed_for_memory_says_so_and_what_to_run(
     run = fleet.start().started()
     run.wait_step("big await_ready failed")
     text = run.text()
-    assert "was OOM-killed while starting" in text
-    assert "big: it was killed for memory while loading: its reservation (6000 MiB)" in text
-    assert "`vramctl render big`" in text and "`vramctl calibrate`" in text
+    # Docker's OOMKilled, or exit 137 where the kernel's event came too late to say
+    assert "was OOM-killed while starting" in text or "exited (137) while starting" in text
+    assert "big: it was killed " in text
+    assert "while loading: host memory, not the card's (its container's memory limit" in text
+    assert "`vramctl render big` shows what its files need" in text
+    assert run.stop() == 0, text
+
+
+def test_an_allocation_the_engine_sees_fail_fails_the_start_in_its_words_with_calibrate(
+    fleet: Fleet, stack: ComposeStack
+) -> None:
+    """A data-segment limit of about 170 MB: the engine's 128 MiB KV cache cannot be
+    allocated, and llama.cpp says so and exits, as a full card makes its cudaMalloc fail
+    (its words are the same: "failed to allocate buffer for kv cache"); the step quotes
+    its first line naming the failure."""
+    models = fleet.tmp / "models"
+    write(SHAPES["long"], models / "long.gguf")
+    kv = stack.add("kv")
+    fleet.manifest.write_text(
+        ROLE
+        + llama_serve(
+            stack,
+            "kv",
+            model="long",
+            context=32768,
+            residency="evictable",
+            extra='desired = "running"',
+        )
+    )
+    kv.command = engine_command("long", kv.port, rendered(fleet, "kv"))
+    kv.volumes, kv.ulimits = (f"{models}:/models:ro",), {"data": 170_000_000}
+    stack.write()
+    run = fleet.start().started()
+    run.wait_step("kv await_ready failed")
+    text = run.text()
+    # the engine's own first words of the failure
+    assert "exited (1) while starting: " in text
+    assert "insufficient memory (attempted to allocate 128.00 MB)" in text
+    assert (
+        "kv: its engine ran out of device memory while loading (src/llama-model.cpp, "
+        "src/llama-kv-cache.cpp): its reservation (6000 MiB) may be below what it needs; "
+        "`vramctl render kv` shows what its model's files need, and `vramctl calibrate` "
+        "proposes a vram_mib from what its runs measured"
+    ) in text
     assert run.stop() == 0, text

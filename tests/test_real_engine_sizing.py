@@ -33,6 +33,7 @@ from engine_oracle import (
     DOCS,
     MIB,
     Case,
+    Row,
     docs_table,
     render_flags,
     run_case,
@@ -43,11 +44,21 @@ from engine_oracle import (
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("real-engine")]
 
 
+@pytest.fixture(scope="module")
+def rows(
+    engine_image: str, docker_client: docker.DockerClient, tmp_path_factory: pytest.TempPathFactory
+) -> dict[Case, Row]:
+    """Every case run once on the engine (its load log and llama-fit-params) beside the
+    estimate: the per-case checks and the docs' table read the same runs."""
+    folder = tmp_path_factory.mktemp("engine-oracle")
+    return {case: run_case(docker_client, engine_image, folder, case) for case in CASES}
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_the_engine_allocates_the_weights_and_kv_cache_the_estimate_counts(
-    case: Case, engine_image: str, docker_client: docker.DockerClient, tmp_path: Path
+    case: Case, rows: dict[Case, Row]
 ) -> None:
-    row = run_case(docker_client, engine_image, tmp_path, case)
+    row = rows[case]
     f = row.figures
     assert round(row.weights_bytes / MIB, 2) == f.model_mib, (row.weights_bytes, f.model_mib)
     assert round(row.kv_bytes / MIB, 2) == f.kv_mib, (row.kv_bytes, f.kv_mib)
@@ -62,12 +73,9 @@ def test_the_engine_allocates_the_weights_and_kv_cache_the_estimate_counts(
     assert row.fit.args.endswith("-ngl -1")  # a CPU build: every layer on its only device
 
 
-def test_the_sizing_docs_table_is_the_engines_own(
-    engine_image: str, docker_client: docker.DockerClient, tmp_path: Path
-) -> None:
-    rows = [run_case(docker_client, engine_image, tmp_path, c) for c in CASES]
+def test_the_sizing_docs_table_is_the_engines_own(rows: dict[Case, Row]) -> None:
     have = without_measured(docs_table(DOCS.read_text()))
-    assert have == without_measured(table(rows)), (
+    assert have == without_measured(table([rows[c] for c in CASES])), (
         "docs/sizing.md's table is not this run's: `python tests/engine_oracle.py --docs`"
     )
 

@@ -106,3 +106,20 @@ def test_an_answer_for_a_container_that_holds_nothing_or_unread_docker_is_not_sh
     assert "self_sleep" not in out
     blind = Observed(False, {"c-chat": UP}, self_asleep={"chat": True})
     assert "self_sleep" not in row(desired_of(chat), blind, "chat")
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "-30", "1.5", "soon", ""])
+def test_a_value_the_engine_refuses_is_a_lint_error(value: str) -> None:
+    found = check_self_sleep(LLAMA, ["--sleep-idle-seconds", value], serve="chat")
+    assert found is not None
+    assert (found.kind, found.severity) == (FindingKind.BAD_VALUE, Severity.ERROR)
+    assert found.message == (
+        f"--sleep-idle-seconds {value}: the engine refuses it (a whole number of seconds, "
+        "neither 0 nor below -1; -1 turns it off) and does not start"
+    )
+    assert found.facts["value"] == value
+
+
+def test_one_second_is_accepted() -> None:
+    found = check_self_sleep(LLAMA, ["--sleep-idle-seconds", "1"], serve="chat")
+    assert found is not None and found.kind is FindingKind.SELF_SLEEP

@@ -442,6 +442,7 @@ class ServeModel(BaseModel):
             up_argv=None if argv is None else tuple(argv),
             manifest_dir=Path(manifest_dir).resolve(),
             up_env=self.up_env,
+            engine=self.engine,
             model=self.model.to_ref(Path(manifest_dir).resolve())
             if isinstance(self.model, ModelModel)
             else None,

@@ -60,6 +60,8 @@ class ServeRuntime:
     up_env: Mapping[str, str] | None = None
     #: the model's files and cache settings (``[serve.model]``); ``None``: not declared
     model: ModelRef | None = None
+    #: the manifest's ``engine`` label (``None``: none declared)
+    engine: str | None = None
 
     def __post_init__(self) -> None:
         if self.up_env is not None and not isinstance(self.up_env, MappingProxyType):

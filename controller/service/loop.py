@@ -185,8 +185,8 @@ class Controller:
         self.prober = HealthProber()  # each observation's health probes (status, page)
         #: asks engines that sleep by themselves whether they sleep (status, page)
         self.self_sleep = SelfSleepReader()
-        #: asks the health probes beside the rest of an observation (see observe)
-        self.readers = ThreadPoolExecutor(1, thread_name_prefix="observe")
+        #: asks the health probes and the self-sleep states beside the rest of an observation
+        self.readers = ThreadPoolExecutor(2, thread_name_prefix="observe")
         self.host = HostReader(ContainerObserver)  # the loop's readers of the host
         self._notices, self._router_notice = HostNotices(), RouterNotice()
         self.start_outcomes = StartOutcomes()  # the handed-off starts' outcomes, by cycle

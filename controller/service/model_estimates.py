@@ -30,6 +30,7 @@ from controller.tools.compose_lint import serve_flag_budget
 from statemachine import engines, sizing
 from statemachine.enforce import Model, ModelInput
 from statemachine.engines.spec import Engine
+from statemachine.kv_layout import engine_kv_term
 from statemachine.model_fit import ModelTerms, calibrate_verdict
 from statemachine.types import ServeSpec
 from statemachine.verdict import load_verdict
@@ -53,7 +54,7 @@ class ModelUnreadable:
 
 
 Entry = dict[str, Any]
-_Key = tuple[str, int | None, str, int, tuple[tuple[str, int, int], ...]]
+_Key = tuple[str, int | None, str, int, str | None, tuple[tuple[str, int, int], ...]]
 _CACHE: dict[_Key, sizing.Estimate | ModelUnreadable] = {}
 _LOCK = threading.Lock()
 _MAX_CACHED = 256
@@ -77,12 +78,22 @@ def _stamp(path: Path) -> tuple[tuple[str, int, int], ...]:
     return tuple(out)
 
 
-def _read(ref: ModelRef) -> sizing.Estimate | ModelUnreadable:
-    """The estimate of ``ref``'s files, read now."""
+def _read(ref: ModelRef, engine: Engine | None) -> sizing.Estimate | ModelUnreadable:
+    """The estimate of ``ref``'s files, read now, the KV cache as ``engine`` lays it out
+    (where it has a layout: what ``vramctl estimate --engine`` counts)."""
     try:
         files = read_model(ref.path)
     except ModelFileError as exc:
         return ModelUnreadable(ref.path, str(exc))
+    laid = None
+    if engine is not None:
+        laid = engine_kv_term(
+            files.architecture,
+            context=ref.context,
+            kv_dtype=ref.kv_dtype,
+            parallel=ref.parallel,
+            layout=engine.kv_layout,
+        )
     return sizing.estimate(
         str(ref.path),
         files.format,
@@ -91,20 +102,25 @@ def _read(ref: ModelRef) -> sizing.Estimate | ModelUnreadable:
         context=ref.context,
         kv_dtype=ref.kv_dtype,
         parallel=ref.parallel,
+        kv=laid,
     )
 
 
-def serve_estimate(ref: ModelRef) -> sizing.Estimate | ModelUnreadable:
-    """The estimate of a serve's ``[serve.model]``, cached while its files are unchanged."""
+def serve_estimate(
+    ref: ModelRef, engine: Engine | None = None
+) -> sizing.Estimate | ModelUnreadable:
+    """The estimate of a serve's ``[serve.model]`` run by ``engine`` (``None``: unknown, the
+    plain formula), cached while its files are unchanged."""
+    name = None if engine is None else engine.name
     try:
-        key: _Key = (str(ref.path), ref.context, ref.kv_dtype, ref.parallel, _stamp(ref.path))
+        key: _Key = (str(ref.path), ref.context, ref.kv_dtype, ref.parallel, name, _stamp(ref.path))
     except OSError as exc:
         return ModelUnreadable(ref.path, f"{ref.path}: cannot be read ({exc.strerror})")
     with _LOCK:
         found = _CACHE.get(key)
     if found is not None:
         return found
-    answer = _read(ref)
+    answer = _read(ref, engine)
     with _LOCK:
         if len(_CACHE) >= _MAX_CACHED:
             _CACHE.clear()
@@ -161,7 +177,7 @@ def _entry(
         "parallel": ref.parallel,
         "vram_mib": spec.vram_mib,
     }
-    est = serve_estimate(ref)
+    est = serve_estimate(ref, eng.engine)
     cards = 1 if spec.placement else len(spec.gpu_roles)  # a placed serve holds one card
     terms = None if isinstance(est, ModelUnreadable) else terms_of(est, cards)
     if measured is not None:

@@ -655,10 +655,9 @@ def _verdict(
     were read and it has a reservation on a GPU role."""
     if not isinstance(model, ModelInput) or serve.vram_mib is None or not serve.roles:
         return None
-    terms = model_terms(model, serve.cards)
-    return load_verdict(
-        engines.lookup(engine), serve.vram_mib, terms, model, gpus=serve.cards, flag_budget=budget
-    )
+    found = engines.lookup(engine)
+    terms = model_terms(model, serve.cards, found)
+    return load_verdict(found, serve.vram_mib, terms, model, gpus=serve.cards, flag_budget=budget)
 
 
 # ── lint ───────────────────────────────────────────────────────────────────────

@@ -102,6 +102,10 @@ ENGINE = Engine(
     ),
     kv_layout=KV_LAYOUT,
     self_sleep=SELF_SLEEP,
+    out_of_memory=(
+        ("cudamalloc failed: out of memory", "ggml/src/ggml-cuda/ggml-cuda.cu"),
+        ("failed to allocate", "src/llama-model.cpp, src/llama-kv-cache.cpp"),
+    ),
     cache_types=CacheTypes(
         flags=(
             CacheTypeFlag(CACHE_TYPE_K_FLAG, "keys", ("-ctk",), "LLAMA_ARG_CACHE_TYPE_K"),

@@ -58,6 +58,10 @@ ENGINE = Engine(
     ),
     sizes_from_free=True,
     memory_flag=MemoryFlag(FLAG, of_free=True),
+    out_of_memory=(
+        ("cuda out of memory", "PyTorch's OutOfMemoryError"),
+        ("not enough memory", "python/sglang/srt/model_executor/model_runner.py"),
+    ),
     sleep=SleepApi(
         sleep=HttpCall("/release_memory_occupation", body={"tags": list(TAGS)}),
         wake=(HttpCall("/resume_memory_occupation", body={"tags": list(TAGS)}),),

@@ -295,6 +295,9 @@ class Engine:
     sleep: SleepApi | None = None
     #: it may unload its model by itself when idle (statemachine/self_sleep.py)
     self_sleep: SelfSleep | None = None
+    #: what it prints (lower case) when an allocation on the device fails at load
+    #: (statemachine/start_hints.py), each with the file of its source that prints it
+    out_of_memory: tuple[tuple[str, str], ...] = ()
     #: the metrics whose sum is its count of requests in flight (empty: none known)
     inflight_metrics: tuple[str, ...] = ()
     #: overheads the engine documents (none of the built-in entries does: unknown)

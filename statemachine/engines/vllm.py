@@ -97,6 +97,10 @@ ENGINE = Engine(
     inflight_metrics=("vllm:num_requests_running", "vllm:num_requests_waiting"),
     limit_flags=(LimitFlag(CONTEXT_FLAG, LimitKind.MAX_CONTEXT, fits_itself=("auto", "-1")),),
     kv_layout=KV_LAYOUT,
+    out_of_memory=(
+        ("cuda out of memory", "PyTorch's OutOfMemoryError"),
+        ("no available memory for the cache blocks", "vllm/v1/core/kv_cache_utils.py"),
+    ),
     budget_from_flag=True,
     cache_types=CACHE_TYPES,
 )

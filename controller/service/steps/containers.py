@@ -18,6 +18,7 @@ Docker only through the run's :class:`~controller.adapters.docker.actions.Docker
 
 from __future__ import annotations
 
+import re
 import time
 
 from controller.adapters.docker.actions import ActionError
@@ -26,11 +27,13 @@ from controller.service.pauses import pauses
 from controller.service.steps.context import RunContext
 from controller.service.steps.lifecycle import begin_start, fire
 from controller.service.steps.results import StepError
+from controller.snapshot import ContainerModel
+from statemachine import engines
 from statemachine.gpu_vars import UnknownPlaceholderError, free_at_start, gpu_placement
 from statemachine.ledger import GpuReservation, Ledger, Refusal, held_uncounted
 from statemachine.lifecycle import Trigger
 from statemachine.planner import Step
-from statemachine.start_hints import memory_hint
+from statemachine.start_hints import SIGKILLED, memory_hint
 from statemachine.types import COMMITTED_STATES, ContainerState, Observed, ServeSpec
 
 
@@ -289,10 +292,18 @@ def await_ready(run: RunContext, step: Step, s: ServeSpec) -> str:
         if state is None:
             raise StepError(f"{s.container} disappeared while starting")
         if state.oom_killed or state.state in (ContainerState.EXITED, ContainerState.DEAD):
+            state = _settled(run, s.container, state)
             why = "was OOM-killed" if state.oom_killed else f"exited ({state.exit_code})"
             logs = run.logs(s.container)
-            hint = memory_hint(s.name, s.vram_mib, oom_killed=bool(state.oom_killed), logs=logs)
-            said = f": {_reason(logs)}" if logs and logs.strip() else ""  # its own last words
+            hint = memory_hint(
+                s.name,
+                s.vram_mib,
+                engine=engines.lookup(rt.engine),
+                oom_killed=bool(state.oom_killed),
+                exit_code=state.exit_code,
+                logs=logs,
+            )
+            said = f": {_log_reason(logs)}" if logs and logs.strip() else ""  # its own words
             raise StepError(
                 f"{s.container} {why} while starting{said}" + (f"; {hint}" if hint else ""),
                 logs=logs,
@@ -325,9 +336,40 @@ def await_ready(run: RunContext, step: Step, s: ServeSpec) -> str:
         time.sleep(next(pause))
 
 
+def _settled(run: RunContext, container: str, state: ContainerModel) -> ContainerModel:
+    """A container that died killed (exit 137) without Docker's OOMKilled, inspected again
+    for a second: on cgroup v2 the kernel's out-of-memory event can reach Docker after
+    the exit (containerd issues 12260, 12372)."""
+    deadline = time.monotonic() + 1.0
+    while state.exit_code == SIGKILLED and not state.oom_killed and time.monotonic() < deadline:
+        time.sleep(0.1)
+        try:
+            again = run.ex.docker.inspect(container)
+        except ActionError:
+            return state
+        if again is None:
+            return state
+        state = again
+    return state
+
+
+#: a line of a container's log that names why it failed
+_FAILURE = re.compile(
+    r"\b(error|failed|unsupported|insufficient|invalid|cannot|out of memory)\b", re.IGNORECASE
+)
+
+
+def _log_reason(logs: str) -> str:
+    """The line of a container's log that says why it ended: the first that names a
+    failure (what follows is its consequences), else its last line; at most 300 chars."""
+    lines = [ln.strip() for ln in logs.splitlines() if ln.strip()]
+    if not lines:
+        return "no output"
+    return next((ln for ln in lines if _FAILURE.search(ln)), lines[-1])[:300]
+
+
 def _reason(output: str) -> str:
-    """The line of an ``up`` command's output (Docker's error), or of a container's log, that
-    says why it failed: its last line naming an error, else its last line."""
+    """The line of an ``up`` command's output that says why it failed (Docker's error)."""
     lines = [ln.strip() for ln in output.splitlines() if ln.strip()]
     if not lines:
         return "no output"
