@@ -19,9 +19,17 @@ def test_the_kernels_kill_is_named_host_memory_not_the_card() -> None:
         "it; raise the limit, or keep less of the model in host memory (`vramctl render "
         "chat` shows what its files need)"
     )
-    unsaid = memory_hint("chat", 6000, engine=None, oom_killed=False, exit_code=SIGKILLED, logs="")
-    assert unsaid is not None
+    unsaid = memory_hint("chat", 6000, engine=None, oom_killed=False, exit_code=137, logs="")
+    assert unsaid is not None and SIGKILLED == 137  # 128 + SIGKILL's 9
     assert unsaid.startswith("chat: it was killed (exit 137: SIGKILL, as the kernel kills")
+    for code in (136, 138, 1, None):  # another end, and Docker's flag unset: nothing said
+        assert (
+            memory_hint("chat", 6000, engine=None, oom_killed=False, exit_code=code, logs="")
+            is None
+        )
+    # Docker's flag alone says it, whatever the code it reports
+    flagged = memory_hint("chat", 6000, engine=None, oom_killed=True, exit_code=None, logs="")
+    assert flagged is not None and flagged.startswith("chat: it was killed for memory while")
 
 
 @pytest.mark.parametrize("engine", [LLAMA, VLLM, SGLANG], ids=lambda e: e.name)
