@@ -23,6 +23,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 
 import pytest
 from serving import free_port
@@ -59,8 +60,8 @@ PROTECTED = "min_runtime_s = 3600"
 
 def manifest(d: Daemon, ports: dict[str, int]) -> None:
     """Budget 10000: res 4000 runs; the loop starts ev 3000, protected from then until the
-    test lifts it; od (4000) needs ev's room, so it queues until ev may go; slow (1000) is
-    healthy only once the test says."""
+    test lifts it; od (4000) needs ev's room, so it queues until ev may go; od and slow (1000)
+    are healthy only once the test says."""
     d.manifest.write_text(
         '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\nreserve_mib = 0\n'
         + serve_toml("res", d.name("res"), 4000, "resident", ports["res"], 'desired = "running"')
@@ -77,7 +78,7 @@ def manifest(d: Daemon, ports: dict[str, int]) -> None:
     )
     d.create("res", httpd(ports["res"]), running=True)
     d.create("ev", httpd(ports["ev"]), running=False)  # the loop starts it: protected from then
-    d.create("od", httpd(ports["od"]), running=False)
+    d.create("od", held_health(ports["od"], "od.ready"), running=False)
     d.create("slow", held_health(ports["slow"], "slow.ready"), running=False)
 
 
@@ -95,19 +96,30 @@ def queued(d: Daemon) -> list[str]:
 
 def queued_then_admitted(d: Daemon, *args: str) -> subprocess.CompletedProcess[str]:
     """``vramctl up od ARGS``, piped: once the request is seen queued, ev's protection
-    is lifted, so the request is admitted in turn; what the command said."""
+    is lifted, so the request is admitted in turn; od's health is held until the command
+    has said it waits for it (a health that passes at once would end that stage before
+    the stream tells it); what the command said."""
     argv = [sys.executable, "-m", "controller.cli", "up", "od", *args]
+    said: list[str] = []
     with subprocess.Popen(
         argv, cwd=ROOT, env=up_env(d), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
     ) as proc:
+        assert proc.stdout is not None and proc.stderr is not None
+        reader = threading.Thread(target=lambda: said.extend(proc.stdout or ()), daemon=True)
+        reader.start()
         try:
             wait_for("od queued", lambda: queued(d) == ["od"], seen=lambda: queued(d))
             unprotect(d)
-            out, err = proc.communicate(timeout=WAIT_S)
+            awaited = "waiting for od to be healthy"
+            wait_for(awaited, lambda: any(awaited in line for line in said), seen=lambda: said)
+            (d.marks / "od.ready").touch()
+            proc.wait(timeout=WAIT_S)
+            reader.join(timeout=WAIT_S)
+            err = proc.stderr.read()
         finally:
             if proc.poll() is None:
                 proc.kill()
-    return subprocess.CompletedProcess(argv, proc.returncode, out, err)
+    return subprocess.CompletedProcess(argv, proc.returncode, "".join(said), err)
 
 
 def test_up_wait_tells_each_stage_plain_when_piped_and_live_on_a_terminal(d: Daemon) -> None:
