@@ -24,9 +24,10 @@ What it runs, each as its own process with the tree's code on ``PYTHONPATH`` (so
   stop + cold start and sleep + wake, 5 repetitions each; ``--quick``: 2): the
   controller's own share of each (less the engine's load or wake and Docker's own stop
   and start) and the stop / sleep ratio beside the engines' own.
-* ``bench_policy.py`` (10 simulated hosts x 2 h of requests through the planner and
-  through Ollama's, llama-swap's, anvil's and lemonade's rules; ``--quick``: 3 x 1 h):
-  mean and p95 wait, cold starts and wakes.
+* ``bench_policy.py`` (13 trace families x 30 simulated hosts x 2 h of requests through
+  the planner and through Ollama's, llama-swap's, anvil's and lemonade's rules, each
+  from its source; ``--quick``: 4 families x 5 hosts x 1 h): per family, mean and p95
+  wait, cold starts and wakes, and vramctl's ratio to the best peer.
 
 With ``--base COMMIT`` (default: none) the commit is exported (``git archive``) into a
 temporary folder, *this* tree's ``benchmarks/`` is copied over its own, and every
@@ -289,21 +290,24 @@ def figures() -> list[Figure]:
             lambda v: 0.85 <= v <= 1.15,
         ),
     ]
-    ours, before = ({"bench": "policy", "policy": p} for p in ("vramctl", "vramctl_before"))
+    ours = {"bench": "policy", "family": "default", "policy": "vramctl"}
+    default = {"bench": "policy_family", "family": "default"}
     summary = {"bench": "policy_summary"}
     out += [
-        Figure("policy", "vramctl mean wait", _field(ours, "mean_wait_s"), unit="s"),
-        Figure("policy", "vramctl p95 wait", _field(ours, "p95_wait_s"), unit="s"),
-        Figure("policy", "vramctl cold starts", _field(ours, "cold_starts")),
-        Figure("policy", "vramctl wakes", _field(ours, "wakes")),
-        Figure("policy", "best peer mean wait", _field(summary, "best_peer_mean_wait_s"),
-               unit="s"),
-        Figure("policy", "vramctl / best peer (mean wait)",
-               _field(summary, "vramctl_vs_best_peer"), "<= 0.8", lambda v: v <= 0.8),
-        Figure("policy", "vramctl without costs mean wait", _field(before, "mean_wait_s"),
-               unit="s"),
-        Figure("policy", "vramctl / without costs", _field(summary, "vramctl_vs_before"),
-               "<= 1", lambda v: v <= 1.0),
+        Figure("policy", "vramctl mean wait (default)", _field(ours, "mean_wait_s"), unit="s"),
+        Figure("policy", "vramctl p95 wait (default)", _field(ours, "p95_wait_s"), unit="s"),
+        Figure("policy", "vramctl cold starts (default)", _field(ours, "cold_starts")),
+        Figure("policy", "vramctl wakes (default)", _field(ours, "wakes")),
+        Figure("policy", "best peer mean wait (default)",
+               _field(default, "best_peer_mean_wait_s"), unit="s"),
+        Figure("policy", "vramctl / best peer (default)",
+               _field(summary, "default_vs_best_peer"), "<= 0.8", lambda v: v <= 0.8),
+        Figure("policy", "vramctl / best peer (worst family)",
+               _field(summary, "worst_vs_best_peer"), "<= 1", lambda v: v <= 1.0),
+        Figure("policy", "families vramctl loses", _field(summary, "families_lost"),
+               "0", lambda v: v == 0),
+        Figure("policy", "without uses / best peer (default)",
+               _field(default, "vramctl_no_reuse_vs_best_peer")),
     ]  # fmt: skip
     return out
 

@@ -17,7 +17,10 @@ less than the truth). :func:`resolve` narrows each one to one role, in four ways
    room, when the plan with the move starts the pinned serve (:func:`_move`).
 2. **fits** — a serve that holds nothing goes to a candidate where its reservation fits
    without making room; among those, *best fit*: the one left with the least free MiB
-   (large holes stay for large models), then the declared order.
+   (large holes stay for large models), then the declared order. A serve whose engine
+   sizes itself from free memory (vLLM, SGLang) goes first where no such engine is
+   loading (:func:`loading_roles`, and the starts placed before it in this plan): there
+   it starts now, where it would wait for that load to end.
 3. **victims** — where no candidate has room, the candidate whose plan frees it at the
    least cost under the planner's own rules: the plan with the serve on each candidate
    is made (``plan_with``), and the candidates compared by: the serve starts there;
@@ -145,11 +148,32 @@ def _to_start(
     return taken
 
 
-def _best_fit(terms: Sequence[CandidateTerms]) -> CandidateTerms | None:
-    """The fitting candidate left with the least free MiB (declared order on a tie)."""
+def _best_fit(
+    terms: Sequence[CandidateTerms], loading: frozenset[str] = frozenset()
+) -> CandidateTerms | None:
+    """The fitting candidate left with the least free MiB (declared order on a tie),
+    one where no engine sizing itself from free memory loads (``loading``) first."""
     fitting = [t for t in terms if t.fits]
     # every candidate is asked the same MiB: the least free is the least left
-    return min(fitting, key=lambda t: t.free_mib) if fitting else None
+    return min(fitting, key=lambda t: (t.role in loading, t.free_mib)) if fitting else None
+
+
+def loading_roles(desired: DesiredState, observed: Observed) -> frozenset[str]:
+    """The roles where an engine that sizes itself from free memory loads now: its start
+    in progress, or its container's healthcheck still says ``starting``. A start there
+    waits for that load to end (the planner's rule), so a serve of such an engine is
+    placed elsewhere where it fits as well."""
+    out: set[str] = set()
+    for o in desired.serves.values():
+        if not o.sizes_from_free:
+            continue
+        starting = observed.starting.get(o.name)
+        if starting is not None:
+            out.update(starting.gpu_roles)
+        elif observed.container(o.container).health == "starting":
+            held = _held_on(o, observed)
+            out.update(held or o.gpu_roles)
+    return frozenset(out)
 
 
 #: a candidate's terms, and the serves its plan stops or puts to sleep for the serve
@@ -213,11 +237,19 @@ def _choose(
     desired: DesiredState,
     wants: bool,
     plan_with: PlanWith,
+    loading: frozenset[str] = frozenset(),
 ) -> Placement:
-    """The placement of a serve that holds nothing (module docstring, 2 and 3)."""
-    fit = _best_fit(terms)
+    """The placement of a serve that holds nothing (module docstring, 2 and 3); a serve
+    that sizes itself from free memory fits first where none such loads (``loading``)."""
+    fit = _best_fit(terms, loading if s.sizes_from_free else frozenset())
     if fit is not None:
         why = f"{s.name} fits on {fit.role} without making room, leaving the least free (best fit)"
+        if s.sizes_from_free and loading.intersection(t.role for t in terms if t.fits):
+            why = (
+                f"{s.name} fits on {fit.role} without making room; of the candidates where "
+                "it fits, one where no engine that sizes itself from free memory is loading "
+                "first, then the least left free (best fit)"
+            )
         return Placement(s.name, fit.role, How.FITS, why, tuple(terms))
     if not wants:
         most = max(terms, key=lambda t: t.free_mib)
@@ -288,17 +320,20 @@ def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: Pl
         serves[s.name] = replace(s, desired=DesiredRun.STOPPED)
     ledger = ledger_from_observed(replace(desired, serves=serves), observed)
     taken = _to_start(replace(desired, serves=serves), ledger, observed, now)
+    loading = loading_roles(desired, observed)
     for s in rest:  # 2. and 3., in declared order
         mib = s.vram_mib
         assert mib is not None  # filtered above
         wants = wants_to_run(desired, s, observed, now)
         so_far = replace(desired, serves={**serves, s.name: s})
-        choice = _choose(s, _terms(s, mib, ledger, taken), so_far, wants, plan_with)
+        choice = _choose(s, _terms(s, mib, ledger, taken), so_far, wants, plan_with, loading)
         decisions[s.name] = choice
         assert choice.role is not None
         serves[s.name] = replace(s, gpu_roles=(choice.role,))
         if wants and _will_start(choice):  # one that cannot start takes no room
             taken[choice.role] += mib
+            if s.sizes_from_free:  # it loads there in this plan
+                loading |= {choice.role}
     moved = _move(_Room(replace(desired, serves=serves), observed, now, ledger, taken), plan_with)
     if moved is not None:
         decisions[moved.serve] = moved

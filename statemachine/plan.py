@@ -15,6 +15,7 @@ from enum import StrEnum
 from typing import Any
 
 from statemachine.ledger import Ledger, RoleTerms
+from statemachine.reuse import expected_reload_s, reuse_rate, sleep_worth
 from statemachine.slotinit import direct_init
 from statemachine.types import ServeSpec
 from statemachine.victims import DEFAULT_EXACT_LIMIT, Candidate, reload_weight
@@ -197,6 +198,9 @@ class Policy:
     reload: Mapping[str, ReloadCost] = field(default_factory=dict)
     #: when each serve was last used (epoch s: last seen busy, or last requested)
     last_used: Mapping[str, float] = field(default_factory=dict)
+    #: each serve's recent uses (epoch s, oldest first: requested, or seen going busy);
+    #: a serve absent is one whose uses are not known (statemachine/reuse.py)
+    uses: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
 
     def victim_cost(
         self,
@@ -218,13 +222,48 @@ class Policy:
                 seconds = cost.wake_s if wake else cost.cold_s
         if seconds is None:
             return None
+        uses = self.uses.get(name)
+        if uses is not None:  # how often it is asked for, not only how lately
+            return seconds * reuse_rate(uses, now)
         used = self.last_used.get(name, started)
         return seconds * reload_weight(None if used is None else now - used)
 
+    def expected_reload_s(
+        self, name: str, now: float, *, wake: bool, declared: ReloadCost | None = None
+    ) -> float | None:
+        """What evicting ``name`` is expected to cost later, in seconds
+        (:func:`~statemachine.reuse.expected_reload_s`: its wake when it would sleep,
+        else its cold start, times the chance it is asked for again within the hour);
+        ``None``: unknown (its uses or that cost)."""
+        uses = self.uses.get(name)
+        seconds = None
+        for cost in (self.reload.get(name), declared):
+            if cost is not None and seconds is None:
+                seconds = cost.wake_s if wake else cost.cold_s
+        if uses is None or seconds is None:
+            return None
+        return expected_reload_s(reuse_rate(uses, now), seconds)
+
+    def sleep_worth(
+        self, name: str, now: float, declared: ReloadCost | None = None
+    ) -> float | None:
+        """What keeping ``name`` asleep rather than stopped is worth
+        (:func:`~statemachine.reuse.sleep_worth`: its reuse rate from :attr:`uses` times
+        the seconds its wake saves, per hour); ``None``: unknown."""
+        uses = self.uses.get(name)
+        if uses is None:
+            return None
+        cold = wake = None
+        for cost in (self.reload.get(name), declared):
+            if cost is not None:
+                cold = cost.cold_s if cold is None else cold
+                wake = cost.wake_s if wake is None else wake
+        return sleep_worth(reuse_rate(uses, now), cold, wake)
+
     def to_json(self) -> dict[str, Any]:
         """The JSON form the journal records with each cycle (replay plans with it);
-        ``no_sleep``, ``reload`` and ``last_used`` only when there are some (older
-        records have none)."""
+        ``no_sleep``, ``reload``, ``last_used`` and ``uses`` only when there are some
+        (older records have none)."""
         out: dict[str, Any] = {
             "exact_search_limit": self.exact_search_limit,
             "no_shrink": sorted(self.no_shrink),
@@ -236,6 +275,8 @@ class Policy:
             out["reload"] = {n: self.reload[n].to_json() for n in sorted(self.reload)}
         if self.last_used:
             out["last_used"] = {n: self.last_used[n] for n in sorted(self.last_used)}
+        if self.uses:
+            out["uses"] = {n: list(self.uses[n]) for n in sorted(self.uses)}
         return out
 
     @classmethod
@@ -265,6 +306,12 @@ class Policy:
             isinstance(k, str) and _seconds(v) for k, v in last_used.items()
         ):
             raise ValueError(f"policy: last_used: expected serves with times, got {last_used!r}")
+        uses = data.get("uses", {})
+        if not isinstance(uses, Mapping) or not all(
+            isinstance(k, str) and isinstance(v, list) and all(_seconds(t) for t in v)
+            for k, v in uses.items()
+        ):
+            raise ValueError(f"policy: uses: expected serves with lists of times, got {uses!r}")
         return cls(
             exact_search_limit=limit,
             no_shrink=frozenset(no_shrink),
@@ -272,6 +319,7 @@ class Policy:
             no_sleep=frozenset(no_sleep),
             reload={str(k): ReloadCost.from_json(v, str(k)) for k, v in reload.items()},
             last_used={k: float(v) for k, v in last_used.items()},
+            uses={k: tuple(float(t) for t in v) for k, v in uses.items()},
         )
 
 

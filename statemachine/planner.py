@@ -61,6 +61,7 @@ import dataclasses
 from bisect import bisect_right
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from math import fsum
 from operator import attrgetter
 
 from statemachine.admission import conflict, inside_min_runtime
@@ -87,7 +88,12 @@ from statemachine.types import (
     ServeSpec,
     SleepState,
 )
-from statemachine.victims import Candidate, choose_victims
+from statemachine.victims import (
+    Candidate,
+    cheapest_cover,
+    choose_victims,
+    cost_key,
+)
 
 __all__ = [
     "Action",
@@ -336,6 +342,8 @@ class _Work:
         held = self.held_mib(s.name)
         assert held is not None
         slept = self.ledger.sleep(s.name, sleep.residual_mib, sleep.host_mib)
+        if isinstance(slept, Refusal) and self.make_host_room(s):
+            slept = self.ledger.sleep(s.name, sleep.residual_mib, sleep.host_mib)
         if isinstance(slept, Refusal):
             self.halt(s, f"{reason}: stopped, not put to sleep: {slept.message}")
             return
@@ -353,6 +361,46 @@ class _Work:
             host_mib=sleep.host_mib or None,
         )
         self.asleep[s.name] = sleep.level
+
+    def make_host_room(self, s: ServeSpec) -> bool:
+        """Stop the sleepers worth less asleep than ``s`` per MiB of host RAM
+        (:meth:`Policy.sleep_worth`), the least first, until the host RAM they give back
+        lets ``s`` sleep; False (nothing stopped) when the host is not short, ``s``'s
+        worth is unknown or they cannot give enough (docs/eviction.md, "Which sleepers
+        keep the host RAM")."""
+        assert s.sleep is not None
+        terms = self.ledger.host_terms(s.sleep.host_mib)
+        if terms is None or not terms.shortfall_mib:
+            return False
+        mine = self.policy.sleep_worth(s.name, self.now, declared_reload(s))
+        if mine is None:
+            return False
+        mine /= max(1, s.sleep.host_mib)
+        slept_now = {st.serve for st in self.steps if st.action is Action.SLEEP}
+        ranked: list[tuple[float, str, int]] = []
+        for n, mib in terms.reservations:
+            o = self.desired.serves.get(n)
+            if o is None or n not in self.asleep or n in slept_now:
+                continue
+            worth = self.policy.sleep_worth(n, self.now, declared_reload(o))
+            if worth is not None and worth / max(1, mib) < mine and _victim_veto(self, o) is None:
+                ranked.append((worth / max(1, mib), n, mib))
+        ranked.sort()
+        need, chosen = terms.shortfall_mib, []
+        for worth, n, mib in ranked:
+            if need <= 0:
+                break
+            chosen.append((worth, n))
+            need -= mib
+        if need > 0:
+            return False
+        for worth, n in chosen:
+            self.halt(
+                self.serve(n),
+                f"stop {n}, asleep, so {s.name} can sleep in its host RAM: asleep, {n} saves "
+                f"{worth:.3g} s of waiting an hour per MiB of host RAM, {s.name} {mine:.3g}",
+            )
+        return True
 
     def stop(self, s: ServeSpec, reason: str) -> None:
         """Drain then stop one serve, as its own group."""
@@ -438,9 +486,38 @@ def _start_order(w: _Work, wants: list[ServeSpec], active: dict[str, float]) -> 
         return serves
 
     residents = [s for s in wants if s.residency is Residency.RESIDENT]
-    on_demand = [s for s in wants if s.residency is Residency.ON_DEMAND]
+    on_demand = sorted((s for s in wants if s.residency is Residency.ON_DEMAND), key=rank)
     rest = [s for s in wants if s.residency not in _FIRST]
-    return by_priority(residents) + sorted(on_demand, key=rank) + by_priority(rest)
+    return by_priority(residents) + _by_response_ratio(w, on_demand, active) + by_priority(rest)
+
+
+def _by_response_ratio(
+    w: _Work, on_demand: list[ServeSpec], active: dict[str, float]
+) -> list[ServeSpec]:
+    """The requests (``on_demand``, by age) by response ratio where each serve's uses and
+    its cost to come up are known: ``(waited + seconds) / seconds``, the highest first
+    (a wake before a cold start, a short start before a long one, and each the sooner
+    the longer it has waited: none waits forever; docs/eviction.md, "Which request
+    goes first"); manifest ``running`` serves first, as by age."""
+    if not w.policy.uses:
+        return on_demand
+    seconds: dict[str, float] = {}
+    for s in on_demand:
+        if s.desired is DesiredRun.RUNNING:
+            continue
+        cost = w.policy.reload.get(s.name) or declared_reload(s)
+        took = None if cost is None else (cost.wake_s if s.name in w.asleep else cost.cold_s)
+        if took is None or s.name not in w.policy.uses:
+            return on_demand
+        seconds[s.name] = max(took, 0.1)
+
+    def ratio(s: ServeSpec) -> float:
+        took = seconds.get(s.name)
+        if took is None:  # desired running: first
+            return float("inf")
+        return (max(0.0, w.now - active.get(s.name, w.now)) + took) / took
+
+    return sorted(on_demand, key=ratio, reverse=True)  # stable: by age on a tie
 
 
 def requester_veto(requester: ServeSpec) -> str | None:
@@ -761,11 +838,88 @@ def _room(w: _Work, s: ServeSpec, c: _Conflicts, in_ledger: bool) -> _Room | Non
         _block_no_fit(w, s, terms, plan_terms, h, protected_now)
         return None
     chosen, sleeps = picked
+    if _waits_for_coming_room(w, s, short, chosen, sleeps):
+        return None
     return _Room(
         victims=[w.serve(cand.name) for cand in chosen if cand.name not in sleeps],
         sleeps=[w.serve(cand.name) for cand in chosen if cand.name in sleeps],
         weighed=chosen,
     )
+
+
+def _waits_for_coming_room(
+    w: _Work,
+    s: ServeSpec,
+    short: Mapping[str, int],
+    chosen: Sequence[Candidate],
+    sleeps: frozenset[str],
+) -> bool:
+    """True (and ``s`` blocked) while ``s`` has waited less than its victims are expected
+    to cost later and the room it lacks frees by itself: on-demand serves whose request
+    is in flight or whose start is in progress hold it, and stop when their requests end
+    (docs/eviction.md, "Waiting for room that frees by itself"). Only where every
+    victim's uses and costs are known and ``s`` has a request."""
+    if not w.policy.uses:
+        return False
+    asked = [r.requested_at for r in w.desired.requests if r.serve == s.name]
+    if not asked:
+        return False
+    costs = [
+        w.policy.expected_reload_s(
+            c.name, w.now, wake=c.name in sleeps, declared=declared_reload(w.serve(c.name))
+        )
+        for c in chosen
+    ]
+    if any(cost is None for cost in costs):
+        return False
+    cost = fsum(c for c in costs if c is not None)
+    waited = w.now - min(asked)
+    if waited >= cost:
+        return False
+    coming = _coming_room(w, s, short)
+    if coming is None:
+        return False
+    victims = " + ".join(
+        f"{c.name} {cs:.1f}s" for c, cs in zip(chosen, costs, strict=True) if cs is not None
+    )
+    w.blocked.append(
+        Blocked(
+            s.name,
+            f"{s.name} waits for room that frees by itself ({coming}): making it now would "
+            f"evict {', '.join(c.name for c in chosen)}, expected to cost {cost:.1f}s of "
+            f"reloads later ({victims}: each one's reload times the chance it is asked for "
+            f"within the hour), more than {s.name} has waited ({waited:.1f}s); it evicts "
+            f"them once it has waited {cost:.1f}s",
+        )
+    )
+    return True
+
+
+def _coming_room(w: _Work, s: ServeSpec, short: Mapping[str, int]) -> str | None:
+    """The on-demand holders on ``s``'s short roles whose room frees by itself (a request
+    in flight, or a start in progress, and not desired running), named with what they
+    hold, when together they cover the whole shortfall; None otherwise."""
+    frees = dict.fromkeys(short, 0)
+    named = []
+    for r in short:
+        for n in w.by_role.get(r, ()):
+            o = w.desired.serves[n]
+            res = w.ledger.holdings.get(n)
+            if (
+                n == s.name
+                or res is None
+                or o.residency is not Residency.ON_DEMAND
+                or o.desired is DesiredRun.RUNNING
+                or n in w.stopping
+            ):
+                continue
+            busy = w.observed.requests_in_flight(n).count or 0
+            if busy > 0 or n in w.observed.starting or n in w.starting:
+                frees[r] += res.mib
+                named.append(f"{n}, {res.mib} MiB on {r}, " + ("busy" if busy else "starting"))
+    if any(frees[r] < need for r, need in short.items()):
+        return None
+    return "; ".join(dict.fromkeys(named))
 
 
 def _waits_for_later_stops(w: _Work, short: dict[str, int]) -> bool:
@@ -900,11 +1054,42 @@ def _choose(
         stops = choose_victims(cands, need, exact_limit=limit)
         # only when a candidate frees less by sleeping than by stopping
         slept = choose_victims(as_sleep, need, exact_limit=limit) if as_sleep != cands else None
+        if w.policy.uses:  # how often each is used is known: the cost comes first
+            best = _by_cost(w, cands, as_sleep, need, stops, slept)
+            if best is not None:
+                return best
         if slept is not None and (stops is None or len(slept) <= len(stops)):
             return slept, frozenset(c.name for c in slept if _sleep_frees(w, c) is not None)
         if stops is not None:
             return stops, frozenset()
     return None
+
+
+def _by_cost(
+    w: _Work,
+    cands: list[Candidate],
+    as_sleep: list[Candidate],
+    need: Mapping[str, int],
+    stops: tuple[Candidate, ...] | None,
+    slept: tuple[Candidate, ...] | None,
+) -> tuple[tuple[Candidate, ...], frozenset[str]] | None:
+    """Where each serve's uses are known: of the sets the victim rules chose (stopped,
+    and as sleep leaves them) and the cheapest covers by cost (:func:`cheapest_cover`),
+    the one cheapest to bring back (:func:`cost_key`), and which of its victims sleep."""
+    options: list[tuple[tuple[Candidate, ...], bool]] = []
+    for found, sleeping in ((stops, False), (cheapest_cover(cands, need), False)):
+        if found is not None:
+            options.append((found, sleeping))
+    if as_sleep is not cands:
+        for found in (slept, cheapest_cover(as_sleep, need)):
+            if found is not None:
+                options.append((found, True))
+    if not options:
+        return None
+    best, sleeping = min(options, key=lambda o: cost_key(o[0], need))
+    if not sleeping:
+        return best, frozenset()
+    return best, frozenset(c.name for c in best if _sleep_frees(w, c) is not None)
 
 
 def _holders(

@@ -27,7 +27,7 @@ the planner does not: each answer is the core's own function on these inputs.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from typing import Any
@@ -46,6 +46,7 @@ from statemachine.reload import (
     reload_costs,
     reload_estimates,
 )
+from statemachine.reuse import known_uses
 from statemachine.serve_record import ServeRecord
 from statemachine.status import HostStatus, host_status
 from statemachine.types import DesiredState, Observed
@@ -122,6 +123,7 @@ class Situation:
         *,
         measured: Mapping[str, Measured] | None = None,
         busy_at: Mapping[str, float] | None = None,
+        uses: Mapping[str, Sequence[float]] | None = None,
         no_shrink: Iterable[str] = (),
         no_sleep: Iterable[str] = (),
         hold: Mapping[str, str] | None = None,
@@ -132,8 +134,10 @@ class Situation:
         """The situation of what a source knows, its policy made here, once, for every
         source: the reload costs from the ``measured`` cold starts and wakes (else the
         manifest's figures), when each serve was last used (last seen busy,
-        ``busy_at``, or its latest request), and the source's holds, no-shrink and
-        no-sleep serves."""
+        ``busy_at``, or its latest request), how often each is used where the source
+        counts it (``uses``: the times each was seen going busy, with its requests;
+        ``None``: not counted, the policy then has none), and the source's holds,
+        no-shrink and no-sleep serves."""
         declared = declared_costs(desired)
         measured = measured or {}
         policy = Policy(
@@ -142,6 +146,11 @@ class Situation:
             no_sleep=frozenset(no_sleep),
             reload=reload_costs(declared, measured),
             last_used=last_used(busy_at or {}, desired.requests),
+            uses={}
+            if uses is None
+            else known_uses(
+                desired.serves, uses, ((r.serve, r.requested_at) for r in desired.requests)
+            ),
         )
         return cls(
             desired,

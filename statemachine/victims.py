@@ -197,6 +197,59 @@ def preference_key(victims: Sequence[Victim], shortfall: Mapping[str, int]) -> P
     )
 
 
+#: a victim set's place in the order by cost (:func:`cost_key`), smaller first
+CostKey = tuple[
+    int, tuple[int, float], int, int, tuple[int, ...], tuple[float, ...], tuple[str, ...]
+]
+
+
+def cost_key(victims: Sequence[Victim], shortfall: Mapping[str, int]) -> CostKey:
+    """The order of preference with the reload cost first: fewest possibly busy, then
+    cheapest to bring back, then fewest victims, the rest as :func:`preference_key`.
+    The planner compares sets by it where it knows how often each serve is used
+    (docs/eviction.md, "Reload costs by use"): two cheap wakes are then taken over one
+    dear cold start."""
+    key = preference_key(victims, shortfall)
+    return (key[1], key[2], key[0], key[3], key[4], key[5], key[6])
+
+
+def cheapest_cover(
+    candidates: Sequence[Candidate], shortfall: Mapping[str, int]
+) -> tuple[Candidate, ...] | None:
+    """A cover of ``shortfall`` by cost: the idle candidates before the possibly busy,
+    each in order of its cost per MiB on the short roles (the cheapest first), taken
+    until every role is covered; then a victim whose removal keeps the cover dropped,
+    the dearest first. None when a candidate on a short role has no cost (unknown) or
+    they do not cover."""
+    short = {r: need for r, need in shortfall.items() if need > 0}
+    pool = [c for c in candidates if any(r in short for r in c.gpu_roles)]
+    if any(c.cost_s is None for c in pool):
+        return None
+
+    def per_mib(c: Candidate) -> tuple[bool, float, str]:
+        mib = sum(c.mib for r in c.gpu_roles if r in short)
+        return (not c.idle, (c.cost_s or 0.0) / max(1, mib), c.name)
+
+    chosen: list[Candidate] = []
+    left = dict(short)
+    for c in sorted(pool, key=per_mib):
+        if all(v <= 0 for v in left.values()):
+            break
+        if any(left.get(r, 0) > 0 for r in c.gpu_roles):
+            chosen.append(c)
+            for r in c.gpu_roles:
+                if r in left:
+                    left[r] -= c.mib
+    if any(v > 0 for v in left.values()):
+        return None
+    for c in sorted(chosen, key=lambda c: (-(c.cost_s or 0.0), c.name)):
+        rest = [x for x in chosen if x is not c]
+        got = freed(rest, short)
+        if all(got[r] >= need for r, need in short.items()):
+            chosen = rest
+    return tuple(sorted(chosen, key=lambda c: c.name))
+
+
 def largest_first(
     candidates: Sequence[Candidate], shortfall: Mapping[str, int]
 ) -> tuple[Candidate, ...] | None:

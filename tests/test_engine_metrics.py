@@ -343,3 +343,33 @@ def test_a_sleepers_idleness_starts_afresh_when_it_is_woken(
     counts[0], clock[0] = 0, 990.0  # stopped asleep, then started: a start, not a wake
     again = observe_in_flight(parse_snapshot(running), mset, tracker)["od"]
     assert (again.idle_since, again.woke_at) == (990.0, None)
+
+
+def test_the_tracker_counts_a_use_each_time_a_serve_goes_busy() -> None:
+    """Each stretch of readings above 0 is one use, at its first reading; a 0 or an
+    unknown reading ends the stretch; the uses outlive a stop (statemachine/reuse.py)."""
+    from controller.service.inflight import InFlightTracker
+
+    counts: list[int | None] = []
+    clock = [0.0]
+
+    def reader(wanted: Mapping[str, InFlightSources]) -> dict[str, InFlightReading]:
+        return {n: InFlightReading(counts[-1], InFlightSource.METRICS) for n in wanted}
+
+    tracker = InFlightTracker(clock=lambda: clock[0], reader=reader, log_changes=False)
+    src = {"od": InFlightSources("http://127.0.0.1:9/metrics", "vllm")}
+    for at, count, running in [
+        (1.0, 0, True),
+        (2.0, 2, True),  # a use at 2
+        (3.0, 5, True),  # the same stretch
+        (4.0, 0, True),
+        (5.0, 1, True),  # a use at 5
+        (6.0, None, True),  # unknown: the stretch ends
+        (7.0, 1, True),  # a use at 7
+        (8.0, 1, False),  # stopped: not read, its uses kept
+        (9.0, 3, True),  # running again, busy: a use at 9
+    ]:
+        clock[0] = at
+        counts.append(count)
+        tracker.read(src, running={"od"} if running else set())
+    assert tracker.uses() == {"od": (2.0, 5.0, 7.0, 9.0)}

@@ -463,6 +463,9 @@ class ScriptedInFlight:
     def last_busy(self) -> dict[str, float]:
         return {}
 
+    def uses(self) -> dict[str, tuple[float, ...]]:
+        return {}
+
     def close(self) -> None:
         return None
 

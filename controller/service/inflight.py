@@ -4,8 +4,9 @@
 (:mod:`controller.adapters.engine_metrics`: its engine's metrics, else its router
 tier) once per observation, and keeps, per serve, since when every reading has been 0
 (``idle_since``), when a count above 0 was last read (``busy_at``; and, across its
-stops and sleeps, :meth:`InFlightTracker.last_busy`), and when it was first read awake
-after it was read asleep (``woke_at``). The clock lives
+stops and sleeps, :meth:`InFlightTracker.last_busy`), when it was first read awake
+after it was read asleep (``woke_at``), and each time it went busy (its uses,
+:meth:`InFlightTracker.uses`: how often it is asked for). The clock lives
 here; the pure core gets these times in :class:`statemachine.types.InFlightObs` and
 decides with them (:mod:`statemachine.idleness`, :mod:`statemachine.victims`).
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +40,7 @@ from controller.adapters.engine_metrics import (
 from controller.adapters.router import router_token
 from controller.manifest import ManifestSet
 from controller.snapshot import InFlightModel, SnapshotModel
+from statemachine.reuse import MAX_USES
 
 _HOLDING = ("running", "paused", "restarting")
 
@@ -87,6 +90,10 @@ class InFlightTracker:
         #: serve -> when a count above 0 was last read, kept when it stops or sleeps
         #: (when it was last used: what makes it a cheap victim or not)
         self._last_busy: dict[str, float] = {}
+        #: serve -> when a count above 0 was read after one that was not (each a use;
+        #: the last MAX_USES), kept when it stops or sleeps (statemachine/reuse.py)
+        self._uses: dict[str, deque[float]] = {}
+        self._busy_now: set[str] = set()
         self._errors: dict[str, str | None] = {}
         self._lock = threading.Lock()
         #: one HTTP client for every observation (made on the first read that needs one)
@@ -116,17 +123,23 @@ class InFlightTracker:
                 if name not in running:  # stopped: its next run starts afresh
                     del self._seen[name]
             self._asleep &= set(running)  # a stopped sleeper's next run is a start
+            self._busy_now &= set(running)  # a stop ends a busy stretch: its next is a use
             for name, r in readings.items():
                 seen = self._seen.setdefault(name, _Seen())
                 if name not in asleep and name in self._asleep:
                     self._asleep.discard(name)
                     seen.woke_at = now
+                if not r.count:
+                    self._busy_now.discard(name)
                 if r.count is None:
                     seen.idle_since = None
                 elif r.count > 0:
                     seen.idle_since = None
                     seen.busy_at = now
                     self._last_busy[name] = now
+                    if name not in self._busy_now:
+                        self._busy_now.add(name)
+                        self._uses.setdefault(name, deque(maxlen=MAX_USES)).append(now)
                 elif seen.idle_since is None:
                     seen.idle_since = now
                 if name in asleep:
@@ -152,6 +165,13 @@ class InFlightTracker:
         run since; serves never seen busy are absent."""
         with self._lock:
             return dict(self._last_busy)
+
+    def uses(self) -> dict[str, tuple[float, ...]]:
+        """Serve -> when it was seen going busy (oldest first, the last
+        :data:`~statemachine.reuse.MAX_USES`), since this tracker began; serves never
+        seen busy are absent."""
+        with self._lock:
+            return {n: tuple(u) for n, u in self._uses.items()}
 
     def _say(self, name: str, r: InFlightReading) -> None:
         """Log a serve's read error once when it changes, not every cycle."""
