@@ -137,6 +137,12 @@ def test_known_uses_merge_what_was_seen_and_requested_the_last_kept(
     assert out["a"] == tuple(every[-MAX_USES:])
 
 
+def test_the_last_64_uses_are_kept() -> None:
+    """docs/eviction.md: the last 64 of each serve."""
+    kept = known_uses(["a"], {"a": [float(t) for t in range(70)]}, [])["a"]
+    assert kept == tuple(float(t) for t in range(6, 70))
+
+
 def test_policy_uses_survive_the_journal_and_malformed_ones_are_refused() -> None:
     policy = Policy(uses={"a": (1.0, 2.5), "b": ()})
     assert Policy.from_json(policy.to_json()) == policy

@@ -1,0 +1,185 @@
+"""The planner's invariants hold where the loop counts uses (docs/eviction.md, "Reload
+costs by use").
+
+Every scenario of the shared generator, with each serve's uses and reload costs drawn
+(some known, some unknown, some never used), through the same properties as
+``tests/test_planner_properties.py``: no prefix of a plan overcommits a GPU role or the
+host RAM; stops and starts follow the rules (a resident, an on-demand serve or a serve
+inside its ``min_runtime_s`` is never a victim, whatever its uses; a sleeper stopped to
+give its host RAM is an evictable serve, stopped in the group of the victim that sleeps
+there); plan, apply, plan again is empty. And the rules' own promises: a sleeper is
+stopped for host RAM only for a victim worth more asleep per MiB, and a request that
+waits for room that frees by itself has waited less than its victims' expected reload.
+Pure: statemachine only.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import replace
+
+import test_planner_properties as props
+from convergence import assert_converges, timeless
+from hypothesis import event, given
+from hypothesis import strategies as st
+from replay import assert_never_overcommits
+from strategies import Scenario, every_scenario
+
+from statemachine.plan import Action, Policy, ReloadCost
+from statemachine.types import (
+    ContainerObs,
+    ContainerState,
+    DesiredRun,
+    DesiredState,
+    GpuRole,
+    HostBudget,
+    InFlightObs,
+    InFlightSource,
+    Observed,
+    OnDemandRequest,
+    Residency,
+    ServeSpec,
+    Sleep,
+    SleepObs,
+    SleepState,
+)
+
+SETTINGS, plan_of = props.SETTINGS, props.plan_of
+
+
+@st.composite
+def counted(draw: st.DrawFn, sc: Scenario, unknowns: bool = True) -> Scenario:
+    """``sc`` with every serve's uses counted (0-6, in the last two hours) and, for most,
+    a cold start and a wake (with ``unknowns``, either may be unknown)."""
+    uses: dict[str, tuple[float, ...]] = {}
+    reload = dict(sc.policy.reload)
+    maybe = st.none() if unknowns else st.nothing()
+    for name in sc.desired.serves:
+        ages = draw(st.lists(st.floats(0, 7200), max_size=6))
+        uses[name] = tuple(sorted(sc.now - a for a in ages))
+        if draw(st.integers(0 if unknowns else 1, 3)):
+            cold = draw(maybe | st.floats(1, 120))
+            wake = draw(maybe | st.floats(0.1, 10))
+            reload[name] = ReloadCost(cold, wake)
+    return replace(sc, policy=replace(sc.policy, uses=uses, reload=reload))
+
+
+def with_uses(sleepers: bool = True) -> st.SearchStrategy[Scenario]:
+    return every_scenario(sleepers=sleepers).flatmap(counted)
+
+
+@SETTINGS
+@given(with_uses())
+def test_no_prefix_overcommits_where_uses_are_counted(sc: Scenario) -> None:
+    assert_never_overcommits(plan_of(sc))
+
+
+@SETTINGS
+@given(with_uses())
+def test_stops_and_starts_follow_the_rules_where_uses_are_counted(sc: Scenario) -> None:
+    props.test_stops_and_starts_follow_the_rules.hypothesis.inner_test(sc)  # type: ignore[attr-defined]
+
+
+@SETTINGS
+@given(with_uses(sleepers=False).map(timeless))
+def test_plan_apply_plan_again_is_empty_where_uses_are_counted(sc: Scenario) -> None:
+    assert_converges(sc, plan_of(sc))
+
+
+WORTH = re.compile(r"saves (\S+) s of waiting an hour per MiB of host RAM, (\S+) (\S+)$")
+WAITED = re.compile(r"expected to cost (\S+)s of reloads later .* has waited \((\S+)s\)")
+
+
+@SETTINGS
+@given(with_uses())
+def test_the_rules_of_use_keep_their_own_promises(sc: Scenario) -> None:
+    plan = plan_of(sc)
+    for step in plan.steps:
+        if step.action is Action.STOP and "can sleep in its host RAM" in step.reason:
+            event("a sleeper stopped for host RAM")
+        if step.action is not Action.STOP or ", so " not in step.reason:
+            continue
+        found = WORTH.search(step.reason)
+        if found is None:
+            continue
+        # a sleeper stopped for host RAM: evictable, worth less than the victim that sleeps
+        theirs, mine = float(found.group(1)), float(found.group(3))
+        assert theirs < mine or f"{theirs:.3g}" == f"{mine:.3g}", step.reason
+        assert sc.desired.serves[step.serve].residency is Residency.EVICTABLE, step.reason
+        assert any(t.action is Action.SLEEP and t.serve == found.group(2) for t in plan.steps), (
+            step.reason
+        )
+    for b in plan.blocked:
+        found = WAITED.search(b.reason)
+        if found is not None:  # it waits only while it has waited less than the cost
+            event("a request waits for room that frees by itself")
+            assert float(found.group(2)) < float(found.group(1)) + 0.05, b.reason
+
+
+@st.composite
+def crowded_sleepers(draw: st.DrawFn) -> Scenario:
+    """One card and a host RAM budget both nearly full: sleepers asleep, evictable serves
+    awake that can sleep, a resident, an on-demand serve busy with a request, and an
+    on-demand requester; uses and costs drawn (the cases the rules of use are for)."""
+    now = 100_000.0
+    n_asleep = draw(st.integers(0, 4))
+    n_awake = draw(st.integers(1, 4))
+    serves: dict[str, ServeSpec] = {}
+    containers: dict[str, ContainerObs] = {}
+    sleep: dict[str, SleepObs] = {}
+    in_flight: dict[str, InFlightObs] = {}
+    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
+    for i in range(n_asleep + n_awake):
+        name = f"s{i}"
+        host = draw(st.integers(1000, 30_000))
+        serves[name] = ServeSpec(
+            name=name,
+            container=f"c-{name}",
+            gpu_roles=("a",),
+            vram_mib=draw(st.integers(2000, 12_000)),
+            residency=Residency.EVICTABLE,
+            sleep=Sleep(1, 500, "vllm", host),
+        )
+        containers[f"c-{name}"] = up
+        in_flight[name] = InFlightObs(0, InFlightSource.METRICS)
+        if i < n_asleep:
+            sleep[name] = SleepObs(SleepState.ASLEEP, level=1)
+    serves["res"] = ServeSpec(
+        name="res", container="c-res", gpu_roles=("a",), vram_mib=4000,
+        residency=Residency.RESIDENT, desired=DesiredRun.RUNNING,
+    )  # fmt: skip
+    containers["c-res"] = up
+    serves["busy"] = ServeSpec(
+        name="busy", container="c-busy", gpu_roles=("a",), vram_mib=draw(st.integers(2000, 12_000)),
+        residency=Residency.ON_DEMAND,
+    )  # fmt: skip
+    containers["c-busy"] = up
+    in_flight["busy"] = InFlightObs(draw(st.integers(0, 3)), InFlightSource.METRICS)
+    serves["req"] = ServeSpec(
+        name="req", container="c-req", gpu_roles=("a",), vram_mib=draw(st.integers(2000, 20_000)),
+        residency=Residency.ON_DEMAND,
+    )  # fmt: skip
+    requests = (
+        OnDemandRequest("busy", now - 600),
+        OnDemandRequest("req", now - draw(st.floats(0, 300))),
+    )
+    # both budgets just above what is held: the requester is short, a sleep needs RAM
+    held = sum(500 if n in sleep else (s.vram_mib or 0) for n, s in serves.items() if n != "req")
+    taken = sum(s.sleep.host_mib for n, s in serves.items() if n in sleep and s.sleep)
+    desired = DesiredState(
+        {"a": GpuRole("a", held + draw(st.integers(0, 6000)), 0)},
+        serves,
+        requests,
+        host=HostBudget(taken + draw(st.integers(0, 20_000)), 0),
+    )
+    observed = Observed(True, containers, sleep=sleep, in_flight=in_flight)
+    sc = Scenario(desired, observed, now, Policy())
+    return draw(counted(sc, unknowns=draw(st.integers(0, 3)) == 0))
+
+
+@SETTINGS
+@given(crowded_sleepers())
+def test_the_rules_of_use_keep_their_promises_on_a_crowded_card(sc: Scenario) -> None:
+    assert_never_overcommits(plan_of(sc))
+    test_the_rules_of_use_keep_their_own_promises.hypothesis.inner_test(sc)  # type: ignore[attr-defined]
+    props.test_stops_and_starts_follow_the_rules.hypothesis.inner_test(sc)  # type: ignore[attr-defined]
