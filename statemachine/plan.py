@@ -224,7 +224,8 @@ class Policy:
             return None
         uses = self.uses.get(name)
         if uses is not None:  # how often it is asked for, not only how lately
-            return seconds * reuse_rate(uses, now)
+            # none counted yet (a loop just begun): its start is its one use
+            return seconds * reuse_rate(uses or ((started,) if started is not None else ()), now)
         used = self.last_used.get(name, started)
         return seconds * reload_weight(None if used is None else now - used)
 

@@ -86,11 +86,13 @@ class PlacementCampaign(Campaign):
         failed start: a backoff), or at a serve running off the cards it declares (its
         container, made for the old card, stays)."""
         aim = self.rng.random()
+        serves: list[str] = []
         if aim < 0.35 and self._wait_for(lambda: bool(self.starting()), 3.0):
-            serves, why = self.starting(), "in its health wait"
-        elif aim < 0.7 and self._off_card():
-            serves, why = self._off_card(), "running off its declared cards"
-        else:
+            # read once: a start seen in its wait may have ended by a second reading
+            serves, why = list(self.starting()), "in its health wait"
+        elif aim < 0.7:
+            serves, why = list(self._off_card()), "running off its declared cards"
+        if not serves:
             super().op_kill()
             return
         serve = self.rng.choice(serves)
