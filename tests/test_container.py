@@ -290,6 +290,8 @@ def test_the_image_runs_beside_the_stack_and_survives_a_restart_mid_start(
         )
         assert asked.returncode == 0, asked.stdout + asked.stderr
         wait_for("ond healthy", lambda: healthy(d.stack.services["ond"].port), WAIT_S)
+        # the event stream is read on its own thread: its start may come after the health
+        wait_for("ond's start in the event stream", lambda: _starts(events, d, "ond") >= 1)
         assert _starts(events, d, "ond") == 1
     finally:
         with contextlib.suppress(Exception):

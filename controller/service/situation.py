@@ -124,7 +124,6 @@ def snapshot_situation(
         taken_at(snap),
         measured=measured,
         busy_at=_floats(recorded.get("last_used")),
-        uses=_uses(recorded.get("uses")),
         no_shrink=serves & set(recorded.get("no_shrink", ())),
         no_sleep=serves & set(recorded.get("no_sleep", ())),
         router=router,
@@ -153,18 +152,6 @@ def _floats(value: Any) -> dict[str, float]:
     if not isinstance(value, Mapping):
         return {}
     return {str(k): float(v) for k, v in value.items() if isinstance(v, int | float)}
-
-
-def _uses(value: Any) -> dict[str, list[float]] | None:
-    """The uses the loop's last cycle counted (``None``: it recorded none, an older
-    loop or none ran: the one-shot answer then counts none either)."""
-    if not isinstance(value, Mapping):
-        return None
-    return {
-        str(k): [float(t) for t in v if isinstance(t, int | float)]
-        for k, v in value.items()
-        if isinstance(v, list)
-    }
 
 
 def _unread_note(why: str) -> str:
