@@ -19,6 +19,8 @@ planner would apply a rule this shortcut does not (the caller then runs the plan
   memory while a peer of that kind loads on one of its roles;
 - a resident in backoff on one of its roles may keep its room (the planner keeps it
   when it is free as the plan reaches it);
+- where the policy knows the serves' uses, an on-demand holder on a short role is busy
+  or starting (the planner may wait for the room it frees rather than evict);
 - a holder on a short role could give memory back (elastic shrink) or be put to sleep
   instead of stopped;
 - nothing covers the shortfall (the planner writes the blocked entry, every term).
@@ -64,6 +66,7 @@ from statemachine.types import (
     DesiredState,
     Observed,
     OnDemandRequest,
+    Residency,
     ServeSpec,
     foreign_project,
 )
@@ -110,6 +113,8 @@ def decide(
     if not short:
         return NO_ROOM_NEEDED
     on_short = _running_on(short, desired, observed)
+    if policy.uses and _room_may_come(on_short, observed):
+        return None
     rows = _candidates(on_short, short, ledger, policy, observed, now)
     if rows is None:
         return None
@@ -173,6 +178,20 @@ def _running_on(
             if obs.state in COMMITTED_STATES or other.name in starting:
                 found[other.name] = (other, obs)
     return list(found.values())
+
+
+def _room_may_come(on_short: list[tuple[ServeSpec, ContainerObs]], observed: Observed) -> bool:
+    """True when an on-demand holder on a short role is busy or starting: its room frees
+    by itself, and where uses are known the planner may wait for it rather than evict
+    (``statemachine.planner``, "Waiting for room that frees by itself")."""
+    return any(
+        other.residency is Residency.ON_DEMAND
+        and (
+            other.name in observed.starting
+            or (observed.requests_in_flight(other.name).count or 0) > 0
+        )
+        for other, _ in on_short
+    )
 
 
 def _loads(other: ServeSpec, starts: bool, roles: tuple[str, ...]) -> bool:

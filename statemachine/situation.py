@@ -136,7 +136,7 @@ class Situation:
         manifest's figures), when each serve was last used (last seen busy,
         ``busy_at``, or its latest request), how often each is used where the source
         counts it (``uses``: the times each was seen going busy, with its requests;
-        ``None``: not counted, the policy then has none), and the source's holds,
+        ``None``: none counted yet, as for a loop just begun), and the source's holds,
         no-shrink and no-sleep serves."""
         declared = declared_costs(desired)
         measured = measured or {}
@@ -146,10 +146,8 @@ class Situation:
             no_sleep=frozenset(no_sleep),
             reload=reload_costs(declared, measured),
             last_used=last_used(busy_at or {}, desired.requests),
-            uses={}
-            if uses is None
-            else known_uses(
-                desired.serves, uses, ((r.serve, r.requested_at) for r in desired.requests)
+            uses=known_uses(
+                desired.serves, uses or {}, ((r.serve, r.requested_at) for r in desired.requests)
             ),
         )
         return cls(
@@ -165,8 +163,18 @@ class Situation:
 
     def with_desired(self, desired: DesiredState) -> Situation:
         """The same situation with another desired state (an edit previewed, a
-        hypothetical serve asked about); its plan is made anew."""
-        return replace(self, desired=desired)
+        hypothetical serve asked about); its plan is made anew. The requests it adds
+        count as their serves' uses and latest use, as :meth:`of` counts them."""
+        policy = replace(
+            self.policy,
+            last_used=last_used(self.policy.last_used, desired.requests),
+            uses=known_uses(
+                desired.serves,
+                self.policy.uses,
+                ((r.serve, r.requested_at) for r in desired.requests),
+            ),
+        )
+        return replace(self, desired=desired, policy=policy)
 
     # ── the answers ─────────────────────────────────────────────────────────────
 

@@ -26,7 +26,7 @@ import statemachine.fit as fit_module
 from statemachine.fit import FitResult, fit_serve, fit_serve_by_planner, request_plan
 from statemachine.isolated import decide, whole_terms
 from statemachine.ledger import ledger_from_observed
-from statemachine.plan import Action, Policy
+from statemachine.plan import Action, Policy, ReloadCost
 from statemachine.types import (
     ContainerObs,
     ContainerState,
@@ -81,6 +81,48 @@ def test_fit_serve_answers_as_the_planner_for_every_serve(sc: Scenario) -> None:
             event(case)
         assert got == ref, name
         assert got.to_json() == ref.to_json(), name
+
+
+#: what a loop counted of a serve's uses: none, one lately, several over the hour
+USES: tuple[tuple[float, ...], ...] = ((), (NOW - 300,), (NOW - 3000, NOW - 2000, NOW - 90))
+
+
+@st.composite
+def used_hosts(draw: st.DrawFn) -> Scenario:
+    """FIT_HOSTS with the policy ``vramctl run`` hands the planner: every serve's uses
+    (the rules of docs/eviction.md "Reload costs by use") and its reload costs."""
+    sc = draw(FIT_HOSTS)
+    names = sorted(sc.desired.serves)
+    uses = {n: draw(st.sampled_from(USES)) for n in names}
+    reload = {n: ReloadCost(draw(st.sampled_from((10.0, 60.0, 300.0))), 2.0) for n in names}
+    return replace(sc, policy=replace(sc.policy, uses=uses, reload=reload))
+
+
+def _waits_for_room(sc: Scenario) -> bool:
+    """Some serve's isolated request waits for room that frees by itself."""
+    return any(
+        "waits for room that frees by itself"
+        in fit_serve(sc.desired, sc.observed, n, policy=sc.policy, now=sc.now).reason
+        for n in sc.desired.serves
+    )
+
+
+@SETTINGS
+@given(used_hosts())
+def test_fit_serve_answers_as_the_planner_where_uses_are_known(sc: Scenario) -> None:
+    """With uses known the planner may wait for room that frees by itself (a busy or
+    starting on-demand holder) rather than evict: the shortcut defers there."""
+    note(repr(sc))
+    event(f"waits for coming room: {_waits_for_room(sc)}")
+    for name in sc.desired.serves:
+        got = fit_serve(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+        ref = fit_serve_by_planner(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
+        assert got == ref, name
+        assert got.to_json() == ref.to_json(), name
+
+
+def test_the_used_hosts_reach_a_wait_for_coming_room() -> None:
+    find(used_hosts(), _waits_for_room, settings=settings(max_examples=2000, deadline=None))
 
 
 def answer_cases(got: FitResult) -> set[str]:

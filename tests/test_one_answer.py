@@ -141,6 +141,8 @@ class Serve:
     request_at: float | None = None
     cold: tuple[float, ...] = ()
     wakes: tuple[float, ...] = ()
+    #: when the loop saw it going busy (its tracker's uses, journalled with its policy)
+    uses: tuple[float, ...] = ()
 
     @property
     def container(self) -> str:
@@ -271,7 +273,25 @@ class Host:
                     j.add_reload(s.name, "cold", seconds, NOW - 1000 + i)
                 for i, seconds in enumerate(s.wakes):
                     j.add_reload(s.name, "wake", seconds, NOW - 1000 + i)
+            if self.uses():  # the last cycle of the loop that counted them
+                j.record_cycle(
+                    at=NOW - 30,
+                    manifest_digest="earlier",
+                    manifest_files={},
+                    observed={},
+                    plan={},
+                    requests=[],
+                    dry_run=True,
+                    policy={"uses": {n: list(u) for n, u in self.uses().items()}},
+                )
 
+    def uses(self) -> dict[str, tuple[float, ...]]:
+        """What the loop's tracker counted: serve -> when it was seen going busy."""
+        return {s.name: s.uses for s in self.serves if s.uses}
+
+
+#: what the loop counted of a serve's uses: none, one lately, several over the hour
+USES: tuple[tuple[float, ...], ...] = ((), (NOW - 300,), (NOW - 3000, NOW - 2000, NOW - 90))
 
 IN_FLIGHT = (
     None,  # no source: unknown
@@ -352,6 +372,7 @@ def hosts(draw: st.DrawFn) -> Host:
         s.name = f"s{i}"
     held = dict.fromkeys(roles, 0)
     for s in serves:
+        s.uses = draw(st.sampled_from(USES))
         # what runs: only where it fits (the host is not overcommitted as observed)
         runs = 1 if s.requester else draw(st.integers(0, 5))
         if runs:
@@ -454,8 +475,13 @@ class ScriptedHost:
 class ScriptedInFlight:
     """The loop's in-flight tracker, reading what the observation says."""
 
-    def __init__(self, readings: dict[str, InFlightModel]) -> None:
+    def __init__(
+        self,
+        readings: dict[str, InFlightModel],
+        uses: dict[str, tuple[float, ...]] | None = None,
+    ) -> None:
         self.readings = readings
+        self._uses = uses or {}
 
     def read(self, sources: Any, running: Any, *, asleep: Any = ()) -> dict[str, InFlightModel]:
         return {n: r.model_copy() for n, r in self.readings.items() if n in set(running)}
@@ -464,7 +490,7 @@ class ScriptedInFlight:
         return {}
 
     def uses(self) -> dict[str, tuple[float, ...]]:
-        return {}
+        return dict(self._uses)
 
     def close(self) -> None:
         return None
@@ -544,15 +570,16 @@ class Loop:
 @contextmanager
 def loop_on(host: Host, manifest: Path, snap: SnapshotModel, state: Path) -> Iterator[Loop]:
     """A dry-run :class:`Controller` on ``manifest``, observing ``snap`` through its own
-    seams: the host reader, the in-flight tracker (no history: nothing was seen busy
-    before) and the engines' sleep probe are scripted, the executor only preflights.
+    seams: the host reader, the in-flight tracker (no history of busy readings; the
+    uses it counted are the host's, as its last cycle journalled them) and the engines'
+    sleep probe are scripted, the executor only preflights.
     It is given the state directory's journal itself (a dry run keeps one of its own),
     so that it reads the records the command line reads."""
     mset = load_manifest_set([manifest])
     c = Controller(RunOptions(manifests=(manifest,), state_dir=state, dry_run=True), mset)
     c.journal = Journal.open(journal_path(state))
     c.host = ScriptedHost(snap)  # type: ignore[assignment]
-    c.in_flight = ScriptedInFlight(dict(snap.in_flight))  # type: ignore[assignment]
+    c.in_flight = ScriptedInFlight(dict(snap.in_flight), host.uses())  # type: ignore[assignment]
     c.overlays._sleep_probe = ScriptedSleep(  # type: ignore[assignment]
         {s.url for s in host.serves if s.asleep}
     )
@@ -804,6 +831,7 @@ def host_cases(host: Host) -> set[str]:
         "an elastic reserve held": any(s.elastic_mib is not None for s in serves),
         "a request pending": any(s.request_at is not None for s in serves),
         "reload costs measured": any(s.cold or s.wakes for s in serves),
+        "uses counted": any(s.uses for s in serves),
         "asked about a requester": bool(host.asked),
     }
     return {name for name, hit in checks.items() if hit}
@@ -842,6 +870,7 @@ HOST_FLOORS = {
     "an elastic reserve held": 0.01,
     "a request pending": 0.15,
     "reload costs measured": 0.2,
+    "uses counted": 0.2,
     "asked about a requester": 0.25,
 }
 

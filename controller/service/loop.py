@@ -320,6 +320,7 @@ class Controller:
             now,
             measured=self.reloads.measured(desired.serves),
             busy_at=self.in_flight.last_busy(),
+            uses=self.in_flight.uses(),
             no_shrink=self.no_shrink,
             no_sleep=self.no_sleep,
             hold=backoff.holds(self.backoff, now),

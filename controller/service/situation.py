@@ -124,6 +124,7 @@ def snapshot_situation(
         taken_at(snap),
         measured=measured,
         busy_at=_floats(recorded.get("last_used")),
+        uses=_uses(recorded.get("uses")),
         no_shrink=serves & set(recorded.get("no_shrink", ())),
         no_sleep=serves & set(recorded.get("no_sleep", ())),
         router=router,
@@ -152,6 +153,18 @@ def _floats(value: Any) -> dict[str, float]:
     if not isinstance(value, Mapping):
         return {}
     return {str(k): float(v) for k, v in value.items() if isinstance(v, int | float)}
+
+
+def _uses(value: Any) -> dict[str, list[float]]:
+    """The uses the loop's last cycle counted (none recorded: an older loop, or none
+    ran; the one-shot answer then counts none, as a loop just begun does)."""
+    if not isinstance(value, Mapping):
+        return {}
+    return {
+        str(k): [float(t) for t in v if isinstance(t, int | float)]
+        for k, v in value.items()
+        if isinstance(v, list)
+    }
 
 
 def _unread_note(why: str) -> str:
