@@ -32,11 +32,14 @@ from statemachine.types import (
     ContainerState,
     DesiredState,
     GpuRole,
+    InFlightObs,
+    InFlightSource,
     Observed,
     OnDemandRequest,
     Residency,
     ServeSpec,
     StartedWith,
+    StartingObs,
 )
 
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "300"))
@@ -83,46 +86,41 @@ def test_fit_serve_answers_as_the_planner_for_every_serve(sc: Scenario) -> None:
         assert got.to_json() == ref.to_json(), name
 
 
-#: what a loop counted of a serve's uses: none, one lately, several over the hour
-USES: tuple[tuple[float, ...], ...] = ((), (NOW - 300,), (NOW - 3000, NOW - 2000, NOW - 90))
-
-
-@st.composite
-def used_hosts(draw: st.DrawFn) -> Scenario:
-    """FIT_HOSTS with the policy ``vramctl run`` hands the planner: every serve's uses
-    (the rules of docs/eviction.md "Reload costs by use") and its reload costs."""
-    sc = draw(FIT_HOSTS)
-    names = sorted(sc.desired.serves)
-    uses = {n: draw(st.sampled_from(USES)) for n in names}
-    reload = {n: ReloadCost(draw(st.sampled_from((10.0, 60.0, 300.0))), 2.0) for n in names}
-    return replace(sc, policy=replace(sc.policy, uses=uses, reload=reload))
-
-
-def _waits_for_room(sc: Scenario) -> bool:
-    """Some serve's isolated request waits for room that frees by itself."""
-    return any(
-        "waits for room that frees by itself"
-        in fit_serve(sc.desired, sc.observed, n, policy=sc.policy, now=sc.now).reason
-        for n in sc.desired.serves
+@pytest.mark.parametrize("how", ["busy", "starting"])
+def test_a_request_that_may_wait_for_room_freeing_by_itself_is_left_to_the_planner(
+    how: str,
+) -> None:
+    """``busy`` (on-demand, a request in flight, or its start in progress) holds the
+    room ``want`` lacks and frees it by itself; evicting ``evi`` (used lately, a 60 s
+    cold start) is expected to cost more than ``want`` has waited (nothing yet), so the
+    planner waits rather than evict
+    (docs/eviction.md, "Waiting for room that frees by itself"): the shortcut, which
+    would evict ``evi``, leaves the answer to the planner."""
+    roles = {"g": GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
+    serves = {
+        "evi": ServeSpec("evi", "c-evi", ("g",), 4_000, Residency.EVICTABLE),
+        "busy": ServeSpec("busy", "c-busy", ("g",), 4_000, Residency.ON_DEMAND),
+        "want": ServeSpec("want", "c-want", ("g",), 4_000, Residency.ON_DEMAND),
+    }
+    desired = DesiredState(roles, serves, (OnDemandRequest("busy", NOW - 30),))
+    up = ContainerObs(ContainerState.RUNNING, started_at=NOW - 900)
+    observed = Observed(
+        True,
+        {"c-evi": up, "c-busy": up},
+        in_flight={"busy": InFlightObs(2 if how == "busy" else 0, InFlightSource.METRICS)},
+        starting={"busy": StartingObs(("g",), 4_000)} if how == "starting" else {},
     )
-
-
-@SETTINGS
-@given(used_hosts())
-def test_fit_serve_answers_as_the_planner_where_uses_are_known(sc: Scenario) -> None:
-    """With uses known the planner may wait for room that frees by itself (a busy or
-    starting on-demand holder) rather than evict: the shortcut defers there."""
-    note(repr(sc))
-    event(f"waits for coming room: {_waits_for_room(sc)}")
-    for name in sc.desired.serves:
-        got = fit_serve(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
-        ref = fit_serve_by_planner(sc.desired, sc.observed, name, policy=sc.policy, now=sc.now)
-        assert got == ref, name
-        assert got.to_json() == ref.to_json(), name
-
-
-def test_the_used_hosts_reach_a_wait_for_coming_room() -> None:
-    find(used_hosts(), _waits_for_room, settings=settings(max_examples=2000, deadline=None))
+    policy = Policy(
+        reload={n: ReloadCost(60.0, None) for n in serves},
+        uses={"evi": (NOW - 300,), "busy": (NOW - 30,), "want": ()},
+    )
+    got = fit_serve(desired, observed, "want", policy=policy, now=NOW)
+    assert got == fit_serve_by_planner(desired, observed, "want", policy=policy, now=NOW)
+    assert not got.fits and not got.evict
+    assert f"waits for room that frees by itself (busy, 4000 MiB on g, {how})" in got.reason
+    # without the uses the planner evicts, and the shortcut answers so itself
+    plain = fit_serve(desired, observed, "want", policy=Policy(), now=NOW)
+    assert plain.fits and plain.evict == ("evi",)
 
 
 def answer_cases(got: FitResult) -> set[str]:
