@@ -39,9 +39,12 @@ is ready, keeps it busy for an exponential time (mean 8 s, at least 1 s). The fa
 vary one thing each: 20 s gaps and 20 s busy, uniform popularity, long busy times (120 s
 and 300 s), one card, four cards, every model fitting at once, 3-5 models, busy (10 s
 gaps) and quiet (180 s) hosts, small models only, large models only. The hour before
-each trace is drawn the same way: what a controller that ran before remembers of it
-(vramctl's uses) and what an operator knows of the traffic (llama-swap's sleepers), never
-replayed.
+each trace is drawn the same way and replayed through every policy as its warm-up, from
+an empty host: what is measured is a host that has been serving for an hour (its waits,
+cold starts and wakes are not counted; its feasibility is checked), not the first loads
+of an empty one. It is also what a controller that ran through it counts of the uses
+(vramctl's ``Policy.uses``) and what an operator knows of the traffic (llama-swap's
+sleepers).
 
 The policies (victims are idle models unless a rule says it drains busy ones):
 
@@ -49,7 +52,7 @@ The policies (victims are idle models unless a rule says it drains busy ones):
     ``statemachine.planner.plan_transitions`` as ``vramctl run`` calls it: the reload
     costs (``Policy.reload``: the profile's cold start and wake, as a measured median
     would be), when each model was last used, and how often (``Policy.uses``: every
-    arrival so far, and the hour before); a model with a request waiting or loading, or
+    arrival so far, the warm-up's among them); a model with a request waiting or loading, or
     in flight, is an on-demand requester, one without is an evictable serve that may be
     put to sleep or stopped; every model has ``[serve.sleep]`` level 1, ``placement`` =
     every card, and is a vLLM engine (``sizes_from_free``); the ``[host]`` budget is the
@@ -140,7 +143,7 @@ RESIDUAL_MIB = 1 * GIB
 MAX_PLANS = 5
 #: the uses a controller remembers per serve (statemachine/reuse.py)
 MAX_USES = 64
-#: the hour before the trace a controller that ran before remembers (its uses)
+#: the hour before the trace: every policy's warm-up, uncounted (its uses are counted)
 HISTORY_S = 3600.0
 KEEP_ALIVE_S = 300.0
 
@@ -206,9 +209,9 @@ class Host:
     models: tuple[tuple[str, Profile], ...]
     #: (arrival s, model, busy s), in arrival order
     requests: tuple[tuple[float, str, float], ...]
-    #: the hour before: (arrival s < 0, model), drawn the same way; only what a
-    #: controller that ran before remembers of it (its uses), never replayed
-    history: tuple[tuple[float, str], ...] = ()
+    #: the hour before: (arrival s < 0, model, busy s), drawn the same way; replayed
+    #: through every policy as its warm-up, its waits, cold starts and wakes not counted
+    history: tuple[tuple[float, str, float], ...] = ()
 
     @property
     def host_ram_mib(self) -> int:
@@ -265,7 +268,7 @@ def build(family: str, seed: int, hours: float) -> Host:
         for at in [t, *sorted(t + rng.uniform(0, 10) for _ in range(burst))]:
             requests.append((at, model, max(1.0, rng.expovariate(1 / fam.busy_s))))
     requests.sort()
-    history = tuple((at, model) for at, model, _ in requests if at < 0)
+    history = tuple(r for r in requests if r[0] < 0)
     measured = tuple(r for r in requests if r[0] >= 0)
     return Host(family, seed, cards, models, measured, history)
 
@@ -340,6 +343,8 @@ class Sim:
         self.ticking = False
         #: card -> when the last cold start on it ends
         self.cold_until: dict[str, float] = {}
+        #: the warm-up (the hour before) is over: waits, cold starts and wakes count
+        self.counting = False
 
     def push(self, at: float, kind: str, name: str, busy: float = 0.0) -> None:
         self.seq += 1
@@ -356,12 +361,12 @@ class Sim:
         return any(m.state == "loading" for m in self.models.values())
 
     def run(self) -> Tally:
-        self.policy.remember(self)
-        for at, name, busy in self.host.requests:
+        for at, name, busy in (*self.host.history, *self.host.requests):
             self.push(at, "arrive", name, busy)
         while self.events:
             at, _, kind, name, busy = heapq.heappop(self.events)
             self.now = at
+            self.counting = at >= 0.0
             m = self.models[name]
             if kind == "arrive":
                 m.queue.append((at, busy))
@@ -400,7 +405,8 @@ class Sim:
         for m in self.models.values():
             while m.state == "ready" and m.queue and m.in_flight < self.policy.parallel:
                 arrived, busy = m.queue.pop(0)
-                self.tally.waits.append(self.now - arrived)
+                if arrived >= 0.0:
+                    self.tally.waits.append(self.now - arrived)
                 m.in_flight += 1
                 m.last_used = self.now
                 self.push(self.now + busy, "done", m.name)
@@ -425,16 +431,16 @@ class Sim:
     def load(self, m: Model, card: str) -> None:
         if m.state == "asleep":
             assert m.card == card, f"{m.name} woken on {card}, asleep on {m.card}"
-            self.tally.wakes += 1
+            self.tally.wakes += self.counting
             seconds = m.profile.wake_s
         else:
             assert m.state == "off", f"{m.name} loaded while {m.state}"
-            self.tally.cold += 1
+            self.tally.cold += self.counting
             # vLLM sizes itself from the free memory it measures as it starts: two starts
             # on one card at once take each other's room (its memory profiling fails or
             # undersizes), so a policy that overlaps them gets what a retry would give,
             # in its favour: each start begins once the card's last one has ended
-            begins = max(self.now, self.cold_until.get(card, 0.0))
+            begins = max(self.now, self.cold_until.get(card, -math.inf))
             seconds = begins - self.now + m.profile.cold_s
             self.cold_until[card] = self.now + seconds
             m.card, m.started_at = card, self.now
@@ -490,9 +496,6 @@ class Rule:
         """No request may start now, even on a loaded model."""
         return False
 
-    def remember(self, sim: Sim) -> None:
-        """What the policy knows of the host's past before the trace (nothing here)."""
-
 
 def balanced_cards(host: Host) -> dict[str, str]:
     """Each model's card as an operator would pin it: the largest first, each to the card
@@ -541,6 +544,11 @@ class Anvil(Rule):
         sim.load(m, card)
 
 
+def _touched(m: Model) -> float:
+    """When ``m`` was last loaded or used (lemonade's access time); never: -inf."""
+    return max(t for t in (m.loaded_at, m.last_used, -math.inf) if t is not None)
+
+
 class Lemonade(Rule):
     """lemonade's router with its defaults (lemonade-sdk/lemonade e385039,
     ``src/cpp/server/router.cpp``): ``max_loaded_models`` 1 per type
@@ -569,7 +577,7 @@ class Lemonade(Rule):
             return
         loaded = [x for x in sim.models.values() if x.state == "ready"]
         if self.limit is not None and len(loaded) >= self.limit:
-            lru = min(loaded, key=lambda x: max(x.loaded_at or 0.0, x.last_used or 0.0))
+            lru = min(loaded, key=_touched)
             sim.drain(lru)
             if lru.state == "draining":
                 return
@@ -595,7 +603,7 @@ class LemonadeAutoEvict(Lemonade):
             return
 
         def score(x: Model) -> tuple[float, str]:
-            idle_ms = (sim.now - max(x.loaded_at or 0.0, x.last_used or 0.0)) * 1000
+            idle_ms = (sim.now - _touched(x)) * 1000
             return (-(idle_ms / (x.profile.cold_s * 1000 * 1.0)), x.name)
 
         for card in sorted(sim.host.cards, key=lambda c: (-sim.free(c), c)):
@@ -610,7 +618,7 @@ class LemonadeAutoEvict(Lemonade):
             return
 
     def expire(self, sim: Sim, m: Model) -> None:
-        used = max(m.loaded_at or 0.0, m.last_used or 0.0)
+        used = _touched(m)
         if m.idle and m.state == "ready" and sim.now - used >= self.ttl_s - 1e-9:
             sim.stop(m)
 
@@ -775,7 +783,7 @@ def sleep_subsets(host: Host) -> dict[str, frozenset[str]]:
     knows of the traffic: the same hour vramctl's journal remembers), the slowest cold
     start."""
     card = balanced_cards(host)
-    asked = Counter(name for _, name in host.history)
+    asked = Counter(name for _, name, _ in host.history)
     profiles = dict(host.models)
     ways: dict[str, Callable[[str], Any]] = {
         "saved_per_ram": lambda n: (
@@ -837,11 +845,6 @@ class Vramctl(Rule):
         self.roles = {c: GpuRole(c, CARD_MIB, 0) for c in host.cards}
         self.host_ram = HostBudget(host.host_ram_mib)
         self.pinned = balanced_cards(host)
-
-    def remember(self, sim: Sim) -> None:
-        """Before the trace: the uses of the hour before, as the journal keeps them."""
-        for at, name in self.host.history:
-            sim.models[name].uses.append(at)
 
     def spec(self, m: Model) -> ServeSpec:
         asked = bool(m.queue) or m.in_flight > 0 or m.state == "loading"
