@@ -23,7 +23,7 @@ from convergence import assert_converges, timeless
 from hypothesis import event, given
 from hypothesis import strategies as st
 from replay import assert_never_overcommits
-from strategies import Scenario, every_scenario
+from strategies import Scenario, assert_reaches, every_scenario
 
 from statemachine.plan import Action, Policy, ReloadCost
 from statemachine.types import (
@@ -90,18 +90,32 @@ WORTH = re.compile(r"saves (\S+) s of waiting an hour per MiB of host RAM, (\S+)
 WAITED = re.compile(r"expected to cost (\S+)s of reloads later .* has waited \((\S+)s\)")
 
 
+HOST_RAM_STOP = "can sleep in its host RAM"
+WAITS_FOR_ROOM = "waits for room that frees by itself"
+
+
+def promise_cases(sc: Scenario) -> set[str]:
+    """The promises a plan of ``sc`` puts to the test (by name)."""
+    plan = plan_of(sc)
+    out = set()
+    if any(st.action is Action.STOP and HOST_RAM_STOP in st.reason for st in plan.steps):
+        out.add("a sleeper stopped for host RAM")
+    if any(WAITS_FOR_ROOM in b.reason for b in plan.blocked):
+        out.add("a request waits for room that frees by itself")
+    return out
+
+
 @SETTINGS
 @given(with_uses())
 def test_the_rules_of_use_keep_their_own_promises(sc: Scenario) -> None:
     plan = plan_of(sc)
+    for case in promise_cases(sc):
+        event(case)
     for step in plan.steps:
-        if step.action is Action.STOP and "can sleep in its host RAM" in step.reason:
-            event("a sleeper stopped for host RAM")
-        if step.action is not Action.STOP or ", so " not in step.reason:
+        if step.action is not Action.STOP or HOST_RAM_STOP not in step.reason:
             continue
         found = WORTH.search(step.reason)
-        if found is None:
-            continue
+        assert found is not None, f"the reason no longer says the worths: {step.reason}"
         # a sleeper stopped for host RAM: evictable, worth less than the victim that sleeps
         theirs, mine = float(found.group(1)), float(found.group(3))
         assert theirs < mine or f"{theirs:.3g}" == f"{mine:.3g}", step.reason
@@ -110,10 +124,12 @@ def test_the_rules_of_use_keep_their_own_promises(sc: Scenario) -> None:
             step.reason
         )
     for b in plan.blocked:
+        if WAITS_FOR_ROOM not in b.reason:
+            continue
         found = WAITED.search(b.reason)
-        if found is not None:  # it waits only while it has waited less than the cost
-            event("a request waits for room that frees by itself")
-            assert float(found.group(2)) < float(found.group(1)) + 0.05, b.reason
+        assert found is not None, f"the reason no longer says the cost and the wait: {b.reason}"
+        # it waits only while it has waited less than the cost
+        assert float(found.group(2)) < float(found.group(1)) + 0.05, b.reason
 
 
 @st.composite
@@ -183,3 +199,16 @@ def test_the_rules_of_use_keep_their_promises_on_a_crowded_card(sc: Scenario) ->
     assert_never_overcommits(plan_of(sc))
     test_the_rules_of_use_keep_their_own_promises.hypothesis.inner_test(sc)  # type: ignore[attr-defined]
     props.test_stops_and_starts_follow_the_rules.hypothesis.inner_test(sc)  # type: ignore[attr-defined]
+
+
+#: each promise's least share of 300 derandomized draws of crowded_sleepers() (3 to 14 %
+#: measured: the draws shift with the modules loaded; at least three draws each)
+PROMISE_FLOORS = {
+    "a sleeper stopped for host RAM": 0.01,
+    "a request waits for room that frees by itself": 0.01,
+}
+
+
+def test_the_crowded_card_puts_each_promise_to_the_test() -> None:
+    """The promises above are not kept vacuously: the crowded card reaches each."""
+    assert_reaches(crowded_sleepers(), promise_cases, PROMISE_FLOORS, examples=300)
