@@ -121,6 +121,17 @@ def test_a_request_that_may_wait_for_room_freeing_by_itself_is_left_to_the_plann
     # without the uses the planner evicts, and the shortcut answers so itself
     plain = fit_serve(desired, observed, "want", policy=Policy(), now=NOW)
     assert plain.fits and plain.evict == ("evi",)
+    # with the uses and ``busy`` idle, no room comes by itself: the shortcut answers
+    idle = replace(
+        observed, in_flight={"busy": InFlightObs(0, InFlightSource.METRICS)}, starting={}
+    )
+    ledger = ledger_from_observed(desired, idle)
+    want = serves["want"]
+    direct = decide(desired, idle, want, ledger, policy, NOW, whole_terms(desired, ledger, want))
+    assert direct is not None and direct.evict == ("evi",)
+    assert fit_serve(desired, idle, "want", policy=policy, now=NOW) == fit_serve_by_planner(
+        desired, idle, "want", policy=policy, now=NOW
+    )
 
 
 def answer_cases(got: FitResult) -> set[str]:
