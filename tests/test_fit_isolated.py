@@ -24,7 +24,7 @@ from strategies import NOW, Scenario, assert_reaches, crowded_hosts, hosts, repo
 
 import statemachine.fit as fit_module
 from statemachine.fit import FitResult, fit_serve, fit_serve_by_planner, request_plan
-from statemachine.isolated import decide, whole_terms
+from statemachine.isolated import Decision, decide, whole_terms
 from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Policy, ReloadCost
 from statemachine.types import (
@@ -107,7 +107,7 @@ def test_a_request_that_may_wait_for_room_freeing_by_itself_is_left_to_the_plann
     observed = Observed(
         True,
         {"c-evi": up, "c-busy": up},
-        in_flight={"busy": InFlightObs(2 if how == "busy" else 0, InFlightSource.METRICS)},
+        in_flight={"busy": InFlightObs(1 if how == "busy" else 0, InFlightSource.METRICS)},
         starting={"busy": StartingObs(("g",), 4_000)} if how == "starting" else {},
     )
     policy = Policy(
@@ -118,20 +118,27 @@ def test_a_request_that_may_wait_for_room_freeing_by_itself_is_left_to_the_plann
     assert got == fit_serve_by_planner(desired, observed, "want", policy=policy, now=NOW)
     assert not got.fits and not got.evict
     assert f"waits for room that frees by itself (busy, 4000 MiB on g, {how})" in got.reason
+    want = serves["want"]
+
+    def direct(seen: Observed, known: Policy) -> object:
+        ledger = ledger_from_observed(desired, seen)
+        return decide(desired, seen, want, ledger, known, NOW, whole_terms(desired, ledger, want))
+
     # without the uses the planner evicts, and the shortcut answers so itself
     plain = fit_serve(desired, observed, "want", policy=Policy(), now=NOW)
     assert plain.fits and plain.evict == ("evi",)
-    # with the uses and ``busy`` idle, no room comes by itself: the shortcut answers
-    idle = replace(
-        observed, in_flight={"busy": InFlightObs(0, InFlightSource.METRICS)}, starting={}
-    )
-    ledger = ledger_from_observed(desired, idle)
-    want = serves["want"]
-    direct = decide(desired, idle, want, ledger, policy, NOW, whole_terms(desired, ledger, want))
-    assert direct is not None and direct.evict == ("evi",)
-    assert fit_serve(desired, idle, "want", policy=policy, now=NOW) == fit_serve_by_planner(
-        desired, idle, "want", policy=policy, now=NOW
-    )
+    assert direct(observed, Policy()) == Decision(("evi",))
+    # with the uses, and ``busy`` idle or its count unknown, no room comes by itself
+    # (a busy evictable holder does not free its room by itself either): it answers
+    for counts in ({"busy": 0}, {"busy": None}, {"busy": 0, "evi": 1}):
+        seen = replace(
+            observed,
+            in_flight={n: InFlightObs(c, InFlightSource.METRICS) for n, c in counts.items()},
+            starting={},
+        )
+        assert direct(seen, policy) == Decision(("evi",)), counts
+        got = fit_serve(desired, seen, "want", policy=policy, now=NOW)
+        assert got == fit_serve_by_planner(desired, seen, "want", policy=policy, now=NOW)
 
 
 def answer_cases(got: FitResult) -> set[str]:
