@@ -413,7 +413,8 @@ class Sim:
 
     # the actions a policy takes; a stop or a sleep takes no time here
     def stop(self, m: Model) -> None:
-        assert m.idle, f"{m.name} stopped while not idle"
+        """Stop ``m``, idle (a sleeper whose requests wait may be stopped: they wait on)."""
+        assert m.idle or (m.state == "asleep" and not m.in_flight), f"{m.name} stopped busy"
         m.state, m.card, m.started_at = "off", None, None
 
     def drain(self, m: Model) -> None:
@@ -873,8 +874,11 @@ class Vramctl(Rule):
         observed = Observed(
             docker_ok=True,
             containers={
+                # the controller tells each container its card (``VRAMCTL_GPU_ROLE``)
                 f"c-{m.name}": ContainerObs(
-                    ContainerState.RUNNING, started_at=NOW + (m.started_at or 0.0)
+                    ContainerState.RUNNING,
+                    started_at=NOW + (m.started_at or 0.0),
+                    gpu_role=m.card,
                 )
                 for m in holding
             },

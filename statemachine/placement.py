@@ -33,8 +33,9 @@ less than the truth). :func:`resolve` narrows each one to one role, in four ways
    on. A serve that does not want to run gets the candidate with the most free MiB:
    where it would go, said, nothing done.
 
-Serves are placed in declared order, each seeing the reservations of the pinned serves
-this plan will start and of those placed before it that want to run. Pure: no I/O, no
+Serves are placed in the order the planner serves them (those requested by their oldest
+request, then the others, each in declared order), each seeing the reservations of the
+pinned serves this plan will start and of those placed before it that want to run. Pure: no I/O, no
 clock; the planner is handed in (``plan_with``), so this module never imports it.
 """
 
@@ -46,9 +47,17 @@ from dataclasses import dataclass, replace
 from statemachine.admission import inside_min_runtime
 from statemachine.idleness import in_force
 from statemachine.ledger import Ledger, ledger_from_observed
-from statemachine.plan import Action, Blocked, CandidateTerms, How, Placement, Plan
+from statemachine.plan import (
+    Action,
+    Blocked,
+    CandidateTerms,
+    How,
+    Placement,
+    Plan,
+    ReloadCost,
+)
 from statemachine.types import DesiredRun, DesiredState, Observed, Residency, ServeSpec
-from statemachine.victims import Candidate, preference_key
+from statemachine.victims import Candidate, PreferenceKey, preference_key
 
 __all__ = ["Placed", "apply", "blocked_on_every_candidate", "resolve", "wants_to_run"]
 
@@ -62,6 +71,10 @@ class Placed:
 
 
 PlanWith = Callable[[DesiredState], Plan]
+#: the plan of a desired state as if the named serve held nothing (its container gone)
+PlanFresh = Callable[[DesiredState, str], Plan]
+#: a serve's cost to bring back (measured, else declared); None: unknown
+ReloadOf = Callable[[ServeSpec], ReloadCost | None]
 
 
 def wants_to_run(desired: DesiredState, s: ServeSpec, observed: Observed, now: float) -> bool:
@@ -209,14 +222,23 @@ def _by_victims(weighed: Sequence[Weighed]) -> CandidateTerms:
     starting = [(t, room) for t, room in weighed if t.starts]
     if not starting:  # it starts nowhere: the least short
         return min((t for t, _ in weighed), key=lambda t: (_short(t), order[t.role]))
-    # a plan that stops and puts to sleep nothing has no set to weigh: alike
-    return min(
-        starting,
-        key=lambda w: (
-            preference_key(w[1], {w[0].role: _short(w[0])} if w[1] else {}),
-            order[w[0].role],
-        ),
-    )[0]
+
+    # a plan that stops and puts to sleep nothing has no set to weigh: alike; of sets
+    # as many, one whose room would not cover what the serves placed before it take
+    # there starts only by leaving one of those blocked (the earlier request is served
+    # first): it goes after the others
+    def key(w: Weighed) -> tuple[int, bool, PreferenceKey, int]:
+        pk = preference_key(w[1], {w[0].role: _short(w[0])} if w[1] else {})
+        return (pk[0], _displaces(w[0]), pk, order[w[0].role])
+
+    return min(starting, key=key)[0]
+
+
+def _displaces(t: CandidateTerms) -> bool:
+    """Whether the room the plan makes on candidate ``t`` falls short of what the serve
+    placed needs there beside the serves placed before it: it would start in room one of
+    them was placed to take."""
+    return t.free_mib + t.freed_mib < t.requested_mib
 
 
 def _short(t: CandidateTerms) -> int:
@@ -296,8 +318,16 @@ def _every_reason(b: Blocked, p: Placement) -> Blocked:
     return replace(b, reason=f"{head}, the least short. {each}")
 
 
-def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: PlanWith) -> Placed:
-    """Every placed serve's role (module docstring); ``desired`` as it is without one."""
+def resolve(
+    desired: DesiredState,
+    observed: Observed,
+    now: float,
+    plan_with: PlanWith,
+    plan_fresh: PlanFresh | None = None,
+    reload: ReloadOf | None = None,
+) -> Placed:
+    """Every placed serve's role (module docstring); ``desired`` as it is without one.
+    ``plan_fresh`` and ``reload`` let a sleeper whose wake waits move (5.)."""
     # a placed serve without a reservation is outside the ledger: nowhere to weigh it
     placed = [
         s
@@ -314,14 +344,21 @@ def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: Pl
             decisions[s.name] = sticky
             if sticky.role is not None:
                 serves[s.name] = replace(s, gpu_roles=(sticky.role,))
-    rest = [s for s in placed if s.name not in decisions]
+    # requested serves by their oldest request, as the planner serves them; then the rest
+    asked: dict[str, float] = {}
+    for r in desired.requests:
+        asked[r.serve] = min(asked.get(r.serve, r.requested_at), r.requested_at)
+    rest = sorted(
+        (s for s in placed if s.name not in decisions),
+        key=lambda s: (s.name not in asked, asked.get(s.name, 0.0)),
+    )
     # the others are not counted while they are weighed: stopped until placed
     for s in rest:
         serves[s.name] = replace(s, desired=DesiredRun.STOPPED)
     ledger = ledger_from_observed(replace(desired, serves=serves), observed)
     taken = _to_start(replace(desired, serves=serves), ledger, observed, now)
     loading = loading_roles(desired, observed)
-    for s in rest:  # 2. and 3., in declared order
+    for s in rest:  # 2. and 3., in that order
         mib = s.vram_mib
         assert mib is not None  # filtered above
         wants = wants_to_run(desired, s, observed, now)
@@ -334,7 +371,10 @@ def resolve(desired: DesiredState, observed: Observed, now: float, plan_with: Pl
             taken[choice.role] += mib
             if s.sizes_from_free:  # it loads there in this plan
                 loading |= {choice.role}
-    moved = _move(_Room(replace(desired, serves=serves), observed, now, ledger, taken), plan_with)
+    room = _Room(replace(desired, serves=serves), observed, now, ledger, taken)
+    moved = _move(room, plan_with)
+    if moved is None and plan_fresh is not None and reload is not None:
+        moved = _wake_elsewhere(room, plan_with, plan_fresh, reload)
     if moved is not None:
         decisions[moved.serve] = moved
         assert moved.role is not None
@@ -436,6 +476,61 @@ def _move(room: _Room, plan_with: PlanWith) -> Placement | None:
                 f"started on {to}, where it fits without making room"
             )
             return Placement(p.name, to, How.MOVED, why)
+    return None
+
+
+def _waited_out(room: _Room, p: ServeSpec, reload: ReloadOf) -> tuple[float, float] | None:
+    """(how long ``p`` has waited, what a cold start costs beyond its wake) for a placed
+    sleeper that may move (not resident, asleep on one card its container's environment
+    names, requested: its request lets the plan stop it) and has waited at least that;
+    None otherwise or where a cost is unknown."""
+    if not p.placement or p.residency is Residency.RESIDENT:
+        return None
+    obs = room.observed
+    if not obs.sleep_of(p.name).asleep or p.name in obs.starting or len(p.gpu_roles) != 1:
+        return None
+    cost = reload(p)
+    asked = [r.requested_at for r in room.desired.requests if r.serve == p.name]
+    if cost is None or cost.cold_s is None or cost.wake_s is None or not asked:
+        return None
+    if obs.container(p.container).told_roles != p.gpu_roles:
+        return None
+    if not wants_to_run(room.desired, p, obs, room.now):
+        return None
+    waited, beyond = room.now - min(asked), cost.cold_s - cost.wake_s
+    return (waited, beyond) if waited >= beyond else None
+
+
+def _wake_elsewhere(
+    room: _Room, plan_with: PlanWith, plan_fresh: PlanFresh, reload: ReloadOf
+) -> Placement | None:
+    """The one placed sleeper moved this plan because its wake waits (docs/placement.md,
+    a sleeper whose wake waits): requested, it has waited on its card at least what a
+    cold start costs beyond its wake (the ski-rental rule: never more than twice the
+    better choice), the plan does not wake it, and on another candidate the plan as if
+    it held nothing starts it. It is stopped (its residual and host RAM given back) and
+    placed again by the next plan; None when no sleeper is in that case."""
+    waiting = [(p, w) for p in room.desired.serves.values() if (w := _waited_out(room, p, reload))]
+    if not waiting:
+        return None
+    base = plan_with(room.desired)
+    for p, (waited, beyond) in waiting:
+        if _has_steps(base, p.name):
+            continue  # woken (or stopped) by this plan anyway
+        (held,) = p.gpu_roles
+        for to in (r for r in p.placement if r != held):
+            moved = replace(
+                room.desired, serves={**room.desired.serves, p.name: replace(p, gpu_roles=(to,))}
+            )
+            plan = plan_fresh(moved, p.name)
+            if any(st.serve == p.name and st.action is Action.START for st in plan.steps):
+                why = (
+                    f"{p.name}, asleep on {held}, has waited {waited:.0f}s for its wake there, "
+                    f"at least what a cold start costs beyond its wake ({beyond:.1f}s); on {to} "
+                    f"it would start now: it is stopped on {held} (its residual and host RAM "
+                    "given back) and placed again once it holds nothing"
+                )
+                return Placement(p.name, to, How.MOVED, why)
     return None
 
 

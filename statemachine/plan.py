@@ -254,12 +254,18 @@ class Policy:
         uses = self.uses.get(name)
         if uses is None:
             return None
+        cost = self.reload_of(name, declared)
+        return sleep_worth(reuse_rate(uses, now), cost.cold_s, cost.wake_s)
+
+    def reload_of(self, name: str, declared: ReloadCost | None = None) -> ReloadCost:
+        """What bringing ``name`` back costs, each figure as measured (:attr:`reload`),
+        else as the manifest declares it (``declared``), else unknown (None)."""
         cold = wake = None
         for cost in (self.reload.get(name), declared):
             if cost is not None:
                 cold = cost.cold_s if cold is None else cold
                 wake = cost.wake_s if wake is None else wake
-        return sleep_worth(reuse_rate(uses, now), cold, wake)
+        return ReloadCost(cold, wake)
 
     def to_json(self) -> dict[str, Any]:
         """The JSON form the journal records with each cycle (replay plans with it);

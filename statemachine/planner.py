@@ -77,7 +77,16 @@ from statemachine.ledger import (
     unshrunk_mib,
 )
 from statemachine.placement import blocked_on_every_candidate, resolve
-from statemachine.plan import Action, Blocked, Plan, Policy, Protected, Step, declared_reload
+from statemachine.plan import (
+    Action,
+    Blocked,
+    Plan,
+    Policy,
+    Protected,
+    ReloadCost,
+    Step,
+    declared_reload,
+)
 from statemachine.types import (
     ABSENT,
     DesiredRun,
@@ -93,6 +102,7 @@ from statemachine.victims import (
     cheapest_cover,
     choose_victims,
     cost_key,
+    reload_key,
 )
 
 __all__ = [
@@ -409,7 +419,7 @@ class _Work:
         self.halt(s, reason)
 
 
-def _stops(w: _Work, expired: Mapping[str, str]) -> None:
+def _stops(w: _Work, expired: Mapping[str, str], active: Mapping[str, float]) -> None:
     """2. The stops: a serve desired stopped, whose request ended, or that runs on a card
     it is not to run on (a serve whose start is in progress is stopped once that start
     has ended)."""
@@ -420,19 +430,20 @@ def _stops(w: _Work, expired: Mapping[str, str]) -> None:
             w.stop(s, f"{s.name} is desired stopped")
         elif s.name in expired and s.desired is not DesiredRun.RUNNING:
             w.stop(s, expired[s.name])
-        elif (off := _off_its_cards(s, w.observed)) is not None:
+        elif (off := _off_its_cards(s, w.observed, s.name in active)) is not None:
             w.stop(s, off)
 
 
-def _off_its_cards(s: ServeSpec, observed: Observed) -> str | None:
-    """Why managed ``s``, running, is to be stopped because it runs on a card it is not
-    to run on (its container's environment, what its ``up`` was told, names a role it no
-    longer declares: an edit re-pinned it, dropped its card from ``placement``, or
-    placement moves it); None when it runs where it is declared or where is not known
-    (a container that names no card is never stopped on that account). Stopped, it is
-    started where it is declared by the next plan (docs/placement.md)."""
+def _off_its_cards(s: ServeSpec, observed: Observed, asked: bool) -> str | None:
+    """Why ``s``, running, managed or ``asked`` for (a request of its own in force), is
+    to be stopped because it runs on a card it is not to run on (its container's
+    environment, what its ``up`` was told, names a role it no longer declares: an edit
+    re-pinned it, dropped its card from ``placement``, or placement moves it); None when
+    it runs where it is declared or where is not known (a container that names no card
+    is never stopped on that account). Stopped, it is started where it is declared by
+    the next plan (docs/placement.md)."""
     told = observed.container(s.container).told_roles
-    if not s.managed or not told or not set(told) - set(s.gpu_roles):
+    if not (s.managed or asked) or not told or not set(told) - set(s.gpu_roles):
         return None
     return (
         f"{s.name} runs on {', '.join(told)}; it is to run on "
@@ -1050,12 +1061,15 @@ def _choose(
             )
             as_sleep.append(dataclasses.replace(c, mib=frees, cost_s=cost))
     limit = w.policy.exact_search_limit
-    for need in _needs(w, cands, short):
+    needs = _needs(w, cands, short)
+    for i, need in enumerate(needs):
         stops = choose_victims(cands, need, exact_limit=limit)
         # only when a candidate frees less by sleeping than by stopping
         slept = choose_victims(as_sleep, need, exact_limit=limit) if as_sleep != cands else None
         if w.policy.uses:  # how often each is used is known: the cost comes first
             best = _by_cost(w, cands, as_sleep, need, stops, slept)
+            if best is not None and i + 1 < len(needs):  # the later requesters' room too
+                return _no_dearer_than_alone(w, cands, as_sleep, needs[-1], best)
             if best is not None:
                 return best
         if slept is not None and (stops is None or len(slept) <= len(stops)):
@@ -1063,6 +1077,28 @@ def _choose(
         if stops is not None:
             return stops, frozenset()
     return None
+
+
+def _no_dearer_than_alone(
+    w: _Work,
+    cands: list[Candidate],
+    as_sleep: list[Candidate],
+    alone: Mapping[str, int],
+    claimed: tuple[tuple[Candidate, ...], frozenset[str]],
+) -> tuple[tuple[Candidate, ...], frozenset[str]]:
+    """``claimed`` (victims that make room for the later requesters too) where it costs
+    no more to bring back than the cheapest set for this requester's shortfall
+    ``alone``; else that set (docs/eviction.md, "Room for the requesters behind"): room
+    claimed ahead is worth one bigger victim, not a dearer one, such as sleepers stopped
+    whose wakes would have been cheap. Only where every cost is known."""
+    limit = w.policy.exact_search_limit
+    stops = choose_victims(cands, alone, exact_limit=limit)
+    slept = choose_victims(as_sleep, alone, exact_limit=limit) if as_sleep != cands else None
+    own = _by_cost(w, cands, as_sleep, alone, stops, slept)
+    if own is None:
+        return claimed
+    dear, cheap = (reload_key([c.cost_s for c in v]) for v in (claimed[0], own[0]))
+    return own if not dear[0] and not cheap[0] and cheap < dear else claimed
 
 
 def _by_cost(
@@ -1548,12 +1584,30 @@ def plan_transitions(
     def pinned(d: DesiredState) -> Plan:
         return _plan(d, observed, policy, now)
 
-    placed = resolve(desired, observed, now, pinned)
+    def fresh(d: DesiredState, name: str) -> Plan:
+        return _plan(d, _holding_nothing(observed, d.serves[name]), policy, now)
+
+    def reload(s: ServeSpec) -> ReloadCost:
+        return policy.reload_of(s.name, declared_reload(s))
+
+    placed = resolve(desired, observed, now, pinned, fresh, reload)
     plan = _plan(placed.desired, observed, policy, now)
     if not placed.placements:
         return plan
     plan = blocked_on_every_candidate(plan, placed.placements)
     return dataclasses.replace(plan, placements=placed.placements)
+
+
+def _holding_nothing(observed: Observed, s: ServeSpec) -> Observed:
+    """``observed`` as if ``s``'s container were gone: it holds nothing, anywhere."""
+    return dataclasses.replace(
+        observed,
+        containers={c: o for c, o in observed.containers.items() if c != s.container},
+        started_with={c: o for c, o in observed.started_with.items() if c != s.container},
+        sleep={n: o for n, o in observed.sleep.items() if n != s.name},
+        in_flight={n: o for n, o in observed.in_flight.items() if n != s.name},
+        unreleased=observed.unreleased - {s.name},
+    )
 
 
 def _plan(desired: DesiredState, observed: Observed, policy: Policy, now: float) -> Plan:
@@ -1598,7 +1652,7 @@ def _plan(desired: DesiredState, observed: Observed, policy: Policy, now: float)
         and s.name not in w.foreign
     }
 
-    _stops(w, expired)
+    _stops(w, expired, active)
 
     # 3. starts, 4. grow back before backfill
     wants: list[ServeSpec] = []
