@@ -435,15 +435,16 @@ def _stops(w: _Work, expired: Mapping[str, str], active: Mapping[str, float]) ->
 
 
 def _off_its_cards(s: ServeSpec, observed: Observed, asked: bool) -> str | None:
-    """Why ``s``, running, managed or ``asked`` for (a request of its own in force), is
-    to be stopped because it runs on a card it is not to run on (its container's
+    """Why ``s``, running, managed or placed and ``asked`` for (a request of its own in
+    force: a placed sleeper whose wake waits is moved so, docs/placement.md), is to be
+    stopped because it runs on a card it is not to run on (its container's
     environment, what its ``up`` was told, names a role it no longer declares: an edit
     re-pinned it, dropped its card from ``placement``, or placement moves it); None when
     it runs where it is declared or where is not known (a container that names no card
     is never stopped on that account). Stopped, it is started where it is declared by
     the next plan (docs/placement.md)."""
     told = observed.container(s.container).told_roles
-    if not (s.managed or asked) or not told or not set(told) - set(s.gpu_roles):
+    if not (s.managed or (asked and s.placement)) or not told or not set(told) - set(s.gpu_roles):
         return None
     return (
         f"{s.name} runs on {', '.join(told)}; it is to run on "

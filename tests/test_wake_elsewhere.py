@@ -130,3 +130,14 @@ def test_a_sleeper_stays_where_no_other_card_would_start_it() -> None:
 def test_a_sleeper_whose_costs_are_unknown_waits() -> None:
     p = plan(*host(waited=1000.0), costs={})
     assert not stops_p(p)
+
+
+def test_a_request_lets_only_a_placed_serve_be_stopped_off_its_cards() -> None:
+    """The request that lets the plan stop an unmanaged placed sleeper (above) does not
+    stop an unmanaged pinned serve re-pinned by an edit: that one runs on as before."""
+    q = ServeSpec("q", "c-q", gpu_roles=("b",), vram_mib=1000, residency=Residency.ON_DEMAND)
+    desired = DesiredState(ROLES, {"q": q}, (OnDemandRequest("q", NOW - 100),))
+    seen = Observed(
+        True, {"c-q": running("a")}, started_with={"c-q": StartedWith("q", ("a",), 1000)}
+    )
+    assert not any(st.serve == "q" for st in plan(desired, seen).steps)
