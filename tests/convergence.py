@@ -33,7 +33,7 @@ the card a pinned serve needs) holds nothing afterwards: the next plan places it
 on a card with room, and starts it there by itself (its own group, no room made for it);
 that is the rule's second plan, not churn (tests/test_placement.py holds the same). So
 is a placed serve the plan blocked on the card chosen for it because a serve started
-ahead of it (placement weighs in declared order, the plan starts residents first: a
+ahead of it (placement weighs by the requests' age, the plan starts residents first: a
 known disagreement, docs/placement.md) took the room: the next plan places it again
 and starts it by itself.
 

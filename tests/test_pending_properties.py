@@ -34,8 +34,9 @@ before it, which then waits for room). Three more reasons are tolerated, known
 disagreements each kept as a strict xfail below: a serve the manifest wants running,
 down and not held back, which the next cycle starts ahead of every request (``up`` does
 not weigh it); a standing placed request the plan has moved onto the request's card
-since the previous answer (placed serves are placed in declared order, not in start
-order, so a younger request can take an older one's room that way); and a request
+since the previous answer (placed serves are placed by their requests' age, which is
+not the whole start order, so a younger request can still take an older one's room that
+way); and a request
 admitted after it, which the plan starts and which conflicts with it (exclusivity, a
 port: the older request waits for the stops the younger one forces, then cannot run
 beside it).
@@ -440,9 +441,9 @@ def check_standing(
         if rival:
             trace.cases.add("an admitted request left waiting for a later conflicting one")
             continue
-        # a known disagreement (test_a_placed_request_is_not_moved_onto_an_older_ones_
-        # room): placed serves are placed in declared order, so a later request may move
-        # a placed one that stands onto this request's card
+        # a known disagreement: placed serves are placed by their requests' age, not in
+        # the whole start order, so a later request may still move a placed one that
+        # stands onto this request's card
         mine_on = set(p.take.gpu_roles)
         moved = [
             q
@@ -578,18 +579,14 @@ def test_a_request_is_not_admitted_into_the_room_a_manifest_start_takes() -> Non
     )
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="placed serves are placed in declared order (docs/placement.md), not in the "
-    "start order: a request for a placed serve declared first is answered 202 by moving "
-    "an older placed request back onto the card a pinned request was promised in "
-    "between, and the next cycle blocks that pinned request",
-)
 def test_a_placed_request_is_not_moved_onto_an_older_ones_room() -> None:
     """Cards of 30000 and 40000 MiB, nothing held. ``up a`` (20000, placed on both):
     202 on g0 (best fit). ``up b`` (15000, pinned on g0): 202, the plan moving a to g1.
-    ``up c`` (25000, placed on both, declared first): 202 on g1, the plan placing c
-    first and a back on g0, where b (older than c) no longer fits."""
+    ``up c`` (25000, placed on both, declared first): placed in the planner's order
+    (docs/placement.md: the oldest request first), a keeps g1 and c finds no room, so
+    its ``up`` is not admitted; every admitted request is reserved for by the next
+    cycle. (Placed in declared order, c went first and moved a back onto g0, where b,
+    older than c, no longer fitted.)"""
     roles = {"g0": GpuRole("g0", 30000), "g1": GpuRole("g1", 40000)}
 
     def on_demand(name: str, mib: int, *on: str) -> ServeSpec:
