@@ -865,10 +865,12 @@ class Vramctl(Rule):
     def inputs(self, sim: Sim) -> tuple[DesiredState, Observed, Policy]:
         models = sim.models.values()
         serves = {m.name: self.spec(m) for m in models}
+        # one request recorded per request routed (each ``up``), as the journal keeps them
         requests = tuple(
-            OnDemandRequest(m.name, NOW + (m.queue[0][0] if m.queue else sim.now))
+            OnDemandRequest(m.name, NOW + at)
             for m in models
             if m.queue or m.in_flight > 0 or m.state == "loading"
+            for at in ([a for a, _ in m.queue] or [sim.now])
         )
         holding = [m for m in models if m.state != "off"]
         observed = Observed(

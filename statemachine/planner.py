@@ -507,7 +507,8 @@ def _by_response_ratio(
     w: _Work, on_demand: list[ServeSpec], active: dict[str, float]
 ) -> list[ServeSpec]:
     """The requests (``on_demand``, by age) by response ratio where each serve's uses and
-    its cost to come up are known: ``(waited + seconds) / seconds``, the highest first
+    its cost to come up are known: ``(waited + seconds) / seconds`` summed over the
+    serve's requests (each waits for the same start), the highest first
     (a wake before a cold start, a short start before a long one, and each the sooner
     the longer it has waited: none waits forever; docs/eviction.md, "Which request
     goes first"); manifest ``running`` serves first, as by age."""
@@ -523,11 +524,17 @@ def _by_response_ratio(
             return on_demand
         seconds[s.name] = max(took, 0.1)
 
+    asked: dict[str, list[float]] = {}
+    for r in w.desired.requests:
+        if r.serve in seconds and not r.released:
+            asked.setdefault(r.serve, []).append(r.requested_at)
+
     def ratio(s: ServeSpec) -> float:
         took = seconds.get(s.name)
         if took is None:  # desired running: first
             return float("inf")
-        return (max(0.0, w.now - active.get(s.name, w.now)) + took) / took
+        waits = asked.get(s.name) or [active.get(s.name, w.now)]
+        return fsum((max(0.0, w.now - at) + took) / took for at in waits)
 
     return sorted(on_demand, key=ratio, reverse=True)  # stable: by age on a tie
 

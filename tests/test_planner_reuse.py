@@ -12,6 +12,7 @@ through the ledger (never over budget, GPU roles nor host RAM). Pure: statemachi
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -335,6 +336,24 @@ def test_a_short_start_goes_before_an_older_long_one_by_response_ratio() -> None
 def test_a_long_start_that_has_waited_long_enough_goes_first() -> None:
     # (200 + 98) / 98 = 3.04 against 1.24: nothing waits forever
     assert first_start(NOW - 200, Policy(reload=STARTS, uses={"b": (), "s": ()})) == ["b"]
+
+
+def test_every_request_waiting_for_a_start_counts_in_its_ratio() -> None:
+    """Five requests for ``b``, each 10 s old: 5 x (10 + 98) / 98 = 5.51 against ``s``'s
+    one, (5 + 21) / 21 = 1.24: ``b`` first (one request each: ``s`` first, above)."""
+    desired = DesiredState(
+        ROLES,
+        {s.name: s for s in (BIG_LLM, SMALL_LLM)},
+        (*(OnDemandRequest("b", NOW - 10) for _ in range(5)), OnDemandRequest("s", NOW - 5)),
+        host=HOST,
+    )
+    policy = Policy(reload=STARTS, uses={"b": (), "s": ()})
+    plan = plan_transitions(desired, Observed(True), policy, NOW)
+    assert [st.serve for st in plan.steps if st.action is Action.START] == ["b"]
+    one = plan_transitions(
+        dataclasses.replace(desired, requests=desired.requests[4:]), Observed(True), policy, NOW
+    )
+    assert [st.serve for st in one.steps if st.action is Action.START] == ["s"]
 
 
 # ── placement: where no engine sizing itself from free memory loads ────────────────
