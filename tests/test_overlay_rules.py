@@ -1,10 +1,10 @@
 """The start records laid over an observation (controller/service/overlay_rules.py).
 
 A container found holding memory without a record gets one: on the card its
-environment names (``VRAMCTL_GPU_ROLE``, what its ``up`` was told) where that is one of
-the roles it was declared on, else on those and the card it names (never less than the
-truth). A placed serve's declared roles are every candidate, so without that word its
-record would count it on all of them.
+environment names (``VRAMCTL_GPU_ROLE``, what its ``up`` was told) where the manifest
+declares that role (the container runs where it was made), else on its declared roles
+and the card it names (never less than the truth). A placed serve's declared roles
+are every candidate, so without that word its record would count it on all of them.
 """
 
 from __future__ import annotations
@@ -44,18 +44,23 @@ def added(desired: DesiredState, s: SnapshotModel, **known: StartedWith) -> dict
     return {c: r.gpu_roles for c, r in found.added.items()}
 
 
-def test_a_pinned_serve_found_on_another_card_is_counted_there_and_where_declared() -> None:
+def test_a_pinned_serve_found_on_another_card_is_counted_where_it_was_made() -> None:
+    """Re-pinned from a to b, its container (made for a, started from outside) runs on
+    a: counted there alone (counted on b too, it was one container on two cards); a
+    card no row declares is counted beside the declared ones."""
     desired = DesiredState(ROLES, {"x": serve("x", ("b",))})
-    assert added(desired, snap(x="a")) == {"c-x": ("a", "b")}
+    assert added(desired, snap(x="a")) == {"c-x": ("a",)}
     assert added(desired, snap(x="b")) == {"c-x": ("b",)}
     assert added(desired, snap(x=None)) == {"c-x": ("b",)}
+    assert added(desired, snap(x="z")) == {"c-x": ("z", "b")}
 
 
-def test_a_placed_serve_found_on_a_candidate_is_counted_there_alone() -> None:
+def test_a_placed_serve_found_on_a_card_is_counted_there_alone() -> None:
     p = serve("p", ("a", "b"), placement=("a", "b"))
     desired = DesiredState(ROLES, {"p": p})
     assert added(desired, snap(p="b")) == {"c-p": ("b",)}
-    assert added(desired, snap(p="c")) == {"c-p": ("c", "a", "b")}
+    assert added(desired, snap(p="c")) == {"c-p": ("c",)}  # a card that left placement
+    assert added(desired, snap(p="z")) == {"c-p": ("z", "a", "b")}
     assert added(desired, snap(p=None)) == {"c-p": ("a", "b")}
 
 

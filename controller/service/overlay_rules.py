@@ -49,11 +49,11 @@ def started_records(
     docker shows the container stopped or gone. A declared container found running
     without a record (started before this controller, or by hand) holds its declared
     reservation, unless its start is in progress (its own end records it, on the roles
-    it reserved); a placed serve's on the card its container's environment names
-    (``VRAMCTL_GPU_ROLE``, what its ``up`` was told) when that is one of its candidates,
-    else on every candidate. A container no manifest in force declares, found running
-    without a record, holds the last reservation a manifest declared for it
-    (``known``). With docker unreadable nothing ends and nothing is found.
+    it reserved), on the card(s) its container's environment names (``VRAMCTL_GPU_ROLE``,
+    what its ``up`` was told) when each is a declared role, else on its declared roles
+    (a placed serve's: every candidate) and any card it names. A container no manifest
+    in force declares, found running without a record, holds the last reservation a
+    manifest declared for it (``known``). With docker unreadable nothing ends and nothing is found.
     """
     if snap.docker != "ok":
         return StartedRecords()
@@ -64,7 +64,7 @@ def started_records(
     )
     declared = {s.container: s for s in desired.serves.values()}
     candidates = {
-        container: StartedWith(spec.name, _told_roles(spec, snap), spec.vram_mib)
+        container: StartedWith(spec.name, _told_roles(spec, snap, desired), spec.vram_mib)
         for container, spec in declared.items()
         if spec.vram_mib is not None and desired.in_ledger(spec) and spec.name not in snap.starting
     }
@@ -81,13 +81,14 @@ def started_records(
     return StartedRecords(dropped, added)
 
 
-def _told_roles(spec: ServeSpec, snap: SnapshotModel) -> tuple[str, ...]:
-    """The roles a declared container found running holds: a placed serve's card as its
-    environment says it was told, where that is a candidate; else its declared roles,
-    and beside them the card(s) its environment names when those are others (it was
-    made for them: a re-pinned serve's, or one whose card left its ``placement``)."""
+def _told_roles(spec: ServeSpec, snap: SnapshotModel, desired: DesiredState) -> tuple[str, ...]:
+    """The roles a declared container found running holds: the card(s) its environment
+    says it was made for, where each is a role the manifest declares (a re-pinned serve's
+    old card, or one that left a placed serve's ``placement``, included: the container
+    runs where it was made); else its declared roles, and beside them any card it names
+    that no row declares (never less than the truth)."""
     told = _told(snap, spec.container)
-    if spec.placement and len(told) == 1 and told[0] in spec.placement:
+    if told and all(r in desired.roles for r in told):
         return told
     return tuple(dict.fromkeys(told + spec.gpu_roles))
 
