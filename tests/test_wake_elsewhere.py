@@ -141,3 +141,11 @@ def test_a_request_lets_only_a_placed_serve_be_stopped_off_its_cards() -> None:
         True, {"c-q": running("a")}, started_with={"c-q": StartedWith("q", ("a",), 1000)}
     )
     assert not any(st.serve == "q" for st in plan(desired, seen).steps)
+
+
+def test_a_resident_sleeper_is_never_moved() -> None:
+    """A resident is placed once and stays: however long its request waits."""
+    desired, seen = host(waited=1000.0)
+    resident = dataclasses.replace(P, residency=Residency.RESIDENT)
+    desired = dataclasses.replace(desired, serves={**desired.serves, "p": resident})
+    assert not stops_p(plan(desired, seen))
