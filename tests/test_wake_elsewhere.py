@@ -149,3 +149,11 @@ def test_a_resident_sleeper_is_never_moved() -> None:
     resident = dataclasses.replace(P, residency=Residency.RESIDENT)
     desired = dataclasses.replace(desired, serves={**desired.serves, "p": resident})
     assert not stops_p(plan(desired, seen))
+
+
+def test_an_awake_serve_is_not_moved_for_a_wake() -> None:
+    """The move is a sleeper's: ``p`` awake on ``a`` (requested, costs known, a long
+    wait) runs on, though ``b`` could start it."""
+    desired, seen = host(waited=1000.0)
+    awake = dataclasses.replace(seen, sleep={})
+    assert not stops_p(plan(desired, awake))
