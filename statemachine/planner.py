@@ -100,6 +100,7 @@ from statemachine.types import (
 from statemachine.victims import (
     Candidate,
     cheapest_cover,
+    cheapest_mixed_cover,
     choose_victims,
     cost_key,
     reload_key,
@@ -1081,7 +1082,7 @@ def _choose(
             if best is not None:
                 return best
         if slept is not None and (stops is None or len(slept) <= len(stops)):
-            return slept, frozenset(c.name for c in slept if _sleep_frees(w, c) is not None)
+            return slept, _sleeping(w, slept)
         if stops is not None:
             return stops, frozenset()
     return None
@@ -1118,22 +1119,28 @@ def _by_cost(
     slept: tuple[Candidate, ...] | None,
 ) -> tuple[tuple[Candidate, ...], frozenset[str]] | None:
     """Where each serve's uses are known: of the sets the victim rules chose (stopped,
-    and as sleep leaves them) and the cheapest covers by cost (:func:`cheapest_cover`),
-    the one cheapest to bring back (:func:`cost_key`), and which of its victims sleep."""
-    options: list[tuple[tuple[Candidate, ...], bool]] = []
-    for found, sleeping in ((stops, False), (cheapest_cover(cands, need), False)):
+    and as sleep leaves them), the cheapest covers by cost (:func:`cheapest_cover`, of
+    each) and the cheapest where each victim sleeps or stops
+    (:func:`cheapest_mixed_cover`), the one cheapest to bring back (:func:`cost_key`,
+    the earlier of equals), and which of its victims sleep."""
+    options: list[tuple[tuple[Candidate, ...], frozenset[str]]] = []
+    for found in (stops, cheapest_cover(cands, need)):
         if found is not None:
-            options.append((found, sleeping))
+            options.append((found, frozenset()))
     if as_sleep is not cands:
         for found in (slept, cheapest_cover(as_sleep, need)):
             if found is not None:
-                options.append((found, True))
+                options.append((found, _sleeping(w, found)))
+        if (mixed := cheapest_mixed_cover(cands, as_sleep, need)) is not None:
+            options.append(mixed)
     if not options:
         return None
-    best, sleeping = min(options, key=lambda o: cost_key(o[0], need))
-    if not sleeping:
-        return best, frozenset()
-    return best, frozenset(c.name for c in best if _sleep_frees(w, c) is not None)
+    return min(options, key=lambda o: cost_key(o[0], need))
+
+
+def _sleeping(w: _Work, victims: Sequence[Candidate]) -> frozenset[str]:
+    """Which of ``victims``, weighed as sleep leaves them, sleep: those that can."""
+    return frozenset(c.name for c in victims if _sleep_frees(w, c) is not None)
 
 
 def _holders(

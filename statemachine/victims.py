@@ -250,6 +250,73 @@ def cheapest_cover(
     return tuple(sorted(chosen, key=lambda c: c.name))
 
 
+def cheapest_mixed_cover(
+    stopped: Sequence[Candidate], slept: Sequence[Candidate], shortfall: Mapping[str, int]
+) -> tuple[tuple[Candidate, ...], frozenset[str]] | None:
+    """A cover of ``shortfall`` by cost where each candidate may sleep or stop, and which
+    of its victims sleep. ``stopped`` and ``slept`` are the same candidates, in the same
+    order: as a stop frees and costs, and as a sleep does (one that cannot sleep the same
+    in both). A candidate that can sleep is weighed as its sleep and, apart, the rest of
+    its stop (the residual its stop frees beyond the sleep, at the cold start's cost
+    beyond the wake's): taken as :func:`cheapest_cover` takes candidates (the idle before
+    the possibly busy, the cheapest per MiB first, until covered), the rest taken alone
+    stops it outright. Then victims are dropped and stops turned back into sleeps, the
+    dearest first, while the cover holds. None when a cost is unknown on a short role or
+    they do not cover. The victims come back as weighed (a sleeper from ``slept``)."""
+    short = {r: need for r, need in shortfall.items() if need > 0}
+    pairs = [(a, b) for a, b in zip(stopped, slept, strict=True) if _on(a, short)]
+    if any(a.cost_s is None or b.cost_s is None for a, b in pairs):
+        return None
+    # 0: not a victim, 1: its first part taken (a sleep, or the stop of one that cannot
+    # sleep), 2: stopped
+    level = [0] * len(pairs)
+    parts = [(i, 1) for i in range(len(pairs))] + [
+        (i, 2) for i, (a, b) in enumerate(pairs) if a != b
+    ]
+
+    def weighed(i: int, lv: int) -> Candidate | None:
+        a, b = pairs[i]
+        return None if lv == 0 else a if lv == 2 or a == b else b
+
+    def part_key(p: tuple[int, int]) -> tuple[bool, float, str, int]:
+        a, b = pairs[p[0]]
+        first = b if a != b else a
+        mib, cost = (first.mib, first.cost_s or 0.0)
+        if p[1] == 2:
+            mib, cost = a.mib - b.mib, (a.cost_s or 0.0) - (b.cost_s or 0.0)
+        on = mib * sum(1 for r in a.gpu_roles if r in short)
+        return (not a.idle, cost / max(1, on), a.name, p[1])
+
+    def chosen() -> list[Candidate]:
+        return [c for i, lv in enumerate(level) if (c := weighed(i, lv)) is not None]
+
+    def holds() -> bool:
+        got = freed(chosen(), short)
+        return all(got[r] >= need for r, need in short.items())
+
+    for i, lv in sorted(parts, key=part_key):
+        if holds():
+            break
+        level[i] = max(level[i], lv)
+    if not holds():
+        return None
+    for i in sorted(range(len(pairs)), key=lambda i: -(pairs[i][0].cost_s or 0.0)):
+        for lower in (0, 1) if level[i] == 2 and pairs[i][0] != pairs[i][1] else (0,):
+            was, level[i] = level[i], lower
+            if holds():
+                break
+            level[i] = was
+    victims = tuple(sorted(chosen(), key=lambda c: c.name))
+    asleep = frozenset(
+        a.name for (a, b), lv in zip(pairs, level, strict=True) if lv == 1 and a != b
+    )
+    return victims, asleep
+
+
+def _on(c: Candidate, short: Mapping[str, int]) -> bool:
+    return any(r in short for r in c.gpu_roles)
+
+
 def largest_first(
     candidates: Sequence[Candidate], shortfall: Mapping[str, int]
 ) -> tuple[Candidate, ...] | None:

@@ -24,12 +24,15 @@ Import as ``from strategies import ...`` (pytest puts ``tests/`` on ``sys.path``
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import TypeVar
 
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
+from hypothesis.internal.cache import LRUCache
+from hypothesis.internal.conjecture import providers
 
 from statemachine.planner import Plan, Policy, plan_transitions
 from statemachine.types import (
@@ -659,11 +662,11 @@ def case_shares(
     """Each case's share of ``examples`` draws of ``strategy``: ``cases(value)`` names
     the cases a draw reaches.
 
-    Derandomized (no example database, generation only): the same draws at every run
-    of the same selection of tests, though they shift with what else the test process
-    has loaded and drawn before. A floor set well under the measured share (about a
-    quarter of it) fails the day a generator stops reaching the case its property is
-    about, not on that shift.
+    Derandomized (no example database, generation only), and without the constants
+    Hypothesis collects from the modules the process has loaded (:func:`_no_local_constants`):
+    the same draws in every process, whatever it ran before. A floor set well under the
+    measured share (about a quarter of it) fails the day a generator stops reaching the
+    case its property is about.
     """
     counts: dict[str, int] = {}
     seen: list[None] = []
@@ -682,8 +685,25 @@ def case_shares(
         for case in cases(value):
             counts[case] = counts.get(case, 0) + 1
 
-    draw()
+    with _no_local_constants():
+        draw()
     return {case: n / max(1, len(seen)) for case, n in sorted(counts.items())}
+
+
+@contextmanager
+def _no_local_constants() -> Iterator[None]:
+    """Hypothesis now and then draws a literal found in the source of the modules loaded
+    so far (``hypothesis.internal.conjecture.providers``), and caches the pools per kind
+    of draw on first use: a derandomized run's draws then depend on which tests the
+    process ran before. Within this block it draws from its own constants only, as in a
+    fresh process that loaded nothing of ours; the cache is put back after."""
+    saved = providers.CONSTANTS_CACHE, providers._get_local_constants
+    providers.CONSTANTS_CACHE = LRUCache(1024)
+    providers._get_local_constants = providers.Constants  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        providers.CONSTANTS_CACHE, providers._get_local_constants = saved
 
 
 def case_share(

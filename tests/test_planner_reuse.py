@@ -262,6 +262,27 @@ def test_a_victim_never_used_is_the_cheapest() -> None:
     assert [s.serve for s in result.steps if s.action in (Action.STOP, Action.SLEEP)] == ["big"]
 
 
+def test_where_sleep_alone_cannot_cover_the_popular_victim_sleeps_and_the_rare_one_stops() -> None:
+    # 19000 MiB short: both asleep free 18000 (not enough), both stopped 20000; one
+    # asleep and one stopped 19000, at a wake of the popular one and a cold start of the
+    # rare one: far cheaper than the popular one's cold start
+    pop, rare = sv("pop", 10_000, EVI, host=4000), sv("rare", 10_000, EVI, host=4000)
+    reloads = {"pop": ReloadCost(60.0, 2.0), "rare": ReloadCost(60.0, 2.0)}
+    uses = {"pop": often(20), "rare": often(1, NOW - 3000.0), "req": ()}
+    idle = {n: InFlightObs(0, InFlightSource.METRICS) for n in ("pop", "rare")}
+    serves = [pop, rare, sv("req", 29_000, OND)]
+    result = run(
+        serves, ["pop", "rare"], {"req": NOW - 1}, Policy(reload=reloads, uses=uses), in_flight=idle
+    )
+    assert [s.serve for s in result.steps if s.action is Action.SLEEP] == ["pop"]
+    assert [s.serve for s in result.steps if s.action is Action.STOP] == ["rare"]
+    assert any(s.action is Action.START and s.serve == "req" for s in result.steps)
+    # without uses, fewest victims first: both stopped, as before
+    result = run(serves, ["pop", "rare"], {"req": NOW - 1}, Policy(reload=reloads), in_flight=idle)
+    assert sorted(s.serve for s in result.steps if s.action is Action.STOP) == ["pop", "rare"]
+    assert not any(s.action is Action.SLEEP for s in result.steps)
+
+
 # ── waiting for room that frees by itself ──────────────────────────────────────────
 
 BUSY = sv("busy", 10_000, OND)

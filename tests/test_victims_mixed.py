@@ -1,0 +1,115 @@
+"""A cover where each victim may sleep or stop (statemachine/victims.py:
+``cheapest_mixed_cover``), what the planner weighs beside the covers of one kind where it
+counts how often each serve is used (docs/eviction.md, "Sleep or stop, victim by victim").
+
+Written from the rule: each candidate that can sleep is weighed as its sleep and, apart,
+the rest of its stop (the residual beyond, at the cold start's cost beyond the wake's);
+the parts are taken the idle first, the cheapest per MiB first, until every short role is
+covered; then victims are dropped and stops turned back into sleeps, the dearest first,
+while the cover holds. An unknown cost on a short role, or too little, leaves no cover.
+Pure.
+"""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from statemachine.victims import Candidate, cheapest_mixed_cover, freed
+
+
+def c(name: str, mib: int, cost: float | None, *, busy: int | None = 0) -> Candidate:
+    return Candidate(name, ("r",), mib, 0, None, busy, cost)
+
+
+def pair(
+    name: str, mib: int, cold: float, residual: int, wake: float
+) -> tuple[Candidate, Candidate]:
+    """A candidate as its stop, and as its sleep."""
+    return c(name, mib, cold), c(name, mib - residual, wake)
+
+
+def mixed(
+    pairs: list[tuple[Candidate, Candidate]], need: int
+) -> tuple[dict[str, int], set[str]] | None:
+    got = cheapest_mixed_cover([a for a, _ in pairs], [b for _, b in pairs], {"r": need})
+    return None if got is None else ({v.name: v.mib for v in got[0]}, set(got[1]))
+
+
+def test_the_popular_one_sleeps_the_rare_one_stops_and_a_sleeper_stops() -> None:
+    pop = pair("pop", 16, 40.0, 1, 1.0)  # its cold start is dear: it is used often
+    rare = pair("rare", 8, 2.0, 1, 0.1)
+    sleeper = (c("s", 1, 3.0), c("s", 1, 3.0))  # asleep already: it can only stop
+    # all asleep free 15 + 7 + 1 = 23; all stopped 25 (cost 45); mixed 24 (cost 6)
+    assert mixed([pop, rare, sleeper], 24) == ({"pop": 15, "rare": 8, "s": 1}, {"pop"})
+
+
+def test_where_their_sleeps_cover_none_is_stopped() -> None:
+    got = mixed([pair("a", 16, 40.0, 1, 1.0), pair("b", 8, 2.0, 1, 0.1)], 20)
+    assert got == ({"a": 15, "b": 7}, {"a", "b"})
+
+
+def test_what_the_cover_does_not_need_is_dropped_and_a_stop_it_does_not_need_sleeps() -> None:
+    # the cheapest parts first: b asleep, a asleep, then b's rest; a alone would do
+    assert mixed([pair("a", 16, 40.0, 1, 1.0), pair("b", 8, 2.0, 1, 0.1)], 15) == (
+        {"a": 15},
+        {"a"},
+    )
+    # 16 needed: a's sleep and b's sleep (22) do; dropping b leaves 15: kept asleep
+    assert mixed([pair("a", 16, 40.0, 1, 1.0), pair("b", 8, 2.0, 1, 0.1)], 16) == (
+        {"a": 15, "b": 7},
+        {"a", "b"},
+    )
+
+
+def test_an_unknown_cost_or_too_little_leaves_no_cover() -> None:
+    assert mixed([pair("a", 16, 40.0, 1, 1.0), (c("b", 8, None), c("b", 7, 0.1))], 4) is None
+    assert mixed([pair("a", 16, 40.0, 1, 1.0)], 17) is None
+
+
+def test_the_idle_before_the_possibly_busy() -> None:
+    busy = (c("busy", 16, 0.1, busy=None), c("busy", 15, 0.01, busy=None))
+    assert mixed([busy, pair("idle", 16, 50.0, 1, 5.0)], 15) == ({"idle": 15}, {"idle"})
+
+
+costs = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
+
+
+@st.composite
+def pools(draw: st.DrawFn) -> tuple[list[tuple[Candidate, Candidate]], int]:
+    out = []
+    for i in range(draw(st.integers(0, 7))):
+        mib, cold = draw(st.integers(1, 40)), draw(costs)
+        if draw(st.booleans()):  # it can sleep
+            residual, wake = draw(st.integers(0, mib - 1)), draw(costs)
+            out.append(pair(f"s{i}", mib, cold, residual, min(wake, cold)))
+        else:
+            out.append((c(f"s{i}", mib, cold), c(f"s{i}", mib, cold)))
+    return out, draw(st.integers(1, 150))
+
+
+@given(pools())
+def test_a_mixed_cover_covers_needs_each_victim_and_each_stop(
+    drawn: tuple[list[tuple[Candidate, Candidate]], int],
+) -> None:
+    pairs, need = drawn
+    stopped, slept = [a for a, _ in pairs], [b for _, b in pairs]
+    got = cheapest_mixed_cover(stopped, slept, {"r": need})
+    if sum(a.mib for a in stopped) < need:
+        assert got is None
+        return
+    assert got is not None  # every one stopped covers: a cover is found
+    victims, asleep = got
+    by_name = {a.name: (a, b) for a, b in pairs}
+    assert len({v.name for v in victims}) == len(victims)
+    for v in victims:  # each as weighed: its sleep exactly when it sleeps
+        a, b = by_name[v.name]
+        assert v == (b if v.name in asleep else a)
+        assert v.name not in asleep or a != b
+    assert freed(victims, {"r": need})["r"] >= need
+    for i, v in enumerate(victims):  # no victim it does not need
+        rest = [*victims[:i], *victims[i + 1 :]]
+        assert freed(rest, {"r": need})["r"] < need
+        a, b = by_name[v.name]
+        if v.name not in asleep and a != b:  # no stop that a sleep would do
+            assert freed([*rest, b], {"r": need})["r"] < need
