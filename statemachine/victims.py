@@ -47,7 +47,7 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import accumulate, combinations, compress
 from math import fsum
 from typing import NamedTuple
@@ -226,13 +226,9 @@ def cheapest_cover(
     if any(c.cost_s is None for c in pool):
         return None
 
-    def per_mib(c: Candidate) -> tuple[bool, float, str]:
-        mib = sum(c.mib for r in c.gpu_roles if r in short)
-        return (not c.idle, (c.cost_s or 0.0) / max(1, mib), c.name)
-
     chosen: list[Candidate] = []
     left = dict(short)
-    for c in sorted(pool, key=per_mib):
+    for c in sorted(pool, key=lambda c: _per_mib(c, short)):
         if all(v <= 0 for v in left.values()):
             break
         if any(left.get(r, 0) > 0 for r in c.gpu_roles):
@@ -257,64 +253,52 @@ def cheapest_mixed_cover(
     of its victims sleep. ``stopped`` and ``slept`` are the same candidates, in the same
     order: as a stop frees and costs, and as a sleep does (one that cannot sleep the same
     in both). A candidate that can sleep is weighed as its sleep and, apart, the rest of
-    its stop (the residual its stop frees beyond the sleep, at the cold start's cost
-    beyond the wake's): taken as :func:`cheapest_cover` takes candidates (the idle before
-    the possibly busy, the cheapest per MiB first, until covered), the rest taken alone
-    stops it outright. Then victims are dropped and stops turned back into sleeps, the
-    dearest first, while the cover holds. None when a cost is unknown on a short role or
-    they do not cover. The victims come back as weighed (a sleeper from ``slept``)."""
+    its stop (:func:`_rest`); the parts are taken as :func:`cheapest_cover` takes
+    candidates (:func:`_per_mib`) until covered, the rest of a stop stopping its
+    candidate outright. Then, the dearest stop first, a victim the cover does not need
+    is dropped, or else its stop turned back into its sleep where that covers. None when
+    a cost is unknown on a short role or they do not cover. The victims come back as
+    weighed (a sleeper as in ``slept``)."""
     short = {r: need for r, need in shortfall.items() if need > 0}
-    pairs = [(a, b) for a, b in zip(stopped, slept, strict=True) if _on(a, short)]
-    if any(a.cost_s is None or b.cost_s is None for a, b in pairs):
+    pairs = {a.name: (a, b) for a, b in zip(stopped, slept, strict=True) if _on(a, short)}
+    parts = [b for _, b in pairs.values()] + [_rest(a, b) for a, b in pairs.values() if a != b]
+    if any(p.cost_s is None for p in parts):
         return None
-    # 0: not a victim, 1: its first part taken (a sleep, or the stop of one that cannot
-    # sleep), 2: stopped
-    level = [0] * len(pairs)
-    parts = [(i, 1) for i in range(len(pairs))] + [
-        (i, 2) for i, (a, b) in enumerate(pairs) if a != b
-    ]
-
-    def weighed(i: int, lv: int) -> Candidate | None:
-        a, b = pairs[i]
-        return None if lv == 0 else a if lv == 2 or a == b else b
-
-    def part_key(p: tuple[int, int]) -> tuple[bool, float, str, int]:
-        a, b = pairs[p[0]]
-        first = b if a != b else a
-        mib, cost = (first.mib, first.cost_s or 0.0)
-        if p[1] == 2:
-            mib, cost = a.mib - b.mib, (a.cost_s or 0.0) - (b.cost_s or 0.0)
-        on = mib * sum(1 for r in a.gpu_roles if r in short)
-        return (not a.idle, cost / max(1, on), a.name, p[1])
-
-    def chosen() -> list[Candidate]:
-        return [c for i, lv in enumerate(level) if (c := weighed(i, lv)) is not None]
-
-    def holds() -> bool:
-        got = freed(chosen(), short)
-        return all(got[r] >= need for r, need in short.items())
-
-    for i, lv in sorted(parts, key=part_key):
-        if holds():
+    taken: dict[str, Candidate] = {}
+    for part in sorted(parts, key=lambda p: _per_mib(p, short)):
+        if covers(list(taken.values()), short):
             break
-        level[i] = max(level[i], lv)
-    if not holds():
+        a, b = pairs[part.name]
+        taken[part.name] = b if part is b and part.name not in taken else a
+    if not covers(list(taken.values()), short):
         return None
-    for i in sorted(range(len(pairs)), key=lambda i: -(pairs[i][0].cost_s or 0.0)):
-        for lower in (0, 1) if level[i] == 2 and pairs[i][0] != pairs[i][1] else (0,):
-            was, level[i] = level[i], lower
-            if holds():
+    for name in sorted(taken, key=lambda n: reload_key([pairs[n][0].cost_s]), reverse=True):
+        a, b = pairs[name]
+        for less in ({}, {name: b}) if taken[name] is not b else ({},):
+            trial = {n: c for n, c in taken.items() if n != name} | less
+            if covers(list(trial.values()), short):
+                taken = trial
                 break
-            level[i] = was
-    victims = tuple(sorted(chosen(), key=lambda c: c.name))
-    asleep = frozenset(
-        a.name for (a, b), lv in zip(pairs, level, strict=True) if lv == 1 and a != b
-    )
-    return victims, asleep
+    asleep = frozenset(n for n, c in taken.items() if c is pairs[n][1] and c != pairs[n][0])
+    return tuple(sorted(taken.values(), key=lambda c: c.name)), asleep
+
+
+def _rest(stop: Candidate, sleep: Candidate) -> Candidate:
+    """What stopping a candidate frees and costs beyond putting it to sleep: its residual,
+    at its cold start's cost beyond its wake's (unknown where either is)."""
+    a, b = stop.cost_s, sleep.cost_s
+    return replace(stop, mib=stop.mib - sleep.mib, cost_s=None if a is None or b is None else a - b)
 
 
 def _on(c: Candidate, short: Mapping[str, int]) -> bool:
     return any(r in short for r in c.gpu_roles)
+
+
+def _per_mib(c: Candidate, short: Mapping[str, int]) -> tuple[bool, float, str]:
+    """The order the cheapest covers take candidates in: the idle before the possibly
+    busy, then each by its cost per MiB on the short roles, the cheapest first."""
+    mib = sum(c.mib for r in c.gpu_roles if r in short)
+    return (not c.idle, (c.cost_s or 0.0) / max(1, mib), c.name)
 
 
 def largest_first(

@@ -64,12 +64,61 @@ def test_what_the_cover_does_not_need_is_dropped_and_a_stop_it_does_not_need_sle
 
 def test_an_unknown_cost_or_too_little_leaves_no_cover() -> None:
     assert mixed([pair("a", 16, 40.0, 1, 1.0), (c("b", 8, None), c("b", 7, 0.1))], 4) is None
+    assert mixed([pair("a", 16, 40.0, 1, 1.0), (c("b", 8, 2.0), c("b", 7, None))], 4) is None
+    assert mixed([pair("a", 16, 40.0, 1, 1.0), (c("b", 8, None), c("b", 8, None))], 4) is None
     assert mixed([pair("a", 16, 40.0, 1, 1.0)], 17) is None
 
 
 def test_the_idle_before_the_possibly_busy() -> None:
     busy = (c("busy", 16, 0.1, busy=None), c("busy", 15, 0.01, busy=None))
     assert mixed([busy, pair("idle", 16, 50.0, 1, 5.0)], 15) == ({"idle": 15}, {"idle"})
+
+
+def test_the_cheapest_per_mib_first_not_the_cheapest() -> None:
+    # x 0.3 s per MiB, y 0.3, z 0.4: x covers alone (3 s), where by cost alone z and y
+    # would be taken (3.8 s)
+    alike = [
+        (c(n, mib, cost), c(n, mib, cost))
+        for n, mib, cost in [("x", 10, 3.0), ("y", 6, 1.8), ("z", 5, 2.0)]
+    ]
+    assert mixed(alike, 10) == ({"x": 10}, set())
+
+
+def test_the_stop_taken_is_the_one_whose_cold_start_costs_least_beyond_its_wake() -> None:
+    # both asleep free 18 of 19: one must stop; a's stop costs 49 s beyond its sleep, b's 4
+    got = mixed([pair("a", 10, 50.0, 1, 1.0), pair("b", 10, 5.0, 1, 1.0)], 19)
+    assert got == ({"a": 9, "b": 10}, {"a"})
+
+
+def test_the_rest_of_a_stop_is_weighed_per_mib_of_its_residual() -> None:
+    # p's stop beyond its sleep: 1 MiB at 11 s; q: 1 MiB at 5 s: p sleeps, q stops
+    assert mixed([pair("p", 10, 12.0, 1, 1.0), (c("q", 1, 5.0), c("q", 1, 5.0))], 10) == (
+        {"p": 9, "q": 1},
+        {"p"},
+    )
+
+
+def test_a_sleep_that_frees_all_its_stop_would() -> None:
+    # no residual: its stop frees nothing more, at 19 s more; weighed, never divided by 0
+    assert mixed([pair("p", 10, 20.0, 0, 1.0)], 10) == ({"p": 10}, {"p"})
+
+
+def test_the_cost_per_mib_counts_each_short_role_a_victim_frees() -> None:
+    x = Candidate("x", ("r", "s"), 5, 0, None, 0, 8.0)  # 8 s for 10 MiB on the short roles
+    y = Candidate("y", ("r",), 5, 0, None, 0, 5.0)
+    z = Candidate("z", ("s",), 5, 0, None, 0, 5.0)
+    got = cheapest_mixed_cover([x, y, z], [x, y, z], {"r": 5, "s": 5})
+    assert got is not None and [v.name for v in got[0]] == ["x"]
+
+
+def test_the_dearest_victim_is_the_first_the_cover_may_do_without() -> None:
+    # a, b and c are taken (0.1, 0.2 and 0.5 s per MiB); either a or b is not needed:
+    # b, the dearer, is dropped
+    taken = [
+        (c(n, mib, cost), c(n, mib, cost))
+        for n, mib, cost in [("a", 4, 0.4), ("b", 4, 0.8), ("c", 6, 3.0)]
+    ]
+    assert mixed(taken, 10) == ({"a": 4, "c": 6}, set())
 
 
 costs = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
