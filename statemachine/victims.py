@@ -246,61 +246,6 @@ def cheapest_cover(
     return tuple(sorted(chosen, key=lambda c: c.name))
 
 
-def cheapest_mixed_cover(
-    stopped: Sequence[Candidate], slept: Sequence[Candidate], shortfall: Mapping[str, int]
-) -> tuple[tuple[Candidate, ...], frozenset[str]] | None:
-    """A cover of ``shortfall`` by cost where each candidate may sleep or stop, and which
-    of its victims sleep. ``stopped`` and ``slept`` are the same candidates, in the same
-    order: as a stop frees and costs, and as a sleep does (one that cannot sleep the same
-    in both). A candidate that can sleep is weighed as its sleep and, apart, the rest of
-    its stop (:func:`_rest`); the parts are taken as :func:`cheapest_cover` takes
-    candidates (:func:`_per_mib`) until covered, the rest of a stop stopping its
-    candidate outright. Then, the dearest stop first, a victim the cover does not need
-    is dropped, or else its stop turned back into its sleep where that covers. None when
-    a cost is unknown on a short role or they do not cover. The victims come back as
-    weighed (a sleeper as in ``slept``)."""
-    short = {r: need for r, need in shortfall.items() if need > 0}
-    pairs = {a.name: (a, b) for a, b in zip(stopped, slept, strict=True) if _on(a, short)}
-    parts = [b for _, b in pairs.values()] + [_rest(a, b) for a, b in pairs.values() if a != b]
-    if any(p.cost_s is None for p in parts):
-        return None
-    taken: dict[str, Candidate] = {}
-    for part in sorted(parts, key=lambda p: _per_mib(p, short)):
-        if covers(list(taken.values()), short):
-            break
-        a, b = pairs[part.name]
-        taken[part.name] = b if part is b and part.name not in taken else a
-    if not covers(list(taken.values()), short):
-        return None
-    for name in sorted(taken, key=lambda n: reload_key([pairs[n][0].cost_s]), reverse=True):
-        a, b = pairs[name]
-        for less in ({}, {name: b}) if taken[name] is not b else ({},):
-            trial = {n: c for n, c in taken.items() if n != name} | less
-            if covers(list(trial.values()), short):
-                taken = trial
-                break
-    asleep = frozenset(n for n, c in taken.items() if c is pairs[n][1] and c != pairs[n][0])
-    return tuple(sorted(taken.values(), key=lambda c: c.name)), asleep
-
-
-def _rest(stop: Candidate, sleep: Candidate) -> Candidate:
-    """What stopping a candidate frees and costs beyond putting it to sleep: its residual,
-    at its cold start's cost beyond its wake's (unknown where either is)."""
-    a, b = stop.cost_s, sleep.cost_s
-    return replace(stop, mib=stop.mib - sleep.mib, cost_s=None if a is None or b is None else a - b)
-
-
-def _on(c: Candidate, short: Mapping[str, int]) -> bool:
-    return any(r in short for r in c.gpu_roles)
-
-
-def _per_mib(c: Candidate, short: Mapping[str, int]) -> tuple[bool, float, str]:
-    """The order the cheapest covers take candidates in: the idle before the possibly
-    busy, then each by its cost per MiB on the short roles, the cheapest first."""
-    mib = sum(c.mib for r in c.gpu_roles if r in short)
-    return (not c.idle, (c.cost_s or 0.0) / max(1, mib), c.name)
-
-
 def largest_first(
     candidates: Sequence[Candidate], shortfall: Mapping[str, int]
 ) -> tuple[Candidate, ...] | None:
@@ -573,3 +518,58 @@ def victim_names(
         return None if chosen is None else tuple(c.name for c in chosen)
     picks = exact_cover(rows, short)
     return None if picks is None else tuple([rows[i].name for i in picks])
+
+
+def cheapest_mixed_cover(
+    stopped: Sequence[Candidate], slept: Sequence[Candidate], shortfall: Mapping[str, int]
+) -> tuple[tuple[Candidate, ...], frozenset[str]] | None:
+    """A cover of ``shortfall`` by cost where each candidate may sleep or stop, and which
+    of its victims sleep. ``stopped`` and ``slept`` are the same candidates, in the same
+    order: as a stop frees and costs, and as a sleep does (one that cannot sleep the same
+    in both). A candidate that can sleep is weighed as its sleep and, apart, the rest of
+    its stop (:func:`_rest`); the parts are taken as :func:`cheapest_cover` takes
+    candidates (:func:`_per_mib`) until covered, the rest of a stop stopping its
+    candidate outright. Then, the dearest stop first, a victim the cover does not need
+    is dropped, or else its stop turned back into its sleep where that covers. None when
+    a cost is unknown on a short role or they do not cover. The victims come back as
+    weighed (a sleeper as in ``slept``)."""
+    short = {r: need for r, need in shortfall.items() if need > 0}
+    pairs = {a.name: (a, b) for a, b in zip(stopped, slept, strict=True) if _on(a, short)}
+    parts = [b for _, b in pairs.values()] + [_rest(a, b) for a, b in pairs.values() if a != b]
+    if any(p.cost_s is None for p in parts):
+        return None
+    taken: dict[str, Candidate] = {}
+    for part in sorted(parts, key=lambda p: _per_mib(p, short)):
+        if covers(list(taken.values()), short):
+            break
+        a, b = pairs[part.name]
+        taken[part.name] = b if part is b and part.name not in taken else a
+    if not covers(list(taken.values()), short):
+        return None
+    for name in sorted(taken, key=lambda n: reload_key([pairs[n][0].cost_s]), reverse=True):
+        a, b = pairs[name]
+        for less in ({}, {name: b}) if taken[name] is not b else ({},):
+            trial = {n: c for n, c in taken.items() if n != name} | less
+            if covers(list(trial.values()), short):
+                taken = trial
+                break
+    asleep = frozenset(n for n, c in taken.items() if c != pairs[n][0])
+    return tuple(sorted(taken.values(), key=lambda c: c.name)), asleep
+
+
+def _rest(stop: Candidate, sleep: Candidate) -> Candidate:
+    """What stopping a candidate frees and costs beyond putting it to sleep: its residual,
+    at its cold start's cost beyond its wake's (unknown where either is)."""
+    a, b = stop.cost_s, sleep.cost_s
+    return replace(stop, mib=stop.mib - sleep.mib, cost_s=None if a is None or b is None else a - b)
+
+
+def _on(c: Candidate, short: Mapping[str, int]) -> bool:
+    return any(r in short for r in c.gpu_roles)
+
+
+def _per_mib(c: Candidate, short: Mapping[str, int]) -> tuple[bool, float, str]:
+    """The order the cheapest covers take candidates in: the idle before the possibly
+    busy, then each by its cost per MiB on the short roles, the cheapest first."""
+    mib = sum(c.mib for r in c.gpu_roles if r in short)
+    return (not c.idle, (c.cost_s or 0.0) / max(1, mib), c.name)

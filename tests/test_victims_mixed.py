@@ -121,6 +121,40 @@ def test_the_dearest_victim_is_the_first_the_cover_may_do_without() -> None:
     assert mixed(taken, 10) == ({"a": 4, "c": 6}, set())
 
 
+def test_a_role_short_of_nothing_counts_for_no_candidate() -> None:
+    # x frees 5 MiB on r at 8 s (1.6 s per MiB: s, short of nothing, does not count),
+    # y 5 MiB at 6 s (1.2): y
+    x = Candidate("x", ("r", "s"), 5, 0, None, 0, 8.0)
+    y = Candidate("y", ("r",), 5, 0, None, 0, 6.0)
+    got = cheapest_mixed_cover([x, y], [x, y], {"r": 5, "s": 0})
+    assert got is not None and [v.name for v in got[0]] == ["y"]
+
+
+def test_the_rest_of_a_stop_taken_before_its_sleep_stops_it() -> None:
+    # p's stop beyond its sleep (0.05 s for 1 MiB) is cheaper per MiB than its sleep
+    # (0.95 s for 9): taken first, p stops and covers; q is not taken
+    q = (c("q", 1, 0.08), c("q", 1, 0.08))
+    assert mixed([pair("p", 10, 1.0, 1, 0.95), q], 10) == ({"p": 10}, set())
+    # p's sleep, taken after, leaves it stopped: with q (0.2 s) p stopped covers 11
+    q = (c("q", 1, 0.2), c("q", 1, 0.2))
+    assert mixed([pair("p", 10, 1.0, 1, 0.95), q], 11) == ({"p": 10, "q": 1}, set())
+
+
+def test_the_cover_keeps_the_victims_whose_stops_cost_least() -> None:
+    # a and b asleep and c: either of a and b is not needed; a's stop is the dearer
+    # (9 s against 1.5 s, though its sleep is the cheaper): a is dropped
+    a, b = pair("a", 5, 9.0, 1, 0.1), pair("b", 6, 1.5, 1, 0.2)
+    cc = (c("c", 8, 8.0), c("c", 8, 8.0))
+    assert mixed([a, b, cc], 12) == ({"b": 5, "c": 8}, {"b"})
+
+
+def test_the_rest_of_a_stop_costs_its_cold_start_less_its_wake() -> None:
+    # a: 50 s stopped, 48 s asleep (2 s more for its residual); b: 10 s and 1 s (9 s
+    # more): a stops, b sleeps, though a's stop is the dearer
+    got = mixed([pair("a", 10, 50.0, 1, 48.0), pair("b", 10, 10.0, 1, 1.0)], 19)
+    assert got == ({"a": 10, "b": 9}, {"b"})
+
+
 costs = st.floats(min_value=0.0, max_value=100.0, allow_nan=False)
 
 
