@@ -1,7 +1,8 @@
 """The ``vramctl`` typer app and what every command is registered with: the app,
 :class:`_Command` (click's plain help, arguments named by their metavar), the
-:func:`_command` decorator, :func:`_lazy` (a module loaded on its first use) and
-:func:`main`, the console script's entry point.
+:func:`_command` decorator, the options before a command (:func:`_options`:
+``--version``), :func:`_lazy` (a module loaded on its first use) and :func:`main`, the
+console script's entry point.
 
 It holds no command. Must not import the manifest model, pydantic, rich or the core at
 import time (``--help`` loads none of them: tests/test_cli_imports.py), nor the server,
@@ -23,6 +24,8 @@ STARTED = time.monotonic()
 import typer  # noqa: E402 (after STARTED: its load counts as the command's time)
 import typer.core  # noqa: E402
 from typer import _click as click  # noqa: E402 (the click typer carries: its own copy)
+
+from controller.interfaces.cli.options import VersionOpt  # noqa: E402
 
 
 def _lazy(name: str) -> ModuleType:
@@ -54,6 +57,11 @@ app = typer.Typer(
     rich_markup_mode=None,
     context_settings={"max_content_width": 120},
 )
+
+
+@app.callback()
+def _options(version: VersionOpt = False) -> None:
+    """The options before a command: ``--version`` (its callback prints it and exits)."""
 
 
 class _Command(typer.core.TyperCommand):

@@ -3,16 +3,51 @@ command's signature names (``manifest: ManifestOpt = []``): the shared ones firs
 each command's own, in the order ``vramctl --help`` lists the commands. Their help, names,
 environment variables, defaults and metavars are the CLI contract (docs/operations.md).
 
-Declarations only: must not import the manifest model, rich, the core, the server,
-Docker or HTTP libraries (``--help`` builds every option from here).
+Declarations (and ``--version``'s callback) only: must not import the manifest model,
+rich, the core, the server, Docker or HTTP libraries (``--help`` builds every option from
+here).
 """
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
 import typer
+
+
+def _version() -> str:
+    """This install's version (its metadata); run from a checkout that is not installed,
+    the version its pyproject.toml declares."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("vramctl")
+    except PackageNotFoundError:
+        import tomllib
+
+        pyproject = Path(__file__).resolve().parents[3] / "pyproject.toml"
+        try:
+            with pyproject.open("rb") as file:
+                return str(tomllib.load(file)["project"]["version"])
+        except (OSError, KeyError, tomllib.TOMLDecodeError):
+            return "unknown"
+
+
+def _print_version(value: bool) -> None:
+    """``--version`` (eager: before any command is parsed): ``vramctl VERSION``, exit 0."""
+    if value:
+        sys.stdout.write(f"vramctl {_version()}\n")
+        raise typer.Exit(0)
+
+
+VersionOpt = Annotated[
+    bool,
+    typer.Option(
+        "--version", is_eager=True, callback=_print_version, help="Print the version and exit."
+    ),
+]
 
 ManifestOpt = Annotated[
     list[Path],
