@@ -1,7 +1,8 @@
 """The interfaces: how operators and tools reach the controller.
 
-``cli`` (the ``vramctl`` commands), ``render`` (what they print), ``api`` (the HTTP API of
-``vramctl run``: a package, one module per family of routes), ``client`` (its client side
+``cli`` (the ``vramctl`` commands: a package, one module per group of commands),
+``render`` (what they print), ``api`` (the HTTP API of ``vramctl run``: a package, one
+module per family of routes), ``client`` (its client side
 for ``up`` / ``down`` / ``events``), ``redaction`` (what a read without the token holds,
 for the API and the page alike), ``metrics`` (Prometheus).
 
