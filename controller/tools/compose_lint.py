@@ -927,6 +927,61 @@ def _check_sleep(
     return found
 
 
+def _serves_by_service(
+    mset: ManifestSet,
+    services: Mapping[str, ComposeService],
+    by_container: Mapping[str, ComposeService],
+) -> dict[str, ServeModel]:
+    """The serve each compose service runs, by service name (the first serve wins)."""
+    serve_of: dict[str, ServeModel] = {}
+    for candidate in mset.serves.values():
+        runs = _service_for(candidate, services, by_container)
+        if runs is not None:
+            serve_of.setdefault(runs.name, candidate)
+    return serve_of
+
+
+def _no_serve_finding(service: ComposeService) -> Finding | None:
+    """A NO_SERVE finding for a service no serve owns that sets engine flags, else None."""
+    set_flags = {
+        flag: values[-1]
+        for flag in engine_flags().values()
+        if (values := flag_values(service.argv, flag))
+    }
+    if not set_flags:
+        return None
+    shown = ", ".join(f"{flag} {value}" for flag, value in set_flags.items())
+    return Finding(
+        FindingKind.NO_SERVE,
+        f"{service.label} sets {shown} but no manifest serve declares its "
+        f"container {service.container!r}: the ledger does not count it",
+        None,
+        service.name,
+        {"container": service.container, "flags": set_flags},
+    )
+
+
+def _not_in_compose_finding(
+    serve: ServeModel,
+    services: Mapping[str, ComposeService],
+    compose_paths: Sequence[str | Path],
+) -> Finding:
+    """A NOT_IN_COMPOSE finding for a reserving serve whose container no service runs."""
+    same = services.get(serve.name)
+    hint = _up_hint(serve)
+    if same is not None:
+        hint = f"{same.label} has its name but runs container {same.container!r}; " + hint
+    return Finding(
+        FindingKind.NOT_IN_COMPOSE,
+        f"reserves {serve.vram_mib} MiB but no service in "
+        f"{', '.join(Path(p).name for p in compose_paths)} runs its container "
+        f"{serve.container!r}, so its engine flag was not checked; {hint}",
+        serve.name,
+        None,
+        {"container": serve.container, "vram_mib": serve.vram_mib},
+    )
+
+
 def lint_compose(
     mset: ManifestSet,
     compose_paths: Sequence[str | Path],
@@ -948,38 +1003,18 @@ def lint_compose(
     if not tol.is_finite() or tol < 0:
         raise ValueError(f"a tolerance must not be negative, got {tolerance}")
     services = load_compose(compose_paths, environ=environ)
-    by_container = _services_by_container(services)
     totals = _totals_for(mset, measured, measured_source)
 
-    serve_of: dict[str, ServeModel] = {}
-    for candidate in mset.serves.values():
-        runs = _service_for(candidate, services, by_container)
-        if runs is not None:
-            serve_of.setdefault(runs.name, candidate)
-
+    serve_of = _serves_by_service(mset, services, _services_by_container(services))
     findings: list[Finding] = []
     checked: list[CheckedServe] = []
     matched: set[str] = set()
     for service in services.values():
         owner = serve_of.get(service.name)
         if owner is None:
-            set_flags = {
-                flag: values[-1]
-                for flag in engine_flags().values()
-                if (values := flag_values(service.argv, flag))
-            }
-            if set_flags:
-                shown = ", ".join(f"{flag} {value}" for flag, value in set_flags.items())
-                findings.append(
-                    Finding(
-                        FindingKind.NO_SERVE,
-                        f"{service.label} sets {shown} but no manifest serve declares its "
-                        f"container {service.container!r}: the ledger does not count it",
-                        None,
-                        service.name,
-                        {"container": service.container, "flags": set_flags},
-                    )
-                )
+            stray = _no_serve_finding(service)
+            if stray is not None:
+                findings.append(stray)
             continue
         matched.add(owner.name)
         pair, pair_findings = _check_pair(
@@ -991,21 +1026,7 @@ def lint_compose(
     for serve in mset.serves.values():
         if serve.name in matched or serve.vram_mib is None:
             continue
-        same = services.get(serve.name)
-        hint = _up_hint(serve)
-        if same is not None:
-            hint = f"{same.label} has its name but runs container {same.container!r}; " + hint
-        findings.append(
-            Finding(
-                FindingKind.NOT_IN_COMPOSE,
-                f"reserves {serve.vram_mib} MiB but no service in "
-                f"{', '.join(Path(p).name for p in compose_paths)} runs its container "
-                f"{serve.container!r}, so its engine flag was not checked; {hint}",
-                serve.name,
-                None,
-                {"container": serve.container, "vram_mib": serve.vram_mib},
-            )
-        )
+        findings.append(_not_in_compose_finding(serve, services, compose_paths))
     return LintReport(
         compose_files=tuple(Path(p) for p in compose_paths),
         tolerance=tol,
