@@ -497,29 +497,15 @@ class DockerActions(RetryKnobs):
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            except FileNotFoundError as exc:
-                return UpResult(
-                    args, 127, "", f"executable not found: {args[0]} ({exc.strerror})", 0.0
-                )
-            except PermissionError as exc:
-                return UpResult(
-                    args, 126, "", f"cannot execute {args[0]}: {exc.strerror or exc}", 0.0
-                )
             except OSError as exc:
-                return UpResult(args, 126, "", f"cannot run {args[0]}: {_describe(exc)}", 0.0)
+                code, why = _spawn_failure(args[0], exc)
+                return UpResult(args, code, "", why, 0.0)
             if on_spawn is not None:
-                try:
-                    on_spawn(proc.pid)
-                except BaseException:  # unrecorded, it must not run on unsupervised
-                    _kill_group(proc)
-                    proc.wait()
-                    raise
+                _announce_spawn(proc, on_spawn)
             try:
                 proc.wait(timeout=timeout_s)
             except subprocess.TimeoutExpired:
-                _kill_group(proc)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    proc.wait(timeout=_KILL_GRACE_S)
+                _kill_and_reap(proc)
                 return UpResult(
                     args,
                     None,
@@ -571,6 +557,32 @@ class DockerActions(RetryKnobs):
         with socket.socket(family, socket.SOCK_STREAM) as sock:
             sock.settimeout(0.5)
             return sock.connect_ex((host, port)) == 0
+
+
+def _spawn_failure(argv0: str, exc: OSError) -> tuple[int, str]:
+    """The shell's exit code (127 not found, 126 not runnable) and message for a failed spawn."""
+    if isinstance(exc, FileNotFoundError):
+        return 127, f"executable not found: {argv0} ({exc.strerror})"
+    if isinstance(exc, PermissionError):
+        return 126, f"cannot execute {argv0}: {exc.strerror or exc}"
+    return 126, f"cannot run {argv0}: {_describe(exc)}"
+
+
+def _announce_spawn(proc: subprocess.Popen[bytes], on_spawn: Callable[[int], None]) -> None:
+    """Hand the process id to ``on_spawn``; if that fails, kill and reap the group, re-raise."""
+    try:
+        on_spawn(proc.pid)
+    except BaseException:  # unrecorded, it must not run on unsupervised
+        _kill_group(proc)
+        proc.wait()
+        raise
+
+
+def _kill_and_reap(proc: subprocess.Popen[bytes]) -> None:
+    """Kill the process group and wait up to the grace period for the leader to exit."""
+    _kill_group(proc)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=_KILL_GRACE_S)
 
 
 def _kill_group(proc: subprocess.Popen[bytes]) -> None:
