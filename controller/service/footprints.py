@@ -167,6 +167,50 @@ class _Run:
     samples: dict[int, Sample]  # journal id (or a negative local one) -> sample
 
 
+class _SampleStore:
+    """Where the samples go: the journal, or this process's memory without one."""
+
+    def __init__(self, journal: FootprintJournal | None, lock: threading.RLock) -> None:
+        self.journal = journal
+        self._lock = lock
+        self._local: list[Sample] = []  # without a journal
+        self._next_local = -1
+
+    def add(self, sample: Sample) -> int:
+        """Keep one sample; its id (negative when local, 0 when the journal failed)."""
+        if self.journal is None:
+            with self._lock:
+                self._local.append(sample)
+                self._next_local -= 1
+                return self._next_local
+        try:
+            return self.journal.add_footprint(
+                sample.serve, sample.kind, sample.role, sample.at, sample.to_json()
+            )
+        except Exception as exc:
+            logger.error("journal: cannot record {}'s footprint sample: {}", sample.serve, exc)
+            return 0
+
+    def replace(self, sample_id: int, old: Sample, new: Sample) -> None:
+        """Put ``new`` in the place of ``old`` (kept under ``sample_id``)."""
+        if self.journal is None:
+            with self._lock:
+                self._local = [new if s is old else s for s in self._local]
+            return
+        if sample_id > 0:
+            try:
+                self.journal.update_footprint(sample_id, new.to_json())
+            except Exception as exc:
+                logger.error("journal: cannot update {}'s peak: {}", new.serve, exc)
+
+    def samples(self, serve: str | None = None) -> list[Sample]:
+        """The kept samples, of one serve or of all."""
+        if self.journal is None:
+            with self._lock:
+                return [s for s in self._local if serve is None or s.serve == serve]
+        return samples_of(self.journal, serve)
+
+
 class FootprintRecorder:
     """Takes the readings, names the overlapping moves, journals the samples."""
 
@@ -179,18 +223,21 @@ class FootprintRecorder:
         clock: Callable[[], float] = time.time,
     ) -> None:
         self._read_host = read
-        self.journal = journal
         self.settle_s = settle_s
         self.clock = clock
         self._lock = threading.RLock()
+        self._store = _SampleStore(journal, self._lock)
         self._windows: dict[tuple[str, str], _Window] = {}
         self._movements: list[Movement] = []
         self._runs: dict[str, _Run] = {}
-        self._local: list[Sample] = []  # without a journal
-        self._next_local = -1
         self._last_holds: dict[str, bool] | None = None
         self._last_at: float | None = None
         self._closed = False
+
+    @property
+    def journal(self) -> FootprintJournal | None:
+        """The journal the samples go to (``None``: kept in this process)."""
+        return self._store.journal
 
     # -- readings ---------------------------------------------------------------------
     def _read(self) -> Reading:
@@ -255,7 +302,7 @@ class FootprintRecorder:
                         )
                     )
             for sample in samples:
-                self._record(sample)
+                self._store.add(sample)
         except Exception:
             logger.exception("footprint: {}'s stop could not be measured", s.name)
 
@@ -292,7 +339,7 @@ class FootprintRecorder:
                     was = self._last_holds.get(name)
                     if was is None or was == now_holds or name in windowed:
                         continue
-                    if self._covered(name, self._last_at):
+                    if _covered(self._movements, name, self._last_at):
                         continue  # the executor's own window covers it
                     self._movements.append(
                         Movement(
@@ -315,10 +362,7 @@ class FootprintRecorder:
     # -- what the interfaces read -----------------------------------------------------
     def samples(self, serve: str | None = None) -> list[Sample]:
         """The recorded samples (the journal's, or this process's without one)."""
-        if self.journal is None:
-            with self._lock:
-                return [s for s in self._local if serve is None or s.serve == serve]
-        return samples_of(self.journal, serve)
+        return self._store.samples(serve)
 
     def summary(self, desired: DesiredState) -> dict[str, Footprint]:
         """Declared vs measured for every serve of ``desired`` on a GPU role."""
@@ -356,13 +400,7 @@ class FootprintRecorder:
 
     def _close(self, window: _Window, now: float) -> None:
         """End a window's movement (under the lock)."""
-        closed = Movement(
-            window.movement.serve,
-            window.movement.kind,
-            window.movement.roles,
-            window.movement.began,
-            now,
-        )
+        closed = _ended(window.movement, now)
         self._movements = [closed if m is window.movement else m for m in self._movements]
         window.movement = closed
         key = (window.serve.name, window.kind)
@@ -405,12 +443,6 @@ class FootprintRecorder:
     def _others(self, serve: str, role: str, began: float, ended: float | None) -> tuple[str, ...]:
         return others_in_window(serve, role, began, ended, self._movements)
 
-    def _covered(self, name: str, since: float) -> bool:
-        return any(
-            m.serve == name and m.kind != "seen" and (m.ended is None or m.ended >= since)
-            for m in self._movements
-        )
-
     def _finish_start(self, window: _Window, settled: bool) -> None:
         try:
             s = window.serve
@@ -439,36 +471,11 @@ class FootprintRecorder:
                             sample, r.used(role), process_mib=r.containers.get(s.container)
                         )
                     samples.append(sample)
-            ids = {self._record(sample): sample for sample in samples}
+            ids = {self._store.add(sample): sample for sample in samples}
             with self._lock:
                 self._runs[s.name] = _Run(s, window.roles, window.movement.began, ids)
         except Exception:
             logger.exception("footprint: {}'s start could not be recorded", window.serve.name)
-
-    def _record(self, sample: Sample) -> int:
-        if self.journal is None:
-            with self._lock:
-                self._local.append(sample)
-                self._next_local -= 1
-                return self._next_local
-        try:
-            return self.journal.add_footprint(
-                sample.serve, sample.kind, sample.role, sample.at, sample.to_json()
-            )
-        except Exception as exc:
-            logger.error("journal: cannot record {}'s footprint sample: {}", sample.serve, exc)
-            return 0
-
-    def _replace(self, sample_id: int, old: Sample, new: Sample) -> None:
-        if self.journal is None:
-            with self._lock:
-                self._local = [new if s is old else s for s in self._local]
-            return
-        if sample_id > 0:
-            try:
-                self.journal.update_footprint(sample_id, new.to_json())
-            except Exception as exc:
-                logger.error("journal: cannot update {}'s peak: {}", new.serve, exc)
 
     def _raise_peak(self, run: _Run, reading: Reading, now: float) -> None:
         with self._lock:
@@ -486,7 +493,7 @@ class FootprintRecorder:
             )
             if raised is not sample:
                 run.samples[sample_id] = raised
-                self._replace(sample_id, sample, raised)
+                self._store.replace(sample_id, sample, raised)
 
     def _end_run(self, name: str, last: Reading | None) -> None:
         with self._lock:
@@ -499,6 +506,19 @@ class FootprintRecorder:
             self._movements = [
                 m for m in self._movements if m.ended is None or m.ended >= now - _KEEP_MOVEMENTS_S
             ]
+
+
+def _covered(movements: Sequence[Movement], name: str, since: float) -> bool:
+    """Whether a start or stop window of ``name`` was still open at or after ``since``."""
+    return any(
+        m.serve == name and m.kind != "seen" and (m.ended is None or m.ended >= since)
+        for m in movements
+    )
+
+
+def _ended(movement: Movement, now: float) -> Movement:
+    """The same movement, ended at ``now``."""
+    return Movement(movement.serve, movement.kind, movement.roles, movement.began, now)
 
 
 def samples_of(journal: FootprintJournal, serve: str | None = None) -> list[Sample]:
