@@ -49,7 +49,6 @@ This module must not decide anything: it reports the figures the core computed.
 from __future__ import annotations
 
 import contextlib
-import functools
 from typing import TYPE_CHECKING
 
 from loguru import logger
@@ -69,8 +68,9 @@ SERVE_STATES: tuple[str, ...] = (*(str(s["name"]) for s in STATES), "unknown")
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
-#: Every gauge and counter family: name -> (help, label names). The histogram
-#: (``vramctl_reconcile_duration_seconds``, with its buckets) is declared where it is used.
+#: Every gauge and counter family: name -> (help, label names), declared by
+#: :class:`Metrics` through :func:`_spec`. The histogram
+#: (``vramctl_reconcile_duration_seconds``, with its buckets) is declared in the class.
 _FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
     # per role: the declaration, the ledger, the device
     "vramctl_role_capacity_mib": ("Declared capacity of the GPU role.", ("role",)),
@@ -174,16 +174,10 @@ _FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
 }
 
 
-def _gauge(registry: CollectorRegistry, name: str) -> Gauge:
-    """The gauge family ``name`` of :data:`_FAMILIES`, registered in ``registry``."""
+def _spec(name: str) -> tuple[str, str, tuple[str, ...]]:
+    """The family ``name`` of :data:`_FAMILIES` as a metric's arguments: name, help, labels."""
     doc, labels = _FAMILIES[name]
-    return Gauge(name, doc, labels, registry=registry)
-
-
-def _counter(registry: CollectorRegistry, name: str) -> Counter:
-    """The counter family ``name`` of :data:`_FAMILIES`, registered in ``registry``."""
-    doc, labels = _FAMILIES[name]
-    return Counter(name, doc, labels, registry=registry)
+    return name, doc, labels
 
 
 def _set_or_absent(gauge: Gauge, labels: tuple[str, ...], value: int | float | None) -> None:
@@ -217,30 +211,30 @@ class Metrics:
 
     def _declare_roles(self) -> None:
         """The per-role gauges: the declaration, the ledger, the device."""
-        g = functools.partial(_gauge, self.registry)
-        self.role_capacity = g("vramctl_role_capacity_mib")
-        self.role_reserve = g("vramctl_role_reserve_mib")
-        self.role_budget = g("vramctl_role_budget_mib")
-        self.role_committed = g("vramctl_role_committed_mib")
-        self.role_free = g("vramctl_role_free_mib")
-        self.role_nvml_used = g("vramctl_role_nvml_used_mib")
-        self.role_drift = g("vramctl_role_drift_mib")
-        self.role_overcommitted = g("vramctl_role_overcommitted")
+        r = self.registry
+        self.role_capacity = Gauge(*_spec("vramctl_role_capacity_mib"), registry=r)
+        self.role_reserve = Gauge(*_spec("vramctl_role_reserve_mib"), registry=r)
+        self.role_budget = Gauge(*_spec("vramctl_role_budget_mib"), registry=r)
+        self.role_committed = Gauge(*_spec("vramctl_role_committed_mib"), registry=r)
+        self.role_free = Gauge(*_spec("vramctl_role_free_mib"), registry=r)
+        self.role_nvml_used = Gauge(*_spec("vramctl_role_nvml_used_mib"), registry=r)
+        self.role_drift = Gauge(*_spec("vramctl_role_drift_mib"), registry=r)
+        self.role_overcommitted = Gauge(*_spec("vramctl_role_overcommitted"), registry=r)
 
     def _declare_serves(self) -> None:
         """The per-serve gauges: reservation, state, footprint, host RAM."""
-        g = functools.partial(_gauge, self.registry)
-        self.serve_reservation = g("vramctl_serve_reservation_mib")
-        self.serve_committed = g("vramctl_serve_committed_mib")
-        self.serve_state = g("vramctl_serve_state")
-        self.serve_backoff = g("vramctl_serve_backoff_failures")
-        self.serve_foreign = g("vramctl_serve_foreign")
-        self.serve_placed = g("vramctl_serve_placed")
-        self.serve_measured = g("vramctl_serve_measured_mib")
-        self.serve_samples = g("vramctl_serve_footprint_samples")
-        self.serve_over = g("vramctl_serve_footprint_over_reservation")
-        self.host_ram = g("vramctl_host_ram_mib")
-        self.serve_host_ram = g("vramctl_serve_host_ram_mib")
+        r = self.registry
+        self.serve_reservation = Gauge(*_spec("vramctl_serve_reservation_mib"), registry=r)
+        self.serve_committed = Gauge(*_spec("vramctl_serve_committed_mib"), registry=r)
+        self.serve_state = Gauge(*_spec("vramctl_serve_state"), registry=r)
+        self.serve_backoff = Gauge(*_spec("vramctl_serve_backoff_failures"), registry=r)
+        self.serve_foreign = Gauge(*_spec("vramctl_serve_foreign"), registry=r)
+        self.serve_placed = Gauge(*_spec("vramctl_serve_placed"), registry=r)
+        self.serve_measured = Gauge(*_spec("vramctl_serve_measured_mib"), registry=r)
+        self.serve_samples = Gauge(*_spec("vramctl_serve_footprint_samples"), registry=r)
+        self.serve_over = Gauge(*_spec("vramctl_serve_footprint_over_reservation"), registry=r)
+        self.host_ram = Gauge(*_spec("vramctl_host_ram_mib"), registry=r)
+        self.serve_host_ram = Gauge(*_spec("vramctl_serve_host_ram_mib"), registry=r)
 
     def _declare_cycles(self) -> None:
         """The loop's own series: cycles, steps, refusals, observation errors."""
@@ -251,12 +245,12 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
             registry=r,
         )
-        self.cycles = _counter(r, "vramctl_cycles")
-        self.last_cycle = _gauge(r, "vramctl_last_cycle_timestamp_seconds")
-        self.steps = _counter(r, "vramctl_steps")
-        self.admissions_refused = _counter(r, "vramctl_admissions_refused")
-        self.observation_errors = _counter(r, "vramctl_observation_errors")
-        self.observation_up = _gauge(r, "vramctl_observation_up")
+        self.cycles = Counter(*_spec("vramctl_cycles"), registry=r)
+        self.last_cycle = Gauge(*_spec("vramctl_last_cycle_timestamp_seconds"), registry=r)
+        self.steps = Counter(*_spec("vramctl_steps"), registry=r)
+        self.admissions_refused = Counter(*_spec("vramctl_admissions_refused"), registry=r)
+        self.observation_errors = Counter(*_spec("vramctl_observation_errors"), registry=r)
+        self.observation_up = Gauge(*_spec("vramctl_observation_up"), registry=r)
 
     # ------------------------------------------------------------------ updates
     def on_cycle(self, controller: LoopPort) -> None:
