@@ -41,9 +41,9 @@ Series:
   whose observation of that source failed, NVML missing on a host without a GPU
   included) and ``vramctl_observation_up{source}`` (1 when the last cycle read it).
 
-The families are declared by three methods (roles, serves, the loop's own), in the
-order they are exposed. This module must not decide anything: it reports the figures
-the core computed.
+Each family's name, help and label names are in one table (``_FAMILIES``); three
+methods (roles, serves, the loop's own) declare them, in the order they are exposed.
+This module must not decide anything: it reports the figures the core computed.
 """
 
 from __future__ import annotations
@@ -66,6 +66,118 @@ SERVE_STATES: tuple[str, ...] = (*(str(s["name"]) for s in STATES), "unknown")
 
 #: The exposition format's content type (for the HTTP response).
 CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+#: Every gauge and counter family: name -> (help, label names), declared by
+#: :class:`Metrics` through :func:`_spec`. The histogram
+#: (``vramctl_reconcile_duration_seconds``, with its buckets) is declared in the class.
+_FAMILIES: dict[str, tuple[str, tuple[str, ...]]] = {
+    # per role: the declaration, the ledger, the device
+    "vramctl_role_capacity_mib": ("Declared capacity of the GPU role.", ("role",)),
+    "vramctl_role_reserve_mib": ("Never-reservable reserve of the role.", ("role",)),
+    "vramctl_role_budget_mib": ("Budget of the role: capacity - reserve.", ("role",)),
+    "vramctl_role_committed_mib": (
+        "Committed reservations on the role (absent while docker cannot be read).",
+        ("role",),
+    ),
+    "vramctl_role_free_mib": (
+        "Budget minus committed (absent while docker cannot be read).",
+        ("role",),
+    ),
+    "vramctl_role_nvml_used_mib": (
+        "Memory NVML reports used on the role's device (absent when unknown).",
+        ("role",),
+    ),
+    "vramctl_role_drift_mib": (
+        "NVML used minus committed: memory drawn outside the ledger (absent when unknown).",
+        ("role",),
+    ),
+    "vramctl_role_overcommitted": (
+        "1 when the role is observed over budget (started outside the controller).",
+        ("role",),
+    ),
+    # per serve: reservation, ledger, lifecycle state
+    "vramctl_serve_reservation_mib": (
+        "The serve's declared reservation (absent when it declares none).",
+        ("serve",),
+    ),
+    "vramctl_serve_committed_mib": (
+        "What the ledger holds for the serve now (0: nothing; absent when unknown).",
+        ("serve",),
+    ),
+    "vramctl_serve_state": (
+        "1 for the serve's current lifecycle state, 0 for the others.",
+        ("serve", "state"),
+    ),
+    # the loop's failure backoff per serve (alerts: a serve backing off)
+    "vramctl_serve_backoff_failures": (
+        "Failed starts the serve is backing off after (0: no backoff).",
+        ("serve",),
+    ),
+    # a container of another Compose project bearing the serve's container name
+    "vramctl_serve_foreign": (
+        "1 while the serve's container name is borne by another Compose project's "
+        "container (never acted on; counted while it runs); absent otherwise.",
+        ("serve", "compose_project"),
+    ),
+    # the card a placed serve holds its memory on (docs/placement.md)
+    "vramctl_serve_placed": (
+        "1 for the GPU role a placed serve holds its memory on; absent while it holds "
+        "none or its card is unknown.",
+        ("serve", "role"),
+    ),
+    # measured footprints (device deltas around starts and stops; docs/limits.md)
+    "vramctl_serve_measured_mib": (
+        "Measured footprint: the largest attributable sample (absent while none is).",
+        ("serve",),
+    ),
+    "vramctl_serve_footprint_samples": (
+        "Footprint samples recorded for the serve (attributable or not).",
+        ("serve",),
+    ),
+    "vramctl_serve_footprint_over_reservation": (
+        "1 when the measured footprint exceeds the declared reservation.",
+        ("serve",),
+    ),
+    # the [host] RAM budget the sleepers' weights are held in (docs/eviction.md)
+    "vramctl_host_ram_mib": (
+        "The host RAM budget (figure=budget), what sleepers hold of it (committed) and "
+        "what is left (free); absent without a [host] budget or while unknown.",
+        ("figure",),
+    ),
+    "vramctl_serve_host_ram_mib": (
+        "Host RAM a sleeping serve holds (its weights, level 1); absent when none or unknown.",
+        ("serve",),
+    ),
+    # the loop's own series
+    "vramctl_cycles": ("Reconcile cycles completed.", ()),
+    "vramctl_last_cycle_timestamp_seconds": (
+        "When the last cycle observed the host (epoch seconds).",
+        (),
+    ),
+    "vramctl_steps": (
+        "Plan steps by action and outcome (planned: a dry run executed nothing).",
+        ("action", "outcome"),
+    ),
+    "vramctl_admissions_refused": (
+        "Refused admissions: api = an up answered 429; loop = a start newly blocked.",
+        ("source",),
+    ),
+    "vramctl_observation_errors": (
+        "Cycles whose observation of a source (docker, nvml) failed.",
+        ("source",),
+    ),
+    "vramctl_observation_up": (
+        "1 when the last cycle could read the source (docker, nvml).",
+        ("source",),
+    ),
+}
+
+
+def _spec(name: str) -> tuple[str, str, tuple[str, ...]]:
+    """The family ``name`` of :data:`_FAMILIES` as a metric's arguments: name, help, labels."""
+    doc, labels = _FAMILIES[name]
+    return name, doc, labels
 
 
 def _set_or_absent(gauge: Gauge, labels: tuple[str, ...], value: int | float | None) -> None:
@@ -100,125 +212,29 @@ class Metrics:
     def _declare_roles(self) -> None:
         """The per-role gauges: the declaration, the ledger, the device."""
         r = self.registry
-        role = ["role"]
-        self.role_capacity = Gauge(
-            "vramctl_role_capacity_mib", "Declared capacity of the GPU role.", role, registry=r
-        )
-        self.role_reserve = Gauge(
-            "vramctl_role_reserve_mib", "Never-reservable reserve of the role.", role, registry=r
-        )
-        self.role_budget = Gauge(
-            "vramctl_role_budget_mib", "Budget of the role: capacity - reserve.", role, registry=r
-        )
-        self.role_committed = Gauge(
-            "vramctl_role_committed_mib",
-            "Committed reservations on the role (absent while docker cannot be read).",
-            role,
-            registry=r,
-        )
-        self.role_free = Gauge(
-            "vramctl_role_free_mib",
-            "Budget minus committed (absent while docker cannot be read).",
-            role,
-            registry=r,
-        )
-        self.role_nvml_used = Gauge(
-            "vramctl_role_nvml_used_mib",
-            "Memory NVML reports used on the role's device (absent when unknown).",
-            role,
-            registry=r,
-        )
-        self.role_drift = Gauge(
-            "vramctl_role_drift_mib",
-            "NVML used minus committed: memory drawn outside the ledger (absent when unknown).",
-            role,
-            registry=r,
-        )
-        self.role_overcommitted = Gauge(
-            "vramctl_role_overcommitted",
-            "1 when the role is observed over budget (started outside the controller).",
-            role,
-            registry=r,
-        )
+        self.role_capacity = Gauge(*_spec("vramctl_role_capacity_mib"), registry=r)
+        self.role_reserve = Gauge(*_spec("vramctl_role_reserve_mib"), registry=r)
+        self.role_budget = Gauge(*_spec("vramctl_role_budget_mib"), registry=r)
+        self.role_committed = Gauge(*_spec("vramctl_role_committed_mib"), registry=r)
+        self.role_free = Gauge(*_spec("vramctl_role_free_mib"), registry=r)
+        self.role_nvml_used = Gauge(*_spec("vramctl_role_nvml_used_mib"), registry=r)
+        self.role_drift = Gauge(*_spec("vramctl_role_drift_mib"), registry=r)
+        self.role_overcommitted = Gauge(*_spec("vramctl_role_overcommitted"), registry=r)
 
     def _declare_serves(self) -> None:
         """The per-serve gauges: reservation, state, footprint, host RAM."""
         r = self.registry
-        serve = ["serve"]
-        self.serve_reservation = Gauge(
-            "vramctl_serve_reservation_mib",
-            "The serve's declared reservation (absent when it declares none).",
-            serve,
-            registry=r,
-        )
-        self.serve_committed = Gauge(
-            "vramctl_serve_committed_mib",
-            "What the ledger holds for the serve now (0: nothing; absent when unknown).",
-            serve,
-            registry=r,
-        )
-        self.serve_state = Gauge(
-            "vramctl_serve_state",
-            "1 for the serve's current lifecycle state, 0 for the others.",
-            ["serve", "state"],
-            registry=r,
-        )
-        # the loop's failure backoff per serve (alerts: a serve backing off)
-        self.serve_backoff = Gauge(
-            "vramctl_serve_backoff_failures",
-            "Failed starts the serve is backing off after (0: no backoff).",
-            serve,
-            registry=r,
-        )
-        # a container of another Compose project bearing the serve's container name
-        self.serve_foreign = Gauge(
-            "vramctl_serve_foreign",
-            "1 while the serve's container name is borne by another Compose project's "
-            "container (never acted on; counted while it runs); absent otherwise.",
-            ["serve", "compose_project"],
-            registry=r,
-        )
-        # the card a placed serve holds its memory on (docs/placement.md)
-        self.serve_placed = Gauge(
-            "vramctl_serve_placed",
-            "1 for the GPU role a placed serve holds its memory on; absent while it holds "
-            "none or its card is unknown.",
-            ["serve", "role"],
-            registry=r,
-        )
-        # measured footprints (device deltas around starts and stops; docs/limits.md)
-        self.serve_measured = Gauge(
-            "vramctl_serve_measured_mib",
-            "Measured footprint: the largest attributable sample (absent while none is).",
-            serve,
-            registry=r,
-        )
-        self.serve_samples = Gauge(
-            "vramctl_serve_footprint_samples",
-            "Footprint samples recorded for the serve (attributable or not).",
-            serve,
-            registry=r,
-        )
-        self.serve_over = Gauge(
-            "vramctl_serve_footprint_over_reservation",
-            "1 when the measured footprint exceeds the declared reservation.",
-            serve,
-            registry=r,
-        )
-        # the [host] RAM budget the sleepers' weights are held in (docs/eviction.md)
-        self.host_ram = Gauge(
-            "vramctl_host_ram_mib",
-            "The host RAM budget (figure=budget), what sleepers hold of it (committed) and "
-            "what is left (free); absent without a [host] budget or while unknown.",
-            ["figure"],
-            registry=r,
-        )
-        self.serve_host_ram = Gauge(
-            "vramctl_serve_host_ram_mib",
-            "Host RAM a sleeping serve holds (its weights, level 1); absent when none or unknown.",
-            serve,
-            registry=r,
-        )
+        self.serve_reservation = Gauge(*_spec("vramctl_serve_reservation_mib"), registry=r)
+        self.serve_committed = Gauge(*_spec("vramctl_serve_committed_mib"), registry=r)
+        self.serve_state = Gauge(*_spec("vramctl_serve_state"), registry=r)
+        self.serve_backoff = Gauge(*_spec("vramctl_serve_backoff_failures"), registry=r)
+        self.serve_foreign = Gauge(*_spec("vramctl_serve_foreign"), registry=r)
+        self.serve_placed = Gauge(*_spec("vramctl_serve_placed"), registry=r)
+        self.serve_measured = Gauge(*_spec("vramctl_serve_measured_mib"), registry=r)
+        self.serve_samples = Gauge(*_spec("vramctl_serve_footprint_samples"), registry=r)
+        self.serve_over = Gauge(*_spec("vramctl_serve_footprint_over_reservation"), registry=r)
+        self.host_ram = Gauge(*_spec("vramctl_host_ram_mib"), registry=r)
+        self.serve_host_ram = Gauge(*_spec("vramctl_serve_host_ram_mib"), registry=r)
 
     def _declare_cycles(self) -> None:
         """The loop's own series: cycles, steps, refusals, observation errors."""
@@ -229,36 +245,12 @@ class Metrics:
             buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
             registry=r,
         )
-        self.cycles = Counter("vramctl_cycles", "Reconcile cycles completed.", registry=r)
-        self.last_cycle = Gauge(
-            "vramctl_last_cycle_timestamp_seconds",
-            "When the last cycle observed the host (epoch seconds).",
-            registry=r,
-        )
-        self.steps = Counter(
-            "vramctl_steps",
-            "Plan steps by action and outcome (planned: a dry run executed nothing).",
-            ["action", "outcome"],
-            registry=r,
-        )
-        self.admissions_refused = Counter(
-            "vramctl_admissions_refused",
-            "Refused admissions: api = an up answered 429; loop = a start newly blocked.",
-            ["source"],
-            registry=r,
-        )
-        self.observation_errors = Counter(
-            "vramctl_observation_errors",
-            "Cycles whose observation of a source (docker, nvml) failed.",
-            ["source"],
-            registry=r,
-        )
-        self.observation_up = Gauge(
-            "vramctl_observation_up",
-            "1 when the last cycle could read the source (docker, nvml).",
-            ["source"],
-            registry=r,
-        )
+        self.cycles = Counter(*_spec("vramctl_cycles"), registry=r)
+        self.last_cycle = Gauge(*_spec("vramctl_last_cycle_timestamp_seconds"), registry=r)
+        self.steps = Counter(*_spec("vramctl_steps"), registry=r)
+        self.admissions_refused = Counter(*_spec("vramctl_admissions_refused"), registry=r)
+        self.observation_errors = Counter(*_spec("vramctl_observation_errors"), registry=r)
+        self.observation_up = Gauge(*_spec("vramctl_observation_up"), registry=r)
 
     # ------------------------------------------------------------------ updates
     def on_cycle(self, controller: LoopPort) -> None:

@@ -489,8 +489,9 @@ class JournalFile:
     """An open journal file: its connection, schema and write transactions.
 
     Use :meth:`Journal.open`; close it (or use ``with``). The journal's records are the
-    layers above: :class:`CycleLog` (the cycles, their steps and retention), then
-    :class:`Journal` (what each serve's facts are between cycles).
+    layers above: :class:`CycleLog` (the cycles, their steps and retention) and
+    :class:`MeasureLog` (each serve's footprint samples and reload timings), then
+    :class:`Journal`, both of them and what each serve's facts are between cycles.
     """
 
     def __init__(
@@ -790,10 +791,105 @@ class CycleLog(JournalFile):
         return count
 
 
-class Journal(CycleLog):
-    """An open journal: its cycles (:class:`CycleLog`) and each serve's facts between them
-    (requests, elastic figures, `up` records, starts, footprints, tiers left quiesced,
-    lifecycle states, sleeps). Use :meth:`open`; close it (or use ``with``)."""
+class MeasureLog(JournalFile):
+    """The journal's measurements of each serve: its footprint samples and how long its
+    cold starts and wakes took, each kept newest-N per serve (no cycle refers to them)."""
+
+    # ---------------------------------------------------------------- footprints
+    def add_footprint(
+        self,
+        serve: str,
+        kind: str,
+        role: str,
+        at: float,
+        sample: Mapping[str, Any],
+        *,
+        keep: int = DEFAULT_KEEP_FOOTPRINTS,
+    ) -> int:
+        """Record one footprint sample; keeps the newest ``keep`` of ``serve``. Its id."""
+        if keep < 1:
+            raise JournalError("keep must be >= 1")
+        with self._tx() as conn:
+            cur = conn.execute(
+                "INSERT INTO footprints (serve, kind, role, at, sample) VALUES (?, ?, ?, ?, ?)",
+                (serve, kind, role, at, _dumps(dict(sample))),
+            )
+            conn.execute(
+                "DELETE FROM footprints WHERE serve = ? AND id NOT IN "
+                "(SELECT id FROM footprints WHERE serve = ? ORDER BY id DESC LIMIT ?)",
+                (serve, serve, keep),
+            )
+            return int(cur.lastrowid or 0)
+
+    def update_footprint(self, sample_id: int, sample: Mapping[str, Any]) -> None:
+        """Replace a recorded sample's JSON (its peak grew); gone already: nothing."""
+        with self._tx() as conn:
+            conn.execute(
+                "UPDATE footprints SET sample = ? WHERE id = ?", (_dumps(dict(sample)), sample_id)
+            )
+
+    def footprints(self, serve: str | None = None) -> list[tuple[int, dict[str, Any]]]:
+        """Recorded samples (id, JSON), oldest first; of one serve when given."""
+        query = "SELECT id, sample FROM footprints"
+        args: tuple[Any, ...] = ()
+        if serve is not None:
+            query += " WHERE serve = ?"
+            args = (serve,)
+        with self._lock:
+            try:
+                rows = self._conn.execute(query + " ORDER BY id", args).fetchall()
+            except sqlite3.OperationalError:  # no such table (read-only, older file)
+                return []
+        return [(int(r[0]), json.loads(r[1])) for r in rows]
+
+    # ---------------------------------------------------------------- reloads
+    def add_reload(
+        self,
+        serve: str,
+        kind: str,
+        seconds: float,
+        at: float,
+        *,
+        keep: int = DEFAULT_KEEP_RELOADS,
+    ) -> None:
+        """Record one measured cold start or wake (``kind``: ``cold`` / ``wake``) of
+        ``serve``; keeps the newest ``keep`` of that serve and kind."""
+        if keep < 1:
+            raise JournalError("keep must be >= 1")
+        if kind not in RELOAD_KINDS:
+            kinds = ", ".join(RELOAD_KINDS)
+            raise JournalError(f"reload kind must be one of {kinds}, got {kind!r}")
+        with self._tx() as conn:
+            conn.execute(
+                "INSERT INTO reloads (serve, kind, seconds, at) VALUES (?, ?, ?, ?)",
+                (serve, kind, float(seconds), float(at)),
+            )
+            conn.execute(
+                "DELETE FROM reloads WHERE serve = ? AND kind = ? AND id NOT IN "
+                "(SELECT id FROM reloads WHERE serve = ? AND kind = ? ORDER BY id DESC LIMIT ?)",
+                (serve, kind, serve, kind, keep),
+            )
+
+    def reloads(self) -> dict[str, dict[str, list[float]]]:
+        """Serve -> kind -> the recorded seconds, oldest first (empty without any)."""
+        with self._lock:
+            try:
+                rows = self._conn.execute(
+                    "SELECT serve, kind, seconds FROM reloads ORDER BY id"
+                ).fetchall()
+            except sqlite3.OperationalError:  # no such table (read-only, older file)
+                return {}
+        out: dict[str, dict[str, list[float]]] = {}
+        for serve, kind, seconds in rows:
+            out.setdefault(str(serve), {}).setdefault(str(kind), []).append(float(seconds))
+        return out
+
+
+class Journal(CycleLog, MeasureLog):
+    """An open journal: its cycles (:class:`CycleLog`), each serve's measurements
+    (:class:`MeasureLog`: footprints, reloads) and each serve's facts between cycles
+    (requests, elastic figures, `up` records, starts, tiers left quiesced, lifecycle
+    states, sleeps). Use :meth:`open`; close it (or use ``with``)."""
 
     # ---------------------------------------------------------------- requests
     def add_request(
@@ -967,94 +1063,6 @@ class Journal(CycleLog):
             str(r[0]): StartedWith(str(r[1]), tuple(str(x) for x in json.loads(r[2])), int(r[3]))
             for r in rows
         }
-
-    # ---------------------------------------------------------------- footprints
-    def add_footprint(
-        self,
-        serve: str,
-        kind: str,
-        role: str,
-        at: float,
-        sample: Mapping[str, Any],
-        *,
-        keep: int = DEFAULT_KEEP_FOOTPRINTS,
-    ) -> int:
-        """Record one footprint sample; keeps the newest ``keep`` of ``serve``. Its id."""
-        if keep < 1:
-            raise JournalError("keep must be >= 1")
-        with self._tx() as conn:
-            cur = conn.execute(
-                "INSERT INTO footprints (serve, kind, role, at, sample) VALUES (?, ?, ?, ?, ?)",
-                (serve, kind, role, at, _dumps(dict(sample))),
-            )
-            conn.execute(
-                "DELETE FROM footprints WHERE serve = ? AND id NOT IN "
-                "(SELECT id FROM footprints WHERE serve = ? ORDER BY id DESC LIMIT ?)",
-                (serve, serve, keep),
-            )
-            return int(cur.lastrowid or 0)
-
-    def add_reload(
-        self,
-        serve: str,
-        kind: str,
-        seconds: float,
-        at: float,
-        *,
-        keep: int = DEFAULT_KEEP_RELOADS,
-    ) -> None:
-        """Record one measured cold start or wake (``kind``: ``cold`` / ``wake``) of
-        ``serve``; keeps the newest ``keep`` of that serve and kind."""
-        if keep < 1:
-            raise JournalError("keep must be >= 1")
-        if kind not in RELOAD_KINDS:
-            kinds = ", ".join(RELOAD_KINDS)
-            raise JournalError(f"reload kind must be one of {kinds}, got {kind!r}")
-        with self._tx() as conn:
-            conn.execute(
-                "INSERT INTO reloads (serve, kind, seconds, at) VALUES (?, ?, ?, ?)",
-                (serve, kind, float(seconds), float(at)),
-            )
-            conn.execute(
-                "DELETE FROM reloads WHERE serve = ? AND kind = ? AND id NOT IN "
-                "(SELECT id FROM reloads WHERE serve = ? AND kind = ? ORDER BY id DESC LIMIT ?)",
-                (serve, kind, serve, kind, keep),
-            )
-
-    def reloads(self) -> dict[str, dict[str, list[float]]]:
-        """Serve -> kind -> the recorded seconds, oldest first (empty without any)."""
-        with self._lock:
-            try:
-                rows = self._conn.execute(
-                    "SELECT serve, kind, seconds FROM reloads ORDER BY id"
-                ).fetchall()
-            except sqlite3.OperationalError:  # no such table (read-only, older file)
-                return {}
-        out: dict[str, dict[str, list[float]]] = {}
-        for serve, kind, seconds in rows:
-            out.setdefault(str(serve), {}).setdefault(str(kind), []).append(float(seconds))
-        return out
-
-    def update_footprint(self, sample_id: int, sample: Mapping[str, Any]) -> None:
-        """Replace a recorded sample's JSON (its peak grew); gone already: nothing."""
-        with self._tx() as conn:
-            conn.execute(
-                "UPDATE footprints SET sample = ? WHERE id = ?", (_dumps(dict(sample)), sample_id)
-            )
-
-    def footprints(self, serve: str | None = None) -> list[tuple[int, dict[str, Any]]]:
-        """Recorded samples (id, JSON), oldest first; of one serve when given."""
-        query = "SELECT id, sample FROM footprints"
-        args: tuple[Any, ...] = ()
-        if serve is not None:
-            query += " WHERE serve = ?"
-            args = (serve,)
-        with self._lock:
-            try:
-                rows = self._conn.execute(query + " ORDER BY id", args).fetchall()
-            except sqlite3.OperationalError:  # no such table (read-only, older file)
-                return []
-        return [(int(r[0]), json.loads(r[1])) for r in rows]
 
     # ---------------------------------------------------------------- quiesced
     def set_quiesced(self, serves: Sequence[str], at: float) -> None:
