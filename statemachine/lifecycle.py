@@ -205,196 +205,100 @@ STATES: Final[tuple[StateSpec, ...]] = (
 #: Every state except ``stopped``: where ``fail`` is legal from.
 _NOT_STOPPED: Final = tuple(s for s in _S if s is not _S.STOPPED)
 
-#: The transitions. ``(source, trigger)`` pairs are unique: the machine is deterministic.
-TRANSITIONS: Final[tuple[TransitionSpec, ...]] = (
-    {
-        "trigger": "reserve",
-        "source": (_S.STOPPED,),
-        "dest": _S.RESERVED,
-        "doc": "The ledger admitted the reservation; the executor holds it for a start.",
-    },
-    {
-        "trigger": "abandon",
-        "source": (_S.RESERVED,),
-        "dest": _S.STOPPED,
-        "doc": "The reservation is given back before any start was attempted (an earlier "
-        "step failed or the plan was superseded); nothing ran, nothing to confirm.",
-    },
-    {
-        "trigger": "start",
-        "source": (_S.RESERVED,),
-        "dest": _S.STARTING,
-        "doc": "The executor started the container; its health is awaited next.",
-    },
-    {
-        "trigger": "ready",
-        "source": (_S.STARTING, _S.WAKING),
-        "dest": _S.RUNNING,
-        "doc": "Health answered (2xx, or Docker's healthcheck) within start_timeout_s, "
-        "after a start or a wake.",
-    },
-    {
-        "trigger": "start_failed",
-        "source": (_S.RESERVED, _S.STARTING),
-        "dest": _S.FAILED,
-        "doc": "The start could not be issued, the container exited, or health did not "
-        "come within start_timeout_s.",
-    },
-    {
-        "trigger": "shrink",
-        "source": (_S.RUNNING,),
-        "dest": _S.RUNNING,
-        "doc": "An elastic shrink was confirmed (the engine's expert cache gave back what "
-        "the plan takes); the reservation got smaller, the serve stays in service.",
-    },
-    {
-        "trigger": "grow",
-        "source": (_S.RUNNING,),
-        "dest": _S.RUNNING,
-        "doc": "An elastic grow back toward the declared reservation was confirmed; the "
-        "ledger admitted the larger reservation first.",
-    },
-    {
-        "trigger": "quiesce",
-        "source": (_S.RUNNING,),
-        "dest": _S.QUIESCING,
-        "doc": "The router tier was told to quiesce: no new requests reach the serve.",
-    },
-    {
-        "trigger": "drain",
-        "source": (_S.QUIESCING,),
-        "dest": _S.DRAINING,
-        "doc": "The router tier drained the requests in flight (within drain_timeout_s).",
-    },
-    {
-        "trigger": "readmit",
-        "source": (_S.QUIESCING, _S.DRAINING),
-        "dest": _S.RUNNING,
-        "doc": "The stop was called off or the router refused it: the tier is readmitted "
-        "and the serve is back in service.",
-    },
-    {
-        "trigger": "stop",
-        "source": (
-            _S.STARTING,
-            _S.RUNNING,
-            _S.QUIESCING,
-            _S.DRAINING,
-            _S.SLEEPING,
-            _S.ASLEEP,
-            _S.FAILED,
-        ),
-        "dest": _S.STOPPING,
-        "doc": "The executor asked Docker to stop the container. From running: a serve "
-        "without a router tier (no quiesce, no drain); from starting: a cancelled start; "
-        "from sleeping: a sleep that did not confirm (or an engine without the sleep "
-        "API); from asleep: a sleeper whose residual is in the way, or no longer wanted; "
-        "from failed: cleaning up a container that is still up.",
-    },
-    {
-        "trigger": "stopped",
-        "source": (_S.STOPPING,),
-        "dest": _S.STOPPED,
-        "doc": "The release is confirmed (container exited; where NVML sees the device, "
-        "the memory came back) and the reservation is released.",
-    },
-    {
-        "trigger": "stop_failed",
-        "source": (_S.STOPPING,),
-        "dest": _S.FAILED,
-        "doc": "The container did not stop within stop_timeout_s, or the release could "
-        "not be confirmed.",
-    },
-    {
-        "trigger": "fail",
-        "source": _NOT_STOPPED,
-        "dest": _S.FAILED,
-        "doc": "A failure seen by the executor or in observation (crash, OOM kill, "
-        "unhealthy, a non-transient adapter error). Legal from every state but stopped; "
-        "idempotent on failed.",
-    },
-    {
-        "trigger": "reset",
-        "source": (_S.FAILED,),
-        "dest": _S.STOPPED,
-        "doc": "Observation confirms the container is down (exited or absent); the serve "
-        "may be planned again, after backoff.",
-    },
-    {
-        "trigger": "recover",
-        "source": (_S.FAILED,),
-        "dest": _S.RUNNING,
-        "doc": "Observation shows the container running again (e.g. Docker restarted it, "
-        "or it was started while no controller ran): back in service without a new start.",
-    },
-    {
-        "trigger": "observe_running",
-        "source": (_S.STOPPED,),
-        "dest": _S.RUNNING,
-        "doc": "Adoption: Docker shows the container running though the machine says "
-        "stopped (controller start, or a start outside the controller).",
-    },
-    {
-        "trigger": "observe_stopped",
-        "source": (_S.RUNNING, _S.QUIESCING, _S.DRAINING, _S.ASLEEP),
-        "dest": _S.STOPPED,
-        "doc": "Docker shows the container exited cleanly or absent with no stop in "
-        "progress (a manual docker stop, a stale restored state); a crash is fail.",
-    },
-    {
-        "trigger": "sleep",
-        "source": (_S.RUNNING, _S.DRAINING),
-        "dest": _S.SLEEPING,
-        "doc": "The executor asked the engine to sleep. From running: a serve without a "
-        "router tier; from draining: its tier quiesced and drained, as before a stop.",
-    },
-    {
-        "trigger": "slept",
-        "source": (_S.SLEEPING,),
-        "dest": _S.ASLEEP,
-        "doc": "The sleep is confirmed and the reservation came down to residual_mib (and, "
-        "at level 1, host_ram_mib was taken on the host budget).",
-    },
-    {
-        "trigger": "reserve_wake",
-        "source": (_S.ASLEEP,),
-        "dest": _S.WAKING,
-        "doc": "The ledger admitted the full reservation again (and the host RAM was given "
-        "back); the wake follows.",
-    },
-    {
-        "trigger": "wake",
-        "source": (_S.WAKING,),
-        "dest": _S.WAKING,
-        "doc": "The engine was asked to wake; health is awaited next (after a reload at level 2).",
-    },
-    {
-        "trigger": "reload",
-        "source": (_S.WAKING,),
-        "dest": _S.WAKING,
-        "doc": "Level 2: the weights the sleep dropped were reloaded (and the prefix cache reset).",
-    },
-    {
-        "trigger": "wake_failed",
-        "source": (_S.WAKING,),
-        "dest": _S.FAILED,
-        "doc": "The wake or the reload failed, or health did not come within "
-        "start_timeout_s: the serve is stopped and cold-started, with backoff.",
-    },
-    {
-        "trigger": "observe_asleep",
-        "source": (_S.RUNNING,),
-        "dest": _S.ASLEEP,
-        "doc": "Adoption: the engine says it is asleep though the machine says running "
-        "(a controller restart while it slept).",
-    },
-    {
-        "trigger": "observe_awake",
-        "source": (_S.ASLEEP,),
-        "dest": _S.RUNNING,
-        "doc": "The engine says it is awake though the machine says asleep (its container "
-        "restarted, or it was woken outside the controller): awake and counted full.",
-    },
+#: The graph: each trigger, the states it is legal from and the state it leads to. A trigger
+#: has one row (its sources are a tuple), so ``(source, trigger)`` pairs are unique: the
+#: machine is deterministic.
+_GRAPH: Final[Mapping[Trigger, tuple[tuple[LifecycleState, ...], LifecycleState]]] = {
+    Trigger.RESERVE: ((_S.STOPPED,), _S.RESERVED),
+    Trigger.ABANDON: ((_S.RESERVED,), _S.STOPPED),
+    Trigger.START: ((_S.RESERVED,), _S.STARTING),
+    Trigger.READY: ((_S.STARTING, _S.WAKING), _S.RUNNING),
+    Trigger.START_FAILED: ((_S.RESERVED, _S.STARTING), _S.FAILED),
+    Trigger.SHRINK: ((_S.RUNNING,), _S.RUNNING),
+    Trigger.GROW: ((_S.RUNNING,), _S.RUNNING),
+    Trigger.QUIESCE: ((_S.RUNNING,), _S.QUIESCING),
+    Trigger.DRAIN: ((_S.QUIESCING,), _S.DRAINING),
+    Trigger.READMIT: ((_S.QUIESCING, _S.DRAINING), _S.RUNNING),
+    Trigger.STOP: (
+        (_S.STARTING, _S.RUNNING, _S.QUIESCING, _S.DRAINING, _S.SLEEPING, _S.ASLEEP, _S.FAILED),
+        _S.STOPPING,
+    ),
+    Trigger.STOPPED: ((_S.STOPPING,), _S.STOPPED),
+    Trigger.STOP_FAILED: ((_S.STOPPING,), _S.FAILED),
+    Trigger.FAIL: (_NOT_STOPPED, _S.FAILED),
+    Trigger.RESET: ((_S.FAILED,), _S.STOPPED),
+    Trigger.RECOVER: ((_S.FAILED,), _S.RUNNING),
+    Trigger.OBSERVE_RUNNING: ((_S.STOPPED,), _S.RUNNING),
+    Trigger.OBSERVE_STOPPED: ((_S.RUNNING, _S.QUIESCING, _S.DRAINING, _S.ASLEEP), _S.STOPPED),
+    Trigger.SLEEP: ((_S.RUNNING, _S.DRAINING), _S.SLEEPING),
+    Trigger.SLEPT: ((_S.SLEEPING,), _S.ASLEEP),
+    Trigger.RESERVE_WAKE: ((_S.ASLEEP,), _S.WAKING),
+    Trigger.WAKE: ((_S.WAKING,), _S.WAKING),
+    Trigger.RELOAD: ((_S.WAKING,), _S.WAKING),
+    Trigger.WAKE_FAILED: ((_S.WAKING,), _S.FAILED),
+    Trigger.OBSERVE_ASLEEP: ((_S.RUNNING,), _S.ASLEEP),
+    Trigger.OBSERVE_AWAKE: ((_S.ASLEEP,), _S.RUNNING),
+}
+
+#: What each transition means, in words (the last column of docs/lifecycle.md's table).
+_MEANING: Final[Mapping[Trigger, str]] = {
+    Trigger.RESERVE: "The ledger admitted the reservation; the executor holds it for a start.",
+    Trigger.ABANDON: "The reservation is given back before any start was attempted (an earlier "
+    "step failed or the plan was superseded); nothing ran, nothing to confirm.",
+    Trigger.START: "The executor started the container; its health is awaited next.",
+    Trigger.READY: "Health answered (2xx, or Docker's healthcheck) within start_timeout_s, after a "
+    "start or a wake.",
+    Trigger.START_FAILED: "The start could not be issued, the container exited, or health did not "
+    "come within start_timeout_s.",
+    Trigger.SHRINK: "An elastic shrink was confirmed (the engine's expert cache gave back what the "
+    "plan takes); the reservation got smaller, the serve stays in service.",
+    Trigger.GROW: "An elastic grow back toward the declared reservation was confirmed; the ledger "
+    "admitted the larger reservation first.",
+    Trigger.QUIESCE: "The router tier was told to quiesce: no new requests reach the serve.",
+    Trigger.DRAIN: "The router tier drained the requests in flight (within drain_timeout_s).",
+    Trigger.READMIT: "The stop was called off or the router refused it: the tier is readmitted and "
+    "the serve is back in service.",
+    Trigger.STOP: "The executor asked Docker to stop the container. From running: a serve without "
+    "a router tier (no quiesce, no drain); from starting: a cancelled start; from sleeping: a "
+    "sleep that did not confirm (or an engine without the sleep API); from asleep: a sleeper whose "
+    "residual is in the way, or no longer wanted; from failed: cleaning up a container that is "
+    "still up.",
+    Trigger.STOPPED: "The release is confirmed (container exited; where NVML sees the device, the "
+    "memory came back) and the reservation is released.",
+    Trigger.STOP_FAILED: "The container did not stop within stop_timeout_s, or the release could "
+    "not be confirmed.",
+    Trigger.FAIL: "A failure seen by the executor or in observation (crash, OOM kill, unhealthy, a "
+    "non-transient adapter error). Legal from every state but stopped; idempotent on failed.",
+    Trigger.RESET: "Observation confirms the container is down (exited or absent); the serve may "
+    "be planned again, after backoff.",
+    Trigger.RECOVER: "Observation shows the container running again (e.g. Docker restarted it, or "
+    "it was started while no controller ran): back in service without a new start.",
+    Trigger.OBSERVE_RUNNING: "Adoption: Docker shows the container running though the machine says "
+    "stopped (controller start, or a start outside the controller).",
+    Trigger.OBSERVE_STOPPED: "Docker shows the container exited cleanly or absent with no stop in "
+    "progress (a manual docker stop, a stale restored state); a crash is fail.",
+    Trigger.SLEEP: "The executor asked the engine to sleep. From running: a serve without a router "
+    "tier; from draining: its tier quiesced and drained, as before a stop.",
+    Trigger.SLEPT: "The sleep is confirmed and the reservation came down to residual_mib (and, at "
+    "level 1, host_ram_mib was taken on the host budget).",
+    Trigger.RESERVE_WAKE: "The ledger admitted the full reservation again (and the host RAM was "
+    "given back); the wake follows.",
+    Trigger.WAKE: "The engine was asked to wake; health is awaited next (after a reload at "
+    "level 2).",
+    Trigger.RELOAD: "Level 2: the weights the sleep dropped were reloaded (and the prefix "
+    "cache reset).",
+    Trigger.WAKE_FAILED: "The wake or the reload failed, or health did not come within "
+    "start_timeout_s: the serve is stopped and cold-started, with backoff.",
+    Trigger.OBSERVE_ASLEEP: "Adoption: the engine says it is asleep though the machine says "
+    "running (a controller restart while it slept).",
+    Trigger.OBSERVE_AWAKE: "The engine says it is awake though the machine says asleep (its "
+    "container restarted, or it was woken outside the controller): awake and counted full.",
+}
+
+#: The transitions, in the graph's order: :data:`_GRAPH`'s rows with their meaning.
+TRANSITIONS: Final[tuple[TransitionSpec, ...]] = tuple(
+    {"trigger": t.value, "source": source, "dest": dest, "doc": _MEANING[t]}
+    for t, (source, dest) in _GRAPH.items()
 )
 
 
