@@ -373,14 +373,32 @@ _READ_ONLY = types.ToolAnnotations(
 )
 
 
-def _tool(name: str, title: str, description: str, schema_in: Any, schema_out: Any) -> types.Tool:
+def _writes(*, destructive: bool, idempotent: bool) -> types.ToolAnnotations:
+    """The hints of a tool that asks the controller for a change (on this host only)."""
+    return types.ToolAnnotations(
+        read_only_hint=False,
+        destructive_hint=destructive,
+        idempotent_hint=idempotent,
+        open_world_hint=False,
+    )
+
+
+def _tool(
+    name: str,
+    title: str,
+    description: str,
+    schema_in: Any,
+    schema_out: Any,
+    hints: types.ToolAnnotations = _READ_ONLY,
+) -> types.Tool:
+    """One tool; its annotations are ``hints`` (read-only by default) under its title."""
     return types.Tool(
         name=name,
         title=title,
         description=description,
         input_schema=schema_in,
         output_schema=schema_out,
-        annotations=_READ_ONLY.model_copy(update={"title": title}),
+        annotations=hints.model_copy(update={"title": title}),
     )
 
 
@@ -459,38 +477,26 @@ _WRITE_OUT: dict[str, Any] = {
 }
 
 WRITE_TOOLS: tuple[types.Tool, ...] = (
-    types.Tool(
-        name="request_up",
-        title="Request a serve",
-        description="Ask the running controller for an on-demand serve, as `vramctl up` / "
+    _tool(
+        "request_up",
+        "Request a serve",
+        "Ask the running controller for an on-demand serve, as `vramctl up` / "
         "POST /v1/serves/{serve}/up: admitted (the steps it implies: who is drained, "
         "evicted), or refused with every term of the arithmetic. With wait_s, waits "
         "for it to be ready, with progress notifications. Needs the API's token.",
-        input_schema=_UP_IN,
-        output_schema=_WRITE_OUT,
-        annotations=types.ToolAnnotations(
-            title="Request a serve",
-            read_only_hint=False,
-            destructive_hint=False,
-            idempotent_hint=False,
-            open_world_hint=False,
-        ),
+        _UP_IN,
+        _WRITE_OUT,
+        _writes(destructive=False, idempotent=False),
     ),
-    types.Tool(
-        name="release",
-        title="Release a serve",
-        description="End a serve's on-demand request, as `vramctl down` / POST "
+    _tool(
+        "release",
+        "Release a serve",
+        "End a serve's on-demand request, as `vramctl down` / POST "
         "/v1/serves/{serve}/down: the loop stops it unless the manifest wants it "
         "running. Needs the API's token.",
-        input_schema=_RELEASE_IN,
-        output_schema=_WRITE_OUT,
-        annotations=types.ToolAnnotations(
-            title="Release a serve",
-            read_only_hint=False,
-            destructive_hint=True,
-            idempotent_hint=True,
-            open_world_hint=False,
-        ),
+        _RELEASE_IN,
+        _WRITE_OUT,
+        _writes(destructive=True, idempotent=True),
     ),
 )
 
