@@ -82,7 +82,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from benchkit import NOW, RESERVE_MIB
+from benchkit import NOW, RESERVE_MIB, markdown_table
 
 from statemachine import placement
 from statemachine.ledger import ledger_from_observed
@@ -440,15 +440,7 @@ def table(lines: list[dict[str, Any]]) -> str:
                 *([""] * len(CHECKS)),
             ]
         )
-    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
-    out = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)) + " |",
-        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-    ]
-    out += [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
-    ]
-    return "\n".join(out)
+    return markdown_table(head, rows)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -1,5 +1,6 @@
 """What several benchmarks share: the synthetic host's figures, the controller's
-command line, and removing a benchmark's containers however its run ends.
+command line, removing a benchmark's containers however its run ends, and the Markdown
+table their results are printed in.
 
 A helper module, not a benchmark: ``run_all.py`` never runs it, and it starts nothing
 itself.
@@ -106,3 +107,16 @@ def removed_at_exit(remove_all: Callable[[], int]) -> Iterator[None]:
         finally:
             signal.signal(signal.SIGINT, old_int)
             signal.signal(signal.SIGTERM, previous)
+
+
+def markdown_table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """``head`` and ``rows`` as a Markdown table, each column padded to its widest cell."""
+    widths = [max(len(r[i]) for r in [head, *rows]) for i in range(len(head))]
+    lines = [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)) + " |",
+        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
+    ]
+    lines += [
+        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in rows
+    ]
+    return "\n".join(lines)

@@ -61,6 +61,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from benchkit import markdown_table
+
 REPO = Path(__file__).resolve().parents[1]
 BENCHES = ("planner", "fit", "reaction", "idle", "restart", "cli", "placement", "swap", "policy")
 Lines = list[dict[str, Any]]
@@ -393,15 +395,7 @@ def table(rows: list[Figure], results: dict[str, dict[str, Lines]], trees: list[
         now = values[-1]
         met = "" if f.meets is None or now is None else ("yes" if f.meets(now) else "NO")
         body.append([f.bench, f.name, f.unit, *(_fmt(v) for v in values), f.goal, met])
-    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
-    lines = [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(head, widths, strict=True)) + " |",
-        "|" + "|".join("-" * (w + 2) for w in widths) + "|",
-    ]
-    lines += [
-        "| " + " | ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) + " |" for r in body
-    ]
-    return "\n".join(lines)
+    return markdown_table(head, body)
 
 
 def _loop_of(f: Figure) -> str:
