@@ -258,32 +258,24 @@ def figures() -> list[Figure]:
                lambda v: v == 0),
     ]  # fmt: skip
     swap = {"bench": "swap_summary"}
+    # each way back: the key of its figures, its name, the goal of the controller's share
+    ways = (("sleep", "sleep->wake", 50.0), ("stop", "stop->cold start", 150.0))
     out += [
         Figure(
             "swap",
-            "sleep->wake: controller's share median",
-            _ms(swap, "median_controller_s", "sleep"),
-            "<= 50",
-            lambda v: v <= 50.0,
+            f"{way}: controller's share median",
+            _ms(swap, "median_controller_s", key),
+            f"<= {goal_ms:.0f}",
+            lambda v, goal_ms=goal_ms: v <= goal_ms,
             "ms",
-        ),
-        Figure(
-            "swap",
-            "stop->cold start: controller's share median",
-            _ms(swap, "median_controller_s", "stop"),
-            "<= 150",
-            lambda v: v <= 150.0,
-            "ms",
-        ),
-        Figure(
-            "swap", "sleep->wake latency median", _ms(swap, "median_latency_s", "sleep"), unit="ms"
-        ),
-        Figure(
-            "swap",
-            "stop->cold start latency median",
-            _ms(swap, "median_latency_s", "stop"),
-            unit="ms",
-        ),
+        )
+        for key, way, goal_ms in ways
+    ]
+    out += [
+        Figure("swap", f"{way} latency median", _ms(swap, "median_latency_s", key), unit="ms")
+        for key, way, _ in ways
+    ]
+    out += [
         Figure(
             "swap",
             "stop/sleep ratio / engines' ratio",
