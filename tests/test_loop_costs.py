@@ -25,7 +25,7 @@ from controller.adapters import engine_metrics
 from controller.adapters.docker.read import ContainerSnapshot
 from controller.adapters.engine_metrics import InFlightSources, read_all
 from controller.manifest import load_manifest_set
-from controller.service import loop_state as loop_module
+from controller.service import loop_state
 from controller.service.inflight import InFlightTracker
 from controller.service.loop import Controller, RunOptions
 
@@ -123,7 +123,7 @@ def _controller(tmp_path: Path, nvml: FakeNvml) -> Controller:
 @pytest.fixture
 def observers(monkeypatch: pytest.MonkeyPatch) -> type[_CountingObserver]:
     _CountingObserver.made = _CountingObserver.observed = 0
-    monkeypatch.setattr(loop_module, "ContainerObserver", _CountingObserver)
+    monkeypatch.setattr(loop_state, "ContainerObserver", _CountingObserver)
     return _CountingObserver
 
 

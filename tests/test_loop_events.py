@@ -27,7 +27,7 @@ from fakes_nvml import FakeNvml, nvml_error
 from waiting import WAIT_S, wait_for
 
 from controller.manifest import load_manifest_set
-from controller.service import loop_state as loop_module
+from controller.service import loop_state
 from controller.service.loop import Controller, RunOptions
 
 pytestmark = pytest.mark.docker
@@ -278,12 +278,12 @@ def test_a_container_whose_name_begins_with_a_declared_one_wakes_nothing(
     create(docker_client, test_image, other)
     off_id = docker_client.containers.get(off).id[:12]
     delivered: list[dict[str, Any]] = []  # every event the events thread read
-    real_open = loop_module.open_events
+    real_open = loop_state.open_events
 
     def tapped(client: Any, filters: Any) -> _Tapped:
         return _Tapped(real_open(client, filters), delivered)
 
-    monkeypatch.setattr(loop_module, "open_events", tapped)
+    monkeypatch.setattr(loop_state, "open_events", tapped)
     c, _ = controller(tmp_path, manifest([("off", off, "stopped")]))
     triggered: list[str] = []  # every cycle asked for, by the events thread or any other
     real_trigger = c.trigger

@@ -56,10 +56,10 @@ from controller.service import overlays
 from controller.service.footprints import FootprintRecorder
 from controller.service.live import StepEnded
 from controller.service.loop_state import LoopState, RunOptions
-from controller.service.loop_view import CycleSummary
 from controller.service.manifest_reload import watch_manifests
 from controller.service.reconciler import Reconciler
 from controller.service.starts import supervise_orphans
+from controller.service.view_sources import CycleSummary
 from controller.store.journal import (
     AlreadyRunning,
     Journal,

@@ -35,13 +35,13 @@ from controller.service.footprints import DEFAULT_SETTLE_S, FootprintRecorder
 from controller.service.host_reader import HostNotices, HostReader
 from controller.service.inflight import InFlightTracker
 from controller.service.live import LiveLedger
-from controller.service.loop_view import CycleSummary, ViewSources, loop_view
 from controller.service.manifest_reload import RouterNotice
 from controller.service.records import FieldMap, MarkSet, RecordStore
 from controller.service.reloads import ReloadBook
 from controller.service.start_outcomes import StartOutcomes
 from controller.service.starts import StartTracker
 from controller.service.view import JournalHistory, LoopView
+from controller.service.view_sources import CycleSummary, ViewSources, loop_view
 from controller.service.watch import QUIET_MS
 from controller.snapshot import SnapshotModel
 from controller.store.journal import Journal, default_state_dir

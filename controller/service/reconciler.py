@@ -31,9 +31,9 @@ from controller.service.executor import ExecutionReport, Executor
 from controller.service.inflight import observe_in_flight
 from controller.service.lessons import Lessons, LoopHandle
 from controller.service.loop_state import LoopState
-from controller.service.loop_view import CycleSummary
 from controller.service.manifest_reload import read_manifests
 from controller.service.observe import observe_probes, observe_self_sleep
+from controller.service.view_sources import CycleSummary
 from controller.service.wiring import make_executor, read_gpus
 from controller.snapshot import SnapshotModel, StartedWithModel, StartingModel
 from statemachine.pending import asked_as_of
