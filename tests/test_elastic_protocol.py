@@ -6,7 +6,7 @@ and then answers 409, the failure paths and ``/v1/unload`` + ``/v1/load``), talk
 by the real adapter. Plans come from the real planner; the executor carries them out
 with an in-memory container runtime (the daemon is not what is under test here: the
 real one is driven in tests/test_executor_e2e.py), and the loop's bookkeeping
-(``Controller._learn``, ``_elastic_in_force``) runs on a real journal.
+(``Controller.reconciler.lessons``: ``learn``, ``elastic_in_force``) runs on a real journal.
 
 The invariant checked after every execution: the ledger never counts an elastic serve
 at less than its engine holds on the card.
@@ -320,7 +320,7 @@ def test_busy_is_retried_on_a_later_cycle_not_marked_or_undone(tmp_path: Path) -
         assert "busy" in report.results[0].detail
         assert_never_less(report, "moe", engine)
         failed_at = report.results[0].ended_at  # the backoff counts from the failure
-        c._learn(report, 5000.0)
+        c.reconciler.lessons.learn(report, 5000.0)
         assert "moe" not in c.no_shrink  # busy is not a refusal
         assert "llm" in c.policy(failed_at + 1).hold  # the requester waits (backoff) ...
         assert "llm" not in c.policy(failed_at + 600).hold  # ... and tries again
@@ -346,7 +346,7 @@ def test_no_answer_within_the_clients_wait_is_not_proof_and_is_asked_again(
         assert len(engine.requests) == 1  # asked once; the wait is bounded by the client
         assert report.results[0].outcome is not Outcome.OK
         assert counted(report, "moe") == 16_384  # not proven: counted at what it held
-        c._learn(report, 5000.0)
+        c.reconciler.lessons.learn(report, 5000.0)
         assert "moe" not in c.no_shrink and c.journal.elastic() == {}
         engine.set_busy(False)  # the queued resize runs now, its client long gone
         deadline = time.monotonic() + 30
@@ -391,7 +391,7 @@ def test_a_failure_inside_a_shrink_reloads_the_model_and_counts_it_full(
         assert "reload" in report.results[0].detail
         assert counted(report, "moe") == 16_384
         assert_never_less(report, "moe", engine)
-        c._learn(report, 5000.0)
+        c.reconciler.lessons.learn(report, 5000.0)
         assert c.journal.elastic() == {}  # counted at full from the next cycle on too
 
 
@@ -412,7 +412,7 @@ def test_a_failed_refill_on_grow_reloads_the_model_and_counts_it_full(tmp_path: 
         assert engine.posts() == ["/v1/vram", "/v1/unload", "/v1/load"]
         assert counted(report, "moe") == 16_384
         assert_never_less(report, "moe", engine)
-        c._learn(report, 5000.0)
+        c.reconciler.lessons.learn(report, 5000.0)
         assert c.journal.elastic() == {}
 
 
@@ -437,12 +437,12 @@ def test_a_grow_without_an_answer_is_counted_full_from_then_on(tmp_path: Path) -
         deadline = time.monotonic() + 30
         while engine.cache_mib < 14_336 and time.monotonic() < deadline:
             time.sleep(0.01)
-        c._learn(report, 5000.0)
+        c.reconciler.lessons.learn(report, 5000.0)
         snap = SnapshotModel(
             docker="ok",
             containers={"c-moe": ContainerModel(state=ContainerState.RUNNING, started_at=1000.0)},
         )
-        in_force = c._elastic_in_force(snap)
+        in_force = c.reconciler.lessons.elastic_in_force(snap)
         assert in_force.get("moe", 16_384) >= engine.used_mib
 
 
@@ -488,14 +488,14 @@ def test_a_reserve_asked_after_a_start_in_the_same_plan_stays_in_force(tmp_path:
         time.sleep(0.01)
         report = host.run(plan, observed)
         assert actions(report)[0] == "shrink moe ok"
-        c._learn(report, cycle_start)
+        c.reconciler.lessons.learn(report, cycle_start)
         snap = SnapshotModel(
             docker="ok",
             containers={
                 "c-moe": ContainerModel(state=ContainerState.RUNNING, started_at=started_at)
             },
         )
-        assert c._elastic_in_force(snap) == {"moe": 16_384 - 4608}
+        assert c.reconciler.lessons.elastic_in_force(snap) == {"moe": 16_384 - 4608}
 
 
 # ── the engine itself ──────────────────────────────────────────────────────────

@@ -97,7 +97,7 @@ class Running:
         self.code.append(asyncio.run(self.controller.run()))
 
     def stop(self) -> None:
-        aio = wait_for("the loop to start", lambda: self.controller._aio)
+        aio = wait_for("the loop to start", lambda: self.controller.aio)
         aio.call_soon_threadsafe(self.controller.stop)
         self.thread.join(WAIT_S)
         assert not self.thread.is_alive() and self.code == [0]

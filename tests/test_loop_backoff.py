@@ -70,7 +70,7 @@ def crashed(started: float) -> Observed:
 def healthy_start(c: Controller, serve: str, at: float) -> None:
     step = Step(Action.AWAIT_READY, serve, ("a",), None, "")
     report = ExecutionReport([StepResult(step, Outcome.OK, "healthy", 0.1)], Ledger({}), {})
-    c._learn(report, at)
+    c.reconciler.lessons.learn(report, at)
 
 
 def test_crash_after_every_healthy_start_doubles_the_backoff(tmp_path: Path) -> None:
@@ -78,7 +78,7 @@ def test_crash_after_every_healthy_start_doubles_the_backoff(tmp_path: Path) -> 
     delays = []
     for i in range(4):
         t = 1000.0 + i * 1000
-        c._note_deaths(crashed(t - 50), t)
+        c.reconciler.lessons.note_deaths(crashed(t - 50), t)
         delays.append(round(c.backoff["res"].until - t))
         healthy_start(c, "res", t + 10)
         assert c.policy(t + 20).hold == {}  # healthy: no hold until the next crash
@@ -101,8 +101,10 @@ def test_the_first_death_after_a_healthy_run_is_tried_at_once_then_backs_off(
     holds = []
     for i in range(4):
         t = 1000.0 + i * 100
-        c._note_deaths(running(t - 50), t - 10)  # seen running (healthy) by this loop
-        c._note_deaths(crashed(t - 50), t)
+        c.reconciler.lessons.note_deaths(
+            running(t - 50), t - 10
+        )  # seen running (healthy) by this loop
+        c.reconciler.lessons.note_deaths(crashed(t - 50), t)
         holds.append(round(c.backoff["res"].until - t))
         assert backoff.next_end(c.backoff, t) == (None if not holds[-1] else t + holds[-1])
         healthy_start(c, "res", t + 1)
@@ -114,49 +116,49 @@ def test_a_death_never_seen_running_healthy_is_held_from_the_first(tmp_path: Pat
     """Not seen running by this loop (it died between two looks, or before this
     controller began), or last seen unhealthy: no run known healthy, the base hold."""
     c = controller(tmp_path)
-    c._note_deaths(crashed(950.0), 1000.0)
+    c.reconciler.lessons.note_deaths(crashed(950.0), 1000.0)
     assert round(c.backoff["res"].until - 1000.0) == 5
     (tmp_path / "unhealthy").mkdir()
     c2 = controller(tmp_path / "unhealthy")
-    c2._note_deaths(running(950.0, health="unhealthy"), 990.0)
-    c2._note_deaths(crashed(950.0), 1000.0)
+    c2.reconciler.lessons.note_deaths(running(950.0, health="unhealthy"), 990.0)
+    c2.reconciler.lessons.note_deaths(crashed(950.0), 1000.0)
     assert round(c2.backoff["res"].until - 1000.0) == 5
     # seen running, but an earlier container: this one never was
     (tmp_path / "other").mkdir()
     c3 = controller(tmp_path / "other")
-    c3._note_deaths(running(900.0), 940.0)
-    c3._note_deaths(crashed(950.0), 1000.0)
+    c3.reconciler.lessons.note_deaths(running(900.0), 940.0)
+    c3.reconciler.lessons.note_deaths(crashed(950.0), 1000.0)
     assert round(c3.backoff["res"].until - 1000.0) == 5
 
 
 def test_after_the_crash_loop_ends_the_next_death_is_tried_at_once_again(tmp_path: Path) -> None:
     c = controller(tmp_path)
-    c._note_deaths(running(950.0), 990.0)
-    c._note_deaths(crashed(950.0), 1000.0)
-    c._note_deaths(running(1001.0), 1002.0)
-    c._note_deaths(crashed(1001.0), 1010.0)
+    c.reconciler.lessons.note_deaths(running(950.0), 990.0)
+    c.reconciler.lessons.note_deaths(crashed(950.0), 1000.0)
+    c.reconciler.lessons.note_deaths(running(1001.0), 1002.0)
+    c.reconciler.lessons.note_deaths(crashed(1001.0), 1010.0)
     assert c.backoff["res"].failures == 2
-    c._note_deaths(running(1011.0), 1400.0)  # up for longer than the 300 s cap
+    c.reconciler.lessons.note_deaths(running(1011.0), 1400.0)  # up for longer than the 300 s cap
     assert "res" not in c.backoff
-    c._note_deaths(crashed(1011.0), 1500.0)
+    c.reconciler.lessons.note_deaths(crashed(1011.0), 1500.0)
     assert c.backoff["res"].failures == 1 and c.backoff["res"].until == 1500.0
 
 
 def test_a_requested_serve_backs_off_too(tmp_path: Path) -> None:
     c = controller(tmp_path)
     c.journal.add_request("llm", 900.0, None)
-    c._note_deaths(crashed(950.0), 1000.0)
+    c.reconciler.lessons.note_deaths(crashed(950.0), 1000.0)
     assert c.backoff["llm"].failures == 1
     assert "llm" in c.policy(1001.0).hold
 
 
 def test_the_count_is_forgotten_once_the_serve_stays_up(tmp_path: Path) -> None:
     c = controller(tmp_path)
-    c._note_deaths(crashed(950.0), 1000.0)
+    c.reconciler.lessons.note_deaths(crashed(950.0), 1000.0)
     up = Observed(True, {"c-res": ContainerObs(ContainerState.RUNNING, started_at=1010.0)})
-    c._note_deaths(up, 1100.0)
+    c.reconciler.lessons.note_deaths(up, 1100.0)
     assert "res" in c.backoff  # up for 90 s: not yet
-    c._note_deaths(up, 1400.0)
+    c.reconciler.lessons.note_deaths(up, 1400.0)
     assert "res" not in c.backoff  # up for longer than the 300 s cap
 
 
@@ -167,13 +169,17 @@ def test_tiers_left_quiesced_are_remembered_and_recovered_after_a_kill(tmp_path:
         return {"action": action, "serve": serve, "outcome": outcome}
 
     # a drain that timed out: the undo's readmit may have failed too -> remember it
-    c._track_tiers([step("quiesce", "res", "ok"), step("drain", "res", "aborted")])
-    assert c._quiesced == {"res"}
-    c._track_tiers([step("readmit", "res", "ok")])
-    assert c._quiesced == set()
+    c.reconciler.lessons.track_tiers(
+        [step("quiesce", "res", "ok"), step("drain", "res", "aborted")]
+    )
+    assert c.serve_records.quiesced == {"res"}
+    c.reconciler.lessons.track_tiers([step("readmit", "res", "ok")])
+    assert c.serve_records.quiesced == set()
     # a start interrupted before its readmit
-    c._track_tiers([step("start", "llm", "ok"), step("readmit", "llm", "skipped")])
-    assert c._quiesced == {"llm"}
+    c.reconciler.lessons.track_tiers(
+        [step("start", "llm", "ok"), step("readmit", "llm", "skipped")]
+    )
+    assert c.serve_records.quiesced == {"llm"}
 
     # the controller was killed mid-plan: the cycle has a plan and no outcome
     (tmp_path / "again").mkdir()
@@ -187,15 +193,15 @@ def test_tiers_left_quiesced_are_remembered_and_recovered_after_a_kill(tmp_path:
         requests=[],
         dry_run=False,
     )
-    c2._recover_tiers()
-    assert c2._quiesced == {"res"}
+    c2.reconciler.lessons.recover_tiers()
+    assert c2.serve_records.quiesced == {"res"}
 
 
 def test_unreleased_memory_stays_counted_until_nvml_shows_it_back(tmp_path: Path) -> None:
     from controller.snapshot import parse_snapshot
 
     c = controller(tmp_path)
-    c._unreleased.add("res")
+    c.serve_records.unreleased.add("res")
 
     def snap(gpus: object, used: int | None, state: str = "exited") -> object:
         return parse_snapshot(
@@ -207,11 +213,19 @@ def test_unreleased_memory_stays_counted_until_nvml_shows_it_back(tmp_path: Path
         )
 
     device = [{"uuid": "GPU-0", "total_mib": 10000, "used_mib": 3000, "free_mib": 7000}]
-    assert c._still_unreleased(snap(None, None)) == ["res"]  # no NVML: cannot confirm
-    assert c._still_unreleased(snap(device, 2500)) == ["res"]  # a process still holds it
-    assert c._still_unreleased(snap(device, None)) == []  # nothing attributed any more
-    c._unreleased.add("res")
-    assert c._still_unreleased(snap(None, None, state="running")) == []  # runs: holds as usual
+    assert c.reconciler.lessons.still_unreleased(snap(None, None)) == [
+        "res"
+    ]  # no NVML: cannot confirm
+    assert c.reconciler.lessons.still_unreleased(snap(device, 2500)) == [
+        "res"
+    ]  # a process still holds it
+    assert (
+        c.reconciler.lessons.still_unreleased(snap(device, None)) == []
+    )  # nothing attributed any more
+    c.serve_records.unreleased.add("res")
+    assert (
+        c.reconciler.lessons.still_unreleased(snap(None, None, state="running")) == []
+    )  # runs: holds as usual
 
 
 def failed_start(serve: str, *, ended_at: float, died_started_at: float | None) -> ExecutionReport:
@@ -231,38 +245,42 @@ def test_the_backoff_counts_from_the_failure_not_from_the_cycle(tmp_path: Path) 
     c = controller(tmp_path)
     cycle_began = 1000.0
     # the start failed 20 s into the cycle: the 5 s backoff runs from then
-    c._learn(failed_start("res", ended_at=1020.0, died_started_at=None), cycle_began)
+    c.reconciler.lessons.learn(
+        failed_start("res", ended_at=1020.0, died_started_at=None), cycle_began
+    )
     assert c.backoff["res"].until == 1025.0
     assert "res" in c.policy(1021.0).hold and "res" not in c.policy(1025.5).hold
 
 
 def test_a_death_seen_by_the_failed_start_is_counted_once(tmp_path: Path) -> None:
     c = controller(tmp_path)
-    c._learn(failed_start("res", ended_at=1003.0, died_started_at=1001.0), 1000.0)
+    c.reconciler.lessons.learn(failed_start("res", ended_at=1003.0, died_started_at=1001.0), 1000.0)
     # the next cycle observes the same exited container (started 1001): not a second failure
-    c._note_deaths(crashed(1001.0), 1004.0)
+    c.reconciler.lessons.note_deaths(crashed(1001.0), 1004.0)
     assert c.backoff["res"].failures == 1
     assert c.backoff["res"].until == 1008.0  # the first backoff is 5 s, not 10 s
     # and in the other order: the death observed first, then the start's own report
     (tmp_path / "other").mkdir()
     c2 = controller(tmp_path / "other")
-    c2._note_deaths(crashed(1001.0), 1002.0)
-    c2._learn(failed_start("res", ended_at=1003.0, died_started_at=1001.0), 1000.0)
+    c2.reconciler.lessons.note_deaths(crashed(1001.0), 1002.0)
+    c2.reconciler.lessons.learn(
+        failed_start("res", ended_at=1003.0, died_started_at=1001.0), 1000.0
+    )
     assert c2.backoff["res"].failures == 1
     # a later crash of a new start counts again
-    c._note_deaths(crashed(1100.0), 1101.0)
+    c.reconciler.lessons.note_deaths(crashed(1100.0), 1101.0)
     assert c.backoff["res"].failures == 2
 
 
 def test_the_interfaces_read_a_frozen_copy_of_the_loop(tmp_path: Path) -> None:
     """``view()`` copies what the loop knows: later changes do not reach a view taken."""
     c = controller(tmp_path)
-    c._fail("res", "container exited 1", 1000.0)
+    c.failures.fail("res", "container exited 1", 1000.0)
     c.no_shrink.add("llm")
     view = c.view()
     assert view.backoff["res"].failures == 1 and view.no_shrink == frozenset({"llm"})
     assert view.desired is c.mset.desired() and view.snapshot is None and view.cycles == 0
-    c._fail("res", "container exited 1", 1010.0)
+    c.failures.fail("res", "container exited 1", 1010.0)
     c.no_shrink.clear()
     c.manifest_error.append("serves.toml: broken")
     assert view.backoff["res"].failures == 1 and view.no_shrink == frozenset({"llm"})

@@ -25,7 +25,7 @@ from controller.adapters import engine_metrics
 from controller.adapters.docker.read import ContainerSnapshot
 from controller.adapters.engine_metrics import InFlightSources, read_all
 from controller.manifest import load_manifest_set
-from controller.service import loop as loop_module
+from controller.service import loop_state
 from controller.service.inflight import InFlightTracker
 from controller.service.loop import Controller, RunOptions
 
@@ -123,7 +123,7 @@ def _controller(tmp_path: Path, nvml: FakeNvml) -> Controller:
 @pytest.fixture
 def observers(monkeypatch: pytest.MonkeyPatch) -> type[_CountingObserver]:
     _CountingObserver.made = _CountingObserver.observed = 0
-    monkeypatch.setattr(loop_module, "ContainerObserver", _CountingObserver)
+    monkeypatch.setattr(loop_state, "ContainerObserver", _CountingObserver)
     return _CountingObserver
 
 
@@ -134,7 +134,7 @@ def test_footprint_reading_without_nvml_asks_docker_nothing(
     executor takes right before its docker start or stop is unknown at once."""
     nvml = FakeNvml(init_error=nvml_error(pynvml.NVML_ERROR_LIBRARY_NOT_FOUND))
     c = _controller(tmp_path, nvml)
-    reading = c._footprint_reading()
+    reading = c.reconciler.lessons.footprint_reading()
     assert reading.devices is None
     assert reading.containers.get("c-res") is None
     assert (observers.made, observers.observed) == (0, 0)
@@ -145,7 +145,7 @@ def test_footprint_reading_with_nvml_reads_the_devices_once(
 ) -> None:
     nvml = FakeNvml([FakeDevice("GPU-0", used=3 * GIB)])
     c = _controller(tmp_path, nvml)
-    reading = c._footprint_reading()
+    reading = c.reconciler.lessons.footprint_reading()
     assert reading.devices == {"GPU-0": 3 * 1024}
     assert nvml.calls.count("init") == 1
     assert (observers.made, observers.observed) == (1, 1)
@@ -170,15 +170,15 @@ def test_the_first_plans_executor_and_readers_are_made_at_start(tmp_path: Path) 
     thread.start()
     try:
         deadline = time.monotonic() + 60
-        while not (c._executor is not None and c._fresh_observer is not None):
+        while not (c.reconciler.current_executor is not None and c.host.fresh is not None):
             assert time.monotonic() < deadline, "the executor was not made after the first cycle"
             time.sleep(0.05)
         assert c.last.plan is not None and not c.last.plan.steps  # no plan needed them
     finally:
         deadline = time.monotonic() + 60
-        while c._aio is None and time.monotonic() < deadline:
+        while c.aio is None and time.monotonic() < deadline:
             time.sleep(0.05)
-        assert c._aio is not None
-        c._aio.call_soon_threadsafe(c.stop)
+        assert c.aio is not None
+        c.aio.call_soon_threadsafe(c.stop)
         thread.join(60)
     assert code == [0]

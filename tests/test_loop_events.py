@@ -27,7 +27,7 @@ from fakes_nvml import FakeNvml, nvml_error
 from waiting import WAIT_S, wait_for
 
 from controller.manifest import load_manifest_set
-from controller.service import loop as loop_module
+from controller.service import loop_state
 from controller.service.loop import Controller, RunOptions
 
 pytestmark = pytest.mark.docker
@@ -86,7 +86,7 @@ class Running:
         )
 
     def stop(self) -> None:
-        aio = wait_for("the loop to start", lambda: self.controller._aio)
+        aio = wait_for("the loop to start", lambda: self.controller.aio)
         aio.call_soon_threadsafe(self.controller.stop)
         self.thread.join(WAIT_S)
         assert not self.thread.is_alive() and self.code == [0]
@@ -278,12 +278,12 @@ def test_a_container_whose_name_begins_with_a_declared_one_wakes_nothing(
     create(docker_client, test_image, other)
     off_id = docker_client.containers.get(off).id[:12]
     delivered: list[dict[str, Any]] = []  # every event the events thread read
-    real_open = loop_module.open_events
+    real_open = loop_state.open_events
 
     def tapped(client: Any, filters: Any) -> _Tapped:
         return _Tapped(real_open(client, filters), delivered)
 
-    monkeypatch.setattr(loop_module, "open_events", tapped)
+    monkeypatch.setattr(loop_state, "open_events", tapped)
     c, _ = controller(tmp_path, manifest([("off", off, "stopped")]))
     triggered: list[str] = []  # every cycle asked for, by the events thread or any other
     real_trigger = c.trigger
@@ -301,8 +301,8 @@ def test_a_container_whose_name_begins_with_a_declared_one_wakes_nothing(
         wait_for(
             "the stream filtered to off",
             lambda: (
-                c._events_stream is not None
-                and set((c._events_filters or {}).get("container", ())) == {off, off_id}
+                c.docker_events.stream is not None
+                and set((c.docker_events.filters or {}).get("container", ())) == {off, off_id}
             ),
         )
         docker_client.containers.get(other).start()
@@ -394,15 +394,15 @@ def test_the_event_stream_reopened_for_a_new_filter_while_docker_is_down_does_no
     monkeypatch.setenv("DOCKER_HOST", f"unix://{relay.path}")
     first, second = names("first"), names("second")
     c, _ = controller(tmp_path, manifest([("first", first, "stopped")]))
-    c._event_names = frozenset({first})
+    c.docker_events.names = frozenset({first})
     loop = asyncio.new_event_loop()  # call_soon_threadsafe only queues on it
-    thread = threading.Thread(target=c._docker_events, args=(loop,), daemon=True)
+    thread = threading.Thread(target=c.read_docker_events, args=(loop,), daemon=True)
     thread.start()
     try:
-        wait_for("the stream to open", lambda: c._events_stream is not None)
+        wait_for("the stream to open", lambda: c.docker_events.stream is not None)
         relay.refusing = True  # docker unreachable from now on
         before = relay.accepted
-        c._follow((first, second))  # a new filter: the open stream is closed
+        c.docker_events.follow((first, second))  # a new filter: the open stream is closed
         # every try costs one connection: a tight loop makes hundreds a second, a
         # paced one (2 s between tries) a handful over the same while
         time.sleep(3.0)
@@ -430,11 +430,11 @@ def test_an_event_filter_a_proxy_refuses_falls_back_to_every_containers_events(
     monkeypatch.setenv("DOCKER_HOST", f"unix://{relay.path}")
     declared = [names(f"{i:03d}-{uuid.uuid4().hex}") for i in range(200)]
     c, _ = controller(tmp_path, manifest([("first", declared[0], "stopped")]))
-    c._event_names = frozenset(declared)
+    c.docker_events.names = frozenset(declared)
     reasons: list[str] = []
     c.trigger = reasons.append  # type: ignore[method-assign]  # what the thread asks for
     loop = asyncio.new_event_loop()  # run below, a moment at a time, for its callbacks
-    thread = threading.Thread(target=c._docker_events, args=(loop,), daemon=True)
+    thread = threading.Thread(target=c.read_docker_events, args=(loop,), daemon=True)
     thread.start()
 
     def started() -> bool:
@@ -453,7 +453,7 @@ def test_an_event_filter_a_proxy_refuses_falls_back_to_every_containers_events(
         wait_for("an outside start of a declared container", start_seen)
     finally:
         c.stop_event.set()
-        c._close_docker_events()
+        c.docker_events.close()
         thread.join(WAIT_S)
         relay.close()
         loop.close()

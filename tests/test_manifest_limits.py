@@ -244,16 +244,16 @@ def test_the_manifest_watcher_restarts_after_it_fails(tmp_path: Path) -> None:
     sink = logger.add(lambda m: said.append(str(m)), level="ERROR")
 
     async def scenario() -> None:
-        task = asyncio.create_task(c._watch_manifests())
+        task = asyncio.create_task(c.watch_manifests())
         deadline = asyncio.get_running_loop().time() + WAIT_S
         while not any("manifest watcher failed" in m for m in said):
             assert asyncio.get_running_loop().time() < deadline, "no failure was logged"
             await asyncio.sleep(0.05)
         folder.mkdir()
         await asyncio.sleep(1.5)  # one restart later the folder is watched again
-        c._manifest_dirty = False
-        c._reasons.clear()
-        while not c._manifest_dirty or "manifest changed" not in c._reasons:
+        c.manifest_dirty = False
+        c.reasons.clear()
+        while not c.manifest_dirty or "manifest changed" not in c.reasons:
             path.write_text(ROLE + serve("# edited"), encoding="utf-8")
             assert asyncio.get_running_loop().time() < deadline, "the edit was never seen"
             await asyncio.sleep(0.2)

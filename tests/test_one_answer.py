@@ -583,7 +583,7 @@ def loop_on(host: Host, manifest: Path, snap: SnapshotModel, state: Path) -> Ite
     c.overlays._sleep_probe = ScriptedSleep(  # type: ignore[assignment]
         {s.url for s in host.serves if s.asleep}
     )
-    c._executor = _NoPreflight()  # type: ignore[assignment]
+    c.reconciler.current_executor = _NoPreflight()  # type: ignore[assignment]
     app = create_app(c, ApiSettings(token=None, retry_after_s=5.0))
     runner = asyncio.Runner()
     client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://vramctl")

@@ -126,8 +126,8 @@ def test_a_placed_serve_goes_where_it_fits_stays_across_a_restart_and_q_evicts_a
         assert plan.empty
         assert docker_client.containers.get(ctr["p"]).attrs["State"]["StartedAt"] == started
 
-        assert second._aio is not None  # the loop's own thread records the request
-        second._aio.call_soon_threadsafe(second.request_up, "q", None)
+        assert second.aio is not None  # the loop's own thread records the request
+        second.aio.call_soon_threadsafe(second.request_up, "q", None)
         wait_for("q running", lambda: _running(docker_client, ctr["q"]))
         assert _card_of(docker_client, ctr["q"]) == "b"
         assert not _running(docker_client, ctr["f"])  # the one victim, on b

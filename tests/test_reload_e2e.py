@@ -117,13 +117,13 @@ def test_the_loop_journals_a_cold_start_and_plans_and_shows_it(
             "basis": "measured",
         }
         # a request is a use: its time is the serve's last use
-        aio = wait_for("the loop to start", lambda: controller._aio)
+        aio = wait_for("the loop to start", lambda: controller.aio)
         asked = time.time()
         aio.call_soon_threadsafe(controller.request_up, "llm", None)
         used = wait_for("the request", lambda: controller.policy(time.time()).last_used)
         assert used["llm"] >= asked
     finally:
-        aio = wait_for("the loop to start", lambda: controller._aio)
+        aio = wait_for("the loop to start", lambda: controller.aio)
         aio.call_soon_threadsafe(controller.stop)
         thread.join(WAIT_S)
     assert not thread.is_alive() and code == [0]

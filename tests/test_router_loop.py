@@ -75,20 +75,20 @@ def test_a_tier_left_quiesced_is_remembered_by_the_journal_across_restarts(
     tmp_path: Path,
 ) -> None:
     c = controller(tmp_path)
-    c._track_tiers([step("start", "llm", "ok"), step("readmit", "llm", "failed")])
-    assert c._quiesced == {"llm"}
+    c.reconciler.lessons.track_tiers([step("start", "llm", "ok"), step("readmit", "llm", "failed")])
+    assert c.serve_records.quiesced == {"llm"}
     assert set(c.journal.quiesced()) == {"llm"}
     c.journal.close()
 
     # a new controller, no cycle journalled that names it: the table remembers it
     again = controller(tmp_path)
     assert again.journal.cycle_ids() == []
-    again._recover_tiers()
-    assert again._quiesced == {"llm"}
+    again.reconciler.lessons.recover_tiers()
+    assert again.serve_records.quiesced == {"llm"}
 
     # the router accepted a later readmit: forgotten, also by the journal
-    again._track_tiers([step("readmit", "llm", "ok")])
-    assert again._quiesced == set()
+    again.reconciler.lessons.track_tiers([step("readmit", "llm", "ok")])
+    assert again.serve_records.quiesced == set()
     assert again.journal.quiesced() == {}
 
 
@@ -140,7 +140,7 @@ def test_a_dry_run_neither_reads_nor_records_tiers_left_quiesced(tmp_path: Path)
         RunOptions(manifests=(path,), state_dir=state, dry_run=True), load_manifest_set([path])
     )
     c.journal = Journal.open(dry_path)
-    c._recover_tiers()
-    assert c._quiesced == set()  # so no plan of this dry run readmits a tier
+    c.reconciler.lessons.recover_tiers()
+    assert c.serve_records.quiesced == set()  # so no plan of this dry run readmits a tier
     assert set(c.journal.quiesced()) == {"llm"}  # nothing written on its account either
     c.journal.close()

@@ -72,7 +72,7 @@ def _plans(c: Controller) -> list[tuple[tuple[str, ...], list[str]]]:
 
 def _looked_again(c: Controller, seen: list[tuple[tuple[str, ...], list[str]]]) -> list[str]:
     """Ask ``c``'s running loop for a cycle now and wait for it to end: its plan."""
-    aio = wait_for("the loop to start", lambda: c._aio)
+    aio = wait_for("the loop to start", lambda: c.aio)
     aio.call_soon_threadsafe(c.trigger, LOOK_AGAIN)
 
     def ended() -> tuple[list[str]] | None:

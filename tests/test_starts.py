@@ -372,7 +372,7 @@ def test_a_starts_failure_is_learned_before_it_leaves_the_tracker(tmp_path: Path
         seen.append(("llm" in c.backoff, c.starts.active("llm")))
         c.starts.end("llm", token)
 
-    c._start_ended(1, [failed_await(time.time())], release)
+    c.reconciler.lessons.start_ended(1, [failed_await(time.time())], release)
     assert seen == [(True, True)]  # the backoff was there while it still counted
     assert not c.starts.active("llm")
 
@@ -388,9 +388,9 @@ def test_results_that_end_while_the_plan_executes_reach_the_journal(tmp_path: Pa
         requests=[],
         dry_run=False,
     )
-    c._outcomes[cid] = None  # the plan is executing
-    c._start_ended(cid, [failed_await(time.time())], lambda: None)
-    assert [r.step.serve for r in c._early[cid]] == ["llm"]
+    c.start_outcomes.outcomes[cid] = None  # the plan is executing
+    c.reconciler.lessons.start_ended(cid, [failed_await(time.time())], lambda: None)
+    assert [r.step.serve for r in c.start_outcomes.early[cid]] == ["llm"]
 
 
 def test_tiers_of_starts_a_killed_controller_left_pending_are_readmitted(tmp_path: Path) -> None:
@@ -420,17 +420,17 @@ def test_tiers_of_starts_a_killed_controller_left_pending_are_readmitted(tmp_pat
             "pending": ["llm"],
         },
     )
-    c._recover_tiers()
-    assert c._quiesced == {"llm"}
+    c.reconciler.lessons.recover_tiers()
+    assert c.serve_records.quiesced == {"llm"}
 
 
 def test_an_expired_request_does_not_end_while_its_serve_is_starting(tmp_path: Path) -> None:
     c = controller(tmp_path)
     c.journal.add_request("llm", 100.0, 1.0)  # expired long ago
     starting = Observed(True, {}, starting={"llm": StartingObs(("a",), 4000)})
-    c._end_finished_requests(starting, 1000.0)
+    c.reconciler.lessons.end_finished_requests(starting, 1000.0)
     assert [r.serve for r in c.journal.active_requests()] == ["llm"]
-    c._end_finished_requests(Observed(True, {}), 1000.0)
+    c.reconciler.lessons.end_finished_requests(Observed(True, {}), 1000.0)
     assert c.journal.active_requests() == []
 
 

@@ -192,19 +192,19 @@ def test_the_loop_reloads_two_quick_writes_once(tmp_path: Path) -> None:
     text = ROLE + serve("s1", "stopped") + serve("s2")
 
     async def scenario() -> None:
-        task = asyncio.create_task(c._watch_manifests())
+        task = asyncio.create_task(c.watch_manifests())
         fd = await watched(tmp_path)
         await asyncio.to_thread(two_writes, path, text, fd)  # the first half does not validate
         deadline = asyncio.get_running_loop().time() + WAIT_S
-        while "manifest changed" not in c._reasons:
+        while "manifest changed" not in c.reasons:
             assert asyncio.get_running_loop().time() < deadline, "the edit was never seen"
             await asyncio.sleep(0.01)
         await asyncio.sleep(2.5)
-        assert c._reasons.count("manifest changed") == 1, c._reasons
+        assert c.reasons.count("manifest changed") == 1, c.reasons
         task.cancel()
 
     run(scenario)
-    assert c._manifest_dirty
-    c._reload_manifest()  # the one reload the cycle makes: the whole file, valid
+    assert c.manifest_dirty
+    c.reconciler.reload_manifest()  # the one reload the cycle makes: the whole file, valid
     assert c.manifest_error == []
     assert set(c.mset.serves) == {"s1", "s2"}

@@ -23,7 +23,8 @@ REDACTED_NOTE = (
     "free text (the `up` command line and output of a failed start, manifest values) is "
     "shown only to a request with 'Authorization: Bearer TOKEN', and in the log"
 )
-#: The failures :meth:`Controller._note_deaths` words from states and figures only.
+#: The failures :meth:`FailureBook.note_deaths` (controller.service.failures) words
+#: from states and figures only.
 _PUBLIC_FAILURE = re.compile(r"container (?:OOM-killed|exited -?\d+)")
 _FIELD_CHARS = 64
 #: what stands for words a model's files gave (a read error, why a term is unknown)

@@ -1,4 +1,4 @@
-"""The control loop's frozen view, made from what the loop holds (see service.view).
+"""What the control loop's frozen view is made of, and the view made from it (see service.view).
 
 :class:`CycleSummary` is what the last cycle saw and did; :func:`loop_view` makes the
 :class:`controller.service.view.LoopView` the interfaces read from it, the newest
