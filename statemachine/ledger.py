@@ -431,9 +431,6 @@ class Ledger(_HostRam):
         self, holder: str, gpu_roles: Sequence[str], requested_mib: int
     ) -> tuple[RoleTerms, ...]:
         """Every term of the arithmetic for ``requested_mib`` more on each of ``gpu_roles``."""
-        on_role = self._on_role
-        if not self._unknown and any(role not in on_role for role in gpu_roles):
-            self._list_roles(self._roles)  # as reservations_on: every role at once
         return tuple(RoleTerms.asking(self._line(role), requested_mib) for role in gpu_roles)
 
     # ----- operations ----------------------------------------------------------------
