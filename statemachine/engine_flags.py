@@ -686,12 +686,41 @@ def check_fraction(
     the engine, no reservation, no device total).
     """
     tol = _tolerance(tolerance)
-    serve, flag = render.serve, render.flag
-    base: dict[str, Any] = {"flag": flag, "found": found, "expected": render.value}
+    base = {"flag": render.flag, "found": found, "expected": render.value}
+    finding = _Findings(render.serve, service, base)
+    unchecked = _nothing_to_check(render, found, finding)
+    if unchecked is not None:
+        return unchecked
+    flag, vram = render.flag, render.vram_mib
+    assert flag is not None and vram is not None  # else there was nothing to check
+    smallest = min(render.totals, key=lambda t: Fraction(vram, t.total_mib))
+    if render.of_free and raw is not None and _names_of_free(raw, flag):
+        return None
+    value = _read_value(render, found, finding, smallest)
+    if isinstance(value, Finding):
+        return value
+    return _disagreement(render, found, value, tol, finding)
 
-    def finding(kind: FindingKind, message: str, **facts: Any) -> Finding:
-        return Finding(kind, message, serve, service, {**base, **facts})
 
+@dataclass(frozen=True, slots=True)
+class _Findings:
+    """Makes the findings of one :func:`check_fraction`: each about its serve and
+    service, with the flag's facts (``base``) and its own."""
+
+    serve: str
+    service: str | None
+    base: Mapping[str, Any]
+
+    def __call__(self, kind: FindingKind, message: str, **facts: Any) -> Finding:
+        return Finding(kind, message, self.serve, self.service, {**self.base, **facts})
+
+
+def _nothing_to_check(
+    render: RenderResult, found: str | None, finding: _Findings
+) -> Finding | None:
+    """The finding where there is nothing to check the flag against (no flag for the
+    engine, no reservation, no fraction: no device total); None where there is."""
+    flag = render.flag
     if flag is None:
         return finding(FindingKind.NO_ENGINE_FLAG, str(render.problem))
     if render.vram_mib is None:
@@ -705,12 +734,17 @@ def check_fraction(
     if render.fraction is None:
         kind = render.problem_kind or FindingKind.NO_DEVICE_TOTAL
         return finding(kind, f"cannot check {flag}: {render.problem}")
+    return None
 
-    vram = render.vram_mib
-    smallest = min(render.totals, key=lambda t: Fraction(vram, t.total_mib))
+
+def _read_value(
+    render: RenderResult, found: str | None, finding: _Findings, smallest: DeviceTotal
+) -> Decimal | Finding:
+    """The flag's value as a fraction, or the finding why it cannot be checked: written
+    as a fraction of free memory, missing (``smallest``: the total the engine's own
+    default would size it by), or not a fraction in (0, 1]."""
+    flag, vram = render.flag, render.vram_mib
     engine = _display(render.engine)
-    if render.of_free and raw is not None and _names_of_free(raw, flag):
-        return None
     if render.of_free and found is not None:
         return finding(
             FindingKind.SIZED_FROM_FREE,
@@ -739,7 +773,16 @@ def check_fraction(
             f"{render.text} ({render.explanation})",
             vram_mib=vram,
         )
+    return value
 
+
+def _disagreement(
+    render: RenderResult, found: str | None, value: Decimal, tol: Fraction, finding: _Findings
+) -> Finding | None:
+    """The finding where ``value`` (``found`` as written) gives the engine more or less
+    than its reservation beyond ``tol`` on some role (the worst one), else None."""
+    flag, vram = render.flag, render.vram_mib
+    assert vram is not None  # checked by the caller
     worst: tuple[Fraction, DeviceTotal] | None = None
     for total in render.totals:
         delta = implied_mib(value, total.total_mib) - vram

@@ -224,6 +224,19 @@ def fit_on_card(
     if direct is not None:  # the planner's answer, reached without the planner
         return _fits(serve, terms, in_ledger, direct.evict, direct.drain)
     plan = request_plan(desired, observed, serve.name, policy=policy, now=now)
+    return _from_plan(plan, serve, terms, in_ledger, wake=asleep)
+
+
+#: :func:`fit_serve`'s answer, always read off the planner's plan for the request
+fit_serve_by_planner = partial(fit_serve, by_planner=True)
+
+
+def _from_plan(
+    plan: Plan, serve: ServeSpec, terms: tuple[RoleTerms, ...], in_ledger: bool, *, wake: bool
+) -> FitResult:
+    """The answer read off the plan for the request of ``serve`` alone (``wake``: it
+    sleeps and is woken): blocked, with what protects the victims it needed, or it
+    fits after what the plan stops, drains, shrinks and puts to sleep."""
     blocked = [b for b in plan.blocked if b.serve == serve.name]
     if blocked:
         b = blocked[0]
@@ -248,12 +261,8 @@ def fit_on_card(
         tuple(s.serve for s in plan.steps if s.action is Action.DRAIN),
         shrinks,
         tuple(s.serve for s in plan.steps if s.action is Action.SLEEP),
-        wake=asleep,
+        wake=wake,
     )
-
-
-#: :func:`fit_serve`'s answer, always read off the planner's plan for the request
-fit_serve_by_planner = partial(fit_serve, by_planner=True)
 
 
 def _fits(

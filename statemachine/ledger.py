@@ -34,7 +34,7 @@ from bisect import bisect_left
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Self
 
 from statemachine.pmap import PMap
 from statemachine.slotinit import direct_init
@@ -94,13 +94,47 @@ class _Line:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class _Request(_Line):
-    """A line's terms for one request of ``requested_mib`` more: ``shortfall_mib`` is
-    ``requested_mib - free_mib`` when positive, else 0 (``None`` when free is unknown)."""
+#: the keys of a line's JSON after the line's own (capacity or RAM), in order
+_BUDGET_KEYS = ("reserve_mib", "budget_mib", "committed_mib", "free_mib")
 
+
+@direct_init
+@dataclass(frozen=True, slots=True)
+class RoleView(_Line):
+    """One role's line of the ledger (docs/design.md §5 ``ledger_after`` rows plus the
+    reservations; the role is the row's key there, not a field)."""
+
+    _KEYS: ClassVar[tuple[str, ...]] = ("capacity_mib", *_BUDGET_KEYS)
+    gpu_role: str
+    capacity_mib: int
+
+
+@direct_init
+@dataclass(frozen=True, slots=True)
+class HostView(_Line):
+    """The host RAM line of the ledger (its JSON like a role's line)."""
+
+    _KEYS: ClassVar[tuple[str, ...]] = ("ram_mib", *_BUDGET_KEYS)
+    ram_mib: int
+
+
+class _Request(_Line):
+    """A line's terms for one request of ``requested_mib`` more (:meth:`asking`):
+    ``shortfall_mib`` is ``requested_mib - free_mib`` when positive, else 0 (``None``
+    when free is unknown). A line class and this one make a terms class: the line's
+    fields, then these two (its JSON too)."""
+
+    __slots__ = ()
     requested_mib: int
     shortfall_mib: int | None
+
+    @classmethod
+    def asking(cls, line: tuple[Any, ...], requested_mib: int) -> Self:
+        """The terms for ``requested_mib`` more on a line of the line class this class
+        extends, given as that line's fields in order (:class:`_Line`'s first)."""
+        free = line[_FREE_AT]
+        short = None if free is None else max(0, requested_mib - free)
+        return cls(*(*line, requested_mib, short))
 
     def short_by(self, asked: str, whole: str) -> str:
         """``asked`` (what was asked, in words) against free, every term: ``whole`` is
@@ -114,28 +148,30 @@ class _Request(_Line):
         )
 
 
-#: the keys of a line's JSON after the line's own (capacity or RAM), in order
-_BUDGET_KEYS = ("reserve_mib", "budget_mib", "committed_mib", "free_mib")
-_REQUEST_KEYS = (*_BUDGET_KEYS, "requested_mib", "shortfall_mib")
+#: where ``free_mib`` stands among a line's fields
+_FREE_AT = _Line.__match_args__.index("free_mib")
+#: the keys a request adds to a line's JSON
+_REQUEST_KEYS = ("requested_mib", "shortfall_mib")
 
 
 @direct_init
 @dataclass(frozen=True, slots=True)
-class RoleTerms(_Request):
+class RoleTerms(RoleView, _Request):
     """Every term of one role's arithmetic for one request (docs/design.md §5 fit rows,
     plus each committed reservation)."""
 
-    _KEYS = ("gpu_role", "capacity_mib", *_REQUEST_KEYS)
-    gpu_role: str
-    capacity_mib: int
+    _KEYS = ("gpu_role", *RoleView._KEYS, *_REQUEST_KEYS)
+    requested_mib: int
+    shortfall_mib: int | None
 
 
 @dataclass(frozen=True, slots=True)
-class HostTerms(_Request):
+class HostTerms(HostView, _Request):
     """Every term of the host RAM arithmetic for one request (like :class:`RoleTerms`)."""
 
-    _KEYS = ("ram_mib", *_REQUEST_KEYS)
-    ram_mib: int
+    _KEYS = (*HostView._KEYS, *_REQUEST_KEYS)
+    requested_mib: int
+    shortfall_mib: int | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,25 +197,64 @@ class Refusal:
         return out
 
 
-@dataclass(frozen=True, slots=True)
-class RoleView(_Line):
-    """One role's line of the ledger (docs/design.md §5 ``ledger_after`` rows plus the
-    reservations; the role is the row's key there, not a field)."""
+class _HostRam:
+    """The host RAM line of a :class:`Ledger`, read: what its sleepers hold there
+    against the ``[host]`` budget. It changes nothing (:meth:`Ledger.sleep`,
+    :meth:`Ledger.wake` and :meth:`Ledger.release` do)."""
 
-    _KEYS = ("capacity_mib", *_BUDGET_KEYS)
-    gpu_role: str
-    capacity_mib: int
+    __slots__ = ()
+    _unknown: bool
+    _host: HostBudget | None
+    _host_holdings: dict[str, int]
+
+    @property
+    def host(self) -> HostBudget | None:
+        """The host RAM budget (None: host RAM is not a budget)."""
+        return self._host
+
+    @property
+    def host_holdings(self) -> Mapping[str, int]:
+        """Host RAM held by sleepers, by holder."""
+        return self._host_holdings
+
+    def host_committed_mib(self) -> int:
+        """Host RAM committed to sleepers as far as known."""
+        return sum(self._host_holdings.values())
+
+    def host_free_mib(self) -> int | None:
+        """Host budget minus committed (None without a ``[host]`` budget)."""
+        if self._host is None:
+            return None
+        return self._host.budget_mib - self.host_committed_mib()
+
+    def host_view(self) -> HostView | None:
+        """The host RAM line (None without a ``[host]`` budget)."""
+        line = self._host_line()
+        return None if line is None else HostView(*line)
+
+    def _host_line(self) -> tuple[Any, ...] | None:
+        """The fields of :meth:`host_view`, in order (None without a ``[host]`` budget)."""
+        h = self._host
+        if h is None:
+            return None
+        if self._unknown:
+            return (h.reserve_mib, h.budget_mib, None, None, (), h.ram_mib)
+        committed = self.host_committed_mib()
+        held = tuple(sorted(self._host_holdings.items()))
+        return (h.reserve_mib, h.budget_mib, committed, h.budget_mib - committed, held, h.ram_mib)
+
+    def host_overcommitted(self) -> bool:
+        """True when host RAM committed exceeds its budget (only possible from observation)."""
+        free = self.host_free_mib()
+        return free is not None and free < 0
+
+    def host_terms(self, requested_mib: int) -> HostTerms | None:
+        """Every term of the host arithmetic for ``requested_mib`` more (None: no budget)."""
+        line = self._host_line()
+        return None if line is None else HostTerms.asking(line, requested_mib)
 
 
-@dataclass(frozen=True, slots=True)
-class HostView(_Line):
-    """The host RAM line of the ledger (its JSON like a role's line)."""
-
-    _KEYS = ("ram_mib", *_BUDGET_KEYS)
-    ram_mib: int
-
-
-class Ledger:
+class Ledger(_HostRam):
     """An immutable reservation ledger. Operations return a new ledger or a Refusal.
 
     ``host`` is the host RAM budget (None: host RAM is not a budget, what sleepers hold
@@ -275,63 +350,6 @@ class Ledger:
         """The committed reservations, by holder."""
         return self._holdings
 
-    @property
-    def host(self) -> HostBudget | None:
-        """The host RAM budget (None: host RAM is not a budget)."""
-        return self._host
-
-    @property
-    def host_holdings(self) -> Mapping[str, int]:
-        """Host RAM held by sleepers, by holder."""
-        return self._host_holdings
-
-    def host_committed_mib(self) -> int:
-        """Host RAM committed to sleepers as far as known."""
-        return sum(self._host_holdings.values())
-
-    def host_free_mib(self) -> int | None:
-        """Host budget minus committed (None without a ``[host]`` budget)."""
-        if self._host is None:
-            return None
-        return self._host.budget_mib - self.host_committed_mib()
-
-    def host_view(self) -> HostView | None:
-        """The host RAM line (None without a ``[host]`` budget)."""
-        if self._host is None:
-            return None
-        h = self._host
-        return HostView(
-            ram_mib=h.ram_mib,
-            reserve_mib=h.reserve_mib,
-            budget_mib=h.budget_mib,
-            committed_mib=None if self._unknown else self.host_committed_mib(),
-            free_mib=None if self._unknown else self.host_free_mib(),
-            reservations=() if self._unknown else tuple(sorted(self._host_holdings.items())),
-        )
-
-    def host_overcommitted(self) -> bool:
-        """True when host RAM committed exceeds its budget (only possible from observation)."""
-        free = self.host_free_mib()
-        return free is not None and free < 0
-
-    def host_terms(self, requested_mib: int) -> HostTerms | None:
-        """Every term of the host arithmetic for ``requested_mib`` more (None: no budget)."""
-        if self._host is None:
-            return None
-        h = self._host
-        committed = None if self._unknown else self.host_committed_mib()
-        free = None if committed is None else h.budget_mib - committed
-        return HostTerms(
-            ram_mib=h.ram_mib,
-            reserve_mib=h.reserve_mib,
-            budget_mib=h.budget_mib,
-            committed_mib=committed,
-            free_mib=free,
-            requested_mib=requested_mib,
-            shortfall_mib=None if free is None else max(0, requested_mib - free),
-            reservations=() if self._unknown else tuple(sorted(self._host_holdings.items())),
-        )
-
     def holding_getter(self) -> Callable[[str], GpuReservation | None]:
         """A lookup of one holder's reservation (None: it holds none), for a caller that
         reads many (:meth:`statemachine.pmap.PMap.getter`)."""
@@ -393,16 +411,17 @@ class Ledger:
 
     def view(self, role: str) -> RoleView:
         """One role's line of the ledger."""
+        return RoleView(*self._line(role))
+
+    def _line(self, role: str) -> tuple[Any, ...]:
+        """The fields of :meth:`view`, in order."""
         r = self._roles[role]
-        return RoleView(
-            gpu_role=role,
-            capacity_mib=r.capacity_mib,
-            reserve_mib=r.reserve_mib,
-            budget_mib=r.budget_mib,
-            committed_mib=None if self._unknown else self._committed[role],
-            free_mib=None if self._unknown else self.free_mib(role),
-            reservations=() if self._unknown else self.reservations_on(role),
-        )
+        if self._unknown:
+            return (r.reserve_mib, r.budget_mib, None, None, (), role, r.capacity_mib)
+        committed = self._committed[role]
+        free = r.budget_mib - committed
+        held = self.reservations_on(role)
+        return (r.reserve_mib, r.budget_mib, committed, free, held, role, r.capacity_mib)
 
     def overcommitted(self) -> tuple[str, ...]:
         """Roles whose committed MiB exceeds the budget (only possible from observation)."""
@@ -412,36 +431,7 @@ class Ledger:
         self, holder: str, gpu_roles: Sequence[str], requested_mib: int
     ) -> tuple[RoleTerms, ...]:
         """Every term of the arithmetic for ``requested_mib`` more on each of ``gpu_roles``."""
-        out: list[RoleTerms] = []
-        on_role = self._on_role
-        for role in () if self._unknown else gpu_roles:
-            if role not in on_role:
-                self._list_roles(self._roles)  # as reservations_on: every role at once
-                break
-        for role in gpu_roles:
-            r = self._roles[role]
-            if self._unknown:
-                committed: int | None = None
-                free: int | None = None
-                short: int | None = None
-            else:
-                committed = self._committed[role]
-                free = r.budget_mib - committed
-                short = max(0, requested_mib - free)
-            out.append(
-                RoleTerms(
-                    gpu_role=role,
-                    capacity_mib=r.capacity_mib,
-                    reserve_mib=r.reserve_mib,
-                    budget_mib=r.budget_mib,
-                    committed_mib=committed,
-                    free_mib=free,
-                    requested_mib=requested_mib,
-                    shortfall_mib=short,
-                    reservations=() if self._unknown else on_role.get(role, ()),
-                )
-            )
-        return tuple(out)
+        return tuple(RoleTerms.asking(self._line(role), requested_mib) for role in gpu_roles)
 
     # ----- operations ----------------------------------------------------------------
     def admit(self, res: GpuReservation) -> Ledger | Refusal:
@@ -508,35 +498,9 @@ class Ledger:
         res = self._holdings.get(holder)
         if res is None:
             return Refusal(RefusalKind.NOT_HELD, holder, f"{holder} holds no reservation")
-        precheck = _precheck(self, holder, res.gpu_roles, residual_mib)
-        if precheck is not None:
-            return precheck
-        if residual_mib > res.mib:
-            return Refusal(
-                RefusalKind.INVALID,
-                holder,
-                f"{holder}: a sleep cannot grow a reservation ({res.mib} MiB held, residual "
-                f"{residual_mib} MiB)",
-            )
-        if isinstance(host_mib, bool) or not isinstance(host_mib, int) or host_mib < 0:
-            return Refusal(
-                RefusalKind.INVALID,
-                holder,
-                f"{holder}: host RAM must be MiB >= 0, got {host_mib!r}",
-            )
-        if holder in self._host_holdings:
-            return Refusal(RefusalKind.ALREADY_HELD, holder, f"{holder} already sleeps")
-        terms = self.host_terms(host_mib)
-        if terms is not None and terms.shortfall_mib:
-            return Refusal(
-                RefusalKind.OVER_BUDGET,
-                holder,
-                terms.short_by(
-                    f"{holder}: sleep needs {host_mib} MiB of host RAM", f"ram {terms.ram_mib}"
-                ),
-                self.terms(holder, res.gpu_roles, 0),
-                terms,
-            )
+        refusal = _sleep_refusal(self, res, residual_mib, host_mib)
+        if refusal is not None:
+            return refusal
         committed = dict(self._committed)
         for role in res.gpu_roles:
             committed[role] -= res.mib - residual_mib
@@ -594,13 +558,7 @@ class WorkingLedger(Ledger):
         self._budget = {role: row.budget_mib for role, row in self._roles.items()}
 
     def _adopt(self, other: Ledger) -> None:
-        self._roles = other._roles
-        self._unknown = other._unknown
-        self._host = other._host
-        self._holdings = other._holdings
-        self._committed = dict(other._committed)
-        self._on_role = dict(other._on_role)
-        self._host_holdings = dict(other._host_holdings)
+        _copy_state(self, other)
 
     def adopt(self, result: Ledger | Refusal) -> None:
         """Become ``result``, a ledger an operation on this one returned (a Refusal is
@@ -660,15 +618,21 @@ class WorkingLedger(Ledger):
         done = self._frozen
         if done is None:
             done = Ledger.__new__(Ledger)
-            done._roles = self._roles
-            done._unknown = self._unknown
-            done._host = self._host
-            done._holdings = self._holdings
-            done._committed = dict(self._committed)
-            done._on_role = dict(self._on_role)
-            done._host_holdings = dict(self._host_holdings)
+            _copy_state(done, self)
             self._frozen = done
         return done
+
+
+def _copy_state(into: Ledger, source: Ledger) -> None:
+    """Give ``into`` the state of ``source``: the same roles and holdings (immutable),
+    its own copies of what a working ledger changes in place."""
+    into._roles = source._roles
+    into._unknown = source._unknown
+    into._host = source._host
+    into._holdings = source._holdings
+    into._committed = dict(source._committed)
+    into._on_role = dict(source._on_role)
+    into._host_holdings = dict(source._host_holdings)
 
 
 def _precheck(ledger: Ledger, holder: str, gpu_roles: tuple[str, ...], mib: int) -> Refusal | None:
@@ -700,6 +664,46 @@ def _precheck(ledger: Ledger, holder: str, gpu_roles: tuple[str, ...], mib: int)
             f"{holder}: docker state is unknown, so committed MiB is unknown; "
             "nothing is admitted until it can be read (fail closed)",
             ledger.terms(holder, gpu_roles, mib),
+        )
+    return None
+
+
+def _sleep_refusal(
+    ledger: Ledger, res: GpuReservation, residual_mib: int, host_mib: int
+) -> Refusal | None:
+    """Why ``ledger`` refuses to put ``res``'s holder to sleep at ``residual_mib`` on its
+    roles and ``host_mib`` of host RAM (:meth:`Ledger.sleep`): a reservation it cannot
+    hold, a sleep that would grow it, host RAM that is not MiB, a holder that already
+    sleeps, or host RAM short (with the host terms)."""
+    holder = res.holder
+    precheck = _precheck(ledger, holder, res.gpu_roles, residual_mib)
+    if precheck is not None:
+        return precheck
+    if residual_mib > res.mib:
+        return Refusal(
+            RefusalKind.INVALID,
+            holder,
+            f"{holder}: a sleep cannot grow a reservation ({res.mib} MiB held, residual "
+            f"{residual_mib} MiB)",
+        )
+    if isinstance(host_mib, bool) or not isinstance(host_mib, int) or host_mib < 0:
+        return Refusal(
+            RefusalKind.INVALID,
+            holder,
+            f"{holder}: host RAM must be MiB >= 0, got {host_mib!r}",
+        )
+    if holder in ledger.host_holdings:
+        return Refusal(RefusalKind.ALREADY_HELD, holder, f"{holder} already sleeps")
+    terms = ledger.host_terms(host_mib)
+    if terms is not None and terms.shortfall_mib:
+        return Refusal(
+            RefusalKind.OVER_BUDGET,
+            holder,
+            terms.short_by(
+                f"{holder}: sleep needs {host_mib} MiB of host RAM", f"ram {terms.ram_mib}"
+            ),
+            ledger.terms(holder, res.gpu_roles, 0),
+            terms,
         )
     return None
 

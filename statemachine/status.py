@@ -220,6 +220,96 @@ class HostStatus:
         return host.committed_mib > host.budget_mib
 
 
+def _role_status(rid: str, ledger: Ledger, observed: Observed, over: set[str]) -> RoleStatus:
+    """Role ``rid``'s line of the report: its ledger line beside its device's NVML
+    figures (``over``: the roles observed over budget)."""
+    role = ledger.roles[rid]
+    view = ledger.view(rid)
+    dev = _device(observed.gpus, role.uuid)
+    used = dev.used_mib if dev else None
+    total = dev.total_mib if dev else None
+    return RoleStatus(
+        ledger=view,
+        uuid=role.uuid,
+        device_found=dev is not None,
+        nvml_total_mib=total,
+        nvml_used_mib=used,
+        drift_used_mib=(
+            used - view.committed_mib
+            if used is not None and view.committed_mib is not None
+            else None
+        ),
+        drift_total_mib=total - role.capacity_mib if total is not None else None,
+        overcommitted=rid in over,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Inputs:
+    """What each serve's line of one report (:func:`host_status`) is read from besides
+    the observation: the ledger it counts, the controller's records, each serve's
+    reload cost and the on-demand requests, by serve."""
+
+    ledger: Ledger
+    records: Mapping[str, ServeRecord]
+    reload: Mapping[str, ReloadEstimate]
+    requests: Mapping[str, OnDemandRequest]
+
+
+def _serve_status(
+    s: ServeSpec, desired: DesiredState, observed: Observed, inputs: _Inputs
+) -> ServeStatus:
+    """Serve ``s``'s line of the report: what is asked of it, what it holds and uses,
+    its sleep, its requests in flight and its reload cost."""
+    ledger, records, reload = inputs.ledger, inputs.records, inputs.reload
+    obs = observed.container(s.container)
+    flight = observed.requests_in_flight(s.name)
+    req = inputs.requests.get(s.name)
+    ends = None
+    if req is not None or s.idle_ttl_s is not None:
+        ends = request_end(req or OnDemandRequest(s.name, 0.0), s, observed)
+    in_ledger = desired.in_ledger(s)
+    used = obs.gpu_used_mib if observed.docker_ok and obs.holds else None
+    sleep_obs = observed.sleep_of(s.name)
+    asleep = observed.docker_ok and obs.holds and sleep_obs.asleep
+    held = ledger.holdings[s.name].mib if observed.docker_ok and ledger.holds(s.name) else None
+    shows_sleep = s.sleep is not None or s.name in observed.sleep
+    return ServeStatus(
+        serve=s.name,
+        container=s.container,
+        gpu_roles=_where(s, ledger, observed) if observed.docker_ok else s.gpu_roles,
+        placement=s.placement,
+        residency=str(s.residency) if s.residency else None,
+        desired=str(s.desired)
+        if s.desired
+        else (str(DesiredRun.RUNNING) if req is not None else None),
+        desired_by="manifest" if s.desired else ("request" if req else None),
+        evicted_for=_evicted_for(s, desired, ledger) if observed.docker_ok else (),
+        state=str(obs.state) if observed.docker_ok else "unknown",
+        # Docker's healthcheck where it has one, else the controller's probe
+        health=(obs.health or observed.probes.get(s.name)) if observed.docker_ok else None,
+        lifecycle=_lifecycle(records.get(s.name) or ServeRecord(s.name), obs, observed),
+        reservation_mib=s.vram_mib,
+        in_ledger=in_ledger,
+        committed=(ledger.holds(s.name) if observed.docker_ok else None) if in_ledger else False,
+        nvml_used_mib=used,
+        drift_mib=_drift(used, held, s.vram_mib),
+        held_mib=held,
+        sleep=(str(sleep_obs.state) if observed.docker_ok else "unknown") if shows_sleep else None,
+        sleep_level=sleep_obs.level if asleep else None,
+        residual_mib=held if asleep else None,
+        host_ram_mib=ledger.host_holdings.get(s.name) if asleep else None,
+        self_sleep=_self_sleep(observed, s.name, obs.holds),
+        in_flight=flight.count,
+        in_flight_source=None if flight.source is None else str(flight.source),
+        idle_since=flight.idle_since if flight.count == 0 else None,
+        ttl_basis=None if ends is None else str(ends.basis),
+        request_ends_at=ends.expires_at if ends is not None and req is not None else None,
+        foreign_project=observed.foreign(s) if observed.docker_ok else None,
+        reload=reload.get(s.name, UNKNOWN),
+    )
+
+
 def lifecycle_from_observation(obs: ContainerObs) -> LifecycleState:
     """The lifecycle state an observation implies, for a serve the controller is not driving
     (:func:`statemachine.serve_record.reading`, the one place it is derived)."""
@@ -318,83 +408,9 @@ def host_status(
         reload = reload_estimates(declared_costs(desired), {})
     ledger = ledger_from_observed(desired, observed)
     over = set(ledger.overcommitted())
-    roles = []
-    for rid, role in desired.roles.items():
-        view = ledger.view(rid)
-        dev = _device(observed.gpus, role.uuid)
-        used = dev.used_mib if dev else None
-        total = dev.total_mib if dev else None
-        roles.append(
-            RoleStatus(
-                ledger=view,
-                uuid=role.uuid,
-                device_found=dev is not None,
-                nvml_total_mib=total,
-                nvml_used_mib=used,
-                drift_used_mib=(
-                    used - view.committed_mib
-                    if used is not None and view.committed_mib is not None
-                    else None
-                ),
-                drift_total_mib=total - role.capacity_mib if total is not None else None,
-                overcommitted=rid in over,
-            )
-        )
-    serves = []
-    requests = {r.serve: r for r in desired.requests}
-    for s in desired.serves.values():
-        obs = observed.container(s.container)
-        flight = observed.requests_in_flight(s.name)
-        req = requests.get(s.name)
-        ends = None
-        if req is not None or s.idle_ttl_s is not None:
-            ends = request_end(req or OnDemandRequest(s.name, 0.0), s, observed)
-        in_ledger = desired.in_ledger(s)
-        used = obs.gpu_used_mib if observed.docker_ok and obs.holds else None
-        sleep_obs = observed.sleep_of(s.name)
-        asleep = observed.docker_ok and obs.holds and sleep_obs.asleep
-        held = ledger.holdings[s.name].mib if observed.docker_ok and ledger.holds(s.name) else None
-        shows_sleep = s.sleep is not None or s.name in observed.sleep
-        serves.append(
-            ServeStatus(
-                serve=s.name,
-                container=s.container,
-                gpu_roles=_where(s, ledger, observed) if observed.docker_ok else s.gpu_roles,
-                placement=s.placement,
-                residency=str(s.residency) if s.residency else None,
-                desired=str(s.desired)
-                if s.desired
-                else (str(DesiredRun.RUNNING) if req is not None else None),
-                desired_by="manifest" if s.desired else ("request" if req else None),
-                evicted_for=_evicted_for(s, desired, ledger) if observed.docker_ok else (),
-                state=str(obs.state) if observed.docker_ok else "unknown",
-                # Docker's healthcheck where it has one, else the controller's probe
-                health=(obs.health or observed.probes.get(s.name)) if observed.docker_ok else None,
-                lifecycle=_lifecycle(records.get(s.name) or ServeRecord(s.name), obs, observed),
-                reservation_mib=s.vram_mib,
-                in_ledger=in_ledger,
-                committed=(ledger.holds(s.name) if observed.docker_ok else None)
-                if in_ledger
-                else False,
-                nvml_used_mib=used,
-                drift_mib=_drift(used, held, s.vram_mib),
-                held_mib=held,
-                sleep=(str(sleep_obs.state) if observed.docker_ok else "unknown")
-                if shows_sleep
-                else None,
-                sleep_level=sleep_obs.level if asleep else None,
-                residual_mib=held if asleep else None,
-                host_ram_mib=ledger.host_holdings.get(s.name) if asleep else None,
-                self_sleep=_self_sleep(observed, s.name, obs.holds),
-                in_flight=flight.count,
-                in_flight_source=None if flight.source is None else str(flight.source),
-                idle_since=flight.idle_since if flight.count == 0 else None,
-                ttl_basis=None if ends is None else str(ends.basis),
-                request_ends_at=ends.expires_at if ends is not None and req is not None else None,
-                foreign_project=observed.foreign(s) if observed.docker_ok else None,
-                reload=reload.get(s.name, UNKNOWN),
-            )
-        )
+    roles = [_role_status(rid, ledger, observed, over) for rid in desired.roles]
+    inputs = _Inputs(ledger, records, reload, {r.serve: r for r in desired.requests})
+    serves = [_serve_status(s, desired, observed, inputs) for s in desired.serves.values()]
     return HostStatus(
         docker_ok=observed.docker_ok,
         nvml_ok=observed.gpus is not None,
