@@ -118,8 +118,11 @@ def fresh(s: ServeSpec, observed: Observed, now: float) -> bool:
     return s.min_runtime_s > 0 and started is not None and now - started < s.min_runtime_s
 
 
-def shares_role(a: ServeSpec, b: ServeSpec) -> bool:
-    return bool(set(a.gpu_roles) & set(b.gpu_roles))
+def held_roles(plan: Plan, spec: ServeSpec) -> set[str]:
+    """The cards ``spec`` holds after ``plan``: its reservation's, which for a placed
+    serve is the card placement chose, not every candidate it declares."""
+    held = plan.ledger_after.holdings.get(spec.name)
+    return set(held.gpu_roles if held is not None else spec.gpu_roles)
 
 
 # ----- 1. ledger prefixes -----------------------------------------------------------------
@@ -526,7 +529,9 @@ def test_exclusive_serves_run_alone_after_the_plan(sc: Scenario) -> None:
         if not x.exclusive:
             continue
         for y in (d.serves[n] for n in sorted(after)):
-            if y.name == x.name or not y.gpu_inference or not shares_role(x, y):
+            if y.name == x.name or not y.gpu_inference:
+                continue
+            if not held_roles(plan, x) & held_roles(plan, y):
                 continue
             assert x.name in before and y.name in before, (
                 f"exclusive {x.name} on {x.gpu_roles} runs beside {y.name} on {y.gpu_roles} "
