@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from serving import free_port
+from support.serving import free_port
 
 
 def compose_available() -> None:

@@ -33,8 +33,8 @@ import httpx
 import pytest
 from docker.errors import NotFound
 from prometheus_client.parser import text_string_to_metric_families
-from serving import free_port, httpd
-from waiting import WAIT_S, wait_for
+from support.serving import free_port, httpd
+from support.waiting import WAIT_S, wait_for
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.client import parse_address

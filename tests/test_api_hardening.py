@@ -22,8 +22,8 @@ from pathlib import Path
 
 import httpx
 import pytest
-from serving import free_port
-from waiting import wait_for
+from support.serving import free_port
+from support.waiting import wait_for
 
 TOKEN = "hardening-test-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent

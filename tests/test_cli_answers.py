@@ -22,8 +22,8 @@ from pathlib import Path
 
 import pytest
 from docker.models.containers import Container
-from serving import free_port, httpd
-from waiting import wait_for
+from support.serving import free_port, httpd
+from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"

@@ -25,9 +25,9 @@ from collections.abc import Iterator
 import docker
 import pytest
 from compose_stack import ComposeStack, compose_available
-from serving import free_port
+from support.serving import free_port
+from support.waiting import wait_for
 from test_run_e2e import REPO, Fleet, Run, _env, fleet, healthy, vramctl
-from waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 __all__ = ["fleet"]  # the fixture, used by name

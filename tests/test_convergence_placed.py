@@ -2,7 +2,7 @@
 
 A placed serve a plan stops (evicted, or moved off a pinned serve's card) is placed
 again by the next plan and started there by itself: the rule's second plan, which the
-convergence oracle (tests/convergence.py) allows; anything else in it is churn. And one
+convergence oracle (tests/support/convergence.py) allows; anything else in it is churn. And one
 known miss of the rule, kept as a strict xfail until it is fixed: a serve placed where
 it "fits without making room" while the same plan's grow-back takes that room first.
 """
@@ -10,8 +10,8 @@ it "fits without making room" while the same plan's grow-back takes that room fi
 from __future__ import annotations
 
 import pytest
-from convergence import assert_converges
-from strategies import NOW, Scenario
+from support.convergence import assert_converges
+from support.strategies import NOW, Scenario
 
 from statemachine.plan import Action
 from statemachine.planner import Policy, plan_transitions

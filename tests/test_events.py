@@ -30,9 +30,9 @@ import docker
 import httpx
 import pytest
 import uvicorn
-from serving import free_port
+from support.serving import free_port
+from support.waiting import WAIT_S, wait_for
 from test_api import TOKEN, Live, vramctl
-from waiting import WAIT_S, wait_for
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.client import follow_events, parse_sse

@@ -25,8 +25,8 @@ import docker
 import pytest
 from docker.errors import NotFound
 from fake_http import Card, ElasticEngine, FakeRouter
-from fakes_nvml import FakeDevice, FakeNvml, FakeProc
-from serving import free_port, httpd
+from support.fakes_nvml import FakeDevice, FakeNvml, FakeProc
+from support.serving import free_port, httpd
 
 from controller.adapters.docker.read import ContainerObserver, manifest_containers
 from controller.adapters.router import QUIESCE_REASON

@@ -1,6 +1,6 @@
 """``fit_serve``'s shortcut (statemachine/isolated.py) answers exactly as the planner.
 
-Over random hosts (tests/strategies.py, then sleepers, starts in progress, in-flight
+Over random hosts (tests/support/strategies.py, then sleepers, starts in progress, in-flight
 counts, engines that size themselves from free memory, idle TTLs, memory not back,
 records of what containers were started with, a host RAM budget): for every serve of
 the host, ``fit_serve`` (the shortcut where it decides) equals ``fit_serve_by_planner``
@@ -20,7 +20,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, Phase, event, find, given, note, settings
 from hypothesis import strategies as st
-from strategies import NOW, Scenario, assert_reaches, crowded_hosts, hosts, report_cases
+from support.strategies import NOW, Scenario, assert_reaches, crowded_hosts, hosts, report_cases
 
 import statemachine.fit as fit_module
 from statemachine.fit import FitResult, fit_serve, fit_serve_by_planner, request_plan

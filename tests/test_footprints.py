@@ -1,6 +1,6 @@
 """Measured footprints: device deltas around the executor's starts and stops.
 
-The devices are the scripted NVML of tests/fakes_nvml.py read through the real adapter
+The devices are the scripted NVML of tests/support/fakes_nvml.py read through the real adapter
 (``observe_gpus``), with per-process figures unavailable, as on WSL2 (the driver lists
 no process memory): the device's used total is the only evidence. The container runtime
 is an in-memory stand-in whose start and stop move that total, so the executor's real
@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pynvml
 import pytest
-from fakes_nvml import FakeDevice, FakeNvml, nvml_error
 from prometheus_client.parser import text_string_to_metric_families
+from support.fakes_nvml import FakeDevice, FakeNvml, nvml_error
 from test_api import Asgi, client, idle, observe  # noqa: F401
 
 from controller.adapters.nvml import MIB

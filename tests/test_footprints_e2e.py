@@ -1,7 +1,7 @@
 """End to end: the control loop measures a serve's footprint on the real Docker daemon.
 
 The loop (``Controller.run``, in-process so that it can be handed the scripted NVML of
-tests/fakes_nvml.py) starts and stops a busybox serve container; the scripted device's
+tests/support/fakes_nvml.py) starts and stops a busybox serve container; the scripted device's
 used total follows Docker: it grows by what the serve "takes" while its container
 really runs. Per-process figures are unavailable, as on WSL2 (the driver lists the
 process with no memory figure), so the device delta is the only evidence. The samples
@@ -26,9 +26,9 @@ from typing import Any
 import docker
 import pytest
 from docker.errors import NotFound
-from fakes_nvml import FakeDevice, FakeMemory, FakeNvml, FakeProc
-from serving import free_port, httpd
-from waiting import WAIT_S, wait_for
+from support.fakes_nvml import FakeDevice, FakeMemory, FakeNvml, FakeProc
+from support.serving import free_port, httpd
+from support.waiting import WAIT_S, wait_for
 
 from controller.adapters.nvml import MIB
 from controller.manifest import load_manifest_set

@@ -27,8 +27,8 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
-from serving import free_port, httpd
-from strategies import Scenario, scenarios
+from support.serving import free_port, httpd
+from support.strategies import Scenario, scenarios
 from test_api import Asgi, client, observe  # noqa: F401
 from test_executor_e2e import ROLE, Host, actions, host, serve_toml  # noqa: F401
 from test_planner_foreign import _host, _spec

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from strategies import NOW
+from support.strategies import NOW
 
 from statemachine.fit import request_plan
 from statemachine.isolated import NO_ROOM_NEEDED, Decision, decide, whole_terms

@@ -15,7 +15,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from strategies import Scenario, hosts, report_cases
+from support.strategies import Scenario, hosts, report_cases
 
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.pmap import PMap

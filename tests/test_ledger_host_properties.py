@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings, target
-from strategies import NOW, Scenario, case_share, crowded_hosts, every_scenario, hosts
+from support.strategies import NOW, Scenario, case_share, crowded_hosts, every_scenario, hosts
 
 from statemachine.ledger import Ledger, Refusal
 from statemachine.plan import Action, Plan, Step

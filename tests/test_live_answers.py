@@ -31,8 +31,8 @@ import docker
 import httpx
 import pytest
 from docker.errors import NotFound
-from serving import free_port
-from waiting import wait_for
+from support.serving import free_port
+from support.waiting import wait_for
 
 TOKEN = "live-test-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent

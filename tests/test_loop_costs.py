@@ -19,7 +19,7 @@ import httpx
 import pynvml
 import pytest
 from fake_http import FakeEngineMetrics
-from fakes_nvml import GIB, FakeDevice, FakeNvml, nvml_error
+from support.fakes_nvml import GIB, FakeDevice, FakeNvml, nvml_error
 
 from controller.adapters import engine_metrics
 from controller.adapters.docker.read import ContainerSnapshot

@@ -23,7 +23,7 @@ import httpx2
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from serving import free_port
+from support.serving import free_port
 from test_api import TOKEN, idle, observe  # noqa: F401
 from test_mcp import ARGS, ROOT, _env
 from test_mcp_http import _text, auth, serving

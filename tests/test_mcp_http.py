@@ -23,7 +23,7 @@ import pytest
 import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from serving import free_port
+from support.serving import free_port
 from test_api import TOKEN, Live, calm, idle, live, observe  # noqa: F401
 
 from controller.interfaces.api import ApiSettings, create_app

@@ -29,7 +29,7 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_raw import call_tool, message, open_session
 from safetensors.numpy import save_file
-from serving import free_port
+from support.serving import free_port
 from test_api import TOKEN, Live
 from test_estimate_files import _config
 from test_mcp_api import stdio_session

@@ -33,7 +33,7 @@ import docker
 import pynvml
 import pytest
 from docker.models.containers import Container
-from fakes_nvml import GIB, FakeDevice, FakeNvml, FakeProc, nvml_error
+from support.fakes_nvml import GIB, FakeDevice, FakeNvml, FakeProc, nvml_error
 
 from controller.adapters.docker.read import ContainerObserver
 from controller.adapters.nvml import MIB

@@ -29,11 +29,11 @@ import docker
 import httpx
 import pytest
 from docker.errors import NotFound
-from serving import free_port
+from support.serving import free_port
+from support.waiting import wait_for
 from test_api import vramctl
 from test_loop_events import names
 from test_placement_docker import _card_of, _serve
-from waiting import wait_for
 
 from controller.store.journal import Journal, journal_path
 

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
-from strategies import (
+from support.strategies import (
     NOW,
     SERVE_NAMES,
     Scenario,

@@ -14,7 +14,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from strategies import case_share
+from support.strategies import case_share
 
 from statemachine import placement
 from statemachine.ledger import Ledger, ledger_from_observed

@@ -1,4 +1,4 @@
-"""Property tests of ``plan_transitions`` over random small fleets (tests/strategies.py).
+"""Property tests of ``plan_transitions`` over random small fleets (tests/support/strategies.py).
 
 Properties (docs/design.md §3, §5):
 
@@ -32,10 +32,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from convergence import assert_converges, timeless
 from hypothesis import HealthCheck, given, note, settings
-from replay import assert_never_overcommits, first_overcommit
-from strategies import (
+from support.convergence import assert_converges, timeless
+from support.replay import assert_never_overcommits, first_overcommit
+from support.strategies import (
     NOW,
     Scenario,
     assert_reaches,
@@ -277,7 +277,7 @@ def test_same_input_same_plan(sc: Scenario) -> None:
 _HASH_SEED_CHILD = """
 import hashlib, json, sys
 from hypothesis import HealthCheck, Phase, given, settings
-from strategies import every_scenario
+from support.strategies import every_scenario
 from statemachine.planner import plan_transitions
 
 def digest(text):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from replay import assert_never_overcommits
+from support.replay import assert_never_overcommits
 
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.plan import Action, Plan

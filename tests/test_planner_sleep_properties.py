@@ -1,6 +1,6 @@
 """Property tests of the planner with sleepers (docs/eviction.md, sleep instead of stop).
 
-Random fleets (tests/strategies.py) are given ``[serve.sleep]`` configs, a host RAM
+Random fleets (tests/support/strategies.py) are given ``[serve.sleep]`` configs, a host RAM
 budget and observed sleep states; then:
 
 1. every prefix of a plan keeps committed <= budget on every GPU role and on host RAM
@@ -22,11 +22,11 @@ import json
 import os
 from dataclasses import replace
 
-from convergence import assert_converges, timeless
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from replay import assert_never_overcommits
-from strategies import (
+from support.convergence import assert_converges, timeless
+from support.replay import assert_never_overcommits
+from support.strategies import (
     NOW,
     Scenario,
     assert_reaches,
@@ -173,7 +173,7 @@ def test_who_sleeps_and_who_wakes_follows_the_rules(sc: Scenario) -> None:
 @given((SLEEPY | hosts(sleep_share=1, placed=True)).map(timeless))
 def test_plans_with_sleepers_converge(sc: Scenario) -> None:
     """Plan, apply (every step succeeds), plan again: nothing to do, as strictly as
-    without sleepers (tests/convergence.py): a wake reserves what the woken engine
+    without sleepers (tests/support/convergence.py): a wake reserves what the woken engine
     holds, a sleeper woken in backfill grows in the same plan, and no room is freed
     twice; placed sleepers too (one to be woken on the card a blocked pinned serve
     needs is moved, not woken there and moved by the next plan)."""

@@ -26,9 +26,9 @@ import pytest
 import test_run_e2e
 from compose_stack import ComposeStack, compose_available
 from engine_models import SHAPES, write
+from support.waiting import wait_for
 from test_busy_e2e import serve_row, start_with_api
 from test_run_e2e import RESYNC_S, Fleet, healthy, vramctl
-from waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("real-engine")]
 

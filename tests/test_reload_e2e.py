@@ -26,9 +26,9 @@ from pathlib import Path
 import docker
 import pytest
 from docker.errors import NotFound
-from fakes_nvml import FakeDevice, FakeNvml
-from serving import free_port, httpd
-from waiting import WAIT_S, wait_for
+from support.fakes_nvml import FakeDevice, FakeNvml
+from support.serving import free_port, httpd
+from support.waiting import WAIT_S, wait_for
 
 from controller.adapters.nvml import MIB
 from controller.manifest import load_manifest_set

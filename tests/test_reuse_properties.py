@@ -19,11 +19,11 @@ import re
 from dataclasses import replace
 
 import test_planner_properties as props
-from convergence import assert_converges, timeless
 from hypothesis import event, given
 from hypothesis import strategies as st
-from replay import assert_never_overcommits
-from strategies import Scenario, assert_reaches, every_scenario
+from support.convergence import assert_converges, timeless
+from support.replay import assert_never_overcommits
+from support.strategies import Scenario, assert_reaches, every_scenario
 
 from statemachine.plan import Action, Policy, ReloadCost
 from statemachine.types import (

@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.waiting import WAIT_S, wait_for
 from test_api import TOKEN, Asgi, auth
-from waiting import WAIT_S, wait_for
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, CycleSummary, RunOptions

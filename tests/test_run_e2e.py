@@ -18,7 +18,7 @@ exceed the role's budget at any moment (no overcommit), and a container's starts
 be counted exactly (nothing started twice). Every poll of container states checks the
 budget too.
 
-Every wait is for an event, polled against a generous deadline (``tests/waiting.py``);
+Every wait is for an event, polled against a generous deadline (``tests/support/waiting.py``);
 no fixed sleep stands for a cycle.
 Controllers still running at the end are SIGKILLed before the
 containers are removed.
@@ -45,8 +45,8 @@ from typing import Any
 import docker
 import pytest
 from docker.errors import NotFound
-from serving import free_port, httpd
-from waiting import WAIT_S, wait_for
+from support.serving import free_port, httpd
+from support.waiting import WAIT_S, wait_for
 
 from controller.store.journal import Journal, journal_path
 

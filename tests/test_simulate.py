@@ -174,7 +174,7 @@ def test_a_sleeper_outside_the_ledger_wakes_without_touching_the_ledger() -> Non
 
 
 def test_a_replay_stops_at_the_first_refused_step_with_its_arithmetic() -> None:
-    """``ledger_prefixes`` replays a plan step by step (what ``tests/replay.py`` checks
+    """``ledger_prefixes`` replays a plan step by step (what ``tests/support/replay.py`` checks
     every plan with): a step the ledger refuses is yielded with every term of the refusal,
     and nothing after it is replayed (it would run on a ledger that does not exist)."""
     roles = {"g0": GpuRole("g0", 10_000, 1_000)}

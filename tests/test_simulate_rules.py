@@ -9,7 +9,7 @@ reservation it starts with, or woken although it just started awake.
 shrink, grow, release_to_residual, reserve_wake) and only with the figure that action
 reads (``mib`` for a reserve, ``to_mib`` for the others); any other step, or one
 without its figure, returns the ledger unchanged (``ledger_prefixes``, which
-``tests/replay.py`` checks every plan with, replays hand-made plans too).
+``tests/support/replay.py`` checks every plan with, replays hand-made plans too).
 
 Pure: the mutation run's pool.
 """

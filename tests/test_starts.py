@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 from docker import DockerClient
-from waiting import WAIT_S, wait_for
+from support.waiting import WAIT_S, wait_for
 
 from controller.adapters.docker.actions import DockerActions
 from controller.manifest import load_manifest_set

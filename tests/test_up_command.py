@@ -25,7 +25,7 @@ from pathlib import Path
 import docker
 import pytest
 from docker.errors import NotFound
-from serving import free_port
+from support.serving import free_port
 
 from controller.manifest import ManifestError, load_manifest_set
 

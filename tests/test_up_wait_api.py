@@ -30,8 +30,8 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from serving import free_port
-from waiting import wait_for
+from support.serving import free_port
+from support.waiting import wait_for
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.upwait import RequestQueue

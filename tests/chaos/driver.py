@@ -40,7 +40,7 @@ from typing import Any, ClassVar
 import docker
 import httpx
 from docker.errors import APIError, NotFound
-from serving import free_port, httpd
+from support.serving import free_port, httpd
 
 from chaos.mcp_flood import FloodRound, flood_round
 from chaos.monitor import (

@@ -19,7 +19,7 @@ The manifest forbids two ``desired = "running"`` serves on one port, so at most 
 desired-running serve is drawn per port; requests may still ask for a second serve
 on a port (that is the planner's business).
 
-Import as ``from strategies import ...`` (pytest puts ``tests/`` on ``sys.path``).
+Import as ``from support.strategies import ...`` (pytest puts ``tests/`` on ``sys.path``).
 """
 
 from __future__ import annotations
