@@ -33,6 +33,7 @@ import httpx
 import pytest
 from docker.errors import NotFound
 from prometheus_client.parser import text_string_to_metric_families
+from support.cli import api_cycled, run_argv, spawn
 from support.serving import free_port, httpd
 from support.waiting import WAIT_S, wait_for
 
@@ -435,39 +436,14 @@ class Live:
         return str(self.container(serve).attrs["State"]["StartedAt"])
 
     def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "controller.interfaces.cli",
-                    "run",
-                    "-m",
-                    str(self.manifest),
-                    "--state-dir",
-                    str(self.tmp / "state"),
-                    "--resync",
-                    "1",
-                    "--api",
-                    self.address,
-                    "--token-file",
-                    str(self.token_file),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, NO_COLOR="1"),
-            )
+        flags = ("--api", self.address, "--token-file", str(self.token_file))
+        argv = run_argv(self.manifest, self.tmp / "state", *flags)
+        self.proc = spawn(argv, self.log, cwd=ROOT)
         wait_for("the API's first cycle", self._cycled)
 
     def _cycled(self) -> bool:
         assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"vramctl run exited {self.proc.returncode}:\n{self.logs()}")
-        try:
-            return bool(self.http.get("/healthz").json()["cycles"] >= 1)
-        except httpx.HTTPError:
-            return False
+        return api_cycled(self.proc, self.http, self.logs)
 
     def cycled(self, n: int) -> None:
         """Wait until ``n`` whole cycles ran after this call (``/healthz``'s count; the one

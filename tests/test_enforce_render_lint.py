@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from support.cli import bare_env, run_cli
 from test_engine_flags import compose, manifest
 
 from controller.adapters.model_files import read_model
@@ -420,15 +420,7 @@ def test_lint_says_how_much_larger_or_smaller_another_cache_type_is(
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
-    )
+    return run_cli(*args, env=bare_env(), cwd=REPO)
 
 
 def test_the_render_command_prints_the_flags_and_their_arithmetic(tmp_path: Path) -> None:

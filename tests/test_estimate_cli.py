@@ -5,15 +5,14 @@ located error on bad input, and what the command loads (``--help`` no gguf nor n
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from support.cli import cli_env, run_cli
 from test_cli_imports import SERVER_DOCKER_HTTP, _loaded, _tops
 from test_estimate_files import GGUF_WEIGHTS, _config, _write_gguf
 
@@ -21,15 +20,7 @@ MIB = 1024 * 1024
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", "estimate", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    return run_cli("estimate", *args, env=cli_env())
 
 
 @pytest.fixture

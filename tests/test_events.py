@@ -48,18 +48,9 @@ from controller.service.events import (
 )
 from controller.service.loop import Controller, RunOptions
 from controller.store.journal import Journal, journal_path
+from statemachine import types as sm
 from statemachine.ledger import GpuReservation, Ledger, Refusal
 from statemachine.status import host_status
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    GpuObs,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-)
 
 # ── the bus ──────────────────────────────────────────────────────────────────
 
@@ -217,16 +208,16 @@ def test_the_bus_refuses_a_ring_or_queue_of_nothing() -> None:
         EventBus(queue=0)
 
 
-ROLE = GpuRole("a", 10000, 1000, uuid="GPU-a")
+ROLE = sm.GpuRole("a", 10000, 1000, uuid="GPU-a")
 
 
-def spec(name: str, mib: int) -> ServeSpec:
-    return ServeSpec(
+def spec(name: str, mib: int) -> sm.ServeSpec:
+    return sm.ServeSpec(
         name=name,
         container=f"c-{name}",
         gpu_roles=("a",),
         vram_mib=mib,
-        residency=Residency.ON_DEMAND,
+        residency=sm.Residency.ON_DEMAND,
     )
 
 
@@ -250,18 +241,18 @@ def test_the_ledger_watch_publishes_a_role_only_when_its_figures_change() -> Non
     assert all(e.kind == "ledger" and e.data["gpu_role"] == "a" for e in bus.recent())
 
 
-def observed(used: int | None, llm_used: int | None, docker_ok: bool = True) -> Observed:
-    return Observed(
+def observed(used: int | None, llm_used: int | None, docker_ok: bool = True) -> sm.Observed:
+    return sm.Observed(
         docker_ok=docker_ok,
         containers={
-            "c-llm": ContainerObs(ContainerState.RUNNING, gpu_used_mib=llm_used),
+            "c-llm": sm.ContainerObs(sm.ContainerState.RUNNING, gpu_used_mib=llm_used),
         },
-        gpus=None if used is None else (GpuObs("GPU-a", 0, "card", 10000, used, 10000 - used),),
+        gpus=None if used is None else (sm.GpuObs("GPU-a", 0, "card", 10000, used, 10000 - used),),
     )
 
 
 def test_drift_alarms_are_raised_and_cleared_once_each() -> None:
-    desired = DesiredState(roles={"a": ROLE}, serves={"llm": spec("llm", 5000)})
+    desired = sm.DesiredState(roles={"a": ROLE}, serves={"llm": spec("llm", 5000)})
     bus = EventBus()
     watch = DriftWatch(bus)
     for obs in (

@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,6 +23,7 @@ import docker
 import pytest
 from docker.errors import NotFound
 from fake_http import Card, ElasticEngine, FakeRouter
+from support.cli import cli_env, run_cli
 from support.fakes_nvml import FakeDevice, FakeNvml, FakeProc
 from support.serving import free_port, httpd
 
@@ -403,15 +402,7 @@ def test_elastic_shrink_half_succeeds(host: Host) -> None:
 
 
 def _vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-        check=False,
-    )
+    return run_cli(*args, env=cli_env(), timeout=180)
 
 
 def test_apply_converges_and_refuses_a_stale_plan(host: Host) -> None:

@@ -11,9 +11,7 @@ through the ``vramctl calibrate`` command on a real journal file.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -21,6 +19,7 @@ from pathlib import Path
 import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.cli import cli_env, run_cli
 from support.fakes_nvml import FakeDevice, FakeNvml, nvml_error
 from test_api import Asgi, client, idle, observe  # noqa: F401
 
@@ -33,21 +32,13 @@ from controller.service.loop import Controller
 from controller.service.wiring import read_gpus
 from controller.snapshot import ContainerModel
 from controller.store.journal import Journal, journal_path
+from statemachine import types as sm
 from statemachine.footprint import Method, Sample, propose, summarise
 from statemachine.planner import Policy, plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    Observed,
-    ServeSpec,
-)
 
 REPO = Path(__file__).resolve().parents[1]
 UUID = "GPU-footprint-0"
-ROLE = GpuRole("g0", 24_000, 0, uuid=UUID)
+ROLE = sm.GpuRole("g0", 24_000, 0, uuid=UUID)
 BASE_MIB = 900  # the driver's own use of the card
 
 
@@ -63,7 +54,7 @@ class Card:
 
     def reading(self) -> Reading:
         # per-process figures unavailable: the containers' figures are unknown
-        return Reading.of(Observed(True, {}, gpus=read_gpus(self.nvml)))
+        return Reading.of(sm.Observed(True, {}, gpus=read_gpus(self.nvml)))
 
 
 class Containers:
@@ -90,25 +81,25 @@ class Containers:
         self.state[name] = "exited"
 
     def inspect(self, name: str) -> ContainerModel | None:
-        return ContainerModel(state=ContainerState(self.state[name]), exit_code=0)
+        return ContainerModel(state=sm.ContainerState(self.state[name]), exit_code=0)
 
     def logs(self, name: str, tail: int = 40) -> str:
         return ""
 
 
-def serve(name: str, mib: int, desired: DesiredRun = DesiredRun.RUNNING) -> ServeSpec:
-    return ServeSpec(name, f"c-{name}", ("g0",), mib, desired=desired)
+def serve(name: str, mib: int, desired: sm.DesiredRun = sm.DesiredRun.RUNNING) -> sm.ServeSpec:
+    return sm.ServeSpec(name, f"c-{name}", ("g0",), mib, desired=desired)
 
 
-def desired_of(*serves: ServeSpec) -> DesiredState:
-    return DesiredState({"g0": ROLE}, {s.name: s for s in serves})
+def desired_of(*serves: sm.ServeSpec) -> sm.DesiredState:
+    return sm.DesiredState({"g0": ROLE}, {s.name: s for s in serves})
 
 
-def observed(docker: Containers) -> Observed:
-    return Observed(
+def observed(docker: Containers) -> sm.Observed:
+    return sm.Observed(
         True,
         {
-            c: ContainerObs(ContainerState(st), started_at=1.0)
+            c: sm.ContainerObs(sm.ContainerState(st), started_at=1.0)
             for c, st in docker.state.items()
             if st == "running"
         },
@@ -116,7 +107,7 @@ def observed(docker: Containers) -> Observed:
     )
 
 
-def execute(desired: DesiredState, docker: Containers, recorder: FootprintRecorder) -> None:
+def execute(desired: sm.DesiredState, docker: Containers, recorder: FootprintRecorder) -> None:
     obs = observed(docker)
     plan = plan_transitions(desired, obs, Policy(), 1000.0)
     ex = Executor(
@@ -204,7 +195,7 @@ def test_a_stop_alone_is_measured_by_what_came_back() -> None:
     card.take(5000)  # llm runs already
     docker = Containers(card, {"c-llm": 5000}, running={"c-llm"})
     recorder = FootprintRecorder(card.reading, settle_s=0)
-    execute(desired_of(serve("llm", 4000, DesiredRun.STOPPED)), docker, recorder)
+    execute(desired_of(serve("llm", 4000, sm.DesiredRun.STOPPED)), docker, recorder)
     (sample,) = recorder.samples()
     assert (sample.kind, sample.method, sample.attributable) == ("stop", Method.DELTA, True)
     assert (sample.before_mib, sample.after_mib, sample.delta_mib) == (
@@ -266,7 +257,7 @@ def test_a_change_the_loop_sees_outside_any_window_stops_the_peak() -> None:
     card = Card()
     docker = Containers(card, {"c-llm": 3000, "c-other": 2000})
     recorder = FootprintRecorder(card.reading, settle_s=0)
-    llm, other = serve("llm", 4000), serve("other", 2000, DesiredRun.STOPPED)
+    llm, other = serve("llm", 4000), serve("other", 2000, sm.DesiredRun.STOPPED)
     desired = desired_of(llm, other)
     execute(desired, docker, recorder)
     recorder.observe(observed(docker), desired, time.time())
@@ -318,16 +309,7 @@ def record(
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1", PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env=cli_env(PYTHONPATH=str(REPO)), cwd=REPO)
 
 
 def test_calibrate_proposes_the_peak_plus_margin_from_recorded_samples(tmp_path: Path) -> None:
@@ -492,7 +474,7 @@ def test_a_window_nothing_ends_does_not_poison_later_deltas() -> None:
     a, b = serve("a", 1000), serve("b", 2000)
     desired = desired_of(a, b)
     recorder.before_start(a, desired.roles)  # interrupted: never awaited, never failed
-    recorder.observe(Observed(True, {}), desired, time.time())  # a is not starting any more
+    recorder.observe(sm.Observed(True, {}), desired, time.time())  # a is not starting any more
     recorder.before_start(b, desired.roles)
     card.take(2000)
     recorder.after_start(b)
@@ -522,7 +504,7 @@ def test_a_serve_stopped_before_it_settled_keeps_its_start_without_a_steady_figu
     recorder = FootprintRecorder(card.reading, settle_s=3600)
     llm = serve("llm", 4000)
     execute(desired_of(llm), docker, recorder)
-    execute(desired_of(serve("llm", 4000, DesiredRun.STOPPED)), docker, recorder)
+    execute(desired_of(serve("llm", 4000, sm.DesiredRun.STOPPED)), docker, recorder)
     by = {s.kind: s for s in recorder.samples()}
     assert (by["start"].delta_mib, by["start"].settled_mib, by["start"].steady_mib) == (
         3000,
@@ -540,17 +522,17 @@ def test_the_stop_of_a_sleeper_is_not_measured_as_its_footprint() -> None:
     card = Card()
     card.take(1000)  # its residual on the device
     docker = Containers(card, {"c-big": 1000}, running={"c-big"})
-    big = ServeSpec(
+    big = sm.ServeSpec(
         "big",
         "c-big",
         ("g0",),
         8000,
-        desired=DesiredRun.STOPPED,
+        desired=sm.DesiredRun.STOPPED,
         sleep=Sleep(1, 1000, SleepProtocol.VLLM, 6000, url="http://127.0.0.1:1"),
     )
     desired = desired_of(big)
     obs = observed(docker)
-    obs = Observed(
+    obs = sm.Observed(
         obs.docker_ok,
         obs.containers,
         gpus=obs.gpus,

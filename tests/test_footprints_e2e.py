@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -26,6 +25,7 @@ from typing import Any
 import docker
 import pytest
 from docker.errors import NotFound
+from support.cli import run_cli
 from support.fakes_nvml import FakeDevice, FakeMemory, FakeNvml, FakeProc
 from support.serving import free_port, httpd
 from support.waiting import WAIT_S, wait_for
@@ -191,15 +191,7 @@ def test_the_loop_records_start_and_stop_deltas_that_survive_a_restart(
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1", PYTHONPATH=str(REPO))
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "controller.interfaces.cli", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            timeout=60,
-            check=False,
-        )
+        return run_cli(*args, env=env, cwd=REPO)
 
     r = cli("calibrate", "-m", str(path), "--state-dir", str(state), "--json")
     assert r.returncode == 0, r.stderr

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -31,6 +30,7 @@ import docker
 import httpx
 import pytest
 from docker.errors import NotFound
+from support.cli import api_cycled, run_argv, spawn
 from support.serving import free_port
 from support.waiting import wait_for
 
@@ -112,39 +112,14 @@ class Daemon:
             self.docker.containers.get(self.name(serve)).kill()
 
     def start(self, resync_s: float = 1.0) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "controller.interfaces.cli",
-                    "run",
-                    "-m",
-                    str(self.manifest),
-                    "--state-dir",
-                    str(self.tmp / "state"),
-                    "--resync",
-                    str(resync_s),
-                    "--api",
-                    f"127.0.0.1:{self.api_port}",
-                    "--token-file",
-                    str(self.token_file),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, NO_COLOR="1"),
-            )
+        flags = ("--api", f"127.0.0.1:{self.api_port}", "--token-file", str(self.token_file))
+        argv = run_argv(self.manifest, self.tmp / "state", *flags, resync=str(resync_s))
+        self.proc = spawn(argv, self.log, cwd=ROOT)
         wait_for("the API's first cycle", self._cycled)
 
     def _cycled(self) -> bool:
         assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"vramctl run exited {self.proc.returncode}:\n{self.logs()}")
-        try:
-            return bool(self.http.get("/healthz").json()["cycles"] >= 1)
-        except httpx.HTTPError:
-            return False
+        return api_cycled(self.proc, self.http, self.logs)
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")[-8000:]

@@ -20,6 +20,7 @@ from typing import Any, TypeVar
 import anyio
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
+from support.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
@@ -39,15 +40,7 @@ def _env() -> dict[str, str]:
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env=_env(), cwd=ROOT)
 
 
 def with_session(

@@ -8,15 +8,14 @@ tests/test_estimate_files.py); the footprints are samples recorded in a real jou
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from support.cli import cli_env, run_cli
 from test_estimate_files import _config, _write_gguf
 
 from controller.store.journal import Journal, journal_path
@@ -31,16 +30,7 @@ KV_FORMULA = (
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="250", NO_COLOR="1", PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env=cli_env(250, PYTHONPATH=str(REPO)), cwd=REPO)
 
 
 def safetensors_model(folder: Path) -> Path:

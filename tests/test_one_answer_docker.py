@@ -16,10 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,6 +27,7 @@ import docker
 import httpx
 import pytest
 from docker.errors import NotFound
+from support.cli import run_argv, spawn
 from support.serving import free_port
 from support.waiting import wait_for
 from test_api import vramctl
@@ -70,18 +69,8 @@ class Loop:
         token.write_text(TOKEN + "\n")
         token.chmod(0o600)
         self.log = state.parent / "run.log"
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "controller.interfaces.cli", "run"),
-                    *("-m", str(manifest), "--state-dir", str(state), "--resync", "1"),
-                    *("--api", self.address, "--token-file", str(token)),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, NO_COLOR="1"),
-            )
+        flags = ("--api", self.address, "--token-file", str(token))
+        self.proc = spawn(run_argv(manifest, state, *flags), self.log, cwd=ROOT)
         self.http = httpx.Client(base_url=f"http://{self.address}", timeout=30, trust_env=False)
         wait_for("the loop's first cycle", self._cycled)
 

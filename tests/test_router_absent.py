@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import run_cli
 from support.waiting import WAIT_S, wait_for
 from test_api import TOKEN, Asgi, auth
 
@@ -177,15 +178,7 @@ def test_down_of_a_serve_that_cannot_be_stopped_is_refused_and_the_request_stays
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("VRAMCTL_ROUTER")}
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**base, "COLUMNS": "200", "NO_COLOR": "1", **env},
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env={**base, "COLUMNS": "200", "NO_COLOR": "1", **env}, cwd=ROOT)
 
 
 def test_validate_warns_about_serves_that_need_a_router(tmp_path: Path) -> None:

@@ -32,7 +32,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -45,6 +44,7 @@ from typing import Any
 import docker
 import pytest
 from docker.errors import NotFound
+from support.cli import run_argv, run_cli
 from support.serving import free_port, httpd
 from support.waiting import WAIT_S, wait_for
 
@@ -74,15 +74,7 @@ def _env() -> dict[str, str]:
 
 
 def vramctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=REPO,
-        timeout=timeout,
-        check=False,
-    )
+    return run_cli(*args, env=_env(), cwd=REPO, timeout=timeout)
 
 
 @functools.cache
@@ -281,21 +273,9 @@ class Fleet:
         log_path = self.tmp / (log or f"run{len(self.runs) + 1}.log")
         address = f"127.0.0.1:{free_port()}" if api else None
         flags = ("--api", address) if address else run_flags()
-        argv = [
-            sys.executable,
-            "-m",
-            "controller.interfaces.cli",
-            "run",
-            "-m",
-            str(self.manifest),
-            "--state-dir",
-            str(self.state_dir),
-            "--resync",
-            str(RESYNC_S),
-            "--log-json",
-            *flags,
-            *extra,
-        ]
+        argv = run_argv(
+            self.manifest, self.state_dir, "--log-json", *flags, *extra, resync=str(RESYNC_S)
+        )
         with log_path.open("wb") as fh:
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
         run = Run(proc, log_path, address)

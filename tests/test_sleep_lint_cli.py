@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
+from support.cli import bare_env, run_cli
 from test_engine_flags import compose
 from test_engine_flags_sleep import SERVICES, SLEEPY
 
@@ -18,15 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def lint(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", "lint", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
-    )
+    return run_cli("lint", *args, env=bare_env(), cwd=REPO)
 
 
 def test_lint_compose_names_the_missing_sleep_flag_and_exits_1(tmp_path: Path) -> None:
