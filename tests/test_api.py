@@ -34,6 +34,7 @@ import pytest
 from docker.errors import NotFound
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import api_cycled, run_argv, spawn
+from support.service import controller_on
 from support.serving import free_port, httpd
 from support.waiting import WAIT_S, wait_for
 
@@ -99,11 +100,7 @@ def idle(tmp_path: Path) -> Iterator[Controller]:
 def controller_of(tmp_path: Path, manifest: str) -> Iterator[Controller]:
     """A controller of the manifest ``manifest`` (TOML) that has not cycled: its journal
     open, nothing observed (``observe`` pretends a cycle)."""
-    path = tmp_path / "serves.toml"
-    path.write_text(manifest)
-    mset = load_manifest_set([path])
-    controller = Controller(RunOptions(manifests=(path,), state_dir=tmp_path / "state"), mset)
-    controller.journal = Journal.open(journal_path(controller.state_dir))
+    controller = controller_on(tmp_path, manifest)
     try:
         yield controller
     finally:

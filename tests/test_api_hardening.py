@@ -12,15 +12,13 @@ No container is created: the one serve the loop starts has an ``up`` that fails.
 
 from __future__ import annotations
 
-import signal
-import subprocess
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from support.cli import api_cycled, run_argv, spawn
+from support.cli import api_cycled, run_argv, spawn, terminate
 from support.serving import free_port
 from support.waiting import wait_for
 
@@ -95,12 +93,7 @@ class Bare:
     def close(self) -> None:
         self.http.close()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            terminate(self.proc)
 
 
 @pytest.fixture(scope="module")

@@ -24,7 +24,7 @@ from collections.abc import Iterator
 
 import docker
 import pytest
-from compose_stack import ComposeStack, compose_available
+from compose_stack import ComposeStack, stack_beside
 from support.serving import free_port
 from support.waiting import wait_for
 from test_run_e2e import REPO, Fleet, Run, _env, fleet, healthy, vramctl
@@ -38,16 +38,8 @@ TOKEN = "compose-test-token-0123456789"
 
 @pytest.fixture
 def stack(fleet: Fleet, test_image: str) -> Iterator[ComposeStack]:
-    compose_available()
-    s = ComposeStack(fleet.tmp, test_image, project=fleet.prefix.rstrip("-"))
-    try:
+    with stack_beside(fleet, test_image) as s:
         yield s
-    finally:
-        for run in fleet.runs:  # no controller may act on what is removed next
-            if run.proc.poll() is None:
-                run.proc.kill()
-                run.proc.wait(10)
-        s.down()
 
 
 def serve(

@@ -30,13 +30,14 @@ import docker
 import httpx
 import pytest
 import uvicorn
+from support.core import spec as core_spec
+from support.service import controller_on
 from support.serving import free_port
 from support.waiting import WAIT_S, wait_for
 from test_api import TOKEN, Live, vramctl
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.client import follow_events, parse_sse
-from controller.manifest import load_manifest_set
 from controller.service.events import (
     DriftWatch,
     Event,
@@ -46,8 +47,7 @@ from controller.service.events import (
     Subscription,
     drift_alarms,
 )
-from controller.service.loop import Controller, RunOptions
-from controller.store.journal import Journal, journal_path
+from controller.service.loop import Controller
 from statemachine import types as sm
 from statemachine.ledger import GpuReservation, Ledger, Refusal
 from statemachine.status import host_status
@@ -212,13 +212,7 @@ ROLE = sm.GpuRole("a", 10000, 1000, uuid="GPU-a")
 
 
 def spec(name: str, mib: int) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=sm.Residency.ON_DEMAND,
-    )
+    return core_spec(name, mib, sm.Residency.ON_DEMAND)
 
 
 def test_the_ledger_watch_publishes_a_role_only_when_its_figures_change() -> None:
@@ -278,15 +272,11 @@ def test_drift_alarms_are_raised_and_cleared_once_each() -> None:
 
 @pytest.fixture
 def idle(tmp_path: Path) -> Iterator[Controller]:
-    path = tmp_path / "serves.toml"
-    path.write_text(
+    controller = controller_on(
+        tmp_path,
         '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\n\n[[serve]]\nname = "llm"\n'
-        'container = "c-llm"\ngpu_role = "a"\nvram_mib = 5000\nresidency = "on-demand"\n'
+        'container = "c-llm"\ngpu_role = "a"\nvram_mib = 5000\nresidency = "on-demand"\n',
     )
-    controller = Controller(
-        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
-    )
-    controller.journal = Journal.open(journal_path(controller.state_dir))
     yield controller
     controller.journal.close()
 

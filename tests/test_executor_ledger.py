@@ -11,41 +11,13 @@ from __future__ import annotations
 from typing import Any
 
 from fake_http import FakeElastic
+from support.fake_docker import FakeContainers as Containers
 
 from controller.adapters.elastic import ElasticClient
 from controller.service.executor import Executor, ExecutorConfig, Outcome
-from controller.snapshot import ContainerModel
 from statemachine import types as sm
 from statemachine.ledger import GpuReservation, Ledger
 from statemachine.planner import Action, Plan, Step
-
-
-class Containers:
-    """In-memory container runtime: state per container, stop and start flip it."""
-
-    def __init__(self, running: set[str]) -> None:
-        self.state = {c: "running" for c in running}
-
-    def created_for(self, name: str) -> str | None:
-        return None  # made without VRAMCTL_GPU_ROLE: started as it is
-
-    def exists(self, name: str) -> bool:
-        return name in self.state
-
-    def stop(self, name: str, timeout_s: float) -> None:
-        self.state[name] = "exited"
-
-    def start(self, name: str) -> None:
-        self.state[name] = "running"
-
-    def inspect(self, name: str) -> ContainerModel | None:
-        if name not in self.state:
-            return None
-        return ContainerModel(state=sm.ContainerState(self.state[name]), exit_code=0)
-
-    def logs(self, name: str, tail: int = 40) -> str:
-        return ""
-
 
 ROLE = sm.GpuRole("g0", 20_000, 0, uuid="GPU-0")
 

@@ -19,7 +19,7 @@ from collections.abc import Iterator
 import pytest
 from fake_http import FakeRouter
 from loguru import logger
-from test_executor_ledger import Containers
+from support.fake_docker import FakeContainers as Containers
 
 from controller.adapters.docker.actions import ActionError
 from controller.adapters.elastic import ElasticClient

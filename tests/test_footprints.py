@@ -20,6 +20,7 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import cli_env, run_cli
+from support.fake_docker import FakeContainers
 from support.fakes_nvml import FakeDevice, FakeNvml, nvml_error
 from test_api import Asgi, client, idle, observe  # noqa: F401
 
@@ -30,7 +31,6 @@ from controller.service.executor import Executor, ExecutorConfig, Outcome
 from controller.service.footprints import FootprintRecorder, Reading, samples_of, summaries
 from controller.service.loop import Controller
 from controller.service.wiring import read_gpus
-from controller.snapshot import ContainerModel
 from controller.store.journal import Journal, journal_path
 from statemachine import types as sm
 from statemachine.footprint import Method, Sample, propose, summarise
@@ -57,34 +57,23 @@ class Card:
         return Reading.of(sm.Observed(True, {}, gpus=read_gpus(self.nvml)))
 
 
-class Containers:
+class Containers(FakeContainers):
     """In-memory container runtime; a start takes ``takes[name]`` MiB on the card."""
 
     def __init__(self, card: Card, takes: dict[str, int], running: set[str] = frozenset()) -> None:
+        super().__init__(exited=takes)
+        self.state |= {c: "running" for c in running if c in takes}
         self.card = card
         self.takes = takes
-        self.state = {c: "running" if c in running else "exited" for c in takes}
-
-    def created_for(self, name: str) -> str | None:
-        return None  # made without VRAMCTL_GPU_ROLE: started as it is
-
-    def exists(self, name: str) -> bool:
-        return name in self.state
 
     def start(self, name: str) -> None:
-        self.state[name] = "running"
+        super().start(name)
         self.card.take(self.takes[name])
 
     def stop(self, name: str, timeout_s: float) -> None:
         if self.state[name] == "running":
             self.card.take(-self.takes[name])
-        self.state[name] = "exited"
-
-    def inspect(self, name: str) -> ContainerModel | None:
-        return ContainerModel(state=sm.ContainerState(self.state[name]), exit_code=0)
-
-    def logs(self, name: str, tail: int = 40) -> str:
-        return ""
+        super().stop(name, timeout_s)
 
 
 def serve(name: str, mib: int, desired: sm.DesiredRun = sm.DesiredRun.RUNNING) -> sm.ServeSpec:

@@ -27,6 +27,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
+from support.service import controller_on
 from support.serving import free_port, httpd
 from support.strategies import Scenario, scenarios
 from test_api import Asgi, client, observe  # noqa: F401
@@ -38,9 +39,8 @@ from controller.interfaces.metrics import Metrics
 from controller.manifest import ManifestError, load_manifest_set
 from controller.manifest.models import compose_project_of
 from controller.service.executor import ExecutorConfig
-from controller.service.loop import Controller, RunOptions
+from controller.service.loop import Controller
 from controller.service.wiring import make_executor
-from controller.store.journal import Journal, journal_path
 from statemachine import types as sm
 from statemachine.fit import fit_serve, fit_serve_by_planner, request_plan
 from statemachine.ledger import ledger_from_observed
@@ -241,12 +241,7 @@ compose_project = "ours"
 
 @pytest.fixture
 def foreign_controller(tmp_path: Path) -> Controller:
-    path = tmp_path / "serves.toml"
-    path.write_text(MANIFEST)
-    c = Controller(
-        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
-    )
-    c.journal = Journal.open(journal_path(c.state_dir))
+    c = controller_on(tmp_path, MANIFEST)
     observe(c, {"ocr": {"state": "running", "compose_project": THEIRS}})
     return c
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from test_executor_ledger import Containers
+from support.fake_docker import FakeContainers as Containers
 
 from controller.adapters.docker.actions import UpResult
 from controller.adapters.elastic import ElasticClient

@@ -8,6 +8,7 @@ transition, it is logged as an error, and nothing is done to the container.
 from __future__ import annotations
 
 from loguru import logger
+from support.fake_docker import FakeContainers
 
 from controller.adapters.elastic import ElasticClient
 from controller.service.executor import Executor, ExecutorConfig, Outcome
@@ -19,14 +20,12 @@ from statemachine.planner import Action, Plan, Step
 from statemachine.status import lifecycle_from_observation
 
 
-class Containers:
+class Containers(FakeContainers):
     """In-memory container runtime that records every stop it is asked for."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.stops: list[str] = []
-
-    def created_for(self, name: str) -> str | None:
-        return None  # made without VRAMCTL_GPU_ROLE: started as it is
 
     def exists(self, name: str) -> bool:
         return True
@@ -39,9 +38,6 @@ class Containers:
 
     def inspect(self, name: str) -> ContainerModel | None:
         return ContainerModel(state=sm.ContainerState.EXITED, exit_code=0)
-
-    def logs(self, name: str, tail: int = 40) -> str:
-        return ""
 
 
 ROLE = sm.GpuRole("g0", 20_000, 0, uuid="GPU-0")

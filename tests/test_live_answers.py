@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
 import subprocess
 import sys
 import threading
@@ -30,7 +29,7 @@ import docker
 import httpx
 import pytest
 from docker.errors import NotFound
-from support.cli import api_cycled, run_argv, spawn
+from support.cli import api_cycled, run_argv, spawn, terminate
 from support.serving import free_port
 from support.waiting import wait_for
 
@@ -135,12 +134,7 @@ class Daemon:
 
     def close(self) -> None:
         if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            terminate(self.proc)
         self.http.close()
         for name in self.created:
             with contextlib.suppress(NotFound):

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
-import subprocess
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -27,7 +25,7 @@ import docker
 import httpx
 import pytest
 from docker.errors import NotFound
-from support.cli import run_argv, spawn
+from support.cli import run_argv, spawn, terminate
 from support.serving import free_port
 from support.waiting import wait_for
 from test_api import vramctl
@@ -95,12 +93,7 @@ class Loop:
         return self.http.post(path, json=body, headers={"Authorization": f"Bearer {TOKEN}"})
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
         self.http.close()
 
 

@@ -6,6 +6,8 @@ tests/test_pending_requests.py."""
 
 from __future__ import annotations
 
+from support.core import spec
+
 from statemachine import types as sm
 from statemachine.pending import PendingStart, pending_starts, with_pending
 from statemachine.planner import Policy
@@ -16,14 +18,7 @@ UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW
 
 
 def sv(name: str, mib: int | None, **kw: object) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=OND,
-        **kw,  # type: ignore[arg-type]
-    )
+    return spec(name, mib, OND, **kw)
 
 
 def desired(*serves: sm.ServeSpec, requests: tuple[sm.OnDemandRequest, ...]) -> sm.DesiredState:

@@ -9,6 +9,8 @@ shell's tests (tests/test_foreign.py, tests/test_cli_polish.py); here they impor
 
 from __future__ import annotations
 
+from support.core import spec
+
 from statemachine import types as sm
 from statemachine.fit import fit_serve
 from statemachine.plan import Action, Policy
@@ -18,15 +20,7 @@ NOW = 1_000_000.0
 
 
 def _spec(name: str, residency: sm.Residency, mib: int, **kw: object) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=residency,
-        compose_project="ours",
-        **kw,  # type: ignore[arg-type]
-    )
+    return spec(name, mib, residency, compose_project="ours", **kw)
 
 
 def _host(*serves: sm.ServeSpec, requests: tuple[sm.OnDemandRequest, ...] = ()) -> sm.DesiredState:

@@ -14,6 +14,7 @@ import dataclasses
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from support.core import spec
 
 from statemachine import types as sm
 from statemachine.ledger import Ledger
@@ -28,15 +29,9 @@ UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0
 
 
 def sv(name: str, mib: int, residency: sm.Residency, *, sleeps: bool = False) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=residency,
-        desired=sm.DesiredRun.RUNNING if residency is sm.Residency.RESIDENT else None,
-        sleep=sm.Sleep(1, 1_000, "vllm", 2_000) if sleeps else None,
-    )
+    desired = sm.DesiredRun.RUNNING if residency is sm.Residency.RESIDENT else None
+    sleep = sm.Sleep(1, 1_000, "vllm", 2_000) if sleeps else None
+    return spec(name, mib, residency, desired=desired, sleep=sleep)
 
 
 def plan(serves: list[sm.ServeSpec], running: list[str], policy: Policy, **obs: object) -> Plan:

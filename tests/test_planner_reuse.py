@@ -18,6 +18,7 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.core import spec
 
 from statemachine import types as sm
 from statemachine.ledger import Ledger
@@ -44,15 +45,7 @@ def sv(
     name: str, mib: int, residency: sm.Residency, *, host: int | None = None, **kw: object
 ) -> sm.ServeSpec:
     sleep = None if host is None else sm.Sleep(1, 1000, "vllm", host)
-    return sm.ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=kw.pop("gpu_roles", ("a",)),  # type: ignore[arg-type]
-        vram_mib=mib,
-        residency=residency,
-        sleep=sleep,
-        **kw,  # type: ignore[arg-type]
-    )
+    return spec(name, mib, residency, roles=kw.pop("gpu_roles", ("a",)), sleep=sleep, **kw)  # type: ignore[arg-type]
 
 
 def often(times: int, last: float = NOW) -> tuple[float, ...]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import pytest
+from support.core import spec
 
 from statemachine import types as sm
 from statemachine.planner import Policy, plan_transitions
@@ -29,15 +30,7 @@ def serve(
     roles: tuple[str, ...] = ("a",),
     **kw: object,
 ) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=roles,
-        vram_mib=mib,
-        residency=residency,
-        desired=desired,
-        **kw,  # type: ignore[arg-type]
-    )
+    return spec(name, mib, residency, roles=roles, desired=desired, **kw)
 
 
 def up(started: float = 0.0) -> sm.ContainerObs:

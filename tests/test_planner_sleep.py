@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from support.core import spec
 from support.replay import assert_never_overcommits
 
 from statemachine import types as sm
@@ -42,15 +43,7 @@ def sv(
     desired: sm.DesiredRun | None = None,
     **kw: object,
 ) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=residency,
-        desired=desired,
-        **kw,  # type: ignore[arg-type]
-    )
+    return spec(name, mib, residency, desired=desired, **kw)
 
 
 def asleep(level: int = 1) -> sm.SleepObs:

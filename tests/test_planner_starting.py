@@ -10,6 +10,8 @@ time per GPU role, while other serves start side by side. Written from those rul
 
 from __future__ import annotations
 
+from support.core import spec
+
 from statemachine import types as sm
 from statemachine.ledger import Refusal, ledger_from_observed
 from statemachine.planner import Plan, Policy, plan_transitions
@@ -23,15 +25,7 @@ RES, EVI, OND = sm.Residency.RESIDENT, sm.Residency.EVICTABLE, sm.Residency.ON_D
 def serve(
     name: str, mib: int, residency: sm.Residency, desired: sm.DesiredRun | None = RUN, **kw: object
 ) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=residency,
-        desired=desired,
-        **kw,
-    )  # type: ignore[arg-type]
+    return spec(name, mib, residency, desired=desired, **kw)
 
 
 def desired(

@@ -26,15 +26,15 @@ from typing import Any
 
 import pytest
 from docker import DockerClient
+from support.fake_docker import FakeContainers
+from support.service import controller_on
 from support.waiting import WAIT_S, wait_for
 
 from controller.adapters.docker.actions import DockerActions
-from controller.manifest import load_manifest_set
 from controller.service.executor import Executor, ExecutorConfig, Outcome, StepResult
 from controller.service.live import LiveLedger
-from controller.service.loop import Controller, RunOptions
+from controller.service.loop import Controller
 from controller.service.starts import StartTracker, group_alive, proc_start_ticks, supervise_orphans
-from controller.snapshot import ContainerModel
 from controller.store.journal import Journal, UpRecord, journal_path
 from statemachine import types as sm
 from statemachine.ledger import Ledger, ledger_from_observed
@@ -148,36 +148,19 @@ def test_a_record_of_a_process_that_is_gone_is_dropped(tmp_path: Path) -> None:
 # ── the executor ─────────────────────────────────────────────────────────────
 
 
-class Containers:
+class Containers(FakeContainers):
     """In-memory container runtime: state per container, start and stop flip it."""
 
     def __init__(self, running: set[str], existing: set[str]) -> None:
-        self.state = {c: "running" for c in running} | {c: "exited" for c in existing}
+        super().__init__(running, exited=existing)
         self.started: list[str] = []
         self.gate = threading.Event()
         self.gate.set()
 
-    def created_for(self, name: str) -> str | None:
-        return None  # made without VRAMCTL_GPU_ROLE: started as it is
-
-    def exists(self, name: str) -> bool:
-        return name in self.state
-
-    def stop(self, name: str, timeout_s: float) -> None:
-        self.state[name] = "exited"
-
     def start(self, name: str) -> None:
         self.gate.wait(30)
         self.started.append(name)
-        self.state[name] = "running"
-
-    def inspect(self, name: str) -> ContainerModel | None:
-        if name not in self.state:
-            return None
-        return ContainerModel(state=sm.ContainerState(self.state[name]), exit_code=0)
-
-    def logs(self, name: str, tail: int = 40) -> str:
-        return ""
+        super().start(name)
 
     @staticmethod
     def port_in_use(port: int) -> bool:
@@ -340,13 +323,7 @@ router_tier = "fast"
 
 
 def controller(tmp_path: Path) -> Controller:
-    path = tmp_path / "serves.toml"
-    path.write_text(MANIFEST)
-    c = Controller(
-        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
-    )
-    c.journal = Journal.open(journal_path(tmp_path / "state"))
-    return c
+    return controller_on(tmp_path, MANIFEST)
 
 
 def failed_await(at: float) -> StepResult:

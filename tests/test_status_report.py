@@ -16,6 +16,7 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from support.core import spec
 
 from statemachine import types as sm
 from statemachine.status import host_status, lifecycle_from_observation
@@ -30,14 +31,7 @@ OTHER_DEVICE = sm.GpuObs("GPU-b", index=1, total_mib=8_192, used_mib=100)
 
 
 def sv(name: str, mib: int | None, residency: sm.Residency | None, **kw: Any) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=residency,
-        **kw,
-    )
+    return spec(name, mib, residency, **kw)
 
 
 def desired_of(*serves: sm.ServeSpec, role: sm.GpuRole = ROLE, **kw: Any) -> sm.DesiredState:

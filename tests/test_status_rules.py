@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
+from support.core import spec
+
 from statemachine import types as sm
 from statemachine.status import host_status
 
@@ -29,8 +31,7 @@ ASLEEP = sm.SleepObs(sm.SleepState.ASLEEP, level=1, residual_mib=1_000)
 
 
 def sv(name: str, mib: int | None, residency: sm.Residency | None, **kw: Any) -> sm.ServeSpec:
-    kw.setdefault("gpu_roles", ("a",))
-    return sm.ServeSpec(name=name, container=f"c-{name}", vram_mib=mib, residency=residency, **kw)
+    return spec(name, mib, residency, roles=kw.pop("gpu_roles", ("a",)), **kw)
 
 
 def desired_of(*serves: sm.ServeSpec, **kw: Any) -> sm.DesiredState:

@@ -8,6 +8,7 @@ checks an answer: the caller asserts on the returned process.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Mapping
@@ -77,3 +78,13 @@ def api_cycled(proc: subprocess.Popen[bytes], http: httpx.Client, logs: Callable
         return bool(http.get("/healthz").json()["cycles"] >= 1)
     except httpx.HTTPError:
         return False
+
+
+def terminate(proc: subprocess.Popen[bytes], timeout_s: float = 20) -> int:
+    """SIGTERM to ``proc`` and its exit status; killed if it has not ended in ``timeout_s``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        return proc.wait()
