@@ -15,8 +15,8 @@ from dataclasses import replace
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from support.plan_cases import EVI, OND, RES, RUN, Case, _build, req, serve, up
 from support.strategies import NOW, fleets
-from test_planner_rules import EVI, OND, RES, RUN, Case, _build, req, serve, up
 
 from statemachine import types as sm
 from statemachine.admission import could_fit_later, goes_away

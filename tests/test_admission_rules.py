@@ -10,7 +10,7 @@ from hand-made fleets, no controller.
 from __future__ import annotations
 
 import pytest
-from test_planner_rules import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
+from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
 from statemachine import types as sm
 from statemachine.admission import (

@@ -18,7 +18,7 @@ import numpy as np
 import pytest
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
 from support.cli import bare_env, run_cli
-from test_engine_flags import compose, manifest
+from support.files import compose, manifest
 
 from controller.adapters.model_files import read_model
 from controller.service.model_estimates import limit_inputs

@@ -9,7 +9,7 @@ shrunk or what blocks it.
 
 from __future__ import annotations
 
-from test_planner_rules import EVI, NOW, OND, RES, RUN, Case, _build, req, serve, up
+from support.plan_cases import EVI, NOW, OND, RES, RUN, Case, _build, req, serve, up
 
 from statemachine import types as sm
 from statemachine.fit import FitResult, fit_serve, request_plan

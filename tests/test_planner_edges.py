@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_planner_rules import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
+from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
 from statemachine import types as sm
 from statemachine.planner import Action, Plan, Policy, plan_transitions

@@ -7,52 +7,12 @@ are blocked. The cases are written from the rules, not from the code's output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
-from support.core import spec
+from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
 from statemachine import types as sm
 from statemachine.planner import Policy, plan_transitions
 from statemachine.simulate import ledger_prefixes
-
-NOW = 10_000.0
-RUN, STOP = sm.DesiredRun.RUNNING, sm.DesiredRun.STOPPED
-RES, EVI, OND = sm.Residency.RESIDENT, sm.Residency.EVICTABLE, sm.Residency.ON_DEMAND
-
-
-def serve(
-    name: str,
-    mib: int | None,
-    residency: sm.Residency | None,
-    desired: sm.DesiredRun | None = None,
-    *,
-    roles: tuple[str, ...] = ("a",),
-    **kw: object,
-) -> sm.ServeSpec:
-    return spec(name, mib, residency, roles=roles, desired=desired, **kw)
-
-
-def up(started: float = 0.0) -> sm.ContainerObs:
-    return sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=started)
-
-
-@dataclass
-class Case:
-    serves: list[sm.ServeSpec]
-    running: dict[str, sm.ContainerObs]
-    expect_steps: list[str]
-    expect_blocked: list[str] = field(default_factory=list)
-    requests: list[sm.OnDemandRequest] = field(default_factory=list)
-    roles: dict[str, tuple[int, int]] = field(default_factory=lambda: {"a": (32_000, 2_000)})
-    docker_ok: bool = True
-    elastic_mib: dict[str, int] = field(default_factory=dict)
-    blocked_mentions: list[str] = field(default_factory=list)
-
-
-def req(name: str, ttl: float | None = None, at: float = NOW - 1) -> sm.OnDemandRequest:
-    return sm.OnDemandRequest(name, at, ttl)
-
 
 CASES: dict[str, Case] = {
     "converged-nothing-to-do": Case(
@@ -299,17 +259,6 @@ CASES: dict[str, Case] = {
         ["start proxy", "await_ready proxy"],
     ),
 }
-
-
-def _build(case: Case) -> tuple[sm.DesiredState, sm.Observed]:
-    roles = {r: sm.GpuRole(r, cap, res) for r, (cap, res) in case.roles.items()}
-    desired = sm.DesiredState(roles, {s.name: s for s in case.serves}, tuple(case.requests))
-    observed = sm.Observed(
-        case.docker_ok,
-        {f"c-{n}": obs for n, obs in case.running.items()},
-        elastic_mib=case.elastic_mib,
-    )
-    return desired, observed
 
 
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))

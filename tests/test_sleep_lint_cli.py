@@ -11,7 +11,7 @@ import subprocess
 from pathlib import Path
 
 from support.cli import bare_env, run_cli
-from test_engine_flags import compose
+from support.files import compose
 from test_engine_flags_sleep import SERVICES, SLEEPY
 
 REPO = Path(__file__).resolve().parents[1]
