@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from support.core import spec as core_spec
 
 from statemachine import types as sm
 from statemachine.ledger import (
@@ -239,14 +240,8 @@ def running() -> sm.ContainerObs:
 
 
 def spec(name: str, mib: int | None, roles: tuple[str, ...] = ("a",), **kw: object) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=roles,
-        vram_mib=mib,
-        residency=sm.Residency.EVICTABLE,
-        desired=sm.DesiredRun.RUNNING,
-        **kw,  # type: ignore[arg-type]
+    return core_spec(
+        name, mib, sm.Residency.EVICTABLE, roles=roles, desired=sm.DesiredRun.RUNNING, **kw
     )
 
 

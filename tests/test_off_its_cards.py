@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from test_placement import NOW, ROLES, RUNNING, host, pinned, placed, plan
+from support.placement_cases import NOW, ROLES, RUNNING, host, pinned, placed, plan
 
 from statemachine import types as sm
 from statemachine.ledger import ledger_from_observed

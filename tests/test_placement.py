@@ -14,61 +14,24 @@ from dataclasses import replace
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from support.placement_cases import (
+    NOW,
+    RUNNING,
+    host,
+    pinned,
+    placed,
+    plan,
+    roles_of,
+    running,
+)
 from support.strategies import case_share
 
 from statemachine import placement
 from statemachine import types as sm
 from statemachine.ledger import Ledger, ledger_from_observed
-from statemachine.plan import Action, How, Plan, Policy
+from statemachine.plan import Action, How, Policy
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan, ledger_prefixes
-
-NOW = 1_000_000.0
-ROLES = {"a": sm.GpuRole("a", 10000), "b": sm.GpuRole("b", 6000)}
-RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
-
-
-def placed(name: str, mib: int, *, on: tuple[str, ...] = ("a", "b"), **kw: object) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=on,
-        vram_mib=mib,
-        residency=kw.pop("residency", sm.Residency.EVICTABLE),  # type: ignore[arg-type]
-        desired=kw.pop("desired", sm.DesiredRun.RUNNING),  # type: ignore[arg-type]
-        placement=on,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def pinned(name: str, mib: int, role: str, **kw: object) -> sm.ServeSpec:
-    return sm.ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=(role,),
-        vram_mib=mib,
-        residency=kw.pop("residency", sm.Residency.EVICTABLE),  # type: ignore[arg-type]
-        desired=kw.pop("desired", sm.DesiredRun.RUNNING),  # type: ignore[arg-type]
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def host(*serves: sm.ServeSpec, requests: tuple[sm.OnDemandRequest, ...] = ()) -> sm.DesiredState:
-    return sm.DesiredState(ROLES, {s.name: s for s in serves}, requests)
-
-
-def plan(desired: sm.DesiredState, observed: sm.Observed) -> Plan:
-    return plan_transitions(desired, observed, Policy(), NOW)
-
-
-def running(*names: str, on: dict[str, str] | None = None) -> sm.Observed:
-    """The serves' containers running; ``on``: serve -> the role it was started on."""
-    with_ = {f"c-{n}": sm.StartedWith(n, (r,), 0) for n, r in (on or {}).items()}
-    return sm.Observed(True, {f"c-{n}": RUNNING for n in names}, started_with=with_)
-
-
-def roles_of(p: Plan, serve: str) -> tuple[str, ...]:
-    return p.ledger_after.holdings[serve].gpu_roles
 
 
 def test_a_placed_serve_goes_where_it_fits_leaving_the_least_free() -> None:

@@ -8,6 +8,7 @@ Two cards, ``a`` (budget 10000 MiB) and ``b`` (budget 6000), as in
 from __future__ import annotations
 
 import pytest
+from support.core import spec
 
 from statemachine import types as sm
 from statemachine.plan import Action, How, Plan, Policy
@@ -20,15 +21,8 @@ EXITED = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)
 
 def placed(name: str, mib: int, desired: sm.DesiredRun) -> sm.ServeSpec:
     """An evictable serve placed on ``a`` or ``b``."""
-    return sm.ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=("a", "b"),
-        vram_mib=mib,
-        residency=sm.Residency.EVICTABLE,
-        desired=desired,
-        placement=("a", "b"),
-    )
+    ab = ("a", "b")
+    return spec(name, mib, sm.Residency.EVICTABLE, roles=ab, desired=desired, placement=ab)
 
 
 def plan(desired: sm.DesiredState, observed: sm.Observed) -> Plan:

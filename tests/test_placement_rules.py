@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from support.placement_cases import NOW, ROLES, RUNNING, host, pinned, placed, plan
 from test_off_its_cards import moves, on
-from test_placement import NOW, ROLES, RUNNING, host, pinned, placed, plan
 
 from statemachine import types as sm
 from statemachine.plan import Action, How

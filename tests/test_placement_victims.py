@@ -12,6 +12,7 @@ first: a tie on everything the order weighs goes to ``a``.
 from __future__ import annotations
 
 import pytest
+from support.core import spec
 
 from statemachine import types as sm
 from statemachine.plan import Action, How, Plan, Policy, ReloadCost
@@ -25,14 +26,8 @@ RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_a
 
 def pinned(name: str, mib: int, role: str, **kw: object) -> sm.ServeSpec:
     """An evictable serve on ``role`` (``desired`` unset: it runs, nothing asks more)."""
-    return sm.ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=(role,),
-        vram_mib=mib,
-        residency=kw.pop("residency", sm.Residency.EVICTABLE),  # type: ignore[arg-type]
-        **kw,  # type: ignore[arg-type]
-    )
+    residency = kw.pop("residency", sm.Residency.EVICTABLE)
+    return spec(name, mib, residency, roles=(role,), **kw)  # type: ignore[arg-type]
 
 
 def requested(mib: int) -> sm.ServeSpec:

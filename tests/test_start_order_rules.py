@@ -15,6 +15,7 @@ only the first in the order fits; the other is blocked.
 from __future__ import annotations
 
 import pytest
+from support.core import spec
 
 from statemachine import types as sm
 from statemachine.plan import Action, Plan, Policy
@@ -26,15 +27,8 @@ ROLES = {"a": sm.GpuRole("a", 32_000, 2_000)}
 
 def on_demand(name: str, priority: int, *, running: bool = False) -> sm.ServeSpec:
     """An on-demand serve of 20000 MiB on ``a`` (``running``: desired ``running``)."""
-    return sm.ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=20_000,
-        residency=sm.Residency.ON_DEMAND,
-        desired=sm.DesiredRun.RUNNING if running else None,
-        priority=priority,
-    )
+    desired = sm.DesiredRun.RUNNING if running else None
+    return spec(name, 20_000, sm.Residency.ON_DEMAND, desired=desired, priority=priority)
 
 
 def plan(serves: list[sm.ServeSpec], asked: dict[str, float]) -> Plan:
