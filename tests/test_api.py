@@ -34,6 +34,7 @@ import pytest
 from docker.errors import NotFound
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import api_cycled, run_argv, spawn
+from support.manifests import serve_toml
 from support.service import controller_on
 from support.serving import free_port, httpd
 from support.waiting import WAIT_S, wait_for
@@ -60,19 +61,7 @@ def manifest_text(prefix: str, ports: dict[str, int]) -> str:
     """
 
     def serve(name: str, mib: int, residency: str, port: int, extra: str = "") -> str:
-        return f"""
-[[serve]]
-name = "{name}"
-container = "{prefix}{name}"
-gpu_role = "a"
-vram_mib = {mib}
-residency = "{residency}"
-port = {port}
-health = "/health"
-start_timeout_s = 30
-stop_timeout_s = 5
-{extra}
-"""
+        return serve_toml(name, f"{prefix}{name}", mib, residency, port, extra=extra)
 
     return (
         '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\nreserve_mib = 1000\n'

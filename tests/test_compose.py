@@ -25,6 +25,7 @@ from collections.abc import Iterator
 import docker
 import pytest
 from compose_stack import ComposeStack, stack_beside
+from support.manifests import serve_toml
 from support.serving import free_port
 from support.waiting import wait_for
 from test_run_e2e import REPO, Fleet, Run, _env, fleet, healthy, vramctl
@@ -53,20 +54,10 @@ def serve(
     service: str | None = None,
 ) -> str:
     want = f'desired = "{desired}"' if desired else ""
-    return f"""
-[[serve]]
-name = "{name}"
-container = "{stack.container(name)}"
-gpu_role = "a"
-vram_mib = {mib}
-residency = "{residency}"
-port = {stack.services[name].port}
-health = "/health"
-start_timeout_s = 60
-stop_timeout_s = 5
-up = "{stack.up_command(service or name, profile=profile)}"
-{want}
-"""
+    up = stack.up_command(service or name, profile=profile)
+    container, port = stack.container(name), stack.services[name].port
+    extra = f'up = "{up}"\n{want}'
+    return serve_toml(name, container, mib, residency, port, start_timeout_s=60, extra=extra)
 
 
 ROLE = f"""

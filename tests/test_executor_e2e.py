@@ -25,6 +25,7 @@ from docker.errors import NotFound
 from fake_http import Card, ElasticEngine, FakeRouter
 from support.cli import cli_env, run_cli
 from support.fakes_nvml import FakeDevice, FakeNvml, FakeProc
+from support.manifests import serve_toml as serve_text
 from support.serving import free_port, httpd
 
 from controller.adapters.docker.read import ContainerObserver, manifest_containers
@@ -195,20 +196,8 @@ uuid = "GPU-e2e-0"
 
 
 def serve_toml(name: str, *, mib: int, residency: str, port: int, extra: str = "") -> str:
-    return f"""
-[[serve]]
-name = "{name}"
-container = "@{name}"
-gpu_role = "a"
-vram_mib = {mib}
-residency = "{residency}"
-port = {port}
-health = "/health"
-start_timeout_s = 60
-stop_timeout_s = 5
-drain_timeout_s = 7
-{extra}
-"""
+    more = f"drain_timeout_s = 7\n{extra}"
+    return serve_text(name, f"@{name}", mib, residency, port, start_timeout_s=60, extra=more)
 
 
 def actions(report: ExecutionReport) -> list[str]:

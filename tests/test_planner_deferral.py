@@ -13,8 +13,7 @@ lines, written from the rules.
 
 from __future__ import annotations
 
-from support.plan_cases import EVI, OND, RES, RUN, Case, req, serve, up
-from test_planner_edges import lines, plan_of, starts
+from support.plan_cases import EVI, OND, RES, RUN, Case, lines, plan_of, req, serve, starts, up
 
 from statemachine.planner import Policy
 from statemachine.types import ServeSpec

@@ -11,48 +11,27 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
+from support.plan_cases import (
+    ELASTIC,
+    EVI,
+    NOW,
+    OND,
+    RES,
+    RUN,
+    STOP,
+    Case,
+    _build,
+    lines,
+    plan_of,
+    req,
+    serve,
+    starts,
+    up,
+)
 
 from statemachine import types as sm
-from statemachine.planner import Action, Plan, Policy, plan_transitions
-from statemachine.simulate import apply_plan, ledger_prefixes
-
-ELASTIC = "http://127.0.0.1:1"
-
-
-def plan_of(
-    case: Case,
-    policy: Policy | None = None,
-    starting: dict[str, int] | None = None,
-    unreleased: frozenset[str] = frozenset(),
-) -> Plan:
-    desired, observed = _build(case)
-    if starting:
-        # a start in progress on the roles its serve declares, at the MiB given
-        observed = replace(
-            observed,
-            starting={
-                n: sm.StartingObs(desired.serves[n].gpu_roles, mib) for n, mib in starting.items()
-            },
-        )
-    if unreleased:
-        observed = replace(observed, unreleased=unreleased)
-    plan = plan_transitions(desired, observed, policy or Policy(), NOW)
-    for step, ledger in ledger_prefixes(plan):
-        assert not hasattr(ledger, "kind"), f"{step}: {ledger}"
-    return plan
-
-
-def lines(plan: Plan) -> list[str]:
-    return [f"{s.action} {s.serve}" for s in plan.steps]
-
-
-START = ["reserve {0}", "start {0}", "await_ready {0}"]
-
-
-def starts(*names: str) -> list[str]:
-    return [line.format(n) for n in names for line in START]
-
+from statemachine.planner import Action, Policy, plan_transitions
+from statemachine.simulate import apply_plan
 
 # ----- start order --------------------------------------------------------------------------
 ORDER: dict[str, Case] = {

@@ -45,6 +45,7 @@ import docker
 import pytest
 from docker.errors import NotFound
 from support.cli import run_argv, run_cli
+from support.manifests import serve_toml as serve_text
 from support.serving import free_port, httpd
 from support.waiting import WAIT_S, wait_for
 
@@ -103,20 +104,7 @@ def serve_toml(
     extra: str = "",
 ) -> str:
     want = f'desired = "{desired}"' if desired else ""
-    return f"""
-[[serve]]
-name = "{name}"
-container = "@{name}"
-gpu_role = "a"
-vram_mib = {mib}
-residency = "{residency}"
-port = {port}
-health = "/health"
-start_timeout_s = 30
-stop_timeout_s = 5
-{want}
-{extra}
-"""
+    return serve_text(name, f"@{name}", mib, residency, port, extra=f"{want}\n{extra}")
 
 
 # ── the controller process ───────────────────────────────────────────────────

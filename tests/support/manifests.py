@@ -20,3 +20,30 @@ vram_mib = 2000
 residency = "resident"
 desired = "running"
 """
+
+
+def serve_toml(
+    name: str,
+    container: str,
+    mib: int,
+    residency: str,
+    port: int,
+    *,
+    start_timeout_s: int = 30,
+    extra: str = "",
+) -> str:
+    """One ``[[serve]]`` on card role ``a`` with a health check at ``/health``, a stop
+    timeout of 5 s, then the lines of ``extra``."""
+    return f"""
+[[serve]]
+name = "{name}"
+container = "{container}"
+gpu_role = "a"
+vram_mib = {mib}
+residency = "{residency}"
+port = {port}
+health = "/health"
+start_timeout_s = {start_timeout_s}
+stop_timeout_s = 5
+{extra}
+"""
