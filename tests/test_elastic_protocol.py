@@ -23,11 +23,11 @@ from typing import Any
 
 import pytest
 from fake_http import Card, ElasticEngine
-from support.fake_docker import FakeContainers
+from support.fake_docker import FakeContainers, quick_executor
 
 from controller.adapters.elastic import ElasticClient
 from controller.manifest import ManifestSet, load_manifest_set
-from controller.service.executor import ExecutionReport, Executor, ExecutorConfig, Outcome
+from controller.service.executor import ExecutionReport, Executor, Outcome
 from controller.service.loop import Controller, RunOptions
 from controller.snapshot import ContainerModel, SnapshotModel, load_snapshot
 from controller.store.journal import Journal, journal_path
@@ -65,13 +65,7 @@ def executor(
     elastic: ElasticClient | None = None,
     gpus: Callable[[], tuple[GpuObs, ...] | None] = lambda: None,
 ) -> Executor:
-    return Executor(
-        mset.desired(),
-        docker=docker,  # type: ignore[arg-type]
-        elastic=elastic or client(),
-        gpus=gpus,
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-    )
+    return quick_executor(mset.desired(), docker, gpus, elastic=elastic or client())
 
 
 def actions(report: ExecutionReport) -> list[str]:

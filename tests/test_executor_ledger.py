@@ -12,9 +12,9 @@ from typing import Any
 
 from fake_http import FakeElastic
 from support.fake_docker import FakeContainers as Containers
+from support.fake_docker import quick_elastic, quick_executor
 
-from controller.adapters.elastic import ElasticClient
-from controller.service.executor import Executor, ExecutorConfig, Outcome
+from controller.service.executor import Executor, Outcome
 from statemachine import types as sm
 from statemachine.ledger import GpuReservation, Ledger
 from statemachine.planner import Action, Plan, Step
@@ -23,30 +23,29 @@ ROLE = sm.GpuRole("g0", 20_000, 0, uuid="GPU-0")
 
 
 def executor(desired: sm.DesiredState, docker: Containers, gpus: Any, url: str) -> Executor:
-    return Executor(
-        desired,
-        docker=docker,  # type: ignore[arg-type]
-        elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
-        gpus=gpus,
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-    )
+    return quick_executor(desired, docker, gpus, elastic=quick_elastic())
 
 
 def running(**extra: Any) -> sm.ContainerObs:
     return sm.ContainerObs(sm.ContainerState.RUNNING, started_at=1.0, **extra)
 
 
+def elastic_moe(url: str) -> sm.ServeSpec:
+    """``moe``, resident and running on ``g0``: 10000 MiB, elastic down to 2000 at ``url``."""
+    return sm.ServeSpec(
+        "moe",
+        "moe",
+        ("g0",),
+        10_000,
+        sm.Residency.RESIDENT,
+        sm.DesiredRun.RUNNING,
+        elastic=sm.Elastic(url, 2000),
+    )
+
+
 def test_a_grow_the_ledger_refuses_never_reaches_the_engine() -> None:
     with FakeElastic() as engine:
-        moe = sm.ServeSpec(
-            "moe",
-            "moe",
-            ("g0",),
-            10_000,
-            sm.Residency.RESIDENT,
-            sm.DesiredRun.RUNNING,
-            elastic=sm.Elastic(engine.url, 2000),
-        )
+        moe = elastic_moe(engine.url)
         big = sm.ServeSpec(
             "big", "big", ("g0",), 15_000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING
         )
@@ -69,15 +68,7 @@ def test_a_grow_the_ledger_refuses_never_reaches_the_engine() -> None:
 
 def test_a_failed_shrink_of_a_shrunk_serve_does_not_grow_it_back() -> None:
     with FakeElastic([FakeElastic.busy()]) as engine:
-        moe = sm.ServeSpec(
-            "moe",
-            "moe",
-            ("g0",),
-            10_000,
-            sm.Residency.RESIDENT,
-            sm.DesiredRun.RUNNING,
-            elastic=sm.Elastic(engine.url, 2000),
-        )
+        moe = elastic_moe(engine.url)
         desired = sm.DesiredState({"g0": ROLE}, {"moe": moe})
         observed = sm.Observed(True, {"moe": running()}, elastic_mib={"moe": 6000})
         ledger = Ledger({"g0": ROLE}, [GpuReservation("moe", ("g0",), 6000)])

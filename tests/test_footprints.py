@@ -20,14 +20,14 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.cli import cli_env, run_cli
-from support.fake_docker import FakeContainers
+from support.fake_docker import FakeContainers, quick_executor
 from support.fakes_nvml import FakeDevice, FakeNvml, nvml_error
 from test_api import Asgi, client, idle, observe  # noqa: F401
 
 from controller.adapters.nvml import MIB
 from controller.interfaces.metrics import Metrics
 from controller.manifest import load_manifest_set
-from controller.service.executor import Executor, ExecutorConfig, Outcome
+from controller.service.executor import Outcome
 from controller.service.footprints import FootprintRecorder, Reading, samples_of, summaries
 from controller.service.loop import Controller
 from controller.service.wiring import read_gpus
@@ -99,13 +99,7 @@ def observed(docker: Containers) -> sm.Observed:
 def execute(desired: sm.DesiredState, docker: Containers, recorder: FootprintRecorder) -> None:
     obs = observed(docker)
     plan = plan_transitions(desired, obs, Policy(), 1000.0)
-    ex = Executor(
-        desired,
-        docker=docker,  # type: ignore[arg-type]
-        gpus=lambda: read_gpus(docker.card.nvml),
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-        footprints=recorder,
-    )
+    ex = quick_executor(desired, docker, lambda: read_gpus(docker.card.nvml), footprints=recorder)
     report = ex.execute(plan, obs, skip_preflight=True)
     assert all(r.outcome is Outcome.OK for r in report.results), report.to_json()
 
@@ -530,13 +524,7 @@ def test_the_stop_of_a_sleeper_is_not_measured_as_its_footprint() -> None:
     plan = plan_transitions(desired, obs, Policy(), 1000.0)
     assert [str(s.action) for s in plan.steps] == ["stop", "release"], plan.steps
     recorder = FootprintRecorder(card.reading, settle_s=0)
-    ex = Executor(
-        desired,
-        docker=docker,  # type: ignore[arg-type]
-        gpus=lambda: read_gpus(docker.card.nvml),
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-        footprints=recorder,
-    )
+    ex = quick_executor(desired, docker, lambda: read_gpus(docker.card.nvml), footprints=recorder)
     report = ex.execute(plan, obs, skip_preflight=True)
     assert all(r.outcome is Outcome.OK for r in report.results), report.to_json()
     assert [s for s in recorder.samples() if s.evidence] == []

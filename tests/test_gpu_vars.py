@@ -14,12 +14,12 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from support.fake_docker import FakeContainers as Containers
+from support.fake_docker import quick_elastic, quick_executor
 
 from controller.adapters.docker.actions import UpResult
-from controller.adapters.elastic import ElasticClient
 from controller.manifest import load_manifest_set
 from controller.manifest.runtime import ServeRuntime
-from controller.service.executor import Executor, ExecutorConfig, Outcome
+from controller.service.executor import Executor, Outcome
 from statemachine import types as sm
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Step
@@ -90,13 +90,8 @@ def _start(
         manifest_dir=tmp,
         up_env={"VRAMCTL_GPU_ROLE": "elsewhere", "VRAMCTL_GPU_INDEX": "9", "KEEP": "1"},
     )
-    ex = Executor(
-        desired,
-        docker=docker,  # type: ignore[arg-type]
-        elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
-        gpus=lambda: SEEN,
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-        runtime={"llm": runtime},
+    ex = quick_executor(
+        desired, docker, lambda: SEEN, elastic=quick_elastic(), runtime={"llm": runtime}
     )
     ledger = Ledger(roles, [])
     steps = (

@@ -8,10 +8,9 @@ transition, it is logged as an error, and nothing is done to the container.
 from __future__ import annotations
 
 from loguru import logger
-from support.fake_docker import FakeContainers
+from support.fake_docker import FakeContainers, quick_elastic, quick_executor
 
-from controller.adapters.elastic import ElasticClient
-from controller.service.executor import Executor, ExecutorConfig, Outcome
+from controller.service.executor import Outcome
 from controller.snapshot import ContainerModel
 from statemachine import types as sm
 from statemachine.ledger import Ledger
@@ -50,13 +49,7 @@ def test_a_stop_of_a_serve_the_machine_holds_stopped_fails_the_step() -> None:
     # from which `stop` is not a transition
     observed = sm.Observed(True, {"ocr": sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)})
     docker = Containers()
-    ex = Executor(
-        desired,
-        docker=docker,  # type: ignore[arg-type]
-        elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
-        gpus=lambda: None,
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-    )
+    ex = quick_executor(desired, docker, elastic=quick_elastic())
     ledger = Ledger({"g0": ROLE}, [])
     stop = Step(Action.STOP, "ocr", ("g0",), 4000, "a plan that disagrees", group="ocr")
     errors: list[str] = []
@@ -107,13 +100,7 @@ def test_a_step_kind_the_executor_does_not_implement_fails_loudly() -> None:
         plan = Plan((step,), (), ledger, ledger)
         for skip in (False, True):
             docker = Containers()
-            ex = Executor(
-                desired,
-                docker=docker,  # type: ignore[arg-type]
-                elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
-                gpus=lambda: None,
-                config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-            )
+            ex = quick_executor(desired, docker, elastic=quick_elastic())
             report = ex.execute(plan, observed, skip_preflight=skip)
             assert [r.outcome for r in report.results] != [Outcome.OK], (action, skip)
             text = " ".join(r.detail for r in report.results) + " ".join(

@@ -1,5 +1,6 @@
-"""An in-memory container runtime for the executor's tests: a state per container name,
-``start`` and ``stop`` flip it, ``inspect`` reads it.
+"""An in-memory container runtime for the executor's tests (a state per container name,
+``start`` and ``stop`` flip it, ``inspect`` reads it) and an executor on it that polls
+and waits briefly.
 
 Modules that need more (a gate before a start, a record of restarts, a card that a
 start fills) subclass :class:`FakeContainers`. Nothing here talks to Docker or checks
@@ -8,10 +9,13 @@ what a test asserts.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from typing import Any
 
+from controller.adapters.elastic import ElasticClient
+from controller.service.executor import Executor, ExecutorConfig
 from controller.snapshot import ContainerModel
-from statemachine.types import ContainerState
+from statemachine.types import ContainerState, DesiredState
 
 
 class FakeContainers:
@@ -48,3 +52,20 @@ class FakeContainers:
 
     def logs(self, name: str, tail: int = 40) -> str:
         return ""
+
+
+def quick_elastic() -> ElasticClient:
+    """An elastic client that tries once and waits at most 0.1 s."""
+    return ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1)
+
+
+def quick_executor(
+    desired: DesiredState,
+    docker: Any,
+    gpus: Callable[[], Any] = lambda: None,
+    **kw: Any,
+) -> Executor:
+    """An executor of ``desired`` on ``docker`` that polls every 10 ms and waits 0.2 s for
+    memory; ``kw``: the executor's other arguments (``elastic``, ``footprints``...)."""
+    config = ExecutorConfig(poll_s=0.01, memory_wait_s=0.2)
+    return Executor(desired, docker=docker, gpus=gpus, config=config, **kw)
