@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from mcp.client.session import ClientSession
+from support.model_files import WEIGHTS, write_gguf
 from test_api import idle, observe  # noqa: F401
-from test_enforce_render_lint import WEIGHTS, write_gguf
 from test_mcp import ADDED, ROOT, _text, vramctl, with_session
 from test_mcp_http import auth, run
 

@@ -29,9 +29,9 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_raw import call_tool, message, open_session
 from safetensors.numpy import save_file
+from support.model_files import hf_config
 from support.serving import free_port
 from test_api import TOKEN, Live
-from test_estimate_files import _config
 from test_mcp_api import stdio_session
 from test_mcp_http import _text, auth
 
@@ -49,7 +49,7 @@ def model(folder: Path, **config: Any) -> Path:
     """A safetensors model in ``folder`` with its ``config.json`` (``config``: changes)."""
     folder.mkdir()
     save_file({"w": np.zeros((4, 4), dtype=np.float16)}, str(folder / "model.safetensors"))
-    _config(folder, **config)
+    hf_config(folder, **config)
     return folder
 
 

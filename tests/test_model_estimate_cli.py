@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 from support.cli import cli_env, run_cli
-from test_estimate_files import _config, _write_gguf
+from support.model_files import hf_config, write_tiny_gguf
 
 from controller.store.journal import Journal, journal_path
 from statemachine.footprint import Method, Sample
@@ -37,7 +37,7 @@ def safetensors_model(folder: Path) -> Path:
     """A one-file safetensors model of exactly 2 MiB of weights, an 8B-like cache."""
     folder.mkdir()
     save_file({"w": np.zeros((1024, 1024), dtype=np.float16)}, str(folder / "model.safetensors"))
-    _config(
+    hf_config(
         folder,
         num_hidden_layers=32,
         num_attention_heads=32,
@@ -57,7 +57,7 @@ def serve(name: str, vram_mib: int, model: str, extra: str = "") -> str:
 
 def manifest(tmp_path: Path, *serves: str) -> Path:
     safetensors_model(tmp_path / "st")
-    _write_gguf(tmp_path / "tiny.gguf")  # 6976 bytes of weights, 32768 bytes of KV
+    write_tiny_gguf(tmp_path / "tiny.gguf")  # 6976 bytes of weights, 32768 bytes of KV
     path = tmp_path / "serves.toml"
     path.write_text('[[gpu_roles]]\nid = "g0"\nvram_mib = 24000\n' + "".join(serves))
     return path

@@ -10,7 +10,7 @@ import json
 import subprocess
 from pathlib import Path
 
-from support.cli import bare_env, run_cli
+from support.cli import bare_cli
 from support.files import compose
 from test_engine_flags_sleep import SERVICES, SLEEPY
 
@@ -18,7 +18,7 @@ REPO = Path(__file__).resolve().parents[1]
 
 
 def lint(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli("lint", *args, env=bare_env(), cwd=REPO)
+    return bare_cli("lint", *args)
 
 
 def test_lint_compose_names_the_missing_sleep_flag_and_exits_1(tmp_path: Path) -> None:

@@ -88,3 +88,8 @@ def terminate(proc: subprocess.Popen[bytes], timeout_s: float = 20) -> int:
     except subprocess.TimeoutExpired:
         proc.kill()
         return proc.wait()
+
+
+def bare_cli(*args: str) -> subprocess.CompletedProcess[str]:
+    """``vramctl *args`` from the repository with only :func:`bare_env`'s environment."""
+    return run_cli(*args, env=bare_env(), cwd=REPO)
