@@ -30,6 +30,7 @@ import httpx
 import pytest
 from docker.errors import NotFound
 from support.cli import api_cycled, run_argv, spawn, terminate
+from support.manifests import serve_toml as serve_text
 from support.serving import free_port
 from support.waiting import wait_for
 
@@ -48,19 +49,8 @@ def serve_toml(
     stop_s: int = 5,
     health: bool = True,
 ) -> str:
-    text = f"""
-[[serve]]
-name = "{name}"
-container = "{container}"
-gpu_role = "a"
-vram_mib = {mib}
-residency = "{residency}"
-port = {port}
-health = "/health"
-start_timeout_s = 120
-stop_timeout_s = {stop_s}
-{extra}
-"""
+    timeouts = {"start_timeout_s": 120, "stop_timeout_s": stop_s}
+    text = serve_text(name, container, mib, residency, port, **timeouts, extra=extra)
     return text if health else text.replace('health = "/health"\n', "")
 
 

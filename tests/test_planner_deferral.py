@@ -13,7 +13,8 @@ lines, written from the rules.
 
 from __future__ import annotations
 
-from support.plan_cases import EVI, OND, RES, RUN, Case, lines, plan_of, req, serve, starts, up
+from support.plan_cases import EVI, OND, RES, RUN, Case, req, serve, up
+from support.plan_lines import lines, plan_of, starts
 
 from statemachine.planner import Policy
 from statemachine.types import ServeSpec

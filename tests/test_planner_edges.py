@@ -11,23 +11,8 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from support.plan_cases import (
-    ELASTIC,
-    EVI,
-    NOW,
-    OND,
-    RES,
-    RUN,
-    STOP,
-    Case,
-    _build,
-    lines,
-    plan_of,
-    req,
-    serve,
-    starts,
-    up,
-)
+from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
+from support.plan_lines import ELASTIC, lines, plan_of, starts
 
 from statemachine import types as sm
 from statemachine.planner import Action, Policy, plan_transitions

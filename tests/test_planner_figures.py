@@ -9,21 +9,8 @@ is replayed through the ledger (never over budget).
 
 from __future__ import annotations
 
-from support.plan_cases import (
-    ELASTIC,
-    EVI,
-    NOW,
-    OND,
-    RES,
-    RUN,
-    Case,
-    lines,
-    plan_of,
-    req,
-    serve,
-    starts,
-    up,
-)
+from support.plan_cases import EVI, NOW, OND, RES, RUN, Case, req, serve, up
+from support.plan_lines import ELASTIC, lines, plan_of, starts
 from test_planner_sleep import STT, asleep, plan, sleep, sv
 
 from statemachine import types as sm

@@ -30,10 +30,11 @@ def serve_toml(
     port: int,
     *,
     start_timeout_s: int = 30,
+    stop_timeout_s: int = 5,
     extra: str = "",
 ) -> str:
-    """One ``[[serve]]`` on card role ``a`` with a health check at ``/health``, a stop
-    timeout of 5 s, then the lines of ``extra``."""
+    """One ``[[serve]]`` on card role ``a`` with a health check at ``/health``, then the
+    lines of ``extra``."""
     return f"""
 [[serve]]
 name = "{name}"
@@ -44,6 +45,6 @@ residency = "{residency}"
 port = {port}
 health = "/health"
 start_timeout_s = {start_timeout_s}
-stop_timeout_s = 5
+stop_timeout_s = {stop_timeout_s}
 {extra}
 """

@@ -1,18 +1,15 @@
 """The planner's table cases (``Case``) and the builders they are written with: a
-serve, a running container, a request, the desired state and observation a case stands
-for, and its plan (each prefix of which stays within the budget) as ``"action serve"``
-lines.
+serve, a running container, a request, and the desired state and observation a case
+stands for.
 
-Shared by the planner's and admission's rule tables; what a plan must be stays in them.
+Shared by the planner's and admission's rule tables; nothing here plans or asserts.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 from statemachine import types as sm
-from statemachine.planner import Plan, Policy, plan_transitions
-from statemachine.simulate import ledger_prefixes
 from support.core import spec
 
 NOW = 10_000.0
@@ -62,40 +59,3 @@ def _build(case: Case) -> tuple[sm.DesiredState, sm.Observed]:
         elastic_mib=case.elastic_mib,
     )
     return desired, observed
-
-
-ELASTIC = "http://127.0.0.1:1"
-
-
-def plan_of(
-    case: Case,
-    policy: Policy | None = None,
-    starting: dict[str, int] | None = None,
-    unreleased: frozenset[str] = frozenset(),
-) -> Plan:
-    desired, observed = _build(case)
-    if starting:
-        # a start in progress on the roles its serve declares, at the MiB given
-        observed = replace(
-            observed,
-            starting={
-                n: sm.StartingObs(desired.serves[n].gpu_roles, mib) for n, mib in starting.items()
-            },
-        )
-    if unreleased:
-        observed = replace(observed, unreleased=unreleased)
-    plan = plan_transitions(desired, observed, policy or Policy(), NOW)
-    for step, ledger in ledger_prefixes(plan):
-        assert not hasattr(ledger, "kind"), f"{step}: {ledger}"
-    return plan
-
-
-def lines(plan: Plan) -> list[str]:
-    return [f"{s.action} {s.serve}" for s in plan.steps]
-
-
-START = ["reserve {0}", "start {0}", "await_ready {0}"]
-
-
-def starts(*names: str) -> list[str]:
-    return [line.format(n) for n in names for line in START]
