@@ -38,19 +38,12 @@ TOKEN = "live-test-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def serve_toml(
-    name: str,
-    container: str,
-    mib: int,
-    residency: str,
-    port: int,
-    extra: str = "",
-    *,
-    stop_s: int = 5,
-    health: bool = True,
-) -> str:
+def serve_toml(*fields: Any, stop_s: int = 5, health: bool = True) -> str:
+    """One serve: ``fields`` are name, container, MiB, residency, port and maybe the extra
+    lines; 120 s to start, ``stop_s`` to stop, a health check unless ``health`` is False."""
     timeouts = {"start_timeout_s": 120, "stop_timeout_s": stop_s}
-    text = serve_text(name, container, mib, residency, port, **timeouts, extra=extra)
+    name, container, mib, residency, port, *extra = fields
+    text = serve_text(name, container, mib, residency, port, **timeouts, extra="".join(extra))
     return text if health else text.replace('health = "/health"\n', "")
 
 
