@@ -6,20 +6,25 @@ checks a manifest.
 
 from __future__ import annotations
 
-# One card role ``a`` of 10000 MiB and one resident serve ``res`` of 2000 MiB, running.
-ONE_RESIDENT = """
+# One card role ``a`` of 10000 MiB.
+CARD_A = """
 [[gpu_roles]]
 id = "a"
 vram_mib = 10000
+"""
 
+# A resident serve ``res`` of 2000 MiB on ``a`` (its ``desired`` left to the caller).
+RES_2000 = """
 [[serve]]
 name = "res"
 container = "c-res"
 gpu_role = "a"
 vram_mib = 2000
 residency = "resident"
-desired = "running"
 """
+
+# Both, ``res`` desired running.
+ONE_RESIDENT = CARD_A + RES_2000 + 'desired = "running"\n'
 
 
 def serve_toml(
