@@ -7,21 +7,13 @@ checks a manifest.
 from __future__ import annotations
 
 # One card role ``a`` of 10000 MiB.
-CARD_A = """
-[[gpu_roles]]
-id = "a"
-vram_mib = 10000
-"""
+CARD_A = '\n[[gpu_roles]]\nid = "a"\nvram_mib = 10000\n'
 
 # A resident serve ``res`` of 2000 MiB on ``a`` (its ``desired`` left to the caller).
-RES_2000 = """
-[[serve]]
-name = "res"
-container = "c-res"
-gpu_role = "a"
-vram_mib = 2000
-residency = "resident"
-"""
+RES_2000 = (
+    '\n[[serve]]\nname = "res"\ncontainer = "c-res"\n'
+    'gpu_role = "a"\nvram_mib = 2000\nresidency = "resident"\n'
+)
 
 # Both, ``res`` desired running.
 ONE_RESIDENT = CARD_A + RES_2000 + 'desired = "running"\n'
