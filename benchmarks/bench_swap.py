@@ -80,7 +80,7 @@ sys.path.insert(0, str(REPO / "tests"))
 sys.path.insert(0, str(REPO))
 
 from fake_engine import FakeEngine  # noqa: E402
-from serving import free_port  # noqa: E402
+from support.serving import free_port  # noqa: E402
 
 from controller.store.journal import Journal, SleepRecord, journal_path  # noqa: E402
 

@@ -10,16 +10,19 @@ removes everything the project made, every profile included.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import subprocess
 import uuid
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
-from serving import free_port
+from support.serving import free_port
 
 
 def compose_available() -> None:
@@ -125,3 +128,20 @@ class ComposeStack:
             "--remove-orphans",
             cwd=self.dir,
         )
+
+
+@contextlib.contextmanager
+def stack_beside(fleet: Any, image: str) -> Iterator[ComposeStack]:
+    """A Compose stack of ``image`` in the project of ``fleet`` (a run fleet: its ``tmp``,
+    ``prefix`` and ``runs``); at the end every run still up is killed, then the stack is
+    brought down, so that no controller acts on what is removed."""
+    compose_available()
+    s = ComposeStack(fleet.tmp, image, project=fleet.prefix.rstrip("-"))
+    try:
+        yield s
+    finally:
+        for run in fleet.runs:
+            if run.proc.poll() is None:
+                run.proc.kill()
+                run.proc.wait(10)
+        s.down()

@@ -35,6 +35,10 @@ from docker.errors import DockerException, NotFound
 from docker.models.containers import Container
 from hypothesis import HealthCheck, settings
 
+# The shared helpers of tests/support/ assert as the tests do (a table's expected errors,
+# a plan replayed through the ledger): their failures are explained as a test's are.
+pytest.register_assert_rewrite("support")
+
 # Hypothesis: no per-example deadline and no "too slow" health check by default. Both
 # judge wall-clock time, which a loaded machine misses: a property fails on what it
 # states, never on how busy the machine is. A test that sets either keeps its own.

@@ -215,7 +215,7 @@ class FakeEngine(FakeHTTPServer):
             dev.used = max(0, dev.used + delta * MIB)
             dev.compute = [p for p in dev.compute if p.pid != self.pid]
             if mib > 0:
-                from fakes_nvml import FakeProc
+                from support.fakes_nvml import FakeProc
 
                 dev.compute.append(FakeProc(pid=self.pid, usedGpuMemory=mib * MIB))
 

@@ -17,7 +17,7 @@ from dataclasses import replace
 
 import docker
 import pytest
-from serving import free_port
+from support.serving import free_port
 from test_executor_e2e import ROLE, Host, host, serve_toml
 
 from controller.adapters.docker.read import ContainerObserver

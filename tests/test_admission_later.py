@@ -15,20 +15,12 @@ from dataclasses import replace
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from strategies import NOW, fleets
-from test_planner_rules import EVI, OND, RES, RUN, Case, _build, req, serve, up
+from support.plan_cases import EVI, OND, RES, RUN, Case, _build, req, serve, up
+from support.strategies import NOW, fleets
 
+from statemachine import types as sm
 from statemachine.admission import could_fit_later, goes_away
 from statemachine.fit import fit_serve
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Observed,
-    Residency,
-    ServeSpec,
-)
 
 
 def later(case: Case, name: str) -> str | None:
@@ -94,27 +86,27 @@ def test_a_port_held_by_a_resident_never_frees_one_held_by_a_request_does() -> N
     assert later(frees, "q") is None
 
 
-def _without_leavers(desired: DesiredState, observed: Observed, name: str) -> Observed:
+def _without_leavers(desired: sm.DesiredState, observed: sm.Observed, name: str) -> sm.Observed:
     """``observed`` once every serve that goes away for ``name`` has gone."""
     spec = desired.serves[name]
     requests = {r.serve: r for r in desired.requests}
     containers = dict(observed.containers)
     for other in desired.serves.values():
         if goes_away(other, spec, requests) and other.container in containers:
-            containers[other.container] = ContainerObs(ContainerState.EXITED, exit_code=0)
+            containers[other.container] = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)
     return replace(observed, containers=containers)
 
 
 @settings(max_examples=300, deadline=None)
 @given(fleets(docker_ok=True, contended=True, placed=True), st.data())
 def test_what_fits_once_the_leavers_are_gone_is_never_called_impossible(
-    fleet: tuple[DesiredState, Observed], data: st.DataObject
+    fleet: tuple[sm.DesiredState, sm.Observed], data: st.DataObject
 ) -> None:
     desired, observed = fleet
     idle = [
         s.name
         for s in desired.serves.values()
-        if s.residency is Residency.ON_DEMAND and not observed.container(s.container).holds
+        if s.residency is sm.Residency.ON_DEMAND and not observed.container(s.container).holds
     ]
     if not idle:
         event("no idle on-demand serve to ask about")
@@ -137,26 +129,25 @@ def test_a_sleeper_needs_only_what_its_wake_adds_to_its_residual() -> None:
     from statemachine.types import (
         GpuRole,
         OnDemandRequest,
-        ServeSpec,
         Sleep,
         SleepObs,
         SleepProtocol,
         SleepState,
     )
 
-    od = Residency.ON_DEMAND
-    wall = ServeSpec("wall", "c-wall", ("a",), 5000, Residency.RESIDENT)
-    hog = ServeSpec("hog", "c-hog", ("a",), 3000, od)
-    small = ServeSpec(
+    od = sm.Residency.ON_DEMAND
+    wall = sm.ServeSpec("wall", "c-wall", ("a",), 5000, sm.Residency.RESIDENT)
+    hog = sm.ServeSpec("hog", "c-hog", ("a",), 3000, od)
+    small = sm.ServeSpec(
         "small", "c-small", ("a",), 5000, od, sleep=Sleep(1, 1000, SleepProtocol.VLLM, 0)
     )
-    desired = DesiredState(
+    desired = sm.DesiredState(
         {"a": GpuRole("a", 10_000, 0)},
         {s.name: s for s in (wall, hog, small)},
         (OnDemandRequest("hog", NOW - 5),),
     )
-    running = ContainerObs(ContainerState.RUNNING, "healthy", NOW - 600)
-    observed = Observed(
+    running = sm.ContainerObs(sm.ContainerState.RUNNING, "healthy", NOW - 600)
+    observed = sm.Observed(
         True,
         {"c-wall": running, "c-hog": running, "c-small": running},
         sleep={"small": SleepObs(SleepState.ASLEEP, 1, 1000, 0)},
@@ -164,7 +155,7 @@ def test_a_sleeper_needs_only_what_its_wake_adds_to_its_residual() -> None:
     assert not fit_serve(desired, observed, "small", now=NOW).fits  # 1000 free, 4000 needed
     assert could_fit_later(desired, observed, "small", {"hog": object()}) is None
     # with the hog a resident, it never fits: 1000 free, nothing goes away
-    stays = replace(hog, residency=Residency.RESIDENT)
+    stays = replace(hog, residency=sm.Residency.RESIDENT)
     never = replace(desired, serves={**desired.serves, "hog": stays})
     why = could_fit_later(never, observed, "small", {})
     assert why is not None and "needs 4000" in why, why
@@ -178,12 +169,12 @@ AB = {"a": (32_000, 2_000), "b": (32_000, 2_000)}
 def _placed(
     name: str,
     mib: int,
-    residency: Residency | None,
-    desired: DesiredRun | None = None,
+    residency: sm.Residency | None,
+    desired: sm.DesiredRun | None = None,
     *,
     cands: tuple[str, ...] = ("a", "b"),
     **kw: object,
-) -> ServeSpec:
+) -> sm.ServeSpec:
     """A serve placed on ``cands`` (every candidate until it holds on one)."""
     return serve(name, mib, residency, desired, roles=cands, placement=cands, **kw)
 
@@ -259,7 +250,7 @@ def test_a_placed_serve_running_on_a_known_card_conflicts_there_only() -> None:
     roles = {**AB, "c": (32_000, 2_000)}
     stt = _placed("stt", 10_000, RES, RUN, cands=("b", "c"))
     q = serve("q", 20_000, OND, roles=("a", "b"), exclusive=True)
-    on_c = ContainerObs(ContainerState.RUNNING, "healthy", 0.0, gpu_role="c")
+    on_c = sm.ContainerObs(sm.ContainerState.RUNNING, "healthy", 0.0, gpu_role="c")
     d, o = _build(Case([stt, q], {"stt": on_c}, [], roles=roles))
     known = replace(o, started_with={"c-stt": StartedWith("stt", ("c",), 10_000)})
     assert fit_serve(d, known, "q", now=NOW).fits

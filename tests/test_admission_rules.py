@@ -10,8 +10,9 @@ from hand-made fleets, no controller.
 from __future__ import annotations
 
 import pytest
-from test_planner_rules import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
+from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
+from statemachine import types as sm
 from statemachine.admission import (
     RouterNeed,
     can_request,
@@ -24,28 +25,12 @@ from statemachine.admission import (
     start_router_needs,
 )
 from statemachine.plan import Action, Step
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    OnDemandRequest,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-    StartedWith,
-    StartingObs,
-)
 
 # -- can_request: who may be requested --------------------------------------------------
 
 
-def _fleet(*serves: ServeSpec) -> DesiredState:
-    return DesiredState({"a": GpuRole("a", 32_000, 2_000)}, {s.name: s for s in serves})
+def _fleet(*serves: sm.ServeSpec) -> sm.DesiredState:
+    return sm.DesiredState({"a": sm.GpuRole("a", 32_000, 2_000)}, {s.name: s for s in serves})
 
 
 def test_an_unknown_serve_cannot_be_requested() -> None:
@@ -76,7 +61,7 @@ def test_a_resident_desired_running_is_refused_with_the_exact_reason() -> None:
     ],
     ids=["on-demand", "on-demand-running", "evictable-running", "resident-unmanaged", "none"],
 )
-def test_every_other_serve_may_be_requested(spec: ServeSpec) -> None:
+def test_every_other_serve_may_be_requested(spec: sm.ServeSpec) -> None:
     assert can_request(_fleet(spec), "q") is None
 
 
@@ -84,13 +69,13 @@ def test_every_other_serve_may_be_requested(spec: ServeSpec) -> None:
 
 
 def _frees(
-    spec: ServeSpec,
-    requester: ServeSpec,
-    running: dict[str, ContainerObs],
-    requests: dict[str, OnDemandRequest] | None = None,
+    spec: sm.ServeSpec,
+    requester: sm.ServeSpec,
+    running: dict[str, sm.ContainerObs],
+    requests: dict[str, sm.OnDemandRequest] | None = None,
     default: float = 30.0,
 ) -> float | None:
-    observed = Observed(True, {f"c-{n}": obs for n, obs in running.items()})
+    observed = sm.Observed(True, {f"c-{n}": obs for n, obs in running.items()})
     return frees_up_in(spec, requester, observed, requests or {}, NOW, default)
 
 
@@ -222,7 +207,7 @@ def test_nothing_can_be_said_while_docker_is_unreadable() -> None:
     # not even of a conflict with a start the controller has in progress
     stt, q = serve("stt", 1000, RES, RUN, port=9000), serve("q", 1000, OND, port=9000)
     desired = _fleet(stt, q)
-    observed = Observed(False, starting={"stt": StartingObs(("a",), 1000)})
+    observed = sm.Observed(False, starting={"stt": sm.StartingObs(("a",), 1000)})
     assert could_fit_later(desired, observed, "q", {}) is None
 
 
@@ -253,7 +238,7 @@ def test_a_start_in_progress_that_conflicts_and_stays_is_named() -> None:
     """A serve whose start the controller has in progress runs for this rule, before its
     container holds anything: a resident starting on the requester's port never goes."""
     stt, q = serve("stt", 1000, RES, RUN, port=9000), serve("q", 1000, OND, port=9000)
-    observed = Observed(True, starting={"stt": StartingObs(("a",), 1000)})
+    observed = sm.Observed(True, starting={"stt": sm.StartingObs(("a",), 1000)})
     assert could_fit_later(_fleet(stt, q), observed, "q", {}) == (
         "q cannot run while stt runs (holds port 9000), and stt never goes away by itself"
     )
@@ -262,22 +247,22 @@ def test_a_start_in_progress_that_conflicts_and_stays_is_named() -> None:
 def test_a_sleeper_never_conflicts_with_itself() -> None:
     """A sleeping serve asked about its own wake is not in its own way (it holds its own
     port): only what its wake adds to its residual is asked for."""
-    wall = ServeSpec("wall", "c-wall", ("a",), 5000, RES, RUN)
-    small = ServeSpec(
+    wall = sm.ServeSpec("wall", "c-wall", ("a",), 5000, RES, RUN)
+    small = sm.ServeSpec(
         "small",
         "c-small",
         ("a",),
         5000,
         OND,
         port=8000,
-        sleep=Sleep(1, 1000, SleepProtocol.VLLM),
+        sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM),
     )
-    desired = DesiredState({"a": GpuRole("a", 10_000, 0)}, {"wall": wall, "small": small})
-    running = ContainerObs(ContainerState.RUNNING, "healthy", NOW - 600)
-    observed = Observed(
+    desired = sm.DesiredState({"a": sm.GpuRole("a", 10_000, 0)}, {"wall": wall, "small": small})
+    running = sm.ContainerObs(sm.ContainerState.RUNNING, "healthy", NOW - 600)
+    observed = sm.Observed(
         True,
         {"c-wall": running, "c-small": running},
-        sleep={"small": SleepObs(SleepState.ASLEEP, 1, 1000, 0)},
+        sleep={"small": sm.SleepObs(sm.SleepState.ASLEEP, 1, 1000, 0)},
     )
     # 10000 - wall 5000 - its residual 1000 = 4000 free: its wake's 4000 fits
     assert could_fit_later(desired, observed, "small", {}) is None
@@ -286,7 +271,7 @@ def test_a_sleeper_never_conflicts_with_itself() -> None:
 def test_a_holder_no_manifest_declares_stays_and_gives_nothing_back() -> None:
     """A holder the manifest does not declare (a start in progress of a serve no longer
     declared) never goes away and gives nothing back: its MiB stay counted."""
-    observed = Observed(True, starting={"ghost": StartingObs(("a",), 20_000)})
+    observed = sm.Observed(True, starting={"ghost": sm.StartingObs(("a",), 20_000)})
     assert could_fit_later(_fleet(serve("q", 20_000, OND)), observed, "q", {}) == (
         "q can never fit on a while the manifest stays as it is: budget 30000, free 10000, "
         "what goes away by itself (nothing) 0, what elastic serves could give back 0; "
@@ -297,7 +282,7 @@ def test_a_holder_no_manifest_declares_stays_and_gives_nothing_back() -> None:
 def test_an_elastic_serve_that_goes_away_is_counted_once_and_named() -> None:
     """An elastic serve that goes away by itself frees all it holds, counted once: not
     again as what it could give back. The refusal names what goes away."""
-    emb = serve("emb", 20_000, EVI, RUN, elastic=Elastic("http://emb", floor_mib=2000))
+    emb = serve("emb", 20_000, EVI, RUN, elastic=sm.Elastic("http://emb", floor_mib=2000))
     case = Case(
         [serve("wall", 5000, RES, RUN), emb, serve("q", 28_000, OND)],
         {"wall": up(), "emb": up()},
@@ -326,17 +311,17 @@ def test_a_serve_that_holds_its_reservation_already_needs_nothing_more() -> None
     assert later(case, "q") is None
 
 
-def _sleeper_fleet(vram_mib: int) -> tuple[DesiredState, Observed]:
-    wall = ServeSpec("wall", "c-wall", ("a",), 9000, RES, RUN)
-    small = ServeSpec(
-        "small", "c-small", ("a",), vram_mib, OND, sleep=Sleep(1, 1000, SleepProtocol.VLLM)
+def _sleeper_fleet(vram_mib: int) -> tuple[sm.DesiredState, sm.Observed]:
+    wall = sm.ServeSpec("wall", "c-wall", ("a",), 9000, RES, RUN)
+    small = sm.ServeSpec(
+        "small", "c-small", ("a",), vram_mib, OND, sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM)
     )
-    desired = DesiredState({"a": GpuRole("a", 10_000, 0)}, {"wall": wall, "small": small})
-    running = ContainerObs(ContainerState.RUNNING, "healthy", NOW - 600)
-    observed = Observed(
+    desired = sm.DesiredState({"a": sm.GpuRole("a", 10_000, 0)}, {"wall": wall, "small": small})
+    running = sm.ContainerObs(sm.ContainerState.RUNNING, "healthy", NOW - 600)
+    observed = sm.Observed(
         True,
         {"c-wall": running, "c-small": running},
-        sleep={"small": SleepObs(SleepState.ASLEEP, 1, 1000, 0)},
+        sleep={"small": sm.SleepObs(sm.SleepState.ASLEEP, 1, 1000, 0)},
     )
     return desired, observed
 
@@ -362,7 +347,7 @@ def test_every_role_of_a_serve_is_checked() -> None:
 
 
 def _elastic_fleet(shrunk_to: int, needs: int) -> Case:
-    moe = serve("moe", 20_000, RES, RUN, elastic=Elastic("http://moe", floor_mib=8000))
+    moe = serve("moe", 20_000, RES, RUN, elastic=sm.Elastic("http://moe", floor_mib=8000))
     return Case(
         [moe, serve("wall", 10_000, RES, RUN), serve("q", needs, OND)],
         {"moe": up(), "wall": up()},
@@ -397,8 +382,8 @@ def test_an_elastic_serve_below_its_floor_gives_back_nothing_not_a_debt() -> Non
 # -- router needs ------------------------------------------------------------------------
 
 
-def _obs(running: dict[str, ContainerObs], **kw: object) -> Observed:
-    return Observed(True, {f"c-{n}": o for n, o in running.items()}, **kw)  # type: ignore[arg-type]
+def _obs(running: dict[str, sm.ContainerObs], **kw: object) -> sm.Observed:
+    return sm.Observed(True, {f"c-{n}": o for n, o in running.items()}, **kw)  # type: ignore[arg-type]
 
 
 TIERED = serve("llm", 1000, OND, router_tier="llm-local")
@@ -409,7 +394,7 @@ def test_the_end_of_a_request_drains_the_tier_of_what_it_stops() -> None:
     assert end_needs_router(TIERED, _obs({}), requested=False) == need
     assert end_needs_router(TIERED, _obs({"llm": up()}), requested=True) == need
     # docker unread: it may run, so its end may stop it
-    assert end_needs_router(TIERED, Observed(False), requested=False) == need
+    assert end_needs_router(TIERED, sm.Observed(False), requested=False) == need
 
 
 def test_the_end_of_a_request_drains_nothing_the_manifest_keeps_or_that_runs_without_one() -> None:
@@ -421,7 +406,7 @@ def test_the_end_of_a_request_drains_nothing_the_manifest_keeps_or_that_runs_wit
 
 def test_the_end_of_a_sleeping_serves_request_drains_nothing() -> None:
     """Asleep, its tier is quiesced already: its request's end drains nothing."""
-    asleep = _obs({"llm": up()}, sleep={"llm": SleepObs(SleepState.ASLEEP, 1, 1000, 0)})
+    asleep = _obs({"llm": up()}, sleep={"llm": sm.SleepObs(sm.SleepState.ASLEEP, 1, 1000, 0)})
     assert end_needs_router(TIERED, asleep, requested=True) is None
 
 
@@ -429,7 +414,7 @@ def test_docker_unread_a_listed_container_is_not_trusted_to_run_without_a_reques
     """Docker unread, a container the snapshot still lists as running may not be the
     one running: the end of a request may stop the serve, so its tier is a need."""
     need = RouterNeed("llm", "llm-local", "stopped when its request ends")
-    unread = Observed(False, {"c-llm": up()})
+    unread = sm.Observed(False, {"c-llm": up()})
     assert end_needs_router(TIERED, unread, requested=False) == need
 
 
@@ -438,8 +423,8 @@ def _steps(*pairs: tuple[Action, str]) -> list[Step]:
 
 
 def test_a_request_drains_its_victims_tiers_stopped_or_put_to_sleep() -> None:
-    desired = DesiredState(
-        {"a": GpuRole("a", 32_000, 2_000)},
+    desired = sm.DesiredState(
+        {"a": sm.GpuRole("a", 32_000, 2_000)},
         {
             s.name: s
             for s in (
@@ -469,13 +454,13 @@ def test_a_drained_name_the_manifest_no_longer_declares_needs_no_tier() -> None:
 
 def test_the_end_is_a_need_only_for_the_serve_whose_request_is_recorded() -> None:
     other = serve("other", 1000, OND)
-    roles = {"a": GpuRole("a", 32_000, 2_000)}
+    roles = {"a": sm.GpuRole("a", 32_000, 2_000)}
     serves = {"llm": TIERED, "other": other}
     running = _obs({"llm": up()})
     end = RouterNeed("llm", "llm-local", "stopped when its request ends")
-    mine = DesiredState(roles, serves, (req("llm"),))
+    mine = sm.DesiredState(roles, serves, (req("llm"),))
     assert start_router_needs(mine, running, "llm", [], set()) == (end,)
-    theirs = DesiredState(roles, serves, (req("other"),))
+    theirs = sm.DesiredState(roles, serves, (req("other"),))
     assert start_router_needs(theirs, running, "llm", [], set()) == ()
 
 
@@ -483,24 +468,28 @@ def test_down_drains_only_what_runs_starts_or_may_run() -> None:
     need = RouterNeed("llm", "llm-local", "stopped when its request ends")
     assert down_needs_router(TIERED, _obs({})) is None
     assert down_needs_router(TIERED, _obs({"llm": up()})) == need
-    assert down_needs_router(TIERED, _obs({}, starting={"llm": StartingObs(("a",), 1000)})) == need
-    assert down_needs_router(TIERED, Observed(False)) == need
+    assert (
+        down_needs_router(TIERED, _obs({}, starting={"llm": sm.StartingObs(("a",), 1000)})) == need
+    )
+    assert down_needs_router(TIERED, sm.Observed(False)) == need
 
 
-def _two_cards(*serves: ServeSpec) -> DesiredState:
-    return DesiredState({r: GpuRole(r, 10_000) for r in ("g0", "g1")}, {s.name: s for s in serves})
+def _two_cards(*serves: sm.ServeSpec) -> sm.DesiredState:
+    return sm.DesiredState(
+        {r: sm.GpuRole(r, 10_000) for r in ("g0", "g1")}, {s.name: s for s in serves}
+    )
 
 
 def test_a_serve_re_pinned_off_the_card_it_runs_on_conflicts_where_it_is_declared() -> None:
     """An edit re-pinned the exclusive resident x from g0 to g1: it still runs (and is
     counted) on g0, and the loop moves it (stopped there, started on g1). A request on
     g0 can therefore fit later: x is judged where it is declared, not where it holds."""
-    x = ServeSpec("x", "c-x", ("g1",), 5000, RES, desired=RUN, exclusive=True)
-    q = ServeSpec("q", "c-q", ("g0",), 1000, OND)
-    observed = Observed(
+    x = sm.ServeSpec("x", "c-x", ("g1",), 5000, RES, desired=RUN, exclusive=True)
+    q = sm.ServeSpec("q", "c-q", ("g0",), 1000, OND)
+    observed = sm.Observed(
         True,
-        {"c-x": ContainerObs(ContainerState.RUNNING, started_at=1.0, gpu_role="g0")},
-        started_with={"c-x": StartedWith("x", ("g0",), 5000)},
+        {"c-x": sm.ContainerObs(sm.ContainerState.RUNNING, started_at=1.0, gpu_role="g0")},
+        started_with={"c-x": sm.StartedWith("x", ("g0",), 5000)},
     )
     assert could_fit_later(_two_cards(x, q), observed, "q", {}) is None
 
@@ -508,9 +497,11 @@ def test_a_serve_re_pinned_off_the_card_it_runs_on_conflicts_where_it_is_declare
 def test_a_placed_serve_with_one_candidate_is_judged_as_a_pinned_one() -> None:
     """Placed on its one candidate (g0, which a resident fills), a serve that can never
     fit gets the pinned serve's reason, without a list of candidates."""
-    r = ServeSpec("r", "c-r", ("g0",), 10_000, RES, desired=RUN)
-    p = ServeSpec("p", "c-p", ("g0",), 1000, OND, placement=("g0",))
-    observed = Observed(True, {"c-r": ContainerObs(ContainerState.RUNNING, started_at=1.0)})
+    r = sm.ServeSpec("r", "c-r", ("g0",), 10_000, RES, desired=RUN)
+    p = sm.ServeSpec("p", "c-p", ("g0",), 1000, OND, placement=("g0",))
+    observed = sm.Observed(
+        True, {"c-r": sm.ContainerObs(sm.ContainerState.RUNNING, started_at=1.0)}
+    )
     never = could_fit_later(_two_cards(r, p), observed, "p", {})
     assert never is not None and never.startswith("p can never fit on g0 while"), never
     assert "candidates" not in never

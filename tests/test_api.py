@@ -33,8 +33,11 @@ import httpx
 import pytest
 from docker.errors import NotFound
 from prometheus_client.parser import text_string_to_metric_families
-from serving import free_port, httpd
-from waiting import WAIT_S, wait_for
+from support.cli import api_cycled, run_argv, spawn
+from support.manifests import serve_toml
+from support.service import controller_on
+from support.serving import free_port, httpd
+from support.waiting import WAIT_S, wait_for
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.client import parse_address
@@ -58,19 +61,7 @@ def manifest_text(prefix: str, ports: dict[str, int]) -> str:
     """
 
     def serve(name: str, mib: int, residency: str, port: int, extra: str = "") -> str:
-        return f"""
-[[serve]]
-name = "{name}"
-container = "{prefix}{name}"
-gpu_role = "a"
-vram_mib = {mib}
-residency = "{residency}"
-port = {port}
-health = "/health"
-start_timeout_s = 30
-stop_timeout_s = 5
-{extra}
-"""
+        return serve_toml(name, f"{prefix}{name}", mib, residency, port, extra=extra)
 
     return (
         '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\nreserve_mib = 1000\n'
@@ -98,11 +89,7 @@ def idle(tmp_path: Path) -> Iterator[Controller]:
 def controller_of(tmp_path: Path, manifest: str) -> Iterator[Controller]:
     """A controller of the manifest ``manifest`` (TOML) that has not cycled: its journal
     open, nothing observed (``observe`` pretends a cycle)."""
-    path = tmp_path / "serves.toml"
-    path.write_text(manifest)
-    mset = load_manifest_set([path])
-    controller = Controller(RunOptions(manifests=(path,), state_dir=tmp_path / "state"), mset)
-    controller.journal = Journal.open(journal_path(controller.state_dir))
+    controller = controller_on(tmp_path, manifest)
     try:
         yield controller
     finally:
@@ -435,39 +422,14 @@ class Live:
         return str(self.container(serve).attrs["State"]["StartedAt"])
 
     def start(self) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "controller.interfaces.cli",
-                    "run",
-                    "-m",
-                    str(self.manifest),
-                    "--state-dir",
-                    str(self.tmp / "state"),
-                    "--resync",
-                    "1",
-                    "--api",
-                    self.address,
-                    "--token-file",
-                    str(self.token_file),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, NO_COLOR="1"),
-            )
+        flags = ("--api", self.address, "--token-file", str(self.token_file))
+        argv = run_argv(self.manifest, self.tmp / "state", *flags)
+        self.proc = spawn(argv, self.log, cwd=ROOT)
         wait_for("the API's first cycle", self._cycled)
 
     def _cycled(self) -> bool:
         assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"vramctl run exited {self.proc.returncode}:\n{self.logs()}")
-        try:
-            return bool(self.http.get("/healthz").json()["cycles"] >= 1)
-        except httpx.HTTPError:
-            return False
+        return api_cycled(self.proc, self.http, self.logs)
 
     def cycled(self, n: int) -> None:
         """Wait until ``n`` whole cycles ran after this call (``/healthz``'s count; the one

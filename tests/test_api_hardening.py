@@ -12,18 +12,15 @@ No container is created: the one serve the loop starts has an ``up`` that fails.
 
 from __future__ import annotations
 
-import os
-import signal
-import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
 import pytest
-from serving import free_port
-from waiting import wait_for
+from support.cli import api_cycled, run_argv, spawn, terminate
+from support.serving import free_port
+from support.waiting import wait_for
 
 TOKEN = "hardening-test-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
@@ -76,38 +73,12 @@ class Bare:
         self.url = f"http://{self.address}"
         self.log = tmp / "run.log"
         self.http = httpx.Client(base_url=self.url, timeout=60.0, trust_env=False)
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "controller.interfaces.cli",
-                    "run",
-                    "-m",
-                    str(self.manifest),
-                    "--state-dir",
-                    str(tmp / "state"),
-                    "--resync",
-                    "1",
-                    "--api",
-                    self.address,
-                    "--token-file",
-                    str(self.token_file),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, NO_COLOR="1"),
-            )
+        flags = ("--api", self.address, "--token-file", str(self.token_file))
+        self.proc = spawn(run_argv(self.manifest, tmp / "state", *flags), self.log, cwd=ROOT)
         wait_for("the API's first cycle", self._cycled)
 
     def _cycled(self) -> bool:
-        if self.proc.poll() is not None:
-            raise AssertionError(f"vramctl run exited {self.proc.returncode}:\n{self.logs()}")
-        try:
-            return bool(self.http.get("/healthz").json()["cycles"] >= 1)
-        except httpx.HTTPError:
-            return False
+        return api_cycled(self.proc, self.http, self.logs)
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")[-6000:]
@@ -122,12 +93,7 @@ class Bare:
     def close(self) -> None:
         self.http.close()
         if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            terminate(self.proc)
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ import httpx
 import pytest
 import test_run_e2e
 from fake_http import FakeEngineMetrics
-from serving import free_port
+from support.serving import free_port
+from support.waiting import wait_for
 from test_run_e2e import (
     REPO,
     RESYNC_S,
@@ -30,7 +31,6 @@ from test_run_e2e import (
     healthy,
     serve_toml,
 )
-from waiting import wait_for
 
 pytestmark = pytest.mark.docker
 

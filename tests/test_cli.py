@@ -5,12 +5,11 @@ script in a subprocess, real manifest files, snapshot files.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import cli_env, run_cli
 
 FIX = Path(__file__).parent / "fixtures"
 ANVIL = FIX / "anvil-serving"
@@ -26,15 +25,7 @@ SET = [
 
 
 def vramctl(*args: str, **extra_env: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1", **extra_env)
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env=cli_env(**extra_env))
 
 
 def test_validate_fixture_set_ok() -> None:

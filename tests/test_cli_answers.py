@@ -14,16 +14,15 @@ Each runs the real module in a subprocess, as the console script does.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 from docker.models.containers import Container
-from serving import free_port, httpd
-from waiting import wait_for
+from support.cli import cli_env, run_cli
+from support.serving import free_port, httpd
+from support.waiting import wait_for
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
@@ -31,16 +30,7 @@ OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env=cli_env(), cwd=ROOT)
 
 
 def test_fit_says_whether_it_fits_once() -> None:

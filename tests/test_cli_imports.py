@@ -97,7 +97,7 @@ def test_answering_commands_import_no_server_docker_or_http_library(args: list[s
     ids=["up", "up-wait", "down", "events"],
 )
 def test_commands_that_talk_to_the_loop_load_its_client_only(args: list[str]) -> None:
-    from serving import free_port
+    from support.serving import free_port
 
     # nothing listens there: each says so and exits, having loaded what it would use
     loaded = _loaded(*args, "--api", f"127.0.0.1:{free_port()}")

@@ -20,10 +20,10 @@ import json
 import os
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from support.cli import run_cli
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
@@ -51,15 +51,7 @@ COMMANDS = [
 def vramctl(*args: str, columns: int = 200, **extra_env: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMCTL_")}
     env.update(COLUMNS=str(columns), NO_COLOR="1", TERM="dumb", **extra_env)
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env=env, cwd=ROOT)
 
 
 def _no_docker(tmp_path: Path) -> dict[str, str]:

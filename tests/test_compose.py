@@ -24,10 +24,11 @@ from collections.abc import Iterator
 
 import docker
 import pytest
-from compose_stack import ComposeStack, compose_available
-from serving import free_port
+from compose_stack import ComposeStack, stack_beside
+from support.manifests import serve_toml
+from support.serving import free_port
+from support.waiting import wait_for
 from test_run_e2e import REPO, Fleet, Run, _env, fleet, healthy, vramctl
-from waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 __all__ = ["fleet"]  # the fixture, used by name
@@ -38,16 +39,8 @@ TOKEN = "compose-test-token-0123456789"
 
 @pytest.fixture
 def stack(fleet: Fleet, test_image: str) -> Iterator[ComposeStack]:
-    compose_available()
-    s = ComposeStack(fleet.tmp, test_image, project=fleet.prefix.rstrip("-"))
-    try:
+    with stack_beside(fleet, test_image) as s:
         yield s
-    finally:
-        for run in fleet.runs:  # no controller may act on what is removed next
-            if run.proc.poll() is None:
-                run.proc.kill()
-                run.proc.wait(10)
-        s.down()
 
 
 def serve(
@@ -61,20 +54,10 @@ def serve(
     service: str | None = None,
 ) -> str:
     want = f'desired = "{desired}"' if desired else ""
-    return f"""
-[[serve]]
-name = "{name}"
-container = "{stack.container(name)}"
-gpu_role = "a"
-vram_mib = {mib}
-residency = "{residency}"
-port = {stack.services[name].port}
-health = "/health"
-start_timeout_s = 60
-stop_timeout_s = 5
-up = "{stack.up_command(service or name, profile=profile)}"
-{want}
-"""
+    up = stack.up_command(service or name, profile=profile)
+    container, port = stack.container(name), stack.services[name].port
+    extra = f'up = "{up}"\n{want}'
+    return serve_toml(name, container, mib, residency, port, start_timeout_s=60, extra=extra)
 
 
 ROLE = f"""

@@ -35,9 +35,9 @@ from pathlib import Path
 import docker
 import pytest
 from compose_stack import ComposeStack, compose_available, docker_compose
-from serving import free_port
+from support.serving import free_port
+from support.waiting import WAIT_S, wait_for
 from test_run_e2e import _follow_events, healthy, vramctl
-from waiting import WAIT_S, wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 

@@ -23,8 +23,8 @@ import pytest
 from docker.errors import NotFound
 from docker.models.containers import Container
 from fake_http import FakeHTTPServer, Recorded, Reply
-from serving import free_port
-from waiting import wait_for
+from support.serving import free_port
+from support.waiting import wait_for
 
 from controller.adapters.docker.actions import ActionError, DockerActions
 from statemachine.types import ContainerState

@@ -27,7 +27,7 @@ import docker
 import pytest
 from docker.errors import NotFound
 from docker.models.containers import Container
-from waiting import WAIT_S, wait_for
+from support.waiting import WAIT_S, wait_for
 
 from controller.adapters.docker.read import (
     EVERY_CONTAINER,

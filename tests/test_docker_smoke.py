@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 from docker.models.containers import Container
-from serving import free_port
-from waiting import WAIT_S
+from support.serving import free_port
+from support.waiting import WAIT_S
 
 BusyboxFactory = Callable[..., Container]
 

@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serving import free_port
-from waiting import WAIT_S
+from support.serving import free_port
+from support.waiting import WAIT_S
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from fake_http import FakeElastic, FakeHTTPServer, Reply
-from serving import free_port
+from support.serving import free_port
 
 from controller.adapters.elastic import ElasticAnswer, ElasticClient, ElasticError, elastic_ok
 

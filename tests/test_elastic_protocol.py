@@ -23,10 +23,11 @@ from typing import Any
 
 import pytest
 from fake_http import Card, ElasticEngine
+from support.fake_docker import FakeContainers, quick_executor
 
 from controller.adapters.elastic import ElasticClient
 from controller.manifest import ManifestSet, load_manifest_set
-from controller.service.executor import ExecutionReport, Executor, ExecutorConfig, Outcome
+from controller.service.executor import ExecutionReport, Executor, Outcome
 from controller.service.loop import Controller, RunOptions
 from controller.snapshot import ContainerModel, SnapshotModel, load_snapshot
 from controller.store.journal import Journal, journal_path
@@ -39,35 +40,17 @@ EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
 EXAMPLE_OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
 
 
-class Containers:
+class Containers(FakeContainers):
     """In-memory container runtime: ``created`` containers exist, stop/start flip them."""
 
     def __init__(self, running: set[str], created: set[str] | None = None) -> None:
-        self.state: dict[str, str] = {c: "running" for c in running}
-        self.state |= {c: "created" for c in created or ()}
+        super().__init__(running, created=created or ())
         self.restarted: list[str] = []
-
-    def created_for(self, name: str) -> str | None:
-        return None  # made without VRAMCTL_GPU_ROLE: started as it is
-
-    def exists(self, name: str) -> bool:
-        return name in self.state
-
-    def stop(self, name: str, timeout_s: float) -> None:
-        self.state[name] = "exited"
 
     def start(self, name: str) -> None:
         if self.state.get(name) == "exited":
             self.restarted.append(name)
-        self.state[name] = "running"
-
-    def inspect(self, name: str) -> ContainerModel | None:
-        if name not in self.state:
-            return None
-        return ContainerModel(state=ContainerState(self.state[name]), exit_code=0)
-
-    def logs(self, name: str, tail: int = 40) -> str:
-        return ""
+        super().start(name)
 
 
 def client(timeout_s: float = 5.0) -> ElasticClient:
@@ -82,13 +65,7 @@ def executor(
     elastic: ElasticClient | None = None,
     gpus: Callable[[], tuple[GpuObs, ...] | None] = lambda: None,
 ) -> Executor:
-    return Executor(
-        mset.desired(),
-        docker=docker,  # type: ignore[arg-type]
-        elastic=elastic or client(),
-        gpus=gpus,
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-    )
+    return quick_executor(mset.desired(), docker, gpus, elastic=elastic or client())
 
 
 def actions(report: ExecutionReport) -> list[str]:

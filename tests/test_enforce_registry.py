@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from test_engine_flags import compose, manifest
+from support.files import compose, manifest
 
 from controller.tools.compose_lint import lint_compose, render_serve
 from statemachine import engines

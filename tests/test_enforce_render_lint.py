@@ -10,15 +10,14 @@ per token), 65536 tokens of context; layer 0 holds 2097152 bytes, layer 1 111411
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
-from test_engine_flags import compose, manifest
+from support.cli import bare_cli as cli
+from support.files import compose, manifest
+from support.model_files import LAYER0, LAYER1, REST, WEIGHTS, write_gguf
 
 from controller.adapters.model_files import read_model
 from controller.service.model_estimates import limit_inputs
@@ -27,34 +26,6 @@ from statemachine.enforce import ModelInput
 from statemachine.engine_flags import FindingKind
 
 REPO = Path(__file__).resolve().parents[1]
-Q8_0 = GGMLQuantizationType.Q8_0
-LAYER0, LAYER1, REST = 2097152, 1114112, 1048576
-WEIGHTS = LAYER0 + LAYER1 + REST
-
-
-def write_gguf(path: Path) -> Path:
-    block, size = GGML_QUANT_SIZES[Q8_0]
-    q8 = np.zeros((1024, 1024 // block * size), dtype=np.uint8)
-    writer = GGUFWriter(path, "llama")
-    writer.add_block_count(2)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(2)
-    writer.add_embedding_length(32)
-    writer.add_context_length(65536)
-    for name, data, raw in (
-        ("token_embd.weight", np.zeros((256, 1024), dtype=np.float16), None),
-        ("blk.0.ffn_up.weight", np.zeros((1024, 1024), dtype=np.float16), None),
-        ("blk.1.ffn_up.weight", q8, Q8_0),
-        ("output.weight", np.zeros((256, 1024), dtype=np.float16), None),
-    ):
-        writer.add_tensor(name, data, raw_dtype=raw)
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-    return path
-
-
 MANIFEST = """
 [[gpu_roles]]
 id = "a"
@@ -416,18 +387,6 @@ def test_lint_says_how_much_larger_or_smaller_another_cache_type_is(
     assert (found.kind, found.serve, found.is_error) == (FindingKind.CACHE_TYPE, "gguf", True)
     assert found.message.split(": ", 1)[1] == (
         f"{consequence}; write --cache-type-k f16 --cache-type-v f16"
-    )
-
-
-def cli(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
     )
 
 

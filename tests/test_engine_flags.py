@@ -19,6 +19,8 @@ from pathlib import Path
 import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
+from support import files
+from support.files import compose, write
 
 from controller.manifest import ManifestSet, load_manifest_set
 from controller.tools.compose_lint import (
@@ -461,12 +463,6 @@ def test_interpolate_rejects_malformed() -> None:
         interpolate("${1BAD}", {})
 
 
-def write(tmp_path: Path, name: str, text: str) -> Path:
-    path = tmp_path / name
-    path.write_text(textwrap.dedent(text).lstrip(), encoding="utf-8")
-    return path
-
-
 MANIFEST = """
 [[gpu_roles]]
 id = "a"
@@ -509,17 +505,7 @@ engine = "vllm"
 
 
 def manifest(tmp_path: Path, text: str = MANIFEST) -> ManifestSet:
-    return load_manifest_set([write(tmp_path, "serves.toml", text)])
-
-
-def compose(tmp_path: Path, services: str, name: str = "docker-compose.yml") -> Path:
-    return write(
-        tmp_path,
-        name,
-        "name: stack\nservices:\n"
-        + textwrap.indent(textwrap.dedent(services).strip(), "  ")
-        + "\n",
-    )
+    return files.manifest(tmp_path, text)
 
 
 GOOD_SERVICES = """

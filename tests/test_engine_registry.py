@@ -15,7 +15,7 @@ from pathlib import Path
 import httpx
 import pytest
 from fake_http import FakeHTTPServer, Recorded, Reply, ReplyLike
-from test_engine_flags import compose, manifest
+from support.files import compose, manifest
 
 from controller.adapters.engine_metrics import engine_kind, parse_in_flight, read_metrics
 from controller.adapters.sleep import SleepClient

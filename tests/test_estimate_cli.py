@@ -5,44 +5,35 @@ located error on bad input, and what the command loads (``--help`` no gguf nor n
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
+from support.cli import cli_env, run_cli
+from support.model_files import GGUF_WEIGHTS, hf_config, write_tiny_gguf
 from test_cli_imports import SERVER_DOCKER_HTTP, _loaded, _tops
-from test_estimate_files import GGUF_WEIGHTS, _config, _write_gguf
 
 MIB = 1024 * 1024
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", "estimate", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    return run_cli("estimate", *args, env=cli_env())
 
 
 @pytest.fixture
 def gguf_model(tmp_path: Path) -> Path:
     path = tmp_path / "tiny.gguf"
-    _write_gguf(path)  # 2 layers, 2 KV heads, head_dim 8, context 256
+    write_tiny_gguf(path)  # 2 layers, 2 KV heads, head_dim 8, context 256
     return path
 
 
 @pytest.fixture
 def safetensors_model(tmp_path: Path) -> Path:
     save_file({"w": np.zeros((4, 4), dtype=np.float16)}, str(tmp_path / "model.safetensors"))
-    _config(tmp_path)  # 3 layers, 2 KV heads, head_dim 16, context 512
+    hf_config(tmp_path)  # 3 layers, 2 KV heads, head_dim 16, context 512
     return tmp_path
 
 
@@ -100,7 +91,7 @@ def test_the_json_answer_carries_the_figures_used(safetensors_model: Path) -> No
 
 def test_an_unknown_cache_is_null_and_named(tmp_path: Path) -> None:
     save_file({"w": np.zeros(4, dtype=np.float32)}, str(tmp_path / "model.safetensors"))
-    _config(tmp_path, kv_lora_rank=512)
+    hf_config(tmp_path, kv_lora_rank=512)
     data = json.loads(vramctl(str(tmp_path), "--json").stdout)
     assert data["kv_cache_bytes"] is None and data["at_least_bytes"] is None
     assert data["unknown"][0]["term"] == "kv_cache"
@@ -156,7 +147,7 @@ def test_a_truncated_gguf_file_says_where_it_ends_against_its_header(
 
 
 def test_a_config_missing_a_key_exits_2_naming_it(safetensors_model: Path) -> None:
-    _config(safetensors_model, num_hidden_layers=None)
+    hf_config(safetensors_model, num_hidden_layers=None)
     proc = vramctl(str(safetensors_model))
     assert proc.returncode == 2
     assert f"{safetensors_model / 'config.json'}: no num_hidden_layers" in proc.stderr

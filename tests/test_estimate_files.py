@@ -12,64 +12,17 @@ from typing import Any
 
 import numpy as np
 import pytest
-from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter
+from gguf import GGUFWriter
 from safetensors.numpy import save_file
+from support.model_files import GGUF_WEIGHTS, hf_config, write_tiny_gguf
 
 from controller.adapters.model_files import ModelFileError, read_model
 from statemachine.sizing import kv_cache
 
-Q8_0, Q4_0 = GGMLQuantizationType.Q8_0, GGMLQuantizationType.Q4_0
-
-
-def _quantized(rows: int, cols: int, kind: GGMLQuantizationType) -> np.ndarray[Any, Any]:
-    """Bytes of a quantized tensor of ``rows × cols`` elements, shaped as ggml stores it."""
-    block, size = GGML_QUANT_SIZES[kind]
-    rng = np.random.default_rng(0)
-    return rng.integers(0, 255, size=(rows, cols // block * size), dtype=np.uint8)
-
-
-def _tensors() -> dict[str, np.ndarray[Any, Any]]:
-    return {
-        "token_embd.weight": np.zeros((64, 32), dtype=np.float16),  # 4096 bytes
-        "blk.0.attn_q.weight": _quantized(32, 64, Q8_0),  # 32 × 2 blocks × 34 = 2176
-        "blk.0.ffn_up.weight": _quantized(16, 64, Q4_0),  # 16 × 2 blocks × 18 = 576
-        "output_norm.weight": np.ones(32, dtype=np.float32),  # 128
-    }
-
-
-GGUF_WEIGHTS = 4096 + 2176 + 576 + 128
-RAW = {"blk.0.attn_q.weight": Q8_0, "blk.0.ffn_up.weight": Q4_0}
-
-
-def _write_gguf(
-    path: Path,
-    meta: dict[str, Any] | None = None,
-    kv_heads: int | list[int] = 2,
-    **split: int,
-) -> None:
-    """A llama-architecture GGUF file: 2 layers, 4 heads, 2 KV heads, 32 embedding."""
-    writer = GGUFWriter(path, "llama", **split)
-    writer.add_block_count(2)
-    writer.add_head_count(4)
-    writer.add_head_count_kv(kv_heads)
-    writer.add_embedding_length(32)
-    writer.add_context_length(256)
-    for key, value in (meta or {}).items():
-        if isinstance(value, list):
-            writer.add_array(key, value)
-        else:
-            writer.add_uint32(key, value)
-    for name, data in _tensors().items():
-        writer.add_tensor(name, data, raw_dtype=RAW.get(name))
-    writer.write_header_to_file()
-    writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
-    writer.close()
-
 
 def test_a_gguf_files_weights_are_its_tensors_data_sizes(tmp_path: Path) -> None:
     path = tmp_path / "tiny.gguf"
-    _write_gguf(path)
+    write_tiny_gguf(path)
     found = read_model(path)
     assert found.format == "gguf"
     assert found.weights.bytes == GGUF_WEIGHTS
@@ -83,14 +36,14 @@ def test_a_gguf_files_weights_are_its_tensors_data_sizes(tmp_path: Path) -> None
 
 def test_a_gguf_files_key_and_value_lengths_are_taken_when_present(tmp_path: Path) -> None:
     path = tmp_path / "kv.gguf"
-    _write_gguf(path, {"llama.attention.key_length": 16, "llama.attention.value_length": 12})
+    write_tiny_gguf(path, {"llama.attention.key_length": 16, "llama.attention.value_length": 12})
     arch = read_model(path).architecture
     assert (arch.key_length, arch.value_length, arch.head_dim) == (16, 12, None)
     assert kv_cache(arch, context=10).bytes == 2 * 2 * (16 + 12) * 10 * 2
 
 
 def test_a_split_gguf_model_is_summed_over_its_files(tmp_path: Path) -> None:
-    _write_gguf(tmp_path / "tiny.gguf", split_max_tensors=2)
+    write_tiny_gguf(tmp_path / "tiny.gguf", split_max_tensors=2)
     first = tmp_path / "tiny-00001-of-00002.gguf"
     assert first.is_file()
     found = read_model(first)
@@ -100,7 +53,7 @@ def test_a_split_gguf_model_is_summed_over_its_files(tmp_path: Path) -> None:
 
 
 def test_a_split_gguf_model_missing_a_file_names_it(tmp_path: Path) -> None:
-    _write_gguf(tmp_path / "tiny.gguf", split_max_tensors=2)
+    write_tiny_gguf(tmp_path / "tiny.gguf", split_max_tensors=2)
     (tmp_path / "tiny-00002-of-00002.gguf").unlink()
     with pytest.raises(ModelFileError, match=r"missing: tiny-00002-of-00002\.gguf"):
         read_model(tmp_path / "tiny-00001-of-00002.gguf")
@@ -108,7 +61,7 @@ def test_a_split_gguf_model_missing_a_file_names_it(tmp_path: Path) -> None:
 
 def test_sliding_window_layers_named_by_the_gguf_pattern_are_counted(tmp_path: Path) -> None:
     path = tmp_path / "swa.gguf"
-    _write_gguf(
+    write_tiny_gguf(
         path,
         {
             "llama.attention.sliding_window": 64,
@@ -122,13 +75,13 @@ def test_sliding_window_layers_named_by_the_gguf_pattern_are_counted(tmp_path: P
 
 def test_kv_heads_given_per_layer_count_when_all_layers_agree(tmp_path: Path) -> None:
     path = tmp_path / "per-layer.gguf"
-    _write_gguf(path, kv_heads=[2, 2])
+    write_tiny_gguf(path, kv_heads=[2, 2])
     assert read_model(path).architecture.kv_heads == 2
 
 
 def test_kv_heads_that_differ_by_layer_make_the_cache_unknown(tmp_path: Path) -> None:
     path = tmp_path / "hybrid.gguf"
-    _write_gguf(path, kv_heads=[2, 0])
+    write_tiny_gguf(path, kv_heads=[2, 0])
     arch = read_model(path).architecture
     assert arch.unsupported == (
         "the attention heads differ by layer (llama.attention.head_count_kv: [0, 2])"
@@ -138,7 +91,7 @@ def test_kv_heads_that_differ_by_layer_make_the_cache_unknown(tmp_path: Path) ->
 
 def test_recurrent_gguf_layers_make_the_cache_unknown(tmp_path: Path) -> None:
     path = tmp_path / "ssm.gguf"
-    _write_gguf(path, {"llama.ssm.state_size": 16})
+    write_tiny_gguf(path, {"llama.ssm.state_size": 16})
     term = kv_cache(read_model(path).architecture, context=None)
     assert term.bytes is None and term.reason is not None and "llama.ssm.*" in term.reason
 
@@ -157,7 +110,7 @@ def test_a_gguf_file_without_a_figure_names_the_key(tmp_path: Path) -> None:
 
 def test_a_truncated_gguf_file_is_refused(tmp_path: Path) -> None:
     path = tmp_path / "cut.gguf"
-    _write_gguf(path)
+    write_tiny_gguf(path)
     whole = path.read_bytes()
     path.write_bytes(whole[:-1000])
     cut = rf"cut.gguf: truncated at byte {len(whole) - 1000} of {len(whole)} "
@@ -167,27 +120,12 @@ def test_a_truncated_gguf_file_is_refused(tmp_path: Path) -> None:
 
 def test_a_gguf_file_long_enough_but_unreadable_keeps_the_readers_words(tmp_path: Path) -> None:
     path = tmp_path / "bad.gguf"
-    _write_gguf(path)
+    write_tiny_gguf(path)
     data = bytearray(path.read_bytes())
     data[4:8] = (99).to_bytes(4, "little")  # a version gguf does not read
     path.write_bytes(bytes(data))
     with pytest.raises(ModelFileError, match=r"bad.gguf: not a readable GGUF file \("):
         read_model(path)
-
-
-def _config(folder: Path, **changes: Any) -> dict[str, Any]:
-    config: dict[str, Any] = {
-        "num_hidden_layers": 3,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "hidden_size": 64,
-        "max_position_embeddings": 512,
-        "torch_dtype": "bfloat16",
-    }
-    config.update(changes)
-    config = {k: v for k, v in config.items() if v is not None}
-    (folder / "config.json").write_text(json.dumps(config), encoding="utf-8")
-    return config
 
 
 def _shard(n: int) -> dict[str, np.ndarray[Any, Any]]:
@@ -199,7 +137,7 @@ def _shard(n: int) -> dict[str, np.ndarray[Any, Any]]:
 
 def test_one_safetensors_file_and_its_config(tmp_path: Path) -> None:
     save_file(_shard(0), str(tmp_path / "model.safetensors"), metadata={"format": "np"})
-    _config(tmp_path)
+    hf_config(tmp_path)
     found = read_model(tmp_path / "model.safetensors")
     assert found.format == "safetensors"
     assert (found.weights.bytes, found.weights.tensors) == (296, 2)
@@ -217,7 +155,7 @@ def test_a_sharded_folder_and_its_index_give_the_same_sum(tmp_path: Path) -> Non
         weight_map.update(dict.fromkeys(_shard(n), name))
     index = tmp_path / "model.safetensors.index.json"
     index.write_text(json.dumps({"metadata": {"total_size": 592}, "weight_map": weight_map}))
-    _config(tmp_path, head_dim=32)
+    hf_config(tmp_path, head_dim=32)
     by_folder, by_index = read_model(tmp_path), read_model(index)
     assert by_folder.weights.bytes == by_index.weights.bytes == 592
     assert by_folder.weights.tensors == 4
@@ -227,7 +165,7 @@ def test_a_sharded_folder_and_its_index_give_the_same_sum(tmp_path: Path) -> Non
 def test_a_folder_without_an_index_sums_every_safetensors_file(tmp_path: Path) -> None:
     for n in (1, 2, 3):
         save_file(_shard(n), str(tmp_path / f"part{n}.safetensors"))
-    _config(tmp_path)
+    hf_config(tmp_path)
     assert read_model(tmp_path).weights.bytes == 3 * 296
 
 
@@ -243,14 +181,14 @@ def test_a_multimodal_config_is_read_from_its_text_config(tmp_path: Path) -> Non
 def test_config_layer_types_name_the_sliding_window_layers(tmp_path: Path) -> None:
     save_file(_shard(0), str(tmp_path / "model.safetensors"))
     types = ["sliding_attention", "sliding_attention", "full_attention"]
-    _config(tmp_path, sliding_window=128, layer_types=types)
+    hf_config(tmp_path, sliding_window=128, layer_types=types)
     arch = read_model(tmp_path).architecture
     assert (arch.sliding_window, arch.sliding_layers) == (128, 2)
 
 
 def test_a_sliding_window_the_config_turns_off_is_ignored(tmp_path: Path) -> None:
     save_file(_shard(0), str(tmp_path / "model.safetensors"))
-    _config(tmp_path, sliding_window=128, use_sliding_window=False)
+    hf_config(tmp_path, sliding_window=128, use_sliding_window=False)
     assert read_model(tmp_path).architecture.sliding_window is None
 
 
@@ -270,7 +208,7 @@ def test_layers_the_formula_does_not_describe_are_said(
     tmp_path: Path, changes: dict[str, Any], reason: str
 ) -> None:
     save_file(_shard(0), str(tmp_path / "model.safetensors"))
-    _config(tmp_path, **changes)
+    hf_config(tmp_path, **changes)
     arch = read_model(tmp_path).architecture
     assert arch.unsupported is not None and reason in arch.unsupported
     assert kv_cache(arch, context=None).bytes is None
@@ -279,21 +217,21 @@ def test_layers_the_formula_does_not_describe_are_said(
 @pytest.mark.parametrize("key", ["num_hidden_layers", "num_attention_heads"])
 def test_a_config_missing_a_key_names_the_key_and_the_file(tmp_path: Path, key: str) -> None:
     save_file(_shard(0), str(tmp_path / "model.safetensors"))
-    _config(tmp_path, **{key: None})
+    hf_config(tmp_path, **{key: None})
     with pytest.raises(ModelFileError, match=rf"config.json: no {key} \(needed"):
         read_model(tmp_path)
 
 
 def test_a_config_without_head_dim_nor_hidden_size_says_so(tmp_path: Path) -> None:
     save_file(_shard(0), str(tmp_path / "model.safetensors"))
-    _config(tmp_path, hidden_size=None)
+    hf_config(tmp_path, hidden_size=None)
     with pytest.raises(ModelFileError, match="no head_dim nor hidden_size"):
         read_model(tmp_path)
 
 
 def test_a_figure_that_is_not_a_positive_integer_is_named(tmp_path: Path) -> None:
     save_file(_shard(0), str(tmp_path / "model.safetensors"))
-    _config(tmp_path, num_key_value_heads="two")
+    hf_config(tmp_path, num_key_value_heads="two")
     with pytest.raises(ModelFileError, match="num_key_value_heads must be a positive integer"):
         read_model(tmp_path)
 
@@ -308,7 +246,7 @@ def test_no_config_beside_the_weights_is_an_error(tmp_path: Path) -> None:
 def test_a_truncated_safetensors_file_is_refused(tmp_path: Path, keep: int) -> None:
     path = tmp_path / "model.safetensors"
     save_file(_shard(0), str(path))
-    _config(tmp_path)
+    hf_config(tmp_path)
     path.write_bytes(path.read_bytes()[:keep])
     with pytest.raises(ModelFileError, match=r"model.safetensors: truncated"):
         read_model(path)

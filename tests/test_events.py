@@ -30,13 +30,14 @@ import docker
 import httpx
 import pytest
 import uvicorn
-from serving import free_port
+from support.core import spec as core_spec
+from support.service import controller_on
+from support.serving import free_port
+from support.waiting import WAIT_S, wait_for
 from test_api import TOKEN, Live, vramctl
-from waiting import WAIT_S, wait_for
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.client import follow_events, parse_sse
-from controller.manifest import load_manifest_set
 from controller.service.events import (
     DriftWatch,
     Event,
@@ -46,20 +47,10 @@ from controller.service.events import (
     Subscription,
     drift_alarms,
 )
-from controller.service.loop import Controller, RunOptions
-from controller.store.journal import Journal, journal_path
+from controller.service.loop import Controller
+from statemachine import types as sm
 from statemachine.ledger import GpuReservation, Ledger, Refusal
 from statemachine.status import host_status
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    GpuObs,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-)
 
 # ── the bus ──────────────────────────────────────────────────────────────────
 
@@ -217,17 +208,11 @@ def test_the_bus_refuses_a_ring_or_queue_of_nothing() -> None:
         EventBus(queue=0)
 
 
-ROLE = GpuRole("a", 10000, 1000, uuid="GPU-a")
+ROLE = sm.GpuRole("a", 10000, 1000, uuid="GPU-a")
 
 
-def spec(name: str, mib: int) -> ServeSpec:
-    return ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=Residency.ON_DEMAND,
-    )
+def spec(name: str, mib: int) -> sm.ServeSpec:
+    return core_spec(name, mib, sm.Residency.ON_DEMAND)
 
 
 def test_the_ledger_watch_publishes_a_role_only_when_its_figures_change() -> None:
@@ -250,18 +235,18 @@ def test_the_ledger_watch_publishes_a_role_only_when_its_figures_change() -> Non
     assert all(e.kind == "ledger" and e.data["gpu_role"] == "a" for e in bus.recent())
 
 
-def observed(used: int | None, llm_used: int | None, docker_ok: bool = True) -> Observed:
-    return Observed(
+def observed(used: int | None, llm_used: int | None, docker_ok: bool = True) -> sm.Observed:
+    return sm.Observed(
         docker_ok=docker_ok,
         containers={
-            "c-llm": ContainerObs(ContainerState.RUNNING, gpu_used_mib=llm_used),
+            "c-llm": sm.ContainerObs(sm.ContainerState.RUNNING, gpu_used_mib=llm_used),
         },
-        gpus=None if used is None else (GpuObs("GPU-a", 0, "card", 10000, used, 10000 - used),),
+        gpus=None if used is None else (sm.GpuObs("GPU-a", 0, "card", 10000, used, 10000 - used),),
     )
 
 
 def test_drift_alarms_are_raised_and_cleared_once_each() -> None:
-    desired = DesiredState(roles={"a": ROLE}, serves={"llm": spec("llm", 5000)})
+    desired = sm.DesiredState(roles={"a": ROLE}, serves={"llm": spec("llm", 5000)})
     bus = EventBus()
     watch = DriftWatch(bus)
     for obs in (
@@ -287,15 +272,11 @@ def test_drift_alarms_are_raised_and_cleared_once_each() -> None:
 
 @pytest.fixture
 def idle(tmp_path: Path) -> Iterator[Controller]:
-    path = tmp_path / "serves.toml"
-    path.write_text(
+    controller = controller_on(
+        tmp_path,
         '[[gpu_roles]]\nid = "a"\nvram_mib = 10000\n\n[[serve]]\nname = "llm"\n'
-        'container = "c-llm"\ngpu_role = "a"\nvram_mib = 5000\nresidency = "on-demand"\n'
+        'container = "c-llm"\ngpu_role = "a"\nvram_mib = 5000\nresidency = "on-demand"\n',
     )
-    controller = Controller(
-        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
-    )
-    controller.journal = Journal.open(journal_path(controller.state_dir))
     yield controller
     controller.journal.close()
 

@@ -97,7 +97,7 @@ def _run_example(name: str, **extra_env: str) -> str:
     import subprocess
 
     from compose_stack import compose_available
-    from serving import free_port
+    from support.serving import free_port
 
     compose_available()
     env = dict(os.environ, VRAMCTL_EXAMPLE_API=f"127.0.0.1:{free_port()}", COLUMNS="200")

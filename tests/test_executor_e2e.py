@@ -11,9 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,8 +23,10 @@ import docker
 import pytest
 from docker.errors import NotFound
 from fake_http import Card, ElasticEngine, FakeRouter
-from fakes_nvml import FakeDevice, FakeNvml, FakeProc
-from serving import free_port, httpd
+from support.cli import cli_env, run_cli
+from support.fakes_nvml import FakeDevice, FakeNvml, FakeProc
+from support.manifests import serve_toml as serve_text
+from support.serving import free_port, httpd
 
 from controller.adapters.docker.read import ContainerObserver, manifest_containers
 from controller.adapters.router import QUIESCE_REASON
@@ -196,20 +196,8 @@ uuid = "GPU-e2e-0"
 
 
 def serve_toml(name: str, *, mib: int, residency: str, port: int, extra: str = "") -> str:
-    return f"""
-[[serve]]
-name = "{name}"
-container = "@{name}"
-gpu_role = "a"
-vram_mib = {mib}
-residency = "{residency}"
-port = {port}
-health = "/health"
-start_timeout_s = 60
-stop_timeout_s = 5
-drain_timeout_s = 7
-{extra}
-"""
+    more = f"drain_timeout_s = 7\n{extra}"
+    return serve_text(name, f"@{name}", mib, residency, port, start_timeout_s=60, extra=more)
 
 
 def actions(report: ExecutionReport) -> list[str]:
@@ -403,15 +391,7 @@ def test_elastic_shrink_half_succeeds(host: Host) -> None:
 
 
 def _vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=180,
-        check=False,
-    )
+    return run_cli(*args, env=cli_env(), timeout=180)
 
 
 def test_apply_converges_and_refuses_a_stale_plan(host: Host) -> None:

@@ -11,84 +11,48 @@ from __future__ import annotations
 from typing import Any
 
 from fake_http import FakeElastic
+from support.fake_docker import FakeContainers as Containers
+from support.fake_docker import quick_elastic, quick_executor
 
-from controller.adapters.elastic import ElasticClient
-from controller.service.executor import Executor, ExecutorConfig, Outcome
-from controller.snapshot import ContainerModel
+from controller.service.executor import Executor, Outcome
+from statemachine import types as sm
 from statemachine.ledger import GpuReservation, Ledger
 from statemachine.planner import Action, Plan, Step
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuObs,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-)
+
+ROLE = sm.GpuRole("g0", 20_000, 0, uuid="GPU-0")
 
 
-class Containers:
-    """In-memory container runtime: state per container, stop and start flip it."""
-
-    def __init__(self, running: set[str]) -> None:
-        self.state = {c: "running" for c in running}
-
-    def created_for(self, name: str) -> str | None:
-        return None  # made without VRAMCTL_GPU_ROLE: started as it is
-
-    def exists(self, name: str) -> bool:
-        return name in self.state
-
-    def stop(self, name: str, timeout_s: float) -> None:
-        self.state[name] = "exited"
-
-    def start(self, name: str) -> None:
-        self.state[name] = "running"
-
-    def inspect(self, name: str) -> ContainerModel | None:
-        if name not in self.state:
-            return None
-        return ContainerModel(state=ContainerState(self.state[name]), exit_code=0)
-
-    def logs(self, name: str, tail: int = 40) -> str:
-        return ""
+def executor(desired: sm.DesiredState, docker: Containers, gpus: Any, url: str) -> Executor:
+    return quick_executor(desired, docker, gpus, elastic=quick_elastic())
 
 
-ROLE = GpuRole("g0", 20_000, 0, uuid="GPU-0")
+def running(**extra: Any) -> sm.ContainerObs:
+    return sm.ContainerObs(sm.ContainerState.RUNNING, started_at=1.0, **extra)
 
 
-def executor(desired: DesiredState, docker: Containers, gpus: Any, url: str) -> Executor:
-    return Executor(
-        desired,
-        docker=docker,  # type: ignore[arg-type]
-        elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
-        gpus=gpus,
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
+def elastic_moe(url: str) -> sm.ServeSpec:
+    """``moe``, resident and running on ``g0``: 10000 MiB, elastic down to 2000 at ``url``."""
+    return sm.ServeSpec(
+        "moe",
+        "moe",
+        ("g0",),
+        10_000,
+        sm.Residency.RESIDENT,
+        sm.DesiredRun.RUNNING,
+        elastic=sm.Elastic(url, 2000),
     )
-
-
-def running(**extra: Any) -> ContainerObs:
-    return ContainerObs(ContainerState.RUNNING, started_at=1.0, **extra)
 
 
 def test_a_grow_the_ledger_refuses_never_reaches_the_engine() -> None:
     with FakeElastic() as engine:
-        moe = ServeSpec(
-            "moe",
-            "moe",
-            ("g0",),
-            10_000,
-            Residency.RESIDENT,
-            DesiredRun.RUNNING,
-            elastic=Elastic(engine.url, 2000),
+        moe = elastic_moe(engine.url)
+        big = sm.ServeSpec(
+            "big", "big", ("g0",), 15_000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING
         )
-        big = ServeSpec("big", "big", ("g0",), 15_000, Residency.RESIDENT, DesiredRun.RUNNING)
-        desired = DesiredState({"g0": ROLE}, {"moe": moe, "big": big})
-        observed = Observed(True, {"moe": running(), "big": running()}, elastic_mib={"moe": 2000})
+        desired = sm.DesiredState({"g0": ROLE}, {"moe": moe, "big": big})
+        observed = sm.Observed(
+            True, {"moe": running(), "big": running()}, elastic_mib={"moe": 2000}
+        )
         ledger = Ledger(
             {"g0": ROLE},
             [GpuReservation("moe", ("g0",), 2000), GpuReservation("big", ("g0",), 15_000)],
@@ -104,17 +68,9 @@ def test_a_grow_the_ledger_refuses_never_reaches_the_engine() -> None:
 
 def test_a_failed_shrink_of_a_shrunk_serve_does_not_grow_it_back() -> None:
     with FakeElastic([FakeElastic.busy()]) as engine:
-        moe = ServeSpec(
-            "moe",
-            "moe",
-            ("g0",),
-            10_000,
-            Residency.RESIDENT,
-            DesiredRun.RUNNING,
-            elastic=Elastic(engine.url, 2000),
-        )
-        desired = DesiredState({"g0": ROLE}, {"moe": moe})
-        observed = Observed(True, {"moe": running()}, elastic_mib={"moe": 6000})
+        moe = elastic_moe(engine.url)
+        desired = sm.DesiredState({"g0": ROLE}, {"moe": moe})
+        observed = sm.Observed(True, {"moe": running()}, elastic_mib={"moe": 6000})
         ledger = Ledger({"g0": ROLE}, [GpuReservation("moe", ("g0",), 6000)])
         shrink = Step(Action.SHRINK, "moe", ("g0",), 2000, "shrink", to_mib=4000, group="r")
         ex = executor(desired, Containers({"moe"}), lambda: None, engine.url)
@@ -135,15 +91,15 @@ def _stop_plan(ledger: Ledger, mib: int) -> Plan:
 
 
 def test_release_waits_for_what_the_container_used_not_what_it_reserved() -> None:
-    v = ServeSpec("v", "v", ("g0",), 12_000, Residency.EVICTABLE, DesiredRun.STOPPED)
-    desired = DesiredState({"g0": ROLE}, {"v": v})
+    v = sm.ServeSpec("v", "v", ("g0",), 12_000, sm.Residency.EVICTABLE, sm.DesiredRun.STOPPED)
+    desired = sm.DesiredState({"g0": ROLE}, {"v": v})
     docker = Containers({"v"})
 
-    def gpus() -> tuple[GpuObs, ...]:  # v used 5000 of its 12000 MiB; 1000 is the driver's
+    def gpus() -> tuple[sm.GpuObs, ...]:  # v used 5000 of its 12000 MiB; 1000 is the driver's
         used = 6000 if docker.state["v"] == "running" else 1000
-        return (GpuObs("GPU-0", 0, total_mib=20_000, used_mib=used, free_mib=20_000 - used),)
+        return (sm.GpuObs("GPU-0", 0, total_mib=20_000, used_mib=used, free_mib=20_000 - used),)
 
-    observed = Observed(True, {"v": running(gpu_used_mib=5000)})
+    observed = sm.Observed(True, {"v": running(gpu_used_mib=5000)})
     ledger = Ledger({"g0": ROLE}, [GpuReservation("v", ("g0",), 12_000)])
     report = executor(desired, docker, gpus, "").execute(
         _stop_plan(ledger, 12_000), observed, skip_preflight=True
@@ -154,14 +110,14 @@ def test_release_waits_for_what_the_container_used_not_what_it_reserved() -> Non
 
 
 def test_release_is_not_confirmed_while_the_memory_stays_in_use() -> None:
-    v = ServeSpec("v", "v", ("g0",), 12_000, Residency.EVICTABLE, DesiredRun.STOPPED)
-    desired = DesiredState({"g0": ROLE}, {"v": v})
+    v = sm.ServeSpec("v", "v", ("g0",), 12_000, sm.Residency.EVICTABLE, sm.DesiredRun.STOPPED)
+    desired = sm.DesiredState({"g0": ROLE}, {"v": v})
     docker = Containers({"v"})
 
-    def gpus() -> tuple[GpuObs, ...]:  # a zombie process keeps the memory after the exit
-        return (GpuObs("GPU-0", 0, total_mib=20_000, used_mib=6000, free_mib=14_000),)
+    def gpus() -> tuple[sm.GpuObs, ...]:  # a zombie process keeps the memory after the exit
+        return (sm.GpuObs("GPU-0", 0, total_mib=20_000, used_mib=6000, free_mib=14_000),)
 
-    observed = Observed(True, {"v": running(gpu_used_mib=5000)})
+    observed = sm.Observed(True, {"v": running(gpu_used_mib=5000)})
     ledger = Ledger({"g0": ROLE}, [GpuReservation("v", ("g0",), 12_000)])
     report = executor(desired, docker, gpus, "").execute(
         _stop_plan(ledger, 12_000), observed, skip_preflight=True

@@ -19,28 +19,19 @@ from collections.abc import Iterator
 import pytest
 from fake_http import FakeRouter
 from loguru import logger
-from test_executor_ledger import Containers
+from support.fake_docker import FakeContainers as Containers
 
 from controller.adapters.docker.actions import ActionError
 from controller.adapters.elastic import ElasticClient
 from controller.adapters.router import RouterClient
 from controller.interfaces import render
 from controller.service.executor import Executor, ExecutorConfig, Outcome
+from statemachine import types as sm
 from statemachine.ledger import GpuReservation, Ledger
 from statemachine.planner import Action, Plan, Step
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-)
 
 TOKEN = "router-secret"
-ROLE = GpuRole("g0", 20_000, 0, uuid="GPU-0")
+ROLE = sm.GpuRole("g0", 20_000, 0, uuid="GPU-0")
 CONFIG = ExecutorConfig(poll_s=0.01, memory_wait_s=0.2, readmit_wait_s=0.5, readmit_poll_s=0.05)
 
 
@@ -72,11 +63,13 @@ def errors() -> Iterator[list[str]]:
 TIERS = ("omni-local", "ocr-local")
 
 
-def _serve(name: str, mib: int, residency: Residency, tier: str | None) -> ServeSpec:
-    return ServeSpec(name, name, ("g0",), mib, residency, DesiredRun.RUNNING, router_tier=tier)
+def _serve(name: str, mib: int, residency: sm.Residency, tier: str | None) -> sm.ServeSpec:
+    return sm.ServeSpec(
+        name, name, ("g0",), mib, residency, sm.DesiredRun.RUNNING, router_tier=tier
+    )
 
 
-def _executor(desired: DesiredState, docker: Containers, router: FakeRouter) -> Executor:
+def _executor(desired: sm.DesiredState, docker: Containers, router: FakeRouter) -> Executor:
     return Executor(
         desired,
         docker=docker,  # type: ignore[arg-type]
@@ -94,16 +87,16 @@ def test_a_failed_victim_stop_is_undone_without_a_fault_and_its_machine_stays_fa
     ``failed`` (``stop_failed``), which is the step's failure, not a fault of the undo.
     The undo readmits both victims' tiers and gives the requester's reservation back;
     omni's machine stays failed (observation moves it on), ocr's is back in service."""
-    omni = _serve("omni", 6000, Residency.EVICTABLE, "omni-local")
-    ocr = _serve("ocr", 4000, Residency.EVICTABLE, "ocr-local")
-    llm = _serve("llm", 8000, Residency.ON_DEMAND, None)
-    desired = DesiredState({"g0": ROLE}, {"omni": omni, "ocr": ocr, "llm": llm})
-    observed = Observed(
+    omni = _serve("omni", 6000, sm.Residency.EVICTABLE, "omni-local")
+    ocr = _serve("ocr", 4000, sm.Residency.EVICTABLE, "ocr-local")
+    llm = _serve("llm", 8000, sm.Residency.ON_DEMAND, None)
+    desired = sm.DesiredState({"g0": ROLE}, {"omni": omni, "ocr": ocr, "llm": llm})
+    observed = sm.Observed(
         True,
         {
-            "omni": ContainerObs(ContainerState.RUNNING, started_at=1.0),
-            "ocr": ContainerObs(ContainerState.RUNNING, started_at=1.0),
-            "llm": ContainerObs(ContainerState.EXITED, exit_code=0),
+            "omni": sm.ContainerObs(sm.ContainerState.RUNNING, started_at=1.0),
+            "ocr": sm.ContainerObs(sm.ContainerState.RUNNING, started_at=1.0),
+            "llm": sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0),
         },
     )
     ledger = Ledger(
@@ -158,9 +151,9 @@ def test_an_illegal_transition_settling_a_failed_start_is_reported(errors: list[
     no start for it): settling the failed start asks for ``fail``, which is not a
     transition from ``stopped``. Nothing is stopped, nothing released or reserved, and
     the fault is reported."""
-    llm = _serve("llm", 8000, Residency.ON_DEMAND, None)
-    desired = DesiredState({"g0": ROLE}, {"llm": llm})
-    observed = Observed(True, {"llm": ContainerObs(ContainerState.EXITED, exit_code=3)})
+    llm = _serve("llm", 8000, sm.Residency.ON_DEMAND, None)
+    desired = sm.DesiredState({"g0": ROLE}, {"llm": llm})
+    observed = sm.Observed(True, {"llm": sm.ContainerObs(sm.ContainerState.EXITED, exit_code=3)})
     ledger = Ledger({"g0": ROLE}, [])
     wait = Step(Action.AWAIT_READY, "llm", ("g0",), 8000, "a plan that disagrees", group="llm")
     docker = StopFails(set(), failing=set())
@@ -201,9 +194,11 @@ def test_a_tier_left_quiesced_at_the_end_of_the_plan_is_readmitted_its_failed_ma
     plan ends. Another group's stop of that serve failed meanwhile, so its machine is
     ``failed``: the tier is readmitted, the machine stays failed (observation moves it
     on), and that is no fault of the undo."""
-    omni = _serve("omni", 6000, Residency.EVICTABLE, "omni-local")
-    desired = DesiredState({"g0": ROLE}, {"omni": omni})
-    observed = Observed(True, {"omni": ContainerObs(ContainerState.RUNNING, started_at=1.0)})
+    omni = _serve("omni", 6000, sm.Residency.EVICTABLE, "omni-local")
+    desired = sm.DesiredState({"g0": ROLE}, {"omni": omni})
+    observed = sm.Observed(
+        True, {"omni": sm.ContainerObs(sm.ContainerState.RUNNING, started_at=1.0)}
+    )
     ledger = Ledger({"g0": ROLE}, [GpuReservation("omni", ("g0",), 6000)])
     steps = (
         Step(Action.QUIESCE, "omni", ("g0",), 6000, "victim", group="a"),
@@ -243,9 +238,11 @@ def test_a_failed_start_that_docker_cannot_confirm_down_settles_its_machine(
     from controller.service.executor import _Run
     from statemachine.lifecycle import ServeLifecycle
 
-    llm = _serve("llm", 8000, Residency.ON_DEMAND, None)
-    desired = DesiredState({"g0": ROLE}, {"llm": llm})
-    observed = Observed(True, {"llm": ContainerObs(ContainerState.RUNNING, started_at=1.0)})
+    llm = _serve("llm", 8000, sm.Residency.ON_DEMAND, None)
+    desired = sm.DesiredState({"g0": ROLE}, {"llm": llm})
+    observed = sm.Observed(
+        True, {"llm": sm.ContainerObs(sm.ContainerState.RUNNING, started_at=1.0)}
+    )
     ledger = Ledger({"g0": ROLE}, [GpuReservation("llm", ("g0",), 8000)])
     with FakeRouter(token=TOKEN, tiers=TIERS) as router:
         ex = _executor(desired, InspectFails({"llm"}), router)

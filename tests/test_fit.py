@@ -9,24 +9,11 @@ shrunk or what blocks it.
 
 from __future__ import annotations
 
-from test_planner_rules import EVI, NOW, OND, RES, RUN, Case, _build, req, serve, up
+from support.plan_cases import EVI, NOW, OND, RES, RUN, Case, _build, req, serve, up
 
+from statemachine import types as sm
 from statemachine.fit import FitResult, fit_serve, request_plan
 from statemachine.planner import Action, Policy
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-    StartingObs,
-)
 
 
 def fit(case: Case, name: str, policy: Policy | None = None) -> FitResult:
@@ -102,7 +89,11 @@ def test_a_fit_after_shrinking_lists_the_shrink() -> None:
     case = Case(
         [
             serve(
-                "moe", 20_000, EVI, RUN, elastic=Elastic("http://127.0.0.1:1", 16_000, None, 1000)
+                "moe",
+                20_000,
+                EVI,
+                RUN,
+                elastic=sm.Elastic("http://127.0.0.1:1", 16_000, None, 1000),
             ),
             serve("omni", 8000, EVI, RUN),
             serve("llm", 6000, OND),
@@ -220,9 +211,9 @@ def test_a_held_back_serve_does_not_fit_with_the_hold_reason() -> None:
 def test_an_exited_serve_whose_memory_is_not_back_does_not_fit_yet() -> None:
     case = Case([serve("llm", 2000, OND)], {}, [])
     desired, _ = _build(case)
-    observed = Observed(
+    observed = sm.Observed(
         True,
-        {"c-llm": ContainerObs(ContainerState.EXITED, exit_code=0)},
+        {"c-llm": sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)},
         unreleased=frozenset({"llm"}),
     )
     got = fit_serve(desired, observed, "llm", now=NOW)
@@ -242,16 +233,20 @@ def test_the_json_of_a_sleepers_wake_says_wake_and_no_victim_slept() -> None:
     """Where sleep takes part the fit JSON says so: a serve that sleeps is woken, not
     started (``wake: true``), with nothing else put to sleep (``sleep: []``); where sleep
     takes no part neither key is there."""
-    llm = serve("llm", 8000, OND, sleep=Sleep(1, 1000, SleepProtocol.VLLM, 2000))
+    llm = serve("llm", 8000, OND, sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 2000))
     desired, _ = _build(Case([llm], {}, []))
-    asleep = Observed(True, {"c-llm": up()}, sleep={"llm": SleepObs(SleepState.ASLEEP, level=1)})
+    asleep = sm.Observed(
+        True, {"c-llm": up()}, sleep={"llm": sm.SleepObs(sm.SleepState.ASLEEP, level=1)}
+    )
     out = fit_serve(desired, asleep, "llm", now=NOW).to_json()
     assert (out["fits"], out["sleep"], out["wake"]) == (True, [], True)
-    stopped = fit_serve(desired, Observed(True), "llm", now=NOW).to_json()
+    stopped = fit_serve(desired, sm.Observed(True), "llm", now=NOW).to_json()
     assert stopped["fits"] and "sleep" not in stopped and "wake" not in stopped
     # a container that exited is started, not woken, whatever its last sleep reading said
-    exited = ContainerObs(ContainerState.EXITED, exit_code=0)
-    stale = Observed(True, {"c-llm": exited}, sleep={"llm": SleepObs(SleepState.ASLEEP, level=1)})
+    exited = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)
+    stale = sm.Observed(
+        True, {"c-llm": exited}, sleep={"llm": sm.SleepObs(sm.SleepState.ASLEEP, level=1)}
+    )
     cold = fit_serve(desired, stale, "llm", now=NOW).to_json()
     assert cold["fits"] and "wake" not in cold
 
@@ -260,18 +255,18 @@ def test_a_placed_serve_with_one_candidate_answers_as_a_pinned_one() -> None:
     """A placement of one card leaves nothing to choose: fit answers as for a serve
     pinned there, without a placement decision; with two candidates it says where and
     why (docs/placement.md)."""
-    one = DesiredState(
-        {"a": GpuRole("a", 10_000)},
-        {"p": ServeSpec("p", "c-p", ("a",), 1000, OND, placement=("a",))},
+    one = sm.DesiredState(
+        {"a": sm.GpuRole("a", 10_000)},
+        {"p": sm.ServeSpec("p", "c-p", ("a",), 1000, OND, placement=("a",))},
     )
-    got = fit_serve(one, Observed(True), "p", now=NOW)
+    got = fit_serve(one, sm.Observed(True), "p", now=NOW)
     assert got.fits and got.placement is None
     assert "placement" not in got.to_json()
-    two = DesiredState(
-        {r: GpuRole(r, 10_000) for r in ("a", "b")},
-        {"p": ServeSpec("p", "c-p", ("a", "b"), 1000, OND, placement=("a", "b"))},
+    two = sm.DesiredState(
+        {r: sm.GpuRole(r, 10_000) for r in ("a", "b")},
+        {"p": sm.ServeSpec("p", "c-p", ("a", "b"), 1000, OND, placement=("a", "b"))},
     )
-    got = fit_serve(two, Observed(True), "p", now=NOW)
+    got = fit_serve(two, sm.Observed(True), "p", now=NOW)
     assert got.fits and got.placement is not None
 
 
@@ -280,12 +275,14 @@ def test_only_a_wake_is_asked_for_less_than_the_whole_reservation() -> None:
     progress, which holds its reservation too, is asked for at the whole of it."""
     llm = serve("llm", 8000, OND)
     desired, _ = _build(Case([llm], {}, []))
-    starting = Observed(True, starting={"llm": StartingObs(("a",), 8000)})
+    starting = sm.Observed(True, starting={"llm": sm.StartingObs(("a",), 8000)})
     got = fit_serve(desired, starting, "llm", now=NOW)
     assert [(t.gpu_role, t.requested_mib) for t in got.terms] == [("a", 8000)]
     # asleep, it holds its residual: its wake asks for the rest
-    sleepy = serve("llm", 8000, OND, sleep=Sleep(1, 1000, SleepProtocol.VLLM, 2000))
+    sleepy = serve("llm", 8000, OND, sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 2000))
     desired, _ = _build(Case([sleepy], {}, []))
-    asleep = Observed(True, {"c-llm": up()}, sleep={"llm": SleepObs(SleepState.ASLEEP, level=1)})
+    asleep = sm.Observed(
+        True, {"c-llm": up()}, sleep={"llm": sm.SleepObs(sm.SleepState.ASLEEP, level=1)}
+    )
     got = fit_serve(desired, asleep, "llm", now=NOW)
     assert [(t.gpu_role, t.requested_mib) for t in got.terms] == [("a", 7000)]

@@ -1,6 +1,6 @@
 """``fit_serve``'s shortcut (statemachine/isolated.py) answers exactly as the planner.
 
-Over random hosts (tests/strategies.py, then sleepers, starts in progress, in-flight
+Over random hosts (tests/support/strategies.py, then sleepers, starts in progress, in-flight
 counts, engines that size themselves from free memory, idle TTLs, memory not back,
 records of what containers were started with, a host RAM budget): for every serve of
 the host, ``fit_serve`` (the shortcut where it decides) equals ``fit_serve_by_planner``
@@ -20,27 +20,14 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, Phase, event, find, given, note, settings
 from hypothesis import strategies as st
-from strategies import NOW, Scenario, assert_reaches, crowded_hosts, hosts, report_cases
+from support.strategies import NOW, Scenario, assert_reaches, crowded_hosts, hosts, report_cases
 
 import statemachine.fit as fit_module
+from statemachine import types as sm
 from statemachine.fit import FitResult, fit_serve, fit_serve_by_planner, request_plan
 from statemachine.isolated import Decision, decide, whole_terms
 from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Policy, ReloadCost
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    GpuRole,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    StartedWith,
-    StartingObs,
-)
 
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "300"))
 SETTINGS = settings(
@@ -96,19 +83,19 @@ def test_a_request_that_may_wait_for_room_freeing_by_itself_is_left_to_the_plann
     planner waits rather than evict
     (docs/eviction.md, "Waiting for room that frees by itself"): the shortcut, which
     would evict ``evi``, leaves the answer to the planner."""
-    roles = {"g": GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
+    roles = {"g": sm.GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
     serves = {
-        "evi": ServeSpec("evi", "c-evi", ("g",), 4_000, Residency.EVICTABLE),
-        "busy": ServeSpec("busy", "c-busy", ("g",), 4_000, Residency.ON_DEMAND),
-        "want": ServeSpec("want", "c-want", ("g",), 4_000, Residency.ON_DEMAND),
+        "evi": sm.ServeSpec("evi", "c-evi", ("g",), 4_000, sm.Residency.EVICTABLE),
+        "busy": sm.ServeSpec("busy", "c-busy", ("g",), 4_000, sm.Residency.ON_DEMAND),
+        "want": sm.ServeSpec("want", "c-want", ("g",), 4_000, sm.Residency.ON_DEMAND),
     }
-    desired = DesiredState(roles, serves, (OnDemandRequest("busy", NOW - 30),))
-    up = ContainerObs(ContainerState.RUNNING, started_at=NOW - 900)
-    observed = Observed(
+    desired = sm.DesiredState(roles, serves, (sm.OnDemandRequest("busy", NOW - 30),))
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=NOW - 900)
+    observed = sm.Observed(
         True,
         {"c-evi": up, "c-busy": up},
-        in_flight={"busy": InFlightObs(1 if how == "busy" else 0, InFlightSource.METRICS)},
-        starting={"busy": StartingObs(("g",), 4_000)} if how == "starting" else {},
+        in_flight={"busy": sm.InFlightObs(1 if how == "busy" else 0, sm.InFlightSource.METRICS)},
+        starting={"busy": sm.StartingObs(("g",), 4_000)} if how == "starting" else {},
     )
     policy = Policy(
         reload={n: ReloadCost(60.0, None) for n in serves},
@@ -120,7 +107,7 @@ def test_a_request_that_may_wait_for_room_freeing_by_itself_is_left_to_the_plann
     assert f"waits for room that frees by itself (busy, 4000 MiB on g, {how})" in got.reason
     want = serves["want"]
 
-    def direct(seen: Observed, known: Policy) -> object:
+    def direct(seen: sm.Observed, known: Policy) -> object:
         ledger = ledger_from_observed(desired, seen)
         return decide(desired, seen, want, ledger, known, NOW, whole_terms(desired, ledger, want))
 
@@ -133,7 +120,7 @@ def test_a_request_that_may_wait_for_room_freeing_by_itself_is_left_to_the_plann
     for counts in ({"busy": 0}, {"busy": None}, {"busy": 0, "evi": 1}):
         seen = replace(
             observed,
-            in_flight={n: InFlightObs(c, InFlightSource.METRICS) for n, c in counts.items()},
+            in_flight={n: sm.InFlightObs(c, sm.InFlightSource.METRICS) for n, c in counts.items()},
             starting={},
         )
         assert direct(seen, policy) == Decision(("evi",)), counts
@@ -253,25 +240,27 @@ def test_the_hosts_reach_each_case_left_to_the_planner(case: str) -> None:
         return {
             "shrink": bool(f.shrink),
             "sleep": bool(f.sleep),
-            "blocked": not f.fits and spec.residency is Residency.ON_DEMAND,
+            "blocked": not f.fits and spec.residency is sm.Residency.ON_DEMAND,
             "wake": f.wake,
             "conflict": "cannot start" in f.reason,
             "min_runtime": any("min_runtime_s" in p.why for p in f.protected),
             "starting": name in sc.observed.starting,
-            "resident": spec.residency is Residency.RESIDENT and bool(holders),
+            "resident": spec.residency is sm.Residency.RESIDENT and bool(holders),
         }[case]
 
     _reaches(hit)
 
 
 def test_the_common_case_does_not_run_the_planner(monkeypatch: pytest.MonkeyPatch) -> None:
-    roles = {"g": GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
+    roles = {"g": sm.GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
     serves = {
-        "evi": ServeSpec("evi", "c-evi", ("g",), 6_000, Residency.EVICTABLE, router_tier="t"),
-        "want": ServeSpec("want", "c-want", ("g",), 6_000, Residency.ON_DEMAND),
+        "evi": sm.ServeSpec("evi", "c-evi", ("g",), 6_000, sm.Residency.EVICTABLE, router_tier="t"),
+        "want": sm.ServeSpec("want", "c-want", ("g",), 6_000, sm.Residency.ON_DEMAND),
     }
-    desired = DesiredState(roles, serves)
-    observed = Observed(True, {"c-evi": ContainerObs(ContainerState.RUNNING, started_at=NOW - 900)})
+    desired = sm.DesiredState(roles, serves)
+    observed = sm.Observed(
+        True, {"c-evi": sm.ContainerObs(sm.ContainerState.RUNNING, started_at=NOW - 900)}
+    )
     ref = fit_serve_by_planner(desired, observed, "want", now=NOW)
 
     def no_planner(*_args: object, **_kw: object) -> None:
@@ -287,15 +276,15 @@ def test_the_common_case_does_not_run_the_planner(monkeypatch: pytest.MonkeyPatc
 
 
 def test_a_default_policy_and_an_explicit_one_answer_alike() -> None:
-    roles = {"g": GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
+    roles = {"g": sm.GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
     serves = {
-        "a": ServeSpec("a", "c-a", ("g",), 3_000, Residency.EVICTABLE),
-        "b": ServeSpec("b", "c-b", ("g",), 3_000, Residency.EVICTABLE),
-        "want": ServeSpec("want", "c-want", ("g",), 7_000, Residency.ON_DEMAND),
+        "a": sm.ServeSpec("a", "c-a", ("g",), 3_000, sm.Residency.EVICTABLE),
+        "b": sm.ServeSpec("b", "c-b", ("g",), 3_000, sm.Residency.EVICTABLE),
+        "want": sm.ServeSpec("want", "c-want", ("g",), 7_000, sm.Residency.ON_DEMAND),
     }
-    running = ContainerObs(ContainerState.RUNNING, started_at=NOW - 900)
-    observed = Observed(True, {"c-a": running, "c-b": running})
-    desired = DesiredState(roles, serves)
+    running = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=NOW - 900)
+    observed = sm.Observed(True, {"c-a": running, "c-b": running})
+    desired = sm.DesiredState(roles, serves)
     default = fit_serve(desired, observed, "want", now=NOW)
     assert default.evict == ("a",)
     # with an exact search of 0 candidates the greedy chooses: the same victim here
@@ -322,7 +311,7 @@ def recorded_hosts(draw: st.DrawFn) -> Scenario:
         if draw(st.integers(0, 2)) > 0:
             mib = draw(st.sampled_from([s.vram_mib, max(1, s.vram_mib // 2), s.vram_mib + 1]))
             on = draw(st.sampled_from([s.gpu_roles, s.gpu_roles[:1], ("elsewhere",)]))
-            records[s.container] = StartedWith(s.name, on, mib)
+            records[s.container] = sm.StartedWith(s.name, on, mib)
     return replace(sc, observed=replace(obs, started_with=records))
 
 
@@ -336,19 +325,20 @@ def test_fit_serve_answers_as_the_planner_with_start_records(sc: Scenario) -> No
         assert got == ref, name
 
 
-ROLES = {"g": GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
-EVI_SERVE = ServeSpec("evi", "c-evi", ("g",), 4_000, Residency.EVICTABLE)
-RUNNING = ContainerObs(ContainerState.RUNNING, started_at=NOW - 900)
+ROLES = {"g": sm.GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
+EVI_SERVE = sm.ServeSpec("evi", "c-evi", ("g",), 4_000, sm.Residency.EVICTABLE)
+RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=NOW - 900)
 
 
 def test_more_candidates_than_the_exact_bound_go_to_the_greedy() -> None:
     serves = {
-        f"e{i}": ServeSpec(f"e{i}", f"c-e{i}", ("g",), 1_000, Residency.EVICTABLE) for i in range(4)
+        f"e{i}": sm.ServeSpec(f"e{i}", f"c-e{i}", ("g",), 1_000, sm.Residency.EVICTABLE)
+        for i in range(4)
     }
     serves["e0"] = replace(serves["e0"], vram_mib=700)
-    serves["want"] = ServeSpec("want", "c-want", ("g",), 8_800, Residency.ON_DEMAND)
-    desired = DesiredState({"g": GpuRole("g", capacity_mib=11_000, reserve_mib=0)}, serves)
-    observed = Observed(True, {f"c-e{i}": RUNNING for i in range(4)})
+    serves["want"] = sm.ServeSpec("want", "c-want", ("g",), 8_800, sm.Residency.ON_DEMAND)
+    desired = sm.DesiredState({"g": sm.GpuRole("g", capacity_mib=11_000, reserve_mib=0)}, serves)
+    observed = sm.Observed(True, {f"c-e{i}": RUNNING for i in range(4)})
     for limit in (0, 3, 4):
         policy = Policy(exact_search_limit=limit)
         got = fit_serve(desired, observed, "want", policy=policy, now=NOW)
@@ -362,22 +352,22 @@ def test_a_placed_requester_not_yet_on_a_card_is_left_to_the_planner() -> None:
     would, and asks again of the card chosen), never naming victims on every card."""
     # g0 and g1 (1000 each) are full: alpha on g0, bravo on g1, both evictable. charlie
     # (1 MiB, placed on g0 or g1) is requested: the plan stops alpha alone
-    roles = {r: GpuRole(r, 1000) for r in ("g0", "g1")}
+    roles = {r: sm.GpuRole(r, 1000) for r in ("g0", "g1")}
     serves = {
-        "alpha": ServeSpec("alpha", "c-alpha", ("g0",), 1000, Residency.EVICTABLE),
-        "bravo": ServeSpec("bravo", "c-bravo", ("g1",), 1000, Residency.EVICTABLE),
-        "charlie": ServeSpec(
+        "alpha": sm.ServeSpec("alpha", "c-alpha", ("g0",), 1000, sm.Residency.EVICTABLE),
+        "bravo": sm.ServeSpec("bravo", "c-bravo", ("g1",), 1000, sm.Residency.EVICTABLE),
+        "charlie": sm.ServeSpec(
             "charlie",
             "c-charlie",
             ("g0", "g1"),
             1,
-            Residency.ON_DEMAND,
+            sm.Residency.ON_DEMAND,
             placement=("g0", "g1"),
         ),
     }
-    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
-    desired = DesiredState(roles, serves, (OnDemandRequest("charlie", NOW - 1),))
-    observed = Observed(True, {"c-alpha": up, "c-bravo": up})
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
+    desired = sm.DesiredState(roles, serves, (sm.OnDemandRequest("charlie", NOW - 1),))
+    observed = sm.Observed(True, {"c-alpha": up, "c-bravo": up})
     sc = Scenario(desired, observed, NOW, Policy())
     plan = request_plan(desired, observed, "charlie", policy=sc.policy, now=NOW)
     stops = tuple(s.serve for s in plan.steps if s.action is Action.STOP)

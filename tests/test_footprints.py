@@ -1,6 +1,6 @@
 """Measured footprints: device deltas around the executor's starts and stops.
 
-The devices are the scripted NVML of tests/fakes_nvml.py read through the real adapter
+The devices are the scripted NVML of tests/support/fakes_nvml.py read through the real adapter
 (``observe_gpus``), with per-process figures unavailable, as on WSL2 (the driver lists
 no process memory): the device's used total is the only evidence. The container runtime
 is an in-memory stand-in whose start and stop move that total, so the executor's real
@@ -11,43 +11,34 @@ through the ``vramctl calibrate`` command on a real journal file.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 import pynvml
 import pytest
-from fakes_nvml import FakeDevice, FakeNvml, nvml_error
 from prometheus_client.parser import text_string_to_metric_families
+from support.cli import cli_env, run_cli
+from support.fake_docker import FakeContainers, quick_executor
+from support.fakes_nvml import FakeDevice, FakeNvml, nvml_error
 from test_api import Asgi, client, idle, observe  # noqa: F401
 
 from controller.adapters.nvml import MIB
 from controller.interfaces.metrics import Metrics
 from controller.manifest import load_manifest_set
-from controller.service.executor import Executor, ExecutorConfig, Outcome
+from controller.service.executor import Outcome
 from controller.service.footprints import FootprintRecorder, Reading, samples_of, summaries
 from controller.service.loop import Controller
 from controller.service.wiring import read_gpus
-from controller.snapshot import ContainerModel
 from controller.store.journal import Journal, journal_path
+from statemachine import types as sm
 from statemachine.footprint import Method, Sample, propose, summarise
 from statemachine.planner import Policy, plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    Observed,
-    ServeSpec,
-)
 
 REPO = Path(__file__).resolve().parents[1]
 UUID = "GPU-footprint-0"
-ROLE = GpuRole("g0", 24_000, 0, uuid=UUID)
+ROLE = sm.GpuRole("g0", 24_000, 0, uuid=UUID)
 BASE_MIB = 900  # the driver's own use of the card
 
 
@@ -63,52 +54,41 @@ class Card:
 
     def reading(self) -> Reading:
         # per-process figures unavailable: the containers' figures are unknown
-        return Reading.of(Observed(True, {}, gpus=read_gpus(self.nvml)))
+        return Reading.of(sm.Observed(True, {}, gpus=read_gpus(self.nvml)))
 
 
-class Containers:
+class Containers(FakeContainers):
     """In-memory container runtime; a start takes ``takes[name]`` MiB on the card."""
 
     def __init__(self, card: Card, takes: dict[str, int], running: set[str] = frozenset()) -> None:
+        super().__init__(exited=takes)
+        self.state |= {c: "running" for c in running if c in takes}
         self.card = card
         self.takes = takes
-        self.state = {c: "running" if c in running else "exited" for c in takes}
-
-    def created_for(self, name: str) -> str | None:
-        return None  # made without VRAMCTL_GPU_ROLE: started as it is
-
-    def exists(self, name: str) -> bool:
-        return name in self.state
 
     def start(self, name: str) -> None:
-        self.state[name] = "running"
+        super().start(name)
         self.card.take(self.takes[name])
 
     def stop(self, name: str, timeout_s: float) -> None:
         if self.state[name] == "running":
             self.card.take(-self.takes[name])
-        self.state[name] = "exited"
-
-    def inspect(self, name: str) -> ContainerModel | None:
-        return ContainerModel(state=ContainerState(self.state[name]), exit_code=0)
-
-    def logs(self, name: str, tail: int = 40) -> str:
-        return ""
+        super().stop(name, timeout_s)
 
 
-def serve(name: str, mib: int, desired: DesiredRun = DesiredRun.RUNNING) -> ServeSpec:
-    return ServeSpec(name, f"c-{name}", ("g0",), mib, desired=desired)
+def serve(name: str, mib: int, desired: sm.DesiredRun = sm.DesiredRun.RUNNING) -> sm.ServeSpec:
+    return sm.ServeSpec(name, f"c-{name}", ("g0",), mib, desired=desired)
 
 
-def desired_of(*serves: ServeSpec) -> DesiredState:
-    return DesiredState({"g0": ROLE}, {s.name: s for s in serves})
+def desired_of(*serves: sm.ServeSpec) -> sm.DesiredState:
+    return sm.DesiredState({"g0": ROLE}, {s.name: s for s in serves})
 
 
-def observed(docker: Containers) -> Observed:
-    return Observed(
+def observed(docker: Containers) -> sm.Observed:
+    return sm.Observed(
         True,
         {
-            c: ContainerObs(ContainerState(st), started_at=1.0)
+            c: sm.ContainerObs(sm.ContainerState(st), started_at=1.0)
             for c, st in docker.state.items()
             if st == "running"
         },
@@ -116,16 +96,10 @@ def observed(docker: Containers) -> Observed:
     )
 
 
-def execute(desired: DesiredState, docker: Containers, recorder: FootprintRecorder) -> None:
+def execute(desired: sm.DesiredState, docker: Containers, recorder: FootprintRecorder) -> None:
     obs = observed(docker)
     plan = plan_transitions(desired, obs, Policy(), 1000.0)
-    ex = Executor(
-        desired,
-        docker=docker,  # type: ignore[arg-type]
-        gpus=lambda: read_gpus(docker.card.nvml),
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-        footprints=recorder,
-    )
+    ex = quick_executor(desired, docker, lambda: read_gpus(docker.card.nvml), footprints=recorder)
     report = ex.execute(plan, obs, skip_preflight=True)
     assert all(r.outcome is Outcome.OK for r in report.results), report.to_json()
 
@@ -204,7 +178,7 @@ def test_a_stop_alone_is_measured_by_what_came_back() -> None:
     card.take(5000)  # llm runs already
     docker = Containers(card, {"c-llm": 5000}, running={"c-llm"})
     recorder = FootprintRecorder(card.reading, settle_s=0)
-    execute(desired_of(serve("llm", 4000, DesiredRun.STOPPED)), docker, recorder)
+    execute(desired_of(serve("llm", 4000, sm.DesiredRun.STOPPED)), docker, recorder)
     (sample,) = recorder.samples()
     assert (sample.kind, sample.method, sample.attributable) == ("stop", Method.DELTA, True)
     assert (sample.before_mib, sample.after_mib, sample.delta_mib) == (
@@ -266,7 +240,7 @@ def test_a_change_the_loop_sees_outside_any_window_stops_the_peak() -> None:
     card = Card()
     docker = Containers(card, {"c-llm": 3000, "c-other": 2000})
     recorder = FootprintRecorder(card.reading, settle_s=0)
-    llm, other = serve("llm", 4000), serve("other", 2000, DesiredRun.STOPPED)
+    llm, other = serve("llm", 4000), serve("other", 2000, sm.DesiredRun.STOPPED)
     desired = desired_of(llm, other)
     execute(desired, docker, recorder)
     recorder.observe(observed(docker), desired, time.time())
@@ -318,16 +292,7 @@ def record(
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1", PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env=cli_env(PYTHONPATH=str(REPO)), cwd=REPO)
 
 
 def test_calibrate_proposes_the_peak_plus_margin_from_recorded_samples(tmp_path: Path) -> None:
@@ -492,7 +457,7 @@ def test_a_window_nothing_ends_does_not_poison_later_deltas() -> None:
     a, b = serve("a", 1000), serve("b", 2000)
     desired = desired_of(a, b)
     recorder.before_start(a, desired.roles)  # interrupted: never awaited, never failed
-    recorder.observe(Observed(True, {}), desired, time.time())  # a is not starting any more
+    recorder.observe(sm.Observed(True, {}), desired, time.time())  # a is not starting any more
     recorder.before_start(b, desired.roles)
     card.take(2000)
     recorder.after_start(b)
@@ -522,7 +487,7 @@ def test_a_serve_stopped_before_it_settled_keeps_its_start_without_a_steady_figu
     recorder = FootprintRecorder(card.reading, settle_s=3600)
     llm = serve("llm", 4000)
     execute(desired_of(llm), docker, recorder)
-    execute(desired_of(serve("llm", 4000, DesiredRun.STOPPED)), docker, recorder)
+    execute(desired_of(serve("llm", 4000, sm.DesiredRun.STOPPED)), docker, recorder)
     by = {s.kind: s for s in recorder.samples()}
     assert (by["start"].delta_mib, by["start"].settled_mib, by["start"].steady_mib) == (
         3000,
@@ -540,17 +505,17 @@ def test_the_stop_of_a_sleeper_is_not_measured_as_its_footprint() -> None:
     card = Card()
     card.take(1000)  # its residual on the device
     docker = Containers(card, {"c-big": 1000}, running={"c-big"})
-    big = ServeSpec(
+    big = sm.ServeSpec(
         "big",
         "c-big",
         ("g0",),
         8000,
-        desired=DesiredRun.STOPPED,
+        desired=sm.DesiredRun.STOPPED,
         sleep=Sleep(1, 1000, SleepProtocol.VLLM, 6000, url="http://127.0.0.1:1"),
     )
     desired = desired_of(big)
     obs = observed(docker)
-    obs = Observed(
+    obs = sm.Observed(
         obs.docker_ok,
         obs.containers,
         gpus=obs.gpus,
@@ -559,13 +524,7 @@ def test_the_stop_of_a_sleeper_is_not_measured_as_its_footprint() -> None:
     plan = plan_transitions(desired, obs, Policy(), 1000.0)
     assert [str(s.action) for s in plan.steps] == ["stop", "release"], plan.steps
     recorder = FootprintRecorder(card.reading, settle_s=0)
-    ex = Executor(
-        desired,
-        docker=docker,  # type: ignore[arg-type]
-        gpus=lambda: read_gpus(docker.card.nvml),
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-        footprints=recorder,
-    )
+    ex = quick_executor(desired, docker, lambda: read_gpus(docker.card.nvml), footprints=recorder)
     report = ex.execute(plan, obs, skip_preflight=True)
     assert all(r.outcome is Outcome.OK for r in report.results), report.to_json()
     assert [s for s in recorder.samples() if s.evidence] == []

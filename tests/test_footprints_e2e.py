@@ -1,7 +1,7 @@
 """End to end: the control loop measures a serve's footprint on the real Docker daemon.
 
 The loop (``Controller.run``, in-process so that it can be handed the scripted NVML of
-tests/fakes_nvml.py) starts and stops a busybox serve container; the scripted device's
+tests/support/fakes_nvml.py) starts and stops a busybox serve container; the scripted device's
 used total follows Docker: it grows by what the serve "takes" while its container
 really runs. Per-process figures are unavailable, as on WSL2 (the driver lists the
 process with no memory figure), so the device delta is the only evidence. The samples
@@ -16,7 +16,6 @@ import contextlib
 import json
 import os
 import subprocess
-import sys
 import threading
 import uuid
 from collections.abc import Iterator
@@ -26,9 +25,10 @@ from typing import Any
 import docker
 import pytest
 from docker.errors import NotFound
-from fakes_nvml import FakeDevice, FakeMemory, FakeNvml, FakeProc
-from serving import free_port, httpd
-from waiting import WAIT_S, wait_for
+from support.cli import run_cli
+from support.fakes_nvml import FakeDevice, FakeMemory, FakeNvml, FakeProc
+from support.serving import free_port, httpd
+from support.waiting import WAIT_S, wait_for
 
 from controller.adapters.nvml import MIB
 from controller.manifest import load_manifest_set
@@ -191,15 +191,7 @@ def test_the_loop_records_start_and_stop_deltas_that_survive_a_restart(
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1", PYTHONPATH=str(REPO))
 
     def cli(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "controller.interfaces.cli", *args],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=REPO,
-            timeout=60,
-            check=False,
-        )
+        return run_cli(*args, env=env, cwd=REPO)
 
     r = cli("calibrate", "-m", str(path), "--state-dir", str(state), "--json")
     assert r.returncode == 0, r.stderr

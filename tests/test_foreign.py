@@ -27,8 +27,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
 from prometheus_client.parser import text_string_to_metric_families
-from serving import free_port, httpd
-from strategies import Scenario, scenarios
+from support.service import controller_on
+from support.serving import free_port, httpd
+from support.strategies import Scenario, scenarios
 from test_api import Asgi, client, observe  # noqa: F401
 from test_executor_e2e import ROLE, Host, actions, host, serve_toml  # noqa: F401
 from test_planner_foreign import _host, _spec
@@ -38,23 +39,14 @@ from controller.interfaces.metrics import Metrics
 from controller.manifest import ManifestError, load_manifest_set
 from controller.manifest.models import compose_project_of
 from controller.service.executor import ExecutorConfig
-from controller.service.loop import Controller, RunOptions
+from controller.service.loop import Controller
 from controller.service.wiring import make_executor
-from controller.store.journal import Journal, journal_path
+from statemachine import types as sm
 from statemachine.fit import fit_serve, fit_serve_by_planner, request_plan
 from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Policy
 from statemachine.planner import plan_transitions
 from statemachine.status import host_status
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Observed,
-    OnDemandRequest,
-    Residency,
-)
 
 PROJECT = COMPOSE_PROJECT_LABEL  # com.docker.compose.project, as Compose sets it
 OURS, THEIRS = "ours", "theirs"
@@ -85,7 +77,7 @@ def test_the_project_is_read_from_ups_project_name_flag(up: str, project: str | 
     assert compose_project_of(shlex.split(up)) == project
 
 
-def _load(tmp_path: Path, serve: str) -> DesiredState:
+def _load(tmp_path: Path, serve: str) -> sm.DesiredState:
     path = tmp_path / "m.toml"
     path.write_text('[[gpu_roles]]\nid = "a"\nvram_mib = 1000\n' + serve)
     return load_manifest_set([path]).desired()
@@ -129,17 +121,17 @@ def test_a_project_that_cannot_be_owned_is_a_manifest_error(
 # ── the planner: nothing of another project is acted on ──────────────────────
 
 
-def _theirs(state: ContainerState = ContainerState.RUNNING) -> ContainerObs:
-    return ContainerObs(state, started_at=NOW - 3600, compose_project=THEIRS, exit_code=0)
+def _theirs(state: sm.ContainerState = sm.ContainerState.RUNNING) -> sm.ContainerObs:
+    return sm.ContainerObs(state, started_at=NOW - 3600, compose_project=THEIRS, exit_code=0)
 
 
 def test_a_foreign_container_is_neither_stopped_nor_started_and_counts_while_it_runs() -> None:
-    old = _spec("old", Residency.EVICTABLE, 2000, desired=DesiredRun.STOPPED)
-    emb = _spec("emb", Residency.RESIDENT, 3000, desired=DesiredRun.RUNNING)
+    old = _spec("old", sm.Residency.EVICTABLE, 2000, desired=sm.DesiredRun.STOPPED)
+    emb = _spec("emb", sm.Residency.RESIDENT, 3000, desired=sm.DesiredRun.RUNNING)
     desired = _host(old, emb)
-    observed = Observed(
+    observed = sm.Observed(
         docker_ok=True,
-        containers={"c-old": _theirs(), "c-emb": _theirs(ContainerState.EXITED)},
+        containers={"c-old": _theirs(), "c-emb": _theirs(sm.ContainerState.EXITED)},
     )
     plan = plan_transitions(desired, observed, Policy(), NOW)
     assert plan.steps == ()
@@ -154,10 +146,10 @@ def test_a_foreign_container_is_neither_stopped_nor_started_and_counts_while_it_
 
 
 def test_a_foreign_container_is_never_a_victim_nor_shrunk() -> None:
-    ocr = _spec("ocr", Residency.EVICTABLE, 6000, desired=DesiredRun.RUNNING)
-    fast = _spec("fast", Residency.ON_DEMAND, 6000)
-    desired = _host(ocr, fast, requests=(OnDemandRequest("fast", NOW - 1),))
-    observed = Observed(docker_ok=True, containers={"c-ocr": _theirs()})
+    ocr = _spec("ocr", sm.Residency.EVICTABLE, 6000, desired=sm.DesiredRun.RUNNING)
+    fast = _spec("fast", sm.Residency.ON_DEMAND, 6000)
+    desired = _host(ocr, fast, requests=(sm.OnDemandRequest("fast", NOW - 1),))
+    observed = sm.Observed(docker_ok=True, containers={"c-ocr": _theirs()})
     plan = plan_transitions(desired, observed, Policy(), NOW)
     assert plan.steps == ()
     (b,) = plan.blocked
@@ -165,21 +157,23 @@ def test_a_foreign_container_is_never_a_victim_nor_shrunk() -> None:
     (guard,) = b.protected
     assert guard.serve == "ocr" and "compose project theirs" in guard.why
     # the same serve, its own project's container: evicted as before
-    ours = Observed(docker_ok=True, containers={"c-ocr": replace(_theirs(), compose_project=OURS)})
+    ours = sm.Observed(
+        docker_ok=True, containers={"c-ocr": replace(_theirs(), compose_project=OURS)}
+    )
     steps = [(s.action, s.serve) for s in plan_transitions(desired, ours, Policy(), NOW).steps]
     assert (Action.STOP, "ocr") in steps and (Action.START, "fast") in steps
 
 
 def test_an_unlabelled_container_or_an_undeclared_project_is_the_serves_own() -> None:
-    old = _spec("old", Residency.EVICTABLE, 2000, desired=DesiredRun.STOPPED)
-    by_hand = Observed(
+    old = _spec("old", sm.Residency.EVICTABLE, 2000, desired=sm.DesiredRun.STOPPED)
+    by_hand = sm.Observed(
         docker_ok=True, containers={"c-old": replace(_theirs(), compose_project=None)}
     )
     assert [s.action for s in plan_transitions(_host(old), by_hand, Policy(), NOW).steps][:1] == [
         Action.STOP
     ]
     anyone = _host(replace(old, compose_project=None))
-    mine = Observed(docker_ok=True, containers={"c-old": _theirs()})
+    mine = sm.Observed(docker_ok=True, containers={"c-old": _theirs()})
     assert [s.action for s in plan_transitions(anyone, mine, Policy(), NOW).steps][:1] == [
         Action.STOP
     ]
@@ -247,12 +241,7 @@ compose_project = "ours"
 
 @pytest.fixture
 def foreign_controller(tmp_path: Path) -> Controller:
-    path = tmp_path / "serves.toml"
-    path.write_text(MANIFEST)
-    c = Controller(
-        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
-    )
-    c.journal = Journal.open(journal_path(c.state_dir))
+    c = controller_on(tmp_path, MANIFEST)
     observe(c, {"ocr": {"state": "running", "compose_project": THEIRS}})
     return c
 

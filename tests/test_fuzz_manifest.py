@@ -41,7 +41,7 @@ from types import FrameType
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from strategies import case_share
+from support.strategies import case_share
 
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.manifest.fields import (

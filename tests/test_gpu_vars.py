@@ -13,33 +13,23 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from test_executor_ledger import Containers
+from support.fake_docker import FakeContainers as Containers
+from support.fake_docker import quick_elastic, quick_executor
 
 from controller.adapters.docker.actions import UpResult
-from controller.adapters.elastic import ElasticClient
 from controller.manifest import load_manifest_set
 from controller.manifest.runtime import ServeRuntime
-from controller.service.executor import Executor, ExecutorConfig, Outcome
+from controller.service.executor import Executor, Outcome
+from statemachine import types as sm
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, Step
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuObs,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-)
 
 ROLES = {
-    "card-a": GpuRole("card-a", 24_000, uuid="GPU-aaaa"),
-    "card-b": GpuRole("card-b", 24_000, uuid="GPU-bbbb"),
-    "bare": GpuRole("bare", 24_000),
+    "card-a": sm.GpuRole("card-a", 24_000, uuid="GPU-aaaa"),
+    "card-b": sm.GpuRole("card-b", 24_000, uuid="GPU-bbbb"),
+    "bare": sm.GpuRole("bare", 24_000),
 }
-SEEN = (GpuObs("GPU-bbbb", index=1), GpuObs("GPU-aaaa", index=0))
+SEEN = (sm.GpuObs("GPU-bbbb", index=1), sm.GpuObs("GPU-aaaa", index=0))
 
 
 def test_the_manifest_loads_placeholders_in_up(tmp_path: Path) -> None:
@@ -89,10 +79,10 @@ class UpRecorder(Containers):
 
 
 def _start(
-    roles: Mapping[str, GpuRole], on: tuple[str, ...], up: tuple[str, ...], tmp: Path
-) -> tuple[Executor, Plan, Observed, UpRecorder]:
-    llm = ServeSpec("llm", "llm", on, 4000, Residency.RESIDENT, DesiredRun.RUNNING)
-    desired = DesiredState(roles, {"llm": llm})
+    roles: Mapping[str, sm.GpuRole], on: tuple[str, ...], up: tuple[str, ...], tmp: Path
+) -> tuple[Executor, Plan, sm.Observed, UpRecorder]:
+    llm = sm.ServeSpec("llm", "llm", on, 4000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING)
+    desired = sm.DesiredState(roles, {"llm": llm})
     docker = UpRecorder()
     runtime = ServeRuntime(
         "llm",
@@ -100,20 +90,15 @@ def _start(
         manifest_dir=tmp,
         up_env={"VRAMCTL_GPU_ROLE": "elsewhere", "VRAMCTL_GPU_INDEX": "9", "KEEP": "1"},
     )
-    ex = Executor(
-        desired,
-        docker=docker,  # type: ignore[arg-type]
-        elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
-        gpus=lambda: SEEN,
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-        runtime={"llm": runtime},
+    ex = quick_executor(
+        desired, docker, lambda: SEEN, elastic=quick_elastic(), runtime={"llm": runtime}
     )
     ledger = Ledger(roles, [])
     steps = (
         Step(Action.RESERVE, "llm", on, 4000, "desired running", group="llm"),
         Step(Action.START, "llm", on, 4000, "desired running", group="llm"),
     )
-    observed = Observed(True, {}, gpus=SEEN)
+    observed = sm.Observed(True, {}, gpus=SEEN)
     return ex, Plan(steps, (), ledger, ledger), observed, docker
 
 
@@ -165,13 +150,15 @@ def test_a_start_tells_up_the_fraction_of_what_it_will_find_free(tmp_path: Path)
     less free than the ledger leaves: the ledger's figure, the larger, is taken)."""
     up = ("./up.sh", "--mem-fraction-static={fraction_of_free}", "--fit-target={fit_target_mib}")
     ex, plan, _, docker = _start(ROLES, ("card-a",), up, tmp_path)
-    other = ServeSpec("other", "other", ("card-a",), 8000, Residency.RESIDENT, DesiredRun.RUNNING)
+    other = sm.ServeSpec(
+        "other", "other", ("card-a",), 8000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING
+    )
     llm = ex.desired.serves["llm"]
-    ex.desired = DesiredState(ROLES, {"llm": llm, "other": other})
+    ex.desired = sm.DesiredState(ROLES, {"llm": llm, "other": other})
     docker.state["other"] = "running"
-    seen = (GpuObs("GPU-aaaa", index=0, free_mib=15000),)
-    running = ContainerObs(ContainerState.RUNNING, started_at=1.0)
-    report = ex.execute(plan, Observed(True, {"other": running}, gpus=seen))
+    seen = (sm.GpuObs("GPU-aaaa", index=0, free_mib=15000),)
+    running = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=1.0)
+    report = ex.execute(plan, sm.Observed(True, {"other": running}, gpus=seen))
     assert [r.outcome for r in report.results] == [Outcome.OK, Outcome.OK], report.results
     ((argv, env),) = docker.ups
     assert argv == ("./up.sh", "--mem-fraction-static=0.2500", "--fit-target=12000")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import pytest
 from fake_http import FakeHTTPServer, Recorded, Reply
-from serving import free_port
+from support.serving import free_port
 
 from controller.adapters.health import http_ready
 

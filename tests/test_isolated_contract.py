@@ -14,57 +14,47 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from strategies import NOW
+from support.strategies import NOW
 
+from statemachine import types as sm
 from statemachine.fit import request_plan
 from statemachine.isolated import NO_ROOM_NEEDED, Decision, decide, whole_terms
 from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Policy, ReloadCost
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-    StartedWith,
-    StartingObs,
-)
 
 ROLES = {
-    "g": GpuRole("g", capacity_mib=10_000, reserve_mib=0),
-    "h": GpuRole("h", capacity_mib=10_000, reserve_mib=0),
+    "g": sm.GpuRole("g", capacity_mib=10_000, reserve_mib=0),
+    "h": sm.GpuRole("h", capacity_mib=10_000, reserve_mib=0),
 }
-RUNNING = ContainerObs(ContainerState.RUNNING, started_at=NOW - 900)
-WANT = ServeSpec("want", "c-want", ("g",), 6_000, Residency.ON_DEMAND)
+RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=NOW - 900)
+WANT = sm.ServeSpec("want", "c-want", ("g",), 6_000, sm.Residency.ON_DEMAND)
 
 
-def _evictable(name: str, roles: tuple[str, ...] = ("g",), mib: int = 5_000) -> ServeSpec:
-    return ServeSpec(name, f"c-{name}", roles, mib, Residency.EVICTABLE)
+def _evictable(name: str, roles: tuple[str, ...] = ("g",), mib: int = 5_000) -> sm.ServeSpec:
+    return sm.ServeSpec(name, f"c-{name}", roles, mib, sm.Residency.EVICTABLE)
 
 
 def _decide(
-    serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT, policy: Policy = Policy()
+    serves: list[sm.ServeSpec],
+    observed: sm.Observed,
+    want: sm.ServeSpec = WANT,
+    policy: Policy = Policy(),
 ) -> Decision | None:
     """``decide`` for ``want`` on a host of ``serves``, by the observed ledger."""
-    desired = DesiredState(ROLES, {s.name: s for s in [*serves, want]})
+    desired = sm.DesiredState(ROLES, {s.name: s for s in [*serves, want]})
     ledger = ledger_from_observed(desired, observed)
     return decide(desired, observed, want, ledger, policy, NOW, whole_terms(desired, ledger, want))
 
 
 def _planned(
-    serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT, policy: Policy = Policy()
+    serves: list[sm.ServeSpec],
+    observed: sm.Observed,
+    want: sm.ServeSpec = WANT,
+    policy: Policy = Policy(),
 ) -> Decision:
     """The planner's plan for the isolated request, as a decision: its stops and drains
     (and nothing shrunk, slept, woken or blocked, which no decision says)."""
-    desired = DesiredState(ROLES, {s.name: s for s in [*serves, want]})
+    desired = sm.DesiredState(ROLES, {s.name: s for s in [*serves, want]})
     plan = request_plan(desired, observed, want.name, policy=policy, now=NOW)
     assert not plan.blocked, plan.blocked
     assert not {s.action for s in plan.steps} & {Action.SHRINK, Action.SLEEP, Action.WAKE}
@@ -75,7 +65,10 @@ def _planned(
 
 
 def _answers(
-    serves: list[ServeSpec], observed: Observed, want: ServeSpec = WANT, policy: Policy = Policy()
+    serves: list[sm.ServeSpec],
+    observed: sm.Observed,
+    want: sm.ServeSpec = WANT,
+    policy: Policy = Policy(),
 ) -> Decision:
     """``decide``'s answer, checked to be the planner's."""
     got = _decide(serves, observed, want, policy)
@@ -84,8 +77,8 @@ def _answers(
     return got
 
 
-def _running(*serves: ServeSpec, obs: ContainerObs = RUNNING) -> Observed:
-    return Observed(True, {s.container: obs for s in serves})
+def _running(*serves: sm.ServeSpec, obs: sm.ContainerObs = RUNNING) -> sm.Observed:
+    return sm.Observed(True, {s.container: obs for s in serves})
 
 
 # ----- the requester's own rules -----------------------------------------------------------
@@ -93,24 +86,24 @@ def _running(*serves: ServeSpec, obs: ContainerObs = RUNNING) -> Observed:
 
 def test_a_requester_with_an_idle_ttl_is_decided_while_its_request_lasts() -> None:
     want = replace(WANT, idle_ttl_s=300.0)
-    assert _answers([], Observed(True), want) == NO_ROOM_NEEDED
+    assert _answers([], sm.Observed(True), want) == NO_ROOM_NEEDED
 
 
 def test_a_request_whose_idle_ttl_has_ended_is_left_to_the_planner() -> None:
     """idle_ttl_s = 0: the request ends as it is made (the planner says what follows)."""
-    assert _decide([], Observed(True), replace(WANT, idle_ttl_s=0.0)) is None
+    assert _decide([], sm.Observed(True), replace(WANT, idle_ttl_s=0.0)) is None
 
 
 def test_a_requester_whose_container_is_its_own_projects_is_decided() -> None:
     want = replace(WANT, compose_project="mine")
-    exited = ContainerObs(ContainerState.EXITED, compose_project="mine")
-    assert _answers([], Observed(True, {"c-want": exited}), want) == NO_ROOM_NEEDED
+    exited = sm.ContainerObs(sm.ContainerState.EXITED, compose_project="mine")
+    assert _answers([], sm.Observed(True, {"c-want": exited}), want) == NO_ROOM_NEEDED
 
 
 def test_a_requester_whose_container_is_another_projects_is_left_to_the_planner() -> None:
     want = replace(WANT, compose_project="mine")
-    exited = ContainerObs(ContainerState.EXITED, compose_project="theirs")
-    assert _decide([], Observed(True, {"c-want": exited}), want) is None
+    exited = sm.ContainerObs(sm.ContainerState.EXITED, compose_project="theirs")
+    assert _decide([], sm.Observed(True, {"c-want": exited}), want) is None
 
 
 def test_a_requester_on_a_role_without_a_capacity_row_needs_no_room() -> None:
@@ -123,7 +116,7 @@ def test_a_requester_on_a_role_without_a_capacity_row_needs_no_room() -> None:
 def test_a_request_that_fits_exactly_needs_no_room() -> None:
     """6,000 MiB asked, 6,000 free: nothing to stop, and the elastic holder on the role
     (which could give memory back) is not weighed."""
-    ela = replace(_evictable("ela", mib=4_000), elastic=Elastic("http://ela", floor_mib=1_000))
+    ela = replace(_evictable("ela", mib=4_000), elastic=sm.Elastic("http://ela", floor_mib=1_000))
     assert _answers([ela], _running(ela)) == NO_ROOM_NEEDED
     assert _decide([replace(ela, vram_mib=4_001)], _running(ela)) is None  # 1 MiB short
 
@@ -142,7 +135,7 @@ def test_an_exclusive_requester_does_not_conflict_with_a_serve_on_another_role()
 def test_a_stopped_serve_keeps_no_requester_out() -> None:
     """An exclusive serve, or one on the requester's port, conflicts only while it runs
     or starts: stopped, it keeps nothing out."""
-    stopped = Observed(True, {"c-excl": ContainerObs(ContainerState.EXITED, exit_code=0)})
+    stopped = sm.Observed(True, {"c-excl": sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)})
     exclusive = replace(_evictable("excl"), exclusive=True)
     assert _answers([exclusive], stopped) == NO_ROOM_NEEDED
     same_port = replace(_evictable("excl"), port=8000)
@@ -166,10 +159,10 @@ def test_a_free_sized_requester_waits_only_for_a_free_sized_start() -> None:
     assert _answers([plain], _running(plain), want) == NO_ROOM_NEEDED
     sized = replace(plain, sizes_from_free=True)
     assert _answers([sized], _running(sized), want) == NO_ROOM_NEEDED
-    loading = ContainerObs(ContainerState.RUNNING, health="starting", started_at=NOW - 5)
+    loading = sm.ContainerObs(sm.ContainerState.RUNNING, health="starting", started_at=NOW - 5)
     assert _decide([sized], _running(sized, obs=loading), want) is None
     # a start in progress whose container holds nothing yet loads all the same
-    begun = Observed(True, starting={"plain": StartingObs(("g",), 2_000)})
+    begun = sm.Observed(True, starting={"plain": sm.StartingObs(("g",), 2_000)})
     assert _decide([sized], begun, want) is None
     assert _answers([plain], _running(plain, obs=loading), want) == NO_ROOM_NEEDED
     # a requester that does not size itself from free memory never waits for one that does
@@ -191,7 +184,7 @@ def test_only_holders_on_a_short_role_are_weighed() -> None:
     candidate, so the decision stands (a holder on g that could give back is left to
     the planner)."""
     evi = _evictable("evi")
-    ela = replace(_evictable("ela", ("h",)), elastic=Elastic("http://ela", floor_mib=1_000))
+    ela = replace(_evictable("ela", ("h",)), elastic=sm.Elastic("http://ela", floor_mib=1_000))
     assert _answers([evi, ela], _running(evi, ela)) == Decision(("evi",))
     ela_g = replace(ela, gpu_roles=("g",))
     assert _decide([evi, ela_g], _running(evi, ela_g)) is None
@@ -221,8 +214,8 @@ def test_an_exited_serve_whose_memory_is_not_back_is_no_victim() -> None:
     protected (the planner lists it as exited): the victim is a serve that runs, even
     where the exited one would be the better fit."""
     gone, other = _evictable("gone", mib=3_000), _evictable("other", mib=4_000)
-    exited = ContainerObs(ContainerState.EXITED, exit_code=0)
-    observed = Observed(
+    exited = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)
+    observed = sm.Observed(
         True, {"c-gone": exited, "c-other": RUNNING}, unreleased=frozenset({"gone"})
     )
     assert _answers([gone, other], observed) == Decision(("other",))
@@ -233,13 +226,15 @@ def test_a_container_of_another_project_is_never_a_victim() -> None:
     with nothing else to stop the planner says what blocks; its own project's container
     is stopped."""
     evi = replace(_evictable("evi"), compose_project="mine")
-    theirs = ContainerObs(ContainerState.RUNNING, started_at=NOW - 900, compose_project="theirs")
+    theirs = sm.ContainerObs(
+        sm.ContainerState.RUNNING, started_at=NOW - 900, compose_project="theirs"
+    )
     assert _decide([evi], _running(evi, obs=theirs)) is None
     ours = replace(theirs, compose_project="mine")
     assert _answers([evi], _running(evi, obs=ours)) == Decision(("evi",))
     # declared before another victim: that one is still weighed (and stopped)
     small, other = replace(evi, vram_mib=3_000), _evictable("other", mib=4_000)
-    observed = Observed(True, {"c-evi": theirs, "c-other": RUNNING})
+    observed = sm.Observed(True, {"c-evi": theirs, "c-other": RUNNING})
     want = replace(WANT, vram_mib=4_000)  # short 1,000: only "other" can give it
     assert _answers([small, other], observed, want) == Decision(("other",))
 
@@ -248,14 +243,14 @@ def test_a_victim_inside_its_min_runtime_is_protected() -> None:
     """min_runtime_s protects a serve only while it lasts: 1 s protects a start 0.5 s
     old; 60 s no longer protects one started 900 s ago; 0 protects nothing."""
     young = replace(_evictable("evi"), min_runtime_s=1.0)
-    just_started = ContainerObs(ContainerState.RUNNING, started_at=NOW - 0.5)
+    just_started = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=NOW - 0.5)
     assert _decide([young], _running(young, obs=just_started)) is None
     old = replace(young, min_runtime_s=60.0)
     assert _answers([old], _running(old)) == Decision(("evi",))
     assert _decide([old], _running(old, obs=just_started)) is None
     # declared before another victim: that one is still weighed (and stopped)
     small, other = replace(young, vram_mib=3_000), _evictable("other", mib=4_000)
-    observed = Observed(True, {"c-evi": just_started, "c-other": RUNNING})
+    observed = sm.Observed(True, {"c-evi": just_started, "c-other": RUNNING})
     want = replace(WANT, vram_mib=4_000)  # short 1,000: only "other" can give it
     assert _answers([small, other], observed, want) == Decision(("other",))
     unprotected = replace(young, min_runtime_s=0.0)
@@ -265,33 +260,37 @@ def test_a_victim_inside_its_min_runtime_is_protected() -> None:
 def test_a_victim_that_could_sleep_instead_is_left_to_the_planner() -> None:
     """The planner weighs a sleep against the stop; where the serve may not sleep (its
     engine refused it: policy.no_sleep) it is a plain victim."""
-    sleeper = replace(_evictable("evi"), sleep=Sleep(2, 1_000, SleepProtocol.VLLM))
+    sleeper = replace(_evictable("evi"), sleep=sm.Sleep(2, 1_000, sm.SleepProtocol.VLLM))
     assert _decide([sleeper], _running(sleeper)) is None
     no_sleep = Policy(no_sleep=frozenset({"evi"}))
     assert _answers([sleeper], _running(sleeper), policy=no_sleep) == Decision(("evi",))
     # asleep it would still hold all it holds: nothing to weigh, it is stopped
-    no_gain = replace(sleeper, sleep=Sleep(2, 5_000, SleepProtocol.VLLM))
+    no_gain = replace(sleeper, sleep=sm.Sleep(2, 5_000, sm.SleepProtocol.VLLM))
     assert _answers([no_gain], _running(no_gain)) == Decision(("evi",))
 
 
 def test_an_asleep_victim_is_stopped_without_a_drain() -> None:
     """A sleeper's residual in the way is stopped; its router tier is not drained (it
     serves nothing while asleep)."""
-    sleeper = replace(_evictable("evi"), router_tier="t", sleep=Sleep(2, 1_000, SleepProtocol.VLLM))
-    observed = replace(_running(sleeper), sleep={"evi": SleepObs(SleepState.ASLEEP, level=2)})
+    sleeper = replace(
+        _evictable("evi"), router_tier="t", sleep=sm.Sleep(2, 1_000, sm.SleepProtocol.VLLM)
+    )
+    observed = replace(_running(sleeper), sleep={"evi": sm.SleepObs(sm.SleepState.ASLEEP, level=2)})
     want = replace(WANT, vram_mib=9_500)  # 9,000 free beside the residual
     assert _answers([sleeper], observed, want) == Decision(("evi",), ())
-    awake = replace(observed, sleep={"evi": SleepObs(SleepState.AWAKE)})
+    awake = replace(observed, sleep={"evi": sm.SleepObs(sm.SleepState.AWAKE)})
     no_sleep = Policy(no_sleep=frozenset({"evi"}))
     assert _answers([sleeper], awake, want, no_sleep) == Decision(("evi",), ("evi",))
     # elastic too, asleep it gives nothing back (its cache is not mapped): still stopped
-    elastic = replace(sleeper, elastic=Elastic("http://evi", 100, None, 100))
+    elastic = replace(sleeper, elastic=sm.Elastic("http://evi", 100, None, 100))
     assert _answers([elastic], observed, want) == Decision(("evi",), ())
 
 
-def _elastic(floor_mib: int, segment_mib: int = 512) -> ServeSpec:
+def _elastic(floor_mib: int, segment_mib: int = 512) -> sm.ServeSpec:
     """An elastic victim holding 5,000 MiB on g (WANT is 1,000 short there)."""
-    return replace(_evictable("evi"), elastic=Elastic("http://evi", floor_mib, None, segment_mib))
+    return replace(
+        _evictable("evi"), elastic=sm.Elastic("http://evi", floor_mib, None, segment_mib)
+    )
 
 
 def test_a_victim_that_could_give_a_whole_segment_back_is_left_to_the_planner() -> None:
@@ -314,7 +313,7 @@ def test_a_victim_whose_last_shrink_failed_is_a_plain_victim() -> None:
 def test_a_running_serve_outside_the_ledger_is_no_victim_and_hides_none() -> None:
     """A container on g whose serve declares no reservation holds nothing the ledger
     counts: it is no victim, and the holder declared after it still is."""
-    proxy = ServeSpec("proxy", "c-proxy", ("g",), None, Residency.EVICTABLE)
+    proxy = sm.ServeSpec("proxy", "c-proxy", ("g",), None, sm.Residency.EVICTABLE)
     evi = _evictable("evi")
     assert _answers([proxy, evi], _running(proxy, evi)) == Decision(("evi",))
 
@@ -323,9 +322,9 @@ def test_a_requester_whose_start_is_in_progress_is_left_to_the_planner() -> None
     """A start in progress is the planner's (it plans nothing for it until it ends),
     even for a requester the ledger does not hold (on a role without a capacity row)."""
     want = replace(WANT, gpu_roles=("x",))
-    begun = Observed(True, starting={"want": StartingObs(("x",), 6_000)})
+    begun = sm.Observed(True, starting={"want": sm.StartingObs(("x",), 6_000)})
     assert _decide([], begun, want) is None
-    assert _answers([], Observed(True), want) == NO_ROOM_NEEDED  # not starting: decided
+    assert _answers([], sm.Observed(True), want) == NO_ROOM_NEEDED  # not starting: decided
 
 
 def test_a_placed_serve_held_on_another_card_is_no_candidate() -> None:
@@ -335,11 +334,11 @@ def test_a_placed_serve_held_on_another_card_is_no_candidate() -> None:
     placed = replace(
         _evictable("ela", ("g", "h")),
         placement=("g", "h"),
-        elastic=Elastic("http://ela", floor_mib=1_000),
+        elastic=sm.Elastic("http://ela", floor_mib=1_000),
     )
     evi = _evictable("evi")
     observed = replace(
-        _running(placed, evi), started_with={"c-ela": StartedWith("ela", ("h",), 5_000)}
+        _running(placed, evi), started_with={"c-ela": sm.StartedWith("ela", ("h",), 5_000)}
     )
     assert _answers([placed, evi], observed) == Decision(("evi",))
 
@@ -352,18 +351,18 @@ def test_only_a_resident_the_manifest_keeps_running_keeps_its_room_in_backoff() 
     shortcut leaves that to the planner. An evictable serve, or a resident the manifest
     does not keep running, keeps none: the shortcut decides (docs/eviction.md)."""
     policy = Policy(hold={"back": "failure backoff"})
-    resident = ServeSpec(
-        "back", "c-back", ("g",), 6_000, Residency.RESIDENT, desired=DesiredRun.RUNNING
+    resident = sm.ServeSpec(
+        "back", "c-back", ("g",), 6_000, sm.Residency.RESIDENT, desired=sm.DesiredRun.RUNNING
     )
-    assert _decide([resident], Observed(True), policy=policy) is None
+    assert _decide([resident], sm.Observed(True), policy=policy) is None
     for keeps_none in (
-        replace(resident, residency=Residency.EVICTABLE),
+        replace(resident, residency=sm.Residency.EVICTABLE),
         replace(resident, desired=None),
     ):
-        assert _answers([keeps_none], Observed(True), policy=policy) == NO_ROOM_NEEDED
+        assert _answers([keeps_none], sm.Observed(True), policy=policy) == NO_ROOM_NEEDED
     # one that keeps its room on another card keeps none on the requester's
     on_h = replace(resident, gpu_roles=("h",))
-    assert _decide([on_h], Observed(True), policy=policy) == NO_ROOM_NEEDED
+    assert _decide([on_h], sm.Observed(True), policy=policy) == NO_ROOM_NEEDED
 
 
 def test_a_resident_in_backoff_whose_container_holds_memory_keeps_no_room_of_its_own() -> None:
@@ -371,8 +370,8 @@ def test_a_resident_in_backoff_whose_container_holds_memory_keeps_no_room_of_its
     one whose container runs is counted at what it holds already, so nothing more is
     kept for it and the shortcut decides (docs/eviction.md)."""
     policy = Policy(hold={"back": "failure backoff"})
-    resident = ServeSpec(
-        "back", "c-back", ("g",), 3_000, Residency.RESIDENT, desired=DesiredRun.RUNNING
+    resident = sm.ServeSpec(
+        "back", "c-back", ("g",), 3_000, sm.Residency.RESIDENT, desired=sm.DesiredRun.RUNNING
     )
     assert _answers([resident], _running(resident), policy=policy) == NO_ROOM_NEEDED
 

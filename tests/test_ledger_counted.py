@@ -15,18 +15,11 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from strategies import Scenario, hosts, report_cases
+from support.strategies import Scenario, hosts, report_cases
 
+from statemachine import types as sm
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.pmap import PMap
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    GpuRole,
-    Observed,
-    ServeSpec,
-)
 
 
 def _same(got: Ledger, want: Ledger) -> None:
@@ -61,10 +54,10 @@ def test_the_counted_ledger_reads_as_the_checked_one(sc: Scenario) -> None:
 
 def test_the_counted_ledger_owns_its_figures() -> None:
     """Two ledgers from one observation share nothing an operation changes."""
-    role = GpuRole("g", capacity_mib=10_000, reserve_mib=0)
-    a = ServeSpec(name="a", container="c-a", gpu_roles=("g",), vram_mib=4_000)
-    desired = DesiredState(roles={"g": role}, serves={"a": a})
-    observed = Observed(True, {"c-a": ContainerObs(ContainerState.RUNNING)})
+    role = sm.GpuRole("g", capacity_mib=10_000, reserve_mib=0)
+    a = sm.ServeSpec(name="a", container="c-a", gpu_roles=("g",), vram_mib=4_000)
+    desired = sm.DesiredState(roles={"g": role}, serves={"a": a})
+    observed = sm.Observed(True, {"c-a": sm.ContainerObs(sm.ContainerState.RUNNING)})
     first = ledger_from_observed(desired, observed)
     released = first.release("a")
     assert isinstance(released, Ledger)
@@ -76,20 +69,20 @@ def test_the_counted_ledger_owns_its_figures() -> None:
 def test_a_holder_counted_twice_is_refused(second: str) -> None:
     """Two entries of one serve name (no manifest makes it; a caller could): refused
     as the checked constructor refuses it, whichever the entry's key."""
-    role = GpuRole("g", capacity_mib=10_000, reserve_mib=0)
-    a = ServeSpec(name="a", container="c-a", gpu_roles=("g",), vram_mib=1_000)
+    role = sm.GpuRole("g", capacity_mib=10_000, reserve_mib=0)
+    a = sm.ServeSpec(name="a", container="c-a", gpu_roles=("g",), vram_mib=1_000)
     twin = replace(a, container="c-b")
     serves = {"a": a, second + "2": twin}
-    running = ContainerObs(ContainerState.RUNNING)
-    observed = Observed(True, {"c-a": running, "c-b": running})
+    running = sm.ContainerObs(sm.ContainerState.RUNNING)
+    observed = sm.Observed(True, {"c-a": running, "c-b": running})
     with pytest.raises(ValueError, match="reservation holder 'a' appears twice"):
-        ledger_from_observed(DesiredState(roles={"g": role}, serves=serves), observed)
+        ledger_from_observed(sm.DesiredState(roles={"g": role}, serves=serves), observed)
     with pytest.raises(ValueError, match="reservation holder 'a' appears twice"):
         Ledger(
             {"g": role},
             [
                 ledger_from_observed(
-                    DesiredState(roles={"g": role}, serves={"a": a}), observed
+                    sm.DesiredState(roles={"g": role}, serves={"a": a}), observed
                 ).holdings["a"]
             ]
             * 2,

@@ -36,26 +36,13 @@ from dataclasses import dataclass, field
 
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings, target
-from strategies import NOW, Scenario, case_share, crowded_hosts, every_scenario, hosts
+from support.strategies import NOW, Scenario, case_share, crowded_hosts, every_scenario, hosts
 
+from statemachine import types as sm
 from statemachine.ledger import Ledger, Refusal
 from statemachine.plan import Action, Plan, Step
 from statemachine.planner import Policy, plan_transitions
 from statemachine.simulate import ledger_prefixes
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    GpuRole,
-    HostBudget,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepProtocol,
-    SleepState,
-)
 
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "400"))
 SETTINGS = settings(
@@ -82,7 +69,7 @@ class Held:
 class SimHost:
     """A host's engines, by holder (the ledger's holder names), and what each holds."""
 
-    desired: DesiredState
+    desired: sm.DesiredState
     engines: dict[str, Held] = field(default_factory=dict)
     #: the engine's weights go to host RAM at the sleep call itself and leave it at the
     #: wake; False: counted from the ``release_to_residual`` after the sleep to the
@@ -101,7 +88,7 @@ class SimHost:
 
     # ----- what the host holds before the plan --------------------------------------
     @classmethod
-    def of(cls, desired: DesiredState, observed: Observed) -> SimHost:
+    def of(cls, desired: sm.DesiredState, observed: sm.Observed) -> SimHost:
         host = cls(desired)
         for name, start in observed.starting.items():
             host.engines[name] = Held(host.counted(start.gpu_roles), start.mib, why="starting")
@@ -124,7 +111,7 @@ class SimHost:
             host.engines[holder] = Held(host.counted(record.gpu_roles), record.mib, why="gone")
         return host
 
-    def running(self, s: ServeSpec, observed: Observed) -> Held | None:
+    def running(self, s: sm.ServeSpec, observed: sm.Observed) -> Held | None:
         """What the container of ``s`` holds while it occupies memory (None: nothing)."""
         obs = observed.container(s.container)
         if not obs.holds:
@@ -147,14 +134,14 @@ class SimHost:
         return held
 
     def awake(self, s, observed, cards, mib, slept):  # type: ignore[no-untyped-def]
-        if slept is None or slept.state is SleepState.AWAKE:
+        if slept is None or slept.state is sm.SleepState.AWAKE:
             return Held(self.counted(cards), mib)
         level = slept.level if slept.level is not None else (s.sleep.level if s.sleep else 1)
         host_ram = slept.host_ram_mib
         if host_ram is None:
             host_ram = s.sleep.host_ram_mib if s.sleep is not None else 0
         host_ram = host_ram if level == 1 else 0
-        if slept.state is SleepState.UNKNOWN:  # it did not answer: as if awake
+        if slept.state is sm.SleepState.UNKNOWN:  # it did not answer: as if awake
             return Held(self.counted(cards), mib, host_ram if slept.level else 0, "unknown")
         residual = slept.residual_mib
         if residual is None:
@@ -320,18 +307,18 @@ def test_a_crowded_host_is_covered_too() -> None:
     "than the host holds",
 )
 def test_host_ram_is_counted_from_the_sleep_itself() -> None:
-    roles = {"g0": GpuRole("g0", 1000)}
-    sleeper = ServeSpec(
-        "alpha", "c-alpha", ("g0",), 1000, Residency.EVICTABLE,
-        sleep=Sleep(1, 250, next(iter(SleepProtocol)), 1),
+    roles = {"g0": sm.GpuRole("g0", 1000)}
+    sleeper = sm.ServeSpec(
+        "alpha", "c-alpha", ("g0",), 1000, sm.Residency.EVICTABLE,
+        sleep=sm.Sleep(1, 250, next(iter(sm.SleepProtocol)), 1),
     )  # fmt: skip
-    wants = ServeSpec("bravo", "c-bravo", ("g0",), 1, Residency.ON_DEMAND)
-    desired = DesiredState(
-        roles, {"alpha": sleeper, "bravo": wants}, (OnDemandRequest("bravo", NOW - 1),),
-        host=HostBudget(1000),
+    wants = sm.ServeSpec("bravo", "c-bravo", ("g0",), 1, sm.Residency.ON_DEMAND)
+    desired = sm.DesiredState(
+        roles, {"alpha": sleeper, "bravo": wants}, (sm.OnDemandRequest("bravo", NOW - 1),),
+        host=sm.HostBudget(1000),
     )  # fmt: skip
-    up = ContainerObs(ContainerState.RUNNING, started_at=NOW - 3600)
-    sc = Scenario(desired, Observed(True, {"c-alpha": up}), NOW, Policy())
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=NOW - 3600)
+    sc = Scenario(desired, sm.Observed(True, {"c-alpha": up}), NOW, Policy())
     plan = plan_transitions(sc.desired, sc.observed, sc.policy, sc.now)
     assert [s.action for s in plan.steps][:2] == [Action.SLEEP, Action.RELEASE_TO_RESIDUAL]
     assert_ledger_covers_the_host(sc, plan, strict=True)

@@ -12,7 +12,9 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from support.core import spec as core_spec
 
+from statemachine import types as sm
 from statemachine.ledger import (
     GpuReservation,
     Ledger,
@@ -22,25 +24,8 @@ from statemachine.ledger import (
     ledger_from_observed,
     sleeping_reservation,
 )
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-    StartedWith,
-    StartingObs,
-)
 
-ROLES = {"a": GpuRole("a", 110, 10), "b": GpuRole("b", 200, 0)}  # budgets 100 and 200
+ROLES = {"a": sm.GpuRole("a", 110, 10), "b": sm.GpuRole("b", 200, 0)}  # budgets 100 and 200
 
 
 def ledger(*holdings: tuple[str, tuple[str, ...], int]) -> Ledger:
@@ -250,19 +235,13 @@ def test_refusal_json_carries_every_term() -> None:
 
 
 # ----- the ledger the host holds -------------------------------------------------------------
-def running() -> ContainerObs:
-    return ContainerObs(ContainerState.RUNNING, started_at=1.0)
+def running() -> sm.ContainerObs:
+    return sm.ContainerObs(sm.ContainerState.RUNNING, started_at=1.0)
 
 
-def spec(name: str, mib: int | None, roles: tuple[str, ...] = ("a",), **kw: object) -> ServeSpec:
-    return ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=roles,
-        vram_mib=mib,
-        residency=Residency.EVICTABLE,
-        desired=DesiredRun.RUNNING,
-        **kw,  # type: ignore[arg-type]
+def spec(name: str, mib: int | None, roles: tuple[str, ...] = ("a",), **kw: object) -> sm.ServeSpec:
+    return core_spec(
+        name, mib, sm.Residency.EVICTABLE, roles=roles, desired=sm.DesiredRun.RUNNING, **kw
     )
 
 
@@ -273,20 +252,20 @@ def test_ledger_from_observed_counts_what_holds_memory() -> None:
         spec("gone", 40),  # exited: released
         spec("ghost", 25, ("nowhere",)),  # a role with no capacity row: outside the ledger
         spec("none", None),  # no reservation
-        spec("moe", 50, ("a", "b"), elastic=Elastic("http://127.0.0.1:1", 10)),
+        spec("moe", 50, ("a", "b"), elastic=sm.Elastic("http://127.0.0.1:1", 10)),
         spec("back", 7),  # exited, memory not back yet: still counted
     ]
-    desired = DesiredState(ROLES, {s.name: s for s in serves})
-    observed = Observed(
+    desired = sm.DesiredState(ROLES, {s.name: s for s in serves})
+    observed = sm.Observed(
         True,
         {
             "c-run": running(),
-            "c-paused": ContainerObs(ContainerState.PAUSED),
-            "c-gone": ContainerObs(ContainerState.EXITED, exit_code=0),
+            "c-paused": sm.ContainerObs(sm.ContainerState.PAUSED),
+            "c-gone": sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0),
             "c-ghost": running(),
             "c-none": running(),
             "c-moe": running(),
-            "c-back": ContainerObs(ContainerState.EXITED, exit_code=0),
+            "c-back": sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0),
         },
         elastic_mib={"moe": 20},
         unreleased=frozenset({"back"}),
@@ -303,8 +282,8 @@ def test_ledger_from_observed_counts_what_holds_memory() -> None:
 
 
 def test_ledger_from_an_unreadable_docker_is_unknown() -> None:
-    desired = DesiredState(ROLES, {"run": spec("run", 30)})
-    got = ledger_from_observed(desired, Observed(False, {"c-run": running()}))
+    desired = sm.DesiredState(ROLES, {"run": spec("run", 30)})
+    got = ledger_from_observed(desired, sm.Observed(False, {"c-run": running()}))
     assert got.unknown and got.holdings == {}
 
 
@@ -324,19 +303,19 @@ def test_an_engine_asleep_without_the_controllers_record_holds_its_residual() ->
     """The engine says it sleeps, and the controller has no record of putting it to
     sleep (no level, no host RAM): it holds the residual it declares, at the level it
     declares (level 2: no host RAM), not its full reservation."""
-    s = ServeSpec("s", "c-s", ("b",), 150, Residency.EVICTABLE, DesiredRun.RUNNING)
-    s = replace(s, sleep=Sleep(2, 30, SleepProtocol.VLLM))
-    assert sleeping_reservation(s, SleepObs(SleepState.ASLEEP)) == (30, 0)
-    assert sleeping_reservation(s, SleepObs(SleepState.UNKNOWN)) is None  # counted awake
+    s = sm.ServeSpec("s", "c-s", ("b",), 150, sm.Residency.EVICTABLE, sm.DesiredRun.RUNNING)
+    s = replace(s, sleep=sm.Sleep(2, 30, sm.SleepProtocol.VLLM))
+    assert sleeping_reservation(s, sm.SleepObs(sm.SleepState.ASLEEP)) == (30, 0)
+    assert sleeping_reservation(s, sm.SleepObs(sm.SleepState.UNKNOWN)) is None  # counted awake
 
 
 def test_a_start_in_progress_of_a_serve_outside_the_ledger_counts_what_was_reserved() -> None:
     """A serve declared on a role without a capacity row is outside the ledger; its start
     in progress (reserved 40 MiB on b before an edit) counts those 40 on b, not what it
     declares now (120)."""
-    s = ServeSpec("s", "c-s", ("b", "gone"), 120, Residency.EVICTABLE, DesiredRun.RUNNING)
-    desired = DesiredState(ROLES, {"s": s})
-    observed = Observed(True, {}, starting={"s": StartingObs(("b",), 40)})
+    s = sm.ServeSpec("s", "c-s", ("b", "gone"), 120, sm.Residency.EVICTABLE, sm.DesiredRun.RUNNING)
+    desired = sm.DesiredState(ROLES, {"s": s})
+    observed = sm.Observed(True, {}, starting={"s": sm.StartingObs(("b",), 40)})
     got = ledger_from_observed(desired, observed)
     assert {h: (r.gpu_roles, r.mib) for h, r in got.holdings.items()} == {"s": (("b",), 40)}
 
@@ -345,26 +324,26 @@ def test_an_engine_of_unknown_state_keeps_the_host_ram_of_a_recorded_level_1_sle
     """The engine does not answer (unknown): it is counted awake on the card, and the
     host RAM of a level-1 sleep counts while any record says it was put to sleep: the
     level alone (the declared host RAM), or the host RAM alone (the recorded figure)."""
-    s = ServeSpec("s", "c-s", ("b",), 150, Residency.EVICTABLE, DesiredRun.RUNNING)
-    s = replace(s, sleep=Sleep(1, 30, SleepProtocol.VLLM, 500))
-    assert sleeping_reservation(s, SleepObs(SleepState.UNKNOWN, level=1)) == (None, 500)
-    recorded = SleepObs(SleepState.UNKNOWN, host_ram_mib=700)
+    s = sm.ServeSpec("s", "c-s", ("b",), 150, sm.Residency.EVICTABLE, sm.DesiredRun.RUNNING)
+    s = replace(s, sleep=sm.Sleep(1, 30, sm.SleepProtocol.VLLM, 500))
+    assert sleeping_reservation(s, sm.SleepObs(sm.SleepState.UNKNOWN, level=1)) == (None, 500)
+    recorded = sm.SleepObs(sm.SleepState.UNKNOWN, host_ram_mib=700)
     assert sleeping_reservation(s, recorded) == (None, 700)
-    assert sleeping_reservation(s, SleepObs(SleepState.UNKNOWN)) is None  # no record
+    assert sleeping_reservation(s, sm.SleepObs(sm.SleepState.UNKNOWN)) is None  # no record
 
 
 def test_two_containers_no_longer_declared_under_one_name_are_both_counted() -> None:
     """Two running containers recorded as started for ``y``, which no serve declares
     now: each is counted at its record (the second under ``y (CONTAINER)``), never one
     in place of the other."""
-    desired = DesiredState(ROLES, {})
-    up = ContainerObs(ContainerState.RUNNING)
-    observed = Observed(
+    desired = sm.DesiredState(ROLES, {})
+    up = sm.ContainerObs(sm.ContainerState.RUNNING)
+    observed = sm.Observed(
         True,
         {"c-y1": up, "c-y2": up},
         started_with={
-            "c-y1": StartedWith("y", ("b",), 40),
-            "c-y2": StartedWith("y", ("b",), 60),
+            "c-y1": sm.StartedWith("y", ("b",), 40),
+            "c-y2": sm.StartedWith("y", ("b",), 60),
         },
     )
     got = ledger_from_observed(desired, observed)

@@ -22,6 +22,7 @@ from hypothesis.stateful import (
     rule,
 )
 
+from statemachine import types as sm
 from statemachine.ledger import (
     GpuReservation,
     Ledger,
@@ -29,30 +30,14 @@ from statemachine.ledger import (
     RefusalKind,
     ledger_from_observed,
 )
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    HostBudget,
-    Observed,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-    StartedWith,
-)
 
-A = GpuRole("a", 10_000, 1_000)  # budget 9000
-B = GpuRole("b", 10_000, 0)
+A = sm.GpuRole("a", 10_000, 1_000)  # budget 9000
+B = sm.GpuRole("b", 10_000, 0)
 ROLES = {"a": A, "b": B}
-HOST = HostBudget(32_000, 2_000)  # budget 30000
+HOST = sm.HostBudget(32_000, 2_000)  # budget 30000
 
-RUNNING = ContainerObs(ContainerState.RUNNING)
-EXITED = ContainerObs(ContainerState.EXITED, exit_code=0)
+RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING)
+EXITED = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)
 
 
 def ok(result: Ledger | Refusal) -> Ledger:
@@ -193,77 +178,81 @@ def test_host_holdings_must_be_mib() -> None:
 # -- built from an observation ----------------------------------------------------------
 
 
-def coder(sleep: Sleep | None = Sleep(1, 1000, SleepProtocol.VLLM, 20_000)) -> ServeSpec:
-    return ServeSpec(
+def coder(
+    sleep: sm.Sleep | None = sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 20_000),
+) -> sm.ServeSpec:
+    return sm.ServeSpec(
         "coder",
         "c-coder",
         ("a", "b"),
         6000,
-        Residency.EVICTABLE,
-        DesiredRun.RUNNING,
+        sm.Residency.EVICTABLE,
+        sm.DesiredRun.RUNNING,
         sleep=sleep,
     )
 
 
 def observed_ledger(
-    spec: ServeSpec, obs: SleepObs | None, container: ContainerObs = RUNNING, **kw: object
+    spec: sm.ServeSpec, obs: sm.SleepObs | None, container: sm.ContainerObs = RUNNING, **kw: object
 ) -> Ledger:
-    desired = DesiredState(ROLES, {spec.name: spec}, host=HOST)
+    desired = sm.DesiredState(ROLES, {spec.name: spec}, host=HOST)
     sleep = {} if obs is None else {spec.name: obs}
     return ledger_from_observed(
         desired,
-        Observed(True, {spec.container: container}, sleep=sleep, **kw),  # type: ignore[arg-type]
+        sm.Observed(True, {spec.container: container}, sleep=sleep, **kw),  # type: ignore[arg-type]
     )
 
 
 def test_an_asleep_serve_counts_its_residual_and_host_ram() -> None:
-    ledger = observed_ledger(coder(), SleepObs(SleepState.ASLEEP, level=1))
+    ledger = observed_ledger(coder(), sm.SleepObs(sm.SleepState.ASLEEP, level=1))
     assert ledger.holdings["coder"] == GpuReservation("coder", ("a", "b"), 1000)
     assert ledger.host_holdings == {"coder": 20_000}
     assert ledger.host == HOST
-    level2 = observed_ledger(coder(), SleepObs(SleepState.ASLEEP, level=2))
+    level2 = observed_ledger(coder(), sm.SleepObs(sm.SleepState.ASLEEP, level=2))
     assert level2.holdings["coder"].mib == 1000 and level2.host_holdings == {}
 
 
 def test_what_it_was_put_to_sleep_with_is_never_undercounted() -> None:
-    obs = SleepObs(SleepState.ASLEEP, level=1, residual_mib=1500, host_ram_mib=25_000)
+    obs = sm.SleepObs(sm.SleepState.ASLEEP, level=1, residual_mib=1500, host_ram_mib=25_000)
     ledger = observed_ledger(coder(), obs)
     assert ledger.holdings["coder"].mib == 1500 and ledger.host_holdings == {"coder": 25_000}
-    smaller = SleepObs(SleepState.ASLEEP, level=1, residual_mib=500, host_ram_mib=5)
+    smaller = sm.SleepObs(sm.SleepState.ASLEEP, level=1, residual_mib=500, host_ram_mib=5)
     ledger = observed_ledger(coder(), smaller)
     assert ledger.holdings["coder"].mib == 1000 and ledger.host_holdings == {"coder": 20_000}
 
 
 def test_awake_unknown_and_exited_count_as_before() -> None:
-    for obs in (None, SleepObs(SleepState.AWAKE)):
+    for obs in (None, sm.SleepObs(sm.SleepState.AWAKE)):
         ledger = observed_ledger(coder(), obs)
         assert ledger.holdings["coder"].mib == 6000 and ledger.host_holdings == {}
     # unknown: full on the roles; host RAM only when it is known to have been put to sleep
-    unknown = observed_ledger(coder(), SleepObs(SleepState.UNKNOWN))
+    unknown = observed_ledger(coder(), sm.SleepObs(sm.SleepState.UNKNOWN))
     assert unknown.holdings["coder"].mib == 6000 and unknown.host_holdings == {}
-    recorded = observed_ledger(coder(), SleepObs(SleepState.UNKNOWN, level=1, host_ram_mib=1))
+    recorded = observed_ledger(coder(), sm.SleepObs(sm.SleepState.UNKNOWN, level=1, host_ram_mib=1))
     assert recorded.holdings["coder"].mib == 6000 and recorded.host_holdings == {"coder": 20_000}
     # a container that exited holds nothing, whatever the sleep state says
-    gone = observed_ledger(coder(), SleepObs(SleepState.ASLEEP, level=1), EXITED)
+    gone = observed_ledger(coder(), sm.SleepObs(sm.SleepState.ASLEEP, level=1), EXITED)
     assert "coder" not in gone.holdings and gone.host_holdings == {}
 
 
 def test_a_sleeper_the_manifest_no_longer_lets_sleep_counts_full_and_its_host_ram() -> None:
-    obs = SleepObs(SleepState.ASLEEP, level=1, residual_mib=1000, host_ram_mib=20_000)
+    obs = sm.SleepObs(sm.SleepState.ASLEEP, level=1, residual_mib=1000, host_ram_mib=20_000)
     ledger = observed_ledger(coder(sleep=None), obs)
     assert ledger.holdings["coder"].mib == 6000
     assert ledger.host_holdings == {"coder": 20_000}
 
 
 def test_an_asleep_serve_started_bigger_counts_its_residual_on_every_role_it_was_on() -> None:
-    record = {"c-coder": StartedWith("coder", ("a",), 9000)}
-    ledger = observed_ledger(coder(), SleepObs(SleepState.ASLEEP, level=1), started_with=record)
+    record = {"c-coder": sm.StartedWith("coder", ("a",), 9000)}
+    ledger = observed_ledger(
+        coder(), sm.SleepObs(sm.SleepState.ASLEEP, level=1), started_with=record
+    )
     assert ledger.holdings["coder"] == GpuReservation("coder", ("a", "b"), 1000)
 
 
 def test_unknown_docker_keeps_the_host_budget_and_knows_nothing() -> None:
-    desired = DesiredState(ROLES, {"coder": coder()}, host=HOST)
-    ledger = ledger_from_observed(desired, Observed(False))
+    desired = sm.DesiredState(ROLES, {"coder": coder()}, host=HOST)
+    ledger = ledger_from_observed(desired, sm.Observed(False))
     view = ledger.host_view()
     assert ledger.unknown and view is not None and view.committed_mib is None
 
@@ -282,7 +271,7 @@ class SleepLedgerMachine(RuleBasedStateMachine):
     def __init__(self) -> None:
         super().__init__()
         self.ledger = Ledger({})
-        self.roles: dict[str, GpuRole] = {}
+        self.roles: dict[str, sm.GpuRole] = {}
         self.host_budget = 0
         # holder -> (roles, MiB on each role, host MiB)
         self.model: dict[str, tuple[tuple[str, ...], int, int]] = {}
@@ -294,8 +283,8 @@ class SleepLedgerMachine(RuleBasedStateMachine):
         host=st.tuples(st.integers(1, 8000), st.integers(0, 8000)),
     )
     def setup(self, caps: tuple[int, int], host: tuple[int, int]) -> None:
-        self.roles = {"a": GpuRole("a", caps[0], 0), "b": GpuRole("b", caps[1], 0)}
-        budget = HostBudget(host[0], min(host[1], host[0]))
+        self.roles = {"a": sm.GpuRole("a", caps[0], 0), "b": sm.GpuRole("b", caps[1], 0)}
+        budget = sm.HostBudget(host[0], min(host[1], host[0]))
         self.host_budget = budget.budget_mib
         self.ledger = Ledger(self.roles, host=budget)
 
@@ -393,13 +382,13 @@ TestSleepLedger.settings = settings(
 
 def test_records_alone_count_nothing_for_an_awake_serve_or_an_unknown_host_figure() -> None:
     # awake, with a stale record of a past sleep: awake and full, no host RAM
-    stale = SleepObs(SleepState.AWAKE, level=1, residual_mib=1000, host_ram_mib=20_000)
+    stale = sm.SleepObs(sm.SleepState.AWAKE, level=1, residual_mib=1000, host_ram_mib=20_000)
     ledger = observed_ledger(coder(), stale)
     assert ledger.holdings["coder"].mib == 6000 and ledger.host_holdings == {}
     # asleep at level 1 under a manifest that no longer declares sleep, no host record:
     # full on the roles, and no host figure to count
-    ledger = observed_ledger(coder(sleep=None), SleepObs(SleepState.ASLEEP, level=1))
+    ledger = observed_ledger(coder(sleep=None), sm.SleepObs(sm.SleepState.ASLEEP, level=1))
     assert ledger.holdings["coder"].mib == 6000 and ledger.host_holdings == {}
     # a level-2 record keeps no host RAM, whatever the record says
-    level2 = SleepObs(SleepState.ASLEEP, level=2, host_ram_mib=7)
+    level2 = sm.SleepObs(sm.SleepState.ASLEEP, level=2, host_ram_mib=7)
     assert observed_ledger(coder(), level2).host_holdings == {}

@@ -8,34 +8,23 @@ transition, it is logged as an error, and nothing is done to the container.
 from __future__ import annotations
 
 from loguru import logger
+from support.fake_docker import FakeContainers, quick_elastic, quick_executor
 
-from controller.adapters.elastic import ElasticClient
-from controller.service.executor import Executor, ExecutorConfig, Outcome
+from controller.service.executor import Outcome
 from controller.snapshot import ContainerModel
+from statemachine import types as sm
 from statemachine.ledger import Ledger
 from statemachine.lifecycle import ACTION_TRIGGERS, TRIGGERS, Trigger, trigger_for
 from statemachine.planner import Action, Plan, Step
 from statemachine.status import lifecycle_from_observation
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-)
 
 
-class Containers:
+class Containers(FakeContainers):
     """In-memory container runtime that records every stop it is asked for."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.stops: list[str] = []
-
-    def created_for(self, name: str) -> str | None:
-        return None  # made without VRAMCTL_GPU_ROLE: started as it is
 
     def exists(self, name: str) -> bool:
         return True
@@ -47,29 +36,20 @@ class Containers:
         raise AssertionError("nothing is started here")
 
     def inspect(self, name: str) -> ContainerModel | None:
-        return ContainerModel(state=ContainerState.EXITED, exit_code=0)
-
-    def logs(self, name: str, tail: int = 40) -> str:
-        return ""
+        return ContainerModel(state=sm.ContainerState.EXITED, exit_code=0)
 
 
-ROLE = GpuRole("g0", 20_000, 0, uuid="GPU-0")
+ROLE = sm.GpuRole("g0", 20_000, 0, uuid="GPU-0")
 
 
 def test_a_stop_of_a_serve_the_machine_holds_stopped_fails_the_step() -> None:
-    ocr = ServeSpec("ocr", "ocr", ("g0",), 4000, Residency.EVICTABLE, DesiredRun.RUNNING)
-    desired = DesiredState({"g0": ROLE}, {"ocr": ocr})
+    ocr = sm.ServeSpec("ocr", "ocr", ("g0",), 4000, sm.Residency.EVICTABLE, sm.DesiredRun.RUNNING)
+    desired = sm.DesiredState({"g0": ROLE}, {"ocr": ocr})
     # the container is exited: the executor's machine for ocr starts in `stopped`,
     # from which `stop` is not a transition
-    observed = Observed(True, {"ocr": ContainerObs(ContainerState.EXITED, exit_code=0)})
+    observed = sm.Observed(True, {"ocr": sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)})
     docker = Containers()
-    ex = Executor(
-        desired,
-        docker=docker,  # type: ignore[arg-type]
-        elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
-        gpus=lambda: None,
-        config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-    )
+    ex = quick_executor(desired, docker, elastic=quick_elastic())
     ledger = Ledger({"g0": ROLE}, [])
     stop = Step(Action.STOP, "ocr", ("g0",), 4000, "a plan that disagrees", group="ocr")
     errors: list[str] = []
@@ -96,12 +76,12 @@ def test_status_lifecycle_is_one_of_the_machines_states() -> None:
     from statemachine.lifecycle import LifecycleState
 
     for obs in (
-        ContainerObs(ContainerState.RUNNING),
-        ContainerObs(ContainerState.RUNNING, health="starting"),
-        ContainerObs(ContainerState.RESTARTING),
-        ContainerObs(ContainerState.EXITED, exit_code=137, oom_killed=True),
-        ContainerObs(ContainerState.EXITED, exit_code=0),
-        ContainerObs(ContainerState.ABSENT),
+        sm.ContainerObs(sm.ContainerState.RUNNING),
+        sm.ContainerObs(sm.ContainerState.RUNNING, health="starting"),
+        sm.ContainerObs(sm.ContainerState.RESTARTING),
+        sm.ContainerObs(sm.ContainerState.EXITED, exit_code=137, oom_killed=True),
+        sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0),
+        sm.ContainerObs(sm.ContainerState.ABSENT),
     ):
         assert isinstance(lifecycle_from_observation(obs), LifecycleState)
 
@@ -111,22 +91,16 @@ def test_a_step_kind_the_executor_does_not_implement_fails_loudly() -> None:
     each is refused by name, never passed over as done."""
     from controller.service.executor import IMPLEMENTED_ACTIONS
 
-    ocr = ServeSpec("ocr", "ocr", ("g0",), 4000, Residency.EVICTABLE, DesiredRun.RUNNING)
-    desired = DesiredState({"g0": ROLE}, {"ocr": ocr})
-    observed = Observed(True, {"ocr": ContainerObs(ContainerState.RUNNING)})
+    ocr = sm.ServeSpec("ocr", "ocr", ("g0",), 4000, sm.Residency.EVICTABLE, sm.DesiredRun.RUNNING)
+    desired = sm.DesiredState({"g0": ROLE}, {"ocr": ocr})
+    observed = sm.Observed(True, {"ocr": sm.ContainerObs(sm.ContainerState.RUNNING)})
     ledger = Ledger({"g0": ROLE}, [])
     for action in sorted(set(Action) - IMPLEMENTED_ACTIONS):
         step = Step(action, "ocr", ("g0",), 4000, "a step kind not carried out", group="ocr")
         plan = Plan((step,), (), ledger, ledger)
         for skip in (False, True):
             docker = Containers()
-            ex = Executor(
-                desired,
-                docker=docker,  # type: ignore[arg-type]
-                elastic=ElasticClient(attempts=1, initial_wait_s=0.01, max_wait_s=0.1),
-                gpus=lambda: None,
-                config=ExecutorConfig(poll_s=0.01, memory_wait_s=0.2),
-            )
+            ex = quick_executor(desired, docker, elastic=quick_elastic())
             report = ex.execute(plan, observed, skip_preflight=skip)
             assert [r.outcome for r in report.results] != [Outcome.OK], (action, skip)
             text = " ".join(r.detail for r in report.results) + " ".join(

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -31,37 +29,21 @@ import docker
 import httpx
 import pytest
 from docker.errors import NotFound
-from serving import free_port
-from waiting import wait_for
+from support.cli import api_cycled, run_argv, spawn, terminate
+from support.manifests import serve_toml as serve_text
+from support.serving import free_port
+from support.waiting import wait_for
 
 TOKEN = "live-test-token-0123456789"
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def serve_toml(
-    name: str,
-    container: str,
-    mib: int,
-    residency: str,
-    port: int,
-    extra: str = "",
-    *,
-    stop_s: int = 5,
-    health: bool = True,
-) -> str:
-    text = f"""
-[[serve]]
-name = "{name}"
-container = "{container}"
-gpu_role = "a"
-vram_mib = {mib}
-residency = "{residency}"
-port = {port}
-health = "/health"
-start_timeout_s = 120
-stop_timeout_s = {stop_s}
-{extra}
-"""
+def serve_toml(*fields: Any, stop_s: int = 5, health: bool = True) -> str:
+    """One serve: ``fields`` are name, container, MiB, residency, port and maybe the extra
+    lines; 120 s to start, ``stop_s`` to stop, a health check unless ``health`` is False."""
+    timeouts = {"start_timeout_s": 120, "stop_timeout_s": stop_s}
+    name, container, mib, residency, port, *extra = fields
+    text = serve_text(name, container, mib, residency, port, **timeouts, extra="".join(extra))
     return text if health else text.replace('health = "/health"\n', "")
 
 
@@ -112,39 +94,14 @@ class Daemon:
             self.docker.containers.get(self.name(serve)).kill()
 
     def start(self, resync_s: float = 1.0) -> None:
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "controller.interfaces.cli",
-                    "run",
-                    "-m",
-                    str(self.manifest),
-                    "--state-dir",
-                    str(self.tmp / "state"),
-                    "--resync",
-                    str(resync_s),
-                    "--api",
-                    f"127.0.0.1:{self.api_port}",
-                    "--token-file",
-                    str(self.token_file),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, NO_COLOR="1"),
-            )
+        flags = ("--api", f"127.0.0.1:{self.api_port}", "--token-file", str(self.token_file))
+        argv = run_argv(self.manifest, self.tmp / "state", *flags, resync=str(resync_s))
+        self.proc = spawn(argv, self.log, cwd=ROOT)
         wait_for("the API's first cycle", self._cycled)
 
     def _cycled(self) -> bool:
         assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"vramctl run exited {self.proc.returncode}:\n{self.logs()}")
-        try:
-            return bool(self.http.get("/healthz").json()["cycles"] >= 1)
-        except httpx.HTTPError:
-            return False
+        return api_cycled(self.proc, self.http, self.logs)
 
     def logs(self) -> str:
         return self.log.read_text(errors="replace")[-8000:]
@@ -160,12 +117,7 @@ class Daemon:
 
     def close(self) -> None:
         if self.proc is not None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            terminate(self.proc)
         self.http.close()
         for name in self.created:
             with contextlib.suppress(NotFound):

@@ -14,16 +14,9 @@ import pytest
 
 from controller.manifest import load_manifest_set
 from controller.service.live import LiveLedger, overlay_observed
+from statemachine import types as sm
 from statemachine.ledger import ledger_from_observed
 from statemachine.planner import Action, Step
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    Observed,
-    SleepObs,
-    SleepState,
-)
 
 MANIFEST = """
 [[gpu_roles]]
@@ -63,7 +56,7 @@ host_ram_mib = 4000
 
 
 @pytest.fixture
-def desired(tmp_path: Path) -> DesiredState:
+def desired(tmp_path: Path) -> sm.DesiredState:
     path = tmp_path / "serves.toml"
     path.write_text(MANIFEST)
     return load_manifest_set([path]).desired()
@@ -73,20 +66,20 @@ def _run(live: LiveLedger, step: Step, outcome: str = "ok") -> None:
     live.step_ended(live.step_begun(step), step, outcome, "")
 
 
-def _containers(desired: DesiredState) -> dict[str, str]:
+def _containers(desired: sm.DesiredState) -> dict[str, str]:
     return {s.name: s.container for s in desired.serves.values()}
 
 
-RUNNING = ContainerObs(ContainerState.RUNNING)
+RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING)
 
 
 def test_a_wake_counts_the_full_reservation_from_its_reserve_wake_on(
-    desired: DesiredState,
+    desired: sm.DesiredState,
 ) -> None:
-    seen = Observed(
+    seen = sm.Observed(
         docker_ok=True,
         containers={"c-small": RUNNING},
-        sleep={"small": SleepObs(SleepState.ASLEEP, 1, 1000, 4000)},
+        sleep={"small": sm.SleepObs(sm.SleepState.ASLEEP, 1, 1000, 4000)},
     )
     assert ledger_from_observed(desired, seen).committed_mib("a") == 1000
     live = LiveLedger()
@@ -104,8 +97,8 @@ def test_a_wake_counts_the_full_reservation_from_its_reserve_wake_on(
     assert not now.sleep_of("small").asleep and "small" not in now.starting
 
 
-def test_a_confirmed_sleep_counts_its_host_ram(desired: DesiredState) -> None:
-    seen = Observed(docker_ok=True, containers={"c-big": RUNNING})
+def test_a_confirmed_sleep_counts_its_host_ram(desired: sm.DesiredState) -> None:
+    seen = sm.Observed(docker_ok=True, containers={"c-big": RUNNING})
     live = LiveLedger()
     mark = live.mark()
     _run(live, Step(Action.SLEEP, "big", ("a",), None, "t", group="small"))
@@ -128,7 +121,7 @@ def test_a_confirmed_sleep_counts_its_host_ram(desired: DesiredState) -> None:
     assert ledger.host_committed_mib() == 6000  # its weights are in host RAM now
 
 
-def test_up_timings_of_a_wake_count_the_wake_as_its_start(desired: DesiredState) -> None:
+def test_up_timings_of_a_wake_count_the_wake_as_its_start(desired: sm.DesiredState) -> None:
     from controller.interfaces.upwait import timings
     from controller.service.live import StepEnded
 
@@ -141,7 +134,7 @@ def test_up_timings_of_a_wake_count_the_wake_as_its_start(desired: DesiredState)
     assert times["started_s"] == 2.9 and times["ready_s"] == 2.5, times
 
 
-def test_up_timings_count_a_victims_sleep_as_making_room(desired: DesiredState) -> None:
+def test_up_timings_count_a_victims_sleep_as_making_room(desired: sm.DesiredState) -> None:
     from controller.interfaces.upwait import timings
     from controller.service.live import StepEnded
 

@@ -12,6 +12,7 @@ import dataclasses
 from pathlib import Path
 
 import pytest
+from support.manifests import ONE_RESIDENT
 
 from controller.manifest import load_manifest_set
 from controller.service.executor import ExecutionReport, Outcome, StepResult
@@ -22,19 +23,9 @@ from statemachine.ledger import Ledger
 from statemachine.planner import Action, Step
 from statemachine.types import ContainerObs, ContainerState, Observed
 
-MANIFEST = """
-[[gpu_roles]]
-id = "a"
-vram_mib = 10000
-
-[[serve]]
-name = "res"
-container = "c-res"
-gpu_role = "a"
-vram_mib = 2000
-residency = "resident"
-desired = "running"
-
+MANIFEST = (
+    ONE_RESIDENT
+    + """
 [[serve]]
 name = "llm"
 container = "c-llm"
@@ -42,6 +33,7 @@ gpu_role = "a"
 vram_mib = 2000
 residency = "on-demand"
 """
+)
 
 
 def controller(tmp_path: Path) -> Controller:

@@ -19,7 +19,8 @@ import httpx
 import pynvml
 import pytest
 from fake_http import FakeEngineMetrics
-from fakes_nvml import GIB, FakeDevice, FakeNvml, nvml_error
+from support.fakes_nvml import GIB, FakeDevice, FakeNvml, nvml_error
+from support.manifests import CARD_A, RES_2000
 
 from controller.adapters import engine_metrics
 from controller.adapters.docker.read import ContainerSnapshot
@@ -78,19 +79,7 @@ def test_the_tracker_keeps_one_client_across_observations(
 
 
 # ----- the footprint reading before a start or a stop -------------------------------------
-MANIFEST = """
-[[gpu_roles]]
-id = "a"
-vram_mib = 10000
-uuid = "GPU-0"
-
-[[serve]]
-name = "res"
-container = "c-res"
-gpu_role = "a"
-vram_mib = 2000
-residency = "resident"
-"""
+MANIFEST = CARD_A + 'uuid = "GPU-0"\n' + RES_2000
 
 
 class _CountingObserver:

@@ -23,8 +23,8 @@ import docker
 import pynvml
 import pytest
 from docker.errors import NotFound
-from fakes_nvml import FakeNvml, nvml_error
-from waiting import WAIT_S, wait_for
+from support.fakes_nvml import FakeNvml, nvml_error
+from support.waiting import WAIT_S, wait_for
 
 from controller.manifest import load_manifest_set
 from controller.service import loop_state

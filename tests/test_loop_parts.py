@@ -17,6 +17,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from support.manifests import ONE_RESIDENT
 
 from controller.adapters.docker.read import EVERY_CONTAINER, EventStreamRefusedError
 from controller.service import manifest_reload, tiers
@@ -302,19 +303,7 @@ def test_a_cycle_that_ended_mid_plan_leaves_its_tiers_to_readmit(journal: Journa
 
 
 # ----- the manifest re-read -----------------------------------------------------------
-GOOD = """
-[[gpu_roles]]
-id = "a"
-vram_mib = 10000
-
-[[serve]]
-name = "res"
-container = "c-res"
-gpu_role = "a"
-vram_mib = 2000
-residency = "resident"
-desired = "running"
-"""
+GOOD = ONE_RESIDENT
 
 
 def test_an_invalid_edit_gives_its_located_errors_and_no_set(tmp_path: Path) -> None:

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import docker
 import pytest
+from support.waiting import wait_for
 from test_loop_events import Running, names
 from test_placement_docker import RUNNING, TWO_CARDS, _controller, _running, _serve
-from waiting import wait_for
 
 __all__ = ["names"]  # the fixture, shared with test_loop_events
 

@@ -16,7 +16,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from waiting import WAIT_S
+from support.waiting import WAIT_S
 
 from controller.manifest import LocatedError, ManifestError, load_manifest_set
 from controller.manifest.fields import MAX_MANIFEST_BYTES, MAX_NESTING

@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_manifest import ROLES, Expect, check, errors_of, serve, write
+from support.manifest_rules import ROLES, Expect, check, errors_of, serve, write
 
 from controller.manifest import load_manifest_set
 from controller.manifest.runtime import ModelRef

@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 import pytest
-from test_engine_flags import compose
+from support.files import compose
 
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.manifest.schema import render_schema

@@ -14,13 +14,12 @@ The loader, the CLI (as a subprocess) and the running loop's reload are the real
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from loguru import logger
+from support.cli import cli_env, run_cli
 
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.service.loop import Controller, RunOptions
@@ -51,15 +50,7 @@ def errors_of(*paths: Path, strict: bool = False) -> list[LocatedError]:
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env=cli_env())
 
 
 def reloaded(tmp_path: Path, good: str, edit: bytes) -> tuple[Controller, ManifestSet]:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from test_manifest import ROLES, Expect, check, errors_of, serve, write
+from support.manifest_rules import ROLES, Expect, check, errors_of, serve, write
 
 from controller.manifest import ManifestError, load_manifest_set
 from controller.manifest.schema import manifest_json_schema

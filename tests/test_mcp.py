@@ -10,70 +10,21 @@ its saved observation, and checks the tools against the command line's own JSON:
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import anyio
 from mcp.client.session import ClientSession
-from mcp.client.stdio import StdioServerParameters, stdio_client
+from support.mcp_stdio import (
+    ADDED,
+    ARGS,
+    EXAMPLE,
+    OBSERVED,
+    tool_text,
+    vramctl,
+    with_session,
+)
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
-OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
-ARGS = ["-m", str(EXAMPLE), "--observed", str(OBSERVED)]
 SERVES = ["stt", "tts", "embeddings", "reranker", "ocr", "fast"]
-#: what the tools add to the command line's JSON (where it was answered from, notes)
-ADDED = {"hypothetical", "notes", "source"}
-
-T = TypeVar("T")
-
-
-def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VRAMCTL_")}
-    env.update(COLUMNS="200", NO_COLOR="1", TERM="dumb")
-    return env
-
-
-def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        cwd=ROOT,
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-    )
-
-
-def with_session(
-    fn: Callable[[ClientSession], Awaitable[T]],
-    args: list[str] = ARGS,
-    launcher: list[str] | None = None,
-) -> T:
-    """``fn``'s answer on a session with a freshly spawned ``vramctl mcp ARGS``
-    (``launcher``: the command that runs ``vramctl``; default this interpreter's
-    module)."""
-    command = launcher or [sys.executable, "-m", "controller.interfaces.cli"]
-    server = StdioServerParameters(
-        command=command[0],
-        args=[*command[1:], "mcp", *args],
-        env=_env(),
-        cwd=ROOT,
-    )
-
-    async def main() -> T:
-        with anyio.fail_after(60):
-            async with stdio_client(server) as (read, write), ClientSession(read, write) as s:
-                await s.initialize()
-                await s.list_tools()  # the client validates results against these schemas
-                return await fn(s)
-
-    return anyio.run(main)
 
 
 def call(name: str, arguments: dict[str, Any], args: list[str] = ARGS) -> Any:
@@ -83,10 +34,6 @@ def call(name: str, arguments: dict[str, Any], args: list[str] = ARGS) -> Any:
         return await s.call_tool(name, arguments)
 
     return with_session(go, args)
-
-
-def _text(result: Any) -> str:
-    return "\n".join(getattr(c, "text", "") for c in result.content)
 
 
 def test_the_tools_and_their_schemas() -> None:
@@ -151,12 +98,12 @@ def test_can_fit_answers_as_fit_json_for_every_serve() -> None:
         cli = json.loads(r.stdout)
         assert r.returncode == (0 if cli["fits"] else 1), r.stderr  # 0 fits, 1 does not
         result = results[name]
-        assert not result.is_error, _text(result)
+        assert not result.is_error, tool_text(result)
         answer = result.structured_content
         assert {k: v for k, v in answer.items() if k not in ADDED} == cli, name
         assert answer["hypothetical"] is False
         assert answer["source"]["observed"] == str(OBSERVED)
-        assert json.loads(_text(result)) == answer  # the text block says the same
+        assert json.loads(tool_text(result)) == answer  # the text block says the same
     # the example's on-demand serve: ocr is drained and evicted for it, every term given
     fast = results["fast"].structured_content
     assert fast["fits"] is True and fast["evict"] == ["ocr"] and fast["drain"] == ["ocr"]
@@ -186,14 +133,14 @@ def test_can_fit_for_a_size_on_a_role() -> None:
     assert small.structured_content["evict"] == []
     assert too_big.structured_content["fits"] is False  # beyond what eviction frees
     assert too_big.structured_content["reason"]
-    assert bad_role.is_error and "display-card" in _text(bad_role)
-    assert no_role.is_error and "gpu_role" in _text(no_role)
-    assert both.is_error and "not both" in _text(both)
+    assert bad_role.is_error and "display-card" in tool_text(bad_role)
+    assert no_role.is_error and "gpu_role" in tool_text(no_role)
+    assert both.is_error and "not both" in tool_text(both)
 
 
 def test_reservation_status_answers_as_status_json() -> None:
     result = call("reservation_status", {})
-    assert not result.is_error, _text(result)
+    assert not result.is_error, tool_text(result)
     answer = result.structured_content
     r = vramctl("status", *ARGS, "--json")
     assert r.returncode == 0, r.stderr
@@ -225,7 +172,7 @@ def test_serves_status_answers_from_the_status_report() -> None:
         ]
 
     every, one = with_session(go)
-    assert not every.is_error, _text(every)
+    assert not every.is_error, tool_text(every)
     cli = json.loads(vramctl("status", *ARGS, "--json").stdout)
     serves = every.structured_content["serves"]
     assert [s["serve"] for s in serves] == [s["serve"] for s in cli["serves"]]
@@ -249,13 +196,13 @@ def test_an_unknown_serve_is_a_tool_error_with_the_near_miss() -> None:
 
     fit, serves, wrong_type, wrong_key = with_session(go)
     assert fit.is_error
-    assert 'no serve named "fsat"' in _text(fit) and 'did you mean "fast"?' in _text(fit)
+    assert 'no serve named "fsat"' in tool_text(fit) and 'did you mean "fast"?' in tool_text(fit)
     assert fit.structured_content is None
-    assert serves.is_error and 'did you mean "ocr"?' in _text(serves)
-    assert wrong_type.is_error and "serve must be a JSON string" in _text(wrong_type)
-    assert wrong_key.is_error and "did you mean 'serve'?" in _text(wrong_key)
+    assert serves.is_error and 'did you mean "ocr"?' in tool_text(serves)
+    assert wrong_type.is_error and "serve must be a JSON string" in tool_text(wrong_type)
+    assert wrong_key.is_error and "did you mean 'serve'?" in tool_text(wrong_key)
     for result in (fit, serves, wrong_type, wrong_key):
-        assert "Traceback" not in _text(result)
+        assert "Traceback" not in tool_text(result)
 
 
 def _edited() -> str:
@@ -268,7 +215,7 @@ def _edited() -> str:
 def test_plan_preview_plans_an_edit_and_executes_nothing(tmp_path: Path) -> None:
     before = EXAMPLE.read_bytes()
     result = call("plan_preview", {"manifest_text": _edited()})
-    assert not result.is_error, _text(result)
+    assert not result.is_error, tool_text(result)
     answer = result.structured_content
     assert answer["executed"] is False
     assert EXAMPLE.read_bytes() == before  # no file changed
@@ -296,9 +243,9 @@ def test_plan_preview_refuses_what_does_not_load() -> None:
         ]
 
     broken, neither, missing = with_session(go)
-    assert broken.is_error and "does not load" in _text(broken)
-    assert neither.is_error and "manifest_text" in _text(neither)
-    assert missing.is_error and "no such file" in _text(missing)
+    assert broken.is_error and "does not load" in tool_text(broken)
+    assert neither.is_error and "manifest_text" in tool_text(neither)
+    assert missing.is_error and "no such file" in tool_text(missing)
 
 
 def test_a_manifest_that_does_not_load_stops_the_server_before_serving(tmp_path: Path) -> None:
@@ -351,9 +298,9 @@ def test_the_writes_are_refused_over_stdio() -> None:
 
     up, release, bad = with_session(go)
     for result in (up, release):
-        assert result.is_error and "--allow-writes" in _text(result)
-    assert bad.is_error and "ttl_s must be more than 0" in _text(bad)
+        assert result.is_error and "--allow-writes" in tool_text(result)
+    assert bad.is_error and "ttl_s must be more than 0" in tool_text(bad)
     up, release, _bad = with_session(go, [*ARGS, "--allow-writes"])
     for result in (up, release):
         assert result.is_error
-        assert "need a running controller" in _text(result) and "/mcp" in _text(result)
+        assert "need a running controller" in tool_text(result) and "/mcp" in tool_text(result)

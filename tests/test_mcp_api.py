@@ -23,10 +23,10 @@ import httpx2
 from mcp.client.session import ClientSession
 from mcp.client.stdio import StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
-from serving import free_port
+from support.mcp_stdio import ARGS, ROOT, _env, tool_text
+from support.serving import free_port
 from test_api import TOKEN, idle, observe  # noqa: F401
-from test_mcp import ARGS, ROOT, _env
-from test_mcp_http import _text, auth, serving
+from test_mcp_http import auth, serving
 
 from controller.service.loop import Controller
 
@@ -92,14 +92,14 @@ def test_reads_are_the_api_s_own_answers(idle: Controller, tmp_path: Path) -> No
     mine, theirs = with_api(idle, go)
     for (name, _args), a, b in zip(calls, mine, theirs, strict=True):
         assert a.is_error == b.is_error, name
-        assert _text(a) == _text(b), name
+        assert tool_text(a) == tool_text(b), name
         assert a.structured_content == b.structured_content, name
     status = mine[0].structured_content
     assert status["source"]["controller"] == "vramctl run"
     assert status["gpu_roles"][0]["committed_mib"] == 7000
     # with the token: the full answer (no "shown only to a request with" note)
     assert not any("shown only to a request with" in n for n in status["notes"])
-    assert mine[3].is_error and 'did you mean "llm"?' in _text(mine[3])
+    assert mine[3].is_error and 'did you mean "llm"?' in tool_text(mine[3])
 
 
 def test_writes_need_allow_writes_and_go_through_with_progress(
@@ -130,14 +130,14 @@ def test_writes_need_allow_writes_and_go_through_with_progress(
         return [refused, no_token, up, big, down]
 
     refused, no_token, up, big, down = with_api(idle, go)
-    assert refused.is_error and "--allow-writes" in _text(refused)
-    assert no_token.is_error and "token" in _text(no_token)
-    assert not up.is_error, _text(up)
+    assert refused.is_error and "--allow-writes" in tool_text(refused)
+    assert no_token.is_error and "token" in tool_text(no_token)
+    assert not up.is_error, tool_text(up)
     assert up.structured_content["status"] == 202 and up.structured_content["ready"] is False
     assert "llm: request.admitted" in progress, progress
     # the remote's refusal as it is: 429 with every term of the arithmetic
-    assert big.is_error and _text(big).startswith("big does not fit")
-    assert '"status": 429' in _text(big)
+    assert big.is_error and tool_text(big).startswith("big does not fit")
+    assert '"status": 429' in tool_text(big)
     assert not down.is_error and down.structured_content["ended"] is True
 
 
@@ -153,12 +153,12 @@ def test_an_unreachable_api_says_how_to_fix_it_or_observes_directly() -> None:
         return [status, up, observed]
 
     status, up, observed = asyncio.run(asyncio.wait_for(go(), 90))
-    assert status.is_error, _text(status)
-    assert f"no vramctl run answers at http://{address}/mcp" in _text(status)
-    assert "start `vramctl run`" in _text(status) and "drop --api" in _text(status)
-    assert "Traceback" not in _text(status)
-    assert up.is_error and "--allow-writes" in _text(up)  # refused before it is sent
-    assert not observed.is_error, _text(observed)
+    assert status.is_error, tool_text(status)
+    assert f"no vramctl run answers at http://{address}/mcp" in tool_text(status)
+    assert "start `vramctl run`" in tool_text(status) and "drop --api" in tool_text(status)
+    assert "Traceback" not in tool_text(status)
+    assert up.is_error and "--allow-writes" in tool_text(up)  # refused before it is sent
+    assert not observed.is_error, tool_text(observed)
     answer = observed.structured_content
     assert answer["source"]["controller"] is None and answer["source"]["api"] == "unreachable"
     assert answer["source"]["observed"].endswith("single-card.observed.json")
@@ -179,5 +179,5 @@ def test_a_wrong_token_is_a_tool_error(idle: Controller, tmp_path: Path) -> None
     status = with_api(idle, go)
     # refused by the API: not an unreachable API, so no direct observation either
     assert status.is_error, status.structured_content
-    assert "failed" in _text(status) and "token" in _text(status), _text(status)
-    assert "Traceback" not in _text(status)
+    assert "failed" in tool_text(status) and "token" in tool_text(status), tool_text(status)
+    assert "Traceback" not in tool_text(status)

@@ -14,9 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from mcp.client.session import ClientSession
+from support.mcp_stdio import ADDED, ROOT, tool_text, vramctl, with_session
+from support.model_files import WEIGHTS, write_gguf
 from test_api import idle, observe  # noqa: F401
-from test_enforce_render_lint import WEIGHTS, write_gguf
-from test_mcp import ADDED, ROOT, _text, vramctl, with_session
 from test_mcp_http import auth, run
 
 from controller.service.loop import Controller
@@ -105,7 +105,7 @@ def test_a_size_placed_among_candidates_answers_as_fit_json(tmp_path: Path) -> N
     fits, evicts, never, typo, both, empty, not_a_list = with_session(go, args)
     roles = 'placement = ["card-a", "card-b"]'
     for result, mib in ((fits, 10000), (evicts, 16000)):
-        assert not result.is_error, _text(result)
+        assert not result.is_error, tool_text(result)
         answer = result.structured_content
         assert answer["hypothetical"] is True and "placement" in answer
         assert _as_probe(answer) == _fit_json(tmp_path, roles, mib)
@@ -117,16 +117,16 @@ def test_a_size_placed_among_candidates_answers_as_fit_json(tmp_path: Path) -> N
     assert evicts.structured_content["fits"] is True
     assert evicts.structured_content["placement"]["role"] == "card-b"
     assert evicts.structured_content["evict"] == ["tts"]
-    assert never.is_error and _text(never) == (
+    assert never.is_error and tool_text(never) == (
         'placement candidate "card-b" has a budget of 16384 MiB (capacity 16384 - reserve '
         "0), less than vram_mib 20000: it can never hold this serve"
     )
     assert typo.is_error
-    assert _text(typo) == 'no gpu role "crad-b" in the manifest set (roles: card-a, card-b)'
+    assert tool_text(typo) == 'no gpu role "crad-b" in the manifest set (roles: card-a, card-b)'
     assert both.is_error
-    assert _text(both) == "ask with exactly one of gpu_role or placement, not both"
-    assert empty.is_error and "at least one candidate" in _text(empty)
-    assert not_a_list.is_error and "placement must be a JSON array" in _text(not_a_list)
+    assert tool_text(both) == "ask with exactly one of gpu_role or placement, not both"
+    assert empty.is_error and "at least one candidate" in tool_text(empty)
+    assert not_a_list.is_error and "placement must be a JSON array" in tool_text(not_a_list)
 
 
 def _estimate_json(path: Path, *args: str) -> dict[str, Any]:
@@ -163,7 +163,7 @@ def test_a_model_s_files_ask_for_its_weights_and_kv_cache(tmp_path: Path) -> Non
 
     pinned, placed, absent, unreadable, both, stray, dtype, no_kv = with_session(go, args)
     for result in (pinned, placed):
-        assert not result.is_error, _text(result)
+        assert not result.is_error, tool_text(result)
 
     own = _estimate_json(gguf, "--context", "4096")
     answer = pinned.structured_content
@@ -192,15 +192,15 @@ def test_a_model_s_files_ask_for_its_weights_and_kv_cache(tmp_path: Path) -> Non
         tmp_path, 'placement = ["card-a", "card-b"]', est["vram_mib"]
     )
 
-    assert absent.is_error and str(tmp_path / "absent.gguf") in _text(absent)
-    assert _text(absent).startswith("model_path cannot be read: ")
-    assert unreadable.is_error and str(garbage) in _text(unreadable)
-    assert both.is_error and "not both vram_mib and model_path" in _text(both)
-    assert stray.is_error and _text(stray) == "context: only with model_path"
-    assert dtype.is_error and "kv_dtype must be one of f16" in _text(dtype)
+    assert absent.is_error and str(tmp_path / "absent.gguf") in tool_text(absent)
+    assert tool_text(absent).startswith("model_path cannot be read: ")
+    assert unreadable.is_error and str(garbage) in tool_text(unreadable)
+    assert both.is_error and "not both vram_mib and model_path" in tool_text(both)
+    assert stray.is_error and tool_text(stray) == "context: only with model_path"
+    assert dtype.is_error and "kv_dtype must be one of f16" in tool_text(dtype)
     # a cache the files cannot size is no known need: refused, with the reason
-    assert no_kv.is_error and _text(no_kv).startswith(f"{gguf}: its KV cache is unknown (")
-    assert _text(no_kv).endswith("ask with vram_mib")
+    assert no_kv.is_error and tool_text(no_kv).startswith(f"{gguf}: its KV cache is unknown (")
+    assert tool_text(no_kv).endswith("ask with vram_mib")
 
 
 def test_the_live_backend_takes_both_forms(idle: Controller, tmp_path: Path) -> None:  # noqa: F811
@@ -221,7 +221,7 @@ def test_the_live_backend_takes_both_forms(idle: Controller, tmp_path: Path) -> 
 
     pinned, placed, model, absent, never = run(idle, go)
     for result in (pinned, placed, model):
-        assert not result.is_error, _text(result)
+        assert not result.is_error, tool_text(result)
     # one candidate: placed already, the same arithmetic as on the role
     keep = ("fits", "reason", "gpu_roles", "drain", "evict", "blockers")
     assert {k: placed.structured_content[k] for k in keep} == {
@@ -231,5 +231,5 @@ def test_the_live_backend_takes_both_forms(idle: Controller, tmp_path: Path) -> 
     assert est["weights_bytes"] == WEIGHTS and est["kv_cache_bytes"] > 0
     assert model.structured_content["gpu_roles"][0]["requested_mib"] == est["vram_mib"]
     assert model.structured_content["fits"] is True
-    assert absent.is_error and str(tmp_path / "absent.gguf") in _text(absent)
-    assert never.is_error and "budget of 9000 MiB" in _text(never)
+    assert absent.is_error and str(tmp_path / "absent.gguf") in tool_text(absent)
+    assert never.is_error and "budget of 9000 MiB" in tool_text(never)

@@ -23,7 +23,8 @@ import pytest
 import uvicorn
 from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
-from serving import free_port
+from support.mcp_stdio import tool_text
+from support.serving import free_port
 from test_api import TOKEN, Live, calm, idle, live, observe  # noqa: F401
 
 from controller.interfaces.api import ApiSettings, create_app
@@ -97,10 +98,6 @@ def auth() -> dict[str, str]:
     return {"Authorization": f"Bearer {TOKEN}"}
 
 
-def _text(result: Any) -> str:
-    return "\n".join(getattr(c, "text", "") for c in result.content)
-
-
 def test_tools_answer_from_the_live_view_as_v1_does(idle: Controller) -> None:  # noqa: F811
     now = time.time()
     observe(idle, {"res": {"state": "running"}, "omni": {"state": "running", "started_at": now}})
@@ -126,7 +123,7 @@ def test_tools_answer_from_the_live_view_as_v1_does(idle: Controller) -> None:  
             size = await s.call_tool("can_fit", {"vram_mib": 5000, "gpu_role": "a"})
             typo = await s.call_tool("can_fit", {"serve": "lml"})
         for result in (status, can, cannot, rows, size):
-            assert not result.is_error, _text(result)
+            assert not result.is_error, tool_text(result)
         answer = status.structured_content
         assert answer["gpu_roles"] == ledger["gpu_roles"]
         assert answer["docker"] == ledger["docker"] == "ok"
@@ -152,14 +149,14 @@ def test_tools_answer_from_the_live_view_as_v1_does(idle: Controller) -> None:  
             assert mine["reservation_mib"] == theirs["reservation_mib"], mine["serve"]
         # without the token: names, states and figures only, as GET /v1/serves; a
         # refusal in a fixed wording that echoes nothing (tests/test_mcp_tokenless.py)
-        assert typo.is_error and _text(typo) == PUBLIC_NO_SERVE
+        assert typo.is_error and tool_text(typo) == PUBLIC_NO_SERVE
         assert any("shown only to a request with" in n for n in answer["notes"]), answer
         async with session(auth()) as s:
             full = (await s.call_tool("reservation_status", {})).structured_content
             typo = await s.call_tool("can_fit", {"serve": "lml"})
         assert full["gpu_roles"] == answer["gpu_roles"]
         assert len(full["notes"]) == len(answer["notes"]) - 1
-        assert typo.is_error and 'did you mean "llm"?' in _text(typo)
+        assert typo.is_error and 'did you mean "llm"?' in tool_text(typo)
 
     run(idle, go)
 
@@ -172,7 +169,7 @@ def test_before_the_first_cycle_the_tools_say_unknown(idle: Controller) -> None:
         [role] = status.structured_content["gpu_roles"]
         assert status.structured_content["docker"] == "unknown"
         assert role["committed_mib"] is None and role["free_mib"] is None
-        assert fit.is_error and "no observation yet" in _text(fit)
+        assert fit.is_error and "no observation yet" in tool_text(fit)
 
     run(idle, go)
 
@@ -229,7 +226,7 @@ def test_a_write_without_the_token_is_refused(idle: Controller) -> None:  # noqa
             up = await s.call_tool("request_up", {"serve": "llm"})
             down = await s.call_tool("release", {"serve": "llm"})
         for result in (up, down):
-            assert result.is_error and "Authorization: Bearer" in _text(result)
+            assert result.is_error and "Authorization: Bearer" in tool_text(result)
         assert idle.journal.active_requests() == []
 
     run(idle, go)
@@ -261,17 +258,21 @@ def test_the_writes_go_through_the_api_verbs(idle: Controller) -> None:  # noqa:
 
     big, off, bad, up, down, again = run(idle, go)
     # 429 with every term of the arithmetic, as POST .../up answers
-    assert big.is_error and _text(big).startswith("big does not fit")
-    assert '"status": 429' in _text(big) and '"shortfall_mib"' in _text(big)
-    assert off.is_error and 'desired = "stopped"' in _text(off) and '"status": 409' in _text(off)
-    assert bad.is_error and "ttl_s must be more than 0" in _text(bad)
-    assert not up.is_error, _text(up)
+    assert big.is_error and tool_text(big).startswith("big does not fit")
+    assert '"status": 429' in tool_text(big) and '"shortfall_mib"' in tool_text(big)
+    assert (
+        off.is_error
+        and 'desired = "stopped"' in tool_text(off)
+        and '"status": 409' in tool_text(off)
+    )
+    assert bad.is_error and "ttl_s must be more than 0" in tool_text(bad)
+    assert not up.is_error, tool_text(up)
     answer = up.structured_content
     assert answer["status"] == 202 and answer["ready"] is False  # no loop here
     assert answer["fit"]["evict"] == ["omni"] and answer["request"]["ttl_s"] == 90
     assert "llm: request.admitted" in progress
     assert not down.is_error and down.structured_content["ended"] is True
-    assert again.is_error and "no active on-demand request" in _text(again)
+    assert again.is_error and "no active on-demand request" in tool_text(again)
 
 
 @pytest.mark.docker
@@ -302,7 +303,7 @@ def test_request_up_waits_with_progress_on_the_real_daemon(calm: Live) -> None: 
             return [up, status, down]
 
     up, status, down = asyncio.run(asyncio.wait_for(main(), 90))
-    assert not up.is_error, _text(up)
+    assert not up.is_error, tool_text(up)
     assert up.structured_content["status"] == 200 and up.structured_content["ready"] is True
     assert "stop omni: ok" in progress and "start llm: ok" in progress, progress
     assert any(p.startswith("plan of cycle") for p in progress), progress

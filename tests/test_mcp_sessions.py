@@ -20,8 +20,9 @@ from typing import Any
 
 import httpx
 from mcp_raw import alive, open_session
+from support.mcp_stdio import tool_text
 from test_api import idle, observe  # noqa: F401
-from test_mcp_http import _text, auth, run
+from test_mcp_http import auth, run
 
 from controller.interfaces.api import ApiSettings
 from controller.service.loop import Controller
@@ -43,7 +44,7 @@ async def served(session: Any) -> None:
     """The SDK's client with the token lists the tools and calls one."""
     assert {t.name for t in (await session.list_tools()).tools} >= {"can_fit", "request_up"}
     status = await session.call_tool("reservation_status", {})
-    assert not status.is_error, _text(status)
+    assert not status.is_error, tool_text(status)
     assert status.structured_content["gpu_roles"][0]["committed_mib"] == 3000
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 import pytest
 from mcp.client.session import ClientSession
-from test_mcp import _text, with_session
+from support.mcp_stdio import tool_text, with_session
 
 from controller.interfaces.mcp_server import (
     ALL_TOOLS,
@@ -141,7 +141,7 @@ def test_over_stdio_context_true_is_refused_not_read_as_one_token() -> None:
     context, parallel, vram, answered = with_session(go)
     for result, key in ((context, "context"), (parallel, "parallel"), (vram, "vram_mib")):
         assert result.is_error
-        assert f"can_fit: {key} must be a JSON integer, not true" in _text(result)
+        assert f"can_fit: {key} must be a JSON integer, not true" in tool_text(result)
     assert not answered.is_error
     assert answered.structured_content is not None
     assert answered.structured_content["fits"] is True

@@ -29,11 +29,12 @@ from mcp.client.session import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp_raw import call_tool, message, open_session
 from safetensors.numpy import save_file
-from serving import free_port
+from support.mcp_stdio import tool_text
+from support.model_files import hf_config
+from support.serving import free_port
 from test_api import TOKEN, Live
-from test_estimate_files import _config
 from test_mcp_api import stdio_session
-from test_mcp_http import _text, auth
+from test_mcp_http import auth
 
 from controller.interfaces.api.agents import WRITES_NEED_TOKEN
 from controller.interfaces.mcp_server import PATH_REFUSED, PUBLIC_ERRORS
@@ -49,7 +50,7 @@ def model(folder: Path, **config: Any) -> Path:
     """A safetensors model in ``folder`` with its ``config.json`` (``config``: changes)."""
     folder.mkdir()
     save_file({"w": np.zeros((4, 4), dtype=np.float16)}, str(folder / "model.safetensors"))
-    _config(folder, **config)
+    hf_config(folder, **config)
     return folder
 
 
@@ -132,11 +133,11 @@ def sdk_calls(url: str, todo: list[tuple[str, dict[str, Any]]], headers: dict[st
 def withheld(name: str, args: dict[str, Any], result: Any) -> None:
     """A token-less answer: no marker, no token; a refusal in a fixed wording (a
     manifest that does not load: located, without what it says)."""
-    shown = _text(result) + json.dumps(result.structured_content)
+    shown = tool_text(result) + json.dumps(result.structured_content)
     said = f"{name} {args}: {shown}"
     assert MARKER not in shown and TOKEN not in shown, said
     if result.is_error:
-        text = _text(result)
+        text = tool_text(result)
         located = text.startswith("the manifest set does not load: ") and "invalid" in text
         assert text in FIXED or located, said
 
@@ -166,7 +167,7 @@ def test_with_the_token_the_same_calls_answer_in_full(run: Live) -> None:
 
     def text(name: str, args: dict[str, Any]) -> str:
         result = results[json.dumps([name, args])]
-        return _text(result) + json.dumps(result.structured_content)
+        return tool_text(result) + json.dumps(result.structured_content)
 
     assert MARKER in text("can_fit", {"serve": "big"})
     assert MARKER in text("can_fit", {"serve": "rec"})
@@ -178,7 +179,7 @@ def test_with_the_token_the_same_calls_answer_in_full(run: Live) -> None:
         assert text("plan_preview", {"manifest_path": str(path)}) == PATH_REFUSED + "null"
     # the controller's own file is read: the set as it is on disk
     own = results[json.dumps(["plan_preview", {"manifest_path": str(run.manifest)}])]
-    assert not own.is_error, _text(own)
+    assert not own.is_error, tool_text(own)
     assert own.structured_content["source"]["manifests"] == [str(run.manifest)]
 
 

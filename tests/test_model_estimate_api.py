@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.service import controller_on
 from test_api import Asgi, auth, client, observe  # noqa: F401
 from test_model_estimate_cli import safetensors_model
 
@@ -16,8 +17,7 @@ from controller.interfaces.redaction import MODEL_TEXT_WITHHELD
 from controller.manifest import load_manifest_set
 from controller.service import model_estimates
 from controller.service.footprints import FootprintRecorder, Reading
-from controller.service.loop import Controller, RunOptions
-from controller.store.journal import Journal, journal_path
+from controller.service.loop import Controller
 from statemachine.footprint import Method, Sample
 
 MANIFEST = """
@@ -52,11 +52,7 @@ vram_mib = 1000
 @pytest.fixture
 def loop(tmp_path: Path) -> Iterator[Controller]:
     safetensors_model(tmp_path / "st")
-    path = tmp_path / "serves.toml"
-    path.write_text(MANIFEST)
-    mset = load_manifest_set([path])
-    controller = Controller(RunOptions(manifests=(path,), state_dir=tmp_path / "state"), mset)
-    controller.journal = Journal.open(journal_path(controller.state_dir))
+    controller = controller_on(tmp_path, MANIFEST)
     yield controller
     controller.journal.close()
 

@@ -8,16 +8,15 @@ tests/test_estimate_files.py); the footprints are samples recorded in a real jou
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from safetensors.numpy import save_file
-from test_estimate_files import _config, _write_gguf
+from support.cli import cli_env, run_cli
+from support.model_files import hf_config, write_tiny_gguf
 
 from controller.store.journal import Journal, journal_path
 from statemachine.footprint import Method, Sample
@@ -31,23 +30,14 @@ KV_FORMULA = (
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="250", NO_COLOR="1", PYTHONPATH=str(REPO))
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env=cli_env(250, PYTHONPATH=str(REPO)), cwd=REPO)
 
 
 def safetensors_model(folder: Path) -> Path:
     """A one-file safetensors model of exactly 2 MiB of weights, an 8B-like cache."""
     folder.mkdir()
     save_file({"w": np.zeros((1024, 1024), dtype=np.float16)}, str(folder / "model.safetensors"))
-    _config(
+    hf_config(
         folder,
         num_hidden_layers=32,
         num_attention_heads=32,
@@ -67,7 +57,7 @@ def serve(name: str, vram_mib: int, model: str, extra: str = "") -> str:
 
 def manifest(tmp_path: Path, *serves: str) -> Path:
     safetensors_model(tmp_path / "st")
-    _write_gguf(tmp_path / "tiny.gguf")  # 6976 bytes of weights, 32768 bytes of KV
+    write_tiny_gguf(tmp_path / "tiny.gguf")  # 6976 bytes of weights, 32768 bytes of KV
     path = tmp_path / "serves.toml"
     path.write_text('[[gpu_roles]]\nid = "g0"\nvram_mib = 24000\n' + "".join(serves))
     return path

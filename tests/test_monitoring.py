@@ -27,8 +27,8 @@ from typing import Any
 import pytest
 import yaml
 from prometheus_client.parser import text_string_to_metric_families
+from support.waiting import wait_for
 from test_api import Live, idle, live, observe  # noqa: F401
-from waiting import wait_for
 
 from controller.interfaces.metrics import Metrics
 from controller.service.loop import Backoff, Controller

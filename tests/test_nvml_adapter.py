@@ -25,7 +25,7 @@ from typing import Any
 
 import pynvml
 import pytest
-from fakes_nvml import GIB, FakeDevice, FakeNvml, FakeProc, nvml_error
+from support.fakes_nvml import GIB, FakeDevice, FakeNvml, FakeProc, nvml_error
 
 from controller.adapters.nvml import (
     MIB,

@@ -22,7 +22,6 @@ import ctypes
 import json
 import os
 import subprocess
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -33,7 +32,8 @@ import docker
 import pynvml
 import pytest
 from docker.models.containers import Container
-from fakes_nvml import GIB, FakeDevice, FakeNvml, FakeProc, nvml_error
+from support.cli import cli_env, run_cli
+from support.fakes_nvml import GIB, FakeDevice, FakeNvml, FakeProc, nvml_error
 
 from controller.adapters.docker.read import ContainerObserver
 from controller.adapters.nvml import MIB
@@ -373,16 +373,7 @@ def test_default_attribution_reads_the_real_cgroup(
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    env = dict(os.environ, COLUMNS="200", NO_COLOR="1")
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=60,
-        check=False,
-        cwd=Path(__file__).parent.parent,
-    )
+    return run_cli(*args, env=cli_env(), cwd=Path(__file__).parent.parent)
 
 
 def json_of(r: subprocess.CompletedProcess[str]) -> Any:

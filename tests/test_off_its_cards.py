@@ -11,37 +11,28 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from test_placement import NOW, ROLES, RUNNING, host, pinned, placed, plan
+from support.placement_cases import NOW, ROLES, RUNNING, host, pinned, placed, plan
 
+from statemachine import types as sm
 from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, How
 from statemachine.simulate import apply_plan
-from statemachine.types import (
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    StartedWith,
-)
 
 
-def on(serve: ServeSpec, *roles: str, told: bool = True) -> Observed:
+def on(serve: sm.ServeSpec, *roles: str, told: bool = True) -> sm.Observed:
     """``serve`` running, started on ``roles`` (its record); ``told``: its container's
     environment names them."""
     obs = replace(RUNNING, gpu_role=",".join(roles) if told else None)
-    record = StartedWith(serve.name, roles, serve.vram_mib or 0)
-    return Observed(True, {serve.container: obs}, started_with={serve.container: record})
+    record = sm.StartedWith(serve.name, roles, serve.vram_mib or 0)
+    return sm.Observed(True, {serve.container: obs}, started_with={serve.container: record})
 
 
-def committed(desired: DesiredState, observed: Observed) -> dict[str, int | None]:
+def committed(desired: sm.DesiredState, observed: sm.Observed) -> dict[str, int | None]:
     ledger = ledger_from_observed(desired, observed)
     return {r: ledger.view(r).committed_mib for r in desired.roles}
 
 
-def converge(desired: DesiredState, observed: Observed) -> list[list[tuple[str, str]]]:
+def converge(desired: sm.DesiredState, observed: sm.Observed) -> list[list[tuple[str, str]]]:
     """The steps of each plan until one is empty (at most four)."""
     out: list[list[tuple[str, str]]] = []
     for _ in range(4):
@@ -74,7 +65,7 @@ def test_without_its_containers_word_a_re_pinned_serve_is_counted_on_both() -> N
 
 def test_a_placed_serve_whose_card_left_its_list_is_counted_there_and_placed_again() -> None:
     p_ = placed("p", 4000, on=("b", "c"))
-    desired = DesiredState({**ROLES, "c": GpuRole("c", 6000)}, {"p": p_})
+    desired = sm.DesiredState({**ROLES, "c": sm.GpuRole("c", 6000)}, {"p": p_})
     observed = on(p_, "a")
     assert committed(desired, observed) == {"a": 4000, "b": 0, "c": 0}
     first = plan(desired, observed)
@@ -91,7 +82,7 @@ def test_without_its_containers_word_a_placed_serve_off_its_list_is_counted_on_a
     container, so it is counted where the record says and on every candidate it
     declares (never less than the truth)."""
     p_ = placed("p", 4000, on=("b", "c"))
-    desired = DesiredState({**ROLES, "c": GpuRole("c", 6000)}, {"p": p_})
+    desired = sm.DesiredState({**ROLES, "c": sm.GpuRole("c", 6000)}, {"p": p_})
     assert committed(desired, on(p_, "a", told=False)) == {"a": 4000, "b": 4000, "c": 4000}
 
 
@@ -112,7 +103,7 @@ def test_an_unmanaged_serve_re_pinned_is_left_running_where_it_runs() -> None:
 def test_a_placed_serve_moves_off_the_card_a_blocked_pinned_resident_needs() -> None:
     """p (4000) runs on a (10000); x, resident and pinned to a, needs 8000 and may stop
     nothing. b (6000) has room for p: p is moved there, x starts on a, then p on b."""
-    x = pinned("x", 8000, "a", residency=Residency.RESIDENT)
+    x = pinned("x", 8000, "a", residency=sm.Residency.RESIDENT)
     p_ = placed("p", 4000)
     desired = host(x, p_)
     observed = on(p_, "a")
@@ -127,9 +118,9 @@ def test_a_placed_serve_moves_off_the_card_a_blocked_pinned_resident_needs() -> 
 
 
 def test_a_resident_or_young_placed_serve_is_not_moved() -> None:
-    x = pinned("x", 8000, "a", residency=Residency.RESIDENT)
+    x = pinned("x", 8000, "a", residency=sm.Residency.RESIDENT)
     for p_ in (
-        placed("p", 4000, residency=Residency.RESIDENT),
+        placed("p", 4000, residency=sm.Residency.RESIDENT),
         placed("p", 4000, min_runtime_s=7200.0),
     ):
         first = plan(host(x, p_), on(p_, "a"))
@@ -138,38 +129,38 @@ def test_a_resident_or_young_placed_serve_is_not_moved() -> None:
 
 
 def test_no_move_where_the_other_card_has_no_room() -> None:
-    x = pinned("x", 8000, "a", residency=Residency.RESIDENT)
+    x = pinned("x", 8000, "a", residency=sm.Residency.RESIDENT)
     p_ = placed("p", 7000)  # b holds 6000
     first = plan(host(x, p_), on(p_, "a"))
     assert [(d.role, d.how) for d in first.placements] == [("a", How.HELD)]
     assert [b.serve for b in first.blocked] == ["x"]
 
 
-def _hosts(*serves: ServeSpec, **budgets: int) -> DesiredState:
-    roles = {r: GpuRole(r, mib) for r, mib in (budgets or {"a": 10000, "b": 6000}).items()}
-    return DesiredState(roles, {s.name: s for s in serves})
+def _hosts(*serves: sm.ServeSpec, **budgets: int) -> sm.DesiredState:
+    roles = {r: sm.GpuRole(r, mib) for r, mib in (budgets or {"a": 10000, "b": 6000}).items()}
+    return sm.DesiredState(roles, {s.name: s for s in serves})
 
 
-def _running_on(**where: tuple[ServeSpec, str]) -> Observed:
+def _running_on(**where: tuple[sm.ServeSpec, str]) -> sm.Observed:
     """Each serve's container running, started on the role given (its record)."""
     obs = {s.container: replace(RUNNING, gpu_role=role) for s, role in where.values()}
     records = {
-        s.container: StartedWith(s.name, (role,), s.vram_mib or 0) for s, role in where.values()
+        s.container: sm.StartedWith(s.name, (role,), s.vram_mib or 0) for s, role in where.values()
     }
-    return Observed(True, obs, started_with=records)
+    return sm.Observed(True, obs, started_with=records)
 
 
-def moves(desired: DesiredState, observed: Observed) -> list[tuple[str, str | None]]:
+def moves(desired: sm.DesiredState, observed: sm.Observed) -> list[tuple[str, str | None]]:
     return [(d.serve, d.role) for d in plan(desired, observed).placements if d.how is How.MOVED]
 
 
-R9 = pinned("r", 9000, "a", residency=Residency.RESIDENT)
+R9 = pinned("r", 9000, "a", residency=sm.Residency.RESIDENT)
 
 
 def test_no_move_where_it_would_not_let_the_pinned_serve_start() -> None:
     """a (12000) holds the pinned resident q (4000) and p (4000): moving p leaves 8000,
     short of r's 9000. Nothing moves (another serve, u, starts on c meanwhile)."""
-    q = pinned("q", 4000, "a", residency=Residency.RESIDENT)
+    q = pinned("q", 4000, "a", residency=sm.Residency.RESIDENT)
     p_ = placed("p", 4000, on=("a", "b"))
     u = pinned("u", 1000, "c")
     desired = _hosts(q, p_, R9, u, a=12000, b=6000, c=2000)
@@ -177,13 +168,13 @@ def test_no_move_where_it_would_not_let_the_pinned_serve_start() -> None:
 
 
 def test_a_shortfall_of_one_mib_is_a_shortfall() -> None:
-    r = pinned("r", 6001, "a", residency=Residency.RESIDENT)
+    r = pinned("r", 6001, "a", residency=sm.Residency.RESIDENT)
     p_ = placed("p", 4000)
     assert moves(_hosts(r, p_), _running_on(p=(p_, "a"))) == [("p", "b")]
 
 
 def test_a_move_to_a_card_it_fills_exactly() -> None:
-    r = pinned("r", 5000, "a", residency=Residency.RESIDENT)
+    r = pinned("r", 5000, "a", residency=sm.Residency.RESIDENT)
     p_ = placed("p", 6000)  # b's 6000, to the MiB
     assert moves(_hosts(r, p_), _running_on(p=(p_, "a"))) == [("p", "b")]
 
@@ -199,9 +190,9 @@ def test_a_placed_requester_moves_nothing() -> None:
 
 def test_a_serve_that_may_not_move_does_not_hide_one_that_may() -> None:
     """The resident placed p0 on a comes first and stays; p, after it, moves."""
-    p0 = placed("p0", 2000, residency=Residency.RESIDENT)
+    p0 = placed("p0", 2000, residency=sm.Residency.RESIDENT)
     p_ = placed("p", 4000)
-    r = pinned("r", 6000, "a", residency=Residency.RESIDENT)
+    r = pinned("r", 6000, "a", residency=sm.Residency.RESIDENT)
     desired = _hosts(p0, p_, r)
     assert moves(desired, _running_on(p0=(p0, "a"), p=(p_, "a"))) == [("p", "b")]
 
@@ -211,7 +202,7 @@ def test_the_moved_serve_goes_where_it_leaves_the_least_free() -> None:
     u's start is in the plan without the move too."""
     p_ = placed("p", 4000, on=("a", "b", "c"))
     u = pinned("u", 1000, "c")
-    r = pinned("r", 8000, "a", residency=Residency.RESIDENT)
+    r = pinned("r", 8000, "a", residency=sm.Residency.RESIDENT)
     desired = _hosts(p_, u, r, a=10000, b=6000, c=8000)
     assert moves(desired, _running_on(p=(p_, "a"))) == [("p", "b")]
 
@@ -220,16 +211,16 @@ def test_a_record_on_a_renamed_role_is_counted_where_declared_too() -> None:
     """x's record and container say a; the manifest renamed that card gpu0. The record
     confirms nothing (a has no row): x is counted on gpu0, never on no card at all."""
     x = pinned("x", 8000, "gpu0", desired=None)  # unmanaged: never stopped on its own
-    desired = DesiredState({"gpu0": GpuRole("gpu0", 10000)}, {"x": x})
+    desired = sm.DesiredState({"gpu0": sm.GpuRole("gpu0", 10000)}, {"x": x})
     assert committed(desired, on(x, "a")) == {"gpu0": 8000}
 
 
 def test_no_move_into_room_a_grow_of_the_same_plan_takes() -> None:
     """b's room for p would go to e's grow back in the plan with the move: p would stop
     and have no card to start on. Nothing moves."""
-    x = pinned("x", 8000, "a", residency=Residency.RESIDENT)
+    x = pinned("x", 8000, "a", residency=sm.Residency.RESIDENT)
     p_ = placed("p", 4000)
-    e = pinned("e", 4000, "b", elastic=Elastic("http://e", floor_mib=1000, segment_mib=500))
+    e = pinned("e", 4000, "b", elastic=sm.Elastic("http://e", floor_mib=1000, segment_mib=500))
     observed = replace(_running_on(p=(p_, "a"), e=(e, "b")), elastic_mib={"e": 2000})
     assert moves(host(x, p_, e), observed) == []
 
@@ -237,8 +228,8 @@ def test_no_move_into_room_a_grow_of_the_same_plan_takes() -> None:
 def test_no_move_that_needs_an_eviction_beside_it() -> None:
     """x (on-demand) would start on a with p moved and q evicted: a move is the only
     change it may make, so nothing moves."""
-    x = pinned("x", 8000, "a", residency=Residency.ON_DEMAND)
-    p_ = placed("p", 4000, residency=Residency.ON_DEMAND)
+    x = pinned("x", 8000, "a", residency=sm.Residency.ON_DEMAND)
+    p_ = placed("p", 4000, residency=sm.Residency.ON_DEMAND)
     q = pinned("q", 3000, "a")
     assert moves(host(x, p_, q), _running_on(p=(p_, "a"), q=(q, "a"))) == []
 
@@ -247,7 +238,7 @@ def test_a_serve_whose_container_names_no_card_is_not_stopped_for_an_edit() -> N
     """Its record on every old candidate says where it may run, not where it does: the
     edit does not stop it (counted on both until it stops)."""
     p_ = placed("p", 4000, on=("b", "c"))
-    desired = DesiredState({**ROLES, "c": GpuRole("c", 6000)}, {"p": p_})
+    desired = sm.DesiredState({**ROLES, "c": sm.GpuRole("c", 6000)}, {"p": p_})
     observed = replace(on(p_, "a", "b", told=False))
     first = plan(desired, observed)
     assert [d.how for d in first.placements] == [How.UNKNOWN]
@@ -260,5 +251,5 @@ def test_a_request_of_a_serve_no_manifest_declares_is_no_request() -> None:
     """A request recorded for a serve an edit removed is neither in force nor ended: the
     plan has nothing to start and nothing to stop for it (the loop closes it)."""
     x = pinned("x", 4000, "a")
-    desired = host(x, requests=(OnDemandRequest("gone", NOW - 1),))
+    desired = host(x, requests=(sm.OnDemandRequest("gone", NOW - 1),))
     assert plan(desired, on(x, "a")).empty

@@ -63,7 +63,7 @@ import pytest
 from hypothesis import HealthCheck, Phase, event, given, settings
 from hypothesis import strategies as st
 from loguru import logger
-from strategies import assert_reaches
+from support.strategies import assert_reaches
 from typer.testing import CliRunner
 
 from controller.interfaces import cli

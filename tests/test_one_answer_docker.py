@@ -16,10 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -29,11 +25,12 @@ import docker
 import httpx
 import pytest
 from docker.errors import NotFound
-from serving import free_port
+from support.cli import run_argv, spawn, terminate
+from support.serving import free_port
+from support.waiting import wait_for
 from test_api import vramctl
 from test_loop_events import names
 from test_placement_docker import _card_of, _serve
-from waiting import wait_for
 
 from controller.store.journal import Journal, journal_path
 
@@ -70,18 +67,8 @@ class Loop:
         token.write_text(TOKEN + "\n")
         token.chmod(0o600)
         self.log = state.parent / "run.log"
-        with self.log.open("ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    *(sys.executable, "-m", "controller.interfaces.cli", "run"),
-                    *("-m", str(manifest), "--state-dir", str(state), "--resync", "1"),
-                    *("--api", self.address, "--token-file", str(token)),
-                ],
-                cwd=ROOT,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=dict(os.environ, NO_COLOR="1"),
-            )
+        flags = ("--api", self.address, "--token-file", str(token))
+        self.proc = spawn(run_argv(manifest, state, *flags), self.log, cwd=ROOT)
         self.http = httpx.Client(base_url=f"http://{self.address}", timeout=30, trust_env=False)
         wait_for("the loop's first cycle", self._cycled)
 
@@ -106,12 +93,7 @@ class Loop:
         return self.http.post(path, json=body, headers={"Authorization": f"Bearer {TOKEN}"})
 
     def stop(self) -> None:
-        self.proc.send_signal(signal.SIGTERM)
-        try:
-            self.proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        terminate(self.proc)
         self.http.close()
 
 

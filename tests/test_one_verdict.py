@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_enforce_render_lint import cli, write_gguf
+from support.cli import bare_cli as cli
+from support.model_files import write_gguf
 
 from controller.interfaces.fit_answer import FitReply
 from controller.manifest import load_manifest

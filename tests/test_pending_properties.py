@@ -61,7 +61,7 @@ from dataclasses import dataclass, field, replace
 import pytest
 from hypothesis import HealthCheck, event, given, note, settings
 from hypothesis import strategies as st
-from strategies import (
+from support.strategies import (
     NOW,
     SERVE_NAMES,
     Scenario,
@@ -71,26 +71,13 @@ from strategies import (
     gpu_roles,
 )
 
+from statemachine import types as sm
 from statemachine.admission import can_request, conflict
 from statemachine.idleness import in_force
 from statemachine.ledger import ledger_from_observed
 from statemachine.pending import pending_starts
 from statemachine.plan import Action, Step
 from statemachine.planner import Policy, plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepProtocol,
-)
 from statemachine.up_decision import decide_up
 
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "150"))
@@ -127,9 +114,9 @@ def shared_cards(draw: st.DrawFn) -> Scenario:
     by making room, and two together often do not); now and then two share a port,
     and one is placed on both cards."""
     roles = draw(gpu_roles(max_roles=2))
-    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
-    serves: dict[str, ServeSpec] = {}
-    containers: dict[str, ContainerObs] = {}
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
+    serves: dict[str, sm.ServeSpec] = {}
+    containers: dict[str, sm.ContainerObs] = {}
     names = iter(SERVE_NAMES)
     free: dict[str, int] = {}
     room: dict[str, int] = {}
@@ -138,8 +125,8 @@ def shared_cards(draw: st.DrawFn) -> Scenario:
         name = next(names)
         mib = draw(st.integers(0, left // 2))
         if mib:
-            spec = ServeSpec(name, f"ctr-{name}", (rid,), mib, Residency.RESIDENT)
-            serves[name] = replace(spec, desired=DesiredRun.RUNNING)
+            spec = sm.ServeSpec(name, f"ctr-{name}", (rid,), mib, sm.Residency.RESIDENT)
+            serves[name] = replace(spec, desired=sm.DesiredRun.RUNNING)
             containers[spec.container] = up
             left -= mib
         room[rid] = left
@@ -148,13 +135,15 @@ def shared_cards(draw: st.DrawFn) -> Scenario:
                 break
             name = next(names)
             mib = draw(st.integers(1, left))
-            spec = ServeSpec(name, f"ctr-{name}", (rid,), mib, Residency.EVICTABLE)
+            spec = sm.ServeSpec(name, f"ctr-{name}", (rid,), mib, sm.Residency.EVICTABLE)
             kind = draw(st.sampled_from(["plain", "sleep", "elastic"]))
             if kind == "sleep" and mib > 1:
-                spec = replace(spec, sleep=Sleep(2, max(1, mib // 8), next(iter(SleepProtocol))))
+                spec = replace(
+                    spec, sleep=sm.Sleep(2, max(1, mib // 8), next(iter(sm.SleepProtocol)))
+                )
             elif kind == "elastic" and mib > 1:
                 url = f"http://127.0.0.1:9000/{name}"
-                spec = replace(spec, elastic=Elastic(url, mib // 2, segment_mib=1))
+                spec = replace(spec, elastic=sm.Elastic(url, mib // 2, segment_mib=1))
             serves[name] = spec
             containers[spec.container] = up
             left -= mib
@@ -166,8 +155,8 @@ def shared_cards(draw: st.DrawFn) -> Scenario:
         on = tuple(sorted(roles)) if placed else (rid,)
         most = max(1, min(room[r] for r in on))
         least = max(1, min(most, max(free[r] for r in on) // 3))
-        residency = Residency.EVICTABLE if k == 4 else Residency.ON_DEMAND
-        spec = ServeSpec(
+        residency = sm.Residency.EVICTABLE if k == 4 else sm.Residency.ON_DEMAND
+        spec = sm.ServeSpec(
             name,
             f"ctr-{name}",
             on,
@@ -178,8 +167,8 @@ def shared_cards(draw: st.DrawFn) -> Scenario:
             placement=on if placed else (),
         )
         serves[name] = spec
-    desired = DesiredState(roles, serves, ())
-    return Scenario(desired, Observed(docker_ok=True, containers=containers), NOW, Policy())
+    desired = sm.DesiredState(roles, serves, ())
+    return Scenario(desired, sm.Observed(docker_ok=True, containers=containers), NOW, Policy())
 
 
 @st.composite
@@ -194,7 +183,7 @@ def asks(draw: st.DrawFn) -> Asks:
     names = sorted(n for n in desired.serves if can_request(desired, n) is None)
     if not names:
         return Asks(replace(sc, desired=desired), ())
-    od = [n for n in names if desired.serves[n].residency is Residency.ON_DEMAND]
+    od = [n for n in names if desired.serves[n].residency is sm.Residency.ON_DEMAND]
     pick = st.sampled_from(names)
     if od:
         pick = st.one_of(st.sampled_from(od), st.sampled_from(od), st.sampled_from(names))
@@ -243,7 +232,7 @@ def take_mib(take: Step) -> int:
     return take.mib or 0
 
 
-def counted_mib(desired: DesiredState, take: Step) -> int:
+def counted_mib(desired: sm.DesiredState, take: Step) -> int:
     """What the answers count for a pending reserve: its MiB; a sleeper being woken at
     its full reservation (docs/operations.md, "What counts")."""
     if take.action is Action.RESERVE_WAKE:
@@ -251,21 +240,21 @@ def counted_mib(desired: DesiredState, take: Step) -> int:
     return take.mib or 0
 
 
-def start_rank(s: ServeSpec, requested_at: float) -> tuple[int, float, int, str]:
+def start_rank(s: sm.ServeSpec, requested_at: float) -> tuple[int, float, int, str]:
     """Where ``s``, requested at ``requested_at``, comes in the start order
     (docs/eviction.md, "Backfill and priority"): residents by priority; on-demand
     serves, manifest ``running`` first, then requests by age, then by priority; the
     rest by priority; names last."""
-    if s.residency is Residency.RESIDENT:
+    if s.residency is sm.Residency.RESIDENT:
         return (0, 0.0, -s.priority, s.name)
-    if s.residency is Residency.ON_DEMAND:
-        when = -1.0 if s.desired is DesiredRun.RUNNING else requested_at
+    if s.residency is sm.Residency.ON_DEMAND:
+        when = -1.0 if s.desired is sm.DesiredRun.RUNNING else requested_at
         return (1, when, -s.priority, s.name)
     return (2, 0.0, -s.priority, s.name)
 
 
 def promised(
-    desired: DesiredState, held: dict[str, dict[str, int]], standing: dict[str, Promise]
+    desired: sm.DesiredState, held: dict[str, dict[str, int]], standing: dict[str, Promise]
 ) -> dict[str, int]:
     """The MiB promised on each card: what is held, each victim of a standing request at
     the lowest level any of their answers planned (once), and each standing request at
@@ -293,7 +282,7 @@ class Trace:
     statuses: list[int] = field(default_factory=list)
     cases: set[str] = field(default_factory=set)
     #: the desired state the answers left (the requests recorded), and when
-    desired: DesiredState | None = None
+    desired: sm.DesiredState | None = None
     now: float = 0.0
 
 
@@ -330,7 +319,7 @@ def walk(a: Asks) -> Trace:
             pass  # "already running": nothing recorded
         else:
             others = tuple(r for r in desired.requests if r.serve != serve)
-            desired = replace(desired, requests=(*others, OnDemandRequest(serve, now)))
+            desired = replace(desired, requests=(*others, sm.OnDemandRequest(serve, now)))
             trace.desired = desired
             admitted[serve] = index
             excused.discard(serve)
@@ -358,8 +347,8 @@ def walk(a: Asks) -> Trace:
 
 
 def check_standing(
-    desired: DesiredState,
-    observed: Observed,
+    desired: sm.DesiredState,
+    observed: sm.Observed,
     policy: Policy,
     now: float,
     promises: dict[str, Promise],
@@ -461,7 +450,7 @@ def check_standing(
         manifest = [
             m
             for m in started
-            if desired.serves[m].desired is DesiredRun.RUNNING
+            if desired.serves[m].desired is sm.DesiredRun.RUNNING
             and start_rank(desired.serves[m], 0.0) < mine
         ]
         assert manifest, (
@@ -474,8 +463,8 @@ def check_standing(
 
 
 def check_pending(
-    desired: DesiredState,
-    observed: Observed,
+    desired: sm.DesiredState,
+    observed: sm.Observed,
     policy: Policy,
     now: float,
     standing: dict[str, Promise],
@@ -562,14 +551,14 @@ def test_a_request_is_not_admitted_into_the_room_a_manifest_start_takes() -> Non
     """Budget 10000; a resident (6000) desired running has exited and is not held back;
     ``up a`` (5000, on-demand) is answered 202, and the next cycle starts the resident
     and blocks a."""
-    roles = {"g0": GpuRole("g0", 10000)}
-    res = ServeSpec("res", "c-res", ("g0",), 6000, Residency.RESIDENT, DesiredRun.RUNNING)
-    a = ServeSpec("a", "c-a", ("g0",), 5000, Residency.ON_DEMAND)
-    desired = DesiredState(roles, {"res": res, "a": a}, ())
-    down = ContainerObs(ContainerState.EXITED, started_at=NOW - 100, exit_code=0)
-    observed = Observed(docker_ok=True, containers={"c-res": down})
+    roles = {"g0": sm.GpuRole("g0", 10000)}
+    res = sm.ServeSpec("res", "c-res", ("g0",), 6000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING)
+    a = sm.ServeSpec("a", "c-a", ("g0",), 5000, sm.Residency.ON_DEMAND)
+    desired = sm.DesiredState(roles, {"res": res, "a": a}, ())
+    down = sm.ContainerObs(sm.ContainerState.EXITED, started_at=NOW - 100, exit_code=0)
+    observed = sm.Observed(docker_ok=True, containers={"c-res": down})
     d = decide_up(desired, observed, "a", policy=Policy(), now=NOW, default_retry_s=RETRY_S)
-    asked = replace(desired, requests=(OnDemandRequest("a", NOW),))
+    asked = replace(desired, requests=(sm.OnDemandRequest("a", NOW),))
     plan = plan_transitions(asked, observed, Policy(), NOW)
     started = [s.serve for s in plan.steps if s.action is Action.RESERVE]
     kept = started == (["res", "a"] if d.status == 202 else ["res"])
@@ -587,25 +576,25 @@ def test_a_placed_request_is_not_moved_onto_an_older_ones_room() -> None:
     its ``up`` is not admitted; every admitted request is reserved for by the next
     cycle. (Placed in declared order, c went first and moved a back onto g0, where b,
     older than c, no longer fitted.)"""
-    roles = {"g0": GpuRole("g0", 30000), "g1": GpuRole("g1", 40000)}
+    roles = {"g0": sm.GpuRole("g0", 30000), "g1": sm.GpuRole("g1", 40000)}
 
-    def on_demand(name: str, mib: int, *on: str) -> ServeSpec:
+    def on_demand(name: str, mib: int, *on: str) -> sm.ServeSpec:
         placement = on if len(on) > 1 else ()
-        return ServeSpec(name, f"c-{name}", on, mib, Residency.ON_DEMAND, placement=placement)
+        return sm.ServeSpec(name, f"c-{name}", on, mib, sm.Residency.ON_DEMAND, placement=placement)
 
     serves = {
         "c": on_demand("c", 25000, "g0", "g1"),
         "a": on_demand("a", 20000, "g0", "g1"),
         "b": on_demand("b", 15000, "g0"),
     }
-    desired = DesiredState(roles, serves, ())
-    observed = Observed(docker_ok=True)
+    desired = sm.DesiredState(roles, serves, ())
+    observed = sm.Observed(docker_ok=True)
     admitted = []
     for i, serve in enumerate("abc"):
         d = decide_up(desired, observed, serve, policy=Policy(), now=NOW + i, default_retry_s=1)
         if d.status == 202:
             admitted.append(serve)
-            asked = OnDemandRequest(serve, NOW + i)
+            asked = sm.OnDemandRequest(serve, NOW + i)
             desired = replace(desired, requests=(*desired.requests, asked))
     plan = plan_transitions(desired, observed, Policy(), NOW + 2)
     started = sorted(s.serve for s in plan.steps if s.action is Action.RESERVE)
@@ -626,21 +615,21 @@ def test_an_older_request_is_not_left_out_for_a_younger_exclusive_one() -> None:
     """Budget 32000; an evictable (30000) runs. ``up a`` (15000): 202 after stopping it.
     ``up x`` (6000, exclusive on the card): 202 after stopping it too; the next cycle
     starts x and blocks a ("x: being started in this plan (exclusive)")."""
-    roles = {"g0": GpuRole("g0", 32000)}
+    roles = {"g0": sm.GpuRole("g0", 32000)}
     serves = {
-        "ev": ServeSpec("ev", "c-ev", ("g0",), 30000, Residency.EVICTABLE),
-        "a": ServeSpec("a", "c-a", ("g0",), 15000, Residency.ON_DEMAND),
-        "x": ServeSpec("x", "c-x", ("g0",), 6000, Residency.ON_DEMAND, exclusive=True),
+        "ev": sm.ServeSpec("ev", "c-ev", ("g0",), 30000, sm.Residency.EVICTABLE),
+        "a": sm.ServeSpec("a", "c-a", ("g0",), 15000, sm.Residency.ON_DEMAND),
+        "x": sm.ServeSpec("x", "c-x", ("g0",), 6000, sm.Residency.ON_DEMAND, exclusive=True),
     }
-    desired = DesiredState(roles, serves, ())
-    up = ContainerObs(ContainerState.RUNNING, started_at=NOW - 3600)
-    observed = Observed(docker_ok=True, containers={"c-ev": up})
+    desired = sm.DesiredState(roles, serves, ())
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=NOW - 3600)
+    observed = sm.Observed(docker_ok=True, containers={"c-ev": up})
     admitted = []
     for i, serve in enumerate("ax"):
         d = decide_up(desired, observed, serve, policy=Policy(), now=NOW + i, default_retry_s=1)
         if d.status == 202:
             admitted.append(serve)
-            asked = OnDemandRequest(serve, NOW + i)
+            asked = sm.OnDemandRequest(serve, NOW + i)
             desired = replace(desired, requests=(*desired.requests, asked))
     plan = plan_transitions(desired, observed, Policy(), NOW + 1)
     started = sorted(s.serve for s in plan.steps if s.action is Action.RESERVE)

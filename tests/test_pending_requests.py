@@ -18,13 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.service import controller_on, observe, running_for
 from test_api import TOKEN, Asgi, auth
 
-from controller.manifest import load_manifest_set
-from controller.service.loop import Controller, CycleSummary, RunOptions
+from controller.service.loop import Controller
 from controller.service.queue_pump import active_requests
-from controller.snapshot import parse_snapshot
-from controller.store.journal import Journal, journal_path
 from statemachine.fit import fit_serve
 from statemachine.pending import PENDING_STATE, pending_starts, with_pending
 from statemachine.types import ContainerObs, ContainerState, Observed, OnDemandRequest
@@ -91,26 +89,13 @@ residency = "on-demand"
 
 @pytest.fixture
 def controller(tmp_path: Path) -> Iterator[Controller]:
-    path = tmp_path / "serves.toml"
-    path.write_text(MANIFEST)
-    c = Controller(
-        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
-    )
-    c.journal = Journal.open(journal_path(c.state_dir))
+    c = controller_on(tmp_path, MANIFEST)
     yield c
     c.journal.close()
 
 
-def observe(c: Controller, containers: dict[str, Any]) -> None:
-    snap = parse_snapshot(
-        {"docker": "ok", "containers": {f"c-{k}": v for k, v in containers.items()}, "gpus": None}
-    )
-    c.last = CycleSummary(at=time.time(), snapshot=snap)
-    c.cycles += 1
-
-
 def running() -> dict[str, Any]:
-    return {"state": "running", "started_at": time.time() - 100}
+    return running_for(100)
 
 
 @pytest.fixture

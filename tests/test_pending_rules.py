@@ -14,69 +14,53 @@ Pure: the mutation run's pool.
 
 from __future__ import annotations
 
+from statemachine import types as sm
 from statemachine.pending import PendingStart, Room, pending_starts
 from statemachine.plan import Action
 from statemachine.planner import Policy, plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    HostBudget,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-)
 
 NOW = 10_000.0
-UP = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 100)
+UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 100)
 
 
-def pending(d: DesiredState, obs: Observed) -> tuple[PendingStart, ...]:
+def pending(d: sm.DesiredState, obs: sm.Observed) -> tuple[PendingStart, ...]:
     return pending_starts(d, obs, policy=Policy(), now=NOW)
 
 
 def test_an_expired_request_is_not_pending_even_where_the_manifest_starts_its_serve() -> None:
-    x = ServeSpec("x", "c-x", ("a",), 6000, Residency.EVICTABLE, DesiredRun.RUNNING)
-    expired = OnDemandRequest("x", NOW - 10, 5.0)
-    d = DesiredState({"a": GpuRole("a", 40_000, 0)}, {"x": x}, (expired,))
-    plan = plan_transitions(d, Observed(True, {}), Policy(), NOW)
+    x = sm.ServeSpec("x", "c-x", ("a",), 6000, sm.Residency.EVICTABLE, sm.DesiredRun.RUNNING)
+    expired = sm.OnDemandRequest("x", NOW - 10, 5.0)
+    d = sm.DesiredState({"a": sm.GpuRole("a", 40_000, 0)}, {"x": x}, (expired,))
+    plan = plan_transitions(d, sm.Observed(True, {}), Policy(), NOW)
     assert [st.action for st in plan.steps][:2] == [Action.RESERVE, Action.START]
-    assert pending(d, Observed(True, {})) == ()
+    assert pending(d, sm.Observed(True, {})) == ()
     # in force, the same request counts
-    live = DesiredState(d.roles, d.serves, (OnDemandRequest("x", NOW - 10, 600.0),))
-    assert [p.serve for p in pending(live, Observed(True, {}))] == ["x"]
+    live = sm.DesiredState(d.roles, d.serves, (sm.OnDemandRequest("x", NOW - 10, 600.0),))
+    assert [p.serve for p in pending(live, sm.Observed(True, {}))] == ["x"]
 
 
 def test_a_sleeper_shrunk_before_it_slept_counts_at_its_declared_reservation() -> None:
     """s declares 8000 (elastic), was shrunk to 5000, then slept: its wake reserves the
     5000 its engine holds awake, then grows it back to 8000; its request counts 8000."""
-    s = ServeSpec(
+    s = sm.ServeSpec(
         "s",
         "c-s",
         ("a",),
         8000,
-        Residency.ON_DEMAND,
-        sleep=Sleep(1, 1000, SleepProtocol.VLLM, 20_000),
-        elastic=Elastic("http://127.0.0.1:1", 4000),
+        sm.Residency.ON_DEMAND,
+        sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 20_000),
+        elastic=sm.Elastic("http://127.0.0.1:1", 4000),
     )
-    d = DesiredState(
-        {"a": GpuRole("a", 40_000, 0)},
+    d = sm.DesiredState(
+        {"a": sm.GpuRole("a", 40_000, 0)},
         {"s": s},
-        (OnDemandRequest("s", NOW - 10),),
-        host=HostBudget(64_000, 4_000),
+        (sm.OnDemandRequest("s", NOW - 10),),
+        host=sm.HostBudget(64_000, 4_000),
     )
-    obs = Observed(
+    obs = sm.Observed(
         True,
         {"c-s": UP},
-        sleep={"s": SleepObs(SleepState.ASLEEP, level=1)},
+        sleep={"s": sm.SleepObs(sm.SleepState.ASLEEP, level=1)},
         elastic_mib={"s": 5000},
     )
     wake = plan_transitions(d, obs, Policy(), NOW).steps[0]
@@ -87,19 +71,19 @@ def test_a_sleeper_shrunk_before_it_slept_counts_at_its_declared_reservation() -
 def test_each_pending_start_lists_only_the_room_made_for_it() -> None:
     """x and y, each requested on a full card, each evict that card's evictable: x's
     pending start lists v1's release, y's lists v2's; neither lists the other's."""
-    roles = {"a": GpuRole("a", 10_000, 0), "b": GpuRole("b", 10_000, 0)}
+    roles = {"a": sm.GpuRole("a", 10_000, 0), "b": sm.GpuRole("b", 10_000, 0)}
     serves = (
-        ServeSpec("v1", "c-v1", ("a",), 8000, Residency.EVICTABLE, DesiredRun.RUNNING),
-        ServeSpec("v2", "c-v2", ("b",), 8000, Residency.EVICTABLE, DesiredRun.RUNNING),
-        ServeSpec("x", "c-x", ("a",), 6000, Residency.ON_DEMAND),
-        ServeSpec("y", "c-y", ("b",), 6000, Residency.ON_DEMAND),
+        sm.ServeSpec("v1", "c-v1", ("a",), 8000, sm.Residency.EVICTABLE, sm.DesiredRun.RUNNING),
+        sm.ServeSpec("v2", "c-v2", ("b",), 8000, sm.Residency.EVICTABLE, sm.DesiredRun.RUNNING),
+        sm.ServeSpec("x", "c-x", ("a",), 6000, sm.Residency.ON_DEMAND),
+        sm.ServeSpec("y", "c-y", ("b",), 6000, sm.Residency.ON_DEMAND),
     )
-    d = DesiredState(
+    d = sm.DesiredState(
         roles,
         {s.name: s for s in serves},
-        (OnDemandRequest("x", NOW - 10), OnDemandRequest("y", NOW - 5)),
+        (sm.OnDemandRequest("x", NOW - 10), sm.OnDemandRequest("y", NOW - 5)),
     )
-    obs = Observed(True, {"c-v1": UP, "c-v2": UP})
+    obs = sm.Observed(True, {"c-v1": UP, "c-v2": UP})
     assert pending(d, obs) == (
         PendingStart("x", ("a",), 6000, (Room("v1", "release", ("a",), 8000),)),
         PendingStart("y", ("b",), 6000, (Room("v2", "release", ("b",), 8000),)),

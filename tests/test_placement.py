@@ -14,79 +14,28 @@ from dataclasses import replace
 import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
-from strategies import case_share
+from support.placement_cases import (
+    NOW,
+    RUNNING,
+    host,
+    pinned,
+    placed,
+    plan,
+    roles_of,
+    running,
+)
+from support.strategies import case_share
 
 from statemachine import placement
+from statemachine import types as sm
 from statemachine.ledger import Ledger, ledger_from_observed
-from statemachine.plan import Action, How, Plan, Policy
+from statemachine.plan import Action, How, Policy
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan, ledger_prefixes
-from statemachine.types import (
-    NO_SOURCE,
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    StartedWith,
-)
-
-NOW = 1_000_000.0
-ROLES = {"a": GpuRole("a", 10000), "b": GpuRole("b", 6000)}
-RUNNING = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
-
-
-def placed(name: str, mib: int, *, on: tuple[str, ...] = ("a", "b"), **kw: object) -> ServeSpec:
-    return ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=on,
-        vram_mib=mib,
-        residency=kw.pop("residency", Residency.EVICTABLE),  # type: ignore[arg-type]
-        desired=kw.pop("desired", DesiredRun.RUNNING),  # type: ignore[arg-type]
-        placement=on,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def pinned(name: str, mib: int, role: str, **kw: object) -> ServeSpec:
-    return ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=(role,),
-        vram_mib=mib,
-        residency=kw.pop("residency", Residency.EVICTABLE),  # type: ignore[arg-type]
-        desired=kw.pop("desired", DesiredRun.RUNNING),  # type: ignore[arg-type]
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def host(*serves: ServeSpec, requests: tuple[OnDemandRequest, ...] = ()) -> DesiredState:
-    return DesiredState(ROLES, {s.name: s for s in serves}, requests)
-
-
-def plan(desired: DesiredState, observed: Observed) -> Plan:
-    return plan_transitions(desired, observed, Policy(), NOW)
-
-
-def running(*names: str, on: dict[str, str] | None = None) -> Observed:
-    """The serves' containers running; ``on``: serve -> the role it was started on."""
-    with_ = {f"c-{n}": StartedWith(n, (r,), 0) for n, r in (on or {}).items()}
-    return Observed(True, {f"c-{n}": RUNNING for n in names}, started_with=with_)
-
-
-def roles_of(p: Plan, serve: str) -> tuple[str, ...]:
-    return p.ledger_after.holdings[serve].gpu_roles
 
 
 def test_a_placed_serve_goes_where_it_fits_leaving_the_least_free() -> None:
-    p = plan(host(placed("p", 4000)), Observed(True))
+    p = plan(host(placed("p", 4000)), sm.Observed(True))
     (decision,) = p.placements
     assert (decision.role, decision.how) == ("b", How.FITS)
     assert [(c.role, c.free_mib, c.fits) for c in decision.candidates] == [
@@ -109,7 +58,7 @@ def test_a_serve_that_does_not_fit_the_tightest_card_goes_to_the_other() -> None
 
 
 def test_serves_placed_in_one_plan_see_each_other() -> None:
-    p = plan(host(placed("p", 4000), placed("q", 4000)), Observed(True))
+    p = plan(host(placed("p", 4000), placed("q", 4000)), sm.Observed(True))
     assert [(d.serve, d.role) for d in p.placements] == [("p", "b"), ("q", "a")]
     assert roles_of(p, "p") == ("b",) and roles_of(p, "q") == ("a",)
 
@@ -139,8 +88,8 @@ def test_where_no_card_has_room_the_one_with_the_fewest_victims_is_chosen() -> N
         pinned("a1", 4500, "a"),
         pinned("a2", 4500, "a"),
         pinned("b1", 5000, "b"),
-        placed("p", 6000, residency=Residency.ON_DEMAND, desired=None),
-        requests=(OnDemandRequest("p", NOW),),
+        placed("p", 6000, residency=sm.Residency.ON_DEMAND, desired=None),
+        requests=(sm.OnDemandRequest("p", NOW),),
     )
     p = plan(fleet, running("a1", "a2", "b1"))
     (decision,) = p.placements
@@ -155,9 +104,9 @@ def test_a_serve_that_starts_on_no_card_is_blocked_with_every_cards_reason() -> 
     # a: a resident of 9500 (500 free); b: one of 5000 (1000 free): p (resident, 4000)
     # fits on neither and evicts nothing; it waits on b, the least short
     fleet = host(
-        pinned("x", 9500, "a", residency=Residency.RESIDENT),
-        pinned("y", 5000, "b", residency=Residency.RESIDENT),
-        placed("p", 4000, residency=Residency.RESIDENT),
+        pinned("x", 9500, "a", residency=sm.Residency.RESIDENT),
+        pinned("y", 5000, "b", residency=sm.Residency.RESIDENT),
+        placed("p", 4000, residency=sm.Residency.RESIDENT),
     )
     p = plan(fleet, running("x", "y"))
     (decision,) = p.placements
@@ -177,9 +126,9 @@ def test_a_serve_that_starts_on_no_card_is_blocked_with_every_cards_reason() -> 
 
 def test_a_hold_on_a_placed_serve_is_said_once_not_per_card() -> None:
     fleet = host(
-        pinned("x", 9500, "a", residency=Residency.RESIDENT),
-        pinned("y", 5000, "b", residency=Residency.RESIDENT),
-        placed("p", 4000, residency=Residency.RESIDENT),
+        pinned("x", 9500, "a", residency=sm.Residency.RESIDENT),
+        pinned("y", 5000, "b", residency=sm.Residency.RESIDENT),
+        placed("p", 4000, residency=sm.Residency.RESIDENT),
     )
     held = plan_transitions(fleet, running("x", "y"), Policy(hold={"p": "backing off"}), NOW)
     (blocked,) = held.blocked
@@ -191,7 +140,7 @@ def test_a_serve_that_does_not_want_to_run_is_only_said_where_it_would_go() -> N
     fleet = host(
         pinned("x", 9500, "a"),
         pinned("y", 5000, "b"),
-        placed("p", 4000, desired=DesiredRun.STOPPED),
+        placed("p", 4000, desired=sm.DesiredRun.STOPPED),
     )
     p = plan(fleet, running("x", "y"))
     (decision,) = p.placements
@@ -200,13 +149,13 @@ def test_a_serve_that_does_not_want_to_run_is_only_said_where_it_would_go() -> N
 
 
 def test_a_manifest_without_placement_plans_without_placements() -> None:
-    p = plan(host(pinned("x", 4000, "a")), Observed(True))
+    p = plan(host(pinned("x", 4000, "a")), sm.Observed(True))
     assert p.placements == () and "placements" not in p.to_json()
 
 
 def test_apply_gives_the_executor_the_chosen_role() -> None:
     desired = host(placed("p", 4000))
-    p = plan(desired, Observed(True))
+    p = plan(desired, sm.Observed(True))
     assert placement.apply(desired, p.placements).serves["p"].gpu_roles == ("b",)
     assert placement.apply(desired, ()) is desired
 
@@ -215,14 +164,14 @@ def test_apply_gives_the_executor_the_chosen_role() -> None:
 
 
 @st.composite
-def fleets(draw: st.DrawFn) -> tuple[DesiredState, Observed]:
+def fleets(draw: st.DrawFn) -> tuple[sm.DesiredState, sm.Observed]:
     """Two to four cards; pinned serves (some running) and placed ones (some running,
     started on one of their candidates), some requested."""
     n = draw(st.integers(2, 4))
-    roles = {r: GpuRole(r, draw(st.integers(4, 16)) * 1000) for r in ("a", "b", "c", "d")[:n]}
-    serves: dict[str, ServeSpec] = {}
-    containers: dict[str, ContainerObs] = {}
-    started: dict[str, StartedWith] = {}
+    roles = {r: sm.GpuRole(r, draw(st.integers(4, 16)) * 1000) for r in ("a", "b", "c", "d")[:n]}
+    serves: dict[str, sm.ServeSpec] = {}
+    containers: dict[str, sm.ContainerObs] = {}
+    started: dict[str, sm.StartedWith] = {}
     committed = dict.fromkeys(roles, 0)
     for i in range(draw(st.integers(1, 8))):
         name = f"s{i}"
@@ -231,10 +180,10 @@ def fleets(draw: st.DrawFn) -> tuple[DesiredState, Observed]:
         cands = [r for r in cands if roles[r].budget_mib >= mib]
         if not cands:
             continue
-        residency = draw(st.sampled_from([Residency.EVICTABLE, Residency.ON_DEMAND]))
-        want = draw(st.sampled_from([DesiredRun.RUNNING, None, DesiredRun.STOPPED]))
+        residency = draw(st.sampled_from([sm.Residency.EVICTABLE, sm.Residency.ON_DEMAND]))
+        want = draw(st.sampled_from([sm.DesiredRun.RUNNING, None, sm.DesiredRun.STOPPED]))
         is_placed = draw(st.booleans()) and len(cands) > 1
-        spec = ServeSpec(
+        spec = sm.ServeSpec(
             name,
             f"c-{name}",
             gpu_roles=tuple(cands) if is_placed else (cands[0],),
@@ -250,17 +199,19 @@ def fleets(draw: st.DrawFn) -> tuple[DesiredState, Observed]:
                 continue
             committed[on] += mib
             containers[spec.container] = RUNNING
-            started[spec.container] = StartedWith(name, (on,), mib)
+            started[spec.container] = sm.StartedWith(name, (on,), mib)
     requests = tuple(
-        OnDemandRequest(n, NOW - 1)
+        sm.OnDemandRequest(n, NOW - 1)
         for n, s in serves.items()
         if s.desired is None and draw(st.booleans())
     )
-    return DesiredState(roles, serves, requests), Observed(True, containers, started_with=started)
+    return sm.DesiredState(roles, serves, requests), sm.Observed(
+        True, containers, started_with=started
+    )
 
 
 @st.composite
-def crowded_fleets(draw: st.DrawFn) -> tuple[DesiredState, Observed]:
+def crowded_fleets(draw: st.DrawFn) -> tuple[sm.DesiredState, sm.Observed]:
     """A :func:`fleets` fleet whose cards are filled by evictable serves that run (pinned
     and placed, outside their ``min_runtime_s``), with one to three placed on-demand
     requesters that fit on none of their candidates as they are: the planner has to
@@ -280,10 +231,10 @@ def crowded_fleets(draw: st.DrawFn) -> tuple[DesiredState, Observed]:
             whole = free[r] // 500  # the last takes what is left, but less than 500
             mib = (whole if k == parts - 1 else draw(st.integers(1, whole))) * 500
             name = f"fill-{r}{k}"
-            spec = ServeSpec(name, f"c-{name}", (r,), mib, Residency.EVICTABLE)
+            spec = sm.ServeSpec(name, f"c-{name}", (r,), mib, sm.Residency.EVICTABLE)
             serves[name] = spec
             containers[spec.container] = RUNNING
-            started[spec.container] = StartedWith(name, (r,), mib)
+            started[spec.container] = sm.StartedWith(name, (r,), mib)
             free[r] -= mib
     requests = list(desired.requests)
     for i in range(draw(st.integers(1, 3))):
@@ -296,20 +247,20 @@ def crowded_fleets(draw: st.DrawFn) -> tuple[DesiredState, Observed]:
             continue
         mib = draw(st.integers(least, most))
         name = f"req{i}"
-        serves[name] = ServeSpec(
-            name, f"c-{name}", cands, mib, Residency.ON_DEMAND, placement=cands
+        serves[name] = sm.ServeSpec(
+            name, f"c-{name}", cands, mib, sm.Residency.ON_DEMAND, placement=cands
         )
-        requests.append(OnDemandRequest(name, NOW - 1))
+        requests.append(sm.OnDemandRequest(name, NOW - 1))
     return (
-        DesiredState(roles, serves, tuple(requests)),
-        Observed(True, containers, started_with=started),
+        sm.DesiredState(roles, serves, tuple(requests)),
+        sm.Observed(True, containers, started_with=started),
     )
 
 
 @settings(max_examples=150, deadline=None)
 @given(fleets())
 def test_every_placed_serve_holds_on_exactly_one_candidate_and_no_card_is_overcommitted(
-    fleet: tuple[DesiredState, Observed],
+    fleet: tuple[sm.DesiredState, sm.Observed],
 ) -> None:
     desired, observed = fleet
     p = plan(desired, observed)
@@ -326,7 +277,9 @@ def test_every_placed_serve_holds_on_exactly_one_candidate_and_no_card_is_overco
 
 @settings(max_examples=100, deadline=None)
 @given(fleets())
-def test_plans_converge_and_nothing_that_runs_moves(fleet: tuple[DesiredState, Observed]) -> None:
+def test_plans_converge_and_nothing_that_runs_moves(
+    fleet: tuple[sm.DesiredState, sm.Observed],
+) -> None:
     """Plan, apply, plan again: empty, but for the placed serves the first plan evicted,
     which the second places again (on a card with room); the third is empty."""
     desired, observed = fleet
@@ -346,7 +299,7 @@ def test_plans_converge_and_nothing_that_runs_moves(fleet: tuple[DesiredState, O
     assert plan(desired, last).empty
 
 
-def chosen_by_victims(fleet: tuple[DesiredState, Observed]) -> bool:
+def chosen_by_victims(fleet: tuple[sm.DesiredState, sm.Observed]) -> bool:
     """The case the next property is about: a placement chosen by what making room costs,
     with a candidate where the serve starts."""
     p = plan(*fleet)
@@ -356,7 +309,7 @@ def chosen_by_victims(fleet: tuple[DesiredState, Observed]) -> bool:
 @settings(max_examples=100, deadline=None)
 @given(crowded_fleets() | fleets())
 def test_the_choice_makes_no_more_victims_than_the_best_single_candidate(
-    fleet: tuple[DesiredState, Observed],
+    fleet: tuple[sm.DesiredState, sm.Observed],
 ) -> None:
     desired, observed = fleet
     p = plan(desired, observed)
@@ -383,9 +336,9 @@ def test_pinned_serves_plan_as_before_when_a_placed_serve_is_declared_stopped() 
     with_placed = host(
         pinned("x", 4000, "a"),
         pinned("y", 5000, "b"),
-        placed("p", 1000, desired=DesiredRun.STOPPED),
+        placed("p", 1000, desired=sm.DesiredRun.STOPPED),
     )
-    one, two = plan(base, Observed(True)), plan(with_placed, Observed(True))
+    one, two = plan(base, sm.Observed(True)), plan(with_placed, sm.Observed(True))
     assert [s.to_json() for s in one.steps] == [s.to_json() for s in two.steps]
     assert replace(two, placements=()).to_json() == one.to_json() | {}
 
@@ -415,18 +368,18 @@ def test_fit_answers_on_the_card_the_request_would_be_placed_on() -> None:
 
 
 def test_a_serve_that_can_start_nowhere_takes_no_room_from_those_placed_after_it() -> None:
-    roles = {"a": GpuRole("a", 10000), "b": GpuRole("b", 10000)}
-    od = {"residency": Residency.ON_DEMAND, "desired": None}
+    roles = {"a": sm.GpuRole("a", 10000), "b": sm.GpuRole("b", 10000)}
+    od = {"residency": sm.Residency.ON_DEMAND, "desired": None}
     serves = [
         pinned("x", 5000, "a", **od),
-        pinned("r", 4000, "b", residency=Residency.RESIDENT),
+        pinned("r", 4000, "b", residency=sm.Residency.RESIDENT),
         placed("p1", 9000, **od),  # fits nowhere, frees nothing anywhere
         placed("p2", 4000, **od),
         placed("p3", 6000, **od),
-        pinned("z", 500, "a", desired=DesiredRun.RUNNING),  # starts in every plan
+        pinned("z", 500, "a", desired=sm.DesiredRun.RUNNING),  # starts in every plan
     ]
-    asked = tuple(OnDemandRequest(n, NOW - 5) for n in ("x", "p1", "p2", "p3"))
-    desired = DesiredState(roles, {s.name: s for s in serves}, asked)
+    asked = tuple(sm.OnDemandRequest(n, NOW - 5) for n in ("x", "p1", "p2", "p3"))
+    desired = sm.DesiredState(roles, {s.name: s for s in serves}, asked)
     p = plan(desired, running("x", "r", on={"x": "a", "r": "b"}))
     assert [(d.serve, d.role, d.how) for d in p.placements] == [
         ("p1", "b", How.VICTIMS),  # the least short, where neither can start it
@@ -442,15 +395,15 @@ def test_a_serve_that_can_start_nowhere_takes_no_room_from_those_placed_after_it
 
 
 def test_who_wants_to_run() -> None:
-    asked = OnDemandRequest("p", NOW - 1)
-    seen = Observed(True)
+    asked = sm.OnDemandRequest("p", NOW - 1)
+    seen = sm.Observed(True)
     for spec, requests, wants in [
         (placed("p", 1000), (), True),
         (placed("p", 1000, desired=None), (), False),
         (placed("p", 1000, desired=None), (asked,), True),
-        (placed("p", 1000, desired=None), (OnDemandRequest("q", NOW - 1),), False),
-        (placed("p", 1000, desired=None), (OnDemandRequest("p", NOW - 9, ttl_s=1),), False),
-        (placed("p", 1000, desired=DesiredRun.STOPPED), (asked,), False),
+        (placed("p", 1000, desired=None), (sm.OnDemandRequest("q", NOW - 1),), False),
+        (placed("p", 1000, desired=None), (sm.OnDemandRequest("p", NOW - 9, ttl_s=1),), False),
+        (placed("p", 1000, desired=sm.DesiredRun.STOPPED), (asked,), False),
         # no TTL of its own: its idle_ttl_s ends it (no source: from the request)
         (placed("p", 1000, desired=None, idle_ttl_s=1.5), (asked,), True),
         (placed("p", 1000, desired=None, idle_ttl_s=1.0), (asked,), False),  # at its end
@@ -460,24 +413,24 @@ def test_who_wants_to_run() -> None:
 
 ENDED_BY_IDLENESS = [
     # (p's in-flight observation; p ran for its request, from NOW - 900 to NOW - 100)
-    pytest.param(InFlightObs(0, InFlightSource.ROUTER, NOW - 800), id="measured"),
-    pytest.param(InFlightObs(None, InFlightSource.METRICS, None, NOW - 850), id="unknown"),
-    pytest.param(NO_SOURCE, id="no-source"),
+    pytest.param(sm.InFlightObs(0, sm.InFlightSource.ROUTER, NOW - 800), id="measured"),
+    pytest.param(sm.InFlightObs(None, sm.InFlightSource.METRICS, None, NOW - 850), id="unknown"),
+    pytest.param(sm.NO_SOURCE, id="no-source"),
 ]
 
 
 @pytest.mark.parametrize("flight", ENDED_BY_IDLENESS)
 def test_a_placed_serve_whose_request_ended_by_idleness_takes_no_room(
-    flight: InFlightObs,
+    flight: sm.InFlightObs,
 ) -> None:
     """p's request has no TTL of its own, and p has been idle past its idle_ttl_s
     (300 s): the planner does not start it again, so placement must not reserve its
     4000 MiB on b, where q (placed after it) fits best."""
-    req = OnDemandRequest("p", NOW - 1000)
-    p = placed("p", 4000, desired=None, residency=Residency.ON_DEMAND, idle_ttl_s=300.0)
+    req = sm.OnDemandRequest("p", NOW - 1000)
+    p = placed("p", 4000, desired=None, residency=sm.Residency.ON_DEMAND, idle_ttl_s=300.0)
     desired = host(p, placed("q", 4000), requests=(req,))
-    ran = ContainerObs(ContainerState.EXITED, started_at=NOW - 900, finished_at=NOW - 100)
-    observed = Observed(True, {"c-p": ran}, in_flight={"p": flight})
+    ran = sm.ContainerObs(sm.ContainerState.EXITED, started_at=NOW - 900, finished_at=NOW - 100)
+    observed = sm.Observed(True, {"c-p": ran}, in_flight={"p": flight})
     assert not placement.wants_to_run(desired, p, observed, NOW)
     result = plan(desired, observed)
     assert [(d.serve, d.role) for d in result.placements] == [("p", "b"), ("q", "b")]
@@ -490,28 +443,28 @@ def test_a_placed_serve_whose_request_ended_by_idleness_takes_no_room(
 def test_a_pinned_serve_whose_request_ended_by_idleness_takes_no_room() -> None:
     """x (pinned on b) has a request without a TTL of its own and no source: it ended
     idle_ttl_s after the request; the plan does not start x, so p fits b best."""
-    x = pinned("x", 3000, "b", desired=None, residency=Residency.ON_DEMAND, idle_ttl_s=60.0)
-    desired = host(placed("p", 4000), x, requests=(OnDemandRequest("x", NOW - 60),))
-    result = plan(desired, Observed(True))
+    x = pinned("x", 3000, "b", desired=None, residency=sm.Residency.ON_DEMAND, idle_ttl_s=60.0)
+    desired = host(placed("p", 4000), x, requests=(sm.OnDemandRequest("x", NOW - 60),))
+    result = plan(desired, sm.Observed(True))
     (decision,) = result.placements
     assert (decision.role, decision.how) == ("b", How.FITS)
     assert {s.serve for s in result.steps if s.action is Action.START} == {"p"}
     # a moment before, x's request was in force: it takes 3000 of b, p goes to a
-    before = plan_transitions(desired, Observed(True), Policy(), NOW - 0.5)
+    before = plan_transitions(desired, sm.Observed(True), Policy(), NOW - 0.5)
     assert [(d.serve, d.role) for d in before.placements] == [("p", "a")]
 
 
 def test_a_start_in_progress_holds_its_card() -> None:
     from statemachine.types import StartingObs
 
-    observed = Observed(True, starting={"p": StartingObs(("a",), 4000)})
+    observed = sm.Observed(True, starting={"p": StartingObs(("a",), 4000)})
     (decision,) = plan(host(placed("p", 4000)), observed).placements
     assert (decision.role, decision.how) == ("a", How.HELD)
 
 
 def test_a_serve_held_on_two_roles_is_counted_on_every_candidate() -> None:
-    observed = Observed(
-        True, {"c-p": RUNNING}, started_with={"c-p": StartedWith("p", ("a", "b"), 4000)}
+    observed = sm.Observed(
+        True, {"c-p": RUNNING}, started_with={"c-p": sm.StartedWith("p", ("a", "b"), 4000)}
     )
     (decision,) = plan(host(placed("p", 4000)), observed).placements
     assert (decision.role, decision.how) == (None, How.UNKNOWN)
@@ -519,7 +472,7 @@ def test_a_serve_held_on_two_roles_is_counted_on_every_candidate() -> None:
 
 def test_each_placed_serve_counts_those_placed_before_it() -> None:
     # p takes b (2000 left); q (1500) then fits b best (500 left), not a (8500)
-    p = plan(host(placed("p", 4000), placed("q", 1500)), Observed(True))
+    p = plan(host(placed("p", 4000), placed("q", 1500)), sm.Observed(True))
     assert [(d.serve, d.role) for d in p.placements] == [("p", "b"), ("q", "b")]
     assert [(c.role, c.committed_mib, c.free_mib) for c in p.placements[1].candidates] == [
         ("a", 0, 10000),
@@ -531,11 +484,11 @@ def test_the_pinned_serves_this_plan_starts_are_counted_and_stopped_ones_not() -
     fleet = host(
         placed("p", 4000),  # declared first: the pinned ones after it count all the same
         pinned("x", 3000, "b"),  # starts in this plan: b has 3000 left for p
-        pinned("y", 7000, "a", desired=DesiredRun.STOPPED),  # stays down: a is free
+        pinned("y", 7000, "a", desired=sm.DesiredRun.STOPPED),  # stays down: a is free
         pinned("z", 2000, "a", desired=None),  # not requested: a is free
-        ServeSpec("u", "c-u", gpu_roles=("a",), desired=DesiredRun.RUNNING),  # no reservation
+        sm.ServeSpec("u", "c-u", gpu_roles=("a",), desired=sm.DesiredRun.RUNNING),  # no reservation
     )
-    p = plan(fleet, Observed(True))
+    p = plan(fleet, sm.Observed(True))
     (decision,) = p.placements
     assert (decision.role, decision.how) == ("a", How.FITS)
     assert [(c.role, c.committed_mib, c.free_mib) for c in decision.candidates] == [
@@ -550,8 +503,8 @@ def test_the_cheapest_room_is_the_one_freeing_the_least_beyond_the_need() -> Non
     fleet = host(
         pinned("a1", 5000, "a"),
         pinned("b1", 3000, "b"),
-        placed("p", 6000, residency=Residency.ON_DEMAND, desired=None),
-        requests=(OnDemandRequest("p", NOW),),
+        placed("p", 6000, residency=sm.Residency.ON_DEMAND, desired=None),
+        requests=(sm.OnDemandRequest("p", NOW),),
     )
     (decision,) = plan(fleet, running("a1", "b1")).placements
     assert (decision.role, decision.how) == ("b", How.VICTIMS)
@@ -562,7 +515,7 @@ def test_the_cheapest_room_is_the_one_freeing_the_least_beyond_the_need() -> Non
 
 
 def test_an_unknown_host_places_nothing() -> None:
-    p = plan(host(placed("p", 4000)), Observed(False))
+    p = plan(host(placed("p", 4000)), sm.Observed(False))
     assert p.placements == () and p.empty
 
 
@@ -584,8 +537,8 @@ def test_a_victim_put_to_sleep_is_not_a_stop_and_frees_down_to_its_residual() ->
     fleet = host(
         sleeper,
         pinned("b1", 3000, "b"),
-        placed("p", 6000, residency=Residency.ON_DEMAND, desired=None),
-        requests=(OnDemandRequest("p", NOW),),
+        placed("p", 6000, residency=sm.Residency.ON_DEMAND, desired=None),
+        requests=(sm.OnDemandRequest("p", NOW),),
     )
     (decision,) = plan(fleet, running("a1", "b1")).placements
     weighed = {c.role: c for c in decision.candidates}
@@ -602,11 +555,11 @@ def test_a_serve_that_makes_room_takes_it_from_those_placed_after_it() -> None:
     # a: a resident of 8000 (2000 free, never a victim); b: b1 5000 evictable (1000
     # free): p (6000) starts on b by stopping b1, and q (1000) after it finds b taken
     fleet = host(
-        pinned("r", 8000, "a", residency=Residency.RESIDENT),
+        pinned("r", 8000, "a", residency=sm.Residency.RESIDENT),
         pinned("b1", 5000, "b"),
-        placed("p", 6000, residency=Residency.ON_DEMAND, desired=None),
-        placed("q", 1000, residency=Residency.ON_DEMAND, desired=None),
-        requests=(OnDemandRequest("p", NOW), OnDemandRequest("q", NOW)),
+        placed("p", 6000, residency=sm.Residency.ON_DEMAND, desired=None),
+        placed("q", 1000, residency=sm.Residency.ON_DEMAND, desired=None),
+        requests=(sm.OnDemandRequest("p", NOW), sm.OnDemandRequest("q", NOW)),
     )
     p = plan(fleet, running("r", "b1"))
     assert [(d.serve, d.role, d.how) for d in p.placements] == [
@@ -642,16 +595,16 @@ def test_fit_answers_the_card_the_loop_chooses_beside_the_requests_it_holds() ->
     # first)
     from statemachine.fit import fit_serve
 
-    od = {"residency": Residency.ON_DEMAND, "desired": None}
+    od = {"residency": sm.Residency.ON_DEMAND, "desired": None}
     fleet = host(
-        pinned("x", 4000, "a", residency=Residency.RESIDENT),
+        pinned("x", 4000, "a", residency=sm.Residency.RESIDENT),
         pinned("s", 9000, "a", **od),
         placed("p", 1000, **od),
-        requests=(OnDemandRequest("s", NOW - 30), OnDemandRequest("p", NOW - 60)),
+        requests=(sm.OnDemandRequest("s", NOW - 30), sm.OnDemandRequest("p", NOW - 60)),
     )
     answer = fit_serve(fleet, running("x"), "p", now=NOW)
     assert answer.placement is not None and answer.placement.role == "b"
-    asked = replace(fleet, requests=(*fleet.requests, OnDemandRequest("p", NOW)))
+    asked = replace(fleet, requests=(*fleet.requests, sm.OnDemandRequest("p", NOW)))
     assert [(d.serve, d.role) for d in plan(asked, running("x")).placements] == [("p", "b")]
-    alone = replace(fleet, requests=(OnDemandRequest("p", NOW),))
+    alone = replace(fleet, requests=(sm.OnDemandRequest("p", NOW),))
     assert fit_serve(alone, running("x"), "p", now=NOW).placement.role == "a"  # type: ignore[union-attr]

@@ -19,10 +19,10 @@ from pathlib import Path
 import docker
 import pynvml
 import pytest
-from fakes_nvml import FakeNvml, nvml_error
+from support.fakes_nvml import FakeNvml, nvml_error
+from support.waiting import wait_for
 from test_loop_events import Running, names
 from test_one_answer import vramctl
-from waiting import wait_for
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions

@@ -8,43 +8,24 @@ Two cards, ``a`` (budget 10000 MiB) and ``b`` (budget 6000), as in
 from __future__ import annotations
 
 import pytest
+from support.core import spec
 
+from statemachine import types as sm
 from statemachine.plan import Action, How, Plan, Policy
 from statemachine.planner import plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    StartedWith,
-)
 
 NOW = 1_000_000.0
-ROLES = {"a": GpuRole("a", 10000), "b": GpuRole("b", 6000)}
-EXITED = ContainerObs(ContainerState.EXITED, exit_code=0)
+ROLES = {"a": sm.GpuRole("a", 10000), "b": sm.GpuRole("b", 6000)}
+EXITED = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)
 
 
-def placed(name: str, mib: int, desired: DesiredRun) -> ServeSpec:
+def placed(name: str, mib: int, desired: sm.DesiredRun) -> sm.ServeSpec:
     """An evictable serve placed on ``a`` or ``b``."""
-    return ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=("a", "b"),
-        vram_mib=mib,
-        residency=Residency.EVICTABLE,
-        desired=desired,
-        placement=("a", "b"),
-    )
+    ab = ("a", "b")
+    return spec(name, mib, sm.Residency.EVICTABLE, roles=ab, desired=desired, placement=ab)
 
 
-def plan(desired: DesiredState, observed: Observed) -> Plan:
+def plan(desired: sm.DesiredState, observed: sm.Observed) -> Plan:
     return plan_transitions(desired, observed, Policy(), NOW)
 
 
@@ -55,20 +36,20 @@ def reserved_on(p: Plan, serve: str) -> list[tuple[str, ...]]:
 # ── 1. a serve whose memory is not back still holds its card ─────────────────────────
 
 
-def _unreleased_x(record: bool) -> tuple[DesiredState, Observed]:
+def _unreleased_x(record: bool) -> tuple[sm.DesiredState, sm.Observed]:
     """``x`` (5000, placed) was stopped on ``b`` and its memory is not back yet
     (``observed.unreleased``): 1000 of ``b``'s 6000 are free. ``y`` (6000, placed)
     wants to run. ``record``: whether the journal's start record says ``x`` was on
     ``b`` (else where is unknown). ``x`` is declared first: placed first."""
-    desired = DesiredState(
+    desired = sm.DesiredState(
         ROLES,
         {
-            "x": placed("x", 5000, DesiredRun.STOPPED),
-            "y": placed("y", 6000, DesiredRun.RUNNING),
+            "x": placed("x", 5000, sm.DesiredRun.STOPPED),
+            "y": placed("y", 6000, sm.DesiredRun.RUNNING),
         },
     )
-    started_with = {"c-x": StartedWith("x", ("b",), 5000)} if record else {}
-    observed = Observed(
+    started_with = {"c-x": sm.StartedWith("x", ("b",), 5000)} if record else {}
+    observed = sm.Observed(
         True, {"c-x": EXITED}, unreleased=frozenset({"x"}), started_with=started_with
     )
     return desired, observed
@@ -120,32 +101,32 @@ def test_each_cards_victims_are_weighed_and_shown_with_what_they_free_counted_on
     victim order chooses: ``a1`` (possibly busy) on ``a`` or ``b1`` (idle) on ``b``,
     each 4000 of a 10000 card, for ``p`` (8000, on-demand): ``b``, though ``a`` is
     declared first."""
-    roles = {"a": GpuRole("a", 10000), "b": GpuRole("b", 10000)}
+    roles = {"a": sm.GpuRole("a", 10000), "b": sm.GpuRole("b", 10000)}
 
-    def pinned(name: str, role: str) -> ServeSpec:
-        return ServeSpec(
-            name, f"c-{name}", gpu_roles=(role,), vram_mib=4000, residency=Residency.EVICTABLE
+    def pinned(name: str, role: str) -> sm.ServeSpec:
+        return sm.ServeSpec(
+            name, f"c-{name}", gpu_roles=(role,), vram_mib=4000, residency=sm.Residency.EVICTABLE
         )
 
-    p = ServeSpec(
+    p = sm.ServeSpec(
         "p",
         "c-p",
         gpu_roles=("a", "b"),
         vram_mib=8000,
-        residency=Residency.ON_DEMAND,
+        residency=sm.Residency.ON_DEMAND,
         placement=("a", "b"),
     )
-    desired = DesiredState(
+    desired = sm.DesiredState(
         roles,
         {s.name: s for s in (pinned("a1", "a"), pinned("b1", "b"), p)},
-        (OnDemandRequest("p", NOW),),
+        (sm.OnDemandRequest("p", NOW),),
     )
-    running = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
+    running = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
     in_flight = {
-        "a1": InFlightObs(2, InFlightSource.METRICS),
-        "b1": InFlightObs(0, InFlightSource.METRICS),
+        "a1": sm.InFlightObs(2, sm.InFlightSource.METRICS),
+        "b1": sm.InFlightObs(0, sm.InFlightSource.METRICS),
     }
-    seen = Observed(True, {"c-a1": running, "c-b1": running}, in_flight=in_flight)
+    seen = sm.Observed(True, {"c-a1": running, "c-b1": running}, in_flight=in_flight)
     result = plan(desired, seen)
     (decision,) = result.placements
     assert (decision.role, decision.how) == ("b", How.VICTIMS)
@@ -166,19 +147,19 @@ def test_a_serve_whose_placement_names_one_card_takes_its_room_before_others_are
     wants to run: ``b`` shows 2000 free to ``p`` (5000), which goes to ``a``, and both
     start; weighed without ``solo``, ``p`` would take ``b`` (best fit) and ``solo``
     would be blocked."""
-    solo = ServeSpec(
+    solo = sm.ServeSpec(
         "solo",
         "c-solo",
         gpu_roles=("b",),
         vram_mib=4000,
-        residency=Residency.EVICTABLE,
-        desired=DesiredRun.RUNNING,
+        residency=sm.Residency.EVICTABLE,
+        desired=sm.DesiredRun.RUNNING,
         placement=("b",),
     )
-    desired = DesiredState(
-        ROLES, {s.name: s for s in (solo, placed("p", 5000, DesiredRun.RUNNING))}
+    desired = sm.DesiredState(
+        ROLES, {s.name: s for s in (solo, placed("p", 5000, sm.DesiredRun.RUNNING))}
     )
-    p = plan(desired, Observed(True))
+    p = plan(desired, sm.Observed(True))
     assert [(d.serve, d.role, d.how) for d in p.placements] == [("p", "a", How.FITS)]
     (p_terms_b,) = [c for c in p.placements[0].candidates if c.role == "b"]
     assert (p_terms_b.committed_mib, p_terms_b.free_mib) == (4000, 2000)
@@ -191,17 +172,21 @@ def test_a_serve_outside_the_ledger_takes_no_room_from_a_placed_serve() -> None:
     placed serve is weighed. ``out`` (4000) names ``b`` and ``x``, which has no row:
     it is outside the ledger, and ``p`` (5000) is placed as if it were absent (``b``,
     best fit), the plan made without error."""
-    out = ServeSpec(
+    out = sm.ServeSpec(
         "out",
         "c-out",
         gpu_roles=("b", "x"),
         vram_mib=4000,
-        residency=Residency.EVICTABLE,
-        desired=DesiredRun.RUNNING,
+        residency=sm.Residency.EVICTABLE,
+        desired=sm.DesiredRun.RUNNING,
     )
-    alone = plan(DesiredState(ROLES, {"p": placed("p", 5000, DesiredRun.RUNNING)}), Observed(True))
-    desired = DesiredState(ROLES, {s.name: s for s in (out, placed("p", 5000, DesiredRun.RUNNING))})
-    p = plan(desired, Observed(True))
+    alone = plan(
+        sm.DesiredState(ROLES, {"p": placed("p", 5000, sm.DesiredRun.RUNNING)}), sm.Observed(True)
+    )
+    desired = sm.DesiredState(
+        ROLES, {s.name: s for s in (out, placed("p", 5000, sm.DesiredRun.RUNNING))}
+    )
+    p = plan(desired, sm.Observed(True))
     assert [(d.serve, d.role, d.how) for d in p.placements] == [("p", "b", How.FITS)]
     assert p.placements == alone.placements
     assert reserved_on(p, "p") == [("b",)]

@@ -11,24 +11,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from support.placement_cases import NOW, ROLES, RUNNING, host, pinned, placed, plan
 from test_off_its_cards import moves, on
-from test_placement import NOW, ROLES, RUNNING, host, pinned, placed, plan
 
+from statemachine import types as sm
 from statemachine.plan import Action, How
-from statemachine.types import (
-    DesiredState,
-    GpuRole,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    Sleep,
-    SleepObs,
-    SleepState,
-    StartedWith,
-    StartingObs,
-)
 
-X = pinned("x", 8000, "a", residency=Residency.RESIDENT)
+X = pinned("x", 8000, "a", residency=sm.Residency.RESIDENT)
 P = placed("p", 4000)
 
 
@@ -41,7 +30,7 @@ def test_a_container_naming_one_of_its_candidates_without_a_record_is_not_moved(
     choice, so it is counted on every candidate (``unknown``), and nothing is stopped:
     a serve is moved for an edit only where its container names a card that is no
     longer among its candidates."""
-    observed = Observed(True, {P.container: replace(RUNNING, gpu_role="a")})
+    observed = sm.Observed(True, {P.container: replace(RUNNING, gpu_role="a")})
     first = plan(host(P), observed)
     assert [(d.role, d.how) for d in first.placements] == [(None, How.UNKNOWN)]
     assert first.empty
@@ -53,8 +42,8 @@ def test_a_serve_whose_start_is_in_progress_is_not_moved_for_an_edit() -> None:
     progress is never stopped for an edit (the planner plans nothing for it until it
     ends): counted where it is, not ``moved``."""
     p_ = placed("p", 4000, on=("b", "c"))
-    desired = DesiredState({**ROLES, "c": GpuRole("c", 6000)}, {"p": p_})
-    observed = replace(on(p_, "a"), starting={"p": StartingObs(("a",), 4000)})
+    desired = sm.DesiredState({**ROLES, "c": sm.GpuRole("c", 6000)}, {"p": p_})
+    observed = replace(on(p_, "a"), starting={"p": sm.StartingObs(("a",), 4000)})
     first = plan(desired, observed)
     assert [d.how for d in first.placements] == [How.UNKNOWN]
     assert not [s for s in first.steps if s.serve == "p" and s.action is Action.STOP]
@@ -81,15 +70,17 @@ def test_an_unmanaged_placed_serve_is_not_moved() -> None:
 
 
 def test_a_placed_serve_whose_start_is_in_progress_is_not_moved() -> None:
-    p_observed = replace(on(P, "a"), starting={"p": StartingObs(("a",), 4000)})
+    p_observed = replace(on(P, "a"), starting={"p": sm.StartingObs(("a",), 4000)})
     assert moves(host(X, P), p_observed) == []
 
 
 def test_an_asleep_placed_serve_that_is_not_to_run_is_not_moved() -> None:
     """Asleep and not to run (no ``desired``, nothing asks for it), ``p`` holds its
     residual on ``a`` and is not moved (docs: not asleep), though ``x`` is blocked."""
-    p_ = placed("p", 4000, desired=None, sleep=Sleep(level=2, residual_mib=3000, protocol="vllm"))
-    asleep = replace(on(p_, "a"), sleep={"p": SleepObs(SleepState.ASLEEP, 2, 3000)})
+    p_ = placed(
+        "p", 4000, desired=None, sleep=sm.Sleep(level=2, residual_mib=3000, protocol="vllm")
+    )
+    asleep = replace(on(p_, "a"), sleep={"p": sm.SleepObs(sm.SleepState.ASLEEP, 2, 3000)})
     assert moves(host(X, p_), asleep) == []
     assert [b.serve for b in plan(host(X, p_), asleep).blocked] == ["x"]
 
@@ -99,8 +90,8 @@ def test_an_asleep_placed_serve_to_be_woken_moves_instead() -> None:
     its whole reservation on the card ``x`` needs; the next plan would then move it
     (a wake, then a stop: churn). It moves now: stopped asleep on ``a`` (its residual
     released), ``x`` started there, ``p`` started cold on ``b`` by the next plan."""
-    p_ = placed("p", 4000, sleep=Sleep(level=2, residual_mib=3000, protocol="vllm"))
-    asleep = replace(on(p_, "a"), sleep={"p": SleepObs(SleepState.ASLEEP, 2, 3000)})
+    p_ = placed("p", 4000, sleep=sm.Sleep(level=2, residual_mib=3000, protocol="vllm"))
+    asleep = replace(on(p_, "a"), sleep={"p": sm.SleepObs(sm.SleepState.ASLEEP, 2, 3000)})
     assert moves(host(X, p_), asleep) == [("p", "b")]
     steps = [(s.action, s.serve) for s in plan(host(X, p_), asleep).steps]
     assert (Action.STOP, "p") in steps and (Action.START, "x") in steps
@@ -122,7 +113,7 @@ def test_a_move_is_made_for_memory_alone_not_for_a_port() -> None:
     (10000 - 4000 - 6000 = 0 left), but ``p`` holds ``x``'s port and a resident may stop
     nothing: ``x`` is blocked. Moving ``p`` to ``b`` would free the port, yet a move is
     made only where the pinned serve is short of memory on its card: nothing moves."""
-    x = pinned("x", 6000, "a", residency=Residency.RESIDENT, port=9000)
+    x = pinned("x", 6000, "a", residency=sm.Residency.RESIDENT, port=9000)
     p_ = placed("p", 4000, port=9000)
     result = plan(host(x, p_), on(p_, "a"))
     assert [(d.role, d.how) for d in result.placements] == [("a", How.HELD)]
@@ -140,18 +131,18 @@ def test_a_held_serve_keeps_the_planners_reason_for_its_blocked_wake() -> None:
     p_ = placed(
         "p",
         4000,
-        residency=Residency.ON_DEMAND,
+        residency=sm.Residency.ON_DEMAND,
         desired=None,
-        sleep=Sleep(level=2, residual_mib=1000, protocol="vllm"),
+        sleep=sm.Sleep(level=2, residual_mib=1000, protocol="vllm"),
     )
-    x = pinned("x", 8000, "a", residency=Residency.RESIDENT)
-    asleep = replace(on(p_, "a"), sleep={"p": SleepObs(SleepState.ASLEEP, 2, 1000)})
+    x = pinned("x", 8000, "a", residency=sm.Residency.RESIDENT)
+    asleep = replace(on(p_, "a"), sleep={"p": sm.SleepObs(sm.SleepState.ASLEEP, 2, 1000)})
     observed = replace(
         asleep,
         containers={**asleep.containers, "c-x": RUNNING},
-        started_with={**asleep.started_with, "c-x": StartedWith("x", ("a",), 8000)},
+        started_with={**asleep.started_with, "c-x": sm.StartedWith("x", ("a",), 8000)},
     )
-    result = plan(host(x, p_, requests=(OnDemandRequest("p", NOW),)), observed)
+    result = plan(host(x, p_, requests=(sm.OnDemandRequest("p", NOW),)), observed)
     assert [(d.role, d.how) for d in result.placements] == [("a", How.HELD)]
     (blocked,) = result.blocked
     assert blocked.serve == "p"
@@ -162,7 +153,7 @@ def test_a_placed_serve_without_a_reservation_is_left_unplaced() -> None:
     """A placed serve without ``vram_mib`` is outside the ledger: nowhere to weigh it.
     No decision is made for it, and it keeps every candidate."""
     bare = replace(placed("bare", 4000), vram_mib=None)
-    result = plan(host(bare), Observed(True))
+    result = plan(host(bare), sm.Observed(True))
     assert result.placements == ()
 
 
@@ -174,13 +165,15 @@ def test_the_moved_serve_goes_only_to_a_card_where_it_fits() -> None:
     goes to ``c``. The card left with the least free is chosen among those where it
     fits, never one where it does not."""
     p_ = placed("p", 4000, on=("a", "b", "c"))
-    u = pinned("u", 3000, "b", residency=Residency.RESIDENT)
-    desired = DesiredState({**ROLES, "c": GpuRole("c", 6000)}, {s.name: s for s in (X, p_, u)})
+    u = pinned("u", 3000, "b", residency=sm.Residency.RESIDENT)
+    desired = sm.DesiredState(
+        {**ROLES, "c": sm.GpuRole("c", 6000)}, {s.name: s for s in (X, p_, u)}
+    )
     observed = on(p_, "a")
     observed = replace(
         observed,
         containers={**observed.containers, "c-u": RUNNING},
-        started_with={**observed.started_with, "c-u": StartedWith("u", ("b",), 3000)},
+        started_with={**observed.started_with, "c-u": sm.StartedWith("u", ("b",), 3000)},
     )
     assert moves(desired, observed) == [("p", "c")]
 
@@ -189,9 +182,9 @@ def test_a_serve_counted_on_every_candidate_is_not_moved() -> None:
     """``p`` runs where the controller cannot tell (no start record; its container
     names ``a``): counted on both cards (``unknown``), it is not a serve placed on
     ``a``, and no move is made of it for ``x``; ``x`` stays blocked."""
-    roles = {"a": GpuRole("a", 10000), "b": GpuRole("b", 10000)}
-    desired = DesiredState(roles, {s.name: s for s in (X, P)})
-    observed = Observed(True, {P.container: replace(RUNNING, gpu_role="a")})
+    roles = {"a": sm.GpuRole("a", 10000), "b": sm.GpuRole("b", 10000)}
+    desired = sm.DesiredState(roles, {s.name: s for s in (X, P)})
+    observed = sm.Observed(True, {P.container: replace(RUNNING, gpu_role="a")})
     result = plan(desired, observed)
     assert [(d.role, d.how) for d in result.placements] == [(None, How.UNKNOWN)]
     assert [b.serve for b in result.blocked] == ["x"]
@@ -207,20 +200,22 @@ def test_a_move_is_made_for_a_pinned_serve_alone_even_where_a_placed_one_would_s
     start). ``q`` waits on ``a``, the first of the equally short. Moving ``p`` from ``a``
     to ``c`` would let ``q`` start, but a placed serve's card is its own choice: a move
     is made for a pinned serve alone, and nothing moves."""
-    q = placed("q", 3000, residency=Residency.RESIDENT)
+    q = placed("q", 3000, residency=sm.Residency.RESIDENT)
     p_ = placed("p", 4000, on=("a", "c"))
-    z = pinned("z", 4000, "a", residency=Residency.RESIDENT)
-    y = pinned("y", 5000, "b", residency=Residency.RESIDENT)
-    w = pinned("w", 11000, "a", residency=Residency.RESIDENT)
-    v = pinned("v", 10000, "b", residency=Residency.RESIDENT)
-    desired = DesiredState(
-        {**ROLES, "c": GpuRole("c", 6000)}, {s.name: s for s in (q, p_, z, y, w, v)}
+    z = pinned("z", 4000, "a", residency=sm.Residency.RESIDENT)
+    y = pinned("y", 5000, "b", residency=sm.Residency.RESIDENT)
+    w = pinned("w", 11000, "a", residency=sm.Residency.RESIDENT)
+    v = pinned("v", 10000, "b", residency=sm.Residency.RESIDENT)
+    desired = sm.DesiredState(
+        {**ROLES, "c": sm.GpuRole("c", 6000)}, {s.name: s for s in (q, p_, z, y, w, v)}
     )
     running = ((p_, "a"), (z, "a"), (y, "b"))
-    observed = Observed(
+    observed = sm.Observed(
         True,
         {s.container: replace(RUNNING, gpu_role=r) for s, r in running},
-        started_with={s.container: StartedWith(s.name, (r,), s.vram_mib or 0) for s, r in running},
+        started_with={
+            s.container: sm.StartedWith(s.name, (r,), s.vram_mib or 0) for s, r in running
+        },
     )
     result = plan(desired, observed)
     assert [(d.serve, d.role, d.how) for d in result.placements] == [
@@ -233,8 +228,8 @@ def test_a_move_is_made_for_a_pinned_serve_alone_even_where_a_placed_one_would_s
 def _two_pinned(w2_mib: int) -> list[tuple[str, str | None]]:
     """``p`` (4000) runs on ``a``; ``w1`` (5000) and ``w2`` (resident, pinned to ``a``)
     want to run: ``w1`` starts in the 6000 left, ``w2`` is blocked."""
-    w1 = pinned("w1", 5000, "a", residency=Residency.RESIDENT)
-    w2 = pinned("w2", w2_mib, "a", residency=Residency.RESIDENT)
+    w1 = pinned("w1", 5000, "a", residency=sm.Residency.RESIDENT)
+    w2 = pinned("w2", w2_mib, "a", residency=sm.Residency.RESIDENT)
     return moves(host(w1, w2, P), on(P, "a"))
 
 

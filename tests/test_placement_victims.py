@@ -12,67 +12,49 @@ first: a tie on everything the order weighs goes to ``a``.
 from __future__ import annotations
 
 import pytest
+from support.core import spec
 
+from statemachine import types as sm
 from statemachine.plan import Action, How, Plan, Policy, ReloadCost
 from statemachine.planner import plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-)
 from statemachine.victims import Candidate, reload_weight
 
 NOW = 1_000_000.0
-ROLES = {"a": GpuRole("a", 10000), "b": GpuRole("b", 10000)}
-RUNNING = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
+ROLES = {"a": sm.GpuRole("a", 10000), "b": sm.GpuRole("b", 10000)}
+RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
 
 
-def pinned(name: str, mib: int, role: str, **kw: object) -> ServeSpec:
+def pinned(name: str, mib: int, role: str, **kw: object) -> sm.ServeSpec:
     """An evictable serve on ``role`` (``desired`` unset: it runs, nothing asks more)."""
-    return ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=(role,),
-        vram_mib=mib,
-        residency=kw.pop("residency", Residency.EVICTABLE),  # type: ignore[arg-type]
-        **kw,  # type: ignore[arg-type]
-    )
+    residency = kw.pop("residency", sm.Residency.EVICTABLE)
+    return spec(name, mib, residency, roles=(role,), **kw)  # type: ignore[arg-type]
 
 
-def requested(mib: int) -> ServeSpec:
+def requested(mib: int) -> sm.ServeSpec:
     """``p``, on-demand, placed on ``a`` or ``b``."""
-    return ServeSpec(
+    return sm.ServeSpec(
         "p",
         "c-p",
         gpu_roles=("a", "b"),
         vram_mib=mib,
-        residency=Residency.ON_DEMAND,
+        residency=sm.Residency.ON_DEMAND,
         placement=("a", "b"),
     )
 
 
-def fleet(*serves: ServeSpec) -> DesiredState:
-    return DesiredState(ROLES, {s.name: s for s in serves}, (OnDemandRequest("p", NOW),))
+def fleet(*serves: sm.ServeSpec) -> sm.DesiredState:
+    return sm.DesiredState(ROLES, {s.name: s for s in serves}, (sm.OnDemandRequest("p", NOW),))
 
 
-def counts(**in_flight: int | None) -> dict[str, InFlightObs]:
-    return {n: InFlightObs(c, InFlightSource.METRICS) for n, c in in_flight.items()}
+def counts(**in_flight: int | None) -> dict[str, sm.InFlightObs]:
+    return {n: sm.InFlightObs(c, sm.InFlightSource.METRICS) for n, c in in_flight.items()}
 
 
-def observed(*names: str, in_flight: dict[str, InFlightObs] | None = None) -> Observed:
-    return Observed(True, {f"c-{n}": RUNNING for n in names}, in_flight=in_flight or {})
+def observed(*names: str, in_flight: dict[str, sm.InFlightObs] | None = None) -> sm.Observed:
+    return sm.Observed(True, {f"c-{n}": RUNNING for n in names}, in_flight=in_flight or {})
 
 
-def plan(desired: DesiredState, seen: Observed, policy: Policy | None = None) -> Plan:
+def plan(desired: sm.DesiredState, seen: sm.Observed, policy: Policy | None = None) -> Plan:
     return plan_transitions(desired, seen, policy, NOW)
 
 
@@ -117,7 +99,7 @@ def test_fewest_victims_still_comes_first() -> None:
     # free): both idle ones are needed for the 5500 short
     desired = fleet(
         pinned("a1", 4000, "a"),
-        pinned("rb", 2000, "b", residency=Residency.RESIDENT),
+        pinned("rb", 2000, "b", residency=sm.Residency.RESIDENT),
         pinned("b1", 3000, "b"),
         pinned("b2", 2500, "b"),
         requested(8000),
@@ -175,8 +157,8 @@ def test_priorities_then_starts_then_names_decide_between_alike_victims() -> Non
     )
     assert placed_on(plan(desired, observed("a1", "b1"))) == ("b", How.VICTIMS)
     # alike in priority: the one started earlier (the most recent start as old as can be)
-    later = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 600)
-    seen = Observed(True, {"c-a1": later, "c-b1": RUNNING})
+    later = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 600)
+    seen = sm.Observed(True, {"c-a1": later, "c-b1": RUNNING})
     desired = fleet(pinned("a1", 4000, "a"), pinned("b1", 4000, "b"), requested(8000))
     assert placed_on(plan(desired, seen)) == ("b", How.VICTIMS)
 
@@ -190,8 +172,8 @@ def test_sets_alike_but_for_their_names_go_by_the_names_not_the_declared_order()
 # ── sleepers, forced stops, shrinks ───────────────────────────────────────────────
 
 
-def sleeper(name: str, mib: int, role: str, **kw: object) -> ServeSpec:
-    sleep = Sleep(level=2, residual_mib=1000, protocol="vllm", **kw)  # type: ignore[arg-type]
+def sleeper(name: str, mib: int, role: str, **kw: object) -> sm.ServeSpec:
+    sleep = sm.Sleep(level=2, residual_mib=1000, protocol="vllm", **kw)  # type: ignore[arg-type]
     return pinned(name, mib, role, sleep=sleep)
 
 
@@ -199,7 +181,7 @@ def test_a_victim_put_to_sleep_is_weighed_at_what_its_sleep_frees_and_by_its_wak
     # p (8000) lacks 2000 on either card. a1 can sleep: asleep it frees 3000 of its
     # 4000, 1000 more than needed; b1 (beside a resident) stopped frees exactly 2000.
     # a1's wake takes 2 s where b1's cold start takes 60 s: a, a1 put to sleep
-    resident = pinned("rb", 2000, "b", residency=Residency.RESIDENT)
+    resident = pinned("rb", 2000, "b", residency=sm.Residency.RESIDENT)
     desired = fleet(
         sleeper("a1", 4000, "a", wake_s=2.0),
         resident,
@@ -222,7 +204,7 @@ def test_a_stop_forced_by_exclusivity_counts_as_a_victim() -> None:
     # lacks; b: b1, beside a resident, frees exactly the 2000 p lacks there
     desired = fleet(
         pinned("x", 6000, "a", exclusive=True),
-        pinned("rb", 2000, "b", residency=Residency.RESIDENT),
+        pinned("rb", 2000, "b", residency=sm.Residency.RESIDENT),
         pinned("b1", 2000, "b"),
         requested(8000),
     )
@@ -236,7 +218,7 @@ def test_a_stop_forced_by_exclusivity_counts_as_a_victim() -> None:
 
 def test_a_card_whose_plan_stops_nothing_is_taken_over_one_that_stops_a_serve() -> None:
     # a: e, elastic, can give back the 2000 p lacks; b: b1 must stop
-    elastic = Elastic("http://127.0.0.1:1", floor_mib=1000, segment_mib=500)
+    elastic = sm.Elastic("http://127.0.0.1:1", floor_mib=1000, segment_mib=500)
     desired = fleet(
         pinned("e", 4000, "a", elastic=elastic), pinned("b1", 4000, "b"), requested(8000)
     )
@@ -251,8 +233,8 @@ def test_cards_whose_plans_stop_nothing_go_by_the_declared_order() -> None:
     # sleep either way, so nothing the victim order weighs tells them apart (neither
     # what they lack nor what they give back beyond it)
     desired = fleet(
-        pinned("ea", 4000, "a", elastic=Elastic("http://a", floor_mib=1000, segment_mib=500)),
-        pinned("eb", 5000, "b", elastic=Elastic("http://b", floor_mib=1000, segment_mib=1000)),
+        pinned("ea", 4000, "a", elastic=sm.Elastic("http://a", floor_mib=1000, segment_mib=500)),
+        pinned("eb", 5000, "b", elastic=sm.Elastic("http://b", floor_mib=1000, segment_mib=1000)),
         requested(8200),
     )
     p = plan(desired, observed("ea", "eb"))
@@ -263,21 +245,21 @@ def test_cards_whose_plans_stop_nothing_go_by_the_declared_order() -> None:
     ]
     # the other way round (a lacks more and gives back more beyond it): a still
     swapped = fleet(
-        pinned("ea", 5000, "a", elastic=Elastic("http://a", floor_mib=1000, segment_mib=1000)),
-        pinned("eb", 4000, "b", elastic=Elastic("http://b", floor_mib=1000, segment_mib=500)),
+        pinned("ea", 5000, "a", elastic=sm.Elastic("http://a", floor_mib=1000, segment_mib=1000)),
+        pinned("eb", 4000, "b", elastic=sm.Elastic("http://b", floor_mib=1000, segment_mib=500)),
         requested(8200),
     )
     assert placed_on(plan(swapped, observed("ea", "eb"))) == ("a", How.VICTIMS)
 
 
 def test_where_it_starts_nowhere_the_least_short_card_then_the_declared_order() -> None:
-    residents = {"residency": Residency.RESIDENT}
+    residents = {"residency": sm.Residency.RESIDENT}
     desired = fleet(pinned("ra", 5000, "a", **residents), pinned("rb", 4000, "b", **residents))
-    desired = DesiredState(ROLES, {**desired.serves, "p": requested(8000)}, desired.requests)
+    desired = sm.DesiredState(ROLES, {**desired.serves, "p": requested(8000)}, desired.requests)
     p = plan(desired, observed("ra", "rb"))
     assert placed_on(p) == ("b", How.VICTIMS)  # short 2000 on b, 3000 on a
     assert [c.starts for c in p.placements[0].candidates] == [False, False]
-    even = DesiredState(
+    even = sm.DesiredState(
         ROLES,
         {**desired.serves, "rb": pinned("rb", 5000, "b", **residents)},
         desired.requests,
@@ -289,13 +271,15 @@ def test_where_it_starts_nowhere_the_least_short_card_then_the_declared_order() 
 
 
 def test_the_plan_says_which_victims_it_chose_for_each_requester_as_it_weighed_them() -> None:
-    one_card = {"a": GpuRole("a", 10000)}
+    one_card = {"a": sm.GpuRole("a", 10000)}
     serves = [
         sleeper("s", 4000, "a", wake_s=2.0),
         pinned("v", 3000, "a", cold_start_s=40.0, priority=2),
-        ServeSpec("p", "c-p", gpu_roles=("a",), vram_mib=9000, residency=Residency.ON_DEMAND),
+        sm.ServeSpec("p", "c-p", gpu_roles=("a",), vram_mib=9000, residency=sm.Residency.ON_DEMAND),
     ]
-    desired = DesiredState(one_card, {s.name: s for s in serves}, (OnDemandRequest("p", NOW),))
+    desired = sm.DesiredState(
+        one_card, {s.name: s for s in serves}, (sm.OnDemandRequest("p", NOW),)
+    )
     p = plan(desired, observed("s", "v", in_flight=counts(s=0, v=1)))
     # 3000 free, 6000 short: s asleep frees 3000 and v stopped 3000
     assert {s.serve: s.action for s in p.steps if s.serve in ("s", "v")} == {
@@ -314,13 +298,15 @@ def test_the_plan_says_which_victims_it_chose_for_each_requester_as_it_weighed_t
 
 
 def test_a_start_that_stops_nothing_has_no_room_entry() -> None:
-    elastic = Elastic("http://127.0.0.1:1", floor_mib=1000, segment_mib=500)
-    one_card = {"a": GpuRole("a", 10000)}
+    elastic = sm.Elastic("http://127.0.0.1:1", floor_mib=1000, segment_mib=500)
+    one_card = {"a": sm.GpuRole("a", 10000)}
     serves = [
         pinned("e", 4000, "a", elastic=elastic),
-        ServeSpec("p", "c-p", gpu_roles=("a",), vram_mib=8000, residency=Residency.ON_DEMAND),
+        sm.ServeSpec("p", "c-p", gpu_roles=("a",), vram_mib=8000, residency=sm.Residency.ON_DEMAND),
     ]
-    desired = DesiredState(one_card, {s.name: s for s in serves}, (OnDemandRequest("p", NOW),))
+    desired = sm.DesiredState(
+        one_card, {s.name: s for s in serves}, (sm.OnDemandRequest("p", NOW),)
+    )
     p = plan(desired, observed("e"))
     assert [s.action for s in p.steps][:1] == [Action.SHRINK]
     assert p.room == {}
@@ -338,22 +324,24 @@ def test_the_stops_a_start_forces_are_in_its_room_as_the_victim_search_weighs_a_
     # p needs a to itself of x (exclusive) and the port of q (outside the ledger): both
     # are stopped for it, with no victim search (x's 6000 back, p fits); each recorded
     # at what it holds and by its cold start (x's wake does not count: it is stopped)
-    one_card = {"a": GpuRole("a", 10000)}
-    x = ServeSpec(
+    one_card = {"a": sm.GpuRole("a", 10000)}
+    x = sm.ServeSpec(
         "x",
         "c-x",
         gpu_roles=("a",),
         vram_mib=6000,
-        residency=Residency.EVICTABLE,
+        residency=sm.Residency.EVICTABLE,
         exclusive=True,
         cold_start_s=30.0,
-        sleep=Sleep(level=2, residual_mib=1000, protocol="vllm", wake_s=2.0),
+        sleep=sm.Sleep(level=2, residual_mib=1000, protocol="vllm", wake_s=2.0),
     )
-    q = ServeSpec("q", "c-q", gpu_roles=("a",), residency=Residency.EVICTABLE, port=8000)
-    p = ServeSpec(
-        "p", "c-p", gpu_roles=("a",), vram_mib=8000, residency=Residency.ON_DEMAND, port=8000
+    q = sm.ServeSpec("q", "c-q", gpu_roles=("a",), residency=sm.Residency.EVICTABLE, port=8000)
+    p = sm.ServeSpec(
+        "p", "c-p", gpu_roles=("a",), vram_mib=8000, residency=sm.Residency.ON_DEMAND, port=8000
     )
-    desired = DesiredState(one_card, {s.name: s for s in (x, q, p)}, (OnDemandRequest("p", NOW),))
+    desired = sm.DesiredState(
+        one_card, {s.name: s for s in (x, q, p)}, (sm.OnDemandRequest("p", NOW),)
+    )
     result = plan(desired, observed("x", "q"))
     assert stopped(result) == {"q", "x"}
     assert result.room == {

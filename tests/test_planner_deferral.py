@@ -13,8 +13,8 @@ lines, written from the rules.
 
 from __future__ import annotations
 
-from test_planner_edges import lines, plan_of, starts
-from test_planner_rules import EVI, OND, RES, RUN, Case, req, serve, up
+from support.plan_cases import EVI, OND, RES, RUN, Case, req, serve, up
+from support.plan_lines import lines, plan_of, starts
 
 from statemachine.planner import Policy
 from statemachine.types import ServeSpec

@@ -11,58 +11,12 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from test_planner_rules import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
+from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
+from support.plan_lines import ELASTIC, lines, plan_of, starts
 
-from statemachine.planner import Action, Plan, Policy, plan_transitions
-from statemachine.simulate import apply_plan, ledger_prefixes
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    Elastic,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-    StartingObs,
-)
-
-ELASTIC = "http://127.0.0.1:1"
-
-
-def plan_of(
-    case: Case,
-    policy: Policy | None = None,
-    starting: dict[str, int] | None = None,
-    unreleased: frozenset[str] = frozenset(),
-) -> Plan:
-    desired, observed = _build(case)
-    if starting:
-        # a start in progress on the roles its serve declares, at the MiB given
-        observed = replace(
-            observed,
-            starting={
-                n: StartingObs(desired.serves[n].gpu_roles, mib) for n, mib in starting.items()
-            },
-        )
-    if unreleased:
-        observed = replace(observed, unreleased=unreleased)
-    plan = plan_transitions(desired, observed, policy or Policy(), NOW)
-    for step, ledger in ledger_prefixes(plan):
-        assert not hasattr(ledger, "kind"), f"{step}: {ledger}"
-    return plan
-
-
-def lines(plan: Plan) -> list[str]:
-    return [f"{s.action} {s.serve}" for s in plan.steps]
-
-
-START = ["reserve {0}", "start {0}", "await_ready {0}"]
-
-
-def starts(*names: str) -> list[str]:
-    return [line.format(n) for n in names for line in START]
-
+from statemachine import types as sm
+from statemachine.planner import Action, Policy, plan_transitions
+from statemachine.simulate import apply_plan
 
 # ----- start order --------------------------------------------------------------------------
 ORDER: dict[str, Case] = {
@@ -129,7 +83,7 @@ def shrink_case(
                 20_000,
                 EVI,
                 RUN,
-                elastic=Elastic(ELASTIC, floor, segment_mib=segment),
+                elastic=sm.Elastic(ELASTIC, floor, segment_mib=segment),
                 min_runtime_s=min_runtime_s,
             ),
             serve("omni", 8000, EVI, RUN),
@@ -173,9 +127,9 @@ def test_a_shrink_one_mib_short_of_the_shortfall_evicts_instead() -> None:
 def test_shrinks_take_from_the_largest_giver_first_and_only_what_is_needed() -> None:
     case = Case(
         [
-            serve("small", 9000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, segment_mib=1000)),
-            serve("large", 10_000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, segment_mib=1000)),
-            serve("still", 9000, EVI, RUN, elastic=Elastic(ELASTIC, 9000, segment_mib=1000)),
+            serve("small", 9000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 7000, segment_mib=1000)),
+            serve("large", 10_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 7000, segment_mib=1000)),
+            serve("still", 9000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 9000, segment_mib=1000)),
             serve("llm", 6000, OND),
         ],
         # budget 30000, committed 28000, free 2000, short 4000; small gives 2000, large
@@ -199,8 +153,8 @@ def test_the_largest_giver_is_shrunk_first_whatever_its_name() -> None:
     name, keeps what it holds."""
     case = Case(
         [
-            serve("alpha", 9000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, segment_mib=1000)),
-            serve("zulu", 12_000, EVI, RUN, elastic=Elastic(ELASTIC, 7000, segment_mib=1000)),
+            serve("alpha", 9000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 7000, segment_mib=1000)),
+            serve("zulu", 12_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 7000, segment_mib=1000)),
             serve("still", 7000, EVI, RUN),
             serve("llm", 6000, OND),
         ],
@@ -225,7 +179,7 @@ def test_a_giver_on_two_roles_shrinks_for_the_one_that_is_short() -> None:
                 EVI,
                 RUN,
                 roles=("a", "b"),
-                elastic=Elastic(ELASTIC, 10_000, segment_mib=1000),
+                elastic=sm.Elastic(ELASTIC, 10_000, segment_mib=1000),
             ),
             serve("omni", 8000, RES, RUN),
             serve("llm", 6000, OND),
@@ -245,8 +199,8 @@ def test_a_giver_on_two_roles_shrinks_for_the_one_that_is_short() -> None:
 def test_a_serve_already_at_its_floor_gives_no_zero_mib_shrink() -> None:
     case = Case(
         [
-            serve("aaa", 9000, EVI, RUN, elastic=Elastic(ELASTIC, 9000)),  # at its floor
-            serve("moe", 19_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000, segment_mib=1000)),
+            serve("aaa", 9000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 9000)),  # at its floor
+            serve("moe", 19_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 10_000, segment_mib=1000)),
             serve("llm", 6000, OND),
         ],
         {"aaa": up(), "moe": up()},
@@ -305,7 +259,7 @@ def test_min_runtime_boundary(age: float, min_runtime_s: float, expected: list[s
 
 def test_unknown_start_time_is_not_protected() -> None:
     case = min_runtime_case(None, 600.0)
-    case.running = {"omni": ContainerObs(ContainerState.RUNNING, health="healthy")}
+    case.running = {"omni": sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy")}
     assert lines(plan_of(case)) == EVICTS
 
 
@@ -322,7 +276,7 @@ def test_a_blocked_start_states_the_whole_arithmetic() -> None:
         [
             serve("stt", 12_000, RES, RUN),
             serve("omni", 8000, EVI, RUN, min_runtime_s=600),
-            serve("moe", 6000, EVI, RUN, elastic=Elastic(ELASTIC, 5000)),
+            serve("moe", 6000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 5000)),
             serve("llm", 20_000, OND),
         ],
         {"stt": up(), "omni": up(started=NOW - 60), "moe": up()},
@@ -364,7 +318,7 @@ def test_an_empty_role_says_nothing_is_committed() -> None:
 def test_grow_back_takes_what_the_budget_allows() -> None:
     case = Case(
         [
-            serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000)),
+            serve("moe", 20_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 10_000)),
             serve("omni", 12_000, EVI, RUN),
         ],
         {"moe": up(), "omni": up()},
@@ -382,7 +336,7 @@ def test_grow_back_takes_what_the_budget_allows() -> None:
 
 def test_grow_back_to_the_full_reservation_and_not_beyond() -> None:
     case = Case(
-        [serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000))],
+        [serve("moe", 20_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 10_000))],
         {"moe": up()},
         ["grow moe"],
         elastic_mib={"moe": 19_999},
@@ -492,8 +446,8 @@ def test_shrinks_cover_the_shortfall_to_the_last_mib() -> None:
     # short 4000: large can give 3999 (1 MiB segments), small just 1 MiB: it gives it
     case = Case(
         [
-            serve("large", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 16_001, segment_mib=1)),
-            serve("small", 8000, EVI, RUN, elastic=Elastic(ELASTIC, 7999, segment_mib=1)),
+            serve("large", 20_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 16_001, segment_mib=1)),
+            serve("small", 8000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 7999, segment_mib=1)),
             serve("llm", 6000, OND),
         ],
         {"large": up(), "small": up()},
@@ -513,9 +467,13 @@ def test_a_giver_on_a_role_already_covered_gives_nothing() -> None:
     seg1 = {"segment_mib": 1}
     case = Case(
         [
-            serve("a1", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 15_000, **seg1)),
-            serve("a2", 10_000, EVI, RUN, roles=("a", "c"), elastic=Elastic(ELASTIC, 7000, **seg1)),
-            serve("b1", 29_000, EVI, RUN, roles=("b",), elastic=Elastic(ELASTIC, 26_500, **seg1)),
+            serve("a1", 20_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 15_000, **seg1)),
+            serve(
+                "a2", 10_000, EVI, RUN, roles=("a", "c"), elastic=sm.Elastic(ELASTIC, 7000, **seg1)
+            ),
+            serve(
+                "b1", 29_000, EVI, RUN, roles=("b",), elastic=sm.Elastic(ELASTIC, 26_500, **seg1)
+            ),
             serve("llm", 3000, OND, roles=("a", "b")),
         ],
         {"a1": up(), "a2": up(), "b1": up()},
@@ -823,7 +781,7 @@ def test_a_serve_started_in_this_plan_is_shrunk_unless_min_runtime_protects_it(
                 20_000,
                 RES,
                 RUN,
-                elastic=Elastic(ELASTIC, 10_000, segment_mib=1),
+                elastic=sm.Elastic(ELASTIC, 10_000, segment_mib=1),
                 min_runtime_s=min_runtime_s,
             ),
             serve("llm", 12_000, OND),
@@ -910,7 +868,7 @@ def test_a_start_in_progress_is_not_grown_even_with_room() -> None:
     # moe holds 14000 of its 20000 (shrunk before this start) and the room is free: it
     # is grown only once its start has ended
     case = Case(
-        [serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000))],
+        [serve("moe", 20_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 10_000))],
         {"moe": up()},
         [],
         elastic_mib={"moe": 14_000},
@@ -925,7 +883,7 @@ def test_grow_back_comes_before_backfill_and_is_its_own_group() -> None:
     running that would have fitted in the room before it is blocked."""
     case = Case(
         [
-            serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000)),
+            serve("moe", 20_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 10_000)),
             serve("fill", 12_000, EVI, RUN),
         ],
         {"moe": up()},
@@ -946,8 +904,8 @@ def test_grow_back_looks_past_serves_that_do_not_run_or_are_full() -> None:
     case = Case(
         [
             serve("idle", 1000, EVI),
-            serve("full", 4000, EVI, RUN, elastic=Elastic(ELASTIC, 1000)),
-            serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000)),
+            serve("full", 4000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 1000)),
+            serve("moe", 20_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 10_000)),
         ],
         {"full": up(), "moe": up()},
         [],
@@ -961,7 +919,7 @@ def test_grow_back_to_full_when_the_room_is_exactly_what_is_missing() -> None:
     # is not a whole number of 512 MiB segments (11 of them are 5632)
     case = Case(
         [
-            serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 10_000)),
+            serve("moe", 20_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 10_000)),
             serve("omni", 10_000, EVI, RUN),
         ],
         {"moe": up(), "omni": up()},
@@ -993,7 +951,7 @@ def test_an_exited_holder_whose_memory_is_not_back_does_not_end_the_search_for_v
     # protected, and omni is still found as the victim: free 5000 + 20000 covers llm
     case = Case(
         [serve("gone", 5000, EVI), serve("omni", 20_000, EVI, RUN), serve("llm", 20_000, OND)],
-        {"gone": ContainerObs(ContainerState.EXITED, exit_code=0), "omni": up()},
+        {"gone": sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0), "omni": up()},
         [],
         requests=[req("llm")],
     )
@@ -1005,8 +963,8 @@ def test_an_exited_elastic_serve_whose_memory_is_not_back_is_not_grown() -> None
     # moe was shrunk to 14000 and then exited; NVML still shows its memory, so the ledger
     # counts it, but nothing is grown for a serve that does not run
     case = Case(
-        [serve("moe", 20_000, EVI, elastic=Elastic(ELASTIC, 10_000))],
-        {"moe": ContainerObs(ContainerState.EXITED, exit_code=0)},
+        [serve("moe", 20_000, EVI, elastic=sm.Elastic(ELASTIC, 10_000))],
+        {"moe": sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)},
         [],
         elastic_mib={"moe": 14_000},
     )
@@ -1022,7 +980,7 @@ def test_an_elastic_serve_without_a_reservation_is_not_grown() -> None:
     from statemachine.types import StartedWith
 
     case = Case(
-        [serve("moe", None, EVI, RUN, elastic=Elastic(ELASTIC, 1000, segment_mib=1000))],
+        [serve("moe", None, EVI, RUN, elastic=sm.Elastic(ELASTIC, 1000, segment_mib=1000))],
         {"moe": up()},
         [],
         elastic_mib={"moe": 4000},
@@ -1047,7 +1005,12 @@ def test_a_backfill_that_does_not_fit_lists_every_holder_of_its_role_as_protecte
             serve("other", 8_000, EVI, RUN, roles=("b",)),
             serve("big", 10_000, EVI, RUN),
         ],
-        {"res": up(), "old": up(), "other": up(), "gone": ContainerObs(ContainerState.EXITED)},
+        {
+            "res": up(),
+            "old": up(),
+            "other": up(),
+            "gone": sm.ContainerObs(sm.ContainerState.EXITED),
+        },
         [],
         roles={"a": (32_000, 2_000), "b": (32_000, 2_000)},
     )
@@ -1153,7 +1116,7 @@ def test_a_shrink_for_a_requester_retries_what_was_blocked_before_it() -> None:
     case = Case(
         [
             serve("res", 2_500, RES, RUN),
-            serve("moe", 20_000, EVI, RUN, elastic=Elastic(ELASTIC, 8_000, segment_mib=4_000)),
+            serve("moe", 20_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 8_000, segment_mib=4_000)),
             serve("held", 9_000, RES, RUN),
             serve("od", 2_000, OND),
         ],
@@ -1270,7 +1233,7 @@ def test_a_requester_whose_memory_is_not_back_claims_no_room_ahead() -> None:
     assert "not back yet" in plan.blocked[0].reason
 
 
-def _ahead_case(later: ServeSpec) -> Case:
+def _ahead_case(later: sm.ServeSpec) -> Case:
     """Budget 30000, 28000 held (e-small 4000, e-big 10000, res 14000): ``r1`` (older,
     6000) is 4000 short, which e-small covers alone; ``later``, asked for after, would
     make e-big the one victim that covers both if ``r1`` claimed room for it."""
@@ -1474,10 +1437,10 @@ def test_a_start_that_needs_a_woken_sleepers_shrink_is_not_left_to_the_next_plan
                 500,
                 EVI,
                 RUN,
-                elastic=Elastic(ELASTIC, 1, segment_mib=1),
-                sleep=Sleep(1, 140, SleepProtocol.VLLM),
+                elastic=sm.Elastic(ELASTIC, 1, segment_mib=1),
+                sleep=sm.Sleep(1, 140, sm.SleepProtocol.VLLM),
             ),
-            serve("charlie", 860, RES, RUN, elastic=Elastic(ELASTIC, 361, segment_mib=1)),
+            serve("charlie", 860, RES, RUN, elastic=sm.Elastic(ELASTIC, 361, segment_mib=1)),
             serve("s03", 500, OND, RUN),
         ],
         {"bravo": up(), "charlie": up()},
@@ -1486,7 +1449,7 @@ def test_a_start_that_needs_a_woken_sleepers_shrink_is_not_left_to_the_next_plan
         elastic_mib={"bravo": 140},
     )
     desired, observed = _build(case)
-    observed = replace(observed, sleep={"bravo": SleepObs(SleepState.ASLEEP, level=1)})
+    observed = replace(observed, sleep={"bravo": sm.SleepObs(sm.SleepState.ASLEEP, level=1)})
     plan = plan_transitions(desired, observed, Policy(), NOW)
     assert [b.serve for b in plan.blocked] == []  # today: s03, left to the next plan
     assert [(s.action, s.to_mib) for s in plan.steps if s.serve == "charlie"] == [

@@ -9,29 +9,21 @@ is replayed through the ledger (never over budget).
 
 from __future__ import annotations
 
-from test_planner_edges import ELASTIC, lines, plan_of, starts
-from test_planner_rules import EVI, NOW, OND, RES, RUN, Case, req, serve, up
+from support.plan_cases import EVI, NOW, OND, RES, RUN, Case, req, serve, up
+from support.plan_lines import ELASTIC, lines, plan_of, starts
 from test_planner_sleep import STT, asleep, plan, sleep, sv
 
+from statemachine import types as sm
 from statemachine.plan import Action
 from statemachine.planner import plan_transitions
 from statemachine.simulate import ledger_prefixes
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    StartedWith,
-)
 
 
 def test_a_wake_back_to_exactly_its_residual_reserves_nothing_more_and_says_so() -> None:
     """An elastic serve shrunk to 1000 before it slept at a residual of 1000: awake it
     holds what it holds asleep; the wake reserves 0 MiB more, from its residual 1000
     back to 1000 (not "less than its residual": it is not below it)."""
-    el = Elastic("http://127.0.0.1:1", floor_mib=500, segment_mib=512)
+    el = sm.Elastic("http://127.0.0.1:1", floor_mib=500, segment_mib=512)
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(residual=1000), elastic=el)
     _d, _o, result = plan(
         [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, elastic_mib={"coder": 1000}
@@ -47,7 +39,7 @@ def test_a_wake_back_to_exactly_its_residual_reserves_nothing_more_and_says_so()
 def test_a_wake_below_its_residual_says_by_how_much() -> None:
     """Shrunk to 800 before it slept at a residual of 1000: the wake says the engine
     holds 800 awake, 200 MiB less than its residual 1000."""
-    el = Elastic("http://127.0.0.1:1", floor_mib=500, segment_mib=512)
+    el = sm.Elastic("http://127.0.0.1:1", floor_mib=500, segment_mib=512)
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(residual=1000), elastic=el)
     _d, _o, result = plan(
         [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, elastic_mib={"coder": 800}
@@ -65,8 +57,8 @@ def test_a_sleeper_outside_the_ledger_is_woken_without_a_reservation() -> None:
     """A sleeping serve on a GPU role without a capacity row is outside the ledger: its
     wake reserves nothing (no MiB) and says so, then wakes and reloads it."""
     coder = serve("coder", 16_000, EVI, RUN, roles=("x",), sleep=sleep(residual=1000, level=2))
-    desired = DesiredState({"a": GpuRole("a", 32_000, 2_000)}, {"coder": coder})
-    observed = Observed(True, {"c-coder": up()}, sleep={"coder": asleep(level=2)})
+    desired = sm.DesiredState({"a": sm.GpuRole("a", 32_000, 2_000)}, {"coder": coder})
+    observed = sm.Observed(True, {"c-coder": up()}, sleep={"coder": asleep(level=2)})
     result = plan_transitions(desired, observed, None, NOW)
     assert lines(result) == [
         "reserve_wake coder",
@@ -85,14 +77,16 @@ def test_a_grow_below_a_larger_start_record_stays_under_the_declared_figure() ->
     at unshrunk), shrunk to 6000; 5000 free is less than the 6000 back to full, so
     the grow takes whole 1 MiB segments up to one below the declared 10000 (a grow to
     10000 or more is one back to full): 3999 MiB, to 9999."""
-    moe = serve("moe", 10_000, EVI, RUN, elastic=Elastic(ELASTIC, 1000, segment_mib=1))
+    moe = serve("moe", 10_000, EVI, RUN, elastic=sm.Elastic(ELASTIC, 1000, segment_mib=1))
     omni = serve("omni", 19_000, EVI, RUN)
-    desired = DesiredState({"a": GpuRole("a", 32_000, 2_000)}, {s.name: s for s in (moe, omni)})
-    observed = Observed(
+    desired = sm.DesiredState(
+        {"a": sm.GpuRole("a", 32_000, 2_000)}, {s.name: s for s in (moe, omni)}
+    )
+    observed = sm.Observed(
         True,
         {"c-moe": up(), "c-omni": up()},
         elastic_mib={"moe": 6000},
-        started_with={"c-moe": StartedWith("moe", ("a",), 12_000)},
+        started_with={"c-moe": sm.StartedWith("moe", ("a",), 12_000)},
     )
     result = plan_transitions(desired, observed, None, NOW)
     for step, ledger in ledger_prefixes(result):
@@ -107,15 +101,15 @@ def test_grow_back_looks_past_an_elastic_serve_that_sleeps_or_runs_outside_the_l
     """Declared first: an elastic serve asleep, not wanted (nothing to grow) and one running on a
     role without a capacity row (nothing counted to grow); the third, shrunk to 14000
     of 20000 with the room free, is grown back to full."""
-    el = Elastic(ELASTIC, 1000)
+    el = sm.Elastic(ELASTIC, 1000)
     sleeper = serve("a-sleeper", 8000, EVI, None, elastic=el, sleep=sleep(residual=1000))
     outside = serve("b-outside", 8000, EVI, RUN, roles=("x",), elastic=el)
     moe = serve("c-moe", 20_000, EVI, RUN, elastic=el)
-    desired = DesiredState(
-        {"a": GpuRole("a", 32_000, 2_000)}, {s.name: s for s in (sleeper, outside, moe)}
+    desired = sm.DesiredState(
+        {"a": sm.GpuRole("a", 32_000, 2_000)}, {s.name: s for s in (sleeper, outside, moe)}
     )
-    running = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
-    observed = Observed(
+    running = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
+    observed = sm.Observed(
         True,
         {f"c-{s.name}": running for s in (sleeper, outside, moe)},
         elastic_mib={"c-moe": 14_000},

@@ -9,60 +9,39 @@ shell's tests (tests/test_foreign.py, tests/test_cli_polish.py); here they impor
 
 from __future__ import annotations
 
+from support.core import spec
+
+from statemachine import types as sm
 from statemachine.fit import fit_serve
 from statemachine.plan import Action, Policy
 from statemachine.planner import plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-)
 
 NOW = 1_000_000.0
 
 
-def _spec(name: str, residency: Residency, mib: int, **kw: object) -> ServeSpec:
-    return ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=residency,
-        compose_project="ours",
-        **kw,  # type: ignore[arg-type]
-    )
+def _spec(name: str, residency: sm.Residency, mib: int, **kw: object) -> sm.ServeSpec:
+    return spec(name, mib, residency, compose_project="ours", **kw)
 
 
-def _host(*serves: ServeSpec, requests: tuple[OnDemandRequest, ...] = ()) -> DesiredState:
-    return DesiredState(
-        roles={"a": GpuRole("a", 10_000)},
+def _host(*serves: sm.ServeSpec, requests: tuple[sm.OnDemandRequest, ...] = ()) -> sm.DesiredState:
+    return sm.DesiredState(
+        roles={"a": sm.GpuRole("a", 10_000)},
         serves={s.name: s for s in serves},
         requests=requests,
     )
 
 
-def _running(project: str) -> ContainerObs:
-    return ContainerObs(
-        ContainerState.RUNNING, started_at=NOW - 3600, compose_project=project, exit_code=0
+def _running(project: str) -> sm.ContainerObs:
+    return sm.ContainerObs(
+        sm.ContainerState.RUNNING, started_at=NOW - 3600, compose_project=project, exit_code=0
     )
 
 
 def test_an_evictable_serve_whose_container_is_anothers_is_never_the_victim() -> None:
-    ocr = _spec("ocr", Residency.EVICTABLE, 6000, desired=DesiredRun.RUNNING)
-    fast = _spec("fast", Residency.ON_DEMAND, 6000)
-    desired = _host(ocr, fast, requests=(OnDemandRequest("fast", NOW - 1),))
-    theirs = Observed(docker_ok=True, containers={"c-ocr": _running("theirs")})
+    ocr = _spec("ocr", sm.Residency.EVICTABLE, 6000, desired=sm.DesiredRun.RUNNING)
+    fast = _spec("fast", sm.Residency.ON_DEMAND, 6000)
+    desired = _host(ocr, fast, requests=(sm.OnDemandRequest("fast", NOW - 1),))
+    theirs = sm.Observed(docker_ok=True, containers={"c-ocr": _running("theirs")})
     plan = plan_transitions(desired, theirs, Policy(), NOW)
     assert plan.steps == ()
     (blocked,) = plan.blocked
@@ -74,26 +53,26 @@ def test_an_evictable_serve_whose_container_is_anothers_is_never_the_victim() ->
         "(never started, stopped or removed)"
     )
     # the same container of its own project is evicted as any evictable serve
-    ours = Observed(docker_ok=True, containers={"c-ocr": _running("ours")})
+    ours = sm.Observed(docker_ok=True, containers={"c-ocr": _running("ours")})
     steps = [(s.action, s.serve) for s in plan_transitions(desired, ours, Policy(), NOW).steps]
     assert (Action.STOP, "ocr") in steps and (Action.START, "fast") in steps
 
 
 def test_a_fit_without_a_docker_reading_is_unknown_not_a_no() -> None:
-    fast = _spec("fast", Residency.ON_DEMAND, 6000)
-    unread = Observed(docker_ok=False)
+    fast = _spec("fast", sm.Residency.ON_DEMAND, 6000)
+    unread = sm.Observed(docker_ok=False)
     answer = fit_serve(_host(fast), unread, "fast", now=NOW)
     assert answer.known is False
     assert answer.fits is False  # nothing is admitted on it
     assert answer.to_json()["fits"] is None
-    read = fit_serve(_host(fast), Observed(docker_ok=True), "fast", now=NOW)
+    read = fit_serve(_host(fast), sm.Observed(docker_ok=True), "fast", now=NOW)
     assert read.known is True and read.fits is True
     assert read.to_json()["fits"] is True
 
 
-def _exited(project: str) -> ContainerObs:
-    return ContainerObs(
-        ContainerState.EXITED, started_at=NOW - 3600, compose_project=project, exit_code=0
+def _exited(project: str) -> sm.ContainerObs:
+    return sm.ContainerObs(
+        sm.ContainerState.EXITED, started_at=NOW - 3600, compose_project=project, exit_code=0
     )
 
 
@@ -102,12 +81,12 @@ def test_a_stopped_container_of_another_project_is_never_started_and_says_why() 
     ``b-asked`` (requested) belong to another project: neither is started, each blocked
     with why; ``c-idle`` (foreign too, wanted by nobody) is not mentioned; ``d-ours``,
     declared after them all, starts."""
-    wanted = _spec("a-wanted", Residency.RESIDENT, 1000, desired=DesiredRun.RUNNING)
-    asked = _spec("b-asked", Residency.ON_DEMAND, 1000)
-    idle = _spec("c-idle", Residency.EVICTABLE, 1000)
-    ours = _spec("d-ours", Residency.RESIDENT, 1000, desired=DesiredRun.RUNNING)
-    desired = _host(wanted, asked, idle, ours, requests=(OnDemandRequest("b-asked", NOW - 1),))
-    observed = Observed(
+    wanted = _spec("a-wanted", sm.Residency.RESIDENT, 1000, desired=sm.DesiredRun.RUNNING)
+    asked = _spec("b-asked", sm.Residency.ON_DEMAND, 1000)
+    idle = _spec("c-idle", sm.Residency.EVICTABLE, 1000)
+    ours = _spec("d-ours", sm.Residency.RESIDENT, 1000, desired=sm.DesiredRun.RUNNING)
+    desired = _host(wanted, asked, idle, ours, requests=(sm.OnDemandRequest("b-asked", NOW - 1),))
+    observed = sm.Observed(
         docker_ok=True,
         containers={f"c-{s.name}": _exited("theirs") for s in (wanted, asked, idle)},
     )
@@ -127,11 +106,11 @@ def test_a_stopped_container_of_another_project_is_never_started_and_says_why() 
 def test_grow_back_looks_past_an_elastic_serve_whose_container_is_anothers() -> None:
     """``a-theirs`` (elastic, its running container another project's) is neither grown
     nor in the way: ``b-moe``, shrunk to 3000 of 6000 with the room free, grows back."""
-    el = Elastic("http://127.0.0.1:1", floor_mib=1000)
-    theirs = _spec("a-theirs", Residency.EVICTABLE, 2000, elastic=el)
-    moe = _spec("b-moe", Residency.EVICTABLE, 6000, desired=DesiredRun.RUNNING, elastic=el)
+    el = sm.Elastic("http://127.0.0.1:1", floor_mib=1000)
+    theirs = _spec("a-theirs", sm.Residency.EVICTABLE, 2000, elastic=el)
+    moe = _spec("b-moe", sm.Residency.EVICTABLE, 6000, desired=sm.DesiredRun.RUNNING, elastic=el)
     desired = _host(theirs, moe)
-    observed = Observed(
+    observed = sm.Observed(
         docker_ok=True,
         containers={"c-a-theirs": _running("theirs"), "c-b-moe": _running("ours")},
         elastic_mib={"a-theirs": 1000, "b-moe": 3000},
@@ -145,11 +124,11 @@ def test_grow_back_looks_past_an_elastic_serve_whose_container_is_anothers() -> 
 def test_a_running_container_of_another_project_is_never_stopped_whatever_is_declared() -> None:
     """A serve desired stopped, or whose request ended, is stopped, unless the container
     bearing its name is another project's: that one is left running (never stopped)."""
-    off = _spec("off", Residency.EVICTABLE, 1000, desired=DesiredRun.STOPPED)
-    done = _spec("done", Residency.ON_DEMAND, 1000, idle_ttl_s=60.0)
-    ours = _spec("ours", Residency.EVICTABLE, 1000, desired=DesiredRun.STOPPED)
-    desired = _host(off, done, ours, requests=(OnDemandRequest("done", NOW - 3600),))
-    observed = Observed(
+    off = _spec("off", sm.Residency.EVICTABLE, 1000, desired=sm.DesiredRun.STOPPED)
+    done = _spec("done", sm.Residency.ON_DEMAND, 1000, idle_ttl_s=60.0)
+    ours = _spec("ours", sm.Residency.EVICTABLE, 1000, desired=sm.DesiredRun.STOPPED)
+    desired = _host(off, done, ours, requests=(sm.OnDemandRequest("done", NOW - 3600),))
+    observed = sm.Observed(
         docker_ok=True,
         containers={
             "c-off": _running("theirs"),
@@ -169,14 +148,14 @@ def test_an_elastic_serve_whose_container_is_anothers_is_never_shrunk() -> None:
     by the whole segments that cover the shortfall."""
     moe = _spec(
         "moe",
-        Residency.EVICTABLE,
+        sm.Residency.EVICTABLE,
         6000,
-        desired=DesiredRun.RUNNING,
-        elastic=Elastic("http://127.0.0.1:1", 1000),
+        desired=sm.DesiredRun.RUNNING,
+        elastic=sm.Elastic("http://127.0.0.1:1", 1000),
     )
-    fast = _spec("fast", Residency.ON_DEMAND, 6000)
-    desired = _host(moe, fast, requests=(OnDemandRequest("fast", NOW - 1),))
-    theirs = Observed(docker_ok=True, containers={"c-moe": _running("theirs")})
+    fast = _spec("fast", sm.Residency.ON_DEMAND, 6000)
+    desired = _host(moe, fast, requests=(sm.OnDemandRequest("fast", NOW - 1),))
+    theirs = sm.Observed(docker_ok=True, containers={"c-moe": _running("theirs")})
     plan = plan_transitions(desired, theirs, Policy(), NOW)
     assert plan.steps == ()
     (blocked,) = plan.blocked
@@ -184,7 +163,7 @@ def test_an_elastic_serve_whose_container_is_anothers_is_never_shrunk() -> None:
     assert "free 4000; needs 6000; short 2000; evictable 0; shrinkable 0" in blocked.reason
     assert blocked.shrinkable_mib == (("a", 0),)
     assert [p.serve for p in blocked.protected] == ["moe"]
-    ours = Observed(docker_ok=True, containers={"c-moe": _running("ours")})
+    ours = sm.Observed(docker_ok=True, containers={"c-moe": _running("ours")})
     steps = plan_transitions(desired, ours, Policy(), NOW).steps
     assert [(s.action, s.serve, s.mib) for s in steps][:2] == [
         (Action.SHRINK, "moe", 2048),
@@ -197,13 +176,17 @@ def test_a_quiesced_serve_whose_container_is_anothers_is_not_readmitted() -> Non
     tier, left quiesced, is not readmitted while that container runs; the same
     container of its own project is readmitted."""
     omni = _spec(
-        "omni", Residency.EVICTABLE, 3000, desired=DesiredRun.RUNNING, router_tier="omni-local"
+        "omni",
+        sm.Residency.EVICTABLE,
+        3000,
+        desired=sm.DesiredRun.RUNNING,
+        router_tier="omni-local",
     )
     desired = _host(omni)
     quiesced = frozenset({"omni"})
-    theirs = Observed(True, {"c-omni": _running("theirs")}, quiesced=quiesced)
+    theirs = sm.Observed(True, {"c-omni": _running("theirs")}, quiesced=quiesced)
     assert plan_transitions(desired, theirs, Policy(), NOW).steps == ()
-    ours = Observed(True, {"c-omni": _running("ours")}, quiesced=quiesced)
+    ours = sm.Observed(True, {"c-omni": _running("ours")}, quiesced=quiesced)
     steps = plan_transitions(desired, ours, Policy(), NOW).steps
     assert [(s.action, s.serve) for s in steps] == [(Action.READMIT, "omni")]
 
@@ -214,17 +197,17 @@ def test_a_sleeper_whose_container_is_anothers_is_never_woken() -> None:
     reported as blocked; the same container of its own project is woken."""
     coder = _spec(
         "coder",
-        Residency.EVICTABLE,
+        sm.Residency.EVICTABLE,
         3000,
-        desired=DesiredRun.RUNNING,
-        sleep=Sleep(1, 500, SleepProtocol.VLLM),
+        desired=sm.DesiredRun.RUNNING,
+        sleep=sm.Sleep(1, 500, sm.SleepProtocol.VLLM),
     )
     desired = _host(coder)
-    asleep = {"coder": SleepObs(SleepState.ASLEEP, level=1)}
-    theirs = Observed(True, {"c-coder": _running("theirs")}, sleep=asleep)
+    asleep = {"coder": sm.SleepObs(sm.SleepState.ASLEEP, level=1)}
+    theirs = sm.Observed(True, {"c-coder": _running("theirs")}, sleep=asleep)
     plan = plan_transitions(desired, theirs, Policy(), NOW)
     assert plan.steps == () and plan.blocked == ()
-    ours = Observed(True, {"c-coder": _running("ours")}, sleep=asleep)
+    ours = sm.Observed(True, {"c-coder": _running("ours")}, sleep=asleep)
     steps = plan_transitions(desired, ours, Policy(), NOW).steps
     assert [(s.action, s.serve) for s in steps] == [
         (Action.RESERVE_WAKE, "coder"),

@@ -9,30 +9,15 @@ sleep frees ``held - residual_mib``) and pins the behaviour one mutant of
 
 from __future__ import annotations
 
+from statemachine import types as sm
 from statemachine.ledger import Ledger
 from statemachine.plan import Action, Plan
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan, ledger_prefixes
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-)
 
 NOW = 10_000.0
-UP = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
-AWAKE = SleepObs(SleepState.AWAKE)
+UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
+AWAKE = sm.SleepObs(sm.SleepState.AWAKE)
 
 
 def lines(result: Plan) -> list[str]:
@@ -44,29 +29,31 @@ def test_an_elastic_sleeper_shrunk_to_its_residual_is_stopped_not_slept() -> Non
     its residual frees nothing, so it is no sleep victim; when its MiB is needed it is
     stopped (its 300 MiB freed), while the other victim, whose sleep frees 500 MiB,
     sleeps. Counting it as sleepable (``>=``) turns the sleeps into two stops."""
-    roles = {"g0": GpuRole("g0", 1000)}
-    a = ServeSpec(
+    roles = {"g0": sm.GpuRole("g0", 1000)}
+    a = sm.ServeSpec(
         "a",
         "c-a",
         ("g0",),
         600,
-        Residency.EVICTABLE,
-        DesiredRun.RUNNING,
-        sleep=Sleep(2, 100, SleepProtocol.VLLM),
+        sm.Residency.EVICTABLE,
+        sm.DesiredRun.RUNNING,
+        sleep=sm.Sleep(2, 100, sm.SleepProtocol.VLLM),
     )
-    b = ServeSpec(
+    b = sm.ServeSpec(
         "b",
         "c-b",
         ("g0",),
         1000,
-        Residency.EVICTABLE,
-        DesiredRun.RUNNING,
-        elastic=Elastic("http://127.0.0.1:1", floor_mib=300, segment_mib=100),
-        sleep=Sleep(2, 300, SleepProtocol.VLLM),
+        sm.Residency.EVICTABLE,
+        sm.DesiredRun.RUNNING,
+        elastic=sm.Elastic("http://127.0.0.1:1", floor_mib=300, segment_mib=100),
+        sleep=sm.Sleep(2, 300, sm.SleepProtocol.VLLM),
     )
-    q = ServeSpec("q", "c-q", ("g0",), 900, Residency.ON_DEMAND)
-    desired = DesiredState(roles, {s.name: s for s in (a, b, q)}, (OnDemandRequest("q", NOW - 1),))
-    observed = Observed(
+    q = sm.ServeSpec("q", "c-q", ("g0",), 900, sm.Residency.ON_DEMAND)
+    desired = sm.DesiredState(
+        roles, {s.name: s for s in (a, b, q)}, (sm.OnDemandRequest("q", NOW - 1),)
+    )
+    observed = sm.Observed(
         True,
         {"c-a": UP, "c-b": UP},
         elastic_mib={"b": 300},

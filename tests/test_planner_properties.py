@@ -1,4 +1,4 @@
-"""Property tests of ``plan_transitions`` over random small fleets (tests/strategies.py).
+"""Property tests of ``plan_transitions`` over random small fleets (tests/support/strategies.py).
 
 Properties (docs/design.md §3, §5):
 
@@ -32,10 +32,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from convergence import assert_converges, timeless
 from hypothesis import HealthCheck, given, note, settings
-from replay import assert_never_overcommits, first_overcommit
-from strategies import (
+from support.convergence import assert_converges, timeless
+from support.replay import assert_never_overcommits, first_overcommit
+from support.strategies import (
     NOW,
     Scenario,
     assert_reaches,
@@ -45,21 +45,11 @@ from strategies import (
     scenarios,
 )
 
+from statemachine import types as sm
 from statemachine.idleness import request_end
 from statemachine.ledger import Ledger
 from statemachine.planner import Action, Plan, plan_transitions
 from statemachine.simulate import apply_plan
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-)
 
 #: VRAMCTL_PROPERTY_EXAMPLES=5000 for a deeper search than the default run's.
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "400"))
@@ -81,7 +71,7 @@ def plan_of(sc: Scenario) -> Plan:
     return plan
 
 
-def holding(desired: DesiredState, observed: Observed) -> set[str]:
+def holding(desired: sm.DesiredState, observed: sm.Observed) -> set[str]:
     """Serves whose container holds its reservation (running / paused / restarting)."""
     return {s.name for s in desired.serves.values() if observed.container(s.container).holds}
 
@@ -112,13 +102,13 @@ def committed(ledger: Ledger) -> dict[str, int]:
     return {r: ledger.committed_mib(r) for r in ledger.roles}
 
 
-def fresh(s: ServeSpec, observed: Observed, now: float) -> bool:
+def fresh(s: sm.ServeSpec, observed: sm.Observed, now: float) -> bool:
     """Inside its min_runtime_s (anti-thrash)."""
     started = observed.container(s.container).started_at
     return s.min_runtime_s > 0 and started is not None and now - started < s.min_runtime_s
 
 
-def held_roles(plan: Plan, spec: ServeSpec) -> set[str]:
+def held_roles(plan: Plan, spec: sm.ServeSpec) -> set[str]:
     """The cards ``spec`` holds after ``plan``: its reservation's, which for a placed
     serve is the card placement chose, not every candidate it declares."""
     held = plan.ledger_after.holdings.get(spec.name)
@@ -174,8 +164,8 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
         s = d.serves[name]
         assert name not in sc.policy.hold, f"{name} started though held back"
         assert name not in runs, f"{name} already runs"
-        assert s.desired is not DesiredRun.STOPPED, f"{name} is desired stopped"
-        assert s.desired is DesiredRun.RUNNING or name in active, (
+        assert s.desired is not sm.DesiredRun.STOPPED, f"{name} is desired stopped"
+        assert s.desired is sm.DesiredRun.RUNNING or name in active, (
             f"{name} started without being desired running or requested"
         )
 
@@ -184,12 +174,12 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
             continue
         s = d.serves[step.serve]
         assert s.name in runs, f"{s.name} is stopped but does not run"
-        if s.desired is DesiredRun.STOPPED:
+        if s.desired is sm.DesiredRun.STOPPED:
             continue
-        if s.name in expired and s.desired is not DesiredRun.RUNNING:
+        if s.name in expired and s.desired is not sm.DesiredRun.RUNNING:
             continue
         # anything else is an eviction (for room, a port or exclusivity)
-        assert s.residency is Residency.EVICTABLE, (
+        assert s.residency is sm.Residency.EVICTABLE, (
             f"{s.name} ({s.residency}) stopped though not desired stopped nor expired"
         )
         assert not fresh(s, obs, sc.now), f"{s.name} evicted inside its min_runtime_s"
@@ -197,7 +187,7 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
         # (or is woken: a requester that sleeps is woken, not started)
         assert step.group in d.serves and step.group != s.name, f"{s.name}: group {step.group!r}"
         r = d.serves[step.group]
-        assert r.residency is Residency.ON_DEMAND, (
+        assert r.residency is sm.Residency.ON_DEMAND, (
             f"{s.name} evicted for {r.name}, which is {r.residency}, not on-demand"
         )
         assert any(
@@ -250,7 +240,7 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
 
 
 # ----- 3. determinism ---------------------------------------------------------------------
-def rebuilt(d: DesiredState, obs: Observed) -> tuple[DesiredState, Observed]:
+def rebuilt(d: sm.DesiredState, obs: sm.Observed) -> tuple[sm.DesiredState, sm.Observed]:
     """Fresh copies of the inputs (new objects, same dict order)."""
     d2 = replace(
         d,
@@ -280,7 +270,7 @@ def test_same_input_same_plan(sc: Scenario) -> None:
 _HASH_SEED_CHILD = """
 import hashlib, json, sys
 from hypothesis import HealthCheck, Phase, given, settings
-from strategies import every_scenario
+from support.strategies import every_scenario
 from statemachine.planner import plan_transitions
 
 def digest(text):
@@ -392,21 +382,23 @@ def test_plan_apply_plan_again_is_empty(sc: Scenario) -> None:
     assert_converges(sc, plan_of(sc))
 
 
-def _fleet(serves: list[ServeSpec], running: tuple[str, ...]) -> tuple[DesiredState, Observed]:
-    d = DesiredState({"g0": GpuRole("g0", capacity_mib=1000)}, {s.name: s for s in serves})
-    up = {s.container: ContainerObs(ContainerState.RUNNING, started_at=0.0) for s in serves}
-    return d, Observed(docker_ok=True, containers={c: up[c] for c in running})
+def _fleet(
+    serves: list[sm.ServeSpec], running: tuple[str, ...]
+) -> tuple[sm.DesiredState, sm.Observed]:
+    d = sm.DesiredState({"g0": sm.GpuRole("g0", capacity_mib=1000)}, {s.name: s for s in serves})
+    up = {s.container: sm.ContainerObs(sm.ContainerState.RUNNING, started_at=0.0) for s in serves}
+    return d, sm.Observed(docker_ok=True, containers={c: up[c] for c in running})
 
 
 def _od(
     name: str,
     mib: int,
-    residency: Residency,
+    residency: sm.Residency,
     *,
-    desired: DesiredRun | None = DesiredRun.RUNNING,
-    elastic: Elastic | None = None,
-) -> ServeSpec:
-    return ServeSpec(name, name, ("g0",), mib, residency, desired, elastic=elastic)
+    desired: sm.DesiredRun | None = sm.DesiredRun.RUNNING,
+    elastic: sm.Elastic | None = None,
+) -> sm.ServeSpec:
+    return sm.ServeSpec(name, name, ("g0",), mib, residency, desired, elastic=elastic)
 
 
 CONVERGES_NOW = [
@@ -415,9 +407,9 @@ CONVERGES_NOW = [
         # 500) want to run. res is tried first and blocked (free 200); od then evicts ev,
         # which leaves 500 free: res only starts in the next cycle.
         [
-            _od("ev", 800, Residency.EVICTABLE, desired=None),
-            _od("res", 300, Residency.RESIDENT),
-            _od("od", 500, Residency.ON_DEMAND),
+            _od("ev", 800, sm.Residency.EVICTABLE, desired=None),
+            _od("res", 300, sm.Residency.RESIDENT),
+            _od("od", 500, sm.Residency.ON_DEMAND),
         ],
         ("ev",),
         ["reserve res", "start res", "await_ready res"],
@@ -431,10 +423,10 @@ CONVERGES_NOW = [
             _od(
                 "big",
                 600,
-                Residency.ON_DEMAND,
-                elastic=Elastic("http://127.0.0.1:1", 100, segment_mib=100),
+                sm.Residency.ON_DEMAND,
+                elastic=sm.Elastic("http://127.0.0.1:1", 100, segment_mib=100),
             ),
-            _od("od", 500, Residency.ON_DEMAND),
+            _od("od", 500, sm.Residency.ON_DEMAND),
         ],
         (),
         ["shrink big", "reserve od", "start od", "await_ready od"],
@@ -446,10 +438,10 @@ CONVERGES_NOW = [
         # evicts c, leaving 400 free, and a is restarted next cycle. Evicting c alone
         # (700 free) would have started both without touching a.
         [
-            _od("a", 300, Residency.EVICTABLE),
-            _od("c", 500, Residency.EVICTABLE),
-            _od("od1", 300, Residency.ON_DEMAND),
-            _od("od2", 300, Residency.ON_DEMAND),
+            _od("a", 300, sm.Residency.EVICTABLE),
+            _od("c", 500, sm.Residency.EVICTABLE),
+            _od("od1", 300, sm.Residency.ON_DEMAND),
+            _od("od2", 300, sm.Residency.ON_DEMAND),
         ],
         ("a", "c"),
         ["stop c", "start od1", "start od2"],  # c alone makes room for both; a stays
@@ -460,7 +452,7 @@ CONVERGES_NOW = [
 
 @pytest.mark.parametrize(("serves", "running", "second"), CONVERGES_NOW)
 def test_once_one_pass_effects_now_converge(
-    serves: list[ServeSpec], running: tuple[str, ...], second: list[str]
+    serves: list[sm.ServeSpec], running: tuple[str, ...], second: list[str]
 ) -> None:
     """These needed a second cycle when the planner made one pass; now one plan does it."""
     d, obs = _fleet(serves, running)
@@ -556,7 +548,9 @@ def test_started_serves_do_not_share_a_port(sc: Scenario) -> None:
 
 # ----- a fixed shape ----------------------------------------------------------------------
 def test_empty_fleet_plans_nothing() -> None:
-    plan = plan_transitions(DesiredState(roles={}, serves={}), Observed(docker_ok=True), None, 0.0)
+    plan = plan_transitions(
+        sm.DesiredState(roles={}, serves={}), sm.Observed(docker_ok=True), None, 0.0
+    )
     assert plan.steps == () and plan.blocked == ()
 
 

@@ -14,54 +14,34 @@ import dataclasses
 
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
+from support.core import spec
 
+from statemachine import types as sm
 from statemachine.ledger import Ledger
 from statemachine.plan import Action, Plan, Policy, ReloadCost
 from statemachine.planner import plan_transitions
 from statemachine.simulate import ledger_prefixes
-from statemachine.types import (
-    NO_SOURCE,
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    HostBudget,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-)
 from statemachine.victims import RECENCY_HALF_S, reload_weight
 
 NOW = 100_000.0
-ROLES = {"a": GpuRole("a", 32_000, 2_000)}  # budget 30000
-UP = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
+ROLES = {"a": sm.GpuRole("a", 32_000, 2_000)}  # budget 30000
+UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
 
 
-def sv(name: str, mib: int, residency: Residency, *, sleeps: bool = False) -> ServeSpec:
-    return ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=residency,
-        desired=DesiredRun.RUNNING if residency is Residency.RESIDENT else None,
-        sleep=Sleep(1, 1_000, "vllm", 2_000) if sleeps else None,
-    )
+def sv(name: str, mib: int, residency: sm.Residency, *, sleeps: bool = False) -> sm.ServeSpec:
+    desired = sm.DesiredRun.RUNNING if residency is sm.Residency.RESIDENT else None
+    sleep = sm.Sleep(1, 1_000, "vllm", 2_000) if sleeps else None
+    return spec(name, mib, residency, desired=desired, sleep=sleep)
 
 
-def plan(serves: list[ServeSpec], running: list[str], policy: Policy, **obs: object) -> Plan:
-    desired = DesiredState(
+def plan(serves: list[sm.ServeSpec], running: list[str], policy: Policy, **obs: object) -> Plan:
+    desired = sm.DesiredState(
         ROLES,
         {s.name: s for s in serves},
-        (OnDemandRequest("req", NOW - 1),),
-        host=HostBudget(64_000, 0),
+        (sm.OnDemandRequest("req", NOW - 1),),
+        host=sm.HostBudget(64_000, 0),
     )
-    observed = Observed(True, {f"c-{n}": UP for n in running}, **obs)  # type: ignore[arg-type]
+    observed = sm.Observed(True, {f"c-{n}": UP for n in running}, **obs)  # type: ignore[arg-type]
     result = plan_transitions(desired, observed, policy, NOW)
     for _step, out in ledger_prefixes(result):
         assert isinstance(out, Ledger) and not out.overcommitted(), out
@@ -72,11 +52,11 @@ def victims(result: Plan) -> list[str]:
     return sorted(s.serve for s in result.steps if s.action in (Action.STOP, Action.SLEEP))
 
 
-REQ = sv("req", 10_000, Residency.ON_DEMAND)
+REQ = sv("req", 10_000, sm.Residency.ON_DEMAND)
 # 30000 budget: big 12000 + cheap 9000 + dear 9000 = 30000 committed; req needs 10000
-BIG = sv("big", 12_000, Residency.EVICTABLE)
-CHEAP = sv("cheap", 9_000, Residency.EVICTABLE)
-DEAR = sv("dear", 9_000, Residency.EVICTABLE)
+BIG = sv("big", 12_000, sm.Residency.EVICTABLE)
+CHEAP = sv("cheap", 9_000, sm.Residency.EVICTABLE)
+DEAR = sv("dear", 9_000, sm.Residency.EVICTABLE)
 SERVES = [REQ, BIG, CHEAP, DEAR]
 HELD = ["big", "cheap", "dear"]
 
@@ -95,7 +75,11 @@ def test_the_victim_cheapest_to_bring_back_wins_among_as_many_victims() -> None:
     # single-victim cover still beats two victims, whatever they cost
     assert victims(plan(SERVES, HELD, costs(big=98.0, cheap=1.0, dear=1.0))) == ["big"]
     # two that cover alone: the cheaper one is stopped, not the smaller overshoot
-    two = [REQ, sv("small", 11_000, Residency.EVICTABLE), sv("large", 19_000, Residency.EVICTABLE)]
+    two = [
+        REQ,
+        sv("small", 11_000, sm.Residency.EVICTABLE),
+        sv("large", 19_000, sm.Residency.EVICTABLE),
+    ]
     held = ["small", "large"]
     assert victims(plan(two, held, Policy())) == ["small"]
     assert victims(plan(two, held, costs(small=98.0, large=21.0))) == ["large"]
@@ -103,13 +87,21 @@ def test_the_victim_cheapest_to_bring_back_wins_among_as_many_victims() -> None:
 
 
 def test_a_victim_of_unknown_cost_is_spared_before_one_of_known_cost() -> None:
-    two = [REQ, sv("small", 11_000, Residency.EVICTABLE), sv("large", 19_000, Residency.EVICTABLE)]
+    two = [
+        REQ,
+        sv("small", 11_000, sm.Residency.EVICTABLE),
+        sv("large", 19_000, sm.Residency.EVICTABLE),
+    ]
     # large's cost is known (even a long one), small's unknown: large is taken
     assert victims(plan(two, ["small", "large"], costs(large=98.0))) == ["large"]
 
 
 def test_recency_weighs_the_cost_a_long_idle_model_is_cheap_to_lose() -> None:
-    two = [REQ, sv("small", 11_000, Residency.EVICTABLE), sv("large", 19_000, Residency.EVICTABLE)]
+    two = [
+        REQ,
+        sv("small", 11_000, sm.Residency.EVICTABLE),
+        sv("large", 19_000, sm.Residency.EVICTABLE),
+    ]
     held = ["small", "large"]
     # both take 47 s; small was used just now, large an hour ago: large goes
     used = {"small": NOW - 1.0, "large": NOW - 3_600.0}
@@ -124,8 +116,8 @@ def test_a_sleeper_is_weighed_by_its_wake_a_stop_by_its_cold_start() -> None:
     # both can sleep (freeing 10000 and 18000); small wakes in 5.4 s, large in 0.1 s
     two = [
         REQ,
-        sv("small", 11_000, Residency.EVICTABLE, sleeps=True),
-        sv("large", 19_000, Residency.EVICTABLE, sleeps=True),
+        sv("small", 11_000, sm.Residency.EVICTABLE, sleeps=True),
+        sv("large", 19_000, sm.Residency.EVICTABLE, sleeps=True),
     ]
     pol = Policy(reload={"small": ReloadCost(21.0, 5.4), "large": ReloadCost(98.0, 0.1)})
     result = plan(two, ["small", "large"], pol)
@@ -173,7 +165,7 @@ holder = st.tuples(sizes, cost, st.sampled_from(["evictable", "resident"]))
 def test_costs_never_change_how_many_victims_nor_who_may_be_one(
     holders: list[tuple[int, float | None, str]], need: int, busy: list[int | None]
 ) -> None:
-    serves = [sv("req", need, Residency.ON_DEMAND)]
+    serves = [sv("req", need, sm.Residency.ON_DEMAND)]
     reload: dict[str, ReloadCost] = {}
     committed = 0
     for i, (mib, c, kind) in enumerate(holders):
@@ -181,11 +173,11 @@ def test_costs_never_change_how_many_victims_nor_who_may_be_one(
             break
         committed += mib
         name = f"h{i}"
-        serves.append(sv(name, mib, Residency(kind)))
+        serves.append(sv(name, mib, sm.Residency(kind)))
         reload[name] = ReloadCost(c)
     held = [s.name for s in serves[1:]]
     in_flight = {
-        n: InFlightObs(b, InFlightSource.METRICS) for n, b in zip(held, busy, strict=False)
+        n: sm.InFlightObs(b, sm.InFlightSource.METRICS) for n, b in zip(held, busy, strict=False)
     }
     before = plan(serves, held, Policy(), in_flight=in_flight)
     after = plan(serves, held, Policy(reload=reload), in_flight=in_flight)
@@ -193,13 +185,13 @@ def test_costs_never_change_how_many_victims_nor_who_may_be_one(
     event("costs change who" if victims(after) != victims(before) else "costs change nothing")
     if not any(s.action is Action.START for s in after.steps):
         event("the requester is blocked")
-    residents = {s.name for s in serves if s.residency is Residency.RESIDENT}
+    residents = {s.name for s in serves if s.residency is sm.Residency.RESIDENT}
     assert not residents & set(victims(after))  # residents are never victims
     assert len(victims(after)) == len(victims(before))  # fewest victims still comes first
 
     def possibly_busy(names: list[str]) -> int:
         # a holder past the drawn counts has no source: its count is unknown (None)
-        return sum(1 for n in names if in_flight.get(n, NO_SOURCE).count != 0)
+        return sum(1 for n in names if in_flight.get(n, sm.NO_SOURCE).count != 0)
 
     assert possibly_busy(victims(after)) == possibly_busy(victims(before))
     # the requester starts in both or in neither: costs choose among covers, never refuse
@@ -210,8 +202,8 @@ def test_costs_never_change_how_many_victims_nor_who_may_be_one(
 def test_the_manifests_figures_decide_where_nothing_was_measured() -> None:
     # vramctl plan / fit / the API's decisions have no measurements: the declared
     # cold_start_s weighs the same way the loop's measured medians do
-    def declared(name: str, mib: int, cold: float) -> ServeSpec:
-        return dataclasses.replace(sv(name, mib, Residency.EVICTABLE), cold_start_s=cold)
+    def declared(name: str, mib: int, cold: float) -> sm.ServeSpec:
+        return dataclasses.replace(sv(name, mib, sm.Residency.EVICTABLE), cold_start_s=cold)
 
     two = [REQ, declared("small", 11_000, 98.0), declared("large", 19_000, 21.0)]
     assert victims(plan(two, ["small", "large"], Policy())) == ["large"]

@@ -18,7 +18,9 @@ import math
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+from support.core import spec
 
+from statemachine import types as sm
 from statemachine.ledger import Ledger
 from statemachine.plan import Action, Plan, Policy, ReloadCost
 from statemachine.planner import plan_transitions
@@ -30,46 +32,20 @@ from statemachine.reuse import (
     sleep_worth,
 )
 from statemachine.simulate import ledger_prefixes
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    HostBudget,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepState,
-    StartingObs,
-)
 
 NOW = 100_000.0
-EVI, OND, RES = Residency.EVICTABLE, Residency.ON_DEMAND, Residency.RESIDENT
-ROLES = {"a": GpuRole("a", 32_000, 2_000)}  # budget 30000
-HOST = HostBudget(64_000, 4_000)  # budget 60000
-UP = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
-ASLEEP = SleepObs(SleepState.ASLEEP, level=1)
+EVI, OND, RES = sm.Residency.EVICTABLE, sm.Residency.ON_DEMAND, sm.Residency.RESIDENT
+ROLES = {"a": sm.GpuRole("a", 32_000, 2_000)}  # budget 30000
+HOST = sm.HostBudget(64_000, 4_000)  # budget 60000
+UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
+ASLEEP = sm.SleepObs(sm.SleepState.ASLEEP, level=1)
 
 
 def sv(
-    name: str, mib: int, residency: Residency, *, host: int | None = None, **kw: object
-) -> ServeSpec:
-    sleep = None if host is None else Sleep(1, 1000, "vllm", host)
-    return ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=kw.pop("gpu_roles", ("a",)),  # type: ignore[arg-type]
-        vram_mib=mib,
-        residency=residency,
-        sleep=sleep,
-        **kw,  # type: ignore[arg-type]
-    )
+    name: str, mib: int, residency: sm.Residency, *, host: int | None = None, **kw: object
+) -> sm.ServeSpec:
+    sleep = None if host is None else sm.Sleep(1, 1000, "vllm", host)
+    return spec(name, mib, residency, roles=kw.pop("gpu_roles", ("a",)), sleep=sleep, **kw)  # type: ignore[arg-type]
 
 
 def often(times: int, last: float = NOW) -> tuple[float, ...]:
@@ -78,22 +54,22 @@ def often(times: int, last: float = NOW) -> tuple[float, ...]:
 
 
 def run(
-    serves: list[ServeSpec],
+    serves: list[sm.ServeSpec],
     running: list[str],
     requests: dict[str, float],
     policy: Policy,
     *,
     now: float = NOW,
-    roles: dict[str, GpuRole] = ROLES,
+    roles: dict[str, sm.GpuRole] = ROLES,
     **observed: object,
 ) -> Plan:
-    desired = DesiredState(
+    desired = sm.DesiredState(
         roles,
         {s.name: s for s in serves},
-        tuple(OnDemandRequest(n, at) for n, at in requests.items()),
+        tuple(sm.OnDemandRequest(n, at) for n, at in requests.items()),
         host=HOST,
     )
-    obs = Observed(True, {f"c-{n}": UP for n in running}, **observed)  # type: ignore[arg-type]
+    obs = sm.Observed(True, {f"c-{n}": UP for n in running}, **observed)  # type: ignore[arg-type]
     result = plan_transitions(desired, obs, policy, now)
     for _step, out in ledger_prefixes(result):
         assert isinstance(out, Ledger), out
@@ -171,7 +147,7 @@ def test_a_victim_costs_its_reload_times_its_rate_where_uses_are_counted() -> No
 # ── which sleepers keep the host RAM ───────────────────────────────────────────────
 
 COSTS = {n: ReloadCost(60.0, 2.0) for n in ("old", "coder", "llm")}
-STT = sv("stt", 10_000, RES, desired=DesiredRun.RUNNING)
+STT = sv("stt", 10_000, RES, desired=sm.DesiredRun.RUNNING)
 OLD = sv("old", 3000, EVI, host=50_000)  # asleep: 1000 MiB residual, 50000 of host RAM
 CODER = sv("coder", 13_000, EVI, host=20_000)  # its sleep needs 20000; 10000 are free
 LLM = sv("llm", 8000, OND)
@@ -235,7 +211,7 @@ CHEAP_WAKES = {
 }
 
 
-IDLE = {n: InFlightObs(0, InFlightSource.METRICS) for n in ("big", "sa", "sb")}
+IDLE = {n: sm.InFlightObs(0, sm.InFlightSource.METRICS) for n in ("big", "sa", "sb")}
 
 
 def by_cost(policy: Policy) -> Plan:
@@ -269,7 +245,7 @@ def test_where_sleep_alone_cannot_cover_the_popular_victim_sleeps_and_the_rare_o
     pop, rare = sv("pop", 10_000, EVI, host=4000), sv("rare", 10_000, EVI, host=4000)
     reloads = {"pop": ReloadCost(60.0, 2.0), "rare": ReloadCost(60.0, 2.0)}
     uses = {"pop": often(20), "rare": often(1, NOW - 3000.0), "req": ()}
-    idle = {n: InFlightObs(0, InFlightSource.METRICS) for n in ("pop", "rare")}
+    idle = {n: sm.InFlightObs(0, sm.InFlightSource.METRICS) for n in ("pop", "rare")}
     serves = [pop, rare, sv("req", 29_000, OND)]
     result = run(
         serves, ["pop", "rare"], {"req": NOW - 1}, Policy(reload=reloads, uses=uses), in_flight=idle
@@ -289,10 +265,10 @@ BUSY = sv("busy", 10_000, OND)
 POPULAR = sv("pop", 20_000, EVI)
 WAITER = sv("req", 10_000, OND)
 RELOADS = {"pop": ReloadCost(60.0, None), "busy": ReloadCost(30.0, None)}
-BUSY_NOW = {"busy": InFlightObs(2, InFlightSource.METRICS)}
+BUSY_NOW = {"busy": sm.InFlightObs(2, sm.InFlightSource.METRICS)}
 
 
-def coming(now: float, *, busy: Residency = OND, uses: bool = True) -> Plan:
+def coming(now: float, *, busy: sm.Residency = OND, uses: bool = True) -> Plan:
     counted = {"pop": often(20), "busy": often(3), "req": ()} if uses else {}
     return run(
         [BUSY if busy is OND else sv("busy", 10_000, busy), POPULAR, WAITER],
@@ -330,7 +306,7 @@ def test_once_it_has_waited_what_evicting_costs_the_request_evicts() -> None:
     ("busy", "uses"), [(RES, True), (OND, False)], ids=["room that never frees", "not counted"]
 )
 def test_without_room_that_frees_by_itself_or_without_uses_it_evicts_at_once(
-    busy: Residency, uses: bool
+    busy: sm.Residency, uses: bool
 ) -> None:
     result = coming(NOW, busy=busy, uses=uses)
     assert lines(result)[:2] == ["stop pop", "release pop"]
@@ -362,24 +338,24 @@ def test_a_long_start_that_has_waited_long_enough_goes_first() -> None:
 def test_every_request_waiting_for_a_start_counts_in_its_ratio() -> None:
     """Five requests for ``b``, each 10 s old: 5 x (10 + 98) / 98 = 5.51 against ``s``'s
     one, (5 + 21) / 21 = 1.24: ``b`` first (one request each: ``s`` first, above)."""
-    desired = DesiredState(
+    desired = sm.DesiredState(
         ROLES,
         {s.name: s for s in (BIG_LLM, SMALL_LLM)},
-        (*(OnDemandRequest("b", NOW - 10) for _ in range(5)), OnDemandRequest("s", NOW - 5)),
+        (*(sm.OnDemandRequest("b", NOW - 10) for _ in range(5)), sm.OnDemandRequest("s", NOW - 5)),
         host=HOST,
     )
     policy = Policy(reload=STARTS, uses={"b": (), "s": ()})
-    plan = plan_transitions(desired, Observed(True), policy, NOW)
+    plan = plan_transitions(desired, sm.Observed(True), policy, NOW)
     assert [st.serve for st in plan.steps if st.action is Action.START] == ["b"]
     one = plan_transitions(
-        dataclasses.replace(desired, requests=desired.requests[4:]), Observed(True), policy, NOW
+        dataclasses.replace(desired, requests=desired.requests[4:]), sm.Observed(True), policy, NOW
     )
     assert [st.serve for st in one.steps if st.action is Action.START] == ["s"]
 
 
 # ── placement: where no engine sizing itself from free memory loads ────────────────
 
-CARDS = {"g0": GpuRole("g0", 32_000, 0), "g1": GpuRole("g1", 32_000, 0)}
+CARDS = {"g0": sm.GpuRole("g0", 32_000, 0), "g1": sm.GpuRole("g1", 32_000, 0)}
 
 
 @pytest.mark.parametrize("sizes", [True, False])
@@ -394,7 +370,7 @@ def test_a_placed_start_goes_where_no_engine_sizing_from_free_memory_loads(sizes
         {"loading": NOW - 20, "new": NOW - 1},
         Policy(),
         roles=CARDS,
-        starting={"loading": StartingObs(("g0",), 8000)},
+        starting={"loading": sm.StartingObs(("g0",), 8000)},
     )
     (start,) = [s for s in result.steps if s.action is Action.START]
     # best fit alone is g0 (the least left free); a vLLM start there would wait

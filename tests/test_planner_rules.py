@@ -7,70 +7,12 @@ are blocked. The cases are written from the rules, not from the code's output.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import pytest
+from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
+from statemachine import types as sm
 from statemachine.planner import Policy, plan_transitions
 from statemachine.simulate import ledger_prefixes
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-)
-
-NOW = 10_000.0
-RUN, STOP = DesiredRun.RUNNING, DesiredRun.STOPPED
-RES, EVI, OND = Residency.RESIDENT, Residency.EVICTABLE, Residency.ON_DEMAND
-
-
-def serve(
-    name: str,
-    mib: int | None,
-    residency: Residency | None,
-    desired: DesiredRun | None = None,
-    *,
-    roles: tuple[str, ...] = ("a",),
-    **kw: object,
-) -> ServeSpec:
-    return ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=roles,
-        vram_mib=mib,
-        residency=residency,
-        desired=desired,
-        **kw,  # type: ignore[arg-type]
-    )
-
-
-def up(started: float = 0.0) -> ContainerObs:
-    return ContainerObs(ContainerState.RUNNING, health="healthy", started_at=started)
-
-
-@dataclass
-class Case:
-    serves: list[ServeSpec]
-    running: dict[str, ContainerObs]
-    expect_steps: list[str]
-    expect_blocked: list[str] = field(default_factory=list)
-    requests: list[OnDemandRequest] = field(default_factory=list)
-    roles: dict[str, tuple[int, int]] = field(default_factory=lambda: {"a": (32_000, 2_000)})
-    docker_ok: bool = True
-    elastic_mib: dict[str, int] = field(default_factory=dict)
-    blocked_mentions: list[str] = field(default_factory=list)
-
-
-def req(name: str, ttl: float | None = None, at: float = NOW - 1) -> OnDemandRequest:
-    return OnDemandRequest(name, at, ttl)
-
 
 CASES: dict[str, Case] = {
     "converged-nothing-to-do": Case(
@@ -281,7 +223,7 @@ CASES: dict[str, Case] = {
     ),
     "elastic-shrink-preferred-when-it-covers": Case(
         [
-            serve("moe", 20_000, EVI, RUN, elastic=Elastic("http://127.0.0.1:1", 12_000)),
+            serve("moe", 20_000, EVI, RUN, elastic=sm.Elastic("http://127.0.0.1:1", 12_000)),
             serve("omni", 8000, EVI, RUN),
             serve("llm", 6000, OND),
         ],
@@ -291,7 +233,7 @@ CASES: dict[str, Case] = {
         requests=[req("llm")],
     ),
     "elastic-grows-back-when-room-returns": Case(
-        [serve("moe", 20_000, EVI, RUN, elastic=Elastic("http://127.0.0.1:1", 12_000))],
+        [serve("moe", 20_000, EVI, RUN, elastic=sm.Elastic("http://127.0.0.1:1", 12_000))],
         {"moe": up()},
         ["grow moe"],
         elastic_mib={"moe": 14_000},
@@ -317,17 +259,6 @@ CASES: dict[str, Case] = {
         ["start proxy", "await_ready proxy"],
     ),
 }
-
-
-def _build(case: Case) -> tuple[DesiredState, Observed]:
-    roles = {r: GpuRole(r, cap, res) for r, (cap, res) in case.roles.items()}
-    desired = DesiredState(roles, {s.name: s for s in case.serves}, tuple(case.requests))
-    observed = Observed(
-        case.docker_ok,
-        {f"c-{n}": obs for n, obs in case.running.items()},
-        elastic_mib=case.elastic_mib,
-    )
-    return desired, observed
 
 
 @pytest.mark.parametrize("case", list(CASES.values()), ids=list(CASES))
@@ -385,7 +316,7 @@ def _elastic_case(segment_mib: int, floor_mib: int, moe_mib: int = 20_000) -> Ca
                 moe_mib,
                 EVI,
                 RUN,
-                elastic=Elastic("http://127.0.0.1:1", floor_mib, segment_mib=segment_mib),
+                elastic=sm.Elastic("http://127.0.0.1:1", floor_mib, segment_mib=segment_mib),
             ),
             serve("omni", 8000, EVI, RUN),
             serve("llm", 6000, OND),
@@ -419,7 +350,7 @@ def test_only_whole_segments_above_the_floor_are_shrinkable() -> None:
 
 def test_a_partial_grow_takes_whole_segments() -> None:
     moe = serve(
-        "moe", 20_000, EVI, RUN, elastic=Elastic("http://127.0.0.1:1", 12_000, segment_mib=512)
+        "moe", 20_000, EVI, RUN, elastic=sm.Elastic("http://127.0.0.1:1", 12_000, segment_mib=512)
     )
     other = serve("omni", 13_000, EVI, RUN)
     # budget 30000: moe at 14000 + omni 13000 leave 3000 free: 5 segments (2560)
@@ -487,7 +418,7 @@ def test_every_victim_is_drained_before_any_stops() -> None:
         serve("llm", 25_000, OND),
     ]
     desired, observed = _build(Case(serves, {"a1": up(), "a2": up()}, []))
-    desired = DesiredState(desired.roles, desired.serves, (req("llm"),))
+    desired = sm.DesiredState(desired.roles, desired.serves, (req("llm"),))
     plan = plan_transitions(desired, observed, Policy(), NOW)
     assert [f"{s.action} {s.serve}" for s in plan.steps][:8] == [
         "quiesce a1",
@@ -508,7 +439,7 @@ def test_a_tier_left_quiesced_is_readmitted_while_its_serve_runs() -> None:
         serve("gone", 8000, EVI, router_tier="gone-local"),
     ]
     desired, observed = _build(Case(serves, {"omni": up()}, []))
-    observed = Observed(True, observed.containers, quiesced=frozenset({"omni", "gone"}))
+    observed = sm.Observed(True, observed.containers, quiesced=frozenset({"omni", "gone"}))
     plan = plan_transitions(desired, observed, Policy(), NOW)
     # gone does not run: nothing to readmit; omni runs with its tier left quiesced
     assert [f"{s.action} {s.serve}" for s in plan.steps] == ["readmit omni"]
@@ -525,7 +456,7 @@ def test_only_a_router_tier_left_quiesced_is_readmitted_as_its_own_group() -> No
         serve("new", 4000, RES, RUN),
     ]
     desired, observed = _build(Case(serves, {"omni": up(), "plain": up()}, []))
-    observed = Observed(True, observed.containers, quiesced=frozenset({"omni", "plain"}))
+    observed = sm.Observed(True, observed.containers, quiesced=frozenset({"omni", "plain"}))
     plan = plan_transitions(desired, observed, Policy(), NOW)
     assert [(f"{s.action} {s.serve}", s.group) for s in plan.steps] == [
         ("reserve new", "new"),
@@ -538,10 +469,10 @@ def test_only_a_router_tier_left_quiesced_is_readmitted_as_its_own_group() -> No
 def test_memory_not_back_after_a_stop_still_counts() -> None:
     serves = [serve("omni", 20_000, EVI, RUN), serve("llm", 20_000, OND)]
     desired, _ = _build(Case(serves, {}, []))
-    exited = ContainerObs(ContainerState.EXITED, exit_code=0)
-    observed = Observed(True, {"c-omni": exited}, unreleased=frozenset({"omni"}))
+    exited = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)
+    observed = sm.Observed(True, {"c-omni": exited}, unreleased=frozenset({"omni"}))
     plan = plan_transitions(
-        DesiredState(desired.roles, desired.serves, (req("llm"),)), observed, Policy(), NOW
+        sm.DesiredState(desired.roles, desired.serves, (req("llm"),)), observed, Policy(), NOW
     )
     # omni's 20000 MiB are still counted: llm (20000) does not fit in 10000 free, and omni,
     # which does not run, is no victim; omni itself waits until its memory is back
@@ -557,13 +488,13 @@ def test_memory_not_back_after_a_stop_still_counts() -> None:
 @pytest.mark.parametrize(
     ("request_", "why"),
     [
-        (OnDemandRequest("fast", NOW - 1, 0.0, released=True), "was released (down)"),
+        (sm.OnDemandRequest("fast", NOW - 1, 0.0, released=True), "was released (down)"),
         (req("fast", ttl=5.0, at=NOW - 10), "expired (TTL)"),
     ],
     ids=["released", "ttl"],
 )
 def test_the_stop_says_whether_the_request_was_released_or_ran_out(
-    request_: OnDemandRequest, why: str
+    request_: sm.OnDemandRequest, why: str
 ) -> None:
     case = Case([serve("fast", 8000, OND)], {"fast": up()}, [], requests=[request_])
     desired, observed = _build(case)

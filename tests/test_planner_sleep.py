@@ -15,81 +15,57 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
-from replay import assert_never_overcommits
+from support.core import spec
+from support.replay import assert_never_overcommits
 
+from statemachine import types as sm
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.plan import Action, Plan
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan, ledger_prefixes
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    HostBudget,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-    StartedWith,
-)
 
 NOW = 10_000.0
-RUN, STOP = DesiredRun.RUNNING, DesiredRun.STOPPED
-RES, EVI, OND = Residency.RESIDENT, Residency.EVICTABLE, Residency.ON_DEMAND
-ROLES = {"a": GpuRole("a", 32_000, 2_000)}  # budget 30000
-HOST = HostBudget(64_000, 4_000)  # budget 60000
-UP = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
+RUN, STOP = sm.DesiredRun.RUNNING, sm.DesiredRun.STOPPED
+RES, EVI, OND = sm.Residency.RESIDENT, sm.Residency.EVICTABLE, sm.Residency.ON_DEMAND
+ROLES = {"a": sm.GpuRole("a", 32_000, 2_000)}  # budget 30000
+HOST = sm.HostBudget(64_000, 4_000)  # budget 60000
+UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
 
 
-def sleep(residual: int = 1000, level: int = 1, host: int = 20_000) -> Sleep:
-    return Sleep(level, residual, SleepProtocol.VLLM, host if level == 1 else 0)
+def sleep(residual: int = 1000, level: int = 1, host: int = 20_000) -> sm.Sleep:
+    return sm.Sleep(level, residual, sm.SleepProtocol.VLLM, host if level == 1 else 0)
 
 
 def sv(
     name: str,
     mib: int,
-    residency: Residency | None,
-    desired: DesiredRun | None = None,
+    residency: sm.Residency | None,
+    desired: sm.DesiredRun | None = None,
     **kw: object,
-) -> ServeSpec:
-    return ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=residency,
-        desired=desired,
-        **kw,  # type: ignore[arg-type]
-    )
+) -> sm.ServeSpec:
+    return spec(name, mib, residency, desired=desired, **kw)
 
 
-def asleep(level: int = 1) -> SleepObs:
-    return SleepObs(SleepState.ASLEEP, level=level)
+def asleep(level: int = 1) -> sm.SleepObs:
+    return sm.SleepObs(sm.SleepState.ASLEEP, level=level)
 
 
 def plan(
-    serves: list[ServeSpec],
+    serves: list[sm.ServeSpec],
     running: list[str],
     requests: tuple[str, ...] = (),
     *,
-    sleeping: dict[str, SleepObs] | None = None,
-    host: HostBudget | None = HOST,
+    sleeping: dict[str, sm.SleepObs] | None = None,
+    host: sm.HostBudget | None = HOST,
     **observed: object,
-) -> tuple[DesiredState, Observed, Plan]:
-    desired = DesiredState(
+) -> tuple[sm.DesiredState, sm.Observed, Plan]:
+    desired = sm.DesiredState(
         ROLES,
         {s.name: s for s in serves},
-        tuple(OnDemandRequest(r, NOW - 1) for r in requests),
+        tuple(sm.OnDemandRequest(r, NOW - 1) for r in requests),
         host=host,
     )
-    obs = Observed(
+    obs = sm.Observed(
         True,
         {f"c-{n}": UP for n in running},
         sleep=sleeping or {},
@@ -115,7 +91,7 @@ def lines(result: Plan) -> list[str]:
     return [f"{s.action} {s.serve}" for s in result.steps]
 
 
-def converges(desired: DesiredState, obs: Observed, result: Plan) -> None:
+def converges(desired: sm.DesiredState, obs: sm.Observed, result: Plan) -> None:
     after = apply_plan(desired, obs, result, NOW + 1)
     again = plan_transitions(desired, after, None, NOW + 1)
     assert again.empty, lines(again)
@@ -199,7 +175,7 @@ def test_without_a_host_budget_host_ram_never_turns_a_sleep_into_a_stop() -> Non
 def test_a_level_1_sleep_that_declares_no_host_ram_takes_none() -> None:
     """A sleep built without ``host_ram_mib`` (the manifest always fills it at level 1)
     takes no host RAM: it is slept, not stopped, and the host ledger stays empty."""
-    coder = sv("coder", 16_000, EVI, RUN, sleep=Sleep(1, 1000, SleepProtocol.VLLM))
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM))
     llm = sv("llm", 8000, OND)
     desired, obs, result = plan([STT, coder, llm], ["stt", "coder"], ("llm",))
     assert lines(result)[:2] == ["sleep coder", "release_to_residual coder"]
@@ -351,13 +327,15 @@ def test_the_wake_of_an_on_demand_requester_does_not_stop_the_sleeper_it_put_to_
 def test_when_the_request_ends_the_sleeper_is_woken() -> None:
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
     llm = sv("llm", 8000, OND)
-    desired = DesiredState(
+    desired = sm.DesiredState(
         ROLES,
         {s.name: s for s in (STT, coder, llm)},
-        (OnDemandRequest("llm", NOW - 100, ttl_s=10),),
+        (sm.OnDemandRequest("llm", NOW - 100, ttl_s=10),),
         host=HOST,
     )
-    obs = Observed(True, {f"c-{n}": UP for n in ("stt", "coder", "llm")}, sleep={"coder": asleep()})
+    obs = sm.Observed(
+        True, {f"c-{n}": UP for n in ("stt", "coder", "llm")}, sleep={"coder": asleep()}
+    )
     result = plan_transitions(desired, obs, None, NOW)
     check_ledger(result)
     assert lines(result) == [
@@ -413,14 +391,14 @@ def test_an_unknown_sleep_state_is_never_slept_on_but_may_be_stopped() -> None:
         [STT, coder, llm],
         ["stt", "coder"],
         ("llm",),
-        sleeping={"coder": SleepObs(SleepState.UNKNOWN)},
+        sleeping={"coder": sm.SleepObs(sm.SleepState.UNKNOWN)},
     )
     assert lines(result)[:2] == ["stop coder", "release coder"]
     assert result.steps[0].mib == 16_000  # counted awake and full
 
 
 def test_an_elastic_sleeper_is_neither_grown_nor_shrunk() -> None:
-    el = Elastic("http://127.0.0.1:1", floor_mib=2000)
+    el = sm.Elastic("http://127.0.0.1:1", floor_mib=2000)
     coder = sv("coder", 16_000, EVI, None, sleep=sleep(), elastic=el)
     llm = sv("llm", 19_500, OND)  # short 500: the sleeper's residual is stopped
     _d, _o, result = plan(
@@ -435,8 +413,8 @@ def test_an_elastic_sleeper_is_neither_grown_nor_shrunk() -> None:
 
 def test_docker_unknown_plans_no_sleep_and_no_wake() -> None:
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
-    desired = DesiredState(ROLES, {"coder": coder}, host=HOST)
-    result = plan_transitions(desired, Observed(False, sleep={"coder": asleep()}), None, NOW)
+    desired = sm.DesiredState(ROLES, {"coder": coder}, host=HOST)
+    result = plan_transitions(desired, sm.Observed(False, sleep={"coder": asleep()}), None, NOW)
     assert result.empty and [b.serve for b in result.blocked] == ["coder"]
 
 
@@ -462,14 +440,14 @@ def test_fit_says_who_sleeps_and_keeps_the_host_budget() -> None:
 
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
     llm = sv("llm", 8000, OND)
-    desired = DesiredState(ROLES, {s.name: s for s in (STT, coder, llm)}, host=HOST)
-    obs = Observed(True, {"c-stt": UP, "c-coder": UP})
+    desired = sm.DesiredState(ROLES, {s.name: s for s in (STT, coder, llm)}, host=HOST)
+    obs = sm.Observed(True, {"c-stt": UP, "c-coder": UP})
     fit = fit_serve(desired, obs, "llm", now=NOW)
     assert fit.fits and fit.sleep == ("coder",) and fit.evict == ()
     assert "putting coder to sleep" in fit.reason
     assert fit.to_json()["sleep"] == ["coder"]
     # with no room on the host for coder's weights, the same question is a stop
-    tight = DesiredState(ROLES, desired.serves, host=HostBudget(10_000, 0))
+    tight = sm.DesiredState(ROLES, desired.serves, host=sm.HostBudget(10_000, 0))
     fit = fit_serve(tight, obs, "llm", now=NOW)
     assert fit.fits and fit.evict == ("coder",) and fit.sleep == ()
 
@@ -478,8 +456,8 @@ def test_fit_of_a_sleeper_is_its_wake() -> None:
     from statemachine.fit import fit_serve
 
     llm = sv("llm", 8000, OND, sleep=sleep())
-    desired = DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
-    obs = Observed(True, {"c-stt": UP, "c-llm": UP}, sleep={"llm": asleep()})
+    desired = sm.DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
+    obs = sm.Observed(True, {"c-stt": UP, "c-llm": UP}, sleep={"llm": asleep()})
     fit = fit_serve(desired, obs, "llm", now=NOW)
     assert fit.fits and fit.wake
     assert fit.reason.startswith("llm sleeps and is woken, not started")
@@ -491,9 +469,9 @@ def test_status_shows_the_sleeper_its_residual_and_the_host_line() -> None:
     from statemachine.status import host_status
 
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
-    desired = DesiredState(ROLES, {s.name: s for s in (STT, coder)}, host=HOST)
-    used = ContainerObs(ContainerState.RUNNING, health="healthy", gpu_used_mib=1200)
-    obs = Observed(True, {"c-stt": UP, "c-coder": used}, sleep={"coder": asleep()})
+    desired = sm.DesiredState(ROLES, {s.name: s for s in (STT, coder)}, host=HOST)
+    used = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", gpu_used_mib=1200)
+    obs = sm.Observed(True, {"c-stt": UP, "c-coder": used}, sleep={"coder": asleep()})
     report = host_status(desired, obs).to_json()
     rows = {r["serve"]: r for r in report["serves"]}
     assert rows["coder"]["lifecycle"] == "asleep"
@@ -507,10 +485,10 @@ def test_status_shows_the_sleeper_its_residual_and_the_host_line() -> None:
     assert "sleep" not in rows["stt"]
     assert report["host"]["committed_mib"] == 20_000 and report["host"]["overcommitted"] is False
     assert report["gpu_roles"][0]["committed_mib"] == 11_000
-    awake = host_status(desired, Observed(True, {"c-stt": UP, "c-coder": UP})).to_json()
+    awake = host_status(desired, sm.Observed(True, {"c-stt": UP, "c-coder": UP})).to_json()
     row = {r["serve"]: r for r in awake["serves"]}["coder"]
     assert row["sleep"]["state"] == "awake" and row["lifecycle"] == "running"
-    unknown = host_status(desired, Observed(False)).to_json()
+    unknown = host_status(desired, sm.Observed(False)).to_json()
     assert {r["serve"]: r for r in unknown["serves"]}["coder"]["sleep"]["state"] == "unknown"
     assert unknown["host"]["committed_mib"] is None
     assert unknown["host"]["overcommitted"] is None
@@ -521,10 +499,10 @@ def test_a_serve_the_policy_says_cannot_sleep_is_stopped_instead() -> None:
 
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
     llm = sv("llm", 8000, OND)
-    desired = DesiredState(
-        ROLES, {s.name: s for s in (STT, coder, llm)}, (OnDemandRequest("llm", NOW - 1),), HOST
+    desired = sm.DesiredState(
+        ROLES, {s.name: s for s in (STT, coder, llm)}, (sm.OnDemandRequest("llm", NOW - 1),), HOST
     )
-    obs = Observed(True, {"c-stt": UP, "c-coder": UP})
+    obs = sm.Observed(True, {"c-stt": UP, "c-coder": UP})
     policy = Policy(no_sleep=frozenset({"coder"}))
     result = plan_transitions(desired, obs, policy, NOW)
     assert lines(result)[:2] == ["stop coder", "release coder"]
@@ -560,7 +538,7 @@ def test_a_conflict_with_a_start_in_progress_does_not_hide_the_other_conflicts()
 
 
 def test_an_elastic_serve_shrunk_before_it_slept_wakes_at_what_it_held() -> None:
-    el = Elastic("http://127.0.0.1:1", floor_mib=2000)
+    el = sm.Elastic("http://127.0.0.1:1", floor_mib=2000)
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(residual=1000), elastic=el)
     desired, obs, result = plan(
         [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, elastic_mib={"coder": 9000}
@@ -579,10 +557,9 @@ def test_an_elastic_serve_shrunk_before_it_slept_wakes_at_what_it_held() -> None
 
 
 def test_a_start_needs_its_declared_reservation_whatever_an_old_record_says() -> None:
-    from statemachine.types import StartedWith
 
     ocr = sv("ocr", 8000, EVI, RUN)
-    record = {"c-ocr": StartedWith("ocr", ("a",), 25_000)}  # its last run, exited
+    record = {"c-ocr": sm.StartedWith("ocr", ("a",), 25_000)}  # its last run, exited
     _d, _o, result = plan([STT, ocr], ["stt"], started_with=record)
     assert lines(result) == ["reserve ocr", "start ocr", "await_ready ocr"]
 
@@ -594,7 +571,7 @@ def test_what_a_sleeper_that_is_not_known_awake_could_free_is_not_offered() -> N
         [STT, coder, llm],
         ["stt", "coder"],
         ("llm",),
-        sleeping={"coder": SleepObs(SleepState.UNKNOWN)},
+        sleeping={"coder": sm.SleepObs(sm.SleepState.UNKNOWN)},
     )
     (blocked,) = result.blocked
     assert "by sleep" not in blocked.reason
@@ -610,23 +587,22 @@ def test_a_sleeper_wakes_by_the_level_it_slept_at_not_the_one_declared_now() -> 
     llm = sv("llm", 8000, OND, sleep=sleep(level=1))
     _d, _o, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": asleep(2)})
     assert "reload llm" in lines(result)
-    unsaid = SleepObs(SleepState.ASLEEP)  # no level observed: the declared one
+    unsaid = sm.SleepObs(sm.SleepState.ASLEEP)  # no level observed: the declared one
     _d, _o, result = plan([STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": unsaid})
     assert "reload llm" not in lines(result) and "wake llm" in lines(result)
 
 
 def test_a_sleeper_of_unknown_level_is_reloaded_and_wakes_to_what_it_was_started_with() -> None:
-    from statemachine.types import StartedWith
 
     # the manifest no longer declares sleep and the engine did not say its level
     llm = sv("llm", 8000, OND)
     _d, _o, result = plan(
-        [STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": SleepObs(SleepState.ASLEEP)}
+        [STT, llm], ["stt", "llm"], ("llm",), sleeping={"llm": sm.SleepObs(sm.SleepState.ASLEEP)}
     )
     assert lines(result) == ["reserve_wake llm", "wake llm", "reload llm", "await_ready llm"]
     # started with more than it declares now: it wakes to that
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
-    record = {"c-coder": StartedWith("coder", ("a",), 18_000)}
+    record = {"c-coder": sm.StartedWith("coder", ("a",), 18_000)}
     desired, obs, result = plan(
         [STT, coder], ["stt", "coder"], sleeping={"coder": asleep()}, started_with=record
     )
@@ -636,21 +612,20 @@ def test_a_sleeper_of_unknown_level_is_reloaded_and_wakes_to_what_it_was_started
 
 def test_fit_of_sleepers_outside_or_without_their_sleep_config() -> None:
     from statemachine.fit import fit_serve
-    from statemachine.types import StartedWith
 
     # outside the ledger (no vram_mib): fits, and nothing to take
-    free = ServeSpec("free", "c-free", (), None, OND, sleep=None)
-    desired = DesiredState(ROLES, {s.name: s for s in (STT, free)}, host=HOST)
-    obs = Observed(True, {"c-stt": UP, "c-free": UP}, sleep={"free": asleep()})
+    free = sm.ServeSpec("free", "c-free", (), None, OND, sleep=None)
+    desired = sm.DesiredState(ROLES, {s.name: s for s in (STT, free)}, host=HOST)
+    obs = sm.Observed(True, {"c-stt": UP, "c-free": UP}, sleep={"free": asleep()})
     fit = fit_serve(desired, obs, "free", now=NOW)
     assert fit.fits and fit.wake and fit.terms == ()
     # asleep but no longer declared to sleep: counted full, so a wake takes nothing more,
     # even when it was started with more than it declares now
     llm = sv("llm", 8000, OND)
-    record = {"c-llm": StartedWith("llm", ("a",), 9000)}
-    desired = DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
+    record = {"c-llm": sm.StartedWith("llm", ("a",), 9000)}
+    desired = sm.DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
     for started_with in ({}, record):
-        obs = Observed(
+        obs = sm.Observed(
             True,
             {"c-stt": UP, "c-llm": UP},
             sleep={"llm": asleep()},
@@ -665,12 +640,12 @@ def test_fit_says_wake_only_for_a_sleeper() -> None:
     from statemachine.fit import fit_serve
 
     llm = sv("llm", 40_000, OND)  # can never fit the 30000 budget: blocked
-    desired = DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
-    fit = fit_serve(desired, Observed(True, {"c-stt": UP}), "llm", now=NOW)
+    desired = sm.DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
+    fit = fit_serve(desired, sm.Observed(True, {"c-stt": UP}), "llm", now=NOW)
     assert not fit.fits and not fit.wake and "wake" not in fit.to_json()
-    running = fit_serve(desired, Observed(True, {"c-stt": UP, "c-llm": UP}), "llm", now=NOW)
+    running = fit_serve(desired, sm.Observed(True, {"c-stt": UP, "c-llm": UP}), "llm", now=NOW)
     assert running.fits and not running.wake
-    unknown = fit_serve(desired, Observed(False), "llm", now=NOW)
+    unknown = fit_serve(desired, sm.Observed(False), "llm", now=NOW)
     assert not unknown.fits and not unknown.wake
 
 
@@ -712,7 +687,7 @@ def test_an_elastic_sleeper_shrunk_below_its_residual_wakes_into_what_its_engine
     again, and the ledger counts the engine's figure; the wake reserves that 800 (it
     takes nothing more, and gives the 200 of residual back) so the plan's ledger is the
     host's once the wake is applied. The 200 left free is less than a segment: no grow."""
-    el = Elastic("http://127.0.0.1:1", floor_mib=500, segment_mib=512)
+    el = sm.Elastic("http://127.0.0.1:1", floor_mib=500, segment_mib=512)
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep(residual=1000), elastic=el)
     full = sv("full", 19_000, RES, RUN)
     desired, obs, result = plan(
@@ -731,23 +706,23 @@ def test_an_elastic_sleeper_shrunk_below_its_residual_wakes_into_what_its_engine
 
 @pytest.mark.parametrize("residency", [EVI, OND])
 def test_a_wake_that_takes_nothing_more_neither_evicts_nor_waits_on_a_role_over_budget(
-    residency: Residency,
+    residency: sm.Residency,
 ) -> None:
     """A role over budget by a start outside the controller: a wake that takes no more
     than the residual it holds adds nothing to it, so it neither waits for room (an
     evictable sleeper) nor evicts to make any (an on-demand requester)."""
-    el = Elastic("http://127.0.0.1:1", floor_mib=500, segment_mib=512)
+    el = sm.Elastic("http://127.0.0.1:1", floor_mib=500, segment_mib=512)
     coder = sv("coder", 16_000, residency, RUN, sleep=sleep(residual=1000), elastic=el)
     victim = sv("victim", 5_000, EVI, RUN)
     outside = sv("outside", 15_000, None)  # started by hand: 31000 of a 30000 budget
-    desired = DesiredState(
+    desired = sm.DesiredState(
         ROLES,
         {s.name: s for s in (STT, victim, outside, coder)},
-        (OnDemandRequest("coder", NOW - 1),) if residency is OND else (),
+        (sm.OnDemandRequest("coder", NOW - 1),) if residency is OND else (),
         host=HOST,
     )
     up = {f"c-{n}": UP for n in ("stt", "victim", "outside", "coder")}
-    obs = Observed(True, up, elastic_mib={"coder": 1000}, sleep={"coder": asleep()})
+    obs = sm.Observed(True, up, elastic_mib={"coder": 1000}, sleep={"coder": asleep()})
     result = plan_transitions(desired, obs, None, NOW)
     assert result.ledger_before.overcommitted() == ("a",)
     assert_never_overcommits(result)
@@ -762,7 +737,7 @@ def test_a_serve_woken_earlier_in_the_plan_may_be_shrunk_its_container_is_not_fr
     on-demand requester after its wake, as a serve started earlier in the plan may
     (docs/eviction.md); protected as if it had just started, the requester waited a
     cycle for the shrink the next plan then made."""
-    el = Elastic("http://127.0.0.1:1", floor_mib=2000, segment_mib=512)
+    el = sm.Elastic("http://127.0.0.1:1", floor_mib=2000, segment_mib=512)
     bravo = sv(
         "bravo", 16_000, RES, RUN, sleep=sleep(residual=1000), elastic=el, min_runtime_s=300.0
     )
@@ -870,11 +845,11 @@ def test_a_sizing_sleeper_whose_health_still_says_starting_does_not_wait_for_its
     container. A requested vLLM sleeper whose healthcheck still says "starting" is
     woken, not blocked waiting for itself."""
     coder = sv("coder", 16_000, OND, sleep=sleep(), sizes_from_free=True)
-    loading = ContainerObs(ContainerState.RUNNING, health="starting", started_at=0.0)
-    desired = DesiredState(
-        ROLES, {s.name: s for s in (STT, coder)}, (OnDemandRequest("coder", NOW - 1),), host=HOST
+    loading = sm.ContainerObs(sm.ContainerState.RUNNING, health="starting", started_at=0.0)
+    desired = sm.DesiredState(
+        ROLES, {s.name: s for s in (STT, coder)}, (sm.OnDemandRequest("coder", NOW - 1),), host=HOST
     )
-    obs = Observed(True, {"c-stt": UP, "c-coder": loading}, sleep={"coder": asleep()})
+    obs = sm.Observed(True, {"c-stt": UP, "c-coder": loading}, sleep={"coder": asleep()})
     result = plan_transitions(desired, obs, None, NOW)
     check_ledger(result)
     assert lines(result) == ["reserve_wake coder", "wake coder", "await_ready coder"]
@@ -899,12 +874,12 @@ def test_a_sleeper_outside_the_ledger_wakes_outside_it() -> None:
     wake reserves nothing, even while its container's start record still counts it on
     a card the ledger knows (the record keeps counting until the container stops)."""
     coder = replace(sv("coder", 16_000, EVI, RUN, sleep=sleep()), gpu_roles=("x",))
-    desired = DesiredState(ROLES, {s.name: s for s in (STT, coder)}, (), host=HOST)
-    obs = Observed(
+    desired = sm.DesiredState(ROLES, {s.name: s for s in (STT, coder)}, (), host=HOST)
+    obs = sm.Observed(
         True,
         {"c-stt": UP, "c-coder": UP},
         sleep={"coder": asleep()},
-        started_with={"c-coder": StartedWith("coder", ("a",), 16_000)},
+        started_with={"c-coder": sm.StartedWith("coder", ("a",), 16_000)},
     )
     result = plan_transitions(desired, obs, None, NOW)
     assert lines(result) == ["reserve_wake coder", "wake coder", "await_ready coder"]

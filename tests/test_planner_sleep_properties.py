@@ -1,6 +1,6 @@
 """Property tests of the planner with sleepers (docs/eviction.md, sleep instead of stop).
 
-Random fleets (tests/strategies.py) are given ``[serve.sleep]`` configs, a host RAM
+Random fleets (tests/support/strategies.py) are given ``[serve.sleep]`` configs, a host RAM
 budget and observed sleep states; then:
 
 1. every prefix of a plan keeps committed <= budget on every GPU role and on host RAM
@@ -22,11 +22,11 @@ import json
 import os
 from dataclasses import replace
 
-from convergence import assert_converges, timeless
 from hypothesis import HealthCheck, given, note, settings
 from hypothesis import strategies as st
-from replay import assert_never_overcommits
-from strategies import (
+from support.convergence import assert_converges, timeless
+from support.replay import assert_never_overcommits
+from support.strategies import (
     NOW,
     Scenario,
     assert_reaches,
@@ -37,25 +37,10 @@ from strategies import (
     scenarios,
 )
 
+from statemachine import types as sm
 from statemachine.idleness import request_end
 from statemachine.plan import Action, Plan
 from statemachine.planner import plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    HostBudget,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-)
 
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "300"))
 SETTINGS = settings(
@@ -72,27 +57,27 @@ def sleepy(draw: st.DrawFn) -> Scenario:
     host = draw(
         st.one_of(
             st.none(),
-            st.builds(HostBudget, st.integers(1, 200_000), st.integers(0, 20_000)).filter(
+            st.builds(sm.HostBudget, st.integers(1, 200_000), st.integers(0, 20_000)).filter(
                 lambda h: h.reserve_mib <= h.ram_mib
             ),
         )
     )
-    serves: dict[str, ServeSpec] = {}
-    sleep_obs: dict[str, SleepObs] = {}
+    serves: dict[str, sm.ServeSpec] = {}
+    sleep_obs: dict[str, sm.SleepObs] = {}
     for name, s in sc.desired.serves.items():
         if s.vram_mib is not None and s.vram_mib > 1 and draw(st.integers(0, 2)) != 0:
             level = draw(st.sampled_from([1, 2]))
             residual = draw(st.integers(1, s.vram_mib - 1))
             host_mib = draw(st.integers(0, 80_000)) if level == 1 else 0
-            s = replace(s, sleep=Sleep(level, residual, SleepProtocol.VLLM, host_mib))  # noqa: PLW2901
+            s = replace(s, sleep=sm.Sleep(level, residual, sm.SleepProtocol.VLLM, host_mib))  # noqa: PLW2901
             if sc.observed.container(s.container).holds and name not in sc.observed.starting:
-                state = draw(st.sampled_from([None, *SleepState]))
+                state = draw(st.sampled_from([None, *sm.SleepState]))
                 if state is not None:
-                    sleep_obs[name] = SleepObs(
-                        state, level=level if state is SleepState.ASLEEP else None
+                    sleep_obs[name] = sm.SleepObs(
+                        state, level=level if state is sm.SleepState.ASLEEP else None
                     )
         serves[name] = s
-    desired = DesiredState(sc.desired.roles, serves, sc.desired.requests, host=host)
+    desired = sm.DesiredState(sc.desired.roles, serves, sc.desired.requests, host=host)
     observed = replace(sc.observed, sleep=sleep_obs)
     return Scenario(desired=desired, observed=observed, now=sc.now, policy=sc.policy)
 
@@ -141,25 +126,25 @@ def test_who_sleeps_and_who_wakes_follows_the_rules(sc: Scenario) -> None:
     requester_groups = {
         s.group
         for s in plan.steps
-        if s.group in d.serves and d.serves[s.group].residency is Residency.ON_DEMAND
+        if s.group in d.serves and d.serves[s.group].residency is sm.Residency.ON_DEMAND
     }
     for step in plan.steps:
         s = d.serves[step.serve]
         if step.action is Action.SLEEP:
-            assert s.residency is Residency.EVICTABLE, step.to_json()
+            assert s.residency is sm.Residency.EVICTABLE, step.to_json()
             assert s.sleep is not None and step.serve not in sleeping
-            assert obs.sleep_of(step.serve).state is SleepState.AWAKE
+            assert obs.sleep_of(step.serve).state is sm.SleepState.AWAKE
             assert obs.container(s.container).holds
             assert step.group in requester_groups and step.group != step.serve
         if step.action in (Action.RESERVE_WAKE, Action.WAKE, Action.RELOAD):
             assert step.serve in sleeping, step.to_json()
         if step.action is Action.RELOAD:
             assert obs.sleep_of(step.serve).level == 2
-        if step.action is Action.STOP and s.residency is Residency.RESIDENT:
+        if step.action is Action.STOP and s.residency is sm.Residency.RESIDENT:
             # a resident is stopped only when desired stopped, or when its request ended
             # and the manifest does not want it running (never as a victim)
-            assert s.desired is DesiredRun.STOPPED or (
-                s.name in ended and s.desired is not DesiredRun.RUNNING
+            assert s.desired is sm.DesiredRun.STOPPED or (
+                s.name in ended and s.desired is not sm.DesiredRun.RUNNING
             ), step.to_json()
     woken = {s.serve for s in plan.steps if s.action is Action.WAKE}
     started = {s.serve for s in plan.steps if s.action is Action.START}
@@ -173,7 +158,7 @@ def test_who_sleeps_and_who_wakes_follows_the_rules(sc: Scenario) -> None:
 @given((SLEEPY | hosts(sleep_share=1, placed=True)).map(timeless))
 def test_plans_with_sleepers_converge(sc: Scenario) -> None:
     """Plan, apply (every step succeeds), plan again: nothing to do, as strictly as
-    without sleepers (tests/convergence.py): a wake reserves what the woken engine
+    without sleepers (tests/support/convergence.py): a wake reserves what the woken engine
     holds, a sleeper woken in backfill grows in the same plan, and no room is freed
     twice; placed sleepers too (one to be woken on the card a blocked pinned serve
     needs is moved, not woken there and moved by the next plan)."""
@@ -205,29 +190,29 @@ def test_one_victim_sleeps_when_its_sleep_covers_is_stopped_when_only_a_stop_doe
         return  # observed over budget, or a request that can never fit: other tests
     residual = max(1, min(victim - 1, victim * residual_per_mille // 1000))
     host_ram = host_mib if level == 1 else 0
-    v = ServeSpec(
+    v = sm.ServeSpec(
         "v",
         "c-v",
         ("a",),
         victim,
-        Residency.EVICTABLE,
-        DesiredRun.RUNNING,
-        sleep=Sleep(level, residual, SleepProtocol.VLLM, host_ram),
+        sm.Residency.EVICTABLE,
+        sm.DesiredRun.RUNNING,
+        sleep=sm.Sleep(level, residual, sm.SleepProtocol.VLLM, host_ram),
     )
-    serves = [v, ServeSpec("q", "c-q", ("a",), need, Residency.ON_DEMAND)]
-    running = {"c-v": ContainerObs(ContainerState.RUNNING, started_at=0.0)}
+    serves = [v, sm.ServeSpec("q", "c-q", ("a",), need, sm.Residency.ON_DEMAND)]
+    running = {"c-v": sm.ContainerObs(sm.ContainerState.RUNNING, started_at=0.0)}
     if resident:
         serves.append(
-            ServeSpec("r", "c-r", ("a",), resident, Residency.RESIDENT, DesiredRun.RUNNING)
+            sm.ServeSpec("r", "c-r", ("a",), resident, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING)
         )
-        running["c-r"] = ContainerObs(ContainerState.RUNNING, started_at=0.0)
-    desired = DesiredState(
-        {"a": GpuRole("a", budget, 0)},
+        running["c-r"] = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=0.0)
+    desired = sm.DesiredState(
+        {"a": sm.GpuRole("a", budget, 0)},
         {s.name: s for s in serves},
-        (OnDemandRequest("q", NOW - 1),),
-        host=HostBudget(host_free, 0),
+        (sm.OnDemandRequest("q", NOW - 1),),
+        host=sm.HostBudget(host_free, 0),
     )
-    plan = plan_transitions(desired, Observed(True, running), None, NOW)
+    plan = plan_transitions(desired, sm.Observed(True, running), None, NOW)
     acts = [f"{s.action} {s.serve}" for s in plan.steps]
     free = budget - resident - victim
     short = need - free

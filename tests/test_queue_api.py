@@ -22,15 +22,13 @@ from typing import Any
 
 import httpx
 import pytest
+from support.service import controller_on, observe, running_for
 from test_api import TOKEN, Asgi, auth
 
 from controller.interfaces.upwait import RequestQueue
-from controller.manifest import load_manifest_set
 from controller.service.live import LiveLedger, overlay_observed
-from controller.service.loop import Controller, CycleSummary, RunOptions
+from controller.service.loop import Controller
 from controller.service.queue_pump import active_requests
-from controller.snapshot import parse_snapshot
-from controller.store.journal import Journal, journal_path
 from statemachine.ledger import ledger_from_observed
 from statemachine.planner import Action, Step, plan_transitions
 from statemachine.types import ContainerObs, ContainerState, Observed, StartingObs
@@ -85,26 +83,13 @@ residency = "on-demand"
 
 @pytest.fixture
 def controller(tmp_path: Path) -> Iterator[Controller]:
-    path = tmp_path / "serves.toml"
-    path.write_text(MANIFEST)
-    c = Controller(
-        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
-    )
-    c.journal = Journal.open(journal_path(c.state_dir))
+    c = controller_on(tmp_path, MANIFEST)
     yield c
     c.journal.close()
 
 
-def observe(c: Controller, containers: dict[str, Any]) -> None:
-    snap = parse_snapshot(
-        {"docker": "ok", "containers": {f"c-{k}": v for k, v in containers.items()}, "gpus": None}
-    )
-    c.last = CycleSummary(at=time.time(), snapshot=snap)
-    c.cycles += 1
-
-
 def running() -> dict[str, Any]:
-    return {"state": "running", "started_at": time.time() - 100}
+    return running_for(100)
 
 
 class Client(Asgi):
@@ -289,12 +274,7 @@ def test_the_queue_and_the_planner_agree_on_a_request_ended_by_idle_ttl_s(
     the request ends ``idle_ttl_s`` after it was made (statemachine.idleness.in_force).
     The raw TTL (none) would keep it in force for ever: the queue would hold a place
     for a serve the planner stops."""
-    path = tmp_path / "serves.toml"
-    path.write_text(IDLE_MANIFEST)
-    c = Controller(
-        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
-    )
-    c.journal = Journal.open(journal_path(c.state_dir))
+    c = controller_on(tmp_path, IDLE_MANIFEST)
     try:
         now = time.time()
         c.journal.add_request("idle", now - 60, None)

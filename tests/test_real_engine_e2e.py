@@ -24,11 +24,11 @@ from typing import Any
 import httpx
 import pytest
 import test_run_e2e
-from compose_stack import ComposeStack, compose_available
+from compose_stack import ComposeStack, stack_beside
 from engine_models import SHAPES, write
+from support.waiting import wait_for
 from test_busy_e2e import serve_row, start_with_api
 from test_run_e2e import RESYNC_S, Fleet, healthy, vramctl
-from waiting import wait_for
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow, pytest.mark.xdist_group("real-engine")]
 
@@ -45,16 +45,8 @@ reserve_mib = 0
 
 @pytest.fixture
 def stack(fleet: Fleet, engine_image: str) -> Iterator[ComposeStack]:
-    compose_available()
-    s = ComposeStack(fleet.tmp, engine_image, project=fleet.prefix.rstrip("-"))
-    try:
+    with stack_beside(fleet, engine_image) as s:
         yield s
-    finally:
-        for run in fleet.runs:  # no controller may act on what is removed next
-            if run.proc.poll() is None:
-                run.proc.kill()
-                run.proc.wait(10)
-        s.down()
 
 
 def llama_serve(

@@ -14,6 +14,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from statemachine import types as sm
 from statemachine.plan import Policy, ReloadCost
 from statemachine.reload import (
     RECENT,
@@ -30,17 +31,6 @@ from statemachine.reload import (
     reload_estimates,
 )
 from statemachine.status import host_status
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    GpuRole,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-)
 
 seconds = st.floats(min_value=0.01, max_value=86_400.0, allow_nan=False, allow_infinity=False)
 samples = st.lists(seconds, max_size=25).map(tuple)
@@ -141,12 +131,14 @@ def test_the_journals_rows_become_measurements_per_serve() -> None:
 
 
 def test_declared_costs_read_the_spec_and_its_sleep() -> None:
-    desired = DesiredState(
+    desired = sm.DesiredState(
         {},
         {
-            "llm": ServeSpec("llm", "c-llm", cold_start_s=47.0),
-            "coder": ServeSpec("coder", "c-coder", sleep=Sleep(1, 1000, "vllm", 4000, wake_s=2.9)),
-            "plain": ServeSpec("plain", "c-plain", sleep=Sleep(2, 1000, "vllm")),
+            "llm": sm.ServeSpec("llm", "c-llm", cold_start_s=47.0),
+            "coder": sm.ServeSpec(
+                "coder", "c-coder", sleep=sm.Sleep(1, 1000, "vllm", 4000, wake_s=2.9)
+            ),
+            "plain": sm.ServeSpec("plain", "c-plain", sleep=sm.Sleep(2, 1000, "vllm")),
         },
     )
     assert declared_costs(desired) == {
@@ -160,9 +152,9 @@ def test_declared_costs_read_the_spec_and_its_sleep() -> None:
 
 def test_last_used_is_the_later_of_busy_and_the_latest_request() -> None:
     requests = [
-        OnDemandRequest("od", 900.0),
-        OnDemandRequest("od", 1_200.0, ttl_s=60.0),
-        OnDemandRequest("new", 1_500.0),
+        sm.OnDemandRequest("od", 900.0),
+        sm.OnDemandRequest("od", 1_200.0, ttl_s=60.0),
+        sm.OnDemandRequest("new", 1_500.0),
     ]
     busy = {"od": 1_100.0, "chat": 1_000.0}
     assert last_used(busy, requests) == {"od": 1_200.0, "chat": 1_000.0, "new": 1_500.0}
@@ -173,11 +165,11 @@ def test_last_used_is_the_later_of_busy_and_the_latest_request() -> None:
 # ── status shows it ─────────────────────────────────────────────────────────────
 
 
-def _fleet() -> DesiredState:
-    return DesiredState(
-        {"g": GpuRole("g", 24_000)},
+def _fleet() -> sm.DesiredState:
+    return sm.DesiredState(
+        {"g": sm.GpuRole("g", 24_000)},
         {
-            n: ServeSpec(n, f"c-{n}", ("g",), 4_000, Residency.EVICTABLE, cold_start_s=cold)
+            n: sm.ServeSpec(n, f"c-{n}", ("g",), 4_000, sm.Residency.EVICTABLE, cold_start_s=cold)
             for n, cold in (("measured", 60.0), ("declared", 47.0), ("unknown", None))
         },
     )
@@ -185,7 +177,7 @@ def _fleet() -> DesiredState:
 
 def test_status_shows_each_serves_reload_cost_and_its_basis() -> None:
     desired = _fleet()
-    observed = Observed(True, {"c-measured": ContainerObs(ContainerState.RUNNING)})
+    observed = sm.Observed(True, {"c-measured": sm.ContainerObs(sm.ContainerState.RUNNING)})
     estimates = reload_estimates(declared_costs(desired), {"measured": Measured((12.0,))})
     rows = {
         r["serve"]: r["reload"]
@@ -200,7 +192,8 @@ def test_status_shows_each_serves_reload_cost_and_its_basis() -> None:
 
 def test_status_without_measurements_shows_the_declared_figures() -> None:
     rows = {
-        r["serve"]: r["reload"] for r in host_status(_fleet(), Observed(False)).to_json()["serves"]
+        r["serve"]: r["reload"]
+        for r in host_status(_fleet(), sm.Observed(False)).to_json()["serves"]
     }
     assert rows["measured"] == {"cold_s": 60.0, "wake_s": None, "basis": "declared"}
     assert rows["unknown"]["basis"] == "unknown"

@@ -15,8 +15,6 @@ import asyncio
 import contextlib
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 import uuid
@@ -26,9 +24,10 @@ from pathlib import Path
 import docker
 import pytest
 from docker.errors import NotFound
-from fakes_nvml import FakeDevice, FakeNvml
-from serving import free_port, httpd
-from waiting import WAIT_S, wait_for
+from support.cli import run_cli
+from support.fakes_nvml import FakeDevice, FakeNvml
+from support.serving import free_port, httpd
+from support.waiting import WAIT_S, wait_for
 
 from controller.adapters.nvml import MIB
 from controller.manifest import load_manifest_set
@@ -130,15 +129,7 @@ def test_the_loop_journals_a_cold_start_and_plans_and_shows_it(
 
     env = dict(os.environ, COLUMNS="200", NO_COLOR="1", PYTHONPATH=str(REPO))
     argv = ["status", "-m", str(path), "--state-dir", str(state), "--json"]
-    r = subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *argv],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-    )
+    r = run_cli(*argv, env=env, cwd=REPO)
     assert r.returncode == 0, r.stderr
     (row,) = json.loads(r.stdout)["serves"]
     assert row["reload"] == {"cold_s": cold, "wake_s": None, "basis": "measured"}

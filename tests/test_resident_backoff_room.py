@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from test_placement import NOW, host, pinned
+from support.placement_cases import NOW, host, pinned
 
 from statemachine.fit import fit_serve, fit_serve_by_planner
 from statemachine.plan import Action, Policy

@@ -19,30 +19,14 @@ import re
 from dataclasses import replace
 
 import test_planner_properties as props
-from convergence import assert_converges, timeless
 from hypothesis import event, given
 from hypothesis import strategies as st
-from replay import assert_never_overcommits
-from strategies import Scenario, assert_reaches, every_scenario
+from support.convergence import assert_converges, timeless
+from support.replay import assert_never_overcommits
+from support.strategies import Scenario, assert_reaches, every_scenario
 
+from statemachine import types as sm
 from statemachine.plan import Action, Policy, ReloadCost
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    HostBudget,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepState,
-)
 
 SETTINGS, plan_of = props.SETTINGS, props.plan_of
 
@@ -119,7 +103,7 @@ def test_the_rules_of_use_keep_their_own_promises(sc: Scenario) -> None:
         # a sleeper stopped for host RAM: evictable, worth less than the victim that sleeps
         theirs, mine = float(found.group(1)), float(found.group(3))
         assert theirs < mine or f"{theirs:.3g}" == f"{mine:.3g}", step.reason
-        assert sc.desired.serves[step.serve].residency is Residency.EVICTABLE, step.reason
+        assert sc.desired.serves[step.serve].residency is sm.Residency.EVICTABLE, step.reason
         assert any(t.action is Action.SLEEP and t.serve == found.group(2) for t in plan.steps), (
             step.reason
         )
@@ -140,55 +124,55 @@ def crowded_sleepers(draw: st.DrawFn) -> Scenario:
     now = 100_000.0
     n_asleep = draw(st.integers(0, 4))
     n_awake = draw(st.integers(1, 4))
-    serves: dict[str, ServeSpec] = {}
-    containers: dict[str, ContainerObs] = {}
-    sleep: dict[str, SleepObs] = {}
-    in_flight: dict[str, InFlightObs] = {}
-    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
+    serves: dict[str, sm.ServeSpec] = {}
+    containers: dict[str, sm.ContainerObs] = {}
+    sleep: dict[str, sm.SleepObs] = {}
+    in_flight: dict[str, sm.InFlightObs] = {}
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
     for i in range(n_asleep + n_awake):
         name = f"s{i}"
         host = draw(st.integers(1000, 30_000))
-        serves[name] = ServeSpec(
+        serves[name] = sm.ServeSpec(
             name=name,
             container=f"c-{name}",
             gpu_roles=("a",),
             vram_mib=draw(st.integers(2000, 12_000)),
-            residency=Residency.EVICTABLE,
-            sleep=Sleep(1, 500, "vllm", host),
+            residency=sm.Residency.EVICTABLE,
+            sleep=sm.Sleep(1, 500, "vllm", host),
         )
         containers[f"c-{name}"] = up
-        in_flight[name] = InFlightObs(0, InFlightSource.METRICS)
+        in_flight[name] = sm.InFlightObs(0, sm.InFlightSource.METRICS)
         if i < n_asleep:
-            sleep[name] = SleepObs(SleepState.ASLEEP, level=1)
-    serves["res"] = ServeSpec(
+            sleep[name] = sm.SleepObs(sm.SleepState.ASLEEP, level=1)
+    serves["res"] = sm.ServeSpec(
         name="res", container="c-res", gpu_roles=("a",), vram_mib=4000,
-        residency=Residency.RESIDENT, desired=DesiredRun.RUNNING,
+        residency=sm.Residency.RESIDENT, desired=sm.DesiredRun.RUNNING,
     )  # fmt: skip
     containers["c-res"] = up
-    serves["busy"] = ServeSpec(
+    serves["busy"] = sm.ServeSpec(
         name="busy", container="c-busy", gpu_roles=("a",), vram_mib=draw(st.integers(2000, 12_000)),
-        residency=Residency.ON_DEMAND,
+        residency=sm.Residency.ON_DEMAND,
     )  # fmt: skip
     containers["c-busy"] = up
-    in_flight["busy"] = InFlightObs(draw(st.integers(0, 3)), InFlightSource.METRICS)
-    serves["req"] = ServeSpec(
+    in_flight["busy"] = sm.InFlightObs(draw(st.integers(0, 3)), sm.InFlightSource.METRICS)
+    serves["req"] = sm.ServeSpec(
         name="req", container="c-req", gpu_roles=("a",), vram_mib=draw(st.integers(2000, 20_000)),
-        residency=Residency.ON_DEMAND,
+        residency=sm.Residency.ON_DEMAND,
     )  # fmt: skip
     requests = (
-        OnDemandRequest("busy", now - 600),
-        OnDemandRequest("req", now - draw(st.floats(0, 300))),
+        sm.OnDemandRequest("busy", now - 600),
+        sm.OnDemandRequest("req", now - draw(st.floats(0, 300))),
     )
     # both budgets just above what is held: the requester is short, a sleep needs RAM
     held = sum(500 if n in sleep else (s.vram_mib or 0) for n, s in serves.items() if n != "req")
     taken = sum(s.sleep.host_mib for n, s in serves.items() if n in sleep and s.sleep)
-    desired = DesiredState(
-        {"a": GpuRole("a", held + draw(st.integers(0, 6000)), 0)},
+    desired = sm.DesiredState(
+        {"a": sm.GpuRole("a", held + draw(st.integers(0, 6000)), 0)},
         serves,
         requests,
-        host=HostBudget(taken + draw(st.integers(0, 20_000)), 0),
+        host=sm.HostBudget(taken + draw(st.integers(0, 20_000)), 0),
     )
-    observed = Observed(True, containers, sleep=sleep, in_flight=in_flight)
+    observed = sm.Observed(True, containers, sleep=sleep, in_flight=in_flight)
     sc = Scenario(desired, observed, now, Policy())
     return draw(counted(sc, unknowns=draw(st.integers(0, 3)) == 0))
 

@@ -25,14 +25,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.cli import run_cli
+from support.service import controller_on, observe, running_for
+from support.waiting import WAIT_S, wait_for
 from test_api import TOKEN, Asgi, auth
-from waiting import WAIT_S, wait_for
 
 from controller.manifest import load_manifest_set
-from controller.service.loop import Controller, CycleSummary, RunOptions
+from controller.service.loop import Controller
 from controller.service.queue_pump import active_requests
-from controller.snapshot import parse_snapshot
-from controller.store.journal import Journal, journal_path
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -86,24 +86,11 @@ residency = "on-demand"
 
 
 def controller_for(tmp_path: Path, router_url: str | None) -> Controller:
-    path = tmp_path / "serves.toml"
-    path.write_text(MANIFEST)
-    options = RunOptions(manifests=(path,), state_dir=tmp_path / "state", router_url=router_url)
-    c = Controller(options, load_manifest_set([path]))
-    c.journal = Journal.open(journal_path(c.state_dir))
-    return c
-
-
-def observe(c: Controller, containers: dict[str, Any]) -> None:
-    snap = parse_snapshot(
-        {"docker": "ok", "containers": {f"c-{k}": v for k, v in containers.items()}, "gpus": None}
-    )
-    c.last = CycleSummary(at=time.time(), snapshot=snap)
-    c.cycles += 1
+    return controller_on(tmp_path, MANIFEST, router_url=router_url)
 
 
 def running() -> dict[str, Any]:
-    return {"state": "running", "started_at": time.time() - 1000}
+    return running_for(1000)
 
 
 @pytest.fixture
@@ -177,15 +164,7 @@ def test_down_of_a_serve_that_cannot_be_stopped_is_refused_and_the_request_stays
 
 def cli(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("VRAMCTL_ROUTER")}
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env={**base, "COLUMNS": "200", "NO_COLOR": "1", **env},
-        cwd=ROOT,
-        timeout=60,
-        check=False,
-    )
+    return run_cli(*args, env={**base, "COLUMNS": "200", "NO_COLOR": "1", **env}, cwd=ROOT)
 
 
 def test_validate_warns_about_serves_that_need_a_router(tmp_path: Path) -> None:

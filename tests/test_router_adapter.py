@@ -22,7 +22,7 @@ from typing import Any
 import httpx
 import pytest
 from fake_http import FakeHTTPServer, FakeRouter, Reply
-from serving import free_port
+from support.serving import free_port
 
 from controller.adapters.router import (
     BUSY_MARGIN_S,

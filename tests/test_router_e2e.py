@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import pytest
 from fake_http import FakeRouter
 from loguru import logger
-from serving import free_port
+from support.serving import free_port
 from test_executor_e2e import (  # noqa: F401  (host: the fixture)
     ROLE,
     TOKEN,

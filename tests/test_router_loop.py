@@ -12,25 +12,17 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+from support.manifests import ONE_RESIDENT
+
 from controller.adapters.router import busy_budget_s
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions
 from controller.service.wiring import make_executor
 from controller.store.journal import Journal, journal_path
 
-MANIFEST = """
-[[gpu_roles]]
-id = "a"
-vram_mib = 10000
-
-[[serve]]
-name = "res"
-container = "c-res"
-gpu_role = "a"
-vram_mib = 2000
-residency = "resident"
-desired = "running"
-router_tier = "res-tier"
+MANIFEST = (
+    ONE_RESIDENT
+    + """router_tier = "res-tier"
 drain_timeout_s = 45
 
 [[serve]]
@@ -50,6 +42,7 @@ vram_mib = 1000
 residency = "on-demand"
 drain_timeout_s = 3000
 """
+)
 
 
 def manifest(tmp_path: Path) -> Path:

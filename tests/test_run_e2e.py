@@ -18,7 +18,7 @@ exceed the role's budget at any moment (no overcommit), and a container's starts
 be counted exactly (nothing started twice). Every poll of container states checks the
 budget too.
 
-Every wait is for an event, polled against a generous deadline (``tests/waiting.py``);
+Every wait is for an event, polled against a generous deadline (``tests/support/waiting.py``);
 no fixed sleep stands for a cycle.
 Controllers still running at the end are SIGKILLed before the
 containers are removed.
@@ -32,7 +32,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import threading
 import time
 import urllib.request
@@ -45,8 +44,10 @@ from typing import Any
 import docker
 import pytest
 from docker.errors import NotFound
-from serving import free_port, httpd
-from waiting import WAIT_S, wait_for
+from support.cli import run_argv, run_cli
+from support.manifests import serve_toml as serve_text
+from support.serving import free_port, httpd
+from support.waiting import WAIT_S, wait_for
 
 from controller.store.journal import Journal, journal_path
 
@@ -74,15 +75,7 @@ def _env() -> dict[str, str]:
 
 
 def vramctl(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=_env(),
-        cwd=REPO,
-        timeout=timeout,
-        check=False,
-    )
+    return run_cli(*args, env=_env(), cwd=REPO, timeout=timeout)
 
 
 @functools.cache
@@ -111,20 +104,7 @@ def serve_toml(
     extra: str = "",
 ) -> str:
     want = f'desired = "{desired}"' if desired else ""
-    return f"""
-[[serve]]
-name = "{name}"
-container = "@{name}"
-gpu_role = "a"
-vram_mib = {mib}
-residency = "{residency}"
-port = {port}
-health = "/health"
-start_timeout_s = 30
-stop_timeout_s = 5
-{want}
-{extra}
-"""
+    return serve_text(name, f"@{name}", mib, residency, port, extra=f"{want}\n{extra}")
 
 
 # ── the controller process ───────────────────────────────────────────────────
@@ -281,21 +261,9 @@ class Fleet:
         log_path = self.tmp / (log or f"run{len(self.runs) + 1}.log")
         address = f"127.0.0.1:{free_port()}" if api else None
         flags = ("--api", address) if address else run_flags()
-        argv = [
-            sys.executable,
-            "-m",
-            "controller.interfaces.cli",
-            "run",
-            "-m",
-            str(self.manifest),
-            "--state-dir",
-            str(self.state_dir),
-            "--resync",
-            str(RESYNC_S),
-            "--log-json",
-            *flags,
-            *extra,
-        ]
+        argv = run_argv(
+            self.manifest, self.state_dir, "--log-json", *flags, *extra, resync=str(RESYNC_S)
+        )
         with log_path.open("wb") as fh:
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=_env(), cwd=REPO)
         run = Run(proc, log_path, address)

@@ -20,7 +20,8 @@ import time
 from pathlib import Path
 
 import pytest
-from serving import free_port, httpd
+from support.serving import free_port, httpd
+from support.waiting import WAIT_S, wait_for
 from test_run_e2e import (  # the fixture is used by name: pytest finds it here
     ROLE,
     Fleet,
@@ -28,7 +29,6 @@ from test_run_e2e import (  # the fixture is used by name: pytest finds it here
     healthy,
     serve_toml,
 )
-from waiting import WAIT_S, wait_for
 
 pytestmark = pytest.mark.docker
 

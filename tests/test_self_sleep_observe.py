@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 from fake_http import FakeHTTPServer, Recorded, Reply, ReplyLike
-from serving import free_port
+from support.serving import free_port
 
 from controller.adapters.self_sleep import SelfSleepReader
 from controller.manifest.load import load_manifest

@@ -13,6 +13,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
+from statemachine import types as sm
 from statemachine.backoff import Backoff
 from statemachine.lifecycle import IllegalTransition, LifecycleState, Trigger, next_state
 from statemachine.serve_record import (
@@ -26,16 +27,6 @@ from statemachine.serve_record import (
     reading,
 )
 from statemachine.status import host_status
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-)
 
 S = LifecycleState
 T = Trigger
@@ -168,56 +159,61 @@ def test_clean_exits_are_none_zero_sigint_and_sigterm() -> None:
 @pytest.mark.parametrize(
     ("obs", "state"),
     [
-        (ContainerObs(ContainerState.EXITED, exit_code=0, oom_killed=False), S.STOPPED),
-        (ContainerObs(ContainerState.EXITED, exit_code=143), S.STOPPED),
-        (ContainerObs(ContainerState.EXITED, exit_code=137), S.FAILED),
-        (ContainerObs(ContainerState.EXITED, exit_code=1), S.FAILED),
-        (ContainerObs(ContainerState.EXITED, exit_code=0, oom_killed=True), S.FAILED),
-        (ContainerObs(ContainerState.DEAD, exit_code=0), S.FAILED),
-        (ContainerObs(ContainerState.CREATED, exit_code=1), S.STOPPED),
-        (ContainerObs(ContainerState.ABSENT), S.STOPPED),
-        (ContainerObs(ContainerState.RESTARTING, exit_code=1), S.STARTING),
-        (ContainerObs(ContainerState.RUNNING, health="starting"), S.STARTING),
-        (ContainerObs(ContainerState.RUNNING, health="healthy"), S.RUNNING),
-        (ContainerObs(ContainerState.RUNNING, health="unhealthy"), S.RUNNING),
-        (ContainerObs(ContainerState.PAUSED), S.RUNNING),
+        (sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0, oom_killed=False), S.STOPPED),
+        (sm.ContainerObs(sm.ContainerState.EXITED, exit_code=143), S.STOPPED),
+        (sm.ContainerObs(sm.ContainerState.EXITED, exit_code=137), S.FAILED),
+        (sm.ContainerObs(sm.ContainerState.EXITED, exit_code=1), S.FAILED),
+        (sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0, oom_killed=True), S.FAILED),
+        (sm.ContainerObs(sm.ContainerState.DEAD, exit_code=0), S.FAILED),
+        (sm.ContainerObs(sm.ContainerState.CREATED, exit_code=1), S.STOPPED),
+        (sm.ContainerObs(sm.ContainerState.ABSENT), S.STOPPED),
+        (sm.ContainerObs(sm.ContainerState.RESTARTING, exit_code=1), S.STARTING),
+        (sm.ContainerObs(sm.ContainerState.RUNNING, health="starting"), S.STARTING),
+        (sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy"), S.RUNNING),
+        (sm.ContainerObs(sm.ContainerState.RUNNING, health="unhealthy"), S.RUNNING),
+        (sm.ContainerObs(sm.ContainerState.PAUSED), S.RUNNING),
     ],
 )
-def test_reading_of_a_container(obs: ContainerObs, state: LifecycleState) -> None:
+def test_reading_of_a_container(obs: sm.ContainerObs, state: LifecycleState) -> None:
     assert reading(obs) is state
 
 
 def test_reading_of_a_sleeping_engine_and_of_a_start_in_progress() -> None:
-    up = ContainerObs(ContainerState.RUNNING, health="healthy")
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy")
     assert reading(up, asleep=True) is S.ASLEEP
-    assert reading(ContainerObs(ContainerState.RUNNING, health="starting"), asleep=True) is S.ASLEEP
-    assert reading(ContainerObs(ContainerState.ABSENT), asleep=True) is S.STOPPED
-    assert reading(ContainerObs(ContainerState.ABSENT), starting=True) is S.STARTING
+    assert (
+        reading(sm.ContainerObs(sm.ContainerState.RUNNING, health="starting"), asleep=True)
+        is S.ASLEEP
+    )
+    assert reading(sm.ContainerObs(sm.ContainerState.ABSENT), asleep=True) is S.STOPPED
+    assert reading(sm.ContainerObs(sm.ContainerState.ABSENT), starting=True) is S.STARTING
     assert reading(up, asleep=True, starting=True) is S.STARTING
 
 
 @pytest.mark.parametrize(
     ("obs", "asleep", "state"),
     [
-        (ContainerObs(ContainerState.RUNNING, health="starting"), False, S.RUNNING),
-        (ContainerObs(ContainerState.RESTARTING), False, S.RUNNING),
-        (ContainerObs(ContainerState.RUNNING), True, S.ASLEEP),
-        (ContainerObs(ContainerState.EXITED, exit_code=137), False, S.STOPPED),
-        (ContainerObs(ContainerState.EXITED, exit_code=137), True, S.STOPPED),
-        (ContainerObs(ContainerState.ABSENT), False, S.STOPPED),
+        (sm.ContainerObs(sm.ContainerState.RUNNING, health="starting"), False, S.RUNNING),
+        (sm.ContainerObs(sm.ContainerState.RESTARTING), False, S.RUNNING),
+        (sm.ContainerObs(sm.ContainerState.RUNNING), True, S.ASLEEP),
+        (sm.ContainerObs(sm.ContainerState.EXITED, exit_code=137), False, S.STOPPED),
+        (sm.ContainerObs(sm.ContainerState.EXITED, exit_code=137), True, S.STOPPED),
+        (sm.ContainerObs(sm.ContainerState.ABSENT), False, S.STOPPED),
     ],
 )
-def test_plan_reading_is_held_or_not(obs: ContainerObs, asleep: bool, state: S) -> None:
+def test_plan_reading_is_held_or_not(obs: sm.ContainerObs, asleep: bool, state: S) -> None:
     assert plan_reading(obs, asleep=asleep) is state
 
 
 def test_plan_reading_defaults_to_awake() -> None:
-    assert plan_reading(ContainerObs(ContainerState.RUNNING)) is S.RUNNING
+    assert plan_reading(sm.ContainerObs(sm.ContainerState.RUNNING)) is S.RUNNING
 
 
-@given(st.sampled_from(list(ContainerState)), st.booleans())
-def test_a_failed_record_is_planned_from_reset_or_recover(state: ContainerState, up: bool) -> None:
-    obs = ContainerObs(state, exit_code=1)
+@given(st.sampled_from(list(sm.ContainerState)), st.booleans())
+def test_a_failed_record_is_planned_from_reset_or_recover(
+    state: sm.ContainerState, up: bool
+) -> None:
+    obs = sm.ContainerObs(state, exit_code=1)
     planned = observe(ServeRecord("omni", S.FAILED), plan_reading(obs, asleep=up))
     event(f"planned from {planned.lifecycle.value}")
     assert planned.lifecycle in (S.STOPPED, S.RUNNING, S.ASLEEP)
@@ -228,14 +224,16 @@ def test_a_failed_record_is_planned_from_reset_or_recover(state: ContainerState,
 
 
 def test_status_shows_each_serves_record_moved_by_the_observation() -> None:
-    omni = ServeSpec("omni", "omni-ctr", ("g0",), 4000, Residency.RESIDENT, DesiredRun.RUNNING)
-    desired = DesiredState({"g0": GpuRole("g0", 20_000, 0)}, {"omni": omni})
-    killed = ContainerObs(ContainerState.EXITED, exit_code=137)
-    observed = Observed(docker_ok=True, containers={"omni-ctr": killed})
+    omni = sm.ServeSpec(
+        "omni", "omni-ctr", ("g0",), 4000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING
+    )
+    desired = sm.DesiredState({"g0": sm.GpuRole("g0", 20_000, 0)}, {"omni": omni})
+    killed = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=137)
+    observed = sm.Observed(docker_ok=True, containers={"omni-ctr": killed})
     records = {"omni": ServeRecord("omni", S.RUNNING)}
     (row,) = host_status(desired, observed, records).serves
     assert row.lifecycle == "failed"
     (row,) = host_status(desired, observed).serves  # no record: a fresh one, moved the same
     assert row.lifecycle == "failed"
-    (row,) = host_status(desired, Observed(docker_ok=False), records).serves
+    (row,) = host_status(desired, sm.Observed(docker_ok=False), records).serves
     assert row.lifecycle == "unknown"

@@ -15,28 +15,19 @@ import pytest
 
 from controller.service.records import RecordStore
 from controller.store.journal import Journal
+from statemachine import types as sm
 from statemachine.backoff import Backoff
 from statemachine.lifecycle import LifecycleState, Trigger
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-)
 
 S = LifecycleState
 
-OMNI = ServeSpec("omni", "omni-ctr", ("g0",), 4000, Residency.RESIDENT, DesiredRun.RUNNING)
-DESIRED = DesiredState({"g0": GpuRole("g0", 20_000, 0)}, {"omni": OMNI})
+OMNI = sm.ServeSpec("omni", "omni-ctr", ("g0",), 4000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING)
+DESIRED = sm.DesiredState({"g0": sm.GpuRole("g0", 20_000, 0)}, {"omni": OMNI})
 
 
-def _observed(state: ContainerState, exit_code: int | None = None) -> Observed:
-    obs = ContainerObs(state, exit_code=exit_code)
-    return Observed(docker_ok=True, containers={"omni-ctr": obs})
+def _observed(state: sm.ContainerState, exit_code: int | None = None) -> sm.Observed:
+    obs = sm.ContainerObs(state, exit_code=exit_code)
+    return sm.Observed(docker_ok=True, containers={"omni-ctr": obs})
 
 
 def _older_journal(path: Path) -> None:
@@ -66,7 +57,7 @@ def test_the_store_loads_the_journal_and_moves_on_from_there(tmp_path: Path) -> 
         store = RecordStore(j)
         assert store.get("omni").lifecycle is S.RUNNING
         assert store.get("gone").lifecycle is S.STOPPED  # unknown to this version: start over
-        store.observe(DESIRED, _observed(ContainerState.EXITED, exit_code=137))
+        store.observe(DESIRED, _observed(sm.ContainerState.EXITED, exit_code=137))
         assert store.get("omni").lifecycle is S.FAILED
         (move,) = store.observed_moves()
         assert (move.serve, move.before, move.after, move.triggers) == (
@@ -76,18 +67,18 @@ def test_the_store_loads_the_journal_and_moves_on_from_there(tmp_path: Path) -> 
             (Trigger.FAIL,),
         )
         assert j.lifecycles()["omni"] == "failed"
-        store.observe(DESIRED, Observed(docker_ok=False))  # nothing known: nothing moves
+        store.observe(DESIRED, sm.Observed(docker_ok=False))  # nothing known: nothing moves
         assert store.get("omni").lifecycle is S.FAILED
 
 
 def test_the_plan_starts_from_the_record_moved_to_its_reading() -> None:
     store = RecordStore()
     store.settle({"omni": "failed"})
-    down = _observed(ContainerState.EXITED, exit_code=1)
+    down = _observed(sm.ContainerState.EXITED, exit_code=1)
     machines = store.machines(["omni", "omni"], DESIRED, down)
     assert list(machines) == ["omni"] and machines["omni"].state is S.STOPPED  # reset
     assert store.get("omni").lifecycle is S.FAILED  # the record moves with the execution
-    up = _observed(ContainerState.RUNNING)
+    up = _observed(sm.ContainerState.RUNNING)
     assert store.machines(["omni"], DESIRED, up)["omni"].state is S.RUNNING  # recover
     store.settle({"omni": "stopping"})
     assert store.get("omni").lifecycle is S.STOPPING
@@ -98,9 +89,9 @@ def test_an_observation_older_than_the_end_of_a_start_does_not_move_it_back() ->
 
     store = RecordStore()
     store.settle({"omni": "running"})  # the start ended: ready
-    taken_during_it = Observed(
+    taken_during_it = sm.Observed(
         docker_ok=True,
-        containers={"omni-ctr": ContainerObs(ContainerState.RUNNING)},
+        containers={"omni-ctr": sm.ContainerObs(sm.ContainerState.RUNNING)},
         starting={"omni": StartingObs(("g0",), 4000)},
     )
     store.observe(DESIRED, taken_during_it)

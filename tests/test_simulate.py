@@ -12,31 +12,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from statemachine import types as sm
 from statemachine.ledger import GpuReservation, Ledger, Refusal, RefusalKind
 from statemachine.lifecycle import LifecycleState
 from statemachine.plan import Action, Plan, Step
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan, ledger_prefixes
 from statemachine.status import lifecycle_from_observation
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuObs,
-    GpuRole,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-)
 
 NOW = 1_000_000.0
 
@@ -46,16 +28,18 @@ def test_what_no_step_touches_is_carried_over() -> None:
     idle for its ``idle_ttl_s``) plans nothing; the applied observation is the observed
     one, requests in flight and probes included: dropped, the next plan would read the
     serve idle and stop it."""
-    s = ServeSpec("alpha", "ctr-alpha", ("g0",), 500, Residency.RESIDENT, None, idle_ttl_s=0.0)
-    desired = DesiredState(
-        {"g0": GpuRole("g0", 1000)}, {"alpha": s}, (OnDemandRequest("alpha", NOW),)
+    s = sm.ServeSpec(
+        "alpha", "ctr-alpha", ("g0",), 500, sm.Residency.RESIDENT, None, idle_ttl_s=0.0
     )
-    observed = Observed(
+    desired = sm.DesiredState(
+        {"g0": sm.GpuRole("g0", 1000)}, {"alpha": s}, (sm.OnDemandRequest("alpha", NOW),)
+    )
+    observed = sm.Observed(
         True,
-        {"ctr-alpha": ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)},
-        gpus=(GpuObs("GPU-0", 0, "gpu", 1000, 300, 700),),
+        {"ctr-alpha": sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)},
+        gpus=(sm.GpuObs("GPU-0", 0, "gpu", 1000, 300, 700),),
         undeclared_gpu=("stray",),
-        in_flight={"alpha": InFlightObs(2, InFlightSource.METRICS)},
+        in_flight={"alpha": sm.InFlightObs(2, sm.InFlightSource.METRICS)},
         probes={"alpha": "healthy"},
     )
     plan = plan_transitions(desired, observed, None, NOW)
@@ -66,22 +50,22 @@ def test_what_no_step_touches_is_carried_over() -> None:
 
 
 def test_a_stop_and_a_start_change_their_containers_only() -> None:
-    desired = DesiredState(
-        {"g0": GpuRole("g0", 1000)},
+    desired = sm.DesiredState(
+        {"g0": sm.GpuRole("g0", 1000)},
         {
-            "old": ServeSpec("old", "ctr-old", ("g0",), 500, None, DesiredRun.STOPPED),
-            "new": ServeSpec("new", "ctr-new", ("g0",), 500, None, DesiredRun.RUNNING),
+            "old": sm.ServeSpec("old", "ctr-old", ("g0",), 500, None, sm.DesiredRun.STOPPED),
+            "new": sm.ServeSpec("new", "ctr-new", ("g0",), 500, None, sm.DesiredRun.RUNNING),
         },
     )
-    observed = Observed(
+    observed = sm.Observed(
         True,
-        {"ctr-old": ContainerObs(ContainerState.RUNNING)},
-        in_flight={"old": InFlightObs(0, InFlightSource.METRICS)},
+        {"ctr-old": sm.ContainerObs(sm.ContainerState.RUNNING)},
+        in_flight={"old": sm.InFlightObs(0, sm.InFlightSource.METRICS)},
     )
     plan = plan_transitions(desired, observed, None, NOW)
     after = apply_plan(desired, observed, plan, NOW)
-    assert after.container("ctr-old").state is ContainerState.EXITED
-    assert after.container("ctr-new").state is ContainerState.RUNNING
+    assert after.container("ctr-old").state is sm.ContainerState.EXITED
+    assert after.container("ctr-new").state is sm.ContainerState.RUNNING
     assert after.in_flight == observed.in_flight
     assert plan_transitions(desired, after, None, NOW).empty
 
@@ -91,14 +75,16 @@ def test_a_stopped_container_says_when_it_finished() -> None:
     600) is stopped; the stop applied, docker shows when it finished, so the request
     stays ended (docs/eviction.md, measured idleness) and the next plan has nothing to
     do. Without the time, the request read as one whose serve never ran: started again."""
-    s = ServeSpec("alpha", "ctr-alpha", ("g0",), 500, Residency.RESIDENT, None, idle_ttl_s=600.0)
-    desired = DesiredState(
-        {"g0": GpuRole("g0", 1000)}, {"alpha": s}, (OnDemandRequest("alpha", NOW - 800),)
+    s = sm.ServeSpec(
+        "alpha", "ctr-alpha", ("g0",), 500, sm.Residency.RESIDENT, None, idle_ttl_s=600.0
     )
-    observed = Observed(
+    desired = sm.DesiredState(
+        {"g0": sm.GpuRole("g0", 1000)}, {"alpha": s}, (sm.OnDemandRequest("alpha", NOW - 800),)
+    )
+    observed = sm.Observed(
         True,
-        {"ctr-alpha": ContainerObs(ContainerState.RUNNING, started_at=NOW - 790)},
-        in_flight={"alpha": InFlightObs(0, InFlightSource.METRICS, idle_since=NOW - 700)},
+        {"ctr-alpha": sm.ContainerObs(sm.ContainerState.RUNNING, started_at=NOW - 790)},
+        in_flight={"alpha": sm.InFlightObs(0, sm.InFlightSource.METRICS, idle_since=NOW - 700)},
     )
     plan = plan_transitions(desired, observed, None, NOW)
     assert [f"{st.action} {st.serve}" for st in plan.steps] == ["stop alpha", "release alpha"]
@@ -110,21 +96,21 @@ def test_a_stopped_container_says_when_it_finished() -> None:
     assert plan_transitions(desired, after, None, NOW).empty
 
 
-def _moe(elastic_mib: int, other_mib: int) -> tuple[DesiredState, Observed]:
+def _moe(elastic_mib: int, other_mib: int) -> tuple[sm.DesiredState, sm.Observed]:
     """moe (20000 declared, elastic) shrunk to ``elastic_mib`` beside other (``other_mib``)."""
-    moe = ServeSpec(
+    moe = sm.ServeSpec(
         "moe",
         "ctr-moe",
         ("g0",),
         20_000,
-        Residency.EVICTABLE,
-        DesiredRun.RUNNING,
-        elastic=Elastic("http://127.0.0.1:1", 10_000),
+        sm.Residency.EVICTABLE,
+        sm.DesiredRun.RUNNING,
+        elastic=sm.Elastic("http://127.0.0.1:1", 10_000),
     )
-    other = ServeSpec("other", "ctr-other", ("g0",), other_mib, None, DesiredRun.RUNNING)
-    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
-    desired = DesiredState({"g0": GpuRole("g0", 30_000)}, {"moe": moe, "other": other})
-    return desired, Observed(
+    other = sm.ServeSpec("other", "ctr-other", ("g0",), other_mib, None, sm.DesiredRun.RUNNING)
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
+    desired = sm.DesiredState({"g0": sm.GpuRole("g0", 30_000)}, {"moe": moe, "other": other})
+    return desired, sm.Observed(
         True, {"ctr-moe": up, "ctr-other": up}, elastic_mib={"moe": elastic_mib}
     )
 
@@ -149,19 +135,21 @@ def test_a_sleeper_outside_the_ledger_wakes_without_touching_the_ledger() -> Non
     """A serve without ``vram_mib`` holds no reservation: its reserve_wake moves nothing
     (no MiB, no ``to_mib``), so the plan replays through the ledger without a refusal
     and the ledger after it is the one before; applied, the serve is awake."""
-    free = ServeSpec(
+    free = sm.ServeSpec(
         "free",
         "ctr-free",
         (),
         None,
-        Residency.ON_DEMAND,
-        sleep=Sleep(1, 1000, SleepProtocol.VLLM, 0),
+        sm.Residency.ON_DEMAND,
+        sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 0),
     )
-    desired = DesiredState(
-        {"g0": GpuRole("g0", 1000)}, {"free": free}, (OnDemandRequest("free", NOW - 1),)
+    desired = sm.DesiredState(
+        {"g0": sm.GpuRole("g0", 1000)}, {"free": free}, (sm.OnDemandRequest("free", NOW - 1),)
     )
-    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
-    observed = Observed(True, {"ctr-free": up}, sleep={"free": SleepObs(SleepState.ASLEEP, 1)})
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
+    observed = sm.Observed(
+        True, {"ctr-free": up}, sleep={"free": sm.SleepObs(sm.SleepState.ASLEEP, 1)}
+    )
     plan = plan_transitions(desired, observed, None, NOW)
     wake = plan.steps[0]
     assert (wake.action, wake.mib, wake.to_mib) == (Action.RESERVE_WAKE, None, None)
@@ -174,10 +162,10 @@ def test_a_sleeper_outside_the_ledger_wakes_without_touching_the_ledger() -> Non
 
 
 def test_a_replay_stops_at_the_first_refused_step_with_its_arithmetic() -> None:
-    """``ledger_prefixes`` replays a plan step by step (what ``tests/replay.py`` checks
+    """``ledger_prefixes`` replays a plan step by step (what ``tests/support/replay.py`` checks
     every plan with): a step the ledger refuses is yielded with every term of the refusal,
     and nothing after it is replayed (it would run on a ledger that does not exist)."""
-    roles = {"g0": GpuRole("g0", 10_000, 1_000)}
+    roles = {"g0": sm.GpuRole("g0", 10_000, 1_000)}
     before = Ledger(roles, (GpuReservation("old", ("g0",), 6_000),))
     steps = (
         Step(Action.RESERVE, "a", ("g0",), 2_000, "start a"),
@@ -202,31 +190,31 @@ def test_a_wake_starts_the_woken_serves_idleness_afresh() -> None:
     tracker reads it: ``woke_at``, ``idle_since`` at its first reading awake), so the
     next plan leaves it running: carried over, the request would end the instant the
     serve woke and the next plan would stop it."""
-    s = ServeSpec(
+    s = sm.ServeSpec(
         "od",
         "ctr-od",
         ("g0",),
         500,
-        Residency.ON_DEMAND,
+        sm.Residency.ON_DEMAND,
         idle_ttl_s=60.0,
-        sleep=Sleep(2, 1, SleepProtocol.VLLM, 0),
+        sleep=sm.Sleep(2, 1, sm.SleepProtocol.VLLM, 0),
     )
-    desired = DesiredState(
-        {"g0": GpuRole("g0", 1000)}, {"od": s}, (OnDemandRequest("od", NOW - 60),)
+    desired = sm.DesiredState(
+        {"g0": sm.GpuRole("g0", 1000)}, {"od": s}, (sm.OnDemandRequest("od", NOW - 60),)
     )
-    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
-    idle = InFlightObs(0, InFlightSource.METRICS, idle_since=NOW - 700, busy_at=NOW - 800)
-    observed = Observed(
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
+    idle = sm.InFlightObs(0, sm.InFlightSource.METRICS, idle_since=NOW - 700, busy_at=NOW - 800)
+    observed = sm.Observed(
         True,
         {"ctr-od": up},
-        sleep={"od": SleepObs(SleepState.ASLEEP, 2)},
+        sleep={"od": sm.SleepObs(sm.SleepState.ASLEEP, 2)},
         in_flight={"od": idle},
     )
     plan = plan_transitions(desired, observed, None, NOW)
     assert Action.WAKE in [st.action for st in plan.steps]
     after = apply_plan(desired, observed, plan, NOW)
-    assert after.in_flight["od"] == InFlightObs(0, InFlightSource.METRICS, NOW, None, NOW)
+    assert after.in_flight["od"] == sm.InFlightObs(0, sm.InFlightSource.METRICS, NOW, None, NOW)
     assert plan_transitions(desired, after, None, NOW).empty
-    unknown = replace(observed, in_flight={"od": InFlightObs(None, InFlightSource.METRICS)})
+    unknown = replace(observed, in_flight={"od": sm.InFlightObs(None, sm.InFlightSource.METRICS)})
     woken = apply_plan(desired, unknown, plan, NOW).in_flight["od"]
-    assert woken == InFlightObs(None, InFlightSource.METRICS, None, None, NOW)
+    assert woken == sm.InFlightObs(None, sm.InFlightSource.METRICS, None, None, NOW)

@@ -9,7 +9,7 @@ reservation it starts with, or woken although it just started awake.
 shrink, grow, release_to_residual, reserve_wake) and only with the figure that action
 reads (``mib`` for a reserve, ``to_mib`` for the others); any other step, or one
 without its figure, returns the ledger unchanged (``ledger_prefixes``, which
-``tests/replay.py`` checks every plan with, replays hand-made plans too).
+``tests/support/replay.py`` checks every plan with, replays hand-made plans too).
 
 Pure: the mutation run's pool.
 """
@@ -18,39 +18,26 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from statemachine import types as sm
 from statemachine.ledger import GpuReservation, Ledger, ledger_from_observed
 from statemachine.plan import Action, Plan, Step
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan, apply_step
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-    StartedWith,
-)
 
 NOW = 1_000_000.0
-UP = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
-ROLES = {"g0": GpuRole("g0", 30_000)}
+UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
+ROLES = {"g0": sm.GpuRole("g0", 30_000)}
 
 
-def _stop_then_start(spec: ServeSpec, observed: Observed) -> tuple[DesiredState, Observed]:
+def _stop_then_start(
+    spec: sm.ServeSpec, observed: sm.Observed
+) -> tuple[sm.DesiredState, sm.Observed]:
     """``spec`` stopped (desired stopped), then started again (desired running), each
     plan applied; the desired state it runs under and the observation after both."""
-    down = DesiredState(ROLES, {spec.name: replace(spec, desired=DesiredRun.STOPPED)})
+    down = sm.DesiredState(ROLES, {spec.name: replace(spec, desired=sm.DesiredRun.STOPPED)})
     stopped = apply_plan(down, observed, plan_transitions(down, observed, None, NOW), NOW)
-    assert stopped.container(spec.container).state is ContainerState.EXITED
-    up = DesiredState(ROLES, {spec.name: replace(spec, desired=DesiredRun.RUNNING)})
+    assert stopped.container(spec.container).state is sm.ContainerState.EXITED
+    up = sm.DesiredState(ROLES, {spec.name: replace(spec, desired=sm.DesiredRun.RUNNING)})
     start = plan_transitions(up, stopped, None, NOW + 10)
     assert [st.action for st in start.steps][:2] == [Action.RESERVE, Action.START]
     return up, apply_plan(up, stopped, start, NOW + 10)
@@ -59,15 +46,15 @@ def _stop_then_start(spec: ServeSpec, observed: Observed) -> tuple[DesiredState,
 def test_a_stopped_elastic_serve_forgets_its_shrunk_figure_so_its_restart_counts_in_full() -> None:
     """moe (20000 declared, elastic) runs shrunk to 14000 and is stopped: its engine
     forgets the shrink. Started again, it holds its whole 20000 and is counted so."""
-    moe = ServeSpec(
+    moe = sm.ServeSpec(
         "moe",
         "ctr-moe",
         ("g0",),
         20_000,
-        Residency.EVICTABLE,
-        elastic=Elastic("http://127.0.0.1:1", 10_000),
+        sm.Residency.EVICTABLE,
+        elastic=sm.Elastic("http://127.0.0.1:1", 10_000),
     )
-    shrunk = Observed(True, {"ctr-moe": UP}, elastic_mib={"moe": 14_000})
+    shrunk = sm.Observed(True, {"ctr-moe": UP}, elastic_mib={"moe": 14_000})
     up, after = _stop_then_start(moe, shrunk)
     assert "moe" not in after.elastic_mib
     assert ledger_from_observed(up, after).holdings["moe"].mib == 20_000
@@ -77,15 +64,15 @@ def test_a_stopped_sleeper_is_not_asleep_so_its_restart_counts_in_full_and_is_no
     """s (8000 declared, residual 1000) is asleep and stopped: a stopped engine sleeps
     no more. Started again, it is awake at its whole 8000 and the next plan has nothing
     to do (read asleep, it would be counted at its residual and woken)."""
-    s = ServeSpec(
+    s = sm.ServeSpec(
         "s",
         "ctr-s",
         ("g0",),
         8000,
-        Residency.ON_DEMAND,
-        sleep=Sleep(1, 1000, SleepProtocol.VLLM, 0),
+        sm.Residency.ON_DEMAND,
+        sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 0),
     )
-    asleep = Observed(True, {"ctr-s": UP}, sleep={"s": SleepObs(SleepState.ASLEEP, 1)})
+    asleep = sm.Observed(True, {"ctr-s": UP}, sleep={"s": sm.SleepObs(sm.SleepState.ASLEEP, 1)})
     up, after = _stop_then_start(s, asleep)
     assert "s" not in after.sleep
     assert ledger_from_observed(up, after).holdings["s"].mib == 8000
@@ -132,21 +119,21 @@ def test_a_grow_below_a_larger_start_record_keeps_the_engines_figure() -> None:
     the ledger counts 12000. Grown back to 10000, above its declaration and below its
     record, its engine's figure (10000) is what it holds and stays; grown to 12000, the
     figure says nothing more and is dropped."""
-    spec = ServeSpec(
+    spec = sm.ServeSpec(
         "moe",
         "c-moe",
         ("g0",),
         8000,
-        Residency.EVICTABLE,
-        DesiredRun.RUNNING,
-        elastic=Elastic("http://127.0.0.1:1", 1000),
+        sm.Residency.EVICTABLE,
+        sm.DesiredRun.RUNNING,
+        elastic=sm.Elastic("http://127.0.0.1:1", 1000),
     )
-    desired = DesiredState(ROLES, {"moe": spec})
-    observed = Observed(
+    desired = sm.DesiredState(ROLES, {"moe": spec})
+    observed = sm.Observed(
         True,
         {"c-moe": UP},
         elastic_mib={"moe": 6000},
-        started_with={"c-moe": StartedWith("moe", ("g0",), 12_000)},
+        started_with={"c-moe": sm.StartedWith("moe", ("g0",), 12_000)},
     )
     ledger = ledger_from_observed(desired, observed)
     for to, figure in ((10_000, {"moe": 10_000}), (12_000, {})):
@@ -161,11 +148,11 @@ def test_a_stopped_containers_start_record_ends_with_it() -> None:
     """The shell ends a start record once docker shows its container stopped: the
     simulated stop does too, so nothing after it (where a stopped placed serve is shown,
     a start outside the ledger) reads the reservation of a run that is over."""
-    llm = ServeSpec("llm", "ctr-llm", ("g0",), 20_000, Residency.EVICTABLE)
-    ran = Observed(
-        True, {"ctr-llm": UP}, started_with={"ctr-llm": StartedWith("llm", ("g0",), 25_000)}
+    llm = sm.ServeSpec("llm", "ctr-llm", ("g0",), 20_000, sm.Residency.EVICTABLE)
+    ran = sm.Observed(
+        True, {"ctr-llm": UP}, started_with={"ctr-llm": sm.StartedWith("llm", ("g0",), 25_000)}
     )
-    down = DesiredState(ROLES, {"llm": replace(llm, desired=DesiredRun.STOPPED)})
+    down = sm.DesiredState(ROLES, {"llm": replace(llm, desired=sm.DesiredRun.STOPPED)})
     stopped = apply_plan(down, ran, plan_transitions(down, ran, None, NOW), NOW)
-    assert stopped.container("ctr-llm").state is ContainerState.EXITED
+    assert stopped.container("ctr-llm").state is sm.ContainerState.EXITED
     assert "ctr-llm" not in stopped.started_with

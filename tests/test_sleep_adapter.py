@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 from fake_engine import SGLANG_IDLE_MESSAGE, FakeEngine
-from fakes_nvml import GIB, FakeDevice
-from serving import free_port
+from support.fakes_nvml import GIB, FakeDevice
+from support.serving import free_port
 
 from controller.adapters.sleep import SleepClient, SleepError, SleepNotEnabledError
 

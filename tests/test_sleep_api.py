@@ -7,12 +7,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
+from support.service import controller_on
 from test_api import TOKEN, Asgi, auth, client  # noqa: F401 - the fixture
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, CycleSummary, RunOptions
 from controller.snapshot import parse_snapshot
-from controller.store.journal import Journal, journal_path
 
 MANIFEST = """
 [[gpu_roles]]
@@ -50,11 +50,7 @@ host_ram_mib = 4000
 
 @pytest.fixture
 def idle(tmp_path: Path) -> Iterator[Controller]:
-    path = tmp_path / "serves.toml"
-    path.write_text(MANIFEST)
-    mset = load_manifest_set([path])
-    controller = Controller(RunOptions(manifests=(path,), state_dir=tmp_path / "state"), mset)
-    controller.journal = Journal.open(journal_path(controller.state_dir))
+    controller = controller_on(tmp_path, MANIFEST)
     yield controller
     controller.journal.close()
 

@@ -33,7 +33,8 @@ import docker
 import pytest
 from docker.errors import NotFound
 from fake_engine import FakeEngine
-from serving import free_port
+from support.serving import free_port
+from support.waiting import WAIT_S, wait_for
 from test_run_e2e import (
     BUDGET_MIB,
     HOLDS,
@@ -45,7 +46,6 @@ from test_run_e2e import (
     healthy,
     serve_toml,
 )
-from waiting import WAIT_S, wait_for
 
 from controller.store.journal import Journal
 

@@ -21,8 +21,8 @@ import docker
 import pytest
 from docker.errors import NotFound
 from fake_engine import FakeEngine
-from fakes_nvml import FakeDevice, FakeNvml
-from serving import free_port, httpd
+from support.fakes_nvml import FakeDevice, FakeNvml
+from support.serving import free_port, httpd
 
 from controller.adapters.docker.read import ContainerObserver, manifest_containers
 from controller.adapters.sleep import SleepClient

@@ -8,25 +8,17 @@ from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from pathlib import Path
 
-from test_engine_flags import compose
+from support.cli import bare_cli
+from support.files import compose
 from test_engine_flags_sleep import SERVICES, SLEEPY
 
 REPO = Path(__file__).resolve().parents[1]
 
 
 def lint(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", "lint", *args],
-        capture_output=True,
-        text=True,
-        cwd=REPO,
-        timeout=60,
-        check=False,
-        env={"PATH": "/usr/bin:/bin", "COLUMNS": "200", "NO_COLOR": "1", "PYTHONPATH": str(REPO)},
-    )
+    return bare_cli("lint", *args)
 
 
 def test_lint_compose_names_the_missing_sleep_flag_and_exits_1(tmp_path: Path) -> None:

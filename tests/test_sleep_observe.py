@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fake_engine import FakeEngine
-from serving import free_port
+from support.serving import free_port
 
 from controller.adapters.sleep import SleepClient
 from controller.manifest import load_manifest_set

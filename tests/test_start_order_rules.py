@@ -15,41 +15,27 @@ only the first in the order fits; the other is blocked.
 from __future__ import annotations
 
 import pytest
+from support.core import spec
 
+from statemachine import types as sm
 from statemachine.plan import Action, Plan, Policy
 from statemachine.planner import plan_transitions
-from statemachine.types import (
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-)
 
 NOW = 10_000.0
-ROLES = {"a": GpuRole("a", 32_000, 2_000)}
+ROLES = {"a": sm.GpuRole("a", 32_000, 2_000)}
 
 
-def on_demand(name: str, priority: int, *, running: bool = False) -> ServeSpec:
+def on_demand(name: str, priority: int, *, running: bool = False) -> sm.ServeSpec:
     """An on-demand serve of 20000 MiB on ``a`` (``running``: desired ``running``)."""
-    return ServeSpec(
-        name,
-        f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=20_000,
-        residency=Residency.ON_DEMAND,
-        desired=DesiredRun.RUNNING if running else None,
-        priority=priority,
-    )
+    desired = sm.DesiredRun.RUNNING if running else None
+    return spec(name, 20_000, sm.Residency.ON_DEMAND, desired=desired, priority=priority)
 
 
-def plan(serves: list[ServeSpec], asked: dict[str, float]) -> Plan:
+def plan(serves: list[sm.ServeSpec], asked: dict[str, float]) -> Plan:
     """The plan on an empty host, each serve of ``asked`` requested ``asked[s]`` s ago."""
-    requests = tuple(OnDemandRequest(n, NOW - age) for n, age in asked.items())
-    desired = DesiredState(ROLES, {s.name: s for s in serves}, requests)
-    return plan_transitions(desired, Observed(True), Policy(), NOW)
+    requests = tuple(sm.OnDemandRequest(n, NOW - age) for n, age in asked.items())
+    desired = sm.DesiredState(ROLES, {s.name: s for s in serves}, requests)
+    return plan_transitions(desired, sm.Observed(True), Policy(), NOW)
 
 
 def started(p: Plan) -> list[str]:

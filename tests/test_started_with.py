@@ -11,40 +11,31 @@ import sqlite3
 from pathlib import Path
 
 from controller.store.journal import Journal
+from statemachine import types as sm
 from statemachine.ledger import ledger_from_observed, no_longer_declared
 from statemachine.planner import Action, Policy, plan_transitions
 from statemachine.simulate import apply_plan
 from statemachine.status import host_status
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-    StartedWith,
-)
 
-ROLES = {"a": GpuRole("a", 10_000), "b": GpuRole("b", 10_000)}
-RUNNING = ContainerObs(ContainerState.RUNNING, started_at=100.0)
-EXITED = ContainerObs(ContainerState.EXITED, exit_code=0)
-B = ServeSpec("b", "c-b", ("a",), 6000, Residency.ON_DEMAND, DesiredRun.RUNNING, port=None)
+ROLES = {"a": sm.GpuRole("a", 10_000), "b": sm.GpuRole("b", 10_000)}
+RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=100.0)
+EXITED = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)
+B = sm.ServeSpec("b", "c-b", ("a",), 6000, sm.Residency.ON_DEMAND, sm.DesiredRun.RUNNING, port=None)
 
 
-def desired(*serves: ServeSpec) -> DesiredState:
-    return DesiredState(ROLES, {s.name: s for s in serves})
+def desired(*serves: sm.ServeSpec) -> sm.DesiredState:
+    return sm.DesiredState(ROLES, {s.name: s for s in serves})
 
 
-def observed(containers: dict[str, ContainerObs], records: dict[str, StartedWith]) -> Observed:
-    return Observed(True, containers, started_with=records)
+def observed(
+    containers: dict[str, sm.ContainerObs], records: dict[str, sm.StartedWith]
+) -> sm.Observed:
+    return sm.Observed(True, containers, started_with=records)
 
 
 def test_a_running_container_no_longer_declared_keeps_its_room() -> None:
     want = desired(B)
-    obs = observed({"c-a": RUNNING, "c-b": EXITED}, {"c-a": StartedWith("a", ("a",), 6000)})
+    obs = observed({"c-a": RUNNING, "c-b": EXITED}, {"c-a": sm.StartedWith("a", ("a",), 6000)})
     ledger = ledger_from_observed(want, obs)
     assert ledger.committed_mib("a") == 6000 and ledger.holds("a")
     plan = plan_transitions(want, obs, Policy(), now=200.0)
@@ -58,7 +49,7 @@ def test_a_running_container_no_longer_declared_keeps_its_room() -> None:
 
 def test_once_it_stops_the_record_counts_nothing() -> None:
     want = desired(B)
-    obs = observed({"c-a": EXITED}, {"c-a": StartedWith("a", ("a",), 6000)})
+    obs = observed({"c-a": EXITED}, {"c-a": sm.StartedWith("a", ("a",), 6000)})
     assert ledger_from_observed(want, obs).committed_mib("a") == 0
     assert no_longer_declared(want, obs) == []
     plan = plan_transitions(want, obs, Policy(), now=200.0)
@@ -66,30 +57,30 @@ def test_once_it_stops_the_record_counts_nothing() -> None:
 
 
 def test_declared_smaller_or_elsewhere_counts_the_larger_on_both() -> None:
-    smaller = ServeSpec("a", "c-a", ("b",), 2000, Residency.RESIDENT, DesiredRun.RUNNING)
-    obs = observed({"c-a": RUNNING}, {"c-a": StartedWith("a", ("a",), 6000)})
+    smaller = sm.ServeSpec("a", "c-a", ("b",), 2000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING)
+    obs = observed({"c-a": RUNNING}, {"c-a": sm.StartedWith("a", ("a",), 6000)})
     ledger = ledger_from_observed(desired(smaller), obs)
     assert ledger.holdings["a"].gpu_roles == ("b", "a")
     assert (ledger.committed_mib("a"), ledger.committed_mib("b")) == (6000, 6000)
-    larger = ServeSpec("a", "c-a", ("a",), 8000, Residency.RESIDENT, DesiredRun.RUNNING)
+    larger = sm.ServeSpec("a", "c-a", ("a",), 8000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING)
     assert ledger_from_observed(desired(larger), obs).committed_mib("a") == 8000
 
 
 def test_a_name_taken_by_a_declared_serve_gets_its_container_beside_it() -> None:
-    renamed = ServeSpec("a", "c-a2", ("a",), 1000, Residency.RESIDENT, DesiredRun.RUNNING)
-    obs = observed({"c-a": RUNNING, "c-a2": RUNNING}, {"c-a": StartedWith("a", ("a",), 6000)})
+    renamed = sm.ServeSpec("a", "c-a2", ("a",), 1000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING)
+    obs = observed({"c-a": RUNNING, "c-a2": RUNNING}, {"c-a": sm.StartedWith("a", ("a",), 6000)})
     ledger = ledger_from_observed(desired(renamed), obs)
     assert ledger.reservations_on("a") == (("a", 1000), ("a (c-a)", 6000))
 
 
 def test_roles_without_a_capacity_row_cannot_be_counted() -> None:
-    obs = observed({"c-a": RUNNING}, {"c-a": StartedWith("a", ("gone",), 6000)})
+    obs = observed({"c-a": RUNNING}, {"c-a": sm.StartedWith("a", ("gone",), 6000)})
     assert no_longer_declared(desired(B), obs) == []
     assert ledger_from_observed(desired(B), obs).holdings == {}
 
 
 def test_docker_unreadable_is_unknown_not_zero() -> None:
-    obs = Observed(False, started_with={"c-a": StartedWith("a", ("a",), 6000)})
+    obs = sm.Observed(False, started_with={"c-a": sm.StartedWith("a", ("a",), 6000)})
     assert ledger_from_observed(desired(B), obs).unknown
     assert no_longer_declared(desired(B), obs) == []
 
@@ -99,7 +90,7 @@ def test_the_journal_keeps_start_reservations_and_opens_older_files(tmp_path: Pa
     with Journal.open(path) as j:
         j.set_started("c-a", "a", ("a", "b"), 6000, 1.0)
         j.set_started("c-a", "a", ("a",), 7000, 2.0)  # a new start replaces the record
-        assert j.started() == {"c-a": StartedWith("a", ("a",), 7000)}
+        assert j.started() == {"c-a": sm.StartedWith("a", ("a",), 7000)}
         j.forget_started("c-a")
         assert j.started() == {}
     with sqlite3.connect(path) as conn:  # a journal written before the table existed
@@ -108,34 +99,36 @@ def test_the_journal_keeps_start_reservations_and_opens_older_files(tmp_path: Pa
         assert j.started() == {}
     with Journal.open(path) as j:  # opened for writing, the table is added
         j.set_started("c-b", "b", ("a",), 1000, 3.0)
-        assert j.started() == {"c-b": StartedWith("b", ("a",), 1000)}
+        assert j.started() == {"c-b": sm.StartedWith("b", ("a",), 1000)}
 
 
-def _elastic_started_bigger(b_used: int) -> tuple[DesiredState, Observed]:
+def _elastic_started_bigger(b_used: int) -> tuple[sm.DesiredState, sm.Observed]:
     """``el`` started at 8000 MiB on a and b (its record), declared 6000 on both now,
     shrunk to 4000; ``other`` holds ``b_used`` on b."""
-    el = ServeSpec(
+    el = sm.ServeSpec(
         "el",
         "c-el",
         ("a", "b"),
         6000,
-        Residency.EVICTABLE,
-        DesiredRun.RUNNING,
-        elastic=Elastic("http://127.0.0.1:1", floor_mib=1000, segment_mib=512),
+        sm.Residency.EVICTABLE,
+        sm.DesiredRun.RUNNING,
+        elastic=sm.Elastic("http://127.0.0.1:1", floor_mib=1000, segment_mib=512),
     )
-    other = ServeSpec("other", "c-other", ("b",), b_used, Residency.RESIDENT, DesiredRun.RUNNING)
-    obs = Observed(
+    other = sm.ServeSpec(
+        "other", "c-other", ("b",), b_used, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING
+    )
+    obs = sm.Observed(
         True,
         {"c-el": RUNNING, "c-other": RUNNING},
         elastic_mib={"el": 4000},
-        started_with={"c-el": StartedWith("el", ("a", "b"), 8000)},
+        started_with={"c-el": sm.StartedWith("el", ("a", "b"), 8000)},
     )
     return desired(el, other), obs
 
 
 def _plan_applied(
-    want: DesiredState, obs: Observed
-) -> tuple[list[tuple[Action, str, int | None, int | None]], Observed]:
+    want: sm.DesiredState, obs: sm.Observed
+) -> tuple[list[tuple[Action, str, int | None, int | None]], sm.Observed]:
     """The plan's steps, and the host once they are done, whose ledger must be the one
     the plan promised."""
     plan = plan_transitions(want, obs, Policy(), now=200.0)

@@ -26,29 +26,19 @@ from typing import Any
 
 import pytest
 from docker import DockerClient
-from waiting import WAIT_S, wait_for
+from support.fake_docker import FakeContainers
+from support.service import controller_on
+from support.waiting import WAIT_S, wait_for
 
 from controller.adapters.docker.actions import DockerActions
-from controller.manifest import load_manifest_set
 from controller.service.executor import Executor, ExecutorConfig, Outcome, StepResult
 from controller.service.live import LiveLedger
-from controller.service.loop import Controller, RunOptions
+from controller.service.loop import Controller
 from controller.service.starts import StartTracker, group_alive, proc_start_ticks, supervise_orphans
-from controller.snapshot import ContainerModel
 from controller.store.journal import Journal, UpRecord, journal_path
+from statemachine import types as sm
 from statemachine.ledger import Ledger, ledger_from_observed
 from statemachine.planner import Action, Plan, Step
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    GpuRole,
-    Observed,
-    Residency,
-    ServeSpec,
-    StartingObs,
-)
 
 # ── the tracker ──────────────────────────────────────────────────────────────
 
@@ -59,7 +49,7 @@ def test_an_old_starts_late_end_does_not_erase_a_newer_start() -> None:
     t.end("x", old)
     new = t.begin("x", ("a",), 4000)
     t.end("x", old)  # the first start's thread ends late
-    assert t.snapshot() == {"x": StartingObs(("a",), 4000)}
+    assert t.snapshot() == {"x": sm.StartingObs(("a",), 4000)}
     t.end("x", new)
     assert t.snapshot() == {}
 
@@ -102,16 +92,20 @@ def test_an_up_that_cannot_be_recorded_does_not_run_on(tmp_path: Path) -> None:
 
 
 def test_a_start_in_progress_counts_on_the_roles_it_was_started_on() -> None:
-    roles = {"g0": GpuRole("g0", 10_000), "g1": GpuRole("g1", 10_000)}
-    moved = ServeSpec("llm", "c-llm", ("g1",), 6000, Residency.RESIDENT, DesiredRun.RUNNING)
-    starting = {"llm": StartingObs(("g0",), 6000)}
+    roles = {"g0": sm.GpuRole("g0", 10_000), "g1": sm.GpuRole("g1", 10_000)}
+    moved = sm.ServeSpec(
+        "llm", "c-llm", ("g1",), 6000, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING
+    )
+    starting = {"llm": sm.StartingObs(("g0",), 6000)}
     ledger = ledger_from_observed(
-        DesiredState(roles, {"llm": moved}), Observed(True, {}, starting=starting)
+        sm.DesiredState(roles, {"llm": moved}), sm.Observed(True, {}, starting=starting)
     )
     # moved to g1 while it loads on g0: both hold it until the start ends
     assert (ledger.committed_mib("g0"), ledger.committed_mib("g1")) == (6000, 6000)
     # and removed from the manifest while it loads: still counted where it started
-    gone = ledger_from_observed(DesiredState(roles, {}), Observed(True, {}, starting=starting))
+    gone = ledger_from_observed(
+        sm.DesiredState(roles, {}), sm.Observed(True, {}, starting=starting)
+    )
     assert (gone.committed_mib("g0"), gone.committed_mib("g1")) == (6000, 0)
 
 
@@ -132,7 +126,7 @@ def test_an_orphan_whose_leader_exited_is_followed_by_its_group(tmp_path: Path) 
     stop = threading.Event()
     ended = threading.Event()
     assert supervise_orphans(t, j, stop=stop, poll_s=0.05, on_end=lambda s: ended.set()) == ["od"]
-    assert t.snapshot() == {"od": StartingObs(("a",), 6000)}
+    assert t.snapshot() == {"od": sm.StartingObs(("a",), 6000)}
     assert ended.wait(WAIT_S), "the group ended but the orphan was not released"
     assert t.snapshot() == {} and j.ups() == []
     stop.set()
@@ -154,51 +148,36 @@ def test_a_record_of_a_process_that_is_gone_is_dropped(tmp_path: Path) -> None:
 # ── the executor ─────────────────────────────────────────────────────────────
 
 
-class Containers:
+class Containers(FakeContainers):
     """In-memory container runtime: state per container, start and stop flip it."""
 
     def __init__(self, running: set[str], existing: set[str]) -> None:
-        self.state = {c: "running" for c in running} | {c: "exited" for c in existing}
+        super().__init__(running, exited=existing)
         self.started: list[str] = []
         self.gate = threading.Event()
         self.gate.set()
 
-    def created_for(self, name: str) -> str | None:
-        return None  # made without VRAMCTL_GPU_ROLE: started as it is
-
-    def exists(self, name: str) -> bool:
-        return name in self.state
-
-    def stop(self, name: str, timeout_s: float) -> None:
-        self.state[name] = "exited"
-
     def start(self, name: str) -> None:
         self.gate.wait(30)
         self.started.append(name)
-        self.state[name] = "running"
-
-    def inspect(self, name: str) -> ContainerModel | None:
-        if name not in self.state:
-            return None
-        return ContainerModel(state=ContainerState(self.state[name]), exit_code=0)
-
-    def logs(self, name: str, tail: int = 40) -> str:
-        return ""
+        super().start(name)
 
     @staticmethod
     def port_in_use(port: int) -> bool:
         return False
 
 
-def serve(name: str, mib: int, **kw: Any) -> ServeSpec:
-    return ServeSpec(name, f"c-{name}", ("a",), mib, Residency.RESIDENT, DesiredRun.RUNNING, **kw)
+def serve(name: str, mib: int, **kw: Any) -> sm.ServeSpec:
+    return sm.ServeSpec(
+        name, f"c-{name}", ("a",), mib, sm.Residency.RESIDENT, sm.DesiredRun.RUNNING, **kw
+    )
 
 
 def step(action: Action, name: str, mib: int | None, group: str, **kw: Any) -> Step:
     return Step(action, name, ("a",), mib, "", group=group, **kw)
 
 
-def make_executor(desired: DesiredState, docker: Containers, **kw: Any) -> Executor:
+def make_executor(desired: sm.DesiredState, docker: Containers, **kw: Any) -> Executor:
     return Executor(
         desired,
         docker=docker,  # type: ignore[arg-type]
@@ -210,18 +189,18 @@ def make_executor(desired: DesiredState, docker: Containers, **kw: Any) -> Execu
 def test_a_refused_stop_refuses_the_starts_that_needed_it() -> None:
     # f holds the port g needs; f's stop (in its own group) drains a router tier and no
     # router is configured: the preflight refuses f's group, so g must not start either
-    f = ServeSpec(
+    f = sm.ServeSpec(
         "f",
         "c-f",
         ("a",),
         2000,
-        Residency.EVICTABLE,
-        DesiredRun.STOPPED,
+        sm.Residency.EVICTABLE,
+        sm.DesiredRun.STOPPED,
         port=9000,
         router_tier="tier-f",
     )
     g = serve("g", 2000, port=9000)
-    desired = DesiredState({"a": GpuRole("a", 10_000)}, {"f": f, "g": g})
+    desired = sm.DesiredState({"a": sm.GpuRole("a", 10_000)}, {"f": f, "g": g})
     docker = Containers(running={"c-f"}, existing={"c-g"})
     plan = Plan(
         (
@@ -237,7 +216,7 @@ def test_a_refused_stop_refuses_the_starts_that_needed_it() -> None:
         Ledger({}),
         Ledger({}),
     )
-    observed = Observed(True, {"c-f": ContainerObs(ContainerState.RUNNING)})
+    observed = sm.Observed(True, {"c-f": sm.ContainerObs(sm.ContainerState.RUNNING)})
     report = make_executor(desired, docker).execute(plan, observed)
     assert docker.started == [] and docker.state["c-f"] == "running"
     assert sorted(report.refused_groups) == ["f", "g"]
@@ -246,7 +225,7 @@ def test_a_refused_stop_refuses_the_starts_that_needed_it() -> None:
 
 def test_a_later_step_of_a_start_in_progress_does_not_hold_the_plan() -> None:
     x, y = serve("x", 2000), serve("y", 2000)
-    desired = DesiredState({"a": GpuRole("a", 10_000)}, {"x": x, "y": y})
+    desired = sm.DesiredState({"a": sm.GpuRole("a", 10_000)}, {"x": x, "y": y})
     docker = Containers(running=set(), existing={"c-x", "c-y"})
     docker.gate.clear()  # x's start hangs
     ended: list[list[StepResult]] = []
@@ -271,7 +250,7 @@ def test_a_later_step_of_a_start_in_progress_does_not_hold_the_plan() -> None:
         Ledger({}),
     )
     t0 = time.monotonic()
-    report = ex.execute(plan, Observed(True, {}), skip_preflight=True)
+    report = ex.execute(plan, sm.Observed(True, {}), skip_preflight=True)
     assert time.monotonic() - t0 < 20  # returned while x's start still hangs
     grow = next(r for r in report.results if r.step.action is Action.GROW)
     assert grow.outcome is Outcome.SKIPPED and "still in progress" in grow.detail
@@ -295,7 +274,7 @@ def test_a_start_the_live_ledger_calls_ready_is_no_longer_in_progress_in_the_tra
     x = serve("x", 2000)
     docker = Containers(running=set(), existing={"c-x"})
     ex = make_executor(
-        DesiredState({"a": GpuRole("a", 10_000)}, {"x": x}),
+        sm.DesiredState({"a": sm.GpuRole("a", 10_000)}, {"x": x}),
         docker,
         starts=StartTracker(),
         on_start_done=lambda _results, release: release(),
@@ -303,7 +282,7 @@ def test_a_start_the_live_ledger_calls_ready_is_no_longer_in_progress_in_the_tra
     ex.live = live = LiveLedger()
     assert ex.starts is not None
     tracker = ex.starts
-    in_progress_when_ready: list[dict[str, StartingObs]] = []
+    in_progress_when_ready: list[dict[str, sm.StartingObs]] = []
 
     def told() -> None:  # on the writer's thread, after each change of the live ledger
         if "x" in live.overlay(0).ready:
@@ -320,7 +299,7 @@ def test_a_start_the_live_ledger_calls_ready_is_no_longer_in_progress_in_the_tra
         Ledger({}),
         Ledger({}),
     )
-    ex.execute(plan, Observed(True, {}), skip_preflight=True)
+    ex.execute(plan, sm.Observed(True, {}), skip_preflight=True)
     tracker.join(WAIT_S)
     wait_for("the live ledger to say x is ready", lambda: in_progress_when_ready)
     assert all("x" not in seen for seen in in_progress_when_ready), in_progress_when_ready
@@ -344,13 +323,7 @@ router_tier = "fast"
 
 
 def controller(tmp_path: Path) -> Controller:
-    path = tmp_path / "serves.toml"
-    path.write_text(MANIFEST)
-    c = Controller(
-        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
-    )
-    c.journal = Journal.open(journal_path(tmp_path / "state"))
-    return c
+    return controller_on(tmp_path, MANIFEST)
 
 
 def failed_await(at: float) -> StepResult:
@@ -427,10 +400,10 @@ def test_tiers_of_starts_a_killed_controller_left_pending_are_readmitted(tmp_pat
 def test_an_expired_request_does_not_end_while_its_serve_is_starting(tmp_path: Path) -> None:
     c = controller(tmp_path)
     c.journal.add_request("llm", 100.0, 1.0)  # expired long ago
-    starting = Observed(True, {}, starting={"llm": StartingObs(("a",), 4000)})
+    starting = sm.Observed(True, {}, starting={"llm": sm.StartingObs(("a",), 4000)})
     c.reconciler.lessons.end_finished_requests(starting, 1000.0)
     assert [r.serve for r in c.journal.active_requests()] == ["llm"]
-    c.reconciler.lessons.end_finished_requests(Observed(True, {}), 1000.0)
+    c.reconciler.lessons.end_finished_requests(sm.Observed(True, {}), 1000.0)
     assert c.journal.active_requests() == []
 
 
@@ -442,12 +415,12 @@ def test_a_start_that_ended_healthy_is_no_longer_in_progress_before_its_end_is_t
     token = tracker.begin("a", ("g",), 4000)
     other = tracker.begin("b", ("g",), 1000)
     tracker.succeeded("a", token)
-    assert tracker.snapshot() == {"b": StartingObs(("g",), 1000)}
-    assert tracker.ran() == {"a": StartingObs(("g",), 4000)}
+    assert tracker.snapshot() == {"b": sm.StartingObs(("g",), 1000)}
+    assert tracker.ran() == {"a": sm.StartingObs(("g",), 4000)}
     assert tracker.active("a")  # ended by the loop, not here
     tracker.succeeded("b", other + 1)  # an older start's word for a newer start: nothing
     assert "b" in tracker.snapshot() and "b" not in tracker.ran()
     tracker.end("a", token)
     assert tracker.ran() == {} and "a" not in tracker.snapshot()
     again = tracker.begin("a", ("g",), 4000)  # a new start of the same serve is in progress
-    assert tracker.snapshot()["a"] == StartingObs(("g",), 4000) and again != token
+    assert tracker.snapshot()["a"] == sm.StartingObs(("g",), 4000) and again != token

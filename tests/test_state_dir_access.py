@@ -32,7 +32,7 @@ from typing import Any
 
 import pytest
 from mcp.client.session import ClientSession
-from test_mcp import _text, with_session
+from support.mcp_stdio import tool_text, with_session
 
 from controller.store.journal import Journal, journal_path
 
@@ -158,9 +158,9 @@ def test_mcp_starts_and_its_tools_say_the_journal_could_not_be_read(denied: Deni
     launcher = [*denied.prefix, str(VRAMCTL)]
     status, fit = with_session(go, [*args, "--state-dir", str(denied.state)], launcher)
     for result in (status, fit):
-        assert not result.is_error, _text(result)
+        assert not result.is_error, tool_text(result)
         notes = result.structured_content["notes"]
         said = [n for n in notes if "the journal could not be read" in n]
         assert said and str(denied.state) in said[0] and "--state-dir" in said[0], notes
     assert fit.structured_content["fits"] is True
-    assert json.loads(_text(fit))["evict"] == ["ocr"]
+    assert json.loads(tool_text(fit))["evict"] == ["ocr"]

@@ -22,7 +22,7 @@ import termios
 from collections.abc import Callable
 from pathlib import Path
 
-from waiting import WAIT_S, wait_for
+from support.waiting import WAIT_S, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"

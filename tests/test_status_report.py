@@ -16,59 +16,34 @@ from dataclasses import replace
 from typing import Any
 
 import pytest
+from support.core import spec
 
+from statemachine import types as sm
 from statemachine.status import host_status, lifecycle_from_observation
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuObs,
-    GpuRole,
-    HostBudget,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-)
 
 NOW = 10_000.0
-RUN, STOP = DesiredRun.RUNNING, DesiredRun.STOPPED
-RES, EVI, OND = Residency.RESIDENT, Residency.EVICTABLE, Residency.ON_DEMAND
-ROLE = GpuRole("a", 32_000, 2_000, uuid="GPU-a")  # budget 30000
-UP = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=0.0)
-DEVICE = GpuObs("GPU-a", index=0, total_mib=32_607, used_mib=12_500)
-OTHER_DEVICE = GpuObs("GPU-b", index=1, total_mib=8_192, used_mib=100)
+RUN, STOP = sm.DesiredRun.RUNNING, sm.DesiredRun.STOPPED
+RES, EVI, OND = sm.Residency.RESIDENT, sm.Residency.EVICTABLE, sm.Residency.ON_DEMAND
+ROLE = sm.GpuRole("a", 32_000, 2_000, uuid="GPU-a")  # budget 30000
+UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)
+DEVICE = sm.GpuObs("GPU-a", index=0, total_mib=32_607, used_mib=12_500)
+OTHER_DEVICE = sm.GpuObs("GPU-b", index=1, total_mib=8_192, used_mib=100)
 
 
-def sv(name: str, mib: int | None, residency: Residency | None, **kw: Any) -> ServeSpec:
-    return ServeSpec(
-        name=name,
-        container=f"c-{name}",
-        gpu_roles=("a",),
-        vram_mib=mib,
-        residency=residency,
-        **kw,
-    )
+def sv(name: str, mib: int | None, residency: sm.Residency | None, **kw: Any) -> sm.ServeSpec:
+    return spec(name, mib, residency, **kw)
 
 
-def desired_of(*serves: ServeSpec, role: GpuRole = ROLE, **kw: Any) -> DesiredState:
-    return DesiredState({role.id: role}, {s.name: s for s in serves}, **kw)
+def desired_of(*serves: sm.ServeSpec, role: sm.GpuRole = ROLE, **kw: Any) -> sm.DesiredState:
+    return sm.DesiredState({role.id: role}, {s.name: s for s in serves}, **kw)
 
 
-def report(desired: DesiredState, observed: Observed) -> dict[str, Any]:
+def report(desired: sm.DesiredState, observed: sm.Observed) -> dict[str, Any]:
     out: dict[str, Any] = host_status(desired, observed).to_json()
     return out
 
 
-def serve_row(desired: DesiredState, observed: Observed, name: str) -> dict[str, Any]:
+def serve_row(desired: sm.DesiredState, observed: sm.Observed, name: str) -> dict[str, Any]:
     rows: dict[str, dict[str, Any]] = {r["serve"]: r for r in report(desired, observed)["serves"]}
     return rows[name]
 
@@ -81,31 +56,33 @@ def test_a_container_that_exited_cleanly_or_was_asked_to_stop_is_stopped(
     code: int | None,
 ) -> None:
     # 0: a clean end; 143 = 128 + SIGTERM (docker stop); 130 = 128 + SIGINT
-    obs = ContainerObs(ContainerState.EXITED, exit_code=code, oom_killed=False)
+    obs = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=code, oom_killed=False)
     assert str(lifecycle_from_observation(obs)) == "stopped"
 
 
 @pytest.mark.parametrize("code", [1, 2, 129, 131, 137, 139, 142, 144, 255])
 def test_a_container_that_exited_with_any_other_code_failed(code: int) -> None:
-    obs = ContainerObs(ContainerState.EXITED, exit_code=code, oom_killed=False)
+    obs = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=code, oom_killed=False)
     assert str(lifecycle_from_observation(obs)) == "failed"
 
 
 @pytest.mark.parametrize(
     ("obs", "state"),
     [
-        (ContainerObs(ContainerState.DEAD), "failed"),
-        (ContainerObs(ContainerState.DEAD, exit_code=0, oom_killed=False), "failed"),
-        (ContainerObs(ContainerState.EXITED, exit_code=0, oom_killed=True), "failed"),
-        (ContainerObs(ContainerState.EXITED, exit_code=143, oom_killed=True), "failed"),
-        (ContainerObs(ContainerState.CREATED), "stopped"),
-        (ContainerObs(ContainerState.ABSENT), "stopped"),
-        (ContainerObs(ContainerState.RESTARTING, exit_code=1), "starting"),
-        (ContainerObs(ContainerState.RUNNING, health="starting"), "starting"),
-        (ContainerObs(ContainerState.RUNNING, health="healthy"), "running"),
+        (sm.ContainerObs(sm.ContainerState.DEAD), "failed"),
+        (sm.ContainerObs(sm.ContainerState.DEAD, exit_code=0, oom_killed=False), "failed"),
+        (sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0, oom_killed=True), "failed"),
+        (sm.ContainerObs(sm.ContainerState.EXITED, exit_code=143, oom_killed=True), "failed"),
+        (sm.ContainerObs(sm.ContainerState.CREATED), "stopped"),
+        (sm.ContainerObs(sm.ContainerState.ABSENT), "stopped"),
+        (sm.ContainerObs(sm.ContainerState.RESTARTING, exit_code=1), "starting"),
+        (sm.ContainerObs(sm.ContainerState.RUNNING, health="starting"), "starting"),
+        (sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy"), "running"),
     ],
 )
-def test_dead_or_oom_killed_is_failed_whatever_the_exit_code(obs: ContainerObs, state: str) -> None:
+def test_dead_or_oom_killed_is_failed_whatever_the_exit_code(
+    obs: sm.ContainerObs, state: str
+) -> None:
     assert str(lifecycle_from_observation(obs)) == state
 
 
@@ -114,7 +91,7 @@ def test_dead_or_oom_killed_is_failed_whatever_the_exit_code(obs: ContainerObs, 
 
 def test_a_role_linked_to_its_device_shows_nvml_used_total_and_both_drifts() -> None:
     desired = desired_of(sv("stt", 10_000, RES, desired=RUN))
-    observed = Observed(True, {"c-stt": UP}, gpus=(OTHER_DEVICE, DEVICE))
+    observed = sm.Observed(True, {"c-stt": UP}, gpus=(OTHER_DEVICE, DEVICE))
     out = report(desired, observed)
     assert out["nvml"] == "ok"
     (role,) = out["gpu_roles"]
@@ -129,16 +106,16 @@ def test_a_role_linked_to_its_device_shows_nvml_used_total_and_both_drifts() -> 
 @pytest.mark.parametrize(
     ("role", "gpus", "nvml"),
     [
-        (GpuRole("a", 32_000, 2_000), (DEVICE,), "ok"),  # no uuid declared
+        (sm.GpuRole("a", 32_000, 2_000), (DEVICE,), "ok"),  # no uuid declared
         (ROLE, None, "unavailable"),  # NVML unavailable
         (ROLE, (OTHER_DEVICE,), "ok"),  # no device bears the uuid
     ],
 )
 def test_a_role_without_its_device_shows_every_nvml_figure_unknown(
-    role: GpuRole, gpus: tuple[GpuObs, ...] | None, nvml: str
+    role: sm.GpuRole, gpus: tuple[sm.GpuObs, ...] | None, nvml: str
 ) -> None:
     desired = desired_of(sv("stt", 10_000, RES, desired=RUN), role=role)
-    out = report(desired, Observed(True, {"c-stt": UP}, gpus=gpus))
+    out = report(desired, sm.Observed(True, {"c-stt": UP}, gpus=gpus))
     assert out["nvml"] == nvml
     (row,) = out["gpu_roles"]
     assert row["device_found"] is False
@@ -149,7 +126,7 @@ def test_a_role_without_its_device_shows_every_nvml_figure_unknown(
 
 def test_with_docker_unreadable_the_device_figures_stay_and_the_used_drift_is_unknown() -> None:
     desired = desired_of(sv("stt", 10_000, RES, desired=RUN))
-    out = report(desired, Observed(False, gpus=(DEVICE,)))
+    out = report(desired, sm.Observed(False, gpus=(DEVICE,)))
     assert out["docker"] == "error"
     (row,) = out["gpu_roles"]
     assert row["device_found"] is True and row["nvml_used_mib"] == 12_500
@@ -165,17 +142,17 @@ def test_a_serve_shows_docker_health_where_it_has_a_healthcheck_else_the_probe()
     checked = sv("checked", 1_000, RES, desired=RUN)
     probed = sv("probed", 1_000, RES, desired=RUN)
     desired = desired_of(checked, probed)
-    bare = ContainerObs(ContainerState.RUNNING)
-    observed = Observed(
+    bare = sm.ContainerObs(sm.ContainerState.RUNNING)
+    observed = sm.Observed(
         True,
         {"c-checked": UP, "c-probed": bare},
         probes={"checked": "unhealthy", "probed": "healthy"},
     )
     assert serve_row(desired, observed, "checked")["health"] == "healthy"
     assert serve_row(desired, observed, "probed")["health"] == "healthy"
-    unprobed = Observed(True, {"c-checked": UP, "c-probed": bare})
+    unprobed = sm.Observed(True, {"c-checked": UP, "c-probed": bare})
     assert serve_row(desired, unprobed, "probed")["health"] is None
-    assert serve_row(desired, Observed(False), "checked")["health"] is None
+    assert serve_row(desired, sm.Observed(False), "checked")["health"] is None
 
 
 def test_a_serves_drift_is_nvml_used_minus_what_the_ledger_holds_for_it() -> None:
@@ -183,10 +160,10 @@ def test_a_serves_drift_is_nvml_used_minus_what_the_ledger_holds_for_it() -> Non
     elastic serve the controller shrank to 8000 of its declared 16000 and that draws
     8500 is 500 over what it holds (measured against its declaration it would read
     -7500, and its serve_over_reservation alarm could never fire)."""
-    coder = sv("coder", 16_000, EVI, desired=RUN, elastic=Elastic("http://x", 4_000))
+    coder = sv("coder", 16_000, EVI, desired=RUN, elastic=sm.Elastic("http://x", 4_000))
     desired = desired_of(coder)
-    running = ContainerObs(ContainerState.RUNNING, health="healthy", gpu_used_mib=8_500)
-    observed = Observed(True, {"c-coder": running}, elastic_mib={"coder": 8_000})
+    running = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", gpu_used_mib=8_500)
+    observed = sm.Observed(True, {"c-coder": running}, elastic_mib={"coder": 8_000})
     out = report(desired, observed)
     assert out["gpu_roles"][0]["committed_mib"] == 8_000
     row = {r["serve"]: r for r in out["serves"]}["coder"]
@@ -198,23 +175,25 @@ def test_a_serve_the_ledger_does_not_hold_drifts_against_its_declaration() -> No
     """Outside the ledger (its role has no capacity row), nothing is held for it: its
     drift is measured against what it declared."""
     free = replace(sv("free", 3_000, EVI, desired=RUN), gpu_roles=("elsewhere",))
-    running = ContainerObs(ContainerState.RUNNING, gpu_used_mib=3_200)
-    row = serve_row(desired_of(free), Observed(True, {"c-free": running}), "free")
+    running = sm.ContainerObs(sm.ContainerState.RUNNING, gpu_used_mib=3_200)
+    row = serve_row(desired_of(free), sm.Observed(True, {"c-free": running}), "free")
     assert (row["in_ledger"], row["held_mib"], row["drift_mib"]) == (False, None, 200)
 
 
 def test_a_stopped_container_has_no_nvml_used_nor_drift_whatever_its_last_reading() -> None:
     desired = desired_of(sv("stt", 10_000, RES, desired=RUN))
-    stopped = ContainerObs(ContainerState.EXITED, exit_code=0, gpu_used_mib=900)
-    row = serve_row(desired, Observed(True, {"c-stt": stopped}), "stt")
+    stopped = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0, gpu_used_mib=900)
+    row = serve_row(desired, sm.Observed(True, {"c-stt": stopped}), "stt")
     assert row["lifecycle"] == "stopped"
     assert row["nvml_used_mib"] is None and row["drift_mib"] is None
 
 
 def test_an_awake_sleeper_shows_no_level_residual_nor_host_ram() -> None:
-    coder = sv("coder", 16_000, EVI, desired=RUN, sleep=Sleep(1, 1_000, SleepProtocol.VLLM, 20_000))
-    desired = desired_of(coder, host=HostBudget(64_000, 4_000))
-    row = serve_row(desired, Observed(True, {"c-coder": UP}), "coder")
+    coder = sv(
+        "coder", 16_000, EVI, desired=RUN, sleep=sm.Sleep(1, 1_000, sm.SleepProtocol.VLLM, 20_000)
+    )
+    desired = desired_of(coder, host=sm.HostBudget(64_000, 4_000))
+    row = serve_row(desired, sm.Observed(True, {"c-coder": UP}), "coder")
     assert row["sleep"] == {
         "state": "awake",
         "level": None,
@@ -227,12 +206,12 @@ def test_an_awake_sleeper_shows_no_level_residual_nor_host_ram() -> None:
 def test_requests_in_flight_their_source_and_since_when_idle() -> None:
     idle, busy, blind = (sv(n, 1_000, RES, desired=RUN) for n in ("idle", "busy", "blind"))
     desired = desired_of(idle, busy, blind)
-    observed = Observed(
+    observed = sm.Observed(
         True,
         {"c-idle": UP, "c-busy": UP, "c-blind": UP},
         in_flight={
-            "idle": InFlightObs(0, InFlightSource.METRICS, idle_since=NOW - 60),
-            "busy": InFlightObs(1, InFlightSource.ROUTER, idle_since=NOW - 60, busy_at=NOW),
+            "idle": sm.InFlightObs(0, sm.InFlightSource.METRICS, idle_since=NOW - 60),
+            "busy": sm.InFlightObs(1, sm.InFlightSource.ROUTER, idle_since=NOW - 60, busy_at=NOW),
         },
     )
     rows = {r["serve"]: r for r in report(desired, observed)["serves"]}
@@ -247,8 +226,8 @@ def test_requests_in_flight_their_source_and_since_when_idle() -> None:
 def test_an_unmanaged_serve_is_desired_running_by_its_request_only() -> None:
     od = sv("od", 4_000, None)
     managed = sv("stt", 4_000, RES, desired=RUN)
-    desired = desired_of(od, managed, requests=(OnDemandRequest("od", NOW),))
-    observed = Observed(True, {"c-od": UP, "c-stt": UP})
+    desired = desired_of(od, managed, requests=(sm.OnDemandRequest("od", NOW),))
+    observed = sm.Observed(True, {"c-od": UP, "c-stt": UP})
     row = serve_row(desired, observed, "od")
     assert (row["desired"], row["desired_by"]) == ("running", "request")
     assert serve_row(desired, observed, "stt")["desired_by"] == "manifest"
@@ -265,12 +244,12 @@ def test_when_a_request_ends_and_what_it_counts_from() -> None:
         plain,
         timed,
         requests=(
-            OnDemandRequest("ttl", NOW),
-            OnDemandRequest("plain", NOW),
-            OnDemandRequest("timed", NOW, ttl_s=300.0),
+            sm.OnDemandRequest("ttl", NOW),
+            sm.OnDemandRequest("plain", NOW),
+            sm.OnDemandRequest("timed", NOW, ttl_s=300.0),
         ),
     )
-    rows = {r["serve"]: r for r in report(desired, Observed(True))["serves"]}
+    rows = {r["serve"]: r for r in report(desired, sm.Observed(True))["serves"]}
     # idle_ttl_s with no source of in-flight counts: from the request
     assert (rows["ttl"]["ttl_basis"], rows["ttl"]["request_ends_at"]) == ("request", NOW + 600)
     # the request's own ttl_s, from the request, on a serve without idle_ttl_s
@@ -283,10 +262,10 @@ def test_without_a_request_the_basis_is_shown_for_an_idle_ttl_only_and_no_end() 
     ttl = sv("ttl", 4_000, EVI, desired=RUN, idle_ttl_s=600.0)
     plain = sv("plain", 4_000, EVI, desired=RUN)
     desired = desired_of(ttl, plain)
-    observed = Observed(
+    observed = sm.Observed(
         True,
         {"c-ttl": UP, "c-plain": UP},
-        in_flight={"ttl": InFlightObs(0, InFlightSource.METRICS, idle_since=NOW - 60)},
+        in_flight={"ttl": sm.InFlightObs(0, sm.InFlightSource.METRICS, idle_since=NOW - 60)},
     )
     rows = {r["serve"]: r for r in report(desired, observed)["serves"]}
     assert (rows["ttl"]["ttl_basis"], rows["ttl"]["request_ends_at"]) == ("measured", None)
@@ -296,11 +275,11 @@ def test_without_a_request_the_basis_is_shown_for_an_idle_ttl_only_and_no_end() 
 # --- an evictable serve kept down for requested serves ---------------------------------
 
 
-def _kept_down(coder: ServeSpec, od_mib: int, **observed: Any) -> tuple[str, ...]:
+def _kept_down(coder: sm.ServeSpec, od_mib: int, **observed: Any) -> tuple[str, ...]:
     od = sv("od", od_mib, OND)
-    desired = desired_of(coder, od, requests=(OnDemandRequest("od", NOW),))
+    desired = desired_of(coder, od, requests=(sm.OnDemandRequest("od", NOW),))
     containers = {"c-od": UP, **observed.pop("containers", {})}
-    row = serve_row(desired, Observed(True, containers, **observed), coder.name)
+    row = serve_row(desired, sm.Observed(True, containers, **observed), coder.name)
     return tuple(row["evicted_for"])
 
 
@@ -322,7 +301,7 @@ def test_an_evictable_serve_that_fits_exactly_is_not_kept_down() -> None:
         sv("coder", 16_000, None),  # unmanaged
     ],
 )
-def test_only_an_evictable_serve_desired_running_is_kept_down(coder: ServeSpec) -> None:
+def test_only_an_evictable_serve_desired_running_is_kept_down(coder: sm.ServeSpec) -> None:
     assert _kept_down(coder, 25_000) == ()
 
 
@@ -335,24 +314,24 @@ def test_an_evictable_serve_that_runs_is_not_kept_down() -> None:
 def test_with_docker_unreadable_no_serve_is_said_kept_down() -> None:
     coder = sv("coder", 16_000, EVI, desired=RUN)
     od = sv("od", 25_000, OND)
-    desired = desired_of(coder, od, requests=(OnDemandRequest("od", NOW),))
-    assert serve_row(desired, Observed(False), "coder")["evicted_for"] == []
+    desired = desired_of(coder, od, requests=(sm.OnDemandRequest("od", NOW),))
+    assert serve_row(desired, sm.Observed(False), "coder")["evicted_for"] == []
 
 
 # --- the host RAM line ------------------------------------------------------------------
 
 
-def _sleepers(n: int) -> tuple[DesiredState, Observed]:
+def _sleepers(n: int) -> tuple[sm.DesiredState, sm.Observed]:
     names = [f"s{i}" for i in range(n)]
     serves = [
-        sv(name, 2_000, EVI, desired=RUN, sleep=Sleep(1, 500, SleepProtocol.VLLM, 10_000))
+        sv(name, 2_000, EVI, desired=RUN, sleep=sm.Sleep(1, 500, sm.SleepProtocol.VLLM, 10_000))
         for name in names
     ]
-    desired = desired_of(*serves, host=HostBudget(24_000, 4_000))  # budget 20000
-    observed = Observed(
+    desired = desired_of(*serves, host=sm.HostBudget(24_000, 4_000))  # budget 20000
+    observed = sm.Observed(
         True,
         {f"c-{n}": UP for n in names},
-        sleep={n: SleepObs(SleepState.ASLEEP, level=1) for n in names},
+        sleep={n: sm.SleepObs(sm.SleepState.ASLEEP, level=1) for n in names},
     )
     return desired, observed
 
@@ -368,7 +347,7 @@ def test_the_host_line_is_overcommitted_only_above_its_budget(
 
 def test_with_docker_unreadable_the_host_line_is_unknown_not_overcommitted() -> None:
     desired, _ = _sleepers(3)
-    host = report(desired, Observed(False))["host"]
+    host = report(desired, sm.Observed(False))["host"]
     assert host["budget_mib"] == 20_000
     assert host["committed_mib"] is None and host["overcommitted"] is None
 
@@ -378,10 +357,10 @@ def test_a_serve_seen_asleep_shows_its_sleep_without_a_sleep_config() -> None:
     bare = sv("bare", 8_000, EVI, desired=RUN)
     plain = sv("plain", 8_000, EVI, desired=RUN)
     desired = desired_of(bare, plain)
-    observed = Observed(
+    observed = sm.Observed(
         True,
         {"c-bare": UP, "c-plain": UP},
-        sleep={"bare": SleepObs(SleepState.ASLEEP, level=2)},
+        sleep={"bare": sm.SleepObs(sm.SleepState.ASLEEP, level=2)},
     )
     rows = {r["serve"]: r for r in report(desired, observed)["serves"]}
     assert rows["bare"]["lifecycle"] == "asleep"
@@ -394,7 +373,7 @@ def test_a_serve_outside_the_ledger_is_never_committed(docker_ok: bool) -> None:
     # no vram_mib: outside the ledger, committed false (not unknown) even without docker
     tool = sv("tool", None, RES, desired=RUN)
     desired = desired_of(tool)
-    row = serve_row(desired, Observed(docker_ok, {"c-tool": UP}), "tool")
+    row = serve_row(desired, sm.Observed(docker_ok, {"c-tool": UP}), "tool")
     assert row["in_ledger"] is False and row["committed"] is False
     assert row["reservation_mib"] is None
 
@@ -404,6 +383,6 @@ def test_a_stopped_evictable_serve_on_a_role_without_capacity_row_makes_room_for
     lists it with nothing it is evicted for, where it read a ledger line of a role the
     ledger does not have (KeyError)."""
     stray = replace(sv("stray", 3_000, EVI, desired=RUN), gpu_roles=("elsewhere",))
-    stopped = ContainerObs(ContainerState.EXITED, exit_code=0)
-    row = serve_row(desired_of(stray), Observed(True, {"c-stray": stopped}), "stray")
+    stopped = sm.ContainerObs(sm.ContainerState.EXITED, exit_code=0)
+    row = serve_row(desired_of(stray), sm.Observed(True, {"c-stray": stopped}), "stray")
     assert (row["lifecycle"], row["evicted_for"], row["held_mib"]) == ("stopped", [], None)

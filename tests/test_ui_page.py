@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from support.waiting import WAIT_S, wait_for
 from test_api import (  # noqa: F401
     TOKEN,
     Asgi,
@@ -36,13 +37,12 @@ from test_api import (  # noqa: F401
     live,
     observe,
 )
-from waiting import WAIT_S, wait_for
 
 from controller.interfaces.ui import ASSETS
 from controller.service.loop import Controller
 
 CHROMIUM = os.environ.get("VRAMCTL_CHROMIUM", "/usr/bin/chromium")
-#: a wait of the page's own (playwright's, in ms): a last resort, as tests/waiting.py
+#: a wait of the page's own (playwright's, in ms): a last resort, as tests/support/waiting.py
 WAIT_MS = int(WAIT_S * 1000)
 IN_CI = os.environ.get("CI", "").strip().lower() in {"true", "1", "yes"}
 

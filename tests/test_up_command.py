@@ -17,7 +17,6 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +24,8 @@ from pathlib import Path
 import docker
 import pytest
 from docker.errors import NotFound
-from serving import free_port
+from support.cli import run_cli
+from support.serving import free_port
 
 from controller.manifest import ManifestError, load_manifest_set
 
@@ -33,15 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def vramctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "controller.interfaces.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=180,
-        check=False,
-    )
+    return run_cli(*args, env=env, cwd=ROOT, timeout=180)
 
 
 class Stack:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from test_planner_rules import EVI, NOW, OND, RES, RUN, Case, _build, req, serve, up
+from support.plan_cases import EVI, NOW, OND, RES, RUN, Case, _build, req, serve, up
 
 from statemachine.pending import PENDING_STATE, PendingStart
 from statemachine.planner import Policy

@@ -26,7 +26,8 @@ import sys
 import threading
 
 import pytest
-from serving import free_port
+from support.serving import free_port
+from support.waiting import WAIT_S, wait_for
 from test_live_answers import (  # the fixture is used by name: pytest finds it here
     ROOT,
     TOKEN,
@@ -37,7 +38,6 @@ from test_live_answers import (  # the fixture is used by name: pytest finds it 
     serve_toml,
 )
 from test_status_bars import Pty
-from waiting import WAIT_S, wait_for
 
 pytestmark = pytest.mark.docker
 

@@ -30,8 +30,9 @@ from typing import Any
 import httpx
 import pytest
 import uvicorn
-from serving import free_port
-from waiting import wait_for
+from support.service import controller_on
+from support.serving import free_port
+from support.waiting import wait_for
 
 from controller.interfaces.api import ApiSettings, create_app
 from controller.interfaces.upwait import RequestQueue
@@ -163,12 +164,7 @@ class Server:
 
 @pytest.fixture
 def controller(tmp_path: Path) -> Iterator[Controller]:
-    path = tmp_path / "serves.toml"
-    path.write_text(MANIFEST)
-    c = Controller(
-        RunOptions(manifests=(path,), state_dir=tmp_path / "state"), load_manifest_set([path])
-    )
-    c.journal = Journal.open(journal_path(c.state_dir))
+    c = controller_on(tmp_path, MANIFEST)
     yield c
     c.journal.close()
 

@@ -17,7 +17,7 @@ from math import fsum
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
-from strategies import assert_reaches
+from support.strategies import assert_reaches
 
 from statemachine.victims import (
     Candidate,

@@ -15,75 +15,59 @@ import dataclasses
 
 import pytest
 
+from statemachine import types as sm
 from statemachine.plan import Action, How, Plan, Policy, ReloadCost
 from statemachine.planner import plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredState,
-    GpuRole,
-    HostBudget,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepState,
-    StartedWith,
-)
 
 NOW = 1_000_000.0
-ROLES = {"a": GpuRole("a", 10000), "b": GpuRole("b", 10000)}
+ROLES = {"a": sm.GpuRole("a", 10000), "b": sm.GpuRole("b", 10000)}
 COSTS = {"p": ReloadCost(40.0, 4.0)}
 
 
-def running(role: str) -> ContainerObs:
-    return ContainerObs(
-        ContainerState.RUNNING, health="healthy", started_at=NOW - 3600, gpu_role=role
+def running(role: str) -> sm.ContainerObs:
+    return sm.ContainerObs(
+        sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 3600, gpu_role=role
     )
 
 
-P = ServeSpec(
+P = sm.ServeSpec(
     "p",
     "c-p",
     gpu_roles=("a", "b"),
     vram_mib=10000,
-    residency=Residency.ON_DEMAND,
+    residency=sm.Residency.ON_DEMAND,
     placement=("a", "b"),
-    sleep=Sleep(1, 1000, "vllm", 2000),
+    sleep=sm.Sleep(1, 1000, "vllm", 2000),
 )
 
 
-def pinned(name: str, mib: int, role: str) -> ServeSpec:
-    return ServeSpec(name, f"c-{name}", gpu_roles=(role,), vram_mib=mib)
+def pinned(name: str, mib: int, role: str) -> sm.ServeSpec:
+    return sm.ServeSpec(name, f"c-{name}", gpu_roles=(role,), vram_mib=mib)
 
 
-def host(waited: float, on_b: int = 0) -> tuple[DesiredState, Observed]:
+def host(waited: float, on_b: int = 0) -> tuple[sm.DesiredState, sm.Observed]:
     """``p`` asleep on ``a``, requested ``waited`` s ago; ``busy`` (9000 MiB, one request
     in flight) beside it; ``other`` (``on_b`` MiB, busy too) on ``b`` when ``on_b``."""
     serves = [P, pinned("busy", 9000, "a")] + ([pinned("other", on_b, "b")] if on_b else [])
-    desired = DesiredState(
+    desired = sm.DesiredState(
         ROLES,
         {s.name: s for s in serves},
-        (OnDemandRequest("p", NOW - waited),),
-        HostBudget(100_000),
+        (sm.OnDemandRequest("p", NOW - waited),),
+        sm.HostBudget(100_000),
     )
     names = [s.name for s in serves]
-    seen = Observed(
+    seen = sm.Observed(
         True,
         {f"c-{n}": running("a" if n != "other" else "b") for n in names},
-        started_with={"c-p": StartedWith("p", ("a",), 10000)},
-        sleep={"p": SleepObs(SleepState.ASLEEP, 1, 1000, 2000)},
-        in_flight={n: InFlightObs(1, InFlightSource.METRICS) for n in names if n != "p"}
-        | {"p": InFlightObs(0, InFlightSource.METRICS)},
+        started_with={"c-p": sm.StartedWith("p", ("a",), 10000)},
+        sleep={"p": sm.SleepObs(sm.SleepState.ASLEEP, 1, 1000, 2000)},
+        in_flight={n: sm.InFlightObs(1, sm.InFlightSource.METRICS) for n in names if n != "p"}
+        | {"p": sm.InFlightObs(0, sm.InFlightSource.METRICS)},
     )
     return desired, seen
 
 
-def plan(desired: DesiredState, seen: Observed, costs: dict[str, ReloadCost] = COSTS) -> Plan:
+def plan(desired: sm.DesiredState, seen: sm.Observed, costs: dict[str, ReloadCost] = COSTS) -> Plan:
     return plan_transitions(desired, seen, Policy(reload=costs), NOW)
 
 
@@ -135,10 +119,10 @@ def test_a_sleeper_whose_costs_are_unknown_waits() -> None:
 def test_a_request_lets_only_a_placed_serve_be_stopped_off_its_cards() -> None:
     """The request that lets the plan stop an unmanaged placed sleeper (above) does not
     stop an unmanaged pinned serve re-pinned by an edit: that one runs on as before."""
-    q = ServeSpec("q", "c-q", gpu_roles=("b",), vram_mib=1000, residency=Residency.ON_DEMAND)
-    desired = DesiredState(ROLES, {"q": q}, (OnDemandRequest("q", NOW - 100),))
-    seen = Observed(
-        True, {"c-q": running("a")}, started_with={"c-q": StartedWith("q", ("a",), 1000)}
+    q = sm.ServeSpec("q", "c-q", gpu_roles=("b",), vram_mib=1000, residency=sm.Residency.ON_DEMAND)
+    desired = sm.DesiredState(ROLES, {"q": q}, (sm.OnDemandRequest("q", NOW - 100),))
+    seen = sm.Observed(
+        True, {"c-q": running("a")}, started_with={"c-q": sm.StartedWith("q", ("a",), 1000)}
     )
     assert not any(st.serve == "q" for st in plan(desired, seen).steps)
 
@@ -146,7 +130,7 @@ def test_a_request_lets_only_a_placed_serve_be_stopped_off_its_cards() -> None:
 def test_a_resident_sleeper_is_never_moved() -> None:
     """A resident is placed once and stays: however long its request waits."""
     desired, seen = host(waited=1000.0)
-    resident = dataclasses.replace(P, residency=Residency.RESIDENT)
+    resident = dataclasses.replace(P, residency=sm.Residency.RESIDENT)
     desired = dataclasses.replace(desired, serves={**desired.serves, "p": resident})
     assert not stops_p(plan(desired, seen))
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from waiting import WAIT_S
+from support.waiting import WAIT_S
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions

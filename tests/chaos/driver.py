@@ -40,7 +40,8 @@ from typing import Any, ClassVar
 import docker
 import httpx
 from docker.errors import APIError, NotFound
-from serving import free_port, httpd
+from support.cli import run_argv
+from support.serving import free_port, httpd
 
 from chaos.mcp_flood import FloodRound, flood_round
 from chaos.monitor import (
@@ -410,23 +411,8 @@ class Campaign:
 
     def start_controller(self) -> Controller:
         log = self.tmp / f"run{len(self.controllers) + 1}.log"
-        argv = [
-            sys.executable,
-            "-m",
-            "controller.interfaces.cli",
-            "run",
-            "-m",
-            str(self.manifest),
-            "--state-dir",
-            str(self.tmp / "state"),
-            "--resync",
-            "1",
-            "--log-json",
-            "--api",
-            f"127.0.0.1:{self.api_port}",
-            "--token-file",
-            str(self.tmp / "token"),
-        ]
+        api = ("--api", f"127.0.0.1:{self.api_port}", "--token-file", str(self.tmp / "token"))
+        argv = run_argv(self.manifest, self.tmp / "state", "--log-json", *api)
         env = dict(os.environ, DOCKER_HOST=self.proxy.url, COLUMNS="200", NO_COLOR="1")
         with log.open("wb") as fh:
             proc = subprocess.Popen(argv, stdout=fh, stderr=subprocess.STDOUT, env=env, cwd=REPO)

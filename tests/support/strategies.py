@@ -19,7 +19,7 @@ The manifest forbids two ``desired = "running"`` serves on one port, so at most 
 desired-running serve is drawn per port; requests may still ask for a second serve
 on a port (that is the planner's business).
 
-Import as ``from strategies import ...`` (pytest puts ``tests/`` on ``sys.path``).
+Import as ``from support.strategies import ...`` (pytest puts ``tests/`` on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -34,28 +34,8 @@ from hypothesis import strategies as st
 from hypothesis.internal.cache import LRUCache
 from hypothesis.internal.conjecture import providers
 
+from statemachine import types as sm
 from statemachine.planner import Plan, Policy, plan_transitions
-from statemachine.types import (
-    ContainerObs,
-    ContainerState,
-    DesiredRun,
-    DesiredState,
-    Elastic,
-    GpuRole,
-    HostBudget,
-    InFlightObs,
-    InFlightSource,
-    Observed,
-    OnDemandRequest,
-    Residency,
-    ServeSpec,
-    Sleep,
-    SleepObs,
-    SleepProtocol,
-    SleepState,
-    StartedWith,
-    StartingObs,
-)
 
 T = TypeVar("T")
 
@@ -72,19 +52,19 @@ SERVE_NAMES = (
     "fox",
     *(f"s{i:02d}" for i in range(12)),
 )
-RESIDENCIES = (Residency.RESIDENT, Residency.EVICTABLE, Residency.ON_DEMAND, None)
+RESIDENCIES = (sm.Residency.RESIDENT, sm.Residency.EVICTABLE, sm.Residency.ON_DEMAND, None)
 CONTAINER_STATES = (
-    ContainerState.RUNNING,
-    ContainerState.RUNNING,
-    ContainerState.RUNNING,
-    ContainerState.EXITED,
-    ContainerState.EXITED,
-    ContainerState.ABSENT,
-    ContainerState.ABSENT,
-    ContainerState.PAUSED,
-    ContainerState.RESTARTING,
-    ContainerState.CREATED,
-    ContainerState.DEAD,
+    sm.ContainerState.RUNNING,
+    sm.ContainerState.RUNNING,
+    sm.ContainerState.RUNNING,
+    sm.ContainerState.EXITED,
+    sm.ContainerState.EXITED,
+    sm.ContainerState.ABSENT,
+    sm.ContainerState.ABSENT,
+    sm.ContainerState.PAUSED,
+    sm.ContainerState.RESTARTING,
+    sm.ContainerState.CREATED,
+    sm.ContainerState.DEAD,
 )
 
 
@@ -92,22 +72,22 @@ CONTAINER_STATES = (
 class Scenario:
     """One planner input."""
 
-    desired: DesiredState
-    observed: Observed
+    desired: sm.DesiredState
+    observed: sm.Observed
     now: float
     policy: Policy
 
 
 @st.composite
-def gpu_roles(draw: st.DrawFn, *, max_roles: int = 4) -> dict[str, GpuRole]:
+def gpu_roles(draw: st.DrawFn, *, max_roles: int = 4) -> dict[str, sm.GpuRole]:
     """1..max_roles roles: capacity 1000-100000, reserve 0..capacity/4, uuid optional."""
     n = draw(st.sampled_from((1, 1, 2, 2, 3, 4)[: 2 * max_roles]))
-    roles: dict[str, GpuRole] = {}
+    roles: dict[str, sm.GpuRole] = {}
     for rid in ROLE_IDS[:n]:
         cap = draw(st.integers(1000, 100_000))
         reserve = draw(st.integers(0, cap // 4))
         uuid = draw(st.none() | st.just(f"GPU-{rid}"))
-        roles[rid] = GpuRole(rid, capacity_mib=cap, reserve_mib=reserve, uuid=uuid)
+        roles[rid] = sm.GpuRole(rid, capacity_mib=cap, reserve_mib=reserve, uuid=uuid)
     return roles
 
 
@@ -122,8 +102,8 @@ class _Blueprint:
     #: ("none", 0) | ("fraction", d) | ("over", 0) | ("under", 0) | ("raw", mib) |
     #: ("room", k): the room the holders drawn before it leave, plus k (-1, 0 or 1)
     size: tuple[str, int]
-    residency: Residency | None
-    desired: DesiredRun | None
+    residency: sm.Residency | None
+    desired: sm.DesiredRun | None
     port: int | None
     gpu_inference: bool
     priority: int
@@ -131,7 +111,7 @@ class _Blueprint:
     tiered: bool
     elastic_floor: int | None  # per-mille of vram_mib, None: not elastic
     segment: int  # the elastic engine's segment (MiB)
-    state: ContainerState
+    state: sm.ContainerState
     listed: bool  # an absent container: listed explicitly or missing from the snapshot
     started_ago: int | None
     health: str | None
@@ -162,7 +142,7 @@ _BLUEPRINT_FIELDS: dict[str, st.SearchStrategy[object]] = {
     "ghost": st.integers(0, 24).map(lambda k: k == 0),
     "size": st.sampled_from(_SIZES) | st.integers(1, 100_000).map(lambda m: ("raw", m)),
     "residency": st.sampled_from(RESIDENCIES) | st.sampled_from(RESIDENCIES[1:3]),
-    "desired": st.sampled_from([DesiredRun.RUNNING, DesiredRun.STOPPED, None]),
+    "desired": st.sampled_from([sm.DesiredRun.RUNNING, sm.DesiredRun.STOPPED, None]),
     "port": st.none() | st.sampled_from(PORTS),
     "gpu_inference": st.integers(0, 9).map(lambda k: k != 0),
     "priority": st.integers(0, 3),
@@ -194,9 +174,9 @@ _contended_blueprints = st.one_of(
         _Blueprint,
         **{
             **_CONTENDED_FIELDS,
-            "residency": st.just(Residency.ON_DEMAND),
-            "desired": st.sampled_from([DesiredRun.RUNNING, None]),
-            "state": st.sampled_from([ContainerState.ABSENT, ContainerState.EXITED]),
+            "residency": st.just(sm.Residency.ON_DEMAND),
+            "desired": st.sampled_from([sm.DesiredRun.RUNNING, None]),
+            "state": st.sampled_from([sm.ContainerState.ABSENT, sm.ContainerState.EXITED]),
             "two_roles": st.integers(0, 2).map(lambda k: k == 0),
         },
     ),
@@ -205,17 +185,22 @@ _contended_blueprints = st.one_of(
         **{
             **_CONTENDED_FIELDS,
             "residency": st.sampled_from(
-                [Residency.EVICTABLE, Residency.EVICTABLE, Residency.EVICTABLE, *RESIDENCIES]
+                [
+                    sm.Residency.EVICTABLE,
+                    sm.Residency.EVICTABLE,
+                    sm.Residency.EVICTABLE,
+                    *RESIDENCIES,
+                ]
             ),
-            "desired": st.sampled_from([DesiredRun.RUNNING, None]),
-            "state": st.just(ContainerState.RUNNING),
+            "desired": st.sampled_from([sm.DesiredRun.RUNNING, None]),
+            "state": st.just(sm.ContainerState.RUNNING),
             "gpu_inference": st.just(True),
         },
     ),
 )
 
 
-def _size(size: tuple[str, int], declared: list[GpuRole], used: dict[str, int]) -> int | None:
+def _size(size: tuple[str, int], declared: list[sm.GpuRole], used: dict[str, int]) -> int | None:
     """The serve's ``vram_mib``; ``used``: what the holders drawn before it hold, by role."""
     kind, n = size
     if kind == "none" or not declared:
@@ -238,7 +223,7 @@ def _between(low: int, high: int, per_mille: int) -> int:
     return low + (high - low) * per_mille // 1000
 
 
-def _shrunk(elastic: Elastic, full: int, per_mille: int) -> int:
+def _shrunk(elastic: sm.Elastic, full: int, per_mille: int) -> int:
     """Where an elastic engine stands after shrinks: ``full`` less whole segments (it
     gives memory back a segment at a time), never below its floor; ``per_mille`` picks
     how many of the segments it can give."""
@@ -247,8 +232,8 @@ def _shrunk(elastic: Elastic, full: int, per_mille: int) -> int:
 
 
 def _serve(
-    bp: _Blueprint, roles: dict[str, GpuRole], port: int | None, used: dict[str, int]
-) -> ServeSpec:
+    bp: _Blueprint, roles: dict[str, sm.GpuRole], port: int | None, used: dict[str, int]
+) -> sm.ServeSpec:
     role_ids = list(roles)
     exclusive = bp.two_roles and len(role_ids) >= 2
     if exclusive:
@@ -262,10 +247,10 @@ def _serve(
     elastic = None
     if vram is not None and bp.elastic_floor is not None:
         floor = max(1, _between(0, vram, bp.elastic_floor))
-        elastic = Elastic(
+        elastic = sm.Elastic(
             url=f"http://127.0.0.1:9000/{bp.name}", floor_mib=floor, segment_mib=bp.segment
         )
-    return ServeSpec(
+    return sm.ServeSpec(
         name=bp.name,
         container=f"ctr-{bp.name}",
         gpu_roles=gpu,
@@ -282,14 +267,14 @@ def _serve(
     )
 
 
-def _container(bp: _Blueprint, now: float) -> ContainerObs | None:
-    if bp.state is ContainerState.ABSENT:
-        return ContainerObs(bp.state) if bp.listed else None
-    return ContainerObs(
+def _container(bp: _Blueprint, now: float) -> sm.ContainerObs | None:
+    if bp.state is sm.ContainerState.ABSENT:
+        return sm.ContainerObs(bp.state) if bp.listed else None
+    return sm.ContainerObs(
         bp.state,
         health=bp.health,
         started_at=None if bp.started_ago is None else now - bp.started_ago,
-        exit_code=0 if bp.state is ContainerState.EXITED else None,
+        exit_code=0 if bp.state is sm.ContainerState.EXITED else None,
     )
 
 
@@ -304,7 +289,7 @@ _requests = st.lists(
 
 
 @st.composite
-def _placements(draw: st.DrawFn, s: ServeSpec, roles: dict[str, GpuRole]) -> tuple[str, ...]:
+def _placements(draw: st.DrawFn, s: sm.ServeSpec, roles: dict[str, sm.GpuRole]) -> tuple[str, ...]:
     """About one serve in three on a fleet of two cards or more is placed (``placement``):
     its own role and one to three others as candidates; ``()``: pinned."""
     if len(roles) < 2 or s.exclusive or len(s.gpu_roles) != 1 or s.gpu_roles[0] not in roles:
@@ -333,7 +318,7 @@ def fleets(
     docker_ok: bool | None = None,
     contended: bool | None = None,
     placed: bool = False,
-) -> tuple[DesiredState, Observed]:
+) -> tuple[sm.DesiredState, sm.Observed]:
     """A random small fleet and what docker shows of it (see the module docstring).
 
     ``contended`` (drawn when None): one or two roles, serves of a third or half a
@@ -352,14 +337,14 @@ def fleets(
         )
     )
     running_ports: set[int] = set()
-    serves: dict[str, ServeSpec] = {}
-    containers: dict[str, ContainerObs] = {}
+    serves: dict[str, sm.ServeSpec] = {}
+    containers: dict[str, sm.ContainerObs] = {}
     elastic_mib: dict[str, int] = {}
-    started_with: dict[str, StartedWith] = {}
+    started_with: dict[str, sm.StartedWith] = {}
     used = dict.fromkeys(roles, 0)
     for bp in bps:
         port = bp.port
-        if bp.desired is DesiredRun.RUNNING and port is not None:
+        if bp.desired is sm.DesiredRun.RUNNING and port is not None:
             if port in running_ports:
                 port = None  # the manifest forbids two desired-running serves on a port
             else:
@@ -375,7 +360,7 @@ def fleets(
                 # (else its card is unknown: counted on every candidate)
                 obs = replace(obs, gpu_role=on[0])
                 if s.vram_mib is not None:
-                    started_with[s.container] = StartedWith(s.name, on, s.vram_mib)
+                    started_with[s.container] = sm.StartedWith(s.name, on, s.vram_mib)
             else:
                 on = cands
         serves[s.name] = s
@@ -387,40 +372,42 @@ def fleets(
             assert obs is not None
             over = any(used[r] + mib > roles[r].budget_mib for r in on)
             if over and not bp.outside:  # mostly, what runs was admitted: it fits
-                obs = ContainerObs(ContainerState.EXITED, started_at=obs.started_at, exit_code=0)
+                obs = sm.ContainerObs(
+                    sm.ContainerState.EXITED, started_at=obs.started_at, exit_code=0
+                )
                 started_with.pop(s.container, None)
             else:
                 for r in on:
                     used[r] += mib
         if obs is not None:
             containers[s.container] = obs
-        if obs is not None and obs.state is ContainerState.RUNNING and mib != s.vram_mib:
+        if obs is not None and obs.state is sm.ContainerState.RUNNING and mib != s.vram_mib:
             assert mib is not None
             elastic_mib[s.name] = mib
     names = list(serves)
     requests = tuple(
-        OnDemandRequest(names[i % len(names)], now - ago, None if ttl is None else float(ttl))
+        sm.OnDemandRequest(names[i % len(names)], now - ago, None if ttl is None else float(ttl))
         for i, ago, ttl in (draw(_requests) if names else [])
     )
     ok = draw(st.integers(0, 9)) != 0 if docker_ok is None else docker_ok
-    desired = DesiredState(roles=roles, serves=serves, requests=requests)
-    return desired, Observed(
+    desired = sm.DesiredState(roles=roles, serves=serves, requests=requests)
+    return desired, sm.Observed(
         docker_ok=ok, containers=containers, elastic_mib=elastic_mib, started_with=started_with
     )
 
 
-def desired_states(*, max_serves: int = 12, now: float = NOW) -> st.SearchStrategy[DesiredState]:
+def desired_states(*, max_serves: int = 12, now: float = NOW) -> st.SearchStrategy[sm.DesiredState]:
     """A random small fleet's desired state (manifest + on-demand requests)."""
     return fleets(max_serves=max_serves, now=now).map(lambda f: f[0])
 
 
 @st.composite
 def observations(
-    draw: st.DrawFn, desired: DesiredState, *, now: float = NOW, docker_ok: bool | None = None
-) -> Observed:
+    draw: st.DrawFn, desired: sm.DesiredState, *, now: float = NOW, docker_ok: bool | None = None
+) -> sm.Observed:
     """Any observation of ``desired``'s containers (possibly over budget)."""
     ok = draw(st.integers(0, 9)) != 0 if docker_ok is None else docker_ok
-    containers: dict[str, ContainerObs] = {}
+    containers: dict[str, sm.ContainerObs] = {}
     elastic: dict[str, int] = {}
     for s in desired.serves.values():
         bp = draw(_blueprints)
@@ -428,13 +415,13 @@ def observations(
         if obs is not None:
             containers[s.container] = obs
         if (
-            bp.state is ContainerState.RUNNING
+            bp.state is sm.ContainerState.RUNNING
             and bp.shrunk is not None
             and s.elastic is not None
             and s.vram_mib is not None
         ):
             elastic[s.name] = _shrunk(s.elastic, s.vram_mib, bp.shrunk)
-    return Observed(docker_ok=ok, containers=containers, elastic_mib=elastic)
+    return sm.Observed(docker_ok=ok, containers=containers, elastic_mib=elastic)
 
 
 policies = st.one_of(
@@ -489,15 +476,15 @@ def hosts(
     d, obs = sc.desired, sc.observed
     host = draw(
         st.none()
-        | st.builds(HostBudget, st.integers(1, 200_000), st.just(0))
-        | st.builds(HostBudget, st.integers(1, 200_000), st.integers(0, 20_000)).filter(
+        | st.builds(sm.HostBudget, st.integers(1, 200_000), st.just(0))
+        | st.builds(sm.HostBudget, st.integers(1, 200_000), st.integers(0, 20_000)).filter(
             lambda h: h.reserve_mib <= h.ram_mib
         )
     )
-    serves: dict[str, ServeSpec] = {}
-    sleep: dict[str, SleepObs] = {}
-    in_flight: dict[str, InFlightObs] = {}
-    starting: dict[str, StartingObs] = {}
+    serves: dict[str, sm.ServeSpec] = {}
+    sleep: dict[str, sm.SleepObs] = {}
+    in_flight: dict[str, sm.InFlightObs] = {}
+    starting: dict[str, sm.StartingObs] = {}
     started_with = dict(obs.started_with)  # a placed serve's, where it runs
     unreleased: set[str] = set()
     for name, s in d.serves.items():
@@ -511,13 +498,13 @@ def hosts(
             level = draw(st.sampled_from([1, 2]))
             residual = draw(st.integers(1, s.vram_mib - 1))  # the manifest: 0 < residual < vram
             host_mib = draw(st.integers(0, 80_000)) if level == 1 else 0
-            protocol = draw(st.sampled_from(SleepProtocol))
-            s = replace(s, sleep=Sleep(level, residual, protocol, host_mib))  # noqa: PLW2901
-            state = draw(st.sampled_from([None, *SleepState]))
+            protocol = draw(st.sampled_from(sm.SleepProtocol))
+            s = replace(s, sleep=sm.Sleep(level, residual, protocol, host_mib))  # noqa: PLW2901
+            state = draw(st.sampled_from([None, *sm.SleepState]))
             if holds and state is not None:
-                asleep = state is SleepState.ASLEEP
+                asleep = state is sm.SleepState.ASLEEP
                 record = asleep and draw(st.booleans())  # the residual it was slept with
-                sleep[name] = SleepObs(
+                sleep[name] = sm.SleepObs(
                     state,
                     level=level if asleep else None,
                     residual_mib=draw(st.integers(0, s.vram_mib)) if record else None,
@@ -529,8 +516,8 @@ def hosts(
             s = replace(s, idle_ttl_s=draw(st.sampled_from([0.0, 60.0, 600.0])))  # noqa: PLW2901
         count = draw(st.sampled_from([None, None, 0, 0, 2]))
         if count is not None or draw(st.booleans()):
-            source = draw(st.sampled_from([None, *InFlightSource]))
-            in_flight[name] = InFlightObs(
+            source = draw(st.sampled_from([None, *sm.InFlightSource]))
+            in_flight[name] = sm.InFlightObs(
                 count, source, idle_since=NOW - 700 if count == 0 else None
             )
         # what a start in progress reserves, or a start record says, fits on its card:
@@ -538,7 +525,7 @@ def hosts(
         card = min((d.roles[r].capacity_mib for r in s.gpu_roles if r in d.roles), default=None)
         if s.gpu_roles and draw(st.integers(0, 7)) == 0:
             mib = draw(st.sampled_from([s.vram_mib or 1, 1, 30_000]) | st.integers(1, 30_000))
-            starting[name] = StartingObs(s.gpu_roles, mib if card is None else min(mib, card))
+            starting[name] = sm.StartingObs(s.gpu_roles, mib if card is None else min(mib, card))
         if (
             holds
             and s.gpu_roles
@@ -547,11 +534,11 @@ def hosts(
         ):
             mib = draw(st.sampled_from([s.vram_mib or 1, 1]) | st.integers(1, 30_000))
             mib = mib if card is None else min(mib, card)
-            started_with[s.container] = StartedWith(name, s.gpu_roles, mib)
+            started_with[s.container] = sm.StartedWith(name, s.gpu_roles, mib)
         if not holds and draw(st.integers(0, 9)) == 0:
             unreleased.add(name)
         serves[name] = s
-    desired = DesiredState(d.roles, serves, d.requests, host=host)
+    desired = sm.DesiredState(d.roles, serves, d.requests, host=host)
     observed = replace(
         obs,
         sleep=sleep,
@@ -577,12 +564,12 @@ def crowded_hosts(draw: st.DrawFn) -> Scenario:
     that sleeps is to be woken. A host RAM budget, or none.
     """
     roles = draw(gpu_roles(max_roles=2))
-    serves: dict[str, ServeSpec] = {}
-    containers: dict[str, ContainerObs] = {}
-    sleep: dict[str, SleepObs] = {}
-    requests: list[OnDemandRequest] = []
+    serves: dict[str, sm.ServeSpec] = {}
+    containers: dict[str, sm.ContainerObs] = {}
+    sleep: dict[str, sm.SleepObs] = {}
+    requests: list[sm.OnDemandRequest] = []
     names = iter(SERVE_NAMES)
-    up = ContainerObs(ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
+    up = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 3600)
     free: dict[str, int] = {}
     for rid, role in roles.items():
         left = role.budget_mib
@@ -593,18 +580,18 @@ def crowded_hosts(draw: st.DrawFn) -> Scenario:
             mib = left - draw(st.integers(0, 3)) if k == parts - 1 else draw(st.integers(1, left))
             mib = max(1, mib)
             name = next(names)
-            spec = ServeSpec(name, f"ctr-{name}", (rid,), mib, Residency.EVICTABLE)
+            spec = sm.ServeSpec(name, f"ctr-{name}", (rid,), mib, sm.Residency.EVICTABLE)
             if mib > 1 and draw(st.integers(0, 3)) != 0:
                 level = draw(st.sampled_from([1, 1, 2]))
                 residual = max(1, mib // draw(st.integers(4, 20)))
                 host_mib = draw(st.integers(0, 4000)) if level == 1 else 0
-                protocol = draw(st.sampled_from(SleepProtocol))
-                spec = replace(spec, sleep=Sleep(level, residual, protocol, host_mib))
+                protocol = draw(st.sampled_from(sm.SleepProtocol))
+                spec = replace(spec, sleep=sm.Sleep(level, residual, protocol, host_mib))
             elif mib > 1 and draw(st.booleans()):
                 floor = max(1, mib // 2)
                 spec = replace(
                     spec,
-                    elastic=Elastic(f"http://127.0.0.1:9000/{name}", floor, segment_mib=1),
+                    elastic=sm.Elastic(f"http://127.0.0.1:9000/{name}", floor, segment_mib=1),
                 )
             serves[name] = spec
             containers[spec.container] = up
@@ -618,26 +605,28 @@ def crowded_hosts(draw: st.DrawFn) -> Scenario:
         most = min(roles[r].budget_mib for r in on)
         most = max(1, most)
         least = max(1, min(most, max(free[r] for r in on) + 1))
-        spec = ServeSpec(
+        spec = sm.ServeSpec(
             name,
             f"ctr-{name}",
             on,
             draw(st.integers(least, most)),
-            Residency.ON_DEMAND,
+            sm.Residency.ON_DEMAND,
             placement=on if placed else (),
         )
         if not placed and spec.vram_mib and spec.vram_mib > 1 and draw(st.integers(0, 3)) == 0:
             # a sleeper to wake: asleep at its residual (counted there), requested
             residual = max(1, min(free[rid], spec.vram_mib // 4))
-            spec = replace(spec, sleep=Sleep(2, residual, draw(st.sampled_from(SleepProtocol))))
+            spec = replace(
+                spec, sleep=sm.Sleep(2, residual, draw(st.sampled_from(sm.SleepProtocol)))
+            )
             containers[spec.container] = up
-            sleep[name] = SleepObs(SleepState.ASLEEP, level=2)
+            sleep[name] = sm.SleepObs(sm.SleepState.ASLEEP, level=2)
             free[rid] -= residual
         serves[name] = spec
-        requests.append(OnDemandRequest(name, NOW - draw(st.integers(1, 300))))
-    host = draw(st.none() | st.builds(HostBudget, st.integers(1, 20_000), st.just(0)))
-    desired = DesiredState(roles, serves, tuple(requests), host=host)
-    observed = Observed(docker_ok=True, containers=containers, sleep=sleep)
+        requests.append(sm.OnDemandRequest(name, NOW - draw(st.integers(1, 300))))
+    host = draw(st.none() | st.builds(sm.HostBudget, st.integers(1, 20_000), st.just(0)))
+    desired = sm.DesiredState(roles, serves, tuple(requests), host=host)
+    observed = sm.Observed(docker_ok=True, containers=containers, sleep=sleep)
     return Scenario(desired=desired, observed=observed, now=NOW, policy=Policy())
 
 

@@ -7,7 +7,7 @@ minutes (:data:`WAIT_S`), so that a loaded machine (CI runs several workers on t
 cores, beside Docker) never misses it, and a wait that does fail says what it waited
 for and, given ``seen``, what it saw last.
 
-Import as ``from waiting import ...`` (pytest puts ``tests/`` on ``sys.path``). Nothing
+Import as ``from support.waiting import ...`` (pytest puts ``tests/`` on ``sys.path``). Nothing
 here starts, stops or changes anything; it only polls the check it is given.
 """
 

@@ -43,7 +43,7 @@ its serve starts with nothing known in flight (docs/eviction.md, measured idlene
 the next plan would stop that serve by the passage of no time at all; that is the
 operator's setting, not the planner's churn, and the other properties keep drawing it.
 
-Import as ``from convergence import ...`` (pytest puts ``tests/`` on ``sys.path``).
+Import as ``from support.convergence import ...`` (pytest puts ``tests/`` on ``sys.path``).
 """
 
 from __future__ import annotations
@@ -51,13 +51,12 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from strategies import Scenario
-
 from statemachine.ledger import ledger_from_observed
 from statemachine.plan import Action, Plan
 from statemachine.planner import plan_transitions
 from statemachine.simulate import apply_plan
 from statemachine.types import DesiredState, Observed
+from support.strategies import Scenario
 
 #: the reason of a start held back for a loading peer (docs/operations.md, blocked texts)
 WAITS_FOR_PEER = "waits for the start of"

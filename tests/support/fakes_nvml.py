@@ -6,7 +6,7 @@ test scripts and raises ``pynvml``'s *own* exception classes (``pynvml.NVMLError
 maps the code to its subclass, as the real binding does). It also checks that no
 device call happens outside ``nvmlInit`` / ``nvmlShutdown``.
 
-Import as ``from fakes_nvml import ...`` (pytest puts ``tests/`` on ``sys.path``).
+Import as ``from support.fakes_nvml import ...`` (pytest puts ``tests/`` on ``sys.path``).
 """
 
 from __future__ import annotations

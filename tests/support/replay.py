@@ -15,7 +15,7 @@ GPU role and the host budget:
 and that the naive model and the ledger's own replay (``ledger_prefixes``) hold the
 same reservations at every step, ending at ``plan.ledger_after``.
 
-Import as ``from replay import ...`` (pytest puts ``tests/`` on ``sys.path``).
+Import as ``from support.replay import ...`` (pytest puts ``tests/`` on ``sys.path``).
 """
 
 from __future__ import annotations
