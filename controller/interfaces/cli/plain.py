@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TextIO
 
 if TYPE_CHECKING:
     from controller.interfaces import render
@@ -53,6 +55,46 @@ class ExitCodeError(Exception):
         self.code = code
 
 
+#: the variables that make rich take a stream for a terminal (``Console.is_terminal``)
+_TERMINAL_VARIABLES = ("TTY_COMPATIBLE", "FORCE_COLOR")
+
+
+def as_is(stream: TextIO, line: str) -> bool:
+    """Whether rich prints ``line`` to ``stream`` as it is: ``stream`` is not a terminal
+    and no variable says it is one (so no style is written), and ``line`` is printable
+    ASCII (rich strips some control characters, expands tabs, and may not encode what
+    the stream cannot) that does not end in whitespace (rich trims what passes the
+    width)."""
+    if any(name in os.environ for name in _TERMINAL_VARIABLES):
+        return False
+    try:
+        if stream.isatty():
+            return False
+    except (AttributeError, ValueError):
+        return False
+    return line.isascii() and line.isprintable() and line == line.rstrip()
+
+
+def print_line(stream: TextIO, line: str, by_rich: Callable[[], None]) -> None:
+    """``line`` on ``stream`` as it is where rich would print it so (:func:`as_is`), else
+    ``by_rich()``; flushed, as rich flushes each line."""
+    if as_is(stream, line):
+        stream.write(line + "\n")
+        stream.flush()
+    else:
+        by_rich()
+
+
+def warn(message: str) -> None:
+    """``render.warn``: one warning line on stderr."""
+    print_line(sys.stderr, f"warning: {message}", lambda: render.warn(message))
+
+
+def error(message: str) -> None:
+    """``render.error``: one located error line on stderr."""
+    print_line(sys.stderr, f"error: {message}", lambda: render.error(message))
+
+
 def _print_json(data: Any) -> None:
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
@@ -64,7 +106,7 @@ def load_set(
     with its located errors on stderr (``json_out``: and ``validate``'s JSON answer on
     stdout) when it does not load."""
     if not manifests:
-        render.error("no manifest given: pass -m/--manifest FILE (repeat for a set)")
+        error("no manifest given: pass -m/--manifest FILE (repeat for a set)")
         raise ExitCodeError(code)
     from controller.manifest import ManifestError, load_manifest_set
 
@@ -72,7 +114,7 @@ def load_set(
         mset = load_manifest_set(manifests, strict=strict)
     except ManifestError as exc:
         for err in exc.errors:
-            render.error(str(err))
+            error(str(err))
         if json_out:
             _print_json(
                 {
@@ -84,5 +126,5 @@ def load_set(
             )
         raise ExitCodeError(code) from None
     for warning in mset.warnings:
-        render.warn(warning)
+        warn(warning)
     return mset

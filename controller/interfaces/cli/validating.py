@@ -1,7 +1,9 @@
 """``vramctl validate``'s answer, without typer: what the typer command (``check``) and
 the quick path (``quick``) both run. :func:`validate_code` checks the manifest set, each
 serve's ``[serve.model]`` against its files (only where one declares it), warns of
-router tiers without a router, prints the answer and gives the exit code.
+router tiers without a router, prints the answer and gives the exit code. Its lines
+are written as they are where rich would print them so (``plain``), so rich is loaded
+only where it changes what is printed.
 
 A renderer: the checks are the manifest model's and ``controller.service.model_estimates``'.
 Must not import typer, the manifest model, rich, the core, the server, Docker or HTTP
@@ -11,14 +13,24 @@ only when a serve declares a model.
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from controller.interfaces.cli.plain import ExitCodeError, _lazy, _print_json, load_set
+from controller.interfaces.cli.plain import (
+    ExitCodeError,
+    _lazy,
+    _print_json,
+    as_is,
+    error,
+    load_set,
+    warn,
+)
 
 if TYPE_CHECKING:
     from controller.interfaces import render
     from controller.manifest import LocatedError, ManifestSet
+    from statemachine.types import DesiredState
 else:
     render = _lazy("controller.interfaces.render")
 
@@ -47,13 +59,28 @@ def _validate(
     tiers = {} if router_url else router_tiers(desired)
     router_warnings = [no_router_warning(tiers)] if tiers else []
     for warning in router_warnings:
-        render.warn(warning)
+        warn(warning)
     for hint in hints:
-        render.warn(f"hint: {hint}")
+        warn(f"hint: {hint}")
     if model_errors:
         _model_invalid(mset, model_errors, hints, models, json_out)
     if json_out:
         _print_json(_valid_json(mset, [*mset.warnings, *router_warnings], hints, models))
+        return
+    _validated(mset, desired, models)
+
+
+def _validated(mset: ManifestSet, desired: DesiredState, models: Models) -> None:
+    """The answer for a valid set: written as it is where rich would print it so (and no
+    serve declares a model), else by ``render``."""
+    from controller.interfaces.validated_text import VALID, validated_lines
+
+    head, *roles = validated_lines(mset, desired)
+    lines = [f"{VALID}{head}", *roles]
+    if not models and all(as_is(sys.stdout, line) for line in lines):
+        for line in lines:
+            sys.stdout.write(line + "\n")
+            sys.stdout.flush()
         return
     render.validated(mset, desired)
     if models:
@@ -108,7 +135,7 @@ def _model_invalid(
 ) -> None:
     """ExitCodeError 1 on the models' errors: each on stderr, and with --json the answer."""
     for err in errors:
-        render.error(str(err))
+        error(str(err))
     if json_out:
         _print_json(
             {
