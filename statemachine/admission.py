@@ -21,8 +21,8 @@ The rules an on-demand request meets before and after the planner:
   API refuses such a request (and a ``down`` that would stop such a serve) at once,
   with :func:`no_router_reason`, instead of accepting what the preflight will refuse
   every cycle (docs/operations.md#without-a-router); ``fit`` says the same of the start
-  it answers (:func:`start_router_needs`). :func:`router_tiers` /
-  :func:`no_router_warning`: what ``run`` and ``validate`` say once about them.
+  it answers (:func:`start_router_needs`). What ``run`` and ``validate`` say once about the
+  serves with a tier when no router is set: ``statemachine.router_tiers``.
 
 Pure: functions of their arguments (``now`` included); no I/O, no clock, no logging.
 """
@@ -343,21 +343,3 @@ def no_router_reason(what: str, needs: Sequence[RouterNeed]) -> str:
         for n in needs
     )
     return f"{what} cannot be carried out without a router: {drains}; {NO_ROUTER_FIX}"
-
-
-def router_tiers(desired: DesiredState) -> dict[str, str]:
-    """Serve -> its router tier, for every serve that declares one (by name)."""
-    return {
-        name: spec.router_tier for name, spec in sorted(desired.serves.items()) if spec.router_tier
-    }
-
-
-def no_router_warning(tiers: Mapping[str, str]) -> str:
-    """What ``run`` and ``validate`` say when serves declare a tier and no router is set."""
-    named = ", ".join(f"{name} ({tier})" for name, tier in tiers.items())
-    return (
-        f"no router is configured (--router-url / VRAMCTL_ROUTER_URL), and {len(tiers)} "
-        f"serve(s) declare a router tier, drained before a stop or a sleep: {named}. "
-        "Without a router they are never stopped or put to sleep: a plan that would is "
-        "refused by the preflight, and a request (up, down) that needs it is refused at once"
-    )

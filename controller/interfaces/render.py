@@ -29,6 +29,7 @@ from rich.table import Table
 from rich.text import Text
 
 from controller.interfaces.table_fit import fit_words
+from controller.interfaces.validated_text import VALID, validated_lines
 
 if TYPE_CHECKING:  # the core's result types; a command imports the core it calls
     from collections.abc import Iterable
@@ -91,18 +92,10 @@ def unknown_serve(name: str, desired: DesiredState) -> str:
 
 def validated(mset: ManifestSet, desired: DesiredState) -> None:
     """The human answer of ``validate``."""
-    files = escape(", ".join(str(f) for f in mset.files))
-    in_ledger = sum(1 for s in desired.serves.values() if desired.in_ledger(s))
-    out.print(
-        f"[green]valid[/green]: {files}: {len(desired.serves)} serves "
-        f"({in_ledger} with reservations), {len(desired.roles)} gpu "
-        f"{'role' if len(desired.roles) == 1 else 'roles'}"
-    )
-    for r in desired.roles.values():
-        out.print(
-            f"  {escape(r.id)}: capacity {r.capacity_mib} - reserve {r.reserve_mib} "
-            f"= budget {r.budget_mib} MiB"
-        )
+    head, *roles = validated_lines(mset, desired, escape)
+    out.print(f"[green]{VALID}[/green]{head}")
+    for line in roles:
+        out.print(line)
 
 
 def status(report: HostStatus, nvml_why: str | None = None) -> None:

@@ -23,7 +23,7 @@ from loguru import logger
 
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.service.watch import watch_files
-from statemachine.admission import no_router_warning, router_tiers
+from statemachine.router_tiers import no_router_warning, router_tiers
 
 #: seconds before a failed watch is started again
 _RESTART_S = 1.0

@@ -16,36 +16,51 @@ The package must not decide anything itself: the arithmetic lives in ``statemach
 it only wires inputs to the core and prints what the core answers. Errors are printed
 as located one-line messages, never tracebacks. Its modules:
 
-* ``app``: the typer app, its help (``_Command``), ``_command``, ``_lazy``, ``main``;
-* ``options``: every option and argument, an ``Annotated`` alias each;
-* ``common``: loading, observing, the situation, ``_fail``, ``_print_json``, exit codes;
 * the commands, each a renderer, in the order ``vramctl --help`` lists them:
   ``check`` (``validate``), ``answers`` (``observe``, ``status``, ``calibrate``,
   ``fit``, ``plan``), ``mcp``, ``control`` (``apply``, ``run``), ``requests`` (``up``,
-  ``down``, ``events``), ``replay``, ``flags`` (``render``, ``lint``), ``estimate``.
+  ``down``, ``events``), ``replay``, ``flags`` (``render``, ``lint``), ``estimate``;
+* ``commands``: the app with every command registered (what ``app`` here is);
+* ``app``: the typer app, its help (``_Command``), ``_command``, the options before a
+  command (``--version``);
+* ``options``: every option and argument, an ``Annotated`` alias each;
+* ``common``: loading, observing, the situation, ``_fail``, exit codes;
+* ``plain``: what needs no typer: ``_lazy``, ``_print_json``, ``load_set``,
+  ``ExitCodeError``;
+* ``validating``: ``validate``'s answer, without typer; ``quick``: ``validate`` run
+  without typer where its command line is plain (:func:`main` tries it first).
 
-Importing it imports each command module, which registers its commands on ``app``;
-``--help`` and a command's usage errors import no manifest model, rich or core module
-(each command imports what it uses: tests/test_cli_imports.py).
+Importing it imports nothing else: ``app``, ``STARTED`` and the exit codes load the
+typer app with every command (``commands``) on first use. ``--help`` and a command's
+usage errors import no manifest model, rich or core module (each command imports what
+it uses: tests/test_cli_imports.py).
 """
 
 from __future__ import annotations
 
-# isort: off
-# app first: it notes when the command began (STARTED) before typer loads
-from controller.interfaces.cli.app import STARTED, app, main
-
-# each module registers its commands as it is imported: in this order, `--help`'s
-from controller.interfaces.cli import check  # noqa: F401 (validate)
-from controller.interfaces.cli import answers  # noqa: F401 (observe, status, calibrate, fit, plan)
-from controller.interfaces.cli import mcp  # noqa: F401 (mcp)
-from controller.interfaces.cli import control  # noqa: F401 (apply, run)
-from controller.interfaces.cli import requests  # noqa: F401 (up, down, events)
-from controller.interfaces.cli import replay  # noqa: F401 (replay)
-from controller.interfaces.cli import flags  # noqa: F401 (render, lint)
-from controller.interfaces.cli import estimate  # noqa: F401 (estimate)
-from controller.interfaces.cli.common import EXIT_BAD_INPUT, EXIT_UNOBSERVED
-
-# isort: on
+import sys
+from typing import Any
 
 __all__ = ["EXIT_BAD_INPUT", "EXIT_UNOBSERVED", "STARTED", "app", "main"]
+
+
+def main() -> None:
+    """Console-script entry point: ``validate``'s quick path where the command line is
+    plain (``quick``), else the typer app."""
+    from controller.interfaces.cli.quick import quick
+
+    code = quick(sys.argv[1:])
+    if code is not None:
+        sys.exit(code)
+    from controller.interfaces.cli.commands import app
+
+    app()
+
+
+def __getattr__(name: str) -> Any:
+    """``app``, ``STARTED``, ``EXIT_BAD_INPUT``, ``EXIT_UNOBSERVED``: from ``commands``."""
+    if name not in __all__:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from controller.interfaces.cli import commands
+
+    return getattr(commands, name)

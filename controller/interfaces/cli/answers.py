@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from controller.interfaces.cli.app import _command, _lazy
+from controller.interfaces.cli.app import _command
 from controller.interfaces.cli.common import (
     EXIT_BAD_INPUT,
     _exit_if_unobserved,
@@ -25,7 +25,6 @@ from controller.interfaces.cli.common import (
     _load,
     _observe,
     _observe_live,
-    _print_json,
     _readable_state_dir,
     _situation,
 )
@@ -46,6 +45,7 @@ from controller.interfaces.cli.options import (
     StateDirOpt,
     WatchOpt,
 )
+from controller.interfaces.cli.plain import _lazy, _print_json
 
 if TYPE_CHECKING:
     from rich.table import Table

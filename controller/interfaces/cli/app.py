@@ -1,8 +1,7 @@
 """The ``vramctl`` typer app and what every command is registered with: the app,
 :class:`_Command` (click's plain help, arguments named by their metavar), the
 :func:`_command` decorator, the options before a command (:func:`_options`:
-``--version``), :func:`_lazy` (a module loaded on its first use) and :func:`main`, the
-console script's entry point.
+``--version``) and :func:`main`, which runs the typer app.
 
 It holds no command. Must not import the manifest model, pydantic, rich or the core at
 import time (``--help`` loads none of them: tests/test_cli_imports.py), nor the server,
@@ -11,11 +10,8 @@ Docker or HTTP libraries.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 import time
 from collections.abc import Callable
-from types import ModuleType
 from typing import Any
 
 #: when the command began (before its libraries load): what ``up --wait`` counts from
@@ -26,25 +22,6 @@ import typer.core  # noqa: E402
 from typer import _click as click  # noqa: E402 (the click typer carries: its own copy)
 
 from controller.interfaces.cli.options import VersionOpt  # noqa: E402
-
-
-def _lazy(name: str) -> ModuleType:
-    """Module ``name``, loaded on its first attribute access (importlib's LazyLoader).
-
-    ``--help`` and a command's usage errors then import no manifest model, rich or
-    core module at all; each command imports what it uses (docs/operations.md,
-    "Install": how fast the command line answers; benchmarks/bench_cli.py).
-    """
-    if name in sys.modules:
-        return sys.modules[name]
-    spec = importlib.util.find_spec(name)
-    assert spec is not None and spec.loader is not None, name
-    spec.loader = importlib.util.LazyLoader(spec.loader)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module
-    spec.loader.exec_module(module)
-    return module
-
 
 app = typer.Typer(
     name="vramctl",

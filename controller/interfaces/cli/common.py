@@ -1,8 +1,9 @@
-"""What the commands share: loading the manifest set (:func:`_load`), the observation,
-live or saved (:func:`_observe`, :func:`_observe_live`), the situation every answer is
-given from (:func:`_situation`, read over the state directory's journal), one located
-line and an exit code (:func:`_fail`), the JSON answer (:func:`_print_json`) and the
-exit codes beyond 0 and 1 (:data:`EXIT_UNOBSERVED`, :data:`EXIT_BAD_INPUT`).
+"""What the commands share: loading the manifest set (:func:`_load`, typer's exit over
+``plain.load_set``), the observation, live or saved (:func:`_observe`,
+:func:`_observe_live`), the situation every answer is given from (:func:`_situation`,
+read over the state directory's journal), one located line and an exit code
+(:func:`_fail`), and the exit codes beyond 0 and 1 (:data:`EXIT_UNOBSERVED`,
+:data:`EXIT_BAD_INPUT`).
 
 It decides nothing: the arithmetic lives in ``statemachine``. Must not import the
 manifest model, rich, the core, the server, Docker or HTTP libraries at import time:
@@ -11,15 +12,13 @@ each helper imports what it uses when it is called.
 
 from __future__ import annotations
 
-import json
-import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import typer
 
-from controller.interfaces.cli.app import _lazy
+from controller.interfaces.cli.plain import ExitCodeError, _lazy, load_set
 
 if TYPE_CHECKING:
     from controller.interfaces import render
@@ -48,31 +47,11 @@ def _fail(message: str, code: int = 1) -> NoReturn:
 def _load(
     manifests: list[Path], *, strict: bool = False, json_out: bool = False, code: int = 1
 ) -> ManifestSet:
-    """The manifest set; exit ``code`` (1; ``fit``: 2, its 1 is "does not fit") with its
-    located errors on stderr (``json_out``: and ``validate``'s JSON answer on stdout)
-    when it does not load."""
-    if not manifests:
-        _fail("no manifest given: pass -m/--manifest FILE (repeat for a set)", code)
-    from controller.manifest import ManifestError, load_manifest_set
-
+    """The manifest set; exit ``code`` when it does not load (:func:`load_set`)."""
     try:
-        mset = load_manifest_set(manifests, strict=strict)
-    except ManifestError as exc:
-        for err in exc.errors:
-            render.error(str(err))
-        if json_out:
-            _print_json(
-                {
-                    "valid": False,
-                    "files": [str(f) for f in manifests],
-                    "errors": [err.to_json() for err in exc.errors],
-                    "warnings": exc.warnings,
-                }
-            )
-        raise typer.Exit(code) from None
-    for warning in mset.warnings:
-        render.warn(warning)
-    return mset
+        return load_set(manifests, strict=strict, json_out=json_out, code=code)
+    except ExitCodeError as stop:
+        raise typer.Exit(stop.code) from None
 
 
 def _observe(
@@ -170,10 +149,6 @@ def _exit_if_unobserved(snap: SnapshotModel, observed: Path | None) -> None:
         why = snap.docker_error or "no reason recorded"
         render.error(f"{observed}: docker could not be read when this was observed: {why}")
     raise typer.Exit(EXIT_UNOBSERVED)
-
-
-def _print_json(data: Any) -> None:
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False) + "\n")
 
 
 def _readable_state_dir(

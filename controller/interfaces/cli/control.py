@@ -15,15 +15,15 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from controller.interfaces.cli.app import _command, _lazy
+from controller.interfaces.cli.app import _command
 from controller.interfaces.cli.common import (
     EXIT_BAD_INPUT,
     _fail,
     _load,
     _observe_live,
-    _print_json,
 )
 from controller.interfaces.cli.options import (
+    SERVED_API,
     AllowOriginOpt,
     ApiOpt,
     ApplyStateDirOpt,
@@ -40,6 +40,7 @@ from controller.interfaces.cli.options import (
     SettleOpt,
     TokenFileOpt,
 )
+from controller.interfaces.cli.plain import _lazy, _print_json
 
 if TYPE_CHECKING:
     import socket
@@ -292,7 +293,7 @@ def run(
     router_url: RouterUrlOpt = None,
     router_token_file: RouterTokenOpt = None,
     log_json: LogJsonOpt = False,
-    api: ApiOpt = "127.0.0.1:8477",
+    api: ApiOpt = SERVED_API,
     no_api: NoApiOpt = False,
     token_file: TokenFileOpt = None,
     settle_s: SettleOpt = 30.0,

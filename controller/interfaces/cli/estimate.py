@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from controller.interfaces.cli.app import _command, _lazy
-from controller.interfaces.cli.common import _fail, _print_json
+from controller.interfaces.cli.app import _command
+from controller.interfaces.cli.common import _fail
 from controller.interfaces.cli.options import (
     ContextOpt,
     EstimateEngineOpt,
@@ -22,6 +22,7 @@ from controller.interfaces.cli.options import (
     ParallelOpt,
     PathArg,
 )
+from controller.interfaces.cli.plain import _lazy, _print_json
 
 if TYPE_CHECKING:
     from controller.interfaces import render

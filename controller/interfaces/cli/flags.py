@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from controller.interfaces.cli.app import _command, _lazy
-from controller.interfaces.cli.common import _fail, _load, _observe, _print_json
+from controller.interfaces.cli.app import _command
+from controller.interfaces.cli.common import _fail, _load, _observe
 from controller.interfaces.cli.options import (
     ComposeOpt,
     DeviceTotalOpt,
@@ -27,6 +27,7 @@ from controller.interfaces.cli.options import (
     ToleranceOpt,
     UseEnvOpt,
 )
+from controller.interfaces.cli.plain import _lazy, _print_json
 
 if TYPE_CHECKING:
     from controller.interfaces import render

@@ -80,6 +80,18 @@ def _router_url_option(help_text: str) -> Any:
     return typer.Option("--router-url", envvar="VRAMCTL_ROUTER_URL", metavar="URL", help=help_text)
 
 
+def _serve_argument(help_text: str) -> Any:
+    """The ``SERVE`` argument, with a command's help."""
+    return typer.Argument(metavar="SERVE", help=help_text)
+
+
+# the SERVE argument of `fit`, `up`, `down` and `render`
+FitServeArg = Annotated[str, _serve_argument("The serve to ask about.")]
+UpServeArg = Annotated[str, _serve_argument("The serve to start on demand.")]
+DownServeArg = Annotated[str, _serve_argument("The serve whose on-demand request ends.")]
+RenderServeArg = Annotated[str, _serve_argument("The serve whose engine flag to print.")]
+
+
 StrictOpt = Annotated[
     bool,
     typer.Option(
@@ -88,17 +100,22 @@ StrictOpt = Annotated[
 ]
 
 
+def _state_dir_option(help_text: str) -> Any:
+    """The ``--state-dir`` option (``VRAMCTL_STATE_DIR``), with a command's help. Not
+    checked readable here: one that cannot be read is said by ``_readable_state_dir``,
+    one that cannot be locked by ``StateLock``."""
+    return typer.Option(
+        "--state-dir", envvar="VRAMCTL_STATE_DIR", metavar="DIR", readable=False, help=help_text
+    )
+
+
 StateDirOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--state-dir",
-        envvar="VRAMCTL_STATE_DIR",
-        metavar="DIR",
-        readable=False,  # one that cannot be read is said by _readable_state_dir
-        help="The state directory of `run` whose journal is read, never written: the "
+    _state_dir_option(
+        "The state directory of `run` whose journal is read, never written: the "
         "requests, the card each placed serve was started on, sleepers, elastic reserves, "
         "reload costs and footprints (default: as `run`'s; with --observed, none unless "
-        "given).",
+        "given)."
     ),
 ]
 
@@ -143,6 +160,10 @@ RouterTokenOpt = Annotated[
 LogJsonOpt = Annotated[
     bool, typer.Option("--log-json", envvar="VRAMCTL_LOG_JSON", help="Log JSON lines.")
 ]
+
+
+#: where `run` serves its HTTP API unless ``--api`` says otherwise
+SERVED_API = "127.0.0.1:8477"
 
 
 ApiOpt = Annotated[
@@ -224,7 +245,6 @@ PatchOpt = Annotated[
 
 
 # `fit`
-FitServeArg = Annotated[str, typer.Argument(metavar="SERVE", help="The serve to ask about.")]
 FitRouterUrlOpt = Annotated[
     str | None,
     _router_url_option(
@@ -285,13 +305,7 @@ PlanArg = Annotated[
 ]
 ApplyStateDirOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--state-dir",
-        envvar="VRAMCTL_STATE_DIR",
-        metavar="DIR",
-        readable=False,  # one that cannot be locked is said by StateLock
-        help="The state dir whose lock a running `vramctl run` holds (same default).",
-    ),
+    _state_dir_option("The state dir whose lock a running `vramctl run` holds (same default)."),
 ]
 
 
@@ -302,13 +316,9 @@ DryRunOpt = Annotated[
 ]
 RunStateDirOpt = Annotated[
     Path | None,
-    typer.Option(
-        "--state-dir",
-        envvar="VRAMCTL_STATE_DIR",
-        metavar="DIR",
-        readable=False,  # one that cannot be locked is said by StateLock
-        help="Journal and lock (default: $XDG_STATE_HOME/vramctl, else .vramctl-state/ "
-        "beside the first manifest).",
+    _state_dir_option(
+        "Journal and lock (default: $XDG_STATE_HOME/vramctl, else .vramctl-state/ "
+        "beside the first manifest)."
     ),
 ]
 ResyncOpt = Annotated[
@@ -348,7 +358,6 @@ AllowOriginOpt = Annotated[
 
 
 # `up`
-UpServeArg = Annotated[str, typer.Argument(metavar="SERVE", help="The serve to start on demand.")]
 TtlOpt = Annotated[
     float | None,
     typer.Option(
@@ -374,12 +383,6 @@ QueueOpt = Annotated[
         help="If it cannot fit now only because memory or a port is held by serves "
         "that go away by themselves, wait in the GPU role's FIFO queue instead of a 429.",
     ),
-]
-
-
-# `down`
-DownServeArg = Annotated[
-    str, typer.Argument(metavar="SERVE", help="The serve whose on-demand request ends.")
 ]
 
 
@@ -412,9 +415,6 @@ CycleOpt = Annotated[int | None, typer.Option("--cycle", metavar="N", help="Only
 
 
 # `render`
-RenderServeArg = Annotated[
-    str, typer.Argument(metavar="SERVE", help="The serve whose engine flag to print.")
-]
 RenderEngineOpt = Annotated[
     str | None,
     typer.Option(

@@ -18,8 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from controller.interfaces.cli.app import STARTED, _command, _lazy
-from controller.interfaces.cli.common import _fail, _print_json
+from controller.interfaces.cli.app import STARTED, _command
+from controller.interfaces.cli.common import _fail
 from controller.interfaces.cli.options import (
     ApiOpt,
     DownServeArg,
@@ -33,6 +33,7 @@ from controller.interfaces.cli.options import (
     UpServeArg,
     WaitOpt,
 )
+from controller.interfaces.cli.plain import _lazy, _print_json
 
 if TYPE_CHECKING:
     from controller.interfaces import render
