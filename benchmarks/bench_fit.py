@@ -8,7 +8,7 @@ requester (on one role, or spanning both) asking for 10-70 % of a card. Two deci
 the same inputs (a ``DesiredState`` and an ``Observed``), the same run, interleaved:
 
 ``vramctl``
-    ``statemachine.fit.fit_serve``: the planner's answer in isolation (the observed
+    ``statemachine.answers.fit.fit_serve``: the planner's answer in isolation (the observed
     ledger, ``ledger_from_observed``; the shortfall, the victim search, every term of
     the arithmetic).
 ``largest_first``
@@ -53,9 +53,8 @@ from dataclasses import dataclass
 
 from benchkit import BUDGET_MIB, NOW, cards
 
-from statemachine.fit import fit_serve
-from statemachine.ledger import ledger_from_observed
-from statemachine.types import (
+from statemachine.answers.fit import fit_serve
+from statemachine.domain.types import (
     ContainerObs,
     ContainerState,
     DesiredRun,
@@ -64,7 +63,8 @@ from statemachine.types import (
     Residency,
     ServeSpec,
 )
-from statemachine.victims import Candidate, largest_first
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.victims import Candidate, largest_first
 
 REQUESTER = "want"
 #: wall time, or with ``--clock cpu`` this thread's CPU time (no wait for a core)

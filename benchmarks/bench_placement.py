@@ -7,7 +7,7 @@ random fleets and the same requests, side by side in one run:
 ``vramctl``
     Every serve declares ``placement`` = every card that can hold its reservation (all
     the cards, less those the manifest would refuse as too small), and the planner
-    places it (``statemachine/placement.py``, docs/placement.md): held serves stay; else
+    places it (``statemachine/planning/placement.py``, docs/placement.md): held serves stay; else
     best fit (the candidate left with the least free MiB); else the candidate whose
     plan makes room at the least cost.
 ``pinned``
@@ -34,7 +34,7 @@ the serves ``evictable`` and ``desired = "running"`` instead (backfill that on-d
 requests may stop); requests go to the on-demand serves only.
 
 Each step, for each policy: the requests in force are handed to the planner, the plan
-applied as if every step succeeded (``statemachine.simulate.apply_plan``), and planned
+applied as if every step succeeded (``statemachine.planning.simulate.apply_plan``), and planned
 again until the plan is empty (at most 5 plans a step, as the loop's next ticks would),
 then counted:
 
@@ -84,12 +84,7 @@ from typing import Any
 
 from benchkit import NOW, RESERVE_MIB, markdown_table
 
-from statemachine import placement
-from statemachine.ledger import ledger_from_observed
-from statemachine.plan import Action, Plan, Policy
-from statemachine.planner import plan_transitions
-from statemachine.simulate import apply_plan
-from statemachine.types import (
+from statemachine.domain.types import (
     DesiredRun,
     DesiredState,
     GpuRole,
@@ -98,6 +93,11 @@ from statemachine.types import (
     Residency,
     ServeSpec,
 )
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning import placement
+from statemachine.planning.plan_types import Action, Plan, Policy
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.simulate import apply_plan
 
 GIB = 1024
 CARD_GIB = (24, 48, 80)

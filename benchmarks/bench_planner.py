@@ -1,4 +1,4 @@
-"""Wall-clock benchmark of ``statemachine.planner.plan_transitions`` on growing fleets.
+"""Wall-clock benchmark of ``statemachine.planning.planner.plan_transitions`` on growing fleets.
 
 What it measures: the time of one ``plan_transitions(desired, observed, policy, now)``
 call, in-process, on synthetic fleets of ``serves`` x ``roles`` (serves in 10, 100,
@@ -65,8 +65,15 @@ from dataclasses import dataclass
 
 from benchkit import BUDGET_MIB, NOW, cards
 
-from statemachine import types as st
-from statemachine.planner import Action, Plan, Policy, plan_transitions
+from statemachine.domain import types as st
+from statemachine.planning.plan_types import (
+    Action,
+    Plan,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 MIN_MIB = 16
 MAX_SERVE_FRACTION = 0.6

@@ -49,7 +49,7 @@ sleepers).
 The policies (victims are idle models unless a rule says it drains busy ones):
 
 ``vramctl``
-    ``statemachine.planner.plan_transitions`` as ``vramctl run`` calls it: the reload
+    ``statemachine.planning.planner.plan_transitions`` as ``vramctl run`` calls it: the reload
     costs (``Policy.reload``: the profile's cold start and wake, as a measured median
     would be), when each model was last used, and how often (``Policy.uses``: every
     arrival so far, the warm-up's among them); a model with a request waiting or loading, or
@@ -101,14 +101,13 @@ from typing import Any
 
 from benchkit import NOW
 
-from statemachine.plan import Action, Policy
+from statemachine.planning.plan_types import Action, Policy
 
 try:  # a tree from before reload costs (run_all.py --base): its planner runs without
-    from statemachine.plan import ReloadCost
+    from statemachine.planning.plan_types import RestoreCost
 except ImportError:  # pragma: no cover - only in an older tree
-    ReloadCost = None  # type: ignore[assignment,misc]
-from statemachine.planner import plan_transitions
-from statemachine.types import (
+    RestoreCost = None  # type: ignore[assignment,misc]
+from statemachine.domain.types import (
     ContainerObs,
     ContainerState,
     DesiredState,
@@ -126,6 +125,7 @@ from statemachine.types import (
     StartedWith,
     StartingObs,
 )
+from statemachine.planning.planner import plan_transitions
 
 SLEEP_WAYS = ("saved_per_ram", "most_requested", "slowest_start")
 PEERS = (
@@ -141,7 +141,7 @@ CARD_MIB = 80 * GIB
 HOST_RAM_MIB_PER_CARD = 192 * GIB
 RESIDUAL_MIB = 1 * GIB
 MAX_PLANS = 5
-#: the uses a controller remembers per serve (statemachine/reuse.py)
+#: the uses a controller remembers per serve (statemachine/planning/reuse.py)
 MAX_USES = 64
 #: the hour before the trace: every policy's warm-up, uncounted (its uses are counted)
 HISTORY_S = 3600.0
@@ -820,7 +820,7 @@ def _room_beside(
 
 
 class Vramctl(Rule):
-    """The planner (``statemachine.planner.plan_transitions``), with its variants."""
+    """The planner (``statemachine.planning.planner.plan_transitions``), with its variants."""
 
     #: ``vramctl run``'s resync (``--resync``, 5 s): it plans again while one waits
     tick_s = 5.0
@@ -899,10 +899,10 @@ class Vramctl(Rule):
             },
         )
         policy = Policy()
-        if self.costs and ReloadCost is not None:
+        if self.costs and RestoreCost is not None:
             policy = Policy(
                 reload={
-                    m.name: ReloadCost(m.profile.cold_s, m.profile.wake_s if self.sleeps else None)
+                    m.name: RestoreCost(m.profile.cold_s, m.profile.wake_s if self.sleeps else None)
                     for m in models
                 },
                 last_used={m.name: NOW + m.last_used for m in models if m.last_used is not None},

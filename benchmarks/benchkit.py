@@ -20,7 +20,7 @@ from typing import Any
 import docker
 from docker.errors import NotFound
 
-from statemachine.types import GpuRole
+from statemachine.domain.types import GpuRole
 
 #: the synthetic clock of the in-process benchmarks (seconds since the epoch)
 NOW = 1_700_000_000.0

@@ -2,7 +2,7 @@
 
 ``vramctl observe`` prints this format and ``--observed FILE`` reads it. The JSON is
 validated by pydantic (extra keys allowed) and converted into the pure core's
-:class:`statemachine.types.Observed`. Times are ISO 8601 strings (as docker reports
+:class:`statemachine.domain.types.Observed`. Times are ISO 8601 strings (as docker reports
 them) or seconds since the epoch; the core sees epoch seconds.
 
 This module must not observe anything itself: it only parses and renders snapshots.
@@ -17,7 +17,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from statemachine.types import (
+from statemachine.domain.types import (
     ContainerObs,
     ContainerState,
     GpuObs,

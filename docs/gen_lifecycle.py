@@ -1,11 +1,11 @@
-"""Write ``docs/lifecycle.md`` from the lifecycle data in ``statemachine/lifecycle.py``.
+"""Write ``docs/lifecycle.md`` from the lifecycle data in ``statemachine/lifecycle/machine.py``.
 
 Usage (from the repository root, with the project installed in the venv)::
 
     .venv/bin/python docs/gen_lifecycle.py          # regenerate docs/lifecycle.md
     .venv/bin/python docs/gen_lifecycle.py --check  # exit 1 if it is out of date
 
-The text itself comes from the pure :func:`statemachine.lifecycle.lifecycle_markdown`;
+The text itself comes from the pure :func:`statemachine.lifecycle.machine.lifecycle_markdown`;
 this script is the only part that touches the file system.
 """
 
@@ -16,7 +16,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from statemachine.lifecycle import lifecycle_markdown
+from statemachine.lifecycle.machine import lifecycle_markdown
 
 TARGET = Path(__file__).resolve().parent / "lifecycle.md"
 

@@ -9,7 +9,7 @@ Usage (from the repository root, with the project installed in the venv)::
     .venv/bin/python docs/gen_sizing_table.py --check  # exit 1 if it is out of date
 
 The engines' arithmetic here is written from each engine's source, apart from vramctl's
-(``statemachine/kv_layout.py``, ``statemachine/enforce.py``): vLLM's
+(``statemachine/sizing/kv_layout.py``, ``statemachine/flags/model_limits.py``): vLLM's
 ``check_enough_kv_cache_memory`` (whole 16-token blocks per layer group, the null block
 kept back, in ``fraction × total`` less the weights), SGLang's ``profile_max_num_token``
 (its pool: ``fraction × free − weights``), llama.cpp's ``llm_load_tensors`` layer split
@@ -37,9 +37,9 @@ from gguf.constants import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from controller.adapters.model_files import read_model
 from statemachine import engines
-from statemachine.enforce import ModelInput, render_limits
-from statemachine.engine_flags import fraction_for
-from statemachine.sizing import MIB, Architecture, Weights
+from statemachine.flags.fraction import fraction_for
+from statemachine.flags.model_limits import ModelInput, render_limits
+from statemachine.sizing.needs import MIB, Architecture, Weights
 
 Q = GGMLQuantizationType
 TARGET = Path(__file__).resolve().parent / "sizing.md"

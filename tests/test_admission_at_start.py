@@ -25,9 +25,15 @@ from controller.manifest.load import ManifestSet
 from controller.service.executor import Outcome
 from controller.service.steps.results import ExecutionReport
 from controller.service.wiring import containers_now, make_executor
-from statemachine.ledger import ledger_from_observed
-from statemachine.planner import Plan, Policy, plan_transitions
-from statemachine.types import Observed, OnDemandRequest
+from statemachine.domain.types import Observed, OnDemandRequest
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import (
+    Plan,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 __all__ = ["host"]  # the fixture, shared with test_executor_e2e
 

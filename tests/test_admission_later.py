@@ -18,9 +18,9 @@ from hypothesis import strategies as st
 from support.plan_cases import EVI, OND, RES, RUN, Case, _build, req, serve, up
 from support.strategies import NOW, fleets
 
-from statemachine import types as sm
-from statemachine.admission import could_fit_later, goes_away
-from statemachine.fit import fit_serve
+from statemachine.answers.fit import fit_serve
+from statemachine.domain import types as sm
+from statemachine.planning.admission import could_fit_later, goes_away
 
 
 def later(case: Case, name: str) -> str | None:
@@ -126,13 +126,15 @@ def test_what_fits_once_the_leavers_are_gone_is_never_called_impossible(
 def test_a_sleeper_needs_only_what_its_wake_adds_to_its_residual() -> None:
     # its residual is already counted: asking for its whole reservation on top of it
     # called a wake that fits once the request's hog goes away impossible
-    from statemachine.types import (
+    from statemachine.domain.types import (
         GpuRole,
         OnDemandRequest,
         Sleep,
         SleepObs,
-        SleepProtocol,
         SleepState,
+    )
+    from statemachine.engines import (
+        SleepProtocol,
     )
 
     od = sm.Residency.ON_DEMAND
@@ -228,7 +230,15 @@ def test_a_placed_serve_waits_for_the_candidate_whose_holder_goes_away() -> None
 def test_a_placed_sleeper_is_woken_where_it_sleeps() -> None:
     # asleep on a at 1000 of 5000, a resident takes the rest of a; b is empty, but the
     # sleeper stays where it holds (docs/placement.md, the rule, 1): its wake never fits
-    from statemachine.types import Sleep, SleepObs, SleepProtocol, SleepState, StartedWith
+    from statemachine.domain.types import (
+        Sleep,
+        SleepObs,
+        SleepState,
+        StartedWith,
+    )
+    from statemachine.engines import (
+        SleepProtocol,
+    )
 
     small = _placed("small", 5000, OND, sleep=Sleep(1, 1000, SleepProtocol.VLLM, 0))
     wall = serve("wall", 28_000, RES, RUN, roles=("a",))
@@ -245,7 +255,7 @@ def test_a_placed_sleeper_is_woken_where_it_sleeps() -> None:
 def test_a_placed_serve_running_on_a_known_card_conflicts_there_only() -> None:
     # q needs a and b to itself; the placed resident runs on c (its record and its
     # environment say so), not on b: it is in nobody's way
-    from statemachine.types import StartedWith
+    from statemachine.domain.types import StartedWith
 
     roles = {**AB, "c": (32_000, 2_000)}
     stt = _placed("stt", 10_000, RES, RUN, cands=("b", "c"))

@@ -1,4 +1,4 @@
-"""The admission rules an on-demand request meets (``statemachine.admission``).
+"""The admission rules an on-demand request meets (``statemachine.planning.admission``).
 
 Each test states an answer an operator relies on: who may be requested and the exact
 words of a refusal (the API's 404/409), when a protected serve frees up (the API's
@@ -12,8 +12,8 @@ from __future__ import annotations
 import pytest
 from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
-from statemachine import types as sm
-from statemachine.admission import (
+from statemachine.domain import types as sm
+from statemachine.planning.admission import (
     RouterNeed,
     can_request,
     could_fit_later,
@@ -24,7 +24,7 @@ from statemachine.admission import (
     router_needs,
     start_router_needs,
 )
-from statemachine.plan import Action, Step
+from statemachine.planning.plan_types import Action, Step
 
 # -- can_request: who may be requested --------------------------------------------------
 

@@ -1,4 +1,4 @@
-"""The failure backoff's arithmetic (statemachine/backoff.py), pure: the holds an
+"""The failure backoff's arithmetic (statemachine/lifecycle/backoff.py), pure: the holds an
 operator reads in docs/operations.md ("backoff 5 s → 300 s"), the words the plan's
 ``blocked`` shows, and when the loop is woken. The loop's use of it is
 tests/test_loop_backoff.py."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from statemachine.backoff import (
+from statemachine.lifecycle.backoff import (
     DEFAULT_BASE_S,
     DEFAULT_CAP_S,
     Backoff,

@@ -1,4 +1,4 @@
-"""The KV cache types each engine stores (statemachine/engines, statemachine/enforce.py,
+"""The KV cache types each engine stores (statemachine/engines, statemachine/flags/model_limits.py,
 controller/manifest/load.py): a ``kv_dtype`` the serve's engine cannot store is a located
 error where the manifest is read; a type that is not the engine's default is rendered as
 the engine's own flag and word; lint reads the engine's words (``auto``) back."""
@@ -11,9 +11,9 @@ import pytest
 
 from controller.manifest import ManifestError, load_manifest
 from statemachine import engines
-from statemachine.enforce import check_cache_types, render_cache_types
-from statemachine.engine_flags import FindingKind
-from statemachine.sizing import KV_DTYPES
+from statemachine.flags.fraction import FindingKind
+from statemachine.flags.model_limits import check_cache_types, render_cache_types
+from statemachine.sizing.needs import KV_DTYPES
 
 MANIFEST = """
 [gpu.a]

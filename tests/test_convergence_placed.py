@@ -13,10 +13,15 @@ import pytest
 from support.convergence import assert_converges
 from support.strategies import NOW, Scenario
 
-from statemachine import types as sm
-from statemachine.plan import Action
-from statemachine.planner import Policy, plan_transitions
-from statemachine.simulate import apply_plan
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import (
+    Action,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
+from statemachine.planning.simulate import apply_plan
 
 RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 600)
 
@@ -56,7 +61,7 @@ def test_a_placed_serve_evicted_is_placed_again_by_the_next_plan_by_itself() -> 
     strict=True,
     reason="placement weighs a backfill start before the plan's grow-backs, which take "
     "its room first: it is blocked on the card chosen, and the next plan places it on the "
-    "other (statemachine/placement.py, _to_start counts no grow-back)",
+    "other (statemachine/planning/placement.py, _to_start counts no grow-back)",
 )
 def test_a_placed_serve_is_not_placed_where_a_grow_back_takes_its_room() -> None:
     roles = {"g0": sm.GpuRole("g0", 32_490, 1799), "g1": sm.GpuRole("g1", 100_000, 317)}

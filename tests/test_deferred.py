@@ -1,4 +1,4 @@
-"""statemachine.deferred.Deferred stands for the tuple its function builds.
+"""statemachine.planning.deferred.Deferred stands for the tuple its function builds.
 
 The planner hands out a blocked serve's protected list as a Deferred: whatever reads a
 plan (JSON, equality, hashing, printing) must see the tuple, built once.
@@ -6,8 +6,8 @@ plan (JSON, equality, hashing, printing) must see the tuple, built once.
 
 from __future__ import annotations
 
-from statemachine.deferred import Deferred
-from statemachine.plan import Blocked, Protected
+from statemachine.planning.deferred import Deferred
+from statemachine.planning.plan_types import Blocked, Protected
 
 
 def test_a_deferred_is_built_once_when_first_read() -> None:

@@ -1,4 +1,4 @@
-"""A Deferred answers equality as its tuple does (statemachine/deferred.py): whatever it
+"""A Deferred answers equality as its tuple does (statemachine/planning/deferred.py): whatever it
 is compared with, the answer is the one the tuple it stands for gives, so a reader
 cannot tell a plan's lazily built list from the tuple. (On the right of ``==`` the left
 operand's ``__eq__`` answers first, as it would for the tuple.) Pure: the mutation run's
@@ -6,7 +6,7 @@ pool."""
 
 from __future__ import annotations
 
-from statemachine.deferred import Deferred
+from statemachine.planning.deferred import Deferred
 
 
 class _EqualToTheTuple:

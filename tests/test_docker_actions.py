@@ -27,7 +27,7 @@ from support.serving import free_port
 from support.waiting import wait_for
 
 from controller.adapters.docker.actions import ActionError, DockerActions
-from statemachine.types import ContainerState
+from statemachine.domain.types import ContainerState
 
 BusyboxFactory = Callable[..., Container]
 CONTAINER_PREFIX = "vramctl-test-"  # as tests/conftest.py names its containers

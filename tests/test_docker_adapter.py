@@ -43,7 +43,7 @@ from controller.adapters.docker.read import (
 )
 from controller.manifest import load_manifest_set
 from controller.snapshot import parse_snapshot, snapshot_to_json
-from statemachine.types import ContainerState
+from statemachine.domain.types import ContainerState
 
 BusyboxFactory = Callable[..., Container]
 

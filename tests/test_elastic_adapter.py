@@ -111,7 +111,7 @@ def test_busy_is_an_answer_at_once_not_retried_in_the_call(client: ElasticClient
 
 
 @pytest.mark.parametrize(
-    ("reply", "needs_reload", "verdict"),
+    ("reply", "needs_model_reload", "verdict"),
     [
         (FakeElastic.unavailable(), True, "engine unavailable (503): the engine did not answer"),
         (FakeElastic.refused(), False, "engine refused (400): VRAM needs an engine started"),
@@ -120,13 +120,13 @@ def test_busy_is_an_answer_at_once_not_retried_in_the_call(client: ElasticClient
     ids=["503", "400-refused", "400-resize-failed"],
 )
 def test_engine_errors_are_answers_at_once(
-    client: ElasticClient, reply: Reply, needs_reload: bool, verdict: str
+    client: ElasticClient, reply: Reply, needs_model_reload: bool, verdict: str
 ) -> None:
     with FakeElastic([reply]) as engine:
         answer = client.set_reserve(engine.url, 8000)
         assert len(engine.requests) == 1  # permanent: not retried
     assert answer.http_status == reply.status
-    assert answer.needs_reload is needs_reload
+    assert answer.needs_model_reload is needs_model_reload
     ok, why = elastic_ok(answer, 8000)
     assert not ok and why.startswith(verdict)
 

@@ -31,9 +31,15 @@ from controller.service.executor import ExecutionReport, Executor, Outcome
 from controller.service.loop import Controller, RunOptions
 from controller.snapshot import ContainerModel, SnapshotModel, load_snapshot
 from controller.store.journal import Journal, journal_path
-from statemachine.fit import request_plan
-from statemachine.planner import Plan, Policy, plan_transitions
-from statemachine.types import ContainerState, GpuObs, Observed, OnDemandRequest
+from statemachine.answers.fit import request_plan
+from statemachine.domain.types import ContainerState, GpuObs, Observed, OnDemandRequest
+from statemachine.planning.plan_types import (
+    Plan,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"

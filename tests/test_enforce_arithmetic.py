@@ -1,4 +1,4 @@
-"""The limit flags' arithmetic (statemachine/enforce.py), pinned on exact figures.
+"""The limit flags' arithmetic (statemachine/flags/model_limits.py), pinned on exact figures.
 
 A 32-layer model with 8 KV heads × 128 head_dim caches 2 × 32 × 8 × 128 × 2 = 131072
 bytes of f16 keys and values per token; a reservation of 20000 MiB less 16 GiB of weights
@@ -18,7 +18,9 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from statemachine import engines
-from statemachine.enforce import (
+from statemachine.engines.spec import Engine, KvLayout, LimitFlag, LimitKind
+from statemachine.flags.fraction import FindingKind
+from statemachine.flags.model_limits import (
     NOT_SUBTRACTED,
     Limit,
     ModelInput,
@@ -31,9 +33,7 @@ from statemachine.enforce import (
     render_elastic,
     render_limits,
 )
-from statemachine.engine_flags import FindingKind
-from statemachine.engines.spec import Engine, KvLayout, LimitFlag, LimitKind
-from statemachine.sizing import KV_DTYPES, MIB, Architecture, Weights
+from statemachine.sizing.needs import KV_DTYPES, MIB, Architecture, Weights
 
 GIB = 1024 * MIB
 

@@ -1,4 +1,4 @@
-"""The limit flags at their boundaries (statemachine/enforce.py): a figure that fits
+"""The limit flags at their boundaries (statemachine/flags/model_limits.py): a figure that fits
 exactly fits, one byte more does not; suffixed values read exactly as the engines read
 them; the last of repeated flags wins. Pure: statemachine only."""
 
@@ -8,7 +8,9 @@ import pytest
 from test_enforce_arithmetic import GIB, arch, llama, model, one
 
 from statemachine import engines
-from statemachine.enforce import (
+from statemachine.engines.spec import LimitFlag, LimitKind
+from statemachine.flags.fraction import FindingKind
+from statemachine.flags.model_limits import (
     ModelInput,
     check_cache_types,
     check_elastic,
@@ -18,9 +20,7 @@ from statemachine.enforce import (
     render_elastic,
     render_limits,
 )
-from statemachine.engine_flags import FindingKind
-from statemachine.engines.spec import LimitFlag, LimitKind
-from statemachine.sizing import MIB, Architecture, Weights
+from statemachine.sizing.needs import MIB, Architecture, Weights
 
 
 def test_weights_exactly_the_reservation_leave_no_token_rather_than_exceed_it() -> None:
@@ -301,7 +301,7 @@ def test_an_elastic_segment_left_to_the_configuration_says_it_is_not_the_default
 
 
 def test_a_fit_to_the_reservation_needs_the_starts_target_and_fit_left_on() -> None:
-    from statemachine.enforce import fits_to_reservation
+    from statemachine.flags.model_limits import fits_to_reservation
 
     flag = engines.get("llamacpp").limit_flags[0]
     target = "--fit-target ${VRAMCTL_FIT_TARGET_MIB}"

@@ -14,10 +14,10 @@ from support.files import compose, manifest
 
 from controller.tools.compose_lint import lint_compose, render_serve
 from statemachine import engines
-from statemachine.enforce import ModelInput
-from statemachine.engine_flags import FindingKind
 from statemachine.engines import Engine
-from statemachine.sizing import MIB, Architecture, Weights
+from statemachine.flags.fraction import FindingKind
+from statemachine.flags.model_limits import ModelInput
+from statemachine.sizing.needs import MIB, Architecture, Weights
 
 SOURCE = '''
 """NimbleServe: a made-up engine with a context limit, a byte limit and an elastic cache."""

@@ -22,8 +22,8 @@ from support.model_files import LAYER0, LAYER1, REST, WEIGHTS, write_gguf
 from controller.adapters.model_files import read_model
 from controller.service.model_estimates import limit_inputs
 from controller.tools.compose_lint import lint_compose, render_serve
-from statemachine.enforce import ModelInput
-from statemachine.engine_flags import FindingKind
+from statemachine.flags.fraction import FindingKind
+from statemachine.flags.model_limits import ModelInput
 
 REPO = Path(__file__).resolve().parents[1]
 MANIFEST = """

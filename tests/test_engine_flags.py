@@ -1,4 +1,4 @@
-"""Tests of engine enforcement (docs/design.md §3): statemachine.engine_flags and
+"""Tests of engine enforcement (docs/design.md §3): statemachine.flags.fraction and
 controller.tools.compose_lint.
 
 The arithmetic is checked on a table of the real stack's reservations and as a
@@ -32,7 +32,8 @@ from controller.tools.compose_lint import (
     render_serve,
     report_lines,
 )
-from statemachine.engine_flags import (
+from statemachine.domain.types import GpuObs, GpuRole
+from statemachine.flags.fraction import (
     DEFAULT_TOLERANCE,
     SGLANG_FLAG,
     SOURCE_DECLARED,
@@ -56,7 +57,6 @@ from statemachine.engine_flags import (
     render_flag,
     role_totals,
 )
-from statemachine.types import GpuObs, GpuRole
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "anvil-serving"
 SHARED_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "anvil-serving"

@@ -1,4 +1,4 @@
-"""Edges of engine enforcement (statemachine.engine_flags, docs/design.md §3).
+"""Edges of engine enforcement (statemachine.flags.fraction, docs/design.md §3).
 
 The boundaries an operator meets: a reservation of the whole device, a budget exactly
 at the tolerance, one decimal place, a tolerance of 0 where a fraction of a MiB
@@ -16,7 +16,8 @@ from fractions import Fraction
 import pytest
 
 from statemachine import engines
-from statemachine.engine_flags import (
+from statemachine.domain.types import GpuRole
+from statemachine.flags.fraction import (
     SGLANG_FLAG,
     SOURCE_NVML,
     VLLM_FLAG,
@@ -33,7 +34,6 @@ from statemachine.engine_flags import (
     render_flag,
     role_totals,
 )
-from statemachine.types import GpuRole
 
 TOTAL = 97887  # one RTX PRO 6000 Max-Q, as the real manifest declares it
 SMALL = 32607

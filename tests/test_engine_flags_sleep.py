@@ -13,7 +13,7 @@ import pytest
 from support.files import compose, manifest
 
 from controller.tools.compose_lint import lint_compose, render_serve
-from statemachine.engine_flags import (
+from statemachine.flags.fraction import (
     SGLANG_SLEEP_FLAG,
     VLLM_SLEEP_ENV,
     VLLM_SLEEP_FLAG,

@@ -1,4 +1,4 @@
-"""Each engine's KV cache as its own source lays it out (statemachine/kv_layout.py and
+"""Each engine's KV cache as its own source lays it out (statemachine/sizing/kv_layout.py and
 the engines' modules), pinned on exact figures and against oracles written the way each
 engine's code counts:
 
@@ -24,11 +24,11 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 
 from statemachine import engines
-from statemachine.enforce import ModelInput, check_limit, render_limits
-from statemachine.engine_flags import FindingKind
 from statemachine.engines.spec import KvLayout
-from statemachine.kv_layout import engine_kv, engine_kv_term, layer_groups
-from statemachine.sizing import MIB, Architecture, Weights
+from statemachine.flags.fraction import FindingKind
+from statemachine.flags.model_limits import ModelInput, check_limit, render_limits
+from statemachine.sizing.kv_layout import engine_kv, engine_kv_term, layer_groups
+from statemachine.sizing.needs import MIB, Architecture, Weights
 
 #: Llama-3-8B in BF16: 8030261248 parameters × 2 bytes; 32 layers, 8 KV heads × 128
 LLAMA_8B = Weights(8030261248 * 2, 291, ("model.safetensors",), "BF16")
@@ -274,7 +274,7 @@ def test_what_the_formula_does_not_describe_is_unknown_as_the_engine_lays_it_out
 def test_token_by_token_is_the_plain_formula_with_every_window_at_its_size() -> None:
     """The default layout (SGLang's, onnx-genai's here) adds nothing: the sizing's own
     formula, sliding layers at their window."""
-    from statemachine.sizing import kv_cache
+    from statemachine.sizing.needs import kv_cache
 
     for context in (512, 1024, 1025, 32768):
         plain = kv_cache(GEMMA, context=context, kv_dtype="bf16", parallel=2)
@@ -371,7 +371,7 @@ def test_a_context_above_the_models_own_is_rendered_with_the_engines_warning() -
 def test_the_estimate_carries_the_engines_kv_term_where_given() -> None:
     """``vramctl estimate --engine llamacpp``: the estimate's KV cache is the engine's
     layout (1000 tokens padded to 1024), its weights and the rest as before."""
-    from statemachine.sizing import estimate
+    from statemachine.sizing.needs import estimate
 
     arch = Architecture("gguf (llama)", 4, 2, 32, 32, 2048)
     weights = Weights(4_730_880, 39, ("m.gguf",), "F16")
@@ -388,7 +388,7 @@ def test_the_verdicts_terms_count_the_kv_cache_as_the_serves_engine_lays_it_out(
     """status, fit, validate and render weigh the same KV figure as ``estimate --engine``:
     llama.cpp's 1000 tokens × 2 slots are 1024 cells each; without an engine (or with one
     that stores token by token) the plain formula's 1000."""
-    from statemachine.verdict import model_terms
+    from statemachine.flags.verdict import model_terms
 
     arch = Architecture("gguf (llama)", 4, 2, 32, 32, 2048)
     model = ModelInput(Weights(4_730_880, 39, ("m.gguf",), "F16"), arch, 1000, parallel=2)

@@ -35,7 +35,7 @@ from controller.adapters.engine_metrics import (
     read_metrics,
     read_router_tier,
 )
-from statemachine.types import InFlightSource
+from statemachine.domain.types import InFlightSource
 
 ENGINES = ["vllm", "sglang", "llamacpp"]
 
@@ -347,7 +347,7 @@ def test_a_sleepers_idleness_starts_afresh_when_it_is_woken(
 
 def test_the_tracker_counts_a_use_each_time_a_serve_goes_busy() -> None:
     """Each stretch of readings above 0 is one use, at its first reading; a 0 or an
-    unknown reading ends the stretch; the uses outlive a stop (statemachine/reuse.py)."""
+    unknown reading ends the stretch; the uses outlive a stop (statemachine/planning/reuse.py)."""
     from controller.service.inflight import InFlightTracker
 
     counts: list[int | None] = []

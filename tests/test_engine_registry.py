@@ -1,5 +1,5 @@
 """Adding an engine is one module: a made-up engine, registered as one module here, is
-picked up by render (``statemachine.engine_flags``), lint (``compose_lint``), the manifest,
+picked up by render (``statemachine.flags.fraction``), lint (``compose_lint``), the manifest,
 the sleep adapter (against a stand-in speaking its sleep API on loopback) and the
 in-flight metrics (``engine_metrics``), with no other code changed.
 """
@@ -23,7 +23,8 @@ from controller.manifest import ManifestError
 from controller.service.sleeping import Sleeper, wake_engine
 from controller.tools.compose_lint import lint_compose, render_serve
 from statemachine import engines
-from statemachine.engine_flags import (
+from statemachine.engines import Detection, Engine, FlagUnit, HttpCall, MemoryFlag, SleepApi
+from statemachine.flags.fraction import (
     DeviceTotal,
     FindingKind,
     SleepNeeds,
@@ -34,7 +35,6 @@ from statemachine.engine_flags import (
     render_flag,
     sleep_needs,
 )
-from statemachine.engines import Detection, Engine, FlagUnit, HttpCall, MemoryFlag, SleepApi
 
 # ── the made-up engine, as its own module would declare it ─────────────────────
 

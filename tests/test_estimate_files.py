@@ -17,7 +17,7 @@ from safetensors.numpy import save_file
 from support.model_files import GGUF_WEIGHTS, hf_config, write_tiny_gguf
 
 from controller.adapters.model_files import ModelFileError, read_model
-from statemachine.sizing import kv_cache
+from statemachine.sizing.needs import kv_cache
 
 
 def test_a_gguf_files_weights_are_its_tensors_data_sizes(tmp_path: Path) -> None:

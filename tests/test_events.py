@@ -48,9 +48,9 @@ from controller.service.events import (
     drift_alarms,
 )
 from controller.service.loop import Controller
-from statemachine import types as sm
-from statemachine.ledger import GpuReservation, Ledger, Refusal
-from statemachine.status import host_status
+from statemachine.answers.status_report import host_status
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import GpuReservation, Ledger, Refusal
 
 # ── the bus ──────────────────────────────────────────────────────────────────
 

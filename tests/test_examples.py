@@ -12,11 +12,16 @@ import pytest
 
 from controller.manifest import load_manifest_set
 from controller.snapshot import load_snapshot
-from statemachine.fit import fit_serve
-from statemachine.ledger import Refusal
-from statemachine.planner import Policy, plan_transitions
-from statemachine.simulate import apply_plan, ledger_prefixes
-from statemachine.types import Residency
+from statemachine.answers.fit import fit_serve
+from statemachine.domain.types import Residency
+from statemachine.ledger.reservations import Refusal
+from statemachine.planning.plan_types import (
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
+from statemachine.planning.simulate import apply_plan, ledger_prefixes
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
 MANIFESTS = sorted(EXAMPLES.glob("*.toml"))

@@ -34,9 +34,15 @@ from controller.manifest import ManifestSet, load_manifest_set
 from controller.service.executor import ExecutionReport, ExecutorConfig
 from controller.service.observe import observe_host
 from controller.service.wiring import make_executor, read_gpus
-from statemachine.ledger import ledger_from_observed
-from statemachine.planner import Plan, Policy, plan_transitions
-from statemachine.types import GpuObs, Observed, OnDemandRequest
+from statemachine.domain.types import GpuObs, Observed, OnDemandRequest
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import (
+    Plan,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 pytestmark = pytest.mark.docker
 

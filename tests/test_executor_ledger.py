@@ -15,9 +15,13 @@ from support.fake_docker import FakeContainers as Containers
 from support.fake_docker import quick_elastic, quick_executor
 
 from controller.service.executor import Executor, Outcome
-from statemachine import types as sm
-from statemachine.ledger import GpuReservation, Ledger
-from statemachine.planner import Action, Plan, Step
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import GpuReservation, Ledger
+from statemachine.planning.plan_types import (
+    Action,
+    Plan,
+    Step,
+)
 
 ROLE = sm.GpuRole("g0", 20_000, 0, uuid="GPU-0")
 

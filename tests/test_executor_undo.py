@@ -26,9 +26,13 @@ from controller.adapters.elastic import ElasticClient
 from controller.adapters.router import RouterClient
 from controller.interfaces import render
 from controller.service.executor import Executor, ExecutorConfig, Outcome
-from statemachine import types as sm
-from statemachine.ledger import GpuReservation, Ledger
-from statemachine.planner import Action, Plan, Step
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import GpuReservation, Ledger
+from statemachine.planning.plan_types import (
+    Action,
+    Plan,
+    Step,
+)
 
 TOKEN = "router-secret"
 ROLE = sm.GpuRole("g0", 20_000, 0, uuid="GPU-0")
@@ -236,7 +240,7 @@ def test_a_failed_start_that_docker_cannot_confirm_down_settles_its_machine(
     and the machine is settled as in the path where Docker answers (``fail`` from
     waking, ``start_failed`` from starting, nothing when failed), with no undo fault."""
     from controller.service.executor import _Run
-    from statemachine.lifecycle import ServeLifecycle
+    from statemachine.lifecycle.machine import ServeLifecycle
 
     llm = _serve("llm", 8000, sm.Residency.ON_DEMAND, None)
     desired = sm.DesiredState({"g0": ROLE}, {"llm": llm})

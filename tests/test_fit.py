@@ -11,9 +11,12 @@ from __future__ import annotations
 
 from support.plan_cases import EVI, NOW, OND, RES, RUN, Case, _build, req, serve, up
 
-from statemachine import types as sm
-from statemachine.fit import FitResult, fit_serve, request_plan
-from statemachine.planner import Action, Policy
+from statemachine.answers.fit import FitResult, fit_serve, request_plan
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import (
+    Action,
+    Policy,
+)
 
 
 def fit(case: Case, name: str, policy: Policy | None = None) -> FitResult:

@@ -1,12 +1,13 @@
-"""``fit_serve``'s shortcut (statemachine/isolated.py) answers exactly as the planner.
+"""``fit_serve``'s shortcut (statemachine/answers/planner_shortcut.py) answers exactly as the
+planner.
 
 Over random hosts (tests/support/strategies.py, then sleepers, starts in progress, in-flight
 counts, engines that size themselves from free memory, idle TTLs, memory not back,
 records of what containers were started with, a host RAM budget): for every serve of
 the host, ``fit_serve`` (the shortcut where it decides) equals ``fit_serve_by_planner``
 (always the planner's plan for the isolated request), field by field and in its JSON;
-and where :func:`statemachine.isolated.decide` answers, its victims and drains are the
-plan's stops and drains, in order, with nothing shrunk, slept or blocked. The
+and where :func:`statemachine.answers.planner_shortcut.decide` answers, its victims and drains are
+the plan's stops and drains, in order, with nothing shrunk, slept or blocked. The
 ``find`` tests show the strategy reaches the shortcut (with victims, with drains, with
 idle and busy victims) and each case it leaves to the planner.
 """
@@ -22,12 +23,12 @@ from hypothesis import HealthCheck, Phase, event, find, given, note, settings
 from hypothesis import strategies as st
 from support.strategies import NOW, Scenario, assert_reaches, crowded_hosts, hosts, report_cases
 
-import statemachine.fit as fit_module
-from statemachine import types as sm
-from statemachine.fit import FitResult, fit_serve, fit_serve_by_planner, request_plan
-from statemachine.isolated import Decision, decide, whole_terms
-from statemachine.ledger import ledger_from_observed
-from statemachine.plan import Action, Policy, ReloadCost
+import statemachine.answers.fit as fit_module
+from statemachine.answers.fit import FitResult, fit_serve, fit_serve_by_planner, request_plan
+from statemachine.answers.planner_shortcut import Decision, decide, whole_terms
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import Action, Policy, RestoreCost
 
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "300"))
 SETTINGS = settings(
@@ -98,7 +99,7 @@ def test_a_request_that_may_wait_for_room_freeing_by_itself_is_left_to_the_plann
         starting={"busy": sm.StartingObs(("g",), 4_000)} if how == "starting" else {},
     )
     policy = Policy(
-        reload={n: ReloadCost(60.0, None) for n in serves},
+        reload={n: RestoreCost(60.0, None) for n in serves},
         uses={"evi": (NOW - 300,), "busy": (NOW - 30,), "want": ()},
     )
     got = fit_serve(desired, observed, "want", policy=policy, now=NOW)

@@ -1,4 +1,4 @@
-"""A footprint's arithmetic (statemachine/footprint.py), pure: which windows overlap,
+"""A footprint's arithmetic (statemachine/sizing/footprint.py), pure: which windows overlap,
 what a stop's sample says, how a peak is raised, how samples are summarised (every
 term of declared vs measured) and how a ``vram_mib`` is proposed. The executor's and
 the interfaces' use of it is tests/test_footprints.py."""
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from statemachine.footprint import (
+from statemachine.sizing.footprint import (
     Method,
     Movement,
     Sample,

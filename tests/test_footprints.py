@@ -32,9 +32,14 @@ from controller.service.footprints import FootprintRecorder, Reading, samples_of
 from controller.service.loop import Controller
 from controller.service.wiring import read_gpus
 from controller.store.journal import Journal, journal_path
-from statemachine import types as sm
-from statemachine.footprint import Method, Sample, propose, summarise
-from statemachine.planner import Policy, plan_transitions
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import (
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
+from statemachine.sizing.footprint import Method, Sample, propose, summarise
 
 REPO = Path(__file__).resolve().parents[1]
 UUID = "GPU-footprint-0"
@@ -500,7 +505,14 @@ def test_a_serve_stopped_before_it_settled_keeps_its_start_without_a_steady_figu
 def test_the_stop_of_a_sleeper_is_not_measured_as_its_footprint() -> None:
     # asleep, it holds only its residual: what comes back at its stop is that residual,
     # which says nothing of what the serve takes awake (calibrate would propose less)
-    from statemachine.types import Sleep, SleepObs, SleepProtocol, SleepState
+    from statemachine.domain.types import (
+        Sleep,
+        SleepObs,
+        SleepState,
+    )
+    from statemachine.engines import (
+        SleepProtocol,
+    )
 
     card = Card()
     card.take(1000)  # its residual on the device

@@ -41,12 +41,12 @@ from controller.manifest.models import compose_project_of
 from controller.service.executor import ExecutorConfig
 from controller.service.loop import Controller
 from controller.service.wiring import make_executor
-from statemachine import types as sm
-from statemachine.fit import fit_serve, fit_serve_by_planner, request_plan
-from statemachine.ledger import ledger_from_observed
-from statemachine.plan import Action, Policy
-from statemachine.planner import plan_transitions
-from statemachine.status import host_status
+from statemachine.answers.fit import fit_serve, fit_serve_by_planner, request_plan
+from statemachine.answers.status_report import host_status
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import Action, Policy
+from statemachine.planning.planner import plan_transitions
 
 PROJECT = COMPOSE_PROJECT_LABEL  # com.docker.compose.project, as Compose sets it
 OURS, THEIRS = "ours", "theirs"

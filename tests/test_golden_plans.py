@@ -23,8 +23,13 @@ import pytest
 
 from controller.manifest import load_manifest_set
 from controller.snapshot import SnapshotModel, load_snapshot
-from statemachine.planner import Policy, plan_transitions
-from statemachine.types import OnDemandRequest, Residency
+from statemachine.domain.types import OnDemandRequest, Residency
+from statemachine.planning.plan_types import (
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "manifests" / "examples"

@@ -1,4 +1,4 @@
-"""The rule that tells a serve's ``up`` where it was put (statemachine/gpu_vars.py).
+"""The rule that tells a serve's ``up`` where it was put (statemachine/ledger/gpu_vars.py).
 
 Every variable of the table, an unknown one left out (never empty, never 0), two roles
 joined by ",", the controller's values winning over ``up_env``, and the placeholders
@@ -20,9 +20,13 @@ from controller.adapters.docker.actions import UpResult
 from controller.manifest import load_manifest_set
 from controller.manifest.runtime import ServeRuntime
 from controller.service.executor import Executor, Outcome
-from statemachine import types as sm
-from statemachine.ledger import Ledger
-from statemachine.planner import Action, Plan, Step
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Ledger
+from statemachine.planning.plan_types import (
+    Action,
+    Plan,
+    Step,
+)
 
 ROLES = {
     "card-a": sm.GpuRole("card-a", 24_000, uuid="GPU-aaaa"),

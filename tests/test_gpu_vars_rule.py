@@ -1,4 +1,4 @@
-"""The rule that tells a serve's ``up`` where it was put (statemachine/gpu_vars.py), pure.
+"""The rule that tells a serve's ``up`` where it was put (statemachine/ledger/gpu_vars.py), pure.
 
 Every variable of the table, an unknown one left out (never empty, never 0), two roles
 joined by ",", the controller's values winning over ``up_env``, and the placeholders
@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from statemachine.gpu_vars import (
+from statemachine.domain.types import GpuObs, GpuRole
+from statemachine.ledger.gpu_vars import (
     GPU_ENV_NAMES,
     GPU_VARIABLES,
     Unknown,
@@ -19,8 +20,7 @@ from statemachine.gpu_vars import (
     gpu_placement,
     start_free_mib,
 )
-from statemachine.ledger import GpuReservation, Ledger
-from statemachine.types import GpuObs, GpuRole
+from statemachine.ledger.reservations import GpuReservation, Ledger
 
 ROLES = {
     "card-a": GpuRole("card-a", 24_000, uuid="GPU-aaaa"),

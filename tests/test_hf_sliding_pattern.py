@@ -1,5 +1,5 @@
 """A Gemma-3-style ``sliding_window_pattern`` in a safetensors ``config.json``
-(controller/adapters/model_files/hf_config.py; the cache: statemachine/sizing.py).
+(controller/adapters/model_files/hf_config.py; the cache: statemachine/sizing/needs.py).
 
 The rule pinned: ``sliding_window_pattern = N`` means N - 1 sliding-window (local)
 layers, then 1 layer that attends to the whole context, repeated; so of ``L`` layers,
@@ -24,7 +24,7 @@ from typing import Any
 import pytest
 
 from controller.adapters.model_files.hf_config import read_config
-from statemachine.sizing import kv_cache
+from statemachine.sizing.needs import kv_cache
 
 # Gemma 3 12B, f16 (2 bytes), one sequence of 32768 tokens:
 #   per token and layer: 2 (key + value) × 8 KV heads × 256 head_dim × 2 bytes = 8192

@@ -1,4 +1,4 @@
-"""``statemachine.hypothetical``: "could N MiB run on this role now?" as a fit question."""
+"""``statemachine.answers.hypothetical``: "could N MiB run on this role now?" as a fit question."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import pytest
 
 from controller.manifest import load_manifest_set
 from controller.snapshot import load_snapshot
-from statemachine.fit import fit_serve
-from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
-from statemachine.types import DesiredState, Observed, Residency
+from statemachine.answers.fit import fit_serve
+from statemachine.answers.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
+from statemachine.domain.types import DesiredState, Observed, Residency
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"

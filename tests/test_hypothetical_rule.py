@@ -1,12 +1,12 @@
-"""``statemachine.hypothetical``'s refusals and its serve, pure (the fit answers on the
+"""``statemachine.answers.hypothetical``'s refusals and its serve, pure (the fit answers on the
 example manifest are tests/test_hypothetical.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
-from statemachine.types import DesiredState, GpuRole, Residency, ServeSpec
+from statemachine.answers.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
+from statemachine.domain.types import DesiredState, GpuRole, Residency, ServeSpec
 
 ROLES = {"b": GpuRole("b", 8000), "a": GpuRole("a", 8000)}
 DESIRED = DesiredState(ROLES, {"x": ServeSpec("x", "c-x", ("a",), 1000)})

@@ -1,6 +1,6 @@
 """Measured idleness and busy-aware victims in the pure core (docs/eviction.md).
 
-``request_expiry`` from the rules of ``statemachine.idleness``, then the planner:
+``request_expiry`` from the rules of ``statemachine.planning.idleness``, then the planner:
 an on-demand serve running for a request without its own TTL stops once its count
 of requests in flight has read 0 for ``idle_ttl_s``, never while it reads above 0;
 without a source the TTL counts from the request; an unknown count counts from the
@@ -13,17 +13,17 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from statemachine import placement
-from statemachine import types as sm
-from statemachine.idleness import (
+from statemachine.answers.pending import pending_starts
+from statemachine.domain import types as sm
+from statemachine.planning import placement
+from statemachine.planning.idleness import (
     IdleBasis,
     in_force,
     request_end,
     request_expiry,
     requests_in_force,
 )
-from statemachine.pending import pending_starts
-from statemachine.planner import plan_transitions
+from statemachine.planning.planner import plan_transitions
 
 M = sm.InFlightSource.METRICS
 T0 = 1_000.0
@@ -288,7 +288,7 @@ def test_a_serve_with_a_source_that_has_not_run_since_the_request_waits_for_its_
 def test_a_sleeper_that_is_requested_has_not_run_until_it_is_woken() -> None:
     # its container runs, but its engine sleeps: like a serve waiting for room, its
     # idle_ttl_s counts once it has been woken, never while it sleeps
-    from statemachine.types import SleepObs, SleepState
+    from statemachine.domain.types import SleepObs, SleepState
 
     req = sm.OnDemandRequest("od", T0)
     old = sm.ContainerObs(sm.ContainerState.RUNNING, "healthy", T0 - 3600)

@@ -1,11 +1,11 @@
-"""The fit shortcut's own contract (statemachine/isolated.py), case by case.
+"""The fit shortcut's own contract (statemachine/answers/planner_shortcut.py), case by case.
 
 tests/test_fit_isolated.py shows over random hosts that wherever
-:func:`statemachine.isolated.decide` answers, it answers as the planner. These tests
+:func:`statemachine.answers.planner_shortcut.decide` answers, it answers as the planner. These tests
 pin *when* it answers and what: on small hosts built by hand, each case calls
 ``decide`` directly (with the observed ledger) and checks its answer, and, where it
 answers, that the answer is the planner's plan for the isolated request
-(:func:`statemachine.fit.request_plan`):
+(:func:`statemachine.answers.fit.request_plan`):
 the same stops, in the same order, the same drains, nothing shrunk, slept or blocked.
 Where it declines (``None``), the caller runs the planner.
 """
@@ -16,11 +16,11 @@ from dataclasses import replace
 
 from support.strategies import NOW
 
-from statemachine import types as sm
-from statemachine.fit import request_plan
-from statemachine.isolated import NO_ROOM_NEEDED, Decision, decide, whole_terms
-from statemachine.ledger import ledger_from_observed
-from statemachine.plan import Action, Policy, ReloadCost
+from statemachine.answers.fit import request_plan
+from statemachine.answers.planner_shortcut import NO_ROOM_NEEDED, Decision, decide, whole_terms
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import Action, Policy, RestoreCost
 
 ROLES = {
     "g": sm.GpuRole("g", capacity_mib=10_000, reserve_mib=0),
@@ -380,7 +380,7 @@ def test_a_victim_is_weighed_at_its_cold_start_not_its_wake() -> None:
     """A serve the shortcut would stop comes back by a cold start: of two that each
     cover, the cheaper cold start is stopped, whatever their wakes cost."""
     x, y = _evictable("x"), _evictable("y")
-    policy = Policy(reload={"x": ReloadCost(10.0, 500.0), "y": ReloadCost(100.0, 1.0)})
+    policy = Policy(reload={"x": RestoreCost(10.0, 500.0), "y": RestoreCost(100.0, 1.0)})
     want = replace(WANT, vram_mib=5_000)
     assert _answers([x, y], _running(x, y), want, policy) == Decision(("x",), ())
 

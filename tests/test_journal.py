@@ -26,7 +26,7 @@ from controller.store.journal import (
     default_state_dir,
     journal_path,
 )
-from statemachine.types import OnDemandRequest
+from statemachine.domain.types import OnDemandRequest
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -1,4 +1,4 @@
-"""The observed ledger's own construction (``statemachine.ledger._counted``, fed by
+"""The observed ledger's own construction (``statemachine.ledger.reservations._counted``, fed by
 ``ledger_from_observed`` as it counts) against the checked constructor, and the PMap
 reads with changes pending and folded.
 
@@ -17,9 +17,9 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from support.strategies import Scenario, hosts, report_cases
 
-from statemachine import types as sm
-from statemachine.ledger import Ledger, ledger_from_observed
-from statemachine.pmap import PMap
+from statemachine.domain import types as sm
+from statemachine.ledger.pmap import PMap
+from statemachine.ledger.reservations import Ledger, ledger_from_observed
 
 
 def _same(got: Ledger, want: Ledger) -> None:

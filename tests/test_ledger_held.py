@@ -14,8 +14,8 @@ Written from docs/limits.md and docs/architecture.md:
 
 from __future__ import annotations
 
-from statemachine import types as sm
-from statemachine.ledger import ledger_from_observed, no_longer_declared
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import ledger_from_observed, no_longer_declared
 
 ROLES = {"a": sm.GpuRole("a", 10_000), "b": sm.GpuRole("b", 10_000)}
 RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=100.0)

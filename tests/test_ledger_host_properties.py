@@ -3,7 +3,7 @@
 The overcommit property (tests/test_planner_properties.py, 1) checks the ledger a plan
 leaves against the budget, but that ledger is built from the observation, so a ledger
 that miscounts what the host holds passes it. Here a simulated host, built from the
-scenario independently of :mod:`statemachine.ledger`, says what each container really
+scenario independently of :mod:`statemachine.ledger.reservations`, says what each container really
 holds on which card and how much host RAM (docs/design.md §3, the ledger):
 
 - a running (paused, restarting) container of a serve with a reservation: on the card
@@ -22,7 +22,7 @@ out: a stop leaves the memory held until its release confirms it back, a start t
 its reservation on the card it starts on, a shrink or a grow takes the engine to its
 new size, a sleep leaves the residual and takes host RAM, a wake takes the full
 reservation back and gives the host RAM up. Before the plan and after every step, the
-ledger (:func:`statemachine.simulate.ledger_prefixes`, ending at ``plan.ledger_after``)
+ledger (:func:`statemachine.planning.simulate.ledger_prefixes`, ending at ``plan.ledger_after``)
 counts on every card at least what the host holds there, and host RAM likewise.
 
 Import-free of the planner's internals; ``VRAMCTL_PROPERTY_EXAMPLES`` sets the depth as
@@ -38,11 +38,18 @@ import pytest
 from hypothesis import HealthCheck, event, given, note, settings, target
 from support.strategies import NOW, Scenario, case_share, crowded_hosts, every_scenario, hosts
 
-from statemachine import types as sm
-from statemachine.ledger import Ledger, Refusal
-from statemachine.plan import Action, Plan, Step
-from statemachine.planner import Policy, plan_transitions
-from statemachine.simulate import ledger_prefixes
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Ledger, Refusal
+from statemachine.planning.plan_types import (
+    Action,
+    Plan,
+    Policy,
+    Step,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
+from statemachine.planning.simulate import ledger_prefixes
 
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "400"))
 SETTINGS = settings(

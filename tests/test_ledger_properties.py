@@ -19,8 +19,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from statemachine.ledger import GpuReservation, Ledger, Refusal, RefusalKind
-from statemachine.types import GpuRole
+from statemachine.domain.types import GpuRole
+from statemachine.ledger.reservations import GpuReservation, Ledger, Refusal, RefusalKind
 
 ROLE_IDS = ("a", "b", "c")
 

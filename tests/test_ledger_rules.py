@@ -14,8 +14,8 @@ from dataclasses import replace
 import pytest
 from support.core import spec as core_spec
 
-from statemachine import types as sm
-from statemachine.ledger import (
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import (
     GpuReservation,
     Ledger,
     Refusal,

@@ -22,8 +22,8 @@ from hypothesis.stateful import (
     rule,
 )
 
-from statemachine import types as sm
-from statemachine.ledger import (
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import (
     GpuReservation,
     Ledger,
     Refusal,

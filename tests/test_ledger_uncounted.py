@@ -4,8 +4,8 @@ and what the observed ledger counts for a serve outside it that has a start reco
 
 from __future__ import annotations
 
-from statemachine import types as sm
-from statemachine.ledger import GpuReservation, held_uncounted, ledger_from_observed
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import GpuReservation, held_uncounted, ledger_from_observed
 
 ROLES = {"g": sm.GpuRole("g", capacity_mib=10_000, reserve_mib=0)}
 RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING)

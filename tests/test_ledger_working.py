@@ -13,8 +13,8 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from statemachine.ledger import GpuReservation, Ledger, Refusal, WorkingLedger
-from statemachine.types import GpuRole, HostBudget
+from statemachine.domain.types import GpuRole, HostBudget
+from statemachine.ledger.reservations import GpuReservation, Ledger, Refusal, WorkingLedger
 
 ROLES = {r: GpuRole(r, capacity_mib=1000, reserve_mib=100) for r in ("a", "b", "c")}
 

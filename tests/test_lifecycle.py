@@ -1,4 +1,4 @@
-"""Tests for the per-serve lifecycle machine (``statemachine.lifecycle``).
+"""Tests for the per-serve lifecycle machine (``statemachine.lifecycle.machine``).
 
 The expected transition table below is written out by hand, independently of the
 module's data, so that a change to the data has to be made here too, on purpose.
@@ -16,7 +16,7 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from statemachine.lifecycle import (
+from statemachine.lifecycle.machine import (
     HOLDING_STATES,
     STATES,
     TRANSITIONS,
@@ -350,7 +350,7 @@ def test_markdown_lists_every_state_and_transition() -> None:
 def test_docs_lifecycle_md_is_up_to_date() -> None:
     assert DOC.exists(), f"{DOC} is missing; generate it with: {REGENERATE}"
     assert DOC.read_text(encoding="utf-8") == lifecycle_markdown(), (
-        f"docs/lifecycle.md is out of date with statemachine/lifecycle.py; "
+        f"docs/lifecycle.md is out of date with statemachine/lifecycle/machine.py; "
         f"regenerate it with: {REGENERATE}"
     )
 
@@ -380,7 +380,7 @@ def test_generator_writes_and_checks(tmp_path: Path) -> None:
 
 
 def test_states_declared_twice_or_missing_are_refused() -> None:
-    from statemachine.lifecycle import _index
+    from statemachine.lifecycle.machine import _index
 
     twice = (*STATES, STATES[0])
     with pytest.raises(ValueError, match="STATES must declare each LifecycleState once"):
@@ -390,7 +390,7 @@ def test_states_declared_twice_or_missing_are_refused() -> None:
 
 
 def test_a_transition_declared_twice_or_a_trigger_unused_is_refused() -> None:
-    from statemachine.lifecycle import _index
+    from statemachine.lifecycle.machine import _index
 
     with pytest.raises(ValueError, match="from 'stopped' declared twice"):
         _index(STATES, (*TRANSITIONS, TRANSITIONS[0]))

@@ -12,11 +12,15 @@ from support.fake_docker import FakeContainers, quick_elastic, quick_executor
 
 from controller.service.executor import Outcome
 from controller.snapshot import ContainerModel
-from statemachine import types as sm
-from statemachine.ledger import Ledger
-from statemachine.lifecycle import ACTION_TRIGGERS, TRIGGERS, Trigger, trigger_for
-from statemachine.planner import Action, Plan, Step
-from statemachine.status import lifecycle_from_observation
+from statemachine.answers.status_report import lifecycle_from_observation
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Ledger
+from statemachine.lifecycle.machine import ACTION_TRIGGERS, TRIGGERS, Trigger, trigger_for
+from statemachine.planning.plan_types import (
+    Action,
+    Plan,
+    Step,
+)
 
 
 class Containers(FakeContainers):
@@ -73,7 +77,7 @@ def test_every_action_maps_to_one_trigger_of_the_machine() -> None:
 
 
 def test_status_lifecycle_is_one_of_the_machines_states() -> None:
-    from statemachine.lifecycle import LifecycleState
+    from statemachine.lifecycle.machine import LifecycleState
 
     for obs in (
         sm.ContainerObs(sm.ContainerState.RUNNING),

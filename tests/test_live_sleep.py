@@ -14,9 +14,12 @@ import pytest
 
 from controller.manifest import load_manifest_set
 from controller.service.live import LiveLedger, overlay_observed
-from statemachine import types as sm
-from statemachine.ledger import ledger_from_observed
-from statemachine.planner import Action, Step
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import (
+    Action,
+    Step,
+)
 
 MANIFEST = """
 [[gpu_roles]]

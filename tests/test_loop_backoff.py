@@ -18,10 +18,13 @@ from controller.manifest import load_manifest_set
 from controller.service.executor import ExecutionReport, Outcome, StepResult
 from controller.service.loop import Controller, RunOptions
 from controller.store.journal import Journal, journal_path
-from statemachine import backoff
-from statemachine.ledger import Ledger
-from statemachine.planner import Action, Step
-from statemachine.types import ContainerObs, ContainerState, Observed
+from statemachine.domain.types import ContainerObs, ContainerState, Observed
+from statemachine.ledger.reservations import Ledger
+from statemachine.lifecycle import backoff
+from statemachine.planning.plan_types import (
+    Action,
+    Step,
+)
 
 MANIFEST = (
     ONE_RESIDENT

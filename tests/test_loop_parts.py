@@ -20,16 +20,19 @@ import pytest
 from support.manifests import ONE_RESIDENT
 
 from controller.adapters.docker.read import EVERY_CONTAINER, EventStreamRefusedError
-from controller.service import manifest_reload, tiers
+from controller.service import manifest_reread, tiers
 from controller.service.docker_events import DockerEvents
 from controller.service.executor import Outcome, StepResult
-from controller.service.manifest_reload import read_manifests
+from controller.service.manifest_reread import read_manifests
 from controller.service.overlays import JournalOverlays
 from controller.service.start_outcomes import StartOutcomes
 from controller.snapshot import ContainerModel, SnapshotModel
 from controller.store.journal import Journal, journal_path
-from statemachine.planner import Action, Step
-from statemachine.types import ContainerState, DesiredState, StartedWith
+from statemachine.domain.types import ContainerState, DesiredState, StartedWith
+from statemachine.planning.plan_types import (
+    Action,
+    Step,
+)
 
 
 # ----- the Docker event source ---------------------------------------------------------
@@ -323,7 +326,7 @@ def test_a_loader_that_fails_gives_an_error_and_nothing_located(
     def broken(paths: list[Path]) -> Any:
         raise KeyError("a bug")
 
-    monkeypatch.setattr(manifest_reload, "load_manifest_set", broken)
+    monkeypatch.setattr(manifest_reread, "load_manifest_set", broken)
     read = read_manifests([tmp_path / "serves.toml"])
     assert read.mset is None and read.issues is None
     assert read.errors == ["cannot be loaded: KeyError: 'a bug'"]

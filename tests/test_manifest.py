@@ -25,7 +25,7 @@ from controller.manifest import (
 )
 from controller.manifest.runtime import ServeRuntime
 from controller.manifest.schema import SCHEMA_PATH, render_schema
-from statemachine.types import DesiredRun, DesiredState, Elastic, Residency
+from statemachine.domain.types import DesiredRun, DesiredState, Elastic, Residency
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "anvil-serving"
 SHARED_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "anvil-serving"

@@ -23,8 +23,8 @@ from support.files import compose
 from controller.manifest import LocatedError, ManifestError, ManifestSet, load_manifest_set
 from controller.manifest.schema import render_schema
 from controller.tools.compose_lint import lint_compose, render_serve
-from statemachine.engine_flags import FindingKind
-from statemachine.types import ServeSpec
+from statemachine.domain.types import ServeSpec
+from statemachine.flags.fraction import FindingKind
 
 ROLES = """
 [[gpu_roles]]

@@ -59,7 +59,7 @@ def reloaded(tmp_path: Path, good: str, edit: bytes) -> tuple[Controller, Manife
     first = load_manifest_set([path])
     c = Controller(RunOptions(manifests=(path,), state_dir=tmp_path / "state"), first)
     path.write_bytes(edit)
-    c.reconciler.reload_manifest()
+    c.reconciler.reread_manifest()
     return c, first
 
 

@@ -2,7 +2,7 @@
 
 Both are optional positive seconds (at most a day); they load onto the serve's spec
 (``ServeSpec.cold_start_s``, ``Sleep.wake_s``) and become its declared reload cost
-until one is measured (statemachine/reload.py). A bad value is refused with a located
+until one is measured (statemachine/planning/restore_cost.py). A bad value is refused with a located
 error, as the manifest's other fields are.
 """
 
@@ -15,8 +15,8 @@ from support.manifest_rules import ROLES, Expect, check, errors_of, serve, write
 
 from controller.manifest import ManifestError, load_manifest_set
 from controller.manifest.schema import manifest_json_schema
-from statemachine.plan import ReloadCost
-from statemachine.reload import declared_costs
+from statemachine.planning.plan_types import RestoreCost
+from statemachine.planning.restore_cost import declared_costs
 
 S1 = 'serve "s1" (#1)'
 
@@ -41,13 +41,13 @@ def test_declared_figures_load_onto_the_spec_and_the_declared_costs(tmp_path: Pa
     assert s1.sleep is not None and s1.sleep.wake_s == 2.9
     assert (s2.cold_start_s, s2.sleep) == (0.5, None)
     assert s3.cold_start_s is None
-    assert declared_costs(desired) == {"s1": ReloadCost(47.0, 2.9), "s2": ReloadCost(0.5, None)}
+    assert declared_costs(desired) == {"s1": RestoreCost(47.0, 2.9), "s2": RestoreCost(0.5, None)}
 
 
 def test_a_sleeper_may_declare_a_wake_without_a_cold_start(tmp_path: Path) -> None:
     text = ROLES + serve(BASE + SLEEP + "wake_s = 3")
     desired = load_manifest_set(write(tmp_path, {"serves.toml": text})).desired()
-    assert declared_costs(desired) == {"s1": ReloadCost(None, 3.0)}
+    assert declared_costs(desired) == {"s1": RestoreCost(None, 3.0)}
 
 
 @pytest.mark.parametrize(

@@ -13,7 +13,15 @@ from support.manifest_rules import ROLES, Expect, check, errors_of, serve, write
 
 from controller.manifest import load_manifest_set
 from controller.snapshot import SnapshotError, parse_snapshot, snapshot_changes
-from statemachine.types import HostBudget, Sleep, SleepObs, SleepProtocol, SleepState
+from statemachine.domain.types import (
+    HostBudget,
+    Sleep,
+    SleepObs,
+    SleepState,
+)
+from statemachine.engines import (
+    SleepProtocol,
+)
 
 S1 = 'serve "s1" (#1)'
 

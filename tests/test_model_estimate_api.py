@@ -18,7 +18,7 @@ from controller.manifest import load_manifest_set
 from controller.service import model_estimates
 from controller.service.footprints import FootprintRecorder, Reading
 from controller.service.loop import Controller
-from statemachine.footprint import Method, Sample
+from statemachine.sizing.footprint import Method, Sample
 
 MANIFEST = """
 [[gpu_roles]]

@@ -19,7 +19,7 @@ from support.cli import cli_env, run_cli
 from support.model_files import hf_config, write_tiny_gguf
 
 from controller.store.journal import Journal, journal_path
-from statemachine.footprint import Method, Sample
+from statemachine.sizing.footprint import Method, Sample
 
 REPO = Path(__file__).resolve().parents[1]
 #: 2 MiB of weights; 32 layers × 8 KV heads × head_dim 128 at 8192 tokens: 1 GiB of KV

@@ -1,11 +1,11 @@
 """The pure comparison of a reservation, its model's estimate and the measured footprint
-(``statemachine.model_fit``; docs/sizing.md, "A serve's model")."""
+(``statemachine.sizing.model_fit``; docs/sizing.md, "A serve's model")."""
 
 from __future__ import annotations
 
 import pytest
 
-from statemachine.model_fit import (
+from statemachine.sizing.model_fit import (
     BOUND_FIXED_MIB,
     BOUND_PCT,
     ModelTerms,

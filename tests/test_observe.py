@@ -7,7 +7,7 @@ Two halves (docs/design.md §3 drift, §5 contracts):
   :class:`fakes_nvml.FakeNvml` whose processes carry PIDs mapped to those
   containers' real ids (``pid_to_container``; one test instead uses a real
   container's host PID and the default ``/proc/<pid>/cgroup`` lookup). The snapshot
-  goes through its JSON form into :func:`statemachine.status.host_status`, whose
+  goes through its JSON form into :func:`statemachine.answers.status_report.host_status`, whose
   per-role and per-serve NVML figures and drift are checked to the MiB: unknown stays
   ``None``, never 0.
 * The ``vramctl`` CLI in a subprocess against the same daemon: ``observe`` prints
@@ -40,7 +40,7 @@ from controller.adapters.nvml import MIB
 from controller.manifest import load_manifest_set
 from controller.service.observe import observe_host
 from controller.snapshot import SnapshotModel, parse_snapshot, snapshot_to_json
-from statemachine.status import HostStatus, RoleStatus, ServeStatus, host_status
+from statemachine.answers.status_report import HostStatus, RoleStatus, ServeStatus, host_status
 
 BusyboxFactory = Callable[..., Container]
 

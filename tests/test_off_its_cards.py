@@ -13,10 +13,10 @@ from dataclasses import replace
 
 from support.placement_cases import NOW, ROLES, RUNNING, host, pinned, placed, plan
 
-from statemachine import types as sm
-from statemachine.ledger import ledger_from_observed
-from statemachine.plan import Action, How
-from statemachine.simulate import apply_plan
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import Action, How
+from statemachine.planning.simulate import apply_plan
 
 
 def on(serve: sm.ServeSpec, *roles: str, told: bool = True) -> sm.Observed:

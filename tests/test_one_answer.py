@@ -33,7 +33,7 @@ group (who is stopped, put to sleep, shrunk; the roles its start reserves) and t
 its placement names. Every fit answer and ``up``'s decision must say that (whether it
 starts, the victims, the card), and the four fit answers must be one JSON answer.
 Where that plan also makes room for another, pending, request, the answers count the
-pending start held beside the room it is still making (``statemachine/pending.py``), so
+pending start held beside the room it is still making (``statemachine/answers/pending.py``), so
 there only whether it starts and the card are compared (who is stopped for whom: see
 ``test_a_pending_requests_room_is_not_named_as_the_askers_cost``). The clock is frozen
 at the observation's time for the loop, as the saved observation's ``taken_at`` is for
@@ -75,7 +75,7 @@ from controller.service.footprints import Reading
 from controller.service.loop import Controller, RunOptions
 from controller.snapshot import InFlightModel, SnapshotModel, parse_snapshot
 from controller.store.journal import Journal, SleepRecord, journal_path
-from statemachine.plan import Plan
+from statemachine.planning.plan_types import Plan
 
 #: the observation's time: every answer is given for it
 NOW = 1_700_000_000.0
@@ -270,9 +270,9 @@ class Host:
                 if s.request_at is not None:
                     j.add_request(s.name, s.request_at, None)
                 for i, seconds in enumerate(s.cold):
-                    j.add_reload(s.name, "cold", seconds, NOW - 1000 + i)
+                    j.add_restore(s.name, "cold", seconds, NOW - 1000 + i)
                 for i, seconds in enumerate(s.wakes):
-                    j.add_reload(s.name, "wake", seconds, NOW - 1000 + i)
+                    j.add_restore(s.name, "wake", seconds, NOW - 1000 + i)
             if self.uses():  # the last cycle of the loop that counted them
                 j.record_cycle(
                     at=NOW - 30,
@@ -769,7 +769,7 @@ def check_fit_and_up(host: Host, folder: Path, *, whose_room: bool = False) -> N
 
     Where that plan also makes room for another (pending) request, the answers count
     that request's start held beside the room it is still making
-    (``statemachine/pending.py``), so who is stopped for whom is compared only with
+    (``statemachine/answers/pending.py``), so who is stopped for whom is compared only with
     ``whose_room``; whether it starts and on which card always is."""
     manifest, snap_path, state, snap = lay_out(host, folder)
     note = described(host, manifest, snap_path)
@@ -961,7 +961,7 @@ def test_a_placed_serve_is_placed_before_the_pending_ones_declared_after_it(
 @pytest.mark.xfail(
     strict=True,
     reason="the answers count a pending request's start held beside the room its plan is "
-    "still making (statemachine/pending.py), so they name s1 as s3's victim; the loop "
+    "still making (statemachine/answers/pending.py), so they name s1 as s3's victim; the loop "
     "stops s1 for s2's request, and nothing for s3's",
 )
 def test_a_pending_requests_room_is_not_named_as_the_askers_cost(tmp_path: Path) -> None:

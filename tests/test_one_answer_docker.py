@@ -216,8 +216,8 @@ def test_up_names_the_victim_the_loop_stops_weighed_by_measured_costs(
     state.mkdir()
     with Journal.open(journal_path(state)) as journal:  # what earlier runs measured
         for _ in range(5):
-            journal.add_reload("slow", "cold", 60.0, time.time())
-            journal.add_reload("quick", "cold", 5.0, time.time())
+            journal.add_restore("slow", "cold", 60.0, time.time())
+            journal.add_restore("quick", "cold", 5.0, time.time())
     # slow starts first: without costs the least recently started, slow, is the victim
     manifest.write_text(text(""))
     r = vramctl("apply", "-m", str(manifest), "--state-dir", str(state))

@@ -1,4 +1,4 @@
-"""One verdict on a serve's model (statemachine/verdict.py): ``validate``, ``render``,
+"""One verdict on a serve's model (statemachine/flags/verdict.py): ``validate``, ``render``,
 ``fit`` (its CLI, MCP and JSON answer) and ``status`` (the model entries) give the same
 answer, from the engine's own arithmetic. Files written by gguf's own writer
 (tests/test_enforce_render_lint.py's two-layer model: 4259840 bytes of weights, 128

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from controller.service.overlay_rules import started_records
 from controller.snapshot import ContainerModel, SnapshotModel
-from statemachine import types as sm
+from statemachine.domain import types as sm
 
 ROLES = {r: sm.GpuRole(r, 10000) for r in ("a", "b", "c")}
 

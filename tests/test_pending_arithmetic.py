@@ -1,5 +1,5 @@
 """Which recorded requests an answer counts as pending, and at what figures
-(statemachine/pending.py), pure: each request is judged on its own (one that does not
+(statemachine/answers/pending.py), pure: each request is judged on its own (one that does not
 count never hides the ones after it), a sleeper's request counts at its full
 reservation, and nothing counts while Docker cannot be read. The API's use of it is
 tests/test_pending_requests.py."""
@@ -8,9 +8,11 @@ from __future__ import annotations
 
 from support.core import spec
 
-from statemachine import types as sm
-from statemachine.pending import PendingStart, pending_starts, with_pending
-from statemachine.planner import Policy
+from statemachine.answers.pending import PendingStart, pending_starts, with_pending
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import (
+    Policy,
+)
 
 NOW = 10_000.0
 OND = sm.Residency.ON_DEMAND

@@ -3,15 +3,15 @@
 tests/test_pending_requests.py shows it on examples; here a generated host (its
 recorded requests taken away) is asked a sequence of ``up`` s, with repeats (the request
 queue asks again each time it looks at a queued request, and a client may ask again),
-through the pure answer :func:`statemachine.up_decision.decide_up` (what the API's
+through the pure answer :func:`statemachine.answers.up_decision.decide_up` (what the API's
 ``up`` route and the queue call, by way of ``Situation.up``). Each 202 is recorded as
 the API records it (``journal.add_request``: the serve's request replaced by one made
 now), unless the serve already runs awake without a request (the API's "already
 running", which records nothing), so the next answer sees it pending
-(:mod:`statemachine.pending`).
+(:mod:`statemachine.answers.pending`).
 
 The promise is modelled from the ledger of what is held (:func:`ledger_from_observed`)
-and the 202s' own steps, independently of :mod:`statemachine.pending`:
+and the 202s' own steps, independently of :mod:`statemachine.answers.pending`:
 
 - each admitted request that still stands (the next cycle starts it) takes the
   reservation its 202's reserve (or ``reserve_wake``) step names, on that step's roles
@@ -26,7 +26,7 @@ them. Each request it starts was admitted, at the size its 202 said and where it
 (a placed serve may be started on another of its candidates, the plan weighing every
 request's card together: its promise is then that start and the room the plan makes
 for it); an admitted request may be left out only when it has ended
-(:func:`statemachine.idleness.in_force`) or a request admitted after it comes ahead of
+(:func:`statemachine.planning.idleness.in_force`) or a request admitted after it comes ahead of
 it in the start order (docs/eviction.md, "Backfill and priority": residents, then
 on-demand requests oldest first, then the rest by priority; an on-demand request is
 answered as if made now, so it may go ahead of an evictable serve's request admitted
@@ -44,7 +44,7 @@ beside it).
 After every answer, on every card, the promise is within the budget, or (a card over
 budget as observed: containers started outside the controller) no more than it was
 before the answer; and what the answers count as pending
-(:func:`statemachine.pending.pending_starts`) is exactly the standing requests, at their
+(:func:`statemachine.answers.pending.pending_starts`) is exactly the standing requests, at their
 reservations, on their cards.
 
 The queue's own refusals (a 202 held back while other requests wait ahead on the role)
@@ -71,14 +71,20 @@ from support.strategies import (
     gpu_roles,
 )
 
-from statemachine import types as sm
-from statemachine.admission import can_request, conflict
-from statemachine.idleness import in_force
-from statemachine.ledger import ledger_from_observed
-from statemachine.pending import pending_starts
-from statemachine.plan import Action, Step
-from statemachine.planner import Policy, plan_transitions
-from statemachine.up_decision import decide_up
+from statemachine.answers.pending import pending_starts
+from statemachine.answers.up_decision import decide_up
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.admission import can_request, conflict
+from statemachine.planning.idleness import in_force
+from statemachine.planning.plan_types import (
+    Action,
+    Policy,
+    Step,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "150"))
 SETTINGS = settings(

@@ -3,7 +3,7 @@
 No Docker: a controller whose observations the test scripts (as
 ``tests/test_queue_api.py`` does); the loop never runs, so a request ``up`` accepts
 stays recorded and unplanned, which is the window these answers must cover. The pure
-part (:mod:`statemachine.pending`) is tested on its own below.
+part (:mod:`statemachine.answers.pending`) is tested on its own below.
 
 Budget 10000 on role ``a``, a resident holding 4000: ``up a`` (5000) fits, and then
 ``up b`` (5000, same role) must not: a's start is what the next cycle does first, and
@@ -23,9 +23,9 @@ from test_api import TOKEN, Asgi, auth
 
 from controller.service.loop import Controller
 from controller.service.queue_pump import active_requests
-from statemachine.fit import fit_serve
-from statemachine.pending import PENDING_STATE, pending_starts, with_pending
-from statemachine.types import ContainerObs, ContainerState, Observed, OnDemandRequest
+from statemachine.answers.fit import fit_serve
+from statemachine.answers.pending import PENDING_STATE, pending_starts, with_pending
+from statemachine.domain.types import ContainerObs, ContainerState, Observed, OnDemandRequest
 
 MANIFEST = """
 [[gpu_roles]]

@@ -1,5 +1,5 @@
 """Which requests an answer counts as pending, and the room counted beside each
-(statemachine/pending.py): rules the mutation run pins.
+(statemachine/answers/pending.py): rules the mutation run pins.
 
 - Only a request in force counts: one that has expired is not "requested, not yet
   planned", even where the manifest has the next cycle start its serve anyway.
@@ -14,10 +14,15 @@ Pure: the mutation run's pool.
 
 from __future__ import annotations
 
-from statemachine import types as sm
-from statemachine.pending import PendingStart, Room, pending_starts
-from statemachine.plan import Action
-from statemachine.planner import Policy, plan_transitions
+from statemachine.answers.pending import PendingStart, Room, pending_starts
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import (
+    Action,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 NOW = 10_000.0
 UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=NOW - 100)

@@ -1,4 +1,4 @@
-"""Placement over several GPUs (statemachine/placement.py, docs/placement.md), pure.
+"""Placement over several GPUs (statemachine/planning/placement.py, docs/placement.md), pure.
 
 Two cards, ``a`` (budget 10000 MiB) and ``b`` (budget 6000): a serve of 4000 placed on
 either goes to ``b`` when both are empty (best fit: 2000 left there, 6000 on ``a``); a
@@ -26,12 +26,12 @@ from support.placement_cases import (
 )
 from support.strategies import case_share
 
-from statemachine import placement
-from statemachine import types as sm
-from statemachine.ledger import Ledger, ledger_from_observed
-from statemachine.plan import Action, How, Policy
-from statemachine.planner import plan_transitions
-from statemachine.simulate import apply_plan, ledger_prefixes
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Ledger, ledger_from_observed
+from statemachine.planning import placement
+from statemachine.planning.plan_types import Action, How, Policy
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.simulate import apply_plan, ledger_prefixes
 
 
 def test_a_placed_serve_goes_where_it_fits_leaving_the_least_free() -> None:
@@ -344,7 +344,7 @@ def test_pinned_serves_plan_as_before_when_a_placed_serve_is_declared_stopped() 
 
 
 def test_fit_answers_on_the_card_the_request_would_be_placed_on() -> None:
-    from statemachine.fit import fit_serve
+    from statemachine.answers.fit import fit_serve
 
     fleet = host(pinned("x", 3000, "b"), placed("p", 4000, desired=None))
     answer = fit_serve(fleet, running("x"), "p", now=NOW)
@@ -455,7 +455,7 @@ def test_a_pinned_serve_whose_request_ended_by_idleness_takes_no_room() -> None:
 
 
 def test_a_start_in_progress_holds_its_card() -> None:
-    from statemachine.types import StartingObs
+    from statemachine.domain.types import StartingObs
 
     observed = sm.Observed(True, starting={"p": StartingObs(("a",), 4000)})
     (decision,) = plan(host(placed("p", 4000)), observed).placements
@@ -520,7 +520,7 @@ def test_an_unknown_host_places_nothing() -> None:
 
 
 def test_apply_moves_only_what_a_placement_chose() -> None:
-    from statemachine.plan import Placement
+    from statemachine.planning.plan_types import Placement
 
     desired = host(placed("p", 4000), pinned("x", 1000, "a"))
     unknown = Placement("p", None, How.UNKNOWN, "unknown")
@@ -531,7 +531,7 @@ def test_apply_moves_only_what_a_placement_chose() -> None:
 
 
 def test_a_victim_put_to_sleep_is_not_a_stop_and_frees_down_to_its_residual() -> None:
-    from statemachine.types import Sleep
+    from statemachine.domain.types import Sleep
 
     sleeper = pinned("a1", 5000, "a", sleep=Sleep(level=2, residual_mib=1000, protocol="vllm"))
     fleet = host(
@@ -570,7 +570,7 @@ def test_a_serve_that_makes_room_takes_it_from_those_placed_after_it() -> None:
 
 
 def test_each_candidates_terms_read_as_one_line() -> None:
-    from statemachine.plan import CandidateTerms
+    from statemachine.planning.plan_types import CandidateTerms
 
     fits = CandidateTerms("a", 10000, 3000, 7000, 4000)
     short = CandidateTerms("b", 6000, 3000, 3000, 4000)
@@ -593,7 +593,7 @@ def test_fit_answers_the_card_the_loop_chooses_beside_the_requests_it_holds() ->
     # cannot start (a has 6000 free beside the resident x) but makes the choice
     # cautious, so p goes to b; asked alone, p would take a (as tight as b, declared
     # first)
-    from statemachine.fit import fit_serve
+    from statemachine.answers.fit import fit_serve
 
     od = {"residency": sm.Residency.ON_DEMAND, "desired": None}
     fleet = host(

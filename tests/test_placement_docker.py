@@ -26,9 +26,9 @@ from test_one_answer import vramctl
 
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions
-from statemachine.ledger import ledger_from_observed
-from statemachine.plan import How, Policy
-from statemachine.planner import plan_transitions
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import How, Policy
+from statemachine.planning.planner import plan_transitions
 
 __all__ = ["names"]  # the fixture, shared with test_loop_events
 

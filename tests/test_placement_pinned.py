@@ -1,4 +1,4 @@
-"""Rules of placement the other placement tests left unpinned (statemachine/placement.py,
+"""Rules of placement the other placement tests left unpinned (statemachine/planning/placement.py,
 docs/placement.md), pure.
 
 Two cards, ``a`` (budget 10000 MiB) and ``b`` (budget 6000), as in
@@ -10,9 +10,9 @@ from __future__ import annotations
 import pytest
 from support.core import spec
 
-from statemachine import types as sm
-from statemachine.plan import Action, How, Plan, Policy
-from statemachine.planner import plan_transitions
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import Action, How, Plan, Policy
+from statemachine.planning.planner import plan_transitions
 
 NOW = 1_000_000.0
 ROLES = {"a": sm.GpuRole("a", 10000), "b": sm.GpuRole("b", 6000)}

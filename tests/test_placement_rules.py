@@ -1,4 +1,4 @@
-"""Terms of the placement rule that no other test pinned (statemachine/placement.py,
+"""Terms of the placement rule that no other test pinned (statemachine/planning/placement.py,
 docs/placement.md), pure: each test states one term, and fails where it is dropped.
 
 Two cards, ``a`` (budget 10000 MiB) and ``b`` (budget 6000), as in
@@ -14,8 +14,8 @@ from dataclasses import replace
 from support.placement_cases import NOW, ROLES, RUNNING, host, pinned, placed, plan
 from test_off_its_cards import moves, on
 
-from statemachine import types as sm
-from statemachine.plan import Action, How
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import Action, How
 
 X = pinned("x", 8000, "a", residency=sm.Residency.RESIDENT)
 P = placed("p", 4000)

@@ -1,8 +1,8 @@
-"""Placement by the one victim order (statemachine/placement.py, docs/placement.md), pure.
+"""Placement by the one victim order (statemachine/planning/placement.py, docs/placement.md), pure.
 
 Where no candidate card has room, the plan with the serve on each card is made and the
 cards compared by: the serve starts there; then the victim order
-(``statemachine.victims.preference_key``: fewest victims, fewest possibly busy,
+(``statemachine.planning.victims.preference_key``: fewest victims, fewest possibly busy,
 cheapest to bring back, least freed beyond the need, priorities, starts, names) over
 the serves that plan stops or puts to sleep for it, as the planner weighed them
 (``Plan.room``); then the declared order. Two cards of 10000 MiB, ``a`` declared
@@ -14,10 +14,10 @@ from __future__ import annotations
 import pytest
 from support.core import spec
 
-from statemachine import types as sm
-from statemachine.plan import Action, How, Plan, Policy, ReloadCost
-from statemachine.planner import plan_transitions
-from statemachine.victims import Candidate, reload_weight
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import Action, How, Plan, Policy, RestoreCost
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.victims import Candidate, recency_weight
 
 NOW = 1_000_000.0
 ROLES = {"a": sm.GpuRole("a", 10000), "b": sm.GpuRole("b", 10000)}
@@ -120,7 +120,7 @@ def test_a_600s_cold_start_is_not_chosen_over_a_5s_one(how: str) -> None:
         policy = Policy()
     else:
         serves = [pinned("a1", 4000, "a"), pinned("b1", 4000, "b")]
-        policy = Policy(reload={"a1": ReloadCost(600.0, None), "b1": ReloadCost(5.0, None)})
+        policy = Policy(reload={"a1": RestoreCost(600.0, None), "b1": RestoreCost(5.0, None)})
     p = plan(fleet(*serves, requested(8000)), observed("a1", "b1"), policy)
     assert placed_on(p) == ("b", How.VICTIMS)
     assert stopped(p) == {"b1"}
@@ -289,9 +289,9 @@ def test_the_plan_says_which_victims_it_chose_for_each_requester_as_it_weighed_t
     assert p.room == {
         "p": (
             # the sleeper at what its sleep frees, with the cost of its wake (weighed
-            # by its start an hour ago: 300 / (300 + 3600), reload_weight)
-            Candidate("s", ("a",), 3000, 0, NOW - 3600, 0, 2.0 * reload_weight(3600)),
-            Candidate("v", ("a",), 3000, 2, NOW - 3600, 1, 40.0 * reload_weight(3600)),
+            # by its start an hour ago: 300 / (300 + 3600), recency_weight)
+            Candidate("s", ("a",), 3000, 0, NOW - 3600, 0, 2.0 * recency_weight(3600)),
+            Candidate("v", ("a",), 3000, 2, NOW - 3600, 1, 40.0 * recency_weight(3600)),
         )
     }
     assert "room" not in p.to_json()
@@ -347,6 +347,6 @@ def test_the_stops_a_start_forces_are_in_its_room_as_the_victim_search_weighs_a_
     assert result.room == {
         "p": (
             Candidate("q", ("a",), 0, 0, NOW - 3600, None, None),
-            Candidate("x", ("a",), 6000, 0, NOW - 3600, None, 30.0 * reload_weight(3600)),
+            Candidate("x", ("a",), 6000, 0, NOW - 3600, None, 30.0 * recency_weight(3600)),
         )
     }

@@ -1,4 +1,5 @@
-"""statemachine.plan's JSON forms: the policy a journal records, read back for a replay.
+"""statemachine.planning.plan_types's JSON forms: the policy a journal records, read back for a
+replay.
 
 ``Policy.from_json`` reads what the journal recorded with each cycle (controller/tools/
 replay.py plans with it again): a malformed record must be refused with a ``ValueError``
@@ -10,10 +11,10 @@ from __future__ import annotations
 
 import pytest
 
-from statemachine.ledger import Ledger
-from statemachine.plan import Action, Plan, Policy, Step
-from statemachine.types import GpuRole, HostBudget
-from statemachine.victims import DEFAULT_EXACT_LIMIT
+from statemachine.domain.types import GpuRole, HostBudget
+from statemachine.ledger.reservations import Ledger
+from statemachine.planning.plan_types import Action, Plan, Policy, Step
+from statemachine.planning.victims import DEFAULT_EXACT_LIMIT
 
 
 def test_an_absent_field_reads_as_the_default_policy() -> None:

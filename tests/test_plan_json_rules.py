@@ -1,4 +1,4 @@
-"""The policy's JSON form (``statemachine.plan.Policy``) and a candidate's terms.
+"""The policy's JSON form (``statemachine.planning.plan_types.Policy``) and a candidate's terms.
 
 Written from ``Policy.to_json`` / ``Policy.from_json`` (the journal records the policy
 with each cycle; ``vramctl replay`` plans again from it, docs/design.md §5): a policy
@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from statemachine.plan import CandidateTerms, Policy, ReloadCost
+from statemachine.planning.plan_types import CandidateTerms, Policy, RestoreCost
 
 # --- a policy comes back from its JSON --------------------------------------------
 
@@ -23,7 +23,7 @@ from statemachine.plan import CandidateTerms, Policy, ReloadCost
 def test_a_policy_with_last_used_comes_back_from_its_json_equal() -> None:
     policy = Policy(
         no_shrink=frozenset({"llm"}),
-        reload={"llm": ReloadCost(cold_s=40.0, wake_s=2.0)},
+        reload={"llm": RestoreCost(cold_s=40.0, wake_s=2.0)},
         last_used={"llm": 1_000.5, "stt": 0.0},
     )
     out = policy.to_json()
@@ -47,7 +47,7 @@ def test_a_reload_cost_takes_any_seconds_that_are_not_negative_zero_included(
     cold: float,
 ) -> None:
     policy = Policy.from_json({"reload": {"llm": {"cold_s": cold, "wake_s": None}}})
-    assert policy.reload == {"llm": ReloadCost(cold_s=float(cold), wake_s=None)}
+    assert policy.reload == {"llm": RestoreCost(cold_s=float(cold), wake_s=None)}
 
 
 # --- each malformed field is refused, named ---------------------------------------

@@ -1,5 +1,5 @@
 """A short serve that waits for the stops a later start forces (docs/eviction.md;
-``_waits_for_later_stops`` in statemachine/planner.py), at its edges.
+``_waits_for_later_stops`` in statemachine/planning/planner.py), at its edges.
 
 A serve of the first pass whose shortfall the forced stops of a later serve's start
 (a port shared with a running holder) cover waits for them instead of evicting. These
@@ -16,8 +16,10 @@ from __future__ import annotations
 from support.plan_cases import EVI, OND, RES, RUN, Case, req, serve, up
 from support.plan_lines import lines, plan_of, starts
 
-from statemachine.planner import Policy
-from statemachine.types import ServeSpec
+from statemachine.domain.types import ServeSpec
+from statemachine.planning.plan_types import (
+    Policy,
+)
 
 #: two roles, budget 30000 each
 TWO = {"a": (32_000, 2_000), "b": (32_000, 2_000)}

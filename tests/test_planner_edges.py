@@ -14,9 +14,15 @@ import pytest
 from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 from support.plan_lines import ELASTIC, lines, plan_of, starts
 
-from statemachine import types as sm
-from statemachine.planner import Action, Policy, plan_transitions
-from statemachine.simulate import apply_plan
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import (
+    Action,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
+from statemachine.planning.simulate import apply_plan
 
 # ----- start order --------------------------------------------------------------------------
 ORDER: dict[str, Case] = {
@@ -977,7 +983,7 @@ def test_an_elastic_serve_without_a_reservation_is_not_grown() -> None:
     """Grow back is to a serve's reservation: an elastic serve that declares none (it
     was dropped from the manifest while its container runs) has nothing to grow back
     to, though its container's start record still counts it in the ledger."""
-    from statemachine.types import StartedWith
+    from statemachine.domain.types import StartedWith
 
     case = Case(
         [serve("moe", None, EVI, RUN, elastic=sm.Elastic(ELASTIC, 1000, segment_mib=1000))],
@@ -1030,9 +1036,9 @@ def test_a_backfill_that_does_not_fit_lists_every_holder_of_its_role_as_protecte
 def test_the_blocked_starts_of_an_unchanged_role_join_its_reservations_once() -> None:
     """A blocked start's reason lists its role's reservations; while the role does not
     change the ledger hands out the same list, and the planner joins it once."""
-    from statemachine.ledger import GpuReservation, Ledger
-    from statemachine.planner import _Work
-    from statemachine.types import DesiredState, GpuRole, Observed
+    from statemachine.domain.types import DesiredState, GpuRole, Observed
+    from statemachine.ledger.reservations import GpuReservation, Ledger
+    from statemachine.planning.planner import _Work
 
     roles = {"a": GpuRole("a", capacity_mib=1000, reserve_mib=0)}
     ledger = Ledger(roles, [GpuReservation("y", ("a",), 200), GpuReservation("x", ("a",), 100)])
@@ -1054,7 +1060,7 @@ def test_a_backfill_retried_after_an_eviction_lists_the_holders_of_then() -> Non
     evicted on its role; still blocked, it lists who holds the role after the eviction
     (the requester, not its victim), each with why it may not be stopped, and reads
     as that tuple (equality, hash, JSON)."""
-    from statemachine.plan import Protected
+    from statemachine.planning.plan_types import Protected
 
     case = Case(
         [
@@ -1461,8 +1467,8 @@ def test_a_refusal_of_the_plans_ledger_is_raised_never_adopted() -> None:
     """The planner checks before it asks the plan's ledger for a change: a refusal
     coming back is a bug of the planner, raised with the ledger's message, never
     taken for a ledger and planned on."""
-    from statemachine.ledger import Refusal, RefusalKind
-    from statemachine.planner import _ok
+    from statemachine.ledger.reservations import Refusal, RefusalKind
+    from statemachine.planning.planner import _ok
 
     refused = Refusal(RefusalKind.OVER_BUDGET, "llm", "a: short 10 MiB")
     with pytest.raises(AssertionError, match="something it refuses: a: short 10 MiB"):

@@ -13,10 +13,10 @@ from support.plan_cases import EVI, NOW, OND, RES, RUN, Case, req, serve, up
 from support.plan_lines import ELASTIC, lines, plan_of, starts
 from test_planner_sleep import STT, asleep, plan, sleep, sv
 
-from statemachine import types as sm
-from statemachine.plan import Action
-from statemachine.planner import plan_transitions
-from statemachine.simulate import ledger_prefixes
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import Action
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.simulate import ledger_prefixes
 
 
 def test_a_wake_back_to_exactly_its_residual_reserves_nothing_more_and_says_so() -> None:

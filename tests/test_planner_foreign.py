@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from support.core import spec
 
-from statemachine import types as sm
-from statemachine.fit import fit_serve
-from statemachine.plan import Action, Policy
-from statemachine.planner import plan_transitions
+from statemachine.answers.fit import fit_serve
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import Action, Policy
+from statemachine.planning.planner import plan_transitions
 
 NOW = 1_000_000.0
 

@@ -3,17 +3,17 @@
 
 Each case is written from the rules of docs/eviction.md (sleep instead of stop; a
 sleep frees ``held - residual_mib``) and pins the behaviour one mutant of
-``statemachine/planner.py`` changes. The plan is replayed through the ledger
+``statemachine/planning/planner.py`` changes. The plan is replayed through the ledger
 (never over budget) and applied and planned again (it converges).
 """
 
 from __future__ import annotations
 
-from statemachine import types as sm
-from statemachine.ledger import Ledger
-from statemachine.plan import Action, Plan
-from statemachine.planner import plan_transitions
-from statemachine.simulate import apply_plan, ledger_prefixes
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Ledger
+from statemachine.planning.plan_types import Action, Plan
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.simulate import apply_plan, ledger_prefixes
 
 NOW = 10_000.0
 UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)

@@ -45,11 +45,17 @@ from support.strategies import (
     scenarios,
 )
 
-from statemachine import types as sm
-from statemachine.idleness import request_end
-from statemachine.ledger import Ledger
-from statemachine.planner import Action, Plan, plan_transitions
-from statemachine.simulate import apply_plan
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Ledger
+from statemachine.planning.idleness import request_end
+from statemachine.planning.plan_types import (
+    Action,
+    Plan,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
+from statemachine.planning.simulate import apply_plan
 
 #: VRAMCTL_PROPERTY_EXAMPLES=5000 for a deeper search than the default run's.
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "400"))
@@ -203,7 +209,7 @@ def test_stops_and_starts_follow_the_rules(sc: Scenario) -> None:
             assert e is not None and step.mib is not None and step.to_mib is not None
             assert step.to_mib >= e.floor_mib, f"{step.serve} shrunk below its floor"
             # full: its reservation, or the larger one it was started with (the engine's
-            # own full, as the ledger counts it: statemachine/planner.py, _whole_mib)
+            # own full, as the ledger counts it: statemachine/planning/planner.py, _whole_mib)
             spec = d.serves[step.serve]
             record = obs.started_with.get(spec.container)
             started = record.mib if record is not None else 0
@@ -271,7 +277,7 @@ _HASH_SEED_CHILD = """
 import hashlib, json, sys
 from hypothesis import HealthCheck, Phase, given, settings
 from support.strategies import every_scenario
-from statemachine.planner import plan_transitions
+from statemachine.planning.planner import plan_transitions
 
 def digest(text):
     return hashlib.sha256(text.encode()).hexdigest()[:16]

@@ -16,12 +16,12 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 from support.core import spec
 
-from statemachine import types as sm
-from statemachine.ledger import Ledger
-from statemachine.plan import Action, Plan, Policy, ReloadCost
-from statemachine.planner import plan_transitions
-from statemachine.simulate import ledger_prefixes
-from statemachine.victims import RECENCY_HALF_S, reload_weight
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Ledger
+from statemachine.planning.plan_types import Action, Plan, Policy, RestoreCost
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.simulate import ledger_prefixes
+from statemachine.planning.victims import RECENCY_HALF_S, recency_weight
 
 NOW = 100_000.0
 ROLES = {"a": sm.GpuRole("a", 32_000, 2_000)}  # budget 30000
@@ -62,7 +62,7 @@ HELD = ["big", "cheap", "dear"]
 
 
 def costs(**cold: float | None) -> Policy:
-    return Policy(reload={n: ReloadCost(c, None) for n, c in cold.items()})
+    return Policy(reload={n: RestoreCost(c, None) for n, c in cold.items()})
 
 
 def test_without_costs_the_least_overshoot_wins() -> None:
@@ -105,10 +105,10 @@ def test_recency_weighs_the_cost_a_long_idle_model_is_cheap_to_lose() -> None:
     held = ["small", "large"]
     # both take 47 s; small was used just now, large an hour ago: large goes
     used = {"small": NOW - 1.0, "large": NOW - 3_600.0}
-    pol = Policy(reload={"small": ReloadCost(47.0), "large": ReloadCost(47.0)}, last_used=used)
+    pol = Policy(reload={"small": RestoreCost(47.0), "large": RestoreCost(47.0)}, last_used=used)
     assert victims(plan(two, held, pol)) == ["large"]
     # small's 21 s is still cheaper than large's 98 s an hour old? 21 x 1 > 98 x 300/3900
-    pol = Policy(reload={"small": ReloadCost(21.0), "large": ReloadCost(98.0)}, last_used=used)
+    pol = Policy(reload={"small": RestoreCost(21.0), "large": RestoreCost(98.0)}, last_used=used)
     assert victims(plan(two, held, pol)) == ["large"]
 
 
@@ -119,7 +119,7 @@ def test_a_sleeper_is_weighed_by_its_wake_a_stop_by_its_cold_start() -> None:
         sv("small", 11_000, sm.Residency.EVICTABLE, sleeps=True),
         sv("large", 19_000, sm.Residency.EVICTABLE, sleeps=True),
     ]
-    pol = Policy(reload={"small": ReloadCost(21.0, 5.4), "large": ReloadCost(98.0, 0.1)})
+    pol = Policy(reload={"small": RestoreCost(21.0, 5.4), "large": RestoreCost(98.0, 0.1)})
     result = plan(two, ["small", "large"], pol)
     assert [(s.action, s.serve) for s in result.steps if s.action is Action.SLEEP] == [
         (Action.SLEEP, "large")
@@ -128,21 +128,21 @@ def test_a_sleeper_is_weighed_by_its_wake_a_stop_by_its_cold_start() -> None:
 
 def test_a_weight_is_one_just_used_half_after_the_half_time_and_falls() -> None:
     assert RECENCY_HALF_S == 300.0  # five minutes, as documented
-    assert reload_weight(300.0) == 0.5 and reload_weight(600.0) == 1 / 3
-    assert reload_weight(1.0) == 300 / 301  # a second idle already counts
-    assert reload_weight(None) == 1.0
-    assert reload_weight(0.0) == 1.0
-    assert reload_weight(-5.0) == 1.0  # used "after" now (clocks apart): just used
-    assert reload_weight(-0.5) == 1.0
-    assert reload_weight(RECENCY_HALF_S) == 0.5
-    assert reload_weight(2 * RECENCY_HALF_S) == 1 / 3
+    assert recency_weight(300.0) == 0.5 and recency_weight(600.0) == 1 / 3
+    assert recency_weight(1.0) == 300 / 301  # a second idle already counts
+    assert recency_weight(None) == 1.0
+    assert recency_weight(0.0) == 1.0
+    assert recency_weight(-5.0) == 1.0  # used "after" now (clocks apart): just used
+    assert recency_weight(-0.5) == 1.0
+    assert recency_weight(RECENCY_HALF_S) == 0.5
+    assert recency_weight(2 * RECENCY_HALF_S) == 1 / 3
     assert Policy().victim_cost("x", None, NOW, wake=False) is None
-    pol = Policy(reload={"x": ReloadCost(40.0, 2.0)}, last_used={"x": NOW - RECENCY_HALF_S})
+    pol = Policy(reload={"x": RestoreCost(40.0, 2.0)}, last_used={"x": NOW - RECENCY_HALF_S})
     assert pol.victim_cost("x", None, NOW, wake=False) == 20.0
     assert pol.victim_cost("x", None, NOW, wake=True) == 1.0
     # no last use: its start stands in; neither: weight 1
-    assert Policy(reload={"x": ReloadCost(40.0)}).victim_cost("x", NOW, NOW, wake=False) == 40.0
-    assert Policy(reload={"x": ReloadCost(40.0)}).victim_cost("x", None, NOW, wake=False) == 40.0
+    assert Policy(reload={"x": RestoreCost(40.0)}).victim_cost("x", NOW, NOW, wake=False) == 40.0
+    assert Policy(reload={"x": RestoreCost(40.0)}).victim_cost("x", None, NOW, wake=False) == 40.0
 
 
 cost = st.none() | st.sampled_from([0.1, 0.8, 2.9, 5.4, 21.0, 46.0, 47.0, 98.0])
@@ -166,7 +166,7 @@ def test_costs_never_change_how_many_victims_nor_who_may_be_one(
     holders: list[tuple[int, float | None, str]], need: int, busy: list[int | None]
 ) -> None:
     serves = [sv("req", need, sm.Residency.ON_DEMAND)]
-    reload: dict[str, ReloadCost] = {}
+    reload: dict[str, RestoreCost] = {}
     committed = 0
     for i, (mib, c, kind) in enumerate(holders):
         if committed + mib > 30_000:
@@ -174,7 +174,7 @@ def test_costs_never_change_how_many_victims_nor_who_may_be_one(
         committed += mib
         name = f"h{i}"
         serves.append(sv(name, mib, sm.Residency(kind)))
-        reload[name] = ReloadCost(c)
+        reload[name] = RestoreCost(c)
     held = [s.name for s in serves[1:]]
     in_flight = {
         n: sm.InFlightObs(b, sm.InFlightSource.METRICS) for n, b in zip(held, busy, strict=False)
@@ -208,14 +208,14 @@ def test_the_manifests_figures_decide_where_nothing_was_measured() -> None:
     two = [REQ, declared("small", 11_000, 98.0), declared("large", 19_000, 21.0)]
     assert victims(plan(two, ["small", "large"], Policy())) == ["large"]
     # a measured figure (the policy's) wins over the declared one
-    measured = Policy(reload={"large": ReloadCost(120.0)})
+    measured = Policy(reload={"large": RestoreCost(120.0)})
     assert victims(plan(two, ["small", "large"], measured)) == ["small"]
 
 
 def test_a_declared_wake_weighs_a_sleeper_and_a_policy_figure_of_one_kind_only_fills_it() -> None:
-    declared = ReloadCost(40.0, 3.0)
+    declared = RestoreCost(40.0, 3.0)
     # the policy knows only the cold start: the wake comes from the manifest
-    pol = Policy(reload={"x": ReloadCost(60.0, None)})
+    pol = Policy(reload={"x": RestoreCost(60.0, None)})
     assert pol.victim_cost("x", None, NOW, wake=True, declared=declared) == 3.0
     assert pol.victim_cost("x", None, NOW, wake=False, declared=declared) == 60.0
     assert Policy().victim_cost("x", None, NOW, wake=False, declared=declared) == 40.0

@@ -20,18 +20,18 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support.core import spec
 
-from statemachine import types as sm
-from statemachine.ledger import Ledger
-from statemachine.plan import Action, Plan, Policy, ReloadCost
-from statemachine.planner import plan_transitions
-from statemachine.reuse import (
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Ledger
+from statemachine.planning.plan_types import Action, Plan, Policy, RestoreCost
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.reuse import (
     MAX_USES,
-    expected_reload_s,
+    expected_restore_s,
     known_uses,
     reuse_rate,
     sleep_worth,
 )
-from statemachine.simulate import ledger_prefixes
+from statemachine.planning.simulate import ledger_prefixes
 
 NOW = 100_000.0
 EVI, OND, RES = sm.Residency.EVICTABLE, sm.Residency.ON_DEMAND, sm.Residency.RESIDENT
@@ -96,9 +96,9 @@ def test_what_sleep_saves_and_what_a_reload_is_expected_to_cost() -> None:
     assert sleep_worth(2.0, 60.0, 2.0) == 116.0
     assert sleep_worth(2.0, 1.0, 2.0) == 0.0  # a wake slower than the start saves nothing
     assert sleep_worth(2.0, None, 2.0) is None and sleep_worth(2.0, 60.0, None) is None
-    assert expected_reload_s(0.0, 60.0) == 0.0
-    assert expected_reload_s(1.0, 60.0) == pytest.approx(60.0 * (1 - math.exp(-1)))
-    assert expected_reload_s(500.0, 60.0) == pytest.approx(60.0)
+    assert expected_restore_s(0.0, 60.0) == 0.0
+    assert expected_restore_s(1.0, 60.0) == pytest.approx(60.0 * (1 - math.exp(-1)))
+    assert expected_restore_s(500.0, 60.0) == pytest.approx(60.0)
 
 
 @given(
@@ -131,22 +131,22 @@ def test_policy_uses_survive_the_journal_and_malformed_ones_are_refused() -> Non
 
 
 def test_a_victim_costs_its_reload_times_its_rate_where_uses_are_counted() -> None:
-    cost = {"a": ReloadCost(60.0, 2.0)}
+    cost = {"a": RestoreCost(60.0, 2.0)}
     counted = Policy(reload=cost, uses={"a": (NOW, NOW)})
     assert counted.victim_cost("a", None, NOW, wake=False) == 120.0
     assert counted.victim_cost("a", None, NOW, wake=True) == 4.0
     assert Policy(reload=cost, uses={"a": ()}).victim_cost("a", None, NOW, wake=False) == 0.0
     # not counted: recency, as before (used just now: the whole cold start)
     assert Policy(reload=cost).victim_cost("a", NOW, NOW, wake=False) == 60.0
-    assert counted.expected_reload_s("a", NOW, wake=False) == pytest.approx(
-        expected_reload_s(2.0, 60.0)
+    assert counted.expected_restore_s("a", NOW, wake=False) == pytest.approx(
+        expected_restore_s(2.0, 60.0)
     )
-    assert Policy(reload=cost).expected_reload_s("a", NOW, wake=False) is None
+    assert Policy(reload=cost).expected_restore_s("a", NOW, wake=False) is None
 
 
 # ── which sleepers keep the host RAM ───────────────────────────────────────────────
 
-COSTS = {n: ReloadCost(60.0, 2.0) for n in ("old", "coder", "llm")}
+COSTS = {n: RestoreCost(60.0, 2.0) for n in ("old", "coder", "llm")}
 STT = sv("stt", 10_000, RES, desired=sm.DesiredRun.RUNNING)
 OLD = sv("old", 3000, EVI, host=50_000)  # asleep: 1000 MiB residual, 50000 of host RAM
 CODER = sv("coder", 13_000, EVI, host=20_000)  # its sleep needs 20000; 10000 are free
@@ -205,9 +205,9 @@ SMALL_A = sv("sa", 9000, EVI, host=2000)
 SMALL_B = sv("sb", 9000, EVI, host=2000)
 REQ = sv("req", 10_000, OND)
 CHEAP_WAKES = {
-    "big": ReloadCost(98.0, None),
-    "sa": ReloadCost(20.0, 1.0),
-    "sb": ReloadCost(20.0, 1.0),
+    "big": RestoreCost(98.0, None),
+    "sa": RestoreCost(20.0, 1.0),
+    "sb": RestoreCost(20.0, 1.0),
 }
 
 
@@ -243,7 +243,7 @@ def test_where_sleep_alone_cannot_cover_the_popular_victim_sleeps_and_the_rare_o
     # asleep and one stopped 19000, at a wake of the popular one and a cold start of the
     # rare one: far cheaper than the popular one's cold start
     pop, rare = sv("pop", 10_000, EVI, host=4000), sv("rare", 10_000, EVI, host=4000)
-    reloads = {"pop": ReloadCost(60.0, 2.0), "rare": ReloadCost(60.0, 2.0)}
+    reloads = {"pop": RestoreCost(60.0, 2.0), "rare": RestoreCost(60.0, 2.0)}
     uses = {"pop": often(20), "rare": often(1, NOW - 3000.0), "req": ()}
     idle = {n: sm.InFlightObs(0, sm.InFlightSource.METRICS) for n in ("pop", "rare")}
     serves = [pop, rare, sv("req", 29_000, OND)]
@@ -264,7 +264,7 @@ def test_where_sleep_alone_cannot_cover_the_popular_victim_sleeps_and_the_rare_o
 BUSY = sv("busy", 10_000, OND)
 POPULAR = sv("pop", 20_000, EVI)
 WAITER = sv("req", 10_000, OND)
-RELOADS = {"pop": ReloadCost(60.0, None), "busy": ReloadCost(30.0, None)}
+RELOADS = {"pop": RestoreCost(60.0, None), "busy": RestoreCost(30.0, None)}
 BUSY_NOW = {"busy": sm.InFlightObs(2, sm.InFlightSource.METRICS)}
 
 
@@ -284,7 +284,7 @@ def test_a_request_waits_for_room_that_frees_by_itself_while_evicting_costs_more
     result = coming(NOW)
     assert result.steps == ()
     (blocked,) = [b for b in result.blocked if b.serve == "req"]
-    expected = expected_reload_s(reuse_rate(often(20), NOW), 60.0)
+    expected = expected_restore_s(reuse_rate(often(20), NOW), 60.0)
     for words in (
         "req waits for room that frees by itself (busy, 10000 MiB on a, busy)",
         "would evict pop",
@@ -316,7 +316,7 @@ def test_without_room_that_frees_by_itself_or_without_uses_it_evicts_at_once(
 
 BIG_LLM = sv("b", 20_000, OND, sizes_from_free=True)
 SMALL_LLM = sv("s", 8000, OND, sizes_from_free=True)
-STARTS = {"b": ReloadCost(98.0, None), "s": ReloadCost(21.0, None)}
+STARTS = {"b": RestoreCost(98.0, None), "s": RestoreCost(21.0, None)}
 
 
 def first_start(b_asked: float, policy: Policy) -> list[str]:

@@ -10,9 +10,14 @@ from __future__ import annotations
 import pytest
 from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
-from statemachine import types as sm
-from statemachine.planner import Policy, plan_transitions
-from statemachine.simulate import ledger_prefixes
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import (
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
+from statemachine.planning.simulate import ledger_prefixes
 
 CASES: dict[str, Case] = {
     "converged-nothing-to-do": Case(

@@ -18,11 +18,11 @@ import pytest
 from support.core import spec
 from support.replay import assert_never_overcommits
 
-from statemachine import types as sm
-from statemachine.ledger import Ledger, ledger_from_observed
-from statemachine.plan import Action, Plan
-from statemachine.planner import plan_transitions
-from statemachine.simulate import apply_plan, ledger_prefixes
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Ledger, ledger_from_observed
+from statemachine.planning.plan_types import Action, Plan
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.simulate import apply_plan, ledger_prefixes
 
 NOW = 10_000.0
 RUN, STOP = sm.DesiredRun.RUNNING, sm.DesiredRun.STOPPED
@@ -436,7 +436,7 @@ def test_two_requesters_sleep_two_victims_and_host_ram_is_taken_in_turn(level: i
 
 
 def test_fit_says_who_sleeps_and_keeps_the_host_budget() -> None:
-    from statemachine.fit import fit_serve
+    from statemachine.answers.fit import fit_serve
 
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
     llm = sv("llm", 8000, OND)
@@ -453,7 +453,7 @@ def test_fit_says_who_sleeps_and_keeps_the_host_budget() -> None:
 
 
 def test_fit_of_a_sleeper_is_its_wake() -> None:
-    from statemachine.fit import fit_serve
+    from statemachine.answers.fit import fit_serve
 
     llm = sv("llm", 8000, OND, sleep=sleep())
     desired = sm.DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)
@@ -466,7 +466,7 @@ def test_fit_of_a_sleeper_is_its_wake() -> None:
 
 
 def test_status_shows_the_sleeper_its_residual_and_the_host_line() -> None:
-    from statemachine.status import host_status
+    from statemachine.answers.status_report import host_status
 
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
     desired = sm.DesiredState(ROLES, {s.name: s for s in (STT, coder)}, host=HOST)
@@ -495,7 +495,7 @@ def test_status_shows_the_sleeper_its_residual_and_the_host_line() -> None:
 
 
 def test_a_serve_the_policy_says_cannot_sleep_is_stopped_instead() -> None:
-    from statemachine.plan import Policy
+    from statemachine.planning.plan_types import Policy
 
     coder = sv("coder", 16_000, EVI, RUN, sleep=sleep())
     llm = sv("llm", 8000, OND)
@@ -525,7 +525,7 @@ def test_when_every_candidate_can_sleep_the_one_whose_sleep_covers_sleeps() -> N
 
 
 def test_a_conflict_with_a_start_in_progress_does_not_hide_the_other_conflicts() -> None:
-    from statemachine.types import StartingObs
+    from statemachine.domain.types import StartingObs
 
     a = sv("a", 1000, EVI, None, port=9000)
     b = sv("b", 1000, RES, RUN, port=9000)
@@ -611,7 +611,7 @@ def test_a_sleeper_of_unknown_level_is_reloaded_and_wakes_to_what_it_was_started
 
 
 def test_fit_of_sleepers_outside_or_without_their_sleep_config() -> None:
-    from statemachine.fit import fit_serve
+    from statemachine.answers.fit import fit_serve
 
     # outside the ledger (no vram_mib): fits, and nothing to take
     free = sm.ServeSpec("free", "c-free", (), None, OND, sleep=None)
@@ -637,7 +637,7 @@ def test_fit_of_sleepers_outside_or_without_their_sleep_config() -> None:
 
 
 def test_fit_says_wake_only_for_a_sleeper() -> None:
-    from statemachine.fit import fit_serve
+    from statemachine.answers.fit import fit_serve
 
     llm = sv("llm", 40_000, OND)  # can never fit the 30000 budget: blocked
     desired = sm.DesiredState(ROLES, {s.name: s for s in (STT, llm)}, host=HOST)

@@ -37,10 +37,10 @@ from support.strategies import (
     scenarios,
 )
 
-from statemachine import types as sm
-from statemachine.idleness import request_end
-from statemachine.plan import Action, Plan
-from statemachine.planner import plan_transitions
+from statemachine.domain import types as sm
+from statemachine.planning.idleness import request_end
+from statemachine.planning.plan_types import Action, Plan
+from statemachine.planning.planner import plan_transitions
 
 EXAMPLES = int(os.environ.get("VRAMCTL_PROPERTY_EXAMPLES", "300"))
 SETTINGS = settings(

@@ -12,10 +12,16 @@ from __future__ import annotations
 
 from support.core import spec
 
-from statemachine import types as sm
-from statemachine.ledger import Refusal, ledger_from_observed
-from statemachine.planner import Plan, Policy, plan_transitions
-from statemachine.simulate import ledger_prefixes
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Refusal, ledger_from_observed
+from statemachine.planning.plan_types import (
+    Plan,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
+from statemachine.planning.simulate import ledger_prefixes
 
 NOW = 10_000.0
 RUN, STOP = sm.DesiredRun.RUNNING, sm.DesiredRun.STOPPED

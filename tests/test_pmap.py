@@ -1,4 +1,4 @@
-"""statemachine.pmap.PMap against a dict built by the same assignments and deletions.
+"""statemachine.ledger.pmap.PMap against a dict built by the same assignments and deletions.
 
 A ledger keeps its holdings in a PMap, so the holdings must read exactly as the dict
 they replace: same items, same order, same lookups, and no version changed by an update
@@ -13,7 +13,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from statemachine.pmap import PMap
+from statemachine.ledger.pmap import PMap
 
 KEYS = st.sampled_from([f"k{i}" for i in range(40)])
 #: (key, value) sets it, (key, None) deletes it when present

@@ -29,9 +29,15 @@ from controller.interfaces.upwait import RequestQueue
 from controller.service.live import LiveLedger, overlay_observed
 from controller.service.loop import Controller
 from controller.service.queue_pump import active_requests
-from statemachine.ledger import ledger_from_observed
-from statemachine.planner import Action, Step, plan_transitions
-from statemachine.types import ContainerObs, ContainerState, Observed, StartingObs
+from statemachine.domain.types import ContainerObs, ContainerState, Observed, StartingObs
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import (
+    Action,
+    Step,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 MANIFEST = """
 [[gpu_roles]]
@@ -271,7 +277,7 @@ def test_the_queue_and_the_planner_agree_on_a_request_ended_by_idle_ttl_s(
     tmp_path: Path,
 ) -> None:
     """``idle`` has no source of in-flight counts, and its request no TTL of its own:
-    the request ends ``idle_ttl_s`` after it was made (statemachine.idleness.in_force).
+    the request ends ``idle_ttl_s`` after it was made (statemachine.planning.idleness.in_force).
     The raw TTL (none) would keep it in force for ever: the queue would hold a place
     for a serve the planner stops."""
     c = controller_on(tmp_path, IDLE_MANIFEST)

@@ -1,4 +1,5 @@
-"""What bringing a serve back costs (statemachine/reload.py), and how status shows it.
+"""What bringing a serve back costs (statemachine/planning/restore_cost.py), and how status shows
+it.
 
 Per kind (cold start, wake): the median of the last five measurements, else the
 declared figure, else unknown (``None``, never 0); ``basis`` says which. ``last_used``
@@ -14,23 +15,23 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from statemachine import types as sm
-from statemachine.plan import Policy, ReloadCost
-from statemachine.reload import (
+from statemachine.answers.status_report import host_status
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import Policy, RestoreCost
+from statemachine.planning.restore_cost import (
     RECENT,
     UNKNOWN,
     Basis,
     Measured,
-    ReloadEstimate,
+    RestoreEstimate,
     declared_costs,
     last_used,
     measured_from,
     recent_median,
-    reload_costs,
-    reload_estimate,
-    reload_estimates,
+    restore_costs,
+    restore_estimate,
+    restore_estimates,
 )
-from statemachine.status import host_status
 
 seconds = st.floats(min_value=0.01, max_value=86_400.0, allow_nan=False, allow_infinity=False)
 samples = st.lists(seconds, max_size=25).map(tuple)
@@ -71,18 +72,18 @@ def test_the_median_lies_within_the_recent_measurements(values: tuple[float, ...
 
 
 def test_measured_wins_per_kind_and_the_declared_figure_fills_the_other() -> None:
-    got = reload_estimate(ReloadCost(47.0, 2.9), Measured(cold_s=(30.0, 34.0, 32.0)))
-    assert got == ReloadEstimate(ReloadCost(32.0, 2.9), Basis.MEASURED)
+    got = restore_estimate(RestoreCost(47.0, 2.9), Measured(cold_s=(30.0, 34.0, 32.0)))
+    assert got == RestoreEstimate(RestoreCost(32.0, 2.9), Basis.MEASURED)
 
 
 def test_declared_only() -> None:
-    got = reload_estimate(ReloadCost(47.0, None), None)
-    assert got == ReloadEstimate(ReloadCost(47.0, None), Basis.DECLARED)
+    got = restore_estimate(RestoreCost(47.0, None), None)
+    assert got == RestoreEstimate(RestoreCost(47.0, None), Basis.DECLARED)
 
 
 def test_neither_is_unknown_never_zero() -> None:
-    assert reload_estimate(None, None) == UNKNOWN
-    assert reload_estimate(ReloadCost(), Measured()) == UNKNOWN
+    assert restore_estimate(None, None) == UNKNOWN
+    assert restore_estimate(RestoreCost(), Measured()) == UNKNOWN
     assert UNKNOWN.to_json() == {"cold_s": None, "wake_s": None, "basis": "unknown"}
 
 
@@ -93,7 +94,7 @@ def test_each_figure_comes_from_its_own_source(
     cold: tuple[float, ...],
     wake: tuple[float, ...],
 ) -> None:
-    got = reload_estimate(ReloadCost(cold_decl, wake_decl), Measured(cold, wake))
+    got = restore_estimate(RestoreCost(cold_decl, wake_decl), Measured(cold, wake))
     assert got.cost.cold_s == (recent_median(cold) if cold else cold_decl)
     assert got.cost.wake_s == (recent_median(wake) if wake else wake_decl)
     event(f"basis: {got.basis.value}")
@@ -107,14 +108,14 @@ def test_each_figure_comes_from_its_own_source(
 
 
 @given(
-    st.dictionaries(st.sampled_from("abcde"), st.builds(ReloadCost, maybe, maybe)),
+    st.dictionaries(st.sampled_from("abcde"), st.builds(RestoreCost, maybe, maybe)),
     st.dictionaries(st.sampled_from("cdefg"), st.builds(Measured, samples, samples)),
 )
 def test_the_policy_gets_a_cost_for_exactly_the_serves_with_a_figure(
-    declared: dict[str, ReloadCost], measured: dict[str, Measured]
+    declared: dict[str, RestoreCost], measured: dict[str, Measured]
 ) -> None:
-    costs = reload_costs(declared, measured)
-    estimates = reload_estimates(declared, measured)
+    costs = restore_costs(declared, measured)
+    estimates = restore_estimates(declared, measured)
     assert set(estimates) == set(declared) | set(measured)
     assert set(costs) == {n for n, e in estimates.items() if e.basis is not Basis.UNKNOWN}
     for name, cost in costs.items():
@@ -142,8 +143,8 @@ def test_declared_costs_read_the_spec_and_its_sleep() -> None:
         },
     )
     assert declared_costs(desired) == {
-        "llm": ReloadCost(47.0, None),
-        "coder": ReloadCost(None, 2.9),
+        "llm": RestoreCost(47.0, None),
+        "coder": RestoreCost(None, 2.9),
     }
 
 
@@ -178,7 +179,7 @@ def _fleet() -> sm.DesiredState:
 def test_status_shows_each_serves_reload_cost_and_its_basis() -> None:
     desired = _fleet()
     observed = sm.Observed(True, {"c-measured": sm.ContainerObs(sm.ContainerState.RUNNING)})
-    estimates = reload_estimates(declared_costs(desired), {"measured": Measured((12.0,))})
+    estimates = restore_estimates(declared_costs(desired), {"measured": Measured((12.0,))})
     rows = {
         r["serve"]: r["reload"]
         for r in host_status(desired, observed, reload=estimates).to_json()["serves"]

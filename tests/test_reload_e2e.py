@@ -33,7 +33,7 @@ from controller.adapters.nvml import MIB
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions
 from controller.store.journal import Journal, JournalError, journal_path
-from statemachine.plan import ReloadCost
+from statemachine.planning.plan_types import RestoreCost
 
 pytestmark = pytest.mark.docker
 
@@ -89,7 +89,7 @@ def test_the_loop_journals_a_cold_start_and_plans_and_shows_it(
     nvml = FakeNvml([FakeDevice(UUID, total=24_000 * MIB)])
     controller = Controller(options, load_manifest_set([path]), nvml=nvml)
     # before any start: the declared figure, and no use known
-    assert controller.policy(time.time()).reload == {"llm": ReloadCost(90.0, None)}
+    assert controller.policy(time.time()).reload == {"llm": RestoreCost(90.0, None)}
     assert controller.policy(time.time()).last_used == {}
 
     def measured() -> list[float]:
@@ -97,7 +97,7 @@ def test_the_loop_journals_a_cold_start_and_plans_and_shows_it(
             return []
         try:
             with Journal.open(journal_path(state), readonly=True) as journal:
-                return journal.reloads().get("llm", {}).get("cold", [])
+                return journal.restore_times().get("llm", {}).get("cold", [])
         except JournalError:  # the loop is creating it: no schema yet
             return []
 
@@ -109,8 +109,8 @@ def test_the_loop_journals_a_cold_start_and_plans_and_shows_it(
         assert str(docker_client.containers.get(name).status) == "running"
         assert HEALTH_DELAY_S <= cold < WAIT_S
         policy = controller.policy(time.time())
-        assert policy.reload == {"llm": ReloadCost(cold, None)}  # measured, not the 90 declared
-        assert controller.reload_estimates()["llm"].to_json() == {
+        assert policy.reload == {"llm": RestoreCost(cold, None)}  # measured, not the 90 declared
+        assert controller.restore_estimates()["llm"].to_json() == {
             "cold_s": cold,
             "wake_s": None,
             "basis": "measured",

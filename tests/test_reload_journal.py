@@ -2,7 +2,7 @@
 
 A cold start is its ``start`` step's start until its ``await_ready`` ends OK; a wake,
 its ``wake`` step's start until its ``await_ready`` ends OK
-(controller/service/reloads.py). The journal's ``reloads`` table keeps the newest
+(controller/service/restore_times.py). The journal's ``reloads`` table keeps the newest
 ``DEFAULT_KEEP_RELOADS`` per serve and kind; a journal written before the table opens,
 and gets it. When a serve was last seen busy outlives its stop (``last_busy``).
 """
@@ -17,12 +17,12 @@ import pytest
 
 from controller.adapters.engine_metrics import InFlightReading, InFlightSources
 from controller.service.inflight import InFlightTracker
-from controller.service.reloads import ReloadBook, ReloadSample, measure_reloads
+from controller.service.restore_times import RestoreBook, RestoreSample, measure_restores
 from controller.service.steps.results import Outcome, StepResult
 from controller.store.journal import DEFAULT_KEEP_RELOADS, Journal, JournalError, journal_path
-from statemachine.plan import Action, Step
-from statemachine.reload import Measured
-from statemachine.types import InFlightSource
+from statemachine.domain.types import InFlightSource
+from statemachine.planning.plan_types import Action, Step
+from statemachine.planning.restore_cost import Measured
 
 
 @pytest.fixture
@@ -41,13 +41,13 @@ def result(action: Action, serve: str, began: float, took: float, ok: bool = Tru
 
 def test_reloads_round_trip_and_survive_reopen(jpath: Path) -> None:
     with Journal.open(jpath) as j:
-        assert j.reloads() == {}
-        j.add_reload("llm", "cold", 41.5, 1_000.0)
-        j.add_reload("llm", "wake", 2.5, 1_100.0)
-        j.add_reload("llm", "cold", 39.0, 1_200.0)
-        j.add_reload("asr", "cold", 8, 1_300.0)
+        assert j.restore_times() == {}
+        j.add_restore("llm", "cold", 41.5, 1_000.0)
+        j.add_restore("llm", "wake", 2.5, 1_100.0)
+        j.add_restore("llm", "cold", 39.0, 1_200.0)
+        j.add_restore("asr", "cold", 8, 1_300.0)
     with Journal.open(jpath, readonly=True) as j:
-        assert j.reloads() == {
+        assert j.restore_times() == {
             "llm": {"cold": [41.5, 39.0], "wake": [2.5]},
             "asr": {"cold": [8.0]},
         }
@@ -57,12 +57,12 @@ def test_only_the_newest_are_kept_per_serve_and_kind(jpath: Path) -> None:
     assert DEFAULT_KEEP_RELOADS == 20
     with Journal.open(jpath) as j:
         for i in range(25):
-            j.add_reload("llm", "cold", float(i), float(i))
-        j.add_reload("llm", "wake", 1.0, 99.0)
-        j.add_reload("emb", "cold", 5.0, 99.0)
+            j.add_restore("llm", "cold", float(i), float(i))
+        j.add_restore("llm", "wake", 1.0, 99.0)
+        j.add_restore("emb", "cold", 5.0, 99.0)
         for i in range(4):
-            j.add_reload("llm", "wake", 10.0 + i, 100.0 + i, keep=3)
-        got = j.reloads()
+            j.add_restore("llm", "wake", 10.0 + i, 100.0 + i, keep=3)
+        got = j.restore_times()
     assert got["llm"]["cold"] == [float(i) for i in range(5, 25)]  # the oldest five went
     assert got["llm"]["wake"] == [11.0, 12.0, 13.0]
     assert got["emb"] == {"cold": [5.0]}  # another serve's are not touched
@@ -71,10 +71,10 @@ def test_only_the_newest_are_kept_per_serve_and_kind(jpath: Path) -> None:
 def test_a_kind_it_does_not_know_is_refused(jpath: Path) -> None:
     with Journal.open(jpath) as j:
         with pytest.raises(JournalError, match="cold, wake"):
-            j.add_reload("llm", "warm", 1.0, 1.0)
+            j.add_restore("llm", "warm", 1.0, 1.0)
         with pytest.raises(JournalError, match="keep"):
-            j.add_reload("llm", "cold", 1.0, 1.0, keep=0)
-        assert j.reloads() == {}
+            j.add_restore("llm", "cold", 1.0, 1.0, keep=0)
+        assert j.restore_times() == {}
 
 
 def test_a_journal_written_before_the_table_opens_and_gets_it(jpath: Path) -> None:
@@ -85,10 +85,10 @@ def test_a_journal_written_before_the_table_opens_and_gets_it(jpath: Path) -> No
     conn.commit()
     conn.close()
     with Journal.open(jpath, readonly=True) as j:
-        assert j.reloads() == {}  # read only: nothing is added, none is read
+        assert j.restore_times() == {}  # read only: nothing is added, none is read
     with Journal.open(jpath) as j:
-        j.add_reload("od", "cold", 12.0, 20.0)
-        assert j.reloads() == {"od": {"cold": [12.0]}}
+        j.add_restore("od", "cold", 12.0, 20.0)
+        assert j.restore_times() == {"od": {"cold": [12.0]}}
         assert [r.serve for r in j.active_requests()] == ["od"]  # its records kept
 
 
@@ -102,7 +102,7 @@ def test_a_cold_start_counts_from_its_start_until_healthy() -> None:
         result(Action.AWAIT_READY, "llm", 1_003.0, 40.0),
         result(Action.READMIT, "llm", 1_043.0, 0.1),
     ]
-    assert measure_reloads(results) == [ReloadSample("llm", "cold", 43.0, 1_043.0)]
+    assert measure_restores(results) == [RestoreSample("llm", "cold", 43.0, 1_043.0)]
 
 
 def test_a_wake_counts_from_its_wake_until_healthy_through_a_reload() -> None:
@@ -114,7 +114,7 @@ def test_a_wake_counts_from_its_wake_until_healthy_through_a_reload() -> None:
         # another serve's steps interleave (a victim stopped beside it)
         result(Action.STOP, "chat", 1_000.2, 2.0),
     ]
-    assert measure_reloads(results) == [ReloadSample("coder", "wake", 2.75, 1_002.75)]
+    assert measure_restores(results) == [RestoreSample("coder", "wake", 2.75, 1_002.75)]
 
 
 def test_a_start_or_wake_that_fails_is_no_measurement() -> None:
@@ -129,13 +129,13 @@ def test_a_start_or_wake_that_fails_is_no_measurement() -> None:
     alone = [result(Action.AWAIT_READY, "llm", 1_000.0, 1.0)]  # no start before it
     no_wait = [result(Action.START, "llm", 1_000.0, 3.0)]  # a serve without health
     for results in (failed_wait, failed_wake, alone, no_wait):
-        assert measure_reloads(results) == []
+        assert measure_restores(results) == []
 
 
 def test_the_book_journals_each_measurement_and_loads_earlier_ones(jpath: Path) -> None:
     with Journal.open(jpath) as j:
-        j.add_reload("llm", "cold", 50.0, 10.0)  # an earlier controller's
-        book = ReloadBook(lambda: j, keep=3)
+        j.add_restore("llm", "cold", 50.0, 10.0)  # an earlier controller's
+        book = RestoreBook(lambda: j, keep=3)
         book.record(
             [
                 result(Action.START, "llm", 1_000.0, 2.0),
@@ -158,8 +158,8 @@ def test_the_book_journals_each_measurement_and_loads_earlier_ones(jpath: Path) 
             )
         assert book.measured()["llm"].cold_s == (40.0, 30.0, 31.0)  # the newest three
     with Journal.open(jpath, readonly=True) as j:
-        assert j.reloads()["llm"]["cold"] == [40.0, 30.0, 31.0]  # kept there alike
-        assert j.reloads()["coder"] == {"wake": [2.5]}
+        assert j.restore_times()["llm"]["cold"] == [40.0, 30.0, 31.0]  # kept there alike
+        assert j.restore_times()["coder"] == {"wake": [2.5]}
 
 
 # ── when each serve was last seen busy ──────────────────────────────────────────

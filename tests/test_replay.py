@@ -20,9 +20,14 @@ from controller.snapshot import parse_snapshot
 from controller.store import journal as journal_module
 from controller.store.journal import Journal
 from controller.tools.replay import ReplayError, ReplayReport, render_replay, replay, step_line
-from statemachine.backoff import Backoff
-from statemachine.planner import Policy, plan_transitions
-from statemachine.types import OnDemandRequest
+from statemachine.domain.types import OnDemandRequest
+from statemachine.lifecycle.backoff import Backoff
+from statemachine.planning.plan_types import (
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 EXAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "examples"
 

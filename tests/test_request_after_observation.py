@@ -5,7 +5,7 @@ arrives; the cycle already observing may have read the host before that (a start
 ended meanwhile read as still in progress, so never a victim). Were that cycle to plan
 the request, it could stop another victim than the one the answer named: seen on the
 real daemon under load (``tests/test_one_answer_docker.py``, the measured-costs
-victim). ``statemachine.pending.asked_as_of`` is the rule (tested pure in
+victim). ``statemachine.answers.pending.asked_as_of`` is the rule (tested pure in
 ``tests/test_asked_as_of.py``); here a real :class:`~controller.service.loop.Controller`
 (dry run) whose host reader records the request while it observes, as the API does
 when a request lands mid-cycle.
@@ -25,7 +25,7 @@ from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions
 from controller.snapshot import SnapshotModel, parse_snapshot
 from controller.store.journal import Journal, journal_path
-from statemachine.plan import Plan
+from statemachine.planning.plan_types import Plan
 
 MANIFEST = """
 [[gpu_roles]]

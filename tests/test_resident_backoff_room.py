@@ -11,10 +11,10 @@ from dataclasses import replace
 
 from support.placement_cases import NOW, host, pinned
 
-from statemachine.fit import fit_serve, fit_serve_by_planner
-from statemachine.plan import Action, Policy
-from statemachine.planner import plan_transitions
-from statemachine.types import DesiredRun, Observed, OnDemandRequest, Residency
+from statemachine.answers.fit import fit_serve, fit_serve_by_planner
+from statemachine.domain.types import DesiredRun, Observed, OnDemandRequest, Residency
+from statemachine.planning.plan_types import Action, Policy
+from statemachine.planning.planner import plan_transitions
 
 X = pinned("x", 6000, "a", residency=Residency.RESIDENT)
 E = pinned("e", 6000, "a")  # evictable, desired running

@@ -25,8 +25,8 @@ from support.convergence import assert_converges, timeless
 from support.replay import assert_never_overcommits
 from support.strategies import Scenario, assert_reaches, every_scenario
 
-from statemachine import types as sm
-from statemachine.plan import Action, Policy, ReloadCost
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import Action, Policy, RestoreCost
 
 SETTINGS, plan_of = props.SETTINGS, props.plan_of
 
@@ -44,7 +44,7 @@ def counted(draw: st.DrawFn, sc: Scenario, unknowns: bool = True) -> Scenario:
         if draw(st.integers(0 if unknowns else 1, 3)):
             cold = draw(maybe | st.floats(1, 120))
             wake = draw(maybe | st.floats(0.1, 10))
-            reload[name] = ReloadCost(cold, wake)
+            reload[name] = RestoreCost(cold, wake)
     return replace(sc, policy=replace(sc.policy, uses=uses, reload=reload))
 
 

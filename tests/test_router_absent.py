@@ -213,8 +213,8 @@ def test_what_the_end_of_a_request_drains(tmp_path: Path) -> None:
     when it has no tier, or (for ``down``) when it does not run."""
     from dataclasses import replace
 
-    from statemachine.admission import down_needs_router, end_needs_router
-    from statemachine.types import DesiredRun, Observed
+    from statemachine.domain.types import DesiredRun, Observed
+    from statemachine.planning.admission import down_needs_router, end_needs_router
 
     path = tmp_path / "serves.toml"
     path.write_text(MANIFEST)

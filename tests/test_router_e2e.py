@@ -30,7 +30,7 @@ from test_executor_e2e import (  # noqa: F401  (host: the fixture)
 from controller.adapters.router import QUIESCE_REASON
 from controller.manifest import ManifestSet
 from controller.service.executor import ExecutorConfig
-from statemachine.types import OnDemandRequest
+from statemachine.domain.types import OnDemandRequest
 
 pytestmark = pytest.mark.docker
 

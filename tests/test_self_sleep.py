@@ -1,7 +1,7 @@
 """An engine that sleeps by itself (llama.cpp's ``--sleep-idle-seconds``): lint's note,
 the engine's own answer read, and status showing it asleep with its whole reservation
-held (statemachine/self_sleep.py, statemachine/status.py). The real engine doing it is
-tests/test_real_engine_e2e.py."""
+held (statemachine/flags/self_sleep.py, statemachine/answers/status_report.py). The real engine
+doing it is tests/test_real_engine_e2e.py."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import pytest
 from test_status_rules import EVI, RUN, UP, desired_of, row, sv
 
 from statemachine import engines
-from statemachine.engine_flags import FindingKind, Severity
+from statemachine.domain.types import ContainerObs, ContainerState, Observed
 from statemachine.engines.spec import SelfSleep
-from statemachine.self_sleep import check_self_sleep, idle_seconds, said_asleep
-from statemachine.types import ContainerObs, ContainerState, Observed
+from statemachine.flags.fraction import FindingKind, Severity
+from statemachine.flags.self_sleep import check_self_sleep, idle_seconds, said_asleep
 
 LLAMA = engines.get("llamacpp").self_sleep
 assert LLAMA is not None

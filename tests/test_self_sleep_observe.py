@@ -15,7 +15,7 @@ from controller.adapters.self_sleep import SelfSleepReader
 from controller.manifest.load import load_manifest
 from controller.service.observe import observe_self_sleep
 from controller.snapshot import ContainerModel, SnapshotModel
-from statemachine.types import ContainerState
+from statemachine.domain.types import ContainerState
 
 
 class Props(FakeHTTPServer):

@@ -1,4 +1,4 @@
-"""Pure tests of the per-serve record (``statemachine.serve_record``).
+"""Pure tests of the per-serve record (``statemachine.lifecycle.serve_record``).
 
 The record's lifecycle state moves only along the machine's declared transitions:
 by a trigger the executor fires, or by an observation (the observation triggers,
@@ -13,10 +13,11 @@ import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
-from statemachine import types as sm
-from statemachine.backoff import Backoff
-from statemachine.lifecycle import IllegalTransition, LifecycleState, Trigger, next_state
-from statemachine.serve_record import (
+from statemachine.answers.status_report import host_status
+from statemachine.domain import types as sm
+from statemachine.lifecycle.backoff import Backoff
+from statemachine.lifecycle.machine import IllegalTransition, LifecycleState, Trigger, next_state
+from statemachine.lifecycle.serve_record import (
     CLEAN_EXITS,
     OBSERVATION_PATHS,
     ServeRecord,
@@ -26,7 +27,6 @@ from statemachine.serve_record import (
     plan_reading,
     reading,
 )
-from statemachine.status import host_status
 
 S = LifecycleState
 T = Trigger

@@ -24,7 +24,7 @@ from test_loop_events import Running, create, manifest, names
 from controller.manifest import load_manifest_set
 from controller.service.loop import Controller, RunOptions
 from controller.store.journal import Journal, journal_path
-from statemachine.lifecycle import LifecycleState, Trigger
+from statemachine.lifecycle.machine import LifecycleState, Trigger
 
 __all__ = ["names"]  # the fixture, shared with test_loop_events
 

@@ -15,9 +15,9 @@ import pytest
 
 from controller.service.records import RecordStore
 from controller.store.journal import Journal
-from statemachine import types as sm
-from statemachine.backoff import Backoff
-from statemachine.lifecycle import LifecycleState, Trigger
+from statemachine.domain import types as sm
+from statemachine.lifecycle.backoff import Backoff
+from statemachine.lifecycle.machine import LifecycleState, Trigger
 
 S = LifecycleState
 
@@ -85,7 +85,7 @@ def test_the_plan_starts_from_the_record_moved_to_its_reading() -> None:
 
 
 def test_an_observation_older_than_the_end_of_a_start_does_not_move_it_back() -> None:
-    from statemachine.types import StartingObs
+    from statemachine.domain.types import StartingObs
 
     store = RecordStore()
     store.settle({"omni": "running"})  # the start ended: ready
@@ -115,7 +115,7 @@ def test_the_marks_read_and_write_as_sets_and_dicts() -> None:
     assert not quiesced and store.get("coder").quiesced is False
     backoff = store.backoff
     b = backoff.setdefault("omni", Backoff())
-    b.failures = 3  # moved in place, as statemachine.backoff does
+    b.failures = 3  # moved in place, as statemachine.lifecycle.backoff does
     assert backoff["omni"].failures == 3 and store.get("omni").backoff is b
     assert dict(backoff) == {"omni": b}
     del backoff["omni"]

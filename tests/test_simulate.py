@@ -1,4 +1,4 @@
-"""The simulator the properties trust (statemachine/simulate.py): what a plan that
+"""The simulator the properties trust (statemachine/planning/simulate.py): what a plan that
 succeeded leaves of the observation.
 
 It changes only what the plan's steps change; everything else of the observation
@@ -12,13 +12,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from statemachine import types as sm
-from statemachine.ledger import GpuReservation, Ledger, Refusal, RefusalKind
-from statemachine.lifecycle import LifecycleState
-from statemachine.plan import Action, Plan, Step
-from statemachine.planner import plan_transitions
-from statemachine.simulate import apply_plan, ledger_prefixes
-from statemachine.status import lifecycle_from_observation
+from statemachine.answers.status_report import lifecycle_from_observation
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import GpuReservation, Ledger, Refusal, RefusalKind
+from statemachine.lifecycle.machine import LifecycleState
+from statemachine.planning.plan_types import Action, Plan, Step
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.simulate import apply_plan, ledger_prefixes
 
 NOW = 1_000_000.0
 

@@ -1,4 +1,4 @@
-"""The simulator's rules the mutation run pins (statemachine/simulate.py).
+"""The simulator's rules the mutation run pins (statemachine/planning/simulate.py).
 
 ``apply_plan``: a stopped serve's engine is gone, and with it what the engine held of
 itself: a shrunk figure (``elastic_mib``) and a sleep. Carried over, the serve's next
@@ -18,11 +18,11 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from statemachine import types as sm
-from statemachine.ledger import GpuReservation, Ledger, ledger_from_observed
-from statemachine.plan import Action, Plan, Step
-from statemachine.planner import plan_transitions
-from statemachine.simulate import apply_plan, apply_step
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import GpuReservation, Ledger, ledger_from_observed
+from statemachine.planning.plan_types import Action, Plan, Step
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.simulate import apply_plan, apply_step
 
 NOW = 1_000_000.0
 UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0)

@@ -1,4 +1,4 @@
-"""The sizing arithmetic (statemachine/sizing.py), pure: the KV formula pinned on published
+"""The sizing arithmetic (statemachine/sizing/needs.py), pure: the KV formula pinned on published
 architectures, the cache dtypes, layers that differ, the terms no file holds, the JSON."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from statemachine import engines
 from statemachine.engines.spec import Detection, DocumentedFigure, Engine
-from statemachine.sizing import (
+from statemachine.sizing.needs import (
     KV_DTYPES,
     MIB,
     OVERHEAD_TERMS,

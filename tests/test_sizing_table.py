@@ -15,9 +15,9 @@ import pytest
 
 from controller.adapters.model_files import ModelFiles, read_model
 from statemachine import engines
-from statemachine.enforce import ModelInput, render_limits
-from statemachine.engine_flags import fraction_for
-from statemachine.sizing import MIB
+from statemachine.flags.fraction import fraction_for
+from statemachine.flags.model_limits import ModelInput, render_limits
+from statemachine.sizing.needs import MIB
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
 import gen_sizing_table as gen

@@ -31,9 +31,9 @@ from controller.service.executor import ExecutionReport, Executor, ExecutorConfi
 from controller.service.observe import observe_host
 from controller.service.wiring import make_executor, read_gpus
 from controller.snapshot import SleepStateModel
-from statemachine.ledger import Ledger
-from statemachine.plan import Action, Plan, Step
-from statemachine.types import GpuObs, Observed
+from statemachine.domain.types import GpuObs, Observed
+from statemachine.ledger.reservations import Ledger
+from statemachine.planning.plan_types import Action, Plan, Step
 
 pytestmark = pytest.mark.docker
 
@@ -223,7 +223,7 @@ def run(
     observed: Observed,
     **kw: float,
 ) -> ExecutionReport:
-    from statemachine.ledger import ledger_from_observed
+    from statemachine.ledger.reservations import ledger_from_observed
 
     ex = rig.executor(mset, **kw)
     return ex.execute(plan(ledger_from_observed(mset.desired(), observed), *steps), observed)
@@ -258,7 +258,7 @@ def test_a_confirmed_sleep_keeps_the_container_and_counts_the_residual(rig: Rig)
     assert rec is not None and rec.level == 1 and rec.residual_mib == 1000
     assert rec.started_at is not None and rec.container == rig.container
     # what the host shows now, with the sleep observed, is what the executor counts
-    from statemachine.ledger import ledger_from_observed
+    from statemachine.ledger.reservations import ledger_from_observed
 
     again = ledger_from_observed(mset.desired(), rig.observe(mset, asleep_model()))
     assert again.holdings["big"].mib == 1000 and again.host_holdings == {"big": 6000}
@@ -332,7 +332,7 @@ def test_a_sleep_and_a_wake_are_moves_for_footprints_never_samples(rig: Rig) -> 
     # the memory a sleep gives back and a wake takes again is not the serve's footprint;
     # but it moves on the GPU, so a start measured across it proves nothing either
     from controller.service.footprints import FootprintRecorder, Reading
-    from statemachine.types import ServeSpec
+    from statemachine.domain.types import ServeSpec
 
     mset = rig.manifest()
     recorder = FootprintRecorder(
@@ -355,7 +355,7 @@ def test_a_sleep_and_a_wake_are_moves_for_footprints_never_samples(rig: Rig) -> 
 
 
 def ledger_of(mset: ManifestSet, observed: Observed) -> Ledger:
-    from statemachine.ledger import ledger_from_observed
+    from statemachine.ledger.reservations import ledger_from_observed
 
     return ledger_from_observed(mset.desired(), observed)
 
@@ -364,7 +364,7 @@ def test_a_confirmed_sleep_is_told_at_once_not_only_when_the_plan_ends(rig: Rig)
     """A controller that dies after a sleep is confirmed but before its plan ends must
     still find the sleeper in its journal: the record is handed over (``on_sleep``, the
     loop's journal) when the sleep is confirmed, before the step's own result."""
-    from statemachine.ledger import ledger_from_observed
+    from statemachine.ledger.reservations import ledger_from_observed
 
     mset = rig.manifest(host="[host]\nram_mib = 65536\nreserve_mib = 8192\n")
     observed = rig.observe(mset)

@@ -10,9 +10,9 @@ from dataclasses import InitVar, dataclass, field
 
 import pytest
 
-from statemachine.ledger import GpuReservation, RoleTerms
-from statemachine.plan import Action, Blocked, Protected, Step
-from statemachine.slotinit import direct_init
+from statemachine.domain.slotinit import direct_init
+from statemachine.ledger.reservations import GpuReservation, RoleTerms
+from statemachine.planning.plan_types import Action, Blocked, Protected, Step
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,4 +1,4 @@
-"""direct_init's rules the mutation run pins (statemachine/slotinit.py): a dataclass
+"""direct_init's rules the mutation run pins (statemachine/domain/slotinit.py): a dataclass
 without fields still gets an ``__init__`` (of no arguments, as the dataclass's own).
 Pure: the mutation run's pool."""
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from statemachine.slotinit import direct_init
+from statemachine.domain.slotinit import direct_init
 
 
 def test_a_dataclass_without_fields_gets_an_init_of_no_arguments() -> None:

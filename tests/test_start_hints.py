@@ -1,4 +1,4 @@
-"""The hint a start that failed for memory carries (statemachine/start_hints.py); the
+"""The hint a start that failed for memory carries (statemachine/sizing/start_hints.py); the
 real engine killed for memory is tests/test_real_engine_faults.py."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from statemachine import engines
-from statemachine.start_hints import SIGKILLED, memory_hint, out_of_memory_words
+from statemachine.sizing.start_hints import SIGKILLED, memory_hint, out_of_memory_words
 
 LLAMA, VLLM, SGLANG = (engines.get(n) for n in ("llamacpp", "vllm", "sglang"))
 

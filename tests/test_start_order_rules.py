@@ -17,9 +17,9 @@ from __future__ import annotations
 import pytest
 from support.core import spec
 
-from statemachine import types as sm
-from statemachine.plan import Action, Plan, Policy
-from statemachine.planner import plan_transitions
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import Action, Plan, Policy
+from statemachine.planning.planner import plan_transitions
 
 NOW = 10_000.0
 ROLES = {"a": sm.GpuRole("a", 32_000, 2_000)}

@@ -11,11 +11,17 @@ import sqlite3
 from pathlib import Path
 
 from controller.store.journal import Journal
-from statemachine import types as sm
-from statemachine.ledger import ledger_from_observed, no_longer_declared
-from statemachine.planner import Action, Policy, plan_transitions
-from statemachine.simulate import apply_plan
-from statemachine.status import host_status
+from statemachine.answers.status_report import host_status
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import ledger_from_observed, no_longer_declared
+from statemachine.planning.plan_types import (
+    Action,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
+from statemachine.planning.simulate import apply_plan
 
 ROLES = {"a": sm.GpuRole("a", 10_000), "b": sm.GpuRole("b", 10_000)}
 RUNNING = sm.ContainerObs(sm.ContainerState.RUNNING, started_at=100.0)

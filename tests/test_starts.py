@@ -36,9 +36,13 @@ from controller.service.live import LiveLedger
 from controller.service.loop import Controller
 from controller.service.starts import StartTracker, group_alive, proc_start_ticks, supervise_orphans
 from controller.store.journal import Journal, UpRecord, journal_path
-from statemachine import types as sm
-from statemachine.ledger import Ledger, ledger_from_observed
-from statemachine.planner import Action, Plan, Step
+from statemachine.domain import types as sm
+from statemachine.ledger.reservations import Ledger, ledger_from_observed
+from statemachine.planning.plan_types import (
+    Action,
+    Plan,
+    Step,
+)
 
 # ── the tracker ──────────────────────────────────────────────────────────────
 

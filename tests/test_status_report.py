@@ -1,4 +1,5 @@
-"""The status report (``statemachine.status``): every figure ``vramctl status`` prints.
+"""The status report (``statemachine.answers.status_report``): every figure ``vramctl status``
+prints.
 
 Written from docs/operations.md (the status tables) and docs/limits.md (figures that
 are never guessed): a role's NVML figures come from the device its ``uuid`` links it
@@ -18,8 +19,8 @@ from typing import Any
 import pytest
 from support.core import spec
 
-from statemachine import types as sm
-from statemachine.status import host_status, lifecycle_from_observation
+from statemachine.answers.status_report import host_status, lifecycle_from_observation
+from statemachine.domain import types as sm
 
 NOW = 10_000.0
 RUN, STOP = sm.DesiredRun.RUNNING, sm.DesiredRun.STOPPED

@@ -1,4 +1,5 @@
-"""The status report's rules (``statemachine.status``) beside tests/test_status_report.py.
+"""The status report's rules (``statemachine.answers.status_report``) beside
+tests/test_status_report.py.
 
 Written from docs/placement.md (``vramctl status`` shows a placed serve on the card it
 holds, ``gpu_roles``, beside its candidates, ``placement``; every candidate while it
@@ -19,8 +20,8 @@ from typing import Any
 
 from support.core import spec
 
-from statemachine import types as sm
-from statemachine.status import host_status
+from statemachine.answers.status_report import host_status
+from statemachine.domain import types as sm
 
 NOW = 10_000.0
 RUN = sm.DesiredRun.RUNNING

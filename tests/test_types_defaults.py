@@ -1,4 +1,4 @@
-"""The manifest types' defaults and the request's TTL boundary (statemachine/types.py).
+"""The manifest types' defaults and the request's TTL boundary (statemachine/domain/types.py).
 
 The defaults are the manifest's documented ones (docs/manifest.md): a role without a
 reserve lends its whole capacity (and a ``[host]`` without one all its RAM), a serve
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import pytest
 
-from statemachine.ledger import Ledger
-from statemachine.types import GpuRole, HostBudget, OnDemandRequest, Residency, ServeSpec
+from statemachine.domain.types import GpuRole, HostBudget, OnDemandRequest, Residency, ServeSpec
+from statemachine.ledger.reservations import Ledger
 
 
 def test_a_role_without_reserve_lends_its_whole_capacity() -> None:

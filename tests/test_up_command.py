@@ -182,7 +182,7 @@ def test_up_gets_a_clean_environment_and_the_serves_up_env(stack: Stack) -> None
     from controller.adapters.docker.actions import UP_ENV_PASS, UP_ENV_PREFIXES
 
     assert got["VRAMCTL_GPU_ROLE"] == "a"  # the controller's own: where it put the serve
-    # and what its engine will find free there (statemachine/gpu_vars.py)
+    # and what its engine will find free there (statemachine/ledger/gpu_vars.py)
     memory = {"VRAMCTL_FREE_MIB", "VRAMCTL_FRACTION_OF_FREE", "VRAMCTL_FIT_TARGET_MIB"}
     assert all(got[name].replace(".", "", 1).isdigit() for name in memory), got
     allowed = set(UP_ENV_PASS) | {"STACK_PROFILE", "MODEL_DIR", "PWD", "SHLVL", "_", "OLDPWD"}

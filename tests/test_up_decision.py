@@ -1,4 +1,4 @@
-"""``decide_up``: the answer to an on-demand ``up`` (``statemachine.up_decision``).
+"""``decide_up``: the answer to an on-demand ``up`` (``statemachine.answers.up_decision``).
 
 The same contract the HTTP tests state through the API (tests/test_api.py,
 tests/test_pending_requests.py, tests/test_router_absent.py, tests/test_up_wait_api.py),
@@ -15,9 +15,11 @@ from typing import Any
 
 from support.plan_cases import EVI, NOW, OND, RES, RUN, Case, _build, req, serve, up
 
-from statemachine.pending import PENDING_STATE, PendingStart
-from statemachine.planner import Policy
-from statemachine.up_decision import UpDecision, decide_up, mark_pending
+from statemachine.answers.pending import PENDING_STATE, PendingStart
+from statemachine.answers.up_decision import UpDecision, decide_up, mark_pending
+from statemachine.planning.plan_types import (
+    Policy,
+)
 
 RETRY_S = 2.5  # the resync period the API passes as the default Retry-After
 

@@ -35,9 +35,9 @@ from controller.service.executor import ExecutionReport
 from controller.service.loop import Controller, RunOptions
 from controller.snapshot import parse_snapshot
 from controller.store.journal import Journal, journal_path
-from statemachine.ledger import Ledger
-from statemachine.plan import Plan
-from statemachine.types import Observed
+from statemachine.domain.types import Observed
+from statemachine.ledger.reservations import Ledger
+from statemachine.planning.plan_types import Plan
 
 TOKEN = "up-path-test-token-0123456789"
 LOOP_FILE = loop_module.__file__

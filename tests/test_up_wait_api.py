@@ -41,7 +41,12 @@ from controller.service.loop import Controller, CycleSummary, RunOptions
 from controller.service.queue_pump import QueuePump
 from controller.snapshot import parse_snapshot
 from controller.store.journal import Journal, journal_path
-from statemachine.planner import Policy, plan_transitions
+from statemachine.planning.plan_types import (
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 TOKEN = "up-wait-test-token-0123456789"
 

@@ -1,14 +1,14 @@
-"""One verdict on a serve's model (statemachine/verdict.py), pure: the engine's own
+"""One verdict on a serve's model (statemachine/flags/verdict.py), pure: the engine's own
 limits decide; the plain comparison in bytes where no limit holds the engine. The front
 ends that give it are pinned in tests/test_one_verdict.py."""
 
 from __future__ import annotations
 
 from statemachine import engines
-from statemachine.enforce import ModelInput
-from statemachine.model_fit import ModelTerms
-from statemachine.sizing import MIB, Architecture, Weights
-from statemachine.verdict import load_verdict, model_terms
+from statemachine.flags.model_limits import ModelInput
+from statemachine.flags.verdict import load_verdict, model_terms
+from statemachine.sizing.model_fit import ModelTerms
+from statemachine.sizing.needs import MIB, Architecture, Weights
 
 #: four layers of 100 MiB and 50 MiB of no layer; 8 KV heads × 128: 4096 bytes a token
 #: and layer, 16 MiB of KV at 1024 tokens

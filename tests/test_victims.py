@@ -1,7 +1,7 @@
 """``choose_victims`` against brute force, against largest-first, and its tie-breakers.
 
-The reference here is written from docs/design.md §3, not from ``statemachine.victims``: a set
-*covers* when it frees at least the shortfall on every role that is short, and sets
+The reference here is written from docs/design.md §3, not from ``statemachine.planning.victims``: a
+set *covers* when it frees at least the shortfall on every role that is short, and sets
 are ordered by (number of victims, number of victims not known to be idle (an unknown
 in-flight count is possibly busy), MiB freed beyond the shortfall summed over the short
 roles, priorities highest first, start times latest first with unknown as 0, names).
@@ -19,7 +19,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from support.strategies import assert_reaches
 
-from statemachine.victims import (
+from statemachine.planning.victims import (
     Candidate,
     Row,
     choose_victims,
@@ -28,9 +28,9 @@ from statemachine.victims import (
     preference_key,
     victim_names,
 )
-from statemachine.victims import covers as sm_covers
-from statemachine.victims import freed as sm_freed
-from statemachine.victims import overshoot as sm_overshoot
+from statemachine.planning.victims import covers as sm_covers
+from statemachine.planning.victims import freed as sm_freed
+from statemachine.planning.victims import overshoot as sm_overshoot
 
 SETTINGS = settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 NAMES = ("ada", "bob", "cyd", "dee", "eve", "fay", "gus", "hal", "ivy", "jon")
@@ -803,7 +803,7 @@ def test_busy_aware_choice(cands: list[Candidate], want: list[str], limit: int) 
 
 
 def test_possibly_busy_counts_every_victim_not_known_idle() -> None:
-    from statemachine.victims import possibly_busy
+    from statemachine.planning.victims import possibly_busy
 
     victims = [c("idle", 1, in_flight=0), c("busy", 1, in_flight=4), c("unknown", 1)]
     assert possibly_busy(victims) == 2
@@ -814,7 +814,7 @@ def test_a_swap_walk_starts_at_what_the_victim_leaves_short_on_its_worst_role() 
     """The greedy's swap skips the candidates too small to replace a victim: the least
     MiB a replacement needs is what dropping the victim leaves short on whichever of its
     roles it leaves shortest (0 where dropping it leaves none short)."""
-    from statemachine.victims import _least_replacement
+    from statemachine.planning.victims import _least_replacement
 
     v = Candidate("v", ("a", "b"), 500)
     got = {"a": 900, "b": 600}  # freed with v among the victims
@@ -829,7 +829,7 @@ def test_a_swap_walk_starts_at_what_the_victim_leaves_short_on_its_worst_role() 
 
 def test_the_fewest_largest_candidates_that_cover_bound_the_search() -> None:
     # the exact search starts at this size: below it not even the largest cover
-    from statemachine.victims import _fewest
+    from statemachine.planning.victims import _fewest
 
     assert _fewest([3, 5, 2], 5) == 1
     assert _fewest([3, 5, 2], 6) == 2
@@ -1050,10 +1050,10 @@ def test_the_search_reads_rows_and_candidates_alike_by_their_fields_names() -> N
 
 
 def test_a_cost_of_0_is_known_and_adds_nothing() -> None:
-    from statemachine.victims import reload_key
+    from statemachine.planning.victims import restore_key
 
-    assert reload_key([0.0]) == (0, 0.0)
-    assert reload_key([0.0, None, 2.5, 0.0]) == (1, 2.5)
-    assert reload_key([None, None]) == (2, 0.0)
-    assert reload_key([]) == (0, 0.0)
-    assert reload_key((0.1, 0.2, 0.3)) == reload_key((0.3, 0.2, 0.1)) == (0, 0.6)
+    assert restore_key([0.0]) == (0, 0.0)
+    assert restore_key([0.0, None, 2.5, 0.0]) == (1, 2.5)
+    assert restore_key([None, None]) == (2, 0.0)
+    assert restore_key([]) == (0, 0.0)
+    assert restore_key((0.1, 0.2, 0.3)) == restore_key((0.3, 0.2, 0.1)) == (0, 0.6)

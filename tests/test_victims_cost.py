@@ -1,4 +1,4 @@
-"""Victim sets by cost (statemachine/victims.py: ``cost_key``, ``cheapest_cover``), the
+"""Victim sets by cost (statemachine/planning/victims.py: ``cost_key``, ``cheapest_cover``), the
 order the planner uses where it counts how often each serve is used (docs/eviction.md,
 "Reload costs by use").
 
@@ -12,7 +12,7 @@ need, the dearest first; an unknown cost on a short role leaves no cover. Pure.
 
 from __future__ import annotations
 
-from statemachine.victims import Candidate, cheapest_cover, cost_key
+from statemachine.planning.victims import Candidate, cheapest_cover, cost_key
 
 
 def c(

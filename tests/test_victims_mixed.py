@@ -1,4 +1,4 @@
-"""A cover where each victim may sleep or stop (statemachine/victims.py:
+"""A cover where each victim may sleep or stop (statemachine/planning/victims.py:
 ``cheapest_mixed_cover``), what the planner weighs beside the covers of one kind where it
 counts how often each serve is used (docs/eviction.md, "Sleep or stop, victim by victim").
 
@@ -15,7 +15,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from statemachine.victims import Candidate, cheapest_mixed_cover, freed
+from statemachine.planning.victims import Candidate, cheapest_mixed_cover, freed
 
 
 def c(name: str, mib: int, cost: float | None, *, busy: int | None = 0) -> Candidate:

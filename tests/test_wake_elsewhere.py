@@ -1,4 +1,4 @@
-"""A sleeper whose wake waits moves (statemachine/placement.py, docs/placement.md), pure.
+"""A sleeper whose wake waits moves (statemachine/planning/placement.py, docs/placement.md), pure.
 
 ``p`` (10000 MiB, placed on ``a`` or ``b``, sleeps to 1000 MiB) is asleep on ``a``;
 ``busy`` fills the rest of ``a`` with a request in flight, so ``p``'s wake waits for it.
@@ -15,13 +15,13 @@ import dataclasses
 
 import pytest
 
-from statemachine import types as sm
-from statemachine.plan import Action, How, Plan, Policy, ReloadCost
-from statemachine.planner import plan_transitions
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import Action, How, Plan, Policy, RestoreCost
+from statemachine.planning.planner import plan_transitions
 
 NOW = 1_000_000.0
 ROLES = {"a": sm.GpuRole("a", 10000), "b": sm.GpuRole("b", 10000)}
-COSTS = {"p": ReloadCost(40.0, 4.0)}
+COSTS = {"p": RestoreCost(40.0, 4.0)}
 
 
 def running(role: str) -> sm.ContainerObs:
@@ -67,7 +67,9 @@ def host(waited: float, on_b: int = 0) -> tuple[sm.DesiredState, sm.Observed]:
     return desired, seen
 
 
-def plan(desired: sm.DesiredState, seen: sm.Observed, costs: dict[str, ReloadCost] = COSTS) -> Plan:
+def plan(
+    desired: sm.DesiredState, seen: sm.Observed, costs: dict[str, RestoreCost] = COSTS
+) -> Plan:
     return plan_transitions(desired, seen, Policy(reload=costs), NOW)
 
 

@@ -205,6 +205,6 @@ def test_the_loop_reloads_two_quick_writes_once(tmp_path: Path) -> None:
 
     run(scenario)
     assert c.manifest_dirty
-    c.reconciler.reload_manifest()  # the one reload the cycle makes: the whole file, valid
+    c.reconciler.reread_manifest()  # the one reload the cycle makes: the whole file, valid
     assert c.manifest_error == []
     assert set(c.mset.serves) == {"s1", "s2"}

@@ -126,7 +126,7 @@ class ElasticAnswer:
         return self.http_status == 400 and any(m in text for m in RESIZE_FAILURE_MARKERS)
 
     @property
-    def needs_reload(self) -> bool:
+    def needs_model_reload(self) -> bool:
         """What docs/design.md §6 answers with unload/reload: a 503, or a failed resize."""
         return self.http_status == 503 or self.resize_failed
 

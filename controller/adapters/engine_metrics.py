@@ -40,7 +40,7 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from statemachine import engines
-from statemachine.types import InFlightSource
+from statemachine.domain.types import InFlightSource
 
 #: seconds one read may take (connect, read, the whole answer): a loop cycle waits for it
 DEFAULT_TIMEOUT_S = 1.0

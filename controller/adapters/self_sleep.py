@@ -1,7 +1,7 @@
 """Reads whether an engine that sleeps by itself is asleep: ``GET {url}{path}`` (llama.cpp's
 ``/props``, answered from a cache without waking the engine nor resetting its idle
 timer: tools/server/README.md, "Sleeping on Idle"), its JSON read by
-:func:`statemachine.self_sleep.said_asleep`.
+:func:`statemachine.flags.self_sleep.said_asleep`.
 
 Straight to the serve (``trust_env=False``: no proxy answers for it), one short request
 per serve, never retried: an answer that cannot be had is ``None`` (unknown). It must
@@ -13,7 +13,7 @@ from __future__ import annotations
 import httpx
 
 from statemachine.engines.spec import SelfSleep
-from statemachine.self_sleep import said_asleep
+from statemachine.flags.self_sleep import said_asleep
 
 
 class SelfSleepReader:

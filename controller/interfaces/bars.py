@@ -1,6 +1,6 @@
 """``vramctl status`` in pictures: a memory bar per GPU role, and ``--watch`` (rich Live).
 
-:func:`role_bars` draws, for each role of a :class:`~statemachine.status.HostStatus`,
+:func:`role_bars` draws, for each role of a :class:`~statemachine.answers.status_report.HostStatus`,
 one bar the width of the card: each reservation the ledger holds (coloured by the
 serve's residency class), the free budget, and the reserve; below it the figures of
 the report (capacity, reserve, budget, committed, free, NVML used, drift). A figure
@@ -26,7 +26,7 @@ from rich.segment import Segment
 from rich.text import Text
 
 from controller.interfaces import render
-from statemachine.status import HostStatus, RoleStatus
+from statemachine.answers.status_report import HostStatus, RoleStatus
 
 __all__ = ["Frame", "role_bars", "status_screen", "watch"]
 

@@ -2,7 +2,7 @@
 MiB, each with where it comes from), the KV formula with its figures, what was assumed,
 and the least the model needs (docs/sizing.md).
 
-Every figure is :class:`statemachine.sizing.Estimate`'s; an unknown term is printed
+Every figure is :class:`statemachine.sizing.needs.Estimate`'s; an unknown term is printed
 ``unknown`` with its reason, never 0, and no total is printed but "at least weights +
 KV cache (the rest unknown)". This module must not compute a figure nor read a file.
 """
@@ -13,7 +13,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from statemachine.sizing import MIB, Estimate
+from statemachine.sizing.needs import MIB, Estimate
 
 __all__ = ["print_estimate"]
 

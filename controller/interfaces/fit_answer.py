@@ -1,6 +1,6 @@
 """The fit answer as ``vramctl fit --json`` prints it, for the CLI and ``vramctl mcp``.
 
-The answer itself is the situation's (:meth:`statemachine.situation.Situation.fit`: the
+The answer itself is the situation's (:meth:`statemachine.answers.situation.Situation.fit`: the
 core's fit with the pending requests counted as held, the router tiers a start would
 drain where there is no router); this adds the serve's ``[serve.model]`` estimate, so
 ``fit --json``, ``GET /v1/fit`` and the ``can_fit`` tool cannot answer differently.
@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from statemachine.fit import FitResult
-from statemachine.situation import FitAnswer, Situation
+from statemachine.answers.fit import FitResult
+from statemachine.answers.situation import FitAnswer, Situation
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +31,7 @@ class FitReply:
     @property
     def loads(self) -> bool:
         """False when the serve's model cannot load in its reservation (the one verdict
-        ``validate`` and ``render`` give: :func:`statemachine.verdict.load_verdict`)."""
+        ``validate`` and ``render`` give: :func:`statemachine.flags.verdict.load_verdict`)."""
         check = (self.model or {}).get("check") or {}
         return check.get("verdict") != "cannot_load"
 

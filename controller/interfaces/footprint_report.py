@@ -3,7 +3,7 @@
 It reads the footprint samples from the journal of a state directory (read only: a
 running controller keeps writing), formats declared vs measured per serve, the GPU
 roles' reserve waivers, ``calibrate``'s proposals and the patch ``calibrate --patch``
-prints. The arithmetic is :mod:`statemachine.footprint`'s; this module only reads and
+prints. The arithmetic is :mod:`statemachine.sizing.footprint`'s; this module only reads and
 formats. It never writes a manifest or the journal.
 """
 
@@ -28,7 +28,7 @@ from controller.store.journal import (
     journal_path,
     journal_to_read,
 )
-from statemachine.footprint import Footprint, Proposal, Sample
+from statemachine.sizing.footprint import Footprint, Proposal, Sample
 
 __all__ = [
     "footprint_table",

@@ -2,7 +2,7 @@
 
 ``GET /v1/ledger``, the ``reservation_status`` tool of both MCP transports and the
 page's bars are :func:`ledger_answer`; ``GET /v1/serves`` and ``serves_status`` are
-:func:`serve_rows`. Each takes the :class:`~statemachine.situation.Situation` its
+:func:`serve_rows`. Each takes the :class:`~statemachine.answers.situation.Situation` its
 source built (the running loop's, or a snapshot's with the state directory's journal:
 ``controller/service/situation.py``) and what that source knows beside it
 (:class:`RowExtras`: the loop's backoff and queue; the footprints and model estimates),
@@ -20,12 +20,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from controller.interfaces.redaction import public_blocked, public_failure, public_model
-from controller.service.view import BackoffView
-from statemachine.admission import can_request
-from statemachine.idleness import request_end
-from statemachine.pending import PENDING_STATE, PendingStart, role_pending
-from statemachine.situation import Situation
-from statemachine.types import Observed, OnDemandRequest, ServeSpec
+from controller.service.loop_port import BackoffView
+from statemachine.answers.pending import PENDING_STATE, PendingStart, role_pending
+from statemachine.answers.situation import Situation
+from statemachine.domain.types import Observed, OnDemandRequest, ServeSpec
+from statemachine.planning.admission import can_request
+from statemachine.planning.idleness import request_end
 
 __all__ = ["RowExtras", "fit_json", "ledger_answer", "ledger_roles", "request_json", "serve_rows"]
 
@@ -36,7 +36,7 @@ class RowExtras:
 
     #: serve -> its backoff; ``None``: the source cannot know it (only the loop holds it)
     backoff: Mapping[str, BackoffView] | None = None
-    #: serve -> declared vs measured (``statemachine.footprint.Footprint.to_json()``)
+    #: serve -> declared vs measured (``statemachine.sizing.footprint.Footprint.to_json()``)
     footprints: Mapping[str, Any] = field(default_factory=dict)
     #: serve -> its ``[serve.model]`` estimate
     models: Mapping[str, Any] = field(default_factory=dict)

@@ -5,7 +5,7 @@ tool is declared with a JSON Schema for its input and for its structured result,
 annotated truthfully (the reads: ``readOnlyHint``, idempotent, a closed world; the
 writes: ``request_up`` neither read-only nor idempotent, ``release`` destructive).
 One backend answers the read tools over both transports (:class:`Tools`): each
-renders the one answer of a :class:`~statemachine.situation.Situation`
+renders the one answer of a :class:`~statemachine.answers.situation.Situation`
 (:mod:`controller.interfaces.host_answers`), built for the call by a :class:`ToolSource`.
 Over stdio (:class:`ObservingSource`) each call loads the manifest set and observes the
 host anew with the state directory's journal laid over it, as ``vramctl status`` /
@@ -20,7 +20,7 @@ the source is the loop's live situation (:mod:`controller.interfaces.api.agents`
 - ``can_fit``: the situation's fit (``fit --json``, ``GET /v1/fit``: the pending
   requests counted as held); for ``{"vram_mib"}`` or ``{"model_path"}`` (weights + KV
   cache from its files) with ``gpu_role`` or ``placement`` a hypothetical on-demand
-  serve (:mod:`statemachine.hypothetical`);
+  serve (:mod:`statemachine.answers.hypothetical`);
 - ``plan_preview``: the plan of the situation with an edited manifest, as ``plan
   --json``; nothing is executed.
 
@@ -74,14 +74,14 @@ from controller.interfaces.fit_answer import fit_answer
 from controller.interfaces.host_answers import RowExtras, ledger_answer, serve_rows
 from controller.interfaces.redaction import public_blocked, public_manifest_error, public_model
 from controller.manifest import ManifestError, load_manifest_set
-from statemachine.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
-from statemachine.sizing import KV_DTYPES, MIB
+from statemachine.answers.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
+from statemachine.sizing.needs import KV_DTYPES, MIB
 
 if TYPE_CHECKING:
     from controller.manifest import ManifestSet
     from controller.snapshot import SnapshotModel
-    from statemachine.situation import Situation
-    from statemachine.types import DesiredState
+    from statemachine.answers.situation import Situation
+    from statemachine.domain.types import DesiredState
 
 #: the server's name as clients list it
 SERVER_NAME = "vramctl"

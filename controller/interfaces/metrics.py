@@ -4,7 +4,7 @@
 process-global one, so tests and several controllers in one process stay isolated).
 It is refreshed from the loop's ``on_cycle`` hook (:meth:`Metrics.on_cycle`), from the
 same figures ``vramctl status`` and ``GET /v1/ledger`` print: the loop's live situation's
-status (:meth:`statemachine.situation.Situation.status`).
+status (:meth:`statemachine.answers.situation.Situation.status`).
 
 A figure that cannot be measured is *absent*, never 0: when docker cannot be read the
 committed / free series (and every serve's committed series) are removed; NVML
@@ -55,11 +55,11 @@ from loguru import logger
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-from statemachine.lifecycle import STATES
-from statemachine.status import HostStatus
+from statemachine.answers.status_report import HostStatus
+from statemachine.lifecycle.machine import STATES
 
 if TYPE_CHECKING:
-    from controller.service.view import LoopPort
+    from controller.service.loop_port import LoopPort
 
 #: The lifecycle states a serve can be reported in (the machine's, plus ``unknown``).
 SERVE_STATES: tuple[str, ...] = (*(str(s["name"]) for s in STATES), "unknown")

@@ -36,10 +36,10 @@ if TYPE_CHECKING:  # the core's result types; a command imports the core it call
 
     from controller.manifest import ManifestSet
     from controller.service.executor import ExecutionReport, StepResult
-    from statemachine.fit import FitResult
-    from statemachine.plan import Plan
-    from statemachine.status import HostStatus, RoleStatus, ServeStatus
-    from statemachine.types import DesiredState
+    from statemachine.answers.fit import FitResult
+    from statemachine.answers.status_report import HostStatus, RoleStatus, ServeStatus
+    from statemachine.domain.types import DesiredState
+    from statemachine.planning.plan_types import Plan
 
 # piped output (logs, CI, `| less`) gets wide tables instead of rich's 80 columns
 _WIDTH = None if sys.stdout.isatty() or "COLUMNS" in os.environ else 200
@@ -392,7 +392,7 @@ def fit(result: FitResult) -> None:
 
 def plan(result: Plan) -> None:
     """The human answer of ``plan``: a reviewable change set."""
-    from statemachine.plan import Action
+    from statemachine.planning.plan_types import Action
 
     if result.empty and not result.blocked:
         out.print("[green]nothing to do[/green]: the host matches the manifest")
@@ -444,7 +444,7 @@ def plan(result: Plan) -> None:
 
 @functools.cache
 def _step_styles() -> dict[str, str]:
-    from statemachine.plan import Action
+    from statemachine.planning.plan_types import Action
 
     return {
         Action.STOP: "red",

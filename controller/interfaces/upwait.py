@@ -10,7 +10,7 @@ Two things an ``up`` may ask for beyond being recorded (docs/operations.md, the 
   reported (:class:`controller.service.live.StepEnded`) and the loop's last plan.
 - ``queue: true``: a request that does not fit now only because memory (or a port,
   an exclusive role) is held by serves that go away by themselves
-  (:func:`statemachine.admission.could_fit_later`) waits in the FIFO per GPU role of
+  (:func:`statemachine.planning.admission.could_fit_later`) waits in the FIFO per GPU role of
   :mod:`controller.service.request_queue` instead of getting 429; the pump
   (:mod:`controller.service.queue_pump`) admits it (recorded as an on-demand request)
   as soon as it fits, or ends it at its deadline (``queue_s``), on ``down``, or when
@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from controller.service.live import StepEnded
+from controller.service.loop_port import LoopView
 from controller.service.request_queue import QueueEntry, RequestQueue, blocked_now
-from controller.service.view import LoopView
-from statemachine.types import ServeSpec
+from statemachine.domain.types import ServeSpec
 
 __all__ = [
     "MAX_WAIT_S",

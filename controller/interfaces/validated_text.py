@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from controller.manifest import ManifestSet
-    from statemachine.types import DesiredState
+    from statemachine.domain.types import DesiredState
 
 #: the answer's first word (``render`` prints it in green)
 VALID = "valid"

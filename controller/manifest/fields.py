@@ -24,9 +24,9 @@ from controller.manifest.errors import (
     _did_you_mean,
     _show,
 )
+from statemachine.domain.types import DesiredRun, Residency
 from statemachine.engines import sleeping_engines
-from statemachine.sizing import KV_DTYPES
-from statemachine.types import DesiredRun, Residency
+from statemachine.sizing.needs import KV_DTYPES
 
 #: The ``operating_mode`` that makes a two-role serve exclusive on both roles.
 DUAL_GPU_EXCLUSIVE = "dual-gpu-exclusive"
@@ -187,7 +187,7 @@ def _at_most(limit: float, why: str) -> Any:
     return check
 
 
-def _reload_seconds(value: object) -> object:
+def _restore_seconds(value: object) -> object:
     """A declared cold start or wake: positive seconds, at most a day (None: undeclared)."""
     if value is None:
         return None
@@ -488,9 +488,9 @@ OptTtl = Annotated[
     BeforeValidator(_ttl),
     WithJsonSchema({"type": "number", "minimum": 0, "maximum": MAX_IDLE_TTL_S}),
 ]
-OptReloadSeconds = Annotated[
+OptRestoreSeconds = Annotated[
     float | None,
-    BeforeValidator(_reload_seconds),
+    BeforeValidator(_restore_seconds),
     WithJsonSchema({"type": "number", "exclusiveMinimum": 0, "maximum": MAX_RELOAD_S}),
 ]
 ContainerName = Annotated[

@@ -4,7 +4,7 @@ A manifest is one or more TOML files (docs/design.md §4). This module reads the
 :mod:`tomllib`, validates every ``[[gpu_roles]]`` and ``[[serve]]`` table with the
 pydantic models below, merges several files into one :class:`ManifestSet` (serves
 de-duplicated by container, roles by id), and converts the set into
-:class:`statemachine.types.DesiredState` for the pure core.
+:class:`statemachine.domain.types.DesiredState` for the pure core.
 
 Errors are *located* and *collected*: every problem of every file is reported at once
 as a :class:`LocatedError` (file, serve or role, field, message) inside one
@@ -80,7 +80,7 @@ from controller.manifest.models import (
 )
 from controller.manifest.runtime import ServeRuntime
 from statemachine import engines
-from statemachine.types import DesiredRun, DesiredState, Residency
+from statemachine.domain.types import DesiredRun, DesiredState, Residency
 
 _M = TypeVar("_M", GpuRoleModel, ServeModel)
 

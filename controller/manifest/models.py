@@ -35,8 +35,8 @@ from controller.manifest.fields import (
     OptPort,
     OptPositiveInt,
     OptPositiveMiB,
-    OptReloadSeconds,
     OptResidency,
+    OptRestoreSeconds,
     OptSleepProtocol,
     OptText,
     OptTtl,
@@ -57,15 +57,15 @@ from controller.manifest.fields import (
 )
 from controller.manifest.runtime import ModelRef, ServeRuntime
 from statemachine import engines
-from statemachine.engines import Engine
-from statemachine.sizing import KV_DTYPES
-from statemachine.types import (
+from statemachine.domain.types import (
     Elastic,
     GpuRole,
     HostBudget,
     ServeSpec,
     Sleep,
 )
+from statemachine.engines import Engine
+from statemachine.sizing.needs import KV_DTYPES
 
 
 class GpuRoleModel(BaseModel):
@@ -205,7 +205,7 @@ class SleepModel(BaseModel):
         description=" | ".join(f'"{name}"' for name in sleep_protocols())
         + "; default from the serve's engine.",
     )
-    wake_s: OptReloadSeconds = Field(
+    wake_s: OptRestoreSeconds = Field(
         default=None,
         description="Seconds from its wake calls until it is healthy, declared until the "
         "controller has measured a wake; at most 86400.",
@@ -363,7 +363,7 @@ class ServeModel(BaseModel):
     stop_timeout_s: StopTimeout = DEFAULT_STOP_TIMEOUT_S
     drain_timeout_s: DrainTimeout = DEFAULT_DRAIN_TIMEOUT_S
     idle_ttl_s: OptTtl = None
-    cold_start_s: OptReloadSeconds = Field(
+    cold_start_s: OptRestoreSeconds = Field(
         default=None,
         description="Seconds from its start until it is healthy, declared until the "
         "controller has measured a cold start; at most 86400.",

@@ -1,6 +1,6 @@
 """The per-serve runtime record: what the executor needs of a serve beyond its spec.
 
-The pure core plans from :class:`statemachine.types.ServeSpec`; carrying out a plan
+The pure core plans from :class:`statemachine.domain.types.ServeSpec`; carrying out a plan
 also needs a serve's timeouts, its health path, its ``up`` command (split, ``{dir}``
 substituted) with the folder it runs in and its extra environment. The manifest loader
 builds one :class:`ServeRuntime` per serve, once per manifest set

@@ -4,7 +4,7 @@
 execute → journal, the one sequence ``apply`` and ``run`` share), ``executor`` (the only
 code that mutates containers or calls the router and engines; it drives the lifecycle
 machine), ``steps`` (its step handlers, one module per family, and their dispatch
-table), ``sleep_steps`` (its sleep and wake steps), ``preflight`` (what it checks
+table), ``steps.sleep`` (its sleep and wake steps), ``preflight`` (what it checks
 before a plan's first mutation), ``starts`` (starts carried out beside the loop),
 ``loop`` (triggers, backoff bookkeeping, the state the interfaces read), ``wiring``
 (builds the executor and its adapters from the options), ``request_queue`` (the FIFO

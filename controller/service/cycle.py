@@ -30,9 +30,9 @@ from typing import Any, Protocol
 from controller.service.executor import ExecutionReport
 from controller.snapshot import SnapshotModel, snapshot_to_json
 from controller.store.journal import Journal
-from statemachine.plan import Action, Plan
-from statemachine.situation import Situation
-from statemachine.types import Observed
+from statemachine.answers.situation import Situation
+from statemachine.domain.types import Observed
+from statemachine.planning.plan_types import Action, Plan
 
 
 class CycleSteps(Protocol):
@@ -44,7 +44,7 @@ class CycleSteps(Protocol):
 
     def inputs(self, snap: SnapshotModel, observed: Observed) -> Situation:
         """The decision's inputs for this observation (what the loop learns from it
-        first): one :class:`~statemachine.situation.Situation`."""
+        first): one :class:`~statemachine.answers.situation.Situation`."""
         ...
 
     def plan(self, inputs: Situation) -> Plan:

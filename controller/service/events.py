@@ -54,9 +54,9 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Final
 
-from statemachine.ledger import Ledger, ledger_from_observed
-from statemachine.status import HostStatus, host_status
-from statemachine.types import DesiredState, Observed
+from statemachine.answers.status_report import HostStatus, host_status
+from statemachine.domain.types import DesiredState, Observed
+from statemachine.ledger.reservations import Ledger, ledger_from_observed
 
 #: The event kinds this controller publishes (the contract of docs/operations.md).
 KINDS: Final = frozenset(

@@ -1,6 +1,6 @@
 """The executor: carries out a plan's steps in order. The only code that mutates.
 
-``Executor.execute`` walks a :class:`statemachine.planner.Plan` step by step: each step
+``Executor.execute`` walks a :class:`statemachine.planning.plan_types.Plan` step by step: each step
 goes through the table of step handlers (:mod:`controller.service.steps.dispatch`:
 containers, router, elastic and sleep steps, each a function of the run's explicit
 context, :class:`~controller.service.steps.context.RunContext`), the serves' lifecycle
@@ -57,9 +57,13 @@ from controller.service.steps.results import (
 )
 from controller.service.steps.undo import undo_text
 from controller.store.journal import SleepRecord
-from statemachine.ledger import ledger_from_observed
-from statemachine.planner import Action, Plan, Step
-from statemachine.types import DesiredState, GpuObs, Observed
+from statemachine.domain.types import DesiredState, GpuObs, Observed
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import (
+    Action,
+    Plan,
+    Step,
+)
 
 __all__ = [
     "IMPLEMENTED_ACTIONS",

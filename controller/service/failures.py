@@ -5,7 +5,7 @@ record (:mod:`controller.service.records`): a serve the loop keeps running found
 (:meth:`FailureBook.note_deaths`), a failed start, wake or reload, a shrink refused or
 not yet answered, a start the preflight refused (:meth:`FailureBook.learn`,
 :meth:`FailureBook.after_preflight`), each counted by the backoff arithmetic of
-``statemachine/backoff.py``; the marks a step's outcome sets or clears (no sleep, no
+``statemachine/lifecycle/backoff.py``; the marks a step's outcome sets or clears (no sleep, no
 shrink); the stops whose memory NVML has not shown back yet
 (:meth:`FailureBook.still_unreleased`). :meth:`FailureBook.learn` also journals what
 the executor established (elastic figures, sleeps, what a stop ends).
@@ -27,11 +27,11 @@ from controller.service.records import RecordStore
 from controller.service.steps.results import ExecutionReport, Outcome, StepResult
 from controller.snapshot import SnapshotModel
 from controller.store.journal import Journal
-from statemachine import backoff
-from statemachine.backoff import Backoff
-from statemachine.plan import Action, Plan
-from statemachine.status import lifecycle_from_observation
-from statemachine.types import ContainerObs, DesiredRun, Observed, ServeSpec
+from statemachine.answers.status_report import lifecycle_from_observation
+from statemachine.domain.types import ContainerObs, DesiredRun, Observed, ServeSpec
+from statemachine.lifecycle import backoff
+from statemachine.lifecycle.backoff import Backoff
+from statemachine.planning.plan_types import Action, Plan
 
 
 class Declared(Protocol):

@@ -14,9 +14,9 @@ it at the points where memory moves:
   failed one (a move on the serve's roles, no sample: what moves is not its footprint).
 
 Each reading is the devices' used MiB and the containers' per-process figures
-(:class:`Reading`). Each window is a :class:`statemachine.footprint.Movement`; the
+(:class:`Reading`). Each window is a :class:`statemachine.sizing.footprint.Movement`; the
 serves whose windows overlap on the same GPU role are named in the sample, which is
-then not attributable (the arithmetic is :mod:`statemachine.footprint`'s). The loop
+then not attributable (the arithmetic is :mod:`statemachine.sizing.footprint`'s). The loop
 also hands every cycle's observation to :meth:`~FootprintRecorder.observe`: it raises
 the peak of the serves that run (while nothing else moved on their GPU since their
 start) and records changes it sees that no window covers (a crash, a start by hand)
@@ -41,7 +41,8 @@ from typing import Protocol, TypedDict
 
 from loguru import logger
 
-from statemachine.footprint import (
+from statemachine.domain.types import DesiredState, GpuRole, Observed, ServeSpec
+from statemachine.sizing.footprint import (
     Footprint,
     Movement,
     Sample,
@@ -51,7 +52,6 @@ from statemachine.footprint import (
     summarise,
     with_peak,
 )
-from statemachine.types import DesiredState, GpuRole, Observed, ServeSpec
 
 __all__ = [
     "DEFAULT_SETTLE_S",
@@ -148,7 +148,7 @@ class _Window:
 
 
 class _Measured(TypedDict):
-    """The terms a start's and a stop's sample share (``statemachine.footprint``)."""
+    """The terms a start's and a stop's sample share (``statemachine.sizing.footprint``)."""
 
     at: float
     declared_mib: int | None

@@ -29,7 +29,7 @@ from controller.service.footprints import Reading
 from controller.service.observe import observe_host
 from controller.service.wiring import containers_now
 from controller.snapshot import SnapshotModel
-from statemachine.types import Observed
+from statemachine.domain.types import Observed
 
 
 class HostReader:

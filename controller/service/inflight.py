@@ -7,8 +7,8 @@ tier) once per observation, and keeps, per serve, since when every reading has b
 stops and sleeps, :meth:`InFlightTracker.last_busy`), when it was first read awake
 after it was read asleep (``woke_at``), and each time it went busy (its uses,
 :meth:`InFlightTracker.uses`: how often it is asked for). The clock lives
-here; the pure core gets these times in :class:`statemachine.types.InFlightObs` and
-decides with them (:mod:`statemachine.idleness`, :mod:`statemachine.victims`).
+here; the pure core gets these times in :class:`statemachine.domain.types.InFlightObs` and
+decides with them (:mod:`statemachine.planning.idleness`, :mod:`statemachine.planning.victims`).
 
 An unknown reading (no answer, no metric) resets ``idle_since``: idleness is counted
 only across readings that all said 0. A serve that is not running is not read; one
@@ -40,7 +40,7 @@ from controller.adapters.engine_metrics import (
 from controller.adapters.router import router_token
 from controller.manifest import ManifestSet
 from controller.snapshot import InFlightModel, SnapshotModel
-from statemachine.reuse import MAX_USES
+from statemachine.planning.reuse import MAX_USES
 
 _HOLDING = ("running", "paused", "restarting")
 
@@ -91,7 +91,7 @@ class InFlightTracker:
         #: (when it was last used: what makes it a cheap victim or not)
         self._last_busy: dict[str, float] = {}
         #: serve -> when a count above 0 was read after one that was not (each a use;
-        #: the last MAX_USES), kept when it stops or sleeps (statemachine/reuse.py)
+        #: the last MAX_USES), kept when it stops or sleeps (statemachine/planning/reuse.py)
         self._uses: dict[str, deque[float]] = {}
         self._busy_now: set[str] = set()
         self._errors: dict[str, str | None] = {}
@@ -168,7 +168,7 @@ class InFlightTracker:
 
     def uses(self) -> dict[str, tuple[float, ...]]:
         """Serve -> when it was seen going busy (oldest first, the last
-        :data:`~statemachine.reuse.MAX_USES`), since this tracker began; serves never
+        :data:`~statemachine.planning.reuse.MAX_USES`), since this tracker began; serves never
         seen busy are absent."""
         with self._lock:
             return {n: tuple(u) for n, u in self._uses.items()}

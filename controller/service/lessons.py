@@ -24,11 +24,13 @@ from controller.service.executor import ExecutionReport, Outcome, StepResult
 from controller.service.footprints import Reading
 from controller.service.loop_state import LoopState
 from controller.snapshot import SnapshotModel
-from statemachine import backoff
-from statemachine.idleness import in_force
-from statemachine.ledger import Ledger
-from statemachine.planner import Action
-from statemachine.types import Observed
+from statemachine.domain.types import Observed
+from statemachine.ledger.reservations import Ledger
+from statemachine.lifecycle import backoff
+from statemachine.planning.idleness import in_force
+from statemachine.planning.plan_types import (
+    Action,
+)
 
 
 class LoopHandle(Protocol):
@@ -102,7 +104,7 @@ class Lessons:
         now, observed = result.inputs.now, result.observed
         desired = result.inputs.placed
         overlays.record_starts(s.journal, report, desired, now)
-        s.reloads.record(report.results)  # the wakes (and starts run in the plan) it timed
+        s.restore_times.record(report.results)  # the wakes (and starts run in the plan) it timed
         self.learn(report, now)
         self.track_tiers([r.to_json() for r in report.results])
         for r in report.results:
@@ -140,7 +142,7 @@ class Lessons:
         s = self.state
         report = ExecutionReport(results, Ledger({}), {})
         self.learn(report, time.time())
-        s.reloads.record(results)  # how long the cold start took, when it ended healthy
+        s.restore_times.record(results)  # how long the cold start took, when it ended healthy
         overlays.record_starts(s.journal, report, s.mset.desired(), time.time())
         self.track_tiers([r.to_json() for r in results])
         self.wake_when_a_hold_ends()

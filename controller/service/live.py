@@ -44,8 +44,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
 
-from statemachine.planner import Action, Step
-from statemachine.types import (
+from statemachine.domain.types import (
     ContainerObs,
     ContainerState,
     Observed,
@@ -53,6 +52,10 @@ from statemachine.types import (
     SleepState,
     StartedWith,
     StartingObs,
+)
+from statemachine.planning.plan_types import (
+    Action,
+    Step,
 )
 
 #: events kept at most (older ones are in every observation since)

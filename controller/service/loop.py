@@ -13,7 +13,7 @@ logs), and journals the cycle.
 
 Failure handling: a serve whose start fails, or whose container keeps dying, is held
 back with an exponential backoff (capped) that the planner reports as blocked; the
-first death after a healthy run is tried again at once (``statemachine/backoff.py``),
+first death after a healthy run is tried again at once (``statemachine/lifecycle/backoff.py``),
 and the loop wakes itself when a hold ends. With docker unreadable the planner fails
 closed, so nothing is started or stopped.
 
@@ -56,7 +56,7 @@ from controller.service import overlays
 from controller.service.footprints import FootprintRecorder
 from controller.service.live import StepEnded
 from controller.service.loop_state import LoopState, RunOptions
-from controller.service.manifest_reload import watch_manifests
+from controller.service.manifest_reread import watch_manifests
 from controller.service.reconciler import Reconciler
 from controller.service.starts import supervise_orphans
 from controller.service.view_sources import CycleSummary
@@ -67,7 +67,7 @@ from controller.store.journal import (
     StateLock,
     journal_path,
 )
-from statemachine.backoff import Backoff
+from statemachine.lifecycle.backoff import Backoff
 
 __all__ = ["Backoff", "Controller", "CycleSummary", "RunOptions"]
 
@@ -121,7 +121,7 @@ class Controller(LoopState):
     def request_up(self, serve: str, ttl_s: float | None) -> None:
         """Record an on-demand request (durable) and ask for a cycle."""
         # without a TTL of its own the request takes the serve's idle_ttl_s, measured as
-        # idleness where the serve has a source of in-flight counts (statemachine.idleness)
+        # idleness where the serve has a source of in-flight counts (statemachine.planning.idleness)
         self.journal.add_request(serve, time.time(), ttl_s)
         self.trigger(f"request up {serve}")
         self.changes.changed()
@@ -167,7 +167,7 @@ class Controller(LoopState):
         return summary
 
     async def watch_manifests(self) -> None:
-        """Watch the manifests' folders while the loop runs (see service.manifest_reload):
+        """Watch the manifests' folders while the loop runs (see service.manifest_reread):
         an edit marks the manifest set to be read again and asks for a cycle."""
         o = self.options
         await watch_manifests(o.manifests, o.debounce_ms, o.settle_ms, self._manifest_changed)

@@ -4,7 +4,7 @@
 and its problems, the journal, the serves' records, the starts, the readers of the
 host, the event bus, the newest observation — and the answers read from it: the
 desired state, the policy and the situation, and the frozen :class:`LoopView` the
-interfaces read (``controller.service.view``). :class:`controller.service.loop.Controller`
+interfaces read (``controller.service.loop_port``). :class:`controller.service.loop.Controller`
 is this state with the loop around it; :class:`controller.service.reconciler.Reconciler`
 runs each cycle over it.
 
@@ -35,22 +35,24 @@ from controller.service.footprints import DEFAULT_SETTLE_S, FootprintRecorder
 from controller.service.host_reader import HostNotices, HostReader
 from controller.service.inflight import InFlightTracker
 from controller.service.live import LiveLedger
-from controller.service.manifest_reload import RouterNotice
+from controller.service.loop_port import JournalHistory, LoopView
+from controller.service.manifest_reread import RouterNotice
 from controller.service.records import FieldMap, MarkSet, RecordStore
-from controller.service.reloads import ReloadBook
+from controller.service.restore_times import RestoreBook
 from controller.service.start_outcomes import StartOutcomes
 from controller.service.starts import StartTracker
-from controller.service.view import JournalHistory, LoopView
 from controller.service.view_sources import CycleSummary, ViewSources, loop_view
 from controller.service.watch import QUIET_MS
 from controller.snapshot import SnapshotModel
 from controller.store.journal import Journal, default_state_dir
-from statemachine import backoff
-from statemachine.backoff import Backoff
-from statemachine.planner import Policy
-from statemachine.reload import ReloadEstimate
-from statemachine.situation import Situation
-from statemachine.types import DesiredState, Observed, OnDemandRequest
+from statemachine.answers.situation import Situation
+from statemachine.domain.types import DesiredState, Observed, OnDemandRequest
+from statemachine.lifecycle import backoff
+from statemachine.lifecycle.backoff import Backoff
+from statemachine.planning.plan_types import (
+    Policy,
+)
+from statemachine.planning.restore_cost import RestoreEstimate
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +105,7 @@ class LoopState:
         #: requests in flight per serve, and since when each has been idle
         self.in_flight = InFlightTracker()
         #: the cold starts and wakes this loop (and earlier ones, in the journal) timed
-        self.reloads = ReloadBook(lambda: getattr(self, "journal", None))
+        self.restore_times = RestoreBook(lambda: getattr(self, "journal", None))
         self.prober = HealthProber()  # each observation's health probes (status, page)
         #: asks engines that sleep by themselves whether they sleep (status, page)
         self.self_sleep = SelfSleepReader()
@@ -186,7 +188,7 @@ class LoopState:
             desired,
             observed,
             now,
-            measured=self.reloads.measured(desired.serves),
+            measured=self.restore_times.measured(desired.serves),
             busy_at=self.in_flight.last_busy(),
             uses=self.in_flight.uses(),
             no_shrink=self.no_shrink,
@@ -204,7 +206,7 @@ class LoopState:
         observed = view.observed() or Observed(docker_ok=False)
         return replace(self.situation_for(observed, now), records=view.records)
 
-    def reload_estimates(self) -> dict[str, ReloadEstimate]:
+    def restore_estimates(self) -> dict[str, RestoreEstimate]:
         """Each serve's reload cost and its basis (measured, declared; the serves with
         neither are absent), over the manifest in force (``status``)."""
         reload = self.situation_for(Observed(docker_ok=False), time.time()).reload

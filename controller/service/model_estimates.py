@@ -1,17 +1,17 @@
 """Each serve's model estimate, from its ``[serve.model]`` (docs/sizing.md).
 
 :func:`serve_estimate` reads a serve's model files (``controller.adapters.model_files``)
-and gives ``statemachine.sizing``'s estimate for the context, cache dtype and parallel
+and gives ``statemachine.sizing.needs``'s estimate for the context, cache dtype and parallel
 sequences the manifest declares, or a :class:`ModelUnreadable` naming the file: never an
 exception, so ``status``, ``fit`` and the page keep answering when a model folder is not
 mounted yet. Answers are cached by the path and the modification times of what is read
 (the file or folder, its entries, the ``config.json`` beside a file), so a status or a
 page polled every second reads headers only when the files change.
 :func:`serve_models` gives every serve's entry as the answers print it
-(``statemachine.model_fit``'s check and figures); :func:`limit_inputs` gives ``render`` and
-``lint --compose`` the same figures as ``statemachine.enforce``'s inputs.
+(``statemachine.sizing.model_fit``'s check and figures); :func:`limit_inputs` gives ``render`` and
+``lint --compose`` the same figures as ``statemachine.flags.model_limits``'s inputs.
 
-This module must not decide anything (the comparisons are ``statemachine.model_fit``'s)
+This module must not decide anything (the comparisons are ``statemachine.sizing.model_fit``'s)
 nor write a file.
 """
 
@@ -27,13 +27,14 @@ from controller.adapters.model_files import ModelFileError, read_model
 from controller.manifest import LocatedError, ManifestSet
 from controller.manifest.runtime import ModelRef
 from controller.tools.compose_lint import serve_flag_budget
-from statemachine import engines, sizing
-from statemachine.enforce import Model, ModelInput
+from statemachine import engines
+from statemachine.domain.types import ServeSpec
 from statemachine.engines.spec import Engine
-from statemachine.kv_layout import engine_kv_term
-from statemachine.model_fit import ModelTerms, calibrate_verdict
-from statemachine.types import ServeSpec
-from statemachine.verdict import load_verdict
+from statemachine.flags.model_limits import Model, ModelInput
+from statemachine.flags.verdict import load_verdict
+from statemachine.sizing import needs as sizing
+from statemachine.sizing.kv_layout import engine_kv_term
+from statemachine.sizing.model_fit import ModelTerms, calibrate_verdict
 
 __all__ = [
     "ModelUnreadable",
@@ -129,7 +130,8 @@ def serve_estimate(
 
 
 def terms_of(est: sizing.Estimate, roles: int) -> ModelTerms:
-    """The figures ``statemachine.model_fit`` compares, for a serve on ``roles`` GPU roles."""
+    """The figures ``statemachine.sizing.model_fit`` compares, for a serve on ``roles`` GPU
+    roles."""
     return ModelTerms(
         weights_bytes=est.weights.bytes,
         kv_bytes=est.kv.bytes,
@@ -168,7 +170,7 @@ def _entry(
     ref: ModelRef, spec: ServeSpec, measured: Mapping[str, int | None] | None, eng: _Engine
 ) -> Entry:
     """One serve's model entry: what it declares, the estimate's terms, the check (the
-    one verdict, :func:`statemachine.verdict.load_verdict`), and with ``measured`` the
+    one verdict, :func:`statemachine.flags.verdict.load_verdict`), and with ``measured`` the
     measured footprint and the calibration verdict."""
     out: Entry = {
         "path": str(ref.path),
@@ -203,7 +205,7 @@ def serve_models(
     """Each serve that declares a ``[serve.model]``: its entry (``error`` naming the file
     when it cannot be read; ``check`` ``null`` without a reservation on a GPU role).
     With ``measured`` (serve -> measured footprint MiB, ``None``: none), each entry also
-    has ``measured_mib`` and ``calibration`` (``statemachine.model_fit``'s verdict)."""
+    has ``measured_mib`` and ``calibration`` (``statemachine.sizing.model_fit``'s verdict)."""
     desired = mset.desired()
     out: dict[str, Entry] = {}
     for name, rt in mset.runtime().items():

@@ -23,7 +23,7 @@ from controller.adapters.self_sleep import SelfSleepReader
 from controller.manifest import ManifestSet
 from controller.snapshot import Probe, SnapshotModel
 from statemachine import engines
-from statemachine.types import ContainerState
+from statemachine.domain.types import ContainerState
 
 
 def observe_host(

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 
 from controller.manifest import ManifestSet
 from controller.snapshot import SnapshotModel, StartedWithModel, epoch_seconds
-from statemachine.types import DesiredState, ServeSpec, StartedWith
+from statemachine.domain.types import DesiredState, ServeSpec, StartedWith
 
 #: the container states that hold a reservation
 HOLDING = ("running", "paused", "restarting")

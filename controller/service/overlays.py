@@ -33,8 +33,10 @@ from controller.service.overlay_rules import (
 from controller.service.sleeping import observe_sleep
 from controller.snapshot import SleepStateModel, SnapshotModel, StartedWithModel
 from controller.store.journal import Journal, SleepRecord
-from statemachine.planner import Action
-from statemachine.types import DesiredState, StartedWith
+from statemachine.domain.types import DesiredState, StartedWith
+from statemachine.planning.plan_types import (
+    Action,
+)
 
 
 class JournalOverlays:

@@ -22,9 +22,16 @@ from controller.adapters.docker.actions import ActionError
 from controller.adapters.router import RouterClient
 from controller.service.steps.context import ExecutorReads
 from controller.service.steps.dispatch import IMPLEMENTED_ACTIONS
-from statemachine.gpu_vars import Unknown, UnknownPlaceholderError, gpu_placement
-from statemachine.planner import Action, Plan, Step, conflict
-from statemachine.types import DesiredState, Observed, ServeSpec
+from statemachine.domain.types import DesiredState, Observed, ServeSpec
+from statemachine.ledger.gpu_vars import Unknown, UnknownPlaceholderError, gpu_placement
+from statemachine.planning.plan_types import (
+    Action,
+    Plan,
+    Step,
+)
+from statemachine.planning.planner import (
+    conflict,
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,8 +8,8 @@ that never will, those past their deadline, and those nobody waits for any more,
 publishes ``request.admitted`` / ``request.ended`` on the event bus. ``up`` with
 ``"queue": true`` adds to it; ``down`` ends a queued request.
 
-:func:`decide_live` is the one way an ``up`` is decided on the live observation
-(:func:`statemachine.up_decision.decide_up`), for the pump and the API alike.
+:func:`decide_up_on_live` is the one way an ``up`` is decided on the live observation
+(:func:`statemachine.answers.up_decision.decide_up`), for the pump and the API alike.
 
 It changes the loop only through the port's ``request_up``; it serves no HTTP (the API,
 :mod:`controller.interfaces.api`, reads and adds to its queue).
@@ -23,17 +23,17 @@ from typing import Any
 from loguru import logger
 
 from controller.service.events import EventBus
+from controller.service.loop_port import LoopPort, LoopView
 from controller.service.request_queue import SETTLE_S, QueueEntry, RequestQueue, blocked_now
-from controller.service.view import LoopPort, LoopView
-from statemachine.admission import could_fit_later
-from statemachine.idleness import in_force
-from statemachine.types import DesiredState, Observed, OnDemandRequest
-from statemachine.up_decision import UpDecision
+from statemachine.answers.up_decision import UpDecision
+from statemachine.domain.types import DesiredState, Observed, OnDemandRequest
+from statemachine.planning.admission import could_fit_later
+from statemachine.planning.idleness import in_force
 
 
-def decide_live(controller: LoopPort, serve: str, retry_after_s: float) -> UpDecision:
+def decide_up_on_live(controller: LoopPort, serve: str, retry_after_s: float) -> UpDecision:
     """The answer to ``up`` for ``serve`` from the loop's live situation
-    (:meth:`statemachine.situation.Situation.up`)."""
+    (:meth:`statemachine.answers.situation.Situation.up`)."""
     return controller.situation().up(serve, default_retry_s=retry_after_s)
 
 
@@ -41,7 +41,7 @@ def active_requests(
     controller: LoopPort, now: float, observed: Observed | None = None
 ) -> dict[str, OnDemandRequest]:
     """The recorded requests in force at ``now``, by serve: the planner's rule
-    (:func:`statemachine.idleness.in_force`) on ``observed`` (``None``: the loop's live
+    (:func:`statemachine.planning.idleness.in_force`) on ``observed`` (``None``: the loop's live
     observation)."""
     if observed is None:
         observed = controller.view().observed() or Observed(docker_ok=False)
@@ -133,7 +133,7 @@ class QueuePump:
             self.queue.leave(entry, "impossible", now, 404, {"error": f"{entry.serve} is gone"})
             self.notify("request_ended", serve=entry.serve, outcome="impossible")
             return
-        decision = decide_live(self.controller, entry.serve, self.retry_after_s)
+        decision = decide_up_on_live(self.controller, entry.serve, self.retry_after_s)
         if decision.status == 202:
             self.controller.request_up(entry.serve, entry.ttl_s)
             self.queue.leave(entry, "admitted", now, 202, {"message": decision.message})

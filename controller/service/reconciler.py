@@ -31,15 +31,17 @@ from controller.service.executor import ExecutionReport, Executor
 from controller.service.inflight import observe_in_flight
 from controller.service.lessons import Lessons, LoopHandle
 from controller.service.loop_state import LoopState
-from controller.service.manifest_reload import read_manifests
+from controller.service.manifest_reread import read_manifests
 from controller.service.observe import observe_probes, observe_self_sleep
 from controller.service.view_sources import CycleSummary
 from controller.service.wiring import make_executor, read_gpus
 from controller.snapshot import SnapshotModel, StartedWithModel, StartingModel
-from statemachine.pending import asked_as_of
-from statemachine.planner import Plan
-from statemachine.situation import Situation
-from statemachine.types import Observed, OnDemandRequest
+from statemachine.answers.pending import asked_as_of
+from statemachine.answers.situation import Situation
+from statemachine.domain.types import Observed, OnDemandRequest
+from statemachine.planning.plan_types import (
+    Plan,
+)
 
 
 @dataclass(slots=True)
@@ -65,7 +67,7 @@ class Reconciler:
         s = self.state
         t0 = time.monotonic()
         if s.manifest_dirty:  # parsed in a thread: the API answers meanwhile
-            await asyncio.to_thread(self.reload_manifest)
+            await asyncio.to_thread(self.reread_manifest)
         result = await run_cycle(self, execute=not s.options.dry_run)
         plan, report = result.plan, result.report
         summary = CycleSummary(result.inputs.now, reasons, plan, None, result.snapshot)
@@ -227,7 +229,7 @@ class Reconciler:
             preflight=list(outcome.get("preflight", [])),
         )
 
-    def reload_manifest(self) -> None:
+    def reread_manifest(self) -> None:
         """Re-read the manifest set: a valid edit comes into force (its executor is built
         again, its declarations journalled); an invalid one is reported, the last good
         set stays in force."""

@@ -1,4 +1,5 @@
-"""The store of the serve records: one :class:`~statemachine.serve_record.ServeRecord` per serve.
+"""The store of the serve records: one :class:`~statemachine.lifecycle.serve_record.ServeRecord` per
+serve.
 
 The store keeps each serve's record, with its lifecycle state remembered in the journal
 (table ``serve_records``): loaded when the controller starts, so a serve's lifecycle
@@ -7,7 +8,7 @@ forward
 
 - by observation (:meth:`RecordStore.observe`, once per observation of the loop): each
   record along the declared path to what its container shows
-  (:func:`statemachine.serve_record.observe`);
+  (:func:`statemachine.lifecycle.serve_record.observe`);
 - by execution: the executor takes its machines from the records
   (:meth:`RecordStore.machines`, each moved to the plan's reading of its container) and
   the machines' states after the plan come back (:meth:`RecordStore.settle`).
@@ -23,7 +24,7 @@ The store is thread-safe (a start carried out beside the loop settles its machin
 its own thread).
 
 This module must not decide what to do, nor touch docker or NVML: it moves records
-with the pure functions of ``statemachine/serve_record.py`` and writes the journal.
+with the pure functions of ``statemachine/lifecycle/serve_record.py`` and writes the journal.
 """
 
 from __future__ import annotations
@@ -39,16 +40,16 @@ from typing import Any, Generic, TypeVar
 from loguru import logger
 
 from controller.store.journal import Journal
-from statemachine.backoff import Backoff
-from statemachine.lifecycle import LifecycleState, ServeLifecycle, Trigger
-from statemachine.serve_record import (
+from statemachine.domain.types import DesiredState, Observed
+from statemachine.lifecycle.backoff import Backoff
+from statemachine.lifecycle.machine import LifecycleState, ServeLifecycle, Trigger
+from statemachine.lifecycle.serve_record import (
     ServeRecord,
     observation_path,
     observe,
     plan_reading,
     reading,
 )
-from statemachine.types import DesiredState, Observed
 
 V = TypeVar("V")
 
@@ -155,7 +156,7 @@ class RecordStore:
         self, names: Iterable[str], desired: DesiredState, observed: Observed
     ) -> dict[str, ServeLifecycle]:
         """One lifecycle machine per serve named, from its record moved to the plan's
-        reading of its container (:func:`statemachine.serve_record.plan_reading`)."""
+        reading of its container (:func:`statemachine.lifecycle.serve_record.plan_reading`)."""
         out: dict[str, ServeLifecycle] = {}
         for name in dict.fromkeys(names):
             obs = observed.container(desired.serves[name].container)

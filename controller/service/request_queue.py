@@ -21,8 +21,8 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from controller.service.view import LoopView
-from statemachine.types import ServeSpec
+from controller.service.loop_port import LoopView
+from statemachine.domain.types import ServeSpec
 
 #: requests that may wait in one GPU role's queue
 MAX_QUEUED_PER_ROLE = 8

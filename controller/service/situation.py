@@ -1,6 +1,6 @@
 """A situation from a snapshot and the state directory's journal (docs/design.md).
 
-The running loop builds its :class:`~statemachine.situation.Situation` from what it
+The running loop builds its :class:`~statemachine.answers.situation.Situation` from what it
 holds (``Controller.situation``). Everything that answers without the loop — ``vramctl
 status``, ``fit``, ``plan``, ``apply``, ``replay`` and the stdio MCP server — builds it
 here, from one observation and the journal the loop keeps (read only): the requests,
@@ -36,9 +36,9 @@ from controller.store.journal import (
     StateDirError,
     journal_to_read,
 )
-from statemachine.reload import measured_from
-from statemachine.situation import Situation
-from statemachine.types import OnDemandRequest, StartedWith
+from statemachine.answers.situation import Situation
+from statemachine.domain.types import OnDemandRequest, StartedWith
+from statemachine.planning.restore_cost import measured_from
 
 __all__ = ["JournalRecords", "read_journal", "snapshot_situation", "taken_at"]
 
@@ -54,7 +54,7 @@ class JournalRecords:
     elastic: Mapping[str, int] = field(default_factory=dict)
     elastic_set_at: Mapping[str, float] = field(default_factory=dict)
     quiesced: tuple[str, ...] = ()
-    reloads: Mapping[str, Mapping[str, list[float]]] = field(default_factory=dict)
+    restore_times: Mapping[str, Mapping[str, list[float]]] = field(default_factory=dict)
     #: the policy of the newest recorded cycle (``Policy.to_json()``), if any
     policy: Mapping[str, Any] | None = None
 
@@ -80,7 +80,7 @@ def read_journal(state_dir: Path) -> tuple[JournalRecords | None, str | None]:
                 elastic=j.elastic(),
                 elastic_set_at=j.elastic_set_at(),
                 quiesced=tuple(j.quiesced()),
-                reloads=j.reloads(),
+                restore_times=j.restore_times(),
                 policy=last[-1].policy if last else None,
             ), None
     except JournalError as exc:  # it names the file
@@ -115,7 +115,9 @@ def snapshot_situation(
     snap = _overlaid(mset, snap, records)
     requests = tuple(r for r in records.requests if r.serve in desired.serves)
     desired = replace(desired, requests=requests)
-    measured = {n: m for n, m in measured_from(records.reloads).items() if n in desired.serves}
+    measured = {
+        n: m for n, m in measured_from(records.restore_times).items() if n in desired.serves
+    }
     recorded = records.policy or {}
     serves = set(desired.serves)
     return Situation.of(

@@ -33,7 +33,7 @@ from controller.service.pauses import pauses
 from controller.snapshot import SleepStateModel, SnapshotModel
 from controller.store.journal import SleepRecord
 from statemachine import engines
-from statemachine.types import DesiredState, ServeSpec
+from statemachine.domain.types import DesiredState, ServeSpec
 
 __all__ = [
     "ASLEEP",

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from loguru import logger
 
 from controller.store.journal import Journal, UpRecord
-from statemachine.types import StartingObs
+from statemachine.domain.types import StartingObs
 
 #: how long an orphaned ``up`` gets to exit after SIGTERM before its group is killed
 ORPHAN_KILL_GRACE_S = 10.0

@@ -1,7 +1,8 @@
-"""What the control loop's frozen view is made of, and the view made from it (see service.view).
+"""What the control loop's frozen view is made of, and the view made from it (see
+service.loop_port).
 
 :class:`CycleSummary` is what the last cycle saw and did; :func:`loop_view` makes the
-:class:`controller.service.view.LoopView` the interfaces read from it, the newest
+:class:`controller.service.loop_port.LoopView` the interfaces read from it, the newest
 observation (which may be newer than the last cycle's), the manifest in force, the
 backoff, the footprints and the models' estimates (read again only when
 their files change). Every input is given explicitly; the view is a copy.
@@ -20,12 +21,12 @@ from controller.manifest import LocatedError, ManifestSet
 from controller.service.executor import ExecutionReport
 from controller.service.footprints import FootprintRecorder
 from controller.service.live import LiveLedger
+from controller.service.loop_port import BackoffView, LoopView
 from controller.service.model_estimates import serve_models
 from controller.service.records import RecordStore
-from controller.service.view import BackoffView, LoopView
 from controller.snapshot import SnapshotModel
-from statemachine.backoff import Backoff
-from statemachine.plan import Plan
+from statemachine.lifecycle.backoff import Backoff
+from statemachine.planning.plan_types import Plan
 
 
 @dataclass

@@ -21,7 +21,7 @@ from controller.manifest import ManifestSet
 from controller.service.executor import Executor, ExecutorConfig, StepResult
 from controller.service.footprints import Footprints
 from controller.service.starts import StartTracker
-from statemachine.types import GpuObs, Observed
+from statemachine.domain.types import GpuObs, Observed
 
 
 def read_gpus(api: NvmlApi | None = None) -> tuple[GpuObs, ...] | None:

@@ -20,12 +20,12 @@ as ``journal.sqlite3``, beside the single-instance lock ``vramctl.lock``
   serve, gpu roles, MiB), kept until it stops, so that no manifest edit, and no
   restart of the controller, gives its memory away;
 - **footprints**: the measured footprint samples of each serve (one per start or stop
-  and GPU role, ``statemachine.footprint.Sample`` JSON), the newest
+  and GPU role, ``statemachine.sizing.footprint.Sample`` JSON), the newest
   ``DEFAULT_KEEP_FOOTPRINTS`` per serve, so calibration survives restarts.
 - **reloads**: how long each cold start and each wake the controller carried out took
   until the serve was healthy (serve, kind ``cold`` or ``wake``, seconds, when), the
   newest ``DEFAULT_KEEP_RELOADS`` per serve and kind: what bringing a serve back costs
-  (``statemachine/reload.py``) survives restarts.
+  (``statemachine/planning/restore_cost.py``) survives restarts.
 - **quiesced**: the serves whose router tier the controller quiesced and has not seen
   readmitted (nor stopped), so that a restart of the controller still readmits them.
 - **serve_records**: each serve's lifecycle state as the controller last moved it
@@ -79,8 +79,8 @@ from controller.store.lock import (
     StateDirError,
     StateLock,
 )
-from statemachine.reload import COLD, WAKE
-from statemachine.types import OnDemandRequest, StartedWith
+from statemachine.domain.types import OnDemandRequest, StartedWith
+from statemachine.planning.restore_cost import COLD, WAKE
 
 __all__ = [
     "JOURNAL_NAME",
@@ -183,7 +183,7 @@ CREATE TABLE IF NOT EXISTS footprints (
     kind   TEXT NOT NULL,              -- start | stop
     role   TEXT NOT NULL,
     at     REAL NOT NULL,
-    sample TEXT NOT NULL               -- JSON: statemachine.footprint.Sample.to_json()
+    sample TEXT NOT NULL               -- JSON: statemachine.sizing.footprint.Sample.to_json()
 );
 CREATE INDEX IF NOT EXISTS footprints_serve ON footprints (serve, id);
 CREATE TABLE IF NOT EXISTS quiesced (
@@ -203,7 +203,7 @@ CREATE TABLE IF NOT EXISTS sleeping (
     seen_at      REAL
 );
 CREATE TABLE IF NOT EXISTS serve_records (
-    serve     TEXT PRIMARY KEY,        -- one record per serve (statemachine/serve_record.py)
+    serve     TEXT PRIMARY KEY,     -- one record per serve (statemachine/lifecycle/serve_record.py)
     lifecycle TEXT NOT NULL,           -- its lifecycle state, as the machine last left it
     at        REAL NOT NULL            -- when it was last moved
 );
@@ -843,7 +843,7 @@ class MeasureLog(JournalFile):
         return [(int(r[0]), json.loads(r[1])) for r in rows]
 
     # ---------------------------------------------------------------- reloads
-    def add_reload(
+    def add_restore(
         self,
         serve: str,
         kind: str,
@@ -870,7 +870,7 @@ class MeasureLog(JournalFile):
                 (serve, kind, serve, kind, keep),
             )
 
-    def reloads(self) -> dict[str, dict[str, list[float]]]:
+    def restore_times(self) -> dict[str, dict[str, list[float]]]:
         """Serve -> kind -> the recorded seconds, oldest first (empty without any)."""
         with self._lock:
             try:

@@ -2,7 +2,7 @@
 
 This module reads Docker Compose files (YAML), takes each service's command line
 (``entrypoint`` + ``command``, interpolated and split the way compose does), maps the
-services to the manifest's serves, and asks :mod:`statemachine.engine_flags` whether each
+services to the manifest's serves, and asks :mod:`statemachine.flags.fraction` whether each
 serve's memory-fraction flag (vLLM ``--gpu-memory-utilization``, SGLang
 ``--mem-fraction-static``) holds the engine to its ``vram_mib`` (docs/design.md §3).
 
@@ -27,7 +27,7 @@ that sets a fraction for no serve, a serve with no reservation or an engine with
 a flag, a value taken from a ``${VARIABLE}``, a flag given twice (the last wins).
 
 For a serve with ``[serve.model]`` the engine's limit flags are checked too
-(:mod:`statemachine.enforce`: vLLM ``--max-model-len``, SGLang ``--context-length``,
+(:mod:`statemachine.flags.model_limits`: vLLM ``--max-model-len``, SGLang ``--context-length``,
 llama.cpp ``--n-gpu-layers`` and ``--ctx-size``), from the model's figures the caller
 read (``models``: this module reads no model file); onnx-genai's ``--vram-limit`` needs
 only the reservation. A missing or too-large value is an error with every term, as is a
@@ -61,22 +61,7 @@ import yaml
 from controller.manifest import ManifestSet, ServeModel
 from controller.manifest.models import ModelModel
 from statemachine import engines
-from statemachine.enforce import (
-    CacheTypeRender,
-    ElasticRender,
-    Limit,
-    Model,
-    ModelInput,
-    check_cache_types,
-    check_elastic,
-    check_limit,
-    fits_to_reservation,
-    found_value,
-    render_cache_types,
-    render_elastic,
-    render_limits,
-)
-from statemachine.engine_flags import (
+from statemachine.flags.fraction import (
     DEFAULT_PLACES,
     DEFAULT_TOLERANCE,
     SOURCE_NVML,
@@ -98,9 +83,24 @@ from statemachine.engine_flags import (
     role_totals,
     sleep_needs,
 )
-from statemachine.model_fit import ReservationCheck
-from statemachine.self_sleep import check_self_sleep
-from statemachine.verdict import load_verdict, model_terms
+from statemachine.flags.model_limits import (
+    CacheTypeRender,
+    ElasticRender,
+    Limit,
+    Model,
+    ModelInput,
+    check_cache_types,
+    check_elastic,
+    check_limit,
+    fits_to_reservation,
+    found_value,
+    render_cache_types,
+    render_elastic,
+    render_limits,
+)
+from statemachine.flags.self_sleep import check_self_sleep
+from statemachine.flags.verdict import load_verdict, model_terms
+from statemachine.sizing.model_fit import ReservationCheck
 
 __all__ = [
     "CheckedServe",
@@ -402,7 +402,7 @@ class RenderedServe:
     elastic: ElasticRender | None = None
     #: the KV cache type flags, for a serve whose ``kv_dtype`` is not its engine's default
     cache_types: CacheTypeRender | None = None
-    #: the one verdict on its model (statemachine/verdict.py; ``None``: no model known)
+    #: the one verdict on its model (statemachine/flags/verdict.py; ``None``: no model known)
     verdict: ReservationCheck | None = None
 
     @property
@@ -489,7 +489,7 @@ def _check_cache_types(
 def _check_self_sleep(
     serve: ServeModel, service: ComposeService, engine: str | None
 ) -> list[Finding]:
-    """The note on an engine that sleeps by itself (statemachine/self_sleep.py)."""
+    """The note on an engine that sleeps by itself (statemachine/flags/self_sleep.py)."""
     found = engines.lookup(engine)
     if found is None or found.self_sleep is None:
         return []
@@ -651,7 +651,7 @@ def render_serve(
 def _verdict(
     serve: ServeModel, engine: str | None, model: Model | None, budget: tuple[int, str] | None
 ) -> ReservationCheck | None:
-    """The one verdict on ``serve``'s model (statemachine/verdict.py), where its files
+    """The one verdict on ``serve``'s model (statemachine/flags/verdict.py), where its files
     were read and it has a reservation on a GPU role."""
     if not isinstance(model, ModelInput) or serve.vram_mib is None or not serve.roles:
         return None

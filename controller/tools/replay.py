@@ -13,7 +13,7 @@ or for one observed snapshot file, :func:`replay` rebuilds the planner's inputs:
   recorded before the journal kept it, or a snapshot, plans with the default policy;
   a ``policy`` given to :func:`replay` replaces the recorded one;
 
-and calls the current :func:`statemachine.planner.plan_transitions`. The new plan's
+and calls the current :func:`statemachine.planning.planner.plan_transitions`. The new plan's
 steps are compared with the recorded plan's as ``"action serve mib"`` lines (difflib), with a
 ``"placed serve on role"`` line per placement decision,
 and the sets of blocked serves are compared too.
@@ -39,9 +39,11 @@ from rich.markup import escape
 from controller.manifest import ManifestSet
 from controller.snapshot import SnapshotError, parse_snapshot
 from controller.store.journal import CycleRecord, Journal, JournalError
-from statemachine.planner import Policy
-from statemachine.situation import Situation
-from statemachine.types import OnDemandRequest
+from statemachine.answers.situation import Situation
+from statemachine.domain.types import OnDemandRequest
+from statemachine.planning.plan_types import (
+    Policy,
+)
 
 __all__ = [
     "SQLITE_MAGIC",

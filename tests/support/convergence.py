@@ -1,7 +1,7 @@
 """Convergence, checked on a planner input: plan, apply, plan again is empty.
 
 :func:`assert_converges` plans, applies the plan with the simulator
-(:func:`statemachine.simulate.apply_plan`: every step succeeded), checks that the ledger
+(:func:`statemachine.planning.simulate.apply_plan`: every step succeeded), checks that the ledger
 the applied observation yields is the plan's ledger after (GPU roles and host RAM), and
 plans again: that plan must be empty.
 
@@ -51,11 +51,11 @@ from __future__ import annotations
 import json
 from dataclasses import replace
 
-from statemachine.ledger import ledger_from_observed
-from statemachine.plan import Action, Plan
-from statemachine.planner import plan_transitions
-from statemachine.simulate import apply_plan
-from statemachine.types import DesiredState, Observed
+from statemachine.domain.types import DesiredState, Observed
+from statemachine.ledger.reservations import ledger_from_observed
+from statemachine.planning.plan_types import Action, Plan
+from statemachine.planning.planner import plan_transitions
+from statemachine.planning.simulate import apply_plan
 from support.strategies import Scenario
 
 #: the reason of a start held back for a loading peer (docs/operations.md, blocked texts)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from statemachine.types import Residency, ServeSpec
+from statemachine.domain.types import Residency, ServeSpec
 
 
 def spec(

@@ -15,7 +15,7 @@ from typing import Any
 from controller.adapters.elastic import ElasticClient
 from controller.service.executor import Executor, ExecutorConfig
 from controller.snapshot import ContainerModel
-from statemachine.types import ContainerState, DesiredState
+from statemachine.domain.types import ContainerState, DesiredState
 
 
 class FakeContainers:

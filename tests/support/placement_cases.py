@@ -6,9 +6,9 @@ Shared by the placement tests; nothing here asserts.
 
 from __future__ import annotations
 
-from statemachine import types as sm
-from statemachine.plan import Plan, Policy
-from statemachine.planner import plan_transitions
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import Plan, Policy
+from statemachine.planning.planner import plan_transitions
 from support.core import spec as core_spec
 
 NOW = 1_000_000.0

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from statemachine import types as sm
+from statemachine.domain import types as sm
 from support.core import spec
 
 NOW = 10_000.0

@@ -9,9 +9,15 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from statemachine import types as sm
-from statemachine.planner import Plan, Policy, plan_transitions
-from statemachine.simulate import ledger_prefixes
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import (
+    Plan,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
+from statemachine.planning.simulate import ledger_prefixes
 from support.plan_cases import NOW, Case, _build
 
 ELASTIC = "http://127.0.0.1:1"

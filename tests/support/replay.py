@@ -22,9 +22,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from statemachine.ledger import Ledger, Refusal
-from statemachine.plan import Action, Plan, Step
-from statemachine.simulate import ledger_prefixes
+from statemachine.ledger.reservations import Ledger, Refusal
+from statemachine.planning.plan_types import Action, Plan, Step
+from statemachine.planning.simulate import ledger_prefixes
 
 
 @dataclass

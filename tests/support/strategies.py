@@ -34,8 +34,14 @@ from hypothesis import strategies as st
 from hypothesis.internal.cache import LRUCache
 from hypothesis.internal.conjecture import providers
 
-from statemachine import types as sm
-from statemachine.planner import Plan, Policy, plan_transitions
+from statemachine.domain import types as sm
+from statemachine.planning.plan_types import (
+    Plan,
+    Policy,
+)
+from statemachine.planning.planner import (
+    plan_transitions,
+)
 
 T = TypeVar("T")
 

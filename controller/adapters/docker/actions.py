@@ -65,7 +65,7 @@ from controller.adapters.docker.read import (
 )
 from controller.adapters.retry import AdapterError, RetryKnobs, attempts_of, exhausted
 from controller.snapshot import ContainerModel
-from statemachine.gpu_vars import GPU_ENV_NAMES
+from statemachine.ledger.gpu_vars import GPU_ENV_NAMES
 
 __all__ = [
     "DEFAULT_LOG_TAIL",
@@ -136,7 +136,7 @@ def up_env_pass_names(environ: Mapping[str, str] | None = None) -> tuple[str, ..
 
     Raises :class:`ValueError` saying which name is wrong: one that is not a variable
     name, one of the controller's secrets (:data:`UP_ENV_NEVER`), or one the controller
-    sets for each start (``VRAMCTL_GPU_*``, :mod:`statemachine.gpu_vars`).
+    sets for each start (``VRAMCTL_GPU_*``, :mod:`statemachine.ledger.gpu_vars`).
     """
     source = os.environ if environ is None else environ
     names = tuple(dict.fromkeys(source.get(UP_ENV_PASS_VAR, "").replace(",", " ").split()))

@@ -7,7 +7,7 @@ vocabulary (docs/design.md §5), its Docker healthcheck status where it has one,
 time (the ISO 8601 string Docker gives), its exit code, whether the kernel OOM-killed
 it, and its Compose labels (``com.docker.compose.project`` / ``.service``): the pure core
 tells a serve's own container from another project's by the project label
-(:func:`statemachine.types.foreign_project`, docs/design.md §3). Containers
+(:func:`statemachine.domain.types.foreign_project`, docs/design.md §3). Containers
 that request GPUs but that no manifest declares are listed as *undeclared GPU
 containers* (docs/design.md §3, drift).
 
@@ -85,7 +85,7 @@ from docker.errors import DockerException, NotFound
 
 from controller.adapters.docker.reach import docker_endpoint, unreachable_message
 from controller.snapshot import ContainerModel, GpuModel, SnapshotModel
-from statemachine.types import ContainerState
+from statemachine.domain.types import ContainerState
 
 __all__ = [
     "COMPOSE_PROJECT_LABEL",
@@ -515,7 +515,7 @@ def _details(doc: Mapping[str, Any], state: ContainerState) -> _Details:
 
 def told_gpu_role(doc: Mapping[str, Any]) -> str | None:
     """The ``VRAMCTL_GPU_ROLE`` an inspected container was created with (its
-    environment): the card its ``up`` was told (statemachine/gpu_vars.py); ``None`` when
+    environment): the card its ``up`` was told (statemachine/ledger/gpu_vars.py); ``None`` when
     it does not say."""
     config = doc.get("Config")
     env = config.get("Env") if isinstance(config, Mapping) else None

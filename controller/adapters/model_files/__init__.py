@@ -10,7 +10,7 @@ file (and the key) named.
 
 Only this package imports ``gguf`` (the ``model files`` contract of ``lint-imports``),
 lazily, so a command that estimates nothing loads neither it nor numpy. It must not
-compute the estimate: ``statemachine.sizing`` does, from what this returns.
+compute the estimate: ``statemachine.sizing.needs`` does, from what this returns.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from controller.adapters.model_files.common import ModelFileError
 from controller.adapters.model_files.gguf_file import read_gguf
 from controller.adapters.model_files.hf_config import read_config
 from controller.adapters.model_files.safetensors_file import read_headers
-from statemachine.sizing import Architecture, Weights
+from statemachine.sizing.needs import Architecture, Weights
 
 __all__ = ["ModelFileError", "ModelFiles", "read_model"]
 

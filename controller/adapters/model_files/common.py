@@ -1,7 +1,7 @@
 """What the model-file readers share: the located error, and the checks of a figure read.
 
 It must not read a file itself nor decide anything: the readers beside it read, the
-pure core (``statemachine.sizing``) computes.
+pure core (``statemachine.sizing.needs``) computes.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ differ by layer make it ``unsupported``; a sliding window is counted on the laye
 ``.attention.sliding_window_pattern`` names. A model split in several files
 (``split.count``: ``NAME-00001-of-0000N.gguf``) is summed over all of them.
 
-It must not compute the cache (``statemachine.sizing`` does) nor read a tensor.
+It must not compute the cache (``statemachine.sizing.needs`` does) nor read a tensor.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from typing import Any
 
 from controller.adapters.model_files.common import ModelFileError, positive_int
 from controller.adapters.model_files.gguf_extent import truncation
-from statemachine.sizing import Architecture, Weights
+from statemachine.sizing.needs import Architecture, Weights
 
 __all__ = ["read_gguf"]
 

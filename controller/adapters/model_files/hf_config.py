@@ -9,7 +9,7 @@ layers (``layer_types``, SSM keys) make the architecture ``unsupported`` with th
 a sliding window (``sliding_window`` unless ``use_sliding_window`` is false) is counted
 on the layers ``layer_types`` (or a ``sliding_window_pattern``) names.
 
-It must not compute the cache (``statemachine.sizing`` does) nor read any other file.
+It must not compute the cache (``statemachine.sizing.needs`` does) nor read any other file.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from controller.adapters.model_files.common import ModelFileError, positive_int
-from statemachine.sizing import Architecture
+from statemachine.sizing.needs import Architecture
 
 __all__ = ["read_config"]
 

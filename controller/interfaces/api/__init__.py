@@ -42,7 +42,7 @@ Routes:
 Every answer is live (:mod:`controller.service.live`): the newest observation plus
 what the executor has done and holds since, never less than may be held, with
 ``observed_at`` and the steps ``in_flight``. ``up`` and ``GET /v1/fit`` also count the
-requests accepted and not yet planned (:mod:`statemachine.pending`: what the next
+requests accepted and not yet planned (:mod:`statemachine.answers.pending`: what the next
 cycle starts for the recorded requests), marked ``"requested, not yet planned"`` and
 listed under ``pending``: two requests are never promised the same room.
 ``GET /v1/ledger`` tells the two apart: committed, free and ``overcommitted`` count
@@ -119,7 +119,7 @@ them (:func:`create_app`, :func:`attach_api`):
 
 The request queue's pump (:class:`~controller.service.queue_pump.QueuePump`) runs
 beside the loop as one of its services; the up decision itself is pure
-(:mod:`statemachine.up_decision`); what a reader without the token sees is
+(:mod:`statemachine.answers.up_decision`); what a reader without the token sees is
 :mod:`controller.interfaces.redaction`.
 """
 
@@ -148,8 +148,8 @@ from controller.interfaces.stream import events_router
 from controller.interfaces.ui import ui_router
 from controller.service.events import EventBus
 from controller.service.loop import Controller
+from controller.service.loop_port import LoopPort
 from controller.service.queue_pump import QueuePump
-from controller.service.view import LoopPort
 
 __all__ = [
     "MAX_BODY_BYTES",

@@ -60,7 +60,7 @@ from controller.interfaces.mcp_server import (
 )
 from controller.manifest import ManifestError, ManifestSet, load_manifest_set
 from controller.service.events import Event, Subscription
-from controller.service.view import LoopView
+from controller.service.loop_port import LoopView
 
 #: why a write is refused over HTTP without the token
 WRITES_NEED_TOKEN = (

@@ -21,7 +21,7 @@ from controller.interfaces.api.context import ApiContext, live_meta
 from controller.interfaces.api.errors import error_response
 from controller.interfaces.api.guard import DISCONNECTED
 from controller.service.request_queue import QueueEntry
-from statemachine.up_decision import UpDecision
+from statemachine.answers.up_decision import UpDecision
 
 #: What becomes of a recorded request whose waiting ``up`` a later plan refused.
 STAYS_RECORDED = {

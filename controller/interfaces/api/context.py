@@ -27,11 +27,11 @@ from controller.interfaces.api.settings import ApiSettings
 from controller.interfaces.metrics import Metrics
 from controller.interfaces.redaction import REDACTED_NOTE, public_manifest_errors
 from controller.service.events import EventBus
-from controller.service.queue_pump import QueuePump, decide_live
+from controller.service.loop_port import LoopPort, LoopView
+from controller.service.queue_pump import QueuePump, decide_up_on_live
 from controller.service.request_queue import RequestQueue
-from controller.service.view import LoopPort, LoopView
-from statemachine.types import Observed, ServeSpec
-from statemachine.up_decision import UpDecision
+from statemachine.answers.up_decision import UpDecision
+from statemachine.domain.types import Observed, ServeSpec
 
 
 def live_meta(view: LoopView) -> dict[str, Any]:
@@ -96,7 +96,7 @@ class ApiContext:
     def decide_now(self, view: LoopView, serve: str) -> UpDecision:
         """``decide_up`` on the live observation of ``view`` (503 before the first)."""
         self.observed_or_503(view)
-        return decide_live(self.controller, serve, self.settings.retry_after_s)
+        return decide_up_on_live(self.controller, serve, self.settings.retry_after_s)
 
     def full_detail(self, request: Request) -> bool:
         """Whether this read may see free text: it carries the right token.

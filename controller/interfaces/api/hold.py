@@ -25,10 +25,10 @@ from controller.interfaces.api.context import ApiContext, client_of
 from controller.interfaces.api.errors import error_response
 from controller.interfaces.api.guard import DISCONNECTED
 from controller.interfaces.upwait import dry_run_answer, standing
+from controller.service.loop_port import LoopView
 from controller.service.queue_pump import active_requests
 from controller.service.request_queue import QueueEntry, blocked_now
-from controller.service.view import LoopView
-from statemachine.types import ServeSpec
+from statemachine.domain.types import ServeSpec
 
 
 async def hold(

@@ -18,7 +18,7 @@ from fastapi import APIRouter
 
 from controller.interfaces import host_answers
 from controller.interfaces.api.context import ApiContext, Ctx, Full, live_meta
-from controller.service.view import LoopView
+from controller.service.loop_port import LoopView
 
 router = APIRouter()
 

@@ -1,7 +1,7 @@
 """The serve verbs: ``POST /v1/serves/{serve}/up`` and ``POST /v1/serves/{serve}/down``.
 
 ``up`` decides before anything is recorded or stopped, on the live observation
-(:func:`statemachine.up_decision.decide_up`): 202 recorded (or queued, with
+(:func:`statemachine.answers.up_decision.decide_up`): 202 recorded (or queued, with
 ``"queue": true``), 404, 409, 429 + ``Retry-After``, 503, as the module doc of
 :mod:`controller.interfaces.api` says; with ``wait_s`` the answer is held
 (:mod:`controller.interfaces.api.hold`). ``down`` ends a queued or recorded request.
@@ -29,13 +29,18 @@ from controller.interfaces.api.errors import ApiError
 from controller.interfaces.api.hold import hold
 from controller.interfaces.host_answers import request_json
 from controller.interfaces.upwait import MAX_WAIT_S, timings
+from controller.service.loop_port import LoopView
 from controller.service.queue_pump import recorded_requests
 from controller.service.request_queue import DEFAULT_QUEUE_S, MAX_QUEUE_S
-from controller.service.view import LoopView
-from statemachine.admission import can_request, could_fit_later, down_needs_router, no_router_reason
-from statemachine.idleness import in_force
-from statemachine.types import DesiredRun, Observed, OnDemandRequest, ServeSpec, SleepState
-from statemachine.up_decision import UpDecision
+from statemachine.answers.up_decision import UpDecision
+from statemachine.domain.types import DesiredRun, Observed, OnDemandRequest, ServeSpec, SleepState
+from statemachine.planning.admission import (
+    can_request,
+    could_fit_later,
+    down_needs_router,
+    no_router_reason,
+)
+from statemachine.planning.idleness import in_force
 
 router = APIRouter()
 

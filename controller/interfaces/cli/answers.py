@@ -219,7 +219,7 @@ def calibrate(
     from controller.interfaces.model_report import calibration_lines
     from controller.service.model_estimates import serve_models
     from controller.store.journal import default_state_dir
-    from statemachine.footprint import propose
+    from statemachine.sizing.footprint import propose
 
     mset = _load(manifest)
     _readable_state_dir(manifest, state_dir)

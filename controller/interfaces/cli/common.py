@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from controller.manifest import ManifestSet
     from controller.service.situation import JournalRecords
     from controller.snapshot import SnapshotModel
-    from statemachine.situation import Situation
+    from statemachine.answers.situation import Situation
 else:
     render = _lazy("controller.interfaces.render")
 

@@ -52,9 +52,11 @@ if TYPE_CHECKING:
     from controller.service.loop import Controller
     from controller.service.situation import JournalRecords
     from controller.snapshot import SnapshotModel
-    from statemachine.planner import Plan
-    from statemachine.situation import Situation
-    from statemachine.types import Observed
+    from statemachine.answers.situation import Situation
+    from statemachine.domain.types import Observed
+    from statemachine.planning.plan_types import (
+        Plan,
+    )
 else:
     render = _lazy("controller.interfaces.render")
 
@@ -120,7 +122,7 @@ def apply(
         StateLock,
         default_state_dir,
     )
-    from statemachine.ledger import ledger_from_observed
+    from statemachine.ledger.reservations import ledger_from_observed
 
     configure_logging(json_logs=log_json)
     mset = _load(manifest)
@@ -244,9 +246,12 @@ def _saved_plan(
 ) -> Plan:
     """The plan saved in ``plan_file``, if the host is still what it was planned from."""
     from controller.snapshot import SnapshotError, parse_snapshot, snapshot_changes
-    from statemachine.ledger import Refusal, ledger_from_observed
-    from statemachine.planner import Plan, Step
-    from statemachine.simulate import apply_step
+    from statemachine.ledger.reservations import Refusal, ledger_from_observed
+    from statemachine.planning.plan_types import (
+        Plan,
+        Step,
+    )
+    from statemachine.planning.simulate import apply_step
 
     desired = mset.desired()
     saved = _load_saved_plan(plan_file)

@@ -1,5 +1,5 @@
 """``vramctl estimate``: what a model needs, term by term, read from its files without
-loading a tensor (``statemachine.sizing``; printed by
+loading a tensor (``statemachine.sizing.needs``; printed by
 :mod:`controller.interfaces.estimate_report`). Takes no manifest and observes nothing.
 
 Must not import the manifest model, rich, the core, the server, Docker or HTTP
@@ -49,8 +49,9 @@ def estimate(
     """
     from controller.adapters.model_files import ModelFileError, read_model
     from controller.interfaces.estimate_report import print_estimate
-    from statemachine import engines, sizing
-    from statemachine.kv_layout import engine_kv_term
+    from statemachine import engines
+    from statemachine.sizing import needs as sizing
+    from statemachine.sizing.kv_layout import engine_kv_term
 
     if kv_dtype not in sizing.KV_DTYPES:
         known = ", ".join(sizing.KV_DTYPES)

@@ -1,7 +1,7 @@
 """The engine flags that enforce the reservations: ``render`` (SERVE's flags, their
 arithmetic on stderr) and ``lint`` (do the compose files' engine flags enforce them?).
 
-Renderers of :mod:`controller.tools.compose_lint` and ``statemachine.engine_flags``;
+Renderers of :mod:`controller.tools.compose_lint` and ``statemachine.flags.fraction``;
 they read the compose files, never change them. (Not named ``render``: each command
 module binds that name to :mod:`controller.interfaces.render`.) Must not import the
 manifest model, rich, the core, the server, Docker or HTTP libraries at import time.
@@ -39,7 +39,7 @@ else:
 
 def _measured_totals(observed: Path | None, mset: ManifestSet) -> dict[str, int] | None:
     """NVML device totals by role id from an observed snapshot; None without one."""
-    from statemachine.engine_flags import measured_totals
+    from statemachine.flags.fraction import measured_totals
 
     if observed is None:
         return None
@@ -68,7 +68,7 @@ def render_cmd(
     """
     from controller.service.model_estimates import limit_inputs
     from controller.tools.compose_lint import ComposeError, render_serve
-    from statemachine.engine_flags import SOURCE_NVML
+    from statemachine.flags.fraction import SOURCE_NVML
 
     mset = _load(manifest)
     if serve not in mset.serves:
@@ -116,10 +116,10 @@ def render_cmd(
 
 def _start_values(mset: ManifestSet, serve: str, observed: Path | None) -> dict[str, Any] | None:
     """What a start of ``serve`` would set now on the host ``observed`` saw
-    (``VRAMCTL_FREE_MIB``, ``VRAMCTL_FRACTION_OF_FREE``: statemachine/gpu_vars.py), the
+    (``VRAMCTL_FREE_MIB``, ``VRAMCTL_FRACTION_OF_FREE``: statemachine/ledger/gpu_vars.py), the
     others counted as the ledger counts them; ``None`` without an observation."""
-    from statemachine.gpu_vars import free_at_start, gpu_placement
-    from statemachine.ledger import ledger_from_observed
+    from statemachine.ledger.gpu_vars import free_at_start, gpu_placement
+    from statemachine.ledger.reservations import ledger_from_observed
 
     if observed is None:
         return None

@@ -26,7 +26,7 @@ from controller.interfaces.cli.options import (
 if TYPE_CHECKING:
     from controller.manifest import ManifestSet
     from controller.snapshot import SnapshotModel
-    from statemachine.situation import Situation
+    from statemachine.answers.situation import Situation
 
 
 @_command("Serve the agents' tools over the Model Context Protocol (stdio).")

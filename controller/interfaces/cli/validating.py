@@ -30,7 +30,7 @@ from controller.interfaces.cli.plain import (
 if TYPE_CHECKING:
     from controller.interfaces import render
     from controller.manifest import LocatedError, ManifestSet
-    from statemachine.types import DesiredState
+    from statemachine.domain.types import DesiredState
 else:
     render = _lazy("controller.interfaces.render")
 
@@ -51,7 +51,7 @@ def validate_code(
 def _validate(
     manifest: list[Path], *, json_out: bool, router_url: str | None, strict: bool
 ) -> None:
-    from statemachine.router_tiers import no_router_warning, router_tiers
+    from statemachine.planning.router_tiers import no_router_warning, router_tiers
 
     mset = load_set(manifest, strict=strict, json_out=json_out)
     desired = mset.desired()

@@ -31,7 +31,7 @@ from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from controller.interfaces.redaction import public_blocked, public_failure
-from controller.service.view import JournalHistory
+from controller.service.loop_port import JournalHistory
 
 __all__ = ["ASSETS", "recent_plans", "ui_router"]
 

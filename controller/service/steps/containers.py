@@ -9,7 +9,7 @@
   where NVML sees the role's device, the memory came back within a bound);
 - a start runs ``docker start`` on an existing container or the serve's ``up``
   command (its process told to the start tracker; its environment and arguments told
-  which GPU it was put on, :mod:`statemachine.gpu_vars`), and ``await_ready`` waits for the
+  which GPU it was put on, :mod:`statemachine.ledger.gpu_vars`), and ``await_ready`` waits for the
   Docker healthcheck, the health path or, with neither, the running container.
 
 This module must not decide what to start or stop (the planner does) and reaches
@@ -29,12 +29,14 @@ from controller.service.steps.lifecycle import begin_start, fire
 from controller.service.steps.results import StepError
 from controller.snapshot import ContainerModel
 from statemachine import engines
-from statemachine.gpu_vars import UnknownPlaceholderError, free_at_start, gpu_placement
-from statemachine.ledger import GpuReservation, Ledger, Refusal, held_uncounted
-from statemachine.lifecycle import Trigger
-from statemachine.planner import Step
-from statemachine.start_hints import SIGKILLED, memory_hint
-from statemachine.types import COMMITTED_STATES, ContainerState, Observed, ServeSpec
+from statemachine.domain.types import COMMITTED_STATES, ContainerState, Observed, ServeSpec
+from statemachine.ledger.gpu_vars import UnknownPlaceholderError, free_at_start, gpu_placement
+from statemachine.ledger.reservations import GpuReservation, Ledger, Refusal, held_uncounted
+from statemachine.lifecycle.machine import Trigger
+from statemachine.planning.plan_types import (
+    Step,
+)
+from statemachine.sizing.start_hints import SIGKILLED, memory_hint
 
 
 def stop(run: RunContext, step: Step, s: ServeSpec) -> str:
@@ -223,7 +225,7 @@ def start(run: RunContext, step: Step, s: ServeSpec) -> str:
             rt = run.ex.runtime(s.name)
             if not rt.up_argv:
                 raise StepError(f"{s.container} does not exist and {s.name} has no `up`")
-            # where the serve was put, told to `up` (statemachine/gpu_vars.py): the
+            # where the serve was put, told to `up` (statemachine/ledger/gpu_vars.py): the
             # roles reserved for this start, the declared uuids, NVML's indexes as last seen
             roles = step.gpu_roles or s.gpu_roles
             gpus = run.observed.gpus

@@ -28,9 +28,9 @@ from controller.service.footprints import Footprints
 from controller.service.starts import StartTracker
 from controller.service.steps.results import ElasticFigure, StepError, UndoFault
 from controller.store.journal import SleepRecord
-from statemachine.ledger import Ledger
-from statemachine.lifecycle import ServeLifecycle
-from statemachine.types import DesiredState, GpuObs, Observed, ServeSpec
+from statemachine.domain.types import DesiredState, GpuObs, Observed, ServeSpec
+from statemachine.ledger.reservations import Ledger
+from statemachine.lifecycle.machine import ServeLifecycle
 
 
 class GpuReader(Protocol):

@@ -1,4 +1,4 @@
-"""The table from each step kind (:class:`~statemachine.planner.Action`) to its handler,
+"""The table from each step kind (:class:`~statemachine.planning.plan_types.Action`) to its handler,
 and :func:`do`, which carries out one step through it inside its footprint window.
 
 A handler is a function of the run's context, the step and the serve's spec that
@@ -17,13 +17,16 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import replace
 from types import MappingProxyType
 
-from controller.service import sleep_steps
 from controller.service.steps import containers, elastic, router
+from controller.service.steps import sleep as sleep_steps
 from controller.service.steps.context import RunContext
 from controller.service.steps.results import StepError
-from statemachine.lifecycle import LifecycleState
-from statemachine.planner import Action, Step
-from statemachine.types import DesiredState, ServeSpec
+from statemachine.domain.types import DesiredState, ServeSpec
+from statemachine.lifecycle.machine import LifecycleState
+from statemachine.planning.plan_types import (
+    Action,
+    Step,
+)
 
 #: A step handler: the step's detail, or :class:`StepError`.
 Handler = Callable[[RunContext, Step, ServeSpec], str]

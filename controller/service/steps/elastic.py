@@ -24,10 +24,13 @@ from controller.adapters.elastic import ElasticAnswer, ElasticError, elastic_ok
 from controller.service.steps.context import RunContext
 from controller.service.steps.lifecycle import fire
 from controller.service.steps.results import ElasticFigure, StepError
-from statemachine.ledger import GpuReservation, Ledger, Refusal
-from statemachine.lifecycle import trigger_for
-from statemachine.planner import Action, Step
-from statemachine.types import ServeSpec
+from statemachine.domain.types import ServeSpec
+from statemachine.ledger.reservations import GpuReservation, Ledger, Refusal
+from statemachine.lifecycle.machine import trigger_for
+from statemachine.planning.plan_types import (
+    Action,
+    Step,
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,9 +157,9 @@ def _settle_resize(
             f"{r.what}: {why}; nothing ran, asked again on a later cycle",
             aborted=True,
         )
-    if ans.needs_reload:
+    if ans.needs_model_reload:
         count(run, s, full, r.at)
-        reload = reload_engine(run, s)
+        reload = reload_elastic_model(run, s)
         raise StepError(
             f"{r.what}: {why}; its cache table cannot be "
             f"trusted: {reload}; counted at its full {full} MiB until an answer "
@@ -211,7 +214,7 @@ def count(run: RunContext, s: ServeSpec, mib: int, at: float) -> None:
     run.elastic[s.name] = ElasticFigure(None if full is None or mib >= full else mib, at)
 
 
-def reload_engine(run: RunContext, s: ServeSpec) -> str:
+def reload_elastic_model(run: RunContext, s: ServeSpec) -> str:
     """Unload and load the model (a fresh engine); restart the container if that fails."""
     assert s.elastic is not None
     el, token = s.elastic, _env_token(s.elastic.token_env)

@@ -20,10 +20,17 @@ from controller.adapters.docker.actions import ActionError
 from controller.service.records import RecordStore
 from controller.service.steps.context import RunContext
 from controller.service.steps.results import StepError
-from statemachine.ledger import Refusal
-from statemachine.lifecycle import IllegalTransition, LifecycleState, ServeLifecycle, Trigger
-from statemachine.planner import Plan
-from statemachine.types import COMMITTED_STATES, ContainerState, DesiredState, Observed
+from statemachine.domain.types import COMMITTED_STATES, ContainerState, DesiredState, Observed
+from statemachine.ledger.reservations import Refusal
+from statemachine.lifecycle.machine import (
+    IllegalTransition,
+    LifecycleState,
+    ServeLifecycle,
+    Trigger,
+)
+from statemachine.planning.plan_types import (
+    Plan,
+)
 
 
 def machines_for(

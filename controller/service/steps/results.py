@@ -15,8 +15,10 @@ from enum import StrEnum
 from typing import Any
 
 from controller.store.journal import SleepRecord
-from statemachine.ledger import Ledger
-from statemachine.planner import Step
+from statemachine.ledger.reservations import Ledger
+from statemachine.planning.plan_types import (
+    Step,
+)
 
 
 class Outcome(StrEnum):

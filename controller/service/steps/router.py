@@ -22,9 +22,11 @@ from controller.adapters.router import RouterError, TierState
 from controller.service.steps.context import RunContext
 from controller.service.steps.lifecycle import fire
 from controller.service.steps.results import StepError
-from statemachine.lifecycle import Trigger
-from statemachine.planner import Step
-from statemachine.types import ServeSpec
+from statemachine.domain.types import ServeSpec
+from statemachine.lifecycle.machine import Trigger
+from statemachine.planning.plan_types import (
+    Step,
+)
 
 
 def tier_state(run: RunContext, tier: str, before: str) -> TierState:

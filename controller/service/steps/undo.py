@@ -22,8 +22,11 @@ from controller.service.steps.context import RunContext
 from controller.service.steps.lifecycle import back_in_service, settle_failed_start
 from controller.service.steps.results import StepError, UndoFault
 from controller.service.steps.router import readmit_tier
-from statemachine.lifecycle import IllegalTransition
-from statemachine.planner import Action, Step
+from statemachine.lifecycle.machine import IllegalTransition
+from statemachine.planning.plan_types import (
+    Action,
+    Step,
+)
 
 
 def compensate(run: RunContext, failed: Step) -> list[UndoFault]:
