@@ -19,32 +19,12 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 
-from statemachine.engines import llamacpp, onnxgenai, sglang, strata, vllm
-from statemachine.engines.spec import (
-    Detection,
-    DocumentedFigure,
-    ElasticConfig,
-    Engine,
-    FlagUnit,
-    HttpCall,
-    LimitFlag,
-    LimitKind,
-    MemoryFlag,
-    SleepApi,
-)
+from statemachine.engines import llamacpp, onnxgenai, sglang, spec, strata, vllm
+from statemachine.engines.spec import *  # noqa: F403  (the package re-exports the records)
+from statemachine.engines.spec import Detection, Engine, FlagUnit, SleepApi
 
 __all__ = [
     "BUILT_IN",
-    "Detection",
-    "DocumentedFigure",
-    "ElasticConfig",
-    "Engine",
-    "FlagUnit",
-    "HttpCall",
-    "LimitFlag",
-    "LimitKind",
-    "MemoryFlag",
-    "SleepApi",
     "SleepProtocol",
     "canonical",
     "engines",
@@ -58,6 +38,7 @@ __all__ = [
     "sleeping_engines",
     "unregister",
 ]
+__all__ += spec.__all__
 
 #: The engines vramctl ships with, in detection order.
 BUILT_IN: tuple[Engine, ...] = (
