@@ -66,6 +66,18 @@ class KvDtype:
         return f"{size} bytes ({self.name}{': ' + self.note if self.note else ''})"
 
 
+#: how many elements one of ggml's quantized blocks holds (ggml/src/ggml-common.h: ``QK4_0``,
+#: ``QK8_0`` …)
+_GGML_BLOCK = 32
+
+
+def _ggml(name: str, block_bytes: int) -> KvDtype:
+    """One of ggml's quantized types: a block of :data:`_GGML_BLOCK` elements in
+    ``block_bytes`` bytes, its scale included."""
+    note = f"ggml blocks of {_GGML_BLOCK} elements in {block_bytes} bytes"
+    return KvDtype(name, block_bytes, _GGML_BLOCK, note)
+
+
 #: The cache types ``--kv-dtype`` takes: floats, the 8-bit floats vLLM and SGLang store
 #: (``fp8`` is vLLM's name for its default 8-bit format), and ggml's quantized types,
 #: blocks of 32 elements with their scale (ggml/src/ggml-common.h: ``block_q4_0`` …).
@@ -79,12 +91,12 @@ KV_DTYPES: dict[str, KvDtype] = {
         KvDtype("fp8", 1, 1, "an 8-bit float"),
         KvDtype("fp8_e4m3", 1, 1, "an 8-bit float"),
         KvDtype("fp8_e5m2", 1, 1, "an 8-bit float"),
-        KvDtype("q8_0", 34, 32, "ggml blocks of 32 elements in 34 bytes"),
-        KvDtype("q5_1", 24, 32, "ggml blocks of 32 elements in 24 bytes"),
-        KvDtype("q5_0", 22, 32, "ggml blocks of 32 elements in 22 bytes"),
-        KvDtype("q4_1", 20, 32, "ggml blocks of 32 elements in 20 bytes"),
-        KvDtype("q4_0", 18, 32, "ggml blocks of 32 elements in 18 bytes"),
-        KvDtype("iq4_nl", 18, 32, "ggml blocks of 32 elements in 18 bytes"),
+        _ggml("q8_0", 34),
+        _ggml("q5_1", 24),
+        _ggml("q5_0", 22),
+        _ggml("q4_1", 20),
+        _ggml("q4_0", 18),
+        _ggml("iq4_nl", 18),
     )
 }
 
