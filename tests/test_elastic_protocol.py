@@ -343,6 +343,7 @@ def test_no_answer_within_the_clients_wait_is_not_proof_and_is_asked_again(
         assert_never_less(report2, "moe", engine)
 
 
+@pytest.mark.docker
 def test_the_loop_waits_a_bounded_time_for_an_engine(tmp_path: Path) -> None:
     from controller.service.wiring import make_executor
 

@@ -179,6 +179,7 @@ def test_validate_warns_about_serves_that_need_a_router(tmp_path: Path) -> None:
     assert r.returncode == 0 and "router" not in r.stderr, r.stderr
 
 
+@pytest.mark.docker
 def test_run_says_once_at_start_which_serves_need_a_router(tmp_path: Path) -> None:
     path = tmp_path / "serves.toml"
     path.write_text(MANIFEST)

@@ -12,6 +12,7 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
 from support.manifests import ONE_RESIDENT
 
 from controller.adapters.router import busy_budget_s
@@ -99,6 +100,7 @@ def test_the_quiesced_table_is_created_on_open_when_missing(tmp_path: Path) -> N
         assert journal.quiesced() == {}
 
 
+@pytest.mark.docker
 def test_the_router_client_waits_out_the_longest_drain_of_the_manifests_tiers(
     tmp_path: Path,
 ) -> None:
