@@ -21,7 +21,7 @@ as located one-line messages, never tracebacks. Its modules:
   ``fit``, ``plan``), ``mcp``, ``control`` (``apply``, ``run``), ``requests`` (``up``,
   ``down``, ``events``), ``replay``, ``flags`` (``render``, ``lint``), ``estimate``;
 * ``commands``: the app with every command registered (what ``app`` here is);
-* ``app``: the typer app, its help (``_Command``), ``_command``, the options before a
+* ``typer_app``: the typer app, its help (``_Command``), ``_command``, the options before a
   command (``--version``);
 * ``options``: every option and argument, an ``Annotated`` alias each;
 * ``common``: loading, observing, the situation, ``_fail``, exit codes;
@@ -33,7 +33,7 @@ as located one-line messages, never tracebacks. Its modules:
 Importing it imports nothing else: ``app``, ``STARTED`` and the exit codes load the
 typer app with every command (``commands``) on first use. ``--help`` and a command's
 usage errors import no manifest model, rich or core module (each command imports what
-it uses: tests/test_cli_imports.py).
+it uses: tests/shell/test_cli_imports.py).
 """
 
 from __future__ import annotations

@@ -16,7 +16,6 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from controller.interfaces.cli.app import _command
 from controller.interfaces.cli.common import (
     EXIT_BAD_INPUT,
     _exit_if_unobserved,
@@ -46,6 +45,7 @@ from controller.interfaces.cli.options import (
     WatchOpt,
 )
 from controller.interfaces.cli.plain import _lazy, _print_json
+from controller.interfaces.cli.typer_app import _command
 
 if TYPE_CHECKING:
     from rich.table import Table

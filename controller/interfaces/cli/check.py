@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import typer
 
-from controller.interfaces.cli.app import _command
 from controller.interfaces.cli.options import (
     JsonOpt,
     ManifestOpt,
     StrictOpt,
     ValidateRouterUrlOpt,
 )
+from controller.interfaces.cli.typer_app import _command
 from controller.interfaces.cli.validating import validate_code
 
 

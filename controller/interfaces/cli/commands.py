@@ -3,7 +3,7 @@ each command module, which registers its commands on ``app``, in the order ``vra
 --help`` lists them.
 
 Holds no command and decides nothing. Must not import the manifest model, rich or the
-core at import time (each command imports what it uses: tests/test_cli_imports.py), nor
+core at import time (each command imports what it uses: tests/shell/test_cli_imports.py), nor
 the server, Docker or HTTP libraries.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 # isort: off
 # app first: it notes when the command began (STARTED) before typer loads
-from controller.interfaces.cli.app import STARTED, app
+from controller.interfaces.cli.typer_app import STARTED, app
 
 # each module registers its commands as it is imported: in this order, `--help`'s
 from controller.interfaces.cli import check  # noqa: F401 (validate)

@@ -12,7 +12,6 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from controller.interfaces.cli.app import _command
 from controller.interfaces.cli.common import _fail
 from controller.interfaces.cli.options import (
     ContextOpt,
@@ -23,6 +22,7 @@ from controller.interfaces.cli.options import (
     PathArg,
 )
 from controller.interfaces.cli.plain import _lazy, _print_json
+from controller.interfaces.cli.typer_app import _command
 
 if TYPE_CHECKING:
     from controller.interfaces import render

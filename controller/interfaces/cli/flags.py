@@ -14,7 +14,6 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from controller.interfaces.cli.app import _command
 from controller.interfaces.cli.common import _fail, _load, _observe
 from controller.interfaces.cli.options import (
     ComposeOpt,
@@ -28,6 +27,7 @@ from controller.interfaces.cli.options import (
     UseEnvOpt,
 )
 from controller.interfaces.cli.plain import _lazy, _print_json
+from controller.interfaces.cli.typer_app import _command
 
 if TYPE_CHECKING:
     from controller.interfaces import render

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from controller.interfaces.cli.app import _command
 from controller.interfaces.cli.common import _fail, _load, _observe, _situation
 from controller.interfaces.cli.options import (
     AllowWritesOpt,
@@ -22,6 +21,7 @@ from controller.interfaces.cli.options import (
     StateDirOpt,
     TokenFileOpt,
 )
+from controller.interfaces.cli.typer_app import _command
 
 if TYPE_CHECKING:
     from controller.manifest import ManifestSet

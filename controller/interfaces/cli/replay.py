@@ -11,10 +11,10 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from controller.interfaces.cli.app import _command
 from controller.interfaces.cli.common import _fail, _load
 from controller.interfaces.cli.options import CycleOpt, JsonOpt, ManifestOpt, SourceArg
 from controller.interfaces.cli.plain import _lazy, _print_json
+from controller.interfaces.cli.typer_app import _command
 
 if TYPE_CHECKING:
     from controller.interfaces import render

@@ -18,7 +18,6 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from controller.interfaces.cli.app import STARTED, _command
 from controller.interfaces.cli.common import _fail
 from controller.interfaces.cli.options import (
     ApiOpt,
@@ -34,6 +33,7 @@ from controller.interfaces.cli.options import (
     WaitOpt,
 )
 from controller.interfaces.cli.plain import _lazy, _print_json
+from controller.interfaces.cli.typer_app import STARTED, _command
 
 if TYPE_CHECKING:
     from controller.interfaces import render

@@ -4,7 +4,7 @@
 ``--version``) and :func:`main`, which runs the typer app.
 
 It holds no command. Must not import the manifest model, pydantic, rich or the core at
-import time (``--help`` loads none of them: tests/test_cli_imports.py), nor the server,
+import time (``--help`` loads none of them: tests/shell/test_cli_imports.py), nor the server,
 Docker or HTTP libraries.
 """
 
