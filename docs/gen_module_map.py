@@ -9,7 +9,7 @@ Usage (from the repository root)::
 
 The modules are read as text (``ast``), never imported. A module without a docstring
 stops the generator (exit 2), naming it: every row says what its module holds.
-tests/test_module_map.py checks that the block is current and lists every module.
+tests/shell/test_module_map.py checks that the block is current and lists every module.
 """
 
 from __future__ import annotations

@@ -14,7 +14,7 @@ The engines' arithmetic here is written from each engine's source, apart from vr
 kept back, in ``fraction × total`` less the weights), SGLang's ``profile_max_num_token``
 (its pool: ``fraction × free − weights``), llama.cpp's ``llm_load_tensors`` layer split
 (``-ngl N``: the output layer and the last N − 1 layers on the GPU) with its padded
-context. tests/test_sizing_table.py checks every row: each rendered limit within the
+context. tests/shell/test_sizing_table.py checks every row: each rendered limit within the
 engine's maximum, the engine's weights and KV cache within the reservation.
 """
 

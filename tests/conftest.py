@@ -78,7 +78,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         "--chaos-long",
         action="store_true",
         default=False,
-        help="tests/test_chaos.py: a long campaign (1000 operations / 15 minutes) "
+        help="tests/shell/test_chaos.py: a long campaign (1000 operations / 15 minutes) "
         "instead of the CI-sized one",
     )
 

@@ -11,7 +11,7 @@ engine's own lines (``src/llama-model.cpp``, ``src/llama-kv-cache.cpp``,
 * ``sched_reserve:        CPU compute buffer size =     6.52 MiB``
 
 :data:`CASES` are the files, contexts, ``--parallel`` and cache types the oracle test
-(tests/test_real_engine_sizing.py) and the table in docs/sizing.md cover; a case's
+(tests/e2e/test_real_engine_sizing.py) and the table in docs/sizing.md cover; a case's
 flags come from ``vramctl render`` (:func:`render_flags`). ``python
 tests/engine_oracle.py --docs`` rewrites that table from a run of the engine.
 

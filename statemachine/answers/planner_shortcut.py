@@ -37,7 +37,7 @@ serves that can matter: for conflicts the desired state's ``wary`` serves (every
 for an exclusive requester), for candidates those declared on a short role
 (``DesiredState.on_role``), both listed once per desired state.
 
-tests/test_fit_isolated.py checks, over random hosts, that every answer equals the
+tests/core/test_fit_isolated.py checks, over random hosts, that every answer equals the
 planner's plan for the isolated request.
 
 Pure: no I/O, no clock (``now`` is an argument), no logging, no docker.

@@ -14,7 +14,7 @@ bounds no memory (the pool is sized by the fraction; a longer context is capped 
 it is not rendered as a limit.
 
 Its memory-saver API, flag and in-flight metrics are checked against sgl-project/sglang at
-commits 9c0549b, c20e3fe, 123c0bc, 00ae9c1 and 067bfe9 (tests/test_standin_contract.py)."""
+commits 9c0549b, c20e3fe, 123c0bc, 00ae9c1 and 067bfe9 (tests/shell/test_standin_contract.py)."""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ Its memory, as vLLM's source counts it (vllm-project/vllm, ``vllm/v1``):
   ``_get_kv_cache_groups_uniform_page_size``).
 
 Its sleep API, flags and in-flight metrics are checked against vllm-project/vllm at commits
-09cb327, 005a810 and 01181dd (tests/test_standin_contract.py)."""
+09cb327, 005a810 and 01181dd (tests/shell/test_standin_contract.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The chaos harness of tests/test_chaos.py: a Docker socket proxy, a budget monitor, a driver.
+"""The chaos harness of tests/shell/test_chaos.py: a Docker socket proxy, a budget monitor,
+a driver.
 
 * :mod:`chaos.proxy` — a unix-socket forwarder the controller reaches Docker through
   (``DOCKER_HOST``), which the test can cut and restore, and which notes every

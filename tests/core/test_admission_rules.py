@@ -13,6 +13,7 @@ import pytest
 from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req, serve, up
 
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.planning.admission import (
     RouterNeed,
     can_request,
@@ -255,7 +256,7 @@ def test_a_sleeper_never_conflicts_with_itself() -> None:
         5000,
         OND,
         port=8000,
-        sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM),
+        sleep=sm.Sleep(1, 1000, SleepProtocol.VLLM),
     )
     desired = sm.DesiredState({"a": sm.GpuRole("a", 10_000, 0)}, {"wall": wall, "small": small})
     running = sm.ContainerObs(sm.ContainerState.RUNNING, "healthy", NOW - 600)
@@ -314,7 +315,7 @@ def test_a_serve_that_holds_its_reservation_already_needs_nothing_more() -> None
 def _sleeper_fleet(vram_mib: int) -> tuple[sm.DesiredState, sm.Observed]:
     wall = sm.ServeSpec("wall", "c-wall", ("a",), 9000, RES, RUN)
     small = sm.ServeSpec(
-        "small", "c-small", ("a",), vram_mib, OND, sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM)
+        "small", "c-small", ("a",), vram_mib, OND, sleep=sm.Sleep(1, 1000, SleepProtocol.VLLM)
     )
     desired = sm.DesiredState({"a": sm.GpuRole("a", 10_000, 0)}, {"wall": wall, "small": small})
     running = sm.ContainerObs(sm.ContainerState.RUNNING, "healthy", NOW - 600)

@@ -1,6 +1,6 @@
 """The requests a cycle plans (``statemachine.answers.pending.asked_as_of``): those its
 observation saw, as they stand now; a request for a serve that had none then is left to
-the next cycle (``tests/test_request_after_observation.py`` shows it on the loop).
+the next cycle (``tests/shell/test_request_after_observation.py`` shows it on the loop).
 Pure: the mutation run's pool."""
 
 from __future__ import annotations

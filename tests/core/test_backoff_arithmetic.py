@@ -1,7 +1,7 @@
 """The failure backoff's arithmetic (statemachine/lifecycle/backoff.py), pure: the holds an
 operator reads in docs/operations.md ("backoff 5 s → 300 s"), the words the plan's
 ``blocked`` shows, and when the loop is woken. The loop's use of it is
-tests/test_loop_backoff.py."""
+tests/shell/test_loop_backoff.py."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from statemachine.lifecycle.backoff import (
     record_failure,
 )
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "operations.md"
+DOCS = Path(__file__).resolve().parents[2] / "docs" / "operations.md"
 
 
 def test_the_default_backoff_is_the_documented_5_s_doubling_to_300_s() -> None:

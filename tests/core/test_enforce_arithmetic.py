@@ -5,7 +5,7 @@ bytes of f16 keys and values per token; a reservation of 20000 MiB less 16 GiB o
 leaves 3791650816 bytes, exactly 28928 tokens. llama.cpp offloads its last layers first,
 so the layer split is pinned on uneven layers. The arithmetic is pinned here with each
 engine's flags laid out token by token (:data:`PLAIN`); each engine's own layout (vLLM's
-blocks, llama.cpp's padding, sliding windows) is pinned in tests/test_engine_layouts.py.
+blocks, llama.cpp's padding, sliding windows) is pinned in tests/core/test_engine_layouts.py.
 Pure: statemachine only.
 """
 

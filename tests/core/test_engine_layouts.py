@@ -312,7 +312,7 @@ def test_a_row_that_is_not_whole_blocks_is_said_before_unnamed_windows() -> None
 
 def test_the_estimates_kv_term_is_the_engines_layout_where_it_has_one() -> None:
     """llama.cpp: 1000 tokens × 2 slots are 1024 cells each (what the real server
-    allocates: tests/test_real_engine_sizing.py); the model's own context when none is
+    allocates: tests/e2e/test_real_engine_sizing.py); the model's own context when none is
     asked; a token-by-token engine keeps the plain formula (None: no override)."""
     arch = Architecture("gguf (llama)", 4, 2, 32, 32, 2048)
     llama = engines.get("llamacpp").kv_layout
@@ -343,7 +343,7 @@ def test_the_estimates_kv_term_says_why_where_the_engine_cannot_count_it() -> No
 
 def test_a_context_above_the_models_own_is_rendered_with_the_engines_warning() -> None:
     """llama.cpp allocates a context above n_ctx_train and warns (the real server's
-    words: tests/test_real_engine_faults.py); at or below it, nothing is said."""
+    words: tests/e2e/test_real_engine_faults.py); at or below it, nothing is said."""
     arch = Architecture("m.gguf (llama)", 4, 4, 64, 64, 2048)
     weights = Weights(5 * MIB, 39, ("m.gguf",), "F16", (MIB,) * 4)
     llama = engines.get("llamacpp")

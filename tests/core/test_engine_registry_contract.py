@@ -6,7 +6,7 @@ device's free memory at load (their starts are serialised per GPU), llama.cpp do
 vLLM can be asked whether it sleeps, SGLang cannot; each sleep call carries the level
 only where the engine takes one. Pure: imports statemachine only (the tests that show a
 registered engine picked up by render, lint, sleep and metrics are in
-tests/test_engine_registry.py).
+tests/shell/test_engine_registry.py).
 """
 
 from __future__ import annotations

@@ -13,6 +13,7 @@ from support.plan_cases import EVI, NOW, OND, RES, RUN, Case, _build, req, serve
 
 from statemachine.answers.fit import FitResult, fit_serve, request_plan
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.planning.plan_types import (
     Action,
     Policy,
@@ -236,7 +237,7 @@ def test_the_json_of_a_sleepers_wake_says_wake_and_no_victim_slept() -> None:
     """Where sleep takes part the fit JSON says so: a serve that sleeps is woken, not
     started (``wake: true``), with nothing else put to sleep (``sleep: []``); where sleep
     takes no part neither key is there."""
-    llm = serve("llm", 8000, OND, sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 2000))
+    llm = serve("llm", 8000, OND, sleep=sm.Sleep(1, 1000, SleepProtocol.VLLM, 2000))
     desired, _ = _build(Case([llm], {}, []))
     asleep = sm.Observed(
         True, {"c-llm": up()}, sleep={"llm": sm.SleepObs(sm.SleepState.ASLEEP, level=1)}
@@ -282,7 +283,7 @@ def test_only_a_wake_is_asked_for_less_than_the_whole_reservation() -> None:
     got = fit_serve(desired, starting, "llm", now=NOW)
     assert [(t.gpu_role, t.requested_mib) for t in got.terms] == [("a", 8000)]
     # asleep, it holds its residual: its wake asks for the rest
-    sleepy = serve("llm", 8000, OND, sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 2000))
+    sleepy = serve("llm", 8000, OND, sleep=sm.Sleep(1, 1000, SleepProtocol.VLLM, 2000))
     desired, _ = _build(Case([sleepy], {}, []))
     asleep = sm.Observed(
         True, {"c-llm": up()}, sleep={"llm": sm.SleepObs(sm.SleepState.ASLEEP, level=1)}

@@ -1,7 +1,7 @@
 """A footprint's arithmetic (statemachine/sizing/footprint.py), pure: which windows overlap,
 what a stop's sample says, how a peak is raised, how samples are summarised (every
 term of declared vs measured) and how a ``vram_mib`` is proposed. The executor's and
-the interfaces' use of it is tests/test_footprints.py."""
+the interfaces' use of it is tests/shell/test_footprints.py."""
 
 from __future__ import annotations
 
@@ -171,7 +171,7 @@ def test_the_defaults_give_the_documented_example() -> None:
         "rounded up to a multiple of 256 MiB = 4864 MiB"
     )
     assert p.arithmetic == line
-    assert line in (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    assert line in (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
 
 
 def test_a_start_without_a_reading_before_is_unknown() -> None:

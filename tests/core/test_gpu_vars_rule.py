@@ -3,7 +3,7 @@
 Every variable of the table, an unknown one left out (never empty, never 0), two roles
 joined by ",", the controller's values winning over ``up_env``, and the placeholders
 substituted in each word or refused with the reason. The executor's side is in
-tests/test_gpu_vars.py.
+tests/shell/test_gpu_vars.py.
 """
 
 from __future__ import annotations

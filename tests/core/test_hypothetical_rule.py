@@ -1,5 +1,5 @@
 """``statemachine.answers.hypothetical``'s refusals and its serve, pure (the fit answers on the
-example manifest are tests/test_hypothetical.py)."""
+example manifest are tests/shell/test_hypothetical.py)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The fit shortcut's own contract (statemachine/answers/planner_shortcut.py), case by case.
 
-tests/test_fit_isolated.py shows over random hosts that wherever
+tests/core/test_fit_isolated.py shows over random hosts that wherever
 :func:`statemachine.answers.planner_shortcut.decide` answers, it answers as the planner. These tests
 pin *when* it answers and what: on small hosts built by hand, each case calls
 ``decide`` directly (with the observed ledger) and checks its answer, and, where it
@@ -19,6 +19,7 @@ from support.strategies import NOW
 from statemachine.answers.fit import request_plan
 from statemachine.answers.planner_shortcut import NO_ROOM_NEEDED, Decision, decide, whole_terms
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.ledger.reservations import ledger_from_observed
 from statemachine.planning.plan_types import Action, Policy, RestoreCost
 
@@ -260,12 +261,12 @@ def test_a_victim_inside_its_min_runtime_is_protected() -> None:
 def test_a_victim_that_could_sleep_instead_is_left_to_the_planner() -> None:
     """The planner weighs a sleep against the stop; where the serve may not sleep (its
     engine refused it: policy.no_sleep) it is a plain victim."""
-    sleeper = replace(_evictable("evi"), sleep=sm.Sleep(2, 1_000, sm.SleepProtocol.VLLM))
+    sleeper = replace(_evictable("evi"), sleep=sm.Sleep(2, 1_000, SleepProtocol.VLLM))
     assert _decide([sleeper], _running(sleeper)) is None
     no_sleep = Policy(no_sleep=frozenset({"evi"}))
     assert _answers([sleeper], _running(sleeper), policy=no_sleep) == Decision(("evi",))
     # asleep it would still hold all it holds: nothing to weigh, it is stopped
-    no_gain = replace(sleeper, sleep=sm.Sleep(2, 5_000, sm.SleepProtocol.VLLM))
+    no_gain = replace(sleeper, sleep=sm.Sleep(2, 5_000, SleepProtocol.VLLM))
     assert _answers([no_gain], _running(no_gain)) == Decision(("evi",))
 
 
@@ -273,7 +274,7 @@ def test_an_asleep_victim_is_stopped_without_a_drain() -> None:
     """A sleeper's residual in the way is stopped; its router tier is not drained (it
     serves nothing while asleep)."""
     sleeper = replace(
-        _evictable("evi"), router_tier="t", sleep=sm.Sleep(2, 1_000, sm.SleepProtocol.VLLM)
+        _evictable("evi"), router_tier="t", sleep=sm.Sleep(2, 1_000, SleepProtocol.VLLM)
     )
     observed = replace(_running(sleeper), sleep={"evi": sm.SleepObs(sm.SleepState.ASLEEP, level=2)})
     want = replace(WANT, vram_mib=9_500)  # 9,000 free beside the residual

@@ -1,6 +1,6 @@
 """The ledger against the host: never below what the containers really hold.
 
-The overcommit property (tests/test_planner_properties.py, 1) checks the ledger a plan
+The overcommit property (tests/core/test_planner_properties.py, 1) checks the ledger a plan
 leaves against the budget, but that ledger is built from the observation, so a ledger
 that miscounts what the host holds passes it. Here a simulated host, built from the
 scenario independently of :mod:`statemachine.ledger.reservations`, says what each container really
@@ -39,6 +39,7 @@ from hypothesis import HealthCheck, event, given, note, settings, target
 from support.strategies import NOW, Scenario, case_share, crowded_hosts, every_scenario, hosts
 
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.ledger.reservations import Ledger, Refusal
 from statemachine.planning.plan_types import (
     Action,
@@ -317,7 +318,7 @@ def test_host_ram_is_counted_from_the_sleep_itself() -> None:
     roles = {"g0": sm.GpuRole("g0", 1000)}
     sleeper = sm.ServeSpec(
         "alpha", "c-alpha", ("g0",), 1000, sm.Residency.EVICTABLE,
-        sleep=sm.Sleep(1, 250, next(iter(sm.SleepProtocol)), 1),
+        sleep=sm.Sleep(1, 250, next(iter(SleepProtocol)), 1),
     )  # fmt: skip
     wants = sm.ServeSpec("bravo", "c-bravo", ("g0",), 1, sm.Residency.ON_DEMAND)
     desired = sm.DesiredState(

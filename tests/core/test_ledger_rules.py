@@ -1,6 +1,6 @@
 """Table tests of the ledger's boundaries and refusals (docs/architecture.md, the ledger).
 
-The property test (tests/test_ledger_properties.py) draws sizes at random; these pin
+The property test (tests/core/test_ledger_properties.py) draws sizes at random; these pin
 the edges it rarely hits: exactly full, one MiB past full, a same-size resize on a
 role observed over budget, invalid input (non-positive MiB, empty or repeated role
 lists, unknown roles), an unknown ledger, and the ledger built from an observation
@@ -15,6 +15,7 @@ import pytest
 from support.core import spec as core_spec
 
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.ledger.reservations import (
     GpuReservation,
     Ledger,
@@ -304,7 +305,7 @@ def test_an_engine_asleep_without_the_controllers_record_holds_its_residual() ->
     sleep (no level, no host RAM): it holds the residual it declares, at the level it
     declares (level 2: no host RAM), not its full reservation."""
     s = sm.ServeSpec("s", "c-s", ("b",), 150, sm.Residency.EVICTABLE, sm.DesiredRun.RUNNING)
-    s = replace(s, sleep=sm.Sleep(2, 30, sm.SleepProtocol.VLLM))
+    s = replace(s, sleep=sm.Sleep(2, 30, SleepProtocol.VLLM))
     assert sleeping_reservation(s, sm.SleepObs(sm.SleepState.ASLEEP)) == (30, 0)
     assert sleeping_reservation(s, sm.SleepObs(sm.SleepState.UNKNOWN)) is None  # counted awake
 
@@ -325,7 +326,7 @@ def test_an_engine_of_unknown_state_keeps_the_host_ram_of_a_recorded_level_1_sle
     host RAM of a level-1 sleep counts while any record says it was put to sleep: the
     level alone (the declared host RAM), or the host RAM alone (the recorded figure)."""
     s = sm.ServeSpec("s", "c-s", ("b",), 150, sm.Residency.EVICTABLE, sm.DesiredRun.RUNNING)
-    s = replace(s, sleep=sm.Sleep(1, 30, sm.SleepProtocol.VLLM, 500))
+    s = replace(s, sleep=sm.Sleep(1, 30, SleepProtocol.VLLM, 500))
     assert sleeping_reservation(s, sm.SleepObs(sm.SleepState.UNKNOWN, level=1)) == (None, 500)
     recorded = sm.SleepObs(sm.SleepState.UNKNOWN, host_ram_mib=700)
     assert sleeping_reservation(s, recorded) == (None, 700)

@@ -23,6 +23,7 @@ from hypothesis.stateful import (
 )
 
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.ledger.reservations import (
     GpuReservation,
     Ledger,
@@ -179,7 +180,7 @@ def test_host_holdings_must_be_mib() -> None:
 
 
 def coder(
-    sleep: sm.Sleep | None = sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 20_000),
+    sleep: sm.Sleep | None = sm.Sleep(1, 1000, SleepProtocol.VLLM, 20_000),
 ) -> sm.ServeSpec:
     return sm.ServeSpec(
         "coder",

@@ -32,7 +32,7 @@ from statemachine.lifecycle.machine import (
     next_state,
 )
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 DOC = REPO / "docs" / "lifecycle.md"
 REGENERATE = ".venv/bin/python docs/gen_lifecycle.py"
 

@@ -2,7 +2,7 @@
 (statemachine/answers/pending.py), pure: each request is judged on its own (one that does not
 count never hides the ones after it), a sleeper's request counts at its full
 reservation, and nothing counts while Docker cannot be read. The API's use of it is
-tests/test_pending_requests.py."""
+tests/shell/test_pending_requests.py."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from support.core import spec
 
 from statemachine.answers.pending import PendingStart, pending_starts, with_pending
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.planning.plan_types import (
     Policy,
 )
@@ -72,7 +73,7 @@ def test_a_request_that_does_not_count_never_hides_the_ones_after_it() -> None:
 
 
 def test_a_sleepers_request_counts_at_its_full_reservation() -> None:
-    nap = sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 20_000)
+    nap = sm.Sleep(1, 1000, SleepProtocol.VLLM, 20_000)
     d = desired(sv("s", 8000, sleep=nap), requests=(req("s"),))
     obs = sm.Observed(
         True,

@@ -1,6 +1,6 @@
 """Two requests are never promised the same room: ``up`` after ``up``, as a property.
 
-tests/test_pending_requests.py shows it on examples; here a generated host (its
+tests/shell/test_pending_requests.py shows it on examples; here a generated host (its
 recorded requests taken away) is asked a sequence of ``up`` s, with repeats (the request
 queue asks again each time it looks at a queued request, and a client may ask again),
 through the pure answer :func:`statemachine.answers.up_decision.decide_up` (what the API's
@@ -74,6 +74,7 @@ from support.strategies import (
 from statemachine.answers.pending import pending_starts
 from statemachine.answers.up_decision import decide_up
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.ledger.reservations import ledger_from_observed
 from statemachine.planning.admission import can_request, conflict
 from statemachine.planning.idleness import in_force
@@ -144,9 +145,7 @@ def shared_cards(draw: st.DrawFn) -> Scenario:
             spec = sm.ServeSpec(name, f"ctr-{name}", (rid,), mib, sm.Residency.EVICTABLE)
             kind = draw(st.sampled_from(["plain", "sleep", "elastic"]))
             if kind == "sleep" and mib > 1:
-                spec = replace(
-                    spec, sleep=sm.Sleep(2, max(1, mib // 8), next(iter(sm.SleepProtocol)))
-                )
+                spec = replace(spec, sleep=sm.Sleep(2, max(1, mib // 8), next(iter(SleepProtocol))))
             elif kind == "elastic" and mib > 1:
                 url = f"http://127.0.0.1:9000/{name}"
                 spec = replace(spec, elastic=sm.Elastic(url, mib // 2, segment_mib=1))
@@ -522,7 +521,7 @@ def test_two_requests_are_never_promised_the_same_room(a: Asks) -> None:
 
 #: the least share of examples (of :func:`asks`, derandomized) in which each case the
 #: property is about occurs; observed at the time of writing in brackets, this file run
-#: alone / with tests/test_pending_requests.py collected first (the draws then differ:
+#: alone / with tests/shell/test_pending_requests.py collected first (the draws then differ:
 #: the floors hold for both)
 FLOORS = {
     "two 202s": 0.35,  # (71% / 83%)

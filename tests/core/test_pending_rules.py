@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from statemachine.answers.pending import PendingStart, Room, pending_starts
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.planning.plan_types import (
     Action,
     Policy,
@@ -53,7 +54,7 @@ def test_a_sleeper_shrunk_before_it_slept_counts_at_its_declared_reservation() -
         ("a",),
         8000,
         sm.Residency.ON_DEMAND,
-        sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 20_000),
+        sleep=sm.Sleep(1, 1000, SleepProtocol.VLLM, 20_000),
         elastic=sm.Elastic("http://127.0.0.1:1", 4000),
     )
     d = sm.DesiredState(

@@ -547,7 +547,7 @@ def test_a_victim_put_to_sleep_is_not_a_stop_and_frees_down_to_its_residual() ->
     assert (weighed["b"].victims, weighed["b"].stops, weighed["b"].freed_mib) == (("b1",), 1, 3000)
     # by the victim order (no costs known): a1 asleep frees 3000 beyond the 1000 short
     # on a, b1's stop exactly the 3000 short on b (the planner's own choice between them
-    # on one card; tests/test_placement_victims.py: a wake cheaper than a cold start)
+    # on one card; tests/core/test_placement_victims.py: a wake cheaper than a cold start)
     assert (decision.role, decision.how) == ("b", How.VICTIMS)
 
 

@@ -2,7 +2,7 @@
 docs/placement.md), pure.
 
 Two cards, ``a`` (budget 10000 MiB) and ``b`` (budget 6000), as in
-``tests/test_placement.py``.
+``tests/core/test_placement.py``.
 """
 
 from __future__ import annotations

@@ -2,8 +2,8 @@
 docs/placement.md), pure: each test states one term, and fails where it is dropped.
 
 Two cards, ``a`` (budget 10000 MiB) and ``b`` (budget 6000), as in
-``tests/test_placement.py``; the moves (docs/placement.md, moves) start from the case of
-``tests/test_off_its_cards.py``: ``x`` (8000, resident, pinned to ``a``) is blocked by
+``tests/core/test_placement.py``; the moves (docs/placement.md, moves) start from the case of
+``tests/core/test_off_its_cards.py``: ``x`` (8000, resident, pinned to ``a``) is blocked by
 ``p`` (4000, placed on ``a`` or ``b``), which runs on ``a`` and fits on ``b``.
 """
 

@@ -6,8 +6,8 @@ A serve of the first pass whose shortfall the forced stops of a later serve's st
 cases pin when it waits and when it must not: a wait that is not warranted lets a
 younger request take the room the older one was owed, or leaves the older one blocked;
 a wait that is warranted keeps a holder running that an eviction would stop for
-nothing. Same builders and style as tests/test_planner_rules.py and
-tests/test_planner_edges.py: a small fleet, the plan expected as ``"action serve"``
+nothing. Same builders and style as tests/core/test_planner_rules.py and
+tests/core/test_planner_edges.py: a small fleet, the plan expected as ``"action serve"``
 lines, written from the rules.
 """
 

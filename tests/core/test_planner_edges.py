@@ -1,7 +1,7 @@
 """The planner at its boundaries (docs/eviction.md): start order, shrink sizes,
 ``min_runtime_s`` exactly reached, grow-back sizes and the texts of steps and blocks.
 
-Same style as tests/test_planner_rules.py (whose helpers these cases use): a small
+Same style as tests/core/test_planner_rules.py (whose helpers these cases use): a small
 fleet, an observation, and the plan expected as ``"action serve"`` lines, with the
 MiB and reasons the docs promise, written from the rules, not from the code's output.
 """
@@ -15,6 +15,7 @@ from support.plan_cases import EVI, NOW, OND, RES, RUN, STOP, Case, _build, req,
 from support.plan_lines import ELASTIC, lines, plan_of, starts
 
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.planning.plan_types import (
     Action,
     Policy,
@@ -1444,7 +1445,7 @@ def test_a_start_that_needs_a_woken_sleepers_shrink_is_not_left_to_the_next_plan
                 EVI,
                 RUN,
                 elastic=sm.Elastic(ELASTIC, 1, segment_mib=1),
-                sleep=sm.Sleep(1, 140, sm.SleepProtocol.VLLM),
+                sleep=sm.Sleep(1, 140, SleepProtocol.VLLM),
             ),
             serve("charlie", 860, RES, RUN, elastic=sm.Elastic(ELASTIC, 361, segment_mib=1)),
             serve("s03", 500, OND, RUN),

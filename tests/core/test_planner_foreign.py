@@ -3,7 +3,7 @@
 A container bearing a serve's name but another Compose project's label is never a
 victim (docs/design.md); a fit on an observation whose Docker reading failed is not
 known, never a "no" (docs/operations.md, exit code 3). These cases also live beside the
-shell's tests (tests/test_foreign.py, tests/test_cli_polish.py); here they import only
+shell's tests (tests/shell/test_foreign.py, tests/shell/test_cli_polish.py); here they import only
 ``statemachine``, so the mutation run of the planner and of fit runs them.
 """
 
@@ -13,6 +13,7 @@ from support.core import spec
 
 from statemachine.answers.fit import fit_serve
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.planning.plan_types import Action, Policy
 from statemachine.planning.planner import plan_transitions
 
@@ -200,7 +201,7 @@ def test_a_sleeper_whose_container_is_anothers_is_never_woken() -> None:
         sm.Residency.EVICTABLE,
         3000,
         desired=sm.DesiredRun.RUNNING,
-        sleep=sm.Sleep(1, 500, sm.SleepProtocol.VLLM),
+        sleep=sm.Sleep(1, 500, SleepProtocol.VLLM),
     )
     desired = _host(coder)
     asleep = {"coder": sm.SleepObs(sm.SleepState.ASLEEP, level=1)}

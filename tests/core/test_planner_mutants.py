@@ -10,6 +10,7 @@ sleep frees ``held - residual_mib``) and pins the behaviour one mutant of
 from __future__ import annotations
 
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.ledger.reservations import Ledger
 from statemachine.planning.plan_types import Action, Plan
 from statemachine.planning.planner import plan_transitions
@@ -37,7 +38,7 @@ def test_an_elastic_sleeper_shrunk_to_its_residual_is_stopped_not_slept() -> Non
         600,
         sm.Residency.EVICTABLE,
         sm.DesiredRun.RUNNING,
-        sleep=sm.Sleep(2, 100, sm.SleepProtocol.VLLM),
+        sleep=sm.Sleep(2, 100, SleepProtocol.VLLM),
     )
     b = sm.ServeSpec(
         "b",
@@ -47,7 +48,7 @@ def test_an_elastic_sleeper_shrunk_to_its_residual_is_stopped_not_slept() -> Non
         sm.Residency.EVICTABLE,
         sm.DesiredRun.RUNNING,
         elastic=sm.Elastic("http://127.0.0.1:1", floor_mib=300, segment_mib=100),
-        sleep=sm.Sleep(2, 300, sm.SleepProtocol.VLLM),
+        sleep=sm.Sleep(2, 300, SleepProtocol.VLLM),
     )
     q = sm.ServeSpec("q", "c-q", ("g0",), 900, sm.Residency.ON_DEMAND)
     desired = sm.DesiredState(

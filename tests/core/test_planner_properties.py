@@ -297,7 +297,7 @@ def _plans_under_hash_seed(seed: str, examples: int) -> dict[str, str]:
     env = {**os.environ, "PYTHONHASHSEED": seed}
     out = subprocess.run(
         [sys.executable, "-c", _HASH_SEED_CHILD, str(examples)],
-        cwd=Path(__file__).parent,
+        cwd=Path(__file__).parents[1],
         env=env,
         capture_output=True,
         text=True,

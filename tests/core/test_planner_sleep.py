@@ -19,6 +19,7 @@ from support.core import spec
 from support.replay import assert_never_overcommits
 
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.ledger.reservations import Ledger, ledger_from_observed
 from statemachine.planning.plan_types import Action, Plan
 from statemachine.planning.planner import plan_transitions
@@ -33,7 +34,7 @@ UP = sm.ContainerObs(sm.ContainerState.RUNNING, health="healthy", started_at=0.0
 
 
 def sleep(residual: int = 1000, level: int = 1, host: int = 20_000) -> sm.Sleep:
-    return sm.Sleep(level, residual, sm.SleepProtocol.VLLM, host if level == 1 else 0)
+    return sm.Sleep(level, residual, SleepProtocol.VLLM, host if level == 1 else 0)
 
 
 def sv(
@@ -175,7 +176,7 @@ def test_without_a_host_budget_host_ram_never_turns_a_sleep_into_a_stop() -> Non
 def test_a_level_1_sleep_that_declares_no_host_ram_takes_none() -> None:
     """A sleep built without ``host_ram_mib`` (the manifest always fills it at level 1)
     takes no host RAM: it is slept, not stopped, and the host ledger stays empty."""
-    coder = sv("coder", 16_000, EVI, RUN, sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM))
+    coder = sv("coder", 16_000, EVI, RUN, sleep=sm.Sleep(1, 1000, SleepProtocol.VLLM))
     llm = sv("llm", 8000, OND)
     desired, obs, result = plan([STT, coder, llm], ["stt", "coder"], ("llm",))
     assert lines(result)[:2] == ["sleep coder", "release_to_residual coder"]

@@ -38,6 +38,7 @@ from support.strategies import (
 )
 
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.planning.idleness import request_end
 from statemachine.planning.plan_types import Action, Plan
 from statemachine.planning.planner import plan_transitions
@@ -69,7 +70,7 @@ def sleepy(draw: st.DrawFn) -> Scenario:
             level = draw(st.sampled_from([1, 2]))
             residual = draw(st.integers(1, s.vram_mib - 1))
             host_mib = draw(st.integers(0, 80_000)) if level == 1 else 0
-            s = replace(s, sleep=sm.Sleep(level, residual, sm.SleepProtocol.VLLM, host_mib))  # noqa: PLW2901
+            s = replace(s, sleep=sm.Sleep(level, residual, SleepProtocol.VLLM, host_mib))  # noqa: PLW2901
             if sc.observed.container(s.container).holds and name not in sc.observed.starting:
                 state = draw(st.sampled_from([None, *sm.SleepState]))
                 if state is not None:
@@ -197,7 +198,7 @@ def test_one_victim_sleeps_when_its_sleep_covers_is_stopped_when_only_a_stop_doe
         victim,
         sm.Residency.EVICTABLE,
         sm.DesiredRun.RUNNING,
-        sleep=sm.Sleep(level, residual, sm.SleepProtocol.VLLM, host_ram),
+        sleep=sm.Sleep(level, residual, SleepProtocol.VLLM, host_ram),
     )
     serves = [v, sm.ServeSpec("q", "c-q", ("a",), need, sm.Residency.ON_DEMAND)]
     running = {"c-v": sm.ContainerObs(sm.ContainerState.RUNNING, started_at=0.0)}

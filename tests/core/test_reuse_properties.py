@@ -3,7 +3,7 @@ costs by use").
 
 Every scenario of the shared generator, with each serve's uses and reload costs drawn
 (some known, some unknown, some never used), through the same properties as
-``tests/test_planner_properties.py``: no prefix of a plan overcommits a GPU role or the
+``tests/core/test_planner_properties.py``: no prefix of a plan overcommits a GPU role or the
 host RAM; stops and starts follow the rules (a resident, an on-demand serve or a serve
 inside its ``min_runtime_s`` is never a victim, whatever its uses; a sleeper stopped to
 give its host RAM is an evictable serve, stopped in the group of the victim that sleeps

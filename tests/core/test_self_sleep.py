@@ -1,7 +1,7 @@
 """An engine that sleeps by itself (llama.cpp's ``--sleep-idle-seconds``): lint's note,
 the engine's own answer read, and status showing it asleep with its whole reservation
 held (statemachine/flags/self_sleep.py, statemachine/answers/status_report.py). The real engine
-doing it is tests/test_real_engine_e2e.py."""
+doing it is tests/e2e/test_real_engine_e2e.py."""
 
 from __future__ import annotations
 

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from statemachine.answers.status_report import lifecycle_from_observation
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.ledger.reservations import GpuReservation, Ledger, Refusal, RefusalKind
 from statemachine.lifecycle.machine import LifecycleState
 from statemachine.planning.plan_types import Action, Plan, Step
@@ -141,7 +142,7 @@ def test_a_sleeper_outside_the_ledger_wakes_without_touching_the_ledger() -> Non
         (),
         None,
         sm.Residency.ON_DEMAND,
-        sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 0),
+        sleep=sm.Sleep(1, 1000, SleepProtocol.VLLM, 0),
     )
     desired = sm.DesiredState(
         {"g0": sm.GpuRole("g0", 1000)}, {"free": free}, (sm.OnDemandRequest("free", NOW - 1),)
@@ -197,7 +198,7 @@ def test_a_wake_starts_the_woken_serves_idleness_afresh() -> None:
         500,
         sm.Residency.ON_DEMAND,
         idle_ttl_s=60.0,
-        sleep=sm.Sleep(2, 1, sm.SleepProtocol.VLLM, 0),
+        sleep=sm.Sleep(2, 1, SleepProtocol.VLLM, 0),
     )
     desired = sm.DesiredState(
         {"g0": sm.GpuRole("g0", 1000)}, {"od": s}, (sm.OnDemandRequest("od", NOW - 60),)

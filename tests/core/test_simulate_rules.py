@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.ledger.reservations import GpuReservation, Ledger, ledger_from_observed
 from statemachine.planning.plan_types import Action, Plan, Step
 from statemachine.planning.planner import plan_transitions
@@ -70,7 +71,7 @@ def test_a_stopped_sleeper_is_not_asleep_so_its_restart_counts_in_full_and_is_no
         ("g0",),
         8000,
         sm.Residency.ON_DEMAND,
-        sleep=sm.Sleep(1, 1000, sm.SleepProtocol.VLLM, 0),
+        sleep=sm.Sleep(1, 1000, SleepProtocol.VLLM, 0),
     )
     asleep = sm.Observed(True, {"ctr-s": UP}, sleep={"s": sm.SleepObs(sm.SleepState.ASLEEP, 1)})
     up, after = _stop_then_start(s, asleep)

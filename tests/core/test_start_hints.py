@@ -1,5 +1,5 @@
 """The hint a start that failed for memory carries (statemachine/sizing/start_hints.py); the
-real engine killed for memory is tests/test_real_engine_faults.py."""
+real engine killed for memory is tests/e2e/test_real_engine_faults.py."""
 
 from __future__ import annotations
 

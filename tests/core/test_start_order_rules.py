@@ -4,7 +4,7 @@ The documented order of on-demand requesters is: the ``desired = "running"`` one
 (by descending ``priority``, then name), **then requests oldest first**. Request age
 comes before priority: a higher priority does not let a younger request take the room
 an older one is waiting for. ``priority`` only breaks ties among requests of the same
-age (and orders the ``running`` ones). The cases of ``tests/test_planner_edges.py``
+age (and orders the ``running`` ones). The cases of ``tests/core/test_planner_edges.py``
 give every serve the same priority, so they cannot tell age-first from priority-first;
 each case here sets the two against each other.
 

@@ -21,6 +21,7 @@ from support.core import spec
 
 from statemachine.answers.status_report import host_status, lifecycle_from_observation
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 
 NOW = 10_000.0
 RUN, STOP = sm.DesiredRun.RUNNING, sm.DesiredRun.STOPPED
@@ -191,7 +192,7 @@ def test_a_stopped_container_has_no_nvml_used_nor_drift_whatever_its_last_readin
 
 def test_an_awake_sleeper_shows_no_level_residual_nor_host_ram() -> None:
     coder = sv(
-        "coder", 16_000, EVI, desired=RUN, sleep=sm.Sleep(1, 1_000, sm.SleepProtocol.VLLM, 20_000)
+        "coder", 16_000, EVI, desired=RUN, sleep=sm.Sleep(1, 1_000, SleepProtocol.VLLM, 20_000)
     )
     desired = desired_of(coder, host=sm.HostBudget(64_000, 4_000))
     row = serve_row(desired, sm.Observed(True, {"c-coder": UP}), "coder")
@@ -325,7 +326,7 @@ def test_with_docker_unreadable_no_serve_is_said_kept_down() -> None:
 def _sleepers(n: int) -> tuple[sm.DesiredState, sm.Observed]:
     names = [f"s{i}" for i in range(n)]
     serves = [
-        sv(name, 2_000, EVI, desired=RUN, sleep=sm.Sleep(1, 500, sm.SleepProtocol.VLLM, 10_000))
+        sv(name, 2_000, EVI, desired=RUN, sleep=sm.Sleep(1, 500, SleepProtocol.VLLM, 10_000))
         for name in names
     ]
     desired = desired_of(*serves, host=sm.HostBudget(24_000, 4_000))  # budget 20000

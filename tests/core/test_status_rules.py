@@ -1,5 +1,5 @@
 """The status report's rules (``statemachine.answers.status_report``) beside
-tests/test_status_report.py.
+tests/core/test_status_report.py.
 
 Written from docs/placement.md (``vramctl status`` shows a placed serve on the card it
 holds, ``gpu_roles``, beside its candidates, ``placement``; every candidate while it

@@ -1,12 +1,13 @@
 """``decide_up``: the answer to an on-demand ``up`` (``statemachine.answers.up_decision``).
 
-The same contract the HTTP tests state through the API (tests/test_api.py,
-tests/test_pending_requests.py, tests/test_router_absent.py, tests/test_up_wait_api.py),
+The same contract the HTTP tests state through the API (tests/shell/test_api.py,
+tests/shell/test_pending_requests.py, tests/shell/test_router_absent.py,
+tests/shell/test_up_wait_api.py),
 stated on the pure decision: the status the operator and the router read (202 started,
 409 never, 429 later with ``Retry-After``, 503 fail closed), the message the API sends
 as ``error``, every term of the arithmetic in the body (requested, free, shortfall,
 evictable, shrinkable, the requests counted as held) and the serves named. Pure: built
-from hand-made fleets (tests/test_planner_rules.py), no controller.
+from hand-made fleets (tests/core/test_planner_rules.py), no controller.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One verdict on a serve's model (statemachine/flags/verdict.py), pure: the engine's own
 limits decide; the plain comparison in bytes where no limit holds the engine. The front
-ends that give it are pinned in tests/test_one_verdict.py."""
+ends that give it are pinned in tests/shell/test_one_verdict.py."""
 
 from __future__ import annotations
 

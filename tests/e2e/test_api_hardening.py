@@ -23,7 +23,7 @@ from support.serving import free_port
 from support.waiting import wait_for
 
 TOKEN = "hardening-test-token-0123456789"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 MiB = 1024 * 1024
 #: words that only the ``up`` command line, its output or a bad manifest value contain
 SECRET_ARG = "up-arg-s3cr3t"

@@ -1,6 +1,6 @@
 """End to end: engine metrics drive victim choice and measured idleness on the real daemon.
 
-``vramctl run`` runs as a subprocess (as in tests/test_run_e2e.py, whose fleet, waits
+``vramctl run`` runs as a subprocess (as in tests/e2e/test_run_e2e.py, whose fleet, waits
 and budget checks this file reuses) with its HTTP API on a free loopback port; each
 serve's engine metrics are a :class:`fake_http.FakeEngineMetrics` page named by the
 serve's ``metrics_url``. The tests set the counts and look at Docker and at

@@ -41,7 +41,7 @@ from test_run_e2e import _follow_events, healthy, vramctl
 
 pytestmark = [pytest.mark.docker, pytest.mark.slow]
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SNIPPET = REPO / "docs" / "deploy" / "compose-snippet.yml"
 IMAGE = "vramctl:test"
 TOKEN = "container-test-token-0123456789"

@@ -47,7 +47,7 @@ from statemachine.domain.types import ContainerState
 
 BusyboxFactory = Callable[..., Container]
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parents[1] / "fixtures"
 SECOND_NS = 1_000_000_000
 
 

@@ -23,7 +23,7 @@ from statemachine.planning.planner import (
 )
 from statemachine.planning.simulate import apply_plan, ledger_prefixes
 
-EXAMPLES = Path(__file__).resolve().parents[1] / "manifests" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 MANIFESTS = sorted(EXAMPLES.glob("*.toml"))
 
 

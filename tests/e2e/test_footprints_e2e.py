@@ -37,7 +37,7 @@ from controller.store.journal import Journal, JournalError, journal_path
 
 pytestmark = pytest.mark.docker
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UUID = "GPU-footprint-e2e"
 BASE_MIB = 700
 TAKES_MIB = 5200  # 30 % more than the 4000 it declares

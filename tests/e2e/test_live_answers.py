@@ -35,7 +35,7 @@ from support.serving import free_port
 from support.waiting import wait_for
 
 TOKEN = "live-test-token-0123456789"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def serve_toml(*fields: Any, stop_s: int = 5, health: bool = True) -> str:

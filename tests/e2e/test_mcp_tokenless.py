@@ -1,6 +1,6 @@
 """``/mcp`` of a real ``vramctl run`` to a caller without the token (docs/agents.md).
 
-``vramctl run`` in a subprocess (``tests/test_api.py``'s :class:`Live`, on the real
+``vramctl run`` in a subprocess (``tests/shell/test_api.py``'s :class:`Live`, on the real
 daemon: its serves are on-demand and never started, so no container is needed), its
 manifest holding a serve whose ``[serve.model]`` files quote a marker in their error,
 and beside it a file outside the manifest set that quotes the marker too. The caller

@@ -373,7 +373,7 @@ def test_default_attribution_reads_the_real_cgroup(
 
 
 def vramctl(*args: str) -> subprocess.CompletedProcess[str]:
-    return run_cli(*args, env=cli_env(), cwd=Path(__file__).parent.parent)
+    return run_cli(*args, env=cli_env(), cwd=Path(__file__).parents[2])
 
 
 def json_of(r: subprocess.CompletedProcess[str]) -> Any:

@@ -38,7 +38,7 @@ __all__ = ["names"]  # the fixture, shared with test_loop_events
 
 pytestmark = pytest.mark.docker
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 TOKEN = "one-answer-token"
 RESIDENT = 'residency = "resident"\ndesired = "running"'
 EVICTABLE = 'residency = "evictable"'

@@ -4,7 +4,7 @@ The serves are Compose services of the image tests/docker/ensure-engine.sh build
 loading model files tests/engine_models.py writes; each service's command is the
 engine's model and address followed by what ``vramctl render`` prints for the serve
 (nothing hand-written about memory). ``vramctl run`` (a subprocess with its API, as in
-tests/test_busy_e2e.py) creates them through their ``up`` and waits on the engine's
+tests/e2e/test_busy_e2e.py) creates them through their ``up`` and waits on the engine's
 real ``/health`` (503 while it loads); it reads requests in flight from the engine's
 real ``/metrics`` (``llamacpp:requests_processing`` + ``llamacpp:requests_deferred``),
 so the on-demand serve's idleness, and with it the end of its request, follows real

@@ -37,7 +37,7 @@ from statemachine.planning.plan_types import RestoreCost
 
 pytestmark = pytest.mark.docker
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UUID = "GPU-reload-e2e"
 HEALTH_DELAY_S = 1  # the serve's health page comes up this long after its start
 

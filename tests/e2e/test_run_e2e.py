@@ -3,7 +3,7 @@
 Each test gets a temp folder (manifest, state directory, the controller's JSON log)
 and busybox serve containers with a unique name prefix and the ``vramctl.test=1``
 label (httpd answering the serve's health path on loopback, as in
-tests/test_executor_e2e.py). The controller runs as
+tests/e2e/test_executor_e2e.py). The controller runs as
 ``python -m controller.interfaces.cli run -m MANIFEST --state-dir STATE --resync 1 --log-json``
 (plus ``--no-api`` when this vramctl has it), and the tests only edit files, send
 signals and look at Docker, never at the controller's memory. A test that checks
@@ -53,7 +53,7 @@ from controller.store.journal import Journal, journal_path
 
 pytestmark = pytest.mark.docker
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 RESYNC_S = 1.0
 BUDGET_MIB = 10_000
 HOLDS = frozenset({"running", "paused", "restarting"})

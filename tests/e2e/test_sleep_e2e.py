@@ -1,6 +1,6 @@
 """End to end: ``vramctl run`` puts an evictable serve to sleep instead of stopping it.
 
-On the real Docker daemon, as in tests/test_run_e2e.py (the controller a subprocess;
+On the real Docker daemon, as in tests/e2e/test_run_e2e.py (the controller a subprocess;
 the tests look only at Docker, the test engine and the journal). The sleeper ``big``
 is a busybox container (httpd answering its health path) whose engine is the test
 engine (tests/fake_engine.py, vLLM's protocol unless a test asks for SGLang's) in this

@@ -29,7 +29,7 @@ from support.serving import free_port
 
 from controller.manifest import ManifestError, load_manifest_set
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def vramctl(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:

@@ -1,6 +1,6 @@
 """``vramctl up --wait`` tells where the request stands while it waits, from the event stream.
 
-A real ``vramctl run`` (the harness of ``tests/test_live_answers.py``: busybox containers
+A real ``vramctl run`` (the harness of ``tests/e2e/test_live_answers.py``: busybox containers
 on the real daemon, the API on a loopback port) and the real CLI in a subprocess:
 
 - ``--wait 1`` that passes while queued: one line, ``still queued after Ns: position 1 on

@@ -993,7 +993,7 @@ def test_pool(root: Path, also: list[Path]) -> list[Path]:
     ``tests/conftest.py`` (the baseline run shows they pass without them)."""
     pure = [
         path.relative_to(root)
-        for path in sorted((root / "tests").glob("test_*.py"))
+        for path in sorted((root / "tests").glob("**/test_*.py"))
         if _imports(path, None) and not _IMPURE.search(path.read_text())
     ]
     return sorted({*pure, *also})

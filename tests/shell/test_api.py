@@ -48,7 +48,7 @@ from controller.snapshot import parse_snapshot
 from controller.store.journal import Journal, journal_path
 
 TOKEN = "api-test-token-0123456789"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def manifest_text(prefix: str, ports: dict[str, int]) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from support.cli import cli_env, run_cli
 
-FIX = Path(__file__).parent / "fixtures"
+FIX = Path(__file__).parents[1] / "fixtures"
 ANVIL = FIX / "anvil-serving"
 OBSERVED = FIX / "anvil-serving.observed.json"
 SET = [
@@ -47,7 +47,7 @@ def test_validate_each_fixture(name: str) -> None:
 
 def test_validate_counts_its_gpu_roles_in_words() -> None:
     """One card is "1 gpu role", two are "2 gpu roles" (docs/manifest.md)."""
-    examples = Path(__file__).parent.parent / "manifests" / "examples"
+    examples = Path(__file__).parents[2] / "manifests" / "examples"
     for name, words in (("single-card.toml", "1 gpu role"), ("two-card.toml", "2 gpu roles")):
         r = vramctl("validate", "-m", str(examples / name))
         assert r.returncode == 0, r.stderr
@@ -290,7 +290,7 @@ def test_render_adds_what_the_sleep_api_needs(tmp_path: Path) -> None:
 
 def test_fit_text_says_why_a_blocker_may_not_be_stopped(tmp_path: Path) -> None:
     # ocr started 10 s before the observation: inside its min_runtime_s, so protected
-    example = Path(__file__).resolve().parents[1] / "manifests" / "examples"
+    example = Path(__file__).resolve().parents[2] / "manifests" / "examples"
     data = json.loads((example / "single-card.observed.json").read_text())
     data["containers"]["vllm-ocr"]["started_at"] = "2026-11-30T08:59:50Z"
     observed = tmp_path / "observed.json"

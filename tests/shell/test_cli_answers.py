@@ -24,7 +24,7 @@ from support.cli import cli_env, run_cli
 from support.serving import free_port, httpd
 from support.waiting import wait_for
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
 OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
 

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
 OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
 SERVER_DOCKER_HTTP = {

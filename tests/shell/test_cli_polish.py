@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 from support.cli import run_cli
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
 OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
 COMMANDS = [

@@ -24,7 +24,7 @@ import pytest
 from support.serving import free_port
 from support.waiting import WAIT_S
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
 #: the words of a raw exception that must never reach the operator
 RAW = ("DockerException", "FileNotFoundError", "Connection aborted", "Traceback", "Errno")

@@ -22,7 +22,7 @@ from pydantic import BaseModel
 
 from controller.manifest import ElasticModel, GpuRoleModel, HostModel, ServeModel, SleepModel
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 MANIFEST_DOC = DOCS / "manifest.md"
 

@@ -35,7 +35,7 @@ from controller.adapters.docker.actions import UP_ENV_PASS
 from controller.interfaces.metrics import Metrics
 from controller.manifest import models
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = (ROOT / "controller", ROOT / "statemachine")
 TOOLING = (
     ROOT / "tests",

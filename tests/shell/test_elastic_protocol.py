@@ -5,7 +5,7 @@ free VRAM measured across the whole card, a resize that waits for a running requ
 and then answers 409, the failure paths and ``/v1/unload`` + ``/v1/load``), talked to
 by the real adapter. Plans come from the real planner; the executor carries them out
 with an in-memory container runtime (the daemon is not what is under test here: the
-real one is driven in tests/test_executor_e2e.py), and the loop's bookkeeping
+real one is driven in tests/e2e/test_executor_e2e.py), and the loop's bookkeeping
 (``Controller.reconciler.lessons``: ``learn``, ``elastic_in_force``) runs on a real journal.
 
 The invariant checked after every execution: the ledger never counts an elastic serve
@@ -41,7 +41,7 @@ from statemachine.planning.planner import (
     plan_transitions,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
 EXAMPLE_OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
 

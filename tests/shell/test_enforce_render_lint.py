@@ -25,7 +25,7 @@ from controller.tools.compose_lint import lint_compose, render_serve
 from statemachine.flags.fraction import FindingKind
 from statemachine.flags.model_limits import ModelInput
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 MANIFEST = """
 [[gpu_roles]]
 id = "a"

@@ -58,8 +58,8 @@ from statemachine.flags.fraction import (
     role_totals,
 )
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "anvil-serving"
-SHARED_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "anvil-serving"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "anvil-serving"
+SHARED_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "anvil-serving"
 COMPOSE_FILES = (
     "docker-compose.yml",
     "docker-compose.voice-audio.yml",

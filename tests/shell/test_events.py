@@ -9,7 +9,7 @@ Three layers:
   a bus the test publishes on), read by httpx streaming: redaction and auth like the
   other GETs, ``Last-Event-ID``, heartbeats, a stalled reader over TCP, and the
   client's reconnection after the server went away;
-* ``vramctl run`` over real containers (the scenario of tests/test_api.py): an
+* ``vramctl run`` over real containers (the scenario of tests/shell/test_api.py): an
   eviction and its undo, read by a real client while they happen; every lifecycle
   transition arrives in order with increasing ids, a resume gets exactly the events
   missed, and ``vramctl events`` prints them.
@@ -731,7 +731,7 @@ def test_the_documented_kinds_are_exactly_the_kinds_published() -> None:
     from controller.interfaces.stream import SSE_EVENT_SCHEMA
     from controller.service.events import KINDS
 
-    text = (Path(__file__).resolve().parent.parent / "docs" / "operations.md").read_text()
+    text = (Path(__file__).resolve().parents[2] / "docs" / "operations.md").read_text()
     section = text[text.index("### Event stream") :]
     documented = set(re.findall(r"^\| `([a-z.]+)` \|", section, flags=re.MULTILINE))
     assert documented == {*KINDS, "gap", "end"}

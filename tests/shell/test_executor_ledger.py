@@ -2,7 +2,7 @@
 
 These check the executor's own bookkeeping (what it asks the elastic engine, when it
 releases), so the container runtime is a small in-memory stand-in here; the real
-daemon is driven in tests/test_executor_e2e.py. The elastic engine is the loopback
+daemon is driven in tests/e2e/test_executor_e2e.py. The elastic engine is the loopback
 HTTP server of tests/fake_http.py, talked to by the real adapter.
 """
 

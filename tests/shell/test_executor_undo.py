@@ -7,7 +7,7 @@ fault is reported loudly: in the failed step's detail, in the report
 (``undo_faults``, its JSON, ``ok`` false) and in the log at ERROR
 (docs/protocols.md#the-undo-of-a-failed-group).
 
-The container runtime is the small in-memory stand-in of tests/test_executor_ledger.py
+The container runtime is the small in-memory stand-in of tests/shell/test_executor_ledger.py
 (here with a ``docker stop`` that fails); the router is the loopback test router of
 tests/fake_http.py, talked to by the real adapter.
 """

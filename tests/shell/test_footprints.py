@@ -41,7 +41,7 @@ from statemachine.planning.planner import (
 )
 from statemachine.sizing.footprint import Method, Sample, propose, summarise
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 UUID = "GPU-footprint-0"
 ROLE = sm.GpuRole("g0", 24_000, 0, uuid=UUID)
 BASE_MIB = 900  # the driver's own use of the card
@@ -426,7 +426,7 @@ def snapshot(tmp_path: Path) -> Path:
 
 
 def test_the_api_and_the_metrics_show_declared_vs_measured(
-    idle: Controller,  # noqa: F811 - the fixture of tests/test_api.py
+    idle: Controller,  # noqa: F811 - the fixture of tests/shell/test_api.py
     client: Callable[..., Asgi],  # noqa: F811
 ) -> None:
     # the loop's recorder on its journal: llm (5000 declared) measured at 6500

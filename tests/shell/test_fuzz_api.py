@@ -159,7 +159,7 @@ def _ended_bus() -> EventBus:
     The event stream never ends while the controller runs, and the in-process client
     reads an answer whole; over a closed bus each stream is finite, so it is fuzzed
     like every other route (``since`` and ``Last-Event-ID`` of any text). The stream
-    itself is tested over a real server in tests/test_events.py.
+    itself is tested over a real server in tests/shell/test_events.py.
     """
     bus = EventBus(buffer=4)
     for i in range(6):

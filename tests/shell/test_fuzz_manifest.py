@@ -51,7 +51,7 @@ from controller.manifest.fields import (
     MAX_STOP_TIMEOUT_S,
 )
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 STACK = ROOT / "tests" / "fixtures" / "anvil-serving"
 STACK_FILES = ("serves.toml", "serves.voice.toml", "serves.comfyui.toml")
 EXAMPLES = tuple(sorted((ROOT / "manifests" / "examples").glob("*.toml")))

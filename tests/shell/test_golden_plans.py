@@ -8,7 +8,7 @@ behaviour shows as a diff here first.
 
 Regenerate after an intended change of behaviour, and review the diff::
 
-    VRAMCTL_REGEN_GOLDEN=1 PYTHONPATH=$PWD python -m pytest tests/test_golden_plans.py
+    VRAMCTL_REGEN_GOLDEN=1 PYTHONPATH=$PWD python -m pytest tests/shell/test_golden_plans.py
 """
 
 from __future__ import annotations
@@ -31,12 +31,12 @@ from statemachine.planning.planner import (
     plan_transitions,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "manifests" / "examples"
-FIX = Path(__file__).resolve().parent / "fixtures"
+FIX = Path(__file__).resolve().parents[1] / "fixtures"
 ANVIL = FIX / "anvil-serving"
 ANVIL_SET = [ANVIL / "serves.toml", ANVIL / "serves.voice.toml", ANVIL / "serves.comfyui.toml"]
-GOLDEN = Path(__file__).resolve().parent / "golden"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 REGEN = os.environ.get("VRAMCTL_REGEN_GOLDEN") == "1"
 NOW = 1_800_000_000.0
 

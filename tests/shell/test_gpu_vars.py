@@ -3,9 +3,9 @@
 Every variable of the table, an unknown one left out (never empty, never 0), two roles
 joined by ",", the controller's values winning over ``up_env``, and the placeholders
 substituted in each word or refused with the reason; then the executor's start giving
-them to ``up`` (the in-memory runtime of tests/test_executor_ledger.py), and the start
+them to ``up`` (the in-memory runtime of tests/shell/test_executor_ledger.py), and the start
 and the preflight refusing an unknown placeholder before ``up`` runs (the rule's own
-tests, pure, are tests/test_gpu_vars_rule.py).
+tests, pure, are tests/core/test_gpu_vars_rule.py).
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def test_the_manifest_loads_placeholders_in_up(tmp_path: Path) -> None:
 
 
 class UpRecorder(Containers):
-    """The in-memory runtime of tests/test_executor_ledger.py whose ``up`` is recorded
+    """The in-memory runtime of tests/shell/test_executor_ledger.py whose ``up`` is recorded
     (and creates the container); ``executable_exists`` and ``port_in_use`` answer for the
     preflight."""
 
@@ -176,7 +176,7 @@ def test_render_shows_sglangs_fraction_for_a_start_on_the_observed_host() -> Non
     reservation left out), and its 8192 MiB over that."""
     from test_enforce_render_lint import cli
 
-    repo = Path(__file__).resolve().parent.parent / "manifests" / "examples"
+    repo = Path(__file__).resolve().parents[2] / "manifests" / "examples"
     args = ("render", "summarizer", "-m", str(repo / "sleep-card.toml"))
     observed = ("--observed", str(repo / "sleep-card.observed.json"))
     r = cli(*args, *observed)

@@ -12,7 +12,7 @@ from statemachine.answers.fit import fit_serve
 from statemachine.answers.hypothetical import HYPOTHETICAL, HypotheticalError, with_hypothetical
 from statemachine.domain.types import DesiredState, Observed, Residency
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
 OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
 

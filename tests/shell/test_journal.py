@@ -28,7 +28,7 @@ from controller.store.journal import (
 )
 from statemachine.domain.types import OnDemandRequest
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 STEPS: list[dict[str, Any]] = [
     {"action": "reserve", "serve": "emb", "gpu_roles": ["a"], "mib": 4000, "reason": "r"},

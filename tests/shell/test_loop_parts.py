@@ -2,7 +2,7 @@
 
 The Docker event source is driven with a stand-in client and streams (what it does
 with them is under test: which events ask for a cycle, when a stream is opened again
-and with which filter; the real daemon's stream is in tests/test_loop_events.py); the
+and with which filter; the real daemon's stream is in tests/e2e/test_loop_events.py); the
 start outcomes and the tier tracking write a real journal; the manifest re-read reads
 real files.
 """

@@ -27,8 +27,8 @@ from controller.manifest.runtime import ServeRuntime
 from controller.manifest.schema import SCHEMA_PATH, render_schema
 from statemachine.domain.types import DesiredRun, DesiredState, Elastic, Residency
 
-FIXTURES = Path(__file__).resolve().parent / "fixtures" / "anvil-serving"
-SHARED_FIXTURES = Path(__file__).resolve().parents[2] / "shared" / "fixtures" / "anvil-serving"
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "anvil-serving"
+SHARED_FIXTURES = Path(__file__).resolve().parents[3] / "shared" / "fixtures" / "anvil-serving"
 FIXTURE_FILES = ("serves.toml", "serves.voice.toml", "serves.comfyui.toml")
 
 BUDGET = 97887 - 3072  # 94815: both RTX PRO 6000 roles

@@ -157,7 +157,7 @@ def test_a_long_dotted_key_is_refused_before_tomllib_sees_it(tmp_path: Path) -> 
         text=True,
         timeout=120,
         check=False,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "dotted key" in r.stdout and "parts" in r.stdout, r.stdout
@@ -188,7 +188,7 @@ def test_validate_reports_deep_nesting_without_a_traceback(tmp_path: Path) -> No
         text=True,
         timeout=60,
         check=False,
-        cwd=Path(__file__).resolve().parents[1],
+        cwd=Path(__file__).resolve().parents[2],
     )
     assert r.returncode == 1, r.stdout + r.stderr
     assert "Traceback" not in r.stderr and "nested" in r.stderr, r.stderr

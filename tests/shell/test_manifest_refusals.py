@@ -211,7 +211,7 @@ def test_a_newer_versions_field_is_named_not_silently_dropped(tmp_path: Path) ->
 
 
 def test_the_real_stacks_informational_keys_are_known(tmp_path: Path) -> None:
-    fixtures = Path(__file__).parent / "fixtures" / "anvil-serving"
+    fixtures = Path(__file__).parents[1] / "fixtures" / "anvil-serving"
     names = ("serves.toml", "serves.voice.toml", "serves.comfyui.toml")
     mset = load_manifest_set([fixtures / name for name in names], strict=True)
     assert not [w for w in mset.warnings if "unknown key" in w], mset.warnings

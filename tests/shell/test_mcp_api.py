@@ -1,10 +1,10 @@
 """``vramctl mcp --api``: the stdio server answering from a running controller's ``/mcp``.
 
 The API app is served in-process by uvicorn on a free loopback port
-(``tests/test_mcp_http.py``'s :func:`serving`, over ``tests/test_api.py``'s ``idle``
+(``tests/shell/test_mcp_http.py``'s :func:`serving`, over ``tests/shell/test_api.py``'s ``idle``
 controller and its scripted observation); ``python -m controller.interfaces.cli mcp
 --api`` is spawned as an MCP client would (the SDK's stdio client, as
-``tests/test_mcp.py`` does) in the same event loop. Its answers must be the ones
+``tests/shell/test_mcp.py`` does) in the same event loop. Its answers must be the ones
 ``/mcp`` gives directly; an API that does not answer is a tool error saying how to
 fix it, or with ``-m`` a direct observation that says so. Nothing is mocked.
 """

@@ -1,7 +1,7 @@
 """``/mcp`` inside ``vramctl run``: the MCP server over Streamable HTTP (docs/agents.md).
 
 The API app (:func:`controller.interfaces.api.create_app`) over a controller that has
-not cycled (``tests/test_api.py``'s ``idle`` fixture) and then one with a scripted
+not cycled (``tests/shell/test_api.py``'s ``idle`` fixture) and then one with a scripted
 observation (its ``observe``), served by uvicorn on a free loopback port in the test's
 own event loop (its lifespan runs the MCP session manager, as ``vramctl run``'s does);
 the SDK's own client (``mcp.client.streamable_http``) and plain HTTP against it. The
@@ -148,7 +148,7 @@ def test_tools_answer_from_the_live_view_as_v1_does(idle: Controller) -> None:  
             assert mine["lifecycle"] == theirs["lifecycle"], mine["serve"]
             assert mine["reservation_mib"] == theirs["reservation_mib"], mine["serve"]
         # without the token: names, states and figures only, as GET /v1/serves; a
-        # refusal in a fixed wording that echoes nothing (tests/test_mcp_tokenless.py)
+        # refusal in a fixed wording that echoes nothing (tests/e2e/test_mcp_tokenless.py)
         assert typo.is_error and tool_text(typo) == PUBLIC_NO_SERVE
         assert any("shown only to a request with" in n for n in answer["notes"]), answer
         async with session(auth()) as s:

@@ -1,13 +1,13 @@
 """``/mcp``'s sessions opened without the token: bounded in count and in lifetime, and
 never in the way of one opened with the token (docs/agents.md, "Its sessions").
 
-The API app served by uvicorn on a free loopback port (``tests/test_mcp_http.py``'s
+The API app served by uvicorn on a free loopback port (``tests/shell/test_mcp_http.py``'s
 :func:`run`, as ``vramctl run`` serves it: its lifespan runs the MCP session manager)
-over ``tests/test_api.py``'s ``idle`` controller with a scripted observation. Sessions
+over ``tests/shell/test_api.py``'s ``idle`` controller with a scripted observation. Sessions
 without the token are opened over plain HTTP and never closed (``tests/mcp_raw.py``),
 as a client that leaks them would; whether the server still holds one is asked with a
 ping inside it (404: it was ended). The client with the token is the SDK's. Nothing is
-mocked. ``tests/test_chaos.py`` floods a real ``vramctl run`` with thousands and
+mocked. ``tests/shell/test_chaos.py`` floods a real ``vramctl run`` with thousands and
 watches its memory.
 """
 

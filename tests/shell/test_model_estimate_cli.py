@@ -2,7 +2,7 @@
 ``status`` and ``calibrate`` carrying the estimate (docs/sizing.md, "A serve's model").
 
 The models are real files written by the formats' own writers (the helpers of
-tests/test_estimate_files.py); the footprints are samples recorded in a real journal.
+tests/shell/test_estimate_files.py); the footprints are samples recorded in a real journal.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from support.model_files import hf_config, write_tiny_gguf
 from controller.store.journal import Journal, journal_path
 from statemachine.sizing.footprint import Method, Sample
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: 2 MiB of weights; 32 layers × 8 KV heads × head_dim 128 at 8192 tokens: 1 GiB of KV
 KV_FORMULA = (
     "2 × 32 layers × 8 KV heads × 128 head_dim × 8192 tokens × 2 bytes (f16) × "

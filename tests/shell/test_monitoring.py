@@ -33,7 +33,7 @@ from test_api import Live, idle, live, observe  # noqa: F401
 from controller.interfaces.metrics import Metrics
 from controller.service.loop import Backoff, Controller
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "docs" / "deploy"
 DASHBOARD = DEPLOY / "grafana-dashboard.json"
 RULES = DEPLOY / "prometheus-alerts.yml"

@@ -29,7 +29,7 @@ from typing import Any
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MUTATE = ROOT / "tests/mutation/mutate.py"
 
 MODULE = '''"""What a role is short."""

@@ -1,7 +1,7 @@
 """One verdict on a serve's model (statemachine/flags/verdict.py): ``validate``, ``render``,
 ``fit`` (its CLI, MCP and JSON answer) and ``status`` (the model entries) give the same
 answer, from the engine's own arithmetic. Files written by gguf's own writer
-(tests/test_enforce_render_lint.py's two-layer model: 4259840 bytes of weights, 128
+(tests/shell/test_enforce_render_lint.py's two-layer model: 4259840 bytes of weights, 128
 bytes of KV a token)."""
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Requests accepted but not yet planned count in every answer (``up``, fit, ledger).
 
 No Docker: a controller whose observations the test scripts (as
-``tests/test_queue_api.py`` does); the loop never runs, so a request ``up`` accepts
+``tests/shell/test_queue_api.py`` does); the loop never runs, so a request ``up`` accepts
 stays recorded and unplanned, which is the window these answers must cover. The pure
 part (:mod:`statemachine.answers.pending`) is tested on its own below.
 

@@ -1,8 +1,8 @@
 """The request queue and the live ledger, against the ASGI app and the pure overlay.
 
-No Docker: a controller whose observations the test scripts (as ``tests/test_api.py``
+No Docker: a controller whose observations the test scripts (as ``tests/shell/test_api.py``
 does), and the live ledger fed as the executor feeds it. The real daemon's queue,
-``wait_s`` and live answers are in ``tests/test_live_answers.py``.
+``wait_s`` and live answers are in ``tests/e2e/test_live_answers.py``.
 
 * a queued request ends at its own deadline (429 saying so), and when what it waits
   for can never come (a resident now holds the room: 429 "cannot fit any more");

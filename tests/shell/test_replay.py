@@ -29,7 +29,7 @@ from statemachine.planning.planner import (
     plan_transitions,
 )
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "manifests" / "examples"
+EXAMPLES = Path(__file__).resolve().parents[2] / "manifests" / "examples"
 
 MANIFEST = """\
 [[gpu_roles]]

@@ -4,9 +4,9 @@ The loop's answer to ``up`` is given from the host as it stands when the request
 arrives; the cycle already observing may have read the host before that (a start that
 ended meanwhile read as still in progress, so never a victim). Were that cycle to plan
 the request, it could stop another victim than the one the answer named: seen on the
-real daemon under load (``tests/test_one_answer_docker.py``, the measured-costs
+real daemon under load (``tests/e2e/test_one_answer_docker.py``, the measured-costs
 victim). ``statemachine.answers.pending.asked_as_of`` is the rule (tested pure in
-``tests/test_asked_as_of.py``); here a real :class:`~controller.service.loop.Controller`
+``tests/core/test_asked_as_of.py``); here a real :class:`~controller.service.loop.Controller`
 (dry run) whose host reader records the request while it observes, as the API does
 when a request lands mid-cycle.
 No Docker: the host reader is scripted.

@@ -10,7 +10,7 @@ whose serve cannot be stopped; ``run`` says once at start which serves need a ro
 and ``validate`` warns.
 
 No Docker for the API part: a controller whose observations the test scripts (as
-``tests/test_pending_requests.py`` does). ``run`` and ``validate`` run in a subprocess.
+``tests/shell/test_pending_requests.py`` does). ``run`` and ``validate`` run in a subprocess.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from controller.manifest import load_manifest_set
 from controller.service.loop import Controller
 from controller.service.queue_pump import active_requests
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 #: budget 10000: res 3000 + ocr 4000 (evictable, with a tier) run; fast (on-demand,
 #: with a tier) fits beside them; plain (no tier) needs ocr evicted; tiny fits as is

@@ -19,7 +19,7 @@ from statemachine.flags.fraction import fraction_for
 from statemachine.flags.model_limits import ModelInput, render_limits
 from statemachine.sizing.needs import MIB
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "docs"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "docs"))
 import gen_sizing_table as gen
 
 

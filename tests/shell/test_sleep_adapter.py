@@ -217,7 +217,7 @@ def test_sglang_release_refuses_while_requests_run() -> None:
 
 def test_sglang_without_the_memory_saver_answers_as_if_it_had_released() -> None:
     # the adapter cannot tell: the release looks done and SGLang cannot be asked; only
-    # the device shows nothing came back (tests/test_sleep_executor.py: stopped instead)
+    # the device shows nothing came back (tests/e2e/test_sleep_executor.py: stopped instead)
     with FakeEngine("sglang", enabled=False) as eng, client() as c:
         assert c.sleep(eng.url, "sglang", 1) == "POST /release_memory_occupation"
         assert c.is_sleeping(eng.url, "sglang") is None

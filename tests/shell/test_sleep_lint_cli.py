@@ -14,7 +14,7 @@ from support.cli import bare_cli
 from support.files import compose
 from test_engine_flags_sleep import SERVICES, SLEEPY
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def lint(*args: str) -> subprocess.CompletedProcess[str]:

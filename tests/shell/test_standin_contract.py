@@ -53,7 +53,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from statemachine import engines
 from statemachine.engines.spec import HttpCall, SleepApi
 
-TABLE = Path(__file__).resolve().parent / "fixtures" / "engine_contract.toml"
+TABLE = Path(__file__).resolve().parents[1] / "fixtures" / "engine_contract.toml"
 REPOS = {"vllm": "vllm-project/vllm", "sglang": "sgl-project/sglang"}
 FAKE_SOURCE = Path(fake_engine.__file__).read_text(encoding="utf-8")
 _COMMIT = re.compile(r"[0-9a-f]{40}")

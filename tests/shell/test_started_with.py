@@ -2,7 +2,7 @@
 says now (``Observed.started_with``, the controller's journal record).
 
 Pure-core tests of the ledger and the status report; the loop's record keeping is
-tested end to end in tests/test_run_e2e.py (a half-written manifest under ``run``).
+tested end to end in tests/e2e/test_run_e2e.py (a half-written manifest under ``run``).
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from support.mcp_stdio import tool_text, with_session
 
 from controller.store.journal import Journal, journal_path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "manifests" / "examples"
 VRAMCTL = Path(sys.executable).with_name("vramctl")
 NOBODY = 65534

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from support.waiting import WAIT_S, wait_for
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "manifests" / "examples" / "single-card.toml"
 OBSERVED = ROOT / "manifests" / "examples" / "single-card.observed.json"
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

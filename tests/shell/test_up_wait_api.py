@@ -1,7 +1,7 @@
 """``up`` that waits, over a real uvicorn server: what happens while, and after, it waits.
 
 The API app runs on uvicorn in a thread on a loopback port; the controller behind it
-never cycles: the test says what a cycle observed (as ``tests/test_queue_api.py`` does)
+never cycles: the test says what a cycle observed (as ``tests/shell/test_queue_api.py`` does)
 and, where the loop would have planned, asks the real planner for that plan. Clients
 are real HTTP clients that wait, and go away, as a terminal's ``vramctl up --wait``
 does when it is interrupted.

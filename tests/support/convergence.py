@@ -22,7 +22,7 @@ stops) starts again by itself in the next plan, at its declaration: the edit car
 out, not churn.
 
 One known disagreement is let through, and pinned as a strict xfail
-(``tests/test_planner_edges.py``): an elastic sleeper the plan wakes is weighed asleep for
+(``tests/core/test_planner_edges.py``): an elastic sleeper the plan wakes is weighed asleep for
 the plan's later starts (at its residual, not at what it wakes to, and never shrunk),
 so a start that needs its shrink, or the room its wake gives back, waits for the next
 plan (the steps there of the serves the plan blocked, and the woken serve's grow, are
@@ -31,7 +31,7 @@ not counted as churn).
 A placed serve (docs/placement.md) that a plan stops (evicted to make room, or moved off
 the card a pinned serve needs) holds nothing afterwards: the next plan places it again,
 on a card with room, and starts it there by itself (its own group, no room made for it);
-that is the rule's second plan, not churn (tests/test_placement.py holds the same). So
+that is the rule's second plan, not churn (tests/core/test_placement.py holds the same). So
 is a placed serve the plan blocked on the card chosen for it because a serve started
 ahead of it (placement weighs by the requests' age, the plan starts residents first: a
 known disagreement, docs/placement.md) took the room: the next plan places it again

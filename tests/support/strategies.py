@@ -35,6 +35,7 @@ from hypothesis.internal.cache import LRUCache
 from hypothesis.internal.conjecture import providers
 
 from statemachine.domain import types as sm
+from statemachine.engines import SleepProtocol
 from statemachine.planning.plan_types import (
     Plan,
     Policy,
@@ -504,7 +505,7 @@ def hosts(
             level = draw(st.sampled_from([1, 2]))
             residual = draw(st.integers(1, s.vram_mib - 1))  # the manifest: 0 < residual < vram
             host_mib = draw(st.integers(0, 80_000)) if level == 1 else 0
-            protocol = draw(st.sampled_from(sm.SleepProtocol))
+            protocol = draw(st.sampled_from(SleepProtocol))
             s = replace(s, sleep=sm.Sleep(level, residual, protocol, host_mib))  # noqa: PLW2901
             state = draw(st.sampled_from([None, *sm.SleepState]))
             if holds and state is not None:
@@ -591,7 +592,7 @@ def crowded_hosts(draw: st.DrawFn) -> Scenario:
                 level = draw(st.sampled_from([1, 1, 2]))
                 residual = max(1, mib // draw(st.integers(4, 20)))
                 host_mib = draw(st.integers(0, 4000)) if level == 1 else 0
-                protocol = draw(st.sampled_from(sm.SleepProtocol))
+                protocol = draw(st.sampled_from(SleepProtocol))
                 spec = replace(spec, sleep=sm.Sleep(level, residual, protocol, host_mib))
             elif mib > 1 and draw(st.booleans()):
                 floor = max(1, mib // 2)
@@ -622,9 +623,7 @@ def crowded_hosts(draw: st.DrawFn) -> Scenario:
         if not placed and spec.vram_mib and spec.vram_mib > 1 and draw(st.integers(0, 3)) == 0:
             # a sleeper to wake: asleep at its residual (counted there), requested
             residual = max(1, min(free[rid], spec.vram_mib // 4))
-            spec = replace(
-                spec, sleep=sm.Sleep(2, residual, draw(st.sampled_from(sm.SleepProtocol)))
-            )
+            spec = replace(spec, sleep=sm.Sleep(2, residual, draw(st.sampled_from(SleepProtocol))))
             containers[spec.container] = up
             sleep[name] = sm.SleepObs(sm.SleepState.ASLEEP, level=2)
             free[rid] -= residual
