@@ -82,8 +82,13 @@ class Lessons:
         tiers.recover_tiers(s.serve_records.quiesced, lambda: s.journal, dry_run=s.options.dry_run)
 
     def elastic_in_force(self, snap: SnapshotModel) -> dict[str, int]:
-        """The elastic reserves the journal records, for this observation."""
-        return overlays.elastic_in_force(self.state.journal, self.state.mset, snap)
+        """The elastic reserves the journal records, for this observation (read only)."""
+        return overlays.elastic_in_force(self.state.journal, self.state.mset, snap)[0]
+
+    def take_in(self, learned: overlays.Learned) -> None:
+        """What an observation found, journalled (on the loop's thread): the start
+        records that ended or were found, the sleepers forgotten or seen, void reserves."""
+        learned.write(self.state.journal)
 
     def footprint_reading(self) -> Reading:
         """Devices and containers now, for a footprint (from a start's thread too)."""

@@ -5,9 +5,12 @@ engine was told since. :class:`JournalOverlays` lays the journal's records over 
 observation and keeps them true to it: a container keeps the reservation it was started
 with until it stops (:meth:`JournalOverlays.started_in_force`), a sleeper is a sleeper
 until its engine says otherwise (:meth:`JournalOverlays.sleep_in_force`), an elastic
-reserve holds until its engine restarts (:meth:`JournalOverlays.elastic_in_force`); and
-it records what the executor reports (starts, sleeps) and what the manifest in force
-declares. With docker unreadable nothing is dropped or recorded on its strength.
+reserve holds until its engine restarts (:func:`elastic_in_force`). Observing writes
+nothing: what an observation finds the journal should learn (a start record that ends or
+is found, a sleeper forgotten or seen, a reserve void) is a :class:`Learned`, which the
+loop writes once the observation is taken in. This module also records what the executor
+reports (starts, sleeps) and what the manifest in force declares. With docker unreadable
+nothing is dropped or recorded on its strength.
 
 The journal and the manifest are given to each call (the loop owns them); what is held
 here is only what was already said (a note is logged once, not every cycle) and the
@@ -17,7 +20,8 @@ sleep probe. This module must not plan or act on a container.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 
 from loguru import logger
 
@@ -26,11 +30,12 @@ from controller.adapters.sleep import SleepClient
 from controller.manifest import ManifestSet
 from controller.service.executor import ExecutionReport, Outcome
 from controller.service.overlay_rules import (
+    StartedRecords,
     elastic_kept,
     started_models,
     started_records,
 )
-from controller.service.sleeping import observe_sleep
+from controller.service.sleeping import SleepersNow, observe_sleep
 from controller.snapshot import SleepStateModel, SnapshotModel, StartedWithModel
 from controller.store.journal import Journal, SleepRecord
 from statemachine.domain.types import DesiredState, StartedWith
@@ -50,31 +55,27 @@ class JournalOverlays:
 
     def started_in_force(
         self,
-        journal: Journal,
         desired: DesiredState,
         snap: SnapshotModel,
         records: dict[str, StartedWith],
         known: dict[str, StartedWith] | None = None,
-    ) -> dict[str, StartedWithModel]:
+    ) -> tuple[dict[str, StartedWithModel], StartedRecords]:
         """The start reservations of the containers that still run (journal records),
-        by :func:`started_records`, and the journal kept true to them: a record whose
-        container stopped is forgotten, one found running without a record is written.
-        ``records`` is updated in place."""
+        by :func:`started_records`, and what the journal should learn to stay true to
+        them (:meth:`Learned.write`): a record whose container stopped ends, one found
+        running without a record is added. Nothing is written here."""
         found = started_records(desired, snap, records, known)
         for container in found.dropped:
-            journal.forget_started(container)
-            rec = records.pop(container)
             if container in self._no_longer_declared:
                 logger.info(
-                    "{} (no longer declared) stopped; its {} MiB are released", container, rec.mib
+                    "{} (no longer declared) stopped; its {} MiB are released",
+                    container,
+                    records[container].mib,
                 )
-        at = time.time()
-        for container, rec in found.added.items():
-            journal.set_started(container, rec.serve, rec.gpu_roles, rec.mib, at)
-            records[container] = rec
+        held = found.applied(records)
         declared = {s.container for s in desired.serves.values()}
-        self._say_undeclared({c: r for c, r in records.items() if c not in declared})
-        return started_models(records)
+        self._say_undeclared({c: r for c, r in held.items() if c not in declared})
+        return started_models(held), found
 
     def _say_undeclared(self, gone: dict[str, StartedWith]) -> None:
         for container, rec in gone.items():
@@ -90,26 +91,50 @@ class JournalOverlays:
         self._no_longer_declared = set(gone)
 
     def sleep_in_force(
-        self, journal: Journal, desired: DesiredState, snap: SnapshotModel
-    ) -> dict[str, SleepStateModel]:
-        """The sleep state of every serve that can sleep, and the journal kept true to it.
+        self, sleeping: Mapping[str, SleepRecord], desired: DesiredState, snap: SnapshotModel
+    ) -> tuple[dict[str, SleepStateModel], SleepersNow]:
+        """The sleep state of every serve that can sleep (``sleeping``: the journal's
+        sleep records), and what the journal should learn to stay true to it.
 
         A sleeper whose container stopped, or started again since its sleep (awake and
-        full), or whose engine says it is awake, is forgotten; what each recorded
-        sleeper was seen as is journalled every cycle.
+        full), or whose engine says it is awake, is to be forgotten; what each recorded
+        sleeper was seen as is to be journalled every cycle. Nothing is written here.
         """
-        records = journal.sleeping()
-        models, now = observe_sleep(desired, snap, records, self._sleep_probe)
-        at = time.time()
-        for container in now.forget:
-            journal.forget_sleeping(container)
-        for container, seen in now.seen.items():
-            journal.saw_sleeping(container, seen, at)
+        models, now = observe_sleep(desired, snap, sleeping, self._sleep_probe)
         for note in now.notes:
             if note not in self._sleep_said:
                 logger.info("sleep: {}", note)
         self._sleep_said = set(now.notes)
-        return models
+        return models, now
+
+
+@dataclass(frozen=True, slots=True)
+class Learned:
+    """What one observation found that the journal should learn; the observation writes
+    nothing, the loop writes this after it (:meth:`write`)."""
+
+    #: the start records that end and those found (:func:`started_records`)
+    started: StartedRecords = field(default_factory=StartedRecords)
+    #: the sleepers as this observation found them (what to forget, what each was seen as)
+    sleep: SleepersNow = field(default_factory=lambda: SleepersNow({}, {}, [], []))
+    #: the serves whose elastic reserve is void (:func:`elastic_kept`)
+    elastic_void: tuple[str, ...] = ()
+    #: when the observation was taken (epoch seconds)
+    at: float = 0.0
+
+    def write(self, journal: Journal) -> None:
+        """Keep the journal true to this observation."""
+        for container in self.started.dropped:
+            journal.forget_started(container)
+        for container, rec in self.started.added.items():
+            journal.set_started(container, rec.serve, rec.gpu_roles, rec.mib, self.at)
+        for name in self.elastic_void:
+            journal.set_elastic(name, None, self.at)
+            logger.info("{}: the engine restarted or stopped; its elastic reserve is void", name)
+        for container in self.sleep.forget:
+            journal.forget_sleeping(container)
+        for container, seen in self.sleep.seen.items():
+            journal.saw_sleeping(container, seen, self.at)
 
 
 def observed_names(
@@ -138,14 +163,14 @@ def record_starts(
         journal.set_started(spec.container, spec.name, r.step.gpu_roles, r.step.mib, now)
 
 
-def elastic_in_force(journal: Journal, mset: ManifestSet, snap: SnapshotModel) -> dict[str, int]:
-    """The journal's elastic reserves in force (:func:`elastic_kept`); those of engines
-    that restarted since are voided in the journal (docker read: said so)."""
+def elastic_in_force(
+    journal: Journal, mset: ManifestSet, snap: SnapshotModel
+) -> tuple[dict[str, int], tuple[str, ...]]:
+    """The journal's elastic reserves in force (:func:`elastic_kept`), and those of
+    engines that restarted since, void (docker read: said so; :meth:`Learned.write`
+    journals it). Nothing is written here."""
     kept, void = elastic_kept(journal.elastic(), journal.elastic_set_at(), mset, snap)
-    for name in void if snap.docker == "ok" else ():
-        journal.set_elastic(name, None, time.time())
-        logger.info("{}: the engine restarted or stopped; its elastic reserve is void", name)
-    return kept
+    return kept, void if snap.docker == "ok" else ()
 
 
 def journal_sleep(journal: Callable[[], Journal], container: str, rec: SleepRecord | None) -> None:

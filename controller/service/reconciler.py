@@ -33,6 +33,7 @@ from controller.service.lessons import Lessons, LoopHandle
 from controller.service.loop_state import LoopState
 from controller.service.manifest_reread import read_manifests
 from controller.service.observe import observe_probes, observe_self_sleep
+from controller.service.overlay_rules import StartedRecords
 from controller.service.view_sources import CycleSummary
 from controller.service.wiring import make_executor, read_gpus
 from controller.snapshot import SnapshotModel, StartedWithModel, StartingModel
@@ -58,6 +59,8 @@ class Reconciler:
     _mark: int = 0  # the live ledger's mark of the observation being taken
     #: the requests recorded when the observation being taken began (asked_as_of)
     _asked_then: tuple[OnDemandRequest, ...] = ()
+    #: what the observation being taken found for the journal (written once taken in)
+    _learned: overlays.Learned = field(default_factory=overlays.Learned)
 
     def __post_init__(self) -> None:
         self.lessons = Lessons(self.state, self.loop)
@@ -127,7 +130,7 @@ class Reconciler:
             for name, st in {**starting, **ran}.items()
         }
         desired = s.mset.desired()
-        snap.started_with = s.overlays.started_in_force(s.journal, desired, snap, records, known)
+        snap.started_with, started = s.overlays.started_in_force(desired, snap, records, known)
         for name in ran:
             del snap.starting[name]
         # a start that ended healthy, its end not yet taken in: it runs with the roles
@@ -139,18 +142,22 @@ class Reconciler:
                 snap.started_with[spec.container] = StartedWithModel(
                     serve=name, gpu_roles=list(st.gpu_roles), mib=st.mib
                 )
-        self._observe_beside(snap)
+        self._learned = self._observe_beside(snap, started)
         return snap
 
-    def _observe_beside(self, snap: SnapshotModel) -> None:
-        """What the observation lays over the containers: probes, sleep, reserves, counts."""
+    def _observe_beside(self, snap: SnapshotModel, started: StartedRecords) -> overlays.Learned:
+        """What the observation lays over the containers: probes, sleep, reserves, counts;
+        and what the journal should learn from it (written by :meth:`inputs`)."""
         s = self.state
         # the health probes need only the containers: asked beside the engines' sleep
         # states and in-flight counts (each a loopback call per serve) rather than after
         probes = s.readers.submit(observe_probes, snap, s.mset, s.prober)
         self_asleep = s.readers.submit(observe_self_sleep, snap, s.mset, s.self_sleep)
-        snap.elastic = self.lessons.elastic_in_force(snap)
-        snap.sleep = s.overlays.sleep_in_force(s.journal, s.mset.desired(), snap)
+        at = time.time()
+        snap.elastic, void = overlays.elastic_in_force(s.journal, s.mset, snap)
+        snap.sleep, sleepers = s.overlays.sleep_in_force(
+            s.journal.sleeping(), s.mset.desired(), snap
+        )
         snap.quiesced = sorted(s.serve_records.quiesced)
         snap.unreleased = self.lessons.still_unreleased(snap)
         opts = s.options
@@ -163,6 +170,7 @@ class Reconciler:
         )
         snap.probes = probes.result()
         snap.self_asleep = self_asleep.result()
+        return overlays.Learned(started, sleepers, void, at)
 
     def inputs(self, snap: SnapshotModel, observed: Observed) -> Situation:
         """What the loop learns from an observation before it plans (on the loop's
@@ -170,6 +178,8 @@ class Reconciler:
         s = self.state
         now = time.time()
         # the answers read this observation from now on, with what the plan does after it
+        self.lessons.take_in(self._learned)  # what the observation found, journalled
+        self._learned = overlays.Learned()
         s.seen = (snap, now, self._mark)
         s.live.forget_before(self._mark)
         s.changes.changed()

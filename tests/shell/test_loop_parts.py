@@ -24,9 +24,9 @@ from controller.service import manifest_reread, tiers
 from controller.service.docker_events import DockerEvents
 from controller.service.executor import Outcome, StepResult
 from controller.service.manifest_reread import read_manifests
-from controller.service.overlays import JournalOverlays
+from controller.service.overlays import JournalOverlays, Learned
 from controller.service.start_outcomes import StartOutcomes
-from controller.snapshot import ContainerModel, SnapshotModel
+from controller.snapshot import ContainerModel, SnapshotModel, StartedWithModel
 from controller.store.journal import Journal, journal_path
 from statemachine.domain.types import ContainerState, DesiredState, StartedWith
 from statemachine.planning.plan_types import (
@@ -333,15 +333,27 @@ def test_a_loader_that_fails_gives_an_error_and_nothing_located(
 
 
 # ----- the journal's overlays ---------------------------------------------------------
+def _started_in_force(
+    journal: Journal,
+    snap: SnapshotModel,
+    records: dict[str, StartedWith],
+    known: dict[str, StartedWith] | None = None,
+) -> dict[str, StartedWithModel]:
+    """The start records an observation holds, and what it found, journalled after it."""
+    held, found = JournalOverlays().started_in_force(DesiredState({}, {}), snap, records, known)
+    Learned(started=found, at=1001.0).write(journal)
+    return held
+
+
 def test_with_docker_unreadable_no_start_reservation_is_dropped(journal: Journal) -> None:
     journal.set_started("c-gone", "gone", ("a",), 2000, 1000.0)
     records = journal.started()
     snap = SnapshotModel(docker="error", containers={})
-    held = JournalOverlays().started_in_force(journal, DesiredState({}, {}), snap, records)
+    held = _started_in_force(journal, snap, records)
     assert set(held) == {"c-gone"} and set(journal.started()) == {"c-gone"}
     snap = SnapshotModel(
         docker="ok", containers={"c-other": ContainerModel(state=ContainerState.RUNNING)}
     )
     known = {"c-other": StartedWith("other", ("a",), 1000)}
-    held = JournalOverlays().started_in_force(journal, DesiredState({}, {}), snap, records, known)
+    held = _started_in_force(journal, snap, records, known)
     assert set(held) == {"c-other"} and set(journal.started()) == {"c-other"}
