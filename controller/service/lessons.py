@@ -88,7 +88,7 @@ class Lessons:
     def take_in(self, learned: overlays.Learned) -> None:
         """What an observation found, journalled (on the loop's thread): the start
         records that ended or were found, the sleepers forgotten or seen, void reserves."""
-        learned.write(self.state.journal)
+        learned.write(self.state.journal, self.state.serve_records)
 
     def footprint_reading(self) -> Reading:
         """Devices and containers now, for a footprint (from a start's thread too)."""
@@ -108,7 +108,7 @@ class Lessons:
         s = self.state
         now, observed = result.inputs.now, result.observed
         desired = result.inputs.placed
-        overlays.record_starts(s.journal, report, desired, now)
+        overlays.record_starts(s.serve_records, report, desired, now)
         s.restore_times.record(report.results)  # the wakes (and starts run in the plan) it timed
         self.learn(report, now)
         self.track_tiers([r.to_json() for r in report.results])
@@ -148,7 +148,7 @@ class Lessons:
         report = ExecutionReport(results, Ledger({}), {})
         self.learn(report, time.time())
         s.restore_times.record(results)  # how long the cold start took, when it ended healthy
-        overlays.record_starts(s.journal, report, s.mset.desired(), time.time())
+        overlays.record_starts(s.serve_records, report, s.mset.desired(), time.time())
         self.track_tiers([r.to_json() for r in results])
         self.wake_when_a_hold_ends()
 

@@ -253,7 +253,9 @@ class _LoopLife:
             asyncio.create_task(self._resync(), name="resync"),
         ] + [asyncio.create_task(service(c)) for service in c.services]
         c.docker_events.names = frozenset(
-            overlays.observed_names(c.journal, c.mset, c.journal.started(), c.journal.declared())
+            overlays.observed_names(
+                c.journal, c.mset, c.serve_records.started(), c.journal.declared()
+            )
         )
         threading.Thread(target=c.read_docker_events, args=(loop,), daemon=True).start()
         c.reconciler.lessons.recover_tiers()

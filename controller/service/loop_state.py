@@ -93,7 +93,7 @@ class LoopState:
     def __post_init__(self) -> None:
         #: one record per serve: its lifecycle state (kept in the journal once ``run``
         #: opens it) and the marks below, which are views of the records
-        self.serve_records = RecordStore()
+        self.serve_records = RecordStore(journal_of=lambda: getattr(self, "journal", None))
         self.state_dir = self.options.state_dir or default_state_dir(list(self.options.manifests))
         self.stop_event = threading.Event()
         #: the manifest files changed since they were last read (the next cycle reads them)

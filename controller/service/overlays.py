@@ -35,6 +35,7 @@ from controller.service.overlay_rules import (
     started_models,
     started_records,
 )
+from controller.service.records import RecordStore
 from controller.service.sleeping import SleepersNow, observe_sleep
 from controller.snapshot import SleepStateModel, SnapshotModel, StartedWithModel
 from controller.store.journal import Journal, SleepRecord
@@ -122,12 +123,13 @@ class Learned:
     #: when the observation was taken (epoch seconds)
     at: float = 0.0
 
-    def write(self, journal: Journal) -> None:
-        """Keep the journal true to this observation."""
+    def write(self, journal: Journal, records: RecordStore) -> None:
+        """Keep the journal and the serves' placements (``records``) true to this
+        observation."""
         for container in self.started.dropped:
-            journal.forget_started(container)
+            records.unplace(container)
         for container, rec in self.started.added.items():
-            journal.set_started(container, rec.serve, rec.gpu_roles, rec.mib, self.at)
+            records.place(container, rec, self.at)
         for name in self.elastic_void:
             journal.set_elastic(name, None, self.at)
             logger.info("{}: the engine restarted or stopped; its elastic reserve is void", name)
@@ -150,9 +152,9 @@ def observed_names(
 
 
 def record_starts(
-    journal: Journal, report: ExecutionReport, desired: DesiredState, now: float
+    records: RecordStore, report: ExecutionReport, desired: DesiredState, now: float
 ) -> None:
-    """Record the reservation of each container this plan started (see above)."""
+    """Record the placement of each container this plan started (see above)."""
     for r in report.results:
         if r.step.action is not Action.START or r.outcome is not Outcome.OK:
             continue
@@ -160,7 +162,7 @@ def record_starts(
         if spec is None or not r.step.mib or not r.step.gpu_roles:
             continue  # outside the ledger; or no longer declared: its start counts it
         # the roles and MiB the start was planned with, whatever the manifest says now
-        journal.set_started(spec.container, spec.name, r.step.gpu_roles, r.step.mib, now)
+        records.place(spec.container, StartedWith(spec.name, r.step.gpu_roles, r.step.mib), now)
 
 
 def elastic_in_force(

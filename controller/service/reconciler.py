@@ -114,7 +114,7 @@ class Reconciler:
         # running by then, so it is counted either way
         starting = s.starts.snapshot()
         ran = s.starts.ran()
-        records = s.journal.started()
+        records = s.serve_records.started()  # the serves' placements
         known = s.journal.declared()
         names = overlays.observed_names(s.journal, s.mset, records, known)
         s.docker_events.follow_observed(names)

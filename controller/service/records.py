@@ -20,6 +20,11 @@ seen) are fields of the records too, read and written through set- and dict-like
 (:class:`MarkSet`, :class:`FieldMap`) so no copy of them lives anywhere else; only the
 lifecycle state is remembered in the journal (the marks are as durable as they were:
 the tiers left quiesced have their own table, the rest lives as long as the process).
+A record's placement (the card(s) its container holds its reservation on) is kept in
+the journal's start records, its only home: the store writes them (:meth:`RecordStore.place`,
+:meth:`RecordStore.unplace`), the loop's observation reads them
+(:meth:`RecordStore.started`), and :meth:`RecordStore.snapshot` fills each record's
+``placement`` from them; none is held in memory, so a restart reads back the same.
 The store is thread-safe (a start carried out beside the loop settles its machine from
 its own thread).
 
@@ -32,7 +37,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping, MutableMapping, MutableSet
+from collections.abc import Callable, Iterable, Iterator, Mapping, MutableMapping, MutableSet
 from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any, Generic, TypeVar
@@ -40,7 +45,7 @@ from typing import Any, Generic, TypeVar
 from loguru import logger
 
 from controller.store.journal import Journal
-from statemachine.domain.types import DesiredState, Observed
+from statemachine.domain.types import DesiredState, Observed, StartedWith
 from statemachine.lifecycle.backoff import Backoff
 from statemachine.lifecycle.machine import LifecycleState, ServeLifecycle, Trigger
 from statemachine.lifecycle.serve_record import (
@@ -71,8 +76,16 @@ class Move:
 class RecordStore:
     """Every serve's record, kept in the journal once one is attached."""
 
-    def __init__(self, journal: Journal | None = None) -> None:
+    def __init__(
+        self,
+        journal: Journal | None = None,
+        *,
+        journal_of: Callable[[], Journal | None] | None = None,
+    ) -> None:
         self._journal: Journal | None = None
+        #: where the start records are kept (the loop's journal once open; else the
+        #: attached one)
+        self._journal_of = journal_of or (lambda: self._journal)
         self._lock = threading.Lock()
         self._records: dict[str, ServeRecord] = {}
         self._unsaved: dict[str, str] = {}  # moves the journal could not take yet
@@ -124,9 +137,41 @@ class RecordStore:
             return list(self._seen)
 
     def snapshot(self) -> Mapping[str, ServeRecord]:
-        """Every record now, as a frozen mapping."""
+        """Every record now, with its placement (:meth:`started`), as a frozen mapping
+        (a journal that cannot be read: the records without their placement, said)."""
+        try:
+            started = self.started()
+        except Exception as exc:  # a closed or locked journal: the records stand alone
+            logger.warning("journal: the serves' placements cannot be read: {}", exc)
+            started = {}
+        placed: dict[str, tuple[str, ...]] = {}
+        for rec in started.values():
+            placed[rec.serve] = tuple(dict.fromkeys(placed.get(rec.serve, ()) + rec.gpu_roles))
         with self._lock:
-            return MappingProxyType(dict(self._records))
+            records = dict(self._records)
+        for name, roles in placed.items():
+            records[name] = replace(records.get(name) or ServeRecord(name), placement=roles)
+        return MappingProxyType(records)
+
+    # ------------------------------------------------------- the placements
+    def started(self) -> dict[str, StartedWith]:
+        """Container -> the reservation it holds, as its start placed it or as it was
+        found running (the journal's start records); empty without a journal."""
+        journal = self._journal_of()
+        return {} if journal is None else journal.started()
+
+    def place(self, container: str, rec: StartedWith, at: float) -> None:
+        """``container`` (serve ``rec.serve``) holds ``rec.mib`` MiB on ``rec.gpu_roles``
+        from ``at``: its start placed it there, or it was found running (replaces any)."""
+        journal = self._journal_of()
+        if journal is not None:
+            journal.set_started(container, rec.serve, rec.gpu_roles, rec.mib, at)
+
+    def unplace(self, container: str) -> None:
+        """``container`` stopped: it holds no reservation any more."""
+        journal = self._journal_of()
+        if journal is not None:
+            journal.forget_started(container)
 
     def observe(self, desired: DesiredState, observed: Observed) -> None:
         """Move each declared serve's record to what ``observed`` shows of its container.

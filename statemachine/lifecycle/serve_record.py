@@ -4,9 +4,11 @@ A :class:`ServeRecord` is what the controller knows of one serve between observa
 its lifecycle state (the machine of :mod:`statemachine.lifecycle.machine` is its only authority),
 its failure backoff and the marks the loop keeps of it (no sleep / no shrink until it
 starts again, a stop made by the controller, a healthy run seen, a release not yet
-confirmed, a tier left quiesced), with room for a placement (``None`` today). The facts
-the journal keeps in tables of their own (a sleep's record, a start's reservation, an
-``up`` in progress, an elastic reserve) stay there, their one home.
+confirmed, a tier left quiesced) and its placement: the card(s) its container holds
+its reservation on, as its start chose them or as it was found running (kept in the
+journal's start records, their storage: ``controller/service/records.py`` fills it). The
+facts the journal keeps in tables of their own (a sleep's record, an ``up`` in progress,
+an elastic reserve) stay there, their one home.
 
 The record moves in two ways, both pure and both through declared triggers only:
 
@@ -73,8 +75,9 @@ class ServeRecord:
     stopped_by_us: float | None = None
     #: ``started_at`` of its container last seen running healthy
     ran_healthy: float | None = None
-    #: where the serve is placed (room for the placement to come; ``None`` today)
-    placement: None = None
+    #: the card(s) its container holds its reservation on, as its start chose them (a
+    #: placed serve's one card) or as it was found running; ``None``: it holds none
+    placement: tuple[str, ...] | None = None
 
 
 def fire(record: ServeRecord, trigger: str) -> ServeRecord:

@@ -25,6 +25,7 @@ from controller.service.docker_events import DockerEvents
 from controller.service.executor import Outcome, StepResult
 from controller.service.manifest_reread import read_manifests
 from controller.service.overlays import JournalOverlays, Learned
+from controller.service.records import RecordStore
 from controller.service.start_outcomes import StartOutcomes
 from controller.snapshot import ContainerModel, SnapshotModel, StartedWithModel
 from controller.store.journal import Journal, journal_path
@@ -341,7 +342,7 @@ def _started_in_force(
 ) -> dict[str, StartedWithModel]:
     """The start records an observation holds, and what it found, journalled after it."""
     held, found = JournalOverlays().started_in_force(DesiredState({}, {}), snap, records, known)
-    Learned(started=found, at=1001.0).write(journal)
+    Learned(started=found, at=1001.0).write(journal, RecordStore(journal))
     return held
 
 
