@@ -1339,7 +1339,10 @@ def run(args: argparse.Namespace) -> int:
         if args.match:
             sample = None
         if sample is not None and sample < len(todo):
-            rng = random.Random(f"{name}:{args.seed if args.seed is not None else mc.seed}")
+            # keyed by the module's own name, not its package: a move between the core's
+            # wings keeps the sample it had (docs/mutation.md)
+            stem = name.rsplit(".", 1)[-1]
+            rng = random.Random(f"{stem}:{args.seed if args.seed is not None else mc.seed}")
             todo = sorted(rng.sample(todo, sample), key=lambda m: (m.line, m.key))
             res.sampled = True
         res.run = len(todo)
